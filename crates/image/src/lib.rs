@@ -1,0 +1,1 @@
+//! Guest image (to be written).

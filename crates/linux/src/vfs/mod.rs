@@ -1,0 +1,1 @@
+//! Virtual file system (to be written).

@@ -1,0 +1,1 @@
+//! VMM (to be written).
