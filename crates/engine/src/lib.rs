@@ -1,1 +1,79 @@
-//! Engine (to be written).
+//! The forkbox engine: boots the guest (CPython + the agent) from an image in a
+//! kernel-less KVM VM and runs code in it.
+
+pub mod error;
+pub mod limits;
+pub mod protocol;
+pub mod sandbox;
+mod vdso;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use forkbox_image::{ExtraFile, Image, ImageSpec};
+use forkbox_linux::vfs::Vfs;
+use forkbox_vmm::Cpu;
+
+pub use error::EngineError;
+pub use limits::Limits;
+pub use protocol::PyError;
+pub use sandbox::{ExecResult, RunStats, Sandbox};
+
+/// The agent program, baked into every image.
+pub const AGENT_SOURCE: &[u8] = include_bytes!("../../../guest/agent/agent.py");
+
+/// The default image: Debian's python3 + numpy (reference BLAS) and the agent.
+pub fn default_image_spec() -> ImageSpec {
+    with_agent(ImageSpec::python_numpy())
+}
+
+/// Add the agent to an image spec (every forkbox image needs it).
+pub fn with_agent(mut spec: ImageSpec) -> ImageSpec {
+    spec.extra_files.push(ExtraFile { guest_path: sandbox::AGENT_PATH.into(), data: AGENT_SOURCE.to_vec(), perm: 0o644 });
+    spec
+}
+
+/// Process-wide state shared by all sandboxes of one image.
+pub struct Engine {
+    pub cpu: Cpu,
+    pub image: Arc<Image>,
+    pub image_path: PathBuf,
+    /// The image's file system before any guest wrote to it (cloned per sandbox).
+    pub vfs: Vfs,
+    pub hwcap: u64,
+    pub vdso: Option<&'static [u8]>,
+    /// Code the agent runs before it reports ready (the template's warm state).
+    pub preload: String,
+}
+
+impl Engine {
+    pub fn open(image_path: &Path) -> Result<Engine, EngineError> {
+        let cpu = Cpu::new()?;
+        let image = Arc::new(Image::open(image_path)?);
+        let vfs = Vfs::new(image.clone());
+        let hwcap = std::arch::x86_64::__cpuid(1).edx as u64;
+        Ok(Engine {
+            cpu,
+            image,
+            image_path: image_path.to_path_buf(),
+            vfs,
+            hwcap,
+            vdso: Some(forkbox_vmm::vdso::IMAGE),
+            preload: "import numpy".into(),
+        })
+    }
+
+    pub fn without_vdso(mut self) -> Engine {
+        self.vdso = None;
+        self
+    }
+
+    pub fn with_preload(mut self, preload: impl Into<String>) -> Engine {
+        self.preload = preload.into();
+        self
+    }
+
+    pub fn boot(&self, limits: Limits) -> Result<Sandbox, EngineError> {
+        Sandbox::boot(self, limits, false)
+    }
+}

@@ -4,9 +4,12 @@
 //! CONTRACT (used by forkbox-linux's VFS; keep these signatures):
 //! - inode numbers are dense `u32` in `0..image.inode_count()`, root is `Image::ROOT` (0);
 //! - `lookup` resolves ONE name in ONE directory and never follows symlinks;
-//! - `content` borrows the file bytes straight out of the mmapped image file.
-
-use std::path::Path;
+//! - `content` borrows the file bytes straight out of the mmapped image file; a non-empty
+//!   file's bytes start on a 4096-byte boundary of the image file (`content_offset`), so
+//!   they are page-aligned in memory too.
+//!
+//! Layout: `format.rs` (on-disk format), `reader.rs` (`Image`), `pack.rs` (`pack_dir`),
+//! `build/` (`forkbox image build`: Debian packages -> tree -> image).
 
 pub type Ino = u32;
 
@@ -32,57 +35,27 @@ pub struct NodeMeta {
 #[derive(Debug, thiserror::Error)]
 pub enum ImageError {
     #[error("image I/O on {path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("not a forkbox image (bad magic or version) at {0}")]
     BadHeader(String),
     #[error("image {0} is corrupt: {1}")]
     Corrupt(String, String),
 }
 
-/// Pack a host directory tree (files, dirs, symlinks; modes and mtimes kept) into an
-/// image file at `out`. Returns the image id (content hash, hex).
-pub fn pack_dir(_root: &Path, _out: &Path) -> Result<String, ImageError> {
-    todo!()
-}
+pub mod build;
+mod format;
+mod pack;
+mod reader;
 
-/// A packed, read-only guest image opened from disk (mmapped).
-pub struct Image {
-    _private: (),
-}
+pub use build::{
+    build, default_home, image_path, BuildError, BuildOptions, BuildStats, BuiltImage, ExtraFile,
+    ImageSpec,
+};
+pub use pack::{pack_dir, pack_dir_with, PackOptions, PackStats};
+pub use reader::Image;
 
-impl Image {
-    pub const ROOT: Ino = 0;
-
-    pub fn open(_path: &Path) -> Result<Image, ImageError> {
-        todo!()
-    }
-    /// Content hash that names this image (hex).
-    pub fn id(&self) -> &str {
-        todo!()
-    }
-    pub fn inode_count(&self) -> u32 {
-        todo!()
-    }
-    pub fn meta(&self, _ino: Ino) -> Option<NodeMeta> {
-        todo!()
-    }
-    /// One directory entry by name (no "." / "..", no symlink following).
-    pub fn lookup(&self, _dir: Ino, _name: &[u8]) -> Option<Ino> {
-        todo!()
-    }
-    /// The parent directory of `ino` (root's parent is root).
-    pub fn parent(&self, _ino: Ino) -> Ino {
-        todo!()
-    }
-    /// Entries of a directory, sorted by name (no "." / "..").
-    pub fn children(&self, _dir: Ino) -> Vec<(&[u8], Ino)> {
-        todo!()
-    }
-    pub fn read_link(&self, _ino: Ino) -> Option<&[u8]> {
-        todo!()
-    }
-    /// File bytes, borrowed from the mapped image.
-    pub fn content(&self, _ino: Ino) -> Option<&[u8]> {
-        todo!()
-    }
-}
+#[cfg(test)]
+mod tests;

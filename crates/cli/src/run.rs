@@ -1,0 +1,129 @@
+//! `forkbox run`: build the image if needed, boot a sandbox, exec, print.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use forkbox_engine::{Engine, ExecResult, Limits, Sandbox};
+use forkbox_image::BuildOptions;
+
+use crate::ImageArgs;
+
+#[derive(Args)]
+pub struct RunArgs {
+    /// Python code to run; `-` reads it from standard input.
+    pub code: Option<String>,
+    /// Read the code from this file.
+    #[arg(long, short = 'f', conflicts_with = "code")]
+    pub file: Option<PathBuf>,
+    /// Wall-clock limit for the code, in seconds.
+    #[arg(long, default_value_t = 30.0)]
+    pub timeout: f64,
+    /// Guest memory limit, in MiB.
+    #[arg(long, default_value_t = 2048)]
+    pub memory_mb: u64,
+    /// Captured output limit per stream, in KiB.
+    #[arg(long, default_value_t = 1024)]
+    pub output_kb: usize,
+    /// Code the guest runs before it is ready (the template's warm state).
+    #[arg(long, default_value = "import numpy")]
+    pub preload: String,
+    /// Print the result as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Log every syscall the guest makes and list the unimplemented ones.
+    #[arg(long)]
+    pub trace_syscalls: bool,
+    /// Run without the vDSO (every clock read becomes a VM exit).
+    #[arg(long)]
+    pub no_vdso: bool,
+    #[command(flatten)]
+    pub image: ImageArgs,
+}
+
+/// The image to use: `--image`, else the default image (plus `--apt` packages), built if missing.
+pub fn ensure_image(home: &Path, args: &ImageArgs, progress: bool) -> Result<(PathBuf, String)> {
+    if let Some(p) = &args.image {
+        let img = forkbox_image::Image::open(p).with_context(|| format!("opening image {}", p.display()))?;
+        return Ok((p.clone(), img.id().to_string()));
+    }
+    let mut spec = forkbox_engine::default_image_spec();
+    spec.packages.extend(args.apt.iter().cloned());
+    let built = forkbox_image::build(&spec, &BuildOptions { home: home.to_path_buf(), progress })
+        .context("building the guest image")?;
+    Ok((built.path, built.id))
+}
+
+fn read_code(args: &RunArgs) -> Result<String> {
+    if let Some(f) = &args.file {
+        return std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()));
+    }
+    match args.code.as_deref() {
+        Some("-") | None => {
+            let mut s = String::new();
+            std::io::stdin().read_to_string(&mut s).context("reading code from standard input")?;
+            Ok(s)
+        }
+        Some(c) => Ok(c.to_string()),
+    }
+}
+
+pub fn limits(args: &RunArgs) -> Result<Limits> {
+    if !(args.timeout > 0.0 && args.timeout <= 86_400.0) {
+        bail!("--timeout must be between 0 and 86400 seconds");
+    }
+    if args.memory_mb < 64 || args.memory_mb > 3072 {
+        bail!("--memory-mb must be between 64 and 3072");
+    }
+    Ok(Limits {
+        timeout: Duration::from_secs_f64(args.timeout),
+        memory_bytes: args.memory_mb << 20,
+        output_bytes: args.output_kb << 10,
+        ..Limits::default()
+    })
+}
+
+pub fn run(home: &Path, args: RunArgs) -> Result<ExitCode> {
+    let code = read_code(&args)?;
+    let limits = limits(&args)?;
+    let (image, _) = ensure_image(home, &args.image, std::io::IsTerminal::is_terminal(&std::io::stderr()))?;
+    let mut engine = Engine::open(&image).context("opening the engine")?.with_preload(args.preload.clone());
+    if args.no_vdso {
+        engine = engine.without_vdso();
+    }
+    let mut sb = Sandbox::boot(&engine, limits, args.trace_syscalls).context("starting the sandbox")?;
+    let result = sb.exec(&code);
+    if args.trace_syscalls {
+        let stats = sb.stats();
+        eprintln!("forkbox: {} syscalls", stats.syscalls);
+        for (name, nr, n) in &stats.unimplemented {
+            eprintln!("forkbox: unimplemented syscall {name} ({nr}) called {n} times -> ENOSYS");
+        }
+    }
+    let result = result.context("running the code")?;
+    print_result(&result, args.json)?;
+    Ok(if result.error.is_some() { ExitCode::from(1) } else { ExitCode::SUCCESS })
+}
+
+pub fn print_result(r: &ExecResult, json: bool) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    if json {
+        serde_json::to_writer_pretty(&mut out, r)?;
+        writeln!(out)?;
+        return Ok(());
+    }
+    out.write_all(r.stdout.as_bytes())?;
+    out.flush()?;
+    let mut err = std::io::stderr().lock();
+    err.write_all(r.stderr.as_bytes())?;
+    if let Some(e) = &r.error {
+        err.write_all(e.traceback.as_bytes())?;
+    }
+    if let Some(v) = &r.value {
+        writeln!(out, "{v}")?;
+    }
+    Ok(())
+}

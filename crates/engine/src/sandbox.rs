@@ -1,0 +1,231 @@
+//! A sandbox: one guest process in one VM, driven through the agent channel.
+
+use std::time::{Duration, Instant};
+
+use forkbox_linux::io::Io;
+use forkbox_linux::layout::{RAM_SIZE, STACK_GUARD};
+use forkbox_linux::loader::{self, ExecOptions};
+use forkbox_linux::syscalls::{self, Ctx, Effect};
+use forkbox_linux::Process;
+use forkbox_vmm::{kvm_regs, GuestMemory, Vm, VmExit};
+use serde::Serialize;
+
+use crate::error::EngineError;
+use crate::limits::Limits;
+use crate::protocol::{self, ExecReply, ExecRequest, PyError};
+use crate::Engine;
+
+/// The guest program: CPython running the agent.
+pub const AGENT_PATH: &str = "/opt/forkbox/agent.py";
+const PYTHON: &str = "/usr/bin/python3";
+
+/// The outcome of one exec. A Python exception is a result (`error` set), not an `Err`.
+#[derive(Clone, Debug, Serialize)]
+pub struct ExecResult {
+    /// repr() of the last expression, if the code ended with one that is not None.
+    pub value: Option<String>,
+    pub stdout: String,
+    pub stderr: String,
+    pub error: Option<PyError>,
+    /// Time spent running the code inside the guest.
+    pub runtime_ms: f64,
+    /// Wall time of the exec as seen by the host (resume to park).
+    pub wall_ms: f64,
+    /// Syscalls (VM exits for the VMM) during this exec.
+    pub syscalls: u64,
+}
+
+/// Counters of one guest run.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct RunStats {
+    pub syscalls: u64,
+    pub unimplemented: Vec<(String, u64, u64)>,
+}
+
+#[derive(Debug, Clone)]
+enum State {
+    /// Parked on the agent's read; `regs` are those of that read syscall.
+    Parked(kvm_regs),
+    /// An exec failed in a way that leaves the guest unusable.
+    Poisoned(String),
+}
+
+enum Stop {
+    Parked(kvm_regs),
+}
+
+pub struct Sandbox {
+    vm: Vm,
+    proc: Process,
+    io: Io,
+    state: State,
+    limits: Limits,
+    /// What the agent reported when it became ready (python/numpy versions).
+    pub ready_info: serde_json::Value,
+    /// Time from creation to the agent's first park.
+    pub boot_time: Duration,
+}
+
+impl Sandbox {
+    /// Start CPython + the agent from the image and run it until it waits for
+    /// its first request (numpy imported).
+    pub fn boot(engine: &Engine, limits: Limits, trace: bool) -> Result<Sandbox, EngineError> {
+        let t0 = Instant::now();
+        let mem = GuestMemory::anonymous(RAM_SIZE)?;
+        let mut vm = Vm::new(&engine.cpu, mem)?;
+        let mut vfs = engine.vfs.clone();
+        vfs.set_quota(limits.disk_bytes);
+        let mut proc = Process::new(vfs, limits.memory_bytes);
+        let env_preload = format!("FORKBOX_PRELOAD={}", engine.preload);
+        let envp = ["PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/root", "LANG=C.UTF-8", "TERM=dumb", env_preload.as_str()];
+        let argv = [PYTHON, "-I", "-B", AGENT_PATH];
+        let opts = ExecOptions { hwcap: engine.hwcap, vdso: engine.vdso };
+        let start = loader::exec(vm.mem_mut(), &mut proc, PYTHON, &argv, &envp, &opts)?;
+        vm.boot(&engine.cpu, start.entry, start.rsp, &[STACK_GUARD])?;
+        crate::vdso::refresh(&mut vm, engine.vdso.is_some())?;
+        let mut io = Io::new(limits.output_bytes);
+        io.trace = trace;
+        let mut sb = Sandbox {
+            vm,
+            proc,
+            io,
+            state: State::Poisoned("not started".into()),
+            limits,
+            ready_info: serde_json::Value::Null,
+            boot_time: Duration::ZERO,
+        };
+        // Booting python + numpy takes far longer than one exec here: allow a generous deadline.
+        let deadline = Instant::now() + sb.limits.timeout.max(Duration::from_secs(120));
+        let Stop::Parked(regs) = sb.run(None, deadline).map_err(|e| match e {
+            EngineError::Timeout(_) => EngineError::Boot("timed out before the agent was ready".into()),
+            e => EngineError::Boot(format!("{e}; stderr: {}", String::from_utf8_lossy(&sb.io.stderr.data))),
+        })?;
+        let (info, _) = protocol::unframe(&std::mem::take(&mut sb.io.agent_out))?;
+        if info.get("ready") != Some(&serde_json::Value::Bool(true)) {
+            return Err(EngineError::Boot(format!("agent not ready: {info}")));
+        }
+        sb.io.stdout.take();
+        sb.io.stderr.take();
+        sb.ready_info = info;
+        sb.state = State::Parked(regs);
+        sb.boot_time = t0.elapsed();
+        Ok(sb)
+    }
+
+    pub fn stats(&self) -> RunStats {
+        let s = &self.io.stats;
+        RunStats {
+            syscalls: s.total,
+            unimplemented: s
+                .unimplemented
+                .iter()
+                .map(|(nr, n)| (syscalls::name(*nr).to_string(), *nr, *n))
+                .collect(),
+        }
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// Run `code` in the session's namespace.
+    pub fn exec(&mut self, code: &str) -> Result<ExecResult, EngineError> {
+        let regs = match &self.state {
+            State::Parked(r) => *r,
+            State::Poisoned(why) => return Err(EngineError::Poisoned(why.clone())),
+        };
+        if code.len() > self.limits.code_bytes {
+            return Err(EngineError::CodeTooLarge(code.len(), self.limits.code_bytes));
+        }
+        let t0 = Instant::now();
+        let syscalls_before = self.io.stats.total;
+        let req = ExecRequest { op: "exec", code, value_limit: self.limits.output_bytes };
+        self.io.send_to_agent(protocol::frame(&req));
+        self.io.agent_out.clear();
+        crate::vdso::refresh(&mut self.vm, true)?;
+        let deadline = Instant::now() + self.limits.timeout;
+        let outcome = self.run(Some(regs), deadline);
+        let (stdout, stderr) = (take_text(&mut self.io.stdout), take_text(&mut self.io.stderr));
+        let stop = match outcome {
+            Ok(stop) => stop,
+            Err(e) => {
+                self.state = State::Poisoned(e.to_string());
+                return Err(e);
+            }
+        };
+        let Stop::Parked(regs) = stop;
+        self.state = State::Parked(regs);
+        let (reply, _) = protocol::unframe(&std::mem::take(&mut self.io.agent_out))?;
+        if let Some(p) = reply.get("protocol_error") {
+            return Err(EngineError::Protocol(p.to_string()));
+        }
+        let reply: ExecReply =
+            serde_json::from_value(reply).map_err(|e| EngineError::Protocol(format!("bad exec reply: {e}")))?;
+        Ok(ExecResult {
+            value: reply.value,
+            stdout,
+            stderr,
+            error: reply.error,
+            runtime_ms: reply.runtime_ms,
+            wall_ms: t0.elapsed().as_secs_f64() * 1000.0,
+            syscalls: self.io.stats.total - syscalls_before,
+        })
+    }
+
+    /// Run the guest until the agent parks. `resume`: the parked read to re-issue first.
+    fn run(&mut self, resume: Option<kvm_regs>, deadline: Instant) -> Result<Stop, EngineError> {
+        self.io.deadline = Some(deadline);
+        if let Some(regs) = resume {
+            if let Some(stop) = self.syscall(regs)? {
+                return Ok(stop);
+            }
+        }
+        loop {
+            match self.vm.run(Some(deadline))? {
+                VmExit::Syscall(regs) => {
+                    if let Some(stop) = self.syscall(regs)? {
+                        return Ok(stop);
+                    }
+                }
+                VmExit::Exception(fault) => return Err(EngineError::GuestCrashed(fault.to_string())),
+                VmExit::Shutdown { rip } => {
+                    return Err(EngineError::GuestCrashed(format!("triple fault (VM shutdown) near rip {rip:#x}")))
+                }
+                VmExit::DeadlineExceeded => {
+                    return Err(EngineError::Timeout(self.limits.timeout.as_secs_f64()));
+                }
+                VmExit::Unexpected(why) => return Err(EngineError::GuestCrashed(why)),
+            }
+        }
+    }
+
+    /// Handle one syscall exit; `Some` when the guest stops (parks).
+    fn syscall(&mut self, regs: kvm_regs) -> Result<Option<Stop>, EngineError> {
+        let args = [regs.rdi, regs.rsi, regs.rdx, regs.r10, regs.r8, regs.r9];
+        let mut ctx = Ctx { mem: self.vm.mem_mut(), proc: &mut self.proc, io: &mut self.io, effect: None };
+        let result = syscalls::dispatch(&mut ctx, regs.rax, &args);
+        let effect = ctx.effect;
+        let ret = match result {
+            Ok(v) => v,
+            Err(e) => e.to_rax(),
+        };
+        match effect {
+            None => {}
+            Some(Effect::Park) => return Ok(Some(Stop::Parked(regs))),
+            Some(Effect::Exit(code)) => return Err(EngineError::GuestExited(code)),
+            Some(Effect::Signaled(sig)) => return Err(EngineError::GuestSignaled(sig)),
+            Some(Effect::SetFsBase(base)) => self.vm.set_fs_base(base)?,
+        }
+        self.vm.complete_syscall(&regs, ret)?;
+        Ok(None)
+    }
+}
+
+fn take_text(c: &mut forkbox_linux::io::Capture) -> String {
+    let (data, dropped) = c.take();
+    let mut s = String::from_utf8_lossy(&data).into_owned();
+    if dropped > 0 {
+        s.push_str(&format!("\n[forkbox: output truncated, {dropped} more bytes dropped]\n"));
+    }
+    s
+}

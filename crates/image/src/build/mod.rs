@@ -1,0 +1,351 @@
+//! `forkbox image build`: Debian packages -> root tree -> image file.
+//!
+//! Steps: resolve the package closure with apt (empty dpkg status) -> derive the image id
+//! from the recipe (reuse `<home>/images/<id>.img` if present, no downloads) -> fetch the
+//! .debs into `<home>/cache/debs` (kept for re-use, sha256-checked) -> `dpkg-deb -R` each
+//! into a temp tree (no maintainer scripts) -> merged /usr -> alternatives symlinks from
+//! the postinsts (libblas.so.3, liblapack.so.3) -> trim -> precompile .pyc -> base dirs and
+//! extra files -> ld.so.cache -> check every DT_NEEDED resolves -> pack (mtimes clamped to
+//! the newest packaged file, so the same inputs give the same bytes).
+
+mod apt;
+mod cmd;
+mod elf;
+mod pyc;
+mod recipe;
+mod tree;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
+
+pub use apt::{parse_print_uris, DebRef};
+pub use recipe::{recipe_id, ExtraFile, ImageSpec, RECIPE_VERSION, TRIM_RULES};
+pub use tree::TreeStats;
+
+use crate::{pack_dir_with, Image, ImageError, PackOptions};
+
+/// Where and how to build.
+#[derive(Clone, Debug)]
+pub struct BuildOptions {
+    /// Data directory: images in `<home>/images`, caches in `<home>/cache`.
+    pub home: PathBuf,
+    /// Show progress bars on stderr.
+    pub progress: bool,
+}
+
+/// Figures from a build that actually ran (not from a reuse).
+#[derive(Clone, Debug, Default)]
+pub struct BuildStats {
+    pub packages: usize,
+    pub downloaded_bytes: u64,
+    pub unpacked: TreeStats,
+    pub trimmed: TreeStats,
+    /// Tree as packed (after .pyc, extra files, ...).
+    pub final_tree: TreeStats,
+    pub pyc_files: u64,
+    pub image_bytes: u64,
+    pub alternatives: Vec<(String, String)>,
+    pub libraries: Vec<String>,
+    /// Wall time per step, in order.
+    pub steps: Vec<(&'static str, Duration)>,
+    pub elapsed: Duration,
+}
+
+impl BuildStats {
+    fn step(&mut self, name: &'static str, since: &mut Instant) {
+        let d = since.elapsed();
+        tracing::debug!(step = name, elapsed = ?d, "step done");
+        self.steps.push((name, d));
+        *since = Instant::now();
+    }
+}
+
+/// The result of `build`.
+#[derive(Clone, Debug)]
+pub struct BuiltImage {
+    pub path: PathBuf,
+    /// The recipe hash (also what `Image::id()` returns for this file).
+    pub id: String,
+    /// True if an existing image with this id was returned without building.
+    pub reused: bool,
+    /// Resolved packages (file names), sorted.
+    pub packages: Vec<String>,
+    /// Present when the image was built now.
+    pub stats: Option<BuildStats>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error("{step}: `{command}` exited with {status}: {stderr_tail}")]
+    Command {
+        step: &'static str,
+        command: String,
+        status: String,
+        stderr_tail: String,
+    },
+    #[error("{step}: cannot run `{command}`: {source}")]
+    Spawn {
+        step: &'static str,
+        command: String,
+        source: std::io::Error,
+    },
+    #[error(
+        "resolve: apt-get has no candidate for some package; run `apt-get update` first ({detail})"
+    )]
+    AptNoCandidate { detail: String },
+    #[error("{step}: {path}: {source}")]
+    Io {
+        step: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("download: {file} has sha256 {actual}, apt said {expected}")]
+    Checksum {
+        file: PathBuf,
+        expected: String,
+        actual: String,
+    },
+    #[error("link check: unresolved shared libraries: {0}")]
+    MissingLibraries(String),
+    #[error("precompile: host python {host} does not match the guest's python {guest} (need /usr/bin/python{guest})")]
+    PythonVersion { host: String, guest: String },
+    #[error("{step}: {msg}")]
+    Invalid { step: &'static str, msg: String },
+    #[error("pack: {0}")]
+    Image(#[from] ImageError),
+}
+
+impl BuildError {
+    pub(crate) fn io(step: &'static str, path: &Path, source: std::io::Error) -> BuildError {
+        BuildError::Io {
+            step,
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
+/// `$FORKBOX_HOME`, else the user data dir (`~/.local/share/forkbox` on Linux).
+pub fn default_home() -> PathBuf {
+    if let Some(h) = std::env::var_os("FORKBOX_HOME").filter(|h| !h.is_empty()) {
+        return PathBuf::from(h);
+    }
+    dirs::data_dir()
+        .or_else(|| dirs::home_dir().map(|h| h.join(".local/share")))
+        .unwrap_or_else(|| PathBuf::from("."))
+        .join("forkbox")
+}
+
+/// Where `build` puts the image with this id.
+pub fn image_path(home: &Path, id: &str) -> PathBuf {
+    home.join("images").join(format!("{id}.img"))
+}
+
+fn bar(show: bool, len: u64, template: &str, msg: &'static str) -> ProgressBar {
+    if !show {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::new(len);
+    if let Ok(style) = ProgressStyle::with_template(template) {
+        pb.set_style(style.progress_chars("=> "));
+    }
+    pb.set_message(msg);
+    pb
+}
+
+fn spinner(show: bool, msg: &'static str) -> ProgressBar {
+    if !show {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::new_spinner();
+    pb.set_message(msg);
+    pb.enable_steady_tick(Duration::from_millis(120));
+    pb
+}
+
+/// BLAS implementations that start threads (the guest has no threads to give them).
+const THREADED_BLAS: &[&str] = &["libopenblas", "libblis", "libatlas", "libmkl"];
+
+fn check_blas(spec: &ImageSpec, debs: &[DebRef]) -> Result<(), BuildError> {
+    if let Some(d) = debs
+        .iter()
+        .find(|d| THREADED_BLAS.iter().any(|b| d.package.starts_with(b)))
+    {
+        return Err(BuildError::Invalid {
+            step: "resolve",
+            msg: format!(
+                "apt chose {} ; the guest needs the reference BLAS (libblas3/liblapack3)",
+                d.filename
+            ),
+        });
+    }
+    if spec.packages.iter().any(|p| p == "python3-numpy") {
+        for want in ["libblas3", "liblapack3"] {
+            if !debs.iter().any(|d| d.package == want) {
+                return Err(BuildError::Invalid {
+                    step: "resolve",
+                    msg: format!("{want} (reference BLAS) not in the closure"),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Build (or reuse) the image for `spec`. Needs root (dpkg-deb ownership, ldconfig -r),
+/// apt-get with up-to-date package lists, and /usr/bin/python3.N matching the guest.
+pub fn build(spec: &ImageSpec, opts: &BuildOptions) -> Result<BuiltImage, BuildError> {
+    let started = Instant::now();
+    spec.validate()?;
+    let home = &opts.home;
+    let cache = home.join("cache");
+    let debs_dir = cache.join("debs");
+    let images = home.join("images");
+    let tmp_root = home.join("tmp");
+    for d in [&cache, &debs_dir, &images, &tmp_root] {
+        fs::create_dir_all(d).map_err(|e| BuildError::io("setup", d, e))?;
+    }
+
+    let mut t = Instant::now();
+    let sp = spinner(opts.progress, "resolving packages");
+    let debs = apt::resolve(&spec.packages, &cache);
+    sp.finish_and_clear();
+    let debs = debs?;
+    let resolve_time = t.elapsed();
+    check_blas(spec, &debs)?;
+    let id = recipe_id(spec, &debs);
+    let mut names: Vec<String> = debs.iter().map(|d| d.filename.clone()).collect();
+    names.sort();
+    tracing::info!(packages = debs.len(), %id, "resolved");
+
+    let out = image_path(home, &id);
+    if out.exists() {
+        match Image::open(&out) {
+            Ok(img) if img.id() == id => {
+                tracing::info!(path = %out.display(), "image already built");
+                return Ok(BuiltImage {
+                    path: out,
+                    id,
+                    reused: true,
+                    packages: names,
+                    stats: None,
+                });
+            }
+            Ok(_) => tracing::warn!(path = %out.display(), "image has another id; rebuilding"),
+            Err(e) => {
+                tracing::warn!(path = %out.display(), error = %e, "existing image unusable; rebuilding")
+            }
+        }
+    }
+
+    let mut stats = BuildStats {
+        packages: debs.len(),
+        steps: vec![("resolve", resolve_time)],
+        ..Default::default()
+    };
+    t = Instant::now();
+    let total: u64 = debs.iter().map(|d| d.size).sum();
+    let pb = bar(
+        opts.progress,
+        total,
+        "{msg:12} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec}",
+        "download",
+    );
+    stats.downloaded_bytes =
+        apt::download(&spec.packages, &debs, &cache, &debs_dir, &|done, total| {
+            pb.set_length(total);
+            pb.set_position(done);
+        })?;
+    pb.finish_and_clear();
+    stats.step("download", &mut t);
+
+    let work = tempfile::Builder::new()
+        .prefix("build-")
+        .tempdir_in(&tmp_root)
+        .map_err(|e| BuildError::io("setup", &tmp_root, e))?;
+    let root = work.path().join("root");
+    fs::create_dir(&root).map_err(|e| BuildError::io("unpack", &root, e))?;
+    fs::set_permissions(&root, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .map_err(|e| BuildError::io("unpack", &root, e))?;
+
+    let pb = bar(
+        opts.progress,
+        debs.len() as u64,
+        "{msg:12} [{bar:40}] {pos}/{len} {wide_msg}",
+        "unpack",
+    );
+    let jobs: Vec<(PathBuf, String)> = debs
+        .iter()
+        .map(|d| (debs_dir.join(&d.filename), d.package.clone()))
+        .collect();
+    let control = tree::unpack_all(&jobs, work.path(), &root, &|| pb.inc(1));
+    pb.finish_and_clear();
+    let control = control?;
+    stats.unpacked = tree::stats(&root)?;
+    let epoch = stats.unpacked.max_mtime;
+    tracing::info!(
+        files = stats.unpacked.files,
+        bytes = stats.unpacked.bytes,
+        "unpacked"
+    );
+    stats.step("unpack", &mut t);
+
+    let sp = spinner(opts.progress, "shaping tree");
+    tree::usrmerge(&root)?;
+    let removed = tree::trim(&root, TRIM_RULES)?;
+    stats.trimmed = tree::stats(&root)?;
+    tracing::info!(removed, bytes = stats.trimmed.bytes, "trimmed");
+    stats.alternatives = tree::apply_alternatives(&root, &control)?;
+    sp.finish_and_clear();
+    stats.step("usrmerge+trim+alternatives", &mut t);
+
+    let sp = spinner(opts.progress, "compiling .pyc");
+    stats.pyc_files = pyc::compile(&root)?;
+    sp.finish_and_clear();
+    stats.step("precompile", &mut t);
+
+    tree::base_dirs(&root)?;
+    for f in &spec.extra_files {
+        tree::add_file(&root, &f.guest_path, &f.data, f.perm)?;
+    }
+    tree::ldconfig(&root)?;
+    stats.step("extra files+ldconfig", &mut t);
+    let links = elf::check(&root)?;
+    stats.libraries = links.libraries.into_iter().collect();
+    tracing::info!(
+        objects = links.objects,
+        libraries = stats.libraries.len(),
+        "all DT_NEEDED resolve"
+    );
+    stats.final_tree = tree::stats(&root)?;
+    stats.step("link check", &mut t);
+
+    let sp = spinner(opts.progress, "packing");
+    let packed = pack_dir_with(
+        &root,
+        &out,
+        &PackOptions {
+            id: Some(id.clone()),
+            mtime_clamp: Some(epoch),
+        },
+    );
+    sp.finish_and_clear();
+    let packed = packed?;
+    stats.image_bytes = packed.image_bytes;
+    // Re-open what we wrote: the same validation every user of the image will do.
+    let img = Image::open(&out)?;
+    debug_assert_eq!(img.id(), id);
+    stats.step("pack", &mut t);
+    stats.elapsed = started.elapsed();
+    tracing::info!(path = %out.display(), bytes = stats.image_bytes, inodes = img.inode_count(), elapsed = ?stats.elapsed, "image built");
+    Ok(BuiltImage {
+        path: out,
+        id,
+        reused: false,
+        packages: names,
+        stats: Some(stats),
+    })
+}

@@ -1,0 +1,219 @@
+//! What an image is made of (`ImageSpec`) and how its id is derived.
+//!
+//! The id names the image *before* it is built, so that a cached image can be reused
+//! without downloading anything: it hashes the recipe (RECIPE_VERSION, which we bump
+//! whenever the build steps change meaning), the exact .deb files apt resolved (by sha256),
+//! the extra files and the trim rules. Same inputs -> same id -> reuse.
+
+use sha2::{Digest, Sha256};
+
+use super::apt::DebRef;
+use super::BuildError;
+
+/// Bump when the build procedure changes in a way that changes the resulting tree
+/// (unpacking, usrmerge, alternatives, ldconfig, pyc flags, base dirs, format).
+pub const RECIPE_VERSION: u32 = 1;
+
+/// Paths removed from the tree before packing (guest paths without the leading '/').
+/// `*` matches within one component, `**` any number of components (including none).
+/// A matching directory is removed with everything under it.
+pub const TRIM_RULES: &[&str] = &[
+    "usr/share/doc",
+    "usr/share/doc-base",
+    "usr/share/man",
+    "usr/share/info",
+    "usr/share/locale",
+    "usr/share/lintian",
+    "usr/share/bug",
+    "usr/include",
+    "usr/lib/python3.*/test",
+    "usr/lib/python3.*/idlelib",
+    "usr/lib/python3.*/tkinter",
+    "usr/lib/python3.*/ensurepip",
+    "usr/lib/python3.*/lib2to3/tests",
+    "usr/lib/python3/dist-packages/numpy/**/tests",
+    "**/*.a",
+];
+
+/// One file added to the image after the packages are unpacked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExtraFile {
+    /// Absolute guest path, e.g. "/etc/passwd". Parent directories are created (0755).
+    pub guest_path: String,
+    pub data: Vec<u8>,
+    /// Permission bits, e.g. 0o644.
+    pub perm: u32,
+}
+
+/// What goes into an image: Debian packages (plus their dependency closure) and files.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ImageSpec {
+    pub packages: Vec<String>,
+    pub extra_files: Vec<ExtraFile>,
+}
+
+impl ImageSpec {
+    /// The default guest: Debian's python3 and numpy (reference BLAS/LAPACK), plus a
+    /// minimal passwd/group so `pwd`, `getpass` and `~` expansion work for root.
+    pub fn python_numpy() -> Self {
+        ImageSpec {
+            packages: vec!["python3".into(), "python3-numpy".into()],
+            extra_files: vec![
+                ExtraFile {
+                    guest_path: "/etc/passwd".into(),
+                    data: b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n".to_vec(),
+                    perm: 0o644,
+                },
+                ExtraFile {
+                    guest_path: "/etc/group".into(),
+                    data: b"root:x:0:\nnogroup:x:65534:\n".to_vec(),
+                    perm: 0o644,
+                },
+            ],
+        }
+    }
+
+    /// Reject specs that could not be built or that would escape the tree.
+    pub(crate) fn validate(&self) -> Result<(), BuildError> {
+        let bad = |msg: String| Err(BuildError::Invalid { step: "spec", msg });
+        if self.packages.is_empty() {
+            return bad("no packages".into());
+        }
+        for p in &self.packages {
+            // Debian package names (optionally with =version or :arch), never options.
+            let ok = !p.is_empty()
+                && !p.starts_with('-')
+                && p.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"+-.:=~_".contains(&b));
+            if !ok {
+                return bad(format!("invalid package name {p:?}"));
+            }
+        }
+        for f in &self.extra_files {
+            let p = &f.guest_path;
+            let ok = p.starts_with('/')
+                && p.len() > 1
+                && !p.ends_with('/')
+                && !p.contains('\0')
+                && p.split('/')
+                    .skip(1)
+                    .all(|c| !c.is_empty() && c != "." && c != "..");
+            if !ok {
+                return bad(format!(
+                    "extra file path {p:?} must be absolute and normalized"
+                ));
+            }
+            if f.perm & !0o7777 != 0 {
+                return bad(format!("extra file {p}: bad permission bits {:#o}", f.perm));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Feed one length-prefixed field into the hash, so that field boundaries are unambiguous.
+fn field(h: &mut Sha256, tag: &str, value: &[u8]) {
+    h.update((tag.len() as u64).to_le_bytes());
+    h.update(tag.as_bytes());
+    h.update((value.len() as u64).to_le_bytes());
+    h.update(value);
+}
+
+/// The image id (hex sha256) for a spec and its resolved packages. Independent of the
+/// order apt printed the packages in and of the order of `spec.packages`.
+pub fn recipe_id(spec: &ImageSpec, debs: &[DebRef]) -> String {
+    let mut h = Sha256::new();
+    field(
+        &mut h,
+        "forkbox-image-recipe",
+        &RECIPE_VERSION.to_le_bytes(),
+    );
+    field(&mut h, "format", &crate::format::VERSION.to_le_bytes());
+    let mut pkgs: Vec<&str> = spec.packages.iter().map(String::as_str).collect();
+    pkgs.sort_unstable();
+    pkgs.dedup();
+    for p in pkgs {
+        field(&mut h, "package", p.as_bytes());
+    }
+    let mut debs: Vec<&DebRef> = debs.iter().collect();
+    debs.sort_by(|a, b| a.filename.cmp(&b.filename));
+    for d in debs {
+        field(&mut h, "deb", d.filename.as_bytes());
+        field(&mut h, "sha256", d.sha256.as_bytes());
+    }
+    for r in TRIM_RULES {
+        field(&mut h, "trim", r.as_bytes());
+    }
+    // Extra files are applied in order (a later one may overwrite an earlier one).
+    for f in &spec.extra_files {
+        field(&mut h, "extra", f.guest_path.as_bytes());
+        field(&mut h, "perm", &f.perm.to_le_bytes());
+        field(&mut h, "data", &f.data);
+    }
+    hex::encode(h.finalize())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn deb(name: &str, sha: char) -> DebRef {
+        DebRef {
+            uri: format!("http://x/{name}"),
+            filename: name.into(),
+            package: name.split('_').next().unwrap_or_default().into(),
+            size: 1,
+            sha256: sha.to_string().repeat(64),
+        }
+    }
+
+    #[test]
+    fn id_is_stable_and_sensitive() {
+        let spec = ImageSpec::python_numpy();
+        let debs = vec![deb("a_1_amd64.deb", 'a'), deb("b_1_amd64.deb", 'b')];
+        let id = recipe_id(&spec, &debs);
+        assert_eq!(id.len(), 64);
+        // order of apt's output and of the package list does not matter
+        let rev: Vec<DebRef> = debs.iter().rev().cloned().collect();
+        assert_eq!(recipe_id(&spec, &rev), id);
+        let mut spec2 = spec.clone();
+        spec2.packages.reverse();
+        assert_eq!(recipe_id(&spec2, &debs), id);
+
+        // any input change changes the id
+        let mut d2 = debs.clone();
+        d2[1].sha256 = "c".repeat(64);
+        assert_ne!(recipe_id(&spec, &d2), id);
+        let mut d3 = debs.clone();
+        d3[1].filename = "b_2_amd64.deb".into();
+        assert_ne!(recipe_id(&spec, &d3), id);
+        assert_ne!(recipe_id(&spec, &debs[..1]), id);
+        let mut s3 = spec.clone();
+        s3.extra_files[0].perm = 0o600;
+        assert_ne!(recipe_id(&s3, &debs), id);
+        let mut s4 = spec.clone();
+        s4.extra_files[0].data.push(b'\n');
+        assert_ne!(recipe_id(&s4, &debs), id);
+        let mut s5 = spec.clone();
+        s5.packages.push("python3-scipy".into());
+        assert_ne!(recipe_id(&s5, &debs), id);
+        // field boundaries are unambiguous
+        let mut s6 = spec.clone();
+        s6.extra_files[0].guest_path = "/etc/passw".into();
+        s6.extra_files[0].data.insert(0, b'd');
+        assert_ne!(recipe_id(&s6, &debs), id);
+    }
+
+    #[test]
+    fn spec_validation() {
+        assert!(ImageSpec::python_numpy().validate().is_ok());
+        let mut s = ImageSpec::python_numpy();
+        s.packages.push("-o=Dir::Etc=/x".into());
+        assert!(s.validate().is_err());
+        for p in ["etc/x", "/", "/etc/../x", "/etc//x", "/etc/x/"] {
+            let mut s = ImageSpec::python_numpy();
+            s.extra_files[0].guest_path = p.into();
+            assert!(s.validate().is_err(), "{p}");
+        }
+    }
+}

@@ -1,0 +1,231 @@
+//! The file-descriptor table and open file descriptions, as persistent maps
+//! so a process clone (fork) is O(1) and fully independent afterwards.
+//! `dup`ed descriptors share one open file description (offset, flags), as on Linux.
+
+use imbl::OrdMap;
+
+use crate::errno::Errno;
+use crate::vfs::Ino;
+
+pub const MAX_FDS: i32 = 1024;
+
+/// What an open file description refers to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FileKind {
+    /// A file, directory or device in the VFS.
+    Node(Ino),
+    /// fd 0: always at end of file.
+    Stdin,
+    /// fd 1 / fd 2: captured by the VMM.
+    Stdout,
+    Stderr,
+    /// The agent's request/reply channel.
+    Agent,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpenFile {
+    pub kind: FileKind,
+    /// O_ACCMODE | O_APPEND | O_NONBLOCK | ... as given to open.
+    pub flags: i32,
+    /// Byte offset, or for a directory the index of the next entry.
+    pub offset: u64,
+    refs: u32,
+}
+
+impl OpenFile {
+    pub fn readable(&self) -> bool {
+        self.flags & libc::O_ACCMODE != libc::O_WRONLY && self.flags & libc::O_PATH == 0
+    }
+    pub fn writable(&self) -> bool {
+        self.flags & libc::O_ACCMODE != libc::O_RDONLY && self.flags & libc::O_PATH == 0
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct FdEntry {
+    ofd: u64,
+    cloexec: bool,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct FdTable {
+    fds: OrdMap<i32, FdEntry>,
+    files: OrdMap<u64, OpenFile>,
+    next_ofd: u64,
+}
+
+impl FdTable {
+    /// A table with fds 0, 1, 2 and the agent channel at `agent_fd`.
+    pub fn with_stdio(agent_fd: i32) -> FdTable {
+        let mut t = FdTable::default();
+        for (fd, kind, flags) in [
+            (0, FileKind::Stdin, libc::O_RDONLY),
+            (1, FileKind::Stdout, libc::O_WRONLY),
+            (2, FileKind::Stderr, libc::O_WRONLY),
+            (agent_fd, FileKind::Agent, libc::O_RDWR),
+        ] {
+            let ofd = t.new_ofd(kind, flags);
+            t.fds.insert(fd, FdEntry { ofd, cloexec: false });
+        }
+        t
+    }
+
+    fn new_ofd(&mut self, kind: FileKind, flags: i32) -> u64 {
+        let id = self.next_ofd;
+        self.next_ofd += 1;
+        self.files.insert(id, OpenFile { kind, flags, offset: 0, refs: 0 });
+        id
+    }
+
+    fn lowest_free(&self, min: i32) -> Result<i32, Errno> {
+        let mut fd = min.max(0);
+        for (&used, _) in self.fds.range(fd..) {
+            if used != fd {
+                break;
+            }
+            fd += 1;
+        }
+        if fd >= MAX_FDS {
+            Err(Errno::EMFILE)
+        } else {
+            Ok(fd)
+        }
+    }
+
+    /// Point `fd` at `ofd`; returns the kind of a description this dropped.
+    fn attach(&mut self, fd: i32, ofd: u64, cloexec: bool) -> Option<FileKind> {
+        if let Some(f) = self.files.get_mut(&ofd) {
+            f.refs += 1;
+        }
+        let old = self.fds.insert(fd, FdEntry { ofd, cloexec })?;
+        self.release(old.ofd)
+    }
+
+    /// Drop one reference; returns the kind of the description if that was the last.
+    fn release(&mut self, ofd: u64) -> Option<FileKind> {
+        let f = self.files.get_mut(&ofd)?;
+        f.refs = f.refs.saturating_sub(1);
+        if f.refs == 0 {
+            self.files.remove(&ofd).map(|f| f.kind)
+        } else {
+            None
+        }
+    }
+
+    /// Open a new description at the lowest free fd.
+    pub fn open(&mut self, kind: FileKind, flags: i32) -> Result<i32, Errno> {
+        let fd = self.lowest_free(0)?;
+        let ofd = self.new_ofd(kind, flags & !libc::O_CLOEXEC);
+        self.attach(fd, ofd, flags & libc::O_CLOEXEC != 0);
+        Ok(fd)
+    }
+
+    pub fn get(&self, fd: i32) -> Result<&OpenFile, Errno> {
+        let e = self.fds.get(&fd).ok_or(Errno::EBADF)?;
+        self.files.get(&e.ofd).ok_or(Errno::EBADF)
+    }
+
+    pub fn get_mut(&mut self, fd: i32) -> Result<&mut OpenFile, Errno> {
+        let e = *self.fds.get(&fd).ok_or(Errno::EBADF)?;
+        self.files.get_mut(&e.ofd).ok_or(Errno::EBADF)
+    }
+
+    /// Close `fd`. Returns the kind of the description if this closed it for good
+    /// (the caller then releases what it refers to).
+    pub fn close(&mut self, fd: i32) -> Result<Option<FileKind>, Errno> {
+        let e = self.fds.remove(&fd).ok_or(Errno::EBADF)?;
+        Ok(self.release(e.ofd))
+    }
+
+    /// dup / F_DUPFD: the lowest free fd >= `min`.
+    pub fn dup(&mut self, fd: i32, min: i32, cloexec: bool) -> Result<i32, Errno> {
+        let e = *self.fds.get(&fd).ok_or(Errno::EBADF)?;
+        if min >= MAX_FDS {
+            return Err(Errno::EINVAL);
+        }
+        let new = self.lowest_free(min)?; // free, so nothing is replaced
+        self.attach(new, e.ofd, cloexec);
+        Ok(new)
+    }
+
+    /// dup2 / dup3: `new` refers to `fd`'s description, closing what it was
+    /// (returned when that closed a description for good).
+    pub fn dup_to(&mut self, fd: i32, new: i32, cloexec: bool) -> Result<Option<FileKind>, Errno> {
+        let e = *self.fds.get(&fd).ok_or(Errno::EBADF)?;
+        if !(0..MAX_FDS).contains(&new) {
+            return Err(Errno::EBADF);
+        }
+        if new == fd {
+            return Ok(None);
+        }
+        Ok(self.attach(new, e.ofd, cloexec))
+    }
+
+    pub fn cloexec(&self, fd: i32) -> Result<bool, Errno> {
+        Ok(self.fds.get(&fd).ok_or(Errno::EBADF)?.cloexec)
+    }
+
+    pub fn set_cloexec(&mut self, fd: i32, on: bool) -> Result<(), Errno> {
+        self.fds.get_mut(&fd).ok_or(Errno::EBADF)?.cloexec = on;
+        Ok(())
+    }
+
+    pub fn len(&self) -> usize {
+        self.fds.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.fds.is_empty()
+    }
+
+    /// fds in use, ascending.
+    pub fn fds(&self) -> impl Iterator<Item = i32> + '_ {
+        self.fds.keys().copied()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lowest_free_fd_and_dup_share_offset() {
+        let mut t = FdTable::with_stdio(3);
+        let a = t.open(FileKind::Node(7), libc::O_RDONLY).unwrap();
+        assert_eq!(a, 4);
+        let b = t.dup(a, 0, false).unwrap();
+        assert_eq!(b, 5);
+        t.get_mut(a).unwrap().offset = 42;
+        assert_eq!(t.get(b).unwrap().offset, 42, "dups share the description");
+        assert_eq!(t.close(a).unwrap(), None, "still open through the dup");
+        assert_eq!(t.get(b).unwrap().offset, 42);
+        assert_eq!(t.close(b).unwrap(), Some(FileKind::Node(7)));
+        assert_eq!(t.get(a), Err(Errno::EBADF));
+        assert_eq!(t.open(FileKind::Node(8), 0).unwrap(), 4, "lowest free fd is reused");
+        assert_eq!(t.open(FileKind::Node(9), 0).unwrap(), 5);
+    }
+
+    #[test]
+    fn clone_is_independent() {
+        let mut t = FdTable::with_stdio(3);
+        let a = t.open(FileKind::Node(7), libc::O_RDONLY).unwrap();
+        let mut c = t.clone();
+        c.get_mut(a).unwrap().offset = 100;
+        c.close(1).unwrap();
+        assert_eq!(t.get(a).unwrap().offset, 0);
+        assert!(t.get(1).is_ok());
+    }
+
+    #[test]
+    fn dup2_replaces_and_bounds() {
+        let mut t = FdTable::with_stdio(3);
+        let a = t.open(FileKind::Node(7), libc::O_WRONLY | libc::O_CLOEXEC).unwrap();
+        assert!(t.cloexec(a).unwrap());
+        assert_eq!(t.dup_to(a, 1, false).unwrap(), Some(FileKind::Stdout), "stdout's description closed");
+        assert_eq!(t.get(1).unwrap().kind, FileKind::Node(7));
+        assert_eq!(t.dup_to(a, MAX_FDS, false), Err(Errno::EBADF));
+        assert_eq!(t.dup_to(99, 5, false), Err(Errno::EBADF));
+        assert_eq!(t.close(-1), Err(Errno::EBADF));
+    }
+}

@@ -1,0 +1,299 @@
+//! The guest's memory map: which address ranges are mapped, how, and how
+//! much memory that commits (the guest's memory limit is enforced here).
+//!
+//! Guest RAM is identity-mapped RWX by the page tables, so this map is the
+//! VMM's bookkeeping, not the MMU's: it decides where mmap/brk place things,
+//! what munmap gives back to the host, and refuses allocations past the limit.
+
+use imbl::OrdMap;
+
+use crate::errno::Errno;
+use crate::layout::*;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VmaKind {
+    Anon,
+    /// A private copy of file content (the bytes were copied in at mmap time).
+    File,
+    Stack,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Vma {
+    pub end: u64,
+    pub prot: u32,
+    pub kind: VmaKind,
+}
+
+#[derive(Clone, Debug)]
+pub struct MemoryMap {
+    vmas: OrdMap<u64, Vma>,
+    pub brk_start: u64,
+    pub brk: u64,
+    /// Bytes mapped (VMAs + brk heap).
+    committed: u64,
+    limit: u64,
+}
+
+impl MemoryMap {
+    pub fn new(limit: u64) -> MemoryMap {
+        MemoryMap { vmas: OrdMap::new(), brk_start: 0, brk: 0, committed: 0, limit }
+    }
+
+    pub fn committed(&self) -> u64 {
+        self.committed
+    }
+
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    pub fn set_brk_start(&mut self, at: u64) {
+        self.brk_start = align_up(at, PAGE_SIZE);
+        self.brk = self.brk_start;
+    }
+
+    pub fn vmas(&self) -> impl Iterator<Item = (u64, Vma)> + '_ {
+        self.vmas.iter().map(|(s, v)| (*s, *v))
+    }
+
+    fn brk_pages(&self) -> u64 {
+        align_up(self.brk, PAGE_SIZE) - self.brk_start
+    }
+
+    /// Is `[addr, addr+len)` free of mappings (and of the heap)?
+    fn is_free(&self, addr: u64, len: u64) -> bool {
+        let end = addr + len;
+        if addr < align_up(self.brk, PAGE_SIZE) && end > self.brk_start {
+            return false;
+        }
+        if let Some((s, v)) = self.vmas.get_prev(&(end - 1)) {
+            if *s < end && v.end > addr {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// First-fit free range of `len` bytes in the mmap area.
+    pub fn find_free(&self, len: u64) -> Option<u64> {
+        let mut cursor = MMAP_BASE;
+        for (s, v) in self.vmas.range(MMAP_BASE..) {
+            if *s >= cursor && *s - cursor >= len {
+                break;
+            }
+            cursor = cursor.max(v.end);
+        }
+        (cursor.checked_add(len)? <= MMAP_TOP).then_some(cursor)
+    }
+
+    /// Valid user range: page-aligned start, inside guest-owned memory.
+    pub fn check_range(addr: u64, len: u64) -> Result<(), Errno> {
+        if addr % PAGE_SIZE != 0 || len == 0 {
+            return Err(Errno::EINVAL);
+        }
+        let end = addr.checked_add(len).ok_or(Errno::ENOMEM)?;
+        if addr < GUEST_BASE || end > STACK_TOP {
+            return Err(Errno::ENOMEM);
+        }
+        Ok(())
+    }
+
+    /// Map `len` bytes (page-rounded by the caller). With `fixed`, exactly at
+    /// `addr`, replacing what was there (returned in `replaced`); else anywhere free.
+    pub fn map(&mut self, addr: Option<u64>, len: u64, prot: u32, kind: VmaKind) -> Result<u64, Errno> {
+        let at = match addr {
+            Some(a) => {
+                Self::check_range(a, len)?;
+                a
+            }
+            None => self.find_free(len).ok_or(Errno::ENOMEM)?,
+        };
+        if addr.is_some() {
+            self.unmap(at, len)?;
+        }
+        if self.committed + len > self.limit {
+            return Err(Errno::ENOMEM);
+        }
+        if !self.is_free(at, len) {
+            return Err(Errno::ENOMEM);
+        }
+        self.vmas.insert(at, Vma { end: at + len, prot, kind });
+        self.committed += len;
+        Ok(at)
+    }
+
+    /// Is `[addr, addr+len)` free (for MAP_FIXED_NOREPLACE)?
+    pub fn range_is_free(&self, addr: u64, len: u64) -> bool {
+        self.is_free(addr, len)
+    }
+
+    /// Remove mappings in `[addr, addr+len)`, splitting partial ones. Returns
+    /// the sub-ranges that were mapped (the caller gives their pages back).
+    pub fn unmap(&mut self, addr: u64, len: u64) -> Result<Vec<(u64, u64)>, Errno> {
+        Self::check_range(addr, len)?;
+        let end = addr + len;
+        let mut removed = Vec::new();
+        let overlapping: Vec<(u64, Vma)> = self
+            .vmas
+            .range(..end)
+            .rev()
+            .take_while(|(_, v)| v.end > addr)
+            .map(|(s, v)| (*s, *v))
+            .collect();
+        for (s, v) in overlapping {
+            self.vmas.remove(&s);
+            let (cs, ce) = (s.max(addr), v.end.min(end));
+            if s < cs {
+                self.vmas.insert(s, Vma { end: cs, ..v });
+            }
+            if ce < v.end {
+                self.vmas.insert(ce, v);
+            }
+            self.committed -= ce - cs;
+            removed.push((cs, ce - cs));
+        }
+        Ok(removed)
+    }
+
+    /// Record new protections (not enforced by the page tables).
+    pub fn protect(&mut self, addr: u64, len: u64, prot: u32) -> Result<(), Errno> {
+        Self::check_range(addr, len)?;
+        let end = addr + len;
+        let overlapping: Vec<(u64, Vma)> =
+            self.vmas.range(..end).rev().take_while(|(_, v)| v.end > addr).map(|(s, v)| (*s, *v)).collect();
+        for (s, v) in overlapping {
+            let (cs, ce) = (s.max(addr), v.end.min(end));
+            self.vmas.remove(&s);
+            if s < cs {
+                self.vmas.insert(s, Vma { end: cs, ..v });
+            }
+            self.vmas.insert(cs, Vma { end: ce, prot, ..v });
+            if ce < v.end {
+                self.vmas.insert(ce, v);
+            }
+        }
+        Ok(())
+    }
+
+    /// The mapping that starts exactly at `addr` and spans `len`, if any.
+    pub fn mapping_at(&self, addr: u64) -> Option<Vma> {
+        let (s, v) = self.vmas.get_prev(&addr)?;
+        (v.end > addr).then_some(*v).filter(|_| *s <= addr)
+    }
+
+    /// Try to grow the mapping `[addr, addr+old)` in place to `new` bytes.
+    pub fn grow_in_place(&mut self, addr: u64, old: u64, new: u64) -> Result<bool, Errno> {
+        let Some(v) = self.vmas.get(&addr).copied() else { return Err(Errno::EFAULT) };
+        if v.end != addr + old {
+            return Ok(false);
+        }
+        let extra = new - old;
+        if addr + new > MMAP_TOP.max(v.end) || !self.is_free(addr + old, extra) {
+            return Ok(false);
+        }
+        if self.committed + extra > self.limit {
+            return Err(Errno::ENOMEM);
+        }
+        self.vmas.insert(addr, Vma { end: addr + new, ..v });
+        self.committed += extra;
+        Ok(true)
+    }
+
+    /// Move the heap end. Returns the new break, or the old one if refused
+    /// (Linux's brk never fails with an error code). `Some(range)` = pages to give back.
+    pub fn set_brk(&mut self, new: u64) -> (u64, Option<(u64, u64)>) {
+        if new < self.brk_start || new > BRK_LIMIT {
+            return (self.brk, None);
+        }
+        let (old_top, new_top) = (align_up(self.brk, PAGE_SIZE), align_up(new, PAGE_SIZE));
+        if new_top > old_top {
+            let grow = new_top - old_top;
+            if self.committed + grow > self.limit || !self.is_free(old_top, grow) {
+                return (self.brk, None);
+            }
+            self.committed += grow;
+            self.brk = new;
+            (new, None)
+        } else {
+            self.committed -= old_top - new_top;
+            self.brk = new;
+            (new, (new_top < old_top).then_some((new_top, old_top - new_top)))
+        }
+    }
+
+    pub fn heap_bytes(&self) -> u64 {
+        self.brk_pages()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn map_unmap_splits_and_accounts() {
+        let mut mm = MemoryMap::new(1 << 30);
+        let a = mm.map(None, 4 * PAGE_SIZE, 3, VmaKind::Anon).unwrap();
+        assert_eq!(a, MMAP_BASE);
+        let b = mm.map(None, PAGE_SIZE, 3, VmaKind::Anon).unwrap();
+        assert_eq!(b, a + 4 * PAGE_SIZE);
+        assert_eq!(mm.committed(), 5 * PAGE_SIZE);
+        let removed = mm.unmap(a + PAGE_SIZE, PAGE_SIZE).unwrap();
+        assert_eq!(removed, vec![(a + PAGE_SIZE, PAGE_SIZE)]);
+        assert_eq!(mm.committed(), 4 * PAGE_SIZE);
+        // the hole is reused first-fit
+        assert_eq!(mm.map(None, PAGE_SIZE, 3, VmaKind::Anon).unwrap(), a + PAGE_SIZE);
+        // a range spanning two mappings
+        let removed = mm.unmap(a, 5 * PAGE_SIZE).unwrap();
+        assert_eq!(removed.iter().map(|r| r.1).sum::<u64>(), 5 * PAGE_SIZE);
+        assert_eq!(mm.committed(), 0);
+    }
+
+    #[test]
+    fn fixed_mapping_replaces() {
+        let mut mm = MemoryMap::new(1 << 30);
+        let a = mm.map(None, 8 * PAGE_SIZE, 1, VmaKind::File).unwrap();
+        mm.map(Some(a + 2 * PAGE_SIZE), 2 * PAGE_SIZE, 3, VmaKind::Anon).unwrap();
+        assert_eq!(mm.committed(), 8 * PAGE_SIZE);
+        assert_eq!(mm.mapping_at(a + 2 * PAGE_SIZE).unwrap().kind, VmaKind::Anon);
+        assert_eq!(mm.mapping_at(a + 5 * PAGE_SIZE).unwrap().kind, VmaKind::File);
+        assert_eq!(mm.vmas().count(), 3);
+    }
+
+    #[test]
+    fn limit_is_enforced() {
+        let mut mm = MemoryMap::new(16 * MIB);
+        assert_eq!(mm.map(None, 1 << 40, 3, VmaKind::Anon), Err(Errno::ENOMEM));
+        mm.map(None, 12 * MIB, 3, VmaKind::Anon).unwrap();
+        assert_eq!(mm.map(None, 8 * MIB, 3, VmaKind::Anon), Err(Errno::ENOMEM));
+        mm.set_brk_start(0x80_0000);
+        let (b, _) = mm.set_brk(0x80_0000 + 8 * MIB);
+        assert_eq!(b, 0x80_0000, "brk past the limit is refused");
+        let (b, _) = mm.set_brk(0x80_0000 + 2 * MIB);
+        assert_eq!(b, 0x80_0000 + 2 * MIB);
+        let (b, give_back) = mm.set_brk(0x80_0000 + MIB);
+        assert_eq!(b, 0x80_0000 + MIB);
+        assert_eq!(give_back, Some((0x80_0000 + MIB, MIB)));
+    }
+
+    #[test]
+    fn rejects_system_area_and_wraparound() {
+        let mut mm = MemoryMap::new(1 << 30);
+        assert_eq!(mm.map(Some(0x1000), PAGE_SIZE, 3, VmaKind::Anon), Err(Errno::ENOMEM));
+        assert_eq!(mm.map(Some(u64::MAX - 4095), PAGE_SIZE, 3, VmaKind::Anon), Err(Errno::ENOMEM));
+        assert_eq!(mm.map(Some(MMAP_BASE + 1), PAGE_SIZE, 3, VmaKind::Anon), Err(Errno::EINVAL));
+        assert_eq!(mm.unmap(STACK_TOP, PAGE_SIZE), Err(Errno::ENOMEM));
+    }
+
+    #[test]
+    fn grow_in_place_only_into_free_space() {
+        let mut mm = MemoryMap::new(1 << 30);
+        let a = mm.map(None, PAGE_SIZE, 3, VmaKind::Anon).unwrap();
+        assert!(mm.grow_in_place(a, PAGE_SIZE, 3 * PAGE_SIZE).unwrap());
+        let _b = mm.map(None, PAGE_SIZE, 3, VmaKind::Anon).unwrap();
+        assert!(!mm.grow_in_place(a, 3 * PAGE_SIZE, 5 * PAGE_SIZE).unwrap());
+    }
+}

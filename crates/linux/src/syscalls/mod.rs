@@ -1,0 +1,148 @@
+//! The system-call layer, organised like gVisor's: one module per family
+//! (`sys_*.rs`), one table whose entries carry name, handler and support level.
+//! Anything not in the table returns ENOSYS and is counted by number.
+
+mod sys_file;
+mod sys_fs;
+mod sys_mm;
+mod sys_process;
+pub use sys_process::fill_random;
+mod sys_signal;
+mod sys_time;
+mod table;
+
+use forkbox_vmm::GuestMemory;
+
+use crate::errno::{Errno, SysResult};
+use crate::io::Io;
+use crate::layout::{GUEST_BASE, RAM_SIZE};
+use crate::process::Process;
+use crate::vfs::Ino;
+
+pub use table::{entry, Entry, Support, TABLE};
+
+pub type Args = [u64; 6];
+pub type Handler = fn(&mut Ctx, &Args) -> SysResult;
+
+/// Something the VMM must do besides returning a value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Effect {
+    /// The agent waits for a request: stop here without completing the call;
+    /// the call is re-issued when the vCPU resumes.
+    Park,
+    /// exit_group / exit.
+    Exit(i32),
+    /// Killed by a signal it sent itself (abort()).
+    Signaled(i32),
+    /// arch_prctl(ARCH_SET_FS).
+    SetFsBase(u64),
+}
+
+/// Everything a handler may touch.
+pub struct Ctx<'a> {
+    pub mem: &'a mut GuestMemory,
+    pub proc: &'a mut Process,
+    pub io: &'a mut Io,
+    pub effect: Option<Effect>,
+}
+
+/// Longest path a guest may pass (PATH_MAX).
+pub const PATH_MAX: usize = 4096;
+/// Largest single read/write, as Linux (MAX_RW_COUNT).
+pub const MAX_RW: u64 = 0x7FFF_F000;
+
+impl Ctx<'_> {
+    /// Check a guest buffer: inside guest-owned memory, never the system area.
+    pub fn user_range(&self, addr: u64, len: u64) -> Result<(), Errno> {
+        let end = addr.checked_add(len).ok_or(Errno::EFAULT)?;
+        if len > 0 && (addr < GUEST_BASE || end > RAM_SIZE.min(self.mem.size())) {
+            return Err(Errno::EFAULT);
+        }
+        Ok(())
+    }
+
+    pub fn bytes(&self, addr: u64, len: u64) -> Result<&[u8], Errno> {
+        self.user_range(addr, len)?;
+        if len == 0 {
+            return Ok(&[]);
+        }
+        self.mem.slice(addr, len).map_err(|_| Errno::EFAULT)
+    }
+
+    pub fn bytes_mut(&mut self, addr: u64, len: u64) -> Result<&mut [u8], Errno> {
+        self.user_range(addr, len)?;
+        if len == 0 {
+            return Ok(&mut []);
+        }
+        self.mem.slice_mut(addr, len).map_err(|_| Errno::EFAULT)
+    }
+
+    pub fn write_bytes(&mut self, addr: u64, data: &[u8]) -> Result<(), Errno> {
+        self.bytes_mut(addr, data.len() as u64)?.copy_from_slice(data);
+        Ok(())
+    }
+
+    pub fn write_u64(&mut self, addr: u64, v: u64) -> Result<(), Errno> {
+        self.write_bytes(addr, &v.to_le_bytes())
+    }
+
+    pub fn write_i32(&mut self, addr: u64, v: i32) -> Result<(), Errno> {
+        self.write_bytes(addr, &v.to_le_bytes())
+    }
+
+    pub fn read_u64(&self, addr: u64) -> Result<u64, Errno> {
+        let b = self.bytes(addr, 8)?;
+        Ok(u64::from_le_bytes(b.try_into().map_err(|_| Errno::EFAULT)?))
+    }
+
+    pub fn read_i64(&self, addr: u64) -> Result<i64, Errno> {
+        self.read_u64(addr).map(|v| v as i64)
+    }
+
+    /// A NUL-terminated path from the guest.
+    pub fn path(&self, addr: u64) -> Result<Vec<u8>, Errno> {
+        self.user_range(addr, 1)?;
+        if let Some(s) = self.mem.read_cstr(addr, PATH_MAX - 1) {
+            return Ok(s.to_vec());
+        }
+        // No NUL: too long if the memory is there, else a bad pointer.
+        match self.mem.read_cstr(addr, usize::MAX >> 1) {
+            Some(_) => Err(Errno::ENAMETOOLONG),
+            None => Err(Errno::EFAULT),
+        }
+    }
+
+    /// The directory a *at() call starts from: the cwd for AT_FDCWD, else the dirfd's node.
+    pub fn dir_start(&self, dirfd: u64, path: &[u8]) -> Result<Ino, Errno> {
+        if path.first() == Some(&b'/') || dirfd as i32 == libc::AT_FDCWD {
+            return Ok(self.proc.cwd);
+        }
+        match self.proc.fds.get(dirfd as i32)?.kind {
+            crate::fd::FileKind::Node(ino) => Ok(ino),
+            _ => Err(Errno::ENOTDIR),
+        }
+    }
+}
+
+/// Run syscall `nr`. `Err(e)` becomes `-e` in RAX.
+pub fn dispatch(ctx: &mut Ctx, nr: u64, args: &Args) -> SysResult {
+    ctx.io.stats.total += 1;
+    *ctx.io.stats.by_nr.entry(nr).or_default() += 1;
+    let result = match entry(nr) {
+        Some(e) => (e.handler)(ctx, args),
+        None => {
+            *ctx.io.stats.unimplemented.entry(nr).or_default() += 1;
+            Err(Errno::ENOSYS)
+        }
+    };
+    if ctx.io.trace {
+        let name = entry(nr).map(|e| e.name).unwrap_or("?");
+        tracing::info!(target: "forkbox::syscall", "{name}({nr}) {:x?} -> {:?}", &args[..], result.map(|v| v as i64));
+    }
+    result
+}
+
+/// Syscall name by number (for reports).
+pub fn name(nr: u64) -> &'static str {
+    entry(nr).map(|e| e.name).unwrap_or("unknown")
+}

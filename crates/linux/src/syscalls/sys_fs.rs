@@ -1,0 +1,404 @@
+//! Path-based file-system calls: open, stat family, access, readlink, getcwd,
+//! chdir, mkdir, rmdir, unlink, rename, symlink, truncate, chmod, utimensat, statfs.
+//! Every path is resolved inside the guest's VFS; none ever reaches the host.
+
+use super::{Args, Ctx};
+use crate::errno::{Errno, SysResult};
+use crate::fd::FileKind;
+use crate::vfs::{FileType, Ino, Stat};
+
+const AT_FDCWD: u64 = libc::AT_FDCWD as u32 as u64;
+
+/// Start directory and path for an *at() call.
+fn at(ctx: &Ctx, dirfd: u64, path_ptr: u64) -> Result<(Ino, Vec<u8>), Errno> {
+    let path = ctx.path(path_ptr)?;
+    let start = ctx.dir_start(dirfd, &path)?;
+    Ok((start, path))
+}
+
+fn open_common(ctx: &mut Ctx, dirfd: u64, path_ptr: u64, flags: i32, mode: u32) -> SysResult {
+    let (start, path) = at(ctx, dirfd, path_ptr)?;
+    let mode = mode & !ctx.proc.umask & 0o7777;
+    let ino = ctx.proc.vfs.open(start, &path, flags, mode)?;
+    let keep = flags & (libc::O_ACCMODE | libc::O_APPEND | libc::O_NONBLOCK | libc::O_PATH | libc::O_CLOEXEC | libc::O_DIRECTORY);
+    match ctx.proc.fds.open(FileKind::Node(ino), keep) {
+        Ok(fd) => Ok(fd as u64),
+        Err(e) => {
+            ctx.proc.vfs.release(ino);
+            Err(e)
+        }
+    }
+}
+
+pub fn open(ctx: &mut Ctx, a: &Args) -> SysResult {
+    open_common(ctx, AT_FDCWD, a[0], a[1] as i32, a[2] as u32)
+}
+
+pub fn openat(ctx: &mut Ctx, a: &Args) -> SysResult {
+    open_common(ctx, a[0], a[1], a[2] as i32, a[3] as u32)
+}
+
+pub fn creat(ctx: &mut Ctx, a: &Args) -> SysResult {
+    open_common(ctx, AT_FDCWD, a[0], libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC, a[1] as u32)
+}
+
+/// Metadata of what an fd refers to (stdio and the agent channel look like pipes).
+fn fd_stat(ctx: &Ctx, fd: i32) -> Result<Stat, Errno> {
+    let f = ctx.proc.fds.get(fd)?;
+    match f.kind {
+        FileKind::Node(ino) => ctx.proc.vfs.stat(ino),
+        _ => Ok(Stat::pipe(1_000_000 + fd as u64)),
+    }
+}
+
+/// Linux x86-64 `struct stat` (144 bytes).
+fn encode_stat(st: &Stat) -> [u8; 144] {
+    let mut b = [0u8; 144];
+    let (sec, nsec) = st.mtime();
+    let mut put = |off: usize, v: &[u8]| b[off..off + v.len()].copy_from_slice(v);
+    put(0, &1u64.to_le_bytes()); // st_dev
+    put(8, &st.ino.to_le_bytes());
+    put(16, &(st.nlink as u64).to_le_bytes());
+    put(24, &st.mode().to_le_bytes());
+    // uid, gid 0
+    put(40, &st.rdev.to_le_bytes());
+    put(48, &(st.size as i64).to_le_bytes());
+    put(56, &4096i64.to_le_bytes()); // st_blksize
+    put(64, &(st.size.div_ceil(512) as i64).to_le_bytes());
+    for off in [72, 88, 104] {
+        put(off, &sec.to_le_bytes());
+        put(off + 8, &nsec.to_le_bytes());
+    }
+    b
+}
+
+fn stat_path(ctx: &Ctx, dirfd: u64, path_ptr: u64, flags: i32) -> Result<Stat, Errno> {
+    let path = ctx.path(path_ptr)?;
+    if path.is_empty() {
+        if flags & libc::AT_EMPTY_PATH != 0 {
+            return if dirfd == AT_FDCWD { ctx.proc.vfs.stat(ctx.proc.cwd) } else { fd_stat(ctx, dirfd as i32) };
+        }
+        return Err(Errno::ENOENT);
+    }
+    let start = ctx.dir_start(dirfd, &path)?;
+    let ino = ctx.proc.vfs.resolve(start, &path, flags & libc::AT_SYMLINK_NOFOLLOW == 0)?;
+    ctx.proc.vfs.stat(ino)
+}
+
+pub fn stat(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let st = stat_path(ctx, AT_FDCWD, a[0], 0)?;
+    ctx.write_bytes(a[1], &encode_stat(&st))?;
+    Ok(0)
+}
+
+pub fn lstat(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let st = stat_path(ctx, AT_FDCWD, a[0], libc::AT_SYMLINK_NOFOLLOW)?;
+    ctx.write_bytes(a[1], &encode_stat(&st))?;
+    Ok(0)
+}
+
+pub fn fstat(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let st = fd_stat(ctx, a[0] as i32)?;
+    ctx.write_bytes(a[1], &encode_stat(&st))?;
+    Ok(0)
+}
+
+pub fn newfstatat(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let st = stat_path(ctx, a[0], a[1], a[3] as i32)?;
+    ctx.write_bytes(a[2], &encode_stat(&st))?;
+    Ok(0)
+}
+
+pub fn statx(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let st = stat_path(ctx, a[0], a[1], a[2] as i32)?;
+    let mut b = [0u8; 256];
+    let (sec, nsec) = st.mtime();
+    let mut put = |off: usize, v: &[u8]| b[off..off + v.len()].copy_from_slice(v);
+    put(0, &0x7FFu32.to_le_bytes()); // STATX_BASIC_STATS
+    put(4, &4096u32.to_le_bytes());
+    put(16, &st.nlink.to_le_bytes());
+    put(28, &(st.mode() as u16).to_le_bytes());
+    put(32, &st.ino.to_le_bytes());
+    put(40, &st.size.to_le_bytes());
+    put(48, &st.size.div_ceil(512).to_le_bytes());
+    for off in [0x40, 0x50, 0x60, 0x70] {
+        put(off, &sec.to_le_bytes());
+        put(off + 8, &(nsec as u32).to_le_bytes());
+    }
+    put(0x80, &((st.rdev >> 8) as u32).to_le_bytes());
+    put(0x84, &((st.rdev & 0xFF) as u32).to_le_bytes());
+    ctx.write_bytes(a[4], &b)?;
+    Ok(0)
+}
+
+fn access_common(ctx: &mut Ctx, dirfd: u64, path_ptr: u64, mode: i32, flags: i32) -> SysResult {
+    if mode & !(libc::R_OK | libc::W_OK | libc::X_OK) != 0 {
+        return Err(Errno::EINVAL);
+    }
+    let (start, path) = at(ctx, dirfd, path_ptr)?;
+    ctx.proc.vfs.access(start, &path, mode, flags & libc::AT_SYMLINK_NOFOLLOW == 0)?;
+    Ok(0)
+}
+
+pub fn access(ctx: &mut Ctx, a: &Args) -> SysResult {
+    access_common(ctx, AT_FDCWD, a[0], a[1] as i32, 0)
+}
+
+pub fn faccessat(ctx: &mut Ctx, a: &Args) -> SysResult {
+    access_common(ctx, a[0], a[1], a[2] as i32, 0)
+}
+
+pub fn faccessat2(ctx: &mut Ctx, a: &Args) -> SysResult {
+    access_common(ctx, a[0], a[1], a[2] as i32, a[3] as i32)
+}
+
+fn readlink_common(ctx: &mut Ctx, dirfd: u64, path_ptr: u64, buf: u64, size: u64) -> SysResult {
+    if size as i64 <= 0 {
+        return Err(Errno::EINVAL);
+    }
+    let (start, path) = at(ctx, dirfd, path_ptr)?;
+    let target = ctx.proc.vfs.readlink(start, &path)?;
+    let n = target.len().min(size as usize);
+    ctx.write_bytes(buf, &target[..n])?;
+    Ok(n as u64)
+}
+
+pub fn readlink(ctx: &mut Ctx, a: &Args) -> SysResult {
+    readlink_common(ctx, AT_FDCWD, a[0], a[1], a[2])
+}
+
+pub fn readlinkat(ctx: &mut Ctx, a: &Args) -> SysResult {
+    readlink_common(ctx, a[0], a[1], a[2], a[3])
+}
+
+pub fn getcwd(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let mut p = ctx.proc.vfs.dir_path(ctx.proc.cwd)?;
+    p.push(0);
+    if (p.len() as u64) > a[1] {
+        return Err(Errno::ERANGE);
+    }
+    ctx.write_bytes(a[0], &p)?;
+    Ok(p.len() as u64)
+}
+
+fn change_dir(ctx: &mut Ctx, ino: Ino) -> SysResult {
+    if ctx.proc.vfs.stat(ino)?.kind != FileType::Dir {
+        return Err(Errno::ENOTDIR);
+    }
+    ctx.proc.vfs.hold(ino);
+    let old = std::mem::replace(&mut ctx.proc.cwd, ino);
+    ctx.proc.vfs.release(old);
+    Ok(0)
+}
+
+pub fn chdir(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let (start, path) = at(ctx, AT_FDCWD, a[0])?;
+    let ino = ctx.proc.vfs.resolve(start, &path, true)?;
+    change_dir(ctx, ino)
+}
+
+pub fn fchdir(ctx: &mut Ctx, a: &Args) -> SysResult {
+    match ctx.proc.fds.get(a[0] as i32)?.kind {
+        FileKind::Node(ino) => change_dir(ctx, ino),
+        _ => Err(Errno::ENOTDIR),
+    }
+}
+
+pub fn mkdir(ctx: &mut Ctx, a: &Args) -> SysResult {
+    mkdir_common(ctx, AT_FDCWD, a[0], a[1] as u32)
+}
+
+pub fn mkdirat(ctx: &mut Ctx, a: &Args) -> SysResult {
+    mkdir_common(ctx, a[0], a[1], a[2] as u32)
+}
+
+fn mkdir_common(ctx: &mut Ctx, dirfd: u64, path_ptr: u64, mode: u32) -> SysResult {
+    let (start, path) = at(ctx, dirfd, path_ptr)?;
+    let mode = mode & !ctx.proc.umask & 0o7777;
+    ctx.proc.vfs.mkdir(start, &path, mode)?;
+    Ok(0)
+}
+
+pub fn rmdir(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let (start, path) = at(ctx, AT_FDCWD, a[0])?;
+    ctx.proc.vfs.rmdir(start, &path)?;
+    Ok(0)
+}
+
+pub fn unlink(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let (start, path) = at(ctx, AT_FDCWD, a[0])?;
+    ctx.proc.vfs.unlink(start, &path)?;
+    Ok(0)
+}
+
+pub fn unlinkat(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let flags = a[2] as i32;
+    if flags & !libc::AT_REMOVEDIR != 0 {
+        return Err(Errno::EINVAL);
+    }
+    let (start, path) = at(ctx, a[0], a[1])?;
+    if flags & libc::AT_REMOVEDIR != 0 {
+        ctx.proc.vfs.rmdir(start, &path)?;
+    } else {
+        ctx.proc.vfs.unlink(start, &path)?;
+    }
+    Ok(0)
+}
+
+fn rename_common(ctx: &mut Ctx, olddir: u64, old: u64, newdir: u64, new: u64, flags: u32) -> SysResult {
+    let (os, op) = at(ctx, olddir, old)?;
+    let (ns, np) = at(ctx, newdir, new)?;
+    ctx.proc.vfs.rename(os, &op, ns, &np, flags)?;
+    Ok(0)
+}
+
+pub fn rename(ctx: &mut Ctx, a: &Args) -> SysResult {
+    rename_common(ctx, AT_FDCWD, a[0], AT_FDCWD, a[1], 0)
+}
+
+pub fn renameat(ctx: &mut Ctx, a: &Args) -> SysResult {
+    rename_common(ctx, a[0], a[1], a[2], a[3], 0)
+}
+
+pub fn renameat2(ctx: &mut Ctx, a: &Args) -> SysResult {
+    rename_common(ctx, a[0], a[1], a[2], a[3], a[4] as u32)
+}
+
+pub fn symlink(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let target = ctx.path(a[0])?;
+    let (start, path) = at(ctx, AT_FDCWD, a[1])?;
+    ctx.proc.vfs.symlink(&target, start, &path)?;
+    Ok(0)
+}
+
+pub fn symlinkat(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let target = ctx.path(a[0])?;
+    let (start, path) = at(ctx, a[1], a[2])?;
+    ctx.proc.vfs.symlink(&target, start, &path)?;
+    Ok(0)
+}
+
+pub fn link(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let (os, op) = at(ctx, libc::AT_FDCWD as u32 as u64, a[0])?;
+    let (ns, np) = at(ctx, libc::AT_FDCWD as u32 as u64, a[1])?;
+    ctx.proc.vfs.link(os, &op, ns, &np, false)?;
+    Ok(0)
+}
+
+pub fn linkat(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let flags = a[4] as i32;
+    if flags & !libc::AT_SYMLINK_FOLLOW != 0 {
+        return Err(Errno::EINVAL);
+    }
+    let (os, op) = at(ctx, a[0], a[1])?;
+    let (ns, np) = at(ctx, a[2], a[3])?;
+    ctx.proc.vfs.link(os, &op, ns, &np, flags & libc::AT_SYMLINK_FOLLOW != 0)?;
+    Ok(0)
+}
+
+pub fn truncate(ctx: &mut Ctx, a: &Args) -> SysResult {
+    if (a[1] as i64) < 0 {
+        return Err(Errno::EINVAL);
+    }
+    let (start, path) = at(ctx, AT_FDCWD, a[0])?;
+    let ino = ctx.proc.vfs.resolve(start, &path, true)?;
+    ctx.proc.vfs.truncate(ino, a[1])?;
+    Ok(0)
+}
+
+pub fn chmod(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let (start, path) = at(ctx, AT_FDCWD, a[0])?;
+    let ino = ctx.proc.vfs.resolve(start, &path, true)?;
+    ctx.proc.vfs.chmod(ino, a[1] as u32 & 0o7777)?;
+    Ok(0)
+}
+
+pub fn fchmod(ctx: &mut Ctx, a: &Args) -> SysResult {
+    match ctx.proc.fds.get(a[0] as i32)?.kind {
+        FileKind::Node(ino) => ctx.proc.vfs.chmod(ino, a[1] as u32 & 0o7777).map(|_| 0),
+        _ => Ok(0),
+    }
+}
+
+pub fn fchmodat(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let (start, path) = at(ctx, a[0], a[1])?;
+    let ino = ctx.proc.vfs.resolve(start, &path, true)?;
+    ctx.proc.vfs.chmod(ino, a[2] as u32 & 0o7777)?;
+    Ok(0)
+}
+
+/// chown family: the guest is root and owns everything; succeed if the path exists.
+pub fn chown(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let (start, path) = at(ctx, AT_FDCWD, a[0])?;
+    ctx.proc.vfs.resolve(start, &path, true)?;
+    Ok(0)
+}
+
+pub fn fchown(ctx: &mut Ctx, a: &Args) -> SysResult {
+    ctx.proc.fds.get(a[0] as i32)?;
+    Ok(0)
+}
+
+pub fn utimensat(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let flags = a[3] as i32;
+    let ino = if a[1] == 0 {
+        match ctx.proc.fds.get(a[0] as i32)?.kind {
+            FileKind::Node(ino) => ino,
+            _ => return Ok(0),
+        }
+    } else {
+        let (start, path) = at(ctx, a[0], a[1])?;
+        ctx.proc.vfs.resolve(start, &path, flags & libc::AT_SYMLINK_NOFOLLOW == 0)?
+    };
+    let now = super::sys_time::realtime();
+    let mtime = if a[2] == 0 {
+        now
+    } else {
+        let sec = ctx.read_i64(a[2] + 16)?;
+        let nsec = ctx.read_i64(a[2] + 24)?;
+        match nsec {
+            n if n == libc::UTIME_OMIT => return Ok(0),
+            n if n == libc::UTIME_NOW => now,
+            0..=999_999_999 => (sec, nsec),
+            _ => return Err(Errno::EINVAL),
+        }
+    };
+    ctx.proc.vfs.set_mtime(ino, mtime.0, mtime.1 as u32)?;
+    Ok(0)
+}
+
+pub fn umask(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let old = ctx.proc.umask;
+    ctx.proc.umask = a[0] as u32 & 0o777;
+    Ok(old as u64)
+}
+
+/// `struct statfs` of a tmpfs-like file system whose size is the overlay quota.
+fn encode_statfs(ctx: &Ctx) -> [u8; 120] {
+    let mut b = [0u8; 120];
+    let total_blocks = ctx.proc.vfs.quota() / 4096;
+    let used = ctx.proc.vfs.overlay_bytes() / 4096;
+    let free = total_blocks.saturating_sub(used);
+    let fields: [u64; 7] = [0x0102_1994 /* TMPFS_MAGIC */, 4096, total_blocks, free, free, 1 << 20, 1 << 20];
+    for (i, v) in fields.iter().enumerate() {
+        b[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
+    }
+    b[64..72].copy_from_slice(&255u64.to_le_bytes()); // f_namelen
+    b[72..80].copy_from_slice(&4096u64.to_le_bytes()); // f_frsize
+    b
+}
+
+pub fn statfs(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let (start, path) = at(ctx, AT_FDCWD, a[0])?;
+    ctx.proc.vfs.resolve(start, &path, true)?;
+    let b = encode_statfs(ctx);
+    ctx.write_bytes(a[1], &b)?;
+    Ok(0)
+}
+
+pub fn fstatfs(ctx: &mut Ctx, a: &Args) -> SysResult {
+    ctx.proc.fds.get(a[0] as i32)?;
+    let b = encode_statfs(ctx);
+    ctx.write_bytes(a[1], &b)?;
+    Ok(0)
+}

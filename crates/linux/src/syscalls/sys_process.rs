@@ -1,0 +1,297 @@
+//! The process and its identity: ids, limits, affinity, thread setup,
+//! arch_prctl, exit, self-signals, prctl, rusage.
+
+use super::{Args, Ctx, Effect};
+use crate::errno::{Errno, SysResult};
+use crate::layout::STACK_SIZE;
+
+/// The guest is pid 1... of its own world; a fixed pid keeps snapshots consistent.
+pub const GUEST_PID: u64 = 2;
+
+pub fn getpid(_: &mut Ctx, _: &Args) -> SysResult {
+    Ok(GUEST_PID)
+}
+
+pub fn getppid(_: &mut Ctx, _: &Args) -> SysResult {
+    Ok(1)
+}
+
+/// uid, gid, euid, egid: root inside its own sandbox.
+pub fn zero(_: &mut Ctx, _: &Args) -> SysResult {
+    Ok(0)
+}
+
+pub fn getgroups(_: &mut Ctx, _: &Args) -> SysResult {
+    Ok(0)
+}
+
+pub fn getresuid(ctx: &mut Ctx, a: &Args) -> SysResult {
+    for p in &a[..3] {
+        ctx.write_bytes(*p, &0u32.to_le_bytes())?;
+    }
+    Ok(0)
+}
+
+pub fn set_tid_address(ctx: &mut Ctx, a: &Args) -> SysResult {
+    ctx.proc.tid_address = a[0];
+    Ok(GUEST_PID)
+}
+
+pub fn set_robust_list(_: &mut Ctx, a: &Args) -> SysResult {
+    if a[1] != 24 {
+        return Err(Errno::EINVAL);
+    }
+    Ok(0)
+}
+
+pub fn sched_yield(_: &mut Ctx, _: &Args) -> SysResult {
+    Ok(0)
+}
+
+/// One CPU: the guest has one vCPU.
+pub fn sched_getaffinity(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let size = a[1];
+    if size < 8 || size % 8 != 0 {
+        return Err(Errno::EINVAL);
+    }
+    let size = size.min(128);
+    let mut mask = vec![0u8; size as usize];
+    mask[0] = 1;
+    ctx.write_bytes(a[2], &mask)?;
+    Ok(size)
+}
+
+pub fn sched_setaffinity(_: &mut Ctx, _: &Args) -> SysResult {
+    Ok(0)
+}
+
+fn rlimit(resource: u32, ctx: &Ctx) -> Option<(u64, u64)> {
+    const INF: u64 = u64::MAX;
+    Some(match resource {
+        libc::RLIMIT_STACK => (STACK_SIZE, STACK_SIZE),
+        libc::RLIMIT_NOFILE => (crate::fd::MAX_FDS as u64, crate::fd::MAX_FDS as u64),
+        libc::RLIMIT_AS | libc::RLIMIT_DATA => (ctx.proc.mm.limit(), ctx.proc.mm.limit()),
+        libc::RLIMIT_NPROC => (1, 1),
+        libc::RLIMIT_CORE => (0, 0),
+        r if r < 16 => (INF, INF), // RLIM_NLIMITS
+        _ => return None,
+    })
+}
+
+pub fn getrlimit(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let (cur, max) = rlimit(a[0] as u32, ctx).ok_or(Errno::EINVAL)?;
+    ctx.write_u64(a[1], cur)?;
+    ctx.write_u64(a[1] + 8, max)?;
+    Ok(0)
+}
+
+/// Limits are the VMM's to set; a guest may "lower" them but nothing changes.
+pub fn setrlimit(ctx: &mut Ctx, a: &Args) -> SysResult {
+    rlimit(a[0] as u32, ctx).ok_or(Errno::EINVAL)?;
+    Ok(0)
+}
+
+pub fn prlimit64(ctx: &mut Ctx, a: &Args) -> SysResult {
+    if a[0] != 0 && a[0] != GUEST_PID {
+        return Err(Errno::ESRCH);
+    }
+    let (cur, max) = rlimit(a[1] as u32, ctx).ok_or(Errno::EINVAL)?;
+    if a[3] != 0 {
+        ctx.write_u64(a[3], cur)?;
+        ctx.write_u64(a[3] + 8, max)?;
+    }
+    Ok(0)
+}
+
+const ARCH_SET_GS: u64 = 0x1001;
+const ARCH_SET_FS: u64 = 0x1002;
+const ARCH_GET_FS: u64 = 0x1003;
+const ARCH_GET_GS: u64 = 0x1004;
+
+pub fn arch_prctl(ctx: &mut Ctx, a: &Args) -> SysResult {
+    match a[0] {
+        ARCH_SET_FS => {
+            if a[1] >= 1 << 47 {
+                return Err(Errno::EPERM);
+            }
+            ctx.proc.fs_base = a[1];
+            ctx.effect = Some(Effect::SetFsBase(a[1]));
+            Ok(0)
+        }
+        ARCH_GET_FS => {
+            let v = ctx.proc.fs_base;
+            ctx.write_u64(a[1], v)?;
+            Ok(0)
+        }
+        ARCH_GET_GS => {
+            ctx.write_u64(a[1], 0)?;
+            Ok(0)
+        }
+        ARCH_SET_GS => Err(Errno::EPERM),
+        _ => Err(Errno::EINVAL),
+    }
+}
+
+pub fn exit_group(ctx: &mut Ctx, a: &Args) -> SysResult {
+    ctx.effect = Some(Effect::Exit(a[0] as i32 & 0xFF));
+    Ok(0)
+}
+
+/// kill / tgkill / tkill aimed at itself: a fatal signal ends the guest (abort());
+/// signal 0 probes existence; anything else is ignored (no delivery yet).
+fn self_signal(ctx: &mut Ctx, sig: u64) -> SysResult {
+    match sig {
+        0 => Ok(0),
+        s if s > crate::process::NSIG as u64 => Err(Errno::EINVAL),
+        // SIGCHLD, SIGCONT, SIGURG, SIGWINCH are ignored by default.
+        17 | 18 | 23 | 28 => Ok(0),
+        s => {
+            ctx.effect = Some(Effect::Signaled(s as i32));
+            Ok(0)
+        }
+    }
+}
+
+pub fn kill(ctx: &mut Ctx, a: &Args) -> SysResult {
+    if a[0] != GUEST_PID && a[0] != 0 {
+        return Err(Errno::ESRCH);
+    }
+    self_signal(ctx, a[1])
+}
+
+pub fn tgkill(ctx: &mut Ctx, a: &Args) -> SysResult {
+    if a[0] != GUEST_PID || a[1] != GUEST_PID {
+        return Err(Errno::ESRCH);
+    }
+    self_signal(ctx, a[2])
+}
+
+pub fn tkill(ctx: &mut Ctx, a: &Args) -> SysResult {
+    if a[0] != GUEST_PID {
+        return Err(Errno::ESRCH);
+    }
+    self_signal(ctx, a[1])
+}
+
+/// prctl: names and harmless flags succeed; nothing else exists.
+pub fn prctl(ctx: &mut Ctx, a: &Args) -> SysResult {
+    match a[0] as i32 {
+        libc::PR_SET_NAME | libc::PR_SET_DUMPABLE | libc::PR_SET_PDEATHSIG | libc::PR_SET_NO_NEW_PRIVS => Ok(0),
+        libc::PR_GET_NAME => {
+            ctx.write_bytes(a[1], b"python3\0\0\0\0\0\0\0\0\0")?;
+            Ok(0)
+        }
+        libc::PR_GET_DUMPABLE => Ok(0),
+        _ => Err(Errno::EINVAL),
+    }
+}
+
+fn cpu_time() -> (i64, i64) {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    (ts.tv_sec, ts.tv_nsec)
+}
+
+pub fn getrusage(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let mut b = [0u8; 144];
+    let (s, ns) = cpu_time();
+    b[..8].copy_from_slice(&s.to_le_bytes());
+    b[8..16].copy_from_slice(&(ns / 1000).to_le_bytes());
+    // ru_maxrss in KiB
+    b[32..40].copy_from_slice(&((ctx.proc.mm.committed() / 1024) as i64).to_le_bytes());
+    ctx.write_bytes(a[1], &b)?;
+    Ok(0)
+}
+
+pub fn times(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let (s, ns) = cpu_time();
+    let ticks = (s * 100 + ns / 10_000_000) as u64;
+    if a[0] != 0 {
+        let mut b = [0u8; 32];
+        b[..8].copy_from_slice(&ticks.to_le_bytes());
+        ctx.write_bytes(a[0], &b)?;
+    }
+    let (rs, rns) = super::sys_time::realtime();
+    Ok((rs * 100 + rns / 10_000_000) as u64)
+}
+
+pub fn getpgid(_: &mut Ctx, _: &Args) -> SysResult {
+    Ok(GUEST_PID)
+}
+
+pub fn uname(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let mut b = [0u8; 65 * 6];
+    for (i, s) in ["Linux", "forkbox", "6.1.0-forkbox", "#1 SMP forkbox", "x86_64", "(none)"].iter().enumerate() {
+        b[i * 65..i * 65 + s.len()].copy_from_slice(s.as_bytes());
+    }
+    ctx.write_bytes(a[0], &b)?;
+    Ok(0)
+}
+
+pub fn sysinfo(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let total = ctx.proc.mm.limit();
+    let free = total.saturating_sub(ctx.proc.mm.committed());
+    let mut b = [0u8; 112];
+    let up = super::sys_time::realtime().0 % 100_000;
+    b[..8].copy_from_slice(&up.to_le_bytes());
+    b[32..40].copy_from_slice(&total.to_le_bytes());
+    b[40..48].copy_from_slice(&free.to_le_bytes());
+    b[80..82].copy_from_slice(&1u16.to_le_bytes()); // procs
+    b[104..108].copy_from_slice(&1u32.to_le_bytes()); // mem_unit
+    ctx.write_bytes(a[0], &b)?;
+    Ok(0)
+}
+
+/// Randomness comes from the host, so every fork draws its own.
+pub fn getrandom(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let len = a[1].min(32 << 20);
+    if a[2] as u32 & !(libc::GRND_NONBLOCK | libc::GRND_RANDOM | 0x4) != 0 {
+        return Err(Errno::EINVAL);
+    }
+    let buf = ctx.bytes_mut(a[0], len)?;
+    fill_random(buf)?;
+    Ok(len)
+}
+
+pub fn fill_random(buf: &mut [u8]) -> Result<(), Errno> {
+    let mut done = 0;
+    while done < buf.len() {
+        // SAFETY: writing into our own slice.
+        let n = unsafe { libc::getrandom(buf[done..].as_mut_ptr() as *mut libc::c_void, buf.len() - done, 0) };
+        if n < 0 {
+            return Err(Errno::EIO);
+        }
+        done += n as usize;
+    }
+    Ok(())
+}
+
+const FUTEX_WAIT: u64 = 0;
+const FUTEX_WAKE: u64 = 1;
+const FUTEX_WAIT_BITSET: u64 = 9;
+const FUTEX_WAKE_BITSET: u64 = 10;
+
+/// One thread: a wake finds no waiters; a wait whose value still matches would
+/// sleep forever, so it times out (with a timeout) or fails with EAGAIN.
+pub fn futex(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let op = a[1] & 0x7F;
+    match op {
+        FUTEX_WAKE | FUTEX_WAKE_BITSET => Ok(0),
+        FUTEX_WAIT | FUTEX_WAIT_BITSET => {
+            let cur = u32::from_le_bytes(ctx.bytes(a[0], 4)?.try_into().map_err(|_| Errno::EFAULT)?);
+            if cur != a[2] as u32 {
+                return Err(Errno::EAGAIN);
+            }
+            if a[3] != 0 {
+                let d = super::sys_time::read_timespec(ctx, a[3])?;
+                if op == FUTEX_WAIT {
+                    super::sys_time::sleep_for(ctx, d);
+                }
+                return Err(Errno::ETIMEDOUT);
+            }
+            Err(Errno::EAGAIN)
+        }
+        _ => Err(Errno::ENOSYS),
+    }
+}

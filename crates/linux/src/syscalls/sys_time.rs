@@ -1,0 +1,114 @@
+//! Time: always the host's true clock. Sleeps are real but never outlast the
+//! exec's deadline (the run loop then reports the timeout).
+
+use std::time::{Duration, Instant};
+
+use super::{Args, Ctx};
+use crate::errno::{Errno, SysResult};
+
+fn host_clock(id: libc::clockid_t) -> Result<(i64, i64), Errno> {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: ts is a valid out-pointer.
+    if unsafe { libc::clock_gettime(id, &mut ts) } != 0 {
+        return Err(Errno::EINVAL);
+    }
+    Ok((ts.tv_sec, ts.tv_nsec))
+}
+
+pub fn realtime() -> (i64, i64) {
+    host_clock(libc::CLOCK_REALTIME).unwrap_or((0, 0))
+}
+
+/// The clocks a guest may read. CPU-time clocks report the vCPU thread's time.
+fn guest_clock(id: u64) -> Result<libc::clockid_t, Errno> {
+    match id as i32 {
+        libc::CLOCK_REALTIME
+        | libc::CLOCK_MONOTONIC
+        | libc::CLOCK_MONOTONIC_RAW
+        | libc::CLOCK_REALTIME_COARSE
+        | libc::CLOCK_MONOTONIC_COARSE
+        | libc::CLOCK_BOOTTIME => Ok(id as i32),
+        libc::CLOCK_PROCESS_CPUTIME_ID | libc::CLOCK_THREAD_CPUTIME_ID => Ok(libc::CLOCK_THREAD_CPUTIME_ID),
+        _ => Err(Errno::EINVAL),
+    }
+}
+
+fn write_timespec(ctx: &mut Ctx, addr: u64, (s, ns): (i64, i64)) -> Result<(), Errno> {
+    let mut b = [0u8; 16];
+    b[..8].copy_from_slice(&s.to_le_bytes());
+    b[8..].copy_from_slice(&ns.to_le_bytes());
+    ctx.write_bytes(addr, &b)
+}
+
+pub fn read_timespec(ctx: &Ctx, addr: u64) -> Result<Duration, Errno> {
+    let s = ctx.read_i64(addr)?;
+    let ns = ctx.read_i64(addr + 8)?;
+    if s < 0 || !(0..1_000_000_000).contains(&ns) {
+        return Err(Errno::EINVAL);
+    }
+    Ok(Duration::new(s as u64, ns as u32))
+}
+
+/// Sleep on the host, but not past the deadline.
+pub fn sleep_for(ctx: &Ctx, d: Duration) {
+    let d = match ctx.io.deadline {
+        Some(deadline) => d.min(deadline.saturating_duration_since(Instant::now())),
+        None => d,
+    };
+    std::thread::sleep(d);
+}
+
+pub fn clock_gettime(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let t = host_clock(guest_clock(a[0])?)?;
+    write_timespec(ctx, a[1], t)?;
+    Ok(0)
+}
+
+pub fn clock_getres(ctx: &mut Ctx, a: &Args) -> SysResult {
+    guest_clock(a[0])?;
+    if a[1] != 0 {
+        write_timespec(ctx, a[1], (0, 1))?;
+    }
+    Ok(0)
+}
+
+pub fn gettimeofday(ctx: &mut Ctx, a: &Args) -> SysResult {
+    if a[0] != 0 {
+        let (s, ns) = realtime();
+        let mut b = [0u8; 16];
+        b[..8].copy_from_slice(&s.to_le_bytes());
+        b[8..].copy_from_slice(&(ns / 1000).to_le_bytes());
+        ctx.write_bytes(a[0], &b)?;
+    }
+    if a[1] != 0 {
+        ctx.write_bytes(a[1], &[0u8; 8])?;
+    }
+    Ok(0)
+}
+
+pub fn time(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let (s, _) = realtime();
+    if a[0] != 0 {
+        ctx.write_u64(a[0], s as u64)?;
+    }
+    Ok(s as u64)
+}
+
+pub fn nanosleep(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let d = read_timespec(ctx, a[0])?;
+    sleep_for(ctx, d);
+    Ok(0)
+}
+
+pub fn clock_nanosleep(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let clock = guest_clock(a[0])?;
+    let req = read_timespec(ctx, a[2])?;
+    let d = if a[1] as i32 & libc::TIMER_ABSTIME != 0 {
+        let (s, ns) = host_clock(clock)?;
+        req.saturating_sub(Duration::new(s.max(0) as u64, ns as u32))
+    } else {
+        req
+    };
+    sleep_for(ctx, d);
+    Ok(0)
+}

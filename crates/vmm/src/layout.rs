@@ -1,0 +1,57 @@
+//! Guest-physical layout. Guest virtual addresses equal guest physical ones
+//! (identity paging), so every address here is both.
+//!
+//! ```text
+//! 0x0000_0000  page 0: not present (NULL dereferences fault)
+//! 0x0000_1000  GDT                      read-only
+//! 0x0000_2000  TSS                      read-only
+//! 0x0000_3000  IDT (256 gates)          read-only
+//! 0x0000_4000  entry stubs              read+exec
+//! 0x0000_8000  page tables              read-only
+//! 0x0010_0000  kernel stacks            read+write, no-exec
+//! 0x001F_0000  vvar page                read-only, no-exec  (vdso.rs)
+//! 0x001F_1000  vDSO image               read+exec           (vdso.rs)
+//! 0x0020_0000  guest-owned memory: executable, brk, ld.so, mmap area, stack
+//! ```
+
+pub const PAGE_SIZE: u64 = 4096;
+pub const HUGE_PAGE_SIZE: u64 = 2 << 20;
+
+pub const GDT_ADDR: u64 = 0x1000;
+pub const TSS_ADDR: u64 = 0x2000;
+pub const IDT_ADDR: u64 = 0x3000;
+pub const STUBS_ADDR: u64 = 0x4000;
+pub const PML4_ADDR: u64 = 0x8000;
+pub const PDPT_ADDR: u64 = 0x9000;
+/// Page directories, one per GiB of guest RAM, up to `MAX_RAM_GIB`.
+pub const PD_ADDR: u64 = 0xA000;
+pub const MAX_RAM_GIB: u64 = 64;
+/// The 4 KiB page table for the first 2 MiB (the system area).
+pub const PT0_ADDR: u64 = PD_ADDR + MAX_RAM_GIB * PAGE_SIZE;
+pub const KERNEL_STACKS_ADDR: u64 = 0x10_0000;
+/// Top of the stack the syscall stub returns through (the VMM writes an iretq frame under it).
+pub const SYSCALL_STACK_TOP: u64 = 0x10_8000;
+/// TSS.RSP0: the CPU pushes exception frames here.
+pub const EXCEPTION_STACK_TOP: u64 = 0x11_0000;
+
+/// Where the syscall stub's `out` reports.
+pub const PORT_SYSCALL: u16 = 0x12;
+/// Exception vector v reports on `PORT_EXCEPTION_BASE + v` (kept below 0x40, see design notes).
+pub const PORT_EXCEPTION_BASE: u16 = 0x20;
+pub const EXCEPTION_VECTORS: u16 = 32;
+
+/// First address the guest process may own.
+pub const GUEST_BASE: u64 = 0x20_0000;
+
+pub const fn align_up(v: u64, a: u64) -> u64 {
+    (v + a - 1) & !(a - 1)
+}
+
+pub const fn align_down(v: u64, a: u64) -> u64 {
+    v & !(a - 1)
+}
+
+/// vvar page (time data the VMM fills) and the vDSO image after it, see `vdso.rs`.
+pub const VVAR_PAGE: u64 = 0x1F_0000;
+pub const VDSO_PAGE: u64 = 0x1F_1000;
+pub const VDSO_PAGES: u64 = 3;

@@ -1,0 +1,213 @@
+//! One KVM VM with one vCPU and one memslot, and its run loop.
+
+use std::time::Instant;
+
+use kvm_bindings::{kvm_regs, kvm_userspace_memory_region};
+use kvm_ioctls::{VcpuExit, VcpuFd, VmFd};
+
+use crate::arch::cpu::{self, Cpu};
+use crate::arch::{paging, tables, USER_CS, USER_RFLAGS, USER_SS};
+use crate::error::{Result, VmmError};
+use crate::interrupt::Armed;
+use crate::layout::*;
+use crate::memory::GuestMemory;
+
+/// Why the vCPU stopped.
+#[derive(Debug)]
+pub enum VmExit {
+    /// The guest executed `syscall`; `regs` hold its number and arguments.
+    Syscall(kvm_regs),
+    /// A CPU exception the guest cannot recover from (there is no signal delivery).
+    Exception(GuestFault),
+    /// Triple fault: the VM shut down.
+    Shutdown { rip: u64 },
+    /// The deadline passed while the guest ran.
+    DeadlineExceeded,
+    /// Anything else (an `out` from user code, an emulation failure...): the guest is broken.
+    Unexpected(String),
+}
+
+/// A guest fault, as reported to the user.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GuestFault {
+    pub vector: u16,
+    pub error_code: u64,
+    pub rip: u64,
+    pub rsp: u64,
+    /// Faulting address for #PF.
+    pub cr2: u64,
+    pub user_mode: bool,
+}
+
+impl std::fmt::Display for GuestFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} at rip {:#x}", tables::exception_name(self.vector), self.rip)?;
+        if self.vector == 14 {
+            let what = if self.error_code & 2 != 0 { "writing" } else { "reading" };
+            write!(f, " {what} address {:#x}", self.cr2)?;
+        }
+        if self.error_code != 0 {
+            write!(f, " (error code {:#x})", self.error_code)?;
+        }
+        if !self.user_mode {
+            write!(f, " [in an entry stub]")?;
+        }
+        Ok(())
+    }
+}
+
+pub struct Vm {
+    // Field order matters for drop: the vCPU before the VM.
+    vcpu: VcpuFd,
+    _vm: VmFd,
+    mem: GuestMemory,
+    tsc_khz: u32,
+}
+
+impl Vm {
+    /// A new VM whose single memslot is `mem` (guest-physical 0).
+    pub fn new(cpu: &Cpu, mem: GuestMemory) -> Result<Vm> {
+        let vm = cpu.kvm.create_vm().map_err(VmmError::kvm("KVM_CREATE_VM"))?;
+        let region = kvm_userspace_memory_region {
+            slot: 0,
+            flags: 0,
+            guest_phys_addr: 0,
+            memory_size: mem.size(),
+            userspace_addr: mem.host_addr(),
+        };
+        // SAFETY: the region is our own live mapping, which outlives the VM (field order).
+        unsafe { vm.set_user_memory_region(region) }.map_err(VmmError::kvm("KVM_SET_USER_MEMORY_REGION"))?;
+        let vcpu = vm.create_vcpu(0).map_err(VmmError::kvm("KVM_CREATE_VCPU"))?;
+        cpu.setup_vcpu(&vcpu)?;
+        let tsc_khz = vcpu.get_tsc_khz().map_err(VmmError::kvm("KVM_GET_TSC_KHZ"))?;
+        Ok(Vm { vcpu, _vm: vm, mem, tsc_khz })
+    }
+
+    pub fn mem(&self) -> &GuestMemory {
+        &self.mem
+    }
+
+    pub fn mem_mut(&mut self) -> &mut GuestMemory {
+        &mut self.mem
+    }
+
+    pub fn tsc_khz(&self) -> u32 {
+        self.tsc_khz
+    }
+
+    /// Lay out the system area and page tables, and point the vCPU at `entry`
+    /// in user mode with stack `rsp`.
+    pub fn boot(&mut self, cpu: &Cpu, entry: u64, rsp: u64, holes: &[(u64, u64)]) -> Result<()> {
+        tables::build(&mut self.mem)?;
+        paging::build(&mut self.mem, holes)?;
+        let sregs = self.vcpu.get_sregs().map_err(VmmError::kvm("KVM_GET_SREGS"))?;
+        self.vcpu.set_sregs(&cpu.user_sregs(sregs)).map_err(VmmError::kvm("KVM_SET_SREGS"))?;
+        let regs = kvm_regs { rip: entry, rsp, rflags: USER_RFLAGS, ..Default::default() };
+        self.set_regs(&regs)
+    }
+
+    pub fn regs(&self) -> Result<kvm_regs> {
+        self.vcpu.get_regs().map_err(VmmError::kvm("KVM_GET_REGS"))
+    }
+
+    pub fn set_regs(&self, regs: &kvm_regs) -> Result<()> {
+        self.vcpu.set_regs(regs).map_err(VmmError::kvm("KVM_SET_REGS"))
+    }
+
+    pub fn vcpu(&self) -> &VcpuFd {
+        &self.vcpu
+    }
+
+    pub fn fs_base(&self) -> Result<u64> {
+        cpu::get_msr(&self.vcpu, cpu::MSR_FS_BASE)
+    }
+
+    pub fn set_fs_base(&self, base: u64) -> Result<()> {
+        cpu::set_msrs(&self.vcpu, &[(cpu::MSR_FS_BASE, base)])
+    }
+
+    pub fn set_gs_base(&self, base: u64) -> Result<()> {
+        cpu::set_msrs(&self.vcpu, &[(cpu::MSR_GS_BASE, base)])
+    }
+
+    /// The guest's current TSC (for the vDSO's time base).
+    pub fn guest_tsc(&self) -> Result<u64> {
+        cpu::get_msr(&self.vcpu, cpu::MSR_IA32_TSC)
+    }
+
+    /// Return from the syscall whose exit produced `regs`: RAX = `ret`, back to
+    /// the user RIP (RCX) and RFLAGS (R11) through an iretq frame on the syscall stack.
+    pub fn complete_syscall(&mut self, regs: &kvm_regs, ret: u64) -> Result<()> {
+        let frame = SYSCALL_STACK_TOP - 40;
+        // Only the arithmetic/control flags the user could set; never IOPL/NT/VM.
+        let rflags = (regs.r11 & 0x0000_0000_0020_0CD5) | USER_RFLAGS;
+        let words = [regs.rcx, USER_CS as u64, rflags, regs.rsp, USER_SS as u64];
+        for (i, w) in words.iter().enumerate() {
+            self.mem.write_u64(frame + 8 * i as u64, *w)?;
+        }
+        let mut r = *regs;
+        r.rax = ret;
+        r.rsp = frame;
+        r.rip = tables::SYSCALL_EXIT_RIP;
+        self.set_regs(&r)
+    }
+
+    /// Run until the guest needs the VMM (or `deadline` passes).
+    pub fn run(&mut self, deadline: Option<Instant>) -> Result<VmExit> {
+        let run_ptr = self.vcpu.get_kvm_run() as *mut kvm_bindings::kvm_run;
+        let _armed = Armed::new(run_ptr, deadline)?;
+        loop {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(VmExit::DeadlineExceeded);
+            }
+            let exit = match self.vcpu.run() {
+                Ok(exit) => exit,
+                Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
+                    self.vcpu.set_kvm_immediate_exit(0);
+                    continue;
+                }
+                Err(e) => return Err(VmmError::Kvm { ioctl: "KVM_RUN", source: e }),
+            };
+            return match exit {
+                VcpuExit::IoOut(port, _) => self.decode_out(port),
+                VcpuExit::Shutdown => Ok(VmExit::Shutdown { rip: self.regs()?.rip }),
+                VcpuExit::Hlt => Ok(VmExit::Unexpected(format!("hlt at rip {:#x}", self.regs()?.rip))),
+                VcpuExit::InternalError => Ok(VmExit::Unexpected(format!(
+                    "KVM internal error (emulation failure?) at rip {:#x}",
+                    self.regs()?.rip
+                ))),
+                VcpuExit::FailEntry(reason, _) => Ok(VmExit::Unexpected(format!("VM entry failed (reason {reason:#x})"))),
+                other => Ok(VmExit::Unexpected(format!("unexpected exit {other:?}"))),
+            };
+        }
+    }
+
+    fn decode_out(&mut self, port: u16) -> Result<VmExit> {
+        let regs = self.regs()?;
+        if port == PORT_SYSCALL && regs.rip == tables::SYSCALL_EXIT_RIP {
+            return Ok(VmExit::Syscall(regs));
+        }
+        if (PORT_EXCEPTION_BASE..PORT_EXCEPTION_BASE + EXCEPTION_VECTORS).contains(&port) {
+            let vector = port - PORT_EXCEPTION_BASE;
+            if regs.rip == tables::exception_exit_rip(vector) {
+                return self.decode_exception(vector, &regs).map(VmExit::Exception);
+            }
+        }
+        Ok(VmExit::Unexpected(format!("port I/O to {port:#x} from rip {:#x} (not an entry stub)", regs.rip)))
+    }
+
+    fn decode_exception(&self, vector: u16, regs: &kvm_regs) -> Result<GuestFault> {
+        let mut at = regs.rsp;
+        let error_code = if tables::has_error_code(vector) {
+            at += 8;
+            self.mem.read_u64(regs.rsp)?
+        } else {
+            0
+        };
+        let rip = self.mem.read_u64(at)?;
+        let cs = self.mem.read_u64(at + 8)?;
+        let rsp = self.mem.read_u64(at + 24)?;
+        let cr2 = self.vcpu.get_sregs().map_err(VmmError::kvm("KVM_GET_SREGS"))?.cr2;
+        Ok(GuestFault { vector, error_code, rip, rsp, cr2, user_mode: cs & 3 == 3 })
+    }
+}
