@@ -88,8 +88,25 @@ def describe(exc):
     return {"type": type(exc).__name__, "message": str(exc), "traceback": "".join(lines)}
 
 
+def reseed():
+    """A fork shares its template's memory, so every RNG that lives in guest
+    memory starts from the same state: draw fresh seeds (os.urandom and
+    getrandom come from the host, so they differ per fork)."""
+    import random
+
+    random.seed()
+    np = sys.modules.get("numpy")
+    if np is not None:
+        np.random.seed()
+    import tempfile
+
+    tempfile._name_sequence = None
+
+
 def handle(req):
     op = req.get("op")
+    if req.get("reseed"):
+        reseed()
     if op == "exec":
         start = time.perf_counter()
         value, error = None, None

@@ -21,6 +21,24 @@ pub enum BenchCommand {
         #[command(flatten)]
         image: ImageArgs,
     },
+    /// Forks of the numpy template: fork only, fork + exec, pages, memory per live
+    /// fork, many forks at once; beside a host Python that os.fork()s (no isolation).
+    Fork {
+        /// Fork-only samples.
+        #[arg(long, default_value_t = 1000)]
+        forks: usize,
+        /// Fork + exec samples (also for the host baseline).
+        #[arg(long, default_value_t = 200)]
+        execs: usize,
+        /// Live forks held at once for the memory measurement.
+        #[arg(long, default_value_t = 1000)]
+        live: usize,
+        /// Forks in the one-exec-each throughput run.
+        #[arg(long, default_value_t = 1000)]
+        batch: usize,
+        #[command(flatten)]
+        image: ImageArgs,
+    },
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -39,6 +57,7 @@ fn summary(mut v: Vec<f64>) -> String {
 pub fn bench(home: &Path, cmd: BenchCommand) -> Result<ExitCode> {
     match cmd {
         BenchCommand::Cold { runs, image } => cold(home, runs.max(1), &image),
+        BenchCommand::Fork { forks, execs, live, batch, image } => fork(home, forks, execs, live, batch, &image),
     }
 }
 
@@ -86,5 +105,144 @@ fn cold(home: &Path, runs: usize, image: &ImageArgs) -> Result<ExitCode> {
         percentile(&v, 0.5)
     };
     println!("ratio guest(numpy)/host p50: {:.1}x", med(&rows[1].1) / med(&host));
+    Ok(ExitCode::SUCCESS)
+}
+
+fn ms(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1000.0
+}
+
+fn p50(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    percentile(&v, 0.5)
+}
+
+/// Proportional set size of this process, in KiB.
+fn pss_kib() -> u64 {
+    field_kib("/proc/self/smaps_rollup", "Pss:")
+}
+
+fn field_kib(path: &str, key: &str) -> u64 {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with(key)).and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+const HOST_FORK_BASELINE: &str = r#"
+import json, os, sys, time, io, contextlib
+import numpy
+n = int(sys.argv[1]); times = []
+for _ in range(n):
+    t = time.perf_counter()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            exec("print(1+1)", {"__name__": "__main__"})
+        os.write(w, json.dumps({"stdout": buf.getvalue()}).encode())
+        os._exit(0)
+    os.close(w)
+    out = b""
+    while True:
+        b = os.read(r, 65536)
+        if not b:
+            break
+        out += b
+    os.close(r)
+    os.waitpid(pid, 0)
+    assert json.loads(out)["stdout"] == "2\n"
+    times.append((time.perf_counter() - t) * 1000)
+print(json.dumps(times))
+"#;
+
+fn host_fork_baseline(n: usize) -> Result<Vec<f64>> {
+    let out = std::process::Command::new("/usr/bin/python3")
+        .args(["-c", HOST_FORK_BASELINE, &n.to_string()])
+        .output()
+        .context("running the host python3 baseline")?;
+    anyhow::ensure!(out.status.success(), "host baseline failed: {}", String::from_utf8_lossy(&out.stderr));
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+fn fork(home: &Path, forks: usize, execs: usize, live: usize, batch: usize, image: &ImageArgs) -> Result<ExitCode> {
+    let (path, id) = crate::run::ensure_image(home, image, false)?;
+    let engine = Engine::open(&path)?;
+    let t = Instant::now();
+    let template = forkbox_engine::Template::ensure(&engine, home)?;
+    println!("image {}  template {} ({} pages, ready in {:.0} ms)", &id[..12], template.info.id, template.info.memory_pages, ms(t));
+    let limits = Limits::default();
+
+    // Warm-up (first forks map the template file's page cache).
+    for _ in 0..10 {
+        template.fork(&engine, limits.clone())?.exec("print(1+1)")?;
+    }
+
+    let mut fork_only = Vec::with_capacity(forks);
+    for _ in 0..forks {
+        let t = Instant::now();
+        let sb = template.fork(&engine, limits.clone())?;
+        fork_only.push(ms(t));
+        drop(sb);
+    }
+    println!("fork only (sandbox ready to run)        {}", summary(fork_only.clone()));
+
+    let mut e2e = Vec::with_capacity(execs);
+    let (mut touched, mut written, mut exits) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..execs {
+        let t = Instant::now();
+        let mut sb = template.fork(&engine, limits.clone())?;
+        let r = sb.exec("print(1+1)")?;
+        e2e.push(ms(t));
+        anyhow::ensure!(r.stdout == "2\n", "unexpected output {:?}", r.stdout);
+        let fp = sb.memory_footprint();
+        touched.push(fp.touched_pages as f64);
+        written.push(fp.private_pages as f64);
+        exits.push(r.syscalls as f64);
+    }
+    println!("fork + exec print(1+1), in-process      {}", summary(e2e.clone()));
+    let host = host_fork_baseline(execs)?;
+    println!("host os.fork() + exec + pipe (no VM)     {}", summary(host.clone()));
+    println!("ratio forkbox/host p50: {:.2}x", p50(&e2e) / p50(&host));
+    println!(
+        "per fork+exec (p50): {:.0} pages touched, {:.0} pages written (private), {:.0} syscall exits",
+        p50(&touched),
+        p50(&written),
+        p50(&exits)
+    );
+
+    let before = pss_kib();
+    let mut held = Vec::with_capacity(live);
+    let t = Instant::now();
+    for _ in 0..live {
+        let mut sb = template.fork(&engine, limits.clone())?;
+        sb.exec("print(1+1)")?;
+        held.push(sb);
+    }
+    let after = pss_kib();
+    println!(
+        "{live} live forks after print(1+1): {:.0} ms to create, PSS +{:.1} MiB = {:.0} KiB per fork",
+        ms(t),
+        (after.saturating_sub(before)) as f64 / 1024.0,
+        after.saturating_sub(before) as f64 / live.max(1) as f64
+    );
+    drop(held);
+
+    let codes: Vec<String> = (0..batch).map(|i| format!("print({i}+1)")).collect();
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let t = Instant::now();
+    let results = engine.exec_batch(&template, &codes, &limits, workers);
+    let wall = ms(t);
+    let ok = results.iter().enumerate().filter(|(i, r)| matches!(r, Ok(r) if r.stdout == format!("{}\n", i + 1))).count();
+    println!(
+        "{batch} forks x one exec on {workers} threads: {:.2} s wall, {ok}/{batch} correct, peak RSS {:.0} MiB",
+        wall / 1000.0,
+        field_kib("/proc/self/status", "VmHWM:") as f64 / 1024.0
+    );
     Ok(ExitCode::SUCCESS)
 }

@@ -25,9 +25,25 @@ enum Command {
     /// Build or inspect guest images.
     #[command(subcommand)]
     Image(ImageCommand),
+    /// Templates: warm, snapshotted interpreters that sandboxes fork from.
+    #[command(subcommand)]
+    Template(TemplateCommand),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+}
+
+#[derive(Subcommand)]
+enum TemplateCommand {
+    /// List the templates in the data directory.
+    Ls,
+    /// Build (or verify) the template for an image and preload.
+    Build {
+        #[arg(long, default_value = "import numpy")]
+        preload: String,
+        #[command(flatten)]
+        image: ImageArgs,
+    },
 }
 
 #[derive(Subcommand)]
@@ -54,6 +70,7 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    raise_fd_limit();
     let home = cli.home.clone().unwrap_or_else(forkbox_image::default_home);
     let result = match cli.command {
         Command::Run(args) => run::run(&home, args),
@@ -63,6 +80,8 @@ fn main() -> ExitCode {
                 ExitCode::SUCCESS
             })
         }
+        Command::Template(TemplateCommand::Ls) => template_ls(&home),
+        Command::Template(TemplateCommand::Build { preload, image }) => template_build(&home, &preload, &image),
         Command::Bench(cmd) => bench::bench(&home, cmd),
     };
     match result {
@@ -70,6 +89,49 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("forkbox: error: {}", one_line(&e));
             ExitCode::from(2)
+        }
+    }
+}
+
+fn template_ls(home: &std::path::Path) -> anyhow::Result<ExitCode> {
+    let list = forkbox_engine::template::list(home);
+    if list.is_empty() {
+        println!("no templates in {}", forkbox_engine::template::templates_dir(home).display());
+    }
+    for (dir, info) in list {
+        match info {
+            Ok(i) => println!(
+                "{}  image {}  preload {:?}  python {}  numpy {}  {} pages  boot {:.0} ms",
+                i.id,
+                &i.image_id[..12.min(i.image_id.len())],
+                i.preload,
+                i.agent.get("python").and_then(|v| v.as_str()).unwrap_or("?"),
+                i.agent.get("numpy").and_then(|v| v.as_str()).unwrap_or("-"),
+                i.memory_pages,
+                i.boot_ms
+            ),
+            Err(e) => println!("{}  unreadable: {e}", dir.display()),
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn template_build(home: &std::path::Path, preload: &str, image: &ImageArgs) -> anyhow::Result<ExitCode> {
+    let (path, _) = run::ensure_image(home, image, true)?;
+    let engine = forkbox_engine::Engine::open(&path)?.with_preload(preload);
+    let t = forkbox_engine::Template::ensure(&engine, home)?;
+    println!("{} {}", t.info.id, t.dir.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Every sandbox holds a few fds (VM, vCPU): allow as many as the hard limit.
+fn raise_fd_limit() {
+    let mut rl = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: plain getrlimit/setrlimit on a local struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) == 0 && rl.rlim_cur < rl.rlim_max {
+            rl.rlim_cur = rl.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &rl);
         }
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use forkbox_engine::{Engine, ExecResult, Limits, Sandbox};
+use forkbox_engine::{Engine, ExecResult, Limits, Sandbox, Template};
 use forkbox_image::BuildOptions;
 
 use crate::ImageArgs;
@@ -40,6 +40,9 @@ pub struct RunArgs {
     /// Run without the vDSO (every clock read becomes a VM exit).
     #[arg(long)]
     pub no_vdso: bool,
+    /// Boot a fresh interpreter instead of forking the cached template.
+    #[arg(long)]
+    pub cold: bool,
     #[command(flatten)]
     pub image: ImageArgs,
 }
@@ -94,7 +97,12 @@ pub fn run(home: &Path, args: RunArgs) -> Result<ExitCode> {
     if args.no_vdso {
         engine = engine.without_vdso();
     }
-    let mut sb = Sandbox::boot(&engine, limits, args.trace_syscalls).context("starting the sandbox")?;
+    let mut sb = if args.cold || args.trace_syscalls || args.no_vdso {
+        Sandbox::boot(&engine, limits, args.trace_syscalls).context("starting the sandbox")?
+    } else {
+        let template = Template::ensure(&engine, home).context("preparing the template")?;
+        template.fork(&engine, limits).context("forking the template")?
+    };
     let result = sb.exec(&code);
     if args.trace_syscalls {
         let stats = sb.stats();

@@ -26,6 +26,8 @@ pub enum EngineError {
     Load(#[from] forkbox_linux::loader::LoadError),
     #[error(transparent)]
     Image(#[from] forkbox_image::ImageError),
+    #[error(transparent)]
+    Snapshot(#[from] forkbox_snapshot::StateError),
 }
 
 impl EngineError {
@@ -40,7 +42,7 @@ impl EngineError {
             EngineError::Protocol(_) => "protocol_error",
             EngineError::Boot(_) => "boot_failed",
             EngineError::CodeTooLarge(..) => "code_too_large",
-            EngineError::Vmm(_) | EngineError::Load(_) | EngineError::Image(_) => "internal",
+            EngineError::Vmm(_) | EngineError::Load(_) | EngineError::Image(_) | EngineError::Snapshot(_) => "internal",
         }
     }
 }

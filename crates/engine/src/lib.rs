@@ -4,7 +4,9 @@
 pub mod error;
 pub mod limits;
 pub mod protocol;
+pub mod pool;
 pub mod sandbox;
+pub mod template;
 mod vdso;
 
 use std::path::{Path, PathBuf};
@@ -18,6 +20,7 @@ pub use error::EngineError;
 pub use limits::Limits;
 pub use protocol::PyError;
 pub use sandbox::{ExecResult, RunStats, Sandbox};
+pub use template::{Template, TemplateInfo};
 
 /// The agent program, baked into every image.
 pub const AGENT_SOURCE: &[u8] = include_bytes!("../../../guest/agent/agent.py");
@@ -35,7 +38,7 @@ pub fn with_agent(mut spec: ImageSpec) -> ImageSpec {
 
 /// Process-wide state shared by all sandboxes of one image.
 pub struct Engine {
-    pub cpu: Cpu,
+    pub cpu: Arc<Cpu>,
     pub image: Arc<Image>,
     pub image_path: PathBuf,
     /// The image's file system before any guest wrote to it (cloned per sandbox).
@@ -48,7 +51,7 @@ pub struct Engine {
 
 impl Engine {
     pub fn open(image_path: &Path) -> Result<Engine, EngineError> {
-        let cpu = Cpu::new()?;
+        let cpu = Arc::new(Cpu::new()?);
         let image = Arc::new(Image::open(image_path)?);
         let vfs = Vfs::new(image.clone());
         let hwcap = std::arch::x86_64::__cpuid(1).edx as u64;

@@ -28,6 +28,8 @@ pub struct ExecRequest<'a> {
     pub op: &'static str,
     pub code: &'a str,
     pub value_limit: usize,
+    /// First request after a fork: reseed in-memory RNGs.
+    pub reseed: bool,
 }
 
 /// A Python exception raised by the user's code.

@@ -55,7 +55,7 @@ enum Stop {
 }
 
 pub struct Sandbox {
-    vm: Vm,
+    vm: Option<Vm>,
     proc: Process,
     io: Io,
     state: State,
@@ -64,6 +64,18 @@ pub struct Sandbox {
     pub ready_info: serde_json::Value,
     /// Time from creation to the agent's first park.
     pub boot_time: Duration,
+    /// A fork that has not run yet: its first request tells the agent to
+    /// reseed what lives in guest memory (random, numpy.random).
+    reseed_pending: bool,
+    vdso: bool,
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        if let Some(vm) = self.vm.take() {
+            crate::pool::reap(vm);
+        }
+    }
 }
 
 impl Sandbox {
@@ -86,13 +98,15 @@ impl Sandbox {
         let mut io = Io::new(limits.output_bytes);
         io.trace = trace;
         let mut sb = Sandbox {
-            vm,
+            vm: Some(vm),
             proc,
             io,
             state: State::Poisoned("not started".into()),
             limits,
             ready_info: serde_json::Value::Null,
             boot_time: Duration::ZERO,
+            reseed_pending: false,
+            vdso: engine.vdso.is_some(),
         };
         // Booting python + numpy takes far longer than one exec here: allow a generous deadline.
         let deadline = Instant::now() + sb.limits.timeout.max(Duration::from_secs(120));
@@ -110,6 +124,39 @@ impl Sandbox {
         sb.state = State::Parked(regs);
         sb.boot_time = t0.elapsed();
         Ok(sb)
+    }
+
+    /// A sandbox resumed from a snapshot: `vm` already holds its memory and
+    /// vCPU state, parked on the agent's read.
+    pub(crate) fn resumed(vm: Vm, mut proc: Process, limits: Limits, vdso: bool, info: serde_json::Value) -> Result<Sandbox, EngineError> {
+        proc.mm.set_limit(limits.memory_bytes);
+        proc.vfs.set_quota(limits.disk_bytes);
+        let regs = vm.regs()?;
+        Ok(Sandbox {
+            vm: Some(vm),
+            proc,
+            io: Io::new(limits.output_bytes),
+            state: State::Parked(regs),
+            limits,
+            ready_info: info,
+            boot_time: Duration::ZERO,
+            reseed_pending: true,
+            vdso,
+        })
+    }
+
+    /// The parts of a parked sandbox a snapshot needs.
+    pub(crate) fn parked_parts(&self) -> Result<(&Vm, &Process), EngineError> {
+        match (&self.state, &self.vm) {
+            (State::Parked(_), Some(vm)) => Ok((vm, &self.proc)),
+            (State::Poisoned(why), _) => Err(EngineError::Poisoned(why.clone())),
+            _ => Err(EngineError::Poisoned("no VM".into())),
+        }
+    }
+
+    fn vm(&mut self) -> &mut Vm {
+        // Only `drop` takes the VM out.
+        self.vm.as_mut().expect("sandbox VM present until drop")
     }
 
     pub fn stats(&self) -> RunStats {
@@ -139,10 +186,12 @@ impl Sandbox {
         }
         let t0 = Instant::now();
         let syscalls_before = self.io.stats.total;
-        let req = ExecRequest { op: "exec", code, value_limit: self.limits.output_bytes };
+        let req = ExecRequest { op: "exec", code, value_limit: self.limits.output_bytes, reseed: self.reseed_pending };
+        self.reseed_pending = false;
         self.io.send_to_agent(protocol::frame(&req));
         self.io.agent_out.clear();
-        crate::vdso::refresh(&mut self.vm, true)?;
+        let vdso = self.vdso;
+        crate::vdso::refresh(self.vm(), vdso)?;
         let deadline = Instant::now() + self.limits.timeout;
         let outcome = self.run(Some(regs), deadline);
         let (stdout, stderr) = (take_text(&mut self.io.stdout), take_text(&mut self.io.stderr));
@@ -181,7 +230,7 @@ impl Sandbox {
             }
         }
         loop {
-            match self.vm.run(Some(deadline))? {
+            match self.vm().run(Some(deadline))? {
                 VmExit::Syscall(regs) => {
                     if let Some(stop) = self.syscall(regs)? {
                         return Ok(stop);
@@ -202,7 +251,8 @@ impl Sandbox {
     /// Handle one syscall exit; `Some` when the guest stops (parks).
     fn syscall(&mut self, regs: kvm_regs) -> Result<Option<Stop>, EngineError> {
         let args = [regs.rdi, regs.rsi, regs.rdx, regs.r10, regs.r8, regs.r9];
-        let mut ctx = Ctx { mem: self.vm.mem_mut(), proc: &mut self.proc, io: &mut self.io, effect: None };
+        let vm = self.vm.as_mut().expect("sandbox VM present until drop");
+        let mut ctx = Ctx { mem: vm.mem_mut(), proc: &mut self.proc, io: &mut self.io, effect: None };
         let result = syscalls::dispatch(&mut ctx, regs.rax, &args);
         let effect = ctx.effect;
         let ret = match result {
@@ -214,9 +264,9 @@ impl Sandbox {
             Some(Effect::Park) => return Ok(Some(Stop::Parked(regs))),
             Some(Effect::Exit(code)) => return Err(EngineError::GuestExited(code)),
             Some(Effect::Signaled(sig)) => return Err(EngineError::GuestSignaled(sig)),
-            Some(Effect::SetFsBase(base)) => self.vm.set_fs_base(base)?,
+            Some(Effect::SetFsBase(base)) => vm.set_fs_base(base)?,
         }
-        self.vm.complete_syscall(&regs, ret)?;
+        vm.complete_syscall(&regs, ret)?;
         Ok(None)
     }
 }
@@ -228,4 +278,45 @@ fn take_text(c: &mut forkbox_linux::io::Capture) -> String {
         s.push_str(&format!("\n[forkbox: output truncated, {dropped} more bytes dropped]\n"));
     }
     s
+}
+
+/// Host pages behind a sandbox's guest memory.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct MemoryFootprint {
+    /// Pages the guest touched (mapped in the host page tables).
+    pub touched_pages: u64,
+    /// Pages it wrote: private copies (copy-on-write or fresh anonymous).
+    pub private_pages: u64,
+}
+
+impl Sandbox {
+    /// Read /proc/self/pagemap over the guest's RAM mapping.
+    pub fn memory_footprint(&self) -> MemoryFootprint {
+        let Some(vm) = &self.vm else { return MemoryFootprint::default() };
+        let mem = vm.mem();
+        let mut fp = MemoryFootprint::default();
+        let Ok(f) = std::fs::File::open("/proc/self/pagemap") else { return fp };
+        let pages = mem.size() / 4096;
+        let first = mem.host_addr() / 4096;
+        let mut buf = vec![0u8; 8 * 65536];
+        let mut done = 0;
+        while done < pages {
+            let n = (pages - done).min(65536);
+            let bytes = &mut buf[..(n * 8) as usize];
+            if std::os::unix::fs::FileExt::read_exact_at(&f, bytes, (first + done) * 8).is_err() {
+                break;
+            }
+            for e in bytes.chunks_exact(8) {
+                let v = u64::from_le_bytes([e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7]]);
+                if v & (1 << 63) != 0 {
+                    fp.touched_pages += 1;
+                    if v & (1 << 61) == 0 {
+                        fp.private_pages += 1;
+                    }
+                }
+            }
+            done += n;
+        }
+        fp
+    }
 }

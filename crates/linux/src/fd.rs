@@ -10,7 +10,7 @@ use crate::vfs::Ino;
 pub const MAX_FDS: i32 = 1024;
 
 /// What an open file description refers to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum FileKind {
     /// A file, directory or device in the VFS.
     Node(Ino),
@@ -23,7 +23,7 @@ pub enum FileKind {
     Agent,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct OpenFile {
     pub kind: FileKind,
     /// O_ACCMODE | O_APPEND | O_NONBLOCK | ... as given to open.
@@ -42,13 +42,13 @@ impl OpenFile {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 struct FdEntry {
     ofd: u64,
     cloexec: bool,
 }
 
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct FdTable {
     fds: OrdMap<i32, FdEntry>,
     files: OrdMap<u64, OpenFile>,
@@ -66,7 +66,7 @@ impl FdTable {
             (agent_fd, FileKind::Agent, libc::O_RDWR),
         ] {
             let ofd = t.new_ofd(kind, flags);
-            t.fds.insert(fd, FdEntry { ofd, cloexec: false });
+            t.attach(fd, ofd, false);
         }
         t
     }
@@ -171,6 +171,32 @@ impl FdTable {
         Ok(())
     }
 
+    /// Check a table read from disk: every fd names a live description, and
+    /// reference counts match.
+    pub fn validate(&self) -> Result<(), String> {
+        let mut counts = std::collections::BTreeMap::<u64, u32>::new();
+        for (fd, e) in self.fds.iter() {
+            if !(0..MAX_FDS).contains(fd) || !self.files.contains_key(&e.ofd) {
+                return Err(format!("bad fd {fd}"));
+            }
+            *counts.entry(e.ofd).or_default() += 1;
+        }
+        for (id, f) in self.files.iter() {
+            if counts.get(id).copied().unwrap_or(0) != f.refs || *id >= self.next_ofd {
+                return Err(format!("bad open file description {id}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Nodes referenced by open descriptions (each holds one VFS reference).
+    pub fn open_nodes(&self) -> impl Iterator<Item = Ino> + '_ {
+        self.files.values().filter_map(|f| match f.kind {
+            FileKind::Node(ino) => Some(ino),
+            _ => None,
+        })
+    }
+
     pub fn len(&self) -> usize {
         self.fds.len()
     }
@@ -204,6 +230,16 @@ mod tests {
         assert_eq!(t.get(a), Err(Errno::EBADF));
         assert_eq!(t.open(FileKind::Node(8), 0).unwrap(), 4, "lowest free fd is reused");
         assert_eq!(t.open(FileKind::Node(9), 0).unwrap(), 5);
+    }
+
+    #[test]
+    fn fresh_table_validates() {
+        let mut t = FdTable::with_stdio(3);
+        t.validate().unwrap();
+        let a = t.open(FileKind::Node(7), 0).unwrap();
+        t.dup(a, 10, true).unwrap();
+        t.close(0).unwrap();
+        t.validate().unwrap();
     }
 
     #[test]

@@ -10,7 +10,7 @@ use imbl::OrdMap;
 use crate::errno::Errno;
 use crate::layout::*;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum VmaKind {
     Anon,
     /// A private copy of file content (the bytes were copied in at mmap time).
@@ -18,14 +18,14 @@ pub enum VmaKind {
     Stack,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Vma {
     pub end: u64,
     pub prot: u32,
     pub kind: VmaKind,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct MemoryMap {
     vmas: OrdMap<u64, Vma>,
     pub brk_start: u64,
@@ -46,6 +46,33 @@ impl MemoryMap {
 
     pub fn limit(&self) -> u64 {
         self.limit
+    }
+
+    /// Change the limit (a fork may get other limits than its template); it
+    /// cannot go below what is already committed.
+    pub fn set_limit(&mut self, limit: u64) {
+        self.limit = limit.max(self.committed);
+    }
+
+    /// Recompute the committed bytes from the map and check it is well formed
+    /// (sorted, non-overlapping, inside guest memory): for state read from disk.
+    pub fn validate(&self) -> Result<(), String> {
+        let mut last_end = 0;
+        let mut sum = 0;
+        for (s, v) in self.vmas.iter() {
+            if *s < last_end || v.end <= *s || *s < GUEST_BASE || v.end > STACK_TOP || s % PAGE_SIZE != 0 || v.end % PAGE_SIZE != 0 {
+                return Err(format!("bad mapping {s:#x}..{:#x}", v.end));
+            }
+            last_end = v.end;
+            sum += v.end - s;
+        }
+        if self.brk < self.brk_start || self.brk > BRK_LIMIT {
+            return Err(format!("bad heap {:#x}..{:#x}", self.brk_start, self.brk));
+        }
+        if sum + self.brk_pages() != self.committed {
+            return Err("committed bytes do not add up".into());
+        }
+        Ok(())
     }
 
     pub fn set_brk_start(&mut self, at: u64) {

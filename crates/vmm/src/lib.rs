@@ -14,4 +14,4 @@ pub use arch::cpu::Cpu;
 pub use error::{Result, VmmError};
 pub use kvm_bindings::kvm_regs;
 pub use memory::GuestMemory;
-pub use vm::{GuestFault, Vm, VmExit};
+pub use vm::{GuestFault, VcpuState, Vm, VmExit};

@@ -211,3 +211,36 @@ impl Vm {
         Ok(GuestFault { vector, error_code, rip, rsp, cr2, user_mode: cs & 3 == 3 })
     }
 }
+
+/// Everything of the vCPU a snapshot needs (no LAPIC, no MSR soup: the guest
+/// never runs at CPL 0 and has no interrupt controller).
+#[derive(serde::Serialize, serde::Deserialize)]
+pub struct VcpuState {
+    pub regs: kvm_regs,
+    pub sregs: kvm_bindings::kvm_sregs,
+    pub xcrs: kvm_bindings::kvm_xcrs,
+    pub xsave: kvm_bindings::kvm_xsave,
+    pub fs_base: u64,
+}
+
+impl Vm {
+    pub fn save_vcpu(&self) -> Result<VcpuState> {
+        Ok(VcpuState {
+            regs: self.regs()?,
+            sregs: self.vcpu.get_sregs().map_err(VmmError::kvm("KVM_GET_SREGS"))?,
+            xcrs: self.vcpu.get_xcrs().map_err(VmmError::kvm("KVM_GET_XCRS"))?,
+            xsave: self.vcpu.get_xsave().map_err(VmmError::kvm("KVM_GET_XSAVE"))?,
+            fs_base: self.fs_base()?,
+        })
+    }
+
+    /// Restore a saved vCPU. XCR0 goes before XSAVE (the XSAVE image is checked against it).
+    pub fn restore_vcpu(&self, s: &VcpuState) -> Result<()> {
+        self.vcpu.set_sregs(&s.sregs).map_err(VmmError::kvm("KVM_SET_SREGS"))?;
+        self.vcpu.set_xcrs(&s.xcrs).map_err(VmmError::kvm("KVM_SET_XCRS"))?;
+        // SAFETY: kvm_xsave is the fixed 4 KiB legacy layout KVM_SET_XSAVE reads.
+        unsafe { self.vcpu.set_xsave(&s.xsave) }.map_err(VmmError::kvm("KVM_SET_XSAVE"))?;
+        self.set_regs(&s.regs)?;
+        self.set_fs_base(s.fs_base)
+    }
+}

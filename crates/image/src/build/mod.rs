@@ -274,7 +274,7 @@ pub fn build(spec: &ImageSpec, opts: &BuildOptions) -> Result<BuiltImage, BuildE
     let pb = bar(
         opts.progress,
         debs.len() as u64,
-        "{msg:12} [{bar:40}] {pos}/{len} {wide_msg}",
+        "{msg:12} [{bar:40}] {pos}/{len}",
         "unpack",
     );
     let jobs: Vec<(PathBuf, String)> = debs

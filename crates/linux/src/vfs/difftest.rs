@@ -261,6 +261,9 @@ fn run(seed: u64, steps: usize) {
             vfs_tree(&v, w, &mut vt, "");
             assert_eq!(ht, vt, "seed {seed} step {step}: trees differ");
             assert_eq!(v.overlay_bytes(), v.recount());
+            // Carry on with a VFS restored from a snapshot of this one.
+            let state: VfsState = postcard::from_bytes(&postcard::to_stdvec(&v.save_state()).unwrap()).unwrap();
+            v = Vfs::restore_state(v.image().clone(), state).unwrap();
         }
     }
     unsafe { libc::close(dfd) };

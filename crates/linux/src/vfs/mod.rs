@@ -19,6 +19,10 @@
 //! number while referenced, and is dropped (its bytes freed from the quota) when both
 //! its link count and its references reach 0. A caller that never calls `release` only
 //! keeps unlinked files alive for the life of the `Vfs`.
+//!
+//! Snapshots: `save_state` gives everything but the image as a serde `VfsState`
+//! (deterministic, sharing file bytes), `restore_state` rebuilds the `Vfs` over the same
+//! image after checking the state (see `state.rs`). The references above are part of it.
 
 #[cfg(test)]
 mod difftest;
@@ -26,6 +30,9 @@ mod io;
 mod node;
 mod ops;
 mod path;
+mod state;
+#[cfg(test)]
+mod state_tests;
 #[cfg(test)]
 mod tests;
 
@@ -38,6 +45,7 @@ use imbl::OrdMap;
 use crate::Errno;
 pub use node::{makedev, DevKind, NODE_COST};
 use node::{Body, FileData, Node};
+pub use state::{BodyState, FileBytes, FileState, NodeState, VfsState, VfsStateError};
 
 pub type Ino = u64;
 /// The VFS root: the image root.
@@ -405,10 +413,11 @@ impl Vfs {
         Ok(())
     }
 
-    fn alloc_ino(&mut self) -> Ino {
+    /// ENOSPC once the numbers run out (only reachable from a restored state).
+    fn alloc_ino(&mut self) -> Result<Ino, Errno> {
         let ino = self.next_ino;
-        self.next_ino += 1;
-        ino
+        self.next_ino = ino.checked_add(1).ok_or(Errno::ENOSPC)?;
+        Ok(ino)
     }
 
     /// Create a new node named `name` in `dir` (which must not have that name yet).
@@ -422,7 +431,7 @@ impl Vfs {
         if charge && self.used.saturating_add(node.cost()) > self.quota {
             return Err(Errno::ENOSPC);
         }
-        let ino = self.alloc_ino();
+        let ino = self.alloc_ino()?;
         self.dir_entries_mut(dir)?.insert(name.to_vec(), ino);
         self.put_node(ino, node);
         self.touch(dir)?;

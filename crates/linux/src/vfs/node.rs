@@ -18,7 +18,7 @@ use super::{FileType, Ino};
 pub const NODE_COST: u64 = 256;
 
 /// Character devices under `/dev`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum DevKind {
     /// Reads: EOF. Writes: discarded.
     Null,

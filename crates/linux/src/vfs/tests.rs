@@ -26,7 +26,7 @@ fn big_bytes() -> Vec<u8> {
 
 /// A small Debian-like tree: merged-/usr symlinks, relative and absolute symlinks,
 /// escaping symlinks, a cycle.
-fn make_tree(root: &Path) {
+pub(super) fn make_tree(root: &Path) {
     let w = |p: &str, b: &[u8], mode: u32| {
         let p = root.join(p);
         fs::create_dir_all(p.parent().unwrap()).unwrap();
@@ -57,12 +57,12 @@ fn make_tree(root: &Path) {
     l("newtarget", "etc/dangling_rel");
 }
 
-struct Fixture {
+pub(super) struct Fixture {
     _dir: tempfile::TempDir,
-    image: Arc<Image>,
+    pub(super) image: Arc<Image>,
 }
 
-fn fixture() -> Fixture {
+pub(super) fn fixture() -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("root");
     fs::create_dir(&root).unwrap();
@@ -79,11 +79,11 @@ fn vfs() -> (Fixture, Vfs) {
     (f, v)
 }
 
-fn r(v: &Vfs, path: &str) -> Result<Ino, Errno> {
+pub(super) fn r(v: &Vfs, path: &str) -> Result<Ino, Errno> {
     v.resolve(ROOT_INO, path.as_bytes(), true)
 }
 
-fn read_all(v: &Vfs, ino: Ino) -> Vec<u8> {
+pub(super) fn read_all(v: &Vfs, ino: Ino) -> Vec<u8> {
     let mut out = Vec::new();
     let mut buf = [0u8; 1000];
     loop {
@@ -103,7 +103,7 @@ fn names(v: &Vfs, path: &str) -> Vec<String> {
     v.readdir(r(v, path).unwrap()).unwrap().into_iter().map(|e| String::from_utf8(e.name).unwrap()).collect()
 }
 
-fn create(v: &mut Vfs, path: &str, data: &[u8]) -> Ino {
+pub(super) fn create(v: &mut Vfs, path: &str, data: &[u8]) -> Ino {
     let ino = v.open(ROOT_INO, path.as_bytes(), CREAT | WRONLY | TRUNC, 0o644).unwrap();
     assert_eq!(v.write(ino, 0, data).unwrap(), data.len());
     v.release(ino);
@@ -119,7 +119,7 @@ fn image_lookup(img: &Image, path: &str) -> u32 {
     cur
 }
 
-fn check_accounting(v: &Vfs) {
+pub(super) fn check_accounting(v: &Vfs) {
     assert_eq!(v.overlay_bytes(), v.recount());
 }
 

@@ -1,0 +1,196 @@
+//! Templates: a warm Python (the preload run, e.g. numpy imported) parked on
+//! the agent's first read, snapshotted once per image + preload and cached in
+//! the data directory. Every sandbox after that is a copy-on-write fork.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use forkbox_linux::layout::RAM_SIZE;
+use forkbox_linux::Process;
+use forkbox_snapshot::{read_state, write_memory, write_state, MemoryFile, Snapshot, StateError, FORMAT_VERSION};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::error::EngineError;
+use crate::limits::Limits;
+use crate::pool::VmPool;
+use crate::sandbox::Sandbox;
+use crate::Engine;
+
+/// What a template records about itself (kept in the state file's `info`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TemplateInfo {
+    pub id: String,
+    pub image_id: String,
+    pub preload: String,
+    /// What the agent reported when ready (python and numpy versions).
+    pub agent: serde_json::Value,
+    pub created_unix: u64,
+    pub boot_ms: f64,
+    pub memory_pages: u64,
+}
+
+pub struct Template {
+    pub info: TemplateInfo,
+    pub dir: PathBuf,
+    snapshot: Snapshot,
+    process: Process,
+    memory: MemoryFile,
+    pool: VmPool,
+}
+
+/// Pre-created VMs kept ready per template.
+const POOL_DEPTH: usize = 4;
+
+pub fn templates_dir(home: &Path) -> PathBuf {
+    home.join("templates")
+}
+
+/// A template is named by what determines its content.
+pub fn template_id(image_id: &str, preload: &str) -> String {
+    let mut h = Sha256::new();
+    for part in [image_id.as_bytes(), preload.as_bytes(), &FORMAT_VERSION.to_le_bytes(), env!("CARGO_PKG_VERSION").as_bytes()] {
+        h.update((part.len() as u64).to_le_bytes());
+        h.update(part);
+    }
+    hex::encode(&h.finalize()[..16])
+}
+
+impl Template {
+    /// Load the template for the engine's image + preload, or create it.
+    pub fn ensure(engine: &Engine, home: &Path) -> Result<Template, EngineError> {
+        let id = template_id(engine.image.id(), &engine.preload);
+        let dir = templates_dir(home).join(&id);
+        if dir.join("state").exists() {
+            match Template::load(engine, &dir) {
+                Ok(t) => return Ok(t),
+                Err(e) => tracing::warn!("template {id} unusable ({e}); rebuilding it"),
+            }
+        }
+        Template::create(engine, &dir, &id)
+    }
+
+    /// Boot the guest, wait for the agent to be ready, and snapshot it into `dir`.
+    pub fn create(engine: &Engine, dir: &Path, id: &str) -> Result<Template, EngineError> {
+        let t0 = Instant::now();
+        let sb = Sandbox::boot(engine, Limits::default(), false)?;
+        let boot_ms = t0.elapsed().as_secs_f64() * 1000.0;
+        std::fs::create_dir_all(dir).map_err(|e| io_err("create", dir, e))?;
+        let (vm, proc) = sb.parked_parts()?;
+        let memory = write_memory(vm.mem(), &dir.join("memory"))?;
+        let info = TemplateInfo {
+            id: id.to_string(),
+            image_id: engine.image.id().to_string(),
+            preload: engine.preload.clone(),
+            agent: sb.ready_info.clone(),
+            created_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+            boot_ms,
+            memory_pages: memory.pages,
+        };
+        let snapshot = Snapshot {
+            image_id: engine.image.id().to_string(),
+            vcpu: vm.save_vcpu()?,
+            process: proc.save_state(),
+            memory,
+            info: serde_json::to_string(&info).unwrap_or_default(),
+        };
+        write_state(&dir.join("state"), &snapshot)?;
+        drop(sb);
+        Template::load(engine, dir)
+    }
+
+    /// Open a template from disk: every file is verified before anything is mapped.
+    pub fn load(engine: &Engine, dir: &Path) -> Result<Template, EngineError> {
+        let snapshot = read_state(&dir.join("state"))?;
+        if snapshot.image_id != engine.image.id() {
+            return Err(StateError::Corrupt(format!(
+                "template is for image {}, the engine has {}",
+                snapshot.image_id,
+                engine.image.id()
+            ))
+            .into());
+        }
+        if snapshot.memory.size != RAM_SIZE {
+            return Err(StateError::Corrupt(format!("memory size {} != {RAM_SIZE}", snapshot.memory.size)).into());
+        }
+        let info: TemplateInfo = serde_json::from_str(&snapshot.info)
+            .map_err(|e| StateError::Corrupt(format!("template info: {e}")))?;
+        let memory = MemoryFile::open(&dir.join("memory"), &snapshot.memory)?;
+        let process = Process::restore_state(engine.image.clone(), snapshot.process.clone())
+            .map_err(|e| StateError::Corrupt(e.to_string()))?;
+        let pool = VmPool::new(engine.cpu.clone(), &memory.file, RAM_SIZE, POOL_DEPTH)?;
+        Ok(Template { info, dir: dir.to_path_buf(), snapshot, process, memory, pool })
+    }
+
+    /// A new sandbox: a copy-on-write fork of this template.
+    pub fn fork(&self, engine: &Engine, limits: Limits) -> Result<Sandbox, EngineError> {
+        let vm = self.pool.take()?;
+        vm.restore_vcpu(&self.snapshot.vcpu)?;
+        Sandbox::resumed(vm, self.process.clone(), limits, engine.vdso.is_some(), self.info.agent.clone())
+    }
+
+    /// The memory file's size and checksum as recorded.
+    pub fn memory(&self) -> &MemoryFile {
+        &self.memory
+    }
+}
+
+/// Templates present in the data directory.
+pub fn list(home: &Path) -> Vec<(PathBuf, Result<TemplateInfo, String>)> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir(templates_dir(home)) else { return out };
+    for e in rd.flatten() {
+        let dir = e.path();
+        let info = read_state(&dir.join("state"))
+            .map_err(|e| e.to_string())
+            .and_then(|s| serde_json::from_str::<TemplateInfo>(&s.info).map_err(|e| e.to_string()));
+        out.push((dir, info));
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+fn io_err(what: &'static str, path: &Path, source: std::io::Error) -> EngineError {
+    EngineError::Snapshot(StateError::Io { what, path: path.display().to_string(), source })
+}
+
+/// Engine-level conveniences over templates.
+impl Engine {
+    /// One-shot: fork, exec, discard.
+    pub fn exec(&self, template: &Template, code: &str, limits: Limits) -> Result<crate::ExecResult, EngineError> {
+        template.fork(self, limits)?.exec(code)
+    }
+
+    /// Run each code in its own fork, in parallel across `workers` threads.
+    pub fn exec_batch(
+        &self,
+        template: &Template,
+        codes: &[String],
+        limits: &Limits,
+        workers: usize,
+    ) -> Vec<Result<crate::ExecResult, EngineError>> {
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let results: Vec<std::sync::Mutex<Option<Result<crate::ExecResult, EngineError>>>> =
+            codes.iter().map(|_| std::sync::Mutex::new(None)).collect();
+        std::thread::scope(|s| {
+            for _ in 0..workers.max(1).min(codes.len().max(1)) {
+                s.spawn(|| loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(code) = codes.get(i) else { break };
+                    let r = self.exec(template, code, limits.clone());
+                    if let Ok(mut slot) = results[i].lock() {
+                        *slot = Some(r);
+                    }
+                });
+            }
+        });
+        results
+            .into_iter()
+            .map(|m| m.into_inner().ok().flatten().unwrap_or_else(|| Err(EngineError::Protocol("batch worker lost".into()))))
+            .collect()
+    }
+}
+
+/// Shared engine + template, for servers and benches.
+pub type SharedTemplate = Arc<Template>;

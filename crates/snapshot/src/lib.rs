@@ -1,0 +1,16 @@
+//! Snapshot files.
+//!
+//! A snapshot is two files:
+//! - `memory`: guest RAM as a raw, sparse file of exactly the guest's RAM
+//!   size (pages the guest never wrote are holes). Forks map it MAP_PRIVATE, so it
+//!   is never modified after it is written; it is made read-only on disk.
+//! - `state`: registers, FPU/XSAVE, XCR0 and the VMM's process state, framed by
+//!   a magic, a format version, the payload length and a SHA-256 of the payload.
+//!   The state also records the memory file's size and checksum, so a corrupt or
+//!   truncated memory file is rejected before it is ever mapped.
+
+pub mod memory;
+pub mod state;
+
+pub use memory::{write_memory, MemoryFile, MemoryStats};
+pub use state::{read_state, write_state, Snapshot, StateError, FORMAT_VERSION, MAGIC};

@@ -1,0 +1,142 @@
+//! The memory file: guest RAM, sparse.
+
+use std::fs::File;
+use std::io::{Seek, SeekFrom, Write};
+use std::os::unix::fs::{FileExt, PermissionsExt};
+use std::path::Path;
+
+use forkbox_vmm::layout::PAGE_SIZE;
+use forkbox_vmm::GuestMemory;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::state::StateError;
+
+/// What the state file records about its memory file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryStats {
+    /// Size of the file = guest RAM size.
+    pub size: u64,
+    /// Non-zero pages written.
+    pub pages: u64,
+    /// SHA-256 over (offset, bytes) of every non-zero page, in address order.
+    pub checksum: String,
+}
+
+const CHUNK: u64 = 2 << 20;
+
+fn io<'a>(what: &'static str, path: &'a Path) -> impl Fn(std::io::Error) -> StateError + 'a {
+    move |source| StateError::Io { what, path: path.display().to_string(), source }
+}
+
+/// Pages of `mem` the host has backed (`mincore`), chunk by chunk: only those can be non-zero.
+fn resident_pages(mem: &GuestMemory, chunk: u64, out: &mut Vec<u8>) -> Result<(), std::io::Error> {
+    out.resize((CHUNK / PAGE_SIZE) as usize, 0);
+    // SAFETY: the range lies inside the guest mapping; `out` has one byte per page.
+    let rc = unsafe {
+        libc::mincore((mem.host_addr() + chunk) as *mut libc::c_void, CHUNK as usize, out.as_mut_ptr())
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Write guest RAM to a new sparse file at `path` (via a temp file + rename),
+/// skipping pages that are not resident or all zero. The file ends up read-only.
+pub fn write_memory(mem: &GuestMemory, path: &Path) -> Result<MemoryStats, StateError> {
+    let tmp = path.with_extension("tmp");
+    let mut f = File::create(&tmp).map_err(io("create", &tmp))?;
+    f.set_len(mem.size()).map_err(io("truncate", &tmp))?;
+    let mut hash = Sha256::new();
+    let mut pages = 0;
+    let mut resident = Vec::new();
+    let mut chunk = 0;
+    while chunk < mem.size() {
+        resident_pages(mem, chunk, &mut resident).map_err(io("mincore", path))?;
+        for (i, r) in resident.iter().enumerate() {
+            if r & 1 == 0 {
+                continue;
+            }
+            let addr = chunk + i as u64 * PAGE_SIZE;
+            let page = mem.slice(addr, PAGE_SIZE).map_err(|_| StateError::Corrupt("memory range".into()))?;
+            if page.iter().all(|&b| b == 0) {
+                continue;
+            }
+            f.write_all_at(page, addr).map_err(io("write", &tmp))?;
+            hash.update(addr.to_le_bytes());
+            hash.update(page);
+            pages += 1;
+        }
+        chunk += CHUNK;
+    }
+    f.flush().map_err(io("flush", &tmp))?;
+    f.sync_all().map_err(io("fsync", &tmp))?;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o444)).map_err(io("chmod", &tmp))?;
+    std::fs::rename(&tmp, path).map_err(io("rename", path))?;
+    Ok(MemoryStats { size: mem.size(), pages, checksum: hex::encode(hash.finalize()) })
+}
+
+/// An opened, verified memory file.
+pub struct MemoryFile {
+    pub file: File,
+    pub stats: MemoryStats,
+}
+
+impl MemoryFile {
+    /// Open and verify against what the state file says (size and checksum of every non-zero page).
+    pub fn open(path: &Path, expect: &MemoryStats) -> Result<MemoryFile, StateError> {
+        let mut file = File::open(path).map_err(io("open", path))?;
+        let size = file.metadata().map_err(io("stat", path))?.len();
+        if size != expect.size {
+            return Err(StateError::Corrupt(format!(
+                "memory file {} is {size} bytes, expected {} (truncated?)",
+                path.display(),
+                expect.size
+            )));
+        }
+        let mut hash = Sha256::new();
+        let mut pages = 0;
+        let mut page = vec![0u8; PAGE_SIZE as usize];
+        let mut pos = 0u64;
+        // Walk the data extents only: holes read as zeros and were never hashed.
+        loop {
+            let data = match seek_data(&file, pos) {
+                Some(d) if d < size => d,
+                _ => break,
+            };
+            let hole = seek_hole(&file, data).unwrap_or(size).min(size);
+            let mut addr = data - data % PAGE_SIZE;
+            while addr < hole {
+                file.read_exact_at(&mut page, addr).map_err(io("read", path))?;
+                if page.iter().any(|&b| b != 0) {
+                    hash.update(addr.to_le_bytes());
+                    hash.update(&page);
+                    pages += 1;
+                }
+                addr += PAGE_SIZE;
+            }
+            pos = hole;
+        }
+        file.seek(SeekFrom::Start(0)).map_err(io("seek", path))?;
+        let checksum = hex::encode(hash.finalize());
+        if checksum != expect.checksum || pages != expect.pages {
+            return Err(StateError::Corrupt(format!("memory file {} does not match its checksum", path.display())));
+        }
+        Ok(MemoryFile { file, stats: expect.clone() })
+    }
+}
+
+fn seek_data(f: &File, from: u64) -> Option<u64> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: lseek on our own fd.
+    let r = unsafe { libc::lseek(f.as_raw_fd(), from as i64, libc::SEEK_DATA) };
+    (r >= 0).then_some(r as u64)
+}
+
+fn seek_hole(f: &File, from: u64) -> Option<u64> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: lseek on our own fd.
+    let r = unsafe { libc::lseek(f.as_raw_fd(), from as i64, libc::SEEK_HOLE) };
+    (r >= 0).then_some(r as u64)
+}
