@@ -20,7 +20,7 @@ use std::sync::Arc;
 use forkbox_image::{Image, NodeKind};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use super::node::{Body, FileData, Node, NODE_COST};
+use super::node::{Body, FileData, Node};
 use super::{DevKind, FileType, Ino, Vfs, FIRST_OVERLAY_INO, NAME_MAX, ROOT_INO};
 
 /// Everything in a `Vfs` except the image itself (referenced by `image_id`).
@@ -179,6 +179,7 @@ impl Vfs {
         Check::new(&image, &state).run()?;
         let VfsState { next_ino, quota, overlay_bytes, nodes: saved, refs: saved_refs, .. } = state;
         let mut nodes = imbl::HashMap::new();
+        let mut used = 0u64;
         for n in saved {
             let body = match n.body {
                 BodyState::Dir { parent, entries } => Body::Dir { entries: entries.into_iter().collect(), parent },
@@ -189,10 +190,15 @@ impl Vfs {
                 BodyState::CharDev(d) => Body::CharDev(d),
                 BodyState::Gone => Body::Gone,
             };
-            nodes.insert(n.ino, Node { body, perm: n.perm, mtime_ns: n.mtime_ns, nlink: n.nlink });
+            let node = Node { body, perm: n.perm, mtime_ns: n.mtime_ns, nlink: n.nlink };
+            used = used.saturating_add(node.cost());
+            nodes.insert(n.ino, node);
+        }
+        if used != overlay_bytes {
+            bad!("overlay bytes recorded as {overlay_bytes} but the nodes hold {used}");
         }
         let refs = saved_refs.into_iter().collect();
-        Ok(Vfs { image, nodes, refs, next_ino, used: overlay_bytes, quota })
+        Ok(Vfs { image, nodes, refs, next_ino, used, quota })
     }
 }
 
@@ -208,16 +214,6 @@ fn save_node(ino: Ino, n: &Node) -> NodeState {
         Body::Gone => BodyState::Gone,
     };
     NodeState { ino, perm: n.perm, mtime_ns: n.mtime_ns, nlink: n.nlink, body }
-}
-
-/// `Node::cost` of a saved node.
-fn cost(n: &NodeState) -> u64 {
-    match &n.body {
-        BodyState::Gone => 0,
-        BodyState::File(FileState::Owned(b)) => NODE_COST + b.0.len() as u64,
-        BodyState::Symlink(t) => NODE_COST + t.len() as u64,
-        _ => NODE_COST,
-    }
 }
 
 fn kind_of(body: &BodyState) -> Option<FileType> {
@@ -320,13 +316,7 @@ impl<'a> Check<'a> {
         self.check_links(&counts)?;
         self.check_parents(&container)?;
         self.check_reachable(&container)?;
-        let mut total = 0u64;
-        for n in &s.nodes {
-            total = total.saturating_add(cost(n));
-        }
-        if total != s.overlay_bytes {
-            bad!("overlay bytes recorded as {} but the nodes hold {total}", s.overlay_bytes);
-        }
+        // The byte count is checked by `restore_state` with `Node::cost`.
         Ok(())
     }
 
