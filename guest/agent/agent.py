@@ -12,6 +12,7 @@ import gc
 import json
 import linecache
 import os
+import random
 import sys
 import time
 import traceback
@@ -92,15 +93,13 @@ def reseed():
     """A fork shares its template's memory, so every RNG that lives in guest
     memory starts from the same state: draw fresh seeds (os.urandom and
     getrandom come from the host, so they differ per fork)."""
-    import random
-
     random.seed()
     np = sys.modules.get("numpy")
     if np is not None:
         np.random.seed()
-    import tempfile
-
-    tempfile._name_sequence = None
+    tempfile = sys.modules.get("tempfile")
+    if tempfile is not None:
+        tempfile._name_sequence = None
 
 
 def handle(req):

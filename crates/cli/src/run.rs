@@ -34,7 +34,7 @@ pub struct RunArgs {
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
-    /// Log every syscall the guest makes and list the unimplemented ones.
+    /// Log every syscall the code makes (with --cold: also the interpreter's start-up) and list unimplemented ones.
     #[arg(long)]
     pub trace_syscalls: bool,
     /// Run without the vDSO (every clock read becomes a VM exit).
@@ -97,12 +97,13 @@ pub fn run(home: &Path, args: RunArgs) -> Result<ExitCode> {
     if args.no_vdso {
         engine = engine.without_vdso();
     }
-    let mut sb = if args.cold || args.trace_syscalls || args.no_vdso {
+    let mut sb = if args.cold || args.no_vdso {
         Sandbox::boot(&engine, limits, args.trace_syscalls).context("starting the sandbox")?
     } else {
         let template = Template::ensure(&engine, home).context("preparing the template")?;
         template.fork(&engine, limits).context("forking the template")?
     };
+    sb.set_trace(args.trace_syscalls);
     let result = sb.exec(&code);
     if args.trace_syscalls {
         let stats = sb.stats();

@@ -171,6 +171,11 @@ impl Sandbox {
         }
     }
 
+    /// Log every syscall from now on (`--trace-syscalls`).
+    pub fn set_trace(&mut self, on: bool) {
+        self.io.trace = on;
+    }
+
     pub fn limits(&self) -> &Limits {
         &self.limits
     }

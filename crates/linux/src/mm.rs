@@ -15,7 +15,21 @@ pub enum VmaKind {
     Anon,
     /// A private copy of file content (the bytes were copied in at mmap time).
     File,
+    /// MAP_SHARED of a file: the bytes were copied in at mmap time and are
+    /// written back to the file on msync and munmap. `offset` is the file
+    /// offset of the mapping's first byte.
+    SharedFile { ino: u64, offset: u64 },
     Stack,
+}
+
+impl Vma {
+    /// This mapping's kind for the part that starts `skip` bytes into it.
+    fn kind_from(&self, skip: u64) -> VmaKind {
+        match self.kind {
+            VmaKind::SharedFile { ino, offset } => VmaKind::SharedFile { ino, offset: offset + skip },
+            k => k,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -155,31 +169,46 @@ impl MemoryMap {
         self.is_free(addr, len)
     }
 
-    /// Remove mappings in `[addr, addr+len)`, splitting partial ones. Returns
-    /// the sub-ranges that were mapped (the caller gives their pages back).
-    pub fn unmap(&mut self, addr: u64, len: u64) -> Result<Vec<(u64, u64)>, Errno> {
-        Self::check_range(addr, len)?;
-        let end = addr + len;
-        let mut removed = Vec::new();
-        let overlapping: Vec<(u64, Vma)> = self
+    /// The mappings overlapping `[addr, addr+len)`, clipped to it: (start, length, kind of that part).
+    pub fn overlapping(&self, addr: u64, len: u64) -> Vec<(u64, u64, VmaKind)> {
+        let end = addr.saturating_add(len);
+        let mut out: Vec<(u64, u64, VmaKind)> = self
             .vmas
             .range(..end)
             .rev()
             .take_while(|(_, v)| v.end > addr)
-            .map(|(s, v)| (*s, *v))
+            .map(|(s, v)| {
+                let (cs, ce) = ((*s).max(addr), v.end.min(end));
+                (cs, ce - cs, v.kind_from(cs - s))
+            })
             .collect();
-        for (s, v) in overlapping {
+        out.reverse();
+        out
+    }
+
+    /// Remove mappings in `[addr, addr+len)`, splitting partial ones. Returns
+    /// the sub-ranges that were mapped, with their kind (the caller writes
+    /// shared ones back and gives the pages back).
+    pub fn unmap(&mut self, addr: u64, len: u64) -> Result<Vec<(u64, u64, VmaKind)>, Errno> {
+        Self::check_range(addr, len)?;
+        let end = addr + len;
+        let removed = self.overlapping(addr, len);
+        for &(cs, clen, _) in &removed {
+            let (s, v) = match self.vmas.get_prev(&cs) {
+                Some((s, v)) => (*s, *v),
+                None => continue,
+            };
+            let ce = cs + clen;
             self.vmas.remove(&s);
-            let (cs, ce) = (s.max(addr), v.end.min(end));
             if s < cs {
                 self.vmas.insert(s, Vma { end: cs, ..v });
             }
             if ce < v.end {
-                self.vmas.insert(ce, v);
+                self.vmas.insert(ce, Vma { kind: v.kind_from(ce - s), ..v });
             }
-            self.committed -= ce - cs;
-            removed.push((cs, ce - cs));
+            self.committed -= clen;
         }
+        debug_assert!(self.overlapping(addr, end - addr).is_empty());
         Ok(removed)
     }
 
@@ -195,9 +224,9 @@ impl MemoryMap {
             if s < cs {
                 self.vmas.insert(s, Vma { end: cs, ..v });
             }
-            self.vmas.insert(cs, Vma { end: ce, prot, ..v });
+            self.vmas.insert(cs, Vma { end: ce, prot, kind: v.kind_from(cs - s) });
             if ce < v.end {
-                self.vmas.insert(ce, v);
+                self.vmas.insert(ce, Vma { kind: v.kind_from(ce - s), ..v });
             }
         }
         Ok(())
@@ -269,7 +298,7 @@ mod tests {
         assert_eq!(b, a + 4 * PAGE_SIZE);
         assert_eq!(mm.committed(), 5 * PAGE_SIZE);
         let removed = mm.unmap(a + PAGE_SIZE, PAGE_SIZE).unwrap();
-        assert_eq!(removed, vec![(a + PAGE_SIZE, PAGE_SIZE)]);
+        assert_eq!(removed, vec![(a + PAGE_SIZE, PAGE_SIZE, VmaKind::Anon)]);
         assert_eq!(mm.committed(), 4 * PAGE_SIZE);
         // the hole is reused first-fit
         assert_eq!(mm.map(None, PAGE_SIZE, 3, VmaKind::Anon).unwrap(), a + PAGE_SIZE);
@@ -288,6 +317,21 @@ mod tests {
         assert_eq!(mm.mapping_at(a + 2 * PAGE_SIZE).unwrap().kind, VmaKind::Anon);
         assert_eq!(mm.mapping_at(a + 5 * PAGE_SIZE).unwrap().kind, VmaKind::File);
         assert_eq!(mm.vmas().count(), 3);
+    }
+
+    #[test]
+    fn shared_file_offsets_follow_splits() {
+        let mut mm = MemoryMap::new(1 << 30);
+        let kind = VmaKind::SharedFile { ino: 9, offset: 0x1000 };
+        let a = mm.map(None, 4 * PAGE_SIZE, 3, kind).unwrap();
+        mm.protect(a + PAGE_SIZE, PAGE_SIZE, 1).unwrap();
+        let parts = mm.overlapping(a, 4 * PAGE_SIZE);
+        assert_eq!(parts.len(), 3);
+        assert_eq!(parts[1].2, VmaKind::SharedFile { ino: 9, offset: 0x2000 });
+        assert_eq!(parts[2].2, VmaKind::SharedFile { ino: 9, offset: 0x3000 });
+        let removed = mm.unmap(a + 3 * PAGE_SIZE, PAGE_SIZE).unwrap();
+        assert_eq!(removed, vec![(a + 3 * PAGE_SIZE, PAGE_SIZE, VmaKind::SharedFile { ino: 9, offset: 0x4000 })]);
+        mm.validate().unwrap();
     }
 
     #[test]

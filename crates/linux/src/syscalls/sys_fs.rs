@@ -402,3 +402,45 @@ pub fn fstatfs(ctx: &mut Ctx, a: &Args) -> SysResult {
     ctx.write_bytes(a[1], &b)?;
     Ok(0)
 }
+
+/// Extended attributes: the file system has none and stores none.
+fn xattr_target(ctx: &Ctx, path_ptr: u64, follow: bool) -> Result<(), Errno> {
+    let (start, path) = at(ctx, AT_FDCWD, path_ptr)?;
+    ctx.proc.vfs.resolve(start, &path, follow)?;
+    Ok(())
+}
+
+/// listxattr, llistxattr: an empty list.
+pub fn listxattr(ctx: &mut Ctx, a: &Args) -> SysResult {
+    xattr_target(ctx, a[0], true).map(|_| 0)
+}
+
+pub fn llistxattr(ctx: &mut Ctx, a: &Args) -> SysResult {
+    xattr_target(ctx, a[0], false).map(|_| 0)
+}
+
+pub fn flistxattr(ctx: &mut Ctx, a: &Args) -> SysResult {
+    ctx.proc.fds.get(a[0] as i32)?;
+    Ok(0)
+}
+
+/// getxattr family: no such attribute.
+pub fn getxattr(ctx: &mut Ctx, a: &Args) -> SysResult {
+    xattr_target(ctx, a[0], true)?;
+    Err(Errno::ENODATA)
+}
+
+pub fn lgetxattr(ctx: &mut Ctx, a: &Args) -> SysResult {
+    xattr_target(ctx, a[0], false)?;
+    Err(Errno::ENODATA)
+}
+
+pub fn fgetxattr(ctx: &mut Ctx, a: &Args) -> SysResult {
+    ctx.proc.fds.get(a[0] as i32)?;
+    Err(Errno::ENODATA)
+}
+
+/// setxattr / removexattr family: not supported by this file system.
+pub fn setxattr(_: &mut Ctx, _: &Args) -> SysResult {
+    Err(Errno::EOPNOTSUPP)
+}

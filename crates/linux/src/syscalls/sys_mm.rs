@@ -21,6 +21,30 @@ fn discard(ctx: &mut Ctx, ranges: &[(u64, u64)]) -> Result<(), Errno> {
     Ok(())
 }
 
+/// Write the bytes of a MAP_SHARED file mapping back to its file (within the
+/// file's current size, as the kernel does: a mapping never extends a file).
+fn write_back(ctx: &mut Ctx, addr: u64, len: u64, kind: VmaKind) {
+    let VmaKind::SharedFile { ino, offset } = kind else { return };
+    let Ok(size) = ctx.proc.vfs.stat(ino).map(|s| s.size) else { return };
+    let n = size.saturating_sub(offset).min(len);
+    if n == 0 {
+        return;
+    }
+    if let Ok(bytes) = ctx.mem.slice(addr, n) {
+        let _ = ctx.proc.vfs.write(ino, offset, bytes);
+    }
+}
+
+/// Unmap: shared file parts are written back, then every page is given back.
+fn unmap_and_discard(ctx: &mut Ctx, addr: u64, len: u64) -> Result<(), Errno> {
+    let removed = ctx.proc.mm.unmap(addr, len)?;
+    for &(a, l, kind) in &removed {
+        write_back(ctx, a, l, kind);
+        ctx.mem.discard(a, l).map_err(|_| Errno::ENOMEM)?;
+    }
+    Ok(())
+}
+
 pub fn brk(ctx: &mut Ctx, a: &Args) -> SysResult {
     let (now, give_back) = ctx.proc.mm.set_brk(a[0]);
     if let Some(r) = give_back {
@@ -59,16 +83,19 @@ pub fn mmap(ctx: &mut Ctx, a: &Args) -> SysResult {
             return Err(Errno::EEXIST);
         }
     }
-    let kind = if anonymous { VmaKind::Anon } else { VmaKind::File };
+    let kind = match file {
+        None => VmaKind::Anon,
+        Some(ino) if map_type == libc::MAP_SHARED => VmaKind::SharedFile { ino, offset: off },
+        Some(_) => VmaKind::File,
+    };
     let at = if fixed {
-        let removed = ctx.proc.mm.unmap(addr, len)?;
-        discard(ctx, &removed)?;
+        unmap_and_discard(ctx, addr, len)?;
         ctx.proc.mm.map(Some(addr), len, prot, kind)?
     } else {
         ctx.proc.mm.map(None, len, prot, kind)?
     };
     if let Some(ino) = file {
-        // A private copy of the file's bytes; MAP_SHARED writes do not reach the file.
+        // The file's bytes are copied in; for MAP_SHARED, msync and munmap write them back.
         let copied = {
             let bytes = ctx.proc.vfs.file_bytes(ino)?;
             let start = (off as usize).min(bytes.len());
@@ -89,8 +116,29 @@ pub fn mmap(ctx: &mut Ctx, a: &Args) -> SysResult {
 
 pub fn munmap(ctx: &mut Ctx, a: &Args) -> SysResult {
     let len = page_len(a[1])?;
-    let removed = ctx.proc.mm.unmap(a[0], len)?;
-    discard(ctx, &removed)?;
+    unmap_and_discard(ctx, a[0], len)?;
+    Ok(0)
+}
+
+pub fn msync(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let (addr, flags) = (a[0], a[2] as i32);
+    if flags & !(libc::MS_ASYNC | libc::MS_SYNC | libc::MS_INVALIDATE) != 0
+        || flags & (libc::MS_ASYNC | libc::MS_SYNC) == (libc::MS_ASYNC | libc::MS_SYNC)
+    {
+        return Err(Errno::EINVAL);
+    }
+    if a[1] == 0 {
+        return Ok(0);
+    }
+    let len = page_len(a[1])?;
+    MemoryMap::check_range(addr, len)?;
+    let parts = ctx.proc.mm.overlapping(addr, len);
+    if parts.iter().map(|p| p.1).sum::<u64>() != len {
+        return Err(Errno::ENOMEM);
+    }
+    for (a, l, kind) in parts {
+        write_back(ctx, a, l, kind);
+    }
     Ok(0)
 }
 
@@ -111,10 +159,12 @@ pub fn mremap(ctx: &mut Ctx, a: &Args) -> SysResult {
     let vma = ctx.proc.mm.mapping_at(old_addr).ok_or(Errno::EFAULT)?;
     if new <= old {
         if new < old {
-            let removed = ctx.proc.mm.unmap(old_addr + new, old - new)?;
-            discard(ctx, &removed)?;
+            unmap_and_discard(ctx, old_addr + new, old - new)?;
         }
         return Ok(old_addr);
+    }
+    if matches!(vma.kind, VmaKind::SharedFile { .. }) {
+        return Err(Errno::EINVAL);
     }
     if ctx.proc.mm.grow_in_place(old_addr, old, new)? {
         return Ok(old_addr);
@@ -125,8 +175,7 @@ pub fn mremap(ctx: &mut Ctx, a: &Args) -> SysResult {
     let to = ctx.proc.mm.map(None, new, vma.prot, vma.kind)?;
     let data = ctx.mem.slice(old_addr, old).map_err(|_| Errno::EFAULT)?.to_vec();
     ctx.mem.write(to, &data).map_err(|_| Errno::EFAULT)?;
-    let removed = ctx.proc.mm.unmap(old_addr, old)?;
-    discard(ctx, &removed)?;
+    unmap_and_discard(ctx, old_addr, old)?;
     Ok(to)
 }
 

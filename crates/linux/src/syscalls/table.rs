@@ -75,7 +75,7 @@ table! {
     23 select => file::select, Partial;
     24 sched_yield => process::sched_yield, Full;
     25 mremap => mm::mremap, Full;
-    26 msync => file::fsync, Partial;
+    26 msync => mm::msync, Full;
     28 madvise => mm::madvise, Partial;
     32 dup => file::dup, Full;
     33 dup2 => file::dup2, Full;
@@ -134,6 +134,18 @@ table! {
     158 arch_prctl => process::arch_prctl, Full;
     160 setrlimit => process::setrlimit, Partial;
     186 gettid => process::getpid, Full;
+    188 setxattr => fs::setxattr, Refused;
+    189 lsetxattr => fs::setxattr, Refused;
+    190 fsetxattr => fs::setxattr, Refused;
+    191 getxattr => fs::getxattr, Full;
+    192 lgetxattr => fs::lgetxattr, Full;
+    193 fgetxattr => fs::fgetxattr, Full;
+    194 listxattr => fs::listxattr, Full;
+    195 llistxattr => fs::llistxattr, Full;
+    196 flistxattr => fs::flistxattr, Full;
+    197 removexattr => fs::setxattr, Refused;
+    198 lremovexattr => fs::setxattr, Refused;
+    199 fremovexattr => fs::setxattr, Refused;
     200 tkill => process::tkill, Partial;
     201 time => time::time, Full;
     202 futex => process::futex, Partial;
