@@ -51,7 +51,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 fn summary(mut v: Vec<f64>) -> String {
     v.sort_by(|a, b| a.total_cmp(b));
-    format!("p50 {:8.1} ms   p99 {:8.1} ms   (n={})", percentile(&v, 0.5), percentile(&v, 0.99), v.len())
+    format!("p50 {:9.3} ms   p99 {:9.3} ms   (n={})", percentile(&v, 0.5), percentile(&v, 0.99), v.len())
 }
 
 pub fn bench(home: &Path, cmd: BenchCommand) -> Result<ExitCode> {
@@ -190,9 +190,23 @@ fn fork(home: &Path, forks: usize, execs: usize, live: usize, batch: usize, imag
         fork_only.push(ms(t));
         drop(sb);
     }
-    println!("fork only (sandbox ready to run)        {}", summary(fork_only.clone()));
+    println!("fork only, recycled VM (ready to run)   {}", summary(fork_only.clone()));
+    // Without recycling: every fork gets a new VM (pre-created by the pool
+    // thread when it keeps up, else created inline).
+    let mut fresh = Vec::with_capacity(forks.min(200));
+    let mut keep = Vec::new();
+    for _ in 0..forks.min(200) {
+        let t = Instant::now();
+        let sb = template.fork(&engine, limits.clone())?;
+        fresh.push(ms(t));
+        keep.push(sb); // held, so nothing is recycled
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    drop(keep);
+    println!("fork only, new VM from the pool         {}", summary(fresh));
 
     let mut e2e = Vec::with_capacity(execs);
+    let mut resets = Vec::with_capacity(execs);
     let (mut touched, mut written, mut exits) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..execs {
         let t = Instant::now();
@@ -200,17 +214,51 @@ fn fork(home: &Path, forks: usize, execs: usize, live: usize, batch: usize, imag
         let r = sb.exec("print(1+1)")?;
         e2e.push(ms(t));
         anyhow::ensure!(r.stdout == "2\n", "unexpected output {:?}", r.stdout);
-        let fp = sb.memory_footprint();
-        touched.push(fp.touched_pages as f64);
-        written.push(fp.private_pages as f64);
         exits.push(r.syscalls as f64);
+        let t = Instant::now();
+        drop(sb);
+        resets.push(ms(t));
+    }
+    // Pages of a fork on a new VM (a recycled one keeps its pages mapped).
+    {
+        let mut cold = Vec::new();
+        for _ in 0..3 {
+            cold.push(template.fork(&engine, limits.clone())?);
+        }
+        for mut sb in cold {
+            sb.exec("print(1+1)")?;
+            let fp = sb.memory_footprint();
+            touched.push(fp.touched_pages as f64);
+            written.push(fp.private_pages as f64);
+        }
     }
     println!("fork + exec print(1+1), in-process      {}", summary(e2e.clone()));
+    let mut warm = Vec::new();
+    let mut sb = template.fork(&engine, limits.clone())?;
+    sb.exec("print(1+1)")?;
+    for _ in 0..execs {
+        let t = Instant::now();
+        sb.exec("print(1+1)")?;
+        warm.push(ms(t));
+    }
+    drop(sb);
+    println!("exec print(1+1) in a warm sandbox       {}", summary(warm));
+    let st = template.pool_stats();
+    let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+    println!(
+        "VMs: {} recycled, {} from the pool, {} created inline; {} resets copied {} pages",
+        load(&st.recycled_hits),
+        load(&st.pooled_hits),
+        load(&st.created_inline),
+        load(&st.resets),
+        load(&st.pages_reset)
+    );
     let host = host_fork_baseline(execs)?;
     println!("host os.fork() + exec + pipe (no VM)     {}", summary(host.clone()));
     println!("ratio forkbox/host p50: {:.2}x", p50(&e2e) / p50(&host));
+    println!("reset of a finished fork for reuse (drop) {}", summary(resets));
     println!(
-        "per fork+exec (p50): {:.0} pages touched, {:.0} pages written (private), {:.0} syscall exits",
+        "per fork+exec (p50): {:.0} pages touched and {:.0} written (private) on a new VM, {:.0} syscall exits",
         p50(&touched),
         p50(&written),
         p50(&exits)

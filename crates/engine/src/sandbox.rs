@@ -68,12 +68,17 @@ pub struct Sandbox {
     /// reseed what lives in guest memory (random, numpy.random).
     reseed_pending: bool,
     vdso: bool,
+    /// Where a forked sandbox's VM goes back to when it ends cleanly.
+    pool: Option<std::sync::Arc<crate::pool::VmPool>>,
 }
 
 impl Drop for Sandbox {
     fn drop(&mut self) {
-        if let Some(vm) = self.vm.take() {
-            crate::pool::reap(vm);
+        let Some(vm) = self.vm.take() else { return };
+        match (&self.state, &self.pool) {
+            // Only a guest parked on the agent's read is in a known state worth resetting.
+            (State::Parked(_), Some(pool)) => pool.recycle(vm),
+            _ => crate::pool::reap(vm),
         }
     }
 }
@@ -107,6 +112,7 @@ impl Sandbox {
             boot_time: Duration::ZERO,
             reseed_pending: false,
             vdso: engine.vdso.is_some(),
+            pool: None,
         };
         // Booting python + numpy takes far longer than one exec here: allow a generous deadline.
         let deadline = Instant::now() + sb.limits.timeout.max(Duration::from_secs(120));
@@ -128,7 +134,14 @@ impl Sandbox {
 
     /// A sandbox resumed from a snapshot: `vm` already holds its memory and
     /// vCPU state, parked on the agent's read.
-    pub(crate) fn resumed(vm: Vm, mut proc: Process, limits: Limits, vdso: bool, info: serde_json::Value) -> Result<Sandbox, EngineError> {
+    pub(crate) fn resumed(
+        vm: Vm,
+        mut proc: Process,
+        limits: Limits,
+        vdso: bool,
+        info: serde_json::Value,
+        pool: Option<std::sync::Arc<crate::pool::VmPool>>,
+    ) -> Result<Sandbox, EngineError> {
         proc.mm.set_limit(limits.memory_bytes);
         proc.vfs.set_quota(limits.disk_bytes);
         let regs = vm.regs()?;
@@ -142,6 +155,7 @@ impl Sandbox {
             boot_time: Duration::ZERO,
             reseed_pending: true,
             vdso,
+            pool,
         })
     }
 

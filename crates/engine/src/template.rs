@@ -34,10 +34,9 @@ pub struct TemplateInfo {
 pub struct Template {
     pub info: TemplateInfo,
     pub dir: PathBuf,
-    snapshot: Snapshot,
     process: Process,
     memory: MemoryFile,
-    pool: VmPool,
+    pool: Arc<VmPool>,
 }
 
 /// Pre-created VMs kept ready per template.
@@ -117,17 +116,25 @@ impl Template {
         let info: TemplateInfo = serde_json::from_str(&snapshot.info)
             .map_err(|e| StateError::Corrupt(format!("template info: {e}")))?;
         let memory = MemoryFile::open(&dir.join("memory"), &snapshot.memory)?;
-        let process = Process::restore_state(engine.image.clone(), snapshot.process.clone())
-            .map_err(|e| StateError::Corrupt(e.to_string()))?;
-        let pool = VmPool::new(engine.cpu.clone(), &memory.file, RAM_SIZE, POOL_DEPTH)?;
-        Ok(Template { info, dir: dir.to_path_buf(), snapshot, process, memory, pool })
+        let Snapshot { process, vcpu, .. } = snapshot;
+        let process =
+            Process::restore_state(engine.image.clone(), process).map_err(|e| StateError::Corrupt(e.to_string()))?;
+        let pool = VmPool::new(engine.cpu.clone(), &memory.file, memory.view()?, vcpu, POOL_DEPTH)?;
+        Ok(Template { info, dir: dir.to_path_buf(), process, memory, pool })
     }
 
     /// A new sandbox: a copy-on-write fork of this template.
     pub fn fork(&self, engine: &Engine, limits: Limits) -> Result<Sandbox, EngineError> {
-        let vm = self.pool.take()?;
-        vm.restore_vcpu(&self.snapshot.vcpu)?;
-        Sandbox::resumed(vm, self.process.clone(), limits, engine.vdso.is_some(), self.info.agent.clone())
+        let (vm, reset) = self.pool.take()?;
+        if !reset {
+            vm.restore_vcpu(self.pool.vcpu())?;
+        }
+        Sandbox::resumed(vm, self.process.clone(), limits, engine.vdso.is_some(), self.info.agent.clone(), Some(self.pool.clone()))
+    }
+
+    /// Fork/recycling counters.
+    pub fn pool_stats(&self) -> &crate::pool::PoolStats {
+        &self.pool.stats
     }
 
     /// The memory file's size and checksum as recorded.

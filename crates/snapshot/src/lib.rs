@@ -12,5 +12,5 @@
 pub mod memory;
 pub mod state;
 
-pub use memory::{write_memory, MemoryFile, MemoryStats};
+pub use memory::{write_memory, MemoryFile, MemoryStats, MemoryView};
 pub use state::{read_state, write_state, Snapshot, StateError, FORMAT_VERSION, MAGIC};

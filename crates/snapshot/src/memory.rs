@@ -140,3 +140,46 @@ fn seek_hole(f: &File, from: u64) -> Option<u64> {
     let r = unsafe { libc::lseek(f.as_raw_fd(), from as i64, libc::SEEK_HOLE) };
     (r >= 0).then_some(r as u64)
 }
+
+/// A read-only shared view of a memory file: the pristine bytes a recycled
+/// VM's pages are reset from (page cache, shared by every view of the file).
+pub struct MemoryView {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: a read-only mapping of an immutable file; only ever read.
+unsafe impl Send for MemoryView {}
+// SAFETY: as above.
+unsafe impl Sync for MemoryView {}
+
+impl MemoryView {
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: the mapping lives as long as self and is never written.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for MemoryView {
+    fn drop(&mut self) {
+        // SAFETY: unmapping our own mapping once.
+        unsafe { libc::munmap(self.ptr.as_ptr() as *mut libc::c_void, self.len) };
+    }
+}
+
+impl MemoryFile {
+    pub fn view(&self) -> Result<MemoryView, StateError> {
+        use std::os::fd::AsRawFd;
+        let len = self.stats.size as usize;
+        // SAFETY: a new read-only shared mapping of a file we hold open.
+        let p = unsafe {
+            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED | libc::MAP_NORESERVE, self.file.as_raw_fd(), 0)
+        };
+        if p == libc::MAP_FAILED {
+            return Err(StateError::Io { what: "mmap", path: "memory file".into(), source: std::io::Error::last_os_error() });
+        }
+        let ptr = std::ptr::NonNull::new(p as *mut u8)
+            .ok_or_else(|| StateError::Corrupt("memory file mapped at address 0".into()))?;
+        Ok(MemoryView { ptr, len })
+    }
+}

@@ -12,6 +12,10 @@ use crate::layout::{align_down, align_up, PAGE_SIZE};
 pub struct GuestMemory {
     host: NonNull<u8>,
     size: u64,
+    /// The snapshot file behind a copy-on-write mapping (`private_file`).
+    backing: Option<std::fs::File>,
+    /// Whole-page ranges replaced by fresh anonymous memory (`discard`).
+    discarded: Vec<(u64, u64)>,
 }
 
 // SAFETY: the mapping is owned by this struct and only accessed through it;
@@ -38,6 +42,7 @@ impl GuestMemory {
     /// Guest RAM backed copy-on-write by a file (a snapshot's memory image):
     /// the file is never modified, writes land in private anonymous pages.
     pub fn private_file(file: &std::fs::File, size: u64) -> Result<GuestMemory> {
+        let backing = file.try_clone().map_err(|source| VmmError::Sys { call: "dup(snapshot memory)", source })?;
         // SAFETY: a new private mapping of a file we hold open.
         let p = unsafe {
             libc::mmap(
@@ -49,7 +54,9 @@ impl GuestMemory {
                 0,
             )
         };
-        Self::from_mmap(p, size, "mmap(snapshot memory)")
+        let mut mem = Self::from_mmap(p, size, "mmap(snapshot memory)")?;
+        mem.backing = Some(backing);
+        Ok(mem)
     }
 
     fn from_mmap(p: *mut libc::c_void, size: u64, call: &'static str) -> Result<GuestMemory> {
@@ -57,7 +64,167 @@ impl GuestMemory {
             return Err(VmmError::last_os(call));
         }
         let host = NonNull::new(p as *mut u8).ok_or_else(|| VmmError::last_os(call))?;
-        Ok(GuestMemory { host, size })
+        Ok(GuestMemory { host, size, backing: None, discarded: Vec::new() })
+    }
+
+    /// Guest pages that are private to this mapping: every page anyone (guest
+    /// or VMM) ever wrote since the mapping was made — a copy-on-write copy of
+    /// the snapshot file or fresh anonymous memory. One bit per page, read
+    /// from /proc/self/pagemap (present, and not a file page).
+    pub fn private_pages(&self) -> Result<Vec<u64>> {
+        let pagemap = std::fs::File::open("/proc/self/pagemap")
+            .map_err(|source| VmmError::Sys { call: "open(/proc/self/pagemap)", source })?;
+        match self.private_pages_scan(&pagemap) {
+            Some(bits) => Ok(bits),
+            None => self.private_pages_read(&pagemap),
+        }
+    }
+
+    /// PAGEMAP_SCAN (Linux 6.7+): the kernel returns just the matching ranges,
+    /// so the cost follows the pages in use, not the 4 GiB of address space.
+    fn private_pages_scan(&self, pagemap: &std::fs::File) -> Option<Vec<u64>> {
+        const PAGE_IS_FILE: u64 = 1 << 2;
+        const PAGE_IS_PRESENT: u64 = 1 << 3;
+        const PAGE_IS_SWAPPED: u64 = 1 << 4;
+        #[repr(C)]
+        struct PmScanArg {
+            size: u64,
+            flags: u64,
+            start: u64,
+            end: u64,
+            walk_end: u64,
+            vec: u64,
+            vec_len: u64,
+            max_pages: u64,
+            category_inverted: u64,
+            category_mask: u64,
+            category_anyof_mask: u64,
+            return_mask: u64,
+        }
+        #[repr(C)]
+        #[derive(Clone, Copy, Default)]
+        struct PageRegion {
+            start: u64,
+            end: u64,
+            categories: u64,
+        }
+        // _IOWR('f', 16, struct pm_scan_arg)
+        const PAGEMAP_SCAN: libc::c_ulong = (3 << 30) | ((std::mem::size_of::<PmScanArg>() as libc::c_ulong) << 16) | ((b'f' as libc::c_ulong) << 8) | 16;
+        let base = self.host_addr();
+        let end = base + self.size;
+        let mut bits = vec![0u64; (self.size / PAGE_SIZE).div_ceil(64) as usize];
+        let mut regions = vec![PageRegion::default(); 4096];
+        let mut start = base;
+        while start < end {
+            let mut arg = PmScanArg {
+                size: std::mem::size_of::<PmScanArg>() as u64,
+                flags: 0,
+                start,
+                end,
+                walk_end: 0,
+                vec: regions.as_mut_ptr() as u64,
+                vec_len: regions.len() as u64,
+                max_pages: 0,
+                // match: not a file page, and present or swapped
+                category_inverted: PAGE_IS_FILE,
+                category_mask: PAGE_IS_FILE,
+                category_anyof_mask: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
+                return_mask: PAGE_IS_PRESENT | PAGE_IS_SWAPPED | PAGE_IS_FILE,
+            };
+            // SAFETY: arg and the region vector are valid for the kernel to fill.
+            let n = unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(pagemap), PAGEMAP_SCAN, &mut arg) };
+            if n < 0 {
+                return None;
+            }
+            for r in &regions[..n as usize] {
+                let (first, last) = ((r.start.max(base) - base) / PAGE_SIZE, (r.end.min(end) - base) / PAGE_SIZE);
+                for page in first..last {
+                    bits[(page / 64) as usize] |= 1 << (page % 64);
+                }
+            }
+            if arg.walk_end <= start {
+                return None;
+            }
+            start = arg.walk_end;
+        }
+        Some(bits)
+    }
+
+    /// The same from plain pagemap entries (older kernels): 8 bytes per page of guest RAM.
+    fn private_pages_read(&self, pagemap: &std::fs::File) -> Result<Vec<u64>> {
+        use std::os::unix::fs::FileExt;
+        let pages = self.size / PAGE_SIZE;
+        let first = self.host_addr() / PAGE_SIZE;
+        let mut bits = vec![0u64; pages.div_ceil(64) as usize];
+        const BATCH: u64 = 64 * 1024;
+        let mut buf = vec![0u8; (BATCH * 8) as usize];
+        let mut done = 0;
+        while done < pages {
+            let n = (pages - done).min(BATCH);
+            let bytes = &mut buf[..(n * 8) as usize];
+            pagemap
+                .read_exact_at(bytes, (first + done) * 8)
+                .map_err(|source| VmmError::Sys { call: "read(/proc/self/pagemap)", source })?;
+            for (i, e) in bytes.chunks_exact(8).enumerate() {
+                let v = u64::from_le_bytes([e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7]]);
+                let present_or_swapped = v & (3 << 62) != 0;
+                let file_page = v & (1 << 61) != 0;
+                if present_or_swapped && !file_page {
+                    let page = done + i as u64;
+                    bits[(page / 64) as usize] |= 1 << (page % 64);
+                }
+            }
+            done += n;
+        }
+        Ok(bits)
+    }
+
+    /// Make guest RAM equal its backing snapshot file again, keeping every
+    /// host page mapping (so KVM's mappings stay warm): discarded ranges are
+    /// mapped from the file again, and every private page (see
+    /// `private_pages`) gets the file's bytes copied back from `original`, a
+    /// read-only view of the same file. Private pages stay private, so writing
+    /// them again costs no fault. Returns the number of pages copied.
+    pub fn reset_to_backing(&mut self, original: &[u8]) -> Result<u64> {
+        let Some(file) = &self.backing else {
+            return Err(VmmError::Sys { call: "reset (no snapshot file)", source: std::io::Error::from_raw_os_error(libc::EINVAL) });
+        };
+        if original.len() as u64 != self.size {
+            return Err(VmmError::OutOfRange { addr: 0, len: original.len() as u64 });
+        }
+        for (addr, len) in std::mem::take(&mut self.discarded) {
+            // SAFETY: remapping a range of our own mapping with the file's matching pages.
+            let p = unsafe {
+                libc::mmap(
+                    self.host.as_ptr().add(addr as usize) as *mut libc::c_void,
+                    len as usize,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_NORESERVE | libc::MAP_FIXED,
+                    std::os::fd::AsRawFd::as_raw_fd(file),
+                    addr as libc::off_t,
+                )
+            };
+            if p == libc::MAP_FAILED {
+                return Err(VmmError::last_os("mmap(MAP_FIXED snapshot range)"));
+            }
+        }
+        let private = self.private_pages()?;
+        let mut copied = 0;
+        for (w, &word) in private.iter().enumerate() {
+            let mut bits = word;
+            while bits != 0 {
+                let page = w as u64 * 64 + bits.trailing_zeros() as u64;
+                bits &= bits - 1;
+                let at = page * PAGE_SIZE;
+                let src = &original[at as usize..(at + PAGE_SIZE) as usize];
+                let dst = self.slice_mut(at, PAGE_SIZE)?;
+                if dst != src {
+                    dst.copy_from_slice(src);
+                    copied += 1;
+                }
+            }
+        }
+        Ok(copied)
     }
 
     pub fn size(&self) -> u64 {
@@ -144,6 +311,9 @@ impl GuestMemory {
         }
         self.slice_mut(addr, ps - addr)?.fill(0);
         self.slice_mut(pe, end - pe)?.fill(0);
+        if self.backing.is_some() {
+            self.discarded.push((ps, pe - ps));
+        }
         // SAFETY: the range lies inside our own mapping (checked); MAP_FIXED replaces it.
         let p = unsafe {
             libc::mmap(
@@ -194,6 +364,37 @@ mod tests {
         m.write((1 << 20) - 3, b"abc").unwrap();
         assert_eq!(m.read_cstr((1 << 20) - 3, 100), None, "string running off the end");
         assert_eq!(m.read_cstr(1 << 20, 100), None);
+    }
+
+    #[test]
+    fn reset_restores_written_and_discarded_pages() {
+        use std::io::Write;
+        let mut f = tempfile::tempfile().unwrap();
+        let original: Vec<u8> = (0..(1u32 << 20)).map(|i| (i / 4096) as u8 ^ 0x5A).collect();
+        f.write_all(&original).unwrap();
+        let mut m = GuestMemory::private_file(&f, 1 << 20).unwrap();
+        m.write(4096 * 3 + 10, b"secret").unwrap(); // a VMM write
+        m.discard(4096 * 8, 4096 * 4).unwrap();
+        m.write(4096 * 9, b"in a discarded range").unwrap();
+        // a "guest" write, straight through the mapping like the vCPU's
+        // SAFETY: test-only write inside the mapping.
+        unsafe { *(m.host_addr() as *mut u8).add(20 * 4096) = 0xFF };
+        let _ = m.slice(30 * 4096, 4096).unwrap().to_vec(); // a read: stays a file page
+        let private = m.private_pages().unwrap();
+        assert_eq!(private[0] & (1 << 3 | 1 << 20 | 1 << 30), 1 << 3 | 1 << 20);
+        let pagemap = std::fs::File::open("/proc/self/pagemap").unwrap();
+        assert_eq!(m.private_pages_read(&pagemap).unwrap(), private, "scan and plain read agree");
+        if let Some(scanned) = m.private_pages_scan(&pagemap) {
+            assert_eq!(scanned, private);
+        } else {
+            eprintln!("PAGEMAP_SCAN unavailable (kernel < 6.7): plain pagemap reads are used");
+        }
+        let copied = m.reset_to_backing(&original).unwrap();
+        assert_eq!(copied, 2, "the VMM-written page and the guest-written page");
+        assert_eq!(m.slice(0, 1 << 20).unwrap(), &original[..]);
+        // the written pages stay private (and warm); their content is the file's
+        assert_eq!(m.private_pages().unwrap()[0] & (1 << 3 | 1 << 20), 1 << 3 | 1 << 20);
+        assert_eq!(m.reset_to_backing(&original).unwrap(), 0);
     }
 
     #[test]

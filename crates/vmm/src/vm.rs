@@ -62,15 +62,25 @@ pub struct Vm {
     _vm: VmFd,
     mem: GuestMemory,
     tsc_khz: u32,
+    dirty_log: bool,
 }
 
 impl Vm {
     /// A new VM whose single memslot is `mem` (guest-physical 0).
     pub fn new(cpu: &Cpu, mem: GuestMemory) -> Result<Vm> {
+        Self::create(cpu, mem, false)
+    }
+
+    /// A VM with KVM's dirty-page log on (for checkpoints of what changed).
+    pub fn new_with_dirty_log(cpu: &Cpu, mem: GuestMemory) -> Result<Vm> {
+        Self::create(cpu, mem, true)
+    }
+
+    fn create(cpu: &Cpu, mem: GuestMemory, dirty_log: bool) -> Result<Vm> {
         let vm = cpu.kvm.create_vm().map_err(VmmError::kvm("KVM_CREATE_VM"))?;
         let region = kvm_userspace_memory_region {
             slot: 0,
-            flags: 0,
+            flags: if dirty_log { kvm_bindings::KVM_MEM_LOG_DIRTY_PAGES } else { 0 },
             guest_phys_addr: 0,
             memory_size: mem.size(),
             userspace_addr: mem.host_addr(),
@@ -80,7 +90,7 @@ impl Vm {
         let vcpu = vm.create_vcpu(0).map_err(VmmError::kvm("KVM_CREATE_VCPU"))?;
         cpu.setup_vcpu(&vcpu)?;
         let tsc_khz = vcpu.get_tsc_khz().map_err(VmmError::kvm("KVM_GET_TSC_KHZ"))?;
-        Ok(Vm { vcpu, _vm: vm, mem, tsc_khz })
+        Ok(Vm { vcpu, _vm: vm, mem, tsc_khz, dirty_log })
     }
 
     pub fn mem(&self) -> &GuestMemory {
@@ -232,6 +242,23 @@ impl Vm {
             xsave: self.vcpu.get_xsave().map_err(VmmError::kvm("KVM_GET_XSAVE"))?,
             fs_base: self.fs_base()?,
         })
+    }
+
+    /// Pages the guest wrote since the last call (needs `new_with_dirty_log`).
+    pub fn dirty_log(&self) -> Result<Vec<u64>> {
+        if !self.dirty_log {
+            return Err(VmmError::Sys { call: "KVM_GET_DIRTY_LOG (log off)", source: std::io::Error::from_raw_os_error(libc::EINVAL) });
+        }
+        self._vm.get_dirty_log(0, self.mem.size() as usize).map_err(VmmError::kvm("KVM_GET_DIRTY_LOG"))
+    }
+
+    /// Put a VM whose memory is a snapshot mapping back into the state of its snapshot: memory (only
+    /// the pages that changed, so KVM's mappings of the rest stay warm) and
+    /// vCPU. Returns the number of pages copied back.
+    pub fn reset(&mut self, original: &[u8], vcpu: &VcpuState) -> Result<u64> {
+        let copied = self.mem.reset_to_backing(original)?;
+        self.restore_vcpu(vcpu)?;
+        Ok(copied)
     }
 
     /// Restore a saved vCPU. XCR0 goes before XSAVE (the XSAVE image is checked against it).
