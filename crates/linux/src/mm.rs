@@ -130,7 +130,7 @@ impl MemoryMap {
 
     /// Valid user range: page-aligned start, inside guest-owned memory.
     pub fn check_range(addr: u64, len: u64) -> Result<(), Errno> {
-        if addr % PAGE_SIZE != 0 || len == 0 {
+        if !addr.is_multiple_of(PAGE_SIZE) || len == 0 {
             return Err(Errno::EINVAL);
         }
         let end = addr.checked_add(len).ok_or(Errno::ENOMEM)?;

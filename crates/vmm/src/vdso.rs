@@ -27,14 +27,16 @@
 
 use std::mem::{offset_of, size_of};
 
-/// Guest address of the vvar page.
-pub const VVAR_ADDR: u64 = 0x1F_0000;
+use crate::layout::{PAGE_SIZE, VDSO_PAGE, VDSO_PAGES, VVAR_PAGE};
+
+/// Guest address of the vvar page (see `layout`; guest/vdso/vvar.h has the same).
+pub const VVAR_ADDR: u64 = VVAR_PAGE;
 /// Size of the vvar page.
-pub const VVAR_LEN: usize = 4096;
+pub const VVAR_LEN: usize = PAGE_SIZE as usize;
 /// Guest address the vDSO image is copied to (file offset 0 lands here).
-pub const VDSO_ADDR: u64 = 0x1F_1000;
-/// Space reserved for the vDSO image in the guest: 3 pages.
-pub const VDSO_MAX_LEN: usize = 3 * 4096;
+pub const VDSO_ADDR: u64 = VDSO_PAGE;
+/// Space reserved for the vDSO image in the guest.
+pub const VDSO_MAX_LEN: usize = (VDSO_PAGES * PAGE_SIZE) as usize;
 
 const IMAGE_BYTES: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/vdso.so"));
 const _: () = assert!(IMAGE_BYTES.len() <= VDSO_MAX_LEN, "vDSO image too large");

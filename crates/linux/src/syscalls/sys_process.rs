@@ -51,7 +51,7 @@ pub fn sched_yield(_: &mut Ctx, _: &Args) -> SysResult {
 /// One CPU: the guest has one vCPU.
 pub fn sched_getaffinity(ctx: &mut Ctx, a: &Args) -> SysResult {
     let size = a[1];
-    if size < 8 || size % 8 != 0 {
+    if size < 8 || !size.is_multiple_of(8) {
         return Err(Errno::EINVAL);
     }
     let size = size.min(128);

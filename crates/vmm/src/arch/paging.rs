@@ -28,7 +28,7 @@ const GIB: u64 = 1 << 30;
 
 pub fn build(mem: &mut GuestMemory, holes: &[(u64, u64)]) -> Result<()> {
     let ram = mem.size();
-    if ram == 0 || ram % GIB != 0 || ram / GIB > MAX_RAM_GIB {
+    if ram == 0 || !ram.is_multiple_of(GIB) || ram / GIB > MAX_RAM_GIB {
         return Err(VmmError::BadRamSize(ram));
     }
     let gibs = ram / GIB;
