@@ -2,6 +2,7 @@
 
 mod bench;
 mod run;
+mod session;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -25,6 +26,9 @@ enum Command {
     /// Build or inspect guest images.
     #[command(subcommand)]
     Image(ImageCommand),
+    /// Sessions: Python REPLs whose state persists; every exec is a checkpoint.
+    #[command(subcommand)]
+    Session(session::SessionCommand),
     /// Templates: warm, snapshotted interpreters that sandboxes fork from.
     #[command(subcommand)]
     Template(TemplateCommand),
@@ -80,6 +84,7 @@ fn main() -> ExitCode {
                 ExitCode::SUCCESS
             })
         }
+        Command::Session(cmd) => session::session(&home, cmd),
         Command::Template(TemplateCommand::Ls) => template_ls(&home),
         Command::Template(TemplateCommand::Build { preload, image }) => template_build(&home, &preload, &image),
         Command::Bench(cmd) => bench::bench(&home, cmd),

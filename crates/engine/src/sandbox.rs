@@ -141,6 +141,7 @@ impl Sandbox {
         vdso: bool,
         info: serde_json::Value,
         pool: Option<std::sync::Arc<crate::pool::VmPool>>,
+        reseed: bool,
     ) -> Result<Sandbox, EngineError> {
         proc.mm.set_limit(limits.memory_bytes);
         proc.vfs.set_quota(limits.disk_bytes);
@@ -153,7 +154,7 @@ impl Sandbox {
             limits,
             ready_info: info,
             boot_time: Duration::ZERO,
-            reseed_pending: true,
+            reseed_pending: reseed,
             vdso,
             pool,
         })
@@ -166,6 +167,20 @@ impl Sandbox {
             (State::Poisoned(why), _) => Err(EngineError::Poisoned(why.clone())),
             _ => Err(EngineError::Poisoned("no VM".into())),
         }
+    }
+
+    /// Mutable parts of a parked sandbox (for a checkpoint).
+    pub(crate) fn parked_parts_mut(&mut self) -> Result<(&mut Vm, &Process), EngineError> {
+        match (&self.state, &mut self.vm) {
+            (State::Parked(_), Some(vm)) => Ok((vm, &self.proc)),
+            (State::Poisoned(why), _) => Err(EngineError::Poisoned(why.clone())),
+            _ => Err(EngineError::Poisoned("no VM".into())),
+        }
+    }
+
+    /// Is the guest parked and usable?
+    pub fn is_usable(&self) -> bool {
+        matches!(self.state, State::Parked(_)) && self.vm.is_some()
     }
 
     fn vm(&mut self) -> &mut Vm {

@@ -8,7 +8,9 @@ use std::time::Instant;
 
 use forkbox_linux::layout::RAM_SIZE;
 use forkbox_linux::Process;
+use forkbox_snapshot::layer::{apply_layers, pages_of, write_layer, Layer, LayerStats};
 use forkbox_snapshot::{read_state, write_memory, write_state, MemoryFile, Snapshot, StateError, FORMAT_VERSION};
+use forkbox_vmm::{GuestMemory, Vm};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -129,7 +131,65 @@ impl Template {
         if !reset {
             vm.restore_vcpu(self.pool.vcpu())?;
         }
-        Sandbox::resumed(vm, self.process.clone(), limits, engine.vdso.is_some(), self.info.agent.clone(), Some(self.pool.clone()))
+        Sandbox::resumed(vm, self.process.clone(), limits, engine.vdso.is_some(), self.info.agent.clone(), Some(self.pool.clone()), true)
+    }
+
+    /// A VM on the template's memory that records what changes (for checkpoints).
+    fn tracked_vm(&self, engine: &Engine) -> Result<Vm, EngineError> {
+        let mut mem = GuestMemory::private_file(&self.memory.file, RAM_SIZE)?;
+        mem.track_writes();
+        Ok(Vm::new_with_dirty_log(&engine.cpu, mem)?)
+    }
+
+    /// A fork whose changes can be checkpointed (a session's first sandbox).
+    pub fn fork_tracked(&self, engine: &Engine, limits: Limits) -> Result<Sandbox, EngineError> {
+        let vm = self.tracked_vm(engine)?;
+        vm.restore_vcpu(self.pool.vcpu())?;
+        Sandbox::resumed(vm, self.process.clone(), limits, engine.vdso.is_some(), self.info.agent.clone(), None, true)
+    }
+
+    /// Write a checkpoint of a parked, tracked sandbox: the pages changed since
+    /// its previous checkpoint (or since the fork) as a layer, and its full state.
+    pub fn checkpoint(&self, engine: &Engine, sb: &mut Sandbox, layer: &Path, state: &Path) -> Result<LayerStats, EngineError> {
+        let (vm, proc) = sb.parked_parts_mut()?;
+        let mut bits = vm.dirty_log()?;
+        for (b, v) in bits.iter_mut().zip(vm.mem_mut().take_vmm_dirty()) {
+            *b |= v;
+        }
+        let stats = write_layer(layer, vm.mem(), &pages_of(&bits))?;
+        let snapshot = Snapshot {
+            image_id: engine.image.id().to_string(),
+            vcpu: vm.save_vcpu()?,
+            process: proc.save_state(),
+            memory: self.memory.stats.clone(),
+            info: self.info.id.clone(),
+        };
+        write_state(state, &snapshot)?;
+        Ok(stats)
+    }
+
+    /// Bring a checkpoint back: the template's memory with `layers` (newest
+    /// first: the checkpoint's own, then its ancestors') applied, and the
+    /// registers and process state of `state`. `reseed`: the checkpoint is
+    /// being forked into a new session (its RNGs must diverge).
+    pub fn resume(
+        &self,
+        engine: &Engine,
+        layers: &[Layer],
+        state: &Path,
+        limits: Limits,
+        reseed: bool,
+    ) -> Result<Sandbox, EngineError> {
+        let snapshot = read_state(state)?;
+        if snapshot.image_id != engine.image.id() || snapshot.info != self.info.id || snapshot.memory != self.memory.stats {
+            return Err(StateError::Corrupt(format!("checkpoint {} is not from template {}", state.display(), self.info.id)).into());
+        }
+        let mut vm = self.tracked_vm(engine)?;
+        apply_layers(vm.mem_mut(), layers)?;
+        vm.restore_vcpu(&snapshot.vcpu)?;
+        let process = Process::restore_state(engine.image.clone(), snapshot.process)
+            .map_err(|e| StateError::Corrupt(e.to_string()))?;
+        Sandbox::resumed(vm, process, limits, engine.vdso.is_some(), self.info.agent.clone(), None, reseed)
     }
 
     /// Fork/recycling counters.

@@ -69,7 +69,8 @@ fn shared() -> &'static Shared {
             if built.reused { "reused" } else { "built" },
             t0.elapsed().as_secs_f64()
         );
-        let engine = Engine::open(&built.path).unwrap_or_else(|e| panic!("Engine::open({}): {e}", built.path.display()));
+        let engine =
+            Engine::open(&built.path).unwrap_or_else(|e| panic!("Engine::open({}): {e}", built.path.display()));
         let t0 = Instant::now();
         let template = Template::ensure(&engine, &home).unwrap_or_else(|e| panic!("Template::ensure: {e}"));
         eprintln!("template {} ready in {:.2} s", template.dir.display(), t0.elapsed().as_secs_f64());
@@ -90,7 +91,8 @@ fn template() -> &'static Template {
 
 /// A Template instance of its own (own pool, own counters) over the shared template's files.
 fn own_template() -> Template {
-    Template::load(engine(), &template().dir).unwrap_or_else(|e| panic!("Template::load({}): {e}", template().dir.display()))
+    Template::load(engine(), &template().dir)
+        .unwrap_or_else(|e| panic!("Template::load({}): {e}", template().dir.display()))
 }
 
 /// Tests hold this shared; a test that counts process-wide resources (fds) holds it exclusively.
@@ -140,7 +142,8 @@ fn assert_no_error(r: &ExecResult, code: &str) {
 #[track_caller]
 fn json_of(sb: &mut Sandbox, code: &str) -> serde_json::Value {
     let r = ok(sb, code);
-    serde_json::from_str(r.stdout.trim()).unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {:?}\n--- code ---\n{code}", r.stdout))
+    serde_json::from_str(r.stdout.trim())
+        .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {:?}\n--- code ---\n{code}", r.stdout))
 }
 
 fn host_now() -> f64 {
@@ -342,9 +345,15 @@ os.remove('/usr/lib/python3.11/antigravity.py')
 numpy.FB_ISO_SECRET = secret_var
 os.environ['FB_ISO_SECRET'] = secret_var
 sys.path.append('/fb_iso_' + secret_var)
+import builtins
+builtins.FB_ISO_SECRET = secret_var
 libm = ctypes.CDLL('libm.so.6')
 assert libm.fesetround(0x800) == 0            # FE_UPWARD: in MXCSR and the x87 control word
 assert libm.fegetround() == 0x800
+# patch libc's code (a page of the template's memory): getpid() -> mov eax, 4242; ret
+libc = ctypes.CDLL('libc.so.6')
+ctypes.memmove(ctypes.cast(libc.getpid, ctypes.c_void_p).value, b'\xb8\x92\x10\x00\x00\xc3', 6)
+assert os.getpid() == 4242
 # (a) a numpy array
 arr = numpy.frombuffer(secret * (1 << 15), dtype=numpy.uint8).copy()
 # (b) an anonymous mmap
@@ -354,6 +363,12 @@ mb = ctypes.c_char.from_buffer(m)
 m_addr = ctypes.addressof(mb)
 # (c) raw guest memory outside any mapping
 ctypes.memmove({RAW_ADDR}, secret * ({RAW_LEN} // 32), {RAW_LEN})
+# (e) memory written by the VMM, not the guest: read() into a buffer the guest never touched
+open('/tmp/fb_iso_big', 'wb').write(secret * (1 << 15))
+m3 = mmap.mmap(-1, 1 << 20)       # (not malloc: the brk heap's free space differs per fork by design)
+arr2 = numpy.frombuffer(m3, dtype=numpy.uint8)
+with open('/tmp/fb_iso_big', 'rb', buffering=0) as f:
+    assert f.readinto(arr2) == 1 << 20
 # (d) an mmap that is unmapped again (the VMM discards it), then written raw
 m2 = mmap.mmap(-1, 2 << 20)
 c2 = ctypes.c_char.from_buffer(m2)
@@ -362,8 +377,9 @@ del c2
 m2.write(secret * (1 << 16))
 m2.close()
 ctypes.memmove(m2_addr, secret * (1 << 15), 1 << 20)
-print(json.dumps({{'arr': arr.ctypes.data, 'arr_id': id(arr), 'mmap': m_addr, 'mmap2': m2_addr,
-                  'check': bytes(arr[:32]) == secret and m[:32] == secret and ctypes.string_at({RAW_ADDR}, 32) == secret}}))
+print(json.dumps({{'arr': arr.ctypes.data, 'arr_id': id(arr), 'mmap': m_addr, 'mmap2': m2_addr, 'arr2': arr2.ctypes.data,
+                  'check': bytes(arr[:32]) == secret and m[:32] == secret and ctypes.string_at({RAW_ADDR}, 32) == secret
+                           and bytes(arr2[-32:]) == secret}}))
 "#
     )
 }
@@ -394,6 +410,8 @@ print(json.dumps({{
     'antigravity': os.path.exists('/usr/lib/python3.11/antigravity.py'),
     'tmp_listing': sorted(os.listdir('/tmp')),
     'numpy_attr': hasattr(numpy, 'FB_ISO_SECRET'), 'environ': 'FB_ISO_SECRET' in os.environ,
+    'builtins_attr': hasattr(__builtins__, 'FB_ISO_SECRET') if not isinstance(__builtins__, dict) else 'FB_ISO_SECRET' in __builtins__,
+    'getpid': os.getpid(),
     'sys_path': [p for p in sys.path if 'fb_iso' in p],
     'fegetround': libm.fegetround(), 'third': repr(1.0 / 3.0),
 }}, sort_keys=True))
@@ -425,7 +443,10 @@ fn recycled_forks_see_nothing_of_their_predecessor() {
     // The raw address is not used by the template: zeros in the file and in a fresh fork.
     let file_raw = template_bytes(RAW_ADDR, RAW_LEN);
     assert!(file_raw.iter().all(|&b| b == 0), "the template has data at {RAW_ADDR:#x}: pick another address");
-    let fresh = pristine_run(&t, &format!("import ctypes, json\nprint(json.dumps(ctypes.string_at({RAW_ADDR}, {RAW_LEN}) == bytes({RAW_LEN})))"));
+    let fresh = pristine_run(
+        &t,
+        &format!("import ctypes, json\nprint(json.dumps(ctypes.string_at({RAW_ADDR}, {RAW_LEN}) == bytes({RAW_LEN})))"),
+    );
     assert_eq!(fresh, serde_json::json!(true), "a fresh fork does not read zeros at {RAW_ADDR:#x}");
     let zero_hash = hex::encode(Sha256::digest(&file_raw));
 
@@ -441,23 +462,39 @@ fn recycled_forks_see_nothing_of_their_predecessor() {
         let arr = layout["arr"].as_u64().unwrap();
         let mm = layout["mmap"].as_u64().unwrap();
         let mm2 = layout["mmap2"].as_u64().unwrap();
+        let arr2 = layout["arr2"].as_u64().unwrap();
         // A itself still sees its own state in a second exec.
-        let again = ok(&mut a, "print(secret_var, len(arr), m[:4].hex(), open('/tmp/fb_iso_secret.txt').read())").stdout;
+        let again =
+            ok(&mut a, "print(secret_var, len(arr), m[:4].hex(), open('/tmp/fb_iso_secret.txt').read())").stdout;
         assert!(again.starts_with(&hex::encode(&secret)), "round {round}: A lost its own state: {again}");
+        // Negative control: the probe B runs below does see all of it, in A.
+        let regions = [(RAW_ADDR, RAW_LEN), (arr, 1 << 20), (mm, 1 << 20), (mm2, 1 << 20), (arr2, 1 << 20)];
+        let probe = probe_code(&regions, &secret);
+        let in_a = json_of(&mut a, &probe);
+        let ctx = format!("round {round}: the probe run in A itself: {in_a:#}");
+        assert_eq!(in_a["var"], "present", "{ctx}");
+        for k in ["tmp_file", "tmp_dir", "lib_file", "numpy_attr", "environ", "builtins_attr"] {
+            assert_eq!(in_a[k], true, "{k}: {ctx}");
+        }
+        assert_eq!(in_a["antigravity"], false, "{ctx}");
+        assert_eq!(in_a["fegetround"], 0x800, "{ctx}");
+        assert_eq!(in_a["getpid"], 4242, "{ctx}");
+        assert_eq!(in_a["third"], "0.33333333333333337", "{ctx}");
+        for (i, f) in in_a["found"].as_array().unwrap().iter().enumerate() {
+            assert!(f.as_i64().unwrap() >= 0, "region {i}: {ctx}");
+        }
         let before_drop = stat(&t);
         drop(a);
         let after_drop = stat(&t);
         assert_eq!(after_drop[RESETS], before_drop[RESETS] + 1, "round {round}: A's VM was not reset for reuse");
         assert!(after_drop[PAGES_RESET] > before_drop[PAGES_RESET], "round {round}: no pages reset after A wrote MiBs");
         eprintln!(
-            "round {round}: A arr@{arr:#x} (id {}) mmap@{mm:#x} mmap2@{mm2:#x}; reset {} pages",
+            "round {round}: A arr@{arr:#x} (id {}) mmap@{mm:#x} mmap2@{mm2:#x} arr2@{arr2:#x}; reset {} pages",
             layout["arr_id"],
             after_drop[PAGES_RESET] - before_drop[PAGES_RESET]
         );
 
         // --- B: a recycled VM.
-        let regions = [(RAW_ADDR, RAW_LEN), (arr, 1 << 20), (mm, 1 << 20), (mm2, 1 << 20)];
-        let probe = probe_code(&regions, &secret);
         let r0 = stat(&t)[RECYCLED];
         let mut b = fork(&t, Limits::default());
         assert_eq!(stat(&t)[RECYCLED], r0 + 1, "round {round}: B did not get the recycled VM");
@@ -470,9 +507,10 @@ fn recycled_forks_see_nothing_of_their_predecessor() {
         let ctx = format!("round {round}\nB: {seen:#}\npristine: {pristine:#}");
         assert_eq!(seen["var"], "NameError", "{ctx}");
         assert_eq!(seen["globals"], serde_json::json!([]), "{ctx}");
-        for k in ["tmp_file", "tmp_dir", "lib_file", "numpy_attr", "environ"] {
+        for k in ["tmp_file", "tmp_dir", "lib_file", "numpy_attr", "environ", "builtins_attr"] {
             assert_eq!(seen[k], false, "B sees A's {k}: {ctx}");
         }
+        assert_ne!(seen["getpid"], 4242, "A's patch of libc's code is visible in B: {ctx}");
         assert_eq!(seen["antigravity"], true, "A's deletion is visible in B: {ctx}");
         assert_eq!(seen["sys_path"], serde_json::json!([]), "{ctx}");
         assert_eq!(seen["fegetround"], 0, "A's FPU rounding mode leaked into B: {ctx}");
@@ -480,8 +518,17 @@ fn recycled_forks_see_nothing_of_their_predecessor() {
         for (i, f) in seen["found"].as_array().unwrap().iter().enumerate() {
             assert_eq!(f, -1, "B finds A's secret in region {i} {:#x}: {ctx}", regions[i].0);
         }
-        assert_eq!(seen["hashes"][0], zero_hash.as_str(), "raw memory at {RAW_ADDR:#x} in B is not the template's: {ctx}");
+        assert_eq!(
+            seen["hashes"][0],
+            zero_hash.as_str(),
+            "raw memory at {RAW_ADDR:#x} in B is not the template's: {ctx}"
+        );
         assert_eq!(seen, pristine, "B (recycled) and a pristine fork differ: {ctx}");
+        // ... and the probe does tell A's view from a pristine one.
+        assert_ne!(in_a["this_py"], pristine["this_py"], "{ctx}");
+        for i in 0..regions.len() {
+            assert_ne!(in_a["hashes"][i], pristine["hashes"][i], "region {i}: {ctx}");
+        }
     }
     eprintln!("isolation stats {:?}", stat(&t));
     drop(t);
@@ -521,7 +568,12 @@ print({i}, _had, _pre, x.count(b'x'))"
             other => bad.push(format!("fork {i}: {other:?}")),
         }
     }
-    assert!(bad.is_empty(), "{} of 1000 forks wrong, e.g.:\n{}", bad.len(), bad.iter().take(5).cloned().collect::<Vec<_>>().join("\n"));
+    assert!(
+        bad.is_empty(),
+        "{} of 1000 forks wrong, e.g.:\n{}",
+        bad.len(),
+        bad.iter().take(5).cloned().collect::<Vec<_>>().join("\n")
+    );
     let s = stat(&t);
     eprintln!("1000 writing forks in {:.1} s ({:.1} ms each); stats {s:?}", took.as_secs_f64(), took.as_secs_f64());
     assert!(s[RECYCLED] >= 900, "expected nearly all of 1000 batch forks to reuse VMs, stats {s:?}");
@@ -567,14 +619,19 @@ enum Kind {
     Loop,
     Oom,
     Exit,
+    Abort,
 }
 
 fn failing_code(kind: Kind) -> String {
     match kind {
         Kind::Crash => trace_then("ctypes.string_at(0)"),
         Kind::Loop => trace_then("while True: pass"),
-        Kind::Oom => trace_then("chunks = []\nwhile True:\n    chunks.append(bytearray(16 << 20))"),
+        // numpy.empty does not touch its pages (bytearray() zero-fills: too slow for a 1 s limit)
+        Kind::Oom => trace_then(
+            "import numpy\nchunks = []\nwhile True:\n    chunks.append(numpy.empty(16 << 20, dtype=numpy.uint8))",
+        ),
         Kind::Exit => trace_then("os._exit(3)"),
+        Kind::Abort => trace_then("os.abort()"),
         Kind::Clean => unreachable!(),
     }
 }
@@ -590,9 +647,11 @@ fn check_failure(kind: Kind, r: &Result<ExecResult, EngineError>, timeout: Durat
         }
         (Kind::Oom, Ok(r)) => {
             let e = r.error.as_ref().unwrap_or_else(|| panic!("allocation loop ended without an exception: {r:?}"));
-            assert_eq!(e.kind, "MemoryError", "{}: {}", e.kind, e.message);
+            // numpy raises its MemoryError subclass (_ArrayMemoryError)
+            assert!(e.kind.contains("MemoryError"), "{}: {}", e.kind, e.message);
         }
         (Kind::Exit, Err(EngineError::GuestExited(3))) => {}
+        (Kind::Abort, Err(EngineError::GuestSignaled(6))) => {}
         (k, other) => panic!("{k:?}: unexpected outcome {other:?}"),
     }
 }
@@ -605,19 +664,22 @@ fn failing_forks_do_not_disturb_siblings_and_are_not_recycled() {
 
     // 50 clean siblings with 3 of each failure mixed in, on 2 workers.
     let mut kinds = Vec::new();
-    let failures = [Kind::Crash, Kind::Loop, Kind::Oom, Kind::Exit];
+    let failures = [Kind::Crash, Kind::Loop, Kind::Oom, Kind::Exit, Kind::Abort];
     let mut clean = 0;
-    for i in 0..62 {
-        if i % 5 == 2 && kinds.iter().filter(|k| **k != Kind::Clean).count() < 12 {
-            kinds.push(failures[(i / 5) % 4]);
+    for i in 0..65 {
+        if i % 4 == 1 && kinds.iter().filter(|k| **k != Kind::Clean).count() < 15 {
+            kinds.push(failures[(i / 4) % 5]);
         } else {
             kinds.push(Kind::Clean);
             clean += 1;
         }
     }
     assert_eq!(clean, 50);
-    let codes: Vec<String> =
-        kinds.iter().enumerate().map(|(i, k)| if *k == Kind::Clean { clean_sibling(i) } else { failing_code(*k) }).collect();
+    let codes: Vec<String> = kinds
+        .iter()
+        .enumerate()
+        .map(|(i, k)| if *k == Kind::Clean { clean_sibling(i) } else { failing_code(*k) })
+        .collect();
     let before = stat(&t);
     let t0 = Instant::now();
     let results = engine().exec_batch(&t, &codes, &limits, 2);
@@ -652,7 +714,13 @@ fn failing_forks_do_not_disturb_siblings_and_are_not_recycled() {
         assert_eq!(stat(&t)[RECYCLED], s0[RECYCLED] + 1);
         let r = f.exec(&failing_code(kind));
         check_failure(kind, &r, limits.timeout);
-        if kind != Kind::Oom {
+        if kind == Kind::Oom {
+            assert_eq!(
+                ok(&mut f, "del chunks\nprint(1 + 1)").stdout,
+                "2\n",
+                "the sandbox stays usable after a MemoryError"
+            );
+        } else {
             match f.exec("1 + 1") {
                 Err(EngineError::Poisoned(_)) => {}
                 other => panic!("{kind:?}: expected Poisoned after the failure, got {other:?}"),
@@ -762,7 +830,8 @@ impl Scratch {
     fn new() -> Scratch {
         let home = tempfile::tempdir().unwrap();
         let t0 = Instant::now();
-        let t = Template::ensure(engine(), home.path()).unwrap_or_else(|e| panic!("Template::ensure in a temp home: {e}"));
+        let t =
+            Template::ensure(engine(), home.path()).unwrap_or_else(|e| panic!("Template::ensure in a temp home: {e}"));
         eprintln!("temp template created in {:.2} s", t0.elapsed().as_secs_f64());
         let pristine = t.dir.clone();
         drop(t);
@@ -845,7 +914,8 @@ fn corrupt_templates_are_rejected() {
 
     // Positive control: the untouched copy loads and forks.
     {
-        let t = Template::load(engine(), &s.work).unwrap_or_else(|e| panic!("the pristine scratch copy does not load: {e}"));
+        let t = Template::load(engine(), &s.work)
+            .unwrap_or_else(|e| panic!("the pristine scratch copy does not load: {e}"));
         let mut sb = fork(&t, Limits::default());
         assert_eq!(ok(&mut sb, "print(1 + 1)").stdout, "2\n");
     }
@@ -868,7 +938,8 @@ fn corrupt_templates_are_rejected() {
         assert_rejected(&s.work, &format!("state: flipped {what} (offset {at})"));
     }
     // State file: truncated, extended, empty, missing.
-    for len in [0, 7, 12, HEADER_LEN as u64 - 1, HEADER_LEN as u64, HEADER_LEN as u64 + 1, state_len / 2, state_len - 1] {
+    for len in [0, 7, 12, HEADER_LEN as u64 - 1, HEADER_LEN as u64, HEADER_LEN as u64 + 1, state_len / 2, state_len - 1]
+    {
         s.restore();
         truncate(&s.state(), len);
         assert_rejected(&s.work, &format!("state truncated to {len} of {state_len} bytes"));
@@ -899,9 +970,14 @@ fn corrupt_templates_are_rejected() {
     assert_rejected(&s.work, "memory missing");
 
     // Memory file: one byte changed inside a non-zero page (first, last, and in the middle of a page).
+    s.restore();
     let (first, last, n) = nonzero_pages(&s.memory());
     eprintln!("memory file: {n} non-zero pages, first {first:#x}, last {last:#x}");
-    for (at, what) in [(first, "first non-zero page, byte 0"), (first + 2049, "first non-zero page, byte 2049"), (last + 4095, "last non-zero page, last byte")] {
+    for (at, what) in [
+        (first, "first non-zero page, byte 0"),
+        (first + 2049, "first non-zero page, byte 2049"),
+        (last + 4095, "last non-zero page, last byte"),
+    ] {
         for xor in [0x01, 0x80] {
             s.restore();
             flip_byte(&s.memory(), at, xor);
@@ -959,45 +1035,141 @@ fn corrupt_templates_are_rejected() {
         assert_rejected(&s.work, "framed empty payload");
     }
 
-    // Fuzz the decoder and the process validation below the checksum: no panics.
-    let payload = &pristine_state[HEADER_LEN..];
-    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
-    let mut rejected = 0;
-    let trials = 400;
-    for trial in 0..trials {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        let mut p = payload.to_vec();
-        let at = (seed % p.len() as u64) as usize;
-        p[at] ^= ((seed >> 32) as u8) | 1;
-        if trial % 4 == 0 {
-            p.truncate(at.max(1));
-        }
-        let framed = frame(&p);
-        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match state::decode(&framed) {
-            Err(_) => false,
-            Ok(sn) => forkbox_linux::Process::restore_state(engine().image.clone(), sn.process).is_ok(),
-        }));
-        match outcome {
-            Err(_) => panic!("decode/restore_state panicked on a payload with byte {at} changed (trial {trial})"),
-            Ok(false) => rejected += 1,
-            Ok(true) => {}
-        }
-    }
-    eprintln!("fuzz: {rejected} of {trials} mutated payloads rejected, the rest decoded to a valid process state; no panics");
-
     // Template::ensure over a corrupt template rebuilds it and works.
     let home = s.pristine.parent().unwrap().parent().unwrap().to_path_buf();
     flip_byte(&s.pristine.join("state"), HEADER_LEN as u64 + 7, 0x01);
     assert_rejected(&s.pristine, "corrupt template before ensure");
-    let t = Template::ensure(engine(), &home).unwrap_or_else(|e| panic!("Template::ensure over a corrupt template: {e}"));
+    let t =
+        Template::ensure(engine(), &home).unwrap_or_else(|e| panic!("Template::ensure over a corrupt template: {e}"));
     assert_eq!(t.dir, s.pristine);
     let mut sb = fork(&t, Limits::default());
     assert_eq!(ok(&mut sb, "print(1 + 1)").stdout, "2\n");
     drop(sb);
     drop(t);
     Template::load(engine(), &s.pristine).unwrap_or_else(|e| panic!("the rebuilt template does not load: {e}"));
+}
+
+/// postcard's varint (LEB128) encoding of an unsigned integer.
+fn varint(mut v: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let b = (v & 0x7f) as u8;
+        v >>= 7;
+        if v == 0 {
+            out.push(b);
+            return out;
+        }
+        out.push(b | 0x80);
+    }
+}
+
+const CHILD_ENV: &str = "FORKBOX_FORK_TEST_CHILD";
+
+/// The child half of `hostile_state_payloads_are_errors_not_aborts`: decode
+/// well-framed (valid checksum) but hostile payloads. Run in its own process,
+/// because a failure here may be an abort of the whole process.
+fn hostile_payloads_child(dir: &Path, image: &Path, part: &str) {
+    let image = std::sync::Arc::new(forkbox_image::Image::open(image).unwrap());
+    if part == "crafted" {
+        // The memory map's VMA count (the first field of the process state) claims 2^50 entries.
+        let hostile = dir.join("hostile-vma-count");
+        eprintln!("child: read_state({})", hostile.display());
+        match read_state(&hostile) {
+            Ok(_) => panic!("a state claiming 2^50 VMAs decoded"),
+            Err(e) => eprintln!("child: rejected: {e}"),
+        }
+        return;
+    }
+    // Random single-byte changes (and truncations) below the checksum.
+    let good = std::fs::read(dir.join("good")).unwrap();
+    let payload = &good[HEADER_LEN..];
+    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+    let (trials, mut rejected) = (2000, 0);
+    for trial in 0..trials {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let mut p = payload.to_vec();
+        let at = (seed % p.len() as u64) as usize;
+        let xor = ((seed >> 32) as u8) | 1;
+        p[at] ^= xor;
+        if trial % 4 == 0 {
+            p.truncate(at.max(1));
+        }
+        eprintln!(
+            "child: trial {trial}: payload byte {at} ^= {xor:#04x}{}",
+            if trial % 4 == 0 { ", truncated there" } else { "" }
+        );
+        let framed = frame(&p);
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match state::decode(&framed) {
+            Err(_) => false,
+            Ok(sn) => forkbox_linux::Process::restore_state(image.clone(), sn.process).is_ok(),
+        }));
+        match outcome {
+            Err(_) => panic!("decode/restore_state panicked (trial {trial})"),
+            Ok(false) => rejected += 1,
+            Ok(true) => {}
+        }
+    }
+    eprintln!(
+        "child: fuzz: {rejected} of {trials} mutated payloads rejected, the rest decoded to a valid process state"
+    );
+}
+
+#[test]
+fn hostile_state_payloads_are_errors_not_aborts() {
+    if let Ok(dir) = std::env::var(CHILD_ENV) {
+        let image = std::env::var("FORKBOX_FORK_TEST_IMAGE").unwrap();
+        let part = std::env::var("FORKBOX_FORK_TEST_PART").unwrap();
+        return hostile_payloads_child(Path::new(&dir), Path::new(&image), &part);
+    }
+    let _g = gate();
+    let good = std::fs::read(template().dir.join("state")).unwrap();
+    let snap = state::decode(&good).unwrap();
+    let vmas: Vec<_> = snap.process.mm.vmas().collect();
+    let (first, vma) = vmas[0];
+    // The map is written as varint(count), then (varint(start), varint(end), varint(prot), ...) per VMA.
+    let mut needle = varint(vmas.len() as u64);
+    needle.extend(varint(first));
+    needle.extend(varint(vma.end));
+    needle.extend(varint(vma.prot as u64));
+    let payload = &good[HEADER_LEN..];
+    let hits: Vec<usize> =
+        payload.windows(needle.len()).enumerate().filter(|(_, w)| *w == &needle[..]).map(|(i, _)| i).collect();
+    assert_eq!(hits.len(), 1, "cannot locate the VMA map in the state payload (needle {needle:02x?})");
+    let count_len = varint(vmas.len() as u64).len();
+    let mut hostile = payload[..hits[0]].to_vec();
+    hostile.extend(varint(1 << 50));
+    hostile.extend_from_slice(&payload[hits[0] + count_len..]);
+
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("hostile-vma-count"), frame(&hostile)).unwrap();
+    std::fs::write(tmp.path().join("good"), &good).unwrap();
+    let mut failed = Vec::new();
+    for (part, what) in [
+        ("crafted", "a state file whose VMA count says 2^50 (checksum valid)"),
+        ("fuzz", "2,000 state files with one payload byte changed (checksum valid)"),
+    ] {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["hostile_state_payloads_are_errors_not_aborts", "--exact", "--nocapture", "--test-threads=1"])
+            .env(CHILD_ENV, tmp.path())
+            .env("FORKBOX_FORK_TEST_IMAGE", &engine().image_path)
+            .env("FORKBOX_FORK_TEST_PART", part)
+            .env("RUST_BACKTRACE", "0")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let lines: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.starts_with("child:") || l.contains("memory allocation") || l.contains("panicked"))
+            .collect();
+        let tail = lines[lines.len().saturating_sub(3)..].join("\n");
+        eprintln!("{what}: child exited with {}; last lines:\n{tail}", out.status);
+        if !out.status.success() {
+            failed.push(format!("{what}: the decoding process ended with {}:\n{tail}", out.status));
+        }
+    }
+    assert!(failed.is_empty(), "hostile state files must be rejected with an error:\n{}", failed.join("\n"));
 }
 
 // ---------------------------------------------------------------------------
@@ -1033,17 +1205,30 @@ fn live_kvm_vms() -> usize {
         .count()
 }
 
+fn rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0.0);
+    kb / 1024.0
+}
+
+/// Recycled VMs are kept per thread. Threads that end (every `exec_batch`
+/// call's workers; a thread per request) must not keep VMs alive for ever.
 #[test]
-fn exec_batch_does_not_strand_vms() {
+fn recycled_vms_of_finished_threads_are_not_stranded() {
     let _g = gate_exclusive(); // counts process-wide fds: nothing else runs meanwhile
     let t = own_template();
-    let codes: Vec<String> = (0..4).map(|i| format!("print({i})")).collect();
+    // Each fork dirties a few MiB, as real work would.
+    let codes: Vec<String> = (0..4).map(|i| format!("x = bytearray(4 << 20)\nprint({i})")).collect();
     let settle = || std::thread::sleep(Duration::from_millis(500)); // reaper + pool refill
     for r in engine().exec_batch(&t, &codes, &Limits::default(), 2) {
         r.unwrap();
     }
     settle();
-    let before = live_kvm_vms();
+    let (vms0, rss0) = (live_kvm_vms(), rss_mib());
     let batches = 25;
     for _ in 0..batches {
         for (i, r) in engine().exec_batch(&t, &codes, &Limits::default(), 2).into_iter().enumerate() {
@@ -1051,15 +1236,30 @@ fn exec_batch_does_not_strand_vms() {
         }
     }
     settle();
-    let after = live_kvm_vms();
+    let (vms1, rss1) = (live_kvm_vms(), rss_mib());
+    // One short-lived thread per sandbox.
+    let threads = 25;
+    for i in 0..threads {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut sb = fork(&t, Limits::default());
+                assert_eq!(ok(&mut sb, &codes[i % 4]).stdout, format!("{}\n", i % 4));
+            });
+        });
+    }
+    settle();
+    let (vms2, rss2) = (live_kvm_vms(), rss_mib());
     drop(t);
     settle();
-    let dropped = live_kvm_vms();
-    eprintln!("live KVM VMs: {before} before {batches} exec_batch calls, {after} after, {dropped} once the template is dropped");
+    let (vms3, rss3) = (live_kvm_vms(), rss_mib());
+    eprintln!(
+        "live KVM VMs / RSS: {vms0} / {rss0:.0} MiB at start; {vms1} / {rss1:.0} MiB after {batches} exec_batch calls (2 workers); \
+         {vms2} / {rss2:.0} MiB after {threads} sandboxes on short-lived threads; {vms3} / {rss3:.0} MiB once the template is dropped"
+    );
     assert!(
-        after <= before + 8,
-        "{} VMs more after {batches} exec_batch calls of 2 workers each ({before} -> {after}): \
-         recycled VMs of finished worker threads are never reused nor freed",
-        after - before
+        vms1 <= vms0 + 8 && vms2 <= vms1 + 8,
+        "VMs pile up: {vms0} -> {vms1} after {batches} exec_batch calls, -> {vms2} after {threads} sandboxes on \
+         short-lived threads (RSS {rss0:.0} -> {rss1:.0} -> {rss2:.0} MiB): the recycled VMs of finished threads \
+         are never reused nor freed until the template is dropped ({vms3} VMs then)"
     );
 }

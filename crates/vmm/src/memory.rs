@@ -16,6 +16,9 @@ pub struct GuestMemory {
     backing: Option<std::fs::File>,
     /// Whole-page ranges replaced by fresh anonymous memory (`discard`).
     discarded: Vec<(u64, u64)>,
+    /// Pages the VMM changed (KVM's dirty log only sees the guest's writes):
+    /// one bit per page, while `track_writes` is on.
+    vmm_dirty: Option<Vec<u64>>,
 }
 
 // SAFETY: the mapping is owned by this struct and only accessed through it;
@@ -64,7 +67,37 @@ impl GuestMemory {
             return Err(VmmError::last_os(call));
         }
         let host = NonNull::new(p as *mut u8).ok_or_else(|| VmmError::last_os(call))?;
-        Ok(GuestMemory { host, size, backing: None, discarded: Vec::new() })
+        Ok(GuestMemory { host, size, backing: None, discarded: Vec::new(), vmm_dirty: None })
+    }
+
+    /// Record from now on which pages the VMM changes (see `take_vmm_dirty`).
+    pub fn track_writes(&mut self) {
+        self.vmm_dirty = Some(vec![0; (self.size / PAGE_SIZE).div_ceil(64) as usize]);
+    }
+
+    /// Pages the VMM changed since the last call (one bit per page), and reset.
+    pub fn take_vmm_dirty(&mut self) -> Vec<u64> {
+        let words = (self.size / PAGE_SIZE).div_ceil(64) as usize;
+        match self.vmm_dirty.as_mut() {
+            Some(bits) => std::mem::replace(bits, vec![0; words]),
+            None => vec![0; words],
+        }
+    }
+
+    fn mark(&mut self, addr: u64, len: u64) {
+        if let (Some(bits), true) = (self.vmm_dirty.as_mut(), len > 0) {
+            for page in addr / PAGE_SIZE..=(addr + len - 1) / PAGE_SIZE {
+                bits[(page / 64) as usize] |= 1 << (page % 64);
+            }
+        }
+    }
+
+    /// Write without recording the pages as changed (restoring a checkpoint's own content).
+    pub fn write_untracked(&mut self, addr: u64, data: &[u8]) -> Result<()> {
+        let saved = self.vmm_dirty.take();
+        let r = self.write(addr, data);
+        self.vmm_dirty = saved;
+        r
     }
 
     /// Guest pages that are private to this mapping: every page anyone (guest
@@ -217,7 +250,10 @@ impl GuestMemory {
                 bits &= bits - 1;
                 let at = page * PAGE_SIZE;
                 let src = &original[at as usize..(at + PAGE_SIZE) as usize];
-                let dst = self.slice_mut(at, PAGE_SIZE)?;
+                self.check(at, PAGE_SIZE)?;
+                // SAFETY: in bounds (checked); exclusive through &mut self. Not `slice_mut`:
+                // restoring the snapshot's bytes is not a change to record.
+                let dst = unsafe { std::slice::from_raw_parts_mut(self.host.as_ptr().add(at as usize), PAGE_SIZE as usize) };
                 if dst != src {
                     dst.copy_from_slice(src);
                     copied += 1;
@@ -256,6 +292,7 @@ impl GuestMemory {
 
     pub fn slice_mut(&mut self, addr: u64, len: u64) -> Result<&mut [u8]> {
         self.check(addr, len)?;
+        self.mark(addr, len);
         // SAFETY: as in `slice`, and `&mut self` makes the borrow exclusive.
         Ok(unsafe { std::slice::from_raw_parts_mut(self.host.as_ptr().add(addr as usize), len as usize) })
     }
@@ -303,6 +340,7 @@ impl GuestMemory {
     /// (this also drops copy-on-write copies of a snapshot file); partial pages are zeroed.
     pub fn discard(&mut self, addr: u64, len: u64) -> Result<()> {
         self.check(addr, len)?;
+        self.mark(addr, len);
         let end = addr + len;
         let (ps, pe) = (align_up(addr, PAGE_SIZE), align_down(end, PAGE_SIZE));
         if ps >= pe {

@@ -1,0 +1,499 @@
+//! Sessions: stateful Python REPLs that live forever.
+//!
+//! A session is resident (a sandbox in memory) or not (only its checkpoints on
+//! disk). Every exec that completes ends with a checkpoint: a layer of the
+//! pages changed since the previous one plus the full state, written to temp
+//! files, fsynced and renamed, then committed to SQLite with the session's head.
+//! An exec that fails (timeout, crash, exit) drops the sandbox: the session
+//! is back at its last checkpoint. Idle sessions are evicted; the next exec
+//! resumes them from disk, also after a restart.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, TryLockError};
+use std::time::{Duration, Instant};
+
+use forkbox_engine::{Engine, EngineError, ExecResult, Limits, Sandbox, Template};
+use forkbox_snapshot::{Layer, StateError};
+
+use crate::store::{self, CheckpointRecord, NewCheckpoint, SessionRecord, Store, StoreError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("session {0} not found")]
+    NotFound(String),
+    #[error("checkpoint {1} of session {0} not found")]
+    CheckpointNotFound(String, i64),
+    #[error("session {0} is busy with another exec")]
+    Busy(String),
+    #[error("{source}; the session was rolled back to {}", rolled_back(*.checkpoint))]
+    ExecFailed {
+        #[source]
+        source: EngineError,
+        /// Seq of the checkpoint the session is at now (None: the template).
+        checkpoint: Option<i64>,
+    },
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    #[error("session storage: {0}")]
+    Store(#[from] StoreError),
+    #[error("checkpoint files: {0}")]
+    Snapshot(#[from] StateError),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+}
+
+fn rolled_back(seq: Option<i64>) -> String {
+    match seq {
+        Some(s) => format!("checkpoint {s}"),
+        None => "its initial state".into(),
+    }
+}
+
+impl SessionError {
+    /// Stable machine-readable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            SessionError::NotFound(_) => "session_not_found",
+            SessionError::CheckpointNotFound(..) => "checkpoint_not_found",
+            SessionError::Busy(_) => "session_busy",
+            SessionError::ExecFailed { source, .. } => source.code(),
+            SessionError::Invalid(_) => "invalid_request",
+            SessionError::Store(_) | SessionError::Snapshot(_) => "storage_error",
+            SessionError::Engine(e) => e.code(),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// A session idle this long is evicted (its VM torn down; it stays on disk).
+    pub idle_timeout: Duration,
+    /// At most this many sessions resident; the least recently used go first.
+    pub max_resident: usize,
+    /// Write a flat (merged) layer once a chain has this many layers since the last one.
+    pub compact_after: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config { idle_timeout: Duration::from_secs(60), max_resident: 256, compact_after: 8 }
+    }
+}
+
+/// The result of an exec in a session, and the checkpoint that recorded it.
+#[derive(Clone, Debug)]
+pub struct ExecOutcome {
+    pub result: ExecResult,
+    pub checkpoint: CheckpointRecord,
+}
+
+struct Slot {
+    sandbox: Option<Sandbox>,
+    last_used: Instant,
+}
+
+pub struct SessionManager {
+    engine: Arc<Engine>,
+    template: Arc<Template>,
+    store: Store,
+    layers_dir: PathBuf,
+    config: Config,
+    slots: Mutex<HashMap<String, Arc<Mutex<Slot>>>>,
+}
+
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+fn random_id(prefix: &str) -> String {
+    let mut b = [0u8; 8];
+    // getrandom(2) cannot fail for 8 bytes once the pool is initialised; fall back to the clock.
+    // SAFETY: writing into a local buffer.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr() as *mut libc::c_void, b.len(), 0) };
+    if n != b.len() as isize {
+        b = (now_ms() as u64 ^ std::process::id() as u64).to_le_bytes();
+    }
+    format!("{prefix}{}", hex::encode(b))
+}
+
+/// Limits as stored with a session.
+pub fn to_store_limits(l: &Limits) -> store::Limits {
+    store::Limits {
+        memory_bytes: l.memory_bytes,
+        timeout_ms: l.timeout.as_millis() as u64,
+        output_bytes: l.output_bytes as u64,
+        disk_bytes: l.disk_bytes,
+    }
+}
+
+fn from_store_limits(l: &store::Limits) -> Limits {
+    Limits {
+        memory_bytes: l.memory_bytes,
+        timeout: Duration::from_millis(l.timeout_ms),
+        output_bytes: l.output_bytes as usize,
+        disk_bytes: l.disk_bytes,
+        ..Limits::default()
+    }
+}
+
+impl SessionManager {
+    /// Open (or create) the session store under `home/sessions` and recover
+    /// from whatever a previous process left (a kill mid-checkpoint included).
+    pub fn open(engine: Arc<Engine>, template: Arc<Template>, home: &Path, config: Config) -> Result<SessionManager, SessionError> {
+        let dir = home.join("sessions");
+        let layers_dir = dir.join("layers");
+        std::fs::create_dir_all(&layers_dir)
+            .map_err(|source| StateError::Io { what: "create", path: layers_dir.display().to_string(), source })?;
+        let store = Store::open(&dir.join("sessions.db"))?;
+        let m = SessionManager { engine, template, store, layers_dir, config, slots: Mutex::new(HashMap::new()) };
+        m.recover()?;
+        Ok(m)
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    pub fn template(&self) -> &Template {
+        &self.template
+    }
+
+    fn slot(&self, id: &str) -> Arc<Mutex<Slot>> {
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        slots.entry(id.to_string()).or_insert_with(|| Arc::new(Mutex::new(Slot { sandbox: None, last_used: Instant::now() }))).clone()
+    }
+
+    fn record(&self, tenant: &str, id: &str) -> Result<SessionRecord, SessionError> {
+        self.store.session(tenant, id)?.ok_or_else(|| SessionError::NotFound(id.to_string()))
+    }
+
+    pub fn create(&self, tenant: &str, tags: BTreeMap<String, String>, limits: &Limits) -> Result<SessionRecord, SessionError> {
+        self.create_at(tenant, tags, limits, None)
+    }
+
+    fn create_at(&self, tenant: &str, tags: BTreeMap<String, String>, limits: &Limits, head: Option<i64>) -> Result<SessionRecord, SessionError> {
+        let now = now_ms();
+        let rec = SessionRecord {
+            id: random_id("s_"),
+            tenant: tenant.to_string(),
+            template_id: self.template.info.id.clone(),
+            tags,
+            limits: to_store_limits(limits),
+            head,
+            created_ms: now,
+            last_used_ms: now,
+        };
+        self.store.create_session(&rec)?;
+        Ok(rec)
+    }
+
+    pub fn get(&self, tenant: &str, id: &str) -> Result<SessionRecord, SessionError> {
+        self.record(tenant, id)
+    }
+
+    pub fn is_resident(&self, id: &str) -> bool {
+        let slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        slots.get(id).is_some_and(|s| s.try_lock().map(|s| s.sandbox.is_some()).unwrap_or(true))
+    }
+
+    pub fn list(&self, tenant: &str, tags: &[(String, String)]) -> Result<Vec<SessionRecord>, SessionError> {
+        Ok(self.store.list_sessions(tenant, tags)?)
+    }
+
+    pub fn checkpoints(&self, tenant: &str, id: &str) -> Result<Vec<CheckpointRecord>, SessionError> {
+        self.record(tenant, id)?;
+        Ok(self.store.session_checkpoints(id)?)
+    }
+
+    /// The history that leads to the session's current state (root first).
+    pub fn history(&self, tenant: &str, id: &str) -> Result<Vec<CheckpointRecord>, SessionError> {
+        let rec = self.record(tenant, id)?;
+        match rec.head {
+            Some(h) => Ok(self.store.ancestry(h)?),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// Run code in the session. One exec at a time per session: a concurrent one gets `Busy`.
+    pub fn exec(&self, tenant: &str, id: &str, code: &str) -> Result<ExecOutcome, SessionError> {
+        let rec = self.record(tenant, id)?;
+        let slot = self.slot(id);
+        let mut guard = match slot.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::WouldBlock) => return Err(SessionError::Busy(id.to_string())),
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+        };
+        let limits = from_store_limits(&rec.limits);
+        if guard.sandbox.is_none() {
+            self.make_room(id);
+            guard.sandbox = Some(self.bring_back(&rec, limits, false)?);
+        }
+        let head_seq = |h: Option<i64>| -> Option<i64> { h.and_then(|c| self.store.checkpoint(c).ok().flatten()).map(|c| c.seq) };
+        let Some(sb) = guard.sandbox.as_mut() else { return Err(SessionError::NotFound(id.into())) };
+        let result = match sb.exec(code) {
+            Ok(r) => r,
+            Err(source) => {
+                guard.sandbox = None;
+                if matches!(source, EngineError::CodeTooLarge(..)) {
+                    return Err(SessionError::Engine(source));
+                }
+                return Err(SessionError::ExecFailed { source, checkpoint: head_seq(rec.head) });
+            }
+        };
+        let checkpoint = match self.write_checkpoint(&rec, sb, code) {
+            Ok(c) => c,
+            Err(e) => {
+                // Memory and disk now disagree: drop the sandbox, the session stays at its head.
+                guard.sandbox = None;
+                return Err(e);
+            }
+        };
+        guard.last_used = Instant::now();
+        drop(guard);
+        let _ = self.store.touch(id, now_ms());
+        if let Err(e) = self.compact(checkpoint.id) {
+            tracing::warn!("compacting the layers of session {id}: {e}");
+        }
+        Ok(ExecOutcome { result, checkpoint })
+    }
+
+    fn write_checkpoint(&self, rec: &SessionRecord, sb: &mut Sandbox, code: &str) -> Result<CheckpointRecord, SessionError> {
+        let name = random_id("c_");
+        let (layer, state) = (format!("{name}.layer"), format!("{name}.state"));
+        let stats = self.template.checkpoint(&self.engine, sb, &self.layers_dir.join(&layer), &self.layers_dir.join(&state))?;
+        let state_bytes = std::fs::metadata(self.layers_dir.join(&state)).map_or(0, |m| m.len());
+        let c = NewCheckpoint {
+            session_id: &rec.id,
+            parent: self.store.session(&rec.tenant, &rec.id)?.and_then(|r| r.head),
+            code,
+            layer: &layer,
+            state: &state,
+            pages: stats.pages,
+            bytes: stats.bytes + state_bytes,
+            checksum: &format!("{:08x}", stats.crc),
+        };
+        Ok(self.store.commit_checkpoint(&c, now_ms())?)
+    }
+
+    /// The sandbox of a session that is not resident: from its head checkpoint, or a fresh fork.
+    fn bring_back(&self, rec: &SessionRecord, limits: Limits, reseed: bool) -> Result<Sandbox, SessionError> {
+        match rec.head {
+            None => Ok(self.template.fork_tracked(&self.engine, limits)?),
+            Some(head) => self.resume_checkpoint(head, limits, reseed),
+        }
+    }
+
+    /// Layers newest first from `head` back to the nearest flat layer (or the template).
+    fn layer_chain(&self, head: i64) -> Result<(Vec<Layer>, CheckpointRecord), SessionError> {
+        let chain = self.store.ancestry(head)?;
+        let head_rec = chain.last().cloned().ok_or_else(|| SessionError::CheckpointNotFound(String::new(), head))?;
+        let mut layers = Vec::new();
+        for c in chain.iter().rev() {
+            if let Some(flat) = &c.flat {
+                layers.push(Layer::read(&self.layers_dir.join(flat))?);
+                break;
+            }
+            layers.push(Layer::read(&self.layers_dir.join(&c.layer))?);
+        }
+        Ok((layers, head_rec))
+    }
+
+    fn resume_checkpoint(&self, head: i64, limits: Limits, reseed: bool) -> Result<Sandbox, SessionError> {
+        let (layers, rec) = self.layer_chain(head)?;
+        Ok(self.template.resume(&self.engine, &layers, &self.layers_dir.join(&rec.state), limits, reseed)?)
+    }
+
+    /// Merge a long chain into a flat layer for `checkpoint`.
+    pub fn compact(&self, checkpoint: i64) -> Result<bool, SessionError> {
+        let chain = self.store.ancestry(checkpoint)?;
+        let since_flat = chain.iter().rev().take_while(|c| c.flat.is_none()).count();
+        if since_flat < self.config.compact_after {
+            return Ok(false);
+        }
+        let (layers, rec) = self.layer_chain(checkpoint)?;
+        let name = format!("{}.flat", random_id("f_"));
+        forkbox_snapshot::layer::write_flat(&self.layers_dir.join(&name), &layers)?;
+        self.store.set_flat(rec.id, Some(&name))?;
+        Ok(true)
+    }
+
+    /// Point the session at one of its checkpoints (by seq); later execs continue from there.
+    pub fn revert(&self, tenant: &str, id: &str, seq: i64) -> Result<CheckpointRecord, SessionError> {
+        let rec = self.record(tenant, id)?;
+        let target = self.find_checkpoint(&rec, seq)?;
+        let slot = self.slot(id);
+        let mut guard = match slot.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::WouldBlock) => return Err(SessionError::Busy(id.to_string())),
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+        };
+        self.store.set_head(id, Some(target.id))?;
+        guard.sandbox = None;
+        Ok(target)
+    }
+
+    /// A checkpoint of this session's history by seq (its own, or one it was forked from).
+    fn find_checkpoint(&self, rec: &SessionRecord, seq: i64) -> Result<CheckpointRecord, SessionError> {
+        if let Some(c) = self.store.checkpoint_by_seq(&rec.id, seq)? {
+            return Ok(c);
+        }
+        Err(SessionError::CheckpointNotFound(rec.id.clone(), seq))
+    }
+
+    /// A new session starting at a checkpoint of `id` (its head by default).
+    /// The source is never paused: everything needed is on disk.
+    pub fn fork(&self, tenant: &str, id: &str, seq: Option<i64>, tags: BTreeMap<String, String>) -> Result<SessionRecord, SessionError> {
+        let rec = self.record(tenant, id)?;
+        let head = match seq {
+            Some(s) => Some(self.find_checkpoint(&rec, s)?.id),
+            None => rec.head,
+        };
+        let limits = from_store_limits(&rec.limits);
+        let new = self.create_at(tenant, tags, &limits, head)?;
+        // Its first sandbox must not share RNG state with the source: reseed on resume.
+        let slot = self.slot(&new.id);
+        let mut guard = slot.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(h) = head {
+            guard.sandbox = Some(self.resume_checkpoint(h, limits, true)?);
+            guard.last_used = Instant::now();
+        }
+        Ok(new)
+    }
+
+    pub fn delete(&self, tenant: &str, id: &str) -> Result<(), SessionError> {
+        self.record(tenant, id)?;
+        let slot = self.slot(id);
+        let guard = match slot.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::WouldBlock) => return Err(SessionError::Busy(id.to_string())),
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+        };
+        if !self.store.delete_session(tenant, id)? {
+            return Err(SessionError::NotFound(id.to_string()));
+        }
+        drop(guard);
+        self.slots.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
+        self.gc()?;
+        Ok(())
+    }
+
+    /// Remove checkpoints (and their files) no live session needs.
+    pub fn gc(&self) -> Result<u64, SessionError> {
+        let dead = self.store.delete_unreferenced_checkpoints()?;
+        Ok(self.remove_files(&dead))
+    }
+
+    fn remove_files(&self, dead: &[CheckpointRecord]) -> u64 {
+        let mut removed = 0;
+        for c in dead {
+            for f in [Some(&c.layer), Some(&c.state), c.flat.as_ref()].into_iter().flatten() {
+                if std::fs::remove_file(self.layers_dir.join(f)).is_ok() {
+                    removed += 1;
+                }
+            }
+        }
+        removed
+    }
+
+    /// Evict one session's sandbox (it stays on disk at its head).
+    pub fn evict(&self, id: &str) -> bool {
+        let Some(slot) = self.slots.lock().unwrap_or_else(|e| e.into_inner()).get(id).cloned() else { return false };
+        let evicted = match slot.try_lock() {
+            Ok(mut g) => g.sandbox.take().is_some(),
+            Err(_) => false,
+        };
+        evicted
+    }
+
+    /// Evict sessions idle longer than the configured timeout.
+    pub fn evict_idle(&self) -> usize {
+        let slots: Vec<(String, Arc<Mutex<Slot>>)> =
+            self.slots.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        let mut n = 0;
+        for (_, s) in slots {
+            if let Ok(mut g) = s.try_lock() {
+                if g.sandbox.is_some() && g.last_used.elapsed() >= self.config.idle_timeout {
+                    g.sandbox = None;
+                    n += 1;
+                }
+            }
+        }
+        n
+    }
+
+    pub fn resident_count(&self) -> usize {
+        let slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        slots.values().filter(|s| s.try_lock().map(|g| g.sandbox.is_some()).unwrap_or(true)).count()
+    }
+
+    /// Keep at most `max_resident - 1` others resident before bringing one back (LRU).
+    fn make_room(&self, except: &str) {
+        let slots: Vec<(String, Arc<Mutex<Slot>>)> =
+            self.slots.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        let mut resident: Vec<(Instant, Arc<Mutex<Slot>>)> = slots
+            .into_iter()
+            .filter(|(k, _)| k != except)
+            .filter_map(|(_, s)| {
+                let t = s.try_lock().ok().filter(|g| g.sandbox.is_some()).map(|g| g.last_used)?;
+                Some((t, s))
+            })
+            .collect();
+        if resident.len() < self.config.max_resident {
+            return;
+        }
+        resident.sort_by_key(|(t, _)| *t);
+        let excess = resident.len() + 1 - self.config.max_resident;
+        for (_, s) in resident.into_iter().take(excess) {
+            if let Ok(mut g) = s.try_lock() {
+                g.sandbox = None;
+            }
+        }
+    }
+
+    /// After a crash or kill: drop temp files and files no checkpoint names,
+    /// and rewind sessions whose head checkpoint lost a file.
+    fn recover(&self) -> Result<(), SessionError> {
+        let all = self.store.all_checkpoints()?;
+        let mut named = std::collections::HashSet::new();
+        let mut broken = Vec::new();
+        for c in &all {
+            let files = [Some(&c.layer), Some(&c.state), c.flat.as_ref()];
+            for f in files.into_iter().flatten() {
+                named.insert(f.clone());
+            }
+            // Files are renamed into place (after fsync) before their row is
+            // committed, so a committed row with a missing file means outside damage.
+            // Contents are verified (checksums) when a checkpoint is resumed.
+            let ok = [&c.layer, &c.state].iter().all(|f| self.layers_dir.join(f).is_file());
+            if !ok {
+                broken.push(c.id);
+            }
+            if let Some(flat) = &c.flat {
+                if !self.layers_dir.join(flat).is_file() {
+                    self.store.set_flat(c.id, None)?;
+                }
+            }
+        }
+        if !broken.is_empty() {
+            let rewind = self.store.drop_checkpoints_and_rewind(&broken)?;
+            tracing::warn!(
+                "recovery: {} checkpoints lost files; {} checkpoints dropped, {} sessions rewound",
+                broken.len(),
+                rewind.deleted.len(),
+                rewind.moved.len()
+            );
+            self.remove_files(&rewind.deleted);
+        }
+        if let Ok(rd) = std::fs::read_dir(&self.layers_dir) {
+            for e in rd.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if !named.contains(&name) {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+        self.gc()?;
+        Ok(())
+    }
+}
