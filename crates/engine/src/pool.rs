@@ -5,7 +5,7 @@
 //!   mappings of the rest stay warm and the next fork skips most first touches);
 //! - a reaper thread that tears other VMs down in the background.
 
-use std::collections::HashMap;
+use std::collections::VecDeque;
 use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, Sender, SyncSender};
@@ -39,8 +39,10 @@ pub fn reap(vm: Vm) {
 }
 
 /// Recycled VMs kept per thread (a vCPU that moves to another thread pays
-/// for it in KVM_RUN), and in all.
+/// for it in KVM_RUN), and in all: the oldest go first, so VMs of threads
+/// that ended do not stay around.
 const RECYCLED_PER_THREAD: usize = 8;
+const RECYCLED_TOTAL: usize = 32;
 
 #[derive(Debug, Default)]
 pub struct PoolStats {
@@ -57,7 +59,8 @@ pub struct VmPool {
     file: File,
     size: u64,
     ready: Mutex<Option<Receiver<Vm>>>,
-    recycled: Mutex<HashMap<ThreadId, Vec<Vm>>>,
+    /// Oldest first.
+    recycled: Mutex<VecDeque<(ThreadId, Vm)>>,
     /// The template's pristine memory and vCPU, for resets.
     original: MemoryView,
     vcpu: VcpuState,
@@ -74,7 +77,7 @@ impl VmPool {
             file: dup(file)?,
             size,
             ready: Mutex::new(None),
-            recycled: Mutex::new(HashMap::new()),
+            recycled: Mutex::new(VecDeque::new()),
             original,
             vcpu,
             stats: PoolStats::default(),
@@ -100,9 +103,11 @@ impl VmPool {
     pub fn take(&self) -> Result<(Vm, bool), VmmError> {
         let me = std::thread::current().id();
         if let Ok(mut r) = self.recycled.lock() {
-            if let Some(vm) = r.get_mut(&me).and_then(Vec::pop) {
-                self.stats.recycled_hits.fetch_add(1, Ordering::Relaxed);
-                return Ok((vm, true));
+            if let Some(i) = r.iter().rposition(|(t, _)| *t == me) {
+                if let Some((_, vm)) = r.remove(i) {
+                    self.stats.recycled_hits.fetch_add(1, Ordering::Relaxed);
+                    return Ok((vm, true));
+                }
             }
         }
         if let Ok(r) = self.ready.lock() {
@@ -119,11 +124,20 @@ impl VmPool {
         &self.vcpu
     }
 
+    /// The template's memory, read-only.
+    pub fn original(&self) -> &[u8] {
+        self.original.as_slice()
+    }
+
     /// Take back the VM of a sandbox that ended cleanly: reset it to the
     /// template and keep it for the next fork on this thread.
     pub fn recycle(&self, mut vm: Vm) {
         let me = std::thread::current().id();
-        let room = self.recycled.lock().map(|r| r.get(&me).map_or(0, Vec::len) < RECYCLED_PER_THREAD).unwrap_or(false);
+        let room = self
+            .recycled
+            .lock()
+            .map(|r| r.iter().filter(|(t, _)| *t == me).count() < RECYCLED_PER_THREAD)
+            .unwrap_or(false);
         if !room {
             return reap(vm);
         }
@@ -132,7 +146,14 @@ impl VmPool {
                 self.stats.resets.fetch_add(1, Ordering::Relaxed);
                 self.stats.pages_reset.fetch_add(pages, Ordering::Relaxed);
                 match self.recycled.lock() {
-                    Ok(mut r) => r.entry(me).or_default().push(vm),
+                    Ok(mut r) => {
+                        r.push_back((me, vm));
+                        while r.len() > RECYCLED_TOTAL {
+                            if let Some((_, old)) = r.pop_front() {
+                                reap(old);
+                            }
+                        }
+                    }
                     Err(_) => reap(vm),
                 }
             }

@@ -156,7 +156,7 @@ impl Template {
         for (b, v) in bits.iter_mut().zip(vm.mem_mut().take_vmm_dirty()) {
             *b |= v;
         }
-        let stats = write_layer(layer, vm.mem(), &pages_of(&bits))?;
+        let stats = write_layer(layer, vm.mem(), self.pool.original(), &pages_of(&bits))?;
         let snapshot = Snapshot {
             image_id: engine.image.id().to_string(),
             vcpu: vm.save_vcpu()?,
@@ -185,7 +185,7 @@ impl Template {
             return Err(StateError::Corrupt(format!("checkpoint {} is not from template {}", state.display(), self.info.id)).into());
         }
         let mut vm = self.tracked_vm(engine)?;
-        apply_layers(vm.mem_mut(), layers)?;
+        apply_layers(vm.mem_mut(), self.pool.original(), layers)?;
         vm.restore_vcpu(&snapshot.vcpu)?;
         let process = Process::restore_state(engine.image.clone(), snapshot.process)
             .map_err(|e| StateError::Corrupt(e.to_string()))?;

@@ -50,7 +50,9 @@ struct FdEntry {
 
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct FdTable {
+    #[serde(with = "crate::serde_map")]
     fds: OrdMap<i32, FdEntry>,
+    #[serde(with = "crate::serde_map")]
     files: OrdMap<u64, OpenFile>,
     next_ofd: u64,
 }

@@ -9,6 +9,7 @@ pub mod layout;
 pub mod loader;
 pub mod mm;
 pub mod process;
+mod serde_map;
 pub mod syscalls;
 pub mod vfs;
 

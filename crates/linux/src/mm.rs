@@ -41,6 +41,7 @@ pub struct Vma {
 
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct MemoryMap {
+    #[serde(with = "crate::serde_map")]
     vmas: OrdMap<u64, Vma>,
     pub brk_start: u64,
     pub brk: u64,

@@ -1,13 +1,16 @@
 //! Layer files: the guest pages one checkpoint changed, over its parent.
 //!
 //! ```text
-//! magic "FBXLAYER" | version u32 | page count u64 | CRC-32 of index+data u32
+//! magic "FBXLAYER" | version u32 | page count u64 | CRC-32 of index+data u32 | data length u64
 //! index: page numbers (u64, strictly ascending)
-//! data:  4096 bytes per page, in index order
+//! data:  LZ4 block of (page XOR the same page of the base), 4096 bytes per page, in index order
 //! ```
-//! A session's memory at checkpoint N = the template's memory file with the
-//! layers of its ancestry applied, newest first (each page taken from the
-//! newest layer that has it). A "flat" layer holds the union of a whole chain.
+//! A session's memory at checkpoint N = the template's memory file (the base)
+//! with the layers of its ancestry applied, newest first (each page taken from
+//! the newest layer that has it). A "flat" layer holds the union of a chain.
+//! Pages are stored XOR the base because most pages an exec dirties differ
+//! from the template in a few bytes (reference counts, a list slot): the XOR
+//! is mostly zeros and compresses ~10-50x.
 //! CRC-32 (not SHA-256) because layers are read on every resume and the check
 //! is against disk corruption and torn writes, not against an adversary.
 
@@ -21,8 +24,19 @@ use forkbox_vmm::GuestMemory;
 use crate::state::StateError;
 
 pub const LAYER_MAGIC: &[u8; 8] = b"FBXLAYER";
-pub const LAYER_VERSION: u32 = 1;
-const HEADER: usize = 8 + 4 + 8 + 4;
+pub const LAYER_VERSION: u32 = 2;
+const HEADER: usize = 8 + 4 + 8 + 4 + 8;
+/// No layer holds more pages than 64 GiB of guest RAM has.
+const MAX_PAGES: u64 = (64 << 30) / PAGE_SIZE;
+
+fn xor_into(out: &mut Vec<u8>, page: &[u8], base: &[u8]) {
+    out.extend(page.iter().zip(base).map(|(a, b)| a ^ b));
+}
+
+fn base_page(base: &[u8], p: u64) -> Result<&[u8], StateError> {
+    base.get((p * PAGE_SIZE) as usize..((p + 1) * PAGE_SIZE) as usize)
+        .ok_or_else(|| StateError::Corrupt(format!("page {p} outside the base memory")))
+}
 
 /// What writing a layer produced.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -49,21 +63,26 @@ pub fn pages_of(bitmap: &[u64]) -> Vec<u64> {
     out
 }
 
-/// Write the pages `pages` (ascending) of `mem` as a layer at `path`: temp file, fsync, rename.
-pub fn write_layer(path: &Path, mem: &GuestMemory, pages: &[u64]) -> Result<LayerStats, StateError> {
-    let mut body = Vec::with_capacity(pages.len() * (8 + PAGE_SIZE as usize));
+/// Write the pages `pages` (ascending) of `mem` as a layer over `base` (the
+/// template's memory) at `path`: temp file, fsync, rename.
+pub fn write_layer(path: &Path, mem: &GuestMemory, base: &[u8], pages: &[u64]) -> Result<LayerStats, StateError> {
+    let mut xored = Vec::with_capacity(pages.len() * PAGE_SIZE as usize);
+    for &p in pages {
+        let page = mem.slice(p * PAGE_SIZE, PAGE_SIZE).map_err(|_| StateError::Corrupt(format!("page {p} outside guest memory")))?;
+        xor_into(&mut xored, page, base_page(base, p)?);
+    }
+    write_body(path, pages, &xored)
+}
+
+fn write_body(path: &Path, pages: &[u64], xored: &[u8]) -> Result<LayerStats, StateError> {
+    let count = pages.len() as u64;
+    let mut body = Vec::with_capacity(pages.len() * 8 + xored.len() / 4);
     for p in pages {
         body.extend_from_slice(&p.to_le_bytes());
     }
-    for p in pages {
-        let page = mem.slice(p * PAGE_SIZE, PAGE_SIZE).map_err(|_| StateError::Corrupt(format!("page {p} outside guest memory")))?;
-        body.extend_from_slice(page);
-    }
-    write_body(path, pages.len() as u64, &body)
-}
-
-fn write_body(path: &Path, count: u64, body: &[u8]) -> Result<LayerStats, StateError> {
-    let crc = crc32fast::hash(body);
+    let data = lz4_flex::block::compress(xored);
+    body.extend_from_slice(&data);
+    let crc = crc32fast::hash(&body);
     let tmp = path.with_extension("tmp");
     {
         let mut f = File::create(&tmp).map_err(ioe("create", &tmp))?;
@@ -72,15 +91,16 @@ fn write_body(path: &Path, count: u64, body: &[u8]) -> Result<LayerStats, StateE
         head.extend_from_slice(&LAYER_VERSION.to_le_bytes());
         head.extend_from_slice(&count.to_le_bytes());
         head.extend_from_slice(&crc.to_le_bytes());
+        head.extend_from_slice(&(data.len() as u64).to_le_bytes());
         f.write_all(&head).map_err(ioe("write", &tmp))?;
-        f.write_all(body).map_err(ioe("write", &tmp))?;
+        f.write_all(&body).map_err(ioe("write", &tmp))?;
         f.sync_all().map_err(ioe("fsync", &tmp))?;
     }
     std::fs::rename(&tmp, path).map_err(ioe("rename", path))?;
     Ok(LayerStats { pages: count, bytes: (HEADER + body.len()) as u64, crc })
 }
 
-/// A layer read and verified.
+/// A layer read and verified (pages still XOR the base).
 pub struct Layer {
     pub pages: Vec<u64>,
     data: Vec<u8>,
@@ -104,10 +124,14 @@ impl Layer {
         n.copy_from_slice(&head[12..20]);
         let count = u64::from_le_bytes(n);
         let crc = u32::from_le_bytes([head[20], head[21], head[22], head[23]]);
+        n.copy_from_slice(&head[24..32]);
+        let data_len = u64::from_le_bytes(n);
+        if count > MAX_PAGES {
+            return Err(corrupt("page count too large"));
+        }
         let body = &raw[HEADER..];
-        let expect = count.checked_mul(8 + PAGE_SIZE).ok_or_else(|| corrupt("page count overflows"))?;
-        if body.len() as u64 != expect {
-            return Err(corrupt("size does not match its page count (truncated?)"));
+        if body.len() as u64 != count * 8 + data_len {
+            return Err(corrupt("size does not match its header (truncated?)"));
         }
         if crc32fast::hash(body) != crc {
             return Err(corrupt("checksum mismatch"));
@@ -119,24 +143,36 @@ impl Layer {
         if pages.windows(2).any(|w| w[0] >= w[1]) {
             return Err(corrupt("page index not ascending"));
         }
-        let data = raw[HEADER + (count * 8) as usize..].to_vec();
+        let data = lz4_flex::block::decompress(&body[(count * 8) as usize..], (count * PAGE_SIZE) as usize)
+            .map_err(|e| corrupt(&format!("undecodable data: {e}")))?;
+        if data.len() as u64 != count * PAGE_SIZE {
+            return Err(corrupt("data does not hold its pages"));
+        }
         Ok(Layer { pages, data })
     }
 
-    pub fn page(&self, i: usize) -> &[u8] {
+    /// Page `i` of the index, XOR its base page.
+    fn xored(&self, i: usize) -> &[u8] {
         &self.data[i * PAGE_SIZE as usize..(i + 1) * PAGE_SIZE as usize]
+    }
+
+    /// The content of page `i` of the index, given the base memory.
+    pub fn page(&self, i: usize, base: &[u8]) -> Result<Vec<u8>, StateError> {
+        let mut out = Vec::with_capacity(PAGE_SIZE as usize);
+        xor_into(&mut out, self.xored(i), base_page(base, self.pages[i])?);
+        Ok(out)
     }
 }
 
 /// Apply `layers` (newest first) to `mem`: each page from the newest layer
 /// that has it. Writes are not tracked as changes (they are the checkpoint).
 /// Returns the number of distinct pages applied.
-pub fn apply_layers(mem: &mut GuestMemory, layers: &[Layer]) -> Result<u64, StateError> {
+pub fn apply_layers(mem: &mut GuestMemory, base: &[u8], layers: &[Layer]) -> Result<u64, StateError> {
     let mut done = std::collections::HashSet::new();
     for layer in layers {
         for (i, &p) in layer.pages.iter().enumerate() {
             if done.insert(p) {
-                mem.write_untracked(p * PAGE_SIZE, layer.page(i))
+                mem.write_untracked(p * PAGE_SIZE, &layer.page(i, base)?)
                     .map_err(|_| StateError::Corrupt(format!("layer page {p} outside guest memory")))?;
             }
         }
@@ -152,49 +188,83 @@ pub fn write_flat(path: &Path, layers: &[Layer]) -> Result<LayerStats, StateErro
             newest.entry(p).or_insert((li, i));
         }
     }
-    let mut body = Vec::with_capacity(newest.len() * (8 + PAGE_SIZE as usize));
-    for p in newest.keys() {
-        body.extend_from_slice(&p.to_le_bytes());
-    }
+    let pages: Vec<u64> = newest.keys().copied().collect();
+    let mut xored = Vec::with_capacity(pages.len() * PAGE_SIZE as usize);
     for &(li, i) in newest.values() {
-        body.extend_from_slice(layers[li].page(i));
+        xored.extend_from_slice(layers[li].xored(i));
     }
-    write_body(path, newest.len() as u64, &body)
+    write_body(path, &pages, &xored)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// A base ("template") with non-zero content, and guest memory starting as a copy of it.
+    fn base_and_mem() -> (Vec<u8>, GuestMemory) {
+        let base: Vec<u8> = (0..(1u32 << 20)).map(|i| (i % 251) as u8).collect();
+        let mut mem = GuestMemory::anonymous(1 << 20).unwrap();
+        mem.write(0, &base).unwrap();
+        (base, mem)
+    }
+
     #[test]
     fn write_read_apply_and_flatten() {
         let dir = tempfile::tempdir().unwrap();
-        let mut mem = GuestMemory::anonymous(1 << 20).unwrap();
+        let (base, mut mem) = base_and_mem();
         mem.write(3 * 4096, b"old").unwrap();
         mem.write(5 * 4096, b"five").unwrap();
-        let old = write_layer(&dir.path().join("a"), &mem, &[3, 5]).unwrap();
+        let old = write_layer(&dir.path().join("a"), &mem, &base, &[3, 5]).unwrap();
         assert_eq!(old.pages, 2);
+        assert!(old.bytes < 1024, "pages differing from the base in a few bytes compress: {} bytes", old.bytes);
         mem.write(3 * 4096, b"new").unwrap();
-        write_layer(&dir.path().join("b"), &mem, &[3]).unwrap();
+        write_layer(&dir.path().join("b"), &mem, &base, &[3]).unwrap();
         let layers = vec![Layer::read(&dir.path().join("b")).unwrap(), Layer::read(&dir.path().join("a")).unwrap()];
         let mut fresh = GuestMemory::anonymous(1 << 20).unwrap();
-        assert_eq!(apply_layers(&mut fresh, &layers).unwrap(), 2);
-        assert_eq!(fresh.slice(3 * 4096, 3).unwrap(), b"new");
-        assert_eq!(fresh.slice(5 * 4096, 4).unwrap(), b"five");
+        fresh.write(0, &base).unwrap();
+        assert_eq!(apply_layers(&mut fresh, &base, &layers).unwrap(), 2);
+        let mut expect = base.clone();
+        expect[3 * 4096..3 * 4096 + 3].copy_from_slice(b"new");
+        expect[5 * 4096..5 * 4096 + 4].copy_from_slice(b"five");
+        assert_eq!(fresh.slice(0, 1 << 20).unwrap(), &expect[..]);
         let flat = write_flat(&dir.path().join("flat"), &layers).unwrap();
         assert_eq!(flat.pages, 2);
         let f = Layer::read(&dir.path().join("flat")).unwrap();
         assert_eq!(f.pages, vec![3, 5]);
-        assert_eq!(&f.page(0)[..3], b"new");
+        assert_eq!(&f.page(0, &base).unwrap()[..3], b"new");
+        assert_eq!(&f.page(0, &base).unwrap()[3..], &base[3 * 4096 + 3..4 * 4096]);
+    }
+
+    #[test]
+    fn random_pages_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let (base, mut mem) = base_and_mem();
+        let mut noise = vec![0u8; 4096];
+        crate::layer::tests::fill(&mut noise);
+        mem.write(9 * 4096, &noise).unwrap();
+        write_layer(&dir.path().join("n"), &mem, &base, &[9, 10]).unwrap();
+        let l = Layer::read(&dir.path().join("n")).unwrap();
+        assert_eq!(l.page(0, &base).unwrap(), noise);
+        assert_eq!(l.page(1, &base).unwrap(), &base[10 * 4096..11 * 4096]);
+    }
+
+    fn fill(b: &mut [u8]) {
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        for v in b.iter_mut() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *v = x as u8;
+        }
     }
 
     #[test]
     fn corrupt_and_truncated_layers_are_rejected() {
         let dir = tempfile::tempdir().unwrap();
-        let mut mem = GuestMemory::anonymous(1 << 20).unwrap();
+        let (base, mut mem) = base_and_mem();
         mem.write(7 * 4096, b"data").unwrap();
         let p = dir.path().join("l");
-        write_layer(&p, &mem, &[7]).unwrap();
+        write_layer(&p, &mem, &base, &[7]).unwrap();
         let good = std::fs::read(&p).unwrap();
         let mut bad = good.clone();
         bad[HEADER + 8 + 1] ^= 1;

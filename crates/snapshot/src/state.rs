@@ -10,7 +10,8 @@ use sha2::{Digest, Sha256};
 use crate::memory::MemoryStats;
 
 pub const MAGIC: &[u8; 8] = b"FBXSNAP\0";
-pub const FORMAT_VERSION: u32 = 1;
+/// 2: maps encoded as sequences of pairs.
+pub const FORMAT_VERSION: u32 = 2;
 const HEADER_LEN: usize = 8 + 4 + 8 + 32;
 /// A state file larger than this is rejected before it is read into memory.
 const MAX_PAYLOAD: u64 = 4 << 30;
