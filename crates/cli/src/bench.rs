@@ -39,6 +39,21 @@ pub enum BenchCommand {
         #[command(flatten)]
         image: ImageArgs,
     },
+    /// Sessions: checkpoint cost vs pages dirtied, resume of evicted sessions,
+    /// forks of checkpoints, disk per session, many sessions at once.
+    Sessions {
+        /// Samples per measurement.
+        #[arg(long, default_value_t = 50)]
+        samples: usize,
+        /// Sessions kept resident at once (each ran one exec).
+        #[arg(long, default_value_t = 1000)]
+        resident: usize,
+        /// Sessions on disk (forks of one checkpoint, each with one exec of its own).
+        #[arg(long, default_value_t = 10000)]
+        on_disk: usize,
+        #[command(flatten)]
+        image: ImageArgs,
+    },
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -58,6 +73,7 @@ pub fn bench(home: &Path, cmd: BenchCommand) -> Result<ExitCode> {
     match cmd {
         BenchCommand::Cold { runs, image } => cold(home, runs.max(1), &image),
         BenchCommand::Fork { forks, execs, live, batch, image } => fork(home, forks, execs, live, batch, &image),
+        BenchCommand::Sessions { samples, resident, on_disk, image } => sessions(home, samples, resident, on_disk, &image),
     }
 }
 
@@ -291,6 +307,131 @@ fn fork(home: &Path, forks: usize, execs: usize, live: usize, batch: usize, imag
         "{batch} forks x one exec on {workers} threads: {:.2} s wall, {ok}/{batch} correct, peak RSS {:.0} MiB",
         wall / 1000.0,
         field_kib("/proc/self/status", "VmHWM:") as f64 / 1024.0
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn dir_bytes(p: &Path) -> u64 {
+    std::fs::read_dir(p)
+        .map(|rd| rd.flatten().filter_map(|e| e.metadata().ok()).filter(|m| m.is_file()).map(|m| m.len()).sum())
+        .unwrap_or(0)
+}
+
+fn sessions(home: &Path, samples: usize, resident: usize, on_disk: usize, image: &ImageArgs) -> Result<ExitCode> {
+    use forkbox_sessions::manager::{Config, SessionManager};
+    let (path, _) = crate::run::ensure_image(home, image, false)?;
+    let engine = std::sync::Arc::new(Engine::open(&path)?);
+    let template = std::sync::Arc::new(forkbox_engine::Template::ensure(&engine, home)?);
+    // A scratch data directory for the sessions (the template is shared).
+    let scratch = tempfile::tempdir_in(home).context("creating a scratch directory")?;
+    let config = Config { max_resident: resident + 16, ..Config::default() };
+    let m = SessionManager::open(engine, template, scratch.path(), config)?;
+    let t = "bench";
+    let limits = Limits::default();
+    let layers = scratch.path().join("sessions").join("layers");
+
+    // Checkpoint cost vs pages dirtied.
+    let s = m.create(t, Default::default(), &limits)?;
+    m.exec(t, &s.id, "buf = bytearray(4096 * 3000)")?;
+    println!("checkpoint cost (exec that writes N pages of a buffer; the interpreter itself dirties ~250 more):");
+    for n in [10usize, 100, 1000] {
+        let code = format!("for i in range({n}):\n    buf[i * 4096] = (buf[i * 4096] + 1) % 256");
+        let (mut ck, mut bytes, mut pages) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..samples {
+            let t0 = Instant::now();
+            let out = m.exec(t, &s.id, &code)?;
+            ck.push(ms(t0) - out.result.wall_ms);
+            bytes.push(out.checkpoint.bytes as f64);
+            pages.push(out.checkpoint.pages as f64);
+            m.compact(out.checkpoint.id)?;
+        }
+        println!(
+            "  N={n:<5} checkpoint {}   {:.0} pages, {:.1} KiB on disk (p50)",
+            summary(ck),
+            p50(&pages),
+            p50(&bytes) / 1024.0
+        );
+    }
+
+    // Disk per session after 10 small execs.
+    let before = dir_bytes(&layers);
+    let s2 = m.create(t, Default::default(), &limits)?;
+    for i in 0..10 {
+        let out = m.exec(t, &s2.id, &format!("x{i} = {i} * 2"))?;
+        m.compact(out.checkpoint.id)?;
+    }
+    println!("disk per session after 10 small execs: {:.0} KiB", (dir_bytes(&layers) - before) as f64 / 1024.0);
+
+    // Resume of an evicted session, and resume + exec.
+    let (mut resume, mut resume_exec) = (Vec::new(), Vec::new());
+    for _ in 0..samples {
+        m.evict(&s2.id);
+        let t0 = Instant::now();
+        m.resume(t, &s2.id)?;
+        resume.push(ms(t0));
+        m.evict(&s2.id);
+        let t0 = Instant::now();
+        let out = m.exec(t, &s2.id, "x9")?;
+        resume_exec.push(ms(t0));
+        anyhow::ensure!(out.result.value.as_deref() == Some("18"), "resumed session lost its state");
+    }
+    println!("resume of an evicted session (ready)    {}", summary(resume));
+    println!("resume + exec + checkpoint              {}", summary(resume_exec));
+
+    // Fork of an idle session's checkpoint (the source keeps running).
+    let mut forks = Vec::new();
+    let mut forked = Vec::new();
+    for _ in 0..samples {
+        let t0 = Instant::now();
+        let f = m.fork(t, &s2.id, Some(5), Default::default())?;
+        forks.push(ms(t0));
+        forked.push(f.id);
+    }
+    println!("fork of a checkpoint into a new session {}", summary(forks));
+    let first = m.exec(t, &forked[0], "x4, 'x9' in globals()")?;
+    anyhow::ensure!(first.result.value.as_deref() == Some("(8, False)"), "fork is not at checkpoint 5: {:?}", first.result.value);
+    for f in &forked {
+        m.delete(t, f)?;
+    }
+
+    // Many sessions resident at once.
+    let pss0 = pss_kib();
+    let t0 = Instant::now();
+    let mut ids = Vec::with_capacity(resident);
+    for i in 0..resident {
+        let s = m.create(t, Default::default(), &limits)?;
+        m.exec(t, &s.id, &format!("n = {i}"))?;
+        ids.push(s.id);
+    }
+    println!(
+        "{resident} resident sessions: created in {:.1} s, PSS +{:.0} MiB ({:.0} KiB each), {} resident",
+        ms(t0) / 1000.0,
+        pss_kib().saturating_sub(pss0) as f64 / 1024.0,
+        pss_kib().saturating_sub(pss0) as f64 / resident.max(1) as f64,
+        m.resident_count()
+    );
+    for id in &ids {
+        m.evict(id);
+    }
+
+    // Many sessions on disk: forks of one checkpoint, each with an exec of its own.
+    let base = m.create(t, Default::default(), &limits)?;
+    m.exec(t, &base.id, "import json; data = list(range(1000))")?;
+    let disk0 = dir_bytes(&layers);
+    let t0 = Instant::now();
+    for i in 0..on_disk {
+        let f = m.fork(t, &base.id, None, Default::default())?;
+        if i < 100 || i % 100 == 0 {
+            m.exec(t, &f.id, &format!("k = {i}"))?;
+            m.evict(&f.id);
+        }
+    }
+    let execd = on_disk.min(100) + on_disk.saturating_sub(100) / 100;
+    println!(
+        "{on_disk} sessions on disk ({execd} with an exec of their own): {:.1} s, {:.1} MiB of layers, database {:.1} MiB",
+        ms(t0) / 1000.0,
+        (dir_bytes(&layers) - disk0) as f64 / (1 << 20) as f64,
+        std::fs::metadata(scratch.path().join("sessions").join("sessions.db")).map_or(0, |m| m.len()) as f64 / (1 << 20) as f64
     );
     Ok(ExitCode::SUCCESS)
 }

@@ -159,6 +159,9 @@ pub fn session(home: &Path, cmd: SessionCommand) -> Result<ExitCode> {
                 code
             };
             let out = m.exec(LOCAL_TENANT, &id, &code)?;
+            if let Err(e) = m.compact(out.checkpoint.id) {
+                tracing::warn!("compacting the layers of {id}: {e}");
+            }
             if json {
                 let mut v = serde_json::to_value(&out.result)?;
                 v["checkpoint"] = out.checkpoint.seq.into();

@@ -180,15 +180,20 @@ impl Template {
         limits: Limits,
         reseed: bool,
     ) -> Result<Sandbox, EngineError> {
+        let t0 = Instant::now();
         let snapshot = read_state(state)?;
+        let t_state = t0.elapsed();
         if snapshot.image_id != engine.image.id() || snapshot.info != self.info.id || snapshot.memory != self.memory.stats {
             return Err(StateError::Corrupt(format!("checkpoint {} is not from template {}", state.display(), self.info.id)).into());
         }
         let mut vm = self.tracked_vm(engine)?;
-        apply_layers(vm.mem_mut(), self.pool.original(), layers)?;
+        let t_vm = t0.elapsed();
+        let pages = apply_layers(vm.mem_mut(), self.pool.original(), layers)?;
+        let t_pages = t0.elapsed();
         vm.restore_vcpu(&snapshot.vcpu)?;
         let process = Process::restore_state(engine.image.clone(), snapshot.process)
             .map_err(|e| StateError::Corrupt(e.to_string()))?;
+        tracing::debug!(?t_state, ?t_vm, ?t_pages, total = ?t0.elapsed(), pages, "resumed a checkpoint");
         Sandbox::resumed(vm, process, limits, engine.vdso.is_some(), self.info.agent.clone(), None, reseed)
     }
 

@@ -227,7 +227,7 @@ impl SessionManager {
         let limits = from_store_limits(&rec.limits);
         if guard.sandbox.is_none() {
             self.make_room(id);
-            guard.sandbox = Some(self.bring_back(&rec, limits, false)?);
+            guard.sandbox = Some(self.bring_back(&rec, limits)?);
         }
         let head_seq = |h: Option<i64>| -> Option<i64> { h.and_then(|c| self.store.checkpoint(c).ok().flatten()).map(|c| c.seq) };
         let Some(sb) = guard.sandbox.as_mut() else { return Err(SessionError::NotFound(id.into())) };
@@ -252,9 +252,6 @@ impl SessionManager {
         guard.last_used = Instant::now();
         drop(guard);
         let _ = self.store.touch(id, now_ms());
-        if let Err(e) = self.compact(checkpoint.id) {
-            tracing::warn!("compacting the layers of session {id}: {e}");
-        }
         Ok(ExecOutcome { result, checkpoint })
     }
 
@@ -277,16 +274,40 @@ impl SessionManager {
     }
 
     /// The sandbox of a session that is not resident: from its head checkpoint, or a fresh fork.
-    fn bring_back(&self, rec: &SessionRecord, limits: Limits, reseed: bool) -> Result<Sandbox, SessionError> {
+    /// A head owned by another session means this session was forked from it
+    /// and has not run yet: its in-memory RNGs must diverge from the source's.
+    fn bring_back(&self, rec: &SessionRecord, limits: Limits) -> Result<Sandbox, SessionError> {
         match rec.head {
             None => Ok(self.template.fork_tracked(&self.engine, limits)?),
-            Some(head) => self.resume_checkpoint(head, limits, reseed),
+            Some(head) => {
+                let forked = self.store.checkpoint(head)?.is_some_and(|c| c.session_id != rec.id);
+                self.resume_checkpoint(head, limits, forked)
+            }
         }
+    }
+
+    /// Make a session resident (resume it from disk) without running anything.
+    pub fn resume(&self, tenant: &str, id: &str) -> Result<(), SessionError> {
+        let rec = self.record(tenant, id)?;
+        let slot = self.slot(id);
+        let mut guard = match slot.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::WouldBlock) => return Err(SessionError::Busy(id.to_string())),
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+        };
+        if guard.sandbox.is_none() {
+            self.make_room(id);
+            guard.sandbox = Some(self.bring_back(&rec, from_store_limits(&rec.limits))?);
+            guard.last_used = Instant::now();
+        }
+        Ok(())
     }
 
     /// Layers newest first from `head` back to the nearest flat layer (or the template).
     fn layer_chain(&self, head: i64) -> Result<(Vec<Layer>, CheckpointRecord), SessionError> {
+        let t0 = Instant::now();
         let chain = self.store.ancestry(head)?;
+        tracing::debug!(elapsed = ?t0.elapsed(), "ancestry");
         let head_rec = chain.last().cloned().ok_or_else(|| SessionError::CheckpointNotFound(String::new(), head))?;
         let mut layers = Vec::new();
         for c in chain.iter().rev() {
@@ -300,8 +321,27 @@ impl SessionManager {
     }
 
     fn resume_checkpoint(&self, head: i64, limits: Limits, reseed: bool) -> Result<Sandbox, SessionError> {
+        // (`reseed`: see `bring_back`.)
+        let t0 = Instant::now();
         let (layers, rec) = self.layer_chain(head)?;
+        tracing::debug!(elapsed = ?t0.elapsed(), layers = layers.len(), "read the layer chain");
         Ok(self.template.resume(&self.engine, &layers, &self.layers_dir.join(&rec.state), limits, reseed)?)
+    }
+
+    /// Background upkeep, off the exec path: evict idle sessions, merge long
+    /// layer chains of session heads, remove what no session needs. A server
+    /// calls it periodically; the CLI after each command.
+    pub fn maintenance(&self) -> Result<(), SessionError> {
+        self.evict_idle();
+        for s in self.store.all_sessions()? {
+            if let Some(h) = s.head {
+                if let Err(e) = self.compact(h) {
+                    tracing::warn!("compacting the layers of session {}: {e}", s.id);
+                }
+            }
+        }
+        self.gc()?;
+        Ok(())
     }
 
     /// Merge a long chain into a flat layer for `checkpoint`.
@@ -342,23 +382,15 @@ impl SessionManager {
     }
 
     /// A new session starting at a checkpoint of `id` (its head by default).
-    /// The source is never paused: everything needed is on disk.
+    /// The source is never paused and nothing is copied: the new session's head
+    /// is that checkpoint (on disk); it is resumed, reseeded, on its first exec.
     pub fn fork(&self, tenant: &str, id: &str, seq: Option<i64>, tags: BTreeMap<String, String>) -> Result<SessionRecord, SessionError> {
         let rec = self.record(tenant, id)?;
         let head = match seq {
             Some(s) => Some(self.find_checkpoint(&rec, s)?.id),
             None => rec.head,
         };
-        let limits = from_store_limits(&rec.limits);
-        let new = self.create_at(tenant, tags, &limits, head)?;
-        // Its first sandbox must not share RNG state with the source: reseed on resume.
-        let slot = self.slot(&new.id);
-        let mut guard = slot.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(h) = head {
-            guard.sandbox = Some(self.resume_checkpoint(h, limits, true)?);
-            guard.last_used = Instant::now();
-        }
-        Ok(new)
+        self.create_at(tenant, tags, &from_store_limits(&rec.limits), head)
     }
 
     pub fn delete(&self, tenant: &str, id: &str) -> Result<(), SessionError> {
