@@ -41,8 +41,8 @@ pub fn reap(vm: Vm) {
 /// Recycled VMs kept per thread (a vCPU that moves to another thread pays
 /// for it in KVM_RUN), and in all: the oldest go first, so VMs of threads
 /// that ended do not stay around.
-const RECYCLED_PER_THREAD: usize = 8;
-const RECYCLED_TOTAL: usize = 32;
+const RECYCLED_PER_THREAD: usize = 4;
+const RECYCLED_TOTAL: usize = 8;
 
 #[derive(Debug, Default)]
 pub struct PoolStats {

@@ -181,7 +181,10 @@ impl Template {
         reseed: bool,
     ) -> Result<Sandbox, EngineError> {
         let t0 = Instant::now();
-        let snapshot = read_state(state)?;
+        let snapshot = read_state(state).map_err(|e| match e {
+            StateError::Corrupt(why) => StateError::Corrupt(format!("{}: {why}", state.display())),
+            e => e,
+        })?;
         let t_state = t0.elapsed();
         if snapshot.image_id != engine.image.id() || snapshot.info != self.info.id || snapshot.memory != self.memory.stats {
             return Err(StateError::Corrupt(format!("checkpoint {} is not from template {}", state.display(), self.info.id)).into());

@@ -90,16 +90,49 @@ pub struct ExecOutcome {
 
 struct Slot {
     sandbox: Option<Sandbox>,
+    /// The checkpoint the resident sandbox is at (its next checkpoint's parent).
+    base: Option<i64>,
     last_used: Instant,
 }
 
 pub struct SessionManager {
+    /// Exclusive lock on the sessions directory for this manager's life: one
+    /// process at a time owns the store, its files and its recovery.
+    _lock: std::fs::File,
     engine: Arc<Engine>,
     template: Arc<Template>,
     store: Store,
     layers_dir: PathBuf,
     config: Config,
     slots: Mutex<HashMap<String, Arc<Mutex<Slot>>>>,
+}
+
+/// How long `open` waits for another process to release the sessions directory.
+const LOCK_WAIT: Duration = Duration::from_secs(30);
+
+fn lock_dir(dir: &Path) -> Result<std::fs::File, SessionError> {
+    let path = dir.join("lock");
+    let ioe = |source| StateError::Io { what: "lock", path: path.display().to_string(), source };
+    let f = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path).map_err(ioe)?;
+    let deadline = Instant::now() + LOCK_WAIT;
+    loop {
+        // SAFETY: flock on a file we own.
+        if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&f), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok(f);
+        }
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            return Err(ioe(err).into());
+        }
+        if Instant::now() >= deadline {
+            return Err(SessionError::Invalid(format!(
+                "the sessions in {} are in use by another forkbox process (waited {} s)",
+                dir.display(),
+                LOCK_WAIT.as_secs()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 pub fn now_ms() -> i64 {
@@ -145,8 +178,9 @@ impl SessionManager {
         let layers_dir = dir.join("layers");
         std::fs::create_dir_all(&layers_dir)
             .map_err(|source| StateError::Io { what: "create", path: layers_dir.display().to_string(), source })?;
+        let lock = lock_dir(&dir)?;
         let store = Store::open(&dir.join("sessions.db"))?;
-        let m = SessionManager { engine, template, store, layers_dir, config, slots: Mutex::new(HashMap::new()) };
+        let m = SessionManager { _lock: lock, engine, template, store, layers_dir, config, slots: Mutex::new(HashMap::new()) };
         m.recover()?;
         Ok(m)
     }
@@ -161,7 +195,7 @@ impl SessionManager {
 
     fn slot(&self, id: &str) -> Arc<Mutex<Slot>> {
         let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
-        slots.entry(id.to_string()).or_insert_with(|| Arc::new(Mutex::new(Slot { sandbox: None, last_used: Instant::now() }))).clone()
+        slots.entry(id.to_string()).or_insert_with(|| Arc::new(Mutex::new(Slot { sandbox: None, base: None, last_used: Instant::now() }))).clone()
     }
 
     fn record(&self, tenant: &str, id: &str) -> Result<SessionRecord, SessionError> {
@@ -228,7 +262,9 @@ impl SessionManager {
         if guard.sandbox.is_none() {
             self.make_room(id);
             guard.sandbox = Some(self.bring_back(&rec, limits)?);
+            guard.base = rec.head;
         }
+        let base = guard.base;
         let head_seq = |h: Option<i64>| -> Option<i64> { h.and_then(|c| self.store.checkpoint(c).ok().flatten()).map(|c| c.seq) };
         let Some(sb) = guard.sandbox.as_mut() else { return Err(SessionError::NotFound(id.into())) };
         let result = match sb.exec(code) {
@@ -241,7 +277,7 @@ impl SessionManager {
                 return Err(SessionError::ExecFailed { source, checkpoint: head_seq(rec.head) });
             }
         };
-        let checkpoint = match self.write_checkpoint(&rec, sb, code) {
+        let checkpoint = match self.write_checkpoint(&rec, sb, code, base) {
             Ok(c) => c,
             Err(e) => {
                 // Memory and disk now disagree: drop the sandbox, the session stays at its head.
@@ -249,20 +285,21 @@ impl SessionManager {
                 return Err(e);
             }
         };
+        guard.base = Some(checkpoint.id);
         guard.last_used = Instant::now();
         drop(guard);
         let _ = self.store.touch(id, now_ms());
         Ok(ExecOutcome { result, checkpoint })
     }
 
-    fn write_checkpoint(&self, rec: &SessionRecord, sb: &mut Sandbox, code: &str) -> Result<CheckpointRecord, SessionError> {
+    fn write_checkpoint(&self, rec: &SessionRecord, sb: &mut Sandbox, code: &str, parent: Option<i64>) -> Result<CheckpointRecord, SessionError> {
         let name = random_id("c_");
         let (layer, state) = (format!("{name}.layer"), format!("{name}.state"));
         let stats = self.template.checkpoint(&self.engine, sb, &self.layers_dir.join(&layer), &self.layers_dir.join(&state))?;
         let state_bytes = std::fs::metadata(self.layers_dir.join(&state)).map_or(0, |m| m.len());
         let c = NewCheckpoint {
             session_id: &rec.id,
-            parent: self.store.session(&rec.tenant, &rec.id)?.and_then(|r| r.head),
+            parent,
             code,
             layer: &layer,
             state: &state,
@@ -298,6 +335,7 @@ impl SessionManager {
         if guard.sandbox.is_none() {
             self.make_room(id);
             guard.sandbox = Some(self.bring_back(&rec, from_store_limits(&rec.limits))?);
+            guard.base = rec.head;
             guard.last_used = Instant::now();
         }
         Ok(())
@@ -325,7 +363,10 @@ impl SessionManager {
         let t0 = Instant::now();
         let (layers, rec) = self.layer_chain(head)?;
         tracing::debug!(elapsed = ?t0.elapsed(), layers = layers.len(), "read the layer chain");
-        Ok(self.template.resume(&self.engine, &layers, &self.layers_dir.join(&rec.state), limits, reseed)?)
+        self.template.resume(&self.engine, &layers, &self.layers_dir.join(&rec.state), limits, reseed).map_err(|e| match e {
+            EngineError::Snapshot(s) => SessionError::Snapshot(s),
+            e => SessionError::Engine(e),
+        })
     }
 
     /// Background upkeep, off the exec path: evict idle sessions, merge long

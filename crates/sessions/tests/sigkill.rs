@@ -46,7 +46,7 @@ fn stray_files(home: &std::path::Path) -> (Vec<String>, Vec<String>) {
 
 #[test]
 fn sigkill_at_random_points_loses_at_most_the_exec_in_flight() {
-    let rounds: usize = std::env::var("FORKBOX_TEST_KILL_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(30);
+    let rounds: usize = std::env::var("FORKBOX_TEST_KILL_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(45);
     assert!(rounds >= 1);
     let home = fresh_home();
     let h = home.path();
@@ -72,10 +72,20 @@ fn sigkill_at_random_points_loses_at_most_the_exec_in_flight() {
     let (mut committed, mut lost, mut finished_first) = (0, 0, 0);
     let (mut with_tmp, mut with_orphans) = (0, 0);
     let t_all = Instant::now();
-    for round in 0..rounds {
-        // Half the kills uniform over 0-1500 ms; half aimed at the end of the
-        // exec, where the checkpoint is written and committed.
-        let delay = if round % 2 == 0 { rng.below(1500) } else { full_ms * 6 / 10 + rng.below(full_ms * 5 / 10 + 1) };
+    // At least `rounds` rounds, and at least 20 kills of a running process.
+    let mut round = 0;
+    let mut aim_ms = full_ms as f64 * 0.9;
+    while round < rounds || (round - finished_first < 20 && round < 200) {
+        // A third of the kills uniform over 0-1500 ms (most land after a fast
+        // exec has finished), a third over the process's whole life, and a
+        // third around the commit point (tracked: a kill that lost the exec
+        // moves the aim later, one after the commit earlier), where the
+        // checkpoint's files are being written, renamed and committed.
+        let delay = match round % 3 {
+            0 => rng.below(1500),
+            1 => rng.below(full_ms + 1),
+            _ => (aim_ms + rng.below(11) as f64 - 5.0).max(0.0) as u64,
+        };
         let mut child = session_cmd(h, "exec", &[&id, INCREMENT])
             .stdout(Stdio::null())
             .stderr(File::create(&errlog).unwrap())
@@ -118,6 +128,9 @@ fn sigkill_at_random_points_loses_at_most_the_exec_in_flight() {
         } else {
             lost += 1;
         }
+        if round % 3 == 2 {
+            aim_ms = (aim_ms + if now.0 > prev.0 { -3.0 } else { 3.0 }).clamp(0.0, 1500.0);
+        }
         eprintln!(
             "round {round:2}: delay {delay:4} ms, {}; x {} -> {}; left behind: {} tmp, {} orphan",
             if killed { "killed" } else { "finished first" },
@@ -132,13 +145,15 @@ fn sigkill_at_random_points_loses_at_most_the_exec_in_flight() {
         let (tmp, orphans) = stray_files(h);
         assert!(tmp.is_empty(), "round {round}: .tmp files left after a successful open: {tmp:?}");
         assert!(orphans.is_empty(), "round {round}: files no checkpoint names after a successful open: {orphans:?}");
+        round += 1;
     }
+    let rounds = round;
     eprintln!(
         "{rounds} rounds in {:.1} s: {committed} increments committed, {lost} lost in flight, {finished_first} finished before the kill; \
          kills that left a .tmp file: {with_tmp}, an uncommitted renamed file: {with_orphans}",
         t_all.elapsed().as_secs_f64()
     );
-    assert!(finished_first < rounds, "no kill landed while the process was running");
+    assert!(rounds - finished_first >= 20, "only {} kills landed while the process was running", rounds - finished_first);
 
     // Every checkpoint in the log resumes, with x and the file in agreement.
     let (seqs, current) = cli_log(h, &id);

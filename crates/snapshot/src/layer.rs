@@ -149,7 +149,7 @@ impl Layer {
         }
         let version = u32::from_le_bytes([head[8], head[9], head[10], head[11]]);
         if version != LAYER_VERSION {
-            return Err(StateError::BadVersion(version));
+            return Err(corrupt(&format!("layer format version {version}, this forkbox reads version {LAYER_VERSION}")));
         }
         let mut n = [0u8; 8];
         n.copy_from_slice(&head[12..20]);
