@@ -21,6 +21,18 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Serve the HTTP API (builds the image and template if missing; prints where it listens and an API key).
+    Serve {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: std::net::SocketAddr,
+        /// Use this image file instead of the default image.
+        #[arg(long, value_name = "FILE")]
+        image: Option<PathBuf>,
+    },
+    /// API keys for the HTTP API.
+    #[command(subcommand)]
+    Key(KeyCommand),
     /// Run Python code in a fresh sandbox and print its output.
     Run(run::RunArgs),
     /// Build or inspect guest images.
@@ -35,6 +47,15 @@ enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+}
+
+#[derive(Subcommand)]
+enum KeyCommand {
+    /// Create an API key for a tenant (only its hash is stored); prints the key.
+    Create {
+        #[arg(long, default_value = "default")]
+        tenant: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -77,6 +98,11 @@ fn main() -> ExitCode {
     raise_fd_limit();
     let home = cli.home.clone().unwrap_or_else(forkbox_image::default_home);
     let result = match cli.command {
+        Command::Serve { listen, image } => serve(&home, listen, image),
+        Command::Key(KeyCommand::Create { tenant }) => forkbox_server::create_key(&home, &tenant).map(|k| {
+            println!("{k}");
+            ExitCode::SUCCESS
+        }),
         Command::Run(args) => run::run(&home, args),
         Command::Image(ImageCommand::Build(args)) => {
             run::ensure_image(&home, &args, true).map(|(path, id)| {
@@ -96,6 +122,13 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+fn serve(home: &std::path::Path, listen: std::net::SocketAddr, image: Option<PathBuf>) -> anyhow::Result<ExitCode> {
+    let mut cfg = forkbox_server::ServerConfig::new(listen, home.to_path_buf());
+    cfg.image = image;
+    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(forkbox_server::serve(cfg))?;
+    Ok(ExitCode::SUCCESS)
 }
 
 fn template_ls(home: &std::path::Path) -> anyhow::Result<ExitCode> {

@@ -1,0 +1,702 @@
+//! API tests: the real server (axum on 127.0.0.1:0, in this process) driven
+//! by a real HTTP client (reqwest).
+//!
+//! These tests need /dev/kvm and the default image (built on first use, cached
+//! under `$FORKBOX_HOME` or `forkbox_image::default_home()`). Without KVM they
+//! FAIL: they are never skipped. Every test gets a fresh temporary home whose
+//! `templates` is a symlink to the shared home's, so no template is rebuilt.
+
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use forkbox_engine::{Engine, Template};
+use forkbox_server::{router, Inner, Server, ServerConfig};
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+struct Shared {
+    engine: Arc<Engine>,
+    template: Arc<Template>,
+    image_path: PathBuf,
+    home: PathBuf,
+}
+
+fn shared_home() -> PathBuf {
+    match std::env::var("FORKBOX_HOME") {
+        Ok(h) if !h.is_empty() => PathBuf::from(h),
+        _ => forkbox_image::default_home(),
+    }
+}
+
+fn shared() -> &'static Shared {
+    static SHARED: OnceLock<Shared> = OnceLock::new();
+    SHARED.get_or_init(|| {
+        if let Err(e) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm") {
+            panic!("these tests need KVM: cannot open /dev/kvm read-write ({e}); they are deliberately not skipped");
+        }
+        raise_fd_limit();
+        let home = shared_home();
+        let built = forkbox_image::build(
+            &forkbox_engine::default_image_spec(),
+            &forkbox_image::BuildOptions { home: home.clone(), progress: false },
+        )
+        .unwrap_or_else(|e| panic!("building the default image under {}: {e}", home.display()));
+        let engine = Arc::new(Engine::open(&built.path).expect("Engine::open"));
+        let template = Arc::new(Template::ensure(&engine, &home).expect("Template::ensure"));
+        Shared { engine, template, image_path: built.path, home }
+    })
+}
+
+fn raise_fd_limit() {
+    let mut rl = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit on a local struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) == 0 && rl.rlim_cur < rl.rlim_max {
+            rl.rlim_cur = rl.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &rl);
+        }
+    }
+}
+
+fn fresh_home() -> tempfile::TempDir {
+    let s = shared();
+    let dir = tempfile::Builder::new().prefix("forkbox-server-test-").tempdir().expect("temp dir");
+    std::os::unix::fs::symlink(forkbox_engine::template::templates_dir(&s.home), dir.path().join("templates"))
+        .expect("symlink templates");
+    dir
+}
+
+struct TestServer {
+    url: String,
+    key: String,
+    home: tempfile::TempDir,
+    http: reqwest::Client,
+}
+
+impl TestServer {
+    async fn start() -> TestServer {
+        TestServer::start_with(|_| {}).await
+    }
+
+    async fn start_with(tweak: impl FnOnce(&mut ServerConfig)) -> TestServer {
+        let home = fresh_home();
+        let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap(), home.path().to_path_buf());
+        tweak(&mut cfg);
+        let s = shared();
+        let (engine, template) = (s.engine.clone(), s.template.clone());
+        let h = home.path().to_path_buf();
+        let (state, key) = tokio::task::spawn_blocking(move || {
+            let state = Inner::new(engine, template, cfg).expect("server state");
+            let key = forkbox_server::create_key(&h, "alice").expect("create key");
+            (state, key)
+        })
+        .await
+        .unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            axum::serve(listener, router(state)).await.unwrap();
+        });
+        TestServer { url: format!("http://{addr}"), key, home, http: reqwest::Client::new() }
+    }
+
+    fn new_key(&self, tenant: &str) -> String {
+        forkbox_server::create_key(self.home.path(), tenant).unwrap()
+    }
+
+    async fn call(&self, method: reqwest::Method, path: &str, key: Option<&str>, body: Option<Value>) -> (StatusCode, Value) {
+        let mut req = self.http.request(method, format!("{}{path}", self.url));
+        if let Some(k) = key {
+            req = req.bearer_auth(k);
+        }
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let resp = req.send().await.expect("request");
+        let status = resp.status();
+        let text = resp.text().await.unwrap();
+        let v = if text.is_empty() { Value::Null } else { serde_json::from_str(&text).unwrap_or(Value::String(text)) };
+        (status, v)
+    }
+
+    async fn post(&self, path: &str, body: Value) -> (StatusCode, Value) {
+        self.call(reqwest::Method::POST, path, Some(&self.key.clone()), Some(body)).await
+    }
+
+    async fn get(&self, path: &str) -> (StatusCode, Value) {
+        self.call(reqwest::Method::GET, path, Some(&self.key.clone()), None).await
+    }
+
+    async fn delete(&self, path: &str) -> (StatusCode, Value) {
+        self.call(reqwest::Method::DELETE, path, Some(&self.key.clone()), None).await
+    }
+
+    /// Raw body (for malformed JSON and oversized payloads).
+    async fn post_raw(&self, path: &str, body: Vec<u8>) -> (StatusCode, Value) {
+        let resp = self
+            .http
+            .post(format!("{}{path}", self.url))
+            .bearer_auth(&self.key)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .expect("request");
+        let status = resp.status();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn create_session(&self, body: Value) -> String {
+        let (st, v) = self.post("/v1/sessions", body).await;
+        assert_eq!(st, StatusCode::CREATED, "{v}");
+        v["id"].as_str().unwrap().to_string()
+    }
+
+    async fn sexec(&self, id: &str, code: &str) -> Value {
+        let (st, v) = self.post(&format!("/v1/sessions/{id}/exec"), json!({ "code": code })).await;
+        assert_eq!(st, StatusCode::OK, "exec {code:?}: {v}");
+        v
+    }
+}
+
+/// Assert an error response: status and `{"error": {"code", "message"}}`.
+fn assert_error(got: &(StatusCode, Value), status: StatusCode, code: &str) {
+    assert_eq!(got.0, status, "expected {status} {code}, got {} {}", got.0, got.1);
+    assert_eq!(got.1["error"]["code"], code, "{}", got.1);
+    assert!(got.1["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{}", got.1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_shot_exec_results_and_zeroboot_fields() {
+    let s = TestServer::start().await;
+    let (st, v) = s.post("/v1/exec", json!({ "code": "import numpy as np\nx = int(np.arange(4).sum())\nprint('hi', x)\nx * 7" })).await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert_eq!(v["value"], "42");
+    assert_eq!(v["stdout"], "hi 6\n");
+    assert_eq!(v["stderr"], "");
+    assert_eq!(v["error"], Value::Null);
+    assert_eq!(v["exit_code"], 0);
+    assert!(v["id"].as_str().unwrap().starts_with("x_"));
+    for f in ["runtime_ms", "fork_time_ms", "exec_time_ms", "total_time_ms"] {
+        assert!(v[f].as_f64().is_some_and(|t| t >= 0.0), "{f}: {v}");
+    }
+    assert!(v["total_time_ms"].as_f64() >= v["exec_time_ms"].as_f64());
+
+    // A Python exception is a result, not an HTTP error.
+    let (st, v) = s.post("/v1/exec", json!({ "code": "print('before')\n1/0", "timeout_seconds": 5 })).await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert_eq!(v["exit_code"], 1);
+    assert_eq!(v["stdout"], "before\n");
+    assert_eq!(v["error"]["type"], "ZeroDivisionError");
+    assert!(v["error"]["traceback"].as_str().unwrap().contains("ZeroDivisionError"), "{v}");
+
+    // One-shots are independent forks.
+    let (_, v) = s.post("/v1/exec", json!({ "code": "y = 1" })).await;
+    assert_eq!(v["exit_code"], 0);
+    let (_, v) = s.post("/v1/exec", json!({ "code": "y" })).await;
+    assert_eq!(v["error"]["type"], "NameError", "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_exec_in_order_with_per_item_failures() {
+    let s = TestServer::start().await;
+    let codes = json!(["1 + 1", "print('out')", "raise ValueError('v')", "while True: pass", "sum(range(10))"]);
+    let (st, v) = s.post("/v1/exec/batch", json!({ "codes": codes, "timeout_seconds": 1 })).await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    let r = v["results"].as_array().unwrap();
+    assert_eq!(r.len(), 5);
+    assert_eq!(r[0]["value"], "2");
+    assert_eq!(r[1]["stdout"], "out\n");
+    assert_eq!(r[2]["error"]["type"], "ValueError");
+    assert_eq!(r[2]["exit_code"], 1);
+    assert_eq!(r[3]["status"], 408, "{}", r[3]);
+    assert_eq!(r[3]["error"]["code"], "timeout");
+    assert_eq!(r[4]["value"], "45");
+
+    assert_error(&s.post("/v1/exec/batch", json!({ "codes": [] })).await, StatusCode::BAD_REQUEST, "invalid_request");
+    let many: Vec<String> = (0..65).map(|i| format!("{i}")).collect();
+    assert_error(&s.post("/v1/exec/batch", json!({ "codes": many })).await, StatusCode::BAD_REQUEST, "invalid_request");
+    let max: Vec<String> = (0..64).map(|i| format!("{i} * 2")).collect();
+    let (st, v) = s.post("/v1/exec/batch", json!({ "codes": max })).await;
+    assert_eq!(st, StatusCode::OK);
+    let r = v["results"].as_array().unwrap();
+    assert_eq!(r.len(), 64);
+    for (i, x) in r.iter().enumerate() {
+        assert_eq!(x["value"], format!("{}", i * 2));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_lifecycle_state_checkpoints_revert_fork_delete() {
+    let s = TestServer::start().await;
+    let (st, v) = s.post("/v1/sessions", json!({ "tags": { "user": "ann", "env": "test" }, "memory_mb": 512, "timeout_seconds": 20 })).await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+    let id = v["id"].as_str().unwrap().to_string();
+    assert_eq!(v["tags"]["user"], "ann");
+    assert_eq!(v["limits"]["memory_mb"], 512);
+    assert_eq!(v["limits"]["timeout_seconds"], 20.0);
+    assert_eq!(v["checkpoint"], Value::Null);
+
+    let v1 = s.sexec(&id, "x = 1\nhist = ['a']").await;
+    assert_eq!(v1["checkpoint"], 1);
+    assert_eq!(v1["exit_code"], 0);
+    let v2 = s.sexec(&id, "x += 1\nhist.append('b')\nx").await;
+    assert_eq!(v2["value"], "2");
+    assert_eq!(v2["checkpoint"], 2);
+    let v3 = s.sexec(&id, "x += 10\nprint(hist)\nx").await;
+    assert_eq!(v3["value"], "12");
+    assert_eq!(v3["stdout"], "['a', 'b']\n");
+    assert_eq!(v3["checkpoint"], 3);
+    // A Python error still checkpoints (the session goes on).
+    let v4 = s.sexec(&id, "undefined_name").await;
+    assert_eq!(v4["exit_code"], 1);
+    assert_eq!(v4["error"]["type"], "NameError");
+    assert_eq!(v4["checkpoint"], 4);
+
+    let (st, v) = s.get(&format!("/v1/sessions/{id}")).await;
+    assert_eq!(st, StatusCode::OK);
+    assert_eq!(v["checkpoint"], 4);
+    assert_eq!(v["id"], id.as_str());
+
+    // List with tag filters.
+    let other = s.create_session(json!({ "tags": { "user": "bob" } })).await;
+    let (_, v) = s.get("/v1/sessions?tag=user:ann").await;
+    let ids: Vec<&str> = v["sessions"].as_array().unwrap().iter().map(|x| x["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, vec![id.as_str()]);
+    let (_, v) = s.get("/v1/sessions?tag=user:ann&tag=env:test").await;
+    assert_eq!(v["sessions"].as_array().unwrap().len(), 1);
+    let (_, v) = s.get("/v1/sessions?tag=user:nobody").await;
+    assert_eq!(v["sessions"].as_array().unwrap().len(), 0);
+    let (_, v) = s.get("/v1/sessions").await;
+    assert_eq!(v["sessions"].as_array().unwrap().len(), 2);
+    assert_error(&s.get("/v1/sessions?tag=nocolon").await, StatusCode::BAD_REQUEST, "invalid_request");
+
+    // Checkpoints.
+    let (st, v) = s.get(&format!("/v1/sessions/{id}/checkpoints")).await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    let cps = v["checkpoints"].as_array().unwrap();
+    assert_eq!(cps.iter().map(|c| c["seq"].as_i64().unwrap()).collect::<Vec<_>>(), vec![1, 2, 3, 4]);
+    assert_eq!(cps[1]["code"], "x += 1\nhist.append('b')\nx");
+    assert_eq!(cps[1]["parent"], 1);
+    assert_eq!(cps[0]["parent"], Value::Null);
+    assert_eq!(cps[3]["head"], true);
+    assert_eq!(cps[0]["head"], false);
+
+    // Revert to 2: later execs continue from there.
+    let (st, v) = s.post(&format!("/v1/sessions/{id}/revert"), json!({ "checkpoint": 2 })).await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert_eq!(v["checkpoint"], 2);
+    let v = s.sexec(&id, "(x, hist)").await;
+    assert_eq!(v["value"], "(2, ['a', 'b'])");
+    assert_eq!(v["checkpoint"], 5);
+
+    // Fork from checkpoint 3 and from the head; the source goes on unaffected.
+    let (st, f) = s.post(&format!("/v1/sessions/{id}/fork"), json!({ "checkpoint": 3, "tags": { "user": "forked" } })).await;
+    assert_eq!(st, StatusCode::CREATED, "{f}");
+    let fid = f["id"].as_str().unwrap().to_string();
+    assert_ne!(fid, id);
+    assert_eq!(f["forked_from"]["session"], id.as_str());
+    assert_eq!(f["forked_from"]["checkpoint"], 3);
+    assert_eq!(f["tags"]["user"], "forked");
+    assert_eq!(s.sexec(&fid, "x += 100\nx").await["value"], "112");
+    assert_eq!(s.sexec(&id, "x").await["value"], "2");
+    let (st, h) = s.post(&format!("/v1/sessions/{id}/fork"), json!({})).await;
+    assert_eq!(st, StatusCode::CREATED, "{h}");
+    let hid = h["id"].as_str().unwrap().to_string();
+    assert_eq!(s.sexec(&hid, "x").await["value"], "2");
+
+    // Delete.
+    let (st, _) = s.delete(&format!("/v1/sessions/{id}")).await;
+    assert_eq!(st, StatusCode::NO_CONTENT);
+    assert_error(&s.get(&format!("/v1/sessions/{id}")).await, StatusCode::NOT_FOUND, "session_not_found");
+    assert_error(&s.delete(&format!("/v1/sessions/{id}")).await, StatusCode::NOT_FOUND, "session_not_found");
+    // Forks outlive their source.
+    assert_eq!(s.sexec(&fid, "x").await["value"], "112");
+    let (st, _) = s.delete(&format!("/v1/sessions/{other}")).await;
+    assert_eq!(st, StatusCode::NO_CONTENT);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_errors_have_statuses_and_the_error_shape() {
+    let s = TestServer::start().await;
+    // Malformed JSON.
+    assert_error(&s.post_raw("/v1/exec", b"{\"code\": ".to_vec()).await, StatusCode::BAD_REQUEST, "malformed_json");
+    assert_error(&s.post_raw("/v1/sessions", b"not json".to_vec()).await, StatusCode::BAD_REQUEST, "malformed_json");
+    // Wrong shape / invalid arguments.
+    assert_error(&s.post("/v1/exec", json!({ "code": 5 })).await, StatusCode::BAD_REQUEST, "invalid_request");
+    assert_error(&s.post("/v1/exec", json!({})).await, StatusCode::BAD_REQUEST, "invalid_request");
+    assert_error(&s.post("/v1/exec", json!({ "code": "1", "timeout_seconds": -1 })).await, StatusCode::BAD_REQUEST, "invalid_request");
+    assert_error(&s.post("/v1/exec", json!({ "code": "1", "timeout_seconds": 1e9 })).await, StatusCode::BAD_REQUEST, "invalid_request");
+    assert_error(&s.post("/v1/sessions", json!({ "memory_mb": 1 })).await, StatusCode::BAD_REQUEST, "invalid_request");
+    assert_error(&s.post("/v1/sessions", json!({ "tags": { "a:b": "c" } })).await, StatusCode::BAD_REQUEST, "invalid_request");
+    // Payload too large (body over 2 MiB) and code too large (over 1 MiB, body under 2 MiB).
+    let big = format!("{{\"code\": \"{}\"}}", "#".repeat(3 << 20));
+    assert_error(&s.post_raw("/v1/exec", big.into_bytes()).await, StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large");
+    let code = format!("x = 1\n#{}", "a".repeat(3 << 19));
+    assert_error(&s.post("/v1/exec", json!({ "code": code })).await, StatusCode::PAYLOAD_TOO_LARGE, "code_too_large");
+    // Unknown routes and methods.
+    assert_error(&s.get("/v1/nothing").await, StatusCode::NOT_FOUND, "not_found");
+    assert_error(&s.get("/v1/exec").await, StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed");
+    // Unknown session / checkpoint.
+    assert_error(&s.get("/v1/sessions/s_nope").await, StatusCode::NOT_FOUND, "session_not_found");
+    assert_error(&s.post("/v1/sessions/s_nope/exec", json!({ "code": "1" })).await, StatusCode::NOT_FOUND, "session_not_found");
+    assert_error(&s.get("/v1/sessions/s_nope/checkpoints").await, StatusCode::NOT_FOUND, "session_not_found");
+    assert_error(&s.post("/v1/sessions/s_nope/fork", json!({})).await, StatusCode::NOT_FOUND, "session_not_found");
+    let id = s.create_session(json!({})).await;
+    s.sexec(&id, "z = 3").await;
+    let sess = format!("/v1/sessions/{id}");
+    assert_error(&s.post(&format!("{sess}/revert"), json!({ "checkpoint": 99 })).await, StatusCode::NOT_FOUND, "checkpoint_not_found");
+    assert_error(&s.post(&format!("{sess}/fork"), json!({ "checkpoint": 99 })).await, StatusCode::NOT_FOUND, "checkpoint_not_found");
+    assert_error(&s.post(&format!("{sess}/revert"), json!({})).await, StatusCode::BAD_REQUEST, "invalid_request");
+    assert_error(&s.post(&format!("{sess}/exec"), json!({ "code": code })).await, StatusCode::PAYLOAD_TOO_LARGE, "code_too_large");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeouts_crashes_and_busy_sessions() {
+    let s = TestServer::start().await;
+    // One-shot timeout: 408, promptly.
+    let t0 = Instant::now();
+    let got = s.post("/v1/exec", json!({ "code": "while True: pass", "timeout_seconds": 1 })).await;
+    assert_error(&got, StatusCode::REQUEST_TIMEOUT, "timeout");
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    // The guest exiting: 422.
+    assert_error(&s.post("/v1/exec", json!({ "code": "import os\nos._exit(3)" })).await, StatusCode::UNPROCESSABLE_ENTITY, "guest_exited");
+
+    // In a session: 408, rolled back to the last checkpoint, which the error names.
+    let id = s.create_session(json!({ "timeout_seconds": 1 })).await;
+    s.sexec(&id, "y = 5").await;
+    let got = s.post(&format!("/v1/sessions/{id}/exec"), json!({ "code": "y = 6\nwhile True: pass" })).await;
+    assert_error(&got, StatusCode::REQUEST_TIMEOUT, "timeout");
+    assert_eq!(got.1["error"]["checkpoint"], 1, "{}", got.1);
+    let v = s.sexec(&id, "y").await;
+    assert_eq!(v["value"], "5");
+    let got = s.post(&format!("/v1/sessions/{id}/exec"), json!({ "code": "import os\nos._exit(1)" })).await;
+    assert_error(&got, StatusCode::UNPROCESSABLE_ENTITY, "guest_exited");
+    assert_eq!(got.1["error"]["checkpoint"], 2, "{}", got.1);
+    assert_eq!(s.sexec(&id, "y").await["value"], "5");
+
+    // Busy: a second exec while one runs gets 409; the first completes.
+    let busy = s.create_session(json!({})).await;
+    s.sexec(&busy, "import time\nn = 0").await;
+    let (url, key, http) = (s.url.clone(), s.key.clone(), s.http.clone());
+    let b = busy.clone();
+    let long = tokio::spawn(async move {
+        let r = http
+            .post(format!("{url}/v1/sessions/{b}/exec"))
+            .bearer_auth(key)
+            .json(&json!({ "code": "time.sleep(2)\nn += 1\nn" }))
+            .send()
+            .await
+            .unwrap();
+        (r.status(), r.json::<Value>().await.unwrap())
+    });
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_error(&s.post(&format!("/v1/sessions/{busy}/exec"), json!({ "code": "n" })).await, StatusCode::CONFLICT, "session_busy");
+    assert_error(&s.post(&format!("/v1/sessions/{busy}/revert"), json!({ "checkpoint": 1 })).await, StatusCode::CONFLICT, "session_busy");
+    let (st, v) = long.await.unwrap();
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert_eq!(v["value"], "1");
+    assert_eq!(s.sexec(&busy, "n").await["value"], "1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overload_gets_503_not_an_unbounded_queue() {
+    let s = TestServer::start_with(|c| {
+        c.max_concurrency = 1;
+        c.max_queue = 1;
+        c.queue_wait = Duration::from_millis(300);
+    })
+    .await;
+    let mut tasks = Vec::new();
+    for _ in 0..5 {
+        let (url, key, http) = (s.url.clone(), s.key.clone(), s.http.clone());
+        tasks.push(tokio::spawn(async move {
+            let r = http
+                .post(format!("{url}/v1/exec"))
+                .bearer_auth(key)
+                .json(&json!({ "code": "import time\ntime.sleep(1.5)\n1" }))
+                .send()
+                .await
+                .unwrap();
+            let retry = r.headers().get("retry-after").is_some();
+            (r.status(), retry, r.json::<Value>().await.unwrap())
+        }));
+    }
+    let (mut ok, mut over) = (0, 0);
+    for t in tasks {
+        let (st, retry, v) = t.await.unwrap();
+        match st {
+            StatusCode::OK => {
+                assert_eq!(v["value"], "1");
+                ok += 1;
+            }
+            StatusCode::SERVICE_UNAVAILABLE => {
+                assert_eq!(v["error"]["code"], "overloaded", "{v}");
+                assert!(retry, "503 without Retry-After");
+                over += 1;
+            }
+            other => panic!("unexpected {other}: {v}"),
+        }
+    }
+    assert!(ok >= 1 && over >= 3, "ok {ok}, overloaded {over}");
+    // Capacity comes back.
+    let (st, v) = s.post("/v1/exec", json!({ "code": "2" })).await;
+    assert_eq!((st, v["value"].clone()), (StatusCode::OK, json!("2")));
+    // (The slot is released just after the reply, once the sandbox is torn down.)
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (_, h) = s.call(reqwest::Method::GET, "/healthz", None, None).await;
+        assert_eq!(h["exec_slots"], 1);
+        assert_eq!(h["queued"], 0);
+        if h["exec_slots_free"] == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the exec slot was never released: {h}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_and_tenant_isolation() {
+    let s = TestServer::start().await;
+    // No key / bad key: 401. Health and metrics need none.
+    assert_error(&s.call(reqwest::Method::POST, "/v1/exec", None, Some(json!({ "code": "1" }))).await, StatusCode::UNAUTHORIZED, "unauthorized");
+    assert_error(&s.call(reqwest::Method::GET, "/v1/sessions", Some("fbk_wrong"), None).await, StatusCode::UNAUTHORIZED, "unauthorized");
+    let r = s.http.get(format!("{}/v1/sessions", s.url)).header("authorization", "Basic abc").send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(s.call(reqwest::Method::GET, "/healthz", None, None).await.0, StatusCode::OK);
+    // Only hashes are stored.
+    let db = std::fs::read(forkbox_server::keys::keys_path(s.home.path())).unwrap();
+    assert!(!db.windows(s.key.len()).any(|w| w == s.key.as_bytes()), "the key itself is in keys.db");
+
+    let bob = s.new_key("bob");
+    let alice_session = s.create_session(json!({ "tags": { "k": "v" } })).await;
+    s.sexec(&alice_session, "secret = 41").await;
+    let path = format!("/v1/sessions/{alice_session}");
+    use reqwest::Method as M;
+    assert_error(&s.call(M::GET, &path, Some(&bob), None).await, StatusCode::NOT_FOUND, "session_not_found");
+    assert_error(&s.call(M::POST, &format!("{path}/exec"), Some(&bob), Some(json!({ "code": "secret" }))).await, StatusCode::NOT_FOUND, "session_not_found");
+    assert_error(&s.call(M::GET, &format!("{path}/checkpoints"), Some(&bob), None).await, StatusCode::NOT_FOUND, "session_not_found");
+    assert_error(&s.call(M::POST, &format!("{path}/revert"), Some(&bob), Some(json!({ "checkpoint": 1 }))).await, StatusCode::NOT_FOUND, "session_not_found");
+    assert_error(&s.call(M::POST, &format!("{path}/fork"), Some(&bob), Some(json!({}))).await, StatusCode::NOT_FOUND, "session_not_found");
+    assert_error(&s.call(M::DELETE, &path, Some(&bob), None).await, StatusCode::NOT_FOUND, "session_not_found");
+    let (_, v) = s.call(M::GET, "/v1/sessions", Some(&bob), None).await;
+    assert_eq!(v["sessions"], json!([]));
+    let (_, v) = s.call(M::GET, "/v1/sessions?tag=k:v", Some(&bob), None).await;
+    assert_eq!(v["sessions"], json!([]));
+    // Bob's own session is his; alice's is untouched.
+    let (st, b) = s.call(M::POST, "/v1/sessions", Some(&bob), Some(json!({}))).await;
+    assert_eq!(st, StatusCode::CREATED);
+    let (_, v) = s.get("/v1/sessions").await;
+    assert_eq!(v["sessions"].as_array().unwrap().len(), 1);
+    assert_error(&s.get(&format!("/v1/sessions/{}", b["id"].as_str().unwrap())).await, StatusCode::NOT_FOUND, "session_not_found");
+    assert_eq!(s.sexec(&alice_session, "secret + 1").await["value"], "42");
+    // A second key of the same tenant sees the same sessions.
+    let alice2 = s.new_key("alice");
+    assert_eq!(s.call(M::GET, &path, Some(&alice2), None).await.0, StatusCode::OK);
+    assert!(forkbox_server::create_key(s.home.path(), "bad tenant!").is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_and_health() {
+    let s = TestServer::start().await;
+    s.post("/v1/exec", json!({ "code": "1" })).await;
+    s.post("/v1/exec", json!({ "code": "1/0" })).await;
+    let id = s.create_session(json!({})).await;
+    s.sexec(&id, "a = 1").await;
+    assert_error(&s.get("/v1/sessions/s_nope").await, StatusCode::NOT_FOUND, "session_not_found");
+    let (st, h) = s.call(reqwest::Method::GET, "/healthz", None, None).await;
+    assert_eq!(st, StatusCode::OK);
+    assert_eq!(h["status"], "ok");
+    assert_eq!(h["template"], shared().template.info.id.as_str());
+    assert!(h["resident_sessions"].as_u64().unwrap() >= 1, "{h}");
+    let r = s.http.get(format!("{}/metrics", s.url)).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/plain"));
+    let text = r.text().await.unwrap();
+    for needle in [
+        "forkbox_exec_total{kind=\"oneshot\",outcome=\"ok\"}",
+        "forkbox_exec_total{kind=\"oneshot\",outcome=\"python_error\"}",
+        "forkbox_exec_total{kind=\"session\",outcome=\"ok\"}",
+        "forkbox_exec_duration_seconds_bucket{kind=\"oneshot\",le=\"0.01\"}",
+        "forkbox_exec_duration_seconds_count{kind=\"session\"}",
+        "forkbox_fork_duration_seconds_bucket",
+        "forkbox_sessions_resident",
+        "forkbox_sessions_live",
+        "forkbox_checkpoint_bytes_total",
+        "forkbox_errors_total{code=\"session_not_found\"}",
+    ] {
+        assert!(text.contains(needle), "/metrics lacks {needle}:\n{text}");
+    }
+}
+
+/// The `forkbox serve` path: `Server::bind` opens everything itself, creates
+/// a key when there is none, serves until the shutdown future, then returns
+/// and releases the data directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_bind_run_and_graceful_shutdown() {
+    let home = fresh_home();
+    let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap(), home.path().to_path_buf());
+    cfg.image = Some(shared().image_path.clone());
+    cfg.maintenance_every = Duration::from_millis(200);
+    cfg.sessions.idle_timeout = Duration::from_millis(300);
+    let server = Server::bind(cfg.clone()).await.expect("bind");
+    let key = server.created_key.clone().expect("a key is created when none exists");
+    assert!(key.starts_with("fbk_"));
+    let addr = server.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(server.run(async move {
+        let _ = rx.await;
+    }));
+    let http = reqwest::Client::new();
+    let url = format!("http://{addr}");
+    let r: Value = http.post(format!("{url}/v1/exec")).bearer_auth(&key).json(&json!({ "code": "6 * 7" })).send().await.unwrap().json().await.unwrap();
+    assert_eq!(r["value"], "42");
+    let sess: Value = http.post(format!("{url}/v1/sessions")).bearer_auth(&key).send().await.unwrap().json().await.unwrap();
+    let sid = sess["id"].as_str().unwrap().to_string();
+    let r: Value = http.post(format!("{url}/v1/sessions/{sid}/exec")).bearer_auth(&key).json(&json!({ "code": "q = 9" })).send().await.unwrap().json().await.unwrap();
+    assert_eq!(r["checkpoint"], 1);
+    // The maintenance loop evicts the idle session; the next exec resumes it from disk.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let g: Value = http.get(format!("{url}/v1/sessions/{sid}")).bearer_auth(&key).send().await.unwrap().json().await.unwrap();
+        if g["resident"] == false {
+            break;
+        }
+        assert!(Instant::now() < deadline, "session never evicted: {g}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let r: Value = http.post(format!("{url}/v1/sessions/{sid}/exec")).bearer_auth(&key).json(&json!({ "code": "q" })).send().await.unwrap().json().await.unwrap();
+    assert_eq!(r["value"], "9");
+
+    tx.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), run).await.expect("shutdown in time").unwrap().expect("run");
+    assert!(http.get(format!("{url}/healthz")).send().await.is_err(), "still listening after shutdown");
+
+    // A restart on the same home: no new key, the old one works, the session persists.
+    let server = Server::bind(cfg).await.expect("rebind after shutdown");
+    assert!(server.created_key.is_none());
+    let addr = server.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(server.run(async move {
+        let _ = rx.await;
+    }));
+    let r: Value = http
+        .post(format!("http://{addr}/v1/sessions/{sid}/exec"))
+        .bearer_auth(&key)
+        .json(&json!({ "code": "q + 1" }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(r["value"], "10");
+    tx.send(()).unwrap();
+    run.await.unwrap().unwrap();
+}
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
+/// Figures, not a pass/fail gate (run alone: `cargo test --release -p
+/// forkbox-server -- --ignored --nocapture`): one-shot exec latency in
+/// process vs over HTTP on loopback, then throughput with 16 concurrent clients.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn http_overhead_figures() {
+    let s = TestServer::start().await;
+    let sh = shared();
+    let n = 300;
+    let (engine, template) = (sh.engine.clone(), sh.template.clone());
+    let mut inproc: Vec<f64> = tokio::task::spawn_blocking(move || {
+        (0..n)
+            .map(|_| {
+                let t = Instant::now();
+                engine.exec(&template, "1 + 1", forkbox_engine::Limits::default()).unwrap();
+                t.elapsed().as_secs_f64() * 1000.0
+            })
+            .collect()
+    })
+    .await
+    .unwrap();
+    let mut http = Vec::new();
+    let (mut in_server, mut outside) = (Vec::new(), Vec::new());
+    for _ in 0..n {
+        let t = Instant::now();
+        let (st, v) = s.post("/v1/exec", json!({ "code": "1 + 1" })).await;
+        assert_eq!(st, StatusCode::OK);
+        let ms = t.elapsed().as_secs_f64() * 1000.0;
+        http.push(ms);
+        let (total, fork, exec) = (v["total_time_ms"].as_f64().unwrap(), v["fork_time_ms"].as_f64().unwrap(), v["exec_time_ms"].as_f64().unwrap());
+        in_server.push(total - fork - exec);
+        outside.push(ms - total);
+    }
+    eprintln!(
+        "one-shot p50/p99: in-process {:.3}/{:.3} ms, HTTP {:.3}/{:.3} ms",
+        pct(&mut inproc, 0.5),
+        pct(&mut inproc, 0.99),
+        pct(&mut http, 0.5),
+        pct(&mut http, 0.99)
+    );
+    eprintln!(
+        "HTTP overhead p50: in the server around the engine {:.3} ms, client+hyper+JSON {:.3} ms",
+        pct(&mut in_server, 0.5),
+        pct(&mut outside, 0.5)
+    );
+    let id = s.create_session(json!({})).await;
+    let mut sess = Vec::new();
+    for i in 0..100 {
+        let t = Instant::now();
+        s.sexec(&id, &format!("v = {i}")).await;
+        sess.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    eprintln!("session exec p50/p99 over HTTP: {:.3}/{:.3} ms", pct(&mut sess, 0.5), pct(&mut sess, 0.99));
+
+    let dur = Duration::from_secs(5);
+    let t0 = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        let (url, key, client) = (s.url.clone(), s.key.clone(), s.http.clone());
+        tasks.push(tokio::spawn(async move {
+            let (mut ok, mut err) = (0u64, 0u64);
+            while t0.elapsed() < dur {
+                let r = client.post(format!("{url}/v1/exec")).bearer_auth(&key).json(&json!({ "code": "1 + 1" })).send().await.unwrap();
+                if r.status() == StatusCode::OK { ok += 1 } else { err += 1 }
+                let _ = r.bytes().await;
+            }
+            (ok, err)
+        }));
+    }
+    let (mut ok, mut err) = (0, 0);
+    for t in tasks {
+        let (o, e) = t.await.unwrap();
+        ok += o;
+        err += e;
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    eprintln!("16 clients over HTTP: {:.0} execs/s, {err} errors of {}", ok as f64 / secs, ok + err);
+    let (engine, template) = (sh.engine.clone(), sh.template.clone());
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let done = tokio::task::spawn_blocking(move || {
+        let t0 = Instant::now();
+        let count = std::sync::atomic::AtomicU64::new(0);
+        std::thread::scope(|sc| {
+            for _ in 0..workers {
+                sc.spawn(|| {
+                    while t0.elapsed() < dur {
+                        engine.exec(&template, "1 + 1", forkbox_engine::Limits::default()).unwrap();
+                        count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                });
+            }
+        });
+        count.into_inner() as f64 / t0.elapsed().as_secs_f64()
+    })
+    .await
+    .unwrap();
+    eprintln!("in-process, {workers} threads: {done:.0} execs/s");
+}
