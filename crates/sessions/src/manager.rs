@@ -107,6 +107,15 @@ pub struct SessionManager {
     slots: Mutex<HashMap<String, Arc<Mutex<Slot>>>>,
 }
 
+/// A session's slot, or `Busy` if an exec (or revert, delete) holds it.
+fn lock_slot<'a>(slot: &'a Mutex<Slot>, id: &str) -> Result<std::sync::MutexGuard<'a, Slot>, SessionError> {
+    match slot.try_lock() {
+        Ok(g) => Ok(g),
+        Err(TryLockError::WouldBlock) => Err(SessionError::Busy(id.to_string())),
+        Err(TryLockError::Poisoned(p)) => Ok(p.into_inner()),
+    }
+}
+
 /// How long `open` waits for another process to release the sessions directory.
 const LOCK_WAIT: Duration = Duration::from_secs(30);
 
@@ -253,11 +262,7 @@ impl SessionManager {
     pub fn exec(&self, tenant: &str, id: &str, code: &str) -> Result<ExecOutcome, SessionError> {
         let rec = self.record(tenant, id)?;
         let slot = self.slot(id);
-        let mut guard = match slot.try_lock() {
-            Ok(g) => g,
-            Err(TryLockError::WouldBlock) => return Err(SessionError::Busy(id.to_string())),
-            Err(TryLockError::Poisoned(p)) => p.into_inner(),
-        };
+        let mut guard = lock_slot(&slot, id)?;
         let limits = from_store_limits(&rec.limits);
         if guard.sandbox.is_none() {
             self.make_room(id);
@@ -327,11 +332,7 @@ impl SessionManager {
     pub fn resume(&self, tenant: &str, id: &str) -> Result<(), SessionError> {
         let rec = self.record(tenant, id)?;
         let slot = self.slot(id);
-        let mut guard = match slot.try_lock() {
-            Ok(g) => g,
-            Err(TryLockError::WouldBlock) => return Err(SessionError::Busy(id.to_string())),
-            Err(TryLockError::Poisoned(p)) => p.into_inner(),
-        };
+        let mut guard = lock_slot(&slot, id)?;
         if guard.sandbox.is_none() {
             self.make_room(id);
             guard.sandbox = Some(self.bring_back(&rec, from_store_limits(&rec.limits))?);
@@ -404,11 +405,7 @@ impl SessionManager {
         let rec = self.record(tenant, id)?;
         let target = self.find_checkpoint(&rec, seq)?;
         let slot = self.slot(id);
-        let mut guard = match slot.try_lock() {
-            Ok(g) => g,
-            Err(TryLockError::WouldBlock) => return Err(SessionError::Busy(id.to_string())),
-            Err(TryLockError::Poisoned(p)) => p.into_inner(),
-        };
+        let mut guard = lock_slot(&slot, id)?;
         self.store.set_head(id, Some(target.id))?;
         guard.sandbox = None;
         Ok(target)
@@ -437,11 +434,7 @@ impl SessionManager {
     pub fn delete(&self, tenant: &str, id: &str) -> Result<(), SessionError> {
         self.record(tenant, id)?;
         let slot = self.slot(id);
-        let guard = match slot.try_lock() {
-            Ok(g) => g,
-            Err(TryLockError::WouldBlock) => return Err(SessionError::Busy(id.to_string())),
-            Err(TryLockError::Poisoned(p)) => p.into_inner(),
-        };
+        let guard = lock_slot(&slot, id)?;
         if !self.store.delete_session(tenant, id)? {
             return Err(SessionError::NotFound(id.to_string()));
         }
