@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, FromRequest, Path, RawQuery, Request, State};
+use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, RawQuery, Request, State};
+use axum::http::request::Parts;
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -165,6 +166,20 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
             serde_json::error::Category::Data => ApiError::invalid(format!("invalid request body: {e}")),
             _ => ApiError::new(StatusCode::BAD_REQUEST, "malformed_json", format!("request body is not valid JSON: {e}")),
         })
+    }
+}
+
+/// A path parameter; a bad one (e.g. a number out of range) is 400 `invalid_request` in the API's shape.
+pub struct ApiPath<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiPath<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|Path(v)| ApiPath(v))
+            .map_err(|rej| ApiError::invalid(format!("invalid path parameter: {}", rej.body_text())))
     }
 }
 
@@ -443,7 +458,7 @@ async fn list_sessions(
 async fn get_session(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<Session>, ApiError> {
     blocking(&state, move |s| Ok(Json(session_body(s, &s.sessions.get(&caller.tenant, &id)?)))).await
 }
@@ -453,7 +468,7 @@ async fn get_session(
 async fn delete_session(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
     blocking(&state, move |s| {
         s.sessions.delete(&caller.tenant, &id)?;
@@ -473,7 +488,7 @@ async fn delete_session(
 async fn session_exec(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiJson(req): ApiJson<SessionExec>,
 ) -> Result<Json<ExecResponse>, ApiError> {
     let t0 = Instant::now();
@@ -506,7 +521,7 @@ async fn session_exec(
 async fn checkpoints(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<CheckpointList>, ApiError> {
     blocking(&state, move |s| {
         let rec = s.sessions.get(&caller.tenant, &id)?;
@@ -536,7 +551,7 @@ async fn checkpoints(
 async fn revert(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiJson(req): ApiJson<RevertRequest>,
 ) -> Result<Json<Session>, ApiError> {
     blocking(&state, move |s| {
@@ -553,7 +568,7 @@ async fn revert(
 async fn fork(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiJson(req): ApiJson<ForkRequest>,
 ) -> Result<(StatusCode, Json<Session>), ApiError> {
     check_tags(&req.tags)?;

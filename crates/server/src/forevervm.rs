@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
@@ -36,7 +36,7 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::api::{acquire, blocking, check_code, check_tags, create_within_quota, session_limits, ApiJson, Caller};
+use crate::api::{acquire, blocking, check_code, check_tags, create_within_quota, session_limits, ApiJson, ApiPath, Caller};
 use crate::error::{ApiError, ErrorBody};
 use crate::{metrics, quota, AppState, Inner};
 
@@ -137,8 +137,10 @@ impl Machine {
 pub enum FvmResult {
     Value {
         /// repr() of the final expression, if any.
+        #[schema(required)]
         value: Option<String>,
         /// Rich display data (always null here).
+        #[schema(required)]
         data: Option<serde_json::Value>,
         runtime_ms: u64,
     },
@@ -222,6 +224,7 @@ async fn whoami(Extension(caller): Extension<Caller>) -> Json<Whoami> {
 pub struct MachineNew {
     #[serde(default)]
     pub tags: BTreeMap<String, String>,
+    #[schema(minimum = 64)]
     pub memory_mb: Option<u64>,
 }
 
@@ -346,7 +349,7 @@ fn check_instruction(state: &Inner, i: &Instruction) -> Result<(), ApiError> {
 async fn machine_exec(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
     ApiJson(req): ApiJson<MachineExec>,
 ) -> Result<Json<MachineExecAccepted>, ApiError> {
     check_instruction(&state, &req.instruction)?;
@@ -377,7 +380,7 @@ pub struct InstructionResult {
 async fn exec_result(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path((name, seq)): Path<(String, i64)>,
+    ApiPath((name, seq)): ApiPath<(String, i64)>,
 ) -> Result<Response, ApiError> {
     let (c, n) = (caller.clone(), name.clone());
     blocking(&state, move |s| owned(s, &c, &n)).await?;
@@ -430,7 +433,7 @@ enum ClientMessage {
 async fn repl(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
     ws: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
     let ws = ws.map_err(|e| {

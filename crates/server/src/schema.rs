@@ -13,12 +13,14 @@ pub struct ExecRequest {
     /// Python source; the repr of a final expression is the result's `value`.
     pub code: String,
     /// Time limit of this exec (default: the server's; at most its maximum).
+    #[schema(exclusive_minimum = 0.0)]
     pub timeout_seconds: Option<f64>,
 }
 
 #[derive(Deserialize, ToSchema)]
 pub struct BatchRequest {
     /// 1 to 64 codes, each run in its own fork.
+    #[schema(min_items = 1, max_items = 64)]
     pub codes: Vec<String>,
     pub timeout_seconds: Option<f64>,
 }
@@ -28,6 +30,7 @@ pub struct CreateSession {
     #[serde(default)]
     pub tags: BTreeMap<String, String>,
     /// 64 up to the server's maximum.
+    #[schema(minimum = 64)]
     pub memory_mb: Option<u64>,
     /// Time limit of each exec in the session.
     pub timeout_seconds: Option<f64>,
