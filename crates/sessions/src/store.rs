@@ -832,6 +832,22 @@ impl Store {
     }
 }
 
+impl Store {
+    /// Sum of `bytes` of the checkpoints owned by the tenant's live sessions
+    /// (what a per-tenant disk quota counts; flat layers are not counted).
+    pub fn tenant_disk_bytes(&self, tenant: &str) -> Result<u64, StoreError> {
+        let conn = self.conn();
+        let n: i64 = conn
+            .prepare_cached(
+                "SELECT COALESCE(SUM(c.bytes), 0) FROM checkpoints c \
+                 JOIN sessions s ON c.owner = s.sid WHERE s.tenant = ?1",
+            )
+            .and_then(|mut st| st.query_row([tenant], |r| r.get(0)))
+            .op("tenant_disk_bytes")?;
+        Ok(n.max(0) as u64)
+    }
+}
+
 fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
     let supported = MIGRATIONS.len() as i64;
     loop {
