@@ -86,7 +86,12 @@ def test_exec_returns_at_once_and_result_long_polls(fvm):
 
 def test_repl_websocket(server, fvm):
     with fvm.repl() as repl:  # machine "new": the server creates one
-        res = repl.exec("import sys\nprint('hello')\ny = 6\ny * 7")
+        res = repl.exec("import sys, time\nprint('hello')\ntime.sleep(0.2)\nprint('oops', file=sys.stderr)\ny = 6\ny * 7")
+        # Output arrives as it is written, before the result.
+        chunks = list(res.output)
+        assert "".join(c["data"] for c in chunks if c["stream"] == "stdout") == "hello\n"
+        assert "".join(c["data"] for c in chunks if c["stream"] == "stderr") == "oops\n"
+        assert [c["stream"] for c in chunks][0] == "stdout"
         assert res.result["value"] == "42"
         res = repl.exec("y + 1")
         assert res.result["value"] == "7"

@@ -24,7 +24,7 @@ use crate::error::{ApiError, ErrorBody};
 use crate::keys::KeyInfo;
 use crate::quota::{self, KeyLimits};
 use crate::schema::*;
-use crate::{metrics, openapi, AppState, Inner};
+use crate::{files, metrics, openapi, stream, AppState, Inner};
 
 /// Who a request acts for: the tenant of its API key (and the key's limits),
 /// or the fixed tenant of an embedded router (no limits).
@@ -59,13 +59,21 @@ impl utoipa::Modify for BearerAuth {
 }
 
 /// The `/v1` routes that act for a caller (auth is layered on by the caller of this).
-fn v1_routes() -> OpenApiRouter<AppState> {
+fn v1_routes(files_limit: usize) -> OpenApiRouter<AppState> {
+    let (schemas, paths, file_routes) = routes!(files::put_file, files::get_file);
+    // Uploads may be larger than JSON bodies.
+    let file_routes = (schemas, paths, file_routes.layer(DefaultBodyLimit::max(files_limit)));
     OpenApiRouter::new()
         .routes(routes!(exec))
+        .routes(routes!(stream::exec_stream))
         .routes(routes!(exec_batch))
         .routes(routes!(create_session, list_sessions))
         .routes(routes!(get_session, delete_session))
         .routes(routes!(session_exec))
+        .routes(routes!(stream::session_exec_stream))
+        .routes(routes!(interrupt))
+        .routes(file_routes)
+        .routes(routes!(files::list_files))
         .routes(routes!(checkpoints))
         .routes(routes!(revert))
         .routes(routes!(fork))
@@ -75,7 +83,7 @@ fn v1_routes() -> OpenApiRouter<AppState> {
 /// The routes and the OpenAPI document they produce. `caller` adds the layer
 /// that puts a [`Caller`] into each `/v1` request (auth, or a fixed tenant).
 fn build(state: AppState, caller: impl FnOnce(OpenApiRouter<AppState>) -> OpenApiRouter<AppState>) -> Router {
-    let v1 = caller(v1_routes()).routes(routes!(openapi_json));
+    let v1 = caller(v1_routes(state.config.files_limit)).routes(routes!(openapi_json));
     let (router, mut doc) = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(healthz))
         .routes(routes!(metrics_text))
@@ -239,7 +247,7 @@ pub(crate) fn outcome_of(r: &Result<ExecResult, impl Sized>) -> &'static str {
     }
 }
 
-fn random_id(prefix: &str) -> String {
+pub(crate) fn random_id(prefix: &str) -> String {
     let mut b = [0u8; 8];
     // SAFETY: getrandom into a local buffer.
     unsafe { libc::getrandom(b.as_mut_ptr() as *mut libc::c_void, b.len(), 0) };
@@ -514,6 +522,19 @@ async fn session_exec(
     v.checkpoint = Some(o.checkpoint.seq);
     v.total_time_ms = Some(t0.elapsed().as_secs_f64() * 1000.0);
     Ok(Json(v))
+}
+
+/// Interrupt (Ctrl-C) the exec running in the session: the code gets a KeyboardInterrupt,
+/// the session keeps its state. `interrupted` is false if no exec was running.
+#[utoipa::path(post, path = "/sessions/{id}/interrupt", tag = "sessions", params(("id" = String, Path, description = "Session id")),
+    responses((status = 200, body = Interrupted)))]
+async fn interrupt(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Json<Interrupted>, ApiError> {
+    // Not behind an exec slot: it must get through while every slot is busy.
+    blocking(&state, move |s| Ok(Json(Interrupted { interrupted: s.sessions.interrupt(&caller.tenant, &id)? }))).await
 }
 
 #[utoipa::path(get, path = "/sessions/{id}/checkpoints", tag = "sessions", params(("id" = String, Path, description = "Session id")),

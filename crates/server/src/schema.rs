@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use base64::Engine as _;
 use forkbox_engine::ExecResult;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -93,6 +94,26 @@ pub struct ExecResponse {
     /// Session execs: the seq of the checkpoint that recorded this exec.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<i64>,
+    /// Files under `/output` the exec created or changed (omitted when none).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub outputs: Vec<OutputFileBody>,
+}
+
+/// A file under `/output` that an exec created or changed.
+#[derive(Serialize, ToSchema)]
+pub struct OutputFileBody {
+    pub path: String,
+    pub size: u64,
+    pub mime: String,
+    /// The bytes, base64 (omitted past 4 MiB per file / 8 MiB per exec: download the file instead).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub base64: Option<String>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct Interrupted {
+    /// Whether an exec was running (and was interrupted).
+    pub interrupted: bool,
 }
 
 impl ExecResponse {
@@ -115,6 +136,16 @@ impl ExecResponse {
             exec_time_ms: None,
             total_time_ms: None,
             checkpoint: None,
+            outputs: r
+                .outputs
+                .iter()
+                .map(|o| OutputFileBody {
+                    path: o.path.clone(),
+                    size: o.size,
+                    mime: o.mime.to_string(),
+                    base64: o.data.as_ref().map(|d| base64::engine::general_purpose::STANDARD.encode(d)),
+                })
+                .collect(),
         }
     }
 }
