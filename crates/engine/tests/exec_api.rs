@@ -413,3 +413,23 @@ fn many_interrupts_into_a_computation_leave_its_result_exact() {
     let (r, _, _) = exec_interrupted(&mut sb, "while True: pass", Duration::from_millis(200));
     assert_eq!(r.expect("result").error.map(|e| e.kind), Some("KeyboardInterrupt".to_string()));
 }
+
+#[test]
+fn an_armed_interrupter_keeps_an_interrupt_for_the_exec_about_to_start() {
+    let mut sb = fork();
+    ok(&mut sb, "n = 7");
+    let i = Interrupter::new();
+    i.arm();
+    assert!(i.interrupt(), "armed: an exec is about to start");
+    let t0 = Instant::now();
+    let r = sb.exec_with("while True: n += 1", ExecOptions { on_output: None, interrupt: Some(i.clone()) }).unwrap();
+    assert_eq!(r.error.map(|e| e.kind).as_deref(), Some("KeyboardInterrupt"));
+    assert!(t0.elapsed() < Duration::from_secs(1));
+    assert_eq!(ok(&mut sb, "n").value.as_deref(), Some("7"), "interrupted before any user code ran");
+    // Once that exec is over, the interrupter is disarmed; a disarmed one counts nothing.
+    assert!(!i.interrupt());
+    i.arm();
+    i.disarm();
+    assert!(!i.interrupt());
+    assert_eq!(ok(&mut sb, "n + 1").value.as_deref(), Some("8"));
+}

@@ -139,3 +139,28 @@ fn an_exec_that_swallows_the_interrupt_is_killed_and_rolled_back() {
     assert_eq!(m.get(TENANT, &s.id).unwrap().head, Some(c.id));
     assert_eq!(value(&m, &s.id, "kept"), "5", "rolled back to the last checkpoint");
 }
+
+#[test]
+fn interrupting_an_exec_as_its_session_resumes_from_disk() {
+    let home = fresh_home();
+    let m = open_default(home.path());
+    let s = new_session_with(&m, &Limits { timeout: Duration::from_secs(10), ..Limits::default() });
+    ok(&m, &s.id, "kept = 'x' * 3\nbig = list(range(200000))");
+    for _ in 0..3 {
+        assert!(m.evict(&s.id));
+        let t0 = Instant::now();
+        let r = std::thread::scope(|sc| {
+            let h = sc.spawn(|| m.exec(TENANT, &s.id, "while True: pass"));
+            // The first interrupt that counts lands while the session is still
+            // being resumed from disk (or just after): it must not be lost.
+            while !m.interrupt(TENANT, &s.id).unwrap() {
+                std::thread::yield_now();
+            }
+            h.join().unwrap()
+        });
+        let out = r.expect("result");
+        assert_eq!(out.result.error.as_ref().map(|e| e.kind.as_str()), Some("KeyboardInterrupt"));
+        assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+        assert_eq!(value(&m, &s.id, "kept, len(big)"), "('xxx', 200000)");
+    }
+}
