@@ -327,6 +327,9 @@ impl Sandbox {
     /// creating parent directories; the file gets mode 0644.
     pub fn write_file(&mut self, path: &str, data: &[u8]) -> Result<(), EngineError> {
         let p = self.guest_path(path)?;
+        if path.ends_with('/') {
+            return Err(EngineError::File { code: "is_a_directory", message: format!("{path}: a file name cannot end with '/'") });
+        }
         files::write_file(&mut self.proc.vfs, &p, data)
     }
 

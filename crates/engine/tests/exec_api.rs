@@ -175,6 +175,8 @@ fn hostile_and_wrong_paths_get_the_right_codes() {
     assert_eq!(sb.read_file("/tmp", 10).unwrap_err().code(), "is_a_directory");
     assert_eq!(code(sb.write_file("/tmp", b"x")), Some("is_a_directory"));
     assert_eq!(code(sb.write_file("/", b"x")), Some("is_a_directory"));
+    assert_eq!(code(sb.write_file("/tmp/newdir/", b"x")), Some("is_a_directory"));
+    assert_eq!(sb.read_file("/tmp/newdir", 10).unwrap_err().code(), "file_not_found");
     sb.write_file("/tmp/f", b"0123456789").unwrap();
     assert_eq!(sb.read_file("/tmp/f", 9).unwrap_err().code(), "file_too_large");
     assert_eq!(sb.read_file("/tmp/f", 10).unwrap(), b"0123456789");
@@ -350,6 +352,18 @@ fn a_guest_that_ignores_sigint_is_killed() {
 }
 
 #[test]
+fn a_guest_that_blocks_sigint_is_killed() {
+    let mut sb = fork();
+    let code = "import signal\nsignal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})\nwhile True: pass";
+    let (r, _, took) = exec_interrupted(&mut sb, code, Duration::from_millis(300));
+    match r {
+        Err(EngineError::Interrupted(why)) => assert!(why.contains("blocks SIGINT"), "{why}"),
+        other => panic!("expected Interrupted, got {other:?}"),
+    }
+    assert!(took < Duration::from_secs(1), "{took:?}");
+}
+
+#[test]
 fn a_python_handler_sees_sane_registers_and_the_exec_goes_on() {
     let mut sb = fork();
     // A handler of the user's own: the exec continues after it (no exception), state intact.
@@ -432,4 +446,68 @@ fn an_armed_interrupter_keeps_an_interrupt_for_the_exec_about_to_start() {
     i.disarm();
     assert!(!i.interrupt());
     assert_eq!(ok(&mut sb, "n + 1").value.as_deref(), Some("8"));
+}
+
+#[test]
+fn a_c_level_handler_reads_siginfo_and_the_interrupted_registers() {
+    let mut sb = fork();
+    // A SA_SIGINFO handler through ctypes: it reads siginfo and the ucontext's
+    // registers as a C handler would (uc_mcontext at 40, gregs REG_RSP 15, REG_RIP 16, REG_EFL 17).
+    let code = r#"
+import ctypes, signal, time
+libc = ctypes.CDLL(None)
+seen = []
+HANDLER = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+def h(sig, info, uc):
+    si = ctypes.cast(info, ctypes.POINTER(ctypes.c_int * 4)).contents
+    g = ctypes.cast(uc + 40, ctypes.POINTER(ctypes.c_uint64 * 18)).contents
+    mask = ctypes.cast(uc + 296, ctypes.POINTER(ctypes.c_uint64)).contents.value
+    seen.append((sig, si[0], si[2], g[15], g[16], g[17], mask))
+cb = HANDLER(h)
+class SA(ctypes.Structure):
+    _fields_ = [("handler", ctypes.c_void_p), ("mask", ctypes.c_uint64 * 16), ("flags", ctypes.c_int), ("restorer", ctypes.c_void_p)]
+sa = SA()
+sa.handler = ctypes.cast(cb, ctypes.c_void_p).value
+sa.flags = 4  # SA_SIGINFO (glibc adds SA_RESTORER)
+assert libc.sigaction(2, ctypes.byref(sa), None) == 0
+print('ready', flush=True)
+t = time.time()
+while not seen and time.time() - t < 5: pass
+signal.signal(signal.SIGINT, signal.default_int_handler)
+seen
+"#;
+    let i = Interrupter::new();
+    let ready = std::sync::atomic::AtomicBool::new(false);
+    let r = std::thread::scope(|s| {
+        let (i2, ready) = (i.clone(), &ready);
+        s.spawn(move || {
+            while !ready.load(std::sync::atomic::Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+            i2.interrupt();
+        });
+        let mut sink = |_: Stream, d: &[u8]| {
+            if d.starts_with(b"ready") {
+                ready.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        };
+        let r = sb.exec_with(code, ExecOptions { on_output: Some(&mut sink), interrupt: Some(i.clone()) });
+        ready.store(true, std::sync::atomic::Ordering::SeqCst);
+        r
+    });
+    let r = r.expect("result");
+    assert!(r.error.is_none(), "{:?}", r.error);
+    let v = r.value.unwrap();
+    let nums: Vec<u64> = v.trim_matches(|c| "[]() ".contains(c)).split(", ").map(|x| x.parse().unwrap()).collect();
+    let [sig, signo, code, rsp, rip, eflags, mask] = nums[..] else { panic!("one delivery expected: {v}") };
+    assert_eq!((sig, signo, code), (2, 2, 0x80), "signo and SI_KERNEL");
+    assert!((0x8000_0000..0x1_0000_0000).contains(&rsp), "interrupted rsp {rsp:#x} on the stack");
+    assert!((0x40_0000..0x4000_0000).contains(&rip), "interrupted rip {rip:#x} in the interpreter");
+    // Bit 1 is always set; no trap flag. (IF as KVM reports it for CPL 3 differs by host: not checked.)
+    assert_eq!(eflags & 0x102, 0x2, "eflags {eflags:#x}");
+    assert_eq!(mask & 2, 0, "SIGINT was not blocked when interrupted");
+    // The agent has SIGINT back: the next interrupt raises KeyboardInterrupt.
+    let (r, _, _) = exec_interrupted(&mut sb, "while True: pass", Duration::from_millis(200));
+    assert_eq!(r.expect("result").error.map(|e| e.kind).as_deref(), Some("KeyboardInterrupt"));
 }
