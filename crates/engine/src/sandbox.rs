@@ -15,8 +15,8 @@ use crate::error::EngineError;
 use crate::files::{self, FileEntry, OutputFile, OutputIndex};
 use crate::interrupt::Interrupter;
 use crate::limits::Limits;
-use crate::signal::{self, SignalState};
 use crate::protocol::{self, ExecReply, ExecRequest, PyError};
+use crate::signal::{self, SignalState};
 use crate::Engine;
 
 /// The guest program: CPython running the agent.
@@ -253,6 +253,11 @@ impl Sandbox {
             return Err(EngineError::CodeTooLarge(code.len(), self.limits.code_bytes));
         }
         let ExecOptions { mut on_output, interrupt } = opts;
+        // The vCPU thread is the one to kick while this exec runs.
+        let _attached = match &interrupt {
+            Some(i) => Some(i.latch().attach()?),
+            None => None,
+        };
         let t0 = Instant::now();
         let syscalls_before = self.io.stats.total;
         self.outputs.refresh(&self.proc.vfs);
@@ -265,10 +270,6 @@ impl Sandbox {
         crate::vdso::refresh(self.vm(), vdso)?;
         let deadline = Instant::now() + self.limits.timeout;
         self.io.streaming = stream;
-        let _attached = match &interrupt {
-            Some(i) => Some(i.latch().attach()?),
-            None => None,
-        };
         self.io.interrupt = interrupt.as_ref().map(|i| i.latch().clone());
         let outcome = self.run(Some(regs), deadline, &mut on_output);
         self.io.streaming = false;
