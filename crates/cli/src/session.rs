@@ -197,3 +197,72 @@ pub fn session(home: &Path, cmd: SessionCommand) -> Result<ExitCode> {
     }
     Ok(ExitCode::SUCCESS)
 }
+
+/// `forkbox --url URL session ...`: the same commands against a server, printed the same way.
+pub fn session_remote(api: &crate::api::Api, cmd: SessionCommand) -> Result<ExitCode> {
+    let image = image_of(&cmd);
+    if image.image.is_some() || !image.apt.is_empty() {
+        bail!("--image and --apt only apply to the embedded mode (the server has its own image)");
+    }
+    let c = &api.client;
+    let print = |s: &forkbox_client::Session| {
+        let tags: Vec<String> = s.tags.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        println!(
+            "{}  checkpoint {}  tags [{}]  memory {} MiB  timeout {:.0} s",
+            s.id,
+            s.checkpoint.map_or("-".to_string(), |n| n.to_string()),
+            tags.join(","),
+            s.limits.memory_mb,
+            s.limits.timeout_seconds
+        );
+    };
+    match cmd {
+        SessionCommand::New { tags, memory_mb, timeout, .. } => {
+            let opts = forkbox_client::CreateSession {
+                tags: tags.into_iter().collect(),
+                memory_mb: Some(memory_mb),
+                timeout_seconds: Some(timeout),
+            };
+            println!("{}", api.block_on(c.create_session(&opts))?.id);
+        }
+        SessionCommand::Exec { id, code, json, .. } => {
+            let code = if code == "-" {
+                let mut s = String::new();
+                std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)?;
+                s
+            } else {
+                code
+            };
+            let r = api.block_on(c.session_exec(&id, &code))?;
+            crate::run::print_remote_result(&r, json, false)?;
+            return Ok(if r.error.is_some() { ExitCode::from(1) } else { ExitCode::SUCCESS });
+        }
+        SessionCommand::Ls { tags, .. } => {
+            for s in api.block_on(c.list_sessions(&tags))? {
+                print(&s);
+            }
+        }
+        SessionCommand::Log { id, .. } => {
+            for cp in api.block_on(c.checkpoints(&id))? {
+                let first = cp.code.lines().next().unwrap_or("");
+                let more = if cp.code.lines().count() > 1 { " ..." } else { "" };
+                println!("{} {:>4}  {:>6} pages  {:>8} bytes  {}{}", if cp.head { "*" } else { " " }, cp.seq, cp.pages, cp.bytes, first, more);
+            }
+        }
+        SessionCommand::Revert { id, checkpoint, .. } => {
+            api.block_on(c.revert(&id, checkpoint))?;
+            println!("{id} is at checkpoint {checkpoint}");
+        }
+        SessionCommand::Fork { id, checkpoint, tags, .. } => {
+            if !tags.is_empty() {
+                bail!("--tag on fork is not supported with --url yet (the client's fork takes no tags)");
+            }
+            println!("{}", api.block_on(c.fork(&id, checkpoint))?.id);
+        }
+        SessionCommand::Rm { id, .. } => {
+            api.block_on(c.delete_session(&id))?;
+            println!("deleted {id}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
