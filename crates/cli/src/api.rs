@@ -42,7 +42,7 @@ impl Api {
         let rt = runtime()?;
         let router = {
             let _guard = rt.enter();
-            embedded_router(state, LOCAL_TENANT)?
+            forkbox_server::embedded_router(state, LOCAL_TENANT)
         };
         Ok(Api { client: Client::new(Transport::InProcess(router)), target: format!("embedded ({})", home.display()), rt })
     }
@@ -114,7 +114,3 @@ pub async fn exec_streaming(
     Err(ClientError::StreamEnded)
 }
 
-// TEMPORARY until the server branch with `forkbox_server::embedded_router` is merged.
-fn embedded_router(_state: forkbox_server::AppState, _tenant: &str) -> Result<axum::Router> {
-    anyhow::bail!("the embedded mode needs forkbox_server::embedded_router (not merged yet): use --url")
-}

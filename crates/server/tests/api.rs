@@ -700,3 +700,294 @@ async fn http_overhead_figures() {
     .unwrap();
     eprintln!("in-process, {workers} threads: {done:.0} execs/s");
 }
+
+// ---------------------------------------------------------------------------
+// Embedded router, per-key limits, OpenAPI, ForeverVM
+// ---------------------------------------------------------------------------
+
+async fn state_for(home: &std::path::Path, tweak: impl FnOnce(&mut ServerConfig)) -> forkbox_server::AppState {
+    let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap(), home.to_path_buf());
+    tweak(&mut cfg);
+    let s = shared();
+    let (engine, template) = (s.engine.clone(), s.template.clone());
+    tokio::task::spawn_blocking(move || Inner::new(engine, template, cfg).expect("server state")).await.unwrap()
+}
+
+/// One request through the router in process (tower `oneshot`, no socket).
+async fn oneshot(app: &axum::Router, method: &str, path: &str, body: Option<Value>) -> (StatusCode, Value) {
+    use tower::ServiceExt;
+    let mut req = axum::http::Request::builder().method(method).uri(path);
+    let body = match body {
+        Some(b) => {
+            req = req.header("content-type", "application/json");
+            axum::body::Body::from(b.to_string())
+        }
+        None => axum::body::Body::empty(),
+    };
+    let resp = app.clone().oneshot(req.body(body).unwrap()).await.unwrap();
+    let status = StatusCode::from_u16(resp.status().as_u16()).unwrap();
+    let bytes = axum::body::to_bytes(resp.into_body(), 64 << 20).await.unwrap();
+    let v = if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into())) };
+    (status, v)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_router_is_the_same_api_for_a_fixed_tenant() {
+    let home = fresh_home();
+    let state = state_for(home.path(), |_| {}).await;
+    let app = forkbox_server::embedded_router(state.clone(), "local");
+    // No key needed; the tenant is fixed.
+    let (st, v) = oneshot(&app, "POST", "/v1/exec", Some(json!({ "code": "print('hi')\n6 * 7" }))).await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert_eq!((v["value"].as_str(), v["stdout"].as_str()), (Some("42"), Some("hi\n")));
+    assert_eq!(oneshot(&app, "GET", "/v1/whoami", None).await.1["account"], "local");
+    let (st, sess) = oneshot(&app, "POST", "/v1/sessions", Some(json!({ "tags": { "via": "embedded" } }))).await;
+    assert_eq!(st, StatusCode::CREATED, "{sess}");
+    let id = sess["id"].as_str().unwrap().to_string();
+    let (_, v) = oneshot(&app, "POST", &format!("/v1/sessions/{id}/exec"), Some(json!({ "code": "k = 5" }))).await;
+    assert_eq!(v["checkpoint"], 1, "{v}");
+    let (_, v) = oneshot(&app, "POST", &format!("/v1/sessions/{id}/exec"), Some(json!({ "code": "k * 2" }))).await;
+    assert_eq!(v["value"], "10");
+    // It fails the way the HTTP API fails.
+    let (st, v) = oneshot(&app, "GET", "/v1/sessions/s_nope", None).await;
+    assert_eq!((st, v["error"]["code"].as_str()), (StatusCode::NOT_FOUND, Some("session_not_found")));
+    let (st, v) = oneshot(&app, "POST", "/v1/exec", Some(json!({ "code": 1 }))).await;
+    assert_eq!((st, v["error"]["code"].as_str()), (StatusCode::BAD_REQUEST, Some("invalid_request")));
+    assert_eq!(oneshot(&app, "GET", "/v1/openapi.json", None).await.0, StatusCode::OK);
+    // Its sessions are the data directory's sessions of that tenant: the HTTP router shows them to a key of "local".
+    let http = router(state);
+    let key = forkbox_server::create_key(home.path(), "local").unwrap();
+    use tower::ServiceExt;
+    let req = axum::http::Request::get(format!("/v1/sessions/{id}")).header("authorization", format!("Bearer {key}")).body(axum::body::Body::empty()).unwrap();
+    assert_eq!(http.oneshot(req).await.unwrap().status().as_u16(), 200);
+}
+
+fn limited_key(s: &TestServer, tenant: &str, limits: forkbox_server::KeyLimits) -> String {
+    forkbox_server::create_key_with(s.home.path(), tenant, &limits).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_key_rate_limit_gets_429_with_retry_after() {
+    let s = TestServer::start().await;
+    let key = limited_key(&s, "slow", forkbox_server::KeyLimits { rate_limit: Some(3), ..Default::default() });
+    let (mut ok, mut limited) = (0, 0);
+    for _ in 0..10 {
+        let r = s.http.get(format!("{}/v1/sessions", s.url)).bearer_auth(&key).send().await.unwrap();
+        match r.status() {
+            StatusCode::OK => ok += 1,
+            StatusCode::TOO_MANY_REQUESTS => {
+                let retry: u64 = r.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+                assert!((1..=2).contains(&retry), "Retry-After {retry}");
+                let v: Value = r.json().await.unwrap();
+                assert_eq!(v["error"]["code"], "rate_limited", "{v}");
+                limited += 1;
+            }
+            other => panic!("unexpected {other}"),
+        }
+    }
+    // A burst of 3, then (10 requests well within a second) refusals.
+    assert!((3..=5).contains(&ok) && limited >= 5, "ok {ok}, limited {limited}");
+    // Other keys are not affected; the bucket refills.
+    assert_eq!(s.get("/v1/sessions").await.0, StatusCode::OK);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(s.call(reqwest::Method::GET, "/v1/sessions", Some(&key), None).await.0, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_key_session_and_disk_quotas_get_403() {
+    use reqwest::Method as M;
+    let s = TestServer::start().await;
+    let key = limited_key(&s, "small", forkbox_server::KeyLimits { max_sessions: Some(2), max_disk_mb: Some(1), ..Default::default() });
+    let (st, a) = s.call(M::POST, "/v1/sessions", Some(&key), Some(json!({}))).await;
+    assert_eq!(st, StatusCode::CREATED, "{a}");
+    let a = a["id"].as_str().unwrap().to_string();
+    let (st, m) = s.call(M::POST, "/v1/machine/new", Some(&key), Some(json!({}))).await;
+    assert_eq!(st, StatusCode::OK, "{m}");
+    // Two sessions exist (one a ForeverVM machine): create, fork and machine new are refused.
+    assert_error(&s.call(M::POST, "/v1/sessions", Some(&key), Some(json!({}))).await, StatusCode::FORBIDDEN, "quota_exceeded");
+    assert_error(&s.call(M::POST, &format!("/v1/sessions/{a}/fork"), Some(&key), Some(json!({}))).await, StatusCode::FORBIDDEN, "quota_exceeded");
+    assert_error(&s.call(M::POST, "/v1/machine/new", Some(&key), Some(json!({}))).await, StatusCode::FORBIDDEN, "quota_exceeded");
+    // The quota is the tenant's, not the server's: alice (unlimited) is not affected.
+    s.create_session(json!({})).await;
+    // Disk: 2 MB of random bytes make a checkpoint over the 1 MiB quota; the next exec is refused.
+    let (st, v) = s.call(M::POST, &format!("/v1/sessions/{a}/exec"), Some(&key), Some(json!({ "code": "import os\nblob = os.urandom(2_000_000)\nlen(blob)" }))).await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert_error(&s.call(M::POST, &format!("/v1/sessions/{a}/exec"), Some(&key), Some(json!({ "code": "len(blob)" }))).await, StatusCode::FORBIDDEN, "quota_exceeded");
+    let machine = m["machine_name"].as_str().unwrap();
+    assert_error(
+        &s.call(M::POST, &format!("/v1/machine/{machine}/exec"), Some(&key), Some(json!({ "instruction": { "code": "1" } }))).await,
+        StatusCode::FORBIDDEN,
+        "quota_exceeded",
+    );
+    // Deleting frees both quotas.
+    assert_eq!(s.call(M::DELETE, &format!("/v1/sessions/{a}"), Some(&key), None).await.0, StatusCode::NO_CONTENT);
+    let (st, b) = s.call(M::POST, "/v1/sessions", Some(&key), Some(json!({}))).await;
+    assert_eq!(st, StatusCode::CREATED, "{b}");
+    let (st, v) = s.call(M::POST, &format!("/v1/sessions/{}/exec", b["id"].as_str().unwrap()), Some(&key), Some(json!({ "code": "1 + 1" }))).await;
+    assert_eq!((st, v["value"].clone()), (StatusCode::OK, json!("2")), "{v}");
+}
+
+/// keys.db files from before per-key limits gain the columns in place; their keys keep working, unlimited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn old_keys_db_is_migrated_in_place() {
+    let home = fresh_home();
+    let path = forkbox_server::keys::keys_path(home.path());
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let old_key = "fbk_0123456789abcdef";
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch("CREATE TABLE api_keys (hash TEXT PRIMARY KEY, tenant TEXT NOT NULL, created_ms INTEGER NOT NULL);").unwrap();
+        conn.execute("INSERT INTO api_keys VALUES (?1, 'old', 1)", [forkbox_server::keys::hash_key(old_key)]).unwrap();
+    }
+    let store = forkbox_server::keys::KeyStore::open(home.path()).unwrap();
+    let info = store.lookup(old_key).unwrap().expect("the old key is still known");
+    assert_eq!(info.tenant, "old");
+    assert_eq!(info.limits, forkbox_server::KeyLimits::default());
+    assert!(info.limiter.is_none());
+    let limits = forkbox_server::KeyLimits { rate_limit: Some(5), max_sessions: Some(3), max_disk_mb: Some(7) };
+    let new_key = forkbox_server::create_key_with(home.path(), "new", &limits).unwrap();
+    let info = store.lookup(&new_key).unwrap().unwrap();
+    assert_eq!((info.tenant.as_str(), &info.limits), ("new", &limits));
+    assert!(forkbox_server::create_key_with(home.path(), "x", &forkbox_server::KeyLimits { max_sessions: Some(0), ..Default::default() }).is_err());
+    assert_eq!(forkbox_server::keys::count_keys(home.path()).unwrap(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openapi_document_describes_every_route_the_router_serves() {
+    let s = TestServer::start().await;
+    // No auth needed.
+    let (st, doc) = s.call(reqwest::Method::GET, "/v1/openapi.json", None, None).await;
+    assert_eq!(st, StatusCode::OK, "{doc}");
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3.1"), "{}", doc["openapi"]);
+    let paths = doc["paths"].as_object().unwrap();
+    // The routes of the API (README / contract): each is in the document with its method.
+    let expected = [
+        ("post", "/v1/exec"),
+        ("post", "/v1/exec/batch"),
+        ("post", "/v1/sessions"),
+        ("get", "/v1/sessions"),
+        ("get", "/v1/sessions/{id}"),
+        ("delete", "/v1/sessions/{id}"),
+        ("post", "/v1/sessions/{id}/exec"),
+        ("get", "/v1/sessions/{id}/checkpoints"),
+        ("post", "/v1/sessions/{id}/revert"),
+        ("post", "/v1/sessions/{id}/fork"),
+        ("get", "/v1/whoami"),
+        ("post", "/v1/machine/new"),
+        ("get", "/v1/machine/list"),
+        ("post", "/v1/machine/list"),
+        ("post", "/v1/machine/{name}/exec"),
+        ("get", "/v1/machine/{name}/exec/{seq}/result"),
+        ("get", "/v1/machine/{name}/repl"),
+        ("get", "/v1/openapi.json"),
+        ("get", "/healthz"),
+        ("get", "/metrics"),
+    ];
+    for (m, p) in expected {
+        assert!(paths.get(p).and_then(|x| x.get(m)).is_some(), "{m} {p} missing from the OpenAPI document");
+    }
+    // And every operation in the document is served (not the router's fallback), with auth where the document says.
+    let schemas = doc["components"]["schemas"].as_object().unwrap();
+    for (p, item) in paths {
+        for (m, op) in item.as_object().unwrap() {
+            let url = p.replace("{id}", "s_none").replace("{name}", "s_none").replace("{seq}", "0");
+            let method = reqwest::Method::from_bytes(m.to_uppercase().as_bytes()).unwrap();
+            let open = op["security"] == json!([{}]);
+            let (st, v) = s.call(method.clone(), &url, None, None).await;
+            if !open {
+                assert_error(&(st, v.clone()), StatusCode::UNAUTHORIZED, "unauthorized");
+            }
+            let (st, v) = s.call(method, &url, Some(&s.key), if m == "get" || m == "delete" { None } else { Some(json!({})) }).await;
+            assert!(!["not_found", "method_not_allowed"].contains(&v["error"]["code"].as_str().unwrap_or("")), "{m} {p}: {st} {v}");
+            assert!(st.as_u16() < 500, "{m} {p}: {st} {v}");
+            // Documented statuses include what it answered.
+            let responses = op["responses"].as_object().unwrap();
+            assert!(responses.contains_key(st.as_str()) || responses.contains_key("default"), "{m} {p}: {st} undocumented");
+            assert!(op["operationId"].is_string());
+        }
+    }
+    for name in ["ExecRequest", "ExecResponse", "Session", "ErrorBody", "MachineExec", "InstructionResult", "FvmResult"] {
+        assert!(schemas.contains_key(name), "schema {name} missing");
+    }
+    assert_eq!(doc["components"]["schemas"]["ExecResponse"]["properties"]["exit_code"]["type"], "integer");
+}
+
+async fn fvm_result(s: &TestServer, machine: &str, seq: i64, key: &str) -> Value {
+    let (st, v) = s.call(reqwest::Method::GET, &format!("/v1/machine/{machine}/exec/{seq}/result"), Some(key), None).await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert_eq!(v["instruction_id"], seq);
+    v["result"].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forevervm_machines_exec_and_long_poll() {
+    use reqwest::Method as M;
+    let s = TestServer::start().await;
+    let key = s.key.clone();
+    assert_eq!(s.get("/v1/whoami").await.1, json!({ "account": "alice" }));
+    let (st, m) = s.post("/v1/machine/new", json!({ "tags": { "kind": "fvm" } })).await;
+    assert_eq!(st, StatusCode::OK, "{m}");
+    let name = m["machine_name"].as_str().unwrap().to_string();
+    for method in [M::GET, M::POST] {
+        let (st, l) = s.call(method, "/v1/machine/list", Some(&key), None).await;
+        assert_eq!(st, StatusCode::OK, "{l}");
+        let machines = l["machines"].as_array().unwrap();
+        assert_eq!(machines.len(), 1);
+        assert_eq!(machines[0]["name"], name.as_str());
+        assert_eq!(machines[0]["tags"]["kind"], "fvm");
+        assert!(machines[0]["created_at"].as_str().unwrap().ends_with('Z'), "{l}");
+        assert_eq!(machines[0]["expires_at"], Value::Null);
+    }
+    // Exec returns at once; the long poll waits for the result.
+    let exec = format!("/v1/machine/{name}/exec");
+    let t0 = Instant::now();
+    let (st, e) = s.post(&exec, json!({ "instruction": { "code": "import time\ntime.sleep(1)\nx = 20\nx + 1", "timeout_seconds": 10 } })).await;
+    assert_eq!(st, StatusCode::OK, "{e}");
+    assert!(t0.elapsed() < Duration::from_millis(800), "exec did not return at once: {:?}", t0.elapsed());
+    assert_eq!((e["instruction_seq"].as_i64(), e["machine"].as_str(), e["interrupted"].as_bool()), (Some(0), Some(name.as_str()), Some(false)));
+    // Queued behind it, in order.
+    let (_, e2) = s.post(&exec, json!({ "instruction": { "code": "x * 2" } })).await;
+    assert_eq!(e2["instruction_seq"], 1);
+    let (_, l) = s.get("/v1/machine/list").await;
+    assert_eq!(l["machines"][0]["has_pending_instructions"], true, "{l}");
+    let r = fvm_result(&s, &name, 0, &key).await;
+    assert!(t0.elapsed() >= Duration::from_secs(1));
+    assert_eq!(r["value"], "21", "{r}");
+    assert_eq!(r["data"], Value::Null);
+    assert!(r["runtime_ms"].as_u64().unwrap() >= 1000, "{r}");
+    assert_eq!(fvm_result(&s, &name, 1, &key).await["value"], "40");
+    // A Python error: `error` is "<Type>: <message>\n<traceback>".
+    let (_, e) = s.post(&exec, json!({ "instruction": { "code": "1 / 0" } })).await;
+    let r = fvm_result(&s, &name, e["instruction_seq"].as_i64().unwrap(), &key).await;
+    let err = r["error"].as_str().unwrap();
+    assert!(err.starts_with("ZeroDivisionError: division by zero\n") && err.contains("Traceback"), "{r}");
+    assert!(r.get("value").is_none(), "{r}");
+    // State persists; it is the same session as in the sessions API.
+    let (_, e) = s.post(&exec, json!({ "instruction": { "code": "x" } })).await;
+    assert_eq!(fvm_result(&s, &name, e["instruction_seq"].as_i64().unwrap(), &key).await["value"], "20");
+    assert_eq!(s.sexec(&name, "x + 100").await["value"], "120");
+
+    // Errors.
+    assert_error(&s.get(&format!("/v1/machine/{name}/exec/99/result")).await, StatusCode::NOT_FOUND, "instruction_not_found");
+    assert_error(&s.get(&format!("/v1/machine/{name}/exec/-1/result")).await, StatusCode::NOT_FOUND, "instruction_not_found");
+    assert_error(&s.post("/v1/machine/s_nope/exec", json!({ "instruction": { "code": "1" } })).await, StatusCode::NOT_FOUND, "session_not_found");
+    assert_error(&s.get("/v1/machine/s_nope/exec/0/result").await, StatusCode::NOT_FOUND, "session_not_found");
+    assert_error(&s.post(&exec, json!({ "code": "1" })).await, StatusCode::BAD_REQUEST, "invalid_request");
+    assert_error(&s.post_raw(&exec, b"{\"instruction\":".to_vec()).await, StatusCode::BAD_REQUEST, "malformed_json");
+    assert_error(&s.post(&exec, json!({ "instruction": { "code": "1", "timeout_seconds": 0 } })).await, StatusCode::BAD_REQUEST, "invalid_request");
+    assert_error(&s.get(&format!("/v1/machine/{name}/repl")).await, StatusCode::UPGRADE_REQUIRED, "upgrade_required");
+    // A timeout (the session's time limit applies) is an error result.
+    let (_, m2) = s.post("/v1/sessions", json!({ "timeout_seconds": 1 })).await;
+    let short = m2["id"].as_str().unwrap().to_string();
+    let (_, e) = s.post(&format!("/v1/machine/{short}/exec"), json!({ "instruction": { "code": "while True: pass" } })).await;
+    let r = fvm_result(&s, &short, e["instruction_seq"].as_i64().unwrap(), &key).await;
+    assert!(r["error"].as_str().unwrap().starts_with("timeout: "), "{r}");
+
+    // Tenant isolation: bob sees none of it.
+    let bob = s.new_key("bob");
+    assert_eq!(s.call(M::GET, "/v1/whoami", Some(&bob), None).await.1["account"], "bob");
+    assert_eq!(s.call(M::GET, "/v1/machine/list", Some(&bob), None).await.1["machines"], json!([]));
+    assert_error(&s.call(M::POST, &exec, Some(&bob), Some(json!({ "instruction": { "code": "x" } }))).await, StatusCode::NOT_FOUND, "session_not_found");
+    assert_error(&s.call(M::GET, &format!("/v1/machine/{name}/exec/0/result"), Some(&bob), None).await, StatusCode::NOT_FOUND, "session_not_found");
+    assert_error(&s.call(M::GET, "/v1/whoami", None, None).await, StatusCode::UNAUTHORIZED, "unauthorized");
+}
