@@ -49,7 +49,7 @@ def test_quota_exceeded_for_sessions(server):
 
 
 def test_rate_limited(server):
-    key = server.create_key("sdk-rate", "--rate-limit", "2/s")
+    key = server.create_key("sdk-rate", "--rate-limit", "2")
     with Forkbox(server.url, key) as fb:
         with pytest.raises(forkbox.RateLimited) as e:
             for _ in range(20):

@@ -18,6 +18,8 @@ pub struct Api {
     pub client: Client,
     /// Where the API is, for people: the URL, or "embedded (<data dir>)".
     pub target: String,
+    /// Embedded: the state behind the router (for the upkeep a server's maintenance loop would do).
+    state: Option<forkbox_server::AppState>,
     rt: tokio::runtime::Runtime,
 }
 
@@ -30,7 +32,7 @@ impl Api {
         }
         let rt = runtime()?;
         let client = Client::new(Transport::Http { base_url: base_url.clone(), key });
-        Ok(Api { client, target: base_url, rt })
+        Ok(Api { client, target: base_url, state: None, rt })
     }
 
     /// The API over the engine, template and sessions of the data directory `home`.
@@ -42,9 +44,20 @@ impl Api {
         let rt = runtime()?;
         let router = {
             let _guard = rt.enter();
-            forkbox_server::embedded_router(state, LOCAL_TENANT)
+            forkbox_server::embedded_router(state.clone(), LOCAL_TENANT)
         };
-        Ok(Api { client: Client::new(Transport::InProcess(router)), target: format!("embedded ({})", home.display()), rt })
+        let client = Client::new(Transport::InProcess(router));
+        Ok(Api { client, target: format!("embedded ({})", home.display()), state: Some(state), rt })
+    }
+
+    /// After an exec in `session`, embedded: merge its layer chain once it is long
+    /// (what `forkbox session exec` does, and a server's maintenance loop).
+    pub fn after_exec(&self, session: &str) {
+        let Some(state) = &self.state else { return };
+        let head = state.sessions.get(LOCAL_TENANT, session).ok().and_then(|r| r.head);
+        if let Some(Err(e)) = head.map(|h| state.sessions.compact(h)) {
+            tracing::warn!("compacting the layers of {session}: {e}");
+        }
     }
 
     pub fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {

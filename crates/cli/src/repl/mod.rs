@@ -149,6 +149,7 @@ impl Repl<'_> {
                 }
             }
         });
+        self.api.after_exec(&id);
         match result {
             Ok(r) => {
                 if !out_ends_line {
@@ -200,10 +201,15 @@ impl Repl<'_> {
             ":session" => match self.api.block_on(client.get_session(&self.session)) {
                 Ok(s) => {
                     let tags: Vec<String> = s.tags.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                    let at = match (&s.checkpoint, &s.forked_from) {
+                        (Some(n), _) => n.to_string(),
+                        (None, Some(f)) => format!("- (forked from {} at checkpoint {})", f.session, f.checkpoint),
+                        (None, None) => "-".into(),
+                    };
                     println!(
                         "session {}  checkpoint {}  tags [{}]  memory {} MiB  timeout {} s  on {}",
                         s.id,
-                        s.checkpoint.map_or("-".into(), |n| n.to_string()),
+                        at,
                         tags.join(","),
                         s.limits.memory_mb,
                         s.limits.timeout_seconds,
