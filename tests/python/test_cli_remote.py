@@ -63,3 +63,18 @@ def test_errors_are_one_line_and_non_zero(server):
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     r = cli(server, "session", "new", "--image", "/nonexistent")
     assert r.returncode == 2 and "--image" in r.stderr
+
+
+def test_repl_on_an_unknown_session_is_a_one_line_error(server):
+    r = cli(server, "repl", "s_0000000000000000")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "session_not_found" in r.stderr, r.stderr
+
+
+def test_repl_reads_piped_input(server, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FORKBOX_")}
+    env.update(FORKBOX_API_KEY=server.key, FORKBOX_HOME=str(tmp_path))
+    code = "def f():\n    return 'from f'\n\nf()\nprint('printed')\n"
+    r = subprocess.run([forkbox_bin(), "--url", server.url, "repl"], input=code, capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "'from f'" in r.stdout and "printed" in r.stdout and "\x1b[" not in r.stdout + r.stderr

@@ -244,6 +244,9 @@ def test_files_upload_download_list(fb):
     with pytest.raises(forkbox.FileNotFound) as e:
         s.download("/data/missing")
     assert e.value.status == 404
+    with pytest.raises(forkbox.InvalidPath) as e:
+        s.upload("/data/../../etc/x", b"no")
+    assert (e.value.status, e.value.code) == (400, "invalid_path")
     s.delete()
 
 

@@ -45,7 +45,10 @@ def file_path(path: str) -> str:
     """A guest path as the tail of a files URL (without its leading `/`)."""
     if not path or "\x00" in path:
         raise ValueError(f"invalid guest path {path!r}")
-    return quote(path.lstrip("/"), safe="/")
+    # Dot segments are percent-encoded so that no URL library folds them away: the
+    # server sees the path as given (and rejects what escapes) instead of another one.
+    parts = [quote(p, safe="").replace(".", "%2E") if p in (".", "..") else quote(p, safe="") for p in path.lstrip("/").split("/")]
+    return "/".join(parts)
 
 
 def session_body(tags: Mapping[str, str] | None, memory_mb: int | None, timeout: float | None) -> dict[str, Any]:
