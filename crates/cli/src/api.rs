@@ -113,13 +113,7 @@ pub async fn exec_streaming(
                 })
             }
             StreamEvent::Error { code, message } => {
-                let status = match code.as_str() {
-                    "timeout" => 408,
-                    "session_not_found" => 404,
-                    "session_busy" => 409,
-                    _ => 422,
-                };
-                return Err(ClientError::Api { status, code, message });
+                return Err(ClientError::Api { status: status_of(&code), code, message });
             }
             ev => on_output(&ev),
         }
@@ -127,3 +121,19 @@ pub async fn exec_streaming(
     Err(ClientError::StreamEnded)
 }
 
+
+/// The status the API gives an error code (an `error` event arrives on a 200 stream without one).
+fn status_of(code: &str) -> u16 {
+    match code {
+        "invalid_request" | "malformed_json" | "invalid_path" => 400,
+        "quota_exceeded" => 403,
+        "session_not_found" | "checkpoint_not_found" | "file_not_found" => 404,
+        "timeout" => 408,
+        "session_busy" => 409,
+        "payload_too_large" | "code_too_large" | "file_too_large" => 413,
+        "guest_crashed" | "guest_exited" | "guest_killed" | "sandbox_unusable" | "interrupted" => 422,
+        "rate_limited" => 429,
+        "overloaded" => 503,
+        _ => 500,
+    }
+}
