@@ -155,6 +155,8 @@ def test_multiline_state_output_exception_and_history(repl):
     assert "Traceback" in out and "ZeroDivisionError: division by zero" in out
     assert re.search(re.escape(RED) + r"Traceback", p.raw)
     assert "42" in run(p, "z")  # the exception kept the state
+    # History is kept on disk as lines are entered (not only at exit).
+    assert "    y = x * 2" in (p.home / "repl_history").read_text()
     # Ctrl-C at the prompt clears the line; the REPL stays.
     p.send("half typed")
     p.expect("half typed")

@@ -78,8 +78,11 @@ pub fn repl(api: &Api, home: &Path, session: Option<String>) -> Result<ExitCode>
         let prompt = if buf.is_empty() { ">>> " } else { "... " };
         match rl.readline(prompt) {
             Ok(line) => {
-                if !line.trim().is_empty() {
-                    let _ = rl.add_history_entry(line.as_str());
+                // Kept on disk line by line, so a killed REPL loses nothing (and two REPLs share their history).
+                if !line.trim().is_empty() && rl.add_history_entry(line.as_str()).unwrap_or(false) {
+                    if let Err(e) = rl.append_history(&history) {
+                        tracing::debug!("appending to the REPL history {}: {e}", history.display());
+                    }
                 }
                 if buf.is_empty() && line.trim_start().starts_with(':') {
                     if !r.meta(line.trim())? {
@@ -105,9 +108,6 @@ pub fn repl(api: &Api, home: &Path, session: Option<String>) -> Result<ExitCode>
             Err(ReadlineError::Eof) => break,
             Err(e) => return Err(e).context("reading input"),
         }
-    }
-    if let Err(e) = rl.save_history(&history) {
-        tracing::warn!("saving the REPL history to {}: {e}", history.display());
     }
     Ok(ExitCode::SUCCESS)
 }
