@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, FromRequest, Path, RawQuery, Request, State};
+use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, RawQuery, Request, State};
+use axum::http::request::Parts;
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -23,7 +24,7 @@ use crate::error::{ApiError, ErrorBody};
 use crate::keys::KeyInfo;
 use crate::quota::{self, KeyLimits};
 use crate::schema::*;
-use crate::{metrics, openapi, AppState, Inner};
+use crate::{files, metrics, openapi, stream, AppState, Inner};
 
 /// Who a request acts for: the tenant of its API key (and the key's limits),
 /// or the fixed tenant of an embedded router (no limits).
@@ -58,13 +59,21 @@ impl utoipa::Modify for BearerAuth {
 }
 
 /// The `/v1` routes that act for a caller (auth is layered on by the caller of this).
-fn v1_routes() -> OpenApiRouter<AppState> {
+fn v1_routes(files_limit: usize) -> OpenApiRouter<AppState> {
+    let (schemas, paths, file_routes) = routes!(files::put_file, files::get_file);
+    // Uploads may be larger than JSON bodies.
+    let file_routes = (schemas, paths, file_routes.layer(DefaultBodyLimit::max(files_limit)));
     OpenApiRouter::new()
         .routes(routes!(exec))
+        .routes(routes!(stream::exec_stream))
         .routes(routes!(exec_batch))
         .routes(routes!(create_session, list_sessions))
         .routes(routes!(get_session, delete_session))
         .routes(routes!(session_exec))
+        .routes(routes!(stream::session_exec_stream))
+        .routes(routes!(interrupt))
+        .routes(file_routes)
+        .routes(routes!(files::list_files))
         .routes(routes!(checkpoints))
         .routes(routes!(revert))
         .routes(routes!(fork))
@@ -74,7 +83,7 @@ fn v1_routes() -> OpenApiRouter<AppState> {
 /// The routes and the OpenAPI document they produce. `caller` adds the layer
 /// that puts a [`Caller`] into each `/v1` request (auth, or a fixed tenant).
 fn build(state: AppState, caller: impl FnOnce(OpenApiRouter<AppState>) -> OpenApiRouter<AppState>) -> Router {
-    let v1 = caller(v1_routes()).routes(routes!(openapi_json));
+    let v1 = caller(v1_routes(state.config.files_limit)).routes(routes!(openapi_json));
     let (router, mut doc) = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(healthz))
         .routes(routes!(metrics_text))
@@ -168,6 +177,20 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
     }
 }
 
+/// A path parameter; a bad one (e.g. a number out of range) is 400 `invalid_request` in the API's shape.
+pub struct ApiPath<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiPath<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|Path(v)| ApiPath(v))
+            .map_err(|rej| ApiError::invalid(format!("invalid path parameter: {}", rej.body_text())))
+    }
+}
+
 struct Queued<'a>(&'a AtomicUsize);
 
 impl Drop for Queued<'_> {
@@ -224,7 +247,7 @@ pub(crate) fn outcome_of(r: &Result<ExecResult, impl Sized>) -> &'static str {
     }
 }
 
-fn random_id(prefix: &str) -> String {
+pub(crate) fn random_id(prefix: &str) -> String {
     let mut b = [0u8; 8];
     // SAFETY: getrandom into a local buffer.
     unsafe { libc::getrandom(b.as_mut_ptr() as *mut libc::c_void, b.len(), 0) };
@@ -443,7 +466,7 @@ async fn list_sessions(
 async fn get_session(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<Session>, ApiError> {
     blocking(&state, move |s| Ok(Json(session_body(s, &s.sessions.get(&caller.tenant, &id)?)))).await
 }
@@ -453,7 +476,7 @@ async fn get_session(
 async fn delete_session(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
     blocking(&state, move |s| {
         s.sessions.delete(&caller.tenant, &id)?;
@@ -473,7 +496,7 @@ async fn delete_session(
 async fn session_exec(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiJson(req): ApiJson<SessionExec>,
 ) -> Result<Json<ExecResponse>, ApiError> {
     let t0 = Instant::now();
@@ -501,12 +524,25 @@ async fn session_exec(
     Ok(Json(v))
 }
 
+/// Interrupt (Ctrl-C) the exec running in the session: the code gets a KeyboardInterrupt,
+/// the session keeps its state. `interrupted` is false if no exec was running.
+#[utoipa::path(post, path = "/sessions/{id}/interrupt", tag = "sessions", params(("id" = String, Path, description = "Session id")),
+    responses((status = 200, body = Interrupted)))]
+async fn interrupt(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Json<Interrupted>, ApiError> {
+    // Not behind an exec slot: it must get through while every slot is busy.
+    blocking(&state, move |s| Ok(Json(Interrupted { interrupted: s.sessions.interrupt(&caller.tenant, &id)? }))).await
+}
+
 #[utoipa::path(get, path = "/sessions/{id}/checkpoints", tag = "sessions", params(("id" = String, Path, description = "Session id")),
     responses((status = 200, body = CheckpointList)))]
 async fn checkpoints(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<CheckpointList>, ApiError> {
     blocking(&state, move |s| {
         let rec = s.sessions.get(&caller.tenant, &id)?;
@@ -536,7 +572,7 @@ async fn checkpoints(
 async fn revert(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiJson(req): ApiJson<RevertRequest>,
 ) -> Result<Json<Session>, ApiError> {
     blocking(&state, move |s| {
@@ -553,7 +589,7 @@ async fn revert(
 async fn fork(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiJson(req): ApiJson<ForkRequest>,
 ) -> Result<(StatusCode, Json<Session>), ApiError> {
     check_tags(&req.tags)?;

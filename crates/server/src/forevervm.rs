@@ -11,33 +11,37 @@
 //!   the instruction to finish (then 202 with `result: null`: poll again)
 //! - WebSocket `/v1/machine/{name}/repl` (`new`: a new machine): the server sends
 //!   `{type: "connected", machine_name}`, then for each `{type: "exec", instruction, request_id}`:
-//!   `exec_received {request_id, seq}`, then `result {instruction_id, result}`; bad messages get
+//!   `exec_received {request_id, seq}`, `output {instruction_id, chunk}`..., then `result {instruction_id, result}`; bad messages get
 //!   `error {code, message}`.
 //!
 //! A result is `{value, data, runtime_ms}` or `{error: "<Type>: <message>\n<traceback>", runtime_ms}`;
 //! a sandbox failure (timeout, crash) is an `error` result `"<code>: <message>"` too.
 //! Results live in memory (the last [`KEEP_RESULTS`] per machine); instruction numbers restart
-//! with the server. `interrupt: true` has no effect yet (the engine has no interrupt);
-//! `interrupted` is then always false. The instruction's `timeout_seconds` is validated; the
-//! session's own time limit applies.
+//! with the server. `interrupt: true` interrupts the running instruction first (`interrupted`
+//! says whether one ran). On the WebSocket, what the code writes arrives as
+//! `output {instruction_id, chunk: {stream, data}}` before the result. The instruction's
+//! `timeout_seconds` is validated; the session's own time limit applies.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
+use forkbox_engine::{ExecOptions, Stream};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
+use tokio::sync::mpsc;
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::api::{acquire, blocking, check_code, check_tags, create_within_quota, session_limits, ApiJson, Caller};
+use crate::api::{acquire, blocking, check_code, check_tags, create_within_quota, session_limits, ApiJson, ApiPath, Caller};
 use crate::error::{ApiError, ErrorBody};
+use crate::stream::{Forward, Streamed};
 use crate::{metrics, quota, AppState, Inner};
 
 /// Finished results kept per machine for the long poll.
@@ -137,8 +141,10 @@ impl Machine {
 pub enum FvmResult {
     Value {
         /// repr() of the final expression, if any.
+        #[schema(required)]
         value: Option<String>,
         /// Rich display data (always null here).
+        #[schema(required)]
         data: Option<serde_json::Value>,
         runtime_ms: u64,
     },
@@ -150,6 +156,7 @@ pub enum FvmResult {
 }
 
 /// Run instruction `seq` on machine `id` after the machine's earlier ones, and record its result.
+/// With `output`, what the code writes is sent there as it is written.
 async fn run_instruction(
     state: AppState,
     machine: Arc<Machine>,
@@ -157,6 +164,7 @@ async fn run_instruction(
     id: String,
     seq: i64,
     code: String,
+    output: Option<mpsc::Sender<Streamed>>,
 ) -> FvmResult {
     let _turn = machine.run.lock().await;
     let t0 = Instant::now();
@@ -165,7 +173,18 @@ async fn run_instruction(
         blocking(&state, move |s| {
             let _permit = permit;
             quota::check_disk(s, &caller.tenant, caller.limits())?;
-            Ok(s.sessions.exec(&caller.tenant, &id, &code)?)
+            let mut fwd = output.map(Forward::new);
+            let mut sink = |stream: Stream, bytes: &[u8]| {
+                if let Some(f) = fwd.as_mut() {
+                    f.chunk(stream, bytes)
+                }
+            };
+            let opts = ExecOptions { on_output: Some(&mut sink), interrupt: None };
+            let r = s.sessions.exec_with(&caller.tenant, &id, &code, opts);
+            if let Some(f) = fwd.as_mut() {
+                f.flush();
+            }
+            Ok(r?)
         })
         .await
     }
@@ -222,6 +241,7 @@ async fn whoami(Extension(caller): Extension<Caller>) -> Json<Whoami> {
 pub struct MachineNew {
     #[serde(default)]
     pub tags: BTreeMap<String, String>,
+    #[schema(minimum = 64)]
     pub memory_mb: Option<u64>,
 }
 
@@ -310,9 +330,8 @@ pub struct Instruction {
 #[derive(Deserialize, ToSchema)]
 pub struct MachineExec {
     pub instruction: Instruction,
-    /// Interrupt the machine's running instruction first (no effect yet: always `interrupted: false`).
+    /// Interrupt the machine's running instruction first (it ends with a KeyboardInterrupt error).
     #[serde(default)]
-    #[allow(dead_code)] // read once the engine can interrupt
     pub interrupt: bool,
 }
 
@@ -346,7 +365,7 @@ fn check_instruction(state: &Inner, i: &Instruction) -> Result<(), ApiError> {
 async fn machine_exec(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
     ApiJson(req): ApiJson<MachineExec>,
 ) -> Result<Json<MachineExecAccepted>, ApiError> {
     check_instruction(&state, &req.instruction)?;
@@ -357,9 +376,16 @@ async fn machine_exec(
     })
     .await?;
     let machine = state.machines.get(&name);
+    // ForeverVM's `interrupt`: stop the running instruction, then queue this one.
+    let interrupted = if req.interrupt {
+        let (c, n) = (caller.clone(), name.clone());
+        blocking(&state, move |s| Ok(s.sessions.interrupt(&c.tenant, &n)?)).await?
+    } else {
+        false
+    };
     let seq = machine.enqueue()?;
-    tokio::spawn(run_instruction(state.clone(), machine, caller, name.clone(), seq, req.instruction.code));
-    Ok(Json(MachineExecAccepted { instruction_seq: seq, machine: name, interrupted: false }))
+    tokio::spawn(run_instruction(state.clone(), machine, caller, name.clone(), seq, req.instruction.code, None));
+    Ok(Json(MachineExecAccepted { instruction_seq: seq, machine: name, interrupted }))
 }
 
 #[derive(Serialize, ToSchema)]
@@ -377,7 +403,7 @@ pub struct InstructionResult {
 async fn exec_result(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path((name, seq)): Path<(String, i64)>,
+    ApiPath((name, seq)): ApiPath<(String, i64)>,
 ) -> Result<Response, ApiError> {
     let (c, n) = (caller.clone(), name.clone());
     blocking(&state, move |s| owned(s, &c, &n)).await?;
@@ -430,7 +456,7 @@ enum ClientMessage {
 async fn repl(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(name): Path<String>,
+    ApiPath(name): ApiPath<String>,
     ws: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
     let ws = ws.map_err(|e| {
@@ -493,14 +519,20 @@ async fn repl_session(mut socket: WebSocket, state: AppState, caller: Caller, na
             break;
         }
         // The instruction completes (and is recorded) even if the socket goes away meanwhile.
-        let task = tokio::spawn(run_instruction(
-            state.clone(),
-            machine.clone(),
-            caller.clone(),
-            name.clone(),
-            seq,
-            instruction.code,
-        ));
+        let (tx, mut rx) = mpsc::channel(256);
+        let (st, m, c, n) = (state.clone(), machine.clone(), caller.clone(), name.clone());
+        let task = tokio::spawn(run_instruction(st, m, c, n, seq, instruction.code, Some(tx)));
+        // Output until the exec ends (that drops the sender).
+        let mut open = true;
+        while let Some(ev) = rx.recv().await {
+            if let (true, Streamed::Output(stream, data)) = (open, ev) {
+                let chunk = json!({ "type": "output", "instruction_id": seq, "chunk": { "stream": stream, "data": data } });
+                open = send(&mut socket, chunk).await;
+            }
+        }
+        if !open {
+            break;
+        }
         let result = match task.await {
             Ok(r) => r,
             Err(e) => FvmResult::Error { error: format!("internal: {e}"), runtime_ms: 0 },

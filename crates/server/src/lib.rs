@@ -19,6 +19,9 @@
 //! - `POST /v1/sessions {tags?, memory_mb?, timeout_seconds?}` -> 201 session;
 //!   `GET /v1/sessions?tag=k:v&tag=..` -> `{sessions: [..]}`; `GET`/`DELETE /v1/sessions/{id}` (200 session / 204)
 //! - `POST /v1/sessions/{id}/exec {code}` -> result + `checkpoint` (seq)
+//! - `POST /v1/exec/stream`, `POST /v1/sessions/{id}/exec/stream`: the same, as Server-Sent Events (see [`stream`])
+//! - `POST /v1/sessions/{id}/interrupt` -> `{interrupted}` (Ctrl-C for the running exec)
+//! - files: `PUT`/`GET /v1/sessions/{id}/files/{*path}`, `GET /v1/sessions/{id}/files?dir=` (see [`files`])
 //! - `GET /v1/sessions/{id}/checkpoints` -> `{checkpoints: [{seq, parent, code, created_ms, bytes, pages, head}]}`
 //! - `POST /v1/sessions/{id}/revert {checkpoint}` -> session; `POST /v1/sessions/{id}/fork {checkpoint?, tags?}` -> 201 session
 //! - ForeverVM's API (see [`forevervm`]): `GET /v1/whoami`, `POST /v1/machine/new`, `GET|POST /v1/machine/list`,
@@ -36,12 +39,14 @@
 
 mod api;
 pub mod error;
+mod files;
 mod forevervm;
 pub mod keys;
 pub mod metrics;
 mod openapi;
 pub mod quota;
 pub mod schema;
+mod stream;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -76,6 +81,8 @@ pub struct ServerConfig {
     pub body_limit: usize,
     /// Largest `code` (413 `code_too_large` above it).
     pub code_limit: usize,
+    /// Largest file upload or download (413 `file_too_large` above it).
+    pub files_limit: usize,
     /// Most codes in one `/v1/exec/batch`.
     pub max_batch: usize,
     /// Defaults for one-shot execs and new sessions (timeout, memory, output, disk).
@@ -102,6 +109,7 @@ impl ServerConfig {
             queue_wait: Duration::from_secs(10),
             body_limit: 2 << 20,
             code_limit: 1 << 20,
+            files_limit: 64 << 20,
             max_batch: 64,
             limits: Limits::default(),
             max_timeout: Duration::from_secs(600),

@@ -31,6 +31,13 @@ fn operations(item: &mut utoipa::openapi::PathItem) -> impl Iterator<Item = &mut
 }
 
 pub fn finish(doc: &mut OpenApi) {
+    // axum's wildcard `{*path}` is an ordinary `{path}` parameter in OpenAPI.
+    let wild: Vec<String> = doc.paths.paths.keys().filter(|p| p.contains("{*")).cloned().collect();
+    for p in wild {
+        if let Some(item) = doc.paths.paths.remove(&p) {
+            doc.paths.paths.insert(p.replace("{*", "{"), item);
+        }
+    }
     doc.security = Some(vec![SecurityRequirement::new("bearer", Vec::<String>::new())]);
     for item in doc.paths.paths.values_mut() {
         for op in operations(item) {

@@ -70,11 +70,7 @@ pub fn check_sessions(state: &Inner, tenant: &str, limits: Option<&KeyLimits>) -
 /// Before an exec or upload in a session: 403 if the tenant's checkpoints are over its disk quota. Blocking (SQLite).
 pub fn check_disk(state: &Inner, tenant: &str, limits: Option<&KeyLimits>) -> Result<(), ApiError> {
     let Some(max_mb) = limits.and_then(|l| l.max_disk_mb) else { return Ok(()) };
-    let used = state
-        .sessions
-        .store()
-        .tenant_disk_bytes(tenant)
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "storage_error", e.to_string()))?;
+    let used = state.sessions.disk_bytes(tenant)?;
     if used >= max_mb.saturating_mul(1 << 20) {
         return Err(quota_exceeded(format!(
             "the checkpoints of this tenant's sessions take {:.1} MiB, the key allows {max_mb} MiB; delete sessions first",

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use base64::Engine as _;
 use forkbox_engine::ExecResult;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -13,12 +14,14 @@ pub struct ExecRequest {
     /// Python source; the repr of a final expression is the result's `value`.
     pub code: String,
     /// Time limit of this exec (default: the server's; at most its maximum).
+    #[schema(exclusive_minimum = 0.0)]
     pub timeout_seconds: Option<f64>,
 }
 
 #[derive(Deserialize, ToSchema)]
 pub struct BatchRequest {
     /// 1 to 64 codes, each run in its own fork.
+    #[schema(min_items = 1, max_items = 64)]
     pub codes: Vec<String>,
     pub timeout_seconds: Option<f64>,
 }
@@ -28,6 +31,7 @@ pub struct CreateSession {
     #[serde(default)]
     pub tags: BTreeMap<String, String>,
     /// 64 up to the server's maximum.
+    #[schema(minimum = 64)]
     pub memory_mb: Option<u64>,
     /// Time limit of each exec in the session.
     pub timeout_seconds: Option<f64>,
@@ -90,6 +94,26 @@ pub struct ExecResponse {
     /// Session execs: the seq of the checkpoint that recorded this exec.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<i64>,
+    /// Files under `/output` the exec created or changed (omitted when none).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub outputs: Vec<OutputFileBody>,
+}
+
+/// A file under `/output` that an exec created or changed.
+#[derive(Serialize, ToSchema)]
+pub struct OutputFileBody {
+    pub path: String,
+    pub size: u64,
+    pub mime: String,
+    /// The bytes, base64 (omitted past 4 MiB per file / 8 MiB per exec: download the file instead).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub base64: Option<String>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct Interrupted {
+    /// Whether an exec was running (and was interrupted).
+    pub interrupted: bool,
 }
 
 impl ExecResponse {
@@ -112,6 +136,16 @@ impl ExecResponse {
             exec_time_ms: None,
             total_time_ms: None,
             checkpoint: None,
+            outputs: r
+                .outputs
+                .iter()
+                .map(|o| OutputFileBody {
+                    path: o.path.clone(),
+                    size: o.size,
+                    mime: o.mime.to_string(),
+                    base64: o.data.as_ref().map(|d| base64::engine::general_purpose::STANDARD.encode(d)),
+                })
+                .collect(),
         }
     }
 }

@@ -872,6 +872,12 @@ async fn openapi_document_describes_every_route_the_router_serves() {
         ("get", "/v1/sessions/{id}/checkpoints"),
         ("post", "/v1/sessions/{id}/revert"),
         ("post", "/v1/sessions/{id}/fork"),
+        ("post", "/v1/exec/stream"),
+        ("post", "/v1/sessions/{id}/exec/stream"),
+        ("post", "/v1/sessions/{id}/interrupt"),
+        ("put", "/v1/sessions/{id}/files/{path}"),
+        ("get", "/v1/sessions/{id}/files/{path}"),
+        ("get", "/v1/sessions/{id}/files"),
         ("get", "/v1/whoami"),
         ("post", "/v1/machine/new"),
         ("get", "/v1/machine/list"),
@@ -890,7 +896,7 @@ async fn openapi_document_describes_every_route_the_router_serves() {
     let schemas = doc["components"]["schemas"].as_object().unwrap();
     for (p, item) in paths {
         for (m, op) in item.as_object().unwrap() {
-            let url = p.replace("{id}", "s_none").replace("{name}", "s_none").replace("{seq}", "0");
+            let url = p.replace("{id}", "s_none").replace("{path}", "x.txt").replace("{name}", "s_none").replace("{seq}", "0");
             let method = reqwest::Method::from_bytes(m.to_uppercase().as_bytes()).unwrap();
             let open = op["security"] == json!([{}]);
             let (st, v) = s.call(method.clone(), &url, None, None).await;
@@ -990,4 +996,226 @@ async fn forevervm_machines_exec_and_long_poll() {
     assert_error(&s.call(M::POST, &exec, Some(&bob), Some(json!({ "instruction": { "code": "x" } }))).await, StatusCode::NOT_FOUND, "session_not_found");
     assert_error(&s.call(M::GET, &format!("/v1/machine/{name}/exec/0/result"), Some(&bob), None).await, StatusCode::NOT_FOUND, "session_not_found");
     assert_error(&s.call(M::GET, "/v1/whoami", None, None).await, StatusCode::UNAUTHORIZED, "unauthorized");
+}
+
+// ---------------------------------------------------------------------------
+// Streaming, interrupt, files, outputs
+// ---------------------------------------------------------------------------
+
+/// One Server-Sent Event and when it arrived.
+#[derive(Debug)]
+struct Sse {
+    event: String,
+    data: Value,
+    at: Instant,
+}
+
+/// POST and read the SSE response as it arrives; (status, events). A non-SSE reply gives its JSON as one "http" event.
+async fn sse(s: &TestServer, path: &str, key: &str, body: Value) -> (StatusCode, Vec<Sse>) {
+    let mut resp = s.http.post(format!("{}{path}", s.url)).bearer_auth(key).json(&body).send().await.expect("request");
+    let status = resp.status();
+    let is_sse = resp.headers().get("content-type").is_some_and(|c| c.to_str().unwrap().starts_with("text/event-stream"));
+    if !is_sse {
+        let v: Value = resp.json().await.unwrap_or(Value::Null);
+        return (status, vec![Sse { event: "http".into(), data: v, at: Instant::now() }]);
+    }
+    let (mut buf, mut events) = (String::new(), Vec::new());
+    while let Some(chunk) = resp.chunk().await.expect("body chunk") {
+        buf.push_str(std::str::from_utf8(&chunk).expect("SSE is UTF-8"));
+        while let Some(end) = buf.find("\n\n") {
+            let block: String = buf.drain(..end + 2).collect();
+            let (mut event, mut data) = (String::from("message"), String::new());
+            for line in block.lines() {
+                if let Some(e) = line.strip_prefix("event:") {
+                    event = e.trim().to_string();
+                } else if let Some(d) = line.strip_prefix("data:") {
+                    data.push_str(d.strip_prefix(' ').unwrap_or(d));
+                }
+            }
+            if !data.is_empty() {
+                events.push(Sse { event, data: serde_json::from_str(&data).expect("event data is JSON"), at: Instant::now() });
+            }
+        }
+    }
+    (status, events)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamed_exec_sends_output_as_it_is_written_then_the_result() {
+    let s = TestServer::start().await;
+    let key = s.key.clone();
+    let code = "import sys, time\nfor i in range(3):\n    print('line', i)\n    time.sleep(0.3)\nprint('oops', file=sys.stderr)\n'done'";
+    let t0 = Instant::now();
+    let (st, ev) = sse(&s, "/v1/exec/stream", &key, json!({ "code": code, "timeout_seconds": 10 })).await;
+    assert_eq!(st, StatusCode::OK);
+    let names: Vec<&str> = ev.iter().map(|e| e.event.as_str()).collect();
+    assert_eq!(names.last(), Some(&"result"), "{ev:?}");
+    assert_eq!(names.iter().filter(|n| **n == "result" || **n == "error").count(), 1, "{names:?}");
+    let stdout: String = ev.iter().filter(|e| e.event == "stdout").map(|e| e.data["data"].as_str().unwrap()).collect();
+    let stderr: String = ev.iter().filter(|e| e.event == "stderr").map(|e| e.data["data"].as_str().unwrap()).collect();
+    assert_eq!(stdout, "line 0\nline 1\nline 2\n");
+    assert_eq!(stderr, "oops\n");
+    let result = &ev.last().unwrap().data;
+    assert_eq!(result["value"], "'done'");
+    assert_eq!(result["stdout"], stdout.as_str());
+    assert!(result["id"].as_str().unwrap().starts_with("x_"), "{result}");
+    // Really streamed: the first line arrived long before the result (the code sleeps 0.9 s after it).
+    let first = ev.iter().find(|e| e.event == "stdout").unwrap();
+    let last = ev.last().unwrap();
+    assert!(last.at.duration_since(first.at) >= Duration::from_millis(500), "first line at {:?}, result at {:?}", first.at - t0, last.at - t0);
+    assert!(ev.iter().filter(|e| e.event == "stdout").count() >= 3, "{names:?}");
+
+    // A sandbox error is the final `error` event; request errors are plain HTTP errors.
+    let (st, ev) = sse(&s, "/v1/exec/stream", &key, json!({ "code": "print('start')\nwhile True: pass", "timeout_seconds": 1 })).await;
+    assert_eq!(st, StatusCode::OK);
+    assert_eq!(ev.first().map(|e| e.event.as_str()), Some("stdout"));
+    let last = ev.last().unwrap();
+    assert_eq!((last.event.as_str(), last.data["error"]["code"].as_str()), ("error", Some("timeout")), "{ev:?}");
+    let (st, ev) = sse(&s, "/v1/exec/stream", &key, json!({ "code": 5 })).await;
+    assert_eq!((st, ev[0].data["error"]["code"].as_str()), (StatusCode::BAD_REQUEST, Some("invalid_request")));
+    let (st, ev) = sse(&s, "/v1/exec/stream", "fbk_nope", json!({ "code": "1" })).await;
+    assert_eq!((st, ev[0].data["error"]["code"].as_str()), (StatusCode::UNAUTHORIZED, Some("unauthorized")));
+
+    // In a session: state, checkpoints, the same result JSON.
+    let id = s.create_session(json!({ "timeout_seconds": 2 })).await;
+    let path = format!("/v1/sessions/{id}/exec/stream");
+    let (_, ev) = sse(&s, &path, &key, json!({ "code": "n = 41\nprint('set')" })).await;
+    assert_eq!(ev.iter().map(|e| e.event.as_str()).collect::<Vec<_>>(), vec!["stdout", "result"]);
+    assert_eq!(ev[1].data["checkpoint"], 1);
+    let (_, ev) = sse(&s, &path, &key, json!({ "code": "n + 1" })).await;
+    assert_eq!((ev[0].event.as_str(), ev[0].data["value"].as_str()), ("result", Some("42")));
+    let (_, ev) = sse(&s, &path, &key, json!({ "code": "n = 0\nwhile True: pass" })).await;
+    assert_eq!((ev[0].event.as_str(), ev[0].data["error"]["code"].as_str()), ("error", Some("timeout")), "{ev:?}");
+    assert_eq!(ev[0].data["error"]["checkpoint"], 2);
+    assert_eq!(s.sexec(&id, "n").await["value"], "41");
+    let (st, ev) = sse(&s, "/v1/sessions/s_nope/exec/stream", &key, json!({ "code": "1" })).await;
+    assert_eq!((st, ev[0].data["error"]["code"].as_str()), (StatusCode::NOT_FOUND, Some("session_not_found")));
+    let bob = s.new_key("bob");
+    let (st, _) = sse(&s, &path, &bob, json!({ "code": "n" })).await;
+    assert_eq!(st, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interrupt_stops_a_running_loop_and_the_session_goes_on() {
+    let s = TestServer::start().await;
+    // (A time limit well past the interrupt, short enough that a missed interrupt fails fast.)
+    let id = s.create_session(json!({ "timeout_seconds": 8 })).await;
+    s.sexec(&id, "import time\nkept = 'state'\ncount = 0").await;
+    // Nothing running: false.
+    let (st, v) = s.post(&format!("/v1/sessions/{id}/interrupt"), json!({})).await;
+    assert_eq!((st, v.clone()), (StatusCode::OK, json!({ "interrupted": false })), "{v}");
+    let (url, key, http, sid) = (s.url.clone(), s.key.clone(), s.http.clone(), id.clone());
+    let t0 = Instant::now();
+    let running = tokio::spawn(async move {
+        let r = http
+            .post(format!("{url}/v1/sessions/{sid}/exec"))
+            .bearer_auth(key)
+            .json(&json!({ "code": "while True:\n    count += 1" }))
+            .send()
+            .await
+            .unwrap();
+        (r.status(), r.json::<Value>().await.unwrap())
+    });
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let (st, v) = s.post(&format!("/v1/sessions/{id}/interrupt"), json!({})).await;
+    assert_eq!((st, v.clone()), (StatusCode::OK, json!({ "interrupted": true })), "{v}");
+    let (st, r) = running.await.unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    assert_eq!(st, StatusCode::OK, "{r}");
+    assert_eq!(r["error"]["type"], "KeyboardInterrupt", "{r}");
+    assert_eq!(r["checkpoint"], 2, "{r}");
+    // The session kept its state, the loop's progress included.
+    let v = s.sexec(&id, "(kept, count > 0)").await;
+    assert_eq!(v["value"], "('state', True)");
+    assert_error(&s.post("/v1/sessions/s_nope/interrupt", json!({})).await, StatusCode::NOT_FOUND, "session_not_found");
+    let bob = s.new_key("bob");
+    assert_error(&s.call(reqwest::Method::POST, &format!("/v1/sessions/{id}/interrupt"), Some(&bob), None).await, StatusCode::NOT_FOUND, "session_not_found");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_upload_download_list_and_outputs() {
+    use reqwest::Method as M;
+    let s = TestServer::start_with(|c| c.files_limit = 4 << 20).await;
+    let id = s.create_session(json!({})).await;
+    let files = format!("{}/v1/sessions/{id}/files", s.url);
+    // Upload (binary, nested directories created), then Python reads it with open().
+    let data: Vec<u8> = (0..=255u8).cycle().take(300_000).collect();
+    let r = s.http.put(format!("{files}/data/in/blob.bin")).bearer_auth(&s.key).body(data.clone()).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!((v["path"].as_str(), v["size"].as_u64(), v["checkpoint"].as_i64()), (Some("/data/in/blob.bin"), Some(300_000), Some(1)), "{v}");
+    let v = s.sexec(&id, "import hashlib\nb = open('/data/in/blob.bin', 'rb').read()\n(len(b), hashlib.sha256(b).hexdigest())").await;
+    let want = {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(&data))
+    };
+    assert_eq!(v["value"], format!("(300000, '{want}')"));
+    assert_eq!(v["checkpoint"], 2);
+    // The upload is checkpointed: it is in the log and survives a revert to it.
+    let (_, cps) = s.get(&format!("/v1/sessions/{id}/checkpoints")).await;
+    assert_eq!(cps["checkpoints"][0]["code"], "# upload /data/in/blob.bin");
+
+    // Python writes files; download them; /output files come back in the result.
+    let v = s.sexec(&id, "import os\nopen('/output/table.csv', 'w').write('a,b\\n1,2\\n')\nopen('/tmp/notes.txt', 'w').write('héllo')\nos.makedirs('/output/sub', exist_ok=True)").await;
+    let outputs = v["outputs"].as_array().unwrap_or_else(|| panic!("no outputs: {v}"));
+    assert_eq!(outputs.len(), 1, "{v}");
+    assert_eq!(outputs[0]["path"], "/output/table.csv");
+    assert_eq!(outputs[0]["mime"], "text/csv");
+    assert_eq!(outputs[0]["size"], 8);
+    use base64::Engine as _;
+    assert_eq!(base64::engine::general_purpose::STANDARD.decode(outputs[0]["base64"].as_str().unwrap()).unwrap(), b"a,b\n1,2\n");
+    assert!(s.sexec(&id, "1").await.get("outputs").is_none(), "an exec that writes no output file has no outputs");
+    let r = s.http.get(format!("{files}/tmp/notes.txt")).bearer_auth(&s.key).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.headers()["content-type"], "application/octet-stream");
+    assert_eq!(r.bytes().await.unwrap().as_ref(), "héllo".as_bytes());
+    let r = s.http.get(format!("{files}/data/in/blob.bin")).bearer_auth(&s.key).send().await.unwrap();
+    assert_eq!(r.bytes().await.unwrap().as_ref(), &data[..]);
+    // Listing.
+    let (st, l) = s.get(&format!("/v1/sessions/{id}/files?dir=/output")).await;
+    assert_eq!(st, StatusCode::OK, "{l}");
+    let mut names: Vec<(String, bool)> = l["files"].as_array().unwrap().iter().map(|f| (f["name"].as_str().unwrap().to_string(), f["is_dir"].as_bool().unwrap())).collect();
+    names.sort();
+    assert_eq!(names, vec![("sub".to_string(), true), ("table.csv".to_string(), false)], "{l}");
+    let table = l["files"].as_array().unwrap().iter().find(|f| f["name"] == "table.csv").unwrap();
+    assert_eq!((table["path"].as_str(), table["size"].as_u64()), (Some("/output/table.csv"), Some(8)));
+    assert!(table["mtime_ms"].as_i64().unwrap() > 0);
+
+    // Errors.
+    assert_error(&s.get(&format!("/v1/sessions/{id}/files/nope.txt")).await, StatusCode::NOT_FOUND, "file_not_found");
+    assert_error(&s.get(&format!("/v1/sessions/{id}/files/output")).await, StatusCode::BAD_REQUEST, "is_a_directory");
+    assert_error(&s.get(&format!("/v1/sessions/{id}/files?dir=/nope")).await, StatusCode::NOT_FOUND, "file_not_found");
+    assert_error(&s.get(&format!("/v1/sessions/{id}/files?what=1")).await, StatusCode::BAD_REQUEST, "invalid_request");
+    assert_error(&s.get(&format!("/v1/sessions/{id}/files/a%00b")).await, StatusCode::BAD_REQUEST, "invalid_path");
+    assert_error(&s.get("/v1/sessions/s_nope/files/x").await, StatusCode::NOT_FOUND, "session_not_found");
+    let big = vec![7u8; 5 << 20];
+    let r = s.http.put(format!("{files}/big.bin")).bearer_auth(&s.key).body(big).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(r.json::<Value>().await.unwrap()["error"]["code"], "file_too_large");
+    s.sexec(&id, "open('/tmp/big.bin', 'wb').write(b'x' * (5 << 20))").await;
+    assert_error(&s.get(&format!("/v1/sessions/{id}/files/tmp/big.bin")).await, StatusCode::PAYLOAD_TOO_LARGE, "file_too_large");
+    // Other tenants: 404 on every file route.
+    let bob = s.new_key("bob");
+    assert_error(&s.call(M::GET, &format!("/v1/sessions/{id}/files/tmp/notes.txt"), Some(&bob), None).await, StatusCode::NOT_FOUND, "session_not_found");
+    assert_error(&s.call(M::GET, &format!("/v1/sessions/{id}/files?dir=/"), Some(&bob), None).await, StatusCode::NOT_FOUND, "session_not_found");
+    let r = s.http.put(format!("{files}/x.txt")).bearer_auth(&bob).body("x").send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forevervm_interrupt_flag_stops_the_running_instruction() {
+    let s = TestServer::start().await;
+    // A machine is a session: one with a short time limit, so a missed interrupt fails fast.
+    let name = s.create_session(json!({ "timeout_seconds": 8 })).await;
+    let exec = format!("/v1/machine/{name}/exec");
+    let (_, a) = s.post(&exec, json!({ "instruction": { "code": "v = 1\nwhile True:\n    pass" } })).await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let (st, b) = s.post(&exec, json!({ "instruction": { "code": "v + 1" }, "interrupt": true })).await;
+    assert_eq!(st, StatusCode::OK, "{b}");
+    assert_eq!(b["interrupted"], true, "{b}");
+    let r = fvm_result(&s, &name, a["instruction_seq"].as_i64().unwrap(), &s.key).await;
+    assert!(r["error"].as_str().unwrap().starts_with("KeyboardInterrupt"), "{r}");
+    assert_eq!(fvm_result(&s, &name, b["instruction_seq"].as_i64().unwrap(), &s.key).await["value"], "2");
+    let (_, c) = s.post(&exec, json!({ "instruction": { "code": "3" }, "interrupt": true })).await;
+    assert_eq!(c["interrupted"], false, "{c}");
 }

@@ -830,9 +830,11 @@ impl Store {
             .op("disk_bytes")?;
         Ok(n as u64)
     }
+}
 
-    /// Sum of `bytes` of the checkpoints created by the live sessions of `tenant`
-    /// (what per-key disk quotas are checked against).
+impl Store {
+    /// Sum of `bytes` of the checkpoints owned by the tenant's live sessions
+    /// (what a per-tenant disk quota counts; flat layers are not counted).
     pub fn tenant_disk_bytes(&self, tenant: &str) -> Result<u64, StoreError> {
         let conn = self.conn();
         let n: i64 = conn
@@ -842,7 +844,7 @@ impl Store {
             )
             .and_then(|mut st| st.query_row([tenant], |r| r.get(0)))
             .op("tenant_disk_bytes")?;
-        Ok(n as u64)
+        Ok(n.max(0) as u64)
     }
 }
 
