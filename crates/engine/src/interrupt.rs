@@ -21,6 +21,17 @@ impl Interrupter {
         self.latch.interrupt()
     }
 
+    /// An exec with this interrupter is about to start (e.g. once a session is
+    /// resumed): interrupts from now on count and are delivered when it runs.
+    pub fn arm(&self) {
+        self.latch.arm();
+    }
+
+    /// The armed exec will not run after all.
+    pub fn disarm(&self) {
+        self.latch.disarm();
+    }
+
     pub(crate) fn latch(&self) -> &Arc<InterruptLatch> {
         &self.latch
     }

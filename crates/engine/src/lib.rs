@@ -8,6 +8,7 @@ pub mod limits;
 pub mod protocol;
 pub mod pool;
 pub mod sandbox;
+mod signal;
 pub mod template;
 mod vdso;
 

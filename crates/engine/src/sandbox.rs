@@ -16,6 +16,7 @@ use crate::files::{self, FileEntry, OutputFile, OutputIndex};
 use crate::interrupt::Interrupter;
 use crate::limits::Limits;
 use crate::protocol::{self, ExecReply, ExecRequest, PyError};
+use crate::signal::{self, SignalState};
 use crate::Engine;
 
 /// The guest program: CPython running the agent.
@@ -92,6 +93,8 @@ pub struct Sandbox {
     pool: Option<std::sync::Arc<crate::pool::VmPool>>,
     /// `/output` as of the last exec (to report what the next one changes).
     outputs: OutputIndex,
+    /// SIGINT delivery in the current run (host-side, never snapshotted).
+    sig: SignalState,
 }
 
 impl Drop for Sandbox {
@@ -136,6 +139,7 @@ impl Sandbox {
             vdso: engine.vdso.is_some(),
             pool: None,
             outputs: OutputIndex::default(),
+            sig: SignalState::default(),
         };
         // Booting python + numpy takes far longer than one exec here: allow a generous deadline.
         let deadline = Instant::now() + sb.limits.timeout.max(Duration::from_secs(120));
@@ -181,6 +185,7 @@ impl Sandbox {
             vdso,
             pool,
             outputs: OutputIndex::default(),
+            sig: SignalState::default(),
         })
     }
 
@@ -248,6 +253,11 @@ impl Sandbox {
             return Err(EngineError::CodeTooLarge(code.len(), self.limits.code_bytes));
         }
         let ExecOptions { mut on_output, interrupt } = opts;
+        // The vCPU thread is the one to kick while this exec runs.
+        let _attached = match &interrupt {
+            Some(i) => Some(i.latch().attach()?),
+            None => None,
+        };
         let t0 = Instant::now();
         let syscalls_before = self.io.stats.total;
         self.outputs.refresh(&self.proc.vfs);
@@ -260,10 +270,6 @@ impl Sandbox {
         crate::vdso::refresh(self.vm(), vdso)?;
         let deadline = Instant::now() + self.limits.timeout;
         self.io.streaming = stream;
-        let _attached = match &interrupt {
-            Some(i) => Some(i.latch().attach()?),
-            None => None,
-        };
         self.io.interrupt = interrupt.as_ref().map(|i| i.latch().clone());
         let outcome = self.run(Some(regs), deadline, &mut on_output);
         self.io.streaming = false;
@@ -322,6 +328,9 @@ impl Sandbox {
     /// creating parent directories; the file gets mode 0644.
     pub fn write_file(&mut self, path: &str, data: &[u8]) -> Result<(), EngineError> {
         let p = self.guest_path(path)?;
+        if path.ends_with('/') {
+            return Err(EngineError::File { code: "is_a_directory", message: format!("{path}: a file name cannot end with '/'") });
+        }
         files::write_file(&mut self.proc.vfs, &p, data)
     }
 
@@ -340,6 +349,8 @@ impl Sandbox {
     /// Run the guest until the agent parks. `resume`: the parked read to re-issue first.
     fn run(&mut self, resume: Option<kvm_regs>, deadline: Instant, sink: &mut Option<OutputSink<'_>>) -> Result<Stop, EngineError> {
         self.io.deadline = Some(deadline);
+        self.sig.reset();
+        let latch = self.io.interrupt.clone();
         if let Some(regs) = resume {
             let stop = self.syscall(regs)?;
             self.flush_stream(sink);
@@ -348,7 +359,12 @@ impl Sandbox {
             }
         }
         loop {
-            match self.vm().run(Some(deadline), None)? {
+            self.note_interrupt();
+            if self.sig.want && self.io.agent_pending() == 0 {
+                self.deliver_outside_syscall()?;
+            }
+            let run_deadline = self.sig.grace.map_or(deadline, |g| g.min(deadline));
+            match self.vm().run(Some(run_deadline), latch.as_deref())? {
                 VmExit::Syscall(regs) => {
                     let stop = self.syscall(regs)?;
                     self.flush_stream(sink);
@@ -356,17 +372,60 @@ impl Sandbox {
                         return Ok(stop);
                     }
                 }
+                // Picked up at the top of the loop.
                 VmExit::Interrupted => {}
                 VmExit::Exception(fault) => return Err(EngineError::GuestCrashed(fault.to_string())),
                 VmExit::Shutdown { rip } => {
                     return Err(EngineError::GuestCrashed(format!("triple fault (VM shutdown) near rip {rip:#x}")))
                 }
                 VmExit::DeadlineExceeded => {
+                    if self.sig.grace.is_some_and(|g| g <= deadline && Instant::now() >= g) {
+                        return Err(EngineError::Interrupted(format!(
+                            "the guest did not get back to the agent within {} s of the interrupt",
+                            signal::GRACE.as_secs()
+                        )));
+                    }
                     return Err(EngineError::Timeout(self.limits.timeout.as_secs_f64()));
                 }
                 VmExit::Unexpected(why) => return Err(EngineError::GuestCrashed(why)),
             }
         }
+    }
+
+    /// Turn a triggered interrupt into a SIGINT to deliver; the first one of
+    /// the exec starts the grace period (host-side sleeps end there too).
+    fn note_interrupt(&mut self) {
+        let Some(latch) = &self.io.interrupt else { return };
+        if !latch.take() {
+            return;
+        }
+        self.sig.want = true;
+        if self.sig.grace.is_none() {
+            let g = Instant::now() + signal::GRACE;
+            self.sig.grace = Some(g);
+            self.io.deadline = Some(self.io.deadline.map_or(g, |d| d.min(g)));
+        }
+    }
+
+    /// Deliver a wanted SIGINT to a vCPU stopped outside a syscall: in user
+    /// code (CPL 3), or at the syscall stub's iretq (the user state is in its
+    /// frame). In the stub before its `out`, the syscall exit comes next and
+    /// the signal goes on its way back.
+    fn deliver_outside_syscall(&mut self) -> Result<(), EngineError> {
+        let vm = self.vm.as_mut().expect("sandbox VM present until drop");
+        let regs = vm.regs()?;
+        if vm.in_user_mode()? {
+            if let Some(h) = self.sig.deliver(vm, &mut self.proc, &regs)? {
+                self.sig.want = false;
+                vm.set_regs(&h)?;
+            }
+        } else if let Some(u) = vm.user_regs_at_iretq(&regs)? {
+            if let Some(h) = self.sig.deliver(vm, &mut self.proc, &u)? {
+                self.sig.want = false;
+                vm.enter_user(&h)?;
+            }
+        }
+        Ok(())
     }
 
     /// Handle one syscall exit; `Some` when the guest stops (parks).
@@ -382,11 +441,40 @@ impl Sandbox {
         };
         match effect {
             None => {}
-            Some(Effect::Park) => return Ok(Some(Stop::Parked(regs))),
+            Some(Effect::Park) => {
+                // Never snapshot a guest in the middle of a signal delivery.
+                if self.sig.in_handler() {
+                    return Err(EngineError::GuestCrashed("the agent waited for a request inside a signal handler".into()));
+                }
+                return Ok(Some(Stop::Parked(regs)));
+            }
             Some(Effect::Exit(code)) => return Err(EngineError::GuestExited(code)),
             Some(Effect::Signaled(sig)) => return Err(EngineError::GuestSignaled(sig)),
             Some(Effect::SetFsBase(base)) => vm.set_fs_base(base)?,
+            Some(Effect::SigReturn) => {
+                let u = self.sig.sigreturn(vm, &mut self.proc, regs.rsp)?;
+                vm.enter_user(&u)?;
+                return Ok(None);
+            }
         }
+        if self.io.interrupt.is_some() {
+            self.note_interrupt();
+            if self.sig.want && self.io.agent_pending() == 0 {
+                // The signal arrives on the way back from the syscall (an
+                // interrupted sleep returns EINTR), as on Linux.
+                let mut u = regs;
+                u.rax = ret;
+                u.rip = regs.rcx;
+                u.rflags = regs.r11;
+                let vm = self.vm.as_mut().expect("sandbox VM present until drop");
+                if let Some(h) = self.sig.deliver(vm, &mut self.proc, &u)? {
+                    self.sig.want = false;
+                    vm.enter_user(&h)?;
+                    return Ok(None);
+                }
+            }
+        }
+        let vm = self.vm.as_mut().expect("sandbox VM present until drop");
         vm.complete_syscall(&regs, ret)?;
         Ok(None)
     }

@@ -125,15 +125,18 @@ pub struct SessionManager {
     running: Mutex<HashMap<String, Interrupter>>,
 }
 
-/// Removes a session's entry from `SessionManager::running` when the exec ends.
+/// Removes a session's entry from `SessionManager::running` when the exec
+/// ends (or never starts: then it also disarms the interrupter).
 struct Running<'a> {
     map: &'a Mutex<HashMap<String, Interrupter>>,
     id: &'a str,
+    interrupter: Interrupter,
 }
 
 impl Drop for Running<'_> {
     fn drop(&mut self) {
         self.map.lock().unwrap_or_else(|e| e.into_inner()).remove(self.id);
+        self.interrupter.disarm();
     }
 }
 
@@ -310,6 +313,11 @@ impl SessionManager {
         let rec = self.record(tenant, id)?;
         let slot = self.slot(id);
         let mut guard = lock_slot(&slot, id)?;
+        // Interruptible from here on, also while the session is resumed from disk.
+        let interrupter = opts.interrupt.clone().unwrap_or_default();
+        interrupter.arm();
+        self.running.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_string(), interrupter.clone());
+        let running = Running { map: &self.running, id, interrupter: interrupter.clone() };
         let limits = from_store_limits(&rec.limits);
         if guard.sandbox.is_none() {
             self.make_room(id);
@@ -319,9 +327,6 @@ impl SessionManager {
         let base = guard.base;
         let head_seq = |h: Option<i64>| -> Option<i64> { h.and_then(|c| self.store.checkpoint(c).ok().flatten()).map(|c| c.seq) };
         let Some(sb) = guard.sandbox.as_mut() else { return Err(SessionError::NotFound(id.into())) };
-        let interrupter = opts.interrupt.clone().unwrap_or_default();
-        self.running.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_string(), interrupter.clone());
-        let running = Running { map: &self.running, id };
         let result = sb.exec_with(code, ExecOptions { on_output: opts.on_output, interrupt: Some(interrupter) });
         drop(running);
         let result = match result {

@@ -6,6 +6,8 @@
 
 mod common;
 
+use std::time::{Duration, Instant};
+
 use common::*;
 use forkbox_engine::{ExecOptions, Limits, Stream};
 use forkbox_sessions::manager::SessionError;
@@ -83,4 +85,82 @@ fn streamed_session_exec_and_disk_bytes() {
     let out2 = ok(&m, &s2.id, "y = 2");
     assert_eq!(m.disk_bytes(TENANT).unwrap(), bytes + out2.checkpoint.bytes);
     assert_eq!(m.disk_bytes("nobody").unwrap(), 0);
+}
+
+/// Run `code` in a session on another thread and interrupt it through the manager after `after`.
+fn interrupted_exec(m: &forkbox_sessions::manager::SessionManager, id: &str, code: &str, after: Duration) -> (Result<forkbox_sessions::manager::ExecOutcome, SessionError>, Duration) {
+    std::thread::scope(|sc| {
+        let h = sc.spawn(|| m.exec(TENANT, id, code));
+        std::thread::sleep(after);
+        // While the exec holds the busy lock, interrupt still reaches it.
+        assert_eq!(m.exec(TENANT, id, "1").unwrap_err().code(), "session_busy");
+        let t = Instant::now();
+        assert!(m.interrupt(TENANT, id).unwrap(), "an exec was running");
+        let r = h.join().unwrap();
+        (r, t.elapsed())
+    })
+}
+
+#[test]
+fn interrupt_reaches_a_running_exec_and_the_session_goes_on() {
+    let home = fresh_home();
+    let m = open_default(home.path());
+    let s = new_session(&m);
+    assert!(!m.interrupt(TENANT, &s.id).unwrap(), "nothing runs");
+    assert_eq!(m.interrupt("other", &s.id).unwrap_err().code(), "session_not_found");
+    ok(&m, &s.id, "kept = 'before'");
+    for code in ["while True: pass", "import time\ntime.sleep(100)"] {
+        let (r, took) = interrupted_exec(&m, &s.id, code, Duration::from_millis(500));
+        let out = r.expect("interrupted exec is a result");
+        assert_eq!(out.result.error.as_ref().map(|e| e.kind.as_str()), Some("KeyboardInterrupt"), "{code}");
+        assert!(took < Duration::from_secs(1), "{code}: {took:?}");
+        assert_eq!(out.checkpoint.code, code, "the interrupted exec was checkpointed");
+        assert_eq!(value(&m, &s.id, "kept"), "'before'");
+    }
+    assert!(!m.interrupt(TENANT, &s.id).unwrap(), "nothing runs any more");
+    // Survives eviction after an interrupt.
+    assert!(m.evict(&s.id));
+    assert_eq!(value(&m, &s.id, "kept + '!'"), "'before!'");
+}
+
+#[test]
+fn an_exec_that_swallows_the_interrupt_is_killed_and_rolled_back() {
+    let home = fresh_home();
+    let m = open_default(home.path());
+    let s = new_session(&m);
+    let c = ok(&m, &s.id, "kept = 5").checkpoint;
+    let code = "kept = 6\ndef spin():\n    while True: pass\nwhile True:\n    try:\n        spin()\n    except KeyboardInterrupt:\n        kept += 1";
+    let (r, took) = interrupted_exec(&m, &s.id, code, Duration::from_millis(400));
+    match r {
+        Err(e @ SessionError::ExecFailed { checkpoint: Some(1), .. }) => assert_eq!(e.code(), "interrupted"),
+        other => panic!("expected an interrupted ExecFailed, got {other:?}"),
+    }
+    assert!(took >= Duration::from_millis(1900) && took < Duration::from_secs(4), "{took:?}");
+    assert_eq!(m.get(TENANT, &s.id).unwrap().head, Some(c.id));
+    assert_eq!(value(&m, &s.id, "kept"), "5", "rolled back to the last checkpoint");
+}
+
+#[test]
+fn interrupting_an_exec_as_its_session_resumes_from_disk() {
+    let home = fresh_home();
+    let m = open_default(home.path());
+    let s = new_session_with(&m, &Limits { timeout: Duration::from_secs(10), ..Limits::default() });
+    ok(&m, &s.id, "kept = 'x' * 3\nbig = list(range(200000))");
+    for _ in 0..3 {
+        assert!(m.evict(&s.id));
+        let t0 = Instant::now();
+        let r = std::thread::scope(|sc| {
+            let h = sc.spawn(|| m.exec(TENANT, &s.id, "while True: pass"));
+            // The first interrupt that counts lands while the session is still
+            // being resumed from disk (or just after): it must not be lost.
+            while !m.interrupt(TENANT, &s.id).unwrap() {
+                std::thread::yield_now();
+            }
+            h.join().unwrap()
+        });
+        let out = r.expect("result");
+        assert_eq!(out.result.error.as_ref().map(|e| e.kind.as_str()), Some("KeyboardInterrupt"));
+        assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+        assert_eq!(value(&m, &s.id, "kept, len(big)"), "('xxx', 200000)");
+    }
 }

@@ -117,12 +117,21 @@ impl Drop for Armed {
 /// `VmExit::Interrupted`), and wakes a host-side sleep (`sleep`). The flag is
 /// set under the mutex before the kick: `Vm::run` checks it after publishing its
 /// `kvm_run` pointer, so an interrupt is never lost between the check and KVM_RUN.
+/// A latch can also be `arm`ed before its run starts (e.g. while a session is
+/// resumed from disk): an interrupt then stays pending for the run.
 #[derive(Default)]
 pub struct InterruptLatch {
     pending: std::sync::atomic::AtomicBool,
-    /// The attached vCPU thread.
-    thread: std::sync::Mutex<Option<libc::pthread_t>>,
+    target: std::sync::Mutex<Target>,
     wake: std::sync::Condvar,
+}
+
+#[derive(Default)]
+struct Target {
+    /// The attached vCPU thread.
+    thread: Option<libc::pthread_t>,
+    /// A run is about to start: interrupts count already.
+    armed: bool,
 }
 
 impl InterruptLatch {
@@ -130,15 +139,42 @@ impl InterruptLatch {
         std::sync::Arc::new(InterruptLatch::default())
     }
 
-    /// Interrupt the attached thread's run. False if no thread is attached (nothing runs).
+    fn lock(&self) -> std::sync::MutexGuard<'_, Target> {
+        self.target.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Interrupt the attached thread's run (or the armed run about to start).
+    /// False if nothing runs.
     pub fn interrupt(&self) -> bool {
-        let g = self.thread.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(t) = *g else { return false };
+        let g = self.lock();
+        if g.thread.is_none() && !g.armed {
+            return false;
+        }
         self.pending.store(true, std::sync::atomic::Ordering::SeqCst);
         self.wake.notify_all();
-        // SAFETY: `t` is attached, so it is a live thread (it detaches under this lock before it ends).
-        unsafe { libc::pthread_kill(t, kick_signal()) };
+        if let Some(t) = g.thread {
+            // SAFETY: `t` is attached, so it is a live thread (it detaches under this lock before it ends).
+            unsafe { libc::pthread_kill(t, kick_signal()) };
+        }
         true
+    }
+
+    /// A run will start soon: `interrupt` counts from now on (until `disarm` or the run ends).
+    pub fn arm(&self) {
+        let mut g = self.lock();
+        if g.thread.is_none() && !g.armed {
+            self.pending.store(false, std::sync::atomic::Ordering::SeqCst);
+        }
+        g.armed = true;
+    }
+
+    /// The armed run will not happen after all.
+    pub fn disarm(&self) {
+        let mut g = self.lock();
+        g.armed = false;
+        if g.thread.is_none() {
+            self.pending.store(false, std::sync::atomic::Ordering::SeqCst);
+        }
     }
 
     pub fn is_pending(&self) -> bool {
@@ -150,23 +186,24 @@ impl InterruptLatch {
         self.pending.swap(false, std::sync::atomic::Ordering::SeqCst)
     }
 
-    /// Attach the calling thread until the guard drops (clears any stale request).
+    /// Attach the calling thread until the guard drops. A stale request is
+    /// cleared, unless the latch was armed for this run.
     pub fn attach(self: &std::sync::Arc<Self>) -> Result<Attached> {
         install_handler()?;
-        let mut g = self.thread.lock().unwrap_or_else(|e| e.into_inner());
-        self.pending.store(false, std::sync::atomic::Ordering::SeqCst);
+        let mut g = self.lock();
+        if !g.armed {
+            self.pending.store(false, std::sync::atomic::Ordering::SeqCst);
+        }
+        g.armed = false;
         // SAFETY: pthread_self has no preconditions.
-        *g = Some(unsafe { libc::pthread_self() });
+        g.thread = Some(unsafe { libc::pthread_self() });
         Ok(Attached { latch: self.clone() })
     }
 
     /// Sleep up to `d` on the host; returns early (true) when interrupted.
     pub fn sleep(&self, d: std::time::Duration) -> bool {
-        let g = self.thread.lock().unwrap_or_else(|e| e.into_inner());
-        let (_g, _) = self
-            .wake
-            .wait_timeout_while(g, d, |_| !self.is_pending())
-            .unwrap_or_else(|e| e.into_inner());
+        let g = self.lock();
+        let (_g, _) = self.wake.wait_timeout_while(g, d, |_| !self.is_pending()).unwrap_or_else(|e| e.into_inner());
         self.is_pending()
     }
 }
@@ -184,8 +221,42 @@ pub struct Attached {
 
 impl Drop for Attached {
     fn drop(&mut self) {
-        let mut g = self.latch.thread.lock().unwrap_or_else(|e| e.into_inner());
-        *g = None;
+        let mut g = self.latch.lock();
+        g.thread = None;
+        g.armed = false;
         self.latch.pending.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_latch_counts_interrupts_only_while_armed_or_attached() {
+        let l = InterruptLatch::new();
+        assert!(!l.interrupt(), "nothing runs");
+        assert!(!l.is_pending());
+        l.arm();
+        assert!(l.interrupt(), "armed: the run about to start gets it");
+        let a = l.attach().unwrap();
+        assert!(l.take(), "kept for the run");
+        assert!(!l.take());
+        let t0 = std::time::Instant::now();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                assert!(l.interrupt());
+            });
+            assert!(l.sleep(std::time::Duration::from_secs(10)), "woken by the interrupt");
+        });
+        assert!(t0.elapsed() < std::time::Duration::from_secs(5));
+        drop(a);
+        assert!(!l.interrupt(), "detached");
+        l.arm();
+        l.disarm();
+        assert!(!l.interrupt(), "disarmed");
+        let _a = l.attach().unwrap();
+        assert!(!l.is_pending(), "nothing stale");
     }
 }

@@ -36,6 +36,8 @@ pub enum Effect {
     Signaled(i32),
     /// arch_prctl(ARCH_SET_FS).
     SetFsBase(u64),
+    /// rt_sigreturn: return from a signal handler the VMM entered.
+    SigReturn,
 }
 
 /// Everything a handler may touch.

@@ -1,8 +1,9 @@
 //! Signals: actions, mask and alternate stack are recorded so the guest sees
-//! consistent answers; nothing is delivered yet (there is no second thread or
-//! process to send one, and faults end the guest).
+//! consistent answers. The only signal ever delivered is the host's SIGINT
+//! (an interrupt); the engine builds its frame and answers rt_sigreturn
+//! (`Effect::SigReturn`), from the state it kept host-side. Faults end the guest.
 
-use super::{Args, Ctx};
+use super::{Args, Ctx, Effect};
 use crate::errno::{Errno, SysResult};
 use crate::process::NSIG;
 
@@ -60,5 +61,11 @@ pub fn sigaltstack(ctx: &mut Ctx, a: &Args) -> SysResult {
     if let Some(n) = new {
         ctx.proc.signals.altstack = n;
     }
+    Ok(0)
+}
+
+/// The return of a signal handler: the engine restores the interrupted state.
+pub fn rt_sigreturn(ctx: &mut Ctx, _a: &Args) -> SysResult {
+    ctx.effect = Some(Effect::SigReturn);
     Ok(0)
 }

@@ -65,6 +65,7 @@ table! {
     12 brk => mm::brk, Full;
     13 rt_sigaction => signal::rt_sigaction, Partial;
     14 rt_sigprocmask => signal::rt_sigprocmask, Partial;
+    15 rt_sigreturn => signal::rt_sigreturn, Full;
     16 ioctl => file::ioctl, Partial;
     17 pread64 => file::pread64, Full;
     18 pwrite64 => file::pwrite64, Full;
