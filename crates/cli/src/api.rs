@@ -121,7 +121,6 @@ pub async fn exec_streaming(
     Err(ClientError::StreamEnded)
 }
 
-
 /// The status the API gives an error code (an `error` event arrives on a 200 stream without one).
 fn status_of(code: &str) -> u16 {
     match code {

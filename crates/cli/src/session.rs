@@ -246,7 +246,15 @@ pub fn session_remote(api: &crate::api::Api, cmd: SessionCommand) -> Result<Exit
             for cp in api.block_on(c.checkpoints(&id))? {
                 let first = cp.code.lines().next().unwrap_or("");
                 let more = if cp.code.lines().count() > 1 { " ..." } else { "" };
-                println!("{} {:>4}  {:>6} pages  {:>8} bytes  {}{}", if cp.head { "*" } else { " " }, cp.seq, cp.pages, cp.bytes, first, more);
+                println!(
+                    "{} {:>4}  {:>6} pages  {:>8} bytes  {}{}",
+                    if cp.head { "*" } else { " " },
+                    cp.seq,
+                    cp.pages,
+                    cp.bytes,
+                    first,
+                    more
+                );
             }
         }
         SessionCommand::Revert { id, checkpoint, .. } => {

@@ -161,7 +161,19 @@ mod tests {
 
     #[test]
     fn simple_statements_are_complete() {
-        for s in ["x = 1", "print('a:')", "f(x)[0]", "d = {1: 2}", "a[1:]", "lambda: 0", "import os", "x  # comment:", "'''one line'''", "r'\\d+'", "b'\\''"] {
+        for s in [
+            "x = 1",
+            "print('a:')",
+            "f(x)[0]",
+            "d = {1: 2}",
+            "a[1:]",
+            "lambda: 0",
+            "import os",
+            "x  # comment:",
+            "'''one line'''",
+            "r'\\d+'",
+            "b'\\''",
+        ] {
             assert_eq!(check(s), Complete, "{s:?}");
         }
     }
