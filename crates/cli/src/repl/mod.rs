@@ -141,7 +141,7 @@ impl Repl<'_> {
                     r = &mut exec => break r,
                     _ = tokio::signal::ctrl_c() => {
                         match client.interrupt(&id).await {
-                            Ok(true) => eprintln!("{}", style.red("^C interrupting...")),
+                            Ok(true) => eprintln!("{}", style.red("interrupting...")),
                             Ok(false) => {}
                             Err(e) => eprintln!("{}", style.red(&format!("forkbox: interrupt failed: {e}"))),
                         }
