@@ -39,7 +39,11 @@ impl Api {
     pub fn embedded(home: &Path, image: &ImageArgs) -> Result<Api> {
         let (image_path, _) = crate::run::ensure_image(home, image, std::io::IsTerminal::is_terminal(&std::io::stderr()))?;
         let (engine, template) = forkbox_server::open_engine(home, Some(&image_path))?;
-        let config = forkbox_server::ServerConfig::new(([127, 0, 0, 1], 0).into(), home.to_path_buf());
+        let mut config = forkbox_server::ServerConfig::new(([127, 0, 0, 1], 0).into(), home.to_path_buf());
+        // The CLI's own bounds (it checks them itself), not a public server's.
+        config.max_timeout = std::time::Duration::from_secs(86_400);
+        config.max_memory_mb = 3072;
+        config.body_limit = 8 << 20;
         let state = forkbox_server::Inner::new(engine, template, config).context("opening the local data directory")?;
         let rt = runtime()?;
         let router = {
@@ -48,6 +52,18 @@ impl Api {
         };
         let client = Client::new(Transport::InProcess(router));
         Ok(Api { client, target: format!("embedded ({})", home.display()), state: Some(state), rt })
+    }
+
+    /// Fork `id` at `checkpoint` (its head if None) into a new session with `tags`; its id.
+    pub fn fork(&self, id: &str, checkpoint: Option<i64>, tags: std::collections::BTreeMap<String, String>) -> Result<String> {
+        if tags.is_empty() {
+            return Ok(self.block_on(self.client.fork(id, checkpoint))?.id);
+        }
+        // The client's fork takes no tags (yet): embedded, the session manager does it directly.
+        match &self.state {
+            Some(state) => Ok(state.sessions.fork(LOCAL_TENANT, id, checkpoint, tags)?.id),
+            None => anyhow::bail!("--tag on fork is not supported with --url yet (the API client's fork takes no tags)"),
+        }
     }
 
     /// After an exec in `session`, embedded: merge its layer chain once it is long
