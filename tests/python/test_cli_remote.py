@@ -78,3 +78,10 @@ def test_repl_reads_piped_input(server, tmp_path):
                        env=env, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "'from f'" in r.stdout and "printed" in r.stdout and "\x1b[" not in r.stdout + r.stderr
+
+
+def test_fork_with_tags_needs_the_embedded_mode(server):
+    sid = cli(server, "session", "new").stdout.strip()
+    r = cli(server, "session", "fork", sid, "--tag", "k=v")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--tag" in r.stderr, r.stderr
+    cli(server, "session", "rm", sid)
