@@ -1,6 +1,7 @@
 //! `forkbox`: run AI-generated Python in kernel-less KVM sandboxes.
 
 mod bench;
+mod mcp;
 mod run;
 mod session;
 
@@ -47,6 +48,8 @@ enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// MCP server on stdio for LLM clients (local data directory, or --url); `mcp install` configures a client.
+    Mcp(mcp::McpArgs),
 }
 
 #[derive(Subcommand)]
@@ -114,6 +117,7 @@ fn main() -> ExitCode {
         Command::Template(TemplateCommand::Ls) => template_ls(&home),
         Command::Template(TemplateCommand::Build { preload, image }) => template_build(&home, &preload, &image),
         Command::Bench(cmd) => bench::bench(&home, cmd),
+        Command::Mcp(args) => mcp::mcp(&home, cli.home.as_deref(), args),
     };
     match result {
         Ok(code) => code,

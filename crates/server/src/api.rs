@@ -25,8 +25,21 @@ use crate::{metrics, AppState, Inner};
 #[derive(Clone, Debug)]
 pub struct Tenant(pub String);
 
-/// The API's routes over `state`.
+/// The API's routes over `state`, and `/mcp` over them.
 pub fn router(state: AppState) -> Router {
+    with_mcp(state.clone(), api_routes(state))
+}
+
+/// `/mcp`: the MCP server (streamable HTTP, `forkbox_mcp`) behind the same API
+/// keys; its tool calls go to `api` in process with the caller's key.
+fn with_mcp(state: AppState, api: Router) -> Router {
+    let mcp = Router::new()
+        .fallback_service(forkbox_mcp::http_service(api.clone()))
+        .layer(middleware::from_fn_with_state(state, auth));
+    api.nest_service("/mcp", mcp)
+}
+
+fn api_routes(state: AppState) -> Router {
     let v1 = Router::new()
         .route("/exec", post(exec))
         .route("/exec/batch", post(exec_batch))
