@@ -143,9 +143,7 @@ fn install_cmd(home_flag: Option<&Path>, args: InstallArgs) -> anyhow::Result<Ex
     } else {
         McpClient::Goose
     };
-    let program = std::env::current_exe()
-        .and_then(|p| p.canonicalize())
-        .context("finding the path of this forkbox binary")?;
+    let program = std::env::current_exe().and_then(|p| p.canonicalize()).context("finding the path of this forkbox binary")?;
     let home = home_flag.map(|h| std::path::absolute(h).unwrap_or_else(|_| h.to_path_buf()));
     let launch = Launch { program, home, url: args.url.clone() };
     if !args.write {

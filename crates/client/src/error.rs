@@ -5,11 +5,7 @@
 pub enum ClientError {
     /// The API answered with an error: its status and `{"error": {code, message}}`, unchanged.
     #[error("{message} ({code}, HTTP {status})")]
-    Api {
-        status: u16,
-        code: String,
-        message: String,
-    },
+    Api { status: u16, code: String, message: String },
     /// The HTTP request could not be made or its body could not be read (connection refused, reset, ...).
     #[error("request to {url} failed: {source}")]
     Http {

@@ -36,11 +36,7 @@ pub use types::*;
 use transport::{Payload, RawResponse, Sender};
 
 /// Characters left as they are in a path segment (everything else is percent-encoded).
-const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
-    .remove(b'-')
-    .remove(b'_')
-    .remove(b'.')
-    .remove(b'~');
+const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~');
 
 /// A client of one forkbox API. Cheap to clone.
 #[derive(Clone)]
@@ -50,21 +46,13 @@ pub struct Client {
 
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Client")
-            .field("transport", &self.sender.transport)
-            .finish()
+        f.debug_struct("Client").field("transport", &self.sender.transport).finish()
     }
 }
 
 impl Client {
     pub fn new(transport: Transport) -> Client {
-        Client {
-            sender: std::sync::Arc::new(Sender {
-                transport,
-                key: None,
-                http: reqwest::Client::new(),
-            }),
-        }
+        Client { sender: std::sync::Arc::new(Sender { transport, key: None, http: reqwest::Client::new() }) }
     }
 
     /// The same API with another bearer key (e.g. the key of the request an MCP
@@ -72,11 +60,7 @@ impl Client {
     pub fn with_key(&self, key: impl Into<String>) -> Client {
         let s = &self.sender;
         Client {
-            sender: std::sync::Arc::new(Sender {
-                transport: s.transport.clone(),
-                key: Some(key.into()),
-                http: s.http.clone(),
-            }),
+            sender: std::sync::Arc::new(Sender { transport: s.transport.clone(), key: Some(key.into()), http: s.http.clone() }),
         }
     }
 
@@ -87,29 +71,13 @@ impl Client {
     // -- one-shot ----------------------------------------------------------
 
     /// Run `code` in a fresh sandbox (nothing persists). `timeout_seconds`: the server's default if None.
-    pub async fn exec(
-        &self,
-        code: &str,
-        timeout_seconds: Option<f64>,
-    ) -> Result<ExecResult, ClientError> {
-        self.post(
-            "/v1/exec",
-            &json!({ "code": code, "timeout_seconds": timeout_seconds }),
-        )
-        .await
+    pub async fn exec(&self, code: &str, timeout_seconds: Option<f64>) -> Result<ExecResult, ClientError> {
+        self.post("/v1/exec", &json!({ "code": code, "timeout_seconds": timeout_seconds })).await
     }
 
     /// Run each code in its own fresh sandbox, in parallel; results in order.
-    pub async fn exec_batch(
-        &self,
-        codes: &[String],
-        timeout_seconds: Option<f64>,
-    ) -> Result<BatchResult, ClientError> {
-        self.post(
-            "/v1/exec/batch",
-            &json!({ "codes": codes, "timeout_seconds": timeout_seconds }),
-        )
-        .await
+    pub async fn exec_batch(&self, codes: &[String], timeout_seconds: Option<f64>) -> Result<BatchResult, ClientError> {
+        self.post("/v1/exec/batch", &json!({ "codes": codes, "timeout_seconds": timeout_seconds })).await
     }
 
     /// [`exec`](Self::exec), streaming the output as it is written.
@@ -118,11 +86,7 @@ impl Client {
         code: &str,
         timeout_seconds: Option<f64>,
     ) -> Result<impl Stream<Item = Result<StreamEvent, ClientError>> + Send, ClientError> {
-        self.stream(
-            "/v1/exec/stream",
-            &json!({ "code": code, "timeout_seconds": timeout_seconds }),
-        )
-        .await
+        self.stream("/v1/exec/stream", &json!({ "code": code, "timeout_seconds": timeout_seconds })).await
     }
 
     // -- sessions ----------------------------------------------------------
@@ -136,44 +100,22 @@ impl Client {
     }
 
     /// The sessions of this key's tenant, optionally only those with all the given tags.
-    pub async fn list_sessions(
-        &self,
-        tags: &[(String, String)],
-    ) -> Result<Vec<Session>, ClientError> {
-        let q: Vec<(&str, String)> = tags
-            .iter()
-            .map(|(k, v)| ("tag", format!("{k}:{v}")))
-            .collect();
-        let q = serde_urlencoded::to_string(&q)
-            .map_err(|e| ClientError::InvalidArgument(format!("tags: {e}")))?;
-        let path = if q.is_empty() {
-            "/v1/sessions".to_string()
-        } else {
-            format!("/v1/sessions?{q}")
-        };
+    pub async fn list_sessions(&self, tags: &[(String, String)]) -> Result<Vec<Session>, ClientError> {
+        let q: Vec<(&str, String)> = tags.iter().map(|(k, v)| ("tag", format!("{k}:{v}"))).collect();
+        let q = serde_urlencoded::to_string(&q).map_err(|e| ClientError::InvalidArgument(format!("tags: {e}")))?;
+        let path = if q.is_empty() { "/v1/sessions".to_string() } else { format!("/v1/sessions?{q}") };
         let v: Value = self.get(&path).await?;
         field(v, "sessions")
     }
 
     pub async fn delete_session(&self, id: &str) -> Result<(), ClientError> {
-        let r = self
-            .sender
-            .send(
-                Method::DELETE,
-                &format!("/v1/sessions/{}", seg(id)),
-                Payload::None,
-            )
-            .await?;
+        let r = self.sender.send(Method::DELETE, &format!("/v1/sessions/{}", seg(id)), Payload::None).await?;
         check(r).await.map(drop)
     }
 
     /// Run `code` in the session (its variables, imports and files persist); the result names the new checkpoint.
     pub async fn session_exec(&self, id: &str, code: &str) -> Result<ExecResult, ClientError> {
-        self.post(
-            &format!("/v1/sessions/{}/exec", seg(id)),
-            &json!({ "code": code }),
-        )
-        .await
+        self.post(&format!("/v1/sessions/{}/exec", seg(id)), &json!({ "code": code })).await
     }
 
     /// [`session_exec`](Self::session_exec), streaming the output as it is written.
@@ -182,62 +124,36 @@ impl Client {
         id: &str,
         code: &str,
     ) -> Result<impl Stream<Item = Result<StreamEvent, ClientError>> + Send, ClientError> {
-        self.stream(
-            &format!("/v1/sessions/{}/exec/stream", seg(id)),
-            &json!({ "code": code }),
-        )
-        .await
+        self.stream(&format!("/v1/sessions/{}/exec/stream", seg(id)), &json!({ "code": code })).await
     }
 
     /// Interrupt the session's running exec (KeyboardInterrupt in the code); false if none was running.
     pub async fn interrupt(&self, id: &str) -> Result<bool, ClientError> {
-        let v: Value = self
-            .post(&format!("/v1/sessions/{}/interrupt", seg(id)), &json!({}))
-            .await?;
+        let v: Value = self.post(&format!("/v1/sessions/{}/interrupt", seg(id)), &json!({})).await?;
         field(v, "interrupted")
     }
 
     pub async fn checkpoints(&self, id: &str) -> Result<Vec<Checkpoint>, ClientError> {
-        let v: Value = self
-            .get(&format!("/v1/sessions/{}/checkpoints", seg(id)))
-            .await?;
+        let v: Value = self.get(&format!("/v1/sessions/{}/checkpoints", seg(id))).await?;
         field(v, "checkpoints")
     }
 
     /// Move the session back to `checkpoint` (its state is exactly as right after that exec).
     pub async fn revert(&self, id: &str, checkpoint: i64) -> Result<Session, ClientError> {
-        self.post(
-            &format!("/v1/sessions/{}/revert", seg(id)),
-            &json!({ "checkpoint": checkpoint }),
-        )
-        .await
+        self.post(&format!("/v1/sessions/{}/revert", seg(id)), &json!({ "checkpoint": checkpoint })).await
     }
 
     /// A new session starting at `checkpoint` of `id` (its head if None); `id` is not touched.
     pub async fn fork(&self, id: &str, checkpoint: Option<i64>) -> Result<Session, ClientError> {
-        self.post(
-            &format!("/v1/sessions/{}/fork", seg(id)),
-            &json!({ "checkpoint": checkpoint }),
-        )
-        .await
+        self.post(&format!("/v1/sessions/{}/fork", seg(id)), &json!({ "checkpoint": checkpoint })).await
     }
 
     // -- files -------------------------------------------------------------
 
     /// Write `data` to the absolute guest path `path` (parents created); makes a checkpoint.
-    pub async fn put_file(
-        &self,
-        id: &str,
-        path: &str,
-        data: Vec<u8>,
-    ) -> Result<FileWritten, ClientError> {
+    pub async fn put_file(&self, id: &str, path: &str, data: Vec<u8>) -> Result<FileWritten, ClientError> {
         let url = format!("/v1/sessions/{}/files/{}", seg(id), guest_path(path)?);
-        json_of(
-            self.sender
-                .send(Method::PUT, &url, Payload::Raw(data))
-                .await?,
-        )
-        .await
+        json_of(self.sender.send(Method::PUT, &url, Payload::Raw(data)).await?).await
     }
 
     /// The content of the absolute guest path `path`.
@@ -248,11 +164,8 @@ impl Client {
 
     /// The entries of the guest directory `dir`.
     pub async fn list_files(&self, id: &str, dir: &str) -> Result<Vec<FileEntry>, ClientError> {
-        let q = serde_urlencoded::to_string([("dir", dir)])
-            .map_err(|e| ClientError::InvalidArgument(format!("dir: {e}")))?;
-        let v: Value = self
-            .get(&format!("/v1/sessions/{}/files?{q}", seg(id)))
-            .await?;
+        let q = serde_urlencoded::to_string([("dir", dir)]).map_err(|e| ClientError::InvalidArgument(format!("dir: {e}")))?;
+        let v: Value = self.get(&format!("/v1/sessions/{}/files?{q}", seg(id))).await?;
         field(v, "files")
     }
 
@@ -262,19 +175,9 @@ impl Client {
         json_of(self.sender.send(Method::GET, path, Payload::None).await?).await
     }
 
-    async fn post<T: DeserializeOwned>(
-        &self,
-        path: &str,
-        body: &impl Serialize,
-    ) -> Result<T, ClientError> {
-        let body = serde_json::to_vec(body)
-            .map_err(|e| ClientError::InvalidArgument(format!("encoding the request: {e}")))?;
-        json_of(
-            self.sender
-                .send(Method::POST, path, Payload::Json(body))
-                .await?,
-        )
-        .await
+    async fn post<T: DeserializeOwned>(&self, path: &str, body: &impl Serialize) -> Result<T, ClientError> {
+        let body = serde_json::to_vec(body).map_err(|e| ClientError::InvalidArgument(format!("encoding the request: {e}")))?;
+        json_of(self.sender.send(Method::POST, path, Payload::Json(body)).await?).await
     }
 
     async fn stream(
@@ -282,22 +185,15 @@ impl Client {
         path: &str,
         body: &Value,
     ) -> Result<impl Stream<Item = Result<StreamEvent, ClientError>> + Send, ClientError> {
-        let body = serde_json::to_vec(body)
-            .map_err(|e| ClientError::InvalidArgument(format!("encoding the request: {e}")))?;
-        let r = self
-            .sender
-            .send(Method::POST, path, Payload::Json(body))
-            .await?;
+        let body = serde_json::to_vec(body).map_err(|e| ClientError::InvalidArgument(format!("encoding the request: {e}")))?;
+        let r = self.sender.send(Method::POST, path, Payload::Json(body)).await?;
         if !(200..300).contains(&r.status) {
             return Err(error_of(r).await);
         }
         if !r.content_type.starts_with("text/event-stream") {
             return Err(ClientError::UnexpectedResponse {
                 status: r.status,
-                message: format!(
-                    "expected an event stream, got content type {:?}",
-                    r.content_type
-                ),
+                message: format!("expected an event stream, got content type {:?}", r.content_type),
             });
         }
         Ok(sse::events(r.body))
@@ -312,14 +208,10 @@ fn seg(s: &str) -> String {
 /// An absolute guest path as the URL tail the files routes expect (no leading `/`, each segment encoded).
 fn guest_path(path: &str) -> Result<String, ClientError> {
     let Some(rest) = path.strip_prefix('/') else {
-        return Err(ClientError::InvalidArgument(format!(
-            "guest path {path:?} is not absolute"
-        )));
+        return Err(ClientError::InvalidArgument(format!("guest path {path:?} is not absolute")));
     };
     if rest.is_empty() {
-        return Err(ClientError::InvalidArgument(
-            "guest path \"/\" names no file".into(),
-        ));
+        return Err(ClientError::InvalidArgument("guest path \"/\" names no file".into()));
     }
     Ok(rest.split('/').map(seg).collect::<Vec<_>>().join("/"))
 }
@@ -328,10 +220,7 @@ fn field<T: DeserializeOwned>(mut v: Value, name: &str) -> Result<T, ClientError
     let f = v
         .get_mut(name)
         .map(Value::take)
-        .ok_or_else(|| ClientError::UnexpectedResponse {
-            status: 200,
-            message: format!("response has no `{name}` field"),
-        })?;
+        .ok_or_else(|| ClientError::UnexpectedResponse { status: 200, message: format!("response has no `{name}` field") })?;
     serde_json::from_value(f).map_err(|e| ClientError::UnexpectedResponse {
         status: 200,
         message: format!("`{name}` is not what the API returns: {e}"),
@@ -368,15 +257,8 @@ async fn error_of(r: RawResponse) -> ClientError {
         .and_then(|mut v| v.get_mut("error").map(Value::take))
         .and_then(|e| serde_json::from_value(e).ok());
     match parsed {
-        Some(e) => ClientError::Api {
-            status,
-            code: e.code,
-            message: e.message,
-        },
-        None => ClientError::UnexpectedResponse {
-            status,
-            message: preview(&body),
-        },
+        Some(e) => ClientError::Api { status, code: e.code, message: e.message },
+        None => ClientError::UnexpectedResponse { status, message: preview(&body) },
     }
 }
 
@@ -395,22 +277,10 @@ mod tests {
 
     #[test]
     fn guest_paths_become_encoded_url_tails() {
-        assert_eq!(
-            guest_path("/output/plot.png").ok().as_deref(),
-            Some("output/plot.png")
-        );
-        assert_eq!(
-            guest_path("/a b/c?d#e").ok().as_deref(),
-            Some("a%20b/c%3Fd%23e")
-        );
-        assert!(matches!(
-            guest_path("relative.txt"),
-            Err(ClientError::InvalidArgument(_))
-        ));
-        assert!(matches!(
-            guest_path("/"),
-            Err(ClientError::InvalidArgument(_))
-        ));
+        assert_eq!(guest_path("/output/plot.png").ok().as_deref(), Some("output/plot.png"));
+        assert_eq!(guest_path("/a b/c?d#e").ok().as_deref(), Some("a%20b/c%3Fd%23e"));
+        assert!(matches!(guest_path("relative.txt"), Err(ClientError::InvalidArgument(_))));
+        assert!(matches!(guest_path("/"), Err(ClientError::InvalidArgument(_))));
         assert_eq!(seg("../x"), "..%2Fx");
     }
 }

@@ -33,10 +33,7 @@ impl StreamEvent {
 }
 
 fn bad(message: String) -> ClientError {
-    ClientError::UnexpectedResponse {
-        status: 200,
-        message,
-    }
+    ClientError::UnexpectedResponse { status: 200, message }
 }
 
 /// One SSE event as a [`StreamEvent`]; `None` for events this API does not send (ignored).
@@ -51,25 +48,15 @@ fn decode(event: Option<&str>, data: Option<&str>) -> Option<Result<StreamEvent,
     };
     let text = |json: &Value| json.get("data").and_then(Value::as_str).map(str::to_owned);
     Some(match kind {
-        "stdout" => text(&json)
-            .map(StreamEvent::Stdout)
-            .ok_or_else(|| bad("`stdout` event without a `data` string".into())),
-        "stderr" => text(&json)
-            .map(StreamEvent::Stderr)
-            .ok_or_else(|| bad("`stderr` event without a `data` string".into())),
+        "stdout" => text(&json).map(StreamEvent::Stdout).ok_or_else(|| bad("`stdout` event without a `data` string".into())),
+        "stderr" => text(&json).map(StreamEvent::Stderr).ok_or_else(|| bad("`stderr` event without a `data` string".into())),
         "result" => Ok(StreamEvent::Result(json)),
         _ => {
             let e = json.get("error");
-            let field = |k: &str| {
-                e.and_then(|e| e.get(k))
-                    .and_then(Value::as_str)
-                    .map(str::to_owned)
-            };
+            let field = |k: &str| e.and_then(|e| e.get(k)).and_then(Value::as_str).map(str::to_owned);
             match (field("code"), field("message")) {
                 (Some(code), Some(message)) => Ok(StreamEvent::Error { code, message }),
-                _ => Err(bad(format!(
-                    "`error` event without error.code / error.message: {json}"
-                ))),
+                _ => Err(bad(format!("`error` event without error.code / error.message: {json}"))),
             }
         }
     })
@@ -77,9 +64,7 @@ fn decode(event: Option<&str>, data: Option<&str>) -> Option<Result<StreamEvent,
 
 /// The events of an SSE body. Ends after the final event; a body that ends
 /// before it yields [`ClientError::StreamEnded`] last.
-pub(crate) fn events(
-    body: ByteStream,
-) -> impl Stream<Item = Result<StreamEvent, ClientError>> + Send {
+pub(crate) fn events(body: ByteStream) -> impl Stream<Item = Result<StreamEvent, ClientError>> + Send {
     let sse = SseStream::from_bytes_stream(body);
     // State: the SSE stream, or None once a final event (or an error) was yielded.
     stream::unfold(Some(Box::pin(sse)), |state| async move {
@@ -87,9 +72,7 @@ pub(crate) fn events(
         loop {
             match sse.next().await {
                 None => return Some((Err(ClientError::StreamEnded), None)),
-                Some(Err(e)) => {
-                    return Some((Err(bad(format!("malformed event stream: {e}"))), None))
-                }
+                Some(Err(e)) => return Some((Err(bad(format!("malformed event stream: {e}"))), None)),
                 Some(Ok(ev)) => match decode(ev.event.as_deref(), ev.data.as_deref()) {
                     None => continue,
                     Some(Ok(ev)) if ev.is_final() => return Some((Ok(ev), None)),
@@ -109,15 +92,9 @@ mod tests {
 
     /// The events of a body delivered in the given chunks.
     async fn parse(chunks: &[&str]) -> Vec<Result<StreamEvent, String>> {
-        let owned: Vec<Result<Bytes, ClientError>> = chunks
-            .iter()
-            .map(|c| Ok(Bytes::from(c.to_string())))
-            .collect();
+        let owned: Vec<Result<Bytes, ClientError>> = chunks.iter().map(|c| Ok(Bytes::from(c.to_string()))).collect();
         let body: ByteStream = Box::pin(stream::iter(owned));
-        events(body)
-            .map(|r| r.map_err(|e| e.code().to_string()))
-            .collect()
-            .await
+        events(body).map(|r| r.map_err(|e| e.code().to_string())).collect().await
     }
 
     #[tokio::test]
@@ -131,9 +108,7 @@ mod tests {
                 vec![
                     Ok(StreamEvent::Stdout("hello\n".into())),
                     Ok(StreamEvent::Stderr("warn".into())),
-                    Ok(StreamEvent::Result(
-                        json!({"value": "2", "stdout": "hello\n"})
-                    )),
+                    Ok(StreamEvent::Result(json!({"value": "2", "stdout": "hello\n"}))),
                 ],
                 "split at {cut}"
             );
@@ -142,43 +117,28 @@ mod tests {
 
     #[tokio::test]
     async fn multi_line_data_and_error_event() {
-        let got = parse(&["event: error\ndata: {\"error\":\ndata:  {\"code\": \"timeout\", \"message\": \"ran past 1 s\"}}\n\n"]).await;
-        assert_eq!(
-            got,
-            vec![Ok(StreamEvent::Error {
-                code: "timeout".into(),
-                message: "ran past 1 s".into()
-            })]
-        );
+        let got =
+            parse(&["event: error\ndata: {\"error\":\ndata:  {\"code\": \"timeout\", \"message\": \"ran past 1 s\"}}\n\n"]).await;
+        assert_eq!(got, vec![Ok(StreamEvent::Error { code: "timeout".into(), message: "ran past 1 s".into() })]);
     }
 
     #[tokio::test]
     async fn stops_after_the_final_event() {
-        let got =
-            parse(&["event: result\ndata: {}\n\nevent: stdout\ndata: {\"data\": \"late\"}\n\n"])
-                .await;
+        let got = parse(&["event: result\ndata: {}\n\nevent: stdout\ndata: {\"data\": \"late\"}\n\n"]).await;
         assert_eq!(got, vec![Ok(StreamEvent::Result(json!({})))]);
     }
 
     #[tokio::test]
     async fn a_body_that_ends_early_is_an_error() {
-        let got = parse(&[
-            "event: stdout\ndata: {\"data\": \"x\"}\n\nevent: result\ndata: {\"unterminated\": 1}",
-        ])
-        .await;
+        let got = parse(&["event: stdout\ndata: {\"data\": \"x\"}\n\nevent: result\ndata: {\"unterminated\": 1}"]).await;
         assert_eq!(got[0], Ok(StreamEvent::Stdout("x".into())));
         // The last event has no blank line after it: it was never completed.
-        assert_eq!(
-            got.last(),
-            Some(&Err("stream_ended".to_string())),
-            "{got:?}"
-        );
+        assert_eq!(got.last(), Some(&Err("stream_ended".to_string())), "{got:?}");
     }
 
     #[tokio::test]
     async fn unknown_events_are_skipped_and_bad_data_is_an_error() {
-        let got =
-            parse(&["event: ping\ndata: whatever\n\nevent: stdout\ndata: not json\n\n"]).await;
+        let got = parse(&["event: ping\ndata: whatever\n\nevent: stdout\ndata: not json\n\n"]).await;
         assert_eq!(got, vec![Err("unexpected_response".to_string())]);
         let got = parse(&["event: error\ndata: {\"error\": {\"code\": 1}}\n\n"]).await;
         assert_eq!(got, vec![Err("unexpected_response".to_string())]);

@@ -17,10 +17,7 @@ use crate::error::ClientError;
 pub enum Transport {
     /// A server at `base_url` (e.g. `http://127.0.0.1:8080`), authenticated with
     /// `key` (`Authorization: Bearer`) when there is one.
-    Http {
-        base_url: String,
-        key: Option<String>,
-    },
+    Http { base_url: String, key: Option<String> },
     /// An axum router in this process (`forkbox_server::embedded_router`, or the
     /// API router itself when the caller supplies a key): requests are served
     /// by `tower::ServiceExt::oneshot`, without a socket.
@@ -31,11 +28,9 @@ impl std::fmt::Debug for Transport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             // Never print the key.
-            Transport::Http { base_url, key } => f
-                .debug_struct("Http")
-                .field("base_url", base_url)
-                .field("key", &key.as_ref().map(|_| "<redacted>"))
-                .finish(),
+            Transport::Http { base_url, key } => {
+                f.debug_struct("Http").field("base_url", base_url).field("key", &key.as_ref().map(|_| "<redacted>")).finish()
+            }
             Transport::InProcess(_) => f.write_str("InProcess"),
         }
     }
@@ -85,12 +80,7 @@ impl Sender {
         }
     }
 
-    pub async fn send(
-        &self,
-        method: Method,
-        path_and_query: &str,
-        payload: Payload,
-    ) -> Result<RawResponse, ClientError> {
+    pub async fn send(&self, method: Method, path_and_query: &str, payload: Payload) -> Result<RawResponse, ClientError> {
         let (content_type, body) = match payload {
             Payload::None => (None, Vec::new()),
             Payload::Json(b) => (Some("application/json"), b),
@@ -106,21 +96,11 @@ impl Sender {
                 if let Some(ct) = content_type {
                     req = req.header(header::CONTENT_TYPE, ct).body(body);
                 }
-                let resp = req.send().await.map_err(|e| ClientError::Http {
-                    url: url.clone(),
-                    source: e,
-                })?;
+                let resp = req.send().await.map_err(|e| ClientError::Http { url: url.clone(), source: e })?;
                 let status = resp.status().as_u16();
                 let content_type = content_type_of(resp.headers());
-                let body = resp.bytes_stream().map_err(move |e| ClientError::Http {
-                    url: url.clone(),
-                    source: e,
-                });
-                Ok(RawResponse {
-                    status,
-                    content_type,
-                    body: Box::pin(body),
-                })
+                let body = resp.bytes_stream().map_err(move |e| ClientError::Http { url: url.clone(), source: e });
+                Ok(RawResponse { status, content_type, body: Box::pin(body) })
             }
             Transport::InProcess(router) => {
                 let mut req = Request::builder().method(method).uri(path_and_query);
@@ -130,32 +110,21 @@ impl Sender {
                 if let Some(ct) = content_type {
                     req = req.header(header::CONTENT_TYPE, ct);
                 }
-                let req = req.body(Body::from(body)).map_err(|e| {
-                    ClientError::InvalidArgument(format!("building the request: {e}"))
-                })?;
+                let req =
+                    req.body(Body::from(body)).map_err(|e| ClientError::InvalidArgument(format!("building the request: {e}")))?;
                 let resp = match router.clone().oneshot(req).await {
                     Ok(r) => r,
                     Err(never) => match never {},
                 };
                 let status = resp.status().as_u16();
                 let content_type = content_type_of(resp.headers());
-                let body = resp
-                    .into_body()
-                    .into_data_stream()
-                    .map_err(|e| ClientError::Body(e.to_string()));
-                Ok(RawResponse {
-                    status,
-                    content_type,
-                    body: Box::pin(body),
-                })
+                let body = resp.into_body().into_data_stream().map_err(|e| ClientError::Body(e.to_string()));
+                Ok(RawResponse { status, content_type, body: Box::pin(body) })
             }
         }
     }
 }
 
 fn content_type_of(h: &axum::http::HeaderMap) -> String {
-    h.get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_ascii_lowercase()
+    h.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_ascii_lowercase()
 }

@@ -28,27 +28,13 @@ pub struct Launch {
 #[derive(Debug, thiserror::Error)]
 pub enum InstallError {
     #[error("reading {path}: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Read { path: PathBuf, source: std::io::Error },
     #[error("{path} is not valid {format}: {message}; fix or move it, nothing was written")]
-    Parse {
-        path: PathBuf,
-        format: &'static str,
-        message: String,
-    },
+    Parse { path: PathBuf, format: &'static str, message: String },
     #[error("{path}: {what} is not a {expected}; nothing was written")]
-    Shape {
-        path: PathBuf,
-        what: String,
-        expected: &'static str,
-    },
+    Shape { path: PathBuf, what: String, expected: &'static str },
     #[error("writing {path}: {source}")]
-    Write {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Write { path: PathBuf, source: std::io::Error },
     #[error("no home directory to find the client's config file in")]
     NoHome,
 }
@@ -134,12 +120,7 @@ pub fn snippet(client: McpClient, launch: &Launch) -> String {
 
 /// `existing` (the config file's text, if any) with the forkbox entry added or
 /// replaced; every other key and server is kept.
-pub fn merge(
-    client: McpClient,
-    existing: Option<&str>,
-    launch: &Launch,
-    path: &Path,
-) -> Result<String, InstallError> {
+pub fn merge(client: McpClient, existing: Option<&str>, launch: &Launch, path: &Path) -> Result<String, InstallError> {
     let text = existing.filter(|t| !t.trim().is_empty());
     match client {
         McpClient::Claude | McpClient::Cursor => {
@@ -151,13 +132,9 @@ pub fn merge(
                 })?,
                 None => json!({}),
             };
-            let obj = root
-                .as_object_mut()
-                .ok_or_else(|| shape(path, "the top level", "JSON object"))?;
+            let obj = root.as_object_mut().ok_or_else(|| shape(path, "the top level", "JSON object"))?;
             let servers = obj.entry("mcpServers").or_insert_with(|| json!({}));
-            let servers = servers
-                .as_object_mut()
-                .ok_or_else(|| shape(path, "`mcpServers`", "JSON object"))?;
+            let servers = servers.as_object_mut().ok_or_else(|| shape(path, "`mcpServers`", "JSON object"))?;
             servers.insert(SERVER_NAME.into(), launch.json_entry());
             Ok(serde_json::to_string_pretty(&root).unwrap_or_default() + "\n")
         }
@@ -170,18 +147,12 @@ pub fn merge(
                 })?,
                 None => yaml_serde::Value::Mapping(Default::default()),
             };
-            let top = root
-                .as_mapping_mut()
-                .ok_or_else(|| shape(path, "the top level", "YAML mapping"))?;
-            let exts = top
-                .entry("extensions".into())
-                .or_insert_with(|| yaml_serde::Value::Mapping(Default::default()));
+            let top = root.as_mapping_mut().ok_or_else(|| shape(path, "the top level", "YAML mapping"))?;
+            let exts = top.entry("extensions".into()).or_insert_with(|| yaml_serde::Value::Mapping(Default::default()));
             if exts.is_null() {
                 *exts = yaml_serde::Value::Mapping(Default::default());
             }
-            let exts = exts
-                .as_mapping_mut()
-                .ok_or_else(|| shape(path, "`extensions`", "YAML mapping"))?;
+            let exts = exts.as_mapping_mut().ok_or_else(|| shape(path, "`extensions`", "YAML mapping"))?;
             exts.insert(SERVER_NAME.into(), launch.goose_entry());
             yaml_serde::to_string(&root).map_err(|e| InstallError::Parse {
                 path: path.into(),
@@ -193,11 +164,7 @@ pub fn merge(
 }
 
 fn shape(path: &Path, what: &str, expected: &'static str) -> InstallError {
-    InstallError::Shape {
-        path: path.into(),
-        what: what.into(),
-        expected,
-    }
+    InstallError::Shape { path: path.into(), what: what.into(), expected }
 }
 
 /// What [`write`] did.
@@ -215,18 +182,10 @@ pub fn write(client: McpClient, path: &Path, launch: &Launch) -> Result<Written,
     let existing = match std::fs::read_to_string(path) {
         Ok(t) => Some(t),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => {
-            return Err(InstallError::Read {
-                path: path.into(),
-                source: e,
-            })
-        }
+        Err(e) => return Err(InstallError::Read { path: path.into(), source: e }),
     };
     let merged = merge(client, existing.as_deref(), launch, path)?;
-    let werr = |source| InstallError::Write {
-        path: path.into(),
-        source,
-    };
+    let werr = |source| InstallError::Write { path: path.into(), source };
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(werr)?;
     }
@@ -246,10 +205,7 @@ pub fn write(client: McpClient, path: &Path, launch: &Launch) -> Result<Written,
     let tmp = path.with_extension(ext_plus(path, "forkbox-tmp"));
     std::fs::write(&tmp, merged).map_err(werr)?;
     std::fs::rename(&tmp, path).map_err(werr)?;
-    Ok(Written {
-        path: path.into(),
-        backup,
-    })
+    Ok(Written { path: path.into(), backup })
 }
 
 /// `config.json` + `bak` -> `json.bak` (so `with_extension` gives `config.json.bak`).
@@ -265,11 +221,7 @@ mod tests {
     use super::*;
 
     fn launch(url: Option<&str>) -> Launch {
-        Launch {
-            program: "/usr/local/bin/forkbox".into(),
-            home: None,
-            url: url.map(str::to_owned),
-        }
+        Launch { program: "/usr/local/bin/forkbox".into(), home: None, url: url.map(str::to_owned) }
     }
 
     fn p() -> PathBuf {
@@ -279,78 +231,44 @@ mod tests {
     #[test]
     fn json_merge_keeps_other_servers_and_keys() {
         let existing = r#"{"theme": "dark", "mcpServers": {"other": {"command": "other-mcp", "args": ["-v"]}, "forkbox": {"command": "old"}}}"#;
-        let out = merge(McpClient::Claude, Some(existing), &launch(None), &p())
-            .unwrap_or_else(|e| panic!("{e}"));
+        let out = merge(McpClient::Claude, Some(existing), &launch(None), &p()).unwrap_or_else(|e| panic!("{e}"));
         let v: Value = serde_json::from_str(&out).unwrap_or_default();
         assert_eq!(v["theme"], "dark");
-        assert_eq!(
-            v["mcpServers"]["other"],
-            json!({"command": "other-mcp", "args": ["-v"]})
-        );
-        assert_eq!(
-            v["mcpServers"]["forkbox"],
-            json!({"command": "/usr/local/bin/forkbox", "args": ["mcp"]})
-        );
+        assert_eq!(v["mcpServers"]["other"], json!({"command": "other-mcp", "args": ["-v"]}));
+        assert_eq!(v["mcpServers"]["forkbox"], json!({"command": "/usr/local/bin/forkbox", "args": ["mcp"]}));
     }
 
     #[test]
     fn json_remote_entry_names_url_and_key_variable() {
-        let out = merge(
-            McpClient::Cursor,
-            None,
-            &launch(Some("https://fb.example")),
-            &p(),
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
+        let out = merge(McpClient::Cursor, None, &launch(Some("https://fb.example")), &p()).unwrap_or_else(|e| panic!("{e}"));
         let v: Value = serde_json::from_str(&out).unwrap_or_default();
-        assert_eq!(
-            v["mcpServers"]["forkbox"]["args"],
-            json!(["mcp", "--url", "https://fb.example"])
-        );
+        assert_eq!(v["mcpServers"]["forkbox"]["args"], json!(["mcp", "--url", "https://fb.example"]));
         assert!(v["mcpServers"]["forkbox"]["env"]["FORKBOX_API_KEY"].is_string());
     }
 
     #[test]
     fn json_merge_refuses_what_it_cannot_merge() {
+        assert!(matches!(merge(McpClient::Claude, Some("{not json"), &launch(None), &p()), Err(InstallError::Parse { .. })));
+        assert!(matches!(merge(McpClient::Claude, Some("[1]"), &launch(None), &p()), Err(InstallError::Shape { .. })));
         assert!(matches!(
-            merge(McpClient::Claude, Some("{not json"), &launch(None), &p()),
-            Err(InstallError::Parse { .. })
-        ));
-        assert!(matches!(
-            merge(McpClient::Claude, Some("[1]"), &launch(None), &p()),
-            Err(InstallError::Shape { .. })
-        ));
-        assert!(matches!(
-            merge(
-                McpClient::Claude,
-                Some(r#"{"mcpServers": 3}"#),
-                &launch(None),
-                &p()
-            ),
+            merge(McpClient::Claude, Some(r#"{"mcpServers": 3}"#), &launch(None), &p()),
             Err(InstallError::Shape { .. })
         ));
     }
 
     #[test]
     fn goose_merge_keeps_other_extensions_and_settings() {
-        let existing = "GOOSE_PROVIDER: anthropic\nextensions:\n  developer:\n    enabled: true\n    name: developer\n    type: builtin\n";
-        let out = merge(McpClient::Goose, Some(existing), &launch(None), &p())
-            .unwrap_or_else(|e| panic!("{e}"));
+        let existing =
+            "GOOSE_PROVIDER: anthropic\nextensions:\n  developer:\n    enabled: true\n    name: developer\n    type: builtin\n";
+        let out = merge(McpClient::Goose, Some(existing), &launch(None), &p()).unwrap_or_else(|e| panic!("{e}"));
         let v: yaml_serde::Value = yaml_serde::from_str(&out).unwrap_or(yaml_serde::Value::Null);
         assert_eq!(v["GOOSE_PROVIDER"].as_str(), Some("anthropic"));
-        assert_eq!(
-            v["extensions"]["developer"]["type"].as_str(),
-            Some("builtin")
-        );
-        assert_eq!(
-            v["extensions"]["forkbox"]["cmd"].as_str(),
-            Some("/usr/local/bin/forkbox")
-        );
+        assert_eq!(v["extensions"]["developer"]["type"].as_str(), Some("builtin"));
+        assert_eq!(v["extensions"]["forkbox"]["cmd"].as_str(), Some("/usr/local/bin/forkbox"));
         assert_eq!(v["extensions"]["forkbox"]["type"].as_str(), Some("stdio"));
         assert_eq!(v["extensions"]["forkbox"]["args"][0].as_str(), Some("mcp"));
         // An empty `extensions:` (null) is filled in, not an error.
-        let out = merge(McpClient::Goose, Some("extensions:\n"), &launch(None), &p())
-            .unwrap_or_else(|e| panic!("{e}"));
+        let out = merge(McpClient::Goose, Some("extensions:\n"), &launch(None), &p()).unwrap_or_else(|e| panic!("{e}"));
         assert!(out.contains("forkbox"), "{out}");
     }
 
@@ -362,31 +280,19 @@ mod tests {
         let w = write(McpClient::Claude, &path, &launch(None)).unwrap_or_else(|e| panic!("{e}"));
         assert!(w.backup.is_none() && path.exists());
         // Another server added by the user, then install again: kept, and the old file backed up.
-        let mut v: Value =
-            serde_json::from_str(&std::fs::read_to_string(&path).unwrap_or_default())
-                .unwrap_or_default();
+        let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap_or_default()).unwrap_or_default();
         v["mcpServers"]["mine"] = json!({"command": "mine"});
         std::fs::write(&path, v.to_string()).unwrap_or_else(|e| panic!("{e}"));
         let w = write(McpClient::Claude, &path, &launch(None)).unwrap_or_else(|e| panic!("{e}"));
         let backup = w.backup.unwrap_or_default();
-        assert_eq!(
-            backup,
-            dir.path().join("Claude/claude_desktop_config.json.bak")
-        );
-        assert_eq!(
-            std::fs::read_to_string(&backup).unwrap_or_default(),
-            v.to_string()
-        );
-        let now: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap_or_default())
-            .unwrap_or_default();
+        assert_eq!(backup, dir.path().join("Claude/claude_desktop_config.json.bak"));
+        assert_eq!(std::fs::read_to_string(&backup).unwrap_or_default(), v.to_string());
+        let now: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap_or_default()).unwrap_or_default();
         assert_eq!(now["mcpServers"]["mine"], json!({"command": "mine"}));
         assert!(now["mcpServers"]["forkbox"].is_object());
         // A second backup does not overwrite the first.
         let w = write(McpClient::Claude, &path, &launch(None)).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(
-            w.backup.unwrap_or_default(),
-            dir.path().join("Claude/claude_desktop_config.json.bak.1")
-        );
+        assert_eq!(w.backup.unwrap_or_default(), dir.path().join("Claude/claude_desktop_config.json.bak.1"));
         // An unparsable file is left alone.
         std::fs::write(&path, "{oops").unwrap_or_else(|e| panic!("{e}"));
         assert!(write(McpClient::Claude, &path, &launch(None)).is_err());

@@ -33,11 +33,7 @@ pub fn exec_result(r: &ExecResult) -> CallToolResult {
     for o in &r.outputs {
         let Some(b64) = &o.base64 else { continue };
         // Only pass on what really decodes: the data came from the guest.
-        if IMAGE_MIMES.contains(&o.mime.as_str())
-            && base64::engine::general_purpose::STANDARD
-                .decode(b64)
-                .is_ok()
-        {
+        if IMAGE_MIMES.contains(&o.mime.as_str()) && base64::engine::general_purpose::STANDARD.decode(b64).is_ok() {
             content.push(ContentBlock::image(b64.clone(), o.mime.clone()));
         }
     }
@@ -75,10 +71,7 @@ fn exec_text(r: &ExecResult) -> String {
         }
     }
     for o in &r.outputs {
-        t.push_str(&format!(
-            "output file: {} ({} bytes, {})\n",
-            o.path, o.size, o.mime
-        ));
+        t.push_str(&format!("output file: {} ({} bytes, {})\n", o.path, o.size, o.mime));
     }
     if let Some(cp) = r.checkpoint {
         t.push_str(&format!("checkpoint: {cp}\n"));
@@ -91,10 +84,7 @@ fn exec_text(r: &ExecResult) -> String {
 
 /// A session, structured and as one line of text.
 pub fn session(s: &Session, what: &str) -> CallToolResult {
-    let mut out = CallToolResult::success(vec![ContentBlock::text(format!(
-        "{what}: {}",
-        session_line(s)
-    ))]);
+    let mut out = CallToolResult::success(vec![ContentBlock::text(format!("{what}: {}", session_line(s)))]);
     out.structured_content = Some(session_json(s));
     out
 }
@@ -117,42 +107,22 @@ fn session_line(s: &Session) -> String {
         (None, Some(f)) => format!("forked from {} checkpoint {}", f.session, f.checkpoint),
         (None, None) => "no execs yet".to_string(),
     };
-    format!(
-        "session {} ({at}; memory {} MiB, timeout {} s per exec)",
-        s.id, s.limits.memory_mb, s.limits.timeout_seconds
-    )
+    format!("session {} ({at}; memory {} MiB, timeout {} s per exec)", s.id, s.limits.memory_mb, s.limits.timeout_seconds)
 }
 
 pub fn sessions(list: &[Session]) -> CallToolResult {
-    let text = if list.is_empty() {
-        "no sessions".to_string()
-    } else {
-        list.iter().map(session_line).collect::<Vec<_>>().join("\n")
-    };
+    let text =
+        if list.is_empty() { "no sessions".to_string() } else { list.iter().map(session_line).collect::<Vec<_>>().join("\n") };
     let mut out = CallToolResult::success(vec![ContentBlock::text(text)]);
-    out.structured_content =
-        Some(json!({ "sessions": list.iter().map(session_json).collect::<Vec<_>>() }));
+    out.structured_content = Some(json!({ "sessions": list.iter().map(session_json).collect::<Vec<_>>() }));
     out
 }
 
 pub fn checkpoints(id: &str, list: &[Checkpoint]) -> CallToolResult {
     let mut text = format!("checkpoints of session {id} (oldest first; * = current):\n");
     for c in list {
-        let code: String = c
-            .code
-            .lines()
-            .next()
-            .unwrap_or("")
-            .chars()
-            .take(80)
-            .collect();
-        let more = if c.code.lines().count() > 1
-            || code.len() < c.code.lines().next().unwrap_or("").len()
-        {
-            " ..."
-        } else {
-            ""
-        };
+        let code: String = c.code.lines().next().unwrap_or("").chars().take(80).collect();
+        let more = if c.code.lines().count() > 1 || code.len() < c.code.lines().next().unwrap_or("").len() { " ..." } else { "" };
         text.push_str(&format!(
             "{} {:>3}  parent {:<4} {code}{more}\n",
             if c.head { "*" } else { " " },
@@ -168,8 +138,7 @@ pub fn checkpoints(id: &str, list: &[Checkpoint]) -> CallToolResult {
 }
 
 pub fn deleted(id: &str) -> CallToolResult {
-    let mut out =
-        CallToolResult::success(vec![ContentBlock::text(format!("deleted session {id}"))]);
+    let mut out = CallToolResult::success(vec![ContentBlock::text(format!("deleted session {id}"))]);
     out.structured_content = Some(json!({ "session_id": id, "deleted": true }));
     out
 }
@@ -192,10 +161,7 @@ fn hint(code: &str) -> &'static str {
 
 /// A tool error: `isError: true`, structured `{error: {code, message}}`, and the same as text.
 pub fn error(code: &str, message: &str) -> CallToolResult {
-    let mut out = CallToolResult::error(vec![ContentBlock::text(format!(
-        "error {code}: {message}.{}",
-        hint(code)
-    ))]);
+    let mut out = CallToolResult::error(vec![ContentBlock::text(format!("error {code}: {message}.{}", hint(code)))]);
     out.structured_content = Some(json!({ "error": { "code": code, "message": message } }));
     out
 }
@@ -222,47 +188,16 @@ mod tests {
 
     #[test]
     fn images_come_back_as_image_blocks_other_files_only_as_text() {
-        let png = OutputFile {
-            path: "/output/a.png".into(),
-            size: 3,
-            mime: "image/png".into(),
-            base64: Some("iVBO".into()),
-        };
-        let csv = OutputFile {
-            path: "/output/b.csv".into(),
-            size: 3,
-            mime: "text/csv".into(),
-            base64: Some("YSxi".into()),
-        };
-        let big = OutputFile {
-            path: "/output/c.png".into(),
-            size: 9 << 20,
-            mime: "image/png".into(),
-            base64: None,
-        };
-        let bad = OutputFile {
-            path: "/output/d.png".into(),
-            size: 3,
-            mime: "image/png".into(),
-            base64: Some("***".into()),
-        };
+        let png = OutputFile { path: "/output/a.png".into(), size: 3, mime: "image/png".into(), base64: Some("iVBO".into()) };
+        let csv = OutputFile { path: "/output/b.csv".into(), size: 3, mime: "text/csv".into(), base64: Some("YSxi".into()) };
+        let big = OutputFile { path: "/output/c.png".into(), size: 9 << 20, mime: "image/png".into(), base64: None };
+        let bad = OutputFile { path: "/output/d.png".into(), size: 3, mime: "image/png".into(), base64: Some("***".into()) };
         let r = exec_result(&result(vec![png, csv, big, bad]));
         let images: Vec<_> = r.content.iter().filter_map(|c| c.as_image()).collect();
         assert_eq!(images.len(), 1);
-        assert_eq!(
-            (images[0].data.as_str(), images[0].mime_type.as_str()),
-            ("iVBO", "image/png")
-        );
-        let text = r.content[0]
-            .as_text()
-            .map(|t| t.text.clone())
-            .unwrap_or_default();
-        assert!(
-            text.contains("stdout:\nhi\n")
-                && text.contains("value: 3")
-                && text.contains("/output/b.csv"),
-            "{text}"
-        );
+        assert_eq!((images[0].data.as_str(), images[0].mime_type.as_str()), ("iVBO", "image/png"));
+        let text = r.content[0].as_text().map(|t| t.text.clone()).unwrap_or_default();
+        assert!(text.contains("stdout:\nhi\n") && text.contains("value: 3") && text.contains("/output/b.csv"), "{text}");
         let s = r.structured_content.unwrap_or_default();
         assert_eq!(s["checkpoint"], 2);
         assert_eq!(s["outputs"].as_array().map(Vec::len), Some(4));
@@ -271,15 +206,9 @@ mod tests {
 
     #[test]
     fn errors_carry_code_and_message() {
-        let r = client_error(&ClientError::Api {
-            status: 404,
-            code: "session_not_found".into(),
-            message: "no session s_1".into(),
-        });
+        let r =
+            client_error(&ClientError::Api { status: 404, code: "session_not_found".into(), message: "no session s_1".into() });
         assert_eq!(r.is_error, Some(true));
-        assert_eq!(
-            r.structured_content,
-            Some(json!({ "error": { "code": "session_not_found", "message": "no session s_1" } }))
-        );
+        assert_eq!(r.structured_content, Some(json!({ "error": { "code": "session_not_found", "message": "no session s_1" } })));
     }
 }

@@ -11,8 +11,8 @@ use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ErrorCode, Implementation,
-    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ErrorCode, Implementation, ListToolsResult, PaginatedRequestParams,
+    ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::RequestContext;
 use rmcp::{schemars, tool, tool_router, ErrorData, RoleServer, ServerHandler};
@@ -95,20 +95,16 @@ pub struct ForkArgs {
 
 fn check_id(id: &str) -> Result<(), CallToolResult> {
     if id.is_empty() || id.len() > 128 {
-        return Err(render::error(
-            "invalid_arguments",
-            "session_id must be 1 to 128 characters",
-        ));
+        return Err(render::error("invalid_arguments", "session_id must be 1 to 128 characters"));
     }
     Ok(())
 }
 
 fn check_timeout(t: Option<f64>) -> Result<(), CallToolResult> {
     match t {
-        Some(s) if !(s.is_finite() && s > 0.0) => Err(render::error(
-            "invalid_arguments",
-            &format!("timeout_seconds must be a positive number of seconds, got {s}"),
-        )),
+        Some(s) if !(s.is_finite() && s > 0.0) => {
+            Err(render::error("invalid_arguments", &format!("timeout_seconds must be a positive number of seconds, got {s}")))
+        }
         _ => Ok(()),
     }
 }
@@ -122,21 +118,13 @@ fn done(r: Result<CallToolResult, CallToolResult>) -> Result<CallToolResult, Err
 impl ForkboxMcp {
     /// Tools over `client` (its own transport and key).
     pub fn new(client: Client) -> ForkboxMcp {
-        ForkboxMcp {
-            client,
-            forward_key: false,
-            tool_router: Self::tool_router(),
-        }
+        ForkboxMcp { client, forward_key: false, tool_router: Self::tool_router() }
     }
 
     /// Tools over `client`, each API call made with the bearer key of the HTTP
     /// request being answered (streamable HTTP behind the API's keys).
     pub fn forwarding_key(client: Client) -> ForkboxMcp {
-        ForkboxMcp {
-            client,
-            forward_key: true,
-            tool_router: Self::tool_router(),
-        }
+        ForkboxMcp { client, forward_key: true, tool_router: Self::tool_router() }
     }
 
     fn client(&self, ctx: &RequestContext<RoleServer>) -> Result<Client, CallToolResult> {
@@ -148,29 +136,20 @@ impl ForkboxMcp {
             .get::<axum::http::request::Parts>()
             .and_then(|p| p.headers.get(axum::http::header::AUTHORIZATION))
             .and_then(|v| v.to_str().ok())
-            .and_then(|h| {
-                h.trim()
-                    .strip_prefix("Bearer ")
-                    .or_else(|| h.trim().strip_prefix("bearer "))
-            })
+            .and_then(|h| h.trim().strip_prefix("Bearer ").or_else(|| h.trim().strip_prefix("bearer ")))
             .map(str::trim);
         match key {
             Some(k) if !k.is_empty() => Ok(self.client.with_key(k)),
-            _ => Err(render::error(
-                "unauthorized",
-                "missing API key: send `Authorization: Bearer <key>`",
-            )),
+            _ => Err(render::error("unauthorized", "missing API key: send `Authorization: Bearer <key>`")),
         }
     }
 
-    #[tool(
-        description = "Run Python code once in a fresh, isolated sandbox and return its result. Nothing persists: \
+    #[tool(description = "Run Python code once in a fresh, isolated sandbox and return its result. Nothing persists: \
         every call starts from a clean interpreter (use create_session + exec for state that carries over). \
         Python 3.11 + numpy + the standard library; no network, no pip. Default time limit 30 s, 2 GiB memory, \
         1 MiB of stdout/stderr. Returns value (repr of the last expression), stdout, stderr, and error \
         {type, message, traceback} if the code raised. PNG files written under /output/ come back as images \
-        (e.g. build one with zlib + struct, there is no matplotlib)."
-    )]
+        (e.g. build one with zlib + struct, there is no matplotlib).")]
     async fn run_python(
         &self,
         Parameters(a): Parameters<RunPythonArgs>,
@@ -180,21 +159,16 @@ impl ForkboxMcp {
             async {
                 check_timeout(a.timeout_seconds)?;
                 let c = self.client(&ctx)?;
-                c.exec(&a.code, a.timeout_seconds)
-                    .await
-                    .map(|r| render::exec_result(&r))
-                    .map_err(|e| render::client_error(&e))
+                c.exec(&a.code, a.timeout_seconds).await.map(|r| render::exec_result(&r)).map_err(|e| render::client_error(&e))
             }
             .await,
         )
     }
 
-    #[tool(
-        description = "Create a session: a persistent Python 3.11 + numpy interpreter in its own sandbox (no \
+    #[tool(description = "Create a session: a persistent Python 3.11 + numpy interpreter in its own sandbox (no \
         network, no pip). Run code in it with exec; variables, imports and files (under / , e.g. /tmp or /output) \
         persist between execs and across server restarts, until delete_session. Every exec makes a checkpoint you can \
-        revert to or fork from. Returns session_id."
-    )]
+        revert to or fork from. Returns session_id.")]
     async fn create_session(
         &self,
         Parameters(a): Parameters<CreateSessionArgs>,
@@ -204,28 +178,19 @@ impl ForkboxMcp {
             async {
                 check_timeout(a.timeout_seconds)?;
                 let c = self.client(&ctx)?;
-                let opts = CreateSession {
-                    tags: a.tags,
-                    memory_mb: a.memory_mb,
-                    timeout_seconds: a.timeout_seconds,
-                };
-                c.create_session(&opts)
-                    .await
-                    .map(|s| render::session(&s, "created"))
-                    .map_err(|e| render::client_error(&e))
+                let opts = CreateSession { tags: a.tags, memory_mb: a.memory_mb, timeout_seconds: a.timeout_seconds };
+                c.create_session(&opts).await.map(|s| render::session(&s, "created")).map_err(|e| render::client_error(&e))
             }
             .await,
         )
     }
 
-    #[tool(
-        description = "Run Python code in a session (see create_session). State from earlier execs is there: \
+    #[tool(description = "Run Python code in a session (see create_session). State from earlier execs is there: \
         variables, functions, imports, files. Returns value (repr of the last expression), stdout, stderr, error \
         {type, message, traceback} if the code raised (the session keeps any state changed before the exception), \
         and checkpoint: the number of the checkpoint this exec made. PNG files written under /output/ come back as \
         images. If the exec times out or crashes the sandbox, the session is rolled back to its previous checkpoint \
-        and the error says so. To undo an exec that succeeded but broke the state, use revert."
-    )]
+        and the error says so. To undo an exec that succeeded but broke the state, use revert.")]
     async fn exec(
         &self,
         Parameters(a): Parameters<ExecArgs>,
@@ -245,17 +210,11 @@ impl ForkboxMcp {
     }
 
     #[tool(description = "List your sessions: session_id, current checkpoint, limits, tags.")]
-    async fn list_sessions(
-        &self,
-        ctx: RequestContext<RoleServer>,
-    ) -> Result<CallToolResult, ErrorData> {
+    async fn list_sessions(&self, ctx: RequestContext<RoleServer>) -> Result<CallToolResult, ErrorData> {
         done(
             async {
                 let c = self.client(&ctx)?;
-                c.list_sessions(&[])
-                    .await
-                    .map(|l| render::sessions(&l))
-                    .map_err(|e| render::client_error(&e))
+                c.list_sessions(&[]).await.map(|l| render::sessions(&l)).map_err(|e| render::client_error(&e))
             }
             .await,
         )
@@ -282,10 +241,8 @@ impl ForkboxMcp {
         )
     }
 
-    #[tool(
-        description = "List a session's checkpoints: one per exec, with the code that made it, its parent, and \
-        which one is current. History is a tree: after a revert, the next exec branches off."
-    )]
+    #[tool(description = "List a session's checkpoints: one per exec, with the code that made it, its parent, and \
+        which one is current. History is a tree: after a revert, the next exec branches off.")]
     async fn list_checkpoints(
         &self,
         Parameters(a): Parameters<SessionArgs>,
@@ -304,11 +261,9 @@ impl ForkboxMcp {
         )
     }
 
-    #[tool(
-        description = "Undo: move a session back to an earlier checkpoint. Its whole state (variables, imports, \
+    #[tool(description = "Undo: move a session back to an earlier checkpoint. Its whole state (variables, imports, \
         files) becomes exactly what it was right after that exec; later checkpoints stay listed and can be reverted \
-        to again. Use it to recover when an exec left the session in a bad state."
-    )]
+        to again. Use it to recover when an exec left the session in a bad state.")]
     async fn revert(
         &self,
         Parameters(a): Parameters<RevertArgs>,
@@ -327,11 +282,9 @@ impl ForkboxMcp {
         )
     }
 
-    #[tool(
-        description = "Branch: create a new session that starts from a checkpoint of another session (default: its \
+    #[tool(description = "Branch: create a new session that starts from a checkpoint of another session (default: its \
         current state), with all its variables and files. The original session is not changed. Use it to try \
-        alternatives from the same state, side by side. Returns the new session_id."
-    )]
+        alternatives from the same state, side by side. Returns the new session_id.")]
     async fn fork_session(
         &self,
         Parameters(a): Parameters<ForkArgs>,
@@ -368,22 +321,11 @@ impl ServerHandler for ForkboxMcp {
     ) -> Result<CallToolResponse, ErrorData> {
         let known = self.tool_router.has_route(&request.name);
         let name = request.name.clone();
-        match self
-            .tool_router
-            .call(ToolCallContext::new(self, request, context))
-            .await
-        {
+        match self.tool_router.call(ToolCallContext::new(self, request, context)).await {
             // rmcp reports arguments that do not deserialize as a bare tool error
             // (all of ours carry structured content): give it our shape and code.
-            Ok(CallToolResponse::Complete(r))
-                if r.is_error == Some(true) && r.structured_content.is_none() =>
-            {
-                let message = r
-                    .content
-                    .iter()
-                    .find_map(|c| c.as_text())
-                    .map(|t| t.text.clone())
-                    .unwrap_or_default();
+            Ok(CallToolResponse::Complete(r)) if r.is_error == Some(true) && r.structured_content.is_none() => {
+                let message = r.content.iter().find_map(|c| c.as_text()).map(|t| t.text.clone()).unwrap_or_default();
                 Ok(render::error("invalid_arguments", &format!("{name}: {message}")).into())
             }
             Err(e) if known && e.code == ErrorCode::INVALID_PARAMS => {
