@@ -41,6 +41,7 @@ pub struct ForkboxMcp {
 }
 
 #[derive(Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct RunPythonArgs {
     /// Python source to run. If the last statement is an expression, its repr() is returned as `value`.
     pub code: String,
@@ -50,6 +51,7 @@ pub struct RunPythonArgs {
 }
 
 #[derive(Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct CreateSessionArgs {
     /// Time limit of each exec in this session, in seconds (default 30).
     #[serde(default)]
@@ -63,6 +65,7 @@ pub struct CreateSessionArgs {
 }
 
 #[derive(Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ExecArgs {
     /// The session to run in (from create_session, fork_session or list_sessions).
     pub session_id: String,
@@ -71,12 +74,14 @@ pub struct ExecArgs {
 }
 
 #[derive(Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct SessionArgs {
     /// The session's id.
     pub session_id: String,
 }
 
 #[derive(Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct RevertArgs {
     /// The session's id.
     pub session_id: String,
@@ -85,6 +90,7 @@ pub struct RevertArgs {
 }
 
 #[derive(Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ForkArgs {
     /// The session to branch from (it is not changed).
     pub session_id: String,
@@ -321,16 +327,19 @@ impl ServerHandler for ForkboxMcp {
     ) -> Result<CallToolResponse, ErrorData> {
         let known = self.tool_router.has_route(&request.name);
         let name = request.name.clone();
+        let arguments = request.arguments.clone().unwrap_or_default();
+        let invalid = |fallback: &str| {
+            let message = argument_error(&name, &arguments).unwrap_or_else(|| fallback.to_string());
+            Ok(render::error("invalid_arguments", &format!("{name}: {message}")).into())
+        };
         match self.tool_router.call(ToolCallContext::new(self, request, context)).await {
             // rmcp reports arguments that do not deserialize as a bare tool error
             // (all of ours carry structured content): give it our shape and code.
             Ok(CallToolResponse::Complete(r)) if r.is_error == Some(true) && r.structured_content.is_none() => {
                 let message = r.content.iter().find_map(|c| c.as_text()).map(|t| t.text.clone()).unwrap_or_default();
-                Ok(render::error("invalid_arguments", &format!("{name}: {message}")).into())
+                invalid(&message)
             }
-            Err(e) if known && e.code == ErrorCode::INVALID_PARAMS => {
-                Ok(render::error("invalid_arguments", &format!("{name}: {}", e.message)).into())
-            }
+            Err(e) if known && e.code == ErrorCode::INVALID_PARAMS => invalid(&e.message),
             r => r,
         }
     }
@@ -345,5 +354,25 @@ impl ServerHandler for ForkboxMcp {
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
         self.tool_router.get(name).cloned()
+    }
+}
+
+/// Which argument of `tool` is wrong and why (serde's own message does not name the field).
+fn argument_error(tool: &str, arguments: &rmcp::model::JsonObject) -> Option<String> {
+    fn check<T: serde::de::DeserializeOwned>(arguments: &rmcp::model::JsonObject) -> Option<String> {
+        let v = serde_json::Value::Object(arguments.clone());
+        serde_path_to_error::deserialize::<_, T>(v).err().map(|e| match e.path().to_string().as_str() {
+            "." => e.inner().to_string(),
+            path => format!("argument `{path}`: {}", e.inner()),
+        })
+    }
+    match tool {
+        "run_python" => check::<RunPythonArgs>(arguments),
+        "create_session" => check::<CreateSessionArgs>(arguments),
+        "exec" => check::<ExecArgs>(arguments),
+        "delete_session" | "list_checkpoints" => check::<SessionArgs>(arguments),
+        "revert" => check::<RevertArgs>(arguments),
+        "fork_session" => check::<ForkArgs>(arguments),
+        _ => None,
     }
 }
