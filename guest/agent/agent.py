@@ -13,12 +13,28 @@ import json
 import linecache
 import os
 import random
+import signal
 import sys
 import time
 import traceback
 
 CHANNEL = 3
 MAX_FRAME = 64 << 20
+OUTPUT_DIR = "/output"
+
+# SIGINT (the host's interrupt) raises KeyboardInterrupt only while user code
+# runs; one that lands in the agent's own code is kept for the exec it belongs
+# to (the host delivers it only once the request has been read) and dropped
+# when the next request is awaited, so the channel is never torn mid-frame.
+user_running = False
+interrupt_pending = False
+
+
+def on_sigint(signum, frame):
+    global interrupt_pending
+    if user_running:
+        raise KeyboardInterrupt
+    interrupt_pending = True
 
 
 def read_exact(n):
@@ -33,6 +49,8 @@ def read_exact(n):
 
 
 def recv():
+    global interrupt_pending
+    interrupt_pending = False
     n = int.from_bytes(read_exact(4), "little")
     if n > MAX_FRAME:
         raise ValueError("request frame too large")
@@ -60,7 +78,7 @@ def short_repr(value, limit):
 
 def run(code, value_limit):
     """Exec `code` in the session namespace; return the repr of a trailing expression."""
-    global exec_count
+    global exec_count, user_running, interrupt_pending
     exec_count += 1
     filename = "<exec-%d>" % exec_count
     # Register the source so tracebacks can show the failing lines.
@@ -70,10 +88,17 @@ def run(code, value_limit):
     if tree.body and isinstance(tree.body[-1], ast.Expr):
         last = ast.Expression(tree.body.pop().value)
         ast.copy_location(last, last.body)
-    exec(compile(tree, filename, "exec"), namespace)
-    if last is None:
-        return None
-    value = eval(compile(last, filename, "eval"), namespace)
+    user_running = True
+    try:
+        if interrupt_pending:
+            interrupt_pending = False
+            raise KeyboardInterrupt
+        exec(compile(tree, filename, "exec"), namespace)
+        if last is None:
+            return None
+        value = eval(compile(last, filename, "eval"), namespace)
+    finally:
+        user_running = False
     if value is None:
         return None
     namespace["_"] = value
@@ -86,6 +111,14 @@ def describe(exc):
     while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
         tb = tb.tb_next
     lines = traceback.format_exception(type(exc), exc, tb)
+    frames = traceback.extract_tb(tb)
+    if isinstance(exc, KeyboardInterrupt) and frames and frames[-1].filename == __file__:
+        # Raised by on_sigint: end the traceback where the user's code was interrupted.
+        while frames and frames[-1].filename == __file__:
+            frames.pop()
+        lines = ["Traceback (most recent call last):\n"] if frames else []
+        lines += traceback.StackSummary.from_list(frames).format()
+        lines += traceback.format_exception_only(type(exc), exc)
     return {"type": type(exc).__name__, "message": str(exc), "traceback": "".join(lines)}
 
 
@@ -102,6 +135,19 @@ def reseed():
         tempfile._name_sequence = None
 
 
+def line_buffer():
+    """Switch stdout/stderr to line buffering; returns what to restore."""
+    saved = []
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            was = stream.line_buffering
+            stream.reconfigure(line_buffering=True)
+            saved.append((stream, was))
+        except Exception:
+            pass
+    return saved
+
+
 def handle(req):
     op = req.get("op")
     if req.get("reseed"):
@@ -109,6 +155,9 @@ def handle(req):
     if op == "exec":
         start = time.perf_counter()
         value, error = None, None
+        # A streamed exec line-buffers stdout/stderr so output leaves as it is
+        # produced; the others keep block buffering (each write is a VM exit).
+        buffering = line_buffer() if req.get("stream") else []
         try:
             value = run(req["code"], req.get("value_limit", 1 << 20))
         except BaseException as e:  # noqa: BLE001 - everything the user code raises is a result
@@ -117,8 +166,16 @@ def handle(req):
             for stream in (sys.stdout, sys.stderr):
                 try:
                     stream.flush()
-                except Exception:
+                except BaseException:
                     pass
+            for stream, was in buffering:
+                try:
+                    stream.reconfigure(line_buffering=was)
+                except BaseException:
+                    pass
+            # Between execs SIGINT is the agent's (user code may have replaced it).
+            if signal.getsignal(signal.SIGINT) is not on_sigint:
+                signal.signal(signal.SIGINT, on_sigint)
         return {"value": value, "error": error, "runtime_ms": (time.perf_counter() - start) * 1000.0}
     if op == "ping":
         return {"pong": True}
@@ -135,6 +192,8 @@ def main():
         info = {"ready": False, "error": describe(e)}
     if "numpy" in sys.modules:
         info["numpy"] = sys.modules["numpy"].__version__
+    os.makedirs(OUTPUT_DIR, exist_ok=True)
+    signal.signal(signal.SIGINT, on_sigint)
     # Everything allocated so far belongs to the template: keep the collector
     # from walking (and so writing to) those pages in every fork.
     gc.collect()

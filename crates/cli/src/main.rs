@@ -54,10 +54,19 @@ enum Command {
 
 #[derive(Subcommand)]
 enum KeyCommand {
-    /// Create an API key for a tenant (only its hash is stored); prints the key.
+    /// Create an API key for a tenant (only its hash is stored); prints the key. Limits default to unlimited.
     Create {
         #[arg(long, default_value = "default")]
         tenant: String,
+        /// Requests per second (token bucket; also the burst); over it: 429 rate_limited.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=u32::MAX as u64))]
+        rate_limit: Option<u64>,
+        /// Sessions the tenant may have at once; over it: 403 quota_exceeded.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+        max_sessions: Option<u64>,
+        /// Checkpoint disk of the tenant's sessions, MiB; over it execs and uploads get 403 quota_exceeded.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+        max_disk_mb: Option<u64>,
     },
 }
 
@@ -102,10 +111,13 @@ fn main() -> ExitCode {
     let home = cli.home.clone().unwrap_or_else(forkbox_image::default_home);
     let result = match cli.command {
         Command::Serve { listen, image } => serve(&home, listen, image),
-        Command::Key(KeyCommand::Create { tenant }) => forkbox_server::create_key(&home, &tenant).map(|k| {
-            println!("{k}");
-            ExitCode::SUCCESS
-        }),
+        Command::Key(KeyCommand::Create { tenant, rate_limit, max_sessions, max_disk_mb }) => {
+            let limits = forkbox_server::KeyLimits { rate_limit, max_sessions, max_disk_mb };
+            forkbox_server::create_key_with(&home, &tenant, &limits).map(|k| {
+                println!("{k}");
+                ExitCode::SUCCESS
+            })
+        }
         Command::Run(args) => run::run(&home, args),
         Command::Image(ImageCommand::Build(args)) => {
             run::ensure_image(&home, &args, true).map(|(path, id)| {

@@ -79,40 +79,20 @@ fn stdio(home: &Path, url: Option<String>, image: Option<PathBuf>) -> anyhow::Re
     Ok(ExitCode::SUCCESS)
 }
 
-/// A client of the local data directory's API, in process.
+/// A client of the local data directory's API, in process: the API's own
+/// routes for the local tenant (the one `forkbox session` uses), no key.
 async fn embedded(home: &Path, image: Option<PathBuf>) -> anyhow::Result<Client> {
     let home = home.to_path_buf();
-    let (state, key) = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
+    let state = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
         std::fs::create_dir_all(&home).with_context(|| format!("creating {}", home.display()))?;
         let (engine, template) = forkbox_server::open_engine(&home, image.as_deref())?;
         let cfg = forkbox_server::ServerConfig::new(([127, 0, 0, 1], 0).into(), home.clone());
-        let state = forkbox_server::Inner::new(engine, template, cfg)?;
-        let key = local_key(&home)?;
-        Ok((state, key))
+        forkbox_server::Inner::new(engine, template, cfg)
     })
     .await??;
     tokio::spawn(maintenance(state.clone()));
-    // TODO(merge): forkbox_server::embedded_router(state, LOCAL_TENANT) (contract F) replaces the key.
-    Ok(Client::new(Transport::InProcess(forkbox_server::router(state))).with_key(key))
-}
-
-/// Stand-in for contract F's `embedded_router` until it lands: a key of the
-/// local tenant, created once and kept (mode 0600) in the data directory.
-fn local_key(home: &Path) -> anyhow::Result<String> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let path = home.join("server").join("local-mcp.key");
-    if let Ok(k) = std::fs::read_to_string(&path) {
-        return Ok(k.trim().to_string());
-    }
-    let key = forkbox_server::create_key(home, crate::session::LOCAL_TENANT)?;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&path)
-        .with_context(|| format!("creating {}", path.display()))?;
-    std::io::Write::write_all(&mut f, key.as_bytes()).with_context(|| format!("writing {}", path.display()))?;
-    Ok(key)
+    let router = forkbox_server::embedded_router(state, crate::session::LOCAL_TENANT);
+    Ok(Client::new(Transport::InProcess(router)))
 }
 
 /// What `forkbox serve` does between requests: evict idle sessions, compact, collect garbage.

@@ -20,6 +20,14 @@ pub enum EngineError {
     Boot(String),
     #[error("code is {0} bytes, more than the {1}-byte limit")]
     CodeTooLarge(usize, usize),
+    /// The exec was interrupted and did not get back to the agent in time (or
+    /// could not take the signal): it was killed.
+    #[error("the exec was interrupted and killed: {0}")]
+    Interrupted(String),
+    /// A host-side file operation failed; `code` is one of `file_not_found`,
+    /// `invalid_path`, `is_a_directory`, `file_too_large`, `quota_exceeded`.
+    #[error("{message}")]
+    File { code: &'static str, message: String },
     #[error(transparent)]
     Vmm(#[from] forkbox_vmm::VmmError),
     #[error(transparent)]
@@ -42,6 +50,8 @@ impl EngineError {
             EngineError::Protocol(_) => "protocol_error",
             EngineError::Boot(_) => "boot_failed",
             EngineError::CodeTooLarge(..) => "code_too_large",
+            EngineError::Interrupted(_) => "interrupted",
+            EngineError::File { code, .. } => code,
             EngineError::Vmm(_) | EngineError::Load(_) | EngineError::Image(_) | EngineError::Snapshot(_) => "internal",
         }
     }

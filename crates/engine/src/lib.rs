@@ -2,6 +2,8 @@
 //! kernel-less KVM VM and runs code in it.
 
 pub mod error;
+pub mod files;
+pub mod interrupt;
 pub mod limits;
 pub mod protocol;
 pub mod pool;
@@ -19,7 +21,9 @@ use forkbox_vmm::Cpu;
 pub use error::EngineError;
 pub use limits::Limits;
 pub use protocol::PyError;
-pub use sandbox::{ExecResult, RunStats, Sandbox};
+pub use files::{FileEntry, OutputFile};
+pub use interrupt::Interrupter;
+pub use sandbox::{ExecOptions, ExecResult, RunStats, Sandbox, Stream};
 pub use template::{Template, TemplateInfo};
 
 /// The agent program, baked into every image.

@@ -30,6 +30,8 @@ pub struct ExecRequest<'a> {
     pub value_limit: usize,
     /// First request after a fork: reseed in-memory RNGs.
     pub reseed: bool,
+    /// Output is streamed: line-buffer stdout/stderr for this exec.
+    pub stream: bool,
 }
 
 /// A Python exception raised by the user's code.

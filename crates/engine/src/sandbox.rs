@@ -2,15 +2,18 @@
 
 use std::time::{Duration, Instant};
 
+pub use forkbox_linux::io::Stream;
 use forkbox_linux::io::Io;
 use forkbox_linux::layout::{RAM_SIZE, STACK_GUARD};
-use forkbox_linux::loader::{self, ExecOptions};
+use forkbox_linux::loader;
 use forkbox_linux::syscalls::{self, Ctx, Effect};
 use forkbox_linux::Process;
 use forkbox_vmm::{kvm_regs, GuestMemory, Vm, VmExit};
 use serde::Serialize;
 
 use crate::error::EngineError;
+use crate::files::{self, FileEntry, OutputFile, OutputIndex};
+use crate::interrupt::Interrupter;
 use crate::limits::Limits;
 use crate::protocol::{self, ExecReply, ExecRequest, PyError};
 use crate::Engine;
@@ -33,6 +36,23 @@ pub struct ExecResult {
     pub wall_ms: f64,
     /// Syscalls (VM exits for the VMM) during this exec.
     pub syscalls: u64,
+    /// Files under `/output` this exec created or changed.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub outputs: Vec<OutputFile>,
+}
+
+/// A sink for streamed output: called with each chunk as the guest writes it.
+pub type OutputSink<'a> = &'a mut (dyn FnMut(Stream, &[u8]) + Send);
+
+/// How to run one exec (`Sandbox::exec_with`).
+#[derive(Default)]
+pub struct ExecOptions<'a> {
+    /// Called with each chunk the guest writes to fd 1 / fd 2, as it is written
+    /// (the agent line-buffers stdout/stderr for such an exec). The full output
+    /// is still in the `ExecResult`, with the same limits.
+    pub on_output: Option<OutputSink<'a>>,
+    /// Triggered from another thread to interrupt the exec (Ctrl-C).
+    pub interrupt: Option<Interrupter>,
 }
 
 /// Counters of one guest run.
@@ -70,6 +90,8 @@ pub struct Sandbox {
     vdso: bool,
     /// Where a forked sandbox's VM goes back to when it ends cleanly.
     pool: Option<std::sync::Arc<crate::pool::VmPool>>,
+    /// `/output` as of the last exec (to report what the next one changes).
+    outputs: OutputIndex,
 }
 
 impl Drop for Sandbox {
@@ -96,7 +118,7 @@ impl Sandbox {
         let env_preload = format!("FORKBOX_PRELOAD={}", engine.preload);
         let envp = ["PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/root", "LANG=C.UTF-8", "TERM=dumb", env_preload.as_str()];
         let argv = [PYTHON, "-I", "-B", AGENT_PATH];
-        let opts = ExecOptions { hwcap: engine.hwcap, vdso: engine.vdso };
+        let opts = loader::ExecOptions { hwcap: engine.hwcap, vdso: engine.vdso };
         let start = loader::exec(vm.mem_mut(), &mut proc, PYTHON, &argv, &envp, &opts)?;
         vm.boot(&engine.cpu, start.entry, start.rsp, &[STACK_GUARD])?;
         crate::vdso::refresh(&mut vm, engine.vdso.is_some())?;
@@ -113,10 +135,11 @@ impl Sandbox {
             reseed_pending: false,
             vdso: engine.vdso.is_some(),
             pool: None,
+            outputs: OutputIndex::default(),
         };
         // Booting python + numpy takes far longer than one exec here: allow a generous deadline.
         let deadline = Instant::now() + sb.limits.timeout.max(Duration::from_secs(120));
-        let Stop::Parked(regs) = sb.run(None, deadline).map_err(|e| match e {
+        let Stop::Parked(regs) = sb.run(None, deadline, &mut None).map_err(|e| match e {
             EngineError::Timeout(_) => EngineError::Boot("timed out before the agent was ready".into()),
             e => EngineError::Boot(format!("{e}; stderr: {}", String::from_utf8_lossy(&sb.io.stderr.data))),
         })?;
@@ -157,6 +180,7 @@ impl Sandbox {
             reseed_pending: reseed,
             vdso,
             pool,
+            outputs: OutputIndex::default(),
         })
     }
 
@@ -211,6 +235,11 @@ impl Sandbox {
 
     /// Run `code` in the session's namespace.
     pub fn exec(&mut self, code: &str) -> Result<ExecResult, EngineError> {
+        self.exec_with(code, ExecOptions::default())
+    }
+
+    /// Run `code`, streaming its output and/or interruptible (see `ExecOptions`).
+    pub fn exec_with(&mut self, code: &str, opts: ExecOptions<'_>) -> Result<ExecResult, EngineError> {
         let regs = match &self.state {
             State::Parked(r) => *r,
             State::Poisoned(why) => return Err(EngineError::Poisoned(why.clone())),
@@ -218,16 +247,28 @@ impl Sandbox {
         if code.len() > self.limits.code_bytes {
             return Err(EngineError::CodeTooLarge(code.len(), self.limits.code_bytes));
         }
+        let ExecOptions { mut on_output, interrupt } = opts;
         let t0 = Instant::now();
         let syscalls_before = self.io.stats.total;
-        let req = ExecRequest { op: "exec", code, value_limit: self.limits.output_bytes, reseed: self.reseed_pending };
+        self.outputs.refresh(&self.proc.vfs);
+        let stream = on_output.is_some();
+        let req = ExecRequest { op: "exec", code, value_limit: self.limits.output_bytes, reseed: self.reseed_pending, stream };
         self.reseed_pending = false;
         self.io.send_to_agent(protocol::frame(&req));
         self.io.agent_out.clear();
         let vdso = self.vdso;
         crate::vdso::refresh(self.vm(), vdso)?;
         let deadline = Instant::now() + self.limits.timeout;
-        let outcome = self.run(Some(regs), deadline);
+        self.io.streaming = stream;
+        let _attached = match &interrupt {
+            Some(i) => Some(i.latch().attach()?),
+            None => None,
+        };
+        self.io.interrupt = interrupt.as_ref().map(|i| i.latch().clone());
+        let outcome = self.run(Some(regs), deadline, &mut on_output);
+        self.io.streaming = false;
+        self.io.streamed.clear();
+        self.io.interrupt = None;
         let (stdout, stderr) = (take_text(&mut self.io.stdout), take_text(&mut self.io.stderr));
         let stop = match outcome {
             Ok(stop) => stop,
@@ -244,6 +285,7 @@ impl Sandbox {
         }
         let reply: ExecReply =
             serde_json::from_value(reply).map_err(|e| EngineError::Protocol(format!("bad exec reply: {e}")))?;
+        let outputs = self.outputs.collect(&self.proc.vfs);
         Ok(ExecResult {
             value: reply.value,
             stdout,
@@ -252,24 +294,69 @@ impl Sandbox {
             runtime_ms: reply.runtime_ms,
             wall_ms: t0.elapsed().as_secs_f64() * 1000.0,
             syscalls: self.io.stats.total - syscalls_before,
+            outputs,
         })
     }
 
+    /// Hand streamed output written since the last call to the sink.
+    fn flush_stream(&mut self, sink: &mut Option<OutputSink<'_>>) {
+        if self.io.streamed.is_empty() {
+            return;
+        }
+        let chunks = std::mem::take(&mut self.io.streamed);
+        if let Some(f) = sink.as_mut() {
+            for (stream, data) in &chunks {
+                f(*stream, data);
+            }
+        }
+    }
+
+    // ----- files, host side (never the host file system: the guest's VFS) ----------
+
+    fn guest_path(&self, path: &str) -> Result<String, EngineError> {
+        let cwd = self.proc.vfs.dir_path(self.proc.cwd).unwrap_or_else(|_| b"/".to_vec());
+        files::normalize(path, &cwd)
+    }
+
+    /// Write `data` to the guest file `path` (absolute or relative to the guest's cwd),
+    /// creating parent directories; the file gets mode 0644.
+    pub fn write_file(&mut self, path: &str, data: &[u8]) -> Result<(), EngineError> {
+        let p = self.guest_path(path)?;
+        files::write_file(&mut self.proc.vfs, &p, data)
+    }
+
+    /// The bytes of the guest file `path`, at most `max` (else `file_too_large`).
+    pub fn read_file(&self, path: &str, max: usize) -> Result<Vec<u8>, EngineError> {
+        let p = self.guest_path(path)?;
+        files::read_file(&self.proc.vfs, &p, max)
+    }
+
+    /// The entries of the guest directory `path`.
+    pub fn list_dir(&self, path: &str) -> Result<Vec<FileEntry>, EngineError> {
+        let p = self.guest_path(path)?;
+        files::list_dir(&self.proc.vfs, &p)
+    }
+
     /// Run the guest until the agent parks. `resume`: the parked read to re-issue first.
-    fn run(&mut self, resume: Option<kvm_regs>, deadline: Instant) -> Result<Stop, EngineError> {
+    fn run(&mut self, resume: Option<kvm_regs>, deadline: Instant, sink: &mut Option<OutputSink<'_>>) -> Result<Stop, EngineError> {
         self.io.deadline = Some(deadline);
         if let Some(regs) = resume {
-            if let Some(stop) = self.syscall(regs)? {
+            let stop = self.syscall(regs)?;
+            self.flush_stream(sink);
+            if let Some(stop) = stop {
                 return Ok(stop);
             }
         }
         loop {
-            match self.vm().run(Some(deadline))? {
+            match self.vm().run(Some(deadline), None)? {
                 VmExit::Syscall(regs) => {
-                    if let Some(stop) = self.syscall(regs)? {
+                    let stop = self.syscall(regs)?;
+                    self.flush_stream(sink);
+                    if let Some(stop) = stop {
                         return Ok(stop);
                     }
                 }
+                VmExit::Interrupted => {}
                 VmExit::Exception(fault) => return Err(EngineError::GuestCrashed(fault.to_string())),
                 VmExit::Shutdown { rip } => {
                     return Err(EngineError::GuestCrashed(format!("triple fault (VM shutdown) near rip {rip:#x}")))

@@ -647,11 +647,11 @@ fn host_file_system_and_environment_are_not_visible() {
         raises(&mut sb, &format!("open({})", py_str(&p)), "FileNotFoundError");
     }
 
-    // The root holds only the image's top-level directories.
+    // The root holds only the image's top-level directories (and the agent's /output).
     let top = ok(&mut sb, "print(json.dumps(sorted(os.listdir('/'))))").stdout;
     let top: Vec<String> = serde_json::from_str(&top).unwrap_or_else(|e| panic!("{e}: {top:?}"));
     let allowed: BTreeSet<&str> = [
-        "bin", "boot", "dev", "etc", "home", "lib", "lib32", "lib64", "libx32", "media", "mnt", "opt", "proc", "root",
+        "bin", "boot", "dev", "etc", "home", "lib", "lib32", "lib64", "libx32", "media", "mnt", "opt", "output", "proc", "root",
         "run", "sbin", "srv", "sys", "tmp", "usr", "var",
     ]
     .into_iter()

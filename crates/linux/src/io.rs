@@ -3,7 +3,18 @@
 //! is not part of the guest's state and is never snapshotted.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Instant;
+
+use forkbox_vmm::InterruptLatch;
+
+/// Which output stream a guest write went to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
 
 /// A captured output stream, truncated past `limit` bytes (the rest is counted, not kept).
 #[derive(Clone, Debug, Default)]
@@ -53,6 +64,13 @@ pub struct Io {
     pub stats: SyscallStats,
     /// Log every syscall (`forkbox run --trace-syscalls`).
     pub trace: bool,
+    /// Forward every write to fd 1 / fd 2 into `streamed` as well (besides the
+    /// captures, whose limits still apply), for the run loop to hand on.
+    pub streaming: bool,
+    /// Writes not yet handed on (drained by the run loop after each syscall).
+    pub streamed: Vec<(Stream, Vec<u8>)>,
+    /// Interrupts host-side waits (sleep, poll, select) of the current exec.
+    pub interrupt: Option<Arc<InterruptLatch>>,
 }
 
 impl Io {
@@ -62,6 +80,17 @@ impl Io {
 
     pub fn agent_pending(&self) -> usize {
         self.agent_in.len() - self.agent_in_pos
+    }
+
+    /// Record a guest write to stdout or stderr.
+    pub fn output(&mut self, stream: Stream, data: &[u8]) {
+        match stream {
+            Stream::Stdout => self.stdout.push(data),
+            Stream::Stderr => self.stderr.push(data),
+        }
+        if self.streaming && !data.is_empty() {
+            self.streamed.push((stream, data.to_vec()));
+        }
     }
 
     /// Queue a request for the agent (replaces anything unread).

@@ -2,36 +2,113 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, FromRequest, Path, RawQuery, Request, State};
+use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Path, RawQuery, Request, State};
+use axum::http::request::Parts;
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use forkbox_engine::ExecResult;
 use forkbox_sessions::store::SessionRecord;
 use serde::de::DeserializeOwned;
-use serde::Deserialize;
-use serde_json::{json, Value};
 use tokio::sync::OwnedSemaphorePermit;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-use crate::error::ApiError;
-use crate::{metrics, AppState, Inner};
+use crate::error::{ApiError, ErrorBody};
+use crate::keys::KeyInfo;
+use crate::quota::{self, KeyLimits};
+use crate::schema::*;
+use crate::{files, metrics, openapi, stream, AppState, Inner};
 
-/// The tenant of the request's API key.
-#[derive(Clone, Debug)]
-pub struct Tenant(pub String);
+/// Who a request acts for: the tenant of its API key (and the key's limits),
+/// or the fixed tenant of an embedded router (no limits).
+#[derive(Clone)]
+pub struct Caller {
+    pub tenant: String,
+    pub key: Option<Arc<KeyInfo>>,
+}
 
-/// The API's routes over `state`, and `/mcp` over them.
+impl Caller {
+    pub fn limits(&self) -> Option<&KeyLimits> {
+        self.key.as_ref().map(|k| &k.limits)
+    }
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "forkbox", description = "Run untrusted Python in hardware-isolated KVM sandboxes: one-shot execs, sessions with checkpoints, ForeverVM-compatible machines."),
+    modifiers(&BearerAuth),
+    components(schemas(ErrorBody))
+)]
+struct ApiDoc;
+
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        let comps = doc.components.get_or_insert_with(Default::default);
+        comps.add_security_scheme("bearer", SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()));
+    }
+}
+
+/// The `/v1` routes that act for a caller (auth is layered on by the caller of this).
+fn v1_routes(files_limit: usize) -> OpenApiRouter<AppState> {
+    let (schemas, paths, file_routes) = routes!(files::put_file, files::get_file);
+    // Uploads may be larger than JSON bodies.
+    let file_routes = (schemas, paths, file_routes.layer(DefaultBodyLimit::max(files_limit)));
+    OpenApiRouter::new()
+        .routes(routes!(exec))
+        .routes(routes!(stream::exec_stream))
+        .routes(routes!(exec_batch))
+        .routes(routes!(create_session, list_sessions))
+        .routes(routes!(get_session, delete_session))
+        .routes(routes!(session_exec))
+        .routes(routes!(stream::session_exec_stream))
+        .routes(routes!(interrupt))
+        .routes(file_routes)
+        .routes(routes!(files::list_files))
+        .routes(routes!(checkpoints))
+        .routes(routes!(revert))
+        .routes(routes!(fork))
+        .merge(crate::forevervm::routes())
+}
+
+/// The routes and the OpenAPI document they produce. `caller` adds the layer
+/// that puts a [`Caller`] into each `/v1` request (auth, or a fixed tenant).
+fn build(state: AppState, caller: impl FnOnce(OpenApiRouter<AppState>) -> OpenApiRouter<AppState>) -> Router {
+    let v1 = caller(v1_routes(state.config.files_limit)).routes(routes!(openapi_json));
+    let (router, mut doc) = OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(healthz))
+        .routes(routes!(metrics_text))
+        .nest("/v1", v1)
+        .split_for_parts();
+    openapi::finish(&mut doc);
+    let doc = Arc::new(doc.to_json().unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}")));
+    router
+        .layer(Extension(OpenApiDoc(doc)))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(state.config.body_limit))
+        .with_state(state)
+}
+
+/// The API's routes over `state`, every `/v1` route but the OpenAPI document
+/// behind `Authorization: Bearer <key>`; and `/mcp` over them.
 pub fn router(state: AppState) -> Router {
-    with_mcp(state.clone(), api_routes(state))
+    let st = state.clone();
+    let api = build(state.clone(), move |v1| v1.route_layer(middleware::from_fn_with_state(st, auth)));
+    with_mcp(state, api)
 }
 
 /// `/mcp`: the MCP server (streamable HTTP, `forkbox_mcp`) behind the same API
-/// keys; its tool calls go to `api` in process with the caller's key.
+/// keys (and rate limits); its tool calls go to `api` in process with the caller's key.
 fn with_mcp(state: AppState, api: Router) -> Router {
     let mcp = Router::new()
         .fallback_service(forkbox_mcp::http_service(api.clone()))
@@ -39,26 +116,16 @@ fn with_mcp(state: AppState, api: Router) -> Router {
     api.nest_service("/mcp", mcp)
 }
 
-fn api_routes(state: AppState) -> Router {
-    let v1 = Router::new()
-        .route("/exec", post(exec))
-        .route("/exec/batch", post(exec_batch))
-        .route("/sessions", post(create_session).get(list_sessions))
-        .route("/sessions/{id}", get(get_session).delete(delete_session))
-        .route("/sessions/{id}/exec", post(session_exec))
-        .route("/sessions/{id}/checkpoints", get(checkpoints))
-        .route("/sessions/{id}/revert", post(revert))
-        .route("/sessions/{id}/fork", post(fork))
-        .route_layer(middleware::from_fn_with_state(state.clone(), auth));
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/metrics", get(metrics_text))
-        .nest("/v1", v1)
-        .fallback(not_found)
-        .method_not_allowed_fallback(method_not_allowed)
-        .layer(DefaultBodyLimit::max(state.config.body_limit))
-        .with_state(state)
+/// The same routes for one fixed tenant, without keys, rate limits or quotas:
+/// what the CLI and `forkbox mcp` drive in process (no socket) when no `--url` is given.
+pub fn embedded_router(state: AppState, tenant: &str) -> Router {
+    let caller = Caller { tenant: tenant.to_string(), key: None };
+    build(state, move |v1| v1.route_layer(Extension(caller)))
 }
+
+/// The OpenAPI document (JSON), rendered once per router.
+#[derive(Clone)]
+struct OpenApiDoc(Arc<String>);
 
 async fn not_found() -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
@@ -78,18 +145,21 @@ async fn auth(State(state): State<AppState>, mut req: Request, next: Next) -> Re
     else {
         return Err(ApiError::unauthorized("missing API key: send `Authorization: Bearer <key>`"));
     };
-    let tenant = match state.keys.cached(key) {
+    let info = match state.keys.cached(key) {
         Some(t) => Some(t),
         None => {
             let st = state.clone();
             let k = key.to_string();
-            tokio::task::spawn_blocking(move || st.keys.tenant(&k))
+            tokio::task::spawn_blocking(move || st.keys.lookup(&k))
                 .await?
                 .map_err(|e| ApiError::internal(format!("key store: {e}")))?
         }
     };
-    let Some(tenant) = tenant else { return Err(ApiError::unauthorized("unknown API key")) };
-    req.extensions_mut().insert(Tenant(tenant));
+    let Some(info) = info else { return Err(ApiError::unauthorized("unknown API key")) };
+    if let Some(limiter) = &info.limiter {
+        limiter.check().map_err(quota::rate_limited)?;
+    }
+    req.extensions_mut().insert(Caller { tenant: info.tenant.clone(), key: Some(info) });
     Ok(next.run(req).await)
 }
 
@@ -117,6 +187,20 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
     }
 }
 
+/// A path parameter; a bad one (e.g. a number out of range) is 400 `invalid_request` in the API's shape.
+pub struct ApiPath<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiPath<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|Path(v)| ApiPath(v))
+            .map_err(|rej| ApiError::invalid(format!("invalid path parameter: {}", rej.body_text())))
+    }
+}
+
 struct Queued<'a>(&'a AtomicUsize);
 
 impl Drop for Queued<'_> {
@@ -126,7 +210,7 @@ impl Drop for Queued<'_> {
 }
 
 /// `n` exec slots, waiting in the bounded queue if need be; 503 past it.
-async fn acquire(state: &Inner, n: usize) -> Result<OwnedSemaphorePermit, ApiError> {
+pub(crate) async fn acquire(state: &Inner, n: usize) -> Result<OwnedSemaphorePermit, ApiError> {
     let n = n.clamp(1, state.concurrency) as u32;
     if let Ok(p) = state.permits.clone().try_acquire_many_owned(n) {
         return Ok(p);
@@ -143,7 +227,7 @@ async fn acquire(state: &Inner, n: usize) -> Result<OwnedSemaphorePermit, ApiErr
     }
 }
 
-fn check_code(state: &Inner, code: &str) -> Result<(), ApiError> {
+pub(crate) fn check_code(state: &Inner, code: &str) -> Result<(), ApiError> {
     if code.len() > state.config.code_limit {
         return Err(ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -154,7 +238,7 @@ fn check_code(state: &Inner, code: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn timeout_of(state: &Inner, seconds: Option<f64>) -> Result<Duration, ApiError> {
+pub(crate) fn timeout_of(state: &Inner, seconds: Option<f64>) -> Result<Duration, ApiError> {
     match seconds {
         None => Ok(state.config.limits.timeout),
         Some(s) if s.is_finite() && s > 0.0 && s <= state.config.max_timeout.as_secs_f64() => Ok(Duration::from_secs_f64(s)),
@@ -165,13 +249,7 @@ fn timeout_of(state: &Inner, seconds: Option<f64>) -> Result<Duration, ApiError>
     }
 }
 
-fn result_json(r: &ExecResult) -> Value {
-    let mut v = serde_json::to_value(r).unwrap_or_else(|_| json!({}));
-    v["exit_code"] = json!(if r.error.is_some() { 1 } else { 0 });
-    v
-}
-
-fn outcome_of(r: &Result<ExecResult, impl Sized>) -> &'static str {
+pub(crate) fn outcome_of(r: &Result<ExecResult, impl Sized>) -> &'static str {
     match r {
         Ok(r) if r.error.is_some() => "python_error",
         Ok(_) => "ok",
@@ -179,7 +257,7 @@ fn outcome_of(r: &Result<ExecResult, impl Sized>) -> &'static str {
     }
 }
 
-fn random_id(prefix: &str) -> String {
+pub(crate) fn random_id(prefix: &str) -> String {
     let mut b = [0u8; 8];
     // SAFETY: getrandom into a local buffer.
     unsafe { libc::getrandom(b.as_mut_ptr() as *mut libc::c_void, b.len(), 0) };
@@ -187,7 +265,7 @@ fn random_id(prefix: &str) -> String {
 }
 
 /// Run a blocking closure on the blocking pool.
-async fn blocking<T: Send + 'static>(
+pub(crate) async fn blocking<T: Send + 'static>(
     state: &AppState,
     f: impl FnOnce(&Inner) -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
@@ -199,13 +277,12 @@ async fn blocking<T: Send + 'static>(
 // One-shot exec
 // ---------------------------------------------------------------------------
 
-#[derive(Deserialize)]
-struct ExecRequest {
-    code: String,
-    timeout_seconds: Option<f64>,
-}
-
-async fn exec(State(state): State<AppState>, ApiJson(req): ApiJson<ExecRequest>) -> Result<Json<Value>, ApiError> {
+/// Fork the template, run the code, drop the fork.
+#[utoipa::path(post, path = "/exec", tag = "exec", request_body = ExecRequest,
+    responses((status = 200, description = "The result (a Python exception is a result with `error` set)", body = ExecResponse),
+              (status = 408, description = "The code ran past its time limit", body = ErrorBody),
+              (status = 422, description = "The code took the guest down", body = ErrorBody)))]
+async fn exec(State(state): State<AppState>, ApiJson(req): ApiJson<ExecRequest>) -> Result<Json<ExecResponse>, ApiError> {
     let t0 = Instant::now();
     check_code(&state, &req.code)?;
     let mut limits = state.config.limits.clone();
@@ -236,23 +313,22 @@ async fn exec(State(state): State<AppState>, ApiJson(req): ApiJson<ExecRequest>)
     });
     let (r, fork_ms, exec_ms) = rx.await.map_err(|_| ApiError::internal("the exec worker went away"))??;
     metrics::exec("oneshot", outcome_of(&r), t0.elapsed().as_secs_f64());
-    let mut v = result_json(&r?);
-    v["id"] = json!(random_id("x_"));
-    v["fork_time_ms"] = json!(fork_ms);
-    v["exec_time_ms"] = json!(exec_ms);
-    v["total_time_ms"] = json!(t0.elapsed().as_secs_f64() * 1000.0);
+    let mut v = ExecResponse::of(&r?);
+    v.id = Some(random_id("x_"));
+    v.fork_time_ms = Some(fork_ms);
+    v.exec_time_ms = Some(exec_ms);
+    v.total_time_ms = Some(t0.elapsed().as_secs_f64() * 1000.0);
     Ok(Json(v))
-}
-
-#[derive(Deserialize)]
-struct BatchRequest {
-    codes: Vec<String>,
-    timeout_seconds: Option<f64>,
 }
 
 /// Each code in its own fork, in parallel. `results[i]` is the result of
 /// `codes[i]`, or `{"status", "error": {"code", "message"}}` if that exec failed.
-async fn exec_batch(State(state): State<AppState>, ApiJson(req): ApiJson<BatchRequest>) -> Result<Json<Value>, ApiError> {
+#[utoipa::path(post, path = "/exec/batch", tag = "exec", request_body = BatchRequest,
+    responses((status = 200, description = "One item per code, in order", body = BatchResponse)))]
+async fn exec_batch(
+    State(state): State<AppState>,
+    ApiJson(req): ApiJson<BatchRequest>,
+) -> Result<Json<BatchResponse>, ApiError> {
     let t0 = Instant::now();
     let n = req.codes.len();
     if n == 0 || n > state.config.max_batch {
@@ -272,91 +348,112 @@ async fn exec_batch(State(state): State<AppState>, ApiJson(req): ApiJson<BatchRe
     })
     .await?;
     let secs = t0.elapsed().as_secs_f64();
-    let out: Vec<Value> = results
+    let out = results
         .into_iter()
         .map(|r| {
             metrics::exec("batch", outcome_of(&r), secs);
             match r {
-                Ok(r) => result_json(&r),
+                Ok(r) => BatchItem::Ok(Box::new(ExecResponse::of(&r))),
                 Err(e) => {
                     let e = ApiError::from(e);
                     metrics::error(e.code);
-                    json!({ "status": e.status.as_u16(), "error": { "code": e.code, "message": e.message } })
+                    BatchItem::Failed(BatchItemError { status: e.status.as_u16(), error: e.detail() })
                 }
             }
         })
         .collect();
-    Ok(Json(json!({ "results": out, "total_time_ms": t0.elapsed().as_secs_f64() * 1000.0 })))
+    Ok(Json(BatchResponse { results: out, total_time_ms: t0.elapsed().as_secs_f64() * 1000.0 }))
 }
 
 // ---------------------------------------------------------------------------
 // Sessions
 // ---------------------------------------------------------------------------
 
-fn session_json(s: &Inner, rec: &SessionRecord) -> Value {
+pub(crate) fn session_body(s: &Inner, rec: &SessionRecord) -> Session {
     let head = rec.head.and_then(|h| s.sessions.store().checkpoint(h).ok().flatten());
-    let (checkpoint, forked_from) = match &head {
-        Some(c) if c.session_id == rec.id => (json!(c.seq), Value::Null),
-        Some(c) => (Value::Null, json!({ "session": c.session_id, "checkpoint": c.seq })),
-        None => (Value::Null, Value::Null),
+    let (checkpoint, forked_from) = match head {
+        Some(c) if c.session_id == rec.id => (Some(c.seq), None),
+        Some(c) => (None, Some(ForkedFrom { session: c.session_id, checkpoint: c.seq })),
+        None => (None, None),
     };
-    json!({
-        "id": rec.id,
-        "tags": rec.tags,
-        "created_ms": rec.created_ms,
-        "last_used_ms": rec.last_used_ms,
-        "resident": s.sessions.is_resident(&rec.id),
-        "checkpoint": checkpoint,
-        "forked_from": forked_from,
-        "limits": {
-            "memory_mb": rec.limits.memory_bytes >> 20,
-            "timeout_seconds": rec.limits.timeout_ms as f64 / 1000.0,
+    Session {
+        id: rec.id.clone(),
+        tags: rec.tags.clone(),
+        created_ms: rec.created_ms,
+        last_used_ms: rec.last_used_ms,
+        resident: s.sessions.is_resident(&rec.id),
+        checkpoint,
+        forked_from,
+        limits: SessionLimits {
+            memory_mb: rec.limits.memory_bytes >> 20,
+            timeout_seconds: rec.limits.timeout_ms as f64 / 1000.0,
         },
-    })
+    }
 }
 
-#[derive(Deserialize)]
-struct CreateSession {
-    #[serde(default)]
-    tags: BTreeMap<String, String>,
-    memory_mb: Option<u64>,
-    timeout_seconds: Option<f64>,
-}
-
-fn check_tags(tags: &BTreeMap<String, String>) -> Result<(), ApiError> {
+pub(crate) fn check_tags(tags: &BTreeMap<String, String>) -> Result<(), ApiError> {
     if tags.len() > 32 || tags.iter().any(|(k, v)| k.is_empty() || k.len() > 128 || v.len() > 1024 || k.contains(':')) {
         return Err(ApiError::invalid("tags: at most 32, keys 1-128 bytes without ':', values at most 1024 bytes"));
     }
     Ok(())
 }
 
-async fn create_session(
-    State(state): State<AppState>,
-    Extension(Tenant(tenant)): Extension<Tenant>,
-    ApiJson(req): ApiJson<CreateSession>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
-    check_tags(&req.tags)?;
+/// The limits of a new session from a request's `memory_mb` / `timeout_seconds`.
+pub(crate) fn session_limits(
+    state: &Inner,
+    memory_mb: Option<u64>,
+    timeout_seconds: Option<f64>,
+) -> Result<forkbox_engine::Limits, ApiError> {
     let mut limits = state.config.limits.clone();
-    limits.timeout = timeout_of(&state, req.timeout_seconds)?;
-    if let Some(mb) = req.memory_mb {
+    limits.timeout = timeout_of(state, timeout_seconds)?;
+    if let Some(mb) = memory_mb {
         if mb < 64 || mb > state.config.max_memory_mb {
             return Err(ApiError::invalid(format!("memory_mb must be 64 to {}, got {mb}", state.config.max_memory_mb)));
         }
         limits.memory_bytes = mb << 20;
     }
+    Ok(limits)
+}
+
+/// Create a session within the caller's session quota. Blocking.
+pub(crate) fn create_within_quota(
+    s: &Inner,
+    caller: &Caller,
+    tags: BTreeMap<String, String>,
+    limits: &forkbox_engine::Limits,
+) -> Result<SessionRecord, ApiError> {
+    // Count and create under one lock, so concurrent creates cannot overshoot the quota.
+    let _g = s.create_lock.lock().unwrap_or_else(|e| e.into_inner());
+    quota::check_sessions(s, &caller.tenant, caller.limits())?;
+    Ok(s.sessions.create(&caller.tenant, tags, limits)?)
+}
+
+#[utoipa::path(post, path = "/sessions", tag = "sessions", request_body = CreateSession,
+    responses((status = 201, description = "The new session", body = Session)))]
+async fn create_session(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    ApiJson(req): ApiJson<CreateSession>,
+) -> Result<(StatusCode, Json<Session>), ApiError> {
+    check_tags(&req.tags)?;
+    let limits = session_limits(&state, req.memory_mb, req.timeout_seconds)?;
     let v = blocking(&state, move |s| {
-        let rec = s.sessions.create(&tenant, req.tags, &limits)?;
-        Ok(session_json(s, &rec))
+        let rec = create_within_quota(s, &caller, req.tags, &limits)?;
+        Ok(session_body(s, &rec))
     })
     .await?;
     Ok((StatusCode::CREATED, Json(v)))
 }
 
+/// The caller's sessions, newest last; `tag=key:value` (repeatable) keeps those with all the tags.
+#[utoipa::path(get, path = "/sessions", tag = "sessions",
+    params(("tag" = Option<Vec<String>>, Query, description = "key:value; repeat for several (all must match)")),
+    responses((status = 200, body = SessionList)))]
 async fn list_sessions(
     State(state): State<AppState>,
-    Extension(Tenant(tenant)): Extension<Tenant>,
+    Extension(caller): Extension<Caller>,
     RawQuery(q): RawQuery,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<SessionList>, ApiError> {
     let pairs: Vec<(String, String)> = serde_urlencoded::from_str(q.as_deref().unwrap_or(""))
         .map_err(|e| ApiError::invalid(format!("query string: {e}")))?;
     let mut tags = Vec::new();
@@ -368,49 +465,57 @@ async fn list_sessions(
         tags.push((tk.to_string(), tv.to_string()));
     }
     blocking(&state, move |s| {
-        let list = s.sessions.list(&tenant, &tags)?;
-        Ok(Json(json!({ "sessions": list.iter().map(|r| session_json(s, r)).collect::<Vec<_>>() })))
+        let list = s.sessions.list(&caller.tenant, &tags)?;
+        Ok(Json(SessionList { sessions: list.iter().map(|r| session_body(s, r)).collect() }))
     })
     .await
 }
 
+#[utoipa::path(get, path = "/sessions/{id}", tag = "sessions", params(("id" = String, Path, description = "Session id")),
+    responses((status = 200, body = Session)))]
 async fn get_session(
     State(state): State<AppState>,
-    Extension(Tenant(tenant)): Extension<Tenant>,
-    Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
-    blocking(&state, move |s| Ok(Json(session_json(s, &s.sessions.get(&tenant, &id)?)))).await
+    Extension(caller): Extension<Caller>,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Json<Session>, ApiError> {
+    blocking(&state, move |s| Ok(Json(session_body(s, &s.sessions.get(&caller.tenant, &id)?)))).await
 }
 
+#[utoipa::path(delete, path = "/sessions/{id}", tag = "sessions", params(("id" = String, Path, description = "Session id")),
+    responses((status = 204, description = "Deleted"), (status = 409, description = "An exec is running in it", body = ErrorBody)))]
 async fn delete_session(
     State(state): State<AppState>,
-    Extension(Tenant(tenant)): Extension<Tenant>,
-    Path(id): Path<String>,
+    Extension(caller): Extension<Caller>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<StatusCode, ApiError> {
     blocking(&state, move |s| {
-        s.sessions.delete(&tenant, &id)?;
+        s.sessions.delete(&caller.tenant, &id)?;
+        s.machines.forget(&id);
         Ok(StatusCode::NO_CONTENT)
     })
     .await
 }
 
-#[derive(Deserialize)]
-struct SessionExec {
-    code: String,
-}
-
+/// Run code in the session; the result names the checkpoint that recorded it.
+#[utoipa::path(post, path = "/sessions/{id}/exec", tag = "sessions", request_body = SessionExec,
+    params(("id" = String, Path, description = "Session id")),
+    responses((status = 200, body = ExecResponse),
+              (status = 408, description = "Timeout; the session was rolled back (error.checkpoint)", body = ErrorBody),
+              (status = 409, description = "Another exec is running in the session", body = ErrorBody),
+              (status = 422, description = "The code took the guest down; the session was rolled back", body = ErrorBody)))]
 async fn session_exec(
     State(state): State<AppState>,
-    Extension(Tenant(tenant)): Extension<Tenant>,
-    Path(id): Path<String>,
+    Extension(caller): Extension<Caller>,
+    ApiPath(id): ApiPath<String>,
     ApiJson(req): ApiJson<SessionExec>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ExecResponse>, ApiError> {
     let t0 = Instant::now();
     check_code(&state, &req.code)?;
     let permit = acquire(&state, 1).await?;
     let r = blocking(&state, move |s| {
         let _permit = permit;
-        let r = s.sessions.exec(&tenant, &id, &req.code);
+        quota::check_disk(s, &caller.tenant, caller.limits())?;
+        let r = s.sessions.exec(&caller.tenant, &id, &req.code);
         metrics::sessions(s.sessions.resident_count());
         Ok(r)
     })
@@ -423,95 +528,109 @@ async fn session_exec(
     metrics::exec("session", outcome, t0.elapsed().as_secs_f64());
     let o = r?;
     metrics::checkpoint_bytes(o.checkpoint.bytes);
-    let mut v = result_json(&o.result);
-    v["checkpoint"] = json!(o.checkpoint.seq);
-    v["total_time_ms"] = json!(t0.elapsed().as_secs_f64() * 1000.0);
+    let mut v = ExecResponse::of(&o.result);
+    v.checkpoint = Some(o.checkpoint.seq);
+    v.total_time_ms = Some(t0.elapsed().as_secs_f64() * 1000.0);
     Ok(Json(v))
 }
 
+/// Interrupt (Ctrl-C) the exec running in the session: the code gets a KeyboardInterrupt,
+/// the session keeps its state. `interrupted` is false if no exec was running.
+#[utoipa::path(post, path = "/sessions/{id}/interrupt", tag = "sessions", params(("id" = String, Path, description = "Session id")),
+    responses((status = 200, body = Interrupted)))]
+async fn interrupt(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Json<Interrupted>, ApiError> {
+    // Not behind an exec slot: it must get through while every slot is busy.
+    blocking(&state, move |s| Ok(Json(Interrupted { interrupted: s.sessions.interrupt(&caller.tenant, &id)? }))).await
+}
+
+#[utoipa::path(get, path = "/sessions/{id}/checkpoints", tag = "sessions", params(("id" = String, Path, description = "Session id")),
+    responses((status = 200, body = CheckpointList)))]
 async fn checkpoints(
     State(state): State<AppState>,
-    Extension(Tenant(tenant)): Extension<Tenant>,
-    Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+    Extension(caller): Extension<Caller>,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Json<CheckpointList>, ApiError> {
     blocking(&state, move |s| {
-        let rec = s.sessions.get(&tenant, &id)?;
-        let list = s.sessions.checkpoints(&tenant, &id)?;
+        let rec = s.sessions.get(&caller.tenant, &id)?;
+        let list = s.sessions.checkpoints(&caller.tenant, &id)?;
         let seq_of: HashMap<i64, i64> = list.iter().map(|c| (c.id, c.seq)).collect();
-        let items: Vec<Value> = list
+        let checkpoints = list
             .iter()
-            .map(|c| {
-                json!({
-                    "seq": c.seq,
-                    "parent": c.parent.and_then(|p| seq_of.get(&p).copied()),
-                    "code": c.code,
-                    "created_ms": c.created_ms,
-                    "bytes": c.bytes,
-                    "pages": c.pages,
-                    "head": Some(c.id) == rec.head,
-                })
+            .map(|c| Checkpoint {
+                seq: c.seq,
+                parent: c.parent.and_then(|p| seq_of.get(&p).copied()),
+                code: c.code.clone(),
+                created_ms: c.created_ms,
+                bytes: c.bytes,
+                pages: c.pages,
+                head: Some(c.id) == rec.head,
             })
             .collect();
-        Ok(Json(json!({ "checkpoints": items })))
+        Ok(Json(CheckpointList { checkpoints }))
     })
     .await
 }
 
-#[derive(Deserialize)]
-struct RevertRequest {
-    checkpoint: i64,
-}
-
+/// Move the session's head back to a checkpoint; the next exec branches from there.
+#[utoipa::path(post, path = "/sessions/{id}/revert", tag = "sessions", request_body = RevertRequest,
+    params(("id" = String, Path, description = "Session id")),
+    responses((status = 200, body = Session), (status = 409, description = "An exec is running in the session", body = ErrorBody)))]
 async fn revert(
     State(state): State<AppState>,
-    Extension(Tenant(tenant)): Extension<Tenant>,
-    Path(id): Path<String>,
+    Extension(caller): Extension<Caller>,
+    ApiPath(id): ApiPath<String>,
     ApiJson(req): ApiJson<RevertRequest>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Session>, ApiError> {
     blocking(&state, move |s| {
-        s.sessions.revert(&tenant, &id, req.checkpoint)?;
-        Ok(Json(session_json(s, &s.sessions.get(&tenant, &id)?)))
+        s.sessions.revert(&caller.tenant, &id, req.checkpoint)?;
+        Ok(Json(session_body(s, &s.sessions.get(&caller.tenant, &id)?)))
     })
     .await
 }
 
-#[derive(Deserialize)]
-struct ForkRequest {
-    checkpoint: Option<i64>,
-    #[serde(default)]
-    tags: BTreeMap<String, String>,
-}
-
+/// A new session starting at a checkpoint (default: the head) of this one.
+#[utoipa::path(post, path = "/sessions/{id}/fork", tag = "sessions", request_body = ForkRequest,
+    params(("id" = String, Path, description = "Session id")),
+    responses((status = 201, body = Session)))]
 async fn fork(
     State(state): State<AppState>,
-    Extension(Tenant(tenant)): Extension<Tenant>,
-    Path(id): Path<String>,
+    Extension(caller): Extension<Caller>,
+    ApiPath(id): ApiPath<String>,
     ApiJson(req): ApiJson<ForkRequest>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<Session>), ApiError> {
     check_tags(&req.tags)?;
     let v = blocking(&state, move |s| {
-        let rec = s.sessions.fork(&tenant, &id, req.checkpoint, req.tags)?;
-        Ok(session_json(s, &rec))
+        let _g = s.create_lock.lock().unwrap_or_else(|e| e.into_inner());
+        quota::check_sessions(s, &caller.tenant, caller.limits())?;
+        let rec = s.sessions.fork(&caller.tenant, &id, req.checkpoint, req.tags)?;
+        Ok(session_body(s, &rec))
     })
     .await?;
     Ok((StatusCode::CREATED, Json(v)))
 }
 
 // ---------------------------------------------------------------------------
-// Health and metrics
+// Health, metrics, the OpenAPI document
 // ---------------------------------------------------------------------------
 
-async fn healthz(State(state): State<AppState>) -> Json<Value> {
-    Json(json!({
-        "status": "ok",
-        "template": state.template.info.id,
-        "exec_slots": state.concurrency,
-        "exec_slots_free": state.permits.available_permits(),
-        "queued": state.queued.load(Ordering::SeqCst),
-        "resident_sessions": state.sessions.resident_count(),
-    }))
+#[utoipa::path(get, path = "/healthz", tag = "server", security(()), responses((status = 200, body = Health)))]
+async fn healthz(State(state): State<AppState>) -> Json<Health> {
+    Json(Health {
+        status: "ok".into(),
+        template: state.template.info.id.clone(),
+        exec_slots: state.concurrency,
+        exec_slots_free: state.permits.available_permits(),
+        queued: state.queued.load(Ordering::SeqCst),
+        resident_sessions: state.sessions.resident_count(),
+    })
 }
 
+#[utoipa::path(get, path = "/metrics", tag = "server", security(()),
+    responses((status = 200, description = "Prometheus text exposition", content_type = "text/plain", body = String)))]
 async fn metrics_text(State(state): State<AppState>) -> impl IntoResponse {
     metrics::sessions(state.sessions.resident_count());
     let s = state.clone();
@@ -519,4 +638,11 @@ async fn metrics_text(State(state): State<AppState>) -> impl IntoResponse {
         metrics::sessions_live(n);
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], metrics::handle().render())
+}
+
+/// This document.
+#[utoipa::path(get, path = "/openapi.json", tag = "server", security(()),
+    responses((status = 200, description = "The OpenAPI 3.1 document of this API", content_type = "application/json", body = Object)))]
+async fn openapi_json(Extension(OpenApiDoc(doc)): Extension<OpenApiDoc>) -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "application/json")], doc.as_str().to_owned())
 }

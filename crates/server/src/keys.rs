@@ -1,17 +1,23 @@
 //! API keys: `fbk_` + 32 random hex bytes, given to the user once; only the
-//! SHA-256 of a key is stored (`<home>/server/keys.db`, SQLite), with its tenant.
+//! SHA-256 of a key is stored (`<home>/server/keys.db`, SQLite), with its tenant
+//! and its limits (requests/s, sessions, disk; NULL = unlimited).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
 use rusqlite::{params, Connection, OptionalExtension};
 use sha2::{Digest, Sha256};
 
+use crate::quota::{KeyLimits, RateLimiter};
+
 pub fn keys_path(home: &Path) -> PathBuf {
     home.join("server").join("keys.db")
 }
+
+/// Columns added after the first release, added in place to older keys.db files.
+const LIMIT_COLUMNS: &[(&str, &str)] = &[("rate_limit", "INTEGER"), ("max_sessions", "INTEGER"), ("max_disk_mb", "INTEGER")];
 
 fn open_db(home: &Path) -> anyhow::Result<Connection> {
     let path = keys_path(home);
@@ -27,7 +33,26 @@ fn open_db(home: &Path) -> anyhow::Result<Connection> {
              created_ms INTEGER NOT NULL
          );",
     )?;
+    migrate(&conn).with_context(|| format!("migrating {}", path.display()))?;
     Ok(conn)
+}
+
+fn migrate(conn: &Connection) -> anyhow::Result<()> {
+    let have: Vec<String> = conn
+        .prepare("SELECT name FROM pragma_table_info('api_keys')")?
+        .query_map([], |r| r.get(0))?
+        .collect::<Result<_, _>>()?;
+    for (col, ty) in LIMIT_COLUMNS {
+        if !have.iter().any(|h| h == col) {
+            // Two processes may race here; a duplicate column from the other one is fine.
+            match conn.execute_batch(&format!("ALTER TABLE api_keys ADD COLUMN {col} {ty}")) {
+                Ok(()) => {}
+                Err(e) if e.to_string().contains("duplicate column") => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    Ok(())
 }
 
 pub fn hash_key(key: &str) -> String {
@@ -46,15 +71,34 @@ fn valid_tenant(tenant: &str) -> bool {
     !tenant.is_empty() && tenant.len() <= 64 && tenant.bytes().all(|c| c.is_ascii_alphanumeric() || b"-_.".contains(&c))
 }
 
-/// Create an API key for `tenant` (letters, digits, `-_.`; at most 64) and return it.
+/// Create an unlimited API key for `tenant` (letters, digits, `-_.`; at most 64) and return it.
 /// The key itself is not stored: show it to the user now. Safe while a server runs.
 pub fn create_key(home: &Path, tenant: &str) -> anyhow::Result<String> {
+    create_key_with(home, tenant, &KeyLimits::default())
+}
+
+/// [`create_key`] with per-key limits.
+pub fn create_key_with(home: &Path, tenant: &str, limits: &KeyLimits) -> anyhow::Result<String> {
     anyhow::ensure!(valid_tenant(tenant), "invalid tenant name {tenant:?} (letters, digits, '-', '_', '.'; at most 64)");
+    for (name, v) in
+        [("rate limit", limits.rate_limit), ("max sessions", limits.max_sessions), ("max disk MiB", limits.max_disk_mb)]
+    {
+        anyhow::ensure!(v.is_none_or(|v| v > 0 && v <= i64::MAX as u64), "{name} must be a positive number");
+    }
+    anyhow::ensure!(limits.rate_limit.is_none_or(|r| r <= u32::MAX as u64), "rate limit is too large");
     let key = format!("fbk_{}", random_hex(32)?);
     let conn = open_db(home)?;
+    let as_i64 = |v: Option<u64>| v.map(|v| v as i64);
     conn.execute(
-        "INSERT INTO api_keys (hash, tenant, created_ms) VALUES (?1, ?2, ?3)",
-        params![hash_key(&key), tenant, forkbox_sessions::manager::now_ms()],
+        "INSERT INTO api_keys (hash, tenant, created_ms, rate_limit, max_sessions, max_disk_mb) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        params![
+            hash_key(&key),
+            tenant,
+            forkbox_sessions::manager::now_ms(),
+            as_i64(limits.rate_limit),
+            as_i64(limits.max_sessions),
+            as_i64(limits.max_disk_mb)
+        ],
     )?;
     Ok(key)
 }
@@ -65,10 +109,18 @@ pub fn count_keys(home: &Path) -> anyhow::Result<u64> {
     Ok(conn.query_row("SELECT COUNT(*) FROM api_keys", [], |r| r.get::<_, i64>(0))? as u64)
 }
 
+/// What a known key stands for. Its rate limiter lives as long as the server
+/// caches the key (the process), so the bucket is per key, in memory.
+pub struct KeyInfo {
+    pub tenant: String,
+    pub limits: KeyLimits,
+    pub limiter: Option<RateLimiter>,
+}
+
 /// The server's view of the keys: looks up hashes (keys created while it runs work at once).
 pub struct KeyStore {
     conn: Mutex<Connection>,
-    cache: Mutex<HashMap<String, String>>,
+    cache: Mutex<HashMap<String, Arc<KeyInfo>>>,
 }
 
 impl KeyStore {
@@ -76,23 +128,36 @@ impl KeyStore {
         Ok(KeyStore { conn: Mutex::new(open_db(home)?), cache: Mutex::new(HashMap::new()) })
     }
 
-    /// The tenant of a key seen before (no I/O: safe on async threads).
-    pub fn cached(&self, key: &str) -> Option<String> {
+    /// A key seen before (no I/O: safe on async threads).
+    pub fn cached(&self, key: &str) -> Option<Arc<KeyInfo>> {
         self.cache.lock().unwrap_or_else(|e| e.into_inner()).get(&hash_key(key)).cloned()
     }
 
-    /// The tenant of a key, if the key is known (may query SQLite).
-    pub fn tenant(&self, key: &str) -> anyhow::Result<Option<String>> {
+    /// A key's tenant and limits, if the key is known (may query SQLite).
+    pub fn lookup(&self, key: &str) -> anyhow::Result<Option<Arc<KeyInfo>>> {
         let h = hash_key(key);
         if let Some(t) = self.cache.lock().unwrap_or_else(|e| e.into_inner()).get(&h) {
             return Ok(Some(t.clone()));
         }
         let conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
-        let t: Option<String> =
-            conn.query_row("SELECT tenant FROM api_keys WHERE hash = ?1", params![h], |r| r.get(0)).optional()?;
-        if let Some(t) = &t {
-            self.cache.lock().unwrap_or_else(|e| e.into_inner()).insert(h, t.clone());
-        }
-        Ok(t)
+        type Row = (String, Option<i64>, Option<i64>, Option<i64>);
+        let row: Option<Row> = conn
+            .query_row(
+                "SELECT tenant, rate_limit, max_sessions, max_disk_mb FROM api_keys WHERE hash = ?1",
+                params![h],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            )
+            .optional()?;
+        let Some((tenant, rate, sessions, disk)) = row else { return Ok(None) };
+        let positive = |v: Option<i64>| v.filter(|v| *v > 0).map(|v| v as u64);
+        let limits = KeyLimits { rate_limit: positive(rate), max_sessions: positive(sessions), max_disk_mb: positive(disk) };
+        let info = Arc::new(KeyInfo { tenant, limiter: limits.rate_limit.and_then(RateLimiter::per_second), limits });
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(Some(cache.entry(h).or_insert(info).clone()))
+    }
+
+    /// The tenant of a key, if the key is known (may query SQLite).
+    pub fn tenant(&self, key: &str) -> anyhow::Result<Option<String>> {
+        Ok(self.lookup(key)?.map(|i| i.tenant.clone()))
     }
 }

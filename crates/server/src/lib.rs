@@ -7,7 +7,8 @@
 //! - [`Server::bind`] + [`Server::run`]: the same, in two steps (the bound
 //!   address and the created key are known before serving; any shutdown future).
 //! - [`AppState::new`] + [`router`]: the router over an already-open engine and
-//!   template (tests, embedding).
+//!   template (tests, embedding); [`embedded_router`]: the same routes for one
+//!   fixed tenant without keys (the CLI and MCP in process, through tower's `oneshot`).
 //! - [`create_key`]: `forkbox key create`.
 //!
 //! Endpoints (all `/v1` ones need `Authorization: Bearer <key>`; errors are
@@ -18,9 +19,16 @@
 //! - `POST /v1/sessions {tags?, memory_mb?, timeout_seconds?}` -> 201 session;
 //!   `GET /v1/sessions?tag=k:v&tag=..` -> `{sessions: [..]}`; `GET`/`DELETE /v1/sessions/{id}` (200 session / 204)
 //! - `POST /v1/sessions/{id}/exec {code}` -> result + `checkpoint` (seq)
+//! - `POST /v1/exec/stream`, `POST /v1/sessions/{id}/exec/stream`: the same, as Server-Sent Events (see [`stream`])
+//! - `POST /v1/sessions/{id}/interrupt` -> `{interrupted}` (Ctrl-C for the running exec)
+//! - files: `PUT`/`GET /v1/sessions/{id}/files/{*path}`, `GET /v1/sessions/{id}/files?dir=` (see [`files`])
 //! - `GET /v1/sessions/{id}/checkpoints` -> `{checkpoints: [{seq, parent, code, created_ms, bytes, pages, head}]}`
 //! - `POST /v1/sessions/{id}/revert {checkpoint}` -> session; `POST /v1/sessions/{id}/fork {checkpoint?, tags?}` -> 201 session
-//! - `GET /healthz`, `GET /metrics` (Prometheus text), no auth.
+//! - ForeverVM's API (see [`forevervm`]): `GET /v1/whoami`, `POST /v1/machine/new`, `GET|POST /v1/machine/list`,
+//!   `POST /v1/machine/{name}/exec`, `GET /v1/machine/{name}/exec/{seq}/result` (long poll), WebSocket `/v1/machine/{name}/repl`
+//! - `GET /healthz`, `GET /metrics` (Prometheus text), `GET /v1/openapi.json` (OpenAPI 3.1), no auth.
+//!
+//! Per-key limits ([`quota`]): requests/s (429 `rate_limited`), sessions and checkpoint disk (403 `quota_exceeded`).
 //!
 //! A session is `{id, tags, created_ms, last_used_ms, resident, checkpoint (head seq or null),
 //! forked_from ({session, checkpoint} until its first exec, else null), limits {memory_mb, timeout_seconds}}`.
@@ -31,8 +39,14 @@
 
 mod api;
 pub mod error;
+mod files;
+mod forevervm;
 pub mod keys;
 pub mod metrics;
+mod openapi;
+pub mod quota;
+pub mod schema;
+mod stream;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -45,7 +59,9 @@ use anyhow::Context;
 use forkbox_engine::{Engine, Limits, Template};
 use forkbox_sessions::manager::{Config as SessionsConfig, SessionManager};
 
-pub use api::router;
+pub use api::{embedded_router, router, Caller};
+pub use keys::create_key_with;
+pub use quota::KeyLimits;
 pub use keys::create_key;
 
 #[derive(Clone, Debug)]
@@ -65,6 +81,8 @@ pub struct ServerConfig {
     pub body_limit: usize,
     /// Largest `code` (413 `code_too_large` above it).
     pub code_limit: usize,
+    /// Largest file upload or download (413 `file_too_large` above it).
+    pub files_limit: usize,
     /// Most codes in one `/v1/exec/batch`.
     pub max_batch: usize,
     /// Defaults for one-shot execs and new sessions (timeout, memory, output, disk).
@@ -91,6 +109,7 @@ impl ServerConfig {
             queue_wait: Duration::from_secs(10),
             body_limit: 2 << 20,
             code_limit: 1 << 20,
+            files_limit: 64 << 20,
             max_batch: 64,
             limits: Limits::default(),
             max_timeout: Duration::from_secs(600),
@@ -119,6 +138,10 @@ pub struct Inner {
     pub(crate) permits: Arc<tokio::sync::Semaphore>,
     pub(crate) concurrency: usize,
     pub(crate) queued: AtomicUsize,
+    /// Held while a session is counted against its quota and created.
+    pub(crate) create_lock: std::sync::Mutex<()>,
+    /// ForeverVM instruction queues and results, per machine (session).
+    pub(crate) machines: forevervm::Machines,
 }
 
 pub type AppState = Arc<Inner>;
@@ -140,6 +163,8 @@ impl Inner {
             permits: Arc::new(tokio::sync::Semaphore::new(concurrency)),
             concurrency,
             queued: AtomicUsize::new(0),
+            create_lock: std::sync::Mutex::new(()),
+            machines: forevervm::Machines::default(),
             config,
         }))
     }

@@ -700,3 +700,522 @@ async fn http_overhead_figures() {
     .unwrap();
     eprintln!("in-process, {workers} threads: {done:.0} execs/s");
 }
+
+// ---------------------------------------------------------------------------
+// Embedded router, per-key limits, OpenAPI, ForeverVM
+// ---------------------------------------------------------------------------
+
+async fn state_for(home: &std::path::Path, tweak: impl FnOnce(&mut ServerConfig)) -> forkbox_server::AppState {
+    let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap(), home.to_path_buf());
+    tweak(&mut cfg);
+    let s = shared();
+    let (engine, template) = (s.engine.clone(), s.template.clone());
+    tokio::task::spawn_blocking(move || Inner::new(engine, template, cfg).expect("server state")).await.unwrap()
+}
+
+/// One request through the router in process (tower `oneshot`, no socket).
+async fn oneshot(app: &axum::Router, method: &str, path: &str, body: Option<Value>) -> (StatusCode, Value) {
+    use tower::ServiceExt;
+    let mut req = axum::http::Request::builder().method(method).uri(path);
+    let body = match body {
+        Some(b) => {
+            req = req.header("content-type", "application/json");
+            axum::body::Body::from(b.to_string())
+        }
+        None => axum::body::Body::empty(),
+    };
+    let resp = app.clone().oneshot(req.body(body).unwrap()).await.unwrap();
+    let status = StatusCode::from_u16(resp.status().as_u16()).unwrap();
+    let bytes = axum::body::to_bytes(resp.into_body(), 64 << 20).await.unwrap();
+    let v = if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into())) };
+    (status, v)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_router_is_the_same_api_for_a_fixed_tenant() {
+    let home = fresh_home();
+    let state = state_for(home.path(), |_| {}).await;
+    let app = forkbox_server::embedded_router(state.clone(), "local");
+    // No key needed; the tenant is fixed.
+    let (st, v) = oneshot(&app, "POST", "/v1/exec", Some(json!({ "code": "print('hi')\n6 * 7" }))).await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert_eq!((v["value"].as_str(), v["stdout"].as_str()), (Some("42"), Some("hi\n")));
+    assert_eq!(oneshot(&app, "GET", "/v1/whoami", None).await.1["account"], "local");
+    let (st, sess) = oneshot(&app, "POST", "/v1/sessions", Some(json!({ "tags": { "via": "embedded" } }))).await;
+    assert_eq!(st, StatusCode::CREATED, "{sess}");
+    let id = sess["id"].as_str().unwrap().to_string();
+    let (_, v) = oneshot(&app, "POST", &format!("/v1/sessions/{id}/exec"), Some(json!({ "code": "k = 5" }))).await;
+    assert_eq!(v["checkpoint"], 1, "{v}");
+    let (_, v) = oneshot(&app, "POST", &format!("/v1/sessions/{id}/exec"), Some(json!({ "code": "k * 2" }))).await;
+    assert_eq!(v["value"], "10");
+    // It fails the way the HTTP API fails.
+    let (st, v) = oneshot(&app, "GET", "/v1/sessions/s_nope", None).await;
+    assert_eq!((st, v["error"]["code"].as_str()), (StatusCode::NOT_FOUND, Some("session_not_found")));
+    let (st, v) = oneshot(&app, "POST", "/v1/exec", Some(json!({ "code": 1 }))).await;
+    assert_eq!((st, v["error"]["code"].as_str()), (StatusCode::BAD_REQUEST, Some("invalid_request")));
+    assert_eq!(oneshot(&app, "GET", "/v1/openapi.json", None).await.0, StatusCode::OK);
+    // Its sessions are the data directory's sessions of that tenant: the HTTP router shows them to a key of "local".
+    let http = router(state);
+    let key = forkbox_server::create_key(home.path(), "local").unwrap();
+    use tower::ServiceExt;
+    let req = axum::http::Request::get(format!("/v1/sessions/{id}")).header("authorization", format!("Bearer {key}")).body(axum::body::Body::empty()).unwrap();
+    assert_eq!(http.oneshot(req).await.unwrap().status().as_u16(), 200);
+}
+
+fn limited_key(s: &TestServer, tenant: &str, limits: forkbox_server::KeyLimits) -> String {
+    forkbox_server::create_key_with(s.home.path(), tenant, &limits).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_key_rate_limit_gets_429_with_retry_after() {
+    let s = TestServer::start().await;
+    let key = limited_key(&s, "slow", forkbox_server::KeyLimits { rate_limit: Some(3), ..Default::default() });
+    let (mut ok, mut limited) = (0, 0);
+    for _ in 0..10 {
+        let r = s.http.get(format!("{}/v1/sessions", s.url)).bearer_auth(&key).send().await.unwrap();
+        match r.status() {
+            StatusCode::OK => ok += 1,
+            StatusCode::TOO_MANY_REQUESTS => {
+                let retry: u64 = r.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+                assert!((1..=2).contains(&retry), "Retry-After {retry}");
+                let v: Value = r.json().await.unwrap();
+                assert_eq!(v["error"]["code"], "rate_limited", "{v}");
+                limited += 1;
+            }
+            other => panic!("unexpected {other}"),
+        }
+    }
+    // A burst of 3, then (10 requests well within a second) refusals.
+    assert!((3..=5).contains(&ok) && limited >= 5, "ok {ok}, limited {limited}");
+    // Other keys are not affected; the bucket refills.
+    assert_eq!(s.get("/v1/sessions").await.0, StatusCode::OK);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(s.call(reqwest::Method::GET, "/v1/sessions", Some(&key), None).await.0, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_key_session_and_disk_quotas_get_403() {
+    use reqwest::Method as M;
+    let s = TestServer::start().await;
+    let key = limited_key(&s, "small", forkbox_server::KeyLimits { max_sessions: Some(2), max_disk_mb: Some(1), ..Default::default() });
+    let (st, a) = s.call(M::POST, "/v1/sessions", Some(&key), Some(json!({}))).await;
+    assert_eq!(st, StatusCode::CREATED, "{a}");
+    let a = a["id"].as_str().unwrap().to_string();
+    let (st, m) = s.call(M::POST, "/v1/machine/new", Some(&key), Some(json!({}))).await;
+    assert_eq!(st, StatusCode::OK, "{m}");
+    // Two sessions exist (one a ForeverVM machine): create, fork and machine new are refused.
+    assert_error(&s.call(M::POST, "/v1/sessions", Some(&key), Some(json!({}))).await, StatusCode::FORBIDDEN, "quota_exceeded");
+    assert_error(&s.call(M::POST, &format!("/v1/sessions/{a}/fork"), Some(&key), Some(json!({}))).await, StatusCode::FORBIDDEN, "quota_exceeded");
+    assert_error(&s.call(M::POST, "/v1/machine/new", Some(&key), Some(json!({}))).await, StatusCode::FORBIDDEN, "quota_exceeded");
+    // The quota is the tenant's, not the server's: alice (unlimited) is not affected.
+    s.create_session(json!({})).await;
+    // Disk: 2 MB of random bytes make a checkpoint over the 1 MiB quota; the next exec is refused.
+    let (st, v) = s.call(M::POST, &format!("/v1/sessions/{a}/exec"), Some(&key), Some(json!({ "code": "import os\nblob = os.urandom(2_000_000)\nlen(blob)" }))).await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert_error(&s.call(M::POST, &format!("/v1/sessions/{a}/exec"), Some(&key), Some(json!({ "code": "len(blob)" }))).await, StatusCode::FORBIDDEN, "quota_exceeded");
+    let machine = m["machine_name"].as_str().unwrap();
+    assert_error(
+        &s.call(M::POST, &format!("/v1/machine/{machine}/exec"), Some(&key), Some(json!({ "instruction": { "code": "1" } }))).await,
+        StatusCode::FORBIDDEN,
+        "quota_exceeded",
+    );
+    // Deleting frees both quotas.
+    assert_eq!(s.call(M::DELETE, &format!("/v1/sessions/{a}"), Some(&key), None).await.0, StatusCode::NO_CONTENT);
+    let (st, b) = s.call(M::POST, "/v1/sessions", Some(&key), Some(json!({}))).await;
+    assert_eq!(st, StatusCode::CREATED, "{b}");
+    let (st, v) = s.call(M::POST, &format!("/v1/sessions/{}/exec", b["id"].as_str().unwrap()), Some(&key), Some(json!({ "code": "1 + 1" }))).await;
+    assert_eq!((st, v["value"].clone()), (StatusCode::OK, json!("2")), "{v}");
+}
+
+/// keys.db files from before per-key limits gain the columns in place; their keys keep working, unlimited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn old_keys_db_is_migrated_in_place() {
+    let home = fresh_home();
+    let path = forkbox_server::keys::keys_path(home.path());
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let old_key = "fbk_0123456789abcdef";
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch("CREATE TABLE api_keys (hash TEXT PRIMARY KEY, tenant TEXT NOT NULL, created_ms INTEGER NOT NULL);").unwrap();
+        conn.execute("INSERT INTO api_keys VALUES (?1, 'old', 1)", [forkbox_server::keys::hash_key(old_key)]).unwrap();
+    }
+    let store = forkbox_server::keys::KeyStore::open(home.path()).unwrap();
+    let info = store.lookup(old_key).unwrap().expect("the old key is still known");
+    assert_eq!(info.tenant, "old");
+    assert_eq!(info.limits, forkbox_server::KeyLimits::default());
+    assert!(info.limiter.is_none());
+    let limits = forkbox_server::KeyLimits { rate_limit: Some(5), max_sessions: Some(3), max_disk_mb: Some(7) };
+    let new_key = forkbox_server::create_key_with(home.path(), "new", &limits).unwrap();
+    let info = store.lookup(&new_key).unwrap().unwrap();
+    assert_eq!((info.tenant.as_str(), &info.limits), ("new", &limits));
+    assert!(forkbox_server::create_key_with(home.path(), "x", &forkbox_server::KeyLimits { max_sessions: Some(0), ..Default::default() }).is_err());
+    assert_eq!(forkbox_server::keys::count_keys(home.path()).unwrap(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openapi_document_describes_every_route_the_router_serves() {
+    let s = TestServer::start().await;
+    // No auth needed.
+    let (st, doc) = s.call(reqwest::Method::GET, "/v1/openapi.json", None, None).await;
+    assert_eq!(st, StatusCode::OK, "{doc}");
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3.1"), "{}", doc["openapi"]);
+    let paths = doc["paths"].as_object().unwrap();
+    // The routes of the API (README / contract): each is in the document with its method.
+    let expected = [
+        ("post", "/v1/exec"),
+        ("post", "/v1/exec/batch"),
+        ("post", "/v1/sessions"),
+        ("get", "/v1/sessions"),
+        ("get", "/v1/sessions/{id}"),
+        ("delete", "/v1/sessions/{id}"),
+        ("post", "/v1/sessions/{id}/exec"),
+        ("get", "/v1/sessions/{id}/checkpoints"),
+        ("post", "/v1/sessions/{id}/revert"),
+        ("post", "/v1/sessions/{id}/fork"),
+        ("post", "/v1/exec/stream"),
+        ("post", "/v1/sessions/{id}/exec/stream"),
+        ("post", "/v1/sessions/{id}/interrupt"),
+        ("put", "/v1/sessions/{id}/files/{path}"),
+        ("get", "/v1/sessions/{id}/files/{path}"),
+        ("get", "/v1/sessions/{id}/files"),
+        ("get", "/v1/whoami"),
+        ("post", "/v1/machine/new"),
+        ("get", "/v1/machine/list"),
+        ("post", "/v1/machine/list"),
+        ("post", "/v1/machine/{name}/exec"),
+        ("get", "/v1/machine/{name}/exec/{seq}/result"),
+        ("get", "/v1/machine/{name}/repl"),
+        ("get", "/v1/openapi.json"),
+        ("get", "/healthz"),
+        ("get", "/metrics"),
+    ];
+    for (m, p) in expected {
+        assert!(paths.get(p).and_then(|x| x.get(m)).is_some(), "{m} {p} missing from the OpenAPI document");
+    }
+    // And every operation in the document is served (not the router's fallback), with auth where the document says.
+    let schemas = doc["components"]["schemas"].as_object().unwrap();
+    for (p, item) in paths {
+        for (m, op) in item.as_object().unwrap() {
+            let url = p.replace("{id}", "s_none").replace("{path}", "x.txt").replace("{name}", "s_none").replace("{seq}", "0");
+            let method = reqwest::Method::from_bytes(m.to_uppercase().as_bytes()).unwrap();
+            let open = op["security"] == json!([{}]);
+            let (st, v) = s.call(method.clone(), &url, None, None).await;
+            if !open {
+                assert_error(&(st, v.clone()), StatusCode::UNAUTHORIZED, "unauthorized");
+            }
+            let (st, v) = s.call(method, &url, Some(&s.key), if m == "get" || m == "delete" { None } else { Some(json!({})) }).await;
+            assert!(!["not_found", "method_not_allowed"].contains(&v["error"]["code"].as_str().unwrap_or("")), "{m} {p}: {st} {v}");
+            assert!(st.as_u16() < 500, "{m} {p}: {st} {v}");
+            // Documented statuses include what it answered.
+            let responses = op["responses"].as_object().unwrap();
+            assert!(responses.contains_key(st.as_str()) || responses.contains_key("default"), "{m} {p}: {st} undocumented");
+            assert!(op["operationId"].is_string());
+        }
+    }
+    for name in ["ExecRequest", "ExecResponse", "Session", "ErrorBody", "MachineExec", "InstructionResult", "FvmResult"] {
+        assert!(schemas.contains_key(name), "schema {name} missing");
+    }
+    assert_eq!(doc["components"]["schemas"]["ExecResponse"]["properties"]["exit_code"]["type"], "integer");
+}
+
+async fn fvm_result(s: &TestServer, machine: &str, seq: i64, key: &str) -> Value {
+    let (st, v) = s.call(reqwest::Method::GET, &format!("/v1/machine/{machine}/exec/{seq}/result"), Some(key), None).await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert_eq!(v["instruction_id"], seq);
+    v["result"].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forevervm_machines_exec_and_long_poll() {
+    use reqwest::Method as M;
+    let s = TestServer::start().await;
+    let key = s.key.clone();
+    assert_eq!(s.get("/v1/whoami").await.1, json!({ "account": "alice" }));
+    let (st, m) = s.post("/v1/machine/new", json!({ "tags": { "kind": "fvm" } })).await;
+    assert_eq!(st, StatusCode::OK, "{m}");
+    let name = m["machine_name"].as_str().unwrap().to_string();
+    for method in [M::GET, M::POST] {
+        let (st, l) = s.call(method, "/v1/machine/list", Some(&key), None).await;
+        assert_eq!(st, StatusCode::OK, "{l}");
+        let machines = l["machines"].as_array().unwrap();
+        assert_eq!(machines.len(), 1);
+        assert_eq!(machines[0]["name"], name.as_str());
+        assert_eq!(machines[0]["tags"]["kind"], "fvm");
+        assert!(machines[0]["created_at"].as_str().unwrap().ends_with('Z'), "{l}");
+        assert_eq!(machines[0]["expires_at"], Value::Null);
+    }
+    // Exec returns at once; the long poll waits for the result.
+    let exec = format!("/v1/machine/{name}/exec");
+    let t0 = Instant::now();
+    let (st, e) = s.post(&exec, json!({ "instruction": { "code": "import time\ntime.sleep(1)\nx = 20\nx + 1", "timeout_seconds": 10 } })).await;
+    assert_eq!(st, StatusCode::OK, "{e}");
+    assert!(t0.elapsed() < Duration::from_millis(800), "exec did not return at once: {:?}", t0.elapsed());
+    assert_eq!((e["instruction_seq"].as_i64(), e["machine"].as_str(), e["interrupted"].as_bool()), (Some(0), Some(name.as_str()), Some(false)));
+    // Queued behind it, in order.
+    let (_, e2) = s.post(&exec, json!({ "instruction": { "code": "x * 2" } })).await;
+    assert_eq!(e2["instruction_seq"], 1);
+    let (_, l) = s.get("/v1/machine/list").await;
+    assert_eq!(l["machines"][0]["has_pending_instructions"], true, "{l}");
+    let r = fvm_result(&s, &name, 0, &key).await;
+    assert!(t0.elapsed() >= Duration::from_secs(1));
+    assert_eq!(r["value"], "21", "{r}");
+    assert_eq!(r["data"], Value::Null);
+    assert!(r["runtime_ms"].as_u64().unwrap() >= 1000, "{r}");
+    assert_eq!(fvm_result(&s, &name, 1, &key).await["value"], "40");
+    // A Python error: `error` is "<Type>: <message>\n<traceback>".
+    let (_, e) = s.post(&exec, json!({ "instruction": { "code": "1 / 0" } })).await;
+    let r = fvm_result(&s, &name, e["instruction_seq"].as_i64().unwrap(), &key).await;
+    let err = r["error"].as_str().unwrap();
+    assert!(err.starts_with("ZeroDivisionError: division by zero\n") && err.contains("Traceback"), "{r}");
+    assert!(r.get("value").is_none(), "{r}");
+    // State persists; it is the same session as in the sessions API.
+    let (_, e) = s.post(&exec, json!({ "instruction": { "code": "x" } })).await;
+    assert_eq!(fvm_result(&s, &name, e["instruction_seq"].as_i64().unwrap(), &key).await["value"], "20");
+    assert_eq!(s.sexec(&name, "x + 100").await["value"], "120");
+
+    // Errors.
+    assert_error(&s.get(&format!("/v1/machine/{name}/exec/99/result")).await, StatusCode::NOT_FOUND, "instruction_not_found");
+    assert_error(&s.get(&format!("/v1/machine/{name}/exec/-1/result")).await, StatusCode::NOT_FOUND, "instruction_not_found");
+    assert_error(&s.post("/v1/machine/s_nope/exec", json!({ "instruction": { "code": "1" } })).await, StatusCode::NOT_FOUND, "session_not_found");
+    assert_error(&s.get("/v1/machine/s_nope/exec/0/result").await, StatusCode::NOT_FOUND, "session_not_found");
+    assert_error(&s.post(&exec, json!({ "code": "1" })).await, StatusCode::BAD_REQUEST, "invalid_request");
+    assert_error(&s.post_raw(&exec, b"{\"instruction\":".to_vec()).await, StatusCode::BAD_REQUEST, "malformed_json");
+    assert_error(&s.post(&exec, json!({ "instruction": { "code": "1", "timeout_seconds": 0 } })).await, StatusCode::BAD_REQUEST, "invalid_request");
+    assert_error(&s.get(&format!("/v1/machine/{name}/repl")).await, StatusCode::UPGRADE_REQUIRED, "upgrade_required");
+    // A timeout (the session's time limit applies) is an error result.
+    let (_, m2) = s.post("/v1/sessions", json!({ "timeout_seconds": 1 })).await;
+    let short = m2["id"].as_str().unwrap().to_string();
+    let (_, e) = s.post(&format!("/v1/machine/{short}/exec"), json!({ "instruction": { "code": "while True: pass" } })).await;
+    let r = fvm_result(&s, &short, e["instruction_seq"].as_i64().unwrap(), &key).await;
+    assert!(r["error"].as_str().unwrap().starts_with("timeout: "), "{r}");
+
+    // Tenant isolation: bob sees none of it.
+    let bob = s.new_key("bob");
+    assert_eq!(s.call(M::GET, "/v1/whoami", Some(&bob), None).await.1["account"], "bob");
+    assert_eq!(s.call(M::GET, "/v1/machine/list", Some(&bob), None).await.1["machines"], json!([]));
+    assert_error(&s.call(M::POST, &exec, Some(&bob), Some(json!({ "instruction": { "code": "x" } }))).await, StatusCode::NOT_FOUND, "session_not_found");
+    assert_error(&s.call(M::GET, &format!("/v1/machine/{name}/exec/0/result"), Some(&bob), None).await, StatusCode::NOT_FOUND, "session_not_found");
+    assert_error(&s.call(M::GET, "/v1/whoami", None, None).await, StatusCode::UNAUTHORIZED, "unauthorized");
+}
+
+// ---------------------------------------------------------------------------
+// Streaming, interrupt, files, outputs
+// ---------------------------------------------------------------------------
+
+/// One Server-Sent Event and when it arrived.
+#[derive(Debug)]
+struct Sse {
+    event: String,
+    data: Value,
+    at: Instant,
+}
+
+/// POST and read the SSE response as it arrives; (status, events). A non-SSE reply gives its JSON as one "http" event.
+async fn sse(s: &TestServer, path: &str, key: &str, body: Value) -> (StatusCode, Vec<Sse>) {
+    let mut resp = s.http.post(format!("{}{path}", s.url)).bearer_auth(key).json(&body).send().await.expect("request");
+    let status = resp.status();
+    let is_sse = resp.headers().get("content-type").is_some_and(|c| c.to_str().unwrap().starts_with("text/event-stream"));
+    if !is_sse {
+        let v: Value = resp.json().await.unwrap_or(Value::Null);
+        return (status, vec![Sse { event: "http".into(), data: v, at: Instant::now() }]);
+    }
+    let (mut buf, mut events) = (String::new(), Vec::new());
+    while let Some(chunk) = resp.chunk().await.expect("body chunk") {
+        buf.push_str(std::str::from_utf8(&chunk).expect("SSE is UTF-8"));
+        while let Some(end) = buf.find("\n\n") {
+            let block: String = buf.drain(..end + 2).collect();
+            let (mut event, mut data) = (String::from("message"), String::new());
+            for line in block.lines() {
+                if let Some(e) = line.strip_prefix("event:") {
+                    event = e.trim().to_string();
+                } else if let Some(d) = line.strip_prefix("data:") {
+                    data.push_str(d.strip_prefix(' ').unwrap_or(d));
+                }
+            }
+            if !data.is_empty() {
+                events.push(Sse { event, data: serde_json::from_str(&data).expect("event data is JSON"), at: Instant::now() });
+            }
+        }
+    }
+    (status, events)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamed_exec_sends_output_as_it_is_written_then_the_result() {
+    let s = TestServer::start().await;
+    let key = s.key.clone();
+    let code = "import sys, time\nfor i in range(3):\n    print('line', i)\n    time.sleep(0.3)\nprint('oops', file=sys.stderr)\n'done'";
+    let t0 = Instant::now();
+    let (st, ev) = sse(&s, "/v1/exec/stream", &key, json!({ "code": code, "timeout_seconds": 10 })).await;
+    assert_eq!(st, StatusCode::OK);
+    let names: Vec<&str> = ev.iter().map(|e| e.event.as_str()).collect();
+    assert_eq!(names.last(), Some(&"result"), "{ev:?}");
+    assert_eq!(names.iter().filter(|n| **n == "result" || **n == "error").count(), 1, "{names:?}");
+    let stdout: String = ev.iter().filter(|e| e.event == "stdout").map(|e| e.data["data"].as_str().unwrap()).collect();
+    let stderr: String = ev.iter().filter(|e| e.event == "stderr").map(|e| e.data["data"].as_str().unwrap()).collect();
+    assert_eq!(stdout, "line 0\nline 1\nline 2\n");
+    assert_eq!(stderr, "oops\n");
+    let result = &ev.last().unwrap().data;
+    assert_eq!(result["value"], "'done'");
+    assert_eq!(result["stdout"], stdout.as_str());
+    assert!(result["id"].as_str().unwrap().starts_with("x_"), "{result}");
+    // Really streamed: the first line arrived long before the result (the code sleeps 0.9 s after it).
+    let first = ev.iter().find(|e| e.event == "stdout").unwrap();
+    let last = ev.last().unwrap();
+    assert!(last.at.duration_since(first.at) >= Duration::from_millis(500), "first line at {:?}, result at {:?}", first.at - t0, last.at - t0);
+    assert!(ev.iter().filter(|e| e.event == "stdout").count() >= 3, "{names:?}");
+
+    // A sandbox error is the final `error` event; request errors are plain HTTP errors.
+    let (st, ev) = sse(&s, "/v1/exec/stream", &key, json!({ "code": "print('start')\nwhile True: pass", "timeout_seconds": 1 })).await;
+    assert_eq!(st, StatusCode::OK);
+    assert_eq!(ev.first().map(|e| e.event.as_str()), Some("stdout"));
+    let last = ev.last().unwrap();
+    assert_eq!((last.event.as_str(), last.data["error"]["code"].as_str()), ("error", Some("timeout")), "{ev:?}");
+    let (st, ev) = sse(&s, "/v1/exec/stream", &key, json!({ "code": 5 })).await;
+    assert_eq!((st, ev[0].data["error"]["code"].as_str()), (StatusCode::BAD_REQUEST, Some("invalid_request")));
+    let (st, ev) = sse(&s, "/v1/exec/stream", "fbk_nope", json!({ "code": "1" })).await;
+    assert_eq!((st, ev[0].data["error"]["code"].as_str()), (StatusCode::UNAUTHORIZED, Some("unauthorized")));
+
+    // In a session: state, checkpoints, the same result JSON.
+    let id = s.create_session(json!({ "timeout_seconds": 2 })).await;
+    let path = format!("/v1/sessions/{id}/exec/stream");
+    let (_, ev) = sse(&s, &path, &key, json!({ "code": "n = 41\nprint('set')" })).await;
+    assert_eq!(ev.iter().map(|e| e.event.as_str()).collect::<Vec<_>>(), vec!["stdout", "result"]);
+    assert_eq!(ev[1].data["checkpoint"], 1);
+    let (_, ev) = sse(&s, &path, &key, json!({ "code": "n + 1" })).await;
+    assert_eq!((ev[0].event.as_str(), ev[0].data["value"].as_str()), ("result", Some("42")));
+    let (_, ev) = sse(&s, &path, &key, json!({ "code": "n = 0\nwhile True: pass" })).await;
+    assert_eq!((ev[0].event.as_str(), ev[0].data["error"]["code"].as_str()), ("error", Some("timeout")), "{ev:?}");
+    assert_eq!(ev[0].data["error"]["checkpoint"], 2);
+    assert_eq!(s.sexec(&id, "n").await["value"], "41");
+    let (st, ev) = sse(&s, "/v1/sessions/s_nope/exec/stream", &key, json!({ "code": "1" })).await;
+    assert_eq!((st, ev[0].data["error"]["code"].as_str()), (StatusCode::NOT_FOUND, Some("session_not_found")));
+    let bob = s.new_key("bob");
+    let (st, _) = sse(&s, &path, &bob, json!({ "code": "n" })).await;
+    assert_eq!(st, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interrupt_stops_a_running_loop_and_the_session_goes_on() {
+    let s = TestServer::start().await;
+    // (A time limit well past the interrupt, short enough that a missed interrupt fails fast.)
+    let id = s.create_session(json!({ "timeout_seconds": 8 })).await;
+    s.sexec(&id, "import time\nkept = 'state'\ncount = 0").await;
+    // Nothing running: false.
+    let (st, v) = s.post(&format!("/v1/sessions/{id}/interrupt"), json!({})).await;
+    assert_eq!((st, v.clone()), (StatusCode::OK, json!({ "interrupted": false })), "{v}");
+    let (url, key, http, sid) = (s.url.clone(), s.key.clone(), s.http.clone(), id.clone());
+    let t0 = Instant::now();
+    let running = tokio::spawn(async move {
+        let r = http
+            .post(format!("{url}/v1/sessions/{sid}/exec"))
+            .bearer_auth(key)
+            .json(&json!({ "code": "while True:\n    count += 1" }))
+            .send()
+            .await
+            .unwrap();
+        (r.status(), r.json::<Value>().await.unwrap())
+    });
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let (st, v) = s.post(&format!("/v1/sessions/{id}/interrupt"), json!({})).await;
+    assert_eq!((st, v.clone()), (StatusCode::OK, json!({ "interrupted": true })), "{v}");
+    let (st, r) = running.await.unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    assert_eq!(st, StatusCode::OK, "{r}");
+    assert_eq!(r["error"]["type"], "KeyboardInterrupt", "{r}");
+    assert_eq!(r["checkpoint"], 2, "{r}");
+    // The session kept its state, the loop's progress included.
+    let v = s.sexec(&id, "(kept, count > 0)").await;
+    assert_eq!(v["value"], "('state', True)");
+    assert_error(&s.post("/v1/sessions/s_nope/interrupt", json!({})).await, StatusCode::NOT_FOUND, "session_not_found");
+    let bob = s.new_key("bob");
+    assert_error(&s.call(reqwest::Method::POST, &format!("/v1/sessions/{id}/interrupt"), Some(&bob), None).await, StatusCode::NOT_FOUND, "session_not_found");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_upload_download_list_and_outputs() {
+    use reqwest::Method as M;
+    let s = TestServer::start_with(|c| c.files_limit = 4 << 20).await;
+    let id = s.create_session(json!({})).await;
+    let files = format!("{}/v1/sessions/{id}/files", s.url);
+    // Upload (binary, nested directories created), then Python reads it with open().
+    let data: Vec<u8> = (0..=255u8).cycle().take(300_000).collect();
+    let r = s.http.put(format!("{files}/data/in/blob.bin")).bearer_auth(&s.key).body(data.clone()).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!((v["path"].as_str(), v["size"].as_u64(), v["checkpoint"].as_i64()), (Some("/data/in/blob.bin"), Some(300_000), Some(1)), "{v}");
+    let v = s.sexec(&id, "import hashlib\nb = open('/data/in/blob.bin', 'rb').read()\n(len(b), hashlib.sha256(b).hexdigest())").await;
+    let want = {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(&data))
+    };
+    assert_eq!(v["value"], format!("(300000, '{want}')"));
+    assert_eq!(v["checkpoint"], 2);
+    // The upload is checkpointed: it is in the log and survives a revert to it.
+    let (_, cps) = s.get(&format!("/v1/sessions/{id}/checkpoints")).await;
+    assert_eq!(cps["checkpoints"][0]["code"], "# upload /data/in/blob.bin");
+
+    // Python writes files; download them; /output files come back in the result.
+    let v = s.sexec(&id, "import os\nopen('/output/table.csv', 'w').write('a,b\\n1,2\\n')\nopen('/tmp/notes.txt', 'w').write('héllo')\nos.makedirs('/output/sub', exist_ok=True)").await;
+    let outputs = v["outputs"].as_array().unwrap_or_else(|| panic!("no outputs: {v}"));
+    assert_eq!(outputs.len(), 1, "{v}");
+    assert_eq!(outputs[0]["path"], "/output/table.csv");
+    assert_eq!(outputs[0]["mime"], "text/csv");
+    assert_eq!(outputs[0]["size"], 8);
+    use base64::Engine as _;
+    assert_eq!(base64::engine::general_purpose::STANDARD.decode(outputs[0]["base64"].as_str().unwrap()).unwrap(), b"a,b\n1,2\n");
+    assert!(s.sexec(&id, "1").await.get("outputs").is_none(), "an exec that writes no output file has no outputs");
+    let r = s.http.get(format!("{files}/tmp/notes.txt")).bearer_auth(&s.key).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.headers()["content-type"], "application/octet-stream");
+    assert_eq!(r.bytes().await.unwrap().as_ref(), "héllo".as_bytes());
+    let r = s.http.get(format!("{files}/data/in/blob.bin")).bearer_auth(&s.key).send().await.unwrap();
+    assert_eq!(r.bytes().await.unwrap().as_ref(), &data[..]);
+    // Listing.
+    let (st, l) = s.get(&format!("/v1/sessions/{id}/files?dir=/output")).await;
+    assert_eq!(st, StatusCode::OK, "{l}");
+    let mut names: Vec<(String, bool)> = l["files"].as_array().unwrap().iter().map(|f| (f["name"].as_str().unwrap().to_string(), f["is_dir"].as_bool().unwrap())).collect();
+    names.sort();
+    assert_eq!(names, vec![("sub".to_string(), true), ("table.csv".to_string(), false)], "{l}");
+    let table = l["files"].as_array().unwrap().iter().find(|f| f["name"] == "table.csv").unwrap();
+    assert_eq!((table["path"].as_str(), table["size"].as_u64()), (Some("/output/table.csv"), Some(8)));
+    assert!(table["mtime_ms"].as_i64().unwrap() > 0);
+
+    // Errors.
+    assert_error(&s.get(&format!("/v1/sessions/{id}/files/nope.txt")).await, StatusCode::NOT_FOUND, "file_not_found");
+    assert_error(&s.get(&format!("/v1/sessions/{id}/files/output")).await, StatusCode::BAD_REQUEST, "is_a_directory");
+    assert_error(&s.get(&format!("/v1/sessions/{id}/files?dir=/nope")).await, StatusCode::NOT_FOUND, "file_not_found");
+    assert_error(&s.get(&format!("/v1/sessions/{id}/files?what=1")).await, StatusCode::BAD_REQUEST, "invalid_request");
+    assert_error(&s.get(&format!("/v1/sessions/{id}/files/a%00b")).await, StatusCode::BAD_REQUEST, "invalid_path");
+    assert_error(&s.get("/v1/sessions/s_nope/files/x").await, StatusCode::NOT_FOUND, "session_not_found");
+    let big = vec![7u8; 5 << 20];
+    let r = s.http.put(format!("{files}/big.bin")).bearer_auth(&s.key).body(big).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(r.json::<Value>().await.unwrap()["error"]["code"], "file_too_large");
+    s.sexec(&id, "open('/tmp/big.bin', 'wb').write(b'x' * (5 << 20))").await;
+    assert_error(&s.get(&format!("/v1/sessions/{id}/files/tmp/big.bin")).await, StatusCode::PAYLOAD_TOO_LARGE, "file_too_large");
+    // Other tenants: 404 on every file route.
+    let bob = s.new_key("bob");
+    assert_error(&s.call(M::GET, &format!("/v1/sessions/{id}/files/tmp/notes.txt"), Some(&bob), None).await, StatusCode::NOT_FOUND, "session_not_found");
+    assert_error(&s.call(M::GET, &format!("/v1/sessions/{id}/files?dir=/"), Some(&bob), None).await, StatusCode::NOT_FOUND, "session_not_found");
+    let r = s.http.put(format!("{files}/x.txt")).bearer_auth(&bob).body("x").send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forevervm_interrupt_flag_stops_the_running_instruction() {
+    let s = TestServer::start().await;
+    // A machine is a session: one with a short time limit, so a missed interrupt fails fast.
+    let name = s.create_session(json!({ "timeout_seconds": 8 })).await;
+    let exec = format!("/v1/machine/{name}/exec");
+    let (_, a) = s.post(&exec, json!({ "instruction": { "code": "v = 1\nwhile True:\n    pass" } })).await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let (st, b) = s.post(&exec, json!({ "instruction": { "code": "v + 1" }, "interrupt": true })).await;
+    assert_eq!(st, StatusCode::OK, "{b}");
+    assert_eq!(b["interrupted"], true, "{b}");
+    let r = fvm_result(&s, &name, a["instruction_seq"].as_i64().unwrap(), &s.key).await;
+    assert!(r["error"].as_str().unwrap().starts_with("KeyboardInterrupt"), "{r}");
+    assert_eq!(fvm_result(&s, &name, b["instruction_seq"].as_i64().unwrap(), &s.key).await["value"], "2");
+    let (_, c) = s.post(&exec, json!({ "instruction": { "code": "3" }, "interrupt": true })).await;
+    assert_eq!(c["interrupted"], false, "{c}");
+}

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, TryLockError};
 use std::time::{Duration, Instant};
 
-use forkbox_engine::{Engine, EngineError, ExecResult, Limits, Sandbox, Template};
+use forkbox_engine::{Engine, EngineError, ExecOptions, ExecResult, FileEntry, Interrupter, Limits, Sandbox, Template};
 use forkbox_snapshot::{Layer, StateError};
 
 use crate::store::{self, CheckpointRecord, NewCheckpoint, SessionRecord, Store, StoreError};
@@ -35,12 +35,26 @@ pub enum SessionError {
     },
     #[error("invalid request: {0}")]
     Invalid(String),
+    /// A file operation failed: `file_not_found`, `invalid_path`, `is_a_directory`,
+    /// `file_too_large` or `quota_exceeded` (see `EngineError::File`).
+    #[error("{message}")]
+    File { code: &'static str, message: String },
     #[error("session storage: {0}")]
     Store(#[from] StoreError),
     #[error("checkpoint files: {0}")]
     Snapshot(#[from] StateError),
     #[error(transparent)]
     Engine(#[from] EngineError),
+}
+
+impl SessionError {
+    /// An engine error of a file operation (or of resuming the session for it).
+    fn from_files(e: EngineError) -> SessionError {
+        match e {
+            EngineError::File { code, message } => SessionError::File { code, message },
+            e => SessionError::Engine(e),
+        }
+    }
 }
 
 fn rolled_back(seq: Option<i64>) -> String {
@@ -59,6 +73,7 @@ impl SessionError {
             SessionError::Busy(_) => "session_busy",
             SessionError::ExecFailed { source, .. } => source.code(),
             SessionError::Invalid(_) => "invalid_request",
+            SessionError::File { code, .. } => code,
             SessionError::Store(_) | SessionError::Snapshot(_) => "storage_error",
             SessionError::Engine(e) => e.code(),
         }
@@ -105,6 +120,21 @@ pub struct SessionManager {
     layers_dir: PathBuf,
     config: Config,
     slots: Mutex<HashMap<String, Arc<Mutex<Slot>>>>,
+    /// The interrupter of each session's running exec, outside the slot lock
+    /// (which the exec holds) so `interrupt` can reach it.
+    running: Mutex<HashMap<String, Interrupter>>,
+}
+
+/// Removes a session's entry from `SessionManager::running` when the exec ends.
+struct Running<'a> {
+    map: &'a Mutex<HashMap<String, Interrupter>>,
+    id: &'a str,
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.map.lock().unwrap_or_else(|e| e.into_inner()).remove(self.id);
+    }
 }
 
 /// A session's slot, or `Busy` if an exec (or revert, delete) holds it.
@@ -189,7 +219,16 @@ impl SessionManager {
             .map_err(|source| StateError::Io { what: "create", path: layers_dir.display().to_string(), source })?;
         let lock = lock_dir(&dir)?;
         let store = Store::open(&dir.join("sessions.db"))?;
-        let m = SessionManager { _lock: lock, engine, template, store, layers_dir, config, slots: Mutex::new(HashMap::new()) };
+        let m = SessionManager {
+            _lock: lock,
+            engine,
+            template,
+            store,
+            layers_dir,
+            config,
+            slots: Mutex::new(HashMap::new()),
+            running: Mutex::new(HashMap::new()),
+        };
         m.recover()?;
         Ok(m)
     }
@@ -260,6 +299,14 @@ impl SessionManager {
 
     /// Run code in the session. One exec at a time per session: a concurrent one gets `Busy`.
     pub fn exec(&self, tenant: &str, id: &str, code: &str) -> Result<ExecOutcome, SessionError> {
+        self.exec_with(tenant, id, code, ExecOptions::default())
+    }
+
+    /// `exec`, with streamed output and/or an interrupter of the caller's
+    /// (`interrupt` works in any case). An interrupted exec that ends with
+    /// KeyboardInterrupt is checkpointed like any other; one that had to be
+    /// killed rolls the session back (`ExecFailed` with code `interrupted`).
+    pub fn exec_with(&self, tenant: &str, id: &str, code: &str, opts: ExecOptions<'_>) -> Result<ExecOutcome, SessionError> {
         let rec = self.record(tenant, id)?;
         let slot = self.slot(id);
         let mut guard = lock_slot(&slot, id)?;
@@ -272,7 +319,12 @@ impl SessionManager {
         let base = guard.base;
         let head_seq = |h: Option<i64>| -> Option<i64> { h.and_then(|c| self.store.checkpoint(c).ok().flatten()).map(|c| c.seq) };
         let Some(sb) = guard.sandbox.as_mut() else { return Err(SessionError::NotFound(id.into())) };
-        let result = match sb.exec(code) {
+        let interrupter = opts.interrupt.clone().unwrap_or_default();
+        self.running.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_string(), interrupter.clone());
+        let running = Running { map: &self.running, id };
+        let result = sb.exec_with(code, ExecOptions { on_output: opts.on_output, interrupt: Some(interrupter) });
+        drop(running);
+        let result = match result {
             Ok(r) => r,
             Err(source) => {
                 guard.sandbox = None;
@@ -295,6 +347,74 @@ impl SessionManager {
         drop(guard);
         let _ = self.store.touch(id, now_ms());
         Ok(ExecOutcome { result, checkpoint })
+    }
+
+    /// Interrupt the session's running exec (Ctrl-C). False if none runs.
+    pub fn interrupt(&self, tenant: &str, id: &str) -> Result<bool, SessionError> {
+        self.record(tenant, id)?;
+        let running = self.running.lock().unwrap_or_else(|e| e.into_inner()).get(id).cloned();
+        Ok(running.is_some_and(|i| i.interrupt()))
+    }
+
+    /// The session's sandbox, resumed from disk if it was evicted; `Busy` while an exec runs.
+    fn with_sandbox<T>(
+        &self,
+        tenant: &str,
+        id: &str,
+        f: impl FnOnce(&mut Sandbox, Option<i64>, &SessionRecord) -> Result<(T, Option<i64>), SessionError>,
+    ) -> Result<T, SessionError> {
+        let rec = self.record(tenant, id)?;
+        let slot = self.slot(id);
+        let mut guard = lock_slot(&slot, id)?;
+        if guard.sandbox.is_none() {
+            self.make_room(id);
+            guard.sandbox = Some(self.bring_back(&rec, from_store_limits(&rec.limits))?);
+            guard.base = rec.head;
+        }
+        let base = guard.base;
+        let Some(sb) = guard.sandbox.as_mut() else { return Err(SessionError::NotFound(id.into())) };
+        let (out, new_base) = f(sb, base, &rec)?;
+        guard.base = new_base;
+        guard.last_used = Instant::now();
+        Ok(out)
+    }
+
+    /// Write a file into the session's file system (parents created, mode 0644)
+    /// and checkpoint it (code `# upload <path>`), so it survives eviction and forks.
+    pub fn write_file(&self, tenant: &str, id: &str, path: &str, data: &[u8]) -> Result<CheckpointRecord, SessionError> {
+        let c = self.with_sandbox(tenant, id, |sb, base, rec| {
+            sb.write_file(path, data).map_err(SessionError::from_files)?;
+            let c = self.write_checkpoint(rec, sb, &format!("# upload {path}"), base)?;
+            let new_base = Some(c.id);
+            Ok((c, new_base))
+        });
+        match &c {
+            Ok(_) => {
+                let _ = self.store.touch(id, now_ms());
+            }
+            // Refused uploads change nothing (or only create parent directories);
+            // a failed checkpoint leaves memory ahead of disk: start over from disk.
+            Err(SessionError::File { .. }) => {}
+            Err(_) => {
+                self.evict(id);
+            }
+        }
+        c
+    }
+
+    /// A file of the session's file system, at most `max` bytes.
+    pub fn read_file(&self, tenant: &str, id: &str, path: &str, max: usize) -> Result<Vec<u8>, SessionError> {
+        self.with_sandbox(tenant, id, |sb, base, _| Ok((sb.read_file(path, max).map_err(SessionError::from_files)?, base)))
+    }
+
+    /// The entries of a directory of the session's file system.
+    pub fn list_files(&self, tenant: &str, id: &str, dir: &str) -> Result<Vec<FileEntry>, SessionError> {
+        self.with_sandbox(tenant, id, |sb, base, _| Ok((sb.list_dir(dir).map_err(SessionError::from_files)?, base)))
+    }
+
+    /// Checkpoint bytes on disk of all the tenant's sessions.
+    pub fn disk_bytes(&self, tenant: &str) -> Result<u64, SessionError> {
+        Ok(self.store.tenant_disk_bytes(tenant)?)
     }
 
     fn write_checkpoint(&self, rec: &SessionRecord, sb: &mut Sandbox, code: &str, parent: Option<i64>) -> Result<CheckpointRecord, SessionError> {

@@ -832,6 +832,22 @@ impl Store {
     }
 }
 
+impl Store {
+    /// Sum of `bytes` of the checkpoints owned by the tenant's live sessions
+    /// (what a per-tenant disk quota counts; flat layers are not counted).
+    pub fn tenant_disk_bytes(&self, tenant: &str) -> Result<u64, StoreError> {
+        let conn = self.conn();
+        let n: i64 = conn
+            .prepare_cached(
+                "SELECT COALESCE(SUM(c.bytes), 0) FROM checkpoints c \
+                 JOIN sessions s ON c.owner = s.sid WHERE s.tenant = ?1",
+            )
+            .and_then(|mut st| st.query_row([tenant], |r| r.get(0)))
+            .op("tenant_disk_bytes")?;
+        Ok(n.max(0) as u64)
+    }
+}
+
 fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
     let supported = MIGRATIONS.len() as i64;
     loop {
@@ -1669,5 +1685,22 @@ mod tests {
         }
         assert!(shared.unreferenced_checkpoints().unwrap().is_empty());
         assert_eq!(shared.all_checkpoints().unwrap().len(), 80 * 4);
+    }
+
+    #[test]
+    fn tenant_disk_bytes_sums_the_tenants_live_sessions() {
+        let (_d, s) = tmp();
+        s.create_session(&session("a", "t1", 1, &[])).unwrap();
+        s.create_session(&session("b", "t1", 2, &[])).unwrap();
+        s.create_session(&session("c", "t2", 3, &[])).unwrap();
+        exec(&s, "a", "x = 1", 10);
+        exec(&s, "a", "x = 2", 11);
+        exec(&s, "b", "y = 1", 12);
+        exec(&s, "c", "z = 1", 13);
+        assert_eq!(s.tenant_disk_bytes("t1").unwrap(), 3 * 40960);
+        assert_eq!(s.tenant_disk_bytes("t2").unwrap(), 40960);
+        assert_eq!(s.tenant_disk_bytes("nobody").unwrap(), 0);
+        s.delete_session("t1", "a").unwrap();
+        assert_eq!(s.tenant_disk_bytes("t1").unwrap(), 40960);
     }
 }

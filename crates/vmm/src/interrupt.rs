@@ -108,3 +108,84 @@ impl Drop for Armed {
         RUN_PTR.with(|c| c.set(std::ptr::null_mut()));
     }
 }
+
+/// A request, from any thread, to stop a vCPU thread's current run (Ctrl-C).
+///
+/// The vCPU thread `attach`es itself for the duration of a run; `interrupt`
+/// then sets the pending flag and kicks that thread with the same signal as the
+/// deadline timer, so a KVM_RUN in progress returns (`Vm::run` reports
+/// `VmExit::Interrupted`), and wakes a host-side sleep (`sleep`). The flag is
+/// set under the mutex before the kick: `Vm::run` checks it after publishing its
+/// `kvm_run` pointer, so an interrupt is never lost between the check and KVM_RUN.
+#[derive(Default)]
+pub struct InterruptLatch {
+    pending: std::sync::atomic::AtomicBool,
+    /// The attached vCPU thread.
+    thread: std::sync::Mutex<Option<libc::pthread_t>>,
+    wake: std::sync::Condvar,
+}
+
+impl InterruptLatch {
+    pub fn new() -> std::sync::Arc<InterruptLatch> {
+        std::sync::Arc::new(InterruptLatch::default())
+    }
+
+    /// Interrupt the attached thread's run. False if no thread is attached (nothing runs).
+    pub fn interrupt(&self) -> bool {
+        let g = self.thread.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(t) = *g else { return false };
+        self.pending.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.wake.notify_all();
+        // SAFETY: `t` is attached, so it is a live thread (it detaches under this lock before it ends).
+        unsafe { libc::pthread_kill(t, kick_signal()) };
+        true
+    }
+
+    pub fn is_pending(&self) -> bool {
+        self.pending.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Consume a pending interrupt.
+    pub fn take(&self) -> bool {
+        self.pending.swap(false, std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Attach the calling thread until the guard drops (clears any stale request).
+    pub fn attach(self: &std::sync::Arc<Self>) -> Result<Attached> {
+        install_handler()?;
+        let mut g = self.thread.lock().unwrap_or_else(|e| e.into_inner());
+        self.pending.store(false, std::sync::atomic::Ordering::SeqCst);
+        // SAFETY: pthread_self has no preconditions.
+        *g = Some(unsafe { libc::pthread_self() });
+        Ok(Attached { latch: self.clone() })
+    }
+
+    /// Sleep up to `d` on the host; returns early (true) when interrupted.
+    pub fn sleep(&self, d: std::time::Duration) -> bool {
+        let g = self.thread.lock().unwrap_or_else(|e| e.into_inner());
+        let (_g, _) = self
+            .wake
+            .wait_timeout_while(g, d, |_| !self.is_pending())
+            .unwrap_or_else(|e| e.into_inner());
+        self.is_pending()
+    }
+}
+
+impl std::fmt::Debug for InterruptLatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InterruptLatch").field("pending", &self.is_pending()).finish_non_exhaustive()
+    }
+}
+
+/// The attachment of a vCPU thread to an `InterruptLatch` (see `InterruptLatch::attach`).
+pub struct Attached {
+    latch: std::sync::Arc<InterruptLatch>,
+}
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        let mut g = self.latch.thread.lock().unwrap_or_else(|e| e.into_inner());
+        *g = None;
+        self.latch.pending.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}

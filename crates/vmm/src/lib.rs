@@ -12,6 +12,7 @@ pub mod vm;
 
 pub use arch::cpu::Cpu;
 pub use error::{Result, VmmError};
-pub use kvm_bindings::kvm_regs;
+pub use interrupt::InterruptLatch;
+pub use kvm_bindings::{kvm_regs, kvm_xsave};
 pub use memory::GuestMemory;
 pub use vm::{GuestFault, VcpuState, Vm, VmExit};

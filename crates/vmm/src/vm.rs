@@ -8,7 +8,7 @@ use kvm_ioctls::{VcpuExit, VcpuFd, VmFd};
 use crate::arch::cpu::{self, Cpu};
 use crate::arch::{paging, tables, USER_CS, USER_RFLAGS, USER_SS};
 use crate::error::{Result, VmmError};
-use crate::interrupt::Armed;
+use crate::interrupt::{Armed, InterruptLatch};
 use crate::layout::*;
 use crate::memory::GuestMemory;
 
@@ -23,6 +23,9 @@ pub enum VmExit {
     Shutdown { rip: u64 },
     /// The deadline passed while the guest ran.
     DeadlineExceeded,
+    /// An `InterruptLatch` was triggered: the vCPU stopped wherever it was
+    /// (user code or an entry stub; read the registers to know).
+    Interrupted,
     /// Anything else (an `out` from user code, an emulation failure...): the guest is broken.
     Unexpected(String),
 }
@@ -162,13 +165,60 @@ impl Vm {
         self.set_regs(&r)
     }
 
-    /// Run until the guest needs the VMM (or `deadline` passes).
-    pub fn run(&mut self, deadline: Option<Instant>) -> Result<VmExit> {
+    /// Return to user mode with exactly `user`'s registers (RIP, RSP, RFLAGS
+    /// included), through an iretq frame on the syscall stack. Only valid while
+    /// the vCPU sits in the syscall stub (after a syscall exit, or at its iretq).
+    pub fn enter_user(&mut self, user: &kvm_regs) -> Result<()> {
+        let frame = SYSCALL_STACK_TOP - 40;
+        let rflags = (user.rflags & 0x0000_0000_0020_0CD5) | USER_RFLAGS;
+        let words = [user.rip, USER_CS as u64, rflags, user.rsp, USER_SS as u64];
+        for (i, w) in words.iter().enumerate() {
+            self.mem.write_u64(frame + 8 * i as u64, *w)?;
+        }
+        let mut r = *user;
+        r.rsp = frame;
+        r.rip = tables::SYSCALL_EXIT_RIP;
+        self.set_regs(&r)
+    }
+
+    /// The user-mode registers of a vCPU stopped at the syscall stub's iretq
+    /// (RIP, RSP, RFLAGS from its frame), or None if it is not there.
+    pub fn user_regs_at_iretq(&self, regs: &kvm_regs) -> Result<Option<kvm_regs>> {
+        if regs.rip != tables::SYSCALL_EXIT_RIP || regs.rsp != SYSCALL_STACK_TOP - 40 {
+            return Ok(None);
+        }
+        let mut u = *regs;
+        u.rip = self.mem.read_u64(regs.rsp)?;
+        u.rflags = self.mem.read_u64(regs.rsp + 16)?;
+        u.rsp = self.mem.read_u64(regs.rsp + 24)?;
+        Ok(Some(u))
+    }
+
+    /// Is the vCPU in user mode (CPL 3)?
+    pub fn in_user_mode(&self) -> Result<bool> {
+        Ok(self.vcpu.get_sregs().map_err(VmmError::kvm("KVM_GET_SREGS"))?.cs.selector & 3 == 3)
+    }
+
+    pub fn xsave(&self) -> Result<kvm_bindings::kvm_xsave> {
+        self.vcpu.get_xsave().map_err(VmmError::kvm("KVM_GET_XSAVE"))
+    }
+
+    pub fn set_xsave(&self, x: &kvm_bindings::kvm_xsave) -> Result<()> {
+        // SAFETY: kvm_xsave is the fixed 4 KiB legacy layout KVM_SET_XSAVE reads.
+        unsafe { self.vcpu.set_xsave(x) }.map_err(VmmError::kvm("KVM_SET_XSAVE"))
+    }
+
+    /// Run until the guest needs the VMM (or `deadline` passes, or `latch` is triggered).
+    pub fn run(&mut self, deadline: Option<Instant>, latch: Option<&InterruptLatch>) -> Result<VmExit> {
         let run_ptr = self.vcpu.get_kvm_run() as *mut kvm_bindings::kvm_run;
         let _armed = Armed::new(run_ptr, deadline)?;
         loop {
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Ok(VmExit::DeadlineExceeded);
+            }
+            // After `Armed` published the kvm_run pointer: a kick from now on sets immediate_exit.
+            if latch.is_some_and(|l| l.is_pending()) {
+                return Ok(VmExit::Interrupted);
             }
             let exit = match self.vcpu.run() {
                 Ok(exit) => exit,

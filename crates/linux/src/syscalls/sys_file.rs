@@ -76,11 +76,11 @@ fn write_from(ctx: &mut Ctx, fd: i32, buf: u64, len: u64, pos: Option<u64>) -> S
             Ok(n as u64)
         }
         FileKind::Stdout => {
-            ctx.io.stdout.push(data);
+            ctx.io.output(crate::io::Stream::Stdout, data);
             Ok(len)
         }
         FileKind::Stderr => {
-            ctx.io.stderr.push(data);
+            ctx.io.output(crate::io::Stream::Stderr, data);
             Ok(len)
         }
         FileKind::Agent => {
@@ -319,7 +319,7 @@ fn poll_fds(ctx: &mut Ctx, fds: u64, nfds: u64) -> SysResult {
 pub fn poll(ctx: &mut Ctx, a: &Args) -> SysResult {
     let n = poll_fds(ctx, a[0], a[1])?;
     if n == 0 && (a[2] as i32) > 0 {
-        super::sys_time::sleep_for(ctx, std::time::Duration::from_millis(a[2] as i32 as u64));
+        super::sys_time::sleep_for(ctx, std::time::Duration::from_millis(a[2] as i32 as u64))?;
     }
     Ok(n)
 }
@@ -328,7 +328,7 @@ pub fn ppoll(ctx: &mut Ctx, a: &Args) -> SysResult {
     let n = poll_fds(ctx, a[0], a[1])?;
     if n == 0 && a[2] != 0 {
         let d = super::sys_time::read_timespec(ctx, a[2])?;
-        super::sys_time::sleep_for(ctx, d);
+        super::sys_time::sleep_for(ctx, d)?;
     }
     Ok(n)
 }
@@ -375,7 +375,7 @@ pub fn select(ctx: &mut Ctx, a: &Args) -> SysResult {
         if secs < 0 || !(0..1_000_000).contains(&usecs) {
             return Err(Errno::EINVAL);
         }
-        super::sys_time::sleep_for(ctx, std::time::Duration::new(secs as u64, usecs as u32 * 1000));
+        super::sys_time::sleep_for(ctx, std::time::Duration::new(secs as u64, usecs as u32 * 1000))?;
     }
     Ok(n)
 }
@@ -384,7 +384,7 @@ pub fn pselect6(ctx: &mut Ctx, a: &Args) -> SysResult {
     let n = select_sets(ctx, a[0], [a[1], a[2], a[3]])?;
     if n == 0 && a[4] != 0 {
         let d = super::sys_time::read_timespec(ctx, a[4])?;
-        super::sys_time::sleep_for(ctx, d);
+        super::sys_time::sleep_for(ctx, d)?;
     }
     Ok(n)
 }

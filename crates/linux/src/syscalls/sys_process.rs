@@ -286,7 +286,7 @@ pub fn futex(ctx: &mut Ctx, a: &Args) -> SysResult {
             if a[3] != 0 {
                 let d = super::sys_time::read_timespec(ctx, a[3])?;
                 if op == FUTEX_WAIT {
-                    super::sys_time::sleep_for(ctx, d);
+                    super::sys_time::sleep_for(ctx, d)?;
                 }
                 return Err(Errno::ETIMEDOUT);
             }

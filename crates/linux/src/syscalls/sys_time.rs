@@ -49,13 +49,21 @@ pub fn read_timespec(ctx: &Ctx, addr: u64) -> Result<Duration, Errno> {
     Ok(Duration::new(s as u64, ns as u32))
 }
 
-/// Sleep on the host, but not past the deadline.
-pub fn sleep_for(ctx: &Ctx, d: Duration) {
+/// Sleep on the host, but not past the deadline. EINTR when the exec is
+/// interrupted meanwhile (the signal is then delivered on the way back).
+pub fn sleep_for(ctx: &Ctx, d: Duration) -> Result<(), Errno> {
     let d = match ctx.io.deadline {
         Some(deadline) => d.min(deadline.saturating_duration_since(Instant::now())),
         None => d,
     };
-    std::thread::sleep(d);
+    match &ctx.io.interrupt {
+        Some(latch) if latch.sleep(d) => Err(Errno::EINTR),
+        Some(_) => Ok(()),
+        None => {
+            std::thread::sleep(d);
+            Ok(())
+        }
+    }
 }
 
 pub fn clock_gettime(ctx: &mut Ctx, a: &Args) -> SysResult {
@@ -96,8 +104,13 @@ pub fn time(ctx: &mut Ctx, a: &Args) -> SysResult {
 
 pub fn nanosleep(ctx: &mut Ctx, a: &Args) -> SysResult {
     let d = read_timespec(ctx, a[0])?;
-    sleep_for(ctx, d);
-    Ok(0)
+    let t0 = Instant::now();
+    let r = sleep_for(ctx, d);
+    if r.is_err() && a[1] != 0 {
+        let left = d.saturating_sub(t0.elapsed());
+        write_timespec(ctx, a[1], (left.as_secs() as i64, left.subsec_nanos() as i64))?;
+    }
+    r.map(|()| 0)
 }
 
 pub fn clock_nanosleep(ctx: &mut Ctx, a: &Args) -> SysResult {
@@ -109,6 +122,16 @@ pub fn clock_nanosleep(ctx: &mut Ctx, a: &Args) -> SysResult {
     } else {
         req
     };
-    sleep_for(ctx, d);
-    Ok(0)
+    let t0 = Instant::now();
+    match sleep_for(ctx, d) {
+        Ok(()) => Ok(0),
+        Err(e) => {
+            // The remaining time goes to `rem` for a relative sleep only (as Linux).
+            if a[1] as i32 & libc::TIMER_ABSTIME == 0 && a[3] != 0 {
+                let left = d.saturating_sub(t0.elapsed());
+                write_timespec(ctx, a[3], (left.as_secs() as i64, left.subsec_nanos() as i64))?;
+            }
+            Err(e)
+        }
+    }
 }

@@ -169,6 +169,9 @@ pub struct Vfs {
     /// Sum of `Node::cost` over `nodes`.
     used: u64,
     quota: u64,
+    /// Bumped on every change to the overlay (not part of the saved state): a
+    /// cheap "did anything change" for callers that watch the file system.
+    generation: u64,
 }
 
 /// Read-only view of one inode.
@@ -189,6 +192,7 @@ impl Vfs {
             next_ino: FIRST_OVERLAY_INO,
             used: 0,
             quota: DEFAULT_QUOTA,
+            generation: 0,
         };
         // Only fails on a corrupt image (e.g. a root that is not a directory); the
         // VFS is still usable, just without these.
@@ -370,6 +374,7 @@ impl Vfs {
 
     /// Store `node` under `ino`, keeping `used` in step.
     fn put_node(&mut self, ino: Ino, node: Node) {
+        self.generation = self.generation.wrapping_add(1);
         let add = node.cost();
         let old = self.nodes.insert(ino, node).map_or(0, |n| n.cost());
         self.used = self.used.saturating_sub(old).saturating_add(add);
@@ -397,6 +402,7 @@ impl Vfs {
     }
 
     fn node_mut(&mut self, ino: Ino) -> Result<&mut Node, Errno> {
+        self.generation = self.generation.wrapping_add(1);
         self.ensure_overlay(ino)?;
         self.nodes.get_mut(&ino).ok_or(Errno::ENOENT)
     }
@@ -457,6 +463,7 @@ impl Vfs {
 
     /// Forget an inode with no names and no references.
     fn drop_node(&mut self, ino: Ino) {
+        self.generation = self.generation.wrapping_add(1);
         if self.image_ino(ino).is_some() {
             self.put_node(ino, Node { body: Body::Gone, perm: 0, mtime_ns: 0, nlink: 0 });
         } else if let Some(old) = self.nodes.remove(&ino) {
@@ -502,6 +509,11 @@ impl Vfs {
 
     pub fn quota(&self) -> u64 {
         self.quota
+    }
+
+    /// Changes whenever the overlay changes (any write, create, remove, chmod, ...).
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     // ----- metadata ----------------------------------------------------------------
