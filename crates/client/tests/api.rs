@@ -195,12 +195,19 @@ async fn interrupt_stops_the_running_exec() {
     let s = http.create_session(&CreateSession { timeout_seconds: Some(8.0), ..Default::default() }).await.expect("create");
     // Ctrl-C: the running exec gets KeyboardInterrupt, the session keeps its state.
     assert!(!http.interrupt(&s.id).await.expect("interrupt"), "nothing was running");
+    local.session_exec(&s.id, "kept = 5").await.expect("exec");
     let (c, id) = (local.clone(), s.id.clone());
-    let running = tokio::spawn(async move { c.session_exec(&id, "kept = 5\nwhile True:\n    kept += 0").await });
-    // (Interrupting within the first ~100 ms of an exec is lost by the engine today although
-    // `interrupt` says true: give the exec time to be running in the guest.)
-    tokio::time::sleep(Duration::from_millis(1000)).await;
-    assert!(http.interrupt(&s.id).await.expect("interrupt"), "the exec was not running");
+    let running = tokio::spawn(async move { c.session_exec(&id, "while True:\n    pass").await });
+    // Interrupt as soon as the exec counts as running (an interrupt counts from the moment the exec starts).
+    let mut interrupted = false;
+    for _ in 0..200 {
+        if http.interrupt(&s.id).await.expect("interrupt") {
+            interrupted = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(interrupted, "the exec never showed up as running");
     let r = running.await.expect("join").expect("an interrupted exec is a result");
     assert_eq!(r.error.map(|e| e.kind), Some("KeyboardInterrupt".into()));
     assert_eq!(http.session_exec(&s.id, "kept").await.expect("exec").value.as_deref(), Some("5"));
