@@ -2,6 +2,7 @@
 
 mod api;
 mod bench;
+mod mcp;
 mod repl;
 mod run;
 mod session;
@@ -18,7 +19,7 @@ struct Cli {
     #[arg(long, global = true, env = "FORKBOX_HOME")]
     home: Option<PathBuf>,
     /// Talk to a running forkbox server at this URL instead of running embedded on the data directory
-    /// (run, repl, session commands).
+    /// (run, repl, session and mcp commands).
     #[arg(long, global = true, env = "FORKBOX_URL", value_name = "URL")]
     url: Option<String>,
     /// API key for --url (default: $FORKBOX_API_KEY).
@@ -63,6 +64,8 @@ enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// MCP server on stdio for LLM clients (local data directory, or --url); `mcp install` configures a client.
+    Mcp(mcp::McpArgs),
 }
 
 #[derive(Subcommand)]
@@ -153,6 +156,7 @@ fn main() -> ExitCode {
         Command::Template(TemplateCommand::Ls) => template_ls(&home),
         Command::Template(TemplateCommand::Build { preload, image }) => template_build(&home, &preload, &image),
         Command::Bench(cmd) => bench::bench(&home, cmd),
+        Command::Mcp(args) => mcp::mcp(&home, cli.home.as_deref(), cli.url.clone(), args),
     };
     match result {
         Ok(code) => code,
@@ -217,3 +221,4 @@ fn raise_fd_limit() {
 fn one_line(e: &anyhow::Error) -> String {
     e.chain().map(|c| c.to_string()).collect::<Vec<_>>().join(": ").replace('\n', " ")
 }
+

@@ -59,7 +59,9 @@ impl Client {
     /// server is answering, over the API's own router in process).
     pub fn with_key(&self, key: impl Into<String>) -> Client {
         let s = &self.sender;
-        Client { sender: std::sync::Arc::new(Sender { transport: s.transport.clone(), key: Some(key.into()), http: s.http.clone() }) }
+        Client {
+            sender: std::sync::Arc::new(Sender { transport: s.transport.clone(), key: Some(key.into()), http: s.http.clone() }),
+        }
     }
 
     pub fn transport(&self) -> &Transport {
@@ -215,12 +217,14 @@ fn guest_path(path: &str) -> Result<String, ClientError> {
 }
 
 fn field<T: DeserializeOwned>(mut v: Value, name: &str) -> Result<T, ClientError> {
-    let f = v.get_mut(name).map(Value::take).ok_or_else(|| ClientError::UnexpectedResponse {
+    let f = v
+        .get_mut(name)
+        .map(Value::take)
+        .ok_or_else(|| ClientError::UnexpectedResponse { status: 200, message: format!("response has no `{name}` field") })?;
+    serde_json::from_value(f).map_err(|e| ClientError::UnexpectedResponse {
         status: 200,
-        message: format!("response has no `{name}` field"),
-    })?;
-    serde_json::from_value(f)
-        .map_err(|e| ClientError::UnexpectedResponse { status: 200, message: format!("`{name}` is not what the API returns: {e}") })
+        message: format!("`{name}` is not what the API returns: {e}"),
+    })
 }
 
 /// The body of a 2xx response; an API error otherwise.

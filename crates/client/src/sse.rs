@@ -117,7 +117,8 @@ mod tests {
 
     #[tokio::test]
     async fn multi_line_data_and_error_event() {
-        let got = parse(&["event: error\ndata: {\"error\":\ndata:  {\"code\": \"timeout\", \"message\": \"ran past 1 s\"}}\n\n"]).await;
+        let got =
+            parse(&["event: error\ndata: {\"error\":\ndata:  {\"code\": \"timeout\", \"message\": \"ran past 1 s\"}}\n\n"]).await;
         assert_eq!(got, vec![Ok(StreamEvent::Error { code: "timeout".into(), message: "ran past 1 s".into() })]);
     }
 

@@ -110,7 +110,8 @@ impl Sender {
                 if let Some(ct) = content_type {
                     req = req.header(header::CONTENT_TYPE, ct);
                 }
-                let req = req.body(Body::from(body)).map_err(|e| ClientError::InvalidArgument(format!("building the request: {e}")))?;
+                let req =
+                    req.body(Body::from(body)).map_err(|e| ClientError::InvalidArgument(format!("building the request: {e}")))?;
                 let resp = match router.clone().oneshot(req).await {
                     Ok(r) => r,
                     Err(never) => match never {},
