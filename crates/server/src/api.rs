@@ -264,7 +264,16 @@ pub(crate) fn random_id(prefix: &str) -> String {
     format!("{prefix}{}", hex::encode(b))
 }
 
-/// Run a blocking closure on the blocking pool.
+/// Run an engine call on an exec thread (see [`crate::workers`]); the caller holds an exec slot.
+pub(crate) async fn on_exec_thread<T: Send + 'static>(
+    state: &AppState,
+    f: impl FnOnce(&Inner) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let s = state.clone();
+    state.workers.run(move || f(&s)).await?
+}
+
+/// Run a blocking closure (SQLite, files) on the blocking pool.
 pub(crate) async fn blocking<T: Send + 'static>(
     state: &AppState,
     f: impl FnOnce(&Inner) -> Result<T, ApiError> + Send + 'static,
@@ -293,7 +302,7 @@ async fn exec(State(state): State<AppState>, ApiJson(req): ApiJson<ExecRequest>)
     // back to the pool) happens off the response path, still under the permit.
     let (tx, rx) = tokio::sync::oneshot::channel();
     let s = state.clone();
-    tokio::task::spawn_blocking(move || {
+    state.workers.spawn(move || {
         let _permit = permit;
         let t = Instant::now();
         let mut sb = match s.template.fork(&s.engine, limits) {
@@ -512,7 +521,7 @@ async fn session_exec(
     let t0 = Instant::now();
     check_code(&state, &req.code)?;
     let permit = acquire(&state, 1).await?;
-    let r = blocking(&state, move |s| {
+    let r = on_exec_thread(&state, move |s| {
         let _permit = permit;
         quota::check_disk(s, &caller.tenant, caller.limits())?;
         let r = s.sessions.exec(&caller.tenant, &id, &req.code);

@@ -39,7 +39,9 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::api::{acquire, blocking, check_code, check_tags, create_within_quota, session_limits, ApiJson, ApiPath, Caller};
+use crate::api::{
+    acquire, blocking, check_code, check_tags, create_within_quota, on_exec_thread, session_limits, ApiJson, ApiPath, Caller,
+};
 use crate::error::{ApiError, ErrorBody};
 use crate::stream::{Forward, Streamed};
 use crate::{metrics, quota, AppState, Inner};
@@ -170,7 +172,7 @@ async fn run_instruction(
     let t0 = Instant::now();
     let r: Result<_, ApiError> = async {
         let permit = acquire(&state, 1).await?;
-        blocking(&state, move |s| {
+        on_exec_thread(&state, move |s| {
             let _permit = permit;
             quota::check_disk(s, &caller.tenant, caller.limits())?;
             let mut fwd = output.map(Forward::new);

@@ -47,6 +47,7 @@ mod openapi;
 pub mod quota;
 pub mod schema;
 mod stream;
+mod workers;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -142,6 +143,8 @@ pub struct Inner {
     pub(crate) create_lock: std::sync::Mutex<()>,
     /// ForeverVM instruction queues and results, per machine (session).
     pub(crate) machines: forevervm::Machines,
+    /// The threads engine calls run on (one per exec slot).
+    pub(crate) workers: workers::ExecWorkers,
 }
 
 pub type AppState = Arc<Inner>;
@@ -165,6 +168,7 @@ impl Inner {
             queued: AtomicUsize::new(0),
             create_lock: std::sync::Mutex::new(()),
             machines: forevervm::Machines::default(),
+            workers: workers::ExecWorkers::new(concurrency).context("starting the exec threads")?,
             config,
         }))
     }

@@ -171,7 +171,7 @@ pub(crate) async fn exec_stream(
     let permit = acquire(&state, 1).await?;
     let (tx, rx) = mpsc::channel(CHANNEL);
     let s = state.clone();
-    tokio::task::spawn_blocking(move || {
+    state.workers.spawn(move || {
         let _permit = permit;
         let mut fwd = Forward::new(tx);
         let t = Instant::now();
@@ -222,7 +222,7 @@ pub(crate) async fn session_exec_stream(
     let permit = acquire(&state, 1).await?;
     let (tx, rx) = mpsc::channel(CHANNEL);
     let s = state.clone();
-    tokio::task::spawn_blocking(move || {
+    state.workers.spawn(move || {
         let _permit = permit;
         let mut fwd = Forward::new(tx);
         let mut sink = |stream: Stream, bytes: &[u8]| fwd.chunk(stream, bytes);

@@ -1,0 +1,59 @@
+//! A fixed set of exec threads (one per exec slot). Engine calls run here
+//! rather than on tokio's blocking pool because the engine keeps recycled VMs
+//! per thread (and a vCPU that changes threads pays for it in KVM_RUN): on a
+//! few long-lived threads nearly every fork reuses a warm VM, while the
+//! blocking pool spreads execs over many threads and forks cold.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+
+use crate::error::ApiError;
+
+type Job = Box<dyn FnOnce() + Send>;
+
+pub struct ExecWorkers {
+    tx: Sender<Job>,
+}
+
+impl ExecWorkers {
+    /// `n` threads (at least one).
+    pub fn new(n: usize) -> std::io::Result<ExecWorkers> {
+        let (tx, rx) = channel::<Job>();
+        let rx = Arc::new(Mutex::new(rx));
+        for i in 0..n.max(1) {
+            let rx = rx.clone();
+            std::thread::Builder::new().name(format!("forkbox-exec-{i}")).spawn(move || work(&rx))?;
+        }
+        Ok(ExecWorkers { tx })
+    }
+
+    /// Run `job` on an exec thread. Callers hold an exec slot, so it starts at once.
+    pub fn spawn(&self, job: impl FnOnce() + Send + 'static) {
+        // The threads live as long as the process (they hold the receiver), so this cannot fail.
+        let _ = self.tx.send(Box::new(job));
+    }
+
+    /// Run `f` on an exec thread and wait for its value.
+    pub async fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> Result<T, ApiError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.spawn(move || {
+            let _ = tx.send(f());
+        });
+        rx.await.map_err(|_| ApiError::internal("the exec worker failed"))
+    }
+}
+
+fn work(rx: &Mutex<Receiver<Job>>) {
+    loop {
+        let job = match rx.lock() {
+            Ok(r) => r.recv(),
+            Err(poisoned) => poisoned.into_inner().recv(),
+        };
+        let Ok(job) = job else { return };
+        // A panicking job drops its reply channel (the request gets a 500); the thread goes on.
+        if std::panic::catch_unwind(AssertUnwindSafe(job)).is_err() {
+            tracing::error!("an exec job panicked");
+        }
+    }
+}
