@@ -137,3 +137,20 @@ def server():
         yield s
         stop_server(s)
         assert s.proc.returncode == 0, "forkbox serve did not shut down cleanly:\n" + "".join(s.output[-50:])
+
+
+def fresh_home(path: Path) -> Path:
+    """A new data directory at `path` that shares the built templates (and returns the image to pass as --image)."""
+    require_kvm()
+    shared_image()
+    path.mkdir(parents=True, exist_ok=True)
+    templates = path / "templates"
+    if not templates.exists():
+        templates.symlink_to(shared_home() / "templates")
+    return path
+
+
+@pytest.fixture
+def home(tmp_path) -> Path:
+    """A fresh data directory for a process this test starts itself (e.g. `forkbox mcp`)."""
+    return fresh_home(tmp_path / "home")

@@ -1,6 +1,9 @@
 //! `forkbox`: run AI-generated Python in kernel-less KVM sandboxes.
 
+mod api;
 mod bench;
+mod mcp;
+mod repl;
 mod run;
 mod session;
 
@@ -15,6 +18,13 @@ struct Cli {
     /// Data directory (images, templates, sessions). Default: $FORKBOX_HOME or ~/.local/share/forkbox.
     #[arg(long, global = true, env = "FORKBOX_HOME")]
     home: Option<PathBuf>,
+    /// Talk to a running forkbox server at this URL instead of running embedded on the data directory
+    /// (run, repl, session and mcp commands).
+    #[arg(long, global = true, env = "FORKBOX_URL", value_name = "URL")]
+    url: Option<String>,
+    /// API key for --url (default: $FORKBOX_API_KEY).
+    #[arg(long, global = true, env = "FORKBOX_API_KEY", hide_env_values = true, value_name = "KEY")]
+    api_key: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -35,6 +45,13 @@ enum Command {
     Key(KeyCommand),
     /// Run Python code in a fresh sandbox and print its output.
     Run(run::RunArgs),
+    /// Interactive Python prompt on a session (a new one if none is given); state persists across lines.
+    Repl {
+        /// The session to attach to.
+        session: Option<String>,
+        #[command(flatten)]
+        image: ImageArgs,
+    },
     /// Build or inspect guest images.
     #[command(subcommand)]
     Image(ImageCommand),
@@ -47,6 +64,8 @@ enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// MCP server on stdio for LLM clients (local data directory, or --url); `mcp install` configures a client.
+    Mcp(mcp::McpArgs),
 }
 
 #[derive(Subcommand)]
@@ -115,17 +134,29 @@ fn main() -> ExitCode {
                 ExitCode::SUCCESS
             })
         }
-        Command::Run(args) => run::run(&home, args),
+        Command::Run(args) => match &cli.url {
+            Some(url) => api::Api::remote(url, cli.api_key.clone()).and_then(|a| run::run_remote(&a, args)),
+            None => run::run(&home, args),
+        },
+        Command::Repl { session, image } => match &cli.url {
+            Some(url) => api::Api::remote(url, cli.api_key.clone()),
+            None => api::Api::embedded(&home, &image),
+        }
+        .and_then(|a| repl::repl(&a, &home, session)),
         Command::Image(ImageCommand::Build(args)) => {
             run::ensure_image(&home, &args, true).map(|(path, id)| {
                 println!("{id} {}", path.display());
                 ExitCode::SUCCESS
             })
         }
-        Command::Session(cmd) => session::session(&home, cmd),
+        Command::Session(cmd) => match &cli.url {
+            Some(url) => api::Api::remote(url, cli.api_key.clone()).and_then(|a| session::session_remote(&a, cmd)),
+            None => session::session(&home, cmd),
+        },
         Command::Template(TemplateCommand::Ls) => template_ls(&home),
         Command::Template(TemplateCommand::Build { preload, image }) => template_build(&home, &preload, &image),
         Command::Bench(cmd) => bench::bench(&home, cmd),
+        Command::Mcp(args) => mcp::mcp(&home, cli.home.as_deref(), cli.url.clone(), args),
     };
     match result {
         Ok(code) => code,
@@ -190,3 +221,4 @@ fn raise_fd_limit() {
 fn one_line(e: &anyhow::Error) -> String {
     e.chain().map(|c| c.to_string()).collect::<Vec<_>>().join(": ").replace('\n', " ")
 }
+

@@ -136,3 +136,70 @@ pub fn print_result(r: &ExecResult, json: bool) -> Result<()> {
     }
     Ok(())
 }
+
+/// `forkbox --url URL run`: the one-shot exec of the server, output streamed as it is produced.
+pub fn run_remote(api: &crate::api::Api, args: RunArgs) -> Result<ExitCode> {
+    let local_only = [
+        (args.memory_mb != 2048, "--memory-mb"),
+        (args.output_kb != 1024, "--output-kb"),
+        (args.preload != "import numpy", "--preload"),
+        (args.trace_syscalls, "--trace-syscalls"),
+        (args.no_vdso, "--no-vdso"),
+        (args.cold, "--cold"),
+        (!args.image.apt.is_empty(), "--apt"),
+        (args.image.image.is_some(), "--image"),
+    ];
+    if let Some((_, flag)) = local_only.iter().find(|(set, _)| *set) {
+        bail!("{flag} only applies to the embedded mode (the server decides it): drop it or --url");
+    }
+    if !(args.timeout > 0.0 && args.timeout <= 86_400.0) {
+        bail!("--timeout must be between 0 and 86400 seconds");
+    }
+    let code = read_code(&args)?;
+    let json = args.json;
+    let mut show = |ev: &forkbox_client::StreamEvent| {
+        if json {
+            return;
+        }
+        match ev {
+            forkbox_client::StreamEvent::Stdout(s) => {
+                let mut o = std::io::stdout().lock();
+                let _ = o.write_all(s.as_bytes());
+                let _ = o.flush();
+            }
+            forkbox_client::StreamEvent::Stderr(s) => {
+                let _ = std::io::stderr().lock().write_all(s.as_bytes());
+            }
+            _ => {}
+        }
+    };
+    let target = crate::api::Target::OneShot { timeout_seconds: Some(args.timeout) };
+    let r = api.block_on(crate::api::exec_streaming(&api.client, target, &code, &mut show)).context("running the code")?;
+    print_remote_result(&r, json, true)?;
+    Ok(if r.error.is_some() { ExitCode::from(1) } else { ExitCode::SUCCESS })
+}
+
+/// A result from the API, printed like [`print_result`] (`streamed`: stdout/stderr were already shown).
+pub fn print_remote_result(r: &forkbox_client::ExecResult, json: bool, streamed: bool) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    if json {
+        serde_json::to_writer_pretty(&mut out, r)?;
+        writeln!(out)?;
+        return Ok(());
+    }
+    if !streamed {
+        out.write_all(r.stdout.as_bytes())?;
+    }
+    out.flush()?;
+    let mut err = std::io::stderr().lock();
+    if !streamed {
+        err.write_all(r.stderr.as_bytes())?;
+    }
+    if let Some(e) = &r.error {
+        err.write_all(e.traceback.as_bytes())?;
+    }
+    if let Some(v) = &r.value {
+        writeln!(out, "{v}")?;
+    }
+    Ok(())
+}

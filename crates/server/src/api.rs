@@ -100,10 +100,20 @@ fn build(state: AppState, caller: impl FnOnce(OpenApiRouter<AppState>) -> OpenAp
 }
 
 /// The API's routes over `state`, every `/v1` route but the OpenAPI document
-/// behind `Authorization: Bearer <key>`.
+/// behind `Authorization: Bearer <key>`; and `/mcp` over them.
 pub fn router(state: AppState) -> Router {
     let st = state.clone();
-    build(state, move |v1| v1.route_layer(middleware::from_fn_with_state(st, auth)))
+    let api = build(state.clone(), move |v1| v1.route_layer(middleware::from_fn_with_state(st, auth)));
+    with_mcp(state, api)
+}
+
+/// `/mcp`: the MCP server (streamable HTTP, `forkbox_mcp`) behind the same API
+/// keys (and rate limits); its tool calls go to `api` in process with the caller's key.
+fn with_mcp(state: AppState, api: Router) -> Router {
+    let mcp = Router::new()
+        .fallback_service(forkbox_mcp::http_service(api.clone()))
+        .layer(middleware::from_fn_with_state(state, auth));
+    api.nest_service("/mcp", mcp)
 }
 
 /// The same routes for one fixed tenant, without keys, rate limits or quotas:

@@ -1,0 +1,286 @@
+//! `forkbox-client`: a typed async client of the forkbox HTTP API.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), forkbox_client::ClientError> {
+//! use forkbox_client::{Client, CreateSession, Transport};
+//! let client = Client::new(Transport::Http { base_url: "http://127.0.0.1:8080".into(), key: Some("fbk_...".into()) });
+//! let s = client.create_session(&CreateSession::default()).await?;
+//! client.session_exec(&s.id, "x = 41").await?;
+//! let r = client.session_exec(&s.id, "x + 1").await?;
+//! assert_eq!(r.value.as_deref(), Some("42"));
+//! # Ok(()) }
+//! ```
+//!
+//! Over [`Transport::InProcess`] the same calls are served by an axum router in
+//! this process (`forkbox_server::embedded_router`), without a socket, so an
+//! embedded engine and a remote server behave — and fail — the same way.
+//! API errors come back unchanged as [`ClientError::Api`]`{status, code, message}`.
+
+pub mod error;
+mod sse;
+pub mod transport;
+pub mod types;
+
+use axum::http::Method;
+use futures_util::Stream;
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::{json, Value};
+
+pub use error::ClientError;
+pub use sse::StreamEvent;
+pub use transport::Transport;
+pub use types::*;
+
+use transport::{Payload, RawResponse, Sender};
+
+/// Characters left as they are in a path segment (everything else is percent-encoded).
+const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~');
+
+/// A client of one forkbox API. Cheap to clone.
+#[derive(Clone)]
+pub struct Client {
+    sender: std::sync::Arc<Sender>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client").field("transport", &self.sender.transport).finish()
+    }
+}
+
+impl Client {
+    pub fn new(transport: Transport) -> Client {
+        Client { sender: std::sync::Arc::new(Sender { transport, key: None, http: reqwest::Client::new() }) }
+    }
+
+    /// The same API with another bearer key (e.g. the key of the request an MCP
+    /// server is answering, over the API's own router in process).
+    pub fn with_key(&self, key: impl Into<String>) -> Client {
+        let s = &self.sender;
+        Client {
+            sender: std::sync::Arc::new(Sender { transport: s.transport.clone(), key: Some(key.into()), http: s.http.clone() }),
+        }
+    }
+
+    pub fn transport(&self) -> &Transport {
+        &self.sender.transport
+    }
+
+    // -- one-shot ----------------------------------------------------------
+
+    /// Run `code` in a fresh sandbox (nothing persists). `timeout_seconds`: the server's default if None.
+    pub async fn exec(&self, code: &str, timeout_seconds: Option<f64>) -> Result<ExecResult, ClientError> {
+        self.post("/v1/exec", &json!({ "code": code, "timeout_seconds": timeout_seconds })).await
+    }
+
+    /// Run each code in its own fresh sandbox, in parallel; results in order.
+    pub async fn exec_batch(&self, codes: &[String], timeout_seconds: Option<f64>) -> Result<BatchResult, ClientError> {
+        self.post("/v1/exec/batch", &json!({ "codes": codes, "timeout_seconds": timeout_seconds })).await
+    }
+
+    /// [`exec`](Self::exec), streaming the output as it is written.
+    pub async fn exec_stream(
+        &self,
+        code: &str,
+        timeout_seconds: Option<f64>,
+    ) -> Result<impl Stream<Item = Result<StreamEvent, ClientError>> + Send, ClientError> {
+        self.stream("/v1/exec/stream", &json!({ "code": code, "timeout_seconds": timeout_seconds })).await
+    }
+
+    // -- sessions ----------------------------------------------------------
+
+    pub async fn create_session(&self, opts: &CreateSession) -> Result<Session, ClientError> {
+        self.post("/v1/sessions", opts).await
+    }
+
+    pub async fn get_session(&self, id: &str) -> Result<Session, ClientError> {
+        self.get(&format!("/v1/sessions/{}", seg(id))).await
+    }
+
+    /// The sessions of this key's tenant, optionally only those with all the given tags.
+    pub async fn list_sessions(&self, tags: &[(String, String)]) -> Result<Vec<Session>, ClientError> {
+        let q: Vec<(&str, String)> = tags.iter().map(|(k, v)| ("tag", format!("{k}:{v}"))).collect();
+        let q = serde_urlencoded::to_string(&q).map_err(|e| ClientError::InvalidArgument(format!("tags: {e}")))?;
+        let path = if q.is_empty() { "/v1/sessions".to_string() } else { format!("/v1/sessions?{q}") };
+        let v: Value = self.get(&path).await?;
+        field(v, "sessions")
+    }
+
+    pub async fn delete_session(&self, id: &str) -> Result<(), ClientError> {
+        let r = self.sender.send(Method::DELETE, &format!("/v1/sessions/{}", seg(id)), Payload::None).await?;
+        check(r).await.map(drop)
+    }
+
+    /// Run `code` in the session (its variables, imports and files persist); the result names the new checkpoint.
+    pub async fn session_exec(&self, id: &str, code: &str) -> Result<ExecResult, ClientError> {
+        self.post(&format!("/v1/sessions/{}/exec", seg(id)), &json!({ "code": code })).await
+    }
+
+    /// [`session_exec`](Self::session_exec), streaming the output as it is written.
+    pub async fn session_exec_stream(
+        &self,
+        id: &str,
+        code: &str,
+    ) -> Result<impl Stream<Item = Result<StreamEvent, ClientError>> + Send, ClientError> {
+        self.stream(&format!("/v1/sessions/{}/exec/stream", seg(id)), &json!({ "code": code })).await
+    }
+
+    /// Interrupt the session's running exec (KeyboardInterrupt in the code); false if none was running.
+    pub async fn interrupt(&self, id: &str) -> Result<bool, ClientError> {
+        let v: Value = self.post(&format!("/v1/sessions/{}/interrupt", seg(id)), &json!({})).await?;
+        field(v, "interrupted")
+    }
+
+    pub async fn checkpoints(&self, id: &str) -> Result<Vec<Checkpoint>, ClientError> {
+        let v: Value = self.get(&format!("/v1/sessions/{}/checkpoints", seg(id))).await?;
+        field(v, "checkpoints")
+    }
+
+    /// Move the session back to `checkpoint` (its state is exactly as right after that exec).
+    pub async fn revert(&self, id: &str, checkpoint: i64) -> Result<Session, ClientError> {
+        self.post(&format!("/v1/sessions/{}/revert", seg(id)), &json!({ "checkpoint": checkpoint })).await
+    }
+
+    /// A new session starting at `checkpoint` of `id` (its head if None); `id` is not touched.
+    pub async fn fork(&self, id: &str, checkpoint: Option<i64>) -> Result<Session, ClientError> {
+        self.post(&format!("/v1/sessions/{}/fork", seg(id)), &json!({ "checkpoint": checkpoint })).await
+    }
+
+    // -- files -------------------------------------------------------------
+
+    /// Write `data` to the absolute guest path `path` (parents created); makes a checkpoint.
+    pub async fn put_file(&self, id: &str, path: &str, data: Vec<u8>) -> Result<FileWritten, ClientError> {
+        let url = format!("/v1/sessions/{}/files/{}", seg(id), guest_path(path)?);
+        json_of(self.sender.send(Method::PUT, &url, Payload::Raw(data)).await?).await
+    }
+
+    /// The content of the absolute guest path `path`.
+    pub async fn get_file(&self, id: &str, path: &str) -> Result<Vec<u8>, ClientError> {
+        let url = format!("/v1/sessions/{}/files/{}", seg(id), guest_path(path)?);
+        check(self.sender.send(Method::GET, &url, Payload::None).await?).await
+    }
+
+    /// The entries of the guest directory `dir`.
+    pub async fn list_files(&self, id: &str, dir: &str) -> Result<Vec<FileEntry>, ClientError> {
+        let q = serde_urlencoded::to_string([("dir", dir)]).map_err(|e| ClientError::InvalidArgument(format!("dir: {e}")))?;
+        let v: Value = self.get(&format!("/v1/sessions/{}/files?{q}", seg(id))).await?;
+        field(v, "files")
+    }
+
+    // -- plumbing ----------------------------------------------------------
+
+    async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
+        json_of(self.sender.send(Method::GET, path, Payload::None).await?).await
+    }
+
+    async fn post<T: DeserializeOwned>(&self, path: &str, body: &impl Serialize) -> Result<T, ClientError> {
+        let body = serde_json::to_vec(body).map_err(|e| ClientError::InvalidArgument(format!("encoding the request: {e}")))?;
+        json_of(self.sender.send(Method::POST, path, Payload::Json(body)).await?).await
+    }
+
+    async fn stream(
+        &self,
+        path: &str,
+        body: &Value,
+    ) -> Result<impl Stream<Item = Result<StreamEvent, ClientError>> + Send, ClientError> {
+        let body = serde_json::to_vec(body).map_err(|e| ClientError::InvalidArgument(format!("encoding the request: {e}")))?;
+        let r = self.sender.send(Method::POST, path, Payload::Json(body)).await?;
+        if !(200..300).contains(&r.status) {
+            return Err(error_of(r).await);
+        }
+        if !r.content_type.starts_with("text/event-stream") {
+            return Err(ClientError::UnexpectedResponse {
+                status: r.status,
+                message: format!("expected an event stream, got content type {:?}", r.content_type),
+            });
+        }
+        Ok(sse::events(r.body))
+    }
+}
+
+/// A path segment, percent-encoded.
+fn seg(s: &str) -> String {
+    utf8_percent_encode(s, SEGMENT).to_string()
+}
+
+/// An absolute guest path as the URL tail the files routes expect (no leading `/`, each segment encoded).
+fn guest_path(path: &str) -> Result<String, ClientError> {
+    let Some(rest) = path.strip_prefix('/') else {
+        return Err(ClientError::InvalidArgument(format!("guest path {path:?} is not absolute")));
+    };
+    if rest.is_empty() {
+        return Err(ClientError::InvalidArgument("guest path \"/\" names no file".into()));
+    }
+    Ok(rest.split('/').map(seg).collect::<Vec<_>>().join("/"))
+}
+
+fn field<T: DeserializeOwned>(mut v: Value, name: &str) -> Result<T, ClientError> {
+    let f = v
+        .get_mut(name)
+        .map(Value::take)
+        .ok_or_else(|| ClientError::UnexpectedResponse { status: 200, message: format!("response has no `{name}` field") })?;
+    serde_json::from_value(f).map_err(|e| ClientError::UnexpectedResponse {
+        status: 200,
+        message: format!("`{name}` is not what the API returns: {e}"),
+    })
+}
+
+/// The body of a 2xx response; an API error otherwise.
+async fn check(r: RawResponse) -> Result<Vec<u8>, ClientError> {
+    if (200..300).contains(&r.status) {
+        r.bytes().await
+    } else {
+        Err(error_of(r).await)
+    }
+}
+
+async fn json_of<T: DeserializeOwned>(r: RawResponse) -> Result<T, ClientError> {
+    let status = r.status;
+    let body = check(r).await?;
+    serde_json::from_slice(&body).map_err(|e| ClientError::UnexpectedResponse {
+        status,
+        message: format!("response is not the API's JSON: {e}: {}", preview(&body)),
+    })
+}
+
+/// The API error of a non-2xx response (`{"error": {code, message}}`), passed through unchanged.
+async fn error_of(r: RawResponse) -> ClientError {
+    let status = r.status;
+    let body = match r.bytes().await {
+        Ok(b) => b,
+        Err(e) => return e,
+    };
+    let parsed: Option<ApiErrorBody> = serde_json::from_slice::<Value>(&body)
+        .ok()
+        .and_then(|mut v| v.get_mut("error").map(Value::take))
+        .and_then(|e| serde_json::from_value(e).ok());
+    match parsed {
+        Some(e) => ClientError::Api { status, code: e.code, message: e.message },
+        None => ClientError::UnexpectedResponse { status, message: preview(&body) },
+    }
+}
+
+fn preview(body: &[u8]) -> String {
+    let s = String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned();
+    if s.is_empty() {
+        "(empty body)".into()
+    } else {
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guest_paths_become_encoded_url_tails() {
+        assert_eq!(guest_path("/output/plot.png").ok().as_deref(), Some("output/plot.png"));
+        assert_eq!(guest_path("/a b/c?d#e").ok().as_deref(), Some("a%20b/c%3Fd%23e"));
+        assert!(matches!(guest_path("relative.txt"), Err(ClientError::InvalidArgument(_))));
+        assert!(matches!(guest_path("/"), Err(ClientError::InvalidArgument(_))));
+        assert_eq!(seg("../x"), "..%2Fx");
+    }
+}

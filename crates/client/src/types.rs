@@ -1,0 +1,164 @@
+//! The API's JSON shapes, as typed structs. Every struct keeps the fields it
+//! does not name in `extra`, so nothing the server sends is lost.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// A Python exception raised by the code (not a sandbox failure).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct PyError {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub message: String,
+    #[serde(default)]
+    pub traceback: String,
+}
+
+/// A file the code wrote under `/output` during the exec.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct OutputFile {
+    pub path: String,
+    pub size: u64,
+    pub mime: String,
+    /// The content, base64; absent when the file was over the inline limits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base64: Option<String>,
+}
+
+/// The result of an exec (one-shot or in a session).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ExecResult {
+    /// `repr()` of the last expression, if the code ended with one that is not None.
+    #[serde(default)]
+    pub value: Option<String>,
+    #[serde(default)]
+    pub stdout: String,
+    #[serde(default)]
+    pub stderr: String,
+    /// The exception the code raised, if it did (then `exit_code` is 1).
+    #[serde(default)]
+    pub error: Option<PyError>,
+    #[serde(default)]
+    pub runtime_ms: f64,
+    #[serde(default)]
+    pub exit_code: i64,
+    /// Session execs: the checkpoint this exec created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<i64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outputs: Vec<OutputFile>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// Where a forked session came from (until its first exec).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ForkedFrom {
+    pub session: String,
+    pub checkpoint: i64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct SessionLimits {
+    pub memory_mb: u64,
+    pub timeout_seconds: f64,
+}
+
+/// A session: a Python REPL whose state persists; every exec is a checkpoint.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Session {
+    pub id: String,
+    #[serde(default)]
+    pub tags: BTreeMap<String, String>,
+    #[serde(default)]
+    pub created_ms: i64,
+    #[serde(default)]
+    pub last_used_ms: i64,
+    #[serde(default)]
+    pub resident: bool,
+    /// The head checkpoint's number; None before the first exec.
+    #[serde(default)]
+    pub checkpoint: Option<i64>,
+    #[serde(default)]
+    pub forked_from: Option<ForkedFrom>,
+    pub limits: SessionLimits,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// One checkpoint of a session's history (a tree: `parent` is the seq it was made from).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Checkpoint {
+    pub seq: i64,
+    #[serde(default)]
+    pub parent: Option<i64>,
+    /// The code of the exec that made it.
+    #[serde(default)]
+    pub code: String,
+    #[serde(default)]
+    pub created_ms: i64,
+    #[serde(default)]
+    pub bytes: u64,
+    #[serde(default)]
+    pub pages: u64,
+    /// Whether the session is at this checkpoint now.
+    #[serde(default)]
+    pub head: bool,
+}
+
+/// A file or directory in a session's file system.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct FileEntry {
+    pub name: String,
+    pub path: String,
+    pub size: u64,
+    pub is_dir: bool,
+    #[serde(default)]
+    pub mtime_ms: i64,
+}
+
+/// What a file upload returns.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct FileWritten {
+    pub path: String,
+    pub size: u64,
+    /// The checkpoint the upload made.
+    pub checkpoint: Option<i64>,
+}
+
+/// Options of a new session (all optional: the server's defaults apply).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct CreateSession {
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub tags: BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_mb: Option<u64>,
+    /// Time limit of each exec in the session.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<f64>,
+}
+
+/// The result of a batch: one entry per code, in order.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct BatchResult {
+    pub results: Vec<BatchItem>,
+    #[serde(default)]
+    pub total_time_ms: f64,
+}
+
+/// A batch entry: a result, or the error of that code's exec.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum BatchItem {
+    Failed { status: u16, error: ApiErrorBody },
+    Ok(Box<ExecResult>),
+}
+
+/// `{code, message}` of an API error.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ApiErrorBody {
+    pub code: String,
+    pub message: String,
+}

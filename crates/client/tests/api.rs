@@ -1,0 +1,214 @@
+//! The client against the real API (real KVM guests): over HTTP to a server on
+//! 127.0.0.1:0 with a key, and in process over `embedded_router` for the same
+//! tenant, on the same state — so each transport sees what the other did.
+//!
+//! Needs /dev/kvm and the default image (built on first use under
+//! `$FORKBOX_HOME` or the default home); without KVM these tests FAIL, never skip.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use forkbox_client::{BatchItem, Client, ClientError, CreateSession, StreamEvent, Transport};
+use forkbox_engine::{Engine, Template};
+use forkbox_server::{embedded_router, router, AppState, Inner, ServerConfig};
+use futures_util::StreamExt;
+
+struct Shared {
+    engine: Arc<Engine>,
+    template: Arc<Template>,
+    home: std::path::PathBuf,
+}
+
+fn shared() -> &'static Shared {
+    static SHARED: OnceLock<Shared> = OnceLock::new();
+    SHARED.get_or_init(|| {
+        if let Err(e) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm") {
+            panic!("these tests need KVM: cannot open /dev/kvm read-write ({e}); they are deliberately not skipped");
+        }
+        let mut rl = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: getrlimit/setrlimit on a local struct.
+        unsafe {
+            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) == 0 {
+                rl.rlim_cur = rl.rlim_max;
+                libc::setrlimit(libc::RLIMIT_NOFILE, &rl);
+            }
+        }
+        let home = match std::env::var("FORKBOX_HOME") {
+            Ok(h) if !h.is_empty() => h.into(),
+            _ => forkbox_image::default_home(),
+        };
+        let built = forkbox_image::build(
+            &forkbox_engine::default_image_spec(),
+            &forkbox_image::BuildOptions { home: home.clone(), progress: false },
+        )
+        .expect("building the default image");
+        let engine = Arc::new(Engine::open(&built.path).expect("Engine::open"));
+        let template = Arc::new(Template::ensure(&engine, &home).expect("Template::ensure"));
+        Shared { engine, template, home }
+    })
+}
+
+/// A fresh state (own home, shared templates), an HTTP client with a key of
+/// tenant `alice`, and an in-process client for `alice`.
+async fn clients() -> (tempfile::TempDir, Client, Client, String) {
+    let s = shared();
+    let home = tempfile::Builder::new().prefix("forkbox-client-test-").tempdir().expect("temp dir");
+    std::os::unix::fs::symlink(forkbox_engine::template::templates_dir(&s.home), home.path().join("templates")).expect("symlink");
+    let cfg = ServerConfig::new("127.0.0.1:0".parse().expect("addr"), home.path().to_path_buf());
+    let (engine, template, h) = (s.engine.clone(), s.template.clone(), home.path().to_path_buf());
+    let (state, key): (AppState, String) = tokio::task::spawn_blocking(move || {
+        let state = Inner::new(engine, template, cfg).expect("server state");
+        (state, forkbox_server::create_key(&h, "alice").expect("key"))
+    })
+    .await
+    .expect("join");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let app = router(state.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
+    let http = Client::new(Transport::Http { base_url: url.clone(), key: Some(key) });
+    let local = Client::new(Transport::InProcess(embedded_router(state, "alice")));
+    (home, http, local, url)
+}
+
+fn api_code(r: Result<impl std::fmt::Debug, ClientError>) -> (u16, String) {
+    match r {
+        Err(ClientError::Api { status, code, .. }) => (status, code),
+        other => panic!("expected an API error, got {other:?}"),
+    }
+}
+
+async fn collect(s: impl futures_util::Stream<Item = Result<StreamEvent, ClientError>>) -> Vec<StreamEvent> {
+    s.map(|e| e.expect("stream event")).collect().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_checkpoints_revert_fork_over_both_transports() {
+    let (_home, http, local, _) = clients().await;
+    let s = http
+        .create_session(&CreateSession { tags: [("k".into(), "v".into())].into(), ..Default::default() })
+        .await
+        .expect("create");
+    assert_eq!(s.checkpoint, None);
+    // Made over HTTP, used in process (same tenant, same state), and back.
+    assert_eq!(local.session_exec(&s.id, "x = [1]").await.expect("exec").checkpoint, Some(1));
+    let r = http.session_exec(&s.id, "x.append(2); print(len(x)); x").await.expect("exec");
+    assert_eq!((r.value.as_deref(), r.stdout.as_str(), r.checkpoint, r.exit_code), (Some("[1, 2]"), "2\n", Some(2), 0));
+    let r = local.session_exec(&s.id, "1/0").await.expect("a Python exception is a result");
+    assert_eq!((r.error.as_ref().map(|e| e.kind.as_str()), r.exit_code), (Some("ZeroDivisionError"), 1));
+
+    for c in [&http, &local] {
+        let listed = c.list_sessions(&[("k".into(), "v".into())]).await.expect("list");
+        assert_eq!(listed.iter().map(|x| x.id.as_str()).collect::<Vec<_>>(), vec![s.id.as_str()]);
+        assert!(c.list_sessions(&[("k".into(), "other".into())]).await.expect("list").is_empty());
+        assert_eq!(c.get_session(&s.id).await.expect("get").checkpoint, Some(3));
+    }
+    let cps = local.checkpoints(&s.id).await.expect("checkpoints");
+    assert_eq!(
+        cps.iter().map(|c| (c.seq, c.parent, c.head)).collect::<Vec<_>>(),
+        vec![(1, None, false), (2, Some(1), false), (3, Some(2), true)]
+    );
+
+    assert_eq!(http.revert(&s.id, 1).await.expect("revert").checkpoint, Some(1));
+    assert_eq!(local.session_exec(&s.id, "x").await.expect("exec").value.as_deref(), Some("[1]"));
+    let f = local.fork(&s.id, Some(2)).await.expect("fork");
+    assert_eq!(f.forked_from.as_ref().map(|o| (o.session.as_str(), o.checkpoint)), Some((s.id.as_str(), 2)));
+    assert_eq!(http.session_exec(&f.id, "x").await.expect("exec").value.as_deref(), Some("[1, 2]"));
+
+    for c in [&http, &local] {
+        assert_eq!(api_code(c.get_session("s_nope").await), (404, "session_not_found".into()));
+        assert_eq!(api_code(c.revert(&s.id, 99).await), (404, "checkpoint_not_found".into()));
+    }
+    http.delete_session(&f.id).await.expect("delete");
+    local.delete_session(&s.id).await.expect("delete");
+    assert_eq!(api_code(http.delete_session(&s.id).await), (404, "session_not_found".into()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_shot_batch_and_streams() {
+    let (_home, http, local, _) = clients().await;
+    for c in [&http, &local] {
+        let r = c.exec("import numpy as np\nint(np.arange(5).sum())", None).await.expect("exec");
+        assert_eq!(r.value.as_deref(), Some("10"));
+        assert!(r.extra.contains_key("fork_time_ms"), "{:?}", r.extra);
+        assert_eq!(api_code(c.exec("1", Some(-1.0)).await), (400, "invalid_request".into()));
+        assert_eq!(api_code(c.exec("while True: pass", Some(0.5)).await), (408, "timeout".into()));
+
+        let b = c.exec_batch(&["1+1".into(), "import os; os._exit(3)".into()], None).await.expect("batch");
+        assert!(matches!(&b.results[0], BatchItem::Ok(r) if r.value.as_deref() == Some("2")), "{:?}", b.results[0]);
+        assert!(
+            matches!(&b.results[1], BatchItem::Failed { status: 422, error } if error.code == "guest_exited"),
+            "{:?}",
+            b.results[1]
+        );
+
+        // Output arrives as events before the result.
+        let ev =
+            collect(c.exec_stream("print('a')\nimport sys; print('b', file=sys.stderr)\n7", None).await.expect("stream")).await;
+        assert_eq!(ev.len(), 3, "{ev:?}");
+        assert_eq!(ev[0], StreamEvent::Stdout("a\n".into()));
+        assert_eq!(ev[1], StreamEvent::Stderr("b\n".into()));
+        assert!(matches!(&ev[2], StreamEvent::Result(v) if v["value"] == "7" && v["stdout"] == "a\n"), "{:?}", ev[2]);
+        let ev = collect(c.exec_stream("print('x')\nwhile True: pass", Some(0.5)).await.expect("stream")).await;
+        assert!(matches!(ev.last(), Some(StreamEvent::Error { code, .. }) if code == "timeout"), "{ev:?}");
+    }
+    let s = local.create_session(&CreateSession::default()).await.expect("create");
+    let ev = collect(http.session_exec_stream(&s.id, "for i in range(3): print(i)").await.expect("stream")).await;
+    let out: String = ev.iter().filter_map(|e| if let StreamEvent::Stdout(t) = e { Some(t.as_str()) } else { None }).collect();
+    assert_eq!(out, "0\n1\n2\n");
+    assert!(matches!(ev.last(), Some(StreamEvent::Result(v)) if v["checkpoint"] == 1), "{ev:?}");
+    // Errors before the stream starts are plain API errors.
+    assert_eq!(api_code(local.session_exec_stream("s_nope", "1").await.map(|_| ())), (404, "session_not_found".into()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_and_transport_errors() {
+    let (_home, http, local, url) = clients().await;
+    let s = http.create_session(&CreateSession::default()).await.expect("create");
+    let data: Vec<u8> = (0..=255u8).cycle().take(70_000).collect();
+    let w = local.put_file(&s.id, "/data/in put.bin", data.clone()).await.expect("put");
+    assert_eq!((w.path.as_str(), w.size), ("/data/in put.bin", 70_000));
+    assert_eq!(http.get_file(&s.id, "/data/in put.bin").await.expect("get"), data);
+    let r = http.session_exec(&s.id, "len(open('/data/in put.bin', 'rb').read())").await.expect("exec");
+    assert_eq!(r.value.as_deref(), Some("70000"));
+    let files = local.list_files(&s.id, "/data").await.expect("list");
+    assert_eq!(
+        files.iter().map(|f| (f.name.as_str(), f.size, f.is_dir)).collect::<Vec<_>>(),
+        vec![("in put.bin", 70_000, false)]
+    );
+    assert_eq!(api_code(http.get_file(&s.id, "/data/missing").await).1, "file_not_found");
+    assert!(matches!(http.get_file(&s.id, "relative").await, Err(ClientError::InvalidArgument(_))));
+
+    // Transport failures are their own variants, not API errors.
+    let bad_key = Client::new(Transport::Http { base_url: url.clone(), key: Some("fbk_wrong".into()) });
+    assert_eq!(api_code(bad_key.list_sessions(&[]).await), (401, "unauthorized".into()));
+    assert_eq!(api_code(http.with_key("fbk_other").list_sessions(&[]).await), (401, "unauthorized".into()));
+    let nobody = Client::new(Transport::Http { base_url: "http://127.0.0.1:1".into(), key: None });
+    let e = nobody.list_sessions(&[]).await.expect_err("nothing listens there");
+    assert_eq!(e.code(), "connection_failed", "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interrupt_stops_the_running_exec() {
+    let (_home, http, local, _) = clients().await;
+    // (A time limit well past the interrupt, short enough that a missed interrupt fails fast.)
+    let s = http.create_session(&CreateSession { timeout_seconds: Some(8.0), ..Default::default() }).await.expect("create");
+    // Ctrl-C: the running exec gets KeyboardInterrupt, the session keeps its state.
+    assert!(!http.interrupt(&s.id).await.expect("interrupt"), "nothing was running");
+    local.session_exec(&s.id, "kept = 5").await.expect("exec");
+    let (c, id) = (local.clone(), s.id.clone());
+    let running = tokio::spawn(async move { c.session_exec(&id, "while True:\n    pass").await });
+    // Interrupt as soon as the exec counts as running (an interrupt counts from the moment the exec starts).
+    let mut interrupted = false;
+    for _ in 0..200 {
+        if http.interrupt(&s.id).await.expect("interrupt") {
+            interrupted = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(interrupted, "the exec never showed up as running");
+    let r = running.await.expect("join").expect("an interrupted exec is a result");
+    assert_eq!(r.error.map(|e| e.kind), Some("KeyboardInterrupt".into()));
+    assert_eq!(http.session_exec(&s.id, "kept").await.expect("exec").value.as_deref(), Some("5"));
+}

@@ -1,0 +1,58 @@
+//! forkbox as an MCP server (on `rmcp`, the official Rust SDK): sandboxes and
+//! sessions as tools for LLM clients (Claude Desktop, Claude Code, Cursor, Goose, ...).
+//!
+//! - [`serve_stdio`]: `forkbox mcp` — MCP over stdin/stdout, over any
+//!   [`forkbox_client::Client`] (an embedded engine through the in-process router,
+//!   or a remote server over HTTP).
+//! - [`http_service`]: the streamable-HTTP transport, mounted at `/mcp` by
+//!   `forkbox serve` behind the API's keys; each tool call uses the key of the
+//!   MCP request it answers.
+//! - [`install`]: the client configuration snippets of `forkbox mcp install`.
+//!
+//! Tools: `run_python`, `create_session`, `exec`, `list_sessions`, `delete_session`,
+//! `list_checkpoints`, `revert`, `fork_session` (see [`tools`]).
+
+pub mod install;
+mod render;
+pub mod tools;
+
+use std::sync::Arc;
+
+use forkbox_client::{Client, Transport};
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::ServiceExt;
+
+pub use tools::ForkboxMcp;
+
+#[derive(Debug, thiserror::Error)]
+pub enum McpError {
+    #[error("starting the MCP session on stdio: {0}")]
+    Start(String),
+    #[error("the MCP session on stdio ended abnormally: {0}")]
+    Run(String),
+}
+
+/// Serve MCP on stdin/stdout until the client closes stdin.
+pub async fn serve_stdio(client: Client) -> Result<(), McpError> {
+    let running = ForkboxMcp::new(client).serve(rmcp::transport::stdio()).await.map_err(|e| McpError::Start(e.to_string()))?;
+    running.waiting().await.map_err(|e| McpError::Run(e.to_string()))?;
+    Ok(())
+}
+
+/// The streamable-HTTP MCP endpoint over `api`, the API's router (with its key
+/// check): mount it with `Router::nest_service("/mcp", ...)` behind the same
+/// auth middleware as `/v1`. Tool calls are served by `api` in process with the
+/// `Authorization: Bearer` key of the MCP request, so a key sees exactly its
+/// tenant's sessions. The Host check of rmcp (a defence against DNS rebinding of
+/// unauthenticated local servers) is off: every request must carry an API key.
+/// Stateless mode: any instance can answer any request.
+pub fn http_service(api: axum::Router) -> StreamableHttpService<ForkboxMcp, LocalSessionManager> {
+    // Built once (the tool schemas), cloned per MCP request.
+    let server = ForkboxMcp::forwarding_key(Client::new(Transport::InProcess(api)));
+    // Stateless, JSON responses: no MCP session lives in the server between
+    // requests and no event stream stays open (graceful shutdown stays quick).
+    let config =
+        StreamableHttpServerConfig::default().disable_allowed_hosts().with_legacy_session_mode(false).with_json_response(true);
+    StreamableHttpService::new(move || Ok(server.clone()), Arc::new(LocalSessionManager::default()), config)
+}

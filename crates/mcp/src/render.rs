@@ -1,0 +1,214 @@
+//! Tool results as MCP content: structured content for programs, a text
+//! rendering for the model, images for the PNGs the code wrote to `/output`,
+//! and tool errors (`isError: true`) that carry the API's code and message.
+
+use base64::Engine as _;
+use forkbox_client::{Checkpoint, ClientError, ExecResult, Session};
+use rmcp::model::{CallToolResult, ContentBlock};
+use serde_json::{json, Value};
+
+/// Image types MCP clients display; other `/output` files are listed, not attached.
+const IMAGE_MIMES: &[&str] = &["image/png", "image/jpeg", "image/gif", "image/webp"];
+
+/// An exec result: `{value, stdout, stderr, error, checkpoint?, runtime_ms, outputs}` plus
+/// a text rendering and one image block per image file the code wrote to `/output`.
+pub fn exec_result(r: &ExecResult) -> CallToolResult {
+    let outputs: Vec<Value> = r
+        .outputs
+        .iter()
+        .map(|o| json!({ "path": o.path, "size": o.size, "mime": o.mime, "inline": o.base64.is_some() }))
+        .collect();
+    let mut structured = json!({
+        "value": r.value,
+        "stdout": r.stdout,
+        "stderr": r.stderr,
+        "error": r.error,
+        "runtime_ms": r.runtime_ms,
+        "outputs": outputs,
+    });
+    if let Some(cp) = r.checkpoint {
+        structured["checkpoint"] = json!(cp);
+    }
+    let mut content = vec![ContentBlock::text(exec_text(r))];
+    for o in &r.outputs {
+        let Some(b64) = &o.base64 else { continue };
+        // Only pass on what really decodes: the data came from the guest.
+        if IMAGE_MIMES.contains(&o.mime.as_str()) && base64::engine::general_purpose::STANDARD.decode(b64).is_ok() {
+            content.push(ContentBlock::image(b64.clone(), o.mime.clone()));
+        }
+    }
+    let mut out = CallToolResult::success(content);
+    out.structured_content = Some(structured);
+    out
+}
+
+fn exec_text(r: &ExecResult) -> String {
+    let mut t = String::new();
+    if !r.stdout.is_empty() {
+        t.push_str("stdout:\n");
+        t.push_str(&r.stdout);
+        if !r.stdout.ends_with('\n') {
+            t.push('\n');
+        }
+    }
+    if !r.stderr.is_empty() {
+        t.push_str("stderr:\n");
+        t.push_str(&r.stderr);
+        if !r.stderr.ends_with('\n') {
+            t.push('\n');
+        }
+    }
+    if let Some(v) = &r.value {
+        t.push_str(&format!("value: {v}\n"));
+    }
+    if let Some(e) = &r.error {
+        t.push_str(&format!("exception: {}: {}\n", e.kind, e.message));
+        if !e.traceback.is_empty() {
+            t.push_str(&e.traceback);
+            if !e.traceback.ends_with('\n') {
+                t.push('\n');
+            }
+        }
+    }
+    for o in &r.outputs {
+        t.push_str(&format!("output file: {} ({} bytes, {})\n", o.path, o.size, o.mime));
+    }
+    if let Some(cp) = r.checkpoint {
+        t.push_str(&format!("checkpoint: {cp}\n"));
+    }
+    if t.is_empty() {
+        t.push_str("(no output)\n");
+    }
+    t
+}
+
+/// A session, structured and as one line of text.
+pub fn session(s: &Session, what: &str) -> CallToolResult {
+    let mut out = CallToolResult::success(vec![ContentBlock::text(format!("{what}: {}", session_line(s)))]);
+    out.structured_content = Some(session_json(s));
+    out
+}
+
+fn session_json(s: &Session) -> Value {
+    json!({
+        "session_id": s.id,
+        "checkpoint": s.checkpoint,
+        "forked_from": s.forked_from,
+        "tags": s.tags,
+        "created_ms": s.created_ms,
+        "last_used_ms": s.last_used_ms,
+        "limits": s.limits,
+    })
+}
+
+fn session_line(s: &Session) -> String {
+    let at = match (&s.checkpoint, &s.forked_from) {
+        (Some(cp), _) => format!("at checkpoint {cp}"),
+        (None, Some(f)) => format!("forked from {} checkpoint {}", f.session, f.checkpoint),
+        (None, None) => "no execs yet".to_string(),
+    };
+    format!("session {} ({at}; memory {} MiB, timeout {} s per exec)", s.id, s.limits.memory_mb, s.limits.timeout_seconds)
+}
+
+pub fn sessions(list: &[Session]) -> CallToolResult {
+    let text =
+        if list.is_empty() { "no sessions".to_string() } else { list.iter().map(session_line).collect::<Vec<_>>().join("\n") };
+    let mut out = CallToolResult::success(vec![ContentBlock::text(text)]);
+    out.structured_content = Some(json!({ "sessions": list.iter().map(session_json).collect::<Vec<_>>() }));
+    out
+}
+
+pub fn checkpoints(id: &str, list: &[Checkpoint]) -> CallToolResult {
+    let mut text = format!("checkpoints of session {id} (oldest first; * = current):\n");
+    for c in list {
+        let code: String = c.code.lines().next().unwrap_or("").chars().take(80).collect();
+        let more = if c.code.lines().count() > 1 || code.len() < c.code.lines().next().unwrap_or("").len() { " ..." } else { "" };
+        text.push_str(&format!(
+            "{} {:>3}  parent {:<4} {code}{more}\n",
+            if c.head { "*" } else { " " },
+            c.seq,
+            c.parent.map_or("-".to_string(), |p| p.to_string())
+        ));
+    }
+    let items: Vec<Value> =
+        list.iter().map(|c| json!({ "checkpoint": c.seq, "parent": c.parent, "code": c.code, "current": c.head })).collect();
+    let mut out = CallToolResult::success(vec![ContentBlock::text(text)]);
+    out.structured_content = Some(json!({ "session_id": id, "checkpoints": items }));
+    out
+}
+
+pub fn deleted(id: &str) -> CallToolResult {
+    let mut out = CallToolResult::success(vec![ContentBlock::text(format!("deleted session {id}"))]);
+    out.structured_content = Some(json!({ "session_id": id, "deleted": true }));
+    out
+}
+
+/// What a model can do about an error code.
+fn hint(code: &str) -> &'static str {
+    match code {
+        "session_not_found" => " Call list_sessions to see the sessions that exist, or create_session for a new one.",
+        "checkpoint_not_found" => " Call list_checkpoints to see this session's checkpoints.",
+        "timeout" | "guest_crashed" | "guest_exited" | "guest_killed" | "sandbox_unusable" | "interrupted" => {
+            " In a session, the state is back at the last checkpoint (as before this exec); fix the code and retry."
+        }
+        "session_busy" => " Another exec is running in this session; wait for it, or fork_session to work in parallel.",
+        "overloaded" | "rate_limited" => " The server is busy; retry in a moment.",
+        "quota_exceeded" => " Delete sessions you no longer need (delete_session).",
+        "invalid_arguments" | "invalid_request" => " Check the tool's input schema.",
+        _ => "",
+    }
+}
+
+/// A tool error: `isError: true`, structured `{error: {code, message}}`, and the same as text.
+pub fn error(code: &str, message: &str) -> CallToolResult {
+    let mut out = CallToolResult::error(vec![ContentBlock::text(format!("error {code}: {message}.{}", hint(code)))]);
+    out.structured_content = Some(json!({ "error": { "code": code, "message": message } }));
+    out
+}
+
+pub fn client_error(e: &ClientError) -> CallToolResult {
+    error(e.code(), &e.message())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use forkbox_client::OutputFile;
+
+    fn result(outputs: Vec<OutputFile>) -> ExecResult {
+        serde_json::from_value::<ExecResult>(
+            json!({ "value": "3", "stdout": "hi\n", "stderr": "", "error": null, "checkpoint": 2 }),
+        )
+        .map(|mut r| {
+            r.outputs = outputs;
+            r
+        })
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn images_come_back_as_image_blocks_other_files_only_as_text() {
+        let png = OutputFile { path: "/output/a.png".into(), size: 3, mime: "image/png".into(), base64: Some("iVBO".into()) };
+        let csv = OutputFile { path: "/output/b.csv".into(), size: 3, mime: "text/csv".into(), base64: Some("YSxi".into()) };
+        let big = OutputFile { path: "/output/c.png".into(), size: 9 << 20, mime: "image/png".into(), base64: None };
+        let bad = OutputFile { path: "/output/d.png".into(), size: 3, mime: "image/png".into(), base64: Some("***".into()) };
+        let r = exec_result(&result(vec![png, csv, big, bad]));
+        let images: Vec<_> = r.content.iter().filter_map(|c| c.as_image()).collect();
+        assert_eq!(images.len(), 1);
+        assert_eq!((images[0].data.as_str(), images[0].mime_type.as_str()), ("iVBO", "image/png"));
+        let text = r.content[0].as_text().map(|t| t.text.clone()).unwrap_or_default();
+        assert!(text.contains("stdout:\nhi\n") && text.contains("value: 3") && text.contains("/output/b.csv"), "{text}");
+        let s = r.structured_content.unwrap_or_default();
+        assert_eq!(s["checkpoint"], 2);
+        assert_eq!(s["outputs"].as_array().map(Vec::len), Some(4));
+        assert_eq!(r.is_error, Some(false));
+    }
+
+    #[test]
+    fn errors_carry_code_and_message() {
+        let r =
+            client_error(&ClientError::Api { status: 404, code: "session_not_found".into(), message: "no session s_1".into() });
+        assert_eq!(r.is_error, Some(true));
+        assert_eq!(r.structured_content, Some(json!({ "error": { "code": "session_not_found", "message": "no session s_1" } })));
+    }
+}

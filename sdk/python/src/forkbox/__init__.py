@@ -1,0 +1,54 @@
+"""forkbox: a Python client of the forkbox HTTP API.
+
+    from forkbox import Forkbox
+    with Forkbox() as fb:            # $FORKBOX_URL, $FORKBOX_API_KEY
+        s = fb.sessions.create()
+        s.exec("x = 41")
+        print(s.exec("x + 1").value)  # '42'
+"""
+
+from ._async import AsyncForkbox, AsyncSession, AsyncSessions
+from ._errors import (
+    CheckpointNotFound,
+    ConnectionFailed,
+    FileNotFound,
+    ForkboxError,
+    GuestError,
+    InvalidPath,
+    InvalidRequest,
+    NotFound,
+    Overloaded,
+    PayloadTooLarge,
+    QuotaExceeded,
+    RateLimited,
+    ServerError,
+    SessionBusy,
+    SessionNotFound,
+    Timeout,
+    Unauthorized,
+)
+from ._sync import Forkbox, Session, Sessions
+from ._types import (
+    Checkpoint,
+    Event,
+    ExecResult,
+    FileEntry,
+    OutputFile,
+    PythonError,
+    Result,
+    SessionInfo,
+    Stderr,
+    Stdout,
+    Upload,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncForkbox", "AsyncSession", "AsyncSessions", "Forkbox", "Session", "Sessions",
+    "Checkpoint", "Event", "ExecResult", "FileEntry", "OutputFile", "PythonError", "Result", "SessionInfo",
+    "Stderr", "Stdout", "Upload",
+    "ForkboxError", "ConnectionFailed", "InvalidRequest", "InvalidPath", "Unauthorized", "QuotaExceeded", "NotFound",
+    "SessionNotFound", "CheckpointNotFound", "FileNotFound", "Timeout", "SessionBusy", "PayloadTooLarge",
+    "GuestError", "RateLimited", "ServerError", "Overloaded",
+]

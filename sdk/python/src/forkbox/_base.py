@@ -1,0 +1,156 @@
+"""What the sync and the async client share: configuration, paths, response and SSE parsing."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from ._errors import ConnectionFailed, ForkboxError, error_from
+from ._types import Event, ExecResult, Result, Stderr, Stdout
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+#: Read timeout of a request: execs may legitimately run for minutes (the server caps them).
+DEFAULT_HTTP_TIMEOUT = httpx.Timeout(connect=10.0, read=900.0, write=60.0, pool=60.0)
+
+
+def config(url: str | None, api_key: str | None) -> tuple[str, str | None]:
+    """The base URL and key: the arguments, else $FORKBOX_URL / $FORKBOX_API_KEY, else the local default."""
+    base = (url or os.environ.get("FORKBOX_URL") or DEFAULT_URL).rstrip("/")
+    if not base.startswith(("http://", "https://")):
+        raise ValueError(f"forkbox URL must start with http:// or https://, got {base!r}")
+    key = api_key if api_key is not None else os.environ.get("FORKBOX_API_KEY")
+    return base, key or None
+
+
+def headers(api_key: str | None) -> dict[str, str]:
+    h = {"User-Agent": "forkbox-python/0.1"}
+    if api_key:
+        h["Authorization"] = f"Bearer {api_key}"
+    return h
+
+
+def seg(s: str) -> str:
+    """One URL path segment (a session id)."""
+    if not s:
+        raise ValueError("empty id")
+    return quote(s, safe="")
+
+
+def file_path(path: str) -> str:
+    """A guest path as the tail of a files URL (without its leading `/`)."""
+    if not path or "\x00" in path:
+        raise ValueError(f"invalid guest path {path!r}")
+    # Dot segments are percent-encoded so that no URL library folds them away: the
+    # server sees the path as given (and rejects what escapes) instead of another one.
+    parts = [quote(p, safe="").replace(".", "%2E") if p in (".", "..") else quote(p, safe="") for p in path.lstrip("/").split("/")]
+    return "/".join(parts)
+
+
+def session_body(tags: Mapping[str, str] | None, memory_mb: int | None, timeout: float | None) -> dict[str, Any]:
+    body: dict[str, Any] = {}
+    if tags:
+        body["tags"] = dict(tags)
+    if memory_mb is not None:
+        body["memory_mb"] = memory_mb
+    if timeout is not None:
+        body["timeout_seconds"] = timeout
+    return body
+
+
+def exec_body(code: str, timeout: float | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"code": code}
+    if timeout is not None:
+        body["timeout_seconds"] = timeout
+    return body
+
+
+def tag_params(tags: Mapping[str, str] | None) -> list[tuple[str, str]]:
+    return [("tag", f"{k}:{v}") for k, v in (tags or {}).items()]
+
+
+def check(resp: httpx.Response) -> httpx.Response:
+    """The response if it succeeded, else its error as an exception."""
+    if resp.is_success:
+        return resp
+    try:
+        body = resp.json()
+    except ValueError:
+        body = resp.text
+    raise error_from(resp.status_code, body, resp.headers.get("retry-after"))
+
+
+def batch_results(v: dict[str, Any]) -> list[ExecResult | ForkboxError]:
+    """`/v1/exec/batch` results: an ExecResult, or the error of that exec (not raised)."""
+    out: list[ExecResult | ForkboxError] = []
+    for r in v.get("results") or []:
+        if isinstance(r, dict) and "status" in r and isinstance(r.get("error"), dict) and "code" in r["error"]:
+            out.append(error_from(int(r["status"]), r))
+        else:
+            out.append(ExecResult.from_json(r))
+    return out
+
+
+def connection_failed(e: httpx.HTTPError) -> ConnectionFailed:
+    return ConnectionFailed(0, "connection_error", f"{type(e).__name__}: {e}")
+
+
+class SseParser:
+    """Server-Sent Events from lines (https://html.spec.whatwg.org/multipage/server-sent-events.html)."""
+
+    def __init__(self) -> None:
+        self.event = ""
+        self.data: list[str] = []
+
+    def feed(self, line: str) -> tuple[str, str] | None:
+        """One line (without its end); returns (event, data) when the line ends an event."""
+        if line == "":
+            if not self.data and not self.event:
+                return None
+            ev = (self.event or "message", "\n".join(self.data))
+            self.event, self.data = "", []
+            return ev
+        if line.startswith(":"):
+            return None
+        name, _, value = line.partition(":")
+        if value.startswith(" "):
+            value = value[1:]
+        if name == "event":
+            self.event = value
+        elif name == "data":
+            self.data.append(value)
+        return None
+
+
+def stream_event(name: str, data: str) -> Event | None:
+    """The SDK event for one SSE event; an `error` event is raised."""
+    try:
+        v = json.loads(data) if data else {}
+    except ValueError as e:
+        raise ForkboxError(0, "protocol_error", f"stream event {name!r} is not JSON: {e}") from e
+    if name == "stdout":
+        return Stdout(str(v.get("data", "")))
+    if name == "stderr":
+        return Stderr(str(v.get("data", "")))
+    if name == "result":
+        return Result(ExecResult.from_json(v))
+    if name == "error":
+        raise error_from(0, v)
+    return None  # unknown events are ignored, as SSE clients do
+
+
+def events(lines: Iterable[str]) -> Iterator[Event]:
+    parser = SseParser()
+    for line in lines:
+        ev = parser.feed(line)
+        if ev is not None:
+            e = stream_event(*ev)
+            if e is not None:
+                yield e
+                if isinstance(e, Result):
+                    return
+    raise ForkboxError(0, "protocol_error", "the stream ended without a result")

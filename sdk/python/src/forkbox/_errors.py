@@ -1,0 +1,159 @@
+"""Exceptions that mirror the API's errors (`{"error": {"code", "message"}}`).
+
+Every error is a `ForkboxError` carrying the HTTP status, the API's machine
+code and its message; the subclass is chosen by the code, so callers can catch
+what they can handle (`except SessionBusy`) and let the rest propagate.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ForkboxError(Exception):
+    """An error returned by the forkbox API (or, with status 0, no answer from it)."""
+
+    def __init__(self, status: int, code: str, message: str, *, body: dict[str, Any] | None = None):
+        super().__init__(f"{code}: {message}" if code else message)
+        self.status = status
+        self.code = code
+        self.message = message
+        #: The whole `error` object of the response (may hold more fields, e.g. `checkpoint`).
+        self.body = body or {}
+
+
+class ConnectionFailed(ForkboxError):
+    """The server could not be reached or the connection broke (status 0)."""
+
+
+class InvalidRequest(ForkboxError):
+    """400: malformed JSON or a request of the wrong shape or with bad values."""
+
+
+class InvalidPath(InvalidRequest):
+    """400 `invalid_path`: a file path that is not acceptable in the guest."""
+
+
+class Unauthorized(ForkboxError):
+    """401: no API key, or an unknown one."""
+
+
+class QuotaExceeded(ForkboxError):
+    """403: the key's session or disk quota is used up."""
+
+
+class NotFound(ForkboxError):
+    """404: no such endpoint (also the base of the other not-found errors)."""
+
+
+class SessionNotFound(NotFound):
+    """404: no such session for this key's tenant."""
+
+
+class CheckpointNotFound(NotFound):
+    """404: the session has no checkpoint with that number."""
+
+
+class FileNotFound(NotFound):
+    """404: no such file in the session."""
+
+
+class Timeout(ForkboxError):
+    """408: the code ran past its time limit (a session is rolled back to its last checkpoint)."""
+
+
+class SessionBusy(ForkboxError):
+    """409: another exec is running in that session."""
+
+
+class PayloadTooLarge(ForkboxError):
+    """413: the request body, the code or a file is over its size limit."""
+
+
+class GuestError(ForkboxError):
+    """422: the code took the sandbox down (crash, `os._exit`, killed after an interrupt)."""
+
+
+class RateLimited(ForkboxError):
+    """429: over the key's request rate; `retry_after` is the server's hint in seconds."""
+
+    retry_after: float | None = None
+
+
+class ServerError(ForkboxError):
+    """5xx other than 503: a failure inside the server."""
+
+
+class Overloaded(ServerError):
+    """503: every exec slot is busy and the wait queue is full; retry shortly."""
+
+
+_BY_CODE: dict[str, type[ForkboxError]] = {
+    "malformed_json": InvalidRequest,
+    "invalid_request": InvalidRequest,
+    "unsupported_media_type": InvalidRequest,
+    "invalid_path": InvalidPath,
+    "is_a_directory": InvalidPath,
+    "unauthorized": Unauthorized,
+    "quota_exceeded": QuotaExceeded,
+    "not_found": NotFound,
+    "session_not_found": SessionNotFound,
+    "checkpoint_not_found": CheckpointNotFound,
+    "file_not_found": FileNotFound,
+    "timeout": Timeout,
+    "session_busy": SessionBusy,
+    "payload_too_large": PayloadTooLarge,
+    "code_too_large": PayloadTooLarge,
+    "file_too_large": PayloadTooLarge,
+    "guest_crashed": GuestError,
+    "guest_exited": GuestError,
+    "guest_killed": GuestError,
+    "sandbox_unusable": GuestError,
+    "interrupted": GuestError,
+    "rate_limited": RateLimited,
+    "overloaded": Overloaded,
+}
+
+_BY_STATUS: dict[int, type[ForkboxError]] = {
+    400: InvalidRequest,
+    401: Unauthorized,
+    403: QuotaExceeded,
+    404: NotFound,
+    408: Timeout,
+    409: SessionBusy,
+    413: PayloadTooLarge,
+    422: GuestError,
+    429: RateLimited,
+    503: Overloaded,
+}
+
+
+#: The status the server sends with a code (for errors that arrive without one, in a stream).
+STATUS_OF_CODE: dict[str, int] = {
+    "malformed_json": 400, "invalid_request": 400, "invalid_path": 400, "is_a_directory": 400,
+    "unauthorized": 401, "quota_exceeded": 403, "not_found": 404, "session_not_found": 404,
+    "checkpoint_not_found": 404, "file_not_found": 404, "timeout": 408, "session_busy": 409,
+    "payload_too_large": 413, "code_too_large": 413, "file_too_large": 413, "guest_crashed": 422,
+    "guest_exited": 422, "guest_killed": 422, "sandbox_unusable": 422, "interrupted": 422,
+    "rate_limited": 429, "overloaded": 503,
+}
+
+
+def error_from(status: int, body: Any, retry_after: str | None = None) -> ForkboxError:
+    """The exception for an error response: by its code, else by its status (0: taken from the code)."""
+    err = body.get("error") if isinstance(body, dict) else None
+    if isinstance(err, dict):
+        code = str(err.get("code") or "")
+        message = str(err.get("message") or "")
+    else:
+        err, code, message = {}, "", (str(body)[:500] if body else f"HTTP {status}")
+    if not status:
+        status = STATUS_OF_CODE.get(code, 500)
+    cls = _BY_CODE.get(code) or _BY_STATUS.get(status) or (ServerError if status >= 500 else ForkboxError)
+    e = cls(status, code, message, body=err)
+    if isinstance(e, RateLimited) and retry_after:
+        try:
+            e.retry_after = float(retry_after)
+        except ValueError:
+            pass
+    return e

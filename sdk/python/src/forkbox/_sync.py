@@ -1,0 +1,164 @@
+"""The synchronous client."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import httpx
+
+from . import _base
+from ._errors import ForkboxError
+from ._types import Checkpoint, Event, ExecResult, FileEntry, SessionInfo, Upload
+
+
+class Forkbox:
+    """A client of a forkbox server.
+
+    `url` and `api_key` default to $FORKBOX_URL and $FORKBOX_API_KEY. Use it as a
+    context manager, or call `close()`, to release its connections.
+    """
+
+    def __init__(self, url: str | None = None, api_key: str | None = None, *, http_timeout: httpx.Timeout | float | None = None):
+        self.url, self._key = _base.config(url, api_key)
+        self._http = httpx.Client(
+            base_url=self.url, headers=_base.headers(self._key), timeout=http_timeout or _base.DEFAULT_HTTP_TIMEOUT
+        )
+        self.sessions = Sessions(self)
+
+    def __enter__(self) -> Forkbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _send(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        try:
+            return _base.check(self._http.request(method, path, **kw))
+        except httpx.HTTPError as e:
+            raise _base.connection_failed(e) from e
+
+    def _json(self, method: str, path: str, **kw: Any) -> Any:
+        return self._send(method, path, **kw).json()
+
+    def exec(self, code: str, timeout: float | None = None) -> ExecResult:
+        """Run `code` in a fresh sandbox forked from the warm template."""
+        return ExecResult.from_json(self._json("POST", "/v1/exec", json=_base.exec_body(code, timeout)))
+
+    def exec_batch(self, codes: Sequence[str], timeout: float | None = None) -> list[ExecResult | ForkboxError]:
+        """Run each code in its own sandbox, in parallel; an exec that failed is its error (not raised)."""
+        body: dict[str, Any] = {"codes": list(codes)}
+        if timeout is not None:
+            body["timeout_seconds"] = timeout
+        return _base.batch_results(self._json("POST", "/v1/exec/batch", json=body))
+
+    def stream(self, code: str, timeout: float | None = None) -> Iterator[Event]:
+        """Run `code` in a fresh sandbox; yields its output as it is produced, then its `Result`."""
+        return self._stream("/v1/exec/stream", _base.exec_body(code, timeout))
+
+    def _stream(self, path: str, body: dict[str, Any]) -> Iterator[Event]:
+        try:
+            with self._http.stream("POST", path, json=body, headers={"Accept": "text/event-stream"}) as resp:
+                if not resp.is_success:
+                    resp.read()
+                    _base.check(resp)
+                yield from _base.events(resp.iter_lines())
+        except httpx.HTTPError as e:
+            raise _base.connection_failed(e) from e
+
+
+class Sessions:
+    """`client.sessions`: create, list and look up sessions."""
+
+    def __init__(self, client: Forkbox):
+        self._c = client
+
+    def create(self, tags: Mapping[str, str] | None = None, memory_mb: int | None = None, timeout: float | None = None) -> Session:
+        """A new session; `timeout` is its per-exec time limit in seconds."""
+        v = self._c._json("POST", "/v1/sessions", json=_base.session_body(tags, memory_mb, timeout))
+        return Session(self._c, SessionInfo.from_json(v))
+
+    def list(self, tags: Mapping[str, str] | None = None) -> list[Session]:
+        """This key's sessions (only those with all of `tags`, if given)."""
+        v = self._c._json("GET", "/v1/sessions", params=_base.tag_params(tags))
+        return [Session(self._c, SessionInfo.from_json(s)) for s in v.get("sessions") or []]
+
+    def get(self, id: str) -> Session:
+        return Session(self._c, SessionInfo.from_json(self._c._json("GET", f"/v1/sessions/{_base.seg(id)}")))
+
+
+class Session:
+    """A stateful Python REPL on the server; every exec makes a checkpoint."""
+
+    def __init__(self, client: Forkbox, info: SessionInfo):
+        self._c = client
+        #: What the server last said about this session (refreshed by `refresh`, `revert`).
+        self.info = info
+
+    @property
+    def id(self) -> str:
+        return self.info.id
+
+    def __repr__(self) -> str:
+        return f"Session({self.info.id!r}, checkpoint={self.info.checkpoint})"
+
+    def _path(self, tail: str = "") -> str:
+        return f"/v1/sessions/{_base.seg(self.info.id)}{tail}"
+
+    def refresh(self) -> Session:
+        self.info = SessionInfo.from_json(self._c._json("GET", self._path()))
+        return self
+
+    def exec(self, code: str) -> ExecResult:
+        """Run `code` in the session; `result.checkpoint` is the checkpoint it made."""
+        r = ExecResult.from_json(self._c._json("POST", self._path("/exec"), json={"code": code}))
+        self.info.checkpoint = r.checkpoint
+        return r
+
+    def stream(self, code: str) -> Iterator[Event]:
+        """Run `code` in the session; yields `Stdout`/`Stderr` chunks as produced, then one `Result`."""
+        return self._c._stream(self._path("/exec/stream"), {"code": code})
+
+    def interrupt(self) -> bool:
+        """Interrupt the running exec (the code gets KeyboardInterrupt); False if none was running."""
+        return bool(self._c._json("POST", self._path("/interrupt")).get("interrupted"))
+
+    def upload(self, path: str, data: bytes | str) -> Upload:
+        """Write a file into the session (parents created); makes a checkpoint."""
+        content = data.encode() if isinstance(data, str) else data
+        v = self._c._json("PUT", self._path(f"/files/{_base.file_path(path)}"), content=content,
+                          headers={"Content-Type": "application/octet-stream"})
+        return Upload.from_json(v)
+
+    def download(self, path: str) -> bytes:
+        """The contents of a file in the session."""
+        return self._c._send("GET", self._path(f"/files/{_base.file_path(path)}")).content
+
+    def files(self, dir: str = "/output") -> list[FileEntry]:
+        """The entries of a directory in the session."""
+        v = self._c._json("GET", self._path("/files"), params={"dir": dir})
+        return [FileEntry.from_json(f) for f in v.get("files") or []]
+
+    def checkpoints(self) -> list[Checkpoint]:
+        v = self._c._json("GET", self._path("/checkpoints"))
+        return [Checkpoint.from_json(c) for c in v.get("checkpoints") or []]
+
+    def revert(self, n: int) -> Session:
+        """Move the session back to checkpoint `n` (its later state is gone from the session)."""
+        self.info = SessionInfo.from_json(self._c._json("POST", self._path("/revert"), json={"checkpoint": n}))
+        return self
+
+    def fork(self, n: int | None = None, tags: Mapping[str, str] | None = None) -> Session:
+        """A new session starting from checkpoint `n` of this one (default: its latest)."""
+        body: dict[str, Any] = {}
+        if n is not None:
+            body["checkpoint"] = n
+        if tags:
+            body["tags"] = dict(tags)
+        return Session(self._c, SessionInfo.from_json(self._c._json("POST", self._path("/fork"), json=body)))
+
+    def delete(self) -> None:
+        self._c._send("DELETE", self._path())

@@ -1,0 +1,193 @@
+"""Result types of the API, parsed from its JSON."""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+
+@dataclass(frozen=True)
+class PythonError:
+    """An exception the code raised (not an API error: the exec itself succeeded)."""
+
+    type: str
+    message: str
+    traceback: str
+
+    @classmethod
+    def from_json(cls, v: dict[str, Any]) -> PythonError:
+        return cls(type=str(v.get("type", "")), message=str(v.get("message", "")), traceback=str(v.get("traceback", "")))
+
+
+@dataclass(frozen=True)
+class OutputFile:
+    """A file the exec wrote under `/output`; `data` is None when it was too large to inline."""
+
+    path: str
+    size: int
+    mime: str
+    data: bytes | None = None
+
+    @classmethod
+    def from_json(cls, v: dict[str, Any]) -> OutputFile:
+        b64 = v.get("base64")
+        return cls(
+            path=str(v.get("path", "")),
+            size=int(v.get("size", 0)),
+            mime=str(v.get("mime", "application/octet-stream")),
+            data=base64.b64decode(b64) if isinstance(b64, str) else None,
+        )
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """What one exec produced."""
+
+    #: repr() of the last expression, if the code ended with one that is not None.
+    value: str | None
+    stdout: str
+    stderr: str
+    error: PythonError | None
+    runtime_ms: float
+    #: The checkpoint this exec made (session execs only).
+    checkpoint: int | None = None
+    outputs: list[OutputFile] = field(default_factory=list)
+    #: The response as the server sent it (timings, counters).
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def ok(self) -> bool:
+        """True if the code raised no exception."""
+        return self.error is None
+
+    @classmethod
+    def from_json(cls, v: dict[str, Any]) -> ExecResult:
+        err = v.get("error")
+        cp = v.get("checkpoint")
+        return cls(
+            value=v.get("value"),
+            stdout=str(v.get("stdout") or ""),
+            stderr=str(v.get("stderr") or ""),
+            error=PythonError.from_json(err) if isinstance(err, dict) else None,
+            runtime_ms=float(v.get("runtime_ms") or 0.0),
+            checkpoint=int(cp) if isinstance(cp, int) else None,
+            outputs=[OutputFile.from_json(o) for o in v.get("outputs") or [] if isinstance(o, dict)],
+            raw=v,
+        )
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One checkpoint of a session: the state after the exec of `code`."""
+
+    seq: int
+    parent: int | None
+    code: str
+    created_ms: int
+    bytes: int
+    pages: int
+    #: True for the checkpoint the session is at.
+    head: bool
+
+    @classmethod
+    def from_json(cls, v: dict[str, Any]) -> Checkpoint:
+        return cls(
+            seq=int(v["seq"]),
+            parent=v.get("parent"),
+            code=str(v.get("code", "")),
+            created_ms=int(v.get("created_ms", 0)),
+            bytes=int(v.get("bytes", 0)),
+            pages=int(v.get("pages", 0)),
+            head=bool(v.get("head", False)),
+        )
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """An entry of a directory listing in a session."""
+
+    name: str
+    path: str
+    size: int
+    is_dir: bool
+    mtime_ms: int
+
+    @classmethod
+    def from_json(cls, v: dict[str, Any]) -> FileEntry:
+        return cls(
+            name=str(v.get("name", "")),
+            path=str(v.get("path", "")),
+            size=int(v.get("size", 0)),
+            is_dir=bool(v.get("is_dir", False)),
+            mtime_ms=int(v.get("mtime_ms", 0)),
+        )
+
+
+@dataclass(frozen=True)
+class Upload:
+    """The answer to an upload: where the file is, its size, and the checkpoint that holds it."""
+
+    path: str
+    size: int
+    checkpoint: int | None
+
+    @classmethod
+    def from_json(cls, v: dict[str, Any]) -> Upload:
+        return cls(path=str(v.get("path", "")), size=int(v.get("size", 0)), checkpoint=v.get("checkpoint"))
+
+
+@dataclass(frozen=True)
+class Stdout:
+    """A chunk the code wrote to standard output, as it was written."""
+
+    data: str
+
+
+@dataclass(frozen=True)
+class Stderr:
+    """A chunk the code wrote to standard error, as it was written."""
+
+    data: str
+
+
+@dataclass(frozen=True)
+class Result:
+    """The final event of a stream: the exec's result."""
+
+    result: ExecResult
+
+
+Event = Union[Stdout, Stderr, Result]
+
+
+@dataclass
+class SessionInfo:
+    """A session's description as last seen from the server."""
+
+    id: str
+    tags: dict[str, str]
+    created_ms: int
+    last_used_ms: int
+    resident: bool
+    #: The checkpoint the session is at (None before its first exec).
+    checkpoint: int | None
+    #: `{"session", "checkpoint"}` it was forked from, until its first exec.
+    forked_from: dict[str, Any] | None
+    memory_mb: int
+    timeout_seconds: float
+
+    @classmethod
+    def from_json(cls, v: dict[str, Any]) -> SessionInfo:
+        limits = v.get("limits") or {}
+        return cls(
+            id=str(v["id"]),
+            tags=dict(v.get("tags") or {}),
+            created_ms=int(v.get("created_ms", 0)),
+            last_used_ms=int(v.get("last_used_ms", 0)),
+            resident=bool(v.get("resident", False)),
+            checkpoint=v.get("checkpoint"),
+            forked_from=v.get("forked_from"),
+            memory_mb=int(limits.get("memory_mb", 0)),
+            timeout_seconds=float(limits.get("timeout_seconds", 0.0)),
+        )

@@ -1,0 +1,59 @@
+"""Error classes: every API error code maps to its exception (pure), and the quota
+and rate-limit errors are raised by a real server for keys with such limits."""
+
+import time
+
+import pytest
+
+import forkbox
+from forkbox import Forkbox
+from forkbox._errors import STATUS_OF_CODE, error_from
+
+
+@pytest.mark.parametrize("code, cls", [
+    ("malformed_json", forkbox.InvalidRequest), ("invalid_request", forkbox.InvalidRequest),
+    ("invalid_path", forkbox.InvalidPath), ("unauthorized", forkbox.Unauthorized),
+    ("quota_exceeded", forkbox.QuotaExceeded), ("session_not_found", forkbox.SessionNotFound),
+    ("checkpoint_not_found", forkbox.CheckpointNotFound), ("file_not_found", forkbox.FileNotFound),
+    ("timeout", forkbox.Timeout), ("session_busy", forkbox.SessionBusy),
+    ("payload_too_large", forkbox.PayloadTooLarge), ("code_too_large", forkbox.PayloadTooLarge),
+    ("file_too_large", forkbox.PayloadTooLarge), ("guest_crashed", forkbox.GuestError),
+    ("guest_killed", forkbox.GuestError), ("interrupted", forkbox.GuestError),
+    ("rate_limited", forkbox.RateLimited), ("overloaded", forkbox.Overloaded),
+])
+def test_codes_map_to_classes(code, cls):
+    e = error_from(STATUS_OF_CODE[code], {"error": {"code": code, "message": "m"}})
+    assert type(e) is cls and isinstance(e, forkbox.ForkboxError)
+    assert (e.code, e.message) == (code, "m")
+    # Without a status (an error event of a stream), the status comes from the code.
+    assert error_from(0, {"error": {"code": code, "message": "m"}}).status == STATUS_OF_CODE[code]
+
+
+def test_unknown_codes_fall_back_on_the_status():
+    assert type(error_from(500, {"error": {"code": "storage_error", "message": "x"}})) is forkbox.ServerError
+    assert type(error_from(404, {"error": {"code": "something_new", "message": "x"}})) is forkbox.NotFound
+    assert type(error_from(502, "<html>bad gateway</html>")) is forkbox.ServerError
+    e = error_from(429, {"error": {"code": "rate_limited", "message": "slow down"}}, retry_after="2")
+    assert e.retry_after == 2.0
+
+
+def test_quota_exceeded_for_sessions(server):
+    key = server.create_key("sdk-quota", "--max-sessions", "1")
+    with Forkbox(server.url, key) as fb:
+        s = fb.sessions.create()
+        with pytest.raises(forkbox.QuotaExceeded) as e:
+            fb.sessions.create()
+        assert (e.value.status, e.value.code) == (403, "quota_exceeded")
+        s.delete()
+        fb.sessions.create().delete()  # room again
+
+
+def test_rate_limited(server):
+    key = server.create_key("sdk-rate", "--rate-limit", "2")
+    with Forkbox(server.url, key) as fb:
+        with pytest.raises(forkbox.RateLimited) as e:
+            for _ in range(20):
+                fb.sessions.list()
+        assert e.value.status == 429 and e.value.retry_after is not None and e.value.retry_after >= 1
+        time.sleep(e.value.retry_after)
+        fb.sessions.list()
