@@ -80,8 +80,14 @@ def test_repl_reads_piped_input(server, tmp_path):
     assert "'from f'" in r.stdout and "printed" in r.stdout and "\x1b[" not in r.stdout + r.stderr
 
 
-def test_fork_with_tags_needs_the_embedded_mode(server):
+def test_fork_with_tags_over_the_api(server):
     sid = cli(server, "session", "new").stdout.strip()
-    r = cli(server, "session", "fork", sid, "--tag", "k=v")
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--tag" in r.stderr, r.stderr
+    assert cli(server, "session", "exec", sid, "x = 5").returncode == 0
+    r = cli(server, "session", "fork", sid, "--tag", "branch=b1")
+    assert r.returncode == 0, r.stderr
+    fid = r.stdout.strip()
+    listed = cli(server, "session", "ls", "--tag", "branch=b1").stdout
+    assert fid in listed and sid not in listed, listed
+    assert cli(server, "session", "exec", fid, "print(x * 2)").stdout == "10\n"
+    cli(server, "session", "rm", fid)
     cli(server, "session", "rm", sid)

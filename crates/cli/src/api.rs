@@ -56,14 +56,7 @@ impl Api {
 
     /// Fork `id` at `checkpoint` (its head if None) into a new session with `tags`; its id.
     pub fn fork(&self, id: &str, checkpoint: Option<i64>, tags: std::collections::BTreeMap<String, String>) -> Result<String> {
-        if tags.is_empty() {
-            return Ok(self.block_on(self.client.fork(id, checkpoint))?.id);
-        }
-        // The client's fork takes no tags (yet): embedded, the session manager does it directly.
-        match &self.state {
-            Some(state) => Ok(state.sessions.fork(LOCAL_TENANT, id, checkpoint, tags)?.id),
-            None => anyhow::bail!("--tag on fork is not supported with --url yet (the API client's fork takes no tags)"),
-        }
+        Ok(self.block_on(self.client.fork_tagged(id, checkpoint, &tags))?.id)
     }
 
     /// After an exec in `session`, embedded: merge its layer chain once it is long

@@ -86,29 +86,9 @@ async fn embedded(home: &Path, image: Option<PathBuf>) -> anyhow::Result<Client>
         forkbox_server::Inner::new(engine, template, cfg)
     })
     .await??;
-    tokio::spawn(maintenance(state.clone()));
+    tokio::spawn(forkbox_server::maintenance_loop(state.clone()));
     let router = forkbox_server::embedded_router(state, crate::session::LOCAL_TENANT);
     Ok(Client::new(Transport::InProcess(router)))
-}
-
-/// What `forkbox serve` does between requests: evict idle sessions, compact, collect garbage.
-async fn maintenance(state: forkbox_server::AppState) {
-    let mut tick = tokio::time::interval(state.config.maintenance_every);
-    tick.tick().await;
-    loop {
-        tick.tick().await;
-        let s = state.clone();
-        match tokio::task::spawn_blocking(move || {
-            s.sessions.evict_idle();
-            s.sessions.maintenance()
-        })
-        .await
-        {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::warn!("session maintenance: {e}"),
-            Err(e) => tracing::warn!("session maintenance task: {e}"),
-        }
-    }
 }
 
 fn install_cmd(home_flag: Option<&Path>, args: InstallArgs, url: Option<String>) -> anyhow::Result<ExitCode> {

@@ -118,20 +118,31 @@ pub fn run(home: &Path, args: RunArgs) -> Result<ExitCode> {
 }
 
 pub fn print_result(r: &ExecResult, json: bool) -> Result<()> {
+    let traceback = r.error.as_ref().map(|e| e.traceback.as_str());
+    print_parts(r, json, Some((&r.stdout, &r.stderr)), traceback, r.value.as_deref())
+}
+
+/// A result as JSON, or as its stdout and stderr (`output`, None when already
+/// shown as it was streamed), the traceback on stderr and the value on stdout.
+fn print_parts(r: &impl serde::Serialize, json: bool, output: Option<(&str, &str)>, traceback: Option<&str>, value: Option<&str>) -> Result<()> {
     let mut out = std::io::stdout().lock();
     if json {
         serde_json::to_writer_pretty(&mut out, r)?;
         writeln!(out)?;
         return Ok(());
     }
-    out.write_all(r.stdout.as_bytes())?;
+    if let Some((stdout, _)) = output {
+        out.write_all(stdout.as_bytes())?;
+    }
     out.flush()?;
     let mut err = std::io::stderr().lock();
-    err.write_all(r.stderr.as_bytes())?;
-    if let Some(e) = &r.error {
-        err.write_all(e.traceback.as_bytes())?;
+    if let Some((_, stderr)) = output {
+        err.write_all(stderr.as_bytes())?;
     }
-    if let Some(v) = &r.value {
+    if let Some(tb) = traceback {
+        err.write_all(tb.as_bytes())?;
+    }
+    if let Some(v) = value {
         writeln!(out, "{v}")?;
     }
     Ok(())
@@ -181,25 +192,6 @@ pub fn run_remote(api: &crate::api::Api, args: RunArgs) -> Result<ExitCode> {
 
 /// A result from the API, printed like [`print_result`] (`streamed`: stdout/stderr were already shown).
 pub fn print_remote_result(r: &forkbox_client::ExecResult, json: bool, streamed: bool) -> Result<()> {
-    let mut out = std::io::stdout().lock();
-    if json {
-        serde_json::to_writer_pretty(&mut out, r)?;
-        writeln!(out)?;
-        return Ok(());
-    }
-    if !streamed {
-        out.write_all(r.stdout.as_bytes())?;
-    }
-    out.flush()?;
-    let mut err = std::io::stderr().lock();
-    if !streamed {
-        err.write_all(r.stderr.as_bytes())?;
-    }
-    if let Some(e) = &r.error {
-        err.write_all(e.traceback.as_bytes())?;
-    }
-    if let Some(v) = &r.value {
-        writeln!(out, "{v}")?;
-    }
-    Ok(())
+    let traceback = r.error.as_ref().map(|e| e.traceback.as_str());
+    print_parts(r, json, (!streamed).then_some((r.stdout.as_str(), r.stderr.as_str())), traceback, r.value.as_deref())
 }

@@ -21,6 +21,8 @@ mod sse;
 pub mod transport;
 pub mod types;
 
+use std::collections::BTreeMap;
+
 use axum::http::Method;
 use futures_util::Stream;
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
@@ -145,7 +147,12 @@ impl Client {
 
     /// A new session starting at `checkpoint` of `id` (its head if None); `id` is not touched.
     pub async fn fork(&self, id: &str, checkpoint: Option<i64>) -> Result<Session, ClientError> {
-        self.post(&format!("/v1/sessions/{}/fork", seg(id)), &json!({ "checkpoint": checkpoint })).await
+        self.fork_tagged(id, checkpoint, &BTreeMap::new()).await
+    }
+
+    /// `fork`, with tags for the new session.
+    pub async fn fork_tagged(&self, id: &str, checkpoint: Option<i64>, tags: &BTreeMap<String, String>) -> Result<Session, ClientError> {
+        self.post(&format!("/v1/sessions/{}/fork", seg(id)), &json!({ "checkpoint": checkpoint, "tags": tags })).await
     }
 
     // -- files -------------------------------------------------------------

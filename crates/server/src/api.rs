@@ -12,7 +12,7 @@ use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json, Router};
-use forkbox_engine::ExecResult;
+use forkbox_engine::{ExecResult, Limits};
 use forkbox_sessions::store::SessionRecord;
 use serde::de::DeserializeOwned;
 use tokio::sync::OwnedSemaphorePermit;
@@ -238,6 +238,14 @@ pub(crate) fn check_code(state: &Inner, code: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// The limits of a one-shot exec: the server's defaults with the request's timeout.
+pub(crate) fn oneshot_limits(state: &Inner, timeout_seconds: Option<f64>) -> Result<Limits, ApiError> {
+    let mut limits = state.config.limits.clone();
+    limits.timeout = timeout_of(state, timeout_seconds)?;
+    limits.code_bytes = state.config.code_limit;
+    Ok(limits)
+}
+
 pub(crate) fn timeout_of(state: &Inner, seconds: Option<f64>) -> Result<Duration, ApiError> {
     match seconds {
         None => Ok(state.config.limits.timeout),
@@ -294,9 +302,7 @@ pub(crate) async fn blocking<T: Send + 'static>(
 async fn exec(State(state): State<AppState>, ApiJson(req): ApiJson<ExecRequest>) -> Result<Json<ExecResponse>, ApiError> {
     let t0 = Instant::now();
     check_code(&state, &req.code)?;
-    let mut limits = state.config.limits.clone();
-    limits.timeout = timeout_of(&state, req.timeout_seconds)?;
-    limits.code_bytes = state.config.code_limit;
+    let limits = oneshot_limits(&state, req.timeout_seconds)?;
     let permit = acquire(&state, 1).await?;
     // The reply is sent before the sandbox is dropped: its teardown (the VM goes
     // back to the pool) happens off the response path, still under the permit.
@@ -346,9 +352,7 @@ async fn exec_batch(
     for c in &req.codes {
         check_code(&state, c)?;
     }
-    let mut limits = state.config.limits.clone();
-    limits.timeout = timeout_of(&state, req.timeout_seconds)?;
-    limits.code_bytes = state.config.code_limit;
+    let limits = oneshot_limits(&state, req.timeout_seconds)?;
     let workers = n.min((state.concurrency / 2).max(1));
     let permit = acquire(&state, workers).await?;
     let results = blocking(&state, move |s| {

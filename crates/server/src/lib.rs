@@ -241,7 +241,9 @@ impl Server {
     }
 }
 
-async fn maintenance_loop(state: AppState) {
+/// Session upkeep every `maintenance_every` (eviction of idle sessions,
+/// compaction, garbage collection), off the request path; runs until dropped.
+pub async fn maintenance_loop(state: AppState) {
     let mut tick = tokio::time::interval(state.config.maintenance_every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;

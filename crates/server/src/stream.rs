@@ -18,7 +18,7 @@ use serde_json::json;
 use tokio::sync::mpsc;
 use utoipa::ToSchema;
 
-use crate::api::{acquire, blocking, check_code, outcome_of, random_id, timeout_of, ApiJson, ApiPath, Caller};
+use crate::api::{acquire, blocking, check_code, oneshot_limits, outcome_of, random_id, ApiJson, ApiPath, Caller};
 use crate::error::{ApiError, ErrorBody};
 use crate::schema::{ExecRequest, ExecResponse, SessionExec};
 use crate::{metrics, quota, AppState};
@@ -165,9 +165,7 @@ pub(crate) async fn exec_stream(
 ) -> Result<impl IntoResponse, ApiError> {
     let t0 = Instant::now();
     check_code(&state, &req.code)?;
-    let mut limits = state.config.limits.clone();
-    limits.timeout = timeout_of(&state, req.timeout_seconds)?;
-    limits.code_bytes = state.config.code_limit;
+    let limits = oneshot_limits(&state, req.timeout_seconds)?;
     let permit = acquire(&state, 1).await?;
     let (tx, rx) = mpsc::channel(CHANNEL);
     let s = state.clone();

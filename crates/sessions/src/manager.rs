@@ -455,16 +455,7 @@ impl SessionManager {
 
     /// Make a session resident (resume it from disk) without running anything.
     pub fn resume(&self, tenant: &str, id: &str) -> Result<(), SessionError> {
-        let rec = self.record(tenant, id)?;
-        let slot = self.slot(id);
-        let mut guard = lock_slot(&slot, id)?;
-        if guard.sandbox.is_none() {
-            self.make_room(id);
-            guard.sandbox = Some(self.bring_back(&rec, from_store_limits(&rec.limits))?);
-            guard.base = rec.head;
-            guard.last_used = Instant::now();
-        }
-        Ok(())
+        self.with_sandbox(tenant, id, |_, base, _| Ok(((), base)))
     }
 
     /// Layers newest first from `head` back to the nearest flat layer (or the template).
