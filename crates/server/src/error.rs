@@ -129,12 +129,6 @@ impl IntoResponse for ApiError {
         if self.status == StatusCode::SERVICE_UNAVAILABLE || self.status == StatusCode::TOO_MANY_REQUESTS {
             resp.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from(self.retry_after.unwrap_or(1)));
         }
-        if self.status == StatusCode::PAYLOAD_TOO_LARGE {
-            // The rest of an over-size body is never read, so the connection
-            // cannot carry another request: say so, or a pooling client sends
-            // its next request into a connection the server is closing.
-            resp.headers_mut().insert(header::CONNECTION, header::HeaderValue::from_static("close"));
-        }
         resp
     }
 }
