@@ -196,6 +196,9 @@ impl Template {
         vm.restore_vcpu(&snapshot.vcpu)?;
         let process = Process::restore_state(engine.image.clone(), snapshot.process)
             .map_err(|e| StateError::Corrupt(e.to_string()))?;
+        // The page tables are a function of the memory map: make sure they
+        // say exactly what it says (only differences are written).
+        process.mm.sync_all_page_tables(vm.mem_mut())?;
         tracing::debug!(?t_state, ?t_vm, ?t_pages, total = ?t0.elapsed(), pages, "resumed a checkpoint");
         Sandbox::resumed(vm, process, limits, engine.vdso.is_some(), self.info.agent.clone(), None, reseed)
     }

@@ -10,8 +10,9 @@ use sha2::{Digest, Sha256};
 use crate::memory::MemoryStats;
 
 pub const MAGIC: &[u8; 8] = b"FBXSNAP\0";
-/// 2: maps encoded as sequences of pairs.
-pub const FORMAT_VERSION: u32 = 2;
+/// 2: maps encoded as sequences of pairs. 3: guest memory holds page tables
+/// present only for the guest's mappings (page-table pool at `PT_POOL_ADDR`).
+pub const FORMAT_VERSION: u32 = 3;
 const HEADER_LEN: usize = 8 + 4 + 8 + 32;
 /// A state file larger than this is rejected before it is read into memory.
 const MAX_PAYLOAD: u64 = 4 << 30;

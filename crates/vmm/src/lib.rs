@@ -14,5 +14,5 @@ pub use arch::cpu::Cpu;
 pub use error::{Result, VmmError};
 pub use interrupt::InterruptLatch;
 pub use kvm_bindings::{kvm_regs, kvm_xsave};
-pub use memory::GuestMemory;
+pub use memory::{GuestMemory, ResetStats};
 pub use vm::{GuestFault, VcpuState, Vm, VmExit};
