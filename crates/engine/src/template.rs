@@ -208,6 +208,12 @@ impl Template {
         &self.pool.stats
     }
 
+    /// The bound on the host memory the recycled VMs of this template hold
+    /// (`PoolStats::recycled_private_bytes`).
+    pub fn max_recycled_bytes(&self) -> u64 {
+        self.pool.max_recycled_bytes()
+    }
+
     /// The memory file's size and checksum as recorded.
     pub fn memory(&self) -> &MemoryFile {
         &self.memory
