@@ -305,13 +305,25 @@ impl GuestMemory {
     /// the host (MADV_DONTNEED: they read as the file again). `retranslate`:
     /// ranges whose page-table translations differ from the snapshot's, to be
     /// dropped from KVM's caches too.
-    pub fn reset_to_backing(&mut self, original: &[u8], keep: &[u64], retranslate: &[(u64, u64)]) -> Result<ResetStats> {
+    /// `private`: the result of `private_pages` if the caller has it (valid
+    /// only when nothing was discarded since).
+    pub fn reset_to_backing(
+        &mut self,
+        original: &[u8],
+        keep: &[u64],
+        retranslate: &[(u64, u64)],
+        private: Option<Vec<u64>>,
+    ) -> Result<ResetStats> {
         let Some(file) = &self.backing else {
             return Err(VmmError::Sys { call: "reset (no snapshot file)", source: std::io::Error::from_raw_os_error(libc::EINVAL) });
         };
         if original.len() as u64 != self.size {
             return Err(VmmError::OutOfRange { addr: 0, len: original.len() as u64 });
         }
+        let private = match private {
+            Some(p) if self.discarded.is_empty() => Some(p),
+            _ => None,
+        };
         for (addr, len) in std::mem::take(&mut self.discarded) {
             // SAFETY: remapping a range of our own mapping with the file's matching pages.
             let p = unsafe {
@@ -328,7 +340,10 @@ impl GuestMemory {
                 return Err(VmmError::last_os("mmap(MAP_FIXED snapshot range)"));
             }
         }
-        let private = self.private_pages()?;
+        let private = match private {
+            Some(p) => p,
+            None => self.private_pages()?,
+        };
         let mut stats = ResetStats::default();
         let mut dropped: Vec<(u64, u64)> = Vec::new();
         for (w, &word) in private.iter().enumerate() {
@@ -553,13 +568,13 @@ mod tests {
         // Keep every page but page 20: that one goes back to the host.
         let mut keep = vec![u64::MAX; 4];
         keep[0] &= !(1 << 20);
-        let stats = m.reset_to_backing(&original, &keep, &[(4096 * 40, 4096)]).unwrap();
+        let stats = m.reset_to_backing(&original, &keep, &[(4096 * 40, 4096)], None).unwrap();
         assert_eq!((stats.copied, stats.dropped, stats.retranslated), (1, 1, 1), "{stats:?}");
         assert_eq!(m.slice(0, 1 << 20).unwrap(), &original[..]);
         // the kept page stays private (and warm); its content is the file's; the dropped one is a file page again
         let private = m.private_pages().unwrap()[0];
         assert_eq!(private & (1 << 3 | 1 << 20), 1 << 3);
-        let again = m.reset_to_backing(&original, &keep, &[]).unwrap();
+        let again = m.reset_to_backing(&original, &keep, &[], Some(m.private_pages().unwrap())).unwrap();
         assert_eq!((again.copied, again.kept, again.dropped), (0, 1, 0));
     }
 

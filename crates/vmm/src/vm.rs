@@ -317,7 +317,7 @@ impl Vm {
     pub fn reset(&mut self, original: &[u8], keep: &[u64], vcpu: &VcpuState) -> Result<crate::memory::ResetStats> {
         let private = self.mem.private_pages()?;
         let changed = paging::changed_translations(&self.mem, original, &private)?;
-        let stats = self.mem.reset_to_backing(original, keep, &changed)?;
+        let stats = self.mem.reset_to_backing(original, keep, &changed, Some(private))?;
         self.restore_vcpu(vcpu)?;
         Ok(stats)
     }

@@ -257,7 +257,11 @@ pub fn changed_translations(mem: &GuestMemory, original: &[u8], private: &[u64])
         private.get((page / 64) as usize).is_some_and(|w| w & (1 << (page % 64)) != 0)
     };
     let mut out: Vec<(u64, u64)> = Vec::new();
+    // Only a private directory page or a private table slot can differ.
     for region in 1..REGIONS {
+        if !is_private(pde_addr(region)) && !is_private(slot(region)) {
+            continue;
+        }
         let now = mem.read_u64(pde_addr(region))?;
         let then = view_u64(original, pde_addr(region)).unwrap_or(0);
         let is_table = now & (PRESENT | HUGE) == PRESENT;
