@@ -46,6 +46,11 @@ pub const PORT_SYSCALL: u16 = 0x12;
 pub const PORT_EXCEPTION_BASE: u16 = 0x20;
 pub const EXCEPTION_VECTORS: u16 = 32;
 
+/// Version of the guest memory layout (system area, page tables and their
+/// pool): part of a template's id, so a template of another layout is never
+/// forked. 2: page tables present only for the guest's mappings.
+pub const LAYOUT_VERSION: u32 = 2;
+
 /// The guest's virtual address space: the page tables cover 4 GiB (4 page directories).
 pub const VIRT_SIZE: u64 = 4 << 30;
 /// Page tables of the 2 MiB regions: region `r` (addresses `r * 2 MiB ..`) has
