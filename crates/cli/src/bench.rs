@@ -262,12 +262,13 @@ fn fork(home: &Path, forks: usize, execs: usize, live: usize, batch: usize, imag
     let st = template.pool_stats();
     let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
     println!(
-        "VMs: {} recycled, {} from the pool, {} created inline; {} resets copied {} pages",
+        "VMs: {} recycled, {} from the pool, {} created inline; {} resets copied {} pages and gave {} back to the host",
         load(&st.recycled_hits),
         load(&st.pooled_hits),
         load(&st.created_inline),
         load(&st.resets),
-        load(&st.pages_reset)
+        load(&st.pages_reset),
+        load(&st.pages_dropped)
     );
     let host = host_fork_baseline(execs)?;
     println!("host os.fork() + exec + pipe (no VM)     {}", summary(host.clone()));

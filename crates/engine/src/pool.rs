@@ -1,8 +1,11 @@
 //! Keeping VM creation and teardown off the request path:
 //! - a pool of VMs pre-created with a template's memory mapped copy-on-write;
 //! - recycling: a sandbox that ends cleanly gives its VM back, reset to the
-//!   template (only the pages that changed are copied back, so KVM's page
-//!   mappings of the rest stay warm and the next fork skips most first touches);
+//!   template: the pages it changed inside the template's own mappings are
+//!   copied back (so KVM's page mappings of them stay warm and the next fork
+//!   skips most first touches); every other private page goes back to the
+//!   host (MADV_DONTNEED), so a recycled VM never holds more than the
+//!   template's mapped pages privately, whatever the previous guest wrote;
 //! - a reaper thread that tears other VMs down in the background.
 
 use std::collections::VecDeque;
@@ -50,7 +53,14 @@ pub struct PoolStats {
     pub pooled_hits: AtomicU64,
     pub created_inline: AtomicU64,
     pub resets: AtomicU64,
+    /// Pages given the template's bytes again by resets.
     pub pages_reset: AtomicU64,
+    /// Private pages given back to the host by resets (beyond the template's mappings).
+    pub pages_dropped: AtomicU64,
+    /// Host memory held privately by the recycled VMs waiting for a fork
+    /// (bytes; a gauge). At most `RECYCLED_TOTAL` x the template's mapped
+    /// pages (`max_recycled_bytes`).
+    pub recycled_private_bytes: AtomicU64,
 }
 
 /// VMs of one template: memory a private (copy-on-write) mapping of its memory file.
@@ -59,10 +69,13 @@ pub struct VmPool {
     file: File,
     size: u64,
     ready: Mutex<Option<Receiver<Vm>>>,
-    /// Oldest first.
-    recycled: Mutex<VecDeque<(ThreadId, Vm)>>,
+    /// Oldest first, with the private bytes each holds.
+    recycled: Mutex<VecDeque<(ThreadId, Vm, u64)>>,
     /// The template's pristine memory and vCPU, for resets.
     original: MemoryView,
+    /// Pages the template maps (one bit per page): what a reset keeps warm.
+    keep: Vec<u64>,
+    keep_pages: u64,
     vcpu: VcpuState,
     pub stats: PoolStats,
 }
@@ -72,6 +85,8 @@ impl VmPool {
     pub fn new(cpu: Arc<Cpu>, file: &File, original: MemoryView, vcpu: VcpuState, depth: usize) -> Result<Arc<VmPool>, VmmError> {
         let dup = |f: &File| f.try_clone().map_err(|source| VmmError::Sys { call: "dup(memory file)", source });
         let size = original.as_slice().len() as u64;
+        let keep = forkbox_vmm::arch::paging::mapped_pages(original.as_slice());
+        let keep_pages = keep.iter().map(|w| w.count_ones() as u64).sum();
         let pool = Arc::new(VmPool {
             cpu: cpu.clone(),
             file: dup(file)?,
@@ -79,6 +94,8 @@ impl VmPool {
             ready: Mutex::new(None),
             recycled: Mutex::new(VecDeque::new()),
             original,
+            keep,
+            keep_pages,
             vcpu,
             stats: PoolStats::default(),
         });
@@ -103,9 +120,10 @@ impl VmPool {
     pub fn take(&self) -> Result<(Vm, bool), VmmError> {
         let me = std::thread::current().id();
         if let Ok(mut r) = self.recycled.lock() {
-            if let Some(i) = r.iter().rposition(|(t, _)| *t == me) {
-                if let Some((_, vm)) = r.remove(i) {
+            if let Some(i) = r.iter().rposition(|(t, _, _)| *t == me) {
+                if let Some((_, vm, bytes)) = r.remove(i) {
                     self.stats.recycled_hits.fetch_add(1, Ordering::Relaxed);
+                    self.stats.recycled_private_bytes.fetch_sub(bytes, Ordering::Relaxed);
                     return Ok((vm, true));
                 }
             }
@@ -129,6 +147,12 @@ impl VmPool {
         self.original.as_slice()
     }
 
+    /// The bound on `recycled_private_bytes`: every recycled VM holding every
+    /// page the template maps privately.
+    pub fn max_recycled_bytes(&self) -> u64 {
+        RECYCLED_TOTAL as u64 * self.keep_pages * forkbox_vmm::layout::PAGE_SIZE
+    }
+
     /// Take back the VM of a sandbox that ended cleanly: reset it to the
     /// template and keep it for the next fork on this thread.
     pub fn recycle(&self, mut vm: Vm) {
@@ -136,20 +160,24 @@ impl VmPool {
         let room = self
             .recycled
             .lock()
-            .map(|r| r.iter().filter(|(t, _)| *t == me).count() < RECYCLED_PER_THREAD)
+            .map(|r| r.iter().filter(|(t, _, _)| *t == me).count() < RECYCLED_PER_THREAD)
             .unwrap_or(false);
         if !room {
             return reap(vm);
         }
-        match vm.reset(self.original.as_slice(), &self.vcpu) {
-            Ok(pages) => {
+        match vm.reset(self.original.as_slice(), &self.keep, &self.vcpu) {
+            Ok(st) => {
                 self.stats.resets.fetch_add(1, Ordering::Relaxed);
-                self.stats.pages_reset.fetch_add(pages, Ordering::Relaxed);
+                self.stats.pages_reset.fetch_add(st.copied, Ordering::Relaxed);
+                self.stats.pages_dropped.fetch_add(st.dropped, Ordering::Relaxed);
+                let bytes = (st.copied + st.kept) * forkbox_vmm::layout::PAGE_SIZE;
                 match self.recycled.lock() {
                     Ok(mut r) => {
-                        r.push_back((me, vm));
+                        self.stats.recycled_private_bytes.fetch_add(bytes, Ordering::Relaxed);
+                        r.push_back((me, vm, bytes));
                         while r.len() > RECYCLED_TOTAL {
-                            if let Some((_, old)) = r.pop_front() {
+                            if let Some((_, old, b)) = r.pop_front() {
+                                self.stats.recycled_private_bytes.fetch_sub(b, Ordering::Relaxed);
                                 reap(old);
                             }
                         }

@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 pub use forkbox_linux::io::Stream;
 use forkbox_linux::io::Io;
-use forkbox_linux::layout::{RAM_SIZE, STACK_GUARD};
+use forkbox_linux::layout::RAM_SIZE;
 use forkbox_linux::loader;
 use forkbox_linux::syscalls::{self, Ctx, Effect};
 use forkbox_linux::Process;
@@ -123,7 +123,9 @@ impl Sandbox {
         let argv = [PYTHON, "-I", "-B", AGENT_PATH];
         let opts = loader::ExecOptions { hwcap: engine.hwcap, vdso: engine.vdso };
         let start = loader::exec(vm.mem_mut(), &mut proc, PYTHON, &argv, &envp, &opts)?;
-        vm.boot(&engine.cpu, start.entry, start.rsp, &[STACK_GUARD])?;
+        vm.boot(&engine.cpu, start.entry, start.rsp)?;
+        // Only what the guest mapped is present for it, with its protections.
+        proc.mm.sync_all_page_tables(vm.mem_mut())?;
         crate::vdso::refresh(&mut vm, engine.vdso.is_some())?;
         let mut io = Io::new(limits.output_bytes);
         io.trace = trace;
@@ -374,7 +376,18 @@ impl Sandbox {
                 }
                 // Picked up at the top of the loop.
                 VmExit::Interrupted => {}
-                VmExit::Exception(fault) => return Err(EngineError::GuestCrashed(fault.to_string())),
+                VmExit::Exception(fault) => {
+                    // A fault in user code is a signal to the guest (SIGSEGV
+                    // for a page it did not map...); without a handler, a crash.
+                    let delivered = {
+                        let vm = self.vm.as_mut().expect("sandbox VM present until drop");
+                        self.sig.deliver_fault(vm, &mut self.proc, &fault)
+                    };
+                    match delivered {
+                        Ok(h) => self.vm().enter_user(&h)?,
+                        Err(e) => return Err(self.with_stderr(e)),
+                    }
+                }
                 VmExit::Shutdown { rip } => {
                     return Err(EngineError::GuestCrashed(format!("triple fault (VM shutdown) near rip {rip:#x}")))
                 }
@@ -390,6 +403,18 @@ impl Sandbox {
                 VmExit::Unexpected(why) => return Err(EngineError::GuestCrashed(why)),
             }
         }
+    }
+
+    /// A crash report with what the guest last wrote to stderr (e.g. Python's
+    /// faulthandler traceback), at most 1 KiB of it.
+    fn with_stderr(&self, e: EngineError) -> EngineError {
+        let EngineError::GuestCrashed(why) = e else { return e };
+        let data = &self.io.stderr.data;
+        if data.is_empty() {
+            return EngineError::GuestCrashed(why);
+        }
+        let tail = &data[data.len().saturating_sub(1024)..];
+        EngineError::GuestCrashed(format!("{why}; stderr: {}", String::from_utf8_lossy(tail).trim_end()))
     }
 
     /// Turn a triggered interrupt into a SIGINT to deliver; the first one of
@@ -449,7 +474,14 @@ impl Sandbox {
                 return Ok(Some(Stop::Parked(regs)));
             }
             Some(Effect::Exit(code)) => return Err(EngineError::GuestExited(code)),
-            Some(Effect::Signaled(sig)) => return Err(EngineError::GuestSignaled(sig)),
+            Some(Effect::Signaled(sig)) => {
+                // A handler re-raising the fault it got (faulthandler does) is that crash.
+                if let Some((_, fault)) = self.sig.fault.as_ref().filter(|(s, _)| *s == sig) {
+                    let e = EngineError::GuestCrashed(signal::crash_report(fault));
+                    return Err(self.with_stderr(e));
+                }
+                return Err(EngineError::GuestSignaled(sig));
+            }
             Some(Effect::SetFsBase(base)) => vm.set_fs_base(base)?,
             Some(Effect::SigReturn) => {
                 let u = self.sig.sigreturn(vm, &mut self.proc, regs.rsp)?;

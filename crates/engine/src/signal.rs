@@ -1,5 +1,7 @@
-//! SIGINT delivery, as Linux does it on x86-64 for a handler installed with
-//! rt_sigaction (CPython's, with SA_RESTORER): the interrupted user state is
+//! Signal delivery — SIGINT for an interrupt, SIGSEGV/SIGBUS/SIGILL/SIGFPE/
+//! SIGTRAP for a CPU exception in user code (a #PF on a page the guest did not
+//! map, or mapped without the access it tried) — as Linux does it on x86-64
+//! for a handler installed with rt_sigaction (with SA_RESTORER): the interrupted user state is
 //! kept host-side (registers and XSAVE), a minimal `rt_sigframe` is built on
 //! the guest stack (below the 128-byte red zone, aligned like a call), the
 //! vCPU enters the handler with rdi = signo, rsi = &siginfo, rdx = &ucontext,
@@ -13,9 +15,9 @@
 
 use std::time::{Duration, Instant};
 
-use forkbox_linux::layout::{GUEST_BASE, RAM_SIZE, STACK_GUARD};
+use forkbox_linux::layout::{GUEST_BASE, RAM_SIZE};
 use forkbox_linux::Process;
-use forkbox_vmm::{kvm_regs, kvm_xsave, Vm};
+use forkbox_vmm::{kvm_regs, kvm_xsave, GuestFault, Vm};
 
 use crate::error::EngineError;
 
@@ -33,6 +35,13 @@ const SS_DISABLE: i32 = 2;
 const SS_ONSTACK: i32 = 1;
 /// si_code of a signal sent by the kernel (what a terminal's Ctrl-C gives).
 const SI_KERNEL: i32 = 0x80;
+const SEGV_MAPERR: i32 = 1;
+const SEGV_ACCERR: i32 = 2;
+const ILL_ILLOPN: i32 = 2;
+const FPE_INTDIV: i32 = 1;
+const FPE_FLTINV: i32 = 7;
+const TRAP_BRKPT: i32 = 1;
+const BUS_ADRALN: i32 = 1;
 const SIGKILL_STOP: u64 = (1 << 8) | (1 << 18);
 const RED_ZONE: u64 = 128;
 /// Handlers that may be in flight at once (one per unblocked re-delivery).
@@ -64,6 +73,47 @@ pub struct SignalState {
     /// End of the grace period that started with this exec's first interrupt.
     pub grace: Option<Instant>,
     saved: Vec<Saved>,
+    /// The last CPU exception delivered as a signal in this run (signal
+    /// number, fault): if the guest then dies of that signal (its handler
+    /// re-raised it, as faulthandler does) it is reported as that crash.
+    pub fault: Option<(i32, GuestFault)>,
+}
+
+/// What the siginfo and sigcontext of one delivery say.
+struct Info {
+    signo: usize,
+    code: i32,
+    addr: u64,
+    err: u64,
+    trapno: u64,
+}
+
+/// The signal Linux raises for a CPU exception in user mode, with its si_code
+/// and si_addr; None for vectors a user program cannot cause (those crash).
+fn fault_signal(f: &GuestFault) -> Option<Info> {
+    let (signo, code, addr) = match f.vector {
+        // #PF: error code bit 0 = the page was present (a protection violation).
+        14 => (libc::SIGSEGV, if f.error_code & 1 != 0 { SEGV_ACCERR } else { SEGV_MAPERR }, f.cr2),
+        13 | 12 | 11 | 10 => (libc::SIGSEGV, SI_KERNEL, 0),
+        6 => (libc::SIGILL, ILL_ILLOPN, f.rip),
+        0 => (libc::SIGFPE, FPE_INTDIV, f.rip),
+        16 | 19 => (libc::SIGFPE, FPE_FLTINV, f.rip),
+        1 | 3 => (libc::SIGTRAP, TRAP_BRKPT, f.rip),
+        17 => (libc::SIGBUS, BUS_ADRALN, f.cr2),
+        _ => return None,
+    };
+    Some(Info { signo: signo as usize, code, addr, err: f.error_code, trapno: f.vector as u64 })
+}
+
+fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGILL => "SIGILL",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGTRAP => "SIGTRAP",
+        _ => "signal",
+    }
 }
 
 /// rt_sigaction's record for one signal (kernel `struct sigaction`).
@@ -84,8 +134,16 @@ fn killed(why: &str) -> EngineError {
     EngineError::Interrupted(why.to_string())
 }
 
+/// How a fault the guest cannot take (or did not handle) is reported.
+pub fn crash_report(f: &GuestFault) -> String {
+    match fault_signal(f) {
+        Some(i) => format!("{f} ({})", signal_name(i.signo as i32)),
+        None => f.to_string(),
+    }
+}
+
 /// The interrupted state goes into the frame as a kernel's sigcontext would have it.
-fn sigcontext(u: &kvm_regs, mask: u64) -> [u8; 256] {
+fn sigcontext(u: &kvm_regs, mask: u64, info: &Info) -> [u8; 256] {
     let mut b = [0u8; 256];
     let words = [
         u.r8, u.r9, u.r10, u.r11, u.r12, u.r13, u.r14, u.r15, u.rdi, u.rsi, u.rbp, u.rbx, u.rdx, u.rax, u.rcx, u.rsp,
@@ -96,8 +154,13 @@ fn sigcontext(u: &kvm_regs, mask: u64) -> [u8; 256] {
     }
     b[144..146].copy_from_slice(&forkbox_vmm::arch::USER_CS.to_le_bytes());
     b[150..152].copy_from_slice(&forkbox_vmm::arch::USER_SS.to_le_bytes());
-    // err, trapno = 0; oldmask; cr2 = 0; fpstate = NULL.
+    // err, trapno (of a fault), oldmask, cr2 (its address); fpstate = NULL.
+    b[152..160].copy_from_slice(&info.err.to_le_bytes());
+    b[160..168].copy_from_slice(&info.trapno.to_le_bytes());
     b[168..176].copy_from_slice(&mask.to_le_bytes());
+    if info.trapno == 14 {
+        b[176..184].copy_from_slice(&info.addr.to_le_bytes());
+    }
     b
 }
 
@@ -134,6 +197,39 @@ impl SignalState {
         if act.flags & SA_RESTORER == 0 {
             return Err(killed("the SIGINT handler has no restorer"));
         }
+        let info = Info { signo: SIGINT, code: SI_KERNEL, addr: 0, err: 0, trapno: 0 };
+        self.push_frame(vm, proc, u, &act, &info).map(Some).map_err(|why| killed(&why))
+    }
+
+    /// Deliver the signal of CPU exception `f` (taken in user mode, the vCPU
+    /// in its exception stub) to the guest's handler: the registers that
+    /// enter it (return with `Vm::enter_user`). A fault the guest cannot take
+    /// — default or ignored action (Linux then kills), blocked, nested too
+    /// deep, no room for the frame — is a crash, reported with its address.
+    pub fn deliver_fault(&mut self, vm: &mut Vm, proc: &mut Process, f: &GuestFault) -> Result<kvm_regs, EngineError> {
+        let crashed = |why: &str| EngineError::GuestCrashed(format!("{}{why}", crash_report(f)));
+        let Some(info) = fault_signal(f).filter(|_| f.user_mode) else { return Err(crashed("")) };
+        let act = action(proc, info.signo);
+        if act.handler == SIG_DFL || act.handler == SIG_IGN {
+            return Err(crashed(""));
+        }
+        let blocked = proc.signals.mask & (1 << (info.signo - 1)) != 0;
+        if blocked || self.saved.len() >= MAX_NESTED || act.flags & SA_RESTORER == 0 {
+            return Err(crashed(", which the guest could not take"));
+        }
+        let mut u = vm.regs()?;
+        u.rip = f.rip;
+        u.rsp = f.rsp;
+        u.rflags = f.rflags;
+        let h = self.push_frame(vm, proc, &u, &act, &info).map_err(|why| crashed(&format!("; its handler could not run: {why}")))?;
+        self.fault = Some((info.signo as i32, f.clone()));
+        Ok(h)
+    }
+
+    /// Build the frame of signal `info.signo` for user state `u` and return the
+    /// registers that enter the handler `act`; Err(why) if it cannot be built.
+    fn push_frame(&mut self, vm: &mut Vm, proc: &mut Process, u: &kvm_regs, act: &Action, info: &Info) -> Result<kvm_regs, String> {
+        let sig = info.signo;
         let alt = proc.signals.altstack;
         let ss_sp = u64::from_le_bytes(alt[0..8].try_into().unwrap_or([0; 8]));
         let ss_flags = i32::from_le_bytes(alt[8..12].try_into().unwrap_or([0; 4]));
@@ -145,12 +241,11 @@ impl SignalState {
             u.rsp.wrapping_sub(RED_ZONE)
         };
         let frame = (sp.wrapping_sub(FRAME_SIZE) & !15).wrapping_sub(8);
-        let end = frame.checked_add(FRAME_SIZE).ok_or_else(|| killed("no room for the signal frame"))?;
-        let in_guard = frame < STACK_GUARD.1 && end > STACK_GUARD.0;
-        if frame < GUEST_BASE || end > RAM_SIZE || in_guard || sp > RAM_SIZE || !writable(proc, frame, end) {
-            return Err(killed(&format!("no room for the signal frame at {frame:#x} (stack pointer {:#x})", u.rsp)));
+        let end = frame.checked_add(FRAME_SIZE).ok_or("no room for the signal frame")?;
+        if frame < GUEST_BASE || end > RAM_SIZE || sp > RAM_SIZE || proc.mm.accessible(frame, FRAME_SIZE, true) != FRAME_SIZE {
+            return Err(format!("no room for the signal frame at {frame:#x} (stack pointer {:#x})", u.rsp));
         }
-        let xsave = Box::new(vm.xsave()?);
+        let xsave = Box::new(vm.xsave().map_err(|e| e.to_string())?);
         let mask = proc.signals.mask;
         let mut f = [0u8; FRAME_SIZE as usize];
         f[0..8].copy_from_slice(&act.restorer.to_le_bytes());
@@ -158,30 +253,31 @@ impl SignalState {
         let cur_flags = if on_alt { SS_ONSTACK } else { ss_flags };
         f[UC_STACK_OFF + 8..UC_STACK_OFF + 12].copy_from_slice(&cur_flags.to_le_bytes());
         f[UC_STACK_OFF + 16..UC_STACK_OFF + 24].copy_from_slice(&ss_size.to_le_bytes());
-        f[MCONTEXT_OFF..MCONTEXT_OFF + 256].copy_from_slice(&sigcontext(u, mask));
+        f[MCONTEXT_OFF..MCONTEXT_OFF + 256].copy_from_slice(&sigcontext(u, mask, info));
         f[SIGMASK_OFF..SIGMASK_OFF + 8].copy_from_slice(&mask.to_le_bytes());
-        f[SIGINFO_OFF..SIGINFO_OFF + 4].copy_from_slice(&(SIGINT as i32).to_le_bytes());
-        f[SIGINFO_OFF + 8..SIGINFO_OFF + 12].copy_from_slice(&SI_KERNEL.to_le_bytes());
-        vm.mem_mut().write(frame, &f)?;
+        f[SIGINFO_OFF..SIGINFO_OFF + 4].copy_from_slice(&(sig as i32).to_le_bytes());
+        f[SIGINFO_OFF + 8..SIGINFO_OFF + 12].copy_from_slice(&info.code.to_le_bytes());
+        f[SIGINFO_OFF + 16..SIGINFO_OFF + 24].copy_from_slice(&info.addr.to_le_bytes());
+        vm.mem_mut().write(frame, &f).map_err(|e| e.to_string())?;
         let mut new_mask = mask | act.mask;
         if act.flags & SA_NODEFER == 0 {
-            new_mask |= 1 << (SIGINT - 1);
+            new_mask |= 1 << (sig - 1);
         }
         proc.signals.mask = new_mask & !SIGKILL_STOP;
         if act.flags & SA_RESETHAND != 0 {
-            std::sync::Arc::make_mut(&mut proc.signals.actions)[SIGINT] = [0; 32];
+            std::sync::Arc::make_mut(&mut proc.signals.actions)[sig] = [0; 32];
         }
         self.saved.push(Saved { regs: *u, xsave, mask, frame });
         let mut h = *u;
         h.rip = act.handler;
         h.rsp = frame;
-        h.rdi = SIGINT as u64;
+        h.rdi = sig as u64;
         h.rsi = frame + SIGINFO_OFF as u64;
         h.rdx = frame + UC_OFF as u64;
         h.rax = 0;
         // As Linux: no direction flag, trap or resume flag into the handler.
         h.rflags = u.rflags & !(0x400 | 0x100 | 0x1_0000);
-        Ok(Some(h))
+        Ok(h)
     }
 
     /// rt_sigreturn with RSP `rsp`: the state to return to user mode with (the
@@ -199,14 +295,6 @@ impl SignalState {
     }
 }
 
-/// Is [start, end) mapped writable for the guest (a VMA with PROT_WRITE, or the brk heap)?
-fn writable(proc: &Process, start: u64, end: u64) -> bool {
-    let heap = |a: u64| a >= proc.mm.brk_start && a < proc.mm.brk;
-    let vma = |a: u64| proc.mm.mapping_at(a).is_some_and(|v| v.prot & libc::PROT_WRITE as u32 != 0);
-    let last = end - 1;
-    (vma(start) || heap(start)) && (vma(last) || heap(last))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -214,7 +302,8 @@ mod tests {
     #[test]
     fn sigcontext_layout_matches_the_kernel() {
         let u = kvm_regs { r8: 8, rdi: 0xd1, rsp: 0x5a, rip: 0x1234, rflags: 0x246, rcx: 0xc, ..Default::default() };
-        let b = sigcontext(&u, 0x10);
+        let info = Info { signo: 11, code: SEGV_MAPERR, addr: 0x8000_0000, err: 6, trapno: 14 };
+        let b = sigcontext(&u, 0x10, &info);
         let at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
         assert_eq!(at(0), 8, "r8 first");
         assert_eq!(at(64), 0xd1, "rdi at 64");
@@ -224,6 +313,9 @@ mod tests {
         assert_eq!(at(136), 0x246, "eflags at 136");
         assert_eq!(u16::from_le_bytes([b[144], b[145]]), forkbox_vmm::arch::USER_CS);
         assert_eq!(at(168), 0x10, "oldmask");
+        assert_eq!(at(152), 6, "err");
+        assert_eq!(at(160), 14, "trapno");
+        assert_eq!(at(176), 0x8000_0000, "cr2");
         assert_eq!(at(184), 0, "fpstate NULL");
         assert_eq!(SIGINFO_OFF as u64 + 128, FRAME_SIZE);
     }

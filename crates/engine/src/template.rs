@@ -51,12 +51,15 @@ pub fn templates_dir(home: &Path) -> PathBuf {
 }
 
 /// A template is named by what determines its content: the image, the
-/// preload, the state format, this forkbox's version and the CPU the guest
-/// sees (`CpuFingerprint::digest`; another CPU means another template).
+/// preload, the state format, the guest memory layout (page tables and their
+/// pool: `forkbox_vmm::layout::LAYOUT_VERSION`), this forkbox's version and
+/// the CPU the guest sees (`CpuFingerprint::digest`; another CPU means
+/// another template).
 pub fn template_id(image_id: &str, preload: &str, cpu_digest: &str) -> String {
     let mut h = Sha256::new();
     let version = FORMAT_VERSION.to_le_bytes();
-    for part in [image_id.as_bytes(), preload.as_bytes(), &version, env!("CARGO_PKG_VERSION").as_bytes(), cpu_digest.as_bytes()] {
+    let layout = forkbox_vmm::layout::LAYOUT_VERSION.to_le_bytes();
+    for part in [image_id.as_bytes(), preload.as_bytes(), &version, &layout, env!("CARGO_PKG_VERSION").as_bytes(), cpu_digest.as_bytes()] {
         h.update((part.len() as u64).to_le_bytes());
         h.update(part);
     }
@@ -216,6 +219,9 @@ impl Template {
         vm.restore_vcpu(&vcpu)?;
         let process = Process::restore_state(engine.image.clone(), snapshot.process)
             .map_err(|e| StateError::Corrupt(e.to_string()))?;
+        // The page tables are a function of the memory map: make sure they
+        // say exactly what it says (only differences are written).
+        process.mm.sync_all_page_tables(vm.mem_mut())?;
         tracing::debug!(?t_state, ?t_vm, ?t_pages, total = ?t0.elapsed(), pages, "resumed a checkpoint");
         Sandbox::resumed(vm, process, limits, engine.vdso.is_some(), self.info.agent.clone(), None, reseed)
     }
@@ -223,6 +229,12 @@ impl Template {
     /// Fork/recycling counters.
     pub fn pool_stats(&self) -> &crate::pool::PoolStats {
         &self.pool.stats
+    }
+
+    /// The bound on the host memory the recycled VMs of this template hold
+    /// (`PoolStats::recycled_private_bytes`).
+    pub fn max_recycled_bytes(&self) -> u64 {
+        self.pool.max_recycled_bytes()
     }
 
     /// The CPU the template was made on (this host's).

@@ -1,10 +1,15 @@
 //! The guest's memory map: which address ranges are mapped, how, and how
 //! much memory that commits (the guest's memory limit is enforced here).
 //!
-//! Guest RAM is identity-mapped RWX by the page tables, so this map is the
-//! VMM's bookkeeping, not the MMU's: it decides where mmap/brk place things,
-//! what munmap gives back to the host, and refuses allocations past the limit.
+//! The page tables follow this map (`sync_page_tables` after every change):
+//! a page is present for the guest only inside a mapping or the brk heap,
+//! with the mapping's protections, so the MMU enforces what the map says and
+//! the host never backs a page the guest did not map. Syscall buffers are
+//! checked against it too (`accessible`). All size arithmetic is checked:
+//! lengths come from the guest.
 
+use forkbox_vmm::arch::paging::{self, REGIONS, REGION_PAGES};
+use forkbox_vmm::GuestMemory;
 use imbl::OrdMap;
 
 use crate::errno::Errno;
@@ -73,18 +78,25 @@ impl MemoryMap {
     /// (sorted, non-overlapping, inside guest memory): for state read from disk.
     pub fn validate(&self) -> Result<(), String> {
         let mut last_end = 0;
-        let mut sum = 0;
+        let mut sum: u64 = 0;
         for (s, v) in self.vmas.iter() {
-            if *s < last_end || v.end <= *s || *s < GUEST_BASE || v.end > STACK_TOP || s % PAGE_SIZE != 0 || v.end % PAGE_SIZE != 0 {
+            if *s < last_end
+                || v.end <= *s
+                || *s < GUEST_BASE
+                || v.end > STACK_TOP
+                || s % PAGE_SIZE != 0
+                || v.end % PAGE_SIZE != 0
+                || (*s < RESERVED.1 && v.end > RESERVED.0)
+            {
                 return Err(format!("bad mapping {s:#x}..{:#x}", v.end));
             }
             last_end = v.end;
-            sum += v.end - s;
+            sum = sum.checked_add(v.end - s).ok_or("mapping sizes overflow")?;
         }
-        if self.brk < self.brk_start || self.brk > BRK_LIMIT {
+        if self.brk < self.brk_start || self.brk > BRK_LIMIT || (self.brk > self.brk_start && self.brk_start < GUEST_BASE) {
             return Err(format!("bad heap {:#x}..{:#x}", self.brk_start, self.brk));
         }
-        if sum + self.brk_pages() != self.committed {
+        if sum.checked_add(self.brk_pages()) != Some(self.committed) {
             return Err("committed bytes do not add up".into());
         }
         Ok(())
@@ -105,7 +117,10 @@ impl MemoryMap {
 
     /// Is `[addr, addr+len)` free of mappings (and of the heap)?
     fn is_free(&self, addr: u64, len: u64) -> bool {
-        let end = addr + len;
+        let Some(end) = addr.checked_add(len) else { return false };
+        if len == 0 {
+            return true;
+        }
         if addr < align_up(self.brk, PAGE_SIZE) && end > self.brk_start {
             return false;
         }
@@ -129,16 +144,77 @@ impl MemoryMap {
         (cursor.checked_add(len)? <= MMAP_TOP).then_some(cursor)
     }
 
-    /// Valid user range: page-aligned start, inside guest-owned memory.
+    /// Valid user range: page-aligned start, inside guest-owned memory, clear
+    /// of the reserved addresses (page-table pool, stack guard).
     pub fn check_range(addr: u64, len: u64) -> Result<(), Errno> {
         if !addr.is_multiple_of(PAGE_SIZE) || len == 0 {
             return Err(Errno::EINVAL);
         }
         let end = addr.checked_add(len).ok_or(Errno::ENOMEM)?;
-        if addr < GUEST_BASE || end > STACK_TOP {
+        if addr < GUEST_BASE || end > STACK_TOP || (addr < RESERVED.1 && end > RESERVED.0) {
             return Err(Errno::ENOMEM);
         }
         Ok(())
+    }
+
+    /// How many bytes from `addr` (at most `len`) the guest may access:
+    /// contiguous mapped pages that are readable (any protection but
+    /// PROT_NONE; x86 cannot map write- or execute-only) or, with `write`,
+    /// writable. The brk heap is read-write.
+    pub fn accessible(&self, addr: u64, len: u64, write: bool) -> u64 {
+        let need = if write { libc::PROT_WRITE as u32 } else { (libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC) as u32 };
+        let end = addr.saturating_add(len);
+        let heap_end = align_up(self.brk, PAGE_SIZE);
+        let mut at = addr;
+        while at < end {
+            if at >= self.brk_start && at < heap_end {
+                at = heap_end;
+                continue;
+            }
+            match self.vmas.get_prev(&at) {
+                Some((s, v)) if *s <= at && v.end > at && v.prot & need != 0 => at = v.end,
+                _ => break,
+            }
+        }
+        at.min(end) - addr
+    }
+
+    /// The protection (PROT_* bits, 0 = unmapped) of each page of 2 MiB region `region`.
+    pub fn region_prots(&self, region: u64) -> [u8; REGION_PAGES] {
+        let mut out = [0u8; REGION_PAGES];
+        let base = region.saturating_mul(HUGE_PAGE_SIZE);
+        let end = base.saturating_add(HUGE_PAGE_SIZE);
+        let mut fill = |s: u64, e: u64, prot: u8| {
+            let (s, e) = (s.max(base), e.min(end));
+            if s < e {
+                out[((s - base) / PAGE_SIZE) as usize..((e - base) / PAGE_SIZE) as usize].fill(prot);
+            }
+        };
+        fill(self.brk_start, align_up(self.brk, PAGE_SIZE), (libc::PROT_READ | libc::PROT_WRITE) as u8);
+        for (s, v) in self.vmas.range(..end).rev().take_while(|(_, v)| v.end > base) {
+            fill(*s, v.end, (v.prot & 7) as u8);
+        }
+        out
+    }
+
+    /// Make the page tables in `mem` agree with this map for every 2 MiB
+    /// region that `[start, end)` touches (pages that lose a permission are
+    /// queued for invalidation on `mem`, done before the vCPU runs again).
+    pub fn sync_page_tables(&self, mem: &mut GuestMemory, start: u64, end: u64) -> Result<(), forkbox_vmm::VmmError> {
+        if end <= start {
+            return Ok(());
+        }
+        let first = (start / HUGE_PAGE_SIZE).max(1);
+        let last = ((end - 1) / HUGE_PAGE_SIZE).min(REGIONS - 1);
+        for region in first..=last {
+            paging::set_region(mem, region, &self.region_prots(region))?;
+        }
+        Ok(())
+    }
+
+    /// The whole address space (after a load or a restore).
+    pub fn sync_all_page_tables(&self, mem: &mut GuestMemory) -> Result<(), forkbox_vmm::VmmError> {
+        self.sync_page_tables(mem, GUEST_BASE, STACK_TOP)
     }
 
     /// Map `len` bytes (page-rounded by the caller). With `fixed`, exactly at
@@ -154,14 +230,13 @@ impl MemoryMap {
         if addr.is_some() {
             self.unmap(at, len)?;
         }
-        if self.committed + len > self.limit {
-            return Err(Errno::ENOMEM);
-        }
+        let committed = self.committed.checked_add(len).filter(|c| *c <= self.limit).ok_or(Errno::ENOMEM)?;
         if !self.is_free(at, len) {
             return Err(Errno::ENOMEM);
         }
-        self.vmas.insert(at, Vma { end: at + len, prot, kind });
-        self.committed += len;
+        let end = at.checked_add(len).ok_or(Errno::ENOMEM)?;
+        self.vmas.insert(at, Vma { end, prot, kind });
+        self.committed = committed;
         Ok(at)
     }
 
@@ -207,16 +282,21 @@ impl MemoryMap {
             if ce < v.end {
                 self.vmas.insert(ce, Vma { kind: v.kind_from(ce - s), ..v });
             }
-            self.committed -= clen;
+            self.committed = self.committed.saturating_sub(clen);
         }
         debug_assert!(self.overlapping(addr, end - addr).is_empty());
         Ok(removed)
     }
 
-    /// Record new protections (not enforced by the page tables).
+    /// Record new protections (the caller syncs the page tables). Linux
+    /// refuses (ENOMEM) a range with unmapped pages in it; so does this.
     pub fn protect(&mut self, addr: u64, len: u64, prot: u32) -> Result<(), Errno> {
         Self::check_range(addr, len)?;
         let end = addr + len;
+        let heap = align_up(self.brk, PAGE_SIZE).min(end).saturating_sub(self.brk_start.max(addr));
+        if self.overlapping(addr, len).iter().map(|p| p.1).sum::<u64>() + heap != len {
+            return Err(Errno::ENOMEM);
+        }
         let overlapping: Vec<(u64, Vma)> =
             self.vmas.range(..end).rev().take_while(|(_, v)| v.end > addr).map(|(s, v)| (*s, *v)).collect();
         for (s, v) in overlapping {
@@ -239,21 +319,22 @@ impl MemoryMap {
         (v.end > addr).then_some(*v).filter(|_| *s <= addr)
     }
 
-    /// Try to grow the mapping `[addr, addr+old)` in place to `new` bytes.
+    /// Try to grow the mapping `[addr, addr+old)` in place to `new` bytes
+    /// (`new > old`; every sum checked: the lengths are the guest's).
     pub fn grow_in_place(&mut self, addr: u64, old: u64, new: u64) -> Result<bool, Errno> {
         let Some(v) = self.vmas.get(&addr).copied() else { return Err(Errno::EFAULT) };
-        if v.end != addr + old {
-            return Ok(false);
-        }
-        let extra = new - old;
-        if addr + new > MMAP_TOP.max(v.end) || !self.is_free(addr + old, extra) {
-            return Ok(false);
-        }
-        if self.committed + extra > self.limit {
+        let (Some(old_end), Some(new_end), Some(extra)) = (addr.checked_add(old), addr.checked_add(new), new.checked_sub(old)) else {
             return Err(Errno::ENOMEM);
+        };
+        if v.end != old_end || extra == 0 {
+            return Ok(false);
         }
-        self.vmas.insert(addr, Vma { end: addr + new, ..v });
-        self.committed += extra;
+        if Self::check_range(addr, new).is_err() || new_end > MMAP_TOP.max(v.end) || !self.is_free(old_end, extra) {
+            return Ok(false);
+        }
+        let committed = self.committed.checked_add(extra).filter(|c| *c <= self.limit).ok_or(Errno::ENOMEM)?;
+        self.vmas.insert(addr, Vma { end: new_end, ..v });
+        self.committed = committed;
         Ok(true)
     }
 
@@ -263,17 +344,21 @@ impl MemoryMap {
         if new < self.brk_start || new > BRK_LIMIT {
             return (self.brk, None);
         }
+        // new <= BRK_LIMIT: no overflow below.
         let (old_top, new_top) = (align_up(self.brk, PAGE_SIZE), align_up(new, PAGE_SIZE));
         if new_top > old_top {
             let grow = new_top - old_top;
-            if self.committed + grow > self.limit || !self.is_free(old_top, grow) {
+            let Some(committed) = self.committed.checked_add(grow).filter(|c| *c <= self.limit) else {
+                return (self.brk, None);
+            };
+            if !self.is_free(old_top, grow) {
                 return (self.brk, None);
             }
-            self.committed += grow;
+            self.committed = committed;
             self.brk = new;
             (new, None)
         } else {
-            self.committed -= old_top - new_top;
+            self.committed = self.committed.saturating_sub(old_top - new_top);
             self.brk = new;
             (new, (new_top < old_top).then_some((new_top, old_top - new_top)))
         }

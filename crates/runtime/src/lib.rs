@@ -205,6 +205,12 @@ impl Runtime {
         &self.template.info.id
     }
 
+    /// Host memory the recycled VMs hold in private pages, and its bound (bytes).
+    pub fn vm_pool_private_bytes(&self) -> (u64, u64) {
+        let held = self.template.pool_stats().recycled_private_bytes.load(std::sync::atomic::Ordering::Relaxed);
+        (held as u64, self.template.max_recycled_bytes() as u64)
+    }
+
     /// One round of upkeep: evict idle sessions, merge long layer chains, remove
     /// what no session needs. Blocking.
     pub fn maintain(&self) -> Result<Upkeep, RuntimeError> {

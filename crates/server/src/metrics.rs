@@ -55,3 +55,9 @@ pub fn sessions_live(n: u64) {
 pub fn checkpoint_bytes(n: u64) {
     metrics::counter!("forkbox_checkpoint_bytes_total").increment(n);
 }
+
+/// Host memory the template's recycled VMs hold privately (a gauge), and its bound.
+pub fn vm_pool((held, max): (u64, u64)) {
+    metrics::gauge!("forkbox_vm_pool_private_bytes").set(held as f64);
+    metrics::gauge!("forkbox_vm_pool_private_bytes_max").set(max as f64);
+}

@@ -474,6 +474,8 @@ async fn metrics_and_health() {
         "forkbox_sessions_resident",
         "forkbox_sessions_live",
         "forkbox_checkpoint_bytes_total",
+        "forkbox_vm_pool_private_bytes",
+        "forkbox_vm_pool_private_bytes_max",
         "forkbox_errors_total{code=\"session_not_found\"}",
     ] {
         assert!(text.contains(needle), "/metrics lacks {needle}:\n{text}");

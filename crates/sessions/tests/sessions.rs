@@ -738,6 +738,44 @@ fn recovery_rewinds_lost_files_and_removes_strays() {
     assert_eq!(value(&m, &b, "y"), "'b'");
 }
 
+/// A wild write (the issue's attack) is a crash reported with its address; the
+/// session rolls back to its checkpoint and goes on. The page tables are part
+/// of the checkpoint: a read-only mapping stays read-only after a resume.
+#[test]
+fn wild_write_crash_rolls_back_and_protections_survive_resume() {
+    let home = fresh_home();
+    let m = open_default(home.path());
+    let limits = Limits { memory_bytes: 64 << 20, ..Limits::default() };
+    let s = new_session_with(&m, &limits);
+    ok(
+        &m,
+        &s.id,
+        "import ctypes\nx = 1\nlibc = ctypes.CDLL(None)\nlibc.mmap.restype = ctypes.c_void_p\n\
+         libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]\n\
+         ro = libc.mmap(None, 4096, 3, 0x22, -1, 0)\nctypes.memset(ro, 0x41, 4096)\n\
+         libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]\nassert libc.mprotect(ro, 4096, 1) == 0",
+    );
+    let good = m.checkpoints(TENANT, &s.id).unwrap().last().unwrap().seq;
+    let (code, cp, msg) = exec_failed(
+        &m,
+        &s.id,
+        "import faulthandler\nfaulthandler.enable()\nx = 99\nctypes.memset(0x80000000, 0x5A, 1 << 30)",
+    );
+    assert_eq!(code, "guest_crashed", "{msg}");
+    assert!(msg.contains("writing address 0x80000000") && msg.contains("SIGSEGV"), "{msg}");
+    assert!(msg.contains("Fatal Python error"), "faulthandler's report is in the crash: {msg}");
+    assert_eq!(cp, Some(good), "{msg}");
+    assert_eq!(value(&m, &s.id, "(x, ctypes.string_at(ro, 2))"), "(1, b'AA')");
+    // Resumed from its checkpoint (the crash dropped the VM): still read-only.
+    for round in 0..2 {
+        let (code, _, msg) = exec_failed(&m, &s.id, "ctypes.memset(ro, 0x42, 1)");
+        assert_eq!(code, "guest_crashed", "round {round}: {msg}");
+        assert!(msg.contains("writing address"), "{msg}");
+        assert_eq!(value(&m, &s.id, "x += 1\n(x, ctypes.string_at(ro, 2))"), format!("({}, b'AA')", 2 + round));
+        m.evict(&s.id);
+    }
+}
+
 #[test]
 fn memory_exhaustion_leaves_the_session_usable() {
     let home = fresh_home();

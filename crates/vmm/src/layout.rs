@@ -12,7 +12,13 @@
 //! 0x001F_0000  vvar page                read-only, no-exec  (vdso.rs)
 //! 0x001F_1000  vDSO image               read+exec           (vdso.rs)
 //! 0x0020_0000  guest-owned memory: executable, brk, ld.so, mmap area, stack
+//! 0xFEC0_0000  page-table pool (PT_POOL_ADDR): one 4 KiB table per 2 MiB
+//!              region, never mapped in the guest's address space
 //! ```
+//!
+//! Only the system area is mapped by `paging::build`; every guest page is
+//! mapped by the guest's own memory map (`paging::set_region`), with its
+//! protections, so a touch of anything else is a page fault.
 
 pub const PAGE_SIZE: u64 = 4096;
 pub const HUGE_PAGE_SIZE: u64 = 2 << 20;
@@ -39,6 +45,22 @@ pub const PORT_SYSCALL: u16 = 0x12;
 /// Exception vector v reports on `PORT_EXCEPTION_BASE + v` (kept below 0x40, see design notes).
 pub const PORT_EXCEPTION_BASE: u16 = 0x20;
 pub const EXCEPTION_VECTORS: u16 = 32;
+
+/// Version of the guest memory layout (system area, page tables and their
+/// pool): part of a template's id, so a template of another layout is never
+/// forked. 2: page tables present only for the guest's mappings.
+pub const LAYOUT_VERSION: u32 = 2;
+
+/// The guest's virtual address space: the page tables cover 4 GiB (4 page directories).
+pub const VIRT_SIZE: u64 = 4 << 30;
+/// Page tables of the 2 MiB regions: region `r` (addresses `r * 2 MiB ..`) has
+/// its 4 KiB table, when it needs one, at `PT_POOL_ADDR + r * 4 KiB`. Fixed
+/// slots: no allocator state to fork, snapshot or recycle; the host backs only
+/// the slots in use. Guest-physical pages the guest can never map (the ABI
+/// layer keeps its mappings out of `PT_POOL_ADDR..PT_POOL_END`), so the guest
+/// can neither read nor write its page tables.
+pub const PT_POOL_ADDR: u64 = 0xFEC0_0000;
+pub const PT_POOL_END: u64 = PT_POOL_ADDR + (VIRT_SIZE / HUGE_PAGE_SIZE) * PAGE_SIZE;
 
 /// First address the guest process may own.
 pub const GUEST_BASE: u64 = 0x20_0000;

@@ -15,6 +15,6 @@ pub use arch::cpu::Cpu;
 pub use error::{Result, VmmError};
 pub use interrupt::InterruptLatch;
 pub use kvm_bindings::{kvm_regs, kvm_xsave};
-pub use memory::GuestMemory;
+pub use memory::{GuestMemory, ResetStats};
 pub use regs::{Regs, RegsError, Sregs, VcpuRecord, Xcrs, Xsave};
 pub use vm::{GuestFault, VcpuState, Vm, VmExit};

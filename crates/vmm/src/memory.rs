@@ -19,6 +19,26 @@ pub struct GuestMemory {
     /// Pages the VMM changed (KVM's dirty log only sees the guest's writes):
     /// one bit per page, while `track_writes` is on.
     vmm_dirty: Option<Vec<u64>>,
+    /// Guest ranges whose translations lost a permission in the page tables:
+    /// KVM's cached translations of them must go before the vCPU runs again
+    /// (`flush_invalidations`).
+    stale: Vec<(u64, u64)>,
+    /// Ranges whose host pages were replaced since the last flush (that
+    /// dropped KVM's translations of them already).
+    replaced: Vec<(u64, u64)>,
+}
+
+/// What `reset_to_backing` did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ResetStats {
+    /// Private pages given the snapshot's bytes again (and kept, warm).
+    pub copied: u64,
+    /// Private pages kept with unchanged content.
+    pub kept: u64,
+    /// Private pages outside the kept set, given back to the host.
+    pub dropped: u64,
+    /// Guest ranges whose page-table translations had changed.
+    pub retranslated: u64,
 }
 
 // SAFETY: the mapping is owned by this struct and only accessed through it;
@@ -67,7 +87,7 @@ impl GuestMemory {
             return Err(VmmError::last_os(call));
         }
         let host = NonNull::new(p as *mut u8).ok_or_else(|| VmmError::last_os(call))?;
-        Ok(GuestMemory { host, size, backing: None, discarded: Vec::new(), vmm_dirty: None })
+        Ok(GuestMemory { host, size, backing: None, discarded: Vec::new(), vmm_dirty: None, stale: Vec::new(), replaced: Vec::new() })
     }
 
     /// Record from now on which pages the VMM changes (see `take_vmm_dirty`).
@@ -86,6 +106,7 @@ impl GuestMemory {
 
     fn mark(&mut self, addr: u64, len: u64) {
         if let (Some(bits), true) = (self.vmm_dirty.as_mut(), len > 0) {
+            // In bounds: every caller checked [addr, addr+len) against the size.
             for page in addr / PAGE_SIZE..=(addr + len - 1) / PAGE_SIZE {
                 bits[(page / 64) as usize] |= 1 << (page % 64);
             }
@@ -212,19 +233,97 @@ impl GuestMemory {
         Ok(bits)
     }
 
-    /// Make guest RAM equal its backing snapshot file again, keeping every
-    /// host page mapping (so KVM's mappings stay warm): discarded ranges are
-    /// mapped from the file again, and every private page (see
-    /// `private_pages`) gets the file's bytes copied back from `original`, a
-    /// read-only view of the same file. Private pages stay private, so writing
-    /// them again costs no fault. Returns the number of pages copied.
-    pub fn reset_to_backing(&mut self, original: &[u8]) -> Result<u64> {
+    /// Queue `[addr, addr+len)` (whole pages) for `flush_invalidations`: its
+    /// page-table entries lost a permission.
+    pub fn invalidate(&mut self, addr: u64, len: u64) {
+        if len > 0 && self.contains(addr, len) {
+            match self.stale.last_mut() {
+                Some((s, l)) if *s + *l == addr => *l += len,
+                _ => self.stale.push((addr, len)),
+            }
+        }
+    }
+
+    /// The queued invalidations, emptying the queue (for tests and callers that flush themselves).
+    pub fn take_invalidations(&mut self) -> Vec<(u64, u64)> {
+        self.replaced.clear();
+        std::mem::take(&mut self.stale)
+    }
+
+    /// Drop KVM's translations of every queued range, so the next guest
+    /// access re-reads the page tables. KVM does not see the VMM writing the
+    /// tables through its own mapping; it does see the host mapping change:
+    /// a host mprotect there (read-only, then read-write again) makes it zap
+    /// its shadow entries for those pages (MMU notifier) without touching their
+    /// content. Ranges whose host pages were replaced since are skipped.
+    pub fn flush_invalidations(&mut self) -> Result<()> {
+        if self.stale.is_empty() {
+            self.replaced.clear();
+            return Ok(());
+        }
+        let mut stale = std::mem::take(&mut self.stale);
+        let replaced = std::mem::take(&mut self.replaced);
+        stale.sort_unstable();
+        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(stale.len());
+        for (a, l) in stale {
+            match merged.last_mut() {
+                Some((s, ml)) if a <= *s + *ml => *ml = (*ml).max(a + l - *s),
+                _ => merged.push((a, l)),
+            }
+        }
+        for (a, l) in merged {
+            if replaced.iter().any(|&(ra, rl)| ra <= a && a + l <= ra + rl) {
+                continue;
+            }
+            self.protect_pair(a, l)?;
+        }
+        Ok(())
+    }
+
+    fn protect_pair(&self, addr: u64, len: u64) -> Result<()> {
+        self.check(addr, len)?;
+        // SAFETY: a range of our own mapping; the vCPU is not running (this
+        // thread owns it) and the VMM does not access guest memory meanwhile.
+        unsafe {
+            let p = self.host.as_ptr().add(addr as usize) as *mut libc::c_void;
+            if libc::mprotect(p, len as usize, libc::PROT_READ) != 0 {
+                return Err(VmmError::last_os("mprotect(guest range, read-only: drop KVM translations)"));
+            }
+            if libc::mprotect(p, len as usize, libc::PROT_READ | libc::PROT_WRITE) != 0 {
+                return Err(VmmError::last_os("mprotect(guest range, read-write)"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Make guest RAM equal its backing snapshot file again. Discarded ranges
+    /// are mapped from the file again; every private page (see
+    /// `private_pages`) in `keep` (one bit per page: the snapshot's own
+    /// mappings) gets the file's bytes copied back from `original`, a
+    /// read-only view of the same file, and stays private (warm: writing it
+    /// again costs no fault); private pages outside `keep` are given back to
+    /// the host (MADV_DONTNEED: they read as the file again). `retranslate`:
+    /// ranges whose page-table translations differ from the snapshot's, to be
+    /// dropped from KVM's caches too.
+    /// `private`: the result of `private_pages` if the caller has it (valid
+    /// only when nothing was discarded since).
+    pub fn reset_to_backing(
+        &mut self,
+        original: &[u8],
+        keep: &[u64],
+        retranslate: &[(u64, u64)],
+        private: Option<Vec<u64>>,
+    ) -> Result<ResetStats> {
         let Some(file) = &self.backing else {
             return Err(VmmError::Sys { call: "reset (no snapshot file)", source: std::io::Error::from_raw_os_error(libc::EINVAL) });
         };
         if original.len() as u64 != self.size {
             return Err(VmmError::OutOfRange { addr: 0, len: original.len() as u64 });
         }
+        let private = match private {
+            Some(p) if self.discarded.is_empty() => Some(p),
+            _ => None,
+        };
         for (addr, len) in std::mem::take(&mut self.discarded) {
             // SAFETY: remapping a range of our own mapping with the file's matching pages.
             let p = unsafe {
@@ -241,26 +340,64 @@ impl GuestMemory {
                 return Err(VmmError::last_os("mmap(MAP_FIXED snapshot range)"));
             }
         }
-        let private = self.private_pages()?;
-        let mut copied = 0;
+        let private = match private {
+            Some(p) => p,
+            None => self.private_pages()?,
+        };
+        let mut stats = ResetStats::default();
+        let mut dropped: Vec<(u64, u64)> = Vec::new();
         for (w, &word) in private.iter().enumerate() {
             let mut bits = word;
             while bits != 0 {
                 let page = w as u64 * 64 + bits.trailing_zeros() as u64;
                 bits &= bits - 1;
                 let at = page * PAGE_SIZE;
-                let src = &original[at as usize..(at + PAGE_SIZE) as usize];
                 self.check(at, PAGE_SIZE)?;
-                // SAFETY: in bounds (checked); exclusive through &mut self. Not `slice_mut`:
-                // restoring the snapshot's bytes is not a change to record.
-                let dst = unsafe { std::slice::from_raw_parts_mut(self.host.as_ptr().add(at as usize), PAGE_SIZE as usize) };
-                if dst != src {
-                    dst.copy_from_slice(src);
-                    copied += 1;
+                if keep.get(w).is_some_and(|k| k & (1 << (page % 64)) != 0) {
+                    let src = &original[at as usize..(at + PAGE_SIZE) as usize];
+                    // SAFETY: in bounds (checked); exclusive through &mut self. Not `slice_mut`:
+                    // restoring the snapshot's bytes is not a change to record.
+                    let dst = unsafe { std::slice::from_raw_parts_mut(self.host.as_ptr().add(at as usize), PAGE_SIZE as usize) };
+                    if dst != src {
+                        dst.copy_from_slice(src);
+                        stats.copied += 1;
+                    } else {
+                        stats.kept += 1;
+                    }
+                } else {
+                    stats.dropped += 1;
+                    match dropped.last_mut() {
+                        Some((s, l)) if *s + *l == at => *l += PAGE_SIZE,
+                        _ => dropped.push((at, PAGE_SIZE)),
+                    }
                 }
             }
         }
-        Ok(copied)
+        for &(a, l) in &dropped {
+            // SAFETY: a range of our own private file mapping: its private pages go, the file's show again.
+            if unsafe { libc::madvise(self.host.as_ptr().add(a as usize) as *mut libc::c_void, l as usize, libc::MADV_DONTNEED) } != 0 {
+                return Err(VmmError::last_os("madvise(MADV_DONTNEED guest range)"));
+            }
+        }
+        // Queued invalidations stay: a page may have lost a permission the
+        // snapshot's tables give it too, after KVM cached the larger one.
+        self.replaced.extend(dropped);
+        for &(a, l) in retranslate {
+            self.invalidate(a, l);
+            stats.retranslated += l / PAGE_SIZE;
+        }
+        self.flush_invalidations()?;
+        Ok(stats)
+    }
+
+    /// Copy `len` bytes inside guest memory from `from` to `to` (ranges may overlap).
+    pub fn copy_within(&mut self, from: u64, to: u64, len: u64) -> Result<()> {
+        self.check(from, len)?;
+        self.check(to, len)?;
+        self.mark(to, len);
+        // SAFETY: both ranges in bounds (checked); `copy` allows overlap; exclusive through &mut self.
+        unsafe { std::ptr::copy(self.host.as_ptr().add(from as usize), self.host.as_ptr().add(to as usize), len as usize) };
+        Ok(())
     }
 
     pub fn size(&self) -> u64 {
@@ -342,7 +479,7 @@ impl GuestMemory {
         self.check(addr, len)?;
         self.mark(addr, len);
         let end = addr + len;
-        let (ps, pe) = (align_up(addr, PAGE_SIZE), align_down(end, PAGE_SIZE));
+        let (ps, pe) = (align_up(addr, PAGE_SIZE).min(end), align_down(end, PAGE_SIZE));
         if ps >= pe {
             self.slice_mut(addr, len)?.fill(0);
             return Ok(());
@@ -366,6 +503,7 @@ impl GuestMemory {
         if p == libc::MAP_FAILED {
             return Err(VmmError::last_os("mmap(MAP_FIXED discard)"));
         }
+        self.replaced.push((ps, pe - ps));
         Ok(())
     }
 }
@@ -427,12 +565,34 @@ mod tests {
         } else {
             eprintln!("PAGEMAP_SCAN unavailable (kernel < 6.7): plain pagemap reads are used");
         }
-        let copied = m.reset_to_backing(&original).unwrap();
-        assert_eq!(copied, 2, "the VMM-written page and the guest-written page");
+        // Keep every page but page 20: that one goes back to the host.
+        let mut keep = vec![u64::MAX; 4];
+        keep[0] &= !(1 << 20);
+        let stats = m.reset_to_backing(&original, &keep, &[(4096 * 40, 4096)], None).unwrap();
+        assert_eq!((stats.copied, stats.dropped, stats.retranslated), (1, 1, 1), "{stats:?}");
         assert_eq!(m.slice(0, 1 << 20).unwrap(), &original[..]);
-        // the written pages stay private (and warm); their content is the file's
-        assert_eq!(m.private_pages().unwrap()[0] & (1 << 3 | 1 << 20), 1 << 3 | 1 << 20);
-        assert_eq!(m.reset_to_backing(&original).unwrap(), 0);
+        // the kept page stays private (and warm); its content is the file's; the dropped one is a file page again
+        let private = m.private_pages().unwrap()[0];
+        assert_eq!(private & (1 << 3 | 1 << 20), 1 << 3);
+        let again = m.reset_to_backing(&original, &keep, &[], Some(m.private_pages().unwrap())).unwrap();
+        assert_eq!((again.copied, again.kept, again.dropped), (0, 1, 0));
+    }
+
+    #[test]
+    fn invalidations_merge_and_skip_replaced_ranges() {
+        let mut m = GuestMemory::anonymous(1 << 20).unwrap();
+        m.invalidate(0x1000, 0x1000);
+        m.invalidate(0x2000, 0x1000);
+        m.invalidate(1 << 20, 0x1000); // out of range: ignored
+        assert_eq!(m.take_invalidations(), vec![(0x1000, 0x2000)]);
+        m.slice_mut(0x4000, 0x1000).unwrap().fill(7);
+        m.invalidate(0x4000, 0x1000);
+        m.invalidate(0x8000, 0x2000);
+        m.discard(0x8000, 0x2000).unwrap();
+        m.flush_invalidations().unwrap();
+        assert!(m.take_invalidations().is_empty());
+        assert!(m.slice(0x4000, 0x1000).unwrap().iter().all(|&b| b == 7), "content survives the invalidation");
+        m.write(0x4000, &[1]).unwrap();
     }
 
     #[test]

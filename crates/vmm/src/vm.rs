@@ -18,7 +18,8 @@ use crate::regs::{RegsError, VcpuRecord};
 pub enum VmExit {
     /// The guest executed `syscall`; `regs` hold its number and arguments.
     Syscall(kvm_regs),
-    /// A CPU exception the guest cannot recover from (there is no signal delivery).
+    /// A CPU exception (the vCPU sits in its exception stub; the guest may
+    /// take it as a signal: `enter_user` from there).
     Exception(GuestFault),
     /// Triple fault: the VM shut down.
     Shutdown { rip: u64 },
@@ -38,6 +39,7 @@ pub struct GuestFault {
     pub error_code: u64,
     pub rip: u64,
     pub rsp: u64,
+    pub rflags: u64,
     /// Faulting address for #PF.
     pub cr2: u64,
     pub user_mode: bool,
@@ -109,11 +111,12 @@ impl Vm {
         self.tsc_khz
     }
 
-    /// Lay out the system area and page tables, and point the vCPU at `entry`
-    /// in user mode with stack `rsp`.
-    pub fn boot(&mut self, cpu: &Cpu, entry: u64, rsp: u64, holes: &[(u64, u64)]) -> Result<()> {
+    /// Lay out the system area and the fixed page tables (no guest page
+    /// mapped yet: see `paging::set_region`), and point the vCPU at `entry` in
+    /// user mode with stack `rsp`.
+    pub fn boot(&mut self, cpu: &Cpu, entry: u64, rsp: u64) -> Result<()> {
         tables::build(&mut self.mem)?;
-        paging::build(&mut self.mem, holes)?;
+        paging::build(&mut self.mem)?;
         let sregs = self.vcpu.get_sregs().map_err(VmmError::kvm("KVM_GET_SREGS"))?;
         self.vcpu.set_sregs(&cpu.user_sregs(sregs)).map_err(VmmError::kvm("KVM_SET_SREGS"))?;
         let regs = kvm_regs { rip: entry, rsp, rflags: USER_RFLAGS, ..Default::default() };
@@ -168,7 +171,8 @@ impl Vm {
 
     /// Return to user mode with exactly `user`'s registers (RIP, RSP, RFLAGS
     /// included), through an iretq frame on the syscall stack. Only valid while
-    /// the vCPU sits in the syscall stub (after a syscall exit, or at its iretq).
+    /// the vCPU sits in an entry stub at CPL 0 (after a syscall or exception
+    /// exit, or at the syscall stub's iretq).
     pub fn enter_user(&mut self, user: &kvm_regs) -> Result<()> {
         let frame = SYSCALL_STACK_TOP - 40;
         let rflags = (user.rflags & 0x0000_0000_0020_0CD5) | USER_RFLAGS;
@@ -211,6 +215,8 @@ impl Vm {
 
     /// Run until the guest needs the VMM (or `deadline` passes, or `latch` is triggered).
     pub fn run(&mut self, deadline: Option<Instant>, latch: Option<&InterruptLatch>) -> Result<VmExit> {
+        // Page-table entries that lost a permission: KVM's cached translations go first.
+        self.mem.flush_invalidations()?;
         let run_ptr = self.vcpu.get_kvm_run() as *mut kvm_bindings::kvm_run;
         let _armed = Armed::new(run_ptr, deadline)?;
         loop {
@@ -267,9 +273,10 @@ impl Vm {
         };
         let rip = self.mem.read_u64(at)?;
         let cs = self.mem.read_u64(at + 8)?;
+        let rflags = self.mem.read_u64(at + 16)?;
         let rsp = self.mem.read_u64(at + 24)?;
         let cr2 = self.vcpu.get_sregs().map_err(VmmError::kvm("KVM_GET_SREGS"))?.cr2;
-        Ok(GuestFault { vector, error_code, rip, rsp, cr2, user_mode: cs & 3 == 3 })
+        Ok(GuestFault { vector, error_code, rip, rsp, rflags, cr2, user_mode: cs & 3 == 3 })
     }
 }
 
@@ -327,13 +334,17 @@ impl Vm {
         self._vm.get_dirty_log(0, self.mem.size() as usize).map_err(VmmError::kvm("KVM_GET_DIRTY_LOG"))
     }
 
-    /// Put a VM whose memory is a snapshot mapping back into the state of its snapshot: memory (only
-    /// the pages that changed, so KVM's mappings of the rest stay warm) and
-    /// vCPU. Returns the number of pages copied back.
-    pub fn reset(&mut self, original: &[u8], vcpu: &VcpuState) -> Result<u64> {
-        let copied = self.mem.reset_to_backing(original)?;
+    /// Put a VM whose memory is a snapshot mapping back into the state of its
+    /// snapshot: memory and vCPU. Private pages inside `keep` (the snapshot's
+    /// own mappings, `paging::mapped_pages`) get the snapshot's bytes back and
+    /// stay warm; the others go back to the host; translations KVM cached from
+    /// page-table entries that differ from the snapshot's are dropped.
+    pub fn reset(&mut self, original: &[u8], keep: &[u64], vcpu: &VcpuState) -> Result<crate::memory::ResetStats> {
+        let private = self.mem.private_pages()?;
+        let changed = paging::changed_translations(&self.mem, original, &private)?;
+        let stats = self.mem.reset_to_backing(original, keep, &changed, Some(private))?;
         self.restore_vcpu(vcpu)?;
-        Ok(copied)
+        Ok(stats)
     }
 
     /// Restore a saved vCPU. XCR0 goes before XSAVE (the XSAVE image is checked against it).

@@ -54,10 +54,25 @@ pub const PATH_MAX: usize = 4096;
 pub const MAX_RW: u64 = 0x7FFF_F000;
 
 impl Ctx<'_> {
-    /// Check a guest buffer: inside guest-owned memory, never the system area.
+    /// Check a guest buffer the VMM reads: every page of it mapped readable
+    /// in the guest's memory map (EFAULT for unmapped or PROT_NONE pages, as
+    /// Linux). What the guest did not map is never touched, so never backed.
     pub fn user_range(&self, addr: u64, len: u64) -> Result<(), Errno> {
+        self.check_user(addr, len, false)
+    }
+
+    /// Check a guest buffer the VMM writes: every page mapped writable
+    /// (EFAULT for read-only ones too).
+    pub fn user_range_mut(&self, addr: u64, len: u64) -> Result<(), Errno> {
+        self.check_user(addr, len, true)
+    }
+
+    fn check_user(&self, addr: u64, len: u64, write: bool) -> Result<(), Errno> {
+        if len == 0 {
+            return Ok(());
+        }
         let end = addr.checked_add(len).ok_or(Errno::EFAULT)?;
-        if len > 0 && (addr < GUEST_BASE || end > RAM_SIZE.min(self.mem.size())) {
+        if addr < GUEST_BASE || end > RAM_SIZE.min(self.mem.size()) || self.proc.mm.accessible(addr, len, write) != len {
             return Err(Errno::EFAULT);
         }
         Ok(())
@@ -72,7 +87,7 @@ impl Ctx<'_> {
     }
 
     pub fn bytes_mut(&mut self, addr: u64, len: u64) -> Result<&mut [u8], Errno> {
-        self.user_range(addr, len)?;
+        self.user_range_mut(addr, len)?;
         if len == 0 {
             return Ok(&mut []);
         }
@@ -101,15 +116,15 @@ impl Ctx<'_> {
         self.read_u64(addr).map(|v| v as i64)
     }
 
-    /// A NUL-terminated path from the guest.
+    /// A NUL-terminated path from the guest (read only as far as it is mapped).
     pub fn path(&self, addr: u64) -> Result<Vec<u8>, Errno> {
         self.user_range(addr, 1)?;
-        if let Some(s) = self.mem.read_cstr(addr, PATH_MAX - 1) {
-            return Ok(s.to_vec());
-        }
-        // No NUL: too long if the memory is there, else a bad pointer.
-        match self.mem.read_cstr(addr, usize::MAX >> 1) {
-            Some(_) => Err(Errno::ENAMETOOLONG),
+        let avail = self.proc.mm.accessible(addr, PATH_MAX as u64, false);
+        let s = self.mem.slice(addr, avail).map_err(|_| Errno::EFAULT)?;
+        match s.iter().position(|&b| b == 0) {
+            Some(n) => Ok(s[..n].to_vec()),
+            // No NUL: too long if the memory is there, else a bad pointer.
+            None if avail == PATH_MAX as u64 => Err(Errno::ENAMETOOLONG),
             None => Err(Errno::EFAULT),
         }
     }

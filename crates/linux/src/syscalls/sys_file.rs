@@ -19,7 +19,7 @@ fn read_into(ctx: &mut Ctx, fd: i32, buf: u64, len: u64, pos: Option<u64>) -> Sy
         return Err(Errno::EBADF);
     }
     let len = len.min(MAX_RW);
-    ctx.user_range(buf, len)?;
+    ctx.user_range_mut(buf, len)?;
     match f.kind {
         FileKind::Node(ino) => {
             let off = pos.unwrap_or(f.offset);
@@ -393,7 +393,7 @@ pub fn getdents64(ctx: &mut Ctx, a: &Args) -> SysResult {
     let (fd, buf, cap) = (fd_arg(a[0]), a[1], a[2].min(MAX_RW));
     let f = *ctx.proc.fds.get(fd)?;
     let FileKind::Node(ino) = f.kind else { return Err(Errno::ENOTDIR) };
-    ctx.user_range(buf, cap)?;
+    ctx.user_range_mut(buf, cap)?;
     let entries = ctx.proc.vfs.readdir(ino)?;
     let mut out = Vec::new();
     let mut idx = f.offset as usize;

@@ -1,9 +1,11 @@
-//! Memory: brk, mmap, munmap, mprotect, mremap, madvise.
+//! Memory: brk, mmap, munmap, mprotect, mremap, madvise. Every change to the
+//! memory map is followed by `sync` over the range it touched, so the page
+//! tables (what the MMU lets the guest touch) always say what the map says.
 
 use super::{Args, Ctx};
 use crate::errno::{Errno, SysResult};
 use crate::fd::FileKind;
-use crate::layout::{align_up, PAGE_SIZE};
+use crate::layout::{align_up, MMAP_TOP, PAGE_SIZE};
 use crate::mm::{MemoryMap, VmaKind};
 
 fn page_len(len: u64) -> Result<u64, Errno> {
@@ -11,6 +13,11 @@ fn page_len(len: u64) -> Result<u64, Errno> {
         return Err(Errno::EINVAL);
     }
     len.checked_add(PAGE_SIZE - 1).map(|l| l & !(PAGE_SIZE - 1)).ok_or(Errno::ENOMEM)
+}
+
+/// Bring the page tables in step with the memory map over `[start, end)`.
+fn sync(ctx: &mut Ctx, start: u64, end: u64) -> Result<(), Errno> {
+    ctx.proc.mm.sync_page_tables(ctx.mem, start, end).map_err(|_| Errno::ENOMEM)
 }
 
 /// Give pages back to the host; they read as zeros afterwards.
@@ -35,21 +42,25 @@ fn write_back(ctx: &mut Ctx, addr: u64, len: u64, kind: VmaKind) {
     }
 }
 
-/// Unmap: shared file parts are written back, then every page is given back.
+/// Unmap: shared file parts are written back, then every page is given back
+/// and leaves the page tables.
 fn unmap_and_discard(ctx: &mut Ctx, addr: u64, len: u64) -> Result<(), Errno> {
     let removed = ctx.proc.mm.unmap(addr, len)?;
     for &(a, l, kind) in &removed {
         write_back(ctx, a, l, kind);
         ctx.mem.discard(a, l).map_err(|_| Errno::ENOMEM)?;
     }
-    Ok(())
+    sync(ctx, addr, addr.saturating_add(len))
 }
 
 pub fn brk(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let old_top = align_up(ctx.proc.mm.brk, PAGE_SIZE);
     let (now, give_back) = ctx.proc.mm.set_brk(a[0]);
     if let Some(r) = give_back {
         discard(ctx, &[r])?;
     }
+    let new_top = align_up(now, PAGE_SIZE);
+    sync(ctx, old_top.min(new_top), old_top.max(new_top))?;
     Ok(now)
 }
 
@@ -89,11 +100,13 @@ pub fn mmap(ctx: &mut Ctx, a: &Args) -> SysResult {
         Some(_) => VmaKind::File,
     };
     let at = if fixed {
+        MemoryMap::check_range(addr, len)?;
         unmap_and_discard(ctx, addr, len)?;
         ctx.proc.mm.map(Some(addr), len, prot, kind)?
     } else {
         ctx.proc.mm.map(None, len, prot, kind)?
     };
+    sync(ctx, at, at + len)?;
     if let Some(ino) = file {
         // The file's bytes are copied in; for MAP_SHARED, msync and munmap write them back.
         let copied = {
@@ -143,8 +156,16 @@ pub fn msync(ctx: &mut Ctx, a: &Args) -> SysResult {
 }
 
 pub fn mprotect(ctx: &mut Ctx, a: &Args) -> SysResult {
+    if a[1] == 0 {
+        return if a[0].is_multiple_of(PAGE_SIZE) { Ok(0) } else { Err(Errno::EINVAL) };
+    }
     let len = page_len(a[1])?;
-    ctx.proc.mm.protect(a[0], len, a[2] as u32)?;
+    let prot = a[2] as u32;
+    if prot & !((libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC) as u32) != 0 {
+        return Err(Errno::EINVAL);
+    }
+    ctx.proc.mm.protect(a[0], len, prot)?;
+    sync(ctx, a[0], a[0] + len)?;
     Ok(0)
 }
 
@@ -163,18 +184,37 @@ pub fn mremap(ctx: &mut Ctx, a: &Args) -> SysResult {
         }
         return Ok(old_addr);
     }
+    // No mapping is larger than the address space: refuse (as Linux does
+    // past TASK_SIZE) before any arithmetic on the guest's length.
+    if new > MMAP_TOP {
+        return Err(Errno::ENOMEM);
+    }
     if matches!(vma.kind, VmaKind::SharedFile { .. }) {
         return Err(Errno::EINVAL);
     }
+    // The old range must lie in one mapping (Linux: EFAULT otherwise).
+    if old_addr + old > vma.end {
+        return Err(Errno::EFAULT);
+    }
     if ctx.proc.mm.grow_in_place(old_addr, old, new)? {
+        sync(ctx, old_addr + old, old_addr + new)?;
         return Ok(old_addr);
     }
     if flags & libc::MREMAP_MAYMOVE == 0 {
         return Err(Errno::ENOMEM);
     }
     let to = ctx.proc.mm.map(None, new, vma.prot, vma.kind)?;
-    let data = ctx.mem.slice(old_addr, old).map_err(|_| Errno::EFAULT)?.to_vec();
-    ctx.mem.write(to, &data).map_err(|_| Errno::EFAULT)?;
+    sync(ctx, to, to + new)?;
+    // Move chunk by chunk, giving each source chunk back as it is copied: the
+    // host never holds both copies of more than one chunk.
+    const CHUNK: u64 = 2 << 20;
+    let mut done = 0;
+    while done < old {
+        let n = (old - done).min(CHUNK);
+        ctx.mem.copy_within(old_addr + done, to + done, n).map_err(|_| Errno::EFAULT)?;
+        ctx.mem.discard(old_addr + done, n).map_err(|_| Errno::ENOMEM)?;
+        done += n;
+    }
     unmap_and_discard(ctx, old_addr, old)?;
     Ok(to)
 }
@@ -184,7 +224,7 @@ pub fn madvise(ctx: &mut Ctx, a: &Args) -> SysResult {
     if a[1] == 0 {
         return Ok(0);
     }
-    let len = align_up(a[1], PAGE_SIZE);
+    let len = page_len(a[1])?;
     MemoryMap::check_range(addr, len)?;
     if advice == libc::MADV_DONTNEED || advice == libc::MADV_FREE {
         discard(ctx, &[(addr, len)])?;

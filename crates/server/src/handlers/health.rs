@@ -30,6 +30,7 @@ pub(crate) async fn healthz(State(state): State<AppState>) -> Json<Health> {
     responses((status = 200, description = "Prometheus text exposition", content_type = "text/plain", body = String)))]
 pub(crate) async fn metrics_text(State(state): State<AppState>) -> impl IntoResponse {
     metrics::sessions(state.runtime.resident_sessions());
+    metrics::vm_pool(state.runtime.vm_pool_private_bytes());
     let rt = state.runtime.clone();
     if let Ok(Ok(n)) = tokio::task::spawn_blocking(move || rt.session_count(None)).await {
         metrics::sessions_live(n);
