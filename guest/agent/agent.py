@@ -17,6 +17,7 @@ import sys
 import _signal
 import time
 import traceback
+import types
 
 CHANNEL = 3
 MAX_FRAME = 64 << 20
@@ -66,7 +67,12 @@ def send(obj):
         data = data[n:]
 
 
-namespace = {"__name__": "__main__", "__builtins__": builtins}
+# User code runs in a module of its own, registered as `__main__` (see
+# `become_agent`): classes it defines pickle and copy by reference, dataclasses
+# find their module, and `import __main__` gives the user's module, not this one.
+user_main = types.ModuleType("__main__")
+user_main.__builtins__ = builtins
+namespace = user_main.__dict__
 exec_count = 0
 
 
@@ -210,5 +216,17 @@ def main():
         send(handle(req))
 
 
+def become_agent():
+    """Hand `sys.modules["__main__"]` to the user's module. This module stays
+    alive through its functions (and `_agent_module`) but is registered under no
+    name, so user code reaches it only by walking frames or the collector, as
+    with any code that calls it; the isolation boundary is the VM, not Python."""
+    global _agent_module, __name__
+    _agent_module = sys.modules["__main__"]
+    __name__ = "_forkbox_agent"
+    sys.modules["__main__"] = user_main
+
+
 if __name__ == "__main__":
+    become_agent()
     main()

@@ -86,6 +86,7 @@ codes! {
     StorageError = ("storage_error", 500, "The session store or checkpoint files failed."),
     ProtocolError = ("protocol_error", 500, "The guest agent broke the host-guest protocol."),
     BootFailed = ("boot_failed", 500, "The guest failed to start."),
+    CpuMismatch = ("cpu_mismatch", 500, "A template or checkpoint was made on a CPU whose features this host lacks (the data directory moved): the server refuses it rather than fault."),
     Overloaded = ("overloaded", 503, "Every exec slot is busy and the bounded wait queue is full (see Retry-After)."),
 }
 
@@ -198,7 +199,7 @@ mod tests {
         names.dedup();
         assert_eq!(names.len(), ErrorCode::ALL.len());
         let five: Vec<&str> = ErrorCode::ALL.iter().filter(|c| c.is_server_error()).map(|c| c.as_str()).collect();
-        assert_eq!(five, ["internal", "storage_error", "protocol_error", "boot_failed", "overloaded"]);
+        assert_eq!(five, ["internal", "storage_error", "protocol_error", "boot_failed", "cpu_mismatch", "overloaded"]);
         assert_eq!(ErrorCode::SessionNotFound, "session_not_found");
     }
 }

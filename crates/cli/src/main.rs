@@ -1,4 +1,10 @@
 //! `forkbox`: run AI-generated Python in kernel-less KVM sandboxes.
+//!
+//! Place in the flow **request** -> runtime -> sessions -> engine -> vmm/linux -> guest:
+//! a front end beside the server and MCP. Commands reach the API through
+//! `forkbox-client` (a server at `--url`, or `forkbox_server::embedded` over
+//! `forkbox_runtime::Runtime::embedded` in process); `serve` runs the server;
+//! `run`, `bench` and `template` drive the engine directly (no sessions, no tenants).
 
 mod api;
 mod bench;
@@ -175,9 +181,9 @@ fn serve(home: &std::path::Path, listen: std::net::SocketAddr, image: Option<Pat
 }
 
 fn template_ls(home: &std::path::Path) -> anyhow::Result<ExitCode> {
-    let list = forkbox_engine::template::list(home);
+    let list = forkbox_runtime::templates::list(home);
     if list.is_empty() {
-        println!("no templates in {}", forkbox_engine::template::templates_dir(home).display());
+        println!("no templates in {}", forkbox_runtime::templates::dir(home).display());
     }
     for (dir, info) in list {
         match info {
@@ -199,9 +205,8 @@ fn template_ls(home: &std::path::Path) -> anyhow::Result<ExitCode> {
 
 fn template_build(home: &std::path::Path, preload: &str, image: &ImageArgs) -> anyhow::Result<ExitCode> {
     let (path, _) = run::ensure_image(home, image, true)?;
-    let engine = forkbox_engine::Engine::open(&path)?.with_preload(preload);
-    let t = forkbox_engine::Template::ensure(&engine, home)?;
-    println!("{} {}", t.info.id, t.dir.display());
+    let (info, dir) = forkbox_runtime::templates::ensure(home, &path, preload)?;
+    println!("{} {}", info.id, dir.display());
     Ok(ExitCode::SUCCESS)
 }
 

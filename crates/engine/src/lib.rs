@@ -1,5 +1,12 @@
 //! The forkbox engine: boots the guest (CPython + the agent) from an image in a
 //! kernel-less KVM VM and runs code in it.
+//!
+//! Place in the flow request -> runtime -> sessions -> **engine** -> vmm/linux -> guest:
+//! templates, forks and sandboxes over forkbox-vmm, forkbox-linux, forkbox-image
+//! and forkbox-snapshot; its errors name their API code (`forkbox-api`). It
+//! knows nothing of sessions, tenants or HTTP.
+
+#![forbid(unsafe_code)]
 
 pub mod error;
 pub mod files;

@@ -47,6 +47,57 @@ fn ok(sb: &mut Sandbox, code: &str) -> ExecResult {
 }
 
 // ---------------------------------------------------------------------------
+// The user's `__main__`
+// ---------------------------------------------------------------------------
+
+#[test]
+fn a_class_the_user_defines_pickles_and_copies_by_reference() {
+    let mut sb = fork();
+    ok(&mut sb, "import pickle, copy\nclass A:\n    def __init__(self, x):\n        self.x = x\n    def twice(self):\n        return 2 * self.x\n");
+    // Across execs: the class lives in the user's __main__, where pickle looks it up.
+    let r = ok(&mut sb, "b = pickle.loads(pickle.dumps(A(21)))\n(type(b) is A, b.twice(), A.__module__)");
+    assert_eq!(r.value.as_deref(), Some("(True, 42, '__main__')"), "{r:?}");
+    let r = ok(&mut sb, "c = copy.deepcopy(A([1, 2]))\n(type(c) is A, c.x, pickle.loads(pickle.dumps(A.twice)) is A.twice)");
+    assert_eq!(r.value.as_deref(), Some("(True, [1, 2], True)"), "{r:?}");
+    // A function by reference, and an instance of a class defined in the same exec.
+    let r = ok(&mut sb, "def f(v):\n    return v + 1\nclass B:\n    pass\n(pickle.loads(pickle.dumps(f))(1), type(pickle.loads(pickle.dumps(B()))).__name__)");
+    assert_eq!(r.value.as_deref(), Some("(2, 'B')"), "{r:?}");
+}
+
+#[test]
+fn dataclasses_of_the_user_work_with_their_module() {
+    let mut sb = fork();
+    let code = "from __future__ import annotations\n\
+                import dataclasses, pickle, typing\n\
+                @dataclasses.dataclass(frozen=True)\n\
+                class P:\n    x: int\n    y: int = 0\n    tags: typing.ClassVar[list] = []\n\
+                p = P(1, 2)\n\
+                q = pickle.loads(pickle.dumps(p))\n\
+                (q == p, q, [f.name for f in dataclasses.fields(P)], dataclasses.replace(p, y=5))";
+    let r = ok(&mut sb, code);
+    assert_eq!(r.value.as_deref(), Some("(True, P(x=1, y=2), ['x', 'y'], P(x=1, y=5))"), "{r:?}");
+}
+
+#[test]
+fn import_main_is_the_users_module_not_the_agent() {
+    let mut sb = fork();
+    ok(&mut sb, "secret = 7");
+    let r = ok(&mut sb, "import __main__, sys\n(__main__.secret, __main__ is sys.modules['__main__'], __name__, type(__main__).__name__)");
+    assert_eq!(r.value.as_deref(), Some("(7, True, '__main__', 'module')"), "{r:?}");
+    // None of the agent's globals is there, and the agent is under no other name either.
+    let r = ok(
+        &mut sb,
+        "import __main__, sys\n\
+         agent_names = {'recv', 'send', 'handle', 'run', 'namespace', 'CHANNEL', 'on_sigint', 'main'}\n\
+         (sorted(agent_names & set(vars(__main__))), sorted(n for n, m in sys.modules.items() if getattr(m, 'CHANNEL', None) == 3))",
+    );
+    assert_eq!(r.value.as_deref(), Some("([], [])"), "{r:?}");
+    // `globals()` is the module's namespace, so names defined at top level are module attributes.
+    let r = ok(&mut sb, "def g():\n    return 1\n(globals() is vars(__import__('__main__')), __import__('__main__').g())");
+    assert_eq!(r.value.as_deref(), Some("(True, 1)"), "{r:?}");
+}
+
+// ---------------------------------------------------------------------------
 // Streaming
 // ---------------------------------------------------------------------------
 

@@ -10,6 +10,9 @@
 //!
 //! Layout: `format.rs` (on-disk format), `reader.rs` (`Image`), `pack.rs` (`pack_dir`),
 //! `build/` (`forkbox image build`: Debian packages -> tree -> image).
+//!
+//! Place in the flow request -> runtime -> sessions -> engine -> vmm/linux -> **guest**:
+//! the guest's files (what the guest runs); a leaf that the layers above read.
 
 pub type Ino = u32;
 

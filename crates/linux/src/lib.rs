@@ -1,6 +1,10 @@
 //! The Linux system-call ABI for a kernel-less guest: the process state the
 //! VMM keeps (memory map, fd table, virtual file system, signals), the
 //! syscall table and its handlers, and ELF loading (execve).
+//!
+//! Place in the flow request -> runtime -> sessions -> engine -> vmm/**linux** -> guest:
+//! the guest's kernel, in the host process; it uses forkbox-vmm (guest memory)
+//! and forkbox-image (the read-only file tree), and nothing above.
 
 pub mod errno;
 pub mod fd;

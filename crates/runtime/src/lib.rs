@@ -22,6 +22,7 @@
 //!   create under one lock), compaction.
 //! - Upkeep ([`Runtime::start_maintenance`]): eviction, compaction, gc, off
 //!   the request path.
+//! - Templates ([`templates`]): list and build a data directory's templates.
 //!
 //! Operations that are not execs block (SQLite, files): call them off async threads.
 
@@ -30,6 +31,7 @@
 mod error;
 pub mod exec;
 pub mod session;
+pub mod templates;
 mod workers;
 
 use std::path::{Path, PathBuf};
@@ -43,7 +45,7 @@ use forkbox_sessions::manager::SessionManager;
 pub use error::RuntimeError;
 pub use exec::{OneShot, OneShotRequest, Outcome, Output, Ran};
 pub use forkbox_api::ErrorCode;
-pub use forkbox_engine::{ExecResult, FileEntry, Limits, OutputFile, PyError, Stream};
+pub use forkbox_engine::{ExecResult, FileEntry, Limits, OutputFile, PyError, Stream, TemplateInfo};
 pub use forkbox_sessions::manager::{Config as SessionsConfig, ExecOutcome};
 pub use session::{CheckpointView, ForkedFrom, Quota, SessionView};
 

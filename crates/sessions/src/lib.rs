@@ -1,5 +1,9 @@
 //! Sessions that live forever: stateful REPL sessions whose history is a tree
 //! of checkpoints (layers over a template snapshot).
+//!
+//! Place in the flow request -> runtime -> **sessions** -> engine -> vmm/linux -> guest:
+//! checkpoints in SQLite and layer files over the engine's templates; used only
+//! by forkbox-runtime (the front ends never see the store).
 
 pub mod manager;
 pub mod store;

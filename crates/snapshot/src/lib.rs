@@ -8,6 +8,10 @@
 //!   a magic, a format version, the payload length and a SHA-256 of the payload.
 //!   The state also records the memory file's size and checksum, so a corrupt or
 //!   truncated memory file is rejected before it is ever mapped.
+//!
+//! Place in the flow request -> runtime -> sessions -> engine -> **snapshot** -> vmm/linux:
+//! the engine's persisted state (templates, session checkpoints' layers), on
+//! top of forkbox-vmm and forkbox-linux's state types.
 
 pub mod cpu;
 pub mod layer;

@@ -51,11 +51,16 @@ pub enum StateError {
 
 impl StateError {
     /// A stable machine-readable code.
-    pub fn code(&self) -> &'static str {
+    pub fn error_code(&self) -> forkbox_api::ErrorCode {
         match self {
-            StateError::CpuMismatch(_) => "cpu_mismatch",
-            _ => "storage_error",
+            StateError::CpuMismatch(_) => forkbox_api::ErrorCode::CpuMismatch,
+            _ => forkbox_api::ErrorCode::StorageError,
         }
+    }
+
+    /// The wire name of [`Self::error_code`].
+    pub fn code(&self) -> &'static str {
+        self.error_code().as_str()
     }
 }
 

@@ -1,6 +1,10 @@
 //! The VMM: one KVM VM with one vCPU for a guest with no guest kernel. The
 //! guest runs only at CPL 3; its `syscall`s and faults exit to the VMM through
 //! tiny CPL-0 stubs, and the Linux ABI layer (forkbox-linux) answers them.
+//!
+//! Place in the flow request -> runtime -> sessions -> engine -> **vmm**/linux -> guest:
+//! the bottom layer next to forkbox-linux (which depends on it for guest memory
+//! access); it depends on no other forkbox crate.
 
 pub mod arch;
 pub mod error;

@@ -122,6 +122,7 @@ _BY_CODE: dict[str, type[ForkboxError]] = {
     "storage_error": ServerError,
     "protocol_error": ServerError,
     "boot_failed": ServerError,
+    "cpu_mismatch": ServerError,
     "overloaded": Overloaded,
 }
 
@@ -150,7 +151,7 @@ STATUS_OF_CODE: dict[str, int] = {
     "payload_too_large": 413, "code_too_large": 413, "file_too_large": 413, "guest_crashed": 422,
     "guest_exited": 422, "guest_killed": 422, "sandbox_unusable": 422, "interrupted": 422,
     "upgrade_required": 426, "rate_limited": 429, "internal": 500, "storage_error": 500,
-    "protocol_error": 500, "boot_failed": 500, "overloaded": 503,
+    "protocol_error": 500, "boot_failed": 500, "cpu_mismatch": 500, "overloaded": 503,
 }
 
 
