@@ -72,6 +72,12 @@ enum Command {
     Bench(bench::BenchCommand),
     /// MCP server on stdio for LLM clients (local data directory, or --url); `mcp install` configures a client.
     Mcp(mcp::McpArgs),
+    /// The system calls the sandbox implements: support level and what works, what does not.
+    Syscalls {
+        /// As the Markdown table in the README.
+        #[arg(long)]
+        markdown: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -163,6 +169,10 @@ fn main() -> ExitCode {
         Command::Template(TemplateCommand::Build { preload, image }) => template_build(&home, &preload, &image),
         Command::Bench(cmd) => bench::bench(&home, cmd),
         Command::Mcp(args) => mcp::mcp(&home, cli.home.as_deref(), cli.url.clone(), args),
+        Command::Syscalls { markdown } => {
+            syscalls(markdown);
+            Ok(ExitCode::SUCCESS)
+        }
     };
     match result {
         Ok(code) => code,
@@ -170,6 +180,17 @@ fn main() -> ExitCode {
             eprintln!("forkbox: error: {}", one_line(&e));
             ExitCode::from(2)
         }
+    }
+}
+
+fn syscalls(markdown: bool) {
+    use forkbox_linux::syscalls::{markdown as table_markdown, TABLE};
+    if markdown {
+        print!("{}", table_markdown());
+        return;
+    }
+    for e in TABLE {
+        println!("{:>3} {:<18} {:<8} {}", e.nr, e.name, e.support.level(), e.support.note().unwrap_or(""));
     }
 }
 

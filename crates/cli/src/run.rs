@@ -34,7 +34,8 @@ pub struct RunArgs {
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
-    /// Log every syscall the code makes (with --cold: also the interpreter's start-up) and list unimplemented ones.
+    /// Log every syscall the code makes (with --cold: also the interpreter's start-up) and list the partial,
+    /// refused and unimplemented ones it made, with what works and what does not.
     #[arg(long)]
     pub trace_syscalls: bool,
     /// Run without the vDSO (every clock read becomes a VM exit).
@@ -108,8 +109,8 @@ pub fn run(home: &Path, args: RunArgs) -> Result<ExitCode> {
     if args.trace_syscalls {
         let stats = sb.stats();
         eprintln!("forkbox: {} syscalls", stats.syscalls);
-        for (name, nr, n) in &stats.unimplemented {
-            eprintln!("forkbox: unimplemented syscall {name} ({nr}) called {n} times -> ENOSYS");
+        for u in &stats.unsupported {
+            eprintln!("forkbox: {} syscall {} ({}) called {} times: {}", u.support, u.name, u.nr, u.calls, u.note);
         }
     }
     let result = result.context("running the code")?;

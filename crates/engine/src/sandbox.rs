@@ -61,6 +61,8 @@ pub struct ExecOptions<'a> {
 pub struct RunStats {
     pub syscalls: u64,
     pub unimplemented: Vec<(String, u64, u64)>,
+    /// Every partial, refused or unknown syscall the run made, with its support level and note.
+    pub unsupported: Vec<syscalls::UnsupportedCall>,
 }
 
 #[derive(Debug, Clone)]
@@ -228,6 +230,7 @@ impl Sandbox {
                 .iter()
                 .map(|(nr, n)| (syscalls::name(*nr).to_string(), *nr, *n))
                 .collect(),
+            unsupported: syscalls::unsupported_calls(&s.by_nr),
         }
     }
 

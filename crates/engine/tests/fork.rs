@@ -1163,6 +1163,102 @@ fn hostile_state_payloads_are_errors_not_aborts() {
 }
 
 // ---------------------------------------------------------------------------
+// 6b. Another CPU: a new template, and checkpoints refused with a typed error
+// ---------------------------------------------------------------------------
+
+/// This host's CPU with fewer features, as on an older host: SSE only (no
+/// AVX, AVX2, FMA, F16C, AVX-512), XCR0 = x87 | SSE.
+fn smaller_cpu() -> forkbox_vmm::Cpu {
+    let mut cpu = forkbox_vmm::Cpu::new().unwrap();
+    let avx512: u32 = (1 << 16) | (1 << 17) | (1 << 21) | (1 << 26) | (1 << 27) | (1 << 28) | (1 << 30) | (1 << 31);
+    for e in cpu.cpuid.as_mut_slice() {
+        match (e.function, e.index) {
+            (1, _) => e.ecx &= !((1 << 12) | (1 << 28) | (1 << 29)),
+            (7, 0) => e.ebx &= !((1 << 5) | avx512),
+            (0xD, 0) => e.eax &= 0x3,
+            _ => {}
+        }
+    }
+    cpu.xcr0 &= 0x3;
+    cpu
+}
+
+#[test]
+fn another_cpu_rebuilds_the_template_and_refuses_its_checkpoints() {
+    use forkbox_snapshot::{CpuFingerprint, StateError};
+    let _g = gate();
+    let host = template();
+    // A checkpoint of a session on this host.
+    let tmp = tempfile::tempdir().unwrap();
+    let (layer, state) = (tmp.path().join("layer"), tmp.path().join("state"));
+    let mut sb = host.fork_tracked(engine(), Limits::default()).unwrap();
+    ok(&mut sb, "x = 41");
+    host.checkpoint(engine(), &mut sb, &layer, &state).unwrap();
+    drop(sb);
+    assert_eq!(read_state(&state).unwrap().cpu, *host.cpu());
+    assert_eq!(*host.cpu(), CpuFingerprint::of(&engine().cpu));
+
+    // The same data directory on a host with fewer CPU features.
+    let small = Engine::open(&engine().image_path).unwrap().with_cpu(smaller_cpu());
+    let small_fp = CpuFingerprint::of(&small.cpu);
+    let diff = host.cpu().differences(&small_fp).expect("the smaller CPU must differ (does this host lack AVX2?)");
+    eprintln!("simulated CPU change: {diff}");
+
+    // Loading the host's template there: a typed error naming what differs, not a fault later.
+    match Template::load(&small, &host.dir) {
+        Err(EngineError::Snapshot(e @ StateError::CpuMismatch(_))) => {
+            assert_eq!(e.code(), "cpu_mismatch");
+            let m = e.to_string();
+            assert!(m.contains("CPUID 0x1.0 ecx") || m.contains("CPUID 0x7.0 ebx") || m.contains("XCR0"), "{m}");
+            assert!(!m.contains("CPUID 0xb") && !m.contains("CPUID 0x1.0 ebx"), "APIC ids are not features: {m}");
+        }
+        Err(e) => panic!("loading a template from another CPU: {e:?}, expected CpuMismatch"),
+        Ok(_) => panic!("a template from another CPU loaded"),
+    }
+    // Its template id differs, so `ensure` on the moved data directory builds a new template.
+    let home = tempfile::tempdir().unwrap();
+    let rebuilt = Template::ensure(&small, home.path()).unwrap_or_else(|e| panic!("Template::ensure on another CPU: {e}"));
+    assert_ne!(rebuilt.info.id, host.info.id);
+    assert_eq!(*rebuilt.cpu(), small_fp);
+    assert_eq!(read_state(&rebuilt.dir.join("state")).unwrap().cpu, small_fp);
+    let mut sb = rebuilt.fork(&small, Limits::default()).unwrap();
+    let r = ok(&mut sb, "import numpy; print(int(numpy.arange(10).sum()))");
+    assert_eq!(r.stdout, "45\n");
+    drop(sb);
+    // And reopening it there works (same CPU).
+    Template::load(&small, &rebuilt.dir).unwrap_or_else(|e| panic!("reloading the rebuilt template: {e}"));
+
+    // The host's checkpoint on the new template: refused with the same typed error.
+    let layers = vec![forkbox_snapshot::Layer::read(&layer).unwrap()];
+    match rebuilt.resume(&small, &layers, &state, Limits::default(), false) {
+        Err(EngineError::Snapshot(StateError::CpuMismatch(why))) => assert!(why.contains("checkpoint"), "{why}"),
+        Err(e) => panic!("resuming a checkpoint from another CPU: {e:?}, expected CpuMismatch"),
+        Ok(_) => panic!("a checkpoint from another CPU resumed"),
+    }
+    // While on its own host it resumes as before.
+    let mut sb = host.resume(engine(), &layers, &state, Limits::default(), false).unwrap();
+    assert_eq!(ok(&mut sb, "print(x + 1)").stdout, "42\n");
+}
+
+/// What `forkbox run --trace-syscalls` prints: the partial / refused calls a run made, with their notes.
+#[test]
+fn run_stats_name_the_partial_and_refused_syscalls_a_run_made() {
+    let _g = gate();
+    let mut sb = fork(template(), Limits::default());
+    let code = "import os, mmap\ntry:\n    os.setxattr('/tmp', 'user.k', b'v')\nexcept OSError as e:\n    print(e.errno)\nm = mmap.mmap(-1, 8192)\nm.close()";
+    assert_eq!(ok(&mut sb, code).stdout, format!("{}\n", libc::EOPNOTSUPP));
+    let stats = sb.stats();
+    let find = |name: &str| stats.unsupported.iter().find(|u| u.name == name);
+    let x = find("setxattr").unwrap_or_else(|| panic!("setxattr not reported: {:?}", stats.unsupported));
+    assert_eq!((x.nr, x.calls, x.support), (188, 1, "refused"));
+    assert!(x.note.starts_with("EOPNOTSUPP"), "{}", x.note);
+    let m = find("mmap").unwrap_or_else(|| panic!("mmap not reported: {:?}", stats.unsupported));
+    assert_eq!(m.support, "partial");
+    assert!(m.calls >= 1 && !m.note.is_empty());
+    assert!(find("read").is_none() && find("write").is_none(), "fully supported calls are not listed");
+}
+
+// ---------------------------------------------------------------------------
 // 7. Many sequential forks
 // ---------------------------------------------------------------------------
 

@@ -38,14 +38,25 @@ impl CpuFingerprint {
             .cpuid
             .as_slice()
             .iter()
-            .map(|e| CpuidLeaf {
-                function: e.function,
-                index: e.index,
-                flags: e.flags,
-                eax: e.eax,
-                ebx: e.ebx,
-                ecx: e.ecx,
-                edx: e.edx,
+            .map(|e| {
+                let mut l = CpuidLeaf {
+                    function: e.function,
+                    index: e.index,
+                    flags: e.flags,
+                    eax: e.eax,
+                    ebx: e.ebx,
+                    ecx: e.ecx,
+                    edx: e.edx,
+                };
+                // Which CPU a thread ran on is not a feature: KVM fills the
+                // APIC ids in from it (forkbox-vmm zeroes them for the guest too).
+                match l.function {
+                    1 => l.ebx &= 0x00FF_FFFF,
+                    0xB | 0x1F => l.edx = 0,
+                    0x8000_001E => (l.eax, l.ebx, l.ecx) = (0, l.ebx & !0xFF, l.ecx & !0xFF),
+                    _ => {}
+                }
+                l
             })
             .collect();
         leaves.sort();

@@ -19,7 +19,7 @@ use crate::layout::{GUEST_BASE, RAM_SIZE};
 use crate::process::Process;
 use crate::vfs::Ino;
 
-pub use table::{entry, Entry, Support, TABLE};
+pub use table::{entry, markdown, Entry, Support, README_BEGIN, README_END, TABLE};
 
 pub type Args = [u64; 6];
 pub type Handler = fn(&mut Ctx, &Args) -> SysResult;
@@ -157,6 +157,32 @@ pub fn dispatch(ctx: &mut Ctx, nr: u64, args: &Args) -> SysResult {
         tracing::info!(target: "forkbox::syscall", "{name}({nr}) {:x?} -> {:?}", &args[..], result.map(|v| v as i64));
     }
     result
+}
+
+/// A syscall a run made that is not fully supported, and how often.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct UnsupportedCall {
+    pub nr: u64,
+    pub name: &'static str,
+    pub calls: u64,
+    /// "partial", "refused", or "unimplemented" (not in the table: ENOSYS).
+    pub support: &'static str,
+    pub note: &'static str,
+}
+
+/// The calls among `by_nr` (syscall number -> count) that are partial,
+/// refused or not in the table, in number order.
+pub fn unsupported_calls(by_nr: &std::collections::BTreeMap<u64, u64>) -> Vec<UnsupportedCall> {
+    by_nr
+        .iter()
+        .filter_map(|(&nr, &calls)| {
+            let (name, support, note) = match entry(nr) {
+                Some(e) => (e.name, e.support.level(), e.support.note()?),
+                None => ("unknown", "unimplemented", "ENOSYS: not in the syscall table"),
+            };
+            Some(UnsupportedCall { nr, name, calls, support, note })
+        })
+        .collect()
 }
 
 /// Syscall name by number (for reports).

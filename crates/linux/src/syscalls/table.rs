@@ -1,4 +1,7 @@
-//! The x86-64 syscall table: number, name, handler, support level.
+//! The x86-64 syscall table: number, name, handler, support level (with a
+//! one-line note for every partial or refused entry). One entry per line.
+//! The README's syscall table is generated from it (`forkbox syscalls
+//! --markdown`; a test checks the README matches).
 
 use std::sync::OnceLock;
 
@@ -10,10 +13,27 @@ use crate::errno::{Errno, SysResult};
 pub enum Support {
     /// Linux semantics for everything a single-threaded guest can ask.
     Full,
-    /// Works for the common cases; documented gaps.
-    Partial,
-    /// Deliberately refused (the sandbox has no such thing); returns an error.
-    Refused,
+    /// Works for the common cases; the note says what works and what does not.
+    Partial(&'static str),
+    /// Deliberately refused (the sandbox has no such thing): the note gives the error and why.
+    Refused(&'static str),
+}
+
+impl Support {
+    pub fn level(&self) -> &'static str {
+        match self {
+            Support::Full => "full",
+            Support::Partial(_) => "partial",
+            Support::Refused(_) => "refused",
+        }
+    }
+
+    pub fn note(&self) -> Option<&'static str> {
+        match self {
+            Support::Full => None,
+            Support::Partial(n) | Support::Refused(n) => Some(n),
+        }
+    }
 }
 
 pub struct Entry {
@@ -57,38 +77,38 @@ table! {
     4 stat => fs::stat, Full;
     5 fstat => fs::fstat, Full;
     6 lstat => fs::lstat, Full;
-    7 poll => file::poll, Partial;
+    7 poll => file::poll, Partial("readiness of the fds the VMM owns (the agent channel has data or not; files always ready); with none ready it sleeps out the timeout, nothing can wake it early");
     8 lseek => file::lseek, Full;
-    9 mmap => mm::mmap, Partial;
-    10 mprotect => mm::mprotect, Partial;
+    9 mmap => mm::mmap, Partial("private and shared, anonymous and file mappings; file bytes are copied in at map time (no page cache), no MAP_GROWSDOWN/huge pages, only regular files");
+    10 mprotect => mm::mprotect, Partial("recorded in the memory map; not enforced by the page tables (guest pages stay readable, writable and executable)");
     11 munmap => mm::munmap, Full;
     12 brk => mm::brk, Full;
-    13 rt_sigaction => signal::rt_sigaction, Partial;
-    14 rt_sigprocmask => signal::rt_sigprocmask, Partial;
+    13 rt_sigaction => signal::rt_sigaction, Partial("actions recorded; handlers run only for the host interrupt (SIGINT); a signal the guest sends itself ends it");
+    14 rt_sigprocmask => signal::rt_sigprocmask, Partial("mask recorded and reported; it defers the host interrupt only, no pending-signal queue");
     15 rt_sigreturn => signal::rt_sigreturn, Full;
-    16 ioctl => file::ioctl, Partial;
+    16 ioctl => file::ioctl, Partial("FIOCLEX, FIONCLEX, FIONREAD; anything else ENOTTY (no terminals)");
     17 pread64 => file::pread64, Full;
     18 pwrite64 => file::pwrite64, Full;
     19 readv => file::readv, Full;
     20 writev => file::writev, Full;
     21 access => fs::access, Full;
-    22 pipe => enosys, Refused;
-    23 select => file::select, Partial;
+    22 pipe => enosys, Refused("ENOSYS: no pipes");
+    23 select => file::select, Partial("as poll: every open fd is ready except an agent channel with nothing pending; exceptfds never set");
     24 sched_yield => process::sched_yield, Full;
     25 mremap => mm::mremap, Full;
     26 msync => mm::msync, Full;
-    28 madvise => mm::madvise, Partial;
+    28 madvise => mm::madvise, Partial("MADV_DONTNEED/MADV_FREE give the pages back (they read as zeros); every other advice is accepted and ignored");
     32 dup => file::dup, Full;
     33 dup2 => file::dup2, Full;
     35 nanosleep => time::nanosleep, Full;
     39 getpid => process::getpid, Full;
-    41 socket => eafnosupport, Refused;
-    56 clone => eagain, Refused;
-    57 fork => eagain, Refused;
-    58 vfork => eagain, Refused;
-    59 execve => eperm, Refused;
+    41 socket => eafnosupport, Refused("EAFNOSUPPORT: no network, no sockets");
+    56 clone => eagain, Refused("EAGAIN: no threads or child processes");
+    57 fork => eagain, Refused("EAGAIN: no child processes");
+    58 vfork => eagain, Refused("EAGAIN: no child processes");
+    59 execve => eperm, Refused("EPERM: no program can be started");
     60 exit => process::exit_group, Full;
-    62 kill => process::kill, Partial;
+    62 kill => process::kill, Partial("only to itself (pid 0 or its own): ignored-by-default signals are ignored, any other ends the guest as killed by it, whatever its handler");
     63 uname => process::uname, Full;
     72 fcntl => file::fcntl, Full;
     74 fsync => file::fsync, Full;
@@ -114,9 +134,9 @@ table! {
     95 umask => fs::umask, Full;
     96 gettimeofday => time::gettimeofday, Full;
     97 getrlimit => process::getrlimit, Full;
-    98 getrusage => process::getrusage, Partial;
-    99 sysinfo => process::sysinfo, Partial;
-    100 times => process::times, Partial;
+    98 getrusage => process::getrusage, Partial("user time = host thread CPU time, maxrss = memory mapped; other fields 0");
+    99 sysinfo => process::sysinfo, Partial("total/free RAM from the memory limit and mapped memory, 1 process; uptime and loads are made up");
+    100 times => process::times, Partial("user time = host thread CPU time; system and children times 0");
     102 getuid => process::zero, Full;
     104 getgid => process::zero, Full;
     107 geteuid => process::zero, Full;
@@ -128,29 +148,29 @@ table! {
     120 getresgid => process::getresuid, Full;
     121 getpgid => process::getpgid, Full;
     124 getsid => process::getpgid, Full;
-    131 sigaltstack => signal::sigaltstack, Partial;
-    137 statfs => fs::statfs, Partial;
-    138 fstatfs => fs::fstatfs, Partial;
-    157 prctl => process::prctl, Partial;
+    131 sigaltstack => signal::sigaltstack, Partial("recorded; used when the host interrupt is delivered to an SA_ONSTACK handler");
+    137 statfs => fs::statfs, Partial("one tmpfs-like file system sized by the disk quota, whatever the path");
+    138 fstatfs => fs::fstatfs, Partial("one tmpfs-like file system sized by the disk quota, whatever the fd");
+    157 prctl => process::prctl, Partial("PR_SET_NAME, PR_SET/GET_DUMPABLE, PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS succeed (names not kept), PR_GET_NAME says python3; others EINVAL");
     158 arch_prctl => process::arch_prctl, Full;
-    160 setrlimit => process::setrlimit, Partial;
+    160 setrlimit => process::setrlimit, Partial("validates the resource and succeeds; limits do not change");
     186 gettid => process::getpid, Full;
-    188 setxattr => fs::setxattr, Refused;
-    189 lsetxattr => fs::setxattr, Refused;
-    190 fsetxattr => fs::setxattr, Refused;
+    188 setxattr => fs::setxattr, Refused("EOPNOTSUPP: the file system stores no extended attributes");
+    189 lsetxattr => fs::setxattr, Refused("EOPNOTSUPP: the file system stores no extended attributes");
+    190 fsetxattr => fs::setxattr, Refused("EOPNOTSUPP: the file system stores no extended attributes");
     191 getxattr => fs::getxattr, Full;
     192 lgetxattr => fs::lgetxattr, Full;
     193 fgetxattr => fs::fgetxattr, Full;
     194 listxattr => fs::listxattr, Full;
     195 llistxattr => fs::llistxattr, Full;
     196 flistxattr => fs::flistxattr, Full;
-    197 removexattr => fs::setxattr, Refused;
-    198 lremovexattr => fs::setxattr, Refused;
-    199 fremovexattr => fs::setxattr, Refused;
-    200 tkill => process::tkill, Partial;
+    197 removexattr => fs::setxattr, Refused("EOPNOTSUPP: the file system stores no extended attributes");
+    198 lremovexattr => fs::setxattr, Refused("EOPNOTSUPP: the file system stores no extended attributes");
+    199 fremovexattr => fs::setxattr, Refused("EOPNOTSUPP: the file system stores no extended attributes");
+    200 tkill => process::tkill, Partial("only to its own tid, as kill");
     201 time => time::time, Full;
-    202 futex => process::futex, Partial;
-    203 sched_setaffinity => process::sched_setaffinity, Partial;
+    202 futex => process::futex, Partial("WAIT/WAIT_BITSET check the value and return EAGAIN (or sleep out a timeout); WAKE wakes nobody (one thread); other ops ENOSYS");
+    203 sched_setaffinity => process::sched_setaffinity, Partial("accepted and ignored (one vCPU)");
     204 sched_getaffinity => process::sched_getaffinity, Full;
     217 getdents64 => file::getdents64, Full;
     218 set_tid_address => process::set_tid_address, Full;
@@ -159,7 +179,7 @@ table! {
     229 clock_getres => time::clock_getres, Full;
     230 clock_nanosleep => time::clock_nanosleep, Full;
     231 exit_group => process::exit_group, Full;
-    234 tgkill => process::tgkill, Partial;
+    234 tgkill => process::tgkill, Partial("only to its own pid/tid, as kill");
     257 openat => fs::openat, Full;
     258 mkdirat => fs::mkdirat, Full;
     260 fchownat => fs::chown, Full;
@@ -171,20 +191,20 @@ table! {
     267 readlinkat => fs::readlinkat, Full;
     268 fchmodat => fs::fchmodat, Full;
     269 faccessat => fs::faccessat, Full;
-    270 pselect6 => file::pselect6, Partial;
-    271 ppoll => file::ppoll, Partial;
+    270 pselect6 => file::pselect6, Partial("as select; the signal mask argument is ignored");
+    271 ppoll => file::ppoll, Partial("as poll; the signal mask argument is ignored");
     273 set_robust_list => process::set_robust_list, Full;
     280 utimensat => fs::utimensat, Full;
     292 dup3 => file::dup3, Full;
-    293 pipe2 => enosys, Refused;
+    293 pipe2 => enosys, Refused("ENOSYS: no pipes");
     295 preadv => file::preadv, Full;
     296 pwritev => file::pwritev, Full;
-    302 prlimit64 => process::prlimit64, Partial;
-    316 renameat2 => fs::renameat2, Partial;
+    302 prlimit64 => process::prlimit64, Partial("reads its own limits (stack, fds, memory, 1 process, no core); new limits are ignored");
+    316 renameat2 => fs::renameat2, Partial("flags 0, RENAME_NOREPLACE and RENAME_EXCHANGE; RENAME_WHITEOUT is EINVAL");
     318 getrandom => process::getrandom, Full;
     332 statx => fs::statx, Full;
-    334 rseq => enosys, Refused;
-    435 clone3 => enosys, Refused;
+    334 rseq => enosys, Refused("ENOSYS: glibc falls back to no restartable sequences");
+    435 clone3 => enosys, Refused("ENOSYS: no threads or child processes (glibc falls back to clone)");
     439 faccessat2 => fs::faccessat2, Full;
 }
 
@@ -202,9 +222,74 @@ pub fn entry(nr: u64) -> Option<&'static Entry> {
     index.get(usize::try_from(nr).ok()?).copied().flatten()
 }
 
+/// Where the generated table sits in the README.
+pub const README_BEGIN: &str =
+    "<!-- syscall table: generated from crates/linux/src/syscalls/table.rs by `forkbox syscalls --markdown`; do not edit -->";
+pub const README_END: &str = "<!-- end of syscall table -->";
+
+/// The syscall table as Markdown: one row per entry, in number order.
+pub fn markdown() -> String {
+    let count = |f: fn(&Support) -> bool| TABLE.iter().filter(|e| f(&e.support)).count();
+    let mut s = format!(
+        "{} system calls: {} full, {} partial, {} refused. Any other number returns ENOSYS (`forkbox run --trace-syscalls` lists the partial, refused and unknown calls a run made).\n\n",
+        TABLE.len(),
+        count(|s| matches!(s, Full)),
+        count(|s| matches!(s, Partial(_))),
+        count(|s| matches!(s, Refused(_))),
+    );
+    s.push_str("| nr | syscall | support | what works, what does not |\n|---:|---|---|---|\n");
+    let mut sorted: Vec<&Entry> = TABLE.iter().collect();
+    sorted.sort_by_key(|e| e.nr);
+    for e in sorted {
+        s.push_str(&format!("| {} | `{}` | {} | {} |\n", e.nr, e.name, e.support.level(), e.support.note().unwrap_or("")));
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unsupported_calls_report_level_and_note() {
+        let by_nr = [(0, 5), (9, 2), (188, 1), (999, 3)].into_iter().collect();
+        let r = super::super::unsupported_calls(&by_nr);
+        let got: Vec<_> = r.iter().map(|u| (u.nr, u.name, u.calls, u.support)).collect();
+        assert_eq!(got, [(9, "mmap", 2, "partial"), (188, "setxattr", 1, "refused"), (999, "unknown", 3, "unimplemented")]);
+        assert_eq!(Some(r[0].note), entry(9).and_then(|e| e.support.note()));
+        assert!(r[1].note.starts_with("EOPNOTSUPP"), "{}", r[1].note);
+    }
+
+    #[test]
+    fn partial_and_refused_entries_say_what_works() {
+        for e in TABLE {
+            if let Some(note) = e.support.note() {
+                assert!(note.len() >= 10, "{}: note {note:?} says nothing", e.name);
+                assert!(note.len() <= 200, "{}: the note is one line, not {} characters", e.name, note.len());
+                assert!(!note.contains('|') && !note.contains('\n'), "{}: the note must fit a Markdown table cell", e.name);
+            }
+        }
+    }
+
+    /// The README's table is `markdown()`: regenerate it with `forkbox syscalls --markdown`
+    /// (or copy the text this test prints) when the table changes.
+    #[test]
+    fn readme_syscall_table_matches_the_table() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md");
+        let readme = std::fs::read_to_string(path).unwrap();
+        let expected = markdown();
+        let section = readme
+            .split_once(README_BEGIN)
+            .and_then(|(_, rest)| rest.split_once(README_END))
+            .map(|(inside, _)| inside.trim_matches('\n'));
+        match section {
+            Some(s) if s == expected.trim_matches('\n') => {}
+            found => panic!(
+                "README.md's syscall table is {}. Replace everything between\n{README_BEGIN}\nand\n{README_END}\nwith the output of `forkbox syscalls --markdown`:\n\n{expected}",
+                if found.is_some() { "out of date" } else { "missing" }
+            ),
+        }
+    }
 
     #[test]
     fn numbers_are_unique_and_match_libc() {

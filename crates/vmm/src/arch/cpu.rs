@@ -58,7 +58,10 @@ impl Cpu {
                 (1, _) => {
                     e.ecx &= !(1 << 5); // VMX
                     e.ecx &= !(1 << 3); // MONITOR/MWAIT
+                    // Initial APIC ID: KVM reports the host CPU the ioctl ran on; the one vCPU is 0.
+                    e.ebx &= 0x00FF_FFFF;
                 }
+                (0xB, _) | (0x1F, _) => e.edx = 0, // x2APIC ID, as above
                 (7, 0) => {
                     smep = e.ebx & (1 << 7) != 0;
                     smap = e.ebx & (1 << 20) != 0;

@@ -1,0 +1,356 @@
+//! Golden files of the persisted formats: a template's state file, a session
+//! checkpoint's state file and a layer file, built from a tiny synthetic
+//! state (a packed 3-file image, a few mappings and fds, fixed registers),
+//! committed under `tests/golden/`.
+//!
+//! What the tests hold to:
+//! - the current version's golden files are exactly what this code writes for
+//!   the synthetic state (so any change to the format — a field added, removed,
+//!   reordered or retyped in `Snapshot`, `VcpuRecord`, `CpuFingerprint`,
+//!   `MemoryStats`, `ProcessState` and everything in it, or the layer
+//!   encoding — fails here);
+//! - every golden file of every version this code says it reads
+//!   (`READABLE_VERSIONS`, `READABLE_LAYER_VERSIONS`) still decodes.
+//!
+//! So when a format changes: bump its version (`FORMAT_VERSION` in
+//! src/state.rs, `LAYER_VERSION` in src/layer.rs), give the previous version a
+//! reader (frozen copies of its types and a conversion; see the module docs),
+//! then write the new version's golden files with
+//!
+//! ```text
+//! cargo test --release -p forkbox-snapshot --test golden -- --ignored write_golden_files
+//! ```
+//!
+//! and commit them next to the old ones. The writer never overwrites an
+//! existing golden file that differs (that would hide a format change); delete
+//! one by hand only if the synthetic state itself was changed on purpose and
+//! the version it describes was never released.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use forkbox_image::{Image, PackOptions};
+use forkbox_linux::fd::FileKind;
+use forkbox_linux::mm::VmaKind;
+use forkbox_linux::process::ProcessState;
+use forkbox_linux::vfs::{BodyState, Vfs, ROOT_INO};
+use forkbox_linux::Process;
+use forkbox_snapshot::cpu::{CpuFingerprint, CpuidLeaf};
+use forkbox_snapshot::layer::{apply_layers, write_layer, Layer, LAYER_VERSION, READABLE_LAYER_VERSIONS};
+use forkbox_snapshot::regs::{DTable, Regs, Segment, Sregs, VcpuRecord, Xcr, Xcrs, Xsave, XSAVE_SIZE};
+use forkbox_snapshot::{state, MemoryStats, Snapshot, FORMAT_VERSION, READABLE_VERSIONS};
+use forkbox_vmm::GuestMemory;
+
+const IMAGE_ID: &str = "601de0601de0601de0601de0601de0601de0601de0601de0601de0601de06000";
+const FIXED_MTIME_NS: i128 = 1_700_000_000_123_456_789;
+const TEMPLATE_ID: &str = "goldentemplate00goldentemplate00";
+
+fn golden_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
+}
+
+fn golden(kind: &str, version: u32) -> PathBuf {
+    golden_dir().join(format!("{kind}-v{version}.bin"))
+}
+
+/// A tiny image: /etc/hostname, /bin/tool (executable), /tmp; fixed id and mtimes.
+fn image(tmp: &Path) -> Arc<Image> {
+    use std::os::unix::fs::PermissionsExt;
+    let root = tmp.join("root");
+    for d in ["etc", "bin", "tmp"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    std::fs::write(root.join("etc/hostname"), b"golden\n").unwrap();
+    std::fs::write(root.join("bin/tool"), b"\x7fELF not really").unwrap();
+    for (p, mode) in [("etc/hostname", 0o644), ("bin/tool", 0o755), ("etc", 0o755), ("bin", 0o755), ("tmp", 0o1777), ("", 0o755)] {
+        std::fs::set_permissions(root.join(p), std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    let out = tmp.join("image");
+    let opts = PackOptions { id: Some(IMAGE_ID.into()), mtime_clamp: Some(1_600_000_000) };
+    forkbox_image::pack_dir_with(&root, &out, &opts).unwrap();
+    let image = Image::open(&out).unwrap();
+    assert_eq!(image.id(), IMAGE_ID);
+    Arc::new(image)
+}
+
+/// A process as a template has it (mappings, a heap, stdio) or, for a
+/// session checkpoint, after some work (a file written, an fd open, TLS, a mask).
+fn process(image: &Arc<Image>, session: bool) -> ProcessState {
+    let mut p = Process::new(Vfs::new(image.clone()), 256 << 20);
+    let (r, rw, rx) = (libc::PROT_READ as u32, (libc::PROT_READ | libc::PROT_WRITE) as u32, (libc::PROT_READ | libc::PROT_EXEC) as u32);
+    p.mm.map(Some(0x40_0000), 0x2000, rx, VmaKind::File).unwrap();
+    p.mm.map(Some(0x40_2000), 0x1000, r, VmaKind::File).unwrap();
+    p.mm.map(Some(0x4800_0000), 0x10_000, rw, VmaKind::Anon).unwrap();
+    p.mm.map(Some(0xFFFF_F000 - 0x2_0000), 0x2_0000, rw, VmaKind::Stack).unwrap();
+    p.mm.set_brk_start(0x60_0000);
+    let _ = p.mm.set_brk(0x60_3000);
+    if session {
+        let ino = p.vfs.open(ROOT_INO, b"/tmp/out.txt", libc::O_CREAT | libc::O_RDWR, 0o600).unwrap();
+        p.vfs.write(ino, 0, b"checkpointed bytes").unwrap();
+        let fd = p.fds.open(FileKind::Node(ino), libc::O_RDWR | libc::O_CLOEXEC).unwrap();
+        p.fds.get_mut(fd).unwrap().offset = 18;
+        p.mm.map(Some(0x4801_0000), 0x1000, rw, VmaKind::SharedFile { ino, offset: 0 }).unwrap();
+        p.vfs.mkdir(ROOT_INO, b"/tmp/dir", 0o755).unwrap();
+        p.vfs.unlink(ROOT_INO, b"/etc/hostname").unwrap();
+        p.fs_base = 0x4802_0700;
+        p.tid_address = 0x4802_09d0;
+        p.signals.mask = 1 << (libc::SIGINT - 1);
+        p.umask = 0o077;
+    }
+    let mut s = p.save_state();
+    // Node mtimes are "now" when made: pin them.
+    for n in s.vfs.nodes.iter_mut().filter(|n| !matches!(n.body, BodyState::Gone)) {
+        n.mtime_ns = FIXED_MTIME_NS;
+    }
+    s
+}
+
+fn cpu() -> CpuFingerprint {
+    let leaf = |function, index, flags, eax, ebx, ecx, edx| CpuidLeaf { function, index, flags, eax, ebx, ecx, edx };
+    CpuFingerprint {
+        xcr0: 0xe7,
+        leaves: vec![
+            leaf(0, 0, 0, 0x1f, 0x756e_6547, 0x6c65_746e, 0x4965_6e69),
+            leaf(1, 0, 0, 0x000a_06a6, 0x0080_0800, 0xfffa_3203, 0x1f8b_fbff),
+            leaf(7, 0, 1, 0, 0xd19f_4fbb, 0x1840_5fce, 0xfc1c_c410),
+            leaf(0xd, 0, 1, 0xe7, 0xa88, 0xa88, 0),
+        ],
+    }
+}
+
+fn vcpu(session: bool) -> VcpuRecord {
+    let seg = |selector: u16, type_: u8, l: u8| Segment {
+        base: 0,
+        limit: 0xFFFF_FFFF,
+        selector,
+        type_,
+        present: 1,
+        dpl: 3,
+        db: 1 - l,
+        s: 1,
+        l,
+        g: 1,
+        avl: 0,
+        unusable: 0,
+    };
+    let data = seg(0x33, 3, 0);
+    let mut xsave = Xsave::default();
+    xsave.region[..4].copy_from_slice(&0x037f_u32.to_le_bytes()); // FCW
+    xsave.region[24..28].copy_from_slice(&0x1f80_u32.to_le_bytes()); // MXCSR
+    xsave.region[512..520].copy_from_slice(&0x7_u64.to_le_bytes()); // XSTATE_BV
+    assert_eq!(xsave.region.len(), XSAVE_SIZE);
+    VcpuRecord {
+        regs: Regs {
+            rax: 0,
+            rbx: 1,
+            rcx: 0x7f00_1234,
+            rdx: 0x1000,
+            rsi: 0x4800_1000,
+            rdi: 3,
+            rsp: 0xFFFF_E000 - if session { 0x800 } else { 0x400 },
+            rbp: 0,
+            r8: 8,
+            r9: 9,
+            r10: 10,
+            r11: 0x246,
+            r12: 12,
+            r13: 13,
+            r14: 14,
+            r15: 15,
+            rip: 0x7f00_1234,
+            rflags: 0x202,
+        },
+        sregs: Sregs {
+            cs: seg(0x2b, 0xb, 1),
+            ds: data,
+            es: data,
+            fs: data,
+            gs: data,
+            ss: data,
+            tr: Segment { base: 0x3000, limit: 0x67, selector: 0x38, type_: 11, present: 1, ..Segment::default() },
+            ldt: Segment::default(),
+            gdt: DTable { base: 0x1000, limit: 55 },
+            idt: DTable { base: 0x2000, limit: 4095 },
+            cr0: 0x8005_0033,
+            cr2: if session { 0x4801_0000 } else { 0 },
+            cr3: 0x10_0000,
+            cr4: 0x0030_0620,
+            cr8: 0,
+            efer: 0xd01,
+            apic_base: 0xfee0_0900,
+            interrupt_bitmap: [0; 4],
+        },
+        xcrs: Xcrs(vec![Xcr { index: 0, value: 0xe7 }]),
+        xsave,
+        fs_base: if session { 0x4802_0700 } else { 0 },
+    }
+}
+
+fn memory_stats() -> MemoryStats {
+    MemoryStats { size: 4 << 30, pages: 11_540, checksum: "ab".repeat(32) }
+}
+
+/// The template's state file (its `info` is the engine's TemplateInfo JSON).
+fn template_state(image: &Arc<Image>) -> Snapshot {
+    let info = serde_json_info();
+    Snapshot {
+        image_id: IMAGE_ID.into(),
+        cpu: cpu(),
+        vcpu: vcpu(false),
+        process: process(image, false),
+        memory: memory_stats(),
+        info,
+    }
+}
+
+/// TemplateInfo as forkbox-engine writes it (checked against its type there).
+fn serde_json_info() -> String {
+    format!(
+        "{{\"id\":\"{TEMPLATE_ID}\",\"image_id\":\"{IMAGE_ID}\",\"preload\":\"import numpy\",\
+         \"agent\":{{\"numpy\":\"1.24.2\",\"python\":\"3.11.2\"}},\"created_unix\":1700000000,\"boot_ms\":812.5,\"memory_pages\":11540}}"
+    )
+}
+
+/// A session checkpoint's state file (its `info` is the template id).
+fn session_state(image: &Arc<Image>) -> Snapshot {
+    Snapshot {
+        image_id: IMAGE_ID.into(),
+        cpu: cpu(),
+        vcpu: vcpu(true),
+        process: process(image, true),
+        memory: memory_stats(),
+        info: TEMPLATE_ID.into(),
+    }
+}
+
+/// 16 pages of base ("template") memory, and memory that differs from it in
+/// a few bytes of page 1, a whole page 3, and not at all in page 5 (listed anyway).
+fn layer_inputs() -> (Vec<u8>, GuestMemory, Vec<u64>) {
+    let base: Vec<u8> = (0..16 * 4096u32).map(|i| (i % 251) as u8).collect();
+    let mut mem = GuestMemory::anonymous(1 << 20).unwrap();
+    mem.write(0, &base).unwrap();
+    mem.write(4096 + 100, b"a few bytes").unwrap();
+    mem.write(4096 + 4000, &0xdead_beef_u64.to_le_bytes()).unwrap();
+    let page3: Vec<u8> = (0..4096u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8).collect();
+    mem.write(3 * 4096, &page3).unwrap();
+    (base, mem, vec![1, 3, 5])
+}
+
+/// What the current code writes: (golden file name, bytes).
+fn current_files(tmp: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let image = image(tmp);
+    let (base, mem, pages) = layer_inputs();
+    let layer = tmp.join("layer");
+    write_layer(&layer, &mem, &base, &pages).unwrap();
+    vec![
+        (golden("template-state", FORMAT_VERSION), state::encode(&template_state(&image))),
+        (golden("session-state", FORMAT_VERSION), state::encode(&session_state(&image))),
+        (golden("layer", LAYER_VERSION), std::fs::read(&layer).unwrap()),
+    ]
+}
+
+#[test]
+fn current_formats_match_the_golden_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (path, bytes) in current_files(tmp.path()) {
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let Ok(golden) = std::fs::read(&path) else {
+            panic!(
+                "no golden file {name} for the current format version: write it with \
+                 `cargo test --release -p forkbox-snapshot --test golden -- --ignored write_golden_files` and commit it"
+            )
+        };
+        assert!(
+            golden == bytes,
+            "{name}: this code writes other bytes ({} bytes, golden {}) than the golden file of its own \
+             format version. The format changed: bump the version (keeping a reader for the old one) and \
+             write new golden files (see tests/golden.rs).",
+            bytes.len(),
+            golden.len()
+        );
+        assert!(bytes.len() < 16 << 10, "{name} is {} bytes: golden files stay small", bytes.len());
+    }
+}
+
+#[test]
+fn golden_states_of_every_readable_version_decode() {
+    let tmp = tempfile::tempdir().unwrap();
+    let image = image(tmp.path());
+    assert_eq!(READABLE_VERSIONS.last(), Some(&FORMAT_VERSION));
+    for &v in READABLE_VERSIONS {
+        for (kind, expect) in [("template-state", template_state(&image)), ("session-state", session_state(&image))] {
+            let path = golden(kind, v);
+            let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e} (a readable version needs its golden files)", path.display()));
+            let snap = state::decode(&bytes).unwrap_or_else(|e| panic!("{kind} v{v} no longer decodes: {e}"));
+            // What every version records.
+            assert_eq!(snap.image_id, expect.image_id, "{kind} v{v}");
+            assert_eq!(snap.memory, expect.memory, "{kind} v{v}");
+            assert_eq!(snap.info, expect.info, "{kind} v{v}");
+            assert_eq!(snap.vcpu.regs, expect.vcpu.regs, "{kind} v{v}");
+            assert_eq!(snap.vcpu.xcrs.xcr0(), Some(0xe7), "{kind} v{v}");
+            // The process state is a real one: it restores against its image.
+            let proc = Process::restore_state(image.clone(), snap.process.clone())
+                .unwrap_or_else(|e| panic!("{kind} v{v}: the process state does not restore: {e}"));
+            if v == FORMAT_VERSION {
+                assert!(snap == expect, "{kind} v{v} decodes to something else than it was written from");
+                assert!(proc.save_state() == snap.process, "{kind} v{v}: restore + save changed the process state");
+            }
+        }
+    }
+    // The session's file is there, with its bytes, after restore.
+    let snap = state::decode(&std::fs::read(golden("session-state", FORMAT_VERSION)).unwrap()).unwrap();
+    let proc = Process::restore_state(image.clone(), snap.process).unwrap();
+    let ino = proc.vfs.resolve(ROOT_INO, b"/tmp/out.txt", true).unwrap();
+    assert_eq!(proc.vfs.file_bytes(ino).unwrap(), b"checkpointed bytes");
+    assert!(proc.vfs.resolve(ROOT_INO, b"/etc/hostname", true).is_err(), "the unlink is part of the state");
+}
+
+#[test]
+fn golden_layers_of_every_readable_version_apply() {
+    assert_eq!(READABLE_LAYER_VERSIONS.last(), Some(&LAYER_VERSION));
+    let (base, mem, pages) = layer_inputs();
+    for &v in READABLE_LAYER_VERSIONS {
+        let layer = Layer::read(&golden("layer", v)).unwrap_or_else(|e| panic!("layer v{v} no longer reads: {e}"));
+        assert_eq!(layer.pages, pages, "layer v{v}");
+        let mut fresh = GuestMemory::anonymous(1 << 20).unwrap();
+        fresh.write(0, &base).unwrap();
+        assert_eq!(apply_layers(&mut fresh, &base, &[layer]).unwrap(), 3);
+        assert_eq!(fresh.slice(0, 16 * 4096).unwrap(), mem.slice(0, 16 * 4096).unwrap(), "layer v{v} applies to other bytes");
+    }
+}
+
+/// Every golden file in the directory is of a version this code reads (an
+/// old one dropped from the readers must be deleted on purpose).
+#[test]
+fn no_golden_file_of_an_unreadable_version() {
+    for e in std::fs::read_dir(golden_dir()).unwrap() {
+        let name = e.unwrap().file_name().to_string_lossy().into_owned();
+        let Some(stem) = name.strip_suffix(".bin") else { continue };
+        let (kind, v) = stem.rsplit_once("-v").unwrap_or_else(|| panic!("golden file {name} is not KIND-vN.bin"));
+        let v: u32 = v.parse().unwrap_or_else(|_| panic!("golden file {name}: bad version"));
+        let readable = if kind == "layer" { READABLE_LAYER_VERSIONS } else { READABLE_VERSIONS };
+        assert!(readable.contains(&v), "golden file {name}: version {v} is not readable any more");
+    }
+}
+
+/// Writes the current version's golden files that are missing (see the module docs).
+#[test]
+#[ignore]
+fn write_golden_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(golden_dir()).unwrap();
+    for (path, bytes) in current_files(tmp.path()) {
+        match std::fs::read(&path) {
+            Ok(old) if old == bytes => eprintln!("{}: up to date", path.display()),
+            Ok(_) => panic!(
+                "{} exists with other bytes: the format changed without a version bump (or the synthetic \
+                 state changed). Bump the version; do not overwrite a golden file.",
+                path.display()
+            ),
+            Err(_) => {
+                std::fs::write(&path, &bytes).unwrap();
+                eprintln!("{}: written ({} bytes)", path.display(), bytes.len());
+            }
+        }
+    }
+}
