@@ -77,6 +77,44 @@ def short_repr(value, limit):
     return r
 
 
+CO_COROUTINE = 0x80
+# The session's event loop for top-level `await` (IPython's autoawait): made
+# on the first exec that needs it and kept across execs, so tasks it started
+# go on running whenever a later exec awaits. asyncio is imported only then
+# (it costs every fork otherwise).
+session_loop = None
+
+
+def compile_user(node, filename, mode):
+    """compile(); code that only fails because of a top-level await / async
+    for / async with is compiled as a coroutine instead."""
+    try:
+        return compile(node, filename, mode)
+    except SyntaxError as first:
+        try:
+            code = compile(node, filename, mode, flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+        except SyntaxError:
+            raise first from None
+        if not code.co_flags & CO_COROUTINE:
+            raise
+        return code
+
+
+def run_code(code, mode):
+    global session_loop
+    if code.co_flags & CO_COROUTINE:
+        import asyncio
+
+        if session_loop is None or session_loop.is_closed():
+            session_loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(session_loop)
+        return session_loop.run_until_complete(eval(code, namespace))
+    if mode == "exec":
+        exec(code, namespace)
+        return None
+    return eval(code, namespace)
+
+
 def run(code, value_limit):
     """Exec `code` in the session namespace; return the repr of a trailing expression."""
     global exec_count, user_running, interrupt_pending
@@ -94,10 +132,10 @@ def run(code, value_limit):
         if interrupt_pending:
             interrupt_pending = False
             raise KeyboardInterrupt
-        exec(compile(tree, filename, "exec"), namespace)
+        run_code(compile_user(tree, filename, "exec"), "exec")
         if last is None:
             return None
-        value = eval(compile(last, filename, "eval"), namespace)
+        value = run_code(compile_user(last, filename, "eval"), "eval")
     finally:
         user_running = False
     if value is None:

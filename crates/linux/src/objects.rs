@@ -16,7 +16,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use imbl::{OrdMap, Vector};
+use imbl::OrdMap;
 use serde::{Deserialize, Serialize};
 
 use crate::errno::Errno;
@@ -85,7 +85,7 @@ pub struct Dgram {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum SockState {
     Unconnected,
-    Listening { backlog: u32, queue: Vector<u64> },
+    Listening { backlog: u32, queue: VecDeque<u64> },
     Connected { peer: u64 },
 }
 
@@ -120,7 +120,7 @@ pub struct Socket {
     /// Stream: received bytes.
     pub rx: Arc<VecDeque<u8>>,
     /// Datagram / seqpacket: received messages and their total size.
-    pub msgs: Vector<Dgram>,
+    pub msgs: VecDeque<Dgram>,
     pub msg_bytes: usize,
     /// shutdown(SHUT_RD) / (SHUT_WR) on this side.
     pub shut_rd: bool,
@@ -140,7 +140,7 @@ impl Socket {
             name: None,
             state: SockState::Unconnected,
             rx: Arc::new(VecDeque::new()),
-            msgs: Vector::new(),
+            msgs: VecDeque::new(),
             msg_bytes: 0,
             shut_rd: false,
             shut_wr: false,
@@ -499,7 +499,7 @@ impl Objects {
             }
             SockState::Unconnected if s.name.is_none() => Err(Errno::EINVAL),
             SockState::Unconnected => {
-                s.state = SockState::Listening { backlog, queue: Vector::new() };
+                s.state = SockState::Listening { backlog, queue: VecDeque::new() };
                 Ok(())
             }
         }

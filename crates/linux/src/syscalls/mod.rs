@@ -2,6 +2,7 @@
 //! (`sys_*.rs`), one table whose entries carry name, handler and support level.
 //! Anything not in the table returns ENOSYS and is counted by number.
 
+pub mod procfs;
 mod sys_file;
 mod sys_fs;
 mod sys_mm;

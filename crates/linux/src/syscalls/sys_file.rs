@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::{Args, Ctx, Effect, MAX_RW};
 use crate::errno::{Errno, SysResult};
-use crate::fd::FileKind;
+use crate::fd::{FileKind, OpenFile};
 use crate::wait::{self, Block, WaitOn};
 
 const IOV_MAX: u64 = 1024;
@@ -80,34 +80,176 @@ fn write_from(ctx: &mut Ctx, fd: i32, buf: u64, len: u64, pos: Option<u64>) -> S
         return super::sys_pipe::write_object(ctx, &f, ofd, id, &data);
     }
     let data = ctx.mem.slice(buf, len).map_err(|_| Errno::EFAULT)?;
+    write_plain(ctx.proc, ctx.io, fd, &f, data, pos)
+}
+
+/// A write of host bytes to a description that is not an fd object.
+fn write_plain(
+    proc: &mut crate::process::Process,
+    io: &mut crate::io::Io,
+    fd: i32,
+    f: &OpenFile,
+    data: &[u8],
+    pos: Option<u64>,
+) -> SysResult {
+    let len = data.len() as u64;
     match f.kind {
         FileKind::Node(ino) => {
             let off = match pos {
                 Some(p) => p,
-                None if f.flags & libc::O_APPEND != 0 => ctx.proc.vfs.stat(ino)?.size,
+                None if f.flags & libc::O_APPEND != 0 => proc.vfs.stat(ino)?.size,
                 None => f.offset,
             };
-            let n = ctx.proc.vfs.write(ino, off, data)?;
+            let n = proc.vfs.write(ino, off, data)?;
             if pos.is_none() {
-                ctx.proc.fds.get_mut(fd)?.offset = off + n as u64;
+                proc.fds.get_mut(fd)?.offset = off + n as u64;
             }
             Ok(n as u64)
         }
         FileKind::Stdout => {
-            ctx.io.output(crate::io::Stream::Stdout, data);
+            io.output(crate::io::Stream::Stdout, data);
             Ok(len)
         }
         FileKind::Stderr => {
-            ctx.io.output(crate::io::Stream::Stderr, data);
+            io.output(crate::io::Stream::Stderr, data);
             Ok(len)
         }
         FileKind::Agent => {
-            ctx.io.agent_out.extend_from_slice(data);
+            io.agent_out.extend_from_slice(data);
             Ok(len)
         }
         FileKind::Stdin => Err(Errno::EBADF),
         FileKind::Object(_) => Err(Errno::EBADF),
     }
+}
+
+/// Write host bytes to `fd` (sendfile, copy_file_range), objects included.
+fn write_host(ctx: &mut Ctx, fd: i32, data: &[u8], pos: Option<u64>) -> SysResult {
+    let f = *ctx.proc.fds.get(fd)?;
+    if !f.writable() {
+        return Err(Errno::EBADF);
+    }
+    match f.kind {
+        FileKind::Object(_) if pos.is_some() => Err(Errno::ESPIPE),
+        FileKind::Object(id) => {
+            let ofd = ctx.proc.fds.ofd(fd)?;
+            super::sys_pipe::write_object(ctx, &f, ofd, id, data)
+        }
+        _ => write_plain(ctx.proc, ctx.io, fd, &f, data, pos),
+    }
+}
+
+/// Largest chunk sendfile / copy_file_range move per call (a short count is
+/// allowed; callers loop).
+const COPY_CHUNK: u64 = 1 << 20;
+
+/// The regular file behind `fd`, readable.
+fn readable_file(ctx: &Ctx, fd: i32) -> Result<(OpenFile, crate::vfs::Ino), Errno> {
+    let f = *ctx.proc.fds.get(fd)?;
+    if !f.readable() {
+        return Err(Errno::EBADF);
+    }
+    match f.kind {
+        FileKind::Node(ino) if ctx.proc.vfs.stat(ino)?.kind == crate::vfs::FileType::File => Ok((f, ino)),
+        FileKind::Node(_) => Err(Errno::EINVAL),
+        _ => Err(Errno::EINVAL),
+    }
+}
+
+fn read_off(ctx: &Ctx, ptr: u64) -> Result<Option<u64>, Errno> {
+    if ptr == 0 {
+        return Ok(None);
+    }
+    let v = ctx.read_i64(ptr)?;
+    if v < 0 {
+        return Err(Errno::EINVAL);
+    }
+    Ok(Some(v as u64))
+}
+
+/// sendfile: from a regular file (at `*offset`, or its file offset) to any fd.
+pub fn sendfile(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let (out_fd, in_fd, off_ptr, count) = (fd_arg(a[0]), fd_arg(a[1]), a[2], a[3]);
+    let (f, ino) = readable_file(ctx, in_fd)?;
+    let out = *ctx.proc.fds.get(out_fd)?;
+    if !out.writable() {
+        return Err(Errno::EBADF);
+    }
+    let explicit = read_off(ctx, off_ptr)?;
+    let off = explicit.unwrap_or(f.offset);
+    let mut buf = vec![0u8; count.min(COPY_CHUNK) as usize];
+    let n = ctx.proc.vfs.read(ino, off, &mut buf)?;
+    if n == 0 {
+        return Ok(0);
+    }
+    let w = write_host(ctx, out_fd, &buf[..n], None)?;
+    if wait::is_blocking(ctx) || ctx.effect.is_some() {
+        return Ok(0);
+    }
+    match explicit {
+        Some(_) => ctx.write_u64(off_ptr, off + w)?,
+        None => ctx.proc.fds.get_mut(in_fd)?.offset = off + w,
+    }
+    Ok(w)
+}
+
+/// copy_file_range between regular files (flags must be 0).
+pub fn copy_file_range(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let (in_fd, in_ptr, out_fd, out_ptr, len, flags) = (fd_arg(a[0]), a[1], fd_arg(a[2]), a[3], a[4], a[5]);
+    if flags != 0 {
+        return Err(Errno::EINVAL);
+    }
+    let (fin, ino_in) = readable_file(ctx, in_fd)?;
+    let fout = *ctx.proc.fds.get(out_fd)?;
+    let FileKind::Node(ino_out) = fout.kind else { return Err(Errno::EINVAL) };
+    if !fout.writable() || fout.flags & libc::O_APPEND != 0 {
+        return Err(Errno::EBADF);
+    }
+    if ctx.proc.vfs.stat(ino_out)?.kind != crate::vfs::FileType::File {
+        return Err(Errno::EINVAL);
+    }
+    let (ein, eout) = (read_off(ctx, in_ptr)?, read_off(ctx, out_ptr)?);
+    let (off_in, off_out) = (ein.unwrap_or(fin.offset), eout.unwrap_or(fout.offset));
+    let n = len.min(COPY_CHUNK);
+    if ino_in == ino_out && off_in < off_out.saturating_add(n) && off_out < off_in.saturating_add(n) {
+        return Err(Errno::EINVAL);
+    }
+    let mut buf = vec![0u8; n as usize];
+    let got = ctx.proc.vfs.read(ino_in, off_in, &mut buf)?;
+    if got == 0 {
+        return Ok(0);
+    }
+    let w = ctx.proc.vfs.write(ino_out, off_out, &buf[..got])? as u64;
+    match ein {
+        Some(_) => ctx.write_u64(in_ptr, off_in + w)?,
+        None => ctx.proc.fds.get_mut(in_fd)?.offset = off_in + w,
+    }
+    match eout {
+        Some(_) => ctx.write_u64(out_ptr, off_out + w)?,
+        None => ctx.proc.fds.get_mut(out_fd)?.offset = off_out + w,
+    }
+    Ok(w)
+}
+
+/// close_range: close (or, with CLOSE_RANGE_CLOEXEC, mark close-on-exec) every
+/// fd in [first, last]. CLOSE_RANGE_UNSHARE changes nothing (one fd table).
+pub fn close_range(ctx: &mut Ctx, a: &Args) -> SysResult {
+    const UNSHARE: u64 = 2;
+    const CLOEXEC: u64 = 4;
+    let (first, last, flags) = (a[0] as u32, a[1] as u32, a[2]);
+    if flags & !(UNSHARE | CLOEXEC) != 0 || first > last {
+        return Err(Errno::EINVAL);
+    }
+    let fds: Vec<i32> = ctx.proc.fds.fds().filter(|&fd| (first..=last).contains(&(fd as u32))).collect();
+    for fd in fds {
+        if flags & CLOEXEC != 0 {
+            ctx.proc.fds.set_cloexec(fd, true)?;
+        } else {
+            let gone = ctx.proc.fds.close(fd)?;
+            released(ctx, gone);
+        }
+    }
+    Ok(0)
 }
 
 pub fn read(ctx: &mut Ctx, a: &Args) -> SysResult {

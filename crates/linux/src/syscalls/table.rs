@@ -79,6 +79,7 @@ table! {
     33 dup2 => file::dup2, Full;
     35 nanosleep => time::nanosleep, Full;
     39 getpid => process::getpid, Full;
+    40 sendfile => file::sendfile, Full;
     41 socket => unix::socket, Partial;
     42 connect => unix::connect, Full;
     43 accept => unix::accept, Full;
@@ -121,7 +122,7 @@ table! {
     91 fchmod => fs::fchmod, Full;
     92 chown => fs::chown, Full;
     93 fchown => fs::fchown, Full;
-    94 lchown => fs::chown, Full;
+    94 lchown => fs::lchown, Full;
     95 umask => fs::umask, Full;
     96 gettimeofday => time::gettimeofday, Full;
     97 getrlimit => process::getrlimit, Full;
@@ -139,9 +140,12 @@ table! {
     120 getresgid => process::getresuid, Full;
     121 getpgid => process::getpgid, Full;
     124 getsid => process::getpgid, Full;
+    127 rt_sigpending => signal::rt_sigpending, Partial;
     131 sigaltstack => signal::sigaltstack, Partial;
+    133 mknod => fs::mknod, Partial;
     137 statfs => fs::statfs, Partial;
     138 fstatfs => fs::fstatfs, Partial;
+    140 getpriority => process::getpriority, Full;
     157 prctl => process::prctl, Partial;
     158 arch_prctl => process::arch_prctl, Full;
     160 setrlimit => process::setrlimit, Partial;
@@ -176,7 +180,8 @@ table! {
     234 tgkill => process::tgkill, Partial;
     257 openat => fs::openat, Full;
     258 mkdirat => fs::mkdirat, Full;
-    260 fchownat => fs::chown, Full;
+    259 mknodat => fs::mknodat, Partial;
+    260 fchownat => fs::fchownat, Full;
     262 newfstatat => fs::newfstatat, Full;
     263 unlinkat => fs::unlinkat, Full;
     264 renameat => fs::renameat, Full;
@@ -204,9 +209,12 @@ table! {
     302 prlimit64 => process::prlimit64, Partial;
     316 renameat2 => fs::renameat2, Partial;
     318 getrandom => process::getrandom, Full;
+    319 memfd_create => fs::memfd_create, Partial;
+    326 copy_file_range => file::copy_file_range, Full;
     332 statx => fs::statx, Full;
     334 rseq => enosys, Refused;
     435 clone3 => enosys, Refused;
+    436 close_range => file::close_range, Full;
     439 faccessat2 => fs::faccessat2, Full;
     441 epoll_pwait2 => pipe::epoll_pwait2, Partial;
 }

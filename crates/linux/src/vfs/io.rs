@@ -46,7 +46,7 @@ impl Vfs {
                     fill_random(buf)?;
                     Ok(buf.len())
                 }
-                DevKind::Tty => Err(Errno::ENXIO),
+                DevKind::Tty | DevKind::Ptmx => Err(Errno::ENXIO),
             };
         }
         let bytes = self.file_bytes(ino)?;
@@ -67,7 +67,7 @@ impl Vfs {
             return match dev {
                 DevKind::Full => Err(Errno::ENOSPC),
                 DevKind::Null | DevKind::Zero | DevKind::Urandom => Ok(data.len()),
-                DevKind::Tty => Err(Errno::ENXIO),
+                DevKind::Tty | DevKind::Ptmx => Err(Errno::ENXIO),
             };
         }
         let cur_len = self.file_bytes(ino)?.len() as u64;

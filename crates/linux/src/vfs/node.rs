@@ -30,6 +30,9 @@ pub enum DevKind {
     Urandom,
     /// /dev/tty: there is no controlling terminal, so opening it is ENXIO.
     Tty,
+    /// /dev/ptmx: the sandbox has no pseudo-terminals; opening it is ENODEV
+    /// (so `os.openpty()` fails with "No such device").
+    Ptmx,
 }
 
 impl DevKind {
@@ -41,6 +44,7 @@ impl DevKind {
             DevKind::Full => 7,
             DevKind::Urandom => 9,
             DevKind::Tty => return makedev(5, 0),
+            DevKind::Ptmx => return makedev(5, 2),
         };
         makedev(1, minor)
     }
@@ -87,6 +91,8 @@ pub(crate) struct Node {
     /// Permission bits (07777).
     pub perm: u32,
     pub mtime_ns: i128,
+    /// Access time (only set by utimensat: reads do not update it, as `noatime`).
+    pub atime_ns: i128,
     /// Names referring to the node. Directories: 1 while linked, 0 once removed
     /// (`stat` reports 2 + subdirectories). 0 = unlinked but still held (see `Vfs::hold`).
     pub nlink: u32,

@@ -70,8 +70,10 @@ impl Vfs {
             // A socket file is only a name to connect to.
             FileType::Socket => return Err(if flags & libc::O_DIRECTORY != 0 { Errno::ENOTDIR } else { Errno::ENXIO }),
         }
-        if self.device(ino)? == Some(DevKind::Tty) {
-            return Err(Errno::ENXIO);
+        match self.device(ino)? {
+            Some(DevKind::Tty) => return Err(Errno::ENXIO),
+            Some(DevKind::Ptmx) => return Err(Errno::ENODEV),
+            _ => {}
         }
         if flags & libc::O_TRUNC != 0 && kind == FileType::File && !created {
             self.truncate(ino, 0)?;

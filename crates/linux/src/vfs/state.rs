@@ -46,7 +46,7 @@ pub struct VfsState {
 
 impl VfsState {
     /// Layout version written by this code; `restore_state` accepts only this one.
-    /// 2: FIFO and socket nodes, /dev/tty.
+    /// 2: FIFO and socket nodes, /dev/tty, atime.
     pub const VERSION: u32 = 2;
 }
 
@@ -58,6 +58,7 @@ pub struct NodeState {
     /// Permission bits (07777).
     pub perm: u32,
     pub mtime_ns: i128,
+    pub atime_ns: i128,
     /// Names referring to the node (directories: 1, or 0 once removed); 0 = unlinked,
     /// kept alive by references.
     pub nlink: u32,
@@ -195,7 +196,7 @@ impl Vfs {
                 BodyState::Socket => Body::Socket,
                 BodyState::Gone => Body::Gone,
             };
-            let node = Node { body, perm: n.perm, mtime_ns: n.mtime_ns, nlink: n.nlink };
+            let node = Node { body, perm: n.perm, mtime_ns: n.mtime_ns, atime_ns: n.atime_ns, nlink: n.nlink };
             used = used.saturating_add(node.cost());
             nodes.insert(n.ino, node);
         }
@@ -220,7 +221,7 @@ fn save_node(ino: Ino, n: &Node) -> NodeState {
         Body::Socket => BodyState::Socket,
         Body::Gone => BodyState::Gone,
     };
-    NodeState { ino, perm: n.perm, mtime_ns: n.mtime_ns, nlink: n.nlink, body }
+    NodeState { ino, perm: n.perm, mtime_ns: n.mtime_ns, atime_ns: n.atime_ns, nlink: n.nlink, body }
 }
 
 fn kind_of(body: &BodyState) -> Option<FileType> {
@@ -345,7 +346,7 @@ impl<'a> Check<'a> {
                 bad!("node {ino}: permission bits {:#o}", n.perm);
             }
             match (&n.body, self.image_kind(ino)) {
-                (BodyState::Gone, Some(_)) if n.nlink != 0 || n.perm != 0 || n.mtime_ns != 0 => {
+                (BodyState::Gone, Some(_)) if n.nlink != 0 || n.perm != 0 || n.mtime_ns != 0 || n.atime_ns != 0 => {
                     bad!("node {ino}: deleted image inode with metadata")
                 }
                 (BodyState::Gone, Some(_)) => {}
