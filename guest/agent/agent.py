@@ -100,19 +100,18 @@ def compile_user(node, filename, mode):
         return code
 
 
-def run_code(code, mode):
+def run_async(code):
+    """Run a coroutine code object on the session's event loop."""
     global session_loop
-    if code.co_flags & CO_COROUTINE:
-        import asyncio
+    import asyncio
 
-        if session_loop is None or session_loop.is_closed():
-            session_loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(session_loop)
-        return session_loop.run_until_complete(eval(code, namespace))
-    if mode == "exec":
-        exec(code, namespace)
-        return None
-    return eval(code, namespace)
+    if session_loop is None or session_loop.is_closed():
+        session_loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(session_loop)
+    return session_loop.run_until_complete(eval(code, namespace))
+
+
+VALUE_NAME = "__forkbox_value__"
 
 
 def run(code, value_limit):
@@ -132,10 +131,24 @@ def run(code, value_limit):
         if interrupt_pending:
             interrupt_pending = False
             raise KeyboardInterrupt
-        run_code(compile_user(tree, filename, "exec"), "exec")
-        if last is None:
-            return None
-        value = run_code(compile_user(last, filename, "eval"), "eval")
+        body = compile_user(tree, filename, "exec")
+        tail = compile_user(last, filename, "eval") if last is not None else None
+        if body.co_flags & CO_COROUTINE or (tail is not None and tail.co_flags & CO_COROUTINE):
+            # Top-level await: the whole cell is one coroutine on the session loop
+            # (a task it starts belongs to that loop), its value kept in a hidden name.
+            if last is not None:
+                target = ast.Name(id=VALUE_NAME, ctx=ast.Store())
+                tree.body.append(ast.copy_location(ast.Assign(targets=[target], value=last.body), last.body))
+                ast.fix_missing_locations(tree)
+            run_async(compile(tree, filename, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT))
+            if last is None:
+                return None
+            value = namespace.pop(VALUE_NAME, None)
+        else:
+            exec(body, namespace)
+            if tail is None:
+                return None
+            value = eval(tail, namespace)
     finally:
         user_running = False
     if value is None:
