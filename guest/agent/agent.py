@@ -83,6 +83,43 @@ def short_repr(value, limit):
     return r
 
 
+CO_COROUTINE = 0x80
+# The session's event loop for top-level `await` (IPython's autoawait): made
+# on the first exec that needs it and kept across execs, so tasks it started
+# go on running whenever a later exec awaits. asyncio is imported only then
+# (it costs every fork otherwise).
+session_loop = None
+
+
+def compile_user(node, filename, mode):
+    """compile(); code that only fails because of a top-level await / async
+    for / async with is compiled as a coroutine instead."""
+    try:
+        return compile(node, filename, mode)
+    except SyntaxError as first:
+        try:
+            code = compile(node, filename, mode, flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+        except SyntaxError:
+            raise first from None
+        if not code.co_flags & CO_COROUTINE:
+            raise
+        return code
+
+
+def run_async(code):
+    """Run a coroutine code object on the session's event loop."""
+    global session_loop
+    import asyncio
+
+    if session_loop is None or session_loop.is_closed():
+        session_loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(session_loop)
+    return session_loop.run_until_complete(eval(code, namespace))
+
+
+VALUE_NAME = "__forkbox_value__"
+
+
 def run(code, value_limit):
     """Exec `code` in the session namespace; return the repr of a trailing expression."""
     global exec_count, user_running, interrupt_pending
@@ -100,10 +137,24 @@ def run(code, value_limit):
         if interrupt_pending:
             interrupt_pending = False
             raise KeyboardInterrupt
-        exec(compile(tree, filename, "exec"), namespace)
-        if last is None:
-            return None
-        value = eval(compile(last, filename, "eval"), namespace)
+        body = compile_user(tree, filename, "exec")
+        tail = compile_user(last, filename, "eval") if last is not None else None
+        if body.co_flags & CO_COROUTINE or (tail is not None and tail.co_flags & CO_COROUTINE):
+            # Top-level await: the whole cell is one coroutine on the session loop
+            # (a task it starts belongs to that loop), its value kept in a hidden name.
+            if last is not None:
+                target = ast.Name(id=VALUE_NAME, ctx=ast.Store())
+                tree.body.append(ast.copy_location(ast.Assign(targets=[target], value=last.body), last.body))
+                ast.fix_missing_locations(tree)
+            run_async(compile(tree, filename, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT))
+            if last is None:
+                return None
+            value = namespace.pop(VALUE_NAME, None)
+        else:
+            exec(body, namespace)
+            if tail is None:
+                return None
+            value = eval(tail, namespace)
     finally:
         user_running = False
     if value is None:

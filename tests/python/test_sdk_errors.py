@@ -19,7 +19,7 @@ from forkbox._errors import _BY_CODE, _BY_STATUS, STATUS_OF_CODE, ForkboxError, 
     ("timeout", forkbox.Timeout), ("session_busy", forkbox.SessionBusy),
     ("payload_too_large", forkbox.PayloadTooLarge), ("code_too_large", forkbox.PayloadTooLarge),
     ("file_too_large", forkbox.PayloadTooLarge), ("guest_crashed", forkbox.GuestError),
-    ("guest_killed", forkbox.GuestError), ("interrupted", forkbox.GuestError),
+    ("guest_killed", forkbox.GuestError), ("interrupted", forkbox.GuestError), ("deadlock", forkbox.GuestError),
     ("rate_limited", forkbox.RateLimited), ("overloaded", forkbox.Overloaded),
 ])
 def test_codes_map_to_classes(code, cls):

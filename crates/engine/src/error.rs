@@ -11,6 +11,9 @@ pub enum EngineError {
     GuestCrashed(String),
     #[error("the guest exited with status {0}")]
     GuestExited(i32),
+    /// Every guest thread waits with no timeout for something only the guest could do.
+    #[error("deadlock: {0}")]
+    Deadlock(String),
     #[error("the guest was killed by signal {0}")]
     GuestSignaled(i32),
     #[error("the sandbox is no longer usable (an earlier exec failed: {0})")]
@@ -47,6 +50,7 @@ impl EngineError {
             EngineError::GuestCrashed(_) => ErrorCode::GuestCrashed,
             EngineError::GuestExited(_) => ErrorCode::GuestExited,
             EngineError::GuestSignaled(_) => ErrorCode::GuestKilled,
+            EngineError::Deadlock(_) => ErrorCode::Deadlock,
             EngineError::Poisoned(_) => ErrorCode::SandboxUnusable,
             EngineError::Protocol(_) => ErrorCode::ProtocolError,
             EngineError::Boot(_) => ErrorCode::BootFailed,

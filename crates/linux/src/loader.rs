@@ -154,6 +154,14 @@ pub fn exec(
         .map(Some(STACK_BOTTOM), STACK_SIZE, (libc::PROT_READ | libc::PROT_WRITE) as u32, VmaKind::Stack)
         .map_err(|errno| LoadError::Map { path: "[stack]".into(), errno })?;
     let rsp = build_stack(mem, path, argv, envp, &main, interp.as_ref(), opts)?;
+    let nul_joined = |v: &[&str]| -> std::sync::Arc<[u8]> {
+        v.iter().flat_map(|s| s.bytes().chain(std::iter::once(0))).collect::<Vec<u8>>().into()
+    };
+    proc.exec_info = crate::process::ExecInfo {
+        exe: path.as_bytes().into(),
+        cmdline: nul_joined(argv),
+        environ: nul_joined(envp),
+    };
     Ok(Start { entry: interp.as_ref().map_or(main.entry, |i| i.entry), rsp })
 }
 

@@ -43,6 +43,8 @@ pub struct Process {
     pub fs_base: u64,
     pub tid_address: u64,
     pub umask: u32,
+    /// What /proc/self/{exe,cmdline,environ} report (set by execve).
+    pub exec_info: ExecInfo,
 }
 
 /// A `Process` as written into a snapshot's state file. Its shape (and that
@@ -61,6 +63,17 @@ pub struct ProcessState {
     pub fs_base: u64,
     pub tid_address: u64,
     pub umask: u32,
+    /// What /proc/self/{exe,cmdline,environ} report (set by execve).
+    pub exec_info: ExecInfo,
+}
+
+/// The program a process runs, as execve got it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecInfo {
+    pub exe: Arc<[u8]>,
+    /// argv, NUL-terminated strings back to back.
+    pub cmdline: Arc<[u8]>,
+    pub environ: Arc<[u8]>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -82,6 +95,7 @@ impl Process {
             fs_base: 0,
             tid_address: 0,
             umask: 0o022,
+            exec_info: ExecInfo::default(),
         }
     }
 
@@ -95,6 +109,7 @@ impl Process {
             fs_base: self.fs_base,
             tid_address: self.tid_address,
             umask: self.umask,
+            exec_info: self.exec_info.clone(),
         }
     }
 
@@ -119,6 +134,7 @@ impl Process {
             fs_base: s.fs_base,
             tid_address: s.tid_address,
             umask: s.umask & 0o777,
+            exec_info: s.exec_info,
         })
     }
 }

@@ -6,12 +6,14 @@ use super::{Args, Ctx};
 use crate::errno::{Errno, SysResult};
 use crate::fd::FileKind;
 use crate::vfs::{FileType, Ino, Stat};
+use crate::wait::{Block, WaitOn};
 
 const AT_FDCWD: u64 = libc::AT_FDCWD as u32 as u64;
 
 /// Start directory and path for an *at() call.
-fn at(ctx: &Ctx, dirfd: u64, path_ptr: u64) -> Result<(Ino, Vec<u8>), Errno> {
+fn at(ctx: &mut Ctx, dirfd: u64, path_ptr: u64) -> Result<(Ino, Vec<u8>), Errno> {
     let path = ctx.path(path_ptr)?;
+    super::procfs::refresh_for(ctx, &path);
     let start = ctx.dir_start(dirfd, &path)?;
     Ok((start, path))
 }
@@ -21,6 +23,10 @@ fn open_common(ctx: &mut Ctx, dirfd: u64, path_ptr: u64, flags: i32, mode: u32) 
     let mode = mode & !ctx.proc.umask & 0o7777;
     let ino = ctx.proc.vfs.open(start, &path, flags, mode)?;
     let keep = flags & (libc::O_ACCMODE | libc::O_APPEND | libc::O_NONBLOCK | libc::O_PATH | libc::O_CLOEXEC | libc::O_DIRECTORY);
+    if flags & libc::O_PATH == 0 && ctx.proc.vfs.stat(ino).map(|s| s.kind) == Ok(FileType::Fifo) {
+        ctx.proc.vfs.release(ino);
+        return open_fifo(ctx, ino, keep);
+    }
     match ctx.proc.fds.open(FileKind::Node(ino), keep) {
         Ok(fd) => Ok(fd as u64),
         Err(e) => {
@@ -28,6 +34,38 @@ fn open_common(ctx: &mut Ctx, dirfd: u64, path_ptr: u64, flags: i32, mode: u32) 
             Err(e)
         }
     }
+}
+
+/// Open a FIFO: a description of the pipe the inode stands for (created by
+/// its first opener). As Linux: a blocking open for reading waits for a
+/// writer and one for writing waits for a reader; a non-blocking open for
+/// writing with no reader is ENXIO; O_RDWR never waits.
+fn open_fifo(ctx: &mut Ctx, ino: Ino, flags: i32) -> SysResult {
+    use crate::objects::ObjKind;
+    let acc = flags & libc::O_ACCMODE;
+    let existing = ctx.proc.fds.objects.fifos.get(&ino).copied();
+    let (readers, writers) = match existing.map(|id| ctx.proc.fds.objects.get(id).map(|o| &o.kind)) {
+        Some(Ok(ObjKind::Pipe(p))) => (p.readers, p.writers),
+        _ => (0, 0),
+    };
+    let nonblock = flags & libc::O_NONBLOCK != 0;
+    match acc {
+        libc::O_WRONLY if readers == 0 && nonblock => return Err(Errno::ENXIO),
+        libc::O_WRONLY if readers == 0 => return crate::wait::block(ctx, Block::new(WaitOn::Fds(Vec::new()))),
+        libc::O_RDONLY if writers == 0 && !nonblock => {
+            return crate::wait::block(ctx, Block::new(WaitOn::Fds(Vec::new())))
+        }
+        _ => {}
+    }
+    let id = match existing {
+        Some(id) => id,
+        None => {
+            let id = ctx.proc.fds.objects.new_pipe(Some(ino));
+            ctx.proc.fds.objects.fifos.insert(ino, id);
+            id
+        }
+    };
+    Ok(ctx.proc.fds.open_object(id, flags)? as u64)
 }
 
 pub fn open(ctx: &mut Ctx, a: &Args) -> SysResult {
@@ -47,6 +85,18 @@ fn fd_stat(ctx: &Ctx, fd: i32) -> Result<Stat, Errno> {
     let f = ctx.proc.fds.get(fd)?;
     match f.kind {
         FileKind::Node(ino) => ctx.proc.vfs.stat(ino),
+        FileKind::Object(id) => {
+            use crate::objects::ObjKind;
+            let mut st = Stat::pipe(2_000_000_000 + id);
+            match ctx.proc.fds.objects.get(id)?.kind {
+                ObjKind::Pipe(_) => {}
+                ObjKind::Socket(_) => st.kind = FileType::Socket,
+                // eventfd, epoll, timerfd: anonymous inodes (no type bits on Linux; a
+                // "file" is the closest we can say).
+                _ => st.kind = FileType::File,
+            }
+            Ok(st)
+        }
         _ => Ok(Stat::pipe(1_000_000 + fd as u64)),
     }
 }
@@ -55,6 +105,7 @@ fn fd_stat(ctx: &Ctx, fd: i32) -> Result<Stat, Errno> {
 fn encode_stat(st: &Stat) -> [u8; 144] {
     let mut b = [0u8; 144];
     let (sec, nsec) = st.mtime();
+    let (asec, ansec) = st.atime();
     let mut put = |off: usize, v: &[u8]| b[off..off + v.len()].copy_from_slice(v);
     put(0, &1u64.to_le_bytes()); // st_dev
     put(8, &st.ino.to_le_bytes());
@@ -65,15 +116,18 @@ fn encode_stat(st: &Stat) -> [u8; 144] {
     put(48, &(st.size as i64).to_le_bytes());
     put(56, &4096i64.to_le_bytes()); // st_blksize
     put(64, &(st.size.div_ceil(512) as i64).to_le_bytes());
-    for off in [72, 88, 104] {
+    put(72, &asec.to_le_bytes());
+    put(80, &ansec.to_le_bytes());
+    for off in [88, 104] {
         put(off, &sec.to_le_bytes());
         put(off + 8, &nsec.to_le_bytes());
     }
     b
 }
 
-fn stat_path(ctx: &Ctx, dirfd: u64, path_ptr: u64, flags: i32) -> Result<Stat, Errno> {
+fn stat_path(ctx: &mut Ctx, dirfd: u64, path_ptr: u64, flags: i32) -> Result<Stat, Errno> {
     let path = ctx.path(path_ptr)?;
+    super::procfs::refresh_for(ctx, &path);
     if path.is_empty() {
         if flags & libc::AT_EMPTY_PATH != 0 {
             return if dirfd == AT_FDCWD { ctx.proc.vfs.stat(ctx.proc.cwd) } else { fd_stat(ctx, dirfd as i32) };
@@ -113,6 +167,7 @@ pub fn statx(ctx: &mut Ctx, a: &Args) -> SysResult {
     let st = stat_path(ctx, a[0], a[1], a[2] as i32)?;
     let mut b = [0u8; 256];
     let (sec, nsec) = st.mtime();
+    let (asec, ansec) = st.atime();
     let mut put = |off: usize, v: &[u8]| b[off..off + v.len()].copy_from_slice(v);
     put(0, &0x7FFu32.to_le_bytes()); // STATX_BASIC_STATS
     put(4, &4096u32.to_le_bytes());
@@ -121,7 +176,9 @@ pub fn statx(ctx: &mut Ctx, a: &Args) -> SysResult {
     put(32, &st.ino.to_le_bytes());
     put(40, &st.size.to_le_bytes());
     put(48, &st.size.div_ceil(512).to_le_bytes());
-    for off in [0x40, 0x50, 0x60, 0x70] {
+    put(0x40, &asec.to_le_bytes());
+    put(0x48, &(ansec as u32).to_le_bytes());
+    for off in [0x50, 0x60, 0x70] {
         put(off, &sec.to_le_bytes());
         put(off + 8, &(nsec as u32).to_le_bytes());
     }
@@ -327,16 +384,117 @@ pub fn fchmodat(ctx: &mut Ctx, a: &Args) -> SysResult {
     Ok(0)
 }
 
-/// chown family: the guest is root and owns everything; succeed if the path exists.
+/// chown family. The sandbox is like root in a user namespace that maps only
+/// uid 0 and gid 0: every file is owned by 0:0, so a chown to 0 (or -1, "leave
+/// it") succeeds and changes nothing, and any other id is EINVAL, as Linux says
+/// for an id with no mapping. (Nothing is recorded: there is no other owner.)
+fn check_owner(uid: u64, gid: u64) -> Result<(), Errno> {
+    let ok = |id: u64| id as u32 == 0 || id as u32 == u32::MAX;
+    if ok(uid) && ok(gid) {
+        Ok(())
+    } else {
+        Err(Errno::EINVAL)
+    }
+}
+
 pub fn chown(ctx: &mut Ctx, a: &Args) -> SysResult {
     let (start, path) = at(ctx, AT_FDCWD, a[0])?;
     ctx.proc.vfs.resolve(start, &path, true)?;
-    Ok(0)
+    check_owner(a[1], a[2]).map(|_| 0)
+}
+
+pub fn lchown(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let (start, path) = at(ctx, AT_FDCWD, a[0])?;
+    ctx.proc.vfs.resolve(start, &path, false)?;
+    check_owner(a[1], a[2]).map(|_| 0)
+}
+
+pub fn fchownat(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let flags = a[4] as i32;
+    if flags & !(libc::AT_SYMLINK_NOFOLLOW | libc::AT_EMPTY_PATH) != 0 {
+        return Err(Errno::EINVAL);
+    }
+    let path = ctx.path(a[1])?;
+    if path.is_empty() && flags & libc::AT_EMPTY_PATH != 0 {
+        if a[0] as i32 != libc::AT_FDCWD {
+            ctx.proc.fds.get(a[0] as i32)?;
+        }
+    } else {
+        let (start, path) = at(ctx, a[0], a[1])?;
+        ctx.proc.vfs.resolve(start, &path, flags & libc::AT_SYMLINK_NOFOLLOW == 0)?;
+    }
+    check_owner(a[2], a[3]).map(|_| 0)
 }
 
 pub fn fchown(ctx: &mut Ctx, a: &Args) -> SysResult {
     ctx.proc.fds.get(a[0] as i32)?;
+    check_owner(a[1], a[2]).map(|_| 0)
+}
+
+/// mknod / mknodat: FIFOs (a pipe in the overlay), regular files and socket
+/// files. Device nodes are EPERM (no CAP_MKNOD in the sandbox's namespace).
+fn mknod_common(ctx: &mut Ctx, dirfd: u64, path_ptr: u64, mode: u32) -> SysResult {
+    let (start, path) = at(ctx, dirfd, path_ptr)?;
+    let perm = mode & !ctx.proc.umask & 0o7777;
+    let kind = match mode & libc::S_IFMT {
+        libc::S_IFIFO => FileType::Fifo,
+        libc::S_IFSOCK => FileType::Socket,
+        0 | libc::S_IFREG => {
+            let flags = libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY;
+            let ino = ctx.proc.vfs.open(start, &path, flags, perm)?;
+            ctx.proc.vfs.release(ino);
+            return Ok(0);
+        }
+        libc::S_IFCHR | libc::S_IFBLK => return Err(Errno::EPERM),
+        _ => return Err(Errno::EINVAL),
+    };
+    ctx.proc.vfs.mknod(start, &path, kind, perm)?;
     Ok(0)
+}
+
+pub fn mknod(ctx: &mut Ctx, a: &Args) -> SysResult {
+    mknod_common(ctx, AT_FDCWD, a[0], a[1] as u32)
+}
+
+pub fn mknodat(ctx: &mut Ctx, a: &Args) -> SysResult {
+    mknod_common(ctx, a[0], a[1], a[2] as u32)
+}
+
+/// memfd_create: an anonymous file in the overlay (charged to the quota like
+/// any file), gone with its last descriptor. Sealing is not supported.
+pub fn memfd_create(ctx: &mut Ctx, a: &Args) -> SysResult {
+    const MFD_CLOEXEC: u32 = 1;
+    const MFD_ALLOW_SEALING: u32 = 2;
+    let flags = a[1] as u32;
+    if flags & !(MFD_CLOEXEC | MFD_ALLOW_SEALING) != 0 {
+        return Err(Errno::EINVAL);
+    }
+    let name = ctx.path(a[0])?;
+    if name.len() > 249 || name.contains(&b'/') {
+        return Err(Errno::EINVAL);
+    }
+    let shm = ctx.proc.vfs.lookup_abs(b"/dev/shm")?;
+    // A unique hidden name, removed at once: only the descriptor holds the file.
+    let mut n = 0u64;
+    let ino = loop {
+        let tmp = format!(".memfd-{n}");
+        match ctx.proc.vfs.open(shm, tmp.as_bytes(), libc::O_CREAT | libc::O_EXCL | libc::O_RDWR, 0o600) {
+            Ok(ino) => {
+                ctx.proc.vfs.unlink(shm, tmp.as_bytes())?;
+                break ino;
+            }
+            Err(Errno::EEXIST) if n < 1024 => n += 1,
+            Err(e) => return Err(e),
+        }
+    };
+    let cloexec = if flags & MFD_CLOEXEC != 0 { libc::O_CLOEXEC } else { 0 };
+    match ctx.proc.fds.open(FileKind::Node(ino), libc::O_RDWR | cloexec) {
+        Ok(fd) => Ok(fd as u64),
+        Err(e) => {
+            ctx.proc.vfs.release(ino);
+            Err(e)
+        }
+    }
 }
 
 pub fn utimensat(ctx: &mut Ctx, a: &Args) -> SysResult {
@@ -350,20 +508,26 @@ pub fn utimensat(ctx: &mut Ctx, a: &Args) -> SysResult {
         let (start, path) = at(ctx, a[0], a[1])?;
         ctx.proc.vfs.resolve(start, &path, flags & libc::AT_SYMLINK_NOFOLLOW == 0)?
     };
-    let now = super::sys_time::realtime();
-    let mtime = if a[2] == 0 {
-        now
-    } else {
-        let sec = ctx.read_i64(a[2] + 16)?;
-        let nsec = ctx.read_i64(a[2] + 24)?;
-        match nsec {
-            n if n == libc::UTIME_OMIT => return Ok(0),
-            n if n == libc::UTIME_NOW => now,
-            0..=999_999_999 => (sec, nsec),
-            _ => return Err(Errno::EINVAL),
+    let (now_s, now_ns) = super::sys_time::realtime();
+    let now = i128::from(now_s) * 1_000_000_000 + i128::from(now_ns);
+    // times[0] is the access time, times[1] the modification time.
+    let mut t = [Some(now), Some(now)];
+    if a[2] != 0 {
+        for (i, slot) in t.iter_mut().enumerate() {
+            let sec = ctx.read_i64(a[2] + 16 * i as u64)?;
+            let nsec = ctx.read_i64(a[2] + 16 * i as u64 + 8)?;
+            *slot = match nsec {
+                n if n == libc::UTIME_OMIT => None,
+                n if n == libc::UTIME_NOW => Some(now),
+                0..=999_999_999 => Some(i128::from(sec) * 1_000_000_000 + i128::from(nsec)),
+                _ => return Err(Errno::EINVAL),
+            };
         }
-    };
-    ctx.proc.vfs.set_mtime(ino, mtime.0, mtime.1 as u32)?;
+    }
+    if t == [None, None] {
+        return Ok(0);
+    }
+    ctx.proc.vfs.set_atime_mtime(ino, t[0], t[1])?;
     Ok(0)
 }
 
@@ -404,7 +568,7 @@ pub fn fstatfs(ctx: &mut Ctx, a: &Args) -> SysResult {
 }
 
 /// Extended attributes: the file system has none and stores none.
-fn xattr_target(ctx: &Ctx, path_ptr: u64, follow: bool) -> Result<(), Errno> {
+fn xattr_target(ctx: &mut Ctx, path_ptr: u64, follow: bool) -> Result<(), Errno> {
     let (start, path) = at(ctx, AT_FDCWD, path_ptr)?;
     ctx.proc.vfs.resolve(start, &path, follow)?;
     Ok(())

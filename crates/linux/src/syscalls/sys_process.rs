@@ -12,6 +12,20 @@ pub fn getpid(_: &mut Ctx, _: &Args) -> SysResult {
     Ok(GUEST_PID)
 }
 
+/// getpriority: the raw syscall returns 20 - nice; the process runs at nice 0
+/// (setpriority is not offered: the VMM schedules the sandbox, not the guest).
+pub fn getpriority(_: &mut Ctx, a: &Args) -> SysResult {
+    let (which, who) = (a[0] as i32, a[1]);
+    if !(0..=2).contains(&which) {
+        return Err(Errno::EINVAL);
+    }
+    // PRIO_PROCESS / PRIO_PGRP: 0 or our pid; PRIO_USER: 0 (root).
+    if who != 0 && !(which != 2 && who == GUEST_PID) {
+        return Err(Errno::ESRCH);
+    }
+    Ok(20)
+}
+
 pub fn getppid(_: &mut Ctx, _: &Args) -> SysResult {
     Ok(1)
 }
@@ -56,7 +70,10 @@ pub fn sched_getaffinity(ctx: &mut Ctx, a: &Args) -> SysResult {
     }
     let size = size.min(128);
     let mut mask = vec![0u8; size as usize];
-    mask[0] = 1;
+    // The sandbox's CPUs (as /proc/cpuinfo and /proc/stat list them).
+    for cpu in 0..super::procfs::CPUS {
+        mask[cpu / 8] |= 1 << (cpu % 8);
+    }
     ctx.write_bytes(a[2], &mask)?;
     Ok(size)
 }
@@ -65,7 +82,7 @@ pub fn sched_setaffinity(_: &mut Ctx, _: &Args) -> SysResult {
     Ok(0)
 }
 
-fn rlimit(resource: u32, ctx: &Ctx) -> Option<(u64, u64)> {
+pub(super) fn rlimit(resource: u32, ctx: &Ctx) -> Option<(u64, u64)> {
     const INF: u64 = u64::MAX;
     Some(match resource {
         libc::RLIMIT_STACK => (STACK_SIZE, STACK_SIZE),
@@ -186,7 +203,7 @@ pub fn prctl(ctx: &mut Ctx, a: &Args) -> SysResult {
     }
 }
 
-fn cpu_time() -> (i64, i64) {
+pub(super) fn cpu_time() -> (i64, i64) {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: valid out-pointer.
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
@@ -233,7 +250,8 @@ pub fn sysinfo(ctx: &mut Ctx, a: &Args) -> SysResult {
     let total = ctx.proc.mm.limit();
     let free = total.saturating_sub(ctx.proc.mm.committed());
     let mut b = [0u8; 112];
-    let up = super::sys_time::realtime().0 % 100_000;
+    // The same uptime as /proc/uptime (CLOCK_BOOTTIME).
+    let up = (crate::objects::clock_ns(libc::CLOCK_BOOTTIME) / 1_000_000_000) as i64;
     b[..8].copy_from_slice(&up.to_le_bytes());
     b[32..40].copy_from_slice(&total.to_le_bytes());
     b[40..48].copy_from_slice(&free.to_le_bytes());

@@ -64,6 +64,16 @@ pub fn sigaltstack(ctx: &mut Ctx, a: &Args) -> SysResult {
     Ok(0)
 }
 
+/// rt_sigpending: nothing is ever left pending (the interrupt's SIGINT is
+/// delivered when it arrives; a signal the guest sends itself acts at once).
+pub fn rt_sigpending(ctx: &mut Ctx, a: &Args) -> SysResult {
+    if a[1] != 8 {
+        return Err(Errno::EINVAL);
+    }
+    ctx.write_u64(a[0], 0)?;
+    Ok(0)
+}
+
 /// The return of a signal handler: the engine restores the interrupted state.
 pub fn rt_sigreturn(ctx: &mut Ctx, _a: &Args) -> SysResult {
     ctx.effect = Some(Effect::SigReturn);

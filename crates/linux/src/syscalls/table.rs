@@ -6,6 +6,7 @@
 use std::sync::OnceLock;
 
 use super::{sys_file as file, sys_fs as fs, sys_mm as mm, sys_process as process, sys_signal as signal, sys_time as time};
+use super::{sys_pipe as pipe, sys_unix as unix};
 use super::{Args, Ctx, Handler};
 use crate::errno::{Errno, SysResult};
 
@@ -55,10 +56,6 @@ fn eperm(_: &mut Ctx, _: &Args) -> SysResult {
     Err(Errno::EPERM)
 }
 
-fn eafnosupport(_: &mut Ctx, _: &Args) -> SysResult {
-    Err(Errno::EAFNOSUPPORT)
-}
-
 use Support::*;
 
 macro_rules! table {
@@ -92,8 +89,8 @@ table! {
     19 readv => file::readv, Full;
     20 writev => file::writev, Full;
     21 access => fs::access, Full;
-    22 pipe => enosys, Refused("ENOSYS: no pipes");
-    23 select => file::select, Partial("as poll: every open fd is ready except an agent channel with nothing pending; exceptfds never set");
+    22 pipe => pipe::pipe, Full;
+    23 select => file::select, Partial("readiness of every fd the VMM owns (files, pipes, sockets, eventfd, timerfd, epoll); exceptfds never set");
     24 sched_yield => process::sched_yield, Full;
     25 mremap => mm::mremap, Full;
     26 msync => mm::msync, Full;
@@ -102,7 +99,22 @@ table! {
     33 dup2 => file::dup2, Full;
     35 nanosleep => time::nanosleep, Full;
     39 getpid => process::getpid, Full;
-    41 socket => eafnosupport, Refused("EAFNOSUPPORT: no network, no sockets");
+    40 sendfile => file::sendfile, Full;
+    41 socket => unix::socket, Partial("AF_UNIX stream and datagram sockets inside the sandbox only; other families EAFNOSUPPORT");
+    42 connect => unix::connect, Full;
+    43 accept => unix::accept, Full;
+    44 sendto => unix::sendto, Full;
+    45 recvfrom => unix::recvfrom, Full;
+    46 sendmsg => unix::sendmsg, Partial("data only; fd passing (SCM_RIGHTS) is EOPNOTSUPP");
+    47 recvmsg => unix::recvmsg, Partial("data only; no ancillary data");
+    48 shutdown => unix::shutdown, Full;
+    49 bind => unix::bind, Full;
+    50 listen => unix::listen, Full;
+    51 getsockname => unix::getsockname, Full;
+    52 getpeername => unix::getpeername, Full;
+    53 socketpair => unix::socketpair, Full;
+    54 setsockopt => unix::setsockopt, Partial("the options CPython sets are accepted; buffer sizes are recorded, not applied");
+    55 getsockopt => unix::getsockopt, Partial("SO_TYPE, SO_DOMAIN, SO_ERROR, SO_RCVBUF/SNDBUF and the recorded options");
     56 clone => eagain, Refused("EAGAIN: no threads or child processes");
     57 fork => eagain, Refused("EAGAIN: no child processes");
     58 vfork => eagain, Refused("EAGAIN: no child processes");
@@ -130,7 +142,7 @@ table! {
     91 fchmod => fs::fchmod, Full;
     92 chown => fs::chown, Full;
     93 fchown => fs::fchown, Full;
-    94 lchown => fs::chown, Full;
+    94 lchown => fs::lchown, Full;
     95 umask => fs::umask, Full;
     96 gettimeofday => time::gettimeofday, Full;
     97 getrlimit => process::getrlimit, Full;
@@ -148,9 +160,12 @@ table! {
     120 getresgid => process::getresuid, Full;
     121 getpgid => process::getpgid, Full;
     124 getsid => process::getpgid, Full;
+    127 rt_sigpending => signal::rt_sigpending, Partial("reports the host interrupt if it is pending and blocked; no other queued signals");
     131 sigaltstack => signal::sigaltstack, Partial("recorded; used when the host interrupt is delivered to an SA_ONSTACK handler");
+    133 mknod => fs::mknod, Partial("FIFOs (pipes in the overlay) and regular files; device nodes EPERM");
     137 statfs => fs::statfs, Partial("one tmpfs-like file system sized by the disk quota, whatever the path");
     138 fstatfs => fs::fstatfs, Partial("one tmpfs-like file system sized by the disk quota, whatever the fd");
+    140 getpriority => process::getpriority, Full;
     157 prctl => process::prctl, Partial("PR_SET_NAME, PR_SET/GET_DUMPABLE, PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS succeed (names not kept), PR_GET_NAME says python3; others EINVAL");
     158 arch_prctl => process::arch_prctl, Full;
     160 setrlimit => process::setrlimit, Partial("validates the resource and succeeds; limits do not change");
@@ -172,6 +187,7 @@ table! {
     202 futex => process::futex, Partial("WAIT/WAIT_BITSET check the value and return EAGAIN (or sleep out a timeout); WAKE wakes nobody (one thread); other ops ENOSYS");
     203 sched_setaffinity => process::sched_setaffinity, Partial("accepted and ignored (one vCPU)");
     204 sched_getaffinity => process::sched_getaffinity, Full;
+    213 epoll_create => pipe::epoll_create, Full;
     217 getdents64 => file::getdents64, Full;
     218 set_tid_address => process::set_tid_address, Full;
     221 fadvise64 => file::fsync, Full;
@@ -179,10 +195,13 @@ table! {
     229 clock_getres => time::clock_getres, Full;
     230 clock_nanosleep => time::clock_nanosleep, Full;
     231 exit_group => process::exit_group, Full;
+    232 epoll_wait => pipe::epoll_wait, Partial("level-triggered; EPOLLET is treated as level-triggered, EPOLLONESHOT works");
+    233 epoll_ctl => pipe::epoll_ctl, Partial("ADD/MOD/DEL on every fd the VMM owns; EPOLLET is treated as level-triggered");
     234 tgkill => process::tgkill, Partial("only to its own pid/tid, as kill");
     257 openat => fs::openat, Full;
     258 mkdirat => fs::mkdirat, Full;
-    260 fchownat => fs::chown, Full;
+    259 mknodat => fs::mknodat, Partial("as mknod");
+    260 fchownat => fs::fchownat, Full;
     262 newfstatat => fs::newfstatat, Full;
     263 unlinkat => fs::unlinkat, Full;
     264 renameat => fs::renameat, Full;
@@ -195,17 +214,29 @@ table! {
     271 ppoll => file::ppoll, Partial("as poll; the signal mask argument is ignored");
     273 set_robust_list => process::set_robust_list, Full;
     280 utimensat => fs::utimensat, Full;
+    281 epoll_pwait => pipe::epoll_pwait, Partial("as epoll_wait, with the signal mask applied for the call");
+    283 timerfd_create => pipe::timerfd_create, Full;
+    284 eventfd => pipe::eventfd, Full;
+    286 timerfd_settime => pipe::timerfd_settime, Full;
+    287 timerfd_gettime => pipe::timerfd_gettime, Full;
+    288 accept4 => unix::accept4, Full;
+    290 eventfd2 => pipe::eventfd2, Full;
+    291 epoll_create1 => pipe::epoll_create1, Full;
     292 dup3 => file::dup3, Full;
-    293 pipe2 => enosys, Refused("ENOSYS: no pipes");
+    293 pipe2 => pipe::pipe2, Full;
     295 preadv => file::preadv, Full;
     296 pwritev => file::pwritev, Full;
     302 prlimit64 => process::prlimit64, Partial("reads its own limits (stack, fds, memory, 1 process, no core); new limits are ignored");
     316 renameat2 => fs::renameat2, Partial("flags 0, RENAME_NOREPLACE and RENAME_EXCHANGE; RENAME_WHITEOUT is EINVAL");
     318 getrandom => process::getrandom, Full;
+    319 memfd_create => fs::memfd_create, Partial("an unlinked file in the overlay; no sealing (F_ADD_SEALS EINVAL)");
+    326 copy_file_range => file::copy_file_range, Full;
     332 statx => fs::statx, Full;
     334 rseq => enosys, Refused("ENOSYS: glibc falls back to no restartable sequences");
     435 clone3 => enosys, Refused("ENOSYS: no threads or child processes (glibc falls back to clone)");
+    436 close_range => file::close_range, Full;
     439 faccessat2 => fs::faccessat2, Full;
+    441 epoll_pwait2 => pipe::epoll_pwait2, Partial("as epoll_pwait, with a timespec timeout");
 }
 
 /// Table entry by number (a dense index built on first use).

@@ -26,6 +26,7 @@
 
 #[cfg(test)]
 mod difftest;
+mod generated;
 mod io;
 mod node;
 mod ops;
@@ -43,6 +44,7 @@ use forkbox_image::{Image, NodeKind};
 use imbl::OrdMap;
 
 use crate::Errno;
+pub use generated::Gen;
 pub use node::{makedev, DevKind, NODE_COST};
 use node::{Body, FileData, Node};
 pub use state::{BodyState, FileBytes, FileState, NodeState, VfsState, VfsStateError};
@@ -73,8 +75,10 @@ pub enum FileType {
     File,
     Symlink,
     CharDev,
-    /// Never in the VFS: for `Stat::pipe` (stdio, the agent channel).
+    /// A FIFO node (mkfifo), or what `Stat::pipe` reports for pipe-like fds.
     Fifo,
+    /// An AF_UNIX socket file.
+    Socket,
 }
 
 impl FileType {
@@ -86,6 +90,7 @@ impl FileType {
             FileType::Symlink => libc::S_IFLNK,
             FileType::CharDev => libc::S_IFCHR,
             FileType::Fifo => libc::S_IFIFO,
+            FileType::Socket => libc::S_IFSOCK,
         }
     }
 
@@ -97,6 +102,7 @@ impl FileType {
             FileType::Symlink => libc::DT_LNK,
             FileType::CharDev => libc::DT_CHR,
             FileType::Fifo => libc::DT_FIFO,
+            FileType::Socket => libc::DT_SOCK,
         }
     }
 }
@@ -110,8 +116,10 @@ pub struct Stat {
     /// File: bytes. Symlink: target length. Directory: 4096. Device: 0.
     pub size: u64,
     pub nlink: u32,
-    /// Modification time, nanoseconds since the epoch (also good for atime/ctime).
+    /// Modification time, nanoseconds since the epoch (also good for ctime).
     pub mtime_ns: i128,
+    /// Access time, nanoseconds since the epoch.
+    pub atime_ns: i128,
     /// Device number of a character device (`makedev` encoding), else 0.
     pub rdev: u64,
 }
@@ -120,7 +128,7 @@ impl Stat {
     /// What fstat says about a pipe-like fd that is not a VFS node (inode `ino` is
     /// the caller's choice).
     pub fn pipe(ino: Ino) -> Stat {
-        Stat { ino, kind: FileType::Fifo, perm: 0o600, size: 0, nlink: 1, mtime_ns: 0, rdev: 0 }
+        Stat { ino, kind: FileType::Fifo, perm: 0o600, size: 0, nlink: 1, mtime_ns: 0, atime_ns: 0, rdev: 0 }
     }
     /// Modification time as (tv_sec, tv_nsec).
     pub fn mtime(&self) -> (i64, i64) {
@@ -129,6 +137,10 @@ impl Stat {
     /// `st_mode`: S_IF* | permission bits.
     pub fn mode(&self) -> u32 {
         self.kind.mode_bits() | self.perm
+    }
+    /// Access time as (tv_sec, tv_nsec).
+    pub fn atime(&self) -> (i64, i64) {
+        (self.atime_ns.div_euclid(1_000_000_000) as i64, self.atime_ns.rem_euclid(1_000_000_000) as i64)
     }
     pub fn mtime_sec(&self) -> i64 {
         self.mtime_ns.div_euclid(1_000_000_000) as i64
@@ -210,6 +222,8 @@ impl Vfs {
             (b"full", DevKind::Full),
             (b"random", DevKind::Urandom),
             (b"urandom", DevKind::Urandom),
+            (b"tty", DevKind::Tty),
+            (b"ptmx", DevKind::Ptmx),
         ] {
             if let Some(old) = self.lookup(dev, name)? {
                 if matches!(self.view(old)?, View::Overlay(Node { body: Body::CharDev(_), .. })) {
@@ -220,6 +234,8 @@ impl Vfs {
             }
             self.create(dev, name, Body::CharDev(kind), 0o666, false)?;
         }
+        // POSIX shared memory (shm_open) is files in a tmpfs: here, the overlay.
+        self.ensure_dir(dev, b"shm", 0o1777)?;
         self.ensure_dir(ROOT_INO, b"tmp", 0o1777)?;
         self.ensure_dir(ROOT_INO, b"proc", 0o555)?;
         self.ensure_dir(ROOT_INO, b"root", 0o700)?;
@@ -397,7 +413,7 @@ impl Vfs {
             NodeKind::Symlink => Body::Symlink(Arc::from(self.image.read_link(i).ok_or(Errno::EIO)?)),
         };
         let mtime_ns = i128::from(m.mtime) * 1_000_000_000;
-        self.put_node(ino, Node { body, perm: m.perm & 0o7777, mtime_ns, nlink: 1 });
+        self.put_node(ino, Node { body, perm: m.perm & 0o7777, mtime_ns, atime_ns: mtime_ns, nlink: 1 });
         Ok(())
     }
 
@@ -433,7 +449,8 @@ impl Vfs {
         if self.link_count(dir)? == 0 {
             return Err(Errno::ENOENT);
         }
-        let node = Node { body, perm, mtime_ns: now_ns(), nlink: 1 };
+        let now = now_ns();
+        let node = Node { body, perm, mtime_ns: now, atime_ns: now, nlink: 1 };
         if charge && self.used.saturating_add(node.cost()) > self.quota {
             return Err(Errno::ENOSPC);
         }
@@ -465,7 +482,7 @@ impl Vfs {
     fn drop_node(&mut self, ino: Ino) {
         self.generation = self.generation.wrapping_add(1);
         if self.image_ino(ino).is_some() {
-            self.put_node(ino, Node { body: Body::Gone, perm: 0, mtime_ns: 0, nlink: 0 });
+            self.put_node(ino, Node { body: Body::Gone, perm: 0, mtime_ns: 0, atime_ns: 0, nlink: 0 });
         } else if let Some(old) = self.nodes.remove(&ino) {
             self.used = self.used.saturating_sub(old.cost());
         }
@@ -520,22 +537,26 @@ impl Vfs {
 
     pub fn stat(&self, ino: Ino) -> Result<Stat, Errno> {
         let kind = self.file_type(ino)?;
-        let (perm, size, mtime_ns, rdev) = match self.view(ino)? {
+        let (perm, size, mtime_ns, atime_ns, rdev) = match self.view(ino)? {
             View::Overlay(n) => {
                 let (size, rdev) = match &n.body {
                     Body::Dir { .. } => (4096, 0),
                     Body::File(_) => (self.file_bytes(ino)?.len() as u64, 0),
                     Body::Symlink(t) => (t.len() as u64, 0),
                     Body::CharDev(d) => (0, d.rdev()),
+                    Body::Fifo | Body::Socket => (0, 0),
                     Body::Gone => return Err(Errno::ENOENT),
                 };
-                (n.perm, size, n.mtime_ns, rdev)
+                (n.perm, size, n.mtime_ns, n.atime_ns, rdev)
             }
-            View::Image(_, m) => (m.perm & 0o7777, m.size, i128::from(m.mtime) * 1_000_000_000, 0),
+            View::Image(_, m) => {
+                let t = i128::from(m.mtime) * 1_000_000_000;
+                (m.perm & 0o7777, m.size, t, t, 0)
+            }
         };
         let links = self.link_count(ino)?;
         let nlink = if kind == FileType::Dir && links > 0 { self.subdir_count(ino)?.saturating_add(2) } else { links };
-        Ok(Stat { ino, kind, perm, size, nlink, mtime_ns, rdev })
+        Ok(Stat { ino, kind, perm, size, nlink, mtime_ns, atime_ns, rdev })
     }
 
     /// chmod: permission bits (07777) of `ino`.
@@ -548,6 +569,18 @@ impl Vfs {
     /// UTIME_NOW and skip the call for UTIME_OMIT).
     pub fn set_times(&mut self, ino: Ino, mtime_ns: i128) -> Result<(), Errno> {
         self.node_mut(ino)?.mtime_ns = mtime_ns;
+        Ok(())
+    }
+
+    /// utimensat with both times: `None` leaves one as it is (UTIME_OMIT).
+    pub fn set_atime_mtime(&mut self, ino: Ino, atime_ns: Option<i128>, mtime_ns: Option<i128>) -> Result<(), Errno> {
+        let n = self.node_mut(ino)?;
+        if let Some(a) = atime_ns {
+            n.atime_ns = a;
+        }
+        if let Some(m) = mtime_ns {
+            n.mtime_ns = m;
+        }
         Ok(())
     }
 

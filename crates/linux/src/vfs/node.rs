@@ -28,6 +28,11 @@ pub enum DevKind {
     Full,
     /// Reads: host entropy (getrandom). Writes: discarded. Both /dev/random and /dev/urandom.
     Urandom,
+    /// /dev/tty: there is no controlling terminal, so opening it is ENXIO.
+    Tty,
+    /// /dev/ptmx: the sandbox has no pseudo-terminals; opening it is ENODEV
+    /// (so `os.openpty()` fails with "No such device").
+    Ptmx,
 }
 
 impl DevKind {
@@ -38,6 +43,8 @@ impl DevKind {
             DevKind::Zero => 5,
             DevKind::Full => 7,
             DevKind::Urandom => 9,
+            DevKind::Tty => return makedev(5, 0),
+            DevKind::Ptmx => return makedev(5, 2),
         };
         makedev(1, minor)
     }
@@ -69,6 +76,10 @@ pub(crate) enum Body {
     File(FileData),
     Symlink(Arc<[u8]>),
     CharDev(DevKind),
+    /// A FIFO (mkfifo): opening it gives a pipe (`objects::Objects::fifos`).
+    Fifo,
+    /// An AF_UNIX socket file (bind): only a name to connect to.
+    Socket,
     /// Tombstone of a deleted image inode whose last reference went away: it keeps
     /// the number from falling back to the image's view.
     Gone,
@@ -80,6 +91,8 @@ pub(crate) struct Node {
     /// Permission bits (07777).
     pub perm: u32,
     pub mtime_ns: i128,
+    /// Access time (only set by utimensat: reads do not update it, as `noatime`).
+    pub atime_ns: i128,
     /// Names referring to the node. Directories: 1 while linked, 0 once removed
     /// (`stat` reports 2 + subdirectories). 0 = unlinked but still held (see `Vfs::hold`).
     pub nlink: u32,
@@ -92,6 +105,8 @@ impl Node {
             Body::File(_) => FileType::File,
             Body::Symlink(_) => FileType::Symlink,
             Body::CharDev(_) => FileType::CharDev,
+            Body::Fifo => FileType::Fifo,
+            Body::Socket => FileType::Socket,
             Body::Gone => return None,
         })
     }

@@ -46,7 +46,8 @@ pub struct VfsState {
 
 impl VfsState {
     /// Layout version written by this code; `restore_state` accepts only this one.
-    pub const VERSION: u32 = 1;
+    /// 2: FIFO and socket nodes, /dev/tty, atime.
+    pub const VERSION: u32 = 2;
 }
 
 /// One overlay node: a copy-up of image inode `ino` (< `Image::inode_count`) or a new
@@ -57,6 +58,7 @@ pub struct NodeState {
     /// Permission bits (07777).
     pub perm: u32,
     pub mtime_ns: i128,
+    pub atime_ns: i128,
     /// Names referring to the node (directories: 1, or 0 once removed); 0 = unlinked,
     /// kept alive by references.
     pub nlink: u32,
@@ -74,6 +76,8 @@ pub enum BodyState {
     File(FileState),
     Symlink(Vec<u8>),
     CharDev(DevKind),
+    Fifo,
+    Socket,
     /// A deleted image inode (hides the image's node of that number).
     Gone,
 }
@@ -188,9 +192,11 @@ impl Vfs {
                 BodyState::File(FileState::Owned(b)) => Body::File(FileData::Owned(b.0)),
                 BodyState::Symlink(t) => Body::Symlink(Arc::from(t)),
                 BodyState::CharDev(d) => Body::CharDev(d),
+                BodyState::Fifo => Body::Fifo,
+                BodyState::Socket => Body::Socket,
                 BodyState::Gone => Body::Gone,
             };
-            let node = Node { body, perm: n.perm, mtime_ns: n.mtime_ns, nlink: n.nlink };
+            let node = Node { body, perm: n.perm, mtime_ns: n.mtime_ns, atime_ns: n.atime_ns, nlink: n.nlink };
             used = used.saturating_add(node.cost());
             nodes.insert(n.ino, node);
         }
@@ -211,9 +217,11 @@ fn save_node(ino: Ino, n: &Node) -> NodeState {
         Body::File(FileData::Owned(v)) => BodyState::File(FileState::Owned(FileBytes(v.clone()))),
         Body::Symlink(t) => BodyState::Symlink(t.to_vec()),
         Body::CharDev(d) => BodyState::CharDev(*d),
+        Body::Fifo => BodyState::Fifo,
+        Body::Socket => BodyState::Socket,
         Body::Gone => BodyState::Gone,
     };
-    NodeState { ino, perm: n.perm, mtime_ns: n.mtime_ns, nlink: n.nlink, body }
+    NodeState { ino, perm: n.perm, mtime_ns: n.mtime_ns, atime_ns: n.atime_ns, nlink: n.nlink, body }
 }
 
 fn kind_of(body: &BodyState) -> Option<FileType> {
@@ -222,6 +230,8 @@ fn kind_of(body: &BodyState) -> Option<FileType> {
         BodyState::File(_) => FileType::File,
         BodyState::Symlink(_) => FileType::Symlink,
         BodyState::CharDev(_) => FileType::CharDev,
+        BodyState::Fifo => FileType::Fifo,
+        BodyState::Socket => FileType::Socket,
         BodyState::Gone => return None,
     })
 }
@@ -336,7 +346,7 @@ impl<'a> Check<'a> {
                 bad!("node {ino}: permission bits {:#o}", n.perm);
             }
             match (&n.body, self.image_kind(ino)) {
-                (BodyState::Gone, Some(_)) if n.nlink != 0 || n.perm != 0 || n.mtime_ns != 0 => {
+                (BodyState::Gone, Some(_)) if n.nlink != 0 || n.perm != 0 || n.mtime_ns != 0 || n.atime_ns != 0 => {
                     bad!("node {ino}: deleted image inode with metadata")
                 }
                 (BodyState::Gone, Some(_)) => {}
