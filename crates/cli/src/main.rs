@@ -90,8 +90,11 @@ enum KeyCommand {
 enum TemplateCommand {
     /// List the templates in the data directory.
     Ls,
-    /// Build (or verify) the template for an image and preload.
+    /// Build (or verify) a template: a shipped one by name (`python`, `data`), or one for
+    /// an image (--apt/--image) and preload.
     Build {
+        /// A shipped template (see `forkbox template ls`); without it, --apt/--image/--preload.
+        name: Option<String>,
         #[arg(long, default_value = "import numpy")]
         preload: String,
         #[command(flatten)]
@@ -113,6 +116,14 @@ pub struct ImageArgs {
     /// Use this image file instead of building one.
     #[arg(long, value_name = "FILE")]
     pub image: Option<PathBuf>,
+    /// BLAS/LAPACK for numpy and scipy: reference (libblas3/liblapack3, forced), openblas
+    /// (its threads pinned to one by the guest's environment) or any (apt's choice).
+    #[arg(long, value_name = "reference|openblas|any", default_value = "reference", value_parser = parse_blas)]
+    pub blas: forkbox_image::Blas,
+}
+
+fn parse_blas(s: &str) -> Result<forkbox_image::Blas, String> {
+    forkbox_image::Blas::parse(s).ok_or_else(|| format!("unknown BLAS {s:?} (reference, openblas, any)"))
 }
 
 fn main() -> ExitCode {
@@ -154,7 +165,8 @@ fn main() -> ExitCode {
             None => session::session(&home, cmd),
         },
         Command::Template(TemplateCommand::Ls) => template_ls(&home),
-        Command::Template(TemplateCommand::Build { preload, image }) => template_build(&home, &preload, &image),
+        Command::Template(TemplateCommand::Build { name: Some(name), .. }) => template_build_named(&home, &name),
+        Command::Template(TemplateCommand::Build { name: None, preload, image }) => template_build(&home, &preload, &image),
         Command::Bench(cmd) => bench::bench(&home, cmd),
         Command::Mcp(args) => mcp::mcp(&home, cli.home.as_deref(), cli.url.clone(), args),
     };
@@ -174,7 +186,28 @@ fn serve(home: &std::path::Path, listen: std::net::SocketAddr, image: Option<Pat
     Ok(ExitCode::SUCCESS)
 }
 
+fn template_build_named(home: &std::path::Path, name: &str) -> anyhow::Result<ExitCode> {
+    let t0 = std::time::Instant::now();
+    let catalog = forkbox_engine::Catalog::new(home)?.with_progress(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    let l = catalog.get(Some(name))?;
+    let size = std::fs::metadata(&l.engine.image_path).map_or(0, |m| m.len());
+    println!(
+        "{name} {} {} (image {} MiB, {:.1} s)",
+        l.id(),
+        l.template.dir.display(),
+        size >> 20,
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
 fn template_ls(home: &std::path::Path) -> anyhow::Result<ExitCode> {
+    if let Ok(catalog) = forkbox_engine::Catalog::new(home) {
+        for t in catalog.list() {
+            println!("{:8} {}{}", t.name, t.description, if t.default { " (default)" } else { "" });
+        }
+        println!();
+    }
     let list = forkbox_engine::template::list(home);
     if list.is_empty() {
         println!("no templates in {}", forkbox_engine::template::templates_dir(home).display());

@@ -31,6 +31,10 @@ pub struct RunArgs {
     /// Code the guest runs before it is ready (the template's warm state).
     #[arg(long, default_value = "import numpy")]
     pub preload: String,
+    /// Run on this template (`python`, `data`; see `forkbox template ls`), built on first use;
+    /// default: the server's default (`python` embedded).
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["preload", "image", "apt"])]
+    pub template: Option<String>,
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
@@ -55,6 +59,7 @@ pub fn ensure_image(home: &Path, args: &ImageArgs, progress: bool) -> Result<(Pa
     }
     let mut spec = forkbox_engine::default_image_spec();
     spec.packages.extend(args.apt.iter().cloned());
+    spec.blas = args.blas;
     let built = forkbox_image::build(&spec, &BuildOptions { home: home.to_path_buf(), progress })
         .context("building the guest image")?;
     Ok((built.path, built.id))
@@ -92,16 +97,29 @@ pub fn limits(args: &RunArgs) -> Result<Limits> {
 pub fn run(home: &Path, args: RunArgs) -> Result<ExitCode> {
     let code = read_code(&args)?;
     let limits = limits(&args)?;
-    let (image, _) = ensure_image(home, &args.image, std::io::IsTerminal::is_terminal(&std::io::stderr()))?;
-    let mut engine = Engine::open(&image).context("opening the engine")?.with_preload(args.preload.clone());
-    if args.no_vdso {
-        engine = engine.without_vdso();
-    }
-    let mut sb = if args.cold || args.no_vdso {
-        Sandbox::boot(&engine, limits, args.trace_syscalls).context("starting the sandbox")?
+    let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let mut sb = if let Some(name) = &args.template {
+        let catalog = forkbox_engine::Catalog::new(home)?.with_progress(tty);
+        let l = catalog.get(Some(name))?;
+        if args.cold || args.no_vdso {
+            let engine = Engine::open(&l.engine.image_path).context("opening the engine")?.with_preload(l.engine.preload.clone());
+            let engine = if args.no_vdso { engine.without_vdso() } else { engine };
+            Sandbox::boot(&engine, limits, args.trace_syscalls).context("starting the sandbox")?
+        } else {
+            l.template.fork(&l.engine, limits).context("forking the template")?
+        }
     } else {
-        let template = Template::ensure(&engine, home).context("preparing the template")?;
-        template.fork(&engine, limits).context("forking the template")?
+        let (image, _) = ensure_image(home, &args.image, tty)?;
+        let mut engine = Engine::open(&image).context("opening the engine")?.with_preload(args.preload.clone());
+        if args.no_vdso {
+            engine = engine.without_vdso();
+        }
+        if args.cold || args.no_vdso {
+            Sandbox::boot(&engine, limits, args.trace_syscalls).context("starting the sandbox")?
+        } else {
+            let template = Template::ensure(&engine, home).context("preparing the template")?;
+            template.fork(&engine, limits).context("forking the template")?
+        }
     };
     sb.set_trace(args.trace_syscalls);
     let result = sb.exec(&code);
