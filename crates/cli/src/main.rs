@@ -39,6 +39,10 @@ enum Command {
         /// Use this image file instead of the default image.
         #[arg(long, value_name = "FILE")]
         image: Option<PathBuf>,
+        /// The default template (`python`, `data`; see `forkbox template ls`); requests may name others,
+        /// which are built on first use.
+        #[arg(long, value_name = "NAME")]
+        template: Option<String>,
     },
     /// API keys for the HTTP API.
     #[command(subcommand)]
@@ -116,6 +120,9 @@ pub struct ImageArgs {
     /// Use this image file instead of building one.
     #[arg(long, value_name = "FILE")]
     pub image: Option<PathBuf>,
+    /// The template to run on (`python`, `data`; see `forkbox template ls`), built on first use.
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["apt", "image"])]
+    pub template: Option<String>,
     /// BLAS/LAPACK for numpy and scipy: reference (libblas3/liblapack3, forced), openblas
     /// (its threads pinned to one by the guest's environment) or any (apt's choice).
     #[arg(long, value_name = "reference|openblas|any", default_value = "reference", value_parser = parse_blas)]
@@ -137,7 +144,7 @@ fn main() -> ExitCode {
     raise_fd_limit();
     let home = cli.home.clone().unwrap_or_else(forkbox_image::default_home);
     let result = match cli.command {
-        Command::Serve { listen, image } => serve(&home, listen, image),
+        Command::Serve { listen, image, template } => serve(&home, listen, image, template),
         Command::Key(KeyCommand::Create { tenant, rate_limit, max_sessions, max_disk_mb }) => {
             let limits = forkbox_server::KeyLimits { rate_limit, max_sessions, max_disk_mb };
             forkbox_server::create_key_with(&home, &tenant, &limits).map(|k| {
@@ -153,7 +160,7 @@ fn main() -> ExitCode {
             Some(url) => api::Api::remote(url, cli.api_key.clone()),
             None => api::Api::embedded(&home, &image),
         }
-        .and_then(|a| repl::repl(&a, &home, session)),
+        .and_then(|a| repl::repl(&a, &home, session, image.template.clone())),
         Command::Image(ImageCommand::Build(args)) => {
             run::ensure_image(&home, &args, true).map(|(path, id)| {
                 println!("{id} {}", path.display());
@@ -179,9 +186,10 @@ fn main() -> ExitCode {
     }
 }
 
-fn serve(home: &std::path::Path, listen: std::net::SocketAddr, image: Option<PathBuf>) -> anyhow::Result<ExitCode> {
+fn serve(home: &std::path::Path, listen: std::net::SocketAddr, image: Option<PathBuf>, template: Option<String>) -> anyhow::Result<ExitCode> {
     let mut cfg = forkbox_server::ServerConfig::new(listen, home.to_path_buf());
     cfg.image = image;
+    cfg.template = template;
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(forkbox_server::serve(cfg))?;
     Ok(ExitCode::SUCCESS)
 }

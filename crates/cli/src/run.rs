@@ -31,10 +31,6 @@ pub struct RunArgs {
     /// Code the guest runs before it is ready (the template's warm state).
     #[arg(long, default_value = "import numpy")]
     pub preload: String,
-    /// Run on this template (`python`, `data`; see `forkbox template ls`), built on first use;
-    /// default: the server's default (`python` embedded).
-    #[arg(long, value_name = "NAME", conflicts_with_all = ["preload", "image", "apt"])]
-    pub template: Option<String>,
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
@@ -98,7 +94,7 @@ pub fn run(home: &Path, args: RunArgs) -> Result<ExitCode> {
     let code = read_code(&args)?;
     let limits = limits(&args)?;
     let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let mut sb = if let Some(name) = &args.template {
+    let mut sb = if let Some(name) = &args.image.template {
         let catalog = forkbox_engine::Catalog::new(home)?.with_progress(tty);
         let l = catalog.get(Some(name))?;
         if args.cold || args.no_vdso {
@@ -137,7 +133,36 @@ pub fn run(home: &Path, args: RunArgs) -> Result<ExitCode> {
 
 pub fn print_result(r: &ExecResult, json: bool) -> Result<()> {
     let traceback = r.error.as_ref().map(|e| e.traceback.as_str());
-    print_parts(r, json, Some((&r.stdout, &r.stderr)), traceback, r.value.as_deref())
+    print_parts(r, json, Some((&r.stdout, &r.stderr)), traceback, r.value.as_deref())?;
+    if !json {
+        let bundles: Vec<forkbox_client::MimeBundle> =
+            r.display.iter().map(|b| forkbox_client::MimeBundle(b.clone().into_iter().collect())).collect();
+        show_display(&bundles)?;
+    }
+    Ok(())
+}
+
+/// Displayed objects on a terminal: images are written to files (their paths printed),
+/// everything else as its text/plain.
+pub fn show_display(items: &[forkbox_client::MimeBundle]) -> Result<()> {
+    if items.is_empty() {
+        return Ok(());
+    }
+    let dir = std::env::temp_dir().join("forkbox-display");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
+    let mut out = std::io::stdout().lock();
+    for (i, b) in items.iter().enumerate() {
+        if let Some((mime, bytes)) = b.image() {
+            let ext = mime.trim_start_matches("image/");
+            let path = dir.join(format!("{stamp}-{i}.{ext}"));
+            std::fs::write(&path, &bytes).with_context(|| format!("writing {}", path.display()))?;
+            writeln!(out, "[{mime}, {} bytes, written to {}]", bytes.len(), path.display())?;
+        } else if let Some(t) = b.text("text/plain") {
+            writeln!(out, "{t}")?;
+        }
+    }
+    Ok(())
 }
 
 /// A result as JSON, or as its stdout and stderr (`output`, None when already
@@ -202,7 +227,7 @@ pub fn run_remote(api: &crate::api::Api, args: RunArgs) -> Result<ExitCode> {
             _ => {}
         }
     };
-    let target = crate::api::Target::OneShot { timeout_seconds: Some(args.timeout) };
+    let target = crate::api::Target::OneShot { timeout_seconds: Some(args.timeout), template: args.image.template.as_deref() };
     let r = api.block_on(crate::api::exec_streaming(&api.client, target, &code, &mut show)).context("running the code")?;
     print_remote_result(&r, json, true)?;
     Ok(if r.error.is_some() { ExitCode::from(1) } else { ExitCode::SUCCESS })
@@ -211,5 +236,9 @@ pub fn run_remote(api: &crate::api::Api, args: RunArgs) -> Result<ExitCode> {
 /// A result from the API, printed like [`print_result`] (`streamed`: stdout/stderr were already shown).
 pub fn print_remote_result(r: &forkbox_client::ExecResult, json: bool, streamed: bool) -> Result<()> {
     let traceback = r.error.as_ref().map(|e| e.traceback.as_str());
-    print_parts(r, json, (!streamed).then_some((r.stdout.as_str(), r.stderr.as_str())), traceback, r.value.as_deref())
+    print_parts(r, json, (!streamed).then_some((r.stdout.as_str(), r.stderr.as_str())), traceback, r.value.as_deref())?;
+    if !json {
+        show_display(&r.display)?;
+    }
+    Ok(())
 }

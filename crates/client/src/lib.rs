@@ -14,7 +14,14 @@
 //! Over [`Transport::InProcess`] the same calls are served by an axum router in
 //! this process (`forkbox_server::embedded_router`), without a socket, so an
 //! embedded engine and a remote server behave — and fail — the same way.
-//! API errors come back unchanged as [`ClientError::Api`]`{status, code, message}`.
+//! API errors come back unchanged as [`ClientError::Api`]`{status, code, message}`;
+//! [`ClientError::api_code`] reads the code as a [`ErrorCode`] (the API's one table).
+//!
+//! Place in the flow: a front end's way to the **request** layer (the server's
+//! routes, over HTTP or in process); it depends on no other forkbox layer
+//! (only `forkbox-api`, the shared error codes).
+
+#![forbid(unsafe_code)]
 
 pub mod error;
 mod sse;
@@ -30,7 +37,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-pub use error::ClientError;
+pub use error::{ClientError, ErrorCode};
 pub use sse::StreamEvent;
 pub use transport::Transport;
 pub use types::*;
@@ -74,7 +81,17 @@ impl Client {
 
     /// Run `code` in a fresh sandbox (nothing persists). `timeout_seconds`: the server's default if None.
     pub async fn exec(&self, code: &str, timeout_seconds: Option<f64>) -> Result<ExecResult, ClientError> {
-        self.post("/v1/exec", &json!({ "code": code, "timeout_seconds": timeout_seconds })).await
+        self.exec_on(code, timeout_seconds, None).await
+    }
+
+    /// [`exec`](Self::exec) on a named template (None: the server's default).
+    pub async fn exec_on(&self, code: &str, timeout_seconds: Option<f64>, template: Option<&str>) -> Result<ExecResult, ClientError> {
+        self.post("/v1/exec", &json!({ "code": code, "timeout_seconds": timeout_seconds, "template": template })).await
+    }
+
+    /// The server's templates and their state.
+    pub async fn templates(&self) -> Result<TemplateList, ClientError> {
+        self.get("/v1/templates").await
     }
 
     /// Run each code in its own fresh sandbox, in parallel; results in order.
@@ -88,7 +105,17 @@ impl Client {
         code: &str,
         timeout_seconds: Option<f64>,
     ) -> Result<impl Stream<Item = Result<StreamEvent, ClientError>> + Send, ClientError> {
-        self.stream("/v1/exec/stream", &json!({ "code": code, "timeout_seconds": timeout_seconds })).await
+        self.exec_stream_on(code, timeout_seconds, None).await
+    }
+
+    /// [`exec_stream`](Self::exec_stream) on a named template (None: the server's default).
+    pub async fn exec_stream_on(
+        &self,
+        code: &str,
+        timeout_seconds: Option<f64>,
+        template: Option<&str>,
+    ) -> Result<impl Stream<Item = Result<StreamEvent, ClientError>> + Send, ClientError> {
+        self.stream("/v1/exec/stream", &json!({ "code": code, "timeout_seconds": timeout_seconds, "template": template })).await
     }
 
     // -- sessions ----------------------------------------------------------

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use forkbox_api::ErrorCode;
 use forkbox_image::{BuildError, BuildOptions, ImageSpec};
 use forkbox_vmm::Cpu;
 use serde::Serialize;
@@ -95,12 +96,16 @@ pub enum CatalogError {
 
 impl CatalogError {
     /// The API error code.
-    pub fn code(&self) -> &'static str {
+    pub fn error_code(&self) -> ErrorCode {
         match self {
-            CatalogError::UnknownTemplate(_) | CatalogError::NotOnDisk(_) => "template_not_found",
-            CatalogError::Building { .. } => "template_not_ready",
-            CatalogError::Build { .. } | CatalogError::Engine { .. } => "template_unavailable",
+            CatalogError::UnknownTemplate(_) | CatalogError::NotOnDisk(_) => ErrorCode::TemplateNotFound,
+            CatalogError::Building { .. } => ErrorCode::TemplateNotReady,
+            CatalogError::Build { .. } | CatalogError::Engine { .. } => ErrorCode::TemplateUnavailable,
         }
+    }
+
+    pub fn code(&self) -> &'static str {
+        self.error_code().as_str()
     }
 }
 
@@ -110,6 +115,12 @@ pub struct Loaded {
     pub template: Arc<Template>,
     /// The recipe name it was opened under (None: opened by id only).
     pub name: Option<String>,
+}
+
+impl std::fmt::Debug for Loaded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Loaded").field("id", &self.id()).field("name", &self.name).finish()
+    }
 }
 
 impl Loaded {

@@ -24,6 +24,8 @@ from ._errors import (
     ServerError,
     SessionBusy,
     SessionNotFound,
+    TemplateNotFound,
+    TemplateNotReady,
     Timeout,
     Unauthorized,
 )
@@ -33,6 +35,7 @@ from ._types import (
     Event,
     ExecResult,
     FileEntry,
+    MimeBundle,
     OutputFile,
     PythonError,
     Result,
@@ -46,9 +49,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AsyncForkbox", "AsyncSession", "AsyncSessions", "Forkbox", "Session", "Sessions",
-    "Checkpoint", "Event", "ExecResult", "FileEntry", "OutputFile", "PythonError", "Result", "SessionInfo",
+    "Checkpoint", "Event", "ExecResult", "FileEntry", "MimeBundle", "OutputFile", "PythonError", "Result", "SessionInfo",
     "Stderr", "Stdout", "Upload",
-    "ForkboxError", "ConnectionFailed", "InvalidRequest", "InvalidPath", "Unauthorized", "QuotaExceeded", "NotFound",
+    "ForkboxError", "ConnectionFailed", "InvalidRequest", "InvalidPath", "Unauthorized", "QuotaExceeded", "NotFound", "TemplateNotFound", "TemplateNotReady",
     "SessionNotFound", "CheckpointNotFound", "FileNotFound", "Timeout", "SessionBusy", "PayloadTooLarge",
     "GuestError", "RateLimited", "ServerError", "Overloaded",
 ]

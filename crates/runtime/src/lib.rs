@@ -1,0 +1,313 @@
+//! The forkbox runtime: one data directory's engine, template and sessions,
+//! the threads execs run on, the upkeep, and the typed operations every front
+//! end (the HTTP server, the CLI and MCP in process) performs.
+//!
+//! Place in the flow: request (server / CLI / MCP) -> **runtime** -> sessions
+//! -> engine -> vmm/linux -> guest. It depends on the sessions and the engine
+//! (and on `forkbox-api` for error codes), never on a front end; the front
+//! ends see the sessions only through it (no `Store`, no `SessionManager`).
+//!
+//! - [`Runtime::open`]: build the image if missing, open the engine, make or
+//!   load the template, open the sessions (recovering what a killed process
+//!   left), start the exec workers. [`Runtime::embedded`]: the same with the
+//!   CLI's bounds plus the upkeep loop, for the CLI and `forkbox mcp` without
+//!   a server. [`Runtime::with_engine`]: over an already-open engine (tests).
+//! - Exec workers ([`workers`]): a fixed set of threads, one per exec slot, so
+//!   the engine's per-thread VM recycling keeps forks warm. Every exec (one-shot,
+//!   batch, session) runs there.
+//! - One-shot execs ([`exec`]): fork timing and "reply before the sandbox is
+//!   dropped" written once, for the plain and the streamed route; batches on
+//!   the same workers; [`Outcome`] classifies any exec result.
+//! - Sessions ([`session`]): views, checkpoints, files, quotas (the count and
+//!   create under one lock), compaction.
+//! - Upkeep ([`Runtime::start_maintenance`]): eviction, compaction, gc, off
+//!   the request path.
+//!
+//! Operations that are not execs block (SQLite, files): call them off async threads.
+
+#![forbid(unsafe_code)]
+
+mod error;
+pub mod exec;
+pub mod session;
+mod workers;
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use forkbox_engine::{Catalog, Engine, Loaded, Template};
+use forkbox_sessions::manager::SessionManager;
+
+pub use error::RuntimeError;
+pub use exec::{OneShot, OneShotRequest, Outcome, Output, Ran};
+pub use forkbox_api::ErrorCode;
+pub use forkbox_engine::catalog::Listing as TemplateListing;
+pub use forkbox_engine::{ExecResult, FileEntry, Limits, MimeBundle, OutputFile, PyError, Stream};
+pub use forkbox_sessions::manager::{Config as SessionsConfig, ExecOutcome};
+pub use session::{CheckpointView, ForkedFrom, Quota, SessionView};
+
+/// What a runtime allows and how it runs.
+#[derive(Clone, Debug)]
+pub struct RuntimeConfig {
+    /// Image file to use; `None`: the default image, built under the home if missing.
+    pub image: Option<PathBuf>,
+    /// The default template's name (`python` if None); others are built on first use.
+    pub template: Option<String>,
+    /// Exec threads (= concurrent execs); 0: twice the available cores.
+    pub concurrency: usize,
+    /// Largest `code` (`code_too_large` above it).
+    pub code_limit: usize,
+    /// Most codes in one batch.
+    pub max_batch: usize,
+    /// Defaults for one-shot execs and new sessions (timeout, memory, output, disk).
+    pub limits: Limits,
+    /// Largest `timeout_seconds` a request may ask for.
+    pub max_timeout: Duration,
+    /// Largest `memory_mb` a session may ask for.
+    pub max_memory_mb: u64,
+    pub sessions: SessionsConfig,
+    /// How often the upkeep runs (see [`Runtime::start_maintenance`]).
+    pub maintenance_every: Duration,
+}
+
+impl Default for RuntimeConfig {
+    /// A public server's bounds.
+    fn default() -> Self {
+        RuntimeConfig {
+            image: None,
+            template: None,
+            concurrency: 0,
+            code_limit: 1 << 20,
+            max_batch: 64,
+            limits: Limits::default(),
+            max_timeout: Duration::from_secs(600),
+            max_memory_mb: 4096,
+            sessions: SessionsConfig::default(),
+            maintenance_every: Duration::from_secs(5),
+        }
+    }
+}
+
+impl RuntimeConfig {
+    /// The CLI's own bounds (it checks its flags itself), not a public server's.
+    pub fn embedded() -> Self {
+        RuntimeConfig { max_timeout: Duration::from_secs(86_400), max_memory_mb: 3072, ..RuntimeConfig::default() }
+    }
+
+    fn threads(&self) -> usize {
+        if self.concurrency > 0 {
+            return self.concurrency;
+        }
+        std::thread::available_parallelism().map_or(2, |n| n.get()) * 2
+    }
+}
+
+/// One data directory, open.
+pub struct Runtime {
+    home: PathBuf,
+    /// Every template execs and sessions may use (the sessions' catalog).
+    catalog: Arc<Catalog>,
+    /// The default template, open.
+    default: Arc<Loaded>,
+    sessions: SessionManager,
+    config: RuntimeConfig,
+    concurrency: usize,
+    workers: workers::ExecWorkers,
+    /// Held while a session is counted against its quota and created.
+    create_lock: Mutex<()>,
+    /// The upkeep thread: dropping the sender stops it.
+    maintenance: Mutex<Option<(mpsc::Sender<()>, std::thread::JoinHandle<()>)>>,
+}
+
+/// What one round of upkeep did.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Upkeep {
+    /// Sessions evicted (their VMs torn down; they stay on disk).
+    pub evicted: usize,
+    /// Sessions resident afterwards.
+    pub resident: usize,
+}
+
+impl Runtime {
+    /// Open the data directory `home` (created if missing): image (built if
+    /// `config.image` is None and it is missing), engine, template, sessions,
+    /// exec threads. Blocking (minutes on a first run).
+    pub fn open(home: &Path, config: RuntimeConfig) -> Result<Arc<Runtime>, RuntimeError> {
+        std::fs::create_dir_all(home)
+            .map_err(|e| RuntimeError::Open { what: "creating the data directory", message: format!("{}: {e}", home.display()) })?;
+        let open_err = |what: &'static str| move |e: forkbox_engine::EngineError| RuntimeError::Open { what, message: e.to_string() };
+        let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
+        let catalog = Arc::new(Catalog::new(home).map_err(open_err("opening /dev/kvm"))?.with_progress(progress));
+        let name = config.template.clone().unwrap_or_else(|| forkbox_engine::DEFAULT_TEMPLATE.to_string());
+        if let Some(image_path) = &config.image {
+            // An image given by path is the default template, under the default's name.
+            let engine = Engine::open(image_path)
+                .map_err(|e| RuntimeError::Open { what: "opening the image", message: format!("{}: {e}", image_path.display()) })?;
+            let engine = Arc::new(engine);
+            let template = Template::ensure(&engine, home).map_err(open_err("preparing the template"))?;
+            catalog.insert(&name, engine, Arc::new(template));
+        }
+        catalog.set_default(&name)?;
+        // Only the default is built now; the others on first use.
+        catalog.get(None)?;
+        Runtime::with_catalog(catalog, home, config)
+    }
+
+    /// The runtime of the CLI and `forkbox mcp` without a server: [`Runtime::open`]
+    /// with [`RuntimeConfig::embedded`] and `image`, its upkeep running.
+    pub fn embedded(home: &Path, image: Option<&Path>) -> Result<Arc<Runtime>, RuntimeError> {
+        Runtime::embedded_on(home, image, None)
+    }
+
+    /// [`Self::embedded`] with `template` as the default template.
+    pub fn embedded_on(home: &Path, image: Option<&Path>, template: Option<&str>) -> Result<Arc<Runtime>, RuntimeError> {
+        let config = RuntimeConfig {
+            image: image.map(Path::to_path_buf),
+            template: template.map(str::to_string),
+            ..RuntimeConfig::embedded()
+        };
+        let rt = Runtime::open(home, config)?;
+        rt.start_maintenance(|_| {});
+        Ok(rt)
+    }
+
+    /// Over an open engine and template; opens the sessions under `home`. Blocking.
+    pub fn with_engine(
+        engine: Arc<Engine>,
+        template: Arc<Template>,
+        home: &Path,
+        config: RuntimeConfig,
+    ) -> Result<Arc<Runtime>, RuntimeError> {
+        let catalog = Arc::new(Catalog::new(home)?);
+        if let Some(name) = &config.template {
+            catalog.insert(name, engine, template);
+            catalog.set_default(name)?;
+        } else {
+            catalog.insert(&catalog.default_name(), engine, template);
+        }
+        Runtime::with_catalog(catalog, home, config)
+    }
+
+    /// Over a catalog whose default template opens (built if needed). Blocking.
+    pub fn with_catalog(catalog: Arc<Catalog>, home: &Path, config: RuntimeConfig) -> Result<Arc<Runtime>, RuntimeError> {
+        let default = catalog.get(None)?;
+        let sessions = SessionManager::open_with_catalog(catalog.clone(), home, config.sessions.clone())?;
+        let concurrency = config.threads();
+        let workers = workers::ExecWorkers::new(concurrency)
+            .map_err(|e| RuntimeError::Open { what: "starting the exec threads", message: e.to_string() })?;
+        Ok(Arc::new(Runtime {
+            home: home.to_path_buf(),
+            catalog,
+            default,
+            sessions,
+            config,
+            concurrency,
+            workers,
+            create_lock: Mutex::new(()),
+            maintenance: Mutex::new(None),
+        }))
+    }
+
+    pub fn home(&self) -> &Path {
+        &self.home
+    }
+
+    pub fn config(&self) -> &RuntimeConfig {
+        &self.config
+    }
+
+    /// Exec threads, i.e. how many execs can run at once.
+    pub fn concurrency(&self) -> usize {
+        self.concurrency
+    }
+
+    /// The id of the default template.
+    pub fn template_id(&self) -> &str {
+        self.default.id()
+    }
+
+    /// The default template's name.
+    pub fn default_template(&self) -> String {
+        self.catalog.default_name()
+    }
+
+    /// The named template (None: the default), open; a shipped one not built yet
+    /// starts building in the background (`template_not_ready` until it is done).
+    pub fn template(&self, name: Option<&str>) -> Result<Arc<Loaded>, RuntimeError> {
+        match name {
+            None => Ok(self.default.clone()),
+            Some(n) => Ok(self.catalog.get_or_start(Some(n))?),
+        }
+    }
+
+    /// The named template, built now if needed (blocking: minutes on a first build).
+    pub fn template_blocking(&self, name: &str) -> Result<Arc<Loaded>, RuntimeError> {
+        Ok(self.catalog.get(Some(name))?)
+    }
+
+    /// Every named template and its state (`GET /v1/templates`).
+    pub fn templates(&self) -> Vec<TemplateListing> {
+        self.catalog.list()
+    }
+
+    /// The name a template id is known by here (None: not a named template now).
+    pub fn template_name(&self, id: &str) -> Option<String> {
+        self.catalog.list().into_iter().find(|t| t.id.as_deref() == Some(id)).map(|t| t.name)
+    }
+
+    /// One round of upkeep: evict idle sessions, merge long layer chains, remove
+    /// what no session needs. Blocking.
+    pub fn maintain(&self) -> Result<Upkeep, RuntimeError> {
+        let evicted = self.sessions.evict_idle();
+        self.sessions.maintenance()?;
+        Ok(Upkeep { evicted, resident: self.sessions.resident_count() })
+    }
+
+    /// Run [`Self::maintain`] every `maintenance_every` on a thread of its own
+    /// until the runtime is dropped or [`Self::stop_maintenance`]; `report` sees
+    /// each round. Starting it again replaces the previous loop.
+    pub fn start_maintenance(self: &Arc<Self>, report: impl Fn(Upkeep) + Send + 'static) {
+        self.stop_maintenance();
+        let (tx, rx) = mpsc::channel::<()>();
+        let weak: Weak<Runtime> = Arc::downgrade(self);
+        let every = self.config.maintenance_every;
+        let spawned = std::thread::Builder::new().name("forkbox-upkeep".into()).spawn(move || loop {
+            match rx.recv_timeout(every) {
+                Err(RecvTimeoutError::Timeout) => {}
+                // The runtime (which holds the sender) is gone, or the loop was replaced.
+                _ => return,
+            }
+            let Some(rt) = weak.upgrade() else { return };
+            match rt.maintain() {
+                Ok(u) => report(u),
+                Err(e) => tracing::warn!("session maintenance: {e}"),
+            }
+        });
+        match spawned {
+            Ok(handle) => *self.maintenance.lock().unwrap_or_else(|e| e.into_inner()) = Some((tx, handle)),
+            Err(e) => tracing::warn!("starting the session maintenance thread: {e}"),
+        }
+    }
+
+    /// Stop the upkeep loop and wait for a round in progress to finish.
+    pub fn stop_maintenance(&self) {
+        let taken = self.maintenance.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some((tx, handle)) = taken {
+            drop(tx);
+            if handle.thread().id() != std::thread::current().id() {
+                let _ = handle.join();
+            }
+        }
+    }
+}
+
+/// A fresh random id with `prefix` (not a secret: exec ids).
+pub(crate) fn random_id(prefix: &str) -> String {
+    use std::hash::{BuildHasher, Hasher};
+    // RandomState is seeded from the OS's randomness (and moves on per instance).
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+    format!("{prefix}{:016x}", h.finish())
+}
