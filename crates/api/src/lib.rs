@@ -71,6 +71,7 @@ codes! {
     TemplateNotFound = ("template_not_found", 404, "No template of that name (see GET /v1/templates), or the session's template is no longer in the data directory."),
     MethodNotAllowed = ("method_not_allowed", 405, "The endpoint does not take this method."),
     Timeout = ("timeout", 408, "The code ran past its time limit (the sandbox is dropped; a session is rolled back)."),
+    CpuMismatch = ("cpu_mismatch", 409, "The template or checkpoint was made on a host whose CPU features differ from this one's; it cannot run here."),
     SessionBusy = ("session_busy", 409, "Another exec is running in that session (or its instruction queue is full)."),
     TemplateNotReady = ("template_not_ready", 409, "The template is being built (first use); retry when GET /v1/templates says it is ready."),
     PayloadTooLarge = ("payload_too_large", 413, "The request body is over the size limit."),

@@ -296,7 +296,7 @@ impl Catalog {
     fn on_disk(&self, name: &str) -> bool {
         let Some(r) = self.recipes.get(name) else { return false };
         let Ok(Some(image_id)) = forkbox_image::built_id(&r.spec, &self.home) else { return false };
-        let tid = crate::template::template_id(&image_id, &r.preload);
+        let tid = crate::template::template_id(&image_id, &r.preload, &forkbox_snapshot::CpuFingerprint::of(&self.cpu).digest());
         templates_dir(&self.home).join(tid).join("state").exists()
     }
 
@@ -321,7 +321,7 @@ impl Catalog {
         let engine = Engine::open_with_cpu(self.cpu.clone(), &built.path)
             .map_err(|source| CatalogError::Engine { name: name.clone(), source })?
             .with_preload(recipe.preload.clone());
-        let tid = crate::template::template_id(engine.image.id(), &engine.preload);
+        let tid = crate::template::template_id(engine.image.id(), &engine.preload, &forkbox_snapshot::CpuFingerprint::of(&engine.cpu).digest());
         let existing = self.by_id.lock().ok().and_then(|m| m.get(&tid).cloned());
         let loaded = match existing {
             Some(l) => Arc::new(Loaded { engine: l.engine.clone(), template: l.template.clone(), name: Some(name.clone()) }),

@@ -78,6 +78,7 @@ impl SessionError {
             SessionError::ExecFailed { source, .. } => source.error_code(),
             SessionError::Invalid(_) => ErrorCode::InvalidRequest,
             SessionError::File { code, .. } => *code,
+            SessionError::Snapshot(forkbox_snapshot::StateError::CpuMismatch(_)) => ErrorCode::CpuMismatch,
             SessionError::Store(_) | SessionError::Snapshot(_) => ErrorCode::StorageError,
             SessionError::Engine(e) => e.error_code(),
             SessionError::Template(e) => e.error_code(),

@@ -23,6 +23,7 @@ from ._errors import (
     RateLimited,
     ServerError,
     SessionBusy,
+    CpuMismatch,
     SessionNotFound,
     TemplateNotFound,
     TemplateNotReady,
@@ -52,6 +53,6 @@ __all__ = [
     "Checkpoint", "Event", "ExecResult", "FileEntry", "MimeBundle", "OutputFile", "PythonError", "Result", "SessionInfo",
     "Stderr", "Stdout", "Upload",
     "ForkboxError", "ConnectionFailed", "InvalidRequest", "InvalidPath", "Unauthorized", "QuotaExceeded", "NotFound", "TemplateNotFound", "TemplateNotReady",
-    "SessionNotFound", "CheckpointNotFound", "FileNotFound", "Timeout", "SessionBusy", "PayloadTooLarge",
+    "SessionNotFound", "CheckpointNotFound", "FileNotFound", "Timeout", "SessionBusy", "CpuMismatch", "PayloadTooLarge",
     "GuestError", "RateLimited", "ServerError", "Overloaded",
 ]

@@ -74,6 +74,10 @@ class SessionBusy(ForkboxError):
     """409: another exec is running in that session."""
 
 
+class CpuMismatch(ForkboxError):
+    """409: the template or checkpoint was made on a host with other CPU features."""
+
+
 class PayloadTooLarge(ForkboxError):
     """413: the request body, the code or a file is over its size limit."""
 
@@ -112,6 +116,7 @@ _BY_CODE: dict[str, type[ForkboxError]] = {
     "template_unavailable": ServerError,
     "timeout": Timeout,
     "session_busy": SessionBusy,
+    "cpu_mismatch": CpuMismatch,
     "payload_too_large": PayloadTooLarge,
     "code_too_large": PayloadTooLarge,
     "file_too_large": PayloadTooLarge,
@@ -153,7 +158,7 @@ STATUS_OF_CODE: dict[str, int] = {
     "unauthorized": 401, "quota_exceeded": 403, "not_found": 404, "session_not_found": 404,
     "checkpoint_not_found": 404, "instruction_not_found": 404, "file_not_found": 404,
     "template_not_found": 404, "template_not_ready": 409, "template_unavailable": 503,
-    "method_not_allowed": 405, "timeout": 408, "session_busy": 409,
+    "method_not_allowed": 405, "timeout": 408, "session_busy": 409, "cpu_mismatch": 409,
     "payload_too_large": 413, "code_too_large": 413, "file_too_large": 413, "guest_crashed": 422,
     "guest_exited": 422, "guest_killed": 422, "sandbox_unusable": 422, "interrupted": 422,
     "upgrade_required": 426, "rate_limited": 429, "internal": 500, "storage_error": 500,
