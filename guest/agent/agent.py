@@ -75,6 +75,146 @@ user_main.__builtins__ = builtins
 namespace = user_main.__dict__
 exec_count = 0
 
+# Rich outputs, Jupyter-style: display(obj) and the figures left open at the end
+# of an exec become MIME bundles ({"image/png": base64, "text/plain": ...}).
+# Nothing here runs unless something is displayed: the exec path only checks a
+# list and (when pyplot is imported) its figure registry.
+DISPLAY_ITEM_MAX = 4 << 20
+DISPLAY_TOTAL_MAX = 8 << 20
+REPR_FORMS = (
+    ("_repr_html_", "text/html"),
+    ("_repr_markdown_", "text/markdown"),
+    ("_repr_latex_", "text/latex"),
+    ("_repr_json_", "application/json"),
+    ("_repr_svg_", "image/svg+xml"),
+    ("_repr_png_", "image/png"),
+    ("_repr_jpeg_", "image/jpeg"),
+)
+displayed = []
+display_bytes = 0
+
+
+def _b64(data):
+    import base64
+    return base64.b64encode(data).decode("ascii")
+
+
+def _figure_png(fig):
+    import io
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def _is_figure(obj):
+    mod = type(obj).__module__ or ""
+    return mod.startswith("matplotlib.") and hasattr(obj, "savefig") and hasattr(obj, "canvas")
+
+
+def mime_bundle(obj, limit):
+    """text/plain plus every _repr_*_ form obj has (a matplotlib figure: PNG)."""
+    bundle = {"text/plain": short_repr(obj, limit)}
+    if _is_figure(obj):
+        try:
+            bundle["image/png"] = _b64(_figure_png(obj))
+        except Exception as e:  # noqa: BLE001 - a broken figure is not the exec's failure
+            bundle["text/plain"] += " [forkbox: figure could not be rendered: %s]" % (e,)
+        return bundle
+    cls = type(obj)
+    for attr, mime in REPR_FORMS:
+        if getattr(cls, attr, None) is None:
+            continue
+        try:
+            data = getattr(obj, attr)()
+        except Exception:  # noqa: BLE001 - like IPython: a failing form is left out
+            continue
+        if isinstance(data, tuple) and len(data) == 2:
+            data = data[0]
+        if data is None:
+            continue
+        if isinstance(data, (bytes, bytearray)):
+            if mime.startswith("image/") and mime != "image/svg+xml":
+                data = _b64(bytes(data))
+            else:
+                data = bytes(data).decode("utf-8", "replace")
+        elif mime == "application/json":
+            try:
+                json.dumps(data)
+            except Exception:  # noqa: BLE001
+                continue
+        elif not isinstance(data, str):
+            continue
+        bundle[mime] = data
+    return bundle
+
+
+def _capped(bundle):
+    """Drop the forms past the caps (the host checks them again)."""
+    global display_bytes
+    out = {}
+    for mime, data in bundle.items():
+        size = len(data) if isinstance(data, str) else len(json.dumps(data))
+        if size > DISPLAY_ITEM_MAX or display_bytes + size > DISPLAY_TOTAL_MAX:
+            out["text/plain"] = "%s [forkbox: %s of %d bytes dropped, over the display cap]" % (
+                bundle.get("text/plain", "")[:200], mime, size)
+            continue
+        display_bytes += size
+        out[mime] = data
+    return out
+
+
+def display(*objs, **kwargs):
+    """Show objects in the exec's result (like IPython's display)."""
+    for obj in objs:
+        if kwargs.get("raw") and isinstance(obj, dict):
+            bundle = {str(k): v for k, v in obj.items()}
+        else:
+            bundle = mime_bundle(obj, 1 << 16)
+        displayed.append(_capped(bundle))
+        if _is_figure(obj):
+            plt = sys.modules.get("matplotlib.pyplot")
+            if plt is not None:
+                plt.close(obj)
+
+
+builtins.display = display
+
+
+def open_figures():
+    """Figures left open (or plt.show()n): displayed, then closed."""
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is None:
+        return
+    nums = plt.get_fignums()
+    if not nums:
+        return
+    for n in nums:
+        try:
+            display(plt.figure(n))
+        except Exception:  # noqa: BLE001
+            pass
+    plt.close("all")
+
+
+def take_display():
+    global displayed, display_bytes
+    out = displayed
+    displayed = []
+    display_bytes = 0
+    return out
+
+
+def show_figures(*args, **kwargs):
+    """plt.show(): display every open figure now."""
+    open_figures()
+
+
+def hook_pyplot():
+    """Make plt.show() display the open figures (Agg alone would only warn)."""
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is not None and plt.show is not show_figures:
+        plt.show = show_figures
+
 
 def short_repr(value, limit):
     r = repr(value)
@@ -160,6 +300,14 @@ def run(code, value_limit):
     if value is None:
         return None
     namespace["_"] = value
+    if _is_figure(value):
+        display(value)
+        return None
+    cls = type(value)
+    for attr, _ in REPR_FORMS:
+        if getattr(cls, attr, None) is not None:
+            bundle = _capped(mime_bundle(value, value_limit))
+            return (bundle.pop("text/plain", None) or short_repr(value, value_limit), bundle)
     return short_repr(value, value_limit)
 
 
@@ -216,11 +364,20 @@ def handle(req):
         # A streamed exec line-buffers stdout/stderr so output leaves as it is
         # produced; the others keep block buffering (each write is a VM exit).
         buffering = line_buffer() if req.get("stream") else []
+        value_data = None
         try:
             value = run(req["code"], req.get("value_limit", 1 << 20))
+            if isinstance(value, tuple):
+                value, value_data = value
         except BaseException as e:  # noqa: BLE001 - everything the user code raises is a result
             error = describe(e)
         finally:
+            if "matplotlib.pyplot" in sys.modules:
+                try:
+                    hook_pyplot()
+                    open_figures()
+                except BaseException:  # noqa: BLE001
+                    pass
             for stream in (sys.stdout, sys.stderr):
                 try:
                     stream.flush()
@@ -235,7 +392,12 @@ def handle(req):
             # (_signal, not signal: its wrappers build enums, which costs every exec.)
             if _signal.getsignal(SIGINT) is not on_sigint:
                 _signal.signal(SIGINT, on_sigint)
-        return {"value": value, "error": error, "runtime_ms": (time.perf_counter() - start) * 1000.0}
+        reply = {"value": value, "error": error, "runtime_ms": (time.perf_counter() - start) * 1000.0}
+        if value_data:
+            reply["value_data"] = value_data
+        if displayed:
+            reply["display"] = take_display()
+        return reply
     if op == "ping":
         return {"pong": True}
     return {"protocol_error": "unknown op %r" % (op,)}
@@ -249,8 +411,12 @@ def main():
             exec(compile(preload, "<preload>", "exec"), namespace)
     except BaseException as e:  # noqa: BLE001
         info = {"ready": False, "error": describe(e)}
-    if "numpy" in sys.modules:
-        info["numpy"] = sys.modules["numpy"].__version__
+    for mod in ("numpy", "pandas", "scipy", "matplotlib", "sklearn"):
+        if mod in sys.modules:
+            info[mod] = getattr(sys.modules[mod], "__version__", "?")
+    if "matplotlib.pyplot" in sys.modules:
+        hook_pyplot()
+        take_display()
     os.makedirs(OUTPUT_DIR, exist_ok=True)
     _signal.signal(SIGINT, on_sigint)
     # Everything allocated so far belongs to the template: keep the collector

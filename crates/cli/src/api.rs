@@ -38,8 +38,15 @@ impl Api {
 
     /// The API over the engine, template and sessions of the data directory `home`.
     pub fn embedded(home: &Path, image: &ImageArgs) -> Result<Api> {
-        let (image_path, _) = crate::run::ensure_image(home, image, std::io::IsTerminal::is_terminal(&std::io::stderr()))?;
-        let runtime = forkbox_runtime::Runtime::embedded(home, Some(&image_path)).context("opening the local data directory")?;
+        let runtime = match &image.template {
+            // A named template: the runtime's catalog builds it (with progress) and makes it the default.
+            Some(name) => forkbox_runtime::Runtime::embedded_on(home, None, Some(name)),
+            None => {
+                let (image_path, _) = crate::run::ensure_image(home, image, std::io::IsTerminal::is_terminal(&std::io::stderr()))?;
+                forkbox_runtime::Runtime::embedded(home, Some(&image_path))
+            }
+        }
+        .context("opening the local data directory")?;
         let rt = async_runtime()?;
         let router = {
             let _guard = rt.enter();
@@ -75,7 +82,7 @@ fn async_runtime() -> Result<tokio::runtime::Runtime> {
 /// Where an exec runs.
 #[derive(Clone, Copy)]
 pub enum Target<'a> {
-    OneShot { timeout_seconds: Option<f64> },
+    OneShot { timeout_seconds: Option<f64>, template: Option<&'a str> },
     Session(&'a str),
 }
 
@@ -89,7 +96,7 @@ pub async fn exec_streaming(
     on_output: &mut (dyn FnMut(&StreamEvent) + Send),
 ) -> Result<ExecResult, ClientError> {
     let opened = match target {
-        Target::OneShot { timeout_seconds } => client.exec_stream(code, timeout_seconds).await.map(|s| s.boxed()),
+        Target::OneShot { timeout_seconds, template } => client.exec_stream_on(code, timeout_seconds, template).await.map(|s| s.boxed()),
         Target::Session(id) => client.session_exec_stream(id, code).await.map(|s| s.boxed()),
     };
     let mut stream = match opened {
@@ -97,7 +104,7 @@ pub async fn exec_streaming(
         // An older server: no streaming route (the route-level 404, not `session_not_found`).
         Err(ClientError::Api { code: c, .. }) if c == "not_found" => {
             let r = match target {
-                Target::OneShot { timeout_seconds } => client.exec(code, timeout_seconds).await?,
+                Target::OneShot { timeout_seconds, template } => client.exec_on(code, timeout_seconds, template).await?,
                 Target::Session(id) => client.session_exec(id, code).await?,
             };
             for ev in [StreamEvent::Stdout(r.stdout.clone()), StreamEvent::Stderr(r.stderr.clone())] {

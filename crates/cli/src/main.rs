@@ -45,6 +45,10 @@ enum Command {
         /// Use this image file instead of the default image.
         #[arg(long, value_name = "FILE")]
         image: Option<PathBuf>,
+        /// The default template (`python`, `data`; see `forkbox template ls`); requests may name others,
+        /// which are built on first use.
+        #[arg(long, value_name = "NAME")]
+        template: Option<String>,
     },
     /// API keys for the HTTP API.
     #[command(subcommand)]
@@ -102,8 +106,11 @@ enum KeyCommand {
 enum TemplateCommand {
     /// List the templates in the data directory.
     Ls,
-    /// Build (or verify) the template for an image and preload.
+    /// Build (or verify) a template: a shipped one by name (`python`, `data`), or one for
+    /// an image (--apt/--image) and preload.
     Build {
+        /// A shipped template (see `forkbox template ls`); without it, --apt/--image/--preload.
+        name: Option<String>,
         #[arg(long, default_value = "import numpy")]
         preload: String,
         #[command(flatten)]
@@ -125,6 +132,17 @@ pub struct ImageArgs {
     /// Use this image file instead of building one.
     #[arg(long, value_name = "FILE")]
     pub image: Option<PathBuf>,
+    /// The template to run on (`python`, `data`; see `forkbox template ls`), built on first use.
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["apt", "image"])]
+    pub template: Option<String>,
+    /// BLAS/LAPACK for numpy and scipy: reference (libblas3/liblapack3, forced), openblas
+    /// (its threads pinned to one by the guest's environment) or any (apt's choice).
+    #[arg(long, value_name = "reference|openblas|any", default_value = "reference", value_parser = parse_blas)]
+    pub blas: forkbox_image::Blas,
+}
+
+fn parse_blas(s: &str) -> Result<forkbox_image::Blas, String> {
+    forkbox_image::Blas::parse(s).ok_or_else(|| format!("unknown BLAS {s:?} (reference, openblas, any)"))
 }
 
 fn main() -> ExitCode {
@@ -138,7 +156,7 @@ fn main() -> ExitCode {
     raise_fd_limit();
     let home = cli.home.clone().unwrap_or_else(forkbox_image::default_home);
     let result = match cli.command {
-        Command::Serve { listen, image } => serve(&home, listen, image),
+        Command::Serve { listen, image, template } => serve(&home, listen, image, template),
         Command::Key(KeyCommand::Create { tenant, rate_limit, max_sessions, max_disk_mb }) => {
             let limits = forkbox_server::KeyLimits { rate_limit, max_sessions, max_disk_mb };
             forkbox_server::create_key_with(&home, &tenant, &limits).map(|k| {
@@ -154,7 +172,7 @@ fn main() -> ExitCode {
             Some(url) => api::Api::remote(url, cli.api_key.clone()),
             None => api::Api::embedded(&home, &image),
         }
-        .and_then(|a| repl::repl(&a, &home, session)),
+        .and_then(|a| repl::repl(&a, &home, session, image.template.clone())),
         Command::Image(ImageCommand::Build(args)) => {
             run::ensure_image(&home, &args, true).map(|(path, id)| {
                 println!("{id} {}", path.display());
@@ -166,7 +184,8 @@ fn main() -> ExitCode {
             None => session::session(&home, cmd),
         },
         Command::Template(TemplateCommand::Ls) => template_ls(&home),
-        Command::Template(TemplateCommand::Build { preload, image }) => template_build(&home, &preload, &image),
+        Command::Template(TemplateCommand::Build { name: Some(name), .. }) => template_build_named(&home, &name),
+        Command::Template(TemplateCommand::Build { name: None, preload, image }) => template_build(&home, &preload, &image),
         Command::Bench(cmd) => bench::bench(&home, cmd),
         Command::Mcp(args) => mcp::mcp(&home, cli.home.as_deref(), cli.url.clone(), args),
         Command::Syscalls { markdown } => {
@@ -194,14 +213,36 @@ fn syscalls(markdown: bool) {
     }
 }
 
-fn serve(home: &std::path::Path, listen: std::net::SocketAddr, image: Option<PathBuf>) -> anyhow::Result<ExitCode> {
+fn serve(home: &std::path::Path, listen: std::net::SocketAddr, image: Option<PathBuf>, template: Option<String>) -> anyhow::Result<ExitCode> {
     let mut cfg = forkbox_server::ServerConfig::new(listen, home.to_path_buf());
     cfg.image = image;
+    cfg.template = template;
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(forkbox_server::serve(cfg))?;
     Ok(ExitCode::SUCCESS)
 }
 
+fn template_build_named(home: &std::path::Path, name: &str) -> anyhow::Result<ExitCode> {
+    let t0 = std::time::Instant::now();
+    let catalog = forkbox_engine::Catalog::new(home)?.with_progress(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    let l = catalog.get(Some(name))?;
+    let size = std::fs::metadata(&l.engine.image_path).map_or(0, |m| m.len());
+    println!(
+        "{name} {} {} (image {} MiB, {:.1} s)",
+        l.id(),
+        l.template.dir.display(),
+        size >> 20,
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
 fn template_ls(home: &std::path::Path) -> anyhow::Result<ExitCode> {
+    if let Ok(catalog) = forkbox_engine::Catalog::new(home) {
+        for t in catalog.list() {
+            println!("{:8} {}{}", t.name, t.description, if t.default { " (default)" } else { "" });
+        }
+        println!();
+    }
     let list = forkbox_runtime::templates::list(home);
     if list.is_empty() {
         println!("no templates in {}", forkbox_runtime::templates::dir(home).display());

@@ -56,6 +56,7 @@ pub fn ensure_image(home: &Path, args: &ImageArgs, progress: bool) -> Result<(Pa
     }
     let mut spec = forkbox_engine::default_image_spec();
     spec.packages.extend(args.apt.iter().cloned());
+    spec.blas = args.blas;
     let built = forkbox_image::build(&spec, &BuildOptions { home: home.to_path_buf(), progress })
         .context("building the guest image")?;
     Ok((built.path, built.id))
@@ -93,16 +94,29 @@ pub fn limits(args: &RunArgs) -> Result<Limits> {
 pub fn run(home: &Path, args: RunArgs) -> Result<ExitCode> {
     let code = read_code(&args)?;
     let limits = limits(&args)?;
-    let (image, _) = ensure_image(home, &args.image, std::io::IsTerminal::is_terminal(&std::io::stderr()))?;
-    let mut engine = Engine::open(&image).context("opening the engine")?.with_preload(args.preload.clone());
-    if args.no_vdso {
-        engine = engine.without_vdso();
-    }
-    let mut sb = if args.cold || args.no_vdso {
-        Sandbox::boot(&engine, limits, args.trace_syscalls).context("starting the sandbox")?
+    let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let mut sb = if let Some(name) = &args.image.template {
+        let catalog = forkbox_engine::Catalog::new(home)?.with_progress(tty);
+        let l = catalog.get(Some(name))?;
+        if args.cold || args.no_vdso {
+            let engine = Engine::open(&l.engine.image_path).context("opening the engine")?.with_preload(l.engine.preload.clone());
+            let engine = if args.no_vdso { engine.without_vdso() } else { engine };
+            Sandbox::boot(&engine, limits, args.trace_syscalls).context("starting the sandbox")?
+        } else {
+            l.template.fork(&l.engine, limits).context("forking the template")?
+        }
     } else {
-        let template = Template::ensure(&engine, home).context("preparing the template")?;
-        template.fork(&engine, limits).context("forking the template")?
+        let (image, _) = ensure_image(home, &args.image, tty)?;
+        let mut engine = Engine::open(&image).context("opening the engine")?.with_preload(args.preload.clone());
+        if args.no_vdso {
+            engine = engine.without_vdso();
+        }
+        if args.cold || args.no_vdso {
+            Sandbox::boot(&engine, limits, args.trace_syscalls).context("starting the sandbox")?
+        } else {
+            let template = Template::ensure(&engine, home).context("preparing the template")?;
+            template.fork(&engine, limits).context("forking the template")?
+        }
     };
     sb.set_trace(args.trace_syscalls);
     let result = sb.exec(&code);
@@ -120,7 +134,36 @@ pub fn run(home: &Path, args: RunArgs) -> Result<ExitCode> {
 
 pub fn print_result(r: &ExecResult, json: bool) -> Result<()> {
     let traceback = r.error.as_ref().map(|e| e.traceback.as_str());
-    print_parts(r, json, Some((&r.stdout, &r.stderr)), traceback, r.value.as_deref())
+    print_parts(r, json, Some((&r.stdout, &r.stderr)), traceback, r.value.as_deref())?;
+    if !json {
+        let bundles: Vec<forkbox_client::MimeBundle> =
+            r.display.iter().map(|b| forkbox_client::MimeBundle(b.clone().into_iter().collect())).collect();
+        show_display(&bundles)?;
+    }
+    Ok(())
+}
+
+/// Displayed objects on a terminal: images are written to files (their paths printed),
+/// everything else as its text/plain.
+pub fn show_display(items: &[forkbox_client::MimeBundle]) -> Result<()> {
+    if items.is_empty() {
+        return Ok(());
+    }
+    let dir = std::env::temp_dir().join("forkbox-display");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
+    let mut out = std::io::stdout().lock();
+    for (i, b) in items.iter().enumerate() {
+        if let Some((mime, bytes)) = b.image() {
+            let ext = mime.trim_start_matches("image/");
+            let path = dir.join(format!("{stamp}-{i}.{ext}"));
+            std::fs::write(&path, &bytes).with_context(|| format!("writing {}", path.display()))?;
+            writeln!(out, "[{mime}, {} bytes, written to {}]", bytes.len(), path.display())?;
+        } else if let Some(t) = b.text("text/plain") {
+            writeln!(out, "{t}")?;
+        }
+    }
+    Ok(())
 }
 
 /// A result as JSON, or as its stdout and stderr (`output`, None when already
@@ -185,7 +228,7 @@ pub fn run_remote(api: &crate::api::Api, args: RunArgs) -> Result<ExitCode> {
             _ => {}
         }
     };
-    let target = crate::api::Target::OneShot { timeout_seconds: Some(args.timeout) };
+    let target = crate::api::Target::OneShot { timeout_seconds: Some(args.timeout), template: args.image.template.as_deref() };
     let r = api.block_on(crate::api::exec_streaming(&api.client, target, &code, &mut show)).context("running the code")?;
     print_remote_result(&r, json, true)?;
     Ok(if r.error.is_some() { ExitCode::from(1) } else { ExitCode::SUCCESS })
@@ -194,5 +237,9 @@ pub fn run_remote(api: &crate::api::Api, args: RunArgs) -> Result<ExitCode> {
 /// A result from the API, printed like [`print_result`] (`streamed`: stdout/stderr were already shown).
 pub fn print_remote_result(r: &forkbox_client::ExecResult, json: bool, streamed: bool) -> Result<()> {
     let traceback = r.error.as_ref().map(|e| e.traceback.as_str());
-    print_parts(r, json, (!streamed).then_some((r.stdout.as_str(), r.stderr.as_str())), traceback, r.value.as_deref())
+    print_parts(r, json, (!streamed).then_some((r.stdout.as_str(), r.stderr.as_str())), traceback, r.value.as_deref())?;
+    if !json {
+        show_display(&r.display)?;
+    }
+    Ok(())
 }

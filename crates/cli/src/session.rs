@@ -139,11 +139,12 @@ fn run(api: &Api, cmd: SessionCommand) -> Result<ExitCode> {
         );
     };
     match cmd {
-        SessionCommand::New { tags, memory_mb, timeout, .. } => {
+        SessionCommand::New { tags, memory_mb, timeout, image, .. } => {
             let opts = forkbox_client::CreateSession {
                 tags: tags.into_iter().collect(),
                 memory_mb: Some(memory_mb),
                 timeout_seconds: Some(timeout),
+                template: image.template,
             };
             println!("{}", api.block_on(c.create_session(&opts))?.id);
         }

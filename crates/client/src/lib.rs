@@ -81,7 +81,17 @@ impl Client {
 
     /// Run `code` in a fresh sandbox (nothing persists). `timeout_seconds`: the server's default if None.
     pub async fn exec(&self, code: &str, timeout_seconds: Option<f64>) -> Result<ExecResult, ClientError> {
-        self.post("/v1/exec", &json!({ "code": code, "timeout_seconds": timeout_seconds })).await
+        self.exec_on(code, timeout_seconds, None).await
+    }
+
+    /// [`exec`](Self::exec) on a named template (None: the server's default).
+    pub async fn exec_on(&self, code: &str, timeout_seconds: Option<f64>, template: Option<&str>) -> Result<ExecResult, ClientError> {
+        self.post("/v1/exec", &json!({ "code": code, "timeout_seconds": timeout_seconds, "template": template })).await
+    }
+
+    /// The server's templates and their state.
+    pub async fn templates(&self) -> Result<TemplateList, ClientError> {
+        self.get("/v1/templates").await
     }
 
     /// Run each code in its own fresh sandbox, in parallel; results in order.
@@ -95,7 +105,17 @@ impl Client {
         code: &str,
         timeout_seconds: Option<f64>,
     ) -> Result<impl Stream<Item = Result<StreamEvent, ClientError>> + Send, ClientError> {
-        self.stream("/v1/exec/stream", &json!({ "code": code, "timeout_seconds": timeout_seconds })).await
+        self.exec_stream_on(code, timeout_seconds, None).await
+    }
+
+    /// [`exec_stream`](Self::exec_stream) on a named template (None: the server's default).
+    pub async fn exec_stream_on(
+        &self,
+        code: &str,
+        timeout_seconds: Option<f64>,
+        template: Option<&str>,
+    ) -> Result<impl Stream<Item = Result<StreamEvent, ClientError>> + Send, ClientError> {
+        self.stream("/v1/exec/stream", &json!({ "code": code, "timeout_seconds": timeout_seconds, "template": template })).await
     }
 
     // -- sessions ----------------------------------------------------------

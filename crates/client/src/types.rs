@@ -49,8 +49,70 @@ pub struct ExecResult {
     pub checkpoint: Option<i64>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub outputs: Vec<OutputFile>,
+    /// The value's rich forms beside `value` (text/plain): `text/html` for a DataFrame, ...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_data: Option<MimeBundle>,
+    /// What `display()` showed and the figures left open, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub display: Vec<MimeBundle>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
+}
+
+/// One displayed object: MIME type -> data (text as strings, images as base64 strings,
+/// `application/json` as JSON), Jupyter's mime bundle.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[serde(transparent)]
+pub struct MimeBundle(pub BTreeMap<String, Value>);
+
+impl MimeBundle {
+    /// A text form (`text/plain`, `text/html`, `text/markdown`, `text/latex`, `image/svg+xml`).
+    pub fn text(&self, mime: &str) -> Option<&str> {
+        self.0.get(mime).and_then(Value::as_str)
+    }
+
+    /// The bytes of a base64 form (`image/png`, `image/jpeg`); None if absent or not base64.
+    pub fn bytes(&self, mime: &str) -> Option<Vec<u8>> {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.decode(self.text(mime)?).ok()
+    }
+
+    /// The first image form: (mime, bytes).
+    pub fn image(&self) -> Option<(&'static str, Vec<u8>)> {
+        ["image/png", "image/jpeg", "image/gif", "image/webp"].into_iter().find_map(|m| self.bytes(m).map(|b| (m, b)))
+    }
+
+    pub fn json(&self) -> Option<&Value> {
+        self.0.get("application/json")
+    }
+}
+
+/// A template (`GET /v1/templates`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct TemplateInfo {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    /// `ready`, `available` (built on first use), `building`, `failed`.
+    pub status: String,
+    #[serde(default)]
+    pub id: Option<String>,
+    #[serde(default)]
+    pub default: bool,
+    #[serde(default)]
+    pub packages: Vec<String>,
+    #[serde(default)]
+    pub image_bytes: Option<u64>,
+    #[serde(default)]
+    pub error: Option<String>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct TemplateList {
+    pub templates: Vec<TemplateInfo>,
+    pub default: String,
 }
 
 /// Where a forked session came from (until its first exec).
@@ -84,6 +146,11 @@ pub struct Session {
     #[serde(default)]
     pub forked_from: Option<ForkedFrom>,
     pub limits: SessionLimits,
+    /// Its template's name (None if no name has it now).
+    #[serde(default)]
+    pub template: Option<String>,
+    #[serde(default)]
+    pub template_id: String,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
 }
@@ -138,6 +205,9 @@ pub struct CreateSession {
     /// Time limit of each exec in the session.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timeout_seconds: Option<f64>,
+    /// Template to start from (the server's default if None).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
 }
 
 /// The result of a batch: one entry per code, in order.

@@ -8,6 +8,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod catalog;
 pub mod error;
 pub mod files;
 pub mod interrupt;
@@ -28,10 +29,11 @@ use forkbox_vmm::Cpu;
 
 pub use error::EngineError;
 pub use limits::Limits;
-pub use protocol::PyError;
+pub use protocol::{MimeBundle, PyError};
 pub use files::{FileEntry, OutputFile};
 pub use interrupt::Interrupter;
 pub use sandbox::{ExecOptions, ExecResult, RunStats, Sandbox, Stream};
+pub use catalog::{Catalog, CatalogError, Loaded, DEFAULT_TEMPLATE};
 pub use template::{Template, TemplateInfo};
 
 /// The agent program, baked into every image.
@@ -63,7 +65,11 @@ pub struct Engine {
 
 impl Engine {
     pub fn open(image_path: &Path) -> Result<Engine, EngineError> {
-        let cpu = Arc::new(Cpu::new()?);
+        Engine::open_with_cpu(Arc::new(Cpu::new()?), image_path)
+    }
+
+    /// `open` with a shared `Cpu` (many images in one process).
+    pub fn open_with_cpu(cpu: Arc<Cpu>, image_path: &Path) -> Result<Engine, EngineError> {
         let image = Arc::new(Image::open(image_path)?);
         let vfs = Vfs::new(image.clone());
         let hwcap = std::arch::x86_64::__cpuid(1).edx as u64;

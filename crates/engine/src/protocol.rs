@@ -48,11 +48,75 @@ pub struct ExecReply {
     pub value: Option<String>,
     pub error: Option<PyError>,
     pub runtime_ms: f64,
+    /// The value's rich forms (`_repr_html_` ...), besides `value` (text/plain).
+    #[serde(default)]
+    pub value_data: Option<serde_json::Map<String, serde_json::Value>>,
+    /// What `display()` showed and the figures left open, in order.
+    #[serde(default)]
+    pub display: Option<Vec<serde_json::Map<String, serde_json::Value>>>,
+}
+
+/// One displayed object as MIME type -> data: text types as strings, images as
+/// base64 strings, `application/json` as JSON (Jupyter's mime bundle).
+pub type MimeBundle = std::collections::BTreeMap<String, serde_json::Value>;
+
+/// Caps on rich outputs (the same as `/output` files: 4 MiB an item, 8 MiB in all).
+pub const DISPLAY_ITEM_MAX: usize = 4 << 20;
+pub const DISPLAY_TOTAL_MAX: usize = 8 << 20;
+pub const DISPLAY_ITEMS_MAX: usize = 64;
+
+/// A MIME type as the agent may name one: `type/subtype`, printable ASCII, short.
+fn valid_mime(m: &str) -> bool {
+    m.len() <= 127
+        && m.split_once('/').is_some_and(|(a, b)| !a.is_empty() && !b.is_empty())
+        && m.bytes().all(|b| b.is_ascii_alphanumeric() || b"/+-.".contains(&b))
+}
+
+/// Check what the guest sent as bundles: known shapes only, within the caps (the
+/// guest is not trusted to have applied them). `total` carries over between calls.
+pub fn check_bundle(raw: serde_json::Map<String, serde_json::Value>, total: &mut usize) -> MimeBundle {
+    let mut out = MimeBundle::new();
+    for (mime, data) in raw {
+        if !valid_mime(&mime) {
+            continue;
+        }
+        let size = match &data {
+            serde_json::Value::String(s) => s.len(),
+            v if mime.ends_with("json") => serde_json::to_vec(v).map_or(usize::MAX, |b| b.len()),
+            _ => continue,
+        };
+        if size > DISPLAY_ITEM_MAX || total.saturating_add(size) > DISPLAY_TOTAL_MAX {
+            out.insert("text/plain".into(), format!("[forkbox: {mime} of {size} bytes dropped, over the display cap]").into());
+            continue;
+        }
+        *total += size;
+        out.insert(mime, data);
+    }
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bundles_are_checked() {
+        let mut total = 0;
+        let raw = serde_json::json!({
+            "text/plain": "x", "image/png": "aGk=", "application/json": {"a": [1]},
+            "bad mime": "y", "text/html": 5, "../x": "z",
+        });
+        let b = check_bundle(raw.as_object().unwrap().clone(), &mut total);
+        assert_eq!(b.keys().collect::<Vec<_>>(), ["application/json", "image/png", "text/plain"]);
+        assert_eq!(total, 1 + 4 + 9);
+        let big = serde_json::json!({"image/png": "A".repeat(DISPLAY_ITEM_MAX + 1)});
+        let b = check_bundle(big.as_object().unwrap().clone(), &mut total);
+        assert!(b["text/plain"].as_str().unwrap().contains("dropped"), "{b:?}");
+        assert!(!b.contains_key("image/png"));
+        let mut total = DISPLAY_TOTAL_MAX - 2;
+        let b = check_bundle(serde_json::json!({"text/html": "abc"}).as_object().unwrap().clone(), &mut total);
+        assert!(!b.contains_key("text/html"));
+    }
 
     #[test]
     fn frames_round_trip_and_reject_short_input() {

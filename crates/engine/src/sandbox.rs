@@ -16,13 +16,31 @@ use crate::error::EngineError;
 use crate::files::{self, FileEntry, OutputFile, OutputIndex};
 use crate::interrupt::Interrupter;
 use crate::limits::Limits;
-use crate::protocol::{self, ExecReply, ExecRequest, PyError};
+use crate::protocol::{self, ExecReply, ExecRequest, MimeBundle, PyError};
 use crate::signal::{self, SignalState};
 use crate::Engine;
 
 /// The guest program: CPython running the agent.
 pub const AGENT_PATH: &str = "/opt/forkbox/agent.py";
 const PYTHON: &str = "/usr/bin/python3";
+
+/// The guest's environment (besides `FORKBOX_PRELOAD`). The guest has no threads:
+/// every BLAS/OpenMP runtime is pinned to one thread here, so none of them ever calls
+/// clone (OpenBLAS starts its thread pool only when its thread count is > 1).
+/// matplotlib draws with Agg (no display). Part of every template's id.
+pub const GUEST_ENV: &[&str] = &[
+    "PATH=/usr/local/bin:/usr/bin:/bin",
+    "HOME=/root",
+    "LANG=C.UTF-8",
+    "TERM=dumb",
+    "TZ=UTC",
+    "OPENBLAS_NUM_THREADS=1",
+    "OMP_NUM_THREADS=1",
+    "MKL_NUM_THREADS=1",
+    "BLIS_NUM_THREADS=1",
+    "NUMEXPR_NUM_THREADS=1",
+    "MPLBACKEND=Agg",
+];
 
 /// The outcome of one exec. A Python exception is a result (`error` set), not an `Err`.
 #[derive(Clone, Debug, Serialize)]
@@ -41,6 +59,14 @@ pub struct ExecResult {
     /// Files under `/output` this exec created or changed.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub outputs: Vec<OutputFile>,
+    /// The value's rich forms beside `value` (text/plain): `text/html` for a
+    /// DataFrame, `image/png` for a PIL image, ... (`_repr_*_` methods).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub value_data: Option<MimeBundle>,
+    /// What `display(obj)` showed and the matplotlib figures left open at the end
+    /// (or `plt.show()`n), in order, as MIME bundles.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub display: Vec<MimeBundle>,
 }
 
 /// A sink for streamed output: called with each chunk as the guest writes it.
@@ -122,7 +148,8 @@ impl Sandbox {
         vfs.set_quota(limits.disk_bytes);
         let mut proc = Process::new(vfs, limits.memory_bytes);
         let env_preload = format!("FORKBOX_PRELOAD={}", engine.preload);
-        let envp = ["PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/root", "LANG=C.UTF-8", "TERM=dumb", env_preload.as_str()];
+        let mut envp: Vec<&str> = GUEST_ENV.to_vec();
+        envp.push(env_preload.as_str());
         let argv = [PYTHON, "-I", "-B", AGENT_PATH];
         let opts = loader::ExecOptions { hwcap: engine.hwcap, vdso: engine.vdso };
         let start = loader::exec(vm.mem_mut(), &mut proc, PYTHON, &argv, &envp, &opts)?;
@@ -298,7 +325,19 @@ impl Sandbox {
         let reply: ExecReply =
             serde_json::from_value(reply).map_err(|e| EngineError::Protocol(format!("bad exec reply: {e}")))?;
         let outputs = self.outputs.collect(&self.proc.vfs);
+        let mut shown = 0usize;
+        let value_data = reply.value_data.map(|b| protocol::check_bundle(b, &mut shown)).filter(|b| !b.is_empty());
+        let display: Vec<MimeBundle> = reply
+            .display
+            .unwrap_or_default()
+            .into_iter()
+            .take(protocol::DISPLAY_ITEMS_MAX)
+            .map(|b| protocol::check_bundle(b, &mut shown))
+            .filter(|b| !b.is_empty())
+            .collect();
         Ok(ExecResult {
+            value_data,
+            display,
             value: reply.value,
             stdout,
             stderr,

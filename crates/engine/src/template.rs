@@ -63,6 +63,10 @@ pub fn template_id(image_id: &str, preload: &str, cpu_digest: &str) -> String {
         h.update((part.len() as u64).to_le_bytes());
         h.update(part);
     }
+    for part in crate::sandbox::GUEST_ENV {
+        h.update((part.len() as u64).to_le_bytes());
+        h.update(part.as_bytes());
+    }
     hex::encode(&h.finalize()[..16])
 }
 
@@ -246,6 +250,13 @@ impl Template {
     pub fn memory(&self) -> &MemoryFile {
         &self.memory
     }
+}
+
+/// The info of the template in `dir` (its state file verified).
+pub fn read_info(dir: &Path) -> Result<TemplateInfo, String> {
+    read_state(&dir.join("state"))
+        .map_err(|e| e.to_string())
+        .and_then(|s| serde_json::from_str::<TemplateInfo>(&s.info).map_err(|e| e.to_string()))
 }
 
 /// Templates present in the data directory.

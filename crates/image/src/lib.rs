@@ -54,7 +54,7 @@ mod pack;
 mod reader;
 
 pub use build::{
-    build, default_home, image_path, BuildError, BuildOptions, BuildStats, BuiltImage, ExtraFile,
+    build, built_id, default_home, Blas, image_path, BuildError, BuildOptions, BuildStats, BuiltImage, ExtraFile,
     ImageSpec,
 };
 pub use pack::{pack_dir, pack_dir_with, PackOptions, PackStats};

@@ -29,7 +29,28 @@ pub fn exec_result(r: &ExecResult) -> CallToolResult {
     if let Some(cp) = r.checkpoint {
         structured["checkpoint"] = json!(cp);
     }
+    if !r.display.is_empty() {
+        // Images go as image content below; here what else each item was.
+        let shown: Vec<Value> = r
+            .display
+            .iter()
+            .map(|b| json!({ "mimes": b.0.keys().collect::<Vec<_>>(), "text": b.text("text/plain") }))
+            .collect();
+        structured["display"] = json!(shown);
+    }
     let mut content = vec![ContentBlock::text(exec_text(r))];
+    // Displayed objects: images as image content; tables and other rich text as text
+    // (markdown or plain: an LLM reads those better than HTML).
+    for b in &r.display {
+        match b.image() {
+            Some((mime, _)) => content.extend(b.text(mime).map(|b64| ContentBlock::image(b64.to_string(), mime.to_string()))),
+            None => content.extend(b.text("text/markdown").or_else(|| b.text("text/plain")).map(|t| ContentBlock::text(format!("display:\n{t}")))),
+        }
+    }
+    // The value as an image too (a PIL image); its text is in the text above.
+    if let Some((mime, _)) = r.value_data.as_ref().and_then(|b| b.image()) {
+        content.extend(r.value_data.as_ref().and_then(|b| b.text(mime)).map(|b64| ContentBlock::image(b64.to_string(), mime.to_string())));
+    }
     for o in &r.outputs {
         let Some(b64) = &o.base64 else { continue };
         // Only pass on what really decodes: the data came from the guest.

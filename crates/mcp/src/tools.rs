@@ -48,6 +48,10 @@ pub struct RunPythonArgs {
     /// Time limit in seconds (default 30).
     #[serde(default)]
     pub timeout_seconds: Option<f64>,
+    /// Template: "python" (Python 3.11 + numpy, the default) or "data" (adds pandas, scipy, matplotlib, \
+    /// scikit-learn, statsmodels, seaborn, sympy, networkx, Pillow, requests, bs4, lxml, openpyxl, pyyaml, tqdm, tabulate).
+    #[serde(default)]
+    pub template: Option<String>,
 }
 
 #[derive(Deserialize, schemars::JsonSchema)]
@@ -62,6 +66,10 @@ pub struct CreateSessionArgs {
     /// Labels to find the session by later (e.g. {"task": "plot"}).
     #[serde(default)]
     pub tags: BTreeMap<String, String>,
+    /// Template: "python" (Python 3.11 + numpy, the default) or "data" (adds pandas, scipy, matplotlib, \
+    /// scikit-learn, statsmodels, seaborn, sympy, networkx, Pillow, requests, bs4, lxml, openpyxl, pyyaml, tqdm, tabulate).
+    #[serde(default)]
+    pub template: Option<String>,
 }
 
 #[derive(Deserialize, schemars::JsonSchema)]
@@ -165,7 +173,7 @@ impl ForkboxMcp {
             async {
                 check_timeout(a.timeout_seconds)?;
                 let c = self.client(&ctx)?;
-                c.exec(&a.code, a.timeout_seconds).await.map(|r| render::exec_result(&r)).map_err(|e| render::client_error(&e))
+                c.exec_on(&a.code, a.timeout_seconds, a.template.as_deref()).await.map(|r| render::exec_result(&r)).map_err(|e| render::client_error(&e))
             }
             .await,
         )
@@ -184,7 +192,7 @@ impl ForkboxMcp {
             async {
                 check_timeout(a.timeout_seconds)?;
                 let c = self.client(&ctx)?;
-                let opts = CreateSession { tags: a.tags, memory_mb: a.memory_mb, timeout_seconds: a.timeout_seconds };
+                let opts = CreateSession { tags: a.tags, memory_mb: a.memory_mb, timeout_seconds: a.timeout_seconds, template: a.template };
                 c.create_session(&opts).await.map(|s| render::session(&s, "created")).map_err(|e| render::client_error(&e))
             }
             .await,

@@ -18,6 +18,8 @@ pub enum RuntimeError {
     Session(#[from] SessionError),
     #[error(transparent)]
     Engine(#[from] EngineError),
+    #[error(transparent)]
+    Template(#[from] forkbox_engine::CatalogError),
     /// Building or opening the image, template or data directory.
     #[error("{what}: {message}")]
     Open { what: &'static str, message: String },
@@ -34,6 +36,7 @@ impl RuntimeError {
             RuntimeError::QuotaExceeded(_) => ErrorCode::QuotaExceeded,
             RuntimeError::Session(e) => e.error_code(),
             RuntimeError::Engine(e) => e.error_code(),
+            RuntimeError::Template(e) => e.error_code(),
             RuntimeError::Open { .. } | RuntimeError::WorkerGone => ErrorCode::Internal,
         }
     }

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use forkbox_engine::{ExecOptions, ExecResult, Limits, Stream};
+use forkbox_engine::{ExecOptions, ExecResult, Limits, Loaded, Stream};
 use forkbox_sessions::manager::ExecOutcome;
 
 use crate::{random_id, Runtime, RuntimeError};
@@ -93,6 +93,7 @@ pub(crate) fn with_output<R>(output: &mut Option<Box<dyn Output>>, run: impl FnO
 pub struct OneShotRequest {
     code: String,
     limits: Limits,
+    template: Arc<Loaded>,
 }
 
 /// The result of a one-shot exec, with its timing.
@@ -127,12 +128,14 @@ impl Runtime {
     }
 
     /// Check a one-shot exec's code and timeout (cheap: do it before waiting for a slot).
-    pub fn oneshot(&self, code: String, timeout_seconds: Option<f64>) -> Result<OneShotRequest, RuntimeError> {
+    /// `template`: its name (None: the default).
+    pub fn oneshot(&self, code: String, timeout_seconds: Option<f64>, template: Option<&str>) -> Result<OneShotRequest, RuntimeError> {
         self.check_code(&code)?;
         let mut limits = self.config.limits.clone();
         limits.timeout = self.timeout(timeout_seconds)?;
         limits.code_bytes = self.config.code_limit;
-        Ok(OneShotRequest { code, limits })
+        let template = self.template(template)?;
+        Ok(OneShotRequest { code, limits, template })
     }
 
     /// Run a one-shot exec on an exec thread: `reply` gets the result, then the
@@ -144,11 +147,10 @@ impl Runtime {
         hold: impl Send + 'static,
         reply: impl FnOnce(Result<OneShot, RuntimeError>) + Send + 'static,
     ) {
-        let rt = self.clone();
         self.workers.spawn(move || {
             let _hold = hold;
             let t = Instant::now();
-            let mut sb = match rt.template.fork(&rt.engine, req.limits) {
+            let mut sb = match req.template.template.fork(&req.template.engine, req.limits) {
                 Ok(sb) => sb,
                 Err(e) => {
                     if let Some(out) = output.as_mut() {
@@ -181,7 +183,7 @@ impl Runtime {
     }
 
     /// Check a batch (count and each code) and its timeout.
-    pub fn batch(&self, codes: Vec<String>, timeout_seconds: Option<f64>) -> Result<Vec<OneShotRequest>, RuntimeError> {
+    pub fn batch(&self, codes: Vec<String>, timeout_seconds: Option<f64>, template: Option<&str>) -> Result<Vec<OneShotRequest>, RuntimeError> {
         let n = codes.len();
         if n == 0 || n > self.config.max_batch {
             return Err(RuntimeError::Invalid(format!("codes must hold 1 to {} items, got {n}", self.config.max_batch)));
@@ -190,13 +192,14 @@ impl Runtime {
             self.check_code(c)?;
         }
         let timeout = self.timeout(timeout_seconds)?;
+        let template = self.template(template)?;
         Ok(codes
             .into_iter()
             .map(|code| {
                 let mut limits = self.config.limits.clone();
                 limits.timeout = timeout;
                 limits.code_bytes = self.config.code_limit;
-                OneShotRequest { code, limits }
+                OneShotRequest { code, limits, template: template.clone() }
             })
             .collect())
     }
@@ -225,13 +228,13 @@ impl Runtime {
         for _ in 0..parallel {
             let (tx, rx) = tokio::sync::oneshot::channel::<()>();
             done.push(rx);
-            let (rt, reqs, next, results, hold) = (self.clone(), reqs.clone(), next.clone(), results.clone(), hold.clone());
+            let (reqs, next, results, hold) = (reqs.clone(), next.clone(), results.clone(), hold.clone());
             self.workers.spawn(move || {
                 let _hold = hold;
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(req) = reqs.get(i) else { break };
-                    let r = rt.template.fork(&rt.engine, req.limits.clone()).and_then(|mut sb| sb.exec(&req.code));
+                    let r = req.template.template.fork(&req.template.engine, req.limits.clone()).and_then(|mut sb| sb.exec(&req.code));
                     if let Some(slot) = results.get(i) {
                         *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(r.map_err(RuntimeError::from));
                     }

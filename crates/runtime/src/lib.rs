@@ -39,13 +39,14 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use forkbox_engine::{Engine, Template};
+use forkbox_engine::{Catalog, Engine, Loaded, Template};
 use forkbox_sessions::manager::SessionManager;
 
 pub use error::RuntimeError;
 pub use exec::{OneShot, OneShotRequest, Outcome, Output, Ran};
 pub use forkbox_api::ErrorCode;
-pub use forkbox_engine::{ExecResult, FileEntry, Limits, OutputFile, PyError, Stream, TemplateInfo};
+pub use forkbox_engine::catalog::Listing as TemplateListing;
+pub use forkbox_engine::{ExecResult, FileEntry, Limits, MimeBundle, OutputFile, PyError, Stream, TemplateInfo};
 pub use forkbox_sessions::manager::{Config as SessionsConfig, ExecOutcome};
 pub use session::{CheckpointView, ForkedFrom, Quota, SessionView};
 
@@ -54,6 +55,8 @@ pub use session::{CheckpointView, ForkedFrom, Quota, SessionView};
 pub struct RuntimeConfig {
     /// Image file to use; `None`: the default image, built under the home if missing.
     pub image: Option<PathBuf>,
+    /// The default template's name (`python` if None); others are built on first use.
+    pub template: Option<String>,
     /// Exec threads (= concurrent execs); 0: twice the available cores.
     pub concurrency: usize,
     /// Largest `code` (`code_too_large` above it).
@@ -76,6 +79,7 @@ impl Default for RuntimeConfig {
     fn default() -> Self {
         RuntimeConfig {
             image: None,
+            template: None,
             concurrency: 0,
             code_limit: 1 << 20,
             max_batch: 64,
@@ -105,8 +109,10 @@ impl RuntimeConfig {
 /// One data directory, open.
 pub struct Runtime {
     home: PathBuf,
-    engine: Arc<Engine>,
-    template: Arc<Template>,
+    /// Every template execs and sessions may use (the sessions' catalog).
+    catalog: Arc<Catalog>,
+    /// The default template, open.
+    default: Arc<Loaded>,
     sessions: SessionManager,
     config: RuntimeConfig,
     concurrency: usize,
@@ -133,33 +139,37 @@ impl Runtime {
     pub fn open(home: &Path, config: RuntimeConfig) -> Result<Arc<Runtime>, RuntimeError> {
         std::fs::create_dir_all(home)
             .map_err(|e| RuntimeError::Open { what: "creating the data directory", message: format!("{}: {e}", home.display()) })?;
-        let image_path = match &config.image {
-            Some(p) => p.clone(),
-            None => {
-                let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
-                forkbox_image::build(
-                    &forkbox_engine::default_image_spec(),
-                    &forkbox_image::BuildOptions { home: home.to_path_buf(), progress },
-                )
-                .map_err(|e| RuntimeError::Open {
-                    what: "building the default image",
-                    message: format!("under {}: {e}", home.display()),
-                })?
-                .path
-            }
-        };
-        let engine = Engine::open(&image_path)
-            .map_err(|e| RuntimeError::Open { what: "opening the image", message: format!("{}: {e}", image_path.display()) })?;
-        let engine = Arc::new(engine);
-        let template = Template::ensure(&engine, home)
-            .map_err(|e| RuntimeError::Open { what: "preparing the template", message: e.to_string() })?;
-        Runtime::with_engine(engine, Arc::new(template), home, config)
+        let open_err = |what: &'static str| move |e: forkbox_engine::EngineError| RuntimeError::Open { what, message: e.to_string() };
+        let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
+        let catalog = Arc::new(Catalog::new(home).map_err(open_err("opening /dev/kvm"))?.with_progress(progress));
+        let name = config.template.clone().unwrap_or_else(|| forkbox_engine::DEFAULT_TEMPLATE.to_string());
+        if let Some(image_path) = &config.image {
+            // An image given by path is the default template, under the default's name.
+            let engine = Engine::open(image_path)
+                .map_err(|e| RuntimeError::Open { what: "opening the image", message: format!("{}: {e}", image_path.display()) })?;
+            let engine = Arc::new(engine);
+            let template = Template::ensure(&engine, home).map_err(open_err("preparing the template"))?;
+            catalog.insert(&name, engine, Arc::new(template));
+        }
+        catalog.set_default(&name)?;
+        // Only the default is built now; the others on first use.
+        catalog.get(None)?;
+        Runtime::with_catalog(catalog, home, config)
     }
 
     /// The runtime of the CLI and `forkbox mcp` without a server: [`Runtime::open`]
     /// with [`RuntimeConfig::embedded`] and `image`, its upkeep running.
     pub fn embedded(home: &Path, image: Option<&Path>) -> Result<Arc<Runtime>, RuntimeError> {
-        let config = RuntimeConfig { image: image.map(Path::to_path_buf), ..RuntimeConfig::embedded() };
+        Runtime::embedded_on(home, image, None)
+    }
+
+    /// [`Self::embedded`] with `template` as the default template.
+    pub fn embedded_on(home: &Path, image: Option<&Path>, template: Option<&str>) -> Result<Arc<Runtime>, RuntimeError> {
+        let config = RuntimeConfig {
+            image: image.map(Path::to_path_buf),
+            template: template.map(str::to_string),
+            ..RuntimeConfig::embedded()
+        };
         let rt = Runtime::open(home, config)?;
         rt.start_maintenance(|_| {});
         Ok(rt)
@@ -172,14 +182,27 @@ impl Runtime {
         home: &Path,
         config: RuntimeConfig,
     ) -> Result<Arc<Runtime>, RuntimeError> {
-        let sessions = SessionManager::open(engine.clone(), template.clone(), home, config.sessions.clone())?;
+        let catalog = Arc::new(Catalog::new(home)?);
+        if let Some(name) = &config.template {
+            catalog.insert(name, engine, template);
+            catalog.set_default(name)?;
+        } else {
+            catalog.insert(&catalog.default_name(), engine, template);
+        }
+        Runtime::with_catalog(catalog, home, config)
+    }
+
+    /// Over a catalog whose default template opens (built if needed). Blocking.
+    pub fn with_catalog(catalog: Arc<Catalog>, home: &Path, config: RuntimeConfig) -> Result<Arc<Runtime>, RuntimeError> {
+        let default = catalog.get(None)?;
+        let sessions = SessionManager::open_with_catalog(catalog.clone(), home, config.sessions.clone())?;
         let concurrency = config.threads();
         let workers = workers::ExecWorkers::new(concurrency)
             .map_err(|e| RuntimeError::Open { what: "starting the exec threads", message: e.to_string() })?;
         Ok(Arc::new(Runtime {
             home: home.to_path_buf(),
-            engine,
-            template,
+            catalog,
+            default,
             sessions,
             config,
             concurrency,
@@ -202,9 +225,38 @@ impl Runtime {
         self.concurrency
     }
 
-    /// The id of the template every fork starts from.
+    /// The id of the default template.
     pub fn template_id(&self) -> &str {
-        &self.template.info.id
+        self.default.id()
+    }
+
+    /// The default template's name.
+    pub fn default_template(&self) -> String {
+        self.catalog.default_name()
+    }
+
+    /// The named template (None: the default), open; a shipped one not built yet
+    /// starts building in the background (`template_not_ready` until it is done).
+    pub fn template(&self, name: Option<&str>) -> Result<Arc<Loaded>, RuntimeError> {
+        match name {
+            None => Ok(self.default.clone()),
+            Some(n) => Ok(self.catalog.get_or_start(Some(n))?),
+        }
+    }
+
+    /// The named template, built now if needed (blocking: minutes on a first build).
+    pub fn template_blocking(&self, name: &str) -> Result<Arc<Loaded>, RuntimeError> {
+        Ok(self.catalog.get(Some(name))?)
+    }
+
+    /// Every named template and its state (`GET /v1/templates`).
+    pub fn templates(&self) -> Vec<TemplateListing> {
+        self.catalog.list()
+    }
+
+    /// The name a template id is known by here (None: not a named template now).
+    pub fn template_name(&self, id: &str) -> Option<String> {
+        self.catalog.list().into_iter().find(|t| t.id.as_deref() == Some(id)).map(|t| t.name)
     }
 
     /// Host memory the recycled VMs hold in private pages, and its bound (bytes).

@@ -38,6 +38,8 @@ pub struct SessionView {
     /// Seq of its head checkpoint (None: the template, or a fork's source checkpoint).
     pub checkpoint: Option<i64>,
     pub forked_from: Option<ForkedFrom>,
+    /// The name of its template here (None: no name has that template now).
+    pub template: Option<String>,
 }
 
 impl SessionView {
@@ -80,7 +82,8 @@ impl Runtime {
             Some(c) => (None, Some(ForkedFrom { session: c.session_id, checkpoint: c.seq })),
             None => (None, None),
         };
-        Ok(SessionView { resident: self.sessions.is_resident(&record.id), record, checkpoint, forked_from })
+        let template = self.template_name(&record.template_id);
+        Ok(SessionView { resident: self.sessions.is_resident(&record.id), record, checkpoint, forked_from, template })
     }
 
     /// The limits of a new session from a request's `memory_mb` / `timeout_seconds`.
@@ -129,11 +132,13 @@ impl Runtime {
         tags: BTreeMap<String, String>,
         memory_mb: Option<u64>,
         timeout_seconds: Option<f64>,
+        template: Option<&str>,
         quota: &Quota,
     ) -> Result<SessionView, RuntimeError> {
         check_tags(&tags)?;
         let limits = self.session_limits(memory_mb, timeout_seconds)?;
-        self.within_session_quota(tenant, quota, || Ok(self.sessions.create(tenant, tags, &limits)?))
+        let template = self.template(template)?;
+        self.within_session_quota(tenant, quota, || Ok(self.sessions.create_on(tenant, tags, &limits, &template)?))
     }
 
     /// A new session starting at a checkpoint (default: the head) of `id`, within `quota`.

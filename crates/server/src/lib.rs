@@ -94,6 +94,8 @@ pub struct ServerConfig {
     // which takes the runtime's own):
     /// Image file to use; `None`: the default image, built under `home` if missing.
     pub image: Option<PathBuf>,
+    /// The default template's name (`python` if None; `forkbox serve --template`).
+    pub template: Option<String>,
     /// Concurrent execs (exec threads and slots); 0: twice the available cores.
     pub max_concurrency: usize,
     /// Largest `code` (413 `code_too_large` above it).
@@ -123,6 +125,7 @@ impl ServerConfig {
             queue_wait: Duration::from_secs(10),
             default_tenant: "default".into(),
             image: rt.image,
+            template: rt.template,
             max_concurrency: rt.concurrency,
             code_limit: rt.code_limit,
             max_batch: rt.max_batch,
@@ -143,6 +146,7 @@ impl ServerConfig {
     pub fn runtime(&self) -> RuntimeConfig {
         RuntimeConfig {
             image: self.image.clone(),
+            template: self.template.clone(),
             concurrency: self.max_concurrency,
             code_limit: self.code_limit,
             max_batch: self.max_batch,

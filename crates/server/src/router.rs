@@ -42,6 +42,7 @@ fn v1_routes(files_limit: usize) -> OpenApiRouter<AppState> {
         .routes(routes!(exec::exec))
         .routes(routes!(stream::exec_stream))
         .routes(routes!(exec::exec_batch))
+        .routes(routes!(exec::templates))
         .routes(routes!(sessions::create_session, sessions::list_sessions))
         .routes(routes!(sessions::get_session, sessions::delete_session))
         .routes(routes!(sessions::session_exec))

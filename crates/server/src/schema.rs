@@ -16,6 +16,8 @@ pub struct ExecRequest {
     /// Time limit of this exec (default: the server's; at most its maximum).
     #[schema(exclusive_minimum = 0.0)]
     pub timeout_seconds: Option<f64>,
+    /// Template to fork (see `GET /v1/templates`; default: the server's default).
+    pub template: Option<String>,
 }
 
 #[derive(Deserialize, ToSchema)]
@@ -24,6 +26,8 @@ pub struct BatchRequest {
     #[schema(min_items = 1, max_items = 64)]
     pub codes: Vec<String>,
     pub timeout_seconds: Option<f64>,
+    /// Template to fork (see `GET /v1/templates`; default: the server's default).
+    pub template: Option<String>,
 }
 
 #[derive(Deserialize, ToSchema)]
@@ -35,6 +39,8 @@ pub struct CreateSession {
     pub memory_mb: Option<u64>,
     /// Time limit of each exec in the session.
     pub timeout_seconds: Option<f64>,
+    /// Template the session starts from and stays on (default: the server's default).
+    pub template: Option<String>,
 }
 
 #[derive(Deserialize, ToSchema)]
@@ -97,6 +103,17 @@ pub struct ExecResponse {
     /// Files under `/output` the exec created or changed (omitted when none).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub outputs: Vec<OutputFileBody>,
+    /// The value's rich forms beside `value` (its text/plain): MIME type -> data, e.g.
+    /// `text/html` for a pandas DataFrame, `image/png` (base64) for a PIL image (omitted when none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub value_data: Option<forkbox_runtime::MimeBundle>,
+    /// What `display(obj)` showed and the matplotlib figures left open at the end (or
+    /// `plt.show()`n), in order, as MIME bundles (`image/png` base64, `text/html`, `text/plain`, ...;
+    /// omitted when none). 4 MiB an item, 8 MiB in all.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[schema(value_type = Vec<Object>)]
+    pub display: Vec<forkbox_runtime::MimeBundle>,
 }
 
 /// A file under `/output` that an exec created or changed.
@@ -154,6 +171,8 @@ impl ExecResponse {
             exec_time_ms: None,
             total_time_ms: None,
             checkpoint: None,
+            value_data: r.value_data.clone(),
+            display: r.display.clone(),
             outputs: r
                 .outputs
                 .iter()
@@ -214,6 +233,10 @@ pub struct Session {
     /// Until its first exec, a fork names where it was forked from.
     pub forked_from: Option<ForkedFrom>,
     pub limits: SessionLimits,
+    /// The template it is on (its name here; null if no name has that template now).
+    pub template: Option<String>,
+    /// The id of that template (what the session is pinned to).
+    pub template_id: String,
 }
 
 impl Session {
@@ -227,6 +250,8 @@ impl Session {
             checkpoint: v.checkpoint,
             forked_from: v.forked_from.as_ref().map(|f| ForkedFrom { session: f.session.clone(), checkpoint: f.checkpoint }),
             limits: SessionLimits { memory_mb: v.memory_mb(), timeout_seconds: v.timeout_seconds() },
+            template: v.template.clone(),
+            template_id: v.record.template_id.clone(),
         }
     }
 }
@@ -271,9 +296,55 @@ pub struct CheckpointList {
 #[derive(Serialize, ToSchema)]
 pub struct Health {
     pub status: String,
+    /// The default template's id.
     pub template: String,
+    /// The default template's name.
+    pub default_template: String,
     pub exec_slots: usize,
     pub exec_slots_free: usize,
     pub queued: usize,
     pub resident_sessions: usize,
+}
+
+/// A template execs and sessions can fork from.
+#[derive(Serialize, ToSchema)]
+pub struct TemplateBody {
+    pub name: String,
+    pub description: String,
+    /// `ready` (open), `available` (built on first use), `building`, `failed`.
+    pub status: String,
+    /// Its id once built (what sessions record).
+    pub id: Option<String>,
+    /// The server's default.
+    pub default: bool,
+    /// Debian packages asked for (their dependencies come along).
+    pub packages: Vec<String>,
+    /// Code run before the snapshot.
+    pub preload: String,
+    pub image_bytes: Option<u64>,
+    /// Why the last build failed.
+    pub error: Option<String>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct TemplateList {
+    pub templates: Vec<TemplateBody>,
+    /// The default template's name.
+    pub default: String,
+}
+
+impl TemplateBody {
+    pub fn of(t: forkbox_runtime::TemplateListing) -> TemplateBody {
+        TemplateBody {
+            name: t.name,
+            description: t.description,
+            status: t.status,
+            id: t.id,
+            default: t.default,
+            packages: t.packages,
+            preload: t.preload,
+            image_bytes: t.image_bytes,
+            error: t.error,
+        }
+    }
 }

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, TryLockError};
 use std::time::{Duration, Instant};
 
 use forkbox_api::ErrorCode;
-use forkbox_engine::{Engine, EngineError, ExecOptions, ExecResult, FileEntry, Interrupter, Limits, Sandbox, Template};
+use forkbox_engine::{Catalog, CatalogError, Engine, EngineError, ExecOptions, ExecResult, FileEntry, Interrupter, Limits, Loaded, Sandbox, Template};
 use forkbox_snapshot::{Layer, StateError};
 
 use crate::store::{self, CheckpointRecord, NewCheckpoint, SessionRecord, Store, StoreError};
@@ -46,6 +46,9 @@ pub enum SessionError {
     Snapshot(#[from] StateError),
     #[error(transparent)]
     Engine(#[from] EngineError),
+    /// The session's template (or the one asked for) cannot be had.
+    #[error(transparent)]
+    Template(#[from] CatalogError),
 }
 
 impl SessionError {
@@ -78,6 +81,7 @@ impl SessionError {
             SessionError::Snapshot(e) => e.error_code(),
             SessionError::Store(_) => ErrorCode::StorageError,
             SessionError::Engine(e) => e.error_code(),
+            SessionError::Template(e) => e.error_code(),
         }
     }
 
@@ -129,8 +133,8 @@ pub struct SessionManager {
     /// Exclusive lock on the sessions directory for this manager's life: one
     /// process at a time owns the store, its files and its recovery.
     _lock: std::fs::File,
-    engine: Arc<Engine>,
-    template: Arc<Template>,
+    /// Every template a session may be on; a session records its template's id.
+    catalog: Arc<Catalog>,
     store: Store,
     layers_dir: PathBuf,
     config: Config,
@@ -230,7 +234,15 @@ fn from_store_limits(l: &store::Limits) -> Limits {
 impl SessionManager {
     /// Open (or create) the session store under `home/sessions` and recover
     /// from whatever a previous process left (a kill mid-checkpoint included).
+    /// Sessions over one open template (registered as the catalog's default name).
     pub fn open(engine: Arc<Engine>, template: Arc<Template>, home: &Path, config: Config) -> Result<SessionManager, SessionError> {
+        let catalog = Arc::new(Catalog::new(home)?);
+        catalog.insert(&catalog.default_name(), engine, template);
+        SessionManager::open_with_catalog(catalog, home, config)
+    }
+
+    /// Sessions on any template of `catalog`.
+    pub fn open_with_catalog(catalog: Arc<Catalog>, home: &Path, config: Config) -> Result<SessionManager, SessionError> {
         let dir = home.join("sessions");
         let layers_dir = dir.join("layers");
         std::fs::create_dir_all(&layers_dir)
@@ -239,8 +251,7 @@ impl SessionManager {
         let store = Store::open(&dir.join("sessions.db"))?;
         let m = SessionManager {
             _lock: lock,
-            engine,
-            template,
+            catalog,
             store,
             layers_dir,
             config,
@@ -280,8 +291,18 @@ impl SessionManager {
         }
     }
 
-    pub fn template(&self) -> &Template {
-        &self.template
+    /// The default template (built now if it is not open yet).
+    pub fn template(&self) -> Result<Arc<Loaded>, SessionError> {
+        Ok(self.catalog.get(None)?)
+    }
+
+    pub fn catalog(&self) -> &Arc<Catalog> {
+        &self.catalog
+    }
+
+    /// The template a session is on, by the id it recorded.
+    fn loaded(&self, rec: &SessionRecord) -> Result<Arc<Loaded>, SessionError> {
+        Ok(self.catalog.by_id(&rec.template_id)?)
     }
 
     fn slot(&self, id: &str) -> Arc<Mutex<Slot>> {
@@ -293,16 +314,23 @@ impl SessionManager {
         self.store.session(tenant, id)?.ok_or_else(|| SessionError::NotFound(id.to_string()))
     }
 
+    /// A new session on the default template.
     pub fn create(&self, tenant: &str, tags: BTreeMap<String, String>, limits: &Limits) -> Result<SessionRecord, SessionError> {
-        self.create_at(tenant, tags, limits, None)
+        let t = self.template()?;
+        self.create_on(tenant, tags, limits, &t)
     }
 
-    fn create_at(&self, tenant: &str, tags: BTreeMap<String, String>, limits: &Limits, head: Option<i64>) -> Result<SessionRecord, SessionError> {
+    /// A new session on `template` (from `catalog().get(..)` / `get_or_start(..)`).
+    pub fn create_on(&self, tenant: &str, tags: BTreeMap<String, String>, limits: &Limits, template: &Loaded) -> Result<SessionRecord, SessionError> {
+        self.create_at(tenant, tags, limits, None, template.id())
+    }
+
+    fn create_at(&self, tenant: &str, tags: BTreeMap<String, String>, limits: &Limits, head: Option<i64>, template_id: &str) -> Result<SessionRecord, SessionError> {
         let now = now_ms();
         let rec = SessionRecord {
             id: random_id("s_"),
             tenant: tenant.to_string(),
-            template_id: self.template.info.id.clone(),
+            template_id: template_id.to_string(),
             tags,
             limits: to_store_limits(limits),
             head,
@@ -465,7 +493,8 @@ impl SessionManager {
     fn write_checkpoint(&self, rec: &SessionRecord, sb: &mut Sandbox, code: &str, parent: Option<i64>) -> Result<CheckpointRecord, SessionError> {
         let name = random_id("c_");
         let (layer, state) = (format!("{name}.layer"), format!("{name}.state"));
-        let stats = self.template.checkpoint(&self.engine, sb, &self.layers_dir.join(&layer), &self.layers_dir.join(&state))?;
+        let t = self.loaded(rec)?;
+        let stats = t.template.checkpoint(&t.engine, sb, &self.layers_dir.join(&layer), &self.layers_dir.join(&state))?;
         let state_bytes = std::fs::metadata(self.layers_dir.join(&state)).map_or(0, |m| m.len());
         let c = NewCheckpoint {
             session_id: &rec.id,
@@ -484,11 +513,12 @@ impl SessionManager {
     /// A head owned by another session means this session was forked from it
     /// and has not run yet: its in-memory RNGs must diverge from the source's.
     fn bring_back(&self, rec: &SessionRecord, limits: Limits) -> Result<Sandbox, SessionError> {
+        let t = self.loaded(rec)?;
         match rec.head {
-            None => Ok(self.template.fork_tracked(&self.engine, limits)?),
+            None => Ok(t.template.fork_tracked(&t.engine, limits)?),
             Some(head) => {
                 let forked = self.store.checkpoint(head)?.is_some_and(|c| c.session_id != rec.id);
-                self.resume_checkpoint(head, limits, forked)
+                self.resume_checkpoint(&t, head, limits, forked)
             }
         }
     }
@@ -515,12 +545,12 @@ impl SessionManager {
         Ok((layers, head_rec))
     }
 
-    fn resume_checkpoint(&self, head: i64, limits: Limits, reseed: bool) -> Result<Sandbox, SessionError> {
+    fn resume_checkpoint(&self, t: &Loaded, head: i64, limits: Limits, reseed: bool) -> Result<Sandbox, SessionError> {
         // (`reseed`: see `bring_back`.)
         let t0 = Instant::now();
         let (layers, rec) = self.layer_chain(head)?;
         tracing::debug!(elapsed = ?t0.elapsed(), layers = layers.len(), "read the layer chain");
-        self.template.resume(&self.engine, &layers, &self.layers_dir.join(&rec.state), limits, reseed).map_err(|e| match e {
+        t.template.resume(&t.engine, &layers, &self.layers_dir.join(&rec.state), limits, reseed).map_err(|e| match e {
             EngineError::Snapshot(s) => SessionError::Snapshot(s),
             e => SessionError::Engine(e),
         })
@@ -584,7 +614,7 @@ impl SessionManager {
             Some(s) => Some(self.find_checkpoint(&rec, s)?.id),
             None => rec.head,
         };
-        self.create_at(tenant, tags, &from_store_limits(&rec.limits), head)
+        self.create_at(tenant, tags, &from_store_limits(&rec.limits), head, &rec.template_id)
     }
 
     pub fn delete(&self, tenant: &str, id: &str) -> Result<(), SessionError> {

@@ -56,11 +56,12 @@ struct Repl<'a> {
     style: Style,
 }
 
-pub fn repl(api: &Api, home: &Path, session: Option<String>) -> Result<ExitCode> {
+pub fn repl(api: &Api, home: &Path, session: Option<String>, template: Option<String>) -> Result<ExitCode> {
     let session = match session {
         Some(id) => api.block_on(api.client.get_session(&id)).with_context(|| format!("session {id}"))?.id,
         None => {
-            let s = api.block_on(api.client.create_session(&CreateSession::default())).context("creating a session")?;
+            let opts = CreateSession { template, ..CreateSession::default() };
+            let s = api.block_on(api.client.create_session(&opts)).context("creating a session")?;
             s.id
         }
     };

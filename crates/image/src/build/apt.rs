@@ -60,20 +60,76 @@ fn apt_command(status_file: &Path) -> Command {
     c
 }
 
-fn empty_status(cache: &Path) -> Result<PathBuf, BuildError> {
+/// The dpkg status file apt resolves against: empty, except for the `omit` packages,
+/// which are listed as installed (at their candidate version, with no dependencies of
+/// their own) so that apt neither fetches them nor pulls in what they depend on. That is
+/// how build-only dependencies (python3-pythran pulls g++, boost and -dev packages) and
+/// packages only maintainer scripts need (debconf, perl) are left out of an image.
+/// Omitted names without a candidate are skipped.
+fn status_file(cache: &Path, omit: &[String]) -> Result<PathBuf, BuildError> {
     let dir = cache.join("apt");
     fs::create_dir_all(&dir).map_err(|e| BuildError::io("resolve", &dir, e))?;
-    let status = dir.join("status-empty");
-    fs::write(&status, b"").map_err(|e| BuildError::io("resolve", &status, e))?;
+    let text = if omit.is_empty() { String::new() } else { omitted_stanzas(omit)? };
+    let name = if text.is_empty() {
+        "status-empty".to_string()
+    } else {
+        format!("status-omit-{}", &hex::encode(Sha256::digest(text.as_bytes()))[..16])
+    };
+    let status = dir.join(name);
+    fs::write(&status, text.as_bytes()).map_err(|e| BuildError::io("resolve", &status, e))?;
     Ok(status)
+}
+
+/// `Package/Status/Architecture/Version` stanzas for the candidates of `omit`.
+fn omitted_stanzas(omit: &[String]) -> Result<String, BuildError> {
+    let mut c = Command::new("apt-cache");
+    c.env("LC_ALL", "C")
+        .args(["-o", "Dir::Cache::pkgcache=", "-o", "Dir::Cache::srcpkgcache="])
+        .args(["show", "--no-all-versions", "--"])
+        .args(omit);
+    // apt-cache exits non-zero if any name is unknown but still prints the others.
+    let out = cmd::output("resolve", &mut c)?;
+    let mut seen = std::collections::BTreeMap::new();
+    for stanza in String::from_utf8_lossy(&out.stdout).split("\n\n") {
+        let field = |name: &str| {
+            stanza
+                .lines()
+                .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(':')))
+                .map(|v| v.trim().to_string())
+        };
+        let (Some(pkg), Some(version), Some(arch)) = (field("Package"), field("Version"), field("Architecture")) else {
+            continue;
+        };
+        let safe = |v: &str| !v.is_empty() && v.bytes().all(|b| b.is_ascii_graphic());
+        if !(safe(&pkg) && safe(&version) && safe(&arch)) || !omit.contains(&pkg) {
+            continue;
+        }
+        seen.entry(pkg).or_insert((version, arch));
+    }
+    let mut text = String::new();
+    for (pkg, (version, arch)) in seen {
+        text.push_str(&format!(
+            "Package: {pkg}\nStatus: install ok installed\nPriority: optional\nSection: misc\n\
+             Maintainer: forkbox\nArchitecture: {arch}\nVersion: {version}\n\
+             Description: left out of the image by forkbox\n\n"
+        ));
+    }
+    Ok(text)
 }
 
 /// Key for the resolution cache: the requested packages and the name, size and mtime of
 /// everything apt reads to resolve (package lists, sources, preferences, config). Any
 /// `apt-get update` or configuration change gives a new key.
-fn resolution_key(packages: &[String]) -> String {
+fn resolution_key(packages: &[String], omit: &[String]) -> String {
     let mut h = Sha256::new();
-    h.update(b"forkbox-apt-resolution-v1\0");
+    h.update(b"forkbox-apt-resolution-v2\0");
+    let mut om: Vec<&String> = omit.iter().collect();
+    om.sort();
+    for p in om {
+        h.update(b"omit\0");
+        h.update(p.as_bytes());
+        h.update(b"\0");
+    }
     let mut pkgs: Vec<&String> = packages.iter().collect();
     pkgs.sort();
     for p in pkgs {
@@ -115,10 +171,10 @@ fn resolution_key(packages: &[String]) -> String {
 
 /// The dependency closure of `packages` on an empty system, as .deb files. apt takes
 /// ~2 s to answer, so answers are cached under `<cache>/apt/` by `resolution_key`.
-pub fn resolve(packages: &[String], cache: &Path) -> Result<Vec<DebRef>, BuildError> {
+pub fn resolve(packages: &[String], omit: &[String], cache: &Path) -> Result<Vec<DebRef>, BuildError> {
     let saved = cache
         .join("apt")
-        .join(format!("resolved-{}.txt", resolution_key(packages)));
+        .join(format!("resolved-{}.txt", resolution_key(packages, omit)));
     if let Ok(text) = fs::read_to_string(&saved) {
         match parse_print_uris(&text) {
             Ok(debs) if !debs.is_empty() => {
@@ -130,7 +186,7 @@ pub fn resolve(packages: &[String], cache: &Path) -> Result<Vec<DebRef>, BuildEr
             }
         }
     }
-    let (text, debs) = resolve_with_apt(packages, cache)?;
+    let (text, debs) = resolve_with_apt(packages, omit, cache)?;
     // Best effort: write to a temp name and rename, so a crash never leaves half a file.
     let tmp = saved.with_extension(format!("tmp.{}", std::process::id()));
     if fs::write(&tmp, &text)
@@ -144,9 +200,10 @@ pub fn resolve(packages: &[String], cache: &Path) -> Result<Vec<DebRef>, BuildEr
 
 fn resolve_with_apt(
     packages: &[String],
+    omit: &[String],
     cache: &Path,
 ) -> Result<(String, Vec<DebRef>), BuildError> {
-    let status = empty_status(cache)?;
+    let status = status_file(cache, omit)?;
     // --print-uris leaves out packages already in the archive cache: point it at an
     // empty one so the answer is always the whole closure.
     let archives = cache.join("apt").join("empty-archives");
@@ -256,6 +313,7 @@ fn cached_ok(dir: &Path, d: &DebRef) -> bool {
 /// Returns the number of bytes downloaded.
 pub fn download(
     packages: &[String],
+    omit: &[String],
     debs: &[DebRef],
     cache: &Path,
     debs_dir: &Path,
@@ -270,7 +328,7 @@ pub fn download(
     let total: u64 = missing.iter().map(|d| d.size).sum();
     tracing::info!(files = missing.len(), bytes = total, "downloading packages");
 
-    let status = empty_status(cache)?;
+    let status = status_file(cache, omit)?;
     let mut c = apt_command(&status);
     c.arg("-o")
         .arg(format!("Dir::Cache::archives={}", debs_dir.display()))
@@ -382,7 +440,7 @@ mod host_tests {
     #[ignore]
     fn unknown_package_says_apt_get_update() {
         let d = tempfile::tempdir().unwrap();
-        let e = resolve(&["forkbox-no-such-package".into()], d.path()).unwrap_err();
+        let e = resolve(&["forkbox-no-such-package".into()], &[], d.path()).unwrap_err();
         assert!(matches!(e, BuildError::AptNoCandidate { .. }), "{e}");
         assert!(e.to_string().contains("apt-get update"), "{e}");
     }
@@ -391,7 +449,7 @@ mod host_tests {
     #[ignore]
     fn numpy_closure_uses_reference_blas() {
         let d = tempfile::tempdir().unwrap();
-        let debs = resolve(&["python3".into(), "python3-numpy".into()], d.path()).unwrap();
+        let debs = resolve(&["python3".into(), "python3-numpy".into()], &[], d.path()).unwrap();
         let names: Vec<&str> = debs.iter().map(|d| d.package.as_str()).collect();
         assert!(
             names.contains(&"libblas3") && names.contains(&"liblapack3"),
@@ -403,7 +461,7 @@ mod host_tests {
         );
         // the second call is answered from the cache, identically
         assert_eq!(
-            resolve(&["python3-numpy".into(), "python3".into()], d.path()).unwrap(),
+            resolve(&["python3-numpy".into(), "python3".into()], &[], d.path()).unwrap(),
             debs
         );
     }

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressStyle};
 
 pub use apt::{parse_print_uris, DebRef};
-pub use recipe::{recipe_id, ExtraFile, ImageSpec, RECIPE_VERSION, TRIM_RULES};
+pub use recipe::{recipe_id, Blas, ExtraFile, ImageSpec, BASE_PACKAGES, DATA_PACKAGES, DEFAULT_OMIT, RECIPE_VERSION, TRIM_RULES};
 pub use tree::TreeStats;
 
 use crate::{pack_dir_with, Image, ImageError, PackOptions};
@@ -48,6 +48,8 @@ pub struct BuildStats {
     pub pyc_files: u64,
     pub image_bytes: u64,
     pub alternatives: Vec<(String, String)>,
+    /// Certificates in /etc/ssl/certs/ca-certificates.crt.
+    pub ca_certificates: usize,
     pub libraries: Vec<String>,
     /// Wall time per step, in order.
     pub steps: Vec<(&'static str, Duration)>,
@@ -166,33 +168,46 @@ fn spinner(show: bool, msg: &'static str) -> ProgressBar {
     pb
 }
 
-/// BLAS implementations that start threads (the guest has no threads to give them).
-const THREADED_BLAS: &[&str] = &["libopenblas", "libblis", "libatlas", "libmkl"];
+/// The BLAS packages that are not the reference one.
+const OTHER_BLAS_PREFIXES: &[&str] = &["libopenblas", "libblis", "libatlas", "libmkl"];
 
+/// The closure must hold what the BLAS choice asked for: reference BLAS alone (every
+/// other BLAS is omitted for it, so one here came in by name), or OpenBLAS.
 fn check_blas(spec: &ImageSpec, debs: &[DebRef]) -> Result<(), BuildError> {
-    if let Some(d) = debs
-        .iter()
-        .find(|d| THREADED_BLAS.iter().any(|b| d.package.starts_with(b)))
-    {
-        return Err(BuildError::Invalid {
-            step: "resolve",
-            msg: format!(
-                "apt chose {} ; the guest needs the reference BLAS (libblas3/liblapack3)",
-                d.filename
-            ),
-        });
-    }
-    if spec.packages.iter().any(|p| p == "python3-numpy") {
-        for want in ["libblas3", "liblapack3"] {
-            if !debs.iter().any(|d| d.package == want) {
+    let has = |want: &str| debs.iter().any(|d| d.package == want);
+    match spec.blas {
+        Blas::Reference => {
+            if let Some(d) = debs.iter().find(|d| OTHER_BLAS_PREFIXES.iter().any(|b| d.package.starts_with(b))) {
                 return Err(BuildError::Invalid {
                     step: "resolve",
-                    msg: format!("{want} (reference BLAS) not in the closure"),
+                    msg: format!("reference BLAS was asked for but {} is in the closure (asked for by name?); choose --blas openblas or --blas any", d.filename),
                 });
             }
+            if spec.packages.iter().any(|p| p == "python3-numpy") {
+                for want in ["libblas3", "liblapack3"] {
+                    if !has(want) {
+                        return Err(BuildError::Invalid { step: "resolve", msg: format!("{want} (reference BLAS) not in the closure") });
+                    }
+                }
+            }
         }
+        Blas::OpenBlas => {
+            if !debs.iter().any(|d| d.package.starts_with("libopenblas0")) {
+                return Err(BuildError::Invalid { step: "resolve", msg: "OpenBLAS was asked for but is not in the closure".into() });
+            }
+        }
+        Blas::Any => {}
     }
     Ok(())
+}
+
+/// The id of `spec`'s image if it is built already under `home` (resolves with apt,
+/// from its cache when the package lists did not change; downloads nothing).
+pub fn built_id(spec: &ImageSpec, home: &Path) -> Result<Option<String>, BuildError> {
+    spec.validate()?;
+    let debs = apt::resolve(&spec.requested(), &spec.omitted(), &home.join("cache"))?;
+    let id = recipe_id(spec, &debs);
+    Ok(image_path(home, &id).exists().then_some(id))
 }
 
 /// Build (or reuse) the image for `spec`. Needs root (dpkg-deb ownership, ldconfig -r),
@@ -211,7 +226,9 @@ pub fn build(spec: &ImageSpec, opts: &BuildOptions) -> Result<BuiltImage, BuildE
 
     let mut t = Instant::now();
     let sp = spinner(opts.progress, "resolving packages");
-    let debs = apt::resolve(&spec.packages, &cache);
+    let requested = spec.requested();
+    let omitted = spec.omitted();
+    let debs = apt::resolve(&requested, &omitted, &cache);
     sp.finish_and_clear();
     let debs = debs?;
     let resolve_time = t.elapsed();
@@ -255,7 +272,7 @@ pub fn build(spec: &ImageSpec, opts: &BuildOptions) -> Result<BuiltImage, BuildE
         "download",
     );
     stats.downloaded_bytes =
-        apt::download(&spec.packages, &debs, &cache, &debs_dir, &|done, total| {
+        apt::download(&requested, &omitted, &debs, &cache, &debs_dir, &|done, total| {
             pb.set_length(total);
             pb.set_position(done);
         })?;
@@ -298,7 +315,7 @@ pub fn build(spec: &ImageSpec, opts: &BuildOptions) -> Result<BuiltImage, BuildE
     let removed = tree::trim(&root, TRIM_RULES)?;
     stats.trimmed = tree::stats(&root)?;
     tracing::info!(removed, bytes = stats.trimmed.bytes, "trimmed");
-    stats.alternatives = tree::apply_alternatives(&root, &control)?;
+    stats.alternatives = tree::apply_alternatives(&root, &control, spec.blas.preferred())?;
     sp.finish_and_clear();
     stats.step("usrmerge+trim+alternatives", &mut t);
 
@@ -308,6 +325,8 @@ pub fn build(spec: &ImageSpec, opts: &BuildOptions) -> Result<BuiltImage, BuildE
     stats.step("precompile", &mut t);
 
     tree::base_dirs(&root)?;
+    tree::timezone(&root)?;
+    stats.ca_certificates = tree::ca_bundle(&root)?;
     for f in &spec.extra_files {
         tree::add_file(&root, &f.guest_path, &f.data, f.perm)?;
     }

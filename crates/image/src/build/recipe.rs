@@ -12,7 +12,103 @@ use super::BuildError;
 
 /// Bump when the build procedure changes in a way that changes the resulting tree
 /// (unpacking, usrmerge, alternatives, ldconfig, pyc flags, base dirs, format).
-pub const RECIPE_VERSION: u32 = 1;
+pub const RECIPE_VERSION: u32 = 2;
+
+/// Packages every image gets: time zones (`/etc/localtime` is UTC), the CA bundle
+/// (`/etc/ssl/certs/ca-certificates.crt`, built as `update-ca-certificates` would), and
+/// libc-bin, which ships the `C.UTF-8` locale the guest's `LANG` names.
+pub const BASE_PACKAGES: &[&str] = &["tzdata", "ca-certificates", "libc-bin"];
+
+/// Packages left out of every image unless asked for by name (see `ImageSpec::omit`):
+/// build-time tools and what only maintainer scripts use. python3-pythran is scipy's
+/// compile-time transpiler and pulls g++, boost and -dev packages (~500 MB unpacked);
+/// debconf/perl/dpkg/usrmerge run maintainer scripts, which the image build never runs;
+/// Tk and the JavaScript libraries are for GUIs and notebooks the guest has no use for.
+pub const DEFAULT_OMIT: &[&str] = &[
+    "python3-pythran",
+    "debconf",
+    "dpkg",
+    "perl-base",
+    "perl",
+    "usrmerge",
+    "python3-tk",
+    "python3-pil.imagetk",
+    "tk8.6-blt2.5",
+    "blt",
+    "libjs-jquery",
+    "libjs-jquery-ui",
+];
+
+/// Which BLAS/LAPACK the image's numpy and scipy link to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Blas {
+    /// Netlib's reference libblas3/liblapack3 (single-threaded, slow on big matrices):
+    /// forced into the closure and chosen for the libblas.so.3/liblapack.so.3
+    /// alternatives whatever else provides them.
+    #[default]
+    Reference,
+    /// OpenBLAS (libopenblas0-pthread): fast, and safe in a guest without threads
+    /// because the engine pins its thread count by environment
+    /// (`OPENBLAS_NUM_THREADS=1`, `OMP_NUM_THREADS=1`), so it never starts one.
+    OpenBlas,
+    /// Whatever apt chooses; the alternatives go to the highest priority, as apt's
+    /// update-alternatives would.
+    Any,
+}
+
+impl Blas {
+    pub fn name(self) -> &'static str {
+        match self {
+            Blas::Reference => "reference",
+            Blas::OpenBlas => "openblas",
+            Blas::Any => "any",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Blas> {
+        match s {
+            "reference" => Some(Blas::Reference),
+            "openblas" => Some(Blas::OpenBlas),
+            "any" => Some(Blas::Any),
+            _ => None,
+        }
+    }
+
+    /// Packages this choice adds to the request.
+    pub fn packages(self) -> &'static [&'static str] {
+        match self {
+            Blas::Reference => &["libblas3", "liblapack3"],
+            Blas::OpenBlas => &["libopenblas0-pthread"],
+            Blas::Any => &[],
+        }
+    }
+
+    /// Packages whose alternatives win over higher priorities.
+    pub fn preferred(self) -> &'static [&'static str] {
+        match self {
+            Blas::Reference => &["libblas3", "liblapack3"],
+            Blas::OpenBlas => &["libopenblas0-pthread"],
+            Blas::Any => &[],
+        }
+    }
+}
+
+/// BLAS implementations other than the reference one (threaded or not).
+pub const OTHER_BLAS: &[&str] = &[
+    "libopenblas0",
+    "libopenblas0-pthread",
+    "libopenblas0-openmp",
+    "libopenblas0-serial",
+    "libopenblas-dev",
+    "libopenblas-pthread-dev",
+    "libopenblas-openmp-dev",
+    "libopenblas-serial-dev",
+    "libblis4",
+    "libblis4-pthread",
+    "libblis4-openmp",
+    "libblis4-serial",
+    "libatlas3-base",
+];
 
 /// Paths removed from the tree before packing (guest paths without the leading '/').
 /// `*` matches within one component, `**` any number of components (including none).
@@ -31,7 +127,20 @@ pub const TRIM_RULES: &[&str] = &[
     "usr/lib/python3.*/tkinter",
     "usr/lib/python3.*/ensurepip",
     "usr/lib/python3.*/lib2to3/tests",
-    "usr/lib/python3/dist-packages/numpy/**/tests",
+    "usr/lib/python3/dist-packages/**/tests",
+    "usr/lib/python3/dist-packages/**/*.pyx",
+    "usr/lib/python3/dist-packages/**/*.pxd",
+    "usr/lib/python3/dist-packages/**/*.pxi",
+    "usr/lib/python3/dist-packages/**/*.c",
+    "usr/lib/python3/dist-packages/**/*.cpp",
+    "usr/lib/python3/dist-packages/**/*.h",
+    "usr/lib/python3/dist-packages/numpy/core/include",
+    "usr/share/zoneinfo/right",
+    "usr/share/zoneinfo/posix",
+    "usr/share/icons",
+    "usr/share/javascript",
+    "usr/share/pixmaps",
+    "usr/share/applications",
     "**/*.a",
 ];
 
@@ -50,6 +159,10 @@ pub struct ExtraFile {
 pub struct ImageSpec {
     pub packages: Vec<String>,
     pub extra_files: Vec<ExtraFile>,
+    /// Packages left out even if something depends on them (apt sees them as installed).
+    /// `DEFAULT_OMIT` is added unless a name is in `packages`.
+    pub omit: Vec<String>,
+    pub blas: Blas,
 }
 
 impl ImageSpec {
@@ -58,6 +171,8 @@ impl ImageSpec {
     pub fn python_numpy() -> Self {
         ImageSpec {
             packages: vec!["python3".into(), "python3-numpy".into()],
+            omit: Vec::new(),
+            blas: Blas::Reference,
             extra_files: vec![
                 ExtraFile {
                     guest_path: "/etc/passwd".into(),
@@ -73,13 +188,49 @@ impl ImageSpec {
         }
     }
 
+    /// The data-analysis guest: python_numpy plus pandas, scipy, matplotlib (Agg),
+    /// Pillow, scikit-learn, statsmodels, seaborn, sympy, networkx, requests,
+    /// beautifulsoup4, lxml, openpyxl, PyYAML, tqdm and tabulate, on OpenBLAS.
+    pub fn data() -> Self {
+        let mut s = ImageSpec::python_numpy();
+        s.packages.extend(DATA_PACKAGES.iter().map(|p| p.to_string()));
+        s.blas = Blas::OpenBlas;
+        s
+    }
+
+    /// What apt is asked for: the packages, the base packages and the BLAS choice's.
+    pub fn requested(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.packages.clone();
+        for p in BASE_PACKAGES.iter().chain(self.blas.packages()) {
+            if !v.iter().any(|q| q == p) {
+                v.push(p.to_string());
+            }
+        }
+        v
+    }
+
+    /// What apt is told is already there: `omit` plus `DEFAULT_OMIT`, minus anything
+    /// requested by name; with reference BLAS, every other BLAS too.
+    pub fn omitted(&self) -> Vec<String> {
+        let req = self.requested();
+        let mut v: Vec<String> = Vec::new();
+        let other: &[&str] = if self.blas == Blas::Reference { OTHER_BLAS } else { &[] };
+        for p in self.omit.iter().map(String::as_str).chain(DEFAULT_OMIT.iter().copied()).chain(other.iter().copied()) {
+            if !req.iter().any(|q| q == p) && !v.iter().any(|q| q == p) {
+                v.push(p.to_string());
+            }
+        }
+        v.sort();
+        v
+    }
+
     /// Reject specs that could not be built or that would escape the tree.
     pub(crate) fn validate(&self) -> Result<(), BuildError> {
         let bad = |msg: String| Err(BuildError::Invalid { step: "spec", msg });
         if self.packages.is_empty() {
             return bad("no packages".into());
         }
-        for p in &self.packages {
+        for p in self.packages.iter().chain(&self.omit) {
             // Debian package names (optionally with =version or :arch), never options.
             let ok = !p.is_empty()
                 && !p.starts_with('-')
@@ -111,6 +262,27 @@ impl ImageSpec {
     }
 }
 
+/// The Debian packages of `ImageSpec::data()` beyond python3 + numpy.
+pub const DATA_PACKAGES: &[&str] = &[
+    "python3-pandas",
+    "python3-scipy",
+    "python3-matplotlib",
+    "fonts-dejavu-core",
+    "python3-pil",
+    "python3-sklearn",
+    "python3-statsmodels",
+    "python3-seaborn",
+    "python3-sympy",
+    "python3-networkx",
+    "python3-requests",
+    "python3-bs4",
+    "python3-lxml",
+    "python3-openpyxl",
+    "python3-yaml",
+    "python3-tqdm",
+    "python3-tabulate",
+];
+
 /// Feed one length-prefixed field into the hash, so that field boundaries are unambiguous.
 fn field(h: &mut Sha256, tag: &str, value: &[u8]) {
     h.update((tag.len() as u64).to_le_bytes());
@@ -135,6 +307,10 @@ pub fn recipe_id(spec: &ImageSpec, debs: &[DebRef]) -> String {
     for p in pkgs {
         field(&mut h, "package", p.as_bytes());
     }
+    for p in spec.omitted() {
+        field(&mut h, "omit", p.as_bytes());
+    }
+    field(&mut h, "blas", spec.blas.name().as_bytes());
     let mut debs: Vec<&DebRef> = debs.iter().collect();
     debs.sort_by(|a, b| a.filename.cmp(&b.filename));
     for d in debs {
@@ -197,11 +373,38 @@ mod tests {
         let mut s5 = spec.clone();
         s5.packages.push("python3-scipy".into());
         assert_ne!(recipe_id(&s5, &debs), id);
+        let mut s7 = spec.clone();
+        s7.blas = Blas::OpenBlas;
+        assert_ne!(recipe_id(&s7, &debs), id);
+        let mut s8 = spec.clone();
+        s8.omit.push("libfoo".into());
+        assert_ne!(recipe_id(&s8, &debs), id);
         // field boundaries are unambiguous
         let mut s6 = spec.clone();
         s6.extra_files[0].guest_path = "/etc/passw".into();
         s6.extra_files[0].data.insert(0, b'd');
         assert_ne!(recipe_id(&s6, &debs), id);
+    }
+
+    #[test]
+    fn requested_and_omitted() {
+        let s = ImageSpec::python_numpy();
+        let r = s.requested();
+        for p in ["python3", "python3-numpy", "tzdata", "ca-certificates", "libc-bin", "libblas3", "liblapack3"] {
+            assert!(r.iter().any(|q| q == p), "{p} in {r:?}");
+        }
+        let o = s.omitted();
+        assert!(o.iter().any(|q| q == "python3-pythran") && o.iter().any(|q| q == "libopenblas0-pthread"), "{o:?}");
+        let d = ImageSpec::data();
+        assert!(d.requested().iter().any(|q| q == "libopenblas0-pthread"));
+        assert!(!d.omitted().iter().any(|q| q.starts_with("libopenblas")), "{:?}", d.omitted());
+        // asking for an omitted package by name keeps it
+        let mut p = ImageSpec::python_numpy();
+        p.packages.push("perl".into());
+        assert!(!p.omitted().iter().any(|q| q == "perl"));
+        assert_eq!(Blas::parse("openblas"), Some(Blas::OpenBlas));
+        assert_eq!(Blas::parse(Blas::Any.name()), Some(Blas::Any));
+        assert_eq!(Blas::parse("mkl"), None);
     }
 
     #[test]

@@ -373,12 +373,16 @@ pub fn parse_alternatives(package: &str, script: &str) -> Vec<Alternative> {
 pub fn apply_alternatives(
     root: &Path,
     control: &Control,
+    preferred: &[&str],
 ) -> Result<Vec<(String, String)>, BuildError> {
     let mut best: BTreeMap<String, Alternative> = BTreeMap::new();
+    // A preferred package's alternative beats any priority (forcing a provider, as
+    // `update-alternatives --set` would); otherwise the highest priority wins.
+    let rank = |a: &Alternative| (preferred.contains(&a.package.as_str()), a.priority);
     for (pkg, script) in &control.postinsts {
         for a in parse_alternatives(pkg, script) {
             match best.get(&a.name) {
-                Some(b) if b.priority >= a.priority => {}
+                Some(b) if rank(b) >= rank(&a) => {}
                 _ => {
                     best.insert(a.name.clone(), a);
                 }
@@ -500,6 +504,53 @@ pub fn base_dirs(root: &Path) -> Result<(), BuildError> {
             .map_err(io_err("base dirs", &p))?;
     }
     Ok(())
+}
+
+/// What tzdata's postinst does with no debconf answer: UTC.
+pub fn timezone(root: &Path) -> Result<(), BuildError> {
+    if !root.join("usr/share/zoneinfo/Etc/UTC").exists() {
+        return Ok(());
+    }
+    let link = creatable(root, "/etc/localtime", "timezone")?;
+    if fs::symlink_metadata(&link).is_ok() {
+        fs::remove_file(&link).map_err(io_err("timezone", &link))?;
+    }
+    symlink("../usr/share/zoneinfo/Etc/UTC", &link).map_err(io_err("timezone", &link))?;
+    add_file(root, "/etc/timezone", b"Etc/UTC\n", 0o644)
+}
+
+/// What `update-ca-certificates` does: every certificate under
+/// /usr/share/ca-certificates, concatenated (sorted by path) into
+/// /etc/ssl/certs/ca-certificates.crt. Returns how many there were.
+pub fn ca_bundle(root: &Path) -> Result<usize, BuildError> {
+    let base = root.join("usr/share/ca-certificates");
+    if !base.is_dir() {
+        return Ok(0);
+    }
+    let mut certs: Vec<PathBuf> = Vec::new();
+    let mut stack = vec![base];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).map_err(io_err("ca bundle", &d))? {
+            let p = e.map_err(io_err("ca bundle", &d))?.path();
+            let m = fs::symlink_metadata(&p).map_err(io_err("ca bundle", &p))?;
+            if m.is_dir() {
+                stack.push(p);
+            } else if m.is_file() && p.extension().is_some_and(|x| x == "crt") {
+                certs.push(p);
+            }
+        }
+    }
+    certs.sort();
+    let mut bundle = Vec::new();
+    for c in &certs {
+        let mut pem = fs::read(c).map_err(io_err("ca bundle", c))?;
+        if !pem.ends_with(b"\n") {
+            pem.push(b'\n');
+        }
+        bundle.extend_from_slice(&pem);
+    }
+    add_file(root, "/etc/ssl/certs/ca-certificates.crt", &bundle, 0o644)?;
+    Ok(certs.len())
 }
 
 /// Write one extra file (replacing whatever was at that path).

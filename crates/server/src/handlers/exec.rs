@@ -18,7 +18,7 @@ use crate::{metrics, AppState};
               (status = 422, description = "The code took the guest down", body = ErrorBody)))]
 pub(crate) async fn exec(State(state): State<AppState>, ApiJson(req): ApiJson<ExecRequest>) -> Result<Json<ExecResponse>, ApiError> {
     let t0 = Instant::now();
-    let req = state.runtime.oneshot(req.code, req.timeout_seconds)?;
+    let req = state.runtime.oneshot(req.code, req.timeout_seconds, req.template.as_deref())?;
     let permit = state.admission.acquire(1).await?;
     let r = state.runtime.exec(req, None, permit).await;
     metrics::exec("oneshot", Outcome::of(&r).as_str(), t0.elapsed().as_secs_f64());
@@ -36,7 +36,7 @@ pub(crate) async fn exec_batch(
     ApiJson(req): ApiJson<BatchRequest>,
 ) -> Result<Json<BatchResponse>, ApiError> {
     let t0 = Instant::now();
-    let reqs = state.runtime.batch(req.codes, req.timeout_seconds)?;
+    let reqs = state.runtime.batch(req.codes, req.timeout_seconds, req.template.as_deref())?;
     let permit = state.admission.acquire(state.runtime.batch_parallelism(reqs.len())).await?;
     let results = state.runtime.exec_batch(reqs, permit).await;
     let secs = t0.elapsed().as_secs_f64();
@@ -55,4 +55,14 @@ pub(crate) async fn exec_batch(
         })
         .collect();
     Ok(Json(BatchResponse { results: out, total_time_ms: t0.elapsed().as_secs_f64() * 1000.0 }))
+}
+
+/// The templates this server has: shipped ones are built on first use (a request
+/// naming one that is not built yet gets 409 `template_not_ready` while it builds).
+#[utoipa::path(get, path = "/templates", tag = "exec",
+    responses((status = 200, description = "Every template and its state", body = TemplateList)))]
+pub(crate) async fn templates(State(state): State<AppState>) -> Json<TemplateList> {
+    let rt = state.runtime.clone();
+    let list = tokio::task::spawn_blocking(move || rt.templates()).await.unwrap_or_default();
+    Json(TemplateList { default: state.runtime.default_template(), templates: list.into_iter().map(TemplateBody::of).collect() })
 }

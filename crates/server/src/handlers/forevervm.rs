@@ -225,6 +225,8 @@ pub struct MachineNew {
     pub tags: BTreeMap<String, String>,
     #[schema(minimum = 64)]
     pub memory_mb: Option<u64>,
+    /// forkbox extension: the template of the machine (default: the server's default).
+    pub template: Option<String>,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -241,7 +243,7 @@ async fn machine_new(
     ApiJson(req): ApiJson<MachineNew>,
 ) -> Result<Json<MachineCreated>, ApiError> {
     let v = blocking(&state, move |rt| {
-        Ok(rt.create_session(&caller.tenant, req.tags, req.memory_mb, None, &caller.quota())?)
+        Ok(rt.create_session(&caller.tenant, req.tags, req.memory_mb, None, req.template.as_deref(), &caller.quota())?)
     })
     .await?;
     Ok(Json(MachineCreated { machine_name: v.record.id }))
@@ -442,7 +444,7 @@ async fn repl(
     let c = caller.clone();
     let name = blocking(&state, move |rt| {
         if name == "new" {
-            Ok(rt.create_session(&c.tenant, BTreeMap::new(), None, None, &c.quota())?.record.id)
+            Ok(rt.create_session(&c.tenant, BTreeMap::new(), None, None, None, &c.quota())?.record.id)
         } else {
             owned(rt, &c, &name)?;
             Ok(name)

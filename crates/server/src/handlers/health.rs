@@ -19,6 +19,7 @@ pub(crate) async fn healthz(State(state): State<AppState>) -> Json<Health> {
     Json(Health {
         status: "ok".into(),
         template: state.runtime.template_id().to_string(),
+        default_template: state.runtime.default_template(),
         exec_slots: state.admission.slots(),
         exec_slots_free: state.admission.free(),
         queued: state.admission.queued(),

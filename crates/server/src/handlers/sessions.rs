@@ -22,7 +22,7 @@ pub(crate) async fn create_session(
     ApiJson(req): ApiJson<CreateSession>,
 ) -> Result<(StatusCode, Json<Session>), ApiError> {
     let v = blocking(&state, move |rt| {
-        let v = rt.create_session(&caller.tenant, req.tags, req.memory_mb, req.timeout_seconds, &caller.quota())?;
+        let v = rt.create_session(&caller.tenant, req.tags, req.memory_mb, req.timeout_seconds, req.template.as_deref(), &caller.quota())?;
         Ok(Session::of(&v))
     })
     .await?;

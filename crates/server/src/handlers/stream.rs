@@ -177,7 +177,7 @@ pub(crate) async fn exec_stream(
     ApiJson(req): ApiJson<ExecRequest>,
 ) -> Result<impl IntoResponse, ApiError> {
     let t0 = Instant::now();
-    let req = state.runtime.oneshot(req.code, req.timeout_seconds)?;
+    let req = state.runtime.oneshot(req.code, req.timeout_seconds, req.template.as_deref())?;
     let permit = state.admission.acquire(1).await?;
     let (tx, rx) = mpsc::channel(CHANNEL);
     let fwd = Box::new(Forward::new(tx.clone()));

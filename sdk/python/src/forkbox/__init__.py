@@ -25,6 +25,8 @@ from ._errors import (
     SessionBusy,
     CpuMismatch,
     SessionNotFound,
+    TemplateNotFound,
+    TemplateNotReady,
     Timeout,
     Unauthorized,
 )
@@ -34,6 +36,7 @@ from ._types import (
     Event,
     ExecResult,
     FileEntry,
+    MimeBundle,
     OutputFile,
     PythonError,
     Result,
@@ -47,9 +50,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AsyncForkbox", "AsyncSession", "AsyncSessions", "Forkbox", "Session", "Sessions",
-    "Checkpoint", "Event", "ExecResult", "FileEntry", "OutputFile", "PythonError", "Result", "SessionInfo",
+    "Checkpoint", "Event", "ExecResult", "FileEntry", "MimeBundle", "OutputFile", "PythonError", "Result", "SessionInfo",
     "Stderr", "Stdout", "Upload",
-    "ForkboxError", "ConnectionFailed", "InvalidRequest", "InvalidPath", "Unauthorized", "QuotaExceeded", "NotFound",
+    "ForkboxError", "ConnectionFailed", "InvalidRequest", "InvalidPath", "Unauthorized", "QuotaExceeded", "NotFound", "TemplateNotFound", "TemplateNotReady",
     "SessionNotFound", "CheckpointNotFound", "FileNotFound", "Timeout", "SessionBusy", "CpuMismatch", "PayloadTooLarge",
     "GuestError", "RateLimited", "ServerError", "Overloaded",
 ]

@@ -41,6 +41,39 @@ class OutputFile:
 
 
 @dataclass(frozen=True)
+class MimeBundle:
+    """One displayed object (Jupyter's mime bundle): MIME type -> data. Text forms are
+    str, images are decoded to bytes, `application/json` is the parsed JSON."""
+
+    data: dict[str, Any]
+
+    @property
+    def text(self) -> str | None:
+        return self.data.get("text/plain")
+
+    @property
+    def html(self) -> str | None:
+        return self.data.get("text/html")
+
+    @property
+    def png(self) -> bytes | None:
+        return self.data.get("image/png")
+
+    @classmethod
+    def from_json(cls, v: dict[str, Any]) -> MimeBundle:
+        out: dict[str, Any] = {}
+        for mime, d in v.items():
+            if mime.startswith("image/") and mime != "image/svg+xml" and isinstance(d, str):
+                try:
+                    out[mime] = base64.b64decode(d)
+                except ValueError:
+                    continue
+            else:
+                out[mime] = d
+        return cls(data=out)
+
+
+@dataclass(frozen=True)
 class ExecResult:
     """What one exec produced."""
 
@@ -53,6 +86,10 @@ class ExecResult:
     #: The checkpoint this exec made (session execs only).
     checkpoint: int | None = None
     outputs: list[OutputFile] = field(default_factory=list)
+    #: The value's rich forms beside `value` (text/html for a DataFrame, image/png for a PIL image).
+    value_data: MimeBundle | None = None
+    #: What display() showed and the matplotlib figures left open, in order.
+    display: list[MimeBundle] = field(default_factory=list)
     #: The response as the server sent it (timings, counters).
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -73,6 +110,8 @@ class ExecResult:
             runtime_ms=float(v.get("runtime_ms") or 0.0),
             checkpoint=int(cp) if isinstance(cp, int) else None,
             outputs=[OutputFile.from_json(o) for o in v.get("outputs") or [] if isinstance(o, dict)],
+            value_data=MimeBundle.from_json(v["value_data"]) if isinstance(v.get("value_data"), dict) else None,
+            display=[MimeBundle.from_json(d) for d in v.get("display") or [] if isinstance(d, dict)],
             raw=v,
         )
 
