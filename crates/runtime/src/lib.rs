@@ -259,10 +259,11 @@ impl Runtime {
         self.catalog.list().into_iter().find(|t| t.id.as_deref() == Some(id)).map(|t| t.name)
     }
 
-    /// Host memory the recycled VMs hold in private pages, and its bound (bytes).
+    /// Host memory the default template's recycled VMs hold in private pages, and its bound (bytes).
     pub fn vm_pool_private_bytes(&self) -> (u64, u64) {
-        let held = self.template.pool_stats().recycled_private_bytes.load(std::sync::atomic::Ordering::Relaxed);
-        (held as u64, self.template.max_recycled_bytes() as u64)
+        let t = &self.default.template;
+        let held = t.pool_stats().recycled_private_bytes.load(std::sync::atomic::Ordering::Relaxed);
+        (held, t.max_recycled_bytes())
     }
 
     /// One round of upkeep: evict idle sessions, merge long layer chains, remove

@@ -101,6 +101,7 @@ fn process(image: &Arc<Image>, session: bool) -> ProcessState {
     // Node mtimes are "now" when made: pin them.
     for n in s.vfs.nodes.iter_mut().filter(|n| !matches!(n.body, BodyState::Gone)) {
         n.mtime_ns = FIXED_MTIME_NS;
+        n.atime_ns = FIXED_MTIME_NS;
     }
     s
 }

@@ -74,10 +74,10 @@ table! {
     4 stat => fs::stat, Full;
     5 fstat => fs::fstat, Full;
     6 lstat => fs::lstat, Full;
-    7 poll => file::poll, Partial("readiness of the fds the VMM owns (the agent channel has data or not; files always ready); with none ready it sleeps out the timeout, nothing can wake it early");
+    7 poll => file::poll, Partial("readiness of every fd the VMM owns (files, pipes, sockets, eventfd, timerfd, epoll); a wait blocks until an fd is ready, the timeout or an interrupt; POLLPRI never set");
     8 lseek => file::lseek, Full;
     9 mmap => mm::mmap, Partial("private and shared, anonymous and file mappings; file bytes are copied in at map time (no page cache), no MAP_GROWSDOWN/huge pages, only regular files");
-    10 mprotect => mm::mprotect, Partial("recorded in the memory map; not enforced by the page tables (guest pages stay readable, writable and executable)");
+    10 mprotect => mm::mprotect, Partial("enforced by the guest page tables (read-only, no-execute, PROT_NONE not present); no protection keys, no PROT_GROWSDOWN");
     11 munmap => mm::munmap, Full;
     12 brk => mm::brk, Full;
     13 rt_sigaction => signal::rt_sigaction, Partial("actions recorded; handlers run only for the host interrupt (SIGINT); a signal the guest sends itself ends it");
@@ -200,7 +200,7 @@ table! {
     234 tgkill => process::tgkill, Partial("only to its own pid/tid, as kill");
     257 openat => fs::openat, Full;
     258 mkdirat => fs::mkdirat, Full;
-    259 mknodat => fs::mknodat, Partial("as mknod");
+    259 mknodat => fs::mknodat, Partial("FIFOs and regular files, as mknod; device nodes EPERM");
     260 fchownat => fs::fchownat, Full;
     262 newfstatat => fs::newfstatat, Full;
     263 unlinkat => fs::unlinkat, Full;
