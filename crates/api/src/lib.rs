@@ -202,7 +202,7 @@ mod tests {
         names.dedup();
         assert_eq!(names.len(), ErrorCode::ALL.len());
         let five: Vec<&str> = ErrorCode::ALL.iter().filter(|c| c.is_server_error()).map(|c| c.as_str()).collect();
-        assert_eq!(five, ["internal", "storage_error", "protocol_error", "boot_failed", "cpu_mismatch", "overloaded"]);
+        assert_eq!(five, ["internal", "storage_error", "protocol_error", "boot_failed", "template_unavailable", "overloaded"]);
         assert_eq!(ErrorCode::SessionNotFound, "session_not_found");
     }
 }
