@@ -67,8 +67,10 @@ pub const DISPLAY_ITEMS_MAX: usize = 64;
 
 /// A MIME type as the agent may name one: `type/subtype`, printable ASCII, short.
 fn valid_mime(m: &str) -> bool {
+    // type/subtype, each starting with a letter or digit (no "../x"), one slash.
+    let starts_ok = |s: &str| s.bytes().next().is_some_and(|c| c.is_ascii_alphanumeric());
     m.len() <= 127
-        && m.split_once('/').is_some_and(|(a, b)| !a.is_empty() && !b.is_empty())
+        && m.split_once('/').is_some_and(|(a, b)| starts_ok(a) && starts_ok(b) && !b.contains('/'))
         && m.bytes().all(|b| b.is_ascii_alphanumeric() || b"/+-.".contains(&b))
 }
 
