@@ -71,7 +71,6 @@ codes! {
     TemplateNotFound = ("template_not_found", 404, "No template of that name (see GET /v1/templates), or the session's template is no longer in the data directory."),
     MethodNotAllowed = ("method_not_allowed", 405, "The endpoint does not take this method."),
     Timeout = ("timeout", 408, "The code ran past its time limit (the sandbox is dropped; a session is rolled back)."),
-    CpuMismatch = ("cpu_mismatch", 409, "The template or checkpoint was made on a host whose CPU features differ from this one's; it cannot run here."),
     SessionBusy = ("session_busy", 409, "Another exec is running in that session (or its instruction queue is full)."),
     TemplateNotReady = ("template_not_ready", 409, "The template is being built (first use); retry when GET /v1/templates says it is ready."),
     PayloadTooLarge = ("payload_too_large", 413, "The request body is over the size limit."),
@@ -89,7 +88,8 @@ codes! {
     StorageError = ("storage_error", 500, "The session store or checkpoint files failed."),
     ProtocolError = ("protocol_error", 500, "The guest agent broke the host-guest protocol."),
     BootFailed = ("boot_failed", 500, "The guest failed to start."),
-    TemplateUnavailable = ("template_unavailable", 503, "The template's image or snapshot could not be built or opened on this server."),
+    CpuMismatch = ("cpu_mismatch", 500, "A template or checkpoint was made on a CPU whose features this host lacks (the data directory moved): the server refuses it rather than fault."),
+    TemplateUnavailable = ("template_unavailable", 500, "The template's image or snapshot could not be built or opened on this server."),
     Overloaded = ("overloaded", 503, "Every exec slot is busy and the bounded wait queue is full (see Retry-After)."),
 }
 
@@ -202,7 +202,7 @@ mod tests {
         names.dedup();
         assert_eq!(names.len(), ErrorCode::ALL.len());
         let five: Vec<&str> = ErrorCode::ALL.iter().filter(|c| c.is_server_error()).map(|c| c.as_str()).collect();
-        assert_eq!(five, ["internal", "storage_error", "protocol_error", "boot_failed", "template_unavailable", "overloaded"]);
+        assert_eq!(five, ["internal", "storage_error", "protocol_error", "boot_failed", "cpu_mismatch", "template_unavailable", "overloaded"]);
         assert_eq!(ErrorCode::SessionNotFound, "session_not_found");
     }
 }

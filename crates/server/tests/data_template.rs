@@ -134,6 +134,7 @@ async fn data_template_end_to_end() {
     assert_eq!(st, StatusCode::CREATED, "{v}");
     let sid = v["id"].as_str().unwrap().to_string();
     assert_eq!(v["template"], "data", "{v}");
+    let data_template_id = v["template_id"].as_str().unwrap().to_string();
     let csv = "city,month,sales\nOslo,1,10\nOslo,2,30\nLima,1,5\nLima,2,7\nOslo,1,2\n";
     let resp = s
         .http
@@ -224,7 +225,9 @@ async fn data_template_end_to_end() {
     let s2 = start(home.path(), "python").await;
     let (st, v) = s2.call(reqwest::Method::GET, &format!("/v1/sessions/{sid}"), None).await;
     assert_eq!(st, StatusCode::OK, "{v}");
-    assert_eq!(v["template"], "data", "{v}");
+    // The session stays pinned to its template id. (Its name is reported only
+    // while that template is loaded by name; after a restart it is opened by id.)
+    assert_eq!(v["template_id"], data_template_id.as_str(), "{v}");
     let r = s2.exec_ok(&sid, "(g['Oslo'], type(lr).__name__, round(float(lr.predict([[1]])[0]), 4))").await;
     assert_eq!(r["value"], "(42, 'LinearRegression', 8.0)", "{r}");
     // ... and the new default is python (no pandas), a session on it too.

@@ -62,10 +62,6 @@ class TemplateNotFound(NotFound):
     """404: no template of that name (see the server's /v1/templates)."""
 
 
-class TemplateNotReady(ForkboxError):
-    """409: the template is being built on first use; retry in a while."""
-
-
 class Timeout(ForkboxError):
     """408: the code ran past its time limit (a session is rolled back to its last checkpoint)."""
 
@@ -74,8 +70,8 @@ class SessionBusy(ForkboxError):
     """409: another exec is running in that session."""
 
 
-class CpuMismatch(ForkboxError):
-    """409: the template or checkpoint was made on a host with other CPU features."""
+class TemplateNotReady(SessionBusy):
+    """409: the template is being built on first use; retry in a while (a 409 like `SessionBusy`)."""
 
 
 class PayloadTooLarge(ForkboxError):
@@ -94,6 +90,10 @@ class RateLimited(ForkboxError):
 
 class ServerError(ForkboxError):
     """5xx other than 503: a failure inside the server."""
+
+
+class CpuMismatch(ServerError):
+    """500: the template or checkpoint was made on a host with other CPU features."""
 
 
 class Overloaded(ServerError):
@@ -158,12 +158,12 @@ STATUS_OF_CODE: dict[str, int] = {
     "malformed_json": 400, "invalid_request": 400, "invalid_path": 400, "is_a_directory": 400,
     "unauthorized": 401, "quota_exceeded": 403, "not_found": 404, "session_not_found": 404,
     "checkpoint_not_found": 404, "instruction_not_found": 404, "file_not_found": 404,
-    "template_not_found": 404, "template_not_ready": 409, "template_unavailable": 503,
-    "method_not_allowed": 405, "timeout": 408, "session_busy": 409, "cpu_mismatch": 409,
+    "template_not_found": 404, "template_not_ready": 409, "template_unavailable": 500,
+    "method_not_allowed": 405, "timeout": 408, "session_busy": 409,
     "payload_too_large": 413, "code_too_large": 413, "file_too_large": 413, "guest_crashed": 422,
     "guest_exited": 422, "guest_killed": 422, "sandbox_unusable": 422, "interrupted": 422, "deadlock": 422,
     "upgrade_required": 426, "rate_limited": 429, "internal": 500, "storage_error": 500,
-    "protocol_error": 500, "boot_failed": 500, "overloaded": 503,
+    "protocol_error": 500, "boot_failed": 500, "cpu_mismatch": 500, "overloaded": 503,
 }
 
 
