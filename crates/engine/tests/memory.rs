@@ -8,43 +8,17 @@
 //! Host memory is measured with /proc/self/smaps_rollup, so the tests that do
 //! hold a lock exclusively (nothing else in this binary runs meanwhile).
 
-use std::path::PathBuf;
 use std::sync::atomic::Ordering;
-use std::sync::{OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Instant;
 
 use forkbox_engine::{Engine, EngineError, ExecResult, Limits, Sandbox, Template};
 
 const MIB: u64 = 1 << 20;
 
-fn home() -> PathBuf {
-    match std::env::var("FORKBOX_HOME") {
-        Ok(h) if !h.is_empty() => PathBuf::from(h),
-        _ => forkbox_image::default_home(),
-    }
-}
-
-struct Shared {
-    engine: Engine,
-    template: Template,
-}
-
-fn shared() -> &'static Shared {
-    static SHARED: OnceLock<Shared> = OnceLock::new();
-    SHARED.get_or_init(|| {
-        if let Err(e) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm") {
-            panic!("these tests need KVM: cannot open /dev/kvm read-write ({e}); they are deliberately not skipped");
-        }
-        let home = home();
-        let built = forkbox_image::build(
-            &forkbox_engine::default_image_spec(),
-            &forkbox_image::BuildOptions { home: home.clone(), progress: false },
-        )
-        .unwrap_or_else(|e| panic!("building the default image under {}: {e}", home.display()));
-        let engine = Engine::open(&built.path).unwrap_or_else(|e| panic!("Engine::open: {e}"));
-        let template = Template::ensure(&engine, &home).unwrap_or_else(|e| panic!("Template::ensure: {e}"));
-        Shared { engine, template }
-    })
+/// The shared engine + template of this test binary (KVM checked, never skipped).
+fn shared() -> &'static forkbox_testkit::Shared {
+    forkbox_testkit::shared()
 }
 
 fn engine() -> &'static Engine {
