@@ -11,7 +11,9 @@ pub mod mm;
 pub mod process;
 mod serde_map;
 pub mod syscalls;
+pub mod thread;
 pub mod vfs;
+pub mod wait;
 
 pub use errno::{Errno, SysResult};
 pub use io::Io;

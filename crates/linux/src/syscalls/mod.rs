@@ -8,7 +8,9 @@ mod sys_mm;
 mod sys_process;
 pub use sys_process::fill_random;
 mod sys_signal;
+mod sys_thread;
 mod sys_time;
+mod sys_timer;
 mod table;
 
 use forkbox_vmm::GuestMemory;
@@ -25,7 +27,7 @@ pub type Args = [u64; 6];
 pub type Handler = fn(&mut Ctx, &Args) -> SysResult;
 
 /// Something the VMM must do besides returning a value.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Effect {
     /// The agent waits for a request: stop here without completing the call;
     /// the call is re-issued when the vCPU resumes.
@@ -38,6 +40,16 @@ pub enum Effect {
     SetFsBase(u64),
     /// rt_sigreturn: return from a signal handler the VMM entered.
     SigReturn,
+    /// The call must wait: re-run it when state may have changed (see `crate::wait`).
+    Block(crate::wait::Block),
+    /// clone made thread `tid` (its record is in `proc.threads`): the engine
+    /// gives it the caller's registers with RAX = 0 and RSP = `stack` (if not
+    /// 0), and the caller's XSAVE state.
+    Spawn { tid: crate::thread::Tid, stack: u64 },
+    /// exit of one thread (others remain): the engine drops it and runs another.
+    ThreadExit,
+    /// sched_yield with other threads: let another runnable thread run.
+    Yield,
 }
 
 /// Everything a handler may touch.
@@ -46,6 +58,10 @@ pub struct Ctx<'a> {
     pub proc: &'a mut Process,
     pub io: &'a mut Io,
     pub effect: Option<Effect>,
+    /// The engine re-runs a blocked call (`Effect::Block`) with this set once
+    /// its deadline has passed: the handler must then complete as at a
+    /// timeout (never block again). See `crate::wait`.
+    pub timed_out: bool,
 }
 
 /// Longest path a guest may pass (PATH_MAX).
@@ -142,6 +158,14 @@ pub fn dispatch(ctx: &mut Ctx, nr: u64, args: &Args) -> SysResult {
         tracing::info!(target: "forkbox::syscall", "{name}({nr}) {:x?} -> {:?}", &args[..], result.map(|v| v as i64));
     }
     result
+}
+
+/// Re-run a blocked call's handler (not counted again in the statistics).
+pub fn redispatch(ctx: &mut Ctx, nr: u64, args: &Args) -> SysResult {
+    match entry(nr) {
+        Some(e) => (e.handler)(ctx, args),
+        None => Err(Errno::ENOSYS),
+    }
 }
 
 /// Syscall name by number (for reports).

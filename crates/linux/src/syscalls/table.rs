@@ -3,6 +3,7 @@
 use std::sync::OnceLock;
 
 use super::{sys_file as file, sys_fs as fs, sys_mm as mm, sys_process as process, sys_signal as signal, sys_time as time};
+use super::{sys_thread as thread, sys_timer as timer};
 use super::{Args, Ctx, Handler};
 use crate::errno::{Errno, SysResult};
 
@@ -74,7 +75,7 @@ table! {
     21 access => fs::access, Full;
     22 pipe => enosys, Refused;
     23 select => file::select, Partial;
-    24 sched_yield => process::sched_yield, Full;
+    24 sched_yield => thread::sched_yield, Full;
     25 mremap => mm::mremap, Full;
     26 msync => mm::msync, Full;
     28 madvise => mm::madvise, Partial;
@@ -83,12 +84,16 @@ table! {
     35 nanosleep => time::nanosleep, Full;
     39 getpid => process::getpid, Full;
     41 socket => eafnosupport, Refused;
-    56 clone => eagain, Refused;
+    34 pause => signal::pause, Full;
+    37 alarm => timer::alarm, Full;
+    36 getitimer => timer::getitimer, Partial;
+    38 setitimer => timer::setitimer, Partial;
+    56 clone => thread::clone, Partial;
     57 fork => eagain, Refused;
     58 vfork => eagain, Refused;
     59 execve => eperm, Refused;
-    60 exit => process::exit_group, Full;
-    62 kill => process::kill, Partial;
+    60 exit => thread::exit, Full;
+    62 kill => thread::kill, Partial;
     63 uname => process::uname, Full;
     72 fcntl => file::fcntl, Full;
     74 fsync => file::fsync, Full;
@@ -128,13 +133,16 @@ table! {
     120 getresgid => process::getresuid, Full;
     121 getpgid => process::getpgid, Full;
     124 getsid => process::getpgid, Full;
+    127 rt_sigpending => signal::rt_sigpending, Full;
+    128 rt_sigtimedwait => signal::rt_sigtimedwait, Full;
+    130 rt_sigsuspend => signal::rt_sigsuspend, Full;
     131 sigaltstack => signal::sigaltstack, Partial;
     137 statfs => fs::statfs, Partial;
     138 fstatfs => fs::fstatfs, Partial;
     157 prctl => process::prctl, Partial;
     158 arch_prctl => process::arch_prctl, Full;
     160 setrlimit => process::setrlimit, Partial;
-    186 gettid => process::getpid, Full;
+    186 gettid => thread::gettid, Full;
     188 setxattr => fs::setxattr, Refused;
     189 lsetxattr => fs::setxattr, Refused;
     190 fsetxattr => fs::setxattr, Refused;
@@ -147,19 +155,24 @@ table! {
     197 removexattr => fs::setxattr, Refused;
     198 lremovexattr => fs::setxattr, Refused;
     199 fremovexattr => fs::setxattr, Refused;
-    200 tkill => process::tkill, Partial;
+    200 tkill => thread::tkill, Full;
     201 time => time::time, Full;
-    202 futex => process::futex, Partial;
+    202 futex => thread::futex, Partial;
     203 sched_setaffinity => process::sched_setaffinity, Partial;
     204 sched_getaffinity => process::sched_getaffinity, Full;
     217 getdents64 => file::getdents64, Full;
-    218 set_tid_address => process::set_tid_address, Full;
+    218 set_tid_address => thread::set_tid_address, Full;
+    222 timer_create => timer::timer_create, Partial;
+    223 timer_settime => timer::timer_settime, Full;
+    224 timer_gettime => timer::timer_gettime, Full;
+    225 timer_getoverrun => timer::timer_getoverrun, Full;
+    226 timer_delete => timer::timer_delete, Full;
     221 fadvise64 => file::fsync, Full;
     228 clock_gettime => time::clock_gettime, Full;
     229 clock_getres => time::clock_getres, Full;
     230 clock_nanosleep => time::clock_nanosleep, Full;
     231 exit_group => process::exit_group, Full;
-    234 tgkill => process::tgkill, Partial;
+    234 tgkill => thread::tgkill, Full;
     257 openat => fs::openat, Full;
     258 mkdirat => fs::mkdirat, Full;
     260 fchownat => fs::chown, Full;
@@ -184,7 +197,7 @@ table! {
     318 getrandom => process::getrandom, Full;
     332 statx => fs::statx, Full;
     334 rseq => enosys, Refused;
-    435 clone3 => enosys, Refused;
+    435 clone3 => thread::clone3, Partial;
     439 faccessat2 => fs::faccessat2, Full;
 }
 
