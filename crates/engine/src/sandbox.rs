@@ -7,6 +7,7 @@ use forkbox_linux::io::Io;
 use forkbox_linux::layout::{RAM_SIZE, STACK_GUARD};
 use forkbox_linux::loader;
 use forkbox_linux::syscalls::{self, Ctx, Effect};
+use forkbox_linux::wait;
 use forkbox_linux::Process;
 use forkbox_linux::thread::{SavedCpu, SigInfo, Wait, WaitKind, MAIN_TID, SI_KERNEL};
 use forkbox_linux::Errno;
@@ -109,6 +110,9 @@ pub struct Sandbox {
     switches: u64,
     /// The vCPU stopped at a syscall exit (so it is in the syscall stub).
     in_stub: bool,
+    /// What blocked fd waits wait on, by thread (for `wait::next_change`, a
+    /// timerfd expiring; host-side: after a resume a re-run fills it again).
+    wait_on: std::collections::HashMap<forkbox_linux::thread::Tid, wait::WaitOn>,
 }
 
 impl Drop for Sandbox {
@@ -160,6 +164,7 @@ impl Sandbox {
             slice_start: Instant::now(),
             switches: 0,
             in_stub: true,
+            wait_on: Default::default(),
         };
         // Booting python + numpy takes far longer than one exec here: allow a generous deadline.
         let deadline = Instant::now() + sb.limits.timeout.max(Duration::from_secs(120));
@@ -212,6 +217,7 @@ impl Sandbox {
             slice_start: Instant::now(),
             switches: 0,
             in_stub: true,
+            wait_on: Default::default(),
         })
     }
 
@@ -400,8 +406,8 @@ impl Sandbox {
             let mut run_deadline = self.sig.grace.map_or(deadline, |g| g.min(deadline));
             let threads = &self.proc.threads;
             if !threads.is_simple() {
-                if let Some(at) = threads.next_event() {
-                    run_deadline = run_deadline.min(threads.clock.to_instant(at));
+                if let Some(at) = self.next_wake() {
+                    run_deadline = run_deadline.min(at);
                 }
                 if threads.runnable_count() > 1 {
                     run_deadline = run_deadline.min(self.slice_start + SLICE);
@@ -517,10 +523,9 @@ impl Sandbox {
                 }
             }
             // Nobody can run: wait on the host for the next event.
-            let Some(at) = self.proc.threads.next_event() else {
+            let Some(wake) = self.next_wake() else {
                 return Err(EngineError::Deadlock(self.describe_deadlock()));
             };
-            let wake = self.proc.threads.clock.to_instant(at);
             let until = self.sig.grace.map_or(deadline, |g| g.min(deadline)).min(wake);
             let d = until.saturating_duration_since(Instant::now());
             match &self.io.interrupt {
@@ -532,6 +537,22 @@ impl Sandbox {
             self.check_deadline(deadline)?;
             self.note_interrupt()?;
         }
+    }
+
+    /// When something happens by itself: a wait's deadline, a timer, a
+    /// timerfd that a blocked fd wait watches.
+    fn next_wake(&self) -> Option<Instant> {
+        let t = &self.proc.threads;
+        let own = t.next_event().map(|at| t.clock.to_instant(at));
+        let fds = self.wait_on.iter().filter_map(|(tid, on)| {
+            let waiting = t.index_of(*tid).is_some_and(|i| t.list[i].wait.is_some());
+            if waiting {
+                wait::next_change(&self.proc, on)
+            } else {
+                None
+            }
+        });
+        own.into_iter().chain(fds).min()
     }
 
     fn describe_deadlock(&self) -> String {
@@ -580,6 +601,9 @@ impl Sandbox {
                 Some(Effect::Block(b)) if !timed_out => {
                     if let Some(w) = self.proc.threads.list[i].wait.as_mut() {
                         w.kind = wait_kind(&b.on, &w.kind);
+                    }
+                    if w.kind == WaitKind::Other {
+                        self.wait_on.insert(self.proc.threads.list[i].tid, b.on);
                     }
                     // Still waiting: a signal for it ends the wait.
                     if self.proc.deliverable(i) != 0 {
@@ -807,6 +831,11 @@ impl Sandbox {
                 let clock = &self.proc.threads.clock;
                 let deadline = b.deadline.map(|d| clock.from_instant(d));
                 let kind = wait_kind(&b.on, &WaitKind::Other);
+                if kind == WaitKind::Other {
+                    self.wait_on.insert(self.proc.tid(), b.on);
+                } else if !self.wait_on.is_empty() {
+                    self.wait_on.remove(&self.proc.tid());
+                }
                 let on_timeout = b.on_timeout.map_err(|e| e.0);
                 self.proc.threads.current_mut().wait =
                     Some(Wait { regs: regs_to_words(&regs), deadline, on_timeout, kind, woken: false });

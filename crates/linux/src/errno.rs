@@ -47,6 +47,15 @@ impl Errno {
     pub const EOPNOTSUPP: Errno = Errno(libc::EOPNOTSUPP);
     pub const EAFNOSUPPORT: Errno = Errno(libc::EAFNOSUPPORT);
     pub const ETIMEDOUT: Errno = Errno(libc::ETIMEDOUT);
+    pub const EADDRINUSE: Errno = Errno(libc::EADDRINUSE);
+    pub const ECONNREFUSED: Errno = Errno(libc::ECONNREFUSED);
+    pub const EPROTOTYPE: Errno = Errno(libc::EPROTOTYPE);
+    pub const EISCONN: Errno = Errno(libc::EISCONN);
+    pub const ENOTCONN: Errno = Errno(libc::ENOTCONN);
+    pub const EMSGSIZE: Errno = Errno(libc::EMSGSIZE);
+    pub const EPROTONOSUPPORT: Errno = Errno(libc::EPROTONOSUPPORT);
+    pub const ENOPROTOOPT: Errno = Errno(libc::ENOPROTOOPT);
+    pub const ECONNRESET: Errno = Errno(libc::ECONNRESET);
 
     /// The value to place in RAX: `-errno` as an unsigned 64-bit word.
     pub fn to_rax(self) -> u64 {

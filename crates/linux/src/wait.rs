@@ -35,6 +35,8 @@
 use std::time::{Duration, Instant};
 
 use crate::errno::{Errno, SysResult};
+use crate::fd::{FdTable, FileKind};
+use crate::io::Io;
 use crate::process::Process;
 use crate::syscalls::{Ctx, Effect};
 
@@ -124,10 +126,34 @@ pub fn is_blocking(ctx: &Ctx) -> bool {
     matches!(ctx.effect, Some(Effect::Block(_)))
 }
 
-/// The earliest time after `now` at which process state that `on` depends on
-/// changes by itself (a timerfd in the set expires), if any. The engine
-/// re-runs the blocked handler then.
+/// `POLL*` readiness of the open file description `ofd` (POLLNVAL if it is
+/// gone). POLLHUP / POLLERR come whatever was asked for, as on Linux.
+pub fn ready(proc: &Process, io: &Io, ofd: u64) -> u32 {
+    ready_at(&proc.fds, io, ofd, 0)
+}
+
+fn ready_at(fds: &FdTable, io: &Io, ofd: u64, depth: u32) -> u32 {
+    let Some(f) = fds.description(ofd) else { return libc::POLLNVAL as u32 };
+    let (r, w) = ((libc::POLLIN | libc::POLLRDNORM) as u32, (libc::POLLOUT | libc::POLLWRNORM) as u32);
+    match f.kind {
+        FileKind::Agent if io.agent_pending() > 0 => r | w,
+        FileKind::Agent => w,
+        FileKind::Stdin => r,
+        FileKind::Stdout | FileKind::Stderr => w,
+        FileKind::Node(_) => r | w,
+        FileKind::Object(id) => fds.objects.readiness(id, f.flags, depth, &|o, d| ready_at(fds, io, o, d)),
+    }
+}
+
+/// The earliest time at which process state that `on` depends on changes by
+/// itself (a timerfd in the set, or watched by an epoll in it, expires), if
+/// any. The engine re-runs the blocked handler then.
 pub fn next_change(proc: &Process, on: &WaitOn) -> Option<Instant> {
-    let _ = (proc, on);
-    None
+    let fds = &proc.fds;
+    let obj = |ofd: u64| match fds.description(ofd)?.kind {
+        FileKind::Object(id) => Some(id),
+        _ => None,
+    };
+    let ns = on.fds().filter_map(|(ofd, _)| obj(ofd)).filter_map(|id| fds.objects.next_expiry_in(id, 0, &obj)).min()?;
+    Instant::now().checked_add(Duration::from_nanos(ns))
 }

@@ -5,12 +5,14 @@
 mod sys_file;
 mod sys_fs;
 mod sys_mm;
+mod sys_pipe;
 mod sys_process;
 pub use sys_process::fill_random;
 mod sys_signal;
 mod sys_thread;
 mod sys_time;
 mod sys_timer;
+mod sys_unix;
 mod table;
 
 use forkbox_vmm::GuestMemory;

@@ -1,9 +1,12 @@
 //! File-descriptor I/O: read, write, their vector and positional forms, lseek,
 //! close, dup, fcntl, ioctl, poll/select, getdents64, ftruncate, fsync.
 
+use std::time::Duration;
+
 use super::{Args, Ctx, Effect, MAX_RW};
 use crate::errno::{Errno, SysResult};
-use crate::fd::{FileKind, OpenFile};
+use crate::fd::FileKind;
+use crate::wait::{self, Block, WaitOn};
 
 const IOV_MAX: u64 = 1024;
 
@@ -34,6 +37,11 @@ fn read_into(ctx: &mut Ctx, fd: i32, buf: u64, len: u64, pos: Option<u64>) -> Sy
         }
         FileKind::Stdin => Ok(0),
         FileKind::Stdout | FileKind::Stderr => Err(Errno::EBADF),
+        FileKind::Object(_) if pos.is_some() => Err(Errno::ESPIPE),
+        FileKind::Object(id) => {
+            let ofd = ctx.proc.fds.ofd(fd)?;
+            super::sys_pipe::read_object(ctx, &f, ofd, id, buf, len)
+        }
         FileKind::Agent => {
             if pos.is_some() {
                 return Err(Errno::ESPIPE);
@@ -61,6 +69,16 @@ fn write_from(ctx: &mut Ctx, fd: i32, buf: u64, len: u64, pos: Option<u64>) -> S
     }
     let len = len.min(MAX_RW);
     ctx.user_range(buf, len)?;
+    if let FileKind::Object(id) = f.kind {
+        if pos.is_some() {
+            return Err(Errno::ESPIPE);
+        }
+        // Nothing takes more than a socket buffer at once: copy at most that.
+        let len = len.min(crate::objects::SOCKET_CAPACITY as u64);
+        let data = ctx.mem.slice(buf, len).map_err(|_| Errno::EFAULT)?.to_vec();
+        let ofd = ctx.proc.fds.ofd(fd)?;
+        return super::sys_pipe::write_object(ctx, &f, ofd, id, &data);
+    }
     let data = ctx.mem.slice(buf, len).map_err(|_| Errno::EFAULT)?;
     match f.kind {
         FileKind::Node(ino) => {
@@ -88,6 +106,7 @@ fn write_from(ctx: &mut Ctx, fd: i32, buf: u64, len: u64, pos: Option<u64>) -> S
             Ok(len)
         }
         FileKind::Stdin => Err(Errno::EBADF),
+        FileKind::Object(_) => Err(Errno::EBADF),
     }
 }
 
@@ -140,8 +159,19 @@ fn vectored(ctx: &mut Ctx, fd: i32, iov: u64, count: u64, pos: Option<u64>, is_r
             continue;
         }
         let at = pos.map(|p| p + total);
-        let n = if is_read { read_into(ctx, fd, base, len, at)? } else { write_from(ctx, fd, base, len, at)? };
+        let n = match if is_read { read_into(ctx, fd, base, len, at) } else { write_from(ctx, fd, base, len, at) } {
+            Ok(n) => n,
+            // Some bytes moved already: report them (EAGAIN / EPIPE come next time).
+            Err(_) if total > 0 => {
+                ctx.effect = None;
+                return Ok(total);
+            }
+            Err(e) => return Err(e),
+        };
         if ctx.effect.is_some() {
+            if total > 0 && wait::is_blocking(ctx) {
+                ctx.effect = None;
+            }
             return Ok(total);
         }
         total += n;
@@ -173,6 +203,11 @@ pub fn lseek(ctx: &mut Ctx, a: &Args) -> SysResult {
     let f = *ctx.proc.fds.get(fd)?;
     let FileKind::Node(ino) = f.kind else { return Err(Errno::ESPIPE) };
     let st = ctx.proc.vfs.stat(ino)?;
+    if matches!(st.kind, crate::vfs::FileType::CharDev) && st.rdev != 0 {
+        // /dev/null, /dev/zero ...: seeking succeeds and stays at 0, as Linux.
+        ctx.proc.fds.get_mut(fd)?.offset = 0;
+        return Ok(0);
+    }
     let size = st.size as i64;
     let new = match whence {
         libc::SEEK_SET => off,
@@ -235,6 +270,12 @@ pub fn fcntl(ctx: &mut Ctx, a: &Args) -> SysResult {
             Ok(0)
         }
         libc::F_GETFL => Ok(ctx.proc.fds.get(fd)?.flags as u64),
+        libc::F_GETPIPE_SZ | libc::F_SETPIPE_SZ => match ctx.proc.fds.get(fd)?.kind {
+            FileKind::Object(id) if matches!(ctx.proc.fds.objects.get(id)?.kind, crate::objects::ObjKind::Pipe(_)) => {
+                Ok(crate::objects::PIPE_CAPACITY as u64)
+            }
+            _ => Err(Errno::EBADF),
+        },
         libc::F_SETFL => {
             let changeable = libc::O_APPEND | libc::O_NONBLOCK;
             let f = ctx.proc.fds.get_mut(fd)?;
@@ -264,82 +305,84 @@ pub fn ioctl(ctx: &mut Ctx, a: &Args) -> SysResult {
             let n = match f.kind {
                 FileKind::Agent => ctx.io.agent_pending() as u64,
                 FileKind::Node(ino) => ctx.proc.vfs.stat(ino)?.size.saturating_sub(f.offset),
+                FileKind::Object(id) => ctx.proc.fds.objects.readable_bytes(id),
                 _ => 0,
             };
             ctx.write_i32(arg, n.min(i32::MAX as u64) as i32)?;
             Ok(0)
         }
+        0x5421 /* FIONBIO */ => {
+            let on = ctx.bytes(arg, 4)? != [0, 0, 0, 0];
+            let f = ctx.proc.fds.get_mut(fd)?;
+            f.flags = if on { f.flags | libc::O_NONBLOCK } else { f.flags & !libc::O_NONBLOCK };
+            Ok(0)
+        }
+        0x5452 /* FIOASYNC */ => Err(Errno::EINVAL),
         // TCGETS, TIOCGWINSZ, ...: nothing here is a terminal.
         _ => Err(Errno::ENOTTY),
     }
 }
 
-/// Readiness of one description for poll: (readable, writable).
-fn ready(ctx: &Ctx, f: &OpenFile) -> (bool, bool) {
-    match f.kind {
-        FileKind::Agent => (ctx.io.agent_pending() > 0, true),
-        FileKind::Stdin => (true, false),
-        FileKind::Stdout | FileKind::Stderr => (false, true),
-        FileKind::Node(_) => (true, true),
-    }
-}
+use crate::objects::ALWAYS;
 
-fn poll_fds(ctx: &mut Ctx, fds: u64, nfds: u64) -> SysResult {
+/// poll/ppoll: report ready fds, or block until one is (`timeout` None = forever).
+fn poll_fds(ctx: &mut Ctx, fds: u64, nfds: u64, timeout: Option<Duration>) -> SysResult {
     if nfds > crate::fd::MAX_FDS as u64 {
         return Err(Errno::EINVAL);
     }
     let raw = ctx.bytes(fds, nfds * 8)?.to_vec();
     let mut out = raw.clone();
     let mut count = 0;
+    let mut waits = Vec::new();
     for (i, c) in raw.chunks_exact(8).enumerate() {
         let fd = i32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-        let events = i16::from_le_bytes([c[4], c[5]]);
-        let mut rev: i16 = 0;
+        let events = u16::from_le_bytes([c[4], c[5]]) as u32;
+        let mut rev = 0u32;
         if fd >= 0 {
             match ctx.proc.fds.get(fd) {
-                Ok(f) => {
-                    let (r, w) = ready(ctx, f);
-                    if r {
-                        rev |= events & (libc::POLLIN | libc::POLLRDNORM);
-                    }
-                    if w {
-                        rev |= events & (libc::POLLOUT | libc::POLLWRNORM);
-                    }
+                Ok(_) => {
+                    let ofd = ctx.proc.fds.ofd(fd)?;
+                    rev = wait::ready(ctx.proc, ctx.io, ofd) & (events | ALWAYS);
+                    waits.push((ofd, events | ALWAYS));
                 }
-                Err(_) => rev = libc::POLLNVAL,
+                Err(_) => rev = libc::POLLNVAL as u32,
             }
         }
-        out[i * 8 + 6..i * 8 + 8].copy_from_slice(&rev.to_le_bytes());
+        out[i * 8 + 6..i * 8 + 8].copy_from_slice(&(rev as u16).to_le_bytes());
         count += u64::from(rev != 0);
+    }
+    if count == 0 && !ctx.timed_out && timeout != Some(Duration::ZERO) {
+        return wait::block(ctx, Block::new(WaitOn::Fds(waits)).timeout(timeout, Ok(0)));
     }
     ctx.write_bytes(fds, &out)?;
     Ok(count)
 }
 
 pub fn poll(ctx: &mut Ctx, a: &Args) -> SysResult {
-    let n = poll_fds(ctx, a[0], a[1])?;
-    if n == 0 && (a[2] as i32) > 0 {
-        super::sys_time::sleep_for(ctx, std::time::Duration::from_millis(a[2] as i32 as u64))?;
-    }
-    Ok(n)
+    let ms = a[2] as i32;
+    let timeout = (ms >= 0).then(|| Duration::from_millis(ms as u64));
+    poll_fds(ctx, a[0], a[1], timeout)
 }
 
 pub fn ppoll(ctx: &mut Ctx, a: &Args) -> SysResult {
-    let n = poll_fds(ctx, a[0], a[1])?;
-    if n == 0 && a[2] != 0 {
-        let d = super::sys_time::read_timespec(ctx, a[2])?;
-        super::sys_time::sleep_for(ctx, d)?;
-    }
-    Ok(n)
+    let timeout = if a[2] != 0 { Some(super::sys_time::read_timespec(ctx, a[2])?) } else { None };
+    poll_fds(ctx, a[0], a[1], timeout)
 }
 
-/// select/pselect6: every fd we own is ready except an agent channel with nothing pending.
-fn select_sets(ctx: &mut Ctx, nfds: u64, sets: [u64; 3]) -> SysResult {
+/// select/pselect6 over the three fd sets (read, write, except).
+fn select_sets(ctx: &mut Ctx, nfds: u64, sets: [u64; 3], timeout: Option<Duration>) -> SysResult {
     if nfds > crate::fd::MAX_FDS as u64 {
         return Err(Errno::EINVAL);
     }
     let bytes = nfds.div_ceil(64) * 8;
+    let want = [
+        (libc::POLLIN | libc::POLLRDNORM | libc::POLLHUP | libc::POLLERR) as u32,
+        (libc::POLLOUT | libc::POLLWRNORM | libc::POLLERR) as u32,
+        libc::POLLPRI as u32,
+    ];
     let mut count = 0;
+    let mut out: [Option<Vec<u8>>; 3] = [None, None, None];
+    let mut waits: Vec<(u64, u32)> = Vec::new();
     for (which, &ptr) in sets.iter().enumerate() {
         if ptr == 0 {
             continue;
@@ -349,44 +392,44 @@ fn select_sets(ctx: &mut Ctx, nfds: u64, sets: [u64; 3]) -> SysResult {
             if set[fd / 8] & (1 << (fd % 8)) == 0 {
                 continue;
             }
-            let f = *ctx.proc.fds.get(fd as i32)?;
-            let (r, w) = ready(ctx, &f);
-            let is = match which {
-                0 => r,
-                1 => w,
-                _ => false,
-            };
-            if is {
+            let ofd = ctx.proc.fds.ofd(fd as i32)?;
+            if wait::ready(ctx.proc, ctx.io, ofd) & want[which] != 0 {
                 count += 1;
             } else {
                 set[fd / 8] &= !(1 << (fd % 8));
             }
+            waits.push((ofd, want[which]));
         }
-        ctx.write_bytes(ptr, &set)?;
+        out[which] = Some(set);
+    }
+    if count == 0 && !ctx.timed_out && timeout != Some(Duration::ZERO) {
+        return wait::block(ctx, Block::new(WaitOn::Fds(waits)).timeout(timeout, Ok(0)));
+    }
+    for (ptr, set) in sets.iter().zip(out) {
+        if let Some(set) = set {
+            ctx.write_bytes(*ptr, &set)?;
+        }
     }
     Ok(count)
 }
 
 pub fn select(ctx: &mut Ctx, a: &Args) -> SysResult {
-    let n = select_sets(ctx, a[0], [a[1], a[2], a[3]])?;
-    if n == 0 && a[4] != 0 {
+    let timeout = if a[4] != 0 {
         let secs = ctx.read_i64(a[4])?;
         let usecs = ctx.read_i64(a[4] + 8)?;
         if secs < 0 || !(0..1_000_000).contains(&usecs) {
             return Err(Errno::EINVAL);
         }
-        super::sys_time::sleep_for(ctx, std::time::Duration::new(secs as u64, usecs as u32 * 1000))?;
-    }
-    Ok(n)
+        Some(Duration::new(secs as u64, usecs as u32 * 1000))
+    } else {
+        None
+    };
+    select_sets(ctx, a[0], [a[1], a[2], a[3]], timeout)
 }
 
 pub fn pselect6(ctx: &mut Ctx, a: &Args) -> SysResult {
-    let n = select_sets(ctx, a[0], [a[1], a[2], a[3]])?;
-    if n == 0 && a[4] != 0 {
-        let d = super::sys_time::read_timespec(ctx, a[4])?;
-        super::sys_time::sleep_for(ctx, d)?;
-    }
-    Ok(n)
+    let timeout = if a[4] != 0 { Some(super::sys_time::read_timespec(ctx, a[4])?) } else { None };
+    select_sets(ctx, a[0], [a[1], a[2], a[3]], timeout)
 }
 
 pub fn getdents64(ctx: &mut Ctx, a: &Args) -> SysResult {

@@ -1,7 +1,7 @@
 //! Time: always the host's true clock. Sleeps are real but never outlast the
 //! exec's deadline (the run loop then reports the timeout).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::{Args, Ctx};
 use crate::wait::{block, Block, WaitOn};
@@ -48,23 +48,6 @@ pub fn read_timespec(ctx: &Ctx, addr: u64) -> Result<Duration, Errno> {
         return Err(Errno::EINVAL);
     }
     Ok(Duration::new(s as u64, ns as u32))
-}
-
-/// Sleep on the host, but not past the deadline. EINTR when the exec is
-/// interrupted meanwhile (the signal is then delivered on the way back).
-pub fn sleep_for(ctx: &Ctx, d: Duration) -> Result<(), Errno> {
-    let d = match ctx.io.deadline {
-        Some(deadline) => d.min(deadline.saturating_duration_since(Instant::now())),
-        None => d,
-    };
-    match &ctx.io.interrupt {
-        Some(latch) if latch.sleep(d) => Err(Errno::EINTR),
-        Some(_) => Ok(()),
-        None => {
-            std::thread::sleep(d);
-            Ok(())
-        }
-    }
 }
 
 pub fn clock_gettime(ctx: &mut Ctx, a: &Args) -> SysResult {

@@ -4,6 +4,7 @@ use std::sync::OnceLock;
 
 use super::{sys_file as file, sys_fs as fs, sys_mm as mm, sys_process as process, sys_signal as signal, sys_time as time};
 use super::{sys_thread as thread, sys_timer as timer};
+use super::{sys_pipe as pipe, sys_unix as unix};
 use super::{Args, Ctx, Handler};
 use crate::errno::{Errno, SysResult};
 
@@ -34,10 +35,6 @@ fn eagain(_: &mut Ctx, _: &Args) -> SysResult {
 
 fn eperm(_: &mut Ctx, _: &Args) -> SysResult {
     Err(Errno::EPERM)
-}
-
-fn eafnosupport(_: &mut Ctx, _: &Args) -> SysResult {
-    Err(Errno::EAFNOSUPPORT)
 }
 
 use Support::*;
@@ -73,7 +70,7 @@ table! {
     19 readv => file::readv, Full;
     20 writev => file::writev, Full;
     21 access => fs::access, Full;
-    22 pipe => enosys, Refused;
+    22 pipe => pipe::pipe, Full;
     23 select => file::select, Partial;
     24 sched_yield => thread::sched_yield, Full;
     25 mremap => mm::mremap, Full;
@@ -83,7 +80,21 @@ table! {
     33 dup2 => file::dup2, Full;
     35 nanosleep => time::nanosleep, Full;
     39 getpid => process::getpid, Full;
-    41 socket => eafnosupport, Refused;
+    41 socket => unix::socket, Partial;
+    42 connect => unix::connect, Full;
+    43 accept => unix::accept, Full;
+    44 sendto => unix::sendto, Full;
+    45 recvfrom => unix::recvfrom, Full;
+    46 sendmsg => unix::sendmsg, Partial;
+    47 recvmsg => unix::recvmsg, Partial;
+    48 shutdown => unix::shutdown, Full;
+    49 bind => unix::bind, Full;
+    50 listen => unix::listen, Full;
+    51 getsockname => unix::getsockname, Full;
+    52 getpeername => unix::getpeername, Full;
+    53 socketpair => unix::socketpair, Full;
+    54 setsockopt => unix::setsockopt, Partial;
+    55 getsockopt => unix::getsockopt, Partial;
     34 pause => signal::pause, Full;
     37 alarm => timer::alarm, Full;
     36 getitimer => timer::getitimer, Partial;
@@ -160,6 +171,7 @@ table! {
     202 futex => thread::futex, Partial;
     203 sched_setaffinity => process::sched_setaffinity, Partial;
     204 sched_getaffinity => process::sched_getaffinity, Full;
+    213 epoll_create => pipe::epoll_create, Full;
     217 getdents64 => file::getdents64, Full;
     218 set_tid_address => thread::set_tid_address, Full;
     222 timer_create => timer::timer_create, Partial;
@@ -173,6 +185,8 @@ table! {
     230 clock_nanosleep => time::clock_nanosleep, Full;
     231 exit_group => process::exit_group, Full;
     234 tgkill => thread::tgkill, Full;
+    232 epoll_wait => pipe::epoll_wait, Partial;
+    233 epoll_ctl => pipe::epoll_ctl, Partial;
     257 openat => fs::openat, Full;
     258 mkdirat => fs::mkdirat, Full;
     260 fchownat => fs::chown, Full;
@@ -188,8 +202,16 @@ table! {
     271 ppoll => file::ppoll, Partial;
     273 set_robust_list => process::set_robust_list, Full;
     280 utimensat => fs::utimensat, Full;
+    281 epoll_pwait => pipe::epoll_pwait, Partial;
+    283 timerfd_create => pipe::timerfd_create, Full;
+    284 eventfd => pipe::eventfd, Full;
+    286 timerfd_settime => pipe::timerfd_settime, Full;
+    287 timerfd_gettime => pipe::timerfd_gettime, Full;
+    288 accept4 => unix::accept4, Full;
+    290 eventfd2 => pipe::eventfd2, Full;
+    291 epoll_create1 => pipe::epoll_create1, Full;
     292 dup3 => file::dup3, Full;
-    293 pipe2 => enosys, Refused;
+    293 pipe2 => pipe::pipe2, Full;
     295 preadv => file::preadv, Full;
     296 pwritev => file::pwritev, Full;
     302 prlimit64 => process::prlimit64, Partial;
@@ -199,6 +221,7 @@ table! {
     334 rseq => enosys, Refused;
     435 clone3 => thread::clone3, Partial;
     439 faccessat2 => fs::faccessat2, Full;
+    441 epoll_pwait2 => pipe::epoll_pwait2, Partial;
 }
 
 /// Table entry by number (a dense index built on first use).
