@@ -56,6 +56,7 @@ impl EngineError {
             EngineError::CodeTooLarge(..) => "code_too_large",
             EngineError::Interrupted(_) => "interrupted",
             EngineError::File { code, .. } => code,
+            EngineError::Snapshot(e @ forkbox_snapshot::StateError::CpuMismatch(_)) => e.code(),
             EngineError::Vmm(_) | EngineError::Load(_) | EngineError::Image(_) | EngineError::Snapshot(_) => "internal",
         }
     }

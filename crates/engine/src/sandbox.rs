@@ -11,7 +11,7 @@ use forkbox_linux::wait;
 use forkbox_linux::Process;
 use forkbox_linux::thread::{SavedCpu, SigInfo, Wait, WaitKind, MAIN_TID, SI_KERNEL};
 use forkbox_linux::Errno;
-use forkbox_vmm::{kvm_regs, kvm_xsave, GuestMemory, Vm, VmExit};
+use forkbox_vmm::{kvm_regs, kvm_xsave, GuestMemory, Regs, Vm, VmExit, Xsave};
 use serde::Serialize;
 
 use crate::error::EngineError;
@@ -569,7 +569,7 @@ impl Sandbox {
                     WaitKind::Time => "time".into(),
                     WaitKind::Other => "a file descriptor".into(),
                 };
-                Some(format!("thread {} in {}() waits for {what}", t.tid, syscalls::name(w.regs[0])))
+                Some(format!("thread {} in {}() waits for {what}", t.tid, syscalls::name(w.regs.rax)))
             })
             .collect();
         format!("every thread waits with no timeout and nothing can wake them ({})", waits.join("; "))
@@ -682,7 +682,7 @@ impl Sandbox {
         self.proc.make_current(i);
         let Some(c) = self.proc.threads.list[i].cpu.take() else { return Ok(()) };
         let vm = self.vm.as_mut().expect("sandbox VM present until drop");
-        vm.set_xsave(&words_to_xsave(&c.xsave))?;
+        vm.set_xsave(&*words_to_xsave(&c.xsave)?)?;
         vm.set_fs_base(self.proc.fs_base)?;
         self.pending_user = Some(words_to_regs(&c.regs));
         self.slice_start = Instant::now();
@@ -919,46 +919,22 @@ fn to_user(regs: &kvm_regs, ret: u64) -> kvm_regs {
     u
 }
 
-pub(crate) fn regs_to_words(r: &kvm_regs) -> [u64; 18] {
-    [
-        r.rax, r.rbx, r.rcx, r.rdx, r.rsi, r.rdi, r.rsp, r.rbp, r.r8, r.r9, r.r10, r.r11, r.r12, r.r13, r.r14, r.r15,
-        r.rip, r.rflags,
-    ]
+pub(crate) fn regs_to_words(r: &kvm_regs) -> Regs {
+    Regs::from(r)
 }
 
-pub(crate) fn words_to_regs(w: &[u64; 18]) -> kvm_regs {
-    kvm_regs {
-        rax: w[0],
-        rbx: w[1],
-        rcx: w[2],
-        rdx: w[3],
-        rsi: w[4],
-        rdi: w[5],
-        rsp: w[6],
-        rbp: w[7],
-        r8: w[8],
-        r9: w[9],
-        r10: w[10],
-        r11: w[11],
-        r12: w[12],
-        r13: w[13],
-        r14: w[14],
-        r15: w[15],
-        rip: w[16],
-        rflags: w[17],
-    }
+pub(crate) fn words_to_regs(w: &Regs) -> kvm_regs {
+    kvm_regs::from(w)
 }
 
-pub(crate) fn xsave_to_words(x: &kvm_xsave) -> std::sync::Arc<Vec<u32>> {
-    std::sync::Arc::new(x.region.to_vec())
+pub(crate) fn xsave_to_words(x: &kvm_xsave) -> std::sync::Arc<Xsave> {
+    std::sync::Arc::new(Xsave::from(x))
 }
 
-pub(crate) fn words_to_xsave(w: &[u32]) -> kvm_xsave {
-    let mut x = kvm_xsave::default();
-    for (d, s) in x.region.iter_mut().zip(w) {
-        *d = *s;
-    }
-    x
+/// A saved XSAVE image back into the ioctl's form (its size was checked when
+/// the process state was restored; a wrong one is a crash, not a panic).
+pub(crate) fn words_to_xsave(w: &Xsave) -> Result<Box<kvm_xsave>, EngineError> {
+    w.to_kvm().map_err(|e| EngineError::GuestCrashed(format!("saved thread state: {e}")))
 }
 
 fn take_text(c: &mut forkbox_linux::io::Capture) -> String {

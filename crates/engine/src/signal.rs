@@ -216,7 +216,7 @@ pub fn sigreturn(vm: &mut Vm, proc: &mut Process, rsp: u64) -> Result<kvm_regs, 
         _ => return Err(EngineError::GuestSignaled(libc::SIGSEGV)),
     }
     let Some(s) = frames.pop() else { return Err(EngineError::GuestSignaled(libc::SIGSEGV)) };
-    vm.set_xsave(&crate::sandbox::words_to_xsave(&s.cpu.xsave))?;
+    vm.set_xsave(&*crate::sandbox::words_to_xsave(&s.cpu.xsave)?)?;
     proc.signals.mask = s.mask & !SIGKILL_STOP;
     Ok(crate::sandbox::words_to_regs(&s.cpu.regs))
 }

@@ -21,6 +21,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use forkbox_vmm::regs::{Regs, Xsave};
 use serde::{Deserialize, Serialize};
 
 use crate::errno::Errno;
@@ -97,10 +98,9 @@ impl RunClock {
 /// A thread's user-mode CPU state while it is off the vCPU.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SavedCpu {
-    /// `kvm_regs` in its field order: rax rbx rcx rdx rsi rdi rsp rbp r8..r15 rip rflags.
-    pub regs: [u64; 18],
-    /// The KVM_GET_XSAVE image (1024 32-bit words).
-    pub xsave: Arc<Vec<u32>>,
+    pub regs: Regs,
+    /// The KVM_GET_XSAVE image (shared: a fork's clone copies no XSAVE bytes).
+    pub xsave: Arc<Xsave>,
 }
 
 /// A signal handler frame in flight (the state `rt_sigreturn` restores).
@@ -162,8 +162,8 @@ pub enum WaitKind {
 /// `on_timeout` at `deadline`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Wait {
-    /// The syscall's registers (kvm_regs order, as `SavedCpu::regs`).
-    pub regs: [u64; 18],
+    /// The syscall's registers.
+    pub regs: Regs,
     /// Run-clock deadline.
     pub deadline: Option<u64>,
     /// Result at the deadline: Ok(value) or Err(errno).
@@ -516,7 +516,7 @@ impl Threads {
             if (i == self.cur) != t.cpu.is_none() {
                 return Err(format!("thread {} has no saved state", t.tid));
             }
-            let xsave_ok = |c: &SavedCpu| c.xsave.len() == 1024;
+            let xsave_ok = |c: &SavedCpu| c.xsave.region.len() == forkbox_vmm::regs::XSAVE_SIZE;
             if t.cpu.as_ref().is_some_and(|c| !xsave_ok(c)) || t.frames.iter().any(|f| !xsave_ok(&f.cpu)) {
                 return Err("bad XSAVE image".into());
             }
@@ -541,7 +541,7 @@ mod tests {
 
     fn waiting(t: &mut Threads, i: usize, addr: u64, bitset: u32) {
         t.list[i].wait = Some(Wait {
-            regs: [0; 18],
+            regs: Regs::default(),
             deadline: None,
             on_timeout: Err(libc::ETIMEDOUT),
             kind: WaitKind::Futex { addr, bitset },

@@ -74,7 +74,8 @@ impl SessionError {
             SessionError::ExecFailed { source, .. } => source.code(),
             SessionError::Invalid(_) => "invalid_request",
             SessionError::File { code, .. } => code,
-            SessionError::Store(_) | SessionError::Snapshot(_) => "storage_error",
+            SessionError::Snapshot(e) => e.code(),
+            SessionError::Store(_) => "storage_error",
             SessionError::Engine(e) => e.code(),
         }
     }

@@ -9,10 +9,13 @@
 //!   The state also records the memory file's size and checksum, so a corrupt or
 //!   truncated memory file is rejected before it is ever mapped.
 
+pub mod cpu;
 pub mod layer;
 pub mod memory;
 pub mod state;
 
 pub use layer::{Layer, LayerStats};
 pub use memory::{write_memory, MemoryFile, MemoryStats, MemoryView};
-pub use state::{read_state, write_state, Snapshot, StateError, FORMAT_VERSION, MAGIC};
+pub use cpu::CpuFingerprint;
+pub use forkbox_vmm::regs;
+pub use state::{read_state, write_state, Snapshot, StateError, FORMAT_VERSION, MAGIC, READABLE_VERSIONS};

@@ -1,19 +1,34 @@
 //! The state file: magic, version, length, checksum, then a postcard payload.
+//!
+//! Versioning: the payload of version N is decoded by the reader for N
+//! (`decode_payload`). When the payload's shape changes (any field of
+//! `Snapshot`, `VcpuRecord`, `CpuFingerprint`, `MemoryStats` or the process
+//! state it embeds), bump `FORMAT_VERSION`, keep the old shape as a frozen copy
+//! (`mod vN`) with its reader and a conversion to the new `Snapshot`, add the
+//! version to `READABLE_VERSIONS`, and add a golden file for the new version
+//! (`tests/golden.rs` says how): the golden test fails until all of that is done.
 
 use std::path::Path;
 
 use forkbox_linux::process::ProcessState;
-use forkbox_vmm::VcpuState;
+use forkbox_vmm::regs::VcpuRecord;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::cpu::CpuFingerprint;
 use crate::memory::MemoryStats;
 
 pub const MAGIC: &[u8; 8] = b"FBXSNAP\0";
 /// 2: maps encoded as sequences of pairs.
 /// 3: fd objects (pipes, AF_UNIX sockets, eventfd, epoll, timerfd) in the fd
-///    table; FIFO and socket nodes in the VFS.
-pub const FORMAT_VERSION: u32 = 3;
+///    table; FIFO and socket nodes in the VFS; forkbox's own register/XSAVE
+///    records (no kvm-bindings serde types); the CPU fingerprint.
+/// 4: threads (per-thread registers, XSAVE, FS base, signal mask, altstack,
+///    clear-child-tid, signal frames in flight, blocked calls), pending
+///    signals, timers and the run clock in the process state.
+pub const FORMAT_VERSION: u32 = 4;
+/// Every version `decode` reads (oldest first); the last is `FORMAT_VERSION`.
+pub const READABLE_VERSIONS: &[u32] = &[4];
 const HEADER_LEN: usize = 8 + 4 + 8 + 32;
 /// A state file larger than this is rejected before it is read into memory.
 const MAX_PAYLOAD: u64 = 4 << 30;
@@ -33,14 +48,30 @@ pub enum StateError {
     BadVersion(u32),
     #[error("snapshot is corrupt: {0}")]
     Corrupt(String),
+    /// The snapshot was taken on a CPU whose features (as the guest sees them)
+    /// differ from this host's: its guest may use instructions this host lacks.
+    #[error("snapshot was taken on a CPU with other features than this host's ({0}); it cannot run here")]
+    CpuMismatch(String),
+}
+
+impl StateError {
+    /// A stable machine-readable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            StateError::CpuMismatch(_) => "cpu_mismatch",
+            _ => "storage_error",
+        }
+    }
 }
 
 /// Everything a snapshot's state file holds.
-#[derive(Serialize, Deserialize)]
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
 pub struct Snapshot {
     /// The image the process' file system is layered on.
     pub image_id: String,
-    pub vcpu: VcpuState,
+    /// The CPU (CPUID leaves and XCR0 the guest saw) it was taken on.
+    pub cpu: CpuFingerprint,
+    pub vcpu: VcpuRecord,
     pub process: ProcessState,
     pub memory: MemoryStats,
     /// Free-form facts about the snapshot (what the agent reported, the preload...).
@@ -64,7 +95,7 @@ pub fn decode(bytes: &[u8]) -> Result<Snapshot, StateError> {
         return Err(StateError::BadMagic);
     }
     let version = u32::from_le_bytes([header[8], header[9], header[10], header[11]]);
-    if version != FORMAT_VERSION {
+    if !READABLE_VERSIONS.contains(&version) {
         return Err(StateError::BadVersion(version));
     }
     let mut len = [0u8; 8];
@@ -77,7 +108,20 @@ pub fn decode(bytes: &[u8]) -> Result<Snapshot, StateError> {
     if Sha256::digest(payload).as_slice() != &header[20..52] {
         return Err(StateError::Corrupt("checksum mismatch".into()));
     }
-    postcard::from_bytes(payload).map_err(|e| StateError::Corrupt(format!("undecodable payload: {e}")))
+    decode_payload(version, payload)
+}
+
+/// The reader of each readable version.
+fn decode_payload(version: u32, payload: &[u8]) -> Result<Snapshot, StateError> {
+    match version {
+        3 => read_v3(payload),
+        v => Err(StateError::BadVersion(v)),
+    }
+}
+
+/// Version 3 is the current shape (`Snapshot` as defined above).
+fn read_v3(payload: &[u8]) -> Result<Snapshot, StateError> {
+    postcard::from_bytes(payload).map_err(|e| StateError::Corrupt(format!("undecodable version 3 payload: {e}")))
 }
 
 /// Write atomically: temp file, fsync, rename, fsync the directory.
