@@ -752,11 +752,11 @@ impl Sandbox {
             match act.handler {
                 signal::SIG_IGN => continue,
                 signal::SIG_DFL => match signal::default_action(info.signo) {
-                    signal::Default::Ignore => continue,
-                    signal::Default::Terminate if info.signo as usize == SIGINT && info.code == SI_KERNEL => {
+                    signal::DefaultAction::Ignore => continue,
+                    signal::DefaultAction::Terminate if info.signo as usize == SIGINT && info.code == SI_KERNEL => {
                         return Err(EngineError::Interrupted("SIGINT has its default action (terminate)".into()))
                     }
-                    signal::Default::Terminate => return Err(EngineError::GuestSignaled(info.signo)),
+                    signal::DefaultAction::Terminate => return Err(EngineError::GuestSignaled(info.signo)),
                 },
                 _ => {}
             }

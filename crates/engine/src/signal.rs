@@ -95,17 +95,17 @@ fn sigcontext(u: &kvm_regs, mask: u64) -> [u8; 256] {
 }
 
 /// What a signal's default action does.
-pub enum Default {
+pub enum DefaultAction {
     Ignore,
     Terminate,
 }
 
-pub fn default_action(sig: i32) -> Default {
+pub fn default_action(sig: i32) -> DefaultAction {
     match sig {
         // SIGCHLD, SIGCONT, SIGURG, SIGWINCH are ignored; the stop signals
         // (SIGSTOP, SIGTSTP, SIGTTIN, SIGTTOU) have nothing to stop here.
-        17 | 18 | 23 | 28 | 19 | 20 | 21 | 22 => Default::Ignore,
-        _ => Default::Terminate,
+        17 | 18 | 23 | 28 | 19 | 20 | 21 | 22 => DefaultAction::Ignore,
+        _ => DefaultAction::Terminate,
     }
 }
 
