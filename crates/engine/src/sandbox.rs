@@ -110,6 +110,8 @@ pub struct Sandbox {
     switches: u64,
     /// The vCPU stopped at a syscall exit (so it is in the syscall stub).
     in_stub: bool,
+    /// A thread whose wait just ended (it runs next).
+    woken: Option<forkbox_linux::thread::Tid>,
     /// What blocked fd waits wait on, by thread (for `wait::next_change`, a
     /// timerfd expiring; host-side: after a resume a re-run fills it again).
     wait_on: std::collections::HashMap<forkbox_linux::thread::Tid, wait::WaitOn>,
@@ -164,6 +166,7 @@ impl Sandbox {
             slice_start: Instant::now(),
             switches: 0,
             in_stub: true,
+            woken: None,
             wait_on: Default::default(),
         };
         // Booting python + numpy takes far longer than one exec here: allow a generous deadline.
@@ -217,6 +220,7 @@ impl Sandbox {
             slice_start: Instant::now(),
             switches: 0,
             in_stub: true,
+            woken: None,
             wait_on: Default::default(),
         })
     }
@@ -496,10 +500,13 @@ impl Sandbox {
             self.recheck_waits(now)?;
             let t = &self.proc.threads;
             let cur_runnable = loaded && t.runnable(cur);
-            let other = t.next_runnable(cur).filter(|&i| i != cur);
+            // A thread whose wait just ended goes first (so a lock or the GIL
+            // handed to it is taken at once), else round robin.
+            let woken = self.woken.take().and_then(|tid| t.index_of(tid)).filter(|&i| i != cur && t.runnable(i));
+            let other = woken.or_else(|| t.next_runnable(cur).filter(|&i| i != cur));
             let switch = match other {
                 Some(_) if !cur_runnable => true,
-                Some(_) => self.resched && self.slice_start.elapsed() >= SLICE || self.yielded,
+                Some(_) => woken.is_some() || self.resched && self.slice_start.elapsed() >= SLICE || self.yielded,
                 None => false,
             };
             self.yielded = false;
@@ -619,6 +626,9 @@ impl Sandbox {
             };
             if let Some(r) = outcome {
                 self.end_wait(i, &regs, r);
+                if i != cur {
+                    self.woken = Some(self.proc.threads.list[i].tid);
+                }
             }
             self.proc.make_current(cur);
         }
