@@ -23,6 +23,7 @@ from ._errors import (
     RateLimited,
     ServerError,
     SessionBusy,
+    CpuMismatch,
     SessionNotFound,
     Timeout,
     Unauthorized,
@@ -49,6 +50,6 @@ __all__ = [
     "Checkpoint", "Event", "ExecResult", "FileEntry", "OutputFile", "PythonError", "Result", "SessionInfo",
     "Stderr", "Stdout", "Upload",
     "ForkboxError", "ConnectionFailed", "InvalidRequest", "InvalidPath", "Unauthorized", "QuotaExceeded", "NotFound",
-    "SessionNotFound", "CheckpointNotFound", "FileNotFound", "Timeout", "SessionBusy", "PayloadTooLarge",
+    "SessionNotFound", "CheckpointNotFound", "FileNotFound", "Timeout", "SessionBusy", "CpuMismatch", "PayloadTooLarge",
     "GuestError", "RateLimited", "ServerError", "Overloaded",
 ]

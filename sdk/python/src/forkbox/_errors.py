@@ -66,6 +66,10 @@ class SessionBusy(ForkboxError):
     """409: another exec is running in that session."""
 
 
+class CpuMismatch(ForkboxError):
+    """409: the template or checkpoint was made on a host with other CPU features."""
+
+
 class PayloadTooLarge(ForkboxError):
     """413: the request body, the code or a file is over its size limit."""
 
@@ -91,7 +95,6 @@ class Overloaded(ServerError):
 _BY_CODE: dict[str, type[ForkboxError]] = {
     "malformed_json": InvalidRequest,
     "invalid_request": InvalidRequest,
-    "unsupported_media_type": InvalidRequest,
     "invalid_path": InvalidPath,
     "is_a_directory": InvalidPath,
     "unauthorized": Unauthorized,
@@ -102,15 +105,23 @@ _BY_CODE: dict[str, type[ForkboxError]] = {
     "file_not_found": FileNotFound,
     "timeout": Timeout,
     "session_busy": SessionBusy,
+    "cpu_mismatch": CpuMismatch,
     "payload_too_large": PayloadTooLarge,
     "code_too_large": PayloadTooLarge,
     "file_too_large": PayloadTooLarge,
+    "instruction_not_found": NotFound,
+    "method_not_allowed": InvalidRequest,
     "guest_crashed": GuestError,
     "guest_exited": GuestError,
     "guest_killed": GuestError,
     "sandbox_unusable": GuestError,
     "interrupted": GuestError,
+    "upgrade_required": InvalidRequest,
     "rate_limited": RateLimited,
+    "internal": ServerError,
+    "storage_error": ServerError,
+    "protocol_error": ServerError,
+    "boot_failed": ServerError,
     "overloaded": Overloaded,
 }
 
@@ -129,13 +140,17 @@ _BY_STATUS: dict[int, type[ForkboxError]] = {
 
 
 #: The status the server sends with a code (for errors that arrive without one, in a stream).
+#: The server's table is `forkbox_api::ErrorCode` (the `ErrorCode` schema of /v1/openapi.json,
+#: `x-codes`); tests/python/test_sdk_errors.py checks that this one matches it.
 STATUS_OF_CODE: dict[str, int] = {
     "malformed_json": 400, "invalid_request": 400, "invalid_path": 400, "is_a_directory": 400,
     "unauthorized": 401, "quota_exceeded": 403, "not_found": 404, "session_not_found": 404,
-    "checkpoint_not_found": 404, "file_not_found": 404, "timeout": 408, "session_busy": 409,
+    "checkpoint_not_found": 404, "instruction_not_found": 404, "file_not_found": 404,
+    "method_not_allowed": 405, "timeout": 408, "session_busy": 409, "cpu_mismatch": 409,
     "payload_too_large": 413, "code_too_large": 413, "file_too_large": 413, "guest_crashed": 422,
     "guest_exited": 422, "guest_killed": 422, "sandbox_unusable": 422, "interrupted": 422,
-    "rate_limited": 429, "overloaded": 503,
+    "upgrade_required": 426, "rate_limited": 429, "internal": 500, "storage_error": 500,
+    "protocol_error": 500, "boot_failed": 500, "overloaded": 503,
 }
 
 
