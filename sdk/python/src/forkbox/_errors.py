@@ -116,6 +116,7 @@ _BY_CODE: dict[str, type[ForkboxError]] = {
     "guest_killed": GuestError,
     "sandbox_unusable": GuestError,
     "interrupted": GuestError,
+    "deadlock": GuestError,
     "upgrade_required": InvalidRequest,
     "rate_limited": RateLimited,
     "internal": ServerError,
@@ -149,7 +150,7 @@ STATUS_OF_CODE: dict[str, int] = {
     "method_not_allowed": 405, "timeout": 408, "session_busy": 409, "cpu_mismatch": 409,
     "payload_too_large": 413, "code_too_large": 413, "file_too_large": 413, "guest_crashed": 422,
     "guest_exited": 422, "guest_killed": 422, "sandbox_unusable": 422, "interrupted": 422,
-    "upgrade_required": 426, "rate_limited": 429, "internal": 500, "storage_error": 500,
+    "deadlock": 422, "upgrade_required": 426, "rate_limited": 429, "internal": 500, "storage_error": 500,
     "protocol_error": 500, "boot_failed": 500, "overloaded": 503,
 }
 
