@@ -81,7 +81,7 @@ codes! {
     GuestKilled = ("guest_killed", 422, "The guest was killed by a signal."),
     SandboxUnusable = ("sandbox_unusable", 422, "The sandbox is no longer usable after an earlier failure."),
     Interrupted = ("interrupted", 422, "An interrupted exec did not stop within the grace period and was killed."),
-    Deadlock = ("deadlock", 422, "The code waited (a blocking read, poll, futex ...) for something nothing in the guest could ever do."),
+    Deadlock = ("deadlock", 422, "Every guest thread waited (a futex, a blocking read, poll ...) with no timeout for something nothing could ever do."),
     UpgradeRequired = ("upgrade_required", 426, "The route is a WebSocket and the request is not an upgrade."),
     RateLimited = ("rate_limited", 429, "The key is over its requests per second (see Retry-After)."),
     Internal = ("internal", 500, "A failure inside the server."),

@@ -39,6 +39,15 @@ pub enum BenchCommand {
         #[command(flatten)]
         image: ImageArgs,
     },
+    /// Threads in a forked sandbox: thread start + join, ThreadPoolExecutor(8).map
+    /// of 64 trivial tasks; beside a host Python doing the same in an os.fork() child.
+    Threads {
+        /// Samples of each measurement.
+        #[arg(long, default_value_t = 200)]
+        samples: usize,
+        #[command(flatten)]
+        image: ImageArgs,
+    },
     /// Sessions: checkpoint cost vs pages dirtied, resume of evicted sessions,
     /// forks of checkpoints, disk per session, many sessions at once.
     Sessions {
@@ -73,6 +82,7 @@ pub fn bench(home: &Path, cmd: BenchCommand) -> Result<ExitCode> {
     match cmd {
         BenchCommand::Cold { runs, image } => cold(home, runs.max(1), &image),
         BenchCommand::Fork { forks, execs, live, batch, image } => fork(home, forks, execs, live, batch, &image),
+        BenchCommand::Threads { samples, image } => threads(home, samples, &image),
         BenchCommand::Sessions { samples, resident, on_disk, image } => sessions(home, samples, resident, on_disk, &image),
     }
 }
@@ -309,6 +319,66 @@ fn fork(home: &Path, forks: usize, execs: usize, live: usize, batch: usize, imag
         wall / 1000.0,
         field_kib("/proc/self/status", "VmHWM:") as f64 / 1024.0
     );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Thread start + join and a thread pool map, timed inside Python (ms per
+/// operation); the same code runs in the guest and in a host fork child.
+const THREAD_BENCH: &str = r#"
+import json, threading, time
+from concurrent.futures import ThreadPoolExecutor
+def _thread_bench(n):
+    out = {"start_join": [], "pool": []}
+    for _ in range(n):
+        t0 = time.perf_counter()
+        t = threading.Thread(target=lambda: None)
+        t.start(); t.join()
+        out["start_join"].append((time.perf_counter() - t0) * 1000)
+    for _ in range(n):
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(8) as ex:
+            r = list(ex.map(lambda x: x + 1, range(64)))
+        assert r == list(range(1, 65))
+        out["pool"].append((time.perf_counter() - t0) * 1000)
+    return json.dumps(out)
+"#;
+
+fn host_thread_baseline(n: usize) -> Result<serde_json::Value> {
+    let code = format!(
+        "{THREAD_BENCH}\nimport os, sys\nr, w = os.pipe()\npid = os.fork()\nif pid == 0:\n    os.close(r)\n    os.write(w, _thread_bench({n}).encode())\n    os._exit(0)\nos.close(w)\nout = b''\nwhile True:\n    b = os.read(r, 1 << 20)\n    if not b: break\n    out += b\nos.waitpid(pid, 0)\nsys.stdout.write(out.decode())\n"
+    );
+    let out = std::process::Command::new("/usr/bin/python3").args(["-c", &code]).output().context("running the host python3 baseline")?;
+    anyhow::ensure!(out.status.success(), "host baseline failed: {}", String::from_utf8_lossy(&out.stderr));
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+fn threads(home: &Path, samples: usize, image: &ImageArgs) -> Result<ExitCode> {
+    let (path, id) = crate::run::ensure_image(home, image, false)?;
+    let engine = Engine::open(&path)?;
+    let template = forkbox_engine::Template::ensure(&engine, home)?;
+    println!("image {}  template {}", &id[..12], template.info.id);
+    let limits = Limits { timeout: std::time::Duration::from_secs(600), ..Limits::default() };
+    let mut sb = template.fork(&engine, limits)?;
+    sb.exec(THREAD_BENCH)?;
+    // Warm-up.
+    sb.exec("_thread_bench(5)")?;
+    let r = sb.exec(&format!("_thread_bench({samples})"))?;
+    if let Some(e) = &r.error {
+        anyhow::bail!("the guest bench failed: {}: {}", e.kind, e.message);
+    }
+    let repr = r.value.context("no result from the guest bench")?;
+    let guest: serde_json::Value = serde_json::from_str(repr.trim_matches('\''))?;
+    let host = host_thread_baseline(samples)?;
+    let col = |v: &serde_json::Value, k: &str| -> Vec<f64> {
+        v[k].as_array().map(|a| a.iter().filter_map(|x| x.as_f64()).collect()).unwrap_or_default()
+    };
+    for (k, what) in [("start_join", "thread start + join"), ("pool", "ThreadPoolExecutor(8).map, 64 tasks")] {
+        let (g, h) = (col(&guest, k), col(&host, k));
+        println!("{what:<38} guest {}", summary(g.clone()));
+        println!("{:<38} host  {}", "  (host python3, os.fork child)", summary(h.clone()));
+        println!("{:<38} ratio guest/host p50: {:.1}x", "", p50(&g) / p50(&h).max(1e-9));
+    }
+    println!("guest syscalls during the measured exec: {}", r.syscalls);
     Ok(ExitCode::SUCCESS)
 }
 

@@ -9,7 +9,9 @@ use forkbox_linux::loader;
 use forkbox_linux::syscalls::{self, Ctx, Effect};
 use forkbox_linux::wait;
 use forkbox_linux::Process;
-use forkbox_vmm::{kvm_regs, GuestMemory, Vm, VmExit};
+use forkbox_linux::thread::{SavedCpu, SigInfo, Wait, WaitKind, MAIN_TID, SI_KERNEL};
+use forkbox_linux::Errno;
+use forkbox_vmm::{kvm_regs, kvm_xsave, GuestMemory, Regs, Vm, VmExit, Xsave};
 use serde::Serialize;
 
 use crate::error::EngineError;
@@ -17,7 +19,7 @@ use crate::files::{self, FileEntry, OutputFile, OutputIndex};
 use crate::interrupt::Interrupter;
 use crate::limits::Limits;
 use crate::protocol::{self, ExecReply, ExecRequest, MimeBundle, PyError};
-use crate::signal::{self, SignalState};
+use crate::signal::{self, SignalState, SIGINT};
 use crate::Engine;
 
 /// The guest program: CPython running the agent.
@@ -124,6 +126,23 @@ pub struct Sandbox {
     outputs: OutputIndex,
     /// SIGINT delivery in the current run (host-side, never snapshotted).
     sig: SignalState,
+    /// The user state the current thread resumes with before the vCPU runs
+    /// again (a syscall's return on the way to signal delivery, a loaded thread).
+    pending_user: Option<kvm_regs>,
+    /// A time slice ended (or the current thread blocked): pick who runs.
+    resched: bool,
+    yielded: bool,
+    /// When the current thread got the vCPU.
+    slice_start: Instant,
+    /// Thread switches so far (for statistics).
+    switches: u64,
+    /// The vCPU stopped at a syscall exit (so it is in the syscall stub).
+    in_stub: bool,
+    /// A thread whose wait just ended (it runs next).
+    woken: Option<forkbox_linux::thread::Tid>,
+    /// What blocked fd waits wait on, by thread (for `wait::next_change`, a
+    /// timerfd expiring; host-side: after a resume a re-run fills it again).
+    wait_on: std::collections::HashMap<forkbox_linux::thread::Tid, wait::WaitOn>,
 }
 
 impl Drop for Sandbox {
@@ -172,6 +191,14 @@ impl Sandbox {
             pool: None,
             outputs: OutputIndex::default(),
             sig: SignalState::default(),
+            pending_user: None,
+            resched: false,
+            yielded: false,
+            slice_start: Instant::now(),
+            switches: 0,
+            in_stub: true,
+            woken: None,
+            wait_on: Default::default(),
         };
         // Booting python + numpy takes far longer than one exec here: allow a generous deadline.
         let deadline = Instant::now() + sb.limits.timeout.max(Duration::from_secs(120));
@@ -218,6 +245,14 @@ impl Sandbox {
             pool,
             outputs: OutputIndex::default(),
             sig: SignalState::default(),
+            pending_user: None,
+            resched: false,
+            yielded: false,
+            slice_start: Instant::now(),
+            switches: 0,
+            in_stub: true,
+            woken: None,
+            wait_on: Default::default(),
         })
     }
 
@@ -395,6 +430,15 @@ impl Sandbox {
     fn run(&mut self, resume: Option<kvm_regs>, deadline: Instant, sink: &mut Option<OutputSink<'_>>) -> Result<Stop, EngineError> {
         self.io.deadline = Some(deadline);
         self.sig.reset();
+        self.resched = false;
+        self.slice_start = Instant::now();
+        self.proc.threads.clock.start();
+        let r = self.run_threads(resume, deadline, sink);
+        self.proc.threads.clock.stop();
+        r
+    }
+
+    fn run_threads(&mut self, resume: Option<kvm_regs>, deadline: Instant, sink: &mut Option<OutputSink<'_>>) -> Result<Stop, EngineError> {
         let latch = self.io.interrupt.clone();
         if let Some(regs) = resume {
             let stop = self.syscall(regs)?;
@@ -404,12 +448,22 @@ impl Sandbox {
             }
         }
         loop {
-            self.note_interrupt();
-            if self.sig.want && self.io.agent_pending() == 0 {
-                self.deliver_outside_syscall()?;
+            self.note_interrupt()?;
+            self.schedule(deadline)?;
+            self.deliver_at_vcpu()?;
+            let mut run_deadline = self.sig.grace.map_or(deadline, |g| g.min(deadline));
+            let threads = &self.proc.threads;
+            if !threads.is_simple() {
+                if let Some(at) = self.next_wake() {
+                    run_deadline = run_deadline.min(at);
+                }
+                if threads.runnable_count() > 1 {
+                    run_deadline = run_deadline.min(self.slice_start + SLICE);
+                }
             }
-            let run_deadline = self.sig.grace.map_or(deadline, |g| g.min(deadline));
-            match self.vm().run(Some(run_deadline), latch.as_deref())? {
+            let exit = self.vm().run(Some(run_deadline), latch.as_deref())?;
+            self.in_stub = matches!(exit, VmExit::Syscall(_));
+            match exit {
                 VmExit::Syscall(regs) => {
                     let stop = self.syscall(regs)?;
                     self.flush_stream(sink);
@@ -424,7 +478,7 @@ impl Sandbox {
                     // for a page it did not map...); without a handler, a crash.
                     let delivered = {
                         let vm = self.vm.as_mut().expect("sandbox VM present until drop");
-                        self.sig.deliver_fault(vm, &mut self.proc, &fault)
+                        signal::deliver_fault(vm, &mut self.proc, &mut self.sig, &fault)
                     };
                     match delivered {
                         Ok(h) => self.vm().enter_user(&h)?,
@@ -435,13 +489,9 @@ impl Sandbox {
                     return Err(EngineError::GuestCrashed(format!("triple fault (VM shutdown) near rip {rip:#x}")))
                 }
                 VmExit::DeadlineExceeded => {
-                    if self.sig.grace.is_some_and(|g| g <= deadline && Instant::now() >= g) {
-                        return Err(EngineError::Interrupted(format!(
-                            "the guest did not get back to the agent within {} s of the interrupt",
-                            signal::GRACE.as_secs()
-                        )));
-                    }
-                    return Err(EngineError::Timeout(self.limits.timeout.as_secs_f64()));
+                    self.check_deadline(deadline)?;
+                    // A time slice ended, a timer or a wait's deadline is due.
+                    self.resched = true;
                 }
                 VmExit::Unexpected(why) => return Err(EngineError::GuestCrashed(why)),
             }
@@ -460,40 +510,352 @@ impl Sandbox {
         EngineError::GuestCrashed(format!("{why}; stderr: {}", String::from_utf8_lossy(tail).trim_end()))
     }
 
-    /// Turn a triggered interrupt into a SIGINT to deliver; the first one of
-    /// the exec starts the grace period (host-side sleeps end there too).
-    fn note_interrupt(&mut self) {
-        let Some(latch) = &self.io.interrupt else { return };
-        if !latch.take() {
-            return;
+
+    /// The exec's deadline, or the grace period after an interrupt, has passed: end it.
+    fn check_deadline(&self, deadline: Instant) -> Result<(), EngineError> {
+        let now = Instant::now();
+        if self.sig.grace.is_some_and(|g| g <= deadline && now >= g) {
+            return Err(EngineError::Interrupted(format!(
+                "the guest did not get back to the agent within {} s of the interrupt",
+                signal::GRACE.as_secs()
+            )));
         }
-        self.sig.want = true;
-        if self.sig.grace.is_none() {
-            let g = Instant::now() + signal::GRACE;
-            self.sig.grace = Some(g);
-            self.io.deadline = Some(self.io.deadline.map_or(g, |d| d.min(g)));
+        if now >= deadline {
+            return Err(EngineError::Timeout(self.limits.timeout.as_secs_f64()));
+        }
+        Ok(())
+    }
+
+    /// Turn a triggered interrupt into a SIGINT for the guest (the main thread
+    /// takes it unless it blocks it); the first one of the exec starts the
+    /// grace period (host-side sleeps end there too). It is queued only once
+    /// the agent has read its whole request.
+    fn note_interrupt(&mut self) -> Result<(), EngineError> {
+        if let Some(latch) = &self.io.interrupt {
+            if latch.take() {
+                self.sig.want = true;
+                if self.sig.grace.is_none() {
+                    let g = Instant::now() + signal::GRACE;
+                    self.sig.grace = Some(g);
+                    self.io.deadline = Some(self.io.deadline.map_or(g, |d| d.min(g)));
+                }
+            }
+        }
+        if self.sig.want && self.io.agent_pending() == 0 {
+            SignalState::check_interrupt(&self.proc)?;
+            self.sig.want = false;
+            self.proc.threads.send_process(SigInfo::user(SIGINT as i32, SI_KERNEL));
+        }
+        Ok(())
+    }
+
+    // ----- threads -------------------------------------------------------------
+
+    /// Between two runs of the vCPU: fire due timers, re-check blocked threads,
+    /// and make sure the current thread is loaded and runnable (switching to
+    /// another one, or waiting on the host until one can run). All threads
+    /// waiting with nothing that can end their waits is a deadlock.
+    fn schedule(&mut self, deadline: Instant) -> Result<(), EngineError> {
+        loop {
+            let t = &self.proc.threads;
+            let cur = t.cur;
+            let loaded = t.list[cur].cpu.is_none();
+            if t.is_simple() && loaded && t.list[cur].wait.is_none() && !self.resched {
+                return Ok(());
+            }
+            let now = t.clock.now();
+            self.proc.threads.fire_timers(now);
+            self.recheck_waits(now)?;
+            let t = &self.proc.threads;
+            let cur_runnable = loaded && t.runnable(cur);
+            // A thread whose wait just ended goes first (so a lock or the GIL
+            // handed to it is taken at once), else round robin.
+            let woken = self.woken.take().and_then(|tid| t.index_of(tid)).filter(|&i| i != cur && t.runnable(i));
+            let other = woken.or_else(|| t.next_runnable(cur).filter(|&i| i != cur));
+            let switch = match other {
+                Some(_) if !cur_runnable => true,
+                Some(_) => woken.is_some() || self.resched && self.slice_start.elapsed() >= SLICE || self.yielded,
+                None => false,
+            };
+            self.yielded = false;
+            if switch {
+                if let Some(next) = other {
+                    if self.switch_to(next)? {
+                        self.resched = false;
+                        return Ok(());
+                    }
+                }
+            }
+            if cur_runnable {
+                self.resched = false;
+                return Ok(());
+            }
+            if !loaded {
+                if let Some(i) = self.proc.threads.next_runnable(cur) {
+                    self.load(i)?;
+                    self.resched = false;
+                    return Ok(());
+                }
+            }
+            // Nobody can run: wait on the host for the next event.
+            let Some(wake) = self.next_wake() else {
+                return Err(EngineError::Deadlock(self.describe_deadlock()));
+            };
+            let until = self.sig.grace.map_or(deadline, |g| g.min(deadline)).min(wake);
+            let d = until.saturating_duration_since(Instant::now());
+            match &self.io.interrupt {
+                Some(latch) => {
+                    latch.sleep(d);
+                }
+                None => std::thread::sleep(d),
+            }
+            self.check_deadline(deadline)?;
+            self.note_interrupt()?;
         }
     }
 
-    /// Deliver a wanted SIGINT to a vCPU stopped outside a syscall: in user
-    /// code (CPL 3), or at the syscall stub's iretq (the user state is in its
-    /// frame). In the stub before its `out`, the syscall exit comes next and
-    /// the signal goes on its way back.
-    fn deliver_outside_syscall(&mut self) -> Result<(), EngineError> {
-        let vm = self.vm.as_mut().expect("sandbox VM present until drop");
-        let regs = vm.regs()?;
-        if vm.in_user_mode()? {
-            if let Some(h) = self.sig.deliver(vm, &mut self.proc, &regs)? {
-                self.sig.want = false;
-                vm.set_regs(&h)?;
+    /// When something happens by itself: a wait's deadline, a timer, a
+    /// timerfd that a blocked fd wait watches.
+    fn next_wake(&self) -> Option<Instant> {
+        let t = &self.proc.threads;
+        let own = t.next_event().map(|at| t.clock.to_instant(at));
+        let fds = self.wait_on.iter().filter_map(|(tid, on)| {
+            let waiting = t.index_of(*tid).is_some_and(|i| t.list[i].wait.is_some());
+            if waiting {
+                wait::next_change(&self.proc, on)
+            } else {
+                None
             }
-        } else if let Some(u) = vm.user_regs_at_iretq(&regs)? {
-            if let Some(h) = self.sig.deliver(vm, &mut self.proc, &u)? {
-                self.sig.want = false;
-                vm.enter_user(&h)?;
+        });
+        own.into_iter().chain(fds).min()
+    }
+
+    fn describe_deadlock(&self) -> String {
+        let waits: Vec<String> = self
+            .proc
+            .threads
+            .list
+            .iter()
+            .filter_map(|t| {
+                let w = t.wait.as_ref()?;
+                let what = match &w.kind {
+                    WaitKind::Futex { addr, .. } => format!("the futex at {addr:#x}"),
+                    WaitKind::Signal => "a signal".into(),
+                    WaitKind::Time => "time".into(),
+                    WaitKind::Other => "a file descriptor".into(),
+                };
+                Some(format!("thread {} in {}() waits for {what}", t.tid, syscalls::name(w.regs.rax)))
+            })
+            .collect();
+        format!("every thread waits with no timeout and nothing can wake them ({})", waits.join("; "))
+    }
+
+    /// Re-run the handlers of blocked threads (state may have changed), end
+    /// the waits whose deadline passed, interrupt those a signal is for.
+    fn recheck_waits(&mut self, now: u64) -> Result<(), EngineError> {
+        let cur = self.proc.threads.cur;
+        for i in 0..self.proc.threads.len() {
+            let Some(w) = self.proc.threads.list[i].wait.as_ref() else { continue };
+            let timed_out = w.deadline.is_some_and(|d| d <= now);
+            // Futex waits and sleeps change only by a wake or their deadline;
+            // a signal for them is looked at without re-running them.
+            let quiet = match w.kind {
+                WaitKind::Futex { .. } => !w.woken,
+                WaitKind::Time => true,
+                _ => false,
+            };
+            if quiet && !timed_out && !self.proc.threads.any_pending() {
+                continue;
             }
+            let w = w.clone();
+            let regs = words_to_regs(&w.regs);
+            let args = [regs.rdi, regs.rsi, regs.rdx, regs.r10, regs.r8, regs.r9];
+            self.proc.make_current(i);
+            let (result, effect) = self.dispatch_again(regs.rax, &args, timed_out);
+            let outcome = match effect {
+                Some(Effect::Block(b)) if !timed_out => {
+                    if let Some(w) = self.proc.threads.list[i].wait.as_mut() {
+                        w.kind = wait_kind(&b.on, &w.kind);
+                    }
+                    if w.kind == WaitKind::Other {
+                        self.wait_on.insert(self.proc.threads.list[i].tid, b.on);
+                    }
+                    // Still waiting: a signal for it ends the wait.
+                    if self.proc.deliverable(i) != 0 {
+                        Some(Err(ERESTARTSYS))
+                    } else {
+                        None
+                    }
+                }
+                Some(Effect::Block(_)) => Some(w.on_timeout.map_err(Errno)),
+                Some(Effect::Exit(code)) => return Err(EngineError::GuestExited(code)),
+                Some(Effect::Signaled(sig)) => return Err(EngineError::GuestSignaled(sig)),
+                _ => Some(result),
+            };
+            if let Some(r) = outcome {
+                self.end_wait(i, &regs, r);
+                if i != cur {
+                    self.woken = Some(self.proc.threads.list[i].tid);
+                }
+            }
+            self.proc.make_current(cur);
         }
         Ok(())
+    }
+
+    /// Thread `i`'s blocked call returns `r` (ERESTARTSYS: a signal ended it).
+    fn end_wait(&mut self, i: usize, regs: &kvm_regs, r: forkbox_linux::SysResult) {
+        let t = &mut self.proc.threads.list[i];
+        t.wait = None;
+        let ret = match r {
+            Ok(v) => v,
+            Err(e) if e == ERESTARTSYS => {
+                let nr = regs.rax;
+                t.restart = Some((nr, restartable(nr, regs)));
+                Errno::EINTR.to_rax()
+            }
+            Err(e) => e.to_rax(),
+        };
+        // A wait that narrowed the mask (sigtimedwait) and ends by itself gives
+        // it back (thread `i` is current here: its mask is the process').
+        if t.restart.is_none() {
+            if let Some(m) = t.restore_mask.take() {
+                self.proc.signals.mask = m;
+            }
+        }
+        let t = &mut self.proc.threads.list[i];
+        let u = to_user(regs, ret);
+        match &mut t.cpu {
+            // Off the vCPU: it resumes from these registers when loaded.
+            Some(c) => c.regs = regs_to_words(&u),
+            // On the vCPU (stopped at its syscall exit): resume it in place.
+            None => self.pending_user = Some(u),
+        }
+    }
+
+    /// Put the current thread's user state aside and load thread `next`.
+    /// False if the vCPU cannot be switched right now (in an entry stub).
+    fn switch_to(&mut self, next: usize) -> Result<bool, EngineError> {
+        let cur = self.proc.threads.cur;
+        if self.proc.threads.list[cur].cpu.is_none() {
+            let blocked = self.proc.threads.list[cur].wait.as_ref().map(|w| w.regs);
+            let regs = match (blocked, self.pending_user.take()) {
+                (Some(w), _) => w,
+                (None, Some(u)) => regs_to_words(&u),
+                (None, None) => match self.user_state()? {
+                    Some(u) => regs_to_words(&u),
+                    None => return Ok(false),
+                },
+            };
+            let vm = self.vm.as_mut().expect("sandbox VM present until drop");
+            let xsave = xsave_to_words(&vm.xsave()?);
+            self.proc.threads.list[cur].cpu = Some(SavedCpu { regs, xsave });
+        }
+        self.load(next)?;
+        Ok(true)
+    }
+
+    /// Load saved thread `i` onto the vCPU (the current one is saved or gone).
+    fn load(&mut self, i: usize) -> Result<(), EngineError> {
+        self.proc.make_current(i);
+        let Some(c) = self.proc.threads.list[i].cpu.take() else { return Ok(()) };
+        let vm = self.vm.as_mut().expect("sandbox VM present until drop");
+        vm.set_xsave(&*words_to_xsave(&c.xsave)?)?;
+        vm.set_fs_base(self.proc.fs_base)?;
+        self.pending_user = Some(words_to_regs(&c.regs));
+        self.slice_start = Instant::now();
+        self.switches += 1;
+        Ok(())
+    }
+
+    /// The user-mode registers of the vCPU, if it is in user mode or at the
+    /// syscall stub's iretq (None: inside an entry stub).
+    fn user_state(&self) -> Result<Option<kvm_regs>, EngineError> {
+        let vm = self.vm.as_ref().expect("sandbox VM present until drop");
+        let regs = vm.regs()?;
+        if let Some(u) = vm.user_regs_at_iretq(&regs)? {
+            return Ok(Some(u));
+        }
+        Ok(vm.in_user_mode()?.then_some(regs))
+    }
+
+    /// Before the vCPU runs: give the current thread the user state it must
+    /// resume with (after a wait or a switch), delivering its pending signals
+    /// first; or deliver them where the vCPU stopped (user code, or the syscall
+    /// stub's iretq; inside a stub before its exit they wait for the next exit).
+    fn deliver_at_vcpu(&mut self) -> Result<(), EngineError> {
+        if let Some(u) = self.pending_user.take() {
+            let u = self.deliver_signals(u)?;
+            let in_stub = self.in_stub;
+            let vm = self.vm.as_mut().expect("sandbox VM present until drop");
+            if !in_stub && vm.in_user_mode()? {
+                let mut s = u;
+                s.rflags = (u.rflags & 0x0000_0000_0020_0CD5) | forkbox_vmm::arch::USER_RFLAGS;
+                vm.set_regs(&s)?;
+            } else {
+                vm.enter_user(&u)?;
+            }
+            return Ok(());
+        }
+        let cur = self.proc.threads.cur;
+        if self.proc.deliverable(cur) == 0 {
+            return Ok(());
+        }
+        let vm = self.vm.as_ref().expect("sandbox VM present until drop");
+        let regs = vm.regs()?;
+        if let Some(u) = vm.user_regs_at_iretq(&regs)? {
+            let h = self.deliver_signals(u)?;
+            self.vm().enter_user(&h)?;
+        } else if vm.in_user_mode()? {
+            let h = self.deliver_signals(regs)?;
+            self.vm().set_regs(&h)?;
+        }
+        Ok(())
+    }
+
+    /// Deliver the current thread's pending signals to user state `u`: the
+    /// registers to enter user mode with (a handler's, or `u` when nothing
+    /// had a handler). A call a signal ended is restarted or returns EINTR
+    /// here, as Linux decides it (SA_RESTART).
+    fn deliver_signals(&mut self, mut u: kvm_regs) -> Result<kvm_regs, EngineError> {
+        let cur = self.proc.threads.cur;
+        let restart = self.proc.threads.list[cur].restart.take();
+        loop {
+            let set = self.proc.deliverable(cur);
+            if set == 0 {
+                break;
+            }
+            let Some(info) = self.proc.threads.take(cur, set) else { break };
+            let act = signal::action(&self.proc, info.signo as usize);
+            match act.handler {
+                signal::SIG_IGN => continue,
+                signal::SIG_DFL => match signal::default_action(info.signo) {
+                    signal::DefaultAction::Ignore => continue,
+                    signal::DefaultAction::Terminate if info.signo as usize == SIGINT && info.code == SI_KERNEL => {
+                        return Err(EngineError::Interrupted("SIGINT has its default action (terminate)".into()))
+                    }
+                    signal::DefaultAction::Terminate => return Err(EngineError::GuestSignaled(info.signo)),
+                },
+                _ => {}
+            }
+            if let Some((nr, ok)) = restart {
+                if ok && act.flags & signal::SA_RESTART != 0 {
+                    u.rip = u.rip.wrapping_sub(2);
+                    u.rax = nr;
+                } else {
+                    u.rax = Errno::EINTR.to_rax();
+                }
+            }
+            let restore = self.proc.threads.list[cur].restore_mask.take();
+            let vm = self.vm.as_mut().expect("sandbox VM present until drop");
+            return Ok(signal::deliver(vm, &mut self.proc, &u, &info, restore)?);
+        }
+        if let Some((nr, _)) = restart {
+            // Nothing ran a handler: the call goes on as if never interrupted.
+            u.rip = u.rip.wrapping_sub(2);
+            u.rax = nr;
+        }
+        Ok(u)
     }
 
     /// Run one syscall handler on the guest's state.
@@ -504,73 +866,35 @@ impl Sandbox {
         (result, ctx.effect)
     }
 
-    /// A call that blocked (`Effect::Block`), single-threaded: nothing but
-    /// time (the call's deadline, a timerfd expiring) can change the state it
-    /// waits on, so sleep until then and re-run the handler with the same
-    /// arguments (see `forkbox_linux::wait`). The exec's deadline and its
-    /// interrupt end the wait with EINTR (the run loop then reports the
-    /// timeout or delivers the signal); a wait nothing can end is a deadlock.
-    fn wait(
-        &mut self,
-        first: wait::Block,
-        nr: u64,
-        args: &syscalls::Args,
-    ) -> Result<(forkbox_linux::SysResult, Option<Effect>), EngineError> {
-        let wait::Block { mut on, deadline, on_timeout } = first;
-        loop {
-            let wake = [deadline, wait::next_change(&self.proc, &on)].into_iter().flatten().min();
-            let Some(wake) = wake else {
-                return Err(EngineError::Deadlock(format!(
-                    "{}() waits for {} with no timeout, and nothing else in the guest can wake it",
-                    syscalls::name(nr),
-                    describe_wait(&on)
-                )));
-            };
-            let until = self.io.deadline.map_or(wake, |d| d.min(wake));
-            let d = until.saturating_duration_since(Instant::now());
-            let interrupted = match &self.io.interrupt {
-                Some(latch) => latch.sleep(d),
-                None => {
-                    std::thread::sleep(d);
-                    false
-                }
-            };
-            if interrupted || until < wake {
-                return Ok((Err(forkbox_linux::Errno::EINTR), None));
-            }
-            let timed_out = deadline.is_some_and(|t| Instant::now() >= t);
-            match self.dispatch(nr, args, timed_out) {
-                (_, Some(Effect::Block(b))) => {
-                    if timed_out {
-                        return Ok((on_timeout, None));
-                    }
-                    on = b.on;
-                }
-                done => return Ok(done),
-            }
-        }
+    /// Re-run a blocked call's handler.
+    fn dispatch_again(&mut self, nr: u64, args: &syscalls::Args, timed_out: bool) -> (forkbox_linux::SysResult, Option<Effect>) {
+        let vm = self.vm.as_mut().expect("sandbox VM present until drop");
+        let mut ctx = Ctx { mem: vm.mem_mut(), proc: &mut self.proc, io: &mut self.io, effect: None, timed_out };
+        let result = syscalls::redispatch(&mut ctx, nr, args);
+        (result, ctx.effect)
     }
 
-    /// Handle one syscall exit; `Some` when the guest stops (parks).
+    /// Handle one syscall exit of the current thread; `Some` when the guest stops (parks).
     fn syscall(&mut self, regs: kvm_regs) -> Result<Option<Stop>, EngineError> {
         let args = [regs.rdi, regs.rsi, regs.rdx, regs.r10, regs.r8, regs.r9];
-        let (result, effect) = match self.dispatch(regs.rax, &args, false) {
-            (_, Some(Effect::Block(b))) => self.wait(b, regs.rax, &args)?,
-            done => done,
-        };
-        let vm = self.vm.as_mut().expect("sandbox VM present until drop");
-        let ret = match result {
+        let (result, effect) = self.dispatch(regs.rax, &args, false);
+        let mut ret = match result {
             Ok(v) => v,
             Err(e) => e.to_rax(),
         };
+        let vm = self.vm.as_mut().expect("sandbox VM present until drop");
         match effect {
             None => {}
             Some(Effect::Park) => {
-                // Never snapshot a guest in the middle of a signal delivery.
-                if self.sig.in_handler() {
+                if self.proc.tid() != MAIN_TID {
+                    // Only the agent (the main thread) reads requests.
+                    ret = Errno::EAGAIN.to_rax();
+                } else if !self.proc.threads.current().frames.is_empty() {
+                    // Never snapshot a guest in the middle of a signal delivery.
                     return Err(EngineError::GuestCrashed("the agent waited for a request inside a signal handler".into()));
+                } else {
+                    return Ok(Some(Stop::Parked(regs)));
                 }
-                return Ok(Some(Stop::Parked(regs)));
             }
             Some(Effect::Exit(code)) => return Err(EngineError::GuestExited(code)),
             Some(Effect::Signaled(sig)) => {
@@ -583,45 +907,119 @@ impl Sandbox {
             }
             Some(Effect::SetFsBase(base)) => vm.set_fs_base(base)?,
             Some(Effect::SigReturn) => {
-                let u = self.sig.sigreturn(vm, &mut self.proc, regs.rsp)?;
-                vm.enter_user(&u)?;
+                let u = signal::sigreturn(vm, &mut self.proc, regs.rsp)?;
+                // A handler that ended rt_sigsuspend returned: so does the call (EINTR, already in `u`).
+                self.pending_user = Some(u);
                 return Ok(None);
             }
-            // `wait` never hands a Block back.
-            Some(Effect::Block(_)) => return Err(EngineError::GuestCrashed("a blocked call was not resolved".into())),
-        }
-        if self.io.interrupt.is_some() {
-            self.note_interrupt();
-            if self.sig.want && self.io.agent_pending() == 0 {
-                // The signal arrives on the way back from the syscall (an
-                // interrupted sleep returns EINTR), as on Linux.
-                let mut u = regs;
-                u.rax = ret;
-                u.rip = regs.rcx;
-                u.rflags = regs.r11;
-                let vm = self.vm.as_mut().expect("sandbox VM present until drop");
-                if let Some(h) = self.sig.deliver(vm, &mut self.proc, &u)? {
-                    self.sig.want = false;
-                    vm.enter_user(&h)?;
-                    return Ok(None);
+            Some(Effect::Block(b)) => {
+                let clock = &self.proc.threads.clock;
+                let deadline = b.deadline.map(|d| clock.from_instant(d));
+                let kind = wait_kind(&b.on, &WaitKind::Other);
+                if kind == WaitKind::Other {
+                    self.wait_on.insert(self.proc.tid(), b.on);
+                } else if !self.wait_on.is_empty() {
+                    self.wait_on.remove(&self.proc.tid());
+                }
+                let on_timeout = b.on_timeout.map_err(|e| e.0);
+                self.proc.threads.current_mut().wait =
+                    Some(Wait { regs: regs_to_words(&regs), deadline, on_timeout, kind, woken: false });
+                self.resched = true;
+                return Ok(None);
+            }
+            Some(Effect::Spawn { tid, stack }) => {
+                let mut u = to_user(&regs, 0);
+                if stack != 0 {
+                    u.rsp = stack;
+                }
+                let xsave = xsave_to_words(&vm.xsave()?);
+                if let Some(i) = self.proc.threads.index_of(tid) {
+                    self.proc.threads.list[i].cpu = Some(SavedCpu { regs: regs_to_words(&u), xsave });
                 }
             }
+            Some(Effect::ThreadExit) => {
+                let cur = self.proc.threads.cur;
+                self.proc.threads.remove(cur);
+                // The vCPU holds a thread that is gone: load another one
+                // (the process' per-thread fields are the gone thread's, so no save).
+                let i = self.proc.threads.cur;
+                self.proc.load_current(i);
+                self.pending_user = None;
+                self.resched = true;
+                return Ok(None);
+            }
+            Some(Effect::Yield) => {
+                self.yielded = true;
+                self.resched = true;
+            }
         }
-        let vm = self.vm.as_mut().expect("sandbox VM present until drop");
-        vm.complete_syscall(&regs, ret)?;
+        if self.proc.threads.is_simple() {
+            vm.complete_syscall(&regs, ret)?;
+            return Ok(None);
+        }
+        // Signals go on the way back to user mode; a switch may come first.
+        self.pending_user = Some(to_user(&regs, ret));
         Ok(None)
     }
 }
 
-/// What a blocked call waits for, for the deadlock error.
-fn describe_wait(on: &wait::WaitOn) -> String {
-    match on {
-        wait::WaitOn::Fd { .. } | wait::WaitOn::Fds(_) => "a file descriptor to become ready".into(),
-        wait::WaitOn::Futex { addr, .. } => format!("the futex at {addr:#x}"),
-        wait::WaitOn::Signal { .. } => "a signal".into(),
-        wait::WaitOn::Child => "a child process".into(),
-        wait::WaitOn::Time => "time".into(),
+/// An internal errno (Linux's ERESTARTSYS): a signal ended a wait; the
+/// delivery restarts the call or makes it EINTR.
+const ERESTARTSYS: Errno = Errno(512);
+/// A thread that may run alone on the vCPU before another runnable one gets it.
+const SLICE: Duration = Duration::from_millis(5);
+
+/// May a call a signal interrupted restart (SA_RESTART), as Linux? Never the
+/// waits with timeouts and the calls that always return EINTR.
+fn restartable(nr: u64, regs: &kvm_regs) -> bool {
+    match nr as i64 {
+        libc::SYS_poll | libc::SYS_select | libc::SYS_pselect6 | libc::SYS_ppoll | libc::SYS_epoll_wait
+        | libc::SYS_epoll_pwait | libc::SYS_nanosleep | libc::SYS_clock_nanosleep | libc::SYS_pause
+        | libc::SYS_rt_sigsuspend | libc::SYS_rt_sigtimedwait => false,
+        libc::SYS_futex => regs.r10 == 0,
+        _ => true,
     }
+}
+
+fn wait_kind(on: &forkbox_linux::wait::WaitOn, old: &WaitKind) -> WaitKind {
+    use forkbox_linux::wait::WaitOn;
+    match on {
+        // A requeue moved the waiter: keep where it is now.
+        WaitOn::Futex { addr, bitset } => match old {
+            WaitKind::Futex { addr: a, bitset: b } => WaitKind::Futex { addr: *a, bitset: *b },
+            _ => WaitKind::Futex { addr: *addr, bitset: *bitset },
+        },
+        WaitOn::Signal { .. } => WaitKind::Signal,
+        WaitOn::Time => WaitKind::Time,
+        _ => WaitKind::Other,
+    }
+}
+
+/// The user state after syscall `regs` returns `ret`.
+fn to_user(regs: &kvm_regs, ret: u64) -> kvm_regs {
+    let mut u = *regs;
+    u.rax = ret;
+    u.rip = regs.rcx;
+    u.rflags = regs.r11;
+    u
+}
+
+pub(crate) fn regs_to_words(r: &kvm_regs) -> Regs {
+    Regs::from(r)
+}
+
+pub(crate) fn words_to_regs(w: &Regs) -> kvm_regs {
+    kvm_regs::from(w)
+}
+
+pub(crate) fn xsave_to_words(x: &kvm_xsave) -> std::sync::Arc<Xsave> {
+    std::sync::Arc::new(Xsave::from(x))
+}
+
+/// A saved XSAVE image back into the ioctl's form (its size was checked when
+/// the process state was restored; a wrong one is a crash, not a panic).
+pub(crate) fn words_to_xsave(w: &Xsave) -> Result<Box<kvm_xsave>, EngineError> {
+    w.to_kvm().map_err(|e| EngineError::GuestCrashed(format!("saved thread state: {e}")))
 }
 
 fn take_text(c: &mut forkbox_linux::io::Capture) -> String {

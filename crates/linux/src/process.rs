@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::fd::FdTable;
 use crate::mm::MemoryMap;
+use crate::thread::Threads;
 use crate::vfs::{Ino, Vfs, VfsState, ROOT_INO};
 
 /// The fd the agent channel appears on in the guest.
@@ -45,6 +46,9 @@ pub struct Process {
     pub umask: u32,
     /// What /proc/self/{exe,cmdline,environ} report (set by execve).
     pub exec_info: ExecInfo,
+    /// Threads, pending signals, timers (see `thread.rs`). The current thread's
+    /// signal mask, altstack, FS base and clear-child-tid are the fields above.
+    pub threads: Threads,
 }
 
 /// A `Process` as written into a snapshot's state file. Its shape (and that
@@ -63,6 +67,7 @@ pub struct ProcessState {
     pub fs_base: u64,
     pub tid_address: u64,
     pub umask: u32,
+    pub threads: Threads,
     /// What /proc/self/{exe,cmdline,environ} report (set by execve).
     pub exec_info: ExecInfo,
 }
@@ -96,6 +101,7 @@ impl Process {
             tid_address: 0,
             umask: 0o022,
             exec_info: ExecInfo::default(),
+            threads: Threads::default(),
         }
     }
 
@@ -110,6 +116,7 @@ impl Process {
             tid_address: self.tid_address,
             umask: self.umask,
             exec_info: self.exec_info.clone(),
+            threads: self.threads.clone(),
         }
     }
 
@@ -121,6 +128,7 @@ impl Process {
         if s.signals.actions.len() != NSIG + 1 {
             return Err(bad("signal table size".into()));
         }
+        s.threads.validate().map_err(|e| bad(format!("threads: {e}")))?;
         let vfs = Vfs::restore_state(image, s.vfs)?;
         for ino in s.fds.open_nodes().chain([s.cwd]) {
             vfs.stat(ino).map_err(|e| bad(format!("open inode {ino}: {e}")))?;
@@ -135,6 +143,58 @@ impl Process {
             tid_address: s.tid_address,
             umask: s.umask & 0o777,
             exec_info: s.exec_info,
+            threads: s.threads,
         })
+    }
+
+    /// Make thread `i` the current one: the per-thread fields kept in the
+    /// process (signal mask, altstack, FS base, clear-child-tid) go back into
+    /// the old current's record and come out of `i`'s.
+    pub fn make_current(&mut self, i: usize) {
+        let cur = self.threads.cur;
+        if i == cur || i >= self.threads.list.len() {
+            return;
+        }
+        if let Some(t) = self.threads.list.get_mut(cur) {
+            t.sigmask = self.signals.mask;
+            t.altstack = self.signals.altstack;
+            t.fs_base = self.fs_base;
+            t.clear_tid = self.tid_address;
+        }
+        let t = &self.threads.list[i];
+        self.signals.mask = t.sigmask;
+        self.signals.altstack = t.altstack;
+        self.fs_base = t.fs_base;
+        self.tid_address = t.clear_tid;
+        self.threads.cur = i;
+    }
+
+    /// Make thread `i` current when the old current is gone (exited): its
+    /// fields are dropped, not saved.
+    pub fn load_current(&mut self, i: usize) {
+        self.threads.cur = usize::MAX;
+        self.make_current(i);
+    }
+
+    /// The current thread's id.
+    pub fn tid(&self) -> crate::thread::Tid {
+        self.threads.current().tid
+    }
+
+    /// The mask of thread `i` (the current one's lives in `signals.mask`).
+    pub fn mask_of(&self, i: usize) -> u64 {
+        if i == self.threads.cur {
+            self.signals.mask
+        } else {
+            self.threads.list.get(i).map_or(u64::MAX, |t| t.sigmask)
+        }
+    }
+
+    /// Signals thread `i` can take now.
+    pub fn deliverable(&self, i: usize) -> u64 {
+        if !self.threads.any_pending() {
+            return 0;
+        }
+        self.threads.deliverable(i, self.mask_of(i), self.signals.mask)
     }
 }

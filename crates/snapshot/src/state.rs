@@ -24,9 +24,12 @@ pub const MAGIC: &[u8; 8] = b"FBXSNAP\0";
 /// 4: fd objects (pipes, AF_UNIX sockets, eventfd, epoll, timerfd) in the fd table,
 ///    FIFO and socket nodes and atime in the VFS, exec info (/proc) in the process.
 ///    Version 3 files are not read: their process state has the older shape.
-pub const FORMAT_VERSION: u32 = 4;
+/// 5: threads (per-thread registers, XSAVE, FS base, signal mask, altstack,
+///    clear-child-tid, signal frames in flight, blocked calls), pending
+///    signals, timers and the run clock in the process state.
+pub const FORMAT_VERSION: u32 = 5;
 /// Every version `decode` reads (oldest first); the last is `FORMAT_VERSION`.
-pub const READABLE_VERSIONS: &[u32] = &[4];
+pub const READABLE_VERSIONS: &[u32] = &[5];
 const HEADER_LEN: usize = 8 + 4 + 8 + 32;
 /// A state file larger than this is rejected before it is read into memory.
 const MAX_PAYLOAD: u64 = 4 << 30;
@@ -117,14 +120,14 @@ pub fn decode(bytes: &[u8]) -> Result<Snapshot, StateError> {
 /// The reader of each readable version.
 fn decode_payload(version: u32, payload: &[u8]) -> Result<Snapshot, StateError> {
     match version {
-        4 => read_v4(payload),
+        5 => read_v5(payload),
         v => Err(StateError::BadVersion(v)),
     }
 }
 
-/// Version 4 is the current shape (`Snapshot` as defined above).
-fn read_v4(payload: &[u8]) -> Result<Snapshot, StateError> {
-    postcard::from_bytes(payload).map_err(|e| StateError::Corrupt(format!("undecodable version 4 payload: {e}")))
+/// Version 5 is the current shape (`Snapshot` as defined above).
+fn read_v5(payload: &[u8]) -> Result<Snapshot, StateError> {
+    postcard::from_bytes(payload).map_err(|e| StateError::Corrupt(format!("undecodable version 5 payload: {e}")))
 }
 
 /// Write atomically: temp file, fsync, rename, fsync the directory.

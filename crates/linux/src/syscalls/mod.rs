@@ -10,7 +10,9 @@ mod sys_pipe;
 mod sys_process;
 pub use sys_process::fill_random;
 mod sys_signal;
+mod sys_thread;
 mod sys_time;
+mod sys_timer;
 mod sys_unix;
 mod table;
 
@@ -43,6 +45,14 @@ pub enum Effect {
     SigReturn,
     /// The call must wait: re-run it when state may have changed (see `crate::wait`).
     Block(crate::wait::Block),
+    /// clone made thread `tid` (its record is in `proc.threads`): the engine
+    /// gives it the caller's registers with RAX = 0 and RSP = `stack` (if not
+    /// 0), and the caller's XSAVE state.
+    Spawn { tid: crate::thread::Tid, stack: u64 },
+    /// exit of one thread (others remain): the engine drops it and runs another.
+    ThreadExit,
+    /// sched_yield with other threads: let another runnable thread run.
+    Yield,
 }
 
 /// Everything a handler may touch.
@@ -192,6 +202,14 @@ pub fn unsupported_calls(by_nr: &std::collections::BTreeMap<u64, u64>) -> Vec<Un
             Some(UnsupportedCall { nr, name, calls, support, note })
         })
         .collect()
+}
+
+/// Re-run a blocked call's handler (not counted again in the statistics).
+pub fn redispatch(ctx: &mut Ctx, nr: u64, args: &Args) -> SysResult {
+    match entry(nr) {
+        Some(e) => (e.handler)(ctx, args),
+        None => Err(Errno::ENOSYS),
+    }
 }
 
 /// Syscall name by number (for reports).

@@ -27,6 +27,10 @@ pub(super) fn epipe(ctx: &mut Ctx) -> Errno {
     let blocked = ctx.proc.signals.mask & (1 << (sig - 1)) != 0;
     if handler == libc::SIG_DFL as u64 && !blocked {
         ctx.effect = Some(Effect::Signaled(libc::SIGPIPE));
+    } else if handler != libc::SIG_IGN as u64 {
+        // Caught (or blocked): the calling thread gets it on its way back.
+        let cur = ctx.proc.threads.cur;
+        ctx.proc.threads.send_thread(cur, crate::thread::SigInfo::user(libc::SIGPIPE, crate::thread::SI_KERNEL));
     }
     Errno::EPIPE
 }

@@ -1,5 +1,5 @@
 //! The process and its identity: ids, limits, affinity, thread setup,
-//! arch_prctl, exit, self-signals, prctl, rusage.
+//! arch_prctl, exit_group, prctl, rusage (threads and signals: `sys_thread`).
 
 use super::{Args, Ctx, Effect};
 use crate::errno::{Errno, SysResult};
@@ -46,19 +46,10 @@ pub fn getresuid(ctx: &mut Ctx, a: &Args) -> SysResult {
     Ok(0)
 }
 
-pub fn set_tid_address(ctx: &mut Ctx, a: &Args) -> SysResult {
-    ctx.proc.tid_address = a[0];
-    Ok(GUEST_PID)
-}
-
 pub fn set_robust_list(_: &mut Ctx, a: &Args) -> SysResult {
     if a[1] != 24 {
         return Err(Errno::EINVAL);
     }
-    Ok(0)
-}
-
-pub fn sched_yield(_: &mut Ctx, _: &Args) -> SysResult {
     Ok(0)
 }
 
@@ -154,42 +145,6 @@ pub fn exit_group(ctx: &mut Ctx, a: &Args) -> SysResult {
     Ok(0)
 }
 
-/// kill / tgkill / tkill aimed at itself: a fatal signal ends the guest (abort());
-/// signal 0 probes existence; anything else is ignored (no delivery yet).
-fn self_signal(ctx: &mut Ctx, sig: u64) -> SysResult {
-    match sig {
-        0 => Ok(0),
-        s if s > crate::process::NSIG as u64 => Err(Errno::EINVAL),
-        // SIGCHLD, SIGCONT, SIGURG, SIGWINCH are ignored by default.
-        17 | 18 | 23 | 28 => Ok(0),
-        s => {
-            ctx.effect = Some(Effect::Signaled(s as i32));
-            Ok(0)
-        }
-    }
-}
-
-pub fn kill(ctx: &mut Ctx, a: &Args) -> SysResult {
-    if a[0] != GUEST_PID && a[0] != 0 {
-        return Err(Errno::ESRCH);
-    }
-    self_signal(ctx, a[1])
-}
-
-pub fn tgkill(ctx: &mut Ctx, a: &Args) -> SysResult {
-    if a[0] != GUEST_PID || a[1] != GUEST_PID {
-        return Err(Errno::ESRCH);
-    }
-    self_signal(ctx, a[2])
-}
-
-pub fn tkill(ctx: &mut Ctx, a: &Args) -> SysResult {
-    if a[0] != GUEST_PID {
-        return Err(Errno::ESRCH);
-    }
-    self_signal(ctx, a[1])
-}
-
 /// prctl: names and harmless flags succeed; nothing else exists.
 pub fn prctl(ctx: &mut Ctx, a: &Args) -> SysResult {
     match a[0] as i32 {
@@ -283,33 +238,4 @@ pub fn fill_random(buf: &mut [u8]) -> Result<(), Errno> {
         done += n as usize;
     }
     Ok(())
-}
-
-const FUTEX_WAIT: u64 = 0;
-const FUTEX_WAKE: u64 = 1;
-const FUTEX_WAIT_BITSET: u64 = 9;
-const FUTEX_WAKE_BITSET: u64 = 10;
-
-/// One thread: a wake finds no waiters; a wait whose value still matches would
-/// sleep forever, so it times out (with a timeout) or fails with EAGAIN.
-pub fn futex(ctx: &mut Ctx, a: &Args) -> SysResult {
-    let op = a[1] & 0x7F;
-    match op {
-        FUTEX_WAKE | FUTEX_WAKE_BITSET => Ok(0),
-        FUTEX_WAIT | FUTEX_WAIT_BITSET => {
-            let cur = u32::from_le_bytes(ctx.bytes(a[0], 4)?.try_into().map_err(|_| Errno::EFAULT)?);
-            if cur != a[2] as u32 {
-                return Err(Errno::EAGAIN);
-            }
-            if a[3] != 0 {
-                let d = super::sys_time::read_timespec(ctx, a[3])?;
-                if op == FUTEX_WAIT {
-                    super::sys_time::sleep_for(ctx, d)?;
-                }
-                return Err(Errno::ETIMEDOUT);
-            }
-            Err(Errno::EAGAIN)
-        }
-        _ => Err(Errno::ENOSYS),
-    }
 }

@@ -1,11 +1,16 @@
-//! Signals: actions, mask and alternate stack are recorded so the guest sees
-//! consistent answers. The only signal ever delivered is the host's SIGINT
-//! (an interrupt); the engine builds its frame and answers rt_sigreturn
-//! (`Effect::SigReturn`), from the state it kept host-side. Faults end the guest.
+//! Signals: actions (shared by all threads), the calling thread's mask and
+//! alternate stack, waiting for signals. Signals are queued in
+//! `crate::thread::Threads`; the engine delivers them (it builds the frame and
+//! answers rt_sigreturn, `Effect::SigReturn`, from the state it kept per thread).
+//! Faults end the guest.
+
+use std::time::Duration;
 
 use super::{Args, Ctx, Effect};
 use crate::errno::{Errno, SysResult};
 use crate::process::NSIG;
+use crate::thread::{sigbit, UNBLOCKABLE};
+use crate::wait::{block, Block, WaitOn};
 
 const SIGKILL: u64 = 9;
 const SIGSTOP: u64 = 19;
@@ -64,18 +69,85 @@ pub fn sigaltstack(ctx: &mut Ctx, a: &Args) -> SysResult {
     Ok(0)
 }
 
-/// rt_sigpending: nothing is ever left pending (the interrupt's SIGINT is
-/// delivered when it arrives; a signal the guest sends itself acts at once).
-pub fn rt_sigpending(ctx: &mut Ctx, a: &Args) -> SysResult {
-    if a[1] != 8 {
-        return Err(Errno::EINVAL);
-    }
-    ctx.write_u64(a[0], 0)?;
-    Ok(0)
-}
-
 /// The return of a signal handler: the engine restores the interrupted state.
 pub fn rt_sigreturn(ctx: &mut Ctx, _a: &Args) -> SysResult {
     ctx.effect = Some(Effect::SigReturn);
     Ok(0)
+}
+
+/// Signals pending for the calling thread (its own and the process') that it blocks.
+pub fn rt_sigpending(ctx: &mut Ctx, a: &Args) -> SysResult {
+    if a[1] != 8 {
+        return Err(Errno::EINVAL);
+    }
+    let t = &ctx.proc.threads;
+    let set = t.current().pending_set() | t.pending.iter().fold(0, |m, s| m | sigbit(s.signo));
+    let v = set & ctx.proc.signals.mask;
+    ctx.write_u64(a[0], v)?;
+    Ok(0)
+}
+
+/// Is this call a re-run of one that blocked?
+fn rerun(ctx: &Ctx) -> bool {
+    ctx.proc.threads.current().wait.is_some()
+}
+
+/// rt_sigtimedwait(set, info, timeout, size): take a pending signal of `set`,
+/// or wait for one. While it waits the set is unblocked for this thread (as
+/// Linux does), so a process-directed signal of the set comes here.
+pub fn rt_sigtimedwait(ctx: &mut Ctx, a: &Args) -> SysResult {
+    if a[3] != 8 {
+        return Err(Errno::EINVAL);
+    }
+    let set = ctx.read_u64(a[0])? & !UNBLOCKABLE;
+    let cur = ctx.proc.threads.cur;
+    if let Some(info) = ctx.proc.threads.take(cur, set) {
+        if a[1] != 0 {
+            ctx.write_bytes(a[1], &info.to_bytes())?;
+        }
+        // The thread's own mask comes back (it was narrowed while waiting).
+        if let Some(m) = ctx.proc.threads.current_mut().restore_mask.take() {
+            ctx.proc.signals.mask = m;
+        }
+        return Ok(info.signo as u64);
+    }
+    if rerun(ctx) {
+        if ctx.timed_out {
+            if let Some(m) = ctx.proc.threads.current_mut().restore_mask.take() {
+                ctx.proc.signals.mask = m;
+            }
+            return Err(Errno::EAGAIN);
+        }
+        return block(ctx, Block::new(WaitOn::Signal { mask: set }));
+    }
+    let timeout = if a[2] != 0 { Some(super::sys_time::read_timespec(ctx, a[2])?) } else { None };
+    if timeout == Some(Duration::ZERO) {
+        return Err(Errno::EAGAIN);
+    }
+    let old = ctx.proc.signals.mask;
+    ctx.proc.threads.current_mut().restore_mask = Some(old);
+    ctx.proc.signals.mask = old & !set;
+    block(ctx, Block::new(WaitOn::Signal { mask: set }).timeout(timeout, Err(Errno::EAGAIN)))
+}
+
+/// rt_sigsuspend(mask, size): wait with `mask` until a handler runs (EINTR);
+/// the handler's return restores the old mask.
+pub fn rt_sigsuspend(ctx: &mut Ctx, a: &Args) -> SysResult {
+    if a[1] != 8 {
+        return Err(Errno::EINVAL);
+    }
+    if !rerun(ctx) && ctx.proc.threads.current().restore_mask.is_none() {
+        let new = ctx.read_u64(a[0])? & !UNBLOCKABLE;
+        let old = ctx.proc.signals.mask;
+        ctx.proc.threads.current_mut().restore_mask = Some(old);
+        ctx.proc.signals.mask = new;
+    }
+    let mask = !ctx.proc.signals.mask;
+    block(ctx, Block::new(WaitOn::Signal { mask }))
+}
+
+/// pause(): wait until a handler runs (EINTR).
+pub fn pause(ctx: &mut Ctx, _: &Args) -> SysResult {
+    let mask = !ctx.proc.signals.mask;
+    block(ctx, Block::new(WaitOn::Signal { mask }))
 }

@@ -1,9 +1,10 @@
 //! Time: always the host's true clock. Sleeps are real but never outlast the
 //! exec's deadline (the run loop then reports the timeout).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::{Args, Ctx};
+use crate::wait::{block, Block, WaitOn};
 use crate::errno::{Errno, SysResult};
 
 fn host_clock(id: libc::clockid_t) -> Result<(i64, i64), Errno> {
@@ -49,23 +50,6 @@ pub fn read_timespec(ctx: &Ctx, addr: u64) -> Result<Duration, Errno> {
     Ok(Duration::new(s as u64, ns as u32))
 }
 
-/// Sleep on the host, but not past the deadline. EINTR when the exec is
-/// interrupted meanwhile (the signal is then delivered on the way back).
-pub fn sleep_for(ctx: &Ctx, d: Duration) -> Result<(), Errno> {
-    let d = match ctx.io.deadline {
-        Some(deadline) => d.min(deadline.saturating_duration_since(Instant::now())),
-        None => d,
-    };
-    match &ctx.io.interrupt {
-        Some(latch) if latch.sleep(d) => Err(Errno::EINTR),
-        Some(_) => Ok(()),
-        None => {
-            std::thread::sleep(d);
-            Ok(())
-        }
-    }
-}
-
 pub fn clock_gettime(ctx: &mut Ctx, a: &Args) -> SysResult {
     let t = host_clock(guest_clock(a[0])?)?;
     write_timespec(ctx, a[1], t)?;
@@ -102,19 +86,31 @@ pub fn time(ctx: &mut Ctx, a: &Args) -> SysResult {
     Ok(s as u64)
 }
 
+/// A sleep blocks the thread (`Effect::Block` on time only): the engine runs
+/// other threads meanwhile, and a signal ends it with EINTR.
+fn sleep(ctx: &mut Ctx, d: Duration) -> SysResult {
+    if ctx.timed_out {
+        return Ok(0);
+    }
+    if ctx.proc.threads.current().wait.is_some() {
+        return block(ctx, Block::new(WaitOn::Time));
+    }
+    if d.is_zero() {
+        return Ok(0);
+    }
+    block(ctx, Block::new(WaitOn::Time).timeout(Some(d), Ok(0)))
+}
+
 pub fn nanosleep(ctx: &mut Ctx, a: &Args) -> SysResult {
     let d = read_timespec(ctx, a[0])?;
-    let t0 = Instant::now();
-    let r = sleep_for(ctx, d);
-    if r.is_err() && a[1] != 0 {
-        let left = d.saturating_sub(t0.elapsed());
-        write_timespec(ctx, a[1], (left.as_secs() as i64, left.subsec_nanos() as i64))?;
-    }
-    r.map(|()| 0)
+    sleep(ctx, d)
 }
 
 pub fn clock_nanosleep(ctx: &mut Ctx, a: &Args) -> SysResult {
     let clock = guest_clock(a[0])?;
+    if clock == libc::CLOCK_THREAD_CPUTIME_ID {
+        return Err(Errno::EINVAL);
+    }
     let req = read_timespec(ctx, a[2])?;
     let d = if a[1] as i32 & libc::TIMER_ABSTIME != 0 {
         let (s, ns) = host_clock(clock)?;
@@ -122,16 +118,5 @@ pub fn clock_nanosleep(ctx: &mut Ctx, a: &Args) -> SysResult {
     } else {
         req
     };
-    let t0 = Instant::now();
-    match sleep_for(ctx, d) {
-        Ok(()) => Ok(0),
-        Err(e) => {
-            // The remaining time goes to `rem` for a relative sleep only (as Linux).
-            if a[1] as i32 & libc::TIMER_ABSTIME == 0 && a[3] != 0 {
-                let left = d.saturating_sub(t0.elapsed());
-                write_timespec(ctx, a[3], (left.as_secs() as i64, left.subsec_nanos() as i64))?;
-            }
-            Err(e)
-        }
-    }
+    sleep(ctx, d)
 }
