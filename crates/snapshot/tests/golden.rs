@@ -33,6 +33,7 @@ use forkbox_image::{Image, PackOptions};
 use forkbox_linux::fd::FileKind;
 use forkbox_linux::mm::VmaKind;
 use forkbox_linux::process::ProcessState;
+use forkbox_linux::thread::{SavedCpu, SigInfo, Thread, Timer, Wait, WaitKind};
 use forkbox_linux::vfs::{BodyState, Vfs, ROOT_INO};
 use forkbox_linux::Process;
 use forkbox_snapshot::cpu::{CpuFingerprint, CpuidLeaf};
@@ -96,6 +97,43 @@ fn process(image: &Arc<Image>, session: bool) -> ProcessState {
         p.tid_address = 0x4802_09d0;
         p.signals.mask = 1 << (libc::SIGINT - 1);
         p.umask = 0o077;
+        // A second thread parked in a futex wait, a process-directed signal
+        // not yet taken, an armed POSIX timer and alarm().
+        let main = p.threads.list[0].clone();
+        let regs = vcpu(true).regs;
+        let mut xsave = Xsave::default();
+        xsave.region[24..28].copy_from_slice(&0x1f80_u32.to_le_bytes());
+        let wait = Wait {
+            regs: Regs { rax: 202, rdi: 0x4800_0040, rsi: 0x80, ..regs },
+            deadline: Some(2_000_000_000),
+            on_timeout: Err(libc::ETIMEDOUT),
+            kind: WaitKind::Futex { addr: 0x4800_0040, bitset: u32::MAX },
+            woken: false,
+        };
+        p.threads.list.push(Thread {
+            tid: main.tid + 1,
+            cpu: Some(SavedCpu { regs: Regs { rsp: 0x4800_8000, ..regs }, xsave: Arc::new(xsave) }),
+            fs_base: 0x4800_9700,
+            sigmask: 0,
+            clear_tid: 0x4800_99d0,
+            wait: Some(wait),
+            ..main
+        });
+        p.threads.next_tid = main.tid + 2;
+        p.threads.pending.push(SigInfo::user(libc::SIGUSR1, 0));
+        let timer = Timer {
+            id: 0,
+            clock: libc::CLOCK_MONOTONIC,
+            signo: libc::SIGALRM,
+            tid: None,
+            silent: false,
+            value: 7,
+            expiry: Some(1_500_000_000),
+            interval_ns: 250_000_000,
+            overrun: 0,
+        };
+        p.threads.timers.push(timer.clone());
+        p.threads.itimer_real = Some(Timer { id: -1, expiry: Some(3_000_000_000), interval_ns: 0, ..timer });
     }
     let mut s = p.save_state();
     // Node mtimes are "now" when made: pin them.
