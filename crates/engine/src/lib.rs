@@ -3,6 +3,7 @@
 
 pub mod error;
 pub mod files;
+mod fsstore;
 pub mod interrupt;
 pub mod limits;
 pub mod protocol;
@@ -25,7 +26,7 @@ pub use protocol::PyError;
 pub use files::{FileEntry, OutputFile};
 pub use interrupt::Interrupter;
 pub use sandbox::{ExecOptions, ExecResult, RunStats, Sandbox, Stream};
-pub use template::{Template, TemplateInfo};
+pub use template::{CheckpointStats, Template, TemplateInfo};
 
 /// The agent program, baked into every image.
 pub const AGENT_SOURCE: &[u8] = include_bytes!("../../../guest/agent/agent.py");

@@ -95,6 +95,8 @@ pub struct Sandbox {
     outputs: OutputIndex,
     /// SIGINT delivery in the current run (host-side, never snapshotted).
     sig: SignalState,
+    /// The file bytes the latest checkpoint stored (for the next one's diff).
+    pub(crate) stored: crate::fsstore::StoredFiles,
 }
 
 impl Drop for Sandbox {
@@ -140,6 +142,7 @@ impl Sandbox {
             pool: None,
             outputs: OutputIndex::default(),
             sig: SignalState::default(),
+            stored: Default::default(),
         };
         // Booting python + numpy takes far longer than one exec here: allow a generous deadline.
         let deadline = Instant::now() + sb.limits.timeout.max(Duration::from_secs(120));
@@ -186,6 +189,7 @@ impl Sandbox {
             pool,
             outputs: OutputIndex::default(),
             sig: SignalState::default(),
+            stored: Default::default(),
         })
     }
 
@@ -266,6 +270,8 @@ impl Sandbox {
         self.reseed_pending = false;
         self.io.send_to_agent(protocol::frame(&req));
         self.io.agent_out.clear();
+        self.io.agent_overflow = false;
+        self.io.stream_marked = [false; 2];
         let vdso = self.vdso;
         crate::vdso::refresh(self.vm(), vdso)?;
         let deadline = Instant::now() + self.limits.timeout;
@@ -289,8 +295,18 @@ impl Sandbox {
         if let Some(p) = reply.get("protocol_error") {
             return Err(EngineError::Protocol(p.to_string()));
         }
-        let reply: ExecReply =
+        let mut reply: ExecReply =
             serde_json::from_value(reply).map_err(|e| EngineError::Protocol(format!("bad exec reply: {e}")))?;
+        // The agent cuts these to the limit, but it runs in the guest: cut them here too.
+        let cap = self.limits.output_bytes;
+        if let Some(v) = reply.value.as_mut() {
+            protocol::truncate_text(v, cap, "value repr");
+        }
+        if let Some(e) = reply.error.as_mut() {
+            protocol::truncate_text(&mut e.kind, 256, "exception type");
+            protocol::truncate_text(&mut e.message, cap, "exception message");
+            protocol::truncate_text(&mut e.traceback, cap, "traceback");
+        }
         let outputs = self.outputs.collect(&self.proc.vfs);
         Ok(ExecResult {
             value: reply.value,
@@ -354,6 +370,7 @@ impl Sandbox {
         if let Some(regs) = resume {
             let stop = self.syscall(regs)?;
             self.flush_stream(sink);
+            self.check_agent_overflow()?;
             if let Some(stop) = stop {
                 return Ok(stop);
             }
@@ -368,6 +385,7 @@ impl Sandbox {
                 VmExit::Syscall(regs) => {
                     let stop = self.syscall(regs)?;
                     self.flush_stream(sink);
+                    self.check_agent_overflow()?;
                     if let Some(stop) = stop {
                         return Ok(stop);
                     }
@@ -390,6 +408,19 @@ impl Sandbox {
                 VmExit::Unexpected(why) => return Err(EngineError::GuestCrashed(why)),
             }
         }
+    }
+
+    /// The guest wrote past the agent channel's cap: end the exec (nothing past
+    /// the cap was buffered).
+    fn check_agent_overflow(&mut self) -> Result<(), EngineError> {
+        if !self.io.agent_overflow {
+            return Ok(());
+        }
+        self.io.agent_out = Vec::new();
+        Err(EngineError::Protocol(format!(
+            "the guest wrote more than {} bytes to the agent channel in one reply",
+            self.io.agent_out_limit
+        )))
     }
 
     /// Turn a triggered interrupt into a SIGINT to deliver; the first one of

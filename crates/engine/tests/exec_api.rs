@@ -114,14 +114,83 @@ fn a_streamed_exec_restores_block_buffering_for_the_next_one() {
 }
 
 #[test]
-fn streamed_output_past_the_capture_limit_still_streams() {
+fn streamed_output_stops_at_the_output_limit_with_a_marker() {
     let mut sb = fork_with(Limits { output_bytes: 100, ..Limits::default() });
-    let mut streamed = 0usize;
-    let mut sink = |_: Stream, d: &[u8]| streamed += d.len();
+    let mut streamed = Vec::new();
+    let mut sink = |_: Stream, d: &[u8]| streamed.extend_from_slice(d);
     let r = sb.exec_with("for i in range(100): print('x' * 9)", ExecOptions { on_output: Some(&mut sink), interrupt: None }).unwrap();
-    assert_eq!(streamed, 1000);
+    let marker = forkbox_linux::io::STREAM_TRUNCATED;
+    assert_eq!(streamed.len(), 100 + marker.len(), "{}", String::from_utf8_lossy(&streamed));
+    assert_eq!(&streamed[..100], "xxxxxxxxx\n".repeat(10).as_bytes());
+    assert!(streamed.ends_with(marker));
     assert!(r.stdout.starts_with(&"xxxxxxxxx\n".repeat(10)));
     assert!(r.stdout.contains("output truncated, 900 more bytes dropped"), "{}", r.stdout);
+}
+
+/// Resident set of this (host) process, in bytes.
+fn rss() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = s.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+}
+
+#[test]
+fn a_64_mib_raw_write_to_a_stream_is_capped_at_the_output_limit() {
+    // The issue's attack: one write(1, buf, 64 MiB) on a streamed exec.
+    let limit = 1 << 20;
+    let mut sb = fork_with(Limits { output_bytes: limit, ..Limits::default() });
+    let before = rss();
+    let mut streamed = 0usize;
+    let mut chunks = 0usize;
+    let mut sink = |_: Stream, d: &[u8]| {
+        streamed += d.len();
+        chunks += 1;
+    };
+    let code = "import ctypes\nlibc = ctypes.CDLL(None)\nbuf = ctypes.create_string_buffer(64 << 20)\n\
+                libc.syscall(1, 1, ctypes.addressof(buf), 64 << 20)";
+    let r = sb.exec_with(code, ExecOptions { on_output: Some(&mut sink), interrupt: None }).unwrap();
+    assert!(r.error.is_none(), "{:?}", r.error);
+    let marker = forkbox_linux::io::STREAM_TRUNCATED.len();
+    assert!(streamed <= limit + marker, "streamed {streamed} bytes past a {limit}-byte limit");
+    assert!(r.stdout.len() <= limit + 200, "result stdout of {} bytes", r.stdout.len());
+    assert!(r.stdout.contains("more bytes dropped"), "no truncation marker in the result");
+    // The guest's own 64 MiB buffer is guest memory; the host side adds at most a few MiB.
+    let grew = rss().saturating_sub(before);
+    assert!(grew < 64 * (1 << 20) + 40 * (1 << 20), "host RSS grew by {} MiB", grew >> 20);
+    // Another sandbox still runs.
+    assert_eq!(ok(&mut fork(), "1 + 1").value.as_deref(), Some("2"));
+}
+
+#[test]
+fn agent_channel_writes_past_the_frame_cap_are_a_protocol_error_without_buffering() {
+    let mut sb = fork();
+    let cap = forkbox_linux::io::agent_frame_limit(Limits::default().output_bytes) as u64;
+    let before = rss();
+    // Four 128 MiB writes to the agent's fd (3) from user code.
+    let code = "import os\nb = bytes(128 << 20)\nfor _ in range(4):\n    os.write(3, b)";
+    let e = sb.exec(code).unwrap_err();
+    assert_eq!(e.code(), "protocol_error", "{e}");
+    let grew = rss().saturating_sub(before);
+    // 128 MiB of guest memory for `b`, and nothing of the 512 MiB written.
+    assert!(grew < (128 << 20) + cap + (48 << 20), "host RSS grew by {} MiB", grew >> 20);
+    assert!(!sb.is_usable());
+    assert_eq!(ok(&mut fork(), "1 + 1").value.as_deref(), Some("2"));
+}
+
+#[test]
+fn a_forged_reply_from_user_code_is_cut_to_the_limits() {
+    // User code can write its own reply frame to fd 3 and then hang in the agent's read:
+    // the host still cuts the value to the output limit.
+    let mut sb = fork_with(Limits { output_bytes: 1000, ..Limits::default() });
+    let code = "import os, json\nbody = json.dumps({'value': 'v' * 50000, 'error': None, 'runtime_ms': 1.0}).encode()\n\
+                os.write(3, len(body).to_bytes(4, 'little') + body)\nos.read(3, 4)";
+    match sb.exec(code) {
+        Ok(r) => {
+            let v = r.value.unwrap_or_default();
+            assert!(v.len() < 1100, "value of {} bytes", v.len());
+        }
+        Err(e) => assert_eq!(e.code(), "protocol_error", "{e}"),
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -512,4 +581,30 @@ seen
     // The agent has SIGINT back: the next interrupt raises KeyboardInterrupt.
     let (r, _, _) = exec_interrupted(&mut sb, "while True: pass", Duration::from_millis(200));
     assert_eq!(r.expect("result").error.map(|e| e.kind).as_deref(), Some("KeyboardInterrupt"));
+}
+
+#[test]
+fn hard_links_and_names_are_charged_to_the_disk_quota() {
+    // The issue's attack: 200,000 hard links of one file cost nothing. Now
+    // each name costs quota, so a 4 MiB quota stops them early with ENOSPC.
+    let quota = 4u64 << 20;
+    let mut sb = fork_with(Limits { disk_bytes: quota, ..Limits::default() });
+    let code = "import os, errno\nos.makedirs('/tmp/l')\nopen('/tmp/l/f', 'w').write('x')\nn, err = 0, None\n\
+                try:\n    for n in range(200000):\n        os.link('/tmp/l/f', '/tmp/l/%d' % n)\n    n = 200000\n\
+                except OSError as e:\n    err = e.errno\n(n, err)";
+    let r = ok(&mut sb, code);
+    let v = r.value.unwrap();
+    let (n, err) = v.trim_matches(|c| c == '(' || c == ')').split_once(", ").unwrap();
+    let n: u64 = n.parse().unwrap();
+    assert_eq!(err, "28", "links stopped by ENOSPC: {v}");
+    assert!(n < 200_000, "{n} links made under a {quota}-byte quota");
+    // Each link was charged at least its entry cost.
+    assert!(n * forkbox_linux::vfs::ENTRY_COST <= quota, "{n} links");
+    assert!(n * (forkbox_linux::vfs::ENTRY_COST + 6) >= quota / 2, "only {n} links before ENOSPC");
+    // Symlinks and new names are charged too; deleting gives the quota back.
+    let r = ok(&mut sb, "try:\n    os.symlink('/tmp/l/f', '/tmp/l/s' + 'y' * 200)\n    r = 'made'\nexcept OSError as e:\n    r = e.errno\nr");
+    assert_eq!(r.value.as_deref(), Some("28"));
+    ok(&mut sb, "import shutil\nshutil.rmtree('/tmp/l')");
+    let r = ok(&mut sb, "os.symlink('/x', '/tmp/s')\nos.readlink('/tmp/s')");
+    assert_eq!(r.value.as_deref(), Some("'/x'"));
 }

@@ -9,10 +9,12 @@
 //!   The state also records the memory file's size and checksum, so a corrupt or
 //!   truncated memory file is rejected before it is ever mapped.
 
+pub mod files;
 pub mod layer;
 pub mod memory;
 pub mod state;
 
-pub use layer::{Layer, LayerStats};
+pub use files::{FileTable, PackWriter, StoredChunk, StoredFile};
+pub use layer::{Layer, LayerPlan, LayerStats};
 pub use memory::{write_memory, MemoryFile, MemoryStats, MemoryView};
-pub use state::{read_state, write_state, Snapshot, StateError, FORMAT_VERSION, MAGIC};
+pub use state::{encode, read_state, write_encoded, write_state, Snapshot, StateError, FORMAT_VERSION, MAGIC};

@@ -84,7 +84,10 @@ fn write_from(ctx: &mut Ctx, fd: i32, buf: u64, len: u64, pos: Option<u64>) -> S
             Ok(len)
         }
         FileKind::Agent => {
-            ctx.io.agent_out.extend_from_slice(data);
+            // Capped before copying: the run loop ends the exec on overflow.
+            if !ctx.io.agent_write(data) {
+                return Err(Errno::EFBIG);
+            }
             Ok(len)
         }
         FileKind::Stdin => Err(Errno::EBADF),

@@ -46,7 +46,8 @@ pub struct VfsState {
 
 impl VfsState {
     /// Layout version written by this code; `restore_state` accepts only this one.
-    pub const VERSION: u32 = 1;
+    /// 2: directory entries are charged to `overlay_bytes` (`entry_cost`).
+    pub const VERSION: u32 = 2;
 }
 
 /// One overlay node: a copy-up of image inode `ino` (< `Image::inode_count`) or a new
