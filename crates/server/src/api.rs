@@ -86,7 +86,7 @@ fn build(state: AppState, caller: impl FnOnce(OpenApiRouter<AppState>) -> OpenAp
     let v1 = caller(v1_routes(state.config.files_limit)).routes(routes!(openapi_json));
     let (router, mut doc) = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(healthz))
-        .routes(routes!(metrics_text))
+        .routes(routes!(metrics_admin))
         .nest("/v1", v1)
         .split_for_parts();
     openapi::finish(&mut doc);
@@ -239,21 +239,25 @@ pub(crate) fn check_code(state: &Inner, code: &str) -> Result<(), ApiError> {
 }
 
 /// The limits of a one-shot exec: the server's defaults with the request's timeout.
-pub(crate) fn oneshot_limits(state: &Inner, timeout_seconds: Option<f64>) -> Result<Limits, ApiError> {
+pub(crate) fn oneshot_limits(state: &Inner, caller: &Caller, timeout_seconds: Option<f64>) -> Result<Limits, ApiError> {
     let mut limits = state.config.limits.clone();
-    limits.timeout = timeout_of(state, timeout_seconds)?;
+    limits.timeout = timeout_of(state, caller, timeout_seconds)?;
     limits.code_bytes = state.config.code_limit;
     Ok(limits)
 }
 
-pub(crate) fn timeout_of(state: &Inner, seconds: Option<f64>) -> Result<Duration, ApiError> {
+/// The longest timeout `caller` may ask for: the server's, or less if its key says so.
+pub(crate) fn max_timeout(state: &Inner, caller: &Caller) -> Duration {
+    let key_max = caller.limits().and_then(|l| l.max_timeout_seconds).map(Duration::from_secs);
+    key_max.map_or(state.config.max_timeout, |k| k.min(state.config.max_timeout))
+}
+
+pub(crate) fn timeout_of(state: &Inner, caller: &Caller, seconds: Option<f64>) -> Result<Duration, ApiError> {
+    let max = max_timeout(state, caller);
     match seconds {
-        None => Ok(state.config.limits.timeout),
-        Some(s) if s.is_finite() && s > 0.0 && s <= state.config.max_timeout.as_secs_f64() => Ok(Duration::from_secs_f64(s)),
-        Some(s) => Err(ApiError::invalid(format!(
-            "timeout_seconds must be > 0 and <= {}, got {s}",
-            state.config.max_timeout.as_secs_f64()
-        ))),
+        None => Ok(state.config.limits.timeout.min(max)),
+        Some(s) if s.is_finite() && s > 0.0 && s <= max.as_secs_f64() => Ok(Duration::from_secs_f64(s)),
+        Some(s) => Err(ApiError::invalid(format!("timeout_seconds must be > 0 and <= {} for this key, got {s}", max.as_secs_f64()))),
     }
 }
 
@@ -299,17 +303,21 @@ pub(crate) async fn blocking<T: Send + 'static>(
     responses((status = 200, description = "The result (a Python exception is a result with `error` set)", body = ExecResponse),
               (status = 408, description = "The code ran past its time limit", body = ErrorBody),
               (status = 422, description = "The code took the guest down", body = ErrorBody)))]
-async fn exec(State(state): State<AppState>, ApiJson(req): ApiJson<ExecRequest>) -> Result<Json<ExecResponse>, ApiError> {
+async fn exec(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    ApiJson(req): ApiJson<ExecRequest>,
+) -> Result<Json<ExecResponse>, ApiError> {
     let t0 = Instant::now();
     check_code(&state, &req.code)?;
-    let limits = oneshot_limits(&state, req.timeout_seconds)?;
-    let permit = acquire(&state, 1).await?;
+    let limits = oneshot_limits(&state, &caller, req.timeout_seconds)?;
+    let permit = crate::fair::acquire_for(&state, &caller, 1).await?;
     // The reply is sent before the sandbox is dropped: its teardown (the VM goes
     // back to the pool) happens off the response path, still under the permit.
     let (tx, rx) = tokio::sync::oneshot::channel();
     let s = state.clone();
     state.workers.spawn(move || {
-        let _permit = permit;
+        let _permit = permit.started();
         let t = Instant::now();
         let mut sb = match s.template.fork(&s.engine, limits) {
             Ok(sb) => sb,
@@ -342,6 +350,7 @@ async fn exec(State(state): State<AppState>, ApiJson(req): ApiJson<ExecRequest>)
     responses((status = 200, description = "One item per code, in order", body = BatchResponse)))]
 async fn exec_batch(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     ApiJson(req): ApiJson<BatchRequest>,
 ) -> Result<Json<BatchResponse>, ApiError> {
     let t0 = Instant::now();
@@ -352,11 +361,17 @@ async fn exec_batch(
     for c in &req.codes {
         check_code(&state, c)?;
     }
-    let limits = oneshot_limits(&state, req.timeout_seconds)?;
-    let workers = n.min((state.concurrency / 2).max(1));
-    let permit = acquire(&state, workers).await?;
+    // Each exec of the batch counts against the key's rate (the request itself already did).
+    if let Some(limiter) = caller.key.as_ref().and_then(|k| k.limiter.as_ref()) {
+        limiter.check_n(n.saturating_sub(1) as u32).map_err(quota::rate_limited)?;
+    }
+    let mut limits = oneshot_limits(&state, &caller, req.timeout_seconds)?;
+    // The whole response is bounded: the items share BATCH_OUTPUT_FACTOR x the output limit.
+    limits.output_bytes = batch_output_limit(limits.output_bytes, n);
+    let workers = crate::fair::batch_width(&state, &caller, n);
+    let permit = crate::fair::acquire_for(&state, &caller, workers).await?;
     let results = blocking(&state, move |s| {
-        let _permit = permit;
+        let _permit = permit.started();
         Ok(s.engine.exec_batch(&s.template, &req.codes, &limits, workers))
     })
     .await?;
@@ -376,6 +391,14 @@ async fn exec_batch(
         })
         .collect();
     Ok(Json(BatchResponse { results: out, total_time_ms: t0.elapsed().as_secs_f64() * 1000.0 }))
+}
+
+/// All the items of a batch together capture at most this many times the output limit.
+pub(crate) const BATCH_OUTPUT_FACTOR: usize = 4;
+
+/// Output limit of each of `n` items of a batch (at least 4 KiB, at most `per_exec`).
+pub(crate) fn batch_output_limit(per_exec: usize, n: usize) -> usize {
+    (per_exec.saturating_mul(BATCH_OUTPUT_FACTOR) / n.max(1)).clamp(4096.min(per_exec), per_exec)
 }
 
 // ---------------------------------------------------------------------------
@@ -414,11 +437,12 @@ pub(crate) fn check_tags(tags: &BTreeMap<String, String>) -> Result<(), ApiError
 /// The limits of a new session from a request's `memory_mb` / `timeout_seconds`.
 pub(crate) fn session_limits(
     state: &Inner,
+    caller: &Caller,
     memory_mb: Option<u64>,
     timeout_seconds: Option<f64>,
 ) -> Result<forkbox_engine::Limits, ApiError> {
     let mut limits = state.config.limits.clone();
-    limits.timeout = timeout_of(state, timeout_seconds)?;
+    limits.timeout = timeout_of(state, caller, timeout_seconds)?;
     if let Some(mb) = memory_mb {
         if mb < 64 || mb > state.config.max_memory_mb {
             return Err(ApiError::invalid(format!("memory_mb must be 64 to {}, got {mb}", state.config.max_memory_mb)));
@@ -449,7 +473,7 @@ async fn create_session(
     ApiJson(req): ApiJson<CreateSession>,
 ) -> Result<(StatusCode, Json<Session>), ApiError> {
     check_tags(&req.tags)?;
-    let limits = session_limits(&state, req.memory_mb, req.timeout_seconds)?;
+    let limits = session_limits(&state, &caller, req.memory_mb, req.timeout_seconds)?;
     let v = blocking(&state, move |s| {
         let rec = create_within_quota(s, &caller, req.tags, &limits)?;
         Ok(session_body(s, &rec))
@@ -524,9 +548,9 @@ async fn session_exec(
 ) -> Result<Json<ExecResponse>, ApiError> {
     let t0 = Instant::now();
     check_code(&state, &req.code)?;
-    let permit = acquire(&state, 1).await?;
+    let permit = crate::fair::acquire_for(&state, &caller, 1).await?;
     let r = on_exec_thread(&state, move |s| {
-        let _permit = permit;
+        let _permit = permit.started();
         quota::check_disk(s, &caller.tenant, caller.limits())?;
         let r = s.sessions.exec(&caller.tenant, &id, &req.code);
         metrics::sessions(s.sessions.resident_count());
@@ -632,19 +656,49 @@ async fn fork(
 
 #[utoipa::path(get, path = "/healthz", tag = "server", security(()), responses((status = 200, body = Health)))]
 async fn healthz(State(state): State<AppState>) -> Json<Health> {
+    // Nothing about tenants or their sessions: that the server is up, its template and capacity.
     Json(Health {
         status: "ok".into(),
         template: state.template.info.id.clone(),
         exec_slots: state.concurrency,
         exec_slots_free: state.permits.available_permits(),
         queued: state.queued.load(Ordering::SeqCst),
-        resident_sessions: state.sessions.resident_count(),
     })
 }
 
-#[utoipa::path(get, path = "/metrics", tag = "server", security(()),
-    responses((status = 200, description = "Prometheus text exposition", content_type = "text/plain", body = String)))]
-async fn metrics_text(State(state): State<AppState>) -> impl IntoResponse {
+/// `/metrics` on the main address: admin keys only (or the embedded router's
+/// caller); with `metrics_listen` set it is not served here at all.
+#[utoipa::path(get, path = "/metrics", tag = "server",
+    responses((status = 200, description = "Prometheus text exposition (admin keys only)", content_type = "text/plain", body = String),
+              (status = 403, description = "Not an admin key", body = ErrorBody)))]
+async fn metrics_admin(State(state): State<AppState>, req: Request) -> Result<Response, ApiError> {
+    if state.config.metrics_listen.is_some() {
+        return Err(ApiError::new(StatusCode::NOT_FOUND, "not_found", "metrics are served on their own address"));
+    }
+    let header = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).map(str::trim);
+    let embedded = req.extensions().get::<Caller>().is_some_and(|c| c.key.is_none());
+    if !embedded {
+        let Some(key) = header.and_then(|h| h.strip_prefix("Bearer ").or_else(|| h.strip_prefix("bearer "))).map(str::trim) else {
+            return Err(ApiError::unauthorized("/metrics needs an admin API key"));
+        };
+        let k = key.to_string();
+        let st = state.clone();
+        let info = tokio::task::spawn_blocking(move || st.keys.lookup(&k))
+            .await?
+            .map_err(|e| ApiError::internal(format!("key store: {e}")))?;
+        match info {
+            None => return Err(ApiError::unauthorized("unknown API key")),
+            Some(i) if !i.admin => {
+                return Err(ApiError::new(StatusCode::FORBIDDEN, "forbidden", "/metrics is for admin keys only"))
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(metrics_text(State(state)).await.into_response())
+}
+
+/// The Prometheus text (the separate metrics listener serves this without auth).
+pub(crate) async fn metrics_text(State(state): State<AppState>) -> impl IntoResponse {
     metrics::sessions(state.sessions.resident_count());
     let s = state.clone();
     if let Ok(Ok(n)) = tokio::task::spawn_blocking(move || s.sessions.store().count_sessions(None)).await {

@@ -16,8 +16,17 @@
 //!   down (e.g. `os._exit(3)` or a fault); the request was well-formed and the server is fine, so not a 5xx;
 //!   `interrupted`: an interrupted exec did not stop within the grace period and was killed
 //! - 429 `rate_limited`: the key is over its requests/s (with `Retry-After`)
+//! - 429 `cpu_budget_exceeded`: the key has used its CPU seconds for now (with `Retry-After`)
+//! - 403 `forbidden`: `/metrics` with a key that is not an admin key
+//! - 403 `quota_exceeded` on a session exec also carries the exec's `result` (it ran; its checkpoint
+//!   would have passed the tenant's disk quota, so the session stays at its previous checkpoint)
 //! - 503 `overloaded`: every exec slot is busy and the bounded wait queue is full or the wait timed out
 //!   (with `Retry-After: 1`)
+//! - 507 `insufficient_storage`: the disk is full (or down to the reserve kept for deletes and
+//!   metadata); nothing was written, the session stays at its previous checkpoint
+//!
+//! No message carries a host path: the data directory and the image path are replaced in every
+//! error sent (the server's log has the full text).
 //! - 500 everything else (`internal`, `storage_error`, `protocol_error`, `boot_failed`)
 //!
 //! A Python exception is NOT an error: it is a 200 result with `error` set and `exit_code: 1`.
@@ -38,6 +47,29 @@ pub struct ApiError {
     pub checkpoint: Option<Option<i64>>,
     /// Seconds for `Retry-After` (429 and 503; 1 if unset).
     pub retry_after: Option<u64>,
+    /// `quota_exceeded` of a session exec: the exec's result (an `ExecResponse`).
+    pub result: Option<serde_json::Value>,
+}
+
+/// Host paths never sent to clients (the data directory, the image), set once by the server.
+static HIDDEN_PATHS: std::sync::OnceLock<Vec<(String, &'static str)>> = std::sync::OnceLock::new();
+
+/// Hide `path` (and everything under it) as `shown` in error messages.
+pub fn hide_paths(paths: Vec<(String, &'static str)>) {
+    let _ = HIDDEN_PATHS.set(paths.into_iter().filter(|(p, _)| p.len() > 1).collect());
+}
+
+/// `message` without host paths.
+pub fn scrub(message: &str) -> String {
+    let mut m = message.to_string();
+    if let Some(paths) = HIDDEN_PATHS.get() {
+        for (p, shown) in paths {
+            if m.contains(p.as_str()) {
+                m = m.replace(p.as_str(), shown);
+            }
+        }
+    }
+    m
 }
 
 /// The body of every error response.
@@ -54,11 +86,15 @@ pub struct ErrorDetail {
     /// For a failed session exec: the checkpoint the session was rolled back to (null: its initial state).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<Option<i64>>,
+    /// For `quota_exceeded` of a session exec: the exec's result (same shape as a successful exec's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub result: Option<serde_json::Value>,
 }
 
 impl ApiError {
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError { status, code, message: message.into(), checkpoint: None, retry_after: None }
+        ApiError { status, code, message: message.into(), checkpoint: None, retry_after: None, result: None }
     }
     pub fn invalid(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", message)
@@ -71,7 +107,12 @@ impl ApiError {
     }
     /// The `error` object of the response body.
     pub fn detail(&self) -> ErrorDetail {
-        ErrorDetail { code: self.code.to_string(), message: self.message.clone(), checkpoint: self.checkpoint }
+        ErrorDetail {
+            code: self.code.to_string(),
+            message: scrub(&self.message),
+            checkpoint: self.checkpoint,
+            result: self.result.clone(),
+        }
     }
     pub fn overloaded() -> ApiError {
         ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "overloaded", "the server is at capacity; retry shortly")
@@ -91,8 +132,9 @@ pub fn status_for(code: &str) -> StatusCode {
         }
         "session_busy" => StatusCode::CONFLICT,
         "invalid_request" | "invalid_path" | "is_a_directory" | "malformed_json" => StatusCode::BAD_REQUEST,
-        "quota_exceeded" => StatusCode::FORBIDDEN,
-        "rate_limited" => StatusCode::TOO_MANY_REQUESTS,
+        "quota_exceeded" | "forbidden" => StatusCode::FORBIDDEN,
+        "rate_limited" | "cpu_budget_exceeded" => StatusCode::TOO_MANY_REQUESTS,
+        "insufficient_storage" => StatusCode::INSUFFICIENT_STORAGE,
         "unauthorized" => StatusCode::UNAUTHORIZED,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     }
@@ -108,11 +150,18 @@ impl From<EngineError> for ApiError {
 impl From<SessionError> for ApiError {
     fn from(e: SessionError) -> ApiError {
         let code = e.code();
-        let checkpoint = match &e {
-            SessionError::ExecFailed { checkpoint, .. } => Some(*checkpoint),
-            _ => None,
+        let (checkpoint, result) = match &e {
+            SessionError::ExecFailed { checkpoint, .. } => (Some(*checkpoint), None),
+            SessionError::QuotaExceeded { checkpoint, result, .. } => (
+                Some(*checkpoint),
+                result.as_ref().and_then(|r| serde_json::to_value(crate::schema::ExecResponse::of(r)).ok()),
+            ),
+            _ => (None, None),
         };
-        ApiError { status: status_for(code), code, message: e.to_string(), checkpoint, retry_after: None }
+        if status_for(code).is_server_error() {
+            tracing::warn!("{code}: {e}");
+        }
+        ApiError { status: status_for(code), code, message: e.to_string(), checkpoint, retry_after: None, result }
     }
 }
 

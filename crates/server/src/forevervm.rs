@@ -40,7 +40,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::api::{
-    acquire, blocking, check_code, check_tags, create_within_quota, on_exec_thread, session_limits, ApiJson, ApiPath, Caller,
+    blocking, check_code, check_tags, create_within_quota, on_exec_thread, session_limits, ApiJson, ApiPath, Caller,
 };
 use crate::error::{ApiError, ErrorBody};
 use crate::stream::{Forward, Streamed};
@@ -48,6 +48,9 @@ use crate::{metrics, quota, AppState, Inner};
 
 /// Finished results kept per machine for the long poll.
 pub const KEEP_RESULTS: usize = 64;
+/// ... and at most this many bytes of them (the oldest go first; the newest
+/// is always kept, and is itself bounded by the output limit).
+pub const KEEP_RESULT_BYTES: usize = 8 << 20;
 /// Instructions a machine may have queued or running at once.
 pub const MAX_PENDING: usize = 16;
 /// How long the result long poll waits.
@@ -72,6 +75,8 @@ struct MachineState {
     next_seq: i64,
     pending: usize,
     results: BTreeMap<i64, FvmResult>,
+    /// `FvmResult::bytes` of `results`.
+    result_bytes: usize,
 }
 
 /// One machine's instruction queue.
@@ -128,9 +133,12 @@ impl Machine {
     fn finish(&self, seq: i64, result: FvmResult) {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         st.pending = st.pending.saturating_sub(1);
+        st.result_bytes += result.bytes();
         st.results.insert(seq, result);
-        while st.results.len() > KEEP_RESULTS {
-            st.results.pop_first();
+        while st.results.len() > KEEP_RESULTS || (st.result_bytes > KEEP_RESULT_BYTES && st.results.len() > 1) {
+            if let Some((_, old)) = st.results.pop_first() {
+                st.result_bytes = st.result_bytes.saturating_sub(old.bytes());
+            }
         }
         drop(st);
         self.done.send_modify(|n| *n += 1);
@@ -157,6 +165,16 @@ pub enum FvmResult {
     },
 }
 
+impl FvmResult {
+    /// Host bytes this result holds.
+    fn bytes(&self) -> usize {
+        match self {
+            FvmResult::Value { value, .. } => value.as_ref().map_or(0, String::len) + 64,
+            FvmResult::Error { error, .. } => error.len() + 64,
+        }
+    }
+}
+
 /// Run instruction `seq` on machine `id` after the machine's earlier ones, and record its result.
 /// With `output`, what the code writes is sent there as it is written.
 async fn run_instruction(
@@ -171,9 +189,9 @@ async fn run_instruction(
     let _turn = machine.run.lock().await;
     let t0 = Instant::now();
     let r: Result<_, ApiError> = async {
-        let permit = acquire(&state, 1).await?;
+        let permit = crate::fair::acquire_for(&state, &caller, 1).await?;
         on_exec_thread(&state, move |s| {
-            let _permit = permit;
+            let _permit = permit.started();
             quota::check_disk(s, &caller.tenant, caller.limits())?;
             let mut fwd = output.map(Forward::new);
             let mut sink = |stream: Stream, bytes: &[u8]| {
@@ -261,7 +279,7 @@ async fn machine_new(
     ApiJson(req): ApiJson<MachineNew>,
 ) -> Result<Json<MachineCreated>, ApiError> {
     check_tags(&req.tags)?;
-    let limits = session_limits(&state, req.memory_mb, None)?;
+    let limits = session_limits(&state, &caller, req.memory_mb, None)?;
     let rec = blocking(&state, move |s| create_within_quota(s, &caller, req.tags, &limits)).await?;
     Ok(Json(MachineCreated { machine_name: rec.id }))
 }
@@ -467,7 +485,7 @@ async fn repl(
     let c = caller.clone();
     let name = blocking(&state, move |s| {
         if name == "new" {
-            let limits = session_limits(s, None, None)?;
+            let limits = session_limits(s, &c, None, None)?;
             Ok(create_within_quota(s, &c, BTreeMap::new(), &limits)?.id)
         } else {
             owned(s, &c, &name)?;

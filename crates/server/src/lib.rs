@@ -26,9 +26,13 @@
 //! - `POST /v1/sessions/{id}/revert {checkpoint}` -> session; `POST /v1/sessions/{id}/fork {checkpoint?, tags?}` -> 201 session
 //! - ForeverVM's API (see [`forevervm`]): `GET /v1/whoami`, `POST /v1/machine/new`, `GET|POST /v1/machine/list`,
 //!   `POST /v1/machine/{name}/exec`, `GET /v1/machine/{name}/exec/{seq}/result` (long poll), WebSocket `/v1/machine/{name}/repl`
-//! - `GET /healthz`, `GET /metrics` (Prometheus text), `GET /v1/openapi.json` (OpenAPI 3.1), no auth.
+//! - `GET /healthz` (`{status, template}`, nothing about tenants), `GET /v1/openapi.json` (OpenAPI 3.1), no auth;
+//!   `GET /metrics` (Prometheus text): admin keys only, or without auth on `metrics_listen` when that is set.
 //!
-//! Per-key limits ([`quota`]): requests/s (429 `rate_limited`), sessions and checkpoint disk (403 `quota_exceeded`).
+//! Per-key limits ([`quota`], defaults for new keys in [`KeyLimits::defaults`]): requests/s (429
+//! `rate_limited`; a batch counts each exec), sessions and checkpoint disk (403 `quota_exceeded`),
+//! concurrent execs (a share of the slots, see [`fair`]), CPU seconds per hour (429
+//! `cpu_budget_exceeded`), the longest timeout.
 //!
 //! A session is `{id, tags, created_ms, last_used_ms, resident, checkpoint (head seq or null),
 //! forked_from ({session, checkpoint} until its first exec, else null), limits {memory_mb, timeout_seconds}}`.
@@ -39,6 +43,7 @@
 
 mod api;
 pub mod error;
+mod fair;
 mod files;
 mod forevervm;
 pub mod keys;
@@ -61,7 +66,7 @@ use forkbox_engine::{Engine, Limits, Template};
 use forkbox_sessions::manager::{Config as SessionsConfig, SessionManager};
 
 pub use api::{embedded_router, router, Caller};
-pub use keys::create_key_with;
+pub use keys::{create_key_full, create_key_with};
 pub use quota::KeyLimits;
 pub use keys::create_key;
 
@@ -97,6 +102,12 @@ pub struct ServerConfig {
     pub maintenance_every: Duration,
     /// Tenant of the key `serve` creates when there is none.
     pub default_tenant: String,
+    /// Execs one key may run at once unless its key says otherwise: this
+    /// fraction of the exec slots (at least 1).
+    pub key_share: f64,
+    /// Serve `/metrics` (without auth) on this address instead; `None`:
+    /// `/metrics` is on the main address for admin keys only.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 impl ServerConfig {
@@ -118,7 +129,14 @@ impl ServerConfig {
             sessions: SessionsConfig::default(),
             maintenance_every: Duration::from_secs(5),
             default_tenant: "default".into(),
+            key_share: 0.5,
+            metrics_listen: None,
         }
+    }
+
+    /// Default concurrent execs of one key for `slots` exec slots.
+    pub fn key_concurrency(&self, slots: usize) -> usize {
+        ((slots as f64 * self.key_share).floor() as usize).clamp(1, slots.max(1))
     }
 
     fn concurrency(&self) -> usize {
@@ -157,6 +175,15 @@ impl Inner {
             .with_context(|| format!("opening the sessions under {}", config.home.display()))?;
         let keys = keys::KeyStore::open(&config.home)?;
         let concurrency = config.concurrency();
+        let mut hidden = vec![(config.home.display().to_string(), "$FORKBOX_HOME")];
+        if let Ok(c) = config.home.canonicalize() {
+            hidden.push((c.display().to_string(), "$FORKBOX_HOME"));
+        }
+        hidden.push((engine.image_path.display().to_string(), "<image>"));
+        if let Some(dir) = engine.image_path.parent() {
+            hidden.push((dir.display().to_string(), "<images>"));
+        }
+        error::hide_paths(hidden);
         metrics::handle();
         Ok(Arc::new(Inner {
             engine,
@@ -196,6 +223,8 @@ pub fn open_engine(home: &Path, image: Option<&Path>) -> anyhow::Result<(Arc<Eng
 pub struct Server {
     state: AppState,
     listener: tokio::net::TcpListener,
+    /// `ServerConfig::metrics_listen`, bound.
+    metrics: Option<tokio::net::TcpListener>,
     /// The key created because the data directory had none (show it to the user).
     pub created_key: Option<String>,
 }
@@ -208,7 +237,8 @@ impl Server {
             std::fs::create_dir_all(&cfg.home).with_context(|| format!("creating {}", cfg.home.display()))?;
             let (engine, template) = open_engine(&cfg.home, cfg.image.as_deref())?;
             let created_key = if keys::count_keys(&cfg.home)? == 0 {
-                Some(create_key(&cfg.home, &cfg.default_tenant)?)
+                // The operator's key: an admin key (reads /metrics) with the default limits.
+                Some(keys::create_key_full(&cfg.home, &cfg.default_tenant, &KeyLimits::defaults(), true)?)
             } else {
                 None
             };
@@ -218,11 +248,20 @@ impl Server {
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .with_context(|| format!("binding {}", config.listen))?;
-        Ok(Server { state, listener, created_key })
+        let metrics = match config.metrics_listen {
+            Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?),
+            None => None,
+        };
+        Ok(Server { state, listener, metrics, created_key })
     }
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
         self.listener.local_addr()
+    }
+
+    /// Where `/metrics` is served on its own (if configured).
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().and_then(|l| l.local_addr().ok())
     }
 
     pub fn state(&self) -> &AppState {
@@ -233,6 +272,16 @@ impl Server {
     /// Runs session maintenance every `maintenance_every` meanwhile.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
         let maint = tokio::spawn(maintenance_loop(self.state.clone()));
+        if let Some(l) = self.metrics {
+            let app = axum::Router::new()
+                .route("/metrics", axum::routing::get(api::metrics_text))
+                .with_state(self.state.clone());
+            tokio::spawn(async move {
+                if let Err(e) = axum::serve(l, app).await {
+                    tracing::warn!("metrics listener: {e}");
+                }
+            });
+        }
         let app = router(self.state.clone());
         let r = axum::serve(self.listener, app).with_graceful_shutdown(shutdown).await;
         maint.abort();
@@ -291,6 +340,9 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
     let server = Server::bind(config.clone()).await?;
     let addr = server.local_addr()?;
     println!("forkbox listening on http://{addr} (data in {})", config.home.display());
+    if let Some(m) = server.metrics_addr() {
+        println!("metrics on http://{m}/metrics");
+    }
     match &server.created_key {
         Some(k) => println!("API key (tenant {:?}; shown once, only its hash is stored): {k}", config.default_tenant),
         None => println!("API keys: use an existing one, or create one with `forkbox key create`"),

@@ -114,6 +114,18 @@ impl RateLimiter {
     pub fn check(&self) -> Result<(), Duration> {
         self.0.check().map_err(|not_until| not_until.wait_time_from(DefaultClock::default().now()))
     }
+
+    /// `n` more requests at once (a batch of `n` execs; its request itself was
+    /// already counted): Ok, or how long to wait. More than the burst can ever
+    /// allow waits a second (the caller's batch is too large for the key).
+    pub fn check_n(&self, n: u32) -> Result<(), Duration> {
+        let Some(n) = NonZeroU32::new(n) else { return Ok(()) };
+        match self.0.check_n(n) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(not_until)) => Err(not_until.wait_time_from(DefaultClock::default().now())),
+            Err(_) => Err(Duration::from_secs(1)),
+        }
+    }
 }
 
 /// 429 `rate_limited` with a Retry-After of whole seconds (at least 1).
@@ -145,8 +157,12 @@ pub fn check_sessions(state: &Inner, tenant: &str, limits: Option<&KeyLimits>) -
     Ok(())
 }
 
-/// Before an exec or upload in a session: 403 if the tenant's checkpoints are over its disk quota. Blocking (SQLite).
+/// Before an exec or upload in a session: 403 if the tenant's checkpoints are
+/// over its disk quota; and hand the quota to the sessions, which charge each
+/// checkpoint's size against it before writing it. Blocking (SQLite).
 pub fn check_disk(state: &Inner, tenant: &str, limits: Option<&KeyLimits>) -> Result<(), ApiError> {
+    let max = limits.and_then(|l| l.max_disk_mb).map(|mb| mb.saturating_mul(1 << 20));
+    state.sessions.set_disk_quota(tenant, max);
     let Some(max_mb) = limits.and_then(|l| l.max_disk_mb) else { return Ok(()) };
     let used = state.sessions.disk_bytes(tenant)?;
     if used >= max_mb.saturating_mul(1 << 20) {

@@ -225,8 +225,8 @@ pub struct CheckpointList {
 pub struct Health {
     pub status: String,
     pub template: String,
+    /// Server capacity (no tenant, session or key is named or counted here).
     pub exec_slots: usize,
     pub exec_slots_free: usize,
     pub queued: usize,
-    pub resident_sessions: usize,
 }

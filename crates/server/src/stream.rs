@@ -18,7 +18,7 @@ use serde_json::json;
 use tokio::sync::mpsc;
 use utoipa::ToSchema;
 
-use crate::api::{acquire, blocking, check_code, oneshot_limits, outcome_of, random_id, ApiJson, ApiPath, Caller};
+use crate::api::{blocking, check_code, oneshot_limits, outcome_of, random_id, ApiJson, ApiPath, Caller};
 use crate::error::{ApiError, ErrorBody};
 use crate::schema::{ExecRequest, ExecResponse, SessionExec};
 use crate::{metrics, quota, AppState};
@@ -161,16 +161,17 @@ then one `result` event (data: the same JSON as the non-streaming route) or one 
     responses((status = 200, description = STREAM_DOC, content_type = "text/event-stream", body = SseEvent)))]
 pub(crate) async fn exec_stream(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     ApiJson(req): ApiJson<ExecRequest>,
 ) -> Result<impl IntoResponse, ApiError> {
     let t0 = Instant::now();
     check_code(&state, &req.code)?;
-    let limits = oneshot_limits(&state, req.timeout_seconds)?;
-    let permit = acquire(&state, 1).await?;
+    let limits = oneshot_limits(&state, &caller, req.timeout_seconds)?;
+    let permit = crate::fair::acquire_for(&state, &caller, 1).await?;
     let (tx, rx) = mpsc::channel(CHANNEL);
     let s = state.clone();
     state.workers.spawn(move || {
-        let _permit = permit;
+        let _permit = permit.started();
         let mut fwd = Forward::new(tx);
         let t = Instant::now();
         let mut sb = match s.template.fork(&s.engine, limits) {
@@ -217,11 +218,11 @@ pub(crate) async fn session_exec_stream(
         quota::check_disk(s, &c.tenant, c.limits())
     })
     .await?;
-    let permit = acquire(&state, 1).await?;
+    let permit = crate::fair::acquire_for(&state, &caller, 1).await?;
     let (tx, rx) = mpsc::channel(CHANNEL);
     let s = state.clone();
     state.workers.spawn(move || {
-        let _permit = permit;
+        let _permit = permit.started();
         let mut fwd = Forward::new(tx);
         let mut sink = |stream: Stream, bytes: &[u8]| fwd.chunk(stream, bytes);
         let r = s.sessions.exec_with(
