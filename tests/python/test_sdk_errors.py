@@ -3,11 +3,12 @@ and rate-limit errors are raised by a real server for keys with such limits."""
 
 import time
 
+import httpx
 import pytest
 
 import forkbox
 from forkbox import Forkbox
-from forkbox._errors import STATUS_OF_CODE, error_from
+from forkbox._errors import _BY_CODE, _BY_STATUS, STATUS_OF_CODE, ForkboxError, ServerError, error_from
 
 
 @pytest.mark.parametrize("code, cls", [
@@ -27,6 +28,25 @@ def test_codes_map_to_classes(code, cls):
     assert (e.code, e.message) == (code, "m")
     # Without a status (an error event of a stream), the status comes from the code.
     assert error_from(0, {"error": {"code": code, "message": "m"}}).status == STATUS_OF_CODE[code]
+
+
+def test_sdk_code_table_matches_the_servers_openapi_enum(server):
+    """The SDK's tables name exactly the codes of the server's one table (the `ErrorCode`
+    schema of its OpenAPI document), each with the status the server sends it with."""
+    doc = httpx.get(f"{server.url}/v1/openapi.json", timeout=30).json()
+    schema = doc["components"]["schemas"]["ErrorCode"]
+    codes = schema["x-codes"]
+    assert sorted(schema["enum"]) == sorted(codes), "enum and x-codes disagree"
+    assert {c: v["status"] for c, v in codes.items()} == STATUS_OF_CODE
+    assert set(_BY_CODE) == set(codes), f"SDK classes for unknown codes {set(_BY_CODE) - set(codes)}, missing {set(codes) - set(_BY_CODE)}"
+    for code, v in codes.items():
+        assert v["description"], code
+        cls = _BY_CODE[code]
+        # The class chosen by the code agrees with the one the status alone would choose.
+        assert issubclass(cls, _BY_STATUS.get(v["status"], ServerError if v["status"] >= 500 else ForkboxError)), code
+    # Every error response's `code` refers to that schema.
+    detail = doc["components"]["schemas"]["ErrorDetail"]["properties"]["code"]
+    assert detail.get("$ref", "").endswith("/ErrorCode"), detail
 
 
 def test_unknown_codes_fall_back_on_the_status():

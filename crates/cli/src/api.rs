@@ -1,7 +1,8 @@
 //! How a CLI command reaches the API: a running server (`--url`, key from
-//! `--api-key` / `$FORKBOX_API_KEY`), or the engine in this process on the local
-//! data directory (`forkbox_server::embedded_router`, no socket, no key). Both
-//! are a `forkbox_client::Client`, so the two modes behave and fail the same way.
+//! `--api-key` / `$FORKBOX_API_KEY`), or the runtime in this process on the local
+//! data directory (`forkbox_runtime::Runtime::embedded` behind
+//! `forkbox_server::embedded`, no socket, no key). Both are a
+//! `forkbox_client::Client`, so the two modes behave and fail the same way.
 
 use std::path::Path;
 
@@ -18,8 +19,8 @@ pub struct Api {
     pub client: Client,
     /// Where the API is, for people: the URL, or "embedded (<data dir>)".
     pub target: String,
-    /// Embedded: the state behind the router (for the upkeep a server's maintenance loop would do).
-    state: Option<forkbox_server::AppState>,
+    /// Embedded: the runtime behind the router (for the upkeep after an exec).
+    runtime: Option<std::sync::Arc<forkbox_runtime::Runtime>>,
     rt: tokio::runtime::Runtime,
 }
 
@@ -30,28 +31,22 @@ impl Api {
         if !(base_url.starts_with("http://") || base_url.starts_with("https://")) {
             anyhow::bail!("--url must be an http:// or https:// URL, got {url:?}");
         }
-        let rt = runtime()?;
+        let rt = async_runtime()?;
         let client = Client::new(Transport::Http { base_url: base_url.clone(), key });
-        Ok(Api { client, target: base_url, state: None, rt })
+        Ok(Api { client, target: base_url, runtime: None, rt })
     }
 
     /// The API over the engine, template and sessions of the data directory `home`.
     pub fn embedded(home: &Path, image: &ImageArgs) -> Result<Api> {
         let (image_path, _) = crate::run::ensure_image(home, image, std::io::IsTerminal::is_terminal(&std::io::stderr()))?;
-        let (engine, template) = forkbox_server::open_engine(home, Some(&image_path))?;
-        let mut config = forkbox_server::ServerConfig::new(([127, 0, 0, 1], 0).into(), home.to_path_buf());
-        // The CLI's own bounds (it checks them itself), not a public server's.
-        config.max_timeout = std::time::Duration::from_secs(86_400);
-        config.max_memory_mb = 3072;
-        config.body_limit = 8 << 20;
-        let state = forkbox_server::Inner::new(engine, template, config).context("opening the local data directory")?;
-        let rt = runtime()?;
+        let runtime = forkbox_runtime::Runtime::embedded(home, Some(&image_path)).context("opening the local data directory")?;
+        let rt = async_runtime()?;
         let router = {
             let _guard = rt.enter();
-            forkbox_server::embedded_router(state.clone(), LOCAL_TENANT)
+            forkbox_server::embedded(runtime.clone(), LOCAL_TENANT)?
         };
         let client = Client::new(Transport::InProcess(router));
-        Ok(Api { client, target: format!("embedded ({})", home.display()), state: Some(state), rt })
+        Ok(Api { client, target: format!("embedded ({})", home.display()), runtime: Some(runtime), rt })
     }
 
     /// Fork `id` at `checkpoint` (its head if None) into a new session with `tags`; its id.
@@ -62,9 +57,8 @@ impl Api {
     /// After an exec in `session`, embedded: merge its layer chain once it is long
     /// (what `forkbox session exec` does, and a server's maintenance loop).
     pub fn after_exec(&self, session: &str) {
-        let Some(state) = &self.state else { return };
-        let head = state.sessions.get(LOCAL_TENANT, session).ok().and_then(|r| r.head);
-        if let Some(Err(e)) = head.map(|h| state.sessions.compact(h)) {
+        let Some(runtime) = &self.runtime else { return };
+        if let Err(e) = runtime.compact_session(LOCAL_TENANT, session) {
             tracing::warn!("compacting the layers of {session}: {e}");
         }
     }
@@ -74,7 +68,7 @@ impl Api {
     }
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime> {
+fn async_runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().context("starting the async runtime")
 }
 
@@ -122,26 +116,10 @@ pub async fn exec_streaming(
                 })
             }
             StreamEvent::Error { code, message } => {
-                return Err(ClientError::Api { status: status_of(&code), code, message });
+                return Err(ClientError::from_code(code, message));
             }
             ev => on_output(&ev),
         }
     }
     Err(ClientError::StreamEnded)
-}
-
-/// The status the API gives an error code (an `error` event arrives on a 200 stream without one).
-fn status_of(code: &str) -> u16 {
-    match code {
-        "invalid_request" | "malformed_json" | "invalid_path" => 400,
-        "quota_exceeded" => 403,
-        "session_not_found" | "checkpoint_not_found" | "file_not_found" => 404,
-        "timeout" => 408,
-        "session_busy" => 409,
-        "payload_too_large" | "code_too_large" | "file_too_large" => 413,
-        "guest_crashed" | "guest_exited" | "guest_killed" | "sandbox_unusable" | "interrupted" => 422,
-        "rate_limited" => 429,
-        "overloaded" => 503,
-        _ => 500,
-    }
 }

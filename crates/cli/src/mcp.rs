@@ -79,15 +79,10 @@ fn stdio(home: &Path, url: Option<String>, image: Option<PathBuf>) -> anyhow::Re
 /// routes for the local tenant (the one `forkbox session` uses), no key.
 async fn embedded(home: &Path, image: Option<PathBuf>) -> anyhow::Result<Client> {
     let home = home.to_path_buf();
-    let state = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
-        std::fs::create_dir_all(&home).with_context(|| format!("creating {}", home.display()))?;
-        let (engine, template) = forkbox_server::open_engine(&home, image.as_deref())?;
-        let cfg = forkbox_server::ServerConfig::new(([127, 0, 0, 1], 0).into(), home.clone());
-        forkbox_server::Inner::new(engine, template, cfg)
-    })
-    .await??;
-    tokio::spawn(forkbox_server::maintenance_loop(state.clone()));
-    let router = forkbox_server::embedded_router(state, crate::session::LOCAL_TENANT);
+    let runtime = tokio::task::spawn_blocking(move || forkbox_runtime::Runtime::embedded(&home, image.as_deref()))
+        .await?
+        .context("opening the local data directory")?;
+    let router = forkbox_server::embedded(runtime, crate::session::LOCAL_TENANT)?;
     Ok(Client::new(Transport::InProcess(router)))
 }
 

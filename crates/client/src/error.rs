@@ -1,5 +1,7 @@
 //! What a client call can fail with.
 
+pub use forkbox_api::ErrorCode;
+
 /// A failed client call.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -28,6 +30,21 @@ pub enum ClientError {
 }
 
 impl ClientError {
+    /// An API error that arrived without a status (an `error` event of a stream):
+    /// the status is the one the API gives the code (500 for a code this client does not know).
+    pub fn from_code(code: String, message: String) -> ClientError {
+        let status = code.parse::<ErrorCode>().map_or(500, ErrorCode::status);
+        ClientError::Api { status, code, message }
+    }
+
+    /// The API's error code, if this is an API error with a code this client knows.
+    pub fn api_code(&self) -> Option<ErrorCode> {
+        match self {
+            ClientError::Api { code, .. } => code.parse().ok(),
+            _ => None,
+        }
+    }
+
     /// The API's error code, or a code naming the transport failure
     /// (`connection_failed`, `unexpected_response`, `invalid_argument`, `stream_ended`).
     pub fn code(&self) -> &str {

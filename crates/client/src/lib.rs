@@ -14,7 +14,14 @@
 //! Over [`Transport::InProcess`] the same calls are served by an axum router in
 //! this process (`forkbox_server::embedded_router`), without a socket, so an
 //! embedded engine and a remote server behave — and fail — the same way.
-//! API errors come back unchanged as [`ClientError::Api`]`{status, code, message}`.
+//! API errors come back unchanged as [`ClientError::Api`]`{status, code, message}`;
+//! [`ClientError::api_code`] reads the code as a [`ErrorCode`] (the API's one table).
+//!
+//! Place in the flow: a front end's way to the **request** layer (the server's
+//! routes, over HTTP or in process); it depends on no other forkbox layer
+//! (only `forkbox-api`, the shared error codes).
+
+#![forbid(unsafe_code)]
 
 pub mod error;
 mod sse;
@@ -30,7 +37,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-pub use error::ClientError;
+pub use error::{ClientError, ErrorCode};
 pub use sse::StreamEvent;
 pub use transport::Transport;
 pub use types::*;

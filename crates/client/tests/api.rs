@@ -5,59 +5,20 @@
 //! Needs /dev/kvm and the default image (built on first use under
 //! `$FORKBOX_HOME` or the default home); without KVM these tests FAIL, never skip.
 
-use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use forkbox_client::{BatchItem, Client, ClientError, CreateSession, StreamEvent, Transport};
-use forkbox_engine::{Engine, Template};
 use forkbox_server::{embedded_router, router, AppState, Inner, ServerConfig};
 use futures_util::StreamExt;
-
-struct Shared {
-    engine: Arc<Engine>,
-    template: Arc<Template>,
-    home: std::path::PathBuf,
-}
-
-fn shared() -> &'static Shared {
-    static SHARED: OnceLock<Shared> = OnceLock::new();
-    SHARED.get_or_init(|| {
-        if let Err(e) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm") {
-            panic!("these tests need KVM: cannot open /dev/kvm read-write ({e}); they are deliberately not skipped");
-        }
-        let mut rl = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-        // SAFETY: getrlimit/setrlimit on a local struct.
-        unsafe {
-            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) == 0 {
-                rl.rlim_cur = rl.rlim_max;
-                libc::setrlimit(libc::RLIMIT_NOFILE, &rl);
-            }
-        }
-        let home = match std::env::var("FORKBOX_HOME") {
-            Ok(h) if !h.is_empty() => h.into(),
-            _ => forkbox_image::default_home(),
-        };
-        let built = forkbox_image::build(
-            &forkbox_engine::default_image_spec(),
-            &forkbox_image::BuildOptions { home: home.clone(), progress: false },
-        )
-        .expect("building the default image");
-        let engine = Arc::new(Engine::open(&built.path).expect("Engine::open"));
-        let template = Arc::new(Template::ensure(&engine, &home).expect("Template::ensure"));
-        Shared { engine, template, home }
-    })
-}
 
 /// A fresh state (own home, shared templates), an HTTP client with a key of
 /// tenant `alice`, and an in-process client for `alice`.
 async fn clients() -> (tempfile::TempDir, Client, Client, String) {
-    let s = shared();
-    let home = tempfile::Builder::new().prefix("forkbox-client-test-").tempdir().expect("temp dir");
-    std::os::unix::fs::symlink(forkbox_engine::template::templates_dir(&s.home), home.path().join("templates")).expect("symlink");
+    let home = forkbox_testkit::fresh_home("forkbox-client-test-");
     let cfg = ServerConfig::new("127.0.0.1:0".parse().expect("addr"), home.path().to_path_buf());
-    let (engine, template, h) = (s.engine.clone(), s.template.clone(), home.path().to_path_buf());
+    let h = home.path().to_path_buf();
     let (state, key): (AppState, String) = tokio::task::spawn_blocking(move || {
-        let state = Inner::new(engine, template, cfg).expect("server state");
+        let state = Inner::with_runtime(forkbox_testkit::runtime(&cfg.home, cfg.runtime()), cfg).expect("server state");
         (state, forkbox_server::create_key(&h, "alice").expect("key"))
     })
     .await

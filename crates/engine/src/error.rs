@@ -1,3 +1,4 @@
+use forkbox_api::ErrorCode;
 use thiserror::Error;
 
 /// Why an exec or a sandbox failed (a Python exception is NOT an error: it is
@@ -24,10 +25,10 @@ pub enum EngineError {
     /// could not take the signal): it was killed.
     #[error("the exec was interrupted and killed: {0}")]
     Interrupted(String),
-    /// A host-side file operation failed; `code` is one of `file_not_found`,
-    /// `invalid_path`, `is_a_directory`, `file_too_large`, `quota_exceeded`.
+    /// A host-side file operation failed; `code` is one of `FileNotFound`,
+    /// `InvalidPath`, `IsADirectory`, `FileTooLarge`, `QuotaExceeded`.
     #[error("{message}")]
-    File { code: &'static str, message: String },
+    File { code: ErrorCode, message: String },
     #[error(transparent)]
     Vmm(#[from] forkbox_vmm::VmmError),
     #[error(transparent)]
@@ -39,20 +40,25 @@ pub enum EngineError {
 }
 
 impl EngineError {
-    /// A stable machine-readable code (used by the CLI's JSON and later the API).
-    pub fn code(&self) -> &'static str {
+    /// The API's error code for this failure (its HTTP status comes with it).
+    pub fn error_code(&self) -> ErrorCode {
         match self {
-            EngineError::Timeout(_) => "timeout",
-            EngineError::GuestCrashed(_) => "guest_crashed",
-            EngineError::GuestExited(_) => "guest_exited",
-            EngineError::GuestSignaled(_) => "guest_killed",
-            EngineError::Poisoned(_) => "sandbox_unusable",
-            EngineError::Protocol(_) => "protocol_error",
-            EngineError::Boot(_) => "boot_failed",
-            EngineError::CodeTooLarge(..) => "code_too_large",
-            EngineError::Interrupted(_) => "interrupted",
-            EngineError::File { code, .. } => code,
-            EngineError::Vmm(_) | EngineError::Load(_) | EngineError::Image(_) | EngineError::Snapshot(_) => "internal",
+            EngineError::Timeout(_) => ErrorCode::Timeout,
+            EngineError::GuestCrashed(_) => ErrorCode::GuestCrashed,
+            EngineError::GuestExited(_) => ErrorCode::GuestExited,
+            EngineError::GuestSignaled(_) => ErrorCode::GuestKilled,
+            EngineError::Poisoned(_) => ErrorCode::SandboxUnusable,
+            EngineError::Protocol(_) => ErrorCode::ProtocolError,
+            EngineError::Boot(_) => ErrorCode::BootFailed,
+            EngineError::CodeTooLarge(..) => ErrorCode::CodeTooLarge,
+            EngineError::Interrupted(_) => ErrorCode::Interrupted,
+            EngineError::File { code, .. } => *code,
+            EngineError::Vmm(_) | EngineError::Load(_) | EngineError::Image(_) | EngineError::Snapshot(_) => ErrorCode::Internal,
         }
+    }
+
+    /// The wire name of [`Self::error_code`] (the CLI's JSON, tests).
+    pub fn code(&self) -> &'static str {
+        self.error_code().as_str()
     }
 }

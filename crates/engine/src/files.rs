@@ -9,6 +9,7 @@ use forkbox_linux::Errno;
 use serde::{Serialize, Serializer};
 
 use crate::error::EngineError;
+use forkbox_api::ErrorCode;
 
 /// The folder whose files an exec returns.
 pub const OUTPUT_DIR: &str = "/output";
@@ -67,12 +68,12 @@ pub fn mime_of(path: &str) -> &'static str {
     }
 }
 
-fn file_error(code: &'static str, message: impl Into<String>) -> EngineError {
+fn file_error(code: ErrorCode, message: impl Into<String>) -> EngineError {
     EngineError::File { code, message: message.into() }
 }
 
 fn invalid(message: impl Into<String>) -> EngineError {
-    file_error("invalid_path", message)
+    file_error(ErrorCode::InvalidPath, message)
 }
 
 /// Turn a client's path into a normalised absolute guest path ("/a/b"):
@@ -111,15 +112,15 @@ pub fn normalize(path: &str, cwd: &[u8]) -> Result<String, EngineError> {
 }
 
 fn not_found(path: &str) -> EngineError {
-    file_error("file_not_found", format!("{path}: no such file or directory"))
+    file_error(ErrorCode::FileNotFound, format!("{path}: no such file or directory"))
 }
 
 /// Map a VFS error on `path` to the file API's codes.
 fn vfs_error(path: &str, e: Errno) -> EngineError {
     match e {
         Errno::ENOENT | Errno::ENOTDIR => not_found(path),
-        Errno::EISDIR => file_error("is_a_directory", format!("{path} is a directory")),
-        Errno::ENOSPC => file_error("quota_exceeded", format!("{path}: the sandbox's disk quota is exhausted")),
+        Errno::EISDIR => file_error(ErrorCode::IsADirectory, format!("{path} is a directory")),
+        Errno::ENOSPC => file_error(ErrorCode::QuotaExceeded, format!("{path}: the sandbox's disk quota is exhausted")),
         Errno::ELOOP => invalid(format!("{path}: too many levels of symbolic links")),
         Errno::ENAMETOOLONG => invalid(format!("{path}: name too long")),
         e => invalid(format!("{path}: {e:?}")),
@@ -134,7 +135,7 @@ fn mtime_ms(ns: i128) -> i64 {
 /// the file (0644), replacing its content if it exists.
 pub fn write_file(vfs: &mut Vfs, path: &str, data: &[u8]) -> Result<(), EngineError> {
     if path == "/" {
-        return Err(file_error("is_a_directory", "/ is a directory"));
+        return Err(file_error(ErrorCode::IsADirectory, "/ is a directory"));
     }
     let (parent, _) = path.rsplit_once('/').unwrap_or(("", path));
     // Quota check up front, so a refused upload leaves nothing behind. The
@@ -146,7 +147,7 @@ pub fn write_file(vfs: &mut Vfs, path: &str, data: &[u8]) -> Result<(), EngineEr
     };
     if vfs.overlay_bytes().saturating_sub(old).saturating_add(need) > vfs.quota() {
         return Err(file_error(
-            "quota_exceeded",
+            ErrorCode::QuotaExceeded,
             format!("{path}: {} bytes do not fit in the sandbox's disk quota ({} of {} bytes used)", data.len(), vfs.overlay_bytes(), vfs.quota()),
         ));
     }
@@ -174,12 +175,12 @@ pub fn read_file(vfs: &Vfs, path: &str, max: usize) -> Result<Vec<u8>, EngineErr
     let ino = vfs.resolve(ROOT_INO, path.as_bytes(), true).map_err(|e| vfs_error(path, e))?;
     match vfs.file_type(ino).map_err(|e| vfs_error(path, e))? {
         FileType::File => {}
-        FileType::Dir => return Err(file_error("is_a_directory", format!("{path} is a directory"))),
+        FileType::Dir => return Err(file_error(ErrorCode::IsADirectory, format!("{path} is a directory"))),
         _ => return Err(invalid(format!("{path} is not a regular file"))),
     }
     let bytes = vfs.file_bytes(ino).map_err(|e| vfs_error(path, e))?;
     if bytes.len() > max {
-        return Err(file_error("file_too_large", format!("{path} is {} bytes, more than the {max}-byte limit", bytes.len())));
+        return Err(file_error(ErrorCode::FileTooLarge, format!("{path} is {} bytes, more than the {max}-byte limit", bytes.len())));
     }
     Ok(bytes.to_vec())
 }

@@ -28,6 +28,17 @@ pub use interrupt::Interrupter;
 pub use sandbox::{ExecOptions, ExecResult, RunStats, Sandbox, Stream};
 pub use template::{CheckpointStats, Template, TemplateInfo};
 
+/// CPU time of the calling thread, in seconds (KVM counts a vCPU's guest
+/// time as its thread's, so on an exec thread this includes the guest's).
+pub fn thread_cpu_seconds() -> f64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime into a local timespec.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
+        return 0.0;
+    }
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
 /// The agent program, baked into every image.
 pub const AGENT_SOURCE: &[u8] = include_bytes!("../../../guest/agent/agent.py");
 

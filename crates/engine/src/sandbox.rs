@@ -345,7 +345,7 @@ impl Sandbox {
     pub fn write_file(&mut self, path: &str, data: &[u8]) -> Result<(), EngineError> {
         let p = self.guest_path(path)?;
         if path.ends_with('/') {
-            return Err(EngineError::File { code: "is_a_directory", message: format!("{path}: a file name cannot end with '/'") });
+            return Err(EngineError::File { code: forkbox_api::ErrorCode::IsADirectory, message: format!("{path}: a file name cannot end with '/'") });
         }
         files::write_file(&mut self.proc.vfs, &p, data)
     }

@@ -6,38 +6,21 @@
 //! under `$FORKBOX_HOME` or `forkbox_image::default_home()`). Without KVM they
 //! FAIL: they are never skipped.
 
-use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use forkbox_engine::{Engine, EngineError, ExecOptions, ExecResult, Interrupter, Limits, Sandbox, Stream, Template};
 
-fn home() -> PathBuf {
-    match std::env::var("FORKBOX_HOME") {
-        Ok(h) if !h.is_empty() => PathBuf::from(h),
-        _ => forkbox_image::default_home(),
-    }
-}
-
 struct Shared {
-    engine: Engine,
-    template: Template,
+    engine: std::sync::Arc<Engine>,
+    template: std::sync::Arc<Template>,
 }
 
 fn shared() -> &'static Shared {
     static SHARED: OnceLock<Shared> = OnceLock::new();
     SHARED.get_or_init(|| {
-        if let Err(e) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm") {
-            panic!("these tests need KVM: cannot open /dev/kvm read-write ({e}); they are deliberately not skipped");
-        }
-        let home = home();
-        let built = forkbox_image::build(
-            &forkbox_engine::default_image_spec(),
-            &forkbox_image::BuildOptions { home: home.clone(), progress: false },
-        )
-        .unwrap_or_else(|e| panic!("building the default image under {}: {e}", home.display()));
-        let engine = Engine::open(&built.path).unwrap_or_else(|e| panic!("Engine::open: {e}"));
-        let template = Template::ensure(&engine, &home).unwrap_or_else(|e| panic!("Template::ensure: {e}"));
+        let kit = forkbox_testkit::shared();
+        let (engine, template) = (kit.engine.clone(), kit.template.clone());
         Shared { engine, template }
     })
 }

@@ -28,26 +28,9 @@ use sha2::{Digest, Sha256};
 // Harness
 // ---------------------------------------------------------------------------
 
-fn home() -> PathBuf {
-    match std::env::var("FORKBOX_HOME") {
-        Ok(h) if !h.is_empty() => PathBuf::from(h),
-        _ => forkbox_image::default_home(),
-    }
-}
-
-fn require_kvm() {
-    if let Err(e) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm") {
-        panic!(
-            "these tests need KVM: cannot open /dev/kvm read-write ({e}). \
-             Run them on a host with KVM enabled and access to /dev/kvm (e.g. membership in the `kvm` group). \
-             They are deliberately not skipped."
-        );
-    }
-}
-
 struct Shared {
-    engine: Engine,
-    template: Template,
+    engine: std::sync::Arc<Engine>,
+    template: std::sync::Arc<Template>,
     /// sha256 of the whole template memory file when the binary started.
     memory_sha256: String,
 }
@@ -55,25 +38,8 @@ struct Shared {
 fn shared() -> &'static Shared {
     static SHARED: OnceLock<Shared> = OnceLock::new();
     SHARED.get_or_init(|| {
-        require_kvm();
-        let home = home();
-        let t0 = Instant::now();
-        let built = forkbox_image::build(
-            &forkbox_engine::default_image_spec(),
-            &forkbox_image::BuildOptions { home: home.clone(), progress: false },
-        )
-        .unwrap_or_else(|e| panic!("building the default image under {}: {e}", home.display()));
-        eprintln!(
-            "image {} ({}) ready in {:.1} s",
-            built.path.display(),
-            if built.reused { "reused" } else { "built" },
-            t0.elapsed().as_secs_f64()
-        );
-        let engine =
-            Engine::open(&built.path).unwrap_or_else(|e| panic!("Engine::open({}): {e}", built.path.display()));
-        let t0 = Instant::now();
-        let template = Template::ensure(&engine, &home).unwrap_or_else(|e| panic!("Template::ensure: {e}"));
-        eprintln!("template {} ready in {:.2} s", template.dir.display(), t0.elapsed().as_secs_f64());
+        let kit = forkbox_testkit::shared();
+        let (engine, template) = (kit.engine.clone(), kit.template.clone());
         let t0 = Instant::now();
         let memory_sha256 = file_sha256(&template.dir.join("memory"));
         eprintln!("template memory sha256 {memory_sha256} ({:.1} s)", t0.elapsed().as_secs_f64());

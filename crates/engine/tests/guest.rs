@@ -27,23 +27,6 @@ fn host_secret() -> String {
     format!("host-secret-{}-7f3a9c", std::process::id())
 }
 
-fn home() -> PathBuf {
-    match std::env::var("FORKBOX_HOME") {
-        Ok(h) if !h.is_empty() => PathBuf::from(h),
-        _ => forkbox_image::default_home(),
-    }
-}
-
-fn require_kvm() {
-    if let Err(e) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm") {
-        panic!(
-            "these tests need KVM: cannot open /dev/kvm read-write ({e}). \
-             Run them on a host with KVM enabled and access to /dev/kvm (e.g. membership in the `kvm` group). \
-             They are deliberately not skipped."
-        );
-    }
-}
-
 struct Shared {
     engine: Engine,
     image_path: PathBuf,
@@ -52,26 +35,14 @@ struct Shared {
 fn shared() -> &'static Shared {
     static SHARED: OnceLock<Shared> = OnceLock::new();
     SHARED.get_or_init(|| {
-        require_kvm();
+        forkbox_testkit::require_kvm();
         // Set before the first sandbox exists (and while every other test is
         // blocked on this OnceLock): the guest environment must not inherit it.
         std::env::set_var(HOST_SECRET_VAR, host_secret());
-        let home = home();
-        let t0 = Instant::now();
-        let built = forkbox_image::build(
-            &forkbox_engine::default_image_spec(),
-            &forkbox_image::BuildOptions { home: home.clone(), progress: false },
-        )
-        .unwrap_or_else(|e| panic!("building the default image under {}: {e}", home.display()));
-        eprintln!(
-            "image {} ({}) ready in {:.1} s",
-            built.path.display(),
-            if built.reused { "reused" } else { "built" },
-            t0.elapsed().as_secs_f64()
-        );
-        let engine = Engine::open(&built.path)
-            .unwrap_or_else(|e| panic!("Engine::open({}): {e}", built.path.display()));
-        Shared { engine, image_path: built.path }
+        let image_path = forkbox_testkit::image_path();
+        let engine =
+            Engine::open(&image_path).unwrap_or_else(|e| panic!("Engine::open({}): {e}", image_path.display()));
+        Shared { engine, image_path }
     })
 }
 

@@ -11,6 +11,12 @@
 //!
 //! Tools: `run_python`, `create_session`, `exec`, `list_sessions`, `delete_session`,
 //! `list_checkpoints`, `revert`, `fork_session` (see [`tools`]).
+//!
+//! Place in the flow: a **request** front end beside the server and the CLI; every
+//! tool call goes through `forkbox-client` (the server's routes over HTTP or in
+//! process), never below it.
+
+#![forbid(unsafe_code)]
 
 pub mod install;
 mod render;

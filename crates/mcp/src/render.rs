@@ -143,18 +143,22 @@ pub fn deleted(id: &str) -> CallToolResult {
     out
 }
 
-/// What a model can do about an error code.
+/// What a model can do about an error code (the API's, or this crate's `invalid_arguments`).
 fn hint(code: &str) -> &'static str {
-    match code {
-        "session_not_found" => " Call list_sessions to see the sessions that exist, or create_session for a new one.",
-        "checkpoint_not_found" => " Call list_checkpoints to see this session's checkpoints.",
-        "timeout" | "guest_crashed" | "guest_exited" | "guest_killed" | "sandbox_unusable" | "interrupted" => {
+    use forkbox_client::ErrorCode as C;
+    if code == "invalid_arguments" {
+        return " Check the tool's input schema.";
+    }
+    match code.parse::<C>() {
+        Ok(C::SessionNotFound) => " Call list_sessions to see the sessions that exist, or create_session for a new one.",
+        Ok(C::CheckpointNotFound) => " Call list_checkpoints to see this session's checkpoints.",
+        Ok(C::Timeout | C::GuestCrashed | C::GuestExited | C::GuestKilled | C::SandboxUnusable | C::Interrupted) => {
             " In a session, the state is back at the last checkpoint (as before this exec); fix the code and retry."
         }
-        "session_busy" => " Another exec is running in this session; wait for it, or fork_session to work in parallel.",
-        "overloaded" | "rate_limited" => " The server is busy; retry in a moment.",
-        "quota_exceeded" => " Delete sessions you no longer need (delete_session).",
-        "invalid_arguments" | "invalid_request" => " Check the tool's input schema.",
+        Ok(C::SessionBusy) => " Another exec is running in this session; wait for it, or fork_session to work in parallel.",
+        Ok(C::Overloaded | C::RateLimited) => " The server is busy; retry in a moment.",
+        Ok(C::QuotaExceeded) => " Delete sessions you no longer need (delete_session).",
+        Ok(C::InvalidRequest) => " Check the tool's input schema.",
         _ => "",
     }
 }

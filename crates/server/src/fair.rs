@@ -6,20 +6,21 @@
 //! tenant's request waits only behind requests that were there before it and
 //! are within their own keys' shares.
 //!
-//! CPU seconds: every exec thread's CPU time (KVM counts guest time as the
-//! thread's) is measured from the moment the slot is [`ExecSlot::started`] on
-//! the exec thread until it is dropped there, and charged to the key's
-//! [`CpuBudget`](crate::quota::CpuBudget); a key with none left gets 429
-//! `cpu_budget_exceeded` (with `Retry-After`) before it takes a slot.
+//! CPU seconds: the slot is handed to the runtime as the exec's `hold` and
+//! dropped on the exec thread at the end of the job; it charges the job's CPU
+//! time there ([`forkbox_runtime::job_cpu_seconds`]; KVM counts guest time as
+//! the thread's) to the key's [`CpuBudget`](crate::quota::CpuBudget). A key
+//! with none left gets 429 `cpu_budget_exceeded` (with `Retry-After`) before it
+//! takes a slot.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::http::StatusCode;
+use forkbox_api::ErrorCode;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::api::Caller;
+use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::keys::KeyInfo;
 use crate::Inner;
@@ -31,38 +32,19 @@ pub struct ExecSlot {
     key: Option<Arc<KeyInfo>>,
     /// Parallel execs this slot stands for (a batch's workers), for charging.
     width: usize,
-    started: Option<(f64, std::time::Instant)>,
-}
-
-/// CPU time of the calling thread, in seconds.
-pub fn thread_cpu_seconds() -> f64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime into a local timespec.
-    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
-        return 0.0;
-    }
-    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
-}
-
-impl ExecSlot {
-    /// Call on the thread that runs the exec: its CPU time from now on is
-    /// charged to the key when the slot is dropped (on that thread).
-    pub fn started(mut self) -> ExecSlot {
-        self.started = Some((thread_cpu_seconds(), std::time::Instant::now()));
-        self
-    }
+    since: std::time::Instant,
 }
 
 impl Drop for ExecSlot {
     fn drop(&mut self) {
-        let (Some(key), Some((cpu0, wall0))) = (&self.key, self.started) else { return };
-        let Some(budget) = &key.cpu else { return };
+        let Some(budget) = self.key.as_ref().and_then(|k| k.cpu.as_ref()) else { return };
         let used = if self.width > 1 {
-            // A batch runs its execs on threads of its own: charge its wall
-            // time for each of them (an upper bound of their CPU time).
-            wall0.elapsed().as_secs_f64() * self.width as f64
+            // A batch runs on several exec threads and the slot is dropped on
+            // the last: charge its wall time for each (an upper bound of their CPU).
+            self.since.elapsed().as_secs_f64() * self.width as f64
         } else {
-            (thread_cpu_seconds() - cpu0).max(0.0)
+            // Dropped on the exec thread at the end of the job (0 elsewhere).
+            forkbox_runtime::job_cpu_seconds()
         };
         budget.charge(used);
     }
@@ -70,7 +52,7 @@ impl Drop for ExecSlot {
 
 /// The key's concurrency limit (at least 1, at most every slot).
 pub fn key_limit(state: &Inner, key: &KeyInfo) -> usize {
-    let all = state.concurrency;
+    let all = state.admission.slots();
     match key.limits.max_concurrency {
         None => state.config.key_concurrency(all),
         Some(0) => all,
@@ -92,12 +74,35 @@ impl Drop for Waiting<'_> {
 
 fn cpu_exceeded(wait: Duration) -> ApiError {
     let mut e = ApiError::new(
-        StatusCode::TOO_MANY_REQUESTS,
-        "cpu_budget_exceeded",
+        ErrorCode::CpuBudgetExceeded,
         format!("this API key has used its CPU seconds for now; retry in {} s", wait.as_secs_f64().ceil().max(1.0)),
     );
     e.retry_after = Some(wait.as_secs_f64().ceil().max(1.0) as u64);
     e
+}
+
+/// A request's `timeout_seconds` within the caller key's maximum (the
+/// runtime's maximum applies on top): 400 past it; no timeout asked and a
+/// server default above the key's maximum gives the key's maximum.
+pub fn key_timeout(state: &Inner, caller: &Caller, seconds: Option<f64>) -> Result<Option<f64>, ApiError> {
+    key_timeout_of(&state.runtime, caller, seconds)
+}
+
+/// [`key_timeout`] over the runtime (also checks the value against the runtime's own maximum).
+pub fn key_timeout_of(rt: &forkbox_runtime::Runtime, caller: &Caller, seconds: Option<f64>) -> Result<Option<f64>, ApiError> {
+    if seconds.is_some() {
+        rt.timeout(seconds)?;
+    }
+    let Some(max) = caller.limits().and_then(|l| l.max_timeout_seconds) else { return Ok(seconds) };
+    let max = max as f64;
+    match seconds {
+        Some(s) if s.is_finite() && s > max => {
+            Err(ApiError::invalid(format!("timeout_seconds must be > 0 and <= {max} for this API key, got {s}")))
+        }
+        Some(s) => Ok(Some(s)),
+        None if rt.config().limits.timeout.as_secs_f64() > max => Ok(Some(max)),
+        None => Ok(None),
+    }
 }
 
 /// `n` parallel execs for `caller` (clamped to its key's share): the key's
@@ -105,7 +110,7 @@ fn cpu_exceeded(wait: Duration) -> ApiError {
 /// out), then server slots (503 `overloaded` as before).
 pub async fn acquire_for(state: &Inner, caller: &Caller, n: usize) -> Result<ExecSlot, ApiError> {
     let key = caller.key.clone();
-    let mut width = n.clamp(1, state.concurrency);
+    let mut width = n.clamp(1, state.admission.slots());
     let mut key_permit = None;
     if let Some(k) = &key {
         if let Some(budget) = &k.cpu {
@@ -122,8 +127,7 @@ pub async fn acquire_for(state: &Inner, caller: &Caller, n: usize) -> Result<Exe
                 let _w = Waiting(&k.queued);
                 let too_many = || {
                     let mut e = ApiError::new(
-                        StatusCode::TOO_MANY_REQUESTS,
-                        "rate_limited",
+                        ErrorCode::RateLimited,
                         format!("this API key may run {limit} execs at once and has more waiting; retry shortly"),
                     );
                     e.retry_after = Some(1);
@@ -139,13 +143,13 @@ pub async fn acquire_for(state: &Inner, caller: &Caller, n: usize) -> Result<Exe
             }
         });
     }
-    let global = crate::api::acquire(state, width).await?;
-    Ok(ExecSlot { _global: global, _key: key_permit, key, width, started: None })
+    let global = state.admission.acquire(width).await?;
+    Ok(ExecSlot { _global: global, _key: key_permit, key, width, since: std::time::Instant::now() })
 }
 
 /// How many parallel execs a batch of `n` gets for `caller`.
 pub fn batch_width(state: &Inner, caller: &Caller, n: usize) -> usize {
-    let w = n.min((state.concurrency / 2).max(1));
+    let w = state.runtime.batch_parallelism(n);
     match &caller.key {
         Some(k) => w.min(key_limit(state, k)),
         None => w,

@@ -117,7 +117,7 @@ pub fn create_key_full(home: &Path, tenant: &str, limits: &KeyLimits, admin: boo
         params![
             hash_key(&key),
             tenant,
-            forkbox_sessions::manager::now_ms(),
+            now_ms(),
             as_i64(limits.rate_limit),
             as_i64(limits.max_sessions),
             as_i64(limits.max_disk_mb),
@@ -214,4 +214,8 @@ impl KeyStore {
     pub fn tenant(&self, key: &str) -> anyhow::Result<Option<String>> {
         Ok(self.lookup(key)?.map(|i| i.tenant.clone()))
     }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }

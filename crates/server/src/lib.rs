@@ -1,4 +1,13 @@
-//! The forkbox HTTP API server (axum).
+//! The forkbox HTTP API server (axum): HTTP only.
+//!
+//! Place in the flow: **request** (this crate, beside the CLI and MCP) ->
+//! runtime -> sessions -> engine -> vmm/linux -> guest. Every operation is a
+//! typed call on [`forkbox_runtime::Runtime`]; this crate adds what is HTTP:
+//! routing and the OpenAPI document ([`router`]), keys and rate limits
+//! (`auth`, [`keys`], [`quota`]), extractors with the API's error shape,
+//! admission to the exec slots (503 `overloaded`), handlers that shape JSON,
+//! SSE and WebSocket responses, and [`metrics`]. It never sees the session
+//! store or the engine.
 //!
 //! Entry points:
 //! - [`serve`]: what `forkbox serve` runs. Builds (or reuses) the default image
@@ -6,13 +15,14 @@
 //!   exists, prints where it listens (and that key), serves until SIGINT/SIGTERM.
 //! - [`Server::bind`] + [`Server::run`]: the same, in two steps (the bound
 //!   address and the created key are known before serving; any shutdown future).
-//! - [`AppState::new`] + [`router`]: the router over an already-open engine and
-//!   template (tests, embedding); [`embedded_router`]: the same routes for one
-//!   fixed tenant without keys (the CLI and MCP in process, through tower's `oneshot`).
+//! - [`Inner::with_runtime`] + [`router`]: the router over an open
+//!   [`Runtime`] (tests, embedding);
+//!   [`embedded_router`] / [`embedded`]: the same routes for one fixed tenant
+//!   without keys (the CLI and MCP in process, through tower's `oneshot`).
 //! - [`create_key`]: `forkbox key create`.
 //!
 //! Endpoints (all `/v1` ones need `Authorization: Bearer <key>`; errors are
-//! `{"error": {"code", "message"}}`, statuses in [`error`]):
+//! `{"error": {"code", "message"}}`, codes and statuses: `forkbox_api::ErrorCode`, see [`error`]):
 //! - `POST /v1/exec {code, timeout_seconds?}` -> `{value, stdout, stderr, error{type,message,traceback},
 //!   runtime_ms, wall_ms, syscalls, id, exit_code (0 ok, 1 Python exception), fork_time_ms, exec_time_ms, total_time_ms}`
 //! - `POST /v1/exec/batch {codes: [..] (1..=64), timeout_seconds?}` -> `{results: [result | {status, error{code,message}}], total_time_ms}`
@@ -26,69 +36,80 @@
 //! - `POST /v1/sessions/{id}/revert {checkpoint}` -> session; `POST /v1/sessions/{id}/fork {checkpoint?, tags?}` -> 201 session
 //! - ForeverVM's API (see [`forevervm`]): `GET /v1/whoami`, `POST /v1/machine/new`, `GET|POST /v1/machine/list`,
 //!   `POST /v1/machine/{name}/exec`, `GET /v1/machine/{name}/exec/{seq}/result` (long poll), WebSocket `/v1/machine/{name}/repl`
-//! - `GET /healthz` (`{status, template}`, nothing about tenants), `GET /v1/openapi.json` (OpenAPI 3.1), no auth;
-//!   `GET /metrics` (Prometheus text): admin keys only, or without auth on `metrics_listen` when that is set.
+//! - `GET /healthz` (`{status, template, exec slot capacity}`, nothing about tenants), `GET /v1/openapi.json`
+//!   (OpenAPI 3.1), no auth; `GET /metrics` (Prometheus text): admin keys only, or without auth on
+//!   `metrics_listen` when that is set.
 //!
 //! Per-key limits ([`quota`], defaults for new keys in [`KeyLimits::defaults`]): requests/s (429
 //! `rate_limited`; a batch counts each exec), sessions and checkpoint disk (403 `quota_exceeded`),
-//! concurrent execs (a share of the slots, see [`fair`]), CPU seconds per hour (429
-//! `cpu_budget_exceeded`), the longest timeout.
+//! concurrent execs (a share of the slots, in the key's own queue: `fair`), CPU seconds per hour
+//! (429 `cpu_budget_exceeded`), the longest timeout.
 //!
 //! A session is `{id, tags, created_ms, last_used_ms, resident, checkpoint (head seq or null),
 //! forked_from ({session, checkpoint} until its first exec, else null), limits {memory_mb, timeout_seconds}}`.
 //!
-//! Engine calls block (KVM): they run on tokio's blocking pool, at most
-//! `max_concurrency` at a time; at most `max_queue` requests wait for a slot,
-//! each for at most `queue_wait`; anything past that gets 503 `overloaded`.
+//! Execs run on the runtime's exec threads, at most `max_concurrency` at a
+//! time; at most `max_queue` requests wait for a slot, each for at most
+//! `queue_wait`; anything past that gets 503 `overloaded`. Other blocking calls
+//! (SQLite, files) run on tokio's blocking pool.
 
-mod api;
+mod admission;
+mod auth;
 pub mod error;
+mod extractors;
 mod fair;
-mod files;
-mod forevervm;
+mod handlers;
 pub mod keys;
 pub mod metrics;
 mod openapi;
 pub mod quota;
+mod router;
 pub mod schema;
-mod stream;
-mod workers;
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicUsize;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use forkbox_engine::{Engine, Limits, Template};
-use forkbox_sessions::manager::{Config as SessionsConfig, SessionManager};
+use forkbox_runtime::{Limits, Runtime, RuntimeConfig, SessionsConfig};
 
-pub use api::{embedded_router, router, Caller};
+pub use auth::Caller;
 pub use keys::{create_key_full, create_key_with};
 pub use quota::KeyLimits;
 pub use keys::create_key;
+pub use router::{embedded_router, router};
 
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
     pub listen: SocketAddr,
     /// Data directory (images, templates, sessions, `server/keys.db`).
     pub home: PathBuf,
-    /// Image file to use; `None`: the default image, built under `home` if missing.
-    pub image: Option<PathBuf>,
-    /// Concurrent engine calls; 0: twice the available cores.
-    pub max_concurrency: usize,
-    /// Requests allowed to wait for an exec slot; 0: 8 × `max_concurrency`.
+    /// Largest request body (413 `payload_too_large` above it).
+    pub body_limit: usize,
+    /// Largest file upload or download (413 `file_too_large` above it).
+    pub files_limit: usize,
+    /// Requests allowed to wait for an exec slot; 0: 8 × the slots.
     pub max_queue: usize,
     /// Longest wait for an exec slot before 503.
     pub queue_wait: Duration,
-    /// Largest request body (413 `payload_too_large` above it).
-    pub body_limit: usize,
+    /// Tenant of the key `serve` creates when there is none.
+    pub default_tenant: String,
+    /// Execs one key may run at once unless its key says otherwise: this
+    /// fraction of the exec slots (at least 1).
+    pub key_share: f64,
+    /// Serve `/metrics` (without auth) on this address instead; `None`:
+    /// `/metrics` is on the main address for admin keys only.
+    pub metrics_listen: Option<SocketAddr>,
+    // What the runtime enforces ([`ServerConfig::runtime`]; unused by [`Inner::with_runtime`],
+    // which takes the runtime's own):
+    /// Image file to use; `None`: the default image, built under `home` if missing.
+    pub image: Option<PathBuf>,
+    /// Concurrent execs (exec threads and slots); 0: twice the available cores.
+    pub max_concurrency: usize,
     /// Largest `code` (413 `code_too_large` above it).
     pub code_limit: usize,
-    /// Largest file upload or download (413 `file_too_large` above it).
-    pub files_limit: usize,
     /// Most codes in one `/v1/exec/batch`.
     pub max_batch: usize,
     /// Defaults for one-shot execs and new sessions (timeout, memory, output, disk).
@@ -100,37 +121,30 @@ pub struct ServerConfig {
     pub sessions: SessionsConfig,
     /// How often session maintenance (eviction, compaction, gc) runs.
     pub maintenance_every: Duration,
-    /// Tenant of the key `serve` creates when there is none.
-    pub default_tenant: String,
-    /// Execs one key may run at once unless its key says otherwise: this
-    /// fraction of the exec slots (at least 1).
-    pub key_share: f64,
-    /// Serve `/metrics` (without auth) on this address instead; `None`:
-    /// `/metrics` is on the main address for admin keys only.
-    pub metrics_listen: Option<SocketAddr>,
 }
 
 impl ServerConfig {
     pub fn new(listen: SocketAddr, home: PathBuf) -> ServerConfig {
+        let rt = RuntimeConfig::default();
         ServerConfig {
             listen,
             home,
-            image: None,
-            max_concurrency: 0,
+            body_limit: 2 << 20,
+            files_limit: 64 << 20,
             max_queue: 0,
             queue_wait: Duration::from_secs(10),
-            body_limit: 2 << 20,
-            code_limit: 1 << 20,
-            files_limit: 64 << 20,
-            max_batch: 64,
-            limits: Limits::default(),
-            max_timeout: Duration::from_secs(600),
-            max_memory_mb: 4096,
-            sessions: SessionsConfig::default(),
-            maintenance_every: Duration::from_secs(5),
             default_tenant: "default".into(),
             key_share: 0.5,
             metrics_listen: None,
+            image: rt.image,
+            max_concurrency: rt.concurrency,
+            code_limit: rt.code_limit,
+            max_batch: rt.max_batch,
+            limits: rt.limits,
+            max_timeout: rt.max_timeout,
+            max_memory_mb: rt.max_memory_mb,
+            sessions: rt.sessions,
+            maintenance_every: rt.maintenance_every,
         }
     }
 
@@ -139,84 +153,71 @@ impl ServerConfig {
         ((slots as f64 * self.key_share).floor() as usize).clamp(1, slots.max(1))
     }
 
-    fn concurrency(&self) -> usize {
-        if self.max_concurrency > 0 {
-            return self.max_concurrency;
+    /// The configuration of an embedded router (no socket): larger bodies, as the CLI sends them.
+    pub fn embedded(home: PathBuf) -> ServerConfig {
+        ServerConfig { body_limit: 8 << 20, ..ServerConfig::new(([127, 0, 0, 1], 0).into(), home) }
+    }
+
+    /// The runtime's part.
+    pub fn runtime(&self) -> RuntimeConfig {
+        RuntimeConfig {
+            image: self.image.clone(),
+            concurrency: self.max_concurrency,
+            code_limit: self.code_limit,
+            max_batch: self.max_batch,
+            limits: self.limits.clone(),
+            max_timeout: self.max_timeout,
+            max_memory_mb: self.max_memory_mb,
+            sessions: self.sessions.clone(),
+            maintenance_every: self.maintenance_every,
         }
-        std::thread::available_parallelism().map_or(2, |n| n.get()) * 2
     }
 }
 
 /// Shared by every request.
 pub struct Inner {
-    pub engine: Arc<Engine>,
-    pub template: Arc<Template>,
-    pub sessions: Arc<SessionManager>,
+    pub runtime: Arc<Runtime>,
     pub keys: keys::KeyStore,
     pub config: ServerConfig,
-    pub(crate) permits: Arc<tokio::sync::Semaphore>,
-    pub(crate) concurrency: usize,
-    pub(crate) queued: AtomicUsize,
-    /// Held while a session is counted against its quota and created.
-    pub(crate) create_lock: std::sync::Mutex<()>,
+    pub(crate) admission: admission::Admission,
     /// ForeverVM instruction queues and results, per machine (session).
-    pub(crate) machines: forevervm::Machines,
-    /// The threads engine calls run on (one per exec slot).
-    pub(crate) workers: workers::ExecWorkers,
+    pub(crate) machines: handlers::forevervm::Machines,
 }
 
 pub type AppState = Arc<Inner>;
 
 impl Inner {
-    /// State over an open engine + template; opens the sessions and keys under `config.home`.
-    /// Blocking (SQLite, session recovery): call it off the async threads, or before serving.
-    pub fn new(engine: Arc<Engine>, template: Arc<Template>, config: ServerConfig) -> anyhow::Result<AppState> {
-        let sessions = SessionManager::open(engine.clone(), template.clone(), &config.home, config.sessions.clone())
-            .with_context(|| format!("opening the sessions under {}", config.home.display()))?;
+    /// State over an open runtime (its own limits apply); opens the keys under `config.home`. Blocking.
+    pub fn with_runtime(runtime: Arc<Runtime>, config: ServerConfig) -> anyhow::Result<AppState> {
         let keys = keys::KeyStore::open(&config.home)?;
-        let concurrency = config.concurrency();
+        metrics::handle();
         let mut hidden = vec![(config.home.display().to_string(), "$FORKBOX_HOME")];
         if let Ok(c) = config.home.canonicalize() {
             hidden.push((c.display().to_string(), "$FORKBOX_HOME"));
         }
-        hidden.push((engine.image_path.display().to_string(), "<image>"));
-        if let Some(dir) = engine.image_path.parent() {
-            hidden.push((dir.display().to_string(), "<images>"));
+        if let Some(image) = runtime.image_path() {
+            hidden.push((image.display().to_string(), "<image>"));
+            if let Some(dir) = image.parent() {
+                hidden.push((dir.display().to_string(), "<images>"));
+            }
         }
         error::hide_paths(hidden);
-        metrics::handle();
         Ok(Arc::new(Inner {
-            engine,
-            template,
-            sessions: Arc::new(sessions),
+            admission: admission::Admission::new(runtime.concurrency(), config.max_queue, config.queue_wait),
+            runtime,
             keys,
-            permits: Arc::new(tokio::sync::Semaphore::new(concurrency)),
-            concurrency,
-            queued: AtomicUsize::new(0),
-            create_lock: std::sync::Mutex::new(()),
-            machines: forevervm::Machines::default(),
-            workers: workers::ExecWorkers::new(concurrency).context("starting the exec threads")?,
+            machines: handlers::forevervm::Machines::default(),
             config,
         }))
     }
 }
 
-/// The engine and template for a data directory (image built if missing). Blocking.
-pub fn open_engine(home: &Path, image: Option<&Path>) -> anyhow::Result<(Arc<Engine>, Arc<Template>)> {
-    let image_path = match image {
-        Some(p) => p.to_path_buf(),
-        None => {
-            let built = forkbox_image::build(
-                &forkbox_engine::default_image_spec(),
-                &forkbox_image::BuildOptions { home: home.to_path_buf(), progress: true },
-            )
-            .with_context(|| format!("building the default image under {}", home.display()))?;
-            built.path
-        }
-    };
-    let engine = Arc::new(Engine::open(&image_path).with_context(|| format!("opening {}", image_path.display()))?);
-    let template = Arc::new(Template::ensure(&engine, home).context("preparing the template")?);
-    Ok((engine, template))
+/// The API for one fixed tenant over `runtime`, in process (no socket, no key):
+/// what the CLI and `forkbox mcp` drive through `forkbox_client`'s in-process transport.
+/// Blocking (opens the key store); call it inside a tokio runtime context.
+pub fn embedded(runtime: Arc<Runtime>, tenant: &str) -> anyhow::Result<axum::Router> {
+    let config = ServerConfig::embedded(runtime.home().to_path_buf());
+    Ok(embedded_router(Inner::with_runtime(runtime, config)?, tenant))
 }
 
 /// A bound, ready server.
@@ -234,15 +235,14 @@ impl Server {
     pub async fn bind(config: ServerConfig) -> anyhow::Result<Server> {
         let cfg = config.clone();
         let (state, created_key) = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
-            std::fs::create_dir_all(&cfg.home).with_context(|| format!("creating {}", cfg.home.display()))?;
-            let (engine, template) = open_engine(&cfg.home, cfg.image.as_deref())?;
+            let runtime = Runtime::open(&cfg.home, cfg.runtime())?;
             let created_key = if keys::count_keys(&cfg.home)? == 0 {
                 // The operator's key: an admin key (reads /metrics) with the default limits.
                 Some(keys::create_key_full(&cfg.home, &cfg.default_tenant, &KeyLimits::defaults(), true)?)
             } else {
                 None
             };
-            Ok((Inner::new(engine, template, cfg)?, created_key))
+            Ok((Inner::with_runtime(runtime, cfg)?, created_key))
         })
         .await??;
         let listener = tokio::net::TcpListener::bind(config.listen)
@@ -271,10 +271,14 @@ impl Server {
     /// Serve until `shutdown` completes, then finish in-flight requests and return.
     /// Runs session maintenance every `maintenance_every` meanwhile.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
-        let maint = tokio::spawn(maintenance_loop(self.state.clone()));
+        let runtime = self.state.runtime.clone();
+        runtime.start_maintenance(|u| {
+            metrics::evicted(u.evicted);
+            metrics::sessions(u.resident);
+        });
         if let Some(l) = self.metrics {
             let app = axum::Router::new()
-                .route("/metrics", axum::routing::get(api::metrics_text))
+                .route("/metrics", axum::routing::get(handlers::health::metrics_text))
                 .with_state(self.state.clone());
             tokio::spawn(async move {
                 if let Err(e) = axum::serve(l, app).await {
@@ -282,36 +286,11 @@ impl Server {
                 }
             });
         }
-        let app = router(self.state.clone());
+        let app = router(self.state);
         let r = axum::serve(self.listener, app).with_graceful_shutdown(shutdown).await;
-        maint.abort();
-        let _ = maint.await;
+        // Wait for a round of upkeep in progress, so the data directory is free once this returns.
+        tokio::task::spawn_blocking(move || runtime.stop_maintenance()).await?;
         r.context("serving")
-    }
-}
-
-/// Session upkeep every `maintenance_every` (eviction of idle sessions,
-/// compaction, garbage collection), off the request path; runs until dropped.
-pub async fn maintenance_loop(state: AppState) {
-    let mut tick = tokio::time::interval(state.config.maintenance_every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tick.tick().await;
-    loop {
-        tick.tick().await;
-        let s = state.clone();
-        let r = tokio::task::spawn_blocking(move || {
-            let evicted = s.sessions.evict_idle();
-            let r = s.sessions.maintenance();
-            metrics::evicted(evicted);
-            metrics::sessions(s.sessions.resident_count());
-            r
-        })
-        .await;
-        match r {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::warn!("session maintenance: {e}"),
-            Err(e) => tracing::warn!("session maintenance task: {e}"),
-        }
     }
 }
 

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use base64::Engine as _;
-use forkbox_engine::ExecResult;
+use forkbox_runtime::{CheckpointView, ExecOutcome, ExecResult, OneShot, SessionView};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -117,6 +117,24 @@ pub struct Interrupted {
 }
 
 impl ExecResponse {
+    /// A one-shot exec's response, with its id and timing (`t0`: when the request came in).
+    pub fn of_oneshot(o: &OneShot, t0: std::time::Instant) -> ExecResponse {
+        let mut v = ExecResponse::of(&o.result);
+        v.id = Some(o.id.clone());
+        v.fork_time_ms = Some(o.fork_ms);
+        v.exec_time_ms = Some(o.exec_ms);
+        v.total_time_ms = Some(t0.elapsed().as_secs_f64() * 1000.0);
+        v
+    }
+
+    /// A session exec's response, naming its checkpoint.
+    pub fn of_session(o: &ExecOutcome, t0: std::time::Instant) -> ExecResponse {
+        let mut v = ExecResponse::of(&o.result);
+        v.checkpoint = Some(o.checkpoint.seq);
+        v.total_time_ms = Some(t0.elapsed().as_secs_f64() * 1000.0);
+        v
+    }
+
     pub fn of(r: &ExecResult) -> ExecResponse {
         ExecResponse {
             value: r.value.clone(),
@@ -198,6 +216,21 @@ pub struct Session {
     pub limits: SessionLimits,
 }
 
+impl Session {
+    pub fn of(v: &SessionView) -> Session {
+        Session {
+            id: v.record.id.clone(),
+            tags: v.record.tags.clone(),
+            created_ms: v.record.created_ms,
+            last_used_ms: v.record.last_used_ms,
+            resident: v.resident,
+            checkpoint: v.checkpoint,
+            forked_from: v.forked_from.as_ref().map(|f| ForkedFrom { session: f.session.clone(), checkpoint: f.checkpoint }),
+            limits: SessionLimits { memory_mb: v.memory_mb(), timeout_seconds: v.timeout_seconds() },
+        }
+    }
+}
+
 #[derive(Serialize, ToSchema)]
 pub struct SessionList {
     pub sessions: Vec<Session>,
@@ -214,6 +247,20 @@ pub struct Checkpoint {
     pub pages: u64,
     /// Whether the session's head is here.
     pub head: bool,
+}
+
+impl Checkpoint {
+    pub fn of(c: &CheckpointView) -> Checkpoint {
+        Checkpoint {
+            seq: c.seq,
+            parent: c.parent,
+            code: c.code.clone(),
+            created_ms: c.created_ms,
+            bytes: c.bytes,
+            pages: c.pages,
+            head: c.head,
+        }
+    }
 }
 
 #[derive(Serialize, ToSchema)]

@@ -6,65 +6,16 @@
 //! FAIL: they are never skipped. Every test gets a fresh temporary home whose
 //! `templates` is a symlink to the shared home's, so no template is rebuilt.
 
-use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use forkbox_engine::{Engine, Template};
 use forkbox_server::{router, Inner, Server, ServerConfig};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-struct Shared {
-    engine: Arc<Engine>,
-    template: Arc<Template>,
-    image_path: PathBuf,
-    home: PathBuf,
-}
-
-fn shared_home() -> PathBuf {
-    match std::env::var("FORKBOX_HOME") {
-        Ok(h) if !h.is_empty() => PathBuf::from(h),
-        _ => forkbox_image::default_home(),
-    }
-}
-
-fn shared() -> &'static Shared {
-    static SHARED: OnceLock<Shared> = OnceLock::new();
-    SHARED.get_or_init(|| {
-        if let Err(e) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm") {
-            panic!("these tests need KVM: cannot open /dev/kvm read-write ({e}); they are deliberately not skipped");
-        }
-        raise_fd_limit();
-        let home = shared_home();
-        let built = forkbox_image::build(
-            &forkbox_engine::default_image_spec(),
-            &forkbox_image::BuildOptions { home: home.clone(), progress: false },
-        )
-        .unwrap_or_else(|e| panic!("building the default image under {}: {e}", home.display()));
-        let engine = Arc::new(Engine::open(&built.path).expect("Engine::open"));
-        let template = Arc::new(Template::ensure(&engine, &home).expect("Template::ensure"));
-        Shared { engine, template, image_path: built.path, home }
-    })
-}
-
-fn raise_fd_limit() {
-    let mut rl = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit/setrlimit on a local struct.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) == 0 && rl.rlim_cur < rl.rlim_max {
-            rl.rlim_cur = rl.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &rl);
-        }
-    }
-}
+use forkbox_testkit::shared;
 
 fn fresh_home() -> tempfile::TempDir {
-    let s = shared();
-    let dir = tempfile::Builder::new().prefix("forkbox-server-test-").tempdir().expect("temp dir");
-    std::os::unix::fs::symlink(forkbox_engine::template::templates_dir(&s.home), dir.path().join("templates"))
-        .expect("symlink templates");
-    dir
+    forkbox_testkit::fresh_home("forkbox-server-test-")
 }
 
 struct TestServer {
@@ -83,11 +34,9 @@ impl TestServer {
         let home = fresh_home();
         let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap(), home.path().to_path_buf());
         tweak(&mut cfg);
-        let s = shared();
-        let (engine, template) = (s.engine.clone(), s.template.clone());
         let h = home.path().to_path_buf();
         let (state, key) = tokio::task::spawn_blocking(move || {
-            let state = Inner::new(engine, template, cfg).expect("server state");
+            let state = Inner::with_runtime(forkbox_testkit::runtime(&cfg.home, cfg.runtime()), cfg).expect("server state");
             // The harness' own key is an unlimited admin key (the tests of limits make their own).
             let key = forkbox_server::create_key_full(&h, "alice", &forkbox_server::KeyLimits::unlimited(), true)
                 .expect("create key");
@@ -721,9 +670,9 @@ async fn http_overhead_figures() {
 async fn state_for(home: &std::path::Path, tweak: impl FnOnce(&mut ServerConfig)) -> forkbox_server::AppState {
     let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap(), home.to_path_buf());
     tweak(&mut cfg);
-    let s = shared();
-    let (engine, template) = (s.engine.clone(), s.template.clone());
-    tokio::task::spawn_blocking(move || Inner::new(engine, template, cfg).expect("server state")).await.unwrap()
+    tokio::task::spawn_blocking(move || Inner::with_runtime(forkbox_testkit::runtime(&cfg.home, cfg.runtime()), cfg).expect("server state"))
+        .await
+        .unwrap()
 }
 
 /// One request through the router in process (tower `oneshot`, no socket).

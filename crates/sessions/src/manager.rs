@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, TryLockError};
 use std::time::{Duration, Instant};
 
+use forkbox_api::ErrorCode;
 use forkbox_engine::{Engine, EngineError, ExecOptions, ExecResult, FileEntry, Interrupter, Limits, Sandbox, Template};
 use forkbox_snapshot::{Layer, StateError};
 
@@ -50,7 +51,7 @@ pub enum SessionError {
     /// A file operation failed: `file_not_found`, `invalid_path`, `is_a_directory`,
     /// `file_too_large` or `quota_exceeded` (see `EngineError::File`).
     #[error("{message}")]
-    File { code: &'static str, message: String },
+    File { code: ErrorCode, message: String },
     #[error("session storage: {0}")]
     Store(#[from] StoreError),
     #[error("checkpoint files: {0}")]
@@ -77,19 +78,32 @@ fn rolled_back(seq: Option<i64>) -> String {
 }
 
 impl SessionError {
-    /// Stable machine-readable code.
-    pub fn code(&self) -> &'static str {
+    /// The API's error code for this failure (its HTTP status comes with it).
+    pub fn error_code(&self) -> ErrorCode {
         match self {
-            SessionError::NotFound(_) => "session_not_found",
-            SessionError::CheckpointNotFound(..) => "checkpoint_not_found",
-            SessionError::Busy(_) => "session_busy",
-            SessionError::ExecFailed { source, .. } => source.code(),
-            SessionError::Invalid(_) => "invalid_request",
-            SessionError::QuotaExceeded { .. } => "quota_exceeded",
-            SessionError::NoSpace(_) => "insufficient_storage",
-            SessionError::File { code, .. } => code,
-            SessionError::Store(_) | SessionError::Snapshot(_) => "storage_error",
-            SessionError::Engine(e) => e.code(),
+            SessionError::NotFound(_) => ErrorCode::SessionNotFound,
+            SessionError::CheckpointNotFound(..) => ErrorCode::CheckpointNotFound,
+            SessionError::Busy(_) => ErrorCode::SessionBusy,
+            SessionError::ExecFailed { source, .. } => source.error_code(),
+            SessionError::Invalid(_) => ErrorCode::InvalidRequest,
+            SessionError::QuotaExceeded { .. } => ErrorCode::QuotaExceeded,
+            SessionError::NoSpace(_) => ErrorCode::InsufficientStorage,
+            SessionError::File { code, .. } => *code,
+            SessionError::Store(_) | SessionError::Snapshot(_) => ErrorCode::StorageError,
+            SessionError::Engine(e) => e.error_code(),
+        }
+    }
+
+    /// The wire name of [`Self::error_code`].
+    pub fn code(&self) -> &'static str {
+        self.error_code().as_str()
+    }
+
+    /// For a failed exec: the checkpoint seq the session was rolled back to (None: its initial state).
+    pub fn rolled_back_to(&self) -> Option<Option<i64>> {
+        match self {
+            SessionError::ExecFailed { checkpoint, .. } | SessionError::QuotaExceeded { checkpoint, .. } => Some(*checkpoint),
+            _ => None,
         }
     }
 }
@@ -308,8 +322,33 @@ impl SessionManager {
         Ok(m)
     }
 
+    /// The SQLite store itself, for this crate's tests and offline tools. The
+    /// layers above use the typed queries ([`Self::count`], [`Self::head`],
+    /// [`Self::disk_bytes`], ...); the runtime does not hand the manager out.
     pub fn store(&self) -> &Store {
         &self.store
+    }
+
+    /// Live sessions of `tenant` (all tenants with None).
+    pub fn count(&self, tenant: Option<&str>) -> Result<u64, SessionError> {
+        Ok(self.store.count_sessions(tenant)?)
+    }
+
+    /// The head checkpoint of a session (None before its first exec unless it was forked;
+    /// a head of another session means it was forked from there and has not run yet).
+    pub fn head(&self, rec: &SessionRecord) -> Result<Option<CheckpointRecord>, SessionError> {
+        match rec.head {
+            None => Ok(None),
+            Some(h) => Ok(self.store.checkpoint(h)?),
+        }
+    }
+
+    /// Merge the layer chain of a session's head once it is long (see [`Self::compact`]).
+    pub fn compact_session(&self, tenant: &str, id: &str) -> Result<bool, SessionError> {
+        match self.record(tenant, id)?.head {
+            Some(h) => self.compact(h),
+            None => Ok(false),
+        }
     }
 
     pub fn template(&self) -> &Template {

@@ -16,80 +16,17 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use forkbox_engine::{Engine, ExecResult, Limits, Template};
+use forkbox_engine::{ExecResult, Limits};
 use forkbox_sessions::manager::{Config, ExecOutcome, SessionError, SessionManager};
 use forkbox_sessions::store::SessionRecord;
 
 pub const TENANT: &str = "local";
 
-pub fn shared_home() -> PathBuf {
-    match std::env::var("FORKBOX_HOME") {
-        Ok(h) if !h.is_empty() => PathBuf::from(h),
-        _ => forkbox_image::default_home(),
-    }
-}
-
-pub fn require_kvm() {
-    if let Err(e) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm") {
-        panic!(
-            "these tests need KVM: cannot open /dev/kvm read-write ({e}). \
-             Run them on a host with KVM enabled and access to /dev/kvm (e.g. membership in the `kvm` group). \
-             They are deliberately not skipped."
-        );
-    }
-}
-
-pub struct Shared {
-    pub engine: Arc<Engine>,
-    pub template: Arc<Template>,
-    pub image_path: PathBuf,
-    pub home: PathBuf,
-}
-
-pub fn shared() -> &'static Shared {
-    static SHARED: OnceLock<Shared> = OnceLock::new();
-    SHARED.get_or_init(|| {
-        require_kvm();
-        raise_fd_limit();
-        let home = shared_home();
-        let t0 = Instant::now();
-        let built = forkbox_image::build(
-            &forkbox_engine::default_image_spec(),
-            &forkbox_image::BuildOptions { home: home.clone(), progress: false },
-        )
-        .unwrap_or_else(|e| panic!("building the default image under {}: {e}", home.display()));
-        eprintln!(
-            "image {} ({}) ready in {:.1} s",
-            built.path.display(),
-            if built.reused { "reused" } else { "built" },
-            t0.elapsed().as_secs_f64()
-        );
-        let engine = Arc::new(
-            Engine::open(&built.path).unwrap_or_else(|e| panic!("Engine::open({}): {e}", built.path.display())),
-        );
-        let t0 = Instant::now();
-        let template = Arc::new(
-            Template::ensure(&engine, &home).unwrap_or_else(|e| panic!("Template::ensure under {}: {e}", home.display())),
-        );
-        eprintln!("template {} ready in {:.2} s", template.info.id, t0.elapsed().as_secs_f64());
-        Shared { engine, template, image_path: built.path, home }
-    })
-}
-
-/// Every sandbox holds a few fds (VM, vCPU, memory): allow as many as the hard limit.
-pub fn raise_fd_limit() {
-    let mut rl = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: plain getrlimit/setrlimit on a local struct.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) == 0 && rl.rlim_cur < rl.rlim_max {
-            rl.rlim_cur = rl.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &rl);
-        }
-    }
-}
+#[allow(unused_imports)] // each test binary uses some of them
+pub use forkbox_testkit::{home as shared_home, raise_fd_limit, require_kvm, shared, Shared};
 
 /// A fresh data directory for one test's sessions (removed when dropped).
 pub struct TestHome {

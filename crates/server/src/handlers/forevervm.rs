@@ -31,7 +31,8 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use forkbox_engine::{ExecOptions, Stream};
+use forkbox_api::ErrorCode;
+use forkbox_runtime::{Outcome, Output, Runtime};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -39,12 +40,12 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::api::{
-    blocking, check_code, check_tags, create_within_quota, on_exec_thread, session_limits, ApiJson, ApiPath, Caller,
-};
+use super::blocking;
+use super::stream::{Forward, Streamed};
+use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
-use crate::stream::{Forward, Streamed};
-use crate::{metrics, quota, AppState, Inner};
+use crate::extractors::{ApiJson, ApiPath};
+use crate::{metrics, AppState};
 
 /// Finished results kept per machine for the long poll.
 pub const KEEP_RESULTS: usize = 64;
@@ -119,8 +120,7 @@ impl Machine {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if st.pending >= MAX_PENDING {
             return Err(ApiError::new(
-                StatusCode::CONFLICT,
-                "session_busy",
+                ErrorCode::SessionBusy,
                 format!("the machine has {MAX_PENDING} instructions queued or running; wait for their results"),
             ));
         }
@@ -190,31 +190,11 @@ async fn run_instruction(
     let t0 = Instant::now();
     let r: Result<_, ApiError> = async {
         let permit = crate::fair::acquire_for(&state, &caller, 1).await?;
-        on_exec_thread(&state, move |s| {
-            let _permit = permit.started();
-            quota::check_disk(s, &caller.tenant, caller.limits())?;
-            let mut fwd = output.map(Forward::new);
-            let mut sink = |stream: Stream, bytes: &[u8]| {
-                if let Some(f) = fwd.as_mut() {
-                    f.chunk(stream, bytes)
-                }
-            };
-            let opts = ExecOptions { on_output: Some(&mut sink), interrupt: None };
-            let r = s.sessions.exec_with(&caller.tenant, &id, &code, opts);
-            if let Some(f) = fwd.as_mut() {
-                f.flush();
-            }
-            Ok(r?)
-        })
-        .await
+        let out = output.map(|tx| Box::new(Forward::new(tx)) as Box<dyn Output>);
+        Ok(state.runtime.session_exec(&caller.tenant, &id, code, caller.quota(), out, permit).await?)
     }
     .await;
-    let outcome = match &r {
-        Ok(o) if o.result.error.is_some() => "python_error",
-        Ok(_) => "ok",
-        Err(_) => "error",
-    };
-    metrics::exec("forevervm", outcome, t0.elapsed().as_secs_f64());
+    metrics::exec("forevervm", Outcome::of(&r).as_str(), t0.elapsed().as_secs_f64());
     let result = match r {
         Ok(o) => {
             let runtime_ms = o.result.runtime_ms.round() as u64;
@@ -224,7 +204,10 @@ async fn run_instruction(
             }
         }
         Err(e) => {
-            FvmResult::Error { error: format!("{}: {}", e.code, e.message), runtime_ms: t0.elapsed().as_millis() as u64 }
+            FvmResult::Error {
+                error: format!("{}: {}", e.code, crate::error::scrub(&e.message)),
+                runtime_ms: t0.elapsed().as_millis() as u64,
+            }
         }
     };
     machine.finish(seq, result.clone());
@@ -232,8 +215,8 @@ async fn run_instruction(
 }
 
 /// The session behind machine `name`, if the caller owns it. Blocking.
-fn owned(s: &Inner, caller: &Caller, name: &str) -> Result<(), ApiError> {
-    s.sessions.get(&caller.tenant, name).map(|_| ()).map_err(ApiError::from)
+fn owned(rt: &Runtime, caller: &Caller, name: &str) -> Result<(), ApiError> {
+    rt.session(&caller.tenant, name).map(|_| ()).map_err(ApiError::from)
 }
 
 fn iso8601(ms: i64) -> String {
@@ -278,10 +261,11 @@ async fn machine_new(
     Extension(caller): Extension<Caller>,
     ApiJson(req): ApiJson<MachineNew>,
 ) -> Result<Json<MachineCreated>, ApiError> {
-    check_tags(&req.tags)?;
-    let limits = session_limits(&state, &caller, req.memory_mb, None)?;
-    let rec = blocking(&state, move |s| create_within_quota(s, &caller, req.tags, &limits)).await?;
-    Ok(Json(MachineCreated { machine_name: rec.id }))
+    let v = blocking(&state, move |rt| {
+        Ok(rt.create_session(&caller.tenant, req.tags, req.memory_mb, None, &caller.quota())?)
+    })
+    .await?;
+    Ok(Json(MachineCreated { machine_name: v.record.id }))
 }
 
 #[derive(Serialize, ToSchema)]
@@ -303,18 +287,18 @@ pub struct MachineList {
 }
 
 async fn list(state: AppState, caller: Caller) -> Result<Json<MachineList>, ApiError> {
-    blocking(&state, move |s| {
-        let machines = s
-            .sessions
-            .list(&caller.tenant, &[])?
+    let st = state.clone();
+    blocking(&state, move |rt| {
+        let machines = rt
+            .sessions(&caller.tenant, &[])?
             .into_iter()
-            .map(|r| MachineInfo {
-                running: s.sessions.is_resident(&r.id),
-                has_pending_instructions: s.machines.pending(&r.id),
-                created_at: iso8601(r.created_ms),
+            .map(|v| MachineInfo {
+                running: v.resident,
+                has_pending_instructions: st.machines.pending(&v.record.id),
+                created_at: iso8601(v.record.created_ms),
                 expires_at: None,
-                tags: r.tags,
-                name: r.id,
+                tags: v.record.tags,
+                name: v.record.id,
             })
             .collect();
         Ok(Json(MachineList { machines }))
@@ -364,15 +348,11 @@ pub struct MachineExecAccepted {
     pub interrupted: bool,
 }
 
-fn check_instruction(state: &Inner, i: &Instruction) -> Result<(), ApiError> {
-    check_code(state, &i.code)?;
-    if let Some(t) = i.timeout_seconds {
-        if !(t.is_finite() && t > 0.0 && t <= state.config.max_timeout.as_secs_f64()) {
-            return Err(ApiError::invalid(format!(
-                "timeout_seconds must be > 0 and <= {}, got {t}",
-                state.config.max_timeout.as_secs_f64()
-            )));
-        }
+fn check_instruction(rt: &Runtime, caller: &Caller, i: &Instruction) -> Result<(), ApiError> {
+    rt.check_code(&i.code)?;
+    crate::fair::key_timeout_of(rt, caller, i.timeout_seconds)?;
+    if i.timeout_seconds.is_some() {
+        rt.timeout(i.timeout_seconds)?;
     }
     Ok(())
 }
@@ -388,18 +368,18 @@ async fn machine_exec(
     ApiPath(name): ApiPath<String>,
     ApiJson(req): ApiJson<MachineExec>,
 ) -> Result<Json<MachineExecAccepted>, ApiError> {
-    check_instruction(&state, &req.instruction)?;
+    check_instruction(&state.runtime, &caller, &req.instruction)?;
     let (c, n) = (caller.clone(), name.clone());
-    blocking(&state, move |s| {
-        owned(s, &c, &n)?;
-        quota::check_disk(s, &c.tenant, c.limits())
+    blocking(&state, move |rt| {
+        owned(rt, &c, &n)?;
+        Ok(rt.check_disk(&c.tenant, &c.quota())?)
     })
     .await?;
     let machine = state.machines.get(&name);
     // ForeverVM's `interrupt`: stop the running instruction, then queue this one.
     let interrupted = if req.interrupt {
         let (c, n) = (caller.clone(), name.clone());
-        blocking(&state, move |s| Ok(s.sessions.interrupt(&c.tenant, &n)?)).await?
+        blocking(&state, move |rt| Ok(rt.interrupt(&c.tenant, &n)?)).await?
     } else {
         false
     };
@@ -426,7 +406,7 @@ async fn exec_result(
     ApiPath((name, seq)): ApiPath<(String, i64)>,
 ) -> Result<Response, ApiError> {
     let (c, n) = (caller.clone(), name.clone());
-    blocking(&state, move |s| owned(s, &c, &n)).await?;
+    blocking(&state, move |rt| owned(rt, &c, &n)).await?;
     let machine = state.machines.get(&name);
     let mut done = machine.done.subscribe();
     let deadline = tokio::time::Instant::now() + LONG_POLL;
@@ -440,8 +420,7 @@ async fn exec_result(
             let running = seq >= 0 && seq < st.next_seq && !evicted && st.pending > 0;
             if !running {
                 return Err(ApiError::new(
-                    StatusCode::NOT_FOUND,
-                    "instruction_not_found",
+                    ErrorCode::InstructionNotFound,
                     format!("machine {name} has no instruction {seq} (results are kept for the last {KEEP_RESULTS})"),
                 ));
             }
@@ -480,15 +459,14 @@ async fn repl(
     ws: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
     let ws = ws.map_err(|e| {
-        ApiError::new(StatusCode::UPGRADE_REQUIRED, "upgrade_required", format!("this route is a WebSocket: {e}"))
+        ApiError::new(ErrorCode::UpgradeRequired, format!("this route is a WebSocket: {e}"))
     })?;
     let c = caller.clone();
-    let name = blocking(&state, move |s| {
+    let name = blocking(&state, move |rt| {
         if name == "new" {
-            let limits = session_limits(s, &c, None, None)?;
-            Ok(create_within_quota(s, &c, BTreeMap::new(), &limits)?.id)
+            Ok(rt.create_session(&c.tenant, BTreeMap::new(), None, None, &c.quota())?.record.id)
         } else {
-            owned(s, &c, &name)?;
+            owned(rt, &c, &name)?;
             Ok(name)
         }
     })
@@ -514,7 +492,7 @@ async fn repl_session(mut socket: WebSocket, state: AppState, caller: Caller, na
         let (instruction, request_id) = match serde_json::from_str::<ClientMessage>(&text) {
             Ok(ClientMessage::Exec { instruction, request_id }) => (instruction, request_id),
             Err(e) => {
-                if !send(&mut socket, error_message("invalid_request", &format!("bad message: {e}"))).await {
+                if !send(&mut socket, error_message(ErrorCode::InvalidRequest, &format!("bad message: {e}"))).await {
                     break;
                 }
                 continue;
@@ -563,16 +541,14 @@ async fn repl_session(mut socket: WebSocket, state: AppState, caller: Caller, na
     }
 }
 
-fn error_message(code: &str, message: &str) -> serde_json::Value {
+fn error_message(code: ErrorCode, message: &str) -> serde_json::Value {
     json!({ "type": "error", "code": code, "message": message })
 }
 
 /// What the HTTP routes check per request, for one WebSocket message: rate limit, code, disk quota.
 async fn repl_checks(state: &AppState, caller: &Caller, i: &Instruction) -> Result<(), ApiError> {
-    if let Some(limiter) = caller.key.as_ref().and_then(|k| k.limiter.as_ref()) {
-        limiter.check().map_err(quota::rate_limited)?;
-    }
-    check_instruction(state, i)?;
+    caller.check_rate()?;
+    check_instruction(&state.runtime, caller, i)?;
     let c = caller.clone();
-    blocking(state, move |s| quota::check_disk(s, &c.tenant, c.limits())).await
+    blocking(state, move |rt| Ok(rt.check_disk(&c.tenant, &c.quota())?)).await
 }

@@ -8,17 +8,31 @@ use std::panic::AssertUnwindSafe;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 
-use crate::error::ApiError;
+use crate::error::RuntimeError;
 
 type Job = Box<dyn FnOnce() + Send>;
 
-pub struct ExecWorkers {
+thread_local! {
+    /// CPU time of this exec thread when its current job started.
+    static JOB_START: std::cell::Cell<Option<f64>> = const { std::cell::Cell::new(None) };
+}
+
+pub use forkbox_engine::thread_cpu_seconds;
+
+/// CPU seconds the current exec job has used so far (0 off the exec threads):
+/// what a front end charges to a caller's CPU budget when the job's `hold` is
+/// dropped (at the end of the job, on its thread).
+pub fn job_cpu_seconds() -> f64 {
+    JOB_START.with(|s| s.get()).map_or(0.0, |t0| (thread_cpu_seconds() - t0).max(0.0))
+}
+
+pub(crate) struct ExecWorkers {
     tx: Sender<Job>,
 }
 
 impl ExecWorkers {
     /// `n` threads (at least one).
-    pub fn new(n: usize) -> std::io::Result<ExecWorkers> {
+    pub(crate) fn new(n: usize) -> std::io::Result<ExecWorkers> {
         let (tx, rx) = channel::<Job>();
         let rx = Arc::new(Mutex::new(rx));
         for i in 0..n.max(1) {
@@ -29,18 +43,18 @@ impl ExecWorkers {
     }
 
     /// Run `job` on an exec thread. Callers hold an exec slot, so it starts at once.
-    pub fn spawn(&self, job: impl FnOnce() + Send + 'static) {
+    pub(crate) fn spawn(&self, job: impl FnOnce() + Send + 'static) {
         // The threads live as long as the process (they hold the receiver), so this cannot fail.
         let _ = self.tx.send(Box::new(job));
     }
 
     /// Run `f` on an exec thread and wait for its value.
-    pub async fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> Result<T, ApiError> {
+    pub(crate) async fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> Result<T, RuntimeError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.spawn(move || {
             let _ = tx.send(f());
         });
-        rx.await.map_err(|_| ApiError::internal("the exec worker failed"))
+        rx.await.map_err(|_| RuntimeError::WorkerGone)
     }
 }
 
@@ -51,7 +65,8 @@ fn work(rx: &Mutex<Receiver<Job>>) {
             Err(poisoned) => poisoned.into_inner().recv(),
         };
         let Ok(job) = job else { return };
-        // A panicking job drops its reply channel (the request gets a 500); the thread goes on.
+        JOB_START.with(|s| s.set(Some(thread_cpu_seconds())));
+        // A panicking job drops its reply channel (the caller gets `WorkerGone`); the thread goes on.
         if std::panic::catch_unwind(AssertUnwindSafe(job)).is_err() {
             tracing::error!("an exec job panicked");
         }

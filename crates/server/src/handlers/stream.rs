@@ -12,16 +12,18 @@ use axum::extract::State;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::IntoResponse;
 use axum::Extension;
-use forkbox_engine::{ExecOptions, Stream};
+use forkbox_runtime::{Outcome, Output, Stream};
 use futures_util::stream::Stream as FutStream;
 use serde_json::json;
 use tokio::sync::mpsc;
 use utoipa::ToSchema;
 
-use crate::api::{blocking, check_code, oneshot_limits, outcome_of, random_id, ApiJson, ApiPath, Caller};
+use super::blocking;
+use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
+use crate::extractors::{ApiJson, ApiPath};
 use crate::schema::{ExecRequest, ExecResponse, SessionExec};
-use crate::{metrics, quota, AppState};
+use crate::{metrics, AppState};
 
 /// One event of a streamed exec, as documented (in OpenAPI 3.1 the schema of an
 /// event stream describes each event).
@@ -97,7 +99,7 @@ impl Forward {
         Forward { tx, out: Utf8Chunks::default(), err: Utf8Chunks::default() }
     }
 
-    pub(crate) fn chunk(&mut self, stream: Stream, bytes: &[u8]) {
+    fn send_chunk(&mut self, stream: Stream, bytes: &[u8]) {
         let text = match stream {
             Stream::Stdout => self.out.push(bytes),
             Stream::Stderr => self.err.push(bytes),
@@ -109,7 +111,7 @@ impl Forward {
     }
 
     /// Send what is held back.
-    pub(crate) fn flush(&mut self) {
+    fn flush(&mut self) {
         for (stream, text) in [(Stream::Stdout, self.out.finish()), (Stream::Stderr, self.err.finish())] {
             if !text.is_empty() {
                 let _ = self.tx.blocking_send(Streamed::Output(stream, text));
@@ -117,11 +119,22 @@ impl Forward {
         }
     }
 
-    /// Flush held-back bytes, then send the final event.
-    pub(crate) fn done(mut self, r: Result<ExecResponse, ApiError>) {
-        self.flush();
-        let _ = self.tx.blocking_send(Streamed::Done(Box::new(r)));
+}
+
+impl Output for Forward {
+    fn chunk(&mut self, stream: Stream, bytes: &[u8]) {
+        self.send_chunk(stream, bytes);
     }
+
+    /// The runtime calls it after the exec, before the result: held-back bytes go first.
+    fn end(&mut self) {
+        self.flush();
+    }
+}
+
+/// Send the final event (on the exec thread, after the output).
+fn done(tx: &mpsc::Sender<Streamed>, r: Result<ExecResponse, ApiError>) {
+    let _ = tx.blocking_send(Streamed::Done(Box::new(r)));
 }
 
 fn event_of(ev: Streamed) -> Event {
@@ -131,7 +144,7 @@ fn event_of(ev: Streamed) -> Event {
         Streamed::Done(r) => match *r {
             Ok(r) => Event::default().event("result").data(serde_json::to_string(&r).unwrap_or_default()),
             Err(e) => {
-                crate::metrics::error(e.code);
+                crate::metrics::error(e.code.as_str());
                 Event::default()
                     .event("error")
                     .data(serde_json::to_string(&ErrorBody { error: e.detail() }).unwrap_or_default())
@@ -165,36 +178,18 @@ pub(crate) async fn exec_stream(
     ApiJson(req): ApiJson<ExecRequest>,
 ) -> Result<impl IntoResponse, ApiError> {
     let t0 = Instant::now();
-    check_code(&state, &req.code)?;
-    let limits = oneshot_limits(&state, &caller, req.timeout_seconds)?;
+    let timeout = crate::fair::key_timeout(&state, &caller, req.timeout_seconds)?;
+    let req = state.runtime.oneshot(req.code, timeout)?;
     let permit = crate::fair::acquire_for(&state, &caller, 1).await?;
     let (tx, rx) = mpsc::channel(CHANNEL);
-    let s = state.clone();
-    state.workers.spawn(move || {
-        let _permit = permit.started();
-        let mut fwd = Forward::new(tx);
-        let t = Instant::now();
-        let mut sb = match s.template.fork(&s.engine, limits) {
-            Ok(sb) => sb,
-            Err(e) => return fwd.done(Err(e.into())),
-        };
-        let fork_ms = t.elapsed().as_secs_f64() * 1000.0;
-        metrics::fork(fork_ms / 1000.0);
-        let t = Instant::now();
-        let mut sink = |stream: Stream, bytes: &[u8]| fwd.chunk(stream, bytes);
-        let r = sb.exec_with(&req.code, ExecOptions { on_output: Some(&mut sink), interrupt: None });
-        let exec_ms = t.elapsed().as_secs_f64() * 1000.0;
-        metrics::exec("stream", outcome_of(&r), t0.elapsed().as_secs_f64());
-        let r = r.map_err(ApiError::from).map(|r| {
-            let mut v = ExecResponse::of(&r);
-            v.id = Some(random_id("x_"));
-            v.fork_time_ms = Some(fork_ms);
-            v.exec_time_ms = Some(exec_ms);
-            v.total_time_ms = Some(t0.elapsed().as_secs_f64() * 1000.0);
-            v
+    let fwd = Box::new(Forward::new(tx.clone()));
+    state.runtime.spawn_exec(req, Some(fwd), permit, move |r| {
+        metrics::exec("stream", Outcome::of(&r).as_str(), t0.elapsed().as_secs_f64());
+        let r = r.map_err(ApiError::from).map(|o| {
+            metrics::fork(o.fork_ms / 1000.0);
+            ExecResponse::of_oneshot(&o, t0)
         });
-        fwd.done(r);
-        drop(sb);
+        done(&tx, r);
     });
     Ok(sse(rx))
 }
@@ -210,42 +205,22 @@ pub(crate) async fn session_exec_stream(
     ApiJson(req): ApiJson<SessionExec>,
 ) -> Result<impl IntoResponse, ApiError> {
     let t0 = Instant::now();
-    check_code(&state, &req.code)?;
+    state.runtime.check_code(&req.code)?;
     // What can be refused before the exec starts is an HTTP error, not an event.
-    let (c, i) = (caller.clone(), id.clone());
-    blocking(&state, move |s| {
-        s.sessions.get(&c.tenant, &i)?;
-        quota::check_disk(s, &c.tenant, c.limits())
-    })
-    .await?;
+    let (c, i, code) = (caller.clone(), id.clone(), req.code.clone());
+    blocking(&state, move |rt| Ok(rt.check_session_exec(&c.tenant, &i, &code, &c.quota())?)).await?;
     let permit = crate::fair::acquire_for(&state, &caller, 1).await?;
     let (tx, rx) = mpsc::channel(CHANNEL);
-    let s = state.clone();
-    state.workers.spawn(move || {
-        let _permit = permit.started();
-        let mut fwd = Forward::new(tx);
-        let mut sink = |stream: Stream, bytes: &[u8]| fwd.chunk(stream, bytes);
-        let r = s.sessions.exec_with(
-            &caller.tenant,
-            &id,
-            &req.code,
-            ExecOptions { on_output: Some(&mut sink), interrupt: None },
-        );
-        metrics::sessions(s.sessions.resident_count());
-        let outcome = match &r {
-            Ok(o) if o.result.error.is_some() => "python_error",
-            Ok(_) => "ok",
-            Err(_) => "error",
-        };
-        metrics::exec("session_stream", outcome, t0.elapsed().as_secs_f64());
+    let fwd = Box::new(Forward::new(tx.clone()));
+    tokio::spawn(async move {
+        let r = state.runtime.session_exec(&caller.tenant, &id, req.code, caller.quota(), Some(fwd), permit).await;
+        metrics::sessions(state.runtime.resident_sessions());
+        metrics::exec("session_stream", Outcome::of(&r).as_str(), t0.elapsed().as_secs_f64());
         let r = r.map_err(ApiError::from).map(|o| {
             metrics::checkpoint_bytes(o.checkpoint.bytes);
-            let mut v = ExecResponse::of(&o.result);
-            v.checkpoint = Some(o.checkpoint.seq);
-            v.total_time_ms = Some(t0.elapsed().as_secs_f64() * 1000.0);
-            v
+            ExecResponse::of_session(&o, t0)
         });
-        fwd.done(r);
+        let _ = tx.send(Streamed::Done(Box::new(r))).await;
     });
     Ok(sse(rx))
 }

@@ -7,17 +7,18 @@
 //! The URL's path is the guest path without its leading `/`: `files/output/plot.png` is `/output/plot.png`.
 //! The engine resolves and checks it (`invalid_path`, `file_not_found`, `is_a_directory`, `file_too_large`).
 
-use axum::body::Bytes;
-use axum::extract::{FromRequest, RawQuery, Request, State};
+use axum::extract::{RawQuery, State};
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::{Extension, Json};
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::api::{blocking, ApiPath, Caller};
+use super::blocking;
+use crate::auth::Caller;
 use crate::error::ApiError;
-use crate::{quota, AppState};
+use crate::extractors::{query_pairs, ApiPath, RawBody};
+use crate::AppState;
 
 #[derive(Serialize, ToSchema)]
 pub struct FileWritten {
@@ -43,23 +44,6 @@ pub struct FileList {
     pub files: Vec<FileEntryBody>,
 }
 
-/// A raw request body; over the route's limit is 413 `file_too_large`.
-pub struct RawBody(pub Bytes);
-
-impl<S: Send + Sync> FromRequest<S> for RawBody {
-    type Rejection = ApiError;
-
-    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        Bytes::from_request(req, state).await.map(RawBody).map_err(|rej| {
-            if rej.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "file_too_large", "the upload is over the file size limit")
-            } else {
-                ApiError::invalid(format!("reading the request body: {}", rej.body_text()))
-            }
-        })
-    }
-}
-
 fn guest_path(url_path: &str) -> String {
     format!("/{}", url_path.trim_start_matches('/'))
 }
@@ -77,10 +61,9 @@ pub(crate) async fn put_file(
     RawBody(body): RawBody,
 ) -> Result<(StatusCode, Json<FileWritten>), ApiError> {
     let path = guest_path(&path);
-    let v = blocking(&state, move |s| {
-        quota::check_disk(s, &caller.tenant, caller.limits())?;
-        let c = s.sessions.write_file(&caller.tenant, &id, &path, &body)?;
-        Ok(FileWritten { path, size: body.len() as u64, checkpoint: c.seq })
+    let v = blocking(&state, move |rt| {
+        let checkpoint = rt.write_file(&caller.tenant, &id, &path, &body, &caller.quota())?;
+        Ok(FileWritten { path, size: body.len() as u64, checkpoint })
     })
     .await?;
     Ok((StatusCode::CREATED, Json(v)))
@@ -97,8 +80,8 @@ pub(crate) async fn get_file(
     ApiPath((id, path)): ApiPath<(String, String)>,
 ) -> Result<impl IntoResponse, ApiError> {
     let path = guest_path(&path);
-    let data =
-        blocking(&state, move |s| Ok(s.sessions.read_file(&caller.tenant, &id, &path, s.config.files_limit)?)).await?;
+    let max = state.config.files_limit;
+    let data = blocking(&state, move |rt| Ok(rt.read_file(&caller.tenant, &id, &path, max)?)).await?;
     Ok(([(header::CONTENT_TYPE, "application/octet-stream")], data))
 }
 
@@ -113,18 +96,15 @@ pub(crate) async fn list_files(
     ApiPath(id): ApiPath<String>,
     RawQuery(q): RawQuery,
 ) -> Result<Json<FileList>, ApiError> {
-    let pairs: Vec<(String, String)> = serde_urlencoded::from_str(q.as_deref().unwrap_or(""))
-        .map_err(|e| ApiError::invalid(format!("query string: {e}")))?;
     let mut dir = ".".to_string();
-    for (k, v) in pairs {
+    for (k, v) in query_pairs(q.as_deref())? {
         match k.as_str() {
             "dir" => dir = v,
             _ => return Err(ApiError::invalid(format!("unknown query parameter {k:?} (use dir=/path)"))),
         }
     }
-    blocking(&state, move |s| {
-        let files = s
-            .sessions
+    blocking(&state, move |rt| {
+        let files = rt
             .list_files(&caller.tenant, &id, &dir)?
             .into_iter()
             .map(|e| FileEntryBody { name: e.name, path: e.path, size: e.size, is_dir: e.is_dir, mtime_ms: e.mtime_ms })

@@ -1,0 +1,56 @@
+//! What a runtime operation fails with; each failure knows its API [`ErrorCode`].
+
+use forkbox_api::ErrorCode;
+use forkbox_engine::EngineError;
+use forkbox_sessions::manager::SessionError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// A request argument out of bounds (timeout, memory, tags, batch size).
+    #[error("{0}")]
+    Invalid(String),
+    #[error("code is {len} bytes, more than the {limit}-byte limit")]
+    CodeTooLarge { len: usize, limit: usize },
+    /// The caller's session or disk quota is used up.
+    #[error("{0}")]
+    QuotaExceeded(String),
+    #[error(transparent)]
+    Session(#[from] SessionError),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// Building or opening the image, template or data directory.
+    #[error("{what}: {message}")]
+    Open { what: &'static str, message: String },
+    /// An exec thread could not be started, or dropped the job (a panic).
+    #[error("the exec worker failed")]
+    WorkerGone,
+}
+
+impl RuntimeError {
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            RuntimeError::Invalid(_) => ErrorCode::InvalidRequest,
+            RuntimeError::CodeTooLarge { .. } => ErrorCode::CodeTooLarge,
+            RuntimeError::QuotaExceeded(_) => ErrorCode::QuotaExceeded,
+            RuntimeError::Session(e) => e.error_code(),
+            RuntimeError::Engine(e) => e.error_code(),
+            RuntimeError::Open { .. } | RuntimeError::WorkerGone => ErrorCode::Internal,
+        }
+    }
+
+    /// For a session exec whose checkpoint was refused by the disk quota: the exec's result.
+    pub fn exec_result(&self) -> Option<&forkbox_engine::ExecResult> {
+        match self {
+            RuntimeError::Session(SessionError::QuotaExceeded { result, .. }) => result.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// For a failed session exec: the checkpoint seq the session was rolled back to (None: its initial state).
+    pub fn rolled_back_to(&self) -> Option<Option<i64>> {
+        match self {
+            RuntimeError::Session(e) => e.rolled_back_to(),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,278 @@
+//! Sessions, as the front ends see them: validated requests, views with the
+//! head resolved, quotas checked where they apply. Execs run on the exec
+//! workers; everything else blocks (SQLite, files): call it off async threads.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use forkbox_engine::{FileEntry, Limits};
+use forkbox_sessions::manager::ExecOutcome;
+use forkbox_sessions::store::SessionRecord;
+
+use crate::exec::{with_output, Output};
+use crate::{Runtime, RuntimeError};
+
+/// A caller's limits on sessions; `None` is unlimited.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Quota {
+    /// Sessions the tenant may have at once.
+    pub max_sessions: Option<u64>,
+    /// Checkpoint bytes on disk of the tenant's sessions, in MiB: each
+    /// checkpoint is charged against it before it is written (one that would
+    /// pass it is refused, the session stays at its previous checkpoint), and
+    /// execs and uploads are refused once it is over.
+    pub max_disk_mb: Option<u64>,
+}
+
+/// Where a forked session came from (until its first exec).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ForkedFrom {
+    pub session: String,
+    pub checkpoint: i64,
+}
+
+/// A session with its head resolved.
+#[derive(Clone, Debug)]
+pub struct SessionView {
+    pub record: SessionRecord,
+    /// Its sandbox is in memory.
+    pub resident: bool,
+    /// Seq of its head checkpoint (None: the template, or a fork's source checkpoint).
+    pub checkpoint: Option<i64>,
+    pub forked_from: Option<ForkedFrom>,
+}
+
+impl SessionView {
+    pub fn memory_mb(&self) -> u64 {
+        self.record.limits.memory_bytes >> 20
+    }
+
+    pub fn timeout_seconds(&self) -> f64 {
+        self.record.limits.timeout_ms as f64 / 1000.0
+    }
+}
+
+/// A checkpoint of a session, numbered by seq.
+#[derive(Clone, Debug)]
+pub struct CheckpointView {
+    pub seq: i64,
+    /// Seq of its parent (None: over the template or another session's checkpoint).
+    pub parent: Option<i64>,
+    pub code: String,
+    pub created_ms: i64,
+    pub bytes: u64,
+    pub pages: u64,
+    /// The session's head.
+    pub head: bool,
+}
+
+/// Tags: at most 32, keys 1-128 bytes without ':', values at most 1024 bytes.
+pub fn check_tags(tags: &BTreeMap<String, String>) -> Result<(), RuntimeError> {
+    if tags.len() > 32 || tags.iter().any(|(k, v)| k.is_empty() || k.len() > 128 || v.len() > 1024 || k.contains(':')) {
+        return Err(RuntimeError::Invalid("tags: at most 32, keys 1-128 bytes without ':', values at most 1024 bytes".into()));
+    }
+    Ok(())
+}
+
+impl Runtime {
+    fn view(&self, record: SessionRecord) -> Result<SessionView, RuntimeError> {
+        let head = self.sessions.head(&record)?;
+        let (checkpoint, forked_from) = match head {
+            Some(c) if c.session_id == record.id => (Some(c.seq), None),
+            Some(c) => (None, Some(ForkedFrom { session: c.session_id, checkpoint: c.seq })),
+            None => (None, None),
+        };
+        Ok(SessionView { resident: self.sessions.is_resident(&record.id), record, checkpoint, forked_from })
+    }
+
+    /// The limits of a new session from a request's `memory_mb` / `timeout_seconds`.
+    pub fn session_limits(&self, memory_mb: Option<u64>, timeout_seconds: Option<f64>) -> Result<Limits, RuntimeError> {
+        let mut limits = self.config.limits.clone();
+        limits.timeout = self.timeout(timeout_seconds)?;
+        if let Some(mb) = memory_mb {
+            if mb < 64 || mb > self.config.max_memory_mb {
+                return Err(RuntimeError::Invalid(format!(
+                    "memory_mb must be 64 to {}, got {mb}",
+                    self.config.max_memory_mb
+                )));
+            }
+            limits.memory_bytes = mb << 20;
+        }
+        Ok(limits)
+    }
+
+    /// Count the tenant's sessions and create one under one lock, so that
+    /// concurrent creates cannot overshoot `quota.max_sessions`.
+    fn within_session_quota(
+        &self,
+        tenant: &str,
+        quota: &Quota,
+        create: impl FnOnce() -> Result<SessionRecord, RuntimeError>,
+    ) -> Result<SessionView, RuntimeError> {
+        let rec = {
+            let _g = self.create_lock.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(max) = quota.max_sessions {
+                let n = self.sessions.count(Some(tenant))?;
+                if n >= max {
+                    return Err(RuntimeError::QuotaExceeded(format!(
+                        "this API key allows {max} sessions and {n} exist; delete some first"
+                    )));
+                }
+            }
+            create()?
+        };
+        self.view(rec)
+    }
+
+    /// A new session (validated tags and limits), within `quota`.
+    pub fn create_session(
+        &self,
+        tenant: &str,
+        tags: BTreeMap<String, String>,
+        memory_mb: Option<u64>,
+        timeout_seconds: Option<f64>,
+        quota: &Quota,
+    ) -> Result<SessionView, RuntimeError> {
+        check_tags(&tags)?;
+        let limits = self.session_limits(memory_mb, timeout_seconds)?;
+        self.within_session_quota(tenant, quota, || Ok(self.sessions.create(tenant, tags, &limits)?))
+    }
+
+    /// A new session starting at a checkpoint (default: the head) of `id`, within `quota`.
+    pub fn fork_session(
+        &self,
+        tenant: &str,
+        id: &str,
+        checkpoint: Option<i64>,
+        tags: BTreeMap<String, String>,
+        quota: &Quota,
+    ) -> Result<SessionView, RuntimeError> {
+        check_tags(&tags)?;
+        self.within_session_quota(tenant, quota, || Ok(self.sessions.fork(tenant, id, checkpoint, tags)?))
+    }
+
+    pub fn session(&self, tenant: &str, id: &str) -> Result<SessionView, RuntimeError> {
+        self.view(self.sessions.get(tenant, id)?)
+    }
+
+    /// The tenant's sessions with all of `tags` (key, value), oldest first.
+    pub fn sessions(&self, tenant: &str, tags: &[(String, String)]) -> Result<Vec<SessionView>, RuntimeError> {
+        self.sessions.list(tenant, tags)?.into_iter().map(|r| self.view(r)).collect()
+    }
+
+    /// Live sessions of `tenant` (of all tenants with None).
+    pub fn session_count(&self, tenant: Option<&str>) -> Result<u64, RuntimeError> {
+        Ok(self.sessions.count(tenant)?)
+    }
+
+    pub fn resident_sessions(&self) -> usize {
+        self.sessions.resident_count()
+    }
+
+    pub fn is_resident(&self, id: &str) -> bool {
+        self.sessions.is_resident(id)
+    }
+
+    pub fn delete_session(&self, tenant: &str, id: &str) -> Result<(), RuntimeError> {
+        Ok(self.sessions.delete(tenant, id)?)
+    }
+
+    /// Interrupt (Ctrl-C) the session's running exec; false if none runs.
+    pub fn interrupt(&self, tenant: &str, id: &str) -> Result<bool, RuntimeError> {
+        Ok(self.sessions.interrupt(tenant, id)?)
+    }
+
+    pub fn checkpoints(&self, tenant: &str, id: &str) -> Result<Vec<CheckpointView>, RuntimeError> {
+        let rec = self.sessions.get(tenant, id)?;
+        let list = self.sessions.checkpoints(tenant, id)?;
+        let seq_of: HashMap<i64, i64> = list.iter().map(|c| (c.id, c.seq)).collect();
+        Ok(list
+            .iter()
+            .map(|c| CheckpointView {
+                seq: c.seq,
+                parent: c.parent.and_then(|p| seq_of.get(&p).copied()),
+                code: c.code.clone(),
+                created_ms: c.created_ms,
+                bytes: c.bytes,
+                pages: c.pages,
+                head: Some(c.id) == rec.head,
+            })
+            .collect())
+    }
+
+    /// Move the session's head back to checkpoint `seq`.
+    pub fn revert(&self, tenant: &str, id: &str, seq: i64) -> Result<SessionView, RuntimeError> {
+        self.sessions.revert(tenant, id, seq)?;
+        self.session(tenant, id)
+    }
+
+    /// Merge the session's layer chain once it is long (what the upkeep does for every session).
+    pub fn compact_session(&self, tenant: &str, id: &str) -> Result<bool, RuntimeError> {
+        Ok(self.sessions.compact_session(tenant, id)?)
+    }
+
+    /// Refuse an exec or upload once the tenant's checkpoints are over `quota.max_disk_mb`.
+    pub fn check_disk(&self, tenant: &str, quota: &Quota) -> Result<(), RuntimeError> {
+        // The sessions charge every checkpoint against it before writing.
+        self.sessions.set_disk_quota(tenant, quota.max_disk_mb.map(|mb| mb.saturating_mul(1 << 20)));
+        let Some(max_mb) = quota.max_disk_mb else { return Ok(()) };
+        let used = self.sessions.disk_bytes(tenant)?;
+        if used >= max_mb.saturating_mul(1 << 20) {
+            return Err(RuntimeError::QuotaExceeded(format!(
+                "the checkpoints of this tenant's sessions take {:.1} MiB, the key allows {max_mb} MiB; delete sessions first",
+                used as f64 / (1 << 20) as f64
+            )));
+        }
+        Ok(())
+    }
+
+    /// What can refuse a session exec before it starts: the code, the session, the disk quota.
+    pub fn check_session_exec(&self, tenant: &str, id: &str, code: &str, quota: &Quota) -> Result<(), RuntimeError> {
+        self.check_code(code)?;
+        self.sessions.get(tenant, id)?;
+        self.check_disk(tenant, quota)
+    }
+
+    /// Run code in a session on an exec thread (within the disk quota); the
+    /// result names the checkpoint that recorded it. `hold` is dropped after.
+    pub async fn session_exec(
+        self: &Arc<Self>,
+        tenant: &str,
+        id: &str,
+        code: String,
+        quota: Quota,
+        mut output: Option<Box<dyn Output>>,
+        hold: impl Send + 'static,
+    ) -> Result<ExecOutcome, RuntimeError> {
+        self.check_code(&code)?;
+        let (rt, tenant, id) = (self.clone(), tenant.to_string(), id.to_string());
+        self.workers
+            .run(move || {
+                let _hold = hold;
+                if let Err(e) = rt.check_disk(&tenant, &quota) {
+                    if let Some(out) = output.as_mut() {
+                        out.end();
+                    }
+                    return Err(e);
+                }
+                with_output(&mut output, |opts| rt.sessions.exec_with(&tenant, &id, &code, opts)).map_err(RuntimeError::from)
+            })
+            .await?
+    }
+
+    /// Write a file into the session (checkpointed like an exec), within the
+    /// disk quota; the seq of the checkpoint that recorded it.
+    pub fn write_file(&self, tenant: &str, id: &str, path: &str, data: &[u8], quota: &Quota) -> Result<i64, RuntimeError> {
+        self.check_disk(tenant, quota)?;
+        Ok(self.sessions.write_file(tenant, id, path, data)?.seq)
+    }
+
+    /// A file of the session, at most `max` bytes (`file_too_large` above).
+    pub fn read_file(&self, tenant: &str, id: &str, path: &str, max: usize) -> Result<Vec<u8>, RuntimeError> {
+        Ok(self.sessions.read_file(tenant, id, path, max)?)
+    }
+
+    pub fn list_files(&self, tenant: &str, id: &str, dir: &str) -> Result<Vec<FileEntry>, RuntimeError> {
+        Ok(self.sessions.list_files(tenant, id, dir)?)
+    }
+}

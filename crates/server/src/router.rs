@@ -1,0 +1,107 @@
+//! The routes, their OpenAPI document, and the layers around them (auth or a
+//! fixed tenant, body limits, fallbacks in the API's error shape, `/mcp`).
+
+use std::sync::Arc;
+
+use axum::extract::DefaultBodyLimit;
+use axum::{middleware, Extension, Router};
+use forkbox_api::ErrorCode;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::auth::{auth, Caller};
+use crate::error::{ApiError, ErrorBody, ErrorDetail};
+use crate::handlers::{exec, files, forevervm, health, sessions, stream};
+use crate::{openapi, AppState};
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "forkbox", description = "Run untrusted Python in hardware-isolated KVM sandboxes: one-shot execs, sessions with checkpoints, ForeverVM-compatible machines."),
+    modifiers(&BearerAuth),
+    components(schemas(ErrorBody, ErrorDetail, ErrorCode))
+)]
+struct ApiDoc;
+
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        let comps = doc.components.get_or_insert_with(Default::default);
+        comps.add_security_scheme("bearer", SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()));
+    }
+}
+
+/// The `/v1` routes that act for a caller (auth is layered on by the caller of this).
+fn v1_routes(files_limit: usize) -> OpenApiRouter<AppState> {
+    let (schemas, paths, file_routes) = routes!(files::put_file, files::get_file);
+    // Uploads may be larger than JSON bodies.
+    let file_routes = (schemas, paths, file_routes.layer(DefaultBodyLimit::max(files_limit)));
+    OpenApiRouter::new()
+        .routes(routes!(exec::exec))
+        .routes(routes!(stream::exec_stream))
+        .routes(routes!(exec::exec_batch))
+        .routes(routes!(sessions::create_session, sessions::list_sessions))
+        .routes(routes!(sessions::get_session, sessions::delete_session))
+        .routes(routes!(sessions::session_exec))
+        .routes(routes!(stream::session_exec_stream))
+        .routes(routes!(sessions::interrupt))
+        .routes(file_routes)
+        .routes(routes!(files::list_files))
+        .routes(routes!(sessions::checkpoints))
+        .routes(routes!(sessions::revert))
+        .routes(routes!(sessions::fork))
+        .merge(forevervm::routes())
+}
+
+/// The routes and the OpenAPI document they produce. `caller` adds the layer
+/// that puts a [`Caller`] into each `/v1` request (auth, or a fixed tenant).
+fn build(state: AppState, caller: impl FnOnce(OpenApiRouter<AppState>) -> OpenApiRouter<AppState>) -> Router {
+    let v1 = caller(v1_routes(state.config.files_limit)).routes(routes!(health::openapi_json));
+    let (router, mut doc) = OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(health::healthz))
+        .routes(routes!(health::metrics_admin))
+        .nest("/v1", v1)
+        .split_for_parts();
+    openapi::finish(&mut doc);
+    let doc = Arc::new(doc.to_json().unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}")));
+    router
+        .layer(Extension(health::OpenApiDoc(doc)))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(state.config.body_limit))
+        .with_state(state)
+}
+
+/// The API's routes over `state`, every `/v1` route but the OpenAPI document
+/// behind `Authorization: Bearer <key>`; and `/mcp` over them.
+pub fn router(state: AppState) -> Router {
+    let st = state.clone();
+    let api = build(state.clone(), move |v1| v1.route_layer(middleware::from_fn_with_state(st, auth)));
+    with_mcp(state, api)
+}
+
+/// `/mcp`: the MCP server (streamable HTTP, `forkbox_mcp`) behind the same API
+/// keys (and rate limits); its tool calls go to `api` in process with the caller's key.
+fn with_mcp(state: AppState, api: Router) -> Router {
+    let mcp = Router::new()
+        .fallback_service(forkbox_mcp::http_service(api.clone()))
+        .layer(middleware::from_fn_with_state(state, auth));
+    api.nest_service("/mcp", mcp)
+}
+
+/// The same routes for one fixed tenant, without keys, rate limits or quotas:
+/// what the CLI and `forkbox mcp` drive in process (no socket) when no `--url` is given.
+pub fn embedded_router(state: AppState, tenant: &str) -> Router {
+    let caller = Caller { tenant: tenant.to_string(), key: None };
+    build(state, move |v1| v1.route_layer(Extension(caller)))
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(ErrorCode::NotFound, "no such endpoint")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(ErrorCode::MethodNotAllowed, "method not allowed on this endpoint")
+}
