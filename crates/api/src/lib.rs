@@ -85,6 +85,7 @@ codes! {
     CpuBudgetExceeded = ("cpu_budget_exceeded", 429, "The key has used its CPU seconds for now (see Retry-After)."),
     Internal = ("internal", 500, "A failure inside the server."),
     StorageError = ("storage_error", 500, "The session store or checkpoint files failed."),
+    CpuMismatch = ("cpu_mismatch", 500, "A template or checkpoint was made on a host with other CPU features than this one."),
     ProtocolError = ("protocol_error", 500, "The guest agent broke the host-guest protocol."),
     BootFailed = ("boot_failed", 500, "The guest failed to start."),
     Overloaded = ("overloaded", 503, "Every exec slot is busy and the bounded wait queue is full (see Retry-After)."),
@@ -200,7 +201,7 @@ mod tests {
         names.dedup();
         assert_eq!(names.len(), ErrorCode::ALL.len());
         let five: Vec<&str> = ErrorCode::ALL.iter().filter(|c| c.is_server_error()).map(|c| c.as_str()).collect();
-        assert_eq!(five, ["internal", "storage_error", "protocol_error", "boot_failed", "overloaded", "insufficient_storage"]);
+        assert_eq!(five, ["internal", "storage_error", "cpu_mismatch", "protocol_error", "boot_failed", "overloaded", "insufficient_storage"]);
         assert_eq!(ErrorCode::SessionNotFound, "session_not_found");
     }
 }

@@ -53,6 +53,7 @@ impl EngineError {
             EngineError::CodeTooLarge(..) => ErrorCode::CodeTooLarge,
             EngineError::Interrupted(_) => ErrorCode::Interrupted,
             EngineError::File { code, .. } => *code,
+            EngineError::Snapshot(forkbox_snapshot::StateError::CpuMismatch(_)) => ErrorCode::CpuMismatch,
             EngineError::Vmm(_) | EngineError::Load(_) | EngineError::Image(_) | EngineError::Snapshot(_) => ErrorCode::Internal,
         }
     }

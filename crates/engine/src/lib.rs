@@ -83,6 +83,12 @@ impl Engine {
         })
     }
 
+    /// Use `cpu` (e.g. a CPUID with fewer features) instead of the host's default.
+    pub fn with_cpu(mut self, cpu: Cpu) -> Engine {
+        self.cpu = Arc::new(cpu);
+        self
+    }
+
     pub fn without_vdso(mut self) -> Engine {
         self.vdso = None;
         self

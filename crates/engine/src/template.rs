@@ -9,8 +9,10 @@ use std::time::Instant;
 use forkbox_linux::layout::RAM_SIZE;
 use forkbox_linux::Process;
 use forkbox_snapshot::layer::{apply_layers, pages_of, Layer, LayerPlan, LayerStats};
-use forkbox_snapshot::{encode, read_state, write_encoded, write_memory, write_state, MemoryFile, Snapshot, StateError, FORMAT_VERSION};
-use forkbox_vmm::{GuestMemory, Vm};
+use forkbox_snapshot::{
+    encode, read_state, write_encoded, write_memory, write_state, CpuFingerprint, MemoryFile, Snapshot, StateError, FORMAT_VERSION,
+};
+use forkbox_vmm::{GuestMemory, VcpuState, Vm};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -36,6 +38,8 @@ pub struct TemplateInfo {
 pub struct Template {
     pub info: TemplateInfo,
     pub dir: PathBuf,
+    /// The CPU it was made on (= this host's: `load` checks).
+    cpu: CpuFingerprint,
     process: Process,
     memory: MemoryFile,
     pool: Arc<VmPool>,
@@ -48,10 +52,13 @@ pub fn templates_dir(home: &Path) -> PathBuf {
     home.join("templates")
 }
 
-/// A template is named by what determines its content.
-pub fn template_id(image_id: &str, preload: &str) -> String {
+/// A template is named by what determines its content: the image, the
+/// preload, the state format, this forkbox's version and the CPU the guest
+/// sees (`CpuFingerprint::digest`; another CPU means another template).
+pub fn template_id(image_id: &str, preload: &str, cpu_digest: &str) -> String {
     let mut h = Sha256::new();
-    for part in [image_id.as_bytes(), preload.as_bytes(), &FORMAT_VERSION.to_le_bytes(), env!("CARGO_PKG_VERSION").as_bytes()] {
+    let version = FORMAT_VERSION.to_le_bytes();
+    for part in [image_id.as_bytes(), preload.as_bytes(), &version, env!("CARGO_PKG_VERSION").as_bytes(), cpu_digest.as_bytes()] {
         h.update((part.len() as u64).to_le_bytes());
         h.update(part);
     }
@@ -61,7 +68,7 @@ pub fn template_id(image_id: &str, preload: &str) -> String {
 impl Template {
     /// Load the template for the engine's image + preload, or create it.
     pub fn ensure(engine: &Engine, home: &Path) -> Result<Template, EngineError> {
-        let id = template_id(engine.image.id(), &engine.preload);
+        let id = template_id(engine.image.id(), &engine.preload, &CpuFingerprint::of(&engine.cpu).digest());
         let dir = templates_dir(home).join(&id);
         if dir.join("state").exists() {
             match Template::load(engine, &dir) {
@@ -91,7 +98,8 @@ impl Template {
         };
         let snapshot = Snapshot {
             image_id: engine.image.id().to_string(),
-            vcpu: vm.save_vcpu()?,
+            cpu: CpuFingerprint::of(&engine.cpu),
+            vcpu: vm.save_vcpu()?.to_record(),
             process: proc.save_state(),
             memory,
             info: serde_json::to_string(&info).unwrap_or_default(),
@@ -102,9 +110,14 @@ impl Template {
         Template::load(engine, dir)
     }
 
-    /// Open a template from disk: every file is verified before anything is mapped.
+    /// Open a template from disk: every file is verified before anything is
+    /// mapped, and the CPU it was made on must be this one (`StateError::CpuMismatch`).
     pub fn load(engine: &Engine, dir: &Path) -> Result<Template, EngineError> {
         let snapshot = read_state(&dir.join("state"))?;
+        let cpu = CpuFingerprint::of(&engine.cpu);
+        if let Some(diff) = snapshot.cpu.differences(&cpu) {
+            return Err(StateError::CpuMismatch(diff).into());
+        }
         if snapshot.image_id != engine.image.id() {
             return Err(StateError::Corrupt(format!(
                 "template is for image {}, the engine has {}",
@@ -120,10 +133,11 @@ impl Template {
             .map_err(|e| StateError::Corrupt(format!("template info: {e}")))?;
         let memory = MemoryFile::open(&dir.join("memory"), &snapshot.memory)?;
         let Snapshot { process, vcpu, .. } = snapshot;
+        let vcpu = VcpuState::from_record(&vcpu).map_err(|e| StateError::Corrupt(format!("vCPU state: {e}")))?;
         let process =
             Process::restore_state(engine.image.clone(), process).map_err(|e| StateError::Corrupt(e.to_string()))?;
         let pool = VmPool::new(engine.cpu.clone(), &memory.file, memory.view()?, vcpu, POOL_DEPTH)?;
-        Ok(Template { info, dir: dir.to_path_buf(), process, memory, pool })
+        Ok(Template { info, dir: dir.to_path_buf(), cpu, process, memory, pool })
     }
 
     /// A new sandbox: a copy-on-write fork of this template.
@@ -182,7 +196,8 @@ impl Template {
         let files = crate::fsstore::FilesPlan::new(&mut process, &stored, &pack_name);
         let snapshot = Snapshot {
             image_id: engine.image.id().to_string(),
-            vcpu: vm.save_vcpu().map_err(EngineError::from)?,
+            cpu: self.cpu.clone(),
+            vcpu: vm.save_vcpu().map_err(EngineError::from)?.to_record(),
             process,
             memory: self.memory.stats.clone(),
             info: self.info.id.clone(),
@@ -225,6 +240,13 @@ impl Template {
             e => e,
         })?;
         let t_state = t0.elapsed();
+        // First: a checkpoint from another CPU is also from another template,
+        // but this is the reason to tell.
+        if let Some(diff) = snapshot.cpu.differences(&self.cpu) {
+            return Err(StateError::CpuMismatch(format!("checkpoint {shown}: {diff}")).into());
+        }
+        let vcpu = VcpuState::from_record(&snapshot.vcpu)
+            .map_err(|e| StateError::Corrupt(format!("{shown}: vCPU state: {e}")))?;
         if snapshot.image_id != engine.image.id() || snapshot.info != self.info.id || snapshot.memory != self.memory.stats {
             return Err(StateError::Corrupt(format!("checkpoint {shown} is not from template {}", self.info.id)).into());
         }
@@ -232,7 +254,7 @@ impl Template {
         let t_vm = t0.elapsed();
         let pages = apply_layers(vm.mem_mut(), self.pool.original(), layers)?;
         let t_pages = t0.elapsed();
-        vm.restore_vcpu(&snapshot.vcpu)?;
+        vm.restore_vcpu(&vcpu)?;
         let dir = state.parent().unwrap_or(Path::new("."));
         let stored = crate::fsstore::load(&mut snapshot.process, &snapshot.files, dir)?;
         let process = Process::restore_state(engine.image.clone(), snapshot.process)
@@ -246,6 +268,11 @@ impl Template {
     /// Fork/recycling counters.
     pub fn pool_stats(&self) -> &crate::pool::PoolStats {
         &self.pool.stats
+    }
+
+    /// The CPU the template was made on (this host's).
+    pub fn cpu(&self) -> &CpuFingerprint {
+        &self.cpu
     }
 
     /// The memory file's size and checksum as recorded.
@@ -328,3 +355,33 @@ impl Engine {
 
 /// Shared engine + template, for servers and benches.
 pub type SharedTemplate = Arc<Template>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The golden template state files (crates/snapshot/tests/golden) carry a
+    /// `TemplateInfo` this code reads, and writes back to the same JSON.
+    #[test]
+    fn golden_template_states_hold_a_template_info() {
+        for v in forkbox_snapshot::READABLE_VERSIONS {
+            let path = format!("{}/../snapshot/tests/golden/template-state-v{v}.bin", env!("CARGO_MANIFEST_DIR"));
+            let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+            let snap = forkbox_snapshot::state::decode(&bytes).unwrap_or_else(|e| panic!("{path}: {e}"));
+            let info: TemplateInfo = serde_json::from_str(&snap.info).unwrap_or_else(|e| panic!("{path}: template info: {e}"));
+            assert_eq!(info.image_id, snap.image_id);
+            assert_eq!(info.memory_pages, snap.memory.pages);
+            if *v == FORMAT_VERSION {
+                assert_eq!(serde_json::to_string(&info).unwrap(), snap.info, "TemplateInfo's JSON changed");
+            }
+        }
+    }
+
+    #[test]
+    fn the_template_id_depends_on_the_cpu() {
+        let a = template_id("img", "import numpy", "cpu-a");
+        assert_eq!(a, template_id("img", "import numpy", "cpu-a"));
+        assert_ne!(a, template_id("img", "import numpy", "cpu-b"));
+        assert_ne!(a, template_id("img", "import json", "cpu-a"));
+    }
+}

@@ -89,6 +89,7 @@ impl SessionError {
             SessionError::QuotaExceeded { .. } => ErrorCode::QuotaExceeded,
             SessionError::NoSpace(_) => ErrorCode::InsufficientStorage,
             SessionError::File { code, .. } => *code,
+            SessionError::Snapshot(forkbox_snapshot::StateError::CpuMismatch(_)) => ErrorCode::CpuMismatch,
             SessionError::Store(_) | SessionError::Snapshot(_) => ErrorCode::StorageError,
             SessionError::Engine(e) => e.error_code(),
         }

@@ -26,7 +26,12 @@ use forkbox_vmm::GuestMemory;
 use crate::state::StateError;
 
 pub const LAYER_MAGIC: &[u8; 8] = b"FBXLAYER";
+/// The version `write_layer` writes. A change to the encoding bumps it and
+/// keeps a reader for the old one (`Layer::read` dispatches on the version);
+/// tests/golden.rs holds a golden layer of each readable version.
 pub const LAYER_VERSION: u32 = 3;
+/// Every layer version `Layer::read` reads (oldest first); the last is `LAYER_VERSION`.
+pub const READABLE_LAYER_VERSIONS: &[u32] = &[3];
 const HEADER: usize = 8 + 4 + 8 + 4 + 8;
 /// No layer holds more pages than 64 GiB of guest RAM has.
 const MAX_PAGES: u64 = (64 << 30) / PAGE_SIZE;
@@ -223,9 +228,16 @@ impl Layer {
             return Err(corrupt("bad magic"));
         }
         let version = u32::from_le_bytes([head[8], head[9], head[10], head[11]]);
-        if version != LAYER_VERSION {
-            return Err(corrupt(&format!("layer format version {version}, this forkbox reads version {LAYER_VERSION}")));
+        match version {
+            3 => Self::read_v3(raw, path),
+            v => Err(corrupt(&format!("layer format version {v}, this forkbox reads versions {READABLE_LAYER_VERSIONS:?}"))),
         }
+    }
+
+    /// Version 3 (the current one; see the module docs for the layout).
+    fn read_v3(raw: Vec<u8>, path: &Path) -> Result<Layer, StateError> {
+        let corrupt = |why: &str| StateError::Corrupt(format!("layer {}: {why}", path.display()));
+        let head = raw.get(..HEADER).ok_or_else(|| corrupt("truncated header"))?;
         let mut n = [0u8; 8];
         n.copy_from_slice(&head[12..20]);
         let count = u64::from_le_bytes(n);

@@ -10,6 +10,7 @@
 //!   truncated memory file is rejected before it is ever mapped.
 
 pub mod files;
+pub mod cpu;
 pub mod layer;
 pub mod memory;
 pub mod state;
@@ -17,4 +18,6 @@ pub mod state;
 pub use files::{FileTable, PackWriter, StoredChunk, StoredFile};
 pub use layer::{Layer, LayerPlan, LayerStats};
 pub use memory::{write_memory, MemoryFile, MemoryStats, MemoryView};
-pub use state::{encode, read_state, write_encoded, write_state, Snapshot, StateError, FORMAT_VERSION, MAGIC};
+pub use state::{encode, read_state, write_encoded, write_state, Snapshot, StateError, FORMAT_VERSION, MAGIC, READABLE_VERSIONS};
+pub use cpu::CpuFingerprint;
+pub use forkbox_vmm::regs;

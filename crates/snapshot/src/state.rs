@@ -1,18 +1,31 @@
 //! The state file: magic, version, length, checksum, then a postcard payload.
+//!
+//! Versioning: the payload of version N is decoded by the reader for N
+//! (`decode_payload`). When the payload's shape changes (any field of
+//! `Snapshot`, `VcpuRecord`, `CpuFingerprint`, `MemoryStats` or the process
+//! state it embeds), bump `FORMAT_VERSION`, keep the old shape as a frozen copy
+//! (`mod vN`) with its reader and a conversion to the new `Snapshot`, add the
+//! version to `READABLE_VERSIONS`, and add a golden file for the new version
+//! (`tests/golden.rs` says how): the golden test fails until all of that is done.
 
 use std::path::Path;
 
 use forkbox_linux::process::ProcessState;
-use forkbox_vmm::VcpuState;
+use forkbox_vmm::regs::VcpuRecord;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::cpu::CpuFingerprint;
 use crate::memory::MemoryStats;
 
 pub const MAGIC: &[u8; 8] = b"FBXSNAP\0";
 /// 2: maps encoded as sequences of pairs.
-/// 3: file bytes of a checkpoint live in pack files (`Snapshot::files`).
-pub const FORMAT_VERSION: u32 = 3;
+/// 3: forkbox's own register/XSAVE records (no kvm-bindings serde types); the CPU fingerprint.
+/// 4: file bytes of a checkpoint live in pack files (`Snapshot::files`); directory entries
+///    are charged in the VFS's byte count (VfsState 2). Version 3 (never released) is not read.
+pub const FORMAT_VERSION: u32 = 4;
+/// Every version `decode` reads (oldest first); the last is `FORMAT_VERSION`.
+pub const READABLE_VERSIONS: &[u32] = &[4];
 const HEADER_LEN: usize = 8 + 4 + 8 + 32;
 /// A state file larger than this is rejected before it is read into memory.
 const MAX_PAYLOAD: u64 = 4 << 30;
@@ -38,6 +51,20 @@ pub enum StateError {
     BadVersion(u32),
     #[error("snapshot is corrupt: {0}")]
     Corrupt(String),
+    /// The snapshot was taken on a CPU whose features (as the guest sees them)
+    /// differ from this host's: its guest may use instructions this host lacks.
+    #[error("snapshot was taken on a CPU with other features than this host's ({0}); it cannot run here")]
+    CpuMismatch(String),
+}
+
+impl StateError {
+    /// A stable machine-readable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            StateError::CpuMismatch(_) => "cpu_mismatch",
+            _ => "storage_error",
+        }
+    }
 }
 
 impl StateError {
@@ -54,11 +81,13 @@ impl StateError {
 }
 
 /// Everything a snapshot's state file holds.
-#[derive(Serialize, Deserialize)]
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
 pub struct Snapshot {
     /// The image the process' file system is layered on.
     pub image_id: String,
-    pub vcpu: VcpuState,
+    /// The CPU (CPUID leaves and XCR0 the guest saw) it was taken on.
+    pub cpu: CpuFingerprint,
+    pub vcpu: VcpuRecord,
     pub process: ProcessState,
     pub memory: MemoryStats,
     /// Free-form facts about the snapshot (what the agent reported, the preload...).
@@ -85,7 +114,7 @@ pub fn decode(bytes: &[u8]) -> Result<Snapshot, StateError> {
         return Err(StateError::BadMagic);
     }
     let version = u32::from_le_bytes([header[8], header[9], header[10], header[11]]);
-    if version != FORMAT_VERSION {
+    if !READABLE_VERSIONS.contains(&version) {
         return Err(StateError::BadVersion(version));
     }
     let mut len = [0u8; 8];
@@ -98,7 +127,20 @@ pub fn decode(bytes: &[u8]) -> Result<Snapshot, StateError> {
     if Sha256::digest(payload).as_slice() != &header[20..52] {
         return Err(StateError::Corrupt("checksum mismatch".into()));
     }
-    postcard::from_bytes(payload).map_err(|e| StateError::Corrupt(format!("undecodable payload: {e}")))
+    decode_payload(version, payload)
+}
+
+/// The reader of each readable version.
+fn decode_payload(version: u32, payload: &[u8]) -> Result<Snapshot, StateError> {
+    match version {
+        4 => read_v4(payload),
+        v => Err(StateError::BadVersion(v)),
+    }
+}
+
+/// Version 4 is the current shape (`Snapshot` as defined above).
+fn read_v4(payload: &[u8]) -> Result<Snapshot, StateError> {
+    postcard::from_bytes(payload).map_err(|e| StateError::Corrupt(format!("undecodable version 4 payload: {e}")))
 }
 
 /// Write atomically: temp file, fsync, rename, fsync the directory.

@@ -7,6 +7,7 @@ pub mod error;
 pub mod interrupt;
 pub mod layout;
 pub mod memory;
+pub mod regs;
 pub mod vdso;
 pub mod vm;
 
@@ -15,4 +16,5 @@ pub use error::{Result, VmmError};
 pub use interrupt::InterruptLatch;
 pub use kvm_bindings::{kvm_regs, kvm_xsave};
 pub use memory::GuestMemory;
+pub use regs::{Regs, RegsError, Sregs, VcpuRecord, Xcrs, Xsave};
 pub use vm::{GuestFault, VcpuState, Vm, VmExit};

@@ -11,6 +11,7 @@ use crate::error::{Result, VmmError};
 use crate::interrupt::{Armed, InterruptLatch};
 use crate::layout::*;
 use crate::memory::GuestMemory;
+use crate::regs::{RegsError, VcpuRecord};
 
 /// Why the vCPU stopped.
 #[derive(Debug)]
@@ -273,14 +274,38 @@ impl Vm {
 }
 
 /// Everything of the vCPU a snapshot needs (no LAPIC, no MSR soup: the guest
-/// never runs at CPL 0 and has no interrupt controller).
-#[derive(serde::Serialize, serde::Deserialize)]
+/// never runs at CPL 0 and has no interrupt controller), in the form the
+/// ioctls take. What is persisted is its `VcpuRecord` (crate::regs).
 pub struct VcpuState {
     pub regs: kvm_regs,
     pub sregs: kvm_bindings::kvm_sregs,
     pub xcrs: kvm_bindings::kvm_xcrs,
     pub xsave: kvm_bindings::kvm_xsave,
     pub fs_base: u64,
+}
+
+impl VcpuState {
+    /// The persisted form.
+    pub fn to_record(&self) -> VcpuRecord {
+        VcpuRecord {
+            regs: (&self.regs).into(),
+            sregs: (&self.sregs).into(),
+            xcrs: (&self.xcrs).into(),
+            xsave: (&self.xsave).into(),
+            fs_base: self.fs_base,
+        }
+    }
+
+    /// Back from the persisted form (sizes checked; KVM checks the values when they are set).
+    pub fn from_record(r: &VcpuRecord) -> std::result::Result<VcpuState, RegsError> {
+        Ok(VcpuState {
+            regs: (&r.regs).into(),
+            sregs: (&r.sregs).into(),
+            xcrs: kvm_bindings::kvm_xcrs::try_from(&r.xcrs)?,
+            xsave: *r.xsave.to_kvm()?,
+            fs_base: r.fs_base,
+        })
+    }
 }
 
 impl Vm {

@@ -125,6 +125,7 @@ _BY_CODE: dict[str, type[ForkboxError]] = {
     "cpu_budget_exceeded": RateLimited,
     "internal": ServerError,
     "storage_error": ServerError,
+    "cpu_mismatch": ServerError,
     "protocol_error": ServerError,
     "boot_failed": ServerError,
     "overloaded": Overloaded,
@@ -157,7 +158,7 @@ STATUS_OF_CODE: dict[str, int] = {
     "payload_too_large": 413, "code_too_large": 413, "file_too_large": 413, "guest_crashed": 422,
     "guest_exited": 422, "guest_killed": 422, "sandbox_unusable": 422, "interrupted": 422,
     "upgrade_required": 426, "rate_limited": 429, "cpu_budget_exceeded": 429, "internal": 500,
-    "storage_error": 500, "protocol_error": 500, "boot_failed": 500, "overloaded": 503,
+    "storage_error": 500, "cpu_mismatch": 500, "protocol_error": 500, "boot_failed": 500, "overloaded": 503,
     "insufficient_storage": 507,
 }
 
