@@ -371,6 +371,11 @@ def handle(req):
                 value, value_data = value
         except BaseException as e:  # noqa: BLE001 - everything the user code raises is a result
             error = describe(e)
+            # The host caps replies (and cuts these again): keep them under it.
+            limit = req.get("value_limit", 1 << 20)
+            for k in ("message", "traceback"):
+                if len(error[k]) > limit:
+                    error[k] = error[k][:limit] + "... [forkbox: truncated, %d characters]" % len(error[k])
         finally:
             if "matplotlib.pyplot" in sys.modules:
                 try:

@@ -62,7 +62,8 @@ codes! {
     InvalidPath = ("invalid_path", 400, "A file path the guest does not accept (relative, `..` above the root, too long)."),
     IsADirectory = ("is_a_directory", 400, "A file route names a directory."),
     Unauthorized = ("unauthorized", 401, "No API key, or an unknown one."),
-    QuotaExceeded = ("quota_exceeded", 403, "The key's session or disk quota (or the session's disk limit) is used up."),
+    Forbidden = ("forbidden", 403, "The key may not do this (e.g. `/metrics` with a key that is not an admin key)."),
+    QuotaExceeded = ("quota_exceeded", 403, "The key's session or disk quota (or the session's disk limit) is used up; a session exec whose checkpoint would pass the disk quota carries its `result` and the session stays at its previous checkpoint."),
     NotFound = ("not_found", 404, "No such endpoint."),
     SessionNotFound = ("session_not_found", 404, "No such session for this tenant."),
     CheckpointNotFound = ("checkpoint_not_found", 404, "The session has no checkpoint with that number."),
@@ -83,7 +84,8 @@ codes! {
     Interrupted = ("interrupted", 422, "An interrupted exec did not stop within the grace period and was killed."),
     Deadlock = ("deadlock", 422, "Every guest thread waited (a futex, a blocking read, poll ...) with no timeout for something nothing could ever do."),
     UpgradeRequired = ("upgrade_required", 426, "The route is a WebSocket and the request is not an upgrade."),
-    RateLimited = ("rate_limited", 429, "The key is over its requests per second (see Retry-After)."),
+    RateLimited = ("rate_limited", 429, "The key is over its requests per second (a batch counts each exec) or its concurrent execs (see Retry-After)."),
+    CpuBudgetExceeded = ("cpu_budget_exceeded", 429, "The key has used its CPU seconds for now (see Retry-After)."),
     Internal = ("internal", 500, "A failure inside the server."),
     StorageError = ("storage_error", 500, "The session store or checkpoint files failed."),
     ProtocolError = ("protocol_error", 500, "The guest agent broke the host-guest protocol."),
@@ -91,6 +93,7 @@ codes! {
     CpuMismatch = ("cpu_mismatch", 500, "A template or checkpoint was made on a CPU whose features this host lacks (the data directory moved): the server refuses it rather than fault."),
     TemplateUnavailable = ("template_unavailable", 500, "The template's image or snapshot could not be built or opened on this server."),
     Overloaded = ("overloaded", 503, "Every exec slot is busy and the bounded wait queue is full (see Retry-After)."),
+    InsufficientStorage = ("insufficient_storage", 507, "The disk is full (or down to the reserve kept for deletes and metadata): nothing was written, the session stays at its previous checkpoint."),
 }
 
 impl ErrorCode {
@@ -202,7 +205,7 @@ mod tests {
         names.dedup();
         assert_eq!(names.len(), ErrorCode::ALL.len());
         let five: Vec<&str> = ErrorCode::ALL.iter().filter(|c| c.is_server_error()).map(|c| c.as_str()).collect();
-        assert_eq!(five, ["internal", "storage_error", "protocol_error", "boot_failed", "cpu_mismatch", "template_unavailable", "overloaded"]);
+        assert_eq!(five, ["internal", "storage_error", "protocol_error", "boot_failed", "cpu_mismatch", "template_unavailable", "overloaded", "insufficient_storage"]);
         assert_eq!(ErrorCode::SessionNotFound, "session_not_found");
     }
 }

@@ -49,6 +49,12 @@ enum Command {
         /// which are built on first use.
         #[arg(long, value_name = "NAME")]
         template: Option<String>,
+        /// Serve /metrics (no auth) on this address; without it /metrics is on --listen for admin keys only.
+        #[arg(long, value_name = "ADDR")]
+        metrics_listen: Option<std::net::SocketAddr>,
+        /// Execs at once (exec threads); default twice the cores. One key gets half of them unless its key says otherwise.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1024))]
+        exec_slots: Option<u64>,
     },
     /// API keys for the HTTP API.
     #[command(subcommand)]
@@ -86,7 +92,9 @@ enum Command {
 
 #[derive(Subcommand)]
 enum KeyCommand {
-    /// Create an API key for a tenant (only its hash is stored); prints the key. Limits default to unlimited.
+    /// Create an API key for a tenant (only its hash is stored); prints the key. Limits not given
+    /// take the documented defaults (20 requests/s, 100 sessions, 1024 MiB of checkpoints, the
+    /// server's share of its exec slots, 3600 CPU seconds per hour, 60 s timeouts); --unlimited: none.
     Create {
         #[arg(long, default_value = "default")]
         tenant: String,
@@ -96,9 +104,24 @@ enum KeyCommand {
         /// Sessions the tenant may have at once; over it: 403 quota_exceeded.
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
         max_sessions: Option<u64>,
-        /// Checkpoint disk of the tenant's sessions, MiB; over it execs and uploads get 403 quota_exceeded.
+        /// Checkpoint disk of the tenant's sessions, MiB; a checkpoint past it gets 403 quota_exceeded.
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
         max_disk_mb: Option<u64>,
+        /// Execs of this key running at once (a batch counts each); 0: every exec slot.
+        #[arg(long, value_name = "N")]
+        max_concurrency: Option<u64>,
+        /// Guest CPU seconds per hour (a continuously refilled bucket); once spent: 429 cpu_budget_exceeded.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+        cpu_seconds_per_hour: Option<u64>,
+        /// Largest timeout_seconds this key may ask for.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+        max_timeout_seconds: Option<u64>,
+        /// No limits at all (only those given explicitly).
+        #[arg(long)]
+        unlimited: bool,
+        /// An admin key: may read /metrics.
+        #[arg(long)]
+        admin: bool,
     },
 }
 
@@ -156,10 +179,28 @@ fn main() -> ExitCode {
     raise_fd_limit();
     let home = cli.home.clone().unwrap_or_else(forkbox_image::default_home);
     let result = match cli.command {
-        Command::Serve { listen, image, template } => serve(&home, listen, image, template),
-        Command::Key(KeyCommand::Create { tenant, rate_limit, max_sessions, max_disk_mb }) => {
-            let limits = forkbox_server::KeyLimits { rate_limit, max_sessions, max_disk_mb };
-            forkbox_server::create_key_with(&home, &tenant, &limits).map(|k| {
+        Command::Serve { listen, image, template, metrics_listen, exec_slots } => serve(&home, listen, image, template, metrics_listen, exec_slots),
+        Command::Key(KeyCommand::Create {
+            tenant,
+            rate_limit,
+            max_sessions,
+            max_disk_mb,
+            max_concurrency,
+            cpu_seconds_per_hour,
+            max_timeout_seconds,
+            unlimited,
+            admin,
+        }) => {
+            let base = if unlimited { forkbox_server::KeyLimits::unlimited() } else { forkbox_server::KeyLimits::defaults() };
+            let limits = forkbox_server::KeyLimits {
+                rate_limit: rate_limit.or(base.rate_limit),
+                max_sessions: max_sessions.or(base.max_sessions),
+                max_disk_mb: max_disk_mb.or(base.max_disk_mb),
+                max_concurrency: max_concurrency.or(base.max_concurrency),
+                cpu_seconds_per_hour: cpu_seconds_per_hour.or(base.cpu_seconds_per_hour),
+                max_timeout_seconds: max_timeout_seconds.or(base.max_timeout_seconds),
+            };
+            forkbox_server::create_key_full(&home, &tenant, &limits, admin).map(|k| {
                 println!("{k}");
                 ExitCode::SUCCESS
             })
@@ -213,10 +254,19 @@ fn syscalls(markdown: bool) {
     }
 }
 
-fn serve(home: &std::path::Path, listen: std::net::SocketAddr, image: Option<PathBuf>, template: Option<String>) -> anyhow::Result<ExitCode> {
+fn serve(
+    home: &std::path::Path,
+    listen: std::net::SocketAddr,
+    image: Option<PathBuf>,
+    template: Option<String>,
+    metrics_listen: Option<std::net::SocketAddr>,
+    exec_slots: Option<u64>,
+) -> anyhow::Result<ExitCode> {
     let mut cfg = forkbox_server::ServerConfig::new(listen, home.to_path_buf());
     cfg.image = image;
     cfg.template = template;
+    cfg.metrics_listen = metrics_listen;
+    cfg.max_concurrency = exec_slots.map_or(0, |n| n as usize);
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(forkbox_server::serve(cfg))?;
     Ok(ExitCode::SUCCESS)
 }

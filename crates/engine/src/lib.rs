@@ -11,6 +11,7 @@
 pub mod catalog;
 pub mod error;
 pub mod files;
+mod fsstore;
 pub mod interrupt;
 pub mod limits;
 pub mod protocol;
@@ -34,7 +35,8 @@ pub use files::{FileEntry, OutputFile};
 pub use interrupt::Interrupter;
 pub use sandbox::{ExecOptions, ExecResult, RunStats, Sandbox, Stream};
 pub use catalog::{Catalog, CatalogError, Loaded, DEFAULT_TEMPLATE};
-pub use template::{Template, TemplateInfo};
+pub use template::{CheckpointStats, Template, TemplateInfo};
+pub use forkbox_vmm::thread_cpu_seconds;
 
 /// The agent program, baked into every image.
 pub const AGENT_SOURCE: &[u8] = include_bytes!("../../../guest/agent/agent.py");

@@ -23,6 +23,20 @@ pub fn unframe(buf: &[u8]) -> Result<(serde_json::Value, usize), EngineError> {
     Ok((v, 4 + n))
 }
 
+/// Cut `s` to at most `max` bytes (on a character boundary), with a marker.
+pub fn truncate_text(s: &mut String, max: usize, what: &str) {
+    if s.len() <= max {
+        return;
+    }
+    let total = s.len();
+    let mut end = max;
+    while end > 0 && !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s.truncate(end);
+    s.push_str(&format!("... [forkbox: {what} truncated, {total} bytes]"));
+}
+
 #[derive(Serialize)]
 pub struct ExecRequest<'a> {
     pub op: &'static str,
@@ -131,5 +145,15 @@ mod tests {
         let mut bad = 3u32.to_le_bytes().to_vec();
         bad.extend_from_slice(b"{{{");
         assert!(unframe(&bad).is_err());
+    }
+
+    #[test]
+    fn truncate_text_cuts_on_a_char_boundary() {
+        let mut s = "aé".repeat(10);
+        truncate_text(&mut s, 4, "value");
+        assert!(s.starts_with("aéa") && s.contains("truncated, 30 bytes"), "{s}");
+        let mut t = String::from("short");
+        truncate_text(&mut t, 10, "value");
+        assert_eq!(t, "short");
     }
 }

@@ -143,6 +143,8 @@ pub struct Sandbox {
     /// What blocked fd waits wait on, by thread (for `wait::next_change`, a
     /// timerfd expiring; host-side: after a resume a re-run fills it again).
     wait_on: std::collections::HashMap<forkbox_linux::thread::Tid, wait::WaitOn>,
+    /// The file bytes the latest checkpoint stored (for the next one's diff).
+    pub(crate) stored: crate::fsstore::StoredFiles,
 }
 
 impl Drop for Sandbox {
@@ -199,6 +201,7 @@ impl Sandbox {
             in_stub: true,
             woken: None,
             wait_on: Default::default(),
+            stored: Default::default(),
         };
         // Booting python + numpy takes far longer than one exec here: allow a generous deadline.
         let deadline = Instant::now() + sb.limits.timeout.max(Duration::from_secs(120));
@@ -253,6 +256,7 @@ impl Sandbox {
             in_stub: true,
             woken: None,
             wait_on: Default::default(),
+            stored: Default::default(),
         })
     }
 
@@ -334,6 +338,8 @@ impl Sandbox {
         self.reseed_pending = false;
         self.io.send_to_agent(protocol::frame(&req));
         self.io.agent_out.clear();
+        self.io.agent_overflow = false;
+        self.io.stream_marked = [false; 2];
         let vdso = self.vdso;
         crate::vdso::refresh(self.vm(), vdso)?;
         let deadline = Instant::now() + self.limits.timeout;
@@ -357,8 +363,18 @@ impl Sandbox {
         if let Some(p) = reply.get("protocol_error") {
             return Err(EngineError::Protocol(p.to_string()));
         }
-        let reply: ExecReply =
+        let mut reply: ExecReply =
             serde_json::from_value(reply).map_err(|e| EngineError::Protocol(format!("bad exec reply: {e}")))?;
+        // The agent cuts these to the limit, but it runs in the guest: cut them here too.
+        let cap = self.limits.output_bytes;
+        if let Some(v) = reply.value.as_mut() {
+            protocol::truncate_text(v, cap, "value repr");
+        }
+        if let Some(e) = reply.error.as_mut() {
+            protocol::truncate_text(&mut e.kind, 256, "exception type");
+            protocol::truncate_text(&mut e.message, cap, "exception message");
+            protocol::truncate_text(&mut e.traceback, cap, "traceback");
+        }
         let outputs = self.outputs.collect(&self.proc.vfs);
         let mut shown = 0usize;
         let value_data = reply.value_data.map(|b| protocol::check_bundle(b, &mut shown)).filter(|b| !b.is_empty());
@@ -443,6 +459,7 @@ impl Sandbox {
         if let Some(regs) = resume {
             let stop = self.syscall(regs)?;
             self.flush_stream(sink);
+            self.check_agent_overflow()?;
             if let Some(stop) = stop {
                 return Ok(stop);
             }
@@ -467,6 +484,7 @@ impl Sandbox {
                 VmExit::Syscall(regs) => {
                     let stop = self.syscall(regs)?;
                     self.flush_stream(sink);
+                    self.check_agent_overflow()?;
                     if let Some(stop) = stop {
                         return Ok(stop);
                     }
@@ -495,6 +513,28 @@ impl Sandbox {
                 }
                 VmExit::Unexpected(why) => return Err(EngineError::GuestCrashed(why)),
             }
+        }
+    }
+
+    /// The guest wrote past the agent channel's cap: end the exec (nothing past
+    /// the cap was buffered).
+    fn check_agent_overflow(&mut self) -> Result<(), EngineError> {
+        if !self.io.agent_overflow {
+            return Ok(());
+        }
+        self.io.agent_out = Vec::new();
+        Err(EngineError::Protocol(format!(
+            "the guest wrote more than {} bytes to the agent channel in one reply",
+            self.io.agent_out_limit
+        )))
+    }
+
+    /// The guest ends by signal `sig`. A handler re-raising the fault it got
+    /// (faulthandler does) is that crash, reported with the fault's address.
+    fn signaled(&self, sig: i32) -> EngineError {
+        match self.sig.fault.as_ref().filter(|(s, _)| *s == sig) {
+            Some((_, fault)) => self.with_stderr(EngineError::GuestCrashed(signal::crash_report(fault))),
+            None => EngineError::GuestSignaled(sig),
         }
     }
 
@@ -689,7 +729,7 @@ impl Sandbox {
                 }
                 Some(Effect::Block(_)) => Some(w.on_timeout.map_err(Errno)),
                 Some(Effect::Exit(code)) => return Err(EngineError::GuestExited(code)),
-                Some(Effect::Signaled(sig)) => return Err(EngineError::GuestSignaled(sig)),
+                Some(Effect::Signaled(sig)) => return Err(self.signaled(sig)),
                 _ => Some(result),
             };
             if let Some(r) = outcome {
@@ -834,7 +874,7 @@ impl Sandbox {
                     signal::DefaultAction::Terminate if info.signo as usize == SIGINT && info.code == SI_KERNEL => {
                         return Err(EngineError::Interrupted("SIGINT has its default action (terminate)".into()))
                     }
-                    signal::DefaultAction::Terminate => return Err(EngineError::GuestSignaled(info.signo)),
+                    signal::DefaultAction::Terminate => return Err(self.signaled(info.signo)),
                 },
                 _ => {}
             }
@@ -897,14 +937,7 @@ impl Sandbox {
                 }
             }
             Some(Effect::Exit(code)) => return Err(EngineError::GuestExited(code)),
-            Some(Effect::Signaled(sig)) => {
-                // A handler re-raising the fault it got (faulthandler does) is that crash.
-                if let Some((_, fault)) = self.sig.fault.as_ref().filter(|(s, _)| *s == sig) {
-                    let e = EngineError::GuestCrashed(signal::crash_report(fault));
-                    return Err(self.with_stderr(e));
-                }
-                return Err(EngineError::GuestSignaled(sig));
-            }
+            Some(Effect::Signaled(sig)) => return Err(self.signaled(sig)),
             Some(Effect::SetFsBase(base)) => vm.set_fs_base(base)?,
             Some(Effect::SigReturn) => {
                 let u = signal::sigreturn(vm, &mut self.proc, regs.rsp)?;

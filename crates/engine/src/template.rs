@@ -8,8 +8,10 @@ use std::time::Instant;
 
 use forkbox_linux::layout::RAM_SIZE;
 use forkbox_linux::Process;
-use forkbox_snapshot::layer::{apply_layers, pages_of, write_layer, Layer, LayerStats};
-use forkbox_snapshot::{read_state, write_memory, write_state, CpuFingerprint, MemoryFile, Snapshot, StateError, FORMAT_VERSION};
+use forkbox_snapshot::layer::{apply_layers, pages_of, Layer, LayerPlan, LayerStats};
+use forkbox_snapshot::{
+    encode, read_state, write_encoded, write_memory, write_state, CpuFingerprint, MemoryFile, Snapshot, StateError, FORMAT_VERSION,
+};
 use forkbox_vmm::{GuestMemory, VcpuState, Vm};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -108,6 +110,7 @@ impl Template {
             process: proc.save_state(),
             memory,
             info: serde_json::to_string(&info).unwrap_or_default(),
+            files: Default::default(),
         };
         write_state(&dir.join("state"), &snapshot)?;
         drop(sb);
@@ -168,24 +171,61 @@ impl Template {
     }
 
     /// Write a checkpoint of a parked, tracked sandbox: the pages changed since
-    /// its previous checkpoint (or since the fork) as a layer, and its full state.
-    pub fn checkpoint(&self, engine: &Engine, sb: &mut Sandbox, layer: &Path, state: &Path) -> Result<LayerStats, EngineError> {
+    /// its previous checkpoint (or since the fork) as a layer at `layer`, the
+    /// file chunks changed since then as a pack (`state` with extension
+    /// `files`, only if any changed), and its state (registers, process state,
+    /// where every file's chunks are) at `state`.
+    ///
+    /// Everything is sized before anything is written: `admit` gets the total
+    /// bytes the checkpoint will take on disk and may refuse (a disk quota, a
+    /// full disk); nothing is written then. On any failure no file of the
+    /// checkpoint is left (temp files included). Nothing is buffered whole: the
+    /// layer and the pack stream from guest memory and the file bytes.
+    pub fn checkpoint<E: From<EngineError>>(
+        &self,
+        engine: &Engine,
+        sb: &mut Sandbox,
+        layer: &Path,
+        state: &Path,
+        admit: impl FnOnce(u64) -> Result<(), E>,
+    ) -> Result<CheckpointStats, E> {
+        let pack_path = state.with_extension("files");
+        let pack_name = pack_path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let stored = std::mem::take(&mut sb.stored);
         let (vm, proc) = sb.parked_parts_mut()?;
-        let mut bits = vm.dirty_log()?;
+        let mut bits = vm.dirty_log().map_err(EngineError::from)?;
         for (b, v) in bits.iter_mut().zip(vm.mem_mut().take_vmm_dirty()) {
             *b |= v;
         }
-        let stats = write_layer(layer, vm.mem(), self.pool.original(), &pages_of(&bits))?;
+        let pages = pages_of(&bits);
+        let plan = LayerPlan::new(vm.mem(), self.pool.original(), &pages).map_err(EngineError::from)?;
+        let mut process = proc.save_state();
+        let files = crate::fsstore::FilesPlan::new(&mut process, &stored, &pack_name);
         let snapshot = Snapshot {
             image_id: engine.image.id().to_string(),
             cpu: self.cpu.clone(),
-            vcpu: vm.save_vcpu()?.to_record(),
-            process: proc.save_state(),
+            vcpu: vm.save_vcpu().map_err(EngineError::from)?.to_record(),
+            process,
             memory: self.memory.stats.clone(),
             info: self.info.id.clone(),
+            files: files.table.clone(),
         };
-        write_state(state, &snapshot)?;
-        Ok(stats)
+        let encoded = encode(&snapshot);
+        drop(snapshot);
+        let total = plan.bytes().saturating_add(files.pack_bytes()).saturating_add(encoded.len() as u64);
+        // (Refused: the caller drops the sandbox; `stored` is simply forgotten.)
+        admit(total)?;
+        let cleanup = |e: StateError| {
+            for p in [layer, pack_path.as_path(), state] {
+                let _ = std::fs::remove_file(p);
+            }
+            E::from(EngineError::from(e))
+        };
+        let layer_stats = plan.write(layer).map_err(cleanup)?;
+        let pack_bytes = files.write_pack(&pack_path).map_err(cleanup)?;
+        write_encoded(state, &encoded).map_err(cleanup)?;
+        sb.stored = files.into_stored();
+        Ok(CheckpointStats { layer: layer_stats, pack_bytes, state_bytes: encoded.len() as u64 })
     }
 
     /// Bring a checkpoint back: the template's memory with `layers` (newest
@@ -201,33 +241,38 @@ impl Template {
         reseed: bool,
     ) -> Result<Sandbox, EngineError> {
         let t0 = Instant::now();
-        let snapshot = read_state(state).map_err(|e| match e {
-            StateError::Corrupt(why) => StateError::Corrupt(format!("{}: {why}", state.display())),
+        let shown = forkbox_snapshot::state::shown(state);
+        let mut snapshot = read_state(state).map_err(|e| match e {
+            StateError::Corrupt(why) => StateError::Corrupt(format!("{shown}: {why}")),
             e => e,
         })?;
         let t_state = t0.elapsed();
         // First: a checkpoint from another CPU is also from another template,
         // but this is the reason to tell.
         if let Some(diff) = snapshot.cpu.differences(&self.cpu) {
-            return Err(StateError::CpuMismatch(format!("checkpoint {}: {diff}", state.display())).into());
+            return Err(StateError::CpuMismatch(format!("checkpoint {shown}: {diff}")).into());
         }
         let vcpu = VcpuState::from_record(&snapshot.vcpu)
-            .map_err(|e| StateError::Corrupt(format!("{}: vCPU state: {e}", state.display())))?;
+            .map_err(|e| StateError::Corrupt(format!("{shown}: vCPU state: {e}")))?;
         if snapshot.image_id != engine.image.id() || snapshot.info != self.info.id || snapshot.memory != self.memory.stats {
-            return Err(StateError::Corrupt(format!("checkpoint {} is not from template {}", state.display(), self.info.id)).into());
+            return Err(StateError::Corrupt(format!("checkpoint {shown} is not from template {}", self.info.id)).into());
         }
         let mut vm = self.tracked_vm(engine)?;
         let t_vm = t0.elapsed();
         let pages = apply_layers(vm.mem_mut(), self.pool.original(), layers)?;
         let t_pages = t0.elapsed();
         vm.restore_vcpu(&vcpu)?;
+        let dir = state.parent().unwrap_or(Path::new("."));
+        let stored = crate::fsstore::load(&mut snapshot.process, &snapshot.files, dir)?;
         let process = Process::restore_state(engine.image.clone(), snapshot.process)
             .map_err(|e| StateError::Corrupt(e.to_string()))?;
         // The page tables are a function of the memory map: make sure they
         // say exactly what it says (only differences are written).
         process.mm.sync_all_page_tables(vm.mem_mut())?;
         tracing::debug!(?t_state, ?t_vm, ?t_pages, total = ?t0.elapsed(), pages, "resumed a checkpoint");
-        Sandbox::resumed(vm, process, limits, engine.vdso.is_some(), self.info.agent.clone(), None, reseed)
+        let mut sb = Sandbox::resumed(vm, process, limits, engine.vdso.is_some(), self.info.agent.clone(), None, reseed)?;
+        sb.stored = stored;
+        Ok(sb)
     }
 
     /// Fork/recycling counters.
@@ -275,7 +320,23 @@ pub fn list(home: &Path) -> Vec<(PathBuf, Result<TemplateInfo, String>)> {
 }
 
 fn io_err(what: &'static str, path: &Path, source: std::io::Error) -> EngineError {
-    EngineError::Snapshot(StateError::Io { what, path: path.display().to_string(), source })
+    EngineError::Snapshot(StateError::io(what, path, source))
+}
+
+/// What a checkpoint wrote.
+#[derive(Clone, Debug)]
+pub struct CheckpointStats {
+    pub layer: LayerStats,
+    /// The pack of changed file chunks (0: none was written).
+    pub pack_bytes: u64,
+    pub state_bytes: u64,
+}
+
+impl CheckpointStats {
+    /// Bytes on disk of the whole checkpoint.
+    pub fn bytes(&self) -> u64 {
+        self.layer.bytes + self.pack_bytes + self.state_bytes
+    }
 }
 
 /// Engine-level conveniences over templates.

@@ -148,14 +148,33 @@ fn a_streamed_exec_restores_block_buffering_for_the_next_one() {
 }
 
 #[test]
-fn streamed_output_past_the_capture_limit_still_streams() {
+fn streamed_output_stops_at_the_output_limit_with_a_marker() {
     let mut sb = fork_with(Limits { output_bytes: 100, ..Limits::default() });
-    let mut streamed = 0usize;
-    let mut sink = |_: Stream, d: &[u8]| streamed += d.len();
+    let mut streamed = Vec::new();
+    let mut sink = |_: Stream, d: &[u8]| streamed.extend_from_slice(d);
     let r = sb.exec_with("for i in range(100): print('x' * 9)", ExecOptions { on_output: Some(&mut sink), interrupt: None }).unwrap();
-    assert_eq!(streamed, 1000);
+    let marker = forkbox_linux::io::STREAM_TRUNCATED;
+    assert_eq!(streamed.len(), 100 + marker.len(), "{}", String::from_utf8_lossy(&streamed));
+    assert_eq!(&streamed[..100], "xxxxxxxxx\n".repeat(10).as_bytes());
+    assert!(streamed.ends_with(marker));
     assert!(r.stdout.starts_with(&"xxxxxxxxx\n".repeat(10)));
     assert!(r.stdout.contains("output truncated, 900 more bytes dropped"), "{}", r.stdout);
+}
+
+#[test]
+fn a_forged_reply_from_user_code_is_cut_to_the_limits() {
+    // User code can write its own reply frame to fd 3 and then hang in the agent's read:
+    // the host still cuts the value to the output limit.
+    let mut sb = fork_with(Limits { output_bytes: 1000, ..Limits::default() });
+    let code = "import os, json\nbody = json.dumps({'value': 'v' * 50000, 'error': None, 'runtime_ms': 1.0}).encode()\n\
+                os.write(3, len(body).to_bytes(4, 'little') + body)\nos.read(3, 4)";
+    match sb.exec(code) {
+        Ok(r) => {
+            let v = r.value.unwrap_or_default();
+            assert!(v.len() < 1100, "value of {} bytes", v.len());
+        }
+        Err(e) => assert_eq!(e.code(), "protocol_error", "{e}"),
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -546,4 +565,30 @@ seen
     // The agent has SIGINT back: the next interrupt raises KeyboardInterrupt.
     let (r, _, _) = exec_interrupted(&mut sb, "while True: pass", Duration::from_millis(200));
     assert_eq!(r.expect("result").error.map(|e| e.kind).as_deref(), Some("KeyboardInterrupt"));
+}
+
+#[test]
+fn hard_links_and_names_are_charged_to_the_disk_quota() {
+    // The issue's attack: 200,000 hard links of one file cost nothing. Now
+    // each name costs quota, so a 4 MiB quota stops them early with ENOSPC.
+    let quota = 4u64 << 20;
+    let mut sb = fork_with(Limits { disk_bytes: quota, ..Limits::default() });
+    let code = "import os, errno\nos.makedirs('/tmp/l')\nopen('/tmp/l/f', 'w').write('x')\nn, err = 0, None\n\
+                try:\n    for n in range(200000):\n        os.link('/tmp/l/f', '/tmp/l/%d' % n)\n    n = 200000\n\
+                except OSError as e:\n    err = e.errno\n(n, err)";
+    let r = ok(&mut sb, code);
+    let v = r.value.unwrap();
+    let (n, err) = v.trim_matches(|c| c == '(' || c == ')').split_once(", ").unwrap();
+    let n: u64 = n.parse().unwrap();
+    assert_eq!(err, "28", "links stopped by ENOSPC: {v}");
+    assert!(n < 200_000, "{n} links made under a {quota}-byte quota");
+    // Each link was charged at least its entry cost.
+    assert!(n * forkbox_linux::vfs::ENTRY_COST <= quota, "{n} links");
+    assert!(n * (forkbox_linux::vfs::ENTRY_COST + 6) >= quota / 2, "only {n} links before ENOSPC");
+    // Symlinks and new names are charged too; deleting gives the quota back.
+    let r = ok(&mut sb, "try:\n    os.symlink('/tmp/l/f', '/tmp/l/s' + 'y' * 200)\n    r = 'made'\nexcept OSError as e:\n    r = e.errno\nr");
+    assert_eq!(r.value.as_deref(), Some("28"));
+    ok(&mut sb, "import shutil\nshutil.rmtree('/tmp/l')");
+    let r = ok(&mut sb, "os.symlink('/x', '/tmp/s')\nos.readlink('/tmp/s')");
+    assert_eq!(r.value.as_deref(), Some("'/x'"));
 }

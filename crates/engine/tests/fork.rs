@@ -1193,7 +1193,7 @@ fn another_cpu_rebuilds_the_template_and_refuses_its_checkpoints() {
     let (layer, state) = (tmp.path().join("layer"), tmp.path().join("state"));
     let mut sb = host.fork_tracked(engine(), Limits::default()).unwrap();
     ok(&mut sb, "x = 41");
-    host.checkpoint(engine(), &mut sb, &layer, &state).unwrap();
+    host.checkpoint(engine(), &mut sb, &layer, &state, |_| Ok::<(), EngineError>(())).unwrap();
     drop(sb);
     assert_eq!(read_state(&state).unwrap().cpu, *host.cpu());
     assert_eq!(*host.cpu(), CpuFingerprint::of(&engine().cpu));

@@ -493,7 +493,7 @@ fn a_background_thread_survives_checkpoint_resume_and_fork() {
     let before = count_after(&mut sb, 0.1);
     let layer = dir.path().join("layer");
     let state = dir.path().join("state");
-    s.template.checkpoint(&s.engine, &mut sb, &layer, &state).unwrap_or_else(|e| panic!("checkpoint: {e}"));
+    s.template.checkpoint(&s.engine, &mut sb, &layer, &state, |_| Ok::<(), forkbox_engine::EngineError>(())).unwrap_or_else(|e| panic!("checkpoint: {e}"));
     // Evicted: the sandbox goes away; resumed from disk twice (the session and a fork).
     drop(sb);
     let layers = vec![forkbox_snapshot::layer::Layer::read(&layer).unwrap_or_else(|e| panic!("layer: {e}"))];

@@ -29,11 +29,13 @@ impl Capture {
         Capture { data: Vec::new(), limit, dropped: 0 }
     }
 
-    pub fn push(&mut self, bytes: &[u8]) {
+    /// Keep what fits under the limit; returns how many bytes of `bytes` were kept.
+    pub fn push(&mut self, bytes: &[u8]) -> usize {
         let room = self.limit.saturating_sub(self.data.len());
         let keep = room.min(bytes.len());
         self.data.extend_from_slice(&bytes[..keep]);
-        self.dropped += (bytes.len() - keep) as u64;
+        self.dropped = self.dropped.saturating_add((bytes.len() - keep) as u64);
+        keep
     }
 
     /// Take the captured text, with a marker if output was dropped.
@@ -56,8 +58,14 @@ pub struct Io {
     /// Bytes of the current request not yet read by the agent.
     pub agent_in: Vec<u8>,
     pub agent_in_pos: usize,
-    /// What the agent wrote (its replies).
+    /// What the agent wrote (its replies), at most `agent_out_limit` bytes.
     pub agent_out: Vec<u8>,
+    /// Cap on `agent_out` (a reply frame is bounded by the output limits; see
+    /// `agent_frame_limit`). A write past it is refused and `agent_overflow` set.
+    pub agent_out_limit: usize,
+    /// The guest wrote more to the agent channel than `agent_out_limit`: the
+    /// run loop ends the exec with a protocol error.
+    pub agent_overflow: bool,
     pub stdout: Capture,
     pub stderr: Capture,
     pub deadline: Option<Instant>,
@@ -68,14 +76,46 @@ pub struct Io {
     /// captures, whose limits still apply), for the run loop to hand on.
     pub streaming: bool,
     /// Writes not yet handed on (drained by the run loop after each syscall).
+    /// Only what the captures kept is streamed (the output limit applies to
+    /// streams exactly as to results), then one truncation marker per stream.
     pub streamed: Vec<(Stream, Vec<u8>)>,
+    /// A truncation marker was streamed for (stdout, stderr) in this exec.
+    pub stream_marked: [bool; 2],
     /// Interrupts host-side waits (sleep, poll, select) of the current exec.
     pub interrupt: Option<Arc<InterruptLatch>>,
 }
 
+/// The marker streamed once a stream's output goes past the output limit
+/// (the result's text ends with a marker that also counts the dropped bytes).
+pub const STREAM_TRUNCATED: &[u8] = b"\n[forkbox: output truncated at the output limit; further output dropped]\n";
+
+/// The largest reply frame the agent may write for `output_limit`: the value
+/// repr, the exception message and the traceback are each cut to the output
+/// limit (in characters) by the agent and by the host, and JSON can spell one
+/// character in up to 6 bytes (`\u0000`), plus room for the framing.
+pub fn agent_frame_limit(output_limit: usize) -> usize {
+    output_limit.max(1 << 16).saturating_mul(3 * 6).saturating_add(1 << 16)
+}
+
 impl Io {
     pub fn new(output_limit: usize) -> Io {
-        Io { stdout: Capture::new(output_limit), stderr: Capture::new(output_limit), ..Default::default() }
+        Io {
+            stdout: Capture::new(output_limit),
+            stderr: Capture::new(output_limit),
+            agent_out_limit: agent_frame_limit(output_limit),
+            ..Default::default()
+        }
+    }
+
+    /// A guest write to the agent channel: kept if the reply stays under its
+    /// cap, else refused (nothing is buffered past the cap).
+    pub fn agent_write(&mut self, data: &[u8]) -> bool {
+        if self.agent_overflow || self.agent_out.len().saturating_add(data.len()) > self.agent_out_limit {
+            self.agent_overflow = true;
+            return false;
+        }
+        self.agent_out.extend_from_slice(data);
+        true
     }
 
     pub fn agent_pending(&self) -> usize {
@@ -84,12 +124,19 @@ impl Io {
 
     /// Record a guest write to stdout or stderr.
     pub fn output(&mut self, stream: Stream, data: &[u8]) {
-        match stream {
-            Stream::Stdout => self.stdout.push(data),
-            Stream::Stderr => self.stderr.push(data),
+        let (kept, i) = match stream {
+            Stream::Stdout => (self.stdout.push(data), 0),
+            Stream::Stderr => (self.stderr.push(data), 1),
+        };
+        if !self.streaming {
+            return;
         }
-        if self.streaming && !data.is_empty() {
-            self.streamed.push((stream, data.to_vec()));
+        if kept > 0 {
+            self.streamed.push((stream, data[..kept].to_vec()));
+        }
+        if kept < data.len() && !self.stream_marked[i] {
+            self.stream_marked[i] = true;
+            self.streamed.push((stream, STREAM_TRUNCATED.to_vec()));
         }
     }
 

@@ -41,6 +41,14 @@ impl RuntimeError {
         }
     }
 
+    /// For a session exec whose checkpoint was refused by the disk quota: the exec's result.
+    pub fn exec_result(&self) -> Option<&forkbox_engine::ExecResult> {
+        match self {
+            RuntimeError::Session(SessionError::QuotaExceeded { result, .. }) => result.as_deref(),
+            _ => None,
+        }
+    }
+
     /// For a failed session exec: the checkpoint seq the session was rolled back to (None: its initial state).
     pub fn rolled_back_to(&self) -> Option<Option<i64>> {
         match self {

@@ -88,6 +88,14 @@ pub(crate) fn with_output<R>(output: &mut Option<Box<dyn Output>>, run: impl FnO
     r
 }
 
+/// All the items of a batch together capture at most this many times the output limit.
+pub const BATCH_OUTPUT_FACTOR: usize = 4;
+
+/// Output limit of each of `n` items of a batch (at least 4 KiB, at most `per_exec`).
+pub fn batch_output_limit(per_exec: usize, n: usize) -> usize {
+    (per_exec.saturating_mul(BATCH_OUTPUT_FACTOR) / n.max(1)).clamp(4096.min(per_exec), per_exec)
+}
+
 /// A validated one-shot exec (see [`Runtime::oneshot`]).
 #[derive(Clone, Debug)]
 pub struct OneShotRequest {
@@ -193,12 +201,15 @@ impl Runtime {
         }
         let timeout = self.timeout(timeout_seconds)?;
         let template = self.template(template)?;
+        // The whole batch is bounded: its items share BATCH_OUTPUT_FACTOR x the output limit.
+        let output_bytes = batch_output_limit(self.config.limits.output_bytes, n);
         Ok(codes
             .into_iter()
             .map(|code| {
                 let mut limits = self.config.limits.clone();
                 limits.timeout = timeout;
                 limits.code_bytes = self.config.code_limit;
+                limits.output_bytes = output_bytes;
                 OneShotRequest { code, limits, template: template.clone() }
             })
             .collect())
@@ -210,15 +221,17 @@ impl Runtime {
         n.clamp(1, (self.concurrency / 2).max(1))
     }
 
-    /// Each exec in its own fork, on [`Self::batch_parallelism`] exec threads;
+    /// Each exec in its own fork, on `parallel` exec threads (at most
+    /// [`Self::batch_parallelism`]; the caller holds that many slots);
     /// `results[i]` is the result of `reqs[i]`. `hold` is dropped once all are done.
     pub async fn exec_batch(
         self: &Arc<Self>,
         reqs: Vec<OneShotRequest>,
+        parallel: usize,
         hold: impl Send + Sync + 'static,
     ) -> Vec<Result<ExecResult, RuntimeError>> {
         let n = reqs.len();
-        let parallel = self.batch_parallelism(n);
+        let parallel = parallel.clamp(1, self.batch_parallelism(n));
         let reqs = Arc::new(reqs);
         let next = Arc::new(AtomicUsize::new(0));
         let results: Arc<Vec<Mutex<Option<Result<ExecResult, RuntimeError>>>>> =

@@ -49,6 +49,7 @@ pub use forkbox_engine::catalog::Listing as TemplateListing;
 pub use forkbox_engine::{ExecResult, FileEntry, Limits, MimeBundle, OutputFile, PyError, Stream, TemplateInfo};
 pub use forkbox_sessions::manager::{Config as SessionsConfig, ExecOutcome};
 pub use session::{CheckpointView, ForkedFrom, Quota, SessionView};
+pub use workers::{job_cpu_seconds, thread_cpu_seconds};
 
 /// What a runtime allows and how it runs.
 #[derive(Clone, Debug)]
@@ -214,6 +215,11 @@ impl Runtime {
 
     pub fn home(&self) -> &Path {
         &self.home
+    }
+
+    /// The default template's image file (a host path: never put it in an API error).
+    pub fn image_path(&self) -> Option<&Path> {
+        Some(self.default.engine.image_path.as_path())
     }
 
     pub fn config(&self) -> &RuntimeConfig {

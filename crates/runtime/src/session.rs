@@ -17,8 +17,10 @@ use crate::{Runtime, RuntimeError};
 pub struct Quota {
     /// Sessions the tenant may have at once.
     pub max_sessions: Option<u64>,
-    /// Checkpoint bytes on disk of the tenant's sessions, in MiB; execs and
-    /// uploads are refused once it is over.
+    /// Checkpoint bytes on disk of the tenant's sessions, in MiB: each
+    /// checkpoint is charged against it before it is written (one that would
+    /// pass it is refused, the session stays at its previous checkpoint), and
+    /// execs and uploads are refused once it is over.
     pub max_disk_mb: Option<u64>,
 }
 
@@ -216,6 +218,8 @@ impl Runtime {
 
     /// Refuse an exec or upload once the tenant's checkpoints are over `quota.max_disk_mb`.
     pub fn check_disk(&self, tenant: &str, quota: &Quota) -> Result<(), RuntimeError> {
+        // The sessions charge every checkpoint against it before writing.
+        self.sessions.set_disk_quota(tenant, quota.max_disk_mb.map(|mb| mb.saturating_mul(1 << 20)));
         let Some(max_mb) = quota.max_disk_mb else { return Ok(()) };
         let used = self.sessions.disk_bytes(tenant)?;
         if used >= max_mb.saturating_mul(1 << 20) {

@@ -12,6 +12,20 @@ use crate::error::RuntimeError;
 
 type Job = Box<dyn FnOnce() + Send>;
 
+thread_local! {
+    /// CPU time of this exec thread when its current job started.
+    static JOB_START: std::cell::Cell<Option<f64>> = const { std::cell::Cell::new(None) };
+}
+
+pub use forkbox_engine::thread_cpu_seconds;
+
+/// CPU seconds the current exec job has used so far (0 off the exec threads):
+/// what a front end charges to a caller's CPU budget when the job's `hold` is
+/// dropped (at the end of the job, on its thread).
+pub fn job_cpu_seconds() -> f64 {
+    JOB_START.with(|s| s.get()).map_or(0.0, |t0| (thread_cpu_seconds() - t0).max(0.0))
+}
+
 pub(crate) struct ExecWorkers {
     tx: Sender<Job>,
 }
@@ -51,6 +65,7 @@ fn work(rx: &Mutex<Receiver<Job>>) {
             Err(poisoned) => poisoned.into_inner().recv(),
         };
         let Ok(job) = job else { return };
+        JOB_START.with(|s| s.set(Some(thread_cpu_seconds())));
         // A panicking job drops its reply channel (the caller gets `WorkerGone`); the thread goes on.
         if std::panic::catch_unwind(AssertUnwindSafe(job)).is_err() {
             tracing::error!("an exec job panicked");

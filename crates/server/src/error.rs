@@ -6,6 +6,12 @@
 //! `overloaded`; 429 and 503 come with `Retry-After`.
 //!
 //! A Python exception is NOT an error: it is a 200 result with `error` set and `exit_code: 1`.
+//!
+//! `quota_exceeded` of a session exec (its checkpoint would pass the tenant's
+//! disk quota) carries the exec's `result`: it ran, the session stays at its
+//! previous checkpoint. No message carries a host path: the data directory and
+//! the image path are replaced in every error sent (the server's log has the
+//! full text).
 
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -22,6 +28,29 @@ pub struct ApiError {
     pub checkpoint: Option<Option<i64>>,
     /// Seconds for `Retry-After` (429 and 503; 1 if unset).
     pub retry_after: Option<u64>,
+    /// `quota_exceeded` of a session exec: the exec's result (an `ExecResponse`).
+    pub result: Option<serde_json::Value>,
+}
+
+/// Host paths never sent to clients (the data directory, the image), set once by the server.
+static HIDDEN_PATHS: std::sync::OnceLock<Vec<(String, &'static str)>> = std::sync::OnceLock::new();
+
+/// Hide `path` (and everything under it) as `shown` in error messages.
+pub fn hide_paths(paths: Vec<(String, &'static str)>) {
+    let _ = HIDDEN_PATHS.set(paths.into_iter().filter(|(p, _)| p.len() > 1).collect());
+}
+
+/// `message` without host paths.
+pub fn scrub(message: &str) -> String {
+    let mut m = message.to_string();
+    if let Some(paths) = HIDDEN_PATHS.get() {
+        for (p, shown) in paths {
+            if m.contains(p.as_str()) {
+                m = m.replace(p.as_str(), shown);
+            }
+        }
+    }
+    m
 }
 
 /// The body of every error response.
@@ -38,11 +67,15 @@ pub struct ErrorDetail {
     /// For a failed session exec: the checkpoint the session was rolled back to (null: its initial state).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<Option<i64>>,
+    /// For `quota_exceeded` of a session exec: the exec's result (same shape as a successful exec's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub result: Option<serde_json::Value>,
 }
 
 impl ApiError {
     pub fn new(code: ErrorCode, message: impl Into<String>) -> ApiError {
-        ApiError { code, message: message.into(), checkpoint: None, retry_after: None }
+        ApiError { code, message: message.into(), checkpoint: None, retry_after: None, result: None }
     }
     pub fn invalid(message: impl Into<String>) -> ApiError {
         ApiError::new(ErrorCode::InvalidRequest, message)
@@ -62,13 +95,17 @@ impl ApiError {
     }
     /// The `error` object of the response body.
     pub fn detail(&self) -> ErrorDetail {
-        ErrorDetail { code: self.code, message: self.message.clone(), checkpoint: self.checkpoint }
+        ErrorDetail { code: self.code, message: scrub(&self.message), checkpoint: self.checkpoint, result: self.result.clone() }
     }
 }
 
 impl From<RuntimeError> for ApiError {
     fn from(e: RuntimeError) -> ApiError {
-        ApiError { code: e.code(), checkpoint: e.rolled_back_to(), message: e.to_string(), retry_after: None }
+        let result = e.exec_result().and_then(|r| serde_json::to_value(crate::schema::ExecResponse::of(r)).ok());
+        if e.code().is_server_error() {
+            tracing::warn!("{}: {e}", e.code());
+        }
+        ApiError { code: e.code(), checkpoint: e.rolled_back_to(), message: e.to_string(), retry_after: None, result }
     }
 }
 

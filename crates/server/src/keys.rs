@@ -1,6 +1,8 @@
 //! API keys: `fbk_` + 32 random hex bytes, given to the user once; only the
-//! SHA-256 of a key is stored (`<home>/server/keys.db`, SQLite), with its tenant
-//! and its limits (requests/s, sessions, disk; NULL = unlimited).
+//! SHA-256 of a key is stored (`<home>/server/keys.db`, SQLite), with its tenant,
+//! its limits (requests/s, sessions, disk, concurrent execs, CPU seconds per
+//! hour, longest timeout; NULL = unlimited, see [`KeyLimits`]) and whether it
+//! is an admin key (may read `/metrics`).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -10,14 +12,22 @@ use anyhow::Context;
 use rusqlite::{params, Connection, OptionalExtension};
 use sha2::{Digest, Sha256};
 
-use crate::quota::{KeyLimits, RateLimiter};
+use crate::quota::{CpuBudget, KeyLimits, RateLimiter};
 
 pub fn keys_path(home: &Path) -> PathBuf {
     home.join("server").join("keys.db")
 }
 
 /// Columns added after the first release, added in place to older keys.db files.
-const LIMIT_COLUMNS: &[(&str, &str)] = &[("rate_limit", "INTEGER"), ("max_sessions", "INTEGER"), ("max_disk_mb", "INTEGER")];
+const LIMIT_COLUMNS: &[(&str, &str)] = &[
+    ("rate_limit", "INTEGER"),
+    ("max_sessions", "INTEGER"),
+    ("max_disk_mb", "INTEGER"),
+    ("max_concurrency", "INTEGER"),
+    ("cpu_seconds_per_hour", "INTEGER"),
+    ("max_timeout_seconds", "INTEGER"),
+    ("admin", "INTEGER NOT NULL DEFAULT 0"),
+];
 
 fn open_db(home: &Path) -> anyhow::Result<Connection> {
     let path = keys_path(home);
@@ -71,33 +81,50 @@ fn valid_tenant(tenant: &str) -> bool {
     !tenant.is_empty() && tenant.len() <= 64 && tenant.bytes().all(|c| c.is_ascii_alphanumeric() || b"-_.".contains(&c))
 }
 
-/// Create an unlimited API key for `tenant` (letters, digits, `-_.`; at most 64) and return it.
+/// Create an API key for `tenant` (letters, digits, `-_.`; at most 64) with
+/// the default limits ([`KeyLimits::defaults`]) and return it.
 /// The key itself is not stored: show it to the user now. Safe while a server runs.
 pub fn create_key(home: &Path, tenant: &str) -> anyhow::Result<String> {
-    create_key_with(home, tenant, &KeyLimits::default())
+    create_key_with(home, tenant, &KeyLimits::defaults())
 }
 
 /// [`create_key`] with per-key limits.
 pub fn create_key_with(home: &Path, tenant: &str, limits: &KeyLimits) -> anyhow::Result<String> {
+    create_key_full(home, tenant, limits, false)
+}
+
+/// [`create_key_with`], as an admin key or not (admin keys may read `/metrics`).
+pub fn create_key_full(home: &Path, tenant: &str, limits: &KeyLimits, admin: bool) -> anyhow::Result<String> {
     anyhow::ensure!(valid_tenant(tenant), "invalid tenant name {tenant:?} (letters, digits, '-', '_', '.'; at most 64)");
-    for (name, v) in
-        [("rate limit", limits.rate_limit), ("max sessions", limits.max_sessions), ("max disk MiB", limits.max_disk_mb)]
-    {
+    for (name, v) in [
+        ("rate limit", limits.rate_limit),
+        ("max sessions", limits.max_sessions),
+        ("max disk MiB", limits.max_disk_mb),
+        ("CPU seconds per hour", limits.cpu_seconds_per_hour),
+        ("max timeout seconds", limits.max_timeout_seconds),
+    ] {
         anyhow::ensure!(v.is_none_or(|v| v > 0 && v <= i64::MAX as u64), "{name} must be a positive number");
     }
+    anyhow::ensure!(limits.max_concurrency.is_none_or(|v| v <= 1 << 20), "max concurrency is too large");
     anyhow::ensure!(limits.rate_limit.is_none_or(|r| r <= u32::MAX as u64), "rate limit is too large");
     let key = format!("fbk_{}", random_hex(32)?);
     let conn = open_db(home)?;
     let as_i64 = |v: Option<u64>| v.map(|v| v as i64);
     conn.execute(
-        "INSERT INTO api_keys (hash, tenant, created_ms, rate_limit, max_sessions, max_disk_mb) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        "INSERT INTO api_keys (hash, tenant, created_ms, rate_limit, max_sessions, max_disk_mb, \
+         max_concurrency, cpu_seconds_per_hour, max_timeout_seconds, admin) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
         params![
             hash_key(&key),
             tenant,
             now_ms(),
             as_i64(limits.rate_limit),
             as_i64(limits.max_sessions),
-            as_i64(limits.max_disk_mb)
+            as_i64(limits.max_disk_mb),
+            as_i64(limits.max_concurrency),
+            as_i64(limits.cpu_seconds_per_hour),
+            as_i64(limits.max_timeout_seconds),
+            admin as i64
         ],
     )?;
     Ok(key)
@@ -115,6 +142,15 @@ pub struct KeyInfo {
     pub tenant: String,
     pub limits: KeyLimits,
     pub limiter: Option<RateLimiter>,
+    /// The key's CPU-seconds bucket (in memory, like the rate limiter).
+    pub cpu: Option<CpuBudget>,
+    /// Execs of this key running at once (see `KeyLimits::max_concurrency`),
+    /// created by the server on first use with its default share.
+    pub running: std::sync::OnceLock<Arc<tokio::sync::Semaphore>>,
+    /// Requests of this key waiting for its permits.
+    pub queued: std::sync::atomic::AtomicUsize,
+    /// May read `/metrics`.
+    pub admin: bool,
 }
 
 /// The server's view of the keys: looks up hashes (keys created while it runs work at once).
@@ -140,18 +176,36 @@ impl KeyStore {
             return Ok(Some(t.clone()));
         }
         let conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
-        type Row = (String, Option<i64>, Option<i64>, Option<i64>);
-        let row: Option<Row> = conn
+        type Limits = [Option<i64>; 6];
+        let row: Option<(String, Limits, bool)> = conn
             .query_row(
-                "SELECT tenant, rate_limit, max_sessions, max_disk_mb FROM api_keys WHERE hash = ?1",
+                "SELECT tenant, rate_limit, max_sessions, max_disk_mb, max_concurrency, cpu_seconds_per_hour, \
+                 max_timeout_seconds, admin FROM api_keys WHERE hash = ?1",
                 params![h],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+                |r| {
+                    Ok((r.get(0)?, [r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?], r.get::<_, i64>(7)? != 0))
+                },
             )
             .optional()?;
-        let Some((tenant, rate, sessions, disk)) = row else { return Ok(None) };
+        let Some((tenant, [rate, sessions, disk, conc, cpu, timeout], admin)) = row else { return Ok(None) };
         let positive = |v: Option<i64>| v.filter(|v| *v > 0).map(|v| v as u64);
-        let limits = KeyLimits { rate_limit: positive(rate), max_sessions: positive(sessions), max_disk_mb: positive(disk) };
-        let info = Arc::new(KeyInfo { tenant, limiter: limits.rate_limit.and_then(RateLimiter::per_second), limits });
+        let limits = KeyLimits {
+            rate_limit: positive(rate),
+            max_sessions: positive(sessions),
+            max_disk_mb: positive(disk),
+            max_concurrency: conc.filter(|v| *v >= 0).map(|v| v as u64),
+            cpu_seconds_per_hour: positive(cpu),
+            max_timeout_seconds: positive(timeout),
+        };
+        let info = Arc::new(KeyInfo {
+            tenant,
+            limiter: limits.rate_limit.and_then(RateLimiter::per_second),
+            cpu: limits.cpu_seconds_per_hour.map(CpuBudget::new),
+            running: std::sync::OnceLock::new(),
+            queued: Default::default(),
+            admin,
+            limits,
+        });
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         Ok(Some(cache.entry(h).or_insert(info).clone()))
     }

@@ -36,9 +36,14 @@
 //! - `POST /v1/sessions/{id}/revert {checkpoint}` -> session; `POST /v1/sessions/{id}/fork {checkpoint?, tags?}` -> 201 session
 //! - ForeverVM's API (see [`forevervm`]): `GET /v1/whoami`, `POST /v1/machine/new`, `GET|POST /v1/machine/list`,
 //!   `POST /v1/machine/{name}/exec`, `GET /v1/machine/{name}/exec/{seq}/result` (long poll), WebSocket `/v1/machine/{name}/repl`
-//! - `GET /healthz`, `GET /metrics` (Prometheus text), `GET /v1/openapi.json` (OpenAPI 3.1), no auth.
+//! - `GET /healthz` (`{status, template, exec slot capacity}`, nothing about tenants), `GET /v1/openapi.json`
+//!   (OpenAPI 3.1), no auth; `GET /metrics` (Prometheus text): admin keys only, or without auth on
+//!   `metrics_listen` when that is set.
 //!
-//! Per-key limits ([`quota`]): requests/s (429 `rate_limited`), sessions and checkpoint disk (403 `quota_exceeded`).
+//! Per-key limits ([`quota`], defaults for new keys in [`KeyLimits::defaults`]): requests/s (429
+//! `rate_limited`; a batch counts each exec), sessions and checkpoint disk (403 `quota_exceeded`),
+//! concurrent execs (a share of the slots, in the key's own queue: `fair`), CPU seconds per hour
+//! (429 `cpu_budget_exceeded`), the longest timeout.
 //!
 //! A session is `{id, tags, created_ms, last_used_ms, resident, checkpoint (head seq or null),
 //! forked_from ({session, checkpoint} until its first exec, else null), limits {memory_mb, timeout_seconds}}`.
@@ -52,6 +57,7 @@ mod admission;
 mod auth;
 pub mod error;
 mod extractors;
+mod fair;
 mod handlers;
 pub mod keys;
 pub mod metrics;
@@ -70,7 +76,7 @@ use anyhow::Context;
 use forkbox_runtime::{Limits, Runtime, RuntimeConfig, SessionsConfig};
 
 pub use auth::Caller;
-pub use keys::create_key_with;
+pub use keys::{create_key_full, create_key_with};
 pub use quota::KeyLimits;
 pub use keys::create_key;
 pub use router::{embedded_router, router};
@@ -90,6 +96,12 @@ pub struct ServerConfig {
     pub queue_wait: Duration,
     /// Tenant of the key `serve` creates when there is none.
     pub default_tenant: String,
+    /// Execs one key may run at once unless its key says otherwise: this
+    /// fraction of the exec slots (at least 1).
+    pub key_share: f64,
+    /// Serve `/metrics` (without auth) on this address instead; `None`:
+    /// `/metrics` is on the main address for admin keys only.
+    pub metrics_listen: Option<SocketAddr>,
     // What the runtime enforces ([`ServerConfig::runtime`]; unused by [`Inner::with_runtime`],
     // which takes the runtime's own):
     /// Image file to use; `None`: the default image, built under `home` if missing.
@@ -124,6 +136,8 @@ impl ServerConfig {
             max_queue: 0,
             queue_wait: Duration::from_secs(10),
             default_tenant: "default".into(),
+            key_share: 0.5,
+            metrics_listen: None,
             image: rt.image,
             template: rt.template,
             max_concurrency: rt.concurrency,
@@ -135,6 +149,11 @@ impl ServerConfig {
             sessions: rt.sessions,
             maintenance_every: rt.maintenance_every,
         }
+    }
+
+    /// Default concurrent execs of one key for `slots` exec slots.
+    pub fn key_concurrency(&self, slots: usize) -> usize {
+        ((slots as f64 * self.key_share).floor() as usize).clamp(1, slots.max(1))
     }
 
     /// The configuration of an embedded router (no socket): larger bodies, as the CLI sends them.
@@ -176,6 +195,17 @@ impl Inner {
     pub fn with_runtime(runtime: Arc<Runtime>, config: ServerConfig) -> anyhow::Result<AppState> {
         let keys = keys::KeyStore::open(&config.home)?;
         metrics::handle();
+        let mut hidden = vec![(config.home.display().to_string(), "$FORKBOX_HOME")];
+        if let Ok(c) = config.home.canonicalize() {
+            hidden.push((c.display().to_string(), "$FORKBOX_HOME"));
+        }
+        if let Some(image) = runtime.image_path() {
+            hidden.push((image.display().to_string(), "<image>"));
+            if let Some(dir) = image.parent() {
+                hidden.push((dir.display().to_string(), "<images>"));
+            }
+        }
+        error::hide_paths(hidden);
         Ok(Arc::new(Inner {
             admission: admission::Admission::new(runtime.concurrency(), config.max_queue, config.queue_wait),
             runtime,
@@ -198,6 +228,8 @@ pub fn embedded(runtime: Arc<Runtime>, tenant: &str) -> anyhow::Result<axum::Rou
 pub struct Server {
     state: AppState,
     listener: tokio::net::TcpListener,
+    /// `ServerConfig::metrics_listen`, bound.
+    metrics: Option<tokio::net::TcpListener>,
     /// The key created because the data directory had none (show it to the user).
     pub created_key: Option<String>,
 }
@@ -209,7 +241,8 @@ impl Server {
         let (state, created_key) = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
             let runtime = Runtime::open(&cfg.home, cfg.runtime())?;
             let created_key = if keys::count_keys(&cfg.home)? == 0 {
-                Some(create_key(&cfg.home, &cfg.default_tenant)?)
+                // The operator's key: an admin key (reads /metrics) with the default limits.
+                Some(keys::create_key_full(&cfg.home, &cfg.default_tenant, &KeyLimits::defaults(), true)?)
             } else {
                 None
             };
@@ -219,11 +252,20 @@ impl Server {
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .with_context(|| format!("binding {}", config.listen))?;
-        Ok(Server { state, listener, created_key })
+        let metrics = match config.metrics_listen {
+            Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?),
+            None => None,
+        };
+        Ok(Server { state, listener, metrics, created_key })
     }
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
         self.listener.local_addr()
+    }
+
+    /// Where `/metrics` is served on its own (if configured).
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().and_then(|l| l.local_addr().ok())
     }
 
     pub fn state(&self) -> &AppState {
@@ -238,6 +280,16 @@ impl Server {
             metrics::evicted(u.evicted);
             metrics::sessions(u.resident);
         });
+        if let Some(l) = self.metrics {
+            let app = axum::Router::new()
+                .route("/metrics", axum::routing::get(handlers::health::metrics_text))
+                .with_state(self.state.clone());
+            tokio::spawn(async move {
+                if let Err(e) = axum::serve(l, app).await {
+                    tracing::warn!("metrics listener: {e}");
+                }
+            });
+        }
         let app = router(self.state);
         let r = axum::serve(self.listener, app).with_graceful_shutdown(shutdown).await;
         // Wait for a round of upkeep in progress, so the data directory is free once this returns.
@@ -271,6 +323,9 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
     let server = Server::bind(config.clone()).await?;
     let addr = server.local_addr()?;
     println!("forkbox listening on http://{addr} (data in {})", config.home.display());
+    if let Some(m) = server.metrics_addr() {
+        println!("metrics on http://{m}/metrics");
+    }
     match &server.created_key {
         Some(k) => println!("API key (tenant {:?}; shown once, only its hash is stored): {k}", config.default_tenant),
         None => println!("API keys: use an existing one, or create one with `forkbox key create`"),

@@ -62,7 +62,7 @@ fn build(state: AppState, caller: impl FnOnce(OpenApiRouter<AppState>) -> OpenAp
     let v1 = caller(v1_routes(state.config.files_limit)).routes(routes!(health::openapi_json));
     let (router, mut doc) = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(health::healthz))
-        .routes(routes!(health::metrics_text))
+        .routes(routes!(health::metrics_admin))
         .nest("/v1", v1)
         .split_for_parts();
     openapi::finish(&mut doc);

@@ -300,10 +300,10 @@ pub struct Health {
     pub template: String,
     /// The default template's name.
     pub default_template: String,
+    /// Server capacity (no tenant, session or key is named or counted here).
     pub exec_slots: usize,
     pub exec_slots_free: usize,
     pub queued: usize,
-    pub resident_sessions: usize,
 }
 
 /// A template execs and sessions can fork from.

@@ -37,7 +37,9 @@ impl TestServer {
         let h = home.path().to_path_buf();
         let (state, key) = tokio::task::spawn_blocking(move || {
             let state = Inner::with_runtime(forkbox_testkit::runtime(&cfg.home, cfg.runtime()), cfg).expect("server state");
-            let key = forkbox_server::create_key(&h, "alice").expect("create key");
+            // The harness' own key is an unlimited admin key (the tests of limits make their own).
+            let key = forkbox_server::create_key_full(&h, "alice", &forkbox_server::KeyLimits::unlimited(), true)
+                .expect("create key");
             (state, key)
         })
         .await
@@ -51,6 +53,11 @@ impl TestServer {
     }
 
     fn new_key(&self, tenant: &str) -> String {
+        forkbox_server::create_key_with(self.home.path(), tenant, &forkbox_server::KeyLimits::unlimited()).unwrap()
+    }
+
+    /// A key with the documented defaults for new keys.
+    fn default_key(&self, tenant: &str) -> String {
         forkbox_server::create_key(self.home.path(), tenant).unwrap()
     }
 
@@ -459,8 +466,14 @@ async fn metrics_and_health() {
     assert_eq!(st, StatusCode::OK);
     assert_eq!(h["status"], "ok");
     assert_eq!(h["template"], shared().template.info.id.as_str());
-    assert!(h["resident_sessions"].as_u64().unwrap() >= 1, "{h}");
-    let r = s.http.get(format!("{}/metrics", s.url)).send().await.unwrap();
+    // Nothing about tenants or sessions in the health check.
+    let keys: Vec<&str> = h.as_object().unwrap().keys().map(String::as_str).collect();
+    assert_eq!(keys, ["exec_slots", "exec_slots_free", "queued", "status", "template"], "{h}");
+    // /metrics: an admin key only.
+    assert_error(&s.call(reqwest::Method::GET, "/metrics", None, None).await, StatusCode::UNAUTHORIZED, "unauthorized");
+    let plain = s.new_key("not-admin");
+    assert_error(&s.call(reqwest::Method::GET, "/metrics", Some(&plain), None).await, StatusCode::FORBIDDEN, "forbidden");
+    let r = s.http.get(format!("{}/metrics", s.url)).bearer_auth(&s.key).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::OK);
     assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/plain"));
     let text = r.text().await.unwrap();
@@ -760,16 +773,16 @@ async fn per_key_session_and_disk_quotas_get_403() {
     assert_error(&s.call(M::POST, "/v1/machine/new", Some(&key), Some(json!({}))).await, StatusCode::FORBIDDEN, "quota_exceeded");
     // The quota is the tenant's, not the server's: alice (unlimited) is not affected.
     s.create_session(json!({})).await;
-    // Disk: 2 MB of random bytes make a checkpoint over the 1 MiB quota; the next exec is refused.
-    let (st, v) = s.call(M::POST, &format!("/v1/sessions/{a}/exec"), Some(&key), Some(json!({ "code": "import os\nblob = os.urandom(2_000_000)\nlen(blob)" }))).await;
-    assert_eq!(st, StatusCode::OK, "{v}");
-    assert_error(&s.call(M::POST, &format!("/v1/sessions/{a}/exec"), Some(&key), Some(json!({ "code": "len(blob)" }))).await, StatusCode::FORBIDDEN, "quota_exceeded");
-    let machine = m["machine_name"].as_str().unwrap();
-    assert_error(
-        &s.call(M::POST, &format!("/v1/machine/{machine}/exec"), Some(&key), Some(json!({ "instruction": { "code": "1" } }))).await,
-        StatusCode::FORBIDDEN,
-        "quota_exceeded",
-    );
+    // Disk: 2 MB of random bytes would make a checkpoint over the 1 MiB quota: refused before it
+    // is written, with the exec's result; the session stays at its previous checkpoint.
+    let (st, v) = s.call(M::POST, &format!("/v1/sessions/{a}/exec"), Some(&key), Some(json!({ "code": "import os\nblob = os.urandom(2_000_000)\nprint('ran')\nlen(blob)" }))).await;
+    assert_error(&(st, v.clone()), StatusCode::FORBIDDEN, "quota_exceeded");
+    assert_eq!(v["error"]["result"]["value"], "2000000", "{v}");
+    assert_eq!(v["error"]["result"]["stdout"], "ran\n", "{v}");
+    assert_eq!(v["error"]["checkpoint"], Value::Null, "{v}");
+    let (st, v) = s.call(M::POST, &format!("/v1/sessions/{a}/exec"), Some(&key), Some(json!({ "code": "'blob' in globals()" }))).await;
+    assert_eq!((st, v["value"].clone()), (StatusCode::OK, json!("False")), "{v}");
+    assert!(std::fs::read_dir(s.home.path().join("sessions/layers")).unwrap().flatten().all(|e| !e.file_name().to_string_lossy().ends_with(".tmp")));
     // Deleting frees both quotas.
     assert_eq!(s.call(M::DELETE, &format!("/v1/sessions/{a}"), Some(&key), None).await.0, StatusCode::NO_CONTENT);
     let (st, b) = s.call(M::POST, "/v1/sessions", Some(&key), Some(json!({}))).await;
@@ -795,7 +808,7 @@ async fn old_keys_db_is_migrated_in_place() {
     assert_eq!(info.tenant, "old");
     assert_eq!(info.limits, forkbox_server::KeyLimits::default());
     assert!(info.limiter.is_none());
-    let limits = forkbox_server::KeyLimits { rate_limit: Some(5), max_sessions: Some(3), max_disk_mb: Some(7) };
+    let limits = forkbox_server::KeyLimits { rate_limit: Some(5), max_sessions: Some(3), max_disk_mb: Some(7), ..Default::default() };
     let new_key = forkbox_server::create_key_with(home.path(), "new", &limits).unwrap();
     let info = store.lookup(&new_key).unwrap().unwrap();
     assert_eq!((info.tenant.as_str(), &info.limits), ("new", &limits));
@@ -1169,4 +1182,155 @@ async fn forevervm_interrupt_flag_stops_the_running_instruction() {
     assert_eq!(fvm_result(&s, &name, b["instruction_seq"].as_i64().unwrap(), &s.key).await["value"], "2");
     let (_, c) = s.post(&exec, json!({ "instruction": { "code": "3" }, "interrupt": true })).await;
     assert_eq!(c["interrupted"], false, "{c}");
+}
+
+// ---------------------------------------------------------------------------
+// Hard resource bounds (issue 11): fair slots, batches, disk, errors, streams
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_spinning_guests_of_one_key_do_not_make_another_key_wait() {
+    // 4 slots; new keys get half of them. Key A starts four `while True: pass`.
+    let s = TestServer::start_with(|c| {
+        c.max_concurrency = 4;
+        c.queue_wait = Duration::from_secs(3);
+    })
+    .await;
+    let a = s.default_key("spinner");
+    let b = s.default_key("bystander");
+    let mut spinners = Vec::new();
+    for _ in 0..4 {
+        let (url, key, http) = (s.url.clone(), a.clone(), s.http.clone());
+        spinners.push(tokio::spawn(async move {
+            let r = http
+                .post(format!("{url}/v1/exec"))
+                .bearer_auth(key)
+                .json(&json!({ "code": "while True: pass", "timeout_seconds": 6 }))
+                .send()
+                .await
+                .unwrap();
+            let st = r.status();
+            (st, r.json::<Value>().await.unwrap())
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    // While A spins, B's execs go through at once (never 503, never behind A's queue).
+    for i in 0..3 {
+        let t = Instant::now();
+        let (st, v) = s.call(reqwest::Method::POST, "/v1/exec", Some(&b), Some(json!({ "code": format!("{i} + 1") }))).await;
+        assert_eq!(st, StatusCode::OK, "{v}");
+        assert_eq!(v["value"], json!((i + 1).to_string()));
+        assert!(t.elapsed() < Duration::from_secs(3), "B waited {:?} behind A", t.elapsed());
+    }
+    let (mut timeouts, mut limited) = (0, 0);
+    for t in spinners {
+        let (st, v) = t.await.unwrap();
+        match st {
+            StatusCode::REQUEST_TIMEOUT => timeouts += 1,
+            StatusCode::TOO_MANY_REQUESTS => {
+                assert_eq!(v["error"]["code"], "rate_limited", "{v}");
+                limited += 1;
+            }
+            other => panic!("A got {other}: {v}"),
+        }
+    }
+    // Two ran (A's share) and timed out; the other two waited in A's own queue and were refused.
+    assert_eq!((timeouts, limited), (2, 2));
+    let (st, v) = s.call(reqwest::Method::POST, "/v1/exec", Some(&b), Some(json!({ "code": "7" }))).await;
+    assert_eq!((st, v["value"].clone()), (StatusCode::OK, json!("7")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_counts_each_exec_against_the_rate_and_a_cpu_budget_is_enforced() {
+    use reqwest::Method as M;
+    let s = TestServer::start().await;
+    let key = limited_key(&s, "batcher", forkbox_server::KeyLimits { rate_limit: Some(5), ..Default::default() });
+    // 8 execs in one request are 8 against a 5/s key.
+    let codes: Vec<String> = (0..8).map(|i| i.to_string()).collect();
+    assert_error(&s.call(M::POST, "/v1/exec/batch", Some(&key), Some(json!({ "codes": codes }))).await, StatusCode::TOO_MANY_REQUESTS, "rate_limited");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let (st, v) = s.call(M::POST, "/v1/exec/batch", Some(&key), Some(json!({ "codes": ["1", "2", "3"] }))).await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert_eq!(v["results"].as_array().unwrap().len(), 3);
+    // Right after, the bucket has at most 2 left: a batch of 3 more is refused.
+    assert_error(&s.call(M::POST, "/v1/exec/batch", Some(&key), Some(json!({ "codes": ["1", "2", "3"] }))).await, StatusCode::TOO_MANY_REQUESTS, "rate_limited");
+    // CPU seconds: a key with 1 CPU-second per hour spins once, then gets 429 with Retry-After.
+    let cpu = limited_key(&s, "cpu", forkbox_server::KeyLimits { cpu_seconds_per_hour: Some(1), ..Default::default() });
+    let (st, v) = s.call(M::POST, "/v1/exec", Some(&cpu), Some(json!({ "code": "import time\nt = time.time()\nwhile time.time() - t < 2: pass" }))).await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    let r = s.http.post(format!("{}/v1/exec", s.url)).bearer_auth(&cpu).json(&json!({ "code": "1" })).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(r.headers().get("retry-after").is_some());
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "cpu_budget_exceeded", "{v}");
+    // Other keys go on; a key's timeout is capped by its own maximum.
+    let (st, v) = s.post("/v1/exec", json!({ "code": "1" })).await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    let short = limited_key(&s, "short", forkbox_server::KeyLimits { max_timeout_seconds: Some(5), ..Default::default() });
+    assert_error(&s.call(M::POST, "/v1/exec", Some(&short), Some(json!({ "code": "1", "timeout_seconds": 10 }))).await, StatusCode::BAD_REQUEST, "invalid_request");
+    let (st, _) = s.call(M::POST, "/v1/exec", Some(&short), Some(json!({ "code": "1", "timeout_seconds": 5 }))).await;
+    assert_eq!(st, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_results_and_streams_are_bounded_by_the_output_limit() {
+    let s = TestServer::start().await;
+    let limit = forkbox_engine::Limits::default().output_bytes;
+    // 64 execs that each print 4 MiB: the whole response stays within 4x the output limit (+ JSON).
+    let codes: Vec<String> = (0..64).map(|_| "import sys\nsys.stdout.write('y' * (4 << 20))".to_string()).collect();
+    let r = s.http.post(format!("{}/v1/exec/batch", s.url)).bearer_auth(&s.key).json(&json!({ "codes": codes })).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let body = r.bytes().await.unwrap();
+    assert!(body.len() < 4 * limit + 64 * 1024, "batch response of {} bytes", body.len());
+    // The issue's attack on a stream: write(1, buf, 64 MiB) of NULs (each `\u0000` in JSON).
+    let code = "import ctypes\nlibc = ctypes.CDLL(None)\nbuf = ctypes.create_string_buffer(64 << 20)\nlibc.syscall(1, 1, ctypes.addressof(buf), 64 << 20)";
+    let r = s.http.post(format!("{}/v1/exec/stream", s.url)).bearer_auth(&s.key).json(&json!({ "code": code })).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let body = r.bytes().await.unwrap();
+    // The output limit of raw bytes, twice (events + the result), at most 6x in JSON escapes.
+    assert!(body.len() < 2 * 6 * limit + 64 * 1024, "stream response of {} bytes", body.len());
+    assert!(String::from_utf8_lossy(&body).contains("output truncated"));
+    // Another tenant's exec still runs.
+    let other = s.new_key("other");
+    let (st, v) = s.call(reqwest::Method::POST, "/v1/exec", Some(&other), Some(json!({ "code": "1 + 1" }))).await;
+    assert_eq!((st, v["value"].clone()), (StatusCode::OK, json!("2")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_is_507_for_the_writer_and_deletes_still_work() {
+    let s = TestServer::start_with(|c| c.sessions.disk_reserve = u64::MAX / 4).await;
+    let id = s.create_session(json!({})).await;
+    let got = s.post(&format!("/v1/sessions/{id}/exec"), json!({ "code": "x = 1" })).await;
+    assert_error(&got, StatusCode::INSUFFICIENT_STORAGE, "insufficient_storage");
+    let layers = s.home.path().join("sessions/layers");
+    assert_eq!(std::fs::read_dir(&layers).unwrap().count(), 0, "files left by a refused checkpoint");
+    // Reads and deletes work; another request that writes nothing works.
+    assert_eq!(s.get(&format!("/v1/sessions/{id}")).await.0, StatusCode::OK);
+    let (st, v) = s.post("/v1/exec", json!({ "code": "6 * 7" })).await;
+    assert_eq!((st, v["value"].clone()), (StatusCode::OK, json!("42")));
+    assert_eq!(s.delete(&format!("/v1/sessions/{id}")).await.0, StatusCode::NO_CONTENT);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_error_body_carries_a_host_path() {
+    let s = TestServer::start().await;
+    let id = s.create_session(json!({})).await;
+    s.sexec(&id, "x = 1").await;
+    s.sexec(&id, "y = 2").await;
+    // Damage the checkpoint files on disk, then make the session come back from them.
+    let layers = s.home.path().join("sessions/layers");
+    for e in std::fs::read_dir(&layers).unwrap().flatten() {
+        std::fs::write(e.path(), b"garbage").unwrap();
+    }
+    let (st, _) = s.post(&format!("/v1/sessions/{id}/revert"), json!({ "checkpoint": 1 })).await;
+    assert_eq!(st, StatusCode::OK);
+    let (st, v) = s.post(&format!("/v1/sessions/{id}/exec"), json!({ "code": "x" })).await;
+    assert!(st.is_server_error(), "{st} {v}");
+    let text = v.to_string();
+    let home = s.home.path().display().to_string();
+    assert!(!text.contains(&home), "host path in {text}");
+    assert!(!text.contains("/tmp/") && !text.contains(&shared().home.display().to_string()), "host path in {text}");
+    // Guest paths in file errors are not host paths and stay.
+    let (st, v) = s.get(&format!("/v1/sessions/{}/files/nope.txt", s.create_session(json!({})).await)).await;
+    assert_eq!(st, StatusCode::NOT_FOUND, "{v}");
 }

@@ -36,6 +36,18 @@ pub enum SessionError {
     },
     #[error("invalid request: {0}")]
     Invalid(String),
+    /// The checkpoint of an exec would take the tenant past its disk quota:
+    /// nothing was written, the session stays at its previous checkpoint.
+    #[error("{message}; the session stays at {}", rolled_back(*.checkpoint))]
+    QuotaExceeded {
+        message: String,
+        /// The exec's result (it ran; only its checkpoint was refused).
+        result: Option<Box<ExecResult>>,
+        checkpoint: Option<i64>,
+    },
+    /// The disk is full (or down to its reserve): nothing was written.
+    #[error("not enough disk space for the checkpoint ({0}); the session stays at its previous checkpoint")]
+    NoSpace(String),
     /// A file operation failed: `file_not_found`, `invalid_path`, `is_a_directory`,
     /// `file_too_large` or `quota_exceeded` (see `EngineError::File`).
     #[error("{message}")]
@@ -77,6 +89,8 @@ impl SessionError {
             SessionError::Busy(_) => ErrorCode::SessionBusy,
             SessionError::ExecFailed { source, .. } => source.error_code(),
             SessionError::Invalid(_) => ErrorCode::InvalidRequest,
+            SessionError::QuotaExceeded { .. } => ErrorCode::QuotaExceeded,
+            SessionError::NoSpace(_) => ErrorCode::InsufficientStorage,
             SessionError::File { code, .. } => *code,
             SessionError::Snapshot(e) => e.error_code(),
             SessionError::Store(_) => ErrorCode::StorageError,
@@ -93,7 +107,7 @@ impl SessionError {
     /// For a failed exec: the checkpoint seq the session was rolled back to (None: its initial state).
     pub fn rolled_back_to(&self) -> Option<Option<i64>> {
         match self {
-            SessionError::ExecFailed { checkpoint, .. } => Some(*checkpoint),
+            SessionError::ExecFailed { checkpoint, .. } | SessionError::QuotaExceeded { checkpoint, .. } => Some(*checkpoint),
             _ => None,
         }
     }
@@ -107,11 +121,55 @@ pub struct Config {
     pub max_resident: usize,
     /// Write a flat (merged) layer once a chain has this many layers since the last one.
     pub compact_after: usize,
+    /// Free disk kept for deletes and metadata updates: a checkpoint that would
+    /// leave less free than this is refused (`insufficient_storage`).
+    pub disk_reserve: u64,
 }
 
 impl Default for Config {
     fn default() -> Self {
-        Config { idle_timeout: Duration::from_secs(60), max_resident: 256, compact_after: 8 }
+        Config { idle_timeout: Duration::from_secs(60), max_resident: 256, compact_after: 8, disk_reserve: DEFAULT_DISK_RESERVE }
+    }
+}
+
+/// Default `Config::disk_reserve`.
+pub const DEFAULT_DISK_RESERVE: u64 = 256 << 20;
+
+/// Free bytes (for unprivileged writers) of the file system holding `dir`.
+fn free_bytes(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a statvfs buffer of ours.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    Some((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+}
+
+/// Bytes of checkpoints being written, per tenant, not yet committed (so
+/// concurrent execs of one tenant cannot together pass its quota).
+#[derive(Default)]
+struct Reservations {
+    by_tenant: HashMap<String, u64>,
+}
+
+/// Gives a reservation back when the checkpoint is committed or failed.
+struct Reserved<'a> {
+    m: &'a Mutex<Reservations>,
+    tenant: String,
+    bytes: u64,
+}
+
+impl Drop for Reserved<'_> {
+    fn drop(&mut self) {
+        let mut r = self.m.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(v) = r.by_tenant.get_mut(&self.tenant) {
+            *v = v.saturating_sub(self.bytes);
+            if *v == 0 {
+                r.by_tenant.remove(&self.tenant);
+            }
+        }
     }
 }
 
@@ -142,6 +200,9 @@ pub struct SessionManager {
     /// The interrupter of each session's running exec, outside the slot lock
     /// (which the exec holds) so `interrupt` can reach it.
     running: Mutex<HashMap<String, Interrupter>>,
+    /// Checkpoint disk quota per tenant (bytes; absent: unlimited), see `set_disk_quota`.
+    quotas: Mutex<HashMap<String, u64>>,
+    reserved: Mutex<Reservations>,
 }
 
 /// Removes a session's entry from `SessionManager::running` when the exec
@@ -194,6 +255,15 @@ fn lock_dir(dir: &Path) -> Result<std::fs::File, SessionError> {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// The files of a checkpoint: its layer, its state, the pack of its changed
+/// file chunks (`<name>.files`, may not exist) and its flat layer if any.
+fn checkpoint_files(layer: &str, state: &str, flat: Option<&str>) -> Vec<String> {
+    let pack = Path::new(state).with_extension("files").to_string_lossy().into_owned();
+    let mut v = vec![layer.to_string(), state.to_string(), pack];
+    v.extend(flat.map(str::to_string));
+    v
 }
 
 pub fn now_ms() -> i64 {
@@ -257,6 +327,8 @@ impl SessionManager {
             config,
             slots: Mutex::new(HashMap::new()),
             running: Mutex::new(HashMap::new()),
+            quotas: Mutex::new(HashMap::new()),
+            reserved: Mutex::new(Reservations::default()),
         };
         m.recover()?;
         Ok(m)
@@ -412,7 +484,12 @@ impl SessionManager {
             Err(e) => {
                 // Memory and disk now disagree: drop the sandbox, the session stays at its head.
                 guard.sandbox = None;
-                return Err(e);
+                return Err(match e {
+                    SessionError::QuotaExceeded { message, .. } => {
+                        SessionError::QuotaExceeded { message, result: Some(Box::new(result)), checkpoint: head_seq(rec.head) }
+                    }
+                    e => e,
+                });
             }
         };
         guard.base = Some(checkpoint.id);
@@ -490,23 +567,93 @@ impl SessionManager {
         Ok(self.store.tenant_disk_bytes(tenant)?)
     }
 
+    /// Set (or clear: `None`) the tenant's checkpoint disk quota in bytes: a
+    /// checkpoint that would take the tenant's checkpoints past it is refused
+    /// before anything is written (`quota_exceeded`).
+    pub fn set_disk_quota(&self, tenant: &str, bytes: Option<u64>) {
+        let mut q = self.quotas.lock().unwrap_or_else(|e| e.into_inner());
+        match bytes {
+            Some(b) => {
+                if q.get(tenant) != Some(&b) {
+                    q.insert(tenant.to_string(), b);
+                }
+            }
+            None => {
+                q.remove(tenant);
+            }
+        }
+    }
+
+    /// Admit a checkpoint of `bytes` for `tenant`: within its quota (counting
+    /// the tenant's other checkpoints being written) and leaving the disk
+    /// reserve free. The reservation lasts until the guard is dropped.
+    fn admit(&self, tenant: &str, bytes: u64) -> Result<Reserved<'_>, SessionError> {
+        if let Some(free) = free_bytes(&self.layers_dir) {
+            if free.saturating_sub(bytes) < self.config.disk_reserve || free < bytes {
+                return Err(SessionError::NoSpace(format!(
+                    "it needs {bytes} bytes, {free} are free and {} are kept in reserve",
+                    self.config.disk_reserve
+                )));
+            }
+        }
+        let quota = self.quotas.lock().unwrap_or_else(|e| e.into_inner()).get(tenant).copied();
+        let mut r = self.reserved.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(max) = quota {
+            let used = self.store.tenant_disk_bytes(tenant)?;
+            let pending = r.by_tenant.get(tenant).copied().unwrap_or(0);
+            if used.saturating_add(pending).saturating_add(bytes) > max {
+                return Err(SessionError::QuotaExceeded {
+                    message: format!(
+                        "the checkpoint of this exec needs {:.1} MiB and the tenant's checkpoints take {:.1} MiB of its {:.1} MiB disk quota",
+                        bytes as f64 / (1 << 20) as f64,
+                        used.saturating_add(pending) as f64 / (1 << 20) as f64,
+                        max as f64 / (1 << 20) as f64
+                    ),
+                    result: None,
+                    checkpoint: None,
+                });
+            }
+        }
+        *r.by_tenant.entry(tenant.to_string()).or_insert(0) += bytes;
+        Ok(Reserved { m: &self.reserved, tenant: tenant.to_string(), bytes })
+    }
+
     fn write_checkpoint(&self, rec: &SessionRecord, sb: &mut Sandbox, code: &str, parent: Option<i64>) -> Result<CheckpointRecord, SessionError> {
         let name = random_id("c_");
         let (layer, state) = (format!("{name}.layer"), format!("{name}.state"));
         let t = self.loaded(rec)?;
-        let stats = t.template.checkpoint(&t.engine, sb, &self.layers_dir.join(&layer), &self.layers_dir.join(&state))?;
-        let state_bytes = std::fs::metadata(self.layers_dir.join(&state)).map_or(0, |m| m.len());
+        let mut reservation = None;
+        let written = t.template.checkpoint(&t.engine, sb, &self.layers_dir.join(&layer), &self.layers_dir.join(&state), |bytes| {
+            reservation = Some(self.admit(&rec.tenant, bytes)?);
+            Ok::<(), SessionError>(())
+        });
+        let stats = written.map_err(|e| match e {
+            SessionError::Engine(EngineError::Snapshot(s)) if s.is_no_space() => SessionError::NoSpace(s.to_string()),
+            SessionError::Engine(EngineError::Snapshot(s)) => SessionError::Snapshot(s),
+            e => e,
+        })?;
         let c = NewCheckpoint {
             session_id: &rec.id,
             parent,
             code,
             layer: &layer,
             state: &state,
-            pages: stats.pages,
-            bytes: stats.bytes + state_bytes,
-            checksum: &format!("{:08x}", stats.crc),
+            pages: stats.layer.pages,
+            bytes: stats.bytes(),
+            checksum: &format!("{:08x}", stats.layer.crc),
         };
-        Ok(self.store.commit_checkpoint(&c, now_ms())?)
+        let committed = self.store.commit_checkpoint(&c, now_ms());
+        drop(reservation);
+        match committed {
+            Ok(c) => Ok(c),
+            Err(e) => {
+                // Not committed: its files go at once (a full disk keeps nothing).
+                for f in checkpoint_files(&layer, &state, None) {
+                    let _ = std::fs::remove_file(self.layers_dir.join(f));
+                }
+                Err(e.into())
+            }
+        }
     }
 
     /// The sandbox of a session that is not resident: from its head checkpoint, or a fresh fork.
@@ -639,7 +786,7 @@ impl SessionManager {
     fn remove_files(&self, dead: &[CheckpointRecord]) -> u64 {
         let mut removed = 0;
         for c in dead {
-            for f in [Some(&c.layer), Some(&c.state), c.flat.as_ref()].into_iter().flatten() {
+            for f in checkpoint_files(&c.layer, &c.state, c.flat.as_deref()) {
                 if std::fs::remove_file(self.layers_dir.join(f)).is_ok() {
                     removed += 1;
                 }
@@ -710,9 +857,8 @@ impl SessionManager {
         let mut named = std::collections::HashSet::new();
         let mut broken = Vec::new();
         for c in &all {
-            let files = [Some(&c.layer), Some(&c.state), c.flat.as_ref()];
-            for f in files.into_iter().flatten() {
-                named.insert(f.clone());
+            for f in checkpoint_files(&c.layer, &c.state, c.flat.as_deref()) {
+                named.insert(f);
             }
             // Files are renamed into place (after fsync) before their row is
             // committed, so a committed row with a missing file means outside damage.

@@ -82,7 +82,7 @@ pub struct LayerStats {
 }
 
 fn ioe<'a>(what: &'static str, path: &'a Path) -> impl Fn(std::io::Error) -> StateError + 'a {
-    move |source| StateError::Io { what, path: path.display().to_string(), source }
+    move |source| StateError::io(what, path, source)
 }
 
 /// Page numbers set in a bitmap (one bit per page).
@@ -98,40 +98,115 @@ pub fn pages_of(bitmap: &[u64]) -> Vec<u64> {
     out
 }
 
-/// Write the pages `pages` (ascending) of `mem` as a layer over `base` (the
-/// template's memory) at `path`: temp file, fsync, rename.
-pub fn write_layer(path: &Path, mem: &GuestMemory, base: &[u8], pages: &[u64]) -> Result<LayerStats, StateError> {
-    let mut data = Vec::with_capacity(pages.len() * 64);
-    for &p in pages {
-        let page = mem.slice(p * PAGE_SIZE, PAGE_SIZE).map_err(|_| StateError::Corrupt(format!("page {p} outside guest memory")))?;
-        encode_page(&mut data, page, base_page(base, p)?);
-    }
-    write_body(path, pages, &data)
+/// A layer about to be written: its size and checksum are known before any
+/// byte goes to disk (a first pass encodes every page into one page-sized
+/// scratch buffer, counting and checksumming; `write` encodes them again
+/// straight into the file). No whole-layer buffer exists at any time.
+pub struct LayerPlan<'a> {
+    mem: &'a GuestMemory,
+    base: &'a [u8],
+    pages: &'a [u64],
+    data_len: u64,
+    crc: u32,
 }
 
-fn write_body(path: &Path, pages: &[u64], data: &[u8]) -> Result<LayerStats, StateError> {
-    let count = pages.len() as u64;
-    let mut body = Vec::with_capacity(pages.len() * 8 + data.len());
-    for p in pages {
-        body.extend_from_slice(&p.to_le_bytes());
+/// Capacity of the one-page scratch buffer: an encoded page is at most its
+/// run count, a 4-byte header per run (at most one per two words) and its bytes.
+const MAX_ENCODED_PAGE: usize = 2 + 4 * (PAGE_SIZE as usize / 16) + PAGE_SIZE as usize;
+
+fn guest_page(mem: &GuestMemory, p: u64) -> Result<&[u8], StateError> {
+    let at = p.checked_mul(PAGE_SIZE).ok_or_else(|| StateError::Corrupt(format!("page {p} outside guest memory")))?;
+    mem.slice(at, PAGE_SIZE).map_err(|_| StateError::Corrupt(format!("page {p} outside guest memory")))
+}
+
+impl<'a> LayerPlan<'a> {
+    /// Plan a layer of the pages `pages` (ascending) of `mem` over `base` (the
+    /// template's memory).
+    pub fn new(mem: &'a GuestMemory, base: &'a [u8], pages: &'a [u64]) -> Result<LayerPlan<'a>, StateError> {
+        if pages.len() as u64 > MAX_PAGES {
+            return Err(StateError::Corrupt("too many pages for one layer".into()));
+        }
+        let mut crc = crc32fast::Hasher::new();
+        for p in pages {
+            crc.update(&p.to_le_bytes());
+        }
+        let mut scratch = Vec::with_capacity(MAX_ENCODED_PAGE);
+        let mut data_len = 0u64;
+        for &p in pages {
+            scratch.clear();
+            encode_page(&mut scratch, guest_page(mem, p)?, base_page(base, p)?);
+            crc.update(&scratch);
+            data_len = data_len.saturating_add(scratch.len() as u64);
+        }
+        Ok(LayerPlan { mem, base, pages, data_len, crc: crc.finalize() })
     }
-    body.extend_from_slice(data);
-    let crc = crc32fast::hash(&body);
-    let tmp = path.with_extension("tmp");
-    {
-        let mut f = File::create(&tmp).map_err(ioe("create", &tmp))?;
+
+    /// Bytes the layer file will take.
+    pub fn bytes(&self) -> u64 {
+        (HEADER as u64).saturating_add(self.pages.len() as u64 * 8).saturating_add(self.data_len)
+    }
+
+    /// Write the layer at `path`: temp file, fsync, rename. On any error the
+    /// temp file is removed before returning.
+    pub fn write(&self, path: &Path) -> Result<LayerStats, StateError> {
+        let count = self.pages.len() as u64;
         let mut head = Vec::with_capacity(HEADER);
         head.extend_from_slice(LAYER_MAGIC);
         head.extend_from_slice(&LAYER_VERSION.to_le_bytes());
         head.extend_from_slice(&count.to_le_bytes());
-        head.extend_from_slice(&crc.to_le_bytes());
-        head.extend_from_slice(&(data.len() as u64).to_le_bytes());
-        f.write_all(&head).map_err(ioe("write", &tmp))?;
-        f.write_all(&body).map_err(ioe("write", &tmp))?;
-        f.sync_all().map_err(ioe("fsync", &tmp))?;
+        head.extend_from_slice(&self.crc.to_le_bytes());
+        head.extend_from_slice(&self.data_len.to_le_bytes());
+        let (mem, base, pages, expect) = (self.mem, self.base, self.pages, self.data_len);
+        write_atomically(path, |f| {
+            let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
+            w.write_all(&head)?;
+            for p in pages {
+                w.write_all(&p.to_le_bytes())?;
+            }
+            let mut scratch = Vec::with_capacity(MAX_ENCODED_PAGE);
+            let mut written = 0u64;
+            for &p in pages {
+                scratch.clear();
+                let (page, b) = match (guest_page(mem, p), base_page(base, p)) {
+                    (Ok(page), Ok(b)) => (page, b),
+                    _ => return Err(std::io::Error::other("page outside memory")),
+                };
+                encode_page(&mut scratch, page, b);
+                written += scratch.len() as u64;
+                w.write_all(&scratch)?;
+            }
+            if written != expect {
+                return Err(std::io::Error::other("guest memory changed while its layer was written"));
+            }
+            w.flush()?;
+            Ok(())
+        })?;
+        Ok(LayerStats { pages: count, bytes: self.bytes(), crc: self.crc })
     }
-    std::fs::rename(&tmp, path).map_err(ioe("rename", path))?;
-    Ok(LayerStats { pages: count, bytes: (HEADER + body.len()) as u64, crc })
+}
+
+/// Write the pages `pages` (ascending) of `mem` as a layer over `base` (the
+/// template's memory) at `path`: temp file, fsync, rename (see `LayerPlan`).
+pub fn write_layer(path: &Path, mem: &GuestMemory, base: &[u8], pages: &[u64]) -> Result<LayerStats, StateError> {
+    LayerPlan::new(mem, base, pages)?.write(path)
+}
+
+/// A temp file next to `path` filled by `fill`, fsynced and renamed onto
+/// `path`; on any failure the temp file is removed at once (a full disk leaves
+/// nothing behind).
+pub fn write_atomically(path: &Path, fill: impl FnOnce(&mut File) -> std::io::Result<()>) -> Result<(), StateError> {
+    let tmp = path.with_extension("tmp");
+    let r = (|| {
+        let mut f = File::create(&tmp).map_err(ioe("create", &tmp))?;
+        fill(&mut f).map_err(ioe("write", &tmp))?;
+        f.sync_all().map_err(ioe("fsync", &tmp))?;
+        drop(f);
+        std::fs::rename(&tmp, path).map_err(ioe("rename", path))
+    })();
+    if r.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    r
 }
 
 /// A layer read and verified: page numbers and where each page's runs are.
@@ -147,7 +222,7 @@ impl Layer {
         let mut f = File::open(path).map_err(ioe("open", path))?;
         let mut raw = Vec::new();
         f.read_to_end(&mut raw).map_err(ioe("read", path))?;
-        let corrupt = |why: &str| StateError::Corrupt(format!("layer {}: {why}", path.display()));
+        let corrupt = |why: &str| StateError::Corrupt(format!("layer {}: {why}", crate::state::shown(path)));
         let head = raw.get(..HEADER).ok_or_else(|| corrupt("truncated header"))?;
         if &head[..8] != LAYER_MAGIC {
             return Err(corrupt("bad magic"));
@@ -252,7 +327,8 @@ pub fn apply_layers(mem: &mut GuestMemory, base: &[u8], layers: &[Layer]) -> Res
     Ok(done.len() as u64)
 }
 
-/// Merge `layers` (newest first, all over the same base) into one flat layer at `path`.
+/// Merge `layers` (newest first, all over the same base) into one flat layer
+/// at `path`, streamed from the layers' runs (no merged buffer).
 pub fn write_flat(path: &Path, layers: &[Layer]) -> Result<LayerStats, StateError> {
     let mut newest: std::collections::BTreeMap<u64, (usize, usize)> = std::collections::BTreeMap::new();
     for (li, layer) in layers.iter().enumerate() {
@@ -260,13 +336,37 @@ pub fn write_flat(path: &Path, layers: &[Layer]) -> Result<LayerStats, StateErro
             newest.entry(p).or_insert((li, i));
         }
     }
-    let pages: Vec<u64> = newest.keys().copied().collect();
-    let mut data = Vec::new();
-    for &(li, i) in newest.values() {
-        let (a, b) = layers[li].spans[i];
-        data.extend_from_slice(&layers[li].data[a..b]);
+    let count = newest.len() as u64;
+    let mut crc = crc32fast::Hasher::new();
+    let mut data_len = 0u64;
+    for p in newest.keys() {
+        crc.update(&p.to_le_bytes());
     }
-    write_body(path, &pages, &data)
+    let span = |&(li, i): &(usize, usize)| -> &[u8] {
+        let (a, b) = layers[li].spans[i];
+        &layers[li].data[a..b]
+    };
+    for v in newest.values() {
+        crc.update(span(v));
+        data_len += span(v).len() as u64;
+    }
+    let crc = crc.finalize();
+    write_atomically(path, |f| {
+        let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
+        w.write_all(LAYER_MAGIC)?;
+        w.write_all(&LAYER_VERSION.to_le_bytes())?;
+        w.write_all(&count.to_le_bytes())?;
+        w.write_all(&crc.to_le_bytes())?;
+        w.write_all(&data_len.to_le_bytes())?;
+        for p in newest.keys() {
+            w.write_all(&p.to_le_bytes())?;
+        }
+        for v in newest.values() {
+            w.write_all(span(v))?;
+        }
+        w.flush()
+    })?;
+    Ok(LayerStats { pages: count, bytes: HEADER as u64 + count * 8 + data_len, crc })
 }
 
 #[cfg(test)]

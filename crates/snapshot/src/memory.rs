@@ -26,7 +26,7 @@ pub struct MemoryStats {
 const CHUNK: u64 = 2 << 20;
 
 fn io<'a>(what: &'static str, path: &'a Path) -> impl Fn(std::io::Error) -> StateError + 'a {
-    move |source| StateError::Io { what, path: path.display().to_string(), source }
+    move |source| StateError::io(what, path, source)
 }
 
 /// Pages of `mem` the host has backed (`mincore`), chunk by chunk: only those can be non-zero.
@@ -91,7 +91,7 @@ impl MemoryFile {
         if size != expect.size {
             return Err(StateError::Corrupt(format!(
                 "memory file {} is {size} bytes, expected {} (truncated?)",
-                path.display(),
+                crate::state::shown(path),
                 expect.size
             )));
         }
@@ -121,7 +121,7 @@ impl MemoryFile {
         file.seek(SeekFrom::Start(0)).map_err(io("seek", path))?;
         let checksum = hex::encode(hash.finalize());
         if checksum != expect.checksum || pages != expect.pages {
-            return Err(StateError::Corrupt(format!("memory file {} does not match its checksum", path.display())));
+            return Err(StateError::Corrupt(format!("memory file {} does not match its checksum", crate::state::shown(path))));
         }
         Ok(MemoryFile { file, stats: expect.clone() })
     }

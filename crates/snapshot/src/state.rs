@@ -26,13 +26,21 @@ pub const MAGIC: &[u8; 8] = b"FBXSNAP\0";
 ///    Version 3 files are not read: their process state has the older shape.
 /// 5: threads (per-thread registers, XSAVE, FS base, signal mask, altstack,
 ///    clear-child-tid, signal frames in flight, blocked calls), pending
-///    signals, timers and the run clock in the process state.
+///    signals, timers and the run clock in the process state; file bytes of a
+///    checkpoint in pack files (`Snapshot::files`); directory entries charged in
+///    the VFS's byte count (VfsState 3).
 pub const FORMAT_VERSION: u32 = 5;
 /// Every version `decode` reads (oldest first); the last is `FORMAT_VERSION`.
 pub const READABLE_VERSIONS: &[u32] = &[5];
 const HEADER_LEN: usize = 8 + 4 + 8 + 32;
 /// A state file larger than this is rejected before it is read into memory.
 const MAX_PAYLOAD: u64 = 4 << 30;
+
+/// How a snapshot file is named in errors: its file name only (errors reach
+/// API clients; the data directory's host path stays in the server's log).
+pub fn shown(path: &Path) -> String {
+    path.file_name().map_or_else(|| "(unnamed)".to_string(), |n| n.to_string_lossy().into_owned())
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
@@ -70,6 +78,19 @@ impl StateError {
     }
 }
 
+impl StateError {
+    /// An I/O error on a snapshot file, naming the file (not its directory).
+    pub fn io(what: &'static str, path: &Path, source: std::io::Error) -> StateError {
+        StateError::Io { what, path: shown(path), source }
+    }
+
+    /// The disk (or the file system's quota) is full.
+    pub fn is_no_space(&self) -> bool {
+        matches!(self, StateError::Io { source, .. }
+            if matches!(source.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT)))
+    }
+}
+
 /// Everything a snapshot's state file holds.
 #[derive(Debug, PartialEq, Serialize, Deserialize)]
 pub struct Snapshot {
@@ -82,6 +103,9 @@ pub struct Snapshot {
     pub memory: MemoryStats,
     /// Free-form facts about the snapshot (what the agent reported, the preload...).
     pub info: String,
+    /// Overlay files whose bytes are stored in pack files rather than in
+    /// `process` (where they appear with no bytes); empty for templates.
+    pub files: crate::files::FileTable,
 }
 
 pub fn encode(s: &Snapshot) -> Vec<u8> {
@@ -132,15 +156,15 @@ fn read_v5(payload: &[u8]) -> Result<Snapshot, StateError> {
 
 /// Write atomically: temp file, fsync, rename, fsync the directory.
 pub fn write_state(path: &Path, s: &Snapshot) -> Result<(), StateError> {
-    let tmp = path.with_extension("tmp");
-    let ioe = |what| move |source| StateError::Io { what, path: path.display().to_string(), source };
-    {
+    write_encoded(path, &encode(s))
+}
+
+/// `write_state` of bytes from `encode` (whose length is then known before writing).
+pub fn write_encoded(path: &Path, bytes: &[u8]) -> Result<(), StateError> {
+    crate::layer::write_atomically(path, |f| {
         use std::io::Write;
-        let mut f = std::fs::File::create(&tmp).map_err(ioe("create"))?;
-        f.write_all(&encode(s)).map_err(ioe("write"))?;
-        f.sync_all().map_err(ioe("fsync"))?;
-    }
-    std::fs::rename(&tmp, path).map_err(ioe("rename"))?;
+        f.write_all(bytes)
+    })?;
     if let Some(dir) = path.parent() {
         if let Ok(d) = std::fs::File::open(dir) {
             let _ = d.sync_all();
@@ -150,7 +174,7 @@ pub fn write_state(path: &Path, s: &Snapshot) -> Result<(), StateError> {
 }
 
 pub fn read_state(path: &Path) -> Result<Snapshot, StateError> {
-    let ioe = |what| move |source| StateError::Io { what, path: path.display().to_string(), source };
+    let ioe = |what| move |source| StateError::io(what, path, source);
     let len = std::fs::metadata(path).map_err(ioe("stat"))?.len();
     if len > MAX_PAYLOAD + HEADER_LEN as u64 {
         return Err(StateError::Corrupt(format!("state file of {len} bytes")));

@@ -37,6 +37,7 @@ use forkbox_linux::thread::{SavedCpu, SigInfo, Thread, Timer, Wait, WaitKind};
 use forkbox_linux::vfs::{BodyState, Vfs, ROOT_INO};
 use forkbox_linux::Process;
 use forkbox_snapshot::cpu::{CpuFingerprint, CpuidLeaf};
+use forkbox_snapshot::files::{FileTable, StoredChunk, StoredFile};
 use forkbox_snapshot::layer::{apply_layers, write_layer, Layer, LAYER_VERSION, READABLE_LAYER_VERSIONS};
 use forkbox_snapshot::regs::{DTable, Regs, Segment, Sregs, VcpuRecord, Xcr, Xcrs, Xsave, XSAVE_SIZE};
 use forkbox_snapshot::{state, MemoryStats, Snapshot, FORMAT_VERSION, READABLE_VERSIONS};
@@ -239,6 +240,7 @@ fn template_state(image: &Arc<Image>) -> Snapshot {
         process: process(image, false),
         memory: memory_stats(),
         info,
+        files: FileTable::default(),
     }
 }
 
@@ -259,6 +261,18 @@ fn session_state(image: &Arc<Image>) -> Snapshot {
         process: process(image, true),
         memory: memory_stats(),
         info: TEMPLATE_ID.into(),
+        // One overlay file whose bytes are in two chunks of two packs.
+        files: FileTable {
+            packs: vec!["c_0001.files".into(), "c_0002.files".into()],
+            files: vec![StoredFile {
+                ino: 4242,
+                len: 300_000,
+                chunks: vec![
+                    StoredChunk { pack: 0, offset: 0, len: 262_144, crc: 0x1234_5678 },
+                    StoredChunk { pack: 1, offset: 4096, len: 37_856, crc: 0x9abc_def0 },
+                ],
+            }],
+        },
     }
 }
 

@@ -22,3 +22,15 @@ pub use kvm_bindings::{kvm_regs, kvm_xsave};
 pub use memory::{GuestMemory, ResetStats};
 pub use regs::{Regs, RegsError, Sregs, VcpuRecord, Xcrs, Xsave};
 pub use vm::{GuestFault, VcpuState, Vm, VmExit};
+
+/// CPU time of the calling thread, in seconds. KVM counts a vCPU's guest
+/// time as its thread's, so on the thread that runs a VM this includes the
+/// guest's.
+pub fn thread_cpu_seconds() -> f64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes into a local timespec.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
+        return 0.0;
+    }
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}

@@ -115,7 +115,10 @@ fn write_plain(
             Ok(len)
         }
         FileKind::Agent => {
-            io.agent_out.extend_from_slice(data);
+            // Capped before copying: the run loop ends the exec on overflow.
+            if !io.agent_write(data) {
+                return Err(Errno::EFBIG);
+            }
             Ok(len)
         }
         FileKind::Stdin => Err(Errno::EBADF),

@@ -45,7 +45,7 @@ use imbl::OrdMap;
 
 use crate::Errno;
 pub use generated::Gen;
-pub use node::{makedev, DevKind, NODE_COST};
+pub use node::{entry_cost, makedev, DevKind, ENTRY_COST, NODE_COST};
 use node::{Body, FileData, Node};
 pub use state::{BodyState, FileBytes, FileState, NodeState, VfsState, VfsStateError};
 
@@ -451,11 +451,12 @@ impl Vfs {
         }
         let now = now_ns();
         let node = Node { body, perm, mtime_ns: now, atime_ns: now, nlink: 1 };
-        if charge && self.used.saturating_add(node.cost()) > self.quota {
+        if charge && self.used.saturating_add(node.cost()).saturating_add(node::entry_cost(name)) > self.quota {
             return Err(Errno::ENOSPC);
         }
         let ino = self.alloc_ino()?;
         self.dir_entries_mut(dir)?.insert(name.to_vec(), ino);
+        self.used = self.used.saturating_add(node::entry_cost(name));
         self.put_node(ino, node);
         self.touch(dir)?;
         Ok(ino)
@@ -463,6 +464,9 @@ impl Vfs {
 
     fn remove_entry(&mut self, dir: Ino, name: &[u8]) -> Result<Option<Ino>, Errno> {
         let old = self.dir_entries_mut(dir)?.remove(name);
+        if old.is_some() {
+            self.used = self.used.saturating_sub(node::entry_cost(name));
+        }
         self.touch(dir)?;
         Ok(old)
     }
@@ -513,9 +517,20 @@ impl Vfs {
     // ----- quota -------------------------------------------------------------------
 
     /// Bytes held by the overlay: file bytes copied up or written by the guest, symlink
-    /// targets, and `NODE_COST` per overlay node. Counts unlinked files still held.
+    /// targets, `NODE_COST` per overlay node and `entry_cost` (`ENTRY_COST` + the name)
+    /// per entry of an overlay directory (so hard links and names are charged). Counts unlinked files still held.
     pub fn overlay_bytes(&self) -> u64 {
         self.used
+    }
+
+    /// Charge `bytes` more (a new directory entry): ENOSPC past the quota.
+    fn charge(&mut self, bytes: u64) -> Result<(), Errno> {
+        let used = self.used.saturating_add(bytes);
+        if used > self.quota {
+            return Err(Errno::ENOSPC);
+        }
+        self.used = used;
+        Ok(())
     }
 
     /// Limit for `overlay_bytes`: a write, truncate or create growing past it fails

@@ -17,6 +17,16 @@ use super::{FileType, Ino};
 /// directories (names are at most 255 bytes, so this also roughly covers the entry).
 pub const NODE_COST: u64 = 256;
 
+/// Bytes charged for one directory entry besides its name (the host keeps a
+/// name and an inode number in a persistent map per entry): hard links and
+/// names cost quota, so a guest cannot pin unbounded host memory with them.
+pub const ENTRY_COST: u64 = 64;
+
+/// What one directory entry named `name` costs against the overlay quota.
+pub fn entry_cost(name: &[u8]) -> u64 {
+    ENTRY_COST + name.len() as u64
+}
+
 /// Character devices under `/dev`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum DevKind {
@@ -117,6 +127,7 @@ impl Node {
             Body::Gone => 0,
             Body::File(FileData::Owned(v)) => NODE_COST + v.len() as u64,
             Body::Symlink(t) => NODE_COST + t.len() as u64,
+            Body::Dir { entries, .. } => entries.keys().fold(NODE_COST, |a, k| a.saturating_add(entry_cost(k))),
             _ => NODE_COST,
         }
     }

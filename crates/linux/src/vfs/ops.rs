@@ -265,6 +265,13 @@ impl Vfs {
             }
         }
 
+        // A new name costs quota (a replaced or exchanged one keeps its entry).
+        let (new_cost, old_cost) = (super::entry_cost(&nname), super::entry_cost(&oname));
+        let new_entry = !exchange && target.is_none();
+        if new_entry && new_cost > old_cost && self.used.saturating_add(new_cost - old_cost) > self.quota {
+            return Err(Errno::ENOSPC);
+        }
+
         // All checks done: from here on nothing can fail halfway for a valid tree.
         let moved = op.dir != np.dir;
         match (exchange, target) {
@@ -277,7 +284,11 @@ impl Vfs {
             }
             _ => {
                 self.dir_entries_mut(op.dir)?.remove(&oname);
+                self.used = self.used.saturating_sub(old_cost);
                 let replaced = self.dir_entries_mut(np.dir)?.insert(nname, src);
+                if replaced.is_none() {
+                    self.used = self.used.saturating_add(new_cost);
+                }
                 if let Some(t) = replaced {
                     self.dec_link(t)?;
                 }
@@ -355,6 +366,8 @@ impl Vfs {
             return Err(Errno::ENOENT);
         }
         let n = self.link_count(ino)?.saturating_add(1);
+        // Every name costs quota: a guest cannot pin host memory with links.
+        self.charge(super::entry_cost(&name))?;
         self.dir_entries_mut(p.dir)?.insert(name, ino);
         self.node_mut(ino)?.nlink = n;
         self.touch(p.dir)

@@ -47,7 +47,8 @@ pub struct VfsState {
 impl VfsState {
     /// Layout version written by this code; `restore_state` accepts only this one.
     /// 2: FIFO and socket nodes, /dev/tty, atime.
-    pub const VERSION: u32 = 2;
+    /// 3: directory entries are charged to `overlay_bytes` (`entry_cost`).
+    pub const VERSION: u32 = 3;
 }
 
 /// One overlay node: a copy-up of image inode `ino` (< `Image::inode_count`) or a new

@@ -655,6 +655,7 @@ fn state_structured_fuzz() {
                 BodyState::Gone => 0,
                 BodyState::File(FileState::Owned(b)) => NODE_COST + b.0.len() as u64,
                 BodyState::Symlink(t) => NODE_COST + t.len() as u64,
+                BodyState::Dir { entries, .. } => NODE_COST + entries.iter().map(|(k, _)| entry_cost(k)).sum::<u64>(),
                 _ => NODE_COST,
             })
             .sum();

@@ -421,7 +421,7 @@ fn unlink_semantics() {
     let base = v.overlay_bytes();
     let t = v.open(ROOT_INO, b"/tmp/t", CREAT | RDWR, 0o600).unwrap();
     v.write(t, 0, &[7u8; 5000]).unwrap();
-    assert_eq!(v.overlay_bytes(), base + NODE_COST + 5000);
+    assert_eq!(v.overlay_bytes(), base + NODE_COST + entry_cost(b"t") + 5000);
     v.unlink(ROOT_INO, b"/tmp/t").unwrap();
     assert_eq!(r(&v, "/tmp/t"), Err(Errno::ENOENT));
     assert_eq!(v.stat(t).unwrap().nlink, 0);
@@ -455,7 +455,7 @@ fn rename_files() {
     assert_eq!(read_path(&v, "/tmp/b"), b"AAA");
     assert_eq!(r(&v, "/tmp/a"), Err(Errno::ENOENT));
     assert_eq!(v.stat(b), Err(Errno::ENOENT)); // replaced and not held: freed
-    assert_eq!(v.overlay_bytes(), before - NODE_COST - 6);
+    assert_eq!(v.overlay_bytes(), before - NODE_COST - 6 - entry_cost(b"a"));
     assert_eq!(names(&v, "/tmp"), [".", "..", "b"]);
     // Over an image file, across directories.
     let etc = r(&v, "/etc").unwrap();
@@ -635,12 +635,13 @@ fn clones_are_independent() {
 fn quota_enospc() {
     let (_f, mut v) = vfs();
     let base = v.overlay_bytes();
-    v.set_quota(base + NODE_COST + 10_000);
+    let q = NODE_COST + entry_cost(b"q");
+    v.set_quota(base + q + 10_000);
     let t = v.open(ROOT_INO, b"/tmp/q", CREAT | WRONLY, 0o644).unwrap();
     v.write(t, 0, &[1u8; 9_000]).unwrap();
     assert_eq!(v.write(t, 9_000, &[1u8; 1_001]), Err(Errno::ENOSPC));
     v.write(t, 9_000, &[1u8; 1_000]).unwrap();
-    assert_eq!(v.overlay_bytes(), base + NODE_COST + 10_000);
+    assert_eq!(v.overlay_bytes(), base + q + 10_000);
     // Overwriting in place needs no space; growing does.
     v.write(t, 0, &[2u8; 10_000]).unwrap();
     assert_eq!(v.write(t, 10_000, b"x"), Err(Errno::ENOSPC));
@@ -655,7 +656,7 @@ fn quota_enospc() {
     assert_eq!(read_path(&v, "/data/big.bin"), big_bytes());
     // Shrinking frees space.
     v.truncate(t, 100).unwrap();
-    assert_eq!(v.overlay_bytes(), base + NODE_COST + 100);
+    assert_eq!(v.overlay_bytes(), base + q + 100);
     v.write(t, 100, &[3u8; 500]).unwrap();
     // Deleting frees space.
     v.release(t);

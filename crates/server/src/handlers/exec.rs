@@ -3,10 +3,13 @@
 use std::time::Instant;
 
 use axum::extract::State;
-use axum::Json;
+use axum::{Extension, Json};
 use forkbox_runtime::Outcome;
 
+use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
+use crate::fair::{acquire_for, batch_width, key_timeout};
+use crate::quota;
 use crate::extractors::ApiJson;
 use crate::schema::*;
 use crate::{metrics, AppState};
@@ -16,10 +19,15 @@ use crate::{metrics, AppState};
     responses((status = 200, description = "The result (a Python exception is a result with `error` set)", body = ExecResponse),
               (status = 408, description = "The code ran past its time limit", body = ErrorBody),
               (status = 422, description = "The code took the guest down", body = ErrorBody)))]
-pub(crate) async fn exec(State(state): State<AppState>, ApiJson(req): ApiJson<ExecRequest>) -> Result<Json<ExecResponse>, ApiError> {
+pub(crate) async fn exec(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    ApiJson(req): ApiJson<ExecRequest>,
+) -> Result<Json<ExecResponse>, ApiError> {
     let t0 = Instant::now();
-    let req = state.runtime.oneshot(req.code, req.timeout_seconds, req.template.as_deref())?;
-    let permit = state.admission.acquire(1).await?;
+    let timeout = key_timeout(&state, &caller, req.timeout_seconds)?;
+    let req = state.runtime.oneshot(req.code, timeout, req.template.as_deref())?;
+    let permit = acquire_for(&state, &caller, 1).await?;
     let r = state.runtime.exec(req, None, permit).await;
     metrics::exec("oneshot", Outcome::of(&r).as_str(), t0.elapsed().as_secs_f64());
     let o = r?;
@@ -33,12 +41,20 @@ pub(crate) async fn exec(State(state): State<AppState>, ApiJson(req): ApiJson<Ex
     responses((status = 200, description = "One item per code, in order", body = BatchResponse)))]
 pub(crate) async fn exec_batch(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     ApiJson(req): ApiJson<BatchRequest>,
 ) -> Result<Json<BatchResponse>, ApiError> {
     let t0 = Instant::now();
-    let reqs = state.runtime.batch(req.codes, req.timeout_seconds, req.template.as_deref())?;
-    let permit = state.admission.acquire(state.runtime.batch_parallelism(reqs.len())).await?;
-    let results = state.runtime.exec_batch(reqs, permit).await;
+    let timeout = key_timeout(&state, &caller, req.timeout_seconds)?;
+    let reqs = state.runtime.batch(req.codes, timeout, req.template.as_deref())?;
+    // Each exec of the batch counts against the key's rate (the request itself already did).
+    if let Some(limiter) = caller.key.as_ref().and_then(|k| k.limiter.as_ref()) {
+        limiter.check_n(reqs.len().saturating_sub(1) as u32).map_err(quota::rate_limited)?;
+    }
+    // ... and against its concurrency: the batch runs on as many threads as it holds slots.
+    let width = batch_width(&state, &caller, reqs.len());
+    let permit = acquire_for(&state, &caller, width).await?;
+    let results = state.runtime.exec_batch(reqs, width, permit).await;
     let secs = t0.elapsed().as_secs_f64();
     let out = results
         .into_iter()

@@ -49,6 +49,9 @@ use crate::{metrics, AppState};
 
 /// Finished results kept per machine for the long poll.
 pub const KEEP_RESULTS: usize = 64;
+/// ... and at most this many bytes of them (the oldest go first; the newest
+/// is always kept, and is itself bounded by the output limit).
+pub const KEEP_RESULT_BYTES: usize = 8 << 20;
 /// Instructions a machine may have queued or running at once.
 pub const MAX_PENDING: usize = 16;
 /// How long the result long poll waits.
@@ -73,6 +76,8 @@ struct MachineState {
     next_seq: i64,
     pending: usize,
     results: BTreeMap<i64, FvmResult>,
+    /// `FvmResult::bytes` of `results`.
+    result_bytes: usize,
 }
 
 /// One machine's instruction queue.
@@ -128,9 +133,12 @@ impl Machine {
     fn finish(&self, seq: i64, result: FvmResult) {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         st.pending = st.pending.saturating_sub(1);
+        st.result_bytes += result.bytes();
         st.results.insert(seq, result);
-        while st.results.len() > KEEP_RESULTS {
-            st.results.pop_first();
+        while st.results.len() > KEEP_RESULTS || (st.result_bytes > KEEP_RESULT_BYTES && st.results.len() > 1) {
+            if let Some((_, old)) = st.results.pop_first() {
+                st.result_bytes = st.result_bytes.saturating_sub(old.bytes());
+            }
         }
         drop(st);
         self.done.send_modify(|n| *n += 1);
@@ -157,6 +165,16 @@ pub enum FvmResult {
     },
 }
 
+impl FvmResult {
+    /// Host bytes this result holds.
+    fn bytes(&self) -> usize {
+        match self {
+            FvmResult::Value { value, .. } => value.as_ref().map_or(0, String::len) + 64,
+            FvmResult::Error { error, .. } => error.len() + 64,
+        }
+    }
+}
+
 /// Run instruction `seq` on machine `id` after the machine's earlier ones, and record its result.
 /// With `output`, what the code writes is sent there as it is written.
 async fn run_instruction(
@@ -171,7 +189,7 @@ async fn run_instruction(
     let _turn = machine.run.lock().await;
     let t0 = Instant::now();
     let r: Result<_, ApiError> = async {
-        let permit = state.admission.acquire(1).await?;
+        let permit = crate::fair::acquire_for(&state, &caller, 1).await?;
         let out = output.map(|tx| Box::new(Forward::new(tx)) as Box<dyn Output>);
         Ok(state.runtime.session_exec(&caller.tenant, &id, code, caller.quota(), out, permit).await?)
     }
@@ -186,7 +204,10 @@ async fn run_instruction(
             }
         }
         Err(e) => {
-            FvmResult::Error { error: format!("{}: {}", e.code, e.message), runtime_ms: t0.elapsed().as_millis() as u64 }
+            FvmResult::Error {
+                error: format!("{}: {}", e.code, crate::error::scrub(&e.message)),
+                runtime_ms: t0.elapsed().as_millis() as u64,
+            }
         }
     };
     machine.finish(seq, result.clone());
@@ -329,8 +350,9 @@ pub struct MachineExecAccepted {
     pub interrupted: bool,
 }
 
-fn check_instruction(rt: &Runtime, i: &Instruction) -> Result<(), ApiError> {
+fn check_instruction(rt: &Runtime, caller: &Caller, i: &Instruction) -> Result<(), ApiError> {
     rt.check_code(&i.code)?;
+    crate::fair::key_timeout_of(rt, caller, i.timeout_seconds)?;
     if i.timeout_seconds.is_some() {
         rt.timeout(i.timeout_seconds)?;
     }
@@ -348,7 +370,7 @@ async fn machine_exec(
     ApiPath(name): ApiPath<String>,
     ApiJson(req): ApiJson<MachineExec>,
 ) -> Result<Json<MachineExecAccepted>, ApiError> {
-    check_instruction(&state.runtime, &req.instruction)?;
+    check_instruction(&state.runtime, &caller, &req.instruction)?;
     let (c, n) = (caller.clone(), name.clone());
     blocking(&state, move |rt| {
         owned(rt, &c, &n)?;
@@ -528,7 +550,7 @@ fn error_message(code: ErrorCode, message: &str) -> serde_json::Value {
 /// What the HTTP routes check per request, for one WebSocket message: rate limit, code, disk quota.
 async fn repl_checks(state: &AppState, caller: &Caller, i: &Instruction) -> Result<(), ApiError> {
     caller.check_rate()?;
-    check_instruction(&state.runtime, i)?;
+    check_instruction(&state.runtime, caller, i)?;
     let c = caller.clone();
     blocking(state, move |rt| Ok(rt.check_disk(&c.tenant, &c.quota())?)).await
 }

@@ -2,11 +2,14 @@
 
 use std::sync::Arc;
 
-use axum::extract::State;
+use axum::extract::{Request, State};
 use axum::http::header;
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
+use forkbox_api::ErrorCode;
 
+use crate::auth::Caller;
+use crate::error::{ApiError, ErrorBody};
 use crate::schema::Health;
 use crate::{metrics, AppState};
 
@@ -16,6 +19,7 @@ pub(crate) struct OpenApiDoc(pub(crate) Arc<String>);
 
 #[utoipa::path(get, path = "/healthz", tag = "server", security(()), responses((status = 200, body = Health)))]
 pub(crate) async fn healthz(State(state): State<AppState>) -> Json<Health> {
+    // Nothing about tenants or their sessions: that the server is up, its template and capacity.
     Json(Health {
         status: "ok".into(),
         template: state.runtime.template_id().to_string(),
@@ -23,12 +27,40 @@ pub(crate) async fn healthz(State(state): State<AppState>) -> Json<Health> {
         exec_slots: state.admission.slots(),
         exec_slots_free: state.admission.free(),
         queued: state.admission.queued(),
-        resident_sessions: state.runtime.resident_sessions(),
     })
 }
 
-#[utoipa::path(get, path = "/metrics", tag = "server", security(()),
-    responses((status = 200, description = "Prometheus text exposition", content_type = "text/plain", body = String)))]
+/// `/metrics` on the main address: admin keys only (or the embedded router's
+/// caller); with `metrics_listen` set it is not served here at all.
+#[utoipa::path(get, path = "/metrics", tag = "server",
+    responses((status = 200, description = "Prometheus text exposition (admin keys only)", content_type = "text/plain", body = String),
+              (status = 401, description = "No API key", body = ErrorBody),
+              (status = 403, description = "Not an admin key", body = ErrorBody)))]
+pub(crate) async fn metrics_admin(State(state): State<AppState>, req: Request) -> Result<Response, ApiError> {
+    if state.config.metrics_listen.is_some() {
+        return Err(ApiError::new(ErrorCode::NotFound, "metrics are served on their own address"));
+    }
+    let embedded = req.extensions().get::<Caller>().is_some_and(|c| c.key.is_none());
+    if !embedded {
+        let header = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).map(str::trim);
+        let Some(key) = header.and_then(|h| h.strip_prefix("Bearer ").or_else(|| h.strip_prefix("bearer "))).map(str::trim)
+        else {
+            return Err(ApiError::unauthorized("/metrics needs an admin API key"));
+        };
+        let (st, k) = (state.clone(), key.to_string());
+        let info = tokio::task::spawn_blocking(move || st.keys.lookup(&k))
+            .await?
+            .map_err(|e| ApiError::internal(format!("key store: {e}")))?;
+        match info {
+            None => return Err(ApiError::unauthorized("unknown API key")),
+            Some(i) if !i.admin => return Err(ApiError::new(ErrorCode::Forbidden, "/metrics is for admin keys only")),
+            Some(_) => {}
+        }
+    }
+    Ok(metrics_text(State(state)).await.into_response())
+}
+
+/// The Prometheus text (the separate metrics listener serves this without auth).
 pub(crate) async fn metrics_text(State(state): State<AppState>) -> impl IntoResponse {
     metrics::sessions(state.runtime.resident_sessions());
     metrics::vm_pool(state.runtime.vm_pool_private_bytes());

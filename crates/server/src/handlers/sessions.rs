@@ -22,7 +22,8 @@ pub(crate) async fn create_session(
     ApiJson(req): ApiJson<CreateSession>,
 ) -> Result<(StatusCode, Json<Session>), ApiError> {
     let v = blocking(&state, move |rt| {
-        let v = rt.create_session(&caller.tenant, req.tags, req.memory_mb, req.timeout_seconds, req.template.as_deref(), &caller.quota())?;
+        let timeout = crate::fair::key_timeout_of(rt, &caller, req.timeout_seconds)?;
+        let v = rt.create_session(&caller.tenant, req.tags, req.memory_mb, timeout, req.template.as_deref(), &caller.quota())?;
         Ok(Session::of(&v))
     })
     .await?;
@@ -94,7 +95,7 @@ pub(crate) async fn session_exec(
 ) -> Result<Json<ExecResponse>, ApiError> {
     let t0 = Instant::now();
     state.runtime.check_code(&req.code)?;
-    let permit = state.admission.acquire(1).await?;
+    let permit = crate::fair::acquire_for(&state, &caller, 1).await?;
     let r = state.runtime.session_exec(&caller.tenant, &id, req.code, caller.quota(), None, permit).await;
     metrics::sessions(state.runtime.resident_sessions());
     metrics::exec("session", Outcome::of(&r).as_str(), t0.elapsed().as_secs_f64());

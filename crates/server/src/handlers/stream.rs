@@ -174,11 +174,13 @@ then one `result` event (data: the same JSON as the non-streaming route) or one 
     responses((status = 200, description = STREAM_DOC, content_type = "text/event-stream", body = SseEvent)))]
 pub(crate) async fn exec_stream(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     ApiJson(req): ApiJson<ExecRequest>,
 ) -> Result<impl IntoResponse, ApiError> {
     let t0 = Instant::now();
-    let req = state.runtime.oneshot(req.code, req.timeout_seconds, req.template.as_deref())?;
-    let permit = state.admission.acquire(1).await?;
+    let timeout = crate::fair::key_timeout(&state, &caller, req.timeout_seconds)?;
+    let req = state.runtime.oneshot(req.code, timeout, req.template.as_deref())?;
+    let permit = crate::fair::acquire_for(&state, &caller, 1).await?;
     let (tx, rx) = mpsc::channel(CHANNEL);
     let fwd = Box::new(Forward::new(tx.clone()));
     state.runtime.spawn_exec(req, Some(fwd), permit, move |r| {
@@ -207,7 +209,7 @@ pub(crate) async fn session_exec_stream(
     // What can be refused before the exec starts is an HTTP error, not an event.
     let (c, i, code) = (caller.clone(), id.clone(), req.code.clone());
     blocking(&state, move |rt| Ok(rt.check_session_exec(&c.tenant, &i, &code, &c.quota())?)).await?;
-    let permit = state.admission.acquire(1).await?;
+    let permit = crate::fair::acquire_for(&state, &caller, 1).await?;
     let (tx, rx) = mpsc::channel(CHANNEL);
     let fwd = Box::new(Forward::new(tx.clone()));
     tokio::spawn(async move {

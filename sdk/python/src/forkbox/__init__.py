@@ -12,8 +12,10 @@ from ._errors import (
     CheckpointNotFound,
     ConnectionFailed,
     FileNotFound,
+    Forbidden,
     ForkboxError,
     GuestError,
+    InsufficientStorage,
     InvalidPath,
     InvalidRequest,
     NotFound,
@@ -54,5 +56,5 @@ __all__ = [
     "Stderr", "Stdout", "Upload",
     "ForkboxError", "ConnectionFailed", "InvalidRequest", "InvalidPath", "Unauthorized", "QuotaExceeded", "NotFound", "TemplateNotFound", "TemplateNotReady",
     "SessionNotFound", "CheckpointNotFound", "FileNotFound", "Timeout", "SessionBusy", "CpuMismatch", "PayloadTooLarge",
-    "GuestError", "RateLimited", "ServerError", "Overloaded",
+    "GuestError", "RateLimited", "ServerError", "Overloaded", "Forbidden", "InsufficientStorage",
 ]

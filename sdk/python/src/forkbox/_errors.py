@@ -39,7 +39,11 @@ class Unauthorized(ForkboxError):
 
 
 class QuotaExceeded(ForkboxError):
-    """403: the key's session or disk quota is used up."""
+    """403: the key's session or disk quota is used up (a session exec's `result` is in `body`)."""
+
+
+class Forbidden(ForkboxError):
+    """403 `forbidden`: the key may not do this (e.g. read /metrics without being an admin key)."""
 
 
 class NotFound(ForkboxError):
@@ -100,6 +104,10 @@ class Overloaded(ServerError):
     """503: every exec slot is busy and the wait queue is full; retry shortly."""
 
 
+class InsufficientStorage(ServerError):
+    """507: the server's disk is full; nothing was written (the session stays at its last checkpoint)."""
+
+
 _BY_CODE: dict[str, type[ForkboxError]] = {
     "malformed_json": InvalidRequest,
     "invalid_request": InvalidRequest,
@@ -107,6 +115,7 @@ _BY_CODE: dict[str, type[ForkboxError]] = {
     "is_a_directory": InvalidPath,
     "unauthorized": Unauthorized,
     "quota_exceeded": QuotaExceeded,
+    "forbidden": Forbidden,
     "not_found": NotFound,
     "session_not_found": SessionNotFound,
     "checkpoint_not_found": CheckpointNotFound,
@@ -130,11 +139,13 @@ _BY_CODE: dict[str, type[ForkboxError]] = {
     "deadlock": GuestError,
     "upgrade_required": InvalidRequest,
     "rate_limited": RateLimited,
+    "cpu_budget_exceeded": RateLimited,
     "internal": ServerError,
     "storage_error": ServerError,
     "protocol_error": ServerError,
     "boot_failed": ServerError,
     "overloaded": Overloaded,
+    "insufficient_storage": InsufficientStorage,
 }
 
 _BY_STATUS: dict[int, type[ForkboxError]] = {
@@ -148,6 +159,7 @@ _BY_STATUS: dict[int, type[ForkboxError]] = {
     422: GuestError,
     429: RateLimited,
     503: Overloaded,
+    507: InsufficientStorage,
 }
 
 
@@ -156,14 +168,15 @@ _BY_STATUS: dict[int, type[ForkboxError]] = {
 #: `x-codes`); tests/python/test_sdk_errors.py checks that this one matches it.
 STATUS_OF_CODE: dict[str, int] = {
     "malformed_json": 400, "invalid_request": 400, "invalid_path": 400, "is_a_directory": 400,
-    "unauthorized": 401, "quota_exceeded": 403, "not_found": 404, "session_not_found": 404,
+    "unauthorized": 401, "forbidden": 403, "quota_exceeded": 403, "not_found": 404, "session_not_found": 404,
     "checkpoint_not_found": 404, "instruction_not_found": 404, "file_not_found": 404,
     "template_not_found": 404, "template_not_ready": 409, "template_unavailable": 500,
     "method_not_allowed": 405, "timeout": 408, "session_busy": 409,
     "payload_too_large": 413, "code_too_large": 413, "file_too_large": 413, "guest_crashed": 422,
     "guest_exited": 422, "guest_killed": 422, "sandbox_unusable": 422, "interrupted": 422, "deadlock": 422,
-    "upgrade_required": 426, "rate_limited": 429, "internal": 500, "storage_error": 500,
+    "upgrade_required": 426, "rate_limited": 429, "cpu_budget_exceeded": 429, "internal": 500, "storage_error": 500,
     "protocol_error": 500, "boot_failed": 500, "cpu_mismatch": 500, "overloaded": 503,
+    "insufficient_storage": 507,
 }
 
 
