@@ -126,6 +126,7 @@ impl Sandbox {
         vm.boot(&engine.cpu, start.entry, start.rsp, &[STACK_GUARD])?;
         crate::vdso::refresh(&mut vm, engine.vdso.is_some())?;
         let mut io = Io::new(limits.output_bytes);
+        io.net = forkbox_linux::net::NetIo::new(std::sync::Arc::new(limits.network.clone()));
         io.trace = trace;
         let mut sb = Sandbox {
             vm: Some(vm),
@@ -173,10 +174,13 @@ impl Sandbox {
         proc.mm.set_limit(limits.memory_bytes);
         proc.vfs.set_quota(limits.disk_bytes);
         let regs = vm.regs()?;
+        let mut io = Io::new(limits.output_bytes);
+        // Fresh host-side network state: sockets in `proc` from the snapshot read as reset.
+        io.net = forkbox_linux::net::NetIo::new(std::sync::Arc::new(limits.network.clone()));
         Ok(Sandbox {
             vm: Some(vm),
             proc,
-            io: Io::new(limits.output_bytes),
+            io,
             state: State::Parked(regs),
             limits,
             ready_info: info,
@@ -236,6 +240,11 @@ impl Sandbox {
 
     pub fn limits(&self) -> &Limits {
         &self.limits
+    }
+
+    /// Network counters of this sandbox (connects allowed/denied, DNS, bytes).
+    pub fn net_stats(&self) -> forkbox_linux::net::NetStats {
+        self.io.net.stats.clone()
     }
 
     /// Run `code` in the session's namespace.

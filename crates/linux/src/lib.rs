@@ -8,6 +8,7 @@ pub mod io;
 pub mod layout;
 pub mod loader;
 pub mod mm;
+pub mod net;
 pub mod process;
 mod serde_map;
 pub mod syscalls;

@@ -8,6 +8,7 @@ mod sys_mm;
 mod sys_process;
 pub use sys_process::fill_random;
 mod sys_signal;
+mod sys_socket;
 mod sys_time;
 mod table;
 

@@ -1,6 +1,9 @@
 //! File-descriptor I/O: read, write, their vector and positional forms, lseek,
 //! close, dup, fcntl, ioctl, poll/select, getdents64, ftruncate, fsync.
 
+use std::time::{Duration, Instant};
+
+use super::sys_socket;
 use super::{Args, Ctx, Effect, MAX_RW};
 use crate::errno::{Errno, SysResult};
 use crate::fd::{FileKind, OpenFile};
@@ -34,6 +37,8 @@ fn read_into(ctx: &mut Ctx, fd: i32, buf: u64, len: u64, pos: Option<u64>) -> Sy
         }
         FileKind::Stdin => Ok(0),
         FileKind::Stdout | FileKind::Stderr => Err(Errno::EBADF),
+        FileKind::Socket(_) if pos.is_some() => Err(Errno::ESPIPE),
+        FileKind::Socket(_) => sys_socket::read_fd(ctx, fd, buf, len),
         FileKind::Agent => {
             if pos.is_some() {
                 return Err(Errno::ESPIPE);
@@ -61,6 +66,12 @@ fn write_from(ctx: &mut Ctx, fd: i32, buf: u64, len: u64, pos: Option<u64>) -> S
     }
     let len = len.min(MAX_RW);
     ctx.user_range(buf, len)?;
+    if let FileKind::Socket(_) = f.kind {
+        if pos.is_some() {
+            return Err(Errno::ESPIPE);
+        }
+        return sys_socket::write_fd(ctx, fd, buf, len);
+    }
     let data = ctx.mem.slice(buf, len).map_err(|_| Errno::EFAULT)?;
     match f.kind {
         FileKind::Node(ino) => {
@@ -87,7 +98,7 @@ fn write_from(ctx: &mut Ctx, fd: i32, buf: u64, len: u64, pos: Option<u64>) -> S
             ctx.io.agent_out.extend_from_slice(data);
             Ok(len)
         }
-        FileKind::Stdin => Err(Errno::EBADF),
+        FileKind::Stdin | FileKind::Socket(_) => Err(Errno::EBADF),
     }
 }
 
@@ -193,8 +204,10 @@ pub fn lseek(ctx: &mut Ctx, a: &Args) -> SysResult {
 
 /// Give back the VFS reference of a description that was closed for good.
 fn released(ctx: &mut Ctx, kind: Option<FileKind>) {
-    if let Some(FileKind::Node(ino)) = kind {
-        ctx.proc.vfs.release(ino);
+    match kind {
+        Some(FileKind::Node(ino)) => ctx.proc.vfs.release(ino),
+        Some(FileKind::Socket(s)) => ctx.io.net.close(s.id),
+        _ => {}
     }
 }
 
@@ -260,8 +273,15 @@ pub fn ioctl(ctx: &mut Ctx, a: &Args) -> SysResult {
     match req {
         0x5451 /* FIOCLEX */ => ctx.proc.fds.set_cloexec(fd, true).map(|_| 0),
         0x5450 /* FIONCLEX */ => ctx.proc.fds.set_cloexec(fd, false).map(|_| 0),
+        0x5421 /* FIONBIO */ => {
+            let on = i32::from_le_bytes(ctx.bytes(arg, 4)?.try_into().map_err(|_| Errno::EFAULT)?) != 0;
+            let f = ctx.proc.fds.get_mut(fd)?;
+            f.flags = if on { f.flags | libc::O_NONBLOCK } else { f.flags & !libc::O_NONBLOCK };
+            Ok(0)
+        }
         0x541B /* FIONREAD */ => {
             let n = match f.kind {
+                FileKind::Socket(s) => sys_socket::pending(ctx, s)?.max(0) as u64,
                 FileKind::Agent => ctx.io.agent_pending() as u64,
                 FileKind::Node(ino) => ctx.proc.vfs.stat(ino)?.size.saturating_sub(f.offset),
                 _ => 0,
@@ -281,16 +301,24 @@ fn ready(ctx: &Ctx, f: &OpenFile) -> (bool, bool) {
         FileKind::Stdin => (true, false),
         FileKind::Stdout | FileKind::Stderr => (false, true),
         FileKind::Node(_) => (true, true),
+        FileKind::Socket(s) => {
+            let r = sys_socket::poll_events(ctx, s, libc::POLLIN | libc::POLLOUT);
+            let bad = r & (libc::POLLERR | libc::POLLHUP) != 0;
+            (r & libc::POLLIN != 0 || bad, r & libc::POLLOUT != 0 || bad)
+        }
     }
 }
 
-fn poll_fds(ctx: &mut Ctx, fds: u64, nfds: u64) -> SysResult {
+/// One pass over a pollfd array: revents written back, the count of ready
+/// entries, and the sockets among them (to wait on when none is ready).
+fn poll_fds(ctx: &mut Ctx, fds: u64, nfds: u64) -> Result<(u64, Vec<(u64, i16)>), Errno> {
     if nfds > crate::fd::MAX_FDS as u64 {
         return Err(Errno::EINVAL);
     }
     let raw = ctx.bytes(fds, nfds * 8)?.to_vec();
     let mut out = raw.clone();
     let mut count = 0;
+    let mut socks = Vec::new();
     for (i, c) in raw.chunks_exact(8).enumerate() {
         let fd = i32::from_le_bytes([c[0], c[1], c[2], c[3]]);
         let events = i16::from_le_bytes([c[4], c[5]]);
@@ -298,12 +326,17 @@ fn poll_fds(ctx: &mut Ctx, fds: u64, nfds: u64) -> SysResult {
         if fd >= 0 {
             match ctx.proc.fds.get(fd) {
                 Ok(f) => {
-                    let (r, w) = ready(ctx, f);
-                    if r {
-                        rev |= events & (libc::POLLIN | libc::POLLRDNORM);
-                    }
-                    if w {
-                        rev |= events & (libc::POLLOUT | libc::POLLWRNORM);
+                    if let FileKind::Socket(s) = f.kind {
+                        rev = sys_socket::poll_events(ctx, s, events) & (events | libc::POLLERR | libc::POLLHUP | libc::POLLNVAL);
+                        socks.push((s.id, events));
+                    } else {
+                        let (r, w) = ready(ctx, f);
+                        if r {
+                            rev |= events & (libc::POLLIN | libc::POLLRDNORM);
+                        }
+                        if w {
+                            rev |= events & (libc::POLLOUT | libc::POLLWRNORM);
+                        }
                     }
                 }
                 Err(_) => rev = libc::POLLNVAL,
@@ -313,48 +346,72 @@ fn poll_fds(ctx: &mut Ctx, fds: u64, nfds: u64) -> SysResult {
         count += u64::from(rev != 0);
     }
     ctx.write_bytes(fds, &out)?;
-    Ok(count)
+    Ok((count, socks))
+}
+
+/// poll with a timeout (`None`: forever): sockets are waited on on the host;
+/// without any, a VMM sleep as before (everything else is always ready).
+fn poll_wait(ctx: &mut Ctx, fds: u64, nfds: u64, timeout: Option<Duration>) -> SysResult {
+    let deadline = timeout.map(|d| Instant::now() + d);
+    loop {
+        let (n, socks) = poll_fds(ctx, fds, nfds)?;
+        if n > 0 || timeout == Some(Duration::ZERO) {
+            return Ok(n);
+        }
+        if socks.is_empty() {
+            if let Some(d) = timeout {
+                super::sys_time::sleep_for(ctx, d)?;
+            }
+            return Ok(0);
+        }
+        match sys_socket::wait_sockets(ctx, &socks, deadline) {
+            Ok(_) => {}
+            Err(Errno::EAGAIN) => return Ok(poll_fds(ctx, fds, nfds)?.0),
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 pub fn poll(ctx: &mut Ctx, a: &Args) -> SysResult {
-    let n = poll_fds(ctx, a[0], a[1])?;
-    if n == 0 && (a[2] as i32) > 0 {
-        super::sys_time::sleep_for(ctx, std::time::Duration::from_millis(a[2] as i32 as u64))?;
-    }
-    Ok(n)
+    let ms = a[2] as i32;
+    poll_wait(ctx, a[0], a[1], (ms >= 0).then(|| Duration::from_millis(ms as u64)))
 }
 
 pub fn ppoll(ctx: &mut Ctx, a: &Args) -> SysResult {
-    let n = poll_fds(ctx, a[0], a[1])?;
-    if n == 0 && a[2] != 0 {
-        let d = super::sys_time::read_timespec(ctx, a[2])?;
-        super::sys_time::sleep_for(ctx, d)?;
-    }
-    Ok(n)
+    let t = if a[2] != 0 { Some(super::sys_time::read_timespec(ctx, a[2])?) } else { None };
+    poll_wait(ctx, a[0], a[1], t)
 }
 
-/// select/pselect6: every fd we own is ready except an agent channel with nothing pending.
-fn select_sets(ctx: &mut Ctx, nfds: u64, sets: [u64; 3]) -> SysResult {
-    if nfds > crate::fd::MAX_FDS as u64 {
-        return Err(Errno::EINVAL);
-    }
-    let bytes = nfds.div_ceil(64) * 8;
+/// select/pselect6: every fd we own is ready except an agent channel with
+/// nothing pending and a socket that is not. Returns the count, the result
+/// sets and the sockets to wait on.
+fn select_pass(ctx: &Ctx, nfds: u64, sets: &[Option<Vec<u8>>; 3]) -> Result<(u64, [Option<Vec<u8>>; 3], Vec<(u64, i16)>), Errno> {
+    let mut out = sets.clone();
     let mut count = 0;
-    for (which, &ptr) in sets.iter().enumerate() {
-        if ptr == 0 {
-            continue;
-        }
-        let mut set = ctx.bytes(ptr, bytes)?.to_vec();
+    let mut socks = Vec::new();
+    for (which, set) in out.iter_mut().enumerate() {
+        let Some(set) = set else { continue };
         for fd in 0..nfds as usize {
             if set[fd / 8] & (1 << (fd % 8)) == 0 {
                 continue;
             }
             let f = *ctx.proc.fds.get(fd as i32)?;
-            let (r, w) = ready(ctx, &f);
-            let is = match which {
-                0 => r,
-                1 => w,
-                _ => false,
+            let is = if let FileKind::Socket(s) = f.kind {
+                let ev = [libc::POLLIN, libc::POLLOUT, libc::POLLPRI][which];
+                socks.push((s.id, ev));
+                let r = sys_socket::poll_events(ctx, s, ev);
+                match which {
+                    0 => r & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0,
+                    1 => r & (libc::POLLOUT | libc::POLLERR) != 0,
+                    _ => r & libc::POLLPRI != 0,
+                }
+            } else {
+                let (r, w) = ready(ctx, &f);
+                match which {
+                    0 => r,
+                    1 => w,
+                    _ => false,
+                }
             };
             if is {
                 count += 1;
@@ -362,31 +419,72 @@ fn select_sets(ctx: &mut Ctx, nfds: u64, sets: [u64; 3]) -> SysResult {
                 set[fd / 8] &= !(1 << (fd % 8));
             }
         }
-        ctx.write_bytes(ptr, &set)?;
     }
-    Ok(count)
+    Ok((count, out, socks))
+}
+
+fn select_wait(ctx: &mut Ctx, nfds: u64, ptrs: [u64; 3], timeout: Option<Duration>) -> SysResult {
+    if nfds > crate::fd::MAX_FDS as u64 {
+        return Err(Errno::EINVAL);
+    }
+    let bytes = nfds.div_ceil(64) * 8;
+    let mut sets: [Option<Vec<u8>>; 3] = [None, None, None];
+    for (i, &p) in ptrs.iter().enumerate() {
+        if p != 0 {
+            sets[i] = Some(ctx.bytes(p, bytes)?.to_vec());
+        }
+    }
+    let deadline = timeout.map(|d| Instant::now() + d);
+    let write = |ctx: &mut Ctx, out: &[Option<Vec<u8>>; 3]| -> Result<(), Errno> {
+        for (i, s) in out.iter().enumerate() {
+            if let Some(s) = s {
+                ctx.write_bytes(ptrs[i], s)?;
+            }
+        }
+        Ok(())
+    };
+    loop {
+        let (n, out, socks) = select_pass(ctx, nfds, &sets)?;
+        if n > 0 || timeout == Some(Duration::ZERO) {
+            write(ctx, &out)?;
+            return Ok(n);
+        }
+        if socks.is_empty() {
+            write(ctx, &out)?;
+            if let Some(d) = timeout {
+                super::sys_time::sleep_for(ctx, d)?;
+            }
+            return Ok(0);
+        }
+        match sys_socket::wait_sockets(ctx, &socks, deadline) {
+            Ok(_) => {}
+            Err(Errno::EAGAIN) => {
+                let (n, out, _) = select_pass(ctx, nfds, &sets)?;
+                write(ctx, &out)?;
+                return Ok(n);
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 pub fn select(ctx: &mut Ctx, a: &Args) -> SysResult {
-    let n = select_sets(ctx, a[0], [a[1], a[2], a[3]])?;
-    if n == 0 && a[4] != 0 {
+    let t = if a[4] != 0 {
         let secs = ctx.read_i64(a[4])?;
         let usecs = ctx.read_i64(a[4] + 8)?;
         if secs < 0 || !(0..1_000_000).contains(&usecs) {
             return Err(Errno::EINVAL);
         }
-        super::sys_time::sleep_for(ctx, std::time::Duration::new(secs as u64, usecs as u32 * 1000))?;
-    }
-    Ok(n)
+        Some(Duration::new(secs as u64, usecs as u32 * 1000))
+    } else {
+        None
+    };
+    select_wait(ctx, a[0], [a[1], a[2], a[3]], t)
 }
 
 pub fn pselect6(ctx: &mut Ctx, a: &Args) -> SysResult {
-    let n = select_sets(ctx, a[0], [a[1], a[2], a[3]])?;
-    if n == 0 && a[4] != 0 {
-        let d = super::sys_time::read_timespec(ctx, a[4])?;
-        super::sys_time::sleep_for(ctx, d)?;
-    }
-    Ok(n)
+    let t = if a[4] != 0 { Some(super::sys_time::read_timespec(ctx, a[4])?) } else { None };
+    select_wait(ctx, a[0], [a[1], a[2], a[3]], t)
 }
 
 pub fn getdents64(ctx: &mut Ctx, a: &Args) -> SysResult {

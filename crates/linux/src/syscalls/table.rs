@@ -2,7 +2,7 @@
 
 use std::sync::OnceLock;
 
-use super::{sys_file as file, sys_fs as fs, sys_mm as mm, sys_process as process, sys_signal as signal, sys_time as time};
+use super::{sys_file as file, sys_fs as fs, sys_mm as mm, sys_process as process, sys_signal as signal, sys_socket as net, sys_time as time};
 use super::{Args, Ctx, Handler};
 use crate::errno::{Errno, SysResult};
 
@@ -33,10 +33,6 @@ fn eagain(_: &mut Ctx, _: &Args) -> SysResult {
 
 fn eperm(_: &mut Ctx, _: &Args) -> SysResult {
     Err(Errno::EPERM)
-}
-
-fn eafnosupport(_: &mut Ctx, _: &Args) -> SysResult {
-    Err(Errno::EAFNOSUPPORT)
 }
 
 use Support::*;
@@ -82,7 +78,20 @@ table! {
     33 dup2 => file::dup2, Full;
     35 nanosleep => time::nanosleep, Full;
     39 getpid => process::getpid, Full;
-    41 socket => eafnosupport, Refused;
+    41 socket => net::socket, Partial;
+    42 connect => net::connect, Full;
+    43 accept => net::accept, Refused;
+    44 sendto => net::sendto, Full;
+    45 recvfrom => net::recvfrom, Full;
+    46 sendmsg => net::sendmsg, Partial;
+    47 recvmsg => net::recvmsg, Partial;
+    48 shutdown => net::shutdown, Full;
+    49 bind => net::bind, Partial;
+    50 listen => net::listen, Refused;
+    51 getsockname => net::getsockname, Full;
+    52 getpeername => net::getpeername, Full;
+    54 setsockopt => net::setsockopt, Partial;
+    55 getsockopt => net::getsockopt, Partial;
     56 clone => eagain, Refused;
     57 fork => eagain, Refused;
     58 vfork => eagain, Refused;
@@ -175,11 +184,14 @@ table! {
     271 ppoll => file::ppoll, Partial;
     273 set_robust_list => process::set_robust_list, Full;
     280 utimensat => fs::utimensat, Full;
+    288 accept4 => net::accept, Refused;
     292 dup3 => file::dup3, Full;
     293 pipe2 => enosys, Refused;
     295 preadv => file::preadv, Full;
     296 pwritev => file::pwritev, Full;
+    299 recvmmsg => net::recvmmsg, Partial;
     302 prlimit64 => process::prlimit64, Partial;
+    307 sendmmsg => net::sendmmsg, Partial;
     316 renameat2 => fs::renameat2, Partial;
     318 getrandom => process::getrandom, Full;
     332 statx => fs::statx, Full;
