@@ -388,3 +388,46 @@ fn http_server_in_a_network_namespace_allowlisted_by_cidr_and_name() {
     assert!(r.error.is_some(), "{r:?}");
     assert!(r.stderr.contains("resolves only to addresses the egress policy denies"), "{:?}", r.stderr);
 }
+
+#[test]
+fn a_checkpoint_never_carries_a_live_connection() {
+    let srv = HttpServer::start(None, "127.0.0.1");
+    let home = home();
+    let template = forkbox_engine::Template::ensure(engine(), &home).unwrap_or_else(|e| panic!("Template::ensure: {e}"));
+    let limits = Limits { network: public_with(&[&format!("127.0.0.1:{}", srv.port)]), timeout: Duration::from_secs(20), ..Limits::default() };
+    let mut sb = template.fork_tracked(engine(), limits.clone()).unwrap_or_else(|e| panic!("fork: {e}"));
+    let code = format!(
+        "import socket\n\
+         c = socket.create_connection(('127.0.0.1', {}), timeout=5)\n\
+         c.sendall(b'GET /hello.txt HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n')\n\
+         c.recv(15)",
+        srv.port
+    );
+    assert_eq!(value(&mut sb, &code), "b'HTTP/1.1 200 OK'");
+    let dir = tempfile::tempdir().unwrap();
+    let (layer, state) = (dir.path().join("layer"), dir.path().join("state"));
+    template.checkpoint(engine(), &mut sb, &layer, &state).unwrap_or_else(|e| panic!("checkpoint: {e}"));
+    // The original still has its connection.
+    assert_eq!(value(&mut sb, "c.sendall(b'GET /hello.txt HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n')\nlen(c.recv(1 << 16)) > 0"), "True");
+    // A resumed copy (a fork of the checkpoint, or the session after eviction): the socket reads as reset.
+    let layers = vec![forkbox_snapshot::Layer::read(&layer).unwrap()];
+    for reseed in [false, true] {
+        let mut r = template.resume(engine(), &layers, &state, limits.clone(), reseed).unwrap_or_else(|e| panic!("resume: {e}"));
+        let got = value(
+            &mut r,
+            "out = []\n\
+             for op in (lambda: c.recv(10), lambda: c.send(b'x'), lambda: c.getpeername()):\n\
+             \x20   try:\n\
+             \x20       out.append(op())\n\
+             \x20   except OSError as e:\n\
+             \x20       out.append(e.errno)\n\
+             out.append(c.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR))\n\
+             out.append(c.getsockopt(socket.SOL_SOCKET, socket.SO_TYPE))\n\
+             c.close()\n\
+             out",
+        );
+        assert_eq!(got, format!("[{}, {}, {}, {}, 1]", libc::ECONNRESET, libc::EPIPE, libc::ENOTCONN, libc::ECONNRESET), "reseed={reseed}");
+        // New connections work in the resumed sandbox.
+        assert_eq!(value(&mut r, &format!("import urllib.request\nurllib.request.urlopen('http://127.0.0.1:{}/hello.txt').status", srv.port)), "200");
+    }
+}

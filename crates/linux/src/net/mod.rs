@@ -401,7 +401,8 @@ impl NetIo {
     /// send/sendto/write. `to`: the destination of an unconnected datagram.
     pub fn send(&mut self, id: u64, data: &[u8], to: Option<SocketAddr>, flags: i32) -> Result<usize, Errno> {
         let budget = self.budget()?;
-        let s = self.sock(id)?;
+        // A reset socket (restored from a snapshot) takes no more data.
+        let s = self.socks.get_mut(&id).ok_or(Errno::EPIPE)?;
         let stream = s.stream;
         if let Backend::ResolverStream { input, output, shut_wr } = &mut s.backend {
             if *shut_wr {
