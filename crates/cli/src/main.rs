@@ -39,6 +39,18 @@ enum Command {
         /// Use this image file instead of the default image.
         #[arg(long, value_name = "FILE")]
         image: Option<PathBuf>,
+        /// Outbound network of every sandbox: `public` (the public internet; loopback, private,
+        /// link-local/metadata, CGNAT, multicast and this host's addresses refused), `none`, or
+        /// `allowlist` (only what --egress-allow names). Requests can only narrow it.
+        #[arg(long, value_enum, default_value = "public")]
+        egress: EgressMode,
+        /// An allow rule (repeatable): `10.0.0.0/8`, `1.2.3.4`, `[::1]:8080`, `example.com`, `*.example.com:443`.
+        /// An address/CIDR rule opens even a non-public address; a host-name rule only public ones.
+        #[arg(long, value_name = "RULE")]
+        egress_allow: Vec<String>,
+        /// A deny rule (repeatable), same forms (`*:25` denies a port everywhere). Deny rules win.
+        #[arg(long, value_name = "RULE")]
+        egress_deny: Vec<String>,
     },
     /// API keys for the HTTP API.
     #[command(subcommand)]
@@ -126,7 +138,9 @@ fn main() -> ExitCode {
     raise_fd_limit();
     let home = cli.home.clone().unwrap_or_else(forkbox_image::default_home);
     let result = match cli.command {
-        Command::Serve { listen, image } => serve(&home, listen, image),
+        Command::Serve { listen, image, egress, egress_allow, egress_deny } => {
+            egress_policy(egress, &egress_allow, &egress_deny).and_then(|policy| serve(&home, listen, image, policy))
+        }
         Command::Key(KeyCommand::Create { tenant, rate_limit, max_sessions, max_disk_mb }) => {
             let limits = forkbox_server::KeyLimits { rate_limit, max_sessions, max_disk_mb };
             forkbox_server::create_key_with(&home, &tenant, &limits).map(|k| {
@@ -167,9 +181,29 @@ fn main() -> ExitCode {
     }
 }
 
-fn serve(home: &std::path::Path, listen: std::net::SocketAddr, image: Option<PathBuf>) -> anyhow::Result<ExitCode> {
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum EgressMode {
+    None,
+    Public,
+    Allowlist,
+}
+
+fn egress_policy(mode: EgressMode, allow: &[String], deny: &[String]) -> anyhow::Result<forkbox_engine::NetPolicy> {
+    let parse = |v: &[String]| -> anyhow::Result<Vec<forkbox_engine::NetRule>> {
+        v.iter().map(|r| r.parse::<forkbox_engine::NetRule>().map_err(|e| anyhow::anyhow!("{e}"))).collect()
+    };
+    let mode = match mode {
+        EgressMode::None => forkbox_engine::NetMode::None,
+        EgressMode::Public => forkbox_engine::NetMode::Public,
+        EgressMode::Allowlist => forkbox_engine::NetMode::Allowlist,
+    };
+    Ok(forkbox_engine::NetPolicy { mode, allow: parse(allow)?, deny: parse(deny)? })
+}
+
+fn serve(home: &std::path::Path, listen: std::net::SocketAddr, image: Option<PathBuf>, egress: forkbox_engine::NetPolicy) -> anyhow::Result<ExitCode> {
     let mut cfg = forkbox_server::ServerConfig::new(listen, home.to_path_buf());
     cfg.image = image;
+    cfg.limits.network = forkbox_engine::NetConfig::with_policy(egress);
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(forkbox_server::serve(cfg))?;
     Ok(ExitCode::SUCCESS)
 }

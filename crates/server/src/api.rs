@@ -246,6 +246,20 @@ pub(crate) fn oneshot_limits(state: &Inner, timeout_seconds: Option<f64>) -> Res
     Ok(limits)
 }
 
+/// Narrow `limits`' network by a request's setting (a new innermost layer).
+pub(crate) fn with_network(mut limits: Limits, network: Option<&crate::schema::NetworkSetting>) -> Result<Limits, ApiError> {
+    if let Some(n) = network {
+        let p = n.policy().map_err(|e| ApiError::invalid(format!("network: {e}")))?;
+        limits.network = limits.network.narrowed(p);
+    }
+    Ok(limits)
+}
+
+/// The effective network policy as shown to clients.
+pub(crate) fn network_view(net: &forkbox_engine::NetConfig) -> serde_json::Value {
+    serde_json::json!({ "mode": net.mode(), "layers": net.layers })
+}
+
 pub(crate) fn timeout_of(state: &Inner, seconds: Option<f64>) -> Result<Duration, ApiError> {
     match seconds {
         None => Ok(state.config.limits.timeout),
@@ -302,7 +316,7 @@ pub(crate) async fn blocking<T: Send + 'static>(
 async fn exec(State(state): State<AppState>, ApiJson(req): ApiJson<ExecRequest>) -> Result<Json<ExecResponse>, ApiError> {
     let t0 = Instant::now();
     check_code(&state, &req.code)?;
-    let limits = oneshot_limits(&state, req.timeout_seconds)?;
+    let limits = with_network(oneshot_limits(&state, req.timeout_seconds)?, req.network.as_ref())?;
     let permit = acquire(&state, 1).await?;
     // The reply is sent before the sandbox is dropped: its teardown (the VM goes
     // back to the pool) happens off the response path, still under the permit.
@@ -400,6 +414,9 @@ pub(crate) fn session_body(s: &Inner, rec: &SessionRecord) -> Session {
         limits: SessionLimits {
             memory_mb: rec.limits.memory_bytes >> 20,
             timeout_seconds: rec.limits.timeout_ms as f64 / 1000.0,
+            network: network_view(
+                &rec.limits.network.as_deref().and_then(|j| serde_json::from_str(j).ok()).unwrap_or_default(),
+            ),
         },
     }
 }
@@ -449,7 +466,7 @@ async fn create_session(
     ApiJson(req): ApiJson<CreateSession>,
 ) -> Result<(StatusCode, Json<Session>), ApiError> {
     check_tags(&req.tags)?;
-    let limits = session_limits(&state, req.memory_mb, req.timeout_seconds)?;
+    let limits = with_network(session_limits(&state, req.memory_mb, req.timeout_seconds)?, req.network.as_ref())?;
     let v = blocking(&state, move |s| {
         let rec = create_within_quota(s, &caller, req.tags, &limits)?;
         Ok(session_body(s, &rec))

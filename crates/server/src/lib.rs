@@ -112,7 +112,8 @@ impl ServerConfig {
             code_limit: 1 << 20,
             files_limit: 64 << 20,
             max_batch: 64,
-            limits: Limits::default(),
+            // A fresh server: public internet, everything non-public refused (`--egress` to change).
+            limits: Limits { network: forkbox_engine::NetConfig::with_policy(forkbox_engine::NetPolicy::public()), ..Limits::default() },
             max_timeout: Duration::from_secs(600),
             max_memory_mb: 4096,
             sessions: SessionsConfig::default(),

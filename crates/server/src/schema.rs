@@ -9,6 +9,50 @@ use forkbox_engine::ExecResult;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+/// A sandbox's outbound network. `"none"`: no network; `"public"`: the
+/// public internet, every non-public address (loopback, private, link-local
+/// and the metadata endpoints, CGNAT, multicast, the host's own addresses)
+/// refused; `{"allow": [...], "deny": [...]}`: only what `allow` names (rules:
+/// `10.0.0.0/8`, `1.2.3.4`, `[::1]:8080`, `example.com`, `*.example.com:443`,
+/// `*:25`). It only narrows the server's policy (the default: the server's,
+/// `public` unless `forkbox serve --egress` says otherwise); a host-name rule
+/// never opens a non-public address.
+#[derive(Clone, Debug, Deserialize, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum NetworkSetting {
+    Mode(NetworkMode),
+    Rules {
+        allow: Vec<String>,
+        #[serde(default)]
+        deny: Vec<String>,
+    },
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum NetworkMode {
+    None,
+    Public,
+}
+
+impl NetworkSetting {
+    /// The policy layer this setting adds (rule errors name the rule).
+    pub fn policy(&self) -> Result<forkbox_engine::NetPolicy, String> {
+        use forkbox_engine::{NetMode as Mode, NetPolicy as Policy, NetRule as Rule};
+        let parse = |v: &[String]| -> Result<Vec<Rule>, String> {
+            if v.len() > 256 {
+                return Err("at most 256 network rules".into());
+            }
+            v.iter().map(|r| r.parse::<Rule>().map_err(|e| e.to_string())).collect()
+        };
+        Ok(match self {
+            NetworkSetting::Mode(NetworkMode::None) => Policy::none(),
+            NetworkSetting::Mode(NetworkMode::Public) => Policy::public(),
+            NetworkSetting::Rules { allow, deny } => Policy { mode: Mode::Allowlist, allow: parse(allow)?, deny: parse(deny)? },
+        })
+    }
+}
+
 #[derive(Deserialize, ToSchema)]
 pub struct ExecRequest {
     /// Python source; the repr of a final expression is the result's `value`.
@@ -16,6 +60,8 @@ pub struct ExecRequest {
     /// Time limit of this exec (default: the server's; at most its maximum).
     #[schema(exclusive_minimum = 0.0)]
     pub timeout_seconds: Option<f64>,
+    /// Outbound network of this exec (narrows the server's policy).
+    pub network: Option<NetworkSetting>,
 }
 
 #[derive(Deserialize, ToSchema)]
@@ -35,6 +81,8 @@ pub struct CreateSession {
     pub memory_mb: Option<u64>,
     /// Time limit of each exec in the session.
     pub timeout_seconds: Option<f64>,
+    /// Outbound network of the session (narrows the server's policy; kept across eviction and forks).
+    pub network: Option<NetworkSetting>,
 }
 
 #[derive(Deserialize, ToSchema)]
@@ -181,6 +229,10 @@ pub struct ForkedFrom {
 pub struct SessionLimits {
     pub memory_mb: u64,
     pub timeout_seconds: f64,
+    /// The effective network policy: `mode` (none, public or allowlist) and
+    /// the layers (server, then session) that must all allow a destination.
+    #[schema(value_type = Object)]
+    pub network: serde_json::Value,
 }
 
 #[derive(Serialize, ToSchema)]

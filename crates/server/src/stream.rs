@@ -165,7 +165,7 @@ pub(crate) async fn exec_stream(
 ) -> Result<impl IntoResponse, ApiError> {
     let t0 = Instant::now();
     check_code(&state, &req.code)?;
-    let limits = oneshot_limits(&state, req.timeout_seconds)?;
+    let limits = crate::api::with_network(oneshot_limits(&state, req.timeout_seconds)?, req.network.as_ref())?;
     let permit = acquire(&state, 1).await?;
     let (tx, rx) = mpsc::channel(CHANNEL);
     let s = state.clone();
