@@ -10,6 +10,9 @@ pub enum EngineError {
     GuestCrashed(String),
     #[error("the guest exited with status {0}")]
     GuestExited(i32),
+    /// Every guest thread waits with no timeout for something only the guest could do.
+    #[error("deadlock: {0}")]
+    Deadlock(String),
     #[error("the guest was killed by signal {0}")]
     GuestSignaled(i32),
     #[error("the sandbox is no longer usable (an earlier exec failed: {0})")]
@@ -46,6 +49,7 @@ impl EngineError {
             EngineError::GuestCrashed(_) => "guest_crashed",
             EngineError::GuestExited(_) => "guest_exited",
             EngineError::GuestSignaled(_) => "guest_killed",
+            EngineError::Deadlock(_) => "deadlock",
             EngineError::Poisoned(_) => "sandbox_unusable",
             EngineError::Protocol(_) => "protocol_error",
             EngineError::Boot(_) => "boot_failed",

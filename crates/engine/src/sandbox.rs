@@ -7,6 +7,7 @@ use forkbox_linux::io::Io;
 use forkbox_linux::layout::{RAM_SIZE, STACK_GUARD};
 use forkbox_linux::loader;
 use forkbox_linux::syscalls::{self, Ctx, Effect};
+use forkbox_linux::wait;
 use forkbox_linux::Process;
 use forkbox_vmm::{kvm_regs, GuestMemory, Vm, VmExit};
 use serde::Serialize;
@@ -437,13 +438,81 @@ impl Sandbox {
         Ok(())
     }
 
+    /// Run one syscall handler on the guest's state.
+    fn dispatch(&mut self, nr: u64, args: &syscalls::Args, timed_out: bool) -> (forkbox_linux::SysResult, Option<Effect>) {
+        let vm = self.vm.as_mut().expect("sandbox VM present until drop");
+        let mut ctx = Ctx { mem: vm.mem_mut(), proc: &mut self.proc, io: &mut self.io, effect: None, timed_out };
+        let result = syscalls::dispatch(&mut ctx, nr, args);
+        (result, ctx.effect)
+    }
+
+    /// A call that blocked (`Effect::Block`), single-threaded: nothing but
+    /// time (the call's deadline, a timerfd expiring) can change the state it
+    /// waits on, so sleep until then and re-run the handler with the same
+    /// arguments (see `forkbox_linux::wait`). The exec's deadline and its
+    /// interrupt end the wait with EINTR (the run loop then reports the
+    /// timeout or delivers the signal); a wait nothing can end is a deadlock.
+    fn wait(
+        &mut self,
+        first: wait::Block,
+        nr: u64,
+        args: &syscalls::Args,
+    ) -> Result<(forkbox_linux::SysResult, Option<Effect>), EngineError> {
+        let wait::Block { mut on, deadline, on_timeout } = first;
+        loop {
+            // Host sockets in the wait set (directly or through an epoll) can
+            // wake it too: wait on them on the host.
+            let mut host = wait::host_fds(&self.proc, &self.io, &on);
+            let wake = [deadline, wait::next_change(&self.proc, &on)].into_iter().flatten().min();
+            let wake = match (wake, host.is_empty()) {
+                (Some(w), _) => w,
+                (None, false) => Instant::now() + Duration::from_secs(24 * 3600),
+                (None, true) => {
+                    return Err(EngineError::Deadlock(format!(
+                        "{}() waits for {} with no timeout, and nothing else in the guest can wake it",
+                        syscalls::name(nr),
+                        describe_wait(&on)
+                    )))
+                }
+            };
+            let until = self.io.deadline.map_or(wake, |d| d.min(wake));
+            let interrupted = if host.is_empty() {
+                let d = until.saturating_duration_since(Instant::now());
+                match &self.io.interrupt {
+                    Some(latch) => latch.sleep(d),
+                    None => {
+                        std::thread::sleep(d);
+                        false
+                    }
+                }
+            } else {
+                wait_host(&mut host, until, self.io.interrupt.as_deref())
+            };
+            let host_ready = !host.is_empty() && Instant::now() < until;
+            if interrupted || (until < wake && !host_ready) {
+                return Ok((Err(forkbox_linux::Errno::EINTR), None));
+            }
+            let timed_out = deadline.is_some_and(|t| Instant::now() >= t);
+            match self.dispatch(nr, args, timed_out) {
+                (_, Some(Effect::Block(b))) => {
+                    if timed_out {
+                        return Ok((on_timeout, None));
+                    }
+                    on = b.on;
+                }
+                done => return Ok(done),
+            }
+        }
+    }
+
     /// Handle one syscall exit; `Some` when the guest stops (parks).
     fn syscall(&mut self, regs: kvm_regs) -> Result<Option<Stop>, EngineError> {
         let args = [regs.rdi, regs.rsi, regs.rdx, regs.r10, regs.r8, regs.r9];
+        let (result, effect) = match self.dispatch(regs.rax, &args, false) {
+            (_, Some(Effect::Block(b))) => self.wait(b, regs.rax, &args)?,
+            done => done,
+        };
         let vm = self.vm.as_mut().expect("sandbox VM present until drop");
-        let mut ctx = Ctx { mem: vm.mem_mut(), proc: &mut self.proc, io: &mut self.io, effect: None };
-        let result = syscalls::dispatch(&mut ctx, regs.rax, &args);
-        let effect = ctx.effect;
         let ret = match result {
             Ok(v) => v,
             Err(e) => e.to_rax(),
@@ -465,6 +534,8 @@ impl Sandbox {
                 vm.enter_user(&u)?;
                 return Ok(None);
             }
+            // `wait` never hands a Block back.
+            Some(Effect::Block(_)) => return Err(EngineError::GuestCrashed("a blocked call was not resolved".into())),
         }
         if self.io.interrupt.is_some() {
             self.note_interrupt();
@@ -486,6 +557,38 @@ impl Sandbox {
         let vm = self.vm.as_mut().expect("sandbox VM present until drop");
         vm.complete_syscall(&regs, ret)?;
         Ok(None)
+    }
+}
+
+/// Wait on host fds until one is ready or `until`, checking for an interrupt
+/// every 20 ms. True when interrupted.
+fn wait_host(fds: &mut [libc::pollfd], until: Instant, latch: Option<&forkbox_vmm::InterruptLatch>) -> bool {
+    loop {
+        if latch.is_some_and(|l| l.is_pending()) {
+            return true;
+        }
+        let now = Instant::now();
+        if now >= until {
+            return false;
+        }
+        let slice = until.saturating_duration_since(now).min(Duration::from_millis(20));
+        let ms = slice.as_millis().max(1) as i32;
+        // SAFETY: fds is a valid array of pollfd of its length.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        if n > 0 {
+            return false;
+        }
+    }
+}
+
+/// What a blocked call waits for, for the deadlock error.
+fn describe_wait(on: &wait::WaitOn) -> String {
+    match on {
+        wait::WaitOn::Fd { .. } | wait::WaitOn::Fds(_) => "a file descriptor to become ready".into(),
+        wait::WaitOn::Futex { addr, .. } => format!("the futex at {addr:#x}"),
+        wait::WaitOn::Signal { .. } => "a signal".into(),
+        wait::WaitOn::Child => "a child process".into(),
+        wait::WaitOn::Time => "time".into(),
     }
 }
 

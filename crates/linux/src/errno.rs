@@ -61,6 +61,7 @@ impl Errno {
     pub const ECONNREFUSED: Errno = Errno(libc::ECONNREFUSED);
     pub const EINPROGRESS: Errno = Errno(libc::EINPROGRESS);
     pub const EALREADY: Errno = Errno(libc::EALREADY);
+    pub const EPROTOTYPE: Errno = Errno(libc::EPROTOTYPE);
 
     /// The value to place in RAX: `-errno` as an unsigned 64-bit word.
     pub fn to_rax(self) -> u64 {

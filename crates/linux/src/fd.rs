@@ -5,6 +5,7 @@
 use imbl::OrdMap;
 
 use crate::errno::Errno;
+use crate::objects::Objects;
 use crate::vfs::Ino;
 
 pub const MAX_FDS: i32 = 1024;
@@ -21,6 +22,8 @@ pub enum FileKind {
     Stderr,
     /// The agent's request/reply channel.
     Agent,
+    /// A pipe, socket, eventfd, epoll or timerfd (`FdTable::objects`).
+    Object(u64),
     /// An AF_INET/AF_INET6 socket. The host socket behind it lives in the
     /// sandbox's `Io` (never in a snapshot); an id with none behind it is reset.
     Socket(SockInfo),
@@ -66,6 +69,8 @@ pub struct FdTable {
     #[serde(with = "crate::serde_map")]
     files: OrdMap<u64, OpenFile>,
     next_ofd: u64,
+    /// What `FileKind::Object` descriptions refer to.
+    pub objects: Objects,
 }
 
 impl FdTable {
@@ -87,6 +92,9 @@ impl FdTable {
     fn new_ofd(&mut self, kind: FileKind, flags: i32) -> u64 {
         let id = self.next_ofd;
         self.next_ofd += 1;
+        if let FileKind::Object(obj) = kind {
+            self.objects.attach(obj, flags);
+        }
         self.files.insert(id, OpenFile { kind, flags, offset: 0, refs: 0 });
         id
     }
@@ -120,7 +128,11 @@ impl FdTable {
         let f = self.files.get_mut(&ofd)?;
         f.refs = f.refs.saturating_sub(1);
         if f.refs == 0 {
-            self.files.remove(&ofd).map(|f| f.kind)
+            let f = self.files.remove(&ofd)?;
+            if let FileKind::Object(obj) = f.kind {
+                self.objects.detach(obj, f.flags);
+            }
+            Some(f.kind)
         } else {
             None
         }
@@ -137,6 +149,16 @@ impl FdTable {
     pub fn get(&self, fd: i32) -> Result<&OpenFile, Errno> {
         let e = self.fds.get(&fd).ok_or(Errno::EBADF)?;
         self.files.get(&e.ofd).ok_or(Errno::EBADF)
+    }
+
+    /// The id of the open file description behind `fd` (what `wait::WaitOn` names).
+    pub fn ofd(&self, fd: i32) -> Result<u64, Errno> {
+        Ok(self.fds.get(&fd).ok_or(Errno::EBADF)?.ofd)
+    }
+
+    /// An open file description by id.
+    pub fn description(&self, ofd: u64) -> Option<&OpenFile> {
+        self.files.get(&ofd)
     }
 
     pub fn get_mut(&mut self, fd: i32) -> Result<&mut OpenFile, Errno> {
@@ -194,12 +216,35 @@ impl FdTable {
             }
             *counts.entry(e.ofd).or_default() += 1;
         }
+        let mut obj_refs = std::collections::BTreeMap::<u64, u32>::new();
         for (id, f) in self.files.iter() {
             if counts.get(id).copied().unwrap_or(0) != f.refs || *id >= self.next_ofd {
                 return Err(format!("bad open file description {id}"));
             }
+            if let FileKind::Object(obj) = f.kind {
+                if !self.objects.map.contains_key(&obj) {
+                    return Err(format!("open file description {id} names a missing object"));
+                }
+                *obj_refs.entry(obj).or_default() += 1;
+            }
         }
-        Ok(())
+        for (id, o) in self.objects.map.iter() {
+            let pending = o.ofds == 0 && self.objects.is_pending_connection(*id);
+            if obj_refs.get(id).copied().unwrap_or(0) != o.ofds || (o.ofds == 0 && !pending) {
+                return Err(format!("bad object reference count {id}"));
+            }
+            if let crate::objects::ObjKind::Pipe(p) = &o.kind {
+                let (mut r, mut w) = (0, 0);
+                for f in self.files.values().filter(|f| f.kind == FileKind::Object(*id)) {
+                    r += u32::from(f.flags & libc::O_ACCMODE != libc::O_WRONLY);
+                    w += u32::from(f.flags & libc::O_ACCMODE != libc::O_RDONLY);
+                }
+                if (r, w) != (p.readers, p.writers) {
+                    return Err(format!("pipe {id}: reader/writer counts"));
+                }
+            }
+        }
+        self.objects.validate()
     }
 
     /// Nodes referenced by open descriptions (each holds one VFS reference).
@@ -212,6 +257,33 @@ impl FdTable {
 
     pub fn len(&self) -> usize {
         self.fds.len()
+    }
+
+    /// Open a description of a new object `id` at the lowest free fd; the
+    /// object is dropped if that fails (EMFILE).
+    pub fn open_object(&mut self, id: u64, flags: i32) -> Result<i32, Errno> {
+        let r = self.open(FileKind::Object(id), flags);
+        if r.is_err() {
+            self.objects.discard_unused(id);
+        }
+        r
+    }
+
+    /// Two fds at once (pipe, socketpair): both or neither.
+    pub fn open_two(&mut self, a: (u64, i32), b: (u64, i32)) -> Result<(i32, i32), Errno> {
+        let fa = self.open_object(a.0, a.1).inspect_err(|_| self.objects.discard_unused(b.0))?;
+        match self.open_object(b.0, b.1) {
+            Ok(fb) => Ok((fa, fb)),
+            Err(e) => {
+                let _ = self.close(fa);
+                Err(e)
+            }
+        }
+    }
+
+    /// (fd, description id) pairs, ascending by fd.
+    pub fn entries(&self) -> impl Iterator<Item = (i32, u64)> + '_ {
+        self.fds.iter().map(|(fd, e)| (*fd, e.ofd))
     }
 
     pub fn is_empty(&self) -> bool {

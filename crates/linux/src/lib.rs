@@ -8,11 +8,13 @@ pub mod io;
 pub mod layout;
 pub mod loader;
 pub mod mm;
+pub mod objects;
 pub mod net;
 pub mod process;
 mod serde_map;
 pub mod syscalls;
 pub mod vfs;
+pub mod wait;
 
 pub use errno::{Errno, SysResult};
 pub use io::Io;

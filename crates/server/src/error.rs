@@ -14,7 +14,8 @@
 //! - 415 `unsupported_media_type` (no `Content-Type: application/json`)
 //! - 422 `guest_crashed`, `guest_exited`, `guest_killed`, `sandbox_unusable`: the code took the guest
 //!   down (e.g. `os._exit(3)` or a fault); the request was well-formed and the server is fine, so not a 5xx;
-//!   `interrupted`: an interrupted exec did not stop within the grace period and was killed
+//!   `interrupted`: an interrupted exec did not stop within the grace period and was killed;
+//!   `deadlock`: the code waited (a blocking read, poll, futex ...) for something nothing could ever do
 //! - 429 `rate_limited`: the key is over its requests/s (with `Retry-After`)
 //! - 503 `overloaded`: every exec slot is busy and the bounded wait queue is full or the wait timed out
 //!   (with `Retry-After: 1`)
@@ -82,7 +83,7 @@ impl ApiError {
 pub fn status_for(code: &str) -> StatusCode {
     match code {
         "timeout" => StatusCode::REQUEST_TIMEOUT,
-        "guest_crashed" | "guest_exited" | "guest_killed" | "sandbox_unusable" | "interrupted" => {
+        "guest_crashed" | "guest_exited" | "guest_killed" | "sandbox_unusable" | "interrupted" | "deadlock" => {
             StatusCode::UNPROCESSABLE_ENTITY
         }
         "code_too_large" | "file_too_large" | "payload_too_large" => StatusCode::PAYLOAD_TOO_LARGE,

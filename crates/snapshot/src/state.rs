@@ -11,7 +11,11 @@ use crate::memory::MemoryStats;
 
 pub const MAGIC: &[u8; 8] = b"FBXSNAP\0";
 /// 2: maps encoded as sequences of pairs.
-pub const FORMAT_VERSION: u32 = 2;
+/// 3: fd objects (pipes, AF_UNIX sockets, eventfd, epoll, timerfd) in the fd
+///    table; FIFO and socket nodes in the VFS.
+/// 4: AF_INET/AF_INET6 sockets in the fd table (`FileKind::Socket`: id,
+///    domain, type; the host socket itself is never in a snapshot).
+pub const FORMAT_VERSION: u32 = 4;
 const HEADER_LEN: usize = 8 + 4 + 8 + 32;
 /// A state file larger than this is rejected before it is read into memory.
 const MAX_PAYLOAD: u64 = 4 << 30;

@@ -142,6 +142,9 @@ struct Sock {
     udp_verdicts: HashMap<SocketAddr, bool>,
     /// Set by connect (the destination, for the UDP check of connected sends).
     peer: Option<SocketAddr>,
+    /// TCP: a connect to this address is in progress on the host (a re-run or
+    /// a repeated connect checks its outcome instead of starting another).
+    connecting: Option<SocketAddr>,
     pub rcvtimeo: Option<Duration>,
     pub sndtimeo: Option<Duration>,
 }
@@ -242,6 +245,7 @@ impl NetIo {
                 inbox: VecDeque::new(),
                 udp_verdicts: HashMap::new(),
                 peer: None,
+                connecting: None,
                 rcvtimeo: None,
                 sndtimeo: None,
             },
@@ -381,10 +385,11 @@ impl NetIo {
             }
             return Ok(true);
         }
-        if stream {
-            if !self.check(addr, "connect to").allowed() {
-                return Err(Errno::ECONNREFUSED);
-            }
+        if stream && s.connecting == Some(addr) {
+            return self.connect_outcome(id);
+        }
+        if stream && !self.check(addr, "connect to").allowed() {
+            return Err(Errno::ECONNREFUSED);
         }
         let s = self.sock(id)?;
         s.resolver_peer = false;
@@ -393,9 +398,30 @@ impl NetIo {
         // UDP: connecting sends nothing; the policy is checked on the first send.
         match host.connect(&SockAddr::from(addr)) {
             Ok(()) => Ok(true),
-            Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => Ok(false),
+            Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {
+                self.sock(id)?.connecting = Some(addr);
+                Ok(false)
+            }
             Err(e) => Err(host_errno(&e)),
         }
+    }
+
+    /// The state of a connect in progress: done, failed (its error), or still going.
+    fn connect_outcome(&mut self, id: u64) -> Result<bool, Errno> {
+        let fd = self.host(id)?.as_raw_fd();
+        let err = self.host(id)?.take_error().map_err(|e| host_errno(&e))?;
+        if let Some(e) = err {
+            self.sock(id)?.connecting = None;
+            return Err(host_errno(&e));
+        }
+        let mut p = libc::pollfd { fd, events: libc::POLLOUT, revents: 0 };
+        // SAFETY: one valid pollfd, zero timeout.
+        let n = unsafe { libc::poll(&mut p, 1, 0) };
+        if n > 0 && p.revents & libc::POLLOUT != 0 {
+            self.sock(id)?.connecting = None;
+            return Ok(true);
+        }
+        Ok(false)
     }
 
     /// send/sendto/write. `to`: the destination of an unconnected datagram.

@@ -5,11 +5,13 @@
 mod sys_file;
 mod sys_fs;
 mod sys_mm;
+mod sys_pipe;
 mod sys_process;
 pub use sys_process::fill_random;
 mod sys_signal;
 mod sys_socket;
 mod sys_time;
+mod sys_unix;
 mod table;
 
 use forkbox_vmm::GuestMemory;
@@ -26,7 +28,7 @@ pub type Args = [u64; 6];
 pub type Handler = fn(&mut Ctx, &Args) -> SysResult;
 
 /// Something the VMM must do besides returning a value.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Effect {
     /// The agent waits for a request: stop here without completing the call;
     /// the call is re-issued when the vCPU resumes.
@@ -39,6 +41,8 @@ pub enum Effect {
     SetFsBase(u64),
     /// rt_sigreturn: return from a signal handler the VMM entered.
     SigReturn,
+    /// The call must wait: re-run it when state may have changed (see `crate::wait`).
+    Block(crate::wait::Block),
 }
 
 /// Everything a handler may touch.
@@ -47,6 +51,10 @@ pub struct Ctx<'a> {
     pub proc: &'a mut Process,
     pub io: &'a mut Io,
     pub effect: Option<Effect>,
+    /// The engine re-runs a blocked call (`Effect::Block`) with this set once
+    /// its deadline has passed: the handler must then complete as at a
+    /// timeout (never block again). See `crate::wait`.
+    pub timed_out: bool,
 }
 
 /// Longest path a guest may pass (PATH_MAX).

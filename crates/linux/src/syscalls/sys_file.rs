@@ -1,12 +1,13 @@
 //! File-descriptor I/O: read, write, their vector and positional forms, lseek,
 //! close, dup, fcntl, ioctl, poll/select, getdents64, ftruncate, fsync.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::sys_socket;
 use super::{Args, Ctx, Effect, MAX_RW};
 use crate::errno::{Errno, SysResult};
-use crate::fd::{FileKind, OpenFile};
+use crate::fd::FileKind;
+use crate::wait::{self, Block, WaitOn};
 
 const IOV_MAX: u64 = 1024;
 
@@ -39,6 +40,11 @@ fn read_into(ctx: &mut Ctx, fd: i32, buf: u64, len: u64, pos: Option<u64>) -> Sy
         FileKind::Stdout | FileKind::Stderr => Err(Errno::EBADF),
         FileKind::Socket(_) if pos.is_some() => Err(Errno::ESPIPE),
         FileKind::Socket(_) => sys_socket::read_fd(ctx, fd, buf, len),
+        FileKind::Object(_) if pos.is_some() => Err(Errno::ESPIPE),
+        FileKind::Object(id) => {
+            let ofd = ctx.proc.fds.ofd(fd)?;
+            super::sys_pipe::read_object(ctx, &f, ofd, id, buf, len)
+        }
         FileKind::Agent => {
             if pos.is_some() {
                 return Err(Errno::ESPIPE);
@@ -72,6 +78,16 @@ fn write_from(ctx: &mut Ctx, fd: i32, buf: u64, len: u64, pos: Option<u64>) -> S
         }
         return sys_socket::write_fd(ctx, fd, buf, len);
     }
+    if let FileKind::Object(id) = f.kind {
+        if pos.is_some() {
+            return Err(Errno::ESPIPE);
+        }
+        // Nothing takes more than a socket buffer at once: copy at most that.
+        let len = len.min(crate::objects::SOCKET_CAPACITY as u64);
+        let data = ctx.mem.slice(buf, len).map_err(|_| Errno::EFAULT)?.to_vec();
+        let ofd = ctx.proc.fds.ofd(fd)?;
+        return super::sys_pipe::write_object(ctx, &f, ofd, id, &data);
+    }
     let data = ctx.mem.slice(buf, len).map_err(|_| Errno::EFAULT)?;
     match f.kind {
         FileKind::Node(ino) => {
@@ -98,7 +114,8 @@ fn write_from(ctx: &mut Ctx, fd: i32, buf: u64, len: u64, pos: Option<u64>) -> S
             ctx.io.agent_out.extend_from_slice(data);
             Ok(len)
         }
-        FileKind::Stdin | FileKind::Socket(_) => Err(Errno::EBADF),
+        FileKind::Stdin => Err(Errno::EBADF),
+        FileKind::Object(_) | FileKind::Socket(_) => Err(Errno::EBADF),
     }
 }
 
@@ -151,8 +168,19 @@ fn vectored(ctx: &mut Ctx, fd: i32, iov: u64, count: u64, pos: Option<u64>, is_r
             continue;
         }
         let at = pos.map(|p| p + total);
-        let n = if is_read { read_into(ctx, fd, base, len, at)? } else { write_from(ctx, fd, base, len, at)? };
+        let n = match if is_read { read_into(ctx, fd, base, len, at) } else { write_from(ctx, fd, base, len, at) } {
+            Ok(n) => n,
+            // Some bytes moved already: report them (EAGAIN / EPIPE come next time).
+            Err(_) if total > 0 => {
+                ctx.effect = None;
+                return Ok(total);
+            }
+            Err(e) => return Err(e),
+        };
         if ctx.effect.is_some() {
+            if total > 0 && wait::is_blocking(ctx) {
+                ctx.effect = None;
+            }
             return Ok(total);
         }
         total += n;
@@ -184,6 +212,11 @@ pub fn lseek(ctx: &mut Ctx, a: &Args) -> SysResult {
     let f = *ctx.proc.fds.get(fd)?;
     let FileKind::Node(ino) = f.kind else { return Err(Errno::ESPIPE) };
     let st = ctx.proc.vfs.stat(ino)?;
+    if matches!(st.kind, crate::vfs::FileType::CharDev) && st.rdev != 0 {
+        // /dev/null, /dev/zero ...: seeking succeeds and stays at 0, as Linux.
+        ctx.proc.fds.get_mut(fd)?.offset = 0;
+        return Ok(0);
+    }
     let size = st.size as i64;
     let new = match whence {
         libc::SEEK_SET => off,
@@ -248,6 +281,12 @@ pub fn fcntl(ctx: &mut Ctx, a: &Args) -> SysResult {
             Ok(0)
         }
         libc::F_GETFL => Ok(ctx.proc.fds.get(fd)?.flags as u64),
+        libc::F_GETPIPE_SZ | libc::F_SETPIPE_SZ => match ctx.proc.fds.get(fd)?.kind {
+            FileKind::Object(id) if matches!(ctx.proc.fds.objects.get(id)?.kind, crate::objects::ObjKind::Pipe(_)) => {
+                Ok(crate::objects::PIPE_CAPACITY as u64)
+            }
+            _ => Err(Errno::EBADF),
+        },
         libc::F_SETFL => {
             let changeable = libc::O_APPEND | libc::O_NONBLOCK;
             let f = ctx.proc.fds.get_mut(fd)?;
@@ -273,203 +312,121 @@ pub fn ioctl(ctx: &mut Ctx, a: &Args) -> SysResult {
     match req {
         0x5451 /* FIOCLEX */ => ctx.proc.fds.set_cloexec(fd, true).map(|_| 0),
         0x5450 /* FIONCLEX */ => ctx.proc.fds.set_cloexec(fd, false).map(|_| 0),
-        0x5421 /* FIONBIO */ => {
-            let on = i32::from_le_bytes(ctx.bytes(arg, 4)?.try_into().map_err(|_| Errno::EFAULT)?) != 0;
-            let f = ctx.proc.fds.get_mut(fd)?;
-            f.flags = if on { f.flags | libc::O_NONBLOCK } else { f.flags & !libc::O_NONBLOCK };
-            Ok(0)
-        }
         0x541B /* FIONREAD */ => {
             let n = match f.kind {
                 FileKind::Socket(s) => sys_socket::pending(ctx, s)?.max(0) as u64,
                 FileKind::Agent => ctx.io.agent_pending() as u64,
                 FileKind::Node(ino) => ctx.proc.vfs.stat(ino)?.size.saturating_sub(f.offset),
+                FileKind::Object(id) => ctx.proc.fds.objects.readable_bytes(id),
                 _ => 0,
             };
             ctx.write_i32(arg, n.min(i32::MAX as u64) as i32)?;
             Ok(0)
         }
+        0x5421 /* FIONBIO */ => {
+            let on = ctx.bytes(arg, 4)? != [0, 0, 0, 0];
+            let f = ctx.proc.fds.get_mut(fd)?;
+            f.flags = if on { f.flags | libc::O_NONBLOCK } else { f.flags & !libc::O_NONBLOCK };
+            Ok(0)
+        }
+        0x5452 /* FIOASYNC */ => Err(Errno::EINVAL),
         // TCGETS, TIOCGWINSZ, ...: nothing here is a terminal.
         _ => Err(Errno::ENOTTY),
     }
 }
 
-/// Readiness of one description for poll: (readable, writable).
-fn ready(ctx: &Ctx, f: &OpenFile) -> (bool, bool) {
-    match f.kind {
-        FileKind::Agent => (ctx.io.agent_pending() > 0, true),
-        FileKind::Stdin => (true, false),
-        FileKind::Stdout | FileKind::Stderr => (false, true),
-        FileKind::Node(_) => (true, true),
-        FileKind::Socket(s) => {
-            let r = sys_socket::poll_events(ctx, s, libc::POLLIN | libc::POLLOUT);
-            let bad = r & (libc::POLLERR | libc::POLLHUP) != 0;
-            (r & libc::POLLIN != 0 || bad, r & libc::POLLOUT != 0 || bad)
-        }
-    }
-}
+use crate::objects::ALWAYS;
 
-/// One pass over a pollfd array: revents written back, the count of ready
-/// entries, and the sockets among them (to wait on when none is ready).
-fn poll_fds(ctx: &mut Ctx, fds: u64, nfds: u64) -> Result<(u64, Vec<(u64, i16)>), Errno> {
+/// poll/ppoll: report ready fds, or block until one is (`timeout` None = forever).
+fn poll_fds(ctx: &mut Ctx, fds: u64, nfds: u64, timeout: Option<Duration>) -> SysResult {
     if nfds > crate::fd::MAX_FDS as u64 {
         return Err(Errno::EINVAL);
     }
     let raw = ctx.bytes(fds, nfds * 8)?.to_vec();
     let mut out = raw.clone();
     let mut count = 0;
-    let mut socks = Vec::new();
+    let mut waits = Vec::new();
     for (i, c) in raw.chunks_exact(8).enumerate() {
         let fd = i32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-        let events = i16::from_le_bytes([c[4], c[5]]);
-        let mut rev: i16 = 0;
+        let events = u16::from_le_bytes([c[4], c[5]]) as u32;
+        let mut rev = 0u32;
         if fd >= 0 {
             match ctx.proc.fds.get(fd) {
-                Ok(f) => {
-                    if let FileKind::Socket(s) = f.kind {
-                        rev = sys_socket::poll_events(ctx, s, events) & (events | libc::POLLERR | libc::POLLHUP | libc::POLLNVAL);
-                        socks.push((s.id, events));
-                    } else {
-                        let (r, w) = ready(ctx, f);
-                        if r {
-                            rev |= events & (libc::POLLIN | libc::POLLRDNORM);
-                        }
-                        if w {
-                            rev |= events & (libc::POLLOUT | libc::POLLWRNORM);
-                        }
-                    }
+                Ok(_) => {
+                    let ofd = ctx.proc.fds.ofd(fd)?;
+                    rev = wait::ready(ctx.proc, ctx.io, ofd) & (events | ALWAYS);
+                    waits.push((ofd, events | ALWAYS));
                 }
-                Err(_) => rev = libc::POLLNVAL,
+                Err(_) => rev = libc::POLLNVAL as u32,
             }
         }
-        out[i * 8 + 6..i * 8 + 8].copy_from_slice(&rev.to_le_bytes());
+        out[i * 8 + 6..i * 8 + 8].copy_from_slice(&(rev as u16).to_le_bytes());
         count += u64::from(rev != 0);
     }
-    ctx.write_bytes(fds, &out)?;
-    Ok((count, socks))
-}
-
-/// poll with a timeout (`None`: forever): sockets are waited on on the host;
-/// without any, a VMM sleep as before (everything else is always ready).
-fn poll_wait(ctx: &mut Ctx, fds: u64, nfds: u64, timeout: Option<Duration>) -> SysResult {
-    let deadline = timeout.map(|d| Instant::now() + d);
-    loop {
-        let (n, socks) = poll_fds(ctx, fds, nfds)?;
-        if n > 0 || timeout == Some(Duration::ZERO) {
-            return Ok(n);
-        }
-        if socks.is_empty() {
-            if let Some(d) = timeout {
-                super::sys_time::sleep_for(ctx, d)?;
-            }
-            return Ok(0);
-        }
-        match sys_socket::wait_sockets(ctx, &socks, deadline) {
-            Ok(_) => {}
-            Err(Errno::EAGAIN) => return Ok(poll_fds(ctx, fds, nfds)?.0),
-            Err(e) => return Err(e),
-        }
+    if count == 0 && !ctx.timed_out && timeout != Some(Duration::ZERO) {
+        return wait::block(ctx, Block::new(WaitOn::Fds(waits)).timeout(timeout, Ok(0)));
     }
+    ctx.write_bytes(fds, &out)?;
+    Ok(count)
 }
 
 pub fn poll(ctx: &mut Ctx, a: &Args) -> SysResult {
     let ms = a[2] as i32;
-    poll_wait(ctx, a[0], a[1], (ms >= 0).then(|| Duration::from_millis(ms as u64)))
+    let timeout = (ms >= 0).then(|| Duration::from_millis(ms as u64));
+    poll_fds(ctx, a[0], a[1], timeout)
 }
 
 pub fn ppoll(ctx: &mut Ctx, a: &Args) -> SysResult {
-    let t = if a[2] != 0 { Some(super::sys_time::read_timespec(ctx, a[2])?) } else { None };
-    poll_wait(ctx, a[0], a[1], t)
+    let timeout = if a[2] != 0 { Some(super::sys_time::read_timespec(ctx, a[2])?) } else { None };
+    poll_fds(ctx, a[0], a[1], timeout)
 }
 
-/// select/pselect6: every fd we own is ready except an agent channel with
-/// nothing pending and a socket that is not. Returns the count, the result
-/// sets and the sockets to wait on.
-fn select_pass(ctx: &Ctx, nfds: u64, sets: &[Option<Vec<u8>>; 3]) -> Result<(u64, [Option<Vec<u8>>; 3], Vec<(u64, i16)>), Errno> {
-    let mut out = sets.clone();
-    let mut count = 0;
-    let mut socks = Vec::new();
-    for (which, set) in out.iter_mut().enumerate() {
-        let Some(set) = set else { continue };
-        for fd in 0..nfds as usize {
-            if set[fd / 8] & (1 << (fd % 8)) == 0 {
-                continue;
-            }
-            let f = *ctx.proc.fds.get(fd as i32)?;
-            let is = if let FileKind::Socket(s) = f.kind {
-                let ev = [libc::POLLIN, libc::POLLOUT, libc::POLLPRI][which];
-                socks.push((s.id, ev));
-                let r = sys_socket::poll_events(ctx, s, ev);
-                match which {
-                    0 => r & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0,
-                    1 => r & (libc::POLLOUT | libc::POLLERR) != 0,
-                    _ => r & libc::POLLPRI != 0,
-                }
-            } else {
-                let (r, w) = ready(ctx, &f);
-                match which {
-                    0 => r,
-                    1 => w,
-                    _ => false,
-                }
-            };
-            if is {
-                count += 1;
-            } else {
-                set[fd / 8] &= !(1 << (fd % 8));
-            }
-        }
-    }
-    Ok((count, out, socks))
-}
-
-fn select_wait(ctx: &mut Ctx, nfds: u64, ptrs: [u64; 3], timeout: Option<Duration>) -> SysResult {
+/// select/pselect6 over the three fd sets (read, write, except).
+fn select_sets(ctx: &mut Ctx, nfds: u64, sets: [u64; 3], timeout: Option<Duration>) -> SysResult {
     if nfds > crate::fd::MAX_FDS as u64 {
         return Err(Errno::EINVAL);
     }
     let bytes = nfds.div_ceil(64) * 8;
-    let mut sets: [Option<Vec<u8>>; 3] = [None, None, None];
-    for (i, &p) in ptrs.iter().enumerate() {
-        if p != 0 {
-            sets[i] = Some(ctx.bytes(p, bytes)?.to_vec());
+    let want = [
+        (libc::POLLIN | libc::POLLRDNORM | libc::POLLHUP | libc::POLLERR) as u32,
+        (libc::POLLOUT | libc::POLLWRNORM | libc::POLLERR) as u32,
+        libc::POLLPRI as u32,
+    ];
+    let mut count = 0;
+    let mut out: [Option<Vec<u8>>; 3] = [None, None, None];
+    let mut waits: Vec<(u64, u32)> = Vec::new();
+    for (which, &ptr) in sets.iter().enumerate() {
+        if ptr == 0 {
+            continue;
+        }
+        let mut set = ctx.bytes(ptr, bytes)?.to_vec();
+        for fd in 0..nfds as usize {
+            if set[fd / 8] & (1 << (fd % 8)) == 0 {
+                continue;
+            }
+            let ofd = ctx.proc.fds.ofd(fd as i32)?;
+            if wait::ready(ctx.proc, ctx.io, ofd) & want[which] != 0 {
+                count += 1;
+            } else {
+                set[fd / 8] &= !(1 << (fd % 8));
+            }
+            waits.push((ofd, want[which]));
+        }
+        out[which] = Some(set);
+    }
+    if count == 0 && !ctx.timed_out && timeout != Some(Duration::ZERO) {
+        return wait::block(ctx, Block::new(WaitOn::Fds(waits)).timeout(timeout, Ok(0)));
+    }
+    for (ptr, set) in sets.iter().zip(out) {
+        if let Some(set) = set {
+            ctx.write_bytes(*ptr, &set)?;
         }
     }
-    let deadline = timeout.map(|d| Instant::now() + d);
-    let write = |ctx: &mut Ctx, out: &[Option<Vec<u8>>; 3]| -> Result<(), Errno> {
-        for (i, s) in out.iter().enumerate() {
-            if let Some(s) = s {
-                ctx.write_bytes(ptrs[i], s)?;
-            }
-        }
-        Ok(())
-    };
-    loop {
-        let (n, out, socks) = select_pass(ctx, nfds, &sets)?;
-        if n > 0 || timeout == Some(Duration::ZERO) {
-            write(ctx, &out)?;
-            return Ok(n);
-        }
-        if socks.is_empty() {
-            write(ctx, &out)?;
-            if let Some(d) = timeout {
-                super::sys_time::sleep_for(ctx, d)?;
-            }
-            return Ok(0);
-        }
-        match sys_socket::wait_sockets(ctx, &socks, deadline) {
-            Ok(_) => {}
-            Err(Errno::EAGAIN) => {
-                let (n, out, _) = select_pass(ctx, nfds, &sets)?;
-                write(ctx, &out)?;
-                return Ok(n);
-            }
-            Err(e) => return Err(e),
-        }
-    }
+    Ok(count)
 }
 
 pub fn select(ctx: &mut Ctx, a: &Args) -> SysResult {
-    let t = if a[4] != 0 {
+    let timeout = if a[4] != 0 {
         let secs = ctx.read_i64(a[4])?;
         let usecs = ctx.read_i64(a[4] + 8)?;
         if secs < 0 || !(0..1_000_000).contains(&usecs) {
@@ -479,12 +436,12 @@ pub fn select(ctx: &mut Ctx, a: &Args) -> SysResult {
     } else {
         None
     };
-    select_wait(ctx, a[0], [a[1], a[2], a[3]], t)
+    select_sets(ctx, a[0], [a[1], a[2], a[3]], timeout)
 }
 
 pub fn pselect6(ctx: &mut Ctx, a: &Args) -> SysResult {
-    let t = if a[4] != 0 { Some(super::sys_time::read_timespec(ctx, a[4])?) } else { None };
-    select_wait(ctx, a[0], [a[1], a[2], a[3]], t)
+    let timeout = if a[4] != 0 { Some(super::sys_time::read_timespec(ctx, a[4])?) } else { None };
+    select_sets(ctx, a[0], [a[1], a[2], a[3]], timeout)
 }
 
 pub fn getdents64(ctx: &mut Ctx, a: &Args) -> SysResult {

@@ -6,6 +6,7 @@ use super::{Args, Ctx};
 use crate::errno::{Errno, SysResult};
 use crate::fd::FileKind;
 use crate::vfs::{FileType, Ino, Stat};
+use crate::wait::{Block, WaitOn};
 
 const AT_FDCWD: u64 = libc::AT_FDCWD as u32 as u64;
 
@@ -21,6 +22,10 @@ fn open_common(ctx: &mut Ctx, dirfd: u64, path_ptr: u64, flags: i32, mode: u32) 
     let mode = mode & !ctx.proc.umask & 0o7777;
     let ino = ctx.proc.vfs.open(start, &path, flags, mode)?;
     let keep = flags & (libc::O_ACCMODE | libc::O_APPEND | libc::O_NONBLOCK | libc::O_PATH | libc::O_CLOEXEC | libc::O_DIRECTORY);
+    if flags & libc::O_PATH == 0 && ctx.proc.vfs.stat(ino).map(|s| s.kind) == Ok(FileType::Fifo) {
+        ctx.proc.vfs.release(ino);
+        return open_fifo(ctx, ino, keep);
+    }
     match ctx.proc.fds.open(FileKind::Node(ino), keep) {
         Ok(fd) => Ok(fd as u64),
         Err(e) => {
@@ -28,6 +33,38 @@ fn open_common(ctx: &mut Ctx, dirfd: u64, path_ptr: u64, flags: i32, mode: u32) 
             Err(e)
         }
     }
+}
+
+/// Open a FIFO: a description of the pipe the inode stands for (created by
+/// its first opener). As Linux: a blocking open for reading waits for a
+/// writer and one for writing waits for a reader; a non-blocking open for
+/// writing with no reader is ENXIO; O_RDWR never waits.
+fn open_fifo(ctx: &mut Ctx, ino: Ino, flags: i32) -> SysResult {
+    use crate::objects::ObjKind;
+    let acc = flags & libc::O_ACCMODE;
+    let existing = ctx.proc.fds.objects.fifos.get(&ino).copied();
+    let (readers, writers) = match existing.map(|id| ctx.proc.fds.objects.get(id).map(|o| &o.kind)) {
+        Some(Ok(ObjKind::Pipe(p))) => (p.readers, p.writers),
+        _ => (0, 0),
+    };
+    let nonblock = flags & libc::O_NONBLOCK != 0;
+    match acc {
+        libc::O_WRONLY if readers == 0 && nonblock => return Err(Errno::ENXIO),
+        libc::O_WRONLY if readers == 0 => return crate::wait::block(ctx, Block::new(WaitOn::Fds(Vec::new()))),
+        libc::O_RDONLY if writers == 0 && !nonblock => {
+            return crate::wait::block(ctx, Block::new(WaitOn::Fds(Vec::new())))
+        }
+        _ => {}
+    }
+    let id = match existing {
+        Some(id) => id,
+        None => {
+            let id = ctx.proc.fds.objects.new_pipe(Some(ino));
+            ctx.proc.fds.objects.fifos.insert(ino, id);
+            id
+        }
+    };
+    Ok(ctx.proc.fds.open_object(id, flags)? as u64)
 }
 
 pub fn open(ctx: &mut Ctx, a: &Args) -> SysResult {
@@ -47,6 +84,18 @@ fn fd_stat(ctx: &Ctx, fd: i32) -> Result<Stat, Errno> {
     let f = ctx.proc.fds.get(fd)?;
     match f.kind {
         FileKind::Node(ino) => ctx.proc.vfs.stat(ino),
+        FileKind::Object(id) => {
+            use crate::objects::ObjKind;
+            let mut st = Stat::pipe(2_000_000_000 + id);
+            match ctx.proc.fds.objects.get(id)?.kind {
+                ObjKind::Pipe(_) => {}
+                ObjKind::Socket(_) => st.kind = FileType::Socket,
+                // eventfd, epoll, timerfd: anonymous inodes (no type bits on Linux; a
+                // "file" is the closest we can say).
+                _ => st.kind = FileType::File,
+            }
+            Ok(st)
+        }
         _ => Ok(Stat::pipe(1_000_000 + fd as u64)),
     }
 }

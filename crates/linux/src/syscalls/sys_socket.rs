@@ -7,7 +7,9 @@
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::time::{Duration, Instant};
 
+use super::sys_unix as unix;
 use super::{Args, Ctx};
+use crate::wait::{self, Block, WaitOn};
 use crate::errno::{Errno, SysResult};
 use crate::fd::{FileKind, SockInfo};
 
@@ -21,8 +23,12 @@ const MSG_COPY_MAX: usize = 1 << 20;
 const DGRAM_MAX: usize = 65507;
 const IOV_MAX: u64 = 1024;
 const MMSG_MAX: u64 = 64;
-/// Host-side waits check for interrupts this often.
-const WAIT_SLICE: Duration = Duration::from_millis(20);
+
+/// Whether `fd` is one of ours (AF_INET/AF_INET6); anything else goes to
+/// sys_unix, which answers for AF_UNIX sockets and ENOTSOCK/EBADF otherwise.
+fn is_inet(ctx: &Ctx, fd: u64) -> bool {
+    matches!(ctx.proc.fds.get(fd as i32).map(|f| f.kind), Ok(FileKind::Socket(_)))
+}
 
 fn sock(ctx: &Ctx, fd: u64) -> Result<(SockInfo, bool), Errno> {
     let f = ctx.proc.fds.get(fd as i32)?;
@@ -32,47 +38,15 @@ fn sock(ctx: &Ctx, fd: u64) -> Result<(SockInfo, bool), Errno> {
     }
 }
 
-/// Wait on the host until one of `socks` is ready for its events, or
-/// `deadline` (EAGAIN: a socket timeout), the exec's deadline or an interrupt
-/// (EINTR; the run loop then reports the timeout or delivers the signal).
-pub(crate) fn wait_sockets(ctx: &mut Ctx, socks: &[(u64, i16)], deadline: Option<Instant>) -> Result<bool, Errno> {
-    let mut fds: Vec<libc::pollfd> = socks.iter().filter_map(|&(id, ev)| ctx.io.net.pollfd(id, ev)).collect();
-    loop {
-        if ctx.io.interrupt.as_ref().is_some_and(|l| l.is_pending()) {
-            return Err(Errno::EINTR);
-        }
-        let now = Instant::now();
-        let mut until = now + WAIT_SLICE;
-        let mut limited_by_timeout = false;
-        if let Some(d) = deadline {
-            if d <= until {
-                until = d;
-                limited_by_timeout = true;
-            }
-        }
-        if let Some(d) = ctx.io.deadline {
-            if d <= now {
-                return Err(Errno::EINTR);
-            }
-            until = until.min(d);
-        }
-        if fds.is_empty() {
-            std::thread::sleep(until.saturating_duration_since(now));
-        } else {
-            let ms = until.saturating_duration_since(now).as_millis().min(i32::MAX as u128) as i32;
-            // SAFETY: fds is a valid array of pollfd of its length.
-            let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
-            if n > 0 {
-                return Ok(true);
-            }
-            for p in &mut fds {
-                p.revents = 0;
-            }
-        }
-        if limited_by_timeout && Instant::now() >= until {
-            return Err(Errno::EAGAIN);
-        }
+/// Block the call until socket `fd` is ready for `events` (the engine waits
+/// on the host socket and re-runs the handler), or until `deadline` (a socket
+/// timeout), when the call returns `on_timeout`.
+fn block_on(ctx: &mut Ctx, fd: u64, events: i16, deadline: Option<Instant>, on_timeout: SysResult) -> SysResult {
+    if ctx.timed_out {
+        return on_timeout;
     }
+    let ofd = ctx.proc.fds.ofd(fd as i32)?;
+    wait::block(ctx, Block::new(WaitOn::Fd { ofd, events: events as u16 as u32 }).until(deadline, on_timeout))
 }
 
 fn timeout_deadline(t: Option<Duration>) -> Option<Instant> {
@@ -176,7 +150,8 @@ pub fn socket(ctx: &mut Ctx, a: &Args) -> SysResult {
     let flags = ty & (libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC);
     let kind = ty & !(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC);
     if domain != libc::AF_INET && domain != libc::AF_INET6 {
-        return Err(Errno::EAFNOSUPPORT);
+        // AF_UNIX (and the refusal of every other family) is sys_unix's.
+        return unix::socket(ctx, a);
     }
     let stream = match (kind, proto) {
         (libc::SOCK_STREAM, 0 | libc::IPPROTO_TCP) => true,
@@ -210,6 +185,9 @@ pub fn socket(ctx: &mut Ctx, a: &Args) -> SysResult {
 }
 
 pub fn connect(ctx: &mut Ctx, a: &Args) -> SysResult {
+    if !is_inet(ctx, a[0]) {
+        return unix::connect(ctx, a);
+    }
     let (info, nonblock) = sock(ctx, a[0])?;
     let addr = read_sockaddr(ctx, a[1], a[2])?;
     if let Some(addr) = &addr {
@@ -223,19 +201,10 @@ pub fn connect(ctx: &mut Ctx, a: &Args) -> SysResult {
     if nonblock {
         return Err(Errno::EINPROGRESS);
     }
-    // A blocking connect: wait for the handshake (bounded by SO_SNDTIMEO, as Linux).
+    // A blocking connect: wait for the handshake (bounded by SO_SNDTIMEO, as
+    // Linux); the re-run finds the connection done (or failed) on the host.
     let (_, snd) = ctx.io.net.timeouts(info.id);
-    match wait_sockets(ctx, &[(info.id, libc::POLLOUT)], timeout_deadline(snd)) {
-        Ok(_) => {}
-        Err(Errno::EAGAIN) => return Err(Errno::EINPROGRESS),
-        Err(e) => return Err(e),
-    }
-    let err = ctx.io.net.getsockopt(info.id, libc::SOL_SOCKET, libc::SO_ERROR, 4)?;
-    let code = i32::from_le_bytes(err.get(..4).and_then(|b| b.try_into().ok()).unwrap_or([0; 4]));
-    if code != 0 {
-        return Err(Errno(code));
-    }
-    Ok(0)
+    block_on(ctx, a[0], libc::POLLOUT, timeout_deadline(snd), Err(Errno::EINPROGRESS))
 }
 
 /// Send `data` on a socket, waiting while a blocking socket has no room.
@@ -253,38 +222,38 @@ fn send_common(ctx: &mut Ctx, fd: u64, data: Vec<u8>, to: Option<SocketAddr>, fl
     if !info.stream && data.len() > DGRAM_MAX {
         return Err(Errno::EMSGSIZE);
     }
-    let (_, snd) = ctx.io.net.timeouts(info.id);
-    let deadline = timeout_deadline(snd);
-    loop {
-        let r = ctx.io.net.send(info.id, &data, to, flags);
-        ctx.io.flush_net_notes();
-        match r {
-            Ok(n) => return Ok(n as u64),
-            Err(Errno::EAGAIN) if !dontwait => {
-                wait_sockets(ctx, &[(info.id, libc::POLLOUT)], deadline)?;
-            }
-            Err(e) => return Err(e),
+    let r = ctx.io.net.send(info.id, &data, to, flags);
+    ctx.io.flush_net_notes();
+    match r {
+        Ok(n) => Ok(n as u64),
+        Err(Errno::EAGAIN) if !dontwait => {
+            let (_, snd) = ctx.io.net.timeouts(info.id);
+            block_on(ctx, fd, libc::POLLOUT, timeout_deadline(snd), Err(Errno::EAGAIN))
         }
+        Err(e) => Err(e),
     }
 }
 
-/// Receive into a host buffer of up to `len` bytes; waits while a blocking socket has nothing.
-fn recv_common(ctx: &mut Ctx, fd: u64, len: usize, flags: i32) -> Result<(Vec<u8>, usize, Option<SocketAddr>, bool), Errno> {
+/// What a receive got: the bytes (up to the buffer), the length to report,
+/// the source of a datagram, whether it was truncated.
+type Received = (Vec<u8>, usize, Option<SocketAddr>, bool);
+
+/// Receive into a host buffer of up to `len` bytes. `Ok(None)`: a blocking
+/// socket has nothing yet and the call blocks (the caller returns at once).
+fn recv_common(ctx: &mut Ctx, fd: u64, len: usize, flags: i32) -> Result<Option<Received>, Errno> {
     let (info, nonblock) = sock(ctx, fd)?;
     let dontwait = nonblock || flags & libc::MSG_DONTWAIT != 0;
-    let (rcv, _) = ctx.io.net.timeouts(info.id);
-    let deadline = timeout_deadline(rcv);
     let mut buf = vec![0u8; len];
-    loop {
-        let r = ctx.io.net.recv(info.id, &mut buf, flags);
-        ctx.io.flush_net_notes();
-        match r {
-            Ok((n, from, trunc)) => return Ok((buf, n, from, trunc)),
-            Err(Errno::EAGAIN) if !dontwait => {
-                wait_sockets(ctx, &[(info.id, libc::POLLIN)], deadline)?;
-            }
-            Err(e) => return Err(e),
+    let r = ctx.io.net.recv(info.id, &mut buf, flags);
+    ctx.io.flush_net_notes();
+    match r {
+        Ok((n, from, trunc)) => Ok(Some((buf, n, from, trunc))),
+        Err(Errno::EAGAIN) if !dontwait => {
+            let (rcv, _) = ctx.io.net.timeouts(info.id);
+            block_on(ctx, fd, libc::POLLIN, timeout_deadline(rcv), Err(Errno::EAGAIN))?;
+            Ok(None)
         }
+        Err(e) => Err(e),
     }
 }
 
@@ -298,7 +267,7 @@ fn guest_data(ctx: &Ctx, buf: u64, len: u64, stream: bool) -> Result<Vec<u8>, Er
 pub(crate) fn read_fd(ctx: &mut Ctx, fd: i32, buf: u64, len: u64) -> SysResult {
     let len = len.min(MSG_COPY_MAX as u64);
     ctx.user_range(buf, len)?;
-    let (data, n, _, _) = recv_common(ctx, fd as u64, len as usize, 0)?;
+    let Some((data, n, _, _)) = recv_common(ctx, fd as u64, len as usize, 0)? else { return Ok(0) };
     let k = n.min(data.len());
     ctx.write_bytes(buf, &data[..k])?;
     Ok(k as u64)
@@ -311,6 +280,9 @@ pub(crate) fn write_fd(ctx: &mut Ctx, fd: i32, buf: u64, len: u64) -> SysResult 
 }
 
 pub fn sendto(ctx: &mut Ctx, a: &Args) -> SysResult {
+    if !is_inet(ctx, a[0]) {
+        return unix::sendto(ctx, a);
+    }
     let (info, _) = sock(ctx, a[0])?;
     let data = guest_data(ctx, a[1], a[2], info.stream)?;
     let to = if a[4] != 0 { read_sockaddr(ctx, a[4], a[5])? } else { None };
@@ -318,10 +290,13 @@ pub fn sendto(ctx: &mut Ctx, a: &Args) -> SysResult {
 }
 
 pub fn recvfrom(ctx: &mut Ctx, a: &Args) -> SysResult {
+    if !is_inet(ctx, a[0]) {
+        return unix::recvfrom(ctx, a);
+    }
     let (info, _) = sock(ctx, a[0])?;
     let len = a[2].min(MSG_COPY_MAX as u64);
     ctx.user_range(a[1], len)?;
-    let (data, n, from, _) = recv_common(ctx, a[0], len as usize, a[3] as i32)?;
+    let Some((data, n, from, _)) = recv_common(ctx, a[0], len as usize, a[3] as i32)? else { return Ok(0) };
     ctx.write_bytes(a[1], &data[..n.min(data.len())])?;
     if let Some(from) = from {
         write_sockaddr(ctx, a[4], a[5], from, info.domain)?;
@@ -402,7 +377,7 @@ fn recvmsg_one(ctx: &mut Ctx, fd: u64, msg: u64, flags: i32) -> SysResult {
         ctx.user_range(base, len)?;
     }
     let want: u64 = h.iov.iter().map(|&(_, l)| l).sum();
-    let (data, n, from, trunc) = recv_common(ctx, fd, want.min(MSG_COPY_MAX as u64) as usize, flags)?;
+    let Some((data, n, from, trunc)) = recv_common(ctx, fd, want.min(MSG_COPY_MAX as u64) as usize, flags)? else { return Ok(0) };
     scatter(ctx, &h.iov, &data[..n.min(data.len())])?;
     // msg_namelen (value-result), msg_controllen = 0 (no ancillary data), msg_flags.
     if h.name != 0 {
@@ -422,10 +397,16 @@ fn recvmsg_one(ctx: &mut Ctx, fd: u64, msg: u64, flags: i32) -> SysResult {
 }
 
 pub fn sendmsg(ctx: &mut Ctx, a: &Args) -> SysResult {
+    if !is_inet(ctx, a[0]) {
+        return unix::sendmsg(ctx, a);
+    }
     sendmsg_one(ctx, a[0], a[1], a[2] as i32)
 }
 
 pub fn recvmsg(ctx: &mut Ctx, a: &Args) -> SysResult {
+    if !is_inet(ctx, a[0]) {
+        return unix::recvmsg(ctx, a);
+    }
     recvmsg_one(ctx, a[0], a[1], a[2] as i32)
 }
 
@@ -436,7 +417,16 @@ pub fn sendmmsg(ctx: &mut Ctx, a: &Args) -> SysResult {
     let mut done = 0u64;
     for i in 0..vlen {
         let m = vec.checked_add(i * 64).ok_or(Errno::EFAULT)?;
-        match sendmsg_one(ctx, a[0], m, flags) {
+        let r = sendmsg_one(ctx, a[0], m, flags);
+        if wait::is_blocking(ctx) {
+            if done == 0 {
+                return Ok(0);
+            }
+            // Already sent some: report those instead of blocking.
+            ctx.effect = None;
+            break;
+        }
+        match r {
             Ok(n) => {
                 ctx.write_bytes(m + 56, &(n as u32).to_le_bytes())?;
                 done += 1;
@@ -456,7 +446,11 @@ pub fn recvmmsg(ctx: &mut Ctx, a: &Args) -> SysResult {
         let m = vec.checked_add(i * 64).ok_or(Errno::EFAULT)?;
         // Only the first waits; the rest take what is already there.
         let f = if done == 0 { flags } else { flags | libc::MSG_DONTWAIT };
-        match recvmsg_one(ctx, a[0], m, f) {
+        let r = recvmsg_one(ctx, a[0], m, f);
+        if wait::is_blocking(ctx) {
+            return Ok(0);
+        }
+        match r {
             Ok(n) => {
                 ctx.write_bytes(m + 56, &(n as u32).to_le_bytes())?;
                 done += 1;
@@ -472,11 +466,17 @@ pub fn recvmmsg(ctx: &mut Ctx, a: &Args) -> SysResult {
 }
 
 pub fn shutdown(ctx: &mut Ctx, a: &Args) -> SysResult {
+    if !is_inet(ctx, a[0]) {
+        return unix::shutdown(ctx, a);
+    }
     let (info, _) = sock(ctx, a[0])?;
     ctx.io.net.shutdown(info.id, a[1] as i32).map(|()| 0)
 }
 
 pub fn bind(ctx: &mut Ctx, a: &Args) -> SysResult {
+    if !is_inet(ctx, a[0]) {
+        return unix::bind(ctx, a);
+    }
     let (info, _) = sock(ctx, a[0])?;
     let addr = read_sockaddr(ctx, a[1], a[2])?.ok_or(Errno::EAFNOSUPPORT)?;
     check_family(&info, &addr)?;
@@ -487,18 +487,34 @@ pub fn bind(ctx: &mut Ctx, a: &Args) -> SysResult {
 
 /// Listening sockets are not served: a sandbox never takes a host port.
 pub fn listen(ctx: &mut Ctx, a: &Args) -> SysResult {
+    if !is_inet(ctx, a[0]) {
+        return unix::listen(ctx, a);
+    }
     sock(ctx, a[0])?;
     ctx.io.net.note("listen() refused: a sandbox cannot accept connections".into());
     ctx.io.flush_net_notes();
     Err(Errno::EOPNOTSUPP)
 }
 
+pub fn accept4(ctx: &mut Ctx, a: &Args) -> SysResult {
+    if !is_inet(ctx, a[0]) {
+        return unix::accept4(ctx, a);
+    }
+    Err(Errno::EINVAL)
+}
+
 pub fn accept(ctx: &mut Ctx, a: &Args) -> SysResult {
+    if !is_inet(ctx, a[0]) {
+        return unix::accept(ctx, a);
+    }
     sock(ctx, a[0])?;
     Err(Errno::EINVAL)
 }
 
 pub fn getsockname(ctx: &mut Ctx, a: &Args) -> SysResult {
+    if !is_inet(ctx, a[0]) {
+        return unix::getsockname(ctx, a);
+    }
     let (info, _) = sock(ctx, a[0])?;
     let addr = ctx.io.net.local_addr(info.id)?;
     write_sockaddr(ctx, a[1], a[2], addr, info.domain)?;
@@ -506,6 +522,9 @@ pub fn getsockname(ctx: &mut Ctx, a: &Args) -> SysResult {
 }
 
 pub fn getpeername(ctx: &mut Ctx, a: &Args) -> SysResult {
+    if !is_inet(ctx, a[0]) {
+        return unix::getpeername(ctx, a);
+    }
     let (info, _) = sock(ctx, a[0])?;
     let addr = ctx.io.net.peer_addr(info.id).map_err(|e| if e == Errno::ECONNRESET { Errno::ENOTCONN } else { e })?;
     write_sockaddr(ctx, a[1], a[2], addr, info.domain)?;
@@ -543,6 +562,9 @@ fn timeval(d: Option<Duration>) -> [u8; 16] {
 }
 
 pub fn setsockopt(ctx: &mut Ctx, a: &Args) -> SysResult {
+    if !is_inet(ctx, a[0]) {
+        return unix::setsockopt(ctx, a);
+    }
     let (info, _) = sock(ctx, a[0])?;
     let (level, name, val, len) = (a[1] as i32, a[2] as i32, a[3], a[4]);
     if len > OPT_MAX {
@@ -574,6 +596,9 @@ pub fn setsockopt(ctx: &mut Ctx, a: &Args) -> SysResult {
 }
 
 pub fn getsockopt(ctx: &mut Ctx, a: &Args) -> SysResult {
+    if !is_inet(ctx, a[0]) {
+        return unix::getsockopt(ctx, a);
+    }
     let (info, _) = sock(ctx, a[0])?;
     let (level, name, val, len_ptr) = (a[1] as i32, a[2] as i32, a[3], a[4]);
     let cap = i32::from_le_bytes(ctx.bytes(len_ptr, 4)?.try_into().map_err(|_| Errno::EFAULT)?);
@@ -605,7 +630,3 @@ pub(crate) fn pending(ctx: &mut Ctx, info: SockInfo) -> Result<i32, Errno> {
     ctx.io.net.pending(info.id)
 }
 
-/// Readiness of a socket for poll/select.
-pub(crate) fn poll_events(ctx: &Ctx, info: SockInfo, events: i16) -> i16 {
-    ctx.io.net.poll(info.id, events)
-}

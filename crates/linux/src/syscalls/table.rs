@@ -3,6 +3,7 @@
 use std::sync::OnceLock;
 
 use super::{sys_file as file, sys_fs as fs, sys_mm as mm, sys_process as process, sys_signal as signal, sys_socket as net, sys_time as time};
+use super::{sys_pipe as pipe, sys_unix as unix};
 use super::{Args, Ctx, Handler};
 use crate::errno::{Errno, SysResult};
 
@@ -68,7 +69,7 @@ table! {
     19 readv => file::readv, Full;
     20 writev => file::writev, Full;
     21 access => fs::access, Full;
-    22 pipe => enosys, Refused;
+    22 pipe => pipe::pipe, Full;
     23 select => file::select, Partial;
     24 sched_yield => process::sched_yield, Full;
     25 mremap => mm::mremap, Full;
@@ -80,16 +81,17 @@ table! {
     39 getpid => process::getpid, Full;
     41 socket => net::socket, Partial;
     42 connect => net::connect, Full;
-    43 accept => net::accept, Refused;
+    43 accept => net::accept, Full;
     44 sendto => net::sendto, Full;
     45 recvfrom => net::recvfrom, Full;
     46 sendmsg => net::sendmsg, Partial;
     47 recvmsg => net::recvmsg, Partial;
     48 shutdown => net::shutdown, Full;
-    49 bind => net::bind, Partial;
-    50 listen => net::listen, Refused;
+    49 bind => net::bind, Full;
+    50 listen => net::listen, Full;
     51 getsockname => net::getsockname, Full;
     52 getpeername => net::getpeername, Full;
+    53 socketpair => unix::socketpair, Full;
     54 setsockopt => net::setsockopt, Partial;
     55 getsockopt => net::getsockopt, Partial;
     56 clone => eagain, Refused;
@@ -161,6 +163,7 @@ table! {
     202 futex => process::futex, Partial;
     203 sched_setaffinity => process::sched_setaffinity, Partial;
     204 sched_getaffinity => process::sched_getaffinity, Full;
+    213 epoll_create => pipe::epoll_create, Full;
     217 getdents64 => file::getdents64, Full;
     218 set_tid_address => process::set_tid_address, Full;
     221 fadvise64 => file::fsync, Full;
@@ -168,6 +171,8 @@ table! {
     229 clock_getres => time::clock_getres, Full;
     230 clock_nanosleep => time::clock_nanosleep, Full;
     231 exit_group => process::exit_group, Full;
+    232 epoll_wait => pipe::epoll_wait, Partial;
+    233 epoll_ctl => pipe::epoll_ctl, Partial;
     234 tgkill => process::tgkill, Partial;
     257 openat => fs::openat, Full;
     258 mkdirat => fs::mkdirat, Full;
@@ -184,9 +189,16 @@ table! {
     271 ppoll => file::ppoll, Partial;
     273 set_robust_list => process::set_robust_list, Full;
     280 utimensat => fs::utimensat, Full;
-    288 accept4 => net::accept, Refused;
+    281 epoll_pwait => pipe::epoll_pwait, Partial;
+    283 timerfd_create => pipe::timerfd_create, Full;
+    284 eventfd => pipe::eventfd, Full;
+    286 timerfd_settime => pipe::timerfd_settime, Full;
+    287 timerfd_gettime => pipe::timerfd_gettime, Full;
+    288 accept4 => net::accept4, Full;
+    290 eventfd2 => pipe::eventfd2, Full;
+    291 epoll_create1 => pipe::epoll_create1, Full;
     292 dup3 => file::dup3, Full;
-    293 pipe2 => enosys, Refused;
+    293 pipe2 => pipe::pipe2, Full;
     295 preadv => file::preadv, Full;
     296 pwritev => file::pwritev, Full;
     299 recvmmsg => net::recvmmsg, Partial;
@@ -198,6 +210,7 @@ table! {
     334 rseq => enosys, Refused;
     435 clone3 => enosys, Refused;
     439 faccessat2 => fs::faccessat2, Full;
+    441 epoll_pwait2 => pipe::epoll_pwait2, Partial;
 }
 
 /// Table entry by number (a dense index built on first use).

@@ -26,7 +26,7 @@ impl Vfs {
         }
     }
 
-    fn device(&self, ino: Ino) -> Result<Option<DevKind>, Errno> {
+    pub(super) fn device(&self, ino: Ino) -> Result<Option<DevKind>, Errno> {
         Ok(match self.view(ino)? {
             View::Overlay(Node { body: Body::CharDev(d), .. }) => Some(*d),
             _ => None,
@@ -46,6 +46,7 @@ impl Vfs {
                     fill_random(buf)?;
                     Ok(buf.len())
                 }
+                DevKind::Tty => Err(Errno::ENXIO),
             };
         }
         let bytes = self.file_bytes(ino)?;
@@ -66,6 +67,7 @@ impl Vfs {
             return match dev {
                 DevKind::Full => Err(Errno::ENOSPC),
                 DevKind::Null | DevKind::Zero | DevKind::Urandom => Ok(data.len()),
+                DevKind::Tty => Err(Errno::ENXIO),
             };
         }
         let cur_len = self.file_bytes(ino)?.len() as u64;

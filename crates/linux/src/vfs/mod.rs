@@ -73,8 +73,10 @@ pub enum FileType {
     File,
     Symlink,
     CharDev,
-    /// Never in the VFS: for `Stat::pipe` (stdio, the agent channel).
+    /// A FIFO node (mkfifo), or what `Stat::pipe` reports for pipe-like fds.
     Fifo,
+    /// An AF_UNIX socket file.
+    Socket,
 }
 
 impl FileType {
@@ -86,6 +88,7 @@ impl FileType {
             FileType::Symlink => libc::S_IFLNK,
             FileType::CharDev => libc::S_IFCHR,
             FileType::Fifo => libc::S_IFIFO,
+            FileType::Socket => libc::S_IFSOCK,
         }
     }
 
@@ -97,6 +100,7 @@ impl FileType {
             FileType::Symlink => libc::DT_LNK,
             FileType::CharDev => libc::DT_CHR,
             FileType::Fifo => libc::DT_FIFO,
+            FileType::Socket => libc::DT_SOCK,
         }
     }
 }
@@ -210,6 +214,7 @@ impl Vfs {
             (b"full", DevKind::Full),
             (b"random", DevKind::Urandom),
             (b"urandom", DevKind::Urandom),
+            (b"tty", DevKind::Tty),
         ] {
             if let Some(old) = self.lookup(dev, name)? {
                 if matches!(self.view(old)?, View::Overlay(Node { body: Body::CharDev(_), .. })) {
@@ -220,6 +225,8 @@ impl Vfs {
             }
             self.create(dev, name, Body::CharDev(kind), 0o666, false)?;
         }
+        // POSIX shared memory (shm_open) is files in a tmpfs: here, the overlay.
+        self.ensure_dir(dev, b"shm", 0o1777)?;
         self.ensure_dir(ROOT_INO, b"tmp", 0o1777)?;
         self.ensure_dir(ROOT_INO, b"proc", 0o555)?;
         self.ensure_dir(ROOT_INO, b"root", 0o700)?;
@@ -527,6 +534,7 @@ impl Vfs {
                     Body::File(_) => (self.file_bytes(ino)?.len() as u64, 0),
                     Body::Symlink(t) => (t.len() as u64, 0),
                     Body::CharDev(d) => (0, d.rdev()),
+                    Body::Fifo | Body::Socket => (0, 0),
                     Body::Gone => return Err(Errno::ENOENT),
                 };
                 (n.perm, size, n.mtime_ns, rdev)

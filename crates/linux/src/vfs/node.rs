@@ -28,6 +28,8 @@ pub enum DevKind {
     Full,
     /// Reads: host entropy (getrandom). Writes: discarded. Both /dev/random and /dev/urandom.
     Urandom,
+    /// /dev/tty: there is no controlling terminal, so opening it is ENXIO.
+    Tty,
 }
 
 impl DevKind {
@@ -38,6 +40,7 @@ impl DevKind {
             DevKind::Zero => 5,
             DevKind::Full => 7,
             DevKind::Urandom => 9,
+            DevKind::Tty => return makedev(5, 0),
         };
         makedev(1, minor)
     }
@@ -69,6 +72,10 @@ pub(crate) enum Body {
     File(FileData),
     Symlink(Arc<[u8]>),
     CharDev(DevKind),
+    /// A FIFO (mkfifo): opening it gives a pipe (`objects::Objects::fifos`).
+    Fifo,
+    /// An AF_UNIX socket file (bind): only a name to connect to.
+    Socket,
     /// Tombstone of a deleted image inode whose last reference went away: it keeps
     /// the number from falling back to the image's view.
     Gone,
@@ -92,6 +99,8 @@ impl Node {
             Body::File(_) => FileType::File,
             Body::Symlink(_) => FileType::Symlink,
             Body::CharDev(_) => FileType::CharDev,
+            Body::Fifo => FileType::Fifo,
+            Body::Socket => FileType::Socket,
             Body::Gone => return None,
         })
     }

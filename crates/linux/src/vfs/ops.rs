@@ -3,7 +3,7 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use super::node::{Body, FileData};
+use super::node::{Body, DevKind, FileData};
 use super::path::Last;
 use super::{FileType, Ino, Vfs, View, MAX_SYMLINKS, PATH_MAX, RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INO};
 use crate::Errno;
@@ -67,6 +67,11 @@ impl Vfs {
                     return Err(Errno::ENOTDIR);
                 }
             }
+            // A socket file is only a name to connect to.
+            FileType::Socket => return Err(if flags & libc::O_DIRECTORY != 0 { Errno::ENOTDIR } else { Errno::ENXIO }),
+        }
+        if self.device(ino)? == Some(DevKind::Tty) {
+            return Err(Errno::ENXIO);
         }
         if flags & libc::O_TRUNC != 0 && kind == FileType::File && !created {
             self.truncate(ino, 0)?;
@@ -116,11 +121,31 @@ impl Vfs {
                 }
                 FileType::Dir => return Err(Errno::EISDIR),
                 FileType::File | FileType::CharDev | FileType::Fifo => return Ok((ino, false)),
+                FileType::Socket => return Err(Errno::ENXIO),
             }
         }
     }
 
     /// mkdir(2) with `mode & 0o1777`.
+    /// mknod(2) of a FIFO or a socket file (bind of an AF_UNIX path): EEXIST if
+    /// the name exists. The new inode.
+    pub fn mknod(&mut self, start: Ino, path: &[u8], kind: FileType, mode: u32) -> Result<Ino, Errno> {
+        let body = match kind {
+            FileType::Fifo => Body::Fifo,
+            FileType::Socket => Body::Socket,
+            _ => return Err(Errno::EPERM),
+        };
+        let p = self.walk_parent(start, path, &mut 0)?;
+        let Last::Name(name) = p.last else { return Err(Errno::EEXIST) };
+        if self.lookup(p.dir, &name)?.is_some() {
+            return Err(Errno::EEXIST);
+        }
+        if p.trailing {
+            return Err(Errno::ENOENT);
+        }
+        self.create(p.dir, &name, body, mode & 0o7777, true)
+    }
+
     pub fn mkdir(&mut self, start: Ino, path: &[u8], mode: u32) -> Result<(), Errno> {
         let p = self.walk_parent(start, path, &mut 0)?;
         let Last::Name(name) = p.last else { return Err(Errno::EEXIST) };

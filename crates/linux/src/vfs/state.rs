@@ -46,7 +46,8 @@ pub struct VfsState {
 
 impl VfsState {
     /// Layout version written by this code; `restore_state` accepts only this one.
-    pub const VERSION: u32 = 1;
+    /// 2: FIFO and socket nodes, /dev/tty.
+    pub const VERSION: u32 = 2;
 }
 
 /// One overlay node: a copy-up of image inode `ino` (< `Image::inode_count`) or a new
@@ -74,6 +75,8 @@ pub enum BodyState {
     File(FileState),
     Symlink(Vec<u8>),
     CharDev(DevKind),
+    Fifo,
+    Socket,
     /// A deleted image inode (hides the image's node of that number).
     Gone,
 }
@@ -188,6 +191,8 @@ impl Vfs {
                 BodyState::File(FileState::Owned(b)) => Body::File(FileData::Owned(b.0)),
                 BodyState::Symlink(t) => Body::Symlink(Arc::from(t)),
                 BodyState::CharDev(d) => Body::CharDev(d),
+                BodyState::Fifo => Body::Fifo,
+                BodyState::Socket => Body::Socket,
                 BodyState::Gone => Body::Gone,
             };
             let node = Node { body, perm: n.perm, mtime_ns: n.mtime_ns, nlink: n.nlink };
@@ -211,6 +216,8 @@ fn save_node(ino: Ino, n: &Node) -> NodeState {
         Body::File(FileData::Owned(v)) => BodyState::File(FileState::Owned(FileBytes(v.clone()))),
         Body::Symlink(t) => BodyState::Symlink(t.to_vec()),
         Body::CharDev(d) => BodyState::CharDev(*d),
+        Body::Fifo => BodyState::Fifo,
+        Body::Socket => BodyState::Socket,
         Body::Gone => BodyState::Gone,
     };
     NodeState { ino, perm: n.perm, mtime_ns: n.mtime_ns, nlink: n.nlink, body }
@@ -222,6 +229,8 @@ fn kind_of(body: &BodyState) -> Option<FileType> {
         BodyState::File(_) => FileType::File,
         BodyState::Symlink(_) => FileType::Symlink,
         BodyState::CharDev(_) => FileType::CharDev,
+        BodyState::Fifo => FileType::Fifo,
+        BodyState::Socket => FileType::Socket,
         BodyState::Gone => return None,
     })
 }

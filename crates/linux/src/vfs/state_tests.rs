@@ -118,7 +118,7 @@ fn observe_dir(v: &Vfs, dir: Ino, path: &str, out: &mut Vec<String>, seen: &mut 
             }
             FileType::Symlink => out.push(format!("  -> {:?}", v.readlink_ino(e.ino))),
             FileType::Dir => observe_dir(v, e.ino, &format!("{path}{name}/"), out, seen),
-            FileType::CharDev | FileType::Fifo => {}
+            FileType::CharDev | FileType::Fifo | FileType::Socket => {}
         }
     }
 }

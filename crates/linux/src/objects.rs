@@ -1,0 +1,994 @@
+//! File-descriptor objects the VMM owns: pipes (and FIFOs of the overlay),
+//! AF_UNIX sockets, eventfds, epoll instances and timerfds.
+//!
+//! They live in the process state (`FdTable::objects`) as persistent maps with
+//! their buffers behind `Arc`s, so a process clone stays O(1) and a snapshot's
+//! state file carries them (a pipe with unread data survives a checkpoint,
+//! eviction and fork). An open file description of kind `FileKind::Object(id)`
+//! refers to one; the object counts those descriptions and goes away with the
+//! last one (a pipe counts its readers and writers apart).
+//!
+//! Operations never block: they return `EAGAIN` where Linux would wait, and
+//! the syscall layer turns that into `EAGAIN` (O_NONBLOCK) or an
+//! `Effect::Block` (see `crate::wait`). Every buffer has a fixed capacity, so
+//! nothing the guest does makes the VMM allocate without bound.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use imbl::{OrdMap, Vector};
+use serde::{Deserialize, Serialize};
+
+use crate::errno::Errno;
+use crate::vfs::Ino;
+
+/// Pipe capacity (Linux default: 16 pages).
+pub const PIPE_CAPACITY: usize = 65536;
+/// Writes up to this size are atomic (all or EAGAIN).
+pub const PIPE_BUF: usize = 4096;
+/// Bytes queued towards one socket (Linux's default wmem, 212992).
+pub const SOCKET_CAPACITY: usize = 212_992;
+/// Datagrams queued on one socket.
+pub const MAX_DGRAMS: usize = 512;
+/// Pending connections of one listening socket (SOMAXCONN).
+pub const MAX_BACKLOG: u32 = 4096;
+/// Nesting of epoll instances looked through for readiness (Linux: 5).
+pub const EPOLL_MAX_NESTS: u32 = 5;
+/// Largest AF_UNIX address (sun_path).
+pub const UNIX_PATH_MAX: usize = 108;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pipe {
+    pub buf: Arc<VecDeque<u8>>,
+    pub readers: u32,
+    pub writers: u32,
+    /// The FIFO inode this pipe serves, if it is one.
+    pub fifo: Option<Ino>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SockType {
+    Stream,
+    Dgram,
+    SeqPacket,
+}
+
+impl SockType {
+    pub fn from_linux(ty: i32) -> Result<SockType, Errno> {
+        match ty {
+            libc::SOCK_STREAM => Ok(SockType::Stream),
+            libc::SOCK_DGRAM => Ok(SockType::Dgram),
+            libc::SOCK_SEQPACKET => Ok(SockType::SeqPacket),
+            _ => Err(Errno::EINVAL),
+        }
+    }
+    pub fn to_linux(self) -> i32 {
+        match self {
+            SockType::Stream => libc::SOCK_STREAM,
+            SockType::Dgram => libc::SOCK_DGRAM,
+            SockType::SeqPacket => libc::SOCK_SEQPACKET,
+        }
+    }
+    /// Message boundaries kept?
+    pub fn datagrams(self) -> bool {
+        self != SockType::Stream
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Dgram {
+    pub data: Arc<[u8]>,
+    /// The sender's bound name (empty: unnamed).
+    pub from: Arc<[u8]>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SockState {
+    Unconnected,
+    Listening { backlog: u32, queue: Vector<u64> },
+    Connected { peer: u64 },
+}
+
+/// Where a bound AF_UNIX socket's name lives.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum UnixName {
+    /// Abstract (sun_path starts with NUL): the bytes after the NUL.
+    Abstract(Vec<u8>),
+    /// A socket file in the overlay (its inode), with the path it was bound as.
+    Path(Ino, Vec<u8>),
+}
+
+impl UnixName {
+    /// The sun_path bytes to report (getsockname, recvfrom).
+    pub fn sun_path(&self) -> Vec<u8> {
+        match self {
+            UnixName::Abstract(n) => {
+                let mut v = vec![0];
+                v.extend_from_slice(n);
+                v
+            }
+            UnixName::Path(_, p) => p.clone(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Socket {
+    pub ty: SockType,
+    pub name: Option<UnixName>,
+    pub state: SockState,
+    /// Stream: received bytes.
+    pub rx: Arc<VecDeque<u8>>,
+    /// Datagram / seqpacket: received messages and their total size.
+    pub msgs: Vector<Dgram>,
+    pub msg_bytes: usize,
+    /// shutdown(SHUT_RD) / (SHUT_WR) on this side.
+    pub shut_rd: bool,
+    pub shut_wr: bool,
+    /// The peer closed or shut its writing side: reads end at EOF once drained.
+    pub peer_wr_gone: bool,
+    /// The peer closed or shut its reading side: writes are EPIPE.
+    pub peer_rd_gone: bool,
+    /// A connected socket whose peer was closed (for a later connect's ECONNREFUSED etc.).
+    pub was_connected: bool,
+}
+
+impl Socket {
+    fn new(ty: SockType) -> Socket {
+        Socket {
+            ty,
+            name: None,
+            state: SockState::Unconnected,
+            rx: Arc::new(VecDeque::new()),
+            msgs: Vector::new(),
+            msg_bytes: 0,
+            shut_rd: false,
+            shut_wr: false,
+            peer_wr_gone: false,
+            peer_rd_gone: false,
+            was_connected: false,
+        }
+    }
+
+    fn rx_len(&self) -> usize {
+        if self.ty.datagrams() {
+            self.msg_bytes
+        } else {
+            self.rx.len()
+        }
+    }
+
+    fn has_data(&self) -> bool {
+        if self.ty.datagrams() {
+            !self.msgs.is_empty()
+        } else {
+            !self.rx.is_empty()
+        }
+    }
+
+    pub fn peer(&self) -> Option<u64> {
+        match self.state {
+            SockState::Connected { peer } => Some(peer),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventFd {
+    pub count: u64,
+    pub semaphore: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Watch {
+    pub ofd: u64,
+    pub events: u32,
+    pub data: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Epoll {
+    /// By fd number (as registered).
+    #[serde(with = "crate::serde_map")]
+    pub watches: OrdMap<i32, Watch>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TimerFd {
+    /// CLOCK_MONOTONIC, CLOCK_REALTIME or CLOCK_BOOTTIME.
+    pub clock: i32,
+    /// Next expiry in the clock's nanoseconds; 0 = disarmed.
+    pub next_ns: u64,
+    pub interval_ns: u64,
+    /// Expirations counted but not yet read.
+    pub ticks: u64,
+}
+
+impl TimerFd {
+    /// Expirations due at `now` (not yet folded into `ticks`) and the next expiry.
+    fn due(&self, now: u64) -> (u64, u64) {
+        if self.next_ns == 0 || now < self.next_ns {
+            return (0, self.next_ns);
+        }
+        if self.interval_ns == 0 {
+            return (1, 0);
+        }
+        let n = (now - self.next_ns) / self.interval_ns + 1;
+        (n, self.next_ns.saturating_add(n.saturating_mul(self.interval_ns)))
+    }
+
+    /// Fold due expirations into `ticks`.
+    pub fn advance(&mut self, now: u64) {
+        let (n, next) = self.due(now);
+        self.ticks = self.ticks.saturating_add(n);
+        self.next_ns = next;
+    }
+
+    pub fn pending(&self, now: u64) -> u64 {
+        self.ticks.saturating_add(self.due(now).0)
+    }
+}
+
+/// Nanoseconds of a host clock.
+pub fn clock_ns(clock: i32) -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: ts is a valid out-pointer.
+    if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
+        return 0;
+    }
+    (ts.tv_sec.max(0) as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ObjKind {
+    Pipe(Pipe),
+    Socket(Socket),
+    EventFd(EventFd),
+    Epoll(Epoll),
+    TimerFd(TimerFd),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Object {
+    /// Open file descriptions referring to it.
+    pub ofds: u32,
+    pub kind: ObjKind,
+}
+
+/// All objects of a process, and the names AF_UNIX sockets and FIFOs are found by.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Objects {
+    #[serde(with = "crate::serde_map")]
+    pub map: OrdMap<u64, Object>,
+    pub next_id: u64,
+    /// FIFO inode -> its pipe (while some description has it open).
+    #[serde(with = "crate::serde_map")]
+    pub fifos: OrdMap<Ino, u64>,
+    /// Abstract AF_UNIX names -> socket.
+    #[serde(with = "crate::serde_map")]
+    pub abstract_names: OrdMap<Vec<u8>, u64>,
+    /// Socket files of the overlay -> socket bound there.
+    #[serde(with = "crate::serde_map")]
+    pub socket_files: OrdMap<Ino, u64>,
+}
+
+impl Objects {
+    pub fn add(&mut self, kind: ObjKind) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.map.insert(id, Object { ofds: 0, kind });
+        id
+    }
+
+    pub fn get(&self, id: u64) -> Result<&Object, Errno> {
+        self.map.get(&id).ok_or(Errno::EBADF)
+    }
+
+    pub fn get_mut(&mut self, id: u64) -> Result<&mut Object, Errno> {
+        self.map.get_mut(&id).ok_or(Errno::EBADF)
+    }
+
+    pub fn new_pipe(&mut self, fifo: Option<Ino>) -> u64 {
+        self.add(ObjKind::Pipe(Pipe { buf: Arc::new(VecDeque::new()), readers: 0, writers: 0, fifo }))
+    }
+
+    pub fn new_socket(&mut self, ty: SockType) -> u64 {
+        self.add(ObjKind::Socket(Socket::new(ty)))
+    }
+
+    /// A description of object `id` opened with `flags` (O_ACCMODE decides a pipe end).
+    pub fn attach(&mut self, id: u64, flags: i32) {
+        if let Some(o) = self.map.get_mut(&id) {
+            o.ofds = o.ofds.saturating_add(1);
+            if let ObjKind::Pipe(p) = &mut o.kind {
+                let acc = flags & libc::O_ACCMODE;
+                if acc != libc::O_WRONLY {
+                    p.readers += 1;
+                }
+                if acc != libc::O_RDONLY {
+                    p.writers += 1;
+                }
+            }
+        }
+    }
+
+    /// The last reference of a description of `id` (opened with `flags`) went away.
+    pub fn detach(&mut self, id: u64, flags: i32) {
+        let Some(o) = self.map.get_mut(&id) else { return };
+        o.ofds = o.ofds.saturating_sub(1);
+        if let ObjKind::Pipe(p) = &mut o.kind {
+            let acc = flags & libc::O_ACCMODE;
+            if acc != libc::O_WRONLY {
+                p.readers = p.readers.saturating_sub(1);
+            }
+            if acc != libc::O_RDONLY {
+                p.writers = p.writers.saturating_sub(1);
+            }
+        }
+        if o.ofds == 0 {
+            self.destroy(id);
+        }
+    }
+
+    /// Drop a just-created object no description came to refer to.
+    pub fn discard_unused(&mut self, id: u64) {
+        if self.map.get(&id).is_some_and(|o| o.ofds == 0) {
+            self.destroy(id);
+        }
+    }
+
+    /// Forget an object no description refers to.
+    fn destroy(&mut self, id: u64) {
+        let Some(o) = self.map.remove(&id) else { return };
+        match o.kind {
+            ObjKind::Pipe(p) => {
+                if let Some(ino) = p.fifo {
+                    self.fifos.remove(&ino);
+                }
+            }
+            ObjKind::Socket(s) => {
+                match &s.name {
+                    Some(UnixName::Abstract(n)) => {
+                        if self.abstract_names.get(n) == Some(&id) {
+                            self.abstract_names.remove(n);
+                        }
+                    }
+                    Some(UnixName::Path(ino, _)) => {
+                        if self.socket_files.get(ino) == Some(&id) {
+                            self.socket_files.remove(ino);
+                        }
+                    }
+                    None => {}
+                }
+                match s.state {
+                    SockState::Connected { peer } => self.peer_closed(peer),
+                    SockState::Listening { queue, .. } => {
+                        // Connections never accepted: their clients see the peer gone.
+                        for pending in queue {
+                            if let Some(Object { kind: ObjKind::Socket(ps), .. }) = self.map.remove(&pending) {
+                                if let Some(c) = ps.peer() {
+                                    self.peer_closed(c);
+                                }
+                            }
+                        }
+                    }
+                    SockState::Unconnected => {}
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn peer_closed(&mut self, id: u64) {
+        if let Some(Object { kind: ObjKind::Socket(s), .. }) = self.map.get_mut(&id) {
+            s.peer_wr_gone = true;
+            s.peer_rd_gone = true;
+            s.was_connected = true;
+        }
+    }
+
+    // ----- pipes -----------------------------------------------------------------
+
+    fn pipe_mut(&mut self, id: u64) -> Result<&mut Pipe, Errno> {
+        match &mut self.get_mut(id)?.kind {
+            ObjKind::Pipe(p) => Ok(p),
+            _ => Err(Errno::EBADF),
+        }
+    }
+
+    /// Up to `len` bytes; empty at EOF (no writers left); EAGAIN if it would block.
+    pub fn pipe_read(&mut self, id: u64, len: usize) -> Result<Vec<u8>, Errno> {
+        let p = self.pipe_mut(id)?;
+        if p.buf.is_empty() {
+            return if p.writers == 0 || len == 0 { Ok(Vec::new()) } else { Err(Errno::EAGAIN) };
+        }
+        let buf = Arc::make_mut(&mut p.buf);
+        let n = len.min(buf.len());
+        Ok(buf.drain(..n).collect())
+    }
+
+    /// Bytes written (maybe fewer than given); EPIPE with no reader; EAGAIN if
+    /// nothing fits (or an atomic write does not fit whole).
+    pub fn pipe_write(&mut self, id: u64, data: &[u8]) -> Result<usize, Errno> {
+        let p = self.pipe_mut(id)?;
+        if p.readers == 0 {
+            return Err(Errno::EPIPE);
+        }
+        let room = PIPE_CAPACITY - p.buf.len().min(PIPE_CAPACITY);
+        if data.is_empty() {
+            return Ok(0);
+        }
+        if room == 0 || (data.len() <= PIPE_BUF && room < data.len()) {
+            return Err(Errno::EAGAIN);
+        }
+        let n = room.min(data.len());
+        Arc::make_mut(&mut p.buf).extend(&data[..n]);
+        Ok(n)
+    }
+
+    // ----- sockets ---------------------------------------------------------------
+
+    pub fn socket(&self, id: u64) -> Result<&Socket, Errno> {
+        match &self.get(id)?.kind {
+            ObjKind::Socket(s) => Ok(s),
+            _ => Err(Errno::ENOTSOCK),
+        }
+    }
+
+    pub fn socket_mut(&mut self, id: u64) -> Result<&mut Socket, Errno> {
+        match &mut self.get_mut(id)?.kind {
+            ObjKind::Socket(s) => Ok(s),
+            _ => Err(Errno::ENOTSOCK),
+        }
+    }
+
+    /// Two connected sockets (socketpair).
+    pub fn socket_pair(&mut self, ty: SockType) -> (u64, u64) {
+        let a = self.new_socket(ty);
+        let b = self.new_socket(ty);
+        if let Ok(s) = self.socket_mut(a) {
+            s.state = SockState::Connected { peer: b };
+        }
+        if let Ok(s) = self.socket_mut(b) {
+            s.state = SockState::Connected { peer: a };
+        }
+        (a, b)
+    }
+
+    /// Bind socket `id` to `name` (taken names: EADDRINUSE).
+    pub fn bind(&mut self, id: u64, name: UnixName) -> Result<(), Errno> {
+        if self.socket(id)?.name.is_some() {
+            return Err(Errno::EINVAL);
+        }
+        match &name {
+            UnixName::Abstract(n) => {
+                if self.abstract_names.contains_key(n) {
+                    return Err(Errno::EADDRINUSE);
+                }
+                self.abstract_names.insert(n.clone(), id);
+            }
+            UnixName::Path(ino, _) => {
+                self.socket_files.insert(*ino, id);
+            }
+        }
+        self.socket_mut(id)?.name = Some(name);
+        Ok(())
+    }
+
+    /// The socket a name refers to (ECONNREFUSED if nothing is bound there).
+    pub fn lookup_name(&self, name: &UnixName) -> Result<u64, Errno> {
+        let id = match name {
+            UnixName::Abstract(n) => self.abstract_names.get(n),
+            UnixName::Path(ino, _) => self.socket_files.get(ino),
+        };
+        id.copied().ok_or(Errno::ECONNREFUSED)
+    }
+
+    pub fn listen(&mut self, id: u64, backlog: i32) -> Result<(), Errno> {
+        let s = self.socket_mut(id)?;
+        if s.ty == SockType::Dgram {
+            return Err(Errno::EOPNOTSUPP);
+        }
+        let backlog = backlog.clamp(1, MAX_BACKLOG as i32) as u32;
+        match &mut s.state {
+            SockState::Connected { .. } => Err(Errno::EINVAL),
+            SockState::Listening { backlog: b, .. } => {
+                *b = backlog;
+                Ok(())
+            }
+            SockState::Unconnected if s.name.is_none() => Err(Errno::EINVAL),
+            SockState::Unconnected => {
+                s.state = SockState::Listening { backlog, queue: Vector::new() };
+                Ok(())
+            }
+        }
+    }
+
+    /// Connect `id` to the socket bound at `name`. Stream/seqpacket: queue a new
+    /// server-side socket on the listener (EAGAIN when its backlog is full).
+    /// Datagram: set the default destination.
+    pub fn connect(&mut self, id: u64, name: &UnixName) -> Result<(), Errno> {
+        let target = self.lookup_name(name)?;
+        let me = self.socket(id)?;
+        let ty = me.ty;
+        if target != id && self.socket(target)?.ty != ty {
+            return Err(Errno::EPROTOTYPE);
+        }
+        if ty == SockType::Dgram {
+            self.socket_mut(id)?.state = SockState::Connected { peer: target };
+            return Ok(());
+        }
+        match me.state {
+            SockState::Connected { .. } => return Err(Errno::EISCONN),
+            SockState::Listening { .. } => return Err(Errno::EINVAL),
+            SockState::Unconnected => {}
+        }
+        let (full, listening) = match &self.socket(target)?.state {
+            SockState::Listening { backlog, queue } => (queue.len() >= *backlog as usize, true),
+            _ => (false, false),
+        };
+        if !listening {
+            return Err(Errno::ECONNREFUSED);
+        }
+        if full {
+            return Err(Errno::EAGAIN);
+        }
+        let server = self.new_socket(ty);
+        let target_name = self.socket(target)?.name.clone();
+        {
+            let s = self.socket_mut(server)?;
+            s.state = SockState::Connected { peer: id };
+            s.name = target_name;
+        }
+        self.socket_mut(id)?.state = SockState::Connected { peer: server };
+        if let SockState::Listening { queue, .. } = &mut self.socket_mut(target)?.state {
+            queue.push_back(server);
+        }
+        Ok(())
+    }
+
+    /// The next pending connection of a listening socket (EAGAIN if none).
+    pub fn accept(&mut self, id: u64) -> Result<u64, Errno> {
+        match &mut self.socket_mut(id)?.state {
+            SockState::Listening { queue, .. } => queue.pop_front().ok_or(Errno::EAGAIN),
+            _ => Err(Errno::EINVAL),
+        }
+    }
+
+    /// Send on socket `id` (to `dest`, or its peer). Bytes sent.
+    pub fn send(&mut self, id: u64, data: &[u8], dest: Option<&UnixName>) -> Result<usize, Errno> {
+        let me = self.socket(id)?;
+        let ty = me.ty;
+        if me.shut_wr {
+            return Err(Errno::EPIPE);
+        }
+        let target = match (dest, me.peer()) {
+            (Some(name), _) if ty == SockType::Dgram => self.lookup_name(name)?,
+            (Some(_), Some(_)) => return Err(Errno::EISCONN),
+            (_, Some(peer)) => peer,
+            (_, None) if ty == SockType::Dgram => return Err(Errno::ENOTCONN),
+            (_, None) => return Err(if me.was_connected { Errno::EPIPE } else { Errno::ENOTCONN }),
+        };
+        if me.peer_rd_gone && dest.is_none() {
+            return Err(if ty == SockType::Dgram { Errno::ECONNREFUSED } else { Errno::EPIPE });
+        }
+        let from: Arc<[u8]> = me.name.as_ref().map(|n| n.sun_path()).unwrap_or_default().into();
+        let Ok(peer) = self.socket_mut(target) else {
+            return Err(if ty == SockType::Dgram { Errno::ECONNREFUSED } else { Errno::EPIPE });
+        };
+        if peer.shut_rd {
+            return Err(Errno::EPIPE);
+        }
+        if ty.datagrams() {
+            if data.len() > SOCKET_CAPACITY {
+                return Err(Errno::EMSGSIZE);
+            }
+            if peer.msgs.len() >= MAX_DGRAMS || peer.msg_bytes + data.len() > SOCKET_CAPACITY {
+                return Err(Errno::EAGAIN);
+            }
+            peer.msgs.push_back(Dgram { data: Arc::from(data), from });
+            peer.msg_bytes += data.len();
+            return Ok(data.len());
+        }
+        if data.is_empty() {
+            return Ok(0);
+        }
+        let room = SOCKET_CAPACITY - peer.rx.len().min(SOCKET_CAPACITY);
+        if room == 0 {
+            return Err(Errno::EAGAIN);
+        }
+        let n = room.min(data.len());
+        Arc::make_mut(&mut peer.rx).extend(&data[..n]);
+        Ok(n)
+    }
+
+    /// Receive up to `len` bytes: (data, full message length, sender name).
+    /// Empty data at EOF; EAGAIN if it would block.
+    pub fn recv(&mut self, id: u64, len: usize, peek: bool) -> Result<(Vec<u8>, usize, Arc<[u8]>), Errno> {
+        let s = self.socket_mut(id)?;
+        if !s.has_data() {
+            let eof = s.shut_rd || s.peer_wr_gone;
+            return match (&s.state, s.ty) {
+                _ if eof => Ok((Vec::new(), 0, Arc::from(&[][..]))),
+                (SockState::Listening { .. }, _) => Err(Errno::EINVAL),
+                (SockState::Unconnected, SockType::Stream | SockType::SeqPacket) => Err(Errno::EINVAL),
+                _ if len == 0 && s.ty == SockType::Stream => Ok((Vec::new(), 0, Arc::from(&[][..]))),
+                _ => Err(Errno::EAGAIN),
+            };
+        }
+        if s.ty.datagrams() {
+            let m = if peek {
+                s.msgs.front().cloned()
+            } else {
+                let m = s.msgs.pop_front();
+                if let Some(m) = &m {
+                    s.msg_bytes -= m.data.len();
+                }
+                m
+            };
+            let Some(m) = m else { return Err(Errno::EAGAIN) };
+            let n = len.min(m.data.len());
+            return Ok((m.data[..n].to_vec(), m.data.len(), m.from));
+        }
+        let n = len.min(s.rx.len());
+        let data: Vec<u8> = if peek {
+            s.rx.iter().take(n).copied().collect()
+        } else {
+            Arc::make_mut(&mut s.rx).drain(..n).collect()
+        };
+        Ok((data, n, Arc::from(&[][..])))
+    }
+
+    /// shutdown(2): `how` is SHUT_RD, SHUT_WR or SHUT_RDWR.
+    pub fn shutdown(&mut self, id: u64, how: i32) -> Result<(), Errno> {
+        let s = self.socket_mut(id)?;
+        let (rd, wr) = match how {
+            libc::SHUT_RD => (true, false),
+            libc::SHUT_WR => (false, true),
+            libc::SHUT_RDWR => (true, true),
+            _ => return Err(Errno::EINVAL),
+        };
+        let Some(peer) = s.peer() else { return Err(Errno::ENOTCONN) };
+        s.shut_rd |= rd;
+        s.shut_wr |= wr;
+        if s.ty == SockType::Dgram {
+            return Ok(());
+        }
+        if let Ok(p) = self.socket_mut(peer) {
+            p.peer_wr_gone |= wr;
+            p.peer_rd_gone |= rd;
+        }
+        Ok(())
+    }
+
+    // ----- eventfd, timerfd --------------------------------------------------------
+
+    pub fn eventfd_mut(&mut self, id: u64) -> Result<&mut EventFd, Errno> {
+        match &mut self.get_mut(id)?.kind {
+            ObjKind::EventFd(e) => Ok(e),
+            _ => Err(Errno::EINVAL),
+        }
+    }
+
+    pub fn eventfd_read(&mut self, id: u64) -> Result<u64, Errno> {
+        let e = self.eventfd_mut(id)?;
+        if e.count == 0 {
+            return Err(Errno::EAGAIN);
+        }
+        if e.semaphore {
+            e.count -= 1;
+            Ok(1)
+        } else {
+            Ok(std::mem::take(&mut e.count))
+        }
+    }
+
+    pub fn eventfd_write(&mut self, id: u64, v: u64) -> Result<(), Errno> {
+        if v == u64::MAX {
+            return Err(Errno::EINVAL);
+        }
+        let e = self.eventfd_mut(id)?;
+        if u64::MAX - 1 - e.count < v {
+            return Err(Errno::EAGAIN);
+        }
+        e.count += v;
+        Ok(())
+    }
+
+    pub fn timerfd_mut(&mut self, id: u64) -> Result<&mut TimerFd, Errno> {
+        match &mut self.get_mut(id)?.kind {
+            ObjKind::TimerFd(t) => Ok(t),
+            _ => Err(Errno::EINVAL),
+        }
+    }
+
+    /// Expirations since the last read (EAGAIN if none).
+    pub fn timerfd_read(&mut self, id: u64) -> Result<u64, Errno> {
+        let t = self.timerfd_mut(id)?;
+        t.advance(clock_ns(t.clock));
+        if t.ticks == 0 {
+            return Err(Errno::EAGAIN);
+        }
+        Ok(std::mem::take(&mut t.ticks))
+    }
+
+    pub fn epoll_mut(&mut self, id: u64) -> Result<&mut Epoll, Errno> {
+        match &mut self.get_mut(id)?.kind {
+            ObjKind::Epoll(e) => Ok(e),
+            _ => Err(Errno::EINVAL),
+        }
+    }
+
+    // ----- readiness -----------------------------------------------------------------
+
+    /// `POLL*` readiness of object `id` through a description with `flags`.
+    /// `ofd_ready` answers for other descriptions (an epoll's watches).
+    pub fn readiness(&self, id: u64, flags: i32, depth: u32, ofd_ready: &dyn Fn(u64, u32) -> u32) -> u32 {
+        let Ok(o) = self.get(id) else { return libc::POLLNVAL as u32 };
+        let (pin, pout) = ((libc::POLLIN | libc::POLLRDNORM) as u32, (libc::POLLOUT | libc::POLLWRNORM) as u32);
+        let acc = flags & libc::O_ACCMODE;
+        match &o.kind {
+            ObjKind::Pipe(p) => {
+                let mut r = 0;
+                if acc != libc::O_WRONLY {
+                    if !p.buf.is_empty() {
+                        r |= pin;
+                    }
+                    if p.writers == 0 && p.fifo.is_none() {
+                        r |= libc::POLLHUP as u32;
+                    }
+                }
+                if acc != libc::O_RDONLY {
+                    if PIPE_CAPACITY - p.buf.len().min(PIPE_CAPACITY) >= PIPE_BUF {
+                        r |= pout;
+                    }
+                    if p.readers == 0 {
+                        r |= libc::POLLERR as u32;
+                    }
+                }
+                r
+            }
+            ObjKind::Socket(s) => {
+                let mut r = 0;
+                match &s.state {
+                    SockState::Listening { queue, .. } => {
+                        if !queue.is_empty() {
+                            r |= pin;
+                        }
+                        return r;
+                    }
+                    SockState::Unconnected if s.ty != SockType::Dgram => return libc::POLLOUT as u32 | libc::POLLHUP as u32,
+                    _ => {}
+                }
+                if s.has_data() || s.shut_rd || s.peer_wr_gone {
+                    r |= pin;
+                }
+                if s.shut_rd || s.peer_wr_gone {
+                    r |= libc::POLLRDHUP as u32;
+                }
+                if (s.shut_rd || s.peer_wr_gone) && (s.shut_wr || s.peer_rd_gone) {
+                    r |= libc::POLLHUP as u32;
+                }
+                let room = match s.peer().and_then(|p| self.socket(p).ok()) {
+                    Some(peer) if peer.ty.datagrams() => {
+                        peer.msgs.len() < MAX_DGRAMS && peer.msg_bytes < SOCKET_CAPACITY
+                    }
+                    Some(peer) => peer.rx_len() < SOCKET_CAPACITY,
+                    None => true,
+                };
+                if room || s.peer_rd_gone || s.shut_wr {
+                    r |= pout;
+                }
+                r
+            }
+            ObjKind::EventFd(e) => {
+                let mut r = 0;
+                if e.count > 0 {
+                    r |= pin;
+                }
+                if e.count < u64::MAX - 1 {
+                    r |= pout;
+                }
+                r
+            }
+            ObjKind::TimerFd(t) => {
+                if t.pending(clock_ns(t.clock)) > 0 {
+                    pin
+                } else {
+                    0
+                }
+            }
+            ObjKind::Epoll(e) => {
+                if depth >= EPOLL_MAX_NESTS {
+                    return 0;
+                }
+                let any = e.watches.values().any(|w| ofd_ready(w.ofd, depth + 1) & (w.events | ALWAYS) != 0);
+                if any {
+                    pin
+                } else {
+                    0
+                }
+            }
+        }
+    }
+
+    /// Bytes ready to read (FIONREAD).
+    pub fn readable_bytes(&self, id: u64) -> u64 {
+        match self.get(id).map(|o| &o.kind) {
+            Ok(ObjKind::Pipe(p)) => p.buf.len() as u64,
+            Ok(ObjKind::Socket(s)) if s.ty.datagrams() => s.msgs.front().map_or(0, |m| m.data.len() as u64),
+            Ok(ObjKind::Socket(s)) => s.rx.len() as u64,
+            _ => 0,
+        }
+    }
+
+    /// When a timerfd among `ids` (or watched by an epoll among them) next expires,
+    /// in CLOCK_MONOTONIC-relative terms: the nanoseconds from now.
+    pub fn next_expiry_in(&self, id: u64, depth: u32, ofd_obj: &dyn Fn(u64) -> Option<u64>) -> Option<u64> {
+        match &self.get(id).ok()?.kind {
+            ObjKind::TimerFd(t) if t.next_ns != 0 => Some(t.next_ns.saturating_sub(clock_ns(t.clock))),
+            ObjKind::Epoll(e) if depth < EPOLL_MAX_NESTS => e
+                .watches
+                .values()
+                .filter_map(|w| ofd_obj(w.ofd).and_then(|o| self.next_expiry_in(o, depth + 1, ofd_obj)))
+                .min(),
+            _ => None,
+        }
+    }
+
+    /// A server-side socket queued on a listener, not yet accepted.
+    pub fn is_pending_connection(&self, id: u64) -> bool {
+        self.map.values().any(|o| match &o.kind {
+            ObjKind::Socket(Socket { state: SockState::Listening { queue, .. }, .. }) => queue.contains(&id),
+            _ => false,
+        })
+    }
+
+    /// Check a table read from disk (object references are checked by `FdTable::validate`).
+    pub fn validate(&self) -> Result<(), String> {
+        for (id, o) in self.map.iter() {
+            if *id >= self.next_id {
+                return Err(format!("object {id} beyond the id counter"));
+            }
+            match &o.kind {
+                ObjKind::Pipe(p) if p.buf.len() > PIPE_CAPACITY => return Err(format!("pipe {id} over capacity")),
+                ObjKind::Socket(s) => {
+                    if s.rx.len() > SOCKET_CAPACITY
+                        || s.msg_bytes > SOCKET_CAPACITY
+                        || s.msgs.len() > MAX_DGRAMS
+                        || s.msgs.iter().map(|m| m.data.len()).sum::<usize>() != s.msg_bytes
+                    {
+                        return Err(format!("socket {id} buffers"));
+                    }
+                    if let SockState::Listening { queue, backlog } = &s.state {
+                        if queue.len() > MAX_BACKLOG as usize || *backlog > MAX_BACKLOG {
+                            return Err(format!("socket {id} backlog"));
+                        }
+                        for q in queue {
+                            if !matches!(self.map.get(q), Some(Object { ofds: 0, kind: ObjKind::Socket(_) })) {
+                                return Err(format!("socket {id}: bad pending connection"));
+                            }
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        for (what, ids) in [
+            ("fifo", self.fifos.values().copied().collect::<Vec<_>>()),
+            ("abstract name", self.abstract_names.values().copied().collect()),
+            ("socket file", self.socket_files.values().copied().collect()),
+        ] {
+            if ids.iter().any(|i| !self.map.contains_key(i)) {
+                return Err(format!("{what} names a missing object"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Reported by poll whatever was asked for.
+pub const ALWAYS: u32 = (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) as u32;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pipe_capacity_eof_and_epipe() {
+        let mut o = Objects::default();
+        let p = o.new_pipe(None);
+        o.attach(p, libc::O_RDONLY);
+        o.attach(p, libc::O_WRONLY);
+        assert_eq!(o.pipe_read(p, 10), Err(Errno::EAGAIN));
+        let big = vec![7u8; PIPE_CAPACITY + 10];
+        assert_eq!(o.pipe_write(p, &big), Ok(PIPE_CAPACITY));
+        assert_eq!(o.pipe_write(p, b"x"), Err(Errno::EAGAIN));
+        assert_eq!(o.pipe_read(p, 100).unwrap().len(), 100);
+        // 100 bytes free: a small write that does not fit whole is refused (atomic).
+        assert_eq!(o.pipe_write(p, &[1u8; 200]), Err(Errno::EAGAIN));
+        assert_eq!(o.pipe_write(p, &[1u8; 50]), Ok(50));
+        let snapshot = o.clone();
+        o.detach(p, libc::O_WRONLY);
+        assert_eq!(o.pipe_read(p, PIPE_CAPACITY - 100).unwrap(), vec![7u8; PIPE_CAPACITY - 100]);
+        assert_eq!(o.pipe_read(p, 10).unwrap(), vec![1u8; 10]);
+        assert_eq!(o.pipe_read(p, 100).unwrap().len(), 40);
+        assert_eq!(o.pipe_read(p, 100), Ok(vec![]), "EOF once the writer is gone");
+        // The clone taken before is untouched.
+        assert_eq!(snapshot.readable_bytes(p), (PIPE_CAPACITY - 50) as u64);
+        let mut o2 = snapshot;
+        o2.detach(p, libc::O_RDONLY);
+        assert_eq!(o2.pipe_write(p, b"x"), Err(Errno::EPIPE));
+        o2.detach(p, libc::O_WRONLY);
+        assert!(o2.map.is_empty());
+    }
+
+    #[test]
+    fn socketpair_stream_and_dgram() {
+        let mut o = Objects::default();
+        let (a, b) = o.socket_pair(SockType::Stream);
+        o.attach(a, libc::O_RDWR);
+        o.attach(b, libc::O_RDWR);
+        assert_eq!(o.send(a, b"hello", None), Ok(5));
+        assert_eq!(o.recv(b, 3, true).unwrap().0, b"hel");
+        assert_eq!(o.recv(b, 100, false).unwrap().0, b"hello");
+        assert_eq!(o.recv(b, 100, false), Err(Errno::EAGAIN));
+        o.shutdown(a, libc::SHUT_WR).unwrap();
+        assert_eq!(o.recv(b, 100, false).unwrap().0, b"");
+        o.detach(b, libc::O_RDWR);
+        assert_eq!(o.send(a, b"x", None), Err(Errno::EPIPE));
+
+        let (c, d) = o.socket_pair(SockType::Dgram);
+        o.attach(c, libc::O_RDWR);
+        o.attach(d, libc::O_RDWR);
+        o.send(c, b"one", None).unwrap();
+        o.send(c, b"three", None).unwrap();
+        let (data, full, _) = o.recv(d, 2, false).unwrap();
+        assert_eq!((data.as_slice(), full), (&b"on"[..], 3), "a datagram is truncated, not split");
+        assert_eq!(o.recv(d, 100, false).unwrap().0, b"three");
+    }
+
+    #[test]
+    fn listen_connect_accept_by_abstract_name() {
+        let mut o = Objects::default();
+        let srv = o.new_socket(SockType::Stream);
+        o.attach(srv, libc::O_RDWR);
+        let name = UnixName::Abstract(b"srv".to_vec());
+        o.bind(srv, name.clone()).unwrap();
+        let other = o.new_socket(SockType::Stream);
+        assert_eq!(o.bind(other, name.clone()), Err(Errno::EADDRINUSE));
+        let cli = o.new_socket(SockType::Stream);
+        o.attach(cli, libc::O_RDWR);
+        assert_eq!(o.connect(cli, &name), Err(Errno::ECONNREFUSED), "not listening yet");
+        o.listen(srv, 1).unwrap();
+        o.connect(cli, &name).unwrap();
+        let conn = o.accept(srv).unwrap();
+        o.attach(conn, libc::O_RDWR);
+        assert_eq!(o.accept(srv), Err(Errno::EAGAIN));
+        o.send(cli, b"ping", None).unwrap();
+        assert_eq!(o.recv(conn, 10, false).unwrap().0, b"ping");
+        o.detach(srv, libc::O_RDWR);
+        let late = o.new_socket(SockType::Stream);
+        assert_eq!(o.connect(late, &name), Err(Errno::ECONNREFUSED));
+        o.discard_unused(late);
+        o.validate().unwrap();
+    }
+
+    #[test]
+    fn eventfd_and_timerfd_counts() {
+        let mut o = Objects::default();
+        let e = o.add(ObjKind::EventFd(EventFd { count: 0, semaphore: false }));
+        assert_eq!(o.eventfd_read(e), Err(Errno::EAGAIN));
+        o.eventfd_write(e, 3).unwrap();
+        o.eventfd_write(e, 4).unwrap();
+        assert_eq!(o.eventfd_read(e), Ok(7));
+        assert_eq!(o.eventfd_write(e, u64::MAX - 1), Ok(()));
+        assert_eq!(o.eventfd_write(e, 1), Err(Errno::EAGAIN));
+        let mut t = TimerFd { clock: libc::CLOCK_MONOTONIC, next_ns: 1000, interval_ns: 100, ticks: 0 };
+        assert_eq!(t.pending(999), 0);
+        assert_eq!(t.pending(1000), 1);
+        t.advance(1250);
+        assert_eq!((t.ticks, t.next_ns), (3, 1300));
+    }
+}

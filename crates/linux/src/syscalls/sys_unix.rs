@@ -1,0 +1,424 @@
+//! AF_UNIX sockets inside the sandbox: socketpair, and sockets bound to
+//! abstract names or to socket files in the overlay, connected to each other.
+//! Never a host socket: every other address family is EAFNOSUPPORT here.
+
+use super::sys_pipe::{epipe, or_block};
+use super::{Args, Ctx, MAX_RW};
+use crate::errno::{Errno, SysResult};
+use crate::fd::{FileKind, OpenFile};
+use crate::objects::{SockType, UnixName, SOCKET_CAPACITY, UNIX_PATH_MAX};
+use crate::vfs::FileType;
+use crate::wait::{READABLE, WRITABLE};
+
+const SOCK_FLAGS: i32 = libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC;
+
+fn sock_type(ty: u64) -> Result<(SockType, i32), Errno> {
+    let ty = ty as i32;
+    let flags = ty & SOCK_FLAGS;
+    Ok((SockType::from_linux(ty & !SOCK_FLAGS)?, flags))
+}
+
+fn check_domain(domain: u64, proto: u64) -> Result<(), Errno> {
+    if domain as i32 != libc::AF_UNIX {
+        return Err(Errno::EAFNOSUPPORT);
+    }
+    if proto != 0 && proto as i32 != libc::PF_UNIX {
+        return Err(Errno::EPROTONOSUPPORT);
+    }
+    Ok(())
+}
+
+pub fn socket(ctx: &mut Ctx, a: &Args) -> SysResult {
+    check_domain(a[0], a[2])?;
+    let (ty, flags) = sock_type(a[1])?;
+    let id = ctx.proc.fds.objects.new_socket(ty);
+    Ok(ctx.proc.fds.open_object(id, libc::O_RDWR | flags)? as u64)
+}
+
+pub fn socketpair(ctx: &mut Ctx, a: &Args) -> SysResult {
+    check_domain(a[0], a[2])?;
+    let (ty, flags) = sock_type(a[1])?;
+    ctx.user_range(a[3], 8)?;
+    let (x, y) = ctx.proc.fds.objects.socket_pair(ty);
+    let (fx, fy) = ctx.proc.fds.open_two((x, libc::O_RDWR | flags), (y, libc::O_RDWR | flags))?;
+    let mut b = [0u8; 8];
+    b[..4].copy_from_slice(&fx.to_le_bytes());
+    b[4..].copy_from_slice(&fy.to_le_bytes());
+    ctx.write_bytes(a[3], &b)?;
+    Ok(0)
+}
+
+/// The socket object behind `fd` (ENOTSOCK for anything else).
+fn sock_of(ctx: &Ctx, fd: u64) -> Result<(OpenFile, u64, u64), Errno> {
+    let fd = fd as i32;
+    let f = *ctx.proc.fds.get(fd)?;
+    let ofd = ctx.proc.fds.ofd(fd)?;
+    match f.kind {
+        FileKind::Object(id) => {
+            ctx.proc.fds.objects.socket(id)?;
+            Ok((f, ofd, id))
+        }
+        _ => Err(Errno::ENOTSOCK),
+    }
+}
+
+/// An address as given: (abstract name) or (path bytes), from a sockaddr_un.
+enum Addr {
+    Abstract(Vec<u8>),
+    Path(Vec<u8>),
+    /// Only the family (autobind on bind).
+    Unnamed,
+}
+
+fn read_addr(ctx: &Ctx, ptr: u64, len: u64) -> Result<Addr, Errno> {
+    if len < 2 || len > 2 + UNIX_PATH_MAX as u64 {
+        return Err(Errno::EINVAL);
+    }
+    let b = ctx.bytes(ptr, len)?;
+    if u16::from_le_bytes([b[0], b[1]]) as i32 != libc::AF_UNIX {
+        return Err(Errno::EINVAL);
+    }
+    let path = &b[2..];
+    Ok(match path.first() {
+        None => Addr::Unnamed,
+        Some(0) => Addr::Abstract(path[1..].to_vec()),
+        Some(_) => {
+            let end = path.iter().position(|&c| c == 0).unwrap_or(path.len());
+            Addr::Path(path[..end].to_vec())
+        }
+    })
+}
+
+/// Write a sockaddr_un for `sun_path` to (`addr`, `*len_ptr`), as accept/getsockname do.
+fn put_addr(ctx: &mut Ctx, addr: u64, len_ptr: u64, sun_path: &[u8]) -> Result<(), Errno> {
+    if addr == 0 || len_ptr == 0 {
+        return Ok(());
+    }
+    let room = ctx.bytes(len_ptr, 4)?;
+    let room = i32::from_le_bytes([room[0], room[1], room[2], room[3]]);
+    if room < 0 {
+        return Err(Errno::EINVAL);
+    }
+    let mut full = (libc::AF_UNIX as u16).to_le_bytes().to_vec();
+    full.extend_from_slice(sun_path);
+    let n = full.len().min(room as usize);
+    ctx.write_bytes(addr, &full[..n])?;
+    ctx.write_i32(len_ptr, full.len() as i32)
+}
+
+/// The sun_path of a path name as reported (with its NUL).
+fn path_sun(p: &[u8]) -> Vec<u8> {
+    let mut v = p.to_vec();
+    v.push(0);
+    v
+}
+
+/// The name an address refers to for connect/sendto (a path must be a socket file).
+fn resolve(ctx: &Ctx, addr: Addr) -> Result<UnixName, Errno> {
+    match addr {
+        Addr::Abstract(n) => Ok(UnixName::Abstract(n)),
+        Addr::Path(p) => {
+            let ino = ctx.proc.vfs.resolve(ctx.proc.cwd, &p, true)?;
+            if ctx.proc.vfs.stat(ino)?.kind != FileType::Socket {
+                return Err(Errno::ECONNREFUSED);
+            }
+            Ok(UnixName::Path(ino, path_sun(&p)))
+        }
+        Addr::Unnamed => Err(Errno::EINVAL),
+    }
+}
+
+pub fn bind(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let (_, _, id) = sock_of(ctx, a[0])?;
+    if ctx.proc.fds.objects.socket(id)?.name.is_some() {
+        return Err(Errno::EINVAL);
+    }
+    let name = match read_addr(ctx, a[1], a[2])? {
+        Addr::Abstract(n) => UnixName::Abstract(n),
+        // Autobind: an abstract name of five hex digits, as Linux.
+        Addr::Unnamed => {
+            let mut k = id;
+            loop {
+                let n = format!("{:05x}", k & 0xFFFFF).into_bytes();
+                if !ctx.proc.fds.objects.abstract_names.contains_key(&n) {
+                    break UnixName::Abstract(n);
+                }
+                k = k.wrapping_add(1);
+                if k.wrapping_sub(id) > 0xFFFFF {
+                    return Err(Errno::ENOSPC);
+                }
+            }
+        }
+        Addr::Path(p) => {
+            let mode = 0o777 & !ctx.proc.umask;
+            let ino = match ctx.proc.vfs.mknod(ctx.proc.cwd, &p, FileType::Socket, mode) {
+                Err(Errno::EEXIST) => return Err(Errno::EADDRINUSE),
+                r => r?,
+            };
+            UnixName::Path(ino, path_sun(&p))
+        }
+    };
+    ctx.proc.fds.objects.bind(id, name)?;
+    Ok(0)
+}
+
+pub fn listen(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let (_, _, id) = sock_of(ctx, a[0])?;
+    ctx.proc.fds.objects.listen(id, a[1] as i32)?;
+    Ok(0)
+}
+
+pub fn connect(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let (f, ofd, id) = sock_of(ctx, a[0])?;
+    let name = resolve(ctx, read_addr(ctx, a[1], a[2])?)?;
+    let r = ctx.proc.fds.objects.connect(id, &name).map(|_| 0);
+    or_block(ctx, &f, ofd, WRITABLE, r)
+}
+
+fn accept_common(ctx: &mut Ctx, a: &Args, flags: i32) -> SysResult {
+    if flags & !SOCK_FLAGS != 0 {
+        return Err(Errno::EINVAL);
+    }
+    let (f, ofd, id) = sock_of(ctx, a[0])?;
+    // Check the address buffer before taking the connection off the queue.
+    if a[1] != 0 {
+        ctx.user_range(a[2], 4)?;
+    }
+    let conn = match ctx.proc.fds.objects.accept(id) {
+        Ok(c) => c,
+        Err(e) => return or_block(ctx, &f, ofd, READABLE, Err(e)),
+    };
+    let peer_name = ctx
+        .proc
+        .fds
+        .objects
+        .socket(conn)?
+        .peer()
+        .and_then(|p| ctx.proc.fds.objects.socket(p).ok())
+        .and_then(|p| p.name.as_ref().map(|n| n.sun_path()))
+        .unwrap_or_default();
+    let fd = ctx.proc.fds.open_object(conn, libc::O_RDWR | flags)?;
+    put_addr(ctx, a[1], a[2], &peer_name)?;
+    Ok(fd as u64)
+}
+
+pub fn accept(ctx: &mut Ctx, a: &Args) -> SysResult {
+    accept_common(ctx, a, 0)
+}
+
+pub fn accept4(ctx: &mut Ctx, a: &Args) -> SysResult {
+    accept_common(ctx, a, a[3] as i32)
+}
+
+pub fn getsockname(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let (_, _, id) = sock_of(ctx, a[0])?;
+    let name = ctx.proc.fds.objects.socket(id)?.name.as_ref().map(|n| n.sun_path()).unwrap_or_default();
+    ctx.bytes(a[2], 4)?;
+    put_addr(ctx, a[1], a[2], &name)?;
+    Ok(0)
+}
+
+pub fn getpeername(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let (_, _, id) = sock_of(ctx, a[0])?;
+    let s = ctx.proc.fds.objects.socket(id)?;
+    let peer = s.peer().ok_or(Errno::ENOTCONN)?;
+    let name = match ctx.proc.fds.objects.socket(peer) {
+        Ok(p) => p.name.as_ref().map(|n| n.sun_path()).unwrap_or_default(),
+        Err(_) => Vec::new(),
+    };
+    ctx.bytes(a[2], 4)?;
+    put_addr(ctx, a[1], a[2], &name)?;
+    Ok(0)
+}
+
+fn nonblocking(f: &OpenFile, flags: i32) -> OpenFile {
+    let mut f = *f;
+    if flags & libc::MSG_DONTWAIT != 0 {
+        f.flags |= libc::O_NONBLOCK;
+    }
+    f
+}
+
+fn send_common(ctx: &mut Ctx, fd: u64, data: Vec<u8>, flags: i32, dest: Option<(u64, u64)>) -> SysResult {
+    let (f, ofd, id) = sock_of(ctx, fd)?;
+    let f = nonblocking(&f, flags);
+    let dest = match dest {
+        Some((ptr, len)) if ptr != 0 => Some(resolve(ctx, read_addr(ctx, ptr, len)?)?),
+        _ => None,
+    };
+    match ctx.proc.fds.objects.send(id, &data, dest.as_ref()) {
+        Err(Errno::EPIPE) if flags & libc::MSG_NOSIGNAL != 0 => Err(Errno::EPIPE),
+        Err(Errno::EPIPE) => Err(epipe(ctx)),
+        r => or_block(ctx, &f, ofd, WRITABLE, r.map(|n| n as u64)),
+    }
+}
+
+pub fn sendto(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let len = a[2].min(SOCKET_CAPACITY as u64 + 1);
+    let data = ctx.bytes(a[1], len)?.to_vec();
+    send_common(ctx, a[0], data, a[3] as i32, Some((a[4], a[5])))
+}
+
+/// Receive into guest memory: shared by read(2) on a socket and recvfrom.
+/// `src`: (addr, addrlen pointer) to report the sender in.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn recv_into(
+    ctx: &mut Ctx,
+    f: &OpenFile,
+    ofd: u64,
+    id: u64,
+    buf: u64,
+    len: u64,
+    flags: i32,
+    src: Option<(u64, u64)>,
+) -> SysResult {
+    let f = nonblocking(f, flags);
+    let len = len.min(MAX_RW).min(SOCKET_CAPACITY as u64);
+    ctx.user_range(buf, len)?;
+    let r = ctx.proc.fds.objects.recv(id, len as usize, flags & libc::MSG_PEEK != 0);
+    let (data, full, from) = match r {
+        Ok(v) => v,
+        Err(e) => return or_block(ctx, &f, ofd, READABLE, Err(e)),
+    };
+    ctx.write_bytes(buf, &data)?;
+    if let Some((addr, alen)) = src {
+        put_addr(ctx, addr, alen, &from)?;
+    }
+    Ok(if flags & libc::MSG_TRUNC != 0 { full as u64 } else { data.len() as u64 })
+}
+
+pub fn recvfrom(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let (f, ofd, id) = sock_of(ctx, a[0])?;
+    recv_into(ctx, &f, ofd, id, a[1], a[2], a[3] as i32, Some((a[4], a[5])))
+}
+
+/// struct msghdr: (name, namelen, iov, iovlen, control, controllen).
+fn msghdr(ctx: &Ctx, ptr: u64) -> Result<[u64; 6], Errno> {
+    let b = ctx.bytes(ptr, 56)?;
+    let u = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap_or_default());
+    Ok([u(0), u64::from(u32::from_le_bytes(b[8..12].try_into().unwrap_or_default())), u(16), u(24), u(32), u(40)])
+}
+
+fn iovecs(ctx: &Ctx, iov: u64, count: u64) -> Result<Vec<(u64, u64)>, Errno> {
+    if count > 1024 {
+        return Err(Errno::EMSGSIZE);
+    }
+    let raw = ctx.bytes(iov, count * 16)?;
+    Ok(raw
+        .chunks_exact(16)
+        .map(|c| {
+            (
+                u64::from_le_bytes(c[..8].try_into().unwrap_or_default()),
+                u64::from_le_bytes(c[8..].try_into().unwrap_or_default()),
+            )
+        })
+        .collect())
+}
+
+pub fn sendmsg(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let [name, namelen, iov, iovlen, _control, controllen] = msghdr(ctx, a[1])?;
+    // Passing fds or credentials (SCM_RIGHTS, SCM_CREDENTIALS) is not supported.
+    if controllen != 0 {
+        return Err(Errno::EOPNOTSUPP);
+    }
+    let mut data = Vec::new();
+    for (base, len) in iovecs(ctx, iov, iovlen)? {
+        let take = len.min((SOCKET_CAPACITY + 1 - data.len().min(SOCKET_CAPACITY + 1)) as u64);
+        data.extend_from_slice(ctx.bytes(base, take)?);
+    }
+    send_common(ctx, a[0], data, a[2] as i32, Some((name, namelen)))
+}
+
+pub fn recvmsg(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let (f, ofd, id) = sock_of(ctx, a[0])?;
+    let flags = a[2] as i32;
+    let [name, _namelen, iov, iovlen, _control, _controllen] = msghdr(ctx, a[1])?;
+    let iovs = iovecs(ctx, iov, iovlen)?;
+    let total: u64 = iovs.iter().fold(0u64, |s, &(_, l)| s.saturating_add(l)).min(SOCKET_CAPACITY as u64);
+    for &(base, len) in &iovs {
+        ctx.user_range(base, len)?;
+    }
+    let f = nonblocking(&f, flags);
+    let (data, full, from) = match ctx.proc.fds.objects.recv(id, total as usize, flags & libc::MSG_PEEK != 0) {
+        Ok(v) => v,
+        Err(e) => return or_block(ctx, &f, ofd, READABLE, Err(e)),
+    };
+    let mut done = 0usize;
+    for (base, len) in iovs {
+        if done >= data.len() {
+            break;
+        }
+        let n = (len as usize).min(data.len() - done);
+        ctx.write_bytes(base, &data[done..done + n])?;
+        done += n;
+    }
+    // msg_namelen (offset 8) <- the sender's address length; msg_controllen = 0; msg_flags.
+    if name != 0 {
+        put_addr(ctx, name, a[1] + 8, &from)?;
+    }
+    ctx.write_bytes(a[1] + 40, &0u64.to_le_bytes())?;
+    let mflags = if full > data.len() { libc::MSG_TRUNC } else { 0 };
+    ctx.write_i32(a[1] + 48, mflags)?;
+    Ok(if flags & libc::MSG_TRUNC != 0 { full as u64 } else { data.len() as u64 })
+}
+
+pub fn shutdown(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let (_, _, id) = sock_of(ctx, a[0])?;
+    ctx.proc.fds.objects.shutdown(id, a[1] as i32)?;
+    Ok(0)
+}
+
+/// setsockopt: buffer sizes, reuse and credential flags are accepted and
+/// change nothing (the buffers have a fixed size).
+pub fn setsockopt(ctx: &mut Ctx, a: &Args) -> SysResult {
+    sock_of(ctx, a[0])?;
+    if a[1] as i32 != libc::SOL_SOCKET {
+        return Err(Errno::ENOPROTOOPT);
+    }
+    match a[2] as i32 {
+        libc::SO_REUSEADDR
+        | libc::SO_REUSEPORT
+        | libc::SO_RCVBUF
+        | libc::SO_SNDBUF
+        | libc::SO_PASSCRED
+        | libc::SO_KEEPALIVE
+        | libc::SO_RCVTIMEO
+        | libc::SO_SNDTIMEO
+        | libc::SO_LINGER
+        | libc::SO_RCVLOWAT => Ok(0),
+        _ => Err(Errno::ENOPROTOOPT),
+    }
+}
+
+pub fn getsockopt(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let (_, _, id) = sock_of(ctx, a[0])?;
+    if a[1] as i32 != libc::SOL_SOCKET {
+        return Err(Errno::ENOPROTOOPT);
+    }
+    let s = ctx.proc.fds.objects.socket(id)?;
+    let v: Vec<u8> = match a[2] as i32 {
+        libc::SO_ERROR => 0i32.to_le_bytes().to_vec(),
+        libc::SO_TYPE => s.ty.to_linux().to_le_bytes().to_vec(),
+        libc::SO_DOMAIN => libc::AF_UNIX.to_le_bytes().to_vec(),
+        libc::SO_PROTOCOL => 0i32.to_le_bytes().to_vec(),
+        libc::SO_ACCEPTCONN => i32::from(matches!(s.state, crate::objects::SockState::Listening { .. })).to_le_bytes().to_vec(),
+        libc::SO_RCVBUF | libc::SO_SNDBUF => (SOCKET_CAPACITY as i32).to_le_bytes().to_vec(),
+        libc::SO_REUSEADDR | libc::SO_KEEPALIVE | libc::SO_PASSCRED => 0i32.to_le_bytes().to_vec(),
+        libc::SO_PEERCRED => {
+            // struct ucred of the only process: pid, uid 0, gid 0.
+            let mut c = (super::sys_process::GUEST_PID as i32).to_le_bytes().to_vec();
+            c.extend_from_slice(&[0u8; 8]);
+            c
+        }
+        _ => return Err(Errno::ENOPROTOOPT),
+    };
+    let room = ctx.bytes(a[4], 4)?;
+    let room = i32::from_le_bytes([room[0], room[1], room[2], room[3]]);
+    if room < 0 {
+        return Err(Errno::EINVAL);
+    }
+    let n = v.len().min(room as usize);
+    ctx.write_bytes(a[3], &v[..n])?;
+    ctx.write_i32(a[4], n as i32)?;
+    Ok(0)
+}
