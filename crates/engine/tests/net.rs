@@ -431,3 +431,27 @@ fn a_checkpoint_never_carries_a_live_connection() {
         assert_eq!(value(&mut r, &format!("import urllib.request\nurllib.request.urlopen('http://127.0.0.1:{}/hello.txt').status", srv.port)), "200");
     }
 }
+
+#[test]
+fn asyncio_open_connection_over_epoll() {
+    // By address: asyncio resolves names in a thread pool, and the guest has no threads yet.
+    let srv = HttpServer::start(None, "127.0.0.1");
+    let mut sb = boot(public_with(&[&format!("127.0.0.1:{}", srv.port)]));
+    let code = format!(
+        "import asyncio\n\
+         async def get(host):\n\
+         \x20   r, w = await asyncio.open_connection(host, {p})\n\
+         \x20   w.write(b'GET /hello.txt HTTP/1.0\\r\\nHost: x\\r\\n\\r\\n')\n\
+         \x20   await w.drain()\n\
+         \x20   data = await asyncio.wait_for(r.read(), 10)\n\
+         \x20   w.close()\n\
+         \x20   return data.split(b'\\r\\n')[0], data.endswith({hello:?}.encode())\n\
+         async def main():\n\
+         \x20   return await asyncio.gather(*[get('127.0.0.1') for _ in range(10)])\n\
+         res = asyncio.run(main())\n\
+         (len(res), set(res))",
+        p = srv.port,
+        hello = HELLO
+    );
+    assert_eq!(value(&mut sb, &code), "(10, {(b'HTTP/1.1 200 OK', True)})");
+}
