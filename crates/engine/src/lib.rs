@@ -20,7 +20,7 @@ use forkbox_linux::vfs::Vfs;
 use forkbox_vmm::Cpu;
 
 pub use error::EngineError;
-pub use forkbox_linux::net::{Mode as NetMode, NetConfig, NetStats, Policy as NetPolicy, Rule as NetRule};
+pub use forkbox_linux::net::{GLOBAL as NET_GLOBAL, Mode as NetMode, NetConfig, NetStats, Policy as NetPolicy, Rule as NetRule};
 pub use limits::Limits;
 pub use protocol::PyError;
 pub use files::{FileEntry, OutputFile};

@@ -663,6 +663,7 @@ async fn healthz(State(state): State<AppState>) -> Json<Health> {
     responses((status = 200, description = "Prometheus text exposition", content_type = "text/plain", body = String)))]
 async fn metrics_text(State(state): State<AppState>) -> impl IntoResponse {
     metrics::sessions(state.sessions.resident_count());
+    metrics::network();
     let s = state.clone();
     if let Ok(Ok(n)) = tokio::task::spawn_blocking(move || s.sessions.store().count_sessions(None)).await {
         metrics::sessions_live(n);

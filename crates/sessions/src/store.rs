@@ -998,6 +998,7 @@ mod tests {
                 timeout_ms: 30_000,
                 output_bytes: 1 << 20,
                 disk_bytes: 1 << 30,
+                network: Some(r#"{"layers":[{"mode":"public"}],"max_sockets":128,"max_bytes":1073741824}"#.into()),
             },
             head: None,
             created_ms: created,
