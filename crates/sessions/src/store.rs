@@ -941,9 +941,9 @@ fn load_sessions(
             last_sid = Some(sid);
             out.push(session_row(row).op(op)?);
         }
-        let key: Option<String> = row.get(11).op(op)?;
+        let key: Option<String> = row.get(12).op(op)?;
         if let Some(key) = key {
-            let value: String = row.get(12).op(op)?;
+            let value: String = row.get(13).op(op)?;
             out.last_mut()
                 .expect("pushed above")
                 .tags
