@@ -48,6 +48,18 @@ pub enum BenchCommand {
         #[command(flatten)]
         image: ImageArgs,
     },
+    /// Network: a small HTTP GET (urllib) to a loopback server and a 100 MB
+    /// download, from the guest (loopback allowlisted) beside the host's python3.
+    Net {
+        /// GET samples.
+        #[arg(long, default_value_t = 200)]
+        requests: usize,
+        /// Download size in MB.
+        #[arg(long, default_value_t = 100)]
+        download_mb: usize,
+        #[command(flatten)]
+        image: ImageArgs,
+    },
     /// Sessions: checkpoint cost vs pages dirtied, resume of evicted sessions,
     /// forks of checkpoints, disk per session, many sessions at once.
     Sessions {
@@ -84,7 +96,99 @@ pub fn bench(home: &Path, cmd: BenchCommand) -> Result<ExitCode> {
         BenchCommand::Fork { forks, execs, live, batch, image } => fork(home, forks, execs, live, batch, &image),
         BenchCommand::Threads { samples, image } => threads(home, samples, &image),
         BenchCommand::Sessions { samples, resident, on_disk, image } => sessions(home, samples, resident, on_disk, &image),
+        BenchCommand::Net { requests, download_mb, image } => net(home, requests.max(1), download_mb, &image),
     }
+}
+
+/// A loopback HTTP/1.0 responder: `/small` is 2 bytes, `/big` is `big` bytes.
+fn http_responder(big: usize) -> Result<u16> {
+    use std::io::{Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let port = l.local_addr()?.port();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(mut c) = c else { return };
+            std::thread::spawn(move || {
+                let mut req = Vec::new();
+                let mut b = [0u8; 1024];
+                while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match c.read(&mut b) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => req.extend_from_slice(&b[..n]),
+                    }
+                }
+                let size = if req.starts_with(b"GET /big") { big } else { 2 };
+                let _ = c.write_all(format!("HTTP/1.0 200 OK\r\nContent-Length: {size}\r\n\r\n").as_bytes());
+                let chunk = vec![b'x'; 1 << 20];
+                let mut left = size;
+                while left > 0 {
+                    let n = left.min(chunk.len());
+                    if c.write_all(&chunk[..n]).is_err() {
+                        return;
+                    }
+                    left -= n;
+                }
+            });
+        }
+    });
+    Ok(port)
+}
+
+fn net(home: &Path, requests: usize, download_mb: usize, image: &ImageArgs) -> Result<ExitCode> {
+    let (path, id) = crate::run::ensure_image(home, image, false)?;
+    let engine = Engine::open(&path)?;
+    let template = forkbox_engine::Template::ensure(&engine, home)?;
+    let big = download_mb << 20;
+    let port = http_responder(big)?;
+    println!("image {id}, loopback server on port {port} (allowlisted for the guest)");
+    let code = format!(
+        "import time, urllib.request\n\
+         lat = []\n\
+         for _ in range({requests}):\n\
+         \x20   t = time.perf_counter()\n\
+         \x20   urllib.request.urlopen('http://127.0.0.1:{port}/small').read()\n\
+         \x20   lat.append((time.perf_counter() - t) * 1000)\n\
+         t = time.perf_counter()\n\
+         r = urllib.request.urlopen('http://127.0.0.1:{port}/big')\n\
+         n = 0\n\
+         while True:\n\
+         \x20   b = r.read(1 << 20)\n\
+         \x20   if not b: break\n\
+         \x20   n += len(b)\n\
+         secs = time.perf_counter() - t\n\
+         print(' '.join(map(str, lat)))\n\
+         print(n, secs)\n"
+    );
+    let parse = |out: &str| -> Result<(Vec<f64>, f64, f64)> {
+        let mut lines = out.lines();
+        let lat = lines.next().unwrap_or("").split_whitespace().filter_map(|x| x.parse().ok()).collect();
+        let mut last = lines.next().unwrap_or("").split_whitespace();
+        let n: f64 = last.next().and_then(|x| x.parse().ok()).context("no download size")?;
+        let secs: f64 = last.next().and_then(|x| x.parse().ok()).context("no download time")?;
+        Ok((lat, n, secs))
+    };
+    let mut network = forkbox_engine::NetConfig::with_policy(forkbox_engine::NetPolicy::allowlist(vec![format!("127.0.0.1:{port}").parse()?]));
+    network.max_bytes = (big as u64).saturating_mul(2).max(1 << 30);
+    let limits = Limits { network, timeout: std::time::Duration::from_secs(600), ..Limits::default() };
+    let mut sb = template.fork(&engine, limits)?;
+    let r = sb.exec(&code)?;
+    anyhow::ensure!(r.error.is_none(), "guest: {:?}\n{}", r.error, r.stderr);
+    let (glat, gn, gsecs) = parse(&r.stdout)?;
+    let host = std::process::Command::new("/usr/bin/python3").args(["-c", &code]).output().context("host python3")?;
+    anyhow::ensure!(host.status.success(), "host python3: {}", String::from_utf8_lossy(&host.stderr));
+    let (hlat, hn, hsecs) = parse(&String::from_utf8_lossy(&host.stdout))?;
+    println!("guest: urllib GET of 2 bytes over loopback   {}", summary(glat.clone()));
+    println!("host:  urllib GET of 2 bytes over loopback   {}", summary(hlat.clone()));
+    let med = |mut v: Vec<f64>| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        percentile(&v, 0.5)
+    };
+    println!("ratio guest/host p50: {:.2}x", med(glat) / med(hlat));
+    println!("guest: {:.0} MB download: {:.0} MB/s ({:.2} s)", gn / 1e6, gn / 1e6 / gsecs, gsecs);
+    println!("host:  {:.0} MB download: {:.0} MB/s ({:.2} s)", hn / 1e6, hn / 1e6 / hsecs, hsecs);
+    let st = sb.net_stats();
+    println!("guest counters: {} connects allowed, {} denied, {} bytes received", st.connects_allowed, st.connects_denied, st.bytes_received);
+    Ok(ExitCode::SUCCESS)
 }
 
 fn host_python_import_numpy() -> Result<f64> {

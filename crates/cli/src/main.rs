@@ -55,6 +55,18 @@ enum Command {
         /// Execs at once (exec threads); default twice the cores. One key gets half of them unless its key says otherwise.
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1024))]
         exec_slots: Option<u64>,
+        /// Outbound network of every sandbox: `public` (the public internet; loopback, private,
+        /// link-local/metadata, CGNAT, multicast and this host's addresses refused), `none`, or
+        /// `allowlist` (only what --egress-allow names). Requests can only narrow it.
+        #[arg(long, value_enum, default_value = "public")]
+        egress: EgressMode,
+        /// An allow rule (repeatable): `10.0.0.0/8`, `1.2.3.4`, `[::1]:8080`, `example.com`, `*.example.com:443`.
+        /// An address/CIDR rule opens even a non-public address; a host-name rule only public ones.
+        #[arg(long, value_name = "RULE")]
+        egress_allow: Vec<String>,
+        /// A deny rule (repeatable), same forms (`*:25` denies a port everywhere). Deny rules win.
+        #[arg(long, value_name = "RULE")]
+        egress_deny: Vec<String>,
     },
     /// API keys for the HTTP API.
     #[command(subcommand)]
@@ -179,7 +191,10 @@ fn main() -> ExitCode {
     raise_fd_limit();
     let home = cli.home.clone().unwrap_or_else(forkbox_image::default_home);
     let result = match cli.command {
-        Command::Serve { listen, image, template, metrics_listen, exec_slots } => serve(&home, listen, image, template, metrics_listen, exec_slots),
+        Command::Serve { listen, image, template, metrics_listen, exec_slots, egress, egress_allow, egress_deny } => {
+            egress_policy(egress, &egress_allow, &egress_deny)
+                .and_then(|policy| serve(&home, listen, image, template, metrics_listen, exec_slots, policy))
+        }
         Command::Key(KeyCommand::Create {
             tenant,
             rate_limit,
@@ -254,6 +269,25 @@ fn syscalls(markdown: bool) {
     }
 }
 
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum EgressMode {
+    None,
+    Public,
+    Allowlist,
+}
+
+fn egress_policy(mode: EgressMode, allow: &[String], deny: &[String]) -> anyhow::Result<forkbox_engine::NetPolicy> {
+    let parse = |v: &[String]| -> anyhow::Result<Vec<forkbox_engine::NetRule>> {
+        v.iter().map(|r| r.parse::<forkbox_engine::NetRule>().map_err(|e| anyhow::anyhow!("{e}"))).collect()
+    };
+    let mode = match mode {
+        EgressMode::None => forkbox_engine::NetMode::None,
+        EgressMode::Public => forkbox_engine::NetMode::Public,
+        EgressMode::Allowlist => forkbox_engine::NetMode::Allowlist,
+    };
+    Ok(forkbox_engine::NetPolicy { mode, allow: parse(allow)?, deny: parse(deny)? })
+}
+
 fn serve(
     home: &std::path::Path,
     listen: std::net::SocketAddr,
@@ -261,12 +295,14 @@ fn serve(
     template: Option<String>,
     metrics_listen: Option<std::net::SocketAddr>,
     exec_slots: Option<u64>,
+    egress: forkbox_engine::NetPolicy,
 ) -> anyhow::Result<ExitCode> {
     let mut cfg = forkbox_server::ServerConfig::new(listen, home.to_path_buf());
     cfg.image = image;
     cfg.template = template;
     cfg.metrics_listen = metrics_listen;
     cfg.max_concurrency = exec_slots.map_or(0, |n| n as usize);
+    cfg.limits.network = forkbox_engine::NetConfig::with_policy(egress);
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(forkbox_server::serve(cfg))?;
     Ok(ExitCode::SUCCESS)
 }

@@ -29,6 +29,7 @@ use forkbox_linux::vfs::Vfs;
 use forkbox_vmm::Cpu;
 
 pub use error::EngineError;
+pub use forkbox_linux::net::{GlobalNetStats, GLOBAL as NET_GLOBAL, Mode as NetMode, NetConfig, NetStats, Policy as NetPolicy, Rule as NetRule};
 pub use limits::Limits;
 pub use protocol::{MimeBundle, PyError};
 pub use files::{FileEntry, OutputFile};
@@ -46,9 +47,16 @@ pub fn default_image_spec() -> ImageSpec {
     with_agent(ImageSpec::python_numpy())
 }
 
-/// Add the agent to an image spec (every forkbox image needs it).
+/// Add the agent to an image spec (every forkbox image needs it), and the
+/// resolver configuration that points the guest at the VMM's resolver.
 pub fn with_agent(mut spec: ImageSpec) -> ImageSpec {
     spec.extra_files.push(ExtraFile { guest_path: sandbox::AGENT_PATH.into(), data: AGENT_SOURCE.to_vec(), perm: 0o644 });
+    use forkbox_linux::net;
+    for (path, data) in [("/etc/resolv.conf", net::RESOLV_CONF), ("/etc/hosts", net::ETC_HOSTS), ("/etc/nsswitch.conf", net::NSSWITCH_CONF)] {
+        if !spec.extra_files.iter().any(|f| f.guest_path == path) {
+            spec.extra_files.push(ExtraFile { guest_path: path.into(), data: data.to_vec(), perm: 0o644 });
+        }
+    }
     spec
 }
 

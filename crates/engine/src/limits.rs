@@ -1,5 +1,7 @@
 use std::time::Duration;
 
+use forkbox_linux::net::NetConfig;
+
 /// Per-sandbox limits, all enforced by the VMM.
 #[derive(Clone, Debug)]
 pub struct Limits {
@@ -13,6 +15,9 @@ pub struct Limits {
     pub disk_bytes: u64,
     /// Largest code string accepted.
     pub code_bytes: usize,
+    /// Egress policy layers, the resolver's static host map, socket and byte
+    /// limits. Default: no network (`forkbox serve` defaults to public).
+    pub network: NetConfig,
 }
 
 impl Default for Limits {
@@ -23,6 +28,7 @@ impl Default for Limits {
             output_bytes: 1 << 20,
             disk_bytes: 1 << 30,
             code_bytes: 1 << 20,
+            network: NetConfig::default(),
         }
     }
 }

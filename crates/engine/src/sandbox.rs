@@ -179,6 +179,7 @@ impl Sandbox {
         proc.mm.sync_all_page_tables(vm.mem_mut())?;
         crate::vdso::refresh(&mut vm, engine.vdso.is_some())?;
         let mut io = Io::new(limits.output_bytes);
+        io.net = forkbox_linux::net::NetIo::new(std::sync::Arc::new(limits.network.clone()));
         io.trace = trace;
         let mut sb = Sandbox {
             vm: Some(vm),
@@ -235,10 +236,13 @@ impl Sandbox {
         proc.mm.set_limit(limits.memory_bytes);
         proc.vfs.set_quota(limits.disk_bytes);
         let regs = vm.regs()?;
+        let mut io = Io::new(limits.output_bytes);
+        // Fresh host-side network state: sockets in `proc` from the snapshot read as reset.
+        io.net = forkbox_linux::net::NetIo::new(std::sync::Arc::new(limits.network.clone()));
         Ok(Sandbox {
             vm: Some(vm),
             proc,
-            io: Io::new(limits.output_bytes),
+            io,
             state: State::Parked(regs),
             limits,
             ready_info: info,
@@ -308,6 +312,11 @@ impl Sandbox {
 
     pub fn limits(&self) -> &Limits {
         &self.limits
+    }
+
+    /// Network counters of this sandbox (connects allowed/denied, DNS, bytes).
+    pub fn net_stats(&self) -> forkbox_linux::net::NetStats {
+        self.io.net.stats.clone()
     }
 
     /// Run `code` in the session's namespace.
@@ -637,17 +646,27 @@ impl Sandbox {
                     return Ok(());
                 }
             }
-            // Nobody can run: wait on the host for the next event.
-            let Some(wake) = self.next_wake() else {
-                return Err(EngineError::Deadlock(self.describe_deadlock()));
+            // Nobody can run: wait on the host for the next event. Host
+            // sockets a blocked call waits on (directly or through an epoll)
+            // end the wait too; the re-check at the top of the loop then sees them ready.
+            let mut host = self.host_wait_fds();
+            let wake = match (self.next_wake(), host.is_empty()) {
+                (Some(w), _) => w,
+                (None, false) => Instant::now() + Duration::from_secs(24 * 3600),
+                (None, true) => return Err(EngineError::Deadlock(self.describe_deadlock())),
             };
             let until = self.sig.grace.map_or(deadline, |g| g.min(deadline)).min(wake);
-            let d = until.saturating_duration_since(Instant::now());
-            match &self.io.interrupt {
-                Some(latch) => {
-                    latch.sleep(d);
+            if host.is_empty() {
+                let d = until.saturating_duration_since(Instant::now());
+                match &self.io.interrupt {
+                    Some(latch) => {
+                        latch.sleep(d);
+                    }
+                    None => std::thread::sleep(d),
                 }
-                None => std::thread::sleep(d),
+            } else {
+                let latch = self.io.interrupt.clone();
+                wait::poll_host(&mut host, until, || latch.as_ref().is_some_and(|l| l.is_pending()));
             }
             self.check_deadline(deadline)?;
             self.note_interrupt()?;
@@ -668,6 +687,18 @@ impl Sandbox {
             }
         });
         own.into_iter().chain(fds).min()
+    }
+
+    /// The host sockets behind the fd waits of the blocked threads.
+    fn host_wait_fds(&self) -> Vec<libc::pollfd> {
+        let t = &self.proc.threads;
+        let mut out = Vec::new();
+        for (tid, on) in &self.wait_on {
+            if t.index_of(*tid).is_some_and(|i| t.list[i].wait.is_some()) {
+                out.extend(wait::host_fds(&self.proc, &self.io, on));
+            }
+        }
+        out
     }
 
     fn describe_deadlock(&self) -> String {

@@ -24,6 +24,17 @@ pub enum FileKind {
     Agent,
     /// A pipe, socket, eventfd, epoll or timerfd (`FdTable::objects`).
     Object(u64),
+    /// An AF_INET/AF_INET6 socket. The host socket behind it lives in the
+    /// sandbox's `Io` (never in a snapshot); an id with none behind it is reset.
+    Socket(SockInfo),
+}
+
+/// What the fd table knows of a socket (enough for SO_TYPE/SO_DOMAIN after a restore).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SockInfo {
+    pub id: u64,
+    pub domain: i32,
+    pub stream: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

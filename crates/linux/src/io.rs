@@ -83,6 +83,8 @@ pub struct Io {
     pub stream_marked: [bool; 2],
     /// Interrupts host-side waits (sleep, poll, select) of the current exec.
     pub interrupt: Option<Arc<InterruptLatch>>,
+    /// Host sockets, the resolver and the egress policy of this sandbox.
+    pub net: crate::net::NetIo,
 }
 
 /// The marker streamed once a stream's output goes past the output limit
@@ -120,6 +122,16 @@ impl Io {
 
     pub fn agent_pending(&self) -> usize {
         self.agent_in.len() - self.agent_in_pos
+    }
+
+    /// Move the network layer's notes (refused connects ...) to the guest's stderr.
+    pub fn flush_net_notes(&mut self) {
+        if self.net.notes.is_empty() {
+            return;
+        }
+        for n in std::mem::take(&mut self.net.notes) {
+            self.output(Stream::Stderr, n.as_bytes());
+        }
     }
 
     /// Record a guest write to stdout or stderr.

@@ -13,6 +13,7 @@ pub mod layout;
 pub mod loader;
 pub mod mm;
 pub mod objects;
+pub mod net;
 pub mod process;
 mod serde_map;
 pub mod syscalls;

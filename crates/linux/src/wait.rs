@@ -142,6 +142,61 @@ fn ready_at(fds: &FdTable, io: &Io, ofd: u64, depth: u32) -> u32 {
         FileKind::Stdout | FileKind::Stderr => w,
         FileKind::Node(_) => r | w,
         FileKind::Object(id) => fds.objects.readiness(id, f.flags, depth, &|o, d| ready_at(fds, io, o, d)),
+        // A host socket: asked of the host (POLLHUP/POLLERR included).
+        FileKind::Socket(s) => io.net.poll(s.id, crate::net::POLL_MASK | libc::POLLRDNORM | libc::POLLWRNORM) as u16 as u32,
+    }
+}
+
+/// The host fds (host sockets) behind what `on` waits for, directly or
+/// through an epoll instance in it: the engine waits on them on the host
+/// (`poll(2)`) instead of sleeping, so a socket becoming ready ends the wait.
+pub fn host_fds(proc: &Process, io: &Io, on: &WaitOn) -> Vec<libc::pollfd> {
+    let mut out = Vec::new();
+    for (ofd, events) in on.fds() {
+        host_fds_at(&proc.fds, io, ofd, events, 0, &mut out);
+    }
+    out
+}
+
+/// Wait on host fds until one is ready or `until`, checking `interrupted`
+/// every 20 ms. True when interrupted.
+pub fn poll_host(fds: &mut [libc::pollfd], until: Instant, interrupted: impl Fn() -> bool) -> bool {
+    loop {
+        if interrupted() {
+            return true;
+        }
+        let now = Instant::now();
+        if now >= until {
+            return false;
+        }
+        let slice = until.saturating_duration_since(now).min(Duration::from_millis(20));
+        let ms = slice.as_millis().max(1) as i32;
+        // SAFETY: fds is a valid, exclusively borrowed array of pollfd of its length.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        if n > 0 {
+            return false;
+        }
+    }
+}
+
+fn host_fds_at(fds: &FdTable, io: &Io, ofd: u64, events: u32, depth: u32, out: &mut Vec<libc::pollfd>) {
+    let Some(f) = fds.description(ofd) else { return };
+    match f.kind {
+        FileKind::Socket(s) => {
+            if let Some(p) = io.net.pollfd(s.id, events as i16) {
+                if out.len() < crate::fd::MAX_FDS as usize {
+                    out.push(p);
+                }
+            }
+        }
+        FileKind::Object(id) if depth < 5 => {
+            if let Ok(crate::objects::Object { kind: crate::objects::ObjKind::Epoll(e), .. }) = fds.objects.get(id) {
+                for w in e.watches.values() {
+                    host_fds_at(fds, io, w.ofd, w.events, depth + 1, out);
+                }
+            }
+        }
+        _ => {}
     }
 }
 

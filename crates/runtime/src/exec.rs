@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use forkbox_engine::{ExecOptions, ExecResult, Limits, Loaded, Stream};
+use forkbox_engine::{ExecOptions, ExecResult, Limits, Loaded, NetPolicy, Stream};
 use forkbox_sessions::manager::ExecOutcome;
 
 use crate::{random_id, Runtime, RuntimeError};
@@ -92,6 +92,13 @@ pub(crate) fn with_output<R>(output: &mut Option<Box<dyn Output>>, run: impl FnO
 pub const BATCH_OUTPUT_FACTOR: usize = 4;
 
 /// Output limit of each of `n` items of a batch (at least 4 KiB, at most `per_exec`).
+/// Add a request's network policy as the innermost layer: it can only narrow.
+pub(crate) fn narrow_network(limits: &mut Limits, network: Option<&NetPolicy>) {
+    if let Some(p) = network {
+        limits.network = std::mem::take(&mut limits.network).narrowed(p.clone());
+    }
+}
+
 pub fn batch_output_limit(per_exec: usize, n: usize) -> usize {
     (per_exec.saturating_mul(BATCH_OUTPUT_FACTOR) / n.max(1)).clamp(4096.min(per_exec), per_exec)
 }
@@ -136,12 +143,20 @@ impl Runtime {
     }
 
     /// Check a one-shot exec's code and timeout (cheap: do it before waiting for a slot).
-    /// `template`: its name (None: the default).
-    pub fn oneshot(&self, code: String, timeout_seconds: Option<f64>, template: Option<&str>) -> Result<OneShotRequest, RuntimeError> {
+    /// `template`: its name (None: the default). `network`: a policy layer
+    /// narrowing the runtime's (None: the runtime's as it is).
+    pub fn oneshot(
+        &self,
+        code: String,
+        timeout_seconds: Option<f64>,
+        template: Option<&str>,
+        network: Option<&NetPolicy>,
+    ) -> Result<OneShotRequest, RuntimeError> {
         self.check_code(&code)?;
         let mut limits = self.config.limits.clone();
         limits.timeout = self.timeout(timeout_seconds)?;
         limits.code_bytes = self.config.code_limit;
+        narrow_network(&mut limits, network);
         let template = self.template(template)?;
         Ok(OneShotRequest { code, limits, template })
     }

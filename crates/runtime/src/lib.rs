@@ -46,7 +46,7 @@ pub use error::RuntimeError;
 pub use exec::{OneShot, OneShotRequest, Outcome, Output, Ran};
 pub use forkbox_api::ErrorCode;
 pub use forkbox_engine::catalog::Listing as TemplateListing;
-pub use forkbox_engine::{ExecResult, FileEntry, Limits, MimeBundle, OutputFile, PyError, Stream, TemplateInfo};
+pub use forkbox_engine::{ExecResult, FileEntry, GlobalNetStats, Limits, MimeBundle, NetConfig, NetMode, NetPolicy, NetRule, OutputFile, PyError, Stream, TemplateInfo};
 pub use forkbox_sessions::manager::{Config as SessionsConfig, ExecOutcome};
 pub use session::{CheckpointView, ForkedFrom, Quota, SessionView};
 pub use workers::{job_cpu_seconds, thread_cpu_seconds};
@@ -84,7 +84,9 @@ impl Default for RuntimeConfig {
             concurrency: 0,
             code_limit: 1 << 20,
             max_batch: 64,
-            limits: Limits::default(),
+            // The public internet; loopback, private, link-local/metadata and
+            // this host's addresses refused (`forkbox serve --egress` changes it).
+            limits: Limits { network: NetConfig::with_policy(NetPolicy::public()), ..Limits::default() },
             max_timeout: Duration::from_secs(600),
             max_memory_mb: 4096,
             sessions: SessionsConfig::default(),
@@ -215,6 +217,11 @@ impl Runtime {
 
     pub fn home(&self) -> &Path {
         &self.home
+    }
+
+    /// The network counters of every sandbox of this process (egress decisions, DNS, bytes).
+    pub fn net_stats(&self) -> &'static GlobalNetStats {
+        &forkbox_engine::NET_GLOBAL
     }
 
     /// The default template's image file (a host path: never put it in an API error).

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use forkbox_engine::{FileEntry, Limits};
+use forkbox_engine::{FileEntry, Limits, NetConfig, NetPolicy};
 use forkbox_sessions::manager::ExecOutcome;
 use forkbox_sessions::store::SessionRecord;
 
@@ -51,6 +51,12 @@ impl SessionView {
 
     pub fn timeout_seconds(&self) -> f64 {
         self.record.limits.timeout_ms as f64 / 1000.0
+    }
+
+    /// The session's effective network configuration (none for a session
+    /// from before networking, or an unreadable record).
+    pub fn network(&self) -> NetConfig {
+        forkbox_sessions::manager::from_store_limits(&self.record.limits).network
     }
 }
 
@@ -135,10 +141,12 @@ impl Runtime {
         memory_mb: Option<u64>,
         timeout_seconds: Option<f64>,
         template: Option<&str>,
+        network: Option<&NetPolicy>,
         quota: &Quota,
     ) -> Result<SessionView, RuntimeError> {
         check_tags(&tags)?;
-        let limits = self.session_limits(memory_mb, timeout_seconds)?;
+        let mut limits = self.session_limits(memory_mb, timeout_seconds)?;
+        crate::exec::narrow_network(&mut limits, network);
         let template = self.template(template)?;
         self.within_session_quota(tenant, quota, || Ok(self.sessions.create_on(tenant, tags, &limits, &template)?))
     }

@@ -48,6 +48,17 @@ pub fn evicted(n: usize) {
     metrics::counter!("forkbox_sessions_evicted_total").increment(n as u64);
 }
 
+/// The process-wide network counters of every sandbox (egress decisions, DNS, bytes).
+pub fn network(g: &forkbox_runtime::GlobalNetStats) {
+    use std::sync::atomic::Ordering::Relaxed;
+    metrics::counter!("forkbox_net_connects_total", "decision" => "allowed").absolute(g.connects_allowed.load(Relaxed));
+    metrics::counter!("forkbox_net_connects_total", "decision" => "denied").absolute(g.connects_denied.load(Relaxed));
+    metrics::counter!("forkbox_net_dns_queries_total").absolute(g.dns_queries.load(Relaxed));
+    metrics::counter!("forkbox_net_dns_refused_total").absolute(g.dns_refused.load(Relaxed));
+    metrics::counter!("forkbox_net_bytes_total", "direction" => "sent").absolute(g.bytes_sent.load(Relaxed));
+    metrics::counter!("forkbox_net_bytes_total", "direction" => "received").absolute(g.bytes_received.load(Relaxed));
+}
+
 pub fn sessions_live(n: u64) {
     metrics::gauge!("forkbox_sessions_live").set(n as f64);
 }

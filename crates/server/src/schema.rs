@@ -9,6 +9,60 @@ use forkbox_runtime::{CheckpointView, ExecOutcome, ExecResult, OneShot, SessionV
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+/// A sandbox's outbound network. `"none"`: no network; `"public"`: the
+/// public internet, every non-public address (loopback, private, link-local
+/// and the metadata endpoints, CGNAT, multicast, the host's own addresses)
+/// refused; `{"allow": [...], "deny": [...]}`: only what `allow` names (rules:
+/// `10.0.0.0/8`, `1.2.3.4`, `[::1]:8080`, `example.com`, `*.example.com:443`,
+/// `*:25`). It only narrows the server's policy (the default: the server's,
+/// `public` unless `forkbox serve --egress` says otherwise); a host-name rule
+/// never opens a non-public address.
+#[derive(Clone, Debug, Deserialize, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum NetworkSetting {
+    Mode(NetworkMode),
+    Rules {
+        allow: Vec<String>,
+        #[serde(default)]
+        deny: Vec<String>,
+    },
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum NetworkMode {
+    None,
+    Public,
+}
+
+impl NetworkSetting {
+    /// The policy layer this setting adds (rule errors name the rule).
+    pub fn policy(&self) -> Result<forkbox_runtime::NetPolicy, String> {
+        use forkbox_runtime::{NetMode as Mode, NetPolicy as Policy, NetRule as Rule};
+        let parse = |v: &[String]| -> Result<Vec<Rule>, String> {
+            if v.len() > 256 {
+                return Err("at most 256 network rules".into());
+            }
+            v.iter().map(|r| r.parse::<Rule>().map_err(|e| e.to_string())).collect()
+        };
+        Ok(match self {
+            NetworkSetting::Mode(NetworkMode::None) => Policy::none(),
+            NetworkSetting::Mode(NetworkMode::Public) => Policy::public(),
+            NetworkSetting::Rules { allow, deny } => Policy { mode: Mode::Allowlist, allow: parse(allow)?, deny: parse(deny)? },
+        })
+    }
+}
+
+/// A request's `network` as a policy layer (a bad rule is 400 `invalid_request`).
+pub fn network_policy(n: &Option<NetworkSetting>) -> Result<Option<forkbox_runtime::NetPolicy>, crate::error::ApiError> {
+    n.as_ref().map(|n| n.policy().map_err(|e| crate::error::ApiError::invalid(format!("network: {e}")))).transpose()
+}
+
+/// The effective network policy as shown to clients.
+pub fn network_view(net: &forkbox_runtime::NetConfig) -> serde_json::Value {
+    serde_json::json!({ "mode": net.mode(), "layers": net.layers })
+}
+
 #[derive(Deserialize, ToSchema)]
 pub struct ExecRequest {
     /// Python source; the repr of a final expression is the result's `value`.
@@ -18,6 +72,8 @@ pub struct ExecRequest {
     pub timeout_seconds: Option<f64>,
     /// Template to fork (see `GET /v1/templates`; default: the server's default).
     pub template: Option<String>,
+    /// Outbound network of this exec (narrows the server's policy).
+    pub network: Option<NetworkSetting>,
 }
 
 #[derive(Deserialize, ToSchema)]
@@ -41,6 +97,8 @@ pub struct CreateSession {
     pub timeout_seconds: Option<f64>,
     /// Template the session starts from and stays on (default: the server's default).
     pub template: Option<String>,
+    /// Outbound network of the session (narrows the server's policy; kept across eviction and forks).
+    pub network: Option<NetworkSetting>,
 }
 
 #[derive(Deserialize, ToSchema)]
@@ -218,6 +276,10 @@ pub struct ForkedFrom {
 pub struct SessionLimits {
     pub memory_mb: u64,
     pub timeout_seconds: f64,
+    /// The effective network policy: `mode` (none, public or allowlist) and
+    /// the layers (server, then session) that must all allow a destination.
+    #[schema(value_type = Object)]
+    pub network: serde_json::Value,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -249,7 +311,7 @@ impl Session {
             resident: v.resident,
             checkpoint: v.checkpoint,
             forked_from: v.forked_from.as_ref().map(|f| ForkedFrom { session: f.session.clone(), checkpoint: f.checkpoint }),
-            limits: SessionLimits { memory_mb: v.memory_mb(), timeout_seconds: v.timeout_seconds() },
+            limits: SessionLimits { memory_mb: v.memory_mb(), timeout_seconds: v.timeout_seconds(), network: network_view(&v.network()) },
             template: v.template.clone(),
             template_id: v.record.template_id.clone(),
         }

@@ -1334,3 +1334,57 @@ async fn no_error_body_carries_a_host_path() {
     let (st, v) = s.get(&format!("/v1/sessions/{}/files/nope.txt", s.create_session(json!({})).await)).await;
     assert_eq!(st, StatusCode::NOT_FOUND, "{v}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn network_setting_narrows_the_server_policy() {
+    // A loopback HTTP responder the server allows explicitly (nothing leaves this machine).
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(mut c) = c else { return };
+            let mut b = [0u8; 1024];
+            let _ = std::io::Read::read(&mut c, &mut b);
+            let _ = std::io::Write::write_all(&mut c, b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok");
+        }
+    });
+    let s = TestServer::start_with(|cfg| {
+        cfg.limits.network.layers[0].allow.push(format!("127.0.0.1:{port}").parse().unwrap());
+    })
+    .await;
+    let api_port: u16 = s.url.rsplit(':').next().unwrap().parse().unwrap();
+    let get = |p: u16| format!("import urllib.request\nurllib.request.urlopen('http://127.0.0.1:{p}/', timeout=5).read()");
+    // The server's own API port (loopback) is refused by the default policy.
+    let (st, v) = s.post("/v1/exec", json!({ "code": get(api_port) })).await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert_eq!(v["exit_code"], 1, "{v}");
+    assert!(v["stderr"].as_str().unwrap().contains("refused by the egress policy: loopback address"), "{v}");
+    // The explicitly allowed one works; a request can narrow it away but not widen.
+    let (_, v) = s.post("/v1/exec", json!({ "code": get(port) })).await;
+    assert_eq!(v["value"], "b'ok'", "{v}");
+    let (_, v) = s.post("/v1/exec", json!({ "code": get(port), "network": "none" })).await;
+    assert_eq!(v["exit_code"], 1, "{v}");
+    let (_, v) = s.post("/v1/exec", json!({ "code": get(api_port), "network": { "allow": [format!("127.0.0.1:{api_port}")] } })).await;
+    assert_eq!(v["exit_code"], 1, "a request widened the server's policy: {v}");
+    // Sessions keep their setting and show the effective policy.
+    let (st, v) = s.post("/v1/sessions", json!({ "network": { "allow": [format!("127.0.0.1:{port}")], "deny": ["*:25"] } })).await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+    assert_eq!(v["limits"]["network"]["mode"], "allowlist", "{v}");
+    assert_eq!(v["limits"]["network"]["layers"].as_array().map(|a| a.len()), Some(2), "{v}");
+    let id = v["id"].as_str().unwrap().to_string();
+    assert_eq!(s.sexec(&id, &get(port)).await["value"], "b'ok'");
+    let (_, v) = s.get(&format!("/v1/sessions/{id}")).await;
+    assert_eq!(v["limits"]["network"]["layers"][1]["deny"][0], "*:25", "{v}");
+    let (st, v) = s.post("/v1/sessions", json!({ "network": "none" })).await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+    assert_eq!(v["limits"]["network"]["mode"], "none", "{v}");
+    // Refusals are counted in /metrics.
+    let m = s.http.get(format!("{}/metrics", s.url)).bearer_auth(&s.key).send().await.unwrap().text().await.unwrap();
+    let denied = m.lines().find(|l| l.starts_with("forkbox_net_connects_total{decision=\"denied\"}")).unwrap_or_else(|| panic!("no denial counter in\n{m}"));
+    assert!(denied.rsplit(' ').next().unwrap().parse::<f64>().unwrap() >= 3.0, "{denied}");
+    // Bad settings are 400s.
+    for bad in [json!("everything"), json!({ "allow": ["not a rule"] }), json!({ "allow": ["10.0.0.0/40"] })] {
+        let got = s.post("/v1/sessions", json!({ "network": bad })).await;
+        assert!(got.0 == StatusCode::BAD_REQUEST || got.0 == StatusCode::UNPROCESSABLE_ENTITY, "{bad}: {} {}", got.0, got.1);
+    }
+}

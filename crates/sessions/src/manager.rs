@@ -288,15 +288,19 @@ pub fn to_store_limits(l: &Limits) -> store::Limits {
         timeout_ms: l.timeout.as_millis() as u64,
         output_bytes: l.output_bytes as u64,
         disk_bytes: l.disk_bytes,
+        network: serde_json::to_string(&l.network).ok(),
     }
 }
 
-fn from_store_limits(l: &store::Limits) -> Limits {
+/// The engine limits a stored session record holds.
+pub fn from_store_limits(l: &store::Limits) -> Limits {
     Limits {
         memory_bytes: l.memory_bytes,
         timeout: Duration::from_millis(l.timeout_ms),
         output_bytes: l.output_bytes as usize,
         disk_bytes: l.disk_bytes,
+        // Unreadable or absent (a session from before networking): no network.
+        network: l.network.as_deref().and_then(|j| serde_json::from_str(j).ok()).unwrap_or_default(),
         ..Limits::default()
     }
 }

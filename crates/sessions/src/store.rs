@@ -110,6 +110,11 @@ pub const MIGRATIONS: &[&str] = &[
     ) WITHOUT ROWID;
     CREATE INDEX session_tags_key_value ON session_tags(key, value);
     "#,
+    // 2: the session's network configuration (egress policy layers, host map,
+    // limits) as JSON; NULL for sessions from before it (no network).
+    r#"
+    ALTER TABLE sessions ADD COLUMN network TEXT;
+    "#,
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -155,12 +160,14 @@ impl<T> Op<T> for rusqlite::Result<T> {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Limits {
     pub memory_bytes: u64,
     pub timeout_ms: u64,
     pub output_bytes: u64,
     pub disk_bytes: u64,
+    /// The network configuration as JSON (`forkbox_linux::net::NetConfig`); `None`: no network.
+    pub network: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -236,7 +243,7 @@ const CP_COLS: &str = "c.id, c.session_id, c.seq, c.parent, c.code, c.created_ms
                        c.state, c.pages, c.bytes, c.checksum, c.flat";
 
 const SESSION_COLS: &str = "s.sid, s.id, s.tenant, s.template_id, s.memory_bytes, s.timeout_ms, \
-                            s.output_bytes, s.disk_bytes, s.head, s.created_ms, s.last_used_ms";
+                            s.output_bytes, s.disk_bytes, s.head, s.created_ms, s.last_used_ms, s.network";
 
 fn get_u64(row: &Row<'_>, idx: usize) -> rusqlite::Result<u64> {
     let v: i64 = row.get(idx)?;
@@ -385,8 +392,8 @@ impl Store {
         }
         tx.prepare_cached(
             "INSERT INTO sessions (id, tenant, template_id, memory_bytes, timeout_ms, \
-             output_bytes, disk_bytes, head, created_ms, last_used_ms) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+             output_bytes, disk_bytes, head, created_ms, last_used_ms, network) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
         )
         .and_then(|mut st| {
             st.execute(params![
@@ -399,7 +406,8 @@ impl Store {
                 disk,
                 s.head,
                 s.created_ms,
-                s.last_used_ms
+                s.last_used_ms,
+                s.limits.network
             ])
         })
         .op("create_session: insert session")?;
@@ -933,9 +941,9 @@ fn load_sessions(
             last_sid = Some(sid);
             out.push(session_row(row).op(op)?);
         }
-        let key: Option<String> = row.get(11).op(op)?;
+        let key: Option<String> = row.get(12).op(op)?;
         if let Some(key) = key {
-            let value: String = row.get(12).op(op)?;
+            let value: String = row.get(13).op(op)?;
             out.last_mut()
                 .expect("pushed above")
                 .tags
@@ -956,6 +964,7 @@ fn session_row(row: &Row<'_>) -> rusqlite::Result<SessionRecord> {
             timeout_ms: get_u64(row, 5)?,
             output_bytes: get_u64(row, 6)?,
             disk_bytes: get_u64(row, 7)?,
+            network: row.get(11)?,
         },
         head: row.get(8)?,
         created_ms: row.get(9)?,
@@ -989,6 +998,7 @@ mod tests {
                 timeout_ms: 30_000,
                 output_bytes: 1 << 20,
                 disk_bytes: 1 << 30,
+                network: Some(r#"{"layers":[{"mode":"public"}],"max_sockets":128,"max_bytes":1073741824}"#.into()),
             },
             head: None,
             created_ms: created,

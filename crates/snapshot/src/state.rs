@@ -28,7 +28,9 @@ pub const MAGIC: &[u8; 8] = b"FBXSNAP\0";
 ///    clear-child-tid, signal frames in flight, blocked calls), pending
 ///    signals, timers and the run clock in the process state; file bytes of a
 ///    checkpoint in pack files (`Snapshot::files`); directory entries charged in
-///    the VFS's byte count (VfsState 3).
+///    the VFS's byte count (VfsState 3); AF_INET/AF_INET6 sockets in the fd
+///    table (`FileKind::Socket`: id, domain, type; the host socket itself is
+///    never in a snapshot).
 pub const FORMAT_VERSION: u32 = 5;
 /// Every version `decode` reads (oldest first); the last is `FORMAT_VERSION`.
 pub const READABLE_VERSIONS: &[u32] = &[5];

@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use forkbox_image::{Image, PackOptions};
-use forkbox_linux::fd::FileKind;
+use forkbox_linux::fd::{FileKind, SockInfo};
 use forkbox_linux::mm::VmaKind;
 use forkbox_linux::process::ProcessState;
 use forkbox_linux::thread::{SavedCpu, SigInfo, Thread, Timer, Wait, WaitKind};
@@ -91,6 +91,8 @@ fn process(image: &Arc<Image>, session: bool) -> ProcessState {
         p.vfs.write(ino, 0, b"checkpointed bytes").unwrap();
         let fd = p.fds.open(FileKind::Node(ino), libc::O_RDWR | libc::O_CLOEXEC).unwrap();
         p.fds.get_mut(fd).unwrap().offset = 18;
+        // An inet socket: only its id, domain and type are in the state (the host socket never is).
+        p.fds.open(FileKind::Socket(SockInfo { id: 7, domain: libc::AF_INET, stream: true }), libc::O_RDWR).unwrap();
         p.mm.map(Some(0x4801_0000), 0x1000, rw, VmaKind::SharedFile { ino, offset: 0 }).unwrap();
         p.vfs.mkdir(ROOT_INO, b"/tmp/dir", 0o755).unwrap();
         p.vfs.unlink(ROOT_INO, b"/etc/hostname").unwrap();

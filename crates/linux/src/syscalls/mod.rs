@@ -10,6 +10,7 @@ mod sys_pipe;
 mod sys_process;
 pub use sys_process::fill_random;
 mod sys_signal;
+mod sys_socket;
 mod sys_thread;
 mod sys_time;
 mod sys_timer;

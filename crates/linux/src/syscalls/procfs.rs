@@ -109,6 +109,8 @@ fn fd_links(ctx: &Ctx) -> Vec<(Vec<u8>, Gen)> {
                 },
                 FileKind::Stdin | FileKind::Stdout | FileKind::Stderr => format!("pipe:[{fd}]"),
                 FileKind::Agent => "pipe:[agent]".into(),
+                // Inet sockets number apart from the fd objects.
+                FileKind::Socket(s) => format!("socket:[{}]", (1u64 << 20) + s.id),
                 FileKind::Object(id) => match fds.objects.get(id).map(|o| &o.kind) {
                     Ok(ObjKind::Pipe(_)) => format!("pipe:[{id}]"),
                     Ok(ObjKind::Socket(_)) => format!("socket:[{id}]"),

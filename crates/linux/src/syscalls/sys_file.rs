@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use super::sys_socket;
 use super::{Args, Ctx, Effect, MAX_RW};
 use crate::errno::{Errno, SysResult};
 use crate::fd::{FileKind, OpenFile};
@@ -37,6 +38,8 @@ fn read_into(ctx: &mut Ctx, fd: i32, buf: u64, len: u64, pos: Option<u64>) -> Sy
         }
         FileKind::Stdin => Ok(0),
         FileKind::Stdout | FileKind::Stderr => Err(Errno::EBADF),
+        FileKind::Socket(_) if pos.is_some() => Err(Errno::ESPIPE),
+        FileKind::Socket(_) => sys_socket::read_fd(ctx, fd, buf, len),
         FileKind::Object(_) if pos.is_some() => Err(Errno::ESPIPE),
         FileKind::Object(id) => {
             let ofd = ctx.proc.fds.ofd(fd)?;
@@ -69,6 +72,12 @@ fn write_from(ctx: &mut Ctx, fd: i32, buf: u64, len: u64, pos: Option<u64>) -> S
     }
     let len = len.min(MAX_RW);
     ctx.user_range(buf, len)?;
+    if let FileKind::Socket(_) = f.kind {
+        if pos.is_some() {
+            return Err(Errno::ESPIPE);
+        }
+        return sys_socket::write_fd(ctx, fd, buf, len);
+    }
     if let FileKind::Object(id) = f.kind {
         if pos.is_some() {
             return Err(Errno::ESPIPE);
@@ -122,7 +131,7 @@ fn write_plain(
             Ok(len)
         }
         FileKind::Stdin => Err(Errno::EBADF),
-        FileKind::Object(_) => Err(Errno::EBADF),
+        FileKind::Object(_) | FileKind::Socket(_) => Err(Errno::EBADF),
     }
 }
 
@@ -373,8 +382,10 @@ pub fn lseek(ctx: &mut Ctx, a: &Args) -> SysResult {
 
 /// Give back the VFS reference of a description that was closed for good.
 fn released(ctx: &mut Ctx, kind: Option<FileKind>) {
-    if let Some(FileKind::Node(ino)) = kind {
-        ctx.proc.vfs.release(ino);
+    match kind {
+        Some(FileKind::Node(ino)) => ctx.proc.vfs.release(ino),
+        Some(FileKind::Socket(s)) => ctx.io.net.close(s.id),
+        _ => {}
     }
 }
 
@@ -448,6 +459,7 @@ pub fn ioctl(ctx: &mut Ctx, a: &Args) -> SysResult {
         0x5450 /* FIONCLEX */ => ctx.proc.fds.set_cloexec(fd, false).map(|_| 0),
         0x541B /* FIONREAD */ => {
             let n = match f.kind {
+                FileKind::Socket(s) => sys_socket::pending(ctx, s)?.max(0) as u64,
                 FileKind::Agent => ctx.io.agent_pending() as u64,
                 FileKind::Node(ino) => ctx.proc.vfs.stat(ino)?.size.saturating_sub(f.offset),
                 FileKind::Object(id) => ctx.proc.fds.objects.readable_bytes(id),

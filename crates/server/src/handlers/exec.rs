@@ -26,7 +26,7 @@ pub(crate) async fn exec(
 ) -> Result<Json<ExecResponse>, ApiError> {
     let t0 = Instant::now();
     let timeout = key_timeout(&state, &caller, req.timeout_seconds)?;
-    let req = state.runtime.oneshot(req.code, timeout, req.template.as_deref())?;
+    let req = state.runtime.oneshot(req.code, timeout, req.template.as_deref(), network_policy(&req.network)?.as_ref())?;
     let permit = acquire_for(&state, &caller, 1).await?;
     let r = state.runtime.exec(req, None, permit).await;
     metrics::exec("oneshot", Outcome::of(&r).as_str(), t0.elapsed().as_secs_f64());

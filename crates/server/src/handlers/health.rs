@@ -64,6 +64,7 @@ pub(crate) async fn metrics_admin(State(state): State<AppState>, req: Request) -
 pub(crate) async fn metrics_text(State(state): State<AppState>) -> impl IntoResponse {
     metrics::sessions(state.runtime.resident_sessions());
     metrics::vm_pool(state.runtime.vm_pool_private_bytes());
+    metrics::network(state.runtime.net_stats());
     let rt = state.runtime.clone();
     if let Ok(Ok(n)) = tokio::task::spawn_blocking(move || rt.session_count(None)).await {
         metrics::sessions_live(n);

@@ -1,0 +1,879 @@
+//! Guest networking the gVisor-hostinet way: the VMM owns real, non-blocking
+//! host sockets and moves bytes between them and guest memory; the guest
+//! never holds a host fd. Every destination goes through the egress policy
+//! (`policy`) on the host, at connect time for TCP and on the first datagram
+//! to each destination for UDP; the VMM's resolver (`dns`, answering the
+//! guest's `/etc/resolv.conf` nameserver `RESOLVER`) resolves names on the
+//! host and hands out only addresses the policy allows.
+//!
+//! Host sockets live here, in the per-sandbox `Io`, never in `Process`: the
+//! fd table only holds a socket id. A snapshot, a resumed session or a fork
+//! therefore never carries a live connection; an id with no host socket
+//! behind it reads as reset (ECONNRESET, then EOF; writes EPIPE).
+
+pub mod dns;
+pub mod policy;
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+
+use crate::errno::Errno;
+pub use policy::{Decision, Mode, Policy, Rule};
+
+/// The nameserver in the guest's /etc/resolv.conf; UDP and TCP port 53 to it
+/// are answered by the VMM (nothing is sent to that address on the host).
+pub const RESOLVER: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 11);
+pub const DNS_PORT: u16 = 53;
+
+/// The guest's /etc/resolv.conf, /etc/hosts and /etc/nsswitch.conf.
+pub const RESOLV_CONF: &[u8] = b"# Answered by the forkbox VMM (names resolved on the host, under the sandbox's egress policy).\nnameserver 127.0.0.11\noptions ndots:0 timeout:5 attempts:1\n";
+pub const ETC_HOSTS: &[u8] = b"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n";
+pub const NSSWITCH_CONF: &[u8] = b"hosts: files dns\nnetworks: files\nprotocols: files\nservices: files\n";
+
+/// A sandbox's network configuration: the policy layers (server, key,
+/// template, session: each must allow), a static host map the resolver
+/// answers first, and limits.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetConfig {
+    pub layers: Vec<Policy>,
+    /// Names the resolver answers from this map instead of the host's resolver
+    /// (lower-case, no trailing dot). The addresses still go through the policy.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub hosts: BTreeMap<String, Vec<IpAddr>>,
+    /// Open AF_INET/AF_INET6 sockets at once.
+    pub max_sockets: u32,
+    /// Bytes sent plus received over the sandbox's life.
+    pub max_bytes: u64,
+}
+
+impl Default for NetConfig {
+    fn default() -> Self {
+        NetConfig::with_policy(Policy::none())
+    }
+}
+
+impl NetConfig {
+    pub const DEFAULT_MAX_SOCKETS: u32 = 128;
+    pub const DEFAULT_MAX_BYTES: u64 = 1 << 30;
+
+    pub fn with_policy(p: Policy) -> NetConfig {
+        NetConfig { layers: vec![p], hosts: BTreeMap::new(), max_sockets: Self::DEFAULT_MAX_SOCKETS, max_bytes: Self::DEFAULT_MAX_BYTES }
+    }
+
+    /// `none` if any layer is, else the narrowest mode (allowlist over public).
+    pub fn mode(&self) -> Mode {
+        let modes = self.layers.iter().map(|p| p.mode);
+        if self.layers.is_empty() || modes.clone().any(|m| m == Mode::None) {
+            Mode::None
+        } else if modes.clone().any(|m| m == Mode::Allowlist) {
+            Mode::Allowlist
+        } else {
+            Mode::Public
+        }
+    }
+
+    /// One more, inner layer (it can only narrow).
+    pub fn narrowed(mut self, p: Policy) -> NetConfig {
+        self.layers.push(p);
+        self
+    }
+}
+
+/// Per-sandbox network counters.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct NetStats {
+    pub sockets_opened: u64,
+    pub connects_allowed: u64,
+    pub connects_denied: u64,
+    pub dns_queries: u64,
+    pub dns_refused: u64,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    /// Denials by reason (`loopback address`, `rule 10.0.0.0/8`, `network: none` ...).
+    pub denied: BTreeMap<String, u64>,
+}
+
+/// Process-wide counters over every sandbox (for `/metrics`).
+#[derive(Debug, Default)]
+pub struct GlobalNetStats {
+    pub connects_allowed: AtomicU64,
+    pub connects_denied: AtomicU64,
+    pub dns_queries: AtomicU64,
+    pub dns_refused: AtomicU64,
+    pub bytes_sent: AtomicU64,
+    pub bytes_received: AtomicU64,
+}
+
+pub static GLOBAL: GlobalNetStats = GlobalNetStats {
+    connects_allowed: AtomicU64::new(0),
+    connects_denied: AtomicU64::new(0),
+    dns_queries: AtomicU64::new(0),
+    dns_refused: AtomicU64::new(0),
+    bytes_sent: AtomicU64::new(0),
+    bytes_received: AtomicU64::new(0),
+};
+
+/// What a guest socket is on the host.
+#[derive(Debug)]
+enum Backend {
+    /// A real host socket (non-blocking, close-on-exec).
+    Host(Socket),
+    /// Connected to the VMM's resolver over TCP: length-prefixed queries in, answers out.
+    ResolverStream { input: Vec<u8>, output: VecDeque<u8>, shut_wr: bool },
+}
+
+#[derive(Debug)]
+struct Sock {
+    domain: i32,
+    stream: bool,
+    backend: Backend,
+    /// UDP: connected to the resolver (send/recv without an address go there).
+    resolver_peer: bool,
+    /// UDP: resolver answers waiting for recv.
+    inbox: VecDeque<Vec<u8>>,
+    /// UDP: destinations already decided (bounded), so a datagram stream costs one check.
+    udp_verdicts: HashMap<SocketAddr, bool>,
+    /// Set by connect (the destination, for the UDP check of connected sends).
+    peer: Option<SocketAddr>,
+    /// TCP: a connect to this address is in progress on the host (a re-run or
+    /// a repeated connect checks its outcome instead of starting another).
+    connecting: Option<SocketAddr>,
+    pub rcvtimeo: Option<Duration>,
+    pub sndtimeo: Option<Duration>,
+}
+
+/// Largest message buffered for the TCP resolver stream, each way.
+const RESOLVER_STREAM_CAP: usize = 2 + dns::MAX_MESSAGE;
+/// Resolver answers queued on one UDP socket.
+const INBOX_CAP: usize = 16;
+const VERDICT_CAP: usize = 256;
+const NAMES_CAP: usize = 4096;
+const DNS_CACHE_CAP: usize = 1024;
+const HOST_ADDRS_TTL: Duration = Duration::from_secs(10);
+
+/// The host-side network state of one running sandbox (part of `Io`, never snapshotted).
+#[derive(Debug)]
+pub struct NetIo {
+    pub config: Arc<NetConfig>,
+    /// Random per instance, so a socket id from a snapshot never names a socket of this one.
+    nonce: u64,
+    next: u64,
+    socks: HashMap<u64, Sock>,
+    /// Address -> the names the resolver handed it out for (domain rules match these).
+    names: HashMap<IpAddr, Vec<String>>,
+    dns_cache: HashMap<String, (Instant, Result<Vec<IpAddr>, u8>)>,
+    host_addrs: (Option<Instant>, Vec<IpAddr>),
+    pub stats: NetStats,
+    /// One-line notes for the guest's stderr (refusals), drained by the syscall layer.
+    pub notes: Vec<String>,
+    byte_limit_noted: bool,
+}
+
+impl Default for NetIo {
+    fn default() -> Self {
+        NetIo::new(Arc::new(NetConfig::default()))
+    }
+}
+
+fn nonce() -> u64 {
+    let mut b = [0u8; 8];
+    let _ = crate::syscalls::fill_random(&mut b);
+    u64::from_le_bytes(b) & 0xFFFF_FFFF_0000_0000
+}
+
+pub fn host_errno(e: &std::io::Error) -> Errno {
+    Errno(e.raw_os_error().unwrap_or(libc::EIO))
+}
+
+/// Readiness bits of a socket for poll (POLLIN, POLLOUT, POLLERR, POLLHUP, POLLRDHUP, POLLPRI).
+pub const POLL_MASK: i16 = libc::POLLIN | libc::POLLOUT | libc::POLLPRI | libc::POLLERR | libc::POLLHUP | libc::POLLRDHUP;
+
+impl NetIo {
+    pub fn new(config: Arc<NetConfig>) -> NetIo {
+        NetIo {
+            config,
+            nonce: nonce(),
+            next: 1,
+            socks: HashMap::new(),
+            names: HashMap::new(),
+            dns_cache: HashMap::new(),
+            host_addrs: (None, Vec::new()),
+            stats: NetStats::default(),
+            notes: Vec::new(),
+            byte_limit_noted: false,
+        }
+    }
+
+    pub fn open_sockets(&self) -> usize {
+        self.socks.len()
+    }
+
+    /// socket(): a new non-blocking host socket. Returns the socket id for the fd table.
+    pub fn socket(&mut self, domain: i32, stream: bool) -> Result<u64, Errno> {
+        if self.socks.len() >= self.config.max_sockets as usize {
+            self.note(format!("socket refused: the sandbox's limit of {} open sockets is reached", self.config.max_sockets));
+            return Err(Errno::EMFILE);
+        }
+        let (d, t, p) = match (domain, stream) {
+            (libc::AF_INET, true) => (Domain::IPV4, Type::STREAM, Protocol::TCP),
+            (libc::AF_INET, false) => (Domain::IPV4, Type::DGRAM, Protocol::UDP),
+            (libc::AF_INET6, true) => (Domain::IPV6, Type::STREAM, Protocol::TCP),
+            (libc::AF_INET6, false) => (Domain::IPV6, Type::DGRAM, Protocol::UDP),
+            _ => return Err(Errno::EAFNOSUPPORT),
+        };
+        let s = Socket::new(d, t.nonblocking().cloexec(), Some(p)).map_err(|e| host_errno(&e))?;
+        if domain == libc::AF_INET6 {
+            // Linux's default (dual stack), whatever the host's sysctl says.
+            let _ = s.set_only_v6(false);
+        }
+        let id = self.nonce | self.next;
+        self.next += 1;
+        self.socks.insert(
+            id,
+            Sock {
+                domain,
+                stream,
+                backend: Backend::Host(s),
+                resolver_peer: false,
+                inbox: VecDeque::new(),
+                udp_verdicts: HashMap::new(),
+                peer: None,
+                connecting: None,
+                rcvtimeo: None,
+                sndtimeo: None,
+            },
+        );
+        self.stats.sockets_opened += 1;
+        Ok(id)
+    }
+
+    /// The guest closed the last fd of socket `id`.
+    pub fn close(&mut self, id: u64) {
+        self.socks.remove(&id);
+    }
+
+    fn sock(&mut self, id: u64) -> Result<&mut Sock, Errno> {
+        self.socks.get_mut(&id).ok_or(Errno::ECONNRESET)
+    }
+
+    pub fn is_live(&self, id: u64) -> bool {
+        self.socks.contains_key(&id)
+    }
+
+    fn host(&mut self, id: u64) -> Result<&Socket, Errno> {
+        match &self.sock(id)?.backend {
+            Backend::Host(s) => Ok(s),
+            Backend::ResolverStream { .. } => Err(Errno::EOPNOTSUPP),
+        }
+    }
+
+    /// The host fd behind a socket, for waiting on it (never handed to the guest).
+    pub fn host_fd(&self, id: u64) -> Option<i32> {
+        match &self.socks.get(&id)?.backend {
+            Backend::Host(s) => Some(s.as_raw_fd()),
+            Backend::ResolverStream { .. } => None,
+        }
+    }
+
+    pub fn timeouts(&self, id: u64) -> (Option<Duration>, Option<Duration>) {
+        self.socks.get(&id).map_or((None, None), |s| (s.rcvtimeo, s.sndtimeo))
+    }
+
+    pub fn set_timeout(&mut self, id: u64, rcv: bool, t: Option<Duration>) -> Result<(), Errno> {
+        let s = self.sock(id)?;
+        if rcv {
+            s.rcvtimeo = t;
+        } else {
+            s.sndtimeo = t;
+        }
+        Ok(())
+    }
+
+    pub fn note(&mut self, msg: String) {
+        tracing::info!(target: "forkbox::net", "{msg}");
+        if self.notes.len() < 64 {
+            self.notes.push(format!("forkbox: {msg}\n"));
+        }
+    }
+
+    fn host_addrs(&mut self) -> Vec<IpAddr> {
+        let fresh = self.host_addrs.0.is_some_and(|t| t.elapsed() < HOST_ADDRS_TTL);
+        if !fresh {
+            self.host_addrs = (Some(Instant::now()), policy::host_addresses());
+        }
+        self.host_addrs.1.clone()
+    }
+
+    /// Decide `addr` (and count, log and note a denial).
+    pub fn check(&mut self, addr: SocketAddr, what: &str) -> Decision {
+        let ip = addr.ip();
+        let key = policy::canonical(ip).map(IpAddr::V4).unwrap_or(ip);
+        let names = self.names.get(&key).or_else(|| self.names.get(&ip)).cloned().unwrap_or_default();
+        let host = self.host_addrs();
+        let d = policy::decide_layers(&self.config.layers, ip, Some(addr.port()), &names, &host);
+        if d.allowed() {
+            self.stats.connects_allowed += 1;
+            GLOBAL.connects_allowed.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(target: "forkbox::net", "{what} {addr} allowed ({})", d.reason());
+        } else {
+            self.stats.connects_denied += 1;
+            GLOBAL.connects_denied.fetch_add(1, Ordering::Relaxed);
+            *self.stats.denied.entry(d.reason().to_string()).or_default() += 1;
+            let via = if names.is_empty() { String::new() } else { format!(" ({})", names.join(", ")) };
+            self.note(format!("{what} {addr}{via} refused by the egress policy: {}", d.reason()));
+        }
+        d
+    }
+
+    fn account(&mut self, sent: u64, received: u64) {
+        self.stats.bytes_sent += sent;
+        self.stats.bytes_received += received;
+        GLOBAL.bytes_sent.fetch_add(sent, Ordering::Relaxed);
+        GLOBAL.bytes_received.fetch_add(received, Ordering::Relaxed);
+    }
+
+    /// Bytes left under the sandbox's byte limit (ENOBUFS once it is spent).
+    fn budget(&mut self) -> Result<u64, Errno> {
+        let used = self.stats.bytes_sent + self.stats.bytes_received;
+        let left = self.config.max_bytes.saturating_sub(used);
+        if left == 0 {
+            if !self.byte_limit_noted {
+                self.byte_limit_noted = true;
+                self.note(format!("the sandbox's network byte limit ({} bytes) is spent", self.config.max_bytes));
+            }
+            return Err(Errno::ENOBUFS);
+        }
+        Ok(left)
+    }
+
+    /// connect(). `Ok(true)`: connected; `Ok(false)`: in progress (wait for
+    /// POLLOUT, then SO_ERROR). A denied destination is ECONNREFUSED.
+    pub fn connect(&mut self, id: u64, addr: Option<SocketAddr>) -> Result<bool, Errno> {
+        let s = self.sock(id)?;
+        let stream = s.stream;
+        let Some(addr) = addr else {
+            // AF_UNSPEC: dissolve a UDP association.
+            if stream {
+                return Err(Errno::EAFNOSUPPORT);
+            }
+            s.resolver_peer = false;
+            s.peer = None;
+            let fd = self.host(id)?.as_raw_fd();
+            // SAFETY: an all-zero sockaddr is valid; AF_UNSPEC is what dissolves the association.
+            let mut sa: libc::sockaddr = unsafe { std::mem::zeroed() };
+            sa.sa_family = libc::AF_UNSPEC as libc::sa_family_t;
+            // SAFETY: fd is our host socket, sa a valid sockaddr of the given size.
+            unsafe { libc::connect(fd, &sa, std::mem::size_of::<libc::sockaddr>() as u32) };
+            return Ok(true);
+        };
+        if is_resolver(addr) {
+            if stream {
+                if matches!(s.backend, Backend::ResolverStream { .. }) {
+                    return Err(Errno::EISCONN);
+                }
+                s.backend = Backend::ResolverStream { input: Vec::new(), output: VecDeque::new(), shut_wr: false };
+            } else {
+                s.resolver_peer = true;
+                s.peer = Some(addr);
+            }
+            return Ok(true);
+        }
+        if stream && s.connecting == Some(addr) {
+            return self.connect_outcome(id);
+        }
+        if stream && !self.check(addr, "connect to").allowed() {
+            return Err(Errno::ECONNREFUSED);
+        }
+        let s = self.sock(id)?;
+        s.resolver_peer = false;
+        s.peer = Some(addr);
+        let host = self.host(id)?;
+        // UDP: connecting sends nothing; the policy is checked on the first send.
+        match host.connect(&SockAddr::from(addr)) {
+            Ok(()) => Ok(true),
+            Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {
+                self.sock(id)?.connecting = Some(addr);
+                Ok(false)
+            }
+            Err(e) => Err(host_errno(&e)),
+        }
+    }
+
+    /// The state of a connect in progress: done, failed (its error), or still going.
+    fn connect_outcome(&mut self, id: u64) -> Result<bool, Errno> {
+        let fd = self.host(id)?.as_raw_fd();
+        let err = self.host(id)?.take_error().map_err(|e| host_errno(&e))?;
+        if let Some(e) = err {
+            self.sock(id)?.connecting = None;
+            return Err(host_errno(&e));
+        }
+        let mut p = libc::pollfd { fd, events: libc::POLLOUT, revents: 0 };
+        // SAFETY: one valid pollfd, zero timeout.
+        let n = unsafe { libc::poll(&mut p, 1, 0) };
+        if n > 0 && p.revents & libc::POLLOUT != 0 {
+            self.sock(id)?.connecting = None;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// send/sendto/write. `to`: the destination of an unconnected datagram.
+    pub fn send(&mut self, id: u64, data: &[u8], to: Option<SocketAddr>, flags: i32) -> Result<usize, Errno> {
+        let budget = self.budget()?;
+        // A reset socket (restored from a snapshot) takes no more data.
+        let s = self.socks.get_mut(&id).ok_or(Errno::EPIPE)?;
+        let stream = s.stream;
+        if let Backend::ResolverStream { input, output, shut_wr } = &mut s.backend {
+            if *shut_wr {
+                return Err(Errno::EPIPE);
+            }
+            if input.len() + data.len() > RESOLVER_STREAM_CAP {
+                return Err(Errno::EMSGSIZE);
+            }
+            input.extend_from_slice(data);
+            let mut answers = Vec::new();
+            while input.len() >= 2 {
+                let n = u16::from_be_bytes([input[0], input[1]]) as usize;
+                if input.len() < 2 + n {
+                    break;
+                }
+                let msg: Vec<u8> = input.drain(..2 + n).skip(2).collect();
+                answers.push(msg);
+            }
+            let _ = output;
+            for q in answers {
+                if let Some(a) = self.answer(&q) {
+                    if let Ok(Backend::ResolverStream { output, .. }) = self.sock(id).map(|s| &mut s.backend) {
+                        if output.len() + 2 + a.len() <= RESOLVER_STREAM_CAP {
+                            output.extend((a.len() as u16).to_be_bytes());
+                            output.extend(a);
+                        }
+                    }
+                }
+            }
+            return Ok(data.len());
+        }
+        let dest = if stream { None } else { to.or(s.peer) };
+        if !stream {
+            let dest = dest.ok_or(Errno::EDESTADDRREQ)?;
+            if is_resolver(dest) || (to.is_none() && s.resolver_peer) {
+                if data.len() > dns::MAX_MESSAGE {
+                    return Err(Errno::EMSGSIZE);
+                }
+                if let Some(a) = self.answer(data) {
+                    let s = self.sock(id)?;
+                    if s.inbox.len() < INBOX_CAP {
+                        s.inbox.push_back(a);
+                    }
+                }
+                return Ok(data.len());
+            }
+            let known = s.udp_verdicts.get(&dest).copied();
+            let ok = match known {
+                Some(v) => v,
+                None => {
+                    let v = self.check(dest, "datagram to").allowed();
+                    let s = self.sock(id)?;
+                    if s.udp_verdicts.len() >= VERDICT_CAP {
+                        s.udp_verdicts.clear();
+                    }
+                    s.udp_verdicts.insert(dest, v);
+                    v
+                }
+            };
+            if !ok {
+                return Err(Errno::ECONNREFUSED);
+            }
+        }
+        let data = if stream { &data[..data.len().min(budget.try_into().unwrap_or(usize::MAX))] } else { data };
+        let host = self.host(id)?;
+        let flags = (flags & (libc::MSG_MORE | libc::MSG_EOR)) | libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
+        let r = match to {
+            Some(a) if !stream => host.send_to_with_flags(data, &SockAddr::from(a), flags),
+            _ => host.send_with_flags(data, flags),
+        };
+        let n = r.map_err(|e| host_errno(&e))?;
+        self.account(n as u64, 0);
+        Ok(n)
+    }
+
+    /// recv/recvfrom/read: into `buf`; returns the length (the datagram's full
+    /// length with MSG_TRUNC) and the source address of a datagram.
+    pub fn recv(&mut self, id: u64, buf: &mut [u8], flags: i32) -> Result<(usize, Option<SocketAddr>, bool), Errno> {
+        self.budget()?;
+        let s = self.sock(id)?;
+        let peek = flags & libc::MSG_PEEK != 0;
+        if let Backend::ResolverStream { output, .. } = &mut s.backend {
+            if output.is_empty() {
+                return Err(Errno::EAGAIN);
+            }
+            let n = buf.len().min(output.len());
+            for (d, b) in buf.iter_mut().zip(output.iter()) {
+                *d = *b;
+            }
+            if !peek {
+                output.drain(..n);
+            }
+            return Ok((n, Some(resolver_addr()), false));
+        }
+        if !s.stream && !s.inbox.is_empty() {
+            let msg = if peek { s.inbox.front().cloned().unwrap_or_default() } else { s.inbox.pop_front().unwrap_or_default() };
+            let n = buf.len().min(msg.len());
+            buf[..n].copy_from_slice(&msg[..n]);
+            let truncated = msg.len() > n;
+            let len = if flags & libc::MSG_TRUNC != 0 { msg.len() } else { n };
+            return Ok((len, Some(resolver_addr()), truncated));
+        }
+        let stream = s.stream;
+        let host = self.host(id)?;
+        let flags = (flags & (libc::MSG_PEEK | libc::MSG_TRUNC | libc::MSG_WAITALL)) | libc::MSG_DONTWAIT;
+        let fd = host.as_raw_fd();
+        let mut from: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        let mut from_len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+        // SAFETY: zeroed msghdr, then pointers to live locals/the buffer with their sizes.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_name = (&mut from as *mut libc::sockaddr_storage).cast();
+        msg.msg_namelen = from_len;
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        // SAFETY: fd is our host socket; msg points to valid memory as set above.
+        let n = unsafe { libc::recvmsg(fd, &mut msg, flags & !libc::MSG_WAITALL) };
+        if n < 0 {
+            return Err(host_errno(&std::io::Error::last_os_error()));
+        }
+        from_len = msg.msg_namelen;
+        let truncated = msg.msg_flags & libc::MSG_TRUNC != 0;
+        let n = n as usize;
+        if !peek {
+            self.account(0, n.min(buf.len()) as u64);
+        }
+        let src = if stream || from_len == 0 {
+            None
+        } else {
+            from_storage(&from, from_len as usize)
+        };
+        Ok((n, src, truncated))
+    }
+
+    pub fn shutdown(&mut self, id: u64, how: i32) -> Result<(), Errno> {
+        let s = self.sock(id)?;
+        if let Backend::ResolverStream { shut_wr, .. } = &mut s.backend {
+            if how == libc::SHUT_WR || how == libc::SHUT_RDWR {
+                *shut_wr = true;
+            }
+            return Ok(());
+        }
+        let how = match how {
+            libc::SHUT_RD => std::net::Shutdown::Read,
+            libc::SHUT_WR => std::net::Shutdown::Write,
+            libc::SHUT_RDWR => std::net::Shutdown::Both,
+            _ => return Err(Errno::EINVAL),
+        };
+        self.host(id)?.shutdown(how).map_err(|e| host_errno(&e))
+    }
+
+    /// Readiness for poll: the `POLL*` bits of `events` that hold, plus
+    /// POLLERR/POLLHUP. A socket with no host socket behind it (restored from a
+    /// snapshot) is reset: readable, writable, hung up, in error.
+    pub fn poll(&self, id: u64, events: i16) -> i16 {
+        let Some(s) = self.socks.get(&id) else {
+            return (events & (libc::POLLIN | libc::POLLOUT | libc::POLLRDNORM | libc::POLLWRNORM)) | libc::POLLHUP | libc::POLLERR;
+        };
+        let want = events & POLL_MASK | events & (libc::POLLRDNORM | libc::POLLWRNORM);
+        match &s.backend {
+            Backend::ResolverStream { output, .. } => {
+                let mut r = events & (libc::POLLOUT | libc::POLLWRNORM);
+                if !output.is_empty() {
+                    r |= events & (libc::POLLIN | libc::POLLRDNORM);
+                }
+                r
+            }
+            Backend::Host(h) => {
+                let mut r = 0;
+                if !s.stream && !s.inbox.is_empty() {
+                    r |= events & (libc::POLLIN | libc::POLLRDNORM);
+                }
+                let mut p = libc::pollfd { fd: h.as_raw_fd(), events: want, revents: 0 };
+                // SAFETY: one valid pollfd, zero timeout.
+                if unsafe { libc::poll(&mut p, 1, 0) } > 0 {
+                    r |= p.revents;
+                }
+                r
+            }
+        }
+    }
+
+    /// Host pollfds for the sockets among `ids` that have a host socket, to
+    /// wait on them together.
+    pub fn pollfd(&self, id: u64, events: i16) -> Option<libc::pollfd> {
+        let fd = self.host_fd(id)?;
+        Some(libc::pollfd { fd, events: events & POLL_MASK | events & (libc::POLLRDNORM | libc::POLLWRNORM), revents: 0 })
+    }
+
+    pub fn local_addr(&mut self, id: u64) -> Result<SocketAddr, Errno> {
+        let s = self.sock(id)?;
+        let domain = s.domain;
+        if matches!(s.backend, Backend::ResolverStream { .. }) || s.resolver_peer {
+            return Ok(SocketAddr::from(([127, 0, 0, 1], 40053)));
+        }
+        let a = self.host(id)?.local_addr().map_err(|e| host_errno(&e))?;
+        Ok(a.as_socket().unwrap_or_else(|| unspecified(domain)))
+    }
+
+    pub fn peer_addr(&mut self, id: u64) -> Result<SocketAddr, Errno> {
+        let s = self.sock(id)?;
+        if matches!(s.backend, Backend::ResolverStream { .. }) || s.resolver_peer {
+            return Ok(resolver_addr());
+        }
+        let a = self.host(id)?.peer_addr().map_err(|e| host_errno(&e))?;
+        a.as_socket().ok_or(Errno::ENOTCONN)
+    }
+
+    /// bind(): only the wildcard or a port-0 local address (the host picks the
+    /// port); a sandbox never listens on a host port.
+    pub fn bind(&mut self, id: u64, addr: SocketAddr) -> Result<(), Errno> {
+        if addr.port() != 0 {
+            self.note(format!("bind to port {} refused: a sandbox cannot take a host port", addr.port()));
+            return Err(Errno::EACCES);
+        }
+        let ip = addr.ip();
+        let wildcard = ip.is_unspecified() || policy::canonical(ip).is_some_and(|v| v.is_unspecified());
+        if !wildcard {
+            return Err(Errno::EADDRNOTAVAIL);
+        }
+        self.host(id)?.bind(&SockAddr::from(addr)).map_err(|e| host_errno(&e))
+    }
+
+    /// getsockopt passthrough of an allowed option (value bytes).
+    pub fn getsockopt(&mut self, id: u64, level: i32, name: i32, len: usize) -> Result<Vec<u8>, Errno> {
+        let s = self.sock(id)?;
+        if let Backend::ResolverStream { .. } = s.backend {
+            return Ok(vec![0; len.min(4)]);
+        }
+        let fd = self.host(id)?.as_raw_fd();
+        let mut buf = vec![0u8; len.min(256)];
+        let mut l = buf.len() as libc::socklen_t;
+        // SAFETY: buf is a writable buffer of l bytes.
+        if unsafe { libc::getsockopt(fd, level, name, buf.as_mut_ptr().cast(), &mut l) } != 0 {
+            return Err(host_errno(&std::io::Error::last_os_error()));
+        }
+        buf.truncate(l as usize);
+        Ok(buf)
+    }
+
+    pub fn setsockopt(&mut self, id: u64, level: i32, name: i32, val: &[u8]) -> Result<(), Errno> {
+        let s = self.sock(id)?;
+        if let Backend::ResolverStream { .. } = s.backend {
+            return Ok(());
+        }
+        let fd = self.host(id)?.as_raw_fd();
+        // SAFETY: val is a readable buffer of its length.
+        if unsafe { libc::setsockopt(fd, level, name, val.as_ptr().cast(), val.len() as libc::socklen_t) } != 0 {
+            return Err(host_errno(&std::io::Error::last_os_error()));
+        }
+        Ok(())
+    }
+
+    /// FIONREAD / SIOCINQ.
+    pub fn pending(&mut self, id: u64) -> Result<i32, Errno> {
+        let s = self.sock(id)?;
+        match &s.backend {
+            Backend::ResolverStream { output, .. } => Ok(output.len() as i32),
+            Backend::Host(h) => {
+                if let Some(m) = s.inbox.front() {
+                    return Ok(m.len() as i32);
+                }
+                let mut n: libc::c_int = 0;
+                // SAFETY: FIONREAD writes one int.
+                if unsafe { libc::ioctl(h.as_raw_fd(), libc::FIONREAD, &mut n) } != 0 {
+                    return Err(host_errno(&std::io::Error::last_os_error()));
+                }
+                Ok(n)
+            }
+        }
+    }
+
+    /// Answer one DNS query to the VMM's resolver (None: drop it, as a server
+    /// drops what it cannot even parse).
+    fn answer(&mut self, msg: &[u8]) -> Option<Vec<u8>> {
+        self.stats.dns_queries += 1;
+        GLOBAL.dns_queries.fetch_add(1, Ordering::Relaxed);
+        let q = match dns::parse_query(msg) {
+            Ok(q) => q,
+            Err(_) => return dns::format_error(msg),
+        };
+        if q.qclass != dns::CLASS_IN || (q.qtype != dns::TYPE_A && q.qtype != dns::TYPE_AAAA) {
+            // Only address lookups are served; other types get an empty answer.
+            let rcode = if q.qclass == dns::CLASS_IN { dns::RCODE_OK } else { dns::RCODE_NOTIMP };
+            return Some(dns::response(&q, rcode, &[]));
+        }
+        let (rcode, addrs) = self.resolve(&q.name);
+        if rcode == dns::RCODE_REFUSED {
+            self.stats.dns_refused += 1;
+            GLOBAL.dns_refused.fetch_add(1, Ordering::Relaxed);
+        }
+        Some(dns::response(&q, rcode, &addrs))
+    }
+
+    /// Resolve `name` on the host (static map first), keeping only the
+    /// addresses the policy allows. REFUSED when it had addresses and every
+    /// one is denied, or when the network is off.
+    pub fn resolve(&mut self, name: &str) -> (u8, Vec<IpAddr>) {
+        let name = policy::normalize_name(name);
+        if self.config.mode() == Mode::None {
+            self.note(format!("DNS lookup of {name} refused: network: none"));
+            return (dns::RCODE_REFUSED, Vec::new());
+        }
+        let found = self.lookup(&name);
+        let all = match found {
+            Ok(a) => a,
+            Err(rcode) => return (rcode, Vec::new()),
+        };
+        let host = self.host_addrs();
+        let names = vec![name.clone()];
+        let mut kept = Vec::new();
+        let mut why = None;
+        for ip in &all {
+            let d = policy::decide_layers(&self.config.layers, *ip, None, &names, &host);
+            if d.allowed() {
+                kept.push(*ip);
+            } else if why.is_none() {
+                why = Some(d.reason().to_string());
+            }
+        }
+        if kept.is_empty() {
+            if let Some(why) = why {
+                *self.stats.denied.entry(why.clone()).or_default() += 1;
+                self.note(format!("DNS lookup of {name} refused: it resolves only to addresses the egress policy denies ({why})"));
+                return (dns::RCODE_REFUSED, Vec::new());
+            }
+            return (dns::RCODE_NXDOMAIN, Vec::new());
+        }
+        if self.names.len() >= NAMES_CAP {
+            self.names.clear();
+        }
+        for ip in &kept {
+            let v = self.names.entry(*ip).or_default();
+            if !v.contains(&name) && v.len() < 8 {
+                v.push(name.clone());
+            }
+        }
+        (dns::RCODE_OK, kept)
+    }
+
+    /// Static map, then the host's resolver (cached briefly: A and AAAA come as a pair).
+    fn lookup(&mut self, name: &str) -> Result<Vec<IpAddr>, u8> {
+        if let Some(a) = self.config.hosts.get(name) {
+            return Ok(a.clone());
+        }
+        if let Some((t, r)) = self.dns_cache.get(name) {
+            if t.elapsed() < Duration::from_secs(dns::TTL as u64) {
+                return r.clone();
+            }
+        }
+        let r = host_getaddrinfo(name);
+        if self.dns_cache.len() >= DNS_CACHE_CAP {
+            self.dns_cache.clear();
+        }
+        self.dns_cache.insert(name.to_string(), (Instant::now(), r.clone()));
+        r
+    }
+}
+
+/// The host's resolver (getaddrinfo): NXDOMAIN for a name it does not know,
+/// SERVFAIL when it cannot answer now.
+fn host_getaddrinfo(name: &str) -> Result<Vec<IpAddr>, u8> {
+    let Ok(c) = std::ffi::CString::new(name) else { return Err(dns::RCODE_FORMERR) };
+    // SAFETY: an all-zero addrinfo is a valid "no hints" value.
+    let mut hints: libc::addrinfo = unsafe { std::mem::zeroed() };
+    hints.ai_family = libc::AF_UNSPEC;
+    hints.ai_socktype = libc::SOCK_STREAM;
+    let mut res: *mut libc::addrinfo = std::ptr::null_mut();
+    // SAFETY: c is NUL-terminated, hints valid, res an out-pointer freed below.
+    let rc = unsafe { libc::getaddrinfo(c.as_ptr(), std::ptr::null(), &hints, &mut res) };
+    if rc != 0 {
+        return Err(match rc {
+            // EAI_NONAME, EAI_FAIL, EAI_NODATA (glibc)
+            -2 | -4 | -5 => dns::RCODE_NXDOMAIN,
+            _ => dns::RCODE_SERVFAIL,
+        });
+    }
+    let mut out = Vec::new();
+    let mut p = res;
+    while !p.is_null() {
+        // SAFETY: p walks the list getaddrinfo returned.
+        let ai = unsafe { &*p };
+        if !ai.ai_addr.is_null() {
+            // SAFETY: ai_addr holds ai_addrlen bytes of a sockaddr.
+            let (st, len) = unsafe {
+                let mut st: libc::sockaddr_storage = std::mem::zeroed();
+                let len = (ai.ai_addrlen as usize).min(std::mem::size_of::<libc::sockaddr_storage>());
+                std::ptr::copy_nonoverlapping(ai.ai_addr.cast::<u8>(), (&mut st as *mut libc::sockaddr_storage).cast::<u8>(), len);
+                (st, len)
+            };
+            if let Some(a) = from_storage(&st, len) {
+                if !out.contains(&a.ip()) {
+                    out.push(a.ip());
+                }
+            }
+        }
+        p = ai.ai_next;
+    }
+    // SAFETY: res came from getaddrinfo.
+    unsafe { libc::freeaddrinfo(res) };
+    if out.is_empty() {
+        Err(dns::RCODE_NXDOMAIN)
+    } else {
+        Ok(out)
+    }
+}
+
+/// A host sockaddr (as the kernel wrote it) as a `SocketAddr`.
+fn from_storage(st: &libc::sockaddr_storage, len: usize) -> Option<SocketAddr> {
+    match st.ss_family as i32 {
+        libc::AF_INET if len >= std::mem::size_of::<libc::sockaddr_in>() => {
+            // SAFETY: an AF_INET sockaddr_storage holds a sockaddr_in.
+            let sin = unsafe { &*(st as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            Some(SocketAddr::from((Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)), u16::from_be(sin.sin_port))))
+        }
+        libc::AF_INET6 if len >= std::mem::size_of::<libc::sockaddr_in6>() => {
+            // SAFETY: an AF_INET6 sockaddr_storage holds a sockaddr_in6.
+            let sin6 = unsafe { &*(st as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            Some(SocketAddr::V6(std::net::SocketAddrV6::new(
+                std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr),
+                u16::from_be(sin6.sin6_port),
+                u32::from_be(sin6.sin6_flowinfo),
+                sin6.sin6_scope_id,
+            )))
+        }
+        _ => None,
+    }
+}
+
+fn is_resolver(a: SocketAddr) -> bool {
+    let ip = policy::canonical(a.ip()).map(IpAddr::V4).unwrap_or(a.ip());
+    ip == IpAddr::V4(RESOLVER) && a.port() == DNS_PORT
+}
+
+fn resolver_addr() -> SocketAddr {
+    SocketAddr::from((RESOLVER, DNS_PORT))
+}
+
+fn unspecified(domain: i32) -> SocketAddr {
+    if domain == libc::AF_INET6 {
+        SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, 0))
+    } else {
+        SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,201 @@
+//! NetIo against real host sockets on loopback (no guest needed).
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, UdpSocket};
+use std::time::{Duration, Instant};
+
+use super::*;
+
+fn net(p: Policy) -> NetIo {
+    NetIo::new(Arc::new(NetConfig::with_policy(p)))
+}
+
+fn loopback_allowed(port: u16) -> Policy {
+    Policy { mode: Mode::Public, allow: vec![format!("127.0.0.1:{port}").parse().unwrap()], deny: vec![] }
+}
+
+/// Wait until `id` is ready for `events` (what the syscall layer does for a blocking guest).
+fn wait(n: &mut NetIo, id: u64, events: i16) -> i16 {
+    let t0 = Instant::now();
+    loop {
+        let r = n.poll(id, events);
+        if r != 0 {
+            return r;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "socket never became ready");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn query(id: u16, name: &str, qtype: u16) -> Vec<u8> {
+    let mut m = id.to_be_bytes().to_vec();
+    m.extend_from_slice(&[0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0]);
+    for l in name.split('.') {
+        m.push(l.len() as u8);
+        m.extend_from_slice(l.as_bytes());
+    }
+    m.extend_from_slice(&[0, (qtype >> 8) as u8, qtype as u8, 0, 1]);
+    m
+}
+
+#[test]
+fn tcp_to_an_allowlisted_loopback_server() {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let server = std::thread::spawn(move || {
+        let (mut c, _) = l.accept().unwrap();
+        let mut b = [0u8; 5];
+        c.read_exact(&mut b).unwrap();
+        c.write_all(b"pong:").unwrap();
+        c.write_all(&b).unwrap();
+    });
+    let mut n = net(loopback_allowed(port));
+    let id = n.socket(libc::AF_INET, true).unwrap();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    if !n.connect(id, Some(addr)).unwrap() {
+        assert_ne!(wait(&mut n, id, libc::POLLOUT) & libc::POLLOUT, 0);
+    }
+    assert_eq!(n.getsockopt(id, libc::SOL_SOCKET, libc::SO_ERROR, 4).unwrap(), vec![0; 4]);
+    assert_eq!(n.peer_addr(id).unwrap(), addr);
+    assert_eq!(n.send(id, b"hello", None, 0).unwrap(), 5);
+    let mut got = Vec::new();
+    while got.len() < 10 {
+        wait(&mut n, id, libc::POLLIN);
+        let mut b = [0u8; 64];
+        let (k, from, _) = n.recv(id, &mut b, 0).unwrap();
+        assert_eq!(from, None);
+        got.extend_from_slice(&b[..k]);
+    }
+    assert_eq!(&got, b"pong:hello");
+    server.join().unwrap();
+    wait(&mut n, id, libc::POLLIN);
+    assert_eq!(n.recv(id, &mut [0u8; 8], 0).unwrap().0, 0, "EOF after the server closed");
+    assert_eq!((n.stats.connects_allowed, n.stats.bytes_sent, n.stats.bytes_received), (1, 5, 10));
+    n.close(id);
+    assert_eq!(n.recv(id, &mut [0u8; 8], 0).unwrap_err(), Errno::ECONNRESET, "a closed/unknown id reads as reset");
+}
+
+#[test]
+fn default_policies_refuse_loopback_metadata_and_private() {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    for p in [Policy::none(), Policy::public(), Policy::allowlist(vec!["*.example.com".parse().unwrap()])] {
+        let mut n = net(p.clone());
+        for a in [format!("127.0.0.1:{port}"), "169.254.169.254:80".into(), "10.0.0.1:80".into(), "[::1]:80".into(), format!("[::ffff:127.0.0.1]:{port}"), "[fe80::1]:80".into(), "192.168.1.1:80".into(), "172.16.0.1:80".into()] {
+            let id = n.socket(if a.starts_with('[') { libc::AF_INET6 } else { libc::AF_INET }, true).unwrap();
+            assert_eq!(n.connect(id, Some(a.parse().unwrap())), Err(Errno::ECONNREFUSED), "{a} under {p:?}");
+            n.close(id);
+        }
+        assert_eq!(n.stats.connects_denied, 8);
+        assert_eq!(n.stats.connects_allowed, 0);
+        assert_eq!(n.notes.len(), 8, "one note per refusal");
+        assert!(n.notes[0].contains("refused by the egress policy"), "{:?}", n.notes);
+    }
+    // Nothing reached the listener.
+    l.set_nonblocking(true).unwrap();
+    assert!(l.accept().is_err());
+}
+
+#[test]
+fn udp_echo_and_per_destination_checks() {
+    let echo = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let port = echo.local_addr().unwrap().port();
+    let t = std::thread::spawn(move || {
+        let mut b = [0u8; 100];
+        let (k, from) = echo.recv_from(&mut b).unwrap();
+        echo.send_to(&b[..k], from).unwrap();
+    });
+    let mut n = net(loopback_allowed(port));
+    let id = n.socket(libc::AF_INET, false).unwrap();
+    let to: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    assert_eq!(n.send(id, b"ping", Some("127.0.0.1:9".parse().unwrap()), 0), Err(Errno::ECONNREFUSED), "another loopback port");
+    assert_eq!(n.send(id, b"ping", Some(to), 0).unwrap(), 4);
+    wait(&mut n, id, libc::POLLIN);
+    let mut b = [0u8; 2];
+    let (k, from, trunc) = n.recv(id, &mut b, libc::MSG_TRUNC).unwrap();
+    assert_eq!((k, from, trunc, &b), (4, Some(to), true, b"pi"), "truncated datagram, full length with MSG_TRUNC");
+    t.join().unwrap();
+    assert_eq!((n.stats.connects_allowed, n.stats.connects_denied), (1, 1));
+    // A connected UDP socket is checked on its first send, not at connect.
+    let id2 = n.socket(libc::AF_INET, false).unwrap();
+    assert!(n.connect(id2, Some("10.1.1.1:53".parse().unwrap())).unwrap());
+    assert_eq!(n.send(id2, b"x", None, 0), Err(Errno::ECONNREFUSED));
+    assert_eq!(n.send(id2, b"x", None, 0), Err(Errno::ECONNREFUSED));
+    assert_eq!(n.stats.connects_denied, 2, "the verdict is cached per destination");
+}
+
+#[test]
+fn resolver_answers_from_the_host_map_under_the_policy() {
+    let mut cfg = NetConfig::with_policy(Policy { mode: Mode::Public, allow: vec!["10.200.0.0/24".parse().unwrap()], deny: vec![] });
+    cfg.hosts.insert("web.test".into(), vec!["10.200.0.2".parse().unwrap()]);
+    cfg.hosts.insert("meta.test".into(), vec!["169.254.169.254".parse().unwrap()]);
+    cfg.hosts.insert("mixed.test".into(), vec!["127.0.0.1".parse().unwrap(), "93.184.215.14".parse().unwrap()]);
+    let mut n = NetIo::new(Arc::new(cfg));
+    let id = n.socket(libc::AF_INET, false).unwrap();
+    assert!(n.connect(id, Some(SocketAddr::from((RESOLVER, DNS_PORT)))).unwrap());
+    assert_eq!(n.peer_addr(id).unwrap(), SocketAddr::from((RESOLVER, DNS_PORT)));
+    let ask = |n: &mut NetIo, name: &str| -> Vec<u8> {
+        n.send(id, &query(42, name, dns::TYPE_A), None, 0).unwrap();
+        assert_ne!(n.poll(id, libc::POLLIN) & libc::POLLIN, 0);
+        let mut b = [0u8; 512];
+        let (k, from, _) = n.recv(id, &mut b, 0).unwrap();
+        assert_eq!(from, Some(SocketAddr::from((RESOLVER, DNS_PORT))));
+        b[..k].to_vec()
+    };
+    let r = ask(&mut n, "web.test");
+    assert_eq!((r[3] & 0xF, &r[r.len() - 4..]), (dns::RCODE_OK, &[10, 200, 0, 2][..]));
+    let r = ask(&mut n, "meta.test");
+    assert_eq!(r[3] & 0xF, dns::RCODE_REFUSED, "a name resolving only to the metadata address");
+    let r = ask(&mut n, "mixed.test");
+    assert_eq!((r[3] & 0xF, u16::from_be_bytes([r[6], r[7]]), &r[r.len() - 4..]), (dns::RCODE_OK, 1, &[93, 184, 215, 14][..]), "denied addresses filtered out");
+    assert_eq!((n.stats.dns_queries, n.stats.dns_refused), (3, 1));
+    // The name the resolver handed out is what a domain rule matches.
+    assert_eq!(n.names.get(&"10.200.0.2".parse::<IpAddr>().unwrap()).unwrap(), &vec!["web.test".to_string()]);
+    // TCP to the resolver: length-prefixed.
+    let t = n.socket(libc::AF_INET, true).unwrap();
+    assert!(n.connect(t, Some(SocketAddr::from((RESOLVER, DNS_PORT)))).unwrap());
+    let q = query(7, "web.test", dns::TYPE_A);
+    let mut framed = (q.len() as u16).to_be_bytes().to_vec();
+    framed.extend_from_slice(&q);
+    assert_eq!(n.send(t, &framed[..5], None, 0).unwrap(), 5);
+    assert_eq!(n.poll(t, libc::POLLIN), 0, "nothing until the whole query is in");
+    n.send(t, &framed[5..], None, 0).unwrap();
+    let mut b = [0u8; 600];
+    let (k, _, _) = n.recv(t, &mut b, 0).unwrap();
+    assert_eq!(u16::from_be_bytes([b[0], b[1]]) as usize, k - 2);
+    assert_eq!(&b[k - 4..k], &[10, 200, 0, 2]);
+}
+
+#[test]
+fn domain_rules_match_names_handed_out_by_the_resolver() {
+    let mut cfg = NetConfig::with_policy(Policy::allowlist(vec!["*.allowed.test".parse().unwrap()]));
+    cfg.hosts.insert("api.allowed.test".into(), vec!["93.184.215.14".parse().unwrap()]);
+    cfg.hosts.insert("other.test".into(), vec!["93.184.215.15".parse().unwrap()]);
+    let mut n = NetIo::new(Arc::new(cfg));
+    assert_eq!(n.resolve("other.test").0, dns::RCODE_REFUSED);
+    assert_eq!(n.resolve("API.allowed.test.").1, vec!["93.184.215.14".parse::<IpAddr>().unwrap()]);
+    let d = n.check("93.184.215.14:443".parse().unwrap(), "connect to");
+    assert!(d.allowed(), "{d:?}");
+    assert!(!n.check("93.184.215.15:443".parse().unwrap(), "connect to").allowed());
+    let mut off = net(Policy::none());
+    assert_eq!(off.resolve("anything.test").0, dns::RCODE_REFUSED);
+}
+
+#[test]
+fn socket_and_byte_limits() {
+    let mut cfg = NetConfig::with_policy(Policy::public());
+    cfg.max_sockets = 3;
+    cfg.max_bytes = 4;
+    let mut n = NetIo::new(Arc::new(cfg));
+    let ids: Vec<u64> = (0..3).map(|_| n.socket(libc::AF_INET, true).unwrap()).collect();
+    assert_eq!(n.socket(libc::AF_INET, false), Err(Errno::EMFILE));
+    n.close(ids[0]);
+    let udp = n.socket(libc::AF_INET, false).unwrap();
+    let echo = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let mut cfg2 = (*n.config).clone();
+    cfg2.layers = vec![loopback_allowed(echo.local_addr().unwrap().port())];
+    n.config = Arc::new(cfg2);
+    assert_eq!(n.send(udp, b"1234", Some(echo.local_addr().unwrap()), 0).unwrap(), 4);
+    assert_eq!(n.send(udp, b"5", Some(echo.local_addr().unwrap()), 0), Err(Errno::ENOBUFS));
+    assert!(n.notes.iter().any(|m| m.contains("byte limit")));
+}

@@ -1,0 +1,632 @@
+//! AF_INET / AF_INET6 sockets, served by the VMM on host sockets it owns
+//! (`crate::net`): socket, connect, send*/recv*, shutdown, get/setsockopt,
+//! getsockname/getpeername, bind (wildcard, port 0 only). A blocking guest
+//! socket waits on the host socket, bounded by SO_RCVTIMEO/SO_SNDTIMEO, the
+//! exec's deadline and interrupts (EINTR).
+
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
+use std::time::{Duration, Instant};
+
+use super::sys_unix as unix;
+use super::{Args, Ctx};
+use crate::wait::{self, Block, WaitOn};
+use crate::errno::{Errno, SysResult};
+use crate::fd::{FileKind, SockInfo};
+
+/// Largest sockaddr a guest may pass.
+const SOCKADDR_MAX: u64 = 128;
+/// Largest option value copied either way.
+const OPT_MAX: u64 = 64;
+/// Bytes copied through the host per sendmsg/recvmsg call (a stream returns a short count beyond).
+const MSG_COPY_MAX: usize = 1 << 20;
+/// Largest UDP payload.
+const DGRAM_MAX: usize = 65507;
+const IOV_MAX: u64 = 1024;
+const MMSG_MAX: u64 = 64;
+
+/// Whether `fd` is one of ours (AF_INET/AF_INET6); anything else goes to
+/// sys_unix, which answers for AF_UNIX sockets and ENOTSOCK/EBADF otherwise.
+fn is_inet(ctx: &Ctx, fd: u64) -> bool {
+    matches!(ctx.proc.fds.get(fd as i32).map(|f| f.kind), Ok(FileKind::Socket(_)))
+}
+
+fn sock(ctx: &Ctx, fd: u64) -> Result<(SockInfo, bool), Errno> {
+    let f = ctx.proc.fds.get(fd as i32)?;
+    match f.kind {
+        FileKind::Socket(s) => Ok((s, f.flags & libc::O_NONBLOCK != 0)),
+        _ => Err(Errno::ENOTSOCK),
+    }
+}
+
+/// Block the call until socket `fd` is ready for `events` (the engine waits
+/// on the host socket and re-runs the handler), or until `deadline` (a socket
+/// timeout), when the call returns `on_timeout`.
+fn block_on(ctx: &mut Ctx, fd: u64, events: i16, deadline: Option<Instant>, on_timeout: SysResult) -> SysResult {
+    if ctx.timed_out {
+        return on_timeout;
+    }
+    let ofd = ctx.proc.fds.ofd(fd as i32)?;
+    wait::block(ctx, Block::new(WaitOn::Fd { ofd, events: events as u16 as u32 }).until(deadline, on_timeout))
+}
+
+fn timeout_deadline(t: Option<Duration>) -> Option<Instant> {
+    t.filter(|d| !d.is_zero()).map(|d| Instant::now() + d)
+}
+
+/// A guest sockaddr: `None` for AF_UNSPEC.
+fn read_sockaddr(ctx: &Ctx, addr: u64, len: u64) -> Result<Option<SocketAddr>, Errno> {
+    if len < 2 || len > SOCKADDR_MAX {
+        return Err(Errno::EINVAL);
+    }
+    let b = ctx.bytes(addr, len)?;
+    let family = u16::from_le_bytes([b[0], b[1]]) as i32;
+    match family {
+        libc::AF_UNSPEC => Ok(None),
+        libc::AF_INET => {
+            if b.len() < 16 {
+                return Err(Errno::EINVAL);
+            }
+            let port = u16::from_be_bytes([b[2], b[3]]);
+            Ok(Some(SocketAddr::from((Ipv4Addr::new(b[4], b[5], b[6], b[7]), port))))
+        }
+        libc::AF_INET6 => {
+            if b.len() < 24 {
+                return Err(Errno::EINVAL);
+            }
+            let port = u16::from_be_bytes([b[2], b[3]]);
+            let flow = u32::from_be_bytes([b[4], b[5], b[6], b[7]]);
+            let mut ip = [0u8; 16];
+            ip.copy_from_slice(&b[8..24]);
+            let scope = if b.len() >= 28 { u32::from_le_bytes([b[24], b[25], b[26], b[27]]) } else { 0 };
+            Ok(Some(SocketAddr::V6(SocketAddrV6::new(Ipv6Addr::from(ip), port, flow, scope))))
+        }
+        _ => Err(Errno::EAFNOSUPPORT),
+    }
+}
+
+/// Encode `a` as the guest sees it on a socket of `domain` (IPv4 peers of an
+/// AF_INET6 socket appear v4-mapped, as on Linux).
+fn encode_sockaddr(a: SocketAddr, domain: i32) -> Vec<u8> {
+    let a = match (a, domain) {
+        (SocketAddr::V4(v4), libc::AF_INET6) => SocketAddr::V6(SocketAddrV6::new(v4.ip().to_ipv6_mapped(), v4.port(), 0, 0)),
+        (SocketAddr::V6(v6), libc::AF_INET) => match v6.ip().to_ipv4_mapped() {
+            Some(v4) => SocketAddr::from((v4, v6.port())),
+            None => SocketAddr::V6(v6),
+        },
+        _ => a,
+    };
+    match a {
+        SocketAddr::V4(v4) => {
+            let mut b = vec![0u8; 16];
+            b[..2].copy_from_slice(&(libc::AF_INET as u16).to_le_bytes());
+            b[2..4].copy_from_slice(&v4.port().to_be_bytes());
+            b[4..8].copy_from_slice(&v4.ip().octets());
+            b
+        }
+        SocketAddr::V6(v6) => {
+            let mut b = vec![0u8; 28];
+            b[..2].copy_from_slice(&(libc::AF_INET6 as u16).to_le_bytes());
+            b[2..4].copy_from_slice(&v6.port().to_be_bytes());
+            b[4..8].copy_from_slice(&v6.flowinfo().to_be_bytes());
+            b[8..24].copy_from_slice(&v6.ip().octets());
+            b[24..28].copy_from_slice(&v6.scope_id().to_le_bytes());
+            b
+        }
+    }
+}
+
+/// Write a sockaddr to `addr` with its length at `len_ptr` (value-result, as Linux: truncated to the buffer).
+fn write_sockaddr(ctx: &mut Ctx, addr: u64, len_ptr: u64, a: SocketAddr, domain: i32) -> Result<(), Errno> {
+    if addr == 0 || len_ptr == 0 {
+        return Ok(());
+    }
+    let cap = i32::from_le_bytes(ctx.bytes(len_ptr, 4)?.try_into().map_err(|_| Errno::EFAULT)?);
+    if cap < 0 {
+        return Err(Errno::EINVAL);
+    }
+    let b = encode_sockaddr(a, domain);
+    let n = b.len().min(cap as usize);
+    ctx.write_bytes(addr, &b[..n])?;
+    ctx.write_i32(len_ptr, b.len() as i32)
+}
+
+fn check_family(info: &SockInfo, a: &SocketAddr) -> Result<(), Errno> {
+    if info.domain == libc::AF_INET && a.is_ipv6() {
+        return Err(Errno::EAFNOSUPPORT);
+    }
+    Ok(())
+}
+
+/// An address as given by an AF_INET6 socket, the way the host socket takes it.
+fn host_addr(info: &SockInfo, a: SocketAddr) -> SocketAddr {
+    match (info.domain, a) {
+        (libc::AF_INET6, SocketAddr::V4(v4)) => SocketAddr::V6(SocketAddrV6::new(v4.ip().to_ipv6_mapped(), v4.port(), 0, 0)),
+        _ => a,
+    }
+}
+
+pub fn socket(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let (domain, ty, proto) = (a[0] as i32, a[1] as i32, a[2] as i32);
+    let flags = ty & (libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC);
+    let kind = ty & !(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC);
+    if domain != libc::AF_INET && domain != libc::AF_INET6 {
+        // AF_UNIX (and the refusal of every other family) is sys_unix's.
+        return unix::socket(ctx, a);
+    }
+    let stream = match (kind, proto) {
+        (libc::SOCK_STREAM, 0 | libc::IPPROTO_TCP) => true,
+        (libc::SOCK_DGRAM, 0 | libc::IPPROTO_UDP) => false,
+        (libc::SOCK_STREAM | libc::SOCK_DGRAM, _) => return Err(Errno::EPROTONOSUPPORT),
+        // Raw and packet sockets need privileges a sandbox does not have.
+        (libc::SOCK_RAW, _) => return Err(Errno::EPERM),
+        _ => return Err(Errno::ESOCKTNOSUPPORT),
+    };
+    // The fd slot first, so a full table does not leave a host socket behind.
+    if ctx.proc.fds.len() >= crate::fd::MAX_FDS as usize {
+        return Err(Errno::EMFILE);
+    }
+    let id = ctx.io.net.socket(domain, stream);
+    ctx.io.flush_net_notes();
+    let id = id?;
+    let mut oflags = libc::O_RDWR;
+    if flags & libc::SOCK_NONBLOCK != 0 {
+        oflags |= libc::O_NONBLOCK;
+    }
+    if flags & libc::SOCK_CLOEXEC != 0 {
+        oflags |= libc::O_CLOEXEC;
+    }
+    match ctx.proc.fds.open(FileKind::Socket(SockInfo { id, domain, stream }), oflags) {
+        Ok(fd) => Ok(fd as u64),
+        Err(e) => {
+            ctx.io.net.close(id);
+            Err(e)
+        }
+    }
+}
+
+pub fn connect(ctx: &mut Ctx, a: &Args) -> SysResult {
+    if !is_inet(ctx, a[0]) {
+        return unix::connect(ctx, a);
+    }
+    let (info, nonblock) = sock(ctx, a[0])?;
+    let addr = read_sockaddr(ctx, a[1], a[2])?;
+    if let Some(addr) = &addr {
+        check_family(&info, addr)?;
+    }
+    let r = ctx.io.net.connect(info.id, addr.map(|x| host_addr(&info, x)));
+    ctx.io.flush_net_notes();
+    if r? {
+        return Ok(0);
+    }
+    if nonblock {
+        return Err(Errno::EINPROGRESS);
+    }
+    // A blocking connect: wait for the handshake (bounded by SO_SNDTIMEO, as
+    // Linux); the re-run finds the connection done (or failed) on the host.
+    let (_, snd) = ctx.io.net.timeouts(info.id);
+    block_on(ctx, a[0], libc::POLLOUT, timeout_deadline(snd), Err(Errno::EINPROGRESS))
+}
+
+/// Send `data` on a socket, waiting while a blocking socket has no room.
+fn send_common(ctx: &mut Ctx, fd: u64, data: Vec<u8>, to: Option<SocketAddr>, flags: i32) -> SysResult {
+    let (info, nonblock) = sock(ctx, fd)?;
+    let dontwait = nonblock || flags & libc::MSG_DONTWAIT != 0;
+    let to = match to {
+        Some(a) if !info.stream => {
+            check_family(&info, &a)?;
+            Some(host_addr(&info, a))
+        }
+        // A destination on a stream socket is ignored (as Linux does for a connected one).
+        _ => None,
+    };
+    if !info.stream && data.len() > DGRAM_MAX {
+        return Err(Errno::EMSGSIZE);
+    }
+    let r = ctx.io.net.send(info.id, &data, to, flags);
+    ctx.io.flush_net_notes();
+    match r {
+        Ok(n) => Ok(n as u64),
+        Err(Errno::EAGAIN) if !dontwait => {
+            let (_, snd) = ctx.io.net.timeouts(info.id);
+            block_on(ctx, fd, libc::POLLOUT, timeout_deadline(snd), Err(Errno::EAGAIN))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// What a receive got: the bytes (up to the buffer), the length to report,
+/// the source of a datagram, whether it was truncated.
+type Received = (Vec<u8>, usize, Option<SocketAddr>, bool);
+
+/// Receive into a host buffer of up to `len` bytes. `Ok(None)`: a blocking
+/// socket has nothing yet and the call blocks (the caller returns at once).
+fn recv_common(ctx: &mut Ctx, fd: u64, len: usize, flags: i32) -> Result<Option<Received>, Errno> {
+    let (info, nonblock) = sock(ctx, fd)?;
+    let dontwait = nonblock || flags & libc::MSG_DONTWAIT != 0;
+    let mut buf = vec![0u8; len];
+    let r = ctx.io.net.recv(info.id, &mut buf, flags);
+    ctx.io.flush_net_notes();
+    match r {
+        Ok((n, from, trunc)) => Ok(Some((buf, n, from, trunc))),
+        Err(Errno::EAGAIN) if !dontwait => {
+            let (rcv, _) = ctx.io.net.timeouts(info.id);
+            block_on(ctx, fd, libc::POLLIN, timeout_deadline(rcv), Err(Errno::EAGAIN))?;
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Guest buffer of a plain send: copied (bounded) so guest memory is never aliased by a host call.
+fn guest_data(ctx: &Ctx, buf: u64, len: u64, stream: bool) -> Result<Vec<u8>, Errno> {
+    let len = if stream { len.min(MSG_COPY_MAX as u64) } else { len.min(DGRAM_MAX as u64 + 1) };
+    Ok(ctx.bytes(buf, len)?.to_vec())
+}
+
+/// read()/write() on a socket fd (from sys_file).
+pub(crate) fn read_fd(ctx: &mut Ctx, fd: i32, buf: u64, len: u64) -> SysResult {
+    let len = len.min(MSG_COPY_MAX as u64);
+    ctx.user_range(buf, len)?;
+    let Some((data, n, _, _)) = recv_common(ctx, fd as u64, len as usize, 0)? else { return Ok(0) };
+    let k = n.min(data.len());
+    ctx.write_bytes(buf, &data[..k])?;
+    Ok(k as u64)
+}
+
+pub(crate) fn write_fd(ctx: &mut Ctx, fd: i32, buf: u64, len: u64) -> SysResult {
+    let (info, _) = sock(ctx, fd as u64)?;
+    let data = guest_data(ctx, buf, len, info.stream)?;
+    send_common(ctx, fd as u64, data, None, 0)
+}
+
+pub fn sendto(ctx: &mut Ctx, a: &Args) -> SysResult {
+    if !is_inet(ctx, a[0]) {
+        return unix::sendto(ctx, a);
+    }
+    let (info, _) = sock(ctx, a[0])?;
+    let data = guest_data(ctx, a[1], a[2], info.stream)?;
+    let to = if a[4] != 0 { read_sockaddr(ctx, a[4], a[5])? } else { None };
+    send_common(ctx, a[0], data, to, a[3] as i32)
+}
+
+pub fn recvfrom(ctx: &mut Ctx, a: &Args) -> SysResult {
+    if !is_inet(ctx, a[0]) {
+        return unix::recvfrom(ctx, a);
+    }
+    let (info, _) = sock(ctx, a[0])?;
+    let len = a[2].min(MSG_COPY_MAX as u64);
+    ctx.user_range(a[1], len)?;
+    let Some((data, n, from, _)) = recv_common(ctx, a[0], len as usize, a[3] as i32)? else { return Ok(0) };
+    ctx.write_bytes(a[1], &data[..n.min(data.len())])?;
+    if let Some(from) = from {
+        write_sockaddr(ctx, a[4], a[5], from, info.domain)?;
+    } else if a[4] != 0 && a[5] != 0 {
+        ctx.write_i32(a[5], 0)?;
+    }
+    Ok(n as u64)
+}
+
+/// A guest `struct msghdr` (x86-64 layout, 56 bytes).
+struct MsgHdr {
+    name: u64,
+    namelen: u32,
+    iov: Vec<(u64, u64)>,
+}
+
+fn read_msghdr(ctx: &Ctx, p: u64) -> Result<MsgHdr, Errno> {
+    let b = ctx.bytes(p, 56)?;
+    let u = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap_or_default());
+    let (name, namelen, iov, iovlen) = (u(0), u32::from_le_bytes(b[8..12].try_into().unwrap_or_default()), u(16), u(24));
+    if iovlen > IOV_MAX {
+        return Err(Errno::EMSGSIZE);
+    }
+    let raw = ctx.bytes(iov, iovlen * 16)?;
+    let mut v = Vec::with_capacity(iovlen as usize);
+    let mut total = 0u64;
+    for c in raw.chunks_exact(16) {
+        let base = u64::from_le_bytes(c[..8].try_into().unwrap_or_default());
+        let len = u64::from_le_bytes(c[8..].try_into().unwrap_or_default());
+        total = total.checked_add(len).ok_or(Errno::EINVAL)?;
+        if (len as i64) < 0 || (total as i64) < 0 {
+            return Err(Errno::EINVAL);
+        }
+        v.push((base, len));
+    }
+    Ok(MsgHdr { name, namelen, iov: v })
+}
+
+fn gather(ctx: &Ctx, iov: &[(u64, u64)], cap: usize) -> Result<Vec<u8>, Errno> {
+    let mut out = Vec::new();
+    for &(base, len) in iov {
+        let room = cap.saturating_sub(out.len()) as u64;
+        if room == 0 {
+            break;
+        }
+        out.extend_from_slice(ctx.bytes(base, len.min(room))?);
+    }
+    Ok(out)
+}
+
+fn scatter(ctx: &mut Ctx, iov: &[(u64, u64)], mut data: &[u8]) -> Result<(), Errno> {
+    for &(base, len) in iov {
+        if data.is_empty() {
+            break;
+        }
+        let n = (len as usize).min(data.len());
+        ctx.write_bytes(base, &data[..n])?;
+        data = &data[n..];
+    }
+    Ok(())
+}
+
+fn sendmsg_one(ctx: &mut Ctx, fd: u64, msg: u64, flags: i32) -> SysResult {
+    let (info, _) = sock(ctx, fd)?;
+    let h = read_msghdr(ctx, msg)?;
+    for &(base, len) in &h.iov {
+        ctx.user_range(base, len)?;
+    }
+    let data = gather(ctx, &h.iov, if info.stream { MSG_COPY_MAX } else { DGRAM_MAX + 1 })?;
+    let to = if h.name != 0 && h.namelen != 0 { read_sockaddr(ctx, h.name, h.namelen as u64)? } else { None };
+    send_common(ctx, fd, data, to, flags)
+}
+
+fn recvmsg_one(ctx: &mut Ctx, fd: u64, msg: u64, flags: i32) -> SysResult {
+    let (info, _) = sock(ctx, fd)?;
+    let h = read_msghdr(ctx, msg)?;
+    for &(base, len) in &h.iov {
+        ctx.user_range(base, len)?;
+    }
+    let want: u64 = h.iov.iter().map(|&(_, l)| l).sum();
+    let Some((data, n, from, trunc)) = recv_common(ctx, fd, want.min(MSG_COPY_MAX as u64) as usize, flags)? else { return Ok(0) };
+    scatter(ctx, &h.iov, &data[..n.min(data.len())])?;
+    // msg_namelen (value-result), msg_controllen = 0 (no ancillary data), msg_flags.
+    if h.name != 0 {
+        match from {
+            Some(from) => {
+                let b = encode_sockaddr(from, info.domain);
+                let k = b.len().min(h.namelen as usize);
+                ctx.write_bytes(h.name, &b[..k])?;
+                ctx.write_bytes(msg + 8, &(b.len() as u32).to_le_bytes())?;
+            }
+            None => ctx.write_bytes(msg + 8, &0u32.to_le_bytes())?,
+        }
+    }
+    ctx.write_u64(msg + 40, 0)?;
+    ctx.write_i32(msg + 48, if trunc { libc::MSG_TRUNC } else { 0 })?;
+    Ok(n as u64)
+}
+
+pub fn sendmsg(ctx: &mut Ctx, a: &Args) -> SysResult {
+    if !is_inet(ctx, a[0]) {
+        return unix::sendmsg(ctx, a);
+    }
+    sendmsg_one(ctx, a[0], a[1], a[2] as i32)
+}
+
+pub fn recvmsg(ctx: &mut Ctx, a: &Args) -> SysResult {
+    if !is_inet(ctx, a[0]) {
+        return unix::recvmsg(ctx, a);
+    }
+    recvmsg_one(ctx, a[0], a[1], a[2] as i32)
+}
+
+/// sendmmsg (glibc's resolver sends its A and AAAA queries together with it).
+pub fn sendmmsg(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let (vec, vlen, flags) = (a[1], a[2].min(MMSG_MAX), a[3] as i32);
+    sock(ctx, a[0])?;
+    let mut done = 0u64;
+    for i in 0..vlen {
+        let m = vec.checked_add(i * 64).ok_or(Errno::EFAULT)?;
+        let r = sendmsg_one(ctx, a[0], m, flags);
+        if wait::is_blocking(ctx) {
+            if done == 0 {
+                return Ok(0);
+            }
+            // Already sent some: report those instead of blocking.
+            ctx.effect = None;
+            break;
+        }
+        match r {
+            Ok(n) => {
+                ctx.write_bytes(m + 56, &(n as u32).to_le_bytes())?;
+                done += 1;
+            }
+            Err(e) if done == 0 => return Err(e),
+            Err(_) => break,
+        }
+    }
+    Ok(done)
+}
+
+pub fn recvmmsg(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let (vec, vlen, flags) = (a[1], a[2].min(MMSG_MAX), a[3] as i32);
+    sock(ctx, a[0])?;
+    let mut done = 0u64;
+    for i in 0..vlen {
+        let m = vec.checked_add(i * 64).ok_or(Errno::EFAULT)?;
+        // Only the first waits; the rest take what is already there.
+        let f = if done == 0 { flags } else { flags | libc::MSG_DONTWAIT };
+        let r = recvmsg_one(ctx, a[0], m, f);
+        if wait::is_blocking(ctx) {
+            return Ok(0);
+        }
+        match r {
+            Ok(n) => {
+                ctx.write_bytes(m + 56, &(n as u32).to_le_bytes())?;
+                done += 1;
+            }
+            Err(e) if done == 0 => return Err(e),
+            Err(_) => break,
+        }
+        if flags & 0x10000 /* MSG_WAITFORONE */ != 0 {
+            break;
+        }
+    }
+    Ok(done)
+}
+
+pub fn shutdown(ctx: &mut Ctx, a: &Args) -> SysResult {
+    if !is_inet(ctx, a[0]) {
+        return unix::shutdown(ctx, a);
+    }
+    let (info, _) = sock(ctx, a[0])?;
+    ctx.io.net.shutdown(info.id, a[1] as i32).map(|()| 0)
+}
+
+pub fn bind(ctx: &mut Ctx, a: &Args) -> SysResult {
+    if !is_inet(ctx, a[0]) {
+        return unix::bind(ctx, a);
+    }
+    let (info, _) = sock(ctx, a[0])?;
+    let addr = read_sockaddr(ctx, a[1], a[2])?.ok_or(Errno::EAFNOSUPPORT)?;
+    check_family(&info, &addr)?;
+    let r = ctx.io.net.bind(info.id, host_addr(&info, addr));
+    ctx.io.flush_net_notes();
+    r.map(|()| 0)
+}
+
+/// Listening sockets are not served: a sandbox never takes a host port.
+pub fn listen(ctx: &mut Ctx, a: &Args) -> SysResult {
+    if !is_inet(ctx, a[0]) {
+        return unix::listen(ctx, a);
+    }
+    sock(ctx, a[0])?;
+    ctx.io.net.note("listen() refused: a sandbox cannot accept connections".into());
+    ctx.io.flush_net_notes();
+    Err(Errno::EOPNOTSUPP)
+}
+
+pub fn accept4(ctx: &mut Ctx, a: &Args) -> SysResult {
+    if !is_inet(ctx, a[0]) {
+        return unix::accept4(ctx, a);
+    }
+    Err(Errno::EINVAL)
+}
+
+pub fn accept(ctx: &mut Ctx, a: &Args) -> SysResult {
+    if !is_inet(ctx, a[0]) {
+        return unix::accept(ctx, a);
+    }
+    sock(ctx, a[0])?;
+    Err(Errno::EINVAL)
+}
+
+pub fn getsockname(ctx: &mut Ctx, a: &Args) -> SysResult {
+    if !is_inet(ctx, a[0]) {
+        return unix::getsockname(ctx, a);
+    }
+    let (info, _) = sock(ctx, a[0])?;
+    let addr = ctx.io.net.local_addr(info.id)?;
+    write_sockaddr(ctx, a[1], a[2], addr, info.domain)?;
+    Ok(0)
+}
+
+pub fn getpeername(ctx: &mut Ctx, a: &Args) -> SysResult {
+    if !is_inet(ctx, a[0]) {
+        return unix::getpeername(ctx, a);
+    }
+    let (info, _) = sock(ctx, a[0])?;
+    let addr = ctx.io.net.peer_addr(info.id).map_err(|e| if e == Errno::ECONNRESET { Errno::ENOTCONN } else { e })?;
+    write_sockaddr(ctx, a[1], a[2], addr, info.domain)?;
+    Ok(0)
+}
+
+/// Options passed to the host socket as they are (level, name).
+fn passthrough(level: i32, name: i32) -> bool {
+    match level {
+        libc::SOL_SOCKET => matches!(
+            name,
+            libc::SO_REUSEADDR | libc::SO_REUSEPORT | libc::SO_KEEPALIVE | libc::SO_SNDBUF | libc::SO_RCVBUF | libc::SO_LINGER
+                | libc::SO_OOBINLINE | libc::SO_ERROR | libc::SO_RCVLOWAT | libc::SO_BROADCAST | libc::SO_PRIORITY
+        ),
+        libc::IPPROTO_TCP => matches!(
+            name,
+            libc::TCP_NODELAY | libc::TCP_MAXSEG | libc::TCP_KEEPIDLE | libc::TCP_KEEPINTVL | libc::TCP_KEEPCNT
+                | libc::TCP_QUICKACK | libc::TCP_USER_TIMEOUT | libc::TCP_NOTSENT_LOWAT | libc::TCP_INFO
+        ),
+        libc::IPPROTO_IP => matches!(name, libc::IP_TOS | libc::IP_TTL | libc::IP_RECVERR | libc::IP_MTU_DISCOVER | libc::IP_MTU),
+        libc::IPPROTO_IPV6 => matches!(
+            name,
+            libc::IPV6_V6ONLY | libc::IPV6_TCLASS | libc::IPV6_UNICAST_HOPS | libc::IPV6_RECVERR | libc::IPV6_MTU_DISCOVER | libc::IPV6_MTU
+        ),
+        _ => false,
+    }
+}
+
+fn timeval(d: Option<Duration>) -> [u8; 16] {
+    let d = d.unwrap_or_default();
+    let mut b = [0u8; 16];
+    b[..8].copy_from_slice(&(d.as_secs() as i64).to_le_bytes());
+    b[8..].copy_from_slice(&(d.subsec_micros() as i64).to_le_bytes());
+    b
+}
+
+pub fn setsockopt(ctx: &mut Ctx, a: &Args) -> SysResult {
+    if !is_inet(ctx, a[0]) {
+        return unix::setsockopt(ctx, a);
+    }
+    let (info, _) = sock(ctx, a[0])?;
+    let (level, name, val, len) = (a[1] as i32, a[2] as i32, a[3], a[4]);
+    if len > OPT_MAX {
+        return Err(Errno::EINVAL);
+    }
+    let mut v = ctx.bytes(val, len)?.to_vec();
+    if level == libc::SOL_SOCKET && (name == libc::SO_RCVTIMEO || name == libc::SO_SNDTIMEO) {
+        if v.len() < 16 {
+            return Err(Errno::EINVAL);
+        }
+        let s = i64::from_le_bytes(v[..8].try_into().map_err(|_| Errno::EINVAL)?);
+        let us = i64::from_le_bytes(v[8..16].try_into().map_err(|_| Errno::EINVAL)?);
+        if !(0..1_000_000).contains(&us) {
+            return Err(Errno(libc::EDOM));
+        }
+        let t = if s < 0 { None } else { Some(Duration::new(s as u64, us as u32 * 1000)) };
+        ctx.io.net.set_timeout(info.id, name == libc::SO_RCVTIMEO, t.filter(|d| !d.is_zero()))?;
+        return Ok(0);
+    }
+    if !passthrough(level, name) || (level == libc::SOL_SOCKET && name == libc::SO_ERROR) {
+        return Err(Errno::ENOPROTOOPT);
+    }
+    if level == libc::SOL_SOCKET && (name == libc::SO_SNDBUF || name == libc::SO_RCVBUF) && v.len() >= 4 {
+        // Host kernel memory the guest asks for: capped at 4 MiB.
+        let want = i32::from_le_bytes([v[0], v[1], v[2], v[3]]).clamp(0, 4 << 20);
+        v[..4].copy_from_slice(&want.to_le_bytes());
+    }
+    ctx.io.net.setsockopt(info.id, level, name, &v).map(|()| 0)
+}
+
+pub fn getsockopt(ctx: &mut Ctx, a: &Args) -> SysResult {
+    if !is_inet(ctx, a[0]) {
+        return unix::getsockopt(ctx, a);
+    }
+    let (info, _) = sock(ctx, a[0])?;
+    let (level, name, val, len_ptr) = (a[1] as i32, a[2] as i32, a[3], a[4]);
+    let cap = i32::from_le_bytes(ctx.bytes(len_ptr, 4)?.try_into().map_err(|_| Errno::EFAULT)?);
+    if cap < 0 {
+        return Err(Errno::EINVAL);
+    }
+    let int = |v: i32| v.to_le_bytes().to_vec();
+    let live = ctx.io.net.is_live(info.id);
+    let value: Vec<u8> = match (level, name) {
+        (libc::SOL_SOCKET, libc::SO_TYPE) => int(if info.stream { libc::SOCK_STREAM } else { libc::SOCK_DGRAM }),
+        (libc::SOL_SOCKET, libc::SO_DOMAIN) => int(info.domain),
+        (libc::SOL_SOCKET, libc::SO_PROTOCOL) => int(if info.stream { libc::IPPROTO_TCP } else { libc::IPPROTO_UDP }),
+        (libc::SOL_SOCKET, libc::SO_ACCEPTCONN) => int(0),
+        (libc::SOL_SOCKET, libc::SO_RCVTIMEO) => timeval(ctx.io.net.timeouts(info.id).0).to_vec(),
+        (libc::SOL_SOCKET, libc::SO_SNDTIMEO) => timeval(ctx.io.net.timeouts(info.id).1).to_vec(),
+        // A socket restored from a snapshot: its connection was reset.
+        (libc::SOL_SOCKET, libc::SO_ERROR) if !live => int(libc::ECONNRESET),
+        (l, n) if passthrough(l, n) => ctx.io.net.getsockopt(info.id, l, n, (cap as u64).min(OPT_MAX * 4) as usize)?,
+        _ => return Err(Errno::ENOPROTOOPT),
+    };
+    let n = value.len().min(cap as usize);
+    ctx.write_bytes(val, &value[..n])?;
+    ctx.write_i32(len_ptr, n as i32)?;
+    Ok(0)
+}
+
+/// ioctl FIONREAD on a socket.
+pub(crate) fn pending(ctx: &mut Ctx, info: SockInfo) -> Result<i32, Errno> {
+    ctx.io.net.pending(info.id)
+}
+
