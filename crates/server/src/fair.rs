@@ -118,33 +118,42 @@ pub async fn acquire_for(state: &Inner, caller: &Caller, n: usize) -> Result<Exe
         }
         let limit = key_limit(state, k);
         width = width.min(limit);
-        let sem = key_semaphore(state, k);
-        let want = width as u32;
-        key_permit = Some(match sem.clone().try_acquire_many_owned(want) {
-            Ok(p) => p,
-            Err(_) => {
-                let ahead = k.queued.fetch_add(1, Ordering::SeqCst);
-                let _w = Waiting(&k.queued);
-                let too_many = || {
-                    let mut e = ApiError::new(
-                        ErrorCode::RateLimited,
-                        format!("this API key may run {limit} execs at once and has more waiting; retry shortly"),
-                    );
-                    e.retry_after = Some(1);
-                    e
-                };
-                if ahead >= limit * 8 {
-                    return Err(too_many());
-                }
-                match tokio::time::timeout(state.config.queue_wait, sem.acquire_many_owned(want)).await {
-                    Ok(Ok(p)) => p,
-                    _ => return Err(too_many()),
-                }
-            }
-        });
+        // A key that may use every slot has no queue of its own: past the
+        // server's capacity it is overload (503), as for everyone.
+        if limit < state.admission.slots() {
+            key_permit = Some(key_permits(state, k, limit, width).await?);
+        }
     }
     let global = state.admission.acquire(width).await?;
     Ok(ExecSlot { _global: global, _key: key_permit, key, width, since: std::time::Instant::now() })
+}
+
+/// `width` of key `k`'s own permits (its limit is `limit`): 429 once its queue is full or the wait times out.
+async fn key_permits(state: &Inner, k: &Arc<KeyInfo>, limit: usize, width: usize) -> Result<OwnedSemaphorePermit, ApiError> {
+    let sem = key_semaphore(state, k);
+    let want = width as u32;
+    Ok(match sem.clone().try_acquire_many_owned(want) {
+        Ok(p) => p,
+        Err(_) => {
+            let ahead = k.queued.fetch_add(1, Ordering::SeqCst);
+            let _w = Waiting(&k.queued);
+            let too_many = || {
+                let mut e = ApiError::new(
+                    ErrorCode::RateLimited,
+                    format!("this API key may run {limit} execs at once and has more waiting; retry shortly"),
+                );
+                e.retry_after = Some(1);
+                e
+            };
+            if ahead >= limit * 8 {
+                return Err(too_many());
+            }
+            match tokio::time::timeout(state.config.queue_wait, sem.acquire_many_owned(want)).await {
+                Ok(Ok(p)) => p,
+                _ => return Err(too_many()),
+            }
+        }
+    })
 }
 
 /// How many parallel execs a batch of `n` gets for `caller`.

@@ -468,7 +468,7 @@ async fn metrics_and_health() {
     assert_eq!(h["template"], shared().template.info.id.as_str());
     // Nothing about tenants or sessions in the health check.
     let keys: Vec<&str> = h.as_object().unwrap().keys().map(String::as_str).collect();
-    assert_eq!(keys, ["exec_slots", "exec_slots_free", "queued", "status", "template"], "{h}");
+    assert_eq!(keys, ["default_template", "exec_slots", "exec_slots_free", "queued", "status", "template"], "{h}");
     // /metrics: an admin key only.
     assert_error(&s.call(reqwest::Method::GET, "/metrics", None, None).await, StatusCode::UNAUTHORIZED, "unauthorized");
     let plain = s.new_key("not-admin");
@@ -1258,6 +1258,8 @@ async fn a_batch_counts_each_exec_against_the_rate_and_a_cpu_budget_is_enforced(
     let cpu = limited_key(&s, "cpu", forkbox_server::KeyLimits { cpu_seconds_per_hour: Some(1), ..Default::default() });
     let (st, v) = s.call(M::POST, "/v1/exec", Some(&cpu), Some(json!({ "code": "import time\nt = time.time()\nwhile time.time() - t < 2: pass" }))).await;
     assert_eq!(st, StatusCode::OK, "{v}");
+    // The exec thread charges the job when it ends, just after the reply (the sandbox's teardown comes first).
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let r = s.http.post(format!("{}/v1/exec", s.url)).bearer_auth(&cpu).json(&json!({ "code": "1" })).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
     assert!(r.headers().get("retry-after").is_some());

@@ -33,6 +33,8 @@ fn stray_files(home: &std::path::Path) -> (Vec<String>, Vec<String>) {
     let mut named = BTreeSet::new();
     for c in store.all_checkpoints().expect("all_checkpoints") {
         named.insert(c.layer);
+        // A checkpoint's changed file chunks are in a pack named after its state file.
+        named.insert(std::path::Path::new(&c.state).with_extension("files").to_string_lossy().into_owned());
         named.insert(c.state);
         if let Some(f) = c.flat {
             named.insert(f);

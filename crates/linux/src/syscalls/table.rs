@@ -120,7 +120,7 @@ table! {
     37 alarm => timer::alarm, Full;
     36 getitimer => timer::getitimer, Partial("ITIMER_REAL only (on the run clock); ITIMER_VIRTUAL/ITIMER_PROF EINVAL");
     38 setitimer => timer::setitimer, Partial("ITIMER_REAL only (on the run clock); ITIMER_VIRTUAL/ITIMER_PROF EINVAL");
-    56 clone => thread::clone, Partial("threads (CLONE_VM|CLONE_THREAD|CLONE_SIGHAND) as green threads on the one vCPU; a new process is EAGAIN");
+    56 clone => thread::clone, Partial("threads (CLONE_VM, CLONE_THREAD and CLONE_SIGHAND) as green threads on the one vCPU; a new process is EAGAIN");
     57 fork => eagain, Refused("EAGAIN: no child processes");
     58 vfork => eagain, Refused("EAGAIN: no child processes");
     59 execve => eperm, Refused("EPERM: no program can be started");
