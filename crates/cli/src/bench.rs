@@ -40,7 +40,8 @@ pub enum BenchCommand {
         image: ImageArgs,
     },
     /// Threads in a forked sandbox: thread start + join, ThreadPoolExecutor(8).map
-    /// of 64 trivial tasks; beside a host Python doing the same in an os.fork() child.
+    /// of 64 trivial tasks, asyncio.run(asyncio.sleep(0)), a 1 MB pipe round trip;
+    /// beside a host Python doing the same in an os.fork() child.
     Threads {
         /// Samples of each measurement.
         #[arg(long, default_value_t = 200)]
@@ -426,13 +427,46 @@ fn fork(home: &Path, forks: usize, execs: usize, live: usize, batch: usize, imag
     Ok(ExitCode::SUCCESS)
 }
 
-/// Thread start + join and a thread pool map, timed inside Python (ms per
-/// operation); the same code runs in the guest and in a host fork child.
+/// Thread start + join, a thread pool map, an empty asyncio.run and a 1 MB
+/// pipe round trip, timed inside Python (ms per operation); the same code runs
+/// in the guest and in a host fork child.
 const THREAD_BENCH: &str = r#"
-import json, threading, time
+import asyncio, json, os, threading, time
 from concurrent.futures import ThreadPoolExecutor
+def _pipe_round_trip(data):
+    # 1 MB through a pipe and back: a thread echoes what it reads from one pipe into another.
+    r1, w1 = os.pipe(); r2, w2 = os.pipe()
+    def echo():
+        left = len(data)
+        while left:
+            b = os.read(r1, 1 << 16)
+            os.write(w2, b)
+            left -= len(b)
+    t = threading.Thread(target=echo); t.start()
+    got = bytearray()
+    view = memoryview(data)
+    sent = 0
+    while sent < len(data):
+        sent += os.write(w1, view[sent:sent + (1 << 16)])
+        while len(got) < sent - (1 << 17):
+            got += os.read(r2, 1 << 16)
+    while len(got) < len(data):
+        got += os.read(r2, 1 << 16)
+    t.join()
+    for fd in (r1, w1, r2, w2):
+        os.close(fd)
+    assert got == data
 def _thread_bench(n):
-    out = {"start_join": [], "pool": []}
+    out = {"start_join": [], "pool": [], "asyncio": [], "pipe": []}
+    data = os.urandom(1 << 20)
+    for _ in range(n):
+        t0 = time.perf_counter()
+        asyncio.run(asyncio.sleep(0))
+        out["asyncio"].append((time.perf_counter() - t0) * 1000)
+    for _ in range(max(1, n // 10)):
+        t0 = time.perf_counter()
+        _pipe_round_trip(data)
+        out["pipe"].append((time.perf_counter() - t0) * 1000)
     for _ in range(n):
         t0 = time.perf_counter()
         t = threading.Thread(target=lambda: None)
@@ -476,7 +510,12 @@ fn threads(home: &Path, samples: usize, image: &ImageArgs) -> Result<ExitCode> {
     let col = |v: &serde_json::Value, k: &str| -> Vec<f64> {
         v[k].as_array().map(|a| a.iter().filter_map(|x| x.as_f64()).collect()).unwrap_or_default()
     };
-    for (k, what) in [("start_join", "thread start + join"), ("pool", "ThreadPoolExecutor(8).map, 64 tasks")] {
+    for (k, what) in [
+        ("start_join", "thread start + join"),
+        ("pool", "ThreadPoolExecutor(8).map, 64 tasks"),
+        ("asyncio", "asyncio.run(asyncio.sleep(0))"),
+        ("pipe", "1 MB pipe round trip (echo thread)"),
+    ] {
         let (g, h) = (col(&guest, k), col(&host, k));
         println!("{what:<38} guest {}", summary(g.clone()));
         println!("{:<38} host  {}", "  (host python3, os.fork child)", summary(h.clone()));
