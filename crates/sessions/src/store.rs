@@ -493,6 +493,50 @@ impl Store {
         Ok(())
     }
 
+    /// Changes the session's tags (replaced as a whole when `tags` is Some)
+    /// and/or its memory and time limits, in one transaction. `false` if the
+    /// tenant has no such session.
+    pub fn update_session(
+        &self,
+        tenant: &str,
+        id: &str,
+        tags: Option<&BTreeMap<String, String>>,
+        memory_bytes: Option<u64>,
+        timeout_ms: Option<u64>,
+    ) -> Result<bool, StoreError> {
+        let memory = memory_bytes.map(|m| to_i64("memory_bytes", m)).transpose()?;
+        let timeout = timeout_ms.map(|t| to_i64("timeout_ms", t)).transpose()?;
+        let mut conn = self.conn();
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .op("update_session: begin")?;
+        let sid: Option<i64> = tx
+            .prepare_cached("SELECT sid FROM sessions WHERE tenant = ?1 AND id = ?2")
+            .and_then(|mut st| st.query_row([tenant, id], |r| r.get(0)).optional())
+            .op("update_session: find")?;
+        let Some(sid) = sid else { return Ok(false) };
+        tx.prepare_cached(
+            "UPDATE sessions SET memory_bytes = COALESCE(?2, memory_bytes), \
+             timeout_ms = COALESCE(?3, timeout_ms) WHERE sid = ?1",
+        )
+        .and_then(|mut st| st.execute(params![sid, memory, timeout]))
+        .op("update_session: limits")?;
+        if let Some(tags) = tags {
+            tx.prepare_cached("DELETE FROM session_tags WHERE sid = ?1")
+                .and_then(|mut st| st.execute([sid]))
+                .op("update_session: delete tags")?;
+            let mut st = tx
+                .prepare_cached("INSERT INTO session_tags (sid, key, value) VALUES (?1, ?2, ?3)")
+                .op("update_session: prepare insert tag")?;
+            for (k, v) in tags {
+                st.execute(params![sid, k, v])
+                    .op("update_session: insert tag")?;
+            }
+        }
+        tx.commit().op("update_session: commit")?;
+        Ok(true)
+    }
+
     /// Moves the session's head (revert). The checkpoint must exist; whether
     /// it belongs to the session's history is the caller's business.
     pub fn set_head(&self, id: &str, head: Option<i64>) -> Result<(), StoreError> {
