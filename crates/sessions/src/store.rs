@@ -1523,6 +1523,35 @@ mod tests {
     }
 
     #[test]
+    fn update_session_changes_tags_and_limits_of_the_tenants_session_only() {
+        let (d, s) = tmp();
+        s.create_session(&session("a", "local", 1, &[("env", "dev"), ("team", "x")])).unwrap();
+        let before = s.session("local", "a").unwrap().unwrap();
+        // Another tenant cannot touch it; an unknown id is false.
+        assert!(!s.update_session("other", "a", None, Some(1), None).unwrap());
+        assert!(!s.update_session("local", "zz", None, Some(1), None).unwrap());
+        assert_eq!(s.session("local", "a").unwrap().unwrap(), before);
+        // Limits only: the tags stay.
+        assert!(s.update_session("local", "a", None, Some(256 << 20), Some(2500)).unwrap());
+        let a = s.session("local", "a").unwrap().unwrap();
+        assert_eq!((a.limits.memory_bytes, a.limits.timeout_ms, a.tags.clone()), (256 << 20, 2500, before.tags.clone()));
+        assert_eq!((a.limits.output_bytes, a.limits.disk_bytes), (before.limits.output_bytes, before.limits.disk_bytes));
+        // Tags are replaced as a whole; the limits stay; the tag index follows.
+        let tags: BTreeMap<String, String> = [("env".to_string(), "prod".to_string())].into();
+        assert!(s.update_session("local", "a", Some(&tags), None, None).unwrap());
+        let a = s.session("local", "a").unwrap().unwrap();
+        assert_eq!((a.tags.clone(), a.limits.timeout_ms), (tags.clone(), 2500));
+        assert!(s.list_sessions("local", &[("team".into(), "x".into())]).unwrap().is_empty());
+        assert_eq!(s.list_sessions("local", &[("env".into(), "prod".into())]).unwrap().len(), 1);
+        // Out of range for SQLite's integers: refused, nothing changed.
+        assert!(matches!(s.update_session("local", "a", None, Some(u64::MAX), None), Err(StoreError::TooLarge { .. })));
+        // Persisted: a reopened store sees it.
+        drop(s);
+        let s = Store::open(&d.path().join("db").join("sessions.db")).unwrap();
+        assert_eq!(s.session("local", "a").unwrap().unwrap(), a);
+    }
+
+    #[test]
     fn migrations_idempotent() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("sessions.db");

@@ -93,8 +93,10 @@ pub(crate) async fn exec_timeout(
     }
     let (c, i) = (caller.clone(), id.to_string());
     blocking(state, move |rt| {
-        let s = crate::fair::key_timeout_of(rt, &c, seconds)?;
-        Ok(rt.session_exec_timeout(&c.tenant, &i, s)?)
+        // The session's own limit first (its message names it), then the key's.
+        let t = rt.session_exec_timeout(&c.tenant, &i, seconds)?;
+        crate::fair::key_timeout_of(rt, &c, seconds)?;
+        Ok(t)
     })
     .await
 }
