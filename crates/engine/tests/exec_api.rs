@@ -592,3 +592,36 @@ fn hard_links_and_names_are_charged_to_the_disk_quota() {
     let r = ok(&mut sb, "os.symlink('/x', '/tmp/s')\nos.readlink('/tmp/s')");
     assert_eq!(r.value.as_deref(), Some("'/x'"));
 }
+
+#[test]
+fn an_exec_s_own_time_limit_and_the_output_of_a_failed_exec() {
+    // The exec's limit replaces the sandbox's (30 s) for that exec only.
+    let mut sb = fork();
+    let code = "import sys\nprint('so far', flush=True)\nsys.stderr.write('err\\n'); sys.stderr.flush()\nwhile True: pass";
+    let t0 = Instant::now();
+    let opts = ExecOptions { timeout: Some(Duration::from_millis(700)), ..Default::default() };
+    match sb.exec_with(code, opts) {
+        Err(EngineError::Timeout(secs)) => assert!((secs - 0.7).abs() < 0.01, "Timeout({secs})"),
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    let out = sb.take_failed_output().expect("the output before the timeout");
+    assert_eq!((out.stdout.as_str(), out.stderr.as_str()), ("so far\n", "err\n"));
+    assert_eq!(sb.take_failed_output(), None, "taken once");
+    // A poisoned sandbox refuses before running: no output.
+    assert!(matches!(sb.exec("1"), Err(EngineError::Poisoned(_))));
+    assert_eq!(sb.take_failed_output(), None);
+
+    // A crash and an exit keep what was written, cut to the output limit like a result's.
+    let mut sb = fork_with(Limits { output_bytes: 4096, ..Limits::default() });
+    assert!(matches!(sb.exec("print('x' * 10000, flush=True)\nimport os\nos._exit(3)"), Err(EngineError::GuestExited(3))));
+    let out = sb.take_failed_output().expect("output");
+    assert!(out.stdout.starts_with("xxxx") && out.stdout.contains("output truncated") && out.stdout.len() < 4096 + 100, "{}", out.stdout.len());
+    let mut sb = fork();
+    assert!(matches!(sb.exec("import ctypes\nprint('pre', flush=True)\nctypes.string_at(0)"), Err(EngineError::GuestCrashed(_))));
+    assert_eq!(sb.take_failed_output().map(|o| o.stdout), Some("pre\n".into()));
+    // A successful exec leaves none.
+    let mut sb = fork();
+    ok(&mut sb, "print('fine')");
+    assert_eq!(sb.take_failed_output(), None);
+}
