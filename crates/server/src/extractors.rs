@@ -50,13 +50,21 @@ pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     let de = &mut serde_json::Deserializer::from_slice(body);
     let r: Result<T, _> = serde_path_to_error::deserialize(de);
     let v = r.map_err(|e| {
-        let path = e.path().to_string();
+        let mut path = e.path().to_string();
         let inner = e.into_inner();
         // serde_json appends " at line L column C": the field path says where.
         let mut msg = inner.to_string();
         let at = format!(" at line {} column {}", inner.line(), inner.column());
         if let Some(stripped) = msg.strip_suffix(at.as_str()) {
             msg = stripped.to_string();
+        }
+        // An unknown field's path ends with the field itself, which the message names: show where it is.
+        if let Some(field) = msg.strip_prefix("unknown field `").and_then(|m| m.split('`').next()) {
+            path = match path.strip_suffix(field) {
+                Some("") => ".".to_string(),
+                Some(parent) => parent.strip_suffix('.').unwrap_or(parent).to_string(),
+                None => path,
+            };
         }
         match inner.classify() {
             serde_json::error::Category::Data if path == "." => ApiError::invalid(format!("invalid request body: {msg}")),
