@@ -122,8 +122,8 @@ pub async fn exec_streaming(
                     message: format!("the stream's result is not an exec result: {e}"),
                 })
             }
-            StreamEvent::Error { code, message } => {
-                return Err(ClientError::from_code(code, message));
+            StreamEvent::Error { code, message, output } => {
+                return Err(ClientError::from_code_with_output(code, message, output));
             }
             ev => on_output(&ev),
         }

@@ -127,7 +127,14 @@ pub fn run(home: &Path, args: RunArgs) -> Result<ExitCode> {
             eprintln!("forkbox: {} syscall {} ({}) called {} times: {}", u.support, u.name, u.nr, u.calls, u.note);
         }
     }
-    let result = result.context("running the code")?;
+    let result = match result {
+        Ok(r) => r,
+        Err(e) => {
+            let out = sb.take_failed_output();
+            print_failure(e.code(), &e.to_string(), out.as_ref().map(|o| (o.stdout.as_str(), o.stderr.as_str())), args.json, false)?;
+            return Err(anyhow::Error::new(e).context("running the code"));
+        }
+    };
     print_result(&result, args.json)?;
     Ok(if result.error.is_some() { ExitCode::from(1) } else { ExitCode::SUCCESS })
 }
@@ -162,6 +169,27 @@ pub fn show_display(items: &[forkbox_client::MimeBundle]) -> Result<()> {
         } else if let Some(t) = b.text("text/plain") {
             writeln!(out, "{t}")?;
         }
+    }
+    Ok(())
+}
+
+/// An exec that failed after it ran: with `json`, its error as the API's body
+/// (`{"error": {code, message, stdout, stderr}}`) on stdout; else the output it
+/// wrote before (unless `shown`, already streamed). The caller reports the error.
+pub fn print_failure(code: &str, message: &str, output: Option<(&str, &str)>, json: bool, shown: bool) -> Result<()> {
+    if json {
+        let mut e = serde_json::json!({ "code": code, "message": message });
+        if let Some((stdout, stderr)) = output {
+            e["stdout"] = stdout.into();
+            e["stderr"] = stderr.into();
+        }
+        let mut out = std::io::stdout().lock();
+        serde_json::to_writer_pretty(&mut out, &serde_json::json!({ "error": e }))?;
+        writeln!(out)?;
+    } else if let (Some((stdout, stderr)), false) = (output, shown) {
+        std::io::stdout().lock().write_all(stdout.as_bytes())?;
+        std::io::stdout().lock().flush()?;
+        std::io::stderr().lock().write_all(stderr.as_bytes())?;
     }
     Ok(())
 }
@@ -229,7 +257,14 @@ pub fn run_remote(api: &crate::api::Api, args: RunArgs) -> Result<ExitCode> {
         }
     };
     let target = crate::api::Target::OneShot { timeout_seconds: Some(args.timeout), template: args.image.template.as_deref() };
-    let r = api.block_on(crate::api::exec_streaming(&api.client, target, &code, &mut show)).context("running the code")?;
+    let r = match api.block_on(crate::api::exec_streaming(&api.client, target, &code, &mut show)) {
+        Ok(r) => r,
+        Err(e) => {
+            let out = e.output().map(|o| (o.stdout.as_str(), o.stderr.as_str()));
+            print_failure(e.code(), &e.message(), out, json, true)?;
+            return Err(anyhow::Error::new(e).context("running the code"));
+        }
+    };
     print_remote_result(&r, json, true)?;
     Ok(if r.error.is_some() { ExitCode::from(1) } else { ExitCode::SUCCESS })
 }

@@ -156,7 +156,15 @@ fn run(api: &Api, cmd: SessionCommand) -> Result<ExitCode> {
             } else {
                 code
             };
-            let r = api.block_on(c.session_exec(&id, &code))?;
+            let r = match api.block_on(c.session_exec(&id, &code)) {
+                Ok(r) => r,
+                Err(e) => {
+                    // What the exec wrote before it failed (timeout, crash, ...) comes with the error.
+                    let out = e.output().map(|o| (o.stdout.as_str(), o.stderr.as_str()));
+                    crate::run::print_failure(e.code(), &e.message(), out, json, false)?;
+                    return Err(e.into());
+                }
+            };
             api.after_exec(&id);
             crate::run::print_remote_result(&r, json, false)?;
             return Ok(if r.error.is_some() { ExitCode::from(1) } else { ExitCode::SUCCESS });

@@ -2,12 +2,15 @@
 
 pub use forkbox_api::ErrorCode;
 
+use crate::types::ExecOutput;
+
 /// A failed client call.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    /// The API answered with an error: its status and `{"error": {code, message}}`, unchanged.
+    /// The API answered with an error: its status and `{"error": {code, message}}`, unchanged;
+    /// `output`: for an exec that failed after it ran (timeout, crash, ...), what it wrote before.
     #[error("{message} ({code}, HTTP {status})")]
-    Api { status: u16, code: String, message: String },
+    Api { status: u16, code: String, message: String, output: Option<Box<ExecOutput>> },
     /// The HTTP request could not be made or its body could not be read (connection refused, reset, ...).
     #[error("request to {url} failed: {source}")]
     Http {
@@ -33,8 +36,21 @@ impl ClientError {
     /// An API error that arrived without a status (an `error` event of a stream):
     /// the status is the one the API gives the code (500 for a code this client does not know).
     pub fn from_code(code: String, message: String) -> ClientError {
+        ClientError::from_code_with_output(code, message, None)
+    }
+
+    /// [`from_code`](Self::from_code) with the output of the exec that failed.
+    pub fn from_code_with_output(code: String, message: String, output: Option<Box<ExecOutput>>) -> ClientError {
         let status = code.parse::<ErrorCode>().map_or(500, ErrorCode::status);
-        ClientError::Api { status, code, message }
+        ClientError::Api { status, code, message, output }
+    }
+
+    /// For an exec that failed after it ran (timeout, crash, exit, kill): what it wrote before.
+    pub fn output(&self) -> Option<&ExecOutput> {
+        match self {
+            ClientError::Api { output, .. } => output.as_deref(),
+            _ => None,
+        }
     }
 
     /// The API's error code, if this is an API error with a code this client knows.

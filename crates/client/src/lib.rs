@@ -14,7 +14,8 @@
 //! Over [`Transport::InProcess`] the same calls are served by an axum router in
 //! this process (`forkbox_server::embedded_router`), without a socket, so an
 //! embedded engine and a remote server behave — and fail — the same way.
-//! API errors come back unchanged as [`ClientError::Api`]`{status, code, message}`;
+//! API errors come back unchanged as [`ClientError::Api`]`{status, code, message, output}`
+//! (`output`: what a failed exec wrote before, see [`ClientError::output`]);
 //! [`ClientError::api_code`] reads the code as a [`ErrorCode`] (the API's one table).
 //!
 //! Place in the flow: a front end's way to the **request** layer (the server's
@@ -142,9 +143,20 @@ impl Client {
         check(r).await.map(drop)
     }
 
+    /// Change a session's tags (replaced as a whole) and/or limits; the session as it is now.
+    pub async fn patch_session(&self, id: &str, patch: &PatchSession) -> Result<Session, ClientError> {
+        let body = serde_json::to_vec(patch).map_err(|e| ClientError::InvalidArgument(format!("encoding the request: {e}")))?;
+        json_of(self.sender.send(Method::PATCH, &format!("/v1/sessions/{}", seg(id)), Payload::Json(body)).await?).await
+    }
+
     /// Run `code` in the session (its variables, imports and files persist); the result names the new checkpoint.
     pub async fn session_exec(&self, id: &str, code: &str) -> Result<ExecResult, ClientError> {
-        self.post(&format!("/v1/sessions/{}/exec", seg(id)), &json!({ "code": code })).await
+        self.session_exec_with(id, code, None).await
+    }
+
+    /// [`session_exec`](Self::session_exec) with this exec's time limit (at most the session's; None: the session's).
+    pub async fn session_exec_with(&self, id: &str, code: &str, timeout_seconds: Option<f64>) -> Result<ExecResult, ClientError> {
+        self.post(&format!("/v1/sessions/{}/exec", seg(id)), &session_exec_body(code, timeout_seconds)).await
     }
 
     /// [`session_exec`](Self::session_exec), streaming the output as it is written.
@@ -153,7 +165,17 @@ impl Client {
         id: &str,
         code: &str,
     ) -> Result<impl Stream<Item = Result<StreamEvent, ClientError>> + Send, ClientError> {
-        self.stream(&format!("/v1/sessions/{}/exec/stream", seg(id)), &json!({ "code": code })).await
+        self.session_exec_stream_with(id, code, None).await
+    }
+
+    /// [`session_exec_stream`](Self::session_exec_stream) with this exec's time limit.
+    pub async fn session_exec_stream_with(
+        &self,
+        id: &str,
+        code: &str,
+        timeout_seconds: Option<f64>,
+    ) -> Result<impl Stream<Item = Result<StreamEvent, ClientError>> + Send, ClientError> {
+        self.stream(&format!("/v1/sessions/{}/exec/stream", seg(id)), &session_exec_body(code, timeout_seconds)).await
     }
 
     /// Interrupt the session's running exec (KeyboardInterrupt in the code); false if none was running.
@@ -234,6 +256,14 @@ impl Client {
     }
 }
 
+/// A session exec's body (`timeout_seconds` only when given: the API rejects fields it does not know, not nulls).
+fn session_exec_body(code: &str, timeout_seconds: Option<f64>) -> Value {
+    match timeout_seconds {
+        Some(t) => json!({ "code": code, "timeout_seconds": t }),
+        None => json!({ "code": code }),
+    }
+}
+
 /// A path segment, percent-encoded.
 fn seg(s: &str) -> String {
     utf8_percent_encode(s, SEGMENT).to_string()
@@ -291,7 +321,7 @@ async fn error_of(r: RawResponse) -> ClientError {
         .and_then(|mut v| v.get_mut("error").map(Value::take))
         .and_then(|e| serde_json::from_value(e).ok());
     match parsed {
-        Some(e) => ClientError::Api { status, code: e.code, message: e.message },
+        Some(e) => ClientError::Api { status, output: e.output().map(Box::new), code: e.code, message: e.message },
         None => ClientError::UnexpectedResponse { status, message: preview(&body) },
     }
 }

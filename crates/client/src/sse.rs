@@ -10,6 +10,7 @@ use serde_json::Value;
 use sse_stream::SseStream;
 
 use crate::error::ClientError;
+use crate::types::{ApiErrorBody, ExecOutput};
 use crate::transport::ByteStream;
 
 /// One event of a streaming exec.
@@ -21,8 +22,9 @@ pub enum StreamEvent {
     Stderr(String),
     /// The final result (the same JSON the non-streaming endpoint returns). Last event.
     Result(Value),
-    /// The exec failed (timeout, crash, ...): the API's error code and message. Last event.
-    Error { code: String, message: String },
+    /// The exec failed (timeout, crash, ...): the API's error code and message, and
+    /// what it wrote before when it ran (also sent as `Stdout`/`Stderr` events). Last event.
+    Error { code: String, message: String, output: Option<Box<ExecOutput>> },
 }
 
 impl StreamEvent {
@@ -51,14 +53,10 @@ fn decode(event: Option<&str>, data: Option<&str>) -> Option<Result<StreamEvent,
         "stdout" => text(&json).map(StreamEvent::Stdout).ok_or_else(|| bad("`stdout` event without a `data` string".into())),
         "stderr" => text(&json).map(StreamEvent::Stderr).ok_or_else(|| bad("`stderr` event without a `data` string".into())),
         "result" => Ok(StreamEvent::Result(json)),
-        _ => {
-            let e = json.get("error");
-            let field = |k: &str| e.and_then(|e| e.get(k)).and_then(Value::as_str).map(str::to_owned);
-            match (field("code"), field("message")) {
-                (Some(code), Some(message)) => Ok(StreamEvent::Error { code, message }),
-                _ => Err(bad(format!("`error` event without error.code / error.message: {json}"))),
-            }
-        }
+        _ => match json.get("error").cloned().map(serde_json::from_value::<ApiErrorBody>) {
+            Some(Ok(e)) => Ok(StreamEvent::Error { output: e.output().map(Box::new), code: e.code, message: e.message }),
+            _ => Err(bad(format!("`error` event without error.code / error.message: {json}"))),
+        },
     })
 }
 
@@ -119,7 +117,10 @@ mod tests {
     async fn multi_line_data_and_error_event() {
         let got =
             parse(&["event: error\ndata: {\"error\":\ndata:  {\"code\": \"timeout\", \"message\": \"ran past 1 s\"}}\n\n"]).await;
-        assert_eq!(got, vec![Ok(StreamEvent::Error { code: "timeout".into(), message: "ran past 1 s".into() })]);
+        assert_eq!(got, vec![Ok(StreamEvent::Error { code: "timeout".into(), message: "ran past 1 s".into(), output: None })]);
+        let got = parse(&["event: error\ndata: {\"error\": {\"code\": \"timeout\", \"message\": \"m\", \"stdout\": \"a\\n\"}}\n\n"]).await;
+        let output = Some(Box::new(ExecOutput { stdout: "a\n".into(), stderr: String::new() }));
+        assert_eq!(got, vec![Ok(StreamEvent::Error { code: "timeout".into(), message: "m".into(), output })]);
     }
 
     #[tokio::test]

@@ -226,9 +226,43 @@ pub enum BatchItem {
     Ok(Box<ExecResult>),
 }
 
-/// `{code, message}` of an API error.
+/// `{code, message}` of an API error (with `stdout`/`stderr` for an exec that failed after it ran).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct ApiErrorBody {
     pub code: String,
     pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdout: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stderr: Option<String>,
+}
+
+impl ApiErrorBody {
+    /// What the failed exec wrote, if the error carries it.
+    pub fn output(&self) -> Option<ExecOutput> {
+        (self.stdout.is_some() || self.stderr.is_some()).then(|| ExecOutput {
+            stdout: self.stdout.clone().unwrap_or_default(),
+            stderr: self.stderr.clone().unwrap_or_default(),
+        })
+    }
+}
+
+/// What an exec wrote to stdout/stderr before it failed (timeout, crash, exit, kill).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ExecOutput {
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// What `PATCH /v1/sessions/{id}` changes (None: unchanged).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct PatchSession {
+    /// The new tags, replacing the old ones as a whole.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tags: Option<BTreeMap<String, String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_mb: Option<u64>,
+    /// Time limit of each exec in the session.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<f64>,
 }

@@ -173,3 +173,35 @@ async fn interrupt_stops_the_running_exec() {
     assert_eq!(r.error.map(|e| e.kind), Some("KeyboardInterrupt".into()));
     assert_eq!(http.session_exec(&s.id, "kept").await.expect("exec").value.as_deref(), Some("5"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn patch_session_exec_timeouts_and_output_with_errors() {
+    use forkbox_client::{ExecOutput, PatchSession};
+    let (_home, http, local, _) = clients().await;
+    let spin = "print('so far', flush=True)\nwhile True: pass";
+    for c in [&http, &local] {
+        // A one-shot timeout brings back what the code wrote before.
+        let e = c.exec(spin, Some(0.5)).await.expect_err("timeout");
+        assert_eq!((e.code(), e.output().map(|o| o.stdout.as_str())), ("timeout", Some("so far\n")), "{e:?}");
+        let ev = collect(c.exec_stream(spin, Some(0.5)).await.expect("stream")).await;
+        let want = Some(Box::new(ExecOutput { stdout: "so far\n".into(), stderr: String::new() }));
+        assert!(matches!(ev.last(), Some(StreamEvent::Error { code, output, .. }) if code == "timeout" && *output == want), "{ev:?}");
+        // Other errors carry none.
+        assert!(c.exec("1", Some(-1.0)).await.expect_err("bad timeout").output().is_none());
+
+        let s = c.create_session(&CreateSession { timeout_seconds: Some(10.0), ..Default::default() }).await.expect("create");
+        let e = c.session_exec_with(&s.id, spin, Some(0.5)).await.expect_err("timeout");
+        assert_eq!((e.code(), e.output().map(|o| o.stdout.as_str())), ("timeout", Some("so far\n")), "{e:?}");
+        assert_eq!(api_code(c.session_exec_with(&s.id, "1", Some(11.0)).await), (400, "invalid_request".into()));
+        let ev = collect(c.session_exec_stream_with(&s.id, spin, Some(0.5)).await.expect("stream")).await;
+        assert!(matches!(ev.last(), Some(StreamEvent::Error { code, .. }) if code == "timeout"), "{ev:?}");
+
+        let patch = PatchSession { tags: Some([("t".into(), "1".into())].into()), timeout_seconds: Some(2.0), memory_mb: None };
+        let v = c.patch_session(&s.id, &patch).await.expect("patch");
+        assert_eq!((v.tags.get("t").map(String::as_str), v.limits.timeout_seconds), (Some("1"), 2.0));
+        assert_eq!(api_code(c.session_exec_with(&s.id, "1", Some(3.0)).await), (400, "invalid_request".into()));
+        let bad = PatchSession { memory_mb: Some(1), ..Default::default() };
+        assert_eq!(api_code(c.patch_session(&s.id, &bad).await), (400, "invalid_request".into()));
+        assert_eq!(api_code(c.patch_session("s_nope", &patch).await), (404, "session_not_found".into()));
+    }
+}

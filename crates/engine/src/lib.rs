@@ -34,7 +34,7 @@ pub use limits::Limits;
 pub use protocol::{MimeBundle, PyError};
 pub use files::{FileEntry, OutputFile};
 pub use interrupt::Interrupter;
-pub use sandbox::{ExecOptions, ExecResult, RunStats, Sandbox, Stream};
+pub use sandbox::{CapturedOutput, ExecOptions, ExecResult, RunStats, Sandbox, Stream};
 pub use catalog::{Catalog, CatalogError, Loaded, DEFAULT_TEMPLATE};
 pub use template::{CheckpointStats, Template, TemplateInfo};
 pub use forkbox_vmm::thread_cpu_seconds;

@@ -83,6 +83,23 @@ pub struct ExecOptions<'a> {
     pub on_output: Option<OutputSink<'a>>,
     /// Triggered from another thread to interrupt the exec (Ctrl-C).
     pub interrupt: Option<Interrupter>,
+    /// This exec's time limit instead of the sandbox's `Limits::timeout` (the
+    /// caller bounds it: a session's record holds its current maximum).
+    pub timeout: Option<Duration>,
+}
+
+/// What an exec wrote to stdout/stderr before it failed (timeout, crash, exit,
+/// kill): the same capture, with the same limits, as a result's output.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct CapturedOutput {
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl CapturedOutput {
+    pub fn is_empty(&self) -> bool {
+        self.stdout.is_empty() && self.stderr.is_empty()
+    }
 }
 
 /// Counters of one guest run.
@@ -145,6 +162,10 @@ pub struct Sandbox {
     wait_on: std::collections::HashMap<forkbox_linux::thread::Tid, wait::WaitOn>,
     /// The file bytes the latest checkpoint stored (for the next one's diff).
     pub(crate) stored: crate::fsstore::StoredFiles,
+    /// The time limit of the exec running now (the Timeout error names it).
+    exec_timeout: Duration,
+    /// What the last exec wrote before it failed (see [`Sandbox::take_failed_output`]).
+    failed_output: Option<CapturedOutput>,
 }
 
 impl Drop for Sandbox {
@@ -186,6 +207,8 @@ impl Sandbox {
             proc,
             io,
             state: State::Poisoned("not started".into()),
+            exec_timeout: limits.timeout,
+            failed_output: None,
             limits,
             ready_info: serde_json::Value::Null,
             boot_time: Duration::ZERO,
@@ -244,6 +267,8 @@ impl Sandbox {
             proc,
             io,
             state: State::Parked(regs),
+            exec_timeout: limits.timeout,
+            failed_output: None,
             limits,
             ready_info: info,
             boot_time: Duration::ZERO,
@@ -319,6 +344,12 @@ impl Sandbox {
         self.io.net.stats.clone()
     }
 
+    /// What the last exec wrote to stdout/stderr before it failed (None if it
+    /// did not fail, or failed before running: poisoned sandbox, code too large).
+    pub fn take_failed_output(&mut self) -> Option<CapturedOutput> {
+        self.failed_output.take()
+    }
+
     /// Run `code` in the session's namespace.
     pub fn exec(&mut self, code: &str) -> Result<ExecResult, EngineError> {
         self.exec_with(code, ExecOptions::default())
@@ -333,7 +364,9 @@ impl Sandbox {
         if code.len() > self.limits.code_bytes {
             return Err(EngineError::CodeTooLarge(code.len(), self.limits.code_bytes));
         }
-        let ExecOptions { mut on_output, interrupt } = opts;
+        let ExecOptions { mut on_output, interrupt, timeout } = opts;
+        self.failed_output = None;
+        self.exec_timeout = timeout.unwrap_or(self.limits.timeout);
         // The vCPU thread is the one to kick while this exec runs.
         let _attached = match &interrupt {
             Some(i) => Some(i.latch().attach()?),
@@ -351,7 +384,7 @@ impl Sandbox {
         self.io.stream_marked = [false; 2];
         let vdso = self.vdso;
         crate::vdso::refresh(self.vm(), vdso)?;
-        let deadline = Instant::now() + self.limits.timeout;
+        let deadline = Instant::now() + self.exec_timeout;
         self.io.streaming = stream;
         self.io.interrupt = interrupt.as_ref().map(|i| i.latch().clone());
         let outcome = self.run(Some(regs), deadline, &mut on_output);
@@ -363,6 +396,7 @@ impl Sandbox {
             Ok(stop) => stop,
             Err(e) => {
                 self.state = State::Poisoned(e.to_string());
+                self.failed_output = Some(CapturedOutput { stdout, stderr });
                 return Err(e);
             }
         };
@@ -570,7 +604,7 @@ impl Sandbox {
             )));
         }
         if now >= deadline {
-            return Err(EngineError::Timeout(self.limits.timeout.as_secs_f64()));
+            return Err(EngineError::Timeout(self.exec_timeout.as_secs_f64()));
         }
         Ok(())
     }

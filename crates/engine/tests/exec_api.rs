@@ -111,7 +111,7 @@ fn streamed_output_arrives_in_order_as_it_is_written_and_equals_the_capture() {
     let t0 = Instant::now();
     let mut chunks: Vec<(Duration, Stream, Vec<u8>)> = Vec::new();
     let mut sink = |s: Stream, d: &[u8]| chunks.push((t0.elapsed(), s, d.to_vec()));
-    let r = sb.exec_with(code, ExecOptions { on_output: Some(&mut sink), interrupt: None }).expect("streamed exec");
+    let r = sb.exec_with(code, ExecOptions { on_output: Some(&mut sink), interrupt: None, timeout: None }).expect("streamed exec");
     let done = t0.elapsed();
     assert!(r.error.is_none(), "{:?}", r.error);
     assert_eq!(r.stdout, "line 0\nline 1\nline 2\nline 3\ntail without newline");
@@ -136,7 +136,7 @@ fn a_streamed_exec_restores_block_buffering_for_the_next_one() {
     let mut n = 0;
     let mut sink = |_: Stream, _: &[u8]| n += 1;
     let r = sb
-        .exec_with("import sys; sys.stdout.line_buffering", ExecOptions { on_output: Some(&mut sink), interrupt: None })
+        .exec_with("import sys; sys.stdout.line_buffering", ExecOptions { on_output: Some(&mut sink), interrupt: None, timeout: None })
         .unwrap();
     assert_eq!(r.value.as_deref(), Some("True"));
     let r = ok(&mut sb, "sys.stdout.line_buffering");
@@ -152,7 +152,7 @@ fn streamed_output_stops_at_the_output_limit_with_a_marker() {
     let mut sb = fork_with(Limits { output_bytes: 100, ..Limits::default() });
     let mut streamed = Vec::new();
     let mut sink = |_: Stream, d: &[u8]| streamed.extend_from_slice(d);
-    let r = sb.exec_with("for i in range(100): print('x' * 9)", ExecOptions { on_output: Some(&mut sink), interrupt: None }).unwrap();
+    let r = sb.exec_with("for i in range(100): print('x' * 9)", ExecOptions { on_output: Some(&mut sink), interrupt: None, timeout: None }).unwrap();
     let marker = forkbox_linux::io::STREAM_TRUNCATED;
     assert_eq!(streamed.len(), 100 + marker.len(), "{}", String::from_utf8_lossy(&streamed));
     assert_eq!(&streamed[..100], "xxxxxxxxx\n".repeat(10).as_bytes());
@@ -314,7 +314,7 @@ fn exec_interrupted(sb: &mut Sandbox, code: &str, after: Duration) -> (Result<Ex
             let hit = i2.interrupt();
             *fired.lock().unwrap() = Some((hit, t));
         });
-        sb.exec_with(code, ExecOptions { on_output: None, interrupt: Some(intr.clone()) })
+        sb.exec_with(code, ExecOptions { on_output: None, interrupt: Some(intr.clone()), timeout: None })
     });
     let end = Instant::now();
     let (hit, at) = fired.into_inner().unwrap().expect("interrupt thread ran");
@@ -327,7 +327,7 @@ fn interrupt_when_nothing_runs_returns_false() {
     let i = Interrupter::new();
     assert!(!i.interrupt());
     ok(&mut sb, "y = 2");
-    let r = sb.exec_with("y + 1", ExecOptions { on_output: None, interrupt: Some(i.clone()) }).unwrap();
+    let r = sb.exec_with("y + 1", ExecOptions { on_output: None, interrupt: Some(i.clone()), timeout: None }).unwrap();
     assert_eq!(r.value.as_deref(), Some("3"));
     assert!(!i.interrupt(), "the exec is over");
     assert_eq!(ok(&mut sb, "y").value.as_deref(), Some("2"));
@@ -462,7 +462,7 @@ fn many_interrupts_into_a_computation_leave_its_result_exact() {
                 ready.store(true, std::sync::atomic::Ordering::SeqCst);
             }
         };
-        let r = sb.exec_with(code, ExecOptions { on_output: Some(&mut sink), interrupt: Some(intr.clone()) });
+        let r = sb.exec_with(code, ExecOptions { on_output: Some(&mut sink), interrupt: Some(intr.clone()), timeout: None });
         ready.store(true, std::sync::atomic::Ordering::SeqCst);
         r
     });
@@ -489,7 +489,7 @@ fn an_armed_interrupter_keeps_an_interrupt_for_the_exec_about_to_start() {
     i.arm();
     assert!(i.interrupt(), "armed: an exec is about to start");
     let t0 = Instant::now();
-    let r = sb.exec_with("while True: n += 1", ExecOptions { on_output: None, interrupt: Some(i.clone()) }).unwrap();
+    let r = sb.exec_with("while True: n += 1", ExecOptions { on_output: None, interrupt: Some(i.clone()), timeout: None }).unwrap();
     assert_eq!(r.error.map(|e| e.kind).as_deref(), Some("KeyboardInterrupt"));
     assert!(t0.elapsed() < Duration::from_secs(1));
     assert_eq!(ok(&mut sb, "n").value.as_deref(), Some("7"), "interrupted before any user code ran");
@@ -545,7 +545,7 @@ seen
                 ready.store(true, std::sync::atomic::Ordering::SeqCst);
             }
         };
-        let r = sb.exec_with(code, ExecOptions { on_output: Some(&mut sink), interrupt: Some(i.clone()) });
+        let r = sb.exec_with(code, ExecOptions { on_output: Some(&mut sink), interrupt: Some(i.clone()), timeout: None });
         ready.store(true, std::sync::atomic::Ordering::SeqCst);
         r
     });
@@ -591,4 +591,37 @@ fn hard_links_and_names_are_charged_to_the_disk_quota() {
     ok(&mut sb, "import shutil\nshutil.rmtree('/tmp/l')");
     let r = ok(&mut sb, "os.symlink('/x', '/tmp/s')\nos.readlink('/tmp/s')");
     assert_eq!(r.value.as_deref(), Some("'/x'"));
+}
+
+#[test]
+fn an_exec_s_own_time_limit_and_the_output_of_a_failed_exec() {
+    // The exec's limit replaces the sandbox's (30 s) for that exec only.
+    let mut sb = fork();
+    let code = "import sys\nprint('so far', flush=True)\nsys.stderr.write('err\\n'); sys.stderr.flush()\nwhile True: pass";
+    let t0 = Instant::now();
+    let opts = ExecOptions { timeout: Some(Duration::from_millis(700)), ..Default::default() };
+    match sb.exec_with(code, opts) {
+        Err(EngineError::Timeout(secs)) => assert!((secs - 0.7).abs() < 0.01, "Timeout({secs})"),
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    let out = sb.take_failed_output().expect("the output before the timeout");
+    assert_eq!((out.stdout.as_str(), out.stderr.as_str()), ("so far\n", "err\n"));
+    assert_eq!(sb.take_failed_output(), None, "taken once");
+    // A poisoned sandbox refuses before running: no output.
+    assert!(matches!(sb.exec("1"), Err(EngineError::Poisoned(_))));
+    assert_eq!(sb.take_failed_output(), None);
+
+    // A crash and an exit keep what was written, cut to the output limit like a result's.
+    let mut sb = fork_with(Limits { output_bytes: 4096, ..Limits::default() });
+    assert!(matches!(sb.exec("print('x' * 10000, flush=True)\nimport os\nos._exit(3)"), Err(EngineError::GuestExited(3))));
+    let out = sb.take_failed_output().expect("output");
+    assert!(out.stdout.starts_with("xxxx") && out.stdout.contains("output truncated") && out.stdout.len() < 4096 + 100, "{}", out.stdout.len());
+    let mut sb = fork();
+    assert!(matches!(sb.exec("import ctypes\nprint('pre', flush=True)\nctypes.string_at(0)"), Err(EngineError::GuestCrashed(_))));
+    assert_eq!(sb.take_failed_output().map(|o| o.stdout), Some("pre\n".into()));
+    // A successful exec leaves none.
+    let mut sb = fork();
+    ok(&mut sb, "print('fine')");
+    assert_eq!(sb.take_failed_output(), None);
 }

@@ -232,7 +232,7 @@ mod tests {
     #[test]
     fn errors_carry_code_and_message() {
         let r =
-            client_error(&ClientError::Api { status: 404, code: "session_not_found".into(), message: "no session s_1".into() });
+            client_error(&ClientError::Api { status: 404, code: "session_not_found".into(), message: "no session s_1".into(), output: None });
         assert_eq!(r.is_error, Some(true));
         assert_eq!(r.structured_content, Some(json!({ "error": { "code": "session_not_found", "message": "no session s_1" } })));
     }

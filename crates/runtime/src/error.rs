@@ -1,7 +1,7 @@
 //! What a runtime operation fails with; each failure knows its API [`ErrorCode`].
 
 use forkbox_api::ErrorCode;
-use forkbox_engine::EngineError;
+use forkbox_engine::{CapturedOutput, EngineError};
 use forkbox_sessions::manager::SessionError;
 
 #[derive(Debug, thiserror::Error)]
@@ -18,6 +18,13 @@ pub enum RuntimeError {
     Session(#[from] SessionError),
     #[error(transparent)]
     Engine(#[from] EngineError),
+    /// A one-shot exec that failed after it ran (timeout, crash, exit, kill),
+    /// with what it wrote before.
+    #[error("{source}")]
+    ExecFailed {
+        source: EngineError,
+        output: Box<CapturedOutput>,
+    },
     #[error(transparent)]
     Template(#[from] forkbox_engine::CatalogError),
     /// Building or opening the image, template or data directory.
@@ -29,13 +36,31 @@ pub enum RuntimeError {
 }
 
 impl RuntimeError {
+    /// The failure of an exec that ran: with its output when the sandbox kept it.
+    pub fn exec(source: EngineError, output: Option<CapturedOutput>) -> RuntimeError {
+        match output {
+            Some(output) => RuntimeError::ExecFailed { source, output: Box::new(output) },
+            None => RuntimeError::Engine(source),
+        }
+    }
+
+    /// For a failed exec (one-shot, batch item or session): what it wrote to
+    /// stdout/stderr before it failed, truncated like a result's output.
+    pub fn captured_output(&self) -> Option<&CapturedOutput> {
+        match self {
+            RuntimeError::ExecFailed { output, .. } => Some(output),
+            RuntimeError::Session(e) => e.captured_output(),
+            _ => None,
+        }
+    }
+
     pub fn code(&self) -> ErrorCode {
         match self {
             RuntimeError::Invalid(_) => ErrorCode::InvalidRequest,
             RuntimeError::CodeTooLarge { .. } => ErrorCode::CodeTooLarge,
             RuntimeError::QuotaExceeded(_) => ErrorCode::QuotaExceeded,
             RuntimeError::Session(e) => e.error_code(),
-            RuntimeError::Engine(e) => e.error_code(),
+            RuntimeError::Engine(e) | RuntimeError::ExecFailed { source: e, .. } => e.error_code(),
             RuntimeError::Template(e) => e.error_code(),
             RuntimeError::Open { .. } | RuntimeError::WorkerGone => ErrorCode::Internal,
         }

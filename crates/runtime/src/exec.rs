@@ -78,7 +78,7 @@ pub(crate) fn with_output<R>(output: &mut Option<Box<dyn Output>>, run: impl FnO
     let r = match output.as_mut() {
         Some(out) => {
             let mut sink = |stream: Stream, bytes: &[u8]| out.chunk(stream, bytes);
-            run(ExecOptions { on_output: Some(&mut sink), interrupt: None })
+            run(ExecOptions { on_output: Some(&mut sink), interrupt: None, timeout: None })
         }
         None => run(ExecOptions::default()),
     };
@@ -186,7 +186,8 @@ impl Runtime {
             let t = Instant::now();
             let r = with_output(&mut output, |opts| sb.exec_with(&req.code, opts));
             let exec_ms = t.elapsed().as_secs_f64() * 1000.0;
-            reply(r.map_err(RuntimeError::from).map(|result| OneShot { result, id: random_id("x_"), fork_ms, exec_ms }));
+            let r = r.map_err(|e| RuntimeError::exec(e, sb.take_failed_output()));
+            reply(r.map(|result| OneShot { result, id: random_id("x_"), fork_ms, exec_ms }));
             drop(sb);
         });
     }
@@ -262,9 +263,14 @@ impl Runtime {
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(req) = reqs.get(i) else { break };
-                    let r = req.template.template.fork(&req.template.engine, req.limits.clone()).and_then(|mut sb| sb.exec(&req.code));
+                    let r = req
+                        .template
+                        .template
+                        .fork(&req.template.engine, req.limits.clone())
+                        .map_err(RuntimeError::from)
+                        .and_then(|mut sb| sb.exec(&req.code).map_err(|e| RuntimeError::exec(e, sb.take_failed_output())));
                     if let Some(slot) = results.get(i) {
-                        *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(r.map_err(RuntimeError::from));
+                        *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
                     }
                 }
                 let _ = tx.send(());

@@ -46,7 +46,7 @@ pub use error::RuntimeError;
 pub use exec::{OneShot, OneShotRequest, Outcome, Output, Ran};
 pub use forkbox_api::ErrorCode;
 pub use forkbox_engine::catalog::Listing as TemplateListing;
-pub use forkbox_engine::{ExecResult, FileEntry, GlobalNetStats, Limits, MimeBundle, NetConfig, NetMode, NetPolicy, NetRule, OutputFile, PyError, Stream, TemplateInfo};
+pub use forkbox_engine::{CapturedOutput, ExecResult, FileEntry, GlobalNetStats, Limits, MimeBundle, NetConfig, NetMode, NetPolicy, NetRule, OutputFile, PyError, Stream, TemplateInfo};
 pub use forkbox_sessions::manager::{Config as SessionsConfig, ExecOutcome};
 pub use session::{CheckpointView, ForkedFrom, Quota, SessionView};
 pub use workers::{job_cpu_seconds, thread_cpu_seconds};

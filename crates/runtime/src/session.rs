@@ -4,8 +4,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+use std::time::Duration;
 
-use forkbox_engine::{FileEntry, Limits, NetConfig, NetPolicy};
+use forkbox_engine::{ExecOptions, FileEntry, Limits, NetConfig, NetPolicy};
 use forkbox_sessions::manager::ExecOutcome;
 use forkbox_sessions::store::SessionRecord;
 
@@ -246,13 +247,52 @@ impl Runtime {
         self.check_disk(tenant, quota)
     }
 
+    /// A session exec's `timeout_seconds`: > 0 and at most the session's own
+    /// time limit (None: that limit). Blocks (reads the session's record).
+    pub fn session_exec_timeout(&self, tenant: &str, id: &str, seconds: Option<f64>) -> Result<Option<Duration>, RuntimeError> {
+        let Some(s) = seconds else { return Ok(None) };
+        let max_ms = self.sessions.get(tenant, id)?.limits.timeout_ms;
+        let max = max_ms as f64 / 1000.0;
+        if !(s.is_finite() && s > 0.0 && s <= max) {
+            return Err(RuntimeError::Invalid(format!(
+                "timeout_seconds must be > 0 and <= {max} (the session's time limit; PATCH the session to raise it), got {s}"
+            )));
+        }
+        Ok(Some(Duration::from_secs_f64(s)))
+    }
+
+    /// Change a session's tags (replaced as a whole) and/or limits, validated
+    /// like a new session's (`memory_mb`: 64 to the maximum; `timeout_seconds`:
+    /// > 0, at most the runtime's maximum). Persisted; a memory change applies
+    /// from the next exec (409 `session_busy` while one runs).
+    pub fn update_session(
+        &self,
+        tenant: &str,
+        id: &str,
+        tags: Option<&BTreeMap<String, String>>,
+        memory_mb: Option<u64>,
+        timeout_seconds: Option<f64>,
+    ) -> Result<SessionView, RuntimeError> {
+        if let Some(t) = tags {
+            check_tags(t)?;
+        }
+        let limits = self.session_limits(memory_mb, timeout_seconds)?;
+        let memory = memory_mb.map(|_| limits.memory_bytes);
+        let timeout = timeout_seconds.map(|_| limits.timeout);
+        self.view(self.sessions.update(tenant, id, tags, memory, timeout)?)
+    }
+
     /// Run code in a session on an exec thread (within the disk quota); the
-    /// result names the checkpoint that recorded it. `hold` is dropped after.
+    /// result names the checkpoint that recorded it. `timeout`: this exec's
+    /// time limit (see [`Self::session_exec_timeout`]; None: the session's).
+    /// `hold` is dropped after.
+    #[allow(clippy::too_many_arguments)]
     pub async fn session_exec(
         self: &Arc<Self>,
         tenant: &str,
         id: &str,
         code: String,
+        timeout: Option<Duration>,
         quota: Quota,
         mut output: Option<Box<dyn Output>>,
         hold: impl Send + 'static,
@@ -268,7 +308,8 @@ impl Runtime {
                     }
                     return Err(e);
                 }
-                with_output(&mut output, |opts| rt.sessions.exec_with(&tenant, &id, &code, opts)).map_err(RuntimeError::from)
+                with_output(&mut output, |opts| rt.sessions.exec_with(&tenant, &id, &code, ExecOptions { timeout, ..opts }))
+                    .map_err(RuntimeError::from)
             })
             .await?
     }

@@ -3,7 +3,12 @@
 //! `forkbox_api::ErrorCode`, exported in the OpenAPI document as the
 //! `ErrorCode` schema and its `x-codes` extension). Only internal failures are
 //! 5xx (`internal`, `storage_error`, `protocol_error`, `boot_failed`), and 503
-//! `overloaded`; 429 and 503 come with `Retry-After`.
+//! `overloaded`; 429, 503 and 409 `session_busy` / `template_not_ready` come
+//! with `Retry-After`.
+//!
+//! An exec that failed after it ran (timeout, crash, exit, kill, interrupt)
+//! carries what it wrote before in `error.stdout` / `error.stderr` (one-shot,
+//! session, batch items, the streams' `error` event), truncated like any output.
 //!
 //! A Python exception is NOT an error: it is a 200 result with `error` set and `exit_code: 1`.
 //!
@@ -30,6 +35,8 @@ pub struct ApiError {
     pub retry_after: Option<u64>,
     /// `quota_exceeded` of a session exec: the exec's result (an `ExecResponse`).
     pub result: Option<serde_json::Value>,
+    /// A failed exec (timeout, crash, exit, kill): what it wrote before.
+    pub output: Option<Box<forkbox_runtime::CapturedOutput>>,
 }
 
 /// Host paths never sent to clients (the data directory, the image), set once by the server.
@@ -71,11 +78,18 @@ pub struct ErrorDetail {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub result: Option<serde_json::Value>,
+    /// For an exec that failed after it ran (timeout, crash, exit, kill, interrupt): what it
+    /// wrote to stdout before, truncated like a result's output (omitted for other errors).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stdout: Option<String>,
+    /// ... and to stderr.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stderr: Option<String>,
 }
 
 impl ApiError {
     pub fn new(code: ErrorCode, message: impl Into<String>) -> ApiError {
-        ApiError { code, message: message.into(), checkpoint: None, retry_after: None, result: None }
+        ApiError { code, message: message.into(), checkpoint: None, retry_after: None, result: None, output: None }
     }
     pub fn invalid(message: impl Into<String>) -> ApiError {
         ApiError::new(ErrorCode::InvalidRequest, message)
@@ -95,7 +109,14 @@ impl ApiError {
     }
     /// The `error` object of the response body.
     pub fn detail(&self) -> ErrorDetail {
-        ErrorDetail { code: self.code, message: scrub(&self.message), checkpoint: self.checkpoint, result: self.result.clone() }
+        ErrorDetail {
+            code: self.code,
+            message: scrub(&self.message),
+            checkpoint: self.checkpoint,
+            result: self.result.clone(),
+            stdout: self.output.as_ref().map(|o| o.stdout.clone()),
+            stderr: self.output.as_ref().map(|o| o.stderr.clone()),
+        }
     }
 }
 
@@ -105,7 +126,8 @@ impl From<RuntimeError> for ApiError {
         if e.code().is_server_error() {
             tracing::warn!("{}: {e}", e.code());
         }
-        ApiError { code: e.code(), checkpoint: e.rolled_back_to(), message: e.to_string(), retry_after: None, result }
+        let output = e.captured_output().cloned().map(Box::new);
+        ApiError { code: e.code(), checkpoint: e.rolled_back_to(), message: e.to_string(), retry_after: None, result, output }
     }
 }
 
@@ -120,8 +142,9 @@ impl IntoResponse for ApiError {
         crate::metrics::error(self.code.as_str());
         let status = self.status();
         let mut resp = (status, axum::Json(ErrorBody { error: self.detail() })).into_response();
-        if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS {
-            resp.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from(self.retry_after.unwrap_or(1)));
+        let retry = matches!(self.code, ErrorCode::SessionBusy | ErrorCode::TemplateNotReady);
+        if retry || status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS {
+            resp.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from(self.retry_after.unwrap_or(if self.code == ErrorCode::TemplateNotReady { 5 } else { 1 })));
         }
         resp
     }

@@ -9,28 +9,70 @@ use serde::de::DeserializeOwned;
 
 use crate::error::ApiError;
 
+/// The body limits of a router, put into each request (so that 413s state them).
+#[derive(Clone, Copy, Debug)]
+pub struct BodyLimits {
+    pub json: usize,
+    pub files: usize,
+}
+
+fn body_limit(req: &Request, files: bool) -> Option<usize> {
+    req.extensions().get::<BodyLimits>().map(|l| if files { l.files } else { l.json })
+}
+
 /// A JSON body. Any content type is accepted; an empty body is `{}`. Errors
 /// come in the API's shape: 400 `malformed_json`, 400 `invalid_request` (wrong
-/// shape), 413 `payload_too_large` (over the body limit).
+/// shape or an unknown field, naming the field's path, e.g.
+/// `timeout_seconds: invalid type: string "x", expected f64`), 413
+/// `payload_too_large` (over the body limit, which the message states).
 pub struct ApiJson<T>(pub T);
 
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let limit = body_limit(&req, false);
         let bytes = Bytes::from_request(req, state).await.map_err(|rej| {
             if rej.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::new(ErrorCode::PayloadTooLarge, "request body is over the size limit")
+                let limit = limit.map_or(String::new(), |l| format!(" of {l} bytes"));
+                ApiError::new(ErrorCode::PayloadTooLarge, format!("request body is over the size limit{limit}"))
             } else {
                 ApiError::new(ErrorCode::MalformedJson, rej.body_text())
             }
         })?;
         let body: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) { b"{}" } else { &bytes };
-        serde_json::from_slice(body).map(ApiJson).map_err(|e| match e.classify() {
-            serde_json::error::Category::Data => ApiError::invalid(format!("invalid request body: {e}")),
-            _ => ApiError::new(ErrorCode::MalformedJson, format!("request body is not valid JSON: {e}")),
-        })
+        parse_json(body).map(ApiJson)
     }
+}
+
+/// `body` as a `T`; a data error names the path of the field it is about.
+pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    let de = &mut serde_json::Deserializer::from_slice(body);
+    let r: Result<T, _> = serde_path_to_error::deserialize(de);
+    let v = r.map_err(|e| {
+        let mut path = e.path().to_string();
+        let inner = e.into_inner();
+        // serde_json appends " at line L column C": the field path says where.
+        let mut msg = inner.to_string();
+        let at = format!(" at line {} column {}", inner.line(), inner.column());
+        if let Some(stripped) = msg.strip_suffix(at.as_str()) {
+            msg = stripped.to_string();
+        }
+        // An unknown field's path ends with the field itself, which the message names: show where it is.
+        if let Some(field) = msg.strip_prefix("unknown field `").and_then(|m| m.split('`').next()) {
+            path = match path.strip_suffix(field) {
+                Some("") => ".".to_string(),
+                Some(parent) => parent.strip_suffix('.').unwrap_or(parent).to_string(),
+                None => path,
+            };
+        }
+        match inner.classify() {
+            serde_json::error::Category::Data if path == "." => ApiError::invalid(format!("invalid request body: {msg}")),
+            serde_json::error::Category::Data => ApiError::invalid(format!("invalid request body: {path}: {msg}")),
+            _ => ApiError::new(ErrorCode::MalformedJson, format!("request body is not valid JSON: {inner}")),
+        }
+    })?;
+    Ok(v)
 }
 
 /// A path parameter; a bad one (e.g. a number out of range) is 400 `invalid_request` in the API's shape.
@@ -54,9 +96,11 @@ impl<S: Send + Sync> FromRequest<S> for RawBody {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let limit = body_limit(&req, true);
         Bytes::from_request(req, state).await.map(RawBody).map_err(|rej| {
             if rej.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::new(ErrorCode::FileTooLarge, "the upload is over the file size limit")
+                let limit = limit.map_or(String::new(), |l| format!(" of {l} bytes"));
+                ApiError::new(ErrorCode::FileTooLarge, format!("the upload is over the file size limit{limit}"))
             } else {
                 ApiError::invalid(format!("reading the request body: {}", rej.body_text()))
             }

@@ -12,6 +12,7 @@ use utoipa_axum::routes;
 
 use crate::auth::{auth, Caller};
 use crate::error::{ApiError, ErrorBody, ErrorDetail};
+use crate::extractors::BodyLimits;
 use crate::handlers::{exec, files, forevervm, health, sessions, stream};
 use crate::{openapi, AppState};
 
@@ -44,7 +45,7 @@ fn v1_routes(files_limit: usize) -> OpenApiRouter<AppState> {
         .routes(routes!(exec::exec_batch))
         .routes(routes!(exec::templates))
         .routes(routes!(sessions::create_session, sessions::list_sessions))
-        .routes(routes!(sessions::get_session, sessions::delete_session))
+        .routes(routes!(sessions::get_session, sessions::patch_session, sessions::delete_session))
         .routes(routes!(sessions::session_exec))
         .routes(routes!(stream::session_exec_stream))
         .routes(routes!(sessions::interrupt))
@@ -61,6 +62,7 @@ fn v1_routes(files_limit: usize) -> OpenApiRouter<AppState> {
 fn build(state: AppState, caller: impl FnOnce(OpenApiRouter<AppState>) -> OpenApiRouter<AppState>) -> Router {
     let v1 = caller(v1_routes(state.config.files_limit)).routes(routes!(health::openapi_json));
     let (router, mut doc) = OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(health::root))
         .routes(routes!(health::healthz))
         .routes(routes!(health::metrics_admin))
         .nest("/v1", v1)
@@ -72,6 +74,7 @@ fn build(state: AppState, caller: impl FnOnce(OpenApiRouter<AppState>) -> OpenAp
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(state.config.body_limit))
+        .layer(Extension(BodyLimits { json: state.config.body_limit, files: state.config.files_limit }))
         .with_state(state)
 }
 

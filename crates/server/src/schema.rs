@@ -18,7 +18,7 @@ use utoipa::ToSchema;
 /// `public` unless `forkbox serve --egress` says otherwise); a host-name rule
 /// never opens a non-public address.
 #[derive(Clone, Debug, Deserialize, Serialize, ToSchema)]
-#[serde(untagged)]
+#[serde(untagged, deny_unknown_fields)]
 pub enum NetworkSetting {
     Mode(NetworkMode),
     Rules {
@@ -64,6 +64,7 @@ pub fn network_view(net: &forkbox_runtime::NetConfig) -> serde_json::Value {
 }
 
 #[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ExecRequest {
     /// Python source; the repr of a final expression is the result's `value`.
     pub code: String,
@@ -77,6 +78,7 @@ pub struct ExecRequest {
 }
 
 #[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct BatchRequest {
     /// 1 to 64 codes, each run in its own fork.
     #[schema(min_items = 1, max_items = 64)]
@@ -87,6 +89,7 @@ pub struct BatchRequest {
 }
 
 #[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct CreateSession {
     #[serde(default)]
     pub tags: BTreeMap<String, String>,
@@ -102,17 +105,49 @@ pub struct CreateSession {
 }
 
 #[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct SessionExec {
     pub code: String,
+    /// Time limit of this exec (default: the session's; at most the session's `limits.timeout_seconds`).
+    #[schema(exclusive_minimum = 0.0)]
+    pub timeout_seconds: Option<f64>,
+}
+
+/// What `PATCH /v1/sessions/{id}` changes; absent fields stay as they are.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PatchSession {
+    /// The session's new tags (they replace the old ones as a whole; `{}` removes them all).
+    pub tags: Option<BTreeMap<String, String>>,
+    /// 64 up to the server's maximum; applies from the next exec.
+    #[schema(minimum = 64)]
+    pub memory_mb: Option<u64>,
+    /// Time limit of each exec in the session (at most the server's maximum, and the key's).
+    #[schema(exclusive_minimum = 0.0)]
+    pub timeout_seconds: Option<f64>,
+}
+
+/// `GET /`: where the API is described.
+#[derive(Serialize, ToSchema)]
+pub struct RootInfo {
+    pub name: String,
+    pub version: String,
+    /// The OpenAPI document of every route.
+    pub openapi: String,
+    pub health: String,
+    /// The README's routes table.
+    pub docs: String,
 }
 
 #[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct RevertRequest {
     /// Seq of the checkpoint to move the session's head back to.
     pub checkpoint: i64,
 }
 
 #[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ForkRequest {
     /// Seq of the checkpoint to fork from (default: the head).
     pub checkpoint: Option<i64>,

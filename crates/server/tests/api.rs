@@ -1394,3 +1394,286 @@ async fn network_setting_narrows_the_server_policy() {
         assert!(got.0 == StatusCode::BAD_REQUEST || got.0 == StatusCode::UNPROCESSABLE_ENTITY, "{bad}: {} {}", got.0, got.1);
     }
 }
+
+// ---------------------------------------------------------------------------
+// Strict bodies, session exec timeouts, PATCH, Retry-After, limits in messages,
+// output that comes back with an exec's error
+// ---------------------------------------------------------------------------
+
+fn message(got: &(StatusCode, Value)) -> String {
+    got.1["error"]["message"].as_str().unwrap_or_default().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_bodies_are_strict_and_errors_name_the_field() {
+    let s = TestServer::start_with(|c| c.files_limit = 1024).await;
+    let id = s.create_session(json!({})).await;
+    let sess = format!("/v1/sessions/{id}");
+    // An unknown field is refused on every forkbox route, naming it.
+    let unknown: [(reqwest::Method, String, Value, &str); 9] = [
+        (reqwest::Method::POST, "/v1/exec".into(), json!({ "code": "1", "timeout": 5 }), "timeout"),
+        (reqwest::Method::POST, "/v1/exec/stream".into(), json!({ "code": "1", "templat": "python" }), "templat"),
+        (reqwest::Method::POST, "/v1/exec/batch".into(), json!({ "codes": ["1"], "parallel": 2 }), "parallel"),
+        (reqwest::Method::POST, "/v1/sessions".into(), json!({ "memroy_mb": 256 }), "memroy_mb"),
+        (reqwest::Method::POST, format!("{sess}/exec"), json!({ "code": "1", "timeout": 1 }), "timeout"),
+        (reqwest::Method::POST, format!("{sess}/exec/stream"), json!({ "code": "1", "timeout": 1 }), "timeout"),
+        (reqwest::Method::POST, format!("{sess}/revert"), json!({ "checkpoint": 1, "force": true }), "force"),
+        (reqwest::Method::POST, format!("{sess}/fork"), json!({ "tag": {} }), "tag"),
+        (reqwest::Method::PATCH, sess.clone(), json!({ "limits": { "memory_mb": 128 } }), "limits"),
+    ];
+    for (m, path, body, field) in unknown {
+        let got = s.call(m.clone(), &path, Some(&s.key), Some(body)).await;
+        assert_error(&got, StatusCode::BAD_REQUEST, "invalid_request");
+        let msg = message(&got);
+        assert!(msg.starts_with(&format!("invalid request body: unknown field `{field}`, expected")), "{m} {path}: {msg}");
+    }
+    // ... also inside a nested object (the network setting's rules).
+    let got = s.post("/v1/exec", json!({ "code": "1", "network": { "allow": ["1.2.3.4"], "denny": [] } })).await;
+    assert_error(&got, StatusCode::BAD_REQUEST, "invalid_request");
+    assert!(message(&got).contains("network"), "{}", got.1);
+    // A value of the wrong type names its path.
+    let got = s.post("/v1/exec", json!({ "code": "1", "timeout_seconds": "x" })).await;
+    assert_error(&got, StatusCode::BAD_REQUEST, "invalid_request");
+    assert!(message(&got).contains(r#"timeout_seconds: invalid type: string "x", expected f64"#), "{}", got.1);
+    let got = s.post("/v1/sessions", json!({ "tags": { "team": 1 } })).await;
+    assert!(message(&got).contains("tags.team: invalid type: integer `1`, expected a string"), "{}", got.1);
+    let got = s.post("/v1/exec/batch", json!({ "codes": ["1", 2] })).await;
+    assert!(message(&got).contains("codes[1]: invalid type: integer `2`"), "{}", got.1);
+    // Nothing ran: the session is still at its start.
+    assert_eq!(s.get(&sess).await.1["checkpoint"], Value::Null);
+    // ForeverVM's routes take what its SDKs send, extra fields included (the JS SDK sends these).
+    let (st, v) = s.post("/v1/machine/new", json!({ "tags": {}, "expires_at": null })).await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    let name = v["machine_name"].as_str().unwrap().to_string();
+    let body = json!({ "instruction": { "code": "1 + 1", "max_duration_seconds": 5 }, "code": "1 + 1", "interrupt": false });
+    let (st, v) = s.post(&format!("/v1/machine/{name}/exec"), body).await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+
+    // 413s state the limit.
+    let big = format!("{{\"code\": \"{}\"}}", "#".repeat(3 << 20));
+    let got = s.post_raw("/v1/exec", big.into_bytes()).await;
+    assert_error(&got, StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large");
+    assert!(message(&got).contains(&(2u64 << 20).to_string()), "{}", got.1);
+    let code = format!("#{}", "a".repeat(3 << 19));
+    let got = s.post("/v1/exec", json!({ "code": code })).await;
+    assert_error(&got, StatusCode::PAYLOAD_TOO_LARGE, "code_too_large");
+    assert!(message(&got).contains(&(1u64 << 20).to_string()), "{}", got.1);
+    let resp = s.http.put(format!("{}{sess}/files/tmp/big.bin", s.url)).bearer_auth(&s.key).body(vec![7u8; 4096]).send().await.unwrap();
+    let got = (resp.status(), resp.json::<Value>().await.unwrap());
+    assert_error(&got, StatusCode::PAYLOAD_TOO_LARGE, "file_too_large");
+    assert!(message(&got).contains("1024 bytes"), "{}", got.1);
+
+    // `GET /`: a pointer to the OpenAPI document, without auth.
+    let (st, v) = s.call(reqwest::Method::GET, "/", None, None).await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert_eq!(v["openapi"], "/v1/openapi.json");
+    assert_eq!(v["name"], "forkbox");
+    let (st, doc) = s.call(reqwest::Method::GET, v["openapi"].as_str().unwrap(), None, None).await;
+    assert_eq!(st, StatusCode::OK);
+    for (m, p) in [("get", "/"), ("patch", "/v1/sessions/{id}")] {
+        assert!(doc["paths"][p][m].is_object(), "{m} {p} missing from the OpenAPI document");
+    }
+    let exec_props = &doc["components"]["schemas"]["SessionExec"]["properties"];
+    assert!(exec_props["timeout_seconds"].is_object(), "{exec_props}");
+    let detail = &doc["components"]["schemas"]["ErrorDetail"]["properties"];
+    assert!(detail["stdout"].is_object() && detail["stderr"].is_object(), "{detail}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_exec_timeout_is_bounded_by_the_session_and_patch_changes_limits() {
+    let s = TestServer::start().await;
+    let id = s.create_session(json!({ "timeout_seconds": 20, "tags": { "team": "a" } })).await;
+    let sess = format!("/v1/sessions/{id}");
+    s.sexec(&id, "kept = 7").await;
+    // The exec's own limit applies (the session's is 20 s).
+    let t0 = Instant::now();
+    let got = s.post(&format!("{sess}/exec"), json!({ "code": "while True: pass", "timeout_seconds": 1 })).await;
+    assert_error(&got, StatusCode::REQUEST_TIMEOUT, "timeout");
+    assert!(t0.elapsed() < Duration::from_secs(8), "{:?}", t0.elapsed());
+    assert!(message(&got).contains("1.0 s"), "{}", got.1);
+    assert_eq!(got.1["error"]["checkpoint"], 1, "{}", got.1);
+    // The streamed exec too (its error event).
+    let t0 = Instant::now();
+    let (st, ev) = sse(&s, &format!("{sess}/exec/stream"), &s.key, json!({ "code": "while True: pass", "timeout_seconds": 1 })).await;
+    assert_eq!(st, StatusCode::OK);
+    let last = ev.last().expect("events");
+    assert_eq!((last.event.as_str(), &last.data["error"]["code"]), ("error", &json!("timeout")), "{ev:?}");
+    assert!(t0.elapsed() < Duration::from_secs(8), "{:?}", t0.elapsed());
+    // Over the session's limit, or not positive: 400 before anything runs.
+    for t in [json!(21), json!(0), json!(-1)] {
+        let got = s.post(&format!("{sess}/exec"), json!({ "code": "kept = 0", "timeout_seconds": t })).await;
+        assert_error(&got, StatusCode::BAD_REQUEST, "invalid_request");
+        assert!(message(&got).contains("20"), "{}", got.1);
+    }
+    let (st, ev) = sse(&s, &format!("{sess}/exec/stream"), &s.key, json!({ "code": "kept = 0", "timeout_seconds": 21 })).await;
+    assert_eq!((st, ev[0].data["error"]["code"].clone()), (StatusCode::BAD_REQUEST, json!("invalid_request")), "{ev:?}");
+    assert_eq!(s.sexec(&id, "kept").await["value"], "7");
+
+    // PATCH: tags and limits, validated like a create.
+    let (st, v) = s
+        .call(reqwest::Method::PATCH, &sess, Some(&s.key), Some(json!({ "tags": { "team": "b" }, "timeout_seconds": 2, "memory_mb": 256 })))
+        .await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert_eq!(v["tags"], json!({ "team": "b" }));
+    assert_eq!(v["limits"]["timeout_seconds"], 2.0);
+    assert_eq!(v["limits"]["memory_mb"], 256);
+    // The memory change takes the sandbox out of memory (the next exec resumes under it); the state stays.
+    assert_eq!(v["resident"], false, "{v}");
+    let g = s.get(&sess).await.1;
+    assert_eq!((g["tags"].clone(), g["limits"]["memory_mb"].clone()), (json!({ "team": "b" }), json!(256)), "{g}");
+    let listed = s.get("/v1/sessions?tag=team:b").await.1;
+    assert_eq!(listed["sessions"].as_array().map(Vec::len), Some(1), "{listed}");
+    assert_eq!(s.get("/v1/sessions?tag=team:a").await.1["sessions"], json!([]));
+    // Only what is given changes.
+    let (st, v) = s.call(reqwest::Method::PATCH, &sess, Some(&s.key), Some(json!({}))).await;
+    assert_eq!((st, v["limits"]["timeout_seconds"].clone(), v["tags"].clone()), (StatusCode::OK, json!(2.0), json!({ "team": "b" })));
+    // The new time limit is the session's maximum now, and applies to its execs.
+    let got = s.post(&format!("{sess}/exec"), json!({ "code": "1", "timeout_seconds": 3 })).await;
+    assert_error(&got, StatusCode::BAD_REQUEST, "invalid_request");
+    let t0 = Instant::now();
+    assert_error(&s.post(&format!("{sess}/exec"), json!({ "code": "while True: pass" })).await, StatusCode::REQUEST_TIMEOUT, "timeout");
+    assert!(t0.elapsed() < Duration::from_secs(8), "{:?}", t0.elapsed());
+    assert_eq!(s.sexec(&id, "kept").await["value"], "7");
+    // The memory limit applies: 300 MiB does not fit in 256.
+    // (a MemoryError, or a failed exec that rolls the session back: never 'fit').
+    let (st, r) = s.post(&format!("{sess}/exec"), json!({ "code": "b = bytearray(300 << 20)\n'fit'" })).await;
+    assert!(!(st == StatusCode::OK && r["value"] == "'fit'"), "{st} {r}");
+    assert!(st != StatusCode::OK || r["error"]["type"] == "MemoryError", "{st} {r}");
+    assert_eq!(s.sexec(&id, "kept").await["value"], "7");
+    // Bad values are refused like a create's; an unknown session is 404.
+    for bad in [json!({ "memory_mb": 1 }), json!({ "timeout_seconds": -1 }), json!({ "timeout_seconds": 1e9 }), json!({ "tags": { "a:b": "c" } })] {
+        let got = s.call(reqwest::Method::PATCH, &sess, Some(&s.key), Some(bad.clone())).await;
+        assert_error(&got, StatusCode::BAD_REQUEST, "invalid_request");
+    }
+    let got = s.call(reqwest::Method::PATCH, "/v1/sessions/s_nope", Some(&s.key), Some(json!({ "tags": {} }))).await;
+    assert_error(&got, StatusCode::NOT_FOUND, "session_not_found");
+    // Another tenant's session is invisible.
+    let bob = s.new_key("bob");
+    let got = s.call(reqwest::Method::PATCH, &sess, Some(&bob), Some(json!({ "tags": {} }))).await;
+    assert_error(&got, StatusCode::NOT_FOUND, "session_not_found");
+
+    // 409 session_busy carries Retry-After; a memory change while an exec runs is busy too.
+    let (url, key, http) = (s.url.clone(), s.key.clone(), s.http.clone());
+    let p = format!("{sess}/exec");
+    let long = tokio::spawn(async move {
+        let r = http.post(format!("{url}{p}")).bearer_auth(key).json(&json!({ "code": "import time\ntime.sleep(1.5)\n5" })).send().await.unwrap();
+        (r.status(), r.json::<Value>().await.unwrap())
+    });
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let resp = s.http.post(format!("{}{sess}/exec", s.url)).bearer_auth(&s.key).json(&json!({ "code": "1" })).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::CONFLICT);
+    let retry = resp.headers().get("retry-after").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    assert!(retry.is_some_and(|r| r >= 1), "Retry-After: {:?}", resp.headers());
+    assert_eq!(resp.json::<Value>().await.unwrap()["error"]["code"], "session_busy");
+    let got = s.call(reqwest::Method::PATCH, &sess, Some(&s.key), Some(json!({ "memory_mb": 512 }))).await;
+    assert_error(&got, StatusCode::CONFLICT, "session_busy");
+    let (st, v) = long.await.unwrap();
+    assert_eq!((st, v["value"].clone()), (StatusCode::OK, json!("5")), "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn patched_tags_and_limits_survive_a_restart() {
+    let home = fresh_home();
+    let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap(), home.path().to_path_buf());
+    cfg.image = Some(shared().image_path.clone());
+    let server = Server::bind(cfg.clone()).await.expect("bind");
+    let key = server.created_key.clone().expect("a key");
+    let url = format!("http://{}", server.local_addr().unwrap());
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(server.run(async move {
+        let _ = rx.await;
+    }));
+    let http = reqwest::Client::new();
+    let sess: Value = http.post(format!("{url}/v1/sessions")).bearer_auth(&key).json(&json!({ "tags": { "k": "v" } })).send().await.unwrap().json().await.unwrap();
+    let sid = sess["id"].as_str().unwrap().to_string();
+    let r: Value = http.post(format!("{url}/v1/sessions/{sid}/exec")).bearer_auth(&key).json(&json!({ "code": "q = 9" })).send().await.unwrap().json().await.unwrap();
+    assert_eq!(r["checkpoint"], 1, "{r}");
+    let patch = json!({ "tags": { "k": "w", "n": "2" }, "memory_mb": 384, "timeout_seconds": 7.5 });
+    let resp = http.patch(format!("{url}/v1/sessions/{sid}")).bearer_auth(&key).json(&patch).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    tx.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), run).await.expect("shutdown in time").unwrap().expect("run");
+
+    let server = Server::bind(cfg).await.expect("rebind");
+    let url = format!("http://{}", server.local_addr().unwrap());
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(server.run(async move {
+        let _ = rx.await;
+    }));
+    let g: Value = http.get(format!("{url}/v1/sessions/{sid}")).bearer_auth(&key).send().await.unwrap().json().await.unwrap();
+    assert_eq!(g["tags"], json!({ "k": "w", "n": "2" }), "{g}");
+    assert_eq!(g["limits"]["memory_mb"], 384, "{g}");
+    assert_eq!(g["limits"]["timeout_seconds"], 7.5, "{g}");
+    // The persisted time limit bounds the exec's; the state is there.
+    let resp = http.post(format!("{url}/v1/sessions/{sid}/exec")).bearer_auth(&key).json(&json!({ "code": "q", "timeout_seconds": 8 })).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    let r: Value = http.post(format!("{url}/v1/sessions/{sid}/exec")).bearer_auth(&key).json(&json!({ "code": "q", "timeout_seconds": 7 })).send().await.unwrap().json().await.unwrap();
+    assert_eq!(r["value"], "9", "{r}");
+    tx.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), run).await.expect("shutdown in time").unwrap().expect("run");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_written_before_a_failure_comes_back_with_the_error() {
+    let s = TestServer::start().await;
+    let spin = "import sys\nprint('before', flush=True)\nsys.stderr.write('warned\\n'); sys.stderr.flush()\nwhile True: pass";
+    let crash = "import ctypes\nprint('pre-crash', flush=True)\nctypes.string_at(0)";
+    let exit = "import os\nprint('pre-exit', flush=True)\nos._exit(3)";
+    let has = |got: &(StatusCode, Value), stdout: &str| {
+        let e = &got.1["error"];
+        assert!(e["stdout"].as_str().is_some_and(|o| o.contains(stdout)), "{}", got.1);
+    };
+    // One-shot: timeout, crash, exit.
+    let got = s.post("/v1/exec", json!({ "code": spin, "timeout_seconds": 1 })).await;
+    assert_error(&got, StatusCode::REQUEST_TIMEOUT, "timeout");
+    has(&got, "before\n");
+    assert!(got.1["error"]["stderr"].as_str().is_some_and(|e| e.contains("warned\n")), "{}", got.1);
+    let got = s.post("/v1/exec", json!({ "code": crash })).await;
+    assert_error(&got, StatusCode::UNPROCESSABLE_ENTITY, "guest_crashed");
+    has(&got, "pre-crash\n");
+    let got = s.post("/v1/exec", json!({ "code": exit })).await;
+    assert_error(&got, StatusCode::UNPROCESSABLE_ENTITY, "guest_exited");
+    has(&got, "pre-exit\n");
+    // Errors that are not an exec's failure carry no output fields.
+    let got = s.post("/v1/exec", json!({ "code": "1", "timeout_seconds": -1 })).await;
+    assert!(got.1["error"].get("stdout").is_none(), "{}", got.1);
+    // Truncated like any output (the output limit, 1 MiB by default).
+    let flood = "print('y' * (3 << 20), flush=True)\nwhile True: pass";
+    let got = s.post("/v1/exec", json!({ "code": flood, "timeout_seconds": 2 })).await;
+    assert_error(&got, StatusCode::REQUEST_TIMEOUT, "timeout");
+    let out = got.1["error"]["stdout"].as_str().unwrap_or_default();
+    assert!(out.len() <= (1 << 20) + 200 && out.contains("output truncated"), "{} bytes: {}", out.len(), &out[out.len().saturating_sub(120)..]);
+
+    // Session: the output comes with the rollback.
+    let id = s.create_session(json!({ "timeout_seconds": 1 })).await;
+    s.sexec(&id, "z = 1").await;
+    let got = s.post(&format!("/v1/sessions/{id}/exec"), json!({ "code": spin })).await;
+    assert_error(&got, StatusCode::REQUEST_TIMEOUT, "timeout");
+    has(&got, "before\n");
+    assert_eq!(got.1["error"]["checkpoint"], 1, "{}", got.1);
+    let got = s.post(&format!("/v1/sessions/{id}/exec"), json!({ "code": crash })).await;
+    assert_error(&got, StatusCode::UNPROCESSABLE_ENTITY, "guest_crashed");
+    has(&got, "pre-crash\n");
+
+    // Streams: the error event carries it (beside the stdout events already sent).
+    for path in ["/v1/exec/stream".to_string(), format!("/v1/sessions/{id}/exec/stream")] {
+        let (st, ev) = sse(&s, &path, &s.key, json!({ "code": crash })).await;
+        assert_eq!(st, StatusCode::OK, "{path}");
+        let last = ev.last().expect("events");
+        assert_eq!(last.event, "error", "{path}: {ev:?}");
+        assert_eq!(last.data["error"]["code"], "guest_crashed", "{path}: {ev:?}");
+        assert!(last.data["error"]["stdout"].as_str().is_some_and(|o| o.contains("pre-crash")), "{path}: {ev:?}");
+        assert!(ev.iter().any(|e| e.event == "stdout" && e.data["data"].as_str().is_some_and(|d| d.contains("pre-crash"))), "{ev:?}");
+    }
+    let (_, ev) = sse(&s, "/v1/exec/stream", &s.key, json!({ "code": spin, "timeout_seconds": 1 })).await;
+    let last = ev.last().expect("events");
+    assert_eq!(last.data["error"]["code"], "timeout", "{ev:?}");
+    assert_eq!(last.data["error"]["stdout"], "before\n", "{ev:?}");
+
+    // Batch items.
+    let (st, v) = s.post("/v1/exec/batch", json!({ "codes": [exit, "print('ok')"] })).await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert_eq!(v["results"][0]["error"]["code"], "guest_exited", "{v}");
+    assert_eq!(v["results"][0]["error"]["stdout"], "pre-exit\n", "{v}");
+    assert_eq!(v["results"][1]["stdout"], "ok\n", "{v}");
+}

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, TryLockError};
 use std::time::{Duration, Instant};
 
 use forkbox_api::ErrorCode;
-use forkbox_engine::{Catalog, CatalogError, Engine, EngineError, ExecOptions, ExecResult, FileEntry, Interrupter, Limits, Loaded, Sandbox, Template};
+use forkbox_engine::{CapturedOutput, Catalog, CatalogError, Engine, EngineError, ExecOptions, ExecResult, FileEntry, Interrupter, Limits, Loaded, Sandbox, Template};
 use forkbox_snapshot::{Layer, StateError};
 
 use crate::store::{self, CheckpointRecord, NewCheckpoint, SessionRecord, Store, StoreError};
@@ -33,6 +33,8 @@ pub enum SessionError {
         source: EngineError,
         /// Seq of the checkpoint the session is at now (None: the template).
         checkpoint: Option<i64>,
+        /// What the exec wrote to stdout/stderr before it failed.
+        output: Option<Box<CapturedOutput>>,
     },
     #[error("invalid request: {0}")]
     Invalid(String),
@@ -108,6 +110,14 @@ impl SessionError {
     pub fn rolled_back_to(&self) -> Option<Option<i64>> {
         match self {
             SessionError::ExecFailed { checkpoint, .. } | SessionError::QuotaExceeded { checkpoint, .. } => Some(*checkpoint),
+            _ => None,
+        }
+    }
+
+    /// For a failed exec: what it wrote to stdout/stderr before it failed.
+    pub fn captured_output(&self) -> Option<&CapturedOutput> {
+        match self {
+            SessionError::ExecFailed { output, .. } => output.as_deref(),
             _ => None,
         }
     }
@@ -453,6 +463,8 @@ impl SessionManager {
     /// (`interrupt` works in any case). An interrupted exec that ends with
     /// KeyboardInterrupt is checkpointed like any other; one that had to be
     /// killed rolls the session back (`ExecFailed` with code `interrupted`).
+    /// `opts.timeout` shortens this exec's time limit; the session's own
+    /// (`timeout_ms` of its record, as it is now) is the maximum.
     pub fn exec_with(&self, tenant: &str, id: &str, code: &str, opts: ExecOptions<'_>) -> Result<ExecOutcome, SessionError> {
         let rec = self.record(tenant, id)?;
         let slot = self.slot(id);
@@ -471,16 +483,19 @@ impl SessionManager {
         let base = guard.base;
         let head_seq = |h: Option<i64>| -> Option<i64> { h.and_then(|c| self.store.checkpoint(c).ok().flatten()).map(|c| c.seq) };
         let Some(sb) = guard.sandbox.as_mut() else { return Err(SessionError::NotFound(id.into())) };
-        let result = sb.exec_with(code, ExecOptions { on_output: opts.on_output, interrupt: Some(interrupter) });
+        let max = Duration::from_millis(rec.limits.timeout_ms);
+        let timeout = Some(opts.timeout.map_or(max, |t| t.min(max)));
+        let result = sb.exec_with(code, ExecOptions { on_output: opts.on_output, interrupt: Some(interrupter), timeout });
         drop(running);
         let result = match result {
             Ok(r) => r,
             Err(source) => {
+                let output = sb.take_failed_output().map(Box::new);
                 guard.sandbox = None;
                 if matches!(source, EngineError::CodeTooLarge(..)) {
                     return Err(SessionError::Engine(source));
                 }
-                return Err(SessionError::ExecFailed { source, checkpoint: head_seq(rec.head) });
+                return Err(SessionError::ExecFailed { source, checkpoint: head_seq(rec.head), output });
             }
         };
         let checkpoint = match self.write_checkpoint(&rec, sb, code, base) {
@@ -501,6 +516,32 @@ impl SessionManager {
         drop(guard);
         let _ = self.store.touch(id, now_ms());
         Ok(ExecOutcome { result, checkpoint })
+    }
+
+    /// Change the session's tags (replaced as a whole) and/or limits (memory,
+    /// the time limit of each exec), persisted. A memory change evicts a
+    /// resident sandbox so that the next exec resumes under the new limit
+    /// (`Busy` while an exec runs); tags and the time limit apply at once.
+    pub fn update(
+        &self,
+        tenant: &str,
+        id: &str,
+        tags: Option<&BTreeMap<String, String>>,
+        memory_bytes: Option<u64>,
+        timeout: Option<Duration>,
+    ) -> Result<SessionRecord, SessionError> {
+        let rec = self.record(tenant, id)?;
+        let timeout_ms = timeout.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX));
+        let memory_changes = memory_bytes.is_some_and(|m| m != rec.limits.memory_bytes);
+        let slot = memory_changes.then(|| self.slot(id));
+        let guard = slot.as_ref().map(|s| lock_slot(s, id)).transpose()?;
+        if !self.store.update_session(tenant, id, tags, memory_bytes, timeout_ms)? {
+            return Err(SessionError::NotFound(id.to_string()));
+        }
+        if let Some(mut g) = guard {
+            g.sandbox = None;
+        }
+        self.record(tenant, id)
     }
 
     /// Interrupt the session's running exec (Ctrl-C). False if none runs.

@@ -493,6 +493,50 @@ impl Store {
         Ok(())
     }
 
+    /// Changes the session's tags (replaced as a whole when `tags` is Some)
+    /// and/or its memory and time limits, in one transaction. `false` if the
+    /// tenant has no such session.
+    pub fn update_session(
+        &self,
+        tenant: &str,
+        id: &str,
+        tags: Option<&BTreeMap<String, String>>,
+        memory_bytes: Option<u64>,
+        timeout_ms: Option<u64>,
+    ) -> Result<bool, StoreError> {
+        let memory = memory_bytes.map(|m| to_i64("memory_bytes", m)).transpose()?;
+        let timeout = timeout_ms.map(|t| to_i64("timeout_ms", t)).transpose()?;
+        let mut conn = self.conn();
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .op("update_session: begin")?;
+        let sid: Option<i64> = tx
+            .prepare_cached("SELECT sid FROM sessions WHERE tenant = ?1 AND id = ?2")
+            .and_then(|mut st| st.query_row([tenant, id], |r| r.get(0)).optional())
+            .op("update_session: find")?;
+        let Some(sid) = sid else { return Ok(false) };
+        tx.prepare_cached(
+            "UPDATE sessions SET memory_bytes = COALESCE(?2, memory_bytes), \
+             timeout_ms = COALESCE(?3, timeout_ms) WHERE sid = ?1",
+        )
+        .and_then(|mut st| st.execute(params![sid, memory, timeout]))
+        .op("update_session: limits")?;
+        if let Some(tags) = tags {
+            tx.prepare_cached("DELETE FROM session_tags WHERE sid = ?1")
+                .and_then(|mut st| st.execute([sid]))
+                .op("update_session: delete tags")?;
+            let mut st = tx
+                .prepare_cached("INSERT INTO session_tags (sid, key, value) VALUES (?1, ?2, ?3)")
+                .op("update_session: prepare insert tag")?;
+            for (k, v) in tags {
+                st.execute(params![sid, k, v])
+                    .op("update_session: insert tag")?;
+            }
+        }
+        tx.commit().op("update_session: commit")?;
+        Ok(true)
+    }
+
     /// Moves the session's head (revert). The checkpoint must exist; whether
     /// it belongs to the session's history is the caller's business.
     pub fn set_head(&self, id: &str, head: Option<i64>) -> Result<(), StoreError> {
@@ -1476,6 +1520,35 @@ mod tests {
         assert_eq!(all[0], c1);
         assert_eq!(all[1].flat.as_deref(), Some("flat"));
         assert_eq!(exec(&s, "a", "z = 3", 30).seq, 3);
+    }
+
+    #[test]
+    fn update_session_changes_tags_and_limits_of_the_tenants_session_only() {
+        let (d, s) = tmp();
+        s.create_session(&session("a", "local", 1, &[("env", "dev"), ("team", "x")])).unwrap();
+        let before = s.session("local", "a").unwrap().unwrap();
+        // Another tenant cannot touch it; an unknown id is false.
+        assert!(!s.update_session("other", "a", None, Some(1), None).unwrap());
+        assert!(!s.update_session("local", "zz", None, Some(1), None).unwrap());
+        assert_eq!(s.session("local", "a").unwrap().unwrap(), before);
+        // Limits only: the tags stay.
+        assert!(s.update_session("local", "a", None, Some(256 << 20), Some(2500)).unwrap());
+        let a = s.session("local", "a").unwrap().unwrap();
+        assert_eq!((a.limits.memory_bytes, a.limits.timeout_ms, a.tags.clone()), (256 << 20, 2500, before.tags.clone()));
+        assert_eq!((a.limits.output_bytes, a.limits.disk_bytes), (before.limits.output_bytes, before.limits.disk_bytes));
+        // Tags are replaced as a whole; the limits stay; the tag index follows.
+        let tags: BTreeMap<String, String> = [("env".to_string(), "prod".to_string())].into();
+        assert!(s.update_session("local", "a", Some(&tags), None, None).unwrap());
+        let a = s.session("local", "a").unwrap().unwrap();
+        assert_eq!((a.tags.clone(), a.limits.timeout_ms), (tags.clone(), 2500));
+        assert!(s.list_sessions("local", &[("team".into(), "x".into())]).unwrap().is_empty());
+        assert_eq!(s.list_sessions("local", &[("env".into(), "prod".into())]).unwrap().len(), 1);
+        // Out of range for SQLite's integers: refused, nothing changed.
+        assert!(matches!(s.update_session("local", "a", None, Some(u64::MAX), None), Err(StoreError::TooLarge { .. })));
+        // Persisted: a reopened store sees it.
+        drop(s);
+        let s = Store::open(&d.path().join("db").join("sessions.db")).unwrap();
+        assert_eq!(s.session("local", "a").unwrap().unwrap(), a);
     }
 
     #[test]

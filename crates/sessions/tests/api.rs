@@ -74,7 +74,7 @@ fn streamed_session_exec_and_disk_bytes() {
     let mut chunks = Vec::new();
     let mut sink = |st: Stream, d: &[u8]| chunks.push((st, String::from_utf8_lossy(d).into_owned()));
     let out = m
-        .exec_with(TENANT, &s.id, "for i in range(3): print(i)", ExecOptions { on_output: Some(&mut sink), interrupt: None })
+        .exec_with(TENANT, &s.id, "for i in range(3): print(i)", ExecOptions { on_output: Some(&mut sink), interrupt: None, timeout: None })
         .unwrap();
     assert_eq!(chunks, [(Stream::Stdout, "0\n".into()), (Stream::Stdout, "1\n".into()), (Stream::Stdout, "2\n".into())]);
     assert_eq!(out.result.stdout, "0\n1\n2\n");

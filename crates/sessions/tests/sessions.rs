@@ -792,7 +792,7 @@ fn memory_exhaustion_leaves_the_session_usable() {
             assert_eq!(value(&m, &s.id, "(x, open('/tmp/f').read(), 'hog' in globals())"), "(99, 'bad', False)");
         }
         // ...or a failed exec rolled back to checkpoint 1.
-        Err(SessionError::ExecFailed { checkpoint, source }) => {
+        Err(SessionError::ExecFailed { checkpoint, source, .. }) => {
             assert_eq!(checkpoint, Some(1), "{source}");
             assert_eq!(value(&m, &s.id, "(x, open('/tmp/f').read())"), "(1, 'good')");
         }

@@ -21,6 +21,10 @@
 //! says whether one ran). On the WebSocket, what the code writes arrives as
 //! `output {instruction_id, chunk: {stream, data}}` before the result. The instruction's
 //! `timeout_seconds` is validated; the session's own time limit applies.
+//!
+//! Unlike the forkbox routes, these request bodies accept unknown fields:
+//! ForeverVM's SDKs send more than these routes read (the JS SDK sends
+//! `code` and `max_duration_seconds` beside `instruction`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -191,7 +195,7 @@ async fn run_instruction(
     let r: Result<_, ApiError> = async {
         let permit = crate::fair::acquire_for(&state, &caller, 1).await?;
         let out = output.map(|tx| Box::new(Forward::new(tx)) as Box<dyn Output>);
-        Ok(state.runtime.session_exec(&caller.tenant, &id, code, caller.quota(), out, permit).await?)
+        Ok(state.runtime.session_exec(&caller.tenant, &id, code, None, caller.quota(), out, permit).await?)
     }
     .await;
     metrics::exec("forevervm", Outcome::of(&r).as_str(), t0.elapsed().as_secs_f64());

@@ -1,4 +1,4 @@
-//! Health, metrics, the OpenAPI document (no auth).
+//! `GET /`, health, metrics, the OpenAPI document (no auth).
 
 use std::sync::Arc;
 
@@ -10,12 +10,24 @@ use forkbox_api::ErrorCode;
 
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
-use crate::schema::Health;
+use crate::schema::{Health, RootInfo};
 use crate::{metrics, AppState};
 
 /// The OpenAPI document (JSON), rendered once per router.
 #[derive(Clone)]
 pub(crate) struct OpenApiDoc(pub(crate) Arc<String>);
+
+/// Where this API is described: the OpenAPI document and the README's routes table.
+#[utoipa::path(get, path = "/", tag = "server", security(()), responses((status = 200, body = RootInfo)))]
+pub(crate) async fn root() -> Json<RootInfo> {
+    Json(RootInfo {
+        name: "forkbox".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        openapi: "/v1/openapi.json".into(),
+        health: "/healthz".into(),
+        docs: "README.md, section \"HTTP API\" (the routes table)".into(),
+    })
+}
 
 #[utoipa::path(get, path = "/healthz", tag = "server", security(()), responses((status = 200, body = Health)))]
 pub(crate) async fn healthz(State(state): State<AppState>) -> Json<Health> {

@@ -1,4 +1,4 @@
-//! Sessions: create, list, get, delete, exec, interrupt, checkpoints, revert, fork.
+//! Sessions: create, list, get, change (PATCH), delete, exec, interrupt, checkpoints, revert, fork.
 
 use std::time::Instant;
 
@@ -81,11 +81,56 @@ pub(crate) async fn delete_session(
     .await
 }
 
+/// A session exec's `timeout_seconds`, checked against the key's maximum and the session's own limit.
+pub(crate) async fn exec_timeout(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+    seconds: Option<f64>,
+) -> Result<Option<std::time::Duration>, ApiError> {
+    if seconds.is_none() {
+        return Ok(None);
+    }
+    let (c, i) = (caller.clone(), id.to_string());
+    blocking(state, move |rt| {
+        // The session's own limit first (its message names it), then the key's.
+        let t = rt.session_exec_timeout(&c.tenant, &i, seconds)?;
+        crate::fair::key_timeout_of(rt, &c, seconds)?;
+        Ok(t)
+    })
+    .await
+}
+
+/// Change the session's tags (replaced as a whole) and/or its limits (`memory_mb`,
+/// `timeout_seconds`), validated like a new session's and persisted; absent fields stay.
+#[utoipa::path(patch, path = "/sessions/{id}", tag = "sessions", request_body = PatchSession,
+    params(("id" = String, Path, description = "Session id")),
+    responses((status = 200, description = "The session as it is now", body = Session),
+              (status = 409, description = "A memory change while an exec runs in the session", body = ErrorBody)))]
+pub(crate) async fn patch_session(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    ApiPath(id): ApiPath<String>,
+    ApiJson(req): ApiJson<PatchSession>,
+) -> Result<Json<Session>, ApiError> {
+    blocking(&state, move |rt| {
+        let timeout = match req.timeout_seconds {
+            // Bounded by the key like a new session's (None stays None: unchanged).
+            Some(_) => crate::fair::key_timeout_of(rt, &caller, req.timeout_seconds)?,
+            None => None,
+        };
+        let v = rt.update_session(&caller.tenant, &id, req.tags.as_ref(), req.memory_mb, timeout)?;
+        Ok(Json(Session::of(&v)))
+    })
+    .await
+}
+
 /// Run code in the session; the result names the checkpoint that recorded it.
 #[utoipa::path(post, path = "/sessions/{id}/exec", tag = "sessions", request_body = SessionExec,
     params(("id" = String, Path, description = "Session id")),
     responses((status = 200, body = ExecResponse),
-              (status = 408, description = "Timeout; the session was rolled back (error.checkpoint)", body = ErrorBody),
+              (status = 400, description = "Bad body, or `timeout_seconds` over the session's time limit", body = ErrorBody),
+              (status = 408, description = "Timeout; the session was rolled back (error.checkpoint); error.stdout/stderr: the output so far", body = ErrorBody),
               (status = 409, description = "Another exec is running in the session", body = ErrorBody),
               (status = 422, description = "The code took the guest down; the session was rolled back", body = ErrorBody)))]
 pub(crate) async fn session_exec(
@@ -96,8 +141,9 @@ pub(crate) async fn session_exec(
 ) -> Result<Json<ExecResponse>, ApiError> {
     let t0 = Instant::now();
     state.runtime.check_code(&req.code)?;
+    let timeout = exec_timeout(&state, &caller, &id, req.timeout_seconds).await?;
     let permit = crate::fair::acquire_for(&state, &caller, 1).await?;
-    let r = state.runtime.session_exec(&caller.tenant, &id, req.code, caller.quota(), None, permit).await;
+    let r = state.runtime.session_exec(&caller.tenant, &id, req.code, timeout, caller.quota(), None, permit).await;
     metrics::sessions(state.runtime.resident_sessions());
     metrics::exec("session", Outcome::of(&r).as_str(), t0.elapsed().as_secs_f64());
     let o = r?;

@@ -2,7 +2,7 @@
 //! `POST /v1/sessions/{id}/exec/stream`. Events, in order: `stdout` / `stderr`
 //! with data `{"data": "<text>"}` as the guest writes (line-buffered), then
 //! exactly one `result` (the JSON the non-streaming route returns) or `error`
-//! (`{"error": {code, message}}`). Request errors found before the exec starts
+//! (`{"error": {code, message, stdout?, stderr?}}`, the body of the non-streaming route's error). Request errors found before the exec starts
 //! (bad body, unknown session, quota, overload) are ordinary HTTP errors.
 
 use std::convert::Infallible;
@@ -167,7 +167,8 @@ fn sse(rx: mpsc::Receiver<Streamed>) -> Sse<impl FutStream<Item = Result<Event, 
 }
 
 const STREAM_DOC: &str = "Server-Sent Events: `stdout` / `stderr` events with data `{\"data\": text}` as the code writes, \
-then one `result` event (data: the same JSON as the non-streaming route) or one `error` event (data: `{\"error\": {code, message}}`)";
+then one `result` event (data: the same JSON as the non-streaming route) or one `error` event (data: the non-streaming \
+route's error body, `{\"error\": {code, message, stdout?, stderr?}}`)";
 
 /// A one-shot exec whose output is streamed as it is written.
 #[utoipa::path(post, path = "/exec/stream", tag = "exec", request_body = ExecRequest,
@@ -209,11 +210,12 @@ pub(crate) async fn session_exec_stream(
     // What can be refused before the exec starts is an HTTP error, not an event.
     let (c, i, code) = (caller.clone(), id.clone(), req.code.clone());
     blocking(&state, move |rt| Ok(rt.check_session_exec(&c.tenant, &i, &code, &c.quota())?)).await?;
+    let timeout = super::sessions::exec_timeout(&state, &caller, &id, req.timeout_seconds).await?;
     let permit = crate::fair::acquire_for(&state, &caller, 1).await?;
     let (tx, rx) = mpsc::channel(CHANNEL);
     let fwd = Box::new(Forward::new(tx.clone()));
     tokio::spawn(async move {
-        let r = state.runtime.session_exec(&caller.tenant, &id, req.code, caller.quota(), Some(fwd), permit).await;
+        let r = state.runtime.session_exec(&caller.tenant, &id, req.code, timeout, caller.quota(), Some(fwd), permit).await;
         metrics::sessions(state.runtime.resident_sessions());
         metrics::exec("session_stream", Outcome::of(&r).as_str(), t0.elapsed().as_secs_f64());
         let r = r.map_err(ApiError::from).map(|o| {

@@ -100,7 +100,7 @@ pub fn exec_failed(m: &SessionManager, id: &str, code: &str) -> (String, Option<
     match m.exec(TENANT, id, code) {
         Err(e @ SessionError::ExecFailed { .. }) => {
             let msg = e.to_string();
-            let SessionError::ExecFailed { source, checkpoint } = e else { unreachable!() };
+            let SessionError::ExecFailed { source, checkpoint, .. } = e else { unreachable!() };
             (source.code().to_string(), checkpoint, msg)
         }
         Err(e) => panic!("expected ExecFailed, got another error: {e} ({e:?})\n--- code ---\n{code}"),

@@ -20,6 +20,9 @@ class ForkboxError(Exception):
         self.message = message
         #: The whole `error` object of the response (may hold more fields, e.g. `checkpoint`).
         self.body = body or {}
+        #: What a failed exec (timeout, crash, exit, ...) wrote before it failed; None for other errors.
+        self.stdout: str | None = self.body.get("stdout")
+        self.stderr: str | None = self.body.get("stderr")
 
 
 class ConnectionFailed(ForkboxError):
