@@ -144,7 +144,17 @@ impl Client {
 
     /// Run `code` in the session (its variables, imports and files persist); the result names the new checkpoint.
     pub async fn session_exec(&self, id: &str, code: &str) -> Result<ExecResult, ClientError> {
-        self.post(&format!("/v1/sessions/{}/exec", seg(id)), &json!({ "code": code })).await
+        self.session_exec_timeout(id, code, None).await
+    }
+
+    /// [`session_exec`](Self::session_exec) with this exec's own time limit (`timeout_seconds`; None: the
+    /// session's). The server bounds it by the session's and the key's maximum.
+    pub async fn session_exec_timeout(&self, id: &str, code: &str, timeout_seconds: Option<f64>) -> Result<ExecResult, ClientError> {
+        let mut body = json!({ "code": code });
+        if let Some(t) = timeout_seconds {
+            body["timeout_seconds"] = json!(t);
+        }
+        self.post(&format!("/v1/sessions/{}/exec", seg(id)), &body).await
     }
 
     /// [`session_exec`](Self::session_exec), streaming the output as it is written.
