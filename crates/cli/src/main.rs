@@ -243,7 +243,7 @@ fn main() -> ExitCode {
         Command::Template(TemplateCommand::Build { name: Some(name), .. }) => template_build_named(&home, &name),
         Command::Template(TemplateCommand::Build { name: None, preload, image }) => template_build(&home, &preload, &image),
         Command::Bench(cmd) => bench::bench(&home, cmd),
-        Command::Mcp(args) => mcp::mcp(&home, cli.home.as_deref(), cli.url.clone(), args),
+        Command::Mcp(args) => mcp::mcp(&home, cli.home.as_deref(), cli.url.clone(), cli.api_key.clone(), args),
         Command::Syscalls { markdown } => {
             syscalls(markdown);
             Ok(ExitCode::SUCCESS)
