@@ -152,3 +152,13 @@ def test_run_lists_and_saves_output_files(server, tmp_path):
     r = cli(server, "run", "--save-outputs", str(dest3), OUTPUTS_CODE)
     assert r.returncode == 0 and "/output/sub/raw.bin not saved" in r.stderr, r.stderr
     assert list(outside.iterdir()) == [] and (dest3 / "table.csv").exists()
+
+
+def test_usage_errors_are_one_line_too(server):
+    for args, what in [(("session", "exec"), "<ID>"), (("run", "--timeout", "x", "1"), "--timeout"),
+                       (("bogus",), "bogus"), (("mcp", "install"), "--claude")]:
+        r = cli(server, *args)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, (args, r.stderr)
+        assert r.stderr.startswith("forkbox: error: ") and what in r.stderr, (args, r.stderr)
+    r = cli(server, "--help")
+    assert r.returncode == 0 and "Usage:" in r.stdout
