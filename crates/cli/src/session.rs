@@ -171,7 +171,7 @@ fn run(api: &Api, cmd: SessionCommand) -> Result<ExitCode> {
                 (None, Some(c)) => c,
                 (None, None) => bail!("no code: give CODE, `-` (standard input) or -f FILE"),
             };
-            let r = api.block_on(c.session_exec_timeout(&id, &code, timeout))?;
+            let r = api.block_on(c.session_exec_with(&id, &code, timeout))?;
             api.after_exec(&id);
             crate::run::print_remote_result(&r, json, false)?;
             return Ok(if r.error.is_some() { ExitCode::from(1) } else { ExitCode::SUCCESS });

@@ -144,17 +144,12 @@ impl Client {
 
     /// Run `code` in the session (its variables, imports and files persist); the result names the new checkpoint.
     pub async fn session_exec(&self, id: &str, code: &str) -> Result<ExecResult, ClientError> {
-        self.session_exec_timeout(id, code, None).await
+        self.session_exec_with(id, code, None).await
     }
 
-    /// [`session_exec`](Self::session_exec) with this exec's own time limit (`timeout_seconds`; None: the
-    /// session's). The server bounds it by the session's and the key's maximum.
-    pub async fn session_exec_timeout(&self, id: &str, code: &str, timeout_seconds: Option<f64>) -> Result<ExecResult, ClientError> {
-        let mut body = json!({ "code": code });
-        if let Some(t) = timeout_seconds {
-            body["timeout_seconds"] = json!(t);
-        }
-        self.post(&format!("/v1/sessions/{}/exec", seg(id)), &body).await
+    /// [`session_exec`](Self::session_exec) with this exec's time limit (at most the session's; None: the session's).
+    pub async fn session_exec_with(&self, id: &str, code: &str, timeout_seconds: Option<f64>) -> Result<ExecResult, ClientError> {
+        self.post(&format!("/v1/sessions/{}/exec", seg(id)), &session_exec_body(code, timeout_seconds)).await
     }
 
     /// [`session_exec`](Self::session_exec), streaming the output as it is written.
@@ -241,6 +236,14 @@ impl Client {
             });
         }
         Ok(sse::events(r.body))
+    }
+}
+
+/// A session exec's body (`timeout_seconds` only when given: the API rejects fields it does not know, not nulls).
+fn session_exec_body(code: &str, timeout_seconds: Option<f64>) -> Value {
+    match timeout_seconds {
+        Some(t) => json!({ "code": code, "timeout_seconds": t }),
+        None => json!({ "code": code }),
     }
 }
 
