@@ -1,9 +1,11 @@
 """The `forkbox` CLI against a running server (`--url`, key from $FORKBOX_API_KEY):
 run, the session commands, errors as one line and a non-zero exit."""
 
+import json
 import os
 import re
 import subprocess
+import time
 
 from conftest import forkbox_bin
 
@@ -91,3 +93,72 @@ def test_fork_with_tags_over_the_api(server):
     assert cli(server, "session", "exec", fid, "print(x * 2)").stdout == "10\n"
     cli(server, "session", "rm", fid)
     cli(server, "session", "rm", sid)
+
+
+def test_session_exec_reads_a_file_and_takes_a_timeout(server, tmp_path):
+    sid = cli(server, "session", "new", "--timeout", "30").stdout.strip()
+    code = tmp_path / "step.py"
+    code.write_text("def f(x):\n    return x * 3\n\ny = f(14)\nprint('from file')\ny\n")
+    r = cli(server, "session", "exec", sid, "-f", str(code))
+    assert (r.returncode, r.stdout) == (0, "from file\n42\n"), r.stderr
+    # This exec's own limit (the session's is 30 s): a timeout after about a second, the state kept.
+    loop = tmp_path / "loop.py"
+    loop.write_text("y = 0\nwhile True: pass\n")
+    t0 = time.monotonic()
+    r = cli(server, "session", "exec", sid, "-f", str(loop), "--timeout", "1")
+    took = time.monotonic() - t0
+    assert r.returncode == 2 and "timeout" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert took < 15, f"--timeout 1 took {took:.1f} s"
+    assert cli(server, "session", "exec", sid, "y").stdout == "42\n"
+    # Bad arguments: one line, non-zero, nothing sent.
+    for args, what in [(("-f", str(tmp_path / "missing.py")), "missing.py"), (("--timeout", "0", "1"), "--timeout"),
+                       (("x", "-f", str(code)), "cannot be used with")]:
+        r = cli(server, "session", "exec", sid, *args)
+        assert r.returncode == 2 and what in r.stderr, (args, r.stderr)
+    cli(server, "session", "rm", sid)
+
+
+OUTPUTS_CODE = r"""
+import os
+os.makedirs('/output/sub', exist_ok=True)
+open('/output/table.csv', 'w').write('a,b\n1,2\n')
+open('/output/sub/raw.bin', 'wb').write(bytes(range(256)))
+print('done')
+"""
+
+
+def test_run_lists_and_saves_output_files(server, tmp_path):
+    r = cli(server, "run", OUTPUTS_CODE)
+    assert r.returncode == 0 and r.stdout == "done\n", r.stderr
+    assert re.search(r"^output: /output/table\.csv  8 bytes  text/csv$", r.stderr, re.M), r.stderr
+    assert re.search(r"^output: /output/sub/raw\.bin  256 bytes  \S+$", r.stderr, re.M), r.stderr
+    dest = tmp_path / "saved"
+    r = cli(server, "run", "--save-outputs", str(dest), OUTPUTS_CODE)
+    assert r.returncode == 0, r.stderr
+    assert (dest / "table.csv").read_text() == "a,b\n1,2\n"
+    assert (dest / "sub" / "raw.bin").read_bytes() == bytes(range(256))
+    assert f"saved /output/table.csv to {dest}/table.csv" in r.stderr
+    # --json keeps stdout pure JSON and still saves.
+    dest2 = tmp_path / "saved2"
+    r = cli(server, "run", "--json", "--save-outputs", str(dest2), OUTPUTS_CODE)
+    assert r.returncode == 0 and json.loads(r.stdout)["stdout"] == "done\n"
+    assert (dest2 / "table.csv").exists()
+    # A symlink planted in DIR is not followed out of it.
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    dest3 = tmp_path / "saved3"
+    dest3.mkdir()
+    (dest3 / "sub").symlink_to(outside)
+    r = cli(server, "run", "--save-outputs", str(dest3), OUTPUTS_CODE)
+    assert r.returncode == 0 and "/output/sub/raw.bin not saved" in r.stderr, r.stderr
+    assert list(outside.iterdir()) == [] and (dest3 / "table.csv").exists()
+
+
+def test_usage_errors_are_one_line_too(server):
+    for args, what in [(("session", "exec"), "<ID>"), (("run", "--timeout", "x", "1"), "--timeout"),
+                       (("bogus",), "bogus"), (("mcp", "install"), "--claude")]:
+        r = cli(server, *args)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, (args, r.stderr)
+        assert r.stderr.startswith("forkbox: error: ") and what in r.stderr, (args, r.stderr)
+    r = cli(server, "--help")
+    assert r.returncode == 0 and "Usage:" in r.stdout

@@ -113,6 +113,7 @@ def repl(request, server, tmp_path):
         argv = [forkbox_bin(), "repl", "--image", shared_image()]
     p = Pty(argv, env)
     p.home = home
+    p.env = env
     p.mode = request.param
     m = p.expect(r"session (s_[0-9a-f]+) on (\S+)", timeout=180)
     p.session = m.group(1)
@@ -223,3 +224,65 @@ def test_ctrl_c_interrupts_running_code_and_keeps_the_session(repl):
     assert "still here" in run(p, "kept")
     p.send("\x04")
     assert p.wait() == 0
+
+
+def test_type_ahead_unbracketed_paste_help_and_quit(repl):
+    p = repl
+    # Lines typed while an exec runs wait and then run, in order.
+    start = len(p.text)
+    p.line("import time; time.sleep(2); print('slept')")
+    time.sleep(0.3)
+    p.send("ahead = 20\r")
+    p.send("print('ahead', ahead + 1)\r")
+    p.pos = max(p.pos, start)
+    p.expect(r"^slept$", timeout=30)
+    p.expect(r"^ahead 21$", timeout=30)
+    p.prompt()
+    assert "NameError" not in p.text[start:], p.text[start:]
+    # A paste without bracketed-paste mode: every line, with its indentation, in one write (as at
+    # CPython's prompt, a blank line ends a block: the paste has none inside one).
+    start = len(p.text)
+    p.send("def g(x):\r    if x:\r        return x * 3\r    return 0\r\rprint('g', g(5), g(0))\r")
+    p.pos = max(p.pos, start)
+    p.expect(r"^g 15 0$", timeout=30)
+    p.prompt()
+    assert "Error" not in p.text[start:], p.text[start:]
+    # Tabs in a paste indent too (no completion here).
+    start = len(p.text)
+    p.send("for i in range(2):\r\tprint('tab', i)\r\r")
+    p.pos = max(p.pos, start)
+    p.expect(r"^tab 1$", timeout=30)
+    p.prompt()
+    # help() prints (no pager in the sandbox).
+    out = run(p, "help(len)")
+    assert "len(obj, /)" in out and "Return the number of items" in out, out
+    assert "Error" not in out, out
+    # quit() leaves (no SystemExit traceback) and says how to come back.
+    p.line("quit()")
+    m = p.expect(rf"session {p.session} is kept at checkpoint \d+; come back to it with: forkbox (.*)repl {p.session}$")
+    assert p.wait() == 0
+    assert "SystemExit" not in p.text
+
+
+def test_exit_leaves_and_the_printed_command_comes_back(repl):
+    p = repl
+    run(p, "kept = 'here'")
+    p.line("exit()")
+    m = p.expect(rf"come back to it with: forkbox (.*)repl ({p.session})$")
+    assert p.wait() == 0 and "SystemExit" not in p.text
+    if p.mode == "remote":
+        assert m.group(1).startswith("--url http://")
+    # Come back the way it said (plus what the fixture passes to every embedded REPL).
+    argv = [forkbox_bin(), *m.group(1).split(), "repl", m.group(2)]
+    if p.mode == "embedded":
+        argv += ["--image", shared_image()]
+    q = Pty(argv, p.env)
+    try:
+        q.expect(rf"session {p.session} on", timeout=120)
+        q.prompt()
+        assert "'here'" in run(q, "kept")
+        q.send("\x04")  # Ctrl-D says it too
+        q.expect(rf"session {p.session} is kept at checkpoint 3; come back to it with: ")  # 1: kept, 2: exit(), 3: kept
+        assert q.wait() == 0
+    finally:
+        q.kill()

@@ -5,6 +5,8 @@ sessions outlive the process; and `forkbox mcp install` writes client configs.""
 
 import json
 import os
+import re
+import shutil
 import subprocess
 
 import anyio
@@ -96,6 +98,7 @@ def test_embedded_sessions_outlive_the_process(home):
 @pytest.mark.parametrize("client,rel", [
     ("--claude", ".config/Claude/claude_desktop_config.json"),
     ("--cursor", ".cursor/mcp.json"),
+    ("--windsurf", ".codeium/windsurf/mcp_config.json"),
 ])
 def test_install_writes_json_configs_without_clobbering(tmp_path, client, rel):
     user = tmp_path / "user"
@@ -103,8 +106,10 @@ def test_install_writes_json_configs_without_clobbering(tmp_path, client, rel):
     cfg.parent.mkdir(parents=True)
     mine = {"mcpServers": {"other": {"command": "other-server", "args": []}}, "keep": True}
     cfg.write_text(json.dumps(mine))
-    env = {**os.environ, "HOME": str(user)}
+    # No installed forkbox on the PATH: the entry names this binary (with a warning, see below).
+    env = {**os.environ, "HOME": str(user), "PATH": "/usr/bin:/bin"}
     env.pop("FORKBOX_HOME", None)
+    env.pop("FORKBOX_API_KEY", None)
     out = subprocess.run([forkbox_bin(), "mcp", "install", client, "--write"], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     now = json.loads(cfg.read_text())
@@ -135,3 +140,59 @@ def test_install_goose_and_bad_usage(tmp_path):
     # No client chosen: a usage error, nothing written.
     out = subprocess.run([forkbox_bin(), "mcp", "install"], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and "--claude" in out.stderr
+
+
+def install(binary, *args, env):
+    return subprocess.run([binary, *args], env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_install_names_a_stable_binary_and_the_real_key(server, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FORKBOX_")}
+    env.update(HOME=str(tmp_path), PATH="/usr/bin:/bin")
+    built = os.path.realpath(forkbox_bin())
+    # A build output (target/release/forkbox): said so, with how to install one.
+    out = install(built, "mcp", "install", "--claude", env=env)
+    assert out.returncode == 0 and json.loads(out.stdout)["mcpServers"]["forkbox"]["command"] == built
+    assert "cargo build output" in out.stderr and "cargo install --path crates/cli" in out.stderr, out.stderr
+    # An installed copy: its own path, no warning; and the build output prefers it when it is on the PATH.
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    installed = bindir / "forkbox"
+    shutil.copy2(built, installed)
+    out = install(str(installed), "mcp", "install", "--cursor", env=env)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    assert json.loads(out.stdout)["mcpServers"]["forkbox"]["command"] == str(installed)
+    out = install(built, "mcp", "install", "--windsurf", env={**env, "PATH": f"{bindir}:/usr/bin:/bin"})
+    assert json.loads(out.stdout)["mcpServers"]["forkbox"]["command"] == str(installed), out.stderr
+    assert "using the installed" in out.stderr
+
+    # --url with --api-key: the real key, no placeholder.
+    out = install(str(installed), "--url", server.url, "--api-key", "fbk_given", "mcp", "install", "--windsurf", env=env)
+    entry = json.loads(out.stdout)["mcpServers"]["forkbox"]
+    assert entry["env"] == {"FORKBOX_API_KEY": "fbk_given"} and entry["args"] == ["mcp", "--url", server.url]
+    assert "placeholder" not in out.stderr
+    out = install(str(installed), "--url", server.url, "mcp", "install", "--claude", env=env)
+    assert "placeholder" in out.stderr and "--api-key" in out.stderr
+
+    # --create-key on the server's data directory: a key that the server accepts, in the Claude Code command.
+    out = install(str(installed), "--home", str(server.home), "--url", server.url, "mcp", "install", "--claude-code",
+                  "--create-key", env=env)
+    assert out.returncode == 0, out.stderr
+    m = re.fullmatch(rf"claude mcp add --scope user -e FORKBOX_API_KEY=(fbk_[0-9a-f]+) forkbox -- {re.escape(str(installed))} "
+                     rf"--home {re.escape(str(server.home))} mcp --url {re.escape(server.url)}\n", out.stdout)
+    assert m, out.stdout
+    r = httpx.get(f"{server.url}/v1/sessions", headers={"Authorization": f"Bearer {m.group(1)}"}, timeout=30)
+    assert r.status_code == 200, r.text
+    out = install(str(installed), "mcp", "install", "--claude", "--create-key", env=env)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "--url" in out.stderr
+
+    # --claude-code --write runs `claude mcp add` (here a stand-in that records its arguments).
+    record = tmp_path / "claude-args"
+    fake = bindir / "claude"
+    fake.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {record}\n")
+    fake.chmod(0o755)
+    out = install(str(installed), "mcp", "install", "--claude-code", "--write", env={**env, "PATH": f"{bindir}:/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    assert record.read_text().splitlines() == ["mcp", "add", "--scope", "user", "forkbox", "--", str(installed), "mcp"]
+    out = install(str(installed), "mcp", "install", "--claude-code", "--write", env=env)  # no claude on the PATH
+    assert out.returncode == 2 and "claude mcp add" in out.stderr and out.stderr.count("\n") == 1

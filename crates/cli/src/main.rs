@@ -187,7 +187,20 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(e),
+    };
+    std::panic::set_hook(Box::new(|info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "panic".into());
+        let at = info.location().map_or(String::new(), |l| format!(" (at {}:{})", l.file(), l.line()));
+        eprintln!("forkbox: internal error: {}{at}", msg.replace('\n', " "));
+    }));
     raise_fd_limit();
     let home = cli.home.clone().unwrap_or_else(forkbox_image::default_home);
     let result = match cli.command {
@@ -243,7 +256,7 @@ fn main() -> ExitCode {
         Command::Template(TemplateCommand::Build { name: Some(name), .. }) => template_build_named(&home, &name),
         Command::Template(TemplateCommand::Build { name: None, preload, image }) => template_build(&home, &preload, &image),
         Command::Bench(cmd) => bench::bench(&home, cmd),
-        Command::Mcp(args) => mcp::mcp(&home, cli.home.as_deref(), cli.url.clone(), args),
+        Command::Mcp(args) => mcp::mcp(&home, cli.home.as_deref(), cli.url.clone(), cli.api_key.clone(), args),
         Command::Syscalls { markdown } => {
             syscalls(markdown);
             Ok(ExitCode::SUCCESS)
@@ -368,6 +381,24 @@ fn raise_fd_limit() {
             libc::setrlimit(libc::RLIMIT_NOFILE, &rl);
         }
     }
+}
+
+/// A command-line mistake as one line on stderr (exit 2); `--help` and `--version` print as usual.
+fn usage_error(e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand) {
+        e.exit();
+    }
+    let text = e.render().to_string();
+    let body: Vec<&str> = text
+        .lines()
+        .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    let msg = body.join(" ");
+    eprintln!("forkbox: error: {} (see --help)", msg.strip_prefix("error: ").unwrap_or(&msg));
+    ExitCode::from(2)
 }
 
 /// An error chain as one line.

@@ -28,28 +28,47 @@ enum McpCommand {
 }
 
 #[derive(Args)]
-#[command(group = clap::ArgGroup::new("client").required(true).args(["claude", "cursor", "goose"]))]
+#[command(group = clap::ArgGroup::new("client").required(true).args(["claude", "claude_code", "cursor", "windsurf", "goose"]))]
 struct InstallArgs {
     /// Claude Desktop (~/.config/Claude/claude_desktop_config.json).
     #[arg(long)]
     claude: bool,
+    /// Claude Code: prints the `claude mcp add` command (--write runs it).
+    #[arg(long)]
+    claude_code: bool,
     /// Cursor (~/.cursor/mcp.json).
     #[arg(long)]
     cursor: bool,
+    /// Windsurf (~/.codeium/windsurf/mcp_config.json).
+    #[arg(long)]
+    windsurf: bool,
     /// Goose (~/.config/goose/config.yaml).
     #[arg(long)]
     goose: bool,
     /// Merge the entry into the client's config file (the old file is backed up; other servers are kept).
     #[arg(long)]
     write: bool,
+    /// With --url: create a new API key for the entry in the local data directory (--home), which must be
+    /// the one the server at --url serves (the same machine); otherwise pass the server's key with --api-key.
+    #[arg(long)]
+    create_key: bool,
+    /// The tenant of the key --create-key makes.
+    #[arg(long, default_value = "default", requires = "create_key")]
+    tenant: String,
 }
 
 /// `home_flag`: the data directory if the user chose one (--home / $FORKBOX_HOME), for the snippet.
 /// `url`: the global `--url` / $FORKBOX_URL (a remote server instead of the local data directory; for
 /// `install`, the server the snippet configures).
-pub fn mcp(home: &Path, home_flag: Option<&Path>, url: Option<String>, args: McpArgs) -> anyhow::Result<ExitCode> {
+pub fn mcp(
+    home: &Path,
+    home_flag: Option<&Path>,
+    url: Option<String>,
+    api_key: Option<String>,
+    args: McpArgs,
+) -> anyhow::Result<ExitCode> {
     match args.command {
-        Some(McpCommand::Install(i)) => install_cmd(home_flag, i, url),
+        Some(McpCommand::Install(i)) => install_cmd(home, home_flag, i, url, api_key),
         None => stdio(home, url, args.image),
     }
 }
@@ -86,32 +105,103 @@ async fn embedded(home: &Path, image: Option<PathBuf>) -> anyhow::Result<Client>
     Ok(Client::new(Transport::InProcess(router)))
 }
 
-fn install_cmd(home_flag: Option<&Path>, args: InstallArgs, url: Option<String>) -> anyhow::Result<ExitCode> {
+/// The path of the `forkbox` the client should run: this executable, unless it is a cargo build
+/// output (`target/...`, gone after `cargo clean`) and a `forkbox` on the PATH is not.
+fn stable_program() -> anyhow::Result<PathBuf> {
+    let me = std::env::current_exe().and_then(|p| p.canonicalize()).context("finding the path of this forkbox binary")?;
+    if !install::is_build_output(&me) {
+        return Ok(me);
+    }
+    let on_path = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|d| d.join("forkbox").canonicalize().ok())
+        .find(|p| p.is_file() && !install::is_build_output(p));
+    match on_path {
+        Some(p) => {
+            eprintln!("forkbox: using the installed {} (this binary is a cargo build output)", p.display());
+            Ok(p)
+        }
+        None => {
+            eprintln!(
+                "forkbox: warning: {} is a cargo build output: `cargo clean` or the next build removes or replaces it \
+                 and the client then fails to start forkbox; install it with `cargo install --path crates/cli` \
+                 (or scripts/install) and run that `forkbox mcp install`",
+                me.display()
+            );
+            Ok(me)
+        }
+    }
+}
+
+fn install_cmd(
+    home: &Path,
+    home_flag: Option<&Path>,
+    args: InstallArgs,
+    url: Option<String>,
+    api_key: Option<String>,
+) -> anyhow::Result<ExitCode> {
     let client = if args.claude {
         McpClient::Claude
+    } else if args.claude_code {
+        McpClient::ClaudeCode
     } else if args.cursor {
         McpClient::Cursor
+    } else if args.windsurf {
+        McpClient::Windsurf
     } else {
         McpClient::Goose
     };
-    let program = std::env::current_exe().and_then(|p| p.canonicalize()).context("finding the path of this forkbox binary")?;
+    if args.create_key && url.is_none() {
+        anyhow::bail!("--create-key makes a key for a server: give its --url (the local data directory needs no key)");
+    }
+    let key = match (&url, args.create_key) {
+        (None, _) => None,
+        (Some(_), true) => {
+            let key = forkbox_server::create_key_full(home, &args.tenant, &forkbox_server::KeyLimits::defaults(), false)
+                .context("creating an API key in the local data directory")?;
+            eprintln!("forkbox: created an API key for tenant {} in {}", args.tenant, home.display());
+            Some(key)
+        }
+        (Some(_), false) => api_key.filter(|k| !k.is_empty()),
+    };
+    let program = stable_program()?;
     let home = home_flag.map(|h| std::path::absolute(h).unwrap_or_else(|_| h.to_path_buf()));
-    let launch = Launch { program, home, url: url.clone() };
+    let launch = Launch { program, home, url: url.clone(), key: key.clone() };
+    let placeholder = url.is_some() && key.is_none();
     if !args.write {
         println!("{}", install::snippet(client, &launch).trim_end());
-        if url.is_some() {
-            eprintln!("forkbox: replace the FORKBOX_API_KEY placeholder with your API key (`forkbox key create` on the server)");
+        if placeholder {
+            eprintln!(
+                "forkbox: replace the FORKBOX_API_KEY placeholder with your API key (or pass --api-key KEY, or \
+                 --create-key when the server runs on this data directory)"
+            );
         }
         return Ok(ExitCode::SUCCESS);
     }
+    if client == McpClient::ClaudeCode {
+        let status = std::process::Command::new("claude").args(launch.claude_code_args()).status();
+        return match status {
+            Ok(s) if s.success() => {
+                println!("added forkbox to Claude Code (`claude mcp list` shows it)");
+                Ok(ExitCode::SUCCESS)
+            }
+            Ok(s) => anyhow::bail!("`claude mcp add` failed ({s}); run it yourself: {}", install::snippet(client, &launch).trim_end()),
+            Err(e) => anyhow::bail!(
+                "cannot run `claude` ({e}): install Claude Code, or run: {}",
+                install::snippet(client, &launch).trim_end()
+            ),
+        };
+    }
     let user_home = std::env::var_os("HOME").map(PathBuf::from).ok_or(install::InstallError::NoHome)?;
-    let path = client.config_path(&user_home);
+    let path = client.config_path(&user_home).ok_or(install::InstallError::NoFile)?;
     let w = install::write(client, &path, &launch)?;
     match &w.backup {
         Some(b) => println!("wrote {} (previous version in {})", w.path.display(), b.display()),
         None => println!("wrote {}", w.path.display()),
     }
-    if url.is_some() {
+    if placeholder {
         println!("set FORKBOX_API_KEY in that entry to your API key; then restart the client");
     } else {
         println!("restart the client to load forkbox");

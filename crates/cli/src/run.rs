@@ -34,6 +34,10 @@ pub struct RunArgs {
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Write the files the code created or changed under /output into this directory (created if missing;
+    /// names are kept relative to /output and never leave it).
+    #[arg(long, value_name = "DIR")]
+    pub save_outputs: Option<PathBuf>,
     /// Log every syscall the code makes (with --cold: also the interpreter's start-up) and list the partial,
     /// refused and unimplemented ones it made, with what works and what does not.
     #[arg(long)]
@@ -136,6 +140,9 @@ pub fn run(home: &Path, args: RunArgs) -> Result<ExitCode> {
         }
     };
     print_result(&result, args.json)?;
+    let files: Vec<Output<'_>> =
+        result.outputs.iter().map(|o| Output { path: &o.path, size: o.size, mime: o.mime, data: o.data.clone() }).collect();
+    report_outputs(&files, args.save_outputs.as_deref(), args.json)?;
     Ok(if result.error.is_some() { ExitCode::from(1) } else { ExitCode::SUCCESS })
 }
 
@@ -266,6 +273,20 @@ pub fn run_remote(api: &crate::api::Api, args: RunArgs) -> Result<ExitCode> {
         }
     };
     print_remote_result(&r, json, true)?;
+    let files: Vec<Output<'_>> = r
+        .outputs
+        .iter()
+        .map(|o| Output {
+            path: &o.path,
+            size: o.size,
+            mime: &o.mime,
+            data: o.base64.as_deref().and_then(|b| {
+                use base64::Engine as _;
+                base64::engine::general_purpose::STANDARD.decode(b).ok()
+            }),
+        })
+        .collect();
+    report_outputs(&files, args.save_outputs.as_deref(), json)?;
     Ok(if r.error.is_some() { ExitCode::from(1) } else { ExitCode::SUCCESS })
 }
 
@@ -277,4 +298,111 @@ pub fn print_remote_result(r: &forkbox_client::ExecResult, json: bool, streamed:
         show_display(&r.display)?;
     }
     Ok(())
+}
+
+/// A file the code wrote under `/output`, as the engine or the API returned it.
+pub struct Output<'a> {
+    pub path: &'a str,
+    pub size: u64,
+    pub mime: &'a str,
+    /// Its bytes; None when it was over the inline limits (or, from a server, not valid base64).
+    pub data: Option<Vec<u8>>,
+}
+
+/// List the `/output` files on stderr (unless `json`: they are in the JSON) and, with `save`, write them there.
+pub fn report_outputs(files: &[Output<'_>], save: Option<&Path>, json: bool) -> Result<()> {
+    if let Some(dir) = save {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let mut err = std::io::stderr().lock();
+    for f in files {
+        if !json {
+            writeln!(err, "output: {}  {} bytes  {}", f.path, f.size, f.mime)?;
+        }
+        let Some(dir) = save else { continue };
+        let Some(data) = &f.data else {
+            writeln!(err, "forkbox: {} not saved: {} bytes is over the inline limit of a result (read it from a session)", f.path, f.size)?;
+            continue;
+        };
+        match save_output(dir, f.path, data) {
+            Ok(dest) => writeln!(err, "saved {} to {}", f.path, dest.display())?,
+            Err(e) => writeln!(err, "forkbox: {} not saved: {e}", f.path)?,
+        }
+    }
+    if save.is_some() && files.is_empty() && !json {
+        writeln!(err, "forkbox: the code wrote no files under /output")?;
+    }
+    Ok(())
+}
+
+/// Where the guest's `/output/...` file `guest_path` goes under `dir`: its path relative to
+/// `/output`, each component a plain name (no `..`, `.`, empty, NUL or backslash).
+pub fn output_dest(dir: &Path, guest_path: &str) -> std::result::Result<PathBuf, String> {
+    let rel = guest_path.strip_prefix("/output/").ok_or_else(|| "not a path under /output".to_string())?;
+    let mut dest = dir.to_path_buf();
+    for comp in rel.split('/') {
+        if comp.is_empty() || comp == "." || comp == ".." || comp.contains(['\0', '\\']) {
+            return Err(format!("unsafe file name {guest_path:?}"));
+        }
+        dest.push(comp);
+    }
+    Ok(dest)
+}
+
+/// Write `data` to its place under `dir`, through no symbolic link: every directory between `dir`
+/// and the file is created or must be a real directory, and the file itself is opened with O_NOFOLLOW.
+fn save_output(dir: &Path, guest_path: &str, data: &[u8]) -> Result<PathBuf> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let dest = output_dest(dir, guest_path).map_err(|e| anyhow::anyhow!(e))?;
+    let rel = dest.strip_prefix(dir).context("the destination left the directory")?;
+    let mut at = dir.to_path_buf();
+    let comps: Vec<_> = rel.components().collect();
+    for c in &comps[..comps.len().saturating_sub(1)] {
+        at.push(c);
+        match std::fs::symlink_metadata(&at) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => bail!("{} exists and is not a directory", at.display()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                std::fs::create_dir(&at).with_context(|| format!("creating {}", at.display()))?
+            }
+            Err(e) => return Err(e).with_context(|| format!("reading {}", at.display())),
+        }
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&dest)
+        .with_context(|| format!("opening {}", dest.display()))?;
+    f.write_all(data).with_context(|| format!("writing {}", dest.display()))?;
+    Ok(dest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_names_stay_inside_the_directory() {
+        let d = Path::new("/save");
+        assert_eq!(output_dest(d, "/output/a.csv"), Ok(PathBuf::from("/save/a.csv")));
+        assert_eq!(output_dest(d, "/output/sub/b.png"), Ok(PathBuf::from("/save/sub/b.png")));
+        for bad in ["/output/../etc/passwd", "/output/a/../../x", "/output/./a", "/output//a", "/output/", "/etc/x", "/output/a\\b", "/output/a\0"] {
+            assert!(output_dest(d, bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn saving_refuses_symlinks_and_writes_files() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let outside = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        std::os::unix::fs::symlink(outside.path(), dir.path().join("link")).unwrap_or_else(|e| panic!("{e}"));
+        std::os::unix::fs::symlink(outside.path().join("f"), dir.path().join("f")).unwrap_or_else(|e| panic!("{e}"));
+        assert!(save_output(dir.path(), "/output/link/x", b"no").is_err());
+        assert!(save_output(dir.path(), "/output/f", b"no").is_err());
+        assert_eq!(std::fs::read_dir(outside.path()).map(|d| d.count()).unwrap_or(99), 0);
+        let p = save_output(dir.path(), "/output/sub/ok.txt", b"yes").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(std::fs::read(p).unwrap_or_default(), b"yes");
+    }
 }

@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Subcommand;
 
 use crate::api::Api;
@@ -28,10 +28,17 @@ pub enum SessionCommand {
         #[command(flatten)]
         image: ImageArgs,
     },
-    /// Run code in a session (`-` reads it from standard input).
+    /// Run code in a session (`-` reads it from standard input, `-f FILE` from a file).
     Exec {
         id: String,
-        code: String,
+        #[arg(required_unless_present = "file")]
+        code: Option<String>,
+        /// Read the code from this file.
+        #[arg(long, short = 'f', conflicts_with = "code")]
+        file: Option<std::path::PathBuf>,
+        /// This exec's time limit in seconds (default: the session's; the server bounds it by its maximum).
+        #[arg(long)]
+        timeout: Option<f64>,
         #[arg(long)]
         json: bool,
         #[command(flatten)]
@@ -113,6 +120,11 @@ pub fn session_remote(api: &Api, cmd: SessionCommand) -> Result<ExitCode> {
 
 /// The CLI's own bounds on a new session's limits (before any engine is opened).
 fn check_new(cmd: &SessionCommand) -> Result<()> {
+    if let SessionCommand::Exec { timeout: Some(t), .. } = cmd {
+        if !(*t > 0.0 && *t <= 86_400.0) {
+            bail!("--timeout must be between 0 and 86400 seconds");
+        }
+    }
     if let SessionCommand::New { memory_mb, timeout, .. } = cmd {
         if !(*timeout > 0.0 && *timeout <= 86_400.0) {
             bail!("--timeout must be between 0 and 86400 seconds");
@@ -148,15 +160,18 @@ fn run(api: &Api, cmd: SessionCommand) -> Result<ExitCode> {
             };
             println!("{}", api.block_on(c.create_session(&opts))?.id);
         }
-        SessionCommand::Exec { id, code, json, .. } => {
-            let code = if code == "-" {
-                let mut s = String::new();
-                std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)?;
-                s
-            } else {
-                code
+        SessionCommand::Exec { id, code, file, timeout, json, .. } => {
+            let code = match (file, code) {
+                (Some(f), _) => std::fs::read_to_string(&f).with_context(|| format!("reading {}", f.display()))?,
+                (None, Some(c)) if c == "-" => {
+                    let mut s = String::new();
+                    std::io::Read::read_to_string(&mut std::io::stdin(), &mut s).context("reading code from standard input")?;
+                    s
+                }
+                (None, Some(c)) => c,
+                (None, None) => bail!("no code: give CODE, `-` (standard input) or -f FILE"),
             };
-            let r = match api.block_on(c.session_exec(&id, &code)) {
+            let r = match api.block_on(c.session_exec_with(&id, &code, timeout)) {
                 Ok(r) => r,
                 Err(e) => {
                     // What the exec wrote before it failed (timeout, crash, ...) comes with the error.

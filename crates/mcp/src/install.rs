@@ -1,6 +1,7 @@
 //! `forkbox mcp install`: the configuration snippet that makes an MCP client
-//! (Claude Desktop, Cursor, Goose) run `forkbox mcp`, and merging it into the
-//! client's config file without touching the other servers configured there.
+//! (Claude Desktop, Cursor, Windsurf, Goose) run `forkbox mcp`, and merging it into the
+//! client's config file without touching the other servers configured there; for
+//! Claude Code, the `claude mcp add` command that registers it.
 
 use std::path::{Path, PathBuf};
 
@@ -11,7 +12,10 @@ use serde_json::{json, Value};
 pub enum McpClient {
     Claude,
     Cursor,
+    Windsurf,
     Goose,
+    /// Claude Code: configured by its own command (`claude mcp add`), not by a file written here.
+    ClaudeCode,
 }
 
 /// How the client should start forkbox.
@@ -21,9 +25,14 @@ pub struct Launch {
     pub program: PathBuf,
     /// `--home` to pass, if not the default data directory.
     pub home: Option<PathBuf>,
-    /// Remote server (`--url`); the key is left for the user to fill in.
+    /// Remote server (`--url`).
     pub url: Option<String>,
+    /// The API key for `url` (`FORKBOX_API_KEY` of the entry); None: a placeholder to fill in.
+    pub key: Option<String>,
 }
+
+/// The placeholder written for the key when none was given.
+pub const KEY_PLACEHOLDER: &str = "<your forkbox API key>";
 
 #[derive(Debug, thiserror::Error)]
 pub enum InstallError {
@@ -37,6 +46,8 @@ pub enum InstallError {
     Write { path: PathBuf, source: std::io::Error },
     #[error("no home directory to find the client's config file in")]
     NoHome,
+    #[error("Claude Code keeps its own configuration: run the `claude mcp add` command instead")]
+    NoFile,
 }
 
 /// The server's name in the client's config.
@@ -44,11 +55,14 @@ pub const SERVER_NAME: &str = "forkbox";
 
 impl McpClient {
     /// The client's config file under the user's home directory.
-    pub fn config_path(self, user_home: &Path) -> PathBuf {
+    /// None for Claude Code (its `claude` command keeps its configuration).
+    pub fn config_path(self, user_home: &Path) -> Option<PathBuf> {
         match self {
-            McpClient::Claude => user_home.join(".config/Claude/claude_desktop_config.json"),
-            McpClient::Cursor => user_home.join(".cursor/mcp.json"),
-            McpClient::Goose => user_home.join(".config/goose/config.yaml"),
+            McpClient::Claude => Some(user_home.join(".config/Claude/claude_desktop_config.json")),
+            McpClient::Cursor => Some(user_home.join(".cursor/mcp.json")),
+            McpClient::Windsurf => Some(user_home.join(".codeium/windsurf/mcp_config.json")),
+            McpClient::Goose => Some(user_home.join(".config/goose/config.yaml")),
+            McpClient::ClaudeCode => None,
         }
     }
 }
@@ -70,10 +84,24 @@ impl Launch {
 
     fn env(&self) -> Value {
         if self.url.is_some() {
-            json!({ "FORKBOX_API_KEY": "<your forkbox API key>" })
+            json!({ "FORKBOX_API_KEY": self.key.as_deref().unwrap_or(KEY_PLACEHOLDER) })
         } else {
             json!({})
         }
+    }
+
+    /// `claude mcp add ...` for Claude Code, as argv (without the leading `claude`).
+    pub fn claude_code_args(&self) -> Vec<String> {
+        let mut a: Vec<String> = ["mcp", "add", "--scope", "user"].iter().map(|s| s.to_string()).collect();
+        if self.url.is_some() {
+            a.push("-e".into());
+            a.push(format!("FORKBOX_API_KEY={}", self.key.as_deref().unwrap_or(KEY_PLACEHOLDER)));
+        }
+        a.push(SERVER_NAME.into());
+        a.push("--".into());
+        a.push(self.program.display().to_string());
+        a.extend(self.args());
+        a
     }
 
     /// The server entry for Claude Desktop / Cursor (`mcpServers.forkbox`).
@@ -104,7 +132,11 @@ impl Launch {
 /// The snippet to paste into the client's config (what `install` prints).
 pub fn snippet(client: McpClient, launch: &Launch) -> String {
     match client {
-        McpClient::Claude | McpClient::Cursor => {
+        McpClient::ClaudeCode => {
+            let words: Vec<String> = std::iter::once("claude".to_string()).chain(launch.claude_code_args()).map(|w| shell_quote(&w)).collect();
+            words.join(" ") + "\n"
+        }
+        McpClient::Claude | McpClient::Cursor | McpClient::Windsurf => {
             let v = json!({ "mcpServers": { SERVER_NAME: launch.json_entry() } });
             serde_json::to_string_pretty(&v).unwrap_or_default()
         }
@@ -123,7 +155,8 @@ pub fn snippet(client: McpClient, launch: &Launch) -> String {
 pub fn merge(client: McpClient, existing: Option<&str>, launch: &Launch, path: &Path) -> Result<String, InstallError> {
     let text = existing.filter(|t| !t.trim().is_empty());
     match client {
-        McpClient::Claude | McpClient::Cursor => {
+        McpClient::ClaudeCode => Err(InstallError::NoFile),
+        McpClient::Claude | McpClient::Cursor | McpClient::Windsurf => {
             let mut root: Value = match text {
                 Some(t) => serde_json::from_str(t).map_err(|e| InstallError::Parse {
                     path: path.into(),
@@ -161,6 +194,23 @@ pub fn merge(client: McpClient, existing: Option<&str>, launch: &Launch, path: &
             })
         }
     }
+}
+
+/// `w` as one word of a POSIX shell command line.
+pub fn shell_quote(w: &str) -> String {
+    if !w.is_empty() && w.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:@%+,".contains(c)) {
+        w.to_string()
+    } else {
+        format!("'{}'", w.replace('\'', "'\\''"))
+    }
+}
+
+/// Whether `program` is a cargo build output (under a `target/` directory cargo made),
+/// which `cargo clean` or the next build removes or replaces.
+pub fn is_build_output(program: &Path) -> bool {
+    program.ancestors().skip(1).any(|a| {
+        a.file_name().is_some_and(|n| n == "target") && (a.join("CACHEDIR.TAG").exists() || a.join(".rustc_info.json").exists())
+    })
 }
 
 fn shape(path: &Path, what: &str, expected: &'static str) -> InstallError {
@@ -221,7 +271,7 @@ mod tests {
     use super::*;
 
     fn launch(url: Option<&str>) -> Launch {
-        Launch { program: "/usr/local/bin/forkbox".into(), home: None, url: url.map(str::to_owned) }
+        Launch { program: "/usr/local/bin/forkbox".into(), home: None, url: url.map(str::to_owned), key: None }
     }
 
     fn p() -> PathBuf {
@@ -244,6 +294,35 @@ mod tests {
         let v: Value = serde_json::from_str(&out).unwrap_or_default();
         assert_eq!(v["mcpServers"]["forkbox"]["args"], json!(["mcp", "--url", "https://fb.example"]));
         assert!(v["mcpServers"]["forkbox"]["env"]["FORKBOX_API_KEY"].is_string());
+    }
+
+    #[test]
+    fn a_given_key_is_written_and_claude_code_gets_its_command() {
+        let mut l = launch(Some("https://fb.example"));
+        l.key = Some("fbk_abc".into());
+        let out = merge(McpClient::Windsurf, None, &l, &p()).unwrap_or_else(|e| panic!("{e}"));
+        let v: Value = serde_json::from_str(&out).unwrap_or_default();
+        assert_eq!(v["mcpServers"]["forkbox"]["env"]["FORKBOX_API_KEY"], "fbk_abc");
+        assert_eq!(
+            snippet(McpClient::ClaudeCode, &l).trim_end(),
+            "claude mcp add --scope user -e FORKBOX_API_KEY=fbk_abc forkbox -- /usr/local/bin/forkbox mcp --url https://fb.example"
+        );
+        l.program = "/opt/my tools/forkbox".into();
+        l.url = None;
+        assert_eq!(snippet(McpClient::ClaudeCode, &l).trim_end(), "claude mcp add --scope user forkbox -- '/opt/my tools/forkbox' mcp");
+        assert!(matches!(merge(McpClient::ClaudeCode, None, &l, &p()), Err(InstallError::NoFile)));
+        assert_eq!(shell_quote("it's"), "'it'\\''s'");
+    }
+
+    #[test]
+    fn build_outputs_are_recognised() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let target = dir.path().join("repo/target");
+        std::fs::create_dir_all(target.join("release")).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!is_build_output(&target.join("release/forkbox")));
+        std::fs::write(target.join("CACHEDIR.TAG"), "Signature: 8a477f597d28d172789f06886806bc55").unwrap_or_else(|e| panic!("{e}"));
+        assert!(is_build_output(&target.join("release/forkbox")));
+        assert!(!is_build_output(Path::new("/usr/local/bin/forkbox")));
     }
 
     #[test]

@@ -10,7 +10,8 @@
 //! - [`install`]: the client configuration snippets of `forkbox mcp install`.
 //!
 //! Tools: `run_python`, `create_session`, `exec`, `list_sessions`, `delete_session`,
-//! `list_checkpoints`, `revert`, `fork_session` (see [`tools`]).
+//! `list_checkpoints`, `revert`, `fork_session`, `upload_file`, `download_file`, `list_files`,
+//! `interrupt` (see [`tools`]).
 //!
 //! Place in the flow: a **request** front end beside the server and the CLI; every
 //! tool call goes through `forkbox-client` (the server's routes over HTTP or in

@@ -3,7 +3,7 @@
 //! and tool errors (`isError: true`) that carry the API's code and message.
 
 use base64::Engine as _;
-use forkbox_client::{Checkpoint, ClientError, ExecResult, Session};
+use forkbox_client::{Checkpoint, ClientError, ExecResult, FileEntry, FileWritten, Session};
 use rmcp::model::{CallToolResult, ContentBlock};
 use serde_json::{json, Value};
 
@@ -164,6 +164,61 @@ pub fn deleted(id: &str) -> CallToolResult {
     out
 }
 
+pub fn uploaded(w: &FileWritten) -> CallToolResult {
+    let cp = w.checkpoint.map_or(String::new(), |c| format!(" (checkpoint {c})"));
+    let mut out = CallToolResult::success(vec![ContentBlock::text(format!("wrote {} ({} bytes){cp}", w.path, w.size))]);
+    out.structured_content = Some(json!({ "path": w.path, "size": w.size, "checkpoint": w.checkpoint }));
+    out
+}
+
+/// A downloaded file: text if `base64` is Some(false) or (None and) it is UTF-8, else base64.
+/// Err: text was asked for and the file is not UTF-8.
+pub fn downloaded(path: &str, data: Vec<u8>, base64: Option<bool>) -> Result<CallToolResult, CallToolResult> {
+    let size = data.len();
+    let (encoding, content) = match (base64, String::from_utf8(data)) {
+        (Some(false) | None, Ok(t)) => ("text", t),
+        (Some(false), Err(_)) => {
+            return Err(error(
+                "invalid_arguments",
+                &format!("{path} is not UTF-8 text; download it with encoding \"base64\" (or omit encoding)"),
+            ))
+        }
+        (_, Ok(t)) => ("base64", base64::engine::general_purpose::STANDARD.encode(t.as_bytes())),
+        (_, Err(e)) => ("base64", base64::engine::general_purpose::STANDARD.encode(e.as_bytes())),
+    };
+    let text = format!("{path} ({size} bytes, {encoding}):\n{content}");
+    let mut out = CallToolResult::success(vec![ContentBlock::text(text)]);
+    out.structured_content = Some(json!({ "path": path, "size": size, "encoding": encoding, "content": content }));
+    Ok(out)
+}
+
+pub fn files(dir: &str, list: &[FileEntry]) -> CallToolResult {
+    let mut text = if list.is_empty() { format!("{dir} is empty") } else { format!("{dir}:\n") };
+    for f in list {
+        if f.is_dir {
+            text.push_str(&format!("  {}/  (directory)\n", f.path));
+        } else {
+            text.push_str(&format!("  {}  {} bytes\n", f.path, f.size));
+        }
+    }
+    let items: Vec<Value> =
+        list.iter().map(|f| json!({ "name": f.name, "path": f.path, "size": f.size, "is_dir": f.is_dir })).collect();
+    let mut out = CallToolResult::success(vec![ContentBlock::text(text)]);
+    out.structured_content = Some(json!({ "dir": dir, "files": items }));
+    out
+}
+
+pub fn interrupted(id: &str, interrupted: bool) -> CallToolResult {
+    let text = if interrupted {
+        format!("interrupted the exec running in session {id}: it returns KeyboardInterrupt; the session keeps its state")
+    } else {
+        format!("no exec was running in session {id}")
+    };
+    let mut out = CallToolResult::success(vec![ContentBlock::text(text)]);
+    out.structured_content = Some(json!({ "session_id": id, "interrupted": interrupted }));
+    out
+}
+
 /// What a model can do about an error code (the API's, or this crate's `invalid_arguments`).
 fn hint(code: &str) -> &'static str {
     use forkbox_client::ErrorCode as C;
@@ -179,6 +234,8 @@ fn hint(code: &str) -> &'static str {
         Ok(C::SessionBusy) => " Another exec is running in this session; wait for it, or fork_session to work in parallel.",
         Ok(C::Overloaded | C::RateLimited) => " The server is busy; retry in a moment.",
         Ok(C::QuotaExceeded) => " Delete sessions you no longer need (delete_session).",
+        Ok(C::FileNotFound) => " Call list_files to see what is there.",
+        Ok(C::FileTooLarge) => " Work on the file with exec instead (read a part of it, or summarize it there).",
         Ok(C::InvalidRequest) => " Check the tool's input schema.",
         _ => "",
     }

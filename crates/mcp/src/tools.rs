@@ -28,7 +28,16 @@ repeatedly: variables, imports and files persist between execs, like a notebook.
 checkpoint: if the state goes bad (an exec broke something, a variable was overwritten), call list_checkpoints and \
 revert to an earlier one instead of starting over; to try alternatives from the same state, fork_session. \
 Image files (PNG) the code writes under /output are returned as images with the result. \
+To give the code a user's file (a CSV, a JSON document, an image), upload_file it into a session and open it by that \
+path in exec; download_file and list_files read what the code wrote. If an exec runs too long, interrupt it. \
 Delete sessions you no longer need.";
+
+/// Largest file `download_file` returns (the model reads it in its context: keep it small).
+pub const DOWNLOAD_DEFAULT_BYTES: u64 = 256 << 10;
+/// The most `max_bytes` may ask `download_file` for.
+pub const DOWNLOAD_MAX_BYTES: u64 = 4 << 20;
+/// Largest decoded content `upload_file` accepts.
+pub const UPLOAD_MAX_BYTES: usize = 16 << 20;
 
 /// The forkbox MCP server: the tools, over one API client.
 #[derive(Clone)]
@@ -105,6 +114,65 @@ pub struct ForkArgs {
     /// The checkpoint to start from; default: the session's current state.
     #[serde(default)]
     pub checkpoint: Option<i64>,
+}
+
+/// How a file's content is carried in a tool call.
+#[derive(Clone, Copy, Debug, Deserialize, schemars::JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Encoding {
+    /// UTF-8 text, as it is.
+    Text,
+    /// Standard base64 (with padding) of the bytes.
+    Base64,
+}
+
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UploadFileArgs {
+    /// The session to write into.
+    pub session_id: String,
+    /// Absolute path in the sandbox, e.g. "/data/sales.csv" (parent directories are created; an existing file is replaced).
+    pub path: String,
+    /// The file's content: the text itself, or base64 of the bytes with encoding "base64".
+    pub content: String,
+    /// "text" (default) or "base64" (for binary files: images, spreadsheets, archives).
+    #[serde(default)]
+    pub encoding: Option<Encoding>,
+}
+
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DownloadFileArgs {
+    /// The session to read from.
+    pub session_id: String,
+    /// Absolute path of the file in the sandbox, e.g. "/output/result.csv".
+    pub path: String,
+    /// "text" or "base64"; default: text if the file is UTF-8, else base64.
+    #[serde(default)]
+    pub encoding: Option<Encoding>,
+    /// Refuse files larger than this many bytes (default 262144 = 256 KiB, at most 4194304 = 4 MiB).
+    #[serde(default)]
+    pub max_bytes: Option<u64>,
+}
+
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ListFilesArgs {
+    /// The session to look in.
+    pub session_id: String,
+    /// Absolute path of the directory to list (default "/output").
+    #[serde(default)]
+    pub dir: Option<String>,
+}
+
+fn check_path(what: &str, path: &str) -> Result<(), CallToolResult> {
+    if !path.starts_with('/') || path.len() > 4096 || path.contains('\0') {
+        return Err(render::error(
+            "invalid_arguments",
+            &format!("{what} must be an absolute path in the sandbox (starting with /, at most 4096 bytes), got {path:?}"),
+        ));
+    }
+    Ok(())
 }
 
 fn check_id(id: &str) -> Result<(), CallToolResult> {
@@ -316,6 +384,133 @@ impl ForkboxMcp {
             .await,
         )
     }
+
+    #[tool(description = "Write a file into a session's sandbox, e.g. a CSV or JSON document the user gave you, so \
+        that code run with exec can open it by its path (open('/data/sales.csv'), pandas.read_csv(...)). content is \
+        the text itself (encoding \"text\", the default) or base64 of the bytes (encoding \"base64\", for binary \
+        files). Parent directories are created; an existing file is replaced. At most 16 MiB. The upload is a \
+        checkpoint of the session (revert to an earlier checkpoint undoes it). Returns path, size and checkpoint.")]
+    async fn upload_file(
+        &self,
+        Parameters(a): Parameters<UploadFileArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        done(
+            async {
+                check_id(&a.session_id)?;
+                check_path("path", &a.path)?;
+                let data = match a.encoding.unwrap_or(Encoding::Text) {
+                    Encoding::Text => a.content.into_bytes(),
+                    Encoding::Base64 => {
+                        use base64::Engine as _;
+                        let cleaned: String = a.content.chars().filter(|c| !c.is_ascii_whitespace()).collect();
+                        base64::engine::general_purpose::STANDARD.decode(cleaned.as_bytes()).map_err(|e| {
+                            render::error("invalid_arguments", &format!("content is not valid base64 ({e}); send text with encoding \"text\""))
+                        })?
+                    }
+                };
+                if data.len() > UPLOAD_MAX_BYTES {
+                    return Err(render::error(
+                        "file_too_large",
+                        &format!("the content is {} bytes, over upload_file's limit of {UPLOAD_MAX_BYTES} bytes", data.len()),
+                    ));
+                }
+                let c = self.client(&ctx)?;
+                c.put_file(&a.session_id, &a.path, data).await.map(|w| render::uploaded(&w)).map_err(|e| render::client_error(&e))
+            }
+            .await,
+        )
+    }
+
+    #[tool(description = "Read a file from a session's sandbox, e.g. a CSV, JSON or text file the code wrote under \
+        /output. Returns the content as text if the file is UTF-8 (or with encoding \"text\"), else base64 (or with \
+        encoding \"base64\"), with its size. Files over max_bytes (default 256 KiB, at most 4 MiB) are refused \
+        with error file_too_large: then read a part or a summary of it with exec instead. Use list_files to see what \
+        is there.")]
+    async fn download_file(
+        &self,
+        Parameters(a): Parameters<DownloadFileArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        done(
+            async {
+                check_id(&a.session_id)?;
+                check_path("path", &a.path)?;
+                let cap = a.max_bytes.unwrap_or(DOWNLOAD_DEFAULT_BYTES);
+                if cap == 0 || cap > DOWNLOAD_MAX_BYTES {
+                    return Err(render::error(
+                        "invalid_arguments",
+                        &format!("max_bytes must be between 1 and {DOWNLOAD_MAX_BYTES}, got {cap}"),
+                    ));
+                }
+                let c = self.client(&ctx)?;
+                let too_large = |size: u64| {
+                    render::error(
+                        "file_too_large",
+                        &format!(
+                            "{} is {size} bytes, over this download's limit of {cap} bytes (max_bytes; at most \
+                             {DOWNLOAD_MAX_BYTES}); read a part or a summary of it with exec instead",
+                            a.path
+                        ),
+                    )
+                };
+                // The size first, from the directory listing, so a large file is not fetched at all.
+                let (dir, _) = a.path.rsplit_once('/').unwrap_or(("/", ""));
+                let dir = if dir.is_empty() { "/" } else { dir };
+                if let Ok(list) = c.list_files(&a.session_id, dir).await {
+                    if let Some(f) = list.iter().find(|f| f.path == a.path && !f.is_dir) {
+                        if f.size > cap {
+                            return Err(too_large(f.size));
+                        }
+                    }
+                }
+                let data = c.get_file(&a.session_id, &a.path).await.map_err(|e| render::client_error(&e))?;
+                let size = data.len() as u64;
+                if size > cap {
+                    return Err(too_large(size));
+                }
+                render::downloaded(&a.path, data, a.encoding.map(|e| e == Encoding::Base64))
+            }
+            .await,
+        )
+    }
+
+    #[tool(description = "List a directory in a session's sandbox (default /output, where code should write the \
+        files it produces): each entry's name, absolute path, size in bytes and whether it is a directory.")]
+    async fn list_files(
+        &self,
+        Parameters(a): Parameters<ListFilesArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        done(
+            async {
+                check_id(&a.session_id)?;
+                let dir = a.dir.unwrap_or_else(|| "/output".to_string());
+                check_path("dir", &dir)?;
+                let c = self.client(&ctx)?;
+                c.list_files(&a.session_id, &dir).await.map(|l| render::files(&dir, &l)).map_err(|e| render::client_error(&e))
+            }
+            .await,
+        )
+    }
+
+    #[tool(description = "Interrupt the exec running in a session (one that takes too long or waits forever): the \
+        code gets KeyboardInterrupt, that exec returns it as its error, and the session keeps its state (variables \
+        set before the interrupt stay). Returns interrupted: false if nothing was running.")]
+    async fn interrupt(
+        &self,
+        Parameters(a): Parameters<SessionArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        done(
+            async {
+                check_id(&a.session_id)?;
+                let c = self.client(&ctx)?;
+                c.interrupt(&a.session_id).await.map(|i| render::interrupted(&a.session_id, i)).map_err(|e| render::client_error(&e))
+            }
+            .await,
+        )
+    }
 }
 
 impl ServerHandler for ForkboxMcp {
@@ -378,7 +573,10 @@ fn argument_error(tool: &str, arguments: &rmcp::model::JsonObject) -> Option<Str
         "run_python" => check::<RunPythonArgs>(arguments),
         "create_session" => check::<CreateSessionArgs>(arguments),
         "exec" => check::<ExecArgs>(arguments),
-        "delete_session" | "list_checkpoints" => check::<SessionArgs>(arguments),
+        "delete_session" | "list_checkpoints" | "interrupt" => check::<SessionArgs>(arguments),
+        "upload_file" => check::<UploadFileArgs>(arguments),
+        "download_file" => check::<DownloadFileArgs>(arguments),
+        "list_files" => check::<ListFilesArgs>(arguments),
         "revert" => check::<RevertArgs>(arguments),
         "fork_session" => check::<ForkArgs>(arguments),
         _ => None,

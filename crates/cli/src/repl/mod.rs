@@ -2,7 +2,13 @@
 //! or on a server. Input is gathered like CPython's prompt does (see
 //! [`complete`]); output streams as the code produces it; Ctrl-C while code
 //! runs interrupts it (KeyboardInterrupt in the guest, the session keeps its
-//! state); Ctrl-C at the prompt clears the line; Ctrl-D exits.
+//! state); Ctrl-C at the prompt clears the line; Ctrl-D, `:quit`, `exit()` and
+//! `quit()` leave, saying how to come back to the session.
+//!
+//! Input is never lost: lines typed while code runs wait in the terminal and
+//! run in order afterwards, and a paste (bracketed or not) keeps every line and
+//! its indentation. The line editor keeps what it read past the current line
+//! for the next one (rustyline's `buffer-redux`), and a Tab inserts a tab.
 
 pub mod complete;
 
@@ -13,7 +19,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use forkbox_client::{ClientError, CreateSession, ExecResult, StreamEvent};
 use rustyline::error::ReadlineError;
-use rustyline::DefaultEditor;
+use rustyline::{Cmd, DefaultEditor, KeyCode, KeyEvent, Modifiers};
 
 use crate::api::{exec_streaming, Api, Target};
 
@@ -24,7 +30,7 @@ Python code runs in the session; every exec is a checkpoint. Meta commands:
   :fork [N]      start a new session from checkpoint N (default: the latest) and switch to it
   :session       show the session
   :help          this text
-  :quit          leave (also Ctrl-D)
+  :quit          leave (also Ctrl-D, exit(), quit()); the session is kept
 Ctrl-C interrupts running code (the session keeps its state) or clears the input line.";
 
 /// Terminal styling, only when the stream is a terminal.
@@ -70,6 +76,8 @@ pub fn repl(api: &Api, home: &Path, session: Option<String>, template: Option<St
     println!("forkbox repl: session {} on {} (:help for commands, Ctrl-D to leave)", r.session, api.target);
 
     let mut rl = DefaultEditor::new().context("starting the line editor")?;
+    // No completion here: a Tab (in a paste, or typed to indent) is part of the code.
+    rl.bind_sequence(KeyEvent(KeyCode::Tab, Modifiers::NONE), Cmd::Insert(1, "\t".into()));
     std::fs::create_dir_all(home).ok();
     let history = home.join("repl_history");
     // A missing history file is the normal first run.
@@ -97,8 +105,8 @@ pub fn repl(api: &Api, home: &Path, session: Option<String>, template: Option<St
                 buf.push_str(&line);
                 if complete::check(&buf) == complete::Input::Complete {
                     let code = std::mem::take(&mut buf);
-                    if !code.trim().is_empty() {
-                        r.run(&code);
+                    if !code.trim().is_empty() && r.run(&code) == Ran::Exit {
+                        break;
                     }
                 }
             }
@@ -110,12 +118,31 @@ pub fn repl(api: &Api, home: &Path, session: Option<String>, template: Option<St
             Err(e) => return Err(e).context("reading input"),
         }
     }
+    r.farewell();
     Ok(ExitCode::SUCCESS)
 }
 
+/// What an exec asks of the prompt.
+#[derive(Debug, PartialEq, Eq)]
+enum Ran {
+    Continue,
+    /// The code raised SystemExit (`exit()`, `quit()`, `sys.exit()`): leave.
+    Exit,
+}
+
 impl Repl<'_> {
+    /// How to come back to this session, said when the REPL ends.
+    fn farewell(&self) {
+        let url = if self.api.target.starts_with("http") { format!("--url {} ", self.api.target) } else { String::new() };
+        let at = match self.api.block_on(self.api.client.get_session(&self.session)) {
+            Ok(s) => s.checkpoint.map_or(String::new(), |n| format!(" at checkpoint {n}")),
+            Err(_) => String::new(),
+        };
+        println!("session {} is kept{at}; come back to it with: forkbox {url}repl {}", self.session, self.session);
+    }
+
     /// Run code, streaming its output; Ctrl-C meanwhile interrupts it.
-    fn run(&mut self, code: &str) {
+    fn run(&mut self, code: &str) -> Ran {
         let client = &self.api.client;
         let id = self.session.clone();
         let style = &self.style;
@@ -157,6 +184,9 @@ impl Repl<'_> {
                     println!();
                 }
                 if let Some(e) = &r.error {
+                    if e.kind == "SystemExit" {
+                        return Ran::Exit;
+                    }
                     eprint!("{}", self.style.red(&e.traceback));
                     let _ = std::io::stderr().flush();
                 }
@@ -177,6 +207,7 @@ impl Repl<'_> {
                 }
             }
         }
+        Ran::Continue
     }
 
     /// A meta command; false to leave.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
@@ -19,8 +20,18 @@ class AsyncForkbox:
     async context manager, or call `close()`, to release its connections.
     """
 
-    def __init__(self, url: str | None = None, api_key: str | None = None, *, http_timeout: httpx.Timeout | float | None = None):
-        self.url, self._key = _base.config(url, api_key)
+    def __init__(
+        self,
+        url: str | None = None,
+        api_key: str | None = None,
+        *,
+        http_timeout: httpx.Timeout | float | None = None,
+        retries: int = 0,
+        retry_backoff: float = 0.5,
+        retry_max_delay: float = 30.0,
+    ):
+        self.url, self._key, self._default_url = _base.config(url, api_key)
+        self._retry = _base.RetryPolicy(retries, retry_backoff, retry_max_delay)
         self._http = httpx.AsyncClient(
             base_url=self.url, headers=_base.headers(self._key), timeout=http_timeout or _base.DEFAULT_HTTP_TIMEOUT
         )
@@ -36,10 +47,17 @@ class AsyncForkbox:
         await self._http.aclose()
 
     async def _send(self, method: str, path: str, **kw: Any) -> httpx.Response:
-        try:
-            return _base.check(await self._http.request(method, path, **kw))
-        except httpx.HTTPError as e:
-            raise _base.connection_failed(e) from e
+        attempt = 0
+        while True:
+            try:
+                resp = await self._http.request(method, path, **kw)
+            except httpx.HTTPError as e:
+                raise _base.connection_failed(e, self.url, self._default_url) from e
+            delay = self._retry.delay(resp, attempt)
+            if delay is None:
+                return _base.check(resp)
+            attempt += 1
+            await asyncio.sleep(delay)
 
     async def _json(self, method: str, path: str, **kw: Any) -> Any:
         return (await self._send(method, path, **kw)).json()
@@ -60,23 +78,31 @@ class AsyncForkbox:
         return self._stream("/v1/exec/stream", _base.exec_body(code, timeout))
 
     async def _stream(self, path: str, body: dict[str, Any]) -> AsyncIterator[Event]:
+        attempt = 0
         try:
-            async with self._http.stream("POST", path, json=body, headers={"Accept": "text/event-stream"}) as resp:
-                if not resp.is_success:
-                    await resp.aread()
-                    _base.check(resp)
-                parser = _base.SseParser()
-                async for line in resp.aiter_lines():
-                    ev = parser.feed(line)
-                    if ev is None:
-                        continue
-                    e = _base.stream_event(*ev)
-                    if e is not None:
-                        yield e
-                        if isinstance(e, Result):
-                            return
+            while True:
+                async with self._http.stream("POST", path, json=body, headers={"Accept": "text/event-stream"}) as resp:
+                    if not resp.is_success:
+                        await resp.aread()
+                        delay = self._retry.delay(resp, attempt)
+                        if delay is not None:
+                            attempt += 1
+                            await asyncio.sleep(delay)
+                            continue
+                        _base.check(resp)
+                    parser = _base.SseParser()
+                    async for line in resp.aiter_lines():
+                        ev = parser.feed(line)
+                        if ev is None:
+                            continue
+                        e = _base.stream_event(*ev)
+                        if e is not None:
+                            yield e
+                            if isinstance(e, Result):
+                                return
+                    break
         except httpx.HTTPError as e:
-            raise _base.connection_failed(e) from e
+            raise _base.connection_failed(e, self.url, self._default_url) from e
         raise ForkboxError(0, "protocol_error", "the stream ended without a result")
 
 
@@ -122,15 +148,16 @@ class AsyncSession:
         self.info = SessionInfo.from_json(await self._c._json("GET", self._path()))
         return self
 
-    async def exec(self, code: str) -> ExecResult:
-        """Run `code` in the session; `result.checkpoint` is the checkpoint it made."""
-        r = ExecResult.from_json(await self._c._json("POST", self._path("/exec"), json={"code": code}))
+    async def exec(self, code: str, timeout: float | None = None) -> ExecResult:
+        """Run `code` in the session; `result.checkpoint` is the checkpoint it made. `timeout`: this exec's
+        time limit in seconds (default: the session's; the server bounds it by its maximum)."""
+        r = ExecResult.from_json(await self._c._json("POST", self._path("/exec"), json=_base.exec_body(code, timeout)))
         self.info.checkpoint = r.checkpoint
         return r
 
-    def stream(self, code: str) -> AsyncIterator[Event]:
+    def stream(self, code: str, timeout: float | None = None) -> AsyncIterator[Event]:
         """Run `code` in the session; yields `Stdout`/`Stderr` chunks as produced, then one `Result`."""
-        return self._c._stream(self._path("/exec/stream"), {"code": code})
+        return self._c._stream(self._path("/exec/stream"), _base.exec_body(code, timeout))
 
     async def interrupt(self) -> bool:
         """Interrupt the running exec (the code gets KeyboardInterrupt); False if none was running."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import random
+from dataclasses import dataclass
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 from urllib.parse import quote
@@ -18,13 +20,45 @@ DEFAULT_URL = "http://127.0.0.1:8080"
 DEFAULT_HTTP_TIMEOUT = httpx.Timeout(connect=10.0, read=900.0, write=60.0, pool=60.0)
 
 
-def config(url: str | None, api_key: str | None) -> tuple[str, str | None]:
-    """The base URL and key: the arguments, else $FORKBOX_URL / $FORKBOX_API_KEY, else the local default."""
-    base = (url or os.environ.get("FORKBOX_URL") or DEFAULT_URL).rstrip("/")
+def config(url: str | None, api_key: str | None) -> tuple[str, str | None, bool]:
+    """The base URL and key: the arguments, else $FORKBOX_URL / $FORKBOX_API_KEY, else the local default;
+    and whether the URL is that default (nothing configured it)."""
+    given = url or os.environ.get("FORKBOX_URL")
+    base = (given or DEFAULT_URL).rstrip("/")
     if not base.startswith(("http://", "https://")):
         raise ValueError(f"forkbox URL must start with http:// or https://, got {base!r}")
     key = api_key if api_key is not None else os.environ.get("FORKBOX_API_KEY")
-    return base, key or None
+    return base, key or None, not given
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Retries of a request the server refused for load: 429 (`rate_limited`, `cpu_budget_exceeded`) and
+    503 (`overloaded`). Such a request did not run, so retrying it (an exec too) is safe. Each wait is the
+    response's `Retry-After` if it has one (a wait longer than `max_delay` is not waited for: the error is
+    raised), else `backoff * 2**attempt` seconds with jitter, at most `max_delay`."""
+
+    retries: int = 0
+    backoff: float = 0.5
+    max_delay: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.retries < 0 or self.backoff < 0 or self.max_delay < 0:
+            raise ValueError("retries, retry_backoff and retry_max_delay must not be negative")
+
+    def delay(self, resp: httpx.Response, attempt: int) -> float | None:
+        """Seconds to wait before retrying `resp`'s request (`attempt` retries made so far), or None: do not retry."""
+        if resp.status_code not in (429, 503) or attempt >= self.retries:
+            return None
+        hint = resp.headers.get("retry-after")
+        if hint is not None:
+            try:
+                wait = float(hint)
+            except ValueError:
+                wait = -1.0
+            if wait >= 0:
+                return wait if wait <= self.max_delay else None
+        return min(self.max_delay, self.backoff * (2 ** attempt) * (0.5 + random.random() / 2))
 
 
 def headers(api_key: str | None) -> dict[str, str]:
@@ -95,8 +129,13 @@ def batch_results(v: dict[str, Any]) -> list[ExecResult | ForkboxError]:
     return out
 
 
-def connection_failed(e: httpx.HTTPError) -> ConnectionFailed:
-    return ConnectionFailed(0, "connection_error", f"{type(e).__name__}: {e}")
+def connection_failed(e: httpx.HTTPError, url: str = "", default_url: bool = False) -> ConnectionFailed:
+    if default_url and isinstance(e, httpx.ConnectError):
+        return ConnectionFailed(0, "connection_error", (
+            f"no forkbox server answers at {url}, the default URL (neither url= nor $FORKBOX_URL is set): "
+            f"start one with `forkbox serve`, or pass url= / set FORKBOX_URL (and FORKBOX_API_KEY) ({e})"))
+    where = f" to {url}" if url else ""
+    return ConnectionFailed(0, "connection_error", f"connection{where} failed: {type(e).__name__}: {e}")
 
 
 class SseParser:

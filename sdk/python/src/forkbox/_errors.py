@@ -70,8 +70,9 @@ class TemplateNotFound(NotFound):
     """404: no template of that name (see the server's /v1/templates)."""
 
 
-class Timeout(ForkboxError):
-    """408: the code ran past its time limit (a session is rolled back to its last checkpoint)."""
+class Timeout(ForkboxError, TimeoutError):
+    """408: the code ran past its time limit (a session is rolled back to its last checkpoint).
+    Also a `TimeoutError`, so `except TimeoutError` catches it."""
 
 
 class SessionBusy(ForkboxError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+import time
 from typing import Any
 
 import httpx
@@ -19,8 +20,18 @@ class Forkbox:
     context manager, or call `close()`, to release its connections.
     """
 
-    def __init__(self, url: str | None = None, api_key: str | None = None, *, http_timeout: httpx.Timeout | float | None = None):
-        self.url, self._key = _base.config(url, api_key)
+    def __init__(
+        self,
+        url: str | None = None,
+        api_key: str | None = None,
+        *,
+        http_timeout: httpx.Timeout | float | None = None,
+        retries: int = 0,
+        retry_backoff: float = 0.5,
+        retry_max_delay: float = 30.0,
+    ):
+        self.url, self._key, self._default_url = _base.config(url, api_key)
+        self._retry = _base.RetryPolicy(retries, retry_backoff, retry_max_delay)
         self._http = httpx.Client(
             base_url=self.url, headers=_base.headers(self._key), timeout=http_timeout or _base.DEFAULT_HTTP_TIMEOUT
         )
@@ -36,10 +47,17 @@ class Forkbox:
         self._http.close()
 
     def _send(self, method: str, path: str, **kw: Any) -> httpx.Response:
-        try:
-            return _base.check(self._http.request(method, path, **kw))
-        except httpx.HTTPError as e:
-            raise _base.connection_failed(e) from e
+        attempt = 0
+        while True:
+            try:
+                resp = self._http.request(method, path, **kw)
+            except httpx.HTTPError as e:
+                raise _base.connection_failed(e, self.url, self._default_url) from e
+            delay = self._retry.delay(resp, attempt)
+            if delay is None:
+                return _base.check(resp)
+            attempt += 1
+            time.sleep(delay)
 
     def _json(self, method: str, path: str, **kw: Any) -> Any:
         return self._send(method, path, **kw).json()
@@ -60,14 +78,22 @@ class Forkbox:
         return self._stream("/v1/exec/stream", _base.exec_body(code, timeout))
 
     def _stream(self, path: str, body: dict[str, Any]) -> Iterator[Event]:
+        attempt = 0
         try:
-            with self._http.stream("POST", path, json=body, headers={"Accept": "text/event-stream"}) as resp:
-                if not resp.is_success:
-                    resp.read()
-                    _base.check(resp)
-                yield from _base.events(resp.iter_lines())
+            while True:
+                with self._http.stream("POST", path, json=body, headers={"Accept": "text/event-stream"}) as resp:
+                    if not resp.is_success:
+                        resp.read()
+                        delay = self._retry.delay(resp, attempt)
+                        if delay is not None:
+                            attempt += 1
+                            time.sleep(delay)
+                            continue
+                        _base.check(resp)
+                    yield from _base.events(resp.iter_lines())
+                    return
         except httpx.HTTPError as e:
-            raise _base.connection_failed(e) from e
+            raise _base.connection_failed(e, self.url, self._default_url) from e
 
 
 class Sessions:
@@ -112,15 +138,16 @@ class Session:
         self.info = SessionInfo.from_json(self._c._json("GET", self._path()))
         return self
 
-    def exec(self, code: str) -> ExecResult:
-        """Run `code` in the session; `result.checkpoint` is the checkpoint it made."""
-        r = ExecResult.from_json(self._c._json("POST", self._path("/exec"), json={"code": code}))
+    def exec(self, code: str, timeout: float | None = None) -> ExecResult:
+        """Run `code` in the session; `result.checkpoint` is the checkpoint it made. `timeout`: this exec's
+        time limit in seconds (default: the session's; the server bounds it by its maximum)."""
+        r = ExecResult.from_json(self._c._json("POST", self._path("/exec"), json=_base.exec_body(code, timeout)))
         self.info.checkpoint = r.checkpoint
         return r
 
-    def stream(self, code: str) -> Iterator[Event]:
+    def stream(self, code: str, timeout: float | None = None) -> Iterator[Event]:
         """Run `code` in the session; yields `Stdout`/`Stderr` chunks as produced, then one `Result`."""
-        return self._c._stream(self._path("/exec/stream"), {"code": code})
+        return self._c._stream(self._path("/exec/stream"), _base.exec_body(code, timeout))
 
     def interrupt(self) -> bool:
         """Interrupt the running exec (the code gets KeyboardInterrupt); False if none was running."""
