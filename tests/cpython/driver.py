@@ -6,7 +6,7 @@
 #          or full test ids "test.test_os.FileTests.test_access")
 #   skip:  test ids not to run (already run, or the one that hung a previous attempt)
 # Each line is `\x1eFBT {json}`: {"start": id}, {"id", "o", "msg"} with o one of
-# pass, fail, error, skip, xfail, xpass; {"load_error": msg}; and {"done": secs} last.
+# pass, fail, error, skip, xfail, xpass and "t" its seconds; {"load_error": msg}; and {"done": secs} last.
 import io as _io
 import json as _json
 import os as _os
@@ -44,7 +44,11 @@ def _fbt_main(params):
 
         def startTest(self, test):
             super().startTest(test)
+            self._t = _time.monotonic()
             emit({"start": test.id()})
+
+        def secs(self):
+            return round(_time.monotonic() - getattr(self, "_t", _time.monotonic()), 3)
 
         def _put(self, test, outcome, err=None):
             msg = ""
@@ -53,13 +57,13 @@ def _fbt_main(params):
                     msg = last_line("".join(_traceback.format_exception(*err)))
                 except Exception as e:  # a broken exception object
                     msg = "unformattable %s: %r" % (type(err[1]).__name__, e)
-            emit({"id": test.id(), "o": outcome, "msg": msg})
+            emit({"id": test.id(), "o": outcome, "msg": msg, "t": self.secs()})
 
         def addSuccess(self, test):
             super().addSuccess(test)
             sub = self._sub.pop(test.id(), None)
             if sub:
-                emit({"id": test.id(), "o": "fail", "msg": "subtest: " + sub})
+                emit({"id": test.id(), "o": "fail", "msg": "subtest: " + sub, "t": self.secs()})
             else:
                 self._put(test, "pass")
 
@@ -75,7 +79,7 @@ def _fbt_main(params):
 
         def addSkip(self, test, reason):
             super().addSkip(test, reason)
-            emit({"id": test.id(), "o": "skip", "msg": str(reason)[:300]})
+            emit({"id": test.id(), "o": "skip", "msg": str(reason)[:300], "t": self.secs()})
 
         def addExpectedFailure(self, test, err):
             super().addExpectedFailure(test, err)
