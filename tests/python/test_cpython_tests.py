@@ -50,7 +50,7 @@ def test_check_update_and_results(tmp_path):
     assert r.returncode == 0, r.stderr
     text = listed.read_text()
     assert BISECT not in text and "## wrongly listed" not in text
-    assert f"{TOOL}test_compact" in text and f"{TOOL}test_indent" in text and "## unclassified" in text
+    assert f"{TOOL}test_compact" in text and f"{TOOL}test_indent" in text and "## no processes" in text
     r = run(tmp_path, "--check")
     assert r.returncode == 0, r.stderr
     assert "REGRESSION" not in r.stderr and "FIXED" not in r.stderr
