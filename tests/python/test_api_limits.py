@@ -1,6 +1,7 @@
 """Per-key limits through the real CLI (`forkbox key create --rate-limit/--max-sessions/--max-disk-mb`)
 and a real `forkbox serve`: keys created while the server runs work at once, with their limits."""
 
+import os
 import subprocess
 import time
 
@@ -37,16 +38,24 @@ def test_session_quota_gets_403_quota_exceeded(server):
     assert httpx.post(f"{server.url}/v1/sessions", json={}, headers=h, timeout=60).status_code == 201
 
 
-def test_disk_quota_refuses_execs_and_uploads_once_over(server):
+def test_disk_quota_refuses_a_checkpoint_that_would_pass_it_and_keeps_the_session(server):
     key = server.create_key("py-disk", "--max-disk-mb", "1")
     h = server.headers(key)
     sid = httpx.post(f"{server.url}/v1/sessions", json={}, headers=h, timeout=60).json()["id"]
-    r = httpx.post(f"{server.url}/v1/sessions/{sid}/exec", json={"code": "import os\nb = os.urandom(3_000_000)"}, headers=h, timeout=60)
-    assert r.status_code == 200, r.text
-    r = httpx.post(f"{server.url}/v1/sessions/{sid}/exec", json={"code": "len(b)"}, headers=h, timeout=60)
+    # A 3 MB checkpoint does not fit a 1 MiB quota: it is not written, the exec's result comes with the error.
+    r = httpx.post(f"{server.url}/v1/sessions/{sid}/exec", json={"code": "import os\nb = os.urandom(3_000_000)\nprint('ran')"}, headers=h, timeout=60)
+    assert r.status_code == 403 and r.json()["error"]["code"] == "quota_exceeded", r.text
+    err = r.json()["error"]
+    assert err["result"]["stdout"] == "ran\n" and err["result"]["exit_code"] == 0, r.text
+    assert err["checkpoint"] is None, r.text
+    # The session stays at its previous state (nothing of that exec), and small execs go on.
+    r = httpx.post(f"{server.url}/v1/sessions/{sid}/exec", json={"code": "'b' in globals()"}, headers=h, timeout=60)
+    assert r.status_code == 200 and r.json()["value"] == "False", r.text
+    # An upload that would pass the quota is refused too; a small one is taken.
+    r = httpx.put(f"{server.url}/v1/sessions/{sid}/files/tmp/big.bin", content=os.urandom(2_000_000), headers=h, timeout=60)
     assert r.status_code == 403 and r.json()["error"]["code"] == "quota_exceeded", r.text
     r = httpx.put(f"{server.url}/v1/sessions/{sid}/files/tmp/x.txt", content=b"x", headers=h, timeout=60)
-    assert r.status_code == 403 and r.json()["error"]["code"] == "quota_exceeded", r.text
+    assert r.status_code in (200, 201, 204), r.text
 
 
 @pytest.mark.parametrize("flag,value", [("--rate-limit", "0"), ("--max-sessions", "-1"), ("--max-disk-mb", "lots")])

@@ -151,10 +151,12 @@ t0 = time.monotonic()
 with ThreadPoolExecutor(8) as ex:
     naps = list(ex.map(nap, range(16)))
 took = time.monotonic() - t0
-(sum(out), out[:5], naps == list(range(16)), len(seen), took < 0.5)
+# The pool starts a worker per submit while none is idle: up to 8 (fewer if
+# one finished a nap before the last submit, as under host load).
+(sum(out), out[:5], naps == list(range(16)), 1 < len(seen) <= 8, took < 0.5)
 "#,
     );
-    assert_eq!(v, "(328350, [0, 1, 4, 9, 16], True, 8, True)");
+    assert_eq!(v, "(328350, [0, 1, 4, 9, 16], True, True, True)");
 }
 
 #[test]

@@ -16,6 +16,7 @@ pub mod objects;
 pub mod net;
 pub mod process;
 mod serde_map;
+pub mod signal;
 pub mod syscalls;
 pub mod thread;
 pub mod vfs;

@@ -14,7 +14,8 @@ use crate::vfs::{Ino, Vfs, VfsState, ROOT_INO};
 /// The fd the agent channel appears on in the guest.
 pub const AGENT_FD: i32 = 3;
 
-pub const NSIG: usize = 64;
+/// Signal numbers 1..=NSIG (`crate::thread::NSIG`), as an index bound.
+pub const NSIG: usize = crate::thread::NSIG as usize;
 /// `struct sigaction` as the kernel ABI has it (handler, flags, restorer, mask).
 pub type SigAction = [u8; 32];
 

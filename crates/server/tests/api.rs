@@ -1252,8 +1252,12 @@ async fn a_batch_counts_each_exec_against_the_rate_and_a_cpu_budget_is_enforced(
     let (st, v) = s.call(M::POST, "/v1/exec/batch", Some(&key), Some(json!({ "codes": ["1", "2", "3"] }))).await;
     assert_eq!(st, StatusCode::OK, "{v}");
     assert_eq!(v["results"].as_array().unwrap().len(), 3);
-    // Right after, the bucket has at most 2 left: a batch of 3 more is refused.
-    assert_error(&s.call(M::POST, "/v1/exec/batch", Some(&key), Some(json!({ "codes": ["1", "2", "3"] }))).await, StatusCode::TOO_MANY_REQUESTS, "rate_limited");
+    // Right after, the bucket has 2 left (plus what 0.6 s would refill): a batch of 5 more is refused.
+    assert_error(
+        &s.call(M::POST, "/v1/exec/batch", Some(&key), Some(json!({ "codes": ["1", "2", "3", "4", "5"] }))).await,
+        StatusCode::TOO_MANY_REQUESTS,
+        "rate_limited",
+    );
     // CPU seconds: a key with 1 CPU-second per hour spins once, then gets 429 with Retry-After.
     let cpu = limited_key(&s, "cpu", forkbox_server::KeyLimits { cpu_seconds_per_hour: Some(1), ..Default::default() });
     let (st, v) = s.call(M::POST, "/v1/exec", Some(&cpu), Some(json!({ "code": "import time\nt = time.time()\nwhile time.time() - t < 2: pass" }))).await;

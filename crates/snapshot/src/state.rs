@@ -33,7 +33,7 @@ pub const MAGIC: &[u8; 8] = b"FBXSNAP\0";
 ///    never in a snapshot).
 pub const FORMAT_VERSION: u32 = 5;
 /// Every version `decode` reads (oldest first); the last is `FORMAT_VERSION`.
-pub const READABLE_VERSIONS: &[u32] = &[5];
+pub const READABLE_VERSIONS: &[u32] = &[4, 5];
 const HEADER_LEN: usize = 8 + 4 + 8 + 32;
 /// A state file larger than this is rejected before it is read into memory.
 const MAX_PAYLOAD: u64 = 4 << 30;
@@ -146,6 +146,7 @@ pub fn decode(bytes: &[u8]) -> Result<Snapshot, StateError> {
 /// The reader of each readable version.
 fn decode_payload(version: u32, payload: &[u8]) -> Result<Snapshot, StateError> {
     match version {
+        4 => v4::read(payload),
         5 => read_v5(payload),
         v => Err(StateError::BadVersion(v)),
     }
@@ -154,6 +155,74 @@ fn decode_payload(version: u32, payload: &[u8]) -> Result<Snapshot, StateError> 
 /// Version 5 is the current shape (`Snapshot` as defined above).
 fn read_v5(payload: &[u8]) -> Result<Snapshot, StateError> {
     postcard::from_bytes(payload).map_err(|e| StateError::Corrupt(format!("undecodable version 5 payload: {e}")))
+}
+
+/// Version 4 (the first released shape with fd objects): a single-threaded
+/// process with no thread table, file bytes inline (no pack files) and
+/// directory entries not charged (VfsState 2). Frozen: never edit these types.
+mod v4 {
+    use forkbox_linux::fd::FdTable;
+    use forkbox_linux::mm::MemoryMap;
+    use forkbox_linux::process::{ExecInfo, ProcessState, Signals};
+    use forkbox_linux::thread::Threads;
+    use forkbox_linux::vfs::{Ino, VfsState};
+    use forkbox_vmm::regs::VcpuRecord;
+    use serde::Deserialize;
+
+    use super::StateError;
+    use crate::cpu::CpuFingerprint;
+    use crate::memory::MemoryStats;
+
+    #[derive(Deserialize)]
+    struct Snapshot {
+        image_id: String,
+        cpu: CpuFingerprint,
+        vcpu: VcpuRecord,
+        process: Process,
+        memory: MemoryStats,
+        info: String,
+    }
+
+    #[derive(Deserialize)]
+    struct Process {
+        mm: MemoryMap,
+        fds: FdTable,
+        vfs: VfsState,
+        cwd: Ino,
+        signals: Signals,
+        fs_base: u64,
+        tid_address: u64,
+        umask: u32,
+        exec_info: ExecInfo,
+    }
+
+    pub(super) fn read(payload: &[u8]) -> Result<super::Snapshot, StateError> {
+        let s: Snapshot =
+            postcard::from_bytes(payload).map_err(|e| StateError::Corrupt(format!("undecodable version 4 payload: {e}")))?;
+        let p = s.process;
+        // The one thread is the main thread, its per-thread fields those of the process.
+        let process = ProcessState {
+            mm: p.mm,
+            fds: p.fds,
+            vfs: p.vfs.upgraded(),
+            cwd: p.cwd,
+            signals: p.signals,
+            fs_base: p.fs_base,
+            tid_address: p.tid_address,
+            umask: p.umask,
+            threads: Threads::default(),
+            exec_info: p.exec_info,
+        };
+        Ok(super::Snapshot {
+            image_id: s.image_id,
+            cpu: s.cpu,
+            vcpu: s.vcpu,
+            process,
+            memory: s.memory,
+            info: s.info,
+            files: Default::default(),
+        })
+    }
 }
 
 /// Write atomically: temp file, fsync, rename, fsync the directory.

@@ -1,26 +1,23 @@
 //! Signals: actions (shared by all threads), the calling thread's mask and
 //! alternate stack, waiting for signals. Signals are queued in
-//! `crate::thread::Threads`; the engine delivers them (it builds the frame and
-//! answers rt_sigreturn, `Effect::SigReturn`, from the state it kept per thread).
-//! Faults end the guest.
+//! `crate::thread::Threads`; the engine delivers them with the frames of
+//! `crate::signal` and answers rt_sigreturn (`Effect::SigReturn`) from the
+//! state kept per thread.
 
 use std::time::Duration;
 
 use super::{Args, Ctx, Effect};
 use crate::errno::{Errno, SysResult};
 use crate::process::NSIG;
-use crate::thread::{sigbit, UNBLOCKABLE};
+use crate::thread::{sigbit, SIGKILL, SIGSTOP, UNBLOCKABLE};
 use crate::wait::{block, Block, WaitOn};
-
-const SIGKILL: u64 = 9;
-const SIGSTOP: u64 = 19;
 
 pub fn rt_sigaction(ctx: &mut Ctx, a: &Args) -> SysResult {
     let (sig, act, old, size) = (a[0], a[1], a[2], a[3]);
     if size != 8 || sig == 0 || sig > NSIG as u64 {
         return Err(Errno::EINVAL);
     }
-    if act != 0 && (sig == SIGKILL || sig == SIGSTOP) {
+    if act != 0 && (sig == SIGKILL as u64 || sig == SIGSTOP as u64) {
         return Err(Errno::EINVAL);
     }
     let new = if act != 0 { Some(<[u8; 32]>::try_from(ctx.bytes(act, 32)?).map_err(|_| Errno::EFAULT)?) } else { None };
@@ -45,14 +42,13 @@ pub fn rt_sigprocmask(ctx: &mut Ctx, a: &Args) -> SysResult {
         ctx.write_u64(old, m)?;
     }
     if let Some(s) = new {
-        let unblockable = (1 << (SIGKILL - 1)) | (1 << (SIGSTOP - 1));
         let m = &mut ctx.proc.signals.mask;
         *m = match how {
             libc::SIG_BLOCK => *m | s,
             libc::SIG_UNBLOCK => *m & !s,
             libc::SIG_SETMASK => s,
             _ => return Err(Errno::EINVAL),
-        } & !unblockable;
+        } & !UNBLOCKABLE;
     }
     Ok(0)
 }

@@ -38,12 +38,13 @@ class Unauthorized(ForkboxError):
     """401: no API key, or an unknown one."""
 
 
-class QuotaExceeded(ForkboxError):
-    """403: the key's session or disk quota is used up (a session exec's `result` is in `body`)."""
-
-
 class Forbidden(ForkboxError):
-    """403 `forbidden`: the key may not do this (e.g. read /metrics without being an admin key)."""
+    """403 `forbidden`: the key may not do this (e.g. read /metrics without being an admin key);
+    also the base of `QuotaExceeded`."""
+
+
+class QuotaExceeded(Forbidden):
+    """403: the key's session or disk quota is used up (a session exec's `result` is in `body`)."""
 
 
 class NotFound(ForkboxError):
@@ -151,7 +152,7 @@ _BY_CODE: dict[str, type[ForkboxError]] = {
 _BY_STATUS: dict[int, type[ForkboxError]] = {
     400: InvalidRequest,
     401: Unauthorized,
-    403: QuotaExceeded,
+    403: Forbidden,
     404: NotFound,
     408: Timeout,
     409: SessionBusy,
