@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use forkbox_engine::{Engine, ExecResult, Limits, Sandbox, Template};
+use forkbox_engine::{Engine, ExecOptions, ExecResult, Limits, Sandbox, Stream, Template};
 use forkbox_image::BuildOptions;
 
 use crate::ImageArgs;
@@ -123,7 +123,19 @@ pub fn run(home: &Path, args: RunArgs) -> Result<ExitCode> {
         }
     };
     sb.set_trace(args.trace_syscalls);
-    let result = sb.exec(&code);
+    // Without --json the output is printed as it is written (as the remote mode streams
+    // it), so what ran before a crash, a deadlock or the deadline is not lost.
+    let result = if args.json {
+        sb.exec(&code)
+    } else {
+        let mut sink = |stream: Stream, bytes: &[u8]| {
+            let _ = match stream {
+                Stream::Stdout => std::io::stdout().lock().write_all(bytes).and_then(|()| std::io::stdout().flush()),
+                Stream::Stderr => std::io::stderr().lock().write_all(bytes),
+            };
+        };
+        sb.exec_with(&code, ExecOptions { on_output: Some(&mut sink), interrupt: None })
+    };
     if args.trace_syscalls {
         let stats = sb.stats();
         eprintln!("forkbox: {} syscalls", stats.syscalls);
@@ -134,12 +146,22 @@ pub fn run(home: &Path, args: RunArgs) -> Result<ExitCode> {
     let result = match result {
         Ok(r) => r,
         Err(e) => {
+            // Without --json the output was shown as it was written.
             let out = sb.take_failed_output();
-            print_failure(e.code(), &e.to_string(), out.as_ref().map(|o| (o.stdout.as_str(), o.stderr.as_str())), args.json, false)?;
+            let out = out.as_ref().map(|o| (o.stdout.as_str(), o.stderr.as_str()));
+            print_failure(e.code(), &e.to_string(), out, args.json, !args.json)?;
             return Err(anyhow::Error::new(e).context("running the code"));
         }
     };
-    print_result(&result, args.json)?;
+    if args.json {
+        print_result(&result, true)?;
+    } else {
+        let traceback = result.error.as_ref().map(|e| e.traceback.as_str());
+        print_parts(&result, false, None, traceback, result.value.as_deref())?;
+        let bundles: Vec<forkbox_client::MimeBundle> =
+            result.display.iter().map(|b| forkbox_client::MimeBundle(b.clone().into_iter().collect())).collect();
+        show_display(&bundles)?;
+    }
     let files: Vec<Output<'_>> =
         result.outputs.iter().map(|o| Output { path: &o.path, size: o.size, mime: o.mime, data: o.data.clone() }).collect();
     report_outputs(&files, args.save_outputs.as_deref(), args.json)?;

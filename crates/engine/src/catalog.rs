@@ -77,6 +77,14 @@ pub fn builtin_recipes() -> Vec<Recipe> {
             spec: crate::with_agent(ImageSpec::data()),
             preload: DATA_PRELOAD.into(),
         },
+        Recipe {
+            name: "cpython-tests".into(),
+            description: "Python 3.11 + CPython's regression tests (Debian's libpython3.11-testsuite, the `test` package), \
+                          for scripts/cpython-tests; unittest and test.support preloaded"
+                .into(),
+            spec: crate::with_agent(ImageSpec::cpython_tests()),
+            preload: "import unittest, test.support, test.support.os_helper".into(),
+        },
     ]
 }
 

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressStyle};
 
 pub use apt::{parse_print_uris, DebRef};
-pub use recipe::{recipe_id, Blas, ExtraFile, ImageSpec, BASE_PACKAGES, DATA_PACKAGES, DEFAULT_OMIT, RECIPE_VERSION, TRIM_RULES};
+pub use recipe::{recipe_id, Blas, ExtraFile, ImageSpec, BASE_PACKAGES, CPYTHON_TESTSUITE, DATA_PACKAGES, DEFAULT_OMIT, RECIPE_VERSION, TRIM_RULES};
 pub use tree::TreeStats;
 
 use crate::{pack_dir_with, Image, ImageError, PackOptions};
@@ -312,7 +312,7 @@ pub fn build(spec: &ImageSpec, opts: &BuildOptions) -> Result<BuiltImage, BuildE
 
     let sp = spinner(opts.progress, "shaping tree");
     tree::usrmerge(&root)?;
-    let removed = tree::trim(&root, TRIM_RULES)?;
+    let removed = tree::trim(&root, &spec.trim_rules())?;
     stats.trimmed = tree::stats(&root)?;
     tracing::info!(removed, bytes = stats.trimmed.bytes, "trimmed");
     stats.alternatives = tree::apply_alternatives(&root, &control, spec.blas.preferred())?;

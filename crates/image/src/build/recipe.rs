@@ -122,7 +122,7 @@ pub const TRIM_RULES: &[&str] = &[
     "usr/share/lintian",
     "usr/share/bug",
     "usr/include",
-    "usr/lib/python3.*/test",
+    TEST_PACKAGE_RULE,
     "usr/lib/python3.*/idlelib",
     "usr/lib/python3.*/tkinter",
     "usr/lib/python3.*/ensurepip",
@@ -143,6 +143,13 @@ pub const TRIM_RULES: &[&str] = &[
     "usr/share/applications",
     "**/*.a",
 ];
+
+/// The trim rule that removes CPython's `test` package (kept by `ImageSpec::trim_rules`
+/// when the test suite is asked for).
+const TEST_PACKAGE_RULE: &str = "usr/lib/python3.*/test";
+
+/// Debian's package of CPython's regression tests.
+pub const CPYTHON_TESTSUITE: &str = "libpython3.11-testsuite";
 
 /// One file added to the image after the packages are unpacked.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -196,6 +203,22 @@ impl ImageSpec {
         s.packages.extend(DATA_PACKAGES.iter().map(|p| p.to_string()));
         s.blas = Blas::OpenBlas;
         s
+    }
+
+    /// Python 3.11 and CPython's own regression tests (Debian's `libpython3.11-testsuite`,
+    /// the `test` package), to measure compatibility with real programs.
+    pub fn cpython_tests() -> Self {
+        let mut s = ImageSpec::python_numpy();
+        s.packages = vec!["python3".into(), CPYTHON_TESTSUITE.into()];
+        s.blas = Blas::Any; // no numpy: no BLAS at all
+        s
+    }
+
+    /// The trim rules for this spec: `TRIM_RULES`, except that a spec asking for
+    /// CPython's test suite by name keeps `usr/lib/python3.*/test`.
+    pub fn trim_rules(&self) -> Vec<&'static str> {
+        let keep_tests = self.packages.iter().any(|p| p.starts_with("libpython3") && p.ends_with("-testsuite"));
+        TRIM_RULES.iter().copied().filter(|r| !(keep_tests && *r == TEST_PACKAGE_RULE)).collect()
     }
 
     /// What apt is asked for: the packages, the base packages and the BLAS choice's.
@@ -317,7 +340,7 @@ pub fn recipe_id(spec: &ImageSpec, debs: &[DebRef]) -> String {
         field(&mut h, "deb", d.filename.as_bytes());
         field(&mut h, "sha256", d.sha256.as_bytes());
     }
-    for r in TRIM_RULES {
+    for r in spec.trim_rules() {
         field(&mut h, "trim", r.as_bytes());
     }
     // Extra files are applied in order (a later one may overwrite an earlier one).
@@ -384,6 +407,17 @@ mod tests {
         s6.extra_files[0].guest_path = "/etc/passw".into();
         s6.extra_files[0].data.insert(0, b'd');
         assert_ne!(recipe_id(&s6, &debs), id);
+    }
+
+    #[test]
+    fn test_suite_keeps_the_test_package() {
+        let plain = ImageSpec::python_numpy();
+        assert_eq!(plain.trim_rules(), TRIM_RULES.to_vec());
+        let t = ImageSpec::cpython_tests();
+        let rules = t.trim_rules();
+        assert!(!rules.contains(&"usr/lib/python3.*/test"), "{rules:?}");
+        assert_eq!(rules.len() + 1, TRIM_RULES.len());
+        assert!(t.requested().iter().any(|p| p == CPYTHON_TESTSUITE));
     }
 
     #[test]
