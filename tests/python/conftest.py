@@ -110,6 +110,9 @@ def start_server(home: Path, *extra_args: str, env: dict | None = None) -> Serve
         proc.kill()
         pytest.fail("forkbox serve did not start:\n" + "".join(lines))
     server = Server(url=url, key=key, home=home, proc=proc, output=lines)
+    # The key serve made has the default limits (20 requests/s ...); the tests of
+    # limits make their own keys, the rest use an unlimited admin key of the same tenant.
+    server.key = server.create_key("default", "--unlimited", "--admin")
 
     def drain():
         for line in proc.stdout:
