@@ -91,6 +91,8 @@ pub fn limits(args: &RunArgs) -> Result<Limits> {
         timeout: Duration::from_secs_f64(args.timeout),
         memory_bytes: args.memory_mb << 20,
         output_bytes: args.output_kb << 10,
+        // As the runtime's default (`forkbox serve`, the embedded session commands): the public internet.
+        network: forkbox_engine::NetConfig::with_policy(forkbox_engine::NetPolicy::public()),
         ..Limits::default()
     })
 }
