@@ -49,6 +49,16 @@ pub enum BenchCommand {
         #[command(flatten)]
         image: ImageArgs,
     },
+    /// Processes in a forked sandbox: subprocess.run(['true']), subprocess.run of
+    /// [sys.executable, '-c', 'pass'], os.fork() + os._exit(0) + waitpid; beside a
+    /// host Python doing the same in an os.fork() child.
+    Procs {
+        /// Samples of each measurement (the Python start-up ones get a fifth of them).
+        #[arg(long, default_value_t = 100)]
+        samples: usize,
+        #[command(flatten)]
+        image: ImageArgs,
+    },
     /// Network: a small HTTP GET (urllib) to a loopback server and a 100 MB
     /// download, from the guest (loopback allowlisted) beside the host's python3.
     Net {
@@ -96,6 +106,7 @@ pub fn bench(home: &Path, cmd: BenchCommand) -> Result<ExitCode> {
         BenchCommand::Cold { runs, image } => cold(home, runs.max(1), &image),
         BenchCommand::Fork { forks, execs, live, batch, image } => fork(home, forks, execs, live, batch, &image),
         BenchCommand::Threads { samples, image } => threads(home, samples, &image),
+        BenchCommand::Procs { samples, image } => procs(home, samples.max(5), &image),
         BenchCommand::Sessions { samples, resident, on_disk, image } => sessions(home, samples, resident, on_disk, &image),
         BenchCommand::Net { requests, download_mb, image } => net(home, requests.max(1), download_mb, &image),
     }
@@ -480,6 +491,69 @@ def _thread_bench(n):
         out["pool"].append((time.perf_counter() - t0) * 1000)
     return json.dumps(out)
 "#;
+
+const PROC_BENCH: &str = r#"
+import json, os, subprocess, sys, time
+def _proc_bench(n):
+    out = {"true": [], "python": [], "fork": []}
+    for i in range(n):
+        t0 = time.perf_counter()
+        assert subprocess.run(["true"]).returncode == 0
+        out["true"].append((time.perf_counter() - t0) * 1000)
+        t0 = time.perf_counter()
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+        out["fork"].append((time.perf_counter() - t0) * 1000)
+        if i % 5 == 0:
+            t0 = time.perf_counter()
+            assert subprocess.run([sys.executable, "-c", "pass"]).returncode == 0
+            out["python"].append((time.perf_counter() - t0) * 1000)
+    return json.dumps(out)
+"#;
+
+fn host_baseline(script: &str, call: &str) -> Result<serde_json::Value> {
+    let code = format!(
+        "{script}\nimport os, sys\nr, w = os.pipe()\npid = os.fork()\nif pid == 0:\n    os.close(r)\n    os.write(w, {call}.encode())\n    os._exit(0)\nos.close(w)\nout = b''\nwhile True:\n    b = os.read(r, 1 << 20)\n    if not b: break\n    out += b\nos.waitpid(pid, 0)\nsys.stdout.write(out.decode())\n"
+    );
+    let out = std::process::Command::new("/usr/bin/python3").args(["-c", &code]).output().context("running the host python3 baseline")?;
+    anyhow::ensure!(out.status.success(), "host baseline failed: {}", String::from_utf8_lossy(&out.stderr));
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+fn procs(home: &Path, samples: usize, image: &ImageArgs) -> Result<ExitCode> {
+    let (path, id) = crate::run::ensure_image(home, image, false)?;
+    let engine = Engine::open(&path)?;
+    let template = forkbox_engine::Template::ensure(&engine, home)?;
+    println!("image {}  template {}", &id[..12], template.info.id);
+    let limits = Limits { timeout: std::time::Duration::from_secs(600), ..Limits::default() };
+    let mut sb = template.fork(&engine, limits)?;
+    sb.exec(PROC_BENCH)?;
+    sb.exec("_proc_bench(2)")?;
+    let r = sb.exec(&format!("_proc_bench({samples})"))?;
+    if let Some(e) = &r.error {
+        anyhow::bail!("the guest bench failed: {}: {}", e.kind, e.message);
+    }
+    let repr = r.value.context("no result from the guest bench")?;
+    let guest: serde_json::Value = serde_json::from_str(repr.trim_matches('\''))?;
+    let host = host_baseline(PROC_BENCH, &format!("_proc_bench({samples})"))?;
+    let col = |v: &serde_json::Value, k: &str| -> Vec<f64> {
+        v[k].as_array().map(|a| a.iter().filter_map(|x| x.as_f64()).collect()).unwrap_or_default()
+    };
+    for (k, what) in [
+        ("true", "subprocess.run(['true'])"),
+        ("python", "subprocess.run([python, '-c', 'pass'])"),
+        ("fork", "os.fork() + os._exit(0) + waitpid"),
+    ] {
+        let (g, h) = (col(&guest, k), col(&host, k));
+        println!("{what:<40} guest {}", summary(g.clone()));
+        println!("{:<40} host  {}", "  (host python3, os.fork child)", summary(h.clone()));
+        println!("{:<40} ratio guest/host p50: {:.1}x", "", p50(&g) / p50(&h).max(1e-9));
+    }
+    println!("guest syscalls during the measured exec: {}", r.syscalls);
+    Ok(ExitCode::SUCCESS)
+}
 
 fn host_thread_baseline(n: usize) -> Result<serde_json::Value> {
     let code = format!(

@@ -421,3 +421,28 @@ fn a_session_that_ran_subprocesses_checkpoints_resumes_and_forks() {
         assert_eq!(value(sbx, "subprocess.run('cat /tmp/f; echo $((6*7))', shell=True, capture_output=True, text=True).stdout"), "'hi\\n42\\n'");
     }
 }
+
+#[test]
+fn multiprocessing_fails_clearly_instead_of_hanging() {
+    let mut sb = fork_with(limits(20));
+    let v = json(
+        &mut sb,
+        r#"
+import json, multiprocessing, concurrent.futures as cf
+out = {}
+try:
+    with multiprocessing.Pool(2) as p:
+        out["pool"] = p.map(abs, [-1, -2])
+except OSError as e:
+    out["pool"] = e.errno
+try:
+    with cf.ProcessPoolExecutor(2) as ex:
+        out["ppe"] = list(ex.map(abs, [-1, -2]))
+except OSError as e:
+    out["ppe"] = e.errno
+json.dumps(out)
+"#,
+    );
+    assert_eq!(v["pool"], libc::ENOSYS, "{v}");
+    assert_eq!(v["ppe"], libc::ENOSYS, "{v}");
+}
