@@ -446,3 +446,33 @@ json.dumps(out)
     assert_eq!(v["pool"], libc::ENOSYS, "{v}");
     assert_eq!(v["ppe"], libc::ENOSYS, "{v}");
 }
+
+#[test]
+fn the_memory_limit_counts_every_process() {
+    // 256 MiB for the tree: the template maps ~60 MiB, so a few forks fit and then none.
+    let mut sb = fork_with(Limits { memory_bytes: 256 << 20, ..limits(30) });
+    let v = json(
+        &mut sb,
+        r#"
+import os, json
+pids, err = [], None
+for i in range(20):
+    try:
+        pid = os.fork()
+    except OSError as e:
+        err = e.errno
+        break
+    if pid == 0:
+        os.read(os.pipe()[0], 1)
+    pids.append(pid)
+n = len(pids)
+for p in pids:
+    os.kill(p, 9)
+    os.waitpid(p, 0)
+json.dumps({"n": n, "err": err})
+"#,
+    );
+    let n = v["n"].as_u64().unwrap();
+    assert!((1..=3).contains(&n), "forks within 256 MiB of committed memory: {v}");
+    assert_eq!(v["err"], libc::ENOMEM, "{v}");
+}
