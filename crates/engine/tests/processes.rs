@@ -114,7 +114,7 @@ for code in (0, 3, 77):
     pid = os.fork()
     if pid == 0:
         os.close(r)
-        os.write(w, json.dumps([os.getpid(), os.getppid(), os.getpgrp()]).encode())
+        os.write(w, json.dumps([os.getpid(), os.getppid(), os.getpgrp(), int(os.readlink("/proc/self"))]).encode())
         os._exit(code)
     os.close(w)
     got = json.loads(os.read(r, 1000))
@@ -136,6 +136,7 @@ json.dumps({"res": res, "me": os.getpid(), "echild": echild})
         assert_eq!(r["wpid"], pid);
         assert_eq!(r["child"][0], pid, "getpid in the child: {v}");
         assert_eq!(r["child"][1], me, "getppid in the child: {v}");
+        assert_eq!(r["child"][3], pid, "/proc/self in the child: {v}");
         assert_eq!(r["exited"], true);
         assert_eq!(r["code"], code);
     }
