@@ -1,4 +1,23 @@
-//! A sandbox: one guest process in one VM, driven through the agent channel.
+//! A sandbox: the agent's guest process in its VM, driven through the agent
+//! channel, and the processes it forks.
+//!
+//! Processes: each guest process is its own KVM VM (own guest memory, page
+//! tables and vCPU), so processes are isolated from each other by the hardware
+//! as sandboxes are. All processes of a sandbox are driven by the sandbox's one
+//! host thread: the scheduler that switches green threads on a vCPU switches
+//! processes too (the current process' VM and state are the `vm`/`proc` fields,
+//! the others wait in `others`), so a sandbox uses at most one core and the
+//! deadline, the interrupt and the CPU budget cover the whole tree. What all
+//! processes share — the file system, open file descriptions (pipes, files,
+//! sockets), host network state, the process table — lives once: in `io`, or
+//! in the fields of `Process` that go with the running process
+//! (`Process::swap_shared`). A fork's child memory is the parent's backing file
+//! mapped copy-on-write plus a copy of only the parent's private pages
+//! (PAGEMAP_SCAN), never a copy of all guest memory. vfork and
+//! clone(CLONE_VM|CLONE_VFORK) are forks (the child has a copy of memory; the
+//! parent is not suspended). Children still running when an exec ends are
+//! killed (one note line on stderr), so parked and persisted state is always
+//! the one process of the agent.
 
 use std::time::{Duration, Instant};
 
@@ -21,6 +40,21 @@ use crate::limits::Limits;
 use crate::protocol::{self, ExecReply, ExecRequest, MimeBundle, PyError};
 use crate::signal::{self, SignalState, SIGINT};
 use crate::Engine;
+use forkbox_linux::procs::{Exit, GUEST_PID};
+use forkbox_linux::syscalls::{ExecSpec, ForkSpec};
+use forkbox_vmm::Cpu;
+use std::sync::Arc;
+
+/// A process of the sandbox that is not the one on the host thread now (the
+/// current one's are the `Sandbox` fields of the same names).
+struct Task {
+    vm: Option<Vm>,
+    proc: Process,
+    pending_user: Option<kvm_regs>,
+    in_stub: bool,
+    woken: Option<forkbox_linux::thread::Tid>,
+    wait_on: std::collections::HashMap<forkbox_linux::thread::Tid, wait::WaitOn>,
+}
 
 /// The guest program: CPython running the agent.
 pub const AGENT_PATH: &str = "/opt/forkbox/agent.py";
@@ -166,10 +200,21 @@ pub struct Sandbox {
     exec_timeout: Duration,
     /// What the last exec wrote before it failed (see [`Sandbox::take_failed_output`]).
     failed_output: Option<CapturedOutput>,
+    /// The sandbox's other processes (forked children), round robin.
+    others: Vec<Task>,
+    /// To make VMs for children and execve.
+    cpu: Arc<Cpu>,
+    exec_opts: loader::ExecOptions,
 }
 
 impl Drop for Sandbox {
     fn drop(&mut self) {
+        self.make_main_current();
+        for t in self.others.drain(..) {
+            if let Some(vm) = t.vm {
+                crate::pool::reap(vm);
+            }
+        }
         let Some(vm) = self.vm.take() else { return };
         match (&self.state, &self.pool) {
             // Only a guest parked on the agent's read is in a known state worth resetting.
@@ -226,6 +271,9 @@ impl Sandbox {
             woken: None,
             wait_on: Default::default(),
             stored: Default::default(),
+            others: Vec::new(),
+            cpu: engine.cpu.clone(),
+            exec_opts: opts,
         };
         // Booting python + numpy takes far longer than one exec here: allow a generous deadline.
         let deadline = Instant::now() + sb.limits.timeout.max(Duration::from_secs(120));
@@ -247,7 +295,9 @@ impl Sandbox {
 
     /// A sandbox resumed from a snapshot: `vm` already holds its memory and
     /// vCPU state, parked on the agent's read.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn resumed(
+        engine: &Engine,
         vm: Vm,
         mut proc: Process,
         limits: Limits,
@@ -286,6 +336,9 @@ impl Sandbox {
             woken: None,
             wait_on: Default::default(),
             stored: Default::default(),
+            others: Vec::new(),
+            cpu: engine.cpu.clone(),
+            exec_opts: loader::ExecOptions { hwcap: engine.hwcap, vdso: engine.vdso },
         })
     }
 
@@ -388,6 +441,15 @@ impl Sandbox {
         self.io.streaming = stream;
         self.io.interrupt = interrupt.as_ref().map(|i| i.latch().clone());
         let outcome = self.run(Some(regs), deadline, &mut on_output);
+        let killed = self.end_children();
+        if killed > 0 && outcome.is_ok() {
+            let note = format!(
+                "[forkbox: {killed} child process{} still running at the end of the exec {} killed]\n",
+                if killed == 1 { "" } else { "es" },
+                if killed == 1 { "was" } else { "were" }
+            );
+            self.io.output(Stream::Stderr, note.as_bytes());
+        }
         self.io.streaming = false;
         self.io.streamed.clear();
         self.io.interrupt = None;
@@ -508,55 +570,275 @@ impl Sandbox {
             }
         }
         loop {
-            self.note_interrupt()?;
-            self.schedule(deadline)?;
-            self.deliver_at_vcpu()?;
-            let mut run_deadline = self.sig.grace.map_or(deadline, |g| g.min(deadline));
-            let threads = &self.proc.threads;
-            if !threads.is_simple() {
-                if let Some(at) = self.next_wake() {
-                    run_deadline = run_deadline.min(at);
-                }
-                if threads.runnable_count() > 1 {
-                    run_deadline = run_deadline.min(self.slice_start + SLICE);
-                }
-            }
-            let exit = self.vm().run(Some(run_deadline), latch.as_deref())?;
-            self.in_stub = matches!(exit, VmExit::Syscall(_));
-            match exit {
-                VmExit::Syscall(regs) => {
-                    let stop = self.syscall(regs)?;
-                    self.flush_stream(sink);
-                    self.check_agent_overflow()?;
-                    if let Some(stop) = stop {
-                        return Ok(stop);
-                    }
-                }
-                // Picked up at the top of the loop.
-                VmExit::Interrupted => {}
-                VmExit::Exception(fault) => {
-                    // A fault in user code is a signal to the guest (SIGSEGV
-                    // for a page it did not map...); without a handler, a crash.
-                    let delivered = {
-                        let vm = self.vm.as_mut().expect("sandbox VM present until drop");
-                        signal::deliver_fault(vm, &mut self.proc, &mut self.sig, &fault)
-                    };
-                    match delivered {
-                        Ok(h) => self.vm().enter_user(&h)?,
-                        Err(e) => return Err(self.with_stderr(e)),
-                    }
-                }
-                VmExit::Shutdown { rip } => {
-                    return Err(EngineError::GuestCrashed(format!("triple fault (VM shutdown) near rip {rip:#x}")))
-                }
-                VmExit::DeadlineExceeded => {
-                    self.check_deadline(deadline)?;
-                    // A time slice ended, a timer or a wait's deadline is due.
-                    self.resched = true;
-                }
-                VmExit::Unexpected(why) => return Err(EngineError::GuestCrashed(why)),
+            match self.run_once(deadline, sink, latch.as_deref()) {
+                Ok(Some(stop)) => return Ok(stop),
+                Ok(None) => {}
+                // A child's end (exit, a signal, a crash) is its own, not the exec's.
+                Err(e) => match self.death_of(&e) {
+                    Some(how) => self.end_process(how)?,
+                    None => return Err(e),
+                },
             }
         }
+    }
+
+    /// How the current process ended, if `e` is the end of a child process.
+    fn death_of(&self, e: &EngineError) -> Option<Exit> {
+        if self.proc.pid == GUEST_PID || self.others.is_empty() {
+            return None;
+        }
+        match e {
+            EngineError::GuestExited(c) => Some(Exit::Code(*c)),
+            EngineError::GuestSignaled(s) => Some(Exit::Signal(*s)),
+            EngineError::GuestCrashed(_) => Some(Exit::Signal(self.sig.fault.as_ref().map_or(11, |(s, _)| *s))),
+            _ => None,
+        }
+    }
+
+    fn run_once(
+        &mut self,
+        deadline: Instant,
+        sink: &mut Option<OutputSink<'_>>,
+        latch: Option<&forkbox_vmm::InterruptLatch>,
+    ) -> Result<Option<Stop>, EngineError> {
+        self.note_interrupt()?;
+        self.schedule(deadline)?;
+        self.deliver_at_vcpu()?;
+        let mut run_deadline = self.sig.grace.map_or(deadline, |g| g.min(deadline));
+        let threads = &self.proc.threads;
+        if !threads.is_simple() {
+            if let Some(at) = self.next_wake() {
+                run_deadline = run_deadline.min(at);
+            }
+            if threads.runnable_count() > 1 {
+                run_deadline = run_deadline.min(self.slice_start + SLICE);
+            }
+        }
+        if !self.others.is_empty() {
+            run_deadline = run_deadline.min(self.slice_start + SLICE);
+        }
+        let exit = self.vm().run(Some(run_deadline), latch)?;
+        self.in_stub = matches!(exit, VmExit::Syscall(_));
+        match exit {
+            VmExit::Syscall(regs) => {
+                let stop = self.syscall(regs)?;
+                self.flush_stream(sink);
+                self.check_agent_overflow()?;
+                if let Some(stop) = stop {
+                    return Ok(Some(stop));
+                }
+            }
+            // Picked up at the top of the loop.
+            VmExit::Interrupted => {}
+            VmExit::Exception(fault) => {
+                // A fault in user code is a signal to the guest (SIGSEGV
+                // for a page it did not map...); without a handler, a crash.
+                let delivered = {
+                    let vm = self.vm.as_mut().expect("sandbox VM present until drop");
+                    signal::deliver_fault(vm, &mut self.proc, &mut self.sig, &fault)
+                };
+                match delivered {
+                    Ok(h) => self.vm().enter_user(&h)?,
+                    Err(e) => return Err(self.with_stderr(e)),
+                }
+            }
+            VmExit::Shutdown { rip } => {
+                return Err(EngineError::GuestCrashed(format!("triple fault (VM shutdown) near rip {rip:#x}")))
+            }
+            VmExit::DeadlineExceeded => {
+                self.check_deadline(deadline)?;
+                // A time slice ended, a timer or a wait's deadline is due.
+                self.resched = true;
+            }
+            VmExit::Unexpected(why) => return Err(EngineError::GuestCrashed(why)),
+        }
+        Ok(None)
+    }
+
+    // ----- processes -------------------------------------------------------------
+
+    /// Exchange the current process with `others[i]` (the shared state goes
+    /// with the one that runs now).
+    fn swap_task(&mut self, i: usize) {
+        let t = &mut self.others[i];
+        std::mem::swap(&mut self.vm, &mut t.vm);
+        std::mem::swap(&mut self.proc, &mut t.proc);
+        self.proc.swap_shared(&mut t.proc);
+        std::mem::swap(&mut self.pending_user, &mut t.pending_user);
+        std::mem::swap(&mut self.in_stub, &mut t.in_stub);
+        std::mem::swap(&mut self.woken, &mut t.woken);
+        std::mem::swap(&mut self.wait_on, &mut t.wait_on);
+        self.slice_start = Instant::now();
+        self.switches += 1;
+        self.apply_memory_limit();
+    }
+
+    /// The memory limit covers the whole tree: the current process may commit
+    /// what the others leave of it.
+    fn apply_memory_limit(&mut self) {
+        let others: u64 = self.others.iter().map(|t| t.proc.mm.committed()).sum();
+        self.proc.mm.set_limit(self.limits.memory_bytes.saturating_sub(others));
+    }
+
+    /// The next process in round-robin order becomes the current one.
+    fn rotate(&mut self) {
+        if self.others.is_empty() {
+            return;
+        }
+        self.swap_task(0);
+        let t = self.others.remove(0);
+        self.others.push(t);
+    }
+
+    /// Make the agent's process the current one.
+    fn make_main_current(&mut self) {
+        if self.proc.pid == GUEST_PID {
+            return;
+        }
+        if let Some(i) = self.others.iter().position(|t| t.proc.pid == GUEST_PID) {
+            self.swap_task(i);
+        }
+    }
+
+    /// Switch to the next process (round robin) that can run after its timers
+    /// fired and its waits were re-checked; false if none can.
+    fn rotate_to_runnable(&mut self) -> Result<bool, EngineError> {
+        for _ in 0..self.others.len() {
+            self.rotate();
+            let now = self.proc.threads.clock.now();
+            self.proc.threads.fire_timers(now);
+            self.recheck_waits(now)?;
+            if self.proc.threads.runnable_count() > 0 {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    fn with_ctx<R>(&mut self, f: impl FnOnce(&mut Ctx) -> R) -> R {
+        let vm = self.vm.as_mut().expect("sandbox VM present until drop");
+        let mut ctx = Ctx { mem: vm.mem_mut(), proc: &mut self.proc, io: &mut self.io, effect: None, timed_out: false };
+        f(&mut ctx)
+    }
+
+    /// Close every fd of the current process (its end).
+    fn close_all_fds(&mut self) {
+        let fds: Vec<i32> = self.proc.fds.fds().collect();
+        self.with_ctx(|ctx| syscalls::close_fds(ctx, &fds));
+    }
+
+    /// The current process (a child) ended: its descriptors close, it becomes
+    /// a zombie of its parent (which gets SIGCHLD), its VM goes, another runs.
+    fn end_process(&mut self, how: Exit) -> Result<(), EngineError> {
+        let pid = self.proc.pid;
+        self.close_all_fds();
+        self.io.procs.exit(pid, how);
+        self.swap_task(0);
+        let dead = self.others.remove(0);
+        if let Some(vm) = dead.vm {
+            crate::pool::reap(vm);
+        }
+        self.deliver_outbox();
+        self.resched = true;
+        Ok(())
+    }
+
+    /// Signals the last syscall sent to other processes.
+    fn deliver_outbox(&mut self) {
+        if self.io.procs.outbox.is_empty() {
+            return;
+        }
+        for (pid, info) in std::mem::take(&mut self.io.procs.outbox) {
+            if pid == self.proc.pid {
+                self.proc.threads.send_process(info);
+            } else if let Some(t) = self.others.iter_mut().find(|t| t.proc.pid == pid) {
+                t.proc.threads.send_process(info);
+            }
+        }
+    }
+
+    /// The end of an exec: children still running are killed (their
+    /// descriptors close), unreaped zombies are forgotten. Returns how many were killed.
+    fn end_children(&mut self) -> usize {
+        self.make_main_current();
+        let mut killed = 0;
+        while !self.others.is_empty() {
+            self.swap_task(0);
+            self.close_all_fds();
+            self.swap_task(0);
+            let t = self.others.remove(0);
+            if let Some(vm) = t.vm {
+                crate::pool::reap(vm);
+            }
+            killed += 1;
+        }
+        self.io.procs.keep_only_main();
+        self.apply_memory_limit();
+        killed
+    }
+
+    /// fork: the child is a new VM over a copy of the caller's memory (the
+    /// same backing file copy-on-write + its private pages), with its vCPU
+    /// state and RAX = 0, and a copy of its process state.
+    fn fork_process(&mut self, regs: &kvm_regs, spec: &ForkSpec) -> Result<(), EngineError> {
+        let parent = self.vm.as_ref().expect("sandbox VM present until drop");
+        let (mem, _pages) = parent.mem().fork_copy()?;
+        let mut vm = Vm::new(&self.cpu, mem)?;
+        let st = parent.save_vcpu()?;
+        vm.restore_vcpu(&st)?;
+        let mut child = self.proc.fork_child(spec.pid);
+        let mut u = to_user(regs, 0);
+        if spec.stack != 0 {
+            u.rsp = spec.stack;
+        }
+        vm.enter_user(&u)?;
+        if let Some(tls) = spec.tls {
+            vm.set_fs_base(tls)?;
+            child.fs_base = tls;
+        }
+        if let Some(addr) = spec.set_tid {
+            // Checked writable by the handler (the child has the same map).
+            vm.mem_mut().write(addr, &spec.pid.to_le_bytes())?;
+        }
+        if let Some(addr) = spec.clear_tid {
+            child.tid_address = addr;
+        }
+        crate::vdso::refresh(&mut vm, self.vdso)?;
+        self.others.push(Task { vm: Some(vm), proc: child, pending_user: None, in_stub: true, woken: None, wait_on: Default::default() });
+        Ok(())
+    }
+
+    /// execve past its checks: the old address space goes (its VM is torn down
+    /// in the background), the program is loaded into a fresh VM.
+    fn exec_program(&mut self, spec: ExecSpec) -> Result<(), EngineError> {
+        let closes = self.proc.fds.exec_closes();
+        self.with_ctx(|ctx| syscalls::close_fds(ctx, &closes));
+        self.proc.exec_reset();
+        let mut vm = Vm::new(&self.cpu, GuestMemory::anonymous(RAM_SIZE)?)?;
+        let argv: Vec<&str> = spec.argv.iter().map(String::as_str).collect();
+        let envp: Vec<&str> = spec.envp.iter().map(String::as_str).collect();
+        let start = match loader::exec(vm.mem_mut(), &mut self.proc, &spec.path, &argv, &envp, &self.exec_opts) {
+            Ok(s) => s,
+            Err(e) => {
+                // Past the point of no return, as on Linux: the process dies.
+                let note = format!("[forkbox: execve of {} failed after the old program was gone: {e}]\n", spec.path);
+                self.io.output(Stream::Stderr, note.as_bytes());
+                crate::pool::reap(vm);
+                return Err(EngineError::GuestSignaled(forkbox_linux::thread::SIGKILL));
+            }
+        };
+        vm.boot(&self.cpu, start.entry, start.rsp)?;
+        self.proc.mm.sync_all_page_tables(vm.mem_mut())?;
+        crate::vdso::refresh(&mut vm, self.vdso)?;
+        if let Some(old) = self.vm.replace(vm) {
+            crate::pool::reap(old);
+        }
+        self.pending_user = None;
+        self.in_stub = false;
+        self.wait_on.clear();
+        self.woken = None;
+        self.sig.fault = None;
+        Ok(())
     }
 
     /// The guest wrote past the agent channel's cap: end the exec (nothing past
@@ -624,7 +906,7 @@ impl Sandbox {
                 }
             }
         }
-        if self.sig.want && self.io.agent_pending() == 0 {
+        if self.sig.want && self.io.agent_pending() == 0 && self.proc.pid == GUEST_PID {
             SignalState::check_interrupt(&self.proc)?;
             self.sig.want = false;
             self.proc.threads.send_process(SigInfo::user(SIGINT as i32, SI_KERNEL));
@@ -639,6 +921,16 @@ impl Sandbox {
     /// another one, or waiting on the host until one can run). All threads
     /// waiting with nothing that can end their waits is a deadlock.
     fn schedule(&mut self, deadline: Instant) -> Result<(), EngineError> {
+        // Processes share the vCPU thread by time slices; an interrupt goes to the agent's.
+        if !self.others.is_empty()
+            && (self.sig.want && self.proc.pid != GUEST_PID || self.resched && self.slice_start.elapsed() >= SLICE)
+        {
+            if self.sig.want {
+                self.make_main_current();
+            } else {
+                self.rotate();
+            }
+        }
         loop {
             let t = &self.proc.threads;
             let cur = t.cur;
@@ -680,6 +972,10 @@ impl Sandbox {
                     return Ok(());
                 }
             }
+            // Nobody here can run: another process may.
+            if !self.others.is_empty() && self.rotate_to_runnable()? {
+                continue;
+            }
             // Nobody can run: wait on the host for the next event. Host
             // sockets a blocked call waits on (directly or through an epoll)
             // end the wait too; the re-check at the top of the loop then sees them ready.
@@ -687,8 +983,11 @@ impl Sandbox {
             let wake = match (self.next_wake(), host.is_empty()) {
                 (Some(w), _) => w,
                 (None, false) => Instant::now() + Duration::from_secs(24 * 3600),
-                (None, true) => return Err(EngineError::Deadlock(self.describe_deadlock())),
+                (None, true) if self.others.is_empty() => return Err(EngineError::Deadlock(self.describe_deadlock())),
+                (None, true) => Instant::now() + PROCESS_POLL,
             };
+            // Other processes' timers and waits are looked at again soon.
+            let wake = if self.others.is_empty() { wake } else { wake.min(Instant::now() + PROCESS_POLL) };
             let until = self.sig.grace.map_or(deadline, |g| g.min(deadline)).min(wake);
             if host.is_empty() {
                 let d = until.saturating_duration_since(Instant::now());
@@ -991,7 +1290,7 @@ impl Sandbox {
         match effect {
             None => {}
             Some(Effect::Park) => {
-                if self.proc.tid() != MAIN_TID {
+                if self.proc.pid != GUEST_PID || self.proc.tid() != MAIN_TID {
                     // Only the agent (the main thread) reads requests.
                     ret = Errno::EAGAIN.to_rax();
                 } else if !self.proc.threads.current().frames.is_empty() {
@@ -1050,7 +1349,20 @@ impl Sandbox {
                 self.yielded = true;
                 self.resched = true;
             }
+            Some(Effect::Fork(spec)) => {
+                if let Err(e) = self.fork_process(&regs, &spec) {
+                    tracing::warn!("fork: {e}");
+                    self.io.procs.unspawn(spec.pid);
+                    ret = Errno::ENOMEM.to_rax();
+                }
+            }
+            Some(Effect::Exec(spec)) => {
+                self.exec_program(*spec)?;
+                return Ok(None);
+            }
         }
+        self.deliver_outbox();
+        let vm = self.vm.as_mut().expect("sandbox VM present until drop");
         if self.proc.threads.is_simple() {
             vm.complete_syscall(&regs, ret)?;
             return Ok(None);
@@ -1066,6 +1378,9 @@ impl Sandbox {
 const ERESTARTSYS: Errno = Errno(512);
 /// A thread that may run alone on the vCPU before another runnable one gets it.
 const SLICE: Duration = Duration::from_millis(5);
+/// With other processes, how long the host waits at most when none can run
+/// before their waits and timers are looked at again.
+const PROCESS_POLL: Duration = Duration::from_millis(2);
 
 /// May a call a signal interrupted restart (SA_RESTART), as Linux? Never the
 /// waits with timeouts and the calls that always return EINTR.

@@ -153,7 +153,7 @@ impl Template {
         if !reset {
             vm.restore_vcpu(self.pool.vcpu())?;
         }
-        Sandbox::resumed(vm, self.process.clone(), limits, engine.vdso.is_some(), self.info.agent.clone(), Some(self.pool.clone()), true)
+        Sandbox::resumed(engine, vm, self.process.clone(), limits, engine.vdso.is_some(), self.info.agent.clone(), Some(self.pool.clone()), true)
     }
 
     /// A VM on the template's memory that records what changes (for checkpoints).
@@ -167,7 +167,7 @@ impl Template {
     pub fn fork_tracked(&self, engine: &Engine, limits: Limits) -> Result<Sandbox, EngineError> {
         let vm = self.tracked_vm(engine)?;
         vm.restore_vcpu(self.pool.vcpu())?;
-        Sandbox::resumed(vm, self.process.clone(), limits, engine.vdso.is_some(), self.info.agent.clone(), None, true)
+        Sandbox::resumed(engine, vm, self.process.clone(), limits, engine.vdso.is_some(), self.info.agent.clone(), None, true)
     }
 
     /// Write a checkpoint of a parked, tracked sandbox: the pages changed since
@@ -270,7 +270,7 @@ impl Template {
         // say exactly what it says (only differences are written).
         process.mm.sync_all_page_tables(vm.mem_mut())?;
         tracing::debug!(?t_state, ?t_vm, ?t_pages, total = ?t0.elapsed(), pages, "resumed a checkpoint");
-        let mut sb = Sandbox::resumed(vm, process, limits, engine.vdso.is_some(), self.info.agent.clone(), None, reseed)?;
+        let mut sb = Sandbox::resumed(engine, vm, process, limits, engine.vdso.is_some(), self.info.agent.clone(), None, reseed)?;
         sb.stored = stored;
         Ok(sb)
     }

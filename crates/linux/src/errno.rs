@@ -13,6 +13,8 @@ impl Errno {
     pub const ESRCH: Errno = Errno(libc::ESRCH);
     pub const EINTR: Errno = Errno(libc::EINTR);
     pub const EIO: Errno = Errno(libc::EIO);
+    pub const E2BIG: Errno = Errno(libc::E2BIG);
+    pub const ENOEXEC: Errno = Errno(libc::ENOEXEC);
     pub const ENXIO: Errno = Errno(libc::ENXIO);
     pub const ENODEV: Errno = Errno(libc::ENODEV);
     pub const EBADF: Errno = Errno(libc::EBADF);

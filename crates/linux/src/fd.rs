@@ -290,6 +290,42 @@ impl FdTable {
         self.fds.is_empty()
     }
 
+    /// The table of a fork's child: the same fds on the same open file
+    /// descriptions (counted once more each), but never the agent channel.
+    pub fn fork(&mut self) -> FdTable {
+        let mut child = self.clone();
+        for (fd, e) in self.fds.iter() {
+            let kind = self.files.get(&e.ofd).map(|f| f.kind);
+            if kind == Some(FileKind::Agent) {
+                child.fds.remove(fd);
+            }
+        }
+        for e in child.fds.values() {
+            if let Some(f) = self.files.get_mut(&e.ofd) {
+                f.refs += 1;
+            }
+        }
+        child
+    }
+
+    /// Swap the open file descriptions (and objects) with `other`'s: the
+    /// sandbox-wide part of the table goes with the process that runs.
+    pub fn swap_shared(&mut self, other: &mut FdTable) {
+        std::mem::swap(&mut self.files, &mut other.files);
+        std::mem::swap(&mut self.next_ofd, &mut other.next_ofd);
+        std::mem::swap(&mut self.objects, &mut other.objects);
+    }
+
+    /// The close-on-exec fds, and those of the agent channel (which never
+    /// survives an execve).
+    pub fn exec_closes(&self) -> Vec<i32> {
+        self.fds
+            .iter()
+            .filter(|(_, e)| e.cloexec || self.files.get(&e.ofd).is_some_and(|f| f.kind == FileKind::Agent))
+            .map(|(fd, _)| *fd)
+            .collect()
+    }
+
     /// fds in use, ascending.
     pub fn fds(&self) -> impl Iterator<Item = i32> + '_ {
         self.fds.keys().copied()

@@ -85,6 +85,8 @@ pub struct Io {
     pub interrupt: Option<Arc<InterruptLatch>>,
     /// Host sockets, the resolver and the egress policy of this sandbox.
     pub net: crate::net::NetIo,
+    /// The sandbox's processes (pids, groups, zombies): shared by all of them.
+    pub procs: crate::procs::ProcTable,
 }
 
 /// The marker streamed once a stream's output goes past the output limit

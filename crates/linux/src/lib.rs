@@ -15,6 +15,7 @@ pub mod mm;
 pub mod objects;
 pub mod net;
 pub mod process;
+pub mod procs;
 mod serde_map;
 pub mod signal;
 pub mod syscalls;

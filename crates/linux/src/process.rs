@@ -50,6 +50,9 @@ pub struct Process {
     /// Threads, pending signals, timers (see `thread.rs`). The current thread's
     /// signal mask, altstack, FS base and clear-child-tid are the fields above.
     pub threads: Threads,
+    /// This process' id (`procs::GUEST_PID` for the agent's; never persisted:
+    /// only that one is ever parked).
+    pub pid: u32,
 }
 
 /// A `Process` as written into a snapshot's state file. Its shape (and that
@@ -103,6 +106,7 @@ impl Process {
             umask: 0o022,
             exec_info: ExecInfo::default(),
             threads: Threads::default(),
+            pid: crate::procs::GUEST_PID,
         }
     }
 
@@ -145,7 +149,73 @@ impl Process {
             umask: s.umask & 0o777,
             exec_info: s.exec_info,
             threads: s.threads,
+            pid: crate::procs::GUEST_PID,
         })
+    }
+
+    /// The child of a fork by the current thread: a copy of this process with
+    /// only that thread (now numbered `pid`), no pending signals or timers, and
+    /// this process' descriptors (sharing their open file descriptions, whose
+    /// reference counts this counts; the agent channel stays the parent's).
+    pub fn fork_child(&mut self, pid: u32) -> Process {
+        let mut child = self.clone();
+        child.fds = self.fds.fork();
+        child.pid = pid;
+        let mut t = self.threads.current().clone();
+        t.tid = pid;
+        t.cpu = None;
+        t.wait = None;
+        t.pending.clear();
+        t.restart = None;
+        child.threads.list = vec![t];
+        child.threads.cur = 0;
+        child.threads.pending.clear();
+        child.threads.timers.clear();
+        child.threads.itimer_real = None;
+        child.threads.next_tid = child.threads.next_tid.max(pid + 1);
+        child
+    }
+
+    /// The state an execve starts from (the caller closed the close-on-exec
+    /// descriptors): a fresh memory map, only the calling thread, caught
+    /// signals back to their default action (ignored ones stay ignored), no
+    /// timers, no altstack; pid, fds, cwd, umask, mask and pending signals kept.
+    pub fn exec_reset(&mut self) {
+        self.mm = MemoryMap::new(self.mm.limit());
+        let mut acts: Vec<SigAction> = self.signals.actions.to_vec();
+        for a in acts.iter_mut() {
+            let handler = u64::from_le_bytes(a[..8].try_into().unwrap_or([0; 8]));
+            if handler != 1 {
+                *a = [0; 32];
+            }
+        }
+        self.signals.actions = Arc::new(acts);
+        self.signals.altstack = Signals::default().altstack;
+        self.fs_base = 0;
+        self.tid_address = 0;
+        let cur = self.threads.cur;
+        let mut t = self.threads.list[cur].clone();
+        t.cpu = None;
+        t.wait = None;
+        t.frames.clear();
+        t.restart = None;
+        t.restore_mask = None;
+        t.fs_base = 0;
+        t.clear_tid = 0;
+        t.altstack = self.signals.altstack;
+        self.threads.list = vec![t];
+        self.threads.cur = 0;
+        self.threads.timers.clear();
+        self.threads.itimer_real = None;
+    }
+
+    /// Swap what all processes of a sandbox share — the file system, the open
+    /// file descriptions and the objects behind them, the run clock — with
+    /// `other`: they go with the process that runs (only one runs at a time).
+    pub fn swap_shared(&mut self, other: &mut Process) {
+        std::mem::swap(&mut self.vfs, &mut other.vfs);
+        self.fds.swap_shared(&mut other.fds);
+        std::mem::swap(&mut self.threads.clock, &mut other.threads.clock);
     }
 
     /// Make thread `i` the current one: the per-thread fields kept in the

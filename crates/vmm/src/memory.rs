@@ -390,6 +390,53 @@ impl GuestMemory {
         Ok(stats)
     }
 
+    /// A copy of this memory for a forked guest process: the same snapshot file
+    /// mapped copy-on-write (or fresh anonymous memory), the discarded ranges
+    /// discarded again, and only the private pages (what was written: found with
+    /// PAGEMAP_SCAN) copied — never the whole of guest RAM.
+    pub fn fork_copy(&self) -> Result<(GuestMemory, u64)> {
+        let mut child = match &self.backing {
+            Some(f) => GuestMemory::private_file(f, self.size)?,
+            None => GuestMemory::anonymous(self.size)?,
+        };
+        for &(a, l) in &self.discarded {
+            child.discard(a, l)?;
+        }
+        let private = self.private_pages()?;
+        let mut copied = 0u64;
+        let mut run: Option<(u64, u64)> = None;
+        let flush = |child: &mut GuestMemory, r: (u64, u64)| -> Result<()> {
+            let (at, pages) = r;
+            let len = pages * PAGE_SIZE;
+            self.check(at, len)?;
+            child.check(at, len)?;
+            // SAFETY: both ranges are in bounds (checked) of two distinct mappings of the same size.
+            unsafe { std::ptr::copy_nonoverlapping(self.host.as_ptr().add(at as usize), child.host.as_ptr().add(at as usize), len as usize) };
+            Ok(())
+        };
+        for (w, &word) in private.iter().enumerate() {
+            let mut bits = word;
+            while bits != 0 {
+                let page = w as u64 * 64 + bits.trailing_zeros() as u64;
+                bits &= bits - 1;
+                copied += 1;
+                run = match run {
+                    Some((at, n)) if at + n * PAGE_SIZE == page * PAGE_SIZE => Some((at, n + 1)),
+                    Some(r) => {
+                        flush(&mut child, r)?;
+                        Some((page * PAGE_SIZE, 1))
+                    }
+                    None => Some((page * PAGE_SIZE, 1)),
+                };
+            }
+        }
+        if let Some(r) = run {
+            flush(&mut child, r)?;
+        }
+        child.replaced.clear();
+        Ok((child, copied))
+    }
+
     /// Copy `len` bytes inside guest memory from `from` to `to` (ranges may overlap).
     pub fn copy_within(&mut self, from: u64, to: u64, len: u64) -> Result<()> {
         self.check(from, len)?;

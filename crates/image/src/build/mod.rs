@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressStyle};
 
 pub use apt::{parse_print_uris, DebRef};
-pub use recipe::{recipe_id, Blas, ExtraFile, ImageSpec, BASE_PACKAGES, CPYTHON_TESTSUITE, DATA_PACKAGES, DEFAULT_OMIT, RECIPE_VERSION, TRIM_RULES};
+pub use recipe::{recipe_id, Blas, ExtraFile, ImageSpec, BASE_PACKAGES, CPYTHON_TESTSUITE, DATA_PACKAGES, DEFAULT_OMIT, RECIPE_VERSION, TRIM_RULES, USERLAND_PACKAGES};
 pub use tree::TreeStats;
 
 use crate::{pack_dir_with, Image, ImageError, PackOptions};

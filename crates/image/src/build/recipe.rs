@@ -19,6 +19,11 @@ pub const RECIPE_VERSION: u32 = 2;
 /// libc-bin, which ships the `C.UTF-8` locale the guest's `LANG` names.
 pub const BASE_PACKAGES: &[&str] = &["tzdata", "ca-certificates", "libc-bin"];
 
+/// The userland every image gets, for `subprocess`, `os.system` and agents that shell
+/// out: dash as `/bin/sh` and the common tools (`file` brings libmagic's database).
+pub const USERLAND_PACKAGES: &[&str] =
+    &["dash", "coreutils", "findutils", "grep", "sed", "gawk", "tar", "gzip", "file", "debianutils"];
+
 /// Packages left out of every image unless asked for by name (see `ImageSpec::omit`):
 /// build-time tools and what only maintainer scripts use. python3-pythran is scipy's
 /// compile-time transpiler and pulls g++, boost and -dev packages (~500 MB unpacked);
@@ -177,7 +182,7 @@ impl ImageSpec {
     /// minimal passwd/group so `pwd`, `getpass` and `~` expansion work for root.
     pub fn python_numpy() -> Self {
         ImageSpec {
-            packages: vec!["python3".into(), "python3-numpy".into()],
+            packages: ["python3", "python3-numpy"].iter().chain(USERLAND_PACKAGES).map(|p| p.to_string()).collect(),
             omit: Vec::new(),
             blas: Blas::Reference,
             extra_files: vec![
@@ -210,6 +215,7 @@ impl ImageSpec {
     pub fn cpython_tests() -> Self {
         let mut s = ImageSpec::python_numpy();
         s.packages = vec!["python3".into(), CPYTHON_TESTSUITE.into()];
+        s.packages.extend(USERLAND_PACKAGES.iter().map(|p| p.to_string()));
         s.blas = Blas::Any; // no numpy: no BLAS at all
         s
     }

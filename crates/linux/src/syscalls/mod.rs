@@ -4,6 +4,9 @@
 
 pub mod procfs;
 mod sys_file;
+pub use sys_file::close_fds;
+mod sys_fork;
+pub use sys_fork::{ExecSpec, ForkSpec};
 mod sys_fs;
 mod sys_mm;
 mod sys_pipe;
@@ -54,6 +57,12 @@ pub enum Effect {
     ThreadExit,
     /// sched_yield with other threads: let another runnable thread run.
     Yield,
+    /// fork/vfork/clone of a new process: the engine makes the child (pid
+    /// already in the process table) from the caller's state; RAX = 0 in it.
+    Fork(ForkSpec),
+    /// execve/execveat passed every check: the engine drops the address space
+    /// and loads the program (a failure from here on kills the process).
+    Exec(Box<ExecSpec>),
 }
 
 /// Everything a handler may touch.

@@ -45,6 +45,8 @@ fn read_into(ctx: &mut Ctx, fd: i32, buf: u64, len: u64, pos: Option<u64>) -> Sy
             let ofd = ctx.proc.fds.ofd(fd)?;
             super::sys_pipe::read_object(ctx, &f, ofd, id, buf, len)
         }
+        // Only the agent's own process ever talks on the agent channel.
+        FileKind::Agent if ctx.proc.pid != crate::procs::GUEST_PID => Err(Errno::EBADF),
         FileKind::Agent => {
             if pos.is_some() {
                 return Err(Errno::ESPIPE);
@@ -123,6 +125,7 @@ fn write_plain(
             io.output(crate::io::Stream::Stderr, data);
             Ok(len)
         }
+        FileKind::Agent if proc.pid != crate::procs::GUEST_PID => Err(Errno::EBADF),
         FileKind::Agent => {
             // Capped before copying: the run loop ends the exec on overflow.
             if !io.agent_write(data) {
@@ -381,6 +384,15 @@ pub fn lseek(ctx: &mut Ctx, a: &Args) -> SysResult {
 }
 
 /// Give back the VFS reference of a description that was closed for good.
+/// Close `fds` of the current process (an exit, an execve's close-on-exec).
+pub fn close_fds(ctx: &mut Ctx, fds: &[i32]) {
+    for &fd in fds {
+        if let Ok(gone) = ctx.proc.fds.close(fd) {
+            released(ctx, gone);
+        }
+    }
+}
+
 fn released(ctx: &mut Ctx, kind: Option<FileKind>) {
     match kind {
         Some(FileKind::Node(ino)) => ctx.proc.vfs.release(ino),

@@ -5,30 +5,23 @@ use super::{Args, Ctx, Effect};
 use crate::errno::{Errno, SysResult};
 use crate::layout::STACK_SIZE;
 
-/// The guest is pid 1... of its own world; a fixed pid keeps snapshots consistent.
-pub const GUEST_PID: u64 = 2;
-
-pub fn getpid(_: &mut Ctx, _: &Args) -> SysResult {
-    Ok(GUEST_PID)
-}
+/// The agent's process is pid 2 of its own world; a fixed pid keeps snapshots consistent.
+pub const GUEST_PID: u64 = crate::procs::GUEST_PID as u64;
 
 /// getpriority: the raw syscall returns 20 - nice; the process runs at nice 0
 /// (setpriority is not offered: the VMM schedules the sandbox, not the guest).
-pub fn getpriority(_: &mut Ctx, a: &Args) -> SysResult {
+pub fn getpriority(ctx: &mut Ctx, a: &Args) -> SysResult {
     let (which, who) = (a[0] as i32, a[1]);
     if !(0..=2).contains(&which) {
         return Err(Errno::EINVAL);
     }
     // PRIO_PROCESS / PRIO_PGRP: 0 or our pid; PRIO_USER: 0 (root).
-    if who != 0 && !(which != 2 && who == GUEST_PID) {
+    if who != 0 && !(which != 2 && ctx.io.procs.get(who as u32).is_some()) {
         return Err(Errno::ESRCH);
     }
     Ok(20)
 }
 
-pub fn getppid(_: &mut Ctx, _: &Args) -> SysResult {
-    Ok(1)
-}
 
 /// uid, gid, euid, egid: root inside its own sandbox.
 pub fn zero(_: &mut Ctx, _: &Args) -> SysResult {
@@ -79,7 +72,7 @@ pub(super) fn rlimit(resource: u32, ctx: &Ctx) -> Option<(u64, u64)> {
         libc::RLIMIT_STACK => (STACK_SIZE, STACK_SIZE),
         libc::RLIMIT_NOFILE => (crate::fd::MAX_FDS as u64, crate::fd::MAX_FDS as u64),
         libc::RLIMIT_AS | libc::RLIMIT_DATA => (ctx.proc.mm.limit(), ctx.proc.mm.limit()),
-        libc::RLIMIT_NPROC => (1, 1),
+        libc::RLIMIT_NPROC => (crate::procs::MAX_PROCS as u64, crate::procs::MAX_PROCS as u64),
         libc::RLIMIT_CORE => (0, 0),
         r if r < 16 => (INF, INF), // RLIM_NLIMITS
         _ => return None,
@@ -100,7 +93,7 @@ pub fn setrlimit(ctx: &mut Ctx, a: &Args) -> SysResult {
 }
 
 pub fn prlimit64(ctx: &mut Ctx, a: &Args) -> SysResult {
-    if a[0] != 0 && a[0] != GUEST_PID {
+    if a[0] != 0 && a[0] != ctx.proc.pid as u64 {
         return Err(Errno::ESRCH);
     }
     let (cur, max) = rlimit(a[1] as u32, ctx).ok_or(Errno::EINVAL)?;
@@ -188,9 +181,6 @@ pub fn times(ctx: &mut Ctx, a: &Args) -> SysResult {
     Ok((rs * 100 + rns / 10_000_000) as u64)
 }
 
-pub fn getpgid(_: &mut Ctx, _: &Args) -> SysResult {
-    Ok(GUEST_PID)
-}
 
 pub fn uname(ctx: &mut Ctx, a: &Args) -> SysResult {
     let mut b = [0u8; 65 * 6];
@@ -210,7 +200,7 @@ pub fn sysinfo(ctx: &mut Ctx, a: &Args) -> SysResult {
     b[..8].copy_from_slice(&up.to_le_bytes());
     b[32..40].copy_from_slice(&total.to_le_bytes());
     b[40..48].copy_from_slice(&free.to_le_bytes());
-    b[80..82].copy_from_slice(&1u16.to_le_bytes()); // procs
+    b[80..82].copy_from_slice(&(ctx.io.procs.running() as u16).to_le_bytes()); // procs
     b[104..108].copy_from_slice(&1u32.to_le_bytes()); // mem_unit
     ctx.write_bytes(a[0], &b)?;
     Ok(0)

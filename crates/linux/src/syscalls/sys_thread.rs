@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::{Args, Ctx, Effect};
 use crate::errno::{Errno, SysResult};
-use crate::thread::{SigInfo, WaitKind, MAIN_TID, NSIG, SIGKILL, SI_TKILL, SI_USER};
+use crate::thread::{SigInfo, WaitKind, NSIG, SIGKILL, SI_TKILL};
 use crate::wait::{block, Block, WaitOn};
 
 const CLONE_VM: u64 = 0x100;
@@ -46,9 +46,12 @@ struct CloneArgs {
 
 fn do_clone(ctx: &mut Ctx, c: CloneArgs) -> SysResult {
     let f = c.flags;
-    if f & CLONE_THREAD == 0 || f & CLONE_VM == 0 {
-        // A new process (fork, vfork, posix_spawn): not in this sandbox (yet).
-        return Err(Errno::EAGAIN);
+    if f & CLONE_THREAD == 0 {
+        // A new process (fork, vfork, posix_spawn): its own VM (see `sys_fork`).
+        return super::sys_fork::clone_process(ctx, f, c.stack, c.parent_tid, c.child_tid, c.tls);
+    }
+    if f & CLONE_VM == 0 {
+        return Err(Errno::EINVAL);
     }
     if f & CLONE_SIGHAND == 0 || f & !THREAD_FLAGS != 0 || c.exit_signal != 0 {
         return Err(Errno::EINVAL);
@@ -102,9 +105,6 @@ pub fn clone3(ctx: &mut Ctx, a: &Args) -> SysResult {
     // set_tid, set_tid_size, cgroup, and anything a newer kernel added, must be zero.
     if b[64..].iter().any(|&x| x != 0) || pidfd != 0 && flags & 0x1000 != 0 {
         return Err(Errno::EINVAL);
-    }
-    if flags & CLONE_THREAD == 0 || flags & CLONE_VM == 0 {
-        return Err(Errno::EAGAIN);
     }
     if (stack == 0) != (stack_size == 0) {
         return Err(Errno::EINVAL);
@@ -296,23 +296,11 @@ fn send(ctx: &mut Ctx, target: Option<usize>, sig: u64, code: i32) -> SysResult 
     Ok(0)
 }
 
-/// The guest's own pid (and its process group / "every process it may signal").
-fn is_self(pid: i64) -> bool {
-    pid == MAIN_TID as i64 || pid == 0 || pid == -1 || pid == -(MAIN_TID as i64)
-}
-
-pub fn kill(ctx: &mut Ctx, a: &Args) -> SysResult {
-    if !is_self(a[0] as i32 as i64) {
-        return Err(Errno::ESRCH);
-    }
-    send(ctx, None, a[1], SI_USER)
-}
-
 pub fn tgkill(ctx: &mut Ctx, a: &Args) -> SysResult {
     if a[0] as i32 <= 0 || a[1] as i32 <= 0 {
         return Err(Errno::EINVAL);
     }
-    if a[0] != MAIN_TID as u64 {
+    if a[0] != ctx.proc.pid as u64 {
         return Err(Errno::ESRCH);
     }
     let i = ctx.proc.threads.index_of(a[1] as u32).ok_or(Errno::ESRCH)?;

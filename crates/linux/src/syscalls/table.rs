@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 
 use super::{sys_file as file, sys_fs as fs, sys_mm as mm, sys_process as process, sys_signal as signal, sys_time as time};
 use super::{sys_socket as net, sys_thread as thread, sys_timer as timer};
-use super::{sys_pipe as pipe, sys_unix as unix};
+use super::{sys_fork as fork, sys_pipe as pipe, sys_unix as unix};
 use super::{Args, Ctx, Handler};
 use crate::errno::{Errno, SysResult};
 
@@ -47,14 +47,6 @@ pub struct Entry {
 
 fn enosys(_: &mut Ctx, _: &Args) -> SysResult {
     Err(Errno::ENOSYS)
-}
-
-fn eagain(_: &mut Ctx, _: &Args) -> SysResult {
-    Err(Errno::EAGAIN)
-}
-
-fn eperm(_: &mut Ctx, _: &Args) -> SysResult {
-    Err(Errno::EPERM)
 }
 
 use Support::*;
@@ -99,7 +91,7 @@ table! {
     32 dup => file::dup, Full;
     33 dup2 => file::dup2, Full;
     35 nanosleep => time::nanosleep, Full;
-    39 getpid => process::getpid, Full;
+    39 getpid => fork::getpid, Full;
     40 sendfile => file::sendfile, Full;
     41 socket => net::socket, Partial("AF_UNIX inside the sandbox; AF_INET/AF_INET6 TCP and UDP on host sockets the VMM owns, under the egress policy; raw sockets EPERM, other families EAFNOSUPPORT");
     42 connect => net::connect, Full;
@@ -120,12 +112,13 @@ table! {
     37 alarm => timer::alarm, Full;
     36 getitimer => timer::getitimer, Partial("ITIMER_REAL only (on the run clock); ITIMER_VIRTUAL/ITIMER_PROF EINVAL");
     38 setitimer => timer::setitimer, Partial("ITIMER_REAL only (on the run clock); ITIMER_VIRTUAL/ITIMER_PROF EINVAL");
-    56 clone => thread::clone, Partial("threads (CLONE_VM, CLONE_THREAD and CLONE_SIGHAND) as green threads on the one vCPU; a new process is EAGAIN");
-    57 fork => eagain, Refused("EAGAIN: no child processes");
-    58 vfork => eagain, Refused("EAGAIN: no child processes");
-    59 execve => eperm, Refused("EPERM: no program can be started");
+    56 clone => thread::clone, Partial("threads (CLONE_VM, CLONE_THREAD and CLONE_SIGHAND) as green threads on the one vCPU; a new process (no CLONE_THREAD) is a fork into its own VM; CLONE_VM|CLONE_VFORK (posix_spawn) gives the child a copy of memory, not the parent's");
+    57 fork => fork::fork, Partial("the child is its own VM (copy of the caller's memory and registers, the calling thread only, shared open file descriptions); at most 64 processes per sandbox (EAGAIN); children still running when the exec ends are killed");
+    58 vfork => fork::vfork, Partial("a fork: the child gets a copy of memory and the parent is not suspended");
+    59 execve => fork::execve, Partial("ELF programs of the file system with ld.so, `#!` scripts (4 levels), close-on-exec; pid, fds, cwd, umask, signal mask kept");
     60 exit => thread::exit, Full;
-    62 kill => thread::kill, Partial("only to itself (pid 0, -1 or its own); other pids ESRCH");
+    61 wait4 => fork::wait4, Partial("exit statuses, WNOHANG, ECHILD, pid/-1/0/-pgid; no stopped/continued children (nothing stops here); rusage zeroed");
+    62 kill => fork::kill, Partial("the sandbox's processes (pid, 0, -1, -pgid); a signal for another process is delivered when it next runs");
     63 uname => process::uname, Full;
     72 fcntl => file::fcntl, Full;
     74 fsync => file::fsync, Full;
@@ -158,13 +151,15 @@ table! {
     104 getgid => process::zero, Full;
     107 geteuid => process::zero, Full;
     108 getegid => process::zero, Full;
-    110 getppid => process::getppid, Full;
-    111 getpgrp => process::getpgid, Full;
+    109 setpgid => fork::setpgid, Full;
+    110 getppid => fork::getppid, Full;
+    111 getpgrp => fork::getpgrp, Full;
+    112 setsid => fork::setsid, Full;
     115 getgroups => process::getgroups, Full;
     118 getresuid => process::getresuid, Full;
     120 getresgid => process::getresuid, Full;
-    121 getpgid => process::getpgid, Full;
-    124 getsid => process::getpgid, Full;
+    121 getpgid => fork::getpgid, Full;
+    124 getsid => fork::getsid, Full;
     127 rt_sigpending => signal::rt_sigpending, Full;
     128 rt_sigtimedwait => signal::rt_sigtimedwait, Full;
     130 rt_sigsuspend => signal::rt_sigsuspend, Full;
@@ -219,6 +214,7 @@ table! {
     264 renameat => fs::renameat, Full;
     265 linkat => fs::linkat, Full;
     266 symlinkat => fs::symlinkat, Full;
+    247 waitid => fork::waitid, Partial("P_ALL, P_PID, P_PGID with WEXITED (WNOHANG, WNOWAIT); no stopped/continued children; no pidfd");
     267 readlinkat => fs::readlinkat, Full;
     268 fchmodat => fs::fchmodat, Full;
     269 faccessat => fs::faccessat, Full;
@@ -239,15 +235,16 @@ table! {
     295 preadv => file::preadv, Full;
     296 pwritev => file::pwritev, Full;
     299 recvmmsg => net::recvmmsg, Partial("up to 64 messages per call on inet sockets (MSG_WAITFORONE); no ancillary data");
-    302 prlimit64 => process::prlimit64, Partial("reads its own limits (stack, fds, memory, 1 process, no core); new limits are ignored");
+    302 prlimit64 => process::prlimit64, Partial("reads its own limits (stack, fds, memory, 64 processes, no core); new limits are ignored");
     307 sendmmsg => net::sendmmsg, Partial("up to 64 messages per call on inet sockets (glibc's resolver uses it); no ancillary data");
     316 renameat2 => fs::renameat2, Partial("flags 0, RENAME_NOREPLACE and RENAME_EXCHANGE; RENAME_WHITEOUT is EINVAL");
     318 getrandom => process::getrandom, Full;
     319 memfd_create => fs::memfd_create, Partial("an unlinked file in the overlay; no sealing (F_ADD_SEALS EINVAL)");
+    322 execveat => fork::execveat, Partial("as execve, from a directory fd; AT_EMPTY_PATH (fexecve) is ENOSYS");
     326 copy_file_range => file::copy_file_range, Full;
     332 statx => fs::statx, Full;
     334 rseq => enosys, Refused("ENOSYS: glibc falls back to no restartable sequences");
-    435 clone3 => thread::clone3, Partial("threads, as clone; a new process is EAGAIN");
+    435 clone3 => thread::clone3, Partial("as clone (threads, or a new process in its own VM); no set_tid, cgroup or pidfd");
     436 close_range => file::close_range, Full;
     439 faccessat2 => fs::faccessat2, Full;
     441 epoll_pwait2 => pipe::epoll_pwait2, Partial("as epoll_pwait, with a timespec timeout");

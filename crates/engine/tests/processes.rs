@@ -1,0 +1,423 @@
+//! Processes in the guest: os.fork + waitpid, subprocess of the image's
+//! programs and shell, execve, pipes shared with children, signals between
+//! processes, the process limit (a fork bomb), the end-of-exec rule, the
+//! deadline over the tree, and sessions whose execs ran children.
+//!
+//! These tests need /dev/kvm and the default image (built on first use, cached
+//! under `$FORKBOX_HOME` or `forkbox_image::default_home()`). Without KVM they
+//! FAIL: they are never skipped.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use forkbox_engine::{Engine, EngineError, ExecResult, Limits, Sandbox, Template};
+
+fn home() -> PathBuf {
+    match std::env::var("FORKBOX_HOME") {
+        Ok(h) if !h.is_empty() => PathBuf::from(h),
+        _ => forkbox_image::default_home(),
+    }
+}
+
+fn require_kvm() {
+    if let Err(e) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm") {
+        panic!(
+            "these tests need KVM: cannot open /dev/kvm read-write ({e}). \
+             Run them on a host with KVM enabled and access to /dev/kvm (e.g. membership in the `kvm` group). \
+             They are deliberately not skipped."
+        );
+    }
+}
+
+struct Shared {
+    engine: Engine,
+    template: Template,
+}
+
+fn shared() -> &'static Shared {
+    static SHARED: OnceLock<Shared> = OnceLock::new();
+    SHARED.get_or_init(|| {
+        require_kvm();
+        let home = home();
+        let built = forkbox_image::build(
+            &forkbox_engine::default_image_spec(),
+            &forkbox_image::BuildOptions { home: home.clone(), progress: false },
+        )
+        .unwrap_or_else(|e| panic!("building the default image under {}: {e}", home.display()));
+        let engine =
+            Engine::open(&built.path).unwrap_or_else(|e| panic!("Engine::open({}): {e}", built.path.display()));
+        let template = Template::ensure(&engine, &home).unwrap_or_else(|e| panic!("Template::ensure: {e}"));
+        Shared { engine, template }
+    })
+}
+
+fn limits(timeout_s: u64) -> Limits {
+    Limits { timeout: Duration::from_secs(timeout_s), ..Limits::default() }
+}
+
+#[track_caller]
+fn fork_with(l: Limits) -> Sandbox {
+    let s = shared();
+    s.template.fork(&s.engine, l).unwrap_or_else(|e| panic!("fork failed: {e}"))
+}
+
+#[track_caller]
+fn fork() -> Sandbox {
+    fork_with(limits(60))
+}
+
+/// Exec that must succeed without a Python exception.
+#[track_caller]
+fn ok(sb: &mut Sandbox, code: &str) -> ExecResult {
+    let r = match sb.exec(code) {
+        Ok(r) => r,
+        Err(e) => panic!("exec failed with an engine error {e:?} ({e})\n--- code ---\n{code}"),
+    };
+    if let Some(err) = &r.error {
+        panic!(
+            "unexpected Python exception {}: {}\n{}\n--- code ---\n{code}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            err.kind, err.message, err.traceback, r.stdout, r.stderr
+        );
+    }
+    r
+}
+
+#[track_caller]
+fn value(sb: &mut Sandbox, code: &str) -> String {
+    let r = ok(sb, code);
+    r.value.unwrap_or_else(|| panic!("no value for code:\n{code}"))
+}
+
+#[track_caller]
+fn json(sb: &mut Sandbox, code: &str) -> serde_json::Value {
+    let v = value(sb, code);
+    // The repr of a JSON string: '...' (the JSON has no quotes or backslashes to escape here).
+    let s = v.strip_prefix('\'').and_then(|v| v.strip_suffix('\'')).unwrap_or_else(|| panic!("not a str repr: {v}"));
+    serde_json::from_str(s).unwrap_or_else(|e| panic!("not JSON {s}: {e}"))
+}
+
+// ---------------------------------------------------------------------------
+// fork, wait, exit statuses, signals
+// ---------------------------------------------------------------------------
+
+#[test]
+fn fork_waitpid_exit_codes_and_ids() {
+    let mut sb = fork();
+    let v = json(
+        &mut sb,
+        r#"
+import os, json
+res = []
+for code in (0, 3, 77):
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        os.write(w, json.dumps([os.getpid(), os.getppid(), os.getpgrp()]).encode())
+        os._exit(code)
+    os.close(w)
+    got = json.loads(os.read(r, 1000))
+    os.close(r)
+    wpid, st = os.waitpid(pid, 0)
+    res.append({"pid": pid, "wpid": wpid, "child": got, "exited": os.WIFEXITED(st), "code": os.WEXITSTATUS(st)})
+try:
+    os.waitpid(-1, 0)
+    echild = False
+except ChildProcessError:
+    echild = True
+json.dumps({"res": res, "me": os.getpid(), "echild": echild})
+"#,
+    );
+    let me = v["me"].as_u64().unwrap();
+    for (r, code) in v["res"].as_array().unwrap().iter().zip([0, 3, 77]) {
+        let pid = r["pid"].as_u64().unwrap();
+        assert_ne!(pid, me);
+        assert_eq!(r["wpid"], pid);
+        assert_eq!(r["child"][0], pid, "getpid in the child: {v}");
+        assert_eq!(r["child"][1], me, "getppid in the child: {v}");
+        assert_eq!(r["exited"], true);
+        assert_eq!(r["code"], code);
+    }
+    assert_eq!(v["echild"], true, "{v}");
+    // The sandbox goes on as before.
+    assert_eq!(value(&mut sb, "1+1"), "2");
+}
+
+#[test]
+fn child_memory_is_a_copy_and_wnohang() {
+    let mut sb = fork();
+    let v = json(
+        &mut sb,
+        r#"
+import os, json, time
+data = bytearray(b"x" * 3_000_000)
+pid = os.fork()
+if pid == 0:
+    data[0:5] = b"child"
+    time.sleep(0.05)
+    os._exit(0 if bytes(data[0:5]) == b"child" else 1)
+early = os.waitpid(pid, os.WNOHANG)
+data[0:6] = b"parent"
+_, st = os.waitpid(pid, 0)
+json.dumps({"early": early, "code": os.waitstatus_to_exitcode(st), "mine": bytes(data[0:6]).decode()})
+"#,
+    );
+    assert_eq!(v["early"], serde_json::json!([0, 0]), "WNOHANG while it runs: {v}");
+    assert_eq!(v["code"], 0, "the child saw its own write: {v}");
+    assert_eq!(v["mine"], "parent");
+}
+
+#[test]
+fn a_child_killed_by_a_signal_and_sigchld() {
+    let mut sb = fork();
+    let v = json(
+        &mut sb,
+        r#"
+import os, json, signal, time
+got = []
+signal.signal(signal.SIGCHLD, lambda s, f: got.append(s))
+pid = os.fork()
+if pid == 0:
+    while True:
+        time.sleep(0.01)
+time.sleep(0.05)
+os.kill(pid, signal.SIGTERM)
+_, st = os.waitpid(pid, 0)
+pid2 = os.fork()
+if pid2 == 0:
+    os.kill(os.getpid(), signal.SIGKILL)
+_, st2 = os.waitpid(pid2, 0)
+json.dumps({"sig": os.WIFSIGNALED(st) and os.WTERMSIG(st), "sig2": os.WTERMSIG(st2), "chld": len(got) > 0})
+"#,
+    );
+    assert_eq!(v["sig"], 15, "{v}");
+    assert_eq!(v["sig2"], 9, "{v}");
+    assert_eq!(v["chld"], true, "SIGCHLD reached the parent: {v}");
+}
+
+#[test]
+fn children_share_a_pipe_and_stdout_is_captured() {
+    let mut sb = fork();
+    let r = ok(
+        &mut sb,
+        r#"
+import os, sys
+r, w = os.pipe()
+pids = []
+for i in range(3):
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        os.write(w, b"child%d;" % i)
+        print("hello from child", i, flush=True)
+        os._exit(0)
+    pids.append(pid)
+os.close(w)
+chunks = b""
+while True:
+    b = os.read(r, 100)
+    if not b:
+        break
+    chunks += b
+for p in pids:
+    os.waitpid(p, 0)
+print("parent got", sorted(chunks.decode().split(";")))
+"#,
+    );
+    for i in 0..3 {
+        assert!(r.stdout.contains(&format!("hello from child {i}")), "child stdout captured: {}", r.stdout);
+    }
+    assert!(r.stdout.contains("parent got ['', 'child0', 'child1', 'child2']"), "{}", r.stdout);
+}
+
+#[test]
+fn a_fork_bomb_is_bounded_and_the_sandbox_survives() {
+    let mut sb = fork();
+    let v = json(
+        &mut sb,
+        r#"
+import os, json, errno
+pids, err = [], None
+for i in range(200):
+    try:
+        pid = os.fork()
+    except OSError as e:
+        err = e.errno
+        break
+    if pid == 0:
+        os.read(os.open("/dev/null", os.O_RDONLY), 1)  # returns at once
+        import time
+        time.sleep(30)
+        os._exit(0)
+    pids.append(pid)
+n = len(pids)
+for p in pids:
+    os.kill(p, 9)
+codes = set()
+for p in pids:
+    codes.add(os.WTERMSIG(os.waitpid(p, 0)[1]))
+json.dumps({"n": n, "err": err, "codes": sorted(codes)})
+"#,
+    );
+    let n = v["n"].as_u64().unwrap();
+    assert!(n >= 8 && n <= 63, "forks before the limit: {v}");
+    let err = v["err"].as_i64().unwrap();
+    assert!(err == libc::EAGAIN as i64 || err == libc::ENOMEM as i64, "a clean EAGAIN/ENOMEM: {v}");
+    assert_eq!(v["codes"], serde_json::json!([9]));
+    // Usable after, and forks again.
+    assert_eq!(value(&mut sb, "import os\np = os.fork()\nif p == 0: os._exit(5)\nos.waitstatus_to_exitcode(os.waitpid(p, 0)[1])"), "5");
+}
+
+#[test]
+fn an_exec_ending_with_a_running_child_kills_it_with_a_note() {
+    let mut sb = fork();
+    let r = ok(&mut sb, "import os, time\npid = os.fork()\nif pid == 0:\n    while True: time.sleep(0.01)\npid > 0");
+    assert_eq!(r.value.as_deref(), Some("True"));
+    assert!(r.stderr.contains("1 child process still running at the end of the exec was killed"), "{}", r.stderr);
+    // The child is gone: no such process, no child to wait for.
+    let v = json(&mut sb, "import json\ntry:\n    os.kill(pid, 0); alive = True\nexcept ProcessLookupError:\n    alive = False\ntry:\n    os.waitpid(-1, os.WNOHANG); ech = False\nexcept ChildProcessError:\n    ech = True\njson.dumps([alive, ech])");
+    assert_eq!(v, serde_json::json!([false, true]));
+}
+
+#[test]
+fn the_deadline_stops_a_looping_child() {
+    let mut sb = fork_with(limits(3));
+    let t0 = Instant::now();
+    let e = sb.exec("import os\npid = os.fork()\nif pid == 0:\n    while True: pass\nos.waitpid(pid, 0)").unwrap_err();
+    assert!(matches!(e, EngineError::Timeout(_)), "{e:?}");
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+}
+
+#[test]
+fn a_forked_child_cannot_talk_on_the_agent_channel() {
+    let mut sb = fork();
+    let v = json(
+        &mut sb,
+        r#"
+import os, json
+pid = os.fork()
+if pid == 0:
+    try:
+        os.write(3, b"\x00\x00\x00\x10{\"value\":\"evil\"}")
+        os._exit(1)
+    except OSError as e:
+        os._exit(2 if e.errno == 9 else 3)
+json.dumps(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+"#,
+    );
+    assert_eq!(v, 2, "EBADF on the agent fd in the child");
+}
+
+// ---------------------------------------------------------------------------
+// execve, subprocess, the shell
+// ---------------------------------------------------------------------------
+
+#[test]
+fn subprocess_runs_the_images_programs() {
+    let mut sb = fork();
+    let v = json(
+        &mut sb,
+        r#"
+import subprocess, shutil, json, sys
+a = subprocess.run(["ls", "/"], capture_output=True, text=True)
+b = subprocess.run("ls -la / | wc -l > /tmp/n.txt; cat /tmp/n.txt; echo err >&2; exit 4", shell=True, capture_output=True, text=True)
+c = subprocess.run([sys.executable, "-c", "import sys; print(*sys.argv[1:], 6*7)", "x"], capture_output=True, text=True)
+d = subprocess.run(["sh", "-c", "printf 'b\\na\\nc\\n' | sort | head -n 2 | tr a-z A-Z"], capture_output=True, text=True)
+e = subprocess.run(["grep", "-c", "root", "/etc/passwd"], capture_output=True, text=True)
+try:
+    subprocess.run(["/no/such/program"])
+    missing = None
+except FileNotFoundError as x:
+    missing = x.errno
+json.dumps({"which": shutil.which("ls"), "a": [a.returncode, a.stdout.split()],
+            "b": [b.returncode, b.stdout.strip(), b.stderr.strip()],
+            "c": [c.returncode, c.stdout.strip()], "d": d.stdout.split(), "e": e.stdout.strip(), "missing": missing})
+"#,
+    );
+    assert_eq!(v["which"], "/usr/bin/ls", "{v}");
+    assert_eq!(v["a"][0], 0, "{v}");
+    for d in ["bin", "etc", "usr", "tmp"] {
+        assert!(v["a"][1].as_array().unwrap().iter().any(|x| x == d), "ls / lists {d}: {v}");
+    }
+    assert_eq!(v["b"][0], 4, "{v}");
+    let n: u64 = v["b"][1].as_str().unwrap().parse().unwrap_or_else(|_| panic!("{v}"));
+    assert!(n > 10, "{v}");
+    assert_eq!(v["b"][2], "err");
+    assert_eq!(v["c"], serde_json::json!([0, "x 42"]), "{v}");
+    assert_eq!(v["d"], serde_json::json!(["A", "B"]), "{v}");
+    assert_eq!(v["e"], "1");
+    assert_eq!(v["missing"], 2);
+}
+
+#[test]
+fn os_system_popen_and_scripts() {
+    let mut sb = fork();
+    let v = json(
+        &mut sb,
+        r##"
+import os, json, stat
+with open("/tmp/s.sh", "w") as f:
+    f.write("#!/bin/sh\necho script $1 $$\nexit 3\n")
+os.chmod("/tmp/s.sh", 0o755)
+st = os.system("/tmp/s.sh arg > /tmp/out.txt")
+out = open("/tmp/out.txt").read().split()
+p = os.popen("echo popen; pwd")
+txt = p.read()
+rc = p.close()
+os.chdir("/tmp")
+cwd = os.popen("pwd").read().strip()
+json.dumps({"st": os.waitstatus_to_exitcode(st), "out": out[:2], "popen": txt.split(), "rc": rc, "cwd": cwd})
+"##,
+    );
+    assert_eq!(v["st"], 3, "{v}");
+    assert_eq!(v["out"], serde_json::json!(["script", "arg"]), "{v}");
+    assert_eq!(v["popen"], serde_json::json!(["popen", "/"]), "{v}");
+    assert_eq!(v["rc"], serde_json::Value::Null);
+    assert_eq!(v["cwd"], "/tmp", "the cwd is inherited: {v}");
+}
+
+#[test]
+fn close_on_exec_and_inherited_fds() {
+    let mut sb = fork();
+    let v = json(
+        &mut sb,
+        r#"
+import os, json, subprocess
+r, w = os.pipe()
+os.set_inheritable(w, True)
+keep = os.open("/etc/hostname" if os.path.exists("/etc/hostname") else "/etc/passwd", os.O_RDONLY)
+os.set_inheritable(keep, False)
+p = subprocess.run(["sh", "-c", f"echo via-inherited >&{w}; ls /proc/self/fd >/dev/null; test -e /dev/fd/{keep} && echo leaked || echo closed"], pass_fds=(w,), capture_output=True, text=True)
+os.close(w)
+got = os.read(r, 100).decode().strip()
+json.dumps({"got": got, "cloexec": p.stdout.strip(), "rc": p.returncode})
+"#,
+    );
+    assert_eq!(v["got"], "via-inherited", "{v}");
+    assert_eq!(v["cloexec"], "closed", "{v}");
+}
+
+// ---------------------------------------------------------------------------
+// Sessions: checkpoint / evict / resume / fork after children
+// ---------------------------------------------------------------------------
+
+#[test]
+fn a_session_that_ran_subprocesses_checkpoints_resumes_and_forks() {
+    let s = shared();
+    let dir = tempfile::tempdir().unwrap();
+    let mut sb = s.template.fork_tracked(&s.engine, limits(60)).unwrap_or_else(|e| panic!("fork_tracked: {e}"));
+    let r = ok(&mut sb, "import subprocess, os\nout = subprocess.run(['sh', '-c', 'echo hi > /tmp/f; cat /tmp/f'], capture_output=True, text=True).stdout\np = os.fork()\nif p == 0: os._exit(9)\ncode = os.waitstatus_to_exitcode(os.waitpid(p, 0)[1])\n(out, code)");
+    assert_eq!(r.value.as_deref(), Some("('hi\\n', 9)"));
+    let layer = dir.path().join("layer");
+    let state = dir.path().join("state");
+    s.template.checkpoint(&s.engine, &mut sb, &layer, &state, |_| Ok::<(), EngineError>(())).unwrap_or_else(|e| panic!("checkpoint: {e}"));
+    drop(sb);
+    let layers = vec![forkbox_snapshot::layer::Layer::read(&layer).unwrap_or_else(|e| panic!("layer: {e}"))];
+    let mut a = s.template.resume(&s.engine, &layers, &state, limits(60), false).unwrap_or_else(|e| panic!("resume: {e}"));
+    let mut b = s.template.resume(&s.engine, &layers, &state, limits(60), true).unwrap_or_else(|e| panic!("fork: {e}"));
+    for sbx in [&mut a, &mut b] {
+        assert_eq!(value(sbx, "out, code"), "('hi\\n', 9)");
+        assert_eq!(value(sbx, "subprocess.run('cat /tmp/f; echo $((6*7))', shell=True, capture_output=True, text=True).stdout"), "'hi\\n42\\n'");
+    }
+}

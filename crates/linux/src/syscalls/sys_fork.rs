@@ -1,0 +1,375 @@
+//! Processes: fork/vfork/clone of a new process, execve/execveat, wait4/waitid,
+//! process groups and sessions, and signals between the sandbox's processes.
+//! The engine makes the child's VM (`Effect::Fork`) and loads a program
+//! (`Effect::Exec`); the process table is `crate::procs` (in `Io`).
+
+use super::{Args, Ctx, Effect};
+use crate::errno::{Errno, SysResult};
+use crate::procs::Which;
+use crate::thread::{SigInfo, SIGKILL, SI_USER};
+use crate::vfs::FileType;
+use crate::wait::{block, Block, WaitOn};
+
+/// What the engine needs to make a forked child.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ForkSpec {
+    pub pid: u32,
+    /// The child's stack pointer (0: the caller's).
+    pub stack: u64,
+    /// CLONE_CHILD_SETTID: write the pid here in the child's memory.
+    pub set_tid: Option<u64>,
+    /// CLONE_CHILD_CLEARTID: the child's clear-child-tid address.
+    pub clear_tid: Option<u64>,
+    /// CLONE_SETTLS: the child's FS base.
+    pub tls: Option<u64>,
+}
+
+/// A program to load, checked (exists, executable, an ELF) by the handler.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExecSpec {
+    /// Absolute path of the ELF to load (after `#!` resolution).
+    pub path: String,
+    pub argv: Vec<String>,
+    pub envp: Vec<String>,
+}
+
+const CLONE_VM: u64 = 0x100;
+const CLONE_VFORK: u64 = 0x4000;
+const CLONE_SETTLS: u64 = 0x8_0000;
+const CLONE_PARENT_SETTID: u64 = 0x10_0000;
+const CLONE_CHILD_CLEARTID: u64 = 0x20_0000;
+const CLONE_DETACHED: u64 = 0x40_0000;
+const CLONE_CHILD_SETTID: u64 = 0x100_0000;
+/// What a process clone may carry (CLONE_VM only with CLONE_VFORK: the child
+/// gets a copy of the memory, which is all a vfork child may rely on until it execs).
+const PROCESS_FLAGS: u64 =
+    CLONE_VM | CLONE_VFORK | CLONE_SETTLS | CLONE_PARENT_SETTID | CLONE_CHILD_CLEARTID | CLONE_DETACHED | CLONE_CHILD_SETTID;
+
+/// A clone without CLONE_THREAD: a new process.
+pub fn clone_process(ctx: &mut Ctx, flags: u64, stack: u64, parent_tid: u64, child_tid: u64, tls: u64) -> SysResult {
+    if flags & !PROCESS_FLAGS != 0 || (flags & CLONE_VM != 0 && flags & CLONE_VFORK == 0) {
+        return Err(Errno::EINVAL);
+    }
+    if flags & CLONE_SETTLS != 0 && tls >= 1 << 47 {
+        return Err(Errno::EPERM);
+    }
+    if flags & CLONE_PARENT_SETTID != 0 {
+        ctx.user_range_mut(parent_tid, 4)?;
+    }
+    if flags & CLONE_CHILD_SETTID != 0 {
+        ctx.user_range_mut(child_tid, 4)?;
+    }
+    if stack != 0 {
+        ctx.user_range(stack.saturating_sub(8), 8)?;
+    }
+    let pid = ctx.io.procs.spawn(ctx.proc.pid)?;
+    if flags & CLONE_PARENT_SETTID != 0 {
+        ctx.write_bytes(parent_tid, &pid.to_le_bytes())?;
+    }
+    ctx.effect = Some(Effect::Fork(ForkSpec {
+        pid,
+        stack,
+        set_tid: (flags & CLONE_CHILD_SETTID != 0).then_some(child_tid),
+        clear_tid: (flags & CLONE_CHILD_CLEARTID != 0).then_some(child_tid),
+        tls: (flags & CLONE_SETTLS != 0).then_some(tls),
+    }));
+    Ok(pid as u64)
+}
+
+pub fn fork(ctx: &mut Ctx, _: &Args) -> SysResult {
+    clone_process(ctx, 0, 0, 0, 0, 0)
+}
+
+/// vfork: a fork (the child has its own copy of memory; the parent is not suspended).
+pub fn vfork(ctx: &mut Ctx, _: &Args) -> SysResult {
+    clone_process(ctx, 0, 0, 0, 0, 0)
+}
+
+// ----- ids, groups, sessions -------------------------------------------------
+
+pub fn getpid(ctx: &mut Ctx, _: &Args) -> SysResult {
+    Ok(ctx.proc.pid as u64)
+}
+
+pub fn getppid(ctx: &mut Ctx, _: &Args) -> SysResult {
+    Ok(ctx.io.procs.get(ctx.proc.pid).map_or(1, |e| e.ppid) as u64)
+}
+
+fn target(ctx: &Ctx, pid: u64) -> Result<u32, Errno> {
+    match pid as i32 {
+        0 => Ok(ctx.proc.pid),
+        p if p > 0 => Ok(p as u32),
+        _ => Err(Errno::EINVAL),
+    }
+}
+
+pub fn getpgid(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let pid = target(ctx, a[0]).map_err(|_| Errno::ESRCH)?;
+    Ok(ctx.io.procs.get(pid).ok_or(Errno::ESRCH)?.pgid as u64)
+}
+
+pub fn getpgrp(ctx: &mut Ctx, _: &Args) -> SysResult {
+    getpgid(ctx, &[0; 6])
+}
+
+pub fn getsid(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let pid = target(ctx, a[0]).map_err(|_| Errno::ESRCH)?;
+    Ok(ctx.io.procs.get(pid).ok_or(Errno::ESRCH)?.sid as u64)
+}
+
+pub fn setpgid(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let pid = target(ctx, a[0])?;
+    let pgid = match a[1] as i32 {
+        0 => pid,
+        g if g > 0 => g as u32,
+        _ => return Err(Errno::EINVAL),
+    };
+    ctx.io.procs.setpgid(ctx.proc.pid, pid, pgid)?;
+    Ok(0)
+}
+
+pub fn setsid(ctx: &mut Ctx, _: &Args) -> SysResult {
+    Ok(ctx.io.procs.setsid(ctx.proc.pid)? as u64)
+}
+
+// ----- signals between processes ---------------------------------------------
+
+/// kill(pid, sig): to this process itself, or queued for the engine to deliver
+/// to the others (SIGKILL to itself ends it at once).
+pub fn kill(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let sig = a[1];
+    if sig > crate::thread::NSIG as u64 {
+        return Err(Errno::EINVAL);
+    }
+    let targets = ctx.io.procs.kill_targets(ctx.proc.pid, a[0] as i32)?;
+    if sig == 0 {
+        return Ok(0);
+    }
+    let me = ctx.proc.pid;
+    let info = SigInfo { signo: sig as i32, code: SI_USER, pid: me as i32, ..Default::default() };
+    for t in targets {
+        if t == me {
+            continue;
+        }
+        if ctx.io.procs.get(t).is_some_and(|e| e.exit.is_none()) {
+            ctx.io.procs.outbox.push((t, info));
+        }
+    }
+    if ctx.io.procs.kill_targets(ctx.proc.pid, a[0] as i32)?.contains(&me) {
+        if sig as i32 == SIGKILL {
+            ctx.effect = Some(Effect::Signaled(SIGKILL));
+        } else {
+            ctx.proc.threads.send_process(info);
+        }
+    }
+    Ok(0)
+}
+
+// ----- wait4 / waitid --------------------------------------------------------
+
+const WNOHANG: u64 = 1;
+const WUNTRACED: u64 = 2;
+const WEXITED: u64 = 4;
+const WCONTINUED: u64 = 8;
+const WNOWAIT: u64 = 0x0100_0000;
+const WALL: u64 = 0x4000_0000;
+const WCLONE: u64 = 0x8000_0000;
+const WNOTHREAD: u64 = 0x2000_0000;
+
+pub fn wait4(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let (pid, status, options, rusage) = (a[0] as i32, a[1], a[2], a[3]);
+    if options & !(WNOHANG | WUNTRACED | WCONTINUED | WALL | WCLONE | WNOTHREAD) != 0 {
+        return Err(Errno::EINVAL);
+    }
+    let me = ctx.proc.pid;
+    let which = match pid {
+        -1 => Which::Any,
+        0 => Which::Group(ctx.io.procs.get(me).map_or(me, |e| e.pgid)),
+        p if p > 0 => Which::Pid(p as u32),
+        p => Which::Group(p.checked_neg().ok_or(Errno::ECHILD)? as u32),
+    };
+    match ctx.io.procs.find_zombie(me, which)? {
+        Some((child, how)) => {
+            if status != 0 {
+                ctx.write_i32(status, how.status())?;
+            }
+            if rusage != 0 {
+                ctx.write_bytes(rusage, &[0u8; 144])?;
+            }
+            ctx.io.procs.reap(child);
+            Ok(child as u64)
+        }
+        None if options & WNOHANG != 0 => Ok(0),
+        None => block(ctx, Block::new(WaitOn::Child)),
+    }
+}
+
+pub fn waitid(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let (idtype, id, infop, options) = (a[0], a[1] as u32, a[2], a[3]);
+    if options & !(WNOHANG | WUNTRACED | WEXITED | WCONTINUED | WNOWAIT | WALL | WCLONE | WNOTHREAD) != 0
+        || options & (WEXITED | WUNTRACED | WCONTINUED) == 0
+    {
+        return Err(Errno::EINVAL);
+    }
+    let me = ctx.proc.pid;
+    let which = match idtype {
+        0 => Which::Any,
+        1 if id > 0 => Which::Pid(id),
+        2 => Which::Group(if id == 0 { ctx.io.procs.get(me).map_or(me, |e| e.pgid) } else { id }),
+        _ => return Err(Errno::EINVAL),
+    };
+    if options & WEXITED == 0 {
+        // Only stop/continue events asked for: there are none here.
+        ctx.io.procs.find_zombie(me, which)?;
+        if options & WNOHANG != 0 {
+            if infop != 0 {
+                ctx.write_bytes(infop, &[0u8; 128])?;
+            }
+            return Ok(0);
+        }
+        return block(ctx, Block::new(WaitOn::Child));
+    }
+    match ctx.io.procs.find_zombie(me, which)? {
+        Some((child, how)) => {
+            if infop != 0 {
+                let (code, st) = how.siginfo();
+                let mut b = [0u8; 128];
+                b[0..4].copy_from_slice(&crate::procs::SIGCHLD.to_le_bytes());
+                b[8..12].copy_from_slice(&code.to_le_bytes());
+                b[16..20].copy_from_slice(&(child as i32).to_le_bytes());
+                b[24..28].copy_from_slice(&st.to_le_bytes());
+                ctx.write_bytes(infop, &b)?;
+            }
+            if options & WNOWAIT == 0 {
+                ctx.io.procs.reap(child);
+            }
+            Ok(0)
+        }
+        None if options & WNOHANG != 0 => {
+            if infop != 0 {
+                ctx.write_bytes(infop, &[0u8; 128])?;
+            }
+            Ok(0)
+        }
+        None => block(ctx, Block::new(WaitOn::Child)),
+    }
+}
+
+// ----- execve ----------------------------------------------------------------
+
+/// argv + envp together, as Linux bounds them (MAX_ARG_STRLEN-ish); the loader
+/// puts them on a 256 KiB budget of the stack.
+const ARG_BYTES: usize = 256 << 10;
+const ARG_COUNT: usize = 8192;
+/// Nested `#!` interpreters, as Linux (BINPRM_MAX_RECURSION).
+const MAX_INTERP: usize = 4;
+
+/// A NULL-terminated array of strings from the guest.
+fn strings(ctx: &Ctx, mut at: u64, budget: &mut usize) -> Result<Vec<String>, Errno> {
+    let mut out = Vec::new();
+    if at == 0 {
+        return Ok(out);
+    }
+    loop {
+        let p = ctx.read_u64(at)?;
+        if p == 0 {
+            return Ok(out);
+        }
+        if out.len() >= ARG_COUNT {
+            return Err(Errno::E2BIG);
+        }
+        let s = ctx.path(p).map_err(|e| if e == Errno::ENAMETOOLONG { Errno::E2BIG } else { e })?;
+        *budget = budget.checked_sub(s.len() + 1).ok_or(Errno::E2BIG)?;
+        out.push(String::from_utf8_lossy(&s).into_owned());
+        at = at.checked_add(8).ok_or(Errno::EFAULT)?;
+    }
+}
+
+fn do_exec(ctx: &mut Ctx, dirfd: u64, path_ptr: u64, argv: u64, envp: u64, flags: u64) -> SysResult {
+    const AT_EMPTY_PATH: u64 = 0x1000;
+    const AT_SYMLINK_NOFOLLOW: u64 = 0x100;
+    if flags & !(AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) != 0 {
+        return Err(Errno::EINVAL);
+    }
+    let path = ctx.path(path_ptr)?;
+    let mut budget = ARG_BYTES;
+    let mut argv = strings(ctx, argv, &mut budget)?;
+    let envp = strings(ctx, envp, &mut budget)?;
+    if path.is_empty() {
+        // fexecve / AT_EMPTY_PATH: the loader needs a path; not offered.
+        return Err(if flags & AT_EMPTY_PATH == 0 { Errno::ENOENT } else { Errno::ENOSYS });
+    }
+    let start = ctx.dir_start(dirfd, &path)?;
+    let ino = ctx.proc.vfs.resolve(start, &path, flags & AT_SYMLINK_NOFOLLOW == 0)?;
+    let mut file = absolute(ctx, start, &path)?;
+    let mut ino = ino;
+    for depth in 0..=MAX_INTERP {
+        let st = ctx.proc.vfs.stat(ino)?;
+        match st.kind {
+            FileType::Dir => return Err(Errno::EACCES),
+            FileType::File => {}
+            FileType::Symlink => return Err(Errno::ELOOP),
+            _ => return Err(Errno::EACCES),
+        }
+        if st.perm & 0o111 == 0 {
+            return Err(Errno::EACCES);
+        }
+        let bytes = ctx.proc.vfs.file_bytes(ino)?;
+        if bytes.starts_with(b"\x7fELF") {
+            if argv.is_empty() {
+                // As Linux 6.x: an empty argv gets "" as argv[0].
+                argv.push(String::new());
+            }
+            ctx.effect = Some(Effect::Exec(Box::new(ExecSpec { path: file, argv, envp })));
+            return Ok(0);
+        }
+        if !bytes.starts_with(b"#!") || depth == MAX_INTERP {
+            return Err(if depth == MAX_INTERP { Errno::ELOOP } else { Errno::ENOEXEC });
+        }
+        // "#!interpreter [one argument]", on the first line (at most 255 bytes, as Linux).
+        let line = &bytes[2..bytes.len().min(256)];
+        let line = line.split(|&b| b == b'\n').next().unwrap_or_default();
+        let line = String::from_utf8_lossy(line);
+        let line = line.trim_matches(|c| c == ' ' || c == '\t' || c == '\r');
+        let (interp, arg) = match line.find([' ', '\t']) {
+            Some(i) => (&line[..i], Some(line[i..].trim_matches(|c| c == ' ' || c == '\t'))),
+            None => (line, None),
+        };
+        if interp.is_empty() {
+            return Err(Errno::ENOEXEC);
+        }
+        let mut new_argv = vec![interp.to_string()];
+        if let Some(a) = arg.filter(|a| !a.is_empty()) {
+            new_argv.push(a.to_string());
+        }
+        new_argv.push(file.clone());
+        new_argv.extend(argv.into_iter().skip(1));
+        argv = new_argv;
+        budget = budget.checked_sub(interp.len() + file.len() + 2).ok_or(Errno::E2BIG)?;
+        let start = ctx.proc.cwd;
+        ino = ctx.proc.vfs.resolve(start, interp.as_bytes(), true)?;
+        file = absolute(ctx, start, interp.as_bytes())?;
+    }
+    Err(Errno::ELOOP)
+}
+
+/// `path` from directory `start` as an absolute path (the loader resolves from the root).
+fn absolute(ctx: &Ctx, start: crate::vfs::Ino, path: &[u8]) -> Result<String, Errno> {
+    let mut p = Vec::new();
+    if path.first() != Some(&b'/') {
+        p = ctx.proc.vfs.dir_path(start)?;
+        if p.last() != Some(&b'/') {
+            p.push(b'/');
+        }
+    }
+    p.extend_from_slice(path);
+    String::from_utf8(p).map_err(|_| Errno::ENOENT)
+}
+
+pub fn execve(ctx: &mut Ctx, a: &Args) -> SysResult {
+    do_exec(ctx, libc::AT_FDCWD as u64, a[0], a[1], a[2], 0)
+}
+
+pub fn execveat(ctx: &mut Ctx, a: &Args) -> SysResult {
+    do_exec(ctx, a[0], a[1], a[2], a[3], a[4])
+}
