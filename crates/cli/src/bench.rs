@@ -49,6 +49,16 @@ pub enum BenchCommand {
         #[command(flatten)]
         image: ImageArgs,
     },
+    /// Processes in a forked sandbox: subprocess.run(['true']), subprocess.run([python, '-c', 'pass']),
+    /// os.fork() + os._exit(0) + waitpid, multiprocessing.Pool(2).map of 100 trivial tasks;
+    /// beside a host Python doing the same in an os.fork() child.
+    Procs {
+        /// Samples of the fork and `true` measurements (python -c: at most 20, Pool: at most 10).
+        #[arg(long, default_value_t = 50)]
+        samples: usize,
+        #[command(flatten)]
+        image: ImageArgs,
+    },
     /// Network: a small HTTP GET (urllib) to a loopback server and a 100 MB
     /// download, from the guest (loopback allowlisted) beside the host's python3.
     Net {
@@ -96,6 +106,7 @@ pub fn bench(home: &Path, cmd: BenchCommand) -> Result<ExitCode> {
         BenchCommand::Cold { runs, image } => cold(home, runs.max(1), &image),
         BenchCommand::Fork { forks, execs, live, batch, image } => fork(home, forks, execs, live, batch, &image),
         BenchCommand::Threads { samples, image } => threads(home, samples, &image),
+        BenchCommand::Procs { samples, image } => procs(home, samples.max(1), &image),
         BenchCommand::Sessions { samples, resident, on_disk, image } => sessions(home, samples, resident, on_disk, &image),
         BenchCommand::Net { requests, download_mb, image } => net(home, requests.max(1), download_mb, &image),
     }
@@ -523,6 +534,106 @@ fn threads(home: &Path, samples: usize, image: &ImageArgs) -> Result<ExitCode> {
     }
     println!("guest syscalls during the measured exec: {}", r.syscalls);
     Ok(ExitCode::SUCCESS)
+}
+
+/// The process measurements, run by the guest and by a forked host Python alike:
+/// `_proc_bench(n)` is JSON `{name: [ms, ...] | {"error": "..."}}`.
+const PROC_BENCH: &str = r#"
+def _proc_task(x):
+    return x * x
+
+def _proc_bench(n):
+    import json, os, subprocess, sys, time
+    out = {}
+    def measure(name, k, f):
+        times = []
+        try:
+            for _ in range(k):
+                t = time.perf_counter()
+                f()
+                times.append((time.perf_counter() - t) * 1000)
+            out[name] = times
+        except BaseException as e:
+            out[name] = {"error": "%s: %s" % (type(e).__name__, e)}
+    def true():
+        assert subprocess.run(["true"]).returncode == 0
+    def python():
+        assert subprocess.run([sys.executable, "-c", "pass"]).returncode == 0
+    def fork():
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        assert os.waitpid(pid, 0) == (pid, 0)
+    def pool():
+        import multiprocessing
+        with multiprocessing.get_context("fork").Pool(2) as p:
+            assert p.map(_proc_task, range(100)) == [x * x for x in range(100)]
+    measure("true", n, true)
+    measure("python", min(n, 20), python)
+    measure("fork", n, fork)
+    measure("pool", min(n, 10), pool)
+    return json.dumps(out)
+"#;
+
+fn host_proc_baseline(n: usize) -> Result<serde_json::Value> {
+    let code = format!(
+        "{PROC_BENCH}\nimport os, sys\nr, w = os.pipe()\npid = os.fork()\nif pid == 0:\n    os.close(r)\n    os.write(w, _proc_bench({n}).encode())\n    os._exit(0)\nos.close(w)\nout = b''\nwhile True:\n    b = os.read(r, 1 << 20)\n    if not b: break\n    out += b\nos.waitpid(pid, 0)\nsys.stdout.write(out.decode())\n"
+    );
+    let out = std::process::Command::new("/usr/bin/python3").args(["-c", &code]).output().context("running the host python3 baseline")?;
+    anyhow::ensure!(out.status.success(), "host baseline failed: {}", String::from_utf8_lossy(&out.stderr));
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+fn procs(home: &Path, samples: usize, image: &ImageArgs) -> Result<ExitCode> {
+    let (path, id) = crate::run::ensure_image(home, image, false)?;
+    let engine = Engine::open(&path)?;
+    let template = forkbox_engine::Template::ensure(&engine, home)?;
+    println!("image {}  template {}", &id[..12], template.info.id);
+    let limits = Limits { timeout: std::time::Duration::from_secs(600), ..Limits::default() };
+    let mut sb = template.fork(&engine, limits)?;
+    sb.exec(PROC_BENCH)?;
+    // Warm-up (the first child of a sandbox pays its VM's first touches).
+    let warm = sb.exec("_proc_bench(2)");
+    let guest: serde_json::Value = match warm.and_then(|_| sb.exec(&format!("_proc_bench({samples})"))) {
+        Ok(r) => match (&r.error, &r.value) {
+            (Some(e), _) => serde_json::json!({ "all": { "error": format!("{}: {}", e.kind, e.message) } }),
+            (None, Some(v)) => serde_json::from_str(v.trim_matches('\''))?,
+            (None, None) => anyhow::bail!("no result from the guest bench"),
+        },
+        Err(e) => serde_json::json!({ "all": { "error": format!("the sandbox failed: {e}") } }),
+    };
+    let host = host_proc_baseline(samples)?;
+    let col = |v: &serde_json::Value, k: &str| -> Result<Vec<f64>, String> {
+        let v = v.get(k).or_else(|| v.get("all")).cloned().unwrap_or_default();
+        match v.as_array() {
+            Some(a) => Ok(a.iter().filter_map(|x| x.as_f64()).collect()),
+            None => Err(v["error"].as_str().unwrap_or("no result").to_string()),
+        }
+    };
+    let mut failed = false;
+    for (k, what) in [
+        ("true", "subprocess.run(['true'])"),
+        ("python", "subprocess.run([python, '-c', 'pass'])"),
+        ("fork", "os.fork() + os._exit(0) + waitpid"),
+        ("pool", "multiprocessing.Pool(2).map, 100 tasks"),
+    ] {
+        let (g, h) = (col(&guest, k), col(&host, k));
+        match &g {
+            Ok(g) => println!("{what:<40} guest {}", summary(g.clone())),
+            Err(e) => {
+                failed = true;
+                println!("{what:<40} guest FAILED: {e}");
+            }
+        }
+        match &h {
+            Ok(h) => println!("{:<40} host  {}", "  (host python3, os.fork child)", summary(h.clone())),
+            Err(e) => println!("{:<40} host  FAILED: {e}", "  (host python3, os.fork child)"),
+        }
+        if let (Ok(g), Ok(h)) = (&g, &h) {
+            println!("{:<40} ratio guest/host p50: {:.1}x", "", p50(g) / p50(h).max(1e-9));
+        }
+    }
+    Ok(if failed { ExitCode::from(1) } else { ExitCode::SUCCESS })
 }
 
 fn dir_bytes(p: &Path) -> u64 {
