@@ -1764,7 +1764,7 @@ async fn commands_run_in_the_session_file_system_with_exit_codes_cwd_and_env() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn command_bad_bodies_unknown_sessions_busy_and_timeouts() {
     let s = TestServer::start().await;
-    let id = s.create_session(json!({ "timeout_seconds": 2 })).await;
+    let id = s.create_session(json!({ "timeout_seconds": 10 })).await;
     let path = format!("/v1/sessions/{id}/commands");
     // Strict bodies, in the error table's shape, on both routes.
     for p in [path.as_str(), "/v1/commands"] {
@@ -1787,7 +1787,7 @@ async fn command_bad_bodies_unknown_sessions_busy_and_timeouts() {
         assert_error(&s.post(p, json!({ "cmd": "ls", "timeout_seconds": -1 })).await, StatusCode::BAD_REQUEST, "invalid_request");
         assert_error(&s.post_raw(p, b"{\"cmd\": ".to_vec()).await, StatusCode::BAD_REQUEST, "malformed_json");
     }
-    let got = s.post(&path, json!({ "cmd": "ls", "timeout_seconds": 5 })).await;
+    let got = s.post(&path, json!({ "cmd": "ls", "timeout_seconds": 20 })).await;
     assert!(message(&got).contains("the session's time limit"), "{}", got.1);
     assert_error(&s.post("/v1/commands", json!({ "cmd": "ls", "template": "nope" })).await, StatusCode::NOT_FOUND, "template_not_found");
     // Unknown session, and another tenant's: 404.
