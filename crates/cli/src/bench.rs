@@ -585,18 +585,16 @@ fn host_proc_baseline(n: usize) -> Result<serde_json::Value> {
 }
 
 fn procs(home: &Path, samples: usize, image: &ImageArgs) -> Result<ExitCode> {
-    let (path, id) = crate::run::ensure_image(home, image, false)?;
-    let engine = Engine::open(&path)?;
-    let template = forkbox_engine::Template::ensure(&engine, home)?;
-    println!("image {}  template {}", &id[..12], template.info.id);
+    // Through the runtime (the path `forkbox run` and the server take: exec workers, the
+    // runtime's engine and VM pool), on the local data directory.
+    let api = crate::api::Api::embedded(home, image)?;
+    println!("{}", api.target);
     // Each measurement in one exec of its own fresh fork: a hang or failure of one (the
     // exec's time limit) is reported as that one's failure, the others still run.
     let mut guest = serde_json::Map::new();
-    for (name, secs) in [("true", 300), ("python", 300), ("fork", 300), ("pool", 120)] {
-        let limits = Limits { timeout: std::time::Duration::from_secs(secs), ..Limits::default() };
-        let mut sb = template.fork(&engine, limits)?;
+    for (name, secs) in [("true", 300.0), ("python", 300.0), ("fork", 300.0), ("pool", 120.0)] {
         let code = format!("{PROC_BENCH}\n_proc_bench({samples}, ({name:?},))");
-        let v = match sb.exec(&code) {
+        let v = match api.block_on(api.client.exec(&code, Some(secs))) {
             Ok(r) => match (&r.error, &r.value) {
                 (Some(e), _) => serde_json::json!({ "error": format!("{}: {}", e.kind, e.message) }),
                 (None, Some(v)) => serde_json::from_str::<serde_json::Value>(v.trim_matches('\''))?[name].clone(),
