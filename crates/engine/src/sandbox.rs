@@ -805,6 +805,7 @@ impl Sandbox {
         }
         crate::vdso::refresh(&mut vm, self.vdso)?;
         self.others.push(Task { vm: Some(vm), proc: child, pending_user: None, in_stub: true, woken: None, wait_on: Default::default() });
+        self.apply_memory_limit();
         Ok(())
     }
 
@@ -1350,7 +1351,13 @@ impl Sandbox {
                 self.resched = true;
             }
             Some(Effect::Fork(spec)) => {
-                if let Err(e) = self.fork_process(&regs, &spec) {
+                // The memory limit counts every process: the child starts with the parent's mappings.
+                let others: u64 = self.others.iter().map(|t| t.proc.mm.committed()).sum();
+                let total = others.saturating_add(self.proc.mm.committed().saturating_mul(2));
+                if total > self.limits.memory_bytes {
+                    self.io.procs.unspawn(spec.pid);
+                    ret = Errno::ENOMEM.to_rax();
+                } else if let Err(e) = self.fork_process(&regs, &spec) {
                     tracing::warn!("fork: {e}");
                     self.io.procs.unspawn(spec.pid);
                     ret = Errno::ENOMEM.to_rax();

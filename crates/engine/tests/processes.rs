@@ -114,7 +114,7 @@ for code in (0, 3, 77):
     pid = os.fork()
     if pid == 0:
         os.close(r)
-        os.write(w, json.dumps([os.getpid(), os.getppid(), os.getpgrp()]).encode())
+        os.write(w, json.dumps([os.getpid(), os.getppid(), os.getpgrp(), int(os.readlink("/proc/self"))]).encode())
         os._exit(code)
     os.close(w)
     got = json.loads(os.read(r, 1000))
@@ -136,6 +136,7 @@ json.dumps({"res": res, "me": os.getpid(), "echild": echild})
         assert_eq!(r["wpid"], pid);
         assert_eq!(r["child"][0], pid, "getpid in the child: {v}");
         assert_eq!(r["child"][1], me, "getppid in the child: {v}");
+        assert_eq!(r["child"][3], pid, "/proc/self in the child: {v}");
         assert_eq!(r["exited"], true);
         assert_eq!(r["code"], code);
     }
@@ -420,4 +421,59 @@ fn a_session_that_ran_subprocesses_checkpoints_resumes_and_forks() {
         assert_eq!(value(sbx, "out, code"), "('hi\\n', 9)");
         assert_eq!(value(sbx, "subprocess.run('cat /tmp/f; echo $((6*7))', shell=True, capture_output=True, text=True).stdout"), "'hi\\n42\\n'");
     }
+}
+
+#[test]
+fn multiprocessing_fails_clearly_instead_of_hanging() {
+    let mut sb = fork_with(limits(20));
+    let v = json(
+        &mut sb,
+        r#"
+import json, multiprocessing, concurrent.futures as cf
+out = {}
+try:
+    with multiprocessing.Pool(2) as p:
+        out["pool"] = p.map(abs, [-1, -2])
+except OSError as e:
+    out["pool"] = e.errno
+try:
+    with cf.ProcessPoolExecutor(2) as ex:
+        out["ppe"] = list(ex.map(abs, [-1, -2]))
+except OSError as e:
+    out["ppe"] = e.errno
+json.dumps(out)
+"#,
+    );
+    assert_eq!(v["pool"], libc::ENOSYS, "{v}");
+    assert_eq!(v["ppe"], libc::ENOSYS, "{v}");
+}
+
+#[test]
+fn the_memory_limit_counts_every_process() {
+    // 256 MiB for the tree: the template maps ~60 MiB, so a few forks fit and then none.
+    let mut sb = fork_with(Limits { memory_bytes: 256 << 20, ..limits(30) });
+    let v = json(
+        &mut sb,
+        r#"
+import os, json
+pids, err = [], None
+for i in range(20):
+    try:
+        pid = os.fork()
+    except OSError as e:
+        err = e.errno
+        break
+    if pid == 0:
+        os.read(os.pipe()[0], 1)
+    pids.append(pid)
+n = len(pids)
+for p in pids:
+    os.kill(p, 9)
+    os.waitpid(p, 0)
+json.dumps({"n": n, "err": err})
+"#,
+    );
+    let n = v["n"].as_u64().unwrap();
+    assert!((1..=3).contains(&n), "forks within 256 MiB of committed memory: {v}");
+    assert_eq!(v["err"], libc::ENOMEM, "{v}");
 }

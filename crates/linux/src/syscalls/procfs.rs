@@ -1,10 +1,10 @@
-//! /proc, generated from the VMM's state: the process (pid `GUEST_PID`, with
-//! /proc/self pointing at it) and the machine the sandbox is: one CPU, its
+//! /proc, generated from the VMM's state: the calling process (its pid, with
+//! /proc/self pointing at it; other processes are not listed) and the machine the sandbox is: one CPU, its
 //! memory limit as the machine's memory. The tree is rebuilt in the overlay
 //! whenever a path under /proc is looked up (`refresh`), so stat, open, read,
 //! getdents and readlink all see current values and nothing else changes.
 
-use super::sys_process::{cpu_time, rlimit, GUEST_PID};
+use super::sys_process::{cpu_time, rlimit};
 use super::Ctx;
 use crate::fd::FileKind;
 use crate::objects::ObjKind;
@@ -47,14 +47,14 @@ pub fn refresh(ctx: &mut Ctx) {
 }
 
 fn build(ctx: &Ctx) -> Vec<(Vec<u8>, Gen)> {
-    let pid = GUEST_PID.to_string();
+    let pid = ctx.proc.pid.to_string();
     vec![
         (pid.clone().into_bytes(), Gen::Dir(process_dir(ctx))),
         (b"self".to_vec(), Gen::Symlink(pid.clone().into_bytes())),
         (b"thread-self".to_vec(), Gen::Symlink(format!("{pid}/task/{pid}").into_bytes())),
         (b"cpuinfo".to_vec(), file(cpuinfo())),
         (b"meminfo".to_vec(), file(meminfo(ctx))),
-        (b"loadavg".to_vec(), file(format!("0.00 0.00 0.00 1/1 {GUEST_PID}\n"))),
+        (b"loadavg".to_vec(), file(format!("0.00 0.00 0.00 1/{} {}\n", ctx.io.procs.running(), ctx.proc.pid))),
         (b"uptime".to_vec(), file(uptime())),
         (b"stat".to_vec(), file(stat(ctx))),
         (b"version".to_vec(), file("Linux version 6.1.0-forkbox (forkbox) #1 SMP forkbox\n".into())),
@@ -66,7 +66,7 @@ fn build(ctx: &Ctx) -> Vec<(Vec<u8>, Gen)> {
 fn process_dir(ctx: &Ctx) -> Vec<(Vec<u8>, Gen)> {
     let info = &ctx.proc.exec_info;
     let cwd = ctx.proc.vfs.dir_path(ctx.proc.cwd).unwrap_or_else(|_| b"/".to_vec());
-    let pid = GUEST_PID.to_string().into_bytes();
+    let pid = ctx.proc.pid.to_string().into_bytes();
     vec![
         (b"status".to_vec(), file(status(ctx))),
         (b"stat".to_vec(), file(pid_stat(ctx))),
@@ -146,9 +146,9 @@ fn status(ctx: &Ctx) -> String {
     let mm = &ctx.proc.mm;
     let vm = kib(mm.committed());
     let (ign, cgt) = sig_sets(ctx);
-    let pid = GUEST_PID;
+    let pid = ctx.proc.pid;
     format!(
-        "Name:\t{name}\nUmask:\t{umask:04o}\nState:\tR (running)\nTgid:\t{pid}\nNgid:\t0\nPid:\t{pid}\nPPid:\t1\n\
+        "Name:\t{name}\nUmask:\t{umask:04o}\nState:\tR (running)\nTgid:\t{pid}\nNgid:\t0\nPid:\t{pid}\nPPid:\t{ppid}\n\
          TracerPid:\t0\nUid:\t0\t0\t0\t0\nGid:\t0\t0\t0\t0\nFDSize:\t{fdsize}\nGroups:\t\n\
          VmPeak:\t{vm:8} kB\nVmSize:\t{vm:8} kB\nVmLck:\t       0 kB\nVmPin:\t       0 kB\nVmHWM:\t{vm:8} kB\n\
          VmRSS:\t{vm:8} kB\nRssAnon:\t{vm:8} kB\nRssFile:\t       0 kB\nRssShmem:\t       0 kB\n\
@@ -159,6 +159,7 @@ fn status(ctx: &Ctx) -> String {
          NoNewPrivs:\t1\nSeccomp:\t0\nCpus_allowed:\t{cpus:x}\nCpus_allowed_list:\t0\nMems_allowed:\t1\n\
          Mems_allowed_list:\t0\nvoluntary_ctxt_switches:\t0\nnonvoluntary_ctxt_switches:\t0\n",
         name = comm(ctx),
+        ppid = ctx.io.procs.get(pid).map_or(1, |e| e.ppid),
         umask = ctx.proc.umask,
         fdsize = crate::fd::MAX_FDS,
         heap = kib(mm.heap_bytes()),
@@ -181,12 +182,16 @@ fn uptime_secs_f64_ticks() -> u64 {
 fn pid_stat(ctx: &Ctx) -> String {
     let mm = &ctx.proc.mm;
     let (cpu, _) = ticks();
-    let pid = GUEST_PID;
+    let pid = ctx.proc.pid;
+    let e = ctx.io.procs.get(pid).cloned();
     let vsize = mm.committed();
     let rss = vsize / 4096;
     format!(
-        "{pid} ({comm}) R 1 {pid} {pid} 0 -1 4194560 0 0 0 0 {cpu} 0 0 0 20 0 1 0 0 {vsize} {rss} {lim} \
+        "{pid} ({comm}) R {ppid} {pgid} {sid} 0 -1 4194560 0 0 0 0 {cpu} 0 0 0 20 0 1 0 0 {vsize} {rss} {lim} \
          0 0 0 0 0 0 {blk} {ign} {cgt} 0 0 0 17 0 0 0 0 0 0 {brk0} {brk} {brk} 0 0 0 0 0\n",
+        ppid = e.as_ref().map_or(1, |e| e.ppid),
+        pgid = e.as_ref().map_or(pid, |e| e.pgid),
+        sid = e.as_ref().map_or(pid, |e| e.sid),
         comm = comm(ctx),
         lim = u64::MAX,
         blk = ctx.proc.signals.mask,

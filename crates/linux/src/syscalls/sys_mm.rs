@@ -28,6 +28,12 @@ fn discard(ctx: &mut Ctx, ranges: &[(u64, u64)]) -> Result<(), Errno> {
     Ok(())
 }
 
+/// Is file `ino` an entry of /dev/shm (where glibc's sem_open and shm_open put theirs)?
+fn in_dev_shm(ctx: &Ctx, ino: crate::vfs::Ino) -> bool {
+    let Ok(dir) = ctx.proc.vfs.resolve(crate::vfs::ROOT_INO, b"/dev/shm", true) else { return false };
+    ctx.proc.vfs.readdir(dir).is_ok_and(|v| v.iter().skip(2).any(|e| e.ino == ino))
+}
+
 /// Write the bytes of a MAP_SHARED file mapping back to its file (within the
 /// file's current size, as the kernel does: a mapping never extends a file).
 fn write_back(ctx: &mut Ctx, addr: u64, len: u64, kind: VmaKind) {
@@ -92,6 +98,17 @@ pub fn mmap(ctx: &mut Ctx, a: &Args) -> SysResult {
         MemoryMap::check_range(addr, len)?;
         if !ctx.proc.mm.range_is_free(addr, len) {
             return Err(Errno::EEXIST);
+        }
+    }
+    if let Some(ino) = file.filter(|_| map_type == libc::MAP_SHARED && prot & libc::PROT_WRITE as u32 != 0) {
+        if in_dev_shm(ctx, ino) {
+            // POSIX semaphores and shared memory (multiprocessing's locks, queues,
+            // shared_memory): memory shared between processes does not exist yet, and a
+            // copy per process would make locks that do not lock. Refuse it clearly.
+            let note = "[forkbox: memory shared between processes (MAP_SHARED of a /dev/shm file: POSIX semaphores, \
+                        multiprocessing locks and shared memory) is not supported yet]\n";
+            ctx.io.output(crate::io::Stream::Stderr, note.as_bytes());
+            return Err(Errno::ENOSYS);
         }
     }
     let kind = match file {

@@ -1,5 +1,5 @@
-//! Threads: clone/clone3 (threads only: a clone without CLONE_VM|CLONE_THREAD
-//! is a new process, refused with EAGAIN), exit of one thread, gettid,
+//! Threads: clone/clone3 (a clone without CLONE_THREAD is a new process:
+//! `sys_fork`), exit of one thread, gettid,
 //! set_tid_address, futex, sched_yield, and signals sent to the process or
 //! one of its threads (kill, tgkill, tkill). The engine schedules the threads
 //! (see `crate::thread`).

@@ -69,7 +69,7 @@ table! {
     6 lstat => fs::lstat, Full;
     7 poll => file::poll, Partial("readiness of every fd the VMM owns (files, pipes, sockets, eventfd, timerfd, epoll); a wait blocks until an fd is ready, the timeout or an interrupt; POLLPRI never set");
     8 lseek => file::lseek, Full;
-    9 mmap => mm::mmap, Partial("private and shared, anonymous and file mappings; file bytes are copied in at map time (no page cache), no MAP_GROWSDOWN/huge pages, only regular files");
+    9 mmap => mm::mmap, Partial("file bytes copied in at map time (no page cache); MAP_SHARED is not shared between processes, and of /dev/shm files (semaphores) ENOSYS; no MAP_GROWSDOWN/huge pages");
     10 mprotect => mm::mprotect, Partial("enforced by the guest page tables (read-only, no-execute, PROT_NONE not present); no protection keys, no PROT_GROWSDOWN");
     11 munmap => mm::munmap, Full;
     12 brk => mm::brk, Full;
@@ -112,8 +112,8 @@ table! {
     37 alarm => timer::alarm, Full;
     36 getitimer => timer::getitimer, Partial("ITIMER_REAL only (on the run clock); ITIMER_VIRTUAL/ITIMER_PROF EINVAL");
     38 setitimer => timer::setitimer, Partial("ITIMER_REAL only (on the run clock); ITIMER_VIRTUAL/ITIMER_PROF EINVAL");
-    56 clone => thread::clone, Partial("threads (CLONE_VM, CLONE_THREAD and CLONE_SIGHAND) as green threads on the one vCPU; a new process (no CLONE_THREAD) is a fork into its own VM; CLONE_VM|CLONE_VFORK (posix_spawn) gives the child a copy of memory, not the parent's");
-    57 fork => fork::fork, Partial("the child is its own VM (copy of the caller's memory and registers, the calling thread only, shared open file descriptions); at most 64 processes per sandbox (EAGAIN); children still running when the exec ends are killed");
+    56 clone => thread::clone, Partial("threads as green threads on the one vCPU; without CLONE_THREAD a new process in its own VM (CLONE_VM with CLONE_VFORK: the child gets a copy of memory)");
+    57 fork => fork::fork, Partial("the child is its own VM (copy of memory, the calling thread, shared open files); at most 64 processes (EAGAIN); children alive when the exec ends are killed");
     58 vfork => fork::vfork, Partial("a fork: the child gets a copy of memory and the parent is not suspended");
     59 execve => fork::execve, Partial("ELF programs of the file system with ld.so, `#!` scripts (4 levels), close-on-exec; pid, fds, cwd, umask, signal mask kept");
     60 exit => thread::exit, Full;
