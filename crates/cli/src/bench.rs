@@ -49,12 +49,12 @@ pub enum BenchCommand {
         #[command(flatten)]
         image: ImageArgs,
     },
-    /// Processes in a forked sandbox: subprocess.run(['true']), subprocess.run of
-    /// [sys.executable, '-c', 'pass'], os.fork() + os._exit(0) + waitpid; beside a
-    /// host Python doing the same in an os.fork() child.
+    /// Processes in a forked sandbox: subprocess.run(['true']), subprocess.run([python, '-c', 'pass']),
+    /// os.fork() + os._exit(0) + waitpid, multiprocessing.Pool(2).map of 100 trivial tasks;
+    /// beside a host Python doing the same in an os.fork() child.
     Procs {
-        /// Samples of each measurement (the Python start-up ones get a fifth of them).
-        #[arg(long, default_value_t = 100)]
+        /// Samples of the fork and `true` measurements (python -c: at most 20, Pool: at most 10).
+        #[arg(long, default_value_t = 50)]
         samples: usize,
         #[command(flatten)]
         image: ImageArgs,
@@ -106,7 +106,7 @@ pub fn bench(home: &Path, cmd: BenchCommand) -> Result<ExitCode> {
         BenchCommand::Cold { runs, image } => cold(home, runs.max(1), &image),
         BenchCommand::Fork { forks, execs, live, batch, image } => fork(home, forks, execs, live, batch, &image),
         BenchCommand::Threads { samples, image } => threads(home, samples, &image),
-        BenchCommand::Procs { samples, image } => procs(home, samples.max(5), &image),
+        BenchCommand::Procs { samples, image } => procs(home, samples.max(1), &image),
         BenchCommand::Sessions { samples, resident, on_disk, image } => sessions(home, samples, resident, on_disk, &image),
         BenchCommand::Net { requests, download_mb, image } => net(home, requests.max(1), download_mb, &image),
     }
@@ -492,69 +492,6 @@ def _thread_bench(n):
     return json.dumps(out)
 "#;
 
-const PROC_BENCH: &str = r#"
-import json, os, subprocess, sys, time
-def _proc_bench(n):
-    out = {"true": [], "python": [], "fork": []}
-    for i in range(n):
-        t0 = time.perf_counter()
-        assert subprocess.run(["true"]).returncode == 0
-        out["true"].append((time.perf_counter() - t0) * 1000)
-        t0 = time.perf_counter()
-        pid = os.fork()
-        if pid == 0:
-            os._exit(0)
-        os.waitpid(pid, 0)
-        out["fork"].append((time.perf_counter() - t0) * 1000)
-        if i % 5 == 0:
-            t0 = time.perf_counter()
-            assert subprocess.run([sys.executable, "-c", "pass"]).returncode == 0
-            out["python"].append((time.perf_counter() - t0) * 1000)
-    return json.dumps(out)
-"#;
-
-fn host_baseline(script: &str, call: &str) -> Result<serde_json::Value> {
-    let code = format!(
-        "{script}\nimport os, sys\nr, w = os.pipe()\npid = os.fork()\nif pid == 0:\n    os.close(r)\n    os.write(w, {call}.encode())\n    os._exit(0)\nos.close(w)\nout = b''\nwhile True:\n    b = os.read(r, 1 << 20)\n    if not b: break\n    out += b\nos.waitpid(pid, 0)\nsys.stdout.write(out.decode())\n"
-    );
-    let out = std::process::Command::new("/usr/bin/python3").args(["-c", &code]).output().context("running the host python3 baseline")?;
-    anyhow::ensure!(out.status.success(), "host baseline failed: {}", String::from_utf8_lossy(&out.stderr));
-    Ok(serde_json::from_slice(&out.stdout)?)
-}
-
-fn procs(home: &Path, samples: usize, image: &ImageArgs) -> Result<ExitCode> {
-    let (path, id) = crate::run::ensure_image(home, image, false)?;
-    let engine = Engine::open(&path)?;
-    let template = forkbox_engine::Template::ensure(&engine, home)?;
-    println!("image {}  template {}", &id[..12], template.info.id);
-    let limits = Limits { timeout: std::time::Duration::from_secs(600), ..Limits::default() };
-    let mut sb = template.fork(&engine, limits)?;
-    sb.exec(PROC_BENCH)?;
-    sb.exec("_proc_bench(2)")?;
-    let r = sb.exec(&format!("_proc_bench({samples})"))?;
-    if let Some(e) = &r.error {
-        anyhow::bail!("the guest bench failed: {}: {}", e.kind, e.message);
-    }
-    let repr = r.value.context("no result from the guest bench")?;
-    let guest: serde_json::Value = serde_json::from_str(repr.trim_matches('\''))?;
-    let host = host_baseline(PROC_BENCH, &format!("_proc_bench({samples})"))?;
-    let col = |v: &serde_json::Value, k: &str| -> Vec<f64> {
-        v[k].as_array().map(|a| a.iter().filter_map(|x| x.as_f64()).collect()).unwrap_or_default()
-    };
-    for (k, what) in [
-        ("true", "subprocess.run(['true'])"),
-        ("python", "subprocess.run([python, '-c', 'pass'])"),
-        ("fork", "os.fork() + os._exit(0) + waitpid"),
-    ] {
-        let (g, h) = (col(&guest, k), col(&host, k));
-        println!("{what:<40} guest {}", summary(g.clone()));
-        println!("{:<40} host  {}", "  (host python3, os.fork child)", summary(h.clone()));
-        println!("{:<40} ratio guest/host p50: {:.1}x", "", p50(&g) / p50(&h).max(1e-9));
-    }
-    println!("guest syscalls during the measured exec: {}", r.syscalls);
-    Ok(ExitCode::SUCCESS)
-}
-
 fn host_thread_baseline(n: usize) -> Result<serde_json::Value> {
     let code = format!(
         "{THREAD_BENCH}\nimport os, sys\nr, w = os.pipe()\npid = os.fork()\nif pid == 0:\n    os.close(r)\n    os.write(w, _thread_bench({n}).encode())\n    os._exit(0)\nos.close(w)\nout = b''\nwhile True:\n    b = os.read(r, 1 << 20)\n    if not b: break\n    out += b\nos.waitpid(pid, 0)\nsys.stdout.write(out.decode())\n"
@@ -597,6 +534,109 @@ fn threads(home: &Path, samples: usize, image: &ImageArgs) -> Result<ExitCode> {
     }
     println!("guest syscalls during the measured exec: {}", r.syscalls);
     Ok(ExitCode::SUCCESS)
+}
+
+/// The process measurements, run by the guest and by a forked host Python alike:
+/// `_proc_bench(n)` is JSON `{name: [ms, ...] | {"error": "..."}}`.
+const PROC_BENCH: &str = r#"
+def _proc_task(x):
+    return x * x
+
+def _proc_bench(n, which=("true", "python", "fork", "pool")):
+    import json, os, subprocess, sys, time
+    out = {}
+    def measure(name, k, f):
+        times = []
+        try:
+            for _ in range(k):
+                t = time.perf_counter()
+                f()
+                times.append((time.perf_counter() - t) * 1000)
+            out[name] = times
+        except BaseException as e:
+            out[name] = {"error": "%s: %s" % (type(e).__name__, e)}
+    def true():
+        assert subprocess.run(["true"]).returncode == 0
+    def python():
+        assert subprocess.run([sys.executable, "-c", "pass"]).returncode == 0
+    def fork():
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        assert os.waitpid(pid, 0) == (pid, 0)
+    def pool():
+        import multiprocessing
+        with multiprocessing.get_context("fork").Pool(2) as p:
+            assert p.map(_proc_task, range(100)) == [x * x for x in range(100)]
+    for name, k, f in (("true", n, true), ("python", min(n, 20), python), ("fork", n, fork), ("pool", min(n, 10), pool)):
+        if name in which:
+            measure(name, 2, f)  # warm-up: the first children pay their VMs' first touches
+            measure(name, k, f)
+    return json.dumps(out)
+"#;
+
+fn host_proc_baseline(n: usize) -> Result<serde_json::Value> {
+    let code = format!(
+        "{PROC_BENCH}\nimport os, sys\nr, w = os.pipe()\npid = os.fork()\nif pid == 0:\n    os.close(r)\n    os.write(w, _proc_bench({n}).encode())\n    os._exit(0)\nos.close(w)\nout = b''\nwhile True:\n    b = os.read(r, 1 << 20)\n    if not b: break\n    out += b\nos.waitpid(pid, 0)\nsys.stdout.write(out.decode())\n"
+    );
+    let out = std::process::Command::new("/usr/bin/python3").args(["-c", &code]).output().context("running the host python3 baseline")?;
+    anyhow::ensure!(out.status.success(), "host baseline failed: {}", String::from_utf8_lossy(&out.stderr));
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+fn procs(home: &Path, samples: usize, image: &ImageArgs) -> Result<ExitCode> {
+    // Through the runtime (the path `forkbox run` and the server take: exec workers, the
+    // runtime's engine and VM pool), on the local data directory.
+    let api = crate::api::Api::embedded(home, image)?;
+    println!("{}", api.target);
+    // Each measurement in one exec of its own fresh fork: a hang or failure of one (the
+    // exec's time limit) is reported as that one's failure, the others still run.
+    let mut guest = serde_json::Map::new();
+    for (name, secs) in [("true", 300.0), ("python", 300.0), ("fork", 300.0), ("pool", 120.0)] {
+        let code = format!("{PROC_BENCH}\n_proc_bench({samples}, ({name:?},))");
+        let v = match api.block_on(api.client.exec(&code, Some(secs))) {
+            Ok(r) => match (&r.error, &r.value) {
+                (Some(e), _) => serde_json::json!({ "error": format!("{}: {}", e.kind, e.message) }),
+                (None, Some(v)) => serde_json::from_str::<serde_json::Value>(v.trim_matches('\''))?[name].clone(),
+                (None, None) => serde_json::json!({ "error": "no result" }),
+            },
+            Err(e) => serde_json::json!({ "error": format!("the sandbox failed: {e}") }),
+        };
+        guest.insert(name.to_string(), v);
+    }
+    let guest = serde_json::Value::Object(guest);
+    let host = host_proc_baseline(samples)?;
+    let col = |v: &serde_json::Value, k: &str| -> Result<Vec<f64>, String> {
+        let v = v.get(k).cloned().unwrap_or_default();
+        match v.as_array() {
+            Some(a) => Ok(a.iter().filter_map(|x| x.as_f64()).collect()),
+            None => Err(v["error"].as_str().unwrap_or("no result").to_string()),
+        }
+    };
+    let mut failed = false;
+    for (k, what) in [
+        ("true", "subprocess.run(['true'])"),
+        ("python", "subprocess.run([python, '-c', 'pass'])"),
+        ("fork", "os.fork() + os._exit(0) + waitpid"),
+        ("pool", "multiprocessing.Pool(2).map, 100 tasks"),
+    ] {
+        let (g, h) = (col(&guest, k), col(&host, k));
+        match &g {
+            Ok(g) => println!("{what:<40} guest {}", summary(g.clone())),
+            Err(e) => {
+                failed = true;
+                println!("{what:<40} guest FAILED: {e}");
+            }
+        }
+        match &h {
+            Ok(h) => println!("{:<40} host  {}", "  (host python3, os.fork child)", summary(h.clone())),
+            Err(e) => println!("{:<40} host  FAILED: {e}", "  (host python3, os.fork child)"),
+        }
+        if let (Ok(g), Ok(h)) = (&g, &h) {
+            println!("{:<40} ratio guest/host p50: {:.1}x", "", p50(g) / p50(h).max(1e-9));
+        }
+    }
+    Ok(if failed { ExitCode::from(1) } else { ExitCode::SUCCESS })
 }
 
 fn dir_bytes(p: &Path) -> u64 {

@@ -12,6 +12,7 @@ mod mcp;
 mod repl;
 mod run;
 mod session;
+mod sh;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -73,6 +74,13 @@ enum Command {
     Key(KeyCommand),
     /// Run Python code in a fresh sandbox and print its output.
     Run(run::RunArgs),
+    /// Run a shell command (one argument) or an argv (several) in a fresh sandbox; exits with its exit code.
+    Sh {
+        #[command(flatten)]
+        args: sh::ShArgs,
+        #[command(flatten)]
+        image: ImageArgs,
+    },
     /// Interactive Python prompt on a session (a new one if none is given); state persists across lines.
     Repl {
         /// The session to attach to.
@@ -237,6 +245,14 @@ fn main() -> ExitCode {
             Some(url) => api::Api::remote(url, cli.api_key.clone()).and_then(|a| run::run_remote(&a, args)),
             None => run::run(&home, args),
         },
+        Command::Sh { args, image } => match &cli.url {
+            Some(_) if image.image.is_some() || !image.apt.is_empty() => {
+                Err(anyhow::anyhow!("--image and --apt only apply to the embedded mode (the server has its own image)"))
+            }
+            Some(url) => api::Api::remote(url, cli.api_key.clone()),
+            None => api::Api::embedded(&home, &image),
+        }
+        .and_then(|a| sh::sh(&a, None, &args, image.template.clone())),
         Command::Repl { session, image } => match &cli.url {
             Some(url) => api::Api::remote(url, cli.api_key.clone()),
             None => api::Api::embedded(&home, &image),

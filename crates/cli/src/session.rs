@@ -44,6 +44,14 @@ pub enum SessionCommand {
         #[command(flatten)]
         image: ImageArgs,
     },
+    /// Run a command in a session's file system (its stdout/stderr printed as it runs; exits with its exit code).
+    Sh {
+        id: String,
+        #[command(flatten)]
+        args: crate::sh::ShArgs,
+        #[command(flatten)]
+        image: ImageArgs,
+    },
     /// List sessions (optionally only those with all the given tags).
     Ls {
         #[arg(long = "tag", value_parser = parse_tag)]
@@ -93,6 +101,7 @@ fn image_of(cmd: &SessionCommand) -> &ImageArgs {
     match cmd {
         SessionCommand::New { image, .. }
         | SessionCommand::Exec { image, .. }
+        | SessionCommand::Sh { image, .. }
         | SessionCommand::Ls { image, .. }
         | SessionCommand::Log { image, .. }
         | SessionCommand::Revert { image, .. }
@@ -184,6 +193,7 @@ fn run(api: &Api, cmd: SessionCommand) -> Result<ExitCode> {
             crate::run::print_remote_result(&r, json, false)?;
             return Ok(if r.error.is_some() { ExitCode::from(1) } else { ExitCode::SUCCESS });
         }
+        SessionCommand::Sh { id, args, .. } => return crate::sh::sh(api, Some(&id), &args, None),
         SessionCommand::Ls { tags, .. } => {
             for s in api.block_on(c.list_sessions(&tags))? {
                 print(&s);

@@ -204,6 +204,35 @@ impl Client {
         self.post(&format!("/v1/sessions/{}/fork", seg(id)), &json!({ "checkpoint": checkpoint, "tags": tags })).await
     }
 
+    // -- commands ----------------------------------------------------------
+
+    /// Run a command in a fresh sandbox (nothing persists); `req.template` picks the template.
+    pub async fn command(&self, req: &CommandRequest) -> Result<CommandResult, ClientError> {
+        self.post("/v1/commands", req).await
+    }
+
+    /// [`command`](Self::command), streaming the output as it is written (the `result` event is a [`CommandResult`]).
+    pub async fn command_stream(
+        &self,
+        req: &CommandRequest,
+    ) -> Result<impl Stream<Item = Result<StreamEvent, ClientError>> + Send, ClientError> {
+        self.stream("/v1/commands/stream", &to_value(req)?).await
+    }
+
+    /// Run a command in the session's file system; the result names the new checkpoint.
+    pub async fn session_command(&self, id: &str, req: &CommandRequest) -> Result<CommandResult, ClientError> {
+        self.post(&format!("/v1/sessions/{}/commands", seg(id)), &session_command_body(req)?).await
+    }
+
+    /// [`session_command`](Self::session_command), streaming the output as it is written.
+    pub async fn session_command_stream(
+        &self,
+        id: &str,
+        req: &CommandRequest,
+    ) -> Result<impl Stream<Item = Result<StreamEvent, ClientError>> + Send, ClientError> {
+        self.stream(&format!("/v1/sessions/{}/commands/stream", seg(id)), &session_command_body(req)?).await
+    }
+
     // -- files -------------------------------------------------------------
 
     /// Write `data` to the absolute guest path `path` (parents created); makes a checkpoint.
@@ -262,6 +291,18 @@ fn session_exec_body(code: &str, timeout_seconds: Option<f64>) -> Value {
         Some(t) => json!({ "code": code, "timeout_seconds": t }),
         None => json!({ "code": code }),
     }
+}
+
+fn to_value(v: &impl Serialize) -> Result<Value, ClientError> {
+    serde_json::to_value(v).map_err(|e| ClientError::InvalidArgument(format!("encoding the request: {e}")))
+}
+
+/// A session command's body: a session has its template, so `template` is refused here rather than by the server.
+fn session_command_body(req: &CommandRequest) -> Result<Value, ClientError> {
+    if req.template.is_some() {
+        return Err(ClientError::InvalidArgument("a session command runs on the session's template: no template".into()));
+    }
+    to_value(req)
 }
 
 /// A path segment, percent-encoded.

@@ -266,3 +266,54 @@ pub struct PatchSession {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timeout_seconds: Option<f64>,
 }
+
+/// What a command runs: a shell command line (`/bin/sh -c`) or an argv (no shell).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(untagged)]
+pub enum CommandLine {
+    Shell(String),
+    Argv(Vec<String>),
+}
+
+/// A command (`POST /v1/commands`, `POST /v1/sessions/{id}/commands`); None fields take the defaults.
+#[derive(Clone, Debug, Serialize)]
+pub struct CommandRequest {
+    pub cmd: CommandLine,
+    /// Directory it starts in (default: the guest's working directory).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    /// Variables laid over the guest's environment.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<f64>,
+    /// One-shot commands only: the template to fork (None: the server's default).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
+}
+
+impl CommandRequest {
+    pub fn new(cmd: CommandLine) -> CommandRequest {
+        CommandRequest { cmd, cwd: None, env: BTreeMap::new(), timeout_seconds: None, template: None }
+    }
+}
+
+/// The result of a command.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct CommandResult {
+    #[serde(default)]
+    pub stdout: String,
+    #[serde(default)]
+    pub stderr: String,
+    /// 0 success; 128 + N killed by signal N; 127 not found; 126 could not start; 130 interrupted.
+    pub exit_code: i64,
+    #[serde(default)]
+    pub runtime_ms: f64,
+    /// Session commands: the checkpoint that recorded it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<i64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outputs: Vec<OutputFile>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}

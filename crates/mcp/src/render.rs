@@ -3,7 +3,7 @@
 //! and tool errors (`isError: true`) that carry the API's code and message.
 
 use base64::Engine as _;
-use forkbox_client::{Checkpoint, ClientError, ExecResult, FileEntry, FileWritten, Session};
+use forkbox_client::{Checkpoint, ClientError, CommandResult, ExecResult, FileEntry, FileWritten, Session};
 use rmcp::model::{CallToolResult, ContentBlock};
 use serde_json::{json, Value};
 
@@ -101,6 +101,45 @@ fn exec_text(r: &ExecResult) -> String {
         t.push_str("(no output)\n");
     }
     t
+}
+
+/// A command's result: `{stdout, stderr, exit_code, checkpoint?, runtime_ms, outputs}` plus a text rendering.
+pub fn command_result(r: &CommandResult) -> CallToolResult {
+    let outputs: Vec<Value> = r.outputs.iter().map(|o| json!({ "path": o.path, "size": o.size, "mime": o.mime })).collect();
+    let mut structured = json!({
+        "stdout": r.stdout,
+        "stderr": r.stderr,
+        "exit_code": r.exit_code,
+        "runtime_ms": r.runtime_ms,
+        "outputs": outputs,
+    });
+    let mut t = String::new();
+    for (name, text) in [("stdout", &r.stdout), ("stderr", &r.stderr)] {
+        if !text.is_empty() {
+            t.push_str(&format!("{name}:\n{text}"));
+            if !text.ends_with('\n') {
+                t.push('\n');
+            }
+        }
+    }
+    t.push_str(&format!("exit_code: {}\n", r.exit_code));
+    for o in &r.outputs {
+        t.push_str(&format!("output file: {} ({} bytes, {})\n", o.path, o.size, o.mime));
+    }
+    if let Some(cp) = r.checkpoint {
+        structured["checkpoint"] = json!(cp);
+        t.push_str(&format!("checkpoint: {cp}\n"));
+    }
+    let mut content = vec![ContentBlock::text(t)];
+    for o in &r.outputs {
+        let Some(b64) = &o.base64 else { continue };
+        if IMAGE_MIMES.contains(&o.mime.as_str()) && base64::engine::general_purpose::STANDARD.decode(b64).is_ok() {
+            content.push(ContentBlock::image(b64.clone(), o.mime.clone()));
+        }
+    }
+    let mut out = CallToolResult::success(content);
+    out.structured_content = Some(structured);
+    out
 }
 
 /// A session, structured and as one line of text.

@@ -23,7 +23,8 @@ use crate::render;
 /// Said to the model once, when the client connects.
 const INSTRUCTIONS: &str = "forkbox runs Python code in isolated sandboxes (hardware-isolated VMs). \
 Python 3.11 with numpy and the standard library only: no network, no pip, nothing else can be installed. \
-Use run_python for a one-off computation (nothing persists). For multi-step work, create_session and call exec \
+Use run_python for a one-off computation (nothing persists); run_command runs a shell command line \
+(ls, grep, a pipeline, python3 script.py) in a session's files or a fresh sandbox. For multi-step work, create_session and call exec \
 repeatedly: variables, imports and files persist between execs, like a notebook. Every exec in a session is a \
 checkpoint: if the state goes bad (an exec broke something, a variable was overwritten), call list_checkpoints and \
 revert to an earlier one instead of starting over; to try alternatives from the same state, fork_session. \
@@ -88,6 +89,26 @@ pub struct ExecArgs {
     pub session_id: String,
     /// Python source to run in the session's namespace. If the last statement is an expression, its repr() is `value`.
     pub code: String,
+}
+
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RunCommandArgs {
+    /// A shell command line, run by /bin/sh -c (pipes, redirects, && and globs work), e.g. "ls -la /data | head".
+    pub command: String,
+    /// Run it in this session's file system (it sees the files exec and upload_file made there, and what it
+    /// writes stays); without one it runs in a fresh sandbox and nothing persists.
+    #[serde(default)]
+    pub session_id: Option<String>,
+    /// Absolute directory to start in (default: the session's working directory, / in a fresh sandbox).
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Environment variables to set for the command (on top of the sandbox's environment).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Time limit in seconds (default: the session's, or 30).
+    #[serde(default)]
+    pub timeout_seconds: Option<f64>,
 }
 
 #[derive(Deserialize, schemars::JsonSchema)]
@@ -286,6 +307,47 @@ impl ForkboxMcp {
                     .await
                     .map(|r| render::exec_result(&r))
                     .map_err(|e| render::client_error(&e))
+            }
+            .await,
+        )
+    }
+
+    #[tool(description = "Run a shell command in a sandbox and return its stdout, stderr and exit_code. Use it instead \
+        of exec when the job is a command line rather than Python: listing or searching files (ls, find, grep, wc, \
+        head, sort), shell pipelines, running a script or program (python3 script.py, sh build.sh), archives (tar, \
+        gzip). The shell is dash with coreutils, findutils, grep, sed, gawk, tar, gzip and file; python3 is Python \
+        3.11 + numpy; no network tools, no package managers. With session_id it runs in that session's file system \
+        (the files that exec and upload_file made are there, and what it writes stays) and makes a checkpoint like \
+        an exec; without, it runs in a fresh sandbox and nothing persists. A non-zero exit_code is a result, not a \
+        tool error (127: command not found); a time-out is an error and the session is rolled back. Processes it \
+        starts in the background are stopped when it ends. Use exec for Python state (variables, imports).")]
+    async fn run_command(
+        &self,
+        Parameters(a): Parameters<RunCommandArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        done(
+            async {
+                if let Some(id) = &a.session_id {
+                    check_id(id)?;
+                }
+                if let Some(cwd) = &a.cwd {
+                    check_path("cwd", cwd)?;
+                }
+                check_timeout(a.timeout_seconds)?;
+                let c = self.client(&ctx)?;
+                let req = forkbox_client::CommandRequest {
+                    cmd: forkbox_client::CommandLine::Shell(a.command),
+                    cwd: a.cwd,
+                    env: a.env,
+                    timeout_seconds: a.timeout_seconds,
+                    template: None,
+                };
+                let r = match &a.session_id {
+                    Some(id) => c.session_command(id, &req).await,
+                    None => c.command(&req).await,
+                };
+                r.map(|r| render::command_result(&r)).map_err(|e| render::client_error(&e))
             }
             .await,
         )
@@ -573,6 +635,7 @@ fn argument_error(tool: &str, arguments: &rmcp::model::JsonObject) -> Option<Str
         "run_python" => check::<RunPythonArgs>(arguments),
         "create_session" => check::<CreateSessionArgs>(arguments),
         "exec" => check::<ExecArgs>(arguments),
+        "run_command" => check::<RunCommandArgs>(arguments),
         "delete_session" | "list_checkpoints" | "interrupt" => check::<SessionArgs>(arguments),
         "upload_file" => check::<UploadFileArgs>(arguments),
         "download_file" => check::<DownloadFileArgs>(arguments),

@@ -22,12 +22,15 @@
 //!   create under one lock), compaction.
 //! - Upkeep ([`Runtime::start_maintenance`]): eviction, compaction, gc, off
 //!   the request path.
+//! - Commands ([`command`]): a shell command or argv run as an exec of a
+//!   generated snippet (`subprocess` in the guest), its exit status read back.
 //! - Templates ([`templates`]): list and build a data directory's templates.
 //!
 //! Operations that are not execs block (SQLite, files): call them off async threads.
 
 #![forbid(unsafe_code)]
 
+pub mod command;
 mod error;
 pub mod exec;
 pub mod session;
@@ -42,6 +45,7 @@ use std::time::Duration;
 use forkbox_engine::{Catalog, Engine, Loaded, Template};
 use forkbox_sessions::manager::SessionManager;
 
+pub use command::{Command, CommandLine, CommandResult};
 pub use error::RuntimeError;
 pub use exec::{OneShot, OneShotRequest, Outcome, Output, Ran};
 pub use forkbox_api::ErrorCode;

@@ -13,7 +13,7 @@ use utoipa_axum::routes;
 use crate::auth::{auth, Caller};
 use crate::error::{ApiError, ErrorBody, ErrorDetail};
 use crate::extractors::BodyLimits;
-use crate::handlers::{exec, files, forevervm, health, sessions, stream};
+use crate::handlers::{commands, exec, files, forevervm, health, sessions, stream};
 use crate::{openapi, AppState};
 
 #[derive(OpenApi)]
@@ -43,11 +43,15 @@ fn v1_routes(files_limit: usize) -> OpenApiRouter<AppState> {
         .routes(routes!(exec::exec))
         .routes(routes!(stream::exec_stream))
         .routes(routes!(exec::exec_batch))
+        .routes(routes!(commands::command))
+        .routes(routes!(commands::command_stream))
         .routes(routes!(exec::templates))
         .routes(routes!(sessions::create_session, sessions::list_sessions))
         .routes(routes!(sessions::get_session, sessions::patch_session, sessions::delete_session))
         .routes(routes!(sessions::session_exec))
         .routes(routes!(stream::session_exec_stream))
+        .routes(routes!(commands::session_command))
+        .routes(routes!(commands::session_command_stream))
         .routes(routes!(sessions::interrupt))
         .routes(file_routes)
         .routes(routes!(files::list_files))

@@ -113,6 +113,151 @@ pub struct SessionExec {
     pub timeout_seconds: Option<f64>,
 }
 
+/// What a command runs: a string is a shell command line (`/bin/sh -c`), a list
+/// of strings is the argv itself (no shell; the program is looked up on `PATH`).
+#[derive(Clone, Debug, Deserialize, ToSchema)]
+#[serde(untagged, try_from = "serde_json::Value")]
+pub enum CommandLineBody {
+    Shell(String),
+    Argv(Vec<String>),
+}
+
+impl TryFrom<serde_json::Value> for CommandLineBody {
+    type Error = String;
+    fn try_from(v: serde_json::Value) -> Result<Self, String> {
+        const WHAT: &str = "expected a string (a shell command line) or a list of strings (an argv)";
+        match v {
+            serde_json::Value::String(s) => Ok(CommandLineBody::Shell(s)),
+            serde_json::Value::Array(items) => items
+                .into_iter()
+                .enumerate()
+                .map(|(i, a)| match a {
+                    serde_json::Value::String(s) => Ok(s),
+                    other => Err(format!("item {i} is {}, {WHAT}", json_kind(&other))),
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map(CommandLineBody::Argv),
+            other => Err(format!("invalid type: {}, {WHAT}", json_kind(&other))),
+        }
+    }
+}
+
+fn json_kind(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "a list",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
+/// A command in a session (`POST /v1/sessions/{id}/commands`).
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionCommand {
+    pub cmd: CommandLineBody,
+    /// Directory it starts in (default: the session's working directory); relative to that.
+    pub cwd: Option<String>,
+    /// Variables laid over the guest's environment.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Time limit (default: the session's; at most the session's `limits.timeout_seconds`).
+    #[schema(exclusive_minimum = 0.0)]
+    pub timeout_seconds: Option<f64>,
+}
+
+/// A one-shot command in a fresh fork of a template (`POST /v1/commands`).
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OneShotCommand {
+    pub cmd: CommandLineBody,
+    /// Directory it starts in (default: the template's working directory, `/`).
+    pub cwd: Option<String>,
+    /// Variables laid over the guest's environment.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Time limit (default: the server's; at most its maximum).
+    #[schema(exclusive_minimum = 0.0)]
+    pub timeout_seconds: Option<f64>,
+    /// Template to fork (default: the server's default).
+    pub template: Option<String>,
+    /// Outbound network of the command (narrows the server's policy).
+    pub network: Option<NetworkSetting>,
+}
+
+/// A command's request as the runtime's validated [`forkbox_runtime::Command`] (400 if bad).
+pub fn command_of(
+    cmd: CommandLineBody,
+    cwd: Option<String>,
+    env: BTreeMap<String, String>,
+) -> Result<forkbox_runtime::Command, crate::error::ApiError> {
+    let line = match cmd {
+        CommandLineBody::Shell(s) => forkbox_runtime::CommandLine::Shell(s),
+        CommandLineBody::Argv(v) => forkbox_runtime::CommandLine::Argv(v),
+    };
+    Ok(forkbox_runtime::Command::new(line, cwd, env)?)
+}
+
+/// The result of a command. The exec it rode on made the checkpoint (sessions).
+#[derive(Serialize, ToSchema)]
+pub struct CommandResponse {
+    pub stdout: String,
+    pub stderr: String,
+    /// The command's exit status: 0 success; 128 + N killed by signal N; 127 not
+    /// found; 126 could not be started; 130 interrupted; 1 also for a `cwd` that
+    /// cannot be entered (each of the last four with a `forkbox:` line on stderr).
+    pub exit_code: i32,
+    /// Time inside the guest.
+    pub runtime_ms: f64,
+    /// Wall time on the host.
+    pub wall_ms: f64,
+    /// Session commands: the seq of the checkpoint that recorded it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<i64>,
+    /// One-shot commands: an id for this run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// Time in the server, request received to response.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub total_time_ms: Option<f64>,
+    /// Files under `/output` it created or changed (omitted when none).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub outputs: Vec<OutputFileBody>,
+}
+
+impl CommandResponse {
+    pub fn of(r: &ExecResult) -> CommandResponse {
+        let c = forkbox_runtime::CommandResult::of(r);
+        CommandResponse {
+            stdout: c.stdout,
+            stderr: c.stderr,
+            exit_code: c.exit_code,
+            runtime_ms: r.runtime_ms,
+            wall_ms: r.wall_ms,
+            checkpoint: None,
+            id: None,
+            total_time_ms: None,
+            outputs: ExecResponse::of(r).outputs,
+        }
+    }
+
+    pub fn of_session(o: &ExecOutcome, t0: std::time::Instant) -> CommandResponse {
+        let mut v = CommandResponse::of(&o.result);
+        v.checkpoint = Some(o.checkpoint.seq);
+        v.total_time_ms = Some(t0.elapsed().as_secs_f64() * 1000.0);
+        v
+    }
+
+    pub fn of_oneshot(o: &OneShot, t0: std::time::Instant) -> CommandResponse {
+        let mut v = CommandResponse::of(&o.result);
+        v.id = Some(o.id.clone());
+        v.total_time_ms = Some(t0.elapsed().as_secs_f64() * 1000.0);
+        v
+    }
+}
+
 /// What `PATCH /v1/sessions/{id}` changes; absent fields stay as they are.
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]

@@ -839,6 +839,10 @@ async fn openapi_document_describes_every_route_the_router_serves() {
         ("post", "/v1/exec/stream"),
         ("post", "/v1/sessions/{id}/exec/stream"),
         ("post", "/v1/sessions/{id}/interrupt"),
+        ("post", "/v1/commands"),
+        ("post", "/v1/commands/stream"),
+        ("post", "/v1/sessions/{id}/commands"),
+        ("post", "/v1/sessions/{id}/commands/stream"),
         ("put", "/v1/sessions/{id}/files/{path}"),
         ("get", "/v1/sessions/{id}/files/{path}"),
         ("get", "/v1/sessions/{id}/files"),
@@ -876,7 +880,7 @@ async fn openapi_document_describes_every_route_the_router_serves() {
             assert!(op["operationId"].is_string());
         }
     }
-    for name in ["ExecRequest", "ExecResponse", "Session", "ErrorBody", "MachineExec", "InstructionResult", "FvmResult"] {
+    for name in ["ExecRequest", "ExecResponse", "Session", "ErrorBody", "MachineExec", "InstructionResult", "FvmResult", "SessionCommand", "OneShotCommand", "CommandResponse"] {
         assert!(schemas.contains_key(name), "schema {name} missing");
     }
     assert_eq!(doc["components"]["schemas"]["ExecResponse"]["properties"]["exit_code"]["type"], "integer");
@@ -1683,4 +1687,158 @@ async fn output_written_before_a_failure_comes_back_with_the_error() {
     assert_eq!(v["results"][0]["error"]["code"], "guest_exited", "{v}");
     assert_eq!(v["results"][0]["error"]["stdout"], "pre-exit\n", "{v}");
     assert_eq!(v["results"][1]["stdout"], "ok\n", "{v}");
+}
+
+// ---------------------------------------------------------------------------
+// Commands (`/v1/commands`, `/v1/sessions/{id}/commands`): processes in the guest
+// ---------------------------------------------------------------------------
+
+async fn scommand(s: &TestServer, id: &str, body: Value) -> Value {
+    let (st, v) = s.post(&format!("/v1/sessions/{id}/commands"), body.clone()).await;
+    assert_eq!(st, StatusCode::OK, "command {body}: {v}");
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_run_in_the_session_file_system_with_exit_codes_cwd_and_env() {
+    let s = TestServer::start().await;
+    let id = s.create_session(json!({})).await;
+    s.sexec(&id, "import os\nos.makedirs('/tmp/w', exist_ok=True)\nopen('/tmp/w/data.txt', 'w').write('a\\nb\\nc\\n')").await;
+
+    // A shell line with a pipe, in a cwd, on what Python wrote: checkpoint 2.
+    let v = scommand(&s, &id, json!({ "cmd": "cat data.txt | wc -l", "cwd": "/tmp/w" })).await;
+    assert_eq!((v["stdout"].as_str(), v["stderr"].as_str(), v["exit_code"].as_i64()), (Some("3\n"), Some(""), Some(0)), "{v}");
+    assert_eq!(v["checkpoint"], 2, "{v}");
+    assert!(v["runtime_ms"].as_f64().is_some_and(|t| t > 0.0) && v["total_time_ms"].is_number(), "{v}");
+
+    // stdout, stderr and a non-zero exit code, separately.
+    let v = scommand(&s, &id, json!({ "cmd": "echo out; echo err >&2; exit 3" })).await;
+    assert_eq!((v["stdout"].as_str(), v["stderr"].as_str(), v["exit_code"].as_i64()), (Some("out\n"), Some("err\n"), Some(3)), "{v}");
+
+    // env is laid over the guest's environment (PATH still there).
+    let v = scommand(&s, &id, json!({ "cmd": "echo \"$GREETING\" && which ls", "env": { "GREETING": "hi there" } })).await;
+    assert_eq!(v["exit_code"], 0, "{v}");
+    assert!(v["stdout"].as_str().unwrap().starts_with("hi there\n/"), "{v}");
+
+    // An argv is not run through a shell: arguments arrive as they are.
+    let v = scommand(&s, &id, json!({ "cmd": ["printf", "%s|", "a b", "$HOME", "it's"] })).await;
+    assert_eq!((v["stdout"].as_str(), v["exit_code"].as_i64()), (Some("a b|$HOME|it's|"), Some(0)), "{v}");
+    let v = scommand(&s, &id, json!({ "cmd": ["no-such-program-x"] })).await;
+    assert_eq!(v["exit_code"], 127, "{v}");
+    assert_eq!(v["stderr"], "forkbox: no-such-program-x: command not found\n", "{v}");
+    let v = scommand(&s, &id, json!({ "cmd": "true", "cwd": "/no/such/dir" })).await;
+    assert_eq!(v["exit_code"], 1, "{v}");
+    assert!(v["stderr"].as_str().unwrap().starts_with("forkbox: cannot enter cwd '/no/such/dir'"), "{v}");
+    // Killed by a signal: 128 + N.
+    let v = scommand(&s, &id, json!({ "cmd": "kill -9 $$" })).await;
+    assert_eq!(v["exit_code"], 137, "{v}");
+
+    // What the command writes is the session's: Python sees it, it persists in checkpoints and forks.
+    let v = scommand(&s, &id, json!({ "cmd": "echo hello > /tmp/w/from_sh.txt && ls /tmp/w" })).await;
+    assert_eq!(v["stdout"], "data.txt\nfrom_sh.txt\n", "{v}");
+    let seq = v["checkpoint"].as_i64().unwrap();
+    assert_eq!(s.sexec(&id, "open('/tmp/w/from_sh.txt').read()").await["value"], "'hello\\n'");
+    let (st, f) = s.post(&format!("/v1/sessions/{id}/fork"), json!({ "checkpoint": seq })).await;
+    assert_eq!(st, StatusCode::CREATED, "{f}");
+    let v = scommand(&s, f["id"].as_str().unwrap(), json!({ "cmd": ["cat", "/tmp/w/from_sh.txt"] })).await;
+    assert_eq!(v["stdout"], "hello\n", "{v}");
+    // The checkpoint log names the command.
+    let (_, cps) = s.get(&format!("/v1/sessions/{id}/checkpoints")).await;
+    let code = cps["checkpoints"][1]["code"].as_str().unwrap();
+    assert!(code.starts_with("# command: cat data.txt | wc -l\n"), "{code}");
+    // Files under /output come back like an exec's.
+    let v = scommand(&s, &id, json!({ "cmd": "mkdir -p /output && echo 1,2 > /output/t.csv" })).await;
+    assert_eq!(v["outputs"][0]["path"], "/output/t.csv", "{v}");
+
+    // One-shot: a fresh fork, nothing persists.
+    let (st, v) = s.post("/v1/commands", json!({ "cmd": "echo $((6 * 7)); echo x > /tmp/gone" })).await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert_eq!((v["stdout"].as_str(), v["exit_code"].as_i64()), (Some("42\n"), Some(0)), "{v}");
+    assert!(v["id"].as_str().unwrap().starts_with("x_") && v.get("checkpoint").is_none(), "{v}");
+    let (_, v) = s.post("/v1/commands", json!({ "cmd": ["test", "-e", "/tmp/gone"] })).await;
+    assert_eq!(v["exit_code"], 1, "{v}");
+    let (_, v) = s.post("/v1/commands", json!({ "cmd": ["python3", "-c", "import sys; print(sys.argv[1:])", "x"] })).await;
+    assert_eq!(v["stdout"], "['x']\n", "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn command_bad_bodies_unknown_sessions_busy_and_timeouts() {
+    let s = TestServer::start().await;
+    let id = s.create_session(json!({ "timeout_seconds": 10 })).await;
+    let path = format!("/v1/sessions/{id}/commands");
+    // Strict bodies, in the error table's shape, on both routes.
+    for p in [path.as_str(), "/v1/commands"] {
+        let got = s.post(p, json!({})).await;
+        assert_error(&got, StatusCode::BAD_REQUEST, "invalid_request");
+        assert!(message(&got).contains("missing field `cmd`"), "{}", got.1);
+        let got = s.post(p, json!({ "cmd": 5 })).await;
+        assert_error(&got, StatusCode::BAD_REQUEST, "invalid_request");
+        assert!(message(&got).contains("cmd") && message(&got).contains("a list of strings"), "{}", got.1);
+        let got = s.post(p, json!({ "cmd": ["ls", 1] })).await;
+        assert!(message(&got).contains("item 1 is a number"), "{}", got.1);
+        let got = s.post(p, json!({ "cmd": "ls", "shell": true })).await;
+        assert_error(&got, StatusCode::BAD_REQUEST, "invalid_request");
+        assert!(message(&got).contains("unknown field `shell`"), "{}", got.1);
+        assert_error(&s.post(p, json!({ "cmd": " " })).await, StatusCode::BAD_REQUEST, "invalid_request");
+        assert_error(&s.post(p, json!({ "cmd": [] })).await, StatusCode::BAD_REQUEST, "invalid_request");
+        assert_error(&s.post(p, json!({ "cmd": "ls", "env": { "A=B": "x" } })).await, StatusCode::BAD_REQUEST, "invalid_request");
+        assert_error(&s.post(p, json!({ "cmd": "ls", "env": { "A": 1 } })).await, StatusCode::BAD_REQUEST, "invalid_request");
+        assert_error(&s.post(p, json!({ "cmd": "ls", "cwd": "" })).await, StatusCode::BAD_REQUEST, "invalid_request");
+        assert_error(&s.post(p, json!({ "cmd": "ls", "timeout_seconds": -1 })).await, StatusCode::BAD_REQUEST, "invalid_request");
+        assert_error(&s.post_raw(p, b"{\"cmd\": ".to_vec()).await, StatusCode::BAD_REQUEST, "malformed_json");
+    }
+    let got = s.post(&path, json!({ "cmd": "ls", "timeout_seconds": 20 })).await;
+    assert!(message(&got).contains("the session's time limit"), "{}", got.1);
+    assert_error(&s.post("/v1/commands", json!({ "cmd": "ls", "template": "nope" })).await, StatusCode::NOT_FOUND, "template_not_found");
+    // Unknown session, and another tenant's: 404.
+    assert_error(&s.post("/v1/sessions/s_nope/commands", json!({ "cmd": "ls" })).await, StatusCode::NOT_FOUND, "session_not_found");
+    let bob = s.new_key("bob");
+    let got = s.call(reqwest::Method::POST, &path, Some(&bob), Some(json!({ "cmd": "ls" }))).await;
+    assert_error(&got, StatusCode::NOT_FOUND, "session_not_found");
+    let (st, ev) = sse(&s, "/v1/sessions/s_nope/commands/stream", &s.key, json!({ "cmd": "ls" })).await;
+    assert_eq!((st, ev[0].data["error"]["code"].as_str()), (StatusCode::NOT_FOUND, Some("session_not_found")));
+
+    // Busy: a command while an exec runs, and an exec while a command runs: 409.
+    let busy = async |first: Value, first_path: &str, second_path: String, second: Value| {
+        let (url, key, http, fp) = (s.url.clone(), s.key.clone(), s.http.clone(), first_path.to_string());
+        let long = tokio::spawn(async move {
+            let r = http.post(format!("{url}{fp}")).bearer_auth(key).json(&first).send().await.unwrap();
+            (r.status(), r.json::<Value>().await.unwrap())
+        });
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        assert_error(&s.post(&second_path, second).await, StatusCode::CONFLICT, "session_busy");
+        long.await.unwrap()
+    };
+    let exec = format!("/v1/sessions/{id}/exec");
+    let (st, v) = busy(json!({ "code": "import time\ntime.sleep(1.5)\n'slept'" }), &exec, path.clone(), json!({ "cmd": "ls" })).await;
+    assert_eq!((st, v["value"].as_str()), (StatusCode::OK, Some("'slept'")), "{v}");
+    let (st, v) = busy(json!({ "cmd": "sleep 1.5; echo slept" }), &path, exec.clone(), json!({ "code": "1" })).await;
+    assert_eq!((st, v["stdout"].as_str(), v["exit_code"].as_i64()), (StatusCode::OK, Some("slept\n"), Some(0)), "{v}");
+
+    // Timeout: 408 like an exec's, the output so far in the error, the session rolled back.
+    let head = v["checkpoint"].as_i64().unwrap();
+    let t0 = Instant::now();
+    let got = s.post(&path, json!({ "cmd": "echo before; touch /tmp/late; sleep 30", "timeout_seconds": 1 })).await;
+    assert_error(&got, StatusCode::REQUEST_TIMEOUT, "timeout");
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    assert_eq!(got.1["error"]["stdout"], "before\n", "{}", got.1);
+    assert_eq!(got.1["error"]["checkpoint"], head, "{}", got.1);
+    assert_eq!(scommand(&s, &id, json!({ "cmd": ["test", "-e", "/tmp/late"] })).await["exit_code"], 1);
+    let got = s.post("/v1/commands", json!({ "cmd": "sleep 30", "timeout_seconds": 1 })).await;
+    assert_error(&got, StatusCode::REQUEST_TIMEOUT, "timeout");
+
+    // Streamed: output as it is written, then one `result` with the exit code.
+    let code = "for i in 1 2 3; do echo line $i; sleep 0.3; done; echo e >&2; exit 4";
+    let (st, ev) = sse(&s, &format!("{path}/stream"), &s.key, json!({ "cmd": code })).await;
+    assert_eq!(st, StatusCode::OK);
+    let stdout: String = ev.iter().filter(|e| e.event == "stdout").map(|e| e.data["data"].as_str().unwrap()).collect();
+    assert_eq!(stdout, "line 1\nline 2\nline 3\n", "{ev:?}");
+    let last = ev.last().unwrap();
+    assert_eq!((last.event.as_str(), last.data["exit_code"].as_i64(), last.data["stderr"].as_str()), ("result", Some(4), Some("e\n")), "{ev:?}");
+    assert!(last.data["checkpoint"].is_i64(), "{ev:?}");
+    let first = ev.iter().find(|e| e.event == "stdout").unwrap();
+    assert!(last.at.duration_since(first.at) >= Duration::from_millis(400), "not streamed: {ev:?}");
+    let (_, ev) = sse(&s, "/v1/commands/stream", &s.key, json!({ "cmd": "echo one; sleep 30", "timeout_seconds": 1 })).await;
+    assert_eq!(ev.first().map(|e| (e.event.as_str(), e.data["data"].as_str())), Some(("stdout", Some("one\n"))), "{ev:?}");
+    assert_eq!(ev.last().map(|e| e.data["error"]["code"].as_str()), Some(Some("timeout")), "{ev:?}");
 }

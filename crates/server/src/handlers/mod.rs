@@ -1,6 +1,7 @@
 //! The route handlers: HTTP in, a typed runtime operation, HTTP out. They
 //! parse and shape; the runtime validates, runs and enforces quotas.
 
+pub(crate) mod commands;
 pub(crate) mod exec;
 pub(crate) mod files;
 pub(crate) mod forevervm;

@@ -48,7 +48,7 @@ pub enum SseEventKind {
 
 /// Chunks in flight between the exec thread and the response; a slow reader
 /// slows the guest's writes down instead of growing memory.
-const CHANNEL: usize = 256;
+pub(crate) const CHANNEL: usize = 256;
 
 /// Bytes to text without splitting a UTF-8 sequence across two events.
 #[derive(Default)]
@@ -85,6 +85,8 @@ impl Utf8Chunks {
 pub(crate) enum Streamed {
     Output(Stream, String),
     Done(Box<Result<ExecResponse, ApiError>>),
+    /// The final event of a streamed command.
+    Command(Box<Result<crate::schema::CommandResponse, ApiError>>),
 }
 
 /// An output callback for `ExecOptions` that forwards text to `tx`.
@@ -141,32 +143,36 @@ fn event_of(ev: Streamed) -> Event {
     match ev {
         Streamed::Output(Stream::Stdout, text) => Event::default().event("stdout").data(json!({ "data": text }).to_string()),
         Streamed::Output(Stream::Stderr, text) => Event::default().event("stderr").data(json!({ "data": text }).to_string()),
-        Streamed::Done(r) => match *r {
-            Ok(r) => Event::default().event("result").data(serde_json::to_string(&r).unwrap_or_default()),
-            Err(e) => {
-                crate::metrics::error(e.code.as_str());
-                Event::default()
-                    .event("error")
-                    .data(serde_json::to_string(&ErrorBody { error: e.detail() }).unwrap_or_default())
-            }
-        },
+        Streamed::Done(r) => final_event(*r),
+        Streamed::Command(r) => final_event(*r),
+    }
+}
+
+/// The `result` or `error` event.
+fn final_event<T: serde::Serialize>(r: Result<T, ApiError>) -> Event {
+    match r {
+        Ok(r) => Event::default().event("result").data(serde_json::to_string(&r).unwrap_or_default()),
+        Err(e) => {
+            crate::metrics::error(e.code.as_str());
+            Event::default().event("error").data(serde_json::to_string(&ErrorBody { error: e.detail() }).unwrap_or_default())
+        }
     }
 }
 
 /// The SSE response over what the exec thread sends; it ends after the final event.
-fn sse(rx: mpsc::Receiver<Streamed>) -> Sse<impl FutStream<Item = Result<Event, Infallible>>> {
+pub(crate) fn sse(rx: mpsc::Receiver<Streamed>) -> Sse<impl FutStream<Item = Result<Event, Infallible>>> {
     let events = futures_util::stream::unfold((rx, false), |(mut rx, done)| async move {
         if done {
             return None;
         }
         let ev = rx.recv().await?;
-        let last = matches!(ev, Streamed::Done(_));
+        let last = matches!(ev, Streamed::Done(_) | Streamed::Command(_));
         Some((Ok(event_of(ev)), (rx, last)))
     });
     Sse::new(events).keep_alive(KeepAlive::default())
 }
 
-const STREAM_DOC: &str = "Server-Sent Events: `stdout` / `stderr` events with data `{\"data\": text}` as the code writes, \
+pub(crate) const STREAM_DOC: &str = "Server-Sent Events: `stdout` / `stderr` events with data `{\"data\": text}` as the code writes, \
 then one `result` event (data: the same JSON as the non-streaming route) or one `error` event (data: the non-streaming \
 route's error body, `{\"error\": {code, message, stdout?, stderr?}}`)";
 

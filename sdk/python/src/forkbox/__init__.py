@@ -7,7 +7,7 @@
         print(s.exec("x + 1").value)  # '42'
 """
 
-from ._async import AsyncForkbox, AsyncSession, AsyncSessions
+from ._async import AsyncCommands, AsyncForkbox, AsyncSession, AsyncSessions
 from ._errors import (
     CheckpointNotFound,
     ConnectionFailed,
@@ -32,9 +32,10 @@ from ._errors import (
     Timeout,
     Unauthorized,
 )
-from ._sync import Forkbox, Session, Sessions
+from ._sync import Commands, Forkbox, Session, Sessions
 from ._types import (
     Checkpoint,
+    CommandResult,
     Event,
     ExecResult,
     FileEntry,
@@ -51,8 +52,8 @@ from ._types import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "AsyncForkbox", "AsyncSession", "AsyncSessions", "Forkbox", "Session", "Sessions",
-    "Checkpoint", "Event", "ExecResult", "FileEntry", "MimeBundle", "OutputFile", "PythonError", "Result", "SessionInfo",
+    "AsyncCommands", "AsyncForkbox", "AsyncSession", "AsyncSessions", "Commands", "Forkbox", "Session", "Sessions",
+    "Checkpoint", "CommandResult", "Event", "ExecResult", "FileEntry", "MimeBundle", "OutputFile", "PythonError", "Result", "SessionInfo",
     "Stderr", "Stdout", "Upload",
     "ForkboxError", "ConnectionFailed", "InvalidRequest", "InvalidPath", "Unauthorized", "QuotaExceeded", "NotFound", "TemplateNotFound", "TemplateNotReady",
     "SessionNotFound", "CheckpointNotFound", "FileNotFound", "Timeout", "SessionBusy", "CpuMismatch", "PayloadTooLarge",

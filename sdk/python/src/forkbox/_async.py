@@ -10,7 +10,7 @@ import httpx
 
 from . import _base
 from ._errors import ForkboxError
-from ._types import Checkpoint, Event, Result, ExecResult, FileEntry, SessionInfo, Upload
+from ._types import Checkpoint, CommandResult, Event, Result, ExecResult, FileEntry, SessionInfo, Upload
 
 
 class AsyncForkbox:
@@ -36,6 +36,7 @@ class AsyncForkbox:
             base_url=self.url, headers=_base.headers(self._key), timeout=http_timeout or _base.DEFAULT_HTTP_TIMEOUT
         )
         self.sessions = AsyncSessions(self)
+        self.commands = AsyncCommands(self)
 
     async def __aenter__(self) -> AsyncForkbox:
         return self
@@ -77,7 +78,7 @@ class AsyncForkbox:
         """Run `code` in a fresh sandbox; yields its output as it is produced, then its `Result`."""
         return self._stream("/v1/exec/stream", _base.exec_body(code, timeout))
 
-    async def _stream(self, path: str, body: dict[str, Any]) -> AsyncIterator[Event]:
+    async def _stream(self, path: str, body: dict[str, Any], result: type = ExecResult) -> AsyncIterator[Event]:
         attempt = 0
         try:
             while True:
@@ -95,7 +96,7 @@ class AsyncForkbox:
                         ev = parser.feed(line)
                         if ev is None:
                             continue
-                        e = _base.stream_event(*ev)
+                        e = _base.stream_event(*ev, result=result)
                         if e is not None:
                             yield e
                             if isinstance(e, Result):
@@ -104,6 +105,39 @@ class AsyncForkbox:
         except httpx.HTTPError as e:
             raise _base.connection_failed(e, self.url, self._default_url) from e
         raise ForkboxError(0, "protocol_error", "the stream ended without a result")
+
+
+class AsyncCommands:
+    """`client.commands`: shell commands in a fresh sandbox (nothing persists)."""
+
+    def __init__(self, client: AsyncForkbox):
+        self._c = client
+
+    async def run(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        template: str | None = None,
+    ) -> CommandResult:
+        """Run `cmd` (a str: a shell command line for /bin/sh -c; a list: an argv, no shell) in a fresh sandbox.
+        A non-zero exit code is a result (`result.exit_code`), not an exception."""
+        body = _base.command_body(cmd, cwd, env, timeout, template)
+        return CommandResult.from_json(await self._c._json("POST", "/v1/commands", json=body))
+
+    def stream(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        template: str | None = None,
+    ) -> AsyncIterator[Event]:
+        """`run`, yielding `Stdout`/`Stderr` chunks as produced, then one `Result` (a `CommandResult`)."""
+        return self._c._stream("/v1/commands/stream", _base.command_body(cmd, cwd, env, timeout, template), CommandResult)
 
 
 class AsyncSessions:
@@ -158,6 +192,32 @@ class AsyncSession:
     def stream(self, code: str, timeout: float | None = None) -> AsyncIterator[Event]:
         """Run `code` in the session; yields `Stdout`/`Stderr` chunks as produced, then one `Result`."""
         return self._c._stream(self._path("/exec/stream"), _base.exec_body(code, timeout))
+
+    async def run_command(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> CommandResult:
+        """Run `cmd` in the session's file system (a str: a shell command line for /bin/sh -c; a list: an argv,
+        no shell); like an exec it makes a checkpoint (`result.checkpoint`). A non-zero exit code is a result."""
+        body = _base.command_body(cmd, cwd, env, timeout)
+        r = CommandResult.from_json(await self._c._json("POST", self._path("/commands"), json=body))
+        self.info.checkpoint = r.checkpoint
+        return r
+
+    def stream_command(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> AsyncIterator[Event]:
+        """`run_command`, yielding `Stdout`/`Stderr` chunks as produced, then one `Result` (a `CommandResult`)."""
+        return self._c._stream(self._path("/commands/stream"), _base.command_body(cmd, cwd, env, timeout), CommandResult)
 
     async def interrupt(self) -> bool:
         """Interrupt the running exec (the code gets KeyboardInterrupt); False if none was running."""

@@ -6,7 +6,7 @@ import json
 import os
 import random
 from dataclasses import dataclass
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -103,6 +103,26 @@ def exec_body(code: str, timeout: float | None) -> dict[str, Any]:
     return body
 
 
+def command_body(
+    cmd: str | Sequence[str],
+    cwd: str | None,
+    env: Mapping[str, str] | None,
+    timeout: float | None,
+    template: str | None = None,
+) -> dict[str, Any]:
+    """A command's body: a str is a shell command line (/bin/sh -c), a list of str an argv (no shell)."""
+    body: dict[str, Any] = {"cmd": cmd if isinstance(cmd, str) else list(cmd)}
+    if cwd is not None:
+        body["cwd"] = cwd
+    if env:
+        body["env"] = dict(env)
+    if timeout is not None:
+        body["timeout_seconds"] = timeout
+    if template is not None:
+        body["template"] = template
+    return body
+
+
 def tag_params(tags: Mapping[str, str] | None) -> list[tuple[str, str]]:
     return [("tag", f"{k}:{v}") for k, v in (tags or {}).items()]
 
@@ -165,7 +185,7 @@ class SseParser:
         return None
 
 
-def stream_event(name: str, data: str) -> Event | None:
+def stream_event(name: str, data: str, result: type = ExecResult) -> Event | None:
     """The SDK event for one SSE event; an `error` event is raised."""
     try:
         v = json.loads(data) if data else {}
@@ -176,18 +196,18 @@ def stream_event(name: str, data: str) -> Event | None:
     if name == "stderr":
         return Stderr(str(v.get("data", "")))
     if name == "result":
-        return Result(ExecResult.from_json(v))
+        return Result(result.from_json(v))
     if name == "error":
         raise error_from(0, v)
     return None  # unknown events are ignored, as SSE clients do
 
 
-def events(lines: Iterable[str]) -> Iterator[Event]:
+def events(lines: Iterable[str], result: type = ExecResult) -> Iterator[Event]:
     parser = SseParser()
     for line in lines:
         ev = parser.feed(line)
         if ev is not None:
-            e = stream_event(*ev)
+            e = stream_event(*ev, result=result)
             if e is not None:
                 yield e
                 if isinstance(e, Result):

@@ -117,6 +117,41 @@ class ExecResult:
 
 
 @dataclass(frozen=True)
+class CommandResult:
+    """What one command produced (`run_command`, `commands.run`)."""
+
+    stdout: str
+    stderr: str
+    #: 0 success; 128 + N killed by signal N; 127 not found; 126 could not start; 130 interrupted.
+    exit_code: int
+    runtime_ms: float
+    #: The checkpoint it made (session commands only).
+    checkpoint: int | None = None
+    outputs: list[OutputFile] = field(default_factory=list)
+    #: The response as the server sent it (timings).
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def ok(self) -> bool:
+        """True if the command exited with status 0."""
+        return self.exit_code == 0
+
+    @classmethod
+    def from_json(cls, v: dict[str, Any]) -> CommandResult:
+        cp = v.get("checkpoint")
+        code = v.get("exit_code")
+        return cls(
+            stdout=str(v.get("stdout") or ""),
+            stderr=str(v.get("stderr") or ""),
+            exit_code=int(code) if isinstance(code, int) else -1,
+            runtime_ms=float(v.get("runtime_ms") or 0.0),
+            checkpoint=int(cp) if isinstance(cp, int) else None,
+            outputs=[OutputFile.from_json(o) for o in v.get("outputs") or [] if isinstance(o, dict)],
+            raw=v,
+        )
+
+
+@dataclass(frozen=True)
 class Checkpoint:
     """One checkpoint of a session: the state after the exec of `code`."""
 
@@ -192,9 +227,9 @@ class Stderr:
 
 @dataclass(frozen=True)
 class Result:
-    """The final event of a stream: the exec's result."""
+    """The final event of a stream: the exec's result (a `CommandResult` for a command's stream)."""
 
-    result: ExecResult
+    result: ExecResult | CommandResult
 
 
 Event = Union[Stdout, Stderr, Result]
