@@ -10,7 +10,9 @@
 //!
 //! Every seed is a fixed number: a run is reproducible. Each seed runs in
 //! chunks; a chunk is one exec in a fresh fork of the template. Asserted for
-//! every chunk:
+//! every chunk (the test thread runs under the enforcing guest-thread seccomp
+//! filter, as the server's exec threads: a host syscall outside its allow-list
+//! that a guest provokes kills the test with SIGSYS):
 //! - the VMM never panics (a panic is caught, the seed and chunk printed, the
 //!   chunk replayed with each call logged to find the syscall);
 //! - the sandbox either survives or ends with a clean guest-level error
@@ -33,6 +35,7 @@
 //!
 //! Needs /dev/kvm (fails loudly without it).
 
+use std::io::Write;
 use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -284,16 +287,25 @@ fn run_seed(seed: u64, chunks: u64, calls: u64, witness: &mut Sandbox, tally: &m
 #[test]
 fn random_syscalls_never_break_the_vmm() {
     let s = shared();
+    // As on the server: this thread runs guests under the enforcing seccomp filter, so a
+    // host syscall outside the allow-list that a guest could provoke kills the test.
+    let mode = match std::env::var("FORKBOX_SECCOMP") {
+        Ok(_) => forkbox_engine::jail::Mode::from_env().unwrap(),
+        Err(_) => forkbox_engine::jail::Mode::Enforce,
+    };
+    forkbox_engine::jail::enter_guest_thread(mode).expect("installing the seccomp filter");
     let t0 = Instant::now();
     let seeds: Vec<u64> = match std::env::var("FORKBOX_FUZZ_SEED").ok().and_then(|v| v.parse().ok()) {
         Some(one) => vec![one],
-        None => (1..=env_num("FORKBOX_FUZZ_SEEDS", 4)).collect(),
+        None => (1..=env_num("FORKBOX_FUZZ_SEEDS", 8)).collect(),
     };
     let chunks = env_num("FORKBOX_FUZZ_CHUNKS", 8);
     let calls = env_num("FORKBOX_FUZZ_CALLS", 1000);
     let mut witness = s.template.fork(&s.engine, Limits::default()).unwrap_or_else(|e| panic!("fork: {e}"));
     let mut tally = Tally::default();
     for &seed in &seeds {
+        // Straight to stderr (not captured): if the filter kills the process, this names the seed.
+        let _ = writeln!(std::io::stderr(), "syscall fuzz: seed {seed} ({chunks} chunks of {calls} calls)");
         run_seed(seed, chunks, calls, &mut witness, &mut tally);
     }
     let w = witness.exec("print(sum(range(10)))").unwrap_or_else(|e| panic!("the witness sandbox failed: {e}"));
