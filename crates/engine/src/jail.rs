@@ -200,6 +200,8 @@ const ALLOWED: &[i64] = &[
     libc::SYS_faccessat2,
     libc::SYS_getcwd,
     libc::SYS_fchmod,
+    // SQLite running as root gives a new journal file its database's owner
+    libc::SYS_fchown,
     libc::SYS_dup,
     libc::SYS_copy_file_range,
     // host sockets of the guest (egress under the policy) and the resolver
