@@ -31,7 +31,7 @@
 //! CI: `FUZZ_SEEDS` seeds x `FUZZ_CHUNKS` chunks x `FUZZ_CALLS` calls (see the
 //! defaults below, well under a minute here). A longer run:
 //! `FORKBOX_FUZZ_SEEDS=50 FORKBOX_FUZZ_CHUNKS=40 cargo test --release -p forkbox-engine --test syscall_fuzz -- --nocapture`
-//! (or `FORKBOX_FUZZ_SEED=<n>` to replay one seed).
+//! (`FORKBOX_FUZZ_FIRST_SEED=<n>` starts elsewhere, `FORKBOX_FUZZ_SEED=<n>` replays one seed).
 //!
 //! Needs /dev/kvm (fails loudly without it).
 
@@ -297,7 +297,10 @@ fn random_syscalls_never_break_the_vmm() {
     let t0 = Instant::now();
     let seeds: Vec<u64> = match std::env::var("FORKBOX_FUZZ_SEED").ok().and_then(|v| v.parse().ok()) {
         Some(one) => vec![one],
-        None => (1..=env_num("FORKBOX_FUZZ_SEEDS", 8)).collect(),
+        None => {
+            let first = env_num("FORKBOX_FUZZ_FIRST_SEED", 1);
+            (first..first + env_num("FORKBOX_FUZZ_SEEDS", 8)).collect()
+        }
     };
     let chunks = env_num("FORKBOX_FUZZ_CHUNKS", 8);
     let calls = env_num("FORKBOX_FUZZ_CALLS", 1000);
