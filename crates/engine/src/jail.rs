@@ -256,7 +256,7 @@ fn rules() -> Result<BTreeMap<i64, Vec<SeccompRule>>, seccompiler::BackendError>
         libc::F_ADD_SEALS,
     ];
     m.insert(libc::SYS_fcntl, fcntls.iter().map(|&c| SeccompRule::new(vec![eq32(1, c as u64)?])).collect::<Result<_, _>>()?);
-    // socket: only the families the VMM serves on the host (AF_UNIX: see `soft_denials`).
+    // socket: only the families the VMM serves on the host (AF_UNIX: see `unix_sockets_eacces`).
     let families = [libc::AF_INET, libc::AF_INET6, libc::AF_NETLINK, libc::AF_UNIX];
     m.insert(libc::SYS_socket, families.iter().map(|&f| SeccompRule::new(vec![eq32(0, f as u64)?])).collect::<Result<_, _>>()?);
     // clone: threads only (never a new process); clone3 is refused below (its flags are in memory).
