@@ -319,72 +319,77 @@ fn fork(home: &Path, forks: usize, execs: usize, live: usize, batch: usize, imag
     let template = forkbox_engine::Template::ensure(&engine, home)?;
     println!("image {}  template {} ({} pages, ready in {:.0} ms)", &id[..12], template.info.id, template.info.memory_pages, ms(t));
     let limits = Limits::default();
+    let mode = forkbox_engine::jail::Mode::from_env()?;
+    println!("sandbox threads: seccomp {mode:?} (FORKBOX_SECCOMP), as the server's exec threads");
 
-    // Warm-up (first forks map the template file's page cache).
-    for _ in 0..10 {
-        template.fork(&engine, limits.clone())?.exec("print(1+1)")?;
-    }
+    let (e2e, resets, touched, written, exits) = on_guest_thread(mode, || -> Result<_> {
+        // Warm-up (first forks map the template file's page cache).
+        for _ in 0..10 {
+            template.fork(&engine, limits.clone())?.exec("print(1+1)")?;
+        }
 
-    let mut fork_only = Vec::with_capacity(forks);
-    for _ in 0..forks {
-        let t = Instant::now();
-        let sb = template.fork(&engine, limits.clone())?;
-        fork_only.push(ms(t));
-        drop(sb);
-    }
-    println!("fork only, recycled VM (ready to run)   {}", summary(fork_only.clone()));
-    // Without recycling: every fork gets a new VM (pre-created by the pool
-    // thread when it keeps up, else created inline).
-    let mut fresh = Vec::with_capacity(forks.min(200));
-    let mut keep = Vec::new();
-    for _ in 0..forks.min(200) {
-        let t = Instant::now();
-        let sb = template.fork(&engine, limits.clone())?;
-        fresh.push(ms(t));
-        keep.push(sb); // held, so nothing is recycled
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-    drop(keep);
-    println!("fork only, new VM from the pool         {}", summary(fresh));
+        let mut fork_only = Vec::with_capacity(forks);
+        for _ in 0..forks {
+            let t = Instant::now();
+            let sb = template.fork(&engine, limits.clone())?;
+            fork_only.push(ms(t));
+            drop(sb);
+        }
+        println!("fork only, recycled VM (ready to run)   {}", summary(fork_only.clone()));
+        // Without recycling: every fork gets a new VM (pre-created by the pool
+        // thread when it keeps up, else created inline).
+        let mut fresh = Vec::with_capacity(forks.min(200));
+        let mut keep = Vec::new();
+        for _ in 0..forks.min(200) {
+            let t = Instant::now();
+            let sb = template.fork(&engine, limits.clone())?;
+            fresh.push(ms(t));
+            keep.push(sb); // held, so nothing is recycled
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        drop(keep);
+        println!("fork only, new VM from the pool         {}", summary(fresh));
 
-    let mut e2e = Vec::with_capacity(execs);
-    let mut resets = Vec::with_capacity(execs);
-    let (mut touched, mut written, mut exits) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..execs {
-        let t = Instant::now();
+        let mut e2e = Vec::with_capacity(execs);
+        let mut resets = Vec::with_capacity(execs);
+        let (mut touched, mut written, mut exits) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..execs {
+            let t = Instant::now();
+            let mut sb = template.fork(&engine, limits.clone())?;
+            let r = sb.exec("print(1+1)")?;
+            e2e.push(ms(t));
+            anyhow::ensure!(r.stdout == "2\n", "unexpected output {:?}", r.stdout);
+            exits.push(r.syscalls as f64);
+            let t = Instant::now();
+            drop(sb);
+            resets.push(ms(t));
+        }
+        // Pages of a fork on a new VM (a recycled one keeps its pages mapped).
+        {
+            let mut cold = Vec::new();
+            for _ in 0..3 {
+                cold.push(template.fork(&engine, limits.clone())?);
+            }
+            for mut sb in cold {
+                sb.exec("print(1+1)")?;
+                let fp = sb.memory_footprint();
+                touched.push(fp.touched_pages as f64);
+                written.push(fp.private_pages as f64);
+            }
+        }
+        println!("fork + exec print(1+1), in-process      {}", summary(e2e.clone()));
+        let mut warm = Vec::new();
         let mut sb = template.fork(&engine, limits.clone())?;
-        let r = sb.exec("print(1+1)")?;
-        e2e.push(ms(t));
-        anyhow::ensure!(r.stdout == "2\n", "unexpected output {:?}", r.stdout);
-        exits.push(r.syscalls as f64);
-        let t = Instant::now();
-        drop(sb);
-        resets.push(ms(t));
-    }
-    // Pages of a fork on a new VM (a recycled one keeps its pages mapped).
-    {
-        let mut cold = Vec::new();
-        for _ in 0..3 {
-            cold.push(template.fork(&engine, limits.clone())?);
-        }
-        for mut sb in cold {
-            sb.exec("print(1+1)")?;
-            let fp = sb.memory_footprint();
-            touched.push(fp.touched_pages as f64);
-            written.push(fp.private_pages as f64);
-        }
-    }
-    println!("fork + exec print(1+1), in-process      {}", summary(e2e.clone()));
-    let mut warm = Vec::new();
-    let mut sb = template.fork(&engine, limits.clone())?;
-    sb.exec("print(1+1)")?;
-    for _ in 0..execs {
-        let t = Instant::now();
         sb.exec("print(1+1)")?;
-        warm.push(ms(t));
-    }
-    drop(sb);
-    println!("exec print(1+1) in a warm sandbox       {}", summary(warm));
+        for _ in 0..execs {
+            let t = Instant::now();
+            sb.exec("print(1+1)")?;
+            warm.push(ms(t));
+        }
+        drop(sb);
+        println!("exec print(1+1) in a warm sandbox       {}", summary(warm));
+        Ok((e2e, resets, touched, written, exits))
+    })?;
     let st = template.pool_stats();
     let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
     println!(
@@ -407,35 +412,52 @@ fn fork(home: &Path, forks: usize, execs: usize, live: usize, batch: usize, imag
         p50(&exits)
     );
 
-    let before = pss_kib();
-    let mut held = Vec::with_capacity(live);
-    let t = Instant::now();
-    for _ in 0..live {
-        let mut sb = template.fork(&engine, limits.clone())?;
-        sb.exec("print(1+1)")?;
-        held.push(sb);
-    }
-    let after = pss_kib();
-    println!(
-        "{live} live forks after print(1+1): {:.0} ms to create, PSS +{:.1} MiB = {:.0} KiB per fork",
-        ms(t),
-        (after.saturating_sub(before)) as f64 / 1024.0,
-        after.saturating_sub(before) as f64 / live.max(1) as f64
-    );
-    drop(held);
+    on_guest_thread(mode, || -> Result<()> {
+        let before = pss_kib();
+        let mut held = Vec::with_capacity(live);
+        let t = Instant::now();
+        for _ in 0..live {
+            let mut sb = template.fork(&engine, limits.clone())?;
+            sb.exec("print(1+1)")?;
+            held.push(sb);
+        }
+        let after = pss_kib();
+        println!(
+            "{live} live forks after print(1+1): {:.0} ms to create, PSS +{:.1} MiB = {:.0} KiB per fork",
+            ms(t),
+            (after.saturating_sub(before)) as f64 / 1024.0,
+            after.saturating_sub(before) as f64 / live.max(1) as f64
+        );
+        drop(held);
 
-    let codes: Vec<String> = (0..batch).map(|i| format!("print({i}+1)")).collect();
-    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let t = Instant::now();
-    let results = engine.exec_batch(&template, &codes, &limits, workers);
-    let wall = ms(t);
-    let ok = results.iter().enumerate().filter(|(i, r)| matches!(r, Ok(r) if r.stdout == format!("{}\n", i + 1))).count();
-    println!(
-        "{batch} forks x one exec on {workers} threads: {:.2} s wall, {ok}/{batch} correct, peak RSS {:.0} MiB",
-        wall / 1000.0,
-        field_kib("/proc/self/status", "VmHWM:") as f64 / 1024.0
-    );
+        let codes: Vec<String> = (0..batch).map(|i| format!("print({i}+1)")).collect();
+        let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let t = Instant::now();
+        let results = engine.exec_batch(&template, &codes, &limits, workers);
+        let wall = ms(t);
+        let ok =
+            results.iter().enumerate().filter(|(i, r)| matches!(r, Ok(r) if r.stdout == format!("{}\n", i + 1))).count();
+        println!(
+            "{batch} forks x one exec on {workers} threads: {:.2} s wall, {ok}/{batch} correct, peak RSS {:.0} MiB",
+            wall / 1000.0,
+            field_kib("/proc/self/status", "VmHWM:") as f64 / 1024.0
+        );
+        Ok(())
+    })?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Run `f` on a new thread under the guest-thread seccomp filter in `mode`
+/// (what the server's exec threads run under), and wait for it.
+fn on_guest_thread<T: Send>(mode: forkbox_engine::jail::Mode, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
+    std::thread::scope(|s| {
+        s.spawn(move || -> Result<T> {
+            forkbox_engine::jail::enter_guest_thread(mode)?;
+            f()
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("the bench thread panicked"))?
+    })
 }
 
 /// Thread start + join, a thread pool map, an empty asyncio.run and a 1 MB

@@ -97,6 +97,14 @@ pub fn limits(args: &RunArgs) -> Result<Limits> {
     })
 }
 
+/// From here on this thread runs the guest: under the guest-thread seccomp filter
+/// (`FORKBOX_SECCOMP`, see `forkbox_engine::jail`), as the server's exec threads.
+/// After the image and template are resolved (a build runs apt-get and dpkg).
+fn guest_thread() -> Result<()> {
+    forkbox_engine::jail::enter_guest_thread(forkbox_engine::jail::Mode::from_env()?)?;
+    Ok(())
+}
+
 pub fn run(home: &Path, args: RunArgs) -> Result<ExitCode> {
     let code = read_code(&args)?;
     let limits = limits(&args)?;
@@ -105,6 +113,7 @@ pub fn run(home: &Path, args: RunArgs) -> Result<ExitCode> {
     let mut sb = if let Some(name) = &args.image.template {
         let catalog = forkbox_engine::Catalog::new(home)?.with_progress(progress);
         let l = catalog.get(Some(name))?;
+        guest_thread()?;
         if args.cold || args.no_vdso {
             let engine = Engine::open(&l.engine.image_path).context("opening the engine")?.with_preload(l.engine.preload.clone());
             let engine = if args.no_vdso { engine.without_vdso() } else { engine };
@@ -118,6 +127,7 @@ pub fn run(home: &Path, args: RunArgs) -> Result<ExitCode> {
         if args.no_vdso {
             engine = engine.without_vdso();
         }
+        guest_thread()?;
         if args.cold || args.no_vdso {
             Sandbox::boot(&engine, limits, args.trace_syscalls).context("starting the sandbox")?
         } else {

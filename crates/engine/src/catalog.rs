@@ -288,7 +288,8 @@ impl Catalog {
         self.set_build(&name, Some(BuildState::Building(Instant::now())));
         let me = self.clone();
         let n = name.clone();
-        let spawned = std::thread::Builder::new().name(format!("build-{name}")).spawn(move || {
+        // Never under an exec thread's seccomp filter: a build runs apt-get, dpkg, ldconfig.
+        let spawned = crate::jail::spawn_unjailed(format!("build-{name}"), move || {
             match me.get(Some(&n)) {
                 Ok(l) => tracing::info!(template = %n, id = %l.id(), "template built"),
                 Err(e) => tracing::warn!(template = %n, "template build failed: {e}"),

@@ -13,6 +13,7 @@ pub mod error;
 pub mod files;
 mod fsstore;
 pub mod interrupt;
+pub mod jail;
 pub mod limits;
 pub mod protocol;
 pub mod pool;

@@ -360,6 +360,12 @@ impl Sandbox {
         }
     }
 
+    /// The VFS invariant check (what a restore of its state checks: link
+    /// counts, parents, reachability, byte accounting), on the live overlay.
+    pub fn check_invariants(&self) -> Result<(), forkbox_linux::vfs::VfsStateError> {
+        self.proc.vfs.check_invariants()
+    }
+
     /// Is the guest parked and usable?
     pub fn is_usable(&self) -> bool {
         matches!(self.state, State::Parked(_)) && self.vm.is_some()

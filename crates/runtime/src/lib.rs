@@ -204,7 +204,10 @@ impl Runtime {
         let default = catalog.get(None)?;
         let sessions = SessionManager::open_with_catalog(catalog.clone(), home, config.sessions.clone())?;
         let concurrency = config.threads();
-        let workers = workers::ExecWorkers::new(concurrency)
+        // The exec threads run guests: a seccomp allow-list on each (FORKBOX_SECCOMP=enforce|eperm|off).
+        let seccomp = forkbox_engine::jail::Mode::from_env()
+            .map_err(|e| RuntimeError::Open { what: "reading FORKBOX_SECCOMP", message: e.to_string() })?;
+        let workers = workers::ExecWorkers::new(concurrency, seccomp)
             .map_err(|e| RuntimeError::Open { what: "starting the exec threads", message: e.to_string() })?;
         Ok(Arc::new(Runtime {
             home: home.to_path_buf(),

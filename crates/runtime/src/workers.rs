@@ -8,6 +8,8 @@ use std::panic::AssertUnwindSafe;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 
+use forkbox_engine::jail::Mode;
+
 use crate::error::RuntimeError;
 
 type Job = Box<dyn FnOnce() + Send>;
@@ -31,13 +33,32 @@ pub(crate) struct ExecWorkers {
 }
 
 impl ExecWorkers {
-    /// `n` threads (at least one).
-    pub(crate) fn new(n: usize) -> std::io::Result<ExecWorkers> {
+    /// `n` threads (at least one), each under the guest-thread seccomp filter
+    /// in `seccomp` mode (see `forkbox_engine::jail`), installed before it
+    /// takes its first job; fails if a thread cannot install it.
+    pub(crate) fn new(n: usize, seccomp: Mode) -> std::io::Result<ExecWorkers> {
         let (tx, rx) = channel::<Job>();
         let rx = Arc::new(Mutex::new(rx));
-        for i in 0..n.max(1) {
+        let (ready_tx, ready_rx) = channel::<Result<(), String>>();
+        let n = n.max(1);
+        for i in 0..n {
             let rx = rx.clone();
-            std::thread::Builder::new().name(format!("forkbox-exec-{i}")).spawn(move || work(&rx))?;
+            let ready = ready_tx.clone();
+            std::thread::Builder::new().name(format!("forkbox-exec-{i}")).spawn(move || {
+                let jailed = forkbox_engine::jail::enter_guest_thread(seccomp).map_err(|e| e.to_string());
+                let ok = jailed.is_ok();
+                let _ = ready.send(jailed);
+                if ok {
+                    work(&rx)
+                }
+            })?;
+        }
+        for _ in 0..n {
+            match ready_rx.recv() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(std::io::Error::other(e)),
+                Err(_) => return Err(std::io::Error::other("an exec thread ended before it started")),
+            }
         }
         Ok(ExecWorkers { tx })
     }

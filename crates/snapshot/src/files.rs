@@ -111,6 +111,10 @@ impl<'a> PackReader<'a> {
     /// Append the bytes of `c` (of `table`) to `out`, verified.
     pub fn read_into(&mut self, table: &FileTable, c: &StoredChunk, out: &mut Vec<u8>) -> Result<(), StateError> {
         let name = table.packs.get(c.pack as usize).ok_or_else(|| StateError::Corrupt("chunk of an unknown pack".into()))?;
+        // Before anything is allocated for it (the table may not have been validated).
+        if c.len == 0 || c.len as usize > CHUNK || c.offset < PACK_HEADER {
+            return Err(StateError::Corrupt(format!("pack {name}: bad chunk ({} bytes at {})", c.len, c.offset)));
+        }
         if !self.open.contains_key(name) {
             let path = self.dir.join(name);
             let f = File::open(&path).map_err(|e| StateError::io("open", &path, e))?;

@@ -248,7 +248,8 @@ impl Layer {
             return Err(corrupt("page count too large"));
         }
         let body = &raw[HEADER..];
-        if body.len() as u64 != count * 8 + data_len {
+        // Checked: `data_len` is untrusted (an overflow here was a panic under overflow checks).
+        if count.checked_mul(8).and_then(|n| n.checked_add(data_len)) != Some(body.len() as u64) {
             return Err(corrupt("size does not match its header (truncated?)"));
         }
         if crc32fast::hash(body) != crc {

@@ -3,6 +3,8 @@
 //! Anything not in the table returns ENOSYS and is counted by number.
 
 pub mod procfs;
+#[cfg(feature = "test-hooks")]
+pub mod test_hooks;
 mod sys_file;
 pub use sys_file::close_fds;
 mod sys_fork;
@@ -174,6 +176,10 @@ impl Ctx<'_> {
 pub fn dispatch(ctx: &mut Ctx, nr: u64, args: &Args) -> SysResult {
     ctx.io.stats.total += 1;
     *ctx.io.stats.by_nr.entry(nr).or_default() += 1;
+    #[cfg(feature = "test-hooks")]
+    if let Some(r) = test_hooks::dispatch(nr) {
+        return r;
+    }
     let result = match entry(nr) {
         Some(e) => (e.handler)(ctx, args),
         None => {

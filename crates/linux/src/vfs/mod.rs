@@ -24,6 +24,7 @@
 //! (deterministic, sharing file bytes), `restore_state` rebuilds the `Vfs` over the same
 //! image after checking the state (see `state.rs`). The references above are part of it.
 
+mod check;
 #[cfg(test)]
 mod difftest;
 mod generated;
