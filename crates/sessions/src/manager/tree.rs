@@ -90,7 +90,7 @@ def __forkbox_inspect__():
         v = ns[name]
         t = B.type(v)
         mod = B.getattr(t, "__module__", "") or ""
-        kind = t.__qualname__ if mod in ("builtins", "") else mod + "." + t.__qualname__
+        kind = t.__qualname__ if mod in ("builtins", "", "__main__") else mod + "." + t.__qualname__
         try:
             short = r.repr(v)
         except B.BaseException as e:
