@@ -8,10 +8,12 @@
 
 mod api;
 mod bench;
+mod bench_tree;
 mod mcp;
 mod repl;
 mod run;
 mod session;
+mod tree;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -521,6 +521,7 @@ impl SessionManager {
         let result = match result {
             Ok(r) => r,
             Err(source) => {
+                let _ = self.store.release_seq(id, seq);
                 let output = sb.take_failed_output().map(Box::new);
                 guard.sandbox = None;
                 if matches!(source, EngineError::CodeTooLarge(..)) {
@@ -532,6 +533,7 @@ impl SessionManager {
         let checkpoint = match self.write_checkpoint_as(&rec, sb, code, base, Some(seq), summarize(&result).as_deref()) {
             Ok(c) => c,
             Err(e) => {
+                let _ = self.store.release_seq(id, seq);
                 // Memory and disk now disagree: drop the sandbox, the session stays at its head.
                 guard.sandbox = None;
                 return Err(match e {

@@ -663,6 +663,21 @@ impl Store {
         Ok(seq)
     }
 
+    /// Give back a number from [`Self::reserve_seq`] that no checkpoint got (a
+    /// failed exec), if it is still the lineage's last: numbers stay dense when
+    /// nothing else took one meanwhile. True if it was given back.
+    pub fn release_seq(&self, session: &str, seq: i64) -> Result<bool, StoreError> {
+        let conn = self.conn();
+        let n = conn
+            .prepare_cached(
+                "UPDATE lineages SET last_seq = last_seq - 1 \
+                 WHERE id = (SELECT lineage FROM sessions WHERE id = ?1) AND last_seq = ?2",
+            )
+            .and_then(|mut st| st.execute(params![session, seq]))
+            .op("release_seq")?;
+        Ok(n > 0)
+    }
+
     /// [`Self::commit_checkpoint`] with a number from [`Self::reserve_seq`]
     /// (None: the lineage's next) and a result summary.
     pub fn commit_checkpoint_as(
@@ -1435,9 +1450,13 @@ mod tests {
         s.create_session(&session("c", "local", 80, &[])).unwrap();
         assert_eq!(exec(&s, "c", "c1", 90).seq, 1);
         assert_eq!(s.checkpoint_by_seq("c", 2).unwrap(), None);
-        // A reserved number is never handed out again.
+        // A reserved number is given back only while it is the lineage's last.
         assert_eq!(s.reserve_seq("c").unwrap(), 2);
-        assert_eq!(exec(&s, "c", "c3", 95).seq, 3);
+        assert!(s.release_seq("c", 2).unwrap());
+        assert_eq!(s.reserve_seq("c").unwrap(), 2);
+        assert_eq!(s.reserve_seq("c").unwrap(), 3);
+        assert!(!s.release_seq("c", 2).unwrap());
+        assert_eq!(exec(&s, "c", "c4", 95).seq, 4);
         assert_eq!(
             ids(&s.ancestry(b2.id).unwrap()),
             [a1.id, a2.id, b1.id, b2.id]

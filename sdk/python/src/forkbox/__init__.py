@@ -33,6 +33,7 @@ from ._errors import (
     Unauthorized,
 )
 from ._sync import Forkbox, Session, Sessions
+from ._tree import Branch, Explored, Variable
 from ._types import (
     Checkpoint,
     Event,
@@ -53,7 +54,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AsyncForkbox", "AsyncSession", "AsyncSessions", "Forkbox", "Session", "Sessions",
     "Checkpoint", "Event", "ExecResult", "FileEntry", "MimeBundle", "OutputFile", "PythonError", "Result", "SessionInfo",
-    "Stderr", "Stdout", "Upload",
+    "Stderr", "Stdout", "Upload", "Branch", "Explored", "Variable",
     "ForkboxError", "ConnectionFailed", "InvalidRequest", "InvalidPath", "Unauthorized", "QuotaExceeded", "NotFound", "TemplateNotFound", "TemplateNotReady",
     "SessionNotFound", "CheckpointNotFound", "FileNotFound", "Timeout", "SessionBusy", "CpuMismatch", "PayloadTooLarge",
     "GuestError", "RateLimited", "ServerError", "Overloaded", "Forbidden", "InsufficientStorage",
