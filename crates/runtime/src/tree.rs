@@ -66,6 +66,21 @@ pub enum Keep {
 /// Most codes in one explore.
 pub const EXPLORE_MAX: usize = 64;
 
+/// Longest code shown per node of a tree and per call of a diff (bytes; the rest is cut
+/// with a note): a tree of many checkpoints, each up to the code limit, stays small.
+pub const TREE_CODE_MAX: usize = 4096;
+
+fn cut_code(code: &str) -> String {
+    if code.len() <= TREE_CODE_MAX {
+        return code.to_string();
+    }
+    let mut end = TREE_CODE_MAX;
+    while !code.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}\n# [forkbox: code cut, {} bytes in all]", &code[..end], code.len())
+}
+
 /// The outcome of one branch of an explore.
 #[derive(Debug)]
 pub struct Branch {
@@ -126,7 +141,7 @@ impl Runtime {
                 checkpoint: c.seq,
                 parent: c.parent.and_then(|p| seq_of.get(&p).copied()),
                 session: c.session_id.clone(),
-                code: c.code.clone(),
+                code: cut_code(&c.code),
                 created_ms: c.created_ms,
                 summary: c.summary.clone(),
                 bytes: c.bytes,
@@ -347,6 +362,10 @@ impl Runtime {
         let (a, b) = tokio::join!(side(ra.0, ra.1), side(rb.0, rb.1));
         let (ca, sa, pa) = a??;
         let (cb, sb, pb) = b??;
-        Ok(forkbox_sessions::manager::diff((&ca, &sa, &pa), (&cb, &sb, &pb)))
+        let mut d = forkbox_sessions::manager::diff((&ca, &sa, &pa), (&cb, &sb, &pb));
+        for c in d.calls.iter_mut().chain(d.undone.iter_mut()) {
+            c.code = cut_code(&c.code);
+        }
+        Ok(d)
     }
 }

@@ -136,6 +136,11 @@ async fn one_numbering_per_tree_after_revert_and_fork() {
     assert_eq!(s.sexec(&other, "1").await["checkpoint"], 1);
     let (_, t2) = s.get(&format!("/v1/sessions/{other}/tree")).await;
     assert_eq!(seqs(&t2, "nodes"), [1]);
+    // A node's code is cut in the tree (the checkpoint list keeps it whole).
+    s.sexec(&other, &format!("#{}\n2", "x".repeat(10_000))).await;
+    let (_, t2) = s.get(&format!("/v1/sessions/{other}/tree")).await;
+    let code = t2["nodes"][1]["code"].as_str().unwrap();
+    assert!(code.len() < 4200 && code.ends_with("# [forkbox: code cut, 10003 bytes in all]"), "{}", code.len());
     let bob = forkbox_server::create_key_with(s.home.path(), "bob", &forkbox_server::KeyLimits::unlimited()).unwrap();
     assert_error(&s.call(reqwest::Method::GET, &format!("/v1/sessions/{id}/tree"), &bob, None).await, StatusCode::NOT_FOUND, "session_not_found");
     assert_error(&s.get("/v1/sessions/s_nope/tree").await, StatusCode::NOT_FOUND, "session_not_found");
