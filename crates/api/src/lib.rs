@@ -8,8 +8,12 @@
 //! OpenAPI document (schema `ErrorCode`, extension `x-codes`), the client and
 //! the CLI read it back, and the Python SDK's table is checked against that
 //! document in `tests/python/test_sdk_errors.py`.
+//!
+//! Also [`handoff::ServerFile`]: how a CLI finds the server running on its data directory.
 
 #![forbid(unsafe_code)]
+
+pub mod handoff;
 
 use std::fmt;
 use std::str::FromStr;

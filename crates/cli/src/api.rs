@@ -36,17 +36,22 @@ impl Api {
         Ok(Api { client, target: base_url, runtime: None, rt })
     }
 
-    /// The API over the engine, template and sessions of the data directory `home`.
+    /// The API over the engine, template and sessions of the data directory `home`;
+    /// or, when `forkbox serve` runs on `home` (its `server.json`), that server,
+    /// with the key it made for the CLI's tenant (the same sessions).
     pub fn embedded(home: &Path, image: &ImageArgs) -> Result<Api> {
+        if let Some(api) = Api::running_server(home)? {
+            return Ok(api);
+        }
         let runtime = match &image.template {
             // A named template: the runtime's catalog builds it (with progress) and makes it the default.
             Some(name) => forkbox_runtime::Runtime::embedded_on(home, None, Some(name)),
             None => {
-                let (image_path, _) = crate::run::ensure_image(home, image, std::io::IsTerminal::is_terminal(&std::io::stderr()))?;
+                let (image_path, _) = crate::run::ensure_image(home, image, true)?;
                 forkbox_runtime::Runtime::embedded(home, Some(&image_path))
             }
         }
-        .context("opening the local data directory")?;
+        .context("opening the local data directory (if a forkbox server serves it, use --url URL)")?;
         let rt = async_runtime()?;
         let router = {
             let _guard = rt.enter();
@@ -54,6 +59,43 @@ impl Api {
         };
         let client = Client::new(Transport::InProcess(router));
         Ok(Api { client, target: format!("embedded ({})", home.display()), runtime: Some(runtime), rt })
+    }
+
+    /// The server running on `home`, if its `server.json` names a live one that answers.
+    /// A live server that does not answer is an error at once (no waiting for the directory).
+    fn running_server(home: &Path) -> Result<Option<Api>> {
+        use forkbox_api::handoff::ServerFile;
+        let file = match ServerFile::read(home) {
+            Ok(Some(f)) if f.process_alive() => f,
+            Ok(_) => return Ok(None),
+            Err(e) => {
+                tracing::warn!("ignoring {}: {e}", ServerFile::path(home).display());
+                return Ok(None);
+            }
+        };
+        let mut api = Api::remote(&file.url, Some(file.key.clone()))?;
+        let probe = api.block_on(async {
+            tokio::time::timeout(std::time::Duration::from_secs(5), api.client.list_sessions(&[])).await
+        });
+        match probe {
+            Ok(Ok(_)) => {
+                api.target = format!("{} (the server of {})", file.url, home.display());
+                Ok(Some(api))
+            }
+            Ok(Err(e)) => anyhow::bail!(
+                "{} is served by forkbox (pid {}) at {}, which refused this CLI ({e}); use --url {} with an API key",
+                home.display(),
+                file.pid,
+                file.url,
+                file.url
+            ),
+            Err(_) => anyhow::bail!(
+                "{} is served by forkbox (pid {}) at {}, which does not answer; wait for it, or use --url",
+                home.display(),
+                file.pid,
+                file.url
+            ),
+        }
     }
 
     /// Fork `id` at `checkpoint` (its head if None) into a new session with `tags`; its id.

@@ -148,7 +148,7 @@ fn http_responder(big: usize) -> Result<u16> {
 }
 
 fn net(home: &Path, requests: usize, download_mb: usize, image: &ImageArgs) -> Result<ExitCode> {
-    let (path, id) = crate::run::ensure_image(home, image, false)?;
+    let (path, id) = crate::run::ensure_image(home, image, true)?;
     let engine = Engine::open(&path)?;
     let template = forkbox_engine::Template::ensure(&engine, home)?;
     let big = download_mb << 20;
@@ -215,7 +215,7 @@ fn host_python_import_numpy() -> Result<f64> {
 }
 
 fn cold(home: &Path, runs: usize, image: &ImageArgs) -> Result<ExitCode> {
-    let (path, id) = crate::run::ensure_image(home, image, false)?;
+    let (path, id) = crate::run::ensure_image(home, image, true)?;
     println!("image {id}");
     let mut rows: Vec<(&str, Vec<f64>)> = Vec::new();
     for (label, vdso, preload) in [
@@ -314,7 +314,7 @@ fn host_fork_baseline(n: usize) -> Result<Vec<f64>> {
 }
 
 fn fork(home: &Path, forks: usize, execs: usize, live: usize, batch: usize, image: &ImageArgs) -> Result<ExitCode> {
-    let (path, id) = crate::run::ensure_image(home, image, false)?;
+    let (path, id) = crate::run::ensure_image(home, image, true)?;
     let engine = Engine::open(&path)?;
     let t = Instant::now();
     let template = forkbox_engine::Template::ensure(&engine, home)?;
@@ -503,7 +503,7 @@ fn host_thread_baseline(n: usize) -> Result<serde_json::Value> {
 }
 
 fn threads(home: &Path, samples: usize, image: &ImageArgs) -> Result<ExitCode> {
-    let (path, id) = crate::run::ensure_image(home, image, false)?;
+    let (path, id) = crate::run::ensure_image(home, image, true)?;
     let engine = Engine::open(&path)?;
     let template = forkbox_engine::Template::ensure(&engine, home)?;
     println!("image {}  template {}", &id[..12], template.info.id);
@@ -545,7 +545,7 @@ fn dir_bytes(p: &Path) -> u64 {
 
 fn sessions(home: &Path, samples: usize, resident: usize, on_disk: usize, image: &ImageArgs) -> Result<ExitCode> {
     use forkbox_sessions::manager::{Config, SessionManager};
-    let (path, _) = crate::run::ensure_image(home, image, false)?;
+    let (path, _) = crate::run::ensure_image(home, image, true)?;
     let engine = std::sync::Arc::new(Engine::open(&path)?);
     let template = std::sync::Arc::new(forkbox_engine::Template::ensure(&engine, home)?);
     // A scratch data directory for the sessions (the template is shared).

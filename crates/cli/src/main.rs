@@ -324,7 +324,7 @@ fn serve(
 
 fn template_build_named(home: &std::path::Path, name: &str) -> anyhow::Result<ExitCode> {
     let t0 = std::time::Instant::now();
-    let catalog = forkbox_engine::Catalog::new(home)?.with_progress(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    let catalog = forkbox_engine::Catalog::new(home)?.with_progress(true);
     let l = catalog.get(Some(name))?;
     let size = std::fs::metadata(&l.engine.image_path).map_or(0, |m| m.len());
     println!(

@@ -100,9 +100,10 @@ pub fn limits(args: &RunArgs) -> Result<Limits> {
 pub fn run(home: &Path, args: RunArgs) -> Result<ExitCode> {
     let code = read_code(&args)?;
     let limits = limits(&args)?;
-    let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    // Progress of a first build on stderr: bars on a terminal, plain lines otherwise.
+    let progress = true;
     let mut sb = if let Some(name) = &args.image.template {
-        let catalog = forkbox_engine::Catalog::new(home)?.with_progress(tty);
+        let catalog = forkbox_engine::Catalog::new(home)?.with_progress(progress);
         let l = catalog.get(Some(name))?;
         if args.cold || args.no_vdso {
             let engine = Engine::open(&l.engine.image_path).context("opening the engine")?.with_preload(l.engine.preload.clone());
@@ -112,7 +113,7 @@ pub fn run(home: &Path, args: RunArgs) -> Result<ExitCode> {
             l.template.fork(&l.engine, limits).context("forking the template")?
         }
     } else {
-        let (image, _) = ensure_image(home, &args.image, tty)?;
+        let (image, _) = ensure_image(home, &args.image, progress)?;
         let mut engine = Engine::open(&image).context("opening the engine")?.with_preload(args.preload.clone());
         if args.no_vdso {
             engine = engine.without_vdso();

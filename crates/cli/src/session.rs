@@ -11,7 +11,7 @@ use clap::Subcommand;
 use crate::api::Api;
 use crate::ImageArgs;
 
-pub const LOCAL_TENANT: &str = "local";
+pub const LOCAL_TENANT: &str = forkbox_api::handoff::CLI_TENANT;
 
 #[derive(Subcommand)]
 pub enum SessionCommand {

@@ -146,8 +146,8 @@ impl Runtime {
         std::fs::create_dir_all(home)
             .map_err(|e| RuntimeError::Open { what: "creating the data directory", message: format!("{}: {e}", home.display()) })?;
         let open_err = |what: &'static str| move |e: forkbox_engine::EngineError| RuntimeError::Open { what, message: e.to_string() };
-        let progress = std::io::IsTerminal::is_terminal(&std::io::stderr());
-        let catalog = Arc::new(Catalog::new(home).map_err(open_err("opening /dev/kvm"))?.with_progress(progress));
+        // Building is minutes on a first run: say so on stderr (bars on a terminal, else lines).
+        let catalog = Arc::new(Catalog::new(home).map_err(open_err("opening /dev/kvm"))?.with_progress(true));
         let name = config.template.clone().unwrap_or_else(|| forkbox_engine::DEFAULT_TEMPLATE.to_string());
         if let Some(image_path) = &config.image {
             // An image given by path is the default template, under the default's name.

@@ -130,6 +130,12 @@ pub fn create_key_full(home: &Path, tenant: &str, limits: &KeyLimits, admin: boo
     Ok(key)
 }
 
+/// Delete `key` (if it exists). Safe while a server runs: a server that cached it keeps it until restart.
+pub fn delete_key(home: &Path, key: &str) -> anyhow::Result<bool> {
+    let conn = open_db(home)?;
+    Ok(conn.execute("DELETE FROM api_keys WHERE hash = ?1", params![hash_key(key)])? > 0)
+}
+
 /// How many keys exist.
 pub fn count_keys(home: &Path) -> anyhow::Result<u64> {
     let conn = open_db(home)?;

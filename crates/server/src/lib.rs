@@ -234,9 +234,39 @@ pub struct Server {
     pub created_key: Option<String>,
 }
 
+/// The server's sockets, bound before anything is built (a busy port fails at once).
+pub struct Listeners {
+    listener: tokio::net::TcpListener,
+    metrics: Option<tokio::net::TcpListener>,
+}
+
+impl Listeners {
+    /// Bind `config.listen` (and `config.metrics_listen`).
+    pub async fn bind(config: &ServerConfig) -> anyhow::Result<Listeners> {
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .with_context(|| format!("binding {}", config.listen))?;
+        let metrics = match config.metrics_listen {
+            Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?),
+            None => None,
+        };
+        Ok(Listeners { listener, metrics })
+    }
+
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+}
+
 impl Server {
-    /// Open everything (image, template, sessions, keys) and bind `config.listen`.
+    /// Bind `config.listen`, then open everything (image, template, sessions, keys).
     pub async fn bind(config: ServerConfig) -> anyhow::Result<Server> {
+        let listeners = Listeners::bind(&config).await?;
+        Server::open(listeners, config).await
+    }
+
+    /// Open everything (image, template, sessions, keys; minutes on a first run) behind bound `listeners`.
+    pub async fn open(listeners: Listeners, config: ServerConfig) -> anyhow::Result<Server> {
         let cfg = config.clone();
         let (state, created_key) = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
             let runtime = Runtime::open(&cfg.home, cfg.runtime())?;
@@ -249,14 +279,7 @@ impl Server {
             Ok((Inner::with_runtime(runtime, cfg)?, created_key))
         })
         .await??;
-        let listener = tokio::net::TcpListener::bind(config.listen)
-            .await
-            .with_context(|| format!("binding {}", config.listen))?;
-        let metrics = match config.metrics_listen {
-            Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?),
-            None => None,
-        };
-        Ok(Server { state, listener, metrics, created_key })
+        Ok(Server { state, listener: listeners.listener, metrics: listeners.metrics, created_key })
     }
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
@@ -318,11 +341,21 @@ pub async fn shutdown_signal() {
 }
 
 /// `forkbox serve`: bind, print the address (and a new API key if none
-/// existed), serve until SIGINT/SIGTERM, then shut down gracefully.
+/// existed), serve until SIGINT/SIGTERM, then shut down gracefully. While it
+/// serves, `<home>/server.json` ([`forkbox_api::handoff`]) tells CLI commands on
+/// the same data directory to use this server.
 pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
-    let server = Server::bind(config.clone()).await?;
-    let addr = server.local_addr()?;
-    println!("forkbox listening on http://{addr} (data in {})", config.home.display());
+    use forkbox_api::handoff::{ServerFile, CLI_TENANT};
+    let home = config.home.clone();
+    let previous = ServerFile::read(&home).ok().flatten();
+    if let Some(p) = previous.as_ref().filter(|p| p.process_alive() && p.pid != std::process::id()) {
+        anyhow::bail!("{} is already served by forkbox (pid {}) at {}; stop it first or use another --home", home.display(), p.pid, p.url);
+    }
+    let listeners = Listeners::bind(&config).await?;
+    let addr = listeners.local_addr()?;
+    eprintln!("forkbox: bound http://{addr}; opening {} (a first start builds the image and template) ...", home.display());
+    let server = Server::open(listeners, config.clone()).await?;
+    println!("forkbox listening on http://{addr} (data in {})", home.display());
     if let Some(m) = server.metrics_addr() {
         println!("metrics on http://{m}/metrics");
     }
@@ -330,5 +363,29 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
         Some(k) => println!("API key (tenant {:?}; shown once, only its hash is stored): {k}", config.default_tenant),
         None => println!("API keys: use an existing one, or create one with `forkbox key create`"),
     }
-    server.run(shutdown_signal()).await
+    // The CLI's key for this run; a stale one of a server that died goes first.
+    let h = home.clone();
+    let file = tokio::task::spawn_blocking(move || -> anyhow::Result<ServerFile> {
+        if let Some(p) = previous {
+            keys::delete_key(&h, &p.key)?;
+        }
+        let key = keys::create_key_full(&h, CLI_TENANT, &KeyLimits::unlimited(), false)?;
+        let url = if addr.ip().is_unspecified() {
+            let local: std::net::IpAddr =
+                if addr.is_ipv4() { std::net::Ipv4Addr::LOCALHOST.into() } else { std::net::Ipv6Addr::LOCALHOST.into() };
+            SocketAddr::new(local, addr.port())
+        } else {
+            addr
+        };
+        let file = ServerFile::new(format!("http://{url}"), std::process::id(), key);
+        file.write(&h)?;
+        Ok(file)
+    })
+    .await??;
+    let r = server.run(shutdown_signal()).await;
+    file.remove_if_mine(&home);
+    if let Err(e) = keys::delete_key(&home, &file.key) {
+        tracing::warn!("deleting the CLI's key of this run: {e}");
+    }
+    r
 }

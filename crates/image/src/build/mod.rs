@@ -146,26 +146,94 @@ pub fn image_path(home: &Path, id: &str) -> PathBuf {
     home.join("images").join(format!("{id}.img"))
 }
 
-fn bar(show: bool, len: u64, template: &str, msg: &'static str) -> ProgressBar {
+/// What a person sees of one build step on stderr: a bar or spinner on a
+/// terminal, plain lines otherwise (a log, CI, `serve` under a supervisor), so
+/// a long first build never runs in silence.
+enum Progress {
+    Hidden,
+    Bar(ProgressBar),
+    Lines { msg: &'static str, started: Instant, total: u64, pos: u64, next_pct: u64 },
+}
+
+impl Progress {
+    fn lines(msg: &'static str, total: u64) -> Progress {
+        eprintln!("forkbox: {msg} ...");
+        Progress::Lines { msg, started: Instant::now(), total, pos: 0, next_pct: 25 }
+    }
+
+    fn set_length(&mut self, len: u64) {
+        match self {
+            Progress::Bar(pb) => pb.set_length(len),
+            Progress::Lines { total, .. } => *total = len,
+            Progress::Hidden => {}
+        }
+    }
+
+    /// Position `done` of the length; lines: one at each quarter.
+    fn set_position(&mut self, done: u64) {
+        match self {
+            Progress::Bar(pb) => pb.set_position(done),
+            Progress::Lines { msg, total, pos, next_pct, .. } => {
+                *pos = done;
+                let pct = if *total == 0 { 100 } else { done.saturating_mul(100) / *total };
+                if pct >= *next_pct && pct < 100 {
+                    eprintln!("forkbox: {msg} {pct}%");
+                    *next_pct = (pct / 25 + 1) * 25;
+                }
+            }
+            Progress::Hidden => {}
+        }
+    }
+
+    fn inc(&mut self, n: u64) {
+        let pos = match self {
+            Progress::Bar(pb) => return pb.inc(n),
+            Progress::Lines { pos, .. } => pos.saturating_add(n),
+            Progress::Hidden => return,
+        };
+        self.set_position(pos);
+    }
+
+    fn finish(&self) {
+        match self {
+            Progress::Bar(pb) => pb.finish_and_clear(),
+            Progress::Lines { msg, started, .. } => {
+                eprintln!("forkbox: {msg} done ({:.1} s)", started.elapsed().as_secs_f64())
+            }
+            Progress::Hidden => {}
+        }
+    }
+}
+
+const RESOLVING: &str = "resolving packages";
+
+fn bar(show: bool, len: u64, template: &str, msg: &'static str) -> Progress {
     if !show {
-        return ProgressBar::hidden();
+        return Progress::Hidden;
+    }
+    if !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        return Progress::lines(msg, len);
     }
     let pb = ProgressBar::new(len);
     if let Ok(style) = ProgressStyle::with_template(template) {
         pb.set_style(style.progress_chars("=> "));
     }
     pb.set_message(msg);
-    pb
+    Progress::Bar(pb)
 }
 
-fn spinner(show: bool, msg: &'static str) -> ProgressBar {
+fn spinner(show: bool, msg: &'static str) -> Progress {
     if !show {
-        return ProgressBar::hidden();
+        return Progress::Hidden;
+    }
+    if !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        // Resolving runs on every open, built or not, and is quick: no lines for it.
+        return if msg == RESOLVING { Progress::Hidden } else { Progress::lines(msg, 0) };
     }
     let pb = ProgressBar::new_spinner();
     pb.set_message(msg);
     pb.enable_steady_tick(Duration::from_millis(120));
-    pb
+    Progress::Bar(pb)
 }
 
 /// The BLAS packages that are not the reference one.
@@ -225,11 +293,11 @@ pub fn build(spec: &ImageSpec, opts: &BuildOptions) -> Result<BuiltImage, BuildE
     }
 
     let mut t = Instant::now();
-    let sp = spinner(opts.progress, "resolving packages");
+    let sp = spinner(opts.progress, RESOLVING);
     let requested = spec.requested();
     let omitted = spec.omitted();
     let debs = apt::resolve(&requested, &omitted, &cache);
-    sp.finish_and_clear();
+    sp.finish();
     let debs = debs?;
     let resolve_time = t.elapsed();
     check_blas(spec, &debs)?;
@@ -265,18 +333,20 @@ pub fn build(spec: &ImageSpec, opts: &BuildOptions) -> Result<BuiltImage, BuildE
     };
     t = Instant::now();
     let total: u64 = debs.iter().map(|d| d.size).sum();
-    let pb = bar(
+    let pb = std::sync::Mutex::new(bar(
         opts.progress,
         total,
         "{msg:12} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec}",
         "download",
-    );
+    ));
     stats.downloaded_bytes =
         apt::download(&requested, &omitted, &debs, &cache, &debs_dir, &|done, total| {
-            pb.set_length(total);
-            pb.set_position(done);
+            if let Ok(mut pb) = pb.lock() {
+                pb.set_length(total);
+                pb.set_position(done);
+            }
         })?;
-    pb.finish_and_clear();
+    pb.lock().map(|pb| pb.finish()).ok();
     stats.step("download", &mut t);
 
     let work = tempfile::Builder::new()
@@ -288,18 +358,22 @@ pub fn build(spec: &ImageSpec, opts: &BuildOptions) -> Result<BuiltImage, BuildE
     fs::set_permissions(&root, std::os::unix::fs::PermissionsExt::from_mode(0o755))
         .map_err(|e| BuildError::io("unpack", &root, e))?;
 
-    let pb = bar(
+    let pb = std::sync::Mutex::new(bar(
         opts.progress,
         debs.len() as u64,
         "{msg:12} [{bar:40}] {pos}/{len}",
         "unpack",
-    );
+    ));
     let jobs: Vec<(PathBuf, String)> = debs
         .iter()
         .map(|d| (debs_dir.join(&d.filename), d.package.clone()))
         .collect();
-    let control = tree::unpack_all(&jobs, work.path(), &root, &|| pb.inc(1));
-    pb.finish_and_clear();
+    let control = tree::unpack_all(&jobs, work.path(), &root, &|| {
+        if let Ok(mut pb) = pb.lock() {
+            pb.inc(1)
+        }
+    });
+    pb.lock().map(|pb| pb.finish()).ok();
     let control = control?;
     stats.unpacked = tree::stats(&root)?;
     let epoch = stats.unpacked.max_mtime;
@@ -316,12 +390,12 @@ pub fn build(spec: &ImageSpec, opts: &BuildOptions) -> Result<BuiltImage, BuildE
     stats.trimmed = tree::stats(&root)?;
     tracing::info!(removed, bytes = stats.trimmed.bytes, "trimmed");
     stats.alternatives = tree::apply_alternatives(&root, &control, spec.blas.preferred())?;
-    sp.finish_and_clear();
+    sp.finish();
     stats.step("usrmerge+trim+alternatives", &mut t);
 
     let sp = spinner(opts.progress, "compiling .pyc");
     stats.pyc_files = pyc::compile(&root)?;
-    sp.finish_and_clear();
+    sp.finish();
     stats.step("precompile", &mut t);
 
     tree::base_dirs(&root)?;
@@ -351,7 +425,7 @@ pub fn build(spec: &ImageSpec, opts: &BuildOptions) -> Result<BuiltImage, BuildE
             mtime_clamp: Some(epoch),
         },
     );
-    sp.finish_and_clear();
+    sp.finish();
     let packed = packed?;
     stats.image_bytes = packed.image_bytes;
     // Re-open what we wrote: the same validation every user of the image will do.
