@@ -260,11 +260,12 @@ def run_async(code):
 VALUE_NAME = "__forkbox_value__"
 
 
-def run(code, value_limit):
-    """Exec `code` in the session namespace; return the repr of a trailing expression."""
+def run(code, value_limit, exec_id=None):
+    """Exec `code` in the session namespace; return the repr of a trailing expression.
+    `exec_id`: the number the host gives this exec (a session's checkpoint number)."""
     global exec_count, user_running, interrupt_pending
     exec_count += 1
-    filename = "<exec-%d>" % exec_count
+    filename = "<exec-%d>" % (exec_id if isinstance(exec_id, int) else exec_count)
     # Register the source so tracebacks can show the failing lines.
     linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
     tree = ast.parse(code, filename, "exec")
@@ -366,7 +367,7 @@ def handle(req):
         buffering = line_buffer() if req.get("stream") else []
         value_data = None
         try:
-            value = run(req["code"], req.get("value_limit", 1 << 20))
+            value = run(req["code"], req.get("value_limit", 1 << 20), req.get("exec_id"))
             if isinstance(value, tuple):
                 value, value_data = value
         except BaseException as e:  # noqa: BLE001 - everything the user code raises is a result

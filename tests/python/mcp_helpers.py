@@ -15,7 +15,8 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from conftest import forkbox_bin, shared_image
 
 TOOLS = {"run_python", "create_session", "exec", "list_sessions", "delete_session", "list_checkpoints", "revert", "fork_session",
-         "upload_file", "download_file", "list_files", "interrupt", "run_command"}
+         "upload_file", "download_file", "list_files", "interrupt", "run_command",
+         "try_alternatives", "inspect_checkpoint", "diff_checkpoints"}
 
 
 @asynccontextmanager

@@ -86,6 +86,7 @@ codes! {
     GuestKilled = ("guest_killed", 422, "The guest was killed by a signal."),
     SandboxUnusable = ("sandbox_unusable", 422, "The sandbox is no longer usable after an earlier failure."),
     Interrupted = ("interrupted", 422, "An interrupted exec did not stop within the grace period and was killed."),
+    InspectFailed = ("inspect_failed", 422, "A checkpoint could not be inspected: reading its namespace raised, ran past its time limit or sent an unreadable report (nothing changed)."),
     Deadlock = ("deadlock", 422, "Every guest thread waited (a futex, a blocking read, poll ...) with no timeout for something nothing could ever do."),
     UpgradeRequired = ("upgrade_required", 426, "The route is a WebSocket and the request is not an upgrade."),
     RateLimited = ("rate_limited", 429, "The key is over its requests per second (a batch counts each exec) or its concurrent execs (see Retry-After)."),

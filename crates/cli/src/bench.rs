@@ -71,6 +71,17 @@ pub enum BenchCommand {
         #[command(flatten)]
         image: ImageArgs,
     },
+    /// The tree of states: explore of N alternatives vs N sequential session execs,
+    /// the source's exec latency during explores, inspect and diff latency.
+    Explore {
+        #[arg(long, default_value_t = 20)]
+        samples: usize,
+        /// Alternatives per explore.
+        #[arg(long, default_value_t = 16)]
+        width: usize,
+        #[command(flatten)]
+        image: ImageArgs,
+    },
     /// Sessions: checkpoint cost vs pages dirtied, resume of evicted sessions,
     /// forks of checkpoints, disk per session, many sessions at once.
     Sessions {
@@ -109,6 +120,7 @@ pub fn bench(home: &Path, cmd: BenchCommand) -> Result<ExitCode> {
         BenchCommand::Procs { samples, image } => procs(home, samples.max(1), &image),
         BenchCommand::Sessions { samples, resident, on_disk, image } => sessions(home, samples, resident, on_disk, &image),
         BenchCommand::Net { requests, download_mb, image } => net(home, requests.max(1), download_mb, &image),
+        BenchCommand::Explore { samples, width, image } => crate::bench_tree::explore(home, samples.max(1), width.clamp(1, 64), &image),
     }
 }
 

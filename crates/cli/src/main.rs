@@ -8,11 +8,13 @@
 
 mod api;
 mod bench;
+mod bench_tree;
 mod mcp;
 mod repl;
 mod run;
 mod session;
 mod sh;
+mod tree;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -87,6 +87,8 @@ pub enum SessionCommand {
         #[command(flatten)]
         image: ImageArgs,
     },
+    #[command(flatten)]
+    Tree(crate::tree::TreeCommand),
 }
 
 fn parse_tag(s: &str) -> Result<(String, String), String> {
@@ -107,6 +109,7 @@ fn image_of(cmd: &SessionCommand) -> &ImageArgs {
         | SessionCommand::Revert { image, .. }
         | SessionCommand::Fork { image, .. }
         | SessionCommand::Rm { image, .. } => image,
+        SessionCommand::Tree(t) => t.image(),
     }
 }
 
@@ -225,6 +228,7 @@ fn run(api: &Api, cmd: SessionCommand) -> Result<ExitCode> {
             api.block_on(c.delete_session(&id))?;
             println!("deleted {id}");
         }
+        SessionCommand::Tree(t) => return crate::tree::run(api, t),
     }
     Ok(ExitCode::SUCCESS)
 }

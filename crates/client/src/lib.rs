@@ -27,6 +27,7 @@
 pub mod error;
 mod sse;
 pub mod transport;
+pub mod tree;
 pub mod types;
 
 use std::collections::BTreeMap;

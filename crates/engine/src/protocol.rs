@@ -46,6 +46,9 @@ pub struct ExecRequest<'a> {
     pub reseed: bool,
     /// Output is streamed: line-buffer stdout/stderr for this exec.
     pub stream: bool,
+    /// Names the code `<exec-N>` in tracebacks (absent: the agent's own count).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exec_id: Option<i64>,
 }
 
 /// A Python exception raised by the user's code.

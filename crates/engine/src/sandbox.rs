@@ -170,6 +170,9 @@ pub struct Sandbox {
     /// A fork that has not run yet: its first request tells the agent to
     /// reseed what lives in guest memory (random, numpy.random).
     reseed_pending: bool,
+    /// The number the next exec's code is named by in tracebacks (`<exec-N>`;
+    /// None: the agent's own count), see `set_exec_id`.
+    exec_id: Option<i64>,
     vdso: bool,
     /// Where a forked sandbox's VM goes back to when it ends cleanly.
     pool: Option<std::sync::Arc<crate::pool::VmPool>>,
@@ -258,6 +261,7 @@ impl Sandbox {
             ready_info: serde_json::Value::Null,
             boot_time: Duration::ZERO,
             reseed_pending: false,
+            exec_id: None,
             vdso: engine.vdso.is_some(),
             pool: None,
             outputs: OutputIndex::default(),
@@ -323,6 +327,7 @@ impl Sandbox {
             ready_info: info,
             boot_time: Duration::ZERO,
             reseed_pending: reseed,
+            exec_id: None,
             vdso,
             pool,
             outputs: OutputIndex::default(),
@@ -410,6 +415,12 @@ impl Sandbox {
     }
 
     /// Run `code` in the session's namespace.
+    /// Name the next exec's code `<exec-N>` in tracebacks (a session passes the
+    /// number its checkpoint will have); applies to that one exec.
+    pub fn set_exec_id(&mut self, n: i64) {
+        self.exec_id = Some(n);
+    }
+
     pub fn exec(&mut self, code: &str) -> Result<ExecResult, EngineError> {
         self.exec_with(code, ExecOptions::default())
     }
@@ -435,7 +446,8 @@ impl Sandbox {
         let syscalls_before = self.io.stats.total;
         self.outputs.refresh(&self.proc.vfs);
         let stream = on_output.is_some();
-        let req = ExecRequest { op: "exec", code, value_limit: self.limits.output_bytes, reseed: self.reseed_pending, stream };
+        let exec_id = self.exec_id.take();
+        let req = ExecRequest { op: "exec", code, value_limit: self.limits.output_bytes, reseed: self.reseed_pending, stream, exec_id };
         self.reseed_pending = false;
         self.io.send_to_agent(protocol::frame(&req));
         self.io.agent_out.clear();

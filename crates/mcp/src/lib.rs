@@ -22,6 +22,7 @@
 pub mod install;
 mod render;
 pub mod tools;
+mod tree;
 
 use std::sync::Arc;
 

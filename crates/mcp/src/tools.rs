@@ -27,7 +27,9 @@ Use run_python for a one-off computation (nothing persists); run_command runs a 
 (ls, grep, a pipeline, python3 script.py) in a session's files or a fresh sandbox. For multi-step work, create_session and call exec \
 repeatedly: variables, imports and files persist between execs, like a notebook. Every exec in a session is a \
 checkpoint: if the state goes bad (an exec broke something, a variable was overwritten), call list_checkpoints and \
-revert to an earlier one instead of starting over; to try alternatives from the same state, fork_session. \
+revert to an earlier one instead of starting over. To try several approaches from the same state, \
+try_alternatives runs them in parallel and returns every result (keep the best as a new session); fork_session \
+branches one by hand; inspect_checkpoint and diff_checkpoints show a checkpoint's variables and what changed. \
 Image files (PNG) the code writes under /output are returned as images with the result. \
 To give the code a user's file (a CSV, a JSON document, an image), upload_file it into a session and open it by that \
 path in exec; download_file and list_files read what the code wrote. If an exec runs too long, interrupt it. \
@@ -196,14 +198,14 @@ fn check_path(what: &str, path: &str) -> Result<(), CallToolResult> {
     Ok(())
 }
 
-fn check_id(id: &str) -> Result<(), CallToolResult> {
+pub(crate) fn check_id(id: &str) -> Result<(), CallToolResult> {
     if id.is_empty() || id.len() > 128 {
         return Err(render::error("invalid_arguments", "session_id must be 1 to 128 characters"));
     }
     Ok(())
 }
 
-fn check_timeout(t: Option<f64>) -> Result<(), CallToolResult> {
+pub(crate) fn check_timeout(t: Option<f64>) -> Result<(), CallToolResult> {
     match t {
         Some(s) if !(s.is_finite() && s > 0.0) => {
             Err(render::error("invalid_arguments", &format!("timeout_seconds must be a positive number of seconds, got {s}")))
@@ -213,7 +215,7 @@ fn check_timeout(t: Option<f64>) -> Result<(), CallToolResult> {
 }
 
 /// `Ok(result)` either way: a failure is a tool error the model sees, not a protocol error.
-fn done(r: Result<CallToolResult, CallToolResult>) -> Result<CallToolResult, ErrorData> {
+pub(crate) fn done(r: Result<CallToolResult, CallToolResult>) -> Result<CallToolResult, ErrorData> {
     Ok(r.unwrap_or_else(|e| e))
 }
 
@@ -221,16 +223,16 @@ fn done(r: Result<CallToolResult, CallToolResult>) -> Result<CallToolResult, Err
 impl ForkboxMcp {
     /// Tools over `client` (its own transport and key).
     pub fn new(client: Client) -> ForkboxMcp {
-        ForkboxMcp { client, forward_key: false, tool_router: Self::tool_router() }
+        ForkboxMcp { client, forward_key: false, tool_router: Self::tool_router() + Self::tree_router() }
     }
 
     /// Tools over `client`, each API call made with the bearer key of the HTTP
     /// request being answered (streamable HTTP behind the API's keys).
     pub fn forwarding_key(client: Client) -> ForkboxMcp {
-        ForkboxMcp { client, forward_key: true, tool_router: Self::tool_router() }
+        ForkboxMcp { client, forward_key: true, tool_router: Self::tool_router() + Self::tree_router() }
     }
 
-    fn client(&self, ctx: &RequestContext<RoleServer>) -> Result<Client, CallToolResult> {
+    pub(crate) fn client(&self, ctx: &RequestContext<RoleServer>) -> Result<Client, CallToolResult> {
         if !self.forward_key {
             return Ok(self.client.clone());
         }
@@ -642,6 +644,6 @@ fn argument_error(tool: &str, arguments: &rmcp::model::JsonObject) -> Option<Str
         "list_files" => check::<ListFilesArgs>(arguments),
         "revert" => check::<RevertArgs>(arguments),
         "fork_session" => check::<ForkArgs>(arguments),
-        _ => None,
+        other => crate::tree::argument_check(other).and_then(|f| f(arguments)),
     }
 }

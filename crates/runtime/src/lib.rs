@@ -35,6 +35,7 @@ mod error;
 pub mod exec;
 pub mod session;
 pub mod templates;
+pub mod tree;
 mod workers;
 
 use std::path::{Path, PathBuf};
@@ -53,6 +54,8 @@ pub use forkbox_engine::catalog::Listing as TemplateListing;
 pub use forkbox_engine::{CapturedOutput, ExecResult, FileEntry, GlobalNetStats, Limits, MimeBundle, NetConfig, NetMode, NetPolicy, NetRule, OutputFile, PyError, Stream, TemplateInfo};
 pub use forkbox_sessions::manager::{Config as SessionsConfig, ExecOutcome};
 pub use session::{CheckpointView, ForkedFrom, Quota, SessionView};
+pub use tree::{Branch, ExploreRequest, Explored, Keep, TreeNode, TreeSession, TreeView, EXPLORE_MAX};
+pub use forkbox_sessions::manager::{Diff, FileChange, PathCall, Variable, VariableChange, Variables};
 pub use workers::{job_cpu_seconds, thread_cpu_seconds};
 
 /// What a runtime allows and how it runs.

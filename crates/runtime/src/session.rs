@@ -199,7 +199,9 @@ impl Runtime {
     pub fn checkpoints(&self, tenant: &str, id: &str) -> Result<Vec<CheckpointView>, RuntimeError> {
         let rec = self.sessions.get(tenant, id)?;
         let list = self.sessions.checkpoints(tenant, id)?;
-        let seq_of: HashMap<i64, i64> = list.iter().map(|c| (c.id, c.seq)).collect();
+        // Parents by number across the lineage (a fork's first checkpoint has its source's as parent).
+        let (_, tree) = self.sessions.tree(tenant, id)?;
+        let seq_of: HashMap<i64, i64> = tree.checkpoints.iter().chain(list.iter()).map(|c| (c.id, c.seq)).collect();
         Ok(list
             .iter()
             .map(|c| CheckpointView {

@@ -13,7 +13,7 @@ use utoipa_axum::routes;
 use crate::auth::{auth, Caller};
 use crate::error::{ApiError, ErrorBody, ErrorDetail};
 use crate::extractors::BodyLimits;
-use crate::handlers::{commands, exec, files, forevervm, health, sessions, stream};
+use crate::handlers::{commands, exec, files, forevervm, health, sessions, stream, tree};
 use crate::{openapi, AppState};
 
 #[derive(OpenApi)]
@@ -58,7 +58,17 @@ fn v1_routes(files_limit: usize) -> OpenApiRouter<AppState> {
         .routes(routes!(sessions::checkpoints))
         .routes(routes!(sessions::revert))
         .routes(routes!(sessions::fork))
+        .merge(tree_routes())
         .merge(forevervm::routes())
+}
+
+/// The tree of states: tree, explore, variables, diff.
+fn tree_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(tree::tree))
+        .routes(routes!(tree::explore))
+        .routes(routes!(tree::variables))
+        .routes(routes!(tree::diff))
 }
 
 /// The routes and the OpenAPI document they produce. `caller` adds the layer

@@ -19,6 +19,9 @@ use forkbox_snapshot::{Layer, StateError};
 
 use crate::store::{self, CheckpointRecord, NewCheckpoint, SessionRecord, Store, StoreError};
 
+mod tree;
+pub use tree::{diff, Diff, FileChange, FileState, PathCall, StateAt, Variable, VariableChange, Variables};
+
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
     #[error("session {0} not found")]
@@ -38,6 +41,9 @@ pub enum SessionError {
     },
     #[error("invalid request: {0}")]
     Invalid(String),
+    /// Reading a checkpoint's namespace failed (it raised, timed out, or its report was unreadable).
+    #[error("{0}")]
+    InspectFailed(String),
     /// The checkpoint of an exec would take the tenant past its disk quota:
     /// nothing was written, the session stays at its previous checkpoint.
     #[error("{message}; the session stays at {}", rolled_back(*.checkpoint))]
@@ -75,6 +81,27 @@ impl SessionError {
     }
 }
 
+/// Longest result summary kept with a checkpoint (characters).
+const SUMMARY_MAX: usize = 160;
+
+/// One line about an exec's result: the exception, else the value, else the
+/// last line it printed; None if it showed nothing.
+pub fn summarize(r: &ExecResult) -> Option<String> {
+    let text = if let Some(e) = &r.error {
+        format!("{}: {}", e.kind, e.message)
+    } else if let Some(v) = &r.value {
+        v.clone()
+    } else if let Some(line) = r.stdout.lines().rev().find(|l| !l.trim().is_empty()) {
+        line.to_string()
+    } else if !r.display.is_empty() {
+        format!("{} displayed", r.display.len())
+    } else {
+        return None;
+    };
+    let one_line: String = text.split('\n').next().unwrap_or("").chars().take(SUMMARY_MAX).collect();
+    Some(if one_line.len() < text.len() { format!("{one_line}…") } else { one_line })
+}
+
 fn rolled_back(seq: Option<i64>) -> String {
     match seq {
         Some(s) => format!("checkpoint {s}"),
@@ -91,6 +118,7 @@ impl SessionError {
             SessionError::Busy(_) => ErrorCode::SessionBusy,
             SessionError::ExecFailed { source, .. } => source.error_code(),
             SessionError::Invalid(_) => ErrorCode::InvalidRequest,
+            SessionError::InspectFailed(_) => ErrorCode::InspectFailed,
             SessionError::QuotaExceeded { .. } => ErrorCode::QuotaExceeded,
             SessionError::NoSpace(_) => ErrorCode::InsufficientStorage,
             SessionError::File { code, .. } => *code,
@@ -482,14 +510,18 @@ impl SessionManager {
         }
         let base = guard.base;
         let head_seq = |h: Option<i64>| -> Option<i64> { h.and_then(|c| self.store.checkpoint(c).ok().flatten()).map(|c| c.seq) };
+        // The checkpoint number this exec will have, so its tracebacks say `<exec-N>` with the same N.
+        let seq = self.store.reserve_seq(id)?;
         let Some(sb) = guard.sandbox.as_mut() else { return Err(SessionError::NotFound(id.into())) };
         let max = Duration::from_millis(rec.limits.timeout_ms);
         let timeout = Some(opts.timeout.map_or(max, |t| t.min(max)));
+        sb.set_exec_id(seq);
         let result = sb.exec_with(code, ExecOptions { on_output: opts.on_output, interrupt: Some(interrupter), timeout });
         drop(running);
         let result = match result {
             Ok(r) => r,
             Err(source) => {
+                let _ = self.store.release_seq(id, seq);
                 let output = sb.take_failed_output().map(Box::new);
                 guard.sandbox = None;
                 if matches!(source, EngineError::CodeTooLarge(..)) {
@@ -498,9 +530,10 @@ impl SessionManager {
                 return Err(SessionError::ExecFailed { source, checkpoint: head_seq(rec.head), output });
             }
         };
-        let checkpoint = match self.write_checkpoint(&rec, sb, code, base) {
+        let checkpoint = match self.write_checkpoint_as(&rec, sb, code, base, Some(seq), summarize(&result).as_deref()) {
             Ok(c) => c,
             Err(e) => {
+                let _ = self.store.release_seq(id, seq);
                 // Memory and disk now disagree: drop the sandbox, the session stays at its head.
                 guard.sandbox = None;
                 return Err(match e {
@@ -664,6 +697,19 @@ impl SessionManager {
     }
 
     fn write_checkpoint(&self, rec: &SessionRecord, sb: &mut Sandbox, code: &str, parent: Option<i64>) -> Result<CheckpointRecord, SessionError> {
+        self.write_checkpoint_as(rec, sb, code, parent, None, None)
+    }
+
+    /// `seq`: a number from `Store::reserve_seq` (None: the lineage's next).
+    fn write_checkpoint_as(
+        &self,
+        rec: &SessionRecord,
+        sb: &mut Sandbox,
+        code: &str,
+        parent: Option<i64>,
+        seq: Option<i64>,
+        summary: Option<&str>,
+    ) -> Result<CheckpointRecord, SessionError> {
         let name = random_id("c_");
         let (layer, state) = (format!("{name}.layer"), format!("{name}.state"));
         let t = self.loaded(rec)?;
@@ -687,7 +733,7 @@ impl SessionManager {
             bytes: stats.bytes(),
             checksum: &format!("{:08x}", stats.layer.crc),
         };
-        let committed = self.store.commit_checkpoint(&c, now_ms());
+        let committed = self.store.commit_checkpoint_as(&c, seq, summary, now_ms());
         drop(reservation);
         match committed {
             Ok(c) => Ok(c),

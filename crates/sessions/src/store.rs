@@ -115,6 +115,32 @@ pub const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE sessions ADD COLUMN network TEXT;
     "#,
+    // 3: one tree per lineage. A lineage is a session and every session forked
+    // from it (transitively); its checkpoints are numbered by one counter
+    // (`lineages.last_seq`), so a checkpoint number names one checkpoint in
+    // the whole tree and a fork continues its source's numbering. Sessions
+    // from before this step keep their numbers: each is its own lineage.
+    // `sessions.origin`: the checkpoint a session was forked at (NULL: made
+    // from the template). `checkpoints.summary`: a one-line result summary.
+    r#"
+    CREATE TABLE lineages (
+        id       INTEGER PRIMARY KEY AUTOINCREMENT,
+        last_seq INTEGER NOT NULL DEFAULT 0
+    );
+    ALTER TABLE sessions ADD COLUMN lineage INTEGER;
+    ALTER TABLE sessions ADD COLUMN origin INTEGER;
+    ALTER TABLE checkpoints ADD COLUMN lineage INTEGER;
+    ALTER TABLE checkpoints ADD COLUMN summary TEXT;
+    INSERT INTO lineages (id, last_seq)
+        SELECT s.sid, MAX(s.last_seq, COALESCE((SELECT MAX(c.seq) FROM checkpoints c WHERE c.owner = s.sid), 0))
+        FROM sessions s;
+    UPDATE sessions SET lineage = sid, origin = head
+        WHERE head IS NOT NULL AND head NOT IN (SELECT c.id FROM checkpoints c WHERE c.owner = sessions.sid);
+    UPDATE sessions SET lineage = sid WHERE lineage IS NULL;
+    UPDATE checkpoints SET lineage = owner;
+    CREATE INDEX checkpoints_lineage_seq ON checkpoints(lineage, seq);
+    CREATE INDEX sessions_lineage ON sessions(lineage);
+    "#,
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -201,6 +227,8 @@ pub struct CheckpointRecord {
     pub checksum: String,
     /// A compacted layer covering template -> this checkpoint.
     pub flat: Option<String>,
+    /// One line about the call's result (its value, or the exception), if recorded.
+    pub summary: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -233,6 +261,23 @@ pub struct Rewind {
     pub moved: Vec<HeadMove>,
 }
 
+/// A live session of a lineage (see [`Store::lineage_tree`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LineageSession {
+    pub id: String,
+    pub head: Option<i64>,
+    /// The checkpoint it was forked at (None: made from the template).
+    pub origin: Option<i64>,
+    pub created_ms: i64,
+}
+
+/// Every checkpoint of a lineage and its live sessions.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LineageTree {
+    pub checkpoints: Vec<CheckpointRecord>,
+    pub sessions: Vec<LineageSession>,
+}
+
 /// The metadata store. One connection behind a mutex: `Send + Sync`; several
 /// `Store`s (or processes) may open the same file.
 pub struct Store {
@@ -240,7 +285,7 @@ pub struct Store {
 }
 
 const CP_COLS: &str = "c.id, c.session_id, c.seq, c.parent, c.code, c.created_ms, c.layer, \
-                       c.state, c.pages, c.bytes, c.checksum, c.flat";
+                       c.state, c.pages, c.bytes, c.checksum, c.flat, c.summary";
 
 const SESSION_COLS: &str = "s.sid, s.id, s.tenant, s.template_id, s.memory_bytes, s.timeout_ms, \
                             s.output_bytes, s.disk_bytes, s.head, s.created_ms, s.last_used_ms, s.network";
@@ -268,6 +313,7 @@ fn checkpoint_row(row: &Row<'_>) -> rusqlite::Result<CheckpointRecord> {
         bytes: get_u64(row, 9)?,
         checksum: row.get(10)?,
         flat: row.get(11)?,
+        summary: row.get(12)?,
     })
 }
 
@@ -390,10 +436,27 @@ impl Store {
                 return Err(StoreError::NoSuchCheckpoint(head));
             }
         }
+        // A fork joins the lineage of the checkpoint it starts at; a new session starts one.
+        let lineage: Option<i64> = match s.head {
+            Some(head) => tx
+                .prepare_cached("SELECT lineage FROM checkpoints WHERE id = ?1")
+                .and_then(|mut st| st.query_row([head], |r| r.get(0)))
+                .op("create_session: lineage of the head")?,
+            None => None,
+        };
+        let lineage = match lineage {
+            Some(l) => l,
+            None => {
+                tx.prepare_cached("INSERT INTO lineages (last_seq) VALUES (0)")
+                    .and_then(|mut st| st.execute([]))
+                    .op("create_session: new lineage")?;
+                tx.last_insert_rowid()
+            }
+        };
         tx.prepare_cached(
             "INSERT INTO sessions (id, tenant, template_id, memory_bytes, timeout_ms, \
-             output_bytes, disk_bytes, head, created_ms, last_used_ms, network) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+             output_bytes, disk_bytes, head, created_ms, last_used_ms, network, lineage, origin) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?8)",
         )
         .and_then(|mut st| {
             st.execute(params![
@@ -407,7 +470,8 @@ impl Store {
                 s.head,
                 s.created_ms,
                 s.last_used_ms,
-                s.limits.network
+                s.limits.network,
+                lineage
             ])
         })
         .op("create_session: insert session")?;
@@ -583,6 +647,46 @@ impl Store {
         c: &NewCheckpoint<'_>,
         now_ms: i64,
     ) -> Result<CheckpointRecord, StoreError> {
+        self.commit_checkpoint_as(c, None, None, now_ms)
+    }
+
+    /// The next number of the session's lineage, taken now (so an exec can be
+    /// told its checkpoint number before it runs): never handed out again,
+    /// also if no checkpoint ends up with it.
+    pub fn reserve_seq(&self, session: &str) -> Result<i64, StoreError> {
+        let mut conn = self.conn();
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .op("reserve_seq: begin")?;
+        let seq = next_seq(&tx, session)?;
+        tx.commit().op("reserve_seq: commit")?;
+        Ok(seq)
+    }
+
+    /// Give back a number from [`Self::reserve_seq`] that no checkpoint got (a
+    /// failed exec), if it is still the lineage's last: numbers stay dense when
+    /// nothing else took one meanwhile. True if it was given back.
+    pub fn release_seq(&self, session: &str, seq: i64) -> Result<bool, StoreError> {
+        let conn = self.conn();
+        let n = conn
+            .prepare_cached(
+                "UPDATE lineages SET last_seq = last_seq - 1 \
+                 WHERE id = (SELECT lineage FROM sessions WHERE id = ?1) AND last_seq = ?2",
+            )
+            .and_then(|mut st| st.execute(params![session, seq]))
+            .op("release_seq")?;
+        Ok(n > 0)
+    }
+
+    /// [`Self::commit_checkpoint`] with a number from [`Self::reserve_seq`]
+    /// (None: the lineage's next) and a result summary.
+    pub fn commit_checkpoint_as(
+        &self,
+        c: &NewCheckpoint<'_>,
+        reserved: Option<i64>,
+        summary: Option<&str>,
+        now_ms: i64,
+    ) -> Result<CheckpointRecord, StoreError> {
         let pages = to_i64("pages", c.pages)?;
         let bytes = to_i64("bytes", c.bytes)?;
         let mut conn = self.conn();
@@ -599,19 +703,17 @@ impl Store {
                 return Err(StoreError::NoSuchCheckpoint(p));
             }
         }
-        // Normally MAX(seq) + 1; `last_seq` keeps numbers from being reused
-        // after the newest checkpoints were dropped (recovery, deletes).
-        let seq: i64 = tx
-            .prepare_cached(
-                "SELECT MAX(COALESCE((SELECT MAX(seq) FROM checkpoints WHERE owner = ?1), 0), \
-                 (SELECT last_seq FROM sessions WHERE sid = ?1)) + 1",
-            )
-            .and_then(|mut st| st.query_row([sid], |r| r.get(0)))
-            .op("commit_checkpoint: next seq")?;
+        // The lineage's counter: numbers are unique in the whole tree and never
+        // reused (also after the newest checkpoints were dropped).
+        let seq = match reserved {
+            Some(n) => n,
+            None => next_seq(&tx, c.session_id)?,
+        };
         tx.prepare_cached(
             "INSERT INTO checkpoints (owner, session_id, seq, parent, code, created_ms, layer, \
-             state, pages, bytes, checksum, flat) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, NULL)",
+             state, pages, bytes, checksum, flat, lineage, summary) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, NULL, \
+             (SELECT lineage FROM sessions WHERE sid = ?1), ?12)",
         )
         .and_then(|mut st| {
             st.execute(params![
@@ -625,7 +727,8 @@ impl Store {
                 c.state,
                 pages,
                 bytes,
-                c.checksum
+                c.checksum,
+                summary
             ])
         })
         .op("commit_checkpoint: insert checkpoint")?;
@@ -649,6 +752,7 @@ impl Store {
             bytes: c.bytes,
             checksum: c.checksum.to_owned(),
             flat: None,
+            summary: summary.map(str::to_owned),
         })
     }
 
@@ -705,15 +809,48 @@ impl Store {
         seq: i64,
     ) -> Result<Option<CheckpointRecord>, StoreError> {
         let conn = self.conn();
+        // Any checkpoint of the session's lineage (its own first: sessions from
+        // before lineages were recorded may share numbers with their source).
         conn.prepare_cached(&format!(
-            "SELECT {CP_COLS} FROM checkpoints c JOIN sessions s ON c.owner = s.sid \
-             WHERE s.id = ?1 AND c.seq = ?2"
+            "SELECT {CP_COLS} FROM checkpoints c JOIN sessions s ON s.id = ?1 \
+             WHERE c.seq = ?2 AND (c.owner = s.sid OR c.lineage = s.lineage) \
+             ORDER BY c.owner = s.sid DESC LIMIT 1"
         ))
         .and_then(|mut st| {
             st.query_row(params![session, seq], checkpoint_row)
                 .optional()
         })
         .op("checkpoint_by_seq")
+    }
+
+    /// The tree a session belongs to: every checkpoint of its lineage (by id,
+    /// so parents come first) and the lineage's live sessions. `None`: no such
+    /// session of the tenant.
+    pub fn lineage_tree(&self, tenant: &str, id: &str) -> Result<Option<LineageTree>, StoreError> {
+        let conn = self.conn();
+        let lineage: Option<Option<i64>> = conn
+            .prepare_cached("SELECT lineage FROM sessions WHERE tenant = ?1 AND id = ?2")
+            .and_then(|mut st| st.query_row([tenant, id], |r| r.get(0)).optional())
+            .op("lineage_tree: session")?;
+        let Some(lineage) = lineage else { return Ok(None) };
+        let Some(lineage) = lineage else { return Ok(Some(LineageTree::default())) };
+        let checkpoints: Vec<CheckpointRecord> = conn
+            .prepare_cached(&format!("SELECT {CP_COLS} FROM checkpoints c WHERE c.lineage = ?1 ORDER BY c.id"))
+            .and_then(|mut st| st.query_map([lineage], checkpoint_row)?.collect())
+            .op("lineage_tree: checkpoints")?;
+        let sessions: Vec<LineageSession> = conn
+            .prepare_cached(
+                "SELECT s.id, s.head, s.origin, s.created_ms FROM sessions s \
+                 WHERE s.lineage = ?1 AND s.tenant = ?2 ORDER BY s.created_ms, s.sid",
+            )
+            .and_then(|mut st| {
+                st.query_map(params![lineage, tenant], |r| {
+                    Ok(LineageSession { id: r.get(0)?, head: r.get(1)?, origin: r.get(2)?, created_ms: r.get(3)? })
+                })?
+                .collect()
+            })
+            .op("lineage_tree: sessions")?;
+        Ok(Some(LineageTree { checkpoints, sessions }))
     }
 
     /// Records (or clears) the compacted layer of a checkpoint.
@@ -924,6 +1061,17 @@ fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
             .op("migrate: set user_version")?;
         tx.commit().op("migrate: commit")?;
     }
+}
+
+/// Takes the next number of the session's lineage.
+fn next_seq(conn: &Connection, session: &str) -> Result<i64, StoreError> {
+    conn.prepare_cached(
+        "UPDATE lineages SET last_seq = last_seq + 1 \
+         WHERE id = (SELECT lineage FROM sessions WHERE id = ?1) RETURNING last_seq",
+    )
+    .and_then(|mut st| st.query_row([session], |r| r.get(0)).optional())
+    .op("next seq")?
+    .ok_or_else(|| StoreError::NoSuchSession(session.to_owned()))
 }
 
 fn checkpoint_exists(conn: &Connection, id: i64) -> Result<bool, StoreError> {
@@ -1279,10 +1427,36 @@ mod tests {
         s.create_session(&b).unwrap();
         let b1 = exec(&s, "b", "b1", 50);
         let b2 = exec(&s, "b", "b2", 60);
+        // A fork continues its lineage's numbering: A had 1-3.
         assert_eq!(
             (b1.seq, b1.parent, b1.session_id.as_str()),
-            (1, Some(a2.id), "b")
+            (4, Some(a2.id), "b")
         );
+        assert_eq!(b2.seq, 5);
+        // B reaches its own checkpoints and the ones of its lineage by number.
+        assert_eq!(s.checkpoint_by_seq("b", 2).unwrap().unwrap().id, a2.id);
+        assert_eq!(s.checkpoint_by_seq("b", 5).unwrap().unwrap().id, b2.id);
+        assert_eq!(s.checkpoint_by_seq("a", 5).unwrap().unwrap().id, b2.id);
+        // A new exec in A takes the next number of the lineage.
+        let a4 = exec(&s, "a", "a4", 70);
+        assert_eq!(a4.seq, 6);
+        // One tree: every checkpoint of the lineage, both sessions with heads and origins.
+        let t = s.lineage_tree("local", "b").unwrap().unwrap();
+        assert_eq!(t.checkpoints.iter().map(|c| c.seq).collect::<Vec<_>>(), [1, 2, 3, 4, 5, 6]);
+        let origins: Vec<_> = t.sessions.iter().map(|x| (x.id.as_str(), x.origin)).collect();
+        assert_eq!(origins, [("a", None), ("b", Some(a2.id))]);
+        assert_eq!(s.lineage_tree("other", "b").unwrap(), None);
+        // A session of its own starts a lineage of its own.
+        s.create_session(&session("c", "local", 80, &[])).unwrap();
+        assert_eq!(exec(&s, "c", "c1", 90).seq, 1);
+        assert_eq!(s.checkpoint_by_seq("c", 2).unwrap(), None);
+        // A reserved number is given back only while it is the lineage's last.
+        assert_eq!(s.reserve_seq("c").unwrap(), 2);
+        assert!(s.release_seq("c", 2).unwrap());
+        assert_eq!(s.reserve_seq("c").unwrap(), 2);
+        assert_eq!(s.reserve_seq("c").unwrap(), 3);
+        assert!(!s.release_seq("c", 2).unwrap());
+        assert_eq!(exec(&s, "c", "c4", 95).seq, 4);
         assert_eq!(
             ids(&s.ancestry(b2.id).unwrap()),
             [a1.id, a2.id, b1.id, b2.id]
@@ -1296,7 +1470,7 @@ mod tests {
         assert_eq!(ids(&s.session_checkpoints("b").unwrap()), [b1.id, b2.id]);
         assert_eq!(
             ids(&s.session_checkpoints("a").unwrap()),
-            [a1.id, a2.id, a3.id]
+            [a1.id, a2.id, a3.id, a4.id]
         );
         assert_eq!(s.disk_bytes("b").unwrap(), 2 * 40960);
     }
@@ -1481,9 +1655,10 @@ mod tests {
         for id in ["a", "b", "c", "d"] {
             assert_eq!(s.session("local", id).unwrap().unwrap().head, Some(a1.id));
         }
-        // Next exec continues after the rewind point; seq numbers are not reused.
+        // Next exec continues after the rewind point; seq numbers are not reused
+        // (the lineage's: b1 had 5).
         let a5 = exec(&s, "a", "a5", 60);
-        assert_eq!((a5.seq, a5.parent), (5, Some(a1.id)));
+        assert_eq!((a5.seq, a5.parent), (6, Some(a1.id)));
 
         // Dropping the root rewinds to the template.
         let r = s.drop_checkpoints_and_rewind(&[a1.id, 9999]).unwrap();
@@ -1591,6 +1766,45 @@ mod tests {
         // In memory works too.
         let m = Store::open_in_memory().unwrap();
         assert_eq!(m.schema_version().unwrap(), MIGRATIONS.len() as i64);
+    }
+
+    #[test]
+    fn migration_3_gives_old_sessions_a_lineage_each_and_keeps_their_numbers() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sessions.db");
+        {
+            // A database at version 2 with a session (seq 1, 2) and an old fork of it (seq 1).
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(MIGRATIONS[0]).unwrap();
+            conn.execute_batch(MIGRATIONS[1]).unwrap();
+            conn.pragma_update(None, "user_version", 2).unwrap();
+            conn.execute_batch(
+                "INSERT INTO sessions (id, tenant, template_id, memory_bytes, timeout_ms, output_bytes, disk_bytes, \
+                 created_ms, last_used_ms, last_seq) VALUES ('a', 't', 'p', 1, 1, 1, 1, 1, 1, 2), \
+                 ('b', 't', 'p', 1, 1, 1, 1, 2, 2, 1), ('c', 't', 'p', 1, 1, 1, 1, 3, 3, 0); \
+                 INSERT INTO checkpoints (owner, session_id, seq, parent, code, created_ms, layer, state, pages, bytes, checksum) \
+                 VALUES (1, 'a', 1, NULL, 'x=1', 1, 'l1', 's1', 0, 0, ''), (1, 'a', 2, 1, 'x=2', 1, 'l2', 's2', 0, 0, ''), \
+                 (2, 'b', 1, 1, 'y=1', 2, 'l3', 's3', 0, 0, ''); \
+                 UPDATE sessions SET head = 2 WHERE id = 'a'; UPDATE sessions SET head = 3 WHERE id = 'b'; \
+                 UPDATE sessions SET head = 2 WHERE id = 'c';",
+            )
+            .unwrap();
+        }
+        let s = Store::open(&path).unwrap();
+        assert_eq!(s.schema_version().unwrap(), 3);
+        // Old numbers stay where they were; each old session numbers on from its own.
+        assert_eq!(s.checkpoint_by_seq("a", 2).unwrap().unwrap().code, "x=2");
+        assert_eq!(s.checkpoint_by_seq("b", 1).unwrap().unwrap().code, "y=1");
+        assert_eq!(exec(&s, "a", "x=3", 10).seq, 3);
+        assert_eq!(exec(&s, "b", "y=2", 11).seq, 2);
+        // c (an old fork that never ran) records where it came from.
+        let t = s.lineage_tree("t", "c").unwrap().unwrap();
+        assert_eq!(t.sessions.iter().map(|x| x.origin).collect::<Vec<_>>(), [Some(2)]);
+        // A new fork of a's checkpoint joins a's lineage.
+        let mut d = session("d", "t", 20, &[]);
+        d.head = Some(2);
+        s.create_session(&d).unwrap();
+        assert_eq!(exec(&s, "d", "z", 21).seq, 4);
     }
 
     #[test]

@@ -25,7 +25,7 @@ use crate::api::{exec_streaming, Api, Target};
 
 const HELP: &str = "\
 Python code runs in the session; every exec is a checkpoint. Meta commands:
-  :checkpoints   list the session's checkpoints (* = where it is)
+  :checkpoints   draw the session's tree of checkpoints, its forks' included (* = where it is)
   :revert N      move the session back to checkpoint N
   :fork [N]      start a new session from checkpoint N (default: the latest) and switch to it
   :session       show the session
@@ -250,15 +250,9 @@ impl Repl<'_> {
                 }
                 Err(e) => fail(e),
             },
-            ":checkpoints" | ":log" => match self.api.block_on(client.checkpoints(&self.session)) {
-                Ok(list) if list.is_empty() => println!("no checkpoints yet"),
-                Ok(list) => {
-                    for c in list {
-                        let first = c.code.lines().next().unwrap_or("");
-                        let more = if c.code.lines().count() > 1 { " ..." } else { "" };
-                        println!("{} {:>4}  {}{}", if c.head { "*" } else { " " }, c.seq, first, more);
-                    }
-                }
+            ":checkpoints" | ":log" | ":tree" => match self.api.block_on(client.tree(&self.session)) {
+                Ok(t) if t.nodes.is_empty() => println!("no checkpoints yet"),
+                Ok(t) => print!("{}", crate::tree::draw(&t)),
                 Err(e) => fail(e),
             },
             ":revert" => match number(":revert") {

@@ -33,6 +33,7 @@ from ._errors import (
     Unauthorized,
 )
 from ._sync import Commands, Forkbox, Session, Sessions
+from ._tree import Branch, Explored, Variable
 from ._types import (
     Checkpoint,
     CommandResult,
@@ -54,7 +55,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AsyncCommands", "AsyncForkbox", "AsyncSession", "AsyncSessions", "Commands", "Forkbox", "Session", "Sessions",
     "Checkpoint", "CommandResult", "Event", "ExecResult", "FileEntry", "MimeBundle", "OutputFile", "PythonError", "Result", "SessionInfo",
-    "Stderr", "Stdout", "Upload",
+    "Stderr", "Stdout", "Upload", "Branch", "Explored", "Variable",
     "ForkboxError", "ConnectionFailed", "InvalidRequest", "InvalidPath", "Unauthorized", "QuotaExceeded", "NotFound", "TemplateNotFound", "TemplateNotReady",
     "SessionNotFound", "CheckpointNotFound", "FileNotFound", "Timeout", "SessionBusy", "CpuMismatch", "PayloadTooLarge",
     "GuestError", "RateLimited", "ServerError", "Overloaded", "Forbidden", "InsufficientStorage",

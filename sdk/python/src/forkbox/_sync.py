@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from . import _base
+from . import _base, _tree
 from ._errors import ForkboxError
 from ._types import Checkpoint, CommandResult, Event, ExecResult, FileEntry, SessionInfo, Upload
 
@@ -246,6 +246,33 @@ class Session:
         if tags:
             body["tags"] = dict(tags)
         return Session(self._c, SessionInfo.from_json(self._c._json("POST", self._path("/fork"), json=body)))
+
+    def tree(self) -> dict[str, Any]:
+        """The session's tree: `nodes` (checkpoint, parent, session, code, summary, bytes, head, heads),
+        `edges`, `sessions` (its forks and the session it came from, each with head and forked_at), `head`."""
+        return self._c._json("GET", self._path("/tree"))
+
+    def explore(
+        self,
+        codes: Sequence[str],
+        checkpoint: int | None = None,
+        keep: _tree.Keep = "none",
+        timeout: float | None = None,
+    ) -> _tree.Explored:
+        """Try alternatives in parallel: each code runs in its own fork of `checkpoint` (default: the head).
+        Results come back in order; `keep` ("none", "all" or indices) makes branches sessions. This
+        session is not paused or changed."""
+        body = _tree.explore_body(codes, checkpoint, keep, timeout)
+        return _tree.explored(self._c._json("POST", self._path("/explore"), json=body))
+
+    def variables(self, n: int) -> list[_tree.Variable]:
+        """The variables at checkpoint `n` (name, type, short repr, size), read in a throwaway fork."""
+        return _tree.variables(self._c._json("GET", self._path(f"/checkpoints/{int(n)}/variables")))
+
+    def diff(self, a: int, b: int | None = None) -> dict[str, Any]:
+        """What changed from checkpoint `a` to `b` (default: the head): variables_added/removed/changed,
+        files_added/removed/changed (with sizes), `calls` (and `undone`) on the path between them."""
+        return self._c._json("GET", self._path("/diff"), params=_tree.diff_params(a, b))
 
     def delete(self) -> None:
         self._c._send("DELETE", self._path())

@@ -1,0 +1,371 @@
+//! The tree of states: one session's lineage as nodes and edges, parallel
+//! alternatives from a checkpoint (explore), and the variables and differences
+//! of checkpoints, each computed in throwaway forks so the session never pauses.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use forkbox_engine::ExecOptions;
+use forkbox_sessions::manager::{Diff, Variables};
+use forkbox_sessions::store::CheckpointRecord;
+
+use crate::exec::batch_output_limit;
+use crate::{ExecResult, Quota, Runtime, RuntimeError};
+
+/// One checkpoint of a tree.
+#[derive(Clone, Debug)]
+pub struct TreeNode {
+    /// Its number (unique in the lineage).
+    pub checkpoint: i64,
+    /// Its parent's number (None: it ran on the template).
+    pub parent: Option<i64>,
+    /// The session that made it (it may since have been deleted).
+    pub session: String,
+    pub code: String,
+    pub created_ms: i64,
+    pub summary: Option<String>,
+    pub bytes: u64,
+    pub pages: u64,
+    /// Live sessions whose head is here.
+    pub heads: Vec<String>,
+}
+
+/// A live session of a tree.
+#[derive(Clone, Debug)]
+pub struct TreeSession {
+    pub id: String,
+    /// Its head's number (None: the template).
+    pub head: Option<i64>,
+    /// The checkpoint it was forked at (None: made from the template).
+    pub forked_at: Option<i64>,
+    pub created_ms: i64,
+}
+
+/// A session's lineage: every checkpoint of it and of the sessions forked from it (and from those).
+#[derive(Clone, Debug)]
+pub struct TreeView {
+    pub session: String,
+    /// The session's head (None: the template).
+    pub head: Option<i64>,
+    /// Parents first.
+    pub nodes: Vec<TreeNode>,
+    pub sessions: Vec<TreeSession>,
+}
+
+/// Which branches of an explore become sessions.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub enum Keep {
+    #[default]
+    None,
+    All,
+    Some(Vec<usize>),
+}
+
+/// Most codes in one explore.
+pub const EXPLORE_MAX: usize = 64;
+
+/// Longest code shown per node of a tree and per call of a diff (bytes; the rest is cut
+/// with a note): a tree of many checkpoints, each up to the code limit, stays small.
+pub const TREE_CODE_MAX: usize = 4096;
+
+fn cut_code(code: &str) -> String {
+    if code.len() <= TREE_CODE_MAX {
+        return code.to_string();
+    }
+    let mut end = TREE_CODE_MAX;
+    while !code.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}\n# [forkbox: code cut, {} bytes in all]", &code[..end], code.len())
+}
+
+/// The outcome of one branch of an explore.
+#[derive(Debug)]
+pub struct Branch {
+    pub result: Result<ExecResult, RuntimeError>,
+    /// The kept branch's session (None: dropped).
+    pub session: Option<String>,
+    /// The checkpoint the kept branch's exec made.
+    pub checkpoint: Option<i64>,
+}
+
+/// An explore's results, in the order of its codes.
+#[derive(Debug)]
+pub struct Explored {
+    /// The checkpoint every branch started from (None: the template).
+    pub from: Option<i64>,
+    pub branches: Vec<Branch>,
+}
+
+/// A validated explore (see [`Runtime::explore_request`]).
+pub struct ExploreRequest {
+    tenant: String,
+    source: forkbox_sessions::store::SessionRecord,
+    from: Option<CheckpointRecord>,
+    codes: Vec<String>,
+    keep: Vec<bool>,
+    timeout: Option<Duration>,
+}
+
+impl ExploreRequest {
+    pub fn len(&self) -> usize {
+        self.codes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.codes.is_empty()
+    }
+
+    pub fn kept(&self) -> usize {
+        self.keep.iter().filter(|k| **k).count()
+    }
+}
+
+impl Runtime {
+    /// The tree of the session's lineage, its head marked.
+    pub fn tree(&self, tenant: &str, id: &str) -> Result<TreeView, RuntimeError> {
+        let (rec, tree) = self.sessions.tree(tenant, id)?;
+        let seq_of: HashMap<i64, i64> = tree.checkpoints.iter().map(|c| (c.id, c.seq)).collect();
+        let mut heads: HashMap<i64, Vec<String>> = HashMap::new();
+        for s in &tree.sessions {
+            if let Some(h) = s.head {
+                heads.entry(h).or_default().push(s.id.clone());
+            }
+        }
+        let nodes = tree
+            .checkpoints
+            .iter()
+            .map(|c| TreeNode {
+                checkpoint: c.seq,
+                parent: c.parent.and_then(|p| seq_of.get(&p).copied()),
+                session: c.session_id.clone(),
+                code: cut_code(&c.code),
+                created_ms: c.created_ms,
+                summary: c.summary.clone(),
+                bytes: c.bytes,
+                pages: c.pages,
+                heads: heads.remove(&c.id).unwrap_or_default(),
+            })
+            .collect();
+        let sessions = tree
+            .sessions
+            .iter()
+            .map(|s| TreeSession {
+                id: s.id.clone(),
+                head: s.head.and_then(|h| seq_of.get(&h).copied()),
+                forked_at: s.origin.and_then(|h| seq_of.get(&h).copied()),
+                created_ms: s.created_ms,
+            })
+            .collect();
+        Ok(TreeView { session: rec.id, head: rec.head.and_then(|h| seq_of.get(&h).copied()), nodes, sessions })
+    }
+
+    /// Check an explore: 1 to [`EXPLORE_MAX`] codes (each within the code limit), `keep`
+    /// indices in range and distinct, the checkpoint (default: the head) of the session,
+    /// `timeout_seconds` within the session's limit. Blocking.
+    pub fn explore_request(
+        &self,
+        tenant: &str,
+        id: &str,
+        checkpoint: Option<i64>,
+        codes: Vec<String>,
+        keep: Keep,
+        timeout_seconds: Option<f64>,
+    ) -> Result<ExploreRequest, RuntimeError> {
+        let n = codes.len();
+        let max = EXPLORE_MAX.min(self.config.max_batch.max(1));
+        if n == 0 || n > max {
+            return Err(RuntimeError::Invalid(format!("codes must hold 1 to {max} items, got {n}")));
+        }
+        for c in &codes {
+            self.check_code(c)?;
+        }
+        let mut kept = vec![false; n];
+        match &keep {
+            Keep::None => {}
+            Keep::All => kept.iter_mut().for_each(|k| *k = true),
+            Keep::Some(ix) => {
+                for &i in ix {
+                    match kept.get_mut(i) {
+                        Some(k) if !*k => *k = true,
+                        Some(_) => return Err(RuntimeError::Invalid(format!("keep: index {i} is given twice"))),
+                        None => return Err(RuntimeError::Invalid(format!("keep: index {i} is out of range (there are {n} codes)"))),
+                    }
+                }
+            }
+        }
+        let timeout = self.session_exec_timeout(tenant, id, timeout_seconds)?;
+        let (source, from) = self.sessions.checkpoint_or_head(tenant, id, checkpoint)?;
+        Ok(ExploreRequest { tenant: tenant.to_string(), source, from, codes, keep: kept, timeout })
+    }
+
+    /// Run each code of `req` in its own fork of the checkpoint, on `parallel` exec
+    /// threads (the caller holds that many slots; `hold` is dropped once all are
+    /// done). Kept branches become sessions tagged with their origin
+    /// (`explore.from` = source session, `explore.checkpoint`, `explore.index`),
+    /// counted against `quota` (all or none are created); the rest are forks that
+    /// leave nothing behind. The source session is never paused or changed.
+    pub async fn explore(
+        self: &Arc<Self>,
+        req: ExploreRequest,
+        quota: Quota,
+        parallel: usize,
+        hold: impl Send + Sync + 'static,
+    ) -> Result<Explored, RuntimeError> {
+        let rt = self.clone();
+        let n = req.codes.len();
+        // Quotas and the kept sessions first, before anything runs.
+        let req = Arc::new(req);
+        let prep = {
+            let (rt, req) = (rt.clone(), req.clone());
+            tokio::task::spawn_blocking(move || -> Result<Vec<Option<String>>, RuntimeError> {
+                rt.check_disk(&req.tenant, &quota)?;
+                let kept = req.kept();
+                if kept == 0 {
+                    return Ok(vec![None; n]);
+                }
+                let _g = rt.create_lock.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(max) = quota.max_sessions {
+                    let have = rt.sessions.count(Some(&req.tenant))?;
+                    if have.saturating_add(kept as u64) > max {
+                        return Err(RuntimeError::QuotaExceeded(format!(
+                            "keeping {kept} branches needs {kept} new sessions; this API key allows {max} sessions and {have} exist"
+                        )));
+                    }
+                }
+                let from = req.from.as_ref().map(|c| c.id);
+                let mut ids = Vec::with_capacity(n);
+                for (i, keep) in req.keep.iter().enumerate() {
+                    if !keep {
+                        ids.push(None);
+                        continue;
+                    }
+                    let mut tags = BTreeMap::new();
+                    tags.insert("explore.from".to_string(), req.source.id.clone());
+                    tags.insert("explore.checkpoint".to_string(), req.from.as_ref().map_or("none".into(), |c| c.seq.to_string()));
+                    tags.insert("explore.index".to_string(), i.to_string());
+                    match rt.sessions.fork_at(&req.tenant, &req.source, from, tags) {
+                        Ok(r) => ids.push(Some(r.id)),
+                        Err(e) => {
+                            // All or none: drop the ones made so far.
+                            for id in ids.into_iter().flatten() {
+                                let _ = rt.sessions.delete(&req.tenant, &id);
+                            }
+                            return Err(e.into());
+                        }
+                    }
+                }
+                Ok(ids)
+            })
+        };
+        let ids = prep.await.map_err(|_| RuntimeError::WorkerGone)??;
+        let parallel = parallel.clamp(1, self.batch_parallelism(n));
+        let output_bytes = batch_output_limit(self.config.limits.output_bytes, n);
+        let ids = Arc::new(ids);
+        let next = Arc::new(AtomicUsize::new(0));
+        let results: Arc<Vec<Mutex<Option<Branch>>>> = Arc::new((0..n).map(|_| Mutex::new(None)).collect());
+        let hold = Arc::new(hold);
+        let mut done = Vec::with_capacity(parallel);
+        for _ in 0..parallel {
+            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+            done.push(rx);
+            let (rt, req, ids, next, results, hold) = (rt.clone(), req.clone(), ids.clone(), next.clone(), results.clone(), hold.clone());
+            self.workers.spawn(move || {
+                let _hold = hold;
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let (Some(code), Some(kept)) = (req.codes.get(i), ids.get(i)) else { break };
+                    let branch = match kept {
+                        Some(sid) => {
+                            let opts = ExecOptions { timeout: req.timeout, ..ExecOptions::default() };
+                            match rt.sessions.exec_with(&req.tenant, sid, code, opts) {
+                                Ok(o) => Branch { result: Ok(o.result), session: Some(sid.clone()), checkpoint: Some(o.checkpoint.seq) },
+                                Err(e) => Branch { result: Err(e.into()), session: Some(sid.clone()), checkpoint: None },
+                            }
+                        }
+                        None => {
+                            let from = req.from.as_ref().map(|c| c.id);
+                            let r = rt.sessions.exec_throwaway(&req.source, from, code, req.timeout, Some(output_bytes));
+                            Branch { result: r.map_err(RuntimeError::from), session: None, checkpoint: None }
+                        }
+                    };
+                    if let Some(slot) = results.get(i) {
+                        *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(branch);
+                    }
+                }
+                let _ = tx.send(());
+            });
+        }
+        for rx in done {
+            let _ = rx.await;
+        }
+        let branches = (0..n)
+            .map(|i| {
+                results.get(i).and_then(|m| m.lock().unwrap_or_else(|e| e.into_inner()).take()).unwrap_or(Branch {
+                    result: Err(RuntimeError::WorkerGone),
+                    session: ids.get(i).cloned().flatten(),
+                    checkpoint: None,
+                })
+            })
+            .collect();
+        Ok(Explored { from: req.from.as_ref().map(|c| c.seq), branches })
+    }
+
+    /// The user namespace at checkpoint `seq` of the session's lineage (None: its
+    /// head): names, types, short reprs, sizes, read in a throwaway fork. Runs on an
+    /// exec thread; `hold` is dropped after.
+    pub async fn inspect(self: &Arc<Self>, tenant: &str, id: &str, seq: Option<i64>, hold: impl Send + 'static) -> Result<(Option<i64>, Variables), RuntimeError> {
+        let (rt, tenant, id) = (self.clone(), tenant.to_string(), id.to_string());
+        self.workers
+            .run(move || {
+                let _hold = hold;
+                let (rec, cp) = rt.sessions.checkpoint_or_head(&tenant, &id, seq)?;
+                let state = rt.sessions.state_at(&rec, cp.as_ref().map(|c| c.id), false)?;
+                Ok((cp.map(|c| c.seq), state.variables))
+            })
+            .await?
+    }
+
+    /// What changed from checkpoint `from` to `to` (None: the head) of the session's
+    /// lineage: variables, files (outside the image's system folders) and the calls on
+    /// the path between them. Both states are read in throwaway forks, in parallel.
+    pub async fn diff(
+        self: &Arc<Self>,
+        tenant: &str,
+        id: &str,
+        from: i64,
+        to: Option<i64>,
+        hold: impl Send + Sync + 'static,
+    ) -> Result<Diff, RuntimeError> {
+        let (ra, rb) = {
+            let (rt, t, i) = (self.clone(), tenant.to_string(), id.to_string());
+            tokio::task::spawn_blocking(move || -> Result<_, RuntimeError> {
+                let a = rt.sessions.checkpoint_or_head(&t, &i, Some(from))?;
+                let b = rt.sessions.checkpoint_or_head(&t, &i, to)?;
+                Ok((a, b))
+            })
+            .await
+            .map_err(|_| RuntimeError::WorkerGone)??
+        };
+        let hold = Arc::new(hold);
+        let side = |rec: forkbox_sessions::store::SessionRecord, cp: Option<CheckpointRecord>| {
+            let (rt, hold) = (self.clone(), hold.clone());
+            self.workers.run(move || -> Result<_, RuntimeError> {
+                let _hold = hold;
+                let state = rt.sessions.state_at(&rec, cp.as_ref().map(|c| c.id), true)?;
+                let path = rt.sessions.path_to(cp.as_ref())?;
+                Ok((cp, state, path))
+            })
+        };
+        let (a, b) = tokio::join!(side(ra.0, ra.1), side(rb.0, rb.1));
+        let (ca, sa, pa) = a??;
+        let (cb, sb, pb) = b??;
+        let mut d = forkbox_sessions::manager::diff((&ca, &sa, &pa), (&cb, &sb, &pb));
+        for c in d.calls.iter_mut().chain(d.undone.iter_mut()) {
+            c.code = cut_code(&c.code);
+        }
+        Ok(d)
+    }
+}

@@ -1,0 +1,368 @@
+//! The tree of states: `GET /v1/sessions/{id}/tree`, `POST .../explore` (parallel
+//! alternatives from a checkpoint), `GET .../checkpoints/{n}/variables` and
+//! `GET .../diff?from=a&to=b`. Bodies are defined here, beside their handlers.
+
+use std::time::Instant;
+
+use axum::extract::{RawQuery, State};
+use axum::{Extension, Json};
+use forkbox_runtime::{Keep, Outcome};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::blocking;
+use crate::auth::Caller;
+use crate::error::{ApiError, ErrorBody};
+use crate::extractors::{query_pairs, ApiJson, ApiPath};
+use crate::fair::{acquire_for, batch_width};
+use crate::quota;
+use crate::schema::{BatchItemError, ExecResponse};
+use crate::{metrics, AppState};
+
+/// One checkpoint of the tree.
+#[derive(Serialize, ToSchema)]
+pub struct TreeNode {
+    /// Its number, unique in the tree (what revert, fork, explore, inspect and diff take).
+    pub checkpoint: i64,
+    /// The parent's number (null: it ran on the template).
+    pub parent: Option<i64>,
+    /// The session that made it (it may since have been deleted).
+    pub session: String,
+    pub code: String,
+    pub created_ms: i64,
+    /// One line about the result: the exception, the value, or the last line printed.
+    pub summary: Option<String>,
+    /// Bytes on disk of its layer and state.
+    pub bytes: u64,
+    pub pages: u64,
+    /// This session's head is here.
+    pub head: bool,
+    /// Live sessions whose head is here.
+    pub heads: Vec<String>,
+}
+
+/// An edge of the tree: the call that made `child` ran on `parent`.
+#[derive(Serialize, ToSchema)]
+pub struct TreeEdge {
+    pub parent: i64,
+    pub child: i64,
+}
+
+/// A live session of the tree.
+#[derive(Serialize, ToSchema)]
+pub struct TreeSession {
+    pub id: String,
+    /// Its head's number (null: the template).
+    pub head: Option<i64>,
+    /// The checkpoint it was forked at (null: made from the template).
+    pub forked_at: Option<i64>,
+    pub created_ms: i64,
+}
+
+/// A session's lineage: the session, every session forked from it (and from
+/// those), the session it was forked from, and all their checkpoints.
+#[derive(Serialize, ToSchema)]
+pub struct Tree {
+    pub session: String,
+    /// This session's head (null: the template).
+    pub head: Option<i64>,
+    /// Parents before children.
+    pub nodes: Vec<TreeNode>,
+    pub edges: Vec<TreeEdge>,
+    pub sessions: Vec<TreeSession>,
+}
+
+#[derive(Deserialize, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum KeepMode {
+    None,
+    All,
+}
+
+/// Which branches become sessions: `"none"` (default), `"all"`, or a list of indices into `codes`.
+#[derive(Deserialize, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum KeepSetting {
+    Mode(KeepMode),
+    Indices(Vec<usize>),
+}
+
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExploreRequest {
+    /// 1 to 64 alternatives, each run in its own fork of the checkpoint.
+    #[schema(min_items = 1, max_items = 64)]
+    pub codes: Vec<String>,
+    /// The checkpoint to branch from (default: the session's head).
+    pub checkpoint: Option<i64>,
+    pub keep: Option<KeepSetting>,
+    /// Time limit of each branch's exec (default and maximum: the session's).
+    #[schema(exclusive_minimum = 0.0)]
+    pub timeout_seconds: Option<f64>,
+}
+
+/// One branch: the exec's result (with `checkpoint`: the kept branch's new checkpoint) or its error.
+#[derive(Serialize, ToSchema)]
+pub struct ExploreBranch {
+    pub index: usize,
+    /// The kept branch's session (null: dropped).
+    pub session: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub result: Option<Box<ExecResponse>>,
+    /// Why the branch's exec failed (timeout, crash...); `result` is absent then.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failed: Option<BatchItemError>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct ExploreResponse {
+    /// The checkpoint every branch started from (null: the template).
+    pub from: Option<i64>,
+    /// One per code, in order.
+    pub branches: Vec<ExploreBranch>,
+    pub total_time_ms: f64,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct VariableBody {
+    pub name: String,
+    /// `int`, `numpy.ndarray`, `module`, ...
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// A short repr (at most 200 characters).
+    pub repr: String,
+    /// Bytes (`nbytes` of an array, else `sys.getsizeof`).
+    pub size: u64,
+    /// `len()` where it has one.
+    pub len: Option<u64>,
+}
+
+impl VariableBody {
+    fn of(v: &forkbox_runtime::Variable) -> VariableBody {
+        VariableBody { name: v.name.clone(), kind: v.kind.clone(), repr: v.repr.clone(), size: v.size, len: v.len }
+    }
+}
+
+/// The user namespace at a checkpoint, read in a throwaway fork (nothing changes).
+#[derive(Serialize, ToSchema)]
+pub struct VariablesResponse {
+    pub checkpoint: Option<i64>,
+    /// By name (names starting with `__` and `_` itself are left out).
+    pub variables: Vec<VariableBody>,
+    /// Variables past the first 500, not listed.
+    pub omitted: u64,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct VariableChangeBody {
+    pub name: String,
+    pub before: VariableBody,
+    pub after: VariableBody,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct FileChangeBody {
+    pub path: String,
+    /// Size at `from` (null: added).
+    pub size_before: Option<u64>,
+    /// Size at `to` (null: removed).
+    pub size_after: Option<u64>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct PathCallBody {
+    pub checkpoint: i64,
+    pub code: String,
+}
+
+/// What changed from `from` to `to`.
+#[derive(Serialize, ToSchema)]
+pub struct DiffResponse {
+    pub from: Option<i64>,
+    pub to: Option<i64>,
+    /// The nearest checkpoint both descend from (null: the template).
+    pub common: Option<i64>,
+    /// Calls from `from` back to `common`, newest first (what going to `to` leaves behind).
+    pub undone: Vec<PathCallBody>,
+    /// Calls from `common` to `to`, oldest first.
+    pub calls: Vec<PathCallBody>,
+    pub variables_added: Vec<VariableBody>,
+    pub variables_removed: Vec<VariableBody>,
+    pub variables_changed: Vec<VariableChangeBody>,
+    /// Files outside the image's system folders (/usr, /lib*, /bin, /sbin, /proc, /sys, /dev).
+    pub files_added: Vec<FileChangeBody>,
+    pub files_removed: Vec<FileChangeBody>,
+    pub files_changed: Vec<FileChangeBody>,
+    /// The walk of one side stopped at 5,000 entries: the file lists may be incomplete.
+    pub files_truncated: bool,
+}
+
+impl DiffResponse {
+    fn of(d: &forkbox_runtime::Diff) -> DiffResponse {
+        let calls = |v: &[forkbox_runtime::PathCall]| v.iter().map(|c| PathCallBody { checkpoint: c.checkpoint, code: c.code.clone() }).collect();
+        let files = |v: &[forkbox_runtime::FileChange]| {
+            v.iter().map(|f| FileChangeBody { path: f.path.clone(), size_before: f.size_before, size_after: f.size_after }).collect()
+        };
+        DiffResponse {
+            from: d.from,
+            to: d.to,
+            common: d.common,
+            undone: calls(&d.undone),
+            calls: calls(&d.calls),
+            variables_added: d.variables_added.iter().map(VariableBody::of).collect(),
+            variables_removed: d.variables_removed.iter().map(VariableBody::of).collect(),
+            variables_changed: d
+                .variables_changed
+                .iter()
+                .map(|c| VariableChangeBody { name: c.name.clone(), before: VariableBody::of(&c.before), after: VariableBody::of(&c.after) })
+                .collect(),
+            files_added: files(&d.files_added),
+            files_removed: files(&d.files_removed),
+            files_changed: files(&d.files_changed),
+            files_truncated: d.files_truncated,
+        }
+    }
+}
+
+/// The session's tree: every checkpoint of its lineage with its code and result summary, the edges, and the sessions in it (the head marked).
+#[utoipa::path(get, path = "/sessions/{id}/tree", tag = "sessions", params(("id" = String, Path, description = "Session id")),
+    responses((status = 200, body = Tree)))]
+pub(crate) async fn tree(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Json<Tree>, ApiError> {
+    blocking(&state, move |rt| {
+        let t = rt.tree(&caller.tenant, &id)?;
+        let edges = t.nodes.iter().filter_map(|n| n.parent.map(|p| TreeEdge { parent: p, child: n.checkpoint })).collect();
+        let nodes = t
+            .nodes
+            .into_iter()
+            .map(|n| TreeNode {
+                head: n.heads.iter().any(|h| *h == t.session),
+                checkpoint: n.checkpoint,
+                parent: n.parent,
+                session: n.session,
+                code: n.code,
+                created_ms: n.created_ms,
+                summary: n.summary,
+                bytes: n.bytes,
+                pages: n.pages,
+                heads: n.heads,
+            })
+            .collect();
+        let sessions = t
+            .sessions
+            .into_iter()
+            .map(|s| TreeSession { id: s.id, head: s.head, forked_at: s.forked_at, created_ms: s.created_ms })
+            .collect();
+        Ok(Json(Tree { session: t.session, head: t.head, nodes, edges, sessions }))
+    })
+    .await
+}
+
+/// Run alternatives in parallel: one fork of the checkpoint (default: the head) per code, results in order.
+/// Kept branches become sessions (tagged `explore.from`, `explore.checkpoint`, `explore.index`); the others
+/// leave nothing behind. The session itself is not paused or changed, and may exec meanwhile.
+#[utoipa::path(post, path = "/sessions/{id}/explore", tag = "sessions", request_body = ExploreRequest,
+    params(("id" = String, Path, description = "Session id")),
+    responses((status = 200, description = "One branch per code, in order", body = ExploreResponse),
+              (status = 403, description = "Keeping the branches would pass the key's session quota (none is created)", body = ErrorBody)))]
+pub(crate) async fn explore(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    ApiPath(id): ApiPath<String>,
+    ApiJson(req): ApiJson<ExploreRequest>,
+) -> Result<Json<ExploreResponse>, ApiError> {
+    let t0 = Instant::now();
+    let keep = match req.keep {
+        None | Some(KeepSetting::Mode(KeepMode::None)) => Keep::None,
+        Some(KeepSetting::Mode(KeepMode::All)) => Keep::All,
+        Some(KeepSetting::Indices(v)) => Keep::Some(v),
+    };
+    let c = caller.clone();
+    let xreq = blocking(&state, move |rt| {
+        crate::fair::key_timeout_of(rt, &c, req.timeout_seconds)?;
+        Ok(rt.explore_request(&c.tenant, &id, req.checkpoint, req.codes, keep, req.timeout_seconds)?)
+    })
+    .await?;
+    // Each branch is an exec: against the key's rate (the request itself already counted) and concurrency.
+    if let Some(limiter) = caller.key.as_ref().and_then(|k| k.limiter.as_ref()) {
+        limiter.check_n(xreq.len().saturating_sub(1) as u32).map_err(quota::rate_limited)?;
+    }
+    let width = batch_width(&state, &caller, xreq.len());
+    let permit = acquire_for(&state, &caller, width).await?;
+    let explored = state.runtime.explore(xreq, caller.quota(), width, permit).await?;
+    let secs = t0.elapsed().as_secs_f64();
+    let branches = explored
+        .branches
+        .into_iter()
+        .enumerate()
+        .map(|(index, b)| {
+            metrics::exec("explore", Outcome::of(&b.result).as_str(), secs);
+            match b.result {
+                Ok(r) => {
+                    let mut v = ExecResponse::of(&r);
+                    v.checkpoint = b.checkpoint;
+                    ExploreBranch { index, session: b.session, result: Some(Box::new(v)), failed: None }
+                }
+                Err(e) => {
+                    let e = ApiError::from(e);
+                    metrics::error(e.code.as_str());
+                    ExploreBranch { index, session: b.session, result: None, failed: Some(BatchItemError { status: e.code.status(), error: e.detail() }) }
+                }
+            }
+        })
+        .collect();
+    metrics::sessions(state.runtime.resident_sessions());
+    Ok(Json(ExploreResponse { from: explored.from, branches, total_time_ms: t0.elapsed().as_secs_f64() * 1000.0 }))
+}
+
+/// The user namespace at a checkpoint of the session's tree: names, types, short reprs, sizes; read in a throwaway fork.
+#[utoipa::path(get, path = "/sessions/{id}/checkpoints/{n}/variables", tag = "sessions",
+    params(("id" = String, Path, description = "Session id"), ("n" = i64, Path, description = "Checkpoint number")),
+    responses((status = 200, body = VariablesResponse),
+              (status = 422, description = "The namespace could not be read (`inspect_failed`)", body = ErrorBody)))]
+pub(crate) async fn variables(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    ApiPath((id, n)): ApiPath<(String, i64)>,
+) -> Result<Json<VariablesResponse>, ApiError> {
+    let permit = acquire_for(&state, &caller, 1).await?;
+    let (checkpoint, vars) = state.runtime.inspect(&caller.tenant, &id, Some(n), permit).await?;
+    Ok(Json(VariablesResponse {
+        checkpoint,
+        variables: vars.variables.iter().map(VariableBody::of).collect(),
+        omitted: vars.omitted,
+    }))
+}
+
+/// What changed between two checkpoints of the session's tree (`to` default: the head): variables, files and the calls on the path.
+#[utoipa::path(get, path = "/sessions/{id}/diff", tag = "sessions",
+    params(("id" = String, Path, description = "Session id"),
+           ("from" = i64, Query, description = "Checkpoint number"),
+           ("to" = Option<i64>, Query, description = "Checkpoint number (default: the head)")),
+    responses((status = 200, body = DiffResponse),
+              (status = 422, description = "A side could not be read (`inspect_failed`)", body = ErrorBody)))]
+pub(crate) async fn diff(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    ApiPath(id): ApiPath<String>,
+    RawQuery(q): RawQuery,
+) -> Result<Json<DiffResponse>, ApiError> {
+    let (mut from, mut to) = (None, None);
+    for (k, v) in query_pairs(q.as_deref())? {
+        let n = v.parse::<i64>().map_err(|_| ApiError::invalid(format!("{k}: a checkpoint number, got {v:?}")))?;
+        match k.as_str() {
+            "from" => from = Some(n),
+            "to" => to = Some(n),
+            _ => return Err(ApiError::invalid(format!("unknown query parameter {k:?} (use from=N&to=M)"))),
+        }
+    }
+    let from = from.ok_or_else(|| ApiError::invalid("from: a checkpoint number is required (diff?from=N[&to=M])"))?;
+    // Both sides are read at once, on two exec threads.
+    let width = batch_width(&state, &caller, 2);
+    let permit = acquire_for(&state, &caller, width).await?;
+    let d = state.runtime.diff(&caller.tenant, &id, from, to, permit).await?;
+    Ok(Json(DiffResponse::of(&d)))
+}
