@@ -7,49 +7,13 @@
 //! under `$FORKBOX_HOME` or `forkbox_image::default_home()`). Without KVM they
 //! FAIL: they are never skipped.
 
-use std::path::PathBuf;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use forkbox_engine::{Engine, EngineError, ExecResult, Limits, Sandbox, Template};
+use forkbox_engine::{EngineError, ExecResult, Limits, Sandbox};
 
-fn home() -> PathBuf {
-    match std::env::var("FORKBOX_HOME") {
-        Ok(h) if !h.is_empty() => PathBuf::from(h),
-        _ => forkbox_image::default_home(),
-    }
-}
-
-fn require_kvm() {
-    if let Err(e) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm") {
-        panic!(
-            "these tests need KVM: cannot open /dev/kvm read-write ({e}). \
-             Run them on a host with KVM enabled and access to /dev/kvm (e.g. membership in the `kvm` group). \
-             They are deliberately not skipped."
-        );
-    }
-}
-
-struct Shared {
-    engine: Engine,
-    template: Template,
-}
-
-fn shared() -> &'static Shared {
-    static SHARED: OnceLock<Shared> = OnceLock::new();
-    SHARED.get_or_init(|| {
-        require_kvm();
-        let home = home();
-        let built = forkbox_image::build(
-            &forkbox_engine::default_image_spec(),
-            &forkbox_image::BuildOptions { home: home.clone(), progress: false },
-        )
-        .unwrap_or_else(|e| panic!("building the default image under {}: {e}", home.display()));
-        let engine =
-            Engine::open(&built.path).unwrap_or_else(|e| panic!("Engine::open({}): {e}", built.path.display()));
-        let template = Template::ensure(&engine, &home).unwrap_or_else(|e| panic!("Template::ensure: {e}"));
-        Shared { engine, template }
-    })
+/// The engine and template of this test binary: `forkbox_testkit` checks KVM (loudly) and builds both once.
+fn shared() -> &'static forkbox_testkit::Shared {
+    forkbox_testkit::shared()
 }
 
 fn limits(timeout_s: u64) -> Limits {
