@@ -37,8 +37,11 @@ const HEADER: usize = 8 + 4 + 8 + 4 + 8;
 const MAX_PAGES: u64 = (64 << 30) / PAGE_SIZE;
 
 fn base_page(base: &[u8], p: u64) -> Result<&[u8], StateError> {
-    base.get((p * PAGE_SIZE) as usize..((p + 1) * PAGE_SIZE) as usize)
-        .ok_or_else(|| StateError::Corrupt(format!("page {p} outside the base memory")))
+    // Checked: `p` comes from a layer's index, which a corrupt file controls.
+    let outside = || StateError::Corrupt(format!("page {p} outside the base memory"));
+    let start = usize::try_from(p.checked_mul(PAGE_SIZE).ok_or_else(outside)?).map_err(|_| outside())?;
+    let end = start.checked_add(PAGE_SIZE as usize).ok_or_else(outside)?;
+    base.get(start..end).ok_or_else(outside)
 }
 
 /// Append the runs where `page` differs from `base` (XORed) to `out`.
@@ -261,6 +264,9 @@ impl Layer {
             .collect();
         if pages.windows(2).any(|w| w[0] >= w[1]) {
             return Err(corrupt("page index not ascending"));
+        }
+        if pages.last().is_some_and(|&p| p >= MAX_PAGES) {
+            return Err(corrupt("page number beyond 64 GiB"));
         }
         let data = body[(count * 8) as usize..].to_vec();
         // Walk every run once: bounds are checked here, so applying cannot fail.

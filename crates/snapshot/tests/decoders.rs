@@ -209,6 +209,22 @@ fn check_layer(bytes: &[u8]) {
     }
 }
 
+/// Found by `layer_read_of_mutated_golden_files` in CI: a page number near
+/// u64::MAX behind a valid checksum overflowed `page * PAGE_SIZE`.
+#[test]
+fn layer_with_a_huge_page_number_is_corrupt() {
+    let mut g = golden("layer-v3.bin");
+    let count = u64::from_le_bytes(g[12..20].try_into().unwrap()) as usize;
+    assert!(count >= 1, "the golden layer has pages");
+    let last = LAYER_HEADER + (count - 1) * 8;
+    g[last..last + 8].copy_from_slice(&(u64::MAX / 2).to_le_bytes());
+    match layer_from(&seal_layer(g, false)) {
+        Err(StateError::Corrupt(why)) => assert!(why.contains("beyond"), "{why}"),
+        Err(e) => panic!("a page past 64 GiB must be refused as corrupt, got {e:?}"),
+        Ok(l) => panic!("a page past 64 GiB must be refused as corrupt, read pages {:?}", l.pages),
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
 
