@@ -151,13 +151,28 @@ enum KeyCommand {
 enum TemplateCommand {
     /// List the templates in the data directory.
     Ls,
-    /// Build (or verify) a template: a shipped one by name (`python`, `data`), or one for
-    /// an image (--apt/--image) and preload.
+    /// Build (or verify) a template: a shipped one by name (`python`, `data`); a named custom one
+    /// from --apt/--pip/--preload (shared by every tenant of this data directory; with --url, the
+    /// caller's own, built by the server); or, without a name, one for an image (--apt/--image) and preload.
     Build {
-        /// A shipped template (see `forkbox template ls`); without it, --apt/--image/--preload.
+        /// A shipped template, or the name of a custom one (1-63 of a-z 0-9 . _ -).
         name: Option<String>,
-        #[arg(long, default_value = "import numpy")]
-        preload: String,
+        /// Code run before the snapshot (default `import numpy`).
+        #[arg(long)]
+        preload: Option<String>,
+        /// A pip requirement (repeatable): installed as binary wheels for CPython 3.11 / manylinux
+        /// x86-64, resolved on this host with its pip (no sdist is ever built).
+        #[arg(long = "pip", value_name = "SPEC")]
+        pip: Vec<String>,
+        /// pip's index (default PyPI).
+        #[arg(long, value_name = "URL")]
+        index_url: Option<String>,
+        /// A wheelhouse directory or URL for pip (repeatable).
+        #[arg(long, value_name = "DIR")]
+        find_links: Vec<String>,
+        /// No index: only --find-links (offline).
+        #[arg(long)]
+        no_index: bool,
         #[command(flatten)]
         image: ImageArgs,
     },
@@ -270,9 +285,24 @@ fn main() -> ExitCode {
             Some(url) => api::Api::remote(url, cli.api_key.clone()).and_then(|a| session::session_remote(&a, cmd)),
             None => session::session(&home, cmd),
         },
-        Command::Template(TemplateCommand::Ls) => template_ls(&home),
-        Command::Template(TemplateCommand::Build { name: Some(name), .. }) => template_build_named(&home, &name),
-        Command::Template(TemplateCommand::Build { name: None, preload, image }) => template_build(&home, &preload, &image),
+        Command::Template(TemplateCommand::Ls) => match &cli.url {
+            Some(url) => api::Api::remote(url, cli.api_key.clone()).and_then(|a| template_ls_remote(&a)),
+            None => template_ls(&home),
+        },
+        Command::Template(TemplateCommand::Build { name, preload, pip, index_url, find_links, no_index, image }) => {
+            let custom = !pip.is_empty() || !image.apt.is_empty() || preload.is_some();
+            match (name, &cli.url) {
+                (Some(name), Some(url)) => api::Api::remote(url, cli.api_key.clone())
+                    .and_then(|a| template_build_remote(&a, &name, &image, &pip, preload, !find_links.is_empty() || index_url.is_some())),
+                (Some(name), None) if custom => {
+                    let source = forkbox_image::PipSource { index_url, find_links, no_index };
+                    template_build_custom(&home, &name, &image, pip, preload, source)
+                }
+                (Some(name), None) => template_build_named(&home, &name),
+                (None, _) if !pip.is_empty() => Err(anyhow::anyhow!("--pip needs a template name (forkbox template build NAME --pip SPEC)")),
+                (None, _) => template_build(&home, preload.as_deref().unwrap_or("import numpy"), &image),
+            }
+        }
         Command::Bench(cmd) => bench::bench(&home, cmd),
         Command::Mcp(args) => mcp::mcp(&home, cli.home.as_deref(), cli.url.clone(), cli.api_key.clone(), args),
         Command::Syscalls { markdown } => {
@@ -353,10 +383,100 @@ fn template_build_named(home: &std::path::Path, name: &str) -> anyhow::Result<Ex
     Ok(ExitCode::SUCCESS)
 }
 
+fn template_build_custom(
+    home: &std::path::Path,
+    name: &str,
+    image: &ImageArgs,
+    pip: Vec<String>,
+    preload: Option<String>,
+    source: forkbox_image::PipSource,
+) -> anyhow::Result<ExitCode> {
+    if image.image.is_some() || image.template.is_some() {
+        anyhow::bail!("a custom template is built from --apt/--pip/--preload, not --image or --template");
+    }
+    let t0 = std::time::Instant::now();
+    let catalog = forkbox_engine::Catalog::new(home)?.with_progress(true);
+    let t = forkbox_engine::catalog::CustomTemplate { name: name.into(), apt: image.apt.clone(), pip, preload, blas: image.blas };
+    let l = catalog.build_shared(&t, source)?;
+    let size = std::fs::metadata(&l.engine.image_path).map_or(0, |m| m.len());
+    println!(
+        "{name} {} {} (image {:.1} MiB, {:.1} s)",
+        l.id(),
+        l.template.dir.display(),
+        size as f64 / (1 << 20) as f64,
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `--url`: ask the server to build a template of the caller's own, and wait for it.
+fn template_build_remote(
+    api: &api::Api,
+    name: &str,
+    image: &ImageArgs,
+    pip: &[String],
+    preload: Option<String>,
+    pip_source: bool,
+) -> anyhow::Result<ExitCode> {
+    if image.image.is_some() || image.template.is_some() {
+        anyhow::bail!("a custom template is built from --apt/--pip/--preload, not --image or --template");
+    }
+    if pip_source {
+        anyhow::bail!("--index-url/--find-links are the server's (forkbox serve --pip-index-url/--pip-find-links)");
+    }
+    let t0 = std::time::Instant::now();
+    let req = forkbox_client::CreateTemplate {
+        name: name.into(),
+        apt: image.apt.clone(),
+        pip: pip.to_vec(),
+        preload,
+        blas: Some(image.blas.name().into()),
+    };
+    let mut t = api.block_on(api.client.create_template(&req))?;
+    let mut last = String::new();
+    while t.status == "building" {
+        let step = t.progress.clone().unwrap_or_default();
+        if step != last {
+            eprintln!("forkbox: template {name}: {step}");
+            last = step;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        t = api.block_on(api.client.template(name))?;
+    }
+    if t.status != "ready" {
+        anyhow::bail!("template {name} {}: {}", t.status, t.error.unwrap_or_default());
+    }
+    println!(
+        "{name} {} (image {:.1} MiB, {:.1} s)",
+        t.id.as_deref().unwrap_or("-"),
+        t.image_bytes.unwrap_or(0) as f64 / (1 << 20) as f64,
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn template_ls_remote(api: &api::Api) -> anyhow::Result<ExitCode> {
+    let list = api.block_on(api.client.templates())?;
+    for t in list.templates {
+        print_listing(&t.name, &t.status, &t.source, t.image_bytes, &t.packages, &t.pip, &t.description, t.name == list.default);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn print_listing(name: &str, status: &str, source: &str, bytes: Option<u64>, apt: &[String], pip: &[String], description: &str, default: bool) {
+    let size = bytes.map_or("-".to_string(), |b| format!("{:.0} MiB", b as f64 / (1 << 20) as f64));
+    let mut what = description.to_string();
+    if source == "custom" {
+        what = format!("apt [{}] pip [{}]", apt.join(" "), pip.join(" "));
+    }
+    println!("{name:14} {status:9} {source:10} {size:>8}  {what}{}", if default { " (default)" } else { "" });
+}
+
 fn template_ls(home: &std::path::Path) -> anyhow::Result<ExitCode> {
     if let Ok(catalog) = forkbox_engine::Catalog::new(home) {
         for t in catalog.list() {
-            println!("{:8} {}{}", t.name, t.description, if t.default { " (default)" } else { "" });
+            print_listing(&t.name, &t.status, &t.source, t.image_bytes, &t.packages, &t.pip, &t.description, t.default);
         }
         println!();
     }
@@ -421,6 +541,14 @@ fn usage_error(e: clap::Error) -> ExitCode {
 
 /// An error chain as one line.
 fn one_line(e: &anyhow::Error) -> String {
-    e.chain().map(|c| c.to_string()).collect::<Vec<_>>().join(": ").replace('\n', " ")
+    // An error whose message already holds its source's is not repeated.
+    let mut parts: Vec<String> = Vec::new();
+    for c in e.chain() {
+        let s = c.to_string();
+        if !parts.last().is_some_and(|p| p.ends_with(&s)) {
+            parts.push(s);
+        }
+    }
+    parts.join(": ").replace('\n', " ")
 }
 

@@ -81,6 +81,17 @@ pub enum SessionCommand {
         #[command(flatten)]
         image: ImageArgs,
     },
+    /// Make a template of your own from a checkpoint of a session (its variables, imports, data, files):
+    /// `forkbox run --template NAME` and `session new --template NAME` start from that state.
+    Template {
+        id: String,
+        /// The checkpoint's number (see `session log`).
+        checkpoint: i64,
+        /// The new template's name.
+        name: String,
+        #[command(flatten)]
+        image: ImageArgs,
+    },
     /// Delete a session and the checkpoints only it needed.
     Rm {
         id: String,
@@ -108,6 +119,7 @@ fn image_of(cmd: &SessionCommand) -> &ImageArgs {
         | SessionCommand::Log { image, .. }
         | SessionCommand::Revert { image, .. }
         | SessionCommand::Fork { image, .. }
+        | SessionCommand::Template { image, .. }
         | SessionCommand::Rm { image, .. } => image,
         SessionCommand::Tree(t) => t.image(),
     }
@@ -223,6 +235,10 @@ fn run(api: &Api, cmd: SessionCommand) -> Result<ExitCode> {
         }
         SessionCommand::Fork { id, checkpoint, tags, .. } => {
             println!("{}", api.fork(&id, checkpoint, tags.into_iter().collect())?);
+        }
+        SessionCommand::Template { id, checkpoint, name, .. } => {
+            let t = api.block_on(c.checkpoint_template(&id, checkpoint, &name))?;
+            println!("{} {}", t.name, t.id.as_deref().unwrap_or("-"));
         }
         SessionCommand::Rm { id, .. } => {
             api.block_on(c.delete_session(&id))?;

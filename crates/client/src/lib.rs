@@ -96,6 +96,21 @@ impl Client {
         self.get("/v1/templates").await
     }
 
+    /// One template and its state (`building` with its step, `ready`, `failed` with why).
+    pub async fn template(&self, name: &str) -> Result<TemplateInfo, ClientError> {
+        self.get(&format!("/v1/templates/{}", seg(name))).await
+    }
+
+    /// Start building a template of the caller's own (poll [`template`](Self::template)).
+    pub async fn create_template(&self, req: &CreateTemplate) -> Result<TemplateInfo, ClientError> {
+        self.post("/v1/templates", req).await
+    }
+
+    /// A template of the caller's own made of checkpoint `checkpoint` of session `id`.
+    pub async fn checkpoint_template(&self, id: &str, checkpoint: i64, name: &str) -> Result<TemplateInfo, ClientError> {
+        self.post(&format!("/v1/sessions/{}/checkpoints/{checkpoint}/template", seg(id)), &json!({ "name": name })).await
+    }
+
     /// Run each code in its own fresh sandbox, in parallel; results in order.
     pub async fn exec_batch(&self, codes: &[String], timeout_seconds: Option<f64>) -> Result<BatchResult, ClientError> {
         self.post("/v1/exec/batch", &json!({ "codes": codes, "timeout_seconds": timeout_seconds })).await

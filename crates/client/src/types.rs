@@ -105,8 +105,34 @@ pub struct TemplateInfo {
     pub image_bytes: Option<u64>,
     #[serde(default)]
     pub error: Option<String>,
+    /// `shipped`, `custom` or `checkpoint`.
+    #[serde(default)]
+    pub source: String,
+    #[serde(default)]
+    pub pip: Vec<String>,
+    #[serde(default)]
+    pub preload: String,
+    /// While building: the step (`queued`, `image`, `template`).
+    #[serde(default)]
+    pub progress: Option<String>,
+    #[serde(default)]
+    pub elapsed_seconds: Option<u64>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
+}
+
+/// `POST /v1/templates`: a template of the caller's own, built in the background.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct CreateTemplate {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub apt: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pip: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preload: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blas: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]

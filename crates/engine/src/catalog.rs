@@ -10,13 +10,14 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
 use forkbox_api::ErrorCode;
 use forkbox_image::{BuildError, BuildOptions, ImageSpec};
+pub use forkbox_image::{Blas, PipSource};
 use forkbox_vmm::Cpu;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::EngineError;
 use crate::template::{templates_dir, Template, TemplateInfo};
@@ -57,6 +58,162 @@ pub struct Recipe {
     /// The image, agent included.
     pub spec: ImageSpec,
     pub preload: String,
+    /// Who may see and use it (None: everyone).
+    pub owner: Option<String>,
+    /// Shipped, built from a request, or made from a checkpoint.
+    pub kind: RecipeKind,
+    /// The Debian packages asked for beyond the base image (custom templates).
+    pub apt: Vec<String>,
+    /// The template's id once built (custom templates: recorded on disk).
+    pub template_id: Option<String>,
+}
+
+/// Where a recipe comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RecipeKind {
+    Shipped,
+    /// `forkbox template build NAME --apt/--pip`, `POST /v1/templates`.
+    Custom,
+    /// `POST /v1/sessions/{id}/checkpoints/{n}/template`: a session's state.
+    Checkpoint { session: String, checkpoint: i64 },
+}
+
+impl RecipeKind {
+    pub fn name(&self) -> &'static str {
+        match self {
+            RecipeKind::Shipped => "shipped",
+            RecipeKind::Custom => "custom",
+            RecipeKind::Checkpoint { .. } => "checkpoint",
+        }
+    }
+}
+
+/// What a custom template is built from (`forkbox template build NAME ...`, `POST /v1/templates`).
+#[derive(Clone, Debug, Default)]
+pub struct CustomTemplate {
+    pub name: String,
+    /// Debian packages beyond the base image (python3, numpy, the userland).
+    pub apt: Vec<String>,
+    /// pip requirement specs, installed as binary wheels.
+    pub pip: Vec<String>,
+    /// Run before the snapshot (default `import numpy`).
+    pub preload: Option<String>,
+    pub blas: Blas,
+}
+
+/// Most custom templates one tenant may have, and builds pending at once.
+pub const MAX_TEMPLATES_PER_TENANT: usize = 32;
+pub const MAX_PENDING_BUILDS_PER_TENANT: usize = 1;
+pub const MAX_PENDING_BUILDS: usize = 4;
+/// Longest preload of a custom template.
+pub const MAX_PRELOAD_BYTES: usize = 64 << 10;
+/// Most Debian packages a custom template may ask for.
+pub const MAX_APT_PACKAGES: usize = 64;
+
+/// A template name: 1 to 63 of `a-z 0-9 . _ -`, starting with a letter or digit.
+pub fn validate_name(name: &str) -> Result<(), CatalogError> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(CatalogError::Invalid(format!(
+            "invalid template name {name:?}: 1 to 63 of a-z, 0-9, '.', '_', '-', starting with a letter or digit"
+        )))
+    }
+}
+
+/// The on-disk record of a custom template (`<home>/custom-templates/<hex key>.json`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct CustomRecord {
+    /// Format of this record (1).
+    format: u32,
+    name: String,
+    owner: Option<String>,
+    kind: String,
+    apt: Vec<String>,
+    pip: Vec<String>,
+    preload: String,
+    blas: String,
+    index_url: Option<String>,
+    find_links: Vec<String>,
+    no_index: bool,
+    session: Option<String>,
+    checkpoint: Option<i64>,
+    template_id: Option<String>,
+    description: String,
+}
+
+const RECORD_FORMAT: u32 = 1;
+
+/// The catalog key of a template: its name, or `<owner>/<name>` for a tenant's own.
+fn key_of(owner: Option<&str>, name: &str) -> String {
+    match owner {
+        Some(o) => format!("{o}/{name}"),
+        None => name.to_string(),
+    }
+}
+
+fn records_dir(home: &Path) -> PathBuf {
+    home.join("custom-templates")
+}
+
+fn record_path(home: &Path, key: &str) -> PathBuf {
+    records_dir(home).join(format!("{}.json", hex::encode(key.as_bytes())))
+}
+
+impl Recipe {
+    fn record(&self) -> CustomRecord {
+        let (session, checkpoint) = match &self.kind {
+            RecipeKind::Checkpoint { session, checkpoint } => (Some(session.clone()), Some(*checkpoint)),
+            _ => (None, None),
+        };
+        CustomRecord {
+            format: RECORD_FORMAT,
+            name: self.name.clone(),
+            owner: self.owner.clone(),
+            kind: self.kind.name().into(),
+            apt: self.apt.clone(),
+            pip: self.spec.pip.clone(),
+            preload: self.preload.clone(),
+            blas: self.spec.blas.name().into(),
+            index_url: self.spec.pip_source.index_url.clone(),
+            find_links: self.spec.pip_source.find_links.clone(),
+            no_index: self.spec.pip_source.no_index,
+            session,
+            checkpoint,
+            template_id: self.template_id.clone(),
+            description: self.description.clone(),
+        }
+    }
+
+    fn from_record(r: CustomRecord) -> Option<Recipe> {
+        if r.format != RECORD_FORMAT {
+            return None;
+        }
+        let kind = match (r.kind.as_str(), r.session, r.checkpoint) {
+            ("custom", _, _) => RecipeKind::Custom,
+            ("checkpoint", Some(session), Some(checkpoint)) => RecipeKind::Checkpoint { session, checkpoint },
+            _ => return None,
+        };
+        let mut spec = crate::default_image_spec();
+        spec.packages.extend(r.apt.iter().cloned());
+        spec.blas = Blas::parse(&r.blas)?;
+        spec.pip = r.pip;
+        spec.pip_source = PipSource { index_url: r.index_url, find_links: r.find_links, no_index: r.no_index };
+        Some(Recipe {
+            name: r.name,
+            description: r.description,
+            spec,
+            preload: r.preload,
+            owner: r.owner,
+            kind,
+            apt: r.apt,
+            template_id: r.template_id,
+        })
+    }
 }
 
 /// The templates forkbox ships.
@@ -67,6 +224,10 @@ pub fn builtin_recipes() -> Vec<Recipe> {
             description: "Python 3.11 + numpy (reference BLAS)".into(),
             spec: crate::default_image_spec(),
             preload: "import numpy".into(),
+            owner: None,
+            kind: RecipeKind::Shipped,
+            apt: Vec::new(),
+            template_id: None,
         },
         Recipe {
             name: "data".into(),
@@ -76,6 +237,10 @@ pub fn builtin_recipes() -> Vec<Recipe> {
                 .into(),
             spec: crate::with_agent(ImageSpec::data()),
             preload: DATA_PRELOAD.into(),
+            owner: None,
+            kind: RecipeKind::Shipped,
+            apt: Vec::new(),
+            template_id: None,
         },
         Recipe {
             name: "cpython-tests".into(),
@@ -84,6 +249,10 @@ pub fn builtin_recipes() -> Vec<Recipe> {
                 .into(),
             spec: crate::with_agent(ImageSpec::cpython_tests()),
             preload: "import unittest, test.support, test.support.os_helper".into(),
+            owner: None,
+            kind: RecipeKind::Shipped,
+            apt: Vec::new(),
+            template_id: None,
         },
     ]
 }
@@ -100,6 +269,16 @@ pub enum CatalogError {
     Build { name: String, source: BuildError },
     #[error("template {name}: {source}")]
     Engine { name: String, source: EngineError },
+    #[error("{0}")]
+    Invalid(String),
+    #[error("a template named {0:?} exists already")]
+    Exists(String),
+    #[error("{0}")]
+    TooManyBuilds(String),
+    #[error("{0}")]
+    Quota(String),
+    #[error("recording template {name}: {source}")]
+    Record { name: String, source: std::io::Error },
 }
 
 impl CatalogError {
@@ -109,6 +288,11 @@ impl CatalogError {
             CatalogError::UnknownTemplate(_) | CatalogError::NotOnDisk(_) => ErrorCode::TemplateNotFound,
             CatalogError::Building { .. } => ErrorCode::TemplateNotReady,
             CatalogError::Build { .. } | CatalogError::Engine { .. } => ErrorCode::TemplateUnavailable,
+            CatalogError::Invalid(_) => ErrorCode::InvalidRequest,
+            CatalogError::Exists(_) => ErrorCode::TemplateExists,
+            CatalogError::TooManyBuilds(_) => ErrorCode::TooManyBuilds,
+            CatalogError::Quota(_) => ErrorCode::QuotaExceeded,
+            CatalogError::Record { .. } => ErrorCode::StorageError,
         }
     }
 
@@ -154,11 +338,21 @@ pub struct Listing {
     pub image_bytes: Option<u64>,
     /// The build error, when `failed`.
     pub error: Option<String>,
+    /// `shipped`, `custom` (built from packages) or `checkpoint` (a session's state).
+    pub source: String,
+    /// pip requirement specs (custom templates).
+    pub pip: Vec<String>,
+    /// While `building`: the step (`queued`, `image`, `template`) and seconds since it started.
+    pub progress: Option<String>,
+    pub elapsed_seconds: Option<u64>,
+    /// The session and checkpoint it was made from (`checkpoint` templates).
+    pub from_session: Option<String>,
+    pub from_checkpoint: Option<i64>,
 }
 
 #[derive(Clone)]
 enum BuildState {
-    Building(Instant),
+    Building(Instant, &'static str),
     Failed(String),
 }
 
@@ -166,7 +360,10 @@ enum BuildState {
 pub struct Catalog {
     home: PathBuf,
     cpu: Arc<Cpu>,
-    recipes: BTreeMap<String, Recipe>,
+    /// By key (the name; `<tenant>/<name>` for a tenant's own).
+    recipes: RwLock<BTreeMap<String, Recipe>>,
+    /// Where pip looks for the wheels of templates built by request.
+    pip_source: RwLock<PipSource>,
     default: Mutex<String>,
     progress: bool,
     by_id: Mutex<HashMap<String, Arc<Loaded>>>,
@@ -174,6 +371,8 @@ pub struct Catalog {
     builds: Mutex<HashMap<String, BuildState>>,
     /// One build at a time (apt, dpkg-deb and a template boot each use the whole machine).
     build_lock: Mutex<()>,
+    /// Held while a new template is checked against the limits and recorded.
+    admit_lock: Mutex<()>,
 }
 
 impl Catalog {
@@ -183,16 +382,33 @@ impl Catalog {
     }
 
     pub fn with_recipes(home: &Path, recipes: Vec<Recipe>) -> Result<Catalog, EngineError> {
+        let mut recipes: BTreeMap<String, Recipe> = recipes.into_iter().map(|r| (r.name.clone(), r)).collect();
+        // The custom templates recorded in the data directory.
+        if let Ok(rd) = std::fs::read_dir(records_dir(home)) {
+            for e in rd.flatten() {
+                let p = e.path();
+                let rec = std::fs::read(&p).ok().and_then(|b| serde_json::from_slice::<CustomRecord>(&b).ok());
+                match rec.and_then(Recipe::from_record) {
+                    Some(r) if validate_name(&r.name).is_ok() => {
+                        let key = key_of(r.owner.as_deref(), &r.name);
+                        recipes.entry(key).or_insert(r);
+                    }
+                    _ => tracing::warn!(path = %p.display(), "unreadable custom template record; ignored"),
+                }
+            }
+        }
         Ok(Catalog {
             home: home.to_path_buf(),
             cpu: Arc::new(Cpu::new()?),
-            recipes: recipes.into_iter().map(|r| (r.name.clone(), r)).collect(),
+            recipes: RwLock::new(recipes),
+            pip_source: RwLock::new(PipSource::default()),
             default: Mutex::new(DEFAULT_TEMPLATE.into()),
             progress: false,
             by_id: Mutex::new(HashMap::new()),
             by_name: Mutex::new(HashMap::new()),
             builds: Mutex::new(HashMap::new()),
             build_lock: Mutex::new(()),
+            admit_lock: Mutex::new(()),
         })
     }
 
@@ -206,13 +422,40 @@ impl Catalog {
         &self.home
     }
 
+    /// Where pip looks for the wheels of templates built by request (`serve --pip-index-url/--pip-find-links`).
+    pub fn set_pip_source(&self, source: PipSource) -> Result<(), CatalogError> {
+        source.validate().map_err(CatalogError::Invalid)?;
+        *self.pip_source.write().unwrap_or_else(|p| p.into_inner()) = source;
+        Ok(())
+    }
+
+    fn has_recipe(&self, key: &str) -> bool {
+        self.recipes.read().is_ok_and(|m| m.contains_key(key))
+    }
+
+    /// The key a tenant's request for `name` means: its own template of that name,
+    /// else a shipped or shared one. None (`tenant`): the shared namespace only.
+    pub fn key_for(&self, tenant: Option<&str>, name: &str) -> Result<String, CatalogError> {
+        // A '/' would name another tenant's template.
+        if name.contains('/') {
+            return Err(CatalogError::UnknownTemplate(name.into()));
+        }
+        if let Some(t) = tenant {
+            let own = key_of(Some(t), name);
+            if self.has_recipe(&own) {
+                return Ok(own);
+            }
+        }
+        Ok(name.to_string())
+    }
+
     pub fn default_name(&self) -> String {
         self.default.lock().map(|d| d.clone()).unwrap_or_else(|p| p.into_inner().clone())
     }
 
     /// Set the default template (it must be a known name).
     pub fn set_default(&self, name: &str) -> Result<(), CatalogError> {
-        if !self.recipes.contains_key(name) && !self.by_name.lock().is_ok_and(|m| m.contains_key(name)) {
+        if !self.has_recipe(name) && !self.by_name.lock().is_ok_and(|m| m.contains_key(name)) {
             return Err(CatalogError::UnknownTemplate(name.into()));
         }
         if let Ok(mut d) = self.default.lock() {
@@ -221,8 +464,8 @@ impl Catalog {
         Ok(())
     }
 
-    pub fn recipe(&self, name: &str) -> Option<&Recipe> {
-        self.recipes.get(name)
+    pub fn recipe(&self, name: &str) -> Option<Recipe> {
+        self.recipes.read().ok().and_then(|m| m.get(name).cloned())
     }
 
     /// Register an already open template under a name (`serve --image FILE`, tests).
@@ -249,15 +492,30 @@ impl Catalog {
         if let Some(l) = self.ready(&name) {
             return Ok(l);
         }
-        let recipe = self.recipes.get(&name).ok_or_else(|| CatalogError::UnknownTemplate(name.clone()))?.clone();
+        let recipe = self.recipe(&name).ok_or_else(|| CatalogError::UnknownTemplate(name.clone()))?;
+        let started = match self.builds.lock().ok().and_then(|m| m.get(&name).cloned()) {
+            Some(BuildState::Building(t, _)) => t,
+            _ => Instant::now(),
+        };
+        self.set_build(&name, Some(BuildState::Building(started, "queued")));
         let _one = self.build_lock.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(l) = self.ready(&name) {
+            self.set_build(&name, None);
             return Ok(l);
         }
-        self.set_build(&name, Some(BuildState::Building(Instant::now())));
-        let r = self.open_recipe(&recipe);
+        self.set_build(&name, Some(BuildState::Building(started, "image")));
+        let r = self.open_recipe(&name, &recipe, started);
         match &r {
-            Ok(_) => self.set_build(&name, None),
+            Ok(l) => {
+                self.set_build(&name, None);
+                if recipe.kind != RecipeKind::Shipped && recipe.template_id.as_deref() != Some(l.id()) {
+                    let mut rec = recipe.clone();
+                    rec.template_id = Some(l.id().to_string());
+                    if let Err(e) = self.save(&name, rec) {
+                        tracing::warn!(template = %name, "{e}");
+                    }
+                }
+            }
             Err(e) => self.set_build(&name, Some(BuildState::Failed(e.to_string()))),
         }
         r
@@ -270,12 +528,12 @@ impl Catalog {
         if let Some(l) = self.ready(&name) {
             return Ok(l);
         }
-        if !self.recipes.contains_key(&name) {
+        if !self.has_recipe(&name) {
             return Err(CatalogError::UnknownTemplate(name));
         }
         let state = self.builds.lock().ok().and_then(|m| m.get(&name).cloned());
         match state {
-            Some(BuildState::Building(t)) => {
+            Some(BuildState::Building(t, _)) => {
                 return Err(CatalogError::Building { name, secs: t.elapsed().as_secs() });
             }
             // A failed build is tried again by the next request that needs it.
@@ -285,7 +543,14 @@ impl Catalog {
         if self.on_disk(&name) {
             return self.get(Some(&name));
         }
-        self.set_build(&name, Some(BuildState::Building(Instant::now())));
+        self.start_build(&name);
+        Err(CatalogError::Building { name, secs: 0 })
+    }
+
+    /// Build the template of key `name` on a background thread (its state: `builds`).
+    fn start_build(self: &Arc<Self>, name: &str) {
+        let name = name.to_string();
+        self.set_build(&name, Some(BuildState::Building(Instant::now(), "queued")));
         let me = self.clone();
         let n = name.clone();
         // Never under an exec thread's seccomp filter: a build runs apt-get, dpkg, ldconfig.
@@ -298,12 +563,207 @@ impl Catalog {
         if let Err(e) = spawned {
             self.set_build(&name, Some(BuildState::Failed(e.to_string())));
         }
-        Err(CatalogError::Building { name, secs: 0 })
+    }
+
+    /// Write the record of the custom template `key` and put it in the catalog.
+    fn save(&self, key: &str, recipe: Recipe) -> Result<(), CatalogError> {
+        let dir = records_dir(&self.home);
+        let err = |source| CatalogError::Record { name: recipe.name.clone(), source };
+        std::fs::create_dir_all(&dir).map_err(err)?;
+        let path = record_path(&self.home, key);
+        let tmp = path.with_extension("tmp");
+        let body = serde_json::to_vec_pretty(&recipe.record()).map_err(|e| err(std::io::Error::other(e)))?;
+        std::fs::write(&tmp, body).map_err(err)?;
+        std::fs::rename(&tmp, &path).map_err(err)?;
+        if let Ok(mut m) = self.recipes.write() {
+            m.insert(key.to_string(), recipe);
+        }
+        Ok(())
+    }
+
+    /// Forget the custom template `key` (its record; the template files stay for its sessions).
+    fn forget(&self, key: &str) {
+        let _ = std::fs::remove_file(record_path(&self.home, key));
+        if let Ok(mut m) = self.recipes.write() {
+            m.remove(key);
+        }
+        if let Ok(mut m) = self.by_name.lock() {
+            m.remove(key);
+        }
+    }
+
+    /// Check that `owner` may add a template named `name` (a new key, within its
+    /// limits); `replace`: an existing one of its own may be replaced (the CLI's
+    /// rebuild), else only a failed one. The key.
+    fn admit(&self, owner: Option<&str>, name: &str, replace: bool) -> Result<String, CatalogError> {
+        validate_name(name)?;
+        let key = key_of(owner, name);
+        let recipes = self.recipes.read().map(|m| m.clone()).unwrap_or_default();
+        let builds = self.builds.lock().map(|m| m.clone()).unwrap_or_default();
+        let failed = matches!(builds.get(&key), Some(BuildState::Failed(_)));
+        if owner.is_some() && recipes.contains_key(name) {
+            // A shipped or shared name is not shadowed.
+            return Err(CatalogError::Exists(name.into()));
+        }
+        if let Some(r) = recipes.get(&key) {
+            if r.kind == RecipeKind::Shipped || matches!(builds.get(&key), Some(BuildState::Building(..))) || !(replace || failed) {
+                return Err(CatalogError::Exists(name.into()));
+            }
+        }
+        if let Some(o) = owner {
+            let prefix = format!("{o}/");
+            let mine = recipes.keys().filter(|k| k.starts_with(&prefix)).count();
+            if !recipes.contains_key(&key) && mine >= MAX_TEMPLATES_PER_TENANT {
+                return Err(CatalogError::Quota(format!("at most {MAX_TEMPLATES_PER_TENANT} templates per tenant")));
+            }
+            let pending_mine = builds
+                .iter()
+                .filter(|(k, st)| k.starts_with(&prefix) && matches!(st, BuildState::Building(..)))
+                .count();
+            if pending_mine >= MAX_PENDING_BUILDS_PER_TENANT {
+                return Err(CatalogError::TooManyBuilds(format!(
+                    "this tenant has {pending_mine} template build(s) pending (at most {MAX_PENDING_BUILDS_PER_TENANT}); retry when it is done"
+                )));
+            }
+        }
+        let pending = builds.values().filter(|st| matches!(st, BuildState::Building(..))).count();
+        if pending >= MAX_PENDING_BUILDS {
+            return Err(CatalogError::TooManyBuilds(format!(
+                "{pending} template builds are pending on this server (at most {MAX_PENDING_BUILDS}); retry later"
+            )));
+        }
+        Ok(key)
+    }
+
+    fn custom_recipe(&self, owner: Option<&str>, t: &CustomTemplate, pip_source: PipSource) -> Result<Recipe, CatalogError> {
+        if t.apt.len() > MAX_APT_PACKAGES {
+            return Err(CatalogError::Invalid(format!("at most {MAX_APT_PACKAGES} apt packages")));
+        }
+        let preload = t.preload.clone().unwrap_or_else(|| "import numpy".into());
+        if preload.len() > MAX_PRELOAD_BYTES || preload.contains('\0') {
+            return Err(CatalogError::Invalid(format!("preload must be at most {MAX_PRELOAD_BYTES} bytes of text")));
+        }
+        let mut spec = crate::default_image_spec();
+        spec.packages.extend(t.apt.iter().cloned());
+        spec.blas = t.blas;
+        spec.pip = t.pip.clone();
+        spec.pip_source = pip_source;
+        forkbox_image::check_spec(&spec).map_err(|e| CatalogError::Invalid(e.to_string()))?;
+        let mut parts = vec!["Python 3.11 + numpy".to_string()];
+        if !t.apt.is_empty() {
+            parts.push(format!("apt: {}", t.apt.join(" ")));
+        }
+        if !t.pip.is_empty() {
+            parts.push(format!("pip: {}", t.pip.join(" ")));
+        }
+        Ok(Recipe {
+            name: t.name.clone(),
+            description: parts.join("; "),
+            spec,
+            preload,
+            owner: owner.map(str::to_string),
+            kind: RecipeKind::Custom,
+            apt: t.apt.clone(),
+            template_id: None,
+        })
+    }
+
+    /// Add a custom template and build it on a background thread: `owner`'s own
+    /// (visible to it only), with the server's pip source. Its state: `listing`.
+    pub fn create(self: &Arc<Self>, owner: &str, t: &CustomTemplate) -> Result<Listing, CatalogError> {
+        let _one = self.admit_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let key = self.admit(Some(owner), &t.name, false)?;
+        let source = self.pip_source.read().map(|s| s.clone()).unwrap_or_default();
+        let recipe = self.custom_recipe(Some(owner), t, source)?;
+        self.save(&key, recipe)?;
+        if let Ok(mut m) = self.by_name.lock() {
+            m.remove(&key);
+        }
+        self.start_build(&key);
+        self.listing(Some(owner), &t.name).ok_or_else(|| CatalogError::UnknownTemplate(t.name.clone()))
+    }
+
+    /// Add (or rebuild) a custom template shared by every tenant and build it now
+    /// (blocking: `forkbox template build NAME --apt/--pip`).
+    pub fn build_shared(&self, t: &CustomTemplate, pip_source: PipSource) -> Result<Arc<Loaded>, CatalogError> {
+        let key = {
+            let _one = self.admit_lock.lock().unwrap_or_else(|p| p.into_inner());
+            let key = self.admit(None, &t.name, true)?;
+            let recipe = self.custom_recipe(None, t, pip_source)?;
+            let old = self.recipe(&key);
+            if old.as_ref().is_some_and(|o| o.spec != recipe.spec || o.preload != recipe.preload) || old.is_none() {
+                self.save(&key, recipe)?;
+                if let Ok(mut m) = self.by_name.lock() {
+                    m.remove(&key);
+                }
+            }
+            key
+        };
+        let r = self.get(Some(&key));
+        if r.is_err() {
+            self.forget(&key);
+        }
+        r
+    }
+
+    /// A template of `owner` (None: shared) named `name` from a parked sandbox of
+    /// template `base` (a session's checkpoint `checkpoint`, resumed): see
+    /// [`Template::snapshot_sandbox`].
+    pub fn add_from_sandbox(
+        &self,
+        owner: Option<&str>,
+        name: &str,
+        base: &Loaded,
+        sb: &crate::Sandbox,
+        session: &str,
+        checkpoint: i64,
+    ) -> Result<Listing, CatalogError> {
+        let _one = self.admit_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let key = self.admit(owner, name, false)?;
+        let note = format!("# the state of session {session} at checkpoint {checkpoint}");
+        let id = {
+            use sha2::{Digest, Sha256};
+            let mut h = Sha256::new();
+            for part in [base.id(), &key, session, &checkpoint.to_string(), &unique()] {
+                h.update((part.len() as u64).to_le_bytes());
+                h.update(part.as_bytes());
+            }
+            hex::encode(&h.finalize()[..16])
+        };
+        let dir = templates_dir(&self.home).join(&id);
+        let err = |source| CatalogError::Engine { name: name.into(), source };
+        let template = base.template.snapshot_sandbox(&base.engine, sb, &dir, &id, &note).map_err(err)?;
+        let spec = crate::default_image_spec();
+        let recipe = Recipe {
+            name: name.into(),
+            description: format!("the state of session {session} at checkpoint {checkpoint} (on template {})", base.name.as_deref().map_or(base.id(), |n| n.rsplit('/').next().unwrap_or(n))),
+            spec,
+            preload: note,
+            owner: owner.map(str::to_string),
+            kind: RecipeKind::Checkpoint { session: session.into(), checkpoint },
+            apt: Vec::new(),
+            template_id: Some(id.clone()),
+        };
+        if let Err(e) = self.save(&key, recipe) {
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(e);
+        }
+        let loaded = Arc::new(Loaded { engine: base.engine.clone(), template: Arc::new(template), name: Some(key.clone()) });
+        if let Ok(mut m) = self.by_id.lock() {
+            m.insert(id, loaded.clone());
+        }
+        if let Ok(mut m) = self.by_name.lock() {
+            m.insert(key, loaded);
+        }
+        self.listing(owner, name).ok_or_else(|| CatalogError::UnknownTemplate(name.into()))
     }
 
     /// True if the named recipe's image and template are both on disk (nothing to download).
     fn on_disk(&self, name: &str) -> bool {
-        let Some(r) = self.recipes.get(name) else { return false };
+        let Some(r) = self.recipe(name) else { return false };
+        if r.kind != RecipeKind::Shipped {
+            return r.template_id.is_some_and(|id| templates_dir(&self.home).join(id).join("state").exists());
+        }
         let Ok(Some(image_id)) = forkbox_image::built_id(&r.spec, &self.home) else { return false };
         let tid = crate::template::template_id(&image_id, &r.preload, &forkbox_snapshot::CpuFingerprint::of(&self.cpu).digest());
         templates_dir(&self.home).join(tid).join("state").exists()
@@ -322,9 +782,18 @@ impl Catalog {
         }
     }
 
-    fn open_recipe(&self, recipe: &Recipe) -> Result<Arc<Loaded>, CatalogError> {
-        let name = recipe.name.clone();
+    fn open_recipe(&self, key: &str, recipe: &Recipe, started: Instant) -> Result<Arc<Loaded>, CatalogError> {
+        let name = key.to_string();
         let t0 = Instant::now();
+        if let RecipeKind::Checkpoint { .. } = recipe.kind {
+            let id = recipe.template_id.clone().ok_or_else(|| CatalogError::NotOnDisk(name.clone()))?;
+            let l = self.by_id(&id)?;
+            let loaded = Arc::new(Loaded { engine: l.engine.clone(), template: l.template.clone(), name: Some(name.clone()) });
+            if let Ok(mut m) = self.by_name.lock() {
+                m.insert(name, loaded.clone());
+            }
+            return Ok(loaded);
+        }
         let built = forkbox_image::build(&recipe.spec, &BuildOptions { home: self.home.clone(), progress: self.progress })
             .map_err(|source| CatalogError::Build { name: name.clone(), source })?;
         let engine = Engine::open_with_cpu(self.cpu.clone(), &built.path)
@@ -335,6 +804,7 @@ impl Catalog {
         let loaded = match existing {
             Some(l) => Arc::new(Loaded { engine: l.engine.clone(), template: l.template.clone(), name: Some(name.clone()) }),
             None => {
+                self.set_build(&name, Some(BuildState::Building(started, "template")));
                 if self.progress && !templates_dir(&self.home).join(&tid).join("state").exists() {
                     eprintln!("forkbox: booting template {name} and snapshotting it ...");
                 }
@@ -378,42 +848,95 @@ impl Catalog {
         Ok(m.entry(id.to_string()).or_insert(loaded).clone())
     }
 
-    /// Every named template with its state.
+    /// Every named template with its state (the operator's view: all tenants', by key).
     pub fn list(&self) -> Vec<Listing> {
+        self.list_for(None, true)
+    }
+
+    /// The templates `tenant` may see and use: shipped, shared and its own (by name).
+    pub fn list_visible(&self, tenant: &str) -> Vec<Listing> {
+        self.list_for(Some(tenant), false)
+    }
+
+    /// One template as `tenant` sees it (None: the shared namespace).
+    pub fn listing(&self, tenant: Option<&str>, name: &str) -> Option<Listing> {
+        let key = self.key_for(tenant, name).ok()?;
+        self.list_keys(&[key], tenant.is_none()).into_iter().next()
+    }
+
+    fn list_for(&self, tenant: Option<&str>, all: bool) -> Vec<Listing> {
+        let mut keys: Vec<String> = self.recipes.read().map(|m| m.keys().cloned().collect()).unwrap_or_default();
+        if let Ok(m) = self.by_name.lock() {
+            keys.extend(m.keys().filter(|n| !self.has_recipe(n)).cloned());
+        }
+        keys.retain(|k| all || !k.contains('/') || tenant.is_some_and(|t| k.strip_prefix(t).is_some_and(|r| r.starts_with('/'))));
+        keys.sort();
+        keys.dedup();
+        self.list_keys(&keys, all)
+    }
+
+    fn list_keys(&self, keys: &[String], by_key: bool) -> Vec<Listing> {
         let default = self.default_name();
         let builds = self.builds.lock().map(|m| m.clone()).unwrap_or_default();
-        let mut names: Vec<String> = self.recipes.keys().cloned().collect();
-        if let Ok(m) = self.by_name.lock() {
-            names.extend(m.keys().filter(|n| !self.recipes.contains_key(*n)).cloned());
-        }
-        names.sort();
-        names
-            .into_iter()
-            .map(|name| {
-                let ready = self.ready(&name);
-                let recipe = self.recipes.get(&name);
-                let (status, error) = match (&ready, builds.get(&name)) {
-                    (Some(_), _) => ("ready", None),
-                    (None, Some(BuildState::Building(_))) => ("building", None),
-                    (None, Some(BuildState::Failed(e))) => ("failed", Some(e.clone())),
-                    (None, None) => ("available", None),
+        keys.iter()
+            .filter(|k| self.has_recipe(k) || self.ready(k).is_some())
+            .map(|key| {
+                let ready = self.ready(key);
+                let recipe = self.recipe(key);
+                let (status, error, progress, elapsed) = match (&ready, builds.get(key)) {
+                    (Some(_), _) => ("ready", None, None, None),
+                    (None, Some(BuildState::Building(t, step))) => ("building", None, Some(step.to_string()), Some(t.elapsed().as_secs())),
+                    (None, Some(BuildState::Failed(e))) => ("failed", Some(e.clone()), None, None),
+                    (None, None) => ("available", None, None, None),
                 };
+                let (from_session, from_checkpoint) = match recipe.as_ref().map(|r| &r.kind) {
+                    Some(RecipeKind::Checkpoint { session, checkpoint }) => (Some(session.clone()), Some(*checkpoint)),
+                    _ => (None, None),
+                };
+                let name = if by_key { key.clone() } else { key.rsplit('/').next().unwrap_or(key).to_string() };
                 Listing {
-                    default: name == default,
-                    description: recipe.map(|r| r.description.clone()).unwrap_or_else(|| "an image given by path".into()),
+                    default: *key == default,
+                    description: recipe.as_ref().map(|r| r.description.clone()).unwrap_or_else(|| "an image given by path".into()),
                     status: status.into(),
                     id: ready.as_ref().map(|l| l.id().to_string()),
-                    packages: recipe.map(|r| r.spec.packages.clone()).unwrap_or_default(),
+                    packages: recipe
+                        .as_ref()
+                        .map(|r| if r.kind == RecipeKind::Shipped { r.spec.packages.clone() } else { r.apt.clone() })
+                        .unwrap_or_default(),
                     preload: ready
                         .as_ref()
                         .map(|l| l.template.info.preload.clone())
-                        .or_else(|| recipe.map(|r| r.preload.clone()))
+                        .or_else(|| recipe.as_ref().map(|r| r.preload.clone()))
                         .unwrap_or_default(),
-                    image_bytes: ready.as_ref().and_then(|l| std::fs::metadata(&l.engine.image_path).ok()).map(|m| m.len()),
+                    image_bytes: ready
+                        .as_ref()
+                        .map(|l| l.engine.image_path.clone())
+                        .or_else(|| {
+                            // Built earlier (a custom template's record names it): its image's size.
+                            let id = recipe.as_ref()?.template_id.clone()?;
+                            let info = crate::template::read_info(&templates_dir(&self.home).join(id)).ok()?;
+                            Some(forkbox_image::image_path(&self.home, &info.image_id))
+                        })
+                        .and_then(|p| std::fs::metadata(p).ok())
+                        .map(|m| m.len()),
                     error,
+                    source: recipe.as_ref().map_or("shipped", |r| r.kind.name()).into(),
+                    pip: recipe.as_ref().map(|r| r.spec.pip.clone()).unwrap_or_default(),
+                    progress,
+                    elapsed_seconds: elapsed,
+                    from_session,
+                    from_checkpoint,
                     name,
                 }
             })
             .collect()
     }
+}
+
+/// Not a secret: makes two templates of the same checkpoint distinct.
+fn unique() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+    format!("{:016x}", h.finish())
 }

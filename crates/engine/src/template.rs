@@ -117,6 +117,45 @@ impl Template {
         Template::load(engine, dir)
     }
 
+    /// A new template in `dir` (id `id`) from a parked sandbox of this template
+    /// (a session's checkpoint, resumed): its whole memory (this template's pages
+    /// with the sandbox's changes), registers and process state, its files
+    /// included in the state. Self-contained: nothing refers to the session's
+    /// layers or packs, so deleting the session leaves it working. `preload`
+    /// says where it came from (it is not run again).
+    pub fn snapshot_sandbox(&self, engine: &Engine, sb: &Sandbox, dir: &Path, id: &str, preload: &str) -> Result<Template, EngineError> {
+        let t0 = Instant::now();
+        let (vm, proc) = sb.parked_parts()?;
+        std::fs::create_dir_all(dir).map_err(|e| io_err("create", dir, e))?;
+        let built = (|| {
+            let memory = forkbox_snapshot::write_memory_over(vm.mem(), &self.memory.file, &dir.join("memory"))?;
+            let info = TemplateInfo {
+                id: id.to_string(),
+                image_id: engine.image.id().to_string(),
+                preload: preload.to_string(),
+                agent: self.info.agent.clone(),
+                created_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+                boot_ms: t0.elapsed().as_secs_f64() * 1000.0,
+                memory_pages: memory.pages,
+            };
+            let snapshot = Snapshot {
+                image_id: engine.image.id().to_string(),
+                cpu: self.cpu.clone(),
+                vcpu: vm.save_vcpu()?.to_record(),
+                process: proc.save_state(),
+                memory,
+                info: serde_json::to_string(&info).unwrap_or_default(),
+                files: Default::default(),
+            };
+            write_state(&dir.join("state"), &snapshot)?;
+            Template::load(engine, dir)
+        })();
+        if built.is_err() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+        built
+    }
+
     /// Open a template from disk: every file is verified before anything is
     /// mapped, and the CPU it was made on must be this one (`StateError::CpuMismatch`).
     pub fn load(engine: &Engine, dir: &Path) -> Result<Template, EngineError> {

@@ -54,8 +54,8 @@ mod pack;
 mod reader;
 
 pub use build::{
-    build, built_id, default_home, Blas, image_path, BuildError, BuildOptions, BuildStats, BuiltImage, ExtraFile,
-    ImageSpec,
+    build, built_id, check_spec, default_home, Blas, image_path, BuildError, BuildOptions, BuildStats, BuiltImage, ExtraFile,
+    ImageSpec, PipSource, WheelRef,
 };
 pub use pack::{pack_dir, pack_dir_with, PackOptions, PackStats};
 pub use reader::Image;

@@ -147,6 +147,7 @@ impl Runtime {
     /// narrowing the runtime's (None: the runtime's as it is).
     pub fn oneshot(
         &self,
+        tenant: &str,
         code: String,
         timeout_seconds: Option<f64>,
         template: Option<&str>,
@@ -157,7 +158,7 @@ impl Runtime {
         limits.timeout = self.timeout(timeout_seconds)?;
         limits.code_bytes = self.config.code_limit;
         narrow_network(&mut limits, network);
-        let template = self.template(template)?;
+        let template = self.template(tenant, template)?;
         Ok(OneShotRequest { code, limits, template })
     }
 
@@ -207,7 +208,13 @@ impl Runtime {
     }
 
     /// Check a batch (count and each code) and its timeout.
-    pub fn batch(&self, codes: Vec<String>, timeout_seconds: Option<f64>, template: Option<&str>) -> Result<Vec<OneShotRequest>, RuntimeError> {
+    pub fn batch(
+        &self,
+        tenant: &str,
+        codes: Vec<String>,
+        timeout_seconds: Option<f64>,
+        template: Option<&str>,
+    ) -> Result<Vec<OneShotRequest>, RuntimeError> {
         let n = codes.len();
         if n == 0 || n > self.config.max_batch {
             return Err(RuntimeError::Invalid(format!("codes must hold 1 to {} items, got {n}", self.config.max_batch)));
@@ -216,7 +223,7 @@ impl Runtime {
             self.check_code(c)?;
         }
         let timeout = self.timeout(timeout_seconds)?;
-        let template = self.template(template)?;
+        let template = self.template(tenant, template)?;
         // The whole batch is bounded: its items share BATCH_OUTPUT_FACTOR x the output limit.
         let output_bytes = batch_output_limit(self.config.limits.output_bytes, n);
         Ok(codes

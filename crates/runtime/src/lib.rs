@@ -51,6 +51,7 @@ pub use error::RuntimeError;
 pub use exec::{OneShot, OneShotRequest, Outcome, Output, Ran};
 pub use forkbox_api::ErrorCode;
 pub use forkbox_engine::catalog::Listing as TemplateListing;
+pub use forkbox_engine::catalog::{Blas, CustomTemplate, PipSource};
 pub use forkbox_engine::{CapturedOutput, ExecResult, FileEntry, GlobalNetStats, Limits, MimeBundle, NetConfig, NetMode, NetPolicy, NetRule, OutputFile, PyError, Stream, TemplateInfo};
 pub use forkbox_sessions::manager::{Config as SessionsConfig, ExecOutcome};
 pub use session::{CheckpointView, ForkedFrom, Quota, SessionView};
@@ -80,6 +81,8 @@ pub struct RuntimeConfig {
     pub sessions: SessionsConfig,
     /// How often the upkeep runs (see [`Runtime::start_maintenance`]).
     pub maintenance_every: Duration,
+    /// Where pip looks for the wheels of templates built by request (`POST /v1/templates`).
+    pub pip: forkbox_image::PipSource,
 }
 
 impl Default for RuntimeConfig {
@@ -98,6 +101,7 @@ impl Default for RuntimeConfig {
             max_memory_mb: 4096,
             sessions: SessionsConfig::default(),
             maintenance_every: Duration::from_secs(5),
+            pip: forkbox_image::PipSource::default(),
         }
     }
 }
@@ -204,6 +208,7 @@ impl Runtime {
 
     /// Over a catalog whose default template opens (built if needed). Blocking.
     pub fn with_catalog(catalog: Arc<Catalog>, home: &Path, config: RuntimeConfig) -> Result<Arc<Runtime>, RuntimeError> {
+        catalog.set_pip_source(config.pip.clone())?;
         let default = catalog.get(None)?;
         let sessions = SessionManager::open_with_catalog(catalog.clone(), home, config.sessions.clone())?;
         let concurrency = config.threads();
@@ -258,12 +263,16 @@ impl Runtime {
         self.catalog.default_name()
     }
 
-    /// The named template (None: the default), open; a shipped one not built yet
-    /// starts building in the background (`template_not_ready` until it is done).
-    pub fn template(&self, name: Option<&str>) -> Result<Arc<Loaded>, RuntimeError> {
+    /// The named template (None: the default) as `tenant` sees it (its own first,
+    /// then shipped and shared ones), open; one not built yet starts building in
+    /// the background (`template_not_ready` until it is done).
+    pub fn template(&self, tenant: &str, name: Option<&str>) -> Result<Arc<Loaded>, RuntimeError> {
         match name {
             None => Ok(self.default.clone()),
-            Some(n) => Ok(self.catalog.get_or_start(Some(n))?),
+            Some(n) => {
+                let key = self.catalog.key_for(Some(tenant), n)?;
+                Ok(self.catalog.get_or_start(Some(&key))?)
+            }
         }
     }
 
@@ -272,14 +281,34 @@ impl Runtime {
         Ok(self.catalog.get(Some(name))?)
     }
 
-    /// Every named template and its state (`GET /v1/templates`).
-    pub fn templates(&self) -> Vec<TemplateListing> {
-        self.catalog.list()
+    /// Every template `tenant` may use and its state (`GET /v1/templates`).
+    pub fn templates(&self, tenant: &str) -> Vec<TemplateListing> {
+        self.catalog.list_visible(tenant)
+    }
+
+    /// One template as `tenant` sees it (`GET /v1/templates/{name}`).
+    pub fn template_listing(&self, tenant: &str, name: &str) -> Result<TemplateListing, RuntimeError> {
+        self.catalog.key_for(Some(tenant), name)?;
+        self.catalog.listing(Some(tenant), name).ok_or_else(|| forkbox_engine::CatalogError::UnknownTemplate(name.into()).into())
+    }
+
+    /// A template of `tenant`'s own, built in the background (`POST /v1/templates`).
+    pub fn create_template(&self, tenant: &str, t: &forkbox_engine::catalog::CustomTemplate) -> Result<TemplateListing, RuntimeError> {
+        Ok(self.catalog.create(tenant, t)?)
+    }
+
+    /// A template of `tenant`'s own from checkpoint `seq` of its session `id`. Blocking (about a second).
+    pub fn checkpoint_template(&self, tenant: &str, id: &str, seq: i64, name: &str) -> Result<TemplateListing, RuntimeError> {
+        Ok(self.sessions.checkpoint_template(tenant, id, seq, name)?)
     }
 
     /// The name a template id is known by here (None: not a named template now).
     pub fn template_name(&self, id: &str) -> Option<String> {
-        self.catalog.list().into_iter().find(|t| t.id.as_deref() == Some(id)).map(|t| t.name)
+        self.catalog
+            .list()
+            .into_iter()
+            .find(|t| t.id.as_deref() == Some(id))
+            .map(|t| t.name.rsplit('/').next().unwrap_or(&t.name).to_string())
     }
 
     /// Host memory the default template's recycled VMs hold in private pages, and its bound (bytes).

@@ -148,7 +148,7 @@ impl Runtime {
         check_tags(&tags)?;
         let mut limits = self.session_limits(memory_mb, timeout_seconds)?;
         crate::exec::narrow_network(&mut limits, network);
-        let template = self.template(template)?;
+        let template = self.template(tenant, template)?;
         self.within_session_quota(tenant, quota, || Ok(self.sessions.create_on(tenant, tags, &limits, &template)?))
     }
 

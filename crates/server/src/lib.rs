@@ -123,6 +123,8 @@ pub struct ServerConfig {
     pub sessions: SessionsConfig,
     /// How often session maintenance (eviction, compaction, gc) runs.
     pub maintenance_every: Duration,
+    /// Where pip looks for the wheels of `POST /v1/templates` builds (`serve --pip-index-url/--pip-find-links`).
+    pub pip: forkbox_runtime::PipSource,
 }
 
 impl ServerConfig {
@@ -148,6 +150,7 @@ impl ServerConfig {
             max_memory_mb: rt.max_memory_mb,
             sessions: rt.sessions,
             maintenance_every: rt.maintenance_every,
+            pip: rt.pip,
         }
     }
 
@@ -174,6 +177,7 @@ impl ServerConfig {
             max_memory_mb: self.max_memory_mb,
             sessions: self.sessions.clone(),
             maintenance_every: self.maintenance_every,
+            pip: self.pip.clone(),
         }
     }
 }

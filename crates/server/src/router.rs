@@ -13,7 +13,7 @@ use utoipa_axum::routes;
 use crate::auth::{auth, Caller};
 use crate::error::{ApiError, ErrorBody, ErrorDetail};
 use crate::extractors::BodyLimits;
-use crate::handlers::{commands, exec, files, forevervm, health, sessions, stream, tree};
+use crate::handlers::{commands, exec, files, forevervm, health, sessions, stream, templates, tree};
 use crate::{openapi, AppState};
 
 #[derive(OpenApi)]
@@ -45,7 +45,9 @@ fn v1_routes(files_limit: usize) -> OpenApiRouter<AppState> {
         .routes(routes!(exec::exec_batch))
         .routes(routes!(commands::command))
         .routes(routes!(commands::command_stream))
-        .routes(routes!(exec::templates))
+        .routes(routes!(templates::templates, templates::create_template))
+        .routes(routes!(templates::get_template))
+        .routes(routes!(templates::checkpoint_template))
         .routes(routes!(sessions::create_session, sessions::list_sessions))
         .routes(routes!(sessions::get_session, sessions::patch_session, sessions::delete_session))
         .routes(routes!(sessions::session_exec))

@@ -566,6 +566,43 @@ pub struct TemplateBody {
     pub image_bytes: Option<u64>,
     /// Why the last build failed.
     pub error: Option<String>,
+    /// `shipped`, `custom` (built from packages) or `checkpoint` (a session's state).
+    pub source: String,
+    /// pip requirement specs, installed as binary wheels.
+    pub pip: Vec<String>,
+    /// While `building`: the step (`queued`, `image`, `template`).
+    pub progress: Option<String>,
+    /// While `building`: seconds since the build was asked for.
+    pub elapsed_seconds: Option<u64>,
+    /// The session and checkpoint a `checkpoint` template was made from.
+    pub from_session: Option<String>,
+    pub from_checkpoint: Option<i64>,
+}
+
+/// `POST /v1/templates`: a template of the caller's own.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateTemplateRequest {
+    /// 1 to 63 of `a-z 0-9 . _ -`; not a shipped or shared template's name.
+    pub name: String,
+    /// Debian packages beyond the base image (Python 3.11, numpy, the userland).
+    #[serde(default)]
+    pub apt: Vec<String>,
+    /// pip requirement specs (`pandas>=2`), installed as binary wheels for CPython 3.11 /
+    /// manylinux x86-64; one with only an sdist fails the build.
+    #[serde(default)]
+    pub pip: Vec<String>,
+    /// Code run before the snapshot (default `import numpy`).
+    pub preload: Option<String>,
+    /// `reference` (default), `openblas` or `any`.
+    pub blas: Option<String>,
+}
+
+/// `POST /v1/sessions/{id}/checkpoints/{n}/template`.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointTemplateRequest {
+    pub name: String,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -587,6 +624,12 @@ impl TemplateBody {
             preload: t.preload,
             image_bytes: t.image_bytes,
             error: t.error,
+            source: t.source,
+            pip: t.pip,
+            progress: t.progress,
+            elapsed_seconds: t.elapsed_seconds,
+            from_session: t.from_session,
+            from_checkpoint: t.from_checkpoint,
         }
     }
 }

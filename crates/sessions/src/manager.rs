@@ -824,6 +824,19 @@ impl SessionManager {
         Ok(true)
     }
 
+    /// A template named `name` of `tenant` (visible to it only) made of checkpoint
+    /// `seq` of session `id`: the checkpoint resumed (reseeded, as a fork would be),
+    /// then its whole state written as a template of its own (memory, registers,
+    /// process state with the files), so deleting the session leaves it working.
+    pub fn checkpoint_template(&self, tenant: &str, id: &str, seq: i64, name: &str) -> Result<forkbox_engine::catalog::Listing, SessionError> {
+        forkbox_engine::catalog::validate_name(name)?;
+        let rec = self.record(tenant, id)?;
+        let target = self.find_checkpoint(&rec, seq)?;
+        let t = self.loaded(&rec)?;
+        let sb = self.resume_checkpoint(&t, target.id, from_store_limits(&rec.limits), true)?;
+        Ok(self.catalog.add_from_sandbox(Some(tenant), name, &t, &sb, id, seq)?)
+    }
+
     /// Point the session at one of its checkpoints (by seq); later execs continue from there.
     pub fn revert(&self, tenant: &str, id: &str, seq: i64) -> Result<CheckpointRecord, SessionError> {
         let rec = self.record(tenant, id)?;

@@ -21,7 +21,7 @@ pub mod state;
 
 pub use files::{FileTable, PackWriter, StoredChunk, StoredFile};
 pub use layer::{Layer, LayerPlan, LayerStats};
-pub use memory::{write_memory, MemoryFile, MemoryStats, MemoryView};
+pub use memory::{write_memory, write_memory_over, MemoryFile, MemoryStats, MemoryView};
 pub use state::{encode, read_state, write_encoded, write_state, Snapshot, StateError, FORMAT_VERSION, MAGIC, READABLE_VERSIONS};
 pub use cpu::CpuFingerprint;
 pub use forkbox_vmm::regs;

@@ -45,6 +45,37 @@ fn resident_pages(mem: &GuestMemory, chunk: u64, out: &mut Vec<u8>) -> Result<()
 /// Write guest RAM to a new sparse file at `path` (via a temp file + rename),
 /// skipping pages that are not resident or all zero. The file ends up read-only.
 pub fn write_memory(mem: &GuestMemory, path: &Path) -> Result<MemoryStats, StateError> {
+    write_memory_with(mem, path, None)
+}
+
+/// [`write_memory`] of a memory that maps the memory file `base` copy-on-write
+/// (a resumed checkpoint): the pages to look at are those the host backs
+/// privately or in its page cache, and every page with data in `base` (which
+/// may have left the page cache). The result does not refer to `base`.
+pub fn write_memory_over(mem: &GuestMemory, base: &File, path: &Path) -> Result<MemoryStats, StateError> {
+    let pages = mem.size().div_ceil(PAGE_SIZE) as usize;
+    let mut data = vec![false; pages];
+    let size = base.metadata().map_err(io("stat", path))?.len();
+    let mut pos = 0u64;
+    loop {
+        let start = match seek_data(base, pos) {
+            Some(d) if d < size => d,
+            _ => break,
+        };
+        let end = seek_hole(base, start).unwrap_or(size).min(size);
+        let mut p = start / PAGE_SIZE;
+        while p * PAGE_SIZE < end {
+            if let Some(slot) = data.get_mut(p as usize) {
+                *slot = true;
+            }
+            p += 1;
+        }
+        pos = end;
+    }
+    write_memory_with(mem, path, Some(&data))
+}
+
+fn write_memory_with(mem: &GuestMemory, path: &Path, also: Option<&[bool]>) -> Result<MemoryStats, StateError> {
     let tmp = path.with_extension("tmp");
     let mut f = File::create(&tmp).map_err(io("create", &tmp))?;
     f.set_len(mem.size()).map_err(io("truncate", &tmp))?;
@@ -55,10 +86,11 @@ pub fn write_memory(mem: &GuestMemory, path: &Path) -> Result<MemoryStats, State
     while chunk < mem.size() {
         resident_pages(mem, chunk, &mut resident).map_err(io("mincore", path))?;
         for (i, r) in resident.iter().enumerate() {
-            if r & 1 == 0 {
+            let addr = chunk + i as u64 * PAGE_SIZE;
+            let in_base = also.is_some_and(|a| a.get((addr / PAGE_SIZE) as usize).copied().unwrap_or(false));
+            if r & 1 == 0 && !in_base {
                 continue;
             }
-            let addr = chunk + i as u64 * PAGE_SIZE;
             let page = mem.slice(addr, PAGE_SIZE).map_err(|_| StateError::Corrupt("memory range".into()))?;
             if page.iter().all(|&b| b == 0) {
                 continue;

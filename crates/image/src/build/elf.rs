@@ -58,27 +58,35 @@ fn roots(root: &Path) -> Result<Vec<Vec<OsString>>, BuildError> {
             out.push(vec!["usr".into(), "bin".into(), name]);
         }
     }
-    let lib = root.join("usr/lib");
-    for e in fs::read_dir(&lib).map_err(|e| BuildError::io("link check", &lib, e))? {
-        let e = e.map_err(|e| BuildError::io("link check", &lib, e))?;
-        if !e.file_name().to_string_lossy().starts_with("python3") {
+    // Debian's modules, and the pip wheels' under /usr/local.
+    for prefix in [&["usr", "lib"][..], &["usr", "local", "lib"][..]] {
+        let lib = host_path(root, &prefix.iter().map(OsString::from).collect::<Vec<_>>());
+        if prefix.len() == 3 && !lib.is_dir() {
             continue;
         }
-        let mut stack = vec![vec![OsString::from("usr"), "lib".into(), e.file_name()]];
-        while let Some(rel) = stack.pop() {
-            let hp = host_path(root, &rel);
-            let Ok(m) = fs::symlink_metadata(&hp) else {
+        for e in fs::read_dir(&lib).map_err(|e| BuildError::io("link check", &lib, e))? {
+            let e = e.map_err(|e| BuildError::io("link check", &lib, e))?;
+            if !e.file_name().to_string_lossy().starts_with("python3") {
                 continue;
-            };
-            if m.is_dir() {
-                for c in fs::read_dir(&hp).map_err(|e| BuildError::io("link check", &hp, e))? {
-                    let c = c.map_err(|e| BuildError::io("link check", &hp, e))?;
-                    let mut r = rel.clone();
-                    r.push(c.file_name());
-                    stack.push(r);
+            }
+            let mut rel0: Vec<OsString> = prefix.iter().map(OsString::from).collect();
+            rel0.push(e.file_name());
+            let mut stack = vec![rel0];
+            while let Some(rel) = stack.pop() {
+                let hp = host_path(root, &rel);
+                let Ok(m) = fs::symlink_metadata(&hp) else {
+                    continue;
+                };
+                if m.is_dir() {
+                    for c in fs::read_dir(&hp).map_err(|e| BuildError::io("link check", &hp, e))? {
+                        let c = c.map_err(|e| BuildError::io("link check", &hp, e))?;
+                        let mut r = rel.clone();
+                        r.push(c.file_name());
+                        stack.push(r);
+                    }
+                } else if m.is_file() && is_elf(&hp) {
+                    out.push(rel);
                 }
-            } else if m.is_file() && is_elf(&hp) {
-                out.push(rel);
             }
         }
     }

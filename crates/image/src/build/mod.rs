@@ -14,6 +14,7 @@ mod elf;
 mod pyc;
 mod recipe;
 mod tree;
+pub mod wheels;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -22,8 +23,9 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressStyle};
 
 pub use apt::{parse_print_uris, DebRef};
-pub use recipe::{recipe_id, Blas, ExtraFile, ImageSpec, BASE_PACKAGES, CPYTHON_TESTSUITE, DATA_PACKAGES, DEFAULT_OMIT, RECIPE_VERSION, TRIM_RULES, USERLAND_PACKAGES};
+pub use recipe::{recipe_id, recipe_id_with_wheels, Blas, ExtraFile, ImageSpec, BASE_PACKAGES, CPYTHON_TESTSUITE, DATA_PACKAGES, DEFAULT_OMIT, RECIPE_VERSION, TRIM_RULES, USERLAND_PACKAGES};
 pub use tree::TreeStats;
+pub use wheels::{PipSource, WheelRef};
 
 use crate::{pack_dir_with, Image, ImageError, PackOptions};
 
@@ -48,6 +50,8 @@ pub struct BuildStats {
     pub pyc_files: u64,
     pub image_bytes: u64,
     pub alternatives: Vec<(String, String)>,
+    /// Wheels unpacked (file names).
+    pub wheels: Vec<String>,
     /// Certificates in /etc/ssl/certs/ca-certificates.crt.
     pub ca_certificates: usize,
     pub libraries: Vec<String>,
@@ -269,12 +273,24 @@ fn check_blas(spec: &ImageSpec, debs: &[DebRef]) -> Result<(), BuildError> {
     Ok(())
 }
 
+/// Check a spec without building it (package names, paths, pip specs and source).
+pub fn check_spec(spec: &ImageSpec) -> Result<(), BuildError> {
+    spec.validate()
+}
+
 /// The id of `spec`'s image if it is built already under `home` (resolves with apt,
 /// from its cache when the package lists did not change; downloads nothing).
 pub fn built_id(spec: &ImageSpec, home: &Path) -> Result<Option<String>, BuildError> {
     spec.validate()?;
     let debs = apt::resolve(&spec.requested(), &spec.omitted(), &home.join("cache"))?;
-    let id = recipe_id(spec, &debs);
+    let wheels = if spec.pip.is_empty() {
+        Vec::new()
+    } else {
+        let tmp = home.join("tmp");
+        fs::create_dir_all(&tmp).map_err(|e| BuildError::io("setup", &tmp, e))?;
+        wheels::fetch(&spec.pip, &spec.pip_source, &home.join("cache"), &tmp)?
+    };
+    let id = recipe_id_with_wheels(spec, &debs, &wheels);
     Ok(image_path(home, &id).exists().then_some(id))
 }
 
@@ -301,8 +317,16 @@ pub fn build(spec: &ImageSpec, opts: &BuildOptions) -> Result<BuiltImage, BuildE
     let debs = debs?;
     let resolve_time = t.elapsed();
     check_blas(spec, &debs)?;
-    let id = recipe_id(spec, &debs);
-    let mut names: Vec<String> = debs.iter().map(|d| d.filename.clone()).collect();
+    let wheels = if spec.pip.is_empty() {
+        Vec::new()
+    } else {
+        let sp = spinner(opts.progress, "resolving pip wheels");
+        let w = wheels::fetch(&spec.pip, &spec.pip_source, &cache, &tmp_root);
+        sp.finish();
+        w?
+    };
+    let id = recipe_id_with_wheels(spec, &debs, &wheels);
+    let mut names: Vec<String> = debs.iter().map(|d| d.filename.clone()).chain(wheels.iter().map(|w| w.filename.clone())).collect();
     names.sort();
     tracing::info!(packages = debs.len(), %id, "resolved");
 
@@ -392,6 +416,15 @@ pub fn build(spec: &ImageSpec, opts: &BuildOptions) -> Result<BuiltImage, BuildE
     stats.alternatives = tree::apply_alternatives(&root, &control, spec.blas.preferred())?;
     sp.finish();
     stats.step("usrmerge+trim+alternatives", &mut t);
+
+    if !wheels.is_empty() {
+        let sp = spinner(opts.progress, "unpacking wheels");
+        let r = wheels::install(&root, &wheels, &cache);
+        sp.finish();
+        r?;
+        stats.wheels = wheels.iter().map(|w| w.filename.clone()).collect();
+        stats.step("wheels", &mut t);
+    }
 
     let sp = spinner(opts.progress, "compiling .pyc");
     stats.pyc_files = pyc::compile(&root)?;

@@ -66,6 +66,7 @@ pub fn compile(root: &Path) -> Result<u64, BuildError> {
     let dirs: Vec<PathBuf> = [
         format!("usr/lib/python{guest}"),
         "usr/lib/python3/dist-packages".to_string(),
+        format!("usr/local/lib/python{guest}/dist-packages"),
     ]
     .iter()
     .map(|d| root.join(d))

@@ -8,6 +8,7 @@
 use sha2::{Digest, Sha256};
 
 use super::apt::DebRef;
+use super::wheels::{PipSource, WheelRef};
 use super::BuildError;
 
 /// Bump when the build procedure changes in a way that changes the resulting tree
@@ -175,6 +176,10 @@ pub struct ImageSpec {
     /// `DEFAULT_OMIT` is added unless a name is in `packages`.
     pub omit: Vec<String>,
     pub blas: Blas,
+    /// pip requirement specs, installed as binary wheels (see `build::wheels`).
+    pub pip: Vec<String>,
+    /// Where pip looks for them.
+    pub pip_source: PipSource,
 }
 
 impl ImageSpec {
@@ -185,6 +190,8 @@ impl ImageSpec {
             packages: ["python3", "python3-numpy"].iter().chain(USERLAND_PACKAGES).map(|p| p.to_string()).collect(),
             omit: Vec::new(),
             blas: Blas::Reference,
+            pip: Vec::new(),
+            pip_source: PipSource::default(),
             extra_files: vec![
                 ExtraFile {
                     guest_path: "/etc/passwd".into(),
@@ -287,6 +294,13 @@ impl ImageSpec {
                 return bad(format!("extra file {p}: bad permission bits {:#o}", f.perm));
             }
         }
+        if self.pip.len() > super::wheels::MAX_SPECS {
+            return bad(format!("at most {} pip specs", super::wheels::MAX_SPECS));
+        }
+        for s in &self.pip {
+            super::wheels::validate_spec(s).map_err(|msg| BuildError::Invalid { step: "spec", msg })?;
+        }
+        self.pip_source.validate().map_err(|msg| BuildError::Invalid { step: "spec", msg })?;
         Ok(())
     }
 }
@@ -323,6 +337,12 @@ fn field(h: &mut Sha256, tag: &str, value: &[u8]) {
 /// The image id (hex sha256) for a spec and its resolved packages. Independent of the
 /// order apt printed the packages in and of the order of `spec.packages`.
 pub fn recipe_id(spec: &ImageSpec, debs: &[DebRef]) -> String {
+    recipe_id_with_wheels(spec, debs, &[])
+}
+
+/// [`recipe_id`] of an image that also has `wheels` unpacked (by content hash; an
+/// image without pip packages has the same id as before they existed).
+pub fn recipe_id_with_wheels(spec: &ImageSpec, debs: &[DebRef], wheels: &[WheelRef]) -> String {
     let mut h = Sha256::new();
     field(
         &mut h,
@@ -354,6 +374,15 @@ pub fn recipe_id(spec: &ImageSpec, debs: &[DebRef]) -> String {
         field(&mut h, "extra", f.guest_path.as_bytes());
         field(&mut h, "perm", &f.perm.to_le_bytes());
         field(&mut h, "data", &f.data);
+    }
+    if !wheels.is_empty() {
+        field(&mut h, "wheel-site", super::wheels::SITE_PACKAGES.as_bytes());
+        let mut ws: Vec<&WheelRef> = wheels.iter().collect();
+        ws.sort_by(|a, b| a.filename.cmp(&b.filename));
+        for w in ws {
+            field(&mut h, "wheel", w.filename.as_bytes());
+            field(&mut h, "wheel-sha256", w.sha256.as_bytes());
+        }
     }
     hex::encode(h.finalize())
 }
@@ -413,6 +442,13 @@ mod tests {
         s6.extra_files[0].guest_path = "/etc/passw".into();
         s6.extra_files[0].data.insert(0, b'd');
         assert_ne!(recipe_id(&s6, &debs), id);
+        // wheels count by content; none keeps the id of an image without pip
+        let w = WheelRef { filename: "x-1-py3-none-any.whl".into(), sha256: "d".repeat(64), size: 1 };
+        assert_eq!(recipe_id_with_wheels(&spec, &debs, &[]), id);
+        let with = recipe_id_with_wheels(&spec, &debs, std::slice::from_ref(&w));
+        assert_ne!(with, id);
+        let w2 = WheelRef { sha256: "e".repeat(64), ..w };
+        assert_ne!(recipe_id_with_wheels(&spec, &debs, &[w2]), with);
     }
 
     #[test]

@@ -8,6 +8,7 @@ pub(crate) mod forevervm;
 pub(crate) mod health;
 pub(crate) mod sessions;
 pub(crate) mod stream;
+pub(crate) mod templates;
 pub(crate) mod tree;
 
 use forkbox_runtime::Runtime;

@@ -29,6 +29,7 @@ from ._errors import (
     SessionNotFound,
     TemplateNotFound,
     TemplateNotReady,
+    TemplateExists,
     Timeout,
     Unauthorized,
 )
@@ -56,7 +57,7 @@ __all__ = [
     "AsyncCommands", "AsyncForkbox", "AsyncSession", "AsyncSessions", "Commands", "Forkbox", "Session", "Sessions",
     "Checkpoint", "CommandResult", "Event", "ExecResult", "FileEntry", "MimeBundle", "OutputFile", "PythonError", "Result", "SessionInfo",
     "Stderr", "Stdout", "Upload", "Branch", "Explored", "Variable",
-    "ForkboxError", "ConnectionFailed", "InvalidRequest", "InvalidPath", "Unauthorized", "QuotaExceeded", "NotFound", "TemplateNotFound", "TemplateNotReady",
+    "ForkboxError", "ConnectionFailed", "InvalidRequest", "InvalidPath", "Unauthorized", "QuotaExceeded", "NotFound", "TemplateNotFound", "TemplateNotReady", "TemplateExists",
     "SessionNotFound", "CheckpointNotFound", "FileNotFound", "Timeout", "SessionBusy", "CpuMismatch", "PayloadTooLarge",
     "GuestError", "RateLimited", "ServerError", "Overloaded", "Forbidden", "InsufficientStorage",
 ]

@@ -83,6 +83,10 @@ class TemplateNotReady(SessionBusy):
     """409: the template is being built on first use; retry in a while (a 409 like `SessionBusy`)."""
 
 
+class TemplateExists(ForkboxError):
+    """409: a template of that name exists already (this tenant's, shipped, or shared by the server)."""
+
+
 class PayloadTooLarge(ForkboxError):
     """413: the request body, the code or a file is over its size limit."""
 
@@ -127,6 +131,8 @@ _BY_CODE: dict[str, type[ForkboxError]] = {
     "file_not_found": FileNotFound,
     "template_not_found": TemplateNotFound,
     "template_not_ready": TemplateNotReady,
+    "template_exists": TemplateExists,
+    "too_many_builds": RateLimited,
     "template_unavailable": ServerError,
     "timeout": Timeout,
     "session_busy": SessionBusy,
@@ -176,7 +182,8 @@ STATUS_OF_CODE: dict[str, int] = {
     "malformed_json": 400, "invalid_request": 400, "invalid_path": 400, "is_a_directory": 400,
     "unauthorized": 401, "forbidden": 403, "quota_exceeded": 403, "not_found": 404, "session_not_found": 404,
     "checkpoint_not_found": 404, "instruction_not_found": 404, "file_not_found": 404,
-    "template_not_found": 404, "template_not_ready": 409, "template_unavailable": 500,
+    "template_not_found": 404, "template_not_ready": 409, "template_exists": 409,
+    "template_unavailable": 500, "too_many_builds": 429,
     "method_not_allowed": 405, "timeout": 408, "session_busy": 409,
     "payload_too_large": 413, "code_too_large": 413, "file_too_large": 413, "guest_crashed": 422,
     "guest_exited": 422, "guest_killed": 422, "sandbox_unusable": 422, "interrupted": 422, "deadlock": 422,
