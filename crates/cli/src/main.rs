@@ -70,6 +70,15 @@ enum Command {
         /// A deny rule (repeatable), same forms (`*:25` denies a port everywhere). Deny rules win.
         #[arg(long, value_name = "RULE")]
         egress_deny: Vec<String>,
+        /// pip's index for `POST /v1/templates` builds (default: the host pip's, i.e. PyPI).
+        #[arg(long, value_name = "URL")]
+        pip_index_url: Option<String>,
+        /// A wheelhouse directory or URL for those builds (repeatable).
+        #[arg(long, value_name = "DIR")]
+        pip_find_links: Vec<String>,
+        /// No index: only --pip-find-links (an air-gapped server).
+        #[arg(long)]
+        pip_no_index: bool,
     },
     /// API keys for the HTTP API.
     #[command(subcommand)]
@@ -229,9 +238,22 @@ fn main() -> ExitCode {
     raise_fd_limit();
     let home = cli.home.clone().unwrap_or_else(forkbox_image::default_home);
     let result = match cli.command {
-        Command::Serve { listen, image, template, metrics_listen, exec_slots, egress, egress_allow, egress_deny } => {
+        Command::Serve {
+            listen,
+            image,
+            template,
+            metrics_listen,
+            exec_slots,
+            egress,
+            egress_allow,
+            egress_deny,
+            pip_index_url,
+            pip_find_links,
+            pip_no_index,
+        } => {
+            let pip = forkbox_image::PipSource { index_url: pip_index_url, find_links: pip_find_links, no_index: pip_no_index };
             egress_policy(egress, &egress_allow, &egress_deny)
-                .and_then(|policy| serve(&home, listen, image, template, metrics_listen, exec_slots, policy))
+                .and_then(|policy| serve(&home, listen, image, template, metrics_listen, exec_slots, policy, pip))
         }
         Command::Key(KeyCommand::Create {
             tenant,
@@ -349,6 +371,7 @@ fn egress_policy(mode: EgressMode, allow: &[String], deny: &[String]) -> anyhow:
     Ok(forkbox_engine::NetPolicy { mode, allow: parse(allow)?, deny: parse(deny)? })
 }
 
+#[allow(clippy::too_many_arguments)]
 fn serve(
     home: &std::path::Path,
     listen: std::net::SocketAddr,
@@ -357,8 +380,11 @@ fn serve(
     metrics_listen: Option<std::net::SocketAddr>,
     exec_slots: Option<u64>,
     egress: forkbox_engine::NetPolicy,
+    pip: forkbox_image::PipSource,
 ) -> anyhow::Result<ExitCode> {
+    pip.validate().map_err(|e| anyhow::anyhow!("--pip-*: {e}"))?;
     let mut cfg = forkbox_server::ServerConfig::new(listen, home.to_path_buf());
+    cfg.pip = pip;
     cfg.image = image;
     cfg.template = template;
     cfg.metrics_listen = metrics_listen;

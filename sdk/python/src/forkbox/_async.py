@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
@@ -63,9 +64,43 @@ class AsyncForkbox:
     async def _json(self, method: str, path: str, **kw: Any) -> Any:
         return (await self._send(method, path, **kw)).json()
 
-    async def exec(self, code: str, timeout: float | None = None) -> ExecResult:
-        """Run `code` in a fresh sandbox forked from the warm template."""
-        return ExecResult.from_json(await self._json("POST", "/v1/exec", json=_base.exec_body(code, timeout)))
+    async def exec(self, code: str, timeout: float | None = None, template: str | None = None) -> ExecResult:
+        """Run `code` in a fresh sandbox forked from the warm template (`template`: a named one)."""
+        return ExecResult.from_json(await self._json("POST", "/v1/exec", json=_base.exec_body(code, timeout, template)))
+
+    async def templates(self) -> list[dict[str, Any]]:
+        """The templates this caller may use (shipped, the server's shared ones, its own) and their state."""
+        return list(await self._json("GET", "/v1/templates")["templates"])
+
+    async def template(self, name: str) -> dict[str, Any]:
+        """One template: `status` (`building` with `progress`, `ready`, `failed` with `error`), `image_bytes`, `pip`, ..."""
+        return dict(await self._json("GET", f"/v1/templates/{_base.seg(name)}"))
+
+    async def create_template(
+        self,
+        name: str,
+        *,
+        apt: Sequence[str] | None = None,
+        pip: Sequence[str] | None = None,
+        preload: str | None = None,
+        blas: str | None = None,
+        wait: bool = True,
+        poll: float = 1.0,
+        timeout: float = 1800.0,
+    ) -> dict[str, Any]:
+        """Build a template of your own (Debian packages, pip binary wheels, a preload); with `wait`,
+        poll until it is ready (raises `ForkboxError` if the build failed or took longer than `timeout`)."""
+        t = dict(await self._json("POST", "/v1/templates", json=_base.template_body(name, apt, pip, preload, blas)))
+        deadline = time.monotonic() + timeout
+        while wait:
+            done = _base.template_done(name, t)
+            if done is not None:
+                return done
+            if time.monotonic() > deadline:
+                raise ForkboxError(0, "timeout", f"template {name} still building after {timeout:.0f} s")
+            await asyncio.sleep(poll)
+            t = await self.template(name)
+        return t
 
     async def exec_batch(self, codes: Sequence[str], timeout: float | None = None) -> list[ExecResult | ForkboxError]:
         """Run each code in its own sandbox, in parallel; an exec that failed is its error (not raised)."""
@@ -146,9 +181,15 @@ class AsyncSessions:
     def __init__(self, client: AsyncForkbox):
         self._c = client
 
-    async def create(self, tags: Mapping[str, str] | None = None, memory_mb: int | None = None, timeout: float | None = None) -> AsyncSession:
+    async def create(
+        self,
+        tags: Mapping[str, str] | None = None,
+        memory_mb: int | None = None,
+        timeout: float | None = None,
+        template: str | None = None,
+    ) -> AsyncSession:
         """A new session; `timeout` is its per-exec time limit in seconds."""
-        v = await self._c._json("POST", "/v1/sessions", json=_base.session_body(tags, memory_mb, timeout))
+        v = await self._c._json("POST", "/v1/sessions", json=_base.session_body(tags, memory_mb, timeout, template))
         return AsyncSession(self._c, SessionInfo.from_json(v))
 
     async def list(self, tags: Mapping[str, str] | None = None) -> list[AsyncSession]:
@@ -256,6 +297,10 @@ class AsyncSession:
         if tags:
             body["tags"] = dict(tags)
         return AsyncSession(self._c, SessionInfo.from_json(await self._c._json("POST", self._path("/fork"), json=body)))
+
+    async def to_template(self, n: int, name: str) -> dict[str, Any]:
+        """A template of your own from checkpoint `n` of this session (see `Session.to_template`)."""
+        return dict(await self._c._json("POST", self._path(f"/checkpoints/{int(n)}/template"), json={"name": name}))
 
     async def tree(self) -> dict[str, Any]:
         """The session's tree: `nodes` (checkpoint, parent, session, code, summary, bytes, head, heads),

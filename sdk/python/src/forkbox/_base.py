@@ -85,8 +85,12 @@ def file_path(path: str) -> str:
     return "/".join(parts)
 
 
-def session_body(tags: Mapping[str, str] | None, memory_mb: int | None, timeout: float | None) -> dict[str, Any]:
+def session_body(
+    tags: Mapping[str, str] | None, memory_mb: int | None, timeout: float | None, template: str | None = None
+) -> dict[str, Any]:
     body: dict[str, Any] = {}
+    if template is not None:
+        body["template"] = template
     if tags:
         body["tags"] = dict(tags)
     if memory_mb is not None:
@@ -96,8 +100,10 @@ def session_body(tags: Mapping[str, str] | None, memory_mb: int | None, timeout:
     return body
 
 
-def exec_body(code: str, timeout: float | None) -> dict[str, Any]:
+def exec_body(code: str, timeout: float | None, template: str | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {"code": code}
+    if template is not None:
+        body["template"] = template
     if timeout is not None:
         body["timeout_seconds"] = timeout
     return body
@@ -213,3 +219,29 @@ def events(lines: Iterable[str], result: type = ExecResult) -> Iterator[Event]:
                 if isinstance(e, Result):
                     return
     raise ForkboxError(0, "protocol_error", "the stream ended without a result")
+
+
+def template_body(
+    name: str, apt: Sequence[str] | None, pip: Sequence[str] | None, preload: str | None, blas: str | None
+) -> dict[str, Any]:
+    """The body of `POST /v1/templates`."""
+    body: dict[str, Any] = {"name": name}
+    if apt:
+        body["apt"] = list(apt)
+    if pip:
+        body["pip"] = list(pip)
+    if preload is not None:
+        body["preload"] = preload
+    if blas is not None:
+        body["blas"] = blas
+    return body
+
+
+def template_done(name: str, t: dict[str, Any]) -> dict[str, Any] | None:
+    """The template once its build is over (raises if it failed); None while it builds."""
+    status = t.get("status")
+    if status == "building":
+        return None
+    if status == "failed":
+        raise ForkboxError(500, "template_unavailable", f"template {name} failed to build: {t.get('error')}", body=t)
+    return t

@@ -83,8 +83,8 @@ class TemplateNotReady(SessionBusy):
     """409: the template is being built on first use; retry in a while (a 409 like `SessionBusy`)."""
 
 
-class TemplateExists(ForkboxError):
-    """409: a template of that name exists already (this tenant's, shipped, or shared by the server)."""
+class TemplateExists(SessionBusy):
+    """409: a template of that name exists already (this tenant's, shipped, or shared by the server; a 409 like `SessionBusy`)."""
 
 
 class PayloadTooLarge(ForkboxError):

@@ -63,9 +63,43 @@ class Forkbox:
     def _json(self, method: str, path: str, **kw: Any) -> Any:
         return self._send(method, path, **kw).json()
 
-    def exec(self, code: str, timeout: float | None = None) -> ExecResult:
-        """Run `code` in a fresh sandbox forked from the warm template."""
-        return ExecResult.from_json(self._json("POST", "/v1/exec", json=_base.exec_body(code, timeout)))
+    def exec(self, code: str, timeout: float | None = None, template: str | None = None) -> ExecResult:
+        """Run `code` in a fresh sandbox forked from the warm template (`template`: a named one)."""
+        return ExecResult.from_json(self._json("POST", "/v1/exec", json=_base.exec_body(code, timeout, template)))
+
+    def templates(self) -> list[dict[str, Any]]:
+        """The templates this caller may use (shipped, the server's shared ones, its own) and their state."""
+        return list(self._json("GET", "/v1/templates")["templates"])
+
+    def template(self, name: str) -> dict[str, Any]:
+        """One template: `status` (`building` with `progress`, `ready`, `failed` with `error`), `image_bytes`, `pip`, ..."""
+        return dict(self._json("GET", f"/v1/templates/{_base.seg(name)}"))
+
+    def create_template(
+        self,
+        name: str,
+        *,
+        apt: Sequence[str] | None = None,
+        pip: Sequence[str] | None = None,
+        preload: str | None = None,
+        blas: str | None = None,
+        wait: bool = True,
+        poll: float = 1.0,
+        timeout: float = 1800.0,
+    ) -> dict[str, Any]:
+        """Build a template of your own (Debian packages, pip binary wheels, a preload); with `wait`,
+        poll until it is ready (raises `ForkboxError` if the build failed or took longer than `timeout`)."""
+        t = dict(self._json("POST", "/v1/templates", json=_base.template_body(name, apt, pip, preload, blas)))
+        deadline = time.monotonic() + timeout
+        while wait:
+            done = _base.template_done(name, t)
+            if done is not None:
+                return done
+            if time.monotonic() > deadline:
+                raise ForkboxError(0, "timeout", f"template {name} still building after {timeout:.0f} s")
+            time.sleep(poll)
+            t = self.template(name)
+        return t
 
     def exec_batch(self, codes: Sequence[str], timeout: float | None = None) -> list[ExecResult | ForkboxError]:
         """Run each code in its own sandbox, in parallel; an exec that failed is its error (not raised)."""
@@ -136,9 +170,15 @@ class Sessions:
     def __init__(self, client: Forkbox):
         self._c = client
 
-    def create(self, tags: Mapping[str, str] | None = None, memory_mb: int | None = None, timeout: float | None = None) -> Session:
+    def create(
+        self,
+        tags: Mapping[str, str] | None = None,
+        memory_mb: int | None = None,
+        timeout: float | None = None,
+        template: str | None = None,
+    ) -> Session:
         """A new session; `timeout` is its per-exec time limit in seconds."""
-        v = self._c._json("POST", "/v1/sessions", json=_base.session_body(tags, memory_mb, timeout))
+        v = self._c._json("POST", "/v1/sessions", json=_base.session_body(tags, memory_mb, timeout, template))
         return Session(self._c, SessionInfo.from_json(v))
 
     def list(self, tags: Mapping[str, str] | None = None) -> list[Session]:
@@ -246,6 +286,11 @@ class Session:
         if tags:
             body["tags"] = dict(tags)
         return Session(self._c, SessionInfo.from_json(self._c._json("POST", self._path("/fork"), json=body)))
+
+    def to_template(self, n: int, name: str) -> dict[str, Any]:
+        """A template of your own from checkpoint `n` of this session (its variables, imports, data, files):
+        execs and new sessions on `name` start from that state; it outlives the session."""
+        return dict(self._c._json("POST", self._path(f"/checkpoints/{int(n)}/template"), json={"name": name}))
 
     def tree(self) -> dict[str, Any]:
         """The session's tree: `nodes` (checkpoint, parent, session, code, summary, bytes, head, heads),
