@@ -24,10 +24,11 @@ def write_wheel(path, name, module):
         return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b"=").decode()
 
     rows = [f"{n},{h(d)},{len(d)}" for n, d in files.items()] + [f"{dist}/RECORD,,"]
+    files[f"{dist}/RECORD"] = ("\n".join(rows) + "\n").encode()
+    # Fixed timestamps: the same wheel bytes every run, so its image is reused.
     with zipfile.ZipFile(path / f"{name}-1.0-py3-none-any.whl", "w", zipfile.ZIP_DEFLATED) as z:
         for n, d in files.items():
-            z.writestr(n, d)
-        z.writestr(f"{dist}/RECORD", "\n".join(rows) + "\n")
+            z.writestr(zipfile.ZipInfo(n, date_time=(2020, 1, 1, 0, 0, 0)), d)
 
 
 @pytest.fixture(scope="module")

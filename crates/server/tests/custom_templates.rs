@@ -26,10 +26,11 @@ files = {
 def h(d):
     return 'sha256=' + base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b'=').decode()
 rows = ['%s,%s,%d' % (n, h(d), len(d)) for n, d in files.items()] + [dist + '/RECORD,,']
+files[dist + '/RECORD'] = ('\n'.join(rows) + '\n').encode()
+# Fixed timestamps: the same wheel bytes every run, so its image is reused.
 with zipfile.ZipFile(path, 'w', zipfile.ZIP_DEFLATED) as z:
     for n, d in files.items():
-        z.writestr(n, d)
-    z.writestr(dist + '/RECORD', '\n'.join(rows) + '\n')
+        z.writestr(zipfile.ZipInfo(n, date_time=(2020, 1, 1, 0, 0, 0)), d)
 "#;
     let st = std::process::Command::new("python3")
         .args(["-I", "-c", script])
