@@ -95,6 +95,21 @@ def test_session_state_persists_and_revert_and_fork_work(connect):
     run(scenario, connect)
 
 
+def test_a_checkpoint_saved_as_a_template_starts_new_sandboxes(connect):
+    async def scenario(s):
+        sid = (await ok(s, "create_session"))["session_id"]
+        cp = (await ok(s, "exec", session_id=sid, code="setup = {'k': 7}"))["checkpoint"]
+        name = f"mcp-{sid[-8:]}"
+        t = await ok(s, "save_template", session_id=sid, checkpoint=cp, name=name)
+        assert t["template"] == name and t["status"] == "ready", t
+        await ok(s, "delete_session", session_id=sid)
+        assert (await ok(s, "run_python", code="setup['k'] * 6", template=name))["value"] == "42"
+        code, _, _ = await err(s, "save_template", session_id=sid, checkpoint=cp, name="other")
+        assert code == "session_not_found"
+
+    run(scenario, connect)
+
+
 def test_errors_are_tool_errors_with_the_api_codes(connect):
     async def scenario(s):
         code, msg, text = await err(s, "exec", session_id="s_doesnotexist", code="1")

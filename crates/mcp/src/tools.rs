@@ -139,6 +139,17 @@ pub struct ForkArgs {
     pub checkpoint: Option<i64>,
 }
 
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SaveTemplateArgs {
+    /// The session whose state to save.
+    pub session_id: String,
+    /// Its checkpoint to save (see list_checkpoints; exec results name their checkpoint).
+    pub checkpoint: i64,
+    /// The template's name: 1 to 63 of a-z, 0-9, '.', '_', '-'.
+    pub name: String,
+}
+
 /// How a file's content is carried in a tool call.
 #[derive(Clone, Copy, Debug, Deserialize, schemars::JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
@@ -428,6 +439,38 @@ impl ForkboxMcp {
         )
     }
 
+    #[tool(description = "Save a checkpoint of a session as a template of your own: run_python and create_session \
+        with template=NAME then start from that state (its variables, imports, loaded data and files), without \
+        redoing the setup. The template outlives the session. Returns the template's name and id.")]
+    async fn save_template(
+        &self,
+        Parameters(a): Parameters<SaveTemplateArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        done(
+            async {
+                check_id(&a.session_id)?;
+                let c = self.client(&ctx)?;
+                c.checkpoint_template(&a.session_id, a.checkpoint, &a.name)
+                    .await
+                    .map(|t| {
+                        let mut out = CallToolResult::success(vec![rmcp::model::ContentBlock::text(format!(
+                            "saved template {} (id {}) from checkpoint {} of session {}; use template={:?}",
+                            t.name,
+                            t.id.as_deref().unwrap_or("-"),
+                            a.checkpoint,
+                            a.session_id,
+                            t.name
+                        ))]);
+                        out.structured_content = Some(serde_json::json!({ "template": t.name, "id": t.id, "status": t.status }));
+                        out
+                    })
+                    .map_err(|e| render::client_error(&e))
+            }
+            .await,
+        )
+    }
+
     #[tool(description = "Branch: create a new session that starts from a checkpoint of another session (default: its \
         current state), with all its variables and files. The original session is not changed. Use it to try \
         alternatives from the same state, side by side. Returns the new session_id.")]
@@ -644,6 +687,7 @@ fn argument_error(tool: &str, arguments: &rmcp::model::JsonObject) -> Option<Str
         "list_files" => check::<ListFilesArgs>(arguments),
         "revert" => check::<RevertArgs>(arguments),
         "fork_session" => check::<ForkArgs>(arguments),
+        "save_template" => check::<SaveTemplateArgs>(arguments),
         other => crate::tree::argument_check(other).and_then(|f| f(arguments)),
     }
 }
