@@ -784,6 +784,8 @@ impl Catalog {
 
     fn open_recipe(&self, key: &str, recipe: &Recipe, started: Instant) -> Result<Arc<Loaded>, CatalogError> {
         let name = key.to_string();
+        // Errors name the template as its owner knows it (not by its key).
+        let shown = recipe.name.clone();
         let t0 = Instant::now();
         if let RecipeKind::Checkpoint { .. } = recipe.kind {
             let id = recipe.template_id.clone().ok_or_else(|| CatalogError::NotOnDisk(name.clone()))?;
@@ -795,9 +797,9 @@ impl Catalog {
             return Ok(loaded);
         }
         let built = forkbox_image::build(&recipe.spec, &BuildOptions { home: self.home.clone(), progress: self.progress })
-            .map_err(|source| CatalogError::Build { name: name.clone(), source })?;
+            .map_err(|source| CatalogError::Build { name: shown.clone(), source })?;
         let engine = Engine::open_with_cpu(self.cpu.clone(), &built.path)
-            .map_err(|source| CatalogError::Engine { name: name.clone(), source })?
+            .map_err(|source| CatalogError::Engine { name: shown.clone(), source })?
             .with_preload(recipe.preload.clone());
         let tid = crate::template::template_id(engine.image.id(), &engine.preload, &forkbox_snapshot::CpuFingerprint::of(&engine.cpu).digest());
         let existing = self.by_id.lock().ok().and_then(|m| m.get(&tid).cloned());
@@ -809,7 +811,7 @@ impl Catalog {
                     eprintln!("forkbox: booting template {name} and snapshotting it ...");
                 }
                 let template = Template::ensure(&engine, &self.home)
-                .map_err(|source| CatalogError::Engine { name: name.clone(), source })?;
+                .map_err(|source| CatalogError::Engine { name: shown.clone(), source })?;
                 Arc::new(Loaded { engine: Arc::new(engine), template: Arc::new(template), name: Some(name.clone()) })
             }
         };
