@@ -220,9 +220,17 @@ const SOMAXCONN: usize = 4096;
 /// Option values kept per in-sandbox socket.
 const OPTS_CAP: usize = 32;
 
+/// `ip` as IPv4 if it is one or IPv4-mapped (how an AF_INET6 socket spells IPv4).
+fn as_v4(ip: IpAddr) -> Option<Ipv4Addr> {
+    match ip {
+        IpAddr::V4(v4) => Some(v4),
+        IpAddr::V6(v6) => v6.to_ipv4_mapped(),
+    }
+}
+
 /// Is `ip` an address a sandbox TCP socket may bind (loopback or wildcard)?
 fn sandbox_local(ip: IpAddr) -> bool {
-    match policy::canonical(ip) {
+    match as_v4(ip) {
         Some(v4) => v4.is_loopback() || v4.is_unspecified(),
         None => ip.is_loopback() || ip.is_unspecified(),
     }
@@ -231,7 +239,7 @@ fn sandbox_local(ip: IpAddr) -> bool {
 /// A destination's address with IPv4-mapped forms as IPv4, and the wildcard
 /// as loopback (a connect to 0.0.0.0 or :: reaches the local host on Linux).
 fn loop_dest(addr: SocketAddr) -> SocketAddr {
-    let ip = match policy::canonical(addr.ip()) {
+    let ip = match as_v4(addr.ip()) {
         Some(v4) if v4.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
         Some(v4) => IpAddr::V4(v4),
         None if addr.ip().is_unspecified() => IpAddr::V6(std::net::Ipv6Addr::LOCALHOST),
@@ -256,7 +264,7 @@ fn listener_takes(bound: SocketAddr, domain: i32, dest: SocketAddr) -> bool {
 
 /// A bound address's IP as compared with destinations (None: the wildcard).
 fn loop_dest_ip(ip: IpAddr) -> Option<IpAddr> {
-    match policy::canonical(ip) {
+    match as_v4(ip) {
         Some(v4) if v4.is_unspecified() => None,
         Some(v4) => Some(IpAddr::V4(v4)),
         None if ip.is_unspecified() => None,
