@@ -64,9 +64,11 @@ class AsyncForkbox:
     async def _json(self, method: str, path: str, **kw: Any) -> Any:
         return (await self._send(method, path, **kw)).json()
 
-    async def exec(self, code: str, timeout: float | None = None, template: str | None = None) -> ExecResult:
-        """Run `code` in a fresh sandbox forked from the warm template (`template`: a named one)."""
-        return ExecResult.from_json(await self._json("POST", "/v1/exec", json=_base.exec_body(code, timeout, template)))
+    async def exec(
+        self, code: str, timeout: float | None = None, network: _base.Network | None = None, template: str | None = None
+    ) -> ExecResult:
+        """Run `code` in a fresh sandbox forked from the warm template; `network` narrows its egress policy; `template` names the template."""
+        return ExecResult.from_json(await self._json("POST", "/v1/exec", json=_base.exec_body(code, timeout, network, template)))
 
     async def templates(self) -> list[dict[str, Any]]:
         """The templates this caller may use (shipped, the server's shared ones, its own) and their state."""
@@ -109,9 +111,9 @@ class AsyncForkbox:
             body["timeout_seconds"] = timeout
         return _base.batch_results(await self._json("POST", "/v1/exec/batch", json=body))
 
-    def stream(self, code: str, timeout: float | None = None) -> AsyncIterator[Event]:
+    def stream(self, code: str, timeout: float | None = None, network: _base.Network | None = None) -> AsyncIterator[Event]:
         """Run `code` in a fresh sandbox; yields its output as it is produced, then its `Result`."""
-        return self._stream("/v1/exec/stream", _base.exec_body(code, timeout))
+        return self._stream("/v1/exec/stream", _base.exec_body(code, timeout, network))
 
     async def _stream(self, path: str, body: dict[str, Any], result: type = ExecResult) -> AsyncIterator[Event]:
         attempt = 0
@@ -186,10 +188,11 @@ class AsyncSessions:
         tags: Mapping[str, str] | None = None,
         memory_mb: int | None = None,
         timeout: float | None = None,
+        network: _base.Network | None = None,
         template: str | None = None,
     ) -> AsyncSession:
-        """A new session; `timeout` is its per-exec time limit in seconds."""
-        v = await self._c._json("POST", "/v1/sessions", json=_base.session_body(tags, memory_mb, timeout, template))
+        """A new session; `timeout` is its per-exec time limit in seconds; `network` narrows its egress policy."""
+        v = await self._c._json("POST", "/v1/sessions", json=_base.session_body(tags, memory_mb, timeout, network, template))
         return AsyncSession(self._c, SessionInfo.from_json(v))
 
     async def list(self, tags: Mapping[str, str] | None = None) -> list[AsyncSession]:

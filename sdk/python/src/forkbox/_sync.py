@@ -63,9 +63,11 @@ class Forkbox:
     def _json(self, method: str, path: str, **kw: Any) -> Any:
         return self._send(method, path, **kw).json()
 
-    def exec(self, code: str, timeout: float | None = None, template: str | None = None) -> ExecResult:
-        """Run `code` in a fresh sandbox forked from the warm template (`template`: a named one)."""
-        return ExecResult.from_json(self._json("POST", "/v1/exec", json=_base.exec_body(code, timeout, template)))
+    def exec(
+        self, code: str, timeout: float | None = None, network: _base.Network | None = None, template: str | None = None
+    ) -> ExecResult:
+        """Run `code` in a fresh sandbox forked from the warm template; `network` narrows its egress policy; `template` names the template."""
+        return ExecResult.from_json(self._json("POST", "/v1/exec", json=_base.exec_body(code, timeout, network, template)))
 
     def templates(self) -> list[dict[str, Any]]:
         """The templates this caller may use (shipped, the server's shared ones, its own) and their state."""
@@ -108,9 +110,9 @@ class Forkbox:
             body["timeout_seconds"] = timeout
         return _base.batch_results(self._json("POST", "/v1/exec/batch", json=body))
 
-    def stream(self, code: str, timeout: float | None = None) -> Iterator[Event]:
+    def stream(self, code: str, timeout: float | None = None, network: _base.Network | None = None) -> Iterator[Event]:
         """Run `code` in a fresh sandbox; yields its output as it is produced, then its `Result`."""
-        return self._stream("/v1/exec/stream", _base.exec_body(code, timeout))
+        return self._stream("/v1/exec/stream", _base.exec_body(code, timeout, network))
 
     def _stream(self, path: str, body: dict[str, Any], result: type = ExecResult) -> Iterator[Event]:
         attempt = 0
@@ -175,10 +177,11 @@ class Sessions:
         tags: Mapping[str, str] | None = None,
         memory_mb: int | None = None,
         timeout: float | None = None,
+        network: _base.Network | None = None,
         template: str | None = None,
     ) -> Session:
-        """A new session; `timeout` is its per-exec time limit in seconds."""
-        v = self._c._json("POST", "/v1/sessions", json=_base.session_body(tags, memory_mb, timeout, template))
+        """A new session; `timeout` is its per-exec time limit in seconds; `network` narrows its egress policy."""
+        v = self._c._json("POST", "/v1/sessions", json=_base.session_body(tags, memory_mb, timeout, network, template))
         return Session(self._c, SessionInfo.from_json(v))
 
     def list(self, tags: Mapping[str, str] | None = None) -> list[Session]:
