@@ -749,6 +749,7 @@ impl Sandbox {
     /// a zombie of its parent (which gets SIGCHLD), its VM goes, another runs.
     fn end_process(&mut self, how: Exit) -> Result<(), EngineError> {
         let pid = self.proc.pid;
+        self.with_ctx(syscalls::release_shared);
         self.close_all_fds();
         self.io.procs.exit(pid, how);
         self.swap_task(0);
@@ -782,6 +783,7 @@ impl Sandbox {
         let mut killed = 0;
         while !self.others.is_empty() {
             self.swap_task(0);
+            self.with_ctx(syscalls::release_shared);
             self.close_all_fds();
             self.swap_task(0);
             let t = self.others.remove(0);
@@ -792,7 +794,44 @@ impl Sandbox {
         }
         self.io.procs.keep_only_main();
         self.apply_memory_limit();
+        // The one process left keeps its shared mappings as private memory (what a checkpoint stores).
+        if let Err(e) = self.with_ctx(syscalls::privatize_shared) {
+            tracing::warn!("shared memory at the end of an exec: {e:?}");
+        }
         killed
+    }
+
+    /// Deliver the futex wakes the last syscall made on shared memory to the
+    /// waiters of the other processes that map the same object at the same
+    /// offset; returns how many it woke.
+    fn deliver_shared_wakes(&mut self) -> u64 {
+        if self.io.shm.wakes.is_empty() {
+            return 0;
+        }
+        let mut total = 0;
+        for w in std::mem::take(&mut self.io.shm.wakes) {
+            let mut left = w.n;
+            for t in self.others.iter_mut() {
+                if left == 0 {
+                    break;
+                }
+                let mm = &t.proc.mm;
+                for th in t.proc.threads.list.iter_mut() {
+                    if left == 0 {
+                        break;
+                    }
+                    let Some(wait) = th.wait.as_mut() else { continue };
+                    let WaitKind::Futex { addr, bitset } = wait.kind else { continue };
+                    if wait.woken || bitset & w.bitset == 0 || mm.shared_at(addr) != Some((w.obj, w.offset)) {
+                        continue;
+                    }
+                    wait.woken = true;
+                    left -= 1;
+                    total += 1;
+                }
+            }
+        }
+        total
     }
 
     /// fork: the child is a new VM over a copy of the caller's memory (the
@@ -830,6 +869,7 @@ impl Sandbox {
     /// execve past its checks: the old address space goes (its VM is torn down
     /// in the background), the program is loaded into a fresh VM.
     fn exec_program(&mut self, spec: ExecSpec) -> Result<(), EngineError> {
+        self.with_ctx(syscalls::release_shared);
         let closes = self.proc.fds.exec_closes();
         self.with_ctx(|ctx| syscalls::close_fds(ctx, &closes));
         self.proc.exec_reset();
@@ -1387,6 +1427,10 @@ impl Sandbox {
             }
         }
         self.deliver_outbox();
+        let woken = self.deliver_shared_wakes();
+        if woken > 0 && (ret as i64) >= 0 {
+            ret = ret.saturating_add(woken);
+        }
         let vm = self.vm.as_mut().expect("sandbox VM present until drop");
         if self.proc.threads.is_simple() {
             vm.complete_syscall(&regs, ret)?;
