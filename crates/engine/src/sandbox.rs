@@ -981,9 +981,9 @@ impl Sandbox {
     /// waiting with nothing that can end their waits is a deadlock.
     fn schedule(&mut self, deadline: Instant) -> Result<(), EngineError> {
         // Processes share the vCPU thread by time slices; an interrupt goes to the agent's.
-        if !self.others.is_empty()
-            && (self.sig.want && self.proc.pid != GUEST_PID || self.resched && self.slice_start.elapsed() >= SLICE)
-        {
+        // A slice ends by time whether or not the vCPU ran into its deadline: a
+        // thread making syscalls all the time (a poll loop) never does.
+        if !self.others.is_empty() && (self.sig.want && self.proc.pid != GUEST_PID || self.slice_start.elapsed() >= SLICE) {
             if self.sig.want {
                 self.make_main_current();
             } else {
@@ -1008,7 +1008,7 @@ impl Sandbox {
             let other = woken.or_else(|| t.next_runnable(cur).filter(|&i| i != cur));
             let switch = match other {
                 Some(_) if !cur_runnable => true,
-                Some(_) => woken.is_some() || self.resched && self.slice_start.elapsed() >= SLICE || self.yielded,
+                Some(_) => woken.is_some() || self.yielded || self.slice_start.elapsed() >= SLICE,
                 None => false,
             };
             self.yielded = false;
