@@ -18,6 +18,18 @@
 //! parent is not suspended). Children still running when an exec ends are
 //! killed (one note line on stderr), so parked and persisted state is always
 //! the one process of the agent.
+//!
+//! Memory shared between processes (`forkbox_linux::shm`) is one host memfd
+//! per shared object mapped over the same guest range in every process VM
+//! that maps it (`GuestMemory::map_shared`; `fork_copy` maps the parent's
+//! again). A futex wake on shared memory queues the wake for the other
+//! processes; `deliver_shared_wakes` marks their waiters on the same
+//! (object, offset) woken right after the syscall (their recheck at the next
+//! rotation returns 0). A time slice ends by time (5 ms) whether or not the
+//! vCPU ran into its deadline: a thread that makes syscalls all the time
+//! (a poll loop) does not starve the others. At the end of an exec, after the
+//! children are killed, the agent's shared ranges become private memory
+//! (`privatize_shared`), so parked state holds no shared object.
 
 use std::time::{Duration, Instant};
 

@@ -7,6 +7,13 @@
 //! the host never backs a page the guest did not map. Syscall buffers are
 //! checked against it too (`accessible`). All size arithmetic is checked:
 //! lengths come from the guest.
+//!
+//! `VmaKind::Shm` mappings are memory shared with the sandbox's other
+//! processes (`shm.rs`): the same host pages (a memfd per object) under the
+//! mapping's range in every process that maps the object. They count as
+//! committed memory here like any mapping, and never reach a saved state
+//! (the end of an exec turns them back into `Anon`/`SharedFile`:
+//! `unshare_all`; `validate` refuses them).
 
 use forkbox_vmm::arch::paging::{self, REGIONS, REGION_PAGES};
 use forkbox_vmm::GuestMemory;
