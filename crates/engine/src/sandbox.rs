@@ -297,6 +297,9 @@ impl Sandbox {
             EngineError::Timeout(_) => EngineError::Boot("timed out before the agent was ready".into()),
             e => EngineError::Boot(format!("{e}; stderr: {}", String::from_utf8_lossy(&sb.io.stderr.data))),
         })?;
+        // As at the end of an exec: one process, no shared objects in what a template stores
+        // (a preload may have made a multiprocessing Lock: its mapping becomes private memory).
+        sb.end_children();
         let (info, _) = protocol::unframe(&std::mem::take(&mut sb.io.agent_out))?;
         if info.get("ready") != Some(&serde_json::Value::Bool(true)) {
             return Err(EngineError::Boot(format!("agent not ready: {info}")));

@@ -50,6 +50,49 @@ pub type ObjId = u32;
 struct Object {
     file: Weak<std::fs::File>,
     ino: Option<Ino>,
+    /// For a file's object: the byte ranges that got the file's bytes (only
+    /// the windows mappings cover are copied in, so the host holds no more of
+    /// a large file than its processes map), sorted, disjoint.
+    filled: Vec<(u64, u64)>,
+}
+
+/// The parts of `[start, end)` not in `filled` (sorted, disjoint).
+fn gaps(filled: &[(u64, u64)], start: u64, end: u64) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    let mut at = start;
+    for &(s, e) in filled {
+        if e <= at {
+            continue;
+        }
+        if s >= end {
+            break;
+        }
+        if s > at {
+            out.push((at, s.min(end)));
+        }
+        at = at.max(e);
+        if at >= end {
+            break;
+        }
+    }
+    if at < end {
+        out.push((at, end));
+    }
+    out
+}
+
+/// Add `[start, end)` to `filled`, merging.
+fn fill(filled: &mut Vec<(u64, u64)>, start: u64, end: u64) {
+    filled.push((start, end));
+    filled.sort_unstable();
+    let mut merged: Vec<(u64, u64)> = Vec::with_capacity(filled.len());
+    for &(s, e) in filled.iter() {
+        match merged.last_mut() {
+            Some(last) if s <= last.1 => last.1 = last.1.max(e),
+            _ => merged.push((s, e)),
+        }
+    }
+    *filled = merged;
 }
 
 /// A futex wake on a shared mapping, for the waiters of other processes.
@@ -105,25 +148,32 @@ impl ShmTable {
         self.objects.get(&id)?.file.upgrade()
     }
 
-    /// The object of file `ino`, at least `size` bytes long (grown with zeros),
-    /// made with `init` (the file's bytes) when there is none. Returns
-    /// (id, host file, whether it was just made).
-    pub fn for_file(&mut self, ino: Ino, size: u64, init: &[u8]) -> Result<(ObjId, SharedFile, bool), Errno> {
-        if size > MAX_OBJECT_BYTES {
-            return Err(Errno::ENOMEM);
-        }
-        if let Some(&id) = self.by_ino.get(&ino) {
-            if let Some(f) = self.file(id) {
-                let len = f.metadata().map_err(|_| Errno::ENOMEM)?.len();
-                if len < size {
-                    f.set_len(size).map_err(|_| Errno::ENOMEM)?;
+    /// The object of file `ino` for a mapping of its bytes `[offset, offset+len)`:
+    /// at least that long (grown with zeros), that window holding the file's
+    /// bytes (`file_bytes`, copied in for the parts no mapping covered yet).
+    /// Made when there is none. Returns (id, host file).
+    pub fn for_file(&mut self, ino: Ino, offset: u64, len: u64, file_bytes: &[u8]) -> Result<(ObjId, SharedFile), Errno> {
+        let end = offset.checked_add(len).filter(|e| *e <= MAX_OBJECT_BYTES).ok_or(Errno::ENOMEM)?;
+        let existing = self.by_ino.get(&ino).and_then(|&id| Some((id, self.file(id)?)));
+        let (id, f) = match existing {
+            Some((id, f)) => {
+                if f.metadata().map_err(|_| Errno::ENOMEM)?.len() < end {
+                    f.set_len(end).map_err(|_| Errno::ENOMEM)?;
                 }
-                return Ok((id, f, false));
+                (id, f)
+            }
+            None => self.create(end, Some(ino))?,
+        };
+        let Some(o) = self.objects.get_mut(&id) else { return Err(Errno::ENOMEM) };
+        for (s, e) in gaps(&o.filled, offset, end) {
+            let from = (s as usize).min(file_bytes.len());
+            let to = (e as usize).min(file_bytes.len());
+            if from < to {
+                std::os::unix::fs::FileExt::write_all_at(&*f, &file_bytes[from..to], s).map_err(|_| Errno::ENOMEM)?;
             }
         }
-        let (id, f) = self.create(size.max(init.len() as u64), Some(ino))?;
-        std::os::unix::fs::FileExt::write_all_at(&*f, init, 0).map_err(|_| Errno::ENOMEM)?;
-        Ok((id, f, true))
+        fill(&mut o.filled, offset, end);
+        Ok((id, f))
     }
 
     /// A new anonymous object of `size` bytes (zeros).
@@ -146,7 +196,7 @@ impl ShmTable {
             id = id.wrapping_add(1);
         }
         self.next = id.wrapping_add(1);
-        self.objects.insert(id, Object { file: std::sync::Arc::downgrade(&f), ino });
+        self.objects.insert(id, Object { file: std::sync::Arc::downgrade(&f), ino, filled: Vec::new() });
         if let Some(ino) = ino {
             self.by_ino.insert(ino, id);
         }
@@ -158,5 +208,49 @@ impl ShmTable {
         self.objects.clear();
         self.by_ino.clear();
         self.wakes.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::FileExt;
+
+    #[test]
+    fn a_files_object_holds_only_the_mapped_windows_and_goes_with_its_last_mapping() {
+        let mut t = ShmTable::default();
+        let bytes: Vec<u8> = (0..5 * 4096u32).map(|i| (i / 4096) as u8 + 1).collect();
+        let (id, f) = t.for_file(7, 4096, 4096, &bytes).unwrap();
+        let mut b = [0u8; 1];
+        f.read_exact_at(&mut b, 4096).unwrap();
+        assert_eq!(b[0], 2);
+        f.read_exact_at(&mut b, 0).unwrap();
+        assert_eq!(b[0], 0, "a window no mapping covers is not copied");
+        f.write_all_at(&[9], 4096).unwrap(); // a process wrote through its mapping
+        let (id2, f2) = t.for_file(7, 0, 3 * 4096, &bytes).unwrap();
+        assert_eq!(id, id2, "the same file maps the same object");
+        f2.read_exact_at(&mut b, 0).unwrap();
+        assert_eq!(b[0], 1, "the new window gets the file's bytes");
+        f2.read_exact_at(&mut b, 4096).unwrap();
+        assert_eq!(b[0], 9, "the mapped window keeps what was written");
+        assert_eq!(t.len(), 1);
+        drop((f, f2));
+        assert_eq!(t.len(), 0, "no mapping holds it: gone");
+        assert!(t.for_file(7, MAX_OBJECT_BYTES, 4096, &bytes).is_err());
+        let held: Vec<_> = (0..MAX_OBJECTS).map(|_| t.anonymous(4096).unwrap()).collect();
+        assert_eq!(t.anonymous(4096).err(), Some(Errno::ENFILE));
+        drop(held);
+        assert!(t.anonymous(4096).is_ok());
+    }
+
+    #[test]
+    fn gaps_and_fill() {
+        let mut f = Vec::new();
+        fill(&mut f, 10, 20);
+        fill(&mut f, 30, 40);
+        assert_eq!(gaps(&f, 0, 50), vec![(0, 10), (20, 30), (40, 50)]);
+        assert_eq!(gaps(&f, 12, 18), vec![]);
+        fill(&mut f, 15, 35);
+        assert_eq!(f, vec![(10, 40)]);
     }
 }

@@ -139,13 +139,12 @@ fn map_shared(ctx: &mut Ctx, addr: u64, len: u64, prot: u32, fixed: bool, file: 
     if ctx.mem.shared_ranges().count() >= forkbox_vmm::memory::MAX_SHARED_RANGES {
         return Err(Errno::ENOMEM);
     }
-    let size = off.checked_add(len).filter(|s| *s <= crate::shm::MAX_OBJECT_BYTES).ok_or(Errno::ENOMEM)?;
+    off.checked_add(len).filter(|s| *s <= crate::shm::MAX_OBJECT_BYTES).ok_or(Errno::ENOMEM)?;
     // The object first (it may be refused): nothing is unmapped yet.
     let (obj, host, ino) = match file {
         Some(ino) => {
-            let init = ctx.proc.vfs.file_bytes(ino)?;
-            let init = init.to_vec();
-            let (obj, host, _) = ctx.io.shm.for_file(ino, size, &init)?;
+            let bytes = ctx.proc.vfs.file_bytes(ino)?;
+            let (obj, host) = ctx.io.shm.for_file(ino, off, len, bytes)?;
             (obj, host, Some(ino))
         }
         None => {
@@ -214,17 +213,10 @@ pub fn reshare_files(ctx: &mut Ctx) -> Result<(), Errno> {
             return Err(Errno::ENOMEM);
         }
         write_back(ctx, at, len, kind);
-        let size = offset.checked_add(len).filter(|s| *s <= crate::shm::MAX_OBJECT_BYTES).ok_or(Errno::ENOMEM)?;
-        let init = match ctx.proc.vfs.file_bytes(ino) {
-            Ok(b) => b.to_vec(),
-            // The file is gone: its bytes are the mapping's.
-            Err(_) => ctx.mem.slice(at, len).map_err(|_| Errno::EFAULT)?.to_vec(),
-        };
-        let from_mapping = ctx.proc.vfs.file_bytes(ino).is_err();
-        let (obj, host, _) = ctx.io.shm.for_file(ino, size, if from_mapping { &[] } else { &init })?;
-        if from_mapping {
-            std::os::unix::fs::FileExt::write_all_at(&*host, &init, offset).map_err(|_| Errno::ENOMEM)?;
-        }
+        // The mapping's own bytes (the file may be gone, or shorter than the mapping).
+        let mine = ctx.mem.slice(at, len).map_err(|_| Errno::EFAULT)?.to_vec();
+        let (obj, host) = ctx.io.shm.for_file(ino, offset, len, &[])?;
+        std::os::unix::fs::FileExt::write_all_at(&*host, &mine, offset).map_err(|_| Errno::ENOMEM)?;
         ctx.mem.map_shared(at, len, &host, offset).map_err(|_| Errno::ENOMEM)?;
         ctx.proc.mm.set_kind(at, VmaKind::Shm { obj, offset, ino: Some(ino) });
     }
