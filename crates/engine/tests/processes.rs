@@ -409,6 +409,8 @@ if pid == 0:
     os._exit(0)
 os.waitpid(pid, 0)
 out["anon"] = [anon[0:5].decode(), anon[3 * 4096 - 3:].decode()]
+anon.madvise(mmap.MADV_DONTNEED)
+out["dontneed"] = anon[0:5].decode()
 # a /dev/shm file mapped in both (the parent maps it after the fork: the object is the file's)
 fd = os.open("/dev/shm/fbx-test", os.O_CREAT | os.O_RDWR, 0o600)
 os.ftruncate(fd, 8192)
@@ -447,6 +449,7 @@ json.dumps(out)
 "#,
     );
     assert_eq!(v["anon"], serde_json::json!(["child", "end"]), "{v}");
+    assert_eq!(v["dontneed"], "child", "MADV_DONTNEED keeps shared memory's content: {v}");
     assert_eq!(v["shm_live"], "shm!", "{v}");
     assert_eq!(v["file"], "shm!", "written back to the file at the child's end: {v}");
     assert_eq!(v["memfd"], "mf", "{v}");

@@ -497,12 +497,9 @@ impl GuestMemory {
     /// accesses past its end would fault).
     pub fn map_shared(&mut self, addr: u64, len: u64, file: &SharedFile, offset: u64) -> Result<()> {
         self.check(addr, len)?;
-        let bad = |_| VmmError::OutOfRange { addr, len };
         let file_len = file.metadata().map_err(|source| VmmError::Sys { call: "fstat(shared guest memory)", source })?.len();
-        if len == 0 || addr % PAGE_SIZE != 0 || len % PAGE_SIZE != 0 || offset % PAGE_SIZE != 0 {
-            return Err(VmmError::OutOfRange { addr, len });
-        }
-        if offset.checked_add(len).ok_or(()).map_err(bad)? > file_len {
+        let aligned = len != 0 && addr % PAGE_SIZE == 0 && len % PAGE_SIZE == 0 && offset % PAGE_SIZE == 0;
+        if !aligned || offset.checked_add(len).is_none_or(|end| end > file_len) {
             return Err(VmmError::OutOfRange { addr, len });
         }
         self.forget_shared(addr, len);

@@ -325,19 +325,14 @@ pub fn madvise(ctx: &mut Ctx, a: &Args) -> SysResult {
     if advice == libc::MADV_DONTNEED || advice == libc::MADV_FREE {
         // Shared memory keeps its content (Linux drops only this process' page
         // table entries of it); private memory is given back.
-        let private: Vec<(u64, u64)> = ctx
-            .proc
-            .mm
-            .overlapping(addr, len)
-            .into_iter()
-            .filter(|p| !matches!(p.2, VmaKind::Shm { .. }))
-            .map(|p| (p.0, p.1))
-            .collect();
-        let mut rest = vec![(addr, len)];
-        if ctx.proc.mm.overlapping(addr, len).iter().any(|p| matches!(p.2, VmaKind::Shm { .. })) {
-            rest = private;
-        }
-        discard(ctx, &rest)?;
+        let parts = ctx.proc.mm.overlapping(addr, len);
+        let shared = |p: &(u64, u64, VmaKind)| matches!(p.2, VmaKind::Shm { .. });
+        let give_back: Vec<(u64, u64)> = if parts.iter().any(shared) {
+            parts.iter().filter(|p| !shared(p)).map(|p| (p.0, p.1)).collect()
+        } else {
+            vec![(addr, len)]
+        };
+        discard(ctx, &give_back)?;
     }
     Ok(0)
 }
