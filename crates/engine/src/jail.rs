@@ -9,7 +9,9 @@
 //! network tests, and from the code):
 //! - KVM: `ioctl` with one of the KVM request numbers the VMM uses (exactly
 //!   those, by number), `PAGEMAP_SCAN` on `/proc/self/pagemap`, `FIONREAD` on
-//!   the guest's host sockets; memory: mmap/munmap/mremap/mprotect/madvise/brk;
+//!   the guest's host sockets; memory: mmap/munmap/mremap/mprotect/madvise/brk,
+//!   and `memfd_create` for the memory the guest's processes share (one
+//!   memfd per shared object, `forkbox_linux::shm`; never a path);
 //! - the wall-clock timer (timer_create/settime/delete with a thread-directed
 //!   signal), the interrupt (tgkill), futexes, clocks, getrandom;
 //! - host sockets for the guest's AF_INET/AF_INET6 (socket with only those
@@ -125,6 +127,7 @@ const ALLOWED: &[i64] = &[
     libc::SYS_madvise,
     libc::SYS_brk,
     libc::SYS_msync,
+    libc::SYS_memfd_create,
     // threads, signals, time
     libc::SYS_futex,
     libc::SYS_sched_yield,

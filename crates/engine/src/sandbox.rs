@@ -18,6 +18,18 @@
 //! parent is not suspended). Children still running when an exec ends are
 //! killed (one note line on stderr), so parked and persisted state is always
 //! the one process of the agent.
+//!
+//! Memory shared between processes (`forkbox_linux::shm`) is one host memfd
+//! per shared object mapped over the same guest range in every process VM
+//! that maps it (`GuestMemory::map_shared`; `fork_copy` maps the parent's
+//! again). A futex wake on shared memory queues the wake for the other
+//! processes; `deliver_shared_wakes` marks their waiters on the same
+//! (object, offset) woken right after the syscall (their recheck at the next
+//! rotation returns 0). A time slice ends by time (5 ms) whether or not the
+//! vCPU ran into its deadline: a thread that makes syscalls all the time
+//! (a poll loop) does not starve the others. At the end of an exec, after the
+//! children are killed, the agent's shared ranges become private memory
+//! (`privatize_shared`), so parked state holds no shared object.
 
 use std::time::{Duration, Instant};
 
@@ -285,6 +297,9 @@ impl Sandbox {
             EngineError::Timeout(_) => EngineError::Boot("timed out before the agent was ready".into()),
             e => EngineError::Boot(format!("{e}; stderr: {}", String::from_utf8_lossy(&sb.io.stderr.data))),
         })?;
+        // As at the end of an exec: one process, no shared objects in what a template stores
+        // (a preload may have made a multiprocessing Lock: its mapping becomes private memory).
+        sb.end_children();
         let (info, _) = protocol::unframe(&std::mem::take(&mut sb.io.agent_out))?;
         if info.get("ready") != Some(&serde_json::Value::Bool(true)) {
             return Err(EngineError::Boot(format!("agent not ready: {info}")));
@@ -749,6 +764,7 @@ impl Sandbox {
     /// a zombie of its parent (which gets SIGCHLD), its VM goes, another runs.
     fn end_process(&mut self, how: Exit) -> Result<(), EngineError> {
         let pid = self.proc.pid;
+        self.with_ctx(syscalls::release_shared);
         self.close_all_fds();
         self.io.procs.exit(pid, how);
         self.swap_task(0);
@@ -782,6 +798,7 @@ impl Sandbox {
         let mut killed = 0;
         while !self.others.is_empty() {
             self.swap_task(0);
+            self.with_ctx(syscalls::release_shared);
             self.close_all_fds();
             self.swap_task(0);
             let t = self.others.remove(0);
@@ -792,7 +809,44 @@ impl Sandbox {
         }
         self.io.procs.keep_only_main();
         self.apply_memory_limit();
+        // The one process left keeps its shared mappings as private memory (what a checkpoint stores).
+        if let Err(e) = self.with_ctx(syscalls::privatize_shared) {
+            tracing::warn!("shared memory at the end of an exec: {e:?}");
+        }
         killed
+    }
+
+    /// Deliver the futex wakes the last syscall made on shared memory to the
+    /// waiters of the other processes that map the same object at the same
+    /// offset; returns how many it woke.
+    fn deliver_shared_wakes(&mut self) -> u64 {
+        if self.io.shm.wakes.is_empty() {
+            return 0;
+        }
+        let mut total = 0;
+        for w in std::mem::take(&mut self.io.shm.wakes) {
+            let mut left = w.n;
+            for t in self.others.iter_mut() {
+                if left == 0 {
+                    break;
+                }
+                let mm = &t.proc.mm;
+                for th in t.proc.threads.list.iter_mut() {
+                    if left == 0 {
+                        break;
+                    }
+                    let Some(wait) = th.wait.as_mut() else { continue };
+                    let WaitKind::Futex { addr, bitset } = wait.kind else { continue };
+                    if wait.woken || bitset & w.bitset == 0 || mm.shared_at(addr) != Some((w.obj, w.offset)) {
+                        continue;
+                    }
+                    wait.woken = true;
+                    left -= 1;
+                    total += 1;
+                }
+            }
+        }
+        total
     }
 
     /// fork: the child is a new VM over a copy of the caller's memory (the
@@ -830,6 +884,7 @@ impl Sandbox {
     /// execve past its checks: the old address space goes (its VM is torn down
     /// in the background), the program is loaded into a fresh VM.
     fn exec_program(&mut self, spec: ExecSpec) -> Result<(), EngineError> {
+        self.with_ctx(syscalls::release_shared);
         let closes = self.proc.fds.exec_closes();
         self.with_ctx(|ctx| syscalls::close_fds(ctx, &closes));
         self.proc.exec_reset();
@@ -941,9 +996,9 @@ impl Sandbox {
     /// waiting with nothing that can end their waits is a deadlock.
     fn schedule(&mut self, deadline: Instant) -> Result<(), EngineError> {
         // Processes share the vCPU thread by time slices; an interrupt goes to the agent's.
-        if !self.others.is_empty()
-            && (self.sig.want && self.proc.pid != GUEST_PID || self.resched && self.slice_start.elapsed() >= SLICE)
-        {
+        // A slice ends by time whether or not the vCPU ran into its deadline: a
+        // thread making syscalls all the time (a poll loop) never does.
+        if !self.others.is_empty() && (self.sig.want && self.proc.pid != GUEST_PID || self.slice_start.elapsed() >= SLICE) {
             if self.sig.want {
                 self.make_main_current();
             } else {
@@ -968,7 +1023,7 @@ impl Sandbox {
             let other = woken.or_else(|| t.next_runnable(cur).filter(|&i| i != cur));
             let switch = match other {
                 Some(_) if !cur_runnable => true,
-                Some(_) => woken.is_some() || self.resched && self.slice_start.elapsed() >= SLICE || self.yielded,
+                Some(_) => woken.is_some() || self.yielded || self.slice_start.elapsed() >= SLICE,
                 None => false,
             };
             self.yielded = false;
@@ -1387,6 +1442,10 @@ impl Sandbox {
             }
         }
         self.deliver_outbox();
+        let woken = self.deliver_shared_wakes();
+        if woken > 0 && (ret as i64) >= 0 {
+            ret = ret.saturating_add(woken);
+        }
         let vm = self.vm.as_mut().expect("sandbox VM present until drop");
         if self.proc.threads.is_simple() {
             vm.complete_syscall(&regs, ret)?;

@@ -87,6 +87,8 @@ pub struct Io {
     pub net: crate::net::NetIo,
     /// The sandbox's processes (pids, groups, zombies): shared by all of them.
     pub procs: crate::procs::ProcTable,
+    /// Memory shared between the sandbox's processes (`shm.rs`).
+    pub shm: crate::shm::ShmTable,
 }
 
 /// The marker streamed once a stream's output goes past the output limit

@@ -17,6 +17,7 @@ pub mod net;
 pub mod process;
 pub mod procs;
 mod serde_map;
+pub mod shm;
 pub mod signal;
 pub mod syscalls;
 pub mod thread;

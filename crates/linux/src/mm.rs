@@ -7,6 +7,13 @@
 //! the host never backs a page the guest did not map. Syscall buffers are
 //! checked against it too (`accessible`). All size arithmetic is checked:
 //! lengths come from the guest.
+//!
+//! `VmaKind::Shm` mappings are memory shared with the sandbox's other
+//! processes (`shm.rs`): the same host pages (a memfd per object) under the
+//! mapping's range in every process that maps the object. They count as
+//! committed memory here like any mapping, and never reach a saved state
+//! (the end of an exec turns them back into `Anon`/`SharedFile`:
+//! `unshare_all`; `validate` refuses them).
 
 use forkbox_vmm::arch::paging::{self, REGIONS, REGION_PAGES};
 use forkbox_vmm::GuestMemory;
@@ -25,6 +32,11 @@ pub enum VmaKind {
     /// offset of the mapping's first byte.
     SharedFile { ino: u64, offset: u64 },
     Stack,
+    /// MAP_SHARED memory shared between the sandbox's processes (`shm.rs`):
+    /// shared object `obj` from byte `offset`; `ino`: the file it maps (its
+    /// bytes are written back there), None for MAP_SHARED|MAP_ANONYMOUS.
+    /// Host-side only: never in a saved state (`shm.rs`, `validate`).
+    Shm { obj: u32, offset: u64, ino: Option<u64> },
 }
 
 impl Vma {
@@ -32,6 +44,7 @@ impl Vma {
     fn kind_from(&self, skip: u64) -> VmaKind {
         match self.kind {
             VmaKind::SharedFile { ino, offset } => VmaKind::SharedFile { ino, offset: offset + skip },
+            VmaKind::Shm { obj, offset, ino } => VmaKind::Shm { obj, offset: offset + skip, ino },
             k => k,
         }
     }
@@ -89,6 +102,9 @@ impl MemoryMap {
                 || (*s < RESERVED.1 && v.end > RESERVED.0)
             {
                 return Err(format!("bad mapping {s:#x}..{:#x}", v.end));
+            }
+            if matches!(v.kind, VmaKind::Shm { .. }) {
+                return Err(format!("a shared-memory mapping at {s:#x} in a saved state"));
             }
             last_end = v.end;
             sum = sum.checked_add(v.end - s).ok_or("mapping sizes overflow")?;
@@ -361,6 +377,42 @@ impl MemoryMap {
             self.committed = self.committed.saturating_sub(old_top - new_top);
             self.brk = new;
             (new, (new_top < old_top).then_some((new_top, old_top - new_top)))
+        }
+    }
+
+    /// Give every mapping of kind `Shm` another kind (`privatize`: the end of
+    /// an exec), keeping its range and protection. Returns the changed ranges
+    /// with their old kinds.
+    pub fn unshare_all(&mut self) -> Vec<(u64, u64, VmaKind)> {
+        let hit: Vec<(u64, Vma)> = self.vmas.iter().filter(|(_, v)| matches!(v.kind, VmaKind::Shm { .. })).map(|(s, v)| (*s, *v)).collect();
+        let mut out = Vec::with_capacity(hit.len());
+        for (s, v) in hit {
+            let kind = match v.kind {
+                VmaKind::Shm { ino: Some(ino), offset, .. } => VmaKind::SharedFile { ino, offset },
+                _ => VmaKind::Anon,
+            };
+            self.vmas.insert(s, Vma { kind, ..v });
+            out.push((s, v.end - s, v.kind));
+        }
+        out
+    }
+
+    /// Change the kind of the mapping that starts at `at` (the whole mapping).
+    pub fn set_kind(&mut self, at: u64, kind: VmaKind) {
+        if let Some(v) = self.vmas.get_mut(&at) {
+            v.kind = kind;
+        }
+    }
+
+    /// The shared object and its offset behind guest address `addr`, if it is in a `Shm` mapping.
+    pub fn shared_at(&self, addr: u64) -> Option<(u32, u64)> {
+        let (s, v) = self.vmas.get_prev(&addr)?;
+        if v.end <= addr {
+            return None;
+        }
+        match v.kind {
+            VmaKind::Shm { obj, offset, .. } => Some((obj, offset.checked_add(addr - s)?)),
+            _ => None,
         }
     }
 

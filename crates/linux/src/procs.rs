@@ -8,6 +8,8 @@
 //! and never snapshotted: an exec never ends with a child alive (the engine
 //! kills the children still running at its end, and drops unreaped zombies),
 //! so parked and persisted state stays that of the one process `GUEST_PID`.
+//! Memory the processes share lives in `shm.rs` (also host-side, also
+//! emptied at the end of an exec).
 
 use std::collections::BTreeMap;
 

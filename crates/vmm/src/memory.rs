@@ -1,5 +1,14 @@
 //! Guest RAM: one host mapping that backs the single KVM memslot.
 //!
+//! Memory shared between guest processes (each its own VM): a host memfd per
+//! shared object, mapped `MAP_SHARED | MAP_FIXED` over the guest-physical range
+//! of the mapping inside this one host mapping (`map_shared`). Guest virtual
+//! addresses equal guest physical ones, so no second memslot is needed: KVM's
+//! MMU notifier sees the host mapping change (as for `discard`) and the
+//! guest's next touch of those pages reaches the memfd's pages — the same host
+//! pages in every VM that maps the object. A fork maps the parent's shared
+//! ranges into the child again (`fork_copy`).
+//!
 //! Every access from the VMM goes through a bounds-checked accessor: guest
 //! addresses and lengths are hostile input.
 
@@ -26,7 +35,23 @@ pub struct GuestMemory {
     /// Ranges whose host pages were replaced since the last flush (that
     /// dropped KVM's translations of them already).
     replaced: Vec<(u64, u64)>,
+    /// Guest ranges backed by a shared host file (`map_shared`), by start.
+    shared: std::collections::BTreeMap<u64, SharedRange>,
 }
+
+/// A host file whose pages are shared by the guest processes that map it.
+pub type SharedFile = std::sync::Arc<std::fs::File>;
+
+/// A guest range backed by `file` from byte `offset`.
+#[derive(Clone)]
+pub struct SharedRange {
+    pub len: u64,
+    pub file: SharedFile,
+    pub offset: u64,
+}
+
+/// Shared ranges one guest memory may hold (each is a host mapping of its own).
+pub const MAX_SHARED_RANGES: usize = 256;
 
 /// What `reset_to_backing` did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -87,7 +112,16 @@ impl GuestMemory {
             return Err(VmmError::last_os(call));
         }
         let host = NonNull::new(p as *mut u8).ok_or_else(|| VmmError::last_os(call))?;
-        Ok(GuestMemory { host, size, backing: None, discarded: Vec::new(), vmm_dirty: None, stale: Vec::new(), replaced: Vec::new() })
+        Ok(GuestMemory {
+            host,
+            size,
+            backing: None,
+            discarded: Vec::new(),
+            vmm_dirty: None,
+            stale: Vec::new(),
+            replaced: Vec::new(),
+            shared: Default::default(),
+        })
     }
 
     /// Record from now on which pages the VMM changes (see `take_vmm_dirty`).
@@ -324,6 +358,8 @@ impl GuestMemory {
             Some(p) if self.discarded.is_empty() => Some(p),
             _ => None,
         };
+        // Shared ranges were recorded as discarded too: the file's pages come back there.
+        self.shared.clear();
         for (addr, len) in std::mem::take(&mut self.discarded) {
             // SAFETY: remapping a range of our own mapping with the file's matching pages.
             let p = unsafe {
@@ -433,8 +469,108 @@ impl GuestMemory {
         if let Some(r) = run {
             flush(&mut child, r)?;
         }
+        // Shared pages are file pages (not in `private`): the child maps the same host files.
+        for (&at, r) in &self.shared {
+            child.map_shared(at, r.len, &r.file, r.offset)?;
+        }
         child.replaced.clear();
         Ok((child, copied))
+    }
+
+    /// A new host file of `size` bytes (zeros) for memory shared between guest
+    /// processes: a memfd, never a path on the host.
+    pub fn new_shared_file(size: u64) -> Result<SharedFile> {
+        // SAFETY: a NUL-terminated name; the new fd is owned by the File below.
+        let fd = unsafe { libc::memfd_create(c"forkbox-shm".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(VmmError::last_os("memfd_create(shared guest memory)"));
+        }
+        // SAFETY: fd is a new descriptor nobody else owns.
+        let file = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        file.set_len(size).map_err(|source| VmmError::Sys { call: "ftruncate(shared guest memory)", source })?;
+        Ok(std::sync::Arc::new(file))
+    }
+
+    /// Back guest range `[addr, addr+len)` (whole pages) by `file` from byte
+    /// `offset`: writes through it are seen by every VM that maps the same file
+    /// range. The file must be at least `offset + len` bytes long (else host
+    /// accesses past its end would fault).
+    pub fn map_shared(&mut self, addr: u64, len: u64, file: &SharedFile, offset: u64) -> Result<()> {
+        self.check(addr, len)?;
+        let file_len = file.metadata().map_err(|source| VmmError::Sys { call: "fstat(shared guest memory)", source })?.len();
+        let aligned = len != 0 && addr % PAGE_SIZE == 0 && len % PAGE_SIZE == 0 && offset % PAGE_SIZE == 0;
+        if !aligned || offset.checked_add(len).is_none_or(|end| end > file_len) {
+            return Err(VmmError::OutOfRange { addr, len });
+        }
+        self.forget_shared(addr, len);
+        if self.shared.len() >= MAX_SHARED_RANGES {
+            return Err(VmmError::Sys { call: "map_shared (too many shared ranges)", source: std::io::Error::from_raw_os_error(libc::ENOMEM) });
+        }
+        // SAFETY: the range lies inside our own mapping (checked); MAP_FIXED replaces it.
+        let p = unsafe {
+            libc::mmap(
+                self.host.as_ptr().add(addr as usize) as *mut libc::c_void,
+                len as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_FIXED,
+                std::os::fd::AsRawFd::as_raw_fd(&**file),
+                offset as libc::off_t,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(VmmError::last_os("mmap(MAP_SHARED|MAP_FIXED shared guest memory)"));
+        }
+        self.mark(addr, len);
+        if self.backing.is_some() {
+            self.discarded.push((addr, len));
+        }
+        self.replaced.push((addr, len));
+        self.shared.insert(addr, SharedRange { len, file: file.clone(), offset });
+        Ok(())
+    }
+
+    /// Drop the shared-range records overlapping `[addr, addr+len)` (their
+    /// host pages are being replaced), keeping the parts outside it.
+    fn forget_shared(&mut self, addr: u64, len: u64) {
+        if self.shared.is_empty() {
+            return;
+        }
+        let end = addr.saturating_add(len);
+        let hit: Vec<u64> = self.shared.range(..end).rev().take_while(|(s, r)| *s + r.len > addr).map(|(s, _)| *s).collect();
+        for s in hit {
+            let Some(r) = self.shared.remove(&s) else { continue };
+            let e = s + r.len;
+            if s < addr {
+                self.shared.insert(s, SharedRange { len: addr - s, ..r.clone() });
+            }
+            if e > end {
+                self.shared.insert(end, SharedRange { len: e - end, offset: r.offset + (end - s), file: r.file });
+            }
+        }
+    }
+
+    /// The shared ranges: (guest address, range).
+    pub fn shared_ranges(&self) -> impl Iterator<Item = (u64, &SharedRange)> + '_ {
+        self.shared.iter().map(|(a, r)| (*a, r))
+    }
+
+    /// Turn every shared range into private memory with the same content (the
+    /// last process that held it is the only one left: checkpoints store
+    /// private memory). Copied 2 MiB at a time.
+    pub fn privatize_shared(&mut self) -> Result<()> {
+        let ranges: Vec<(u64, u64)> = self.shared.iter().map(|(a, r)| (*a, r.len)).collect();
+        const CHUNK: u64 = 2 << 20;
+        for (at, len) in ranges {
+            let mut done = 0;
+            while done < len {
+                let n = (len - done).min(CHUNK);
+                let bytes = self.slice(at + done, n)?.to_vec();
+                self.discard(at + done, n)?;
+                self.write(at + done, &bytes)?;
+                done += n;
+            }
+        }
+        Ok(())
     }
 
     /// Copy `len` bytes inside guest memory from `from` to `to` (ranges may overlap).
@@ -525,6 +661,7 @@ impl GuestMemory {
     pub fn discard(&mut self, addr: u64, len: u64) -> Result<()> {
         self.check(addr, len)?;
         self.mark(addr, len);
+        self.forget_shared(align_up(addr, PAGE_SIZE), align_down(addr + len, PAGE_SIZE).saturating_sub(align_up(addr, PAGE_SIZE)));
         let end = addr + len;
         let (ps, pe) = (align_up(addr, PAGE_SIZE).min(end), align_down(end, PAGE_SIZE));
         if ps >= pe {
@@ -640,6 +777,35 @@ mod tests {
         assert!(m.take_invalidations().is_empty());
         assert!(m.slice(0x4000, 0x1000).unwrap().iter().all(|&b| b == 7), "content survives the invalidation");
         m.write(0x4000, &[1]).unwrap();
+    }
+
+    #[test]
+    fn shared_ranges_share_pages_across_memories_and_forks() {
+        let file = GuestMemory::new_shared_file(4 * 4096).unwrap();
+        let mut a = GuestMemory::anonymous(1 << 20).unwrap();
+        let mut b = GuestMemory::anonymous(1 << 20).unwrap();
+        a.map_shared(0x10000, 2 * 4096, &file, 0).unwrap();
+        b.map_shared(0x40000, 2 * 4096, &file, 4096).unwrap();
+        a.write(0x10000 + 4096 + 8, b"shared").unwrap();
+        assert_eq!(b.slice(0x40000 + 8, 6).unwrap(), b"shared", "same host page at another guest address");
+        // a fork maps the same file again
+        let (mut c, _) = a.fork_copy().unwrap();
+        c.write(0x10000, b"from the child").unwrap();
+        assert_eq!(a.slice(0x10000, 14).unwrap(), b"from the child");
+        assert!(a.map_shared(0x80000, 4096, &file, 4 * 4096).is_err(), "past the file's end");
+        assert!(a.map_shared(0x80001, 4096, &file, 0).is_err(), "unaligned");
+        // privatized: same content, no longer shared
+        c.privatize_shared().unwrap();
+        assert_eq!(c.shared_ranges().count(), 0);
+        assert_eq!(c.slice(0x10000, 14).unwrap(), b"from the child");
+        c.write(0x10000, b"private").unwrap();
+        assert_eq!(a.slice(0x10000, 7).unwrap(), b"from th");
+        // a discard (munmap) of part of a range keeps the rest shared
+        a.discard(0x10000, 4096).unwrap();
+        assert_eq!(a.shared_ranges().map(|(at, r)| (at, r.len, r.offset)).collect::<Vec<_>>(), vec![(0x11000, 4096, 4096)]);
+        assert!(a.slice(0x10000, 4096).unwrap().iter().all(|&x| x == 0));
+        drop((a, c));
+        assert_eq!(std::sync::Arc::strong_count(&file), 2, "only b and this test hold the file");
     }
 
     #[test]

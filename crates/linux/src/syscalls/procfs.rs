@@ -234,6 +234,8 @@ fn maps(ctx: &Ctx) -> String {
         let (shared, off, name) = match v.kind {
             VmaKind::Stack => (false, 0, "[stack]"),
             VmaKind::SharedFile { offset, .. } => (true, offset, ""),
+            VmaKind::Shm { offset, ino: Some(_), .. } => (true, offset, ""),
+            VmaKind::Shm { offset, ino: None, .. } => (true, offset, "/dev/zero (deleted)"),
             VmaKind::Anon | VmaKind::File => (false, 0, ""),
         };
         line(start, v.end, v.prot, shared, off, name);

@@ -62,6 +62,8 @@ pub fn clone_process(ctx: &mut Ctx, flags: u64, stack: u64, parent_tid: u64, chi
     if stack != 0 {
         ctx.user_range(stack.saturating_sub(8), 8)?;
     }
+    // File mappings kept from an earlier exec become shared again, so the child shares them.
+    super::sys_mm::reshare_files(ctx)?;
     let pid = ctx.io.procs.spawn(ctx.proc.pid)?;
     if flags & CLONE_PARENT_SETTID != 0 {
         ctx.write_bytes(parent_tid, &pid.to_le_bytes())?;

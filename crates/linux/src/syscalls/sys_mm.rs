@@ -28,16 +28,13 @@ fn discard(ctx: &mut Ctx, ranges: &[(u64, u64)]) -> Result<(), Errno> {
     Ok(())
 }
 
-/// Is file `ino` an entry of /dev/shm (where glibc's sem_open and shm_open put theirs)?
-fn in_dev_shm(ctx: &Ctx, ino: crate::vfs::Ino) -> bool {
-    let Ok(dir) = ctx.proc.vfs.resolve(crate::vfs::ROOT_INO, b"/dev/shm", true) else { return false };
-    ctx.proc.vfs.readdir(dir).is_ok_and(|v| v.iter().skip(2).any(|e| e.ino == ino))
-}
-
 /// Write the bytes of a MAP_SHARED file mapping back to its file (within the
 /// file's current size, as the kernel does: a mapping never extends a file).
 fn write_back(ctx: &mut Ctx, addr: u64, len: u64, kind: VmaKind) {
-    let VmaKind::SharedFile { ino, offset } = kind else { return };
+    let (ino, offset) = match kind {
+        VmaKind::SharedFile { ino, offset } | VmaKind::Shm { ino: Some(ino), offset, .. } => (ino, offset),
+        _ => return,
+    };
     let Ok(size) = ctx.proc.vfs.stat(ino).map(|s| s.size) else { return };
     let n = size.saturating_sub(offset).min(len);
     if n == 0 {
@@ -85,7 +82,7 @@ pub fn mmap(ctx: &mut Ctx, a: &Args) -> SysResult {
         None
     } else {
         let f = ctx.proc.fds.get(fd)?;
-        if !f.readable() {
+        if !f.readable() || map_type == libc::MAP_SHARED && prot & libc::PROT_WRITE as u32 != 0 && !f.writable() {
             return Err(Errno::EACCES);
         }
         match f.kind {
@@ -100,20 +97,11 @@ pub fn mmap(ctx: &mut Ctx, a: &Args) -> SysResult {
             return Err(Errno::EEXIST);
         }
     }
-    if let Some(ino) = file.filter(|_| map_type == libc::MAP_SHARED && prot & libc::PROT_WRITE as u32 != 0) {
-        if in_dev_shm(ctx, ino) {
-            // POSIX semaphores and shared memory (multiprocessing's locks, queues,
-            // shared_memory): memory shared between processes does not exist yet, and a
-            // copy per process would make locks that do not lock. Refuse it clearly.
-            let note = "[forkbox: memory shared between processes (MAP_SHARED of a /dev/shm file: POSIX semaphores, \
-                        multiprocessing locks and shared memory) is not supported yet]\n";
-            ctx.io.output(crate::io::Stream::Stderr, note.as_bytes());
-            return Err(Errno::ENOSYS);
-        }
+    if map_type == libc::MAP_SHARED {
+        return map_shared(ctx, addr, len, prot, fixed, file, off);
     }
     let kind = match file {
         None => VmaKind::Anon,
-        Some(ino) if map_type == libc::MAP_SHARED => VmaKind::SharedFile { ino, offset: off },
         Some(_) => VmaKind::File,
     };
     let at = if fixed {
@@ -142,6 +130,97 @@ pub fn mmap(ctx: &mut Ctx, a: &Args) -> SysResult {
         discard(ctx, &[(at, len)])?;
     }
     Ok(at)
+}
+
+/// MAP_SHARED: memory shared with the other processes that map the same
+/// object (`shm.rs`): the object of file `file` (made from its bytes if no
+/// process maps it now), or a new anonymous one, mapped over the range.
+fn map_shared(ctx: &mut Ctx, addr: u64, len: u64, prot: u32, fixed: bool, file: Option<crate::vfs::Ino>, off: u64) -> SysResult {
+    if ctx.mem.shared_ranges().count() >= forkbox_vmm::memory::MAX_SHARED_RANGES {
+        return Err(Errno::ENOMEM);
+    }
+    off.checked_add(len).filter(|s| *s <= crate::shm::MAX_OBJECT_BYTES).ok_or(Errno::ENOMEM)?;
+    // The object first (it may be refused): nothing is unmapped yet.
+    let (obj, host, ino) = match file {
+        Some(ino) => {
+            let bytes = ctx.proc.vfs.file_bytes(ino)?;
+            let (obj, host) = ctx.io.shm.for_file(ino, off, len, bytes)?;
+            (obj, host, Some(ino))
+        }
+        None => {
+            let (obj, host) = ctx.io.shm.anonymous(len)?;
+            (obj, host, None)
+        }
+    };
+    let offset = if file.is_some() { off } else { 0 };
+    let kind = VmaKind::Shm { obj, offset, ino };
+    let at = if fixed {
+        MemoryMap::check_range(addr, len)?;
+        unmap_and_discard(ctx, addr, len)?;
+        ctx.proc.mm.map(Some(addr), len, prot, kind)?
+    } else {
+        ctx.proc.mm.map(None, len, prot, kind)?
+    };
+    if ctx.mem.map_shared(at, len, &host, offset).is_err() {
+        let _ = ctx.proc.mm.unmap(at, len);
+        let _ = ctx.mem.discard(at, len);
+        sync(ctx, at, at + len)?;
+        return Err(Errno::ENOMEM);
+    }
+    sync(ctx, at, at + len)?;
+    Ok(at)
+}
+
+/// The current process lets go of its shared mappings (its end, execve):
+/// file ones are written back to their files.
+pub fn release_shared(ctx: &mut Ctx) {
+    let parts: Vec<(u64, u64, VmaKind)> =
+        ctx.proc.mm.vmas().filter(|(_, v)| matches!(v.kind, VmaKind::Shm { .. })).map(|(s, v)| (s, v.end - s, v.kind)).collect();
+    for (a, l, kind) in parts {
+        write_back(ctx, a, l, kind);
+    }
+}
+
+/// The end of an exec (the current process is the only one left): its shared
+/// mappings become private memory with the same bytes (file ones: write-back
+/// file mappings, as before processes shared memory), and the table forgets
+/// every object. What a checkpoint then stores is private memory only.
+pub fn privatize_shared(ctx: &mut Ctx) -> Result<(), Errno> {
+    let changed = ctx.proc.mm.unshare_all();
+    ctx.mem.privatize_shared().map_err(|_| Errno::ENOMEM)?;
+    for (a, l, _) in changed {
+        sync(ctx, a, a + l)?;
+    }
+    ctx.io.shm.clear();
+    Ok(())
+}
+
+/// Before a fork: the process' write-back file mappings (`SharedFile`: those
+/// an earlier exec left, see `privatize_shared`) become shared objects again
+/// (written back first, so the object starts with the bytes the process
+/// sees), so that the child and the parent share them as they would on Linux.
+pub fn reshare_files(ctx: &mut Ctx) -> Result<(), Errno> {
+    let parts: Vec<(u64, u64, VmaKind)> = ctx
+        .proc
+        .mm
+        .vmas()
+        .filter(|(_, v)| matches!(v.kind, VmaKind::SharedFile { .. }))
+        .map(|(s, v)| (s, v.end - s, v.kind))
+        .collect();
+    for (at, len, kind) in parts {
+        let VmaKind::SharedFile { ino, offset } = kind else { continue };
+        if ctx.mem.shared_ranges().count() >= forkbox_vmm::memory::MAX_SHARED_RANGES {
+            return Err(Errno::ENOMEM);
+        }
+        write_back(ctx, at, len, kind);
+        // The mapping's own bytes (the file may be gone, or shorter than the mapping).
+        let mine = ctx.mem.slice(at, len).map_err(|_| Errno::EFAULT)?.to_vec();
+        let (obj, host) = ctx.io.shm.for_file(ino, offset, len, &[])?;
+        std::os::unix::fs::FileExt::write_all_at(&*host, &mine, offset).map_err(|_| Errno::ENOMEM)?;
+        ctx.mem.map_shared(at, len, &host, offset).map_err(|_| Errno::ENOMEM)?;
+        ctx.proc.mm.set_kind(at, VmaKind::Shm { obj, offset, ino: Some(ino) });
+    }
+    Ok(())
 }
 
 pub fn munmap(ctx: &mut Ctx, a: &Args) -> SysResult {
@@ -206,7 +285,7 @@ pub fn mremap(ctx: &mut Ctx, a: &Args) -> SysResult {
     if new > MMAP_TOP {
         return Err(Errno::ENOMEM);
     }
-    if matches!(vma.kind, VmaKind::SharedFile { .. }) {
+    if matches!(vma.kind, VmaKind::SharedFile { .. } | VmaKind::Shm { .. }) {
         return Err(Errno::EINVAL);
     }
     // The old range must lie in one mapping (Linux: EFAULT otherwise).
@@ -244,7 +323,16 @@ pub fn madvise(ctx: &mut Ctx, a: &Args) -> SysResult {
     let len = page_len(a[1])?;
     MemoryMap::check_range(addr, len)?;
     if advice == libc::MADV_DONTNEED || advice == libc::MADV_FREE {
-        discard(ctx, &[(addr, len)])?;
+        // Shared memory keeps its content (Linux drops only this process' page
+        // table entries of it); private memory is given back.
+        let parts = ctx.proc.mm.overlapping(addr, len);
+        let shared = |p: &(u64, u64, VmaKind)| matches!(p.2, VmaKind::Shm { .. });
+        let give_back: Vec<(u64, u64)> = if parts.iter().any(shared) {
+            parts.iter().filter(|p| !shared(p)).map(|p| (p.0, p.1)).collect()
+        } else {
+            vec![(addr, len)]
+        };
+        discard(ctx, &give_back)?;
     }
     Ok(0)
 }

@@ -172,7 +172,24 @@ pub fn until_abs(clock: libc::clockid_t, at: Duration) -> Duration {
     at.saturating_sub(Duration::new(ts.tv_sec.max(0) as u64, ts.tv_nsec.clamp(0, 999_999_999) as u32))
 }
 
-/// One address space, so private and shared futexes are the same: keyed by address.
+/// Wake up to `n` waiters of `addr` in this process, and queue the rest of the
+/// wake for the other processes when `addr` is in memory shared with them
+/// (`shm.rs`: keyed by (object, offset); the engine delivers it and adds
+/// whom it woke to this call's result).
+fn wake(ctx: &mut Ctx, addr: u64, bitset: u32, n: u64) -> u64 {
+    let woken = ctx.proc.threads.futex_wake(addr, bitset, n);
+    if woken < n {
+        if let Some((obj, offset)) = ctx.proc.mm.shared_at(addr) {
+            ctx.io.shm.wakes.push(crate::shm::SharedWake { obj, offset, bitset, n: n - woken });
+        }
+    }
+    woken
+}
+
+/// Within a process private and shared futexes are the same: keyed by
+/// address. Across processes, wakes on shared mappings reach the waiters of
+/// the other processes that map the same object (`wake`); requeues stay in
+/// the process.
 pub fn futex(ctx: &mut Ctx, a: &Args) -> SysResult {
     let op = a[1];
     let cmd = op & !(FUTEX_PRIVATE_FLAG | FUTEX_CLOCK_REALTIME);
@@ -222,7 +239,7 @@ pub fn futex(ctx: &mut Ctx, a: &Args) -> SysResult {
             if addr % 4 != 0 {
                 return Err(Errno::EINVAL);
             }
-            Ok(ctx.proc.threads.futex_wake(addr, bitset, a[2].min(i32::MAX as u64)))
+            Ok(wake(ctx, addr, bitset, a[2].min(i32::MAX as u64)))
         }
         FUTEX_REQUEUE | FUTEX_CMP_REQUEUE => {
             let (n, m, to) = (a[2].min(i32::MAX as u64), a[3].min(i32::MAX as u64), a[4]);
@@ -253,7 +270,7 @@ pub fn futex(ctx: &mut Ctx, a: &Args) -> SysResult {
                 _ => return Err(Errno::ENOSYS),
             };
             ctx.write_bytes(addr2, &new.to_le_bytes())?;
-            let woken = ctx.proc.threads.futex_wake(addr, u32::MAX, n);
+            let woken = wake(ctx, addr, u32::MAX, n);
             let hit = match cmp {
                 0 => old == cmparg,
                 1 => old != cmparg,
@@ -263,7 +280,7 @@ pub fn futex(ctx: &mut Ctx, a: &Args) -> SysResult {
                 5 => (old as i32) >= cmparg as i32,
                 _ => return Err(Errno::ENOSYS),
             };
-            let woken2 = if hit { ctx.proc.threads.futex_wake(addr2, u32::MAX, n2) } else { 0 };
+            let woken2 = if hit { wake(ctx, addr2, u32::MAX, n2) } else { 0 };
             Ok(woken + woken2)
         }
         // PI futexes and the rest: not used by glibc's default mutexes.

@@ -69,7 +69,7 @@ table! {
     6 lstat => fs::lstat, Full;
     7 poll => file::poll, Partial("readiness of every fd the VMM owns (files, pipes, sockets, eventfd, timerfd, epoll); a wait blocks until an fd is ready, the timeout or an interrupt; POLLPRI never set");
     8 lseek => file::lseek, Full;
-    9 mmap => mm::mmap, Partial("file bytes copied in at map time (no page cache); MAP_SHARED is not shared between processes, and of /dev/shm files (semaphores) ENOSYS; no MAP_GROWSDOWN/huge pages");
+    9 mmap => mm::mmap, Partial("private file maps: bytes copied in (no page cache); MAP_SHARED (file, memfd, anonymous) shared between processes, written back on msync/munmap/exit; no MAP_GROWSDOWN/huge pages");
     10 mprotect => mm::mprotect, Partial("enforced by the guest page tables (read-only, no-execute, PROT_NONE not present); no protection keys, no PROT_GROWSDOWN");
     11 munmap => mm::munmap, Full;
     12 brk => mm::brk, Full;
@@ -186,7 +186,7 @@ table! {
     199 fremovexattr => fs::setxattr, Refused("EOPNOTSUPP: the file system stores no extended attributes");
     200 tkill => thread::tkill, Full;
     201 time => time::time, Full;
-    202 futex => thread::futex, Partial("WAIT, WAKE, their BITSET forms, REQUEUE, CMP_REQUEUE, WAKE_OP; PI and robust-list ops ENOSYS");
+    202 futex => thread::futex, Partial("WAIT, WAKE, BITSET forms, REQUEUE, CMP_REQUEUE, WAKE_OP; wakes on MAP_SHARED memory reach other processes (requeues do not); PI and robust-list ops ENOSYS");
     203 sched_setaffinity => process::sched_setaffinity, Partial("accepted and ignored (one vCPU)");
     204 sched_getaffinity => process::sched_getaffinity, Full;
     213 epoll_create => pipe::epoll_create, Full;
