@@ -287,7 +287,10 @@
           showFailure(entry, (data && data.error) || {}, seen);
         }
       });
-      if (entry.dataset.state === "running") entry.dataset.state = "done";
+      if (entry.dataset.state === "running") {
+        entry.dataset.state = "failed";
+        entry.appendChild(el("pre", { class: "exc" }, "the stream ended without a result (the connection dropped?): reload the tree to see whether it ran"));
+      }
     } catch (e) {
       entry.dataset.state = "failed";
       entry.appendChild(el("pre", { class: "exc" }, e instanceof ApiError ? e.text : String(e)));
@@ -539,6 +542,9 @@
     st.order = order;
     st.kids = kids;
     st.byNum = byNum;
+    // One tab stop in the tree (the selected node, else the head, else the first); arrows move between nodes.
+    const headNode = nodes.find((n) => n.head);
+    const stop = byNum.has(st.selected) ? st.selected : headNode ? headNode.checkpoint : order[0];
     for (const n of nodes) {
       const p = pos.get(n.checkpoint);
       const heads = Array.isArray(n.heads) ? n.heads : [];
@@ -547,7 +553,7 @@
       const cls = ["node", n.head ? "head" : "", others.length ? "other-head" : "", n.checkpoint === st.selected ? "selected" : "", failed ? "error-node" : ""].filter(Boolean).join(" ");
       const code = firstLine(n.code);
       const label = `Checkpoint ${n.checkpoint}${n.head ? " (head)" : ""}: ${cut(code, 80)}${n.summary ? " → " + cut(n.summary, 80) : ""}`;
-      const node = svg("g", { class: cls, transform: `translate(${p.x},${p.y})`, tabindex: "0", role: "treeitem",
+      const node = svg("g", { class: cls, transform: `translate(${p.x},${p.y})`, tabindex: n.checkpoint === stop ? "0" : "-1", role: "treeitem",
         "aria-label": label, "aria-selected": n.checkpoint === st.selected ? "true" : "false", "data-checkpoint": n.checkpoint },
         svg("title", {}, `#${n.checkpoint} · ${n.session}\n${n.code}\n→ ${n.summary ?? ""}`),
         svg("rect", { width: NW, height: NH, rx: 6 }),
@@ -563,7 +569,11 @@
 
   function focusNode(num) {
     const e = $("tree").querySelector(`g.node[data-checkpoint="${Number(num)}"]`);
-    if (e) { e.focus(); e.scrollIntoView({ block: "nearest", inline: "nearest" }); }
+    if (!e) return;
+    for (const o of $("tree").querySelectorAll('g.node[tabindex="0"]')) o.setAttribute("tabindex", "-1");
+    e.setAttribute("tabindex", "0");
+    e.focus();
+    e.scrollIntoView({ block: "nearest", inline: "nearest" });
   }
 
   function treeKey(e, n) {
@@ -616,7 +626,7 @@
     const tb = el("tbody");
     for (const v of vs) {
       tb.appendChild(el("tr", { "data-name": String(v.name) }, el("td", { class: "mono" }, v.name), el("td", { class: "mono" }, v.type),
-        el("td", { class: "mono" }, v.repr), el("td", {}, bytes(v.size) + (v.len != null ? ` · len ${v.len}` : ""))));
+        el("td", { class: "mono repr" }, v.repr), el("td", {}, bytes(v.size) + (v.len != null ? ` · len ${v.len}` : ""))));
     }
     return el("table", { id }, el("thead", {}, el("tr", {}, el("th", {}, "name"), el("th", {}, "type"), el("th", {}, "repr"), el("th", {}, "size"))), tb);
   }
@@ -712,7 +722,7 @@
         const res = b.result;
         const what = res ? (res.error ? `${res.error.type}: ${res.error.message}` : (res.value ?? "")) : `${b.failed?.error?.code}: ${b.failed?.error?.message}`;
         const tr = el("tr", { "data-index": b.index }, el("td", {}, String(b.index)), el("td", { class: "mono" }, cut(firstLine(codes[b.index]), 60)),
-          el("td", { class: "mono" + (res && !res.error ? "" : " removed") }, cut(what, 200)), el("td", { class: "mono" }, cut(res ? res.stdout : "", 200)));
+          el("td", { class: "mono repr" + (res && !res.error ? "" : " removed") }, cut(what, 200)), el("td", { class: "mono repr" }, cut(res ? res.stdout : "", 200)));
         const last = el("td");
         if (b.session) last.appendChild(el("button", { type: "button", onclick: () => openSession(b.session) }, "Open"));
         tr.appendChild(last);

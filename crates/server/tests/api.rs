@@ -1536,8 +1536,8 @@ async fn request_bodies_are_strict_and_errors_name_the_field() {
     }
     let (st, _) = s.call(reqwest::Method::GET, "/console/../keys.db", None, None).await;
     assert_eq!(st, StatusCode::NOT_FOUND);
-    let (st, v) = s.call(reqwest::Method::GET, "/console/other.js", None, None).await;
-    assert_eq!((st, v["error"]["code"].as_str()), (StatusCode::NOT_FOUND, Some("not_found")));
+    let (st, nf) = s.call(reqwest::Method::GET, "/console/other.js", None, None).await;
+    assert_eq!((st, nf["error"]["code"].as_str()), (StatusCode::NOT_FOUND, Some("not_found")));
     let (st, doc) = s.call(reqwest::Method::GET, v["openapi"].as_str().unwrap(), None, None).await;
     assert_eq!(st, StatusCode::OK);
     for (m, p) in [("get", "/"), ("patch", "/v1/sessions/{id}")] {
