@@ -11,6 +11,8 @@ import base64
 import json
 import os
 import shutil
+import socket
+import threading
 import time
 from pathlib import Path
 
@@ -169,10 +171,30 @@ def test_console_in_a_headless_browser(server, browser):
     s.wait("two nodes", lambda: nodes() == [c1, c2])
     assert css(f'#tree g.node.head[data-checkpoint="{c2}"]')
 
-    # An exception, and rich outputs: an HTML table in a sandboxed frame (its script does not run), an image.
+    # An exception, and rich outputs: an HTML table in a sandboxed frame (its script does not run, its
+    # image on another origin, a listener of this test, is never fetched), an image.
     e = run("1/0")
     assert "ZeroDivisionError" in e.find_element(By.CSS_SELECTOR, "pre.exc").text
-    html = "<table><tr><td id=cell>cell 7</td></tr></table><script>parent.document.title='pwned'</script><img src=http://192.0.2.1/x.png>"
+    spy = socket.socket()
+    spy.bind(("127.0.0.1", 0))
+    spy.listen(8)
+    spy.settimeout(0.2)
+    hits = []
+
+    def watch():
+        while not stop.is_set():
+            try:
+                c, _ = spy.accept()
+                hits.append(c.recv(200))
+                c.close()
+            except OSError:
+                pass
+
+    stop = threading.Event()
+    threading.Thread(target=watch, daemon=True).start()
+    spy_url = f"http://127.0.0.1:{spy.getsockname()[1]}"
+    html = (f"<table><tr><td id=cell>cell 7</td></tr></table><script>parent.document.title='pwned'</script>"
+            f"<img src={spy_url}/x.png><link rel=stylesheet href={spy_url}/x.css>")
     e = run(f"display({{'text/html': {html!r}}}, raw=True)\ndisplay({{'image/png': {PNG!r}}}, raw=True)")
     frame = e.find_element(By.CSS_SELECTOR, "iframe.rich")
     assert frame.get_attribute("sandbox") == "" and "cell 7" in frame.get_attribute("srcdoc")
@@ -182,8 +204,11 @@ def test_console_in_a_headless_browser(server, browser):
     d.switch_to.frame(frame)
     assert s.wait("the table in the frame", lambda: d.find_element(By.ID, "cell").text) == "cell 7"
     d.switch_to.default_content()
-    time.sleep(0.2)
+    time.sleep(0.5)
     assert d.title == "forkbox console"
+    stop.set()
+    spy.close()
+    assert hits == [], f"the guest's HTML made the browser fetch from another origin: {hits}"
     s.shot("rich-outputs")
 
     # A file: uploaded (a checkpoint), listed, downloaded.
@@ -290,5 +315,5 @@ def test_console_in_a_headless_browser(server, browser):
     # No CSP violation or script error in the console itself.
     # (The bad key's 401 is logged as a failed load, and the guest's <img> as refused by the CSP.)
     errors = [e["message"] for e in d.get_log("browser")
-              if e["level"] == "SEVERE" and "192.0.2.1" not in e["message"] and "status of 401" not in e["message"]]
+              if e["level"] == "SEVERE" and spy_url not in e["message"] and "status of 401" not in e["message"]]
     assert errors == [], errors
