@@ -119,6 +119,11 @@
     const out = $("signin-error");
     out.textContent = "";
     if (!key) { out.textContent = "Enter an API key."; $("apikey").focus(); return; }
+    if (/[^\x21-\x7e]/.test(key) || key.length > 512) {
+      out.textContent = "Sign-in failed: an API key is one word of printable ASCII (fbk_...).";
+      $("apikey").select();
+      return;
+    }
     $("signin-button").disabled = true;
     try {
       await api("GET", "/v1/sessions", { key });
@@ -141,7 +146,7 @@
     $("signin-view").hidden = true;
     $("app-view").hidden = false;
     $("signout").hidden = false;
-    $("whoami").textContent = "signed in with " + key.slice(0, 8) + "…";
+    $("whoami").textContent = "signed in (the key stays in this tab)";
     status("");
     loadSessions().then(() => $("new-session").focus());
   }
