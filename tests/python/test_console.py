@@ -137,6 +137,9 @@ def test_console_in_a_headless_browser(server, browser):
     assert not one("#app-view").is_displayed()
     assert d.execute_script("return sessionStorage.getItem('forkbox.apiKey')") is None
     s.shot("bad-key")
+    one("#apikey").clear()
+    one("#apikey").send_keys("not a key", Keys.ENTER)
+    s.wait("the malformed-key message", lambda: "printable ASCII" in one("#signin-error").text)
 
     # The real key: kept in session storage only.
     one("#apikey").clear()
@@ -275,12 +278,14 @@ def test_console_in_a_headless_browser(server, browser):
     one(f'#tree g.node[data-checkpoint="{c1}"]').click()
     one("#revert-here").click()
     s.wait("the head at the first node", lambda: css(f'#tree g.node.head[data-checkpoint="{c1}"]'))
+    s.wait("the details to say so", lambda: "(this session's head)" in one("#node-title").text)
     e = run("x")
     assert e.find_element(By.CSS_SELECTOR, "pre.value").text == "41"
     c_rev = int(e.get_attribute("data-checkpoint"))
     tree = httpx.get(f"{server.url}/v1/sessions/{fork}/tree", headers=server.headers()).json()
     assert {n["checkpoint"]: n["parent"] for n in tree["nodes"]}[c_rev] == c1
     s.wait("the reverted branch's node", lambda: c_rev in nodes())
+    s.wait("the details to follow the head", lambda: "(this session's head)" not in one("#node-title").text)
     s.shot("revert")
 
     # Switching back to the first session keeps its transcript.

@@ -491,6 +491,8 @@
       st.tree = t;
     } catch (e) { fail(e); return; }
     renderTree();
+    const n = st.byNum && st.byNum.get(st.selected);
+    if (n && !$("node-details").hidden) nodeHeader(n);
   }
 
   const NW = 176, NH = 42, GX = 26, GY = 12, PAD = 8;
@@ -603,11 +605,7 @@
     if (!n) return;
     const token = ++st.detailToken;
     $("node-details").hidden = false;
-    $("node-title").textContent = `Checkpoint #${n.checkpoint}` + (n.head ? " (this session's head)" : "") + ` · made by ${n.session}`;
-    $("node-code").textContent = String(n.code ?? "");
-    const others = (n.heads || []).filter((h) => h !== st.tree.session);
-    $("node-summary").textContent = (n.summary != null ? "→ " + n.summary : "(no result summary)") +
-      ` · ${bytes(n.bytes)} · ${new Date(Number(n.created_ms)).toLocaleString()}` + (others.length ? " · head of " + others.join(", ") : "");
+    nodeHeader(n);
     clear($("diff-out"));
     clear($("explore-results"));
     const vars = clear($("node-vars"));
@@ -624,6 +622,15 @@
       if (token !== st.detailToken) return;
       clear(vars).appendChild(el("p", { class: "error" }, e instanceof ApiError ? e.text : String(e)));
     }
+  }
+
+  // The selected node's title, code and summary (again after the tree changed: the head may have moved).
+  function nodeHeader(n) {
+    $("node-title").textContent = `Checkpoint #${n.checkpoint}` + (n.head ? " (this session's head)" : "") + ` · made by ${n.session}`;
+    $("node-code").textContent = String(n.code ?? "");
+    const others = (n.heads || []).filter((h) => h !== st.tree.session);
+    $("node-summary").textContent = (n.summary != null ? "→ " + n.summary : "(no result summary)") +
+      ` · ${bytes(n.bytes)} · ${new Date(Number(n.created_ms)).toLocaleString()}` + (others.length ? " · head of " + others.join(", ") : "");
   }
 
   function varTable(vs, id) {
