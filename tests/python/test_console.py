@@ -292,6 +292,22 @@ def test_console_in_a_headless_browser(server, browser):
     one(f'#session-list button[data-session="{sid}"]').click()
     s.wait("the first session", lambda: one("#current-session").text == sid)
     assert "hello 41" in one("#transcript").text
+    # Its head, far right in the tree, is scrolled into the tree's view.
+    s.wait("the head in view", lambda: d.execute_script(
+        "const w = document.getElementById('tree-wrap').getBoundingClientRect();"
+        f"const n = document.querySelector('#tree g.node.head[data-checkpoint=\"{c_up}\"]').getBoundingClientRect();"
+        "return n.left >= w.left - 1 && n.right <= w.right + 1 && n.top >= w.top - 1 && n.bottom <= w.bottom + 1;"))
+
+    # Output streams while the code runs; Interrupt stops it with a KeyboardInterrupt, the session keeps going.
+    before = len(entries())
+    one("#code").send_keys("import time\nfor i in range(400):\n    print('tick', i)\n    time.sleep(0.05)", Keys.SHIFT, Keys.ENTER)
+    s.wait("streamed output while running", lambda: len(entries()) > before and "tick 3" in entries()[-1].text
+           and entries()[-1].get_attribute("data-state") == "running")
+    s.shot("streaming")
+    one("#interrupt").click()
+    s.wait("the interrupted exec", lambda: entries()[-1].get_attribute("data-state") == "exception")
+    assert "KeyboardInterrupt" in entries()[-1].find_element(By.CSS_SELECTOR, "pre.exc").text
+    assert run("x").find_element(By.CSS_SELECTOR, "pre.value").text == "41"
 
     # A phone-sized viewport: one column, nothing wider than the screen.
     d.set_window_size(390, 844)

@@ -490,9 +490,20 @@
       if (st.current !== id) return;
       st.tree = t;
     } catch (e) { fail(e); return; }
+    const t = st.tree;
     renderTree();
     const n = st.byNum && st.byNum.get(st.selected);
     if (n && !$("node-details").hidden) nodeHeader(n);
+    if (t.head != null) showInTree(t.head);
+  }
+
+  // Scroll the tree (only the tree) so that a node is in view.
+  function showInTree(num) {
+    const p = st.pos && st.pos.get(num);
+    const w = $("tree-wrap");
+    if (!p) return;
+    if (p.x < w.scrollLeft || p.x + NW > w.scrollLeft + w.clientWidth) w.scrollLeft = Math.max(0, p.x + NW + PAD - w.clientWidth);
+    if (p.y < w.scrollTop || p.y + NH > w.scrollTop + w.clientHeight) w.scrollTop = Math.max(0, p.y + NH + PAD - w.clientHeight);
   }
 
   const NW = 176, NH = 42, GX = 26, GY = 12, PAD = 8;
@@ -547,6 +558,7 @@
       svg("text", { x: 8, y: 17, class: "num" }, "template"),
       svg("text", { x: 8, y: 33 }, cut(t.session, 24))));
     st.order = order;
+    st.pos = pos;
     st.kids = kids;
     st.byNum = byNum;
     // One tab stop in the tree (the selected node, else the head, else the first); arrows move between nodes.
