@@ -240,6 +240,26 @@ impl Template {
         limits: Limits,
         reseed: bool,
     ) -> Result<Sandbox, EngineError> {
+        self.resume_on(engine, layers, state, limits, reseed, false)
+    }
+
+    /// [`Self::resume`] for a sandbox that is never checkpointed (an
+    /// alternative explored and dropped, an inspection): on a pooled, warm VM
+    /// without dirty tracking that goes back to the pool when the sandbox ends
+    /// (a tracked VM is made new each time, several ms). Always reseeded.
+    pub fn resume_throwaway(&self, engine: &Engine, layers: &[Layer], state: &Path, limits: Limits) -> Result<Sandbox, EngineError> {
+        self.resume_on(engine, layers, state, limits, true, true)
+    }
+
+    fn resume_on(
+        &self,
+        engine: &Engine,
+        layers: &[Layer],
+        state: &Path,
+        limits: Limits,
+        reseed: bool,
+        pooled: bool,
+    ) -> Result<Sandbox, EngineError> {
         let t0 = Instant::now();
         let shown = forkbox_snapshot::state::shown(state);
         let mut snapshot = read_state(state).map_err(|e| match e {
@@ -257,7 +277,7 @@ impl Template {
         if snapshot.image_id != engine.image.id() || snapshot.info != self.info.id || snapshot.memory != self.memory.stats {
             return Err(StateError::Corrupt(format!("checkpoint {shown} is not from template {}", self.info.id)).into());
         }
-        let mut vm = self.tracked_vm(engine)?;
+        let (mut vm, pool) = if pooled { (self.pool.take()?.0, Some(self.pool.clone())) } else { (self.tracked_vm(engine)?, None) };
         let t_vm = t0.elapsed();
         let pages = apply_layers(vm.mem_mut(), self.pool.original(), layers)?;
         let t_pages = t0.elapsed();
@@ -270,7 +290,7 @@ impl Template {
         // say exactly what it says (only differences are written).
         process.mm.sync_all_page_tables(vm.mem_mut())?;
         tracing::debug!(?t_state, ?t_vm, ?t_pages, total = ?t0.elapsed(), pages, "resumed a checkpoint");
-        let mut sb = Sandbox::resumed(engine, vm, process, limits, engine.vdso.is_some(), self.info.agent.clone(), None, reseed)?;
+        let mut sb = Sandbox::resumed(engine, vm, process, limits, engine.vdso.is_some(), self.info.agent.clone(), pool, reseed)?;
         sb.stored = stored;
         Ok(sb)
     }

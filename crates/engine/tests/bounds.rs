@@ -6,40 +6,10 @@
 //! under `$FORKBOX_HOME` or `forkbox_image::default_home()`). Without KVM they
 //! FAIL: they are never skipped.
 
-use std::path::PathBuf;
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Mutex, MutexGuard};
 
-use forkbox_engine::{Engine, ExecOptions, ExecResult, Limits, Sandbox, Stream, Template};
-
-fn home() -> PathBuf {
-    match std::env::var("FORKBOX_HOME") {
-        Ok(h) if !h.is_empty() => PathBuf::from(h),
-        _ => forkbox_image::default_home(),
-    }
-}
-
-struct Shared {
-    engine: Engine,
-    template: Template,
-}
-
-fn shared() -> &'static Shared {
-    static SHARED: OnceLock<Shared> = OnceLock::new();
-    SHARED.get_or_init(|| {
-        if let Err(e) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm") {
-            panic!("these tests need KVM: cannot open /dev/kvm read-write ({e}); they are deliberately not skipped");
-        }
-        let home = home();
-        let built = forkbox_image::build(
-            &forkbox_engine::default_image_spec(),
-            &forkbox_image::BuildOptions { home: home.clone(), progress: false },
-        )
-        .unwrap_or_else(|e| panic!("building the default image under {}: {e}", home.display()));
-        let engine = Engine::open(&built.path).unwrap_or_else(|e| panic!("Engine::open: {e}"));
-        let template = Template::ensure(&engine, &home).unwrap_or_else(|e| panic!("Template::ensure: {e}"));
-        Shared { engine, template }
-    })
-}
+use forkbox_engine::{ExecOptions, Limits, Sandbox, Stream};
+use forkbox_testkit::guest::{fork_with, ok};
 
 /// One test at a time: RSS is per process.
 fn serial() -> MutexGuard<'static, ()> {
@@ -48,21 +18,8 @@ fn serial() -> MutexGuard<'static, ()> {
 }
 
 #[track_caller]
-fn fork_with(limits: Limits) -> Sandbox {
-    let s = shared();
-    s.template.fork(&s.engine, limits).unwrap_or_else(|e| panic!("fork failed: {e}"))
-}
-
-#[track_caller]
 fn fork() -> Sandbox {
     fork_with(Limits::default())
-}
-
-#[track_caller]
-fn ok(sb: &mut Sandbox, code: &str) -> ExecResult {
-    let r = sb.exec(code).unwrap_or_else(|e| panic!("exec failed: {e:?}\n--- code ---\n{code}"));
-    assert!(r.error.is_none(), "unexpected exception {:?}\n--- code ---\n{code}", r.error);
-    r
 }
 
 /// Resident set of this (host) process, in bytes.

@@ -6,44 +6,15 @@
 //! under `$FORKBOX_HOME` or `forkbox_image::default_home()`). Without KVM they
 //! FAIL: they are never skipped.
 
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use forkbox_engine::{Engine, EngineError, ExecOptions, ExecResult, Interrupter, Limits, Sandbox, Stream, Template};
-
-struct Shared {
-    engine: std::sync::Arc<Engine>,
-    template: std::sync::Arc<Template>,
-}
-
-fn shared() -> &'static Shared {
-    static SHARED: OnceLock<Shared> = OnceLock::new();
-    SHARED.get_or_init(|| {
-        let kit = forkbox_testkit::shared();
-        let (engine, template) = (kit.engine.clone(), kit.template.clone());
-        Shared { engine, template }
-    })
-}
-
-#[track_caller]
-fn fork_with(limits: Limits) -> Sandbox {
-    let s = shared();
-    s.template.fork(&s.engine, limits).unwrap_or_else(|e| panic!("fork failed: {e}"))
-}
+use forkbox_engine::{EngineError, ExecOptions, ExecResult, Interrupter, Limits, Sandbox, Stream};
+use forkbox_testkit::guest::{fork_with, ok};
 
 #[track_caller]
 fn fork() -> Sandbox {
     fork_with(Limits::default())
-}
-
-/// Exec that must succeed without a Python exception.
-#[track_caller]
-fn ok(sb: &mut Sandbox, code: &str) -> ExecResult {
-    let r = sb.exec(code).unwrap_or_else(|e| panic!("exec failed: {e:?}\n--- code ---\n{code}"));
-    if let Some(err) = &r.error {
-        panic!("unexpected Python exception {}: {}\n{}\n--- code ---\n{code}", err.kind, err.message, err.traceback);
-    }
-    r
 }
 
 // ---------------------------------------------------------------------------

@@ -10,7 +10,8 @@
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use forkbox_engine::{Engine, EngineError, ExecResult, Limits, Sandbox};
+use forkbox_engine::{Engine, EngineError, Limits, Sandbox};
+use forkbox_testkit::guest::{ok, run, value};
 
 fn engine() -> &'static Engine {
     static ENGINE: OnceLock<Engine> = OnceLock::new();
@@ -26,32 +27,6 @@ fn boot_with(limits: Limits) -> Sandbox {
 
 fn boot() -> Sandbox {
     boot_with(Limits::default())
-}
-
-#[track_caller]
-fn run(sb: &mut Sandbox, code: &str) -> ExecResult {
-    match sb.exec(code) {
-        Ok(r) => r,
-        Err(e) => panic!("exec failed with an engine error {e:?} (code: {e})\n--- code ---\n{code}"),
-    }
-}
-
-#[track_caller]
-fn ok(sb: &mut Sandbox, code: &str) -> ExecResult {
-    let r = run(sb, code);
-    if let Some(err) = &r.error {
-        panic!(
-            "unexpected Python exception {}: {}\n{}\n--- code ---\n{code}\n--- stdout ---\n{}\n--- stderr ---\n{}",
-            err.kind, err.message, err.traceback, r.stdout, r.stderr
-        );
-    }
-    r
-}
-
-#[track_caller]
-fn value(sb: &mut Sandbox, code: &str) -> String {
-    let r = ok(sb, code);
-    r.value.unwrap_or_else(|| panic!("no value for code:\n{code}"))
 }
 
 // ---------------------------------------------------------------------------

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use forkbox_engine::{Engine, EngineError, ExecResult, Limits, Sandbox, Template, TemplateInfo};
 use forkbox_snapshot::{read_state, state, write_state, MemoryStats, Snapshot, FORMAT_VERSION, MAGIC};
 use sha2::{Digest, Sha256};
+use forkbox_testkit::guest::ok;
 
 // ---------------------------------------------------------------------------
 // Harness
@@ -75,23 +76,6 @@ fn gate_exclusive() -> RwLockWriteGuard<'static, ()> {
 #[track_caller]
 fn fork(t: &Template, limits: Limits) -> Sandbox {
     t.fork(engine(), limits).unwrap_or_else(|e| panic!("fork failed: {e}"))
-}
-
-/// Exec that must not be an engine error (a Python exception is allowed).
-#[track_caller]
-fn run(sb: &mut Sandbox, code: &str) -> ExecResult {
-    match sb.exec(code) {
-        Ok(r) => r,
-        Err(e) => panic!("exec failed with an engine error {e:?} (code: {e})\n--- code ---\n{code}"),
-    }
-}
-
-/// Exec that must succeed without a Python exception.
-#[track_caller]
-fn ok(sb: &mut Sandbox, code: &str) -> ExecResult {
-    let r = run(sb, code);
-    assert_no_error(&r, code);
-    r
 }
 
 #[track_caller]

@@ -14,6 +14,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use forkbox_engine::{EngineError, Engine, ExecResult, Limits, Sandbox};
+use forkbox_testkit::guest::{ok, run, value};
 
 // ---------------------------------------------------------------------------
 // Harness
@@ -59,35 +60,6 @@ fn boot_with(limits: Limits) -> Sandbox {
 
 fn boot() -> Sandbox {
     boot_with(Limits::default())
-}
-
-/// Exec that must not be an engine error (a Python exception is allowed).
-#[track_caller]
-fn run(sb: &mut Sandbox, code: &str) -> ExecResult {
-    match sb.exec(code) {
-        Ok(r) => r,
-        Err(e) => panic!("exec failed with an engine error {e:?} (code: {e})\n--- code ---\n{code}"),
-    }
-}
-
-/// Exec that must succeed without a Python exception.
-#[track_caller]
-fn ok(sb: &mut Sandbox, code: &str) -> ExecResult {
-    let r = run(sb, code);
-    if let Some(err) = &r.error {
-        panic!(
-            "unexpected Python exception {}: {}\n{}\n--- code ---\n{code}\n--- stdout ---\n{}\n--- stderr ---\n{}",
-            err.kind, err.message, err.traceback, r.stdout, r.stderr
-        );
-    }
-    r
-}
-
-/// The repr of the trailing expression of `code` (which must have one that is not None).
-#[track_caller]
-fn value(sb: &mut Sandbox, code: &str) -> String {
-    let r = ok(sb, code);
-    r.value.unwrap_or_else(|| panic!("no value for code:\n{code}"))
 }
 
 /// Exec that must raise a Python exception of type `kind`; returns the result.

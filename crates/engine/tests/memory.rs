@@ -12,7 +12,8 @@ use std::sync::atomic::Ordering;
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Instant;
 
-use forkbox_engine::{Engine, EngineError, ExecResult, Limits, Sandbox, Template};
+use forkbox_engine::{Engine, EngineError, Limits, Sandbox, Template};
+use forkbox_testkit::guest::{ok, value};
 
 const MIB: u64 = 1 << 20;
 
@@ -43,24 +44,6 @@ fn own_template() -> Template {
 #[track_caller]
 fn fork(t: &Template, limits: Limits) -> Sandbox {
     t.fork(engine(), limits).unwrap_or_else(|e| panic!("fork failed: {e}"))
-}
-
-#[track_caller]
-fn ok(sb: &mut Sandbox, code: &str) -> ExecResult {
-    match sb.exec(code) {
-        Ok(r) => {
-            if let Some(e) = &r.error {
-                panic!("unexpected {}: {}\n{}\n--- code ---\n{code}\n--- stderr ---\n{}", e.kind, e.message, e.traceback, r.stderr);
-            }
-            r
-        }
-        Err(e) => panic!("exec failed: {e}\n--- code ---\n{code}"),
-    }
-}
-
-#[track_caller]
-fn value(sb: &mut Sandbox, code: &str) -> String {
-    ok(sb, code).value.unwrap_or_else(|| panic!("no value:\n{code}"))
 }
 
 #[track_caller]

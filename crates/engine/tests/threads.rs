@@ -7,95 +7,11 @@
 //! under `$FORKBOX_HOME` or `forkbox_image::default_home()`). Without KVM they
 //! FAIL: they are never skipped.
 
-use std::path::PathBuf;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use forkbox_engine::{Engine, EngineError, ExecResult, Limits, Sandbox, Template};
-
-fn home() -> PathBuf {
-    match std::env::var("FORKBOX_HOME") {
-        Ok(h) if !h.is_empty() => PathBuf::from(h),
-        _ => forkbox_image::default_home(),
-    }
-}
-
-fn require_kvm() {
-    if let Err(e) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm") {
-        panic!(
-            "these tests need KVM: cannot open /dev/kvm read-write ({e}). \
-             Run them on a host with KVM enabled and access to /dev/kvm (e.g. membership in the `kvm` group). \
-             They are deliberately not skipped."
-        );
-    }
-}
-
-struct Shared {
-    engine: Engine,
-    template: Template,
-}
-
-fn shared() -> &'static Shared {
-    static SHARED: OnceLock<Shared> = OnceLock::new();
-    SHARED.get_or_init(|| {
-        require_kvm();
-        let home = home();
-        let built = forkbox_image::build(
-            &forkbox_engine::default_image_spec(),
-            &forkbox_image::BuildOptions { home: home.clone(), progress: false },
-        )
-        .unwrap_or_else(|e| panic!("building the default image under {}: {e}", home.display()));
-        let engine =
-            Engine::open(&built.path).unwrap_or_else(|e| panic!("Engine::open({}): {e}", built.path.display()));
-        let template = Template::ensure(&engine, &home).unwrap_or_else(|e| panic!("Template::ensure: {e}"));
-        Shared { engine, template }
-    })
-}
-
-fn limits(timeout_s: u64) -> Limits {
-    Limits { timeout: Duration::from_secs(timeout_s), ..Limits::default() }
-}
-
-#[track_caller]
-fn fork_with(l: Limits) -> Sandbox {
-    let s = shared();
-    s.template.fork(&s.engine, l).unwrap_or_else(|e| panic!("fork failed: {e}"))
-}
-
-#[track_caller]
-fn fork() -> Sandbox {
-    fork_with(limits(60))
-}
-
-/// Exec that must succeed without a Python exception.
-#[track_caller]
-fn ok(sb: &mut Sandbox, code: &str) -> ExecResult {
-    let r = match sb.exec(code) {
-        Ok(r) => r,
-        Err(e) => panic!("exec failed with an engine error {e:?} ({e})\n--- code ---\n{code}"),
-    };
-    if let Some(err) = &r.error {
-        panic!(
-            "unexpected Python exception {}: {}\n{}\n--- code ---\n{code}\n--- stdout ---\n{}\n--- stderr ---\n{}",
-            err.kind, err.message, err.traceback, r.stdout, r.stderr
-        );
-    }
-    r
-}
-
-#[track_caller]
-fn value(sb: &mut Sandbox, code: &str) -> String {
-    let r = ok(sb, code);
-    r.value.unwrap_or_else(|| panic!("no value for code:\n{code}"))
-}
-
-#[track_caller]
-fn json(sb: &mut Sandbox, code: &str) -> serde_json::Value {
-    let v = value(sb, code);
-    // The repr of a JSON string: '...' (the JSON has no quotes or backslashes to escape here).
-    let s = v.strip_prefix('\'').and_then(|v| v.strip_suffix('\'')).unwrap_or_else(|| panic!("not a str repr: {v}"));
-    serde_json::from_str(s).unwrap_or_else(|e| panic!("not JSON {s}: {e}"))
-}
+use forkbox_engine::{EngineError, Sandbox};
+use forkbox_testkit::guest::{fork, fork_with, json, limits, ok, value};
+use forkbox_testkit::shared;
 
 // ---------------------------------------------------------------------------
 // Threads and futexes

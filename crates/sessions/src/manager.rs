@@ -20,6 +20,17 @@ use forkbox_snapshot::{Layer, StateError};
 use crate::store::{self, CheckpointRecord, NewCheckpoint, SessionRecord, Store, StoreError};
 
 mod tree;
+
+/// How a checkpoint comes back (see [`SessionManager::resume_as`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Resume {
+    /// As the same session: tracked for its next checkpoint, RNGs kept.
+    Same,
+    /// As a new session forked from it: tracked, RNGs reseeded.
+    Fork,
+    /// For one look and then dropped (never checkpointed): a pooled, untracked VM, reseeded.
+    Throwaway,
+}
 pub use tree::{diff, Diff, FileChange, FileState, PathCall, StateAt, Variable, VariableChange, Variables};
 
 #[derive(Debug, thiserror::Error)]
@@ -785,10 +796,21 @@ impl SessionManager {
 
     fn resume_checkpoint(&self, t: &Loaded, head: i64, limits: Limits, reseed: bool) -> Result<Sandbox, SessionError> {
         // (`reseed`: see `bring_back`.)
+        self.resume_as(t, head, limits, if reseed { Resume::Fork } else { Resume::Same })
+    }
+
+    /// Bring checkpoint `head` back as `how` says.
+    pub(crate) fn resume_as(&self, t: &Loaded, head: i64, limits: Limits, how: Resume) -> Result<Sandbox, SessionError> {
         let t0 = Instant::now();
         let (layers, rec) = self.layer_chain(head)?;
         tracing::debug!(elapsed = ?t0.elapsed(), layers = layers.len(), "read the layer chain");
-        t.template.resume(&t.engine, &layers, &self.layers_dir.join(&rec.state), limits, reseed).map_err(|e| match e {
+        let state = self.layers_dir.join(&rec.state);
+        let resumed = match how {
+            Resume::Same => t.template.resume(&t.engine, &layers, &state, limits, false),
+            Resume::Fork => t.template.resume(&t.engine, &layers, &state, limits, true),
+            Resume::Throwaway => t.template.resume_throwaway(&t.engine, &layers, &state, limits),
+        };
+        resumed.map_err(|e| match e {
             EngineError::Snapshot(s) => SessionError::Snapshot(s),
             e => SessionError::Engine(e),
         })

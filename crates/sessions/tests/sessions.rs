@@ -817,3 +817,30 @@ fn sessions_are_per_tenant() {
     assert_eq!(m.list("tenant-a", &[]).unwrap().len(), 1);
     assert_eq!(m.exec("tenant-a", &s.id, "secret").unwrap().result.value.as_deref(), Some("1"));
 }
+
+/// Throwaway forks of a checkpoint (explore's dropped branches, inspections)
+/// run on pooled VMs that go back to the template's pool: the checkpoint's
+/// pages must never leak into the next plain fork of the template.
+#[test]
+fn throwaway_forks_leave_the_template_pristine() {
+    let home = fresh_home();
+    let m = open_default(home.path());
+    let rec = new_session(&m);
+    let cp = ok(&m, &rec.id, "secret = 'x' * 100_000 + 'end'\nimport json").checkpoint;
+    let rec = m.get(TENANT, &rec.id).expect("record");
+    let s = shared();
+    let hits = || s.template.pool_stats().recycled_hits.load(std::sync::atomic::Ordering::Relaxed);
+    let before = hits();
+    for i in 0..6 {
+        // Each one on this thread recycles its VM for the next fork here.
+        let r = m.exec_throwaway(&rec, Some(cp.id), &format!("secret[-3:] + str({i})"), None, None).expect("throwaway exec");
+        assert_eq!(r.value.as_deref(), Some(format!("'end{i}'").as_str()), "{r:?}");
+        let mut sb = s.template.fork(&s.engine, Limits::default()).expect("template fork");
+        let plain = sb.exec("('secret' in globals(), 'json' in globals())").expect("exec in a template fork");
+        assert_eq!(plain.value.as_deref(), Some("(False, False)"), "a template fork saw a checkpoint's state: {plain:?}");
+    }
+    // Most of those forks ran on the VM the throwaway before them gave back (other tests share the pool).
+    assert!(hits() - before >= 6, "throwaway VMs were not recycled: {} hits", hits() - before);
+    // The session itself is untouched and continues.
+    assert_eq!(value(&m, &rec.id, "len(secret)"), "100003");
+}

@@ -10,6 +10,8 @@
 //! ([`shared`]); [`fresh_home`] gives a test its own data directory whose
 //! `templates` is a symlink to the shared home's, so no template is rebuilt.
 
+pub mod guest;
+
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;

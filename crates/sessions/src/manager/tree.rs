@@ -348,9 +348,10 @@ impl SessionManager {
         if let Some(o) = output_bytes {
             limits.output_bytes = o.min(limits.output_bytes);
         }
+        // Never checkpointed: pooled VMs, no dirty tracking.
         let mut sb = match cp {
-            None => t.template.fork_tracked(&t.engine, limits)?,
-            Some(c) => self.resume_checkpoint(&t, c, limits, true)?,
+            None => t.template.fork(&t.engine, limits)?,
+            Some(c) => self.resume_as(&t, c, limits, super::Resume::Throwaway)?,
         };
         f(&mut sb)
     }
