@@ -60,7 +60,9 @@ pub enum BenchCommand {
         image: ImageArgs,
     },
     /// Network: a small HTTP GET (urllib) to a loopback server and a 100 MB
-    /// download, from the guest (loopback allowlisted) beside the host's python3.
+    /// download, from the guest (loopback allowlisted) beside the host's python3;
+    /// and a small GET to an http.server inside the sandbox (in an os.fork child:
+    /// a listener of the sandbox, never a host port) beside the same on the host.
     Net {
         /// GET samples.
         #[arg(long, default_value_t = 200)]
@@ -212,6 +214,40 @@ fn net(home: &Path, requests: usize, download_mb: usize, image: &ImageArgs) -> R
     println!("host:  {:.0} MB download: {:.0} MB/s ({:.2} s)", hn / 1e6, hn / 1e6 / hsecs, hsecs);
     let st = sb.net_stats();
     println!("guest counters: {} connects allowed, {} denied, {} bytes received", st.connects_allowed, st.connects_denied, st.bytes_received);
+    // A server inside the sandbox: http.server in an os.fork child, urllib GETs from the parent.
+    let code = format!(
+        "import http.server, os, time, urllib.request\n\
+         class H(http.server.BaseHTTPRequestHandler):\n\
+         \x20   def do_GET(self):\n\
+         \x20       self.send_response(200); self.send_header('Content-Length', '2'); self.end_headers(); self.wfile.write(b'ok')\n\
+         \x20   def log_message(self, *a): pass\n\
+         srv = http.server.HTTPServer(('127.0.0.1', 0), H)\n\
+         port = srv.server_address[1]\n\
+         pid = os.fork()\n\
+         if pid == 0:\n\
+         \x20   try: srv.serve_forever(poll_interval=0.05)\n\
+         \x20   finally: os._exit(0)\n\
+         srv.socket.close()\n\
+         lat = []\n\
+         for _ in range({requests}):\n\
+         \x20   t = time.perf_counter()\n\
+         \x20   assert urllib.request.urlopen(f'http://127.0.0.1:{{port}}/').read() == b'ok'\n\
+         \x20   lat.append((time.perf_counter() - t) * 1000)\n\
+         os.kill(pid, 9); os.waitpid(pid, 0)\n\
+         print(' '.join(map(str, lat)))\n"
+    );
+    let lat = |out: &str| -> Vec<f64> { out.lines().next().unwrap_or("").split_whitespace().filter_map(|x| x.parse().ok()).collect() };
+    let mut sb = template.fork(&engine, Limits { network: forkbox_engine::NetConfig::default(), ..Limits::default() })?;
+    let r = sb.exec(&code)?;
+    anyhow::ensure!(r.error.is_none(), "guest: {:?}\n{}", r.error, r.stderr);
+    let glat = lat(&r.stdout);
+    let host = std::process::Command::new("/usr/bin/python3").args(["-c", &code]).output().context("host python3")?;
+    anyhow::ensure!(host.status.success(), "host python3: {}", String::from_utf8_lossy(&host.stderr));
+    let hlat = lat(&String::from_utf8_lossy(&host.stdout));
+    anyhow::ensure!(!glat.is_empty() && !hlat.is_empty(), "no in-sandbox latencies");
+    println!("guest: urllib GET of 2 bytes to a server in the sandbox (os.fork child, network: none)   {}", summary(glat.clone()));
+    println!("host:  urllib GET of 2 bytes to a server in an os.fork child                            {}", summary(hlat.clone()));
+    println!("ratio guest/host p50: {:.2}x", med(glat) / med(hlat));
     Ok(ExitCode::SUCCESS)
 }
 

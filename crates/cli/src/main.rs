@@ -144,6 +144,17 @@ enum KeyCommand {
         /// An admin key: may read /metrics.
         #[arg(long)]
         admin: bool,
+        /// The key's egress policy, a layer inside the server's (`forkbox serve --egress`) that every
+        /// sandbox of the key gets: `none`, `public` or `allowlist`. Requests can only narrow it.
+        /// Without it: the server's policy alone.
+        #[arg(long, value_enum)]
+        egress: Option<EgressMode>,
+        /// An allow rule of the key's policy (repeatable; needs --egress), as for `serve`.
+        #[arg(long, value_name = "RULE")]
+        egress_allow: Vec<String>,
+        /// A deny rule of the key's policy (repeatable; needs --egress), as for `serve`.
+        #[arg(long, value_name = "RULE")]
+        egress_deny: Vec<String>,
     },
 }
 
@@ -228,19 +239,32 @@ fn main() -> ExitCode {
             max_timeout_seconds,
             unlimited,
             admin,
+            egress,
+            egress_allow,
+            egress_deny,
         }) => {
-            let base = if unlimited { forkbox_server::KeyLimits::unlimited() } else { forkbox_server::KeyLimits::defaults() };
-            let limits = forkbox_server::KeyLimits {
-                rate_limit: rate_limit.or(base.rate_limit),
-                max_sessions: max_sessions.or(base.max_sessions),
-                max_disk_mb: max_disk_mb.or(base.max_disk_mb),
-                max_concurrency: max_concurrency.or(base.max_concurrency),
-                cpu_seconds_per_hour: cpu_seconds_per_hour.or(base.cpu_seconds_per_hour),
-                max_timeout_seconds: max_timeout_seconds.or(base.max_timeout_seconds),
+            let egress = match egress {
+                Some(mode) => egress_policy(mode, &egress_allow, &egress_deny).map(Some),
+                None if !egress_allow.is_empty() || !egress_deny.is_empty() => {
+                    Err(anyhow::anyhow!("--egress-allow and --egress-deny need --egress none|public|allowlist"))
+                }
+                None => Ok(None),
             };
-            forkbox_server::create_key_full(&home, &tenant, &limits, admin).map(|k| {
-                println!("{k}");
-                ExitCode::SUCCESS
+            egress.and_then(|egress| {
+                let base = if unlimited { forkbox_server::KeyLimits::unlimited() } else { forkbox_server::KeyLimits::defaults() };
+                let limits = forkbox_server::KeyLimits {
+                    egress,
+                    rate_limit: rate_limit.or(base.rate_limit),
+                    max_sessions: max_sessions.or(base.max_sessions),
+                    max_disk_mb: max_disk_mb.or(base.max_disk_mb),
+                    max_concurrency: max_concurrency.or(base.max_concurrency),
+                    cpu_seconds_per_hour: cpu_seconds_per_hour.or(base.cpu_seconds_per_hour),
+                    max_timeout_seconds: max_timeout_seconds.or(base.max_timeout_seconds),
+                };
+                forkbox_server::create_key_full(&home, &tenant, &limits, admin).map(|k| {
+                    println!("{k}");
+                    ExitCode::SUCCESS
+                })
             })
         }
         Command::Run(args) => match &cli.url {

@@ -259,6 +259,9 @@ fn rules() -> Result<BTreeMap<i64, Vec<SeccompRule>>, seccompiler::BackendError>
     // socket: only the families the VMM serves on the host (AF_UNIX: see `unix_sockets_eacces`).
     let families = [libc::AF_INET, libc::AF_INET6, libc::AF_NETLINK, libc::AF_UNIX];
     m.insert(libc::SYS_socket, families.iter().map(|&f| SeccompRule::new(vec![eq32(0, f as u64)?])).collect::<Result<_, _>>()?);
+    // socketpair: AF_UNIX only (anonymous pairs, named by nothing on the host): the ends of
+    // connections inside the sandbox and listeners' readiness (see forkbox_linux::net).
+    m.insert(libc::SYS_socketpair, vec![SeccompRule::new(vec![eq32(0, libc::AF_UNIX as u64)?])?]);
     // clone: threads only (never a new process); clone3 is refused below (its flags are in memory).
     let thread = libc::CLONE_THREAD as u64;
     m.insert(libc::SYS_clone, vec![SeccompRule::new(vec![Cond::new(0, Len::Qword, Op::MaskedEq(thread), thread)?])?]);

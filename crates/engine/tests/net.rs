@@ -455,3 +455,306 @@ fn asyncio_open_connection_over_epoll() {
     );
     assert_eq!(value(&mut sb, &code), "(10, {(b'HTTP/1.1 200 OK', True)})");
 }
+
+// ----- listening sockets inside the sandbox ---------------------------------
+
+/// An http.server inside the sandbox (a thread of the exec), queried by urllib
+/// and by an asyncio client in the same exec, with no network at all: the
+/// listener and its connections never touch the host's network.
+#[test]
+fn in_sandbox_http_server_serves_urllib_and_asyncio_in_the_same_exec() {
+    let mut sb = boot(NetConfig::with_policy(NetPolicy::none()));
+    let code = r#"
+import asyncio, http.server, threading, urllib.request
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = ('hello ' + self.path).encode()
+        self.send_response(200)
+        self.send_header('Content-Length', str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+srv = http.server.ThreadingHTTPServer(('127.0.0.1', 0), H)
+port = srv.server_address[1]
+t = threading.Thread(target=srv.serve_forever, kwargs={'poll_interval': 0.05}, daemon=True)
+t.start()
+got = [urllib.request.urlopen(f'http://127.0.0.1:{port}/u{i}', timeout=10).read() for i in range(3)]
+async def get(path):
+    r, w = await asyncio.open_connection('127.0.0.1', port)
+    w.write(f'GET {path} HTTP/1.0\r\nHost: x\r\n\r\n'.encode())
+    await w.drain()
+    data = await asyncio.wait_for(r.read(), 10)
+    w.close()
+    return data.split(b'\r\n\r\n', 1)[1]
+async def main():
+    return await asyncio.gather(*[get(f'/a{i}') for i in range(5)])
+got += asyncio.run(main())
+srv.shutdown()
+srv.server_close()
+(32768 <= port <= 60999, got)
+"#;
+    assert_eq!(
+        value(&mut sb, code),
+        "(True, [b'hello /u0', b'hello /u1', b'hello /u2', b'hello /a0', b'hello /a1', b'hello /a2', b'hello /a3', b'hello /a4'])"
+    );
+    let st = sb.net_stats();
+    assert!(st.loopback_connects >= 8, "{st:?}");
+    assert_eq!(st.connects_allowed, 0, "nothing went through the egress policy: {st:?}");
+}
+
+/// asyncio's own server and client on one loop, over the wildcard and IPv6 loopback.
+#[test]
+fn asyncio_start_server_and_open_connection() {
+    let mut sb = boot(NetConfig::default());
+    let code = r#"
+import asyncio, socket
+async def echo(r, w):
+    data = await r.readline()
+    w.write(data.upper())
+    await w.drain()
+    w.close()
+async def one(host, port):
+    r, w = await asyncio.open_connection(host, port)
+    w.write(b'ping %s\n' % host.encode())
+    await w.drain()
+    line = await r.readline()
+    w.close()
+    return line
+async def main():
+    out = []
+    for bind, host, fam in (('0.0.0.0', '127.0.0.1', socket.AF_INET), ('::1', '::1', socket.AF_INET6), ('::', '127.0.0.1', socket.AF_INET6)):
+        srv = await asyncio.start_server(echo, bind, 0, family=fam)
+        port = srv.sockets[0].getsockname()[1]
+        out += await asyncio.gather(*[one(host, port) for _ in range(3)])
+        srv.close()
+        await srv.wait_closed()
+    return out
+sorted(set(asyncio.run(main())))
+"#;
+    assert_eq!(value(&mut sb, code), "[b'PING 127.0.0.1\\n', b'PING ::1\\n']");
+}
+
+/// bind/listen/accept semantics: ephemeral ports and getsockname, EADDRINUSE
+/// and SO_REUSEADDR, non-blocking accept (EAGAIN), readiness through
+/// select/poll/epoll, SO_ACCEPTCONN, the backlog bound, peer addresses.
+#[test]
+fn listen_accept_semantics() {
+    let mut sb = boot(NetConfig::default());
+    let code = r#"
+import errno, select, socket
+out = {}
+a = socket.socket()
+a.bind(('127.0.0.1', 0))
+host, port = a.getsockname()
+out['ephemeral'] = host == '127.0.0.1' and 32768 <= port <= 60999
+a.listen(2)
+out['acceptconn'] = a.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+b = socket.socket()
+try:
+    b.bind(('0.0.0.0', port))
+except OSError as e:
+    out['inuse'] = e.errno == errno.EADDRINUSE
+b.close()
+a.setblocking(False)
+try:
+    a.accept()
+except BlockingIOError as e:
+    out['eagain'] = e.errno == errno.EAGAIN
+out['select_idle'] = select.select([a], [a], [], 0) == ([], [], [])
+c = socket.create_connection(('127.0.0.1', port), timeout=5)
+out['select_ready'] = select.select([a], [], [], 5)[0] == [a]
+p = select.poll(); p.register(a, select.POLLIN | select.POLLOUT)
+out['poll'] = p.poll(0) == [(a.fileno(), select.POLLIN)]
+e = select.epoll(); e.register(a, select.EPOLLIN)
+out['epoll'] = e.poll(1) == [(a.fileno(), select.EPOLLIN)]
+s, peer = a.accept()
+out['peer'] = peer == c.getsockname() and s.getsockname() == ('127.0.0.1', port) and c.getpeername() == ('127.0.0.1', port)
+c.sendall(b'x' * 100000)
+got = b''
+s.settimeout(5)
+while len(got) < 100000:
+    got += s.recv(65536)
+s.sendall(b'done'); s.shutdown(socket.SHUT_WR)
+out['data'] = len(got) == 100000 and c.recv(10) == b'done' and c.recv(10) == b''
+s.close(); c.close()
+# backlog 2 (Linux takes backlog + 1 before refusing): the fourth pending connect is refused
+pend = [socket.create_connection(('127.0.0.1', port), timeout=5) for _ in range(3)]
+try:
+    socket.create_connection(('127.0.0.1', port), timeout=5)
+except ConnectionRefusedError:
+    out['backlog'] = True
+for x in pend: x.close()
+while True:
+    try:
+        a.accept()[0].close()
+    except BlockingIOError:
+        break
+a.close()
+# the port is free once its listener is closed; SO_REUSEADDR lets two unlistened sockets share one
+d = socket.socket(); d.bind(('127.0.0.1', port)); d.close()
+x = socket.socket(); x.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); x.bind(('127.0.0.1', port))
+y = socket.socket(); y.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); y.bind(('127.0.0.1', port))
+x.listen()
+try:
+    y.listen()
+except OSError as e:
+    out['listen_inuse'] = e.errno == errno.EADDRINUSE
+x.close(); y.close()
+# nothing listens: refused; an address the sandbox does not have: EADDRNOTAVAIL
+try:
+    socket.create_connection(('127.0.0.1', port), timeout=5)
+except ConnectionRefusedError:
+    out['refused'] = True
+try:
+    socket.socket().bind(('10.1.2.3', 0))
+except OSError as e:
+    out['notavail'] = e.errno == errno.EADDRNOTAVAIL
+out
+"#;
+    let got = value(&mut sb, code);
+    for k in
+        ["ephemeral", "inuse", "eagain", "select_idle", "select_ready", "poll", "epoll", "peer", "data", "backlog", "listen_inuse", "refused", "notavail"]
+    {
+        assert!(got.contains(&format!("'{k}': True")), "{k} not True in {got}");
+    }
+    assert!(got.contains("'acceptconn': 1"), "{got}");
+}
+
+/// A server in a subprocess (its own VM), queried by the parent.
+#[test]
+fn server_in_a_subprocess_is_reached_by_its_parent() {
+    let mut sb = boot(NetConfig::default());
+    let code = r#"
+import subprocess, sys, urllib.request
+child = r'''
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = b'from the child'
+        self.send_response(200)
+        self.send_header('Content-Length', str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+s = http.server.HTTPServer(('0.0.0.0', 0), H)
+print(s.server_address[1], flush=True)
+s.handle_request()
+s.handle_request()
+'''
+p = subprocess.Popen([sys.executable, '-c', child], stdout=subprocess.PIPE)
+port = int(p.stdout.readline())
+got = [urllib.request.urlopen(f'http://localhost:{port}/', timeout=10).read() for _ in range(2)]
+(got, p.wait(timeout=20))
+"#;
+    let r = ok(&mut sb, code);
+    assert_eq!(r.value.as_deref(), Some("([b'from the child', b'from the child'], 0)"), "stderr: {}", r.stderr);
+}
+
+/// A listening socket takes no host port: while the sandbox listens on a
+/// port, the host cannot connect to it; the sandbox still can.
+#[test]
+fn a_sandbox_listener_is_not_on_the_host() {
+    // A port free on the host right now.
+    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut sb = boot(NetConfig::default());
+    assert_eq!(value(&mut sb, &format!("import socket\nL = socket.socket()\nL.bind(('0.0.0.0', {port}))\nL.listen()\nL.getsockname()[1]")), port.to_string());
+    for host in ["127.0.0.1", "0.0.0.0"] {
+        let r = std::net::TcpStream::connect_timeout(&format!("{host}:{port}").parse().unwrap(), Duration::from_secs(2));
+        assert!(r.is_err(), "the host reached the sandbox's listener at {host}:{port}");
+    }
+    // The listener lives on in the session: the next exec connects to it.
+    assert_eq!(value(&mut sb, &format!("c = socket.create_connection(('127.0.0.1', {port}))\ns, _ = L.accept()\nc.send(b'hi')\ns.recv(2)")), "b'hi'");
+}
+
+/// A guest that floods a loopback connection nobody reads is stopped by the
+/// connection's bounded buffer (EAGAIN), and the session stays usable.
+#[test]
+fn flooding_a_loopback_connection_is_bounded() {
+    let mut sb = boot(NetConfig::default());
+    let code = r#"
+import socket
+L = socket.socket(); L.bind(('127.0.0.1', 0)); L.listen()
+c = socket.create_connection(L.getsockname())
+c.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 30)
+c.setblocking(False)
+sent = 0
+try:
+    while sent < (64 << 20):
+        sent += c.send(b'x' * 65536)
+except BlockingIOError:
+    pass
+c.close(); L.close()
+sent < (16 << 20)
+"#;
+    assert_eq!(value(&mut sb, code), "True");
+    assert_eq!(value(&mut sb, "1 + 1"), "2");
+}
+
+/// The open-socket limit bounds in-sandbox connections too (each end counts):
+/// a clean error, and the session usable afterwards.
+#[test]
+fn socket_limit_bounds_loopback_connections() {
+    let mut cfg = NetConfig::default();
+    cfg.max_sockets = 21;
+    let mut sb = boot(cfg);
+    let code = r#"
+import socket, errno
+L = socket.socket(); L.bind(('127.0.0.1', 0)); L.listen(200)
+conns, err = [], None
+for i in range(100):
+    try:
+        conns.append(socket.create_connection(L.getsockname(), timeout=5))
+    except OSError as e:
+        err = e.errno
+        break
+n = len(conns)
+for c in conns: c.close()
+while True:
+    L.setblocking(False)
+    try:
+        L.accept()[0].close()
+    except BlockingIOError:
+        break
+again = socket.create_connection(L.getsockname(), timeout=5)
+(n, err in (errno.ECONNREFUSED, errno.EMFILE))
+"#;
+    assert_eq!(value(&mut sb, code), "(10, True)");
+}
+
+/// Across a checkpoint, a listener is like any socket: in a resumed copy it
+/// no longer listens (accept EINVAL) and its port is free again.
+#[test]
+fn a_checkpoint_never_carries_a_listener() {
+    let home = home();
+    let template = forkbox_engine::Template::ensure(engine(), &home).unwrap_or_else(|e| panic!("Template::ensure: {e}"));
+    let limits = Limits { network: NetConfig::default(), timeout: Duration::from_secs(20), ..Limits::default() };
+    let mut sb = template.fork_tracked(engine(), limits.clone()).unwrap_or_else(|e| panic!("fork: {e}"));
+    let port = value(&mut sb, "import socket, errno\nL = socket.socket()\nL.bind(('127.0.0.1', 0))\nL.listen()\nc = socket.create_connection(L.getsockname())\nL.getsockname()[1]");
+    let dir = tempfile::tempdir().unwrap();
+    let (layer, state) = (dir.path().join("layer"), dir.path().join("state"));
+    template.checkpoint(engine(), &mut sb, &layer, &state, |_| Ok::<(), forkbox_engine::EngineError>(())).unwrap_or_else(|e| panic!("checkpoint: {e}"));
+    assert_eq!(value(&mut sb, "s, _ = L.accept()\nc.send(b'ok')\ns.recv(2)"), "b'ok'");
+    let layers = vec![forkbox_snapshot::Layer::read(&layer).unwrap()];
+    let mut r = template.resume(engine(), &layers, &state, limits, false).unwrap_or_else(|e| panic!("resume: {e}"));
+    let got = value(
+        &mut r,
+        &format!(
+            "out = []\n\
+             try:\n\
+             \x20   L.accept()\n\
+             except OSError as e:\n\
+             \x20   out.append(e.errno == errno.EINVAL)\n\
+             try:\n\
+             \x20   c.recv(1)\n\
+             except OSError as e:\n\
+             \x20   out.append(e.errno == errno.ECONNRESET)\n\
+             L2 = socket.socket(); L2.bind(('127.0.0.1', {port})); L2.listen()\n\
+             c2 = socket.create_connection(('127.0.0.1', {port}))\n\
+             out.append(L2.accept()[1] == c2.getsockname())\n\
+             out"
+        ),
+    );
+    assert_eq!(got, "[True, True, True]");
+}

@@ -92,9 +92,10 @@ pub(crate) fn with_output<R>(output: &mut Option<Box<dyn Output>>, run: impl FnO
 pub const BATCH_OUTPUT_FACTOR: usize = 4;
 
 /// Output limit of each of `n` items of a batch (at least 4 KiB, at most `per_exec`).
-/// Add a request's network policy as the innermost layer: it can only narrow.
-pub(crate) fn narrow_network(limits: &mut Limits, network: Option<&NetPolicy>) {
-    if let Some(p) = network {
+/// Add policy layers (the caller's key's, then the request's) inside the
+/// runtime's: each can only narrow.
+pub(crate) fn narrow_network(limits: &mut Limits, network: &[NetPolicy]) {
+    for p in network {
         limits.network = std::mem::take(&mut limits.network).narrowed(p.clone());
     }
 }
@@ -143,14 +144,14 @@ impl Runtime {
     }
 
     /// Check a one-shot exec's code and timeout (cheap: do it before waiting for a slot).
-    /// `template`: its name (None: the default). `network`: a policy layer
-    /// narrowing the runtime's (None: the runtime's as it is).
+    /// `template`: its name (None: the default). `network`: policy layers
+    /// narrowing the runtime's, outermost first (empty: the runtime's as it is).
     pub fn oneshot(
         &self,
         code: String,
         timeout_seconds: Option<f64>,
         template: Option<&str>,
-        network: Option<&NetPolicy>,
+        network: &[NetPolicy],
     ) -> Result<OneShotRequest, RuntimeError> {
         self.check_code(&code)?;
         let mut limits = self.config.limits.clone();
@@ -206,8 +207,14 @@ impl Runtime {
         rx.await.map_err(|_| RuntimeError::WorkerGone)?
     }
 
-    /// Check a batch (count and each code) and its timeout.
-    pub fn batch(&self, codes: Vec<String>, timeout_seconds: Option<f64>, template: Option<&str>) -> Result<Vec<OneShotRequest>, RuntimeError> {
+    /// Check a batch (count and each code) and its timeout. `network`: as for [`Runtime::oneshot`].
+    pub fn batch(
+        &self,
+        codes: Vec<String>,
+        timeout_seconds: Option<f64>,
+        template: Option<&str>,
+        network: &[NetPolicy],
+    ) -> Result<Vec<OneShotRequest>, RuntimeError> {
         let n = codes.len();
         if n == 0 || n > self.config.max_batch {
             return Err(RuntimeError::Invalid(format!("codes must hold 1 to {} items, got {n}", self.config.max_batch)));
@@ -226,6 +233,7 @@ impl Runtime {
                 limits.timeout = timeout;
                 limits.code_bytes = self.config.code_limit;
                 limits.output_bytes = output_bytes;
+                narrow_network(&mut limits, network);
                 OneShotRequest { code, limits, template: template.clone() }
             })
             .collect())

@@ -142,7 +142,7 @@ impl Runtime {
         memory_mb: Option<u64>,
         timeout_seconds: Option<f64>,
         template: Option<&str>,
-        network: Option<&NetPolicy>,
+        network: &[NetPolicy],
         quota: &Quota,
     ) -> Result<SessionView, RuntimeError> {
         check_tags(&tags)?;

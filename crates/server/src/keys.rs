@@ -1,8 +1,11 @@
 //! API keys: `fbk_` + 32 random hex bytes, given to the user once; only the
 //! SHA-256 of a key is stored (`<home>/server/keys.db`, SQLite), with its tenant,
 //! its limits (requests/s, sessions, disk, concurrent execs, CPU seconds per
-//! hour, longest timeout; NULL = unlimited, see [`KeyLimits`]) and whether it
-//! is an admin key (may read `/metrics`).
+//! hour, longest timeout; NULL = unlimited, see [`KeyLimits`]), whether it
+//! is an admin key (may read `/metrics`) and its egress policy layer (JSON;
+//! NULL = the server's policy alone).
+
+use forkbox_runtime::NetPolicy;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -27,6 +30,7 @@ const LIMIT_COLUMNS: &[(&str, &str)] = &[
     ("cpu_seconds_per_hour", "INTEGER"),
     ("max_timeout_seconds", "INTEGER"),
     ("admin", "INTEGER NOT NULL DEFAULT 0"),
+    ("egress", "TEXT"),
 ];
 
 fn open_db(home: &Path) -> anyhow::Result<Connection> {
@@ -107,13 +111,17 @@ pub fn create_key_full(home: &Path, tenant: &str, limits: &KeyLimits, admin: boo
     }
     anyhow::ensure!(limits.max_concurrency.is_none_or(|v| v <= 1 << 20), "max concurrency is too large");
     anyhow::ensure!(limits.rate_limit.is_none_or(|r| r <= u32::MAX as u64), "rate limit is too large");
+    if let Some(p) = &limits.egress {
+        anyhow::ensure!(p.allow.len() <= 256 && p.deny.len() <= 256, "at most 256 egress rules each");
+    }
+    let egress = limits.egress.as_ref().map(serde_json::to_string).transpose()?;
     let key = format!("fbk_{}", random_hex(32)?);
     let conn = open_db(home)?;
     let as_i64 = |v: Option<u64>| v.map(|v| v as i64);
     conn.execute(
         "INSERT INTO api_keys (hash, tenant, created_ms, rate_limit, max_sessions, max_disk_mb, \
-         max_concurrency, cpu_seconds_per_hour, max_timeout_seconds, admin) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+         max_concurrency, cpu_seconds_per_hour, max_timeout_seconds, admin, egress) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
         params![
             hash_key(&key),
             tenant,
@@ -124,7 +132,8 @@ pub fn create_key_full(home: &Path, tenant: &str, limits: &KeyLimits, admin: boo
             as_i64(limits.max_concurrency),
             as_i64(limits.cpu_seconds_per_hour),
             as_i64(limits.max_timeout_seconds),
-            admin as i64
+            admin as i64,
+            egress
         ],
     )?;
     Ok(key)
@@ -183,17 +192,25 @@ impl KeyStore {
         }
         let conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
         type Limits = [Option<i64>; 6];
-        let row: Option<(String, Limits, bool)> = conn
+        let row: Option<(String, Limits, bool, Option<String>)> = conn
             .query_row(
                 "SELECT tenant, rate_limit, max_sessions, max_disk_mb, max_concurrency, cpu_seconds_per_hour, \
-                 max_timeout_seconds, admin FROM api_keys WHERE hash = ?1",
+                 max_timeout_seconds, admin, egress FROM api_keys WHERE hash = ?1",
                 params![h],
                 |r| {
-                    Ok((r.get(0)?, [r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?], r.get::<_, i64>(7)? != 0))
+                    let limits = [r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?];
+                    Ok((r.get(0)?, limits, r.get::<_, i64>(7)? != 0, r.get(8)?))
                 },
             )
             .optional()?;
-        let Some((tenant, [rate, sessions, disk, conc, cpu, timeout], admin)) = row else { return Ok(None) };
+        let Some((tenant, [rate, sessions, disk, conc, cpu, timeout], admin, egress)) = row else { return Ok(None) };
+        // A policy that does not parse (a hand-edited row) fails closed: no network for the key.
+        let egress = egress.map(|j| {
+            serde_json::from_str::<NetPolicy>(&j).unwrap_or_else(|e| {
+                tracing::warn!("keys.db: the egress policy of a key of tenant {tenant} does not parse ({e}): no network");
+                NetPolicy::none()
+            })
+        });
         let positive = |v: Option<i64>| v.filter(|v| *v > 0).map(|v| v as u64);
         let limits = KeyLimits {
             rate_limit: positive(rate),
@@ -202,6 +219,7 @@ impl KeyStore {
             max_concurrency: conc.filter(|v| *v >= 0).map(|v| v as u64),
             cpu_seconds_per_hour: positive(cpu),
             max_timeout_seconds: positive(timeout),
+            egress,
         };
         let info = Arc::new(KeyInfo {
             tenant,

@@ -36,6 +36,9 @@ pub struct KeyLimits {
     pub cpu_seconds_per_hour: Option<u64>,
     /// Largest `timeout_seconds` this key may ask for (the server's maximum still applies).
     pub max_timeout_seconds: Option<u64>,
+    /// The key's egress policy: a layer under the server's that every sandbox
+    /// of the key gets (requests and templates can only narrow it). `None`: the server's alone.
+    pub egress: Option<forkbox_runtime::NetPolicy>,
 }
 
 impl KeyLimits {
@@ -50,6 +53,7 @@ impl KeyLimits {
             max_concurrency: None,
             cpu_seconds_per_hour: Some(3600),
             max_timeout_seconds: Some(60),
+            egress: None,
         }
     }
 

@@ -58,6 +58,14 @@ pub fn network_policy(n: &Option<NetworkSetting>) -> Result<Option<forkbox_runti
     n.as_ref().map(|n| n.policy().map_err(|e| crate::error::ApiError::invalid(format!("network: {e}")))).transpose()
 }
 
+/// The policy layers a caller's sandbox gets inside the server's: its key's
+/// (`forkbox key create --egress`), then the request's `network`. Each only narrows.
+pub fn network_layers(caller: &crate::auth::Caller, n: &Option<NetworkSetting>) -> Result<Vec<forkbox_runtime::NetPolicy>, crate::error::ApiError> {
+    let mut layers: Vec<_> = caller.limits().and_then(|l| l.egress.clone()).into_iter().collect();
+    layers.extend(network_policy(n)?);
+    Ok(layers)
+}
+
 /// The effective network policy as shown to clients.
 pub fn network_view(net: &forkbox_runtime::NetConfig) -> serde_json::Value {
     serde_json::json!({ "mode": net.mode(), "layers": net.layers })

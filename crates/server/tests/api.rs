@@ -1447,6 +1447,81 @@ async fn network_setting_narrows_the_server_policy() {
     }
 }
 
+/// A key's egress policy (`forkbox key create --egress`) is a layer every
+/// sandbox of the key gets: requests can only narrow it, never widen it, and
+/// the session shows it; loopback inside the sandbox needs no egress at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_egress_policy_is_a_layer_requests_cannot_widen() {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(mut c) = c else { return };
+            let mut b = [0u8; 1024];
+            let _ = std::io::Read::read(&mut c, &mut b);
+            let _ = std::io::Write::write_all(&mut c, b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok");
+        }
+    });
+    let s = TestServer::start_with(|cfg| {
+        cfg.limits.network.layers[0].allow.push(format!("127.0.0.1:{port}").parse().unwrap());
+    })
+    .await;
+    let allow = format!("127.0.0.1:{port}");
+    let key_with = |tenant: &str, egress: forkbox_runtime::NetPolicy| {
+        limited_key(&s, tenant, forkbox_server::KeyLimits { egress: Some(egress), ..forkbox_server::KeyLimits::unlimited() })
+    };
+    let none = key_with("offline", forkbox_runtime::NetPolicy::none());
+    let public = key_with("public", forkbox_runtime::NetPolicy::public());
+    let listed = key_with("listed", forkbox_runtime::NetPolicy::allowlist(vec![allow.parse().unwrap()]));
+    let post = |key: &str, path: &str, body: Value| {
+        let req = s.http.post(format!("{}{path}", s.url)).bearer_auth(key).json(&body);
+        async move {
+            let r = req.send().await.unwrap();
+            let st = r.status();
+            (st, r.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    let get = format!("import urllib.request\nurllib.request.urlopen('http://127.0.0.1:{port}/', timeout=5).read()");
+    // The server's key (no egress of its own) reaches the allowed loopback server.
+    let (_, v) = s.post("/v1/exec", json!({ "code": get })).await;
+    assert_eq!(v["value"], "b'ok'", "{v}");
+    // A key with egress none cannot, even asking for the very rule the server has.
+    for body in [json!({ "code": get }), json!({ "code": get, "network": { "allow": [allow] } }), json!({ "code": get, "network": "public" })] {
+        let (st, v) = post(&none, "/v1/exec", body.clone()).await;
+        assert_eq!(st, StatusCode::OK, "{v}");
+        assert_eq!(v["exit_code"], 1, "a request widened its key's policy ({body}): {v}");
+        assert!(v["stderr"].as_str().unwrap_or_default().contains("refused by the egress policy: network: none"), "{v}");
+    }
+    // Nor in a batch.
+    let (st, v) = post(&none, "/v1/exec/batch", json!({ "codes": [get] })).await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert!(v["results"][0]["error"]["type"].as_str().is_some(), "a batch widened its key's policy: {v}");
+    // A public key: loopback stays refused (the server's allow rule is not the key's).
+    let (_, v) = post(&public, "/v1/exec", json!({ "code": get })).await;
+    assert_eq!(v["exit_code"], 1, "{v}");
+    // A key that lists the rule gets it; its requests can still narrow it away.
+    let (_, v) = post(&listed, "/v1/exec", json!({ "code": get })).await;
+    assert_eq!(v["value"], "b'ok'", "{v}");
+    let (_, v) = post(&listed, "/v1/exec", json!({ "code": get, "network": "none" })).await;
+    assert_eq!(v["exit_code"], 1, "{v}");
+    // Sessions of the key: the key's layer is in the effective policy, and a request cannot widen it.
+    let (st, v) = post(&none, "/v1/sessions", json!({ "network": "public" })).await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+    assert_eq!(v["limits"]["network"]["mode"], "none", "{v}");
+    assert_eq!(v["limits"]["network"]["layers"].as_array().map(|a| a.len()), Some(3), "server, key, request: {v}");
+    assert_eq!(v["limits"]["network"]["layers"][1]["mode"], "none", "{v}");
+    let id = v["id"].as_str().unwrap().to_string();
+    let shown = s.http.get(format!("{}/v1/sessions/{id}", s.url)).bearer_auth(&none).send().await.unwrap().json::<Value>().await.unwrap();
+    assert_eq!(shown["limits"]["network"]["mode"], "none", "{shown}");
+    let (_, v) = post(&none, &format!("/v1/sessions/{id}/exec"), json!({ "code": get })).await;
+    assert!(v["error"]["type"].as_str().is_some() || v["exit_code"] == 1, "{v}");
+    // Loopback inside the sandbox is not egress: a server of the exec itself works under `none`.
+    let inside = "import socket\nL = socket.socket(); L.bind(('127.0.0.1', 0)); L.listen()\n\
+                  c = socket.create_connection(L.getsockname()); s, _ = L.accept()\nc.sendall(b'in'); s.recv(2)";
+    let (_, v) = post(&none, &format!("/v1/sessions/{id}/exec"), json!({ "code": inside })).await;
+    assert_eq!(v["value"], "b'in'", "{v}");
+}
+
 // ---------------------------------------------------------------------------
 // Strict bodies, session exec timeouts, PATCH, Retry-After, limits in messages,
 // output that comes back with an exec's error

@@ -10,6 +10,17 @@
 //! fd table only holds a socket id. A snapshot, a resumed session or a fork
 //! therefore never carries a live connection; an id with no host socket
 //! behind it reads as reset (ECONNRESET, then EOF; writes EPIPE).
+//!
+//! Listening sockets are the sandbox's own (see `listen`): a TCP socket bound
+//! to 127.0.0.0/8, ::1, 0.0.0.0 or :: takes a port of the sandbox's port
+//! table (here, shared by all its processes), never a host port. A connect from
+//! the sandbox to a loopback address where one of its listeners waits is
+//! served by the VMM: the two ends are a host `socketpair(AF_UNIX)` the VMM
+//! owns (so the kernel bounds their buffers and the waits of the engine work
+//! on them unchanged) behind TCP's addresses and options. A listener's accept
+//! queue is bounded by its backlog; its readiness is one byte per queued
+//! connection in another socketpair. Loopback anywhere else (the host's own
+//! services) stays under the egress policy, which denies it.
 
 pub mod dns;
 pub mod policy;
@@ -96,6 +107,9 @@ pub struct NetStats {
     pub dns_refused: u64,
     pub bytes_sent: u64,
     pub bytes_received: u64,
+    /// Connections made to a listener of the sandbox (inside it, never a host port).
+    #[serde(default)]
+    pub loopback_connects: u64,
     /// Denials by reason (`loopback address`, `rule 10.0.0.0/8`, `network: none` ...).
     pub denied: BTreeMap<String, u64>,
 }
@@ -127,6 +141,20 @@ enum Backend {
     Host(Socket),
     /// Connected to the VMM's resolver over TCP: length-prefixed queries in, answers out.
     ResolverStream { input: Vec<u8>, output: VecDeque<u8>, shut_wr: bool },
+    /// Listening inside the sandbox (no host socket takes a port).
+    Listener(Box<Listener>),
+}
+
+/// A listening socket of the sandbox: connections made by `connect` wait in
+/// `queue` (sockets of this `NetIo`, at most `backlog`) until accepted; each
+/// holds one byte in `ready.1`, read back from `ready.0` by accept, so that
+/// `ready.0` is readable exactly when the queue is not empty (the host fd the
+/// engine waits on).
+#[derive(Debug)]
+struct Listener {
+    ready: (Socket, Socket),
+    queue: VecDeque<u64>,
+    backlog: usize,
 }
 
 #[derive(Debug)]
@@ -147,6 +175,114 @@ struct Sock {
     connecting: Option<SocketAddr>,
     pub rcvtimeo: Option<Duration>,
     pub sndtimeo: Option<Duration>,
+    /// TCP: the sandbox address this socket holds (bind, listen, or either
+    /// end of a loopback connection inside the sandbox).
+    local: Option<SocketAddr>,
+    /// TCP: the other end of a loopback connection inside the sandbox.
+    loop_peer: Option<SocketAddr>,
+    /// SO_REUSEADDR (or SO_REUSEPORT) was set.
+    reuse: bool,
+    /// Option values of a socket inside the sandbox that its host socket
+    /// (AF_UNIX) does not take (TCP_NODELAY ...): kept, not applied (bounded).
+    opts: BTreeMap<(i32, i32), Vec<u8>>,
+}
+
+impl Sock {
+    fn new(domain: i32, stream: bool, backend: Backend) -> Sock {
+        Sock {
+            domain,
+            stream,
+            backend,
+            resolver_peer: false,
+            inbox: VecDeque::new(),
+            udp_verdicts: HashMap::new(),
+            peer: None,
+            connecting: None,
+            rcvtimeo: None,
+            sndtimeo: None,
+            local: None,
+            loop_peer: None,
+            reuse: false,
+            opts: BTreeMap::new(),
+        }
+    }
+
+    /// Served inside the sandbox (a listener or an end of a loopback connection).
+    fn in_sandbox(&self) -> bool {
+        self.loop_peer.is_some() || matches!(self.backend, Backend::Listener(_))
+    }
+}
+
+/// The ephemeral port range (Linux's default ip_local_port_range).
+const EPHEMERAL: (u16, u16) = (32768, 60999);
+/// Largest listen backlog (Linux's default somaxconn).
+const SOMAXCONN: usize = 4096;
+/// Option values kept per in-sandbox socket.
+const OPTS_CAP: usize = 32;
+
+/// `ip` as IPv4 if it is one or IPv4-mapped (how an AF_INET6 socket spells IPv4).
+fn as_v4(ip: IpAddr) -> Option<Ipv4Addr> {
+    match ip {
+        IpAddr::V4(v4) => Some(v4),
+        IpAddr::V6(v6) => v6.to_ipv4_mapped(),
+    }
+}
+
+/// Is `ip` an address a sandbox TCP socket may bind (loopback or wildcard)?
+fn sandbox_local(ip: IpAddr) -> bool {
+    match as_v4(ip) {
+        Some(v4) => v4.is_loopback() || v4.is_unspecified(),
+        None => ip.is_loopback() || ip.is_unspecified(),
+    }
+}
+
+/// A destination's address with IPv4-mapped forms as IPv4, and the wildcard
+/// as loopback (a connect to 0.0.0.0 or :: reaches the local host on Linux).
+fn loop_dest(addr: SocketAddr) -> SocketAddr {
+    let ip = match as_v4(addr.ip()) {
+        Some(v4) if v4.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        Some(v4) => IpAddr::V4(v4),
+        None if addr.ip().is_unspecified() => IpAddr::V6(std::net::Ipv6Addr::LOCALHOST),
+        None => addr.ip(),
+    };
+    SocketAddr::new(ip, addr.port())
+}
+
+/// Does a socket bound to `bound` on a socket of `domain` take connections to `dest` (from `loop_dest`)?
+fn listener_takes(bound: SocketAddr, domain: i32, dest: SocketAddr) -> bool {
+    if bound.port() != dest.port() {
+        return false;
+    }
+    let b = loop_dest_ip(bound.ip());
+    match (b, dest.ip()) {
+        // 0.0.0.0 takes IPv4; :: (an AF_INET6 socket, dual stack) takes both.
+        (None, IpAddr::V4(_)) => true,
+        (None, IpAddr::V6(_)) => domain == libc::AF_INET6,
+        (Some(b), d) => b == d,
+    }
+}
+
+/// A bound address's IP as compared with destinations (None: the wildcard).
+fn loop_dest_ip(ip: IpAddr) -> Option<IpAddr> {
+    match as_v4(ip) {
+        Some(v4) if v4.is_unspecified() => None,
+        Some(v4) => Some(IpAddr::V4(v4)),
+        None if ip.is_unspecified() => None,
+        None => Some(ip),
+    }
+}
+
+/// Do two bound addresses overlap (same port, and the same IP or a wildcard)?
+fn binds_overlap(a: SocketAddr, b: SocketAddr) -> bool {
+    a.port() == b.port()
+        && match (loop_dest_ip(a.ip()), loop_dest_ip(b.ip())) {
+            (None, _) | (_, None) => true,
+            (Some(x), Some(y)) => x == y,
+        }
+}
+
+fn unix_pair() -> Result<(Socket, Socket), Errno> {
+    Socket::pair(Domain::UNIX, Type::STREAM.nonblocking().cloexec(), None).map_err(|e| host_errno(&e))
 }
 
 /// Largest message buffered for the TCP resolver stream, each way.
@@ -233,30 +369,26 @@ impl NetIo {
             // Linux's default (dual stack), whatever the host's sysctl says.
             let _ = s.set_only_v6(false);
         }
-        let id = self.nonce | self.next;
-        self.next += 1;
-        self.socks.insert(
-            id,
-            Sock {
-                domain,
-                stream,
-                backend: Backend::Host(s),
-                resolver_peer: false,
-                inbox: VecDeque::new(),
-                udp_verdicts: HashMap::new(),
-                peer: None,
-                connecting: None,
-                rcvtimeo: None,
-                sndtimeo: None,
-            },
-        );
+        let id = self.insert(Sock::new(domain, stream, Backend::Host(s)));
         self.stats.sockets_opened += 1;
         Ok(id)
     }
 
-    /// The guest closed the last fd of socket `id`.
+    fn insert(&mut self, s: Sock) -> u64 {
+        let id = self.nonce | self.next;
+        self.next += 1;
+        self.socks.insert(id, s);
+        id
+    }
+
+    /// The guest closed the last fd of socket `id`. A listener's connections
+    /// not yet accepted go with it (their clients read EOF).
     pub fn close(&mut self, id: u64) {
-        self.socks.remove(&id);
+        if let Some(Sock { backend: Backend::Listener(l), .. }) = self.socks.remove(&id) {
+            for q in l.queue {
+                self.socks.remove(&q);
+            }
+        }
     }
 
     fn sock(&mut self, id: u64) -> Result<&mut Sock, Errno> {
@@ -271,15 +403,160 @@ impl NetIo {
         match &self.sock(id)?.backend {
             Backend::Host(s) => Ok(s),
             Backend::ResolverStream { .. } => Err(Errno::EOPNOTSUPP),
+            Backend::Listener(_) => Err(Errno::ENOTCONN),
         }
     }
 
-    /// The host fd behind a socket, for waiting on it (never handed to the guest).
+    /// The host fd behind a socket, for waiting on it (never handed to the
+    /// guest): a listener's is its readiness socket.
     pub fn host_fd(&self, id: u64) -> Option<i32> {
         match &self.socks.get(&id)?.backend {
             Backend::Host(s) => Some(s.as_raw_fd()),
             Backend::ResolverStream { .. } => None,
+            Backend::Listener(l) => Some(l.ready.0.as_raw_fd()),
         }
+    }
+
+    pub fn is_listening(&self, id: u64) -> bool {
+        matches!(self.socks.get(&id), Some(Sock { backend: Backend::Listener(_), .. }))
+    }
+
+    /// Is `addr` taken by a TCP socket other than `me`? As Linux: a
+    /// listener always holds its port; any other socket holding it (bound, or
+    /// an end of a connection) lets another have it only if both set SO_REUSEADDR.
+    fn port_taken(&self, me: u64, addr: SocketAddr, reuse: bool) -> bool {
+        self.socks.iter().any(|(id, s)| {
+            *id != me
+                && s.stream
+                && s.local.is_some_and(|l| binds_overlap(l, addr))
+                && (matches!(s.backend, Backend::Listener(_)) || !(reuse && s.reuse))
+        })
+    }
+
+    /// A free ephemeral port for `ip` (EADDRINUSE when every one is taken).
+    fn ephemeral(&mut self, me: u64, ip: IpAddr) -> Result<u16, Errno> {
+        let span = (EPHEMERAL.1 - EPHEMERAL.0) as u64 + 1;
+        let start = (self.nonce >> 32).wrapping_add(self.next.wrapping_mul(7919)) % span;
+        for k in 0..span {
+            let port = EPHEMERAL.0 + ((start + k) % span) as u16;
+            if !self.port_taken(me, SocketAddr::new(ip, port), false) {
+                return Ok(port);
+            }
+        }
+        Err(Errno::EADDRINUSE)
+    }
+
+    /// A listener of the sandbox that takes a connect to `dest`.
+    fn find_listener(&self, dest: SocketAddr) -> Option<u64> {
+        let dest = loop_dest(dest);
+        if !sandbox_local(dest.ip()) {
+            return None;
+        }
+        self.socks.iter().find_map(|(id, s)| match (&s.backend, s.local) {
+            (Backend::Listener(_), Some(l)) if listener_takes(l, s.domain, dest) => Some(*id),
+            _ => None,
+        })
+    }
+
+    /// listen(): the socket becomes a listener of the sandbox (bound to an
+    /// ephemeral port of the wildcard first if it was not bound).
+    pub fn listen(&mut self, id: u64, backlog: i32) -> Result<(), Errno> {
+        let s = self.sock(id)?;
+        if !s.stream {
+            return Err(Errno::EOPNOTSUPP);
+        }
+        let backlog = (backlog.max(0) as usize).min(SOMAXCONN) + 1;
+        match &mut s.backend {
+            Backend::Listener(l) => {
+                l.backlog = backlog;
+                return Ok(());
+            }
+            Backend::ResolverStream { .. } => return Err(Errno::EINVAL),
+            Backend::Host(_) => {}
+        }
+        if s.loop_peer.is_some() || s.peer.is_some() || s.connecting.is_some() {
+            return Err(Errno::EINVAL);
+        }
+        let (local, reuse, domain) = (s.local, s.reuse, s.domain);
+        let local = match local {
+            Some(l) => {
+                if self.port_taken(id, l, reuse) {
+                    return Err(Errno::EADDRINUSE);
+                }
+                l
+            }
+            None => {
+                let any = unspecified(domain).ip();
+                let port = self.ephemeral(id, any)?;
+                SocketAddr::new(any, port)
+            }
+        };
+        let ready = unix_pair()?;
+        let s = self.sock(id)?;
+        s.local = Some(local);
+        s.backend = Backend::Listener(Box::new(Listener { ready, queue: VecDeque::new(), backlog }));
+        Ok(())
+    }
+
+    /// accept(): the next queued connection (its socket id and the peer's
+    /// address); EAGAIN when none waits. A socket with no state behind it
+    /// (restored from a snapshot: its listener is gone) is EINVAL.
+    pub fn accept(&mut self, id: u64) -> Result<(u64, SocketAddr), Errno> {
+        let Some(Sock { backend: Backend::Listener(l), .. }) = self.socks.get_mut(&id) else { return Err(Errno::EINVAL) };
+        let c = l.queue.pop_front().ok_or(Errno::EAGAIN)?;
+        let mut b = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+        let _ = l.ready.0.recv(&mut b);
+        let peer = self.socks.get(&c).and_then(|s| s.loop_peer).ok_or(Errno(libc::ECONNABORTED))?;
+        Ok((c, peer))
+    }
+
+    /// A connect to a listener of the sandbox: both ends made now (the
+    /// connection is established at once), the server's end queued.
+    fn loop_connect(&mut self, id: u64, lid: u64, dest: SocketAddr) -> Result<bool, Errno> {
+        let dest = loop_dest(dest);
+        let s = self.sock(id)?;
+        if s.loop_peer.is_some() {
+            return Err(Errno::EISCONN);
+        }
+        if s.in_sandbox() {
+            return Err(Errno::EINVAL);
+        }
+        let bound = s.local;
+        let Some(Sock { backend: Backend::Listener(l), domain: ldomain, reuse: lreuse, .. }) = self.socks.get(&lid) else {
+            return Err(Errno::ECONNREFUSED);
+        };
+        let (ldomain, lreuse) = (*ldomain, *lreuse);
+        if l.queue.len() >= l.backlog {
+            self.note(format!("connect to {dest} refused: the listen backlog of the sandbox's server is full"));
+            return Err(Errno::ECONNREFUSED);
+        }
+        if self.socks.len() >= self.config.max_sockets as usize {
+            self.note(format!("connect to {dest} refused: the sandbox's limit of {} open sockets is reached", self.config.max_sockets));
+            return Err(Errno::ECONNREFUSED);
+        }
+        // The client's address: its bound one (a wildcard becomes the destination's IP), else an ephemeral port.
+        let client = match bound {
+            Some(b) if loop_dest_ip(b.ip()).is_some() => b,
+            Some(b) => SocketAddr::new(dest.ip(), b.port()),
+            None => SocketAddr::new(dest.ip(), self.ephemeral(id, dest.ip())?),
+        };
+        let (a, b) = unix_pair()?;
+        let mut server = Sock::new(ldomain, true, Backend::Host(b));
+        server.local = Some(dest);
+        server.loop_peer = Some(client);
+        // An accepted socket inherits the listener's SO_REUSEADDR.
+        server.reuse = lreuse;
+        let sid = self.insert(server);
+        let s = self.sock(id)?;
+        s.backend = Backend::Host(a);
+        s.local = Some(client);
+        s.loop_peer = Some(dest);
+        self.stats.loopback_connects += 1;
+        if let Some(Sock { backend: Backend::Listener(l), .. }) = self.socks.get_mut(&lid) {
+            l.queue.push_back(sid);
+            let _ = l.ready.1.send(&[1]);
+        }
+        Ok(true)
     }
 
     pub fn timeouts(&self, id: u64) -> (Option<Duration>, Option<Duration>) {
@@ -373,6 +650,9 @@ impl NetIo {
             unsafe { libc::connect(fd, &sa, std::mem::size_of::<libc::sockaddr>() as u32) };
             return Ok(true);
         };
+        if stream && s.in_sandbox() {
+            return Err(if s.loop_peer.is_some() { Errno::EISCONN } else { Errno::EINVAL });
+        }
         if is_resolver(addr) {
             if stream {
                 if matches!(s.backend, Backend::ResolverStream { .. }) {
@@ -387,6 +667,11 @@ impl NetIo {
         }
         if stream && s.connecting == Some(addr) {
             return self.connect_outcome(id);
+        }
+        if stream {
+            if let Some(lid) = self.find_listener(addr) {
+                return self.loop_connect(id, lid, addr);
+            }
         }
         if stream && !self.check(addr, "connect to").allowed() {
             return Err(Errno::ECONNREFUSED);
@@ -426,8 +711,18 @@ impl NetIo {
 
     /// send/sendto/write. `to`: the destination of an unconnected datagram.
     pub fn send(&mut self, id: u64, data: &[u8], to: Option<SocketAddr>, flags: i32) -> Result<usize, Errno> {
-        let budget = self.budget()?;
         // A reset socket (restored from a snapshot) takes no more data.
+        let s = self.socks.get_mut(&id).ok_or(Errno::EPIPE)?;
+        if s.loop_peer.is_some() {
+            // Inside the sandbox: no egress, no byte budget (the socketpair's buffer bounds it).
+            let Backend::Host(h) = &s.backend else { return Err(Errno::ENOTCONN) };
+            let flags = (flags & libc::MSG_MORE) | libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
+            return h.send_with_flags(data, flags).map_err(|e| host_errno(&e));
+        }
+        if matches!(s.backend, Backend::Listener(_)) {
+            return Err(Errno::ENOTCONN);
+        }
+        let budget = self.budget()?;
         let s = self.socks.get_mut(&id).ok_or(Errno::EPIPE)?;
         let stream = s.stream;
         if let Backend::ResolverStream { input, output, shut_wr } = &mut s.backend {
@@ -507,7 +802,10 @@ impl NetIo {
     /// recv/recvfrom/read: into `buf`; returns the length (the datagram's full
     /// length with MSG_TRUNC) and the source address of a datagram.
     pub fn recv(&mut self, id: u64, buf: &mut [u8], flags: i32) -> Result<(usize, Option<SocketAddr>, bool), Errno> {
-        self.budget()?;
+        let local = self.socks.get(&id).is_some_and(|s| s.in_sandbox());
+        if !local {
+            self.budget()?;
+        }
         let s = self.sock(id)?;
         let peek = flags & libc::MSG_PEEK != 0;
         if let Backend::ResolverStream { output, .. } = &mut s.backend {
@@ -552,7 +850,7 @@ impl NetIo {
         from_len = msg.msg_namelen;
         let truncated = msg.msg_flags & libc::MSG_TRUNC != 0;
         let n = n as usize;
-        if !peek {
+        if !peek && !local {
             self.account(0, n.min(buf.len()) as u64);
         }
         let src = if stream || from_len == 0 {
@@ -565,6 +863,9 @@ impl NetIo {
 
     pub fn shutdown(&mut self, id: u64, how: i32) -> Result<(), Errno> {
         let s = self.sock(id)?;
+        if let Backend::Listener(_) = s.backend {
+            return Err(Errno::ENOTCONN);
+        }
         if let Backend::ResolverStream { shut_wr, .. } = &mut s.backend {
             if how == libc::SHUT_WR || how == libc::SHUT_RDWR {
                 *shut_wr = true;
@@ -589,6 +890,14 @@ impl NetIo {
         };
         let want = events & POLL_MASK | events & (libc::POLLRDNORM | libc::POLLWRNORM);
         match &s.backend {
+            // Readable when a connection waits; never writable.
+            Backend::Listener(l) => {
+                if l.queue.is_empty() {
+                    0
+                } else {
+                    events & (libc::POLLIN | libc::POLLRDNORM)
+                }
+            }
             Backend::ResolverStream { output, .. } => {
                 let mut r = events & (libc::POLLOUT | libc::POLLWRNORM);
                 if !output.is_empty() {
@@ -615,6 +924,10 @@ impl NetIo {
     /// wait on them together.
     pub fn pollfd(&self, id: u64, events: i16) -> Option<libc::pollfd> {
         let fd = self.host_fd(id)?;
+        if self.is_listening(id) {
+            let events = events & (libc::POLLIN | libc::POLLRDNORM);
+            return (events != 0).then_some(libc::pollfd { fd, events, revents: 0 });
+        }
         Some(libc::pollfd { fd, events: events & POLL_MASK | events & (libc::POLLRDNORM | libc::POLLWRNORM), revents: 0 })
     }
 
@@ -623,6 +936,10 @@ impl NetIo {
         let domain = s.domain;
         if matches!(s.backend, Backend::ResolverStream { .. }) || s.resolver_peer {
             return Ok(SocketAddr::from(([127, 0, 0, 1], 40053)));
+        }
+        // Bound in the sandbox (unless connected out through the host since).
+        if let Some(l) = s.local.filter(|_| s.peer.is_none() && s.connecting.is_none()) {
+            return Ok(l);
         }
         let a = self.host(id)?.local_addr().map_err(|e| host_errno(&e))?;
         Ok(a.as_socket().unwrap_or_else(|| unspecified(domain)))
@@ -633,13 +950,37 @@ impl NetIo {
         if matches!(s.backend, Backend::ResolverStream { .. }) || s.resolver_peer {
             return Ok(resolver_addr());
         }
+        if let Some(p) = s.loop_peer {
+            return Ok(p);
+        }
         let a = self.host(id)?.peer_addr().map_err(|e| host_errno(&e))?;
         a.as_socket().ok_or(Errno::ENOTCONN)
     }
 
-    /// bind(): only the wildcard or a port-0 local address (the host picks the
-    /// port); a sandbox never listens on a host port.
+    /// bind(). TCP: a loopback or wildcard address of the sandbox (port 0: an
+    /// ephemeral one), in the sandbox's port table (EADDRINUSE); the host
+    /// socket is never bound. UDP: only the wildcard with port 0 (the host
+    /// picks the port); a sandbox never takes a host port.
     pub fn bind(&mut self, id: u64, addr: SocketAddr) -> Result<(), Errno> {
+        let s = self.sock(id)?;
+        if s.stream {
+            if s.local.is_some() || s.in_sandbox() || s.peer.is_some() || s.connecting.is_some() {
+                return Err(Errno::EINVAL);
+            }
+            if !matches!(s.backend, Backend::Host(_)) {
+                return Err(Errno::EINVAL);
+            }
+            if !sandbox_local(addr.ip()) {
+                return Err(Errno::EADDRNOTAVAIL);
+            }
+            let reuse = s.reuse;
+            let addr = if addr.port() == 0 { SocketAddr::new(addr.ip(), self.ephemeral(id, addr.ip())?) } else { addr };
+            if self.port_taken(id, addr, reuse) {
+                return Err(Errno::EADDRINUSE);
+            }
+            self.sock(id)?.local = Some(addr);
+            return Ok(());
+        }
         if addr.port() != 0 {
             self.note(format!("bind to port {} refused: a sandbox cannot take a host port", addr.port()));
             return Err(Errno::EACCES);
@@ -658,6 +999,24 @@ impl NetIo {
         if let Backend::ResolverStream { .. } = s.backend {
             return Ok(vec![0; len.min(4)]);
         }
+        if level == libc::SOL_SOCKET && (name == libc::SO_REUSEADDR || name == libc::SO_REUSEPORT) {
+            return Ok((s.reuse as i32).to_le_bytes().to_vec());
+        }
+        if s.in_sandbox() {
+            // A listener has no data socket; an in-sandbox connection's is AF_UNIX: socket-level
+            // options from it, TCP/IP ones as they were set (else 0).
+            if level == libc::SOL_SOCKET && name == libc::SO_ERROR {
+                if let Backend::Listener(_) = s.backend {
+                    return Ok(0i32.to_le_bytes().to_vec());
+                }
+            }
+            if let Some(v) = s.opts.get(&(level, name)) {
+                return Ok(v.clone());
+            }
+            if level != libc::SOL_SOCKET || matches!(s.backend, Backend::Listener(_)) {
+                return Ok(vec![0; len.clamp(1, 4)]);
+            }
+        }
         let fd = self.host(id)?.as_raw_fd();
         let mut buf = vec![0u8; len.min(256)];
         let mut l = buf.len() as libc::socklen_t;
@@ -674,6 +1033,25 @@ impl NetIo {
         if let Backend::ResolverStream { .. } = s.backend {
             return Ok(());
         }
+        if level == libc::SOL_SOCKET && (name == libc::SO_REUSEADDR || name == libc::SO_REUSEPORT) {
+            if val.len() < 4 {
+                return Err(Errno::EINVAL);
+            }
+            s.reuse = i32::from_le_bytes([val[0], val[1], val[2], val[3]]) != 0;
+            if s.stream {
+                // The sandbox's port table applies it; the host socket never binds.
+                return Ok(());
+            }
+        } else if s.in_sandbox() {
+            let host_takes = level == libc::SOL_SOCKET && matches!(s.backend, Backend::Host(_));
+            if !host_takes {
+                if s.opts.len() >= OPTS_CAP && !s.opts.contains_key(&(level, name)) {
+                    return Err(Errno::ENOBUFS);
+                }
+                s.opts.insert((level, name), val.to_vec());
+                return Ok(());
+            }
+        }
         let fd = self.host(id)?.as_raw_fd();
         // SAFETY: val is a readable buffer of its length.
         if unsafe { libc::setsockopt(fd, level, name, val.as_ptr().cast(), val.len() as libc::socklen_t) } != 0 {
@@ -687,6 +1065,7 @@ impl NetIo {
         let s = self.sock(id)?;
         match &s.backend {
             Backend::ResolverStream { output, .. } => Ok(output.len() as i32),
+            Backend::Listener(_) => Err(Errno::EINVAL),
             Backend::Host(h) => {
                 if let Some(m) = s.inbox.front() {
                     return Ok(m.len() as i32);

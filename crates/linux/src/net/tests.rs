@@ -199,3 +199,61 @@ fn socket_and_byte_limits() {
     assert_eq!(n.send(udp, b"5", Some(echo.local_addr().unwrap()), 0), Err(Errno::ENOBUFS));
     assert!(n.notes.iter().any(|m| m.contains("byte limit")));
 }
+
+fn sa(s: &str) -> SocketAddr {
+    s.parse().unwrap()
+}
+
+#[test]
+fn listeners_take_only_their_addresses() {
+    assert!(listener_takes(sa("0.0.0.0:80"), libc::AF_INET, sa("127.0.0.2:80")));
+    assert!(!listener_takes(sa("0.0.0.0:80"), libc::AF_INET, sa("[::1]:80")));
+    assert!(listener_takes(sa("[::]:80"), libc::AF_INET6, sa("[::1]:80")));
+    assert!(listener_takes(sa("[::]:80"), libc::AF_INET6, sa("127.0.0.1:80")));
+    assert!(listener_takes(sa("127.0.0.1:80"), libc::AF_INET, loop_dest(sa("0.0.0.0:80"))));
+    assert!(listener_takes(sa("[::ffff:127.0.0.1]:80"), libc::AF_INET6, loop_dest(sa("[::ffff:127.0.0.1]:80"))));
+    assert!(!listener_takes(sa("127.0.0.1:80"), libc::AF_INET, sa("127.0.0.1:81")));
+    assert!(!listener_takes(sa("127.0.0.1:80"), libc::AF_INET, sa("127.0.0.2:80")));
+    assert!(!sandbox_local("10.0.0.1".parse().unwrap()) && sandbox_local("::".parse().unwrap()));
+    assert!(binds_overlap(sa("0.0.0.0:5"), sa("127.0.0.1:5")) && !binds_overlap(sa("127.0.0.1:5"), sa("127.0.0.2:5")));
+}
+
+/// The whole life of an in-sandbox connection on NetIo: no host port, ports
+/// in the sandbox's table, backlog, data both ways, close.
+#[test]
+fn listen_connect_accept_inside_the_sandbox() {
+    let mut n = net(Policy::none());
+    let l = n.socket(libc::AF_INET, true).unwrap();
+    assert_eq!(n.bind(l, sa("10.0.0.1:80")), Err(Errno::EADDRNOTAVAIL));
+    n.bind(l, sa("127.0.0.1:0")).unwrap();
+    let port = n.local_addr(l).unwrap().port();
+    assert!((EPHEMERAL.0..=EPHEMERAL.1).contains(&port));
+    n.listen(l, 0).unwrap();
+    assert_eq!(n.accept(l), Err(Errno::EAGAIN));
+    assert_eq!(n.poll(l, libc::POLLIN | libc::POLLOUT), 0);
+    let other = n.socket(libc::AF_INET, true).unwrap();
+    assert_eq!(n.bind(other, sa(&format!("0.0.0.0:{port}"))), Err(Errno::EADDRINUSE));
+    let c = n.socket(libc::AF_INET, true).unwrap();
+    assert_eq!(n.connect(c, Some(sa(&format!("127.0.0.1:{port}")))), Ok(true));
+    // backlog 0 takes one; the next is refused.
+    let c2 = n.socket(libc::AF_INET, true).unwrap();
+    assert_eq!(n.connect(c2, Some(sa(&format!("127.0.0.1:{port}")))), Err(Errno::ECONNREFUSED));
+    assert_eq!(n.poll(l, libc::POLLIN | libc::POLLOUT), libc::POLLIN);
+    let (s, peer) = n.accept(l).unwrap();
+    assert_eq!(peer, n.local_addr(c).unwrap());
+    assert_eq!(n.peer_addr(c).unwrap(), sa(&format!("127.0.0.1:{port}")));
+    assert_eq!(n.send(c, b"ping", None, 0), Ok(4));
+    let mut b = [0u8; 8];
+    wait(&mut n, s, libc::POLLIN);
+    assert_eq!(n.recv(s, &mut b, 0).map(|r| r.0), Ok(4));
+    assert_eq!(&b[..4], b"ping");
+    assert_eq!(n.stats.bytes_sent + n.stats.bytes_received, 0, "in-sandbox bytes are not egress");
+    n.close(c);
+    assert_eq!(n.recv(s, &mut b, 0).map(|r| r.0), Ok(0));
+    n.close(l);
+    // As on Linux, the accepted end still holds the port (without SO_REUSEADDR); then it is free.
+    assert_eq!(n.bind(other, sa(&format!("0.0.0.0:{port}"))), Err(Errno::EADDRINUSE));
+    n.close(s);
+    n.bind(other, sa(&format!("0.0.0.0:{port}"))).unwrap();
+    assert!(n.is_live(other) && !n.is_live(s));
+}

@@ -1,8 +1,9 @@
 //! AF_INET / AF_INET6 sockets, served by the VMM on host sockets it owns
 //! (`crate::net`): socket, connect, send*/recv*, shutdown, get/setsockopt,
-//! getsockname/getpeername, bind (wildcard, port 0 only). A blocking guest
-//! socket waits on the host socket, bounded by SO_RCVTIMEO/SO_SNDTIMEO, the
-//! exec's deadline and interrupts (EINTR).
+//! getsockname/getpeername, bind; listen/accept inside the sandbox (TCP on
+//! loopback or the wildcard, never a host port: see `crate::net`). A blocking
+//! guest socket waits on the host socket, bounded by SO_RCVTIMEO/SO_SNDTIMEO,
+//! the exec's deadline and interrupts (EINTR).
 
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::time::{Duration, Instant};
@@ -485,30 +486,67 @@ pub fn bind(ctx: &mut Ctx, a: &Args) -> SysResult {
     r.map(|()| 0)
 }
 
-/// Listening sockets are not served: a sandbox never takes a host port.
+/// listen(): a listener of the sandbox (its port is in the sandbox's port
+/// table; connects from the sandbox's processes reach it, nothing from the host).
 pub fn listen(ctx: &mut Ctx, a: &Args) -> SysResult {
     if !is_inet(ctx, a[0]) {
         return unix::listen(ctx, a);
     }
-    sock(ctx, a[0])?;
-    ctx.io.net.note("listen() refused: a sandbox cannot accept connections".into());
-    ctx.io.flush_net_notes();
-    Err(Errno::EOPNOTSUPP)
+    let (info, _) = sock(ctx, a[0])?;
+    ctx.io.net.listen(info.id, a[1] as i32).map(|()| 0)
+}
+
+fn accept_common(ctx: &mut Ctx, fd: u64, addr: u64, len_ptr: u64, flags: i32) -> SysResult {
+    if flags & !(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) != 0 {
+        return Err(Errno::EINVAL);
+    }
+    let (info, nonblock) = sock(ctx, fd)?;
+    if addr != 0 && len_ptr != 0 {
+        ctx.user_range_mut(len_ptr, 4)?;
+    }
+    // The fd slot first: a full table leaves the connection queued.
+    if ctx.proc.fds.len() >= crate::fd::MAX_FDS as usize {
+        return Err(Errno::EMFILE);
+    }
+    match ctx.io.net.accept(info.id) {
+        Ok((id, peer)) => {
+            let mut oflags = libc::O_RDWR;
+            if flags & libc::SOCK_NONBLOCK != 0 {
+                oflags |= libc::O_NONBLOCK;
+            }
+            if flags & libc::SOCK_CLOEXEC != 0 {
+                oflags |= libc::O_CLOEXEC;
+            }
+            let nfd = match ctx.proc.fds.open(FileKind::Socket(SockInfo { id, domain: info.domain, stream: true }), oflags) {
+                Ok(nfd) => nfd,
+                Err(e) => {
+                    ctx.io.net.close(id);
+                    return Err(e);
+                }
+            };
+            write_sockaddr(ctx, addr, len_ptr, peer, info.domain)?;
+            Ok(nfd as u64)
+        }
+        Err(Errno::EAGAIN) if !nonblock => {
+            let (rcv, _) = ctx.io.net.timeouts(info.id);
+            block_on(ctx, fd, libc::POLLIN, timeout_deadline(rcv), Err(Errno::EAGAIN))
+        }
+        Err(e) => Err(e),
+    }
 }
 
 pub fn accept4(ctx: &mut Ctx, a: &Args) -> SysResult {
     if !is_inet(ctx, a[0]) {
         return unix::accept4(ctx, a);
     }
-    Err(Errno::EINVAL)
+    accept_common(ctx, a[0], a[1], a[2], a[3] as i32)
 }
 
 pub fn accept(ctx: &mut Ctx, a: &Args) -> SysResult {
     if !is_inet(ctx, a[0]) {
         return unix::accept(ctx, a);
     }
-    sock(ctx, a[0])?;
-    Err(Errno::EINVAL)
+    accept_common(ctx, a[0], a[1], a[2], 0)
 }
 
 pub fn getsockname(ctx: &mut Ctx, a: &Args) -> SysResult {
@@ -611,7 +649,7 @@ pub fn getsockopt(ctx: &mut Ctx, a: &Args) -> SysResult {
         (libc::SOL_SOCKET, libc::SO_TYPE) => int(if info.stream { libc::SOCK_STREAM } else { libc::SOCK_DGRAM }),
         (libc::SOL_SOCKET, libc::SO_DOMAIN) => int(info.domain),
         (libc::SOL_SOCKET, libc::SO_PROTOCOL) => int(if info.stream { libc::IPPROTO_TCP } else { libc::IPPROTO_UDP }),
-        (libc::SOL_SOCKET, libc::SO_ACCEPTCONN) => int(0),
+        (libc::SOL_SOCKET, libc::SO_ACCEPTCONN) => int(ctx.io.net.is_listening(info.id) as i32),
         (libc::SOL_SOCKET, libc::SO_RCVTIMEO) => timeval(ctx.io.net.timeouts(info.id).0).to_vec(),
         (libc::SOL_SOCKET, libc::SO_SNDTIMEO) => timeval(ctx.io.net.timeouts(info.id).1).to_vec(),
         // A socket restored from a snapshot: its connection was reset.

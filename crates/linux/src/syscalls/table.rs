@@ -101,8 +101,8 @@ table! {
     46 sendmsg => net::sendmsg, Partial("data only; fd passing (SCM_RIGHTS) is EOPNOTSUPP");
     47 recvmsg => net::recvmsg, Partial("data only; no ancillary data");
     48 shutdown => net::shutdown, Full;
-    49 bind => net::bind, Partial("AF_UNIX paths; AF_INET/AF_INET6 only the wildcard address with port 0 (a source port for UDP)");
-    50 listen => net::listen, Partial("AF_UNIX only; an AF_INET/AF_INET6 socket never listens on a host port (EOPNOTSUPP)");
+    49 bind => net::bind, Partial("AF_UNIX paths; TCP: loopback or the wildcard, in the sandbox's port table (EADDRINUSE, port 0 ephemeral); UDP: only the wildcard with port 0 (a source port)");
+    50 listen => net::listen, Partial("AF_UNIX, and TCP on loopback/the wildcard inside the sandbox (never a host port; connects from the sandbox only; a full backlog refuses, where Linux drops the SYN)");
     51 getsockname => net::getsockname, Full;
     52 getpeername => net::getpeername, Full;
     53 socketpair => unix::socketpair, Full;

@@ -268,7 +268,7 @@ async fn machine_new(
     ApiJson(req): ApiJson<MachineNew>,
 ) -> Result<Json<MachineCreated>, ApiError> {
     let v = blocking(&state, move |rt| {
-        Ok(rt.create_session(&caller.tenant, req.tags, req.memory_mb, None, req.template.as_deref(), None, &caller.quota())?)
+        Ok(rt.create_session(&caller.tenant, req.tags, req.memory_mb, None, req.template.as_deref(), &crate::schema::network_layers(&caller, &None)?, &caller.quota())?)
     })
     .await?;
     Ok(Json(MachineCreated { machine_name: v.record.id }))
@@ -470,7 +470,7 @@ async fn repl(
     let c = caller.clone();
     let name = blocking(&state, move |rt| {
         if name == "new" {
-            Ok(rt.create_session(&c.tenant, BTreeMap::new(), None, None, None, None, &c.quota())?.record.id)
+            Ok(rt.create_session(&c.tenant, BTreeMap::new(), None, None, None, &crate::schema::network_layers(&c, &None)?, &c.quota())?.record.id)
         } else {
             owned(rt, &c, &name)?;
             Ok(name)

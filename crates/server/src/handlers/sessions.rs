@@ -21,10 +21,10 @@ pub(crate) async fn create_session(
     Extension(caller): Extension<Caller>,
     ApiJson(req): ApiJson<CreateSession>,
 ) -> Result<(StatusCode, Json<Session>), ApiError> {
-    let network = network_policy(&req.network)?;
+    let network = network_layers(&caller, &req.network)?;
     let v = blocking(&state, move |rt| {
         let timeout = crate::fair::key_timeout_of(rt, &caller, req.timeout_seconds)?;
-        let v = rt.create_session(&caller.tenant, req.tags, req.memory_mb, timeout, req.template.as_deref(), network.as_ref(), &caller.quota())?;
+        let v = rt.create_session(&caller.tenant, req.tags, req.memory_mb, timeout, req.template.as_deref(), &network, &caller.quota())?;
         Ok(Session::of(&v))
     })
     .await?;

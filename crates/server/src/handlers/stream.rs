@@ -186,7 +186,7 @@ pub(crate) async fn exec_stream(
 ) -> Result<impl IntoResponse, ApiError> {
     let t0 = Instant::now();
     let timeout = crate::fair::key_timeout(&state, &caller, req.timeout_seconds)?;
-    let req = state.runtime.oneshot(req.code, timeout, req.template.as_deref(), crate::schema::network_policy(&req.network)?.as_ref())?;
+    let req = state.runtime.oneshot(req.code, timeout, req.template.as_deref(), &crate::schema::network_layers(&caller, &req.network)?)?;
     let permit = crate::fair::acquire_for(&state, &caller, 1).await?;
     let (tx, rx) = mpsc::channel(CHANNEL);
     let fwd = Box::new(Forward::new(tx.clone()));

@@ -63,9 +63,9 @@ class AsyncForkbox:
     async def _json(self, method: str, path: str, **kw: Any) -> Any:
         return (await self._send(method, path, **kw)).json()
 
-    async def exec(self, code: str, timeout: float | None = None) -> ExecResult:
-        """Run `code` in a fresh sandbox forked from the warm template."""
-        return ExecResult.from_json(await self._json("POST", "/v1/exec", json=_base.exec_body(code, timeout)))
+    async def exec(self, code: str, timeout: float | None = None, network: _base.Network | None = None) -> ExecResult:
+        """Run `code` in a fresh sandbox forked from the warm template; `network` narrows its egress policy."""
+        return ExecResult.from_json(await self._json("POST", "/v1/exec", json=_base.exec_body(code, timeout, network)))
 
     async def exec_batch(self, codes: Sequence[str], timeout: float | None = None) -> list[ExecResult | ForkboxError]:
         """Run each code in its own sandbox, in parallel; an exec that failed is its error (not raised)."""
@@ -74,9 +74,9 @@ class AsyncForkbox:
             body["timeout_seconds"] = timeout
         return _base.batch_results(await self._json("POST", "/v1/exec/batch", json=body))
 
-    def stream(self, code: str, timeout: float | None = None) -> AsyncIterator[Event]:
+    def stream(self, code: str, timeout: float | None = None, network: _base.Network | None = None) -> AsyncIterator[Event]:
         """Run `code` in a fresh sandbox; yields its output as it is produced, then its `Result`."""
-        return self._stream("/v1/exec/stream", _base.exec_body(code, timeout))
+        return self._stream("/v1/exec/stream", _base.exec_body(code, timeout, network))
 
     async def _stream(self, path: str, body: dict[str, Any], result: type = ExecResult) -> AsyncIterator[Event]:
         attempt = 0
@@ -146,9 +146,15 @@ class AsyncSessions:
     def __init__(self, client: AsyncForkbox):
         self._c = client
 
-    async def create(self, tags: Mapping[str, str] | None = None, memory_mb: int | None = None, timeout: float | None = None) -> AsyncSession:
-        """A new session; `timeout` is its per-exec time limit in seconds."""
-        v = await self._c._json("POST", "/v1/sessions", json=_base.session_body(tags, memory_mb, timeout))
+    async def create(
+        self,
+        tags: Mapping[str, str] | None = None,
+        memory_mb: int | None = None,
+        timeout: float | None = None,
+        network: _base.Network | None = None,
+    ) -> AsyncSession:
+        """A new session; `timeout` is its per-exec time limit in seconds; `network` narrows its egress policy."""
+        v = await self._c._json("POST", "/v1/sessions", json=_base.session_body(tags, memory_mb, timeout, network))
         return AsyncSession(self._c, SessionInfo.from_json(v))
 
     async def list(self, tags: Mapping[str, str] | None = None) -> list[AsyncSession]:

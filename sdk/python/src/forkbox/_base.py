@@ -7,7 +7,7 @@ import os
 import random
 from dataclasses import dataclass
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Union
 from urllib.parse import quote
 
 import httpx
@@ -85,8 +85,24 @@ def file_path(path: str) -> str:
     return "/".join(parts)
 
 
-def session_body(tags: Mapping[str, str] | None, memory_mb: int | None, timeout: float | None) -> dict[str, Any]:
+# A sandbox's network policy, as the API takes it: "none", "public", or
+# {"allow": [rule, ...], "deny": [rule, ...]} (an allowlist). It only narrows
+# the server's and the API key's policy.
+Network = Union[str, Mapping[str, Sequence[str]]]
+
+
+def network_value(network: Network | None) -> Any:
+    if network is None or isinstance(network, str):
+        return network
+    return {k: list(v) for k, v in network.items()}
+
+
+def session_body(
+    tags: Mapping[str, str] | None, memory_mb: int | None, timeout: float | None, network: Network | None = None
+) -> dict[str, Any]:
     body: dict[str, Any] = {}
+    if network is not None:
+        body["network"] = network_value(network)
     if tags:
         body["tags"] = dict(tags)
     if memory_mb is not None:
@@ -96,8 +112,10 @@ def session_body(tags: Mapping[str, str] | None, memory_mb: int | None, timeout:
     return body
 
 
-def exec_body(code: str, timeout: float | None) -> dict[str, Any]:
+def exec_body(code: str, timeout: float | None, network: Network | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {"code": code}
+    if network is not None:
+        body["network"] = network_value(network)
     if timeout is not None:
         body["timeout_seconds"] = timeout
     return body

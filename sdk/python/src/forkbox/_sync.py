@@ -63,9 +63,9 @@ class Forkbox:
     def _json(self, method: str, path: str, **kw: Any) -> Any:
         return self._send(method, path, **kw).json()
 
-    def exec(self, code: str, timeout: float | None = None) -> ExecResult:
-        """Run `code` in a fresh sandbox forked from the warm template."""
-        return ExecResult.from_json(self._json("POST", "/v1/exec", json=_base.exec_body(code, timeout)))
+    def exec(self, code: str, timeout: float | None = None, network: _base.Network | None = None) -> ExecResult:
+        """Run `code` in a fresh sandbox forked from the warm template; `network` narrows its egress policy."""
+        return ExecResult.from_json(self._json("POST", "/v1/exec", json=_base.exec_body(code, timeout, network)))
 
     def exec_batch(self, codes: Sequence[str], timeout: float | None = None) -> list[ExecResult | ForkboxError]:
         """Run each code in its own sandbox, in parallel; an exec that failed is its error (not raised)."""
@@ -74,9 +74,9 @@ class Forkbox:
             body["timeout_seconds"] = timeout
         return _base.batch_results(self._json("POST", "/v1/exec/batch", json=body))
 
-    def stream(self, code: str, timeout: float | None = None) -> Iterator[Event]:
+    def stream(self, code: str, timeout: float | None = None, network: _base.Network | None = None) -> Iterator[Event]:
         """Run `code` in a fresh sandbox; yields its output as it is produced, then its `Result`."""
-        return self._stream("/v1/exec/stream", _base.exec_body(code, timeout))
+        return self._stream("/v1/exec/stream", _base.exec_body(code, timeout, network))
 
     def _stream(self, path: str, body: dict[str, Any], result: type = ExecResult) -> Iterator[Event]:
         attempt = 0
@@ -136,9 +136,15 @@ class Sessions:
     def __init__(self, client: Forkbox):
         self._c = client
 
-    def create(self, tags: Mapping[str, str] | None = None, memory_mb: int | None = None, timeout: float | None = None) -> Session:
-        """A new session; `timeout` is its per-exec time limit in seconds."""
-        v = self._c._json("POST", "/v1/sessions", json=_base.session_body(tags, memory_mb, timeout))
+    def create(
+        self,
+        tags: Mapping[str, str] | None = None,
+        memory_mb: int | None = None,
+        timeout: float | None = None,
+        network: _base.Network | None = None,
+    ) -> Session:
+        """A new session; `timeout` is its per-exec time limit in seconds; `network` narrows its egress policy."""
+        v = self._c._json("POST", "/v1/sessions", json=_base.session_body(tags, memory_mb, timeout, network))
         return Session(self._c, SessionInfo.from_json(v))
 
     def list(self, tags: Mapping[str, str] | None = None) -> list[Session]:

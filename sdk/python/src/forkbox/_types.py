@@ -250,6 +250,8 @@ class SessionInfo:
     forked_from: dict[str, Any] | None
     memory_mb: int
     timeout_seconds: float
+    #: The effective egress policy: `{"mode", "layers"}` (server, API key, request).
+    network: dict[str, Any] | None = None
 
     @classmethod
     def from_json(cls, v: dict[str, Any]) -> SessionInfo:
@@ -264,4 +266,5 @@ class SessionInfo:
             forked_from=v.get("forked_from"),
             memory_mb=int(limits.get("memory_mb", 0)),
             timeout_seconds=float(limits.get("timeout_seconds", 0.0)),
+            network=limits.get("network"),
         )
