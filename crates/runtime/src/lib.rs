@@ -55,7 +55,7 @@ pub use forkbox_engine::catalog::{Blas, CustomTemplate, PipSource};
 pub use forkbox_engine::{CapturedOutput, ExecResult, FileEntry, GlobalNetStats, Limits, MimeBundle, NetConfig, NetMode, NetPolicy, NetRule, OutputFile, PyError, Stream, TemplateInfo};
 pub use forkbox_sessions::manager::{Config as SessionsConfig, ExecOutcome};
 pub use session::{CheckpointView, ForkedFrom, Quota, SessionView};
-pub use tree::{Branch, ExploreRequest, Explored, Keep, TreeNode, TreeSession, TreeView, EXPLORE_MAX};
+pub use tree::{Branch, CheckpointContents, ExploreRequest, Explored, Keep, TreeNode, TreeSession, TreeView, EXPLORE_MAX};
 pub use forkbox_sessions::manager::{Diff, FileChange, PathCall, Variable, VariableChange, Variables};
 pub use workers::{job_cpu_seconds, thread_cpu_seconds};
 

@@ -8,11 +8,26 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use forkbox_engine::ExecOptions;
-use forkbox_sessions::manager::{Diff, Variables};
+use forkbox_sessions::manager::{Diff, FileChange, Variables};
 use forkbox_sessions::store::CheckpointRecord;
 
 use crate::exec::batch_output_limit;
 use crate::{ExecResult, Quota, Runtime, RuntimeError};
+
+/// A checkpoint's variables and the files its lineage's calls made (see [`Runtime::inspect_with_files`]).
+#[derive(Debug, Clone)]
+pub struct CheckpointContents {
+    pub checkpoint: Option<i64>,
+    pub variables: Variables,
+    /// Files that the template does not have.
+    pub files_added: Vec<FileChange>,
+    /// Files of the template with other contents here.
+    pub files_changed: Vec<FileChange>,
+    /// Files of the template that are gone here.
+    pub files_removed: Vec<FileChange>,
+    /// A walk stopped at its bound: the lists may be incomplete.
+    pub files_truncated: bool,
+}
 
 /// One checkpoint of a tree.
 #[derive(Clone, Debug)]
@@ -326,6 +341,44 @@ impl Runtime {
                 Ok((cp.map(|c| c.seq), state.variables))
             })
             .await?
+    }
+
+    /// The variables at checkpoint `seq` (None: the head), as [`Self::inspect`], and its
+    /// files that are not the template's: added, changed or removed by the calls on the
+    /// path to it (the walk and bounds of [`Self::diff`], the template's side read in a
+    /// throwaway fork of the template at once). What the console shows of a checkpoint.
+    pub async fn inspect_with_files(
+        self: &Arc<Self>,
+        tenant: &str,
+        id: &str,
+        seq: Option<i64>,
+        hold: impl Send + Sync + 'static,
+    ) -> Result<CheckpointContents, RuntimeError> {
+        let (rec, cp) = {
+            let (rt, t, i) = (self.clone(), tenant.to_string(), id.to_string());
+            tokio::task::spawn_blocking(move || rt.sessions.checkpoint_or_head(&t, &i, seq))
+                .await
+                .map_err(|_| RuntimeError::WorkerGone)??
+        };
+        let hold = Arc::new(hold);
+        let side = |rec: forkbox_sessions::store::SessionRecord, cp: Option<CheckpointRecord>| {
+            let (rt, hold) = (self.clone(), hold.clone());
+            self.workers.run(move || -> Result<_, RuntimeError> {
+                let _hold = hold;
+                Ok(rt.sessions.state_at(&rec, cp.as_ref().map(|c| c.id), true)?)
+            })
+        };
+        let (base, at) = tokio::join!(side(rec.clone(), None), side(rec, cp.clone()));
+        let (base, at) = (base??, at??);
+        let d = forkbox_sessions::manager::diff((&None, &base, &[]), (&cp, &at, &[]));
+        Ok(CheckpointContents {
+            checkpoint: cp.map(|c| c.seq),
+            variables: at.variables,
+            files_added: d.files_added,
+            files_changed: d.files_changed,
+            files_removed: d.files_removed,
+            files_truncated: d.files_truncated,
+        })
     }
 
     /// What changed from checkpoint `from` to `to` (None: the head) of the session's

@@ -36,6 +36,8 @@
 //! - `POST /v1/sessions/{id}/revert {checkpoint}` -> session; `POST /v1/sessions/{id}/fork {checkpoint?, tags?}` -> 201 session
 //! - ForeverVM's API (see [`forevervm`]): `GET /v1/whoami`, `POST /v1/machine/new`, `GET|POST /v1/machine/list`,
 //!   `POST /v1/machine/{name}/exec`, `GET /v1/machine/{name}/exec/{seq}/result` (long poll), WebSocket `/v1/machine/{name}/repl`
+//! - `GET /`: a JSON pointer to the OpenAPI document; to a browser the web console (`handlers::console`,
+//!   assets under `/console/`), which signs in with an API key and calls only these `/v1` routes
 //! - `GET /healthz` (`{status, template, exec slot capacity}`, nothing about tenants), `GET /v1/openapi.json`
 //!   (OpenAPI 3.1), no auth; `GET /metrics` (Prometheus text): admin keys only, or without auth on
 //!   `metrics_listen` when that is set.

@@ -13,7 +13,9 @@ use utoipa_axum::routes;
 use crate::auth::{auth, Caller};
 use crate::error::{ApiError, ErrorBody, ErrorDetail};
 use crate::extractors::BodyLimits;
-use crate::handlers::{commands, exec, files, forevervm, health, sessions, stream, templates, tree};
+use crate::handlers::{
+    commands, console, exec, files, forevervm, health, sessions, stream, templates, tree,
+};
 use crate::{openapi, AppState};
 
 #[derive(OpenApi)]
@@ -86,6 +88,8 @@ fn build(state: AppState, caller: impl FnOnce(OpenApiRouter<AppState>) -> OpenAp
     openapi::finish(&mut doc);
     let doc = Arc::new(doc.to_json().unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}")));
     router
+        // The web console's assets (its page is `GET /` to a browser); not API routes.
+        .route("/console/{file}", axum::routing::get(console::file))
         .layer(Extension(health::OpenApiDoc(doc)))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

@@ -290,6 +290,8 @@ pub struct RootInfo {
     pub health: String,
     /// The README's routes table.
     pub docs: String,
+    /// Where the web console is: this path, opened in a browser.
+    pub console: String,
 }
 
 #[derive(Deserialize, ToSchema)]

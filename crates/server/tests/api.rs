@@ -1595,6 +1595,24 @@ async fn request_bodies_are_strict_and_errors_name_the_field() {
     assert_eq!(st, StatusCode::OK, "{v}");
     assert_eq!(v["openapi"], "/v1/openapi.json");
     assert_eq!(v["name"], "forkbox");
+    assert_eq!(v["console"], "/");
+    // A browser (Accept prefers text/html) gets the web console instead, under a strict CSP; its assets too.
+    let page = s.http.get(format!("{}/", s.url)).header("accept", "text/html,application/xhtml+xml,*/*;q=0.8").send().await.unwrap();
+    assert_eq!(page.status(), StatusCode::OK);
+    assert!(page.headers()["content-type"].to_str().unwrap().starts_with("text/html"));
+    let csp = page.headers()["content-security-policy"].to_str().unwrap().to_string();
+    assert!(csp.contains("default-src 'none'") && csp.contains("script-src 'self'"), "{csp}");
+    assert!(page.text().await.unwrap().contains("/console/console.js"));
+    for (file, kind) in [("console.js", "text/javascript"), ("console.css", "text/css")] {
+        let r = s.http.get(format!("{}/console/{file}", s.url)).send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "{file}");
+        assert!(r.headers()["content-type"].to_str().unwrap().starts_with(kind), "{file}");
+        assert_eq!(r.headers()["content-security-policy"].to_str().unwrap(), csp);
+    }
+    let (st, _) = s.call(reqwest::Method::GET, "/console/../keys.db", None, None).await;
+    assert_eq!(st, StatusCode::NOT_FOUND);
+    let (st, nf) = s.call(reqwest::Method::GET, "/console/other.js", None, None).await;
+    assert_eq!((st, nf["error"]["code"].as_str()), (StatusCode::NOT_FOUND, Some("not_found")));
     let (st, doc) = s.call(reqwest::Method::GET, v["openapi"].as_str().unwrap(), None, None).await;
     assert_eq!(st, StatusCode::OK);
     for (m, p) in [("get", "/"), ("patch", "/v1/sessions/{id}")] {

@@ -379,3 +379,38 @@ async fn inspect_and_diff_checkpoints_without_touching_the_session() {
     let head = sess["checkpoint"].as_i64().unwrap();
     assert_error(&s.get(&format!("/v1/sessions/{id}/checkpoints/{head}/variables")).await, StatusCode::UNPROCESSABLE_ENTITY, "inspect_failed");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn variables_with_files_list_a_checkpoints_files_against_the_template() {
+    let s = TestServer::start().await;
+    let id = s.create_session().await;
+    let one = s.sexec(&id, "k = 1\nopen('/tmp/a.txt', 'w').write('abc')").await["checkpoint"].as_i64().unwrap();
+    let two = s.sexec(&id, "import os\nos.makedirs('/data', exist_ok=True)\nopen('/data/b.bin', 'wb').write(b'x' * 10)\nopen('/tmp/a.txt', 'a').write('de')").await["checkpoint"]
+        .as_i64()
+        .unwrap();
+    let files = |v: &Value, k: &str| {
+        v["files"][k].as_array().unwrap().iter().map(|x| (x["path"].as_str().unwrap().to_string(), x["size_after"].clone())).collect::<Vec<_>>()
+    };
+    // Without the parameter the response is as before: no `files`.
+    let (st, v) = s.get(&format!("/v1/sessions/{id}/checkpoints/{one}/variables")).await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert!(v.get("files").is_none(), "{v}");
+    // Checkpoint one: its variables and the file it wrote, not the template's files.
+    let (st, v) = s.get(&format!("/v1/sessions/{id}/checkpoints/{one}/variables?files=true")).await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert!(v["variables"].as_array().unwrap().iter().any(|x| x["name"] == "k" && x["repr"] == "1"), "{v}");
+    assert_eq!(files(&v, "added"), [("/tmp/a.txt".to_string(), json!(3))]);
+    assert!(files(&v, "changed").is_empty() && files(&v, "removed").is_empty(), "{v}");
+    assert_eq!(v["files"]["truncated"], false);
+    // Checkpoint two: both files, as they are there; checkpoint one still reads as it was.
+    let (_, v) = s.get(&format!("/v1/sessions/{id}/checkpoints/{two}/variables?files=true")).await;
+    assert_eq!(files(&v, "added"), [("/data/b.bin".to_string(), json!(10)), ("/tmp/a.txt".to_string(), json!(5))]);
+    let (_, v) = s.get(&format!("/v1/sessions/{id}/checkpoints/{one}/variables?files=true")).await;
+    assert_eq!(files(&v, "added"), [("/tmp/a.txt".to_string(), json!(3))]);
+    // Nothing changed in the session.
+    assert_eq!(s.get(&format!("/v1/sessions/{id}")).await.1["checkpoint"], two);
+    // Bad queries.
+    assert_error(&s.get(&format!("/v1/sessions/{id}/checkpoints/{one}/variables?files=yes")).await, StatusCode::BAD_REQUEST, "invalid_request");
+    assert_error(&s.get(&format!("/v1/sessions/{id}/checkpoints/{one}/variables?what=1")).await, StatusCode::BAD_REQUEST, "invalid_request");
+    assert_error(&s.get(&format!("/v1/sessions/{id}/checkpoints/99/variables?files=true")).await, StatusCode::NOT_FOUND, "checkpoint_not_found");
+}

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::header;
+use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use forkbox_api::ErrorCode;
@@ -17,16 +17,26 @@ use crate::{metrics, AppState};
 #[derive(Clone)]
 pub(crate) struct OpenApiDoc(pub(crate) Arc<String>);
 
-/// Where this API is described: the OpenAPI document and the README's routes table.
-#[utoipa::path(get, path = "/", tag = "server", security(()), responses((status = 200, body = RootInfo)))]
-pub(crate) async fn root() -> Json<RootInfo> {
-    Json(RootInfo {
+/// Where this API is described: the OpenAPI document and the README's routes table; to a
+/// browser (`Accept` prefers `text/html` to JSON), the web console's page instead.
+#[utoipa::path(get, path = "/", tag = "server", security(()),
+    responses((status = 200, description = "JSON for API clients; the web console (HTML) when `Accept` prefers text/html",
+        content((RootInfo = "application/json"), (String = "text/html")))))]
+pub(crate) async fn root(headers: HeaderMap) -> Response {
+    if super::console::wants_html(&headers) {
+        return super::console::index();
+    }
+    let mut r = Json(RootInfo {
         name: "forkbox".into(),
         version: env!("CARGO_PKG_VERSION").into(),
         openapi: "/v1/openapi.json".into(),
         health: "/healthz".into(),
         docs: "README.md, section \"HTTP API\" (the routes table)".into(),
+        console: "/".into(),
     })
+    .into_response();
+    r.headers_mut().insert(header::VARY, HeaderValue::from_static("Accept"));
+    r
 }
 
 #[utoipa::path(get, path = "/healthz", tag = "server", security(()), responses((status = 200, body = Health)))]

@@ -2,6 +2,7 @@
 //! parse and shape; the runtime validates, runs and enforces quotas.
 
 pub(crate) mod commands;
+pub(crate) mod console;
 pub(crate) mod exec;
 pub(crate) mod files;
 pub(crate) mod forevervm;

@@ -151,6 +151,20 @@ pub struct VariablesResponse {
     pub variables: Vec<VariableBody>,
     /// Variables past the first 500, not listed.
     pub omitted: u64,
+    /// With `files=true`: the checkpoint's files that are not the template's (added, changed or
+    /// removed by the calls on the path to it; the walk of diff), by path.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub files: Option<CheckpointFiles>,
+}
+
+/// A checkpoint's files against the template's (sizes: `size_before` the template's, `size_after` the checkpoint's).
+#[derive(Serialize, ToSchema)]
+pub struct CheckpointFiles {
+    pub added: Vec<FileChangeBody>,
+    pub changed: Vec<FileChangeBody>,
+    pub removed: Vec<FileChangeBody>,
+    /// A walk stopped at 5,000 entries: the lists may be incomplete.
+    pub truncated: bool,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -319,22 +333,51 @@ pub(crate) async fn explore(
 }
 
 /// The user namespace at a checkpoint of the session's tree: names, types, short reprs, sizes; read in a throwaway fork.
+/// With `files=true` also the checkpoint's files that are not the template's (a second throwaway fork, of the template, at once).
 #[utoipa::path(get, path = "/sessions/{id}/checkpoints/{n}/variables", tag = "sessions",
-    params(("id" = String, Path, description = "Session id"), ("n" = i64, Path, description = "Checkpoint number")),
+    params(("id" = String, Path, description = "Session id"), ("n" = i64, Path, description = "Checkpoint number"),
+           ("files" = Option<bool>, Query, description = "Also list the files the calls up to it made (default false)")),
     responses((status = 200, body = VariablesResponse),
               (status = 422, description = "The namespace could not be read (`inspect_failed`)", body = ErrorBody)))]
 pub(crate) async fn variables(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     ApiPath((id, n)): ApiPath<(String, i64)>,
+    RawQuery(q): RawQuery,
 ) -> Result<Json<VariablesResponse>, ApiError> {
-    let permit = acquire_for(&state, &caller, 1).await?;
-    let (checkpoint, vars) = state.runtime.inspect(&caller.tenant, &id, Some(n), permit).await?;
+    let mut files = false;
+    for (k, v) in query_pairs(q.as_deref())? {
+        match (k.as_str(), v.as_str()) {
+            ("files", "true") => files = true,
+            ("files", "false") => files = false,
+            ("files", _) => return Err(ApiError::invalid(format!("files: true or false, got {v:?}"))),
+            _ => return Err(ApiError::invalid(format!("unknown query parameter {k:?} (use files=true)"))),
+        }
+    }
+    let vars = |v: &forkbox_runtime::Variables| v.variables.iter().map(VariableBody::of).collect();
+    if !files {
+        let permit = acquire_for(&state, &caller, 1).await?;
+        let (checkpoint, v) = state.runtime.inspect(&caller.tenant, &id, Some(n), permit).await?;
+        return Ok(Json(VariablesResponse { checkpoint, variables: vars(&v), omitted: v.omitted, files: None }));
+    }
+    let width = batch_width(&state, &caller, 2);
+    let permit = acquire_for(&state, &caller, width).await?;
+    let c = state.runtime.inspect_with_files(&caller.tenant, &id, Some(n), permit).await?;
     Ok(Json(VariablesResponse {
-        checkpoint,
-        variables: vars.variables.iter().map(VariableBody::of).collect(),
-        omitted: vars.omitted,
+        checkpoint: c.checkpoint,
+        variables: vars(&c.variables),
+        omitted: c.variables.omitted,
+        files: Some(CheckpointFiles {
+            added: file_changes(&c.files_added),
+            changed: file_changes(&c.files_changed),
+            removed: file_changes(&c.files_removed),
+            truncated: c.files_truncated,
+        }),
     }))
+}
+
+fn file_changes(v: &[forkbox_runtime::FileChange]) -> Vec<FileChangeBody> {
+    v.iter().map(|f| FileChangeBody { path: f.path.clone(), size_before: f.size_before, size_after: f.size_after }).collect()
 }
 
 /// What changed between two checkpoints of the session's tree (`to` default: the head): variables, files and the calls on the path.
