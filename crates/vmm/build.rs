@@ -14,16 +14,12 @@ use std::process::Command;
 const VDSO_MAX_LEN: u64 = 3 * 4096;
 
 fn main() {
-    let manifest_dir =
-        PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
+    let manifest_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR"));
     let src_dir = manifest_dir.join("../../guest/vdso");
-    let src_dir = src_dir.canonicalize().unwrap_or_else(|e| {
-        panic!(
-            "forkbox-vmm build: vDSO sources not found at {}: {e}",
-            src_dir.display()
-        )
-    });
+    let src_dir = src_dir
+        .canonicalize()
+        .unwrap_or_else(|e| panic!("forkbox-vmm build: vDSO sources not found at {}: {e}", src_dir.display()));
 
     let target_arch = env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
     if target_arch != "x86_64" {
@@ -118,8 +114,7 @@ fn build_vdso(c_files: &[PathBuf], lds: &Path, include_dir: &Path, out: &Path) {
 }
 
 fn check_image(out: &Path) {
-    let bytes = std::fs::read(out)
-        .unwrap_or_else(|e| panic!("forkbox-vmm build: reading {}: {e}", out.display()));
+    let bytes = std::fs::read(out).unwrap_or_else(|e| panic!("forkbox-vmm build: reading {}: {e}", out.display()));
     if bytes.len() < 64 || &bytes[..4] != b"\x7fELF" || bytes[4] != 2 {
         panic!("forkbox-vmm build: {} is not an ELF64 file", out.display());
     }

@@ -133,7 +133,10 @@ mod tests {
 
     #[test]
     fn other_versions_and_shapes_are_refused() {
-        assert!(matches!(ServerFile::parse(br#"{"version": 2, "url": "u", "pid": 1, "key": "k"}"#), Err(HandoffError::Version(2))));
+        assert!(matches!(
+            ServerFile::parse(br#"{"version": 2, "url": "u", "pid": 1, "key": "k"}"#),
+            Err(HandoffError::Version(2))
+        ));
         assert!(matches!(ServerFile::parse(b"not json"), Err(HandoffError::Format(_))));
         assert!(matches!(ServerFile::parse(br#"{"version": 1, "url": "u"}"#), Err(HandoffError::Format(_))));
         assert!(matches!(
@@ -158,7 +161,11 @@ mod tests {
     }
 
     fn tempdir() -> PathBuf {
-        let d = std::env::temp_dir().join(format!("forkbox-handoff-{}-{:?}", std::process::id(), std::thread::current().id()));
+        let d = std::env::temp_dir().join(format!(
+            "forkbox-handoff-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
         std::fs::create_dir_all(&d).unwrap();
         d
     }

@@ -166,7 +166,10 @@ mod openapi {
             let table: serde_json::Map<String, serde_json::Value> = ErrorCode::ALL
                 .iter()
                 .map(|c| {
-                    (c.as_str().to_string(), serde_json::json!({ "status": c.status(), "description": c.description() }))
+                    (
+                        c.as_str().to_string(),
+                        serde_json::json!({ "status": c.status(), "description": c.description() }),
+                    )
                 })
                 .collect();
             ObjectBuilder::new()
@@ -212,7 +215,19 @@ mod tests {
         names.dedup();
         assert_eq!(names.len(), ErrorCode::ALL.len());
         let five: Vec<&str> = ErrorCode::ALL.iter().filter(|c| c.is_server_error()).map(|c| c.as_str()).collect();
-        assert_eq!(five, ["internal", "storage_error", "protocol_error", "boot_failed", "cpu_mismatch", "template_unavailable", "overloaded", "insufficient_storage"]);
+        assert_eq!(
+            five,
+            [
+                "internal",
+                "storage_error",
+                "protocol_error",
+                "boot_failed",
+                "cpu_mismatch",
+                "template_unavailable",
+                "overloaded",
+                "insufficient_storage"
+            ]
+        );
         assert_eq!(ErrorCode::SessionNotFound, "session_not_found");
     }
 }

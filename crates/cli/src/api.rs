@@ -99,7 +99,12 @@ impl Api {
     }
 
     /// Fork `id` at `checkpoint` (its head if None) into a new session with `tags`; its id.
-    pub fn fork(&self, id: &str, checkpoint: Option<i64>, tags: std::collections::BTreeMap<String, String>) -> Result<String> {
+    pub fn fork(
+        &self,
+        id: &str,
+        checkpoint: Option<i64>,
+        tags: std::collections::BTreeMap<String, String>,
+    ) -> Result<String> {
         Ok(self.block_on(self.client.fork_tagged(id, checkpoint, &tags))?.id)
     }
 
@@ -118,7 +123,11 @@ impl Api {
 }
 
 fn async_runtime() -> Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().context("starting the async runtime")
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
 }
 
 /// Where an exec runs.
@@ -138,7 +147,9 @@ pub async fn exec_streaming(
     on_output: &mut (dyn FnMut(&StreamEvent) + Send),
 ) -> Result<ExecResult, ClientError> {
     let opened = match target {
-        Target::OneShot { timeout_seconds, template } => client.exec_stream_on(code, timeout_seconds, template).await.map(|s| s.boxed()),
+        Target::OneShot { timeout_seconds, template } => {
+            client.exec_stream_on(code, timeout_seconds, template).await.map(|s| s.boxed())
+        }
         Target::Session(id) => client.session_exec_stream(id, code).await.map(|s| s.boxed()),
     };
     let mut stream = match opened {
@@ -146,7 +157,9 @@ pub async fn exec_streaming(
         // An older server: no streaming route (the route-level 404, not `session_not_found`).
         Err(ClientError::Api { code: c, .. }) if c == "not_found" => {
             let r = match target {
-                Target::OneShot { timeout_seconds, template } => client.exec_on(code, timeout_seconds, template).await?,
+                Target::OneShot { timeout_seconds, template } => {
+                    client.exec_on(code, timeout_seconds, template).await?
+                }
                 Target::Session(id) => client.session_exec(id, code).await?,
             };
             for ev in [StreamEvent::Stdout(r.stdout.clone()), StreamEvent::Stderr(r.stderr.clone())] {

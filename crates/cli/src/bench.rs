@@ -120,9 +120,13 @@ pub fn bench(home: &Path, cmd: BenchCommand) -> Result<ExitCode> {
         BenchCommand::Fork { forks, execs, live, batch, image } => fork(home, forks, execs, live, batch, &image),
         BenchCommand::Threads { samples, image } => threads(home, samples, &image),
         BenchCommand::Procs { samples, image } => procs(home, samples.max(1), &image),
-        BenchCommand::Sessions { samples, resident, on_disk, image } => sessions(home, samples, resident, on_disk, &image),
+        BenchCommand::Sessions { samples, resident, on_disk, image } => {
+            sessions(home, samples, resident, on_disk, &image)
+        }
         BenchCommand::Net { requests, download_mb, image } => net(home, requests.max(1), download_mb, &image),
-        BenchCommand::Explore { samples, width, image } => crate::bench_tree::explore(home, samples.max(1), width.clamp(1, 64), &image),
+        BenchCommand::Explore { samples, width, image } => {
+            crate::bench_tree::explore(home, samples.max(1), width.clamp(1, 64), &image)
+        }
     }
 }
 
@@ -193,7 +197,10 @@ fn net(home: &Path, requests: usize, download_mb: usize, image: &ImageArgs) -> R
         let secs: f64 = last.next().and_then(|x| x.parse().ok()).context("no download time")?;
         Ok((lat, n, secs))
     };
-    let mut network = forkbox_engine::NetConfig::with_policy(forkbox_engine::NetPolicy::allowlist(vec![format!("127.0.0.1:{port}").parse()?]));
+    let mut network =
+        forkbox_engine::NetConfig::with_policy(forkbox_engine::NetPolicy::allowlist(vec![
+            format!("127.0.0.1:{port}").parse()?
+        ]));
     network.max_bytes = (big as u64).saturating_mul(2).max(1 << 30);
     let limits = Limits { network, timeout: std::time::Duration::from_secs(600), ..Limits::default() };
     let mut sb = template.fork(&engine, limits)?;
@@ -213,7 +220,10 @@ fn net(home: &Path, requests: usize, download_mb: usize, image: &ImageArgs) -> R
     println!("guest: {:.0} MB download: {:.0} MB/s ({:.2} s)", gn / 1e6, gn / 1e6 / gsecs, gsecs);
     println!("host:  {:.0} MB download: {:.0} MB/s ({:.2} s)", hn / 1e6, hn / 1e6 / hsecs, hsecs);
     let st = sb.net_stats();
-    println!("guest counters: {} connects allowed, {} denied, {} bytes received", st.connects_allowed, st.connects_denied, st.bytes_received);
+    println!(
+        "guest counters: {} connects allowed, {} denied, {} bytes received",
+        st.connects_allowed, st.connects_denied, st.bytes_received
+    );
     // A server inside the sandbox: http.server in an os.fork child, urllib GETs from the parent.
     let code = format!(
         "import http.server, os, time, urllib.request\n\
@@ -236,8 +246,11 @@ fn net(home: &Path, requests: usize, download_mb: usize, image: &ImageArgs) -> R
          os.kill(pid, 9); os.waitpid(pid, 0)\n\
          print(' '.join(map(str, lat)))\n"
     );
-    let lat = |out: &str| -> Vec<f64> { out.lines().next().unwrap_or("").split_whitespace().filter_map(|x| x.parse().ok()).collect() };
-    let mut sb = template.fork(&engine, Limits { network: forkbox_engine::NetConfig::default(), ..Limits::default() })?;
+    let lat = |out: &str| -> Vec<f64> {
+        out.lines().next().unwrap_or("").split_whitespace().filter_map(|x| x.parse().ok()).collect()
+    };
+    let mut sb =
+        template.fork(&engine, Limits { network: forkbox_engine::NetConfig::default(), ..Limits::default() })?;
     let r = sb.exec(&code)?;
     anyhow::ensure!(r.error.is_none(), "guest: {:?}\n{}", r.error, r.stderr);
     let glat = lat(&r.stdout);
@@ -245,8 +258,14 @@ fn net(home: &Path, requests: usize, download_mb: usize, image: &ImageArgs) -> R
     anyhow::ensure!(host.status.success(), "host python3: {}", String::from_utf8_lossy(&host.stderr));
     let hlat = lat(&String::from_utf8_lossy(&host.stdout));
     anyhow::ensure!(!glat.is_empty() && !hlat.is_empty(), "no in-sandbox latencies");
-    println!("guest: urllib GET of 2 bytes to a server in the sandbox (os.fork child, network: none)   {}", summary(glat.clone()));
-    println!("host:  urllib GET of 2 bytes to a server in an os.fork child                            {}", summary(hlat.clone()));
+    println!(
+        "guest: urllib GET of 2 bytes to a server in the sandbox (os.fork child, network: none)   {}",
+        summary(glat.clone())
+    );
+    println!(
+        "host:  urllib GET of 2 bytes to a server in an os.fork child                            {}",
+        summary(hlat.clone())
+    );
     println!("ratio guest/host p50: {:.2}x", med(glat) / med(hlat));
     Ok(ExitCode::SUCCESS)
 }
@@ -316,9 +335,7 @@ fn pss_kib() -> u64 {
 fn field_kib(path: &str, key: &str) -> u64 {
     std::fs::read_to_string(path)
         .ok()
-        .and_then(|s| {
-            s.lines().find(|l| l.starts_with(key)).and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
+        .and_then(|s| s.lines().find(|l| l.starts_with(key)).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()))
         .unwrap_or(0)
 }
 
@@ -365,7 +382,13 @@ fn fork(home: &Path, forks: usize, execs: usize, live: usize, batch: usize, imag
     let engine = Engine::open(&path)?;
     let t = Instant::now();
     let template = forkbox_engine::Template::ensure(&engine, home)?;
-    println!("image {}  template {} ({} pages, ready in {:.0} ms)", &id[..12], template.info.id, template.info.memory_pages, ms(t));
+    println!(
+        "image {}  template {} ({} pages, ready in {:.0} ms)",
+        &id[..12],
+        template.info.id,
+        template.info.memory_pages,
+        ms(t)
+    );
     let limits = Limits::default();
     let mode = forkbox_engine::jail::Mode::from_env()?;
     println!("sandbox threads: seccomp {mode:?} (FORKBOX_SECCOMP), as the server's exec threads");
@@ -483,8 +506,11 @@ fn fork(home: &Path, forks: usize, execs: usize, live: usize, batch: usize, imag
         let t = Instant::now();
         let results = engine.exec_batch(&template, &codes, &limits, workers);
         let wall = ms(t);
-        let ok =
-            results.iter().enumerate().filter(|(i, r)| matches!(r, Ok(r) if r.stdout == format!("{}\n", i + 1))).count();
+        let ok = results
+            .iter()
+            .enumerate()
+            .filter(|(i, r)| matches!(r, Ok(r) if r.stdout == format!("{}\n", i + 1)))
+            .count();
         println!(
             "{batch} forks x one exec on {workers} threads: {:.2} s wall, {ok}/{batch} correct, peak RSS {:.0} MiB",
             wall / 1000.0,
@@ -566,7 +592,10 @@ fn host_thread_baseline(n: usize) -> Result<serde_json::Value> {
     let code = format!(
         "{THREAD_BENCH}\nimport os, sys\nr, w = os.pipe()\npid = os.fork()\nif pid == 0:\n    os.close(r)\n    os.write(w, _thread_bench({n}).encode())\n    os._exit(0)\nos.close(w)\nout = b''\nwhile True:\n    b = os.read(r, 1 << 20)\n    if not b: break\n    out += b\nos.waitpid(pid, 0)\nsys.stdout.write(out.decode())\n"
     );
-    let out = std::process::Command::new("/usr/bin/python3").args(["-c", &code]).output().context("running the host python3 baseline")?;
+    let out = std::process::Command::new("/usr/bin/python3")
+        .args(["-c", &code])
+        .output()
+        .context("running the host python3 baseline")?;
     anyhow::ensure!(out.status.success(), "host baseline failed: {}", String::from_utf8_lossy(&out.stderr));
     Ok(serde_json::from_slice(&out.stdout)?)
 }
@@ -649,7 +678,10 @@ fn host_proc_baseline(n: usize) -> Result<serde_json::Value> {
     let code = format!(
         "{PROC_BENCH}\nimport os, sys\nr, w = os.pipe()\npid = os.fork()\nif pid == 0:\n    os.close(r)\n    os.write(w, _proc_bench({n}).encode())\n    os._exit(0)\nos.close(w)\nout = b''\nwhile True:\n    b = os.read(r, 1 << 20)\n    if not b: break\n    out += b\nos.waitpid(pid, 0)\nsys.stdout.write(out.decode())\n"
     );
-    let out = std::process::Command::new("/usr/bin/python3").args(["-c", &code]).output().context("running the host python3 baseline")?;
+    let out = std::process::Command::new("/usr/bin/python3")
+        .args(["-c", &code])
+        .output()
+        .context("running the host python3 baseline")?;
     anyhow::ensure!(out.status.success(), "host baseline failed: {}", String::from_utf8_lossy(&out.stderr));
     Ok(serde_json::from_slice(&out.stdout)?)
 }
@@ -787,7 +819,11 @@ fn sessions(home: &Path, samples: usize, resident: usize, on_disk: usize, image:
     }
     println!("fork of a checkpoint into a new session {}", summary(forks));
     let first = m.exec(t, &forked[0], "x4, 'x9' in globals()")?;
-    anyhow::ensure!(first.result.value.as_deref() == Some("(8, False)"), "fork is not at checkpoint 5: {:?}", first.result.value);
+    anyhow::ensure!(
+        first.result.value.as_deref() == Some("(8, False)"),
+        "fork is not at checkpoint 5: {:?}",
+        first.result.value
+    );
     for f in &forked {
         m.delete(t, f)?;
     }

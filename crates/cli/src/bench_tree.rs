@@ -98,7 +98,9 @@ pub fn explore(home: &Path, samples: usize, width: usize, image: &ImageArgs) -> 
     line("source session exec while explores of it run", busy);
 
     // Inspect and diff.
-    api.block_on(c.session_exec(&s.id, "import numpy as np\na = np.arange(10000)\nd = {i: str(i) for i in range(100)}"))?;
+    api.block_on(
+        c.session_exec(&s.id, "import numpy as np\na = np.arange(10000)\nd = {i: str(i) for i in range(100)}"),
+    )?;
     let head = api.block_on(c.get_session(&s.id))?.checkpoint.unwrap_or(1);
     let mut ins = Vec::new();
     for _ in 0..samples {

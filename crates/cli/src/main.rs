@@ -228,7 +228,8 @@ fn parse_blas(s: &str) -> Result<forkbox_image::Blas, String> {
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("FORKBOX_LOG").unwrap_or_else(|_| "warn,forkbox::syscall=info".into()),
+            tracing_subscriber::EnvFilter::try_from_env("FORKBOX_LOG")
+                .unwrap_or_else(|_| "warn,forkbox::syscall=info".into()),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -262,7 +263,11 @@ fn main() -> ExitCode {
             pip_find_links,
             pip_no_index,
         } => {
-            let pip = forkbox_image::PipSource { index_url: pip_index_url, find_links: pip_find_links, no_index: pip_no_index };
+            let pip = forkbox_image::PipSource {
+                index_url: pip_index_url,
+                find_links: pip_find_links,
+                no_index: pip_no_index,
+            };
             egress_policy(egress, &egress_allow, &egress_deny)
                 .and_then(|policy| serve(&home, listen, image, template, metrics_listen, exec_slots, policy, pip))
         }
@@ -288,7 +293,11 @@ fn main() -> ExitCode {
                 None => Ok(None),
             };
             egress.and_then(|egress| {
-                let base = if unlimited { forkbox_server::KeyLimits::unlimited() } else { forkbox_server::KeyLimits::defaults() };
+                let base = if unlimited {
+                    forkbox_server::KeyLimits::unlimited()
+                } else {
+                    forkbox_server::KeyLimits::defaults()
+                };
                 let limits = forkbox_server::KeyLimits {
                     egress,
                     rate_limit: rate_limit.or(base.rate_limit),
@@ -321,12 +330,10 @@ fn main() -> ExitCode {
             None => api::Api::embedded(&home, &image),
         }
         .and_then(|a| repl::repl(&a, &home, session, image.template.clone())),
-        Command::Image(ImageCommand::Build(args)) => {
-            run::ensure_image(&home, &args, true).map(|(path, id)| {
-                println!("{id} {}", path.display());
-                ExitCode::SUCCESS
-            })
-        }
+        Command::Image(ImageCommand::Build(args)) => run::ensure_image(&home, &args, true).map(|(path, id)| {
+            println!("{id} {}", path.display());
+            ExitCode::SUCCESS
+        }),
         Command::Session(cmd) => match &cli.url {
             Some(url) => api::Api::remote(url, cli.api_key.clone()).and_then(|a| session::session_remote(&a, cmd)),
             None => session::session(&home, cmd),
@@ -338,14 +345,24 @@ fn main() -> ExitCode {
         Command::Template(TemplateCommand::Build { name, preload, pip, index_url, find_links, no_index, image }) => {
             let custom = !pip.is_empty() || !image.apt.is_empty() || preload.is_some();
             match (name, &cli.url) {
-                (Some(name), Some(url)) => api::Api::remote(url, cli.api_key.clone())
-                    .and_then(|a| template_build_remote(&a, &name, &image, &pip, preload, !find_links.is_empty() || index_url.is_some())),
+                (Some(name), Some(url)) => api::Api::remote(url, cli.api_key.clone()).and_then(|a| {
+                    template_build_remote(
+                        &a,
+                        &name,
+                        &image,
+                        &pip,
+                        preload,
+                        !find_links.is_empty() || index_url.is_some(),
+                    )
+                }),
                 (Some(name), None) if custom => {
                     let source = forkbox_image::PipSource { index_url, find_links, no_index };
                     template_build_custom(&home, &name, &image, pip, preload, source)
                 }
                 (Some(name), None) => template_build_named(&home, &name),
-                (None, _) if !pip.is_empty() => Err(anyhow::anyhow!("--pip needs a template name (forkbox template build NAME --pip SPEC)")),
+                (None, _) if !pip.is_empty() => {
+                    Err(anyhow::anyhow!("--pip needs a template name (forkbox template build NAME --pip SPEC)"))
+                }
                 (None, _) => template_build(&home, preload.as_deref().unwrap_or("import numpy"), &image),
             }
         }
@@ -446,7 +463,13 @@ fn template_build_custom(
     }
     let t0 = std::time::Instant::now();
     let catalog = forkbox_engine::Catalog::new(home)?.with_progress(true);
-    let t = forkbox_engine::catalog::CustomTemplate { name: name.into(), apt: image.apt.clone(), pip, preload, blas: image.blas };
+    let t = forkbox_engine::catalog::CustomTemplate {
+        name: name.into(),
+        apt: image.apt.clone(),
+        pip,
+        preload,
+        blas: image.blas,
+    };
     let l = catalog.build_shared(&t, source)?;
     let size = std::fs::metadata(&l.engine.image_path).map_or(0, |m| m.len());
     println!(
@@ -508,13 +531,31 @@ fn template_build_remote(
 fn template_ls_remote(api: &api::Api) -> anyhow::Result<ExitCode> {
     let list = api.block_on(api.client.templates())?;
     for t in list.templates {
-        print_listing(&t.name, &t.status, &t.source, t.image_bytes, &t.packages, &t.pip, &t.description, t.name == list.default);
+        print_listing(
+            &t.name,
+            &t.status,
+            &t.source,
+            t.image_bytes,
+            &t.packages,
+            &t.pip,
+            &t.description,
+            t.name == list.default,
+        );
     }
     Ok(ExitCode::SUCCESS)
 }
 
 #[allow(clippy::too_many_arguments)]
-fn print_listing(name: &str, status: &str, source: &str, bytes: Option<u64>, apt: &[String], pip: &[String], description: &str, default: bool) {
+fn print_listing(
+    name: &str,
+    status: &str,
+    source: &str,
+    bytes: Option<u64>,
+    apt: &[String],
+    pip: &[String],
+    description: &str,
+    default: bool,
+) {
     let size = bytes.map_or("-".to_string(), |b| format!("{:.0} MiB", b as f64 / (1 << 20) as f64));
     let mut what = description.to_string();
     if source == "custom" {
@@ -574,7 +615,10 @@ fn raise_fd_limit() {
 /// A command-line mistake as one line on stderr (exit 2); `--help` and `--version` print as usual.
 fn usage_error(e: clap::Error) -> ExitCode {
     use clap::error::ErrorKind;
-    if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand) {
+    if matches!(
+        e.kind(),
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
         e.exit();
     }
     let text = e.render().to_string();
@@ -601,4 +645,3 @@ fn one_line(e: &anyhow::Error) -> String {
     }
     parts.join(": ").replace('\n', " ")
 }
-

@@ -108,7 +108,8 @@ async fn embedded(home: &Path, image: Option<PathBuf>) -> anyhow::Result<Client>
 /// The path of the `forkbox` the client should run: this executable, unless it is a cargo build
 /// output (`target/...`, gone after `cargo clean`) and a `forkbox` on the PATH is not.
 fn stable_program() -> anyhow::Result<PathBuf> {
-    let me = std::env::current_exe().and_then(|p| p.canonicalize()).context("finding the path of this forkbox binary")?;
+    let me =
+        std::env::current_exe().and_then(|p| p.canonicalize()).context("finding the path of this forkbox binary")?;
     if !install::is_build_output(&me) {
         return Ok(me);
     }
@@ -159,8 +160,9 @@ fn install_cmd(
     let key = match (&url, args.create_key) {
         (None, _) => None,
         (Some(_), true) => {
-            let key = forkbox_server::create_key_full(home, &args.tenant, &forkbox_server::KeyLimits::defaults(), false)
-                .context("creating an API key in the local data directory")?;
+            let key =
+                forkbox_server::create_key_full(home, &args.tenant, &forkbox_server::KeyLimits::defaults(), false)
+                    .context("creating an API key in the local data directory")?;
             eprintln!("forkbox: created an API key for tenant {} in {}", args.tenant, home.display());
             Some(key)
         }
@@ -187,7 +189,10 @@ fn install_cmd(
                 println!("added forkbox to Claude Code (`claude mcp list` shows it)");
                 Ok(ExitCode::SUCCESS)
             }
-            Ok(s) => anyhow::bail!("`claude mcp add` failed ({s}); run it yourself: {}", install::snippet(client, &launch).trim_end()),
+            Ok(s) => anyhow::bail!(
+                "`claude mcp add` failed ({s}); run it yourself: {}",
+                install::snippet(client, &launch).trim_end()
+            ),
             Err(e) => anyhow::bail!(
                 "cannot run `claude` ({e}): install Claude Code, or run: {}",
                 install::snippet(client, &launch).trim_end()

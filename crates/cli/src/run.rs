@@ -115,7 +115,9 @@ pub fn run(home: &Path, args: RunArgs) -> Result<ExitCode> {
         let l = catalog.get(Some(name))?;
         guest_thread()?;
         if args.cold || args.no_vdso {
-            let engine = Engine::open(&l.engine.image_path).context("opening the engine")?.with_preload(l.engine.preload.clone());
+            let engine = Engine::open(&l.engine.image_path)
+                .context("opening the engine")?
+                .with_preload(l.engine.preload.clone());
             let engine = if args.no_vdso { engine.without_vdso() } else { engine };
             Sandbox::boot(&engine, limits, args.trace_syscalls).context("starting the sandbox")?
         } else {
@@ -175,8 +177,11 @@ pub fn run(home: &Path, args: RunArgs) -> Result<ExitCode> {
             result.display.iter().map(|b| forkbox_client::MimeBundle(b.clone().into_iter().collect())).collect();
         show_display(&bundles)?;
     }
-    let files: Vec<Output<'_>> =
-        result.outputs.iter().map(|o| Output { path: &o.path, size: o.size, mime: o.mime, data: o.data.clone() }).collect();
+    let files: Vec<Output<'_>> = result
+        .outputs
+        .iter()
+        .map(|o| Output { path: &o.path, size: o.size, mime: o.mime, data: o.data.clone() })
+        .collect();
     report_outputs(&files, args.save_outputs.as_deref(), args.json)?;
     Ok(if result.error.is_some() { ExitCode::from(1) } else { ExitCode::SUCCESS })
 }
@@ -238,7 +243,13 @@ pub fn print_failure(code: &str, message: &str, output: Option<(&str, &str)>, js
 
 /// A result as JSON, or as its stdout and stderr (`output`, None when already
 /// shown as it was streamed), the traceback on stderr and the value on stdout.
-fn print_parts(r: &impl serde::Serialize, json: bool, output: Option<(&str, &str)>, traceback: Option<&str>, value: Option<&str>) -> Result<()> {
+fn print_parts(
+    r: &impl serde::Serialize,
+    json: bool,
+    output: Option<(&str, &str)>,
+    traceback: Option<&str>,
+    value: Option<&str>,
+) -> Result<()> {
     let mut out = std::io::stdout().lock();
     if json {
         serde_json::to_writer_pretty(&mut out, r)?;
@@ -298,7 +309,8 @@ pub fn run_remote(api: &crate::api::Api, args: RunArgs) -> Result<ExitCode> {
             _ => {}
         }
     };
-    let target = crate::api::Target::OneShot { timeout_seconds: Some(args.timeout), template: args.image.template.as_deref() };
+    let target =
+        crate::api::Target::OneShot { timeout_seconds: Some(args.timeout), template: args.image.template.as_deref() };
     let r = match api.block_on(crate::api::exec_streaming(&api.client, target, &code, &mut show)) {
         Ok(r) => r,
         Err(e) => {
@@ -356,7 +368,11 @@ pub fn report_outputs(files: &[Output<'_>], save: Option<&Path>, json: bool) -> 
         }
         let Some(dir) = save else { continue };
         let Some(data) = &f.data else {
-            writeln!(err, "forkbox: {} not saved: {} bytes is over the inline limit of a result (read it from a session)", f.path, f.size)?;
+            writeln!(
+                err,
+                "forkbox: {} not saved: {} bytes is over the inline limit of a result (read it from a session)",
+                f.path, f.size
+            )?;
             continue;
         };
         match save_output(dir, f.path, data) {
@@ -423,7 +439,16 @@ mod tests {
         let d = Path::new("/save");
         assert_eq!(output_dest(d, "/output/a.csv"), Ok(PathBuf::from("/save/a.csv")));
         assert_eq!(output_dest(d, "/output/sub/b.png"), Ok(PathBuf::from("/save/sub/b.png")));
-        for bad in ["/output/../etc/passwd", "/output/a/../../x", "/output/./a", "/output//a", "/output/", "/etc/x", "/output/a\\b", "/output/a\0"] {
+        for bad in [
+            "/output/../etc/passwd",
+            "/output/a/../../x",
+            "/output/./a",
+            "/output//a",
+            "/output/",
+            "/etc/x",
+            "/output/a\\b",
+            "/output/a\0",
+        ] {
             assert!(output_dest(d, bad).is_err(), "{bad:?}");
         }
     }

@@ -189,7 +189,8 @@ fn run(api: &Api, cmd: SessionCommand) -> Result<ExitCode> {
                 (Some(f), _) => std::fs::read_to_string(&f).with_context(|| format!("reading {}", f.display()))?,
                 (None, Some(c)) if c == "-" => {
                     let mut s = String::new();
-                    std::io::Read::read_to_string(&mut std::io::stdin(), &mut s).context("reading code from standard input")?;
+                    std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)
+                        .context("reading code from standard input")?;
                     s
                 }
                 (None, Some(c)) => c,

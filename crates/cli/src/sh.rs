@@ -81,7 +81,9 @@ pub fn sh(api: &Api, session: Option<&str>, args: &ShArgs, template: Option<Stri
                         message: format!("the stream's result is not a command result: {e}"),
                     })
                 }
-                StreamEvent::Error { code, message, output } => return Err(ClientError::from_code_with_output(code, message, output)),
+                StreamEvent::Error { code, message, output } => {
+                    return Err(ClientError::from_code_with_output(code, message, output))
+                }
                 _ => {}
             }
         }

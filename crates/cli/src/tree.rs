@@ -124,7 +124,11 @@ pub fn draw(t: &Tree) -> String {
             let others: Vec<&str> = n.heads.iter().filter(|h| **h != t.session).map(String::as_str).collect();
             let others = if others.is_empty() { String::new() } else { format!("  [{}]", others.join(", ")) };
             let summary = n.summary.as_deref().map_or(String::new(), |s| format!("  -> {s}"));
-            out.push_str(&format!("{mark} {prefix}{branch}{:>3}  {}{summary}{others}\n", n.checkpoint, first_line(&n.code)));
+            out.push_str(&format!(
+                "{mark} {prefix}{branch}{:>3}  {}{summary}{others}\n",
+                n.checkpoint,
+                first_line(&n.code)
+            ));
             walk(t, children, Some(n.checkpoint), &next, out);
         }
     }

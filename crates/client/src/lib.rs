@@ -71,7 +71,11 @@ impl Client {
     pub fn with_key(&self, key: impl Into<String>) -> Client {
         let s = &self.sender;
         Client {
-            sender: std::sync::Arc::new(Sender { transport: s.transport.clone(), key: Some(key.into()), http: s.http.clone() }),
+            sender: std::sync::Arc::new(Sender {
+                transport: s.transport.clone(),
+                key: Some(key.into()),
+                http: s.http.clone(),
+            }),
         }
     }
 
@@ -87,7 +91,12 @@ impl Client {
     }
 
     /// [`exec`](Self::exec) on a named template (None: the server's default).
-    pub async fn exec_on(&self, code: &str, timeout_seconds: Option<f64>, template: Option<&str>) -> Result<ExecResult, ClientError> {
+    pub async fn exec_on(
+        &self,
+        code: &str,
+        timeout_seconds: Option<f64>,
+        template: Option<&str>,
+    ) -> Result<ExecResult, ClientError> {
         self.post("/v1/exec", &json!({ "code": code, "timeout_seconds": timeout_seconds, "template": template })).await
     }
 
@@ -107,8 +116,14 @@ impl Client {
     }
 
     /// A template of the caller's own made of checkpoint `checkpoint` of session `id`.
-    pub async fn checkpoint_template(&self, id: &str, checkpoint: i64, name: &str) -> Result<TemplateInfo, ClientError> {
-        self.post(&format!("/v1/sessions/{}/checkpoints/{checkpoint}/template", seg(id)), &json!({ "name": name })).await
+    pub async fn checkpoint_template(
+        &self,
+        id: &str,
+        checkpoint: i64,
+        name: &str,
+    ) -> Result<TemplateInfo, ClientError> {
+        self.post(&format!("/v1/sessions/{}/checkpoints/{checkpoint}/template", seg(id)), &json!({ "name": name }))
+            .await
     }
 
     /// Run each code in its own fresh sandbox, in parallel; results in order.
@@ -132,7 +147,11 @@ impl Client {
         timeout_seconds: Option<f64>,
         template: Option<&str>,
     ) -> Result<impl Stream<Item = Result<StreamEvent, ClientError>> + Send, ClientError> {
-        self.stream("/v1/exec/stream", &json!({ "code": code, "timeout_seconds": timeout_seconds, "template": template })).await
+        self.stream(
+            "/v1/exec/stream",
+            &json!({ "code": code, "timeout_seconds": timeout_seconds, "template": template }),
+        )
+        .await
     }
 
     // -- sessions ----------------------------------------------------------
@@ -161,7 +180,8 @@ impl Client {
 
     /// Change a session's tags (replaced as a whole) and/or limits; the session as it is now.
     pub async fn patch_session(&self, id: &str, patch: &PatchSession) -> Result<Session, ClientError> {
-        let body = serde_json::to_vec(patch).map_err(|e| ClientError::InvalidArgument(format!("encoding the request: {e}")))?;
+        let body = serde_json::to_vec(patch)
+            .map_err(|e| ClientError::InvalidArgument(format!("encoding the request: {e}")))?;
         json_of(self.sender.send(Method::PATCH, &format!("/v1/sessions/{}", seg(id)), Payload::Json(body)).await?).await
     }
 
@@ -171,7 +191,12 @@ impl Client {
     }
 
     /// [`session_exec`](Self::session_exec) with this exec's time limit (at most the session's; None: the session's).
-    pub async fn session_exec_with(&self, id: &str, code: &str, timeout_seconds: Option<f64>) -> Result<ExecResult, ClientError> {
+    pub async fn session_exec_with(
+        &self,
+        id: &str,
+        code: &str,
+        timeout_seconds: Option<f64>,
+    ) -> Result<ExecResult, ClientError> {
         self.post(&format!("/v1/sessions/{}/exec", seg(id)), &session_exec_body(code, timeout_seconds)).await
     }
 
@@ -216,7 +241,12 @@ impl Client {
     }
 
     /// `fork`, with tags for the new session.
-    pub async fn fork_tagged(&self, id: &str, checkpoint: Option<i64>, tags: &BTreeMap<String, String>) -> Result<Session, ClientError> {
+    pub async fn fork_tagged(
+        &self,
+        id: &str,
+        checkpoint: Option<i64>,
+        tags: &BTreeMap<String, String>,
+    ) -> Result<Session, ClientError> {
         self.post(&format!("/v1/sessions/{}/fork", seg(id)), &json!({ "checkpoint": checkpoint, "tags": tags })).await
     }
 
@@ -265,7 +295,8 @@ impl Client {
 
     /// The entries of the guest directory `dir`.
     pub async fn list_files(&self, id: &str, dir: &str) -> Result<Vec<FileEntry>, ClientError> {
-        let q = serde_urlencoded::to_string([("dir", dir)]).map_err(|e| ClientError::InvalidArgument(format!("dir: {e}")))?;
+        let q = serde_urlencoded::to_string([("dir", dir)])
+            .map_err(|e| ClientError::InvalidArgument(format!("dir: {e}")))?;
         let v: Value = self.get(&format!("/v1/sessions/{}/files?{q}", seg(id))).await?;
         field(v, "files")
     }
@@ -277,7 +308,8 @@ impl Client {
     }
 
     async fn post<T: DeserializeOwned>(&self, path: &str, body: &impl Serialize) -> Result<T, ClientError> {
-        let body = serde_json::to_vec(body).map_err(|e| ClientError::InvalidArgument(format!("encoding the request: {e}")))?;
+        let body =
+            serde_json::to_vec(body).map_err(|e| ClientError::InvalidArgument(format!("encoding the request: {e}")))?;
         json_of(self.sender.send(Method::POST, path, Payload::Json(body)).await?).await
     }
 
@@ -286,7 +318,8 @@ impl Client {
         path: &str,
         body: &Value,
     ) -> Result<impl Stream<Item = Result<StreamEvent, ClientError>> + Send, ClientError> {
-        let body = serde_json::to_vec(body).map_err(|e| ClientError::InvalidArgument(format!("encoding the request: {e}")))?;
+        let body =
+            serde_json::to_vec(body).map_err(|e| ClientError::InvalidArgument(format!("encoding the request: {e}")))?;
         let r = self.sender.send(Method::POST, path, Payload::Json(body)).await?;
         if !(200..300).contains(&r.status) {
             return Err(error_of(r).await);
@@ -316,7 +349,9 @@ fn to_value(v: &impl Serialize) -> Result<Value, ClientError> {
 /// A session command's body: a session has its template, so `template` is refused here rather than by the server.
 fn session_command_body(req: &CommandRequest) -> Result<Value, ClientError> {
     if req.template.is_some() {
-        return Err(ClientError::InvalidArgument("a session command runs on the session's template: no template".into()));
+        return Err(ClientError::InvalidArgument(
+            "a session command runs on the session's template: no template".into(),
+        ));
     }
     to_value(req)
 }
@@ -338,10 +373,10 @@ fn guest_path(path: &str) -> Result<String, ClientError> {
 }
 
 fn field<T: DeserializeOwned>(mut v: Value, name: &str) -> Result<T, ClientError> {
-    let f = v
-        .get_mut(name)
-        .map(Value::take)
-        .ok_or_else(|| ClientError::UnexpectedResponse { status: 200, message: format!("response has no `{name}` field") })?;
+    let f = v.get_mut(name).map(Value::take).ok_or_else(|| ClientError::UnexpectedResponse {
+        status: 200,
+        message: format!("response has no `{name}` field"),
+    })?;
     serde_json::from_value(f).map_err(|e| ClientError::UnexpectedResponse {
         status: 200,
         message: format!("`{name}` is not what the API returns: {e}"),

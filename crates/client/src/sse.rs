@@ -10,8 +10,8 @@ use serde_json::Value;
 use sse_stream::SseStream;
 
 use crate::error::ClientError;
-use crate::types::{ApiErrorBody, ExecOutput};
 use crate::transport::ByteStream;
+use crate::types::{ApiErrorBody, ExecOutput};
 
 /// One event of a streaming exec.
 #[derive(Clone, Debug, PartialEq)]
@@ -50,11 +50,17 @@ fn decode(event: Option<&str>, data: Option<&str>) -> Option<Result<StreamEvent,
     };
     let text = |json: &Value| json.get("data").and_then(Value::as_str).map(str::to_owned);
     Some(match kind {
-        "stdout" => text(&json).map(StreamEvent::Stdout).ok_or_else(|| bad("`stdout` event without a `data` string".into())),
-        "stderr" => text(&json).map(StreamEvent::Stderr).ok_or_else(|| bad("`stderr` event without a `data` string".into())),
+        "stdout" => {
+            text(&json).map(StreamEvent::Stdout).ok_or_else(|| bad("`stdout` event without a `data` string".into()))
+        }
+        "stderr" => {
+            text(&json).map(StreamEvent::Stderr).ok_or_else(|| bad("`stderr` event without a `data` string".into()))
+        }
         "result" => Ok(StreamEvent::Result(json)),
         _ => match json.get("error").cloned().map(serde_json::from_value::<ApiErrorBody>) {
-            Some(Ok(e)) => Ok(StreamEvent::Error { output: e.output().map(Box::new), code: e.code, message: e.message }),
+            Some(Ok(e)) => {
+                Ok(StreamEvent::Error { output: e.output().map(Box::new), code: e.code, message: e.message })
+            }
             _ => Err(bad(format!("`error` event without error.code / error.message: {json}"))),
         },
     })
@@ -115,10 +121,18 @@ mod tests {
 
     #[tokio::test]
     async fn multi_line_data_and_error_event() {
-        let got =
-            parse(&["event: error\ndata: {\"error\":\ndata:  {\"code\": \"timeout\", \"message\": \"ran past 1 s\"}}\n\n"]).await;
-        assert_eq!(got, vec![Ok(StreamEvent::Error { code: "timeout".into(), message: "ran past 1 s".into(), output: None })]);
-        let got = parse(&["event: error\ndata: {\"error\": {\"code\": \"timeout\", \"message\": \"m\", \"stdout\": \"a\\n\"}}\n\n"]).await;
+        let got = parse(&[
+            "event: error\ndata: {\"error\":\ndata:  {\"code\": \"timeout\", \"message\": \"ran past 1 s\"}}\n\n",
+        ])
+        .await;
+        assert_eq!(
+            got,
+            vec![Ok(StreamEvent::Error { code: "timeout".into(), message: "ran past 1 s".into(), output: None })]
+        );
+        let got = parse(&[
+            "event: error\ndata: {\"error\": {\"code\": \"timeout\", \"message\": \"m\", \"stdout\": \"a\\n\"}}\n\n",
+        ])
+        .await;
         let output = Some(Box::new(ExecOutput { stdout: "a\n".into(), stderr: String::new() }));
         assert_eq!(got, vec![Ok(StreamEvent::Error { code: "timeout".into(), message: "m".into(), output })]);
     }
@@ -131,7 +145,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_body_that_ends_early_is_an_error() {
-        let got = parse(&["event: stdout\ndata: {\"data\": \"x\"}\n\nevent: result\ndata: {\"unterminated\": 1}"]).await;
+        let got =
+            parse(&["event: stdout\ndata: {\"data\": \"x\"}\n\nevent: result\ndata: {\"unterminated\": 1}"]).await;
         assert_eq!(got[0], Ok(StreamEvent::Stdout("x".into())));
         // The last event has no blank line after it: it was never completed.
         assert_eq!(got.last(), Some(&Err("stream_ended".to_string())), "{got:?}");

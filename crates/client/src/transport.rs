@@ -28,9 +28,11 @@ impl std::fmt::Debug for Transport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             // Never print the key.
-            Transport::Http { base_url, key } => {
-                f.debug_struct("Http").field("base_url", base_url).field("key", &key.as_ref().map(|_| "<redacted>")).finish()
-            }
+            Transport::Http { base_url, key } => f
+                .debug_struct("Http")
+                .field("base_url", base_url)
+                .field("key", &key.as_ref().map(|_| "<redacted>"))
+                .finish(),
             Transport::InProcess(_) => f.write_str("InProcess"),
         }
     }
@@ -80,7 +82,12 @@ impl Sender {
         }
     }
 
-    pub async fn send(&self, method: Method, path_and_query: &str, payload: Payload) -> Result<RawResponse, ClientError> {
+    pub async fn send(
+        &self,
+        method: Method,
+        path_and_query: &str,
+        payload: Payload,
+    ) -> Result<RawResponse, ClientError> {
         let (content_type, body) = match payload {
             Payload::None => (None, Vec::new()),
             Payload::Json(b) => (Some("application/json"), b),
@@ -110,8 +117,9 @@ impl Sender {
                 if let Some(ct) = content_type {
                     req = req.header(header::CONTENT_TYPE, ct);
                 }
-                let req =
-                    req.body(Body::from(body)).map_err(|e| ClientError::InvalidArgument(format!("building the request: {e}")))?;
+                let req = req
+                    .body(Body::from(body))
+                    .map_err(|e| ClientError::InvalidArgument(format!("building the request: {e}")))?;
                 let resp = match router.clone().oneshot(req).await {
                     Ok(r) => r,
                     Err(never) => match never {},

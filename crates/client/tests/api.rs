@@ -104,8 +104,10 @@ async fn one_shot_batch_and_streams() {
         );
 
         // Output arrives as events before the result.
-        let ev =
-            collect(c.exec_stream("print('a')\nimport sys; print('b', file=sys.stderr)\n7", None).await.expect("stream")).await;
+        let ev = collect(
+            c.exec_stream("print('a')\nimport sys; print('b', file=sys.stderr)\n7", None).await.expect("stream"),
+        )
+        .await;
         assert_eq!(ev.len(), 3, "{ev:?}");
         assert_eq!(ev[0], StreamEvent::Stdout("a\n".into()));
         assert_eq!(ev[1], StreamEvent::Stderr("b\n".into()));
@@ -115,7 +117,8 @@ async fn one_shot_batch_and_streams() {
     }
     let s = local.create_session(&CreateSession::default()).await.expect("create");
     let ev = collect(http.session_exec_stream(&s.id, "for i in range(3): print(i)").await.expect("stream")).await;
-    let out: String = ev.iter().filter_map(|e| if let StreamEvent::Stdout(t) = e { Some(t.as_str()) } else { None }).collect();
+    let out: String =
+        ev.iter().filter_map(|e| if let StreamEvent::Stdout(t) = e { Some(t.as_str()) } else { None }).collect();
     assert_eq!(out, "0\n1\n2\n");
     assert!(matches!(ev.last(), Some(StreamEvent::Result(v)) if v["checkpoint"] == 1), "{ev:?}");
     // Errors before the stream starts are plain API errors.
@@ -153,7 +156,8 @@ async fn files_and_transport_errors() {
 async fn interrupt_stops_the_running_exec() {
     let (_home, http, local, _) = clients().await;
     // (A time limit well past the interrupt, short enough that a missed interrupt fails fast.)
-    let s = http.create_session(&CreateSession { timeout_seconds: Some(8.0), ..Default::default() }).await.expect("create");
+    let s =
+        http.create_session(&CreateSession { timeout_seconds: Some(8.0), ..Default::default() }).await.expect("create");
     // Ctrl-C: the running exec gets KeyboardInterrupt, the session keeps its state.
     assert!(!http.interrupt(&s.id).await.expect("interrupt"), "nothing was running");
     local.session_exec(&s.id, "kept = 5").await.expect("exec");
@@ -185,18 +189,25 @@ async fn patch_session_exec_timeouts_and_output_with_errors() {
         assert_eq!((e.code(), e.output().map(|o| o.stdout.as_str())), ("timeout", Some("so far\n")), "{e:?}");
         let ev = collect(c.exec_stream(spin, Some(0.5)).await.expect("stream")).await;
         let want = Some(Box::new(ExecOutput { stdout: "so far\n".into(), stderr: String::new() }));
-        assert!(matches!(ev.last(), Some(StreamEvent::Error { code, output, .. }) if code == "timeout" && *output == want), "{ev:?}");
+        assert!(
+            matches!(ev.last(), Some(StreamEvent::Error { code, output, .. }) if code == "timeout" && *output == want),
+            "{ev:?}"
+        );
         // Other errors carry none.
         assert!(c.exec("1", Some(-1.0)).await.expect_err("bad timeout").output().is_none());
 
-        let s = c.create_session(&CreateSession { timeout_seconds: Some(10.0), ..Default::default() }).await.expect("create");
+        let s = c
+            .create_session(&CreateSession { timeout_seconds: Some(10.0), ..Default::default() })
+            .await
+            .expect("create");
         let e = c.session_exec_with(&s.id, spin, Some(0.5)).await.expect_err("timeout");
         assert_eq!((e.code(), e.output().map(|o| o.stdout.as_str())), ("timeout", Some("so far\n")), "{e:?}");
         assert_eq!(api_code(c.session_exec_with(&s.id, "1", Some(11.0)).await), (400, "invalid_request".into()));
         let ev = collect(c.session_exec_stream_with(&s.id, spin, Some(0.5)).await.expect("stream")).await;
         assert!(matches!(ev.last(), Some(StreamEvent::Error { code, .. }) if code == "timeout"), "{ev:?}");
 
-        let patch = PatchSession { tags: Some([("t".into(), "1".into())].into()), timeout_seconds: Some(2.0), memory_mb: None };
+        let patch =
+            PatchSession { tags: Some([("t".into(), "1".into())].into()), timeout_seconds: Some(2.0), memory_mb: None };
         let v = c.patch_session(&s.id, &patch).await.expect("patch");
         assert_eq!((v.tags.get("t").map(String::as_str), v.limits.timeout_seconds), (Some("1"), 2.0));
         assert_eq!(api_code(c.session_exec_with(&s.id, "1", Some(3.0)).await), (400, "invalid_request".into()));

@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
 use forkbox_api::ErrorCode;
-use forkbox_image::{BuildError, BuildOptions, ImageSpec};
 pub use forkbox_image::{Blas, PipSource};
+use forkbox_image::{BuildError, BuildOptions, ImageSpec};
 use forkbox_vmm::Cpu;
 use serde::{Deserialize, Serialize};
 
@@ -75,7 +75,10 @@ pub enum RecipeKind {
     /// `forkbox template build NAME --apt/--pip`, `POST /v1/templates`.
     Custom,
     /// `POST /v1/sessions/{id}/checkpoints/{n}/template`: a session's state.
-    Checkpoint { session: String, checkpoint: i64 },
+    Checkpoint {
+        session: String,
+        checkpoint: i64,
+    },
 }
 
 impl RecipeKind {
@@ -554,11 +557,9 @@ impl Catalog {
         let me = self.clone();
         let n = name.clone();
         // Never under an exec thread's seccomp filter: a build runs apt-get, dpkg, ldconfig.
-        let spawned = crate::jail::spawn_unjailed(format!("build-{name}"), move || {
-            match me.get(Some(&n)) {
-                Ok(l) => tracing::info!(template = %n, id = %l.id(), "template built"),
-                Err(e) => tracing::warn!(template = %n, "template build failed: {e}"),
-            }
+        let spawned = crate::jail::spawn_unjailed(format!("build-{name}"), move || match me.get(Some(&n)) {
+            Ok(l) => tracing::info!(template = %n, id = %l.id(), "template built"),
+            Err(e) => tracing::warn!(template = %n, "template build failed: {e}"),
         });
         if let Err(e) = spawned {
             self.set_build(&name, Some(BuildState::Failed(e.to_string())));
@@ -606,7 +607,10 @@ impl Catalog {
             return Err(CatalogError::Exists(name.into()));
         }
         if let Some(r) = recipes.get(&key) {
-            if r.kind == RecipeKind::Shipped || matches!(builds.get(&key), Some(BuildState::Building(..))) || !(replace || failed) {
+            if r.kind == RecipeKind::Shipped
+                || matches!(builds.get(&key), Some(BuildState::Building(..)))
+                || !(replace || failed)
+            {
                 return Err(CatalogError::Exists(name.into()));
             }
         }
@@ -635,7 +639,12 @@ impl Catalog {
         Ok(key)
     }
 
-    fn custom_recipe(&self, owner: Option<&str>, t: &CustomTemplate, pip_source: PipSource) -> Result<Recipe, CatalogError> {
+    fn custom_recipe(
+        &self,
+        owner: Option<&str>,
+        t: &CustomTemplate,
+        pip_source: PipSource,
+    ) -> Result<Recipe, CatalogError> {
         if t.apt.len() > MAX_APT_PACKAGES {
             return Err(CatalogError::Invalid(format!("at most {MAX_APT_PACKAGES} apt packages")));
         }
@@ -736,7 +745,10 @@ impl Catalog {
         let spec = crate::default_image_spec();
         let recipe = Recipe {
             name: name.into(),
-            description: format!("the state of session {session} at checkpoint {checkpoint} (on template {})", base.name.as_deref().map_or(base.id(), |n| n.rsplit('/').next().unwrap_or(n))),
+            description: format!(
+                "the state of session {session} at checkpoint {checkpoint} (on template {})",
+                base.name.as_deref().map_or(base.id(), |n| n.rsplit('/').next().unwrap_or(n))
+            ),
             spec,
             preload: note,
             owner: owner.map(str::to_string),
@@ -748,7 +760,8 @@ impl Catalog {
             let _ = std::fs::remove_dir_all(&dir);
             return Err(e);
         }
-        let loaded = Arc::new(Loaded { engine: base.engine.clone(), template: Arc::new(template), name: Some(key.clone()) });
+        let loaded =
+            Arc::new(Loaded { engine: base.engine.clone(), template: Arc::new(template), name: Some(key.clone()) });
         if let Ok(mut m) = self.by_id.lock() {
             m.insert(id, loaded.clone());
         }
@@ -765,7 +778,11 @@ impl Catalog {
             return r.template_id.is_some_and(|id| templates_dir(&self.home).join(id).join("state").exists());
         }
         let Ok(Some(image_id)) = forkbox_image::built_id(&r.spec, &self.home) else { return false };
-        let tid = crate::template::template_id(&image_id, &r.preload, &forkbox_snapshot::CpuFingerprint::of(&self.cpu).digest());
+        let tid = crate::template::template_id(
+            &image_id,
+            &r.preload,
+            &forkbox_snapshot::CpuFingerprint::of(&self.cpu).digest(),
+        );
         templates_dir(&self.home).join(tid).join("state").exists()
     }
 
@@ -790,28 +807,36 @@ impl Catalog {
         if let RecipeKind::Checkpoint { .. } = recipe.kind {
             let id = recipe.template_id.clone().ok_or_else(|| CatalogError::NotOnDisk(name.clone()))?;
             let l = self.by_id(&id)?;
-            let loaded = Arc::new(Loaded { engine: l.engine.clone(), template: l.template.clone(), name: Some(name.clone()) });
+            let loaded =
+                Arc::new(Loaded { engine: l.engine.clone(), template: l.template.clone(), name: Some(name.clone()) });
             if let Ok(mut m) = self.by_name.lock() {
                 m.insert(name, loaded.clone());
             }
             return Ok(loaded);
         }
-        let built = forkbox_image::build(&recipe.spec, &BuildOptions { home: self.home.clone(), progress: self.progress })
-            .map_err(|source| CatalogError::Build { name: shown.clone(), source })?;
+        let built =
+            forkbox_image::build(&recipe.spec, &BuildOptions { home: self.home.clone(), progress: self.progress })
+                .map_err(|source| CatalogError::Build { name: shown.clone(), source })?;
         let engine = Engine::open_with_cpu(self.cpu.clone(), &built.path)
             .map_err(|source| CatalogError::Engine { name: shown.clone(), source })?
             .with_preload(recipe.preload.clone());
-        let tid = crate::template::template_id(engine.image.id(), &engine.preload, &forkbox_snapshot::CpuFingerprint::of(&engine.cpu).digest());
+        let tid = crate::template::template_id(
+            engine.image.id(),
+            &engine.preload,
+            &forkbox_snapshot::CpuFingerprint::of(&engine.cpu).digest(),
+        );
         let existing = self.by_id.lock().ok().and_then(|m| m.get(&tid).cloned());
         let loaded = match existing {
-            Some(l) => Arc::new(Loaded { engine: l.engine.clone(), template: l.template.clone(), name: Some(name.clone()) }),
+            Some(l) => {
+                Arc::new(Loaded { engine: l.engine.clone(), template: l.template.clone(), name: Some(name.clone()) })
+            }
             None => {
                 self.set_build(&name, Some(BuildState::Building(started, "template")));
                 if self.progress && !templates_dir(&self.home).join(&tid).join("state").exists() {
                     eprintln!("forkbox: booting template {name} and snapshotting it ...");
                 }
                 let template = Template::ensure(&engine, &self.home)
-                .map_err(|source| CatalogError::Engine { name: shown.clone(), source })?;
+                    .map_err(|source| CatalogError::Engine { name: shown.clone(), source })?;
                 Arc::new(Loaded { engine: Arc::new(engine), template: Arc::new(template), name: Some(name.clone()) })
             }
         };
@@ -844,7 +869,8 @@ impl Catalog {
         let engine = Engine::open_with_cpu(self.cpu.clone(), &image)
             .map_err(|source| CatalogError::Engine { name: id.into(), source })?
             .with_preload(info.preload.clone());
-        let template = Template::load(&engine, &dir).map_err(|source| CatalogError::Engine { name: id.into(), source })?;
+        let template =
+            Template::load(&engine, &dir).map_err(|source| CatalogError::Engine { name: id.into(), source })?;
         let loaded = Arc::new(Loaded { engine: Arc::new(engine), template: Arc::new(template), name: None });
         let mut m = self.by_id.lock().unwrap_or_else(|p| p.into_inner());
         Ok(m.entry(id.to_string()).or_insert(loaded).clone())
@@ -871,7 +897,9 @@ impl Catalog {
         if let Ok(m) = self.by_name.lock() {
             keys.extend(m.keys().filter(|n| !self.has_recipe(n)).cloned());
         }
-        keys.retain(|k| all || !k.contains('/') || tenant.is_some_and(|t| k.strip_prefix(t).is_some_and(|r| r.starts_with('/'))));
+        keys.retain(|k| {
+            all || !k.contains('/') || tenant.is_some_and(|t| k.strip_prefix(t).is_some_and(|r| r.starts_with('/')))
+        });
         keys.sort();
         keys.dedup();
         self.list_keys(&keys, all)
@@ -887,7 +915,9 @@ impl Catalog {
                 let recipe = self.recipe(key);
                 let (status, error, progress, elapsed) = match (&ready, builds.get(key)) {
                     (Some(_), _) => ("ready", None, None, None),
-                    (None, Some(BuildState::Building(t, step))) => ("building", None, Some(step.to_string()), Some(t.elapsed().as_secs())),
+                    (None, Some(BuildState::Building(t, step))) => {
+                        ("building", None, Some(step.to_string()), Some(t.elapsed().as_secs()))
+                    }
                     (None, Some(BuildState::Failed(e))) => ("failed", Some(e.clone()), None, None),
                     (None, None) => ("available", None, None, None),
                 };
@@ -898,7 +928,10 @@ impl Catalog {
                 let name = if by_key { key.clone() } else { key.rsplit('/').next().unwrap_or(key).to_string() };
                 Listing {
                     default: *key == default,
-                    description: recipe.as_ref().map(|r| r.description.clone()).unwrap_or_else(|| "an image given by path".into()),
+                    description: recipe
+                        .as_ref()
+                        .map(|r| r.description.clone())
+                        .unwrap_or_else(|| "an image given by path".into()),
                     status: status.into(),
                     id: ready.as_ref().map(|l| l.id().to_string()),
                     packages: recipe

@@ -58,7 +58,9 @@ impl EngineError {
             EngineError::Interrupted(_) => ErrorCode::Interrupted,
             EngineError::File { code, .. } => *code,
             EngineError::Snapshot(e @ forkbox_snapshot::StateError::CpuMismatch(_)) => e.error_code(),
-            EngineError::Vmm(_) | EngineError::Load(_) | EngineError::Image(_) | EngineError::Snapshot(_) => ErrorCode::Internal,
+            EngineError::Vmm(_) | EngineError::Load(_) | EngineError::Image(_) | EngineError::Snapshot(_) => {
+                ErrorCode::Internal
+            }
         }
     }
 

@@ -100,7 +100,9 @@ pub fn normalize(path: &str, cwd: &[u8]) -> Result<String, EngineError> {
                     return Err(invalid(format!("{path:?} escapes the root directory")));
                 }
             }
-            name if name.len() > NAME_MAX => return Err(invalid(format!("a component of {path:?} is longer than {NAME_MAX} bytes"))),
+            name if name.len() > NAME_MAX => {
+                return Err(invalid(format!("a component of {path:?} is longer than {NAME_MAX} bytes")))
+            }
             name => parts.push(name),
         }
     }
@@ -148,7 +150,12 @@ pub fn write_file(vfs: &mut Vfs, path: &str, data: &[u8]) -> Result<(), EngineEr
     if vfs.overlay_bytes().saturating_sub(old).saturating_add(need) > vfs.quota() {
         return Err(file_error(
             ErrorCode::QuotaExceeded,
-            format!("{path}: {} bytes do not fit in the sandbox's disk quota ({} of {} bytes used)", data.len(), vfs.overlay_bytes(), vfs.quota()),
+            format!(
+                "{path}: {} bytes do not fit in the sandbox's disk quota ({} of {} bytes used)",
+                data.len(),
+                vfs.overlay_bytes(),
+                vfs.quota()
+            ),
         ));
     }
     let mut dir = String::new();
@@ -180,7 +187,10 @@ pub fn read_file(vfs: &Vfs, path: &str, max: usize) -> Result<Vec<u8>, EngineErr
     }
     let bytes = vfs.file_bytes(ino).map_err(|e| vfs_error(path, e))?;
     if bytes.len() > max {
-        return Err(file_error(ErrorCode::FileTooLarge, format!("{path} is {} bytes, more than the {max}-byte limit", bytes.len())));
+        return Err(file_error(
+            ErrorCode::FileTooLarge,
+            format!("{path} is {} bytes, more than the {max}-byte limit", bytes.len()),
+        ));
     }
     Ok(bytes.to_vec())
 }
@@ -200,7 +210,13 @@ pub fn list_dir(vfs: &Vfs, path: &str) -> Result<Vec<FileEntry>, EngineError> {
         let name = String::from_utf8_lossy(&e.name).into_owned();
         let full = if path == "/" { format!("/{name}") } else { format!("{path}/{name}") };
         let size = if st.kind == FileType::Dir { 0 } else { st.size };
-        out.push(FileEntry { name, path: full, size, is_dir: st.kind == FileType::Dir, mtime_ms: mtime_ms(st.mtime_ns) });
+        out.push(FileEntry {
+            name,
+            path: full,
+            size,
+            is_dir: st.kind == FileType::Dir,
+            mtime_ms: mtime_ms(st.mtime_ns),
+        });
     }
     Ok(out)
 }

@@ -144,7 +144,9 @@ impl FilesPlan {
             let chunks = f
                 .chunks
                 .iter()
-                .filter_map(|c| Some(Located { pack: Arc::from(table.packs.get(c.pack as usize)?.as_str()), chunk: *c }))
+                .filter_map(|c| {
+                    Some(Located { pack: Arc::from(table.packs.get(c.pack as usize)?.as_str()), chunk: *c })
+                })
                 .collect();
             out.insert(ino, (data, chunks));
         }

@@ -241,7 +241,10 @@ fn rules() -> Result<BTreeMap<i64, Vec<SeccompRule>>, seccompiler::BackendError>
     // ioctl: the KVM requests, PAGEMAP_SCAN, FIONREAD, FIONBIO, FIOCLEX.
     let mut ioctls: Vec<u64> = kvm_ioctls().into_iter().map(|(_, n)| n).collect();
     ioctls.extend([PAGEMAP_SCAN, libc::FIONREAD, libc::FIONBIO, libc::FIOCLEX]);
-    m.insert(libc::SYS_ioctl, ioctls.into_iter().map(|n| SeccompRule::new(vec![eq32(1, n)?])).collect::<Result<_, _>>()?);
+    m.insert(
+        libc::SYS_ioctl,
+        ioctls.into_iter().map(|n| SeccompRule::new(vec![eq32(1, n)?])).collect::<Result<_, _>>()?,
+    );
     // fcntl: descriptor flags, status flags, record locks (SQLite), dup with CLOEXEC.
     let fcntls = [
         libc::F_GETFD,
@@ -258,10 +261,16 @@ fn rules() -> Result<BTreeMap<i64, Vec<SeccompRule>>, seccompiler::BackendError>
         libc::F_GET_SEALS,
         libc::F_ADD_SEALS,
     ];
-    m.insert(libc::SYS_fcntl, fcntls.iter().map(|&c| SeccompRule::new(vec![eq32(1, c as u64)?])).collect::<Result<_, _>>()?);
+    m.insert(
+        libc::SYS_fcntl,
+        fcntls.iter().map(|&c| SeccompRule::new(vec![eq32(1, c as u64)?])).collect::<Result<_, _>>()?,
+    );
     // socket: only the families the VMM serves on the host (AF_UNIX: see `unix_sockets_eacces`).
     let families = [libc::AF_INET, libc::AF_INET6, libc::AF_NETLINK, libc::AF_UNIX];
-    m.insert(libc::SYS_socket, families.iter().map(|&f| SeccompRule::new(vec![eq32(0, f as u64)?])).collect::<Result<_, _>>()?);
+    m.insert(
+        libc::SYS_socket,
+        families.iter().map(|&f| SeccompRule::new(vec![eq32(0, f as u64)?])).collect::<Result<_, _>>()?,
+    );
     // socketpair: AF_UNIX only (anonymous pairs, named by nothing on the host): the ends of
     // connections inside the sandbox and listeners' readiness (see forkbox_linux::net).
     m.insert(libc::SYS_socketpair, vec![SeccompRule::new(vec![eq32(0, libc::AF_UNIX as u64)?])?]);
@@ -277,7 +286,10 @@ fn rules() -> Result<BTreeMap<i64, Vec<SeccompRule>>, seccompiler::BackendError>
     // prctl: thread names, and PR_SET_NO_NEW_PRIVS + seccomp(SECCOMP_SET_MODE_FILTER)
     // for a thread that adds a filter of its own (both can only restrict).
     let prctls = [libc::PR_SET_NAME, libc::PR_GET_NAME, libc::PR_SET_NO_NEW_PRIVS];
-    m.insert(libc::SYS_prctl, prctls.iter().map(|&c| SeccompRule::new(vec![eq32(0, c as u64)?])).collect::<Result<_, _>>()?);
+    m.insert(
+        libc::SYS_prctl,
+        prctls.iter().map(|&c| SeccompRule::new(vec![eq32(0, c as u64)?])).collect::<Result<_, _>>()?,
+    );
     m.insert(libc::SYS_seccomp, vec![SeccompRule::new(vec![eq32(0, libc::SECCOMP_SET_MODE_FILTER as u64)?])?]);
     Ok(m)
 }

@@ -15,8 +15,8 @@ mod fsstore;
 pub mod interrupt;
 pub mod jail;
 pub mod limits;
-pub mod protocol;
 pub mod pool;
+pub mod protocol;
 pub mod sandbox;
 mod signal;
 pub mod template;
@@ -29,16 +29,18 @@ use forkbox_image::{ExtraFile, Image, ImageSpec};
 use forkbox_linux::vfs::Vfs;
 use forkbox_vmm::Cpu;
 
+pub use catalog::{Catalog, CatalogError, Loaded, DEFAULT_TEMPLATE};
 pub use error::EngineError;
-pub use forkbox_linux::net::{GlobalNetStats, GLOBAL as NET_GLOBAL, Mode as NetMode, NetConfig, NetStats, Policy as NetPolicy, Rule as NetRule};
+pub use files::{FileEntry, OutputFile};
+pub use forkbox_linux::net::{
+    GlobalNetStats, Mode as NetMode, NetConfig, NetStats, Policy as NetPolicy, Rule as NetRule, GLOBAL as NET_GLOBAL,
+};
+pub use forkbox_vmm::thread_cpu_seconds;
+pub use interrupt::Interrupter;
 pub use limits::Limits;
 pub use protocol::{MimeBundle, PyError};
-pub use files::{FileEntry, OutputFile};
-pub use interrupt::Interrupter;
 pub use sandbox::{CapturedOutput, ExecOptions, ExecResult, RunStats, Sandbox, Stream};
-pub use catalog::{Catalog, CatalogError, Loaded, DEFAULT_TEMPLATE};
 pub use template::{CheckpointStats, Template, TemplateInfo};
-pub use forkbox_vmm::thread_cpu_seconds;
 
 /// The agent program, baked into every image.
 pub const AGENT_SOURCE: &[u8] = include_bytes!("../../../guest/agent/agent.py");
@@ -51,9 +53,17 @@ pub fn default_image_spec() -> ImageSpec {
 /// Add the agent to an image spec (every forkbox image needs it), and the
 /// resolver configuration that points the guest at the VMM's resolver.
 pub fn with_agent(mut spec: ImageSpec) -> ImageSpec {
-    spec.extra_files.push(ExtraFile { guest_path: sandbox::AGENT_PATH.into(), data: AGENT_SOURCE.to_vec(), perm: 0o644 });
+    spec.extra_files.push(ExtraFile {
+        guest_path: sandbox::AGENT_PATH.into(),
+        data: AGENT_SOURCE.to_vec(),
+        perm: 0o644,
+    });
     use forkbox_linux::net;
-    for (path, data) in [("/etc/resolv.conf", net::RESOLV_CONF), ("/etc/hosts", net::ETC_HOSTS), ("/etc/nsswitch.conf", net::NSSWITCH_CONF)] {
+    for (path, data) in [
+        ("/etc/resolv.conf", net::RESOLV_CONF),
+        ("/etc/hosts", net::ETC_HOSTS),
+        ("/etc/nsswitch.conf", net::NSSWITCH_CONF),
+    ] {
         if !spec.extra_files.iter().any(|f| f.guest_path == path) {
             spec.extra_files.push(ExtraFile { guest_path: path.into(), data: data.to_vec(), perm: 0o644 });
         }

@@ -82,7 +82,13 @@ pub struct VmPool {
 
 impl VmPool {
     /// A pool that keeps up to `depth` fresh VMs ready (0: create on demand only).
-    pub fn new(cpu: Arc<Cpu>, file: &File, original: MemoryView, vcpu: VcpuState, depth: usize) -> Result<Arc<VmPool>, VmmError> {
+    pub fn new(
+        cpu: Arc<Cpu>,
+        file: &File,
+        original: MemoryView,
+        vcpu: VcpuState,
+        depth: usize,
+    ) -> Result<Arc<VmPool>, VmmError> {
         let dup = |f: &File| f.try_clone().map_err(|source| VmmError::Sys { call: "dup(memory file)", source });
         let size = original.as_slice().len() as u64;
         let keep = forkbox_vmm::arch::paging::mapped_pages(original.as_slice());
@@ -102,9 +108,8 @@ impl VmPool {
         if depth > 0 {
             let (tx, rx) = sync_channel(depth);
             let file = dup(file)?;
-            let spawned = std::thread::Builder::new()
-                .name("forkbox-vm-pool".into())
-                .spawn(move || fill(cpu, file, size, tx));
+            let spawned =
+                std::thread::Builder::new().name("forkbox-vm-pool".into()).spawn(move || fill(cpu, file, size, tx));
             if spawned.is_ok() {
                 if let Ok(mut r) = pool.ready.lock() {
                     *r = Some(rx);

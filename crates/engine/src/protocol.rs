@@ -105,7 +105,10 @@ pub fn check_bundle(raw: serde_json::Map<String, serde_json::Value>, total: &mut
             _ => continue,
         };
         if size > DISPLAY_ITEM_MAX || total.saturating_add(size) > DISPLAY_TOTAL_MAX {
-            out.insert("text/plain".into(), format!("[forkbox: {mime} of {size} bytes dropped, over the display cap]").into());
+            out.insert(
+                "text/plain".into(),
+                format!("[forkbox: {mime} of {size} bytes dropped, over the display cap]").into(),
+            );
             continue;
         }
         *total += size;

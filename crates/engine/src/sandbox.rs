@@ -33,15 +33,15 @@
 
 use std::time::{Duration, Instant};
 
-pub use forkbox_linux::io::Stream;
 use forkbox_linux::io::Io;
+pub use forkbox_linux::io::Stream;
 use forkbox_linux::layout::RAM_SIZE;
 use forkbox_linux::loader;
 use forkbox_linux::syscalls::{self, Ctx, Effect};
-use forkbox_linux::wait;
-use forkbox_linux::Process;
 use forkbox_linux::thread::{SavedCpu, SigInfo, Wait, WaitKind, MAIN_TID, SI_KERNEL};
+use forkbox_linux::wait;
 use forkbox_linux::Errno;
+use forkbox_linux::Process;
 use forkbox_vmm::{kvm_regs, kvm_xsave, GuestMemory, Regs, Vm, VmExit, Xsave};
 use serde::Serialize;
 
@@ -400,11 +400,7 @@ impl Sandbox {
         let s = &self.io.stats;
         RunStats {
             syscalls: s.total,
-            unimplemented: s
-                .unimplemented
-                .iter()
-                .map(|(nr, n)| (syscalls::name(*nr).to_string(), *nr, *n))
-                .collect(),
+            unimplemented: s.unimplemented.iter().map(|(nr, n)| (syscalls::name(*nr).to_string(), *nr, *n)).collect(),
             unsupported: syscalls::unsupported_calls(&s.by_nr),
         }
     }
@@ -462,7 +458,14 @@ impl Sandbox {
         self.outputs.refresh(&self.proc.vfs);
         let stream = on_output.is_some();
         let exec_id = self.exec_id.take();
-        let req = ExecRequest { op: "exec", code, value_limit: self.limits.output_bytes, reseed: self.reseed_pending, stream, exec_id };
+        let req = ExecRequest {
+            op: "exec",
+            code,
+            value_limit: self.limits.output_bytes,
+            reseed: self.reseed_pending,
+            stream,
+            exec_id,
+        };
         self.reseed_pending = false;
         self.io.send_to_agent(protocol::frame(&req));
         self.io.agent_out.clear();
@@ -563,7 +566,10 @@ impl Sandbox {
     pub fn write_file(&mut self, path: &str, data: &[u8]) -> Result<(), EngineError> {
         let p = self.guest_path(path)?;
         if path.ends_with('/') {
-            return Err(EngineError::File { code: forkbox_api::ErrorCode::IsADirectory, message: format!("{path}: a file name cannot end with '/'") });
+            return Err(EngineError::File {
+                code: forkbox_api::ErrorCode::IsADirectory,
+                message: format!("{path}: a file name cannot end with '/'"),
+            });
         }
         files::write_file(&mut self.proc.vfs, &p, data)
     }
@@ -581,7 +587,12 @@ impl Sandbox {
     }
 
     /// Run the guest until the agent parks. `resume`: the parked read to re-issue first.
-    fn run(&mut self, resume: Option<kvm_regs>, deadline: Instant, sink: &mut Option<OutputSink<'_>>) -> Result<Stop, EngineError> {
+    fn run(
+        &mut self,
+        resume: Option<kvm_regs>,
+        deadline: Instant,
+        sink: &mut Option<OutputSink<'_>>,
+    ) -> Result<Stop, EngineError> {
         self.io.deadline = Some(deadline);
         self.sig.reset();
         self.resched = false;
@@ -592,7 +603,12 @@ impl Sandbox {
         r
     }
 
-    fn run_threads(&mut self, resume: Option<kvm_regs>, deadline: Instant, sink: &mut Option<OutputSink<'_>>) -> Result<Stop, EngineError> {
+    fn run_threads(
+        &mut self,
+        resume: Option<kvm_regs>,
+        deadline: Instant,
+        sink: &mut Option<OutputSink<'_>>,
+    ) -> Result<Stop, EngineError> {
         let latch = self.io.interrupt.clone();
         if let Some(regs) = resume {
             let stop = self.syscall(regs)?;
@@ -876,7 +892,14 @@ impl Sandbox {
             child.tid_address = addr;
         }
         crate::vdso::refresh(&mut vm, self.vdso)?;
-        self.others.push(Task { vm: Some(vm), proc: child, pending_user: None, in_stub: true, woken: None, wait_on: Default::default() });
+        self.others.push(Task {
+            vm: Some(vm),
+            proc: child,
+            pending_user: None,
+            in_stub: true,
+            woken: None,
+            wait_on: Default::default(),
+        });
         self.apply_memory_limit();
         Ok(())
     }
@@ -949,7 +972,6 @@ impl Sandbox {
         EngineError::GuestCrashed(format!("{why}; stderr: {}", String::from_utf8_lossy(tail).trim_end()))
     }
 
-
     /// The exec's deadline, or the grace period after an interrupt, has passed: end it.
     fn check_deadline(&self, deadline: Instant) -> Result<(), EngineError> {
         let now = Instant::now();
@@ -998,7 +1020,9 @@ impl Sandbox {
         // Processes share the vCPU thread by time slices; an interrupt goes to the agent's.
         // A slice ends by time whether or not the vCPU ran into its deadline: a
         // thread making syscalls all the time (a poll loop) never does.
-        if !self.others.is_empty() && (self.sig.want && self.proc.pid != GUEST_PID || self.slice_start.elapsed() >= SLICE) {
+        if !self.others.is_empty()
+            && (self.sig.want && self.proc.pid != GUEST_PID || self.slice_start.elapsed() >= SLICE)
+        {
             if self.sig.want {
                 self.make_main_current();
             } else {
@@ -1337,7 +1361,12 @@ impl Sandbox {
     }
 
     /// Run one syscall handler on the guest's state.
-    fn dispatch(&mut self, nr: u64, args: &syscalls::Args, timed_out: bool) -> (forkbox_linux::SysResult, Option<Effect>) {
+    fn dispatch(
+        &mut self,
+        nr: u64,
+        args: &syscalls::Args,
+        timed_out: bool,
+    ) -> (forkbox_linux::SysResult, Option<Effect>) {
         let vm = self.vm.as_mut().expect("sandbox VM present until drop");
         let mut ctx = Ctx { mem: vm.mem_mut(), proc: &mut self.proc, io: &mut self.io, effect: None, timed_out };
         let result = syscalls::dispatch(&mut ctx, nr, args);
@@ -1345,7 +1374,12 @@ impl Sandbox {
     }
 
     /// Re-run a blocked call's handler.
-    fn dispatch_again(&mut self, nr: u64, args: &syscalls::Args, timed_out: bool) -> (forkbox_linux::SysResult, Option<Effect>) {
+    fn dispatch_again(
+        &mut self,
+        nr: u64,
+        args: &syscalls::Args,
+        timed_out: bool,
+    ) -> (forkbox_linux::SysResult, Option<Effect>) {
         let vm = self.vm.as_mut().expect("sandbox VM present until drop");
         let mut ctx = Ctx { mem: vm.mem_mut(), proc: &mut self.proc, io: &mut self.io, effect: None, timed_out };
         let result = syscalls::redispatch(&mut ctx, nr, args);
@@ -1369,7 +1403,9 @@ impl Sandbox {
                     ret = Errno::EAGAIN.to_rax();
                 } else if !self.proc.threads.current().frames.is_empty() {
                     // Never snapshot a guest in the middle of a signal delivery.
-                    return Err(EngineError::GuestCrashed("the agent waited for a request inside a signal handler".into()));
+                    return Err(EngineError::GuestCrashed(
+                        "the agent waited for a request inside a signal handler".into(),
+                    ));
                 } else {
                     return Ok(Some(Stop::Parked(regs)));
                 }
@@ -1470,9 +1506,17 @@ const PROCESS_POLL: Duration = Duration::from_millis(2);
 /// waits with timeouts and the calls that always return EINTR.
 fn restartable(nr: u64, regs: &kvm_regs) -> bool {
     match nr as i64 {
-        libc::SYS_poll | libc::SYS_select | libc::SYS_pselect6 | libc::SYS_ppoll | libc::SYS_epoll_wait
-        | libc::SYS_epoll_pwait | libc::SYS_nanosleep | libc::SYS_clock_nanosleep | libc::SYS_pause
-        | libc::SYS_rt_sigsuspend | libc::SYS_rt_sigtimedwait => false,
+        libc::SYS_poll
+        | libc::SYS_select
+        | libc::SYS_pselect6
+        | libc::SYS_ppoll
+        | libc::SYS_epoll_wait
+        | libc::SYS_epoll_pwait
+        | libc::SYS_nanosleep
+        | libc::SYS_clock_nanosleep
+        | libc::SYS_pause
+        | libc::SYS_rt_sigsuspend
+        | libc::SYS_rt_sigtimedwait => false,
         libc::SYS_futex => regs.r10 == 0,
         _ => true,
     }

@@ -71,7 +71,12 @@ impl SignalState {
 /// enter it (return with `Vm::enter_user`). A fault the guest cannot take —
 /// default or ignored action (Linux then kills), blocked, nested too deep, no
 /// room for the frame — is a crash, reported with its address.
-pub fn deliver_fault(vm: &mut Vm, proc: &mut Process, st: &mut SignalState, f: &GuestFault) -> Result<kvm_regs, EngineError> {
+pub fn deliver_fault(
+    vm: &mut Vm,
+    proc: &mut Process,
+    st: &mut SignalState,
+    f: &GuestFault,
+) -> Result<kvm_regs, EngineError> {
     let crashed = |why: &str| EngineError::GuestCrashed(format!("{}{why}", crash_report(f)));
     let Some((info, fault)) = fault_signal(f).filter(|_| f.user_mode) else { return Err(crashed("")) };
     let sig = info.signo as usize;

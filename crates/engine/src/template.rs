@@ -10,7 +10,8 @@ use forkbox_linux::layout::RAM_SIZE;
 use forkbox_linux::Process;
 use forkbox_snapshot::layer::{apply_layers, pages_of, Layer, LayerPlan, LayerStats};
 use forkbox_snapshot::{
-    encode, read_state, write_encoded, write_memory, write_state, CpuFingerprint, MemoryFile, Snapshot, StateError, FORMAT_VERSION,
+    encode, read_state, write_encoded, write_memory, write_state, CpuFingerprint, MemoryFile, Snapshot, StateError,
+    FORMAT_VERSION,
 };
 use forkbox_vmm::{GuestMemory, VcpuState, Vm};
 use serde::{Deserialize, Serialize};
@@ -61,7 +62,14 @@ pub fn template_id(image_id: &str, preload: &str, cpu_digest: &str) -> String {
     let mut h = Sha256::new();
     let version = FORMAT_VERSION.to_le_bytes();
     let layout = forkbox_vmm::layout::LAYOUT_VERSION.to_le_bytes();
-    for part in [image_id.as_bytes(), preload.as_bytes(), &version, &layout, env!("CARGO_PKG_VERSION").as_bytes(), cpu_digest.as_bytes()] {
+    for part in [
+        image_id.as_bytes(),
+        preload.as_bytes(),
+        &version,
+        &layout,
+        env!("CARGO_PKG_VERSION").as_bytes(),
+        cpu_digest.as_bytes(),
+    ] {
         h.update((part.len() as u64).to_le_bytes());
         h.update(part);
     }
@@ -123,7 +131,14 @@ impl Template {
     /// included in the state. Self-contained: nothing refers to the session's
     /// layers or packs, so deleting the session leaves it working. `preload`
     /// says where it came from (it is not run again).
-    pub fn snapshot_sandbox(&self, engine: &Engine, sb: &Sandbox, dir: &Path, id: &str, preload: &str) -> Result<Template, EngineError> {
+    pub fn snapshot_sandbox(
+        &self,
+        engine: &Engine,
+        sb: &Sandbox,
+        dir: &Path,
+        id: &str,
+        preload: &str,
+    ) -> Result<Template, EngineError> {
         let t0 = Instant::now();
         let (vm, proc) = sb.parked_parts()?;
         std::fs::create_dir_all(dir).map_err(|e| io_err("create", dir, e))?;
@@ -134,7 +149,9 @@ impl Template {
                 image_id: engine.image.id().to_string(),
                 preload: preload.to_string(),
                 agent: self.info.agent.clone(),
-                created_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+                created_unix: std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs()),
                 boot_ms: t0.elapsed().as_secs_f64() * 1000.0,
                 memory_pages: memory.pages,
             };
@@ -175,8 +192,8 @@ impl Template {
         if snapshot.memory.size != RAM_SIZE {
             return Err(StateError::Corrupt(format!("memory size {} != {RAM_SIZE}", snapshot.memory.size)).into());
         }
-        let info: TemplateInfo = serde_json::from_str(&snapshot.info)
-            .map_err(|e| StateError::Corrupt(format!("template info: {e}")))?;
+        let info: TemplateInfo =
+            serde_json::from_str(&snapshot.info).map_err(|e| StateError::Corrupt(format!("template info: {e}")))?;
         let memory = MemoryFile::open(&dir.join("memory"), &snapshot.memory)?;
         let Snapshot { process, vcpu, .. } = snapshot;
         let vcpu = VcpuState::from_record(&vcpu).map_err(|e| StateError::Corrupt(format!("vCPU state: {e}")))?;
@@ -192,7 +209,16 @@ impl Template {
         if !reset {
             vm.restore_vcpu(self.pool.vcpu())?;
         }
-        Sandbox::resumed(engine, vm, self.process.clone(), limits, engine.vdso.is_some(), self.info.agent.clone(), Some(self.pool.clone()), true)
+        Sandbox::resumed(
+            engine,
+            vm,
+            self.process.clone(),
+            limits,
+            engine.vdso.is_some(),
+            self.info.agent.clone(),
+            Some(self.pool.clone()),
+            true,
+        )
     }
 
     /// A VM on the template's memory that records what changes (for checkpoints).
@@ -206,7 +232,16 @@ impl Template {
     pub fn fork_tracked(&self, engine: &Engine, limits: Limits) -> Result<Sandbox, EngineError> {
         let vm = self.tracked_vm(engine)?;
         vm.restore_vcpu(self.pool.vcpu())?;
-        Sandbox::resumed(engine, vm, self.process.clone(), limits, engine.vdso.is_some(), self.info.agent.clone(), None, true)
+        Sandbox::resumed(
+            engine,
+            vm,
+            self.process.clone(),
+            limits,
+            engine.vdso.is_some(),
+            self.info.agent.clone(),
+            None,
+            true,
+        )
     }
 
     /// Write a checkpoint of a parked, tracked sandbox: the pages changed since
@@ -286,7 +321,13 @@ impl Template {
     /// alternative explored and dropped, an inspection): on a pooled, warm VM
     /// without dirty tracking that goes back to the pool when the sandbox ends
     /// (a tracked VM is made new each time, several ms). Always reseeded.
-    pub fn resume_throwaway(&self, engine: &Engine, layers: &[Layer], state: &Path, limits: Limits) -> Result<Sandbox, EngineError> {
+    pub fn resume_throwaway(
+        &self,
+        engine: &Engine,
+        layers: &[Layer],
+        state: &Path,
+        limits: Limits,
+    ) -> Result<Sandbox, EngineError> {
         self.resume_on(engine, layers, state, limits, true, true)
     }
 
@@ -313,10 +354,14 @@ impl Template {
         }
         let vcpu = VcpuState::from_record(&snapshot.vcpu)
             .map_err(|e| StateError::Corrupt(format!("{shown}: vCPU state: {e}")))?;
-        if snapshot.image_id != engine.image.id() || snapshot.info != self.info.id || snapshot.memory != self.memory.stats {
+        if snapshot.image_id != engine.image.id()
+            || snapshot.info != self.info.id
+            || snapshot.memory != self.memory.stats
+        {
             return Err(StateError::Corrupt(format!("checkpoint {shown} is not from template {}", self.info.id)).into());
         }
-        let (mut vm, pool) = if pooled { (self.pool.take()?.0, Some(self.pool.clone())) } else { (self.tracked_vm(engine)?, None) };
+        let (mut vm, pool) =
+            if pooled { (self.pool.take()?.0, Some(self.pool.clone())) } else { (self.tracked_vm(engine)?, None) };
         let t_vm = t0.elapsed();
         let pages = apply_layers(vm.mem_mut(), self.pool.original(), layers)?;
         let t_pages = t0.elapsed();
@@ -329,7 +374,16 @@ impl Template {
         // say exactly what it says (only differences are written).
         process.mm.sync_all_page_tables(vm.mem_mut())?;
         tracing::debug!(?t_state, ?t_vm, ?t_pages, total = ?t0.elapsed(), pages, "resumed a checkpoint");
-        let mut sb = Sandbox::resumed(engine, vm, process, limits, engine.vdso.is_some(), self.info.agent.clone(), pool, reseed)?;
+        let mut sb = Sandbox::resumed(
+            engine,
+            vm,
+            process,
+            limits,
+            engine.vdso.is_some(),
+            self.info.agent.clone(),
+            pool,
+            reseed,
+        )?;
         sb.stored = stored;
         Ok(sb)
     }
@@ -430,7 +484,9 @@ impl Engine {
         });
         results
             .into_iter()
-            .map(|m| m.into_inner().ok().flatten().unwrap_or_else(|| Err(EngineError::Protocol("batch worker lost".into()))))
+            .map(|m| {
+                m.into_inner().ok().flatten().unwrap_or_else(|| Err(EngineError::Protocol("batch worker lost".into())))
+            })
             .collect()
     }
 }
@@ -450,7 +506,8 @@ mod tests {
             let path = format!("{}/../snapshot/tests/golden/template-state-v{v}.bin", env!("CARGO_MANIFEST_DIR"));
             let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
             let snap = forkbox_snapshot::state::decode(&bytes).unwrap_or_else(|e| panic!("{path}: {e}"));
-            let info: TemplateInfo = serde_json::from_str(&snap.info).unwrap_or_else(|e| panic!("{path}: template info: {e}"));
+            let info: TemplateInfo =
+                serde_json::from_str(&snap.info).unwrap_or_else(|e| panic!("{path}: template info: {e}"));
             assert_eq!(info.image_id, snap.image_id);
             assert_eq!(info.memory_pages, snap.memory.pages);
             if *v == FORMAT_VERSION {

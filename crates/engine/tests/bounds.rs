@@ -73,4 +73,3 @@ fn agent_channel_writes_past_the_frame_cap_are_a_protocol_error_without_bufferin
     assert!(!sb.is_usable());
     assert_eq!(ok(&mut fork(), "1 + 1").value.as_deref(), Some("2"));
 }
-

@@ -28,7 +28,10 @@ fn a_class_the_user_defines_pickles_and_copies_by_reference() {
     // Across execs: the class lives in the user's __main__, where pickle looks it up.
     let r = ok(&mut sb, "b = pickle.loads(pickle.dumps(A(21)))\n(type(b) is A, b.twice(), A.__module__)");
     assert_eq!(r.value.as_deref(), Some("(True, 42, '__main__')"), "{r:?}");
-    let r = ok(&mut sb, "c = copy.deepcopy(A([1, 2]))\n(type(c) is A, c.x, pickle.loads(pickle.dumps(A.twice)) is A.twice)");
+    let r = ok(
+        &mut sb,
+        "c = copy.deepcopy(A([1, 2]))\n(type(c) is A, c.x, pickle.loads(pickle.dumps(A.twice)) is A.twice)",
+    );
     assert_eq!(r.value.as_deref(), Some("(True, [1, 2], True)"), "{r:?}");
     // A function by reference, and an instance of a class defined in the same exec.
     let r = ok(&mut sb, "def f(v):\n    return v + 1\nclass B:\n    pass\n(pickle.loads(pickle.dumps(f))(1), type(pickle.loads(pickle.dumps(B()))).__name__)");
@@ -64,7 +67,8 @@ fn import_main_is_the_users_module_not_the_agent() {
     );
     assert_eq!(r.value.as_deref(), Some("([], [])"), "{r:?}");
     // `globals()` is the module's namespace, so names defined at top level are module attributes.
-    let r = ok(&mut sb, "def g():\n    return 1\n(globals() is vars(__import__('__main__')), __import__('__main__').g())");
+    let r =
+        ok(&mut sb, "def g():\n    return 1\n(globals() is vars(__import__('__main__')), __import__('__main__').g())");
     assert_eq!(r.value.as_deref(), Some("(True, 1)"), "{r:?}");
 }
 
@@ -82,7 +86,9 @@ fn streamed_output_arrives_in_order_as_it_is_written_and_equals_the_capture() {
     let t0 = Instant::now();
     let mut chunks: Vec<(Duration, Stream, Vec<u8>)> = Vec::new();
     let mut sink = |s: Stream, d: &[u8]| chunks.push((t0.elapsed(), s, d.to_vec()));
-    let r = sb.exec_with(code, ExecOptions { on_output: Some(&mut sink), interrupt: None, timeout: None }).expect("streamed exec");
+    let r = sb
+        .exec_with(code, ExecOptions { on_output: Some(&mut sink), interrupt: None, timeout: None })
+        .expect("streamed exec");
     let done = t0.elapsed();
     assert!(r.error.is_none(), "{:?}", r.error);
     assert_eq!(r.stdout, "line 0\nline 1\nline 2\nline 3\ntail without newline");
@@ -107,7 +113,10 @@ fn a_streamed_exec_restores_block_buffering_for_the_next_one() {
     let mut n = 0;
     let mut sink = |_: Stream, _: &[u8]| n += 1;
     let r = sb
-        .exec_with("import sys; sys.stdout.line_buffering", ExecOptions { on_output: Some(&mut sink), interrupt: None, timeout: None })
+        .exec_with(
+            "import sys; sys.stdout.line_buffering",
+            ExecOptions { on_output: Some(&mut sink), interrupt: None, timeout: None },
+        )
         .unwrap();
     assert_eq!(r.value.as_deref(), Some("True"));
     let r = ok(&mut sb, "sys.stdout.line_buffering");
@@ -123,7 +132,12 @@ fn streamed_output_stops_at_the_output_limit_with_a_marker() {
     let mut sb = fork_with(Limits { output_bytes: 100, ..Limits::default() });
     let mut streamed = Vec::new();
     let mut sink = |_: Stream, d: &[u8]| streamed.extend_from_slice(d);
-    let r = sb.exec_with("for i in range(100): print('x' * 9)", ExecOptions { on_output: Some(&mut sink), interrupt: None, timeout: None }).unwrap();
+    let r = sb
+        .exec_with(
+            "for i in range(100): print('x' * 9)",
+            ExecOptions { on_output: Some(&mut sink), interrupt: None, timeout: None },
+        )
+        .unwrap();
     let marker = forkbox_linux::io::STREAM_TRUNCATED;
     assert_eq!(streamed.len(), 100 + marker.len(), "{}", String::from_utf8_lossy(&streamed));
     assert_eq!(&streamed[..100], "xxxxxxxxx\n".repeat(10).as_bytes());
@@ -137,7 +151,8 @@ fn a_forged_reply_from_user_code_is_cut_to_the_limits() {
     // User code can write its own reply frame to fd 3 and then hang in the agent's read:
     // the host still cuts the value to the output limit.
     let mut sb = fork_with(Limits { output_bytes: 1000, ..Limits::default() });
-    let code = "import os, json\nbody = json.dumps({'value': 'v' * 50000, 'error': None, 'runtime_ms': 1.0}).encode()\n\
+    let code =
+        "import os, json\nbody = json.dumps({'value': 'v' * 50000, 'error': None, 'runtime_ms': 1.0}).encode()\n\
                 os.write(3, len(body).to_bytes(4, 'little') + body)\nos.read(3, 4)";
     match sb.exec(code) {
         Ok(r) => {
@@ -263,7 +278,8 @@ fn files_an_exec_writes_under_output_come_back_once() {
 #[test]
 fn large_outputs_come_back_without_their_bytes() {
     let mut sb = fork();
-    let r = ok(&mut sb, "open('/output/big.bin','wb').write(b'x' * (5 << 20))\nopen('/output/small.json','w').write('{}')");
+    let r =
+        ok(&mut sb, "open('/output/big.bin','wb').write(b'x' * (5 << 20))\nopen('/output/small.json','w').write('{}')");
     let got: Vec<(&str, u64, bool)> = r.outputs.iter().map(|o| (o.path.as_str(), o.size, o.data.is_some())).collect();
     assert_eq!(got, [("/output/big.bin", 5 << 20, false), ("/output/small.json", 2, true)]);
 }
@@ -273,7 +289,11 @@ fn large_outputs_come_back_without_their_bytes() {
 // ---------------------------------------------------------------------------
 
 /// Run `code` with an interrupter fired `after` from another thread.
-fn exec_interrupted(sb: &mut Sandbox, code: &str, after: Duration) -> (Result<ExecResult, EngineError>, bool, Duration) {
+fn exec_interrupted(
+    sb: &mut Sandbox,
+    code: &str,
+    after: Duration,
+) -> (Result<ExecResult, EngineError>, bool, Duration) {
     let intr = Interrupter::new();
     let fired = Mutex::new(None);
     let r = std::thread::scope(|s| {
@@ -433,7 +453,8 @@ fn many_interrupts_into_a_computation_leave_its_result_exact() {
                 ready.store(true, std::sync::atomic::Ordering::SeqCst);
             }
         };
-        let r = sb.exec_with(code, ExecOptions { on_output: Some(&mut sink), interrupt: Some(intr.clone()), timeout: None });
+        let r = sb
+            .exec_with(code, ExecOptions { on_output: Some(&mut sink), interrupt: Some(intr.clone()), timeout: None });
         ready.store(true, std::sync::atomic::Ordering::SeqCst);
         r
     });
@@ -460,7 +481,9 @@ fn an_armed_interrupter_keeps_an_interrupt_for_the_exec_about_to_start() {
     i.arm();
     assert!(i.interrupt(), "armed: an exec is about to start");
     let t0 = Instant::now();
-    let r = sb.exec_with("while True: n += 1", ExecOptions { on_output: None, interrupt: Some(i.clone()), timeout: None }).unwrap();
+    let r = sb
+        .exec_with("while True: n += 1", ExecOptions { on_output: None, interrupt: Some(i.clone()), timeout: None })
+        .unwrap();
     assert_eq!(r.error.map(|e| e.kind).as_deref(), Some("KeyboardInterrupt"));
     assert!(t0.elapsed() < Duration::from_secs(1));
     assert_eq!(ok(&mut sb, "n").value.as_deref(), Some("7"), "interrupted before any user code ran");
@@ -516,7 +539,8 @@ seen
                 ready.store(true, std::sync::atomic::Ordering::SeqCst);
             }
         };
-        let r = sb.exec_with(code, ExecOptions { on_output: Some(&mut sink), interrupt: Some(i.clone()), timeout: None });
+        let r =
+            sb.exec_with(code, ExecOptions { on_output: Some(&mut sink), interrupt: Some(i.clone()), timeout: None });
         ready.store(true, std::sync::atomic::Ordering::SeqCst);
         r
     });
@@ -568,7 +592,8 @@ fn hard_links_and_names_are_charged_to_the_disk_quota() {
 fn an_exec_s_own_time_limit_and_the_output_of_a_failed_exec() {
     // The exec's limit replaces the sandbox's (30 s) for that exec only.
     let mut sb = fork();
-    let code = "import sys\nprint('so far', flush=True)\nsys.stderr.write('err\\n'); sys.stderr.flush()\nwhile True: pass";
+    let code =
+        "import sys\nprint('so far', flush=True)\nsys.stderr.write('err\\n'); sys.stderr.flush()\nwhile True: pass";
     let t0 = Instant::now();
     let opts = ExecOptions { timeout: Some(Duration::from_millis(700)), ..Default::default() };
     match sb.exec_with(code, opts) {
@@ -585,11 +610,21 @@ fn an_exec_s_own_time_limit_and_the_output_of_a_failed_exec() {
 
     // A crash and an exit keep what was written, cut to the output limit like a result's.
     let mut sb = fork_with(Limits { output_bytes: 4096, ..Limits::default() });
-    assert!(matches!(sb.exec("print('x' * 10000, flush=True)\nimport os\nos._exit(3)"), Err(EngineError::GuestExited(3))));
+    assert!(matches!(
+        sb.exec("print('x' * 10000, flush=True)\nimport os\nos._exit(3)"),
+        Err(EngineError::GuestExited(3))
+    ));
     let out = sb.take_failed_output().expect("output");
-    assert!(out.stdout.starts_with("xxxx") && out.stdout.contains("output truncated") && out.stdout.len() < 4096 + 100, "{}", out.stdout.len());
+    assert!(
+        out.stdout.starts_with("xxxx") && out.stdout.contains("output truncated") && out.stdout.len() < 4096 + 100,
+        "{}",
+        out.stdout.len()
+    );
     let mut sb = fork();
-    assert!(matches!(sb.exec("import ctypes\nprint('pre', flush=True)\nctypes.string_at(0)"), Err(EngineError::GuestCrashed(_))));
+    assert!(matches!(
+        sb.exec("import ctypes\nprint('pre', flush=True)\nctypes.string_at(0)"),
+        Err(EngineError::GuestCrashed(_))
+    ));
     assert_eq!(sb.take_failed_output().map(|o| o.stdout), Some("pre\n".into()));
     // A successful exec leaves none.
     let mut sb = fork();

@@ -90,7 +90,8 @@ fn top_level_await_across_execs() {
     assert_eq!(value(&mut sb, "await bg"), "4");
     assert_eq!(value(&mut sb, "results"), "[0, 1, 2, 0, 1, 2, 3]");
     // async for / async with at top level, and a trailing awaited expression.
-    let code = "class Ctx:\n    async def __aenter__(self): return 'in'\n    async def __aexit__(self, *a): return False\n\
+    let code =
+        "class Ctx:\n    async def __aenter__(self): return 'in'\n    async def __aexit__(self, *a): return False\n\
                 async def agen():\n    for i in range(3):\n        yield i\n\
                 async with Ctx() as c:\n    got = [i async for i in agen()]\n(await asyncio.sleep(0, result=c), got)";
     assert_eq!(value(&mut sb, code), "('in', [0, 1, 2])");
@@ -132,10 +133,7 @@ sel.modify(b, selectors.EVENT_READ, 'b')
 eof_ready = [k.data for k, ev in sel.select(timeout=1)]
 (type(sel).__name__, first, ready, msg, again, writable, eof_ready, b.recv(10))
 "#;
-    assert_eq!(
-        value(&mut sb, code),
-        "('EpollSelector', [], [('b', 1)], b'ping', 'EAGAIN', ['bw'], ['b'], b'')"
-    );
+    assert_eq!(value(&mut sb, code), "('EpollSelector', [], [('b', 1)], b'ping', 'EAGAIN', ['bw'], ['b'], b'')");
     // select.select and poll over the same kinds of fds.
     let code = r#"
 import select, socket, os

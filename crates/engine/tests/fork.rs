@@ -22,8 +22,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use forkbox_engine::{Engine, EngineError, ExecResult, Limits, Sandbox, Template, TemplateInfo};
 use forkbox_snapshot::{read_state, state, write_state, MemoryStats, Snapshot, FORMAT_VERSION, MAGIC};
-use sha2::{Digest, Sha256};
 use forkbox_testkit::guest::ok;
+use sha2::{Digest, Sha256};
 
 // ---------------------------------------------------------------------------
 // Harness
@@ -399,10 +399,8 @@ fn recycled_forks_see_nothing_of_their_predecessor() {
     // The raw address is not used by the template: zeros in the file and in a fresh fork.
     let file_raw = template_bytes(RAW_ADDR, RAW_LEN);
     assert!(file_raw.iter().all(|&b| b == 0), "the template has data at {RAW_ADDR:#x}: pick another address");
-    let fresh = pristine_run(
-        &t,
-        &format!("{MEM_HELPERS}import json\nprint(json.dumps(_unmapped({RAW_ADDR}, {RAW_LEN})))"),
-    );
+    let fresh =
+        pristine_run(&t, &format!("{MEM_HELPERS}import json\nprint(json.dumps(_unmapped({RAW_ADDR}, {RAW_LEN})))"));
     assert_eq!(fresh, serde_json::json!(true), "a fresh fork has memory mapped at {RAW_ADDR:#x}");
     let zero_hash = hex::encode(Sha256::digest(&file_raw));
 
@@ -1201,7 +1199,8 @@ fn another_cpu_rebuilds_the_template_and_refuses_its_checkpoints() {
     }
     // Its template id differs, so `ensure` on the moved data directory builds a new template.
     let home = tempfile::tempdir().unwrap();
-    let rebuilt = Template::ensure(&small, home.path()).unwrap_or_else(|e| panic!("Template::ensure on another CPU: {e}"));
+    let rebuilt =
+        Template::ensure(&small, home.path()).unwrap_or_else(|e| panic!("Template::ensure on another CPU: {e}"));
     assert_ne!(rebuilt.info.id, host.info.id);
     assert_eq!(*rebuilt.cpu(), small_fp);
     assert_eq!(read_state(&rebuilt.dir.join("state")).unwrap().cpu, small_fp);

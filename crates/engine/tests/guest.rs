@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use forkbox_engine::{EngineError, Engine, ExecResult, Limits, Sandbox};
+use forkbox_engine::{Engine, EngineError, ExecResult, Limits, Sandbox};
 use forkbox_testkit::guest::{ok, run, value};
 
 // ---------------------------------------------------------------------------
@@ -69,7 +69,10 @@ fn raises(sb: &mut Sandbox, code: &str, kind: &str) -> ExecResult {
     match &r.error {
         Some(e) if e.kind == kind => r,
         Some(e) => panic!("expected {kind}, got {}: {}\n{}\n--- code ---\n{code}", e.kind, e.message, e.traceback),
-        None => panic!("expected {kind}, got no exception (value {:?}, stdout {:?})\n--- code ---\n{code}", r.value, r.stdout),
+        None => panic!(
+            "expected {kind}, got no exception (value {:?}, stdout {:?})\n--- code ---\n{code}",
+            r.value, r.stdout
+        ),
     }
 }
 
@@ -161,27 +164,33 @@ def check(name, got, want, tol=1e-9):
     assert_eq!(value(&mut sb, "check('solve', np.linalg.solve([[3., 1.], [1., 2.]], [9., 8.]), [2., 3.])"), "True");
     assert_eq!(value(&mut sb, "round(float(np.linalg.det([[1., 2.], [3., 4.]])), 12)"), "-2.0");
     assert_eq!(value(&mut sb, "check('det3', np.linalg.det([[2., 0, 0], [0, 3, 0], [0, 0, 4]]), 24.0)"), "True");
-    assert_eq!(
-        value(&mut sb, "check('inv', np.linalg.inv([[4., 7.], [2., 6.]]), [[0.6, -0.7], [-0.2, 0.4]])"),
-        "True"
-    );
+    assert_eq!(value(&mut sb, "check('inv', np.linalg.inv([[4., 7.], [2., 6.]]), [[0.6, -0.7], [-0.2, 0.4]])"), "True");
     assert_eq!(value(&mut sb, "check('eigvalsh', np.linalg.eigvalsh([[2., 1.], [1., 2.]]), [1., 3.])"), "True");
     assert_eq!(
-        value(&mut sb, "w, v = np.linalg.eigh([[2., 1.], [1., 2.]])\ncheck('eigh', np.abs(v), np.full((2, 2), 0.5 ** 0.5))"),
+        value(
+            &mut sb,
+            "w, v = np.linalg.eigh([[2., 1.], [1., 2.]])\ncheck('eigh', np.abs(v), np.full((2, 2), 0.5 ** 0.5))"
+        ),
         "True"
     );
     assert_eq!(
         value(&mut sb, "check('eigvals', np.sort(np.linalg.eigvals([[4., 1.], [2., 3.]]).real), [2., 5.])"),
         "True"
     );
-    assert_eq!(value(&mut sb, "check('svd', np.linalg.svd([[3., 0.], [0., -4.]], compute_uv=False), [4., 3.])"), "True");
+    assert_eq!(
+        value(&mut sb, "check('svd', np.linalg.svd([[3., 0.], [0., -4.]], compute_uv=False), [4., 3.])"),
+        "True"
+    );
     assert_eq!(
         value(&mut sb, "check('cholesky', np.linalg.cholesky([[4., 2.], [2., 3.]]), [[2., 0.], [1., 2. ** 0.5]])"),
         "True"
     );
     assert_eq!(value(&mut sb, "check('norm', np.linalg.norm([3., 4.]), 5.)"), "True");
     assert_eq!(
-        value(&mut sb, "check('lstsq', np.linalg.lstsq([[0., 1.], [1., 1.], [2., 1.]], [1., 3., 5.], rcond=None)[0], [2., 1.])"),
+        value(
+            &mut sb,
+            "check('lstsq', np.linalg.lstsq([[0., 1.], [1., 1.], [2., 1.]], [1., 3., 5.], rcond=None)[0], [2., 1.])"
+        ),
         "True"
     );
     assert_eq!(
@@ -220,7 +229,13 @@ def check(name, got, want, tol=1e-9):
     assert_eq!(value(&mut sb, "float(np.ones(10**7).sum())"), "10000000.0");
     assert_eq!(value(&mut sb, "check('fft', np.fft.fft([1., 0., 0., 0.]), np.ones(4))"), "True");
     assert_eq!(value(&mut sb, "check('fft2', np.fft.fft([1., 1., 1., 1.]), [4., 0., 0., 0.])"), "True");
-    assert_eq!(value(&mut sb, "check('trig', [np.sin(np.pi / 2), np.cos(0.), np.exp(0.), np.log(np.e)], [1., 1., 1., 1.], 1e-15)"), "True");
+    assert_eq!(
+        value(
+            &mut sb,
+            "check('trig', [np.sin(np.pi / 2), np.cos(0.), np.exp(0.), np.log(np.e)], [1., 1., 1., 1.], 1e-15)"
+        ),
+        "True"
+    );
     assert_eq!(value(&mut sb, "np.sort(np.array([3, 1, 2])).tolist()"), "[1, 2, 3]");
     assert_eq!(value(&mut sb, "np.unique([3, 1, 3, 2, 1]).tolist()"), "[1, 2, 3]");
     assert_eq!(value(&mut sb, "np.cumsum([1, 2, 3, 4]).tolist()"), "[1, 3, 6, 10]");
@@ -389,15 +404,33 @@ fn files_round_trip_within_and_across_execs() {
     assert_eq!(value(&mut sb, "open('/tmp/b.bin', 'rb').read() == data"), "True");
     assert_eq!(value(&mut sb, "len(open('/tmp/b.bin', 'rb').read())"), "3145728");
     assert_eq!(
-        value(&mut sb, "f = open('/tmp/b.bin', 'r+b')\nf.seek(1000)\nf.write(b'XYZ')\nf.seek(998)\nr = f.read(6)\nf.close()\nr"),
+        value(
+            &mut sb,
+            "f = open('/tmp/b.bin', 'r+b')\nf.seek(1000)\nf.write(b'XYZ')\nf.seek(998)\nr = f.read(6)\nf.close()\nr"
+        ),
         "b'\\xe6\\xe7XYZ\\xeb'"
     );
-    assert_eq!(value(&mut sb, "f = open('/tmp/b.bin', 'rb')\nf.seek(-2, 2)\n(f.read(), f.tell())"), "(b'\\xfe\\xff', 3145728)");
+    assert_eq!(
+        value(&mut sb, "f = open('/tmp/b.bin', 'rb')\nf.seek(-2, 2)\n(f.read(), f.tell())"),
+        "(b'\\xfe\\xff', 3145728)"
+    );
     // Truncation.
-    assert_eq!(value(&mut sb, "os.truncate('/tmp/b.bin', 10)\nopen('/tmp/b.bin', 'rb').read()"), "b'\\x00\\x01\\x02\\x03\\x04\\x05\\x06\\x07\\x08\\t'");
+    assert_eq!(
+        value(&mut sb, "os.truncate('/tmp/b.bin', 10)\nopen('/tmp/b.bin', 'rb').read()"),
+        "b'\\x00\\x01\\x02\\x03\\x04\\x05\\x06\\x07\\x08\\t'"
+    );
     // The home directory and the working directory are writable too.
-    assert_eq!(value(&mut sb, "p = os.path.expanduser('~/notes.txt')\nopen(p, 'w').write('hi')\n(p, open(p).read())"), "('/root/notes.txt', 'hi')");
-    assert_eq!(value(&mut sb, "open('relative.txt', 'w').write('rel')\nopen(os.path.join(os.getcwd(), 'relative.txt')).read()"), "'rel'");
+    assert_eq!(
+        value(&mut sb, "p = os.path.expanduser('~/notes.txt')\nopen(p, 'w').write('hi')\n(p, open(p).read())"),
+        "('/root/notes.txt', 'hi')"
+    );
+    assert_eq!(
+        value(
+            &mut sb,
+            "open('relative.txt', 'w').write('rel')\nopen(os.path.join(os.getcwd(), 'relative.txt')).read()"
+        ),
+        "'rel'"
+    );
     // Exclusive creation, hard links, permissions, timestamps, chdir.
     ok(&mut sb, "open('/tmp/ex', 'x').write('1')");
     raises(&mut sb, "open('/tmp/ex', 'x')", "FileExistsError");
@@ -407,8 +440,17 @@ fn files_round_trip_within_and_across_execs() {
     );
     assert_eq!(value(&mut sb, "os.chmod('/tmp/ex', 0o600)\noct(os.stat('/tmp/ex').st_mode & 0o777)"), "'0o600'");
     assert_eq!(value(&mut sb, "import time\nabs(os.stat('/tmp/ex').st_mtime - time.time()) < 5"), "True");
-    assert_eq!(value(&mut sb, "os.utime('/tmp/ex', (1000000000, 1000000000))\nos.stat('/tmp/ex').st_mtime"), "1000000000.0");
-    assert_eq!(value(&mut sb, "os.chdir('/tmp')\nopen('rel2.txt', 'w').write('r')\n(os.getcwd(), open('/tmp/rel2.txt').read())"), "('/tmp', 'r')");
+    assert_eq!(
+        value(&mut sb, "os.utime('/tmp/ex', (1000000000, 1000000000))\nos.stat('/tmp/ex').st_mtime"),
+        "1000000000.0"
+    );
+    assert_eq!(
+        value(
+            &mut sb,
+            "os.chdir('/tmp')\nopen('rel2.txt', 'w').write('r')\n(os.getcwd(), open('/tmp/rel2.txt').read())"
+        ),
+        "('/tmp', 'r')"
+    );
     ok(&mut sb, "os.chdir('/')");
     // Libraries that do their own file I/O.
     assert_eq!(
@@ -428,7 +470,10 @@ fn files_round_trip_within_and_across_execs() {
     // Read-only and copy-on-write file mappings.
     ok(&mut sb, "import mmap\nwith open('/tmp/m.bin', 'wb') as f:\n    f.write(b'0123456789' * 1000)");
     assert_eq!(value(&mut sb, "with open('/tmp/m.bin', 'rb') as f:\n    m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)\n    r = (len(m), m[:10], m.find(b'89012'))\n    m.close()\nr"), "(10000, b'0123456789', 8)");
-    assert_eq!(value(&mut sb, "import numpy as np\nnp.array(np.memmap('/tmp/m.bin', dtype=np.uint8, mode='r')[:4]).tolist()"), "[48, 49, 50, 51]");
+    assert_eq!(
+        value(&mut sb, "import numpy as np\nnp.array(np.memmap('/tmp/m.bin', dtype=np.uint8, mode='r')[:4]).tolist()"),
+        "[48, 49, 50, 51]"
+    );
     // Shared, writable file mappings: flush() (msync) works and writes reach the file.
     assert_eq!(
         value(&mut sb, "with open('/tmp/m.bin', 'r+b') as f:\n    m = mmap.mmap(f.fileno(), 0)\n    m[0:5] = b'hello'\n    m.flush()\n    m.close()\nopen('/tmp/m.bin', 'rb').read(10)"),
@@ -452,13 +497,22 @@ fn file_system_operations() {
     raises(&mut sb, "os.mkdir('/tmp/w')", "FileExistsError");
     ok(&mut sb, "for n in ('c.txt', 'a.txt', 'b.txt'):\n    open('/tmp/w/' + n, 'w').write(n)");
     assert_eq!(value(&mut sb, "sorted(os.listdir('/tmp/w'))"), "['a.txt', 'b.txt', 'c.txt', 'sub']");
-    assert_eq!(value(&mut sb, "sorted(e.name for e in os.scandir('/tmp/w') if e.is_file())"), "['a.txt', 'b.txt', 'c.txt']");
+    assert_eq!(
+        value(&mut sb, "sorted(e.name for e in os.scandir('/tmp/w') if e.is_file())"),
+        "['a.txt', 'b.txt', 'c.txt']"
+    );
 
     // rename / replace / remove.
     ok(&mut sb, "os.rename('/tmp/w/a.txt', '/tmp/w/sub/moved.txt')");
-    assert_eq!(value(&mut sb, "(os.path.exists('/tmp/w/a.txt'), open('/tmp/w/sub/moved.txt').read())"), "(False, 'a.txt')");
+    assert_eq!(
+        value(&mut sb, "(os.path.exists('/tmp/w/a.txt'), open('/tmp/w/sub/moved.txt').read())"),
+        "(False, 'a.txt')"
+    );
     ok(&mut sb, "os.replace('/tmp/w/b.txt', '/tmp/w/c.txt')");
-    assert_eq!(value(&mut sb, "(sorted(os.listdir('/tmp/w')), open('/tmp/w/c.txt').read())"), "(['c.txt', 'sub'], 'b.txt')");
+    assert_eq!(
+        value(&mut sb, "(sorted(os.listdir('/tmp/w')), open('/tmp/w/c.txt').read())"),
+        "(['c.txt', 'sub'], 'b.txt')"
+    );
     ok(&mut sb, "os.remove('/tmp/w/c.txt')");
     assert_eq!(value(&mut sb, "os.listdir('/tmp/w')"), "['sub']");
     raises(&mut sb, "os.remove('/tmp/w/c.txt')", "FileNotFoundError");
@@ -467,7 +521,10 @@ fn file_system_operations() {
     assert_eq!(value(&mut sb, "sorted(os.listdir('/tmp/w'))"), "['renamed_dir', 'sub']");
 
     // shutil.
-    assert_eq!(value(&mut sb, "shutil.copy('/tmp/w/sub/moved.txt', '/tmp/w/copy.txt')\nopen('/tmp/w/copy.txt').read()"), "'a.txt'");
+    assert_eq!(
+        value(&mut sb, "shutil.copy('/tmp/w/sub/moved.txt', '/tmp/w/copy.txt')\nopen('/tmp/w/copy.txt').read()"),
+        "'a.txt'"
+    );
     assert_eq!(
         value(&mut sb, "sorted((os.path.relpath(d, '/tmp/w'), sorted(fs)) for d, _, fs in os.walk('/tmp/w'))"),
         "[('.', ['copy.txt']), ('renamed_dir', []), ('sub', ['moved.txt'])]"
@@ -492,19 +549,43 @@ fn file_system_operations() {
         value(&mut sb, "p = pathlib.Path('/tmp/pl/data.txt')\np.parent.mkdir(parents=True)\np.write_text('via pathlib')\n(p.read_text(), p.exists(), p.stat().st_size, [q.name for q in p.parent.iterdir()])"),
         "('via pathlib', True, 11, ['data.txt'])"
     );
-    assert_eq!(value(&mut sb, "pathlib.Path('/tmp/pl/b.bin').write_bytes(b'\\x00\\x01')\npathlib.Path('/tmp/pl/b.bin').read_bytes()"), "b'\\x00\\x01'");
-    assert_eq!(value(&mut sb, "sorted(str(x) for x in pathlib.Path('/tmp/pl').glob('*'))"), "['/tmp/pl/b.bin', '/tmp/pl/data.txt']");
-    assert_eq!(value(&mut sb, "pathlib.Path('/tmp/pl/data.txt').unlink()\npathlib.Path('/tmp/pl/data.txt').exists()"), "False");
+    assert_eq!(
+        value(
+            &mut sb,
+            "pathlib.Path('/tmp/pl/b.bin').write_bytes(b'\\x00\\x01')\npathlib.Path('/tmp/pl/b.bin').read_bytes()"
+        ),
+        "b'\\x00\\x01'"
+    );
+    assert_eq!(
+        value(&mut sb, "sorted(str(x) for x in pathlib.Path('/tmp/pl').glob('*'))"),
+        "['/tmp/pl/b.bin', '/tmp/pl/data.txt']"
+    );
+    assert_eq!(
+        value(&mut sb, "pathlib.Path('/tmp/pl/data.txt').unlink()\npathlib.Path('/tmp/pl/data.txt').exists()"),
+        "False"
+    );
 
     // Symlinks inside the sandbox.
     assert_eq!(value(&mut sb, "os.symlink('/tmp/pl/b.bin', '/tmp/link')\n(os.readlink('/tmp/link'), open('/tmp/link', 'rb').read(), os.path.islink('/tmp/link'))"), "('/tmp/pl/b.bin', b'\\x00\\x01', True)");
 
     // numpy save/load goes through the same file system.
-    assert_eq!(value(&mut sb, "import numpy as np\nnp.save('/tmp/arr.npy', np.arange(6).reshape(2, 3))\nnp.load('/tmp/arr.npy').tolist()"), "[[0, 1, 2], [3, 4, 5]]");
-    assert_eq!(value(&mut sb, "np.savetxt('/tmp/arr.txt', np.eye(2))\nnp.loadtxt('/tmp/arr.txt').tolist()"), "[[1.0, 0.0], [0.0, 1.0]]");
+    assert_eq!(
+        value(
+            &mut sb,
+            "import numpy as np\nnp.save('/tmp/arr.npy', np.arange(6).reshape(2, 3))\nnp.load('/tmp/arr.npy').tolist()"
+        ),
+        "[[0, 1, 2], [3, 4, 5]]"
+    );
+    assert_eq!(
+        value(&mut sb, "np.savetxt('/tmp/arr.txt', np.eye(2))\nnp.loadtxt('/tmp/arr.txt').tolist()"),
+        "[[1.0, 0.0], [0.0, 1.0]]"
+    );
 
     // copy2 / copytree also copy metadata (stat, extended attributes).
-    assert_eq!(value(&mut sb, "shutil.copy2('/tmp/w3/moved.txt', '/tmp/copy2.txt')\nopen('/tmp/copy2.txt').read()"), "'a.txt'");
+    assert_eq!(
+        value(&mut sb, "shutil.copy2('/tmp/w3/moved.txt', '/tmp/copy2.txt')\nopen('/tmp/copy2.txt').read()"),
+        "'a.txt'"
+    );
     assert_eq!(value(&mut sb, "shutil.copytree('/tmp/w3', '/tmp/w4')\nsorted(os.listdir('/tmp/w4'))"), "['moved.txt']");
 }
 
@@ -515,7 +596,7 @@ fn image_writes_stay_inside_one_sandbox() {
 
     let mut a = boot();
     let mut b = boot(); // alive at the same time as `a`
-    // Write into an image directory, overwrite an image file, delete one.
+                        // Write into an image directory, overwrite an image file, delete one.
     ok(
         &mut a,
         "open('/usr/lib/python3.11/forkbox_probe.txt', 'w').write('written by a')\n\
@@ -594,8 +675,8 @@ fn host_file_system_and_environment_are_not_visible() {
     let top = ok(&mut sb, "print(json.dumps(sorted(os.listdir('/'))))").stdout;
     let top: Vec<String> = serde_json::from_str(&top).unwrap_or_else(|e| panic!("{e}: {top:?}"));
     let allowed: BTreeSet<&str> = [
-        "bin", "boot", "dev", "etc", "home", "lib", "lib32", "lib64", "libx32", "media", "mnt", "opt", "output", "proc", "root",
-        "run", "sbin", "srv", "sys", "tmp", "usr", "var",
+        "bin", "boot", "dev", "etc", "home", "lib", "lib32", "lib64", "libx32", "media", "mnt", "opt", "output",
+        "proc", "root", "run", "sbin", "srv", "sys", "tmp", "usr", "var",
     ]
     .into_iter()
     .collect();
@@ -609,12 +690,22 @@ fn host_file_system_and_environment_are_not_visible() {
     let host_pid = std::process::id();
     let guest_pid: u32 = value(&mut sb, "os.getpid()").parse().unwrap();
     if guest_pid != host_pid {
-        assert_eq!(value(&mut sb, &format!("os.path.exists('/proc/{host_pid}')")), "False", "the host test process is in the guest's /proc");
+        assert_eq!(
+            value(&mut sb, &format!("os.path.exists('/proc/{host_pid}')")),
+            "False",
+            "the host test process is in the guest's /proc"
+        );
     }
     if let Ok(host_init) = std::fs::read("/proc/1/cmdline") {
-        let guest_init = ok(&mut sb, "try:\n    print(open('/proc/1/cmdline', 'rb').read().hex(), end='')\nexcept OSError:\n    pass");
+        let guest_init = ok(
+            &mut sb,
+            "try:\n    print(open('/proc/1/cmdline', 'rb').read().hex(), end='')\nexcept OSError:\n    pass",
+        );
         let host_hex: String = host_init.iter().map(|b| format!("{b:02x}")).collect();
-        assert!(guest_init.stdout.is_empty() || guest_init.stdout != host_hex, "the guest reads the host's /proc/1/cmdline");
+        assert!(
+            guest_init.stdout.is_empty() || guest_init.stdout != host_hex,
+            "the guest reads the host's /proc/1/cmdline"
+        );
     }
     // No host devices.
     assert_eq!(value(&mut sb, "os.path.exists('/dev/kvm')"), "False");
@@ -641,7 +732,8 @@ fn host_file_system_and_environment_are_not_visible() {
 
     // The host name is not revealed.
     let guest_names = value(&mut sb, "import socket\nlist({os.uname().nodename, socket.gethostname()})");
-    let guest_hostname_file = ok(&mut sb, "try:\n    print(open('/etc/hostname').read(), end='')\nexcept OSError:\n    pass").stdout;
+    let guest_hostname_file =
+        ok(&mut sb, "try:\n    print(open('/etc/hostname').read(), end='')\nexcept OSError:\n    pass").stdout;
     if let Ok(h) = std::fs::read_to_string("/etc/hostname") {
         let h = h.trim();
         if !h.is_empty() && h != "forkbox" && h != "localhost" {
@@ -663,7 +755,11 @@ fn host_file_system_and_environment_are_not_visible() {
         }
         assert_ne!(guest_env.get(&k), Some(&v), "host environment variable {k} is visible in the guest");
     }
-    let proc_environ = ok(&mut sb, "try:\n    print(open('/proc/self/environ', 'rb').read().hex(), end='')\nexcept OSError:\n    pass").stdout;
+    let proc_environ = ok(
+        &mut sb,
+        "try:\n    print(open('/proc/self/environ', 'rb').read().hex(), end='')\nexcept OSError:\n    pass",
+    )
+    .stdout;
     let secret_hex: String = secret.bytes().map(|b| format!("{b:02x}")).collect();
     assert!(!proc_environ.contains(&secret_hex), "host secret in the guest's /proc/self/environ");
     let _ = std::fs::remove_dir_all(&dir);
@@ -683,12 +779,20 @@ fn symlinks_and_writes_cannot_escape_the_image() {
         value(&mut sb, "os.symlink('/../../../etc/passwd', '/tmp/l')\nos.readlink('/tmp/l')"),
         "'/../../../etc/passwd'"
     );
-    assert_eq!(value(&mut sb, "open('/tmp/l').read()"), guest_passwd, "the symlink resolved to something else than the guest's /etc/passwd");
+    assert_eq!(
+        value(&mut sb, "open('/tmp/l').read()"),
+        guest_passwd,
+        "the symlink resolved to something else than the guest's /etc/passwd"
+    );
     assert_eq!(value(&mut sb, "os.path.realpath('/tmp/l')"), "'/etc/passwd'");
     if let Ok(host_passwd) = std::fs::read_to_string("/etc/passwd") {
         let host_lit = py_str(&host_passwd);
         if value(&mut sb, &format!("open('/etc/passwd').read() == {host_lit}")) == "False" {
-            assert_eq!(value(&mut sb, &format!("open('/tmp/l').read() == {host_lit}")), "False", "the symlink reached the host's /etc/passwd");
+            assert_eq!(
+                value(&mut sb, &format!("open('/tmp/l').read() == {host_lit}")),
+                "False",
+                "the symlink reached the host's /etc/passwd"
+            );
         }
     }
 
@@ -795,7 +899,8 @@ fn segfault_and_stack_overflow_are_guest_crashed() {
     drop(sb);
     // A new sandbox works; overflowing the C stack hits the guard page.
     let mut sb = fresh_sandbox(Limits::default());
-    let r = sb.exec("import sys\nsys.setrecursionlimit(10**8)\nl = []\nfor i in range(10**5):\n    l = [l]\nx = repr(l)");
+    let r =
+        sb.exec("import sys\nsys.setrecursionlimit(10**8)\nl = []\nfor i in range(10**5):\n    l = [l]\nx = repr(l)");
     match r {
         Err(EngineError::GuestCrashed(msg)) => assert!(msg.to_lowercase().contains("page fault"), "{msg}"),
         Err(EngineError::GuestSignaled(11)) => {}
@@ -831,7 +936,10 @@ fn allocation_loop_stops_at_the_memory_limit() {
     assert!(n >= 2 && n * (16 << 20) <= 256 << 20, "{n} chunks of 16 MiB under a 256 MiB limit");
     // The memory comes back when freed: almost as much can be allocated again.
     let again = (n - 1) * (16 << 20);
-    assert_eq!(value(&mut sb, &format!("del chunks\nimport gc\ngc.collect()\nb = b'\\x02' * {again}\nlen(b)")), again.to_string());
+    assert_eq!(
+        value(&mut sb, &format!("del chunks\nimport gc\ngc.collect()\nb = b'\\x02' * {again}\nlen(b)")),
+        again.to_string()
+    );
     // The same with numpy arrays that touch their pages.
     let r = run(&mut sb, "import numpy as np\ndel b\narrs = []\nwhile True:\n    arrs.append(np.ones(2 << 20))");
     let e = r.error.expect("expected a MemoryError from numpy");
@@ -862,13 +970,21 @@ fn one_megabyte_of_output_is_exact() {
 
 #[test]
 fn output_code_and_disk_limits() {
-    let mut sb = boot_with(Limits { output_bytes: 1 << 20, disk_bytes: 8 << 20, code_bytes: 64 << 10, ..Limits::default() });
+    let mut sb =
+        boot_with(Limits { output_bytes: 1 << 20, disk_bytes: 8 << 20, code_bytes: 64 << 10, ..Limits::default() });
     let limit = 1usize << 20;
     let expected: String = b"0123456789".iter().cycle().take(3_000_000).map(|&b| b as char).collect();
 
     // 3 MB on each stream: each truncated to 1 MiB plus a marker.
-    let r = ok(&mut sb, "import sys\ns = '0123456789' * 300000\nn1 = sys.stdout.write(s)\nn2 = sys.stderr.write(s)\n(n1, n2)");
-    assert_eq!(r.value.as_deref(), Some("(3000000, 3000000)"), "writes must report success even when output is dropped");
+    let r = ok(
+        &mut sb,
+        "import sys\ns = '0123456789' * 300000\nn1 = sys.stdout.write(s)\nn2 = sys.stderr.write(s)\n(n1, n2)",
+    );
+    assert_eq!(
+        r.value.as_deref(),
+        Some("(3000000, 3000000)"),
+        "writes must report success even when output is dropped"
+    );
     for (name, text) in [("stdout", &r.stdout), ("stderr", &r.stderr)] {
         assert!(text.len() >= limit, "{name} shorter than the limit: {}", text.len());
         assert!(text.as_bytes()[..limit] == expected.as_bytes()[..limit], "{name}: the first MiB differs");
@@ -954,7 +1070,8 @@ fn process_identity_clock_and_randomness() {
     let r = ok(&mut sb, "t = time.perf_counter(); m = time.monotonic(); w = time.time()\ntime.sleep(0.2)\n(time.perf_counter() - t, time.monotonic() - m, time.time() - w)");
     let host = t0.elapsed();
     let v = r.value.unwrap();
-    let parts: Vec<f64> = v.trim_matches(|c| c == '(' || c == ')').split(',').map(|p| p.trim().parse().unwrap()).collect();
+    let parts: Vec<f64> =
+        v.trim_matches(|c| c == '(' || c == ')').split(',').map(|p| p.trim().parse().unwrap()).collect();
     for (i, p) in parts.iter().enumerate() {
         assert!(*p >= 0.2, "clock {i} measured {p} s for time.sleep(0.2) ({v})");
         assert!(*p < 5.0, "clock {i} measured {p} s for time.sleep(0.2) ({v})");
@@ -963,7 +1080,10 @@ fn process_identity_clock_and_randomness() {
     assert!(r.wall_ms >= 200.0);
 
     // Randomness.
-    assert_eq!(value(&mut sb, "a = os.urandom(16); b = os.urandom(16)\n(len(a), len(b), a != b, a != bytes(16))"), "(16, 16, True, True)");
+    assert_eq!(
+        value(&mut sb, "a = os.urandom(16); b = os.urandom(16)\n(len(a), len(b), a != b, a != bytes(16))"),
+        "(16, 16, True, True)"
+    );
     assert_eq!(value(&mut sb, "len(secrets.token_hex(8))"), "16");
     assert_eq!(value(&mut sb, "0 <= random.random() < 1"), "True");
     assert_eq!(value(&mut sb, "import uuid\nuuid.uuid4() != uuid.uuid4()"), "True");
@@ -981,7 +1101,10 @@ fn processes_and_threads_in_a_booted_guest() {
     let r = run(&mut sb, "import subprocess\nsubprocess.run(['ls', '/'], capture_output=True).returncode");
     assert_eq!(r.value.as_deref(), Some("0"), "subprocess.run(['ls']): {r:?}");
     assert_eq!(value(&mut sb, "subprocess.check_output(['/bin/sh', '-c', 'echo hi'])"), "b'hi\\n'");
-    let r = run(&mut sb, "import os\np = os.fork()\nif p == 0: os._exit(7)\nos.waitstatus_to_exitcode(os.waitpid(p, 0)[1])");
+    let r = run(
+        &mut sb,
+        "import os\np = os.fork()\nif p == 0: os._exit(7)\nos.waitstatus_to_exitcode(os.waitpid(p, 0)[1])",
+    );
     assert_eq!(r.value.as_deref(), Some("7"), "os.fork: {r:?}");
     let status = run(&mut sb, "os.system('echo hi')");
     assert_eq!(status.value.as_deref(), Some("0"), "os.system: {status:?}");
@@ -992,7 +1115,10 @@ fn processes_and_threads_in_a_booted_guest() {
     assert_eq!(value(&mut sb, "1 + 1"), "2");
 
     // Threads: either they work, or starting one is a clean Python exception.
-    let r = run(&mut sb, "import threading\nres = []\nt = threading.Thread(target=lambda: res.append(6 * 7))\nt.start()\nt.join()\nres");
+    let r = run(
+        &mut sb,
+        "import threading\nres = []\nt = threading.Thread(target=lambda: res.append(6 * 7))\nt.start()\nt.join()\nres",
+    );
     match (&r.error, r.value.as_deref()) {
         (None, Some("[42]")) => eprintln!("threading: threads WORK"),
         (Some(e), _) => {
@@ -1008,7 +1134,8 @@ fn processes_and_threads_in_a_booted_guest() {
         (None, v) => panic!("ThreadPoolExecutor result {v:?}"),
     }
     // In-process primitives that need no second process (reported, not required).
-    let r = run(&mut sb, "import asyncio\nasync def f():\n    await asyncio.sleep(0.01)\n    return 5\nasyncio.run(f())");
+    let r =
+        run(&mut sb, "import asyncio\nasync def f():\n    await asyncio.sleep(0.01)\n    return 5\nasyncio.run(f())");
     match (&r.error, r.value.as_deref()) {
         (None, Some("5")) => eprintln!("asyncio.run: works"),
         (Some(e), _) => eprintln!("asyncio.run raises {}: {}", e.kind, e.message),

@@ -157,7 +157,9 @@ fn syscall_buffers_outside_mappings_are_efault() {
     );
     let v = value(&mut sb, &code);
     // EFAULT is 14; reading from a read-only mapping is fine (4 bytes written to stdout).
-    for key in ["unmapped", "null", "system_area", "read_only", "prot_none", "straddles", "write_from_none", "path_unmapped"] {
+    for key in
+        ["unmapped", "null", "system_area", "read_only", "prot_none", "straddles", "write_from_none", "path_unmapped"]
+    {
         assert!(v.contains(&format!("'{key}': 14")), "{key} must be EFAULT: {v}");
     }
     assert!(v.contains("'write_from_ro': 4") && v.contains("'rw': 5") && v.contains("b'hello'"), "{v}");
@@ -178,7 +180,12 @@ fn protections_are_enforced_by_the_mmu() {
     // Downgrades take effect although the page was written before (the
     // hypervisor's cached writable translation is dropped).
     let mut sb = fork(t, Limits::default());
-    let p: u64 = value(&mut sb, &format!("{LIBC}\nrw = anon(8192)\nctypes.memset(rw, 7, 8192)\nassert libc.mprotect(rw, 4096, 1) == 0\nrw")).parse().unwrap();
+    let p: u64 = value(
+        &mut sb,
+        &format!("{LIBC}\nrw = anon(8192)\nctypes.memset(rw, 7, 8192)\nassert libc.mprotect(rw, 4096, 1) == 0\nrw"),
+    )
+    .parse()
+    .unwrap();
     assert_eq!(value(&mut sb, "ctypes.string_at(rw, 2) + ctypes.string_at(rw + 4096, 2)"), "b'\\x07\\x07\\x07\\x07'");
     ok(&mut sb, "ctypes.memset(rw + 4096, 8, 16)");
     let msg = crash(&mut sb, "ctypes.memset(rw + 8, 9, 1)");
@@ -186,7 +193,12 @@ fn protections_are_enforced_by_the_mmu() {
 
     // PROT_NONE after use: reads fault too; munmap'd memory faults.
     let mut sb = fork(t, Limits::default());
-    let p: u64 = value(&mut sb, &format!("{LIBC}\nrw = anon(4096)\nctypes.memset(rw, 7, 4096)\nassert libc.mprotect(rw, 4096, 0) == 0\nrw")).parse().unwrap();
+    let p: u64 = value(
+        &mut sb,
+        &format!("{LIBC}\nrw = anon(4096)\nctypes.memset(rw, 7, 4096)\nassert libc.mprotect(rw, 4096, 0) == 0\nrw"),
+    )
+    .parse()
+    .unwrap();
     let msg = crash(&mut sb, "ctypes.string_at(rw, 1)");
     assert!(msg.contains(&format!("reading address {p:#x}")), "{msg}");
     let mut sb = fork(t, Limits::default());
@@ -200,7 +212,10 @@ fn protections_are_enforced_by_the_mmu() {
         &mut sb,
         &format!("{LIBC}\nrw = anon(4096)\nctypes.memmove(rw, b'\\xc3', 1)\nf = ctypes.CFUNCTYPE(None)(rw)\nf()"),
     );
-    assert!(msg.contains("page fault") && msg.contains("error code 0x15"), "an instruction fetch from a no-execute page: {msg}");
+    assert!(
+        msg.contains("page fault") && msg.contains("error code 0x15"),
+        "an instruction fetch from a no-execute page: {msg}"
+    );
     // With PROT_EXEC it runs (ret).
     let mut sb = fork(t, Limits::default());
     ok(&mut sb, &format!("{LIBC}\nrw = anon(4096, 7)\nctypes.memmove(rw, b'\\xc3', 1)\nctypes.CFUNCTYPE(None)(rw)()"));
@@ -307,7 +322,11 @@ fn recycled_vms_give_large_writes_back() {
         bound / 1024
     );
     assert!(dropped >= 4 * (1 << 18), "each reset gave the 1 GiB back ({dropped} pages dropped)");
-    assert!(after.anon < before.anon + 64 * 1024, "anonymous memory grew {} KiB", after.anon.saturating_sub(before.anon));
+    assert!(
+        after.anon < before.anon + 64 * 1024,
+        "anonymous memory grew {} KiB",
+        after.anon.saturating_sub(before.anon)
+    );
     assert!(held <= bound, "recycled VMs hold {held} bytes, more than the bound {bound}");
     // A recycled VM works and sees none of it.
     let mut sb = fork(&t, Limits::default());
@@ -321,7 +340,8 @@ fn recycled_vms_do_not_keep_their_predecessors_mappings() {
     let _g = gate_exclusive();
     let t = own_template();
     let mut sb = fork(&t, Limits::default());
-    let p: u64 = value(&mut sb, &format!("{LIBC}\np = anon(4 << 20)\nctypes.memset(p, 7, 4 << 20)\np")).parse().unwrap();
+    let p: u64 =
+        value(&mut sb, &format!("{LIBC}\np = anon(4 << 20)\nctypes.memset(p, 7, 4 << 20)\np")).parse().unwrap();
     drop(sb);
     let recycled = t.pool_stats().recycled_hits.load(Ordering::SeqCst);
     let mut sb = fork(&t, Limits::default());

@@ -31,8 +31,11 @@ fn engine() -> &'static Engine {
             panic!("these tests need KVM: cannot open /dev/kvm read-write ({e}); they are deliberately not skipped");
         }
         let home = home();
-        let built = forkbox_image::build(&forkbox_engine::default_image_spec(), &forkbox_image::BuildOptions { home: home.clone(), progress: false })
-            .unwrap_or_else(|e| panic!("building the default image under {}: {e}", home.display()));
+        let built = forkbox_image::build(
+            &forkbox_engine::default_image_spec(),
+            &forkbox_image::BuildOptions { home: home.clone(), progress: false },
+        )
+        .unwrap_or_else(|e| panic!("building the default image under {}: {e}", home.display()));
         Engine::open(&built.path).unwrap_or_else(|e| panic!("Engine::open: {e}"))
     })
 }
@@ -46,7 +49,9 @@ fn public_with(allow: &[&str]) -> NetConfig {
 }
 
 fn boot(network: NetConfig) -> Sandbox {
-    engine().boot(Limits { network, timeout: Duration::from_secs(20), ..Limits::default() }).unwrap_or_else(|e| panic!("boot failed: {e}"))
+    engine()
+        .boot(Limits { network, timeout: Duration::from_secs(20), ..Limits::default() })
+        .unwrap_or_else(|e| panic!("boot failed: {e}"))
 }
 
 #[track_caller]
@@ -58,7 +63,10 @@ fn run(sb: &mut Sandbox, code: &str) -> ExecResult {
 fn ok(sb: &mut Sandbox, code: &str) -> ExecResult {
     let r = run(sb, code);
     if let Some(e) = &r.error {
-        panic!("unexpected {}: {}\n{}\n--- code ---\n{code}\n--- stderr ---\n{}", e.kind, e.message, e.traceback, r.stderr);
+        panic!(
+            "unexpected {}: {}\n{}\n--- code ---\n{code}\n--- stderr ---\n{}",
+            e.kind, e.message, e.traceback, r.stderr
+        );
     }
     r
 }
@@ -128,9 +136,15 @@ fn urllib_and_http_client_reach_an_allowlisted_loopback_server() {
     let p = srv.port;
     // urllib by address and by a name the VMM's resolver answers.
     assert_eq!(value(&mut sb, &format!("import urllib.request\nurllib.request.urlopen('http://127.0.0.1:{p}/hello.txt', timeout=10).read().decode()")), format!("{HELLO:?}").replace('"', "'"));
-    assert_eq!(value(&mut sb, &format!("urllib.request.urlopen('http://web.test:{p}/hello.txt').read().decode()")), format!("{HELLO:?}").replace('"', "'"));
+    assert_eq!(
+        value(&mut sb, &format!("urllib.request.urlopen('http://web.test:{p}/hello.txt').read().decode()")),
+        format!("{HELLO:?}").replace('"', "'")
+    );
     // getaddrinfo through /etc/resolv.conf -> the VMM.
-    assert_eq!(value(&mut sb, "import socket\nsorted({a[4][0] for a in socket.getaddrinfo('web.test', 80)})"), "['127.0.0.1']");
+    assert_eq!(
+        value(&mut sb, "import socket\nsorted({a[4][0] for a in socket.getaddrinfo('web.test', 80)})"),
+        "['127.0.0.1']"
+    );
     assert_eq!(value(&mut sb, "socket.gethostbyname('localhost')"), "'127.0.0.1'");
     // socket.create_connection + http.client, keep-alive with two requests on one connection.
     let code = format!(
@@ -148,7 +162,10 @@ fn urllib_and_http_client_reach_an_allowlisted_loopback_server() {
          c.close()\n\
          (out, peer, opts)"
     );
-    assert_eq!(value(&mut sb, &code), format!("([(200, {}), (200, {})], ('127.0.0.1', {p}), (True, 1, 0))", HELLO.len(), 1 << 20));
+    assert_eq!(
+        value(&mut sb, &code),
+        format!("([(200, {}), (200, {})], ('127.0.0.1', {p}), (True, 1, 0))", HELLO.len(), 1 << 20)
+    );
     let code = format!("s = socket.create_connection(('127.0.0.1', {p}), timeout=5)\ns.sendall(b'GET /hello.txt HTTP/1.0\\r\\n\\r\\n')\nb = b''\nwhile True:\n    d = s.recv(65536)\n    if not d: break\n    b += d\ns.close()\nb.split(b'\\r\\n')[0]");
     assert_eq!(value(&mut sb, &code), "b'HTTP/1.1 200 OK'");
     let st = sb.net_stats();
@@ -185,7 +202,12 @@ fn default_policy_refuses_loopback_metadata_and_private_addresses() {
     let st = sb.net_stats();
     assert_eq!(st.connects_denied, 9, "{st:?}");
     assert_eq!(st.connects_allowed, 0);
-    assert!(st.denied.contains_key("loopback address") && st.denied.contains_key("metadata address") && st.denied.contains_key("private address"), "{st:?}");
+    assert!(
+        st.denied.contains_key("loopback address")
+            && st.denied.contains_key("metadata address")
+            && st.denied.contains_key("private address"),
+        "{st:?}"
+    );
     // A name that resolves only to denied addresses is refused by the resolver.
     for name in ["rebind.test", "meta.test"] {
         let r = run(&mut sb, &format!("socket.getaddrinfo('{name}', {port})"));
@@ -194,7 +216,10 @@ fn default_policy_refuses_loopback_metadata_and_private_addresses() {
     }
     assert!(sb.net_stats().dns_refused >= 2);
     // A UDP datagram to the loopback is refused too.
-    let r = run(&mut sb, &format!("u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\nu.sendto(b'x', ('127.0.0.1', {port}))"));
+    let r = run(
+        &mut sb,
+        &format!("u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\nu.sendto(b'x', ('127.0.0.1', {port}))"),
+    );
     assert_eq!(r.error.as_ref().map(|e| e.kind.as_str()), Some("ConnectionRefusedError"), "{r:?}");
     // Nothing reached the host's loopback listener, and the sandbox is still usable.
     l.set_nonblocking(true).unwrap();
@@ -205,10 +230,17 @@ fn default_policy_refuses_loopback_metadata_and_private_addresses() {
 #[test]
 fn network_none_refuses_everything_and_dns() {
     let srv = HttpServer::start(None, "127.0.0.1");
-    let mut cfg = NetConfig::with_policy(NetPolicy { mode: Mode::None, allow: rules(&[&format!("127.0.0.1:{}", srv.port)]), deny: vec![] });
+    let mut cfg = NetConfig::with_policy(NetPolicy {
+        mode: Mode::None,
+        allow: rules(&[&format!("127.0.0.1:{}", srv.port)]),
+        deny: vec![],
+    });
     cfg.hosts.insert("web.test".into(), vec!["127.0.0.1".parse().unwrap()]);
     let mut sb = boot(cfg);
-    let r = run(&mut sb, &format!("import urllib.request\nurllib.request.urlopen('http://127.0.0.1:{}/hello.txt', timeout=3)", srv.port));
+    let r = run(
+        &mut sb,
+        &format!("import urllib.request\nurllib.request.urlopen('http://127.0.0.1:{}/hello.txt', timeout=3)", srv.port),
+    );
     assert!(r.error.as_ref().is_some_and(|e| e.message.contains("Connection refused")), "{r:?}");
     assert!(r.stderr.contains("network: none"), "{:?}", r.stderr);
     let r = run(&mut sb, "import socket\nsocket.getaddrinfo('web.test', 80)");
@@ -249,10 +281,12 @@ fn nonblocking_connect_select_and_timeouts() {
     let srv = HttpServer::start(None, "127.0.0.1");
     let silent = TcpListener::bind("127.0.0.1:0").unwrap();
     let sp = silent.local_addr().unwrap().port();
-    let held = std::thread::spawn(move || silent.accept().map(|(c, _)| {
-        std::thread::sleep(Duration::from_secs(3));
-        drop(c)
-    }));
+    let held = std::thread::spawn(move || {
+        silent.accept().map(|(c, _)| {
+            std::thread::sleep(Duration::from_secs(3));
+            drop(c)
+        })
+    });
     let mut sb = boot(public_with(&[&format!("127.0.0.1:{}", srv.port), &format!("127.0.0.1:{sp}")]));
     let code = format!(
         "import socket, select, errno\n\
@@ -352,7 +386,10 @@ fn http_server_in_a_network_namespace_allowlisted_by_cidr_and_name() {
     // The host reaches it (sanity: the namespace works).
     let t0 = Instant::now();
     loop {
-        match std::net::TcpStream::connect_timeout(&format!("10.213.7.2:{}", srv.port).parse().unwrap(), Duration::from_secs(2)) {
+        match std::net::TcpStream::connect_timeout(
+            &format!("10.213.7.2:{}", srv.port).parse().unwrap(),
+            Duration::from_secs(2),
+        ) {
             Ok(mut c) => {
                 c.write_all(b"GET /hello.txt HTTP/1.0\r\n\r\n").unwrap();
                 let mut s = String::new();
@@ -376,15 +413,33 @@ fn http_server_in_a_network_namespace_allowlisted_by_cidr_and_name() {
     let mut cfg = NetConfig::with_policy(NetPolicy::allowlist(rules(&["10.213.7.2/32"])));
     cfg.hosts.insert("svc.ns.test".into(), vec!["10.213.7.2".parse().unwrap()]);
     let mut sb = boot(cfg);
-    assert_eq!(value(&mut sb, &format!("import urllib.request\nurllib.request.urlopen('{url}', timeout=5).read().decode()")), format!("{HELLO:?}").replace('"', "'"));
-    assert_eq!(value(&mut sb, &format!("urllib.request.urlopen('http://svc.ns.test:{}/hello.txt', timeout=5).status", srv.port)), "200");
-    let r = run(&mut sb, &format!("socket = __import__('socket')\nsocket.create_connection(('10.213.7.1', {}), timeout=3)", srv.port));
+    assert_eq!(
+        value(&mut sb, &format!("import urllib.request\nurllib.request.urlopen('{url}', timeout=5).read().decode()")),
+        format!("{HELLO:?}").replace('"', "'")
+    );
+    assert_eq!(
+        value(
+            &mut sb,
+            &format!("urllib.request.urlopen('http://svc.ns.test:{}/hello.txt', timeout=5).status", srv.port)
+        ),
+        "200"
+    );
+    let r = run(
+        &mut sb,
+        &format!("socket = __import__('socket')\nsocket.create_connection(('10.213.7.1', {}), timeout=3)", srv.port),
+    );
     assert_eq!(r.error.as_ref().map(|e| e.kind.as_str()), Some("ConnectionRefusedError"), "{r:?}");
     // A name rule alone never opens a private address (DNS rebinding).
     let mut cfg = NetConfig::with_policy(NetPolicy::allowlist(rules(&["*.ns.test"])));
     cfg.hosts.insert("svc.ns.test".into(), vec!["10.213.7.2".parse().unwrap()]);
     let mut sb = boot(cfg);
-    let r = run(&mut sb, &format!("import urllib.request\nurllib.request.urlopen('http://svc.ns.test:{}/hello.txt', timeout=5)", srv.port));
+    let r = run(
+        &mut sb,
+        &format!(
+            "import urllib.request\nurllib.request.urlopen('http://svc.ns.test:{}/hello.txt', timeout=5)",
+            srv.port
+        ),
+    );
     assert!(r.error.is_some(), "{r:?}");
     assert!(r.stderr.contains("resolves only to addresses the egress policy denies"), "{:?}", r.stderr);
 }
@@ -393,8 +448,13 @@ fn http_server_in_a_network_namespace_allowlisted_by_cidr_and_name() {
 fn a_checkpoint_never_carries_a_live_connection() {
     let srv = HttpServer::start(None, "127.0.0.1");
     let home = home();
-    let template = forkbox_engine::Template::ensure(engine(), &home).unwrap_or_else(|e| panic!("Template::ensure: {e}"));
-    let limits = Limits { network: public_with(&[&format!("127.0.0.1:{}", srv.port)]), timeout: Duration::from_secs(20), ..Limits::default() };
+    let template =
+        forkbox_engine::Template::ensure(engine(), &home).unwrap_or_else(|e| panic!("Template::ensure: {e}"));
+    let limits = Limits {
+        network: public_with(&[&format!("127.0.0.1:{}", srv.port)]),
+        timeout: Duration::from_secs(20),
+        ..Limits::default()
+    };
     let mut sb = template.fork_tracked(engine(), limits.clone()).unwrap_or_else(|e| panic!("fork: {e}"));
     let code = format!(
         "import socket\n\
@@ -406,13 +466,20 @@ fn a_checkpoint_never_carries_a_live_connection() {
     assert_eq!(value(&mut sb, &code), "b'HTTP/1.1 200 OK'");
     let dir = tempfile::tempdir().unwrap();
     let (layer, state) = (dir.path().join("layer"), dir.path().join("state"));
-    template.checkpoint(engine(), &mut sb, &layer, &state, |_| Ok::<(), forkbox_engine::EngineError>(())).unwrap_or_else(|e| panic!("checkpoint: {e}"));
+    template
+        .checkpoint(engine(), &mut sb, &layer, &state, |_| Ok::<(), forkbox_engine::EngineError>(()))
+        .unwrap_or_else(|e| panic!("checkpoint: {e}"));
     // The original still has its connection.
-    assert_eq!(value(&mut sb, "c.sendall(b'GET /hello.txt HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n')\nlen(c.recv(1 << 16)) > 0"), "True");
+    assert_eq!(
+        value(&mut sb, "c.sendall(b'GET /hello.txt HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n')\nlen(c.recv(1 << 16)) > 0"),
+        "True"
+    );
     // A resumed copy (a fork of the checkpoint, or the session after eviction): the socket reads as reset.
     let layers = vec![forkbox_snapshot::Layer::read(&layer).unwrap()];
     for reseed in [false, true] {
-        let mut r = template.resume(engine(), &layers, &state, limits.clone(), reseed).unwrap_or_else(|e| panic!("resume: {e}"));
+        let mut r = template
+            .resume(engine(), &layers, &state, limits.clone(), reseed)
+            .unwrap_or_else(|e| panic!("resume: {e}"));
         let got = value(
             &mut r,
             "out = []\n\
@@ -426,9 +493,22 @@ fn a_checkpoint_never_carries_a_live_connection() {
              c.close()\n\
              out",
         );
-        assert_eq!(got, format!("[{}, {}, {}, {}, 1]", libc::ECONNRESET, libc::EPIPE, libc::ENOTCONN, libc::ECONNRESET), "reseed={reseed}");
+        assert_eq!(
+            got,
+            format!("[{}, {}, {}, {}, 1]", libc::ECONNRESET, libc::EPIPE, libc::ENOTCONN, libc::ECONNRESET),
+            "reseed={reseed}"
+        );
         // New connections work in the resumed sandbox.
-        assert_eq!(value(&mut r, &format!("import urllib.request\nurllib.request.urlopen('http://127.0.0.1:{}/hello.txt').status", srv.port)), "200");
+        assert_eq!(
+            value(
+                &mut r,
+                &format!(
+                    "import urllib.request\nurllib.request.urlopen('http://127.0.0.1:{}/hello.txt').status",
+                    srv.port
+                )
+            ),
+            "200"
+        );
     }
 }
 
@@ -613,9 +693,21 @@ except OSError as e:
 out
 "#;
     let got = value(&mut sb, code);
-    for k in
-        ["ephemeral", "inuse", "eagain", "select_idle", "select_ready", "poll", "epoll", "peer", "data", "backlog", "listen_inuse", "refused", "notavail"]
-    {
+    for k in [
+        "ephemeral",
+        "inuse",
+        "eagain",
+        "select_idle",
+        "select_ready",
+        "poll",
+        "epoll",
+        "peer",
+        "data",
+        "backlog",
+        "listen_inuse",
+        "refused",
+        "notavail",
+    ] {
         assert!(got.contains(&format!("'{k}': True")), "{k} not True in {got}");
     }
     assert!(got.contains("'acceptconn': 1"), "{got}");
@@ -659,13 +751,28 @@ fn a_sandbox_listener_is_not_on_the_host() {
     // A port free on the host right now.
     let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let mut sb = boot(NetConfig::default());
-    assert_eq!(value(&mut sb, &format!("import socket\nL = socket.socket()\nL.bind(('0.0.0.0', {port}))\nL.listen()\nL.getsockname()[1]")), port.to_string());
+    assert_eq!(
+        value(
+            &mut sb,
+            &format!("import socket\nL = socket.socket()\nL.bind(('0.0.0.0', {port}))\nL.listen()\nL.getsockname()[1]")
+        ),
+        port.to_string()
+    );
     for host in ["127.0.0.1", "0.0.0.0"] {
-        let r = std::net::TcpStream::connect_timeout(&format!("{host}:{port}").parse().unwrap(), Duration::from_secs(2));
+        let r =
+            std::net::TcpStream::connect_timeout(&format!("{host}:{port}").parse().unwrap(), Duration::from_secs(2));
         assert!(r.is_err(), "the host reached the sandbox's listener at {host}:{port}");
     }
     // The listener lives on in the session: the next exec connects to it.
-    assert_eq!(value(&mut sb, &format!("c = socket.create_connection(('127.0.0.1', {port}))\ns, _ = L.accept()\nc.send(b'hi')\ns.recv(2)")), "b'hi'");
+    assert_eq!(
+        value(
+            &mut sb,
+            &format!(
+                "c = socket.create_connection(('127.0.0.1', {port}))\ns, _ = L.accept()\nc.send(b'hi')\ns.recv(2)"
+            )
+        ),
+        "b'hi'"
+    );
 }
 
 /// A guest that floods a loopback connection nobody reads is stopped by the
@@ -728,13 +835,16 @@ again = socket.create_connection(L.getsockname(), timeout=5)
 #[test]
 fn a_checkpoint_never_carries_a_listener() {
     let home = home();
-    let template = forkbox_engine::Template::ensure(engine(), &home).unwrap_or_else(|e| panic!("Template::ensure: {e}"));
+    let template =
+        forkbox_engine::Template::ensure(engine(), &home).unwrap_or_else(|e| panic!("Template::ensure: {e}"));
     let limits = Limits { network: NetConfig::default(), timeout: Duration::from_secs(20), ..Limits::default() };
     let mut sb = template.fork_tracked(engine(), limits.clone()).unwrap_or_else(|e| panic!("fork: {e}"));
     let port = value(&mut sb, "import socket, errno\nL = socket.socket()\nL.bind(('127.0.0.1', 0))\nL.listen()\nc = socket.create_connection(L.getsockname())\nL.getsockname()[1]");
     let dir = tempfile::tempdir().unwrap();
     let (layer, state) = (dir.path().join("layer"), dir.path().join("state"));
-    template.checkpoint(engine(), &mut sb, &layer, &state, |_| Ok::<(), forkbox_engine::EngineError>(())).unwrap_or_else(|e| panic!("checkpoint: {e}"));
+    template
+        .checkpoint(engine(), &mut sb, &layer, &state, |_| Ok::<(), forkbox_engine::EngineError>(()))
+        .unwrap_or_else(|e| panic!("checkpoint: {e}"));
     assert_eq!(value(&mut sb, "s, _ = L.accept()\nc.send(b'ok')\ns.recv(2)"), "b'ok'");
     let layers = vec![forkbox_snapshot::Layer::read(&layer).unwrap()];
     let mut r = template.resume(engine(), &layers, &state, limits, false).unwrap_or_else(|e| panic!("resume: {e}"));

@@ -231,7 +231,13 @@ json.dumps({"n": n, "err": err, "codes": sorted(codes)})
     assert!(err == libc::EAGAIN as i64 || err == libc::ENOMEM as i64, "a clean EAGAIN/ENOMEM: {v}");
     assert_eq!(v["codes"], serde_json::json!([9]));
     // Usable after, and forks again.
-    assert_eq!(value(&mut sb, "import os\np = os.fork()\nif p == 0: os._exit(5)\nos.waitstatus_to_exitcode(os.waitpid(p, 0)[1])"), "5");
+    assert_eq!(
+        value(
+            &mut sb,
+            "import os\np = os.fork()\nif p == 0: os._exit(5)\nos.waitstatus_to_exitcode(os.waitpid(p, 0)[1])"
+        ),
+        "5"
+    );
 }
 
 #[test]
@@ -376,14 +382,23 @@ fn a_session_that_ran_subprocesses_checkpoints_resumes_and_forks() {
     assert_eq!(r.value.as_deref(), Some("('hi\\n', 9)"));
     let layer = dir.path().join("layer");
     let state = dir.path().join("state");
-    s.template.checkpoint(&s.engine, &mut sb, &layer, &state, |_| Ok::<(), EngineError>(())).unwrap_or_else(|e| panic!("checkpoint: {e}"));
+    s.template
+        .checkpoint(&s.engine, &mut sb, &layer, &state, |_| Ok::<(), EngineError>(()))
+        .unwrap_or_else(|e| panic!("checkpoint: {e}"));
     drop(sb);
     let layers = vec![forkbox_snapshot::layer::Layer::read(&layer).unwrap_or_else(|e| panic!("layer: {e}"))];
-    let mut a = s.template.resume(&s.engine, &layers, &state, limits(60), false).unwrap_or_else(|e| panic!("resume: {e}"));
+    let mut a =
+        s.template.resume(&s.engine, &layers, &state, limits(60), false).unwrap_or_else(|e| panic!("resume: {e}"));
     let mut b = s.template.resume(&s.engine, &layers, &state, limits(60), true).unwrap_or_else(|e| panic!("fork: {e}"));
     for sbx in [&mut a, &mut b] {
         assert_eq!(value(sbx, "out, code"), "('hi\\n', 9)");
-        assert_eq!(value(sbx, "subprocess.run('cat /tmp/f; echo $((6*7))', shell=True, capture_output=True, text=True).stdout"), "'hi\\n42\\n'");
+        assert_eq!(
+            value(
+                sbx,
+                "subprocess.run('cat /tmp/f; echo $((6*7))', shell=True, capture_output=True, text=True).stdout"
+            ),
+            "'hi\\n42\\n'"
+        );
     }
 }
 
@@ -647,4 +662,3 @@ json.dumps({"n": n, "err": err})
     assert!((1..=3).contains(&n), "forks within 256 MiB of committed memory: {v}");
     assert_eq!(v["err"], libc::ENOMEM, "{v}");
 }
-

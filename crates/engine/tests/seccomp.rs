@@ -72,7 +72,9 @@ fn a_guest_thread_runs_sandboxes_under_the_filter() {
         let r = sb.exec(code).expect("exec under the filter");
         assert_eq!(r.stdout, "45 100000\n", "{r:?}");
         // Guest processes sharing memory (a memfd per shared object) under the filter.
-        let r = sb.exec("import multiprocessing\nwith multiprocessing.Pool(2) as p: print(p.map(abs, [-1, -2, -3]))").expect("a Pool under the filter");
+        let r = sb
+            .exec("import multiprocessing\nwith multiprocessing.Pool(2) as p: print(p.map(abs, [-1, -2, -3]))")
+            .expect("a Pool under the filter");
         assert_eq!(r.stdout, "[1, 2, 3]\n", "{r:?}");
         tid_tx.send(my_tid()).unwrap();
         go_rx.recv().unwrap();

@@ -261,11 +261,18 @@ fn run_seed(seed: u64, chunks: u64, calls: u64, witness: &mut Sandbox, tally: &m
         };
         if std::env::var_os("FORKBOX_FUZZ_VERBOSE").is_some() {
             let last = if r.is_err() { last_call(chunk_seed, calls) } else { String::new() };
-            eprintln!("seed {seed} chunk {chunk}: {} syscalls, {:?} {last}", sb.stats().syscalls - before, r.as_ref().map(|r| &r.stdout));
+            eprintln!(
+                "seed {seed} chunk {chunk}: {} syscalls, {:?} {last}",
+                sb.stats().syscalls - before,
+                r.as_ref().map(|r| &r.stdout)
+            );
         }
         match judge(&r) {
             Ok(how) => *tally.ended.entry(how).or_default() += 1,
-            Err(why) => panic!("seed {seed} chunk {chunk} (chunk seed {chunk_seed}): {why}\nlast call: {}", last_call(chunk_seed, calls)),
+            Err(why) => panic!(
+                "seed {seed} chunk {chunk} (chunk seed {chunk_seed}): {why}\nlast call: {}",
+                last_call(chunk_seed, calls)
+            ),
         }
         // A survivor may have closed or redirected its stdout: what counts is that it got back.
         if r.is_ok() {

@@ -411,11 +411,14 @@ fn a_background_thread_survives_checkpoint_resume_and_fork() {
     let before = count_after(&mut sb, 0.1);
     let layer = dir.path().join("layer");
     let state = dir.path().join("state");
-    s.template.checkpoint(&s.engine, &mut sb, &layer, &state, |_| Ok::<(), forkbox_engine::EngineError>(())).unwrap_or_else(|e| panic!("checkpoint: {e}"));
+    s.template
+        .checkpoint(&s.engine, &mut sb, &layer, &state, |_| Ok::<(), forkbox_engine::EngineError>(()))
+        .unwrap_or_else(|e| panic!("checkpoint: {e}"));
     // Evicted: the sandbox goes away; resumed from disk twice (the session and a fork).
     drop(sb);
     let layers = vec![forkbox_snapshot::layer::Layer::read(&layer).unwrap_or_else(|e| panic!("layer: {e}"))];
-    let mut a = s.template.resume(&s.engine, &layers, &state, limits(60), false).unwrap_or_else(|e| panic!("resume: {e}"));
+    let mut a =
+        s.template.resume(&s.engine, &layers, &state, limits(60), false).unwrap_or_else(|e| panic!("resume: {e}"));
     let mut b = s.template.resume(&s.engine, &layers, &state, limits(60), true).unwrap_or_else(|e| panic!("fork: {e}"));
     let a0: u64 = value(&mut a, "count").parse().unwrap();
     let b0: u64 = value(&mut b, "count").parse().unwrap();

@@ -5,9 +5,7 @@ use forkbox_image::{build, default_home, BuildOptions, Image, ImageSpec};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .init();
     let args: Vec<String> = std::env::args().collect();
@@ -20,26 +18,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let progress = !args.iter().any(|a| a == "--quiet");
     let t = std::time::Instant::now();
     let built = build(&ImageSpec::python_numpy(), &BuildOptions { home, progress })?;
-    println!(
-        "id {}\npath {}\nreused {}\nelapsed {:?}",
-        built.id,
-        built.path.display(),
-        built.reused,
-        t.elapsed()
-    );
-    println!(
-        "packages {}: {}",
-        built.packages.len(),
-        built.packages.join(" ")
-    );
+    println!("id {}\npath {}\nreused {}\nelapsed {:?}", built.id, built.path.display(), built.reused, t.elapsed());
+    println!("packages {}: {}", built.packages.len(), built.packages.join(" "));
     if let Some(s) = &built.stats {
         println!("{s:#?}");
     }
     let img = Image::open(&built.path)?;
-    println!(
-        "inodes {} size {}",
-        img.inode_count(),
-        std::fs::metadata(&built.path)?.len()
-    );
+    println!("inodes {} size {}", img.inode_count(), std::fs::metadata(&built.path)?.len());
     Ok(())
 }

@@ -15,10 +15,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for c in path.split('/').filter(|c| !c.is_empty()) {
         ino = img.lookup(ino, c.as_bytes()).ok_or("no such path")?;
     }
-    let bytes = img
-        .content(ino)
-        .or_else(|| img.read_link(ino))
-        .ok_or("not a file or symlink")?;
+    let bytes = img.content(ino).or_else(|| img.read_link(ino)).ok_or("not a file or symlink")?;
     std::io::stdout().write_all(bytes)?;
     Ok(())
 }

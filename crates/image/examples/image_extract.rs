@@ -24,15 +24,9 @@ fn extract(img: &Image, dir: u32, dest: &Path) -> std::io::Result<()> {
             NodeKind::File => {
                 fs::write(&p, img.content(c).unwrap_or_default())?;
                 fs::set_permissions(&p, fs::Permissions::from_mode(m.perm))?;
-                fs::File::options()
-                    .write(true)
-                    .open(&p)?
-                    .set_modified(mtime)?;
+                fs::File::options().write(true).open(&p)?.set_modified(mtime)?;
             }
-            NodeKind::Symlink => symlink(
-                std::ffi::OsStr::from_bytes(img.read_link(c).unwrap_or_default()),
-                &p,
-            )?,
+            NodeKind::Symlink => symlink(std::ffi::OsStr::from_bytes(img.read_link(c).unwrap_or_default()), &p)?,
         }
     }
     Ok(())

@@ -77,10 +77,7 @@ impl Header {
 
     /// Parse the fixed header (magic, version, fields); offsets are checked by the reader.
     pub fn decode(b: &[u8]) -> Result<Header, HeaderError> {
-        let b: &[u8; HEADER_LEN] = b
-            .get(..HEADER_LEN)
-            .and_then(|s| s.try_into().ok())
-            .ok_or(HeaderError::Truncated)?;
+        let b: &[u8; HEADER_LEN] = b.get(..HEADER_LEN).and_then(|s| s.try_into().ok()).ok_or(HeaderError::Truncated)?;
         if &b[O_MAGIC..O_MAGIC + MAGIC.len()] != MAGIC || b[10] != 0 || b[11] != 0 {
             return Err(HeaderError::Magic);
         }

@@ -38,10 +38,7 @@ pub struct NodeMeta {
 #[derive(Debug, thiserror::Error)]
 pub enum ImageError {
     #[error("image I/O on {path}: {source}")]
-    Io {
-        path: String,
-        source: std::io::Error,
-    },
+    Io { path: String, source: std::io::Error },
     #[error("not a forkbox image (bad magic or version) at {0}")]
     BadHeader(String),
     #[error("image {0} is corrupt: {1}")]
@@ -54,8 +51,8 @@ mod pack;
 mod reader;
 
 pub use build::{
-    build, built_id, check_spec, default_home, Blas, image_path, BuildError, BuildOptions, BuildStats, BuiltImage, ExtraFile,
-    ImageSpec, PipSource, WheelRef,
+    build, built_id, check_spec, default_home, image_path, Blas, BuildError, BuildOptions, BuildStats, BuiltImage,
+    ExtraFile, ImageSpec, PipSource, WheelRef,
 };
 pub use pack::{pack_dir, pack_dir_with, PackOptions, PackStats};
 pub use reader::Image;

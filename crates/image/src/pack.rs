@@ -16,9 +16,7 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use crate::format::{
-    Header, Index, NodeRec, DATA_OFF, HEADER_LEN, KIND_DIR, KIND_FILE, KIND_SYMLINK, PAGE, VERSION,
-};
+use crate::format::{Header, Index, NodeRec, DATA_OFF, HEADER_LEN, KIND_DIR, KIND_FILE, KIND_SYMLINK, PAGE, VERSION};
 use crate::ImageError;
 
 /// Knobs for `pack_dir_with`.
@@ -90,17 +88,11 @@ struct Tree {
 }
 
 fn io_err(p: &Path, source: io::Error) -> ImageError {
-    ImageError::Io {
-        path: p.display().to_string(),
-        source,
-    }
+    ImageError::Io { path: p.display().to_string(), source }
 }
 
 fn tmp_sibling(out: &Path) -> PathBuf {
-    let mut name = out
-        .file_name()
-        .map(|n| n.to_os_string())
-        .unwrap_or_else(|| OsString::from("image"));
+    let mut name = out.file_name().map(|n| n.to_os_string()).unwrap_or_else(|| OsString::from("image"));
     name.push(format!(".tmp.{}", std::process::id()));
     out.with_file_name(name)
 }
@@ -113,10 +105,7 @@ fn blob_push(blob: &mut Vec<u8>, bytes: &[u8], what: &Path) -> Result<(u32, u32)
             blob.extend_from_slice(bytes);
             Ok((o, l))
         }
-        _ => Err(ImageError::Corrupt(
-            what.display().to_string(),
-            "name table exceeds 4 GiB".into(),
-        )),
+        _ => Err(ImageError::Corrupt(what.display().to_string(), "name table exceeds 4 GiB".into())),
     }
 }
 
@@ -127,10 +116,7 @@ fn walk(root: &Path, clamp: Option<i64>) -> Result<Tree, ImageError> {
     // The root itself may be given as a symlink to a directory: follow that one.
     let rmeta = fs::metadata(root).map_err(|e| io_err(root, e))?;
     if !rmeta.is_dir() {
-        return Err(io_err(
-            root,
-            io::Error::new(io::ErrorKind::NotADirectory, "not a directory"),
-        ));
+        return Err(io_err(root, io::Error::new(io::ErrorKind::NotADirectory, "not a directory")));
     }
     let mut t = Tree {
         nodes: vec![NodeRec {
@@ -237,20 +223,10 @@ impl Write for HashingWriter {
     }
 }
 
-fn write_image(
-    tree: &Tree,
-    tmp: &Path,
-    id_override: Option<[u8; 32]>,
-) -> Result<PackStats, ImageError> {
+fn write_image(tree: &Tree, tmp: &Path, id_override: Option<[u8; 32]>) -> Result<PackStats, ImageError> {
     let file = File::create(tmp).map_err(|e| io_err(tmp, e))?;
-    let mut w = HashingWriter {
-        out: BufWriter::with_capacity(1 << 20, file),
-        hash: Sha256::new(),
-        pos: DATA_OFF,
-    };
-    w.out
-        .seek(SeekFrom::Start(DATA_OFF))
-        .map_err(|e| io_err(tmp, e))?;
+    let mut w = HashingWriter { out: BufWriter::with_capacity(1 << 20, file), hash: Sha256::new(), pos: DATA_OFF };
+    w.out.seek(SeekFrom::Start(DATA_OFF)).map_err(|e| io_err(tmp, e))?;
 
     let mut nodes = tree.nodes.clone();
     let (mut files, mut file_bytes) = (0u64, 0u64);
@@ -267,16 +243,9 @@ fn write_image(
     }
     let data_len = w.pos - DATA_OFF;
 
-    let index = Index {
-        nodes,
-        blob: tree.blob.clone(),
-    };
-    let index_bytes = postcard::to_allocvec(&index).map_err(|e| {
-        ImageError::Corrupt(
-            tmp.display().to_string(),
-            format!("index serialization: {e}"),
-        )
-    })?;
+    let index = Index { nodes, blob: tree.blob.clone() };
+    let index_bytes = postcard::to_allocvec(&index)
+        .map_err(|e| ImageError::Corrupt(tmp.display().to_string(), format!("index serialization: {e}")))?;
     let index_off = w.pos;
     w.write_all(&index_bytes).map_err(|e| io_err(tmp, e))?;
     let content_hash: [u8; 32] = w.hash.clone().finalize().into();
@@ -293,10 +262,7 @@ fn write_image(
     };
     header.checksum = header.compute_checksum(&index_bytes);
     let enc: [u8; HEADER_LEN] = header.encode();
-    let mut file = w
-        .out
-        .into_inner()
-        .map_err(|e| io_err(tmp, e.into_error()))?;
+    let mut file = w.out.into_inner().map_err(|e| io_err(tmp, e.into_error()))?;
     file.seek(SeekFrom::Start(0)).map_err(|e| io_err(tmp, e))?;
     file.write_all(&enc).map_err(|e| io_err(tmp, e))?;
     file.sync_all().map_err(|e| io_err(tmp, e))?;

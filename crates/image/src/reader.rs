@@ -13,8 +13,7 @@ use memmap2::Mmap;
 use sha2::{Digest, Sha256};
 
 use crate::format::{
-    Header, HeaderError, Index, NodeRec, DATA_OFF, HEADER_LEN, KIND_DIR, KIND_FILE, KIND_SYMLINK,
-    MAGIC, PAGE,
+    Header, HeaderError, Index, NodeRec, DATA_OFF, HEADER_LEN, KIND_DIR, KIND_FILE, KIND_SYMLINK, MAGIC, PAGE,
 };
 use crate::{ImageError, Ino, NodeKind, NodeMeta};
 
@@ -44,10 +43,7 @@ impl Image {
 
     pub fn open(path: &Path) -> Result<Image, ImageError> {
         let shown = path.display().to_string();
-        let io = |source| ImageError::Io {
-            path: shown.clone(),
-            source,
-        };
+        let io = |source| ImageError::Io { path: shown.clone(), source };
         let corrupt = |msg: String| ImageError::Corrupt(shown.clone(), msg);
 
         let file = File::open(path).map_err(io)?;
@@ -56,10 +52,7 @@ impl Image {
             // Too short to hold a header: a truncated image if the magic is there, else
             // not an image at all.
             let mut head = Vec::new();
-            (&file)
-                .take(MAGIC.len() as u64)
-                .read_to_end(&mut head)
-                .map_err(io)?;
+            (&file).take(MAGIC.len() as u64).read_to_end(&mut head).map_err(io)?;
             if head == MAGIC {
                 return Err(corrupt(format!("truncated to {len} bytes")));
             }
@@ -70,9 +63,7 @@ impl Image {
         let map = unsafe { Mmap::map(&file) }.map_err(io)?;
         let header = match Header::decode(&map) {
             Ok(h) => h,
-            Err(HeaderError::Magic | HeaderError::Truncated) => {
-                return Err(ImageError::BadHeader(shown))
-            }
+            Err(HeaderError::Magic | HeaderError::Truncated) => return Err(ImageError::BadHeader(shown)),
             Err(HeaderError::Version(v)) => {
                 return Err(ImageError::BadHeader(format!(
                     "{shown} (format version {v}; this build reads version {})",
@@ -85,8 +76,7 @@ impl Image {
         let data_end = header.data_off.checked_add(header.data_len);
         let index_end = header.index_off.checked_add(header.index_len);
         match (data_end, index_end) {
-            (Some(de), Some(ie))
-                if header.data_off == DATA_OFF && de <= header.index_off && ie <= flen => {}
+            (Some(de), Some(ie)) if header.data_off == DATA_OFF && de <= header.index_off && ie <= flen => {}
             _ => {
                 return Err(corrupt(format!(
                     "truncated or inconsistent layout (file {flen} bytes, data {}+{}, index {}+{})",
@@ -94,13 +84,12 @@ impl Image {
                 )))
             }
         }
-        let index_bytes =
-            &map[header.index_off as usize..(header.index_off + header.index_len) as usize];
+        let index_bytes = &map[header.index_off as usize..(header.index_off + header.index_len) as usize];
         if header.compute_checksum(index_bytes) != header.checksum {
             return Err(corrupt("index checksum mismatch".into()));
         }
-        let index: Index = postcard::from_bytes(index_bytes)
-            .map_err(|e| corrupt(format!("index does not decode: {e}")))?;
+        let index: Index =
+            postcard::from_bytes(index_bytes).map_err(|e| corrupt(format!("index does not decode: {e}")))?;
         validate(&index, &header).map_err(corrupt)?;
         Ok(Image {
             id: hex::encode(header.id),
@@ -141,12 +130,7 @@ impl Image {
             KIND_FILE => (NodeKind::File, n.b),
             _ => (NodeKind::Symlink, n.b),
         };
-        Some(NodeMeta {
-            kind,
-            perm: n.perm,
-            size,
-            mtime: n.mtime,
-        })
+        Some(NodeMeta { kind, perm: n.perm, size, mtime: n.mtime })
     }
 
     /// One directory entry by name (no "." / "..", no symlink following).
@@ -160,9 +144,7 @@ impl Image {
 
     /// The parent directory of `ino` (root's parent is root; so is an out-of-range ino's).
     pub fn parent(&self, ino: Ino) -> Ino {
-        self.nodes
-            .get(ino as usize)
-            .map_or(Self::ROOT, |n| n.parent)
+        self.nodes.get(ino as usize).map_or(Self::ROOT, |n| n.parent)
     }
 
     /// Name of `ino` in its parent directory (empty for the root).
@@ -175,9 +157,7 @@ impl Image {
         let Some((first, count)) = self.dir_range(dir) else {
             return Vec::new();
         };
-        (first..first + count)
-            .filter_map(|i| self.nodes.get(i).map(|n| (self.name_of(n), i as Ino)))
-            .collect()
+        (first..first + count).filter_map(|i| self.nodes.get(i).map(|n| (self.name_of(n), i as Ino))).collect()
     }
 
     pub fn read_link(&self, ino: Ino) -> Option<&[u8]> {
@@ -210,27 +190,17 @@ impl Image {
     /// Re-hash the data region + index and compare with the header (reads the whole file).
     pub fn verify_content(&self) -> Result<(), ImageError> {
         let h = &self.header;
-        let data = self
-            .map
-            .get(h.data_off as usize..(h.data_off + h.data_len) as usize);
-        let index = self
-            .map
-            .get(h.index_off as usize..(h.index_off + h.index_len) as usize);
+        let data = self.map.get(h.data_off as usize..(h.data_off + h.data_len) as usize);
+        let index = self.map.get(h.index_off as usize..(h.index_off + h.index_len) as usize);
         let (Some(data), Some(index)) = (data, index) else {
-            return Err(ImageError::Corrupt(
-                self.path.display().to_string(),
-                "truncated".into(),
-            ));
+            return Err(ImageError::Corrupt(self.path.display().to_string(), "truncated".into()));
         };
         let mut s = Sha256::new();
         s.update(data);
         s.update(index);
         let got: [u8; 32] = s.finalize().into();
         if got != h.content_hash {
-            return Err(ImageError::Corrupt(
-                self.path.display().to_string(),
-                "content hash mismatch".into(),
-            ));
+            return Err(ImageError::Corrupt(self.path.display().to_string(), "content hash mismatch".into()));
         }
         Ok(())
     }
@@ -270,25 +240,15 @@ fn validate(index: &Index, h: &Header) -> Result<(), String> {
             if r.kind != KIND_DIR || r.parent != 0 || !name.is_empty() {
                 return Err("root is not a directory with parent root".into());
             }
-        } else if name.is_empty()
-            || name == b"."
-            || name == b".."
-            || name.contains(&b'/')
-            || name.contains(&0)
-        {
-            return Err(format!(
-                "inode {i}: invalid name {:?}",
-                String::from_utf8_lossy(name)
-            ));
+        } else if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') || name.contains(&0) {
+            return Err(format!("inode {i}: invalid name {:?}", String::from_utf8_lossy(name)));
         }
         match r.kind {
             KIND_DIR => {
                 let (first, count) = (r.a, r.b);
                 // Children come after their directory (breadth-first numbering): this rules
                 // out cycles and the root being anyone's child.
-                if count > 0
-                    && (first <= i as u64 || first.checked_add(count).is_none_or(|e| e > n as u64))
-                {
+                if count > 0 && (first <= i as u64 || first.checked_add(count).is_none_or(|e| e > n as u64)) {
                     return Err(format!("inode {i}: children range {first}+{count} invalid"));
                 }
                 let mut prev: Option<&[u8]> = None;
@@ -308,14 +268,10 @@ fn validate(index: &Index, h: &Header) -> Result<(), String> {
             }
             KIND_FILE => {
                 if r.b > 0 {
-                    let ok = r.a % PAGE == 0
-                        && r.a >= h.data_off
-                        && r.a.checked_add(r.b).is_some_and(|e| e <= data_end);
+                    let ok =
+                        r.a % PAGE == 0 && r.a >= h.data_off && r.a.checked_add(r.b).is_some_and(|e| e <= data_end);
                     if !ok {
-                        return Err(format!(
-                            "inode {i}: content {}+{} outside data region",
-                            r.a, r.b
-                        ));
+                        return Err(format!("inode {i}: content {}+{} outside data region", r.a, r.b));
                     }
                 }
             }
@@ -330,11 +286,7 @@ fn validate(index: &Index, h: &Header) -> Result<(), String> {
     // Each non-root node is listed by at most one directory (its parent, checked above);
     // the counts adding up means every one is listed exactly once.
     if claimed != n as u64 - 1 {
-        return Err(format!(
-            "{} of {} inodes are not in any directory",
-            n as u64 - 1 - claimed.min(n as u64 - 1),
-            n
-        ));
+        return Err(format!("{} of {} inodes are not in any directory", n as u64 - 1 - claimed.min(n as u64 - 1), n));
     }
     Ok(())
 }

@@ -8,13 +8,8 @@ use std::time::{Duration, SystemTime};
 use crate::{pack_dir, pack_dir_with, Image, ImageError, NodeKind, PackOptions};
 
 fn set_mtime(p: &Path, secs: u64) {
-    let f = fs::File::options()
-        .write(true)
-        .open(p)
-        .or_else(|_| fs::File::open(p))
-        .unwrap();
-    f.set_modified(SystemTime::UNIX_EPOCH + Duration::from_secs(secs))
-        .unwrap();
+    let f = fs::File::options().write(true).open(p).or_else(|_| fs::File::open(p)).unwrap();
+    f.set_modified(SystemTime::UNIX_EPOCH + Duration::from_secs(secs)).unwrap();
 }
 
 /// root/
@@ -74,18 +69,7 @@ fn round_trip() {
     // 1 root + a.txt bin dangling empty emptydir lib link_abs + tool link_rel + ld.so py + deep + x.py
     assert_eq!(img.inode_count(), 14);
     let names: Vec<&[u8]> = img.children(Image::ROOT).iter().map(|(n, _)| *n).collect();
-    assert_eq!(
-        names,
-        vec![
-            &b"a.txt"[..],
-            b"bin",
-            b"dangling",
-            b"empty",
-            b"emptydir",
-            b"lib",
-            b"link_abs"
-        ]
-    );
+    assert_eq!(names, vec![&b"a.txt"[..], b"bin", b"dangling", b"empty", b"emptydir", b"lib", b"link_abs"]);
     for (name, ino) in img.children(Image::ROOT) {
         assert_eq!(img.lookup(Image::ROOT, name), Some(ino));
         assert_eq!(img.parent(ino), Image::ROOT);
@@ -103,10 +87,7 @@ fn round_trip() {
 
     let a = path_lookup(&img, "a.txt").unwrap();
     let m = img.meta(a).unwrap();
-    assert_eq!(
-        (m.kind, m.size, m.perm, m.mtime),
-        (NodeKind::File, 5, 0o644, 1_000_000_000)
-    );
+    assert_eq!((m.kind, m.size, m.perm, m.mtime), (NodeKind::File, 5, 0o644, 1_000_000_000));
     assert_eq!(img.content(a), Some(&b"hello"[..]));
     assert_eq!(img.read_link(a), None);
     assert_eq!(img.lookup(a, b"x"), None);
@@ -115,10 +96,7 @@ fn round_trip() {
 
     let tool = path_lookup(&img, "bin/tool").unwrap();
     let m = img.meta(tool).unwrap();
-    assert_eq!(
-        (m.kind, m.perm, m.size),
-        (NodeKind::File, 0o755, big.len() as u64)
-    );
+    assert_eq!((m.kind, m.perm, m.size), (NodeKind::File, 0o755, big.len() as u64));
     assert_eq!(img.content(tool), Some(&big[..]));
     assert_eq!(img.content_offset(tool).unwrap() % 4096, 0);
 
@@ -151,10 +129,7 @@ fn round_trip() {
     assert_eq!(img.content(x), Some(&b"print(1)"[..]));
     let deep = img.parent(x);
     assert_eq!(img.name(deep), Some(&b"deep"[..]));
-    assert_eq!(
-        img.parent(img.parent(deep)),
-        path_lookup(&img, "lib").unwrap()
-    );
+    assert_eq!(img.parent(img.parent(deep)), path_lookup(&img, "lib").unwrap());
 
     // out of range
     let n = img.inode_count();
@@ -189,21 +164,12 @@ fn deterministic_and_options() {
     let id1 = pack_dir(&root, &dir.path().join("1.img")).unwrap();
     let id2 = pack_dir(&root, &dir.path().join("2.img")).unwrap();
     assert_eq!(id1, id2);
-    assert_eq!(
-        fs::read(dir.path().join("1.img")).unwrap(),
-        fs::read(dir.path().join("2.img")).unwrap()
-    );
+    assert_eq!(fs::read(dir.path().join("1.img")).unwrap(), fs::read(dir.path().join("2.img")).unwrap());
 
     let want = "ab".repeat(32);
-    let stats = pack_dir_with(
-        &root,
-        &dir.path().join("3.img"),
-        &PackOptions {
-            id: Some(want.clone()),
-            mtime_clamp: Some(5),
-        },
-    )
-    .unwrap();
+    let stats =
+        pack_dir_with(&root, &dir.path().join("3.img"), &PackOptions { id: Some(want.clone()), mtime_clamp: Some(5) })
+            .unwrap();
     assert_eq!(stats.id, want);
     assert_eq!(stats.files, 5);
     let img = Image::open(&dir.path().join("3.img")).unwrap();
@@ -213,17 +179,11 @@ fn deterministic_and_options() {
     assert!(pack_dir_with(
         &root,
         &dir.path().join("4.img"),
-        &PackOptions {
-            id: Some("xyz".into()),
-            mtime_clamp: None
-        }
+        &PackOptions { id: Some("xyz".into()), mtime_clamp: None }
     )
     .is_err());
     // no temp files left behind
-    let left: Vec<_> = fs::read_dir(dir.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
+    let left: Vec<_> = fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(left.len(), 4, "{left:?}");
 }
 
@@ -286,10 +246,7 @@ fn corrupt_header_fields() {
         let mut b = bytes.clone();
         b[pos] ^= 0x01;
         rewrite(&out, &b);
-        assert!(
-            matches!(Image::open(&out), Err(ImageError::Corrupt(..))),
-            "byte {pos}"
-        );
+        assert!(matches!(Image::open(&out), Err(ImageError::Corrupt(..))), "byte {pos}");
     }
 }
 
@@ -332,10 +289,7 @@ fn wrong_magic_or_version() {
     assert!(matches!(Image::open(&out), Err(ImageError::BadHeader(_))));
     rewrite(&out, &vec![0u8; 10_000]);
     assert!(matches!(Image::open(&out), Err(ImageError::BadHeader(_))));
-    assert!(matches!(
-        Image::open(&out.with_extension("missing")),
-        Err(ImageError::Io { .. })
-    ));
+    assert!(matches!(Image::open(&out.with_extension("missing")), Err(ImageError::Io { .. })));
 }
 
 /// Structurally invalid index with a *valid* checksum (a buggy or malicious writer):

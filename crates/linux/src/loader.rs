@@ -4,7 +4,7 @@
 
 use forkbox_vmm::layout::{VDSO_PAGE, VDSO_PAGES};
 use forkbox_vmm::GuestMemory;
-use goblin::elf::header::{ET_DYN, ET_EXEC, EM_X86_64};
+use goblin::elf::header::{EM_X86_64, ET_DYN, ET_EXEC};
 use goblin::elf::program_header::{PF_R, PF_W, PF_X, PT_INTERP, PT_LOAD, PT_PHDR};
 use goblin::elf::Elf;
 use thiserror::Error;
@@ -84,7 +84,8 @@ fn load_elf(mem: &mut GuestMemory, proc: &mut Process, path: &str, dyn_base: u64
         t => return Err(bad(format!("ELF type {t} is not an executable"))),
     };
     let full = Elf::parse(&bytes).map_err(|e| bad(e.to_string()))?;
-    let mut loaded = Loaded { entry: elf.e_entry + bias, bias, phdr: 0, phnum: elf.e_phnum as u64, end: 0, interp: None };
+    let mut loaded =
+        Loaded { entry: elf.e_entry + bias, bias, phdr: 0, phnum: elf.e_phnum as u64, end: 0, interp: None };
     for ph in &full.program_headers {
         match ph.p_type {
             PT_INTERP => {
@@ -157,11 +158,8 @@ pub fn exec(
     let nul_joined = |v: &[&str]| -> std::sync::Arc<[u8]> {
         v.iter().flat_map(|s| s.bytes().chain(std::iter::once(0))).collect::<Vec<u8>>().into()
     };
-    proc.exec_info = crate::process::ExecInfo {
-        exe: path.as_bytes().into(),
-        cmdline: nul_joined(argv),
-        environ: nul_joined(envp),
-    };
+    proc.exec_info =
+        crate::process::ExecInfo { exe: path.as_bytes().into(), cmdline: nul_joined(argv), environ: nul_joined(envp) };
     Ok(Start { entry: interp.as_ref().map_or(main.entry, |i| i.entry), rsp })
 }
 

@@ -30,13 +30,20 @@ pub enum VmaKind {
     /// MAP_SHARED of a file: the bytes were copied in at mmap time and are
     /// written back to the file on msync and munmap. `offset` is the file
     /// offset of the mapping's first byte.
-    SharedFile { ino: u64, offset: u64 },
+    SharedFile {
+        ino: u64,
+        offset: u64,
+    },
     Stack,
     /// MAP_SHARED memory shared between the sandbox's processes (`shm.rs`):
     /// shared object `obj` from byte `offset`; `ino`: the file it maps (its
     /// bytes are written back there), None for MAP_SHARED|MAP_ANONYMOUS.
     /// Host-side only: never in a saved state (`shm.rs`, `validate`).
-    Shm { obj: u32, offset: u64, ino: Option<u64> },
+    Shm {
+        obj: u32,
+        offset: u64,
+        ino: Option<u64>,
+    },
 }
 
 impl Vma {
@@ -109,7 +116,10 @@ impl MemoryMap {
             last_end = v.end;
             sum = sum.checked_add(v.end - s).ok_or("mapping sizes overflow")?;
         }
-        if self.brk < self.brk_start || self.brk > BRK_LIMIT || (self.brk > self.brk_start && self.brk_start < GUEST_BASE) {
+        if self.brk < self.brk_start
+            || self.brk > BRK_LIMIT
+            || (self.brk > self.brk_start && self.brk_start < GUEST_BASE)
+        {
             return Err(format!("bad heap {:#x}..{:#x}", self.brk_start, self.brk));
         }
         if sum.checked_add(self.brk_pages()) != Some(self.committed) {
@@ -178,7 +188,8 @@ impl MemoryMap {
     /// PROT_NONE; x86 cannot map write- or execute-only) or, with `write`,
     /// writable. The brk heap is read-write.
     pub fn accessible(&self, addr: u64, len: u64, write: bool) -> u64 {
-        let need = if write { libc::PROT_WRITE as u32 } else { (libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC) as u32 };
+        let need =
+            if write { libc::PROT_WRITE as u32 } else { (libc::PROT_READ | libc::PROT_WRITE | libc::PROT_EXEC) as u32 };
         let end = addr.saturating_add(len);
         let heap_end = align_up(self.brk, PAGE_SIZE);
         let mut at = addr;
@@ -339,7 +350,9 @@ impl MemoryMap {
     /// (`new > old`; every sum checked: the lengths are the guest's).
     pub fn grow_in_place(&mut self, addr: u64, old: u64, new: u64) -> Result<bool, Errno> {
         let Some(v) = self.vmas.get(&addr).copied() else { return Err(Errno::EFAULT) };
-        let (Some(old_end), Some(new_end), Some(extra)) = (addr.checked_add(old), addr.checked_add(new), new.checked_sub(old)) else {
+        let (Some(old_end), Some(new_end), Some(extra)) =
+            (addr.checked_add(old), addr.checked_add(new), new.checked_sub(old))
+        else {
             return Err(Errno::ENOMEM);
         };
         if v.end != old_end || extra == 0 {
@@ -384,7 +397,8 @@ impl MemoryMap {
     /// an exec), keeping its range and protection. Returns the changed ranges
     /// with their old kinds.
     pub fn unshare_all(&mut self) -> Vec<(u64, u64, VmaKind)> {
-        let hit: Vec<(u64, Vma)> = self.vmas.iter().filter(|(_, v)| matches!(v.kind, VmaKind::Shm { .. })).map(|(s, v)| (*s, *v)).collect();
+        let hit: Vec<(u64, Vma)> =
+            self.vmas.iter().filter(|(_, v)| matches!(v.kind, VmaKind::Shm { .. })).map(|(s, v)| (*s, *v)).collect();
         let mut out = Vec::with_capacity(hit.len());
         for (s, v) in hit {
             let kind = match v.kind {

@@ -632,11 +632,8 @@ impl Objects {
             return Ok((m.data[..n].to_vec(), m.data.len(), m.from));
         }
         let n = len.min(s.rx.len());
-        let data: Vec<u8> = if peek {
-            s.rx.iter().take(n).copied().collect()
-        } else {
-            Arc::make_mut(&mut s.rx).drain(..n).collect()
-        };
+        let data: Vec<u8> =
+            if peek { s.rx.iter().take(n).copied().collect() } else { Arc::make_mut(&mut s.rx).drain(..n).collect() };
         Ok((data, n, Arc::from(&[][..])))
     }
 
@@ -758,7 +755,9 @@ impl Objects {
                         }
                         return r;
                     }
-                    SockState::Unconnected if s.ty != SockType::Dgram => return libc::POLLOUT as u32 | libc::POLLHUP as u32,
+                    SockState::Unconnected if s.ty != SockType::Dgram => {
+                        return libc::POLLOUT as u32 | libc::POLLHUP as u32
+                    }
                     _ => {}
                 }
                 if s.has_data() || s.shut_rd || s.peer_wr_gone {

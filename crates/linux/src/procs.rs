@@ -138,7 +138,8 @@ impl ProcTable {
         if let Some(e) = self.map.get_mut(&pid) {
             e.exit = Some(how);
         }
-        self.outbox.push((ppid, SigInfo { signo: SIGCHLD, code: how.siginfo().0, pid: pid as i32, ..Default::default() }));
+        self.outbox
+            .push((ppid, SigInfo { signo: SIGCHLD, code: how.siginfo().0, pid: pid as i32, ..Default::default() }));
         Some(ppid)
     }
 

@@ -123,7 +123,8 @@ impl std::fmt::Debug for ShmTable {
 impl ShmTable {
     /// Forget the objects no mapping holds any more.
     fn prune(&mut self) {
-        let dead: Vec<ObjId> = self.objects.iter().filter(|(_, o)| o.file.strong_count() == 0).map(|(id, _)| *id).collect();
+        let dead: Vec<ObjId> =
+            self.objects.iter().filter(|(_, o)| o.file.strong_count() == 0).map(|(id, _)| *id).collect();
         for id in dead {
             if let Some(o) = self.objects.remove(&id) {
                 if let Some(ino) = o.ino {
@@ -152,7 +153,13 @@ impl ShmTable {
     /// at least that long (grown with zeros), that window holding the file's
     /// bytes (`file_bytes`, copied in for the parts no mapping covered yet).
     /// Made when there is none. Returns (id, host file).
-    pub fn for_file(&mut self, ino: Ino, offset: u64, len: u64, file_bytes: &[u8]) -> Result<(ObjId, SharedFile), Errno> {
+    pub fn for_file(
+        &mut self,
+        ino: Ino,
+        offset: u64,
+        len: u64,
+        file_bytes: &[u8],
+    ) -> Result<(ObjId, SharedFile), Errno> {
         let end = offset.checked_add(len).filter(|e| *e <= MAX_OBJECT_BYTES).ok_or(Errno::ENOMEM)?;
         let existing = self.by_ino.get(&ino).and_then(|&id| Some((id, self.file(id)?)));
         let (id, f) = match existing {

@@ -190,7 +190,11 @@ impl Frame {
         };
         let addr = (sp.wrapping_sub(FRAME_SIZE) & !15).wrapping_sub(8);
         let end = addr.checked_add(FRAME_SIZE).ok_or("no room for the signal frame")?;
-        if addr < GUEST_BASE || end > RAM_SIZE || sp > RAM_SIZE || proc.mm.accessible(addr, FRAME_SIZE, true) != FRAME_SIZE {
+        if addr < GUEST_BASE
+            || end > RAM_SIZE
+            || sp > RAM_SIZE
+            || proc.mm.accessible(addr, FRAME_SIZE, true) != FRAME_SIZE
+        {
             return Err(format!("no room for the signal frame at {addr:#x} (stack pointer {:#x})", u.rsp));
         }
         let mask = restore_mask.unwrap_or(proc.signals.mask);

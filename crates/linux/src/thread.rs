@@ -472,7 +472,8 @@ impl Threads {
             t.overrun = overrun.min(i32::MAX as i64) as i32;
             if !t.silent {
                 let code = if t.id < 0 { SI_KERNEL } else { SI_TIMER };
-                let info = SigInfo { signo: t.signo, code, pid: 0, timer_id: t.id.max(0), overrun: t.overrun, value: t.value };
+                let info =
+                    SigInfo { signo: t.signo, code, pid: 0, timer_id: t.id.max(0), overrun: t.overrun, value: t.value };
                 fired.push((t.tid, info));
             }
         }
@@ -585,8 +586,28 @@ mod tests {
     #[test]
     fn timers_fire_with_overruns_and_standard_signals_coalesce() {
         let mut t = Threads::default();
-        t.timers.push(Timer { id: 0, clock: 1, signo: 34, tid: None, silent: false, value: 7, expiry: Some(100), interval_ns: 10, overrun: 0 });
-        t.itimer_real = Some(Timer { id: -1, clock: 0, signo: SIGALRM, tid: None, silent: false, value: 0, expiry: Some(50), interval_ns: 0, overrun: 0 });
+        t.timers.push(Timer {
+            id: 0,
+            clock: 1,
+            signo: 34,
+            tid: None,
+            silent: false,
+            value: 7,
+            expiry: Some(100),
+            interval_ns: 10,
+            overrun: 0,
+        });
+        t.itimer_real = Some(Timer {
+            id: -1,
+            clock: 0,
+            signo: SIGALRM,
+            tid: None,
+            silent: false,
+            value: 0,
+            expiry: Some(50),
+            interval_ns: 0,
+            overrun: 0,
+        });
         t.fire_timers(99);
         assert_eq!(t.pending.len(), 1);
         t.fire_timers(125);

@@ -143,7 +143,9 @@ fn ready_at(fds: &FdTable, io: &Io, ofd: u64, depth: u32) -> u32 {
         FileKind::Node(_) => r | w,
         FileKind::Object(id) => fds.objects.readiness(id, f.flags, depth, &|o, d| ready_at(fds, io, o, d)),
         // A host socket: asked of the host (POLLHUP/POLLERR included).
-        FileKind::Socket(s) => io.net.poll(s.id, crate::net::POLL_MASK | libc::POLLRDNORM | libc::POLLWRNORM) as u16 as u32,
+        FileKind::Socket(s) => {
+            io.net.poll(s.id, crate::net::POLL_MASK | libc::POLLRDNORM | libc::POLLWRNORM) as u16 as u32
+        }
     }
 }
 

@@ -133,7 +133,10 @@ impl Launch {
 pub fn snippet(client: McpClient, launch: &Launch) -> String {
     match client {
         McpClient::ClaudeCode => {
-            let words: Vec<String> = std::iter::once("claude".to_string()).chain(launch.claude_code_args()).map(|w| shell_quote(&w)).collect();
+            let words: Vec<String> = std::iter::once("claude".to_string())
+                .chain(launch.claude_code_args())
+                .map(|w| shell_quote(&w))
+                .collect();
             words.join(" ") + "\n"
         }
         McpClient::Claude | McpClient::Cursor | McpClient::Windsurf => {
@@ -209,7 +212,8 @@ pub fn shell_quote(w: &str) -> String {
 /// which `cargo clean` or the next build removes or replaces.
 pub fn is_build_output(program: &Path) -> bool {
     program.ancestors().skip(1).any(|a| {
-        a.file_name().is_some_and(|n| n == "target") && (a.join("CACHEDIR.TAG").exists() || a.join(".rustc_info.json").exists())
+        a.file_name().is_some_and(|n| n == "target")
+            && (a.join("CACHEDIR.TAG").exists() || a.join(".rustc_info.json").exists())
     })
 }
 
@@ -290,7 +294,8 @@ mod tests {
 
     #[test]
     fn json_remote_entry_names_url_and_key_variable() {
-        let out = merge(McpClient::Cursor, None, &launch(Some("https://fb.example")), &p()).unwrap_or_else(|e| panic!("{e}"));
+        let out =
+            merge(McpClient::Cursor, None, &launch(Some("https://fb.example")), &p()).unwrap_or_else(|e| panic!("{e}"));
         let v: Value = serde_json::from_str(&out).unwrap_or_default();
         assert_eq!(v["mcpServers"]["forkbox"]["args"], json!(["mcp", "--url", "https://fb.example"]));
         assert!(v["mcpServers"]["forkbox"]["env"]["FORKBOX_API_KEY"].is_string());
@@ -309,7 +314,10 @@ mod tests {
         );
         l.program = "/opt/my tools/forkbox".into();
         l.url = None;
-        assert_eq!(snippet(McpClient::ClaudeCode, &l).trim_end(), "claude mcp add --scope user forkbox -- '/opt/my tools/forkbox' mcp");
+        assert_eq!(
+            snippet(McpClient::ClaudeCode, &l).trim_end(),
+            "claude mcp add --scope user forkbox -- '/opt/my tools/forkbox' mcp"
+        );
         assert!(matches!(merge(McpClient::ClaudeCode, None, &l, &p()), Err(InstallError::NoFile)));
         assert_eq!(shell_quote("it's"), "'it'\\''s'");
     }
@@ -320,14 +328,18 @@ mod tests {
         let target = dir.path().join("repo/target");
         std::fs::create_dir_all(target.join("release")).unwrap_or_else(|e| panic!("{e}"));
         assert!(!is_build_output(&target.join("release/forkbox")));
-        std::fs::write(target.join("CACHEDIR.TAG"), "Signature: 8a477f597d28d172789f06886806bc55").unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(target.join("CACHEDIR.TAG"), "Signature: 8a477f597d28d172789f06886806bc55")
+            .unwrap_or_else(|e| panic!("{e}"));
         assert!(is_build_output(&target.join("release/forkbox")));
         assert!(!is_build_output(Path::new("/usr/local/bin/forkbox")));
     }
 
     #[test]
     fn json_merge_refuses_what_it_cannot_merge() {
-        assert!(matches!(merge(McpClient::Claude, Some("{not json"), &launch(None), &p()), Err(InstallError::Parse { .. })));
+        assert!(matches!(
+            merge(McpClient::Claude, Some("{not json"), &launch(None), &p()),
+            Err(InstallError::Parse { .. })
+        ));
         assert!(matches!(merge(McpClient::Claude, Some("[1]"), &launch(None), &p()), Err(InstallError::Shape { .. })));
         assert!(matches!(
             merge(McpClient::Claude, Some(r#"{"mcpServers": 3}"#), &launch(None), &p()),
@@ -359,7 +371,8 @@ mod tests {
         let w = write(McpClient::Claude, &path, &launch(None)).unwrap_or_else(|e| panic!("{e}"));
         assert!(w.backup.is_none() && path.exists());
         // Another server added by the user, then install again: kept, and the old file backed up.
-        let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap_or_default()).unwrap_or_default();
+        let mut v: Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap_or_default()).unwrap_or_default();
         v["mcpServers"]["mine"] = json!({"command": "mine"});
         std::fs::write(&path, v.to_string()).unwrap_or_else(|e| panic!("{e}"));
         let w = write(McpClient::Claude, &path, &launch(None)).unwrap_or_else(|e| panic!("{e}"));

@@ -43,7 +43,8 @@ pub enum McpError {
 
 /// Serve MCP on stdin/stdout until the client closes stdin.
 pub async fn serve_stdio(client: Client) -> Result<(), McpError> {
-    let running = ForkboxMcp::new(client).serve(rmcp::transport::stdio()).await.map_err(|e| McpError::Start(e.to_string()))?;
+    let running =
+        ForkboxMcp::new(client).serve(rmcp::transport::stdio()).await.map_err(|e| McpError::Start(e.to_string()))?;
     running.waiting().await.map_err(|e| McpError::Run(e.to_string()))?;
     Ok(())
 }
@@ -60,7 +61,9 @@ pub fn http_service(api: axum::Router) -> StreamableHttpService<ForkboxMcp, Loca
     let server = ForkboxMcp::forwarding_key(Client::new(Transport::InProcess(api)));
     // Stateless, JSON responses: no MCP session lives in the server between
     // requests and no event stream stays open (graceful shutdown stays quick).
-    let config =
-        StreamableHttpServerConfig::default().disable_allowed_hosts().with_legacy_session_mode(false).with_json_response(true);
+    let config = StreamableHttpServerConfig::default()
+        .disable_allowed_hosts()
+        .with_legacy_session_mode(false)
+        .with_json_response(true);
     StreamableHttpService::new(move || Ok(server.clone()), Arc::new(LocalSessionManager::default()), config)
 }

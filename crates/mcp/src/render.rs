@@ -43,13 +43,24 @@ pub fn exec_result(r: &ExecResult) -> CallToolResult {
     // (markdown or plain: an LLM reads those better than HTML).
     for b in &r.display {
         match b.image() {
-            Some((mime, _)) => content.extend(b.text(mime).map(|b64| ContentBlock::image(b64.to_string(), mime.to_string()))),
-            None => content.extend(b.text("text/markdown").or_else(|| b.text("text/plain")).map(|t| ContentBlock::text(format!("display:\n{t}")))),
+            Some((mime, _)) => {
+                content.extend(b.text(mime).map(|b64| ContentBlock::image(b64.to_string(), mime.to_string())))
+            }
+            None => content.extend(
+                b.text("text/markdown")
+                    .or_else(|| b.text("text/plain"))
+                    .map(|t| ContentBlock::text(format!("display:\n{t}"))),
+            ),
         }
     }
     // The value as an image too (a PIL image); its text is in the text above.
     if let Some((mime, _)) = r.value_data.as_ref().and_then(|b| b.image()) {
-        content.extend(r.value_data.as_ref().and_then(|b| b.text(mime)).map(|b64| ContentBlock::image(b64.to_string(), mime.to_string())));
+        content.extend(
+            r.value_data
+                .as_ref()
+                .and_then(|b| b.text(mime))
+                .map(|b64| ContentBlock::image(b64.to_string(), mime.to_string())),
+        );
     }
     for o in &r.outputs {
         let Some(b64) = &o.base64 else { continue };
@@ -105,7 +116,8 @@ fn exec_text(r: &ExecResult) -> String {
 
 /// A command's result: `{stdout, stderr, exit_code, checkpoint?, runtime_ms, outputs}` plus a text rendering.
 pub fn command_result(r: &CommandResult) -> CallToolResult {
-    let outputs: Vec<Value> = r.outputs.iter().map(|o| json!({ "path": o.path, "size": o.size, "mime": o.mime })).collect();
+    let outputs: Vec<Value> =
+        r.outputs.iter().map(|o| json!({ "path": o.path, "size": o.size, "mime": o.mime })).collect();
     let mut structured = json!({
         "stdout": r.stdout,
         "stderr": r.stderr,
@@ -167,12 +179,18 @@ fn session_line(s: &Session) -> String {
         (None, Some(f)) => format!("forked from {} checkpoint {}", f.session, f.checkpoint),
         (None, None) => "no execs yet".to_string(),
     };
-    format!("session {} ({at}; memory {} MiB, timeout {} s per exec)", s.id, s.limits.memory_mb, s.limits.timeout_seconds)
+    format!(
+        "session {} ({at}; memory {} MiB, timeout {} s per exec)",
+        s.id, s.limits.memory_mb, s.limits.timeout_seconds
+    )
 }
 
 pub fn sessions(list: &[Session]) -> CallToolResult {
-    let text =
-        if list.is_empty() { "no sessions".to_string() } else { list.iter().map(session_line).collect::<Vec<_>>().join("\n") };
+    let text = if list.is_empty() {
+        "no sessions".to_string()
+    } else {
+        list.iter().map(session_line).collect::<Vec<_>>().join("\n")
+    };
     let mut out = CallToolResult::success(vec![ContentBlock::text(text)]);
     out.structured_content = Some(json!({ "sessions": list.iter().map(session_json).collect::<Vec<_>>() }));
     out
@@ -182,7 +200,11 @@ pub fn checkpoints(id: &str, list: &[Checkpoint]) -> CallToolResult {
     let mut text = format!("checkpoints of session {id} (oldest first; * = current):\n");
     for c in list {
         let code: String = c.code.lines().next().unwrap_or("").chars().take(80).collect();
-        let more = if c.code.lines().count() > 1 || code.len() < c.code.lines().next().unwrap_or("").len() { " ..." } else { "" };
+        let more = if c.code.lines().count() > 1 || code.len() < c.code.lines().next().unwrap_or("").len() {
+            " ..."
+        } else {
+            ""
+        };
         text.push_str(&format!(
             "{} {:>3}  parent {:<4} {code}{more}\n",
             if c.head { "*" } else { " " },
@@ -190,8 +212,10 @@ pub fn checkpoints(id: &str, list: &[Checkpoint]) -> CallToolResult {
             c.parent.map_or("-".to_string(), |p| p.to_string())
         ));
     }
-    let items: Vec<Value> =
-        list.iter().map(|c| json!({ "checkpoint": c.seq, "parent": c.parent, "code": c.code, "current": c.head })).collect();
+    let items: Vec<Value> = list
+        .iter()
+        .map(|c| json!({ "checkpoint": c.seq, "parent": c.parent, "code": c.code, "current": c.head }))
+        .collect();
     let mut out = CallToolResult::success(vec![ContentBlock::text(text)]);
     out.structured_content = Some(json!({ "session_id": id, "checkpoints": items }));
     out
@@ -249,7 +273,9 @@ pub fn files(dir: &str, list: &[FileEntry]) -> CallToolResult {
 
 pub fn interrupted(id: &str, interrupted: bool) -> CallToolResult {
     let text = if interrupted {
-        format!("interrupted the exec running in session {id}: it returns KeyboardInterrupt; the session keeps its state")
+        format!(
+            "interrupted the exec running in session {id}: it returns KeyboardInterrupt; the session keeps its state"
+        )
     } else {
         format!("no exec was running in session {id}")
     };
@@ -265,12 +291,16 @@ fn hint(code: &str) -> &'static str {
         return " Check the tool's input schema.";
     }
     match code.parse::<C>() {
-        Ok(C::SessionNotFound) => " Call list_sessions to see the sessions that exist, or create_session for a new one.",
+        Ok(C::SessionNotFound) => {
+            " Call list_sessions to see the sessions that exist, or create_session for a new one."
+        }
         Ok(C::CheckpointNotFound) => " Call list_checkpoints to see this session's checkpoints.",
         Ok(C::Timeout | C::GuestCrashed | C::GuestExited | C::GuestKilled | C::SandboxUnusable | C::Interrupted) => {
             " In a session, the state is back at the last checkpoint (as before this exec); fix the code and retry."
         }
-        Ok(C::SessionBusy) => " Another exec is running in this session; wait for it, or fork_session to work in parallel.",
+        Ok(C::SessionBusy) => {
+            " Another exec is running in this session; wait for it, or fork_session to work in parallel."
+        }
         Ok(C::Overloaded | C::RateLimited) => " The server is busy; retry in a moment.",
         Ok(C::QuotaExceeded) => " Delete sessions you no longer need (delete_session).",
         Ok(C::FileNotFound) => " Call list_files to see what is there.",
@@ -309,16 +339,22 @@ mod tests {
 
     #[test]
     fn images_come_back_as_image_blocks_other_files_only_as_text() {
-        let png = OutputFile { path: "/output/a.png".into(), size: 3, mime: "image/png".into(), base64: Some("iVBO".into()) };
-        let csv = OutputFile { path: "/output/b.csv".into(), size: 3, mime: "text/csv".into(), base64: Some("YSxi".into()) };
+        let png =
+            OutputFile { path: "/output/a.png".into(), size: 3, mime: "image/png".into(), base64: Some("iVBO".into()) };
+        let csv =
+            OutputFile { path: "/output/b.csv".into(), size: 3, mime: "text/csv".into(), base64: Some("YSxi".into()) };
         let big = OutputFile { path: "/output/c.png".into(), size: 9 << 20, mime: "image/png".into(), base64: None };
-        let bad = OutputFile { path: "/output/d.png".into(), size: 3, mime: "image/png".into(), base64: Some("***".into()) };
+        let bad =
+            OutputFile { path: "/output/d.png".into(), size: 3, mime: "image/png".into(), base64: Some("***".into()) };
         let r = exec_result(&result(vec![png, csv, big, bad]));
         let images: Vec<_> = r.content.iter().filter_map(|c| c.as_image()).collect();
         assert_eq!(images.len(), 1);
         assert_eq!((images[0].data.as_str(), images[0].mime_type.as_str()), ("iVBO", "image/png"));
         let text = r.content[0].as_text().map(|t| t.text.clone()).unwrap_or_default();
-        assert!(text.contains("stdout:\nhi\n") && text.contains("value: 3") && text.contains("/output/b.csv"), "{text}");
+        assert!(
+            text.contains("stdout:\nhi\n") && text.contains("value: 3") && text.contains("/output/b.csv"),
+            "{text}"
+        );
         let s = r.structured_content.unwrap_or_default();
         assert_eq!(s["checkpoint"], 2);
         assert_eq!(s["outputs"].as_array().map(Vec::len), Some(4));
@@ -327,9 +363,16 @@ mod tests {
 
     #[test]
     fn errors_carry_code_and_message() {
-        let r =
-            client_error(&ClientError::Api { status: 404, code: "session_not_found".into(), message: "no session s_1".into(), output: None });
+        let r = client_error(&ClientError::Api {
+            status: 404,
+            code: "session_not_found".into(),
+            message: "no session s_1".into(),
+            output: None,
+        });
         assert_eq!(r.is_error, Some(true));
-        assert_eq!(r.structured_content, Some(json!({ "error": { "code": "session_not_found", "message": "no session s_1" } })));
+        assert_eq!(
+            r.structured_content,
+            Some(json!({ "error": { "code": "session_not_found", "message": "no session s_1" } }))
+        );
     }
 }

@@ -11,8 +11,8 @@ use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ErrorCode, Implementation, ListToolsResult, PaginatedRequestParams,
-    ServerCapabilities, ServerConfig, Tool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ErrorCode, Implementation, ListToolsResult,
+    PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::RequestContext;
 use rmcp::{schemars, tool, tool_router, ErrorData, RoleServer, ServerHandler};
@@ -203,7 +203,9 @@ fn check_path(what: &str, path: &str) -> Result<(), CallToolResult> {
     if !path.starts_with('/') || path.len() > 4096 || path.contains('\0') {
         return Err(render::error(
             "invalid_arguments",
-            &format!("{what} must be an absolute path in the sandbox (starting with /, at most 4096 bytes), got {path:?}"),
+            &format!(
+                "{what} must be an absolute path in the sandbox (starting with /, at most 4096 bytes), got {path:?}"
+            ),
         ));
     }
     Ok(())
@@ -218,9 +220,10 @@ pub(crate) fn check_id(id: &str) -> Result<(), CallToolResult> {
 
 pub(crate) fn check_timeout(t: Option<f64>) -> Result<(), CallToolResult> {
     match t {
-        Some(s) if !(s.is_finite() && s > 0.0) => {
-            Err(render::error("invalid_arguments", &format!("timeout_seconds must be a positive number of seconds, got {s}")))
-        }
+        Some(s) if !(s.is_finite() && s > 0.0) => Err(render::error(
+            "invalid_arguments",
+            &format!("timeout_seconds must be a positive number of seconds, got {s}"),
+        )),
         _ => Ok(()),
     }
 }
@@ -275,7 +278,10 @@ impl ForkboxMcp {
             async {
                 check_timeout(a.timeout_seconds)?;
                 let c = self.client(&ctx)?;
-                c.exec_on(&a.code, a.timeout_seconds, a.template.as_deref()).await.map(|r| render::exec_result(&r)).map_err(|e| render::client_error(&e))
+                c.exec_on(&a.code, a.timeout_seconds, a.template.as_deref())
+                    .await
+                    .map(|r| render::exec_result(&r))
+                    .map_err(|e| render::client_error(&e))
             }
             .await,
         )
@@ -294,8 +300,16 @@ impl ForkboxMcp {
             async {
                 check_timeout(a.timeout_seconds)?;
                 let c = self.client(&ctx)?;
-                let opts = CreateSession { tags: a.tags, memory_mb: a.memory_mb, timeout_seconds: a.timeout_seconds, template: a.template };
-                c.create_session(&opts).await.map(|s| render::session(&s, "created")).map_err(|e| render::client_error(&e))
+                let opts = CreateSession {
+                    tags: a.tags,
+                    memory_mb: a.memory_mb,
+                    timeout_seconds: a.timeout_seconds,
+                    template: a.template,
+                };
+                c.create_session(&opts)
+                    .await
+                    .map(|s| render::session(&s, "created"))
+                    .map_err(|e| render::client_error(&e))
             }
             .await,
         )
@@ -325,7 +339,8 @@ impl ForkboxMcp {
         )
     }
 
-    #[tool(description = "Run a shell command in a sandbox and return its stdout, stderr and exit_code. Use it instead \
+    #[tool(
+        description = "Run a shell command in a sandbox and return its stdout, stderr and exit_code. Use it instead \
         of exec when the job is a command line rather than Python: listing or searching files (ls, find, grep, wc, \
         head, sort), shell pipelines, running a script or program (python3 script.py, sh build.sh), archives (tar, \
         gzip). The shell is dash with coreutils, findutils, grep, sed, gawk, tar, gzip and file; python3 is Python \
@@ -333,7 +348,8 @@ impl ForkboxMcp {
         (the files that exec and upload_file made are there, and what it writes stays) and makes a checkpoint like \
         an exec; without, it runs in a fresh sandbox and nothing persists. A non-zero exit_code is a result, not a \
         tool error (127: command not found); a time-out is an error and the session is rolled back. Processes it \
-        starts in the background are stopped when it ends. Use exec for Python state (variables, imports).")]
+        starts in the background are stopped when it ends. Use exec for Python state (variables, imports)."
+    )]
     async fn run_command(
         &self,
         Parameters(a): Parameters<RunCommandArgs>,
@@ -462,7 +478,8 @@ impl ForkboxMcp {
                             a.session_id,
                             t.name
                         ))]);
-                        out.structured_content = Some(serde_json::json!({ "template": t.name, "id": t.id, "status": t.status }));
+                        out.structured_content =
+                            Some(serde_json::json!({ "template": t.name, "id": t.id, "status": t.status }));
                         out
                     })
                     .map_err(|e| render::client_error(&e))
@@ -471,9 +488,11 @@ impl ForkboxMcp {
         )
     }
 
-    #[tool(description = "Branch: create a new session that starts from a checkpoint of another session (default: its \
+    #[tool(
+        description = "Branch: create a new session that starts from a checkpoint of another session (default: its \
         current state), with all its variables and files. The original session is not changed. Use it to try \
-        alternatives from the same state, side by side. Returns the new session_id.")]
+        alternatives from the same state, side by side. Returns the new session_id."
+    )]
     async fn fork_session(
         &self,
         Parameters(a): Parameters<ForkArgs>,
@@ -512,18 +531,27 @@ impl ForkboxMcp {
                         use base64::Engine as _;
                         let cleaned: String = a.content.chars().filter(|c| !c.is_ascii_whitespace()).collect();
                         base64::engine::general_purpose::STANDARD.decode(cleaned.as_bytes()).map_err(|e| {
-                            render::error("invalid_arguments", &format!("content is not valid base64 ({e}); send text with encoding \"text\""))
+                            render::error(
+                                "invalid_arguments",
+                                &format!("content is not valid base64 ({e}); send text with encoding \"text\""),
+                            )
                         })?
                     }
                 };
                 if data.len() > UPLOAD_MAX_BYTES {
                     return Err(render::error(
                         "file_too_large",
-                        &format!("the content is {} bytes, over upload_file's limit of {UPLOAD_MAX_BYTES} bytes", data.len()),
+                        &format!(
+                            "the content is {} bytes, over upload_file's limit of {UPLOAD_MAX_BYTES} bytes",
+                            data.len()
+                        ),
                     ));
                 }
                 let c = self.client(&ctx)?;
-                c.put_file(&a.session_id, &a.path, data).await.map(|w| render::uploaded(&w)).map_err(|e| render::client_error(&e))
+                c.put_file(&a.session_id, &a.path, data)
+                    .await
+                    .map(|w| render::uploaded(&w))
+                    .map_err(|e| render::client_error(&e))
             }
             .await,
         )
@@ -595,7 +623,10 @@ impl ForkboxMcp {
                 let dir = a.dir.unwrap_or_else(|| "/output".to_string());
                 check_path("dir", &dir)?;
                 let c = self.client(&ctx)?;
-                c.list_files(&a.session_id, &dir).await.map(|l| render::files(&dir, &l)).map_err(|e| render::client_error(&e))
+                c.list_files(&a.session_id, &dir)
+                    .await
+                    .map(|l| render::files(&dir, &l))
+                    .map_err(|e| render::client_error(&e))
             }
             .await,
         )
@@ -613,7 +644,10 @@ impl ForkboxMcp {
             async {
                 check_id(&a.session_id)?;
                 let c = self.client(&ctx)?;
-                c.interrupt(&a.session_id).await.map(|i| render::interrupted(&a.session_id, i)).map_err(|e| render::client_error(&e))
+                c.interrupt(&a.session_id)
+                    .await
+                    .map(|i| render::interrupted(&a.session_id, i))
+                    .map_err(|e| render::client_error(&e))
             }
             .await,
         )

@@ -62,7 +62,8 @@ fn cut(s: &str) -> String {
 
 fn explored(id: &str, r: &Explored) -> CallToolResult {
     let from = r.from.map_or("the initial state".to_string(), |n| format!("checkpoint {n}"));
-    let mut text = format!("{} alternatives of session {id} from {from} ({:.0} ms in all):\n", r.branches.len(), r.total_time_ms);
+    let mut text =
+        format!("{} alternatives of session {id} from {from} ({:.0} ms in all):\n", r.branches.len(), r.total_time_ms);
     for b in &r.branches {
         let what = match (&b.result, &b.failed) {
             (Some(x), _) => {
@@ -131,7 +132,12 @@ fn diff(id: &str, d: &Diff) -> CallToolResult {
         text.push_str(&format!("- file {}\n", f.path));
     }
     for f in &d.files_changed {
-        text.push_str(&format!("~ file {} ({} -> {} bytes)\n", f.path, f.size_before.unwrap_or(0), f.size_after.unwrap_or(0)));
+        text.push_str(&format!(
+            "~ file {} ({} -> {} bytes)\n",
+            f.path,
+            f.size_before.unwrap_or(0),
+            f.size_after.unwrap_or(0)
+        ));
     }
     let mut out = CallToolResult::success(vec![ContentBlock::text(text)]);
     out.structured_content = serde_json::to_value(d).ok();

@@ -100,7 +100,10 @@ impl Command {
             }
             CommandLine::Argv(v) => {
                 if v.is_empty() || v.len() > MAX_ARGS {
-                    return Err(RuntimeError::Invalid(format!("cmd must hold 1 to {MAX_ARGS} arguments, got {}", v.len())));
+                    return Err(RuntimeError::Invalid(format!(
+                        "cmd must hold 1 to {MAX_ARGS} arguments, got {}",
+                        v.len()
+                    )));
                 }
                 if v[0].is_empty() {
                     return Err(RuntimeError::Invalid("cmd[0] (the program) is empty".into()));
@@ -164,7 +167,8 @@ impl Command {
             req.insert("cwd".into(), c.clone().into());
         }
         if !self.env.is_empty() {
-            let env: serde_json::Map<String, serde_json::Value> = self.env.iter().map(|(k, v)| (k.clone(), v.clone().into())).collect();
+            let env: serde_json::Map<String, serde_json::Value> =
+                self.env.iter().map(|(k, v)| (k.clone(), v.clone().into())).collect();
             req.insert("env".into(), env.into());
         }
         // A JSON string literal is a Python string literal (serde_json escapes only
@@ -275,7 +279,8 @@ mod tests {
 
     #[test]
     fn labels_are_one_short_line() {
-        let c = Command::new(CommandLine::Shell(format!("echo {}\nls", "x".repeat(300))), None, BTreeMap::new()).unwrap();
+        let c =
+            Command::new(CommandLine::Shell(format!("echo {}\nls", "x".repeat(300))), None, BTreeMap::new()).unwrap();
         let l = c.label();
         assert!(!l.contains('\n') && l.len() <= 204 && l.ends_with(" ..."), "{l}");
     }
@@ -299,7 +304,9 @@ mod tests {
             (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
         };
         let env = [("FB_X".to_string(), "y z".to_string())].into_iter().collect();
-        let (out, _) = run(Command::new(CommandLine::Shell("cd .; pwd; echo $FB_X; exit 3".into()), Some("/tmp".into()), env).unwrap());
+        let (out, _) =
+            run(Command::new(CommandLine::Shell("cd .; pwd; echo $FB_X; exit 3".into()), Some("/tmp".into()), env)
+                .unwrap());
         assert_eq!(out, "/tmp\ny z\nrc=3\n");
         let (out, err) = run(Command::new(argv(&["no-such-program-x"]), None, BTreeMap::new()).unwrap());
         assert_eq!((out.as_str(), err.as_str()), ("rc=127\n", "forkbox: no-such-program-x: command not found\n"));
@@ -308,7 +315,8 @@ mod tests {
         assert!(err.starts_with("forkbox: cannot enter cwd '/no/such/dir'"), "{err}");
         let (out, _) = run(Command::new(CommandLine::Shell("kill -9 $$".into()), None, BTreeMap::new()).unwrap());
         assert_eq!(out, "rc=137\n");
-        let (out, _) = run(Command::new(argv(&["sh", "-c", "echo \"$0\" \"$1\"", "a b", "it's"]), None, BTreeMap::new()).unwrap());
+        let (out, _) =
+            run(Command::new(argv(&["sh", "-c", "echo \"$0\" \"$1\"", "a b", "it's"]), None, BTreeMap::new()).unwrap());
         assert_eq!(out, "a b it's\nrc=0\n");
     }
 
@@ -317,7 +325,11 @@ mod tests {
             value: value.map(str::to_string),
             stdout: "out".into(),
             stderr: "err".into(),
-            error: error.map(|k| forkbox_engine::PyError { kind: k.into(), message: "m".into(), traceback: String::new() }),
+            error: error.map(|k| forkbox_engine::PyError {
+                kind: k.into(),
+                message: "m".into(),
+                traceback: String::new(),
+            }),
             runtime_ms: 1.0,
             wall_ms: 1.0,
             syscalls: 1,

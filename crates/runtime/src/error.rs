@@ -21,10 +21,7 @@ pub enum RuntimeError {
     /// A one-shot exec that failed after it ran (timeout, crash, exit, kill),
     /// with what it wrote before.
     #[error("{source}")]
-    ExecFailed {
-        source: EngineError,
-        output: Box<CapturedOutput>,
-    },
+    ExecFailed { source: EngineError, output: Box<CapturedOutput> },
     #[error(transparent)]
     Template(#[from] forkbox_engine::CatalogError),
     /// Building or opening the image, template or data directory.

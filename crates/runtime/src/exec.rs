@@ -219,7 +219,10 @@ impl Runtime {
     ) -> Result<Vec<OneShotRequest>, RuntimeError> {
         let n = codes.len();
         if n == 0 || n > self.config.max_batch {
-            return Err(RuntimeError::Invalid(format!("codes must hold 1 to {} items, got {n}", self.config.max_batch)));
+            return Err(RuntimeError::Invalid(format!(
+                "codes must hold 1 to {} items, got {n}",
+                self.config.max_batch
+            )));
         }
         for c in &codes {
             self.check_code(c)?;
@@ -278,7 +281,9 @@ impl Runtime {
                         .template
                         .fork(&req.template.engine, req.limits.clone())
                         .map_err(RuntimeError::from)
-                        .and_then(|mut sb| sb.exec(&req.code).map_err(|e| RuntimeError::exec(e, sb.take_failed_output())));
+                        .and_then(|mut sb| {
+                            sb.exec(&req.code).map_err(|e| RuntimeError::exec(e, sb.take_failed_output()))
+                        });
                     if let Some(slot) = results.get(i) {
                         *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
                     }

@@ -52,11 +52,16 @@ pub use exec::{OneShot, OneShotRequest, Outcome, Output, Ran};
 pub use forkbox_api::ErrorCode;
 pub use forkbox_engine::catalog::Listing as TemplateListing;
 pub use forkbox_engine::catalog::{Blas, CustomTemplate, PipSource};
-pub use forkbox_engine::{CapturedOutput, ExecResult, FileEntry, GlobalNetStats, Limits, MimeBundle, NetConfig, NetMode, NetPolicy, NetRule, OutputFile, PyError, Stream, TemplateInfo};
+pub use forkbox_engine::{
+    CapturedOutput, ExecResult, FileEntry, GlobalNetStats, Limits, MimeBundle, NetConfig, NetMode, NetPolicy, NetRule,
+    OutputFile, PyError, Stream, TemplateInfo,
+};
 pub use forkbox_sessions::manager::{Config as SessionsConfig, ExecOutcome};
-pub use session::{CheckpointView, ForkedFrom, Quota, SessionView};
-pub use tree::{Branch, CheckpointContents, ExploreRequest, Explored, Keep, TreeNode, TreeSession, TreeView, EXPLORE_MAX};
 pub use forkbox_sessions::manager::{Diff, FileChange, PathCall, Variable, VariableChange, Variables};
+pub use session::{CheckpointView, ForkedFrom, Quota, SessionView};
+pub use tree::{
+    Branch, CheckpointContents, ExploreRequest, Explored, Keep, TreeNode, TreeSession, TreeView, EXPLORE_MAX,
+};
 pub use workers::{job_cpu_seconds, thread_cpu_seconds};
 
 /// What a runtime allows and how it runs.
@@ -151,16 +156,22 @@ impl Runtime {
     /// `config.image` is None and it is missing), engine, template, sessions,
     /// exec threads. Blocking (minutes on a first run).
     pub fn open(home: &Path, config: RuntimeConfig) -> Result<Arc<Runtime>, RuntimeError> {
-        std::fs::create_dir_all(home)
-            .map_err(|e| RuntimeError::Open { what: "creating the data directory", message: format!("{}: {e}", home.display()) })?;
-        let open_err = |what: &'static str| move |e: forkbox_engine::EngineError| RuntimeError::Open { what, message: e.to_string() };
+        std::fs::create_dir_all(home).map_err(|e| RuntimeError::Open {
+            what: "creating the data directory",
+            message: format!("{}: {e}", home.display()),
+        })?;
+        let open_err = |what: &'static str| {
+            move |e: forkbox_engine::EngineError| RuntimeError::Open { what, message: e.to_string() }
+        };
         // Building is minutes on a first run: say so on stderr (bars on a terminal, else lines).
         let catalog = Arc::new(Catalog::new(home).map_err(open_err("opening /dev/kvm"))?.with_progress(true));
         let name = config.template.clone().unwrap_or_else(|| forkbox_engine::DEFAULT_TEMPLATE.to_string());
         if let Some(image_path) = &config.image {
             // An image given by path is the default template, under the default's name.
-            let engine = Engine::open(image_path)
-                .map_err(|e| RuntimeError::Open { what: "opening the image", message: format!("{}: {e}", image_path.display()) })?;
+            let engine = Engine::open(image_path).map_err(|e| RuntimeError::Open {
+                what: "opening the image",
+                message: format!("{}: {e}", image_path.display()),
+            })?;
             let engine = Arc::new(engine);
             let template = Template::ensure(&engine, home).map_err(open_err("preparing the template"))?;
             catalog.insert(&name, engine, Arc::new(template));
@@ -178,7 +189,11 @@ impl Runtime {
     }
 
     /// [`Self::embedded`] with `template` as the default template.
-    pub fn embedded_on(home: &Path, image: Option<&Path>, template: Option<&str>) -> Result<Arc<Runtime>, RuntimeError> {
+    pub fn embedded_on(
+        home: &Path,
+        image: Option<&Path>,
+        template: Option<&str>,
+    ) -> Result<Arc<Runtime>, RuntimeError> {
         let config = RuntimeConfig {
             image: image.map(Path::to_path_buf),
             template: template.map(str::to_string),
@@ -207,7 +222,11 @@ impl Runtime {
     }
 
     /// Over a catalog whose default template opens (built if needed). Blocking.
-    pub fn with_catalog(catalog: Arc<Catalog>, home: &Path, config: RuntimeConfig) -> Result<Arc<Runtime>, RuntimeError> {
+    pub fn with_catalog(
+        catalog: Arc<Catalog>,
+        home: &Path,
+        config: RuntimeConfig,
+    ) -> Result<Arc<Runtime>, RuntimeError> {
         catalog.set_pip_source(config.pip.clone())?;
         let default = catalog.get(None)?;
         let sessions = SessionManager::open_with_catalog(catalog.clone(), home, config.sessions.clone())?;
@@ -289,16 +308,28 @@ impl Runtime {
     /// One template as `tenant` sees it (`GET /v1/templates/{name}`).
     pub fn template_listing(&self, tenant: &str, name: &str) -> Result<TemplateListing, RuntimeError> {
         self.catalog.key_for(Some(tenant), name)?;
-        self.catalog.listing(Some(tenant), name).ok_or_else(|| forkbox_engine::CatalogError::UnknownTemplate(name.into()).into())
+        self.catalog
+            .listing(Some(tenant), name)
+            .ok_or_else(|| forkbox_engine::CatalogError::UnknownTemplate(name.into()).into())
     }
 
     /// A template of `tenant`'s own, built in the background (`POST /v1/templates`).
-    pub fn create_template(&self, tenant: &str, t: &forkbox_engine::catalog::CustomTemplate) -> Result<TemplateListing, RuntimeError> {
+    pub fn create_template(
+        &self,
+        tenant: &str,
+        t: &forkbox_engine::catalog::CustomTemplate,
+    ) -> Result<TemplateListing, RuntimeError> {
         Ok(self.catalog.create(tenant, t)?)
     }
 
     /// A template of `tenant`'s own from checkpoint `seq` of its session `id`. Blocking (about a second).
-    pub fn checkpoint_template(&self, tenant: &str, id: &str, seq: i64, name: &str) -> Result<TemplateListing, RuntimeError> {
+    pub fn checkpoint_template(
+        &self,
+        tenant: &str,
+        id: &str,
+        seq: i64,
+        name: &str,
+    ) -> Result<TemplateListing, RuntimeError> {
         Ok(self.sessions.checkpoint_template(tenant, id, seq, name)?)
     }
 

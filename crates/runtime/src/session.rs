@@ -78,7 +78,9 @@ pub struct CheckpointView {
 /// Tags: at most 32, keys 1-128 bytes without ':', values at most 1024 bytes.
 pub fn check_tags(tags: &BTreeMap<String, String>) -> Result<(), RuntimeError> {
     if tags.len() > 32 || tags.iter().any(|(k, v)| k.is_empty() || k.len() > 128 || v.len() > 1024 || k.contains(':')) {
-        return Err(RuntimeError::Invalid("tags: at most 32, keys 1-128 bytes without ':', values at most 1024 bytes".into()));
+        return Err(RuntimeError::Invalid(
+            "tags: at most 32, keys 1-128 bytes without ':', values at most 1024 bytes".into(),
+        ));
     }
     Ok(())
 }
@@ -251,7 +253,12 @@ impl Runtime {
 
     /// A session exec's `timeout_seconds`: > 0 and at most the session's own
     /// time limit (None: that limit). Blocks (reads the session's record).
-    pub fn session_exec_timeout(&self, tenant: &str, id: &str, seconds: Option<f64>) -> Result<Option<Duration>, RuntimeError> {
+    pub fn session_exec_timeout(
+        &self,
+        tenant: &str,
+        id: &str,
+        seconds: Option<f64>,
+    ) -> Result<Option<Duration>, RuntimeError> {
         let Some(s) = seconds else { return Ok(None) };
         let max_ms = self.sessions.get(tenant, id)?.limits.timeout_ms;
         let max = max_ms as f64 / 1000.0;
@@ -310,15 +317,24 @@ impl Runtime {
                     }
                     return Err(e);
                 }
-                with_output(&mut output, |opts| rt.sessions.exec_with(&tenant, &id, &code, ExecOptions { timeout, ..opts }))
-                    .map_err(RuntimeError::from)
+                with_output(&mut output, |opts| {
+                    rt.sessions.exec_with(&tenant, &id, &code, ExecOptions { timeout, ..opts })
+                })
+                .map_err(RuntimeError::from)
             })
             .await?
     }
 
     /// Write a file into the session (checkpointed like an exec), within the
     /// disk quota; the seq of the checkpoint that recorded it.
-    pub fn write_file(&self, tenant: &str, id: &str, path: &str, data: &[u8], quota: &Quota) -> Result<i64, RuntimeError> {
+    pub fn write_file(
+        &self,
+        tenant: &str,
+        id: &str,
+        path: &str,
+        data: &[u8],
+        quota: &Quota,
+    ) -> Result<i64, RuntimeError> {
         self.check_disk(tenant, quota)?;
         Ok(self.sessions.write_file(tenant, id, path, data)?.seq)
     }

@@ -206,7 +206,11 @@ impl Runtime {
                     match kept.get_mut(i) {
                         Some(k) if !*k => *k = true,
                         Some(_) => return Err(RuntimeError::Invalid(format!("keep: index {i} is given twice"))),
-                        None => return Err(RuntimeError::Invalid(format!("keep: index {i} is out of range (there are {n} codes)"))),
+                        None => {
+                            return Err(RuntimeError::Invalid(format!(
+                                "keep: index {i} is out of range (there are {n} codes)"
+                            )))
+                        }
                     }
                 }
             }
@@ -259,7 +263,10 @@ impl Runtime {
                     }
                     let mut tags = BTreeMap::new();
                     tags.insert("explore.from".to_string(), req.source.id.clone());
-                    tags.insert("explore.checkpoint".to_string(), req.from.as_ref().map_or("none".into(), |c| c.seq.to_string()));
+                    tags.insert(
+                        "explore.checkpoint".to_string(),
+                        req.from.as_ref().map_or("none".into(), |c| c.seq.to_string()),
+                    );
                     tags.insert("explore.index".to_string(), i.to_string());
                     match rt.sessions.fork_at(&req.tenant, &req.source, from, tags) {
                         Ok(r) => ids.push(Some(r.id)),
@@ -286,7 +293,8 @@ impl Runtime {
         for _ in 0..parallel {
             let (tx, rx) = tokio::sync::oneshot::channel::<()>();
             done.push(rx);
-            let (rt, req, ids, next, results, hold) = (rt.clone(), req.clone(), ids.clone(), next.clone(), results.clone(), hold.clone());
+            let (rt, req, ids, next, results, hold) =
+                (rt.clone(), req.clone(), ids.clone(), next.clone(), results.clone(), hold.clone());
             self.workers.spawn(move || {
                 let _hold = hold;
                 loop {
@@ -296,13 +304,20 @@ impl Runtime {
                         Some(sid) => {
                             let opts = ExecOptions { timeout: req.timeout, ..ExecOptions::default() };
                             match rt.sessions.exec_with(&req.tenant, sid, code, opts) {
-                                Ok(o) => Branch { result: Ok(o.result), session: Some(sid.clone()), checkpoint: Some(o.checkpoint.seq) },
-                                Err(e) => Branch { result: Err(e.into()), session: Some(sid.clone()), checkpoint: None },
+                                Ok(o) => Branch {
+                                    result: Ok(o.result),
+                                    session: Some(sid.clone()),
+                                    checkpoint: Some(o.checkpoint.seq),
+                                },
+                                Err(e) => {
+                                    Branch { result: Err(e.into()), session: Some(sid.clone()), checkpoint: None }
+                                }
                             }
                         }
                         None => {
                             let from = req.from.as_ref().map(|c| c.id);
-                            let r = rt.sessions.exec_throwaway(&req.source, from, code, req.timeout, Some(output_bytes));
+                            let r =
+                                rt.sessions.exec_throwaway(&req.source, from, code, req.timeout, Some(output_bytes));
                             Branch { result: r.map_err(RuntimeError::from), session: None, checkpoint: None }
                         }
                     };
@@ -331,7 +346,13 @@ impl Runtime {
     /// The user namespace at checkpoint `seq` of the session's lineage (None: its
     /// head): names, types, short reprs, sizes, read in a throwaway fork. Runs on an
     /// exec thread; `hold` is dropped after.
-    pub async fn inspect(self: &Arc<Self>, tenant: &str, id: &str, seq: Option<i64>, hold: impl Send + 'static) -> Result<(Option<i64>, Variables), RuntimeError> {
+    pub async fn inspect(
+        self: &Arc<Self>,
+        tenant: &str,
+        id: &str,
+        seq: Option<i64>,
+        hold: impl Send + 'static,
+    ) -> Result<(Option<i64>, Variables), RuntimeError> {
         let (rt, tenant, id) = (self.clone(), tenant.to_string(), id.to_string());
         self.workers
             .run(move || {

@@ -70,7 +70,10 @@ impl ExecWorkers {
     }
 
     /// Run `f` on an exec thread and wait for its value.
-    pub(crate) async fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> Result<T, RuntimeError> {
+    pub(crate) async fn run<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, RuntimeError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.spawn(move || {
             let _ = tx.send(f());

@@ -127,7 +127,14 @@ impl From<RuntimeError> for ApiError {
             tracing::warn!("{}: {e}", e.code());
         }
         let output = e.captured_output().cloned().map(Box::new);
-        ApiError { code: e.code(), checkpoint: e.rolled_back_to(), message: e.to_string(), retry_after: None, result, output }
+        ApiError {
+            code: e.code(),
+            checkpoint: e.rolled_back_to(),
+            message: e.to_string(),
+            retry_after: None,
+            result,
+            output,
+        }
     }
 }
 
@@ -144,7 +151,14 @@ impl IntoResponse for ApiError {
         let mut resp = (status, axum::Json(ErrorBody { error: self.detail() })).into_response();
         let retry = matches!(self.code, ErrorCode::SessionBusy | ErrorCode::TemplateNotReady);
         if retry || status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS {
-            resp.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from(self.retry_after.unwrap_or(if self.code == ErrorCode::TemplateNotReady { 5 } else { 1 })));
+            resp.headers_mut().insert(
+                header::RETRY_AFTER,
+                header::HeaderValue::from(self.retry_after.unwrap_or(if self.code == ErrorCode::TemplateNotReady {
+                    5
+                } else {
+                    1
+                })),
+            );
         }
         resp
     }

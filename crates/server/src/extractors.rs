@@ -67,7 +67,9 @@ pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
             };
         }
         match inner.classify() {
-            serde_json::error::Category::Data if path == "." => ApiError::invalid(format!("invalid request body: {msg}")),
+            serde_json::error::Category::Data if path == "." => {
+                ApiError::invalid(format!("invalid request body: {msg}"))
+            }
             serde_json::error::Category::Data => ApiError::invalid(format!("invalid request body: {path}: {msg}")),
             _ => ApiError::new(ErrorCode::MalformedJson, format!("request body is not valid JSON: {inner}")),
         }

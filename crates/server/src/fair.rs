@@ -89,7 +89,11 @@ pub fn key_timeout(state: &Inner, caller: &Caller, seconds: Option<f64>) -> Resu
 }
 
 /// [`key_timeout`] over the runtime (also checks the value against the runtime's own maximum).
-pub fn key_timeout_of(rt: &forkbox_runtime::Runtime, caller: &Caller, seconds: Option<f64>) -> Result<Option<f64>, ApiError> {
+pub fn key_timeout_of(
+    rt: &forkbox_runtime::Runtime,
+    caller: &Caller,
+    seconds: Option<f64>,
+) -> Result<Option<f64>, ApiError> {
     if seconds.is_some() {
         rt.timeout(seconds)?;
     }
@@ -129,7 +133,12 @@ pub async fn acquire_for(state: &Inner, caller: &Caller, n: usize) -> Result<Exe
 }
 
 /// `width` of key `k`'s own permits (its limit is `limit`): 429 once its queue is full or the wait times out.
-async fn key_permits(state: &Inner, k: &Arc<KeyInfo>, limit: usize, width: usize) -> Result<OwnedSemaphorePermit, ApiError> {
+async fn key_permits(
+    state: &Inner,
+    k: &Arc<KeyInfo>,
+    limit: usize,
+    width: usize,
+) -> Result<OwnedSemaphorePermit, ApiError> {
     let sem = key_semaphore(state, k);
     let want = width as u32;
     Ok(match sem.clone().try_acquire_many_owned(want) {

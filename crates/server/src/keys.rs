@@ -99,7 +99,10 @@ pub fn create_key_with(home: &Path, tenant: &str, limits: &KeyLimits) -> anyhow:
 
 /// [`create_key_with`], as an admin key or not (admin keys may read `/metrics`).
 pub fn create_key_full(home: &Path, tenant: &str, limits: &KeyLimits, admin: bool) -> anyhow::Result<String> {
-    anyhow::ensure!(valid_tenant(tenant), "invalid tenant name {tenant:?} (letters, digits, '-', '_', '.'; at most 64)");
+    anyhow::ensure!(
+        valid_tenant(tenant),
+        "invalid tenant name {tenant:?} (letters, digits, '-', '_', '.'; at most 64)"
+    );
     for (name, v) in [
         ("rate limit", limits.rate_limit),
         ("max sessions", limits.max_sessions),
@@ -207,7 +210,9 @@ impl KeyStore {
         // A policy that does not parse (a hand-edited row) fails closed: no network for the key.
         let egress = egress.map(|j| {
             serde_json::from_str::<NetPolicy>(&j).unwrap_or_else(|e| {
-                tracing::warn!("keys.db: the egress policy of a key of tenant {tenant} does not parse ({e}): no network");
+                tracing::warn!(
+                    "keys.db: the egress policy of a key of tenant {tenant} does not parse ({e}): no network"
+                );
                 NetPolicy::none()
             })
         });

@@ -78,9 +78,9 @@ use anyhow::Context;
 use forkbox_runtime::{Limits, Runtime, RuntimeConfig, SessionsConfig};
 
 pub use auth::Caller;
+pub use keys::create_key;
 pub use keys::{create_key_full, create_key_with};
 pub use quota::KeyLimits;
-pub use keys::create_key;
 pub use router::{embedded_router, router};
 
 #[derive(Clone, Debug)]
@@ -249,9 +249,8 @@ pub struct Listeners {
 impl Listeners {
     /// Bind `config.listen` (and `config.metrics_listen`).
     pub async fn bind(config: &ServerConfig) -> anyhow::Result<Listeners> {
-        let listener = tokio::net::TcpListener::bind(config.listen)
-            .await
-            .with_context(|| format!("binding {}", config.listen))?;
+        let listener =
+            tokio::net::TcpListener::bind(config.listen).await.with_context(|| format!("binding {}", config.listen))?;
         let metrics = match config.metrics_listen {
             Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?),
             None => None,
@@ -355,11 +354,19 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
     let home = config.home.clone();
     let previous = ServerFile::read(&home).ok().flatten();
     if let Some(p) = previous.as_ref().filter(|p| p.process_alive() && p.pid != std::process::id()) {
-        anyhow::bail!("{} is already served by forkbox (pid {}) at {}; stop it first or use another --home", home.display(), p.pid, p.url);
+        anyhow::bail!(
+            "{} is already served by forkbox (pid {}) at {}; stop it first or use another --home",
+            home.display(),
+            p.pid,
+            p.url
+        );
     }
     let listeners = Listeners::bind(&config).await?;
     let addr = listeners.local_addr()?;
-    eprintln!("forkbox: bound http://{addr}; opening {} (a first start builds the image and template) ...", home.display());
+    eprintln!(
+        "forkbox: bound http://{addr}; opening {} (a first start builds the image and template) ...",
+        home.display()
+    );
     let server = Server::open(listeners, config.clone()).await?;
     println!("forkbox listening on http://{addr} (data in {})", home.display());
     if let Some(m) = server.metrics_addr() {
@@ -377,8 +384,11 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
         }
         let key = keys::create_key_full(&h, CLI_TENANT, &KeyLimits::unlimited(), false)?;
         let url = if addr.ip().is_unspecified() {
-            let local: std::net::IpAddr =
-                if addr.is_ipv4() { std::net::Ipv4Addr::LOCALHOST.into() } else { std::net::Ipv6Addr::LOCALHOST.into() };
+            let local: std::net::IpAddr = if addr.is_ipv4() {
+                std::net::Ipv4Addr::LOCALHOST.into()
+            } else {
+                std::net::Ipv6Addr::LOCALHOST.into()
+            };
             SocketAddr::new(local, addr.port())
         } else {
             addr

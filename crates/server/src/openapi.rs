@@ -27,7 +27,9 @@ fn error_response(description: &str) -> RefOr<Response> {
 }
 
 fn operations(item: &mut utoipa::openapi::PathItem) -> impl Iterator<Item = &mut Operation> {
-    [&mut item.get, &mut item.put, &mut item.post, &mut item.delete, &mut item.patch].into_iter().filter_map(|o| o.as_mut())
+    [&mut item.get, &mut item.put, &mut item.post, &mut item.delete, &mut item.patch]
+        .into_iter()
+        .filter_map(|o| o.as_mut())
 }
 
 pub fn finish(doc: &mut OpenApi) {

@@ -73,7 +73,10 @@ pub struct CpuBudget {
 
 impl CpuBudget {
     pub fn new(per_hour: u64) -> CpuBudget {
-        CpuBudget { per_hour: per_hour as f64, state: std::sync::Mutex::new((per_hour as f64, std::time::Instant::now())) }
+        CpuBudget {
+            per_hour: per_hour as f64,
+            state: std::sync::Mutex::new((per_hour as f64, std::time::Instant::now())),
+        }
     }
 
     fn refill(&self, st: &mut (f64, std::time::Instant)) {

@@ -13,9 +13,7 @@ use utoipa_axum::routes;
 use crate::auth::{auth, Caller};
 use crate::error::{ApiError, ErrorBody, ErrorDetail};
 use crate::extractors::BodyLimits;
-use crate::handlers::{
-    commands, console, exec, files, forevervm, health, sessions, stream, templates, tree,
-};
+use crate::handlers::{commands, console, exec, files, forevervm, health, sessions, stream, templates, tree};
 use crate::{openapi, AppState};
 
 #[derive(OpenApi)]
@@ -32,7 +30,10 @@ impl utoipa::Modify for BearerAuth {
     fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
         use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
         let comps = doc.components.get_or_insert_with(Default::default);
-        comps.add_security_scheme("bearer", SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()));
+        comps.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
     }
 }
 

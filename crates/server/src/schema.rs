@@ -48,19 +48,26 @@ impl NetworkSetting {
         Ok(match self {
             NetworkSetting::Mode(NetworkMode::None) => Policy::none(),
             NetworkSetting::Mode(NetworkMode::Public) => Policy::public(),
-            NetworkSetting::Rules { allow, deny } => Policy { mode: Mode::Allowlist, allow: parse(allow)?, deny: parse(deny)? },
+            NetworkSetting::Rules { allow, deny } => {
+                Policy { mode: Mode::Allowlist, allow: parse(allow)?, deny: parse(deny)? }
+            }
         })
     }
 }
 
 /// A request's `network` as a policy layer (a bad rule is 400 `invalid_request`).
-pub fn network_policy(n: &Option<NetworkSetting>) -> Result<Option<forkbox_runtime::NetPolicy>, crate::error::ApiError> {
+pub fn network_policy(
+    n: &Option<NetworkSetting>,
+) -> Result<Option<forkbox_runtime::NetPolicy>, crate::error::ApiError> {
     n.as_ref().map(|n| n.policy().map_err(|e| crate::error::ApiError::invalid(format!("network: {e}")))).transpose()
 }
 
 /// The policy layers a caller's sandbox gets inside the server's: its key's
 /// (`forkbox key create --egress`), then the request's `network`. Each only narrows.
-pub fn network_layers(caller: &crate::auth::Caller, n: &Option<NetworkSetting>) -> Result<Vec<forkbox_runtime::NetPolicy>, crate::error::ApiError> {
+pub fn network_layers(
+    caller: &crate::auth::Caller,
+    n: &Option<NetworkSetting>,
+) -> Result<Vec<forkbox_runtime::NetPolicy>, crate::error::ApiError> {
     let mut layers: Vec<_> = caller.limits().and_then(|l| l.egress.clone()).into_iter().collect();
     layers.extend(network_policy(n)?);
     Ok(layers)
@@ -500,8 +507,15 @@ impl Session {
             last_used_ms: v.record.last_used_ms,
             resident: v.resident,
             checkpoint: v.checkpoint,
-            forked_from: v.forked_from.as_ref().map(|f| ForkedFrom { session: f.session.clone(), checkpoint: f.checkpoint }),
-            limits: SessionLimits { memory_mb: v.memory_mb(), timeout_seconds: v.timeout_seconds(), network: network_view(&v.network()) },
+            forked_from: v
+                .forked_from
+                .as_ref()
+                .map(|f| ForkedFrom { session: f.session.clone(), checkpoint: f.checkpoint }),
+            limits: SessionLimits {
+                memory_mb: v.memory_mb(),
+                timeout_seconds: v.timeout_seconds(),
+                network: network_view(&v.network()),
+            },
             template: v.template.clone(),
             template_id: v.record.template_id.clone(),
         }

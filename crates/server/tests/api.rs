@@ -36,7 +36,8 @@ impl TestServer {
         tweak(&mut cfg);
         let h = home.path().to_path_buf();
         let (state, key) = tokio::task::spawn_blocking(move || {
-            let state = Inner::with_runtime(forkbox_testkit::runtime(&cfg.home, cfg.runtime()), cfg).expect("server state");
+            let state =
+                Inner::with_runtime(forkbox_testkit::runtime(&cfg.home, cfg.runtime()), cfg).expect("server state");
             // The harness' own key is an unlimited admin key (the tests of limits make their own).
             let key = forkbox_server::create_key_full(&h, "alice", &forkbox_server::KeyLimits::unlimited(), true)
                 .expect("create key");
@@ -61,7 +62,13 @@ impl TestServer {
         forkbox_server::create_key(self.home.path(), tenant).unwrap()
     }
 
-    async fn call(&self, method: reqwest::Method, path: &str, key: Option<&str>, body: Option<Value>) -> (StatusCode, Value) {
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        key: Option<&str>,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
         let mut req = self.http.request(method, format!("{}{path}", self.url));
         if let Some(k) = key {
             req = req.bearer_auth(k);
@@ -126,7 +133,9 @@ fn assert_error(got: &(StatusCode, Value), status: StatusCode, code: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_shot_exec_results_and_zeroboot_fields() {
     let s = TestServer::start().await;
-    let (st, v) = s.post("/v1/exec", json!({ "code": "import numpy as np\nx = int(np.arange(4).sum())\nprint('hi', x)\nx * 7" })).await;
+    let (st, v) = s
+        .post("/v1/exec", json!({ "code": "import numpy as np\nx = int(np.arange(4).sum())\nprint('hi', x)\nx * 7" }))
+        .await;
     assert_eq!(st, StatusCode::OK, "{v}");
     assert_eq!(v["value"], "42");
     assert_eq!(v["stdout"], "hi 6\n");
@@ -177,7 +186,9 @@ async fn exec_threads_run_under_the_seccomp_filter() {
     let (mut exec_threads, mut others) = (0, 0);
     for t in std::fs::read_dir("/proc/self/task").unwrap() {
         let dir = t.unwrap().path();
-        let (Ok(comm), Ok(status)) = (std::fs::read_to_string(dir.join("comm")), std::fs::read_to_string(dir.join("status"))) else {
+        let (Ok(comm), Ok(status)) =
+            (std::fs::read_to_string(dir.join("comm")), std::fs::read_to_string(dir.join("status")))
+        else {
             continue; // the thread ended
         };
         if comm.trim().starts_with("forkbox-exec-") {
@@ -227,7 +238,12 @@ async fn batch_exec_in_order_with_per_item_failures() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_lifecycle_state_checkpoints_revert_fork_delete() {
     let s = TestServer::start().await;
-    let (st, v) = s.post("/v1/sessions", json!({ "tags": { "user": "ann", "env": "test" }, "memory_mb": 512, "timeout_seconds": 20 })).await;
+    let (st, v) = s
+        .post(
+            "/v1/sessions",
+            json!({ "tags": { "user": "ann", "env": "test" }, "memory_mb": 512, "timeout_seconds": 20 }),
+        )
+        .await;
     assert_eq!(st, StatusCode::CREATED, "{v}");
     let id = v["id"].as_str().unwrap().to_string();
     assert_eq!(v["tags"]["user"], "ann");
@@ -289,7 +305,8 @@ async fn session_lifecycle_state_checkpoints_revert_fork_delete() {
     assert_eq!(v["checkpoint"], 5);
 
     // Fork from checkpoint 3 and from the head; the source goes on unaffected.
-    let (st, f) = s.post(&format!("/v1/sessions/{id}/fork"), json!({ "checkpoint": 3, "tags": { "user": "forked" } })).await;
+    let (st, f) =
+        s.post(&format!("/v1/sessions/{id}/fork"), json!({ "checkpoint": 3, "tags": { "user": "forked" } })).await;
     assert_eq!(st, StatusCode::CREATED, "{f}");
     let fid = f["id"].as_str().unwrap().to_string();
     assert_ne!(fid, id);
@@ -323,10 +340,22 @@ async fn request_errors_have_statuses_and_the_error_shape() {
     // Wrong shape / invalid arguments.
     assert_error(&s.post("/v1/exec", json!({ "code": 5 })).await, StatusCode::BAD_REQUEST, "invalid_request");
     assert_error(&s.post("/v1/exec", json!({})).await, StatusCode::BAD_REQUEST, "invalid_request");
-    assert_error(&s.post("/v1/exec", json!({ "code": "1", "timeout_seconds": -1 })).await, StatusCode::BAD_REQUEST, "invalid_request");
-    assert_error(&s.post("/v1/exec", json!({ "code": "1", "timeout_seconds": 1e9 })).await, StatusCode::BAD_REQUEST, "invalid_request");
+    assert_error(
+        &s.post("/v1/exec", json!({ "code": "1", "timeout_seconds": -1 })).await,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+    );
+    assert_error(
+        &s.post("/v1/exec", json!({ "code": "1", "timeout_seconds": 1e9 })).await,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+    );
     assert_error(&s.post("/v1/sessions", json!({ "memory_mb": 1 })).await, StatusCode::BAD_REQUEST, "invalid_request");
-    assert_error(&s.post("/v1/sessions", json!({ "tags": { "a:b": "c" } })).await, StatusCode::BAD_REQUEST, "invalid_request");
+    assert_error(
+        &s.post("/v1/sessions", json!({ "tags": { "a:b": "c" } })).await,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+    );
     // Payload too large (body over 2 MiB) and code too large (over 1 MiB, body under 2 MiB).
     let big = format!("{{\"code\": \"{}\"}}", "#".repeat(3 << 20));
     assert_error(&s.post_raw("/v1/exec", big.into_bytes()).await, StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large");
@@ -337,16 +366,32 @@ async fn request_errors_have_statuses_and_the_error_shape() {
     assert_error(&s.get("/v1/exec").await, StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed");
     // Unknown session / checkpoint.
     assert_error(&s.get("/v1/sessions/s_nope").await, StatusCode::NOT_FOUND, "session_not_found");
-    assert_error(&s.post("/v1/sessions/s_nope/exec", json!({ "code": "1" })).await, StatusCode::NOT_FOUND, "session_not_found");
+    assert_error(
+        &s.post("/v1/sessions/s_nope/exec", json!({ "code": "1" })).await,
+        StatusCode::NOT_FOUND,
+        "session_not_found",
+    );
     assert_error(&s.get("/v1/sessions/s_nope/checkpoints").await, StatusCode::NOT_FOUND, "session_not_found");
     assert_error(&s.post("/v1/sessions/s_nope/fork", json!({})).await, StatusCode::NOT_FOUND, "session_not_found");
     let id = s.create_session(json!({})).await;
     s.sexec(&id, "z = 3").await;
     let sess = format!("/v1/sessions/{id}");
-    assert_error(&s.post(&format!("{sess}/revert"), json!({ "checkpoint": 99 })).await, StatusCode::NOT_FOUND, "checkpoint_not_found");
-    assert_error(&s.post(&format!("{sess}/fork"), json!({ "checkpoint": 99 })).await, StatusCode::NOT_FOUND, "checkpoint_not_found");
+    assert_error(
+        &s.post(&format!("{sess}/revert"), json!({ "checkpoint": 99 })).await,
+        StatusCode::NOT_FOUND,
+        "checkpoint_not_found",
+    );
+    assert_error(
+        &s.post(&format!("{sess}/fork"), json!({ "checkpoint": 99 })).await,
+        StatusCode::NOT_FOUND,
+        "checkpoint_not_found",
+    );
     assert_error(&s.post(&format!("{sess}/revert"), json!({})).await, StatusCode::BAD_REQUEST, "invalid_request");
-    assert_error(&s.post(&format!("{sess}/exec"), json!({ "code": code })).await, StatusCode::PAYLOAD_TOO_LARGE, "code_too_large");
+    assert_error(
+        &s.post(&format!("{sess}/exec"), json!({ "code": code })).await,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "code_too_large",
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -358,7 +403,11 @@ async fn timeouts_crashes_and_busy_sessions() {
     assert_error(&got, StatusCode::REQUEST_TIMEOUT, "timeout");
     assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
     // The guest exiting: 422.
-    assert_error(&s.post("/v1/exec", json!({ "code": "import os\nos._exit(3)" })).await, StatusCode::UNPROCESSABLE_ENTITY, "guest_exited");
+    assert_error(
+        &s.post("/v1/exec", json!({ "code": "import os\nos._exit(3)" })).await,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "guest_exited",
+    );
 
     // In a session: 408, rolled back to the last checkpoint, which the error names.
     let id = s.create_session(json!({ "timeout_seconds": 1 })).await;
@@ -389,8 +438,16 @@ async fn timeouts_crashes_and_busy_sessions() {
         (r.status(), r.json::<Value>().await.unwrap())
     });
     tokio::time::sleep(Duration::from_millis(600)).await;
-    assert_error(&s.post(&format!("/v1/sessions/{busy}/exec"), json!({ "code": "n" })).await, StatusCode::CONFLICT, "session_busy");
-    assert_error(&s.post(&format!("/v1/sessions/{busy}/revert"), json!({ "checkpoint": 1 })).await, StatusCode::CONFLICT, "session_busy");
+    assert_error(
+        &s.post(&format!("/v1/sessions/{busy}/exec"), json!({ "code": "n" })).await,
+        StatusCode::CONFLICT,
+        "session_busy",
+    );
+    assert_error(
+        &s.post(&format!("/v1/sessions/{busy}/revert"), json!({ "checkpoint": 1 })).await,
+        StatusCode::CONFLICT,
+        "session_busy",
+    );
     let (st, v) = long.await.unwrap();
     assert_eq!(st, StatusCode::OK, "{v}");
     assert_eq!(v["value"], "1");
@@ -458,8 +515,16 @@ async fn overload_gets_503_not_an_unbounded_queue() {
 async fn auth_and_tenant_isolation() {
     let s = TestServer::start().await;
     // No key / bad key: 401. Health and metrics need none.
-    assert_error(&s.call(reqwest::Method::POST, "/v1/exec", None, Some(json!({ "code": "1" }))).await, StatusCode::UNAUTHORIZED, "unauthorized");
-    assert_error(&s.call(reqwest::Method::GET, "/v1/sessions", Some("fbk_wrong"), None).await, StatusCode::UNAUTHORIZED, "unauthorized");
+    assert_error(
+        &s.call(reqwest::Method::POST, "/v1/exec", None, Some(json!({ "code": "1" }))).await,
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+    );
+    assert_error(
+        &s.call(reqwest::Method::GET, "/v1/sessions", Some("fbk_wrong"), None).await,
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+    );
     let r = s.http.get(format!("{}/v1/sessions", s.url)).header("authorization", "Basic abc").send().await.unwrap();
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
     assert_eq!(s.call(reqwest::Method::GET, "/healthz", None, None).await.0, StatusCode::OK);
@@ -473,10 +538,26 @@ async fn auth_and_tenant_isolation() {
     let path = format!("/v1/sessions/{alice_session}");
     use reqwest::Method as M;
     assert_error(&s.call(M::GET, &path, Some(&bob), None).await, StatusCode::NOT_FOUND, "session_not_found");
-    assert_error(&s.call(M::POST, &format!("{path}/exec"), Some(&bob), Some(json!({ "code": "secret" }))).await, StatusCode::NOT_FOUND, "session_not_found");
-    assert_error(&s.call(M::GET, &format!("{path}/checkpoints"), Some(&bob), None).await, StatusCode::NOT_FOUND, "session_not_found");
-    assert_error(&s.call(M::POST, &format!("{path}/revert"), Some(&bob), Some(json!({ "checkpoint": 1 }))).await, StatusCode::NOT_FOUND, "session_not_found");
-    assert_error(&s.call(M::POST, &format!("{path}/fork"), Some(&bob), Some(json!({}))).await, StatusCode::NOT_FOUND, "session_not_found");
+    assert_error(
+        &s.call(M::POST, &format!("{path}/exec"), Some(&bob), Some(json!({ "code": "secret" }))).await,
+        StatusCode::NOT_FOUND,
+        "session_not_found",
+    );
+    assert_error(
+        &s.call(M::GET, &format!("{path}/checkpoints"), Some(&bob), None).await,
+        StatusCode::NOT_FOUND,
+        "session_not_found",
+    );
+    assert_error(
+        &s.call(M::POST, &format!("{path}/revert"), Some(&bob), Some(json!({ "checkpoint": 1 }))).await,
+        StatusCode::NOT_FOUND,
+        "session_not_found",
+    );
+    assert_error(
+        &s.call(M::POST, &format!("{path}/fork"), Some(&bob), Some(json!({}))).await,
+        StatusCode::NOT_FOUND,
+        "session_not_found",
+    );
     assert_error(&s.call(M::DELETE, &path, Some(&bob), None).await, StatusCode::NOT_FOUND, "session_not_found");
     let (_, v) = s.call(M::GET, "/v1/sessions", Some(&bob), None).await;
     assert_eq!(v["sessions"], json!([]));
@@ -487,7 +568,11 @@ async fn auth_and_tenant_isolation() {
     assert_eq!(st, StatusCode::CREATED);
     let (_, v) = s.get("/v1/sessions").await;
     assert_eq!(v["sessions"].as_array().unwrap().len(), 1);
-    assert_error(&s.get(&format!("/v1/sessions/{}", b["id"].as_str().unwrap())).await, StatusCode::NOT_FOUND, "session_not_found");
+    assert_error(
+        &s.get(&format!("/v1/sessions/{}", b["id"].as_str().unwrap())).await,
+        StatusCode::NOT_FOUND,
+        "session_not_found",
+    );
     assert_eq!(s.sexec(&alice_session, "secret + 1").await["value"], "42");
     // A second key of the same tenant sees the same sessions.
     let alice2 = s.new_key("alice");
@@ -513,7 +598,11 @@ async fn metrics_and_health() {
     // /metrics: an admin key only.
     assert_error(&s.call(reqwest::Method::GET, "/metrics", None, None).await, StatusCode::UNAUTHORIZED, "unauthorized");
     let plain = s.new_key("not-admin");
-    assert_error(&s.call(reqwest::Method::GET, "/metrics", Some(&plain), None).await, StatusCode::FORBIDDEN, "forbidden");
+    assert_error(
+        &s.call(reqwest::Method::GET, "/metrics", Some(&plain), None).await,
+        StatusCode::FORBIDDEN,
+        "forbidden",
+    );
     let r = s.http.get(format!("{}/metrics", s.url)).bearer_auth(&s.key).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::OK);
     assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/plain"));
@@ -556,23 +645,52 @@ async fn server_bind_run_and_graceful_shutdown() {
     }));
     let http = reqwest::Client::new();
     let url = format!("http://{addr}");
-    let r: Value = http.post(format!("{url}/v1/exec")).bearer_auth(&key).json(&json!({ "code": "6 * 7" })).send().await.unwrap().json().await.unwrap();
+    let r: Value = http
+        .post(format!("{url}/v1/exec"))
+        .bearer_auth(&key)
+        .json(&json!({ "code": "6 * 7" }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(r["value"], "42");
-    let sess: Value = http.post(format!("{url}/v1/sessions")).bearer_auth(&key).send().await.unwrap().json().await.unwrap();
+    let sess: Value =
+        http.post(format!("{url}/v1/sessions")).bearer_auth(&key).send().await.unwrap().json().await.unwrap();
     let sid = sess["id"].as_str().unwrap().to_string();
-    let r: Value = http.post(format!("{url}/v1/sessions/{sid}/exec")).bearer_auth(&key).json(&json!({ "code": "q = 9" })).send().await.unwrap().json().await.unwrap();
+    let r: Value = http
+        .post(format!("{url}/v1/sessions/{sid}/exec"))
+        .bearer_auth(&key)
+        .json(&json!({ "code": "q = 9" }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(r["checkpoint"], 1);
     // The maintenance loop evicts the idle session; the next exec resumes it from disk.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let g: Value = http.get(format!("{url}/v1/sessions/{sid}")).bearer_auth(&key).send().await.unwrap().json().await.unwrap();
+        let g: Value =
+            http.get(format!("{url}/v1/sessions/{sid}")).bearer_auth(&key).send().await.unwrap().json().await.unwrap();
         if g["resident"] == false {
             break;
         }
         assert!(Instant::now() < deadline, "session never evicted: {g}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let r: Value = http.post(format!("{url}/v1/sessions/{sid}/exec")).bearer_auth(&key).json(&json!({ "code": "q" })).send().await.unwrap().json().await.unwrap();
+    let r: Value = http
+        .post(format!("{url}/v1/sessions/{sid}/exec"))
+        .bearer_auth(&key)
+        .json(&json!({ "code": "q" }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(r["value"], "9");
 
     tx.send(()).unwrap();
@@ -636,7 +754,11 @@ async fn http_overhead_figures() {
         assert_eq!(st, StatusCode::OK);
         let ms = t.elapsed().as_secs_f64() * 1000.0;
         http.push(ms);
-        let (total, fork, exec) = (v["total_time_ms"].as_f64().unwrap(), v["fork_time_ms"].as_f64().unwrap(), v["exec_time_ms"].as_f64().unwrap());
+        let (total, fork, exec) = (
+            v["total_time_ms"].as_f64().unwrap(),
+            v["fork_time_ms"].as_f64().unwrap(),
+            v["exec_time_ms"].as_f64().unwrap(),
+        );
         in_server.push(total - fork - exec);
         outside.push(ms - total);
     }
@@ -669,8 +791,18 @@ async fn http_overhead_figures() {
         tasks.push(tokio::spawn(async move {
             let (mut ok, mut err) = (0u64, 0u64);
             while t0.elapsed() < dur {
-                let r = client.post(format!("{url}/v1/exec")).bearer_auth(&key).json(&json!({ "code": "1 + 1" })).send().await.unwrap();
-                if r.status() == StatusCode::OK { ok += 1 } else { err += 1 }
+                let r = client
+                    .post(format!("{url}/v1/exec"))
+                    .bearer_auth(&key)
+                    .json(&json!({ "code": "1 + 1" }))
+                    .send()
+                    .await
+                    .unwrap();
+                if r.status() == StatusCode::OK {
+                    ok += 1
+                } else {
+                    err += 1
+                }
                 let _ = r.bytes().await;
             }
             (ok, err)
@@ -713,9 +845,11 @@ async fn http_overhead_figures() {
 async fn state_for(home: &std::path::Path, tweak: impl FnOnce(&mut ServerConfig)) -> forkbox_server::AppState {
     let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap(), home.to_path_buf());
     tweak(&mut cfg);
-    tokio::task::spawn_blocking(move || Inner::with_runtime(forkbox_testkit::runtime(&cfg.home, cfg.runtime()), cfg).expect("server state"))
-        .await
-        .unwrap()
+    tokio::task::spawn_blocking(move || {
+        Inner::with_runtime(forkbox_testkit::runtime(&cfg.home, cfg.runtime()), cfg).expect("server state")
+    })
+    .await
+    .unwrap()
 }
 
 /// One request through the router in process (tower `oneshot`, no socket).
@@ -732,7 +866,11 @@ async fn oneshot(app: &axum::Router, method: &str, path: &str, body: Option<Valu
     let resp = app.clone().oneshot(req.body(body).unwrap()).await.unwrap();
     let status = StatusCode::from_u16(resp.status().as_u16()).unwrap();
     let bytes = axum::body::to_bytes(resp.into_body(), 64 << 20).await.unwrap();
-    let v = if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into())) };
+    let v = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()))
+    };
     (status, v)
 }
 
@@ -763,7 +901,10 @@ async fn embedded_router_is_the_same_api_for_a_fixed_tenant() {
     let http = router(state);
     let key = forkbox_server::create_key(home.path(), "local").unwrap();
     use tower::ServiceExt;
-    let req = axum::http::Request::get(format!("/v1/sessions/{id}")).header("authorization", format!("Bearer {key}")).body(axum::body::Body::empty()).unwrap();
+    let req = axum::http::Request::get(format!("/v1/sessions/{id}"))
+        .header("authorization", format!("Bearer {key}"))
+        .body(axum::body::Body::empty())
+        .unwrap();
     assert_eq!(http.oneshot(req).await.unwrap().status().as_u16(), 200);
 }
 
@@ -802,33 +943,68 @@ async fn per_key_rate_limit_gets_429_with_retry_after() {
 async fn per_key_session_and_disk_quotas_get_403() {
     use reqwest::Method as M;
     let s = TestServer::start().await;
-    let key = limited_key(&s, "small", forkbox_server::KeyLimits { max_sessions: Some(2), max_disk_mb: Some(1), ..Default::default() });
+    let key = limited_key(
+        &s,
+        "small",
+        forkbox_server::KeyLimits { max_sessions: Some(2), max_disk_mb: Some(1), ..Default::default() },
+    );
     let (st, a) = s.call(M::POST, "/v1/sessions", Some(&key), Some(json!({}))).await;
     assert_eq!(st, StatusCode::CREATED, "{a}");
     let a = a["id"].as_str().unwrap().to_string();
     let (st, m) = s.call(M::POST, "/v1/machine/new", Some(&key), Some(json!({}))).await;
     assert_eq!(st, StatusCode::OK, "{m}");
     // Two sessions exist (one a ForeverVM machine): create, fork and machine new are refused.
-    assert_error(&s.call(M::POST, "/v1/sessions", Some(&key), Some(json!({}))).await, StatusCode::FORBIDDEN, "quota_exceeded");
-    assert_error(&s.call(M::POST, &format!("/v1/sessions/{a}/fork"), Some(&key), Some(json!({}))).await, StatusCode::FORBIDDEN, "quota_exceeded");
-    assert_error(&s.call(M::POST, "/v1/machine/new", Some(&key), Some(json!({}))).await, StatusCode::FORBIDDEN, "quota_exceeded");
+    assert_error(
+        &s.call(M::POST, "/v1/sessions", Some(&key), Some(json!({}))).await,
+        StatusCode::FORBIDDEN,
+        "quota_exceeded",
+    );
+    assert_error(
+        &s.call(M::POST, &format!("/v1/sessions/{a}/fork"), Some(&key), Some(json!({}))).await,
+        StatusCode::FORBIDDEN,
+        "quota_exceeded",
+    );
+    assert_error(
+        &s.call(M::POST, "/v1/machine/new", Some(&key), Some(json!({}))).await,
+        StatusCode::FORBIDDEN,
+        "quota_exceeded",
+    );
     // The quota is the tenant's, not the server's: alice (unlimited) is not affected.
     s.create_session(json!({})).await;
     // Disk: 2 MB of random bytes would make a checkpoint over the 1 MiB quota: refused before it
     // is written, with the exec's result; the session stays at its previous checkpoint.
-    let (st, v) = s.call(M::POST, &format!("/v1/sessions/{a}/exec"), Some(&key), Some(json!({ "code": "import os\nblob = os.urandom(2_000_000)\nprint('ran')\nlen(blob)" }))).await;
+    let (st, v) = s
+        .call(
+            M::POST,
+            &format!("/v1/sessions/{a}/exec"),
+            Some(&key),
+            Some(json!({ "code": "import os\nblob = os.urandom(2_000_000)\nprint('ran')\nlen(blob)" })),
+        )
+        .await;
     assert_error(&(st, v.clone()), StatusCode::FORBIDDEN, "quota_exceeded");
     assert_eq!(v["error"]["result"]["value"], "2000000", "{v}");
     assert_eq!(v["error"]["result"]["stdout"], "ran\n", "{v}");
     assert_eq!(v["error"]["checkpoint"], Value::Null, "{v}");
-    let (st, v) = s.call(M::POST, &format!("/v1/sessions/{a}/exec"), Some(&key), Some(json!({ "code": "'blob' in globals()" }))).await;
+    let (st, v) = s
+        .call(M::POST, &format!("/v1/sessions/{a}/exec"), Some(&key), Some(json!({ "code": "'blob' in globals()" })))
+        .await;
     assert_eq!((st, v["value"].clone()), (StatusCode::OK, json!("False")), "{v}");
-    assert!(std::fs::read_dir(s.home.path().join("sessions/layers")).unwrap().flatten().all(|e| !e.file_name().to_string_lossy().ends_with(".tmp")));
+    assert!(std::fs::read_dir(s.home.path().join("sessions/layers"))
+        .unwrap()
+        .flatten()
+        .all(|e| !e.file_name().to_string_lossy().ends_with(".tmp")));
     // Deleting frees both quotas.
     assert_eq!(s.call(M::DELETE, &format!("/v1/sessions/{a}"), Some(&key), None).await.0, StatusCode::NO_CONTENT);
     let (st, b) = s.call(M::POST, "/v1/sessions", Some(&key), Some(json!({}))).await;
     assert_eq!(st, StatusCode::CREATED, "{b}");
-    let (st, v) = s.call(M::POST, &format!("/v1/sessions/{}/exec", b["id"].as_str().unwrap()), Some(&key), Some(json!({ "code": "1 + 1" }))).await;
+    let (st, v) = s
+        .call(
+            M::POST,
+            &format!("/v1/sessions/{}/exec", b["id"].as_str().unwrap()),
+            Some(&key),
+            Some(json!({ "code": "1 + 1" })),
+        )
+        .await;
     assert_eq!((st, v["value"].clone()), (StatusCode::OK, json!("2")), "{v}");
 }
 
@@ -841,7 +1017,10 @@ async fn old_keys_db_is_migrated_in_place() {
     let old_key = "fbk_0123456789abcdef";
     {
         let conn = rusqlite::Connection::open(&path).unwrap();
-        conn.execute_batch("CREATE TABLE api_keys (hash TEXT PRIMARY KEY, tenant TEXT NOT NULL, created_ms INTEGER NOT NULL);").unwrap();
+        conn.execute_batch(
+            "CREATE TABLE api_keys (hash TEXT PRIMARY KEY, tenant TEXT NOT NULL, created_ms INTEGER NOT NULL);",
+        )
+        .unwrap();
         conn.execute("INSERT INTO api_keys VALUES (?1, 'old', 1)", [forkbox_server::keys::hash_key(old_key)]).unwrap();
     }
     let store = forkbox_server::keys::KeyStore::open(home.path()).unwrap();
@@ -849,11 +1028,21 @@ async fn old_keys_db_is_migrated_in_place() {
     assert_eq!(info.tenant, "old");
     assert_eq!(info.limits, forkbox_server::KeyLimits::default());
     assert!(info.limiter.is_none());
-    let limits = forkbox_server::KeyLimits { rate_limit: Some(5), max_sessions: Some(3), max_disk_mb: Some(7), ..Default::default() };
+    let limits = forkbox_server::KeyLimits {
+        rate_limit: Some(5),
+        max_sessions: Some(3),
+        max_disk_mb: Some(7),
+        ..Default::default()
+    };
     let new_key = forkbox_server::create_key_with(home.path(), "new", &limits).unwrap();
     let info = store.lookup(&new_key).unwrap().unwrap();
     assert_eq!((info.tenant.as_str(), &info.limits), ("new", &limits));
-    assert!(forkbox_server::create_key_with(home.path(), "x", &forkbox_server::KeyLimits { max_sessions: Some(0), ..Default::default() }).is_err());
+    assert!(forkbox_server::create_key_with(
+        home.path(),
+        "x",
+        &forkbox_server::KeyLimits { max_sessions: Some(0), ..Default::default() }
+    )
+    .is_err());
     assert_eq!(forkbox_server::keys::count_keys(home.path()).unwrap(), 2);
 }
 
@@ -905,30 +1094,54 @@ async fn openapi_document_describes_every_route_the_router_serves() {
     let schemas = doc["components"]["schemas"].as_object().unwrap();
     for (p, item) in paths {
         for (m, op) in item.as_object().unwrap() {
-            let url = p.replace("{id}", "s_none").replace("{path}", "x.txt").replace("{name}", "s_none").replace("{seq}", "0");
+            let url = p
+                .replace("{id}", "s_none")
+                .replace("{path}", "x.txt")
+                .replace("{name}", "s_none")
+                .replace("{seq}", "0");
             let method = reqwest::Method::from_bytes(m.to_uppercase().as_bytes()).unwrap();
             let open = op["security"] == json!([{}]);
             let (st, v) = s.call(method.clone(), &url, None, None).await;
             if !open {
                 assert_error(&(st, v.clone()), StatusCode::UNAUTHORIZED, "unauthorized");
             }
-            let (st, v) = s.call(method, &url, Some(&s.key), if m == "get" || m == "delete" { None } else { Some(json!({})) }).await;
-            assert!(!["not_found", "method_not_allowed"].contains(&v["error"]["code"].as_str().unwrap_or("")), "{m} {p}: {st} {v}");
+            let (st, v) = s
+                .call(method, &url, Some(&s.key), if m == "get" || m == "delete" { None } else { Some(json!({})) })
+                .await;
+            assert!(
+                !["not_found", "method_not_allowed"].contains(&v["error"]["code"].as_str().unwrap_or("")),
+                "{m} {p}: {st} {v}"
+            );
             assert!(st.as_u16() < 500, "{m} {p}: {st} {v}");
             // Documented statuses include what it answered.
             let responses = op["responses"].as_object().unwrap();
-            assert!(responses.contains_key(st.as_str()) || responses.contains_key("default"), "{m} {p}: {st} undocumented");
+            assert!(
+                responses.contains_key(st.as_str()) || responses.contains_key("default"),
+                "{m} {p}: {st} undocumented"
+            );
             assert!(op["operationId"].is_string());
         }
     }
-    for name in ["ExecRequest", "ExecResponse", "Session", "ErrorBody", "MachineExec", "InstructionResult", "FvmResult", "SessionCommand", "OneShotCommand", "CommandResponse"] {
+    for name in [
+        "ExecRequest",
+        "ExecResponse",
+        "Session",
+        "ErrorBody",
+        "MachineExec",
+        "InstructionResult",
+        "FvmResult",
+        "SessionCommand",
+        "OneShotCommand",
+        "CommandResponse",
+    ] {
         assert!(schemas.contains_key(name), "schema {name} missing");
     }
     assert_eq!(doc["components"]["schemas"]["ExecResponse"]["properties"]["exit_code"]["type"], "integer");
 }
 
 async fn fvm_result(s: &TestServer, machine: &str, seq: i64, key: &str) -> Value {
-    let (st, v) = s.call(reqwest::Method::GET, &format!("/v1/machine/{machine}/exec/{seq}/result"), Some(key), None).await;
+    let (st, v) =
+        s.call(reqwest::Method::GET, &format!("/v1/machine/{machine}/exec/{seq}/result"), Some(key), None).await;
     assert_eq!(st, StatusCode::OK, "{v}");
     assert_eq!(v["instruction_id"], seq);
     v["result"].clone()
@@ -956,10 +1169,18 @@ async fn forevervm_machines_exec_and_long_poll() {
     // Exec returns at once; the long poll waits for the result.
     let exec = format!("/v1/machine/{name}/exec");
     let t0 = Instant::now();
-    let (st, e) = s.post(&exec, json!({ "instruction": { "code": "import time\ntime.sleep(1)\nx = 20\nx + 1", "timeout_seconds": 10 } })).await;
+    let (st, e) = s
+        .post(
+            &exec,
+            json!({ "instruction": { "code": "import time\ntime.sleep(1)\nx = 20\nx + 1", "timeout_seconds": 10 } }),
+        )
+        .await;
     assert_eq!(st, StatusCode::OK, "{e}");
     assert!(t0.elapsed() < Duration::from_millis(800), "exec did not return at once: {:?}", t0.elapsed());
-    assert_eq!((e["instruction_seq"].as_i64(), e["machine"].as_str(), e["interrupted"].as_bool()), (Some(0), Some(name.as_str()), Some(false)));
+    assert_eq!(
+        (e["instruction_seq"].as_i64(), e["machine"].as_str(), e["interrupted"].as_bool()),
+        (Some(0), Some(name.as_str()), Some(false))
+    );
     // Queued behind it, in order.
     let (_, e2) = s.post(&exec, json!({ "instruction": { "code": "x * 2" } })).await;
     assert_eq!(e2["instruction_seq"], 1);
@@ -983,18 +1204,35 @@ async fn forevervm_machines_exec_and_long_poll() {
     assert_eq!(s.sexec(&name, "x + 100").await["value"], "120");
 
     // Errors.
-    assert_error(&s.get(&format!("/v1/machine/{name}/exec/99/result")).await, StatusCode::NOT_FOUND, "instruction_not_found");
-    assert_error(&s.get(&format!("/v1/machine/{name}/exec/-1/result")).await, StatusCode::NOT_FOUND, "instruction_not_found");
-    assert_error(&s.post("/v1/machine/s_nope/exec", json!({ "instruction": { "code": "1" } })).await, StatusCode::NOT_FOUND, "session_not_found");
+    assert_error(
+        &s.get(&format!("/v1/machine/{name}/exec/99/result")).await,
+        StatusCode::NOT_FOUND,
+        "instruction_not_found",
+    );
+    assert_error(
+        &s.get(&format!("/v1/machine/{name}/exec/-1/result")).await,
+        StatusCode::NOT_FOUND,
+        "instruction_not_found",
+    );
+    assert_error(
+        &s.post("/v1/machine/s_nope/exec", json!({ "instruction": { "code": "1" } })).await,
+        StatusCode::NOT_FOUND,
+        "session_not_found",
+    );
     assert_error(&s.get("/v1/machine/s_nope/exec/0/result").await, StatusCode::NOT_FOUND, "session_not_found");
     assert_error(&s.post(&exec, json!({ "code": "1" })).await, StatusCode::BAD_REQUEST, "invalid_request");
     assert_error(&s.post_raw(&exec, b"{\"instruction\":".to_vec()).await, StatusCode::BAD_REQUEST, "malformed_json");
-    assert_error(&s.post(&exec, json!({ "instruction": { "code": "1", "timeout_seconds": 0 } })).await, StatusCode::BAD_REQUEST, "invalid_request");
+    assert_error(
+        &s.post(&exec, json!({ "instruction": { "code": "1", "timeout_seconds": 0 } })).await,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+    );
     assert_error(&s.get(&format!("/v1/machine/{name}/repl")).await, StatusCode::UPGRADE_REQUIRED, "upgrade_required");
     // A timeout (the session's time limit applies) is an error result.
     let (_, m2) = s.post("/v1/sessions", json!({ "timeout_seconds": 1 })).await;
     let short = m2["id"].as_str().unwrap().to_string();
-    let (_, e) = s.post(&format!("/v1/machine/{short}/exec"), json!({ "instruction": { "code": "while True: pass" } })).await;
+    let (_, e) =
+        s.post(&format!("/v1/machine/{short}/exec"), json!({ "instruction": { "code": "while True: pass" } })).await;
     let r = fvm_result(&s, &short, e["instruction_seq"].as_i64().unwrap(), &key).await;
     assert!(r["error"].as_str().unwrap().starts_with("timeout: "), "{r}");
 
@@ -1002,8 +1240,16 @@ async fn forevervm_machines_exec_and_long_poll() {
     let bob = s.new_key("bob");
     assert_eq!(s.call(M::GET, "/v1/whoami", Some(&bob), None).await.1["account"], "bob");
     assert_eq!(s.call(M::GET, "/v1/machine/list", Some(&bob), None).await.1["machines"], json!([]));
-    assert_error(&s.call(M::POST, &exec, Some(&bob), Some(json!({ "instruction": { "code": "x" } }))).await, StatusCode::NOT_FOUND, "session_not_found");
-    assert_error(&s.call(M::GET, &format!("/v1/machine/{name}/exec/0/result"), Some(&bob), None).await, StatusCode::NOT_FOUND, "session_not_found");
+    assert_error(
+        &s.call(M::POST, &exec, Some(&bob), Some(json!({ "instruction": { "code": "x" } }))).await,
+        StatusCode::NOT_FOUND,
+        "session_not_found",
+    );
+    assert_error(
+        &s.call(M::GET, &format!("/v1/machine/{name}/exec/0/result"), Some(&bob), None).await,
+        StatusCode::NOT_FOUND,
+        "session_not_found",
+    );
     assert_error(&s.call(M::GET, "/v1/whoami", None, None).await, StatusCode::UNAUTHORIZED, "unauthorized");
 }
 
@@ -1023,7 +1269,8 @@ struct Sse {
 async fn sse(s: &TestServer, path: &str, key: &str, body: Value) -> (StatusCode, Vec<Sse>) {
     let mut resp = s.http.post(format!("{}{path}", s.url)).bearer_auth(key).json(&body).send().await.expect("request");
     let status = resp.status();
-    let is_sse = resp.headers().get("content-type").is_some_and(|c| c.to_str().unwrap().starts_with("text/event-stream"));
+    let is_sse =
+        resp.headers().get("content-type").is_some_and(|c| c.to_str().unwrap().starts_with("text/event-stream"));
     if !is_sse {
         let v: Value = resp.json().await.unwrap_or(Value::Null);
         return (status, vec![Sse { event: "http".into(), data: v, at: Instant::now() }]);
@@ -1042,7 +1289,11 @@ async fn sse(s: &TestServer, path: &str, key: &str, body: Value) -> (StatusCode,
                 }
             }
             if !data.is_empty() {
-                events.push(Sse { event, data: serde_json::from_str(&data).expect("event data is JSON"), at: Instant::now() });
+                events.push(Sse {
+                    event,
+                    data: serde_json::from_str(&data).expect("event data is JSON"),
+                    at: Instant::now(),
+                });
             }
         }
     }
@@ -1071,11 +1322,18 @@ async fn streamed_exec_sends_output_as_it_is_written_then_the_result() {
     // Really streamed: the first line arrived long before the result (the code sleeps 0.9 s after it).
     let first = ev.iter().find(|e| e.event == "stdout").unwrap();
     let last = ev.last().unwrap();
-    assert!(last.at.duration_since(first.at) >= Duration::from_millis(500), "first line at {:?}, result at {:?}", first.at - t0, last.at - t0);
+    assert!(
+        last.at.duration_since(first.at) >= Duration::from_millis(500),
+        "first line at {:?}, result at {:?}",
+        first.at - t0,
+        last.at - t0
+    );
     assert!(ev.iter().filter(|e| e.event == "stdout").count() >= 3, "{names:?}");
 
     // A sandbox error is the final `error` event; request errors are plain HTTP errors.
-    let (st, ev) = sse(&s, "/v1/exec/stream", &key, json!({ "code": "print('start')\nwhile True: pass", "timeout_seconds": 1 })).await;
+    let (st, ev) =
+        sse(&s, "/v1/exec/stream", &key, json!({ "code": "print('start')\nwhile True: pass", "timeout_seconds": 1 }))
+            .await;
     assert_eq!(st, StatusCode::OK);
     assert_eq!(ev.first().map(|e| e.event.as_str()), Some("stdout"));
     let last = ev.last().unwrap();
@@ -1138,7 +1396,11 @@ async fn interrupt_stops_a_running_loop_and_the_session_goes_on() {
     assert_eq!(v["value"], "('state', True)");
     assert_error(&s.post("/v1/sessions/s_nope/interrupt", json!({})).await, StatusCode::NOT_FOUND, "session_not_found");
     let bob = s.new_key("bob");
-    assert_error(&s.call(reqwest::Method::POST, &format!("/v1/sessions/{id}/interrupt"), Some(&bob), None).await, StatusCode::NOT_FOUND, "session_not_found");
+    assert_error(
+        &s.call(reqwest::Method::POST, &format!("/v1/sessions/{id}/interrupt"), Some(&bob), None).await,
+        StatusCode::NOT_FOUND,
+        "session_not_found",
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1149,11 +1411,21 @@ async fn files_upload_download_list_and_outputs() {
     let files = format!("{}/v1/sessions/{id}/files", s.url);
     // Upload (binary, nested directories created), then Python reads it with open().
     let data: Vec<u8> = (0..=255u8).cycle().take(300_000).collect();
-    let r = s.http.put(format!("{files}/data/in/blob.bin")).bearer_auth(&s.key).body(data.clone()).send().await.unwrap();
+    let r =
+        s.http.put(format!("{files}/data/in/blob.bin")).bearer_auth(&s.key).body(data.clone()).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::CREATED);
     let v: Value = r.json().await.unwrap();
-    assert_eq!((v["path"].as_str(), v["size"].as_u64(), v["checkpoint"].as_i64()), (Some("/data/in/blob.bin"), Some(300_000), Some(1)), "{v}");
-    let v = s.sexec(&id, "import hashlib\nb = open('/data/in/blob.bin', 'rb').read()\n(len(b), hashlib.sha256(b).hexdigest())").await;
+    assert_eq!(
+        (v["path"].as_str(), v["size"].as_u64(), v["checkpoint"].as_i64()),
+        (Some("/data/in/blob.bin"), Some(300_000), Some(1)),
+        "{v}"
+    );
+    let v = s
+        .sexec(
+            &id,
+            "import hashlib\nb = open('/data/in/blob.bin', 'rb').read()\n(len(b), hashlib.sha256(b).hexdigest())",
+        )
+        .await;
     let want = {
         use sha2::Digest;
         hex::encode(sha2::Sha256::digest(&data))
@@ -1172,7 +1444,10 @@ async fn files_upload_download_list_and_outputs() {
     assert_eq!(outputs[0]["mime"], "text/csv");
     assert_eq!(outputs[0]["size"], 8);
     use base64::Engine as _;
-    assert_eq!(base64::engine::general_purpose::STANDARD.decode(outputs[0]["base64"].as_str().unwrap()).unwrap(), b"a,b\n1,2\n");
+    assert_eq!(
+        base64::engine::general_purpose::STANDARD.decode(outputs[0]["base64"].as_str().unwrap()).unwrap(),
+        b"a,b\n1,2\n"
+    );
     assert!(s.sexec(&id, "1").await.get("outputs").is_none(), "an exec that writes no output file has no outputs");
     let r = s.http.get(format!("{files}/tmp/notes.txt")).bearer_auth(&s.key).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::OK);
@@ -1183,7 +1458,12 @@ async fn files_upload_download_list_and_outputs() {
     // Listing.
     let (st, l) = s.get(&format!("/v1/sessions/{id}/files?dir=/output")).await;
     assert_eq!(st, StatusCode::OK, "{l}");
-    let mut names: Vec<(String, bool)> = l["files"].as_array().unwrap().iter().map(|f| (f["name"].as_str().unwrap().to_string(), f["is_dir"].as_bool().unwrap())).collect();
+    let mut names: Vec<(String, bool)> = l["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| (f["name"].as_str().unwrap().to_string(), f["is_dir"].as_bool().unwrap()))
+        .collect();
     names.sort();
     assert_eq!(names, vec![("sub".to_string(), true), ("table.csv".to_string(), false)], "{l}");
     let table = l["files"].as_array().unwrap().iter().find(|f| f["name"] == "table.csv").unwrap();
@@ -1202,11 +1482,23 @@ async fn files_upload_download_list_and_outputs() {
     assert_eq!(r.status(), StatusCode::PAYLOAD_TOO_LARGE);
     assert_eq!(r.json::<Value>().await.unwrap()["error"]["code"], "file_too_large");
     s.sexec(&id, "open('/tmp/big.bin', 'wb').write(b'x' * (5 << 20))").await;
-    assert_error(&s.get(&format!("/v1/sessions/{id}/files/tmp/big.bin")).await, StatusCode::PAYLOAD_TOO_LARGE, "file_too_large");
+    assert_error(
+        &s.get(&format!("/v1/sessions/{id}/files/tmp/big.bin")).await,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "file_too_large",
+    );
     // Other tenants: 404 on every file route.
     let bob = s.new_key("bob");
-    assert_error(&s.call(M::GET, &format!("/v1/sessions/{id}/files/tmp/notes.txt"), Some(&bob), None).await, StatusCode::NOT_FOUND, "session_not_found");
-    assert_error(&s.call(M::GET, &format!("/v1/sessions/{id}/files?dir=/"), Some(&bob), None).await, StatusCode::NOT_FOUND, "session_not_found");
+    assert_error(
+        &s.call(M::GET, &format!("/v1/sessions/{id}/files/tmp/notes.txt"), Some(&bob), None).await,
+        StatusCode::NOT_FOUND,
+        "session_not_found",
+    );
+    assert_error(
+        &s.call(M::GET, &format!("/v1/sessions/{id}/files?dir=/"), Some(&bob), None).await,
+        StatusCode::NOT_FOUND,
+        "session_not_found",
+    );
     let r = s.http.put(format!("{files}/x.txt")).bearer_auth(&bob).body("x").send().await.unwrap();
     assert_eq!(r.status(), StatusCode::NOT_FOUND);
 }
@@ -1262,7 +1554,8 @@ async fn four_spinning_guests_of_one_key_do_not_make_another_key_wait() {
     // While A spins, B's execs go through at once (never 503, never behind A's queue).
     for i in 0..3 {
         let t = Instant::now();
-        let (st, v) = s.call(reqwest::Method::POST, "/v1/exec", Some(&b), Some(json!({ "code": format!("{i} + 1") }))).await;
+        let (st, v) =
+            s.call(reqwest::Method::POST, "/v1/exec", Some(&b), Some(json!({ "code": format!("{i} + 1") }))).await;
         assert_eq!(st, StatusCode::OK, "{v}");
         assert_eq!(v["value"], json!((i + 1).to_string()));
         assert!(t.elapsed() < Duration::from_secs(3), "B waited {:?} behind A", t.elapsed());
@@ -1292,7 +1585,11 @@ async fn a_batch_counts_each_exec_against_the_rate_and_a_cpu_budget_is_enforced(
     let key = limited_key(&s, "batcher", forkbox_server::KeyLimits { rate_limit: Some(5), ..Default::default() });
     // 8 execs in one request are 8 against a 5/s key.
     let codes: Vec<String> = (0..8).map(|i| i.to_string()).collect();
-    assert_error(&s.call(M::POST, "/v1/exec/batch", Some(&key), Some(json!({ "codes": codes }))).await, StatusCode::TOO_MANY_REQUESTS, "rate_limited");
+    assert_error(
+        &s.call(M::POST, "/v1/exec/batch", Some(&key), Some(json!({ "codes": codes }))).await,
+        StatusCode::TOO_MANY_REQUESTS,
+        "rate_limited",
+    );
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let (st, v) = s.call(M::POST, "/v1/exec/batch", Some(&key), Some(json!({ "codes": ["1", "2", "3"] }))).await;
     assert_eq!(st, StatusCode::OK, "{v}");
@@ -1305,17 +1602,32 @@ async fn a_batch_counts_each_exec_against_the_rate_and_a_cpu_budget_is_enforced(
     );
     // CPU seconds: a key with 1 CPU-second per hour spins once, then gets 429 with Retry-After.
     let cpu = limited_key(&s, "cpu", forkbox_server::KeyLimits { cpu_seconds_per_hour: Some(1), ..Default::default() });
-    let (st, v) = s.call(M::POST, "/v1/exec", Some(&cpu), Some(json!({ "code": "import time\nt = time.time()\nwhile time.time() - t < 2: pass" }))).await;
+    let (st, v) = s
+        .call(
+            M::POST,
+            "/v1/exec",
+            Some(&cpu),
+            Some(json!({ "code": "import time\nt = time.time()\nwhile time.time() - t < 2: pass" })),
+        )
+        .await;
     assert_eq!(st, StatusCode::OK, "{v}");
     // The exec thread charges the job when it ends, just after the reply (the
     // sandbox's teardown comes first): within a moment the key is refused.
-    let mut r = s.http.post(format!("{}/v1/exec", s.url)).bearer_auth(&cpu).json(&json!({ "code": "1" })).send().await.unwrap();
+    let mut r =
+        s.http.post(format!("{}/v1/exec", s.url)).bearer_auth(&cpu).json(&json!({ "code": "1" })).send().await.unwrap();
     for _ in 0..20 {
         if r.status() == StatusCode::TOO_MANY_REQUESTS {
             break;
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
-        r = s.http.post(format!("{}/v1/exec", s.url)).bearer_auth(&cpu).json(&json!({ "code": "1" })).send().await.unwrap();
+        r = s
+            .http
+            .post(format!("{}/v1/exec", s.url))
+            .bearer_auth(&cpu)
+            .json(&json!({ "code": "1" }))
+            .send()
+            .await
+            .unwrap();
     }
     assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
     assert!(r.headers().get("retry-after").is_some());
@@ -1324,8 +1636,13 @@ async fn a_batch_counts_each_exec_against_the_rate_and_a_cpu_budget_is_enforced(
     // Other keys go on; a key's timeout is capped by its own maximum.
     let (st, v) = s.post("/v1/exec", json!({ "code": "1" })).await;
     assert_eq!(st, StatusCode::OK, "{v}");
-    let short = limited_key(&s, "short", forkbox_server::KeyLimits { max_timeout_seconds: Some(5), ..Default::default() });
-    assert_error(&s.call(M::POST, "/v1/exec", Some(&short), Some(json!({ "code": "1", "timeout_seconds": 10 }))).await, StatusCode::BAD_REQUEST, "invalid_request");
+    let short =
+        limited_key(&s, "short", forkbox_server::KeyLimits { max_timeout_seconds: Some(5), ..Default::default() });
+    assert_error(
+        &s.call(M::POST, "/v1/exec", Some(&short), Some(json!({ "code": "1", "timeout_seconds": 10 }))).await,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+    );
     let (st, _) = s.call(M::POST, "/v1/exec", Some(&short), Some(json!({ "code": "1", "timeout_seconds": 5 }))).await;
     assert_eq!(st, StatusCode::OK);
 }
@@ -1336,13 +1653,27 @@ async fn batch_results_and_streams_are_bounded_by_the_output_limit() {
     let limit = forkbox_engine::Limits::default().output_bytes;
     // 64 execs that each print 4 MiB: the whole response stays within 4x the output limit (+ JSON).
     let codes: Vec<String> = (0..64).map(|_| "import sys\nsys.stdout.write('y' * (4 << 20))".to_string()).collect();
-    let r = s.http.post(format!("{}/v1/exec/batch", s.url)).bearer_auth(&s.key).json(&json!({ "codes": codes })).send().await.unwrap();
+    let r = s
+        .http
+        .post(format!("{}/v1/exec/batch", s.url))
+        .bearer_auth(&s.key)
+        .json(&json!({ "codes": codes }))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), StatusCode::OK);
     let body = r.bytes().await.unwrap();
     assert!(body.len() < 4 * limit + 64 * 1024, "batch response of {} bytes", body.len());
     // The issue's attack on a stream: write(1, buf, 64 MiB) of NULs (each `\u0000` in JSON).
     let code = "import ctypes\nlibc = ctypes.CDLL(None)\nbuf = ctypes.create_string_buffer(64 << 20)\nlibc.syscall(1, 1, ctypes.addressof(buf), 64 << 20)";
-    let r = s.http.post(format!("{}/v1/exec/stream", s.url)).bearer_auth(&s.key).json(&json!({ "code": code })).send().await.unwrap();
+    let r = s
+        .http
+        .post(format!("{}/v1/exec/stream", s.url))
+        .bearer_auth(&s.key)
+        .json(&json!({ "code": code }))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), StatusCode::OK);
     let body = r.bytes().await.unwrap();
     // The output limit of raw bytes, twice (events + the result), at most 6x in JSON escapes.
@@ -1411,7 +1742,8 @@ async fn network_setting_narrows_the_server_policy() {
     })
     .await;
     let api_port: u16 = s.url.rsplit(':').next().unwrap().parse().unwrap();
-    let get = |p: u16| format!("import urllib.request\nurllib.request.urlopen('http://127.0.0.1:{p}/', timeout=5).read()");
+    let get =
+        |p: u16| format!("import urllib.request\nurllib.request.urlopen('http://127.0.0.1:{p}/', timeout=5).read()");
     // The server's own API port (loopback) is refused by the default policy.
     let (st, v) = s.post("/v1/exec", json!({ "code": get(api_port) })).await;
     assert_eq!(st, StatusCode::OK, "{v}");
@@ -1422,10 +1754,14 @@ async fn network_setting_narrows_the_server_policy() {
     assert_eq!(v["value"], "b'ok'", "{v}");
     let (_, v) = s.post("/v1/exec", json!({ "code": get(port), "network": "none" })).await;
     assert_eq!(v["exit_code"], 1, "{v}");
-    let (_, v) = s.post("/v1/exec", json!({ "code": get(api_port), "network": { "allow": [format!("127.0.0.1:{api_port}")] } })).await;
+    let (_, v) = s
+        .post("/v1/exec", json!({ "code": get(api_port), "network": { "allow": [format!("127.0.0.1:{api_port}")] } }))
+        .await;
     assert_eq!(v["exit_code"], 1, "a request widened the server's policy: {v}");
     // Sessions keep their setting and show the effective policy.
-    let (st, v) = s.post("/v1/sessions", json!({ "network": { "allow": [format!("127.0.0.1:{port}")], "deny": ["*:25"] } })).await;
+    let (st, v) = s
+        .post("/v1/sessions", json!({ "network": { "allow": [format!("127.0.0.1:{port}")], "deny": ["*:25"] } }))
+        .await;
     assert_eq!(st, StatusCode::CREATED, "{v}");
     assert_eq!(v["limits"]["network"]["mode"], "allowlist", "{v}");
     assert_eq!(v["limits"]["network"]["layers"].as_array().map(|a| a.len()), Some(2), "{v}");
@@ -1438,12 +1774,20 @@ async fn network_setting_narrows_the_server_policy() {
     assert_eq!(v["limits"]["network"]["mode"], "none", "{v}");
     // Refusals are counted in /metrics.
     let m = s.http.get(format!("{}/metrics", s.url)).bearer_auth(&s.key).send().await.unwrap().text().await.unwrap();
-    let denied = m.lines().find(|l| l.starts_with("forkbox_net_connects_total{decision=\"denied\"}")).unwrap_or_else(|| panic!("no denial counter in\n{m}"));
+    let denied = m
+        .lines()
+        .find(|l| l.starts_with("forkbox_net_connects_total{decision=\"denied\"}"))
+        .unwrap_or_else(|| panic!("no denial counter in\n{m}"));
     assert!(denied.rsplit(' ').next().unwrap().parse::<f64>().unwrap() >= 3.0, "{denied}");
     // Bad settings are 400s.
     for bad in [json!("everything"), json!({ "allow": ["not a rule"] }), json!({ "allow": ["10.0.0.0/40"] })] {
         let got = s.post("/v1/sessions", json!({ "network": bad })).await;
-        assert!(got.0 == StatusCode::BAD_REQUEST || got.0 == StatusCode::UNPROCESSABLE_ENTITY, "{bad}: {} {}", got.0, got.1);
+        assert!(
+            got.0 == StatusCode::BAD_REQUEST || got.0 == StatusCode::UNPROCESSABLE_ENTITY,
+            "{bad}: {} {}",
+            got.0,
+            got.1
+        );
     }
 }
 
@@ -1468,7 +1812,11 @@ async fn key_egress_policy_is_a_layer_requests_cannot_widen() {
     .await;
     let allow = format!("127.0.0.1:{port}");
     let key_with = |tenant: &str, egress: forkbox_runtime::NetPolicy| {
-        limited_key(&s, tenant, forkbox_server::KeyLimits { egress: Some(egress), ..forkbox_server::KeyLimits::unlimited() })
+        limited_key(
+            &s,
+            tenant,
+            forkbox_server::KeyLimits { egress: Some(egress), ..forkbox_server::KeyLimits::unlimited() },
+        )
     };
     let none = key_with("offline", forkbox_runtime::NetPolicy::none());
     let public = key_with("public", forkbox_runtime::NetPolicy::public());
@@ -1486,11 +1834,18 @@ async fn key_egress_policy_is_a_layer_requests_cannot_widen() {
     let (_, v) = s.post("/v1/exec", json!({ "code": get })).await;
     assert_eq!(v["value"], "b'ok'", "{v}");
     // A key with egress none cannot, even asking for the very rule the server has.
-    for body in [json!({ "code": get }), json!({ "code": get, "network": { "allow": [allow] } }), json!({ "code": get, "network": "public" })] {
+    for body in [
+        json!({ "code": get }),
+        json!({ "code": get, "network": { "allow": [allow] } }),
+        json!({ "code": get, "network": "public" }),
+    ] {
         let (st, v) = post(&none, "/v1/exec", body.clone()).await;
         assert_eq!(st, StatusCode::OK, "{v}");
         assert_eq!(v["exit_code"], 1, "a request widened its key's policy ({body}): {v}");
-        assert!(v["stderr"].as_str().unwrap_or_default().contains("refused by the egress policy: network: none"), "{v}");
+        assert!(
+            v["stderr"].as_str().unwrap_or_default().contains("refused by the egress policy: network: none"),
+            "{v}"
+        );
     }
     // Nor in a batch.
     let (st, v) = post(&none, "/v1/exec/batch", json!({ "codes": [get] })).await;
@@ -1511,7 +1866,16 @@ async fn key_egress_policy_is_a_layer_requests_cannot_widen() {
     assert_eq!(v["limits"]["network"]["layers"].as_array().map(|a| a.len()), Some(3), "server, key, request: {v}");
     assert_eq!(v["limits"]["network"]["layers"][1]["mode"], "none", "{v}");
     let id = v["id"].as_str().unwrap().to_string();
-    let shown = s.http.get(format!("{}/v1/sessions/{id}", s.url)).bearer_auth(&none).send().await.unwrap().json::<Value>().await.unwrap();
+    let shown = s
+        .http
+        .get(format!("{}/v1/sessions/{id}", s.url))
+        .bearer_auth(&none)
+        .send()
+        .await
+        .unwrap()
+        .json::<Value>()
+        .await
+        .unwrap();
     assert_eq!(shown["limits"]["network"]["mode"], "none", "{shown}");
     let (_, v) = post(&none, &format!("/v1/sessions/{id}/exec"), json!({ "code": get })).await;
     assert!(v["error"]["type"].as_str().is_some() || v["exit_code"] == 1, "{v}");
@@ -1552,7 +1916,10 @@ async fn request_bodies_are_strict_and_errors_name_the_field() {
         let got = s.call(m.clone(), &path, Some(&s.key), Some(body)).await;
         assert_error(&got, StatusCode::BAD_REQUEST, "invalid_request");
         let msg = message(&got);
-        assert!(msg.starts_with(&format!("invalid request body: unknown field `{field}`, expected")), "{m} {path}: {msg}");
+        assert!(
+            msg.starts_with(&format!("invalid request body: unknown field `{field}`, expected")),
+            "{m} {path}: {msg}"
+        );
     }
     // ... also inside a nested object (the network setting's rules).
     let got = s.post("/v1/exec", json!({ "code": "1", "network": { "allow": ["1.2.3.4"], "denny": [] } })).await;
@@ -1572,7 +1939,8 @@ async fn request_bodies_are_strict_and_errors_name_the_field() {
     let (st, v) = s.post("/v1/machine/new", json!({ "tags": {}, "expires_at": null })).await;
     assert_eq!(st, StatusCode::OK, "{v}");
     let name = v["machine_name"].as_str().unwrap().to_string();
-    let body = json!({ "instruction": { "code": "1 + 1", "max_duration_seconds": 5 }, "code": "1 + 1", "interrupt": false });
+    let body =
+        json!({ "instruction": { "code": "1 + 1", "max_duration_seconds": 5 }, "code": "1 + 1", "interrupt": false });
     let (st, v) = s.post(&format!("/v1/machine/{name}/exec"), body).await;
     assert_eq!(st, StatusCode::OK, "{v}");
 
@@ -1585,7 +1953,14 @@ async fn request_bodies_are_strict_and_errors_name_the_field() {
     let got = s.post("/v1/exec", json!({ "code": code })).await;
     assert_error(&got, StatusCode::PAYLOAD_TOO_LARGE, "code_too_large");
     assert!(message(&got).contains(&(1u64 << 20).to_string()), "{}", got.1);
-    let resp = s.http.put(format!("{}{sess}/files/tmp/big.bin", s.url)).bearer_auth(&s.key).body(vec![7u8; 4096]).send().await.unwrap();
+    let resp = s
+        .http
+        .put(format!("{}{sess}/files/tmp/big.bin", s.url))
+        .bearer_auth(&s.key)
+        .body(vec![7u8; 4096])
+        .send()
+        .await
+        .unwrap();
     let got = (resp.status(), resp.json::<Value>().await.unwrap());
     assert_error(&got, StatusCode::PAYLOAD_TOO_LARGE, "file_too_large");
     assert!(message(&got).contains("1024 bytes"), "{}", got.1);
@@ -1597,7 +1972,13 @@ async fn request_bodies_are_strict_and_errors_name_the_field() {
     assert_eq!(v["name"], "forkbox");
     assert_eq!(v["console"], "/");
     // A browser (Accept prefers text/html) gets the web console instead, under a strict CSP; its assets too.
-    let page = s.http.get(format!("{}/", s.url)).header("accept", "text/html,application/xhtml+xml,*/*;q=0.8").send().await.unwrap();
+    let page = s
+        .http
+        .get(format!("{}/", s.url))
+        .header("accept", "text/html,application/xhtml+xml,*/*;q=0.8")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(page.status(), StatusCode::OK);
     assert!(page.headers()["content-type"].to_str().unwrap().starts_with("text/html"));
     let csp = page.headers()["content-security-policy"].to_str().unwrap().to_string();
@@ -1639,7 +2020,9 @@ async fn session_exec_timeout_is_bounded_by_the_session_and_patch_changes_limits
     assert_eq!(got.1["error"]["checkpoint"], 1, "{}", got.1);
     // The streamed exec too (its error event).
     let t0 = Instant::now();
-    let (st, ev) = sse(&s, &format!("{sess}/exec/stream"), &s.key, json!({ "code": "while True: pass", "timeout_seconds": 1 })).await;
+    let (st, ev) =
+        sse(&s, &format!("{sess}/exec/stream"), &s.key, json!({ "code": "while True: pass", "timeout_seconds": 1 }))
+            .await;
     assert_eq!(st, StatusCode::OK);
     let last = ev.last().expect("events");
     assert_eq!((last.event.as_str(), &last.data["error"]["code"]), ("error", &json!("timeout")), "{ev:?}");
@@ -1650,13 +2033,23 @@ async fn session_exec_timeout_is_bounded_by_the_session_and_patch_changes_limits
         assert_error(&got, StatusCode::BAD_REQUEST, "invalid_request");
         assert!(message(&got).contains("20"), "{}", got.1);
     }
-    let (st, ev) = sse(&s, &format!("{sess}/exec/stream"), &s.key, json!({ "code": "kept = 0", "timeout_seconds": 21 })).await;
-    assert_eq!((st, ev[0].data["error"]["code"].clone()), (StatusCode::BAD_REQUEST, json!("invalid_request")), "{ev:?}");
+    let (st, ev) =
+        sse(&s, &format!("{sess}/exec/stream"), &s.key, json!({ "code": "kept = 0", "timeout_seconds": 21 })).await;
+    assert_eq!(
+        (st, ev[0].data["error"]["code"].clone()),
+        (StatusCode::BAD_REQUEST, json!("invalid_request")),
+        "{ev:?}"
+    );
     assert_eq!(s.sexec(&id, "kept").await["value"], "7");
 
     // PATCH: tags and limits, validated like a create.
     let (st, v) = s
-        .call(reqwest::Method::PATCH, &sess, Some(&s.key), Some(json!({ "tags": { "team": "b" }, "timeout_seconds": 2, "memory_mb": 256 })))
+        .call(
+            reqwest::Method::PATCH,
+            &sess,
+            Some(&s.key),
+            Some(json!({ "tags": { "team": "b" }, "timeout_seconds": 2, "memory_mb": 256 })),
+        )
         .await;
     assert_eq!(st, StatusCode::OK, "{v}");
     assert_eq!(v["tags"], json!({ "team": "b" }));
@@ -1671,12 +2064,19 @@ async fn session_exec_timeout_is_bounded_by_the_session_and_patch_changes_limits
     assert_eq!(s.get("/v1/sessions?tag=team:a").await.1["sessions"], json!([]));
     // Only what is given changes.
     let (st, v) = s.call(reqwest::Method::PATCH, &sess, Some(&s.key), Some(json!({}))).await;
-    assert_eq!((st, v["limits"]["timeout_seconds"].clone(), v["tags"].clone()), (StatusCode::OK, json!(2.0), json!({ "team": "b" })));
+    assert_eq!(
+        (st, v["limits"]["timeout_seconds"].clone(), v["tags"].clone()),
+        (StatusCode::OK, json!(2.0), json!({ "team": "b" }))
+    );
     // The new time limit is the session's maximum now, and applies to its execs.
     let got = s.post(&format!("{sess}/exec"), json!({ "code": "1", "timeout_seconds": 3 })).await;
     assert_error(&got, StatusCode::BAD_REQUEST, "invalid_request");
     let t0 = Instant::now();
-    assert_error(&s.post(&format!("{sess}/exec"), json!({ "code": "while True: pass" })).await, StatusCode::REQUEST_TIMEOUT, "timeout");
+    assert_error(
+        &s.post(&format!("{sess}/exec"), json!({ "code": "while True: pass" })).await,
+        StatusCode::REQUEST_TIMEOUT,
+        "timeout",
+    );
     assert!(t0.elapsed() < Duration::from_secs(8), "{:?}", t0.elapsed());
     assert_eq!(s.sexec(&id, "kept").await["value"], "7");
     // The memory limit applies: 300 MiB does not fit in 256.
@@ -1686,7 +2086,12 @@ async fn session_exec_timeout_is_bounded_by_the_session_and_patch_changes_limits
     assert!(st != StatusCode::OK || r["error"]["type"] == "MemoryError", "{st} {r}");
     assert_eq!(s.sexec(&id, "kept").await["value"], "7");
     // Bad values are refused like a create's; an unknown session is 404.
-    for bad in [json!({ "memory_mb": 1 }), json!({ "timeout_seconds": -1 }), json!({ "timeout_seconds": 1e9 }), json!({ "tags": { "a:b": "c" } })] {
+    for bad in [
+        json!({ "memory_mb": 1 }),
+        json!({ "timeout_seconds": -1 }),
+        json!({ "timeout_seconds": 1e9 }),
+        json!({ "tags": { "a:b": "c" } }),
+    ] {
         let got = s.call(reqwest::Method::PATCH, &sess, Some(&s.key), Some(bad.clone())).await;
         assert_error(&got, StatusCode::BAD_REQUEST, "invalid_request");
     }
@@ -1701,11 +2106,24 @@ async fn session_exec_timeout_is_bounded_by_the_session_and_patch_changes_limits
     let (url, key, http) = (s.url.clone(), s.key.clone(), s.http.clone());
     let p = format!("{sess}/exec");
     let long = tokio::spawn(async move {
-        let r = http.post(format!("{url}{p}")).bearer_auth(key).json(&json!({ "code": "import time\ntime.sleep(1.5)\n5" })).send().await.unwrap();
+        let r = http
+            .post(format!("{url}{p}"))
+            .bearer_auth(key)
+            .json(&json!({ "code": "import time\ntime.sleep(1.5)\n5" }))
+            .send()
+            .await
+            .unwrap();
         (r.status(), r.json::<Value>().await.unwrap())
     });
     tokio::time::sleep(Duration::from_millis(600)).await;
-    let resp = s.http.post(format!("{}{sess}/exec", s.url)).bearer_auth(&s.key).json(&json!({ "code": "1" })).send().await.unwrap();
+    let resp = s
+        .http
+        .post(format!("{}{sess}/exec", s.url))
+        .bearer_auth(&s.key)
+        .json(&json!({ "code": "1" }))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), StatusCode::CONFLICT);
     let retry = resp.headers().get("retry-after").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     assert!(retry.is_some_and(|r| r >= 1), "Retry-After: {:?}", resp.headers());
@@ -1729,9 +2147,27 @@ async fn patched_tags_and_limits_survive_a_restart() {
         let _ = rx.await;
     }));
     let http = reqwest::Client::new();
-    let sess: Value = http.post(format!("{url}/v1/sessions")).bearer_auth(&key).json(&json!({ "tags": { "k": "v" } })).send().await.unwrap().json().await.unwrap();
+    let sess: Value = http
+        .post(format!("{url}/v1/sessions"))
+        .bearer_auth(&key)
+        .json(&json!({ "tags": { "k": "v" } }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     let sid = sess["id"].as_str().unwrap().to_string();
-    let r: Value = http.post(format!("{url}/v1/sessions/{sid}/exec")).bearer_auth(&key).json(&json!({ "code": "q = 9" })).send().await.unwrap().json().await.unwrap();
+    let r: Value = http
+        .post(format!("{url}/v1/sessions/{sid}/exec"))
+        .bearer_auth(&key)
+        .json(&json!({ "code": "q = 9" }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(r["checkpoint"], 1, "{r}");
     let patch = json!({ "tags": { "k": "w", "n": "2" }, "memory_mb": 384, "timeout_seconds": 7.5 });
     let resp = http.patch(format!("{url}/v1/sessions/{sid}")).bearer_auth(&key).json(&patch).send().await.unwrap();
@@ -1745,14 +2181,30 @@ async fn patched_tags_and_limits_survive_a_restart() {
     let run = tokio::spawn(server.run(async move {
         let _ = rx.await;
     }));
-    let g: Value = http.get(format!("{url}/v1/sessions/{sid}")).bearer_auth(&key).send().await.unwrap().json().await.unwrap();
+    let g: Value =
+        http.get(format!("{url}/v1/sessions/{sid}")).bearer_auth(&key).send().await.unwrap().json().await.unwrap();
     assert_eq!(g["tags"], json!({ "k": "w", "n": "2" }), "{g}");
     assert_eq!(g["limits"]["memory_mb"], 384, "{g}");
     assert_eq!(g["limits"]["timeout_seconds"], 7.5, "{g}");
     // The persisted time limit bounds the exec's; the state is there.
-    let resp = http.post(format!("{url}/v1/sessions/{sid}/exec")).bearer_auth(&key).json(&json!({ "code": "q", "timeout_seconds": 8 })).send().await.unwrap();
+    let resp = http
+        .post(format!("{url}/v1/sessions/{sid}/exec"))
+        .bearer_auth(&key)
+        .json(&json!({ "code": "q", "timeout_seconds": 8 }))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
-    let r: Value = http.post(format!("{url}/v1/sessions/{sid}/exec")).bearer_auth(&key).json(&json!({ "code": "q", "timeout_seconds": 7 })).send().await.unwrap().json().await.unwrap();
+    let r: Value = http
+        .post(format!("{url}/v1/sessions/{sid}/exec"))
+        .bearer_auth(&key)
+        .json(&json!({ "code": "q", "timeout_seconds": 7 }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(r["value"], "9", "{r}");
     tx.send(()).unwrap();
     tokio::time::timeout(Duration::from_secs(10), run).await.expect("shutdown in time").unwrap().expect("run");
@@ -1761,7 +2213,8 @@ async fn patched_tags_and_limits_survive_a_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn output_written_before_a_failure_comes_back_with_the_error() {
     let s = TestServer::start().await;
-    let spin = "import sys\nprint('before', flush=True)\nsys.stderr.write('warned\\n'); sys.stderr.flush()\nwhile True: pass";
+    let spin =
+        "import sys\nprint('before', flush=True)\nsys.stderr.write('warned\\n'); sys.stderr.flush()\nwhile True: pass";
     let crash = "import ctypes\nprint('pre-crash', flush=True)\nctypes.string_at(0)";
     let exit = "import os\nprint('pre-exit', flush=True)\nos._exit(3)";
     let has = |got: &(StatusCode, Value), stdout: &str| {
@@ -1787,7 +2240,12 @@ async fn output_written_before_a_failure_comes_back_with_the_error() {
     let got = s.post("/v1/exec", json!({ "code": flood, "timeout_seconds": 2 })).await;
     assert_error(&got, StatusCode::REQUEST_TIMEOUT, "timeout");
     let out = got.1["error"]["stdout"].as_str().unwrap_or_default();
-    assert!(out.len() <= (1 << 20) + 200 && out.contains("output truncated"), "{} bytes: {}", out.len(), &out[out.len().saturating_sub(120)..]);
+    assert!(
+        out.len() <= (1 << 20) + 200 && out.contains("output truncated"),
+        "{} bytes: {}",
+        out.len(),
+        &out[out.len().saturating_sub(120)..]
+    );
 
     // Session: the output comes with the rollback.
     let id = s.create_session(json!({ "timeout_seconds": 1 })).await;
@@ -1808,7 +2266,10 @@ async fn output_written_before_a_failure_comes_back_with_the_error() {
         assert_eq!(last.event, "error", "{path}: {ev:?}");
         assert_eq!(last.data["error"]["code"], "guest_crashed", "{path}: {ev:?}");
         assert!(last.data["error"]["stdout"].as_str().is_some_and(|o| o.contains("pre-crash")), "{path}: {ev:?}");
-        assert!(ev.iter().any(|e| e.event == "stdout" && e.data["data"].as_str().is_some_and(|d| d.contains("pre-crash"))), "{ev:?}");
+        assert!(
+            ev.iter().any(|e| e.event == "stdout" && e.data["data"].as_str().is_some_and(|d| d.contains("pre-crash"))),
+            "{ev:?}"
+        );
     }
     let (_, ev) = sse(&s, "/v1/exec/stream", &s.key, json!({ "code": spin, "timeout_seconds": 1 })).await;
     let last = ev.last().expect("events");
@@ -1837,20 +2298,30 @@ async fn scommand(s: &TestServer, id: &str, body: Value) -> Value {
 async fn commands_run_in_the_session_file_system_with_exit_codes_cwd_and_env() {
     let s = TestServer::start().await;
     let id = s.create_session(json!({})).await;
-    s.sexec(&id, "import os\nos.makedirs('/tmp/w', exist_ok=True)\nopen('/tmp/w/data.txt', 'w').write('a\\nb\\nc\\n')").await;
+    s.sexec(&id, "import os\nos.makedirs('/tmp/w', exist_ok=True)\nopen('/tmp/w/data.txt', 'w').write('a\\nb\\nc\\n')")
+        .await;
 
     // A shell line with a pipe, in a cwd, on what Python wrote: checkpoint 2.
     let v = scommand(&s, &id, json!({ "cmd": "cat data.txt | wc -l", "cwd": "/tmp/w" })).await;
-    assert_eq!((v["stdout"].as_str(), v["stderr"].as_str(), v["exit_code"].as_i64()), (Some("3\n"), Some(""), Some(0)), "{v}");
+    assert_eq!(
+        (v["stdout"].as_str(), v["stderr"].as_str(), v["exit_code"].as_i64()),
+        (Some("3\n"), Some(""), Some(0)),
+        "{v}"
+    );
     assert_eq!(v["checkpoint"], 2, "{v}");
     assert!(v["runtime_ms"].as_f64().is_some_and(|t| t > 0.0) && v["total_time_ms"].is_number(), "{v}");
 
     // stdout, stderr and a non-zero exit code, separately.
     let v = scommand(&s, &id, json!({ "cmd": "echo out; echo err >&2; exit 3" })).await;
-    assert_eq!((v["stdout"].as_str(), v["stderr"].as_str(), v["exit_code"].as_i64()), (Some("out\n"), Some("err\n"), Some(3)), "{v}");
+    assert_eq!(
+        (v["stdout"].as_str(), v["stderr"].as_str(), v["exit_code"].as_i64()),
+        (Some("out\n"), Some("err\n"), Some(3)),
+        "{v}"
+    );
 
     // env is laid over the guest's environment (PATH still there).
-    let v = scommand(&s, &id, json!({ "cmd": "echo \"$GREETING\" && which ls", "env": { "GREETING": "hi there" } })).await;
+    let v =
+        scommand(&s, &id, json!({ "cmd": "echo \"$GREETING\" && which ls", "env": { "GREETING": "hi there" } })).await;
     assert_eq!(v["exit_code"], 0, "{v}");
     assert!(v["stdout"].as_str().unwrap().starts_with("hi there\n/"), "{v}");
 
@@ -1891,7 +2362,8 @@ async fn commands_run_in_the_session_file_system_with_exit_codes_cwd_and_env() {
     assert!(v["id"].as_str().unwrap().starts_with("x_") && v.get("checkpoint").is_none(), "{v}");
     let (_, v) = s.post("/v1/commands", json!({ "cmd": ["test", "-e", "/tmp/gone"] })).await;
     assert_eq!(v["exit_code"], 1, "{v}");
-    let (_, v) = s.post("/v1/commands", json!({ "cmd": ["python3", "-c", "import sys; print(sys.argv[1:])", "x"] })).await;
+    let (_, v) =
+        s.post("/v1/commands", json!({ "cmd": ["python3", "-c", "import sys; print(sys.argv[1:])", "x"] })).await;
     assert_eq!(v["stdout"], "['x']\n", "{v}");
 }
 
@@ -1915,17 +2387,37 @@ async fn command_bad_bodies_unknown_sessions_busy_and_timeouts() {
         assert!(message(&got).contains("unknown field `shell`"), "{}", got.1);
         assert_error(&s.post(p, json!({ "cmd": " " })).await, StatusCode::BAD_REQUEST, "invalid_request");
         assert_error(&s.post(p, json!({ "cmd": [] })).await, StatusCode::BAD_REQUEST, "invalid_request");
-        assert_error(&s.post(p, json!({ "cmd": "ls", "env": { "A=B": "x" } })).await, StatusCode::BAD_REQUEST, "invalid_request");
-        assert_error(&s.post(p, json!({ "cmd": "ls", "env": { "A": 1 } })).await, StatusCode::BAD_REQUEST, "invalid_request");
+        assert_error(
+            &s.post(p, json!({ "cmd": "ls", "env": { "A=B": "x" } })).await,
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+        );
+        assert_error(
+            &s.post(p, json!({ "cmd": "ls", "env": { "A": 1 } })).await,
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+        );
         assert_error(&s.post(p, json!({ "cmd": "ls", "cwd": "" })).await, StatusCode::BAD_REQUEST, "invalid_request");
-        assert_error(&s.post(p, json!({ "cmd": "ls", "timeout_seconds": -1 })).await, StatusCode::BAD_REQUEST, "invalid_request");
+        assert_error(
+            &s.post(p, json!({ "cmd": "ls", "timeout_seconds": -1 })).await,
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+        );
         assert_error(&s.post_raw(p, b"{\"cmd\": ".to_vec()).await, StatusCode::BAD_REQUEST, "malformed_json");
     }
     let got = s.post(&path, json!({ "cmd": "ls", "timeout_seconds": 20 })).await;
     assert!(message(&got).contains("the session's time limit"), "{}", got.1);
-    assert_error(&s.post("/v1/commands", json!({ "cmd": "ls", "template": "nope" })).await, StatusCode::NOT_FOUND, "template_not_found");
+    assert_error(
+        &s.post("/v1/commands", json!({ "cmd": "ls", "template": "nope" })).await,
+        StatusCode::NOT_FOUND,
+        "template_not_found",
+    );
     // Unknown session, and another tenant's: 404.
-    assert_error(&s.post("/v1/sessions/s_nope/commands", json!({ "cmd": "ls" })).await, StatusCode::NOT_FOUND, "session_not_found");
+    assert_error(
+        &s.post("/v1/sessions/s_nope/commands", json!({ "cmd": "ls" })).await,
+        StatusCode::NOT_FOUND,
+        "session_not_found",
+    );
     let bob = s.new_key("bob");
     let got = s.call(reqwest::Method::POST, &path, Some(&bob), Some(json!({ "cmd": "ls" }))).await;
     assert_error(&got, StatusCode::NOT_FOUND, "session_not_found");
@@ -1944,7 +2436,9 @@ async fn command_bad_bodies_unknown_sessions_busy_and_timeouts() {
         long.await.unwrap()
     };
     let exec = format!("/v1/sessions/{id}/exec");
-    let (st, v) = busy(json!({ "code": "import time\ntime.sleep(1.5)\n'slept'" }), &exec, path.clone(), json!({ "cmd": "ls" })).await;
+    let (st, v) =
+        busy(json!({ "code": "import time\ntime.sleep(1.5)\n'slept'" }), &exec, path.clone(), json!({ "cmd": "ls" }))
+            .await;
     assert_eq!((st, v["value"].as_str()), (StatusCode::OK, Some("'slept'")), "{v}");
     let (st, v) = busy(json!({ "cmd": "sleep 1.5; echo slept" }), &path, exec.clone(), json!({ "code": "1" })).await;
     assert_eq!((st, v["stdout"].as_str(), v["exit_code"].as_i64()), (StatusCode::OK, Some("slept\n"), Some(0)), "{v}");
@@ -1968,11 +2462,20 @@ async fn command_bad_bodies_unknown_sessions_busy_and_timeouts() {
     let stdout: String = ev.iter().filter(|e| e.event == "stdout").map(|e| e.data["data"].as_str().unwrap()).collect();
     assert_eq!(stdout, "line 1\nline 2\nline 3\n", "{ev:?}");
     let last = ev.last().unwrap();
-    assert_eq!((last.event.as_str(), last.data["exit_code"].as_i64(), last.data["stderr"].as_str()), ("result", Some(4), Some("e\n")), "{ev:?}");
+    assert_eq!(
+        (last.event.as_str(), last.data["exit_code"].as_i64(), last.data["stderr"].as_str()),
+        ("result", Some(4), Some("e\n")),
+        "{ev:?}"
+    );
     assert!(last.data["checkpoint"].is_i64(), "{ev:?}");
     let first = ev.iter().find(|e| e.event == "stdout").unwrap();
     assert!(last.at.duration_since(first.at) >= Duration::from_millis(400), "not streamed: {ev:?}");
-    let (_, ev) = sse(&s, "/v1/commands/stream", &s.key, json!({ "cmd": "echo one; sleep 30", "timeout_seconds": 1 })).await;
-    assert_eq!(ev.first().map(|e| (e.event.as_str(), e.data["data"].as_str())), Some(("stdout", Some("one\n"))), "{ev:?}");
+    let (_, ev) =
+        sse(&s, "/v1/commands/stream", &s.key, json!({ "cmd": "echo one; sleep 30", "timeout_seconds": 1 })).await;
+    assert_eq!(
+        ev.first().map(|e| (e.event.as_str(), e.data["data"].as_str())),
+        Some(("stdout", Some("one\n"))),
+        "{ev:?}"
+    );
     assert_eq!(ev.last().map(|e| e.data["error"]["code"].as_str()), Some(Some("timeout")), "{ev:?}");
 }

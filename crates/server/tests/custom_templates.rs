@@ -150,17 +150,30 @@ async fn pip_templates_build_asynchronously_per_tenant() {
         let r = s.post(&a, "/v1/templates", json!({ "name": bad, "pip": ["fbxdemo"] })).await;
         assert_error(&r, StatusCode::BAD_REQUEST, "invalid_request");
     }
-    assert_error(&s.post(&a, "/v1/templates", json!({ "name": "python" })).await, StatusCode::CONFLICT, "template_exists");
+    assert_error(
+        &s.post(&a, "/v1/templates", json!({ "name": "python" })).await,
+        StatusCode::CONFLICT,
+        "template_exists",
+    );
     let r = s.post(&a, "/v1/templates", json!({ "name": "x", "pip": ["--index-url=http://evil"] })).await;
     assert_error(&r, StatusCode::BAD_REQUEST, "invalid_request");
 
-    let r = s.post(&a, "/v1/templates", json!({ "name": "demo", "pip": ["fbxdemo"], "preload": "import fbxdemo" })).await;
+    let r =
+        s.post(&a, "/v1/templates", json!({ "name": "demo", "pip": ["fbxdemo"], "preload": "import fbxdemo" })).await;
     assert_eq!(r.0, StatusCode::ACCEPTED, "{}", r.1);
     assert_eq!(r.1["status"], "building", "{}", r.1);
     assert_eq!(r.1["pip"], json!(["fbxdemo"]));
     // One build per tenant at a time; the same name again is a conflict.
-    assert_error(&s.post(&a, "/v1/templates", json!({ "name": "demo2" })).await, StatusCode::TOO_MANY_REQUESTS, "too_many_builds");
-    assert_error(&s.post(&a, "/v1/templates", json!({ "name": "demo" })).await, StatusCode::CONFLICT, "template_exists");
+    assert_error(
+        &s.post(&a, "/v1/templates", json!({ "name": "demo2" })).await,
+        StatusCode::TOO_MANY_REQUESTS,
+        "too_many_builds",
+    );
+    assert_error(
+        &s.post(&a, "/v1/templates", json!({ "name": "demo" })).await,
+        StatusCode::CONFLICT,
+        "template_exists",
+    );
     // Using it while it builds: 409 template_not_ready.
     let r = s.post(&a, "/v1/exec", json!({ "code": "1", "template": "demo" })).await;
     assert_error(&r, StatusCode::CONFLICT, "template_not_ready");
@@ -178,10 +191,14 @@ async fn pip_templates_build_asynchronously_per_tenant() {
     let r = s.post(&a, "/v1/sessions", json!({ "template": "demo" })).await;
     assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
     let sid = r.1["id"].as_str().unwrap().to_string();
-    let r = s.post(&a, &format!("/v1/sessions/{sid}/exec"), json!({ "code": "fbxdemo.GREETING, fbxdemo.__file__" })).await;
+    let r =
+        s.post(&a, &format!("/v1/sessions/{sid}/exec"), json!({ "code": "fbxdemo.GREETING, fbxdemo.__file__" })).await;
     assert_eq!(r.0, StatusCode::OK, "{}", r.1);
     let val = r.1["value"].as_str().unwrap();
-    assert!(val.contains("hello from a wheel") && val.contains("/usr/local/lib/python3.11/dist-packages/fbxdemo"), "{val}");
+    assert!(
+        val.contains("hello from a wheel") && val.contains("/usr/local/lib/python3.11/dist-packages/fbxdemo"),
+        "{val}"
+    );
 
     // Alice lists it; Bob neither sees nor uses it (404, as for a name that does not exist).
     let (_, list) = s.get(&a, "/v1/templates").await;
@@ -190,9 +207,21 @@ async fn pip_templates_build_asynchronously_per_tenant() {
     let names: Vec<&str> = list["templates"].as_array().unwrap().iter().filter_map(|t| t["name"].as_str()).collect();
     assert!(!names.contains(&"demo") && names.contains(&"python"), "{names:?}");
     assert_error(&s.get(&b, "/v1/templates/demo").await, StatusCode::NOT_FOUND, "template_not_found");
-    assert_error(&s.post(&b, "/v1/exec", json!({ "code": "1", "template": "demo" })).await, StatusCode::NOT_FOUND, "template_not_found");
-    assert_error(&s.post(&b, "/v1/sessions", json!({ "template": "demo" })).await, StatusCode::NOT_FOUND, "template_not_found");
-    assert_error(&s.post(&b, "/v1/exec", json!({ "code": "1", "template": "alice/demo" })).await, StatusCode::NOT_FOUND, "template_not_found");
+    assert_error(
+        &s.post(&b, "/v1/exec", json!({ "code": "1", "template": "demo" })).await,
+        StatusCode::NOT_FOUND,
+        "template_not_found",
+    );
+    assert_error(
+        &s.post(&b, "/v1/sessions", json!({ "template": "demo" })).await,
+        StatusCode::NOT_FOUND,
+        "template_not_found",
+    );
+    assert_error(
+        &s.post(&b, "/v1/exec", json!({ "code": "1", "template": "alice/demo" })).await,
+        StatusCode::NOT_FOUND,
+        "template_not_found",
+    );
 
     // An sdist-only spec: the build fails, the message names it.
     let r = s.post(&a, "/v1/templates", json!({ "name": "bad", "pip": ["onlysdist"] })).await;
@@ -200,7 +229,10 @@ async fn pip_templates_build_asynchronously_per_tenant() {
     let (v, _) = s.wait_built(&a, "bad").await;
     assert_eq!(v["status"], "failed", "{v}");
     let msg = v["error"].as_str().unwrap();
-    assert!(msg.contains("no binary wheel of onlysdist") && !msg.contains(&wheelhouse().display().to_string()), "{msg}");
+    assert!(
+        msg.contains("no binary wheel of onlysdist") && !msg.contains(&wheelhouse().display().to_string()),
+        "{msg}"
+    );
     let r = s.post(&a, "/v1/exec", json!({ "code": "1", "template": "bad" })).await;
     assert!(r.0.is_client_error() || r.0.is_server_error(), "{}", r.1);
 }
@@ -220,16 +252,32 @@ async fn a_checkpoint_becomes_a_template_that_outlives_its_session() {
     let r = s.post(&a, &format!("/v1/sessions/{sid}/exec"), json!({ "code": "x = -1" })).await;
     assert_eq!(r.0, StatusCode::OK, "{}", r.1);
 
-    assert_error(&s.post(&a, &format!("/v1/sessions/{sid}/checkpoints/999/template"), json!({ "name": "snap" })).await, StatusCode::NOT_FOUND, "checkpoint_not_found");
-    assert_error(&s.post(&b, &format!("/v1/sessions/{sid}/checkpoints/{n}/template"), json!({ "name": "snap" })).await, StatusCode::NOT_FOUND, "session_not_found");
-    assert_error(&s.post(&a, &format!("/v1/sessions/{sid}/checkpoints/{n}/template"), json!({ "name": "Bad Name" })).await, StatusCode::BAD_REQUEST, "invalid_request");
+    assert_error(
+        &s.post(&a, &format!("/v1/sessions/{sid}/checkpoints/999/template"), json!({ "name": "snap" })).await,
+        StatusCode::NOT_FOUND,
+        "checkpoint_not_found",
+    );
+    assert_error(
+        &s.post(&b, &format!("/v1/sessions/{sid}/checkpoints/{n}/template"), json!({ "name": "snap" })).await,
+        StatusCode::NOT_FOUND,
+        "session_not_found",
+    );
+    assert_error(
+        &s.post(&a, &format!("/v1/sessions/{sid}/checkpoints/{n}/template"), json!({ "name": "Bad Name" })).await,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+    );
 
     let r = s.post(&a, &format!("/v1/sessions/{sid}/checkpoints/{n}/template"), json!({ "name": "snap" })).await;
     assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
     assert_eq!(r.1["status"], "ready", "{}", r.1);
     assert_eq!(r.1["source"], "checkpoint");
     assert_eq!(r.1["from_checkpoint"], n);
-    assert_error(&s.post(&a, &format!("/v1/sessions/{sid}/checkpoints/{n}/template"), json!({ "name": "snap" })).await, StatusCode::CONFLICT, "template_exists");
+    assert_error(
+        &s.post(&a, &format!("/v1/sessions/{sid}/checkpoints/{n}/template"), json!({ "name": "snap" })).await,
+        StatusCode::CONFLICT,
+        "template_exists",
+    );
 
     // The session goes; the template stays whole.
     let r = s.call(&a, reqwest::Method::DELETE, &format!("/v1/sessions/{sid}"), None).await;
@@ -255,5 +303,9 @@ async fn a_checkpoint_becomes_a_template_that_outlives_its_session() {
     assert_ne!(r1.1["value"], r2.1["value"]);
 
     // Bob cannot use it.
-    assert_error(&s.post(&b, "/v1/exec", json!({ "code": "1", "template": "snap" })).await, StatusCode::NOT_FOUND, "template_not_found");
+    assert_error(
+        &s.post(&b, "/v1/exec", json!({ "code": "1", "template": "snap" })).await,
+        StatusCode::NOT_FOUND,
+        "template_not_found",
+    );
 }

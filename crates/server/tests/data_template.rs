@@ -202,7 +202,8 @@ async fn data_template_end_to_end() {
     assert!(shown[0]["text/html"].as_str().unwrap().contains("<table"), "{r}");
     assert!(shown[1]["image/png"].is_string(), "{r}");
     let r = s.exec_ok(&sid, "Image.new('RGB', (7, 5), 'red')").await;
-    let png = base64::engine::general_purpose::STANDARD.decode(r["value_data"]["image/png"].as_str().expect("png")).unwrap();
+    let png =
+        base64::engine::general_purpose::STANDARD.decode(r["value_data"]["image/png"].as_str().expect("png")).unwrap();
     assert_eq!(png_size(&png), (7, 5));
 
     // scipy.optimize and scikit-learn fit/predict with checked results.
@@ -231,7 +232,8 @@ async fn data_template_end_to_end() {
     let r = s2.exec_ok(&sid, "(g['Oslo'], type(lr).__name__, round(float(lr.predict([[1]])[0]), 4))").await;
     assert_eq!(r["value"], "(42, 'LinearRegression', 8.0)", "{r}");
     // ... and the new default is python (no pandas), a session on it too.
-    let (st, r) = s2.post("/v1/exec", json!({"code": "import importlib.util; importlib.util.find_spec('pandas') is None"})).await;
+    let (st, r) =
+        s2.post("/v1/exec", json!({"code": "import importlib.util; importlib.util.find_spec('pandas') is None"})).await;
     assert_eq!(st, StatusCode::OK, "{r}");
     assert_eq!(r["value"], "True", "{r}");
     let (st, r) = s2.post("/v1/exec", json!({"code": "import pandas; pandas.__version__", "template": "data"})).await;

@@ -21,8 +21,10 @@ impl TestServer {
         let cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap(), home.path().to_path_buf());
         let h = home.path().to_path_buf();
         let (state, key) = tokio::task::spawn_blocking(move || {
-            let state = Inner::with_runtime(forkbox_testkit::runtime(&cfg.home, cfg.runtime()), cfg).expect("server state");
-            let key = forkbox_server::create_key_full(&h, "alice", &forkbox_server::KeyLimits::unlimited(), true).expect("key");
+            let state =
+                Inner::with_runtime(forkbox_testkit::runtime(&cfg.home, cfg.runtime()), cfg).expect("server state");
+            let key = forkbox_server::create_key_full(&h, "alice", &forkbox_server::KeyLimits::unlimited(), true)
+                .expect("key");
             (state, key)
         })
         .await
@@ -107,8 +109,12 @@ async fn one_numbering_per_tree_after_revert_and_fork() {
     let (st, t) = s.get(&format!("/v1/sessions/{id}/tree")).await;
     assert_eq!(st, StatusCode::OK, "{t}");
     assert_eq!(seqs(&t, "nodes"), [1, 2, 3, 4, 5, 6, 7]);
-    let parent = |n: i64| t["nodes"].as_array().unwrap().iter().find(|x| x["checkpoint"] == n).unwrap()["parent"].clone();
-    assert_eq!((parent(1), parent(2), parent(4), parent(5), parent(6), parent(7)), (Value::Null, json!(1), json!(1), json!(3), json!(4), json!(2)));
+    let parent =
+        |n: i64| t["nodes"].as_array().unwrap().iter().find(|x| x["checkpoint"] == n).unwrap()["parent"].clone();
+    assert_eq!(
+        (parent(1), parent(2), parent(4), parent(5), parent(6), parent(7)),
+        (Value::Null, json!(1), json!(1), json!(3), json!(4), json!(2))
+    );
     assert_eq!(t["head"], 6);
     let node = |n: i64| t["nodes"].as_array().unwrap().iter().find(|x| x["checkpoint"] == n).unwrap().clone();
     assert_eq!(node(6)["head"], true);
@@ -118,18 +124,31 @@ async fn one_numbering_per_tree_after_revert_and_fork() {
     assert_eq!(node(4)["summary"], "ZeroDivisionError: division by zero");
     assert_eq!(node(5)["session"], fid.as_str());
     assert!(node(1)["bytes"].as_u64().unwrap() > 0);
-    let edges: Vec<(i64, i64)> =
-        t["edges"].as_array().unwrap().iter().map(|e| (e["parent"].as_i64().unwrap(), e["child"].as_i64().unwrap())).collect();
+    let edges: Vec<(i64, i64)> = t["edges"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["parent"].as_i64().unwrap(), e["child"].as_i64().unwrap()))
+        .collect();
     assert_eq!(edges, [(1, 2), (2, 3), (1, 4), (3, 5), (4, 6), (2, 7)]);
-    let sessions: Vec<(String, Value)> =
-        t["sessions"].as_array().unwrap().iter().map(|x| (x["id"].as_str().unwrap().to_string(), x["forked_at"].clone())).collect();
+    let sessions: Vec<(String, Value)> = t["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| (x["id"].as_str().unwrap().to_string(), x["forked_at"].clone()))
+        .collect();
     assert_eq!(sessions, [(id.clone(), Value::Null), (fid.clone(), json!(3))]);
     let (_, tf) = s.get(&format!("/v1/sessions/{fid}/tree")).await;
     assert_eq!(seqs(&tf, "nodes"), [1, 2, 3, 4, 5, 6, 7]);
     assert_eq!(tf["head"], 7);
     // The checkpoint list agrees on parents across the fork.
     let (_, cps) = s.get(&format!("/v1/sessions/{fid}/checkpoints")).await;
-    let list: Vec<(i64, Value)> = cps["checkpoints"].as_array().unwrap().iter().map(|c| (c["seq"].as_i64().unwrap(), c["parent"].clone())).collect();
+    let list: Vec<(i64, Value)> = cps["checkpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["seq"].as_i64().unwrap(), c["parent"].clone()))
+        .collect();
     assert_eq!(list, [(5, json!(3)), (7, json!(2))]);
     // A new session is a tree of its own; other tenants see nothing.
     let other = s.create_session().await;
@@ -142,10 +161,18 @@ async fn one_numbering_per_tree_after_revert_and_fork() {
     let code = t2["nodes"][1]["code"].as_str().unwrap();
     assert!(code.len() < 4200 && code.ends_with("# [forkbox: code cut, 10003 bytes in all]"), "{}", code.len());
     let bob = forkbox_server::create_key_with(s.home.path(), "bob", &forkbox_server::KeyLimits::unlimited()).unwrap();
-    assert_error(&s.call(reqwest::Method::GET, &format!("/v1/sessions/{id}/tree"), &bob, None).await, StatusCode::NOT_FOUND, "session_not_found");
+    assert_error(
+        &s.call(reqwest::Method::GET, &format!("/v1/sessions/{id}/tree"), &bob, None).await,
+        StatusCode::NOT_FOUND,
+        "session_not_found",
+    );
     assert_error(&s.get("/v1/sessions/s_nope/tree").await, StatusCode::NOT_FOUND, "session_not_found");
     // Checkpoints of another tree are not reachable by number.
-    assert_error(&s.post(&format!("/v1/sessions/{other}/revert"), json!({ "checkpoint": 3 })).await, StatusCode::NOT_FOUND, "checkpoint_not_found");
+    assert_error(
+        &s.post(&format!("/v1/sessions/{other}/revert"), json!({ "checkpoint": 3 })).await,
+        StatusCode::NOT_FOUND,
+        "checkpoint_not_found",
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -158,7 +185,8 @@ async fn explore_runs_alternatives_in_order_independently_and_leaves_the_source_
     let layers = s.home.path().join("sessions/layers");
     let files_before: Vec<_> = std::fs::read_dir(&layers).unwrap().map(|e| e.unwrap().file_name()).collect();
     // Eight alternatives from the head, none kept: results in order, each from the same state.
-    let codes: Vec<String> = (0..8).map(|i| format!("acc.append({i})\nprint('b{i}')\n(n, acc, random.random())")).collect();
+    let codes: Vec<String> =
+        (0..8).map(|i| format!("acc.append({i})\nprint('b{i}')\n(n, acc, random.random())")).collect();
     let (st, v) = s.post(&format!("/v1/sessions/{id}/explore"), json!({ "codes": codes })).await;
     assert_eq!(st, StatusCode::OK, "{v}");
     assert_eq!(v["from"], 2);
@@ -191,7 +219,12 @@ async fn explore_runs_alternatives_in_order_independently_and_leaves_the_source_
 
     // Keep two of four, from checkpoint 1, with a failing branch and a timed-out one.
     let codes = json!(["n = 100\nn", "raise KeyError('k')", "while True: pass", "acc.pop()\nacc"]);
-    let (st, v) = s.post(&format!("/v1/sessions/{id}/explore"), json!({ "checkpoint": 1, "codes": codes, "keep": [0, 3], "timeout_seconds": 1 })).await;
+    let (st, v) = s
+        .post(
+            &format!("/v1/sessions/{id}/explore"),
+            json!({ "checkpoint": 1, "codes": codes, "keep": [0, 3], "timeout_seconds": 1 }),
+        )
+        .await;
     assert_eq!(st, StatusCode::OK, "{v}");
     assert_eq!(v["from"], 1);
     let b = v["branches"].as_array().unwrap();
@@ -235,7 +268,13 @@ async fn the_source_execs_while_an_explore_runs() {
         tokio::spawn(async move {
             let codes: Vec<String> = (0..4).map(|i| format!("time.sleep(1.5)\nk + {i}")).collect();
             let t0 = Instant::now();
-            let r = http.post(format!("{url}/v1/sessions/{id}/explore")).bearer_auth(key).json(&json!({ "codes": codes })).send().await.unwrap();
+            let r = http
+                .post(format!("{url}/v1/sessions/{id}/explore"))
+                .bearer_auth(key)
+                .json(&json!({ "codes": codes }))
+                .send()
+                .await
+                .unwrap();
             (r.status(), r.json::<Value>().await.unwrap(), t0.elapsed())
         })
     };
@@ -264,21 +303,46 @@ async fn explore_limits_and_errors() {
     let many: Vec<String> = (0..65).map(|i| i.to_string()).collect();
     assert_error(&s.post(&p, json!({ "codes": many })).await, StatusCode::BAD_REQUEST, "invalid_request");
     assert_error(&s.post(&p, json!({ "codes": ["1"], "keep": [1] })).await, StatusCode::BAD_REQUEST, "invalid_request");
-    assert_error(&s.post(&p, json!({ "codes": ["1", "2"], "keep": [0, 0] })).await, StatusCode::BAD_REQUEST, "invalid_request");
-    assert_error(&s.post(&p, json!({ "codes": ["1"], "keep": "some" })).await, StatusCode::BAD_REQUEST, "invalid_request");
+    assert_error(
+        &s.post(&p, json!({ "codes": ["1", "2"], "keep": [0, 0] })).await,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+    );
+    assert_error(
+        &s.post(&p, json!({ "codes": ["1"], "keep": "some" })).await,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+    );
     assert_error(&s.post(&p, json!({ "codes": ["1"], "bogus": 1 })).await, StatusCode::BAD_REQUEST, "invalid_request");
-    assert_error(&s.post(&p, json!({ "codes": ["1"], "checkpoint": 99 })).await, StatusCode::NOT_FOUND, "checkpoint_not_found");
-    assert_error(&s.post(&p, json!({ "codes": ["1"], "timeout_seconds": 1e6 })).await, StatusCode::BAD_REQUEST, "invalid_request");
+    assert_error(
+        &s.post(&p, json!({ "codes": ["1"], "checkpoint": 99 })).await,
+        StatusCode::NOT_FOUND,
+        "checkpoint_not_found",
+    );
+    assert_error(
+        &s.post(&p, json!({ "codes": ["1"], "timeout_seconds": 1e6 })).await,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+    );
     let big = format!("#{}", "a".repeat(3 << 19));
     assert_error(&s.post(&p, json!({ "codes": [big] })).await, StatusCode::PAYLOAD_TOO_LARGE, "code_too_large");
-    assert_error(&s.post("/v1/sessions/s_nope/explore", json!({ "codes": ["1"] })).await, StatusCode::NOT_FOUND, "session_not_found");
+    assert_error(
+        &s.post("/v1/sessions/s_nope/explore", json!({ "codes": ["1"] })).await,
+        StatusCode::NOT_FOUND,
+        "session_not_found",
+    );
     // 64 is allowed.
     let max: Vec<String> = (0..64).map(|i| format!("x + {i}")).collect();
     let (st, v) = s.post(&p, json!({ "codes": max })).await;
     assert_eq!(st, StatusCode::OK, "{v}");
     assert_eq!(v["branches"][63]["result"]["value"], "64");
     // Kept branches count against the key's session quota: all or none are created.
-    let key = forkbox_server::create_key_with(s.home.path(), "small", &forkbox_server::KeyLimits { max_sessions: Some(3), ..Default::default() }).unwrap();
+    let key = forkbox_server::create_key_with(
+        s.home.path(),
+        "small",
+        &forkbox_server::KeyLimits { max_sessions: Some(3), ..Default::default() },
+    )
+    .unwrap();
     let (st, v) = s.call(reqwest::Method::POST, "/v1/sessions", &key, Some(json!({}))).await;
     assert_eq!(st, StatusCode::CREATED, "{v}");
     let sid = v["id"].as_str().unwrap().to_string();
@@ -287,16 +351,24 @@ async fn explore_limits_and_errors() {
     assert_error(&r, StatusCode::FORBIDDEN, "quota_exceeded");
     let (_, list) = s.call(reqwest::Method::GET, "/v1/sessions", &key, None).await;
     assert_eq!(list["sessions"].as_array().unwrap().len(), 1);
-    let (st, v) = s.call(reqwest::Method::POST, &p, &key, Some(json!({ "codes": ["1", "2", "3"], "keep": [1, 2] }))).await;
+    let (st, v) =
+        s.call(reqwest::Method::POST, &p, &key, Some(json!({ "codes": ["1", "2", "3"], "keep": [1, 2] }))).await;
     assert_eq!(st, StatusCode::OK, "{v}");
     let (_, list) = s.call(reqwest::Method::GET, "/v1/sessions", &key, None).await;
     assert_eq!(list["sessions"].as_array().unwrap().len(), 3);
     // Branches are execs: a key with a rate limit of 3/s cannot explore 10 at once.
-    let slow = forkbox_server::create_key_with(s.home.path(), "slow", &forkbox_server::KeyLimits { rate_limit: Some(3), ..Default::default() }).unwrap();
+    let slow = forkbox_server::create_key_with(
+        s.home.path(),
+        "slow",
+        &forkbox_server::KeyLimits { rate_limit: Some(3), ..Default::default() },
+    )
+    .unwrap();
     let (_, v) = s.call(reqwest::Method::POST, "/v1/sessions", &slow, Some(json!({}))).await;
     let sid = v["id"].as_str().unwrap().to_string();
     let codes: Vec<String> = (0..10).map(|i| i.to_string()).collect();
-    let r = s.call(reqwest::Method::POST, &format!("/v1/sessions/{sid}/explore"), &slow, Some(json!({ "codes": codes }))).await;
+    let r = s
+        .call(reqwest::Method::POST, &format!("/v1/sessions/{sid}/explore"), &slow, Some(json!({ "codes": codes })))
+        .await;
     assert_error(&r, StatusCode::TOO_MANY_REQUESTS, "rate_limited");
 }
 
@@ -327,21 +399,38 @@ async fn inspect_and_diff_checkpoints_without_touching_the_session() {
     let (_, sess) = s.get(&format!("/v1/sessions/{id}")).await;
     assert_eq!(sess["checkpoint"], 3);
     assert_eq!(s.sexec(&id, "'__forkbox_inspect__' in globals()").await["value"], "False");
-    assert_error(&s.get(&format!("/v1/sessions/{id}/checkpoints/99/variables")).await, StatusCode::NOT_FOUND, "checkpoint_not_found");
+    assert_error(
+        &s.get(&format!("/v1/sessions/{id}/checkpoints/99/variables")).await,
+        StatusCode::NOT_FOUND,
+        "checkpoint_not_found",
+    );
 
     // Diff 1 -> 3: added d, removed name, changed a; /tmp/data.txt and /output/r.csv added (neither existed at 1).
     let (st, d) = s.get(&format!("/v1/sessions/{id}/diff?from=1&to=3")).await;
     assert_eq!(st, StatusCode::OK, "{d}");
-    let names = |k: &str| d[k].as_array().unwrap().iter().map(|x| x["name"].as_str().unwrap().to_string()).collect::<Vec<_>>();
+    let names =
+        |k: &str| d[k].as_array().unwrap().iter().map(|x| x["name"].as_str().unwrap().to_string()).collect::<Vec<_>>();
     assert!(names("variables_added").contains(&"d".to_string()), "{d}");
     assert!(names("variables_added").contains(&"os".to_string()), "{d}");
     assert_eq!(names("variables_removed"), ["name"]);
     assert_eq!(names("variables_changed"), ["a"]);
-    let paths = |k: &str| d[k].as_array().unwrap().iter().map(|x| (x["path"].as_str().unwrap().to_string(), x["size_after"].clone())).collect::<Vec<_>>();
-    assert_eq!(paths("files_added"), [("/output/r.csv".to_string(), json!(3)), ("/tmp/data.txt".to_string(), json!(11))]);
+    let paths = |k: &str| {
+        d[k].as_array()
+            .unwrap()
+            .iter()
+            .map(|x| (x["path"].as_str().unwrap().to_string(), x["size_after"].clone()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        paths("files_added"),
+        [("/output/r.csv".to_string(), json!(3)), ("/tmp/data.txt".to_string(), json!(11))]
+    );
     assert!(paths("files_removed").is_empty() && paths("files_changed").is_empty(), "{d}");
     assert_eq!(d["common"], 1);
-    assert_eq!(d["calls"].as_array().unwrap().iter().map(|c| c["checkpoint"].as_i64().unwrap()).collect::<Vec<_>>(), [2, 3]);
+    assert_eq!(
+        d["calls"].as_array().unwrap().iter().map(|c| c["checkpoint"].as_i64().unwrap()).collect::<Vec<_>>(),
+        [2, 3]
+    );
     assert!(d["calls"][0]["code"].as_str().unwrap().starts_with("a[7] = 1.0"));
     // Diff 2 -> head (4, after the check above): a file changed size, nothing undone.
     let (_, d) = s.get(&format!("/v1/sessions/{id}/diff?from=2")).await;
@@ -355,15 +444,35 @@ async fn inspect_and_diff_checkpoints_without_touching_the_session() {
     let n = v["checkpoint"].as_i64().unwrap();
     let (_, d) = s.get(&format!("/v1/sessions/{id}/diff?from=3&to={n}")).await;
     assert_eq!(d["common"], 1);
-    assert_eq!(d["undone"].as_array().unwrap().iter().map(|c| c["checkpoint"].as_i64().unwrap()).collect::<Vec<_>>(), [3, 2]);
-    let paths = |k: &str| d[k].as_array().unwrap().iter().map(|x| (x["path"].as_str().unwrap().to_string(), x["size_after"].clone())).collect::<Vec<_>>();
-    assert_eq!(d["calls"].as_array().unwrap().iter().map(|c| c["checkpoint"].as_i64().unwrap()).collect::<Vec<_>>(), [n]);
+    assert_eq!(
+        d["undone"].as_array().unwrap().iter().map(|c| c["checkpoint"].as_i64().unwrap()).collect::<Vec<_>>(),
+        [3, 2]
+    );
+    let paths = |k: &str| {
+        d[k].as_array()
+            .unwrap()
+            .iter()
+            .map(|x| (x["path"].as_str().unwrap().to_string(), x["size_after"].clone()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        d["calls"].as_array().unwrap().iter().map(|c| c["checkpoint"].as_i64().unwrap()).collect::<Vec<_>>(),
+        [n]
+    );
     assert_eq!(paths("files_removed").len(), 2, "{d}");
     // Bad queries.
     assert_error(&s.get(&format!("/v1/sessions/{id}/diff")).await, StatusCode::BAD_REQUEST, "invalid_request");
     assert_error(&s.get(&format!("/v1/sessions/{id}/diff?from=x")).await, StatusCode::BAD_REQUEST, "invalid_request");
-    assert_error(&s.get(&format!("/v1/sessions/{id}/diff?from=1&what=2")).await, StatusCode::BAD_REQUEST, "invalid_request");
-    assert_error(&s.get(&format!("/v1/sessions/{id}/diff?from=1&to=77")).await, StatusCode::NOT_FOUND, "checkpoint_not_found");
+    assert_error(
+        &s.get(&format!("/v1/sessions/{id}/diff?from=1&what=2")).await,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+    );
+    assert_error(
+        &s.get(&format!("/v1/sessions/{id}/diff?from=1&to=77")).await,
+        StatusCode::NOT_FOUND,
+        "checkpoint_not_found",
+    );
     // A namespace whose reprs raise: the inspection still reports (a placeholder repr), never the session's problem.
     s.sexec(&id, "class Bad:\n    def __repr__(self): raise RuntimeError('no')\nbad = Bad()").await;
     let (_, sess) = s.get(&format!("/v1/sessions/{id}")).await;
@@ -377,7 +486,11 @@ async fn inspect_and_diff_checkpoints_without_touching_the_session() {
     s.sexec(&id, "import builtins\nbuiltins.print = None").await;
     let (_, sess) = s.get(&format!("/v1/sessions/{id}")).await;
     let head = sess["checkpoint"].as_i64().unwrap();
-    assert_error(&s.get(&format!("/v1/sessions/{id}/checkpoints/{head}/variables")).await, StatusCode::UNPROCESSABLE_ENTITY, "inspect_failed");
+    assert_error(
+        &s.get(&format!("/v1/sessions/{id}/checkpoints/{head}/variables")).await,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "inspect_failed",
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -389,7 +502,12 @@ async fn variables_with_files_list_a_checkpoints_files_against_the_template() {
         .as_i64()
         .unwrap();
     let files = |v: &Value, k: &str| {
-        v["files"][k].as_array().unwrap().iter().map(|x| (x["path"].as_str().unwrap().to_string(), x["size_after"].clone())).collect::<Vec<_>>()
+        v["files"][k]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| (x["path"].as_str().unwrap().to_string(), x["size_after"].clone()))
+            .collect::<Vec<_>>()
     };
     // Without the parameter the response is as before: no `files`.
     let (st, v) = s.get(&format!("/v1/sessions/{id}/checkpoints/{one}/variables")).await;
@@ -410,7 +528,19 @@ async fn variables_with_files_list_a_checkpoints_files_against_the_template() {
     // Nothing changed in the session.
     assert_eq!(s.get(&format!("/v1/sessions/{id}")).await.1["checkpoint"], two);
     // Bad queries.
-    assert_error(&s.get(&format!("/v1/sessions/{id}/checkpoints/{one}/variables?files=yes")).await, StatusCode::BAD_REQUEST, "invalid_request");
-    assert_error(&s.get(&format!("/v1/sessions/{id}/checkpoints/{one}/variables?what=1")).await, StatusCode::BAD_REQUEST, "invalid_request");
-    assert_error(&s.get(&format!("/v1/sessions/{id}/checkpoints/99/variables?files=true")).await, StatusCode::NOT_FOUND, "checkpoint_not_found");
+    assert_error(
+        &s.get(&format!("/v1/sessions/{id}/checkpoints/{one}/variables?files=yes")).await,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+    );
+    assert_error(
+        &s.get(&format!("/v1/sessions/{id}/checkpoints/{one}/variables?what=1")).await,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+    );
+    assert_error(
+        &s.get(&format!("/v1/sessions/{id}/checkpoints/99/variables?files=true")).await,
+        StatusCode::NOT_FOUND,
+        "checkpoint_not_found",
+    );
 }

@@ -14,7 +14,10 @@ use std::sync::{Arc, Mutex, TryLockError};
 use std::time::{Duration, Instant};
 
 use forkbox_api::ErrorCode;
-use forkbox_engine::{CapturedOutput, Catalog, CatalogError, Engine, EngineError, ExecOptions, ExecResult, FileEntry, Interrupter, Limits, Loaded, Sandbox, Template};
+use forkbox_engine::{
+    CapturedOutput, Catalog, CatalogError, Engine, EngineError, ExecOptions, ExecResult, FileEntry, Interrupter,
+    Limits, Loaded, Sandbox, Template,
+};
 use forkbox_snapshot::{Layer, StateError};
 
 use crate::store::{self, CheckpointRecord, NewCheckpoint, SessionRecord, Store, StoreError};
@@ -148,7 +151,9 @@ impl SessionError {
     /// For a failed exec: the checkpoint seq the session was rolled back to (None: its initial state).
     pub fn rolled_back_to(&self) -> Option<Option<i64>> {
         match self {
-            SessionError::ExecFailed { checkpoint, .. } | SessionError::QuotaExceeded { checkpoint, .. } => Some(*checkpoint),
+            SessionError::ExecFailed { checkpoint, .. } | SessionError::QuotaExceeded { checkpoint, .. } => {
+                Some(*checkpoint)
+            }
             _ => None,
         }
     }
@@ -177,7 +182,12 @@ pub struct Config {
 
 impl Default for Config {
     fn default() -> Self {
-        Config { idle_timeout: Duration::from_secs(60), max_resident: 256, compact_after: 8, disk_reserve: DEFAULT_DISK_RESERVE }
+        Config {
+            idle_timeout: Duration::from_secs(60),
+            max_resident: 256,
+            compact_after: 8,
+            disk_reserve: DEFAULT_DISK_RESERVE,
+        }
     }
 }
 
@@ -358,18 +368,30 @@ impl SessionManager {
     /// Open (or create) the session store under `home/sessions` and recover
     /// from whatever a previous process left (a kill mid-checkpoint included).
     /// Sessions over one open template (registered as the catalog's default name).
-    pub fn open(engine: Arc<Engine>, template: Arc<Template>, home: &Path, config: Config) -> Result<SessionManager, SessionError> {
+    pub fn open(
+        engine: Arc<Engine>,
+        template: Arc<Template>,
+        home: &Path,
+        config: Config,
+    ) -> Result<SessionManager, SessionError> {
         let catalog = Arc::new(Catalog::new(home)?);
         catalog.insert(&catalog.default_name(), engine, template);
         SessionManager::open_with_catalog(catalog, home, config)
     }
 
     /// Sessions on any template of `catalog`.
-    pub fn open_with_catalog(catalog: Arc<Catalog>, home: &Path, config: Config) -> Result<SessionManager, SessionError> {
+    pub fn open_with_catalog(
+        catalog: Arc<Catalog>,
+        home: &Path,
+        config: Config,
+    ) -> Result<SessionManager, SessionError> {
         let dir = home.join("sessions");
         let layers_dir = dir.join("layers");
-        std::fs::create_dir_all(&layers_dir)
-            .map_err(|source| StateError::Io { what: "create", path: layers_dir.display().to_string(), source })?;
+        std::fs::create_dir_all(&layers_dir).map_err(|source| StateError::Io {
+            what: "create",
+            path: layers_dir.display().to_string(),
+            source,
+        })?;
         let lock = lock_dir(&dir)?;
         let store = Store::open(&dir.join("sessions.db"))?;
         let m = SessionManager {
@@ -432,7 +454,10 @@ impl SessionManager {
 
     fn slot(&self, id: &str) -> Arc<Mutex<Slot>> {
         let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
-        slots.entry(id.to_string()).or_insert_with(|| Arc::new(Mutex::new(Slot { sandbox: None, base: None, last_used: Instant::now() }))).clone()
+        slots
+            .entry(id.to_string())
+            .or_insert_with(|| Arc::new(Mutex::new(Slot { sandbox: None, base: None, last_used: Instant::now() })))
+            .clone()
     }
 
     fn record(&self, tenant: &str, id: &str) -> Result<SessionRecord, SessionError> {
@@ -440,17 +465,35 @@ impl SessionManager {
     }
 
     /// A new session on the default template.
-    pub fn create(&self, tenant: &str, tags: BTreeMap<String, String>, limits: &Limits) -> Result<SessionRecord, SessionError> {
+    pub fn create(
+        &self,
+        tenant: &str,
+        tags: BTreeMap<String, String>,
+        limits: &Limits,
+    ) -> Result<SessionRecord, SessionError> {
         let t = self.template()?;
         self.create_on(tenant, tags, limits, &t)
     }
 
     /// A new session on `template` (from `catalog().get(..)` / `get_or_start(..)`).
-    pub fn create_on(&self, tenant: &str, tags: BTreeMap<String, String>, limits: &Limits, template: &Loaded) -> Result<SessionRecord, SessionError> {
+    pub fn create_on(
+        &self,
+        tenant: &str,
+        tags: BTreeMap<String, String>,
+        limits: &Limits,
+        template: &Loaded,
+    ) -> Result<SessionRecord, SessionError> {
         self.create_at(tenant, tags, limits, None, template.id())
     }
 
-    fn create_at(&self, tenant: &str, tags: BTreeMap<String, String>, limits: &Limits, head: Option<i64>, template_id: &str) -> Result<SessionRecord, SessionError> {
+    fn create_at(
+        &self,
+        tenant: &str,
+        tags: BTreeMap<String, String>,
+        limits: &Limits,
+        head: Option<i64>,
+        template_id: &str,
+    ) -> Result<SessionRecord, SessionError> {
         let now = now_ms();
         let rec = SessionRecord {
             id: random_id("s_"),
@@ -504,7 +547,13 @@ impl SessionManager {
     /// killed rolls the session back (`ExecFailed` with code `interrupted`).
     /// `opts.timeout` shortens this exec's time limit; the session's own
     /// (`timeout_ms` of its record, as it is now) is the maximum.
-    pub fn exec_with(&self, tenant: &str, id: &str, code: &str, opts: ExecOptions<'_>) -> Result<ExecOutcome, SessionError> {
+    pub fn exec_with(
+        &self,
+        tenant: &str,
+        id: &str,
+        code: &str,
+        opts: ExecOptions<'_>,
+    ) -> Result<ExecOutcome, SessionError> {
         let rec = self.record(tenant, id)?;
         let slot = self.slot(id);
         let mut guard = lock_slot(&slot, id)?;
@@ -520,14 +569,16 @@ impl SessionManager {
             guard.base = rec.head;
         }
         let base = guard.base;
-        let head_seq = |h: Option<i64>| -> Option<i64> { h.and_then(|c| self.store.checkpoint(c).ok().flatten()).map(|c| c.seq) };
+        let head_seq =
+            |h: Option<i64>| -> Option<i64> { h.and_then(|c| self.store.checkpoint(c).ok().flatten()).map(|c| c.seq) };
         // The checkpoint number this exec will have, so its tracebacks say `<exec-N>` with the same N.
         let seq = self.store.reserve_seq(id)?;
         let Some(sb) = guard.sandbox.as_mut() else { return Err(SessionError::NotFound(id.into())) };
         let max = Duration::from_millis(rec.limits.timeout_ms);
         let timeout = Some(opts.timeout.map_or(max, |t| t.min(max)));
         sb.set_exec_id(seq);
-        let result = sb.exec_with(code, ExecOptions { on_output: opts.on_output, interrupt: Some(interrupter), timeout });
+        let result =
+            sb.exec_with(code, ExecOptions { on_output: opts.on_output, interrupt: Some(interrupter), timeout });
         drop(running);
         let result = match result {
             Ok(r) => r,
@@ -541,16 +592,19 @@ impl SessionManager {
                 return Err(SessionError::ExecFailed { source, checkpoint: head_seq(rec.head), output });
             }
         };
-        let checkpoint = match self.write_checkpoint_as(&rec, sb, code, base, Some(seq), summarize(&result).as_deref()) {
+        let checkpoint = match self.write_checkpoint_as(&rec, sb, code, base, Some(seq), summarize(&result).as_deref())
+        {
             Ok(c) => c,
             Err(e) => {
                 let _ = self.store.release_seq(id, seq);
                 // Memory and disk now disagree: drop the sandbox, the session stays at its head.
                 guard.sandbox = None;
                 return Err(match e {
-                    SessionError::QuotaExceeded { message, .. } => {
-                        SessionError::QuotaExceeded { message, result: Some(Box::new(result)), checkpoint: head_seq(rec.head) }
-                    }
+                    SessionError::QuotaExceeded { message, .. } => SessionError::QuotaExceeded {
+                        message,
+                        result: Some(Box::new(result)),
+                        checkpoint: head_seq(rec.head),
+                    },
                     e => e,
                 });
             }
@@ -620,7 +674,13 @@ impl SessionManager {
 
     /// Write a file into the session's file system (parents created, mode 0644)
     /// and checkpoint it (code `# upload <path>`), so it survives eviction and forks.
-    pub fn write_file(&self, tenant: &str, id: &str, path: &str, data: &[u8]) -> Result<CheckpointRecord, SessionError> {
+    pub fn write_file(
+        &self,
+        tenant: &str,
+        id: &str,
+        path: &str,
+        data: &[u8],
+    ) -> Result<CheckpointRecord, SessionError> {
         let c = self.with_sandbox(tenant, id, |sb, base, rec| {
             sb.write_file(path, data).map_err(SessionError::from_files)?;
             let c = self.write_checkpoint(rec, sb, &format!("# upload {path}"), base)?;
@@ -643,7 +703,9 @@ impl SessionManager {
 
     /// A file of the session's file system, at most `max` bytes.
     pub fn read_file(&self, tenant: &str, id: &str, path: &str, max: usize) -> Result<Vec<u8>, SessionError> {
-        self.with_sandbox(tenant, id, |sb, base, _| Ok((sb.read_file(path, max).map_err(SessionError::from_files)?, base)))
+        self.with_sandbox(tenant, id, |sb, base, _| {
+            Ok((sb.read_file(path, max).map_err(SessionError::from_files)?, base))
+        })
     }
 
     /// The entries of a directory of the session's file system.
@@ -707,7 +769,13 @@ impl SessionManager {
         Ok(Reserved { m: &self.reserved, tenant: tenant.to_string(), bytes })
     }
 
-    fn write_checkpoint(&self, rec: &SessionRecord, sb: &mut Sandbox, code: &str, parent: Option<i64>) -> Result<CheckpointRecord, SessionError> {
+    fn write_checkpoint(
+        &self,
+        rec: &SessionRecord,
+        sb: &mut Sandbox,
+        code: &str,
+        parent: Option<i64>,
+    ) -> Result<CheckpointRecord, SessionError> {
         self.write_checkpoint_as(rec, sb, code, parent, None, None)
     }
 
@@ -725,10 +793,16 @@ impl SessionManager {
         let (layer, state) = (format!("{name}.layer"), format!("{name}.state"));
         let t = self.loaded(rec)?;
         let mut reservation = None;
-        let written = t.template.checkpoint(&t.engine, sb, &self.layers_dir.join(&layer), &self.layers_dir.join(&state), |bytes| {
-            reservation = Some(self.admit(&rec.tenant, bytes)?);
-            Ok::<(), SessionError>(())
-        });
+        let written = t.template.checkpoint(
+            &t.engine,
+            sb,
+            &self.layers_dir.join(&layer),
+            &self.layers_dir.join(&state),
+            |bytes| {
+                reservation = Some(self.admit(&rec.tenant, bytes)?);
+                Ok::<(), SessionError>(())
+            },
+        );
         let stats = written.map_err(|e| match e {
             SessionError::Engine(EngineError::Snapshot(s)) if s.is_no_space() => SessionError::NoSpace(s.to_string()),
             SessionError::Engine(EngineError::Snapshot(s)) => SessionError::Snapshot(s),
@@ -800,7 +874,13 @@ impl SessionManager {
     }
 
     /// Bring checkpoint `head` back as `how` says.
-    pub(crate) fn resume_as(&self, t: &Loaded, head: i64, limits: Limits, how: Resume) -> Result<Sandbox, SessionError> {
+    pub(crate) fn resume_as(
+        &self,
+        t: &Loaded,
+        head: i64,
+        limits: Limits,
+        how: Resume,
+    ) -> Result<Sandbox, SessionError> {
         let t0 = Instant::now();
         let (layers, rec) = self.layer_chain(head)?;
         tracing::debug!(elapsed = ?t0.elapsed(), layers = layers.len(), "read the layer chain");
@@ -850,7 +930,13 @@ impl SessionManager {
     /// `seq` of session `id`: the checkpoint resumed (reseeded, as a fork would be),
     /// then its whole state written as a template of its own (memory, registers,
     /// process state with the files), so deleting the session leaves it working.
-    pub fn checkpoint_template(&self, tenant: &str, id: &str, seq: i64, name: &str) -> Result<forkbox_engine::catalog::Listing, SessionError> {
+    pub fn checkpoint_template(
+        &self,
+        tenant: &str,
+        id: &str,
+        seq: i64,
+        name: &str,
+    ) -> Result<forkbox_engine::catalog::Listing, SessionError> {
         forkbox_engine::catalog::validate_name(name)?;
         let rec = self.record(tenant, id)?;
         let target = self.find_checkpoint(&rec, seq)?;
@@ -881,7 +967,13 @@ impl SessionManager {
     /// A new session starting at a checkpoint of `id` (its head by default).
     /// The source is never paused and nothing is copied: the new session's head
     /// is that checkpoint (on disk); it is resumed, reseeded, on its first exec.
-    pub fn fork(&self, tenant: &str, id: &str, seq: Option<i64>, tags: BTreeMap<String, String>) -> Result<SessionRecord, SessionError> {
+    pub fn fork(
+        &self,
+        tenant: &str,
+        id: &str,
+        seq: Option<i64>,
+        tags: BTreeMap<String, String>,
+    ) -> Result<SessionRecord, SessionError> {
         let rec = self.record(tenant, id)?;
         let head = match seq {
             Some(s) => Some(self.find_checkpoint(&rec, s)?.id),

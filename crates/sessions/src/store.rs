@@ -170,9 +170,7 @@ pub enum StoreError {
     InUse { id: i64, session: String },
     #[error("{field} = {value} does not fit in a signed 64-bit integer")]
     TooLarge { field: &'static str, value: u64 },
-    #[error(
-        "session database schema version {found} is newer than this build supports ({supported})"
-    )]
+    #[error("session database schema version {found} is newer than this build supports ({supported})")]
     SchemaTooNew { found: i64, supported: i64 },
 }
 
@@ -341,10 +339,7 @@ impl Store {
     /// [`Store::open`] with a chosen durability.
     pub fn open_with(path: &Path, sync: Synchronous) -> Result<Store, StoreError> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|source| StoreError::Io {
-                path: dir.to_path_buf(),
-                source,
-            })?;
+            std::fs::create_dir_all(dir).map_err(|source| StoreError::Io { path: dir.to_path_buf(), source })?;
         }
         let conn = Connection::open(path).op("open database")?;
         Self::init(conn, Some(sync))
@@ -366,35 +361,25 @@ impl Store {
             if !mode.eq_ignore_ascii_case("wal") {
                 return Err(StoreError::Sqlite {
                     op: "PRAGMA journal_mode = WAL",
-                    source: rusqlite::Error::InvalidParameterName(format!(
-                        "journal_mode is {mode}, not wal"
-                    )),
+                    source: rusqlite::Error::InvalidParameterName(format!("journal_mode is {mode}, not wal")),
                 });
             }
             let level = match sync {
                 Synchronous::Normal => "NORMAL",
                 Synchronous::Full => "FULL",
             };
-            conn.pragma_update(None, "synchronous", level)
-                .op("PRAGMA synchronous")?;
+            conn.pragma_update(None, "synchronous", level).op("PRAGMA synchronous")?;
         }
-        conn.pragma_update(None, "foreign_keys", true)
-            .op("PRAGMA foreign_keys = ON")?;
-        let fk: bool = conn
-            .query_row("PRAGMA foreign_keys", [], |r| r.get(0))
-            .op("PRAGMA foreign_keys")?;
+        conn.pragma_update(None, "foreign_keys", true).op("PRAGMA foreign_keys = ON")?;
+        let fk: bool = conn.query_row("PRAGMA foreign_keys", [], |r| r.get(0)).op("PRAGMA foreign_keys")?;
         if !fk {
             return Err(StoreError::Sqlite {
                 op: "PRAGMA foreign_keys = ON",
-                source: rusqlite::Error::InvalidParameterName(
-                    "foreign keys are not supported by this SQLite".into(),
-                ),
+                source: rusqlite::Error::InvalidParameterName("foreign keys are not supported by this SQLite".into()),
             });
         }
         migrate(&mut conn)?;
-        Ok(Store {
-            conn: Mutex::new(conn),
-        })
+        Ok(Store { conn: Mutex::new(conn) })
     }
 
     fn conn(&self) -> MutexGuard<'_, Connection> {
@@ -405,9 +390,7 @@ impl Store {
 
     /// The schema version (`PRAGMA user_version`).
     pub fn schema_version(&self) -> Result<i64, StoreError> {
-        self.conn()
-            .query_row("PRAGMA user_version", [], |r| r.get(0))
-            .op("PRAGMA user_version")
+        self.conn().query_row("PRAGMA user_version", [], |r| r.get(0)).op("PRAGMA user_version")
     }
 
     // ---------------------------------------------------------------- sessions
@@ -421,9 +404,7 @@ impl Store {
         let output = to_i64("output_bytes", s.limits.output_bytes)?;
         let disk = to_i64("disk_bytes", s.limits.disk_bytes)?;
         let mut conn = self.conn();
-        let tx = conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .op("create_session: begin")?;
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).op("create_session: begin")?;
         let exists = tx
             .prepare_cached("SELECT 1 FROM sessions WHERE id = ?1")
             .and_then(|mut st| st.exists([&s.id]))
@@ -481,8 +462,7 @@ impl Store {
                 .prepare_cached("INSERT INTO session_tags (sid, key, value) VALUES (?1, ?2, ?3)")
                 .op("create_session: prepare insert tag")?;
             for (k, v) in &s.tags {
-                st.execute(params![sid, k, v])
-                    .op("create_session: insert tag")?;
+                st.execute(params![sid, k, v]).op("create_session: insert tag")?;
             }
         }
         tx.commit().op("create_session: commit")
@@ -491,21 +471,12 @@ impl Store {
     /// The session `id` of `tenant`; other tenants' sessions are invisible.
     pub fn session(&self, tenant: &str, id: &str) -> Result<Option<SessionRecord>, StoreError> {
         let conn = self.conn();
-        let mut v = load_sessions(
-            &conn,
-            "s.tenant = ?1 AND s.id = ?2",
-            &[&tenant, &id],
-            "session",
-        )?;
+        let mut v = load_sessions(&conn, "s.tenant = ?1 AND s.id = ?2", &[&tenant, &id], "session")?;
         Ok(v.pop())
     }
 
     /// The tenant's sessions carrying all of `tags`, oldest first.
-    pub fn list_sessions(
-        &self,
-        tenant: &str,
-        tags: &[(String, String)],
-    ) -> Result<Vec<SessionRecord>, StoreError> {
+    pub fn list_sessions(&self, tenant: &str, tags: &[(String, String)]) -> Result<Vec<SessionRecord>, StoreError> {
         let mut filter = String::from("s.tenant = ?1");
         let mut args: Vec<&dyn rusqlite::ToSql> = vec![&tenant];
         for (k, v) in tags {
@@ -536,9 +507,9 @@ impl Store {
             Some(t) => conn
                 .prepare_cached("SELECT COUNT(*) FROM sessions WHERE tenant = ?1")
                 .and_then(|mut st| st.query_row([t], |r| r.get(0))),
-            None => conn
-                .prepare_cached("SELECT COUNT(*) FROM sessions")
-                .and_then(|mut st| st.query_row([], |r| r.get(0))),
+            None => {
+                conn.prepare_cached("SELECT COUNT(*) FROM sessions").and_then(|mut st| st.query_row([], |r| r.get(0)))
+            }
         }
         .op("count_sessions")?;
         Ok(n as u64)
@@ -571,9 +542,7 @@ impl Store {
         let memory = memory_bytes.map(|m| to_i64("memory_bytes", m)).transpose()?;
         let timeout = timeout_ms.map(|t| to_i64("timeout_ms", t)).transpose()?;
         let mut conn = self.conn();
-        let tx = conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .op("update_session: begin")?;
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).op("update_session: begin")?;
         let sid: Option<i64> = tx
             .prepare_cached("SELECT sid FROM sessions WHERE tenant = ?1 AND id = ?2")
             .and_then(|mut st| st.query_row([tenant, id], |r| r.get(0)).optional())
@@ -593,8 +562,7 @@ impl Store {
                 .prepare_cached("INSERT INTO session_tags (sid, key, value) VALUES (?1, ?2, ?3)")
                 .op("update_session: prepare insert tag")?;
             for (k, v) in tags {
-                st.execute(params![sid, k, v])
-                    .op("update_session: insert tag")?;
+                st.execute(params![sid, k, v]).op("update_session: insert tag")?;
             }
         }
         tx.commit().op("update_session: commit")?;
@@ -605,9 +573,7 @@ impl Store {
     /// it belongs to the session's history is the caller's business.
     pub fn set_head(&self, id: &str, head: Option<i64>) -> Result<(), StoreError> {
         let mut conn = self.conn();
-        let tx = conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .op("set_head: begin")?;
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).op("set_head: begin")?;
         if let Some(h) = head {
             if !checkpoint_exists(&tx, h)? {
                 return Err(StoreError::NoSuchCheckpoint(h));
@@ -642,11 +608,7 @@ impl Store {
     /// highest seq + 1, never reusing a number whose checkpoint was deleted;
     /// `created_ms` = `now_ms`. The parent is not required to be the current
     /// head (the caller passes the checkpoint the exec actually ran on).
-    pub fn commit_checkpoint(
-        &self,
-        c: &NewCheckpoint<'_>,
-        now_ms: i64,
-    ) -> Result<CheckpointRecord, StoreError> {
+    pub fn commit_checkpoint(&self, c: &NewCheckpoint<'_>, now_ms: i64) -> Result<CheckpointRecord, StoreError> {
         self.commit_checkpoint_as(c, None, None, now_ms)
     }
 
@@ -655,9 +617,7 @@ impl Store {
     /// also if no checkpoint ends up with it.
     pub fn reserve_seq(&self, session: &str) -> Result<i64, StoreError> {
         let mut conn = self.conn();
-        let tx = conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .op("reserve_seq: begin")?;
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).op("reserve_seq: begin")?;
         let seq = next_seq(&tx, session)?;
         tx.commit().op("reserve_seq: commit")?;
         Ok(seq)
@@ -690,9 +650,7 @@ impl Store {
         let pages = to_i64("pages", c.pages)?;
         let bytes = to_i64("bytes", c.bytes)?;
         let mut conn = self.conn();
-        let tx = conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .op("commit_checkpoint: begin")?;
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).op("commit_checkpoint: begin")?;
         let sid: i64 = tx
             .prepare_cached("SELECT sid FROM sessions WHERE id = ?1")
             .and_then(|mut st| st.query_row([c.session_id], |r| r.get(0)).optional())
@@ -733,11 +691,9 @@ impl Store {
         })
         .op("commit_checkpoint: insert checkpoint")?;
         let id = tx.last_insert_rowid();
-        tx.prepare_cached(
-            "UPDATE sessions SET head = ?2, last_used_ms = ?3, last_seq = ?4 WHERE sid = ?1",
-        )
-        .and_then(|mut st| st.execute(params![sid, id, now_ms, seq]))
-        .op("commit_checkpoint: set head")?;
+        tx.prepare_cached("UPDATE sessions SET head = ?2, last_used_ms = ?3, last_seq = ?4 WHERE sid = ?1")
+            .and_then(|mut st| st.execute(params![sid, id, now_ms, seq]))
+            .op("commit_checkpoint: set head")?;
         tx.commit().op("commit_checkpoint: commit")?;
         Ok(CheckpointRecord {
             id,
@@ -758,11 +714,9 @@ impl Store {
 
     pub fn checkpoint(&self, id: i64) -> Result<Option<CheckpointRecord>, StoreError> {
         let conn = self.conn();
-        conn.prepare_cached(&format!(
-            "SELECT {CP_COLS} FROM checkpoints c WHERE c.id = ?1"
-        ))
-        .and_then(|mut st| st.query_row([id], checkpoint_row).optional())
-        .op("checkpoint")
+        conn.prepare_cached(&format!("SELECT {CP_COLS} FROM checkpoints c WHERE c.id = ?1"))
+            .and_then(|mut st| st.query_row([id], checkpoint_row).optional())
+            .op("checkpoint")
     }
 
     /// Root-first chain from the template to `id` (inclusive): the first
@@ -803,11 +757,7 @@ impl Store {
     }
 
     /// The (live) session's checkpoint number `seq`.
-    pub fn checkpoint_by_seq(
-        &self,
-        session: &str,
-        seq: i64,
-    ) -> Result<Option<CheckpointRecord>, StoreError> {
+    pub fn checkpoint_by_seq(&self, session: &str, seq: i64) -> Result<Option<CheckpointRecord>, StoreError> {
         let conn = self.conn();
         // Any checkpoint of the session's lineage (its own first: sessions from
         // before lineages were recorded may share numbers with their source).
@@ -816,10 +766,7 @@ impl Store {
              WHERE c.seq = ?2 AND (c.owner = s.sid OR c.lineage = s.lineage) \
              ORDER BY c.owner = s.sid DESC LIMIT 1"
         ))
-        .and_then(|mut st| {
-            st.query_row(params![session, seq], checkpoint_row)
-                .optional()
-        })
+        .and_then(|mut st| st.query_row(params![session, seq], checkpoint_row).optional())
         .op("checkpoint_by_seq")
     }
 
@@ -899,19 +846,14 @@ impl Store {
             return Ok(());
         }
         let mut conn = self.conn();
-        let tx = conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .op("delete_checkpoints: begin")?;
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).op("delete_checkpoints: begin")?;
         let list = id_list(ids);
         let in_use: Option<(String, i64)> = tx
             .prepare_cached(
                 "SELECT id, head FROM sessions \
                  WHERE head IN (SELECT value FROM json_each(?1)) LIMIT 1",
             )
-            .and_then(|mut st| {
-                st.query_row([&list], |r| Ok((r.get(0)?, r.get(1)?)))
-                    .optional()
-            })
+            .and_then(|mut st| st.query_row([&list], |r| Ok((r.get(0)?, r.get(1)?))).optional())
             .op("delete_checkpoints: check heads")?;
         if let Some((session, id)) = in_use {
             return Err(StoreError::InUse { id, session });
@@ -922,10 +864,7 @@ impl Store {
                  WHERE parent IN (SELECT value FROM json_each(?1)) \
                    AND id NOT IN (SELECT value FROM json_each(?1)) LIMIT 1",
             )
-            .and_then(|mut st| {
-                st.query_row([&list], |r| Ok((r.get(0)?, r.get(1)?)))
-                    .optional()
-            })
+            .and_then(|mut st| st.query_row([&list], |r| Ok((r.get(0)?, r.get(1)?))).optional())
             .op("delete_checkpoints: check children")?;
         if let Some((id, child)) = child {
             return Err(StoreError::HasChildren { id, child });
@@ -937,11 +876,9 @@ impl Store {
     /// Every checkpoint, by id.
     pub fn all_checkpoints(&self) -> Result<Vec<CheckpointRecord>, StoreError> {
         let conn = self.conn();
-        conn.prepare_cached(&format!(
-            "SELECT {CP_COLS} FROM checkpoints c ORDER BY c.id"
-        ))
-        .and_then(|mut st| st.query_map([], checkpoint_row)?.collect())
-        .op("all_checkpoints")
+        conn.prepare_cached(&format!("SELECT {CP_COLS} FROM checkpoints c ORDER BY c.id"))
+            .and_then(|mut st| st.query_map([], checkpoint_row)?.collect())
+            .op("all_checkpoints")
     }
 
     /// Start-up recovery for checkpoints whose files are missing or corrupt:
@@ -954,9 +891,8 @@ impl Store {
             return Ok(Rewind::default());
         }
         let mut conn = self.conn();
-        let tx = conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .op("drop_checkpoints_and_rewind: begin")?;
+        let tx =
+            conn.transaction_with_behavior(TransactionBehavior::Immediate).op("drop_checkpoints_and_rewind: begin")?;
         let deleted: Vec<CheckpointRecord> = tx
             .prepare_cached(&format!(
                 "WITH RECURSIVE doomed(id) AS ( \
@@ -976,10 +912,7 @@ impl Store {
                 "SELECT id, head FROM sessions \
                  WHERE head IN (SELECT value FROM json_each(?1)) ORDER BY sid",
             )
-            .and_then(|mut st| {
-                st.query_map([&list], |r| Ok((r.get(0)?, r.get(1)?)))?
-                    .collect()
-            })
+            .and_then(|mut st| st.query_map([&list], |r| Ok((r.get(0)?, r.get(1)?)))?.collect())
             .op("drop_checkpoints_and_rewind: affected sessions")?;
         let mut moved = Vec::with_capacity(heads.len());
         for (session, from) in heads {
@@ -1040,25 +973,16 @@ impl Store {
 fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
     let supported = MIGRATIONS.len() as i64;
     loop {
-        let tx = conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .op("migrate: begin")?;
-        let version: i64 = tx
-            .query_row("PRAGMA user_version", [], |r| r.get(0))
-            .op("migrate: PRAGMA user_version")?;
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).op("migrate: begin")?;
+        let version: i64 = tx.query_row("PRAGMA user_version", [], |r| r.get(0)).op("migrate: PRAGMA user_version")?;
         if version > supported {
-            return Err(StoreError::SchemaTooNew {
-                found: version,
-                supported,
-            });
+            return Err(StoreError::SchemaTooNew { found: version, supported });
         }
         if version == supported {
             return Ok(()); // dropping tx rolls back the (empty) transaction
         }
-        tx.execute_batch(MIGRATIONS[version as usize])
-            .op("migrate: apply step")?;
-        tx.pragma_update(None, "user_version", version + 1)
-            .op("migrate: set user_version")?;
+        tx.execute_batch(MIGRATIONS[version as usize]).op("migrate: apply step")?;
+        tx.pragma_update(None, "user_version", version + 1).op("migrate: set user_version")?;
         tx.commit().op("migrate: commit")?;
     }
 }
@@ -1102,9 +1026,7 @@ fn delete_ids(conn: &Connection, ids: &[i64]) -> Result<(), StoreError> {
     let mut sorted = ids.to_vec();
     sorted.sort_unstable_by(|a, b| b.cmp(a));
     sorted.dedup();
-    let mut st = conn
-        .prepare_cached("DELETE FROM checkpoints WHERE id = ?1")
-        .op("delete checkpoints: prepare")?;
+    let mut st = conn.prepare_cached("DELETE FROM checkpoints WHERE id = ?1").op("delete checkpoints: prepare")?;
     for id in sorted {
         st.execute([id]).op("delete checkpoint")?;
     }
@@ -1136,10 +1058,7 @@ fn load_sessions(
         let key: Option<String> = row.get(12).op(op)?;
         if let Some(key) = key {
             let value: String = row.get(13).op(op)?;
-            out.last_mut()
-                .expect("pushed above")
-                .tags
-                .insert(key, value);
+            out.last_mut().expect("pushed above").tags.insert(key, value);
         }
     }
     Ok(out)
@@ -1181,10 +1100,7 @@ mod tests {
             id: id.into(),
             tenant: tenant.into(),
             template_id: "python".into(),
-            tags: tags
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
+            tags: tags.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             limits: Limits {
                 memory_bytes: 256 << 20,
                 timeout_ms: 30_000,
@@ -1200,13 +1116,7 @@ mod tests {
 
     /// Commits a checkpoint over the session's current head.
     fn exec(store: &Store, sid: &str, code: &str, now: i64) -> CheckpointRecord {
-        let head = store
-            .all_sessions()
-            .unwrap()
-            .into_iter()
-            .find(|s| s.id == sid)
-            .unwrap()
-            .head;
+        let head = store.all_sessions().unwrap().into_iter().find(|s| s.id == sid).unwrap().head;
         let layer = format!("{sid}-{now}.layer");
         store
             .commit_checkpoint(
@@ -1230,9 +1140,7 @@ mod tests {
     }
 
     fn tags(v: &[(&str, &str)]) -> Vec<(String, String)> {
-        v.iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
+        v.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
     }
 
     #[test]
@@ -1244,54 +1152,27 @@ mod tests {
     #[test]
     fn create_get_list_tags_tenants() {
         let (_d, s) = tmp();
-        s.create_session(&session("a", "local", 3, &[("env", "dev"), ("team", "x")]))
-            .unwrap();
-        s.create_session(&session("b", "local", 1, &[("env", "prod"), ("team", "x")]))
-            .unwrap();
+        s.create_session(&session("a", "local", 3, &[("env", "dev"), ("team", "x")])).unwrap();
+        s.create_session(&session("b", "local", 1, &[("env", "prod"), ("team", "x")])).unwrap();
         s.create_session(&session("c", "local", 2, &[])).unwrap();
-        s.create_session(&session("d", "other", 0, &[("env", "dev")]))
-            .unwrap();
+        s.create_session(&session("d", "other", 0, &[("env", "dev")])).unwrap();
 
         let a = s.session("local", "a").unwrap().unwrap();
-        assert_eq!(
-            a,
-            session("a", "local", 3, &[("env", "dev"), ("team", "x")])
-        );
+        assert_eq!(a, session("a", "local", 3, &[("env", "dev"), ("team", "x")]));
         assert_eq!(s.session("other", "a").unwrap(), None);
         assert_eq!(s.session("local", "d").unwrap(), None);
         assert!(s.session("other", "d").unwrap().is_some());
 
         let names = |v: Vec<SessionRecord>| v.into_iter().map(|s| s.id).collect::<Vec<_>>();
+        assert_eq!(names(s.list_sessions("local", &[]).unwrap()), ["b", "c", "a"]);
+        assert_eq!(names(s.list_sessions("local", &tags(&[("team", "x")])).unwrap()), ["b", "a"]);
+        assert_eq!(names(s.list_sessions("local", &tags(&[("team", "x"), ("env", "dev")])).unwrap()), ["a"]);
         assert_eq!(
-            names(s.list_sessions("local", &[]).unwrap()),
-            ["b", "c", "a"]
-        );
-        assert_eq!(
-            names(s.list_sessions("local", &tags(&[("team", "x")])).unwrap()),
-            ["b", "a"]
-        );
-        assert_eq!(
-            names(
-                s.list_sessions("local", &tags(&[("team", "x"), ("env", "dev")]))
-                    .unwrap()
-            ),
-            ["a"]
-        );
-        assert_eq!(
-            names(
-                s.list_sessions("local", &tags(&[("env", "dev"), ("env", "prod")]))
-                    .unwrap()
-            ),
+            names(s.list_sessions("local", &tags(&[("env", "dev"), ("env", "prod")])).unwrap()),
             Vec::<String>::new()
         );
-        assert_eq!(
-            names(s.list_sessions("other", &tags(&[("env", "dev")])).unwrap()),
-            ["d"]
-        );
-        assert_eq!(
-            names(s.list_sessions("nobody", &[]).unwrap()),
-            Vec::<String>::new()
-        );
+        assert_eq!(names(s.list_sessions("other", &tags(&[("env", "dev")])).unwrap()), ["d"]);
+        assert_eq!(names(s.list_sessions("nobody", &[]).unwrap()), Vec::<String>::new());
         // Tags come back complete even when filtering on one of them.
         let listed = s.list_sessions("local", &tags(&[("env", "dev")])).unwrap();
         assert_eq!(listed[0].tags.len(), 2);
@@ -1308,41 +1189,23 @@ mod tests {
         // A head that does not exist.
         let mut e = session("e", "local", 9, &[]);
         e.head = Some(42);
-        assert!(matches!(
-            s.create_session(&e),
-            Err(StoreError::NoSuchCheckpoint(42))
-        ));
+        assert!(matches!(s.create_session(&e), Err(StoreError::NoSuchCheckpoint(42))));
         // Out-of-range limits.
         let mut f = session("f", "local", 9, &[]);
         f.limits.timeout_ms = u64::MAX;
-        assert!(matches!(
-            s.create_session(&f),
-            Err(StoreError::TooLarge {
-                field: "timeout_ms",
-                ..
-            })
-        ));
+        assert!(matches!(s.create_session(&f), Err(StoreError::TooLarge { field: "timeout_ms", .. })));
         assert_eq!(s.count_sessions(None).unwrap(), 4);
 
         s.touch("a", 100).unwrap();
         assert_eq!(s.session("local", "a").unwrap().unwrap().last_used_ms, 100);
-        assert!(matches!(
-            s.touch("zz", 1),
-            Err(StoreError::NoSuchSession(_))
-        ));
+        assert!(matches!(s.touch("zz", 1), Err(StoreError::NoSuchSession(_))));
 
         // Deleting is tenant-scoped and removes tags.
         assert!(!s.delete_session("other", "a").unwrap());
         assert!(s.delete_session("local", "a").unwrap());
         assert!(!s.delete_session("local", "a").unwrap());
-        assert_eq!(
-            names(s.list_sessions("local", &tags(&[("env", "dev")])).unwrap()),
-            Vec::<String>::new()
-        );
-        let n: i64 = s
-            .conn()
-            .query_row("SELECT COUNT(*) FROM session_tags", [], |r| r.get(0))
-            .unwrap();
+        assert_eq!(names(s.list_sessions("local", &tags(&[("env", "dev")])).unwrap()), Vec::<String>::new());
+        let n: i64 = s.conn().query_row("SELECT COUNT(*) FROM session_tags", [], |r| r.get(0)).unwrap();
         assert_eq!(n, 3);
     }
 
@@ -1354,10 +1217,7 @@ mod tests {
         let c2 = exec(&s, "a", "x += 1", 20);
         let c3 = exec(&s, "a", "import os", 30);
         assert_eq!((c1.seq, c2.seq, c3.seq), (1, 2, 3));
-        assert_eq!(
-            (c1.parent, c2.parent, c3.parent),
-            (None, Some(c1.id), Some(c2.id))
-        );
+        assert_eq!((c1.parent, c2.parent, c3.parent), (None, Some(c1.id), Some(c2.id)));
         assert_eq!(c3.created_ms, 30);
         let a = s.session("local", "a").unwrap().unwrap();
         assert_eq!(a.head, Some(c3.id));
@@ -1366,24 +1226,15 @@ mod tests {
         assert_eq!(s.checkpoint(9999).unwrap(), None);
         assert_eq!(s.checkpoint_by_seq("a", 2).unwrap().unwrap(), c2);
         assert_eq!(s.checkpoint_by_seq("a", 4).unwrap(), None);
-        assert_eq!(
-            s.session_checkpoints("a").unwrap(),
-            vec![c1.clone(), c2.clone(), c3.clone()]
-        );
+        assert_eq!(s.session_checkpoints("a").unwrap(), vec![c1.clone(), c2.clone(), c3.clone()]);
         assert_eq!(s.disk_bytes("a").unwrap(), 3 * 40960);
         assert_eq!(s.disk_bytes("nope").unwrap(), 0);
 
         s.set_flat(c3.id, Some("flat-3")).unwrap();
-        assert_eq!(
-            s.checkpoint(c3.id).unwrap().unwrap().flat.as_deref(),
-            Some("flat-3")
-        );
+        assert_eq!(s.checkpoint(c3.id).unwrap().unwrap().flat.as_deref(), Some("flat-3"));
         s.set_flat(c3.id, None).unwrap();
         assert_eq!(s.checkpoint(c3.id).unwrap().unwrap().flat, None);
-        assert!(matches!(
-            s.set_flat(9999, None),
-            Err(StoreError::NoSuchCheckpoint(9999))
-        ));
+        assert!(matches!(s.set_flat(9999, None), Err(StoreError::NoSuchCheckpoint(9999))));
 
         let bad = NewCheckpoint {
             session_id: "nope",
@@ -1395,19 +1246,9 @@ mod tests {
             bytes: 0,
             checksum: "",
         };
-        assert!(matches!(
-            s.commit_checkpoint(&bad, 1),
-            Err(StoreError::NoSuchSession(_))
-        ));
-        let bad = NewCheckpoint {
-            session_id: "a",
-            parent: Some(9999),
-            ..bad
-        };
-        assert!(matches!(
-            s.commit_checkpoint(&bad, 1),
-            Err(StoreError::NoSuchCheckpoint(9999))
-        ));
+        assert!(matches!(s.commit_checkpoint(&bad, 1), Err(StoreError::NoSuchSession(_))));
+        let bad = NewCheckpoint { session_id: "a", parent: Some(9999), ..bad };
+        assert!(matches!(s.commit_checkpoint(&bad, 1), Err(StoreError::NoSuchCheckpoint(9999))));
         // Failed commits left nothing behind.
         assert_eq!(s.all_checkpoints().unwrap().len(), 3);
         assert_eq!(s.session("local", "a").unwrap().unwrap().head, Some(c3.id));
@@ -1428,10 +1269,7 @@ mod tests {
         let b1 = exec(&s, "b", "b1", 50);
         let b2 = exec(&s, "b", "b2", 60);
         // A fork continues its lineage's numbering: A had 1-3.
-        assert_eq!(
-            (b1.seq, b1.parent, b1.session_id.as_str()),
-            (4, Some(a2.id), "b")
-        );
+        assert_eq!((b1.seq, b1.parent, b1.session_id.as_str()), (4, Some(a2.id), "b"));
         assert_eq!(b2.seq, 5);
         // B reaches its own checkpoints and the ones of its lineage by number.
         assert_eq!(s.checkpoint_by_seq("b", 2).unwrap().unwrap().id, a2.id);
@@ -1457,21 +1295,12 @@ mod tests {
         assert_eq!(s.reserve_seq("c").unwrap(), 3);
         assert!(!s.release_seq("c", 2).unwrap());
         assert_eq!(exec(&s, "c", "c4", 95).seq, 4);
-        assert_eq!(
-            ids(&s.ancestry(b2.id).unwrap()),
-            [a1.id, a2.id, b1.id, b2.id]
-        );
+        assert_eq!(ids(&s.ancestry(b2.id).unwrap()), [a1.id, a2.id, b1.id, b2.id]);
         assert_eq!(ids(&s.ancestry(a3.id).unwrap()), [a1.id, a2.id, a3.id]);
         assert_eq!(ids(&s.ancestry(a1.id).unwrap()), [a1.id]);
-        assert!(matches!(
-            s.ancestry(9999),
-            Err(StoreError::NoSuchCheckpoint(9999))
-        ));
+        assert!(matches!(s.ancestry(9999), Err(StoreError::NoSuchCheckpoint(9999))));
         assert_eq!(ids(&s.session_checkpoints("b").unwrap()), [b1.id, b2.id]);
-        assert_eq!(
-            ids(&s.session_checkpoints("a").unwrap()),
-            [a1.id, a2.id, a3.id, a4.id]
-        );
+        assert_eq!(ids(&s.session_checkpoints("a").unwrap()), [a1.id, a2.id, a3.id, a4.id]);
         assert_eq!(s.disk_bytes("b").unwrap(), 2 * 40960);
     }
 
@@ -1479,37 +1308,20 @@ mod tests {
     fn revert_then_commit_branches() {
         let (_d, s) = tmp();
         s.create_session(&session("a", "local", 1, &[])).unwrap();
-        let c: Vec<_> = (1..=6)
-            .map(|i| exec(&s, "a", &format!("c{i}"), i * 10))
-            .collect();
+        let c: Vec<_> = (1..=6).map(|i| exec(&s, "a", &format!("c{i}"), i * 10)).collect();
         s.set_head("a", Some(c[2].id)).unwrap();
-        assert_eq!(
-            s.session("local", "a").unwrap().unwrap().head,
-            Some(c[2].id)
-        );
+        assert_eq!(s.session("local", "a").unwrap().unwrap().head, Some(c[2].id));
         let c7 = exec(&s, "a", "c7", 70);
         assert_eq!((c7.seq, c7.parent), (7, Some(c[2].id)));
-        assert_eq!(
-            ids(&s.ancestry(c7.id).unwrap()),
-            [c[0].id, c[1].id, c[2].id, c7.id]
-        );
+        assert_eq!(ids(&s.ancestry(c7.id).unwrap()), [c[0].id, c[1].id, c[2].id, c7.id]);
         assert_eq!(s.session_checkpoints("a").unwrap().len(), 7);
         // Revert to the template.
         s.set_head("a", None).unwrap();
         let c8 = exec(&s, "a", "c8", 80);
         assert_eq!((c8.seq, c8.parent), (8, None));
-        assert!(matches!(
-            s.set_head("a", Some(9999)),
-            Err(StoreError::NoSuchCheckpoint(9999))
-        ));
-        assert!(matches!(
-            s.set_head("zz", Some(c7.id)),
-            Err(StoreError::NoSuchSession(_))
-        ));
-        assert!(matches!(
-            s.set_head("zz", None),
-            Err(StoreError::NoSuchSession(_))
-        ));
+        assert!(matches!(s.set_head("a", Some(9999)), Err(StoreError::NoSuchCheckpoint(9999))));
+        assert!(matches!(s.set_head("zz", Some(c7.id)), Err(StoreError::NoSuchSession(_))));
+        assert!(matches!(s.set_head("zz", None), Err(StoreError::NoSuchSession(_))));
         assert_eq!(s.session("local", "a").unwrap().unwrap().head, Some(c8.id));
     }
 
@@ -1549,10 +1361,7 @@ mod tests {
         assert!(s.unreferenced_checkpoints().unwrap().is_empty());
         // Deleting B now frees a1, a2 and b1.
         assert!(s.delete_session("local", "b").unwrap());
-        assert_eq!(
-            ids(&s.unreferenced_checkpoints().unwrap()),
-            [a1.id, a2.id, b1.id]
-        );
+        assert_eq!(ids(&s.unreferenced_checkpoints().unwrap()), [a1.id, a2.id, b1.id]);
     }
 
     #[test]
@@ -1571,10 +1380,7 @@ mod tests {
         ));
         s.set_head("a", Some(a1.id)).unwrap();
         // a1 is the head now.
-        assert!(matches!(
-            s.delete_checkpoints(&[a1.id]),
-            Err(StoreError::InUse { .. })
-        ));
+        assert!(matches!(s.delete_checkpoints(&[a1.id]), Err(StoreError::InUse { .. })));
         s.set_head("a", None).unwrap();
         assert!(matches!(
             s.delete_checkpoints(&[a1.id]),
@@ -1582,10 +1388,7 @@ mod tests {
         ));
         assert_eq!(s.all_checkpoints().unwrap().len(), 3);
         // The foreign keys are the backstop even without the checks.
-        let fk = s
-            .conn()
-            .execute("DELETE FROM checkpoints WHERE id = ?1", [a1.id])
-            .unwrap_err();
+        let fk = s.conn().execute("DELETE FROM checkpoints WHERE id = ?1", [a1.id]).unwrap_err();
         assert!(fk.to_string().contains("FOREIGN KEY"), "{fk}");
 
         // Parent and child together, given in either order.
@@ -1634,21 +1437,9 @@ mod tests {
         assert_eq!(
             r.moved,
             vec![
-                HeadMove {
-                    session: "a".into(),
-                    from: a4.id,
-                    to: Some(a1.id)
-                },
-                HeadMove {
-                    session: "b".into(),
-                    from: b1.id,
-                    to: Some(a1.id)
-                },
-                HeadMove {
-                    session: "c".into(),
-                    from: a3.id,
-                    to: Some(a1.id)
-                },
+                HeadMove { session: "a".into(), from: a4.id, to: Some(a1.id) },
+                HeadMove { session: "b".into(), from: b1.id, to: Some(a1.id) },
+                HeadMove { session: "c".into(), from: a3.id, to: Some(a1.id) },
             ]
         );
         assert_eq!(ids(&s.all_checkpoints().unwrap()), [a1.id]);
@@ -1667,10 +1458,7 @@ mod tests {
         assert!(r.moved.iter().all(|m| m.to.is_none()));
         assert!(s.all_checkpoints().unwrap().is_empty());
         assert!(s.all_sessions().unwrap().iter().all(|x| x.head.is_none()));
-        assert_eq!(
-            s.drop_checkpoints_and_rewind(&[]).unwrap(),
-            Rewind::default()
-        );
+        assert_eq!(s.drop_checkpoints_and_rewind(&[]).unwrap(), Rewind::default());
     }
 
     #[test]
@@ -1680,8 +1468,7 @@ mod tests {
         let (c1, c2);
         {
             let s = Store::open(&path).unwrap();
-            s.create_session(&session("a", "local", 1, &[("k", "v")]))
-                .unwrap();
+            s.create_session(&session("a", "local", 1, &[("k", "v")])).unwrap();
             c1 = exec(&s, "a", "x = 1", 10);
             c2 = exec(&s, "a", "y = 2", 20);
             s.set_flat(c2.id, Some("flat")).unwrap();
@@ -1709,8 +1496,14 @@ mod tests {
         // Limits only: the tags stay.
         assert!(s.update_session("local", "a", None, Some(256 << 20), Some(2500)).unwrap());
         let a = s.session("local", "a").unwrap().unwrap();
-        assert_eq!((a.limits.memory_bytes, a.limits.timeout_ms, a.tags.clone()), (256 << 20, 2500, before.tags.clone()));
-        assert_eq!((a.limits.output_bytes, a.limits.disk_bytes), (before.limits.output_bytes, before.limits.disk_bytes));
+        assert_eq!(
+            (a.limits.memory_bytes, a.limits.timeout_ms, a.tags.clone()),
+            (256 << 20, 2500, before.tags.clone())
+        );
+        assert_eq!(
+            (a.limits.output_bytes, a.limits.disk_bytes),
+            (before.limits.output_bytes, before.limits.disk_bytes)
+        );
         // Tags are replaced as a whole; the limits stay; the tag index follows.
         let tags: BTreeMap<String, String> = [("env".to_string(), "prod".to_string())].into();
         assert!(s.update_session("local", "a", Some(&tags), None, None).unwrap());
@@ -1740,26 +1533,15 @@ mod tests {
         drop((s1, s2));
         let s3 = Store::open(&path).unwrap();
         assert_eq!(s3.count_sessions(None).unwrap(), 1);
-        let mode: String = s3
-            .conn()
-            .query_row("PRAGMA journal_mode", [], |r| r.get(0))
-            .unwrap();
+        let mode: String = s3.conn().query_row("PRAGMA journal_mode", [], |r| r.get(0)).unwrap();
         assert_eq!(mode, "wal");
         // A database from a newer build is refused.
-        s3.conn()
-            .pragma_update(None, "user_version", MIGRATIONS.len() as i64 + 1)
-            .unwrap();
+        s3.conn().pragma_update(None, "user_version", MIGRATIONS.len() as i64 + 1).unwrap();
         drop(s3);
-        assert!(matches!(
-            Store::open(&path),
-            Err(StoreError::SchemaTooNew { .. })
-        ));
+        assert!(matches!(Store::open(&path), Err(StoreError::SchemaTooNew { .. })));
         // Full durability opens the same database.
         let f = Store::open_with(&dir.path().join("full.db"), Synchronous::Full).unwrap();
-        let level: i64 = f
-            .conn()
-            .query_row("PRAGMA synchronous", [], |r| r.get(0))
-            .unwrap();
+        let level: i64 = f.conn().query_row("PRAGMA synchronous", [], |r| r.get(0)).unwrap();
         assert_eq!(level, 2);
         f.create_session(&session("a", "local", 1, &[])).unwrap();
         exec(&f, "a", "x", 2);
@@ -1815,13 +1597,7 @@ mod tests {
         for i in 0..1000 {
             let id = format!("s{i:04}");
             let team = format!("t{}", i % 10);
-            s.create_session(&session(
-                &id,
-                "local",
-                i,
-                &[("team", &team), ("n", &i.to_string())],
-            ))
-            .unwrap();
+            s.create_session(&session(&id, "local", i, &[("team", &team), ("n", &i.to_string())])).unwrap();
             heads.push(None::<i64>);
         }
         // 5,000 checkpoints: 5 per session, plus one session with a long chain.
@@ -1849,18 +1625,8 @@ mod tests {
         let write = t.elapsed();
         let t = Instant::now();
         assert_eq!(s.list_sessions("local", &[]).unwrap().len(), 1000);
-        assert_eq!(
-            s.list_sessions("local", &tags(&[("team", "t3")]))
-                .unwrap()
-                .len(),
-            100
-        );
-        assert_eq!(
-            s.list_sessions("local", &tags(&[("team", "t3"), ("n", "13")]))
-                .unwrap()
-                .len(),
-            1
-        );
+        assert_eq!(s.list_sessions("local", &tags(&[("team", "t3")])).unwrap().len(), 100);
+        assert_eq!(s.list_sessions("local", &tags(&[("team", "t3"), ("n", "13")])).unwrap().len(), 1);
         assert_eq!(s.ancestry(heads[500].unwrap()).unwrap().len(), 5);
         assert_eq!(s.session_checkpoints("s0500").unwrap().len(), 5);
         assert!(s.unreferenced_checkpoints().unwrap().is_empty());
@@ -1871,24 +1637,17 @@ mod tests {
         assert_eq!(s.delete_unreferenced_checkpoints().unwrap().len(), 2500);
         assert_eq!(s.all_checkpoints().unwrap().len(), 2500);
         let read = t.elapsed();
-        eprintln!(
-            "perf: 1000 sessions + 5000 checkpoints written in {write:?}; queries + GC in {read:?}"
-        );
+        eprintln!("perf: 1000 sessions + 5000 checkpoints written in {write:?}; queries + GC in {read:?}");
         assert!(write.as_secs_f64() < 10.0, "writes took {write:?}");
         assert!(read.as_secs_f64() < 5.0, "reads took {read:?}");
 
         // A long chain: ancestry of depth 2,000.
         let t = Instant::now();
-        s.create_session(&session("deep", "local", 5000, &[]))
-            .unwrap();
+        s.create_session(&session("deep", "local", 5000, &[])).unwrap();
         let conn = s.conn();
         // Insert directly in one transaction (the fsync per commit is not the point here).
         conn.execute_batch("BEGIN").unwrap();
-        let sid: i64 = conn
-            .query_row("SELECT sid FROM sessions WHERE id = 'deep'", [], |r| {
-                r.get(0)
-            })
-            .unwrap();
+        let sid: i64 = conn.query_row("SELECT sid FROM sessions WHERE id = 'deep'", [], |r| r.get(0)).unwrap();
         let mut parent: Option<i64> = None;
         for seq in 1..=2000 {
             conn.execute(
@@ -1909,10 +1668,7 @@ mod tests {
         let r = s.drop_checkpoints_and_rewind(&[chain[1000].id]).unwrap();
         assert_eq!(r.deleted.len(), 1000);
         assert_eq!(r.moved[0].to, Some(chain[999].id));
-        eprintln!(
-            "perf: 2000-deep chain ancestry + rewind in {:?}",
-            t.elapsed()
-        );
+        eprintln!("perf: 2000-deep chain ancestry + rewind in {:?}", t.elapsed());
         assert!(t.elapsed().as_secs_f64() < 5.0);
     }
 
@@ -1924,22 +1680,11 @@ mod tests {
         let mut handles = Vec::new();
         for t in 0..4 {
             // Two threads share one Store; two open their own connection.
-            let store = if t < 2 {
-                shared.clone()
-            } else {
-                Arc::new(Store::open(&path).unwrap())
-            };
+            let store = if t < 2 { shared.clone() } else { Arc::new(Store::open(&path).unwrap()) };
             handles.push(std::thread::spawn(move || {
                 for i in 0..25 {
                     let id = format!("t{t}-{i}");
-                    store
-                        .create_session(&session(
-                            &id,
-                            &format!("tenant{t}"),
-                            i,
-                            &[("t", &t.to_string())],
-                        ))
-                        .unwrap();
+                    store.create_session(&session(&id, &format!("tenant{t}"), i, &[("t", &t.to_string())])).unwrap();
                     let mut head = None;
                     for n in 0..4 {
                         let c = store
@@ -1975,10 +1720,7 @@ mod tests {
         }
         assert_eq!(shared.count_sessions(None).unwrap(), 80);
         for t in 0..4 {
-            assert_eq!(
-                shared.count_sessions(Some(&format!("tenant{t}"))).unwrap(),
-                20
-            );
+            assert_eq!(shared.count_sessions(Some(&format!("tenant{t}"))).unwrap(), 20);
         }
         assert!(shared.unreferenced_checkpoints().unwrap().is_empty());
         assert_eq!(shared.all_checkpoints().unwrap().len(), 80 * 4);

@@ -74,9 +74,17 @@ fn streamed_session_exec_and_disk_bytes() {
     let mut chunks = Vec::new();
     let mut sink = |st: Stream, d: &[u8]| chunks.push((st, String::from_utf8_lossy(d).into_owned()));
     let out = m
-        .exec_with(TENANT, &s.id, "for i in range(3): print(i)", ExecOptions { on_output: Some(&mut sink), interrupt: None, timeout: None })
+        .exec_with(
+            TENANT,
+            &s.id,
+            "for i in range(3): print(i)",
+            ExecOptions { on_output: Some(&mut sink), interrupt: None, timeout: None },
+        )
         .unwrap();
-    assert_eq!(chunks, [(Stream::Stdout, "0\n".into()), (Stream::Stdout, "1\n".into()), (Stream::Stdout, "2\n".into())]);
+    assert_eq!(
+        chunks,
+        [(Stream::Stdout, "0\n".into()), (Stream::Stdout, "1\n".into()), (Stream::Stdout, "2\n".into())]
+    );
     assert_eq!(out.result.stdout, "0\n1\n2\n");
     assert_eq!(out.checkpoint.seq, 1);
     let bytes = m.disk_bytes(TENANT).unwrap();
@@ -88,7 +96,12 @@ fn streamed_session_exec_and_disk_bytes() {
 }
 
 /// Run `code` in a session on another thread and interrupt it through the manager after `after`.
-fn interrupted_exec(m: &forkbox_sessions::manager::SessionManager, id: &str, code: &str, after: Duration) -> (Result<forkbox_sessions::manager::ExecOutcome, SessionError>, Duration) {
+fn interrupted_exec(
+    m: &forkbox_sessions::manager::SessionManager,
+    id: &str,
+    code: &str,
+    after: Duration,
+) -> (Result<forkbox_sessions::manager::ExecOutcome, SessionError>, Duration) {
     std::thread::scope(|sc| {
         let h = sc.spawn(|| m.exec(TENANT, id, code));
         std::thread::sleep(after);

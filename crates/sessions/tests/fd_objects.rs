@@ -23,11 +23,15 @@ fn a_pipe_with_unread_data_survives_checkpoint_eviction_and_fork() {
 
     // A fork of the head continues from the same unread bytes; each branch on its own.
     let f = m.fork(TENANT, &s.id, None, BTreeMap::new()).expect("fork");
-    assert_eq!(value(&m, &f.id, "(os.read(r, 100), b.recv(100), os.eventfd_read(efd))"), "(b' part second part', b'queued', 5)");
+    assert_eq!(
+        value(&m, &f.id, "(os.read(r, 100), b.recv(100), os.eventfd_read(efd))"),
+        "(b' part second part', b'queued', 5)"
+    );
     assert_eq!(value(&m, &s.id, "os.read(r, 6)"), "b' part '");
     assert!(m.evict(&s.id) && m.evict(&f.id));
     assert_eq!(value(&m, &s.id, "(os.read(r, 100), b.recv(100))"), "(b'second part', b'queued')");
-    let probe = "import fcntl, termios, array\nbuf = array.array('i', [0])\nfcntl.ioctl(r, termios.FIONREAD, buf)\nbuf[0]";
+    let probe =
+        "import fcntl, termios, array\nbuf = array.array('i', [0])\nfcntl.ioctl(r, termios.FIONREAD, buf)\nbuf[0]";
     assert_eq!(value(&m, &f.id, probe), "0");
 
     // After a restart of the whole manager, and a revert to the checkpoint with data left.

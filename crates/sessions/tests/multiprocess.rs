@@ -34,7 +34,8 @@ fn concurrent_cli_execs_on_one_session_are_busy_or_serialized() {
     let mut busy = 0;
     let mut other_errors = Vec::new();
     for round in 0..3 {
-        let children: Vec<_> = (0..6).map(|k| spawn_exec(h, &id, &format!("x += 1\nseen.append({})\nx", round * 10 + k))).collect();
+        let children: Vec<_> =
+            (0..6).map(|k| spawn_exec(h, &id, &format!("x += 1\nseen.append({})\nx", round * 10 + k))).collect();
         let outs: Vec<Output> = children.into_iter().map(|c| c.wait_with_output().unwrap()).collect();
         for (k, o) in outs.iter().enumerate() {
             if o.status.success() {
@@ -85,7 +86,11 @@ fn concurrent_cli_processes_never_lose_acknowledged_execs() {
             let o = c.wait_with_output().unwrap();
             if o.status.success() {
                 ok_count[i] += 1;
-                assert_eq!(text(&o.stdout), ok_count[i].to_string(), "round {round}, session {i}: unexpected value (an earlier acknowledged exec was lost?)");
+                assert_eq!(
+                    text(&o.stdout),
+                    ok_count[i].to_string(),
+                    "round {round}, session {i}: unexpected value (an earlier acknowledged exec was lost?)"
+                );
             } else {
                 failures.push(format!("round {round}, session {i}: {}", text(&o.stderr)));
             }

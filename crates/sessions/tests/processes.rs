@@ -26,13 +26,25 @@ fn a_session_with_subprocesses_survives_eviction_fork_and_revert() {
     // Checkpoint 2: a second file written by a child.
     ok(&m, &s.id, "subprocess.run(['sh', '-c', 'echo two > /tmp/b'])");
     assert!(m.evict(&s.id));
-    assert_eq!(value(&m, &s.id, "subprocess.run(['cat', '/tmp/a', '/tmp/b'], capture_output=True).stdout"), "b'one\\ntwo\\n'");
+    assert_eq!(
+        value(&m, &s.id, "subprocess.run(['cat', '/tmp/a', '/tmp/b'], capture_output=True).stdout"),
+        "b'one\\ntwo\\n'"
+    );
     let f = m.fork(TENANT, &s.id, None, BTreeMap::new()).expect("fork");
-    assert_eq!(value(&m, &f.id, "q = os.fork()\nif q == 0: os._exit(3)\nos.waitstatus_to_exitcode(os.waitpid(q, 0)[1])"), "3");
+    assert_eq!(
+        value(&m, &f.id, "q = os.fork()\nif q == 0: os._exit(3)\nos.waitstatus_to_exitcode(os.waitpid(q, 0)[1])"),
+        "3"
+    );
     assert!(m.evict(&s.id) && m.evict(&f.id));
-    assert_eq!(value(&m, &f.id, "subprocess.run('ls /tmp', shell=True, capture_output=True, text=True).stdout.split()"), "['a', 'b']");
+    assert_eq!(
+        value(&m, &f.id, "subprocess.run('ls /tmp', shell=True, capture_output=True, text=True).stdout.split()"),
+        "['a', 'b']"
+    );
     m.revert(TENANT, &s.id, 1).expect("revert to checkpoint 1");
-    assert_eq!(value(&m, &s.id, "subprocess.run('ls /tmp', shell=True, capture_output=True, text=True).stdout.split()"), "['a']");
+    assert_eq!(
+        value(&m, &s.id, "subprocess.run('ls /tmp', shell=True, capture_output=True, text=True).stdout.split()"),
+        "['a']"
+    );
 }
 
 #[test]

@@ -25,7 +25,8 @@ fn state_persists_across_three_execs() {
     assert_eq!(s.head, None);
 
     let c1 = ok(&m, &s.id, "x = 40\nimport json\nopen('/tmp/notes.txt', 'w').write('first')").checkpoint;
-    let c2 = ok(&m, &s.id, "x += 2\nopen('/tmp/notes.txt', 'a').write(' second')\nenc = json.dumps({'x': x})").checkpoint;
+    let c2 =
+        ok(&m, &s.id, "x += 2\nopen('/tmp/notes.txt', 'a').write(' second')\nenc = json.dumps({'x': x})").checkpoint;
     let out = ok(&m, &s.id, "(x, enc, json.loads(enc)['x'], open('/tmp/notes.txt').read())");
     assert_eq!(out.result.value.as_deref(), Some("(42, '{\"x\": 42}', 42, 'first second')"));
 
@@ -300,7 +301,8 @@ fn fork_branches_see_only_their_own_history() {
     assert_eq!(value(&m, &a.id, probe), "(12, 'a', 'base', True, False, True)");
 
     // b's history: a's checkpoint 1, then its own; its own list has only its own.
-    let hist: Vec<(String, i64)> = m.history(TENANT, &b.id).unwrap().into_iter().map(|c| (c.session_id, c.seq)).collect();
+    let hist: Vec<(String, i64)> =
+        m.history(TENANT, &b.id).unwrap().into_iter().map(|c| (c.session_id, c.seq)).collect();
     assert_eq!(hist[0], (a.id.clone(), 1));
     assert!(hist[1..].iter().all(|(s, _)| *s == b.id), "{hist:?}");
     assert!(m.checkpoints(TENANT, &b.id).unwrap().iter().all(|c| c.session_id == b.id));
@@ -377,7 +379,10 @@ fn failed_exec_rolls_back_and_session_stays_usable() {
             &["timeout"],
         ),
         // A segfault in native code.
-        ("y = 1\nx = 99\nopen('/tmp/partial', 'w').write('p')\nimport ctypes\nctypes.string_at(0)", &["guest_crashed", "guest_killed"]),
+        (
+            "y = 1\nx = 99\nopen('/tmp/partial', 'w').write('p')\nimport ctypes\nctypes.string_at(0)",
+            &["guest_crashed", "guest_killed"],
+        ),
         // The interpreter exits.
         ("y = 1\nx = 99\nopen('/tmp/f', 'a').write('bad')\nimport os\nos._exit(3)", &["guest_exited"]),
     ];
@@ -533,7 +538,8 @@ fn delete_frees_disk_but_keeps_what_forks_need() {
 
     // A fork of a's checkpoint 2: a's checkpoints 1 and 2 must survive a's deletion.
     let b = m.fork(TENANT, &a.id, Some(2), BTreeMap::new()).unwrap();
-    let expect_b = value(&m, &b.id, "(len(b1), len(b2), 'b3' in globals(), open('/tmp/a1', 'rb').read() == b1[:1 << 20])");
+    let expect_b =
+        value(&m, &b.id, "(len(b1), len(b2), 'b3' in globals(), open('/tmp/a1', 'rb').read() == b1[:1 << 20])");
     assert_eq!(expect_b, "(4194304, 4194304, False, True)");
     m.maintenance().expect("maintenance");
     let flats = m.store().all_checkpoints().unwrap().iter().filter(|c| c.flat.is_some()).count();
@@ -543,12 +549,14 @@ fn delete_frees_disk_but_keeps_what_forks_need() {
     m.delete(TENANT, &a.id).expect("delete a");
     assert!(matches!(m.exec(TENANT, &a.id, "1"), Err(SessionError::NotFound(_))));
     let (after_a, _) = dir_usage(&layers);
-    eprintln!(
-        "layers: base {base_bytes} B; with a {with_a} B; with a+b {with_ab} B; after deleting a {after_a} B"
-    );
+    eprintln!("layers: base {base_bytes} B; with a {with_a} B; with a+b {with_ab} B; after deleting a {after_a} B");
     // a's checkpoints 3 and 4 (>= 8 MiB) are gone; 1 and 2 (>= 8 MiB) are not.
     assert!(with_ab - after_a >= 8 << 20, "deleting a freed only {} bytes", with_ab - after_a);
-    assert!(after_a - base_bytes >= 8 << 20, "a's checkpoints that b needs were removed ({} bytes left)", after_a - base_bytes);
+    assert!(
+        after_a - base_bytes >= 8 << 20,
+        "a's checkpoints that b needs were removed ({} bytes left)",
+        after_a - base_bytes
+    );
 
     // b still works, from disk too, and after a restart.
     assert!(m.evict(&b.id));
@@ -563,15 +571,12 @@ fn delete_frees_disk_but_keeps_what_forks_need() {
     // Deleting b too leaves only `keep`'s files.
     m.delete(TENANT, &b.id).expect("delete b");
     let (after_b, files_b) = dir_usage(&layers);
-    let keep_files: usize = m
-        .store()
-        .all_checkpoints()
-        .unwrap()
-        .iter()
-        .map(|c| 2 + c.flat.is_some() as usize)
-        .sum();
+    let keep_files: usize = m.store().all_checkpoints().unwrap().iter().map(|c| 2 + c.flat.is_some() as usize).sum();
     assert_eq!(files_b, keep_files, "files left: {:?}", file_names(&layers));
-    assert!(after_b <= base_bytes + (1 << 20), "after deleting everything but `keep`: {after_b} B (base {base_bytes} B, {base_files} files)");
+    assert!(
+        after_b <= base_bytes + (1 << 20),
+        "after deleting everything but `keep`: {after_b} B (base {base_bytes} B, {base_files} files)"
+    );
     assert!(m.store().all_checkpoints().unwrap().iter().all(|c| c.session_id == keep.id));
     assert_eq!(value(&m, &keep.id, "k"), "'kept'");
     // Unknown session.
@@ -833,11 +838,17 @@ fn throwaway_forks_leave_the_template_pristine() {
     let before = hits();
     for i in 0..6 {
         // Each one on this thread recycles its VM for the next fork here.
-        let r = m.exec_throwaway(&rec, Some(cp.id), &format!("secret[-3:] + str({i})"), None, None).expect("throwaway exec");
+        let r = m
+            .exec_throwaway(&rec, Some(cp.id), &format!("secret[-3:] + str({i})"), None, None)
+            .expect("throwaway exec");
         assert_eq!(r.value.as_deref(), Some(format!("'end{i}'").as_str()), "{r:?}");
         let mut sb = s.template.fork(&s.engine, Limits::default()).expect("template fork");
         let plain = sb.exec("('secret' in globals(), 'json' in globals())").expect("exec in a template fork");
-        assert_eq!(plain.value.as_deref(), Some("(False, False)"), "a template fork saw a checkpoint's state: {plain:?}");
+        assert_eq!(
+            plain.value.as_deref(),
+            Some("(False, False)"),
+            "a template fork saw a checkpoint's state: {plain:?}"
+        );
     }
     // Most of those forks ran on the VM the throwaway before them gave back (other tests share the pool).
     assert!(hits() - before >= 6, "throwaway VMs were not recycled: {} hits", hits() - before);

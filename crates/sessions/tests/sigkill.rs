@@ -155,7 +155,11 @@ fn sigkill_at_random_points_loses_at_most_the_exec_in_flight() {
          kills that left a .tmp file: {with_tmp}, an uncommitted renamed file: {with_orphans}",
         t_all.elapsed().as_secs_f64()
     );
-    assert!(rounds - finished_first >= 20, "only {} kills landed while the process was running", rounds - finished_first);
+    assert!(
+        rounds - finished_first >= 20,
+        "only {} kills landed while the process was running",
+        rounds - finished_first
+    );
 
     // Every checkpoint in the log resumes, with x and the file in agreement.
     let (seqs, current) = cli_log(h, &id);

@@ -89,10 +89,14 @@ impl CpuFingerprint {
             match host.leaves.iter().find(|h| key(h) == key(l)) {
                 None => out.push(format!("CPUID {:#x}.{} missing here", l.function, l.index)),
                 Some(h) if h != l => {
-                    let regs = [("eax", l.eax, h.eax), ("ebx", l.ebx, h.ebx), ("ecx", l.ecx, h.ecx), ("edx", l.edx, h.edx)];
+                    let regs =
+                        [("eax", l.eax, h.eax), ("ebx", l.ebx, h.ebx), ("ecx", l.ecx, h.ecx), ("edx", l.edx, h.edx)];
                     for (name, a, b) in regs {
                         if a != b {
-                            out.push(format!("CPUID {:#x}.{} {name} {a:#x} in the snapshot, {b:#x} here", l.function, l.index));
+                            out.push(format!(
+                                "CPUID {:#x}.{} {name} {a:#x} in the snapshot, {b:#x} here",
+                                l.function, l.index
+                            ));
                         }
                     }
                     if l.flags != h.flags {

@@ -79,7 +79,8 @@ impl FileTable {
         for f in &self.files {
             let mut sum = 0u64;
             for c in &f.chunks {
-                if c.pack as usize >= self.packs.len() || c.len == 0 || c.len as usize > CHUNK || c.offset < PACK_HEADER {
+                if c.pack as usize >= self.packs.len() || c.len == 0 || c.len as usize > CHUNK || c.offset < PACK_HEADER
+                {
                     return bad(format!("bad chunk of inode {}", f.ino));
                 }
                 sum = sum.saturating_add(u64::from(c.len));
@@ -110,7 +111,8 @@ impl<'a> PackReader<'a> {
 
     /// Append the bytes of `c` (of `table`) to `out`, verified.
     pub fn read_into(&mut self, table: &FileTable, c: &StoredChunk, out: &mut Vec<u8>) -> Result<(), StateError> {
-        let name = table.packs.get(c.pack as usize).ok_or_else(|| StateError::Corrupt("chunk of an unknown pack".into()))?;
+        let name =
+            table.packs.get(c.pack as usize).ok_or_else(|| StateError::Corrupt("chunk of an unknown pack".into()))?;
         // Before anything is allocated for it (the table may not have been validated).
         if c.len == 0 || c.len as usize > CHUNK || c.offset < PACK_HEADER {
             return Err(StateError::Corrupt(format!("pack {name}: bad chunk ({} bytes at {})", c.len, c.offset)));
@@ -149,7 +151,8 @@ impl PackWriter {
     pub fn create(path: &Path) -> Result<PackWriter, StateError> {
         let tmp = path.with_extension("tmp");
         let f = File::create(&tmp).map_err(|e| StateError::io("create", &tmp, e))?;
-        let mut p = PackWriter { path: path.to_path_buf(), tmp, w: Some(std::io::BufWriter::with_capacity(1 << 20, f)), at: 0 };
+        let mut p =
+            PackWriter { path: path.to_path_buf(), tmp, w: Some(std::io::BufWriter::with_capacity(1 << 20, f)), at: 0 };
         let mut head = PACK_MAGIC.to_vec();
         head.extend_from_slice(&PACK_VERSION.to_le_bytes());
         p.put(&head)?;

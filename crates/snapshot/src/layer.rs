@@ -233,7 +233,9 @@ impl Layer {
         let version = u32::from_le_bytes([head[8], head[9], head[10], head[11]]);
         match version {
             3 => Self::read_v3(raw, path),
-            v => Err(corrupt(&format!("layer format version {v}, this forkbox reads versions {READABLE_LAYER_VERSIONS:?}"))),
+            v => Err(corrupt(&format!(
+                "layer format version {v}, this forkbox reads versions {READABLE_LAYER_VERSIONS:?}"
+            ))),
         }
     }
 
@@ -272,7 +274,8 @@ impl Layer {
         // Walk every run once: bounds are checked here, so applying cannot fail.
         let mut spans = Vec::with_capacity(pages.len());
         let mut at = 0usize;
-        let u16_at = |at: usize| -> Option<usize> { data.get(at..at + 2).map(|b| u16::from_le_bytes([b[0], b[1]]) as usize) };
+        let u16_at =
+            |at: usize| -> Option<usize> { data.get(at..at + 2).map(|b| u16::from_le_bytes([b[0], b[1]]) as usize) };
         for _ in &pages {
             let start = at;
             let runs = u16_at(at).ok_or_else(|| corrupt("runs past the end"))?;

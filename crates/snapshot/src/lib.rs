@@ -13,15 +13,17 @@
 //! the engine's persisted state (templates, session checkpoints' layers), on
 //! top of forkbox-vmm and forkbox-linux's state types.
 
-pub mod files;
 pub mod cpu;
+pub mod files;
 pub mod layer;
 pub mod memory;
 pub mod state;
 
+pub use cpu::CpuFingerprint;
 pub use files::{FileTable, PackWriter, StoredChunk, StoredFile};
+pub use forkbox_vmm::regs;
 pub use layer::{Layer, LayerPlan, LayerStats};
 pub use memory::{write_memory, write_memory_over, MemoryFile, MemoryStats, MemoryView};
-pub use state::{encode, read_state, write_encoded, write_state, Snapshot, StateError, FORMAT_VERSION, MAGIC, READABLE_VERSIONS};
-pub use cpu::CpuFingerprint;
-pub use forkbox_vmm::regs;
+pub use state::{
+    encode, read_state, write_encoded, write_state, Snapshot, StateError, FORMAT_VERSION, MAGIC, READABLE_VERSIONS,
+};

@@ -33,9 +33,7 @@ fn io<'a>(what: &'static str, path: &'a Path) -> impl Fn(std::io::Error) -> Stat
 fn resident_pages(mem: &GuestMemory, chunk: u64, out: &mut Vec<u8>) -> Result<(), std::io::Error> {
     out.resize((CHUNK / PAGE_SIZE) as usize, 0);
     // SAFETY: the range lies inside the guest mapping; `out` has one byte per page.
-    let rc = unsafe {
-        libc::mincore((mem.host_addr() + chunk) as *mut libc::c_void, CHUNK as usize, out.as_mut_ptr())
-    };
+    let rc = unsafe { libc::mincore((mem.host_addr() + chunk) as *mut libc::c_void, CHUNK as usize, out.as_mut_ptr()) };
     if rc != 0 {
         return Err(std::io::Error::last_os_error());
     }
@@ -153,7 +151,10 @@ impl MemoryFile {
         file.seek(SeekFrom::Start(0)).map_err(io("seek", path))?;
         let checksum = hex::encode(hash.finalize());
         if checksum != expect.checksum || pages != expect.pages {
-            return Err(StateError::Corrupt(format!("memory file {} does not match its checksum", crate::state::shown(path))));
+            return Err(StateError::Corrupt(format!(
+                "memory file {} does not match its checksum",
+                crate::state::shown(path)
+            )));
         }
         Ok(MemoryFile { file, stats: expect.clone() })
     }
@@ -205,10 +206,21 @@ impl MemoryFile {
         let len = self.stats.size as usize;
         // SAFETY: a new read-only shared mapping of a file we hold open.
         let p = unsafe {
-            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED | libc::MAP_NORESERVE, self.file.as_raw_fd(), 0)
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED | libc::MAP_NORESERVE,
+                self.file.as_raw_fd(),
+                0,
+            )
         };
         if p == libc::MAP_FAILED {
-            return Err(StateError::Io { what: "mmap", path: "memory file".into(), source: std::io::Error::last_os_error() });
+            return Err(StateError::Io {
+                what: "mmap",
+                path: "memory file".into(),
+                source: std::io::Error::last_os_error(),
+            });
         }
         let ptr = std::ptr::NonNull::new(p as *mut u8)
             .ok_or_else(|| StateError::Corrupt("memory file mapped at address 0".into()))?;

@@ -197,8 +197,8 @@ mod v4 {
     }
 
     pub(super) fn read(payload: &[u8]) -> Result<super::Snapshot, StateError> {
-        let s: Snapshot =
-            postcard::from_bytes(payload).map_err(|e| StateError::Corrupt(format!("undecodable version 4 payload: {e}")))?;
+        let s: Snapshot = postcard::from_bytes(payload)
+            .map_err(|e| StateError::Corrupt(format!("undecodable version 4 payload: {e}")))?;
         let p = s.process;
         // The one thread is the main thread, its per-thread fields those of the process.
         let process = ProcessState {

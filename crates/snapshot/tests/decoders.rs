@@ -106,7 +106,14 @@ fn mutation() -> impl Strategy<Value = Mutation> {
         (any::<usize>(), 1usize..64).prop_map(|(i, n)| Mutation::Remove(i, n)),
         (
             any::<usize>(),
-            prop_oneof![Just(u64::MAX), Just(u64::MAX - 7), Just(1u64 << 32), Just(1u64 << 63), any::<u64>(), 0u64..300]
+            prop_oneof![
+                Just(u64::MAX),
+                Just(u64::MAX - 7),
+                Just(1u64 << 32),
+                Just(1u64 << 63),
+                any::<u64>(),
+                0u64..300
+            ]
         )
             .prop_map(|(i, v)| Mutation::Word(i, v)),
     ]
@@ -185,7 +192,8 @@ fn seal_layer(mut bytes: Vec<u8>, fix_lengths: bool) -> Vec<u8> {
         return bytes;
     }
     if fix_lengths {
-        let count = u64::from_le_bytes(bytes[12..20].try_into().unwrap()).min(((bytes.len() - LAYER_HEADER) / 8) as u64);
+        let count =
+            u64::from_le_bytes(bytes[12..20].try_into().unwrap()).min(((bytes.len() - LAYER_HEADER) / 8) as u64);
         let data_len = (bytes.len() - LAYER_HEADER) as u64 - count * 8;
         bytes[12..20].copy_from_slice(&count.to_le_bytes());
         bytes[24..32].copy_from_slice(&data_len.to_le_bytes());
@@ -351,7 +359,10 @@ fn an_oversized_chunk_is_refused_before_allocating() {
     body.extend_from_slice(b"hello");
     std::fs::write(dir.path().join("p"), &body).unwrap();
     let c = StoredChunk { pack: 0, offset: PACK_HEADER, len: u32::MAX, crc: 0 };
-    let table = FileTable { packs: vec!["p".into()], files: vec![StoredFile { ino: 1, len: u64::from(u32::MAX), chunks: vec![c] }] };
+    let table = FileTable {
+        packs: vec!["p".into()],
+        files: vec![StoredFile { ino: 1, len: u64::from(u32::MAX), chunks: vec![c] }],
+    };
     let mut out = Vec::new();
     let r = bounded(1 << 20, "read_into", || PackReader::new(dir.path()).read_into(&table, &c, &mut out));
     assert!(matches!(r, Err(StateError::Corrupt(_))), "{r:?}");

@@ -64,7 +64,9 @@ fn image(tmp: &Path) -> Arc<Image> {
     }
     std::fs::write(root.join("etc/hostname"), b"golden\n").unwrap();
     std::fs::write(root.join("bin/tool"), b"\x7fELF not really").unwrap();
-    for (p, mode) in [("etc/hostname", 0o644), ("bin/tool", 0o755), ("etc", 0o755), ("bin", 0o755), ("tmp", 0o1777), ("", 0o755)] {
+    for (p, mode) in
+        [("etc/hostname", 0o644), ("bin/tool", 0o755), ("etc", 0o755), ("bin", 0o755), ("tmp", 0o1777), ("", 0o755)]
+    {
         std::fs::set_permissions(root.join(p), std::fs::Permissions::from_mode(mode)).unwrap();
     }
     let out = tmp.join("image");
@@ -79,7 +81,11 @@ fn image(tmp: &Path) -> Arc<Image> {
 /// session checkpoint, after some work (a file written, an fd open, TLS, a mask).
 fn process(image: &Arc<Image>, session: bool) -> ProcessState {
     let mut p = Process::new(Vfs::new(image.clone()), 256 << 20);
-    let (r, rw, rx) = (libc::PROT_READ as u32, (libc::PROT_READ | libc::PROT_WRITE) as u32, (libc::PROT_READ | libc::PROT_EXEC) as u32);
+    let (r, rw, rx) = (
+        libc::PROT_READ as u32,
+        (libc::PROT_READ | libc::PROT_WRITE) as u32,
+        (libc::PROT_READ | libc::PROT_EXEC) as u32,
+    );
     p.mm.map(Some(0x40_0000), 0x2000, rx, VmaKind::File).unwrap();
     p.mm.map(Some(0x40_2000), 0x1000, r, VmaKind::File).unwrap();
     p.mm.map(Some(0x4800_0000), 0x10_000, rw, VmaKind::Anon).unwrap();
@@ -335,7 +341,8 @@ fn golden_states_of_every_readable_version_decode() {
     for &v in READABLE_VERSIONS {
         for (kind, expect) in [("template-state", template_state(&image)), ("session-state", session_state(&image))] {
             let path = golden(kind, v);
-            let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e} (a readable version needs its golden files)", path.display()));
+            let bytes = std::fs::read(&path)
+                .unwrap_or_else(|e| panic!("{}: {e} (a readable version needs its golden files)", path.display()));
             let snap = state::decode(&bytes).unwrap_or_else(|e| panic!("{kind} v{v} no longer decodes: {e}"));
             // What every version records.
             assert_eq!(snap.image_id, expect.image_id, "{kind} v{v}");
@@ -370,7 +377,11 @@ fn golden_layers_of_every_readable_version_apply() {
         let mut fresh = GuestMemory::anonymous(1 << 20).unwrap();
         fresh.write(0, &base).unwrap();
         assert_eq!(apply_layers(&mut fresh, &base, &[layer]).unwrap(), 3);
-        assert_eq!(fresh.slice(0, 16 * 4096).unwrap(), mem.slice(0, 16 * 4096).unwrap(), "layer v{v} applies to other bytes");
+        assert_eq!(
+            fresh.slice(0, 16 * 4096).unwrap(),
+            mem.slice(0, 16 * 4096).unwrap(),
+            "layer v{v} applies to other bytes"
+        );
     }
 }
 

@@ -92,7 +92,8 @@ pub fn shared() -> &'static Shared {
         );
         let t0 = Instant::now();
         let template = Arc::new(
-            Template::ensure(&engine, &home).unwrap_or_else(|e| panic!("Template::ensure under {}: {e}", home.display())),
+            Template::ensure(&engine, &home)
+                .unwrap_or_else(|e| panic!("Template::ensure under {}: {e}", home.display())),
         );
         eprintln!("template {} ready in {:.2} s", template.info.id, t0.elapsed().as_secs_f64());
         Shared { engine, template, image_path, home }

@@ -197,7 +197,10 @@ impl GuestMemory {
             categories: u64,
         }
         // _IOWR('f', 16, struct pm_scan_arg)
-        const PAGEMAP_SCAN: libc::c_ulong = (3 << 30) | ((std::mem::size_of::<PmScanArg>() as libc::c_ulong) << 16) | ((b'f' as libc::c_ulong) << 8) | 16;
+        const PAGEMAP_SCAN: libc::c_ulong = (3 << 30)
+            | ((std::mem::size_of::<PmScanArg>() as libc::c_ulong) << 16)
+            | ((b'f' as libc::c_ulong) << 8)
+            | 16;
         let base = self.host_addr();
         let end = base + self.size;
         let mut bits = vec![0u64; (self.size / PAGE_SIZE).div_ceil(64) as usize];
@@ -349,7 +352,10 @@ impl GuestMemory {
         private: Option<Vec<u64>>,
     ) -> Result<ResetStats> {
         let Some(file) = &self.backing else {
-            return Err(VmmError::Sys { call: "reset (no snapshot file)", source: std::io::Error::from_raw_os_error(libc::EINVAL) });
+            return Err(VmmError::Sys {
+                call: "reset (no snapshot file)",
+                source: std::io::Error::from_raw_os_error(libc::EINVAL),
+            });
         };
         if original.len() as u64 != self.size {
             return Err(VmmError::OutOfRange { addr: 0, len: original.len() as u64 });
@@ -393,7 +399,9 @@ impl GuestMemory {
                     let src = &original[at as usize..(at + PAGE_SIZE) as usize];
                     // SAFETY: in bounds (checked); exclusive through &mut self. Not `slice_mut`:
                     // restoring the snapshot's bytes is not a change to record.
-                    let dst = unsafe { std::slice::from_raw_parts_mut(self.host.as_ptr().add(at as usize), PAGE_SIZE as usize) };
+                    let dst = unsafe {
+                        std::slice::from_raw_parts_mut(self.host.as_ptr().add(at as usize), PAGE_SIZE as usize)
+                    };
                     if dst != src {
                         dst.copy_from_slice(src);
                         stats.copied += 1;
@@ -411,7 +419,10 @@ impl GuestMemory {
         }
         for &(a, l) in &dropped {
             // SAFETY: a range of our own private file mapping: its private pages go, the file's show again.
-            if unsafe { libc::madvise(self.host.as_ptr().add(a as usize) as *mut libc::c_void, l as usize, libc::MADV_DONTNEED) } != 0 {
+            if unsafe {
+                libc::madvise(self.host.as_ptr().add(a as usize) as *mut libc::c_void, l as usize, libc::MADV_DONTNEED)
+            } != 0
+            {
                 return Err(VmmError::last_os("madvise(MADV_DONTNEED guest range)"));
             }
         }
@@ -447,7 +458,13 @@ impl GuestMemory {
             self.check(at, len)?;
             child.check(at, len)?;
             // SAFETY: both ranges are in bounds (checked) of two distinct mappings of the same size.
-            unsafe { std::ptr::copy_nonoverlapping(self.host.as_ptr().add(at as usize), child.host.as_ptr().add(at as usize), len as usize) };
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    self.host.as_ptr().add(at as usize),
+                    child.host.as_ptr().add(at as usize),
+                    len as usize,
+                )
+            };
             Ok(())
         };
         for (w, &word) in private.iter().enumerate() {
@@ -497,14 +514,18 @@ impl GuestMemory {
     /// accesses past its end would fault).
     pub fn map_shared(&mut self, addr: u64, len: u64, file: &SharedFile, offset: u64) -> Result<()> {
         self.check(addr, len)?;
-        let file_len = file.metadata().map_err(|source| VmmError::Sys { call: "fstat(shared guest memory)", source })?.len();
+        let file_len =
+            file.metadata().map_err(|source| VmmError::Sys { call: "fstat(shared guest memory)", source })?.len();
         let aligned = len != 0 && addr % PAGE_SIZE == 0 && len % PAGE_SIZE == 0 && offset % PAGE_SIZE == 0;
         if !aligned || offset.checked_add(len).is_none_or(|end| end > file_len) {
             return Err(VmmError::OutOfRange { addr, len });
         }
         self.forget_shared(addr, len);
         if self.shared.len() >= MAX_SHARED_RANGES {
-            return Err(VmmError::Sys { call: "map_shared (too many shared ranges)", source: std::io::Error::from_raw_os_error(libc::ENOMEM) });
+            return Err(VmmError::Sys {
+                call: "map_shared (too many shared ranges)",
+                source: std::io::Error::from_raw_os_error(libc::ENOMEM),
+            });
         }
         // SAFETY: the range lies inside our own mapping (checked); MAP_FIXED replaces it.
         let p = unsafe {
@@ -536,7 +557,8 @@ impl GuestMemory {
             return;
         }
         let end = addr.saturating_add(len);
-        let hit: Vec<u64> = self.shared.range(..end).rev().take_while(|(s, r)| *s + r.len > addr).map(|(s, _)| *s).collect();
+        let hit: Vec<u64> =
+            self.shared.range(..end).rev().take_while(|(s, r)| *s + r.len > addr).map(|(s, _)| *s).collect();
         for s in hit {
             let Some(r) = self.shared.remove(&s) else { continue };
             let e = s + r.len;
@@ -579,7 +601,9 @@ impl GuestMemory {
         self.check(to, len)?;
         self.mark(to, len);
         // SAFETY: both ranges in bounds (checked); `copy` allows overlap; exclusive through &mut self.
-        unsafe { std::ptr::copy(self.host.as_ptr().add(from as usize), self.host.as_ptr().add(to as usize), len as usize) };
+        unsafe {
+            std::ptr::copy(self.host.as_ptr().add(from as usize), self.host.as_ptr().add(to as usize), len as usize)
+        };
         Ok(())
     }
 
@@ -661,7 +685,10 @@ impl GuestMemory {
     pub fn discard(&mut self, addr: u64, len: u64) -> Result<()> {
         self.check(addr, len)?;
         self.mark(addr, len);
-        self.forget_shared(align_up(addr, PAGE_SIZE), align_down(addr + len, PAGE_SIZE).saturating_sub(align_up(addr, PAGE_SIZE)));
+        self.forget_shared(
+            align_up(addr, PAGE_SIZE),
+            align_down(addr + len, PAGE_SIZE).saturating_sub(align_up(addr, PAGE_SIZE)),
+        );
         let end = addr + len;
         let (ps, pe) = (align_up(addr, PAGE_SIZE).min(end), align_down(end, PAGE_SIZE));
         if ps >= pe {
@@ -802,7 +829,10 @@ mod tests {
         assert_eq!(a.slice(0x10000, 7).unwrap(), b"from th");
         // a discard (munmap) of part of a range keeps the rest shared
         a.discard(0x10000, 4096).unwrap();
-        assert_eq!(a.shared_ranges().map(|(at, r)| (at, r.len, r.offset)).collect::<Vec<_>>(), vec![(0x11000, 4096, 4096)]);
+        assert_eq!(
+            a.shared_ranges().map(|(at, r)| (at, r.len, r.offset)).collect::<Vec<_>>(),
+            vec![(0x11000, 4096, 4096)]
+        );
         assert!(a.slice(0x10000, 4096).unwrap().iter().all(|&x| x == 0));
         drop((a, c));
         assert_eq!(std::sync::Arc::strong_count(&file), 2, "only b and this test hold the file");

@@ -386,7 +386,8 @@ mod tests {
             unusable: 0,
             padding: 0,
         };
-        let (cs, ds, es, fs, gs, ss, tr, ldt) = (seg(0x2b), seg(0x33), seg(3), seg(4), seg(5), seg(6), seg(0x38), seg(0));
+        let (cs, ds, es, fs, gs, ss, tr, ldt) =
+            (seg(0x2b), seg(0x33), seg(3), seg(4), seg(5), seg(6), seg(0x38), seg(0));
         let sregs = kvm_sregs {
             cs,
             ds,

@@ -87,32 +87,19 @@ const _: () = {
 };
 
 fn host_clock_ns(clock: libc::clockid_t) -> Option<u64> {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: clock_gettime writes one timespec to a valid pointer.
     let r = unsafe { libc::clock_gettime(clock, &mut ts) };
     if r != 0 || ts.tv_sec < 0 || !(0..1_000_000_000).contains(&ts.tv_nsec) {
         return None;
     }
-    (ts.tv_sec as u64)
-        .checked_mul(1_000_000_000)?
-        .checked_add(ts.tv_nsec as u64)
+    (ts.tv_sec as u64).checked_mul(1_000_000_000)?.checked_add(ts.tv_nsec as u64)
 }
 
 impl VvarData {
     /// A disabled page: the guest falls back to the syscall for everything.
-    pub const DISABLED: VvarData = VvarData {
-        seq: 0,
-        tsc_base: 0,
-        mono_ns: 0,
-        real_ns: 0,
-        boot_ns: 0,
-        mult: 0,
-        shift: 0,
-        enabled: 0,
-    };
+    pub const DISABLED: VvarData =
+        VvarData { seq: 0, tsc_base: 0, mono_ns: 0, real_ns: 0, boot_ns: 0, mult: 0, shift: 0, enabled: 0 };
 
     /// `(mult, shift)` for a TSC of `tsc_khz` kHz: ns per tick (1e6 / kHz)
     /// as a fixed-point number with the largest `shift` that keeps `mult`
@@ -143,16 +130,7 @@ impl VvarData {
         match (mono, real, boot) {
             (Some(mono_ns), Some(real_ns), Some(boot_ns)) if tsc_khz != 0 => {
                 let (mult, shift) = Self::mult_shift_for_khz(tsc_khz);
-                VvarData {
-                    seq: 0,
-                    tsc_base: guest_tsc_now,
-                    mono_ns,
-                    real_ns,
-                    boot_ns,
-                    mult,
-                    shift,
-                    enabled: 1,
-                }
+                VvarData { seq: 0, tsc_base: guest_tsc_now, mono_ns, real_ns, boot_ns, mult, shift, enabled: 1 }
             }
             _ => Self::DISABLED,
         }
@@ -187,23 +165,14 @@ impl VvarData {
     /// would read them at guest TSC `tsc`.
     pub fn clocks_at(&self, tsc: u64) -> (u64, u64, u64) {
         let ns = self.ns_since_base(tsc);
-        (
-            self.mono_ns.wrapping_add(ns),
-            self.real_ns.wrapping_add(ns),
-            self.boot_ns.wrapping_add(ns),
-        )
+        (self.mono_ns.wrapping_add(ns), self.real_ns.wrapping_add(ns), self.boot_ns.wrapping_add(ns))
     }
 
     /// The bytes to write at [`VVAR_ADDR`] (the rest of the page stays zero).
     pub fn as_bytes(&self) -> &[u8] {
         // SAFETY: VvarData is repr(C), all-integer, with no padding (the
         // const asserts above pin 56 bytes of fields in 56 bytes of size).
-        unsafe {
-            std::slice::from_raw_parts(
-                (self as *const VvarData).cast::<u8>(),
-                size_of::<VvarData>(),
-            )
-        }
+        unsafe { std::slice::from_raw_parts((self as *const VvarData).cast::<u8>(), size_of::<VvarData>()) }
     }
 }
 
@@ -211,8 +180,8 @@ impl VvarData {
 mod tests {
     use super::*;
     use goblin::elf::dynamic::{
-        DT_GNU_HASH, DT_HASH, DT_JMPREL, DT_NEEDED, DT_PLTRELSZ, DT_REL, DT_RELA, DT_RELASZ,
-        DT_RELSZ, DT_SONAME, DT_TEXTREL, DT_VERDEF, DT_VERSYM,
+        DT_GNU_HASH, DT_HASH, DT_JMPREL, DT_NEEDED, DT_PLTRELSZ, DT_REL, DT_RELA, DT_RELASZ, DT_RELSZ, DT_SONAME,
+        DT_TEXTREL, DT_VERDEF, DT_VERSYM,
     };
     use goblin::elf::header::ET_DYN;
     use goblin::elf::program_header::{PF_R, PF_W, PF_X, PT_DYNAMIC, PT_INTERP, PT_LOAD, PT_TLS};
@@ -221,25 +190,14 @@ mod tests {
     use std::sync::{Mutex, OnceLock};
     use std::time::Duration;
 
-    const EXPORTS: [&str; 5] = [
-        "clock_gettime",
-        "gettimeofday",
-        "time",
-        "clock_getres",
-        "getcpu",
-    ];
+    const EXPORTS: [&str; 5] = ["clock_gettime", "gettimeofday", "time", "clock_getres", "getcpu"];
 
     fn elf() -> Elf<'static> {
         Elf::parse(IMAGE).expect("vDSO image parses as ELF")
     }
 
     fn dyn_val(elf: &Elf, tag: u64) -> Option<u64> {
-        elf.dynamic
-            .as_ref()?
-            .dyns
-            .iter()
-            .find(|d| d.d_tag == tag)
-            .map(|d| d.d_val)
+        elf.dynamic.as_ref()?.dyns.iter().find(|d| d.d_tag == tag).map(|d| d.d_val)
     }
 
     /// The SysV ELF hash, as used for version names in Verdef.vd_hash.
@@ -279,9 +237,7 @@ mod tests {
         let versym = dyn_val(&elf, DT_VERSYM)? as usize;
         let verdef = dyn_val(&elf, DT_VERDEF)? as usize;
 
-        let h = name.bytes().fold(5381u32, |h, c| {
-            h.wrapping_mul(33).wrapping_add(u32::from(c))
-        });
+        let h = name.bytes().fold(5381u32, |h, c| h.wrapping_mul(33).wrapping_add(u32::from(c)));
         let nbuckets = rd32(image, gnu_hash) as usize;
         let symoffset = rd32(image, gnu_hash + 4) as usize;
         let bloom_size = rd32(image, gnu_hash + 8) as usize;
@@ -314,11 +270,7 @@ mod tests {
         };
 
         // Version check: versym index -> Verdef with that vd_ndx.
-        let ndx = u16::from_le_bytes(
-            image[versym + 2 * found..versym + 2 * found + 2]
-                .try_into()
-                .unwrap(),
-        ) & 0x7fff;
+        let ndx = u16::from_le_bytes(image[versym + 2 * found..versym + 2 * found + 2].try_into().unwrap()) & 0x7fff;
         let mut vd = verdef;
         loop {
             let vd_ndx = u16::from_le_bytes(image[vd + 4..vd + 6].try_into().unwrap());
@@ -327,9 +279,7 @@ mod tests {
             let vd_next = rd32(image, vd + 16) as usize;
             if vd_ndx == ndx {
                 let vda_name = rd32(image, vd + vd_aux) as usize;
-                if vd_hash != elf_hash(version.as_bytes())
-                    || cstr(image, strtab + vda_name) != version.as_bytes()
-                {
+                if vd_hash != elf_hash(version.as_bytes()) || cstr(image, strtab + vda_name) != version.as_bytes() {
                     return None;
                 }
                 break;
@@ -349,45 +299,25 @@ mod tests {
 
     #[test]
     fn vdso_image_layout() {
-        assert!(
-            IMAGE.len() <= VDSO_MAX_LEN,
-            "image is {} bytes",
-            IMAGE.len()
-        );
+        assert!(IMAGE.len() <= VDSO_MAX_LEN, "image is {} bytes", IMAGE.len());
         let elf = elf();
         assert!(elf.is_64 && elf.little_endian);
         assert_eq!(elf.header.e_type, ET_DYN);
         assert_eq!(elf.header.e_machine, goblin::elf::header::EM_X86_64);
 
         // Exactly one PT_LOAD: R+X, from file offset 0 at address 0, no bss.
-        let loads: Vec<_> = elf
-            .program_headers
-            .iter()
-            .filter(|p| p.p_type == PT_LOAD)
-            .collect();
-        assert_eq!(
-            loads.len(),
-            1,
-            "want exactly one PT_LOAD: {:?}",
-            elf.program_headers
-        );
+        let loads: Vec<_> = elf.program_headers.iter().filter(|p| p.p_type == PT_LOAD).collect();
+        assert_eq!(loads.len(), 1, "want exactly one PT_LOAD: {:?}", elf.program_headers);
         let load = loads[0];
         assert_eq!(load.p_offset, 0);
         assert_eq!(load.p_vaddr, 0, "linked at 0");
         assert_eq!(load.p_flags, PF_R | PF_X);
         assert_eq!(load.p_filesz, load.p_memsz, "no bss");
         assert!(load.p_filesz as usize <= IMAGE.len());
-        assert!(elf
-            .program_headers
-            .iter()
-            .all(|p| p.p_type != PT_INTERP && p.p_type != PT_TLS));
+        assert!(elf.program_headers.iter().all(|p| p.p_type != PT_INTERP && p.p_type != PT_TLS));
 
         // PT_DYNAMIC inside it, read-only.
-        let dynamic: Vec<_> = elf
-            .program_headers
-            .iter()
-            .filter(|p| p.p_type == PT_DYNAMIC)
-            .collect();
+        let dynamic: Vec<_> = elf.program_headers.iter().filter(|p| p.p_type == PT_DYNAMIC).collect();
         assert_eq!(dynamic.len(), 1);
         let d = dynamic[0];
         assert_eq!(d.p_offset, d.p_vaddr, "address == file offset");
@@ -403,11 +333,7 @@ mod tests {
         assert!(dyn_val(&elf, DT_SONAME).is_some());
         assert!(dyn_val(&elf, DT_NEEDED).is_none(), "no dependencies");
         assert!(dyn_val(&elf, DT_TEXTREL).is_none());
-        for (tag, size_tag) in [
-            (DT_RELA, DT_RELASZ),
-            (DT_REL, DT_RELSZ),
-            (DT_JMPREL, DT_PLTRELSZ),
-        ] {
+        for (tag, size_tag) in [(DT_RELA, DT_RELASZ), (DT_REL, DT_RELSZ), (DT_JMPREL, DT_PLTRELSZ)] {
             assert!(
                 dyn_val(&elf, tag).is_none() || dyn_val(&elf, size_tag) == Some(0),
                 "relocation tag {tag:#x} present"
@@ -440,17 +366,10 @@ mod tests {
                 assert_eq!(sym.st_bind(), bind, "{name}");
                 assert_ne!(sym.st_shndx, 0, "{name} undefined");
                 assert!(sym.st_value > 0 && sym.st_value < load.p_filesz, "{name}");
-                assert_eq!(
-                    glibc_style_lookup(IMAGE, name, "LINUX_2.6"),
-                    Some(sym.st_value),
-                    "{name}"
-                );
+                assert_eq!(glibc_style_lookup(IMAGE, name, "LINUX_2.6"), Some(sym.st_value), "{name}");
             }
         }
-        assert_eq!(
-            glibc_style_lookup(IMAGE, "__vdso_nonexistent", "LINUX_2.6"),
-            None
-        );
+        assert_eq!(glibc_style_lookup(IMAGE, "__vdso_nonexistent", "LINUX_2.6"), None);
     }
 
     #[test]
@@ -495,10 +414,7 @@ mod tests {
         for khz in [1u32, 1_000, 3_000_000, u32::MAX] {
             let v = VvarData::sample(0, khz);
             let ticks = u64::from(khz) * 1000; // one second
-            assert!(
-                v.ns_since_base(ticks).abs_diff(1_000_000_000) <= 1,
-                "khz {khz}"
-            );
+            assert!(v.ns_since_base(ticks).abs_diff(1_000_000_000) <= 1, "khz {khz}");
         }
 
         // sample_after never steps monotonic time back while the TSC is continuous.
@@ -547,20 +463,14 @@ mod tests {
             "this test needs the host's glibc ld.so at /lib64/ld-linux-x86-64.so.2"
         );
 
-        let before = (
-            host_ns(libc::CLOCK_MONOTONIC),
-            host_ns(libc::CLOCK_REALTIME),
-        );
+        let before = (host_ns(libc::CLOCK_MONOTONIC), host_ns(libc::CLOCK_REALTIME));
         let out = std::process::Command::new(dir.join("uexec"))
             .arg(&image)
             .arg(OFFSET_S.to_string())
             .arg(dir.join("clockprobe"))
             .output()
             .unwrap();
-        let after = (
-            host_ns(libc::CLOCK_MONOTONIC),
-            host_ns(libc::CLOCK_REALTIME),
-        );
+        let after = (host_ns(libc::CLOCK_MONOTONIC), host_ns(libc::CLOCK_REALTIME));
         let _ = std::fs::remove_dir_all(&dir);
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
@@ -583,27 +493,13 @@ mod tests {
                 "{what} = {v} not within [{lo}, {hi}]: glibc did not use the vDSO?\n{stdout}"
             );
         };
-        within(
-            get("monotonic_ns") - OFFSET_S * 1_000_000_000,
-            (before.0, after.0),
-            "monotonic - offset",
-        );
+        within(get("monotonic_ns") - OFFSET_S * 1_000_000_000, (before.0, after.0), "monotonic - offset");
         within(get("realtime_ns"), (before.1, after.1), "realtime");
-        within(
-            get("gettimeofday_us") * 1000,
-            (before.1, after.1),
-            "gettimeofday",
-        );
+        within(get("gettimeofday_us") * 1000, (before.1, after.1), "gettimeofday");
         let time_s = get("time_s");
-        assert!(
-            time_s >= before.1 / 1_000_000_000 && time_s <= after.1 / 1_000_000_000,
-            "time {time_s}"
-        );
+        assert!(time_s >= before.1 / 1_000_000_000 && time_s <= after.1 / 1_000_000_000, "time {time_s}");
         assert_eq!(get("getres_ns"), 1, "clock_getres from the vDSO");
-        assert!(
-            get("cputime_ns") > 0,
-            "CPU-time clock via the syscall fallback"
-        );
+        assert!(get("cputime_ns") > 0, "CPU-time clock via the syscall fallback");
     }
 
     // ---- Running the vDSO on the host -------------------------------------
@@ -618,11 +514,7 @@ mod tests {
         tz_dsttime: libc::c_int,
     }
     type Time = unsafe extern "C" fn(*mut libc::time_t) -> libc::time_t;
-    type Getcpu = unsafe extern "C" fn(
-        *mut libc::c_uint,
-        *mut libc::c_uint,
-        *mut libc::c_void,
-    ) -> libc::c_long;
+    type Getcpu = unsafe extern "C" fn(*mut libc::c_uint, *mut libc::c_uint, *mut libc::c_void) -> libc::c_long;
 
     /// The host vvar page at the fixed address, mapped once per process and
     /// shared by the tests under a lock.
@@ -682,24 +574,16 @@ mod tests {
                 );
                 assert_ne!(base, libc::MAP_FAILED);
                 std::ptr::copy_nonoverlapping(IMAGE.as_ptr(), base.cast::<u8>(), IMAGE.len());
-                assert_eq!(
-                    libc::mprotect(base, len, libc::PROT_READ | libc::PROT_EXEC),
-                    0
-                );
+                assert_eq!(libc::mprotect(base, len, libc::PROT_READ | libc::PROT_EXEC), 0);
                 Loaded { base, len }
             }
         }
 
         fn sym(&self, name: &str) -> usize {
-            let off = glibc_style_lookup(IMAGE, name, "LINUX_2.6")
-                .unwrap_or_else(|| panic!("{name} not found"));
+            let off = glibc_style_lookup(IMAGE, name, "LINUX_2.6").unwrap_or_else(|| panic!("{name} not found"));
             // Cross-check against goblin's view of the dynamic symbol table.
             let elf = elf();
-            let sym = elf
-                .dynsyms
-                .iter()
-                .find(|s| elf.dynstrtab.get_at(s.st_name) == Some(name))
-                .unwrap();
+            let sym = elf.dynsyms.iter().find(|s| elf.dynstrtab.get_at(s.st_name) == Some(name)).unwrap();
             assert_eq!(sym.st_value, off);
             self.base as usize + off as usize
         }
@@ -713,10 +597,7 @@ mod tests {
     }
 
     fn host_ns(clock: libc::clockid_t) -> i128 {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
         assert_eq!(unsafe { libc::clock_gettime(clock, &mut ts) }, 0);
         i128::from(ts.tv_sec) * 1_000_000_000 + i128::from(ts.tv_nsec)
     }
@@ -737,16 +618,10 @@ mod tests {
     }
 
     fn call_clock(f: ClockGettime, clock: libc::clockid_t) -> (libc::c_int, i128) {
-        let mut ts = libc::timespec {
-            tv_sec: -1,
-            tv_nsec: -1,
-        };
+        let mut ts = libc::timespec { tv_sec: -1, tv_nsec: -1 };
         // SAFETY: the vDSO writes one timespec.
         let r = unsafe { f(clock, &mut ts) };
-        (
-            r,
-            i128::from(ts.tv_sec) * 1_000_000_000 + i128::from(ts.tv_nsec),
-        )
+        (r, i128::from(ts.tv_sec) * 1_000_000_000 + i128::from(ts.tv_nsec))
     }
 
     const TOLERANCE_NS: i128 = 2_000_000;
@@ -761,18 +636,8 @@ mod tests {
             (libc::CLOCK_MONOTONIC, libc::CLOCK_MONOTONIC, "MONOTONIC", 0),
             (libc::CLOCK_REALTIME, libc::CLOCK_REALTIME, "REALTIME", 0),
             (libc::CLOCK_BOOTTIME, libc::CLOCK_BOOTTIME, "BOOTTIME", 0),
-            (
-                libc::CLOCK_MONOTONIC_COARSE,
-                libc::CLOCK_MONOTONIC,
-                "MONOTONIC_COARSE",
-                coarse_lag_ns,
-            ),
-            (
-                libc::CLOCK_REALTIME_COARSE,
-                libc::CLOCK_REALTIME,
-                "REALTIME_COARSE",
-                coarse_lag_ns,
-            ),
+            (libc::CLOCK_MONOTONIC_COARSE, libc::CLOCK_MONOTONIC, "MONOTONIC_COARSE", coarse_lag_ns),
+            (libc::CLOCK_REALTIME_COARSE, libc::CLOCK_REALTIME, "REALTIME_COARSE", coarse_lag_ns),
         ] {
             let before = host_ns(host_clock);
             let (r, got) = call_clock(f, clock);
@@ -786,15 +651,8 @@ mod tests {
         }
         let (r, raw) = call_clock(f, libc::CLOCK_MONOTONIC_RAW);
         assert_eq!(r, 0);
-        let host = host_ns(if via_syscall {
-            libc::CLOCK_MONOTONIC_RAW
-        } else {
-            libc::CLOCK_MONOTONIC
-        });
-        assert!(
-            (raw - host).abs() < TOLERANCE_NS,
-            "round {round}: MONOTONIC_RAW {raw}, host {host}"
-        );
+        let host = host_ns(if via_syscall { libc::CLOCK_MONOTONIC_RAW } else { libc::CLOCK_MONOTONIC });
+        assert!((raw - host).abs() < TOLERANCE_NS, "round {round}: MONOTONIC_RAW {raw}, host {host}");
     }
 
     #[test]
@@ -805,12 +663,9 @@ mod tests {
 
         let lib = Loaded::new();
         // SAFETY: these are the vDSO entry points with their C signatures.
-        let clock_gettime: ClockGettime =
-            unsafe { std::mem::transmute(lib.sym("__vdso_clock_gettime")) };
-        let clock_getres: ClockGettime =
-            unsafe { std::mem::transmute(lib.sym("__vdso_clock_getres")) };
-        let gettimeofday: Gettimeofday =
-            unsafe { std::mem::transmute(lib.sym("__vdso_gettimeofday")) };
+        let clock_gettime: ClockGettime = unsafe { std::mem::transmute(lib.sym("__vdso_clock_gettime")) };
+        let clock_getres: ClockGettime = unsafe { std::mem::transmute(lib.sym("__vdso_clock_getres")) };
+        let gettimeofday: Gettimeofday = unsafe { std::mem::transmute(lib.sym("__vdso_gettimeofday")) };
         let time: Time = unsafe { std::mem::transmute(lib.sym("__vdso_time")) };
         let getcpu: Getcpu = unsafe { std::mem::transmute(lib.sym("__vdso_getcpu")) };
         // The plain names are the same functions.
@@ -840,24 +695,12 @@ mod tests {
         assert_eq!(r, -libc::EINVAL, "bad clock id: the syscall's -EINVAL");
 
         // clock_getres: 1 ns for the handled clocks, the syscall otherwise.
-        let mut res = libc::timespec {
-            tv_sec: -1,
-            tv_nsec: -1,
-        };
+        let mut res = libc::timespec { tv_sec: -1, tv_nsec: -1 };
         assert_eq!(unsafe { clock_getres(libc::CLOCK_MONOTONIC, &mut res) }, 0);
         assert_eq!((res.tv_sec, res.tv_nsec), (0, 1));
-        assert_eq!(
-            unsafe { clock_getres(libc::CLOCK_REALTIME, std::ptr::null_mut()) },
-            0
-        );
-        let mut res = libc::timespec {
-            tv_sec: -1,
-            tv_nsec: -1,
-        };
-        assert_eq!(
-            unsafe { clock_getres(libc::CLOCK_PROCESS_CPUTIME_ID, &mut res) },
-            0
-        );
+        assert_eq!(unsafe { clock_getres(libc::CLOCK_REALTIME, std::ptr::null_mut()) }, 0);
+        let mut res = libc::timespec { tv_sec: -1, tv_nsec: -1 };
+        assert_eq!(unsafe { clock_getres(libc::CLOCK_PROCESS_CPUTIME_ID, &mut res) }, 0);
         assert!(res.tv_sec == 0 && res.tv_nsec > 0);
         assert_eq!(unsafe { clock_getres(1234, &mut res) }, -libc::EINVAL);
 
@@ -870,66 +713,30 @@ mod tests {
         assert!((unsafe { time(std::ptr::null_mut()) } - host).abs() <= 1);
 
         // gettimeofday(): within tolerance of the host, timezone zeroed.
-        let mut tv = libc::timeval {
-            tv_sec: 0,
-            tv_usec: -1,
-        };
-        let mut tz = Timezone {
-            tz_minuteswest: 99,
-            tz_dsttime: 99,
-        };
+        let mut tv = libc::timeval { tv_sec: 0, tv_usec: -1 };
+        let mut tz = Timezone { tz_minuteswest: 99, tz_dsttime: 99 };
         let before = host_ns(libc::CLOCK_REALTIME);
         assert_eq!(unsafe { gettimeofday(&mut tv, &mut tz) }, 0);
         let after = host_ns(libc::CLOCK_REALTIME);
         let got = i128::from(tv.tv_sec) * 1_000_000_000 + i128::from(tv.tv_usec) * 1000;
         assert!((0..1_000_000).contains(&tv.tv_usec));
-        assert!(
-            got >= before - TOLERANCE_NS - 1000 && got <= after + TOLERANCE_NS,
-            "gettimeofday {got}"
-        );
+        assert!(got >= before - TOLERANCE_NS - 1000 && got <= after + TOLERANCE_NS, "gettimeofday {got}");
         assert_eq!((tz.tz_minuteswest, tz.tz_dsttime), (0, 0));
-        assert_eq!(
-            unsafe { gettimeofday(std::ptr::null_mut(), std::ptr::null_mut()) },
-            0
-        );
+        assert_eq!(unsafe { gettimeofday(std::ptr::null_mut(), std::ptr::null_mut()) }, 0);
 
         // getcpu(): CPU 0, node 0.
         let (mut cpu, mut node) = (7u32, 7u32);
-        assert_eq!(
-            unsafe { getcpu(&mut cpu, &mut node, std::ptr::null_mut()) },
-            0
-        );
+        assert_eq!(unsafe { getcpu(&mut cpu, &mut node, std::ptr::null_mut()) }, 0);
         assert_eq!((cpu, node), (0, 0));
 
         // A disabled page: everything goes to the syscall, even with garbage bases.
-        write_vvar(
-            *page,
-            &VvarData {
-                mono_ns: 1,
-                real_ns: 1,
-                boot_ns: 1,
-                ..VvarData::DISABLED
-            },
-        );
+        write_vvar(*page, &VvarData { mono_ns: 1, real_ns: 1, boot_ns: 1, ..VvarData::DISABLED });
         check_clocks_agree(clock_gettime, 3, true);
-        let mut tv = libc::timeval {
-            tv_sec: 0,
-            tv_usec: -1,
-        };
+        let mut tv = libc::timeval { tv_sec: 0, tv_usec: -1 };
         assert_eq!(unsafe { gettimeofday(&mut tv, std::ptr::null_mut()) }, 0);
-        assert!(
-            (i128::from(tv.tv_sec) * 1_000_000_000 - host_ns(libc::CLOCK_REALTIME)).abs()
-                < 2_000_000_000
-        );
-        assert!(
-            (unsafe { time(std::ptr::null_mut()) } - unsafe { libc::time(std::ptr::null_mut()) })
-                .abs()
-                <= 1
-        );
-        let mut res = libc::timespec {
-            tv_sec: -1,
-            tv_nsec: -1,
-        };
+        assert!((i128::from(tv.tv_sec) * 1_000_000_000 - host_ns(libc::CLOCK_REALTIME)).abs() < 2_000_000_000);
+        assert!((unsafe { time(std::ptr::null_mut()) } - unsafe { libc::time(std::ptr::null_mut()) }).abs() <= 1);
+        let mut res = libc::timespec { tv_sec: -1, tv_nsec: -1 };
         assert_eq!(unsafe { clock_getres(libc::CLOCK_MONOTONIC, &mut res) }, 0);
         assert_eq!(res.tv_sec, 0); // the host's answer (1 ns with high-res timers)
 

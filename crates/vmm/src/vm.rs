@@ -243,7 +243,9 @@ impl Vm {
                     "KVM internal error (emulation failure?) at rip {:#x}",
                     self.regs()?.rip
                 ))),
-                VcpuExit::FailEntry(reason, _) => Ok(VmExit::Unexpected(format!("VM entry failed (reason {reason:#x})"))),
+                VcpuExit::FailEntry(reason, _) => {
+                    Ok(VmExit::Unexpected(format!("VM entry failed (reason {reason:#x})")))
+                }
                 other => Ok(VmExit::Unexpected(format!("unexpected exit {other:?}"))),
             };
         }
@@ -329,7 +331,10 @@ impl Vm {
     /// Pages the guest wrote since the last call (needs `new_with_dirty_log`).
     pub fn dirty_log(&self) -> Result<Vec<u64>> {
         if !self.dirty_log {
-            return Err(VmmError::Sys { call: "KVM_GET_DIRTY_LOG (log off)", source: std::io::Error::from_raw_os_error(libc::EINVAL) });
+            return Err(VmmError::Sys {
+                call: "KVM_GET_DIRTY_LOG (log off)",
+                source: std::io::Error::from_raw_os_error(libc::EINVAL),
+            });
         }
         self._vm.get_dirty_log(0, self.mem.size() as usize).map_err(VmmError::kvm("KVM_GET_DIRTY_LOG"))
     }

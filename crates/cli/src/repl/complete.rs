@@ -9,7 +9,8 @@
 //! SyntaxError.
 
 /// Keywords that start a compound statement (its block follows, even on the same line: `if x: f()`).
-const BLOCK_KEYWORDS: &[&str] = &["if", "elif", "else", "for", "while", "try", "except", "finally", "with", "def", "class", "async"];
+const BLOCK_KEYWORDS: &[&str] =
+    &["if", "elif", "else", "for", "while", "try", "except", "finally", "with", "def", "class", "async"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Input {
@@ -216,8 +217,14 @@ mod tests {
         assert_eq!(lines(&["def f(x):"]), Incomplete);
         assert_eq!(lines(&["def f(x):", "    return x + 1"]), Incomplete);
         assert_eq!(lines(&["def f(x):", "    return x + 1", ""]), Complete);
-        assert_eq!(lines(&["for i in range(3):", "    if i:", "        print(i)", "    else:", "        pass"]), Incomplete);
-        assert_eq!(lines(&["for i in range(3):", "    if i:", "        print(i)", "    else:", "        pass", ""]), Complete);
+        assert_eq!(
+            lines(&["for i in range(3):", "    if i:", "        print(i)", "    else:", "        pass"]),
+            Incomplete
+        );
+        assert_eq!(
+            lines(&["for i in range(3):", "    if i:", "        print(i)", "    else:", "        pass", ""]),
+            Complete
+        );
         assert_eq!(lines(&["class A:", "    x = 1", "", ""]), Complete);
         // Like CPython's prompt, a one-line compound statement still waits for the blank line.
         assert_eq!(check("if True: print(1)"), Incomplete);

@@ -133,7 +133,8 @@ enum Ran {
 impl Repl<'_> {
     /// How to come back to this session, said when the REPL ends.
     fn farewell(&self) {
-        let url = if self.api.target.starts_with("http") { format!("--url {} ", self.api.target) } else { String::new() };
+        let url =
+            if self.api.target.starts_with("http") { format!("--url {} ", self.api.target) } else { String::new() };
         let at = match self.api.block_on(self.api.client.get_session(&self.session)) {
             Ok(s) => s.checkpoint.map_or(String::new(), |n| format!(" at checkpoint {n}")),
             Err(_) => String::new(),
@@ -256,7 +257,9 @@ impl Repl<'_> {
                 Err(e) => fail(e),
             },
             ":revert" => match number(":revert") {
-                None if arg.is_none() => eprintln!("{}", self.style.red(":revert N: which checkpoint? (see :checkpoints)")),
+                None if arg.is_none() => {
+                    eprintln!("{}", self.style.red(":revert N: which checkpoint? (see :checkpoints)"))
+                }
                 None => {}
                 Some(n) => match self.api.block_on(client.revert(&self.session, n)) {
                     Ok(_) => println!("session {} is at checkpoint {n}", self.session),
@@ -270,7 +273,10 @@ impl Repl<'_> {
                 }
                 match self.api.block_on(client.fork(&self.session, n)) {
                     Ok(s) => {
-                        let from = s.forked_from.as_ref().map_or(String::new(), |f| format!(" at checkpoint {}", f.checkpoint));
+                        let from = s
+                            .forked_from
+                            .as_ref()
+                            .map_or(String::new(), |f| format!(" at checkpoint {}", f.checkpoint));
                         println!("forked {}{from} into session {}; now in {}", self.session, s.id, s.id);
                         self.session = s.id;
                     }

@@ -43,18 +43,8 @@ fn apt_command(status_file: &Path) -> Command {
         .arg("-qq")
         .arg("-o")
         .arg(format!("Dir::State::status={}", status_file.display()))
-        .args([
-            "-o",
-            "Dir::Cache::pkgcache=",
-            "-o",
-            "Dir::Cache::srcpkgcache=",
-        ])
-        .args([
-            "-o",
-            "APT::Install-Recommends=false",
-            "-o",
-            "APT::Install-Suggests=false",
-        ])
+        .args(["-o", "Dir::Cache::pkgcache=", "-o", "Dir::Cache::srcpkgcache="])
+        .args(["-o", "APT::Install-Recommends=false", "-o", "APT::Install-Suggests=false"])
         .args(["-o", "Acquire::ForceHash=SHA256"])
         .args(["-o", "APT::Sandbox::User=root"]);
     c
@@ -137,24 +127,13 @@ fn resolution_key(packages: &[String], omit: &[String]) -> String {
         h.update(b"\0");
     }
     let mut files: Vec<PathBuf> = Vec::new();
-    for dir in [
-        "/var/lib/apt/lists",
-        "/etc/apt/sources.list.d",
-        "/etc/apt/preferences.d",
-        "/etc/apt/apt.conf.d",
-    ] {
+    for dir in ["/var/lib/apt/lists", "/etc/apt/sources.list.d", "/etc/apt/preferences.d", "/etc/apt/apt.conf.d"] {
         if let Ok(rd) = fs::read_dir(dir) {
             files.extend(rd.filter_map(|e| e.ok()).map(|e| e.path()));
         }
     }
     files.extend(
-        [
-            "/etc/apt/sources.list",
-            "/etc/apt/preferences",
-            "/etc/apt/apt.conf",
-            "/var/lib/dpkg/arch",
-        ]
-        .map(PathBuf::from),
+        ["/etc/apt/sources.list", "/etc/apt/preferences", "/etc/apt/apt.conf", "/var/lib/dpkg/arch"].map(PathBuf::from),
     );
     files.sort();
     for f in files {
@@ -172,9 +151,7 @@ fn resolution_key(packages: &[String], omit: &[String]) -> String {
 /// The dependency closure of `packages` on an empty system, as .deb files. apt takes
 /// ~2 s to answer, so answers are cached under `<cache>/apt/` by `resolution_key`.
 pub fn resolve(packages: &[String], omit: &[String], cache: &Path) -> Result<Vec<DebRef>, BuildError> {
-    let saved = cache
-        .join("apt")
-        .join(format!("resolved-{}.txt", resolution_key(packages, omit)));
+    let saved = cache.join("apt").join(format!("resolved-{}.txt", resolution_key(packages, omit)));
     if let Ok(text) = fs::read_to_string(&saved) {
         match parse_print_uris(&text) {
             Ok(debs) if !debs.is_empty() => {
@@ -189,33 +166,21 @@ pub fn resolve(packages: &[String], omit: &[String], cache: &Path) -> Result<Vec
     let (text, debs) = resolve_with_apt(packages, omit, cache)?;
     // Best effort: write to a temp name and rename, so a crash never leaves half a file.
     let tmp = saved.with_extension(format!("tmp.{}", std::process::id()));
-    if fs::write(&tmp, &text)
-        .and_then(|_| fs::rename(&tmp, &saved))
-        .is_err()
-    {
+    if fs::write(&tmp, &text).and_then(|_| fs::rename(&tmp, &saved)).is_err() {
         let _ = fs::remove_file(&tmp);
     }
     Ok(debs)
 }
 
-fn resolve_with_apt(
-    packages: &[String],
-    omit: &[String],
-    cache: &Path,
-) -> Result<(String, Vec<DebRef>), BuildError> {
+fn resolve_with_apt(packages: &[String], omit: &[String], cache: &Path) -> Result<(String, Vec<DebRef>), BuildError> {
     let status = status_file(cache, omit)?;
     // --print-uris leaves out packages already in the archive cache: point it at an
     // empty one so the answer is always the whole closure.
     let archives = cache.join("apt").join("empty-archives");
-    fs::create_dir_all(archives.join("partial"))
-        .map_err(|e| BuildError::io("resolve", &archives, e))?;
+    fs::create_dir_all(archives.join("partial")).map_err(|e| BuildError::io("resolve", &archives, e))?;
     let mut c = apt_command(&status);
-    c.arg("-o")
-        .arg(format!("Dir::Cache::archives={}", archives.display()));
-    c.arg("install")
-        .arg("--print-uris")
-        .arg("--")
-        .args(packages);
+    c.arg("-o").arg(format!("Dir::Cache::archives={}", archives.display()));
+    c.arg("install").arg("--print-uris").arg("--").args(packages);
     let out = cmd::output("resolve", &mut c)?;
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
@@ -223,18 +188,14 @@ fn resolve_with_apt(
             || err.contains("has no installation candidate")
             || err.contains("is not available")
         {
-            return Err(BuildError::AptNoCandidate {
-                detail: cmd::tail(&out.stderr),
-            });
+            return Err(BuildError::AptNoCandidate { detail: cmd::tail(&out.stderr) });
         }
         return Err(cmd::failed("resolve", &c, &out));
     }
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let debs = parse_print_uris(&text)?;
     if debs.is_empty() {
-        return Err(BuildError::AptNoCandidate {
-            detail: "apt-get printed no packages".into(),
-        });
+        return Err(BuildError::AptNoCandidate { detail: "apt-get printed no packages".into() });
     }
     Ok((text, debs))
 }
@@ -372,11 +333,7 @@ pub fn download(
         let p = debs_dir.join(&d.filename);
         let got = sha256_file(&p).map_err(|e| BuildError::io("download", &p, e))?;
         if got != d.sha256 {
-            return Err(BuildError::Checksum {
-                file: p,
-                expected: d.sha256.clone(),
-                actual: got,
-            });
+            return Err(BuildError::Checksum { file: p, expected: d.sha256.clone(), actual: got });
         }
     }
     Ok(total)
@@ -395,23 +352,14 @@ mod tests {
     fn parses_print_uris() {
         let d = parse_print_uris(SAMPLE).unwrap();
         assert_eq!(d.len(), 2);
-        assert_eq!(
-            d[0].uri,
-            "http://deb.debian.org/debian/pool/main/g/glibc/libc6_2.36-9%2bdeb12u14_amd64.deb"
-        );
+        assert_eq!(d[0].uri, "http://deb.debian.org/debian/pool/main/g/glibc/libc6_2.36-9%2bdeb12u14_amd64.deb");
         assert_eq!(d[0].filename, "libc6_2.36-9+deb12u14_amd64.deb");
         assert_eq!(d[0].package, "libc6");
         assert_eq!(d[0].size, 2759320);
-        assert_eq!(
-            d[0].sha256,
-            "ba4f88f73dbc3ae9055f3c20f4523bfdbaf1ad13ff95e258924f77d20b4fbedf"
-        );
+        assert_eq!(d[0].sha256, "ba4f88f73dbc3ae9055f3c20f4523bfdbaf1ad13ff95e258924f77d20b4fbedf");
         assert_eq!(d[1].filename, "zlib1g_1%3a1.2.13.dfsg-1_amd64.deb");
         assert_eq!(d[1].package, "zlib1g");
-        assert_eq!(
-            d[1].sha256,
-            "ab4f88f73dbc3ae9055f3c20f4523bfdbaf1ad13ff95e258924f77d20b4fbedf"
-        );
+        assert_eq!(d[1].sha256, "ab4f88f73dbc3ae9055f3c20f4523bfdbaf1ad13ff95e258924f77d20b4fbedf");
         // notes and blank lines are ignored
         assert_eq!(parse_print_uris("\nNote: something\n").unwrap(), vec![]);
     }
@@ -451,18 +399,9 @@ mod host_tests {
         let d = tempfile::tempdir().unwrap();
         let debs = resolve(&["python3".into(), "python3-numpy".into()], &[], d.path()).unwrap();
         let names: Vec<&str> = debs.iter().map(|d| d.package.as_str()).collect();
-        assert!(
-            names.contains(&"libblas3") && names.contains(&"liblapack3"),
-            "{names:?}"
-        );
-        assert!(
-            !names.iter().any(|n| n.starts_with("libopenblas")),
-            "{names:?}"
-        );
+        assert!(names.contains(&"libblas3") && names.contains(&"liblapack3"), "{names:?}");
+        assert!(!names.iter().any(|n| n.starts_with("libopenblas")), "{names:?}");
         // the second call is answered from the cache, identically
-        assert_eq!(
-            resolve(&["python3-numpy".into(), "python3".into()], &[], d.path()).unwrap(),
-            debs
-        );
+        assert_eq!(resolve(&["python3-numpy".into(), "python3".into()], &[], d.path()).unwrap(), debs);
     }
 }

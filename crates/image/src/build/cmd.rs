@@ -44,13 +44,7 @@ pub fn run(step: &'static str, cmd: &mut Command) -> Result<Output, BuildError> 
 /// Run to completion, capturing output; the caller inspects the status.
 pub fn output(step: &'static str, cmd: &mut Command) -> Result<Output, BuildError> {
     tracing::debug!(step, command = %describe(cmd), "running");
-    cmd.stdin(Stdio::null())
-        .output()
-        .map_err(|source| BuildError::Spawn {
-            step,
-            command: describe(cmd),
-            source,
-        })
+    cmd.stdin(Stdio::null()).output().map_err(|source| BuildError::Spawn { step, command: describe(cmd), source })
 }
 
 pub fn failed(step: &'static str, cmd: &Command, out: &Output) -> BuildError {
@@ -58,10 +52,5 @@ pub fn failed(step: &'static str, cmd: &Command, out: &Output) -> BuildError {
     if t.is_empty() {
         t = tail(&out.stdout);
     }
-    BuildError::Command {
-        step,
-        command: describe(cmd),
-        status: out.status.to_string(),
-        stderr_tail: t,
-    }
+    BuildError::Command { step, command: describe(cmd), status: out.status.to_string(), stderr_tail: t }
 }

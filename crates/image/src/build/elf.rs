@@ -18,12 +18,7 @@ use super::BuildError;
 
 /// ld.so's built-in search path on Debian amd64 (`ld.so --help`), used after RPATH /
 /// RUNPATH and when the ld.so.cache has no entry.
-const SYSTEM_DIRS: &[&str] = &[
-    "/lib/x86_64-linux-gnu",
-    "/usr/lib/x86_64-linux-gnu",
-    "/lib",
-    "/usr/lib",
-];
+const SYSTEM_DIRS: &[&str] = &["/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib", "/usr/lib"];
 
 #[derive(Debug, Default)]
 pub struct LinkReport {
@@ -36,10 +31,7 @@ pub struct LinkReport {
 fn is_elf(p: &Path) -> bool {
     use std::io::Read;
     let mut magic = [0u8; 4];
-    fs::File::open(p)
-        .and_then(|mut f| f.read_exact(&mut magic))
-        .is_ok()
-        && magic == *b"\x7fELF"
+    fs::File::open(p).and_then(|mut f| f.read_exact(&mut magic)).is_ok() && magic == *b"\x7fELF"
 }
 
 /// The programs and extension modules whose loading must succeed: /usr/bin/python3*, and
@@ -102,10 +94,7 @@ pub fn check(root: &Path) -> Result<LinkReport, BuildError> {
     let mut seen: BTreeSet<Vec<OsString>> = BTreeSet::new();
     let mut queue: VecDeque<Vec<OsString>> = roots(root)?.into_iter().collect();
     if !queue.iter().any(|r| r.len() == 3 && r[1] == "bin") {
-        return Err(BuildError::Invalid {
-            step: "link check",
-            msg: "no /usr/bin/python3* ELF in the tree".into(),
-        });
+        return Err(BuildError::Invalid { step: "link check", msg: "no /usr/bin/python3* ELF in the tree".into() });
     }
     while let Some(obj) = queue.pop_front() {
         if !seen.insert(obj.clone()) {
@@ -123,20 +112,13 @@ pub fn check(root: &Path) -> Result<LinkReport, BuildError> {
             match resolve(root, interp.as_bytes(), true) {
                 Ok(t) if host_path(root, &t).is_file() => {}
                 _ => {
-                    missing
-                        .entry(who.clone())
-                        .or_default()
-                        .insert(format!("interpreter {interp}"));
+                    missing.entry(who.clone()).or_default().insert(format!("interpreter {interp}"));
                 }
             }
         }
         let origin = guest_string(&obj[..obj.len().saturating_sub(1)]);
         // DT_RPATH is only used when there is no DT_RUNPATH.
-        let extra: Vec<&str> = if elf.runpaths.is_empty() {
-            elf.rpaths.clone()
-        } else {
-            elf.runpaths.clone()
-        };
+        let extra: Vec<&str> = if elf.runpaths.is_empty() { elf.rpaths.clone() } else { elf.runpaths.clone() };
         let mut dirs: Vec<String> = extra
             .iter()
             .flat_map(|s| s.split(':'))
@@ -149,22 +131,17 @@ pub fn check(root: &Path) -> Result<LinkReport, BuildError> {
             } else {
                 dirs.iter().map(|d| format!("{d}/{lib}")).collect()
             };
-            let found = candidates
-                .iter()
-                .find_map(|c| match resolve(root, c.as_bytes(), true) {
-                    Ok(t) if host_path(root, &t).is_file() => Some(t),
-                    _ => None,
-                });
+            let found = candidates.iter().find_map(|c| match resolve(root, c.as_bytes(), true) {
+                Ok(t) if host_path(root, &t).is_file() => Some(t),
+                _ => None,
+            });
             match found {
                 Some(t) => {
                     report.libraries.insert(guest_string(&t));
                     queue.push_back(t);
                 }
                 None => {
-                    missing
-                        .entry(who.clone())
-                        .or_default()
-                        .insert(lib.to_string());
+                    missing.entry(who.clone()).or_default().insert(lib.to_string());
                 }
             }
         }
@@ -172,12 +149,7 @@ pub fn check(root: &Path) -> Result<LinkReport, BuildError> {
     if !missing.is_empty() {
         let list: Vec<String> = missing
             .iter()
-            .map(|(o, libs)| {
-                format!(
-                    "{o}: {}",
-                    libs.iter().cloned().collect::<Vec<_>>().join(", ")
-                )
-            })
+            .map(|(o, libs)| format!("{o}: {}", libs.iter().cloned().collect::<Vec<_>>().join(", ")))
             .collect();
         return Err(BuildError::MissingLibraries(list.join("; ")));
     }

@@ -23,7 +23,10 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressStyle};
 
 pub use apt::{parse_print_uris, DebRef};
-pub use recipe::{recipe_id, recipe_id_with_wheels, Blas, ExtraFile, ImageSpec, BASE_PACKAGES, CPYTHON_TESTSUITE, DATA_PACKAGES, DEFAULT_OMIT, RECIPE_VERSION, TRIM_RULES, USERLAND_PACKAGES};
+pub use recipe::{
+    recipe_id, recipe_id_with_wheels, Blas, ExtraFile, ImageSpec, BASE_PACKAGES, CPYTHON_TESTSUITE, DATA_PACKAGES,
+    DEFAULT_OMIT, RECIPE_VERSION, TRIM_RULES, USERLAND_PACKAGES,
+};
 pub use tree::TreeStats;
 pub use wheels::{PipSource, WheelRef};
 
@@ -86,34 +89,15 @@ pub struct BuiltImage {
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
     #[error("{step}: `{command}` exited with {status}: {stderr_tail}")]
-    Command {
-        step: &'static str,
-        command: String,
-        status: String,
-        stderr_tail: String,
-    },
+    Command { step: &'static str, command: String, status: String, stderr_tail: String },
     #[error("{step}: cannot run `{command}`: {source}")]
-    Spawn {
-        step: &'static str,
-        command: String,
-        source: std::io::Error,
-    },
-    #[error(
-        "resolve: apt-get has no candidate for some package; run `apt-get update` first ({detail})"
-    )]
+    Spawn { step: &'static str, command: String, source: std::io::Error },
+    #[error("resolve: apt-get has no candidate for some package; run `apt-get update` first ({detail})")]
     AptNoCandidate { detail: String },
     #[error("{step}: {path}: {source}")]
-    Io {
-        step: &'static str,
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Io { step: &'static str, path: PathBuf, source: std::io::Error },
     #[error("download: {file} has sha256 {actual}, apt said {expected}")]
-    Checksum {
-        file: PathBuf,
-        expected: String,
-        actual: String,
-    },
+    Checksum { file: PathBuf, expected: String, actual: String },
     #[error("link check: unresolved shared libraries: {0}")]
     MissingLibraries(String),
     #[error("precompile: host python {host} does not match the guest's python {guest} (need /usr/bin/python{guest})")]
@@ -126,11 +110,7 @@ pub enum BuildError {
 
 impl BuildError {
     pub(crate) fn io(step: &'static str, path: &Path, source: std::io::Error) -> BuildError {
-        BuildError::Io {
-            step,
-            path: path.to_path_buf(),
-            source,
-        }
+        BuildError::Io { step, path: path.to_path_buf(), source }
     }
 }
 
@@ -258,14 +238,20 @@ fn check_blas(spec: &ImageSpec, debs: &[DebRef]) -> Result<(), BuildError> {
             if spec.packages.iter().any(|p| p == "python3-numpy") {
                 for want in ["libblas3", "liblapack3"] {
                     if !has(want) {
-                        return Err(BuildError::Invalid { step: "resolve", msg: format!("{want} (reference BLAS) not in the closure") });
+                        return Err(BuildError::Invalid {
+                            step: "resolve",
+                            msg: format!("{want} (reference BLAS) not in the closure"),
+                        });
                     }
                 }
             }
         }
         Blas::OpenBlas => {
             if !debs.iter().any(|d| d.package.starts_with("libopenblas0")) {
-                return Err(BuildError::Invalid { step: "resolve", msg: "OpenBLAS was asked for but is not in the closure".into() });
+                return Err(BuildError::Invalid {
+                    step: "resolve",
+                    msg: "OpenBLAS was asked for but is not in the closure".into(),
+                });
             }
         }
         Blas::Any => {}
@@ -326,7 +312,8 @@ pub fn build(spec: &ImageSpec, opts: &BuildOptions) -> Result<BuiltImage, BuildE
         w?
     };
     let id = recipe_id_with_wheels(spec, &debs, &wheels);
-    let mut names: Vec<String> = debs.iter().map(|d| d.filename.clone()).chain(wheels.iter().map(|w| w.filename.clone())).collect();
+    let mut names: Vec<String> =
+        debs.iter().map(|d| d.filename.clone()).chain(wheels.iter().map(|w| w.filename.clone())).collect();
     names.sort();
     tracing::info!(packages = debs.len(), %id, "resolved");
 
@@ -335,13 +322,7 @@ pub fn build(spec: &ImageSpec, opts: &BuildOptions) -> Result<BuiltImage, BuildE
         match Image::open(&out) {
             Ok(img) if img.id() == id => {
                 tracing::info!(path = %out.display(), "image already built");
-                return Ok(BuiltImage {
-                    path: out,
-                    id,
-                    reused: true,
-                    packages: names,
-                    stats: None,
-                });
+                return Ok(BuiltImage { path: out, id, reused: true, packages: names, stats: None });
             }
             Ok(_) => tracing::warn!(path = %out.display(), "image has another id; rebuilding"),
             Err(e) => {
@@ -350,11 +331,7 @@ pub fn build(spec: &ImageSpec, opts: &BuildOptions) -> Result<BuiltImage, BuildE
         }
     }
 
-    let mut stats = BuildStats {
-        packages: debs.len(),
-        steps: vec![("resolve", resolve_time)],
-        ..Default::default()
-    };
+    let mut stats = BuildStats { packages: debs.len(), steps: vec![("resolve", resolve_time)], ..Default::default() };
     t = Instant::now();
     let total: u64 = debs.iter().map(|d| d.size).sum();
     let pb = std::sync::Mutex::new(bar(
@@ -363,13 +340,12 @@ pub fn build(spec: &ImageSpec, opts: &BuildOptions) -> Result<BuiltImage, BuildE
         "{msg:12} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec}",
         "download",
     ));
-    stats.downloaded_bytes =
-        apt::download(&requested, &omitted, &debs, &cache, &debs_dir, &|done, total| {
-            if let Ok(mut pb) = pb.lock() {
-                pb.set_length(total);
-                pb.set_position(done);
-            }
-        })?;
+    stats.downloaded_bytes = apt::download(&requested, &omitted, &debs, &cache, &debs_dir, &|done, total| {
+        if let Ok(mut pb) = pb.lock() {
+            pb.set_length(total);
+            pb.set_position(done);
+        }
+    })?;
     pb.lock().map(|pb| pb.finish()).ok();
     stats.step("download", &mut t);
 
@@ -382,16 +358,8 @@ pub fn build(spec: &ImageSpec, opts: &BuildOptions) -> Result<BuiltImage, BuildE
     fs::set_permissions(&root, std::os::unix::fs::PermissionsExt::from_mode(0o755))
         .map_err(|e| BuildError::io("unpack", &root, e))?;
 
-    let pb = std::sync::Mutex::new(bar(
-        opts.progress,
-        debs.len() as u64,
-        "{msg:12} [{bar:40}] {pos}/{len}",
-        "unpack",
-    ));
-    let jobs: Vec<(PathBuf, String)> = debs
-        .iter()
-        .map(|d| (debs_dir.join(&d.filename), d.package.clone()))
-        .collect();
+    let pb = std::sync::Mutex::new(bar(opts.progress, debs.len() as u64, "{msg:12} [{bar:40}] {pos}/{len}", "unpack"));
+    let jobs: Vec<(PathBuf, String)> = debs.iter().map(|d| (debs_dir.join(&d.filename), d.package.clone())).collect();
     let control = tree::unpack_all(&jobs, work.path(), &root, &|| {
         if let Ok(mut pb) = pb.lock() {
             pb.inc(1)
@@ -401,11 +369,7 @@ pub fn build(spec: &ImageSpec, opts: &BuildOptions) -> Result<BuiltImage, BuildE
     let control = control?;
     stats.unpacked = tree::stats(&root)?;
     let epoch = stats.unpacked.max_mtime;
-    tracing::info!(
-        files = stats.unpacked.files,
-        bytes = stats.unpacked.bytes,
-        "unpacked"
-    );
+    tracing::info!(files = stats.unpacked.files, bytes = stats.unpacked.bytes, "unpacked");
     stats.step("unpack", &mut t);
 
     let sp = spinner(opts.progress, "shaping tree");
@@ -441,23 +405,12 @@ pub fn build(spec: &ImageSpec, opts: &BuildOptions) -> Result<BuiltImage, BuildE
     stats.step("extra files+ldconfig", &mut t);
     let links = elf::check(&root)?;
     stats.libraries = links.libraries.into_iter().collect();
-    tracing::info!(
-        objects = links.objects,
-        libraries = stats.libraries.len(),
-        "all DT_NEEDED resolve"
-    );
+    tracing::info!(objects = links.objects, libraries = stats.libraries.len(), "all DT_NEEDED resolve");
     stats.final_tree = tree::stats(&root)?;
     stats.step("link check", &mut t);
 
     let sp = spinner(opts.progress, "packing");
-    let packed = pack_dir_with(
-        &root,
-        &out,
-        &PackOptions {
-            id: Some(id.clone()),
-            mtime_clamp: Some(epoch),
-        },
-    );
+    let packed = pack_dir_with(&root, &out, &PackOptions { id: Some(id.clone()), mtime_clamp: Some(epoch) });
     sp.finish();
     let packed = packed?;
     stats.image_bytes = packed.image_bytes;
@@ -467,11 +420,5 @@ pub fn build(spec: &ImageSpec, opts: &BuildOptions) -> Result<BuiltImage, BuildE
     stats.step("pack", &mut t);
     stats.elapsed = started.elapsed();
     tracing::info!(path = %out.display(), bytes = stats.image_bytes, inodes = img.inode_count(), elapsed = ?stats.elapsed, "image built");
-    Ok(BuiltImage {
-        path: out,
-        id,
-        reused: false,
-        packages: names,
-        stats: Some(stats),
-    })
+    Ok(BuiltImage { path: out, id, reused: false, packages: names, stats: Some(stats) })
 }

@@ -20,10 +20,7 @@ pub fn guest_version(root: &Path) -> Result<String, BuildError> {
     for e in fs::read_dir(&bin).map_err(|e| BuildError::io("precompile", &bin, e))? {
         let e = e.map_err(|e| BuildError::io("precompile", &bin, e))?;
         let name = e.file_name().to_string_lossy().into_owned();
-        if let Some(minor) = name
-            .strip_prefix("python3.")
-            .and_then(|m| m.parse::<u32>().ok())
-        {
+        if let Some(minor) = name.strip_prefix("python3.").and_then(|m| m.parse::<u32>().ok()) {
             found.push((minor, format!("3.{minor}")));
         }
     }
@@ -31,10 +28,7 @@ pub fn guest_version(root: &Path) -> Result<String, BuildError> {
     found
         .pop()
         .map(|(_, v)| v)
-        .ok_or_else(|| BuildError::Invalid {
-            step: "precompile",
-            msg: "no /usr/bin/python3.N in the tree".into(),
-        })
+        .ok_or_else(|| BuildError::Invalid { step: "precompile", msg: "no /usr/bin/python3.N in the tree".into() })
 }
 
 /// Compile every module under the stdlib and dist-packages. Returns the number of .pyc
@@ -43,25 +37,15 @@ pub fn compile(root: &Path) -> Result<u64, BuildError> {
     let guest = guest_version(root)?;
     let host = PathBuf::from(format!("/usr/bin/python{guest}"));
     if !host.exists() {
-        return Err(BuildError::PythonVersion {
-            host: format!("{} not found", host.display()),
-            guest,
-        });
+        return Err(BuildError::PythonVersion { host: format!("{} not found", host.display()), guest });
     }
     let out = cmd::run(
         "precompile",
-        Command::new(&host).args([
-            "-I",
-            "-c",
-            "import sys; print('%d.%d' % sys.version_info[:2])",
-        ]),
+        Command::new(&host).args(["-I", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"]),
     )?;
     let host_version = String::from_utf8_lossy(&out.stdout).trim().to_string();
     if host_version != guest {
-        return Err(BuildError::PythonVersion {
-            host: host_version,
-            guest,
-        });
+        return Err(BuildError::PythonVersion { host: host_version, guest });
     }
     let dirs: Vec<PathBuf> = [
         format!("usr/lib/python{guest}"),
@@ -74,17 +58,7 @@ pub fn compile(root: &Path) -> Result<u64, BuildError> {
     .collect();
     let mut c = Command::new(&host);
     c.env("SOURCE_DATE_EPOCH", "0") // irrelevant with hash-based pycs, but keep it pinned
-        .args([
-            "-I",
-            "-m",
-            "compileall",
-            "-q",
-            "-j",
-            "0",
-            "--invalidation-mode",
-            "unchecked-hash",
-            "-s",
-        ])
+        .args(["-I", "-m", "compileall", "-q", "-j", "0", "--invalidation-mode", "unchecked-hash", "-s"])
         .arg(root)
         .args(["-p", "/"])
         .args(&dirs);
@@ -99,9 +73,7 @@ pub fn compile(root: &Path) -> Result<u64, BuildError> {
     while let Some(d) = stack.pop() {
         for e in fs::read_dir(&d).map_err(|e| BuildError::io("precompile", &d, e))? {
             let e = e.map_err(|e| BuildError::io("precompile", &d, e))?;
-            let ft = e
-                .file_type()
-                .map_err(|err| BuildError::io("precompile", &e.path(), err))?;
+            let ft = e.file_type().map_err(|err| BuildError::io("precompile", &e.path(), err))?;
             if ft.is_dir() {
                 stack.push(e.path());
             } else if e.path().extension().is_some_and(|x| x == "pyc") {

@@ -195,7 +195,9 @@ impl ImageSpec {
             extra_files: vec![
                 ExtraFile {
                     guest_path: "/etc/passwd".into(),
-                    data: b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n".to_vec(),
+                    data:
+                        b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+                            .to_vec(),
                     perm: 0o644,
                 },
                 ExtraFile {
@@ -270,8 +272,7 @@ impl ImageSpec {
             // Debian package names (optionally with =version or :arch), never options.
             let ok = !p.is_empty()
                 && !p.starts_with('-')
-                && p.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"+-.:=~_".contains(&b));
+                && p.bytes().all(|b| b.is_ascii_alphanumeric() || b"+-.:=~_".contains(&b));
             if !ok {
                 return bad(format!("invalid package name {p:?}"));
             }
@@ -282,13 +283,9 @@ impl ImageSpec {
                 && p.len() > 1
                 && !p.ends_with('/')
                 && !p.contains('\0')
-                && p.split('/')
-                    .skip(1)
-                    .all(|c| !c.is_empty() && c != "." && c != "..");
+                && p.split('/').skip(1).all(|c| !c.is_empty() && c != "." && c != "..");
             if !ok {
-                return bad(format!(
-                    "extra file path {p:?} must be absolute and normalized"
-                ));
+                return bad(format!("extra file path {p:?} must be absolute and normalized"));
             }
             if f.perm & !0o7777 != 0 {
                 return bad(format!("extra file {p}: bad permission bits {:#o}", f.perm));
@@ -344,11 +341,7 @@ pub fn recipe_id(spec: &ImageSpec, debs: &[DebRef]) -> String {
 /// image without pip packages has the same id as before they existed).
 pub fn recipe_id_with_wheels(spec: &ImageSpec, debs: &[DebRef], wheels: &[WheelRef]) -> String {
     let mut h = Sha256::new();
-    field(
-        &mut h,
-        "forkbox-image-recipe",
-        &RECIPE_VERSION.to_le_bytes(),
-    );
+    field(&mut h, "forkbox-image-recipe", &RECIPE_VERSION.to_le_bytes());
     field(&mut h, "format", &crate::format::VERSION.to_le_bytes());
     let mut pkgs: Vec<&str> = spec.packages.iter().map(String::as_str).collect();
     pkgs.sort_unstable();

@@ -82,18 +82,13 @@ pub fn unpack_all(
     let staging = |i: usize| work.join(format!("pkg-{i:03}"));
     let next = AtomicUsize::new(0);
     let failures: Mutex<Vec<(usize, BuildError)>> = Mutex::new(Vec::new());
-    let workers = std::thread::available_parallelism()
-        .map_or(2, |n| n.get())
-        .clamp(1, 4);
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(1, 4);
     std::thread::scope(|s| {
         for _ in 0..workers {
             s.spawn(|| loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some((deb, _)) = debs.get(i) else { break };
-                let r = cmd::run(
-                    "unpack",
-                    Command::new("dpkg-deb").arg("-R").arg(deb).arg(staging(i)),
-                );
+                let r = cmd::run("unpack", Command::new("dpkg-deb").arg("-R").arg(deb).arg(staging(i)));
                 if let Err(e) = r {
                     if let Ok(mut f) = failures.lock() {
                         f.push((i, e));
@@ -115,9 +110,7 @@ pub fn unpack_all(
         let dir = staging(i);
         let ctl = dir.join("DEBIAN");
         if let Ok(text) = fs::read(ctl.join("postinst")) {
-            control
-                .postinsts
-                .push((package.clone(), String::from_utf8_lossy(&text).into_owned()));
+            control.postinsts.push((package.clone(), String::from_utf8_lossy(&text).into_owned()));
         }
         fs::remove_dir_all(&ctl).map_err(io_err("unpack", &ctl))?;
         merge_into(&dir, root, Conflict::Replace)?;
@@ -156,11 +149,7 @@ enum Conflict {
 /// Move everything in `src` into `dst` (renames; directories are merged recursively and
 /// keep `dst`'s metadata). `src` is left empty.
 fn merge_into(src: &Path, dst: &Path, conflict: Conflict) -> Result<(), BuildError> {
-    let step = if conflict == Conflict::Replace {
-        "unpack"
-    } else {
-        "usrmerge"
-    };
+    let step = if conflict == Conflict::Replace { "unpack" } else { "usrmerge" };
     if fs::symlink_metadata(dst).is_err() {
         fs::create_dir_all(dst).map_err(io_err(step, dst))?;
         let m = fs::metadata(src).map_err(io_err(step, src))?;
@@ -170,10 +159,8 @@ fn merge_into(src: &Path, dst: &Path, conflict: Conflict) -> Result<(), BuildErr
         let e = e.map_err(io_err(step, src))?;
         let (s, t) = (e.path(), dst.join(e.file_name()));
         let sm = fs::symlink_metadata(&s).map_err(io_err(step, &s))?;
-        let clash = || BuildError::Invalid {
-            step,
-            msg: format!("{} and {} both exist and differ", s.display(), t.display()),
-        };
+        let clash =
+            || BuildError::Invalid { step, msg: format!("{} and {} both exist and differ", s.display(), t.display()) };
         match fs::symlink_metadata(&t) {
             Err(_) => fs::rename(&s, &t).map_err(io_err(step, &s))?,
             Ok(tm) if tm.is_dir() && sm.is_dir() => {
@@ -234,10 +221,7 @@ pub fn resolve(root: &Path, guest: &[u8], follow_last: bool) -> io::Result<Vec<O
                 todo.extend(parts);
             }
             Ok(m) if !last && !m.is_dir() => {
-                return Err(io::Error::new(
-                    io::ErrorKind::NotADirectory,
-                    "not a directory",
-                ))
+                return Err(io::Error::new(io::ErrorKind::NotADirectory, "not a directory"))
             }
             Ok(_) => cur.push(c),
             Err(e) if last && e.kind() == io::ErrorKind::NotFound => cur.push(c),
@@ -248,10 +232,7 @@ pub fn resolve(root: &Path, guest: &[u8], follow_last: bool) -> io::Result<Vec<O
 }
 
 fn split(p: &[u8]) -> Vec<OsString> {
-    p.split(|b| *b == b'/')
-        .filter(|c| !c.is_empty())
-        .map(|c| OsStr::from_bytes(c).to_os_string())
-        .collect()
+    p.split(|b| *b == b'/').filter(|c| !c.is_empty()).map(|c| OsStr::from_bytes(c).to_os_string()).collect()
 }
 
 pub fn host_path(root: &Path, comps: &[OsString]) -> PathBuf {
@@ -285,8 +266,7 @@ fn creatable(root: &Path, guest: &str, step: &'static str) -> Result<PathBuf, Bu
         let hp = host_path(root, &resolved);
         if fs::symlink_metadata(&hp).is_err() {
             fs::create_dir(&hp).map_err(io_err(step, &hp))?;
-            fs::set_permissions(&hp, fs::Permissions::from_mode(0o755))
-                .map_err(io_err(step, &hp))?;
+            fs::set_permissions(&hp, fs::Permissions::from_mode(0o755)).map_err(io_err(step, &hp))?;
         }
         comps = resolved;
     }
@@ -330,15 +310,8 @@ pub fn parse_alternatives(package: &str, script: &str) -> Vec<Alternative> {
         let Some(j) = toks.iter().position(|t| *t == "--install") else {
             continue;
         };
-        if toks
-            .iter()
-            .any(|t| t.contains('$') || t.contains('"') || t.contains('\'') || t.contains('`'))
-        {
-            tracing::debug!(
-                package,
-                line,
-                "skipping update-alternatives line with shell syntax"
-            );
+        if toks.iter().any(|t| t.contains('$') || t.contains('"') || t.contains('\'') || t.contains('`')) {
+            tracing::debug!(package, line, "skipping update-alternatives line with shell syntax");
             continue;
         }
         let [link, name, path, prio] = match toks.get(j + 1..j + 5) {
@@ -406,8 +379,7 @@ pub fn apply_alternatives(
         let link_host = creatable(root, &a.link, "alternatives")?;
         let link_dir: Vec<OsString> = {
             let parent = a.link.rsplit_once('/').map_or("", |(p, _)| p);
-            resolve(root, parent.as_bytes(), true)
-                .map_err(|e| BuildError::io("alternatives", &link_host, e))?
+            resolve(root, parent.as_bytes(), true).map_err(|e| BuildError::io("alternatives", &link_host, e))?
         };
         if fs::symlink_metadata(&link_host).is_ok() {
             fs::remove_file(&link_host).map_err(io_err("alternatives", &link_host))?;
@@ -450,15 +422,8 @@ fn component_match(pat: &[u8], s: &[u8]) -> bool {
 /// Remove everything matching `rules`. Symlinked directories are not descended into.
 /// Returns the number of removed entries (top-level matches).
 pub fn trim(root: &Path, rules: &[&str]) -> Result<u64, BuildError> {
-    let rules: Vec<Vec<&[u8]>> = rules
-        .iter()
-        .map(|r| {
-            r.as_bytes()
-                .split(|b| *b == b'/')
-                .filter(|c| !c.is_empty())
-                .collect()
-        })
-        .collect();
+    let rules: Vec<Vec<&[u8]>> =
+        rules.iter().map(|r| r.as_bytes().split(|b| *b == b'/').filter(|c| !c.is_empty()).collect()).collect();
     let mut removed = 0;
     let mut stack: Vec<Vec<OsString>> = vec![Vec::new()];
     while let Some(rel) = stack.pop() {
@@ -490,18 +455,12 @@ pub fn trim(root: &Path, rules: &[&str]) -> Result<u64, BuildError> {
 
 /// Directories every guest expects: /tmp (1777), /root (0700), /home.
 pub fn base_dirs(root: &Path) -> Result<(), BuildError> {
-    for (d, mode) in [
-        ("tmp", 0o1777),
-        ("root", 0o700),
-        ("home", 0o755),
-        ("etc", 0o755),
-    ] {
+    for (d, mode) in [("tmp", 0o1777), ("root", 0o700), ("home", 0o755), ("etc", 0o755)] {
         let p = root.join(d);
         if fs::symlink_metadata(&p).is_err() {
             fs::create_dir(&p).map_err(io_err("base dirs", &p))?;
         }
-        fs::set_permissions(&p, fs::Permissions::from_mode(mode))
-            .map_err(io_err("base dirs", &p))?;
+        fs::set_permissions(&p, fs::Permissions::from_mode(mode)).map_err(io_err("base dirs", &p))?;
     }
     Ok(())
 }
@@ -566,8 +525,7 @@ pub fn add_file(root: &Path, guest: &str, data: &[u8], perm: u32) -> Result<(), 
         fs::remove_file(&host).map_err(io_err("extra files", &host))?;
     }
     fs::write(&host, data).map_err(io_err("extra files", &host))?;
-    fs::set_permissions(&host, fs::Permissions::from_mode(perm))
-        .map_err(io_err("extra files", &host))?;
+    fs::set_permissions(&host, fs::Permissions::from_mode(perm)).map_err(io_err("extra files", &host))?;
     Ok(())
 }
 
@@ -575,9 +533,7 @@ pub fn add_file(root: &Path, guest: &str, data: &[u8], perm: u32) -> Result<(), 
 /// updates), so ld.so opens each library directly instead of probing the search path and
 /// its hwcaps subdirectories. Best effort: without it the guest still works.
 pub fn ldconfig(root: &Path) -> Result<bool, BuildError> {
-    let prog = ["/usr/sbin/ldconfig", "/sbin/ldconfig"]
-        .into_iter()
-        .find(|p| Path::new(p).exists());
+    let prog = ["/usr/sbin/ldconfig", "/sbin/ldconfig"].into_iter().find(|p| Path::new(p).exists());
     let Some(prog) = prog else {
         tracing::warn!("no ldconfig on the host; the image has no /etc/ld.so.cache");
         return Ok(false);
@@ -656,14 +612,8 @@ mod tests {
         assert_eq!(s("/lib/missing", true), "/usr/lib/missing");
         assert!(resolve(r, b"/missing/x", true).is_err());
         assert!(resolve(r, b"/usr/lib/x/f/g", true).is_err());
-        assert_eq!(
-            relative(&split(b"usr/lib/x"), &split(b"usr/lib/x/blas/l.so")),
-            PathBuf::from("blas/l.so")
-        );
-        assert_eq!(
-            relative(&split(b"usr/sbin"), &split(b"usr/lib/y")),
-            PathBuf::from("../lib/y")
-        );
+        assert_eq!(relative(&split(b"usr/lib/x"), &split(b"usr/lib/x/blas/l.so")), PathBuf::from("blas/l.so"));
+        assert_eq!(relative(&split(b"usr/sbin"), &split(b"usr/lib/y")), PathBuf::from("../lib/y"));
 
         // creating through an absolute symlink stays inside the tree
         add_file(r, "/abs/new/file", b"hi", 0o600).unwrap();
@@ -681,14 +631,8 @@ mod tests {
         fs::write(r.join("usr/lib/x86_64-linux-gnu/libz.so.1"), b"z").unwrap();
         fs::write(r.join("bin/sh"), b"sh").unwrap();
         usrmerge(r).unwrap();
-        assert_eq!(
-            fs::read_link(r.join("lib")).unwrap(),
-            PathBuf::from("usr/lib")
-        );
-        assert_eq!(
-            fs::read(r.join("lib/x86_64-linux-gnu/libc.so.6")).unwrap(),
-            b"c"
-        );
+        assert_eq!(fs::read_link(r.join("lib")).unwrap(), PathBuf::from("usr/lib"));
+        assert_eq!(fs::read(r.join("lib/x86_64-linux-gnu/libc.so.6")).unwrap(), b"c");
         assert_eq!(fs::read(r.join("usr/bin/sh")).unwrap(), b"sh");
 
         fs::create_dir_all(r.join("usr/share/doc/x")).unwrap();

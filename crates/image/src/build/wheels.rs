@@ -66,7 +66,9 @@ pub fn validate_spec(s: &str) -> Result<(), String> {
         return Err(format!("invalid pip spec {s:?} (must start with a package name)"));
     }
     if !s.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-[],<>=!~*+".contains(&b)) {
-        return Err(format!("invalid pip spec {s:?} (a name with optional [extras] and version constraints, e.g. pandas>=2)"));
+        return Err(format!(
+            "invalid pip spec {s:?} (a name with optional [extras] and version constraints, e.g. pandas>=2)"
+        ));
     }
     Ok(())
 }
@@ -82,7 +84,10 @@ impl PipSource {
             }
         }
         for f in &self.find_links {
-            let ok = (f.starts_with('/') || f.starts_with("https://") || f.starts_with("http://") || f.starts_with("file:///"))
+            let ok = (f.starts_with('/')
+                || f.starts_with("https://")
+                || f.starts_with("http://")
+                || f.starts_with("file:///"))
                 && f.len() <= 4096
                 && !f.bytes().any(|b| b.is_ascii_control());
             if !ok {
@@ -128,7 +133,8 @@ pub fn fetch(specs: &[String], source: &PipSource, cache: &Path, tmp_root: &Path
         validate_spec(s).map_err(bad)?;
     }
     source.validate().map_err(bad)?;
-    let dl = tempfile::Builder::new().prefix("pip-").tempdir_in(tmp_root).map_err(|e| BuildError::io("pip", tmp_root, e))?;
+    let dl =
+        tempfile::Builder::new().prefix("pip-").tempdir_in(tmp_root).map_err(|e| BuildError::io("pip", tmp_root, e))?;
     let mut c = host_pip();
     c.args(["download", "--only-binary=:all:", "--no-input", "--disable-pip-version-check", "--progress-bar", "off"]);
     for p in PIP_PLATFORMS {
@@ -305,7 +311,9 @@ mod tests {
         for ok in ["pandas", "pandas>=2,<3", "requests[socks]", "a.b-c_d==1.0.*", "x~=1.2"] {
             assert!(validate_spec(ok).is_ok(), "{ok}");
         }
-        for bad in ["", "-e", "--index-url=x", "./local", "/abs/x.whl", "pkg @ https://x", "a b", "x;y", &"a".repeat(201)] {
+        for bad in
+            ["", "-e", "--index-url=x", "./local", "/abs/x.whl", "pkg @ https://x", "a b", "x;y", &"a".repeat(201)]
+        {
             assert!(validate_spec(bad).is_err(), "{bad}");
         }
     }
@@ -316,7 +324,9 @@ mod tests {
         assert!(PipSource { no_index: true, ..Default::default() }.validate().is_err());
         assert!(PipSource { index_url: Some("ftp://x".into()), ..Default::default() }.validate().is_err());
         assert!(PipSource { find_links: vec!["rel/dir".into()], ..Default::default() }.validate().is_err());
-        assert!(PipSource { find_links: vec!["/wheels".into()], no_index: true, ..Default::default() }.validate().is_ok());
+        assert!(PipSource { find_links: vec!["/wheels".into()], no_index: true, ..Default::default() }
+            .validate()
+            .is_ok());
     }
 
     /// A wheel zip written by hand: `files` plus a RECORD with their hashes (or wrong ones).
@@ -337,7 +347,11 @@ with zipfile.ZipFile(path, 'w', zipfile.ZIP_DEFLATED) as z:
     z.writestr(dist + '/RECORD', '\n'.join(rows + [dist + '/RECORD,,']) + '\n')
 "#;
         let mut c = Command::new(host_python());
-        c.args(["-I", "-c", script]).arg(path).arg(format!("{name}-1.0.dist-info")).arg(if bad_hash { "1" } else { "0" });
+        c.args(["-I", "-c", script]).arg(path).arg(format!("{name}-1.0.dist-info")).arg(if bad_hash {
+            "1"
+        } else {
+            "0"
+        });
         for (n, d) in files {
             c.arg(n).arg(String::from_utf8_lossy(d).as_ref());
         }
@@ -350,8 +364,18 @@ with zipfile.ZipFile(path, 'w', zipfile.ZIP_DEFLATED) as z:
         let dir = tempfile::tempdir().unwrap();
         let house = dir.path().join("house");
         std::fs::create_dir(&house).unwrap();
-        write_wheel(&house.join("fbxdemo-1.0-py3-none-any.whl"), "fbxdemo", &[("fbxdemo/__init__.py", b"X = 42\n")], false);
-        write_wheel(&house.join("tampered-1.0-py3-none-any.whl"), "tampered", &[("tampered/__init__.py", b"X = 1\n")], true);
+        write_wheel(
+            &house.join("fbxdemo-1.0-py3-none-any.whl"),
+            "fbxdemo",
+            &[("fbxdemo/__init__.py", b"X = 42\n")],
+            false,
+        );
+        write_wheel(
+            &house.join("tampered-1.0-py3-none-any.whl"),
+            "tampered",
+            &[("tampered/__init__.py", b"X = 1\n")],
+            true,
+        );
         write_wheel(&house.join("escape-1.0-py3-none-any.whl"), "escape", &[("../../etc/evil", b"x\n")], false);
         std::fs::write(house.join("onlysdist-1.0.tar.gz"), b"not really a tarball").unwrap();
         let cache = dir.path().join("cache");

@@ -75,7 +75,12 @@ impl NetConfig {
     pub const DEFAULT_MAX_BYTES: u64 = 1 << 30;
 
     pub fn with_policy(p: Policy) -> NetConfig {
-        NetConfig { layers: vec![p], hosts: BTreeMap::new(), max_sockets: Self::DEFAULT_MAX_SOCKETS, max_bytes: Self::DEFAULT_MAX_BYTES }
+        NetConfig {
+            layers: vec![p],
+            hosts: BTreeMap::new(),
+            max_sockets: Self::DEFAULT_MAX_SOCKETS,
+            max_bytes: Self::DEFAULT_MAX_BYTES,
+        }
     }
 
     /// `none` if any layer is, else the narrowest mode (allowlist over public).
@@ -329,7 +334,8 @@ pub fn host_errno(e: &std::io::Error) -> Errno {
 }
 
 /// Readiness bits of a socket for poll (POLLIN, POLLOUT, POLLERR, POLLHUP, POLLRDHUP, POLLPRI).
-pub const POLL_MASK: i16 = libc::POLLIN | libc::POLLOUT | libc::POLLPRI | libc::POLLERR | libc::POLLHUP | libc::POLLRDHUP;
+pub const POLL_MASK: i16 =
+    libc::POLLIN | libc::POLLOUT | libc::POLLPRI | libc::POLLERR | libc::POLLHUP | libc::POLLRDHUP;
 
 impl NetIo {
     pub fn new(config: Arc<NetConfig>) -> NetIo {
@@ -354,7 +360,10 @@ impl NetIo {
     /// socket(): a new non-blocking host socket. Returns the socket id for the fd table.
     pub fn socket(&mut self, domain: i32, stream: bool) -> Result<u64, Errno> {
         if self.socks.len() >= self.config.max_sockets as usize {
-            self.note(format!("socket refused: the sandbox's limit of {} open sockets is reached", self.config.max_sockets));
+            self.note(format!(
+                "socket refused: the sandbox's limit of {} open sockets is reached",
+                self.config.max_sockets
+            ));
             return Err(Errno::EMFILE);
         }
         let (d, t, p) = match (domain, stream) {
@@ -502,7 +511,9 @@ impl NetIo {
     /// address); EAGAIN when none waits. A socket with no state behind it
     /// (restored from a snapshot: its listener is gone) is EINVAL.
     pub fn accept(&mut self, id: u64) -> Result<(u64, SocketAddr), Errno> {
-        let Some(Sock { backend: Backend::Listener(l), .. }) = self.socks.get_mut(&id) else { return Err(Errno::EINVAL) };
+        let Some(Sock { backend: Backend::Listener(l), .. }) = self.socks.get_mut(&id) else {
+            return Err(Errno::EINVAL);
+        };
         let c = l.queue.pop_front().ok_or(Errno::EAGAIN)?;
         let mut b = [std::mem::MaybeUninit::<u8>::uninit(); 1];
         let _ = l.ready.0.recv(&mut b);
@@ -522,7 +533,8 @@ impl NetIo {
             return Err(Errno::EINVAL);
         }
         let bound = s.local;
-        let Some(Sock { backend: Backend::Listener(l), domain: ldomain, reuse: lreuse, .. }) = self.socks.get(&lid) else {
+        let Some(Sock { backend: Backend::Listener(l), domain: ldomain, reuse: lreuse, .. }) = self.socks.get(&lid)
+        else {
             return Err(Errno::ECONNREFUSED);
         };
         let (ldomain, lreuse) = (*ldomain, *lreuse);
@@ -531,7 +543,10 @@ impl NetIo {
             return Err(Errno::ECONNREFUSED);
         }
         if self.socks.len() >= self.config.max_sockets as usize {
-            self.note(format!("connect to {dest} refused: the sandbox's limit of {} open sockets is reached", self.config.max_sockets));
+            self.note(format!(
+                "connect to {dest} refused: the sandbox's limit of {} open sockets is reached",
+                self.config.max_sockets
+            ));
             return Err(Errno::ECONNREFUSED);
         }
         // The client's address: its bound one (a wildcard becomes the destination's IP), else an ephemeral port.
@@ -822,7 +837,11 @@ impl NetIo {
             return Ok((n, Some(resolver_addr()), false));
         }
         if !s.stream && !s.inbox.is_empty() {
-            let msg = if peek { s.inbox.front().cloned().unwrap_or_default() } else { s.inbox.pop_front().unwrap_or_default() };
+            let msg = if peek {
+                s.inbox.front().cloned().unwrap_or_default()
+            } else {
+                s.inbox.pop_front().unwrap_or_default()
+            };
             let n = buf.len().min(msg.len());
             buf[..n].copy_from_slice(&msg[..n]);
             let truncated = msg.len() > n;
@@ -853,11 +872,7 @@ impl NetIo {
         if !peek && !local {
             self.account(0, n.min(buf.len()) as u64);
         }
-        let src = if stream || from_len == 0 {
-            None
-        } else {
-            from_storage(&from, from_len as usize)
-        };
+        let src = if stream || from_len == 0 { None } else { from_storage(&from, from_len as usize) };
         Ok((n, src, truncated))
     }
 
@@ -886,7 +901,9 @@ impl NetIo {
     /// snapshot) is reset: readable, writable, hung up, in error.
     pub fn poll(&self, id: u64, events: i16) -> i16 {
         let Some(s) = self.socks.get(&id) else {
-            return (events & (libc::POLLIN | libc::POLLOUT | libc::POLLRDNORM | libc::POLLWRNORM)) | libc::POLLHUP | libc::POLLERR;
+            return (events & (libc::POLLIN | libc::POLLOUT | libc::POLLRDNORM | libc::POLLWRNORM))
+                | libc::POLLHUP
+                | libc::POLLERR;
         };
         let want = events & POLL_MASK | events & (libc::POLLRDNORM | libc::POLLWRNORM);
         match &s.backend {
@@ -928,7 +945,11 @@ impl NetIo {
             let events = events & (libc::POLLIN | libc::POLLRDNORM);
             return (events != 0).then_some(libc::pollfd { fd, events, revents: 0 });
         }
-        Some(libc::pollfd { fd, events: events & POLL_MASK | events & (libc::POLLRDNORM | libc::POLLWRNORM), revents: 0 })
+        Some(libc::pollfd {
+            fd,
+            events: events & POLL_MASK | events & (libc::POLLRDNORM | libc::POLLWRNORM),
+            revents: 0,
+        })
     }
 
     pub fn local_addr(&mut self, id: u64) -> Result<SocketAddr, Errno> {
@@ -1131,7 +1152,9 @@ impl NetIo {
         if kept.is_empty() {
             if let Some(why) = why {
                 *self.stats.denied.entry(why.clone()).or_default() += 1;
-                self.note(format!("DNS lookup of {name} refused: it resolves only to addresses the egress policy denies ({why})"));
+                self.note(format!(
+                    "DNS lookup of {name} refused: it resolves only to addresses the egress policy denies ({why})"
+                ));
                 return (dns::RCODE_REFUSED, Vec::new());
             }
             return (dns::RCODE_NXDOMAIN, Vec::new());
@@ -1195,7 +1218,11 @@ fn host_getaddrinfo(name: &str) -> Result<Vec<IpAddr>, u8> {
             let (st, len) = unsafe {
                 let mut st: libc::sockaddr_storage = std::mem::zeroed();
                 let len = (ai.ai_addrlen as usize).min(std::mem::size_of::<libc::sockaddr_storage>());
-                std::ptr::copy_nonoverlapping(ai.ai_addr.cast::<u8>(), (&mut st as *mut libc::sockaddr_storage).cast::<u8>(), len);
+                std::ptr::copy_nonoverlapping(
+                    ai.ai_addr.cast::<u8>(),
+                    (&mut st as *mut libc::sockaddr_storage).cast::<u8>(),
+                    len,
+                );
                 (st, len)
             };
             if let Some(a) = from_storage(&st, len) {

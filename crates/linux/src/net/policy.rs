@@ -51,7 +51,11 @@ impl NamePattern {
         let name = normalize_name(name);
         match self {
             NamePattern::Exact(n) => name == *n,
-            NamePattern::Suffix(s) => name.len() > s.len() + 1 && name.ends_with(s.as_str()) && name.as_bytes()[name.len() - s.len() - 1] == b'.',
+            NamePattern::Suffix(s) => {
+                name.len() > s.len() + 1
+                    && name.ends_with(s.as_str())
+                    && name.as_bytes()[name.len() - s.len() - 1] == b'.'
+            }
         }
     }
 }
@@ -105,7 +109,11 @@ fn parse_target(s: &str) -> Result<Target, &'static str> {
     };
     let name = normalize_name(name);
     let label_ok = |l: &str| {
-        !l.is_empty() && l.len() <= 63 && !l.starts_with('-') && !l.ends_with('-') && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        !l.is_empty()
+            && l.len() <= 63
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+            && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
     };
     if name.is_empty() || name.len() > 253 || !name.split('.').all(label_ok) {
         return Err("not an IP address, CIDR or host name");
@@ -159,7 +167,8 @@ impl fmt::Display for Rule {
             Target::Name(NamePattern::Exact(n)) => n.clone(),
             Target::Name(NamePattern::Suffix(s)) => format!("*.{s}"),
         };
-        let bracket = matches!(&self.target, Target::Net(n) if n.addr().is_ipv6() && n.prefix_len() == 128) && self.ports.is_some();
+        let bracket = matches!(&self.target, Target::Net(n) if n.addr().is_ipv6() && n.prefix_len() == 128)
+            && self.ports.is_some();
         match (bracket, self.ports) {
             (true, Some((a, b))) if a == b => write!(f, "[{t}]:{a}"),
             (true, Some((a, b))) => write!(f, "[{t}]:{a}-{b}"),
@@ -444,13 +453,18 @@ impl Policy {
             _ => Decision::Allow(Reason::Public),
         }
     }
-
 }
 
 /// Decide against layered policies (server, key, template, session): every
 /// layer must allow, so an inner layer only ever narrows. The first denial
 /// decides; otherwise the innermost layer's allowance is reported.
-pub fn decide_layers(layers: &[Policy], ip: IpAddr, port: Option<u16>, names: &[String], host_addrs: &[IpAddr]) -> Decision {
+pub fn decide_layers(
+    layers: &[Policy],
+    ip: IpAddr,
+    port: Option<u16>,
+    names: &[String],
+    host_addrs: &[IpAddr],
+) -> Decision {
     let mut last = Decision::Deny(Reason::NetworkNone);
     for p in layers {
         let d = p.decide(ip, port, names, host_addrs);
@@ -561,7 +575,17 @@ mod tests {
         ] {
             assert_eq!(deny_class(&p, a), Some(c), "{a}");
         }
-        for a in ["93.184.215.14", "1.1.1.1", "8.8.8.8", "2606:4700::1111", "::ffff:8.8.8.8", "64:ff9b::808:808", "100.63.255.255", "172.32.0.1", "11.0.0.1"] {
+        for a in [
+            "93.184.215.14",
+            "1.1.1.1",
+            "8.8.8.8",
+            "2606:4700::1111",
+            "::ffff:8.8.8.8",
+            "64:ff9b::808:808",
+            "100.63.255.255",
+            "172.32.0.1",
+            "11.0.0.1",
+        ] {
             assert_eq!(p.decide(ip(a), Some(443), &[], &[]), Decision::Allow(Reason::Public), "{a}");
         }
     }
@@ -577,9 +601,18 @@ mod tests {
     fn host_addresses_are_denied() {
         let p = Policy::public();
         let host = [ip("93.184.215.14"), ip("2606:4700::1")];
-        assert_eq!(p.decide(ip("93.184.215.14"), Some(80), &[], &host), Decision::Deny(Reason::Class(Class::HostAddress)));
-        assert_eq!(p.decide(ip("::ffff:93.184.215.14"), Some(80), &[], &host), Decision::Deny(Reason::Class(Class::HostAddress)));
-        assert_eq!(p.decide(ip("2606:4700::1"), Some(80), &[], &host), Decision::Deny(Reason::Class(Class::HostAddress)));
+        assert_eq!(
+            p.decide(ip("93.184.215.14"), Some(80), &[], &host),
+            Decision::Deny(Reason::Class(Class::HostAddress))
+        );
+        assert_eq!(
+            p.decide(ip("::ffff:93.184.215.14"), Some(80), &[], &host),
+            Decision::Deny(Reason::Class(Class::HostAddress))
+        );
+        assert_eq!(
+            p.decide(ip("2606:4700::1"), Some(80), &[], &host),
+            Decision::Deny(Reason::Class(Class::HostAddress))
+        );
         assert!(p.decide(ip("93.184.215.15"), Some(80), &[], &host).allowed());
         // The machine's real interfaces are listed (loopback at least).
         assert!(host_addresses().contains(&ip("127.0.0.1")));
@@ -587,7 +620,11 @@ mod tests {
 
     #[test]
     fn explicit_cidr_opens_a_private_address_names_never_do() {
-        let p = Policy { mode: Mode::Public, allow: vec![rule("10.200.0.0/24"), rule("127.0.0.1:8000-8100"), rule("*.test.example")], deny: vec![] };
+        let p = Policy {
+            mode: Mode::Public,
+            allow: vec![rule("10.200.0.0/24"), rule("127.0.0.1:8000-8100"), rule("*.test.example")],
+            deny: vec![],
+        };
         assert!(p.decide(ip("10.200.0.2"), Some(80), &[], &[]).allowed());
         assert!(p.decide(ip("::ffff:10.200.0.2"), Some(80), &[], &[]).allowed(), "mapped form of an allowed address");
         assert!(!p.decide(ip("10.200.1.2"), Some(80), &[], &[]).allowed());
@@ -595,7 +632,10 @@ mod tests {
         assert_eq!(p.decide(ip("127.0.0.1"), Some(22), &[], &[]), Decision::Deny(Reason::Class(Class::Loopback)));
         // DNS rebinding: a matching name resolving to a non-public address stays denied.
         let names = vec!["evil.test.example".to_string()];
-        assert_eq!(p.decide(ip("169.254.169.254"), Some(80), &names, &[]), Decision::Deny(Reason::Class(Class::Metadata)));
+        assert_eq!(
+            p.decide(ip("169.254.169.254"), Some(80), &names, &[]),
+            Decision::Deny(Reason::Class(Class::Metadata))
+        );
         // Even the explicitly allowed 127.0.0.1 host is open on its ports only; other loopback hosts are not.
         assert!(!p.decide(ip("127.0.0.2"), Some(8080), &names, &[]).allowed());
     }
@@ -618,7 +658,11 @@ mod tests {
 
     #[test]
     fn deny_rules_win() {
-        let p = Policy { mode: Mode::Public, allow: vec![rule("10.0.0.0/8")], deny: vec![rule("10.9.0.0/16"), rule("*:25"), rule("*.bad.example")] };
+        let p = Policy {
+            mode: Mode::Public,
+            allow: vec![rule("10.0.0.0/8")],
+            deny: vec![rule("10.9.0.0/16"), rule("*:25"), rule("*.bad.example")],
+        };
         assert!(p.decide(ip("10.1.0.1"), Some(80), &[], &[]).allowed());
         assert_eq!(p.decide(ip("10.9.0.1"), Some(80), &[], &[]), Decision::Deny(Reason::Rule("10.9.0.0/16".into())));
         assert_eq!(p.decide(ip("8.8.8.8"), Some(25), &[], &[]), Decision::Deny(Reason::Rule("*:25".into())));
@@ -628,15 +672,39 @@ mod tests {
 
     #[test]
     fn rule_text_round_trips_and_rejects_garbage() {
-        for s in ["10.0.0.0/8", "192.168.1.7", "fd00::/8", "[::1]:8080", "example.com", "*.example.com:443", "*:25", "10.1.2.3:8000-8100", "::1", "*"] {
+        for s in [
+            "10.0.0.0/8",
+            "192.168.1.7",
+            "fd00::/8",
+            "[::1]:8080",
+            "example.com",
+            "*.example.com:443",
+            "*:25",
+            "10.1.2.3:8000-8100",
+            "::1",
+            "*",
+        ] {
             assert_eq!(rule(s).to_string(), s, "{s}");
         }
         assert_eq!(rule("10.1.2.3/8").to_string(), "10.0.0.0/8", "host bits truncated");
         assert_eq!(rule("Example.COM.").to_string(), "example.com");
-        for bad in ["", "10.0.0.0/33", "1.2.3.4:0x50", "1.2.3.4:90-80", "[::1", "[::1]8080", "a..b", "-", "300.1.1.1", "ex ample.com", "1.2.3.4:70000"] {
+        for bad in [
+            "",
+            "10.0.0.0/33",
+            "1.2.3.4:0x50",
+            "1.2.3.4:90-80",
+            "[::1",
+            "[::1]8080",
+            "a..b",
+            "-",
+            "300.1.1.1",
+            "ex ample.com",
+            "1.2.3.4:70000",
+        ] {
             assert!(bad.parse::<Rule>().is_err(), "{bad:?} parsed");
         }
-        let p: Policy = serde_json::from_str(r#"{"mode":"allowlist","allow":["*.example.com:443","10.0.0.0/8"]}"#).unwrap();
+        let p: Policy =
+            serde_json::from_str(r#"{"mode":"allowlist","allow":["*.example.com:443","10.0.0.0/8"]}"#).unwrap();
         assert_eq!(p.allow.len(), 2);
         assert!(serde_json::from_str::<Policy>(r#"{"mode":"allowlist","allow":["nope nope"]}"#).is_err());
     }
@@ -648,8 +716,17 @@ mod tests {
         let session = Policy::allowlist(vec![rule("10.0.0.0/8"), rule("api.example.com")]);
         let names = vec!["api.example.com".to_string()];
         let public = ip("93.184.215.14");
-        assert!(decide_layers(&[server.clone(), key.clone(), session.clone()], public, Some(443), &names, &[]).allowed());
-        assert!(!decide_layers(&[server.clone(), key.clone(), session.clone()], public, Some(443), &["www.example.com".into()], &[]).allowed());
+        assert!(
+            decide_layers(&[server.clone(), key.clone(), session.clone()], public, Some(443), &names, &[]).allowed()
+        );
+        assert!(!decide_layers(
+            &[server.clone(), key.clone(), session.clone()],
+            public,
+            Some(443),
+            &["www.example.com".into()],
+            &[]
+        )
+        .allowed());
         // The session's 10/8 does not widen what the key allows.
         assert!(!decide_layers(&[server.clone(), key, session], ip("10.0.0.1"), Some(80), &[], &[]).allowed());
         assert!(!decide_layers(&[server.clone(), Policy::none()], public, Some(80), &[], &[]).allowed());

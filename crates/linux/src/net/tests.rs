@@ -81,7 +81,16 @@ fn default_policies_refuse_loopback_metadata_and_private() {
     let port = l.local_addr().unwrap().port();
     for p in [Policy::none(), Policy::public(), Policy::allowlist(vec!["*.example.com".parse().unwrap()])] {
         let mut n = net(p.clone());
-        for a in [format!("127.0.0.1:{port}"), "169.254.169.254:80".into(), "10.0.0.1:80".into(), "[::1]:80".into(), format!("[::ffff:127.0.0.1]:{port}"), "[fe80::1]:80".into(), "192.168.1.1:80".into(), "172.16.0.1:80".into()] {
+        for a in [
+            format!("127.0.0.1:{port}"),
+            "169.254.169.254:80".into(),
+            "10.0.0.1:80".into(),
+            "[::1]:80".into(),
+            format!("[::ffff:127.0.0.1]:{port}"),
+            "[fe80::1]:80".into(),
+            "192.168.1.1:80".into(),
+            "172.16.0.1:80".into(),
+        ] {
             let id = n.socket(if a.starts_with('[') { libc::AF_INET6 } else { libc::AF_INET }, true).unwrap();
             assert_eq!(n.connect(id, Some(a.parse().unwrap())), Err(Errno::ECONNREFUSED), "{a} under {p:?}");
             n.close(id);
@@ -108,7 +117,11 @@ fn udp_echo_and_per_destination_checks() {
     let mut n = net(loopback_allowed(port));
     let id = n.socket(libc::AF_INET, false).unwrap();
     let to: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    assert_eq!(n.send(id, b"ping", Some("127.0.0.1:9".parse().unwrap()), 0), Err(Errno::ECONNREFUSED), "another loopback port");
+    assert_eq!(
+        n.send(id, b"ping", Some("127.0.0.1:9".parse().unwrap()), 0),
+        Err(Errno::ECONNREFUSED),
+        "another loopback port"
+    );
     assert_eq!(n.send(id, b"ping", Some(to), 0).unwrap(), 4);
     wait(&mut n, id, libc::POLLIN);
     let mut b = [0u8; 2];
@@ -126,7 +139,11 @@ fn udp_echo_and_per_destination_checks() {
 
 #[test]
 fn resolver_answers_from_the_host_map_under_the_policy() {
-    let mut cfg = NetConfig::with_policy(Policy { mode: Mode::Public, allow: vec!["10.200.0.0/24".parse().unwrap()], deny: vec![] });
+    let mut cfg = NetConfig::with_policy(Policy {
+        mode: Mode::Public,
+        allow: vec!["10.200.0.0/24".parse().unwrap()],
+        deny: vec![],
+    });
     cfg.hosts.insert("web.test".into(), vec!["10.200.0.2".parse().unwrap()]);
     cfg.hosts.insert("meta.test".into(), vec!["169.254.169.254".parse().unwrap()]);
     cfg.hosts.insert("mixed.test".into(), vec!["127.0.0.1".parse().unwrap(), "93.184.215.14".parse().unwrap()]);
@@ -147,7 +164,11 @@ fn resolver_answers_from_the_host_map_under_the_policy() {
     let r = ask(&mut n, "meta.test");
     assert_eq!(r[3] & 0xF, dns::RCODE_REFUSED, "a name resolving only to the metadata address");
     let r = ask(&mut n, "mixed.test");
-    assert_eq!((r[3] & 0xF, u16::from_be_bytes([r[6], r[7]]), &r[r.len() - 4..]), (dns::RCODE_OK, 1, &[93, 184, 215, 14][..]), "denied addresses filtered out");
+    assert_eq!(
+        (r[3] & 0xF, u16::from_be_bytes([r[6], r[7]]), &r[r.len() - 4..]),
+        (dns::RCODE_OK, 1, &[93, 184, 215, 14][..]),
+        "denied addresses filtered out"
+    );
     assert_eq!((n.stats.dns_queries, n.stats.dns_refused), (3, 1));
     // The name the resolver handed out is what a domain rule matches.
     assert_eq!(n.names.get(&"10.200.0.2".parse::<IpAddr>().unwrap()).unwrap(), &vec!["web.test".to_string()]);

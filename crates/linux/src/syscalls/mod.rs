@@ -3,9 +3,9 @@
 //! Anything not in the table returns ENOSYS and is counted by number.
 
 pub mod procfs;
+mod sys_file;
 #[cfg(feature = "test-hooks")]
 pub mod test_hooks;
-mod sys_file;
 pub use sys_file::close_fds;
 mod sys_fork;
 pub use sys_fork::{ExecSpec, ForkSpec};
@@ -104,7 +104,8 @@ impl Ctx<'_> {
             return Ok(());
         }
         let end = addr.checked_add(len).ok_or(Errno::EFAULT)?;
-        if addr < GUEST_BASE || end > RAM_SIZE.min(self.mem.size()) || self.proc.mm.accessible(addr, len, write) != len {
+        if addr < GUEST_BASE || end > RAM_SIZE.min(self.mem.size()) || self.proc.mm.accessible(addr, len, write) != len
+        {
             return Err(Errno::EFAULT);
         }
         Ok(())

@@ -76,12 +76,21 @@ fn process_dir(ctx: &Ctx) -> Vec<(Vec<u8>, Gen)> {
         (b"environ".to_vec(), Gen::File(info.environ.to_vec(), 0o400)),
         (b"comm".to_vec(), file(format!("{}\n", comm(ctx)))),
         (b"limits".to_vec(), file(limits(ctx))),
-        (b"mounts".to_vec(), file("overlay / overlay rw 0 0\nproc /proc proc rw 0 0\ntmpfs /dev/shm tmpfs rw 0 0\n".into())),
+        (
+            b"mounts".to_vec(),
+            file("overlay / overlay rw 0 0\nproc /proc proc rw 0 0\ntmpfs /dev/shm tmpfs rw 0 0\n".into()),
+        ),
         (b"exe".to_vec(), Gen::Symlink(info.exe.to_vec())),
         (b"cwd".to_vec(), Gen::Symlink(cwd)),
         (b"root".to_vec(), Gen::Symlink(b"/".to_vec())),
         (b"fd".to_vec(), Gen::Dir(fd_links(ctx))),
-        (b"task".to_vec(), Gen::Dir(vec![(pid, Gen::Dir(vec![(b"stat".to_vec(), file(pid_stat(ctx))), (b"status".to_vec(), file(status(ctx)))]))])),
+        (
+            b"task".to_vec(),
+            Gen::Dir(vec![(
+                pid,
+                Gen::Dir(vec![(b"stat".to_vec(), file(pid_stat(ctx))), (b"status".to_vec(), file(status(ctx)))]),
+            )]),
+        ),
     ]
 }
 

@@ -42,8 +42,13 @@ const CLONE_DETACHED: u64 = 0x40_0000;
 const CLONE_CHILD_SETTID: u64 = 0x100_0000;
 /// What a process clone may carry (CLONE_VM only with CLONE_VFORK: the child
 /// gets a copy of the memory, which is all a vfork child may rely on until it execs).
-const PROCESS_FLAGS: u64 =
-    CLONE_VM | CLONE_VFORK | CLONE_SETTLS | CLONE_PARENT_SETTID | CLONE_CHILD_CLEARTID | CLONE_DETACHED | CLONE_CHILD_SETTID;
+const PROCESS_FLAGS: u64 = CLONE_VM
+    | CLONE_VFORK
+    | CLONE_SETTLS
+    | CLONE_PARENT_SETTID
+    | CLONE_CHILD_CLEARTID
+    | CLONE_DETACHED
+    | CLONE_CHILD_SETTID;
 
 /// A clone without CLONE_THREAD: a new process.
 pub fn clone_process(ctx: &mut Ctx, flags: u64, stack: u64, parent_tid: u64, child_tid: u64, tls: u64) -> SysResult {

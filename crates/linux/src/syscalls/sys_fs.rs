@@ -22,7 +22,8 @@ fn open_common(ctx: &mut Ctx, dirfd: u64, path_ptr: u64, flags: i32, mode: u32) 
     let (start, path) = at(ctx, dirfd, path_ptr)?;
     let mode = mode & !ctx.proc.umask & 0o7777;
     let ino = ctx.proc.vfs.open(start, &path, flags, mode)?;
-    let keep = flags & (libc::O_ACCMODE | libc::O_APPEND | libc::O_NONBLOCK | libc::O_PATH | libc::O_CLOEXEC | libc::O_DIRECTORY);
+    let keep = flags
+        & (libc::O_ACCMODE | libc::O_APPEND | libc::O_NONBLOCK | libc::O_PATH | libc::O_CLOEXEC | libc::O_DIRECTORY);
     if flags & libc::O_PATH == 0 && ctx.proc.vfs.stat(ino).map(|s| s.kind) == Ok(FileType::Fifo) {
         ctx.proc.vfs.release(ino);
         return open_fifo(ctx, ino, keep);

@@ -135,7 +135,15 @@ pub fn mmap(ctx: &mut Ctx, a: &Args) -> SysResult {
 /// MAP_SHARED: memory shared with the other processes that map the same
 /// object (`shm.rs`): the object of file `file` (made from its bytes if no
 /// process maps it now), or a new anonymous one, mapped over the range.
-fn map_shared(ctx: &mut Ctx, addr: u64, len: u64, prot: u32, fixed: bool, file: Option<crate::vfs::Ino>, off: u64) -> SysResult {
+fn map_shared(
+    ctx: &mut Ctx,
+    addr: u64,
+    len: u64,
+    prot: u32,
+    fixed: bool,
+    file: Option<crate::vfs::Ino>,
+    off: u64,
+) -> SysResult {
     if ctx.mem.shared_ranges().count() >= forkbox_vmm::memory::MAX_SHARED_RANGES {
         return Err(Errno::ENOMEM);
     }
@@ -174,8 +182,13 @@ fn map_shared(ctx: &mut Ctx, addr: u64, len: u64, prot: u32, fixed: bool, file: 
 /// The current process lets go of its shared mappings (its end, execve):
 /// file ones are written back to their files.
 pub fn release_shared(ctx: &mut Ctx) {
-    let parts: Vec<(u64, u64, VmaKind)> =
-        ctx.proc.mm.vmas().filter(|(_, v)| matches!(v.kind, VmaKind::Shm { .. })).map(|(s, v)| (s, v.end - s, v.kind)).collect();
+    let parts: Vec<(u64, u64, VmaKind)> = ctx
+        .proc
+        .mm
+        .vmas()
+        .filter(|(_, v)| matches!(v.kind, VmaKind::Shm { .. }))
+        .map(|(s, v)| (s, v.end - s, v.kind))
+        .collect();
     for (a, l, kind) in parts {
         write_back(ctx, a, l, kind);
     }

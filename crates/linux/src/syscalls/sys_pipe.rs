@@ -55,7 +55,8 @@ pub(super) fn read_object(ctx: &mut Ctx, f: &OpenFile, ofd: u64, id: u64, buf: u
                 return Err(Errno::EINVAL);
             }
             ctx.user_range(buf, 8)?;
-            let v = if kind == 2 { ctx.proc.fds.objects.eventfd_read(id) } else { ctx.proc.fds.objects.timerfd_read(id) };
+            let v =
+                if kind == 2 { ctx.proc.fds.objects.eventfd_read(id) } else { ctx.proc.fds.objects.timerfd_read(id) };
             v.and_then(|v| ctx.write_u64(buf, v).map(|_| 8))
         }
     };
@@ -114,7 +115,11 @@ pub fn eventfd2(ctx: &mut Ctx, a: &Args) -> SysResult {
     if flags & !(libc::O_CLOEXEC | libc::O_NONBLOCK | EFD_SEMAPHORE) != 0 {
         return Err(Errno::EINVAL);
     }
-    let id = ctx.proc.fds.objects.add(ObjKind::EventFd(EventFd { count: initval.into(), semaphore: flags & EFD_SEMAPHORE != 0 }));
+    let id = ctx
+        .proc
+        .fds
+        .objects
+        .add(ObjKind::EventFd(EventFd { count: initval.into(), semaphore: flags & EFD_SEMAPHORE != 0 }));
     let fd = ctx.proc.fds.open_object(id, libc::O_RDWR | (flags & (libc::O_CLOEXEC | libc::O_NONBLOCK)))?;
     Ok(fd as u64)
 }

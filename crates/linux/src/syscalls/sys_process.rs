@@ -22,7 +22,6 @@ pub fn getpriority(ctx: &mut Ctx, a: &Args) -> SysResult {
     Ok(20)
 }
 
-
 /// uid, gid, euid, egid: root inside its own sandbox.
 pub fn zero(_: &mut Ctx, _: &Args) -> SysResult {
     Ok(0)
@@ -180,7 +179,6 @@ pub fn times(ctx: &mut Ctx, a: &Args) -> SysResult {
     let (rs, rns) = super::sys_time::realtime();
     Ok((rs * 100 + rns / 10_000_000) as u64)
 }
-
 
 pub fn uname(ctx: &mut Ctx, a: &Args) -> SysResult {
     let mut b = [0u8; 65 * 6];

@@ -54,7 +54,8 @@ pub fn rt_sigprocmask(ctx: &mut Ctx, a: &Args) -> SysResult {
 }
 
 pub fn sigaltstack(ctx: &mut Ctx, a: &Args) -> SysResult {
-    let new = if a[0] != 0 { Some(<[u8; 24]>::try_from(ctx.bytes(a[0], 24)?).map_err(|_| Errno::EFAULT)?) } else { None };
+    let new =
+        if a[0] != 0 { Some(<[u8; 24]>::try_from(ctx.bytes(a[0], 24)?).map_err(|_| Errno::EFAULT)?) } else { None };
     if a[1] != 0 {
         let cur = ctx.proc.signals.altstack;
         ctx.write_bytes(a[1], &cur)?;

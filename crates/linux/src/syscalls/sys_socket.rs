@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use super::sys_unix as unix;
 use super::{Args, Ctx};
-use crate::wait::{self, Block, WaitOn};
 use crate::errno::{Errno, SysResult};
 use crate::fd::{FileKind, SockInfo};
+use crate::wait::{self, Block, WaitOn};
 
 /// Largest sockaddr a guest may pass.
 const SOCKADDR_MAX: u64 = 128;
@@ -89,7 +89,9 @@ fn read_sockaddr(ctx: &Ctx, addr: u64, len: u64) -> Result<Option<SocketAddr>, E
 /// AF_INET6 socket appear v4-mapped, as on Linux).
 fn encode_sockaddr(a: SocketAddr, domain: i32) -> Vec<u8> {
     let a = match (a, domain) {
-        (SocketAddr::V4(v4), libc::AF_INET6) => SocketAddr::V6(SocketAddrV6::new(v4.ip().to_ipv6_mapped(), v4.port(), 0, 0)),
+        (SocketAddr::V4(v4), libc::AF_INET6) => {
+            SocketAddr::V6(SocketAddrV6::new(v4.ip().to_ipv6_mapped(), v4.port(), 0, 0))
+        }
         (SocketAddr::V6(v6), libc::AF_INET) => match v6.ip().to_ipv4_mapped() {
             Some(v4) => SocketAddr::from((v4, v6.port())),
             None => SocketAddr::V6(v6),
@@ -141,7 +143,9 @@ fn check_family(info: &SockInfo, a: &SocketAddr) -> Result<(), Errno> {
 /// An address as given by an AF_INET6 socket, the way the host socket takes it.
 fn host_addr(info: &SockInfo, a: SocketAddr) -> SocketAddr {
     match (info.domain, a) {
-        (libc::AF_INET6, SocketAddr::V4(v4)) => SocketAddr::V6(SocketAddrV6::new(v4.ip().to_ipv6_mapped(), v4.port(), 0, 0)),
+        (libc::AF_INET6, SocketAddr::V4(v4)) => {
+            SocketAddr::V6(SocketAddrV6::new(v4.ip().to_ipv6_mapped(), v4.port(), 0, 0))
+        }
         _ => a,
     }
 }
@@ -317,7 +321,8 @@ struct MsgHdr {
 fn read_msghdr(ctx: &Ctx, p: u64) -> Result<MsgHdr, Errno> {
     let b = ctx.bytes(p, 56)?;
     let u = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap_or_default());
-    let (name, namelen, iov, iovlen) = (u(0), u32::from_le_bytes(b[8..12].try_into().unwrap_or_default()), u(16), u(24));
+    let (name, namelen, iov, iovlen) =
+        (u(0), u32::from_le_bytes(b[8..12].try_into().unwrap_or_default()), u(16), u(24));
     if iovlen > IOV_MAX {
         return Err(Errno::EMSGSIZE);
     }
@@ -378,7 +383,9 @@ fn recvmsg_one(ctx: &mut Ctx, fd: u64, msg: u64, flags: i32) -> SysResult {
         ctx.user_range(base, len)?;
     }
     let want: u64 = h.iov.iter().map(|&(_, l)| l).sum();
-    let Some((data, n, from, trunc)) = recv_common(ctx, fd, want.min(MSG_COPY_MAX as u64) as usize, flags)? else { return Ok(0) };
+    let Some((data, n, from, trunc)) = recv_common(ctx, fd, want.min(MSG_COPY_MAX as u64) as usize, flags)? else {
+        return Ok(0);
+    };
     scatter(ctx, &h.iov, &data[..n.min(data.len())])?;
     // msg_namelen (value-result), msg_controllen = 0 (no ancillary data), msg_flags.
     if h.name != 0 {
@@ -517,13 +524,14 @@ fn accept_common(ctx: &mut Ctx, fd: u64, addr: u64, len_ptr: u64, flags: i32) ->
             if flags & libc::SOCK_CLOEXEC != 0 {
                 oflags |= libc::O_CLOEXEC;
             }
-            let nfd = match ctx.proc.fds.open(FileKind::Socket(SockInfo { id, domain: info.domain, stream: true }), oflags) {
-                Ok(nfd) => nfd,
-                Err(e) => {
-                    ctx.io.net.close(id);
-                    return Err(e);
-                }
-            };
+            let nfd =
+                match ctx.proc.fds.open(FileKind::Socket(SockInfo { id, domain: info.domain, stream: true }), oflags) {
+                    Ok(nfd) => nfd,
+                    Err(e) => {
+                        ctx.io.net.close(id);
+                        return Err(e);
+                    }
+                };
             write_sockaddr(ctx, addr, len_ptr, peer, info.domain)?;
             Ok(nfd as u64)
         }
@@ -574,18 +582,41 @@ fn passthrough(level: i32, name: i32) -> bool {
     match level {
         libc::SOL_SOCKET => matches!(
             name,
-            libc::SO_REUSEADDR | libc::SO_REUSEPORT | libc::SO_KEEPALIVE | libc::SO_SNDBUF | libc::SO_RCVBUF | libc::SO_LINGER
-                | libc::SO_OOBINLINE | libc::SO_ERROR | libc::SO_RCVLOWAT | libc::SO_BROADCAST | libc::SO_PRIORITY
+            libc::SO_REUSEADDR
+                | libc::SO_REUSEPORT
+                | libc::SO_KEEPALIVE
+                | libc::SO_SNDBUF
+                | libc::SO_RCVBUF
+                | libc::SO_LINGER
+                | libc::SO_OOBINLINE
+                | libc::SO_ERROR
+                | libc::SO_RCVLOWAT
+                | libc::SO_BROADCAST
+                | libc::SO_PRIORITY
         ),
         libc::IPPROTO_TCP => matches!(
             name,
-            libc::TCP_NODELAY | libc::TCP_MAXSEG | libc::TCP_KEEPIDLE | libc::TCP_KEEPINTVL | libc::TCP_KEEPCNT
-                | libc::TCP_QUICKACK | libc::TCP_USER_TIMEOUT | libc::TCP_NOTSENT_LOWAT | libc::TCP_INFO
+            libc::TCP_NODELAY
+                | libc::TCP_MAXSEG
+                | libc::TCP_KEEPIDLE
+                | libc::TCP_KEEPINTVL
+                | libc::TCP_KEEPCNT
+                | libc::TCP_QUICKACK
+                | libc::TCP_USER_TIMEOUT
+                | libc::TCP_NOTSENT_LOWAT
+                | libc::TCP_INFO
         ),
-        libc::IPPROTO_IP => matches!(name, libc::IP_TOS | libc::IP_TTL | libc::IP_RECVERR | libc::IP_MTU_DISCOVER | libc::IP_MTU),
+        libc::IPPROTO_IP => {
+            matches!(name, libc::IP_TOS | libc::IP_TTL | libc::IP_RECVERR | libc::IP_MTU_DISCOVER | libc::IP_MTU)
+        }
         libc::IPPROTO_IPV6 => matches!(
             name,
-            libc::IPV6_V6ONLY | libc::IPV6_TCLASS | libc::IPV6_UNICAST_HOPS | libc::IPV6_RECVERR | libc::IPV6_MTU_DISCOVER | libc::IPV6_MTU
+            libc::IPV6_V6ONLY
+                | libc::IPV6_TCLASS
+                | libc::IPV6_UNICAST_HOPS
+                | libc::IPV6_RECVERR
+                | libc::IPV6_MTU_DISCOVER
+                | libc::IPV6_MTU
         ),
         _ => false,
     }
@@ -667,4 +698,3 @@ pub fn getsockopt(ctx: &mut Ctx, a: &Args) -> SysResult {
 pub(crate) fn pending(ctx: &mut Ctx, info: SockInfo) -> Result<i32, Errno> {
     ctx.io.net.pending(info.id)
 }
-

@@ -218,7 +218,8 @@ pub fn futex(ctx: &mut Ctx, a: &Args) -> SysResult {
             let timeout = if a[3] != 0 {
                 let t = super::sys_time::read_timespec(ctx, a[3])?;
                 Some(if cmd == FUTEX_WAIT_BITSET {
-                    let clock = if op & FUTEX_CLOCK_REALTIME != 0 { libc::CLOCK_REALTIME } else { libc::CLOCK_MONOTONIC };
+                    let clock =
+                        if op & FUTEX_CLOCK_REALTIME != 0 { libc::CLOCK_REALTIME } else { libc::CLOCK_MONOTONIC };
                     until_abs(clock, t)
                 } else {
                     t

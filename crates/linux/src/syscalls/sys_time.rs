@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use super::{Args, Ctx};
-use crate::wait::{block, Block, WaitOn};
 use crate::errno::{Errno, SysResult};
+use crate::wait::{block, Block, WaitOn};
 
 fn host_clock(id: libc::clockid_t) -> Result<(i64, i64), Errno> {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };

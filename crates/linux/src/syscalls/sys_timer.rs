@@ -56,7 +56,17 @@ fn arm(ctx: &Ctx, value: u64) -> Option<u64> {
 }
 
 fn itimer(signo: i32) -> Timer {
-    Timer { id: -1, clock: libc::CLOCK_REALTIME, signo, tid: None, silent: false, value: 0, expiry: None, interval_ns: 0, overrun: 0 }
+    Timer {
+        id: -1,
+        clock: libc::CLOCK_REALTIME,
+        signo,
+        tid: None,
+        silent: false,
+        value: 0,
+        expiry: None,
+        interval_ns: 0,
+        overrun: 0,
+    }
 }
 
 /// alarm(seconds): the seconds left of the previous alarm (rounded as Linux).
@@ -106,7 +116,10 @@ fn timer_index(ctx: &Ctx, id: u64) -> Result<usize, Errno> {
 pub fn timer_create(ctx: &mut Ctx, a: &Args) -> SysResult {
     let clock = a[0] as i32;
     match clock {
-        libc::CLOCK_REALTIME | libc::CLOCK_MONOTONIC | libc::CLOCK_BOOTTIME | libc::CLOCK_REALTIME_ALARM
+        libc::CLOCK_REALTIME
+        | libc::CLOCK_MONOTONIC
+        | libc::CLOCK_BOOTTIME
+        | libc::CLOCK_REALTIME_ALARM
         | libc::CLOCK_BOOTTIME_ALARM => {}
         libc::CLOCK_PROCESS_CPUTIME_ID | libc::CLOCK_THREAD_CPUTIME_ID => return Err(Errno::EINVAL),
         _ => return Err(Errno::EINVAL),
@@ -114,8 +127,19 @@ pub fn timer_create(ctx: &mut Ctx, a: &Args) -> SysResult {
     if ctx.proc.threads.timers.len() >= MAX_TIMERS {
         return Err(Errno::EAGAIN);
     }
-    let id = (0..MAX_TIMERS as i32).find(|i| !ctx.proc.threads.timers.iter().any(|t| t.id == *i)).ok_or(Errno::EAGAIN)?;
-    let mut t = Timer { id, clock, signo: SIGALRM, tid: None, silent: false, value: id as u64, expiry: None, interval_ns: 0, overrun: 0 };
+    let id =
+        (0..MAX_TIMERS as i32).find(|i| !ctx.proc.threads.timers.iter().any(|t| t.id == *i)).ok_or(Errno::EAGAIN)?;
+    let mut t = Timer {
+        id,
+        clock,
+        signo: SIGALRM,
+        tid: None,
+        silent: false,
+        value: id as u64,
+        expiry: None,
+        interval_ns: 0,
+        overrun: 0,
+    };
     if a[1] != 0 {
         let value = ctx.read_u64(a[1])?;
         let b = ctx.bytes(a[1] + 8, 12)?;

@@ -401,7 +401,9 @@ pub fn getsockopt(ctx: &mut Ctx, a: &Args) -> SysResult {
         libc::SO_TYPE => s.ty.to_linux().to_le_bytes().to_vec(),
         libc::SO_DOMAIN => libc::AF_UNIX.to_le_bytes().to_vec(),
         libc::SO_PROTOCOL => 0i32.to_le_bytes().to_vec(),
-        libc::SO_ACCEPTCONN => i32::from(matches!(s.state, crate::objects::SockState::Listening { .. })).to_le_bytes().to_vec(),
+        libc::SO_ACCEPTCONN => {
+            i32::from(matches!(s.state, crate::objects::SockState::Listening { .. })).to_le_bytes().to_vec()
+        }
         libc::SO_RCVBUF | libc::SO_SNDBUF => (SOCKET_CAPACITY as i32).to_le_bytes().to_vec(),
         libc::SO_REUSEADDR | libc::SO_KEEPALIVE | libc::SO_PASSCRED => 0i32.to_le_bytes().to_vec(),
         libc::SO_PEERCRED => {

@@ -5,9 +5,11 @@
 
 use std::sync::OnceLock;
 
-use super::{sys_file as file, sys_fs as fs, sys_mm as mm, sys_process as process, sys_signal as signal, sys_time as time};
-use super::{sys_socket as net, sys_thread as thread, sys_timer as timer};
+use super::{
+    sys_file as file, sys_fs as fs, sys_mm as mm, sys_process as process, sys_signal as signal, sys_time as time,
+};
 use super::{sys_fork as fork, sys_pipe as pipe, sys_unix as unix};
+use super::{sys_socket as net, sys_thread as thread, sys_timer as timer};
 use super::{Args, Ctx, Handler};
 use crate::errno::{Errno, SysResult};
 
@@ -283,7 +285,13 @@ pub fn markdown() -> String {
     let mut sorted: Vec<&Entry> = TABLE.iter().collect();
     sorted.sort_by_key(|e| e.nr);
     for e in sorted {
-        s.push_str(&format!("| {} | `{}` | {} | {} |\n", e.nr, e.name, e.support.level(), e.support.note().unwrap_or("")));
+        s.push_str(&format!(
+            "| {} | `{}` | {} | {} |\n",
+            e.nr,
+            e.name,
+            e.support.level(),
+            e.support.note().unwrap_or("")
+        ));
     }
     s
 }
@@ -297,7 +305,10 @@ mod tests {
         let by_nr = [(0, 5), (9, 2), (188, 1), (999, 3)].into_iter().collect();
         let r = super::super::unsupported_calls(&by_nr);
         let got: Vec<_> = r.iter().map(|u| (u.nr, u.name, u.calls, u.support)).collect();
-        assert_eq!(got, [(9, "mmap", 2, "partial"), (188, "setxattr", 1, "refused"), (999, "unknown", 3, "unimplemented")]);
+        assert_eq!(
+            got,
+            [(9, "mmap", 2, "partial"), (188, "setxattr", 1, "refused"), (999, "unknown", 3, "unimplemented")]
+        );
         assert_eq!(Some(r[0].note), entry(9).and_then(|e| e.support.note()));
         assert!(r[1].note.starts_with("EOPNOTSUPP"), "{}", r[1].note);
     }
@@ -308,7 +319,11 @@ mod tests {
             if let Some(note) = e.support.note() {
                 assert!(note.len() >= 10, "{}: note {note:?} says nothing", e.name);
                 assert!(note.len() <= 200, "{}: the note is one line, not {} characters", e.name, note.len());
-                assert!(!note.contains('|') && !note.contains('\n'), "{}: the note must fit a Markdown table cell", e.name);
+                assert!(
+                    !note.contains('|') && !note.contains('\n'),
+                    "{}: the note must fit a Markdown table cell",
+                    e.name
+                );
             }
         }
     }

@@ -59,7 +59,9 @@ impl VfsState {
                 .nodes
                 .iter()
                 .map(|n| match &n.body {
-                    BodyState::Dir { entries, .. } => entries.iter().fold(0u64, |a, (k, _)| a.saturating_add(super::node::entry_cost(k))),
+                    BodyState::Dir { entries, .. } => {
+                        entries.iter().fold(0u64, |a, (k, _)| a.saturating_add(super::node::entry_cost(k)))
+                    }
                     _ => 0,
                 })
                 .fold(0u64, u64::saturating_add);

@@ -43,7 +43,13 @@ pub(crate) async fn command(
     let t0 = Instant::now();
     let cmd = command_of(req.cmd, req.cwd, req.env)?;
     let timeout = crate::fair::key_timeout(&state, &caller, req.timeout_seconds)?;
-    let run = state.runtime.oneshot(&caller.tenant, cmd.code(), timeout, req.template.as_deref(), &network_layers(&caller, &req.network)?)?;
+    let run = state.runtime.oneshot(
+        &caller.tenant,
+        cmd.code(),
+        timeout,
+        req.template.as_deref(),
+        &network_layers(&caller, &req.network)?,
+    )?;
     let permit = crate::fair::acquire_for(&state, &caller, 1).await?;
     let r = state.runtime.exec(run, None, permit).await;
     metrics::exec("command", Outcome::of(&r).as_str(), t0.elapsed().as_secs_f64());
@@ -63,7 +69,13 @@ pub(crate) async fn command_stream(
     let t0 = Instant::now();
     let cmd = command_of(req.cmd, req.cwd, req.env)?;
     let timeout = crate::fair::key_timeout(&state, &caller, req.timeout_seconds)?;
-    let run = state.runtime.oneshot(&caller.tenant, cmd.code(), timeout, req.template.as_deref(), &network_layers(&caller, &req.network)?)?;
+    let run = state.runtime.oneshot(
+        &caller.tenant,
+        cmd.code(),
+        timeout,
+        req.template.as_deref(),
+        &network_layers(&caller, &req.network)?,
+    )?;
     let permit = crate::fair::acquire_for(&state, &caller, 1).await?;
     let (tx, rx) = mpsc::channel(CHANNEL);
     let fwd = Box::new(Forward::new(tx.clone()));

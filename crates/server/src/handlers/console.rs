@@ -107,8 +107,15 @@ mod tests {
         assert!(wants_html(&accept(chrome)) && wants_html(&accept(firefox)));
         assert!(wants_html(&accept("text/html")));
         assert!(!wants_html(&HeaderMap::new()));
-        for v in ["*/*", "application/json", "application/json, text/html;q=0.5", "text/html;q=0.5, */*",
-                  "text/html;q=0", "text/html, application/json", "text/html;q=x, */*"] {
+        for v in [
+            "*/*",
+            "application/json",
+            "application/json, text/html;q=0.5",
+            "text/html;q=0.5, */*",
+            "text/html;q=0",
+            "text/html, application/json",
+            "text/html;q=x, */*",
+        ] {
             assert!(!wants_html(&accept(v)), "{v}");
         }
     }

@@ -8,9 +8,9 @@ use forkbox_runtime::Outcome;
 
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
+use crate::extractors::ApiJson;
 use crate::fair::{acquire_for, batch_width, key_timeout};
 use crate::quota;
-use crate::extractors::ApiJson;
 use crate::schema::*;
 use crate::{metrics, AppState};
 
@@ -26,7 +26,13 @@ pub(crate) async fn exec(
 ) -> Result<Json<ExecResponse>, ApiError> {
     let t0 = Instant::now();
     let timeout = key_timeout(&state, &caller, req.timeout_seconds)?;
-    let req = state.runtime.oneshot(&caller.tenant, req.code, timeout, req.template.as_deref(), &network_layers(&caller, &req.network)?)?;
+    let req = state.runtime.oneshot(
+        &caller.tenant,
+        req.code,
+        timeout,
+        req.template.as_deref(),
+        &network_layers(&caller, &req.network)?,
+    )?;
     let permit = acquire_for(&state, &caller, 1).await?;
     let r = state.runtime.exec(req, None, permit).await;
     metrics::exec("oneshot", Outcome::of(&r).as_str(), t0.elapsed().as_secs_f64());
@@ -46,7 +52,13 @@ pub(crate) async fn exec_batch(
 ) -> Result<Json<BatchResponse>, ApiError> {
     let t0 = Instant::now();
     let timeout = key_timeout(&state, &caller, req.timeout_seconds)?;
-    let reqs = state.runtime.batch(&caller.tenant, req.codes, timeout, req.template.as_deref(), &network_layers(&caller, &None)?)?;
+    let reqs = state.runtime.batch(
+        &caller.tenant,
+        req.codes,
+        timeout,
+        req.template.as_deref(),
+        &network_layers(&caller, &None)?,
+    )?;
     // Each exec of the batch counts against the key's rate (the request itself already did).
     if let Some(limiter) = caller.key.as_ref().and_then(|k| k.limiter.as_ref()) {
         limiter.check_n(reqs.len().saturating_sub(1) as u32).map_err(quota::rate_limited)?;

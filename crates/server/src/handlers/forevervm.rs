@@ -204,15 +204,15 @@ async fn run_instruction(
             let runtime_ms = o.result.runtime_ms.round() as u64;
             match o.result.error {
                 None => FvmResult::Value { value: o.result.value, data: None, runtime_ms },
-                Some(e) => FvmResult::Error { error: format!("{}: {}\n{}", e.kind, e.message, e.traceback), runtime_ms },
+                Some(e) => {
+                    FvmResult::Error { error: format!("{}: {}\n{}", e.kind, e.message, e.traceback), runtime_ms }
+                }
             }
         }
-        Err(e) => {
-            FvmResult::Error {
-                error: format!("{}: {}", e.code, crate::error::scrub(&e.message)),
-                runtime_ms: t0.elapsed().as_millis() as u64,
-            }
-        }
+        Err(e) => FvmResult::Error {
+            error: format!("{}: {}", e.code, crate::error::scrub(&e.message)),
+            runtime_ms: t0.elapsed().as_millis() as u64,
+        },
     };
     machine.finish(seq, result.clone());
     result
@@ -268,7 +268,15 @@ async fn machine_new(
     ApiJson(req): ApiJson<MachineNew>,
 ) -> Result<Json<MachineCreated>, ApiError> {
     let v = blocking(&state, move |rt| {
-        Ok(rt.create_session(&caller.tenant, req.tags, req.memory_mb, None, req.template.as_deref(), &crate::schema::network_layers(&caller, &None)?, &caller.quota())?)
+        Ok(rt.create_session(
+            &caller.tenant,
+            req.tags,
+            req.memory_mb,
+            None,
+            req.template.as_deref(),
+            &crate::schema::network_layers(&caller, &None)?,
+            &caller.quota(),
+        )?)
     })
     .await?;
     Ok(Json(MachineCreated { machine_name: v.record.id }))
@@ -435,9 +443,8 @@ async fn exec_result(
             Ok(Ok(())) => continue,
             Ok(Err(_)) => return Err(ApiError::internal("the machine went away")),
             Err(_) => {
-                return Ok(
-                    (StatusCode::ACCEPTED, Json(InstructionResult { instruction_id: seq, result: None })).into_response()
-                )
+                return Ok((StatusCode::ACCEPTED, Json(InstructionResult { instruction_id: seq, result: None }))
+                    .into_response())
             }
         }
     }
@@ -464,13 +471,22 @@ async fn repl(
     ApiPath(name): ApiPath<String>,
     ws: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
-    let ws = ws.map_err(|e| {
-        ApiError::new(ErrorCode::UpgradeRequired, format!("this route is a WebSocket: {e}"))
-    })?;
+    let ws = ws.map_err(|e| ApiError::new(ErrorCode::UpgradeRequired, format!("this route is a WebSocket: {e}")))?;
     let c = caller.clone();
     let name = blocking(&state, move |rt| {
         if name == "new" {
-            Ok(rt.create_session(&c.tenant, BTreeMap::new(), None, None, None, &crate::schema::network_layers(&c, &None)?, &c.quota())?.record.id)
+            Ok(rt
+                .create_session(
+                    &c.tenant,
+                    BTreeMap::new(),
+                    None,
+                    None,
+                    None,
+                    &crate::schema::network_layers(&c, &None)?,
+                    &c.quota(),
+                )?
+                .record
+                .id)
         } else {
             owned(rt, &c, &name)?;
             Ok(name)
@@ -530,7 +546,8 @@ async fn repl_session(mut socket: WebSocket, state: AppState, caller: Caller, na
         let mut open = true;
         while let Some(ev) = rx.recv().await {
             if let (true, Streamed::Output(stream, data)) = (open, ev) {
-                let chunk = json!({ "type": "output", "instruction_id": seq, "chunk": { "stream": stream, "data": data } });
+                let chunk =
+                    json!({ "type": "output", "instruction_id": seq, "chunk": { "stream": stream, "data": data } });
                 open = send(&mut socket, chunk).await;
             }
         }

@@ -65,7 +65,8 @@ pub(crate) async fn metrics_admin(State(state): State<AppState>, req: Request) -
     let embedded = req.extensions().get::<Caller>().is_some_and(|c| c.key.is_none());
     if !embedded {
         let header = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).map(str::trim);
-        let Some(key) = header.and_then(|h| h.strip_prefix("Bearer ").or_else(|| h.strip_prefix("bearer "))).map(str::trim)
+        let Some(key) =
+            header.and_then(|h| h.strip_prefix("Bearer ").or_else(|| h.strip_prefix("bearer "))).map(str::trim)
         else {
             return Err(ApiError::unauthorized("/metrics needs an admin API key"));
         };

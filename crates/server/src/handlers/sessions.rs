@@ -24,7 +24,15 @@ pub(crate) async fn create_session(
     let network = network_layers(&caller, &req.network)?;
     let v = blocking(&state, move |rt| {
         let timeout = crate::fair::key_timeout_of(rt, &caller, req.timeout_seconds)?;
-        let v = rt.create_session(&caller.tenant, req.tags, req.memory_mb, timeout, req.template.as_deref(), &network, &caller.quota())?;
+        let v = rt.create_session(
+            &caller.tenant,
+            req.tags,
+            req.memory_mb,
+            timeout,
+            req.template.as_deref(),
+            &network,
+            &caller.quota(),
+        )?;
         Ok(Session::of(&v))
     })
     .await?;
@@ -45,7 +53,8 @@ pub(crate) async fn list_sessions(
         if k != "tag" {
             return Err(ApiError::invalid(format!("unknown query parameter {k:?} (use tag=key:value)")));
         }
-        let (tk, tv) = v.split_once(':').ok_or_else(|| ApiError::invalid(format!("tag filter {v:?} is not key:value")))?;
+        let (tk, tv) =
+            v.split_once(':').ok_or_else(|| ApiError::invalid(format!("tag filter {v:?} is not key:value")))?;
         tags.push((tk.to_string(), tv.to_string()));
     }
     blocking(&state, move |rt| {

@@ -120,7 +120,6 @@ impl Forward {
             }
         }
     }
-
 }
 
 impl Output for Forward {
@@ -141,8 +140,12 @@ fn done(tx: &mpsc::Sender<Streamed>, r: Result<ExecResponse, ApiError>) {
 
 fn event_of(ev: Streamed) -> Event {
     match ev {
-        Streamed::Output(Stream::Stdout, text) => Event::default().event("stdout").data(json!({ "data": text }).to_string()),
-        Streamed::Output(Stream::Stderr, text) => Event::default().event("stderr").data(json!({ "data": text }).to_string()),
+        Streamed::Output(Stream::Stdout, text) => {
+            Event::default().event("stdout").data(json!({ "data": text }).to_string())
+        }
+        Streamed::Output(Stream::Stderr, text) => {
+            Event::default().event("stderr").data(json!({ "data": text }).to_string())
+        }
         Streamed::Done(r) => final_event(*r),
         Streamed::Command(r) => final_event(*r),
     }
@@ -154,7 +157,9 @@ fn final_event<T: serde::Serialize>(r: Result<T, ApiError>) -> Event {
         Ok(r) => Event::default().event("result").data(serde_json::to_string(&r).unwrap_or_default()),
         Err(e) => {
             crate::metrics::error(e.code.as_str());
-            Event::default().event("error").data(serde_json::to_string(&ErrorBody { error: e.detail() }).unwrap_or_default())
+            Event::default()
+                .event("error")
+                .data(serde_json::to_string(&ErrorBody { error: e.detail() }).unwrap_or_default())
         }
     }
 }
@@ -172,7 +177,8 @@ pub(crate) fn sse(rx: mpsc::Receiver<Streamed>) -> Sse<impl FutStream<Item = Res
     Sse::new(events).keep_alive(KeepAlive::default())
 }
 
-pub(crate) const STREAM_DOC: &str = "Server-Sent Events: `stdout` / `stderr` events with data `{\"data\": text}` as the code writes, \
+pub(crate) const STREAM_DOC: &str =
+    "Server-Sent Events: `stdout` / `stderr` events with data `{\"data\": text}` as the code writes, \
 then one `result` event (data: the same JSON as the non-streaming route) or one `error` event (data: the non-streaming \
 route's error body, `{\"error\": {code, message, stdout?, stderr?}}`)";
 
@@ -186,7 +192,13 @@ pub(crate) async fn exec_stream(
 ) -> Result<impl IntoResponse, ApiError> {
     let t0 = Instant::now();
     let timeout = crate::fair::key_timeout(&state, &caller, req.timeout_seconds)?;
-    let req = state.runtime.oneshot(&caller.tenant, req.code, timeout, req.template.as_deref(), &crate::schema::network_layers(&caller, &req.network)?)?;
+    let req = state.runtime.oneshot(
+        &caller.tenant,
+        req.code,
+        timeout,
+        req.template.as_deref(),
+        &crate::schema::network_layers(&caller, &req.network)?,
+    )?;
     let permit = crate::fair::acquire_for(&state, &caller, 1).await?;
     let (tx, rx) = mpsc::channel(CHANNEL);
     let fwd = Box::new(Forward::new(tx.clone()));
@@ -221,7 +233,8 @@ pub(crate) async fn session_exec_stream(
     let (tx, rx) = mpsc::channel(CHANNEL);
     let fwd = Box::new(Forward::new(tx.clone()));
     tokio::spawn(async move {
-        let r = state.runtime.session_exec(&caller.tenant, &id, req.code, timeout, caller.quota(), Some(fwd), permit).await;
+        let r =
+            state.runtime.session_exec(&caller.tenant, &id, req.code, timeout, caller.quota(), Some(fwd), permit).await;
         metrics::sessions(state.runtime.resident_sessions());
         metrics::exec("session_stream", Outcome::of(&r).as_str(), t0.elapsed().as_secs_f64());
         let r = r.map_err(ApiError::from).map(|o| {

@@ -16,10 +16,16 @@ use crate::AppState;
 /// builds), the server's shared ones and the caller's own.
 #[utoipa::path(get, path = "/templates", tag = "templates",
     responses((status = 200, description = "Every template the caller may use and its state", body = TemplateList)))]
-pub(crate) async fn templates(State(state): State<AppState>, Extension(caller): Extension<Caller>) -> Json<TemplateList> {
+pub(crate) async fn templates(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+) -> Json<TemplateList> {
     let rt = state.runtime.clone();
     let list = tokio::task::spawn_blocking(move || rt.templates(&caller.tenant)).await.unwrap_or_default();
-    Json(TemplateList { default: state.runtime.default_template(), templates: list.into_iter().map(TemplateBody::of).collect() })
+    Json(TemplateList {
+        default: state.runtime.default_template(),
+        templates: list.into_iter().map(TemplateBody::of).collect(),
+    })
 }
 
 /// Build a template of the caller's own (visible to it only) from Debian packages,
@@ -37,8 +43,12 @@ pub(crate) async fn create_template(
 ) -> Result<(StatusCode, Json<TemplateBody>), ApiError> {
     let blas = match req.blas.as_deref() {
         None => forkbox_runtime::Blas::Reference,
-        Some(b) => forkbox_runtime::Blas::parse(b)
-            .ok_or_else(|| ApiError::new(forkbox_api::ErrorCode::InvalidRequest, format!("unknown blas {b:?} (reference, openblas, any)")))?,
+        Some(b) => forkbox_runtime::Blas::parse(b).ok_or_else(|| {
+            ApiError::new(
+                forkbox_api::ErrorCode::InvalidRequest,
+                format!("unknown blas {b:?} (reference, openblas, any)"),
+            )
+        })?,
     };
     let t = forkbox_runtime::CustomTemplate { name: req.name, apt: req.apt, pip: req.pip, preload: req.preload, blas };
     let v = blocking(&state, move |rt| Ok(TemplateBody::of(rt.create_template(&caller.tenant, &t)?))).await?;
@@ -71,6 +81,8 @@ pub(crate) async fn checkpoint_template(
     ApiPath((id, n)): ApiPath<(String, i64)>,
     ApiJson(req): ApiJson<CheckpointTemplateRequest>,
 ) -> Result<(StatusCode, Json<TemplateBody>), ApiError> {
-    let v = blocking(&state, move |rt| Ok(TemplateBody::of(rt.checkpoint_template(&caller.tenant, &id, n, &req.name)?))).await?;
+    let v =
+        blocking(&state, move |rt| Ok(TemplateBody::of(rt.checkpoint_template(&caller.tenant, &id, n, &req.name)?)))
+            .await?;
     Ok((StatusCode::CREATED, Json(v)))
 }

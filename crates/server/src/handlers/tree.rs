@@ -213,9 +213,13 @@ pub struct DiffResponse {
 
 impl DiffResponse {
     fn of(d: &forkbox_runtime::Diff) -> DiffResponse {
-        let calls = |v: &[forkbox_runtime::PathCall]| v.iter().map(|c| PathCallBody { checkpoint: c.checkpoint, code: c.code.clone() }).collect();
+        let calls = |v: &[forkbox_runtime::PathCall]| {
+            v.iter().map(|c| PathCallBody { checkpoint: c.checkpoint, code: c.code.clone() }).collect()
+        };
         let files = |v: &[forkbox_runtime::FileChange]| {
-            v.iter().map(|f| FileChangeBody { path: f.path.clone(), size_before: f.size_before, size_after: f.size_after }).collect()
+            v.iter()
+                .map(|f| FileChangeBody { path: f.path.clone(), size_before: f.size_before, size_after: f.size_after })
+                .collect()
         };
         DiffResponse {
             from: d.from,
@@ -228,7 +232,11 @@ impl DiffResponse {
             variables_changed: d
                 .variables_changed
                 .iter()
-                .map(|c| VariableChangeBody { name: c.name.clone(), before: VariableBody::of(&c.before), after: VariableBody::of(&c.after) })
+                .map(|c| VariableChangeBody {
+                    name: c.name.clone(),
+                    before: VariableBody::of(&c.before),
+                    after: VariableBody::of(&c.after),
+                })
                 .collect(),
             files_added: files(&d.files_added),
             files_removed: files(&d.files_removed),
@@ -248,7 +256,8 @@ pub(crate) async fn tree(
 ) -> Result<Json<Tree>, ApiError> {
     blocking(&state, move |rt| {
         let t = rt.tree(&caller.tenant, &id)?;
-        let edges = t.nodes.iter().filter_map(|n| n.parent.map(|p| TreeEdge { parent: p, child: n.checkpoint })).collect();
+        let edges =
+            t.nodes.iter().filter_map(|n| n.parent.map(|p| TreeEdge { parent: p, child: n.checkpoint })).collect();
         let nodes = t
             .nodes
             .into_iter()
@@ -323,7 +332,12 @@ pub(crate) async fn explore(
                 Err(e) => {
                     let e = ApiError::from(e);
                     metrics::error(e.code.as_str());
-                    ExploreBranch { index, session: b.session, result: None, failed: Some(BatchItemError { status: e.code.status(), error: e.detail() }) }
+                    ExploreBranch {
+                        index,
+                        session: b.session,
+                        result: None,
+                        failed: Some(BatchItemError { status: e.code.status(), error: e.detail() }),
+                    }
                 }
             }
         })
@@ -377,7 +391,9 @@ pub(crate) async fn variables(
 }
 
 fn file_changes(v: &[forkbox_runtime::FileChange]) -> Vec<FileChangeBody> {
-    v.iter().map(|f| FileChangeBody { path: f.path.clone(), size_before: f.size_before, size_after: f.size_after }).collect()
+    v.iter()
+        .map(|f| FileChangeBody { path: f.path.clone(), size_before: f.size_before, size_after: f.size_after })
+        .collect()
 }
 
 /// What changed between two checkpoints of the session's tree (`to` default: the head): variables, files and the calls on the path.

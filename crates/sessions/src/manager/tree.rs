@@ -141,14 +141,14 @@ fn clip(s: &mut String, max: usize) {
 /// The inspection's output, validated: it came from the guest.
 fn parse_inspection(r: &ExecResult) -> Result<Variables, SessionError> {
     if let Some(e) = &r.error {
-        return Err(SessionError::InspectFailed(format!("the checkpoint could not be inspected: {}: {}", e.kind, e.message)));
+        return Err(SessionError::InspectFailed(format!(
+            "the checkpoint could not be inspected: {}: {}",
+            e.kind, e.message
+        )));
     }
-    let line = r
-        .stdout
-        .lines()
-        .rev()
-        .find_map(|l| l.strip_prefix(MARKER))
-        .ok_or_else(|| SessionError::InspectFailed("the checkpoint could not be inspected (no report from the guest)".into()))?;
+    let line = r.stdout.lines().rev().find_map(|l| l.strip_prefix(MARKER)).ok_or_else(|| {
+        SessionError::InspectFailed("the checkpoint could not be inspected (no report from the guest)".into())
+    })?;
     let reply: InspectReply = serde_json::from_str(line)
         .map_err(|e| SessionError::InspectFailed(format!("the checkpoint could not be inspected (bad report: {e})")))?;
     let mut seen = HashSet::new();
@@ -272,9 +272,9 @@ pub fn diff(
     for (name, v) in &vb {
         match va.get(name) {
             None => d.variables_added.push((*v).clone()),
-            Some(old) if old.kind != v.kind || old.digest != v.digest || old.repr != v.repr => {
-                d.variables_changed.push(VariableChange { name: name.to_string(), before: (*old).clone(), after: (*v).clone() })
-            }
+            Some(old) if old.kind != v.kind || old.digest != v.digest || old.repr != v.repr => d
+                .variables_changed
+                .push(VariableChange { name: name.to_string(), before: (*old).clone(), after: (*v).clone() }),
             Some(_) => {}
         }
     }
@@ -283,10 +283,14 @@ pub fn diff(
     let fb: HashMap<&str, &FileState> = sb.files.iter().map(|f| (f.path.as_str(), f)).collect();
     for f in &sb.files {
         match fa.get(f.path.as_str()) {
-            None => d.files_added.push(FileChange { path: f.path.clone(), size_before: None, size_after: Some(f.size) }),
-            Some(old) if old.digest != f.digest => {
-                d.files_changed.push(FileChange { path: f.path.clone(), size_before: Some(old.size), size_after: Some(f.size) })
+            None => {
+                d.files_added.push(FileChange { path: f.path.clone(), size_before: None, size_after: Some(f.size) })
             }
+            Some(old) if old.digest != f.digest => d.files_changed.push(FileChange {
+                path: f.path.clone(),
+                size_before: Some(old.size),
+                size_after: Some(f.size),
+            }),
             Some(_) => {}
         }
     }
@@ -310,7 +314,12 @@ impl SessionManager {
     }
 
     /// A checkpoint of the session's lineage by number, or its head (None: the template).
-    pub fn checkpoint_or_head(&self, tenant: &str, id: &str, seq: Option<i64>) -> Result<(SessionRecord, Option<CheckpointRecord>), SessionError> {
+    pub fn checkpoint_or_head(
+        &self,
+        tenant: &str,
+        id: &str,
+        seq: Option<i64>,
+    ) -> Result<(SessionRecord, Option<CheckpointRecord>), SessionError> {
         let rec = self.record(tenant, id)?;
         let cp = match seq {
             Some(s) => Some(self.find_checkpoint(&rec, s)?),
@@ -329,7 +338,13 @@ impl SessionManager {
 
     /// A new session of `tenant` at checkpoint `cp` of `rec` (None: the template),
     /// with `rec`'s template and limits. Nothing is copied or paused.
-    pub fn fork_at(&self, tenant: &str, rec: &SessionRecord, cp: Option<i64>, tags: BTreeMap<String, String>) -> Result<SessionRecord, SessionError> {
+    pub fn fork_at(
+        &self,
+        tenant: &str,
+        rec: &SessionRecord,
+        cp: Option<i64>,
+        tags: BTreeMap<String, String>,
+    ) -> Result<SessionRecord, SessionError> {
         self.create_at(tenant, tags, &from_store_limits(&rec.limits), cp, &rec.template_id)
     }
 
@@ -369,10 +384,8 @@ impl SessionManager {
         let max = Duration::from_millis(rec.limits.timeout_ms);
         let timeout = Some(timeout.map_or(max, |t| t.min(max)));
         self.at_checkpoint(rec, cp, output_bytes, |sb| {
-            sb.exec_with(code, ExecOptions { timeout, ..ExecOptions::default() }).map_err(|source| SessionError::ExecFailed {
-                output: sb.take_failed_output().map(Box::new),
-                source,
-                checkpoint: None,
+            sb.exec_with(code, ExecOptions { timeout, ..ExecOptions::default() }).map_err(|source| {
+                SessionError::ExecFailed { output: sb.take_failed_output().map(Box::new), source, checkpoint: None }
             })
         })
     }

@@ -72,7 +72,8 @@ pub fn new_session_with(m: &SessionManager, limits: &Limits) -> SessionRecord {
 /// Exec that must succeed without a Python exception.
 #[track_caller]
 pub fn ok(m: &SessionManager, id: &str, code: &str) -> ExecOutcome {
-    let out = m.exec(TENANT, id, code).unwrap_or_else(|e| panic!("exec in {id} failed: {e} ({e:?})\n--- code ---\n{code}"));
+    let out =
+        m.exec(TENANT, id, code).unwrap_or_else(|e| panic!("exec in {id} failed: {e} ({e:?})\n--- code ---\n{code}"));
     check_no_exception(&out.result, code);
     out
 }
@@ -158,16 +159,14 @@ pub fn forkbox_bin() -> &'static Path {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let t0 = Instant::now();
         let mut cmd = Command::new(cargo);
-        cmd.current_dir(&workspace).args(["build", "-p", "forkbox", "--bin", "forkbox"]).env("CARGO_TARGET_DIR", target);
+        cmd.current_dir(&workspace)
+            .args(["build", "-p", "forkbox", "--bin", "forkbox"])
+            .env("CARGO_TARGET_DIR", target);
         if release {
             cmd.arg("--release");
         }
         let out = cmd.output().expect("running cargo build -p forkbox");
-        assert!(
-            out.status.success(),
-            "cargo build -p forkbox failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert!(out.status.success(), "cargo build -p forkbox failed:\n{}", String::from_utf8_lossy(&out.stderr));
         let bin = profile_dir.join("forkbox");
         assert!(bin.is_file(), "{} missing after the build", bin.display());
         eprintln!("forkbox CLI {} ready in {:.1} s", bin.display(), t0.elapsed().as_secs_f64());
@@ -247,8 +246,9 @@ pub struct Rng(u64);
 
 impl Rng {
     pub fn new() -> Rng {
-        let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
-            ^ ((std::process::id() as u64) << 32);
+        let seed =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+                ^ ((std::process::id() as u64) << 32);
         Rng(seed | 1)
     }
     pub fn next(&mut self) -> u64 {

@@ -48,9 +48,8 @@ pub struct Cpu {
 impl Cpu {
     pub fn new() -> Result<Cpu> {
         let kvm = Kvm::new().map_err(VmmError::OpenKvm)?;
-        let mut cpuid = kvm
-            .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
-            .map_err(VmmError::kvm("KVM_GET_SUPPORTED_CPUID"))?;
+        let mut cpuid =
+            kvm.get_supported_cpuid(KVM_MAX_CPUID_ENTRIES).map_err(VmmError::kvm("KVM_GET_SUPPORTED_CPUID"))?;
         let mut xcr0 = 0x3;
         let (mut smep, mut smap) = (false, false);
         for e in cpuid.as_mut_slice() {
@@ -58,7 +57,7 @@ impl Cpu {
                 (1, _) => {
                     e.ecx &= !(1 << 5); // VMX
                     e.ecx &= !(1 << 3); // MONITOR/MWAIT
-                    // Initial APIC ID: KVM reports the host CPU the ioctl ran on; the one vCPU is 0.
+                                        // Initial APIC ID: KVM reports the host CPU the ioctl ran on; the one vCPU is 0.
                     e.ebx &= 0x00FF_FFFF;
                 }
                 (0xB, _) | (0x1F, _) => e.edx = 0, // x2APIC ID, as above
@@ -117,14 +116,8 @@ impl Cpu {
         s.es = data;
         s.fs = data;
         s.gs = data;
-        s.tr = kvm_segment {
-            base: TSS_ADDR,
-            limit: 0x67,
-            selector: TSS_SEL,
-            type_: 11,
-            present: 1,
-            ..Default::default()
-        };
+        s.tr =
+            kvm_segment { base: TSS_ADDR, limit: 0x67, selector: TSS_SEL, type_: 11, present: 1, ..Default::default() };
         s
     }
 }
@@ -154,16 +147,17 @@ pub fn set_msrs(vcpu: &VcpuFd, entries: &[(u32, u64)]) -> Result<()> {
     })?;
     let n = vcpu.set_msrs(&msrs).map_err(VmmError::kvm("KVM_SET_MSRS"))?;
     if n != list.len() {
-        return Err(VmmError::Sys { call: "KVM_SET_MSRS (partial)", source: std::io::Error::from_raw_os_error(libc::EINVAL) });
+        return Err(VmmError::Sys {
+            call: "KVM_SET_MSRS (partial)",
+            source: std::io::Error::from_raw_os_error(libc::EINVAL),
+        });
     }
     Ok(())
 }
 
 pub fn get_msr(vcpu: &VcpuFd, index: u32) -> Result<u64> {
-    let mut msrs = Msrs::from_entries(&[kvm_msr_entry { index, ..Default::default() }]).map_err(|_| VmmError::Sys {
-        call: "KVM_GET_MSRS",
-        source: std::io::Error::from_raw_os_error(libc::EINVAL),
-    })?;
+    let mut msrs = Msrs::from_entries(&[kvm_msr_entry { index, ..Default::default() }])
+        .map_err(|_| VmmError::Sys { call: "KVM_GET_MSRS", source: std::io::Error::from_raw_os_error(libc::EINVAL) })?;
     vcpu.get_msrs(&mut msrs).map_err(VmmError::kvm("KVM_GET_MSRS"))?;
     Ok(msrs.as_slice()[0].data)
 }
