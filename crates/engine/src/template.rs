@@ -80,6 +80,40 @@ pub fn template_id(image_id: &str, preload: &str, cpu_digest: &str) -> String {
     hex::encode(&h.finalize()[..16])
 }
 
+/// The `state` file of a template in `dir` (beside its memory file): the parked
+/// guest's registers and process, and the template's info record. `about` is the
+/// record's id, preload, agent line and build time in milliseconds.
+fn write_template_state(
+    engine: &Engine,
+    dir: &Path,
+    (vm, proc): (&Vm, &Process),
+    cpu: CpuFingerprint,
+    memory: forkbox_snapshot::MemoryStats,
+    about: (&str, &str, serde_json::Value, f64),
+) -> Result<(), EngineError> {
+    let (id, preload, agent, boot_ms) = about;
+    let info = TemplateInfo {
+        id: id.to_string(),
+        image_id: engine.image.id().to_string(),
+        preload: preload.to_string(),
+        agent,
+        created_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+        boot_ms,
+        memory_pages: memory.pages,
+    };
+    let snapshot = Snapshot {
+        image_id: engine.image.id().to_string(),
+        cpu,
+        vcpu: vm.save_vcpu()?.to_record(),
+        process: proc.save_state(),
+        memory,
+        info: serde_json::to_string(&info).unwrap_or_default(),
+        files: Default::default(),
+    };
+    write_state(&dir.join("state"), &snapshot)?;
+    Ok(())
+}
+
 impl Template {
     /// Load the template for the engine's image + preload, or create it.
     pub fn ensure(engine: &Engine, home: &Path) -> Result<Template, EngineError> {
@@ -102,25 +136,9 @@ impl Template {
         std::fs::create_dir_all(dir).map_err(|e| io_err("create", dir, e))?;
         let (vm, proc) = sb.parked_parts()?;
         let memory = write_memory(vm.mem(), &dir.join("memory"))?;
-        let info = TemplateInfo {
-            id: id.to_string(),
-            image_id: engine.image.id().to_string(),
-            preload: engine.preload.clone(),
-            agent: sb.ready_info.clone(),
-            created_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
-            boot_ms,
-            memory_pages: memory.pages,
-        };
-        let snapshot = Snapshot {
-            image_id: engine.image.id().to_string(),
-            cpu: CpuFingerprint::of(&engine.cpu),
-            vcpu: vm.save_vcpu()?.to_record(),
-            process: proc.save_state(),
-            memory,
-            info: serde_json::to_string(&info).unwrap_or_default(),
-            files: Default::default(),
-        };
-        write_state(&dir.join("state"), &snapshot)?;
+        let cpu = CpuFingerprint::of(&engine.cpu);
+        let agent = sb.ready_info.clone();
+        write_template_state(engine, dir, (vm, proc), cpu, memory, (id, &engine.preload, agent, boot_ms))?;
         drop(sb);
         Template::load(engine, dir)
     }
@@ -144,27 +162,9 @@ impl Template {
         std::fs::create_dir_all(dir).map_err(|e| io_err("create", dir, e))?;
         let built = (|| {
             let memory = forkbox_snapshot::write_memory_over(vm.mem(), &self.memory.file, &dir.join("memory"))?;
-            let info = TemplateInfo {
-                id: id.to_string(),
-                image_id: engine.image.id().to_string(),
-                preload: preload.to_string(),
-                agent: self.info.agent.clone(),
-                created_unix: std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_secs()),
-                boot_ms: t0.elapsed().as_secs_f64() * 1000.0,
-                memory_pages: memory.pages,
-            };
-            let snapshot = Snapshot {
-                image_id: engine.image.id().to_string(),
-                cpu: self.cpu.clone(),
-                vcpu: vm.save_vcpu()?.to_record(),
-                process: proc.save_state(),
-                memory,
-                info: serde_json::to_string(&info).unwrap_or_default(),
-                files: Default::default(),
-            };
-            write_state(&dir.join("state"), &snapshot)?;
+            let boot_ms = t0.elapsed().as_secs_f64() * 1000.0;
+            let agent = self.info.agent.clone();
+            write_template_state(engine, dir, (vm, proc), self.cpu.clone(), memory, (id, preload, agent, boot_ms))?;
             Template::load(engine, dir)
         })();
         if built.is_err() {
