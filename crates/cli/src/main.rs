@@ -167,6 +167,8 @@ enum KeyCommand {
     },
 }
 
+// Parsed once per process: the size of the largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum TemplateCommand {
     /// List the templates in the data directory.

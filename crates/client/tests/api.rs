@@ -4,6 +4,7 @@
 //!
 //! Needs /dev/kvm and the default image (built on first use under
 //! `$FORKBOX_HOME` or the default home); without KVM these tests FAIL, never skip.
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 use std::time::Duration;
 

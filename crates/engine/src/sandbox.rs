@@ -1350,7 +1350,7 @@ impl Sandbox {
             }
             let restore = self.proc.threads.list[cur].restore_mask.take();
             let vm = self.vm.as_mut().expect("sandbox VM present until drop");
-            return Ok(signal::deliver(vm, &mut self.proc, &u, &info, restore)?);
+            return signal::deliver(vm, &mut self.proc, &u, &info, restore);
         }
         if let Some((nr, _)) = restart {
             // Nothing ran a handler: the call goes on as if never interrupted.

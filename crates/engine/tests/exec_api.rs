@@ -5,6 +5,7 @@
 //! These tests need /dev/kvm and the default image (built on first use, cached
 //! under `$FORKBOX_HOME` or `forkbox_image::default_home()`). Without KVM they
 //! FAIL: they are never skipped.
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};

@@ -6,6 +6,7 @@
 //!
 //! These tests need /dev/kvm and the default image (built on first use under
 //! `$FORKBOX_HOME`). Without KVM they FAIL: they are never skipped.
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};

@@ -11,6 +11,7 @@
 //! `Template` instance from the same directory (its own pool, its own
 //! counters), since the tests of this binary run in parallel. Tests that
 //! damage template files work on a template created in a temporary home.
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 use std::collections::BTreeSet;
 use std::fs::File;

@@ -7,6 +7,7 @@
 //!
 //! One `Engine` is shared by the whole binary; every test boots its own
 //! sandbox(es).
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;

@@ -7,6 +7,7 @@
 //! under `$FORKBOX_HOME`). Without KVM they FAIL: they are never skipped.
 //! Host memory is measured with /proc/self/smaps_rollup, so the tests that do
 //! hold a lock exclusively (nothing else in this binary runs meanwhile).
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 use std::sync::atomic::Ordering;
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};

@@ -6,6 +6,7 @@
 //!
 //! These tests need /dev/kvm (and root for the network-namespace test). Without
 //! them they FAIL: they are never skipped.
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, UdpSocket};
@@ -803,8 +804,7 @@ sent < (16 << 20)
 /// a clean error, and the session usable afterwards.
 #[test]
 fn socket_limit_bounds_loopback_connections() {
-    let mut cfg = NetConfig::default();
-    cfg.max_sockets = 21;
+    let cfg = NetConfig { max_sockets: 21, ..NetConfig::default() };
     let mut sb = boot(cfg);
     let code = r#"
 import socket, errno

@@ -6,6 +6,7 @@
 //! These tests need /dev/kvm and the default image (built on first use, cached
 //! under `$FORKBOX_HOME` or `forkbox_image::default_home()`). Without KVM they
 //! FAIL: they are never skipped.
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 use std::time::{Duration, Instant};
 
@@ -226,7 +227,7 @@ json.dumps({"n": n, "err": err, "codes": sorted(codes)})
 "#,
     );
     let n = v["n"].as_u64().unwrap();
-    assert!(n >= 8 && n <= 63, "forks before the limit: {v}");
+    assert!((8..=63).contains(&n), "forks before the limit: {v}");
     let err = v["err"].as_i64().unwrap();
     assert!(err == libc::EAGAIN as i64 || err == libc::ENOMEM as i64, "a clean EAGAIN/ENOMEM: {v}");
     assert_eq!(v["codes"], serde_json::json!([9]));

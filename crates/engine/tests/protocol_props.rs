@@ -5,6 +5,7 @@
 //! valid frames, and random JSON values must give a value or a clean
 //! `EngineError::Protocol`, never a panic; a frame's length is never trusted
 //! beyond the bytes present; bundles stay within their caps.
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 use forkbox_engine::protocol::{self, check_bundle, ExecReply, DISPLAY_TOTAL_MAX};
 use forkbox_engine::EngineError;
@@ -15,7 +16,7 @@ fn json() -> impl Strategy<Value = Value> {
     let leaf = prop_oneof![
         Just(Value::Null),
         any::<bool>().prop_map(Value::Bool),
-        any::<i64>().prop_map(|n| Value::from(n)),
+        any::<i64>().prop_map(Value::from),
         any::<f64>().prop_map(|f| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)),
         "[ -~]{0,12}".prop_map(Value::String),
         prop_oneof![Just("text/plain"), Just("image/png"), Just("application/json"), Just("../x"), Just("a/b/c")]

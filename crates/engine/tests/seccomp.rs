@@ -7,6 +7,7 @@
 //! again), beside the same child in `eperm` and `off` modes, where it lives.
 //!
 //! Needs /dev/kvm (fails loudly without it).
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;

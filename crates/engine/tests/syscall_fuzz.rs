@@ -34,6 +34,7 @@
 //! (`FORKBOX_FUZZ_FIRST_SEED=<n>` starts elsewhere, `FORKBOX_FUZZ_SEED=<n>` replays one seed).
 //!
 //! Needs /dev/kvm (fails loudly without it).
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 use std::io::Write;
 use std::panic::AssertUnwindSafe;
@@ -225,7 +226,7 @@ fn last_call(seed: u64, calls: u64) -> String {
     let mut last = String::from("(none logged)");
     let mut sink = |stream: Stream, bytes: &[u8]| {
         if stream == Stream::Stderr {
-            if let Some(l) = String::from_utf8_lossy(bytes).lines().filter(|l| l.starts_with("@call")).last() {
+            if let Some(l) = String::from_utf8_lossy(bytes).lines().rfind(|l| l.starts_with("@call")) {
                 last = l.to_string();
             }
         }

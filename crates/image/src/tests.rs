@@ -194,6 +194,7 @@ fn skips_special_files() {
     fs::create_dir(&root).unwrap();
     fs::write(root.join("f"), b"x").unwrap();
     let fifo = std::ffi::CString::new(root.join("fifo").to_str().unwrap()).unwrap();
+    // SAFETY: a NUL-terminated path.
     assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
     let _sock = std::os::unix::net::UnixListener::bind(root.join("sock")).unwrap();
     pack_dir(&root, &dir.path().join("i.img")).unwrap();

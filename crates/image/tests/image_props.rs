@@ -3,6 +3,7 @@
 //! index checksum must catch them) and resealed (the index checksum recomputed,
 //! so the index decoder and its validation are reached). `open` must return a
 //! clean error or an image every accessor of which works without a panic.
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;

@@ -273,6 +273,9 @@ pub struct Objects {
     pub socket_files: OrdMap<Ino, u64>,
 }
 
+/// A received message: (data, its full length, the sender's name).
+pub type Received = (Vec<u8>, usize, Arc<[u8]>);
+
 impl Objects {
     pub fn add(&mut self, kind: ObjKind) -> u64 {
         let id = self.next_id;
@@ -349,17 +352,13 @@ impl Objects {
             }
             ObjKind::Socket(s) => {
                 match &s.name {
-                    Some(UnixName::Abstract(n)) => {
-                        if self.abstract_names.get(n) == Some(&id) {
-                            self.abstract_names.remove(n);
-                        }
+                    Some(UnixName::Abstract(n)) if self.abstract_names.get(n) == Some(&id) => {
+                        self.abstract_names.remove(n);
                     }
-                    Some(UnixName::Path(ino, _)) => {
-                        if self.socket_files.get(ino) == Some(&id) {
-                            self.socket_files.remove(ino);
-                        }
+                    Some(UnixName::Path(ino, _)) if self.socket_files.get(ino) == Some(&id) => {
+                        self.socket_files.remove(ino);
                     }
-                    None => {}
+                    _ => {}
                 }
                 match s.state {
                     SockState::Connected { peer } => self.peer_closed(peer),
@@ -605,7 +604,7 @@ impl Objects {
 
     /// Receive up to `len` bytes: (data, full message length, sender name).
     /// Empty data at EOF; EAGAIN if it would block.
-    pub fn recv(&mut self, id: u64, len: usize, peek: bool) -> Result<(Vec<u8>, usize, Arc<[u8]>), Errno> {
+    pub fn recv(&mut self, id: u64, len: usize, peek: bool) -> Result<Received, Errno> {
         let s = self.socket_mut(id)?;
         if !s.has_data() {
             let eof = s.shut_rd || s.peer_wr_gone;

@@ -91,7 +91,7 @@ pub fn fault_signal(f: &GuestFault) -> Option<(SigInfo, FaultInfo)> {
     let (signo, code, addr) = match f.vector {
         // #PF: error code bit 0 = the page was present (a protection violation).
         14 => (libc::SIGSEGV, if f.error_code & 1 != 0 { SEGV_ACCERR } else { SEGV_MAPERR }, f.cr2),
-        13 | 12 | 11 | 10 => (libc::SIGSEGV, SI_KERNEL, 0),
+        10..=13 => (libc::SIGSEGV, SI_KERNEL, 0),
         6 => (libc::SIGILL, ILL_ILLOPN, f.rip),
         0 => (libc::SIGFPE, FPE_INTDIV, f.rip),
         16 | 19 => (libc::SIGFPE, FPE_FLTINV, f.rip),

@@ -461,15 +461,11 @@ impl Threads {
             if exp > now {
                 continue;
             }
-            let mut overrun = 0i64;
-            t.expiry = if t.interval_ns > 0 {
-                let missed = (now - exp) / t.interval_ns;
-                overrun = missed as i64;
-                Some(exp + (missed + 1) * t.interval_ns)
-            } else {
-                None
-            };
-            t.overrun = overrun.min(i32::MAX as i64) as i32;
+            // A periodic timer skips the periods it missed (counted as overruns);
+            // the guest picks the interval, so the next expiry saturates.
+            let missed = (now - exp).checked_div(t.interval_ns);
+            t.expiry = missed.map(|m| exp.saturating_add(m.saturating_add(1).saturating_mul(t.interval_ns)));
+            t.overrun = missed.map_or(0, |m| m.min(i32::MAX as u64) as i32);
             if !t.silent {
                 let code = if t.id < 0 { SI_KERNEL } else { SI_TIMER };
                 let info =

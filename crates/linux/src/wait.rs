@@ -68,7 +68,8 @@ pub enum WaitOn {
 impl WaitOn {
     /// The (ofd, events) pairs this waits on, if it waits on descriptions.
     pub fn fds(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
-        let (one, many): (Option<(u64, u32)>, &[(u64, u32)]) = match self {
+        type FdEvents = (u64, u32);
+        let (one, many): (Option<FdEvents>, &[FdEvents]) = match self {
             WaitOn::Fd { ofd, events } => (Some((*ofd, *events)), &[]),
             WaitOn::Fds(v) => (None, v),
             _ => (None, &[]),

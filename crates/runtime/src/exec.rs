@@ -263,8 +263,8 @@ impl Runtime {
         let parallel = parallel.clamp(1, self.batch_parallelism(n));
         let reqs = Arc::new(reqs);
         let next = Arc::new(AtomicUsize::new(0));
-        let results: Arc<Vec<Mutex<Option<Result<ExecResult, RuntimeError>>>>> =
-            Arc::new((0..n).map(|_| Mutex::new(None)).collect());
+        type Slot = Mutex<Option<Result<ExecResult, RuntimeError>>>;
+        let results: Arc<Vec<Slot>> = Arc::new((0..n).map(|_| Mutex::new(None)).collect());
         let hold = Arc::new(hold);
         let mut done = Vec::with_capacity(parallel);
         for _ in 0..parallel {

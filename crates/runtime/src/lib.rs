@@ -58,7 +58,7 @@ pub use forkbox_engine::{
 };
 pub use forkbox_sessions::manager::{Config as SessionsConfig, ExecOutcome};
 pub use forkbox_sessions::manager::{Diff, FileChange, PathCall, Variable, VariableChange, Variables};
-pub use session::{CheckpointView, ForkedFrom, Quota, SessionView};
+pub use session::{CheckpointView, ForkedFrom, NewSession, Quota, SessionView};
 pub use tree::{
     Branch, CheckpointContents, ExploreRequest, Explored, Keep, TreeNode, TreeSession, TreeView, EXPLORE_MAX,
 };

@@ -26,6 +26,18 @@ pub struct Quota {
 }
 
 /// Where a forked session came from (until its first exec).
+/// What a new session is made of; every field has the server's default when left out.
+#[derive(Clone, Debug, Default)]
+pub struct NewSession<'a> {
+    pub tags: BTreeMap<String, String>,
+    pub memory_mb: Option<u64>,
+    pub timeout_seconds: Option<f64>,
+    /// A template name (default: the server's).
+    pub template: Option<&'a str>,
+    /// Egress layers narrowing the server's policy (the key's, then the request's).
+    pub network: &'a [NetPolicy],
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ForkedFrom {
     pub session: String,
@@ -140,18 +152,16 @@ impl Runtime {
     pub fn create_session(
         &self,
         tenant: &str,
-        tags: BTreeMap<String, String>,
-        memory_mb: Option<u64>,
-        timeout_seconds: Option<f64>,
-        template: Option<&str>,
-        network: &[NetPolicy],
+        new: NewSession<'_>,
         quota: &Quota,
     ) -> Result<SessionView, RuntimeError> {
-        check_tags(&tags)?;
-        let mut limits = self.session_limits(memory_mb, timeout_seconds)?;
-        crate::exec::narrow_network(&mut limits, network);
-        let template = self.template(tenant, template)?;
-        self.within_session_quota(tenant, quota, || Ok(self.sessions.create_on(tenant, tags, &limits, &template)?))
+        check_tags(&new.tags)?;
+        let mut limits = self.session_limits(new.memory_mb, new.timeout_seconds)?;
+        crate::exec::narrow_network(&mut limits, new.network);
+        let template = self.template(tenant, new.template)?;
+        self.within_session_quota(tenant, quota, || {
+            Ok(self.sessions.create_on(tenant, new.tags, &limits, &template)?)
+        })
     }
 
     /// A new session starting at a checkpoint (default: the head) of `id`, within `quota`.
@@ -273,7 +283,7 @@ impl Runtime {
     /// Change a session's tags (replaced as a whole) and/or limits, validated
     /// like a new session's (`memory_mb`: 64 to the maximum; `timeout_seconds`:
     /// > 0, at most the runtime's maximum). Persisted; a memory change applies
-    /// from the next exec (409 `session_busy` while one runs).
+    /// > from the next exec (409 `session_busy` while one runs).
     pub fn update_session(
         &self,
         tenant: &str,

@@ -4,6 +4,7 @@
 //! templates made of a session's checkpoint. The image builds reuse the shared
 //! home's .deb cache and images (a symlink), so only the custom image is built
 //! (about a minute the first time; reused afterwards). Without KVM these FAIL.
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 use std::path::Path;
 use std::time::{Duration, Instant};

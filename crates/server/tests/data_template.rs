@@ -2,6 +2,7 @@
 //! binary so that every test shares one template build: the first run on a fresh
 //! machine downloads and builds the data image (~3 min here), then it is cached
 //! under `$FORKBOX_HOME`. Without KVM these tests FAIL (never skipped).
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;

@@ -1,6 +1,7 @@
 //! API tests of the tree of states: one numbering per lineage (tracebacks, execs,
 //! the tree agree), `GET .../tree`, `POST .../explore`, `GET .../checkpoints/{n}/variables`
 //! and `GET .../diff`. The real server over real KVM guests (fails without /dev/kvm).
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 use std::time::{Duration, Instant};
 

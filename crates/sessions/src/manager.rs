@@ -198,6 +198,7 @@ pub const DEFAULT_DISK_RESERVE: u64 = 256 << 20;
 fn free_bytes(dir: &Path) -> Option<u64> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs is plain data; all zeroes is a valid value.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: a NUL-terminated path and a statvfs buffer of ours.
     if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {

@@ -1602,13 +1602,13 @@ mod tests {
         }
         // 5,000 checkpoints: 5 per session, plus one session with a long chain.
         for round in 0..5 {
-            for i in 0..1000usize {
+            for (i, head) in heads.iter_mut().enumerate() {
                 let id = format!("s{i:04}");
                 let c = s
                     .commit_checkpoint(
                         &NewCheckpoint {
                             session_id: &id,
-                            parent: heads[i],
+                            parent: *head,
                             code: "x += 1",
                             layer: "l",
                             state: "s",
@@ -1619,7 +1619,7 @@ mod tests {
                         10_000 + round,
                     )
                     .unwrap();
-                heads[i] = Some(c.id);
+                *head = Some(c.id);
             }
         }
         let write = t.elapsed();

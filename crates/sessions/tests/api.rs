@@ -3,6 +3,7 @@
 //! interrupts of a running exec from another thread, disk usage per tenant.
 //!
 //! Need /dev/kvm (they FAIL without it, never skip). See `common/mod.rs`.
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 mod common;
 

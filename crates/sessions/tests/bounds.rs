@@ -5,6 +5,7 @@
 //! failed checkpoint leaves no file behind.
 //!
 //! Need /dev/kvm (they FAIL without it, never skip). See `common/mod.rs`.
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 mod common;
 

@@ -3,6 +3,7 @@
 //! and resume, restarts, reverts and forks: they are process state.
 //!
 //! Need /dev/kvm (they FAIL without it, never skip). See `common/mod.rs`.
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 mod common;
 

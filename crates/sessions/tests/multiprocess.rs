@@ -9,6 +9,7 @@
 //!   another process is writing or has just written).
 //!
 //! Needs /dev/kvm (FAILS without it, never skips). See `common/mod.rs`.
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 mod common;
 

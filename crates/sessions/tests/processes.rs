@@ -3,6 +3,7 @@
 //! resume, forks and reverts: parked state is always the agent's one process.
 //!
 //! Need /dev/kvm (they FAIL without it, never skip). See `common/mod.rs`.
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 mod common;
 

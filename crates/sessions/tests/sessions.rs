@@ -3,6 +3,7 @@
 //! fork, failure rollback, busy, scale, disk reclamation and corruption.
 //!
 //! Need /dev/kvm (they FAIL without it, never skip). See `common/mod.rs`.
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 mod common;
 

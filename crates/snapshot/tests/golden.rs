@@ -25,6 +25,7 @@
 //! existing golden file that differs (that would hide a format change); delete
 //! one by hand only if the synthetic state itself was changed on purpose and
 //! the version it describes was never released.
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

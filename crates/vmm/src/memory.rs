@@ -516,7 +516,10 @@ impl GuestMemory {
         self.check(addr, len)?;
         let file_len =
             file.metadata().map_err(|source| VmmError::Sys { call: "fstat(shared guest memory)", source })?.len();
-        let aligned = len != 0 && addr % PAGE_SIZE == 0 && len % PAGE_SIZE == 0 && offset % PAGE_SIZE == 0;
+        let aligned = len != 0
+            && addr.is_multiple_of(PAGE_SIZE)
+            && len.is_multiple_of(PAGE_SIZE)
+            && offset.is_multiple_of(PAGE_SIZE);
         if !aligned || offset.checked_add(len).is_none_or(|end| end > file_len) {
             return Err(VmmError::OutOfRange { addr, len });
         }

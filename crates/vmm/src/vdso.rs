@@ -177,6 +177,10 @@ impl VvarData {
 }
 
 #[cfg(test)]
+// SAFETY (every unsafe block below): the test's own mappings of the built vDSO
+// and vvar page, its entry points called with their C signatures on stack
+// buffers, and host clock calls on stack timespecs.
+#[allow(clippy::undocumented_unsafe_blocks)]
 mod tests {
     use super::*;
     use goblin::elf::dynamic::{

@@ -91,7 +91,7 @@ fn omitted_stanzas(omit: &[String]) -> Result<String, BuildError> {
             continue;
         };
         let safe = |v: &str| !v.is_empty() && v.bytes().all(|b| b.is_ascii_graphic());
-        if !(safe(&pkg) && safe(&version) && safe(&arch)) || !omit.contains(&pkg) {
+        if !safe(&pkg) || !safe(&version) || !safe(&arch) || !omit.contains(&pkg) {
             continue;
         }
         seen.entry(pkg).or_insert((version, arch));

@@ -159,7 +159,7 @@ impl Progress {
             Progress::Bar(pb) => pb.set_position(done),
             Progress::Lines { msg, total, pos, next_pct, .. } => {
                 *pos = done;
-                let pct = if *total == 0 { 100 } else { done.saturating_mul(100) / *total };
+                let pct = done.saturating_mul(100).checked_div(*total).unwrap_or(100);
                 if pct >= *next_pct && pct < 100 {
                     eprintln!("forkbox: {msg} {pct}%");
                     *next_pct = (pct / 25 + 1) * 25;

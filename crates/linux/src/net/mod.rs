@@ -852,6 +852,7 @@ impl NetIo {
         let host = self.host(id)?;
         let flags = (flags & (libc::MSG_PEEK | libc::MSG_TRUNC | libc::MSG_WAITALL)) | libc::MSG_DONTWAIT;
         let fd = host.as_raw_fd();
+        // SAFETY: sockaddr_storage is plain data; all zeroes is a valid value.
         let mut from: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
         let mut from_len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
         let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };

@@ -56,7 +56,7 @@ fn timeout_deadline(t: Option<Duration>) -> Option<Instant> {
 
 /// A guest sockaddr: `None` for AF_UNSPEC.
 fn read_sockaddr(ctx: &Ctx, addr: u64, len: u64) -> Result<Option<SocketAddr>, Errno> {
-    if len < 2 || len > SOCKADDR_MAX {
+    if !(2..=SOCKADDR_MAX).contains(&len) {
         return Err(Errno::EINVAL);
     }
     let b = ctx.bytes(addr, len)?;

@@ -121,7 +121,7 @@ pub fn exit(ctx: &mut Ctx, a: &Args) -> SysResult {
         return Ok(0);
     }
     let addr = ctx.proc.tid_address;
-    if addr != 0 && addr % 4 == 0 && ctx.write_bytes(addr, &0u32.to_le_bytes()).is_ok() {
+    if addr != 0 && addr.is_multiple_of(4) && ctx.write_bytes(addr, &0u32.to_le_bytes()).is_ok() {
         ctx.proc.threads.futex_wake(addr, u32::MAX, 1);
     }
     ctx.effect = Some(Effect::ThreadExit);
@@ -157,7 +157,7 @@ const FUTEX_PRIVATE_FLAG: u64 = 128;
 const FUTEX_CLOCK_REALTIME: u64 = 256;
 
 fn futex_word(ctx: &Ctx, addr: u64) -> Result<u32, Errno> {
-    if addr % 4 != 0 {
+    if !addr.is_multiple_of(4) {
         return Err(Errno::EINVAL);
     }
     let b = ctx.bytes(addr, 4)?;
@@ -237,14 +237,14 @@ pub fn futex(ctx: &mut Ctx, a: &Args) -> SysResult {
             if bitset == 0 {
                 return Err(Errno::EINVAL);
             }
-            if addr % 4 != 0 {
+            if !addr.is_multiple_of(4) {
                 return Err(Errno::EINVAL);
             }
             Ok(wake(ctx, addr, bitset, a[2].min(i32::MAX as u64)))
         }
         FUTEX_REQUEUE | FUTEX_CMP_REQUEUE => {
             let (n, m, to) = (a[2].min(i32::MAX as u64), a[3].min(i32::MAX as u64), a[4]);
-            if addr % 4 != 0 || to % 4 != 0 {
+            if !addr.is_multiple_of(4) || !to.is_multiple_of(4) {
                 return Err(Errno::EINVAL);
             }
             if cmd == FUTEX_CMP_REQUEUE && futex_word(ctx, addr)? != a[5] as u32 {

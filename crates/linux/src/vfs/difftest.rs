@@ -5,6 +5,10 @@
 //! Generated paths and symlink targets never climb above `w` (no leading "..", no "."
 //! or ".." targets), so both sides see the same tree.
 
+// SAFETY (every unsafe block below): libc calls on the test's own dirfd, with
+// NUL-terminated CStrings and stack buffers whose lengths are passed with them.
+#![allow(clippy::undocumented_unsafe_blocks)]
+
 use std::ffi::CString;
 
 use super::*;

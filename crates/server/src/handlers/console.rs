@@ -31,7 +31,8 @@ form-action 'none'; frame-ancestors 'none'";
 pub(crate) fn wants_html(headers: &HeaderMap) -> bool {
     let Some(accept) = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()) else { return false };
     // (quality, specificity) of the best match for each side.
-    let (mut html, mut json): (Option<(f32, u8)>, Option<(f32, u8)>) = (None, None);
+    type Best = Option<(f32, u8)>;
+    let (mut html, mut json): (Best, Best) = (None, None);
     for part in accept.split(',').take(32) {
         let mut it = part.split(';');
         let media = it.next().unwrap_or("").trim().to_ascii_lowercase();

@@ -36,7 +36,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use forkbox_api::ErrorCode;
-use forkbox_runtime::{Outcome, Output, Runtime};
+use forkbox_runtime::{NewSession, Outcome, Output, Runtime};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -268,15 +268,15 @@ async fn machine_new(
     ApiJson(req): ApiJson<MachineNew>,
 ) -> Result<Json<MachineCreated>, ApiError> {
     let v = blocking(&state, move |rt| {
-        Ok(rt.create_session(
-            &caller.tenant,
-            req.tags,
-            req.memory_mb,
-            None,
-            req.template.as_deref(),
-            &crate::schema::network_layers(&caller, &None)?,
-            &caller.quota(),
-        )?)
+        let network = crate::schema::network_layers(&caller, &None)?;
+        let new = NewSession {
+            tags: req.tags,
+            memory_mb: req.memory_mb,
+            template: req.template.as_deref(),
+            network: &network,
+            ..NewSession::default()
+        };
+        Ok(rt.create_session(&caller.tenant, new, &caller.quota())?)
     })
     .await?;
     Ok(Json(MachineCreated { machine_name: v.record.id }))
@@ -475,18 +475,9 @@ async fn repl(
     let c = caller.clone();
     let name = blocking(&state, move |rt| {
         if name == "new" {
-            Ok(rt
-                .create_session(
-                    &c.tenant,
-                    BTreeMap::new(),
-                    None,
-                    None,
-                    None,
-                    &crate::schema::network_layers(&c, &None)?,
-                    &c.quota(),
-                )?
-                .record
-                .id)
+            let network = crate::schema::network_layers(&c, &None)?;
+            let new = NewSession { network: &network, ..NewSession::default() };
+            Ok(rt.create_session(&c.tenant, new, &c.quota())?.record.id)
         } else {
             owned(rt, &c, &name)?;
             Ok(name)

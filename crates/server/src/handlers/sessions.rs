@@ -5,7 +5,7 @@ use std::time::Instant;
 use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use axum::{Extension, Json};
-use forkbox_runtime::Outcome;
+use forkbox_runtime::{NewSession, Outcome};
 
 use super::blocking;
 use crate::auth::Caller;
@@ -24,15 +24,14 @@ pub(crate) async fn create_session(
     let network = network_layers(&caller, &req.network)?;
     let v = blocking(&state, move |rt| {
         let timeout = crate::fair::key_timeout_of(rt, &caller, req.timeout_seconds)?;
-        let v = rt.create_session(
-            &caller.tenant,
-            req.tags,
-            req.memory_mb,
-            timeout,
-            req.template.as_deref(),
-            &network,
-            &caller.quota(),
-        )?;
+        let new = NewSession {
+            tags: req.tags,
+            memory_mb: req.memory_mb,
+            timeout_seconds: timeout,
+            template: req.template.as_deref(),
+            network: &network,
+        };
+        let v = rt.create_session(&caller.tenant, new, &caller.quota())?;
         Ok(Session::of(&v))
     })
     .await?;

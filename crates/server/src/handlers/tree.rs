@@ -262,7 +262,7 @@ pub(crate) async fn tree(
             .nodes
             .into_iter()
             .map(|n| TreeNode {
-                head: n.heads.iter().any(|h| *h == t.session),
+                head: n.heads.contains(&t.session),
                 checkpoint: n.checkpoint,
                 parent: n.parent,
                 session: n.session,
