@@ -74,10 +74,12 @@ pub fn hash_key(key: &str) -> String {
 }
 
 fn random_hex(n: usize) -> anyhow::Result<String> {
+    use std::io::Read;
     let mut b = vec![0u8; n];
-    // SAFETY: getrandom into a local buffer of the given length.
-    let got = unsafe { libc::getrandom(b.as_mut_ptr() as *mut libc::c_void, b.len(), 0) };
-    anyhow::ensure!(got == n as isize, "getrandom failed: {}", std::io::Error::last_os_error());
+    // The kernel's CSPRNG (what getrandom(2) reads), without unsafe code in this crate.
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .map_err(|e| anyhow::anyhow!("reading /dev/urandom: {e}"))?;
     Ok(hex::encode(b))
 }
 

@@ -54,6 +54,7 @@
 //! time; at most `max_queue` requests wait for a slot, each for at most
 //! `queue_wait`; anything past that gets 503 `overloaded`. Other blocking calls
 //! (SQLite, files) run on tokio's blocking pool.
+#![forbid(unsafe_code)]
 
 mod admission;
 mod auth;
