@@ -45,7 +45,7 @@ fn rules(r: &[&str]) -> Vec<Rule> {
 }
 
 fn public_with(allow: &[&str]) -> NetConfig {
-    NetConfig::with_policy(NetPolicy { mode: Mode::Public, allow: rules(allow), deny: vec![] })
+    NetConfig::with_policy(NetPolicy { mode: Mode::Public, allow: rules(allow), ..NetPolicy::default() })
 }
 
 fn boot(network: NetConfig) -> Sandbox {
@@ -233,7 +233,7 @@ fn network_none_refuses_everything_and_dns() {
     let mut cfg = NetConfig::with_policy(NetPolicy {
         mode: Mode::None,
         allow: rules(&[&format!("127.0.0.1:{}", srv.port)]),
-        deny: vec![],
+        ..NetPolicy::default()
     });
     cfg.hosts.insert("web.test".into(), vec!["127.0.0.1".parse().unwrap()]);
     let mut sb = boot(cfg);
@@ -867,4 +867,114 @@ fn a_checkpoint_never_carries_a_listener() {
         ),
     );
     assert_eq!(got, "[True, True, True]");
+}
+
+/// A loopback server of this test: each connection gets `n` bytes, then EOF
+/// (`download`), or is read to EOF and answered with the count (`upload`).
+fn bulk_server(n: usize) -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(mut c) = c else { return };
+            std::thread::spawn(move || {
+                let mut first = [0u8; 1];
+                if c.read_exact(&mut first).is_err() {
+                    return;
+                }
+                if first[0] == b'D' {
+                    let chunk = vec![b'x'; 64 << 10];
+                    let mut left = n;
+                    while left > 0 {
+                        let k = left.min(chunk.len());
+                        if c.write_all(&chunk[..k]).is_err() {
+                            return;
+                        }
+                        left -= k;
+                    }
+                } else {
+                    let mut got = 0usize;
+                    let mut buf = vec![0u8; 64 << 10];
+                    loop {
+                        match c.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(k) => got += k,
+                        }
+                    }
+                    let _ = c.write_all(got.to_string().as_bytes());
+                }
+            });
+        }
+    });
+    port
+}
+
+/// Guest code moving `n` bytes through the loopback server (`D`: download,
+/// `U`: upload); its value is `(bytes, seconds)` as the guest measured them.
+fn bulk_code(port: u16, dir: char, n: usize) -> String {
+    format!(
+        r#"
+import socket, time
+s = socket.create_connection(('127.0.0.1', {port}), timeout=30)
+t = time.monotonic()
+if '{dir}' == 'D':
+    s.sendall(b'D')
+    got = 0
+    while True:
+        b = s.recv(1 << 20)
+        if not b:
+            break
+        got += len(b)
+else:
+    s.sendall(b'U')
+    data = b'y' * (256 << 10)
+    left = {n}
+    while left > 0:
+        s.sendall(data[:min(left, len(data))])
+        left -= min(left, len(data))
+    s.shutdown(socket.SHUT_WR)
+    got = int(s.recv(64))
+(got, time.monotonic() - t)
+"#
+    )
+}
+
+fn bulk(sb: &mut Sandbox, port: u16, dir: char, n: usize) -> (usize, f64) {
+    let v = value(sb, &bulk_code(port, dir, n));
+    let inner = v.trim_matches(|c| c == '(' || c == ')');
+    let (a, b) = inner.split_once(", ").unwrap_or_else(|| panic!("bad value {v}"));
+    (a.parse().unwrap(), b.parse().unwrap())
+}
+
+#[test]
+fn bandwidth_limit_throttles_both_directions_and_unlimited_is_not() {
+    const N: usize = 2 << 20;
+    const RATE: u64 = 1 << 20;
+    let port = bulk_server(N);
+    let allow = format!("127.0.0.1:{port}");
+    // Unlimited: the 2 MiB go at loopback speed.
+    let mut sb = boot(public_with(&[&allow]));
+    for dir in ['D', 'U'] {
+        let (got, secs) = bulk(&mut sb, port, dir, N);
+        assert_eq!(got, N, "{dir}");
+        assert!(secs < 1.0, "unlimited {dir}: {secs:.2} s for 2 MiB");
+    }
+    assert_eq!(sb.net_stats().bytes_received, (N + 7) as u64, "{:?}", sb.net_stats());
+
+    // 1 MiB/s (the smallest layer's): 2 MiB take about 2 s each way (less the
+    // bucket's burst of RATE/8), so well over 1.4 s; the session is usable after.
+    let mut cfg = public_with(&[&allow]);
+    cfg.layers[0].max_bytes_per_second = Some(RATE * 4);
+    let inner = NetPolicy { max_bytes_per_second: Some(RATE), ..cfg.layers[0].clone() };
+    cfg = cfg.narrowed(inner);
+    assert_eq!(cfg.max_bytes_per_second(), Some(RATE));
+    let mut sb = boot(cfg);
+    for dir in ['D', 'U'] {
+        let t = Instant::now();
+        let (got, secs) = bulk(&mut sb, port, dir, N);
+        assert_eq!(got, N, "{dir}");
+        assert!(secs > 1.4, "throttled {dir}: {secs:.2} s for 2 MiB at 1 MiB/s");
+        assert!(t.elapsed() < Duration::from_secs(15), "throttled {dir}: {:?}", t.elapsed());
+    }
+    assert_eq!(value(&mut sb, "6 * 7"), "42");
 }

@@ -149,8 +149,9 @@ impl Runtime {
     ) -> Result<SessionView, RuntimeError> {
         check_tags(&tags)?;
         let mut limits = self.session_limits(memory_mb, timeout_seconds)?;
-        crate::exec::narrow_network(&mut limits, network);
         let template = self.template(tenant, template)?;
+        // The session records every layer (the template's too): kept across eviction and forks.
+        crate::exec::narrow_network(&mut limits, &template, network);
         self.within_session_quota(tenant, quota, || Ok(self.sessions.create_on(tenant, tags, &limits, &template)?))
     }
 

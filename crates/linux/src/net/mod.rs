@@ -100,6 +100,85 @@ impl NetConfig {
         self.layers.push(p);
         self
     }
+
+    /// The sandbox's bandwidth: the smallest of its layers' (None: unlimited).
+    pub fn max_bytes_per_second(&self) -> Option<u64> {
+        self.layers.iter().filter_map(|p| p.max_bytes_per_second).min()
+    }
+}
+
+/// A token bucket over the bytes a sandbox moves through its host sockets
+/// (both directions together): `rate` bytes per second, at most `burst`
+/// saved up. A datagram may overdraw it (it is sent whole); the debt is
+/// paid back before anything else moves.
+#[derive(Debug)]
+struct Throttle {
+    rate: u64,
+    burst: u64,
+    /// May go negative (a datagram's overdraft).
+    tokens: i64,
+    last: Instant,
+}
+
+impl Throttle {
+    /// Less than this in the bucket is "empty": no call moves fewer bytes
+    /// than it (unless the bucket holds fewer at most).
+    const CHUNK: u64 = 16 << 10;
+
+    fn new(rate: u64) -> Throttle {
+        let rate = rate.max(1);
+        let burst = (rate / 8).clamp(Self::CHUNK, 4 << 20);
+        Throttle { rate, burst, tokens: i64::try_from(burst).unwrap_or(i64::MAX), last: Instant::now() }
+    }
+
+    fn chunk(&self) -> i64 {
+        i64::try_from(Self::CHUNK.min(self.burst)).unwrap_or(i64::MAX)
+    }
+
+    /// Tokens earned since `last` (whole bytes).
+    fn earned(&self, now: Instant) -> i64 {
+        let ns = now.saturating_duration_since(self.last).as_nanos();
+        let add = ns.saturating_mul(u128::from(self.rate)) / 1_000_000_000;
+        i64::try_from(add).unwrap_or(i64::MAX)
+    }
+
+    fn refill(&mut self, now: Instant) {
+        let add = self.earned(now);
+        if add == 0 {
+            return;
+        }
+        let burst = i64::try_from(self.burst).unwrap_or(i64::MAX);
+        self.tokens = self.tokens.saturating_add(add).min(burst);
+        self.last = now;
+    }
+
+    /// The bucket holds less than a chunk now (without refilling it).
+    fn is_empty(&self) -> bool {
+        self.tokens.saturating_add(self.earned(Instant::now())) < self.chunk()
+    }
+
+    /// Bytes that may move now (None: the bucket is empty, wait).
+    fn available(&mut self) -> Option<u64> {
+        self.refill(Instant::now());
+        (self.tokens >= self.chunk()).then(|| u64::try_from(self.tokens).unwrap_or(0))
+    }
+
+    fn take(&mut self, n: u64) {
+        self.tokens = self.tokens.saturating_sub(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// When the bucket holds a chunk again (None: it does now).
+    fn ready_at(&mut self) -> Option<Instant> {
+        let now = Instant::now();
+        self.refill(now);
+        let missing = self.chunk().saturating_sub(self.tokens);
+        if missing <= 0 {
+            return None;
+        }
+        let ns = u128::from(missing.unsigned_abs()).saturating_mul(1_000_000_000) / u128::from(self.rate) + 1;
+        let wait = Duration::from_nanos(u64::try_from(ns).unwrap_or(u64::MAX));
+        Some(self.last.checked_add(wait).unwrap_or(now + Duration::from_secs(3600)))
+    }
 }
 
 /// Per-sandbox network counters.
@@ -315,6 +394,9 @@ pub struct NetIo {
     /// One-line notes for the guest's stderr (refusals), drained by the syscall layer.
     pub notes: Vec<String>,
     byte_limit_noted: bool,
+    /// The bandwidth limit (None: unlimited). Never snapshotted: a resumed
+    /// sandbox starts with a full bucket.
+    throttle: Option<Throttle>,
 }
 
 impl Default for NetIo {
@@ -333,12 +415,16 @@ pub fn host_errno(e: &std::io::Error) -> Errno {
     Errno(e.raw_os_error().unwrap_or(libc::EIO))
 }
 
+/// What the bandwidth limit holds back while its bucket is empty.
+const RATE_HELD: i16 = libc::POLLIN | libc::POLLOUT | libc::POLLRDNORM | libc::POLLWRNORM | libc::POLLPRI;
+
 /// Readiness bits of a socket for poll (POLLIN, POLLOUT, POLLERR, POLLHUP, POLLRDHUP, POLLPRI).
 pub const POLL_MASK: i16 =
     libc::POLLIN | libc::POLLOUT | libc::POLLPRI | libc::POLLERR | libc::POLLHUP | libc::POLLRDHUP;
 
 impl NetIo {
     pub fn new(config: Arc<NetConfig>) -> NetIo {
+        let throttle = config.max_bytes_per_second().map(Throttle::new);
         NetIo {
             config,
             nonce: nonce(),
@@ -350,7 +436,35 @@ impl NetIo {
             stats: NetStats::default(),
             notes: Vec::new(),
             byte_limit_noted: false,
+            throttle,
         }
+    }
+
+    /// Bytes a host socket may move now under the bandwidth limit (EAGAIN:
+    /// the bucket is empty; poll shows the sockets not ready until
+    /// [`Self::throttled_until`]).
+    fn rate_budget(&mut self) -> Result<u64, Errno> {
+        match &mut self.throttle {
+            None => Ok(u64::MAX),
+            Some(t) => t.available().ok_or(Errno::EAGAIN),
+        }
+    }
+
+    fn rate_take(&mut self, n: u64) {
+        if let Some(t) = &mut self.throttle {
+            t.take(n);
+        }
+    }
+
+    /// While the bandwidth limit holds the host sockets back: when it lets
+    /// them move again (the engine re-runs blocked calls then).
+    pub fn throttled_until(&mut self) -> Option<Instant> {
+        self.throttle.as_mut()?.ready_at()
+    }
+
+    /// The host sockets move no bytes now (the bandwidth limit's bucket is empty).
+    fn throttled(&self) -> bool {
+        self.throttle.as_ref().is_some_and(Throttle::is_empty)
     }
 
     pub fn open_sockets(&self) -> usize {
@@ -802,7 +916,9 @@ impl NetIo {
                 return Err(Errno::ECONNREFUSED);
             }
         }
-        let data = if stream { &data[..data.len().min(budget.try_into().unwrap_or(usize::MAX))] } else { data };
+        let rate = self.rate_budget()?;
+        let cap = |b: u64| usize::try_from(b).unwrap_or(usize::MAX);
+        let data = if stream { &data[..data.len().min(cap(budget)).min(cap(rate))] } else { data };
         let host = self.host(id)?;
         let flags = (flags & (libc::MSG_MORE | libc::MSG_EOR)) | libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
         let r = match to {
@@ -811,6 +927,7 @@ impl NetIo {
         };
         let n = r.map_err(|e| host_errno(&e))?;
         self.account(n as u64, 0);
+        self.rate_take(n as u64);
         Ok(n)
     }
 
@@ -849,6 +966,15 @@ impl NetIo {
             return Ok((len, Some(resolver_addr()), truncated));
         }
         let stream = s.stream;
+        // The bandwidth limit: a stream reads at most what the bucket holds
+        // (a datagram is read whole and may overdraw it).
+        let buf = if local {
+            buf
+        } else {
+            let rate = self.rate_budget()?;
+            let n = if stream { buf.len().min(usize::try_from(rate).unwrap_or(usize::MAX)) } else { buf.len() };
+            &mut buf[..n]
+        };
         let host = self.host(id)?;
         let flags = (flags & (libc::MSG_PEEK | libc::MSG_TRUNC | libc::MSG_WAITALL)) | libc::MSG_DONTWAIT;
         let fd = host.as_raw_fd();
@@ -871,6 +997,7 @@ impl NetIo {
         let n = n as usize;
         if !peek && !local {
             self.account(0, n.min(buf.len()) as u64);
+            self.rate_take(n.min(buf.len()) as u64);
         }
         let src = if stream || from_len == 0 { None } else { from_storage(&from, from_len as usize) };
         Ok((n, src, truncated))
@@ -927,6 +1054,8 @@ impl NetIo {
                 if !s.stream && !s.inbox.is_empty() {
                     r |= events & (libc::POLLIN | libc::POLLRDNORM);
                 }
+                // Held back by the bandwidth limit: not readable or writable yet.
+                let want = if !s.in_sandbox() && self.throttled() { want & !RATE_HELD } else { want };
                 let mut p = libc::pollfd { fd: h.as_raw_fd(), events: want, revents: 0 };
                 // SAFETY: one valid pollfd, zero timeout.
                 if unsafe { libc::poll(&mut p, 1, 0) } > 0 {
@@ -945,11 +1074,12 @@ impl NetIo {
             let events = events & (libc::POLLIN | libc::POLLRDNORM);
             return (events != 0).then_some(libc::pollfd { fd, events, revents: 0 });
         }
-        Some(libc::pollfd {
-            fd,
-            events: events & POLL_MASK | events & (libc::POLLRDNORM | libc::POLLWRNORM),
-            revents: 0,
-        })
+        let mut events = events & POLL_MASK | events & (libc::POLLRDNORM | libc::POLLWRNORM);
+        // Held back by the bandwidth limit: the engine wakes at `throttled_until` instead.
+        if !self.socks.get(&id).is_some_and(Sock::in_sandbox) && self.throttled() {
+            events &= !RATE_HELD;
+        }
+        Some(libc::pollfd { fd, events, revents: 0 })
     }
 
     pub fn local_addr(&mut self, id: u64) -> Result<SocketAddr, Errno> {
