@@ -978,3 +978,64 @@ fn bandwidth_limit_throttles_both_directions_and_unlimited_is_not() {
     }
     assert_eq!(value(&mut sb, "6 * 7"), "42");
 }
+
+/// UDP between sockets of the same sandbox (a bound socket on loopback, in the
+/// sandbox's own port table): sendto/recvfrom with the sender's address, a
+/// reply to it, connected sends, select readiness, a thread blocked in
+/// recvfrom woken by another's send, EADDRINUSE, datagram boundaries; all
+/// under `network: none` (nothing crosses the host).
+#[test]
+fn udp_between_sockets_of_the_sandbox() {
+    let mut sb = boot(NetConfig::default());
+    let code = r#"
+import errno, select, socket, threading
+a = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+a.bind(('127.0.0.1', 0))
+port = a.getsockname()[1]
+b = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+b.sendto(b'ping', ('127.0.0.1', port))
+assert select.select([a], [], [], 5)[0] == [a]
+data, src = a.recvfrom(100)
+assert src[0] == '127.0.0.1' and src[1] == b.getsockname()[1], (src, b.getsockname())
+a.sendto(b'pong:' + data, src)
+reply, src2 = b.recvfrom(100)
+assert src2 == ('127.0.0.1', port), src2
+# Boundaries are kept; a short buffer truncates one datagram.
+b.sendto(b'one', ('127.0.0.1', port)); b.sendto(b'two-two', ('127.0.0.1', port))
+got = [a.recv(100), a.recv(3)]
+# Connected sends and the wildcard: a socket bound to 0.0.0.0:P takes 127.0.0.1:P
+# (a fixed port: the sandbox's own table, no host port is taken).
+c = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+c.bind(('0.0.0.0', 47001)); cp = c.getsockname()[1]
+assert cp == 47001, c.getsockname()
+d = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+d.connect(('127.0.0.1', cp)); d.send(b'connected')
+got.append(c.recv(100))
+# EADDRINUSE on a taken port.
+e = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+try:
+    e.bind(('127.0.0.1', port)); inuse = False
+except OSError as x:
+    inuse = x.errno == errno.EADDRINUSE
+# An IPv6 socket sending to the IPv4-mapped address: the AF_INET receiver sees an IPv4 source.
+f = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+f.sendto(b'six', ('::ffff:127.0.0.1', port))
+six, src6 = a.recvfrom(100)
+got.append((six, src6[0]))
+# A thread blocked in recvfrom is woken by another thread's send.
+out = []
+t = threading.Thread(target=lambda: out.append(a.recvfrom(100)[0]))
+t.start()
+import time; time.sleep(0.2)
+b.sendto(b'late', ('127.0.0.1', port))
+t.join(10)
+(data, reply, got, inuse, out, 32768 <= port <= 60999)
+"#;
+    assert_eq!(
+        value(&mut sb, code),
+        "(b'ping', b'pong:ping', [b'one', b'two', b'connected', (b'six', '127.0.0.1')], True, [b'late'], True)"
+    );
+    // Nothing crossed the host.
+    let st = sb.net_stats();
+    assert_eq!((st.bytes_sent, st.bytes_received, st.connects_denied), (0, 0, 0), "{st:?}");
+}
