@@ -215,3 +215,20 @@ def test_mcp_network_argument(net_server):
             await scenario(m)
 
     anyio.run(main)
+
+
+def test_sdk_network_of_commands_and_templates(net_server):
+    """The SDK's `network=` on one-shot commands and on a template of one's own (a layer of every
+    sandbox forked from it, which a request cannot widen)."""
+    s, port = net_server
+    py = f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=5); print('up')"
+    with Forkbox(s.url, s.key) as fb:
+        assert fb.commands.run(["python3", "-c", py]).stdout == "up\n"
+        r = fb.commands.run(["python3", "-c", py], network="none")
+        assert r.exit_code != 0 and "network: none" in r.stderr, r
+        t = fb.create_template("sdk-offline", network="none", timeout=600)
+        assert t["status"] == "ready" and t["network"]["mode"] == "none", t
+        r = fb.exec(_get(port), template="sdk-offline", network={"allow": [f"127.0.0.1:{port}"]})
+        assert not r.ok and "network: none" in r.stderr, r
+        sess = fb.sessions.create(template="sdk-offline", network={"mode": "public", "max_bytes_per_second": 65536})
+        assert sess.info.network["mode"] == "none" and sess.info.network["max_bytes_per_second"] == 65536, sess.info.network
