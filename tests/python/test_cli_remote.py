@@ -40,7 +40,7 @@ def test_session_commands(server):
     r = cli(server, "session", "exec", sid, "-", stdin="x +")
     assert r.returncode == 1 and "SyntaxError" in r.stderr
     r = cli(server, "session", "ls", "--tag", "cli=remote")
-    assert re.search(rf"^{sid}  checkpoint 3  tags \[cli=remote\]  memory 512 MiB  timeout 10 s$", r.stdout, re.M), r.stdout
+    assert re.search(rf"^{sid}  checkpoint 3  tags \[cli=remote\]  memory 512 MiB  timeout 10 s  network public$", r.stdout, re.M), r.stdout
     r = cli(server, "session", "log", sid)
     lines = r.stdout.splitlines()
     assert len(lines) == 3 and lines[-1].startswith("*") and "x +" in lines[-1]

@@ -133,7 +133,7 @@ fn async_runtime() -> Result<tokio::runtime::Runtime> {
 /// Where an exec runs.
 #[derive(Clone, Copy)]
 pub enum Target<'a> {
-    OneShot { timeout_seconds: Option<f64>, template: Option<&'a str> },
+    OneShot(&'a forkbox_client::ExecOptions),
     Session(&'a str),
 }
 
@@ -147,9 +147,7 @@ pub async fn exec_streaming(
     on_output: &mut (dyn FnMut(&StreamEvent) + Send),
 ) -> Result<ExecResult, ClientError> {
     let opened = match target {
-        Target::OneShot { timeout_seconds, template } => {
-            client.exec_stream_on(code, timeout_seconds, template).await.map(|s| s.boxed())
-        }
+        Target::OneShot(opts) => client.exec_stream_with(code, opts).await.map(|s| s.boxed()),
         Target::Session(id) => client.session_exec_stream(id, code).await.map(|s| s.boxed()),
     };
     let mut stream = match opened {
@@ -157,9 +155,7 @@ pub async fn exec_streaming(
         // An older server: no streaming route (the route-level 404, not `session_not_found`).
         Err(ClientError::Api { code: c, .. }) if c == "not_found" => {
             let r = match target {
-                Target::OneShot { timeout_seconds, template } => {
-                    client.exec_on(code, timeout_seconds, template).await?
-                }
+                Target::OneShot(opts) => client.exec_with(code, opts).await?,
                 Target::Session(id) => client.session_exec(id, code).await?,
             };
             for ev in [StreamEvent::Stdout(r.stdout.clone()), StreamEvent::Stderr(r.stderr.clone())] {

@@ -70,6 +70,10 @@ enum Command {
         /// A deny rule (repeatable), same forms (`*:25` denies a port everywhere). Deny rules win.
         #[arg(long, value_name = "RULE")]
         egress_deny: Vec<String>,
+        /// Bandwidth of every sandbox: bytes per second through its host sockets, both directions
+        /// together (token bucket; keys and requests can only lower it). Default: unlimited.
+        #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..))]
+        egress_rate: Option<u64>,
         /// pip's index for `POST /v1/templates` builds (default: the host pip's, i.e. PyPI).
         #[arg(long, value_name = "URL")]
         pip_index_url: Option<String>,
@@ -164,6 +168,9 @@ enum KeyCommand {
         /// A deny rule of the key's policy (repeatable; needs --egress), as for `serve`.
         #[arg(long, value_name = "RULE")]
         egress_deny: Vec<String>,
+        /// The key's bandwidth per sandbox, bytes per second (needs --egress), as for `serve`.
+        #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..))]
+        egress_rate: Option<u64>,
     },
 }
 
@@ -195,6 +202,10 @@ enum TemplateCommand {
         /// No index: only --find-links (offline).
         #[arg(long)]
         no_index: bool,
+        /// The template's own egress policy (a custom template): every sandbox forked from it gets it
+        /// inside the server's and the key's, so it only narrows.
+        #[command(flatten)]
+        network: NetworkArgs,
         #[command(flatten)]
         image: ImageArgs,
     },
@@ -221,6 +232,75 @@ pub struct ImageArgs {
     /// (its threads pinned to one by the guest's environment) or any (apt's choice).
     #[arg(long, value_name = "reference|openblas|any", default_value = "reference", value_parser = parse_blas)]
     pub blas: forkbox_image::Blas,
+}
+
+/// `--network ...` of the commands that make a sandbox: a layer inside the
+/// server's policy (and the key's), the API's `network` field.
+#[derive(Args, Clone, Debug, Default)]
+pub struct NetworkArgs {
+    /// Outbound network of the sandbox, narrowing the server's (and the key's): `none`, `public` (the
+    /// public internet, every non-public address refused) or `allowlist` (only what --network-allow
+    /// names). Default: the server's policy (embedded: `public`).
+    #[arg(long, value_enum)]
+    pub network: Option<EgressMode>,
+    /// An allow rule (repeatable; implies `--network allowlist`): `10.0.0.0/8`, `1.2.3.4`, `[::1]:8080`,
+    /// `example.com`, `*.example.com:443`.
+    #[arg(long, value_name = "RULE")]
+    pub network_allow: Vec<String>,
+    /// A deny rule (repeatable; implies `--network allowlist`), same forms. Deny rules win.
+    #[arg(long, value_name = "RULE")]
+    pub network_deny: Vec<String>,
+    /// Bandwidth of the sandbox: bytes per second through its host sockets, both directions together
+    /// (needs --network or a rule; the smallest of the server's, the key's and this one holds).
+    #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..))]
+    pub network_rate: Option<u64>,
+}
+
+impl NetworkArgs {
+    /// The API's `network` (None: not given).
+    pub fn setting(&self) -> anyhow::Result<Option<forkbox_client::Network>> {
+        let mode = self.network.map(|m| match m {
+            EgressMode::None => "none",
+            EgressMode::Public => "public",
+            EgressMode::Allowlist => "allowlist",
+        });
+        let n = forkbox_client::Network::from_parts(mode, &self.network_allow, &self.network_deny)
+            .map_err(|e| anyhow::anyhow!("--network: {e}"))?;
+        match n {
+            None if self.network_rate.is_some() => {
+                anyhow::bail!("--network-rate needs --network none|public|allowlist (or a --network-allow rule)")
+            }
+            n => Ok(n.map(|n| n.with_rate(self.network_rate))),
+        }
+    }
+
+    /// The same as an engine policy layer (the embedded `forkbox run`), rules checked.
+    pub fn layer(&self) -> anyhow::Result<Option<forkbox_engine::NetPolicy>> {
+        use forkbox_client::{Network, NetworkMode};
+        let mode = |m: NetworkMode| match m {
+            NetworkMode::None => EgressMode::None,
+            NetworkMode::Public => EgressMode::Public,
+        };
+        Ok(match self.setting()? {
+            None => None,
+            Some(Network::Mode(m)) => Some(egress_policy(mode(m), &[], &[])?),
+            Some(Network::Limited { mode: m, max_bytes_per_second }) => {
+                Some(egress_policy(mode(m), &[], &[])?.with_rate(Some(max_bytes_per_second)))
+            }
+            Some(Network::Rules { allow, deny, max_bytes_per_second }) => Some(
+                egress_policy(EgressMode::Allowlist, &allow, &deny)
+                    .map_err(|e| e.context("--network"))?
+                    .with_rate(max_bytes_per_second),
+            ),
+        })
+    }
+
+    pub fn is_set(&self) -> bool {
+        self.network.is_some()
+            || !self.network_allow.is_empty()
+            || !self.network_deny.is_empty()
+            || self.network_rate.is_some()
+    }
 }
 
 fn parse_blas(s: &str) -> Result<forkbox_image::Blas, String> {
@@ -261,6 +341,7 @@ fn main() -> ExitCode {
             egress,
             egress_allow,
             egress_deny,
+            egress_rate,
             pip_index_url,
             pip_find_links,
             pip_no_index,
@@ -271,6 +352,7 @@ fn main() -> ExitCode {
                 no_index: pip_no_index,
             };
             egress_policy(egress, &egress_allow, &egress_deny)
+                .map(|p| p.with_rate(egress_rate))
                 .and_then(|policy| serve(&home, listen, image, template, metrics_listen, exec_slots, policy, pip))
         }
         Command::Key(KeyCommand::Create {
@@ -286,11 +368,14 @@ fn main() -> ExitCode {
             egress,
             egress_allow,
             egress_deny,
+            egress_rate,
         }) => {
             let egress = match egress {
-                Some(mode) => egress_policy(mode, &egress_allow, &egress_deny).map(Some),
-                None if !egress_allow.is_empty() || !egress_deny.is_empty() => {
-                    Err(anyhow::anyhow!("--egress-allow and --egress-deny need --egress none|public|allowlist"))
+                Some(mode) => egress_policy(mode, &egress_allow, &egress_deny).map(|p| Some(p.with_rate(egress_rate))),
+                None if !egress_allow.is_empty() || !egress_deny.is_empty() || egress_rate.is_some() => {
+                    Err(anyhow::anyhow!(
+                        "--egress-allow, --egress-deny and --egress-rate need --egress none|public|allowlist"
+                    ))
                 }
                 None => Ok(None),
             };
@@ -344,8 +429,17 @@ fn main() -> ExitCode {
             Some(url) => api::Api::remote(url, cli.api_key.clone()).and_then(|a| template_ls_remote(&a)),
             None => template_ls(&home),
         },
-        Command::Template(TemplateCommand::Build { name, preload, pip, index_url, find_links, no_index, image }) => {
-            let custom = !pip.is_empty() || !image.apt.is_empty() || preload.is_some();
+        Command::Template(TemplateCommand::Build {
+            name,
+            preload,
+            pip,
+            index_url,
+            find_links,
+            no_index,
+            network,
+            image,
+        }) => {
+            let custom = !pip.is_empty() || !image.apt.is_empty() || preload.is_some() || network.is_set();
             match (name, &cli.url) {
                 (Some(name), Some(url)) => api::Api::remote(url, cli.api_key.clone()).and_then(|a| {
                     template_build_remote(
@@ -355,15 +449,21 @@ fn main() -> ExitCode {
                         &pip,
                         preload,
                         !find_links.is_empty() || index_url.is_some(),
+                        &network,
                     )
                 }),
                 (Some(name), None) if custom => {
                     let source = forkbox_image::PipSource { index_url, find_links, no_index };
-                    template_build_custom(&home, &name, &image, pip, preload, source)
+                    network
+                        .layer()
+                        .and_then(|policy| template_build_custom(&home, &name, &image, pip, preload, source, policy))
                 }
                 (Some(name), None) => template_build_named(&home, &name),
                 (None, _) if !pip.is_empty() => {
                     Err(anyhow::anyhow!("--pip needs a template name (forkbox template build NAME --pip SPEC)"))
+                }
+                (None, _) if network.is_set() => {
+                    Err(anyhow::anyhow!("--network needs a template name (forkbox template build NAME --network ...)"))
                 }
                 (None, _) => template_build(&home, preload.as_deref().unwrap_or("import numpy"), &image),
             }
@@ -396,7 +496,7 @@ fn syscalls(markdown: bool) {
 }
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
-enum EgressMode {
+pub enum EgressMode {
     None,
     Public,
     Allowlist,
@@ -411,7 +511,7 @@ fn egress_policy(mode: EgressMode, allow: &[String], deny: &[String]) -> anyhow:
         EgressMode::Public => forkbox_engine::NetMode::Public,
         EgressMode::Allowlist => forkbox_engine::NetMode::Allowlist,
     };
-    Ok(forkbox_engine::NetPolicy { mode, allow: parse(allow)?, deny: parse(deny)? })
+    Ok(forkbox_engine::NetPolicy { mode, allow: parse(allow)?, deny: parse(deny)?, max_bytes_per_second: None })
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -459,6 +559,7 @@ fn template_build_custom(
     pip: Vec<String>,
     preload: Option<String>,
     source: forkbox_image::PipSource,
+    network: Option<forkbox_engine::NetPolicy>,
 ) -> anyhow::Result<ExitCode> {
     if image.image.is_some() || image.template.is_some() {
         anyhow::bail!("a custom template is built from --apt/--pip/--preload, not --image or --template");
@@ -471,6 +572,7 @@ fn template_build_custom(
         pip,
         preload,
         blas: image.blas,
+        network,
     };
     let l = catalog.build_shared(&t, source)?;
     let size = std::fs::metadata(&l.engine.image_path).map_or(0, |m| m.len());
@@ -492,6 +594,7 @@ fn template_build_remote(
     pip: &[String],
     preload: Option<String>,
     pip_source: bool,
+    network: &NetworkArgs,
 ) -> anyhow::Result<ExitCode> {
     if image.image.is_some() || image.template.is_some() {
         anyhow::bail!("a custom template is built from --apt/--pip/--preload, not --image or --template");
@@ -506,6 +609,7 @@ fn template_build_remote(
         pip: pip.to_vec(),
         preload,
         blas: Some(image.blas.name().into()),
+        network: network.setting()?,
     };
     let mut t = api.block_on(api.client.create_template(&req))?;
     let mut last = String::new();

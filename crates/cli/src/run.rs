@@ -49,6 +49,8 @@ pub struct RunArgs {
     #[arg(long)]
     pub cold: bool,
     #[command(flatten)]
+    pub network: crate::NetworkArgs,
+    #[command(flatten)]
     pub image: ImageArgs,
 }
 
@@ -87,12 +89,15 @@ pub fn limits(args: &RunArgs) -> Result<Limits> {
     if args.memory_mb < 64 || args.memory_mb > 3072 {
         bail!("--memory-mb must be between 64 and 3072");
     }
+    // As the runtime's default (`forkbox serve`, the embedded session commands): the public
+    // internet, narrowed by --network.
+    let mut network = forkbox_engine::NetConfig::with_policy(forkbox_engine::NetPolicy::public());
+    network.layers.extend(args.network.layer()?);
     Ok(Limits {
         timeout: Duration::from_secs_f64(args.timeout),
         memory_bytes: args.memory_mb << 20,
         output_bytes: args.output_kb << 10,
-        // As the runtime's default (`forkbox serve`, the embedded session commands): the public internet.
-        network: forkbox_engine::NetConfig::with_policy(forkbox_engine::NetPolicy::public()),
+        network,
         ..Limits::default()
     })
 }
@@ -309,8 +314,12 @@ pub fn run_remote(api: &crate::api::Api, args: RunArgs) -> Result<ExitCode> {
             _ => {}
         }
     };
-    let target =
-        crate::api::Target::OneShot { timeout_seconds: Some(args.timeout), template: args.image.template.as_deref() };
+    let opts = forkbox_client::ExecOptions {
+        timeout_seconds: Some(args.timeout),
+        template: args.image.template.clone(),
+        network: args.network.setting()?,
+    };
+    let target = crate::api::Target::OneShot(&opts);
     let r = match api.block_on(crate::api::exec_streaming(&api.client, target, &code, &mut show)) {
         Ok(r) => r,
         Err(e) => {

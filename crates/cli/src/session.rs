@@ -26,6 +26,8 @@ pub enum SessionCommand {
         #[arg(long, default_value_t = 30.0)]
         timeout: f64,
         #[command(flatten)]
+        network: crate::NetworkArgs,
+        #[command(flatten)]
         image: ImageArgs,
     },
     /// Run code in a session (`-` reads it from standard input, `-f FILE` from a file).
@@ -149,7 +151,8 @@ fn check_new(cmd: &SessionCommand) -> Result<()> {
             bail!("--timeout must be between 0 and 86400 seconds");
         }
     }
-    if let SessionCommand::New { memory_mb, timeout, .. } = cmd {
+    if let SessionCommand::New { memory_mb, timeout, network, .. } = cmd {
+        network.setting()?;
         if !(*timeout > 0.0 && *timeout <= 86_400.0) {
             bail!("--timeout must be between 0 and 86400 seconds");
         }
@@ -165,22 +168,24 @@ fn run(api: &Api, cmd: SessionCommand) -> Result<ExitCode> {
     let print = |s: &forkbox_client::Session| {
         let tags: Vec<String> = s.tags.iter().map(|(k, v)| format!("{k}={v}")).collect();
         println!(
-            "{}  checkpoint {}  tags [{}]  memory {} MiB  timeout {:.0} s",
+            "{}  checkpoint {}  tags [{}]  memory {} MiB  timeout {:.0} s  network {}",
             s.id,
             // A fork before its first exec is at the checkpoint it was forked from.
             s.checkpoint.or(s.forked_from.as_ref().map(|f| f.checkpoint)).map_or("-".to_string(), |n| n.to_string()),
             tags.join(","),
             s.limits.memory_mb,
-            s.limits.timeout_seconds
+            s.limits.timeout_seconds,
+            s.limits.network_mode().unwrap_or("-")
         );
     };
     match cmd {
-        SessionCommand::New { tags, memory_mb, timeout, image, .. } => {
+        SessionCommand::New { tags, memory_mb, timeout, network, image } => {
             let opts = forkbox_client::CreateSession {
                 tags: tags.into_iter().collect(),
                 memory_mb: Some(memory_mb),
                 timeout_seconds: Some(timeout),
                 template: image.template,
+                network: network.setting()?,
             };
             println!("{}", api.block_on(c.create_session(&opts))?.id);
         }

@@ -29,6 +29,9 @@ pub struct ShArgs {
     /// Print the result as JSON instead of the command's output.
     #[arg(long)]
     pub json: bool,
+    /// One-shot only (a session command runs under the session's network).
+    #[command(flatten)]
+    pub network: crate::NetworkArgs,
 }
 
 fn parse_env(s: &str) -> Result<(String, String), String> {
@@ -40,7 +43,10 @@ fn parse_env(s: &str) -> Result<(String, String), String> {
 }
 
 impl ShArgs {
-    fn request(&self, template: Option<String>) -> Result<CommandRequest> {
+    fn request(&self, template: Option<String>, session: bool) -> Result<CommandRequest> {
+        if session && self.network.is_set() {
+            bail!("--network is the session's (forkbox session new --network): a session command runs under it");
+        }
         if let Some(t) = self.timeout {
             if !(t > 0.0 && t <= 86_400.0) {
                 bail!("--timeout must be between 0 and 86400 seconds");
@@ -51,13 +57,14 @@ impl ShArgs {
             argv => CommandLine::Argv(argv.to_vec()),
         };
         let env: BTreeMap<String, String> = self.env.iter().cloned().collect();
-        Ok(CommandRequest { cmd, cwd: self.cwd.clone(), env, timeout_seconds: self.timeout, template })
+        let network = self.network.setting()?;
+        Ok(CommandRequest { cmd, cwd: self.cwd.clone(), env, timeout_seconds: self.timeout, template, network })
     }
 }
 
 /// Run the command (in `session`, or one-shot on `template`) and exit as it did.
 pub fn sh(api: &Api, session: Option<&str>, args: &ShArgs, template: Option<String>) -> Result<ExitCode> {
-    let req = args.request(if session.is_some() { None } else { template })?;
+    let req = args.request(if session.is_some() { None } else { template }, session.is_some())?;
     let json = args.json;
     let r = api.block_on(async {
         let opened = match session {

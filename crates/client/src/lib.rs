@@ -97,7 +97,13 @@ impl Client {
         timeout_seconds: Option<f64>,
         template: Option<&str>,
     ) -> Result<ExecResult, ClientError> {
-        self.post("/v1/exec", &json!({ "code": code, "timeout_seconds": timeout_seconds, "template": template })).await
+        let opts = ExecOptions { timeout_seconds, template: template.map(str::to_string), network: None };
+        self.exec_with(code, &opts).await
+    }
+
+    /// [`exec`](Self::exec) with every option (time limit, template, network).
+    pub async fn exec_with(&self, code: &str, opts: &ExecOptions) -> Result<ExecResult, ClientError> {
+        self.post("/v1/exec", &exec_body(code, opts)?).await
     }
 
     /// The server's templates and their state.
@@ -147,11 +153,17 @@ impl Client {
         timeout_seconds: Option<f64>,
         template: Option<&str>,
     ) -> Result<impl Stream<Item = Result<StreamEvent, ClientError>> + Send, ClientError> {
-        self.stream(
-            "/v1/exec/stream",
-            &json!({ "code": code, "timeout_seconds": timeout_seconds, "template": template }),
-        )
-        .await
+        let opts = ExecOptions { timeout_seconds, template: template.map(str::to_string), network: None };
+        self.exec_stream_with(code, &opts).await
+    }
+
+    /// [`exec_stream`](Self::exec_stream) with every option (time limit, template, network).
+    pub async fn exec_stream_with(
+        &self,
+        code: &str,
+        opts: &ExecOptions,
+    ) -> Result<impl Stream<Item = Result<StreamEvent, ClientError>> + Send, ClientError> {
+        self.stream("/v1/exec/stream", &exec_body(code, opts)?).await
     }
 
     // -- sessions ----------------------------------------------------------
@@ -353,7 +365,21 @@ fn session_command_body(req: &CommandRequest) -> Result<Value, ClientError> {
             "a session command runs on the session's template: no template".into(),
         ));
     }
+    if req.network.is_some() {
+        return Err(ClientError::InvalidArgument(
+            "a session command runs under the session's network policy: no network".into(),
+        ));
+    }
     to_value(req)
+}
+
+/// The body of `POST /v1/exec` (and `/exec/stream`).
+fn exec_body(code: &str, opts: &ExecOptions) -> Result<Value, ClientError> {
+    let mut v = to_value(opts)?;
+    if let Value::Object(m) = &mut v {
+        m.insert("code".into(), Value::String(code.to_string()));
+    }
+    Ok(v)
 }
 
 /// A path segment, percent-encoded.

@@ -117,6 +117,9 @@ pub struct TemplateInfo {
     pub progress: Option<String>,
     #[serde(default)]
     pub elapsed_seconds: Option<u64>,
+    /// Its own egress policy layer (`mode`, `allow`, `deny`), if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<Value>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
 }
@@ -133,6 +136,9 @@ pub struct CreateTemplate {
     pub preload: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub blas: Option<String>,
+    /// The template's egress policy: a layer of every sandbox forked from it (only narrows).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<Network>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -152,6 +158,94 @@ pub struct ForkedFrom {
 pub struct SessionLimits {
     pub memory_mb: u64,
     pub timeout_seconds: f64,
+    /// The effective network policy: `mode` (`none`, `public` or `allowlist`) and
+    /// every layer (server, key, template, session) that must allow a destination.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<Value>,
+}
+
+impl SessionLimits {
+    /// The effective network mode (`none`, `public`, `allowlist`), if the server said.
+    pub fn network_mode(&self) -> Option<&str> {
+        self.network.as_ref()?.get("mode")?.as_str()
+    }
+}
+
+/// A sandbox's outbound network as a request asks for it (`"network"` of exec,
+/// command, session and template requests). It only narrows what the server and
+/// the key allow: `None` no network; `Public` the public internet (every
+/// non-public address refused); `Rules` only what `allow` names, minus `deny`
+/// (rules: `10.0.0.0/8`, `1.2.3.4`, `[::1]:8080`, `example.com`,
+/// `*.example.com:443`, `*:25`; the server checks them); `Limited` a mode
+/// with a bandwidth limit (bytes per second through the sandbox's host
+/// sockets, both directions; `Rules` may carry one too).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(untagged)]
+pub enum Network {
+    Mode(NetworkMode),
+    Rules {
+        allow: Vec<String>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        deny: Vec<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        max_bytes_per_second: Option<u64>,
+    },
+    Limited {
+        mode: NetworkMode,
+        max_bytes_per_second: u64,
+    },
+}
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum NetworkMode {
+    None,
+    Public,
+}
+
+impl Network {
+    pub const NONE: Network = Network::Mode(NetworkMode::None);
+    pub const PUBLIC: Network = Network::Mode(NetworkMode::Public);
+
+    /// Only what `allow` names (minus `deny`).
+    pub fn allowlist(allow: impl IntoIterator<Item = impl Into<String>>) -> Network {
+        Network::Rules {
+            allow: allow.into_iter().map(Into::into).collect(),
+            deny: Vec::new(),
+            max_bytes_per_second: None,
+        }
+    }
+
+    /// This setting with a bandwidth limit (bytes per second); None: without one.
+    pub fn with_rate(self, bytes_per_second: Option<u64>) -> Network {
+        match (self, bytes_per_second) {
+            (Network::Mode(mode) | Network::Limited { mode, .. }, Some(r)) => {
+                Network::Limited { mode, max_bytes_per_second: r }
+            }
+            (Network::Mode(mode) | Network::Limited { mode, .. }, None) => Network::Mode(mode),
+            (Network::Rules { allow, deny, .. }, r) => Network::Rules { allow, deny, max_bytes_per_second: r },
+        }
+    }
+
+    /// A setting from command-line style parts: `mode` `none`, `public` or
+    /// `allowlist`, and rules (which need `allowlist`; rules without a mode
+    /// mean `allowlist`). None when nothing is given. Add a bandwidth with
+    /// [`Network::with_rate`].
+    pub fn from_parts(mode: Option<&str>, allow: &[String], deny: &[String]) -> Result<Option<Network>, String> {
+        let rules = !allow.is_empty() || !deny.is_empty();
+        match mode {
+            None if !rules => Ok(None),
+            None | Some("allowlist") => {
+                Ok(Some(Network::Rules { allow: allow.to_vec(), deny: deny.to_vec(), max_bytes_per_second: None }))
+            }
+            Some(m @ ("none" | "public")) if rules => {
+                Err(format!("network {m} takes no allow/deny rules (rules mean an allowlist)"))
+            }
+            Some("none") => Ok(Some(Network::NONE)),
+            Some("public") => Ok(Some(Network::PUBLIC)),
+            Some(other) => Err(format!("unknown network mode {other:?} (none, public, allowlist)")),
+        }
+    }
 }
 
 /// A session: a Python REPL whose state persists; every exec is a checkpoint.
@@ -234,6 +328,22 @@ pub struct CreateSession {
     /// Template to start from (the server's default if None).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub template: Option<String>,
+    /// Outbound network of the session (narrows the server's and the key's; kept across eviction and forks).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub network: Option<Network>,
+}
+
+/// Options of a one-shot exec (all optional: the server's defaults apply).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ExecOptions {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<f64>,
+    /// Template to fork (the server's default if None).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
+    /// Outbound network of this exec (narrows the server's and the key's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub network: Option<Network>,
 }
 
 /// The result of a batch: one entry per code, in order.
@@ -316,11 +426,14 @@ pub struct CommandRequest {
     /// One-shot commands only: the template to fork (None: the server's default).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub template: Option<String>,
+    /// One-shot commands only: outbound network (narrows the server's and the key's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub network: Option<Network>,
 }
 
 impl CommandRequest {
     pub fn new(cmd: CommandLine) -> CommandRequest {
-        CommandRequest { cmd, cwd: None, env: BTreeMap::new(), timeout_seconds: None, template: None }
+        CommandRequest { cmd, cwd: None, env: BTreeMap::new(), timeout_seconds: None, template: None, network: None }
     }
 }
 

@@ -8,15 +8,24 @@
 
 use std::time::Duration;
 
-use forkbox_client::{BatchItem, Client, ClientError, CreateSession, StreamEvent, Transport};
+use forkbox_client::{
+    BatchItem, Client, ClientError, CommandLine, CommandRequest, CreateSession, ExecOptions, Network, StreamEvent,
+    Transport,
+};
 use forkbox_server::{embedded_router, router, AppState, Inner, ServerConfig};
 use futures_util::StreamExt;
 
 /// A fresh state (own home, shared templates), an HTTP client with a key of
 /// tenant `alice`, and an in-process client for `alice`.
 async fn clients() -> (tempfile::TempDir, Client, Client, String) {
+    clients_with(|_| {}).await
+}
+
+/// [`clients`] on a server whose config `f` adjusts.
+async fn clients_with(f: impl FnOnce(&mut ServerConfig)) -> (tempfile::TempDir, Client, Client, String) {
     let home = forkbox_testkit::fresh_home("forkbox-client-test-");
-    let cfg = ServerConfig::new("127.0.0.1:0".parse().expect("addr"), home.path().to_path_buf());
+    let mut cfg = ServerConfig::new("127.0.0.1:0".parse().expect("addr"), home.path().to_path_buf());
+    f(&mut cfg);
     let h = home.path().to_path_buf();
     let (state, key): (AppState, String) = tokio::task::spawn_blocking(move || {
         let state = Inner::with_runtime(forkbox_testkit::runtime(&cfg.home, cfg.runtime()), cfg).expect("server state");
@@ -216,4 +225,114 @@ async fn patch_session_exec_timeouts_and_output_with_errors() {
         assert_eq!(api_code(c.patch_session(&s.id, &bad).await), (400, "invalid_request".into()));
         assert_eq!(api_code(c.patch_session("s_nope", &patch).await), (404, "session_not_found".into()));
     }
+}
+
+/// A loopback responder (nothing leaves this machine) that answers `ok` to every connection; its port.
+fn ok_responder() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = l.local_addr().expect("addr").port();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(mut c) = c else { return };
+            let _ = std::io::Write::write_all(&mut c, b"ok");
+        }
+    });
+    port
+}
+
+/// `network` of one-shot execs, streams, commands and sessions: the server
+/// allows one loopback port; a request narrows that away, never widens it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn network_setting_narrows_execs_commands_and_sessions() {
+    let port = ok_responder();
+    let closed = ok_responder(); // another loopback port, not allowed by the server
+    let (_home, http, local, _) = clients_with(|cfg| {
+        cfg.limits.network.layers[0].allow.push(format!("127.0.0.1:{port}").parse().expect("rule"));
+    })
+    .await;
+    let get = |p: u16| format!("import socket\ns = socket.create_connection(('127.0.0.1', {p}), timeout=5)\ns.recv(2)");
+    let with = |network: Option<Network>| ExecOptions { network, ..Default::default() };
+    for c in [&http, &local] {
+        // The server's policy alone, then narrowed: an allowlist naming the port keeps it, none or
+        // another rule takes it away, and no request opens the port the server does not.
+        assert_eq!(c.exec_with(&get(port), &with(None)).await.expect("exec").value.as_deref(), Some("b'ok'"));
+        let keep = Network::allowlist([format!("127.0.0.1:{port}")]);
+        assert_eq!(c.exec_with(&get(port), &with(Some(keep))).await.expect("exec").value.as_deref(), Some("b'ok'"));
+        for narrowed in [Network::NONE, Network::allowlist(["10.0.0.0/8"]), Network::PUBLIC] {
+            let r = c.exec_with(&get(port), &with(Some(narrowed.clone()))).await.expect("exec");
+            let kind = r.error.as_ref().map(|e| e.kind.as_str());
+            assert_eq!(kind, Some("ConnectionRefusedError"), "{narrowed:?}: {r:?}");
+            assert!(r.stderr.contains("refused by the egress policy"), "{narrowed:?}: {}", r.stderr);
+        }
+        let widen = Network::allowlist([format!("127.0.0.1:{closed}")]);
+        let r = c.exec_with(&get(closed), &with(Some(widen))).await.expect("exec");
+        assert!(r.error.is_some(), "a request widened the server's policy: {r:?}");
+        // Streams carry it too.
+        let events = collect(c.exec_stream_with(&get(port), &with(Some(Network::NONE))).await.expect("stream")).await;
+        let result = events.iter().find_map(|e| match e {
+            StreamEvent::Result(v) => Some(v.clone()),
+            _ => None,
+        });
+        let result = result.expect("a result event");
+        assert_eq!(result["error"]["type"], "ConnectionRefusedError", "{result}");
+        // A bad rule is the server's 400, named.
+        let bad = c.exec_with("1", &with(Some(Network::allowlist(["not a rule"])))).await;
+        assert_eq!(api_code(bad), (400, "invalid_request".into()));
+
+        // One-shot commands.
+        let py = |p: u16| CommandLine::Argv(vec!["python3".into(), "-c".into(), format!("{}\nprint('got')", get(p))]);
+        let req = CommandRequest { network: Some(Network::NONE), ..CommandRequest::new(py(port)) };
+        let r = c.command(&req).await.expect("command");
+        assert!(r.exit_code != 0 && r.stderr.contains("ConnectionRefusedError"), "{r:?}");
+        let r = c.command(&CommandRequest::new(py(port))).await.expect("command");
+        assert_eq!((r.exit_code, r.stdout.as_str()), (0, "got\n"), "{r:?}");
+
+        // Sessions keep theirs and show the effective policy.
+        let s = c.create_session(&CreateSession { network: Some(Network::NONE), ..Default::default() }).await;
+        let s = s.expect("create");
+        assert_eq!(s.limits.network_mode(), Some("none"), "{:?}", s.limits);
+        let r = c.session_exec(&s.id, &get(port)).await.expect("exec");
+        assert!(r.error.is_some(), "{r:?}");
+        let got = c.get_session(&s.id).await.expect("get");
+        assert_eq!(got.limits.network_mode(), Some("none"));
+        // A session command runs under the session's network: asking for one is the client's error.
+        let req = CommandRequest { network: Some(Network::PUBLIC), ..CommandRequest::new(py(port)) };
+        assert!(matches!(c.session_command(&s.id, &req).await, Err(ClientError::InvalidArgument(_))));
+        let open = c.create_session(&CreateSession::default()).await.expect("create");
+        assert_eq!(open.limits.network_mode(), Some("public"), "{:?}", open.limits);
+        assert_eq!(c.session_exec(&open.id, &get(port)).await.expect("exec").value.as_deref(), Some("b'ok'"));
+        for id in [&s.id, &open.id] {
+            c.delete_session(id).await.expect("delete");
+        }
+    }
+}
+
+#[test]
+fn network_from_command_line_parts() {
+    let v = |s: &[&str]| s.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    assert_eq!(Network::from_parts(None, &[], &[]), Ok(None));
+    assert_eq!(Network::from_parts(Some("none"), &[], &[]), Ok(Some(Network::NONE)));
+    assert_eq!(Network::from_parts(Some("public"), &[], &[]), Ok(Some(Network::PUBLIC)));
+    assert_eq!(
+        Network::from_parts(None, &v(&["a.com"]), &v(&["*:25"])),
+        Ok(Some(Network::Rules { allow: v(&["a.com"]), deny: v(&["*:25"]), max_bytes_per_second: None }))
+    );
+    assert_eq!(Network::from_parts(Some("allowlist"), &[], &[]), Ok(Some(Network::allowlist(Vec::<String>::new()))));
+    assert!(Network::from_parts(Some("public"), &v(&["a.com"]), &[]).is_err());
+    assert!(Network::from_parts(Some("all"), &[], &[]).is_err());
+    // The wire forms are the API's.
+    assert_eq!(serde_json::to_value(Network::NONE).expect("json"), serde_json::json!("none"));
+    assert_eq!(
+        serde_json::to_value(Network::allowlist(["a.com"])).expect("json"),
+        serde_json::json!({ "allow": ["a.com"] })
+    );
+    assert_eq!(
+        serde_json::to_value(Network::PUBLIC.with_rate(Some(4096))).expect("json"),
+        serde_json::json!({ "mode": "public", "max_bytes_per_second": 4096 })
+    );
+    assert_eq!(
+        serde_json::to_value(Network::allowlist(["a.com"]).with_rate(Some(10))).expect("json"),
+        serde_json::json!({ "allow": ["a.com"], "max_bytes_per_second": 10 })
+    );
+    assert_eq!(Network::NONE.with_rate(Some(1)).with_rate(None), Network::NONE);
 }

@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::EngineError;
 use crate::template::{templates_dir, Template, TemplateInfo};
 use crate::Engine;
+use crate::NetPolicy;
 
 /// The template a server and the CLI use unless told otherwise.
 pub const DEFAULT_TEMPLATE: &str = "python";
@@ -66,6 +67,9 @@ pub struct Recipe {
     pub apt: Vec<String>,
     /// The template's id once built (custom templates: recorded on disk).
     pub template_id: Option<String>,
+    /// Its egress policy layer: every sandbox forked from it (one-shot execs,
+    /// new sessions) gets it inside the server's and the key's, so it only narrows.
+    pub network: Option<NetPolicy>,
 }
 
 /// Where a recipe comes from.
@@ -102,6 +106,8 @@ pub struct CustomTemplate {
     /// Run before the snapshot (default `import numpy`).
     pub preload: Option<String>,
     pub blas: Blas,
+    /// The template's egress policy layer (see [`Recipe::network`]).
+    pub network: Option<NetPolicy>,
 }
 
 /// Most custom templates one tenant may have, and builds pending at once.
@@ -129,9 +135,10 @@ pub fn validate_name(name: &str) -> Result<(), CatalogError> {
 }
 
 /// The on-disk record of a custom template (`<home>/custom-templates/<hex key>.json`).
+/// Format 2 added `network`; a format-1 record reads as one without it.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 struct CustomRecord {
-    /// Format of this record (1).
+    /// Format of this record ([`RECORD_FORMAT`]; [`READABLE_RECORD_FORMATS`] are read).
     format: u32,
     name: String,
     owner: Option<String>,
@@ -147,9 +154,13 @@ struct CustomRecord {
     checkpoint: Option<i64>,
     template_id: Option<String>,
     description: String,
+    /// Format 2: the template's egress policy layer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    network: Option<NetPolicy>,
 }
 
-const RECORD_FORMAT: u32 = 1;
+const RECORD_FORMAT: u32 = 2;
+const READABLE_RECORD_FORMATS: [u32; 2] = [1, 2];
 
 /// The catalog key of a template: its name, or `<owner>/<name>` for a tenant's own.
 fn key_of(owner: Option<&str>, name: &str) -> String {
@@ -189,11 +200,12 @@ impl Recipe {
             checkpoint,
             template_id: self.template_id.clone(),
             description: self.description.clone(),
+            network: self.network.clone(),
         }
     }
 
     fn from_record(r: CustomRecord) -> Option<Recipe> {
-        if r.format != RECORD_FORMAT {
+        if !READABLE_RECORD_FORMATS.contains(&r.format) {
             return None;
         }
         let kind = match (r.kind.as_str(), r.session, r.checkpoint) {
@@ -215,6 +227,7 @@ impl Recipe {
             kind,
             apt: r.apt,
             template_id: r.template_id,
+            network: r.network,
         })
     }
 }
@@ -231,6 +244,7 @@ pub fn builtin_recipes() -> Vec<Recipe> {
             kind: RecipeKind::Shipped,
             apt: Vec::new(),
             template_id: None,
+            network: None,
         },
         Recipe {
             name: "data".into(),
@@ -244,6 +258,7 @@ pub fn builtin_recipes() -> Vec<Recipe> {
             kind: RecipeKind::Shipped,
             apt: Vec::new(),
             template_id: None,
+            network: None,
         },
         Recipe {
             name: "cpython-tests".into(),
@@ -256,6 +271,7 @@ pub fn builtin_recipes() -> Vec<Recipe> {
             kind: RecipeKind::Shipped,
             apt: Vec::new(),
             template_id: None,
+            network: None,
         },
     ]
 }
@@ -310,6 +326,9 @@ pub struct Loaded {
     pub template: Arc<Template>,
     /// The recipe name it was opened under (None: opened by id only).
     pub name: Option<String>,
+    /// That recipe's egress policy layer (None: none of its own; always None
+    /// when opened by id, as a session resuming records its layers itself).
+    pub network: Option<NetPolicy>,
 }
 
 impl std::fmt::Debug for Loaded {
@@ -351,6 +370,8 @@ pub struct Listing {
     /// The session and checkpoint it was made from (`checkpoint` templates).
     pub from_session: Option<String>,
     pub from_checkpoint: Option<i64>,
+    /// Its egress policy layer (None: none of its own).
+    pub network: Option<NetPolicy>,
 }
 
 #[derive(Clone)]
@@ -473,7 +494,7 @@ impl Catalog {
 
     /// Register an already open template under a name (`serve --image FILE`, tests).
     pub fn insert(&self, name: &str, engine: Arc<Engine>, template: Arc<Template>) -> Arc<Loaded> {
-        let loaded = Arc::new(Loaded { engine, template, name: Some(name.to_string()) });
+        let loaded = Arc::new(Loaded { engine, template, name: Some(name.to_string()), network: None });
         if let Ok(mut m) = self.by_id.lock() {
             m.insert(loaded.id().to_string(), loaded.clone());
         }
@@ -674,6 +695,7 @@ impl Catalog {
             kind: RecipeKind::Custom,
             apt: t.apt.clone(),
             template_id: None,
+            network: t.network.clone(),
         })
     }
 
@@ -700,7 +722,9 @@ impl Catalog {
             let key = self.admit(None, &t.name, true)?;
             let recipe = self.custom_recipe(None, t, pip_source)?;
             let old = self.recipe(&key);
-            if old.as_ref().is_some_and(|o| o.spec != recipe.spec || o.preload != recipe.preload) || old.is_none() {
+            let changed =
+                |o: &Recipe| o.spec != recipe.spec || o.preload != recipe.preload || o.network != recipe.network;
+            if old.as_ref().is_some_and(changed) || old.is_none() {
                 self.save(&key, recipe)?;
                 if let Ok(mut m) = self.by_name.lock() {
                     m.remove(&key);
@@ -755,13 +779,19 @@ impl Catalog {
             kind: RecipeKind::Checkpoint { session: session.into(), checkpoint },
             apt: Vec::new(),
             template_id: Some(id.clone()),
+            // A checkpoint template has no layer of its own (its session's layers are the session's).
+            network: None,
         };
         if let Err(e) = self.save(&key, recipe) {
             let _ = std::fs::remove_dir_all(&dir);
             return Err(e);
         }
-        let loaded =
-            Arc::new(Loaded { engine: base.engine.clone(), template: Arc::new(template), name: Some(key.clone()) });
+        let loaded = Arc::new(Loaded {
+            engine: base.engine.clone(),
+            template: Arc::new(template),
+            name: Some(key.clone()),
+            network: None,
+        });
         if let Ok(mut m) = self.by_id.lock() {
             m.insert(id, loaded.clone());
         }
@@ -807,8 +837,12 @@ impl Catalog {
         if let RecipeKind::Checkpoint { .. } = recipe.kind {
             let id = recipe.template_id.clone().ok_or_else(|| CatalogError::NotOnDisk(name.clone()))?;
             let l = self.by_id(&id)?;
-            let loaded =
-                Arc::new(Loaded { engine: l.engine.clone(), template: l.template.clone(), name: Some(name.clone()) });
+            let loaded = Arc::new(Loaded {
+                engine: l.engine.clone(),
+                template: l.template.clone(),
+                name: Some(name.clone()),
+                network: recipe.network.clone(),
+            });
             if let Ok(mut m) = self.by_name.lock() {
                 m.insert(name, loaded.clone());
             }
@@ -827,9 +861,12 @@ impl Catalog {
         );
         let existing = self.by_id.lock().ok().and_then(|m| m.get(&tid).cloned());
         let loaded = match existing {
-            Some(l) => {
-                Arc::new(Loaded { engine: l.engine.clone(), template: l.template.clone(), name: Some(name.clone()) })
-            }
+            Some(l) => Arc::new(Loaded {
+                engine: l.engine.clone(),
+                template: l.template.clone(),
+                name: Some(name.clone()),
+                network: recipe.network.clone(),
+            }),
             None => {
                 self.set_build(&name, Some(BuildState::Building(started, "template")));
                 if self.progress && !templates_dir(&self.home).join(&tid).join("state").exists() {
@@ -837,11 +874,24 @@ impl Catalog {
                 }
                 let template = Template::ensure(&engine, &self.home)
                     .map_err(|source| CatalogError::Engine { name: shown.clone(), source })?;
-                Arc::new(Loaded { engine: Arc::new(engine), template: Arc::new(template), name: Some(name.clone()) })
+                Arc::new(Loaded {
+                    engine: Arc::new(engine),
+                    template: Arc::new(template),
+                    name: Some(name.clone()),
+                    network: recipe.network.clone(),
+                })
             }
         };
         if let Ok(mut m) = self.by_id.lock() {
-            m.entry(loaded.id().to_string()).or_insert_with(|| loaded.clone());
+            // By id it is no recipe's: without the recipe's policy.
+            m.entry(loaded.id().to_string()).or_insert_with(|| {
+                Arc::new(Loaded {
+                    engine: loaded.engine.clone(),
+                    template: loaded.template.clone(),
+                    name: loaded.name.clone(),
+                    network: None,
+                })
+            });
         }
         if let Ok(mut m) = self.by_name.lock() {
             m.insert(name.clone(), loaded.clone());
@@ -871,7 +921,8 @@ impl Catalog {
             .with_preload(info.preload.clone());
         let template =
             Template::load(&engine, &dir).map_err(|source| CatalogError::Engine { name: id.into(), source })?;
-        let loaded = Arc::new(Loaded { engine: Arc::new(engine), template: Arc::new(template), name: None });
+        let loaded =
+            Arc::new(Loaded { engine: Arc::new(engine), template: Arc::new(template), name: None, network: None });
         let mut m = self.by_id.lock().unwrap_or_else(|p| p.into_inner());
         Ok(m.entry(id.to_string()).or_insert(loaded).clone())
     }
@@ -961,6 +1012,7 @@ impl Catalog {
                     elapsed_seconds: elapsed,
                     from_session,
                     from_checkpoint,
+                    network: recipe.as_ref().and_then(|r| r.network.clone()),
                     name,
                 }
             })
@@ -974,4 +1026,71 @@ fn unique() -> String {
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
     format!("{:016x}", h.finish())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A record as format 1 wrote it (before `network`): still read, with no policy.
+    const FORMAT_1: &str = r#"{
+  "format": 1,
+  "name": "demo",
+  "owner": "alice",
+  "kind": "custom",
+  "apt": ["jq"],
+  "pip": ["fbxdemo"],
+  "preload": "import fbxdemo",
+  "blas": "reference",
+  "index_url": null,
+  "find_links": ["/wheels"],
+  "no_index": true,
+  "session": null,
+  "checkpoint": null,
+  "template_id": "0123abcd",
+  "description": "Python 3.11 + numpy; apt: jq; pip: fbxdemo"
+}"#;
+
+    #[test]
+    fn format_1_records_read_without_a_policy() {
+        let rec: CustomRecord = serde_json::from_str(FORMAT_1).expect("format 1 parses");
+        let r = Recipe::from_record(rec).expect("format 1 is readable");
+        assert_eq!((r.name.as_str(), r.owner.as_deref(), r.kind.clone()), ("demo", Some("alice"), RecipeKind::Custom));
+        assert_eq!(
+            (r.apt, r.spec.pip, r.template_id.as_deref()),
+            (vec!["jq".to_string()], vec!["fbxdemo".to_string()], Some("0123abcd"))
+        );
+        assert_eq!(r.network, None);
+    }
+
+    #[test]
+    fn format_2_records_keep_the_policy_and_unknown_formats_are_refused() {
+        let mut rec: CustomRecord = serde_json::from_str(FORMAT_1).expect("parses");
+        let policy = NetPolicy {
+            mode: crate::NetMode::Allowlist,
+            allow: vec!["example.com:443".parse().expect("rule")],
+            deny: vec!["*:25".parse().expect("rule")],
+            max_bytes_per_second: Some(1 << 20),
+        };
+        let mut r = Recipe::from_record(rec.clone()).expect("readable");
+        r.network = Some(policy.clone());
+        let written = serde_json::to_value(r.record()).expect("json");
+        assert_eq!(written["format"], 2);
+        assert_eq!(
+            written["network"],
+            serde_json::json!({
+                "mode": "allowlist",
+                "allow": ["example.com:443"],
+                "deny": ["*:25"],
+                "max_bytes_per_second": 1 << 20
+            })
+        );
+        let back: CustomRecord = serde_json::from_value(written).expect("parses");
+        assert_eq!(Recipe::from_record(back).expect("readable").network, Some(policy));
+        // Without a policy, format 2 writes no `network` (and reads as None).
+        r.network = None;
+        assert!(serde_json::to_value(r.record()).expect("json").get("network").is_none());
+        rec.format = 3;
+        assert!(Recipe::from_record(rec).is_none(), "a newer format must not be misread");
+    }
 }

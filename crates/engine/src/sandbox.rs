@@ -654,12 +654,11 @@ impl Sandbox {
         self.schedule(deadline)?;
         self.deliver_at_vcpu()?;
         let mut run_deadline = self.sig.grace.map_or(deadline, |g| g.min(deadline));
-        let threads = &self.proc.threads;
-        if !threads.is_simple() {
+        if !self.proc.threads.is_simple() {
             if let Some(at) = self.next_wake() {
                 run_deadline = run_deadline.min(at);
             }
-            if threads.runnable_count() > 1 {
+            if self.proc.threads.runnable_count() > 1 {
                 run_deadline = run_deadline.min(self.slice_start + SLICE);
             }
         }
@@ -1106,13 +1105,14 @@ impl Sandbox {
 
     /// When something happens by itself: a wait's deadline, a timer, a
     /// timerfd that a blocked fd wait watches.
-    fn next_wake(&self) -> Option<Instant> {
+    fn next_wake(&mut self) -> Option<Instant> {
         let t = &self.proc.threads;
         let own = t.next_event().map(|at| t.clock.to_instant(at));
+        let io = &mut self.io;
         let fds = self.wait_on.iter().filter_map(|(tid, on)| {
             let waiting = t.index_of(*tid).is_some_and(|i| t.list[i].wait.is_some());
             if waiting {
-                wait::next_change(&self.proc, on)
+                wait::next_change(&self.proc, io, on)
             } else {
                 None
             }

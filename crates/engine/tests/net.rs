@@ -46,7 +46,7 @@ fn rules(r: &[&str]) -> Vec<Rule> {
 }
 
 fn public_with(allow: &[&str]) -> NetConfig {
-    NetConfig::with_policy(NetPolicy { mode: Mode::Public, allow: rules(allow), deny: vec![] })
+    NetConfig::with_policy(NetPolicy { mode: Mode::Public, allow: rules(allow), ..NetPolicy::default() })
 }
 
 fn boot(network: NetConfig) -> Sandbox {
@@ -234,7 +234,7 @@ fn network_none_refuses_everything_and_dns() {
     let mut cfg = NetConfig::with_policy(NetPolicy {
         mode: Mode::None,
         allow: rules(&[&format!("127.0.0.1:{}", srv.port)]),
-        deny: vec![],
+        ..NetPolicy::default()
     });
     cfg.hosts.insert("web.test".into(), vec!["127.0.0.1".parse().unwrap()]);
     let mut sb = boot(cfg);
@@ -867,4 +867,175 @@ fn a_checkpoint_never_carries_a_listener() {
         ),
     );
     assert_eq!(got, "[True, True, True]");
+}
+
+/// A loopback server of this test: each connection gets `n` bytes, then EOF
+/// (`download`), or is read to EOF and answered with the count (`upload`).
+fn bulk_server(n: usize) -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(mut c) = c else { return };
+            std::thread::spawn(move || {
+                let mut first = [0u8; 1];
+                if c.read_exact(&mut first).is_err() {
+                    return;
+                }
+                if first[0] == b'D' {
+                    let chunk = vec![b'x'; 64 << 10];
+                    let mut left = n;
+                    while left > 0 {
+                        let k = left.min(chunk.len());
+                        if c.write_all(&chunk[..k]).is_err() {
+                            return;
+                        }
+                        left -= k;
+                    }
+                } else {
+                    let mut got = 0usize;
+                    let mut buf = vec![0u8; 64 << 10];
+                    loop {
+                        match c.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(k) => got += k,
+                        }
+                    }
+                    let _ = c.write_all(got.to_string().as_bytes());
+                }
+            });
+        }
+    });
+    port
+}
+
+/// Guest code moving `n` bytes through the loopback server (`D`: download,
+/// `U`: upload); its value is `(bytes, seconds)` as the guest measured them.
+fn bulk_code(port: u16, dir: char, n: usize) -> String {
+    format!(
+        r#"
+import socket, time
+s = socket.create_connection(('127.0.0.1', {port}), timeout=30)
+t = time.monotonic()
+if '{dir}' == 'D':
+    s.sendall(b'D')
+    got = 0
+    while True:
+        b = s.recv(1 << 20)
+        if not b:
+            break
+        got += len(b)
+else:
+    s.sendall(b'U')
+    data = b'y' * (256 << 10)
+    left = {n}
+    while left > 0:
+        s.sendall(data[:min(left, len(data))])
+        left -= min(left, len(data))
+    s.shutdown(socket.SHUT_WR)
+    got = int(s.recv(64))
+(got, time.monotonic() - t)
+"#
+    )
+}
+
+fn bulk(sb: &mut Sandbox, port: u16, dir: char, n: usize) -> (usize, f64) {
+    let v = value(sb, &bulk_code(port, dir, n));
+    let inner = v.trim_matches(|c| c == '(' || c == ')');
+    let (a, b) = inner.split_once(", ").unwrap_or_else(|| panic!("bad value {v}"));
+    (a.parse().unwrap(), b.parse().unwrap())
+}
+
+#[test]
+fn bandwidth_limit_throttles_both_directions_and_unlimited_is_not() {
+    const N: usize = 2 << 20;
+    const RATE: u64 = 1 << 20;
+    let port = bulk_server(N);
+    let allow = format!("127.0.0.1:{port}");
+    // Unlimited: the 2 MiB go at loopback speed.
+    let mut sb = boot(public_with(&[&allow]));
+    for dir in ['D', 'U'] {
+        let (got, secs) = bulk(&mut sb, port, dir, N);
+        assert_eq!(got, N, "{dir}");
+        assert!(secs < 1.0, "unlimited {dir}: {secs:.2} s for 2 MiB");
+    }
+    assert_eq!(sb.net_stats().bytes_received, (N + 7) as u64, "{:?}", sb.net_stats());
+
+    // 1 MiB/s (the smallest layer's): 2 MiB take about 2 s each way (less the
+    // bucket's burst of RATE/8), so well over 1.4 s; the session is usable after.
+    let mut cfg = public_with(&[&allow]);
+    cfg.layers[0].max_bytes_per_second = Some(RATE * 4);
+    let inner = NetPolicy { max_bytes_per_second: Some(RATE), ..cfg.layers[0].clone() };
+    cfg = cfg.narrowed(inner);
+    assert_eq!(cfg.max_bytes_per_second(), Some(RATE));
+    let mut sb = boot(cfg);
+    for dir in ['D', 'U'] {
+        let t = Instant::now();
+        let (got, secs) = bulk(&mut sb, port, dir, N);
+        assert_eq!(got, N, "{dir}");
+        assert!(secs > 1.4, "throttled {dir}: {secs:.2} s for 2 MiB at 1 MiB/s");
+        assert!(t.elapsed() < Duration::from_secs(15), "throttled {dir}: {:?}", t.elapsed());
+    }
+    assert_eq!(value(&mut sb, "6 * 7"), "42");
+}
+
+/// UDP between sockets of the same sandbox (a bound socket on loopback, in the
+/// sandbox's own port table): sendto/recvfrom with the sender's address, a
+/// reply to it, connected sends, select readiness, a thread blocked in
+/// recvfrom woken by another's send, EADDRINUSE, datagram boundaries; all
+/// under `network: none` (nothing crosses the host).
+#[test]
+fn udp_between_sockets_of_the_sandbox() {
+    let mut sb = boot(NetConfig::default());
+    let code = r#"
+import errno, select, socket, threading
+a = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+a.bind(('127.0.0.1', 0))
+port = a.getsockname()[1]
+b = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+b.sendto(b'ping', ('127.0.0.1', port))
+assert select.select([a], [], [], 5)[0] == [a]
+data, src = a.recvfrom(100)
+assert src[0] == '127.0.0.1' and src[1] == b.getsockname()[1], (src, b.getsockname())
+a.sendto(b'pong:' + data, src)
+reply, src2 = b.recvfrom(100)
+assert src2 == ('127.0.0.1', port), src2
+# Boundaries are kept; a short buffer truncates one datagram.
+b.sendto(b'one', ('127.0.0.1', port)); b.sendto(b'two-two', ('127.0.0.1', port))
+got = [a.recv(100), a.recv(3)]
+# Connected sends and the wildcard: a socket bound to 0.0.0.0:P takes 127.0.0.1:P
+# (a fixed port: the sandbox's own table, no host port is taken).
+c = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+c.bind(('0.0.0.0', 47001)); cp = c.getsockname()[1]
+assert cp == 47001, c.getsockname()
+d = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+d.connect(('127.0.0.1', cp)); d.send(b'connected')
+got.append(c.recv(100))
+# EADDRINUSE on a taken port.
+e = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+try:
+    e.bind(('127.0.0.1', port)); inuse = False
+except OSError as x:
+    inuse = x.errno == errno.EADDRINUSE
+# An IPv6 socket sending to the IPv4-mapped address: the AF_INET receiver sees an IPv4 source.
+f = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+f.sendto(b'six', ('::ffff:127.0.0.1', port))
+six, src6 = a.recvfrom(100)
+got.append((six, src6[0]))
+# A thread blocked in recvfrom is woken by another thread's send.
+out = []
+t = threading.Thread(target=lambda: out.append(a.recvfrom(100)[0]))
+t.start()
+import time; time.sleep(0.2)
+b.sendto(b'late', ('127.0.0.1', port))
+t.join(10)
+(data, reply, got, inuse, out, 32768 <= port <= 60999)
+"#;
+    assert_eq!(
+        value(&mut sb, code),
+        "(b'ping', b'pong:ping', [b'one', b'two', b'connected', (b'six', '127.0.0.1')], True, [b'late'], True)"
+    );
+    // Nothing crossed the host.
+    let st = sb.net_stats();
+    assert_eq!((st.bytes_sent, st.bytes_received, st.connects_denied), (0, 0, 0), "{st:?}");
 }

@@ -206,12 +206,16 @@ fn host_fds_at(fds: &FdTable, io: &Io, ofd: u64, events: u32, depth: u32, out: &
 /// The earliest time at which process state that `on` depends on changes by
 /// itself (a timerfd in the set, or watched by an epoll in it, expires), if
 /// any. The engine re-runs the blocked handler then.
-pub fn next_change(proc: &Process, on: &WaitOn) -> Option<Instant> {
+/// Host sockets held back by the bandwidth limit count too: the wait is
+/// re-run when the limit lets them move again.
+pub fn next_change(proc: &Process, io: &mut Io, on: &WaitOn) -> Option<Instant> {
     let fds = &proc.fds;
     let obj = |ofd: u64| match fds.description(ofd)?.kind {
         FileKind::Object(id) => Some(id),
         _ => None,
     };
-    let ns = on.fds().filter_map(|(ofd, _)| obj(ofd)).filter_map(|id| fds.objects.next_expiry_in(id, 0, &obj)).min()?;
-    Instant::now().checked_add(Duration::from_nanos(ns))
+    let ns = on.fds().filter_map(|(ofd, _)| obj(ofd)).filter_map(|id| fds.objects.next_expiry_in(id, 0, &obj)).min();
+    let timer = ns.and_then(|ns| Instant::now().checked_add(Duration::from_nanos(ns)));
+    let throttle = io.net.throttled_until().filter(|_| !host_fds(proc, io, on).is_empty());
+    timer.into_iter().chain(throttle).min()
 }

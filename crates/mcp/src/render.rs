@@ -180,8 +180,11 @@ fn session_line(s: &Session) -> String {
         (None, None) => "no execs yet".to_string(),
     };
     format!(
-        "session {} ({at}; memory {} MiB, timeout {} s per exec)",
-        s.id, s.limits.memory_mb, s.limits.timeout_seconds
+        "session {} ({at}; memory {} MiB, timeout {} s per exec, network {})",
+        s.id,
+        s.limits.memory_mb,
+        s.limits.timeout_seconds,
+        s.limits.network_mode().unwrap_or("unknown")
     )
 }
 

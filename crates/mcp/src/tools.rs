@@ -22,7 +22,8 @@ use crate::render;
 
 /// Said to the model once, when the client connects.
 const INSTRUCTIONS: &str = "forkbox runs Python code in isolated sandboxes (hardware-isolated VMs). \
-Python 3.11 with numpy and the standard library only: no network, no pip, nothing else can be installed. \
+Python 3.11 with numpy and the standard library only: no pip, nothing else can be installed. Outbound network is \
+what the server allows (by default the public internet, never private or local addresses); network: \"none\" turns it off. \
 Use run_python for a one-off computation (nothing persists); run_command runs a shell command line \
 (ls, grep, a pipeline, python3 script.py) in a session's files or a fresh sandbox. For multi-step work, create_session and call exec \
 repeatedly: variables, imports and files persist between execs, like a notebook. Every exec in a session is a \
@@ -64,6 +65,12 @@ pub struct RunPythonArgs {
     /// scikit-learn, statsmodels, seaborn, sympy, networkx, Pillow, requests, bs4, lxml, openpyxl, pyyaml, tqdm, tabulate).
     #[serde(default)]
     pub template: Option<String>,
+    /// Outbound network: "none" (no network), "public" (the public internet; private and local
+    /// addresses refused) or {"allow": [rules], "deny": [rules]} (only what allow names; rules like
+    /// "example.com", "*.example.com:443", "10.0.0.0/8", "1.2.3.4:8080"). Only narrows what the
+    /// server allows (default: the server's policy).
+    #[serde(default)]
+    pub network: Option<NetworkArg>,
 }
 
 #[derive(Deserialize, schemars::JsonSchema)]
@@ -82,6 +89,43 @@ pub struct CreateSessionArgs {
     /// scikit-learn, statsmodels, seaborn, sympy, networkx, Pillow, requests, bs4, lxml, openpyxl, pyyaml, tqdm, tabulate).
     #[serde(default)]
     pub template: Option<String>,
+    /// Outbound network of the session (kept across its execs and forks): "none" (no network), "public" (the public internet; private and local
+    /// addresses refused) or {"allow": [rules], "deny": [rules]} (only what allow names; rules like
+    /// "example.com", "*.example.com:443", "10.0.0.0/8", "1.2.3.4:8080"). Only narrows what the
+    /// server allows (default: the server's policy).
+    #[serde(default)]
+    pub network: Option<NetworkArg>,
+}
+
+/// A sandbox's outbound network, as the API's `network`.
+#[derive(Clone, Debug, Deserialize, schemars::JsonSchema)]
+#[serde(untagged, deny_unknown_fields)]
+pub enum NetworkArg {
+    Mode(NetworkModeArg),
+    Rules {
+        allow: Vec<String>,
+        #[serde(default)]
+        deny: Vec<String>,
+    },
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum NetworkModeArg {
+    None,
+    Public,
+}
+
+impl From<NetworkArg> for forkbox_client::Network {
+    fn from(n: NetworkArg) -> Self {
+        match n {
+            NetworkArg::Mode(NetworkModeArg::None) => forkbox_client::Network::NONE,
+            NetworkArg::Mode(NetworkModeArg::Public) => forkbox_client::Network::PUBLIC,
+            NetworkArg::Rules { allow, deny } => {
+                forkbox_client::Network::Rules { allow, deny, max_bytes_per_second: None }
+            }
+        }
+    }
 }
 
 #[derive(Deserialize, schemars::JsonSchema)]
@@ -111,6 +155,12 @@ pub struct RunCommandArgs {
     /// Time limit in seconds (default: the session's, or 30).
     #[serde(default)]
     pub timeout_seconds: Option<f64>,
+    /// Without session_id only (a session command runs under the session's network): outbound network, "none" (no network), "public" (the public internet; private and local
+    /// addresses refused) or {"allow": [rules], "deny": [rules]} (only what allow names; rules like
+    /// "example.com", "*.example.com:443", "10.0.0.0/8", "1.2.3.4:8080"). Only narrows what the
+    /// server allows (default: the server's policy).
+    #[serde(default)]
+    pub network: Option<NetworkArg>,
 }
 
 #[derive(Deserialize, schemars::JsonSchema)]
@@ -265,7 +315,8 @@ impl ForkboxMcp {
 
     #[tool(description = "Run Python code once in a fresh, isolated sandbox and return its result. Nothing persists: \
         every call starts from a clean interpreter (use create_session + exec for state that carries over). \
-        Python 3.11 + numpy + the standard library; no network, no pip. Default time limit 30 s, 2 GiB memory, \
+        Python 3.11 + numpy + the standard library; no pip; outbound network as the server allows (narrow it with \
+        network). Default time limit 30 s, 2 GiB memory, \
         1 MiB of stdout/stderr. Returns value (repr of the last expression), stdout, stderr, and error \
         {type, message, traceback} if the code raised. PNG files written under /output/ come back as images \
         (e.g. build one with zlib + struct, there is no matplotlib).")]
@@ -278,17 +329,19 @@ impl ForkboxMcp {
             async {
                 check_timeout(a.timeout_seconds)?;
                 let c = self.client(&ctx)?;
-                c.exec_on(&a.code, a.timeout_seconds, a.template.as_deref())
-                    .await
-                    .map(|r| render::exec_result(&r))
-                    .map_err(|e| render::client_error(&e))
+                let opts = forkbox_client::ExecOptions {
+                    timeout_seconds: a.timeout_seconds,
+                    template: a.template,
+                    network: a.network.map(Into::into),
+                };
+                c.exec_with(&a.code, &opts).await.map(|r| render::exec_result(&r)).map_err(|e| render::client_error(&e))
             }
             .await,
         )
     }
 
     #[tool(description = "Create a session: a persistent Python 3.11 + numpy interpreter in its own sandbox (no \
-        network, no pip). Run code in it with exec; variables, imports and files (under / , e.g. /tmp or /output) \
+        pip; outbound network as the server allows, narrowed by network). Run code in it with exec; variables, imports and files (under / , e.g. /tmp or /output) \
         persist between execs and across server restarts, until delete_session. Every exec makes a checkpoint you can \
         revert to or fork from. Returns session_id.")]
     async fn create_session(
@@ -305,6 +358,7 @@ impl ForkboxMcp {
                     memory_mb: a.memory_mb,
                     timeout_seconds: a.timeout_seconds,
                     template: a.template,
+                    network: a.network.map(Into::into),
                 };
                 c.create_session(&opts)
                     .await
@@ -364,6 +418,13 @@ impl ForkboxMcp {
                     check_path("cwd", cwd)?;
                 }
                 check_timeout(a.timeout_seconds)?;
+                if a.session_id.is_some() && a.network.is_some() {
+                    return Err(render::error(
+                        "invalid_arguments",
+                        "network is set when a session is created (create_session): a command in a session runs \
+                         under the session's network; drop network or session_id",
+                    ));
+                }
                 let c = self.client(&ctx)?;
                 let req = forkbox_client::CommandRequest {
                     cmd: forkbox_client::CommandLine::Shell(a.command),
@@ -371,6 +432,7 @@ impl ForkboxMcp {
                     env: a.env,
                     timeout_seconds: a.timeout_seconds,
                     template: None,
+                    network: a.network.map(Into::into),
                 };
                 let r = match &a.session_id {
                     Some(id) => c.session_command(id, &req).await,

@@ -92,10 +92,11 @@ pub(crate) fn with_output<R>(output: &mut Option<Box<dyn Output>>, run: impl FnO
 pub const BATCH_OUTPUT_FACTOR: usize = 4;
 
 /// Output limit of each of `n` items of a batch (at least 4 KiB, at most `per_exec`).
-/// Add policy layers (the caller's key's, then the request's) inside the
-/// runtime's: each can only narrow.
-pub(crate) fn narrow_network(limits: &mut Limits, network: &[NetPolicy]) {
-    for p in network {
+/// Add policy layers inside the runtime's: the template's own (`template`,
+/// see [`forkbox_engine::catalog::Recipe::network`]), then `network` (the
+/// caller's key's, then the request's). Each can only narrow.
+pub(crate) fn narrow_network(limits: &mut Limits, template: &Loaded, network: &[NetPolicy]) {
+    for p in template.network.iter().chain(network) {
         limits.network = std::mem::take(&mut limits.network).narrowed(p.clone());
     }
 }
@@ -158,8 +159,8 @@ impl Runtime {
         let mut limits = self.config.limits.clone();
         limits.timeout = self.timeout(timeout_seconds)?;
         limits.code_bytes = self.config.code_limit;
-        narrow_network(&mut limits, network);
         let template = self.template(tenant, template)?;
+        narrow_network(&mut limits, &template, network);
         Ok(OneShotRequest { code, limits, template })
     }
 
@@ -238,7 +239,7 @@ impl Runtime {
                 limits.timeout = timeout;
                 limits.code_bytes = self.config.code_limit;
                 limits.output_bytes = output_bytes;
-                narrow_network(&mut limits, network);
+                narrow_network(&mut limits, &template, network);
                 OneShotRequest { code, limits, template: template.clone() }
             })
             .collect())

@@ -157,8 +157,9 @@ impl Runtime {
     ) -> Result<SessionView, RuntimeError> {
         check_tags(&new.tags)?;
         let mut limits = self.session_limits(new.memory_mb, new.timeout_seconds)?;
-        crate::exec::narrow_network(&mut limits, new.network);
         let template = self.template(tenant, new.template)?;
+        // The session records every layer (the template's too): kept across eviction and forks.
+        crate::exec::narrow_network(&mut limits, &template, new.network);
         self.within_session_quota(tenant, quota, || {
             Ok(self.sessions.create_on(tenant, new.tags, &limits, &template)?)
         })

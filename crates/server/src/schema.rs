@@ -14,9 +14,12 @@ use utoipa::ToSchema;
 /// and the metadata endpoints, CGNAT, multicast, the host's own addresses)
 /// refused; `{"allow": [...], "deny": [...]}`: only what `allow` names (rules:
 /// `10.0.0.0/8`, `1.2.3.4`, `[::1]:8080`, `example.com`, `*.example.com:443`,
-/// `*:25`). It only narrows the server's policy (the default: the server's,
+/// `*:25`); `{"mode": "none" | "public", "max_bytes_per_second": N}`: a mode
+/// with a bandwidth limit (`max_bytes_per_second` also goes with `allow`): bytes
+/// per second through the sandbox's host sockets, both directions together.
+/// It only narrows the server's policy (the default: the server's,
 /// `public` unless `forkbox serve --egress` says otherwise); a host-name rule
-/// never opens a non-public address.
+/// never opens a non-public address; the smallest bandwidth of all layers holds.
 #[derive(Clone, Debug, Deserialize, Serialize, ToSchema)]
 #[serde(untagged, deny_unknown_fields)]
 pub enum NetworkSetting {
@@ -25,6 +28,12 @@ pub enum NetworkSetting {
         allow: Vec<String>,
         #[serde(default)]
         deny: Vec<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        max_bytes_per_second: Option<u64>,
+    },
+    Limited {
+        mode: NetworkMode,
+        max_bytes_per_second: u64,
     },
 }
 
@@ -38,18 +47,29 @@ pub enum NetworkMode {
 impl NetworkSetting {
     /// The policy layer this setting adds (rule errors name the rule).
     pub fn policy(&self) -> Result<forkbox_runtime::NetPolicy, String> {
-        use forkbox_runtime::{NetMode as Mode, NetPolicy as Policy, NetRule as Rule};
+        use forkbox_runtime::{NetPolicy as Policy, NetRule as Rule};
         let parse = |v: &[String]| -> Result<Vec<Rule>, String> {
             if v.len() > 256 {
                 return Err("at most 256 network rules".into());
             }
             v.iter().map(|r| r.parse::<Rule>().map_err(|e| e.to_string())).collect()
         };
+        let rate = |r: Option<u64>| match r {
+            Some(0) => Err("max_bytes_per_second must be at least 1".to_string()),
+            r => Ok(r),
+        };
+        let mode = |m: NetworkMode| match m {
+            NetworkMode::None => Policy::none(),
+            NetworkMode::Public => Policy::public(),
+        };
         Ok(match self {
-            NetworkSetting::Mode(NetworkMode::None) => Policy::none(),
-            NetworkSetting::Mode(NetworkMode::Public) => Policy::public(),
-            NetworkSetting::Rules { allow, deny } => {
-                Policy { mode: Mode::Allowlist, allow: parse(allow)?, deny: parse(deny)? }
+            NetworkSetting::Mode(m) => mode(*m),
+            NetworkSetting::Rules { allow, deny, max_bytes_per_second } => Policy {
+                deny: parse(deny)?,
+                ..Policy::allowlist(parse(allow)?).with_rate(rate(*max_bytes_per_second)?)
+            },
+            NetworkSetting::Limited { mode: m, max_bytes_per_second } => {
+                mode(*m).with_rate(rate(Some(*max_bytes_per_second))?)
             }
         })
     }
@@ -75,7 +95,7 @@ pub fn network_layers(
 
 /// The effective network policy as shown to clients.
 pub fn network_view(net: &forkbox_runtime::NetConfig) -> serde_json::Value {
-    serde_json::json!({ "mode": net.mode(), "layers": net.layers })
+    serde_json::json!({ "mode": net.mode(), "max_bytes_per_second": net.max_bytes_per_second(), "layers": net.layers })
 }
 
 #[derive(Deserialize, ToSchema)]
@@ -601,6 +621,11 @@ pub struct TemplateBody {
     /// The session and checkpoint a `checkpoint` template was made from.
     pub from_session: Option<String>,
     pub from_checkpoint: Option<i64>,
+    /// Its own egress policy layer (`mode`, `allow`, `deny`), which every sandbox
+    /// forked from it gets inside the server's and the key's; absent: none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub network: Option<serde_json::Value>,
 }
 
 /// `POST /v1/templates`: a template of the caller's own.
@@ -620,6 +645,9 @@ pub struct CreateTemplateRequest {
     pub preload: Option<String>,
     /// `reference` (default), `openblas` or `any`.
     pub blas: Option<String>,
+    /// The template's egress policy (as `network` of a session): one-shot execs and
+    /// sessions on it get it inside the server's and the key's, so it only narrows.
+    pub network: Option<NetworkSetting>,
 }
 
 /// `POST /v1/sessions/{id}/checkpoints/{n}/template`.
@@ -654,6 +682,7 @@ impl TemplateBody {
             elapsed_seconds: t.elapsed_seconds,
             from_session: t.from_session,
             from_checkpoint: t.from_checkpoint,
+            network: t.network.as_ref().and_then(|p| serde_json::to_value(p).ok()),
         }
     }
 }

@@ -64,6 +64,11 @@ struct TestServer {
 }
 
 async fn start() -> TestServer {
+    start_with(|_| {}).await
+}
+
+/// [`start`] on a server whose config `f` adjusts.
+async fn start_with(f: impl FnOnce(&mut ServerConfig)) -> TestServer {
     let shared = forkbox_testkit::shared();
     let home = tempfile::Builder::new().prefix("forkbox-custom-test-").tempdir().unwrap();
     for d in ["templates", "images", "cache"] {
@@ -76,6 +81,7 @@ async fn start() -> TestServer {
         find_links: vec![wheelhouse().display().to_string()],
         no_index: true,
     };
+    f(&mut cfg);
     let h = home.path().to_path_buf();
     let (state, alice, bob) = tokio::task::spawn_blocking(move || {
         let state = Inner::with_runtime(forkbox_testkit::runtime(&cfg.home, cfg.runtime()), cfg).expect("server state");
@@ -309,4 +315,104 @@ async fn a_checkpoint_becomes_a_template_that_outlives_its_session() {
         StatusCode::NOT_FOUND,
         "template_not_found",
     );
+}
+
+/// A loopback responder (nothing leaves this machine) that writes `ok` to every connection; its port.
+fn ok_responder() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(mut c) = c else { return };
+            let _ = std::io::Write::write_all(&mut c, b"ok");
+        }
+    });
+    port
+}
+
+/// A template's `network` is a policy layer of every sandbox forked from it:
+/// one-shot execs, commands, sessions (recorded: forks keep it), inside the
+/// server's and the key's; a request on it can only narrow further, and the
+/// template cannot open what the key does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_template_network_policy_narrows_its_sandboxes() {
+    let port = ok_responder();
+    let s =
+        start_with(|cfg| cfg.limits.network.layers[0].allow.push(format!("127.0.0.1:{port}").parse().unwrap())).await;
+    let a = s.alice.clone();
+    let get = format!("import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=5)\ns.recv(2)");
+    let refused = |v: &Value, why: &str| {
+        assert_eq!(v["error"]["type"], "ConnectionRefusedError", "{v}");
+        assert!(v["stderr"].as_str().is_some_and(|e| e.contains(why)), "{why}: {v}");
+    };
+    assert_error(
+        &s.post(&a, "/v1/templates", json!({ "name": "badnet", "network": { "allow": ["not a rule"] } })).await,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+    );
+    assert_error(
+        &s.post(&a, "/v1/templates", json!({ "name": "badnet", "network": "everything" })).await,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+    );
+
+    // No packages: the default image (reused), a template of its own with network none.
+    let r = s.post(&a, "/v1/templates", json!({ "name": "offline", "network": "none" })).await;
+    assert_eq!(r.0, StatusCode::ACCEPTED, "{}", r.1);
+    let (v, _) = s.wait_built(&a, "offline").await;
+    assert_eq!((v["status"].as_str(), v["network"]["mode"].as_str()), (Some("ready"), Some("none")), "{v}");
+    let (_, list) = s.get(&a, "/v1/templates").await;
+    let listed = list["templates"].as_array().unwrap().iter().find(|t| t["name"] == "offline").cloned();
+    assert_eq!(listed.map(|t| t["network"]["mode"].clone()), Some(json!("none")), "{list}");
+    assert!(list["templates"].as_array().unwrap().iter().all(|t| t["name"] == "offline" || t["network"].is_null()));
+
+    // The default template reaches the server's allowed port; the offline one does not,
+    // whatever the request asks for.
+    assert_eq!(s.post(&a, "/v1/exec", json!({ "code": get })).await.1["value"], "b'ok'");
+    let rule = json!({ "allow": [format!("127.0.0.1:{port}")] });
+    for network in [Value::Null, json!("public"), rule.clone()] {
+        let r = s.post(&a, "/v1/exec", json!({ "code": get, "template": "offline", "network": network })).await;
+        assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+        refused(&r.1, "network: none");
+    }
+    let py = format!("{get}\nprint('connected')");
+    let r = s.post(&a, "/v1/commands", json!({ "cmd": ["python3", "-c", py], "template": "offline" })).await;
+    assert_eq!(r.0, StatusCode::OK, "{}", r.1);
+    assert!(r.1["exit_code"] != 0 && r.1["stderr"].as_str().unwrap().contains("ConnectionRefusedError"), "{}", r.1);
+
+    // A session on it records the layer (server, template, request), and its forks keep it.
+    let r = s.post(&a, "/v1/sessions", json!({ "template": "offline", "network": "public" })).await;
+    assert_eq!(r.0, StatusCode::CREATED, "{}", r.1);
+    assert_eq!(r.1["limits"]["network"]["mode"], "none", "{}", r.1);
+    let layers: Vec<Value> =
+        r.1["limits"]["network"]["layers"].as_array().unwrap().iter().map(|l| l["mode"].clone()).collect();
+    assert_eq!(layers, vec![json!("public"), json!("none"), json!("public")], "{}", r.1);
+    let sid = r.1["id"].as_str().unwrap().to_string();
+    refused(&s.post(&a, &format!("/v1/sessions/{sid}/exec"), json!({ "code": get })).await.1, "network: none");
+    let r = s.post(&a, &format!("/v1/sessions/{sid}/fork"), json!({})).await;
+    assert!(r.0.is_success(), "{}", r.1);
+    let fid = r.1["id"].as_str().unwrap().to_string();
+    refused(&s.post(&a, &format!("/v1/sessions/{fid}/exec"), json!({ "code": get })).await.1, "network: none");
+
+    // An allowlist template opens only what the server allows too; requests narrow it.
+    let r = s.post(&a, "/v1/templates", json!({ "name": "listed", "network": rule })).await;
+    assert_eq!(r.0, StatusCode::ACCEPTED, "{}", r.1);
+    let (v, _) = s.wait_built(&a, "listed").await;
+    assert_eq!(v["network"]["allow"], json!([format!("127.0.0.1:{port}")]), "{v}");
+    assert_eq!(s.post(&a, "/v1/exec", json!({ "code": get, "template": "listed" })).await.1["value"], "b'ok'");
+    let r = s.post(&a, "/v1/exec", json!({ "code": get, "template": "listed", "network": "none" })).await;
+    refused(&r.1, "network: none");
+    // A key with egress none: the template's rule does not widen it.
+    let home = s._home.path().to_path_buf();
+    let offline_key = tokio::task::spawn_blocking(move || {
+        let lim = forkbox_server::KeyLimits {
+            egress: Some(forkbox_runtime::NetPolicy::none()),
+            ..forkbox_server::KeyLimits::unlimited()
+        };
+        forkbox_server::create_key_with(&home, "alice", &lim).unwrap()
+    })
+    .await
+    .unwrap();
+    let r = s.post(&offline_key, "/v1/exec", json!({ "code": get, "template": "listed" })).await;
+    refused(&r.1, "network: none");
 }

@@ -100,6 +100,85 @@ impl NetConfig {
         self.layers.push(p);
         self
     }
+
+    /// The sandbox's bandwidth: the smallest of its layers' (None: unlimited).
+    pub fn max_bytes_per_second(&self) -> Option<u64> {
+        self.layers.iter().filter_map(|p| p.max_bytes_per_second).min()
+    }
+}
+
+/// A token bucket over the bytes a sandbox moves through its host sockets
+/// (both directions together): `rate` bytes per second, at most `burst`
+/// saved up. A datagram may overdraw it (it is sent whole); the debt is
+/// paid back before anything else moves.
+#[derive(Debug)]
+struct Throttle {
+    rate: u64,
+    burst: u64,
+    /// May go negative (a datagram's overdraft).
+    tokens: i64,
+    last: Instant,
+}
+
+impl Throttle {
+    /// Less than this in the bucket is "empty": no call moves fewer bytes
+    /// than it (unless the bucket holds fewer at most).
+    const CHUNK: u64 = 16 << 10;
+
+    fn new(rate: u64) -> Throttle {
+        let rate = rate.max(1);
+        let burst = (rate / 8).clamp(Self::CHUNK, 4 << 20);
+        Throttle { rate, burst, tokens: i64::try_from(burst).unwrap_or(i64::MAX), last: Instant::now() }
+    }
+
+    fn chunk(&self) -> i64 {
+        i64::try_from(Self::CHUNK.min(self.burst)).unwrap_or(i64::MAX)
+    }
+
+    /// Tokens earned since `last` (whole bytes).
+    fn earned(&self, now: Instant) -> i64 {
+        let ns = now.saturating_duration_since(self.last).as_nanos();
+        let add = ns.saturating_mul(u128::from(self.rate)) / 1_000_000_000;
+        i64::try_from(add).unwrap_or(i64::MAX)
+    }
+
+    fn refill(&mut self, now: Instant) {
+        let add = self.earned(now);
+        if add == 0 {
+            return;
+        }
+        let burst = i64::try_from(self.burst).unwrap_or(i64::MAX);
+        self.tokens = self.tokens.saturating_add(add).min(burst);
+        self.last = now;
+    }
+
+    /// The bucket holds less than a chunk now (without refilling it).
+    fn is_empty(&self) -> bool {
+        self.tokens.saturating_add(self.earned(Instant::now())) < self.chunk()
+    }
+
+    /// Bytes that may move now (None: the bucket is empty, wait).
+    fn available(&mut self) -> Option<u64> {
+        self.refill(Instant::now());
+        (self.tokens >= self.chunk()).then(|| u64::try_from(self.tokens).unwrap_or(0))
+    }
+
+    fn take(&mut self, n: u64) {
+        self.tokens = self.tokens.saturating_sub(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// When the bucket holds a chunk again (None: it does now).
+    fn ready_at(&mut self) -> Option<Instant> {
+        let now = Instant::now();
+        self.refill(now);
+        let missing = self.chunk().saturating_sub(self.tokens);
+        if missing <= 0 {
+            return None;
+        }
+        let ns = u128::from(missing.unsigned_abs()).saturating_mul(1_000_000_000) / u128::from(self.rate) + 1;
+        let wait = Duration::from_nanos(u64::try_from(ns).unwrap_or(u64::MAX));
+        Some(self.last.checked_add(wait).unwrap_or(now + Duration::from_secs(3600)))
+    }
 }
 
 /// Per-sandbox network counters.
@@ -169,8 +248,9 @@ struct Sock {
     backend: Backend,
     /// UDP: connected to the resolver (send/recv without an address go there).
     resolver_peer: bool,
-    /// UDP: resolver answers waiting for recv.
-    inbox: VecDeque<Vec<u8>>,
+    /// UDP: datagrams waiting for recv that never crossed the host: resolver
+    /// answers, and datagrams from sockets of the sandbox (with their source).
+    inbox: VecDeque<(Vec<u8>, SocketAddr)>,
     /// UDP: destinations already decided (bounded), so a datagram stream costs one check.
     udp_verdicts: HashMap<SocketAddr, bool>,
     /// Set by connect (the destination, for the UDP check of connected sends).
@@ -181,7 +261,8 @@ struct Sock {
     pub rcvtimeo: Option<Duration>,
     pub sndtimeo: Option<Duration>,
     /// TCP: the sandbox address this socket holds (bind, listen, or either
-    /// end of a loopback connection inside the sandbox).
+    /// end of a loopback connection inside the sandbox). UDP: its binding in
+    /// the sandbox's own UDP port table (a loopback or wildcard address; never a host port).
     local: Option<SocketAddr>,
     /// TCP: the other end of a loopback connection inside the sandbox.
     loop_peer: Option<SocketAddr>,
@@ -294,6 +375,11 @@ fn unix_pair() -> Result<(Socket, Socket), Errno> {
 const RESOLVER_STREAM_CAP: usize = 2 + dns::MAX_MESSAGE;
 /// Resolver answers queued on one UDP socket.
 const INBOX_CAP: usize = 16;
+/// Bytes of datagrams from the sandbox's own sockets one UDP socket holds
+/// unread (Linux's default receive buffer); beyond, datagrams are dropped, as UDP may.
+const INBOX_BYTES: usize = 212_992;
+/// Datagrams one UDP socket holds unread from the sandbox's own sockets.
+const LOCAL_INBOX_CAP: usize = 256;
 const VERDICT_CAP: usize = 256;
 const NAMES_CAP: usize = 4096;
 const DNS_CACHE_CAP: usize = 1024;
@@ -315,6 +401,9 @@ pub struct NetIo {
     /// One-line notes for the guest's stderr (refusals), drained by the syscall layer.
     pub notes: Vec<String>,
     byte_limit_noted: bool,
+    /// The bandwidth limit (None: unlimited). Never snapshotted: a resumed
+    /// sandbox starts with a full bucket.
+    throttle: Option<Throttle>,
 }
 
 impl Default for NetIo {
@@ -333,12 +422,16 @@ pub fn host_errno(e: &std::io::Error) -> Errno {
     Errno(e.raw_os_error().unwrap_or(libc::EIO))
 }
 
+/// What the bandwidth limit holds back while its bucket is empty.
+const RATE_HELD: i16 = libc::POLLIN | libc::POLLOUT | libc::POLLRDNORM | libc::POLLWRNORM | libc::POLLPRI;
+
 /// Readiness bits of a socket for poll (POLLIN, POLLOUT, POLLERR, POLLHUP, POLLRDHUP, POLLPRI).
 pub const POLL_MASK: i16 =
     libc::POLLIN | libc::POLLOUT | libc::POLLPRI | libc::POLLERR | libc::POLLHUP | libc::POLLRDHUP;
 
 impl NetIo {
     pub fn new(config: Arc<NetConfig>) -> NetIo {
+        let throttle = config.max_bytes_per_second().map(Throttle::new);
         NetIo {
             config,
             nonce: nonce(),
@@ -350,7 +443,35 @@ impl NetIo {
             stats: NetStats::default(),
             notes: Vec::new(),
             byte_limit_noted: false,
+            throttle,
         }
+    }
+
+    /// Bytes a host socket may move now under the bandwidth limit (EAGAIN:
+    /// the bucket is empty; poll shows the sockets not ready until
+    /// [`Self::throttled_until`]).
+    fn rate_budget(&mut self) -> Result<u64, Errno> {
+        match &mut self.throttle {
+            None => Ok(u64::MAX),
+            Some(t) => t.available().ok_or(Errno::EAGAIN),
+        }
+    }
+
+    fn rate_take(&mut self, n: u64) {
+        if let Some(t) = &mut self.throttle {
+            t.take(n);
+        }
+    }
+
+    /// While the bandwidth limit holds the host sockets back: when it lets
+    /// them move again (the engine re-runs blocked calls then).
+    pub fn throttled_until(&mut self) -> Option<Instant> {
+        self.throttle.as_mut()?.ready_at()
+    }
+
+    /// The host sockets move no bytes now (the bandwidth limit's bucket is empty).
+    fn throttled(&self) -> bool {
+        self.throttle.as_ref().is_some_and(Throttle::is_empty)
     }
 
     pub fn open_sockets(&self) -> usize {
@@ -691,9 +812,14 @@ impl NetIo {
         if stream && !self.check(addr, "connect to").allowed() {
             return Err(Errno::ECONNREFUSED);
         }
+        // UDP to a socket of the sandbox: no host socket is connected (that would bind a host port).
+        let local_peer = !stream && self.find_udp_receiver(id, addr).is_some();
         let s = self.sock(id)?;
         s.resolver_peer = false;
         s.peer = Some(addr);
+        if local_peer {
+            return Ok(true);
+        }
         let host = self.host(id)?;
         // UDP: connecting sends nothing; the policy is checked on the first send.
         match host.connect(&SockAddr::from(addr)) {
@@ -780,11 +906,16 @@ impl NetIo {
                 if let Some(a) = self.answer(data) {
                     let s = self.sock(id)?;
                     if s.inbox.len() < INBOX_CAP {
-                        s.inbox.push_back(a);
+                        s.inbox.push_back((a, resolver_addr()));
                     }
                 }
                 return Ok(data.len());
             }
+            // To a UDP socket of the sandbox: delivered by the VMM, never on the host.
+            if let Some(rid) = self.find_udp_receiver(id, dest) {
+                return self.deliver_local(id, rid, data);
+            }
+            let s = self.sock(id)?;
             let known = s.udp_verdicts.get(&dest).copied();
             let ok = match known {
                 Some(v) => v,
@@ -802,7 +933,9 @@ impl NetIo {
                 return Err(Errno::ECONNREFUSED);
             }
         }
-        let data = if stream { &data[..data.len().min(budget.try_into().unwrap_or(usize::MAX))] } else { data };
+        let rate = self.rate_budget()?;
+        let cap = |b: u64| usize::try_from(b).unwrap_or(usize::MAX);
+        let data = if stream { &data[..data.len().min(cap(budget)).min(cap(rate))] } else { data };
         let host = self.host(id)?;
         let flags = (flags & (libc::MSG_MORE | libc::MSG_EOR)) | libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
         let r = match to {
@@ -811,6 +944,7 @@ impl NetIo {
         };
         let n = r.map_err(|e| host_errno(&e))?;
         self.account(n as u64, 0);
+        self.rate_take(n as u64);
         Ok(n)
     }
 
@@ -837,18 +971,24 @@ impl NetIo {
             return Ok((n, Some(resolver_addr()), false));
         }
         if !s.stream && !s.inbox.is_empty() {
-            let msg = if peek {
-                s.inbox.front().cloned().unwrap_or_default()
-            } else {
-                s.inbox.pop_front().unwrap_or_default()
-            };
+            let item = if peek { s.inbox.front().cloned() } else { s.inbox.pop_front() };
+            let (msg, src) = item.unwrap_or_else(|| (Vec::new(), resolver_addr()));
             let n = buf.len().min(msg.len());
             buf[..n].copy_from_slice(&msg[..n]);
             let truncated = msg.len() > n;
             let len = if flags & libc::MSG_TRUNC != 0 { msg.len() } else { n };
-            return Ok((len, Some(resolver_addr()), truncated));
+            return Ok((len, Some(src), truncated));
         }
         let stream = s.stream;
+        // The bandwidth limit: a stream reads at most what the bucket holds
+        // (a datagram is read whole and may overdraw it).
+        let buf = if local {
+            buf
+        } else {
+            let rate = self.rate_budget()?;
+            let n = if stream { buf.len().min(usize::try_from(rate).unwrap_or(usize::MAX)) } else { buf.len() };
+            &mut buf[..n]
+        };
         let host = self.host(id)?;
         let flags = (flags & (libc::MSG_PEEK | libc::MSG_TRUNC | libc::MSG_WAITALL)) | libc::MSG_DONTWAIT;
         let fd = host.as_raw_fd();
@@ -872,6 +1012,7 @@ impl NetIo {
         let n = n as usize;
         if !peek && !local {
             self.account(0, n.min(buf.len()) as u64);
+            self.rate_take(n.min(buf.len()) as u64);
         }
         let src = if stream || from_len == 0 { None } else { from_storage(&from, from_len as usize) };
         Ok((n, src, truncated))
@@ -928,6 +1069,8 @@ impl NetIo {
                 if !s.stream && !s.inbox.is_empty() {
                     r |= events & (libc::POLLIN | libc::POLLRDNORM);
                 }
+                // Held back by the bandwidth limit: not readable or writable yet.
+                let want = if !s.in_sandbox() && self.throttled() { want & !RATE_HELD } else { want };
                 let mut p = libc::pollfd { fd: h.as_raw_fd(), events: want, revents: 0 };
                 // SAFETY: one valid pollfd, zero timeout.
                 if unsafe { libc::poll(&mut p, 1, 0) } > 0 {
@@ -946,11 +1089,12 @@ impl NetIo {
             let events = events & (libc::POLLIN | libc::POLLRDNORM);
             return (events != 0).then_some(libc::pollfd { fd, events, revents: 0 });
         }
-        Some(libc::pollfd {
-            fd,
-            events: events & POLL_MASK | events & (libc::POLLRDNORM | libc::POLLWRNORM),
-            revents: 0,
-        })
+        let mut events = events & POLL_MASK | events & (libc::POLLRDNORM | libc::POLLWRNORM);
+        // Held back by the bandwidth limit: the engine wakes at `throttled_until` instead.
+        if !self.socks.get(&id).is_some_and(Sock::in_sandbox) && self.throttled() {
+            events &= !RATE_HELD;
+        }
+        Some(libc::pollfd { fd, events, revents: 0 })
     }
 
     pub fn local_addr(&mut self, id: u64) -> Result<SocketAddr, Errno> {
@@ -959,8 +1103,9 @@ impl NetIo {
         if matches!(s.backend, Backend::ResolverStream { .. }) || s.resolver_peer {
             return Ok(SocketAddr::from(([127, 0, 0, 1], 40053)));
         }
-        // Bound in the sandbox (unless connected out through the host since).
-        if let Some(l) = s.local.filter(|_| s.peer.is_none() && s.connecting.is_none()) {
+        // Bound in the sandbox (unless connected out through the host since;
+        // a UDP socket keeps its sandbox binding).
+        if let Some(l) = s.local.filter(|_| !s.stream || (s.peer.is_none() && s.connecting.is_none())) {
             return Ok(l);
         }
         let a = self.host(id)?.local_addr().map_err(|e| host_errno(&e))?;
@@ -1003,16 +1148,104 @@ impl NetIo {
             self.sock(id)?.local = Some(addr);
             return Ok(());
         }
-        if addr.port() != 0 {
-            self.note(format!("bind to port {} refused: a sandbox cannot take a host port", addr.port()));
-            return Err(Errno::EACCES);
-        }
+        // UDP: the wildcard with port 0 binds the host socket (an ephemeral host
+        // port for traffic out); any other loopback or wildcard address is a
+        // binding in the sandbox's own UDP port table (port 0: an ephemeral
+        // one), which the sandbox's other sockets send to; never a host port.
         let ip = addr.ip();
         let wildcard = ip.is_unspecified() || policy::canonical(ip).is_some_and(|v| v.is_unspecified());
-        if !wildcard {
+        if s.local.is_some() {
+            return Err(Errno::EINVAL);
+        }
+        if wildcard && addr.port() == 0 {
+            return self.host(id)?.bind(&SockAddr::from(addr)).map_err(|e| host_errno(&e));
+        }
+        if !sandbox_local(ip) {
             return Err(Errno::EADDRNOTAVAIL);
         }
-        self.host(id)?.bind(&SockAddr::from(addr)).map_err(|e| host_errno(&e))
+        let reuse = s.reuse;
+        let addr = if addr.port() == 0 { SocketAddr::new(ip, self.ephemeral_udp(id, ip)?) } else { addr };
+        if self.udp_port_taken(id, addr, reuse) {
+            return Err(Errno::EADDRINUSE);
+        }
+        self.sock(id)?.local = Some(addr);
+        Ok(())
+    }
+
+    /// Is a UDP port of the sandbox taken (bindings overlap; both with SO_REUSEADDR share it)?
+    fn udp_port_taken(&self, me: u64, addr: SocketAddr, reuse: bool) -> bool {
+        self.socks.iter().any(|(id, s)| {
+            *id != me && !s.stream && s.local.is_some_and(|l| binds_overlap(l, addr)) && !(reuse && s.reuse)
+        })
+    }
+
+    /// A free ephemeral UDP port of the sandbox for `ip`.
+    fn ephemeral_udp(&mut self, me: u64, ip: IpAddr) -> Result<u16, Errno> {
+        let span = (EPHEMERAL.1 - EPHEMERAL.0) as u64 + 1;
+        let start = (self.nonce >> 32).wrapping_add(self.next.wrapping_mul(7919)) % span;
+        for k in 0..span {
+            let port = EPHEMERAL.0 + ((start + k) % span) as u16;
+            if !self.udp_port_taken(me, SocketAddr::new(ip, port), false) {
+                return Ok(port);
+            }
+        }
+        Err(Errno::EADDRINUSE)
+    }
+
+    /// The UDP socket of the sandbox (not `me`) a datagram to `dest` is for.
+    fn find_udp_receiver(&self, me: u64, dest: SocketAddr) -> Option<u64> {
+        let dest = loop_dest(dest);
+        if !sandbox_local(dest.ip()) {
+            return None;
+        }
+        let mut found: Vec<u64> = self
+            .socks
+            .iter()
+            .filter(|(id, s)| **id != me || s.local.is_some())
+            .filter(|(_, s)| !s.stream && s.local.is_some_and(|l| listener_takes(l, s.domain, dest)))
+            .map(|(id, _)| *id)
+            .collect();
+        // Several bound with SO_REUSEADDR: the first bound (lowest id) gets it.
+        found.sort_unstable();
+        found.first().copied()
+    }
+
+    /// Deliver a datagram from `from` to the sandbox's UDP socket `to` (the
+    /// sender gets an ephemeral binding on loopback first, so the receiver
+    /// can answer). A full receive queue drops it, as UDP may.
+    fn deliver_local(&mut self, from: u64, to: u64, data: &[u8]) -> Result<usize, Errno> {
+        let s = self.sock(from)?;
+        let src = match s.local {
+            Some(l) if !l.ip().is_unspecified() && !policy::canonical(l.ip()).is_some_and(|v| v.is_unspecified()) => l,
+            Some(l) => SocketAddr::new(loop_dest(l).ip(), l.port()),
+            None => {
+                let ip = if s.domain == libc::AF_INET6 {
+                    IpAddr::V6(std::net::Ipv6Addr::LOCALHOST)
+                } else {
+                    IpAddr::V4(Ipv4Addr::LOCALHOST)
+                };
+                let port = self.ephemeral_udp(from, ip)?;
+                let a = SocketAddr::new(ip, port);
+                self.sock(from)?.local = Some(a);
+                a
+            }
+        };
+        let r = self.sock(to)?;
+        // The source as the receiver's family spells it (an IPv6 sender seen by
+        // an AF_INET socket: its IPv4 form, or 127.0.0.1 for ::1).
+        let src = match (r.domain, src) {
+            (libc::AF_INET6, SocketAddr::V4(v4)) => SocketAddr::new(IpAddr::V6(v4.ip().to_ipv6_mapped()), v4.port()),
+            (libc::AF_INET, SocketAddr::V6(v6)) => {
+                let v4 = v6.ip().to_ipv4_mapped().unwrap_or(Ipv4Addr::LOCALHOST);
+                SocketAddr::new(IpAddr::V4(v4), v6.port())
+            }
+            _ => src,
+        };
+        let queued: usize = r.inbox.iter().map(|(m, _)| m.len()).sum();
+        if r.inbox.len() < LOCAL_INBOX_CAP && queued.saturating_add(data.len()) <= INBOX_BYTES {
+            r.inbox.push_back((data.to_vec(), src));
+        }
+        Ok(data.len())
     }
 
     /// getsockopt passthrough of an allowed option (value bytes).
@@ -1089,8 +1322,8 @@ impl NetIo {
             Backend::ResolverStream { output, .. } => Ok(output.len() as i32),
             Backend::Listener(_) => Err(Errno::EINVAL),
             Backend::Host(h) => {
-                if let Some(m) = s.inbox.front() {
-                    return Ok(m.len() as i32);
+                if let Some((m, _)) = s.inbox.front() {
+                    return Ok(i32::try_from(m.len()).unwrap_or(i32::MAX));
                 }
                 let mut n: libc::c_int = 0;
                 // SAFETY: FIONREAD writes one int.

@@ -220,6 +220,11 @@ pub struct Policy {
     pub allow: Vec<Rule>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub deny: Vec<Rule>,
+    /// Bandwidth of this layer: bytes per second through the sandbox's host
+    /// sockets, both directions together (None: no limit of its own). The
+    /// sandbox gets the smallest of its layers'.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bytes_per_second: Option<u64>,
 }
 
 /// Why a destination is not public.
@@ -421,7 +426,13 @@ impl Policy {
     }
 
     pub fn allowlist(rules: Vec<Rule>) -> Policy {
-        Policy { mode: Mode::Allowlist, allow: rules, deny: Vec::new() }
+        Policy { mode: Mode::Allowlist, allow: rules, ..Policy::default() }
+    }
+
+    /// This layer with a bandwidth limit (bytes per second).
+    pub fn with_rate(mut self, bytes_per_second: Option<u64>) -> Policy {
+        self.max_bytes_per_second = bytes_per_second;
+        self
     }
 
     /// Decide a connection to `ip:port` (`port: None` at resolver time).
@@ -592,7 +603,7 @@ mod tests {
 
     #[test]
     fn none_denies_even_allowlisted() {
-        let p = Policy { mode: Mode::None, allow: vec![rule("127.0.0.1")], deny: vec![] };
+        let p = Policy { mode: Mode::None, allow: vec![rule("127.0.0.1")], ..Policy::default() };
         assert_eq!(p.decide(ip("127.0.0.1"), Some(80), &[], &[]), Decision::Deny(Reason::NetworkNone));
         assert_eq!(p.decide(ip("1.1.1.1"), Some(80), &[], &[]), Decision::Deny(Reason::NetworkNone));
     }
@@ -623,7 +634,7 @@ mod tests {
         let p = Policy {
             mode: Mode::Public,
             allow: vec![rule("10.200.0.0/24"), rule("127.0.0.1:8000-8100"), rule("*.test.example")],
-            deny: vec![],
+            ..Policy::default()
         };
         assert!(p.decide(ip("10.200.0.2"), Some(80), &[], &[]).allowed());
         assert!(p.decide(ip("::ffff:10.200.0.2"), Some(80), &[], &[]).allowed(), "mapped form of an allowed address");
@@ -662,6 +673,7 @@ mod tests {
             mode: Mode::Public,
             allow: vec![rule("10.0.0.0/8")],
             deny: vec![rule("10.9.0.0/16"), rule("*:25"), rule("*.bad.example")],
+            max_bytes_per_second: None,
         };
         assert!(p.decide(ip("10.1.0.1"), Some(80), &[], &[]).allowed());
         assert_eq!(p.decide(ip("10.9.0.1"), Some(80), &[], &[]), Decision::Deny(Reason::Rule("10.9.0.0/16".into())));

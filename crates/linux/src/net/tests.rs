@@ -11,7 +11,7 @@ fn net(p: Policy) -> NetIo {
 }
 
 fn loopback_allowed(port: u16) -> Policy {
-    Policy { mode: Mode::Public, allow: vec![format!("127.0.0.1:{port}").parse().unwrap()], deny: vec![] }
+    Policy { mode: Mode::Public, allow: vec![format!("127.0.0.1:{port}").parse().unwrap()], ..Policy::default() }
 }
 
 /// Wait until `id` is ready for `events` (what the syscall layer does for a blocking guest).
@@ -142,7 +142,7 @@ fn resolver_answers_from_the_host_map_under_the_policy() {
     let mut cfg = NetConfig::with_policy(Policy {
         mode: Mode::Public,
         allow: vec!["10.200.0.0/24".parse().unwrap()],
-        deny: vec![],
+        ..Policy::default()
     });
     cfg.hosts.insert("web.test".into(), vec!["10.200.0.2".parse().unwrap()]);
     cfg.hosts.insert("meta.test".into(), vec!["169.254.169.254".parse().unwrap()]);

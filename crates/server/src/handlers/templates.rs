@@ -50,7 +50,15 @@ pub(crate) async fn create_template(
             )
         })?,
     };
-    let t = forkbox_runtime::CustomTemplate { name: req.name, apt: req.apt, pip: req.pip, preload: req.preload, blas };
+    let network = crate::schema::network_policy(&req.network)?;
+    let t = forkbox_runtime::CustomTemplate {
+        name: req.name,
+        apt: req.apt,
+        pip: req.pip,
+        preload: req.preload,
+        blas,
+        network,
+    };
     let v = blocking(&state, move |rt| Ok(TemplateBody::of(rt.create_template(&caller.tenant, &t)?))).await?;
     Ok((StatusCode::ACCEPTED, Json(v)))
 }

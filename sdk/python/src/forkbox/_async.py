@@ -86,13 +86,15 @@ class AsyncForkbox:
         pip: Sequence[str] | None = None,
         preload: str | None = None,
         blas: str | None = None,
+        network: _base.Network | None = None,
         wait: bool = True,
         poll: float = 1.0,
         timeout: float = 1800.0,
     ) -> dict[str, Any]:
-        """Build a template of your own (Debian packages, pip binary wheels, a preload); with `wait`,
+        """Build a template of your own (Debian packages, pip binary wheels, a preload, a `network` policy that
+        every sandbox forked from it gets, narrowing the server's and the key's); with `wait`,
         poll until it is ready (raises `ForkboxError` if the build failed or took longer than `timeout`)."""
-        t = dict(await self._json("POST", "/v1/templates", json=_base.template_body(name, apt, pip, preload, blas)))
+        t = dict(await self._json("POST", "/v1/templates", json=_base.template_body(name, apt, pip, preload, blas, network)))
         deadline = time.monotonic() + timeout
         while wait:
             done = _base.template_done(name, t)
@@ -158,10 +160,11 @@ class AsyncCommands:
         env: Mapping[str, str] | None = None,
         timeout: float | None = None,
         template: str | None = None,
+        network: _base.Network | None = None,
     ) -> CommandResult:
         """Run `cmd` (a str: a shell command line for /bin/sh -c; a list: an argv, no shell) in a fresh sandbox.
-        A non-zero exit code is a result (`result.exit_code`), not an exception."""
-        body = _base.command_body(cmd, cwd, env, timeout, template)
+        A non-zero exit code is a result (`result.exit_code`), not an exception. `network` narrows its egress policy."""
+        body = _base.command_body(cmd, cwd, env, timeout, template, network)
         return CommandResult.from_json(await self._c._json("POST", "/v1/commands", json=body))
 
     def stream(
@@ -172,9 +175,10 @@ class AsyncCommands:
         env: Mapping[str, str] | None = None,
         timeout: float | None = None,
         template: str | None = None,
+        network: _base.Network | None = None,
     ) -> AsyncIterator[Event]:
         """`run`, yielding `Stdout`/`Stderr` chunks as produced, then one `Result` (a `CommandResult`)."""
-        return self._c._stream("/v1/commands/stream", _base.command_body(cmd, cwd, env, timeout, template), CommandResult)
+        return self._c._stream("/v1/commands/stream", _base.command_body(cmd, cwd, env, timeout, template, network), CommandResult)
 
 
 class AsyncSessions:

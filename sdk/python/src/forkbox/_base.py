@@ -85,16 +85,18 @@ def file_path(path: str) -> str:
     return "/".join(parts)
 
 
-# A sandbox's network policy, as the API takes it: "none", "public", or
-# {"allow": [rule, ...], "deny": [rule, ...]} (an allowlist). It only narrows
-# the server's and the API key's policy.
-Network = Union[str, Mapping[str, Sequence[str]]]
+# A sandbox's network policy, as the API takes it: "none", "public",
+# {"allow": [rule, ...], "deny": [rule, ...]} (an allowlist), or
+# {"mode": "none" | "public", "max_bytes_per_second": N} (a mode with a
+# bandwidth limit; an allowlist may carry "max_bytes_per_second" too). It only
+# narrows the server's and the API key's policy.
+Network = Union[str, Mapping[str, Union[str, int, Sequence[str]]]]
 
 
 def network_value(network: Network | None) -> Any:
     if network is None or isinstance(network, str):
         return network
-    return {k: list(v) for k, v in network.items()}
+    return {k: v if isinstance(v, (str, int)) else list(v) for k, v in network.items()}
 
 
 def session_body(
@@ -137,6 +139,7 @@ def command_body(
     env: Mapping[str, str] | None,
     timeout: float | None,
     template: str | None = None,
+    network: Network | None = None,
 ) -> dict[str, Any]:
     """A command's body: a str is a shell command line (/bin/sh -c), a list of str an argv (no shell)."""
     body: dict[str, Any] = {"cmd": cmd if isinstance(cmd, str) else list(cmd)}
@@ -148,6 +151,8 @@ def command_body(
         body["timeout_seconds"] = timeout
     if template is not None:
         body["template"] = template
+    if network is not None:
+        body["network"] = network_value(network)
     return body
 
 
@@ -244,7 +249,12 @@ def events(lines: Iterable[str], result: type = ExecResult) -> Iterator[Event]:
 
 
 def template_body(
-    name: str, apt: Sequence[str] | None, pip: Sequence[str] | None, preload: str | None, blas: str | None
+    name: str,
+    apt: Sequence[str] | None,
+    pip: Sequence[str] | None,
+    preload: str | None,
+    blas: str | None,
+    network: Network | None = None,
 ) -> dict[str, Any]:
     """The body of `POST /v1/templates`."""
     body: dict[str, Any] = {"name": name}
@@ -256,6 +266,8 @@ def template_body(
         body["preload"] = preload
     if blas is not None:
         body["blas"] = blas
+    if network is not None:
+        body["network"] = network_value(network)
     return body
 
 

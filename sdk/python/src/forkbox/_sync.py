@@ -85,13 +85,15 @@ class Forkbox:
         pip: Sequence[str] | None = None,
         preload: str | None = None,
         blas: str | None = None,
+        network: _base.Network | None = None,
         wait: bool = True,
         poll: float = 1.0,
         timeout: float = 1800.0,
     ) -> dict[str, Any]:
-        """Build a template of your own (Debian packages, pip binary wheels, a preload); with `wait`,
+        """Build a template of your own (Debian packages, pip binary wheels, a preload, a `network` policy that
+        every sandbox forked from it gets, narrowing the server's and the key's); with `wait`,
         poll until it is ready (raises `ForkboxError` if the build failed or took longer than `timeout`)."""
-        t = dict(self._json("POST", "/v1/templates", json=_base.template_body(name, apt, pip, preload, blas)))
+        t = dict(self._json("POST", "/v1/templates", json=_base.template_body(name, apt, pip, preload, blas, network)))
         deadline = time.monotonic() + timeout
         while wait:
             done = _base.template_done(name, t)
@@ -147,10 +149,11 @@ class Commands:
         env: Mapping[str, str] | None = None,
         timeout: float | None = None,
         template: str | None = None,
+        network: _base.Network | None = None,
     ) -> CommandResult:
         """Run `cmd` (a str: a shell command line for /bin/sh -c; a list: an argv, no shell) in a fresh sandbox.
-        A non-zero exit code is a result (`result.exit_code`), not an exception."""
-        body = _base.command_body(cmd, cwd, env, timeout, template)
+        A non-zero exit code is a result (`result.exit_code`), not an exception. `network` narrows its egress policy."""
+        body = _base.command_body(cmd, cwd, env, timeout, template, network)
         return CommandResult.from_json(self._c._json("POST", "/v1/commands", json=body))
 
     def stream(
@@ -161,9 +164,10 @@ class Commands:
         env: Mapping[str, str] | None = None,
         timeout: float | None = None,
         template: str | None = None,
+        network: _base.Network | None = None,
     ) -> Iterator[Event]:
         """`run`, yielding `Stdout`/`Stderr` chunks as produced, then one `Result` (a `CommandResult`)."""
-        return self._c._stream("/v1/commands/stream", _base.command_body(cmd, cwd, env, timeout, template), CommandResult)
+        return self._c._stream("/v1/commands/stream", _base.command_body(cmd, cwd, env, timeout, template, network), CommandResult)
 
 
 class Sessions:
