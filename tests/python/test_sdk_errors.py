@@ -21,6 +21,9 @@ from forkbox._errors import _BY_CODE, _BY_STATUS, STATUS_OF_CODE, ForkboxError, 
     ("file_too_large", forkbox.PayloadTooLarge), ("guest_crashed", forkbox.GuestError),
     ("guest_killed", forkbox.GuestError), ("interrupted", forkbox.GuestError), ("deadlock", forkbox.GuestError),
     ("rate_limited", forkbox.RateLimited), ("overloaded", forkbox.Overloaded),
+    ("package_not_allowed", forkbox.PackageNotAllowed), ("package_not_found", forkbox.PackageNotFound),
+    ("package_conflict", forkbox.PackageConflict), ("package_needs_build", forkbox.PackageNeedsBuild),
+    ("package_failed", forkbox.PackageFailed),
 ])
 def test_codes_map_to_classes(code, cls):
     e = error_from(STATUS_OF_CODE[code], {"error": {"code": code, "message": "m"}})

@@ -83,6 +83,13 @@ enum Command {
         /// No index: only --pip-find-links (an air-gapped server).
         #[arg(long)]
         pip_no_index: bool,
+        /// Sessions may install only these packages at run time (`%pip install`,
+        /// POST /v1/sessions/{id}/packages; repeatable; dependencies included). Default: any.
+        #[arg(long, value_name = "NAME")]
+        pip_allow: Vec<String>,
+        /// Sessions may never install this package at run time (repeatable; wins over --pip-allow).
+        #[arg(long, value_name = "NAME")]
+        pip_deny: Vec<String>,
     },
     /// API keys for the HTTP API.
     #[command(subcommand)]
@@ -345,15 +352,18 @@ fn main() -> ExitCode {
             pip_index_url,
             pip_find_links,
             pip_no_index,
+            pip_allow,
+            pip_deny,
         } => {
             let pip = forkbox_image::PipSource {
                 index_url: pip_index_url,
                 find_links: pip_find_links,
                 no_index: pip_no_index,
             };
-            egress_policy(egress, &egress_allow, &egress_deny)
-                .map(|p| p.with_rate(egress_rate))
-                .and_then(|policy| serve(&home, listen, image, template, metrics_listen, exec_slots, policy, pip))
+            let packages = forkbox_image::packages::Policy { allow: pip_allow, deny: pip_deny };
+            egress_policy(egress, &egress_allow, &egress_deny).map(|p| p.with_rate(egress_rate)).and_then(|policy| {
+                serve(&home, listen, image, template, metrics_listen, exec_slots, policy, pip, packages)
+            })
         }
         Command::Key(KeyCommand::Create {
             tenant,
@@ -524,10 +534,17 @@ fn serve(
     exec_slots: Option<u64>,
     egress: forkbox_engine::NetPolicy,
     pip: forkbox_image::PipSource,
+    packages: forkbox_image::packages::Policy,
 ) -> anyhow::Result<ExitCode> {
     pip.validate().map_err(|e| anyhow::anyhow!("--pip-*: {e}"))?;
+    for n in packages.allow.iter().chain(&packages.deny) {
+        if forkbox_image::packages::spec_name(n) != n.as_str() || n.is_empty() {
+            anyhow::bail!("--pip-allow/--pip-deny: {n:?} is not a package name");
+        }
+    }
     let mut cfg = forkbox_server::ServerConfig::new(listen, home.to_path_buf());
     cfg.pip = pip;
+    cfg.packages = packages;
     cfg.image = image;
     cfg.template = template;
     cfg.metrics_listen = metrics_listen;

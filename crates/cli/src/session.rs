@@ -74,6 +74,16 @@ pub enum SessionCommand {
         #[command(flatten)]
         image: ImageArgs,
     },
+    /// pip install packages into a session (served by the server: binary wheels from its index or
+    /// wheelhouse, under its --pip-allow/--pip-deny); the next exec imports them.
+    Install {
+        id: String,
+        /// Requirement specs, e.g. `requests` or `tabulate>=0.9`.
+        #[arg(required = true)]
+        packages: Vec<String>,
+        #[command(flatten)]
+        image: ImageArgs,
+    },
     /// Start a new session from a checkpoint of this one (default: its latest).
     Fork {
         id: String,
@@ -120,6 +130,7 @@ fn image_of(cmd: &SessionCommand) -> &ImageArgs {
         | SessionCommand::Ls { image, .. }
         | SessionCommand::Log { image, .. }
         | SessionCommand::Revert { image, .. }
+        | SessionCommand::Install { image, .. }
         | SessionCommand::Fork { image, .. }
         | SessionCommand::Template { image, .. }
         | SessionCommand::Rm { image, .. } => image,
@@ -238,6 +249,13 @@ fn run(api: &Api, cmd: SessionCommand) -> Result<ExitCode> {
         SessionCommand::Revert { id, checkpoint, .. } => {
             api.block_on(c.revert(&id, checkpoint))?;
             println!("{id} is at checkpoint {checkpoint}");
+        }
+        SessionCommand::Install { id, packages, .. } => {
+            let p = api.block_on(c.install_packages(&id, &packages))?;
+            print!("{}", p.output);
+            if let Some(cp) = p.checkpoint {
+                println!("{id} is at checkpoint {cp}");
+            }
         }
         SessionCommand::Fork { id, checkpoint, tags, .. } => {
             println!("{}", api.fork(&id, checkpoint, tags.into_iter().collect())?);

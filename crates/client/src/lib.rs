@@ -247,6 +247,12 @@ impl Client {
         self.post(&format!("/v1/sessions/{}/revert", seg(id)), &json!({ "checkpoint": checkpoint })).await
     }
 
+    /// Install packages into session `id` (`pip install`, served by the server:
+    /// binary wheels from its index or wheelhouse, under its allow/deny list).
+    pub async fn install_packages(&self, id: &str, packages: &[String]) -> Result<Packages, ClientError> {
+        self.post(&format!("/v1/sessions/{}/packages", seg(id)), &json!({ "packages": packages })).await
+    }
+
     /// A new session starting at `checkpoint` of `id` (its head if None); `id` is not touched.
     pub async fn fork(&self, id: &str, checkpoint: Option<i64>) -> Result<Session, ClientError> {
         self.fork_tagged(id, checkpoint, &BTreeMap::new()).await

@@ -315,6 +315,30 @@ pub struct FileWritten {
     pub checkpoint: Option<i64>,
 }
 
+/// One distribution of a package install (`POST /v1/sessions/{id}/packages`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct InstalledPackage {
+    pub name: String,
+    pub version: String,
+    pub wheel: String,
+    /// The wheel's sha256 (the id of the shared layer the session mounts).
+    pub sha256: String,
+    /// False: the session had it already.
+    pub installed: bool,
+    #[serde(default)]
+    pub files: u64,
+}
+
+/// What a package install returns.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Packages {
+    pub packages: Vec<InstalledPackage>,
+    /// pip-like output.
+    pub output: String,
+    /// The checkpoint that records the install (None: nothing was new).
+    pub checkpoint: Option<i64>,
+}
+
 /// Options of a new session (all optional: the server's defaults apply).
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct CreateSession {

@@ -388,6 +388,8 @@ pub struct Catalog {
     recipes: RwLock<BTreeMap<String, Recipe>>,
     /// Where pip looks for the wheels of templates built by request.
     pip_source: RwLock<PipSource>,
+    /// Package layers installed at run time (same pip source), shared by every engine.
+    packages: Arc<forkbox_image::packages::PackageStore>,
     default: Mutex<String>,
     progress: bool,
     by_id: Mutex<HashMap<String, Arc<Loaded>>>,
@@ -426,6 +428,7 @@ impl Catalog {
             cpu: Arc::new(Cpu::new()?),
             recipes: RwLock::new(recipes),
             pip_source: RwLock::new(PipSource::default()),
+            packages: Arc::new(forkbox_image::packages::PackageStore::new(home)),
             default: Mutex::new(DEFAULT_TEMPLATE.into()),
             progress: false,
             by_id: Mutex::new(HashMap::new()),
@@ -449,8 +452,14 @@ impl Catalog {
     /// Where pip looks for the wheels of templates built by request (`serve --pip-index-url/--pip-find-links`).
     pub fn set_pip_source(&self, source: PipSource) -> Result<(), CatalogError> {
         source.validate().map_err(CatalogError::Invalid)?;
+        self.packages.set_source(source.clone()).map_err(|e| CatalogError::Invalid(e.to_string()))?;
         *self.pip_source.write().unwrap_or_else(|p| p.into_inner()) = source;
         Ok(())
+    }
+
+    /// The package layers of run-time installs (`%pip install`, `POST /v1/sessions/{id}/packages`).
+    pub fn packages(&self) -> &Arc<forkbox_image::packages::PackageStore> {
+        &self.packages
     }
 
     fn has_recipe(&self, key: &str) -> bool {
@@ -494,6 +503,8 @@ impl Catalog {
 
     /// Register an already open template under a name (`serve --image FILE`, tests).
     pub fn insert(&self, name: &str, engine: Arc<Engine>, template: Arc<Template>) -> Arc<Loaded> {
+        // Its sessions' package layers are this data directory's (unless it has a store already).
+        let _ = engine.packages.set(self.packages.clone());
         let loaded = Arc::new(Loaded { engine, template, name: Some(name.to_string()), network: None });
         if let Ok(mut m) = self.by_id.lock() {
             m.insert(loaded.id().to_string(), loaded.clone());
@@ -853,7 +864,8 @@ impl Catalog {
                 .map_err(|source| CatalogError::Build { name: shown.clone(), source })?;
         let engine = Engine::open_with_cpu(self.cpu.clone(), &built.path)
             .map_err(|source| CatalogError::Engine { name: shown.clone(), source })?
-            .with_preload(recipe.preload.clone());
+            .with_preload(recipe.preload.clone())
+            .with_packages(self.packages.clone());
         let tid = crate::template::template_id(
             engine.image.id(),
             &engine.preload,
@@ -918,7 +930,8 @@ impl Catalog {
         }
         let engine = Engine::open_with_cpu(self.cpu.clone(), &image)
             .map_err(|source| CatalogError::Engine { name: id.into(), source })?
-            .with_preload(info.preload.clone());
+            .with_preload(info.preload.clone())
+            .with_packages(self.packages.clone());
         let template =
             Template::load(&engine, &dir).map_err(|source| CatalogError::Engine { name: id.into(), source })?;
         let loaded =

@@ -32,6 +32,9 @@ pub enum EngineError {
     /// `InvalidPath`, `IsADirectory`, `FileTooLarge`, `QuotaExceeded`.
     #[error("{message}")]
     File { code: ErrorCode, message: String },
+    /// A package installed at run time could not be (`package_*` codes).
+    #[error("{message}")]
+    Package { code: ErrorCode, message: String },
     #[error(transparent)]
     Vmm(#[from] forkbox_vmm::VmmError),
     #[error(transparent)]
@@ -56,7 +59,7 @@ impl EngineError {
             EngineError::Boot(_) => ErrorCode::BootFailed,
             EngineError::CodeTooLarge(..) => ErrorCode::CodeTooLarge,
             EngineError::Interrupted(_) => ErrorCode::Interrupted,
-            EngineError::File { code, .. } => *code,
+            EngineError::File { code, .. } | EngineError::Package { code, .. } => *code,
             EngineError::Snapshot(e @ forkbox_snapshot::StateError::CpuMismatch(_)) => e.error_code(),
             EngineError::Vmm(_) | EngineError::Load(_) | EngineError::Image(_) | EngineError::Snapshot(_) => {
                 ErrorCode::Internal
@@ -67,5 +70,20 @@ impl EngineError {
     /// The wire name of [`Self::error_code`] (the CLI's JSON, tests).
     pub fn code(&self) -> &'static str {
         self.error_code().as_str()
+    }
+}
+
+impl From<forkbox_image::packages::PackageError> for EngineError {
+    fn from(e: forkbox_image::packages::PackageError) -> EngineError {
+        use forkbox_image::packages::PackageError as P;
+        let code = match &e {
+            P::Invalid(_) => ErrorCode::InvalidRequest,
+            P::NotAllowed(_) => ErrorCode::PackageNotAllowed,
+            P::NeedsBuild(_) => ErrorCode::PackageNeedsBuild,
+            P::NotFound(_) => ErrorCode::PackageNotFound,
+            P::Failed(_) => ErrorCode::PackageFailed,
+            P::MissingLayer(_) => ErrorCode::StorageError,
+        };
+        EngineError::Package { code, message: e.to_string() }
     }
 }

@@ -15,6 +15,7 @@ mod fsstore;
 pub mod interrupt;
 pub mod jail;
 pub mod limits;
+pub mod packages;
 pub mod pool;
 pub mod protocol;
 pub mod sandbox;
@@ -82,6 +83,10 @@ pub struct Engine {
     pub vdso: Option<&'static [u8]>,
     /// Code the agent runs before it reports ready (the template's warm state).
     pub preload: String,
+    /// Where package layers come from (run-time installs; restoring a state that
+    /// mounts them): set once, by `with_packages` or by the first catalog the
+    /// engine is inserted into (one per process outside tests).
+    pub packages: std::sync::OnceLock<Arc<forkbox_image::packages::PackageStore>>,
 }
 
 impl Engine {
@@ -102,6 +107,7 @@ impl Engine {
             hwcap,
             vdso: Some(forkbox_vmm::vdso::IMAGE),
             preload: "import numpy".into(),
+            packages: std::sync::OnceLock::new(),
         })
     }
 
@@ -119,6 +125,28 @@ impl Engine {
     pub fn with_preload(mut self, preload: impl Into<String>) -> Engine {
         self.preload = preload.into();
         self
+    }
+
+    pub fn with_packages(self, store: Arc<forkbox_image::packages::PackageStore>) -> Engine {
+        let _ = self.packages.set(store);
+        self
+    }
+
+    /// A process from a saved state, with the package layers its files refer to.
+    pub fn restore_process(
+        &self,
+        s: forkbox_linux::process::ProcessState,
+    ) -> Result<forkbox_linux::Process, forkbox_snapshot::StateError> {
+        let mut layers = forkbox_linux::vfs::Layers::new();
+        for id in s.vfs.layer_ids() {
+            let store = self.packages.get().ok_or_else(|| {
+                forkbox_snapshot::StateError::Corrupt(format!("package layer {id} is needed and this server has none"))
+            })?;
+            let l = store.open_layer(&id).map_err(|e| forkbox_snapshot::StateError::Corrupt(e.to_string()))?;
+            layers.insert(id, l);
+        }
+        forkbox_linux::Process::restore_state_with(self.image.clone(), s, &layers)
+            .map_err(|e| forkbox_snapshot::StateError::Corrupt(e.to_string()))
     }
 
     pub fn boot(&self, limits: Limits) -> Result<Sandbox, EngineError> {

@@ -574,6 +574,56 @@ impl Sandbox {
         files::write_file(&mut self.proc.vfs, &p, data)
     }
 
+    /// Mount the layers of `packages` (resolved by the host) into the guest's
+    /// file system, skipping those installed already (same `.dist-info`). All
+    /// or nothing: a conflict (a file of a package exists) changes nothing.
+    /// The guest still has to look again (`packages::REFRESH`).
+    pub fn install_packages(
+        &mut self,
+        packages: &[forkbox_image::packages::Package],
+    ) -> Result<Vec<crate::packages::InstalledPackage>, EngineError> {
+        use forkbox_linux::vfs::LayerError;
+        let saved = self.proc.vfs.clone();
+        let mut done = Vec::with_capacity(packages.len());
+        for p in packages {
+            let present = crate::packages::dist_info(p).is_some_and(|d| {
+                let path = format!("{}/{d}", crate::packages::SITE);
+                self.proc.vfs.resolve(forkbox_linux::vfs::ROOT_INO, path.as_bytes(), true).is_ok()
+            });
+            let files = if present {
+                0
+            } else {
+                match self.proc.vfs.install_layer(&p.layer) {
+                    Ok(n) => n,
+                    Err(e) => {
+                        self.proc.vfs = saved;
+                        let (code, message) = match e {
+                            LayerError::Exists { path } | LayerError::NotADirectory { path } => (
+                                forkbox_api::ErrorCode::PackageConflict,
+                                format!("{}-{}: {path} exists already in the sandbox", p.name, p.version),
+                            ),
+                            LayerError::NoSpace => (
+                                forkbox_api::ErrorCode::QuotaExceeded,
+                                format!("{}-{}: the sandbox's disk quota is full", p.name, p.version),
+                            ),
+                            e => (forkbox_api::ErrorCode::PackageFailed, format!("{}-{}: {e}", p.name, p.version)),
+                        };
+                        return Err(EngineError::Package { code, message });
+                    }
+                }
+            };
+            done.push(crate::packages::InstalledPackage {
+                name: p.name.clone(),
+                version: p.version.clone(),
+                wheel: p.wheel.clone(),
+                sha256: p.sha256.clone(),
+                installed: !present,
+                files,
+            });
+        }
+        Ok(done)
+    }
+
     /// The bytes of the guest file `path`, at most `max` (else `file_too_large`).
     pub fn read_file(&self, path: &str, max: usize) -> Result<Vec<u8>, EngineError> {
         let p = self.guest_path(path)?;

@@ -197,8 +197,7 @@ impl Template {
         let memory = MemoryFile::open(&dir.join("memory"), &snapshot.memory)?;
         let Snapshot { process, vcpu, .. } = snapshot;
         let vcpu = VcpuState::from_record(&vcpu).map_err(|e| StateError::Corrupt(format!("vCPU state: {e}")))?;
-        let process =
-            Process::restore_state(engine.image.clone(), process).map_err(|e| StateError::Corrupt(e.to_string()))?;
+        let process = engine.restore_process(process)?;
         let pool = VmPool::new(engine.cpu.clone(), &memory.file, memory.view()?, vcpu, POOL_DEPTH)?;
         Ok(Template { info, dir: dir.to_path_buf(), cpu, process, memory, pool })
     }
@@ -368,8 +367,7 @@ impl Template {
         vm.restore_vcpu(&vcpu)?;
         let dir = state.parent().unwrap_or(Path::new("."));
         let stored = crate::fsstore::load(&mut snapshot.process, &snapshot.files, dir)?;
-        let process = Process::restore_state(engine.image.clone(), snapshot.process)
-            .map_err(|e| StateError::Corrupt(e.to_string()))?;
+        let process = engine.restore_process(snapshot.process)?;
         // The page tables are a function of the memory map: make sure they
         // say exactly what it says (only differences are written).
         process.mm.sync_all_page_tables(vm.mem_mut())?;

@@ -50,6 +50,7 @@ mod format;
 mod pack;
 mod reader;
 
+pub use build::packages;
 pub use build::{
     build, built_id, check_spec, default_home, image_path, Blas, BuildError, BuildOptions, BuildStats, BuiltImage,
     ExtraFile, ImageSpec, PipSource, WheelRef,

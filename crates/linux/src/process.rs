@@ -127,6 +127,16 @@ impl Process {
 
     /// Rebuild a process from a state file, validating everything in it.
     pub fn restore_state(image: Arc<Image>, s: ProcessState) -> Result<Process, ProcessStateError> {
+        Process::restore_state_with(image, s, &crate::vfs::Layers::new())
+    }
+
+    /// `restore_state` for a process whose files may refer to package layers
+    /// (`layers`: each by id, see `VfsState::layer_ids`).
+    pub fn restore_state_with(
+        image: Arc<Image>,
+        s: ProcessState,
+        layers: &crate::vfs::Layers,
+    ) -> Result<Process, ProcessStateError> {
         let bad = ProcessStateError::Inconsistent;
         s.mm.validate().map_err(bad)?;
         s.fds.validate().map_err(bad)?;
@@ -134,7 +144,7 @@ impl Process {
             return Err(bad("signal table size".into()));
         }
         s.threads.validate().map_err(|e| bad(format!("threads: {e}")))?;
-        let vfs = Vfs::restore_state(image, s.vfs)?;
+        let vfs = Vfs::restore_state_with(image, s.vfs, layers)?;
         for ino in s.fds.open_nodes().chain([s.cwd]) {
             vfs.stat(ino).map_err(|e| bad(format!("open inode {ino}: {e}")))?;
         }

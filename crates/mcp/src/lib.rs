@@ -10,7 +10,7 @@
 //! - [`install`]: the client configuration snippets of `forkbox mcp install`.
 //!
 //! Tools: `run_python`, `create_session`, `exec`, `list_sessions`, `delete_session`,
-//! `list_checkpoints`, `revert`, `fork_session`, `save_template`, `upload_file`, `download_file`, `list_files`,
+//! `list_checkpoints`, `revert`, `install_packages`, `fork_session`, `save_template`, `upload_file`, `download_file`, `list_files`,
 //! `interrupt` (see [`tools`]).
 //!
 //! Place in the flow: a **request** front end beside the server and the CLI; every

@@ -237,6 +237,14 @@ pub fn uploaded(w: &FileWritten) -> CallToolResult {
     out
 }
 
+/// A package install: pip's output and the checkpoint.
+pub fn packages(p: &forkbox_client::Packages) -> CallToolResult {
+    let cp = p.checkpoint.map_or("nothing new, no checkpoint".to_string(), |c| format!("checkpoint {c}"));
+    let mut out = CallToolResult::success(vec![ContentBlock::text(format!("{}({cp})", p.output))]);
+    out.structured_content = Some(json!({ "packages": p.packages, "output": p.output, "checkpoint": p.checkpoint }));
+    out
+}
+
 /// A downloaded file: text if `base64` is Some(false) or (None and) it is UTF-8, else base64.
 /// Err: text was asked for and the file is not UTF-8.
 pub fn downloaded(path: &str, data: Vec<u8>, base64: Option<bool>) -> Result<CallToolResult, CallToolResult> {

@@ -172,6 +172,15 @@ pub struct SessionArgs {
 
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+pub struct InstallPackagesArgs {
+    /// The session's id.
+    pub session_id: String,
+    /// pip requirement specs: names with optional version constraints, e.g. ["requests", "tabulate>=0.9"].
+    pub packages: Vec<String>,
+}
+
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct RevertArgs {
     /// The session's id.
     pub session_id: String,
@@ -496,6 +505,28 @@ impl ForkboxMcp {
         )
     }
 
+    #[tool(description = "pip install packages into a session: the server resolves and downloads binary wheels \
+        (from its package index or offline wheelhouse, under its allow/deny list) and the next exec can import \
+        them; they stay in the session's checkpoints and forks. Packages that need a build from source (only an \
+        sdist) are refused with an error naming them. Returns pip-like output and the checkpoint.")]
+    async fn install_packages(
+        &self,
+        Parameters(a): Parameters<InstallPackagesArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        done(
+            async {
+                check_id(&a.session_id)?;
+                let c = self.client(&ctx)?;
+                c.install_packages(&a.session_id, &a.packages)
+                    .await
+                    .map(|p| render::packages(&p))
+                    .map_err(|e| render::client_error(&e))
+            }
+            .await,
+        )
+    }
+
     #[tool(description = "Undo: move a session back to an earlier checkpoint. Its whole state (variables, imports, \
         files) becomes exactly what it was right after that exec; later checkpoints stay listed and can be reverted \
         to again. Use it to recover when an exec left the session in a bad state.")]
@@ -782,6 +813,7 @@ fn argument_error(tool: &str, arguments: &rmcp::model::JsonObject) -> Option<Str
         "download_file" => check::<DownloadFileArgs>(arguments),
         "list_files" => check::<ListFilesArgs>(arguments),
         "revert" => check::<RevertArgs>(arguments),
+        "install_packages" => check::<InstallPackagesArgs>(arguments),
         "fork_session" => check::<ForkArgs>(arguments),
         "save_template" => check::<SaveTemplateArgs>(arguments),
         other => crate::tree::argument_check(other).and_then(|f| f(arguments)),

@@ -56,7 +56,8 @@ pub use forkbox_engine::{
     CapturedOutput, ExecResult, FileEntry, GlobalNetStats, Limits, MimeBundle, NetConfig, NetMode, NetPolicy, NetRule,
     OutputFile, PyError, Stream, TemplateInfo,
 };
-pub use forkbox_sessions::manager::{Config as SessionsConfig, ExecOutcome};
+pub use forkbox_image::packages::Policy as PackagePolicy;
+pub use forkbox_sessions::manager::{Config as SessionsConfig, ExecOutcome, PackagesOutcome};
 pub use forkbox_sessions::manager::{Diff, FileChange, PathCall, Variable, VariableChange, Variables};
 pub use session::{CheckpointView, ForkedFrom, NewSession, Quota, SessionView};
 pub use tree::{
@@ -86,8 +87,11 @@ pub struct RuntimeConfig {
     pub sessions: SessionsConfig,
     /// How often the upkeep runs (see [`Runtime::start_maintenance`]).
     pub maintenance_every: Duration,
-    /// Where pip looks for the wheels of templates built by request (`POST /v1/templates`).
+    /// Where pip looks for the wheels of templates built by request (`POST /v1/templates`)
+    /// and of packages installed at run time.
     pub pip: forkbox_image::PipSource,
+    /// Which packages sessions may install at run time (`serve --pip-allow/--pip-deny`).
+    pub packages: forkbox_image::packages::Policy,
 }
 
 impl Default for RuntimeConfig {
@@ -107,6 +111,7 @@ impl Default for RuntimeConfig {
             sessions: SessionsConfig::default(),
             maintenance_every: Duration::from_secs(5),
             pip: forkbox_image::PipSource::default(),
+            packages: forkbox_image::packages::Policy::default(),
         }
     }
 }
@@ -172,7 +177,7 @@ impl Runtime {
                 what: "opening the image",
                 message: format!("{}: {e}", image_path.display()),
             })?;
-            let engine = Arc::new(engine);
+            let engine = Arc::new(engine.with_packages(catalog.packages().clone()));
             let template = Template::ensure(&engine, home).map_err(open_err("preparing the template"))?;
             catalog.insert(&name, engine, Arc::new(template));
         }
@@ -228,6 +233,7 @@ impl Runtime {
         config: RuntimeConfig,
     ) -> Result<Arc<Runtime>, RuntimeError> {
         catalog.set_pip_source(config.pip.clone())?;
+        catalog.packages().set_policy(config.packages.clone());
         let default = catalog.get(None)?;
         let sessions = SessionManager::open_with_catalog(catalog.clone(), home, config.sessions.clone())?;
         let concurrency = config.threads();

@@ -318,6 +318,15 @@ impl Runtime {
         hold: impl Send + 'static,
     ) -> Result<ExecOutcome, RuntimeError> {
         self.check_code(&code)?;
+        // `%pip install` lines: the host's pip runs here, never on an exec thread.
+        let plan = if forkbox_engine::packages::pip_lines(&code).map_err(RuntimeError::Invalid)?.is_some() {
+            let (rt, code) = (self.clone(), code.clone());
+            tokio::task::spawn_blocking(move || rt.sessions.plan_pip(&code))
+                .await
+                .map_err(|_| RuntimeError::WorkerGone)??
+        } else {
+            None
+        };
         let (rt, tenant, id) = (self.clone(), tenant.to_string(), id.to_string());
         self.workers
             .run(move || {
@@ -329,7 +338,7 @@ impl Runtime {
                     return Err(e);
                 }
                 with_output(&mut output, |opts| {
-                    rt.sessions.exec_with(&tenant, &id, &code, ExecOptions { timeout, ..opts })
+                    rt.sessions.exec_planned(&tenant, &id, &code, ExecOptions { timeout, ..opts }, plan.as_ref())
                 })
                 .map_err(RuntimeError::from)
             })
@@ -348,6 +357,29 @@ impl Runtime {
     ) -> Result<i64, RuntimeError> {
         self.check_disk(tenant, quota)?;
         Ok(self.sessions.write_file(tenant, id, path, data)?.seq)
+    }
+
+    /// Install packages into the session (resolved and downloaded on the host,
+    /// mounted from shared read-only layers, checkpointed), within the disk
+    /// quota. pip runs on a blocking thread, the guest on an exec thread.
+    pub async fn install_packages(
+        self: &Arc<Self>,
+        tenant: &str,
+        id: &str,
+        specs: Vec<String>,
+        quota: Quota,
+    ) -> Result<forkbox_sessions::manager::PackagesOutcome, RuntimeError> {
+        let (rt, t, i, sp) = (self.clone(), tenant.to_string(), id.to_string(), specs.clone());
+        let pkgs = tokio::task::spawn_blocking(move || -> Result<_, RuntimeError> {
+            rt.check_disk(&t, &quota)?;
+            // 404 for an unknown session before pip runs.
+            rt.sessions.get(&t, &i)?;
+            Ok(rt.sessions.resolve_packages(&sp)?)
+        })
+        .await
+        .map_err(|_| RuntimeError::WorkerGone)??;
+        let (rt, tenant, id) = (self.clone(), tenant.to_string(), id.to_string());
+        self.workers.run(move || Ok(rt.sessions.install_resolved(&tenant, &id, &specs, &pkgs)?)).await?
     }
 
     /// A file of the session, at most `max` bytes (`file_too_large` above).

@@ -128,6 +128,8 @@ pub struct ServerConfig {
     pub maintenance_every: Duration,
     /// Where pip looks for the wheels of `POST /v1/templates` builds (`serve --pip-index-url/--pip-find-links`).
     pub pip: forkbox_runtime::PipSource,
+    /// Which packages sessions may install at run time (`serve --pip-allow/--pip-deny`).
+    pub packages: forkbox_runtime::PackagePolicy,
 }
 
 impl ServerConfig {
@@ -154,6 +156,7 @@ impl ServerConfig {
             sessions: rt.sessions,
             maintenance_every: rt.maintenance_every,
             pip: rt.pip,
+            packages: rt.packages,
         }
     }
 
@@ -181,6 +184,7 @@ impl ServerConfig {
             sessions: self.sessions.clone(),
             maintenance_every: self.maintenance_every,
             pip: self.pip.clone(),
+            packages: self.packages.clone(),
         }
     }
 }

@@ -63,6 +63,7 @@ fn v1_routes(files_limit: usize) -> OpenApiRouter<AppState> {
         .routes(routes!(sessions::checkpoints))
         .routes(routes!(sessions::revert))
         .routes(routes!(sessions::fork))
+        .routes(routes!(sessions::install_packages))
         .merge(tree_routes())
         .merge(forevervm::routes())
 }

@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex, TryLockError};
 use std::time::{Duration, Instant};
 
 use forkbox_api::ErrorCode;
+use forkbox_engine::packages::Package;
 use forkbox_engine::{
     CapturedOutput, Catalog, CatalogError, Engine, EngineError, ExecOptions, ExecResult, FileEntry, Interrupter,
     Limits, Loaded, Sandbox, Template,
@@ -165,6 +166,26 @@ impl SessionError {
             _ => None,
         }
     }
+}
+
+/// The `%pip install` lines of an exec's code with their packages resolved
+/// (`Manager::plan_pip`), ready to be mounted by `Manager::exec_planned`.
+#[derive(Clone, Debug)]
+pub struct PipPlan {
+    pub lines: Vec<forkbox_engine::packages::PipLine>,
+    /// The packages of each line.
+    pub resolved: Vec<Vec<Package>>,
+}
+
+/// What `Manager::install_packages` did.
+#[derive(Clone, Debug)]
+pub struct PackagesOutcome {
+    /// Every distribution of the install (dependencies included), installed now or already.
+    pub packages: Vec<forkbox_engine::packages::InstalledPackage>,
+    /// What pip would have printed.
+    pub output: String,
+    /// The checkpoint that records them (None: nothing was new).
+    pub checkpoint: Option<CheckpointRecord>,
 }
 
 #[derive(Clone, Debug)]
@@ -548,6 +569,9 @@ impl SessionManager {
     /// killed rolls the session back (`ExecFailed` with code `interrupted`).
     /// `opts.timeout` shortens this exec's time limit; the session's own
     /// (`timeout_ms` of its record, as it is now) is the maximum.
+    ///
+    /// `%pip install` lines need [`Self::exec_planned`] (pip does not run on an
+    /// exec thread): here they are refused.
     pub fn exec_with(
         &self,
         tenant: &str,
@@ -555,6 +579,44 @@ impl SessionManager {
         code: &str,
         opts: ExecOptions<'_>,
     ) -> Result<ExecOutcome, SessionError> {
+        self.exec_planned(tenant, id, code, opts, None)
+    }
+
+    /// The `%pip install` lines of `code` with their packages resolved and
+    /// downloaded by the host (None: there are none). Runs the host's pip:
+    /// call it off the (sandboxed) exec threads, then [`Self::exec_planned`].
+    pub fn plan_pip(&self, code: &str) -> Result<Option<PipPlan>, SessionError> {
+        let Some(lines) = forkbox_engine::packages::pip_lines(code).map_err(SessionError::Invalid)? else {
+            return Ok(None);
+        };
+        let store = self.catalog.packages();
+        let mut resolved = Vec::with_capacity(lines.len());
+        for l in &lines {
+            resolved.push(store.resolve(&l.specs).map_err(|e| SessionError::Engine(e.into()))?);
+        }
+        Ok(Some(PipPlan { lines, resolved }))
+    }
+
+    /// `exec_with`, with the packages of the code's `%pip install` lines
+    /// (`plan`, from [`Self::plan_pip`] on the same code) mounted first.
+    pub fn exec_planned(
+        &self,
+        tenant: &str,
+        id: &str,
+        code: &str,
+        opts: ExecOptions<'_>,
+        plan: Option<&PipPlan>,
+    ) -> Result<ExecOutcome, SessionError> {
+        let lines = forkbox_engine::packages::pip_lines(code).map_err(SessionError::Invalid)?;
+        let plan = match (lines, plan) {
+            (None, _) => None,
+            (Some(l), Some(p)) if l == p.lines => Some(p),
+            (Some(_), _) => {
+                return Err(SessionError::Invalid(
+                    "`%pip install` lines are served in session execs only (not here)".into(),
+                ))
+            }
+        };
         let rec = self.record(tenant, id)?;
         let slot = self.slot(id);
         let mut guard = lock_slot(&slot, id)?;
@@ -570,6 +632,21 @@ impl SessionManager {
             guard.base = rec.head;
         }
         let base = guard.base;
+        // `%pip install X` lines: their packages mounted before the code runs.
+        let run_code = match plan {
+            None => std::borrow::Cow::Borrowed(code),
+            Some(plan) => {
+                let Some(sb) = guard.sandbox.as_mut() else { return Err(SessionError::NotFound(id.into())) };
+                match Self::mount_planned(sb, code, plan) {
+                    Ok(c) => std::borrow::Cow::Owned(c),
+                    Err(e) => {
+                        // Some lines' packages may be mounted already: memory is ahead of disk.
+                        guard.sandbox = None;
+                        return Err(e);
+                    }
+                }
+            }
+        };
         let head_seq =
             |h: Option<i64>| -> Option<i64> { h.and_then(|c| self.store.checkpoint(c).ok().flatten()).map(|c| c.seq) };
         // The checkpoint number this exec will have, so its tracebacks say `<exec-N>` with the same N.
@@ -579,7 +656,7 @@ impl SessionManager {
         let timeout = Some(opts.timeout.map_or(max, |t| t.min(max)));
         sb.set_exec_id(seq);
         let result =
-            sb.exec_with(code, ExecOptions { on_output: opts.on_output, interrupt: Some(interrupter), timeout });
+            sb.exec_with(&run_code, ExecOptions { on_output: opts.on_output, interrupt: Some(interrupter), timeout });
         drop(running);
         let result = match result {
             Ok(r) => r,
@@ -700,6 +777,76 @@ impl SessionManager {
             }
         }
         c
+    }
+
+    /// Mount the packages of `plan` and give the code to run instead: each
+    /// `%pip` line replaced by one that refreshes the guest's imports and
+    /// prints pip's output there.
+    fn mount_planned(sb: &mut Sandbox, code: &str, plan: &PipPlan) -> Result<String, SessionError> {
+        let mut outputs = Vec::with_capacity(plan.lines.len());
+        for pkgs in &plan.resolved {
+            let done = sb.install_packages(pkgs)?;
+            outputs.push(forkbox_engine::packages::pip_output(&done));
+        }
+        Ok(forkbox_engine::packages::rewrite(code, &plan.lines, &outputs))
+    }
+
+    /// Resolve and download `specs` (and their dependencies) on the host, with
+    /// the server's pip source and policy. Runs the host's pip: call it off the
+    /// (sandboxed) exec threads, then [`Self::install_resolved`].
+    pub fn resolve_packages(&self, specs: &[String]) -> Result<Vec<Package>, SessionError> {
+        self.catalog.packages().resolve(specs).map_err(|e| SessionError::Engine(e.into()))
+    }
+
+    /// Install packages into the session: resolved and downloaded by the host
+    /// (the server's pip source and policy), each mounted from its shared,
+    /// read-only layer, then checkpointed (code `# pip install SPEC...`) so
+    /// the session keeps them across eviction, revert and forks. Nothing new
+    /// (all installed already): no checkpoint.
+    pub fn install_packages(&self, tenant: &str, id: &str, specs: &[String]) -> Result<PackagesOutcome, SessionError> {
+        self.record(tenant, id)?;
+        let pkgs = self.resolve_packages(specs)?;
+        self.install_resolved(tenant, id, specs, &pkgs)
+    }
+
+    /// The second half of [`Self::install_packages`]: mount `pkgs` (resolved
+    /// for `specs`), refresh the guest's imports, checkpoint. Runs the guest.
+    pub fn install_resolved(
+        &self,
+        tenant: &str,
+        id: &str,
+        specs: &[String],
+        pkgs: &[Package],
+    ) -> Result<PackagesOutcome, SessionError> {
+        let r = self.with_sandbox(tenant, id, |sb, base, rec| {
+            let done = sb.install_packages(pkgs)?;
+            let output = forkbox_engine::packages::pip_output(&done);
+            if !done.iter().any(|p| p.installed) {
+                return Ok((PackagesOutcome { packages: done, output, checkpoint: None }, base));
+            }
+            // The guest looks again (sys.path, import caches); it prints nothing.
+            let r = sb.exec(forkbox_engine::packages::REFRESH)?;
+            if let Some(e) = r.error {
+                return Err(SessionError::Engine(EngineError::Package {
+                    code: ErrorCode::PackageFailed,
+                    message: format!("the guest could not refresh its imports: {}: {}", e.kind, e.message),
+                }));
+            }
+            let c = self.write_checkpoint(rec, sb, &format!("# pip install {}", specs.join(" ")), base)?;
+            let new_base = Some(c.id);
+            Ok((PackagesOutcome { packages: done, output, checkpoint: Some(c) }, new_base))
+        });
+        match &r {
+            Ok(_) => {
+                let _ = self.store.touch(id, now_ms());
+            }
+            // A refused install changes nothing (`install_packages` is all or nothing).
+            Err(SessionError::Engine(EngineError::Package { .. })) | Err(SessionError::Busy(_)) => {}
+            Err(_) => {
+                self.evict(id);
+            }
+        }
+        r
     }
 
     /// A file of the session's file system, at most `max` bytes.

@@ -31,9 +31,12 @@ pub const MAGIC: &[u8; 8] = b"FBXSNAP\0";
 ///    the VFS's byte count (VfsState 3); AF_INET/AF_INET6 sockets in the fd
 ///    table (`FileKind::Socket`: id, domain, type; the host socket itself is
 ///    never in a snapshot).
-pub const FORMAT_VERSION: u32 = 5;
+/// 6: files of package layers in the VFS (`FileState::Layer`: a layer id and an
+///    inode, never the bytes). Only an enum variant was added, so a version 5
+///    payload decodes as it is.
+pub const FORMAT_VERSION: u32 = 6;
 /// Every version `decode` reads (oldest first); the last is `FORMAT_VERSION`.
-pub const READABLE_VERSIONS: &[u32] = &[4, 5];
+pub const READABLE_VERSIONS: &[u32] = &[4, 5, 6];
 const HEADER_LEN: usize = 8 + 4 + 8 + 32;
 /// A state file larger than this is rejected before it is read into memory.
 const MAX_PAYLOAD: u64 = 4 << 30;
@@ -148,13 +151,19 @@ fn decode_payload(version: u32, payload: &[u8]) -> Result<Snapshot, StateError> 
     match version {
         4 => v4::read(payload),
         5 => read_v5(payload),
+        6 => read_v6(payload),
         v => Err(StateError::BadVersion(v)),
     }
 }
 
-/// Version 5 is the current shape (`Snapshot` as defined above).
+/// Version 5 is version 6 without package-layer files (no shape changed).
 fn read_v5(payload: &[u8]) -> Result<Snapshot, StateError> {
     postcard::from_bytes(payload).map_err(|e| StateError::Corrupt(format!("undecodable version 5 payload: {e}")))
+}
+
+/// Version 6 is the current shape (`Snapshot` as defined above).
+fn read_v6(payload: &[u8]) -> Result<Snapshot, StateError> {
+    postcard::from_bytes(payload).map_err(|e| StateError::Corrupt(format!("undecodable version 6 payload: {e}")))
 }
 
 /// Version 4 (the first released shape with fd objects): a single-threaded

@@ -47,6 +47,7 @@ use forkbox_vmm::GuestMemory;
 const IMAGE_ID: &str = "601de0601de0601de0601de0601de0601de0601de0601de0601de0601de06000";
 const FIXED_MTIME_NS: i128 = 1_700_000_000_123_456_789;
 const TEMPLATE_ID: &str = "goldentemplate00goldentemplate00";
+const PACKAGE_LAYER_ID: &str = "9ac4a9e09ac4a9e09ac4a9e09ac4a9e09ac4a9e09ac4a9e09ac4a9e09ac4a9e0";
 
 fn golden_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
@@ -78,6 +79,24 @@ fn image(tmp: &Path) -> Arc<Image> {
     Arc::new(image)
 }
 
+/// A package layer (an unpacked wheel, packed): one module under /usr/local.
+fn package_layer(tmp: &Path) -> Arc<Image> {
+    let root = tmp.join("package-root");
+    let pkg = root.join("usr/local/lib/python3.11/dist-packages/goldpkg");
+    std::fs::create_dir_all(&pkg).unwrap();
+    std::fs::write(pkg.join("__init__.py"), b"GOLD = 1\n").unwrap();
+    let out = tmp.join("package.img");
+    let opts = PackOptions { id: Some(PACKAGE_LAYER_ID.into()), mtime_clamp: Some(1_600_000_000) };
+    forkbox_image::pack_dir_with(&root, &out, &opts).unwrap();
+    Arc::new(Image::open(&out).unwrap())
+}
+
+/// The layers the golden states may refer to, by id.
+fn layers(tmp: &Path) -> forkbox_linux::vfs::Layers {
+    let l = package_layer(tmp);
+    [(l.id().to_string(), l)].into_iter().collect()
+}
+
 /// A process as a template has it (mappings, a heap, stdio) or, for a
 /// session checkpoint, after some work (a file written, an fd open, TLS, a mask).
 fn process(image: &Arc<Image>, session: bool) -> ProcessState {
@@ -103,6 +122,9 @@ fn process(image: &Arc<Image>, session: bool) -> ProcessState {
         p.mm.map(Some(0x4801_0000), 0x1000, rw, VmaKind::SharedFile { ino, offset: 0 }).unwrap();
         p.vfs.mkdir(ROOT_INO, b"/tmp/dir", 0o755).unwrap();
         p.vfs.unlink(ROOT_INO, b"/etc/hostname").unwrap();
+        // A package installed at run time: its file is a reference to the layer (format 6).
+        let tmp = tempfile::tempdir().unwrap();
+        p.vfs.install_layer(&package_layer(tmp.path())).unwrap();
         p.fs_base = 0x4802_0700;
         p.tid_address = 0x4802_09d0;
         p.signals.mask = 1 << (libc::SIGINT - 1);
@@ -352,7 +374,7 @@ fn golden_states_of_every_readable_version_decode() {
             assert_eq!(snap.vcpu.regs, expect.vcpu.regs, "{kind} v{v}");
             assert_eq!(snap.vcpu.xcrs.xcr0(), Some(0xe7), "{kind} v{v}");
             // The process state is a real one: it restores against its image.
-            let proc = Process::restore_state(image.clone(), snap.process.clone())
+            let proc = Process::restore_state_with(image.clone(), snap.process.clone(), &layers(tmp.path()))
                 .unwrap_or_else(|e| panic!("{kind} v{v}: the process state does not restore: {e}"));
             if v == FORMAT_VERSION {
                 assert!(snap == expect, "{kind} v{v} decodes to something else than it was written from");
@@ -362,9 +384,11 @@ fn golden_states_of_every_readable_version_decode() {
     }
     // The session's file is there, with its bytes, after restore.
     let snap = state::decode(&std::fs::read(golden("session-state", FORMAT_VERSION)).unwrap()).unwrap();
-    let proc = Process::restore_state(image.clone(), snap.process).unwrap();
+    let proc = Process::restore_state_with(image.clone(), snap.process, &layers(tmp.path())).unwrap();
     let ino = proc.vfs.resolve(ROOT_INO, b"/tmp/out.txt", true).unwrap();
     assert_eq!(proc.vfs.file_bytes(ino).unwrap(), b"checkpointed bytes");
+    let pkg = proc.vfs.resolve(ROOT_INO, b"/usr/local/lib/python3.11/dist-packages/goldpkg/__init__.py", true).unwrap();
+    assert_eq!(proc.vfs.file_bytes(pkg).unwrap(), b"GOLD = 1\n", "the package layer's file, by reference");
     assert!(proc.vfs.resolve(ROOT_INO, b"/etc/hostname", true).is_err(), "the unlink is part of the state");
 }
 

@@ -11,6 +11,7 @@
 mod apt;
 mod cmd;
 mod elf;
+pub mod packages;
 mod pyc;
 mod recipe;
 mod tree;
@@ -104,6 +105,12 @@ pub enum BuildError {
     PythonVersion { host: String, guest: String },
     #[error("{step}: {msg}")]
     Invalid { step: &'static str, msg: String },
+    /// pip found no binary wheel for `spec` (only an sdist, or no such package or version).
+    #[error(
+        "pip: no binary wheel of {spec} for CPython 3.11 manylinux x86-64 (only an sdist, or no such package or \
+         version; packages are never built from source)"
+    )]
+    NoWheel { spec: String },
     #[error("pack: {0}")]
     Image(#[from] ImageError),
 }

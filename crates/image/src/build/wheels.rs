@@ -115,7 +115,7 @@ fn unresolvable(stderr: &str) -> Option<String> {
     None
 }
 
-fn host_pip() -> Command {
+pub(crate) fn host_pip() -> Command {
     let py = std::env::var_os("FORKBOX_PIP_PYTHON").unwrap_or_else(|| "python3".into());
     let mut c = Command::new(py);
     c.args(["-m", "pip"]);
@@ -159,10 +159,7 @@ pub fn fetch(specs: &[String], source: &PipSource, cache: &Path, tmp_root: &Path
     if !out.status.success() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         if let Some(spec) = unresolvable(&stderr) {
-            return Err(bad(format!(
-                "no binary wheel of {spec} for CPython 3.11 manylinux x86-64 (only an sdist, or no such package or version; \
-                 packages are never built from source)"
-            )));
+            return Err(BuildError::NoWheel { spec });
         }
         return Err(cmd::failed("pip", &c, &out));
     }
@@ -202,12 +199,12 @@ pub fn fetch(specs: &[String], source: &PipSource, cache: &Path, tmp_root: &Path
 const UNPACK: &str = r#"
 import sys, os, zipfile, stat, hashlib, base64, csv, io
 root, site = sys.argv[1], sys.argv[2]
-MAX_FILES, MAX_BYTES = 200000, 8 << 30
+MAX_FILES, MAX_BYTES = int(sys.argv[3]), int(sys.argv[4])
 total_files = total_bytes = 0
 def fail(whl, msg):
     sys.stderr.write("%s: %s\n" % (os.path.basename(whl), msg)); sys.exit(3)
 real_root = os.path.realpath(root)
-for whl in sys.argv[3:]:
+for whl in sys.argv[5:]:
     z = zipfile.ZipFile(whl)
     infos = z.infolist()
     tops = {i.filename.split('/')[0] for i in infos}
@@ -274,13 +271,28 @@ for whl in sys.argv[3:]:
 
 /// Unpack `wheels` (from the cache) into the tree at `root`.
 pub fn install(root: &Path, wheels: &[WheelRef], cache: &Path) -> Result<(), BuildError> {
+    install_capped(root, wheels, cache, 200_000, 8 << 30)
+}
+
+/// `install` with caps on the files and the unpacked bytes of all the wheels together.
+pub fn install_capped(
+    root: &Path,
+    wheels: &[WheelRef],
+    cache: &Path,
+    max_files: u64,
+    max_bytes: u64,
+) -> Result<(), BuildError> {
     if wheels.is_empty() {
         return Ok(());
     }
     let site = root.join(SITE_PACKAGES);
     fs::create_dir_all(&site).map_err(|e| BuildError::io("pip", &site, e))?;
     let mut c = Command::new(host_python());
-    c.args(["-I", "-S", "-c", UNPACK]).arg(root).arg(SITE_PACKAGES);
+    c.args(["-I", "-S", "-c", UNPACK])
+        .arg(root)
+        .arg(SITE_PACKAGES)
+        .arg(max_files.to_string())
+        .arg(max_bytes.to_string());
     for w in wheels {
         c.arg(w.path(cache));
     }
@@ -293,7 +305,7 @@ pub fn install(root: &Path, wheels: &[WheelRef], cache: &Path) -> Result<(), Bui
 }
 
 /// A Python for unpacking (the standard library's zipfile): Debian's, else PATH's.
-fn host_python() -> PathBuf {
+pub(crate) fn host_python() -> PathBuf {
     let debian = PathBuf::from("/usr/bin/python3");
     if debian.exists() {
         debian
@@ -303,7 +315,7 @@ fn host_python() -> PathBuf {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -330,7 +342,7 @@ mod tests {
     }
 
     /// A wheel zip written by hand: `files` plus a RECORD with their hashes (or wrong ones).
-    fn write_wheel(path: &Path, name: &str, files: &[(&str, &[u8])], bad_hash: bool) {
+    pub(crate) fn write_wheel(path: &Path, name: &str, files: &[(&str, &[u8])], bad_hash: bool) {
         let script = r#"
 import sys, zipfile, hashlib, base64
 path, dist, bad = sys.argv[1], sys.argv[2], sys.argv[3] == '1'
@@ -392,6 +404,9 @@ with zipfile.ZipFile(path, 'w', zipfile.ZIP_DEFLATED) as z:
 
         let e = fetch(&["onlysdist".into()], &source, &cache, &tmp).expect_err("an sdist only").to_string();
         assert!(e.contains("no binary wheel of onlysdist") && !e.contains('\n'), "{e}");
+        assert!(
+            matches!(fetch(&["onlysdist".into()], &source, &cache, &tmp), Err(BuildError::NoWheel { spec }) if spec == "onlysdist")
+        );
 
         let root = dir.path().join("root");
         std::fs::create_dir(&root).unwrap();

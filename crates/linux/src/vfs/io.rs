@@ -15,6 +15,7 @@ impl Vfs {
             View::Overlay(n) => match &n.body {
                 Body::File(FileData::Owned(v)) => Ok(v.as_slice()),
                 Body::File(FileData::Image(i)) => self.image.content(*i).ok_or(Errno::EIO),
+                Body::File(FileData::Layer(l, i)) => l.content(*i).ok_or(Errno::EIO),
                 Body::Dir { .. } => Err(Errno::EISDIR),
                 _ => Err(Errno::EINVAL),
             },
@@ -145,6 +146,13 @@ impl Vfs {
                 self.used = self.used.saturating_add(n as u64);
                 *data = FileData::Owned(Arc::new(copy));
             }
+            FileData::Layer(l, i) => {
+                let src = l.content(*i).ok_or(Errno::EIO)?;
+                let n = keep.min(src.len());
+                let copy = try_copy(&src[..n])?;
+                self.used = self.used.saturating_add(n as u64);
+                *data = FileData::Owned(Arc::new(copy));
+            }
             FileData::Owned(arc) => {
                 if Arc::get_mut(arc).is_none() {
                     let n = keep.min(arc.len());
@@ -156,7 +164,7 @@ impl Vfs {
         }
         match data {
             FileData::Owned(arc) => Arc::get_mut(arc).ok_or(Errno::EIO),
-            FileData::Image(_) => Err(Errno::EIO),
+            FileData::Image(_) | FileData::Layer(..) => Err(Errno::EIO),
         }
     }
 }

@@ -29,6 +29,7 @@ mod check;
 mod difftest;
 mod generated;
 mod io;
+mod layer;
 mod node;
 mod ops;
 mod path;
@@ -46,6 +47,7 @@ use imbl::OrdMap;
 
 use crate::Errno;
 pub use generated::Gen;
+pub use layer::{LayerError, Layers};
 pub use node::{entry_cost, makedev, DevKind, ENTRY_COST, NODE_COST};
 use node::{Body, FileData, Node};
 pub use state::{BodyState, FileBytes, FileState, NodeState, VfsState, VfsStateError};

@@ -74,6 +74,9 @@ pub(crate) enum FileData {
     /// Our own bytes. Shared with clones of the `Vfs` until one side writes
     /// (`Arc::get_mut` fails -> copy, see `Vfs::file_vec_mut`).
     Owned(Arc<Vec<u8>>),
+    /// The bytes of file inode `1` of a read-only package layer (see `layer.rs`):
+    /// shared by every sandbox that installed it, copied on the first write.
+    Layer(Arc<forkbox_image::Image>, u32),
 }
 
 #[derive(Clone)]

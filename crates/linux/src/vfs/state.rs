@@ -21,7 +21,7 @@ use forkbox_image::{Image, NodeKind};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::node::{Body, FileData, Node};
-use super::{DevKind, FileType, Ino, Vfs, FIRST_OVERLAY_INO, NAME_MAX, ROOT_INO};
+use super::{DevKind, FileType, Ino, Layers, Vfs, FIRST_OVERLAY_INO, NAME_MAX, ROOT_INO};
 
 /// Everything in a `Vfs` except the image itself (referenced by `image_id`).
 /// Serialize it with serde (postcard is compact and canonical for it).
@@ -45,6 +45,17 @@ pub struct VfsState {
 }
 
 impl VfsState {
+    /// The package layers the state's files refer to (to open before `restore_state_with`).
+    pub fn layer_ids(&self) -> std::collections::BTreeSet<String> {
+        self.nodes
+            .iter()
+            .filter_map(|n| match &n.body {
+                BodyState::File(FileState::Layer { layer, .. }) => Some(layer.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Layout version written by this code; `restore_state` accepts only this one.
     /// 2: FIFO and socket nodes, /dev/tty, atime.
     /// 3: directory entries are charged to `overlay_bytes` (`entry_cost`).
@@ -110,6 +121,9 @@ pub enum FileState {
     Image,
     /// The overlay's own bytes.
     Owned(FileBytes),
+    /// The bytes of file inode `ino` of the package layer whose id is `layer`
+    /// (a reference: the layer is on disk, content-addressed, shared).
+    Layer { layer: String, ino: u32 },
 }
 
 /// File contents, shared with the `Vfs` they were saved from or restored into.
@@ -164,6 +178,9 @@ pub enum VfsStateError {
     Version(u32),
     #[error("inconsistent VFS state: {0}")]
     Inconsistent(String),
+    /// A file refers to a package layer that was not provided (deleted from disk?).
+    #[error("VFS state refers to package layer {0}, which is not available")]
+    MissingLayer(String),
 }
 
 macro_rules! bad {
@@ -196,6 +213,12 @@ impl Vfs {
     /// `Vfs` could have produced (dangling entries, wrong link counts or parents,
     /// unreachable directories, references to missing inodes, wrong byte count, ...).
     pub fn restore_state(image: Arc<Image>, state: VfsState) -> Result<Vfs, VfsStateError> {
+        Vfs::restore_state_with(image, state, &Layers::new())
+    }
+
+    /// `restore_state` for a state whose files may refer to package layers:
+    /// `layers` has each of them by id (see `VfsState::layer_ids`).
+    pub fn restore_state_with(image: Arc<Image>, state: VfsState, layers: &Layers) -> Result<Vfs, VfsStateError> {
         if state.image_id != image.id() {
             return Err(VfsStateError::WrongImage { state: state.image_id, image: image.id().to_owned() });
         }
@@ -212,6 +235,13 @@ impl Vfs {
                 // `Check` made sure `ino` is an image file.
                 BodyState::File(FileState::Image) => Body::File(FileData::Image(n.ino as u32)),
                 BodyState::File(FileState::Owned(b)) => Body::File(FileData::Owned(b.0)),
+                BodyState::File(FileState::Layer { layer, ino }) => {
+                    let l = layers.get(&layer).ok_or_else(|| VfsStateError::MissingLayer(layer.clone()))?;
+                    if l.id() != layer || l.meta(ino).map(|m| m.kind) != Some(NodeKind::File) {
+                        bad!("node {}: inode {ino} of package layer {layer} is no file", n.ino);
+                    }
+                    Body::File(FileData::Layer(l.clone(), ino))
+                }
                 BodyState::Symlink(t) => Body::Symlink(Arc::from(t)),
                 BodyState::CharDev(d) => Body::CharDev(d),
                 BodyState::Fifo => Body::Fifo,
@@ -237,6 +267,7 @@ fn save_node(ino: Ino, n: &Node) -> NodeState {
         }
         Body::File(FileData::Image(_)) => BodyState::File(FileState::Image),
         Body::File(FileData::Owned(v)) => BodyState::File(FileState::Owned(FileBytes(v.clone()))),
+        Body::File(FileData::Layer(l, i)) => BodyState::File(FileState::Layer { layer: l.id().to_owned(), ino: *i }),
         Body::Symlink(t) => BodyState::Symlink(t.to_vec()),
         Body::CharDev(d) => BodyState::CharDev(*d),
         Body::Fifo => BodyState::Fifo,
@@ -375,6 +406,9 @@ impl<'a> Check<'a> {
                 (BodyState::Gone, None) => bad!("node {ino}: only image inodes can be marked deleted"),
                 (BodyState::File(FileState::Image), k) if k != Some(FileType::File) => {
                     bad!("node {ino}: refers to image file contents but image inode {ino} is no file")
+                }
+                (BodyState::File(FileState::Layer { .. }), Some(_)) => {
+                    bad!("node {ino}: an image inode with a package layer's contents")
                 }
                 (body, Some(k)) if kind_of(body) != Some(k) => {
                     bad!("node {ino}: a {:?} over an image {k:?}", kind_of(body))

@@ -784,3 +784,79 @@ fn state_random_ops_roundtrip() {
     check_consistent(&v);
     Vfs::restore_state(f.image.clone(), v.save_state()).unwrap();
 }
+
+/// A package layer: a packed tree rooted at the guest's `/` (`lib` is the
+/// image's symlink to `usr/lib`, so `lib/python3.11` lands in the image's directory).
+fn layer(dir: &std::path::Path, files: &[(&str, &[u8])]) -> Arc<Image> {
+    let root = dir.join("layer-root");
+    for (p, b) in files {
+        let p = root.join(p);
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(&p, b).unwrap();
+    }
+    let out = dir.join("layer.img");
+    pack_dir(&root, &out).unwrap();
+    Arc::new(Image::open(&out).unwrap())
+}
+
+#[test]
+fn package_layers_are_references_in_the_state() {
+    let f = fixture();
+    let dir = tempfile::tempdir().unwrap();
+    let big = vec![b'x'; 100_000];
+    let l =
+        layer(dir.path(), &[("lib/python3.11/pkg/__init__.py", b"X = 1\n"), ("usr/local/lib/site/pkg/big.bin", &big)]);
+    let mut v = Vfs::new(f.image.clone());
+    let before = v.overlay_bytes();
+    assert_eq!(v.install_layer(&l).unwrap(), 2);
+    // Through the image's /lib symlink, beside the image's own files.
+    assert_eq!(read_all(&v, r(&v, "/usr/lib/python3.11/pkg/__init__.py").unwrap()), b"X = 1\n");
+    assert_eq!(read_all(&v, r(&v, "/usr/lib/python3.11/os.py").unwrap()), b"import sys\n# the os module\n");
+    assert_eq!(read_all(&v, r(&v, "/usr/local/lib/site/pkg/big.bin").unwrap()).len(), big.len());
+    // The bytes are not charged: only nodes and entries.
+    assert!(v.overlay_bytes() - before < 10_000, "{}", v.overlay_bytes() - before);
+
+    // A checkpoint names the layer, never its bytes.
+    let s = v.save_state();
+    assert_eq!(s.layer_ids().into_iter().collect::<Vec<_>>(), vec![l.id().to_string()]);
+    let bytes = postcard::to_stdvec(&s).unwrap();
+    assert!(bytes.len() < 10_000, "{} bytes", bytes.len());
+    // Without the layer it is a clear error; with it, the same files.
+    let e = Vfs::restore_state(f.image.clone(), s.clone()).err().unwrap();
+    assert!(matches!(e, VfsStateError::MissingLayer(ref id) if id == l.id()), "{e}");
+    let layers: Layers = [(l.id().to_string(), l.clone())].into_iter().collect();
+    let mut w = Vfs::restore_state_with(f.image.clone(), s, &layers).unwrap();
+    assert_eq!(read_all(&w, r(&w, "/usr/lib/python3.11/pkg/__init__.py").unwrap()), b"X = 1\n");
+    check_accounting(&w);
+
+    // Writing copies the file into the overlay; the layer is unchanged.
+    let ino = r(&w, "/usr/lib/python3.11/pkg/__init__.py").unwrap();
+    w.write(ino, 0, b"Y").unwrap();
+    assert_eq!(read_all(&w, ino), b"Y = 1\n");
+    assert_eq!(read_all(&v, r(&v, "/usr/lib/python3.11/pkg/__init__.py").unwrap()), b"X = 1\n");
+    check_accounting(&w);
+
+    // Installing it again (or over any existing file) is refused and changes nothing.
+    let gen = v.save_state();
+    let e = v.install_layer(&l).unwrap_err();
+    assert!(matches!(e, LayerError::Exists { ref path } if path.contains("/pkg/")), "{e}");
+    assert_eq!(v.save_state(), gen);
+    // A file where the layer needs a directory.
+    let mut x = Vfs::new(f.image.clone());
+    create(&mut x, "/usr/local", b"file");
+    assert!(matches!(x.install_layer(&l).unwrap_err(), LayerError::NotADirectory { .. }));
+    // A quota too small for the nodes: nothing is installed.
+    let mut q = Vfs::new(f.image.clone());
+    q.set_quota(q.overlay_bytes() + 300);
+    assert!(matches!(q.install_layer(&l).unwrap_err(), LayerError::NoSpace));
+    assert!(r(&q, "/usr/lib/python3.11/pkg").is_err());
+
+    // A forged state pointing at a directory of the layer is refused.
+    let mut s = v.save_state();
+    for n in &mut s.nodes {
+        if let BodyState::File(FileState::Layer { ino, .. }) = &mut n.body {
+            *ino = Image::ROOT;
+        }
+    }
+    assert!(Vfs::restore_state_with(f.image.clone(), s, &layers).is_err());
+}

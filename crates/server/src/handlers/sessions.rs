@@ -199,6 +199,29 @@ pub(crate) async fn revert(
     blocking(&state, move |rt| Ok(Json(Session::of(&rt.revert(&caller.tenant, &id, req.checkpoint)?)))).await
 }
 
+/// Install packages into the session, like `pip install` (also a line
+/// `%pip install X` in exec code): binary wheels resolved and downloaded by the
+/// server (its package index or wheelhouse, its allow/deny list), each mounted
+/// read-only from a layer shared by every session that installs it, and
+/// checkpointed (code `# pip install ...`); the next exec imports them.
+#[utoipa::path(post, path = "/sessions/{id}/packages", tag = "sessions", request_body = InstallPackages,
+    params(("id" = String, Path, description = "Session id")),
+    responses((status = 200, body = InstalledPackages),
+        (status = 403, description = "`package_not_allowed`: the server's policy refuses a package", body = ErrorBody),
+        (status = 404, description = "`package_not_found`, `session_not_found`", body = ErrorBody),
+        (status = 409, description = "`package_conflict`: a file of the package exists in the session; `session_busy`", body = ErrorBody),
+        (status = 422, description = "`package_needs_build`: only an sdist (the message names the package)", body = ErrorBody),
+        (status = 502, description = "`package_failed`: the server's pip failed", body = ErrorBody)))]
+pub(crate) async fn install_packages(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    ApiPath(id): ApiPath<String>,
+    ApiJson(req): ApiJson<InstallPackages>,
+) -> Result<Json<InstalledPackages>, ApiError> {
+    let o = state.runtime.install_packages(&caller.tenant, &id, req.packages, caller.quota()).await?;
+    Ok(Json(InstalledPackages::of(&o)))
+}
+
 /// A new session starting at a checkpoint (default: the head) of this one.
 #[utoipa::path(post, path = "/sessions/{id}/fork", tag = "sessions", request_body = ForkRequest,
     params(("id" = String, Path, description = "Session id")),

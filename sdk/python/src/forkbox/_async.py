@@ -11,7 +11,7 @@ import httpx
 
 from . import _base, _tree
 from ._errors import ForkboxError
-from ._types import Checkpoint, CommandResult, Event, Result, ExecResult, FileEntry, SessionInfo, Upload
+from ._types import Checkpoint, CommandResult, Event, Result, ExecResult, FileEntry, Packages, SessionInfo, Upload
 
 
 class AsyncForkbox:
@@ -290,6 +290,13 @@ class AsyncSession:
     async def checkpoints(self) -> list[Checkpoint]:
         v = await self._c._json("GET", self._path("/checkpoints"))
         return [Checkpoint.from_json(c) for c in v.get("checkpoints") or []]
+
+    async def install_packages(self, *packages: str) -> Packages:
+        """`pip install` into the session, served by the server (binary wheels from its index or
+        wheelhouse, under its allow/deny list): e.g. `s.install_packages("requests>=2")`. The next
+        exec imports them; they stay across eviction and in forks. A line `%pip install X` in exec
+        code does the same."""
+        return Packages.from_json(await self._c._json("POST", self._path("/packages"), json={"packages": list(packages)}))
 
     async def revert(self, n: int) -> AsyncSession:
         """Move the session back to checkpoint `n` (its later state is gone from the session)."""

@@ -117,6 +117,30 @@ class InsufficientStorage(ServerError):
     """507: the server's disk is full; nothing was written (the session stays at its last checkpoint)."""
 
 
+class PackageError(ForkboxError):
+    """A package could not be installed into a session (`package_*` codes)."""
+
+
+class PackageNotAllowed(PackageError, Forbidden):
+    """403: the server's package policy refuses the package (or one of its dependencies)."""
+
+
+class PackageNotFound(PackageError, NotFound):
+    """404: no such package or version in the server's index or wheelhouse."""
+
+
+class PackageConflict(PackageError):
+    """409: a file of the package is already in the session (nothing was installed)."""
+
+
+class PackageNeedsBuild(PackageError):
+    """422: the package has no binary wheel for the guest, only an sdist (never built)."""
+
+
+class PackageFailed(PackageError, ServerError):
+    """502: the server's pip could not download or unpack the package."""
+
+
 _BY_CODE: dict[str, type[ForkboxError]] = {
     "malformed_json": InvalidRequest,
     "invalid_request": InvalidRequest,
@@ -134,6 +158,11 @@ _BY_CODE: dict[str, type[ForkboxError]] = {
     "template_exists": TemplateExists,
     "too_many_builds": RateLimited,
     "template_unavailable": ServerError,
+    "package_not_allowed": PackageNotAllowed,
+    "package_not_found": PackageNotFound,
+    "package_conflict": PackageConflict,
+    "package_needs_build": PackageNeedsBuild,
+    "package_failed": PackageFailed,
     "timeout": Timeout,
     "session_busy": SessionBusy,
     "cpu_mismatch": CpuMismatch,
@@ -184,6 +213,8 @@ STATUS_OF_CODE: dict[str, int] = {
     "checkpoint_not_found": 404, "instruction_not_found": 404, "file_not_found": 404,
     "template_not_found": 404, "template_not_ready": 409, "template_exists": 409,
     "template_unavailable": 500, "too_many_builds": 429,
+    "package_not_allowed": 403, "package_not_found": 404, "package_conflict": 409, "package_needs_build": 422,
+    "package_failed": 502,
     "method_not_allowed": 405, "timeout": 408, "session_busy": 409,
     "payload_too_large": 413, "code_too_large": 413, "file_too_large": 413, "guest_crashed": 422,
     "guest_exited": 422, "guest_killed": 422, "sandbox_unusable": 422, "interrupted": 422, "deadlock": 422,

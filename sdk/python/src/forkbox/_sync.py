@@ -10,7 +10,7 @@ import httpx
 
 from . import _base, _tree
 from ._errors import ForkboxError
-from ._types import Checkpoint, CommandResult, Event, ExecResult, FileEntry, SessionInfo, Upload
+from ._types import Checkpoint, CommandResult, Event, ExecResult, FileEntry, Packages, SessionInfo, Upload
 
 
 class Forkbox:
@@ -279,6 +279,13 @@ class Session:
     def checkpoints(self) -> list[Checkpoint]:
         v = self._c._json("GET", self._path("/checkpoints"))
         return [Checkpoint.from_json(c) for c in v.get("checkpoints") or []]
+
+    def install_packages(self, *packages: str) -> Packages:
+        """`pip install` into the session, served by the server (binary wheels from its index or
+        wheelhouse, under its allow/deny list): e.g. `s.install_packages("requests>=2")`. The next
+        exec imports them; they stay across eviction and in forks. A line `%pip install X` in exec
+        code does the same."""
+        return Packages.from_json(self._c._json("POST", self._path("/packages"), json={"packages": list(packages)}))
 
     def revert(self, n: int) -> Session:
         """Move the session back to checkpoint `n` (its later state is gone from the session)."""

@@ -212,6 +212,38 @@ class Upload:
 
 
 @dataclass(frozen=True)
+class InstalledPackage:
+    """One distribution of an install: `installed` is False when the session had it already."""
+
+    name: str
+    version: str
+    wheel: str
+    sha256: str
+    installed: bool
+    files: int
+
+    @classmethod
+    def from_json(cls, v: dict[str, Any]) -> InstalledPackage:
+        return cls(name=str(v.get("name", "")), version=str(v.get("version", "")), wheel=str(v.get("wheel", "")),
+                   sha256=str(v.get("sha256", "")), installed=bool(v.get("installed")), files=int(v.get("files", 0)))
+
+
+@dataclass(frozen=True)
+class Packages:
+    """The answer to `install_packages`: every distribution (dependencies too), pip-like output,
+    and the checkpoint that records the install (None: nothing was new)."""
+
+    packages: list[InstalledPackage]
+    output: str
+    checkpoint: int | None
+
+    @classmethod
+    def from_json(cls, v: dict[str, Any]) -> Packages:
+        return cls(packages=[InstalledPackage.from_json(p) for p in v.get("packages") or []],
+                   output=str(v.get("output", "")), checkpoint=v.get("checkpoint"))
+
+
+@dataclass(frozen=True)
 class Stdout:
     """A chunk the code wrote to standard output, as it was written."""
 
