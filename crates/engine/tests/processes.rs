@@ -831,3 +831,37 @@ json.dumps({"n": n, "err": err})
     assert!((1..=3).contains(&n), "forks within 256 MiB of committed memory: {v}");
     assert_eq!(v["err"], libc::ENOMEM, "{v}");
 }
+
+#[test]
+fn threads_reserved_arenas_do_not_count_in_every_fork() {
+    // glibc reserves a 64 MiB PROT_NONE arena per thread: counted, 4 threads made a
+    // process ~350 MiB, so one fork filled 768 MiB (a multiprocessing manager test
+    // with 3 threads and 3 children failed with ENOMEM). Only accessible memory counts.
+    let mut sb = fork_with(Limits { memory_bytes: 768 << 20, ..limits(60) });
+    let v = json(
+        &mut sb,
+        r#"
+import os, json, threading
+ev = threading.Event()
+ts = [threading.Thread(target=ev.wait) for _ in range(4)]
+for t in ts: t.start()
+pids, err = [], None
+for i in range(3):
+    try:
+        pid = os.fork()
+    except OSError as e:
+        err = e.errno
+        break
+    if pid == 0:
+        os._exit(7)
+    pids.append(pid)
+codes = [os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in pids]
+ev.set()
+for t in ts: t.join()
+json.dumps({"forks": len(pids), "err": err, "codes": codes})
+"#,
+    );
+    assert_eq!(v["forks"], 3, "{v}");
+    assert_eq!(v["err"], serde_json::Value::Null, "{v}");
+    assert_eq!(v["codes"], serde_json::json!([7, 7, 7]), "{v}");
+}

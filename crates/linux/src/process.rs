@@ -150,8 +150,10 @@ impl Process {
         for ino in s.fds.open_nodes().chain([s.cwd]) {
             vfs.stat(ino).map_err(|e| bad(format!("open inode {ino}: {e}")))?;
         }
+        let mut mm = s.mm;
+        mm.recount();
         Ok(Process {
-            mm: s.mm,
+            mm,
             fds: s.fds,
             vfs,
             cwd: s.cwd,
