@@ -865,3 +865,43 @@ json.dumps({"forks": len(pids), "err": err, "codes": codes})
     assert_eq!(v["err"], serde_json::Value::Null, "{v}");
     assert_eq!(v["codes"], serde_json::json!([7, 7, 7]), "{v}");
 }
+
+#[test]
+fn a_cpu_bound_thread_does_not_starve_its_process_siblings_with_children() {
+    // With another process running, every slice end rotated processes and the
+    // parent came back to the same (spinning) thread: its other threads (an
+    // mp.Queue feeder, the GIL handoff) never ran and the exec hung
+    // (test_concurrent_futures' test_hang_global_shutdown_lock).
+    let mut sb = fork_with(limits(60));
+    let t0 = Instant::now();
+    let v = json(
+        &mut sb,
+        r#"
+import json, threading, multiprocessing as mp
+from concurrent import futures
+stop = False
+def spin():
+    while not stop:
+        pass
+t = threading.Thread(target=spin, daemon=True)
+t.start()
+out = {}
+q, rq = mp.Queue(), mp.SimpleQueue()
+def child(q, rq):
+    rq.put(q.get())
+p = mp.Process(target=child, args=(q, rq))
+p.start()
+q.put(7)
+out["queue"] = rq.get()
+p.join(30)
+with futures.ProcessPoolExecutor(1, mp_context=mp.get_context("fork")) as ex:
+    out["ppe"] = ex.submit(abs, -3).result(timeout=30)
+stop = True
+t.join()
+json.dumps(out)
+"#,
+    );
+    assert_eq!(v["queue"], 7, "{v}");
+    assert_eq!(v["ppe"], 3, "{v}");
+    assert!(t0.elapsed() < Duration::from_secs(30), "took {:?}", t0.elapsed());
+}
