@@ -66,6 +66,7 @@ struct Task {
     in_stub: bool,
     woken: Option<forkbox_linux::thread::Tid>,
     wait_on: std::collections::HashMap<forkbox_linux::thread::Tid, wait::WaitOn>,
+    rr_due: bool,
 }
 
 /// The guest program: CPython running the agent.
@@ -206,6 +207,10 @@ pub struct Sandbox {
     in_stub: bool,
     /// A thread whose wait just ended (it runs next).
     woken: Option<forkbox_linux::thread::Tid>,
+    /// This process lost the vCPU at the end of a time slice: when it gets it
+    /// back, its next runnable thread runs (round robin inside it too, so a
+    /// CPU-bound thread does not keep every slice of its process).
+    rr_due: bool,
     /// What blocked fd waits wait on, by thread (for `wait::next_change`, a
     /// timerfd expiring; host-side: after a resume a re-run fills it again).
     wait_on: std::collections::HashMap<forkbox_linux::thread::Tid, wait::WaitOn>,
@@ -285,6 +290,7 @@ impl Sandbox {
             switches: 0,
             in_stub: true,
             woken: None,
+            rr_due: false,
             wait_on: Default::default(),
             stored: Default::default(),
             others: Vec::new(),
@@ -354,6 +360,7 @@ impl Sandbox {
             switches: 0,
             in_stub: true,
             woken: None,
+            rr_due: false,
             wait_on: Default::default(),
             stored: Default::default(),
             others: Vec::new(),
@@ -766,6 +773,7 @@ impl Sandbox {
         std::mem::swap(&mut self.in_stub, &mut t.in_stub);
         std::mem::swap(&mut self.woken, &mut t.woken);
         std::mem::swap(&mut self.wait_on, &mut t.wait_on);
+        std::mem::swap(&mut self.rr_due, &mut t.rr_due);
         self.slice_start = Instant::now();
         self.switches += 1;
         self.apply_memory_limit();
@@ -948,6 +956,7 @@ impl Sandbox {
             in_stub: true,
             woken: None,
             wait_on: Default::default(),
+            rr_due: false,
         });
         self.apply_memory_limit();
         Ok(())
@@ -1075,6 +1084,8 @@ impl Sandbox {
             if self.sig.want {
                 self.make_main_current();
             } else {
+                // Its slice is over: another of its threads goes first next time.
+                self.rr_due = true;
                 self.rotate();
             }
         }
@@ -1096,10 +1107,11 @@ impl Sandbox {
             let other = woken.or_else(|| t.next_runnable(cur).filter(|&i| i != cur));
             let switch = match other {
                 Some(_) if !cur_runnable => true,
-                Some(_) => woken.is_some() || self.yielded || self.slice_start.elapsed() >= SLICE,
+                Some(_) => woken.is_some() || self.yielded || self.rr_due || self.slice_start.elapsed() >= SLICE,
                 None => false,
             };
             self.yielded = false;
+            self.rr_due = false;
             if switch {
                 if let Some(next) = other {
                     if self.switch_to(next)? {

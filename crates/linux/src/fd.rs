@@ -71,6 +71,11 @@ pub struct FdTable {
     next_ofd: u64,
     /// What `FileKind::Object` descriptions refer to.
     pub objects: Objects,
+    /// Descriptions closed for good as a side effect (descriptors in flight
+    /// on a socket that went away) whose resources the caller still has to
+    /// give back (`take_gone`). Always drained right after the call that filled it.
+    #[serde(skip)]
+    gone: Vec<FileKind>,
 }
 
 impl FdTable {
@@ -124,7 +129,24 @@ impl FdTable {
     }
 
     /// Drop one reference; returns the kind of the description if that was the last.
+    /// Descriptors that were in flight on a socket this destroyed are released
+    /// too (their kinds, when closed for good, go to `gone`).
     fn release(&mut self, ofd: u64) -> Option<FileKind> {
+        let kind = self.release_one(ofd);
+        self.drain_orphans();
+        kind
+    }
+
+    /// Release the in-flight references of destroyed sockets' descriptors.
+    fn drain_orphans(&mut self) {
+        while let Some(o) = self.objects.orphans.pop() {
+            if let Some(k) = self.release_one(o) {
+                self.gone.push(k);
+            }
+        }
+    }
+
+    fn release_one(&mut self, ofd: u64) -> Option<FileKind> {
         let f = self.files.get_mut(&ofd)?;
         f.refs = f.refs.saturating_sub(1);
         if f.refs == 0 {
@@ -329,6 +351,73 @@ impl FdTable {
     /// fds in use, ascending.
     pub fn fds(&self) -> impl Iterator<Item = i32> + '_ {
         self.fds.keys().copied()
+    }
+
+    /// Descriptions closed for good as a side effect of the last calls (see `gone`).
+    pub fn take_gone(&mut self) -> Vec<FileKind> {
+        self.drain_orphans();
+        std::mem::take(&mut self.gone)
+    }
+
+    /// The descriptions behind `fds`, to send with SCM_RIGHTS (EBADF for a
+    /// closed fd; the agent channel never leaves its process).
+    pub fn rights_of(&self, fds: &[i32]) -> Result<Vec<u64>, Errno> {
+        fds.iter()
+            .map(|&fd| {
+                let ofd = self.ofd(fd)?;
+                match self.files.get(&ofd).map(|f| f.kind) {
+                    Some(FileKind::Agent) | None => Err(Errno::EBADF),
+                    Some(_) => Ok(ofd),
+                }
+            })
+            .collect()
+    }
+
+    /// One reference more on each of `ofds` (their trip in flight).
+    pub fn hold(&mut self, ofds: &[u64]) {
+        for o in ofds {
+            if let Some(f) = self.files.get_mut(o) {
+                f.refs += 1;
+            }
+        }
+    }
+
+    /// Drop one reference of each of `ofds` (in flight, now received or lost);
+    /// kinds closed for good go to `take_gone`.
+    pub fn drop_held(&mut self, ofds: &[u64]) {
+        for &o in ofds {
+            if let Some(k) = self.release(o) {
+                self.gone.push(k);
+            }
+        }
+    }
+
+    /// Install received descriptions at the lowest free fds, as many as fit
+    /// (until EMFILE): the fds given, in order. Each gets a reference of its own.
+    pub fn install(&mut self, ofds: &[u64], cloexec: bool) -> Vec<i32> {
+        let mut out = Vec::with_capacity(ofds.len());
+        for &o in ofds {
+            if !self.files.contains_key(&o) {
+                continue;
+            }
+            let Ok(fd) = self.lowest_free(0) else { break };
+            self.attach(fd, o, cloexec);
+            out.push(fd);
+        }
+        out
+    }
+
+    /// A copy for a state file: descriptors in flight on sockets cannot be
+    /// saved (the receiving process is not), so the copy drops them, as if
+    /// read without a control buffer. Returns the kinds that closed for good.
+    pub fn without_in_flight(&self) -> (FdTable, Vec<FileKind>) {
+        let mut t = self.clone();
+        let held: Vec<u64> = t.objects.in_flight.values().flat_map(|l| l.iter().flat_map(|r| r.ofds.clone())).collect();
+        t.objects.in_flight.clear();
+        t.objects.in_flight_count = 0;
+        t.drop_held(&held);
+        let gone = t.take_gone();
+        (t, gone)
     }
 }
 

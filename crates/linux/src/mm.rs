@@ -70,9 +70,25 @@ pub struct MemoryMap {
     vmas: OrdMap<u64, Vma>,
     pub brk_start: u64,
     pub brk: u64,
-    /// Bytes mapped (VMAs + brk heap).
+    /// Bytes committed: the brk heap and every mapping but PROT_NONE ones
+    /// (`charged`). Before state format 5's files were written with this
+    /// rule, PROT_NONE mappings counted too; `validate` accepts both and
+    /// `recount` applies this rule to a restored map.
     committed: u64,
     limit: u64,
+}
+
+/// Bytes of a mapping that count as committed memory. PROT_NONE mappings
+/// do not (as on Linux, which accounts a private mapping only once it may be
+/// written): the guest cannot touch them, so no page is ever backed behind
+/// them, and glibc reserves 64 MiB PROT_NONE per thread arena, which would
+/// otherwise make every thread of a process count 64 MiB in every fork of it.
+fn charged(prot: u32, len: u64) -> u64 {
+    if prot & 7 == 0 {
+        0
+    } else {
+        len
+    }
 }
 
 impl MemoryMap {
@@ -99,6 +115,7 @@ impl MemoryMap {
     pub fn validate(&self) -> Result<(), String> {
         let mut last_end = 0;
         let mut sum: u64 = 0;
+        let mut sum_all: u64 = 0;
         for (s, v) in self.vmas.iter() {
             if *s < last_end
                 || v.end <= *s
@@ -114,7 +131,8 @@ impl MemoryMap {
                 return Err(format!("a shared-memory mapping at {s:#x} in a saved state"));
             }
             last_end = v.end;
-            sum = sum.checked_add(v.end - s).ok_or("mapping sizes overflow")?;
+            sum = sum.checked_add(charged(v.prot, v.end - s)).ok_or("mapping sizes overflow")?;
+            sum_all = sum_all.checked_add(v.end - s).ok_or("mapping sizes overflow")?;
         }
         if self.brk < self.brk_start
             || self.brk > BRK_LIMIT
@@ -122,10 +140,20 @@ impl MemoryMap {
         {
             return Err(format!("bad heap {:#x}..{:#x}", self.brk_start, self.brk));
         }
-        if sum.checked_add(self.brk_pages()) != Some(self.committed) {
+        // Either rule: PROT_NONE not charged (now) or charged (older files).
+        let c = Some(self.committed);
+        if sum.checked_add(self.brk_pages()) != c && sum_all.checked_add(self.brk_pages()) != c {
             return Err("committed bytes do not add up".into());
         }
         Ok(())
+    }
+
+    /// Recount the committed bytes with today's rule (`charged`), for a map
+    /// `validate` accepted (an older state file counted PROT_NONE mappings).
+    pub fn recount(&mut self) {
+        let vmas: u64 = self.vmas.iter().map(|(s, v)| charged(v.prot, v.end - s)).fold(0, u64::saturating_add);
+        self.committed = vmas.saturating_add(self.brk_pages());
+        self.limit = self.limit.max(self.committed);
     }
 
     pub fn set_brk_start(&mut self, at: u64) {
@@ -257,7 +285,8 @@ impl MemoryMap {
         if addr.is_some() {
             self.unmap(at, len)?;
         }
-        let committed = self.committed.checked_add(len).filter(|c| *c <= self.limit).ok_or(Errno::ENOMEM)?;
+        let committed =
+            self.committed.checked_add(charged(prot, len)).filter(|c| *c <= self.limit).ok_or(Errno::ENOMEM)?;
         if !self.is_free(at, len) {
             return Err(Errno::ENOMEM);
         }
@@ -309,7 +338,7 @@ impl MemoryMap {
             if ce < v.end {
                 self.vmas.insert(ce, Vma { kind: v.kind_from(ce - s), ..v });
             }
-            self.committed = self.committed.saturating_sub(clen);
+            self.committed = self.committed.saturating_sub(charged(v.prot, clen));
         }
         debug_assert!(self.overlapping(addr, end - addr).is_empty());
         Ok(removed)
@@ -326,6 +355,15 @@ impl MemoryMap {
         }
         let overlapping: Vec<(u64, Vma)> =
             self.vmas.range(..end).rev().take_while(|(_, v)| v.end > addr).map(|(s, v)| (*s, *v)).collect();
+        // PROT_NONE <-> accessible changes what is committed: check the limit first.
+        let (mut add, mut sub) = (0u64, 0u64);
+        for (s, v) in &overlapping {
+            let len = v.end.min(end) - (*s).max(addr);
+            add = add.saturating_add(charged(prot, len).saturating_sub(charged(v.prot, len)));
+            sub = sub.saturating_add(charged(v.prot, len).saturating_sub(charged(prot, len)));
+        }
+        let committed = self.committed.checked_add(add).filter(|c| *c <= self.limit).ok_or(Errno::ENOMEM)?;
+        self.committed = committed.saturating_sub(sub);
         for (s, v) in overlapping {
             let (cs, ce) = (s.max(addr), v.end.min(end));
             self.vmas.remove(&s);
@@ -361,7 +399,8 @@ impl MemoryMap {
         if Self::check_range(addr, new).is_err() || new_end > MMAP_TOP.max(v.end) || !self.is_free(old_end, extra) {
             return Ok(false);
         }
-        let committed = self.committed.checked_add(extra).filter(|c| *c <= self.limit).ok_or(Errno::ENOMEM)?;
+        let committed =
+            self.committed.checked_add(charged(v.prot, extra)).filter(|c| *c <= self.limit).ok_or(Errno::ENOMEM)?;
         self.vmas.insert(addr, Vma { end: new_end, ..v });
         self.committed = committed;
         Ok(true)
@@ -500,6 +539,33 @@ mod tests {
         let (b, give_back) = mm.set_brk(0x80_0000 + MIB);
         assert_eq!(b, 0x80_0000 + MIB);
         assert_eq!(give_back, Some((0x80_0000 + MIB, MIB)));
+    }
+
+    #[test]
+    fn prot_none_mappings_are_not_committed() {
+        let mut mm = MemoryMap::new(16 * MIB);
+        // A glibc arena: 64 MiB reserved PROT_NONE, then a part made read-write.
+        let at = mm.map(None, 64 * MIB, 0, VmaKind::Anon).unwrap();
+        assert_eq!(mm.committed(), 0);
+        mm.protect(at, 2 * MIB, 3).unwrap();
+        assert_eq!(mm.committed(), 2 * MIB);
+        assert_eq!(mm.protect(at, 20 * MIB, 3), Err(Errno::ENOMEM), "making it accessible is checked");
+        assert_eq!(mm.committed(), 2 * MIB, "a refused mprotect changes nothing");
+        mm.protect(at + MIB, MIB, 0).unwrap();
+        assert_eq!(mm.committed(), MIB);
+        mm.unmap(at, 64 * MIB).unwrap();
+        assert_eq!(mm.committed(), 0);
+        mm.validate().unwrap();
+        // An older state counted PROT_NONE too: it validates, and recount applies today's rule.
+        let mut old = MemoryMap::new(1 << 30);
+        old.map(None, 4 * MIB, 0, VmaKind::Anon).unwrap();
+        old.map(None, MIB, 3, VmaKind::Anon).unwrap();
+        old.committed += 4 * MIB;
+        old.validate().unwrap();
+        old.recount();
+        assert_eq!(old.committed(), MIB);
+        old.committed += 1;
+        assert!(old.validate().is_err());
     }
 
     #[test]

@@ -36,6 +36,24 @@ pub const MAX_BACKLOG: u32 = 4096;
 pub const EPOLL_MAX_NESTS: u32 = 5;
 /// Largest AF_UNIX address (sun_path).
 pub const UNIX_PATH_MAX: usize = 108;
+/// Descriptors one SCM_RIGHTS message may carry (Linux's SCM_MAX_FD).
+pub const SCM_MAX_FD: usize = 253;
+/// Descriptors in flight (sent with SCM_RIGHTS, not yet received) in a whole
+/// sandbox: ETOOMANYREFS beyond. Bounds what sockets that hold each other in
+/// flight (a cycle nothing can receive any more) can keep alive.
+pub const MAX_IN_FLIGHT: usize = 1024;
+
+/// Open file descriptions sent with SCM_RIGHTS to a socket and not yet received.
+/// Each holds one reference to its descriptions (`FdTable` counts it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rights {
+    /// Stream: bytes queued ahead of the data they came with; datagram and
+    /// seqpacket: messages ahead of theirs.
+    pub at: usize,
+    /// Stream: bytes of the data they came with (a read ends there).
+    pub len: usize,
+    pub ofds: Vec<u64>,
+}
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Pipe {
@@ -73,6 +91,18 @@ impl SockType {
     pub fn datagrams(self) -> bool {
         self != SockType::Stream
     }
+}
+
+/// What a receive got (see `Objects::recv_rights`).
+#[derive(Debug)]
+pub struct Received {
+    pub data: Vec<u8>,
+    /// The whole message's length (a datagram longer than the buffer).
+    pub full: usize,
+    /// The sender's bound name (empty: unnamed).
+    pub from: Arc<[u8]>,
+    /// Descriptions that came with the data.
+    pub rights: Vec<u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -271,10 +301,21 @@ pub struct Objects {
     /// Socket files of the overlay -> socket bound there.
     #[serde(with = "crate::serde_map")]
     pub socket_files: OrdMap<Ino, u64>,
+    /// Receiving socket -> descriptors in flight to it, oldest first. Never in
+    /// a state file: `FdTable::without_in_flight` drops them before a save.
+    #[serde(skip)]
+    pub in_flight: OrdMap<u64, Vec<Rights>>,
+    /// Descriptors in `in_flight`, all sockets together (<= MAX_IN_FLIGHT).
+    #[serde(skip)]
+    pub in_flight_count: usize,
+    /// Descriptions whose in-flight reference went away with a destroyed
+    /// socket: the `FdTable` releases them (it owns the reference counts).
+    #[serde(skip)]
+    pub orphans: Vec<u64>,
 }
 
-/// A received message: (data, its full length, the sender's name).
-pub type Received = (Vec<u8>, usize, Arc<[u8]>);
+/// A received message without its descriptors: (data, its full length, the sender's name).
+pub type Message = (Vec<u8>, usize, Arc<[u8]>);
 
 impl Objects {
     pub fn add(&mut self, kind: ObjKind) -> u64 {
@@ -344,6 +385,7 @@ impl Objects {
     /// Forget an object no description refers to.
     fn destroy(&mut self, id: u64) {
         let Some(o) = self.map.remove(&id) else { return };
+        self.orphan_rights(id);
         match o.kind {
             ObjKind::Pipe(p) => {
                 if let Some(ino) = p.fifo {
@@ -365,6 +407,7 @@ impl Objects {
                     SockState::Listening { queue, .. } => {
                         // Connections never accepted: their clients see the peer gone.
                         for pending in queue {
+                            self.orphan_rights(pending);
                             if let Some(Object { kind: ObjKind::Socket(ps), .. }) = self.map.remove(&pending) {
                                 if let Some(c) = ps.peer() {
                                     self.peer_closed(c);
@@ -376,6 +419,16 @@ impl Objects {
                 }
             }
             _ => {}
+        }
+    }
+
+    /// The descriptors in flight to socket `id` (going away) become orphans.
+    fn orphan_rights(&mut self, id: u64) {
+        if let Some(rights) = self.in_flight.remove(&id) {
+            for r in rights {
+                self.in_flight_count = self.in_flight_count.saturating_sub(r.ofds.len());
+                self.orphans.extend(r.ofds);
+            }
         }
     }
 
@@ -557,6 +610,42 @@ impl Objects {
 
     /// Send on socket `id` (to `dest`, or its peer). Bytes sent.
     pub fn send(&mut self, id: u64, data: &[u8], dest: Option<&UnixName>) -> Result<usize, Errno> {
+        self.send_to(id, data, dest).map(|(n, _, _)| n)
+    }
+
+    /// Send `data` with descriptors (SCM_RIGHTS): they travel with the data's
+    /// first byte (a stream) or with the message. The caller gives each of
+    /// `ofds` one reference for the trip once this succeeds (`FdTable::send_rights`);
+    /// none travel if no byte was sent.
+    pub fn send_rights(
+        &mut self,
+        id: u64,
+        data: &[u8],
+        dest: Option<&UnixName>,
+        ofds: Vec<u64>,
+    ) -> Result<usize, Errno> {
+        if ofds.len() > SCM_MAX_FD {
+            return Err(Errno::EINVAL);
+        }
+        if self.in_flight_count.saturating_add(ofds.len()) > MAX_IN_FLIGHT {
+            return Err(Errno::ETOOMANYREFS);
+        }
+        let datagrams = self.socket(id)?.ty.datagrams();
+        let (n, target, at) = self.send_to(id, data, dest)?;
+        // An empty datagram carries its descriptors; an empty stream write sends nothing.
+        if ofds.is_empty() || (n == 0 && !datagrams) {
+            return Ok(n);
+        }
+        self.in_flight_count += ofds.len();
+        let mut list = self.in_flight.get(&target).cloned().unwrap_or_default();
+        list.push(Rights { at, len: n, ofds });
+        self.in_flight.insert(target, list);
+        Ok(n)
+    }
+
+    /// Send: (bytes sent, the receiving socket, the bytes or messages queued
+    /// there ahead of these).
+    fn send_to(&mut self, id: u64, data: &[u8], dest: Option<&UnixName>) -> Result<(usize, u64, usize), Errno> {
         let me = self.socket(id)?;
         let ty = me.ty;
         if me.shut_wr {
@@ -586,33 +675,52 @@ impl Objects {
             if peer.msgs.len() >= MAX_DGRAMS || peer.msg_bytes + data.len() > SOCKET_CAPACITY {
                 return Err(Errno::EAGAIN);
             }
+            let at = peer.msgs.len();
             peer.msgs.push_back(Dgram { data: Arc::from(data), from });
             peer.msg_bytes += data.len();
-            return Ok(data.len());
+            return Ok((data.len(), target, at));
         }
         if data.is_empty() {
-            return Ok(0);
+            return Ok((0, target, 0));
         }
         let room = SOCKET_CAPACITY - peer.rx.len().min(SOCKET_CAPACITY);
         if room == 0 {
             return Err(Errno::EAGAIN);
         }
         let n = room.min(data.len());
+        let at = peer.rx.len();
         Arc::make_mut(&mut peer.rx).extend(&data[..n]);
-        Ok(n)
+        Ok((n, target, at))
     }
 
     /// Receive up to `len` bytes: (data, full message length, sender name).
-    /// Empty data at EOF; EAGAIN if it would block.
-    pub fn recv(&mut self, id: u64, len: usize, peek: bool) -> Result<Received, Errno> {
+    /// Empty data at EOF; EAGAIN if it would block. Descriptors in flight
+    /// with the data are dropped (orphaned for the `FdTable` to release), as a
+    /// read without a control buffer drops them on Linux: see `recv_rights`.
+    pub fn recv(&mut self, id: u64, len: usize, peek: bool) -> Result<Message, Errno> {
+        let r = self.recv_rights(id, len, peek)?;
+        if !peek {
+            self.orphans.extend(r.rights);
+        }
+        Ok((r.data, r.full, r.from))
+    }
+
+    /// Receive up to `len` bytes and the descriptors in flight with them. A
+    /// stream read stops before data that came with descriptors, and at the
+    /// end of it (so they arrive with their first byte, as on Linux). Unless
+    /// `peek`, the in-flight references of `rights` pass to the caller (which
+    /// installs them and releases each once).
+    pub fn recv_rights(&mut self, id: u64, len: usize, peek: bool) -> Result<Received, Errno> {
         let s = self.socket_mut(id)?;
+        let none = |data: Vec<u8>, full: usize, from: Arc<[u8]>| Received { data, full, from, rights: Vec::new() };
         if !s.has_data() {
             let eof = s.shut_rd || s.peer_wr_gone;
+            // An empty datagram may carry descriptors: it is data here.
             return match (&s.state, s.ty) {
-                _ if eof => Ok((Vec::new(), 0, Arc::from(&[][..]))),
+                _ if eof => Ok(none(Vec::new(), 0, Arc::from(&[][..]))),
                 (SockState::Listening { .. }, _) => Err(Errno::EINVAL),
                 (SockState::Unconnected, SockType::Stream | SockType::SeqPacket) => Err(Errno::EINVAL),
-                _ if len == 0 && s.ty == SockType::Stream => Ok((Vec::new(), 0, Arc::from(&[][..]))),
+                _ if len == 0 && s.ty == SockType::Stream => Ok(none(Vec::new(), 0, Arc::from(&[][..]))),
                 _ => Err(Errno::EAGAIN),
             };
         }
@@ -628,12 +736,58 @@ impl Objects {
             };
             let Some(m) = m else { return Err(Errno::EAGAIN) };
             let n = len.min(m.data.len());
-            return Ok((m.data[..n].to_vec(), m.data.len(), m.from));
+            let rights = self.take_rights(id, 1, peek, |r| r.at == 0);
+            return Ok(Received { data: m.data[..n].to_vec(), full: m.data.len(), from: m.from, rights });
         }
-        let n = len.min(s.rx.len());
+        let mut n = len.min(s.rx.len());
+        let first = self.in_flight.get(&id).and_then(|l| l.first()).map(|r| (r.at, r.len));
+        let mut with_rights = false;
+        match first {
+            Some((at, _)) if at > 0 && at < n => n = at,
+            Some((0, seg)) if n > 0 => {
+                n = n.min(seg.max(1));
+                with_rights = true;
+            }
+            _ => {}
+        }
+        let s = self.socket_mut(id)?;
         let data: Vec<u8> =
             if peek { s.rx.iter().take(n).copied().collect() } else { Arc::make_mut(&mut s.rx).drain(..n).collect() };
-        Ok((data, n, Arc::from(&[][..])))
+        let rights =
+            if with_rights || !peek { self.take_rights(id, n, peek, |r| with_rights && r.at == 0) } else { Vec::new() };
+        Ok(Received { data, full: n, from: Arc::from(&[][..]), rights })
+    }
+
+    /// The descriptors of the first in-flight entry of socket `id` if `pick`
+    /// chooses it; unless `peek`, that entry goes and the others move up by
+    /// `consumed` (bytes or messages read).
+    fn take_rights(&mut self, id: u64, consumed: usize, peek: bool, pick: impl Fn(&Rights) -> bool) -> Vec<u64> {
+        let Some(list) = self.in_flight.get(&id) else { return Vec::new() };
+        let picked = list.first().filter(|r| pick(r)).map(|r| r.ofds.clone()).unwrap_or_default();
+        if peek {
+            return picked;
+        }
+        let mut list = list.clone();
+        if !picked.is_empty() || list.first().is_some_and(&pick) {
+            list.remove(0);
+            self.in_flight_count = self.in_flight_count.saturating_sub(picked.len());
+        }
+        for r in list.iter_mut() {
+            if r.at >= consumed {
+                r.at -= consumed;
+            } else {
+                // Part of its data was read (a stream read that began before it
+                // cannot, but keep the entry consistent): it comes next.
+                r.len = r.len.saturating_sub(consumed - r.at);
+                r.at = 0;
+            }
+        }
+        if list.is_empty() {
+            self.in_flight.remove(&id);
+        } else {
+            self.in_flight.insert(id, list);
+        }
+        picked
     }
 
     /// shutdown(2): `how` is SHUT_RD, SHUT_WR or SHUT_RDWR.

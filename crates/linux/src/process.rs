@@ -111,10 +111,22 @@ impl Process {
     }
 
     pub fn save_state(&self) -> ProcessState {
+        let (fds, gone) = self.fds.without_in_flight();
+        let vfs = if gone.iter().any(|k| matches!(k, crate::fd::FileKind::Node(_))) {
+            let mut vfs = self.vfs.clone();
+            for k in gone {
+                if let crate::fd::FileKind::Node(ino) = k {
+                    vfs.release(ino);
+                }
+            }
+            vfs.save_state()
+        } else {
+            self.vfs.save_state()
+        };
         ProcessState {
             mm: self.mm.clone(),
-            fds: self.fds.clone(),
-            vfs: self.vfs.save_state(),
+            fds,
+            vfs,
             cwd: self.cwd,
             signals: self.signals.clone(),
             fs_base: self.fs_base,
@@ -148,8 +160,10 @@ impl Process {
         for ino in s.fds.open_nodes().chain([s.cwd]) {
             vfs.stat(ino).map_err(|e| bad(format!("open inode {ino}: {e}")))?;
         }
+        let mut mm = s.mm;
+        mm.recount();
         Ok(Process {
-            mm: s.mm,
+            mm,
             fds: s.fds,
             vfs,
             cwd: s.cwd,

@@ -393,7 +393,16 @@ pub fn close_fds(ctx: &mut Ctx, fds: &[i32]) {
     }
 }
 
-fn released(ctx: &mut Ctx, kind: Option<FileKind>) {
+/// Give back what a description closed for good held, and what closed with it
+/// (descriptors that were in flight on a socket it destroyed).
+pub(super) fn released(ctx: &mut Ctx, kind: Option<FileKind>) {
+    release_kind(ctx, kind);
+    for k in ctx.proc.fds.take_gone() {
+        release_kind(ctx, Some(k));
+    }
+}
+
+fn release_kind(ctx: &mut Ctx, kind: Option<FileKind>) {
     match kind {
         Some(FileKind::Node(ino)) => ctx.proc.vfs.release(ino),
         Some(FileKind::Socket(s)) => ctx.io.net.close(s.id),

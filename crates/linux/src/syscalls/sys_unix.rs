@@ -6,7 +6,7 @@ use super::sys_pipe::{epipe, or_block};
 use super::{Args, Ctx, MAX_RW};
 use crate::errno::{Errno, SysResult};
 use crate::fd::{FileKind, OpenFile};
-use crate::objects::{SockType, UnixName, SOCKET_CAPACITY, UNIX_PATH_MAX};
+use crate::objects::{SockType, UnixName, SCM_MAX_FD, SOCKET_CAPACITY, UNIX_PATH_MAX};
 use crate::vfs::FileType;
 use crate::wait::{READABLE, WRITABLE};
 
@@ -276,6 +276,8 @@ pub(super) fn recv_into(
     let len = len.min(MAX_RW).min(SOCKET_CAPACITY as u64);
     ctx.user_range(buf, len)?;
     let r = ctx.proc.fds.objects.recv(id, len as usize, flags & libc::MSG_PEEK != 0);
+    // Descriptors that came with the data are dropped (no control buffer).
+    super::sys_file::released(ctx, None);
     let (data, full, from) = match r {
         Ok(v) => v,
         Err(e) => return or_block(ctx, &f, ofd, READABLE, Err(e)),
@@ -315,34 +317,154 @@ fn iovecs(ctx: &Ctx, iov: u64, count: u64) -> Result<Vec<(u64, u64)>, Errno> {
         .collect())
 }
 
-pub fn sendmsg(ctx: &mut Ctx, a: &Args) -> SysResult {
-    let [name, namelen, iov, iovlen, _control, controllen] = msghdr(ctx, a[1])?;
-    // Passing fds or credentials (SCM_RIGHTS, SCM_CREDENTIALS) is not supported.
-    if controllen != 0 {
-        return Err(Errno::EOPNOTSUPP);
+/// Largest msg_control a sendmsg may give (Linux: optmem_max, 20480).
+const MAX_CONTROL: u64 = 20480;
+const CMSG_HDR: usize = 16;
+
+fn cmsg_align(n: usize) -> usize {
+    (n + 7) & !7
+}
+
+/// The fds of the SCM_RIGHTS messages in a sendmsg's control buffer.
+/// SCM_CREDENTIALS is refused (EOPNOTSUPP); other levels and types are EINVAL.
+fn control_fds(ctx: &Ctx, control: u64, controllen: u64) -> Result<Vec<i32>, Errno> {
+    if controllen == 0 {
+        return Ok(Vec::new());
     }
+    if controllen > MAX_CONTROL {
+        return Err(Errno::ENOBUFS);
+    }
+    let buf = ctx.bytes(control, controllen)?;
+    let mut fds = Vec::new();
+    let mut off = 0usize;
+    while buf.len().saturating_sub(off) >= CMSG_HDR {
+        let h = &buf[off..off + CMSG_HDR];
+        let len = u64::from_le_bytes(h[..8].try_into().unwrap_or_default());
+        let level = i32::from_le_bytes(h[8..12].try_into().unwrap_or_default());
+        let ty = i32::from_le_bytes(h[12..16].try_into().unwrap_or_default());
+        let room = (buf.len() - off) as u64;
+        if len < CMSG_HDR as u64 || len > room {
+            return Err(Errno::EINVAL);
+        }
+        let len = len as usize;
+        if level != libc::SOL_SOCKET {
+            return Err(Errno::EINVAL);
+        }
+        match ty {
+            libc::SCM_RIGHTS => {
+                let data = &buf[off + CMSG_HDR..off + len];
+                if data.len() % 4 != 0 {
+                    return Err(Errno::EINVAL);
+                }
+                for c in data.chunks_exact(4) {
+                    fds.push(i32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+                }
+                if fds.len() > SCM_MAX_FD {
+                    return Err(Errno::EINVAL);
+                }
+            }
+            libc::SCM_CREDENTIALS => return Err(Errno::EOPNOTSUPP),
+            _ => return Err(Errno::EINVAL),
+        }
+        off = off.saturating_add(cmsg_align(len));
+    }
+    Ok(fds)
+}
+
+pub fn sendmsg(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let [name, namelen, iov, iovlen, control, controllen] = msghdr(ctx, a[1])?;
+    let fds = control_fds(ctx, control, controllen)?;
     let mut data = Vec::new();
     for (base, len) in iovecs(ctx, iov, iovlen)? {
         let take = len.min((SOCKET_CAPACITY + 1 - data.len().min(SOCKET_CAPACITY + 1)) as u64);
         data.extend_from_slice(ctx.bytes(base, take)?);
     }
-    send_common(ctx, a[0], data, a[2] as i32, Some((name, namelen)))
+    if fds.is_empty() {
+        return send_common(ctx, a[0], data, a[2] as i32, Some((name, namelen)));
+    }
+    let ofds = ctx.proc.fds.rights_of(&fds)?;
+    send_common_rights(ctx, a[0], data, a[2] as i32, Some((name, namelen)), ofds)
+}
+
+/// A send with descriptors: they hold a reference each while in flight.
+fn send_common_rights(
+    ctx: &mut Ctx,
+    fd: u64,
+    data: Vec<u8>,
+    flags: i32,
+    dest: Option<(u64, u64)>,
+    ofds: Vec<u64>,
+) -> SysResult {
+    let (f, ofd, id) = sock_of(ctx, fd)?;
+    let f = nonblocking(&f, flags);
+    let dest = match dest {
+        Some((ptr, len)) if ptr != 0 => Some(resolve(ctx, read_addr(ctx, ptr, len)?)?),
+        _ => None,
+    };
+    let before = ctx.proc.fds.objects.in_flight_count;
+    let r = ctx.proc.fds.objects.send_rights(id, &data, dest.as_ref(), ofds.clone());
+    if ctx.proc.fds.objects.in_flight_count != before {
+        ctx.proc.fds.hold(&ofds);
+    }
+    match r {
+        Err(Errno::EPIPE) if flags & libc::MSG_NOSIGNAL != 0 => Err(Errno::EPIPE),
+        Err(Errno::EPIPE) => Err(epipe(ctx)),
+        r => or_block(ctx, &f, ofd, WRITABLE, r.map(|n| n as u64)),
+    }
 }
 
 pub fn recvmsg(ctx: &mut Ctx, a: &Args) -> SysResult {
     let (f, ofd, id) = sock_of(ctx, a[0])?;
     let flags = a[2] as i32;
-    let [name, _namelen, iov, iovlen, _control, _controllen] = msghdr(ctx, a[1])?;
+    let [name, _namelen, iov, iovlen, control, controllen] = msghdr(ctx, a[1])?;
     let iovs = iovecs(ctx, iov, iovlen)?;
     let total: u64 = iovs.iter().fold(0u64, |s, &(_, l)| s.saturating_add(l)).min(SOCKET_CAPACITY as u64);
     for &(base, len) in &iovs {
         ctx.user_range(base, len)?;
     }
+    let controllen = controllen.min(MAX_CONTROL);
+    if control != 0 && controllen != 0 {
+        ctx.user_range(control, controllen)?;
+    }
     let f = nonblocking(&f, flags);
-    let (data, full, from) = match ctx.proc.fds.objects.recv(id, total as usize, flags & libc::MSG_PEEK != 0) {
+    let peek = flags & libc::MSG_PEEK != 0;
+    let got = match ctx.proc.fds.objects.recv_rights(id, total as usize, peek) {
         Ok(v) => v,
         Err(e) => return or_block(ctx, &f, ofd, READABLE, Err(e)),
     };
+    let (data, full, from) = (got.data, got.full, got.from);
+    // The descriptors that came: as many as the control buffer holds are
+    // installed (MSG_CTRUNC if not all); unless peeking, the trip's references go.
+    let mut mflags = if full > data.len() { libc::MSG_TRUNC } else { 0 };
+    let mut used_control = 0u64;
+    let mut cmsg = Vec::new();
+    if !got.rights.is_empty() {
+        let room = if control == 0 { 0 } else { controllen as usize };
+        let fit = room.saturating_sub(CMSG_HDR) / 4;
+        let take = got.rights.len().min(fit);
+        if take < got.rights.len() {
+            mflags |= libc::MSG_CTRUNC;
+        }
+        let fds = ctx.proc.fds.install(&got.rights[..take], flags & libc::MSG_CMSG_CLOEXEC != 0);
+        if fds.len() < take {
+            mflags |= libc::MSG_CTRUNC;
+        }
+        if !peek {
+            ctx.proc.fds.drop_held(&got.rights);
+            super::sys_file::released(ctx, None);
+        }
+        if !fds.is_empty() {
+            let len = CMSG_HDR + 4 * fds.len();
+            cmsg.extend_from_slice(&(len as u64).to_le_bytes());
+            cmsg.extend_from_slice(&libc::SOL_SOCKET.to_le_bytes());
+            cmsg.extend_from_slice(&libc::SCM_RIGHTS.to_le_bytes());
+            for fd in &fds {
+                cmsg.extend_from_slice(&fd.to_le_bytes());
+            }
+            cmsg.resize(cmsg_align(len).min(room), 0);
+            used_control = cmsg.len() as u64;
+        }
+    }
     let mut done = 0usize;
     for (base, len) in iovs {
         if done >= data.len() {
@@ -352,12 +474,14 @@ pub fn recvmsg(ctx: &mut Ctx, a: &Args) -> SysResult {
         ctx.write_bytes(base, &data[done..done + n])?;
         done += n;
     }
-    // msg_namelen (offset 8) <- the sender's address length; msg_controllen = 0; msg_flags.
+    if !cmsg.is_empty() {
+        ctx.write_bytes(control, &cmsg)?;
+    }
+    // msg_namelen (offset 8) <- the sender's address length; msg_controllen; msg_flags.
     if name != 0 {
         put_addr(ctx, name, a[1] + 8, &from)?;
     }
-    ctx.write_bytes(a[1] + 40, &0u64.to_le_bytes())?;
-    let mflags = if full > data.len() { libc::MSG_TRUNC } else { 0 };
+    ctx.write_bytes(a[1] + 40, &used_control.to_le_bytes())?;
     ctx.write_i32(a[1] + 48, mflags)?;
     Ok(if flags & libc::MSG_TRUNC != 0 { full as u64 } else { data.len() as u64 })
 }
