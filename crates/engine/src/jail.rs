@@ -128,6 +128,9 @@ const ALLOWED: &[i64] = &[
     libc::SYS_brk,
     libc::SYS_msync,
     libc::SYS_memfd_create,
+    // Which pages of our own mappings are backed: the memory writer of a
+    // template made of a sandbox (on an exec thread) skips the others.
+    libc::SYS_mincore,
     // threads, signals, time
     libc::SYS_futex,
     libc::SYS_sched_yield,

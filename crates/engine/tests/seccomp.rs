@@ -77,6 +77,17 @@ fn a_guest_thread_runs_sandboxes_under_the_filter() {
             .exec("import multiprocessing\nwith multiprocessing.Pool(2) as p: print(p.map(abs, [-1, -2, -3]))")
             .expect("a Pool under the filter");
         assert_eq!(r.stdout, "[1, 2, 3]\n", "{r:?}");
+        // A template made of a sandbox's state (what a template from a checkpoint
+        // does, on an exec thread): its memory writer's mincore is allowed.
+        sb.exec("kept = 41").expect("exec under the filter");
+        let dir = tempfile::tempdir().unwrap();
+        let made = s
+            .template
+            .snapshot_sandbox(&s.engine, &sb, &dir.path().join("t"), "seccomp-made", "kept = 41")
+            .expect("a template made under the filter");
+        let mut f = made.fork(&s.engine, Limits::default()).expect("a fork of it under the filter");
+        assert_eq!(f.exec("print(kept + 1)").expect("exec in the fork").stdout, "42\n");
+        drop(f);
         tid_tx.send(my_tid()).unwrap();
         go_rx.recv().unwrap();
         // Still alive after being looked at; a second install is a no-op.

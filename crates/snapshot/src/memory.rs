@@ -102,7 +102,8 @@ fn write_memory_with(mem: &GuestMemory, path: &Path, also: Option<&[bool]>) -> R
     }
     f.flush().map_err(io("flush", &tmp))?;
     f.sync_all().map_err(io("fsync", &tmp))?;
-    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o444)).map_err(io("chmod", &tmp))?;
+    // fchmod on the open file, not chmod of a path: an exec thread's seccomp filter allows only the former.
+    f.set_permissions(std::fs::Permissions::from_mode(0o444)).map_err(io("fchmod", &tmp))?;
     std::fs::rename(&tmp, path).map_err(io("rename", path))?;
     Ok(MemoryStats { size: mem.size(), pages, checksum: hex::encode(hash.finalize()) })
 }
