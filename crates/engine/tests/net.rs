@@ -10,35 +10,16 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, UdpSocket};
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use forkbox_engine::{Engine, ExecResult, Limits, NetConfig, NetPolicy, Sandbox};
+use forkbox_engine::{Engine, Limits, NetConfig, NetPolicy, Sandbox};
 use forkbox_linux::net::{Mode, Rule};
+use forkbox_testkit::guest::{ok, run, value};
 
-fn home() -> PathBuf {
-    match std::env::var("FORKBOX_HOME") {
-        Ok(h) if !h.is_empty() => PathBuf::from(h),
-        _ => forkbox_image::default_home(),
-    }
-}
-
+/// The test binary's shared engine (KVM checked, default image): forkbox_testkit.
 fn engine() -> &'static Engine {
-    static E: OnceLock<Engine> = OnceLock::new();
-    E.get_or_init(|| {
-        if let Err(e) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/kvm") {
-            panic!("these tests need KVM: cannot open /dev/kvm read-write ({e}); they are deliberately not skipped");
-        }
-        let home = home();
-        let built = forkbox_image::build(
-            &forkbox_engine::default_image_spec(),
-            &forkbox_image::BuildOptions { home: home.clone(), progress: false },
-        )
-        .unwrap_or_else(|e| panic!("building the default image under {}: {e}", home.display()));
-        Engine::open(&built.path).unwrap_or_else(|e| panic!("Engine::open: {e}"))
-    })
+    &forkbox_testkit::shared().engine
 }
 
 fn rules(r: &[&str]) -> Vec<Rule> {
@@ -53,28 +34,6 @@ fn boot(network: NetConfig) -> Sandbox {
     engine()
         .boot(Limits { network, timeout: Duration::from_secs(20), ..Limits::default() })
         .unwrap_or_else(|e| panic!("boot failed: {e}"))
-}
-
-#[track_caller]
-fn run(sb: &mut Sandbox, code: &str) -> ExecResult {
-    sb.exec(code).unwrap_or_else(|e| panic!("engine error {e:?}\n--- code ---\n{code}"))
-}
-
-#[track_caller]
-fn ok(sb: &mut Sandbox, code: &str) -> ExecResult {
-    let r = run(sb, code);
-    if let Some(e) = &r.error {
-        panic!(
-            "unexpected {}: {}\n{}\n--- code ---\n{code}\n--- stderr ---\n{}",
-            e.kind, e.message, e.traceback, r.stderr
-        );
-    }
-    r
-}
-
-#[track_caller]
-fn value(sb: &mut Sandbox, code: &str) -> String {
-    ok(sb, code).value.unwrap_or_else(|| panic!("no value for\n{code}"))
 }
 
 /// A real Python http.server (the host's python3) on 127.0.0.1, serving a
@@ -448,7 +407,7 @@ fn http_server_in_a_network_namespace_allowlisted_by_cidr_and_name() {
 #[test]
 fn a_checkpoint_never_carries_a_live_connection() {
     let srv = HttpServer::start(None, "127.0.0.1");
-    let home = home();
+    let home = forkbox_testkit::home();
     let template =
         forkbox_engine::Template::ensure(engine(), &home).unwrap_or_else(|e| panic!("Template::ensure: {e}"));
     let limits = Limits {
@@ -834,7 +793,7 @@ again = socket.create_connection(L.getsockname(), timeout=5)
 /// no longer listens (accept EINVAL) and its port is free again.
 #[test]
 fn a_checkpoint_never_carries_a_listener() {
-    let home = home();
+    let home = forkbox_testkit::home();
     let template =
         forkbox_engine::Template::ensure(engine(), &home).unwrap_or_else(|e| panic!("Template::ensure: {e}"));
     let limits = Limits { network: NetConfig::default(), timeout: Duration::from_secs(20), ..Limits::default() };

@@ -10,56 +10,12 @@
 
 use std::time::{Duration, Instant};
 
-use forkbox_engine::{EngineError, ExecResult, Limits, Sandbox};
+use forkbox_engine::{EngineError, Limits};
+use forkbox_testkit::guest::{fork, fork_with, json, limits, ok, value};
 
 /// The engine and template of this test binary: `forkbox_testkit` checks KVM (loudly) and builds both once.
 fn shared() -> &'static forkbox_testkit::Shared {
     forkbox_testkit::shared()
-}
-
-fn limits(timeout_s: u64) -> Limits {
-    Limits { timeout: Duration::from_secs(timeout_s), ..Limits::default() }
-}
-
-#[track_caller]
-fn fork_with(l: Limits) -> Sandbox {
-    let s = shared();
-    s.template.fork(&s.engine, l).unwrap_or_else(|e| panic!("fork failed: {e}"))
-}
-
-#[track_caller]
-fn fork() -> Sandbox {
-    fork_with(limits(60))
-}
-
-/// Exec that must succeed without a Python exception.
-#[track_caller]
-fn ok(sb: &mut Sandbox, code: &str) -> ExecResult {
-    let r = match sb.exec(code) {
-        Ok(r) => r,
-        Err(e) => panic!("exec failed with an engine error {e:?} ({e})\n--- code ---\n{code}"),
-    };
-    if let Some(err) = &r.error {
-        panic!(
-            "unexpected Python exception {}: {}\n{}\n--- code ---\n{code}\n--- stdout ---\n{}\n--- stderr ---\n{}",
-            err.kind, err.message, err.traceback, r.stdout, r.stderr
-        );
-    }
-    r
-}
-
-#[track_caller]
-fn value(sb: &mut Sandbox, code: &str) -> String {
-    let r = ok(sb, code);
-    r.value.unwrap_or_else(|| panic!("no value for code:\n{code}"))
-}
-
-#[track_caller]
-fn json(sb: &mut Sandbox, code: &str) -> serde_json::Value {
-    let v = value(sb, code);
-    // The repr of a JSON string: '...' (the JSON has no quotes or backslashes to escape here).
-    let s = v.strip_prefix('\'').and_then(|v| v.strip_suffix('\'')).unwrap_or_else(|| panic!("not a str repr: {v}"));
-    serde_json::from_str(s).unwrap_or_else(|e| panic!("not JSON {s}: {e}"))
 }
 
 // ---------------------------------------------------------------------------

@@ -129,12 +129,12 @@ class PackageNotFound(PackageError, NotFound):
     """404: no such package or version in the server's index or wheelhouse."""
 
 
-class PackageConflict(PackageError):
-    """409: a file of the package is already in the session (nothing was installed)."""
+class PackageConflict(PackageError, SessionBusy):
+    """409: a file of the package is already in the session (nothing was installed; a 409 like `SessionBusy`)."""
 
 
-class PackageNeedsBuild(PackageError):
-    """422: the package has no binary wheel for the guest, only an sdist (never built)."""
+class PackageNeedsBuild(PackageError, GuestError):
+    """422: the package has no binary wheel for the guest, only an sdist (never built; a 422 like `GuestError`)."""
 
 
 class PackageFailed(PackageError, ServerError):
