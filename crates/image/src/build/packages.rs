@@ -260,15 +260,7 @@ impl PackageStore {
         let name = spec_name(spec).to_string();
         let mut c = wheels::host_pip();
         c.args(["index", "versions", "--no-input", "--disable-pip-version-check"]);
-        if source.no_index {
-            c.arg("--no-index");
-        } else if let Some(u) = &source.index_url {
-            c.args(["--index-url", u]);
-        }
-        for f in &source.find_links {
-            c.args(["--find-links", f]);
-        }
-        c.env("PYTHONNOUSERSITE", "1").env_remove("PIP_REQUIRE_VIRTUALENV");
+        wheels::source_args(&mut c, source);
         c.arg("--").arg(&name);
         match cmd::output("pip", &mut c) {
             Ok(o) if o.status.success() && String::from_utf8_lossy(&o.stdout).contains("Available versions") => {

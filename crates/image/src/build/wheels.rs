@@ -122,6 +122,20 @@ pub(crate) fn host_pip() -> Command {
     c
 }
 
+/// Where pip looks (`source`: no index, another index, wheelhouses), with the host's
+/// pip configuration (a proxy, a mirror) applying and a virtualenv requirement not.
+pub(crate) fn source_args(c: &mut Command, source: &PipSource) {
+    if source.no_index {
+        c.arg("--no-index");
+    } else if let Some(u) = &source.index_url {
+        c.args(["--index-url", u]);
+    }
+    for f in &source.find_links {
+        c.args(["--find-links", f]);
+    }
+    c.env("PYTHONNOUSERSITE", "1").env_remove("PIP_REQUIRE_VIRTUALENV");
+}
+
 /// Resolve and download `specs` (and their dependencies) as binary wheels for the
 /// guest, into the content-addressed cache under `cache`; the wheels, sorted by name.
 pub fn fetch(specs: &[String], source: &PipSource, cache: &Path, tmp_root: &Path) -> Result<Vec<WheelRef>, BuildError> {
@@ -143,16 +157,7 @@ pub fn fetch(specs: &[String], source: &PipSource, cache: &Path, tmp_root: &Path
     c.args(["--python-version", "3.11", "--implementation", "cp", "--abi", "cp311", "--abi", "abi3", "--abi", "none"]);
     c.arg("--cache-dir").arg(cache.join("pip"));
     c.arg("--dest").arg(dl.path());
-    if source.no_index {
-        c.arg("--no-index");
-    } else if let Some(u) = &source.index_url {
-        c.args(["--index-url", u]);
-    }
-    for f in &source.find_links {
-        c.args(["--find-links", f]);
-    }
-    // The host's pip configuration (a proxy, a mirror) applies; a virtualenv requirement does not.
-    c.env("PYTHONNOUSERSITE", "1").env_remove("PIP_REQUIRE_VIRTUALENV");
+    source_args(&mut c, source);
     c.arg("--");
     c.args(specs);
     let out = cmd::output("pip", &mut c)?;
