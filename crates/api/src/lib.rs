@@ -103,6 +103,7 @@ codes! {
     BootFailed = ("boot_failed", 500, "The guest failed to start."),
     CpuMismatch = ("cpu_mismatch", 500, "A template or checkpoint was made on a CPU whose features this host lacks (the data directory moved): the server refuses it rather than fault."),
     TemplateUnavailable = ("template_unavailable", 500, "The template's image or snapshot could not be built or opened on this server."),
+    SandboxCrashed = ("sandbox_crashed", 502, "The sandbox worker process running the exec died (a crash, its seccomp filter, out of memory) or stopped answering: only what it held failed, a new worker is started; retry."),
     PackageFailed = ("package_failed", 502, "The server's pip could not download or unpack the package (index unreachable, a refused wheel ...); details are in the server's log."),
     Overloaded = ("overloaded", 503, "Every exec slot is busy and the bounded wait queue is full (see Retry-After)."),
     InsufficientStorage = ("insufficient_storage", 507, "The disk is full (or down to the reserve kept for deletes and metadata): nothing was written, the session stays at its previous checkpoint."),
@@ -229,6 +230,7 @@ mod tests {
                 "boot_failed",
                 "cpu_mismatch",
                 "template_unavailable",
+                "sandbox_crashed",
                 "package_failed",
                 "overloaded",
                 "insufficient_storage"

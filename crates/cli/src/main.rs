@@ -90,6 +90,17 @@ enum Command {
         /// Sessions may never install this package at run time (repeatable; wins over --pip-allow).
         #[arg(long, value_name = "NAME")]
         pip_deny: Vec<String>,
+        /// Where one-shot execs and batches run: `process` (jailed sandbox worker processes, one per
+        /// exec slot: own namespaces, an unprivileged uid, no capabilities, seccomp) or `thread`
+        /// (the server's own exec threads). Sessions run on the exec threads either way.
+        #[arg(long, value_enum, default_value = "process")]
+        isolation: IsolationMode,
+        /// Each sandbox worker's memory bound (its cgroup), MiB.
+        #[arg(long, value_name = "MIB", default_value_t = 4096, value_parser = clap::value_parser!(u64).range(256..))]
+        worker_memory_mb: u64,
+        /// Host uid and gid of worker 0 (worker N runs as this + N): a range no account uses.
+        #[arg(long, value_name = "UID", default_value_t = 900_000, value_parser = clap::value_parser!(u32).range(1..))]
+        worker_uid_base: u32,
     },
     /// API keys for the HTTP API.
     #[command(subcommand)]
@@ -315,6 +326,10 @@ fn parse_blas(s: &str) -> Result<forkbox_image::Blas, String> {
 }
 
 fn main() -> ExitCode {
+    // A sandbox worker process the server started (`forkbox_worker`): not a user command.
+    if std::env::args_os().nth(1).is_some_and(|a| a == "__worker") {
+        forkbox_runtime::worker_main();
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("FORKBOX_LOG")
@@ -354,7 +369,17 @@ fn main() -> ExitCode {
             pip_no_index,
             pip_allow,
             pip_deny,
+            isolation,
+            worker_memory_mb,
+            worker_uid_base,
         } => {
+            let isolation = match isolation {
+                IsolationMode::Thread => forkbox_runtime::Isolation::Thread,
+                IsolationMode::Process => forkbox_runtime::Isolation::Process(forkbox_runtime::ProcessIsolation {
+                    memory_mb: worker_memory_mb,
+                    uid_base: worker_uid_base,
+                }),
+            };
             let pip = forkbox_image::PipSource {
                 index_url: pip_index_url,
                 find_links: pip_find_links,
@@ -362,7 +387,7 @@ fn main() -> ExitCode {
             };
             let packages = forkbox_image::packages::Policy { allow: pip_allow, deny: pip_deny };
             egress_policy(egress, &egress_allow, &egress_deny).map(|p| p.with_rate(egress_rate)).and_then(|policy| {
-                serve(&home, listen, image, template, metrics_listen, exec_slots, policy, pip, packages)
+                serve(&home, listen, image, template, metrics_listen, exec_slots, policy, pip, packages, isolation)
             })
         }
         Command::Key(KeyCommand::Create {
@@ -506,6 +531,12 @@ fn syscalls(markdown: bool) {
 }
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum IsolationMode {
+    Process,
+    Thread,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
 pub enum EgressMode {
     None,
     Public,
@@ -535,6 +566,7 @@ fn serve(
     egress: forkbox_engine::NetPolicy,
     pip: forkbox_image::PipSource,
     packages: forkbox_image::packages::Policy,
+    isolation: forkbox_runtime::Isolation,
 ) -> anyhow::Result<ExitCode> {
     pip.validate().map_err(|e| anyhow::anyhow!("--pip-*: {e}"))?;
     for n in packages.allow.iter().chain(&packages.deny) {
@@ -545,6 +577,7 @@ fn serve(
     let mut cfg = forkbox_server::ServerConfig::new(listen, home.to_path_buf());
     cfg.pip = pip;
     cfg.packages = packages;
+    cfg.isolation = isolation;
     cfg.image = image;
     cfg.template = template;
     cfg.metrics_listen = metrics_listen;

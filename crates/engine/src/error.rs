@@ -35,6 +35,10 @@ pub enum EngineError {
     /// A package installed at run time could not be (`package_*` codes).
     #[error("{message}")]
     Package { code: ErrorCode, message: String },
+    /// A failure a sandbox worker process reported for the exec it ran (its
+    /// code, checked by the supervisor to be one an exec can have, and message).
+    #[error("{message}")]
+    Remote { code: ErrorCode, message: String },
     #[error(transparent)]
     Vmm(#[from] forkbox_vmm::VmmError),
     #[error(transparent)]
@@ -59,7 +63,9 @@ impl EngineError {
             EngineError::Boot(_) => ErrorCode::BootFailed,
             EngineError::CodeTooLarge(..) => ErrorCode::CodeTooLarge,
             EngineError::Interrupted(_) => ErrorCode::Interrupted,
-            EngineError::File { code, .. } | EngineError::Package { code, .. } => *code,
+            EngineError::File { code, .. } | EngineError::Package { code, .. } | EngineError::Remote { code, .. } => {
+                *code
+            }
             EngineError::Snapshot(e @ forkbox_snapshot::StateError::CpuMismatch(_)) => e.error_code(),
             EngineError::Vmm(_) | EngineError::Load(_) | EngineError::Image(_) | EngineError::Snapshot(_) => {
                 ErrorCode::Internal

@@ -43,6 +43,26 @@ pub struct OutputFile {
     pub data: Option<Vec<u8>>,
 }
 
+/// The JSON form back (a sandbox worker's result): the MIME type is named
+/// again from the path, as `collect` names it, never taken from the sender.
+impl<'de> serde::Deserialize<'de> for OutputFile {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<OutputFile, D::Error> {
+        use base64::Engine as _;
+        #[derive(serde::Deserialize)]
+        struct Wire {
+            path: String,
+            size: u64,
+            base64: Option<String>,
+        }
+        let w = Wire::deserialize(d)?;
+        let data = match w.base64 {
+            Some(b) => Some(base64::engine::general_purpose::STANDARD.decode(b).map_err(serde::de::Error::custom)?),
+            None => None,
+        };
+        Ok(OutputFile { mime: mime_of(&w.path), path: w.path, size: w.size, data })
+    }
+}
+
 fn as_base64<S: Serializer>(data: &Option<Vec<u8>>, s: S) -> Result<S::Ok, S::Error> {
     use base64::Engine as _;
     match data {

@@ -398,12 +398,23 @@ pub fn spawn_unjailed(name: String, f: impl FnOnce() + Send + 'static) -> std::i
 /// Install the guest-thread filter on the calling thread (and the threads it
 /// starts from now on), in `mode`. Also sets PR_SET_NO_NEW_PRIVS on it.
 pub fn enter_guest_thread(mode: Mode) -> Result<(), JailError> {
+    install(mode, true)
+}
+
+/// The same filter for a sandbox worker process (`forkbox_worker`), on its
+/// only thread: every thread it ever has inherits it. No unfiltered spawner
+/// thread is started (a worker never builds templates).
+pub fn enter_worker(mode: Mode) -> Result<(), JailError> {
+    install(mode, false)
+}
+
+fn install(mode: Mode, with_spawner: bool) -> Result<(), JailError> {
     if mode == Mode::Off || current().is_some() {
         return Ok(());
     }
     let progs = programs(mode)?;
     // Start the spawner while this thread is still unfiltered.
-    if !is_filtered() {
+    if with_spawner && !is_filtered() {
         let _ = spawner();
     }
     // Filters are evaluated last-installed first; all of them run and the

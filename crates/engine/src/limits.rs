@@ -3,7 +3,7 @@ use std::time::Duration;
 use forkbox_linux::net::NetConfig;
 
 /// Per-sandbox limits, all enforced by the VMM.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Limits {
     /// Guest memory the process may map (mmap + brk + stack + loaded files).
     pub memory_bytes: u64,

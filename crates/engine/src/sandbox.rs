@@ -92,7 +92,8 @@ pub const GUEST_ENV: &[&str] = &[
 ];
 
 /// The outcome of one exec. A Python exception is a result (`error` set), not an `Err`.
-#[derive(Clone, Debug, Serialize)]
+/// (Deserialize: a sandbox worker process sends it to the API process.)
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct ExecResult {
     /// repr() of the last expression, if the code ended with one that is not None.
     pub value: Option<String>,
@@ -106,15 +107,15 @@ pub struct ExecResult {
     /// Syscalls (VM exits for the VMM) during this exec.
     pub syscalls: u64,
     /// Files under `/output` this exec created or changed.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub outputs: Vec<OutputFile>,
     /// The value's rich forms beside `value` (text/plain): `text/html` for a
     /// DataFrame, `image/png` for a PIL image, ... (`_repr_*_` methods).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value_data: Option<MimeBundle>,
     /// What `display(obj)` showed and the matplotlib figures left open at the end
     /// (or `plt.show()`n), in order, as MIME bundles.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub display: Vec<MimeBundle>,
 }
 
@@ -137,7 +138,7 @@ pub struct ExecOptions<'a> {
 
 /// What an exec wrote to stdout/stderr before it failed (timeout, crash, exit,
 /// kill): the same capture, with the same limits, as a result's output.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct CapturedOutput {
     pub stdout: String,
     pub stderr: String,

@@ -30,6 +30,9 @@ pub enum RuntimeError {
     /// An exec thread could not be started, or dropped the job (a panic).
     #[error("the exec worker failed")]
     WorkerGone,
+    /// A sandbox worker process died, hung or could not be (re)started.
+    #[error(transparent)]
+    Worker(forkbox_worker::WorkerError),
 }
 
 impl RuntimeError {
@@ -60,6 +63,8 @@ impl RuntimeError {
             RuntimeError::Engine(e) | RuntimeError::ExecFailed { source: e, .. } => e.error_code(),
             RuntimeError::Template(e) => e.error_code(),
             RuntimeError::Open { .. } | RuntimeError::WorkerGone => ErrorCode::Internal,
+            RuntimeError::Worker(forkbox_worker::WorkerError::Unreachable) => ErrorCode::TemplateUnavailable,
+            RuntimeError::Worker(_) => ErrorCode::SandboxCrashed,
         }
     }
 

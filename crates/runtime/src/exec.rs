@@ -108,9 +108,9 @@ pub fn batch_output_limit(per_exec: usize, n: usize) -> usize {
 /// A validated one-shot exec (see [`Runtime::oneshot`]).
 #[derive(Clone, Debug)]
 pub struct OneShotRequest {
-    code: String,
-    limits: Limits,
-    template: Arc<Loaded>,
+    pub(crate) code: String,
+    pub(crate) limits: Limits,
+    pub(crate) template: Arc<Loaded>,
 }
 
 /// The result of a one-shot exec, with its timing.
@@ -173,8 +173,12 @@ impl Runtime {
         hold: impl Send + 'static,
         reply: impl FnOnce(Result<OneShot, RuntimeError>) + Send + 'static,
     ) {
+        let me = self.clone();
         self.workers.spawn(move || {
             let _hold = hold;
+            if let Some(w) = &me.remote {
+                return reply(crate::remote::exec(w, &req, &mut output));
+            }
             let t = Instant::now();
             let mut sb = match req.template.template.fork(&req.template.engine, req.limits) {
                 Ok(sb) => sb,
@@ -272,11 +276,19 @@ impl Runtime {
             let (tx, rx) = tokio::sync::oneshot::channel::<()>();
             done.push(rx);
             let (reqs, next, results, hold) = (reqs.clone(), next.clone(), results.clone(), hold.clone());
+            let me = self.clone();
             self.workers.spawn(move || {
                 let _hold = hold;
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(req) = reqs.get(i) else { break };
+                    if let Some(w) = &me.remote {
+                        let r = crate::remote::exec(w, req, &mut None).map(|o| o.result);
+                        if let Some(slot) = results.get(i) {
+                            *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+                        }
+                        continue;
+                    }
                     let r = req
                         .template
                         .template

@@ -33,6 +33,7 @@
 pub mod command;
 mod error;
 pub mod exec;
+mod remote;
 pub mod session;
 pub mod templates;
 pub mod tree;
@@ -59,6 +60,9 @@ pub use forkbox_engine::{
 pub use forkbox_image::packages::Policy as PackagePolicy;
 pub use forkbox_sessions::manager::{Config as SessionsConfig, ExecOutcome, PackagesOutcome};
 pub use forkbox_sessions::manager::{Diff, FileChange, PathCall, Variable, VariableChange, Variables};
+pub use forkbox_worker::child::main as worker_main;
+pub use forkbox_worker::WorkerInfo;
+pub use remote::{Isolation, ProcessIsolation};
 pub use session::{CheckpointView, ForkedFrom, NewSession, Quota, SessionView};
 pub use tree::{
     Branch, CheckpointContents, ExploreRequest, Explored, Keep, TreeNode, TreeSession, TreeView, EXPLORE_MAX,
@@ -92,6 +96,8 @@ pub struct RuntimeConfig {
     pub pip: forkbox_image::PipSource,
     /// Which packages sessions may install at run time (`serve --pip-allow/--pip-deny`).
     pub packages: forkbox_image::packages::Policy,
+    /// Where one-shot execs run: in-process threads, or jailed worker processes (`serve --isolation`).
+    pub isolation: Isolation,
 }
 
 impl Default for RuntimeConfig {
@@ -112,6 +118,7 @@ impl Default for RuntimeConfig {
             maintenance_every: Duration::from_secs(5),
             pip: forkbox_image::PipSource::default(),
             packages: forkbox_image::packages::Policy::default(),
+            isolation: Isolation::Thread,
         }
     }
 }
@@ -141,6 +148,8 @@ pub struct Runtime {
     config: RuntimeConfig,
     concurrency: usize,
     workers: workers::ExecWorkers,
+    /// The sandbox worker processes (`Isolation::Process`), one per exec thread.
+    remote: Option<forkbox_worker::Workers>,
     /// Held while a session is counted against its quota and created.
     create_lock: Mutex<()>,
     /// The upkeep thread: dropping the sender stops it.
@@ -242,7 +251,12 @@ impl Runtime {
             .map_err(|e| RuntimeError::Open { what: "reading FORKBOX_SECCOMP", message: e.to_string() })?;
         let workers = workers::ExecWorkers::new(concurrency, seccomp)
             .map_err(|e| RuntimeError::Open { what: "starting the exec threads", message: e.to_string() })?;
+        let remote = match config.isolation {
+            Isolation::Thread => None,
+            Isolation::Process(p) => Some(start_workers(home, &config, p, &default, seccomp, concurrency)?),
+        };
         Ok(Arc::new(Runtime {
+            remote,
             home: home.to_path_buf(),
             catalog,
             default,
@@ -257,6 +271,11 @@ impl Runtime {
 
     pub fn home(&self) -> &Path {
         &self.home
+    }
+
+    /// The sandbox worker processes (empty with `Isolation::Thread`).
+    pub fn worker_list(&self) -> Vec<WorkerInfo> {
+        self.remote.as_ref().map(|w| w.list()).unwrap_or_default()
     }
 
     /// The network counters of every sandbox of this process (egress decisions, DNS, bytes).
@@ -399,6 +418,36 @@ impl Runtime {
             }
         }
     }
+}
+
+/// One jailed worker per exec thread, the default template open in each.
+fn start_workers(
+    home: &Path,
+    config: &RuntimeConfig,
+    p: ProcessIsolation,
+    default: &Loaded,
+    seccomp: forkbox_engine::jail::Mode,
+    n: usize,
+) -> Result<forkbox_worker::Workers, RuntimeError> {
+    let open = |message: String| RuntimeError::Open { what: "starting the sandbox workers", message };
+    let mut wc = forkbox_worker::Config::new(home);
+    wc.memory_bytes = p.memory_mb.saturating_mul(1 << 20);
+    wc.uid_base = p.uid_base;
+    wc.seccomp = match seccomp {
+        forkbox_engine::jail::Mode::Enforce => "enforce",
+        forkbox_engine::jail::Mode::Eperm => "eperm",
+        forkbox_engine::jail::Mode::Off => "off",
+    }
+    .into();
+    wc.test_actions = std::env::var("FORKBOX_WORKER_TEST_ACTIONS").is_ok_and(|v| v == "1");
+    if let Some(img) = &config.image {
+        if !img.starts_with(home.join("images")) {
+            wc.extra_images.push(img.clone());
+        }
+    }
+    let prepare =
+        wc.template_ref(&default.engine.image_path, &default.template.dir).map_err(|e| open(e.to_string()))?;
+    forkbox_worker::Workers::start(wc, n, Some(prepare)).map_err(|e| open(e.to_string()))
 }
 
 /// A fresh random id with `prefix` (not a secret: exec ids).

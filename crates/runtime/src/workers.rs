@@ -17,6 +17,20 @@ type Job = Box<dyn FnOnce() + Send>;
 thread_local! {
     /// CPU time of this exec thread when its current job started.
     static JOB_START: std::cell::Cell<Option<f64>> = const { std::cell::Cell::new(None) };
+    /// CPU time the current job used in a sandbox worker process (measured from outside).
+    static JOB_REMOTE: std::cell::Cell<f64> = const { std::cell::Cell::new(0.0) };
+    /// Which exec thread this is (its sandbox worker slot).
+    static EXEC_INDEX: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// The index of the calling exec thread (0 elsewhere).
+pub(crate) fn exec_index() -> usize {
+    EXEC_INDEX.with(|i| i.get())
+}
+
+/// Charge `seconds` of a sandbox worker's CPU time to the current job.
+pub(crate) fn add_remote_cpu(seconds: f64) {
+    JOB_REMOTE.with(|c| c.set(c.get() + seconds));
 }
 
 pub use forkbox_engine::thread_cpu_seconds;
@@ -25,7 +39,8 @@ pub use forkbox_engine::thread_cpu_seconds;
 /// what a front end charges to a caller's CPU budget when the job's `hold` is
 /// dropped (at the end of the job, on its thread).
 pub fn job_cpu_seconds() -> f64 {
-    JOB_START.with(|s| s.get()).map_or(0.0, |t0| (thread_cpu_seconds() - t0).max(0.0))
+    let own = JOB_START.with(|s| s.get()).map_or(0.0, |t0| (thread_cpu_seconds() - t0).max(0.0));
+    own + JOB_REMOTE.with(|c| c.get())
 }
 
 pub(crate) struct ExecWorkers {
@@ -45,6 +60,7 @@ impl ExecWorkers {
             let rx = rx.clone();
             let ready = ready_tx.clone();
             std::thread::Builder::new().name(format!("forkbox-exec-{i}")).spawn(move || {
+                EXEC_INDEX.with(|x| x.set(i));
                 let jailed = forkbox_engine::jail::enter_guest_thread(seccomp).map_err(|e| e.to_string());
                 let ok = jailed.is_ok();
                 let _ = ready.send(jailed);
@@ -90,6 +106,7 @@ fn work(rx: &Mutex<Receiver<Job>>) {
         };
         let Ok(job) = job else { return };
         JOB_START.with(|s| s.set(Some(thread_cpu_seconds())));
+        JOB_REMOTE.with(|c| c.set(0.0));
         // A panicking job drops its reply channel (the caller gets `WorkerGone`); the thread goes on.
         if std::panic::catch_unwind(AssertUnwindSafe(job)).is_err() {
             tracing::error!("an exec job panicked");

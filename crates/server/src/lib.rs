@@ -130,6 +130,8 @@ pub struct ServerConfig {
     pub pip: forkbox_runtime::PipSource,
     /// Which packages sessions may install at run time (`serve --pip-allow/--pip-deny`).
     pub packages: forkbox_runtime::PackagePolicy,
+    /// Where one-shot execs run (`serve --isolation`; see `forkbox_runtime::Isolation`).
+    pub isolation: forkbox_runtime::Isolation,
 }
 
 impl ServerConfig {
@@ -157,6 +159,7 @@ impl ServerConfig {
             maintenance_every: rt.maintenance_every,
             pip: rt.pip,
             packages: rt.packages,
+            isolation: rt.isolation,
         }
     }
 
@@ -185,6 +188,7 @@ impl ServerConfig {
             maintenance_every: self.maintenance_every,
             pip: self.pip.clone(),
             packages: self.packages.clone(),
+            isolation: self.isolation,
         }
     }
 }

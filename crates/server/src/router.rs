@@ -44,6 +44,7 @@ fn v1_routes(files_limit: usize) -> OpenApiRouter<AppState> {
     let file_routes = (schemas, paths, file_routes.layer(DefaultBodyLimit::max(files_limit)));
     OpenApiRouter::new()
         .routes(routes!(exec::exec))
+        .routes(routes!(health::workers))
         .routes(routes!(stream::exec_stream))
         .routes(routes!(exec::exec_batch))
         .routes(routes!(commands::command))

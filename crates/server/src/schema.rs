@@ -647,6 +647,31 @@ pub struct Health {
     pub queued: usize,
 }
 
+/// The sandbox worker processes (`GET /v1/admin/workers`, admin keys only).
+#[derive(Serialize, ToSchema)]
+pub struct WorkerList {
+    /// `process` (one-shot execs in jailed workers) or `thread` (no workers).
+    pub isolation: String,
+    pub workers: Vec<WorkerBody>,
+}
+
+/// One sandbox worker process slot.
+#[derive(Serialize, ToSchema)]
+pub struct WorkerBody {
+    pub index: usize,
+    /// Host pid of the jailed worker (null while it is being restarted).
+    pub pid: Option<u32>,
+    /// The unprivileged host uid it runs as.
+    pub uid: u32,
+    /// Running an exec now.
+    pub busy: bool,
+    /// Workers of this slot that died (or hung) and were replaced.
+    pub restarts: u64,
+    pub started_unix_ms: Option<u64>,
+    /// How the previous worker of this slot ended.
+    pub last_exit: Option<String>,
+}
+
 /// A template execs and sessions can fork from.
 #[derive(Serialize, ToSchema)]
 pub struct TemplateBody {

@@ -10,7 +10,7 @@ use forkbox_api::ErrorCode;
 
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
-use crate::schema::{Health, RootInfo};
+use crate::schema::{Health, RootInfo, WorkerBody, WorkerList};
 use crate::{metrics, AppState};
 
 /// The OpenAPI document (JSON), rendered once per router.
@@ -50,6 +50,40 @@ pub(crate) async fn healthz(State(state): State<AppState>) -> Json<Health> {
         exec_slots_free: state.admission.free(),
         queued: state.admission.queued(),
     })
+}
+
+/// The sandbox worker processes: pids, uids, restarts (operators; the tests
+/// read each worker's /proc status from these pids).
+#[utoipa::path(get, path = "/admin/workers", tag = "server",
+    responses((status = 200, body = WorkerList),
+              (status = 401, description = "No API key", body = ErrorBody),
+              (status = 403, description = "Not an admin key", body = ErrorBody)))]
+pub(crate) async fn workers(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Json<WorkerList>, ApiError> {
+    if caller.key.as_ref().is_some_and(|k| !k.admin) {
+        return Err(ApiError::new(ErrorCode::Forbidden, "/v1/admin/workers is for admin keys only"));
+    }
+    let isolation = match state.config.isolation {
+        forkbox_runtime::Isolation::Thread => "thread",
+        forkbox_runtime::Isolation::Process(_) => "process",
+    };
+    let workers = state
+        .runtime
+        .worker_list()
+        .into_iter()
+        .map(|w| WorkerBody {
+            index: w.index,
+            pid: w.pid,
+            uid: w.uid,
+            busy: w.busy,
+            restarts: w.restarts,
+            started_unix_ms: w.started_unix_ms,
+            last_exit: w.last_exit,
+        })
+        .collect();
+    Ok(Json(WorkerList { isolation: isolation.into(), workers }))
 }
 
 /// `/metrics` on the main address: admin keys only (or the embedded router's

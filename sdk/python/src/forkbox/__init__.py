@@ -16,6 +16,7 @@ from ._errors import (
     ForkboxError,
     GuestError,
     InsufficientStorage,
+    SandboxCrashed,
     InvalidPath,
     InvalidRequest,
     NotFound,
@@ -67,7 +68,7 @@ __all__ = [
     "Stderr", "Stdout", "Upload", "Branch", "Explored", "Variable",
     "ForkboxError", "ConnectionFailed", "InvalidRequest", "InvalidPath", "Unauthorized", "QuotaExceeded", "NotFound", "TemplateNotFound", "TemplateNotReady", "TemplateExists",
     "SessionNotFound", "CheckpointNotFound", "FileNotFound", "Timeout", "SessionBusy", "CpuMismatch", "PayloadTooLarge",
-    "GuestError", "RateLimited", "ServerError", "Overloaded", "Forbidden", "InsufficientStorage",
+    "GuestError", "RateLimited", "ServerError", "Overloaded", "Forbidden", "InsufficientStorage", "SandboxCrashed",
     "InstalledPackage", "Packages", "PackageError", "PackageNotAllowed", "PackageNotFound", "PackageConflict",
     "PackageNeedsBuild", "PackageFailed",
 ]

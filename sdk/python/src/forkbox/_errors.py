@@ -117,6 +117,10 @@ class InsufficientStorage(ServerError):
     """507: the server's disk is full; nothing was written (the session stays at its last checkpoint)."""
 
 
+class SandboxCrashed(ServerError):
+    """502: the sandbox worker process running the exec died or hung; only that exec failed: retry."""
+
+
 class PackageError(ForkboxError):
     """A package could not be installed into a session (`package_*` codes)."""
 
@@ -185,6 +189,7 @@ _BY_CODE: dict[str, type[ForkboxError]] = {
     "storage_error": ServerError,
     "protocol_error": ServerError,
     "boot_failed": ServerError,
+    "sandbox_crashed": SandboxCrashed,
     "overloaded": Overloaded,
     "insufficient_storage": InsufficientStorage,
 }
@@ -214,7 +219,7 @@ STATUS_OF_CODE: dict[str, int] = {
     "template_not_found": 404, "template_not_ready": 409, "template_exists": 409,
     "template_unavailable": 500, "too_many_builds": 429,
     "package_not_allowed": 403, "package_not_found": 404, "package_conflict": 409, "package_needs_build": 422,
-    "package_failed": 502,
+    "package_failed": 502, "sandbox_crashed": 502,
     "method_not_allowed": 405, "timeout": 408, "session_busy": 409,
     "payload_too_large": 413, "code_too_large": 413, "file_too_large": 413, "guest_crashed": 422,
     "guest_exited": 422, "guest_killed": 422, "sandbox_unusable": 422, "interrupted": 422, "deadlock": 422,

@@ -1,0 +1,289 @@
+//! Sandbox worker processes (issue 16), asserted from the outside on the real
+//! `forkbox serve` binary: each worker is jailed (an unprivileged uid, no
+//! capabilities, NO_NEW_PRIVS, seccomp, its own namespaces, a root without
+//! keys.db or the sessions), a worker killed by its seccomp filter or by
+//! SIGKILL mid-exec fails only that exec (`sandbox_crashed`) and is replaced,
+//! and the worker's CPU time is charged to the key.
+//!
+//! Needs /dev/kvm and root (the server jails its workers); fails loudly without.
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+/// `forkbox_worker::TEST_FORBIDDEN_SYSCALL`: honoured only with FORKBOX_WORKER_TEST_ACTIONS=1.
+const FORBIDDEN_SYSCALL: &str = "#forkbox-test: forbidden-syscall";
+
+struct Server {
+    url: String,
+    key: String,
+    home: tempfile::TempDir,
+    proc: Child,
+    http: reqwest::Client,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.proc.kill();
+        let _ = self.proc.wait();
+    }
+}
+
+fn forkbox() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_forkbox"))
+}
+
+/// `forkbox serve` on a fresh home (templates linked to the shared one), with
+/// the test-only worker actions on; an unlimited admin key.
+fn start(extra: &[&str]) -> Server {
+    let shared = forkbox_testkit::shared();
+    let home = forkbox_testkit::fresh_home("fbx-workers-");
+    let mut proc = forkbox()
+        .arg("--home")
+        .arg(home.path())
+        .args(["serve", "--listen", "127.0.0.1:0", "--image"])
+        .arg(&shared.image_path)
+        .args(extra)
+        .env("FORKBOX_WORKER_TEST_ACTIONS", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(proc.stdout.take().unwrap()).lines();
+    let mut url = None;
+    let t0 = Instant::now();
+    while url.is_none() {
+        let line = lines.next().expect("serve ended before it listened").unwrap();
+        if let Some(rest) = line.split("listening on ").nth(1) {
+            url = rest.split_whitespace().next().map(str::to_string);
+        }
+        assert!(t0.elapsed() < Duration::from_secs(300), "serve did not start");
+    }
+    std::thread::spawn(move || for _ in lines {});
+    let out = forkbox()
+        .arg("--home")
+        .arg(home.path())
+        .args(["key", "create", "--tenant", "t", "--unlimited", "--admin"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let key = String::from_utf8(out.stdout).unwrap().split_whitespace().last().unwrap().to_string();
+    Server { url: url.unwrap(), key, home, proc, http: reqwest::Client::new() }
+}
+
+impl Server {
+    async fn call(&self, method: reqwest::Method, path: &str, key: &str, body: Option<Value>) -> (u16, Value) {
+        let mut req = self.http.request(method, format!("{}{path}", self.url)).bearer_auth(key);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let r = req.send().await.unwrap();
+        let st = r.status().as_u16();
+        (st, r.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn exec(&self, code: &str) -> (u16, Value) {
+        self.call(reqwest::Method::POST, "/v1/exec", &self.key, Some(json!({ "code": code }))).await
+    }
+
+    async fn workers(&self) -> Vec<Value> {
+        let (st, v) = self.call(reqwest::Method::GET, "/v1/admin/workers", &self.key, None).await;
+        assert_eq!(st, 200, "{v}");
+        v["workers"].as_array().unwrap().clone()
+    }
+
+    /// The workers once every slot has a live one again.
+    async fn settled_workers(&self) -> Vec<Value> {
+        for _ in 0..200 {
+            let w = self.workers().await;
+            if w.iter().all(|w| w["pid"].is_u64()) {
+                return w;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("a worker was not replaced: {:?}", self.workers().await);
+    }
+}
+
+fn status_field(pid: u64, name: &str) -> String {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}:")).map(|v| v.trim().to_string()))
+        .unwrap_or_else(|| panic!("no {name} in /proc/{pid}/status"))
+}
+
+fn ns(pid: u32, which: &str) -> String {
+    std::fs::read_link(format!("/proc/{pid}/ns/{which}")).unwrap().display().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn workers_are_jailed_and_see_no_keys_or_sessions() {
+    let s = start(&["--exec-slots", "2"]);
+    // A session exists (on the server's side), so there is a sessions directory to not see.
+    let (st, v) = s.call(reqwest::Method::POST, "/v1/sessions", &s.key, Some(json!({}))).await;
+    assert_eq!(st, 201, "{v}");
+    let id = v["id"].as_str().unwrap().to_string();
+    let (st, v) = s
+        .call(reqwest::Method::POST, &format!("/v1/sessions/{id}/exec"), &s.key, Some(json!({"code": "x = 41"})))
+        .await;
+    assert_eq!(st, 200, "{v}");
+    assert!(s.home.path().join("server/keys.db").exists());
+
+    let (st, v) = s.exec("import os\n(os.getuid(), 6 * 7)").await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["value"], "(0, 42)", "{v}");
+    let (st, v) = s.call(reqwest::Method::GET, "/v1/admin/workers", &s.key, None).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["isolation"], "process");
+    let workers = v["workers"].as_array().unwrap();
+    assert_eq!(workers.len(), 2, "{v}");
+    let server = s.proc.id();
+    let mut uids = Vec::new();
+    for w in workers {
+        let pid = w["pid"].as_u64().unwrap();
+        let uid = w["uid"].as_u64().unwrap();
+        assert_ne!(uid, 0);
+        uids.push(uid);
+        assert_eq!(status_field(pid, "Uid"), format!("{uid}\t{uid}\t{uid}\t{uid}"), "worker {pid}");
+        assert_eq!(status_field(pid, "Gid"), format!("{uid}\t{uid}\t{uid}\t{uid}"), "worker {pid}");
+        assert_eq!(status_field(pid, "Groups"), "");
+        for cap in ["CapEff", "CapPrm", "CapInh", "CapBnd", "CapAmb"] {
+            assert_eq!(status_field(pid, cap), "0000000000000000", "{cap} of worker {pid}");
+        }
+        assert_eq!(status_field(pid, "NoNewPrivs"), "1");
+        assert_eq!(status_field(pid, "Seccomp"), "2");
+        for n in ["user", "mnt", "pid", "ipc", "uts", "cgroup"] {
+            assert_ne!(ns(pid as u32, n), ns(server, n), "{n} namespace of worker {pid}");
+        }
+        // Its open files: no keys.db, nothing of the sessions, no writable file at all.
+        for fd in std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap() {
+            let fd = fd.unwrap();
+            let target = std::fs::read_link(fd.path()).map(|p| p.display().to_string()).unwrap_or_default();
+            assert!(!target.contains("keys.db") && !target.contains("sessions"), "worker {pid} has {target} open");
+        }
+        // Its root: the data directory's images, templates and packages, read-only; no keys, no sessions.
+        let root = Path::new("/proc").join(pid.to_string()).join("root");
+        let mut home: Vec<String> = std::fs::read_dir(root.join("home"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        home.sort();
+        assert_eq!(home, ["images", "packages", "templates"]);
+        assert!(!root.join("home/server").exists() && !root.join("home/sessions").exists());
+        let err = std::fs::write(root.join("home/templates/probe"), b"x").unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EROFS), "{err}");
+        let err = std::fs::write(root.join("probe"), b"x").unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EROFS), "{err}");
+    }
+    uids.dedup();
+    assert_eq!(uids.len(), 2, "each worker has a uid of its own");
+    // Operators only.
+    let out = forkbox().arg("--home").arg(s.home.path()).args(["key", "create", "--tenant", "u"]).output().unwrap();
+    let plain = String::from_utf8(out.stdout).unwrap().split_whitespace().last().unwrap().to_string();
+    let (st, v) = s.call(reqwest::Method::GET, "/v1/admin/workers", &plain, None).await;
+    assert_eq!((st, v["error"]["code"].clone()), (403, json!("forbidden")), "{v}");
+    // The session (on the server's exec threads) is unaffected.
+    let (st, v) =
+        s.call(reqwest::Method::POST, &format!("/v1/sessions/{id}/exec"), &s.key, Some(json!({"code": "x + 1"}))).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["value"], "42", "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_killed_by_its_filter_or_by_sigkill_fails_only_its_exec() {
+    let s = start(&["--exec-slots", "2"]);
+    let before = s.settled_workers().await;
+    // 1. A forbidden system call in the worker (a test-only action): its
+    //    filter kills it; the exec gets sandbox_crashed; the next one works.
+    let (st, v) = s.exec(FORBIDDEN_SYSCALL).await;
+    assert_eq!(st, 502, "{v}");
+    assert_eq!(v["error"]["code"], "sandbox_crashed", "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("seccomp"), "{v}");
+    for _ in 0..4 {
+        let (st, v) = s.exec("sum(range(10))").await;
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(v["value"], "45");
+    }
+    let after = s.settled_workers().await;
+    let restarts: u64 = after.iter().map(|w| w["restarts"].as_u64().unwrap()).sum();
+    assert_eq!(restarts, 1, "{after:?}");
+    let survivors = before.iter().filter(|b| after.iter().any(|a| a["pid"] == b["pid"])).count();
+    assert_eq!(survivors, 1, "only the killed worker was replaced: {before:?} -> {after:?}");
+    assert!(after.iter().any(|w| w["last_exit"].as_str().is_some_and(|x| x.contains("SIGSYS"))), "{after:?}");
+
+    // 2. kill -9 of a worker in the middle of an exec.
+    let spin = {
+        let (http, url, key) = (s.http.clone(), s.url.clone(), s.key.clone());
+        tokio::spawn(async move {
+            let r = http
+                .post(format!("{url}/v1/exec"))
+                .bearer_auth(key)
+                .json(&json!({ "code": "while True: pass", "timeout_seconds": 60 }))
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        })
+    };
+    let mut busy = None;
+    for _ in 0..200 {
+        busy = s.workers().await.into_iter().find(|w| w["busy"] == true).and_then(|w| w["pid"].as_u64());
+        if busy.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let pid = busy.expect("no worker became busy");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // SAFETY: a signal to the worker process this test found.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
+    let t0 = Instant::now();
+    let (st, v) = tokio::time::timeout(Duration::from_secs(20), spin).await.expect("the exec did not end").unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(10));
+    assert_eq!(st, 502, "{v}");
+    assert_eq!(v["error"]["code"], "sandbox_crashed", "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("SIGKILL"), "{v}");
+    let (st, v) = s.exec("'still serving'").await;
+    assert_eq!(st, 200, "{v}");
+    let after = s.settled_workers().await;
+    assert!(after.iter().all(|w| w["pid"].as_u64() != Some(pid)));
+    let restarts: u64 = after.iter().map(|w| w["restarts"].as_u64().unwrap()).sum();
+    assert_eq!(restarts, 2, "{after:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_workers_cpu_time_is_charged_to_the_key_and_thread_isolation_has_no_workers() {
+    let s = start(&["--exec-slots", "2"]);
+    let out = forkbox()
+        .arg("--home")
+        .arg(s.home.path())
+        .args(["key", "create", "--tenant", "cpu", "--cpu-seconds-per-hour", "1"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let cpu = String::from_utf8(out.stdout).unwrap().split_whitespace().last().unwrap().to_string();
+    let spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.5: pass";
+    let (st, v) = s.call(reqwest::Method::POST, "/v1/exec", &cpu, Some(json!({ "code": spin }))).await;
+    assert_eq!(st, 200, "{v}");
+    let mut last = (0, Value::Null);
+    for _ in 0..20 {
+        last = s.call(reqwest::Method::POST, "/v1/exec", &cpu, Some(json!({ "code": "1" }))).await;
+        if last.0 == 429 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!(last.0, 429, "{:?}", last.1);
+    assert_eq!(last.1["error"]["code"], "cpu_budget_exceeded");
+
+    let t = start(&["--exec-slots", "2", "--isolation", "thread"]);
+    let (st, v) = t.call(reqwest::Method::GET, "/v1/admin/workers", &t.key, None).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v, json!({ "isolation": "thread", "workers": [] }));
+    let (st, v) = t.exec("6 * 7").await;
+    assert_eq!((st, v["value"].clone()), (200, json!("42")));
+}

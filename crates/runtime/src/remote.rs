@@ -1,0 +1,107 @@
+//! One-shot execs in sandbox worker processes (`Isolation::Process`, see
+//! `forkbox_worker`): the exec thread that holds the job hands it to its own
+//! worker and waits; the worker's CPU time is charged to the job, its network
+//! counters added to this process'.
+
+use std::sync::atomic::Ordering;
+
+use forkbox_api::ErrorCode;
+use forkbox_engine::{EngineError, NET_GLOBAL};
+use forkbox_worker::{NetDelta, WireError, WorkerError, Workers};
+
+use crate::exec::{OneShot, OneShotRequest, Output};
+use crate::workers::{add_remote_cpu, exec_index};
+use crate::{random_id, RuntimeError};
+
+/// How execs are isolated from the API process.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Isolation {
+    /// On the exec threads of this process (under their seccomp filter).
+    #[default]
+    Thread,
+    /// One-shot execs and batches in jailed sandbox worker processes, one per
+    /// exec thread; sessions still on the exec threads.
+    Process(ProcessIsolation),
+}
+
+/// The bounds of sandbox worker processes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProcessIsolation {
+    /// Each worker's memory bound (its cgroup), MiB.
+    pub memory_mb: u64,
+    /// Host uid (and gid) of worker 0; worker `i` runs as this + `i`.
+    pub uid_base: u32,
+}
+
+impl Default for ProcessIsolation {
+    fn default() -> Self {
+        ProcessIsolation { memory_mb: 4096, uid_base: forkbox_worker::supervisor::DEFAULT_UID_BASE }
+    }
+}
+
+/// Codes a worker may report for an exec; anything else becomes `internal`
+/// (a worker runs guest input: it does not get to pick, say, `unauthorized`).
+const EXEC_CODES: &[ErrorCode] = &[
+    ErrorCode::Timeout,
+    ErrorCode::GuestCrashed,
+    ErrorCode::GuestExited,
+    ErrorCode::GuestKilled,
+    ErrorCode::SandboxUnusable,
+    ErrorCode::Interrupted,
+    ErrorCode::Deadlock,
+    ErrorCode::CodeTooLarge,
+    ErrorCode::ProtocolError,
+    ErrorCode::BootFailed,
+    ErrorCode::CpuMismatch,
+    ErrorCode::TemplateUnavailable,
+    ErrorCode::Internal,
+];
+
+fn engine_error(e: WireError) -> RuntimeError {
+    let code = e.code.parse::<ErrorCode>().ok().filter(|c| EXEC_CODES.contains(c)).unwrap_or(ErrorCode::Internal);
+    RuntimeError::exec(EngineError::Remote { code, message: e.message }, e.output)
+}
+
+fn add_net(d: NetDelta) {
+    let g = &NET_GLOBAL;
+    g.connects_allowed.fetch_add(d.connects_allowed, Ordering::Relaxed);
+    g.connects_denied.fetch_add(d.connects_denied, Ordering::Relaxed);
+    g.dns_queries.fetch_add(d.dns_queries, Ordering::Relaxed);
+    g.dns_refused.fetch_add(d.dns_refused, Ordering::Relaxed);
+    g.bytes_sent.fetch_add(d.bytes_sent, Ordering::Relaxed);
+    g.bytes_received.fetch_add(d.bytes_received, Ordering::Relaxed);
+}
+
+/// Fork `req`'s template and run its code on this exec thread's worker.
+pub(crate) fn exec(
+    w: &Workers,
+    req: &OneShotRequest,
+    output: &mut Option<Box<dyn Output>>,
+) -> Result<OneShot, RuntimeError> {
+    let ran = (|| {
+        let t = w.template_ref(&req.template.engine.image_path, &req.template.template.dir)?;
+        match output.as_mut() {
+            Some(out) => {
+                let mut sink = |s, b: &[u8]| out.chunk(s, b);
+                w.exec(exec_index(), &t, &req.code, &req.limits, Some(&mut sink))
+            }
+            None => w.exec(exec_index(), &t, &req.code, &req.limits, None),
+        }
+    })();
+    if let Some(out) = output.as_mut() {
+        out.end();
+    }
+    let remote = ran?;
+    add_remote_cpu(remote.cpu_seconds);
+    add_net(remote.net);
+    match remote.result {
+        Ok(result) => Ok(OneShot { result, id: random_id("x_"), fork_ms: remote.fork_ms, exec_ms: remote.exec_ms }),
+        Err(e) => Err(engine_error(e)),
+    }
+}
+
+impl From<WorkerError> for RuntimeError {
+    fn from(e: WorkerError) -> RuntimeError {
+        RuntimeError::Worker(e)
+    }
+}

@@ -1,0 +1,555 @@
+//! The API process' side: one jailed worker process per exec thread (slot),
+//! started by a launcher thread that has no seccomp filter (the exec threads
+//! may not fork or exec), restarted when it dies.
+//!
+//! Why one worker per exec thread: the engine keeps recycled VMs per thread,
+//! so a long-lived worker behind each exec thread keeps forks warm the way the
+//! in-process threads did, an exec thread never waits for another's worker,
+//! and a worker's death takes only the one exec it was running.
+
+use std::collections::HashMap;
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use forkbox_engine::sandbox::OutputSink;
+use forkbox_engine::{ExecResult, Limits};
+
+use crate::child::{JAIL_HOME, SOCKET_FD};
+use crate::protocol::{self, Bind, Done, FromWorker, Hello, NetDelta, TemplateRef, ToWorker, WireError};
+
+/// How the supervisor starts workers.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The forkbox binary (`/proc/self/exe`): run as `<exe> __worker`.
+    pub exe: PathBuf,
+    /// The data directory: its `images`, `templates` and `packages` are bound
+    /// read-only into each worker; `run/` holds the workers' empty mount points.
+    pub home: PathBuf,
+    /// Image files outside `home/images` (an `--image PATH`), bound one by one.
+    pub extra_images: Vec<PathBuf>,
+    /// Worker `i` runs as host uid/gid `uid_base + i`.
+    pub uid_base: u32,
+    /// Each worker's memory bound (its cgroup), bytes.
+    pub memory_bytes: u64,
+    /// Each worker's task bound.
+    pub max_tasks: u64,
+    /// `FORKBOX_SECCOMP` for the workers' filter.
+    pub seccomp: String,
+    /// False: no namespaces or uid change (protocol tests only).
+    pub jail: bool,
+    /// See `protocol::TEST_FORBIDDEN_SYSCALL`.
+    pub test_actions: bool,
+}
+
+impl Config {
+    /// What each worker's jail shows, read-only: the data directory's
+    /// `images`, `templates` and `packages` under `/home`, extra images under `/extra`.
+    pub fn binds(&self) -> Vec<Bind> {
+        let mut binds: Vec<Bind> = ["images", "templates", "packages"]
+            .into_iter()
+            .map(|d| Bind { host: self.home.join(d), jail: format!("{JAIL_HOME}/{d}") })
+            .collect();
+        for (i, img) in self.extra_images.iter().enumerate() {
+            binds.push(Bind { host: img.clone(), jail: format!("/extra/{i}.img") });
+        }
+        binds
+    }
+
+    /// A template as the workers see it (its image and directory must be under a bind).
+    pub fn template_ref(&self, image: &Path, dir: &Path) -> Result<TemplateRef, WorkerError> {
+        let binds = self.binds();
+        let image = jail_path(&binds, image).ok_or(WorkerError::Unreachable)?;
+        let dir = jail_path(&binds, dir).ok_or(WorkerError::Unreachable)?;
+        Ok(TemplateRef { image, dir })
+    }
+
+    pub fn new(home: &Path) -> Config {
+        Config {
+            exe: PathBuf::from("/proc/self/exe"),
+            home: home.to_path_buf(),
+            extra_images: Vec::new(),
+            uid_base: DEFAULT_UID_BASE,
+            memory_bytes: 4 << 30,
+            max_tasks: 256,
+            seccomp: "enforce".into(),
+            jail: true,
+            test_actions: false,
+        }
+    }
+}
+
+/// Host uids of the workers start here (a range no account of a usual host uses).
+pub const DEFAULT_UID_BASE: u32 = 900_000;
+
+/// How long a new worker may take to jail itself and open the default template.
+const START_TIMEOUT: Duration = Duration::from_secs(120);
+/// Beyond an exec's own time limit, how long a worker may take to answer
+/// (opening a template first) before it is declared hung and killed.
+const ANSWER_GRACE: Duration = Duration::from_secs(30);
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// The worker died or stopped answering; the exec it held is lost.
+    #[error("the sandbox worker {0}")]
+    Crashed(String),
+    #[error("starting a sandbox worker: {0}")]
+    Start(String),
+    #[error("the template is outside what the workers can see")]
+    Unreachable,
+}
+
+/// One exec as a worker ran it.
+#[derive(Debug)]
+pub struct Remote {
+    pub result: Result<ExecResult, WireError>,
+    pub fork_ms: f64,
+    pub exec_ms: f64,
+    /// CPU time the worker process used for it, measured from outside.
+    pub cpu_seconds: f64,
+    pub net: NetDelta,
+}
+
+/// A worker as `GET /v1/admin/workers` shows it.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct WorkerInfo {
+    pub index: usize,
+    /// Host pid of the jailed worker (None: being restarted).
+    pub pid: Option<u32>,
+    pub uid: u32,
+    pub busy: bool,
+    pub restarts: u64,
+    pub started_unix_ms: Option<u64>,
+    /// How the previous worker of this slot ended, if one did.
+    pub last_exit: Option<String>,
+}
+
+struct Conn {
+    sock: UnixStream,
+    pid: u32,
+    started: SystemTime,
+}
+
+/// A slot's connection, used by its exec thread only.
+#[derive(Default)]
+struct SlotIo {
+    conn: Option<Conn>,
+    pending: Option<Receiver<Result<Conn, WorkerError>>>,
+}
+
+/// One worker slot: its connection, and what the listing shows without
+/// waiting for an exec in progress.
+#[derive(Default)]
+struct Slot {
+    io: Mutex<SlotIo>,
+    pid: AtomicU32,
+    busy: AtomicBool,
+    restarts: AtomicU64,
+    started_ms: AtomicU64,
+    last_exit: Mutex<Option<String>>,
+}
+
+impl Slot {
+    fn set_conn(&self, io: &mut SlotIo, conn: Conn) {
+        self.pid.store(conn.pid, Ordering::Relaxed);
+        let ms = conn.started.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        self.started_ms.store(ms, Ordering::Relaxed);
+        io.conn = Some(conn);
+    }
+
+    fn lost(&self, io: &mut SlotIo, exit: Option<String>) {
+        io.conn = None;
+        self.pid.store(0, Ordering::Relaxed);
+        self.restarts.fetch_add(1, Ordering::Relaxed);
+        *self.last_exit.lock().unwrap_or_else(|e| e.into_inner()) = exit;
+    }
+}
+
+enum Job {
+    Start {
+        index: usize,
+        reply: Sender<Result<Conn, WorkerError>>,
+    },
+    /// Kill the slot's worker (if running) and say how it ended.
+    Stop {
+        index: usize,
+        reply: Sender<Option<String>>,
+    },
+}
+
+pub struct Workers {
+    config: Arc<Config>,
+    binds: Arc<Vec<Bind>>,
+    slots: Vec<Slot>,
+    launcher: Mutex<Sender<Job>>,
+}
+
+impl Workers {
+    /// Start `n` workers (all jailed and with `prepare` open when this returns).
+    /// Call it from a thread without a seccomp filter.
+    pub fn start(config: Config, n: usize, prepare: Option<TemplateRef>) -> Result<Workers, WorkerError> {
+        crate::jail::remove_stale_cgroups();
+        let config = Arc::new(config);
+        let binds = config.binds();
+        for b in &binds {
+            if b.jail.starts_with(JAIL_HOME) {
+                std::fs::create_dir_all(&b.host)
+                    .map_err(|e| WorkerError::Start(format!("creating {}: {e}", b.jail)))?;
+            }
+        }
+        let binds = Arc::new(binds);
+        let (tx, rx) = channel::<Job>();
+        let (cfg, b, p) = (config.clone(), binds.clone(), prepare);
+        std::thread::Builder::new()
+            .name("forkbox-launcher".into())
+            .spawn(move || launcher(&cfg, &b, p.as_ref(), rx))
+            .map_err(|e| WorkerError::Start(format!("the launcher thread: {e}")))?;
+        let workers = Workers {
+            config,
+            binds,
+            slots: (0..n.max(1)).map(|_| Slot::default()).collect(),
+            launcher: Mutex::new(tx),
+        };
+        // Start them all at once, then wait for each.
+        let pending: Vec<_> = (0..workers.slots.len()).map(|i| workers.request_start(i)).collect();
+        for (i, rx) in pending.into_iter().enumerate() {
+            let conn = rx.recv().map_err(|_| WorkerError::Start("the launcher thread ended".into()))??;
+            let slot = &workers.slots[i];
+            slot.set_conn(&mut slot.io.lock().unwrap_or_else(|e| e.into_inner()), conn);
+        }
+        Ok(workers)
+    }
+
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    fn request_start(&self, index: usize) -> Receiver<Result<Conn, WorkerError>> {
+        let (tx, rx) = channel();
+        let sent =
+            self.launcher.lock().unwrap_or_else(|e| e.into_inner()).send(Job::Start { index, reply: tx.clone() });
+        if sent.is_err() {
+            let _ = tx.send(Err(WorkerError::Start("the launcher thread ended".into())));
+        }
+        rx
+    }
+
+    fn stop(&self, index: usize) -> Option<String> {
+        let (tx, rx) = channel();
+        let sent = self.launcher.lock().unwrap_or_else(|e| e.into_inner()).send(Job::Stop { index, reply: tx });
+        sent.ok()?;
+        rx.recv_timeout(Duration::from_secs(10)).ok().flatten()
+    }
+
+    /// The template as the workers see it.
+    pub fn template_ref(&self, image: &Path, dir: &Path) -> Result<TemplateRef, WorkerError> {
+        let image = jail_path(&self.binds, image).ok_or(WorkerError::Unreachable)?;
+        let dir = jail_path(&self.binds, dir).ok_or(WorkerError::Unreachable)?;
+        Ok(TemplateRef { image, dir })
+    }
+
+    pub fn list(&self) -> Vec<WorkerInfo> {
+        self.slots
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                // A replacement that is ready but not yet used: show it.
+                if let Ok(mut io) = s.io.try_lock() {
+                    if io.conn.is_none() {
+                        match io.pending.as_ref().map(|rx| rx.try_recv()) {
+                            Some(Ok(Ok(conn))) => {
+                                io.pending = None;
+                                s.set_conn(&mut io, conn);
+                            }
+                            // It failed to start: the next exec tries again.
+                            Some(Ok(Err(_))) => io.pending = None,
+                            _ => {}
+                        }
+                    }
+                }
+                let pid = s.pid.load(Ordering::Relaxed);
+                WorkerInfo {
+                    index: i,
+                    pid: (pid != 0).then_some(pid),
+                    uid: self.config.uid_base.saturating_add(i as u32),
+                    busy: s.busy.load(Ordering::Relaxed),
+                    restarts: s.restarts.load(Ordering::Relaxed),
+                    started_unix_ms: (pid != 0).then(|| s.started_ms.load(Ordering::Relaxed)),
+                    last_exit: s.last_exit.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+                }
+            })
+            .collect()
+    }
+
+    /// Run one exec on worker `index`'s fork of `template`. Blocking (call it
+    /// on exec thread `index`); `on_output` gets streamed output.
+    pub fn exec(
+        &self,
+        index: usize,
+        template: &TemplateRef,
+        code: &str,
+        limits: &Limits,
+        mut on_output: Option<OutputSink<'_>>,
+    ) -> Result<Remote, WorkerError> {
+        let index = index % self.slots.len();
+        let slot = &self.slots[index];
+        let mut io = slot.io.lock().unwrap_or_else(|e| e.into_inner());
+        // A worker that died while idle is replaced before the exec, not charged to it.
+        if io.conn.as_ref().is_some_and(|c| !alive(&c.sock)) {
+            let exit = self.stop(index);
+            slot.lost(&mut io, exit);
+            io.pending = Some(self.request_start(index));
+        }
+        if io.conn.is_none() {
+            let rx = io.pending.take().unwrap_or_else(|| self.request_start(index));
+            let conn = rx.recv().map_err(|_| WorkerError::Start("the launcher thread ended".into()))??;
+            slot.set_conn(&mut io, conn);
+        }
+        let Some(conn) = io.conn.as_mut() else { return Err(WorkerError::Start("no worker".into())) };
+        let pid = conn.pid;
+        let clock = cpu_clock(pid);
+        let cpu0 = clock_seconds(clock);
+        let req = ToWorker::Exec {
+            template: template.clone(),
+            code: code.to_string(),
+            limits: limits.clone(),
+            stream: on_output.is_some(),
+        };
+        let _ = conn.sock.set_read_timeout(Some(limits.timeout.saturating_add(ANSWER_GRACE)));
+        slot.busy.store(true, Ordering::Relaxed);
+        let answered = (|| -> Result<Box<Done>, protocol::ProtocolError> {
+            protocol::write(&mut conn.sock, &req)?;
+            loop {
+                match protocol::read::<FromWorker>(&mut conn.sock)? {
+                    FromWorker::Output { stream, data } => {
+                        if let Some(f) = on_output.as_mut() {
+                            f(stream, &data);
+                        }
+                    }
+                    FromWorker::Done(done) => return Ok(done),
+                    other => {
+                        return Err(protocol::ProtocolError::Io(std::io::Error::other(format!(
+                            "sent an unexpected frame {other:?}"
+                        ))))
+                    }
+                }
+            }
+        })();
+        slot.busy.store(false, Ordering::Relaxed);
+        let cpu_seconds = (clock_seconds(clock) - cpu0).max(0.0);
+        match answered {
+            Ok(done) => {
+                let Done { result, fork_ms, exec_ms, net } = *done;
+                Ok(Remote { result, fork_ms, exec_ms, cpu_seconds, net })
+            }
+            Err(e) => {
+                // Dead, hung or speaking nonsense: it goes, a new one starts.
+                let exit = self.stop(index);
+                let how = match &exit {
+                    Some(x) if !e.is_timeout() => x.clone(),
+                    _ if e.is_timeout() => "stopped answering (killed)".to_string(),
+                    _ => e.to_string(),
+                };
+                tracing::warn!(worker = index, pid, "sandbox worker lost: {how}");
+                slot.lost(&mut io, exit);
+                io.pending = Some(self.request_start(index));
+                Err(WorkerError::Crashed(how))
+            }
+        }
+    }
+}
+
+/// Where a host path is inside the workers' jail (None: not under a bind).
+fn jail_path(binds: &[Bind], host: &Path) -> Option<String> {
+    for b in binds {
+        if host == b.host {
+            return Some(b.jail.clone());
+        }
+        if let Ok(rest) = host.strip_prefix(&b.host) {
+            let rest = rest.to_str()?;
+            if rest.split('/').any(|c| c == ".." || c == ".") {
+                return None;
+            }
+            return Some(format!("{}/{rest}", b.jail));
+        }
+    }
+    None
+}
+
+/// No hang-up and nothing unasked-for to read on the socket.
+fn alive(sock: &UnixStream) -> bool {
+    let mut p = libc::pollfd { fd: sock.as_raw_fd(), events: libc::POLLIN | libc::POLLRDHUP, revents: 0 };
+    // SAFETY: one pollfd, no wait.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n == 0
+}
+
+/// The CPU-time clock of process `pid` (clock_getcpuclockid without its
+/// validating clock_getres, which the exec threads' filter does not list).
+fn cpu_clock(pid: u32) -> libc::clockid_t {
+    ((!(pid as libc::clockid_t)) << 3) | 2
+}
+
+fn clock_seconds(clock: libc::clockid_t) -> f64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes a local timespec.
+    if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
+        return 0.0;
+    }
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+/// The launcher thread: starts and stops worker processes (it owns their `Child`).
+fn launcher(config: &Config, binds: &[Bind], prepare: Option<&TemplateRef>, rx: Receiver<Job>) {
+    let mut children: HashMap<usize, Child> = HashMap::new();
+    for job in rx {
+        match job {
+            Job::Start { index, reply } => {
+                if let Some(mut old) = children.remove(&index) {
+                    let _ = old.kill();
+                    let _ = old.wait();
+                    remove_cgroups(index);
+                }
+                match start_one(config, binds, prepare, index) {
+                    Ok((child, conn)) => {
+                        children.insert(index, child);
+                        let _ = reply.send(Ok(conn));
+                    }
+                    Err(e) => {
+                        tracing::error!(worker = index, "{e}");
+                        let _ = reply.send(Err(e));
+                    }
+                }
+            }
+            Job::Stop { index, reply } => {
+                let how = children.remove(&index).map(|mut c| {
+                    // The launcher exits with the worker's status (128 + signal when killed).
+                    let t0 = Instant::now();
+                    let status = loop {
+                        match c.try_wait() {
+                            Ok(Some(s)) => break Some(s),
+                            Ok(None) if t0.elapsed() < Duration::from_millis(500) => {
+                                std::thread::sleep(Duration::from_millis(5))
+                            }
+                            _ => {
+                                let _ = c.kill();
+                                break c.wait().ok();
+                            }
+                        }
+                    };
+                    remove_cgroups(index);
+                    describe(status)
+                });
+                let _ = reply.send(how);
+            }
+        }
+    }
+}
+
+fn remove_cgroups(index: usize) {
+    for d in crate::jail::cgroup_dirs(std::process::id(), index as u32) {
+        let _ = std::fs::remove_dir(d);
+    }
+}
+
+fn describe(status: Option<std::process::ExitStatus>) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match status {
+        None => "ended (status unknown)".into(),
+        Some(s) => match (s.code(), s.signal()) {
+            (Some(c), _) if c > 128 => match c - 128 {
+                libc::SIGSYS => "was killed by its seccomp filter (SIGSYS)".into(),
+                libc::SIGKILL => "was killed (SIGKILL: killed, or out of memory)".into(),
+                n => format!("died of signal {n}"),
+            },
+            (Some(c), _) => format!("exited with status {c}"),
+            (None, Some(sig)) => format!("launcher died of signal {sig}"),
+            _ => "ended".into(),
+        },
+    }
+}
+
+fn start_one(
+    config: &Config,
+    binds: &[Bind],
+    prepare: Option<&TemplateRef>,
+    index: usize,
+) -> Result<(Child, Conn), WorkerError> {
+    fn err(what: &'static str) -> impl Fn(std::io::Error) -> WorkerError {
+        move |e| WorkerError::Start(format!("{what}: {e}"))
+    }
+    let root = config.home.join("run").join(format!("worker-{index}"));
+    std::fs::create_dir_all(&root).map_err(err("creating the worker's mount point"))?;
+    let (mut ours, theirs) = UnixStream::pair().map_err(err("socketpair"))?;
+    let fd = theirs.as_raw_fd();
+    let mut cmd = Command::new(&config.exe);
+    cmd.arg("__worker").env_clear().stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::inherit());
+    if let Ok(v) = std::env::var("RUST_LOG") {
+        cmd.env("RUST_LOG", v);
+    }
+    // SAFETY: between fork and exec only async-signal-safe calls: dup2 of an
+    // fd this process owns (dup2 clears close-on-exec on the copy).
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(fd, SOCKET_FD) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().map_err(err("spawning the worker"))?;
+    drop(theirs);
+    let started = (|| -> Result<Conn, WorkerError> {
+        let perr = |e: protocol::ProtocolError| WorkerError::Start(e.to_string());
+        let hello = Hello {
+            index: index as u32,
+            jail: config.jail,
+            uid: config.uid_base.saturating_add(index as u32),
+            root,
+            binds: binds.to_vec(),
+            seccomp: config.seccomp.clone(),
+            memory_bytes: config.memory_bytes,
+            max_tasks: config.max_tasks,
+            test_actions: config.test_actions,
+        };
+        let _ = ours.set_read_timeout(Some(START_TIMEOUT));
+        protocol::write(&mut ours, &hello).map_err(perr)?;
+        let pid = match protocol::read::<FromWorker>(&mut ours).map_err(perr)? {
+            FromWorker::Started { pid } => pid,
+            other => return Err(WorkerError::Start(format!("expected Started, got {other:?}"))),
+        };
+        match protocol::read::<FromWorker>(&mut ours).map_err(perr)? {
+            FromWorker::Ready => {}
+            other => return Err(WorkerError::Start(format!("expected Ready, got {other:?}"))),
+        }
+        if let Some(t) = prepare {
+            protocol::write(&mut ours, &ToWorker::Prepare { template: t.clone() }).map_err(perr)?;
+            match protocol::read::<FromWorker>(&mut ours).map_err(perr)? {
+                FromWorker::Prepared(Ok(())) => {}
+                FromWorker::Prepared(Err(e)) => {
+                    return Err(WorkerError::Start(format!("opening the template: {}", e.message)))
+                }
+                other => return Err(WorkerError::Start(format!("expected Prepared, got {other:?}"))),
+            }
+        }
+        Ok(Conn { sock: ours, pid, started: SystemTime::now() })
+    })();
+    match started {
+        Ok(conn) => Ok((child, conn)),
+        Err(e) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            Err(e)
+        }
+    }
+}
