@@ -84,6 +84,27 @@ pub enum BenchCommand {
         #[command(flatten)]
         image: ImageArgs,
     },
+    /// One-shot execs over HTTP on loopback, `serve --isolation thread` beside
+    /// `--isolation process` (sandbox worker processes), alternating rounds of
+    /// one run: sequential latency and concurrent clients.
+    Http {
+        /// Sequential samples per round and server.
+        #[arg(long, default_value_t = 200)]
+        samples: usize,
+        /// Concurrent clients of the throughput run.
+        #[arg(long, default_value_t = 16)]
+        clients: usize,
+        /// Seconds of each throughput run.
+        #[arg(long, default_value_t = 5.0)]
+        seconds: f64,
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// Exec slots of each server (default: twice the cores, as `serve`).
+        #[arg(long)]
+        exec_slots: Option<usize>,
+        #[command(flatten)]
+        image: ImageArgs,
+    },
     /// Sessions: checkpoint cost vs pages dirtied, resume of evicted sessions,
     /// forks of checkpoints, disk per session, many sessions at once.
     Sessions {
@@ -101,7 +122,7 @@ pub enum BenchCommand {
     },
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
+pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }
@@ -109,7 +130,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
-fn summary(mut v: Vec<f64>) -> String {
+pub(crate) fn summary(mut v: Vec<f64>) -> String {
     v.sort_by(|a, b| a.total_cmp(b));
     format!("p50 {:9.3} ms   p99 {:9.3} ms   (n={})", percentile(&v, 0.5), percentile(&v, 0.99), v.len())
 }
@@ -123,6 +144,12 @@ pub fn bench(home: &Path, cmd: BenchCommand) -> Result<ExitCode> {
         BenchCommand::Sessions { samples, resident, on_disk, image } => {
             sessions(home, samples, resident, on_disk, &image)
         }
+        BenchCommand::Http { samples, clients, seconds, rounds, exec_slots, image } => crate::bench_http::http(
+            home,
+            (samples.max(1), clients.max(1), seconds.max(0.5), rounds.max(1)),
+            exec_slots,
+            &image,
+        ),
         BenchCommand::Net { requests, download_mb, image } => net(home, requests.max(1), download_mb, &image),
         BenchCommand::Explore { samples, width, image } => {
             crate::bench_tree::explore(home, samples.max(1), width.clamp(1, 64), &image)
@@ -475,6 +502,22 @@ fn fork(home: &Path, forks: usize, execs: usize, live: usize, batch: usize, imag
     let host = host_fork_baseline(execs)?;
     println!("host os.fork() + exec + pipe (no VM)     {}", summary(host.clone()));
     println!("ratio forkbox/host p50: {:.2}x", p50(&e2e) / p50(&host));
+    match worker_boundary(home, &path, &template, &engine, mode, execs) {
+        Ok([inproc, worker, inside, ping]) => {
+            println!("fork + exec, in-process (interleaved)   {}", summary(inproc.clone()));
+            println!("fork + exec, in a sandbox worker         {}", summary(worker.clone()));
+            println!("  of which inside the worker             {}", summary(inside.clone()));
+            println!("socket round trip to the worker (ping)  {}", summary(ping));
+            println!(
+                "process boundary: +{:.3} ms p50 (round trip minus the worker's own fork + exec: +{:.3} ms); ratio to host p50: {:.2}x in-process, {:.2}x in a worker",
+                p50(&worker) - p50(&inproc),
+                p50(&worker) - p50(&inside),
+                p50(&inproc) / p50(&host),
+                p50(&worker) / p50(&host)
+            );
+        }
+        Err(e) => println!("fork + exec in a sandbox worker: not measured ({e:#})"),
+    }
     println!("reset of a finished fork for reuse (drop) {}", summary(resets));
     println!(
         "per fork+exec (p50): {:.0} pages touched and {:.0} written (private) on a new VM, {:.0} syscall exits",
@@ -523,6 +566,58 @@ fn fork(home: &Path, forks: usize, execs: usize, live: usize, batch: usize, imag
 
 /// Run `f` on a new thread under the guest-thread seccomp filter in `mode`
 /// (what the server's exec threads run under), and wait for it.
+/// Fork + exec in-process and through one jailed sandbox worker process
+/// (`forkbox_worker`, as `serve --isolation process` runs one-shot execs),
+/// interleaved sample by sample: (in-process, worker round trip, the worker's
+/// own fork + exec time, a bare socket round trip), ms.
+fn worker_boundary(
+    home: &Path,
+    image: &Path,
+    template: &forkbox_engine::Template,
+    engine: &Engine,
+    mode: forkbox_engine::jail::Mode,
+    n: usize,
+) -> Result<[Vec<f64>; 4]> {
+    let mut wc = forkbox_worker::Config::new(home);
+    wc.seccomp = format!("{mode:?}").to_lowercase();
+    if !image.starts_with(home.join("images")) {
+        wc.extra_images.push(image.to_path_buf());
+    }
+    let tref = wc.template_ref(image, &template.dir)?;
+    let workers = forkbox_worker::Workers::start(wc, 1, Some(tref.clone()))?;
+    let limits = Limits::default();
+    on_guest_thread(mode, || -> Result<_> {
+        let remote = |code: &str| -> Result<(f64, f64)> {
+            let t = Instant::now();
+            let r = workers.exec(0, &tref, code, &limits, None)?;
+            let rtt = ms(t);
+            let out = r.result.map_err(|e| anyhow::anyhow!("{}: {}", e.code, e.message))?;
+            anyhow::ensure!(out.stdout == "2\n", "unexpected output {:?}", out.stdout);
+            Ok((rtt, r.fork_ms + r.exec_ms))
+        };
+        for _ in 0..10 {
+            template.fork(engine, limits.clone())?.exec("print(1+1)")?;
+            remote("print(1+1)")?;
+        }
+        let (mut inproc, mut worker, mut inside, mut ping) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..n {
+            let t = Instant::now();
+            let mut sb = template.fork(engine, limits.clone())?;
+            sb.exec("print(1+1)")?;
+            inproc.push(ms(t));
+            drop(sb);
+            // (After the in-process sample: the worker has finished its previous drop.)
+            let t = Instant::now();
+            workers.ping(0)?;
+            ping.push(ms(t));
+            let (rtt, own) = remote("print(1+1)")?;
+            worker.push(rtt);
+            inside.push(own);
+        }
+        Ok([inproc, worker, inside, ping])
+    })
+}
+
 fn on_guest_thread<T: Send>(mode: forkbox_engine::jail::Mode, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
     std::thread::scope(|s| {
         s.spawn(move || -> Result<T> {

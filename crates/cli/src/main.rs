@@ -8,6 +8,7 @@
 
 mod api;
 mod bench;
+mod bench_http;
 mod bench_tree;
 mod mcp;
 mod repl;
@@ -326,10 +327,6 @@ fn parse_blas(s: &str) -> Result<forkbox_image::Blas, String> {
 }
 
 fn main() -> ExitCode {
-    // A sandbox worker process the server started (`forkbox_worker`): not a user command.
-    if std::env::args_os().nth(1).is_some_and(|a| a == "__worker") {
-        forkbox_runtime::worker_main();
-    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("FORKBOX_LOG")
@@ -337,6 +334,10 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
+    // A sandbox worker process the server started (`forkbox_worker`): not a user command.
+    if std::env::args_os().nth(1).is_some_and(|a| a == "__worker") {
+        forkbox_runtime::worker_main();
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => return usage_error(e),

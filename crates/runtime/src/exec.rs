@@ -177,7 +177,8 @@ impl Runtime {
         self.workers.spawn(move || {
             let _hold = hold;
             if let Some(w) = &me.remote {
-                return reply(crate::remote::exec(w, &req, &mut output));
+                reply(crate::remote::exec(w, &req, &mut output));
+                return crate::remote::settle(w);
             }
             let t = Instant::now();
             let mut sb = match req.template.template.fork(&req.template.engine, req.limits) {

@@ -72,6 +72,11 @@ fn add_net(d: NetDelta) {
     g.bytes_received.fetch_add(d.bytes_received, Ordering::Relaxed);
 }
 
+/// After replying: wait for this exec thread's worker to tear the fork down.
+pub(crate) fn settle(w: &Workers) {
+    w.settle(exec_index());
+}
+
 /// Fork `req`'s template and run its code on this exec thread's worker.
 pub(crate) fn exec(
     w: &Workers,

@@ -164,6 +164,7 @@ impl Worker {
                 Err(e) => return Err(e.into()),
             };
             match req {
+                ToWorker::Ping => protocol::write(sock, &FromWorker::Pong)?,
                 ToWorker::Prepare { template } => {
                     let r = self.template(&template).map(|_| ()).map_err(|e| wire(e, None));
                     protocol::write(sock, &FromWorker::Prepared(r))?;
@@ -248,6 +249,6 @@ impl Worker {
         protocol::write(sock, &FromWorker::Done(Box::new(done)))?;
         // After the reply: the VM goes back to the pool off the response path.
         drop(sb);
-        Ok(())
+        Ok(protocol::write(sock, &FromWorker::Idle)?)
     }
 }

@@ -335,6 +335,11 @@ pub fn drop_privileges(h: &Hello) -> Result<(), JailError> {
     check(unsafe { libc::syscall(libc::SYS_capset, &hdr, data.as_ptr()) as libc::c_int }, "capset")?;
     // SAFETY: prctl with integer arguments.
     check(unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) }, "PR_SET_NO_NEW_PRIVS")?;
+    // The uid change made the process non-dumpable, which gives its /proc/self
+    // files to host root: the VMM reads /proc/self/pagemap to reset VMs for
+    // reuse. Dumpable again (no core: RLIMIT_CORE 0; ptrace is not in the filter).
+    // SAFETY: prctl with integer arguments.
+    check(unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) }, "PR_SET_DUMPABLE")?;
     let limits: [(libc::__rlimit_resource_t, u64, &str); 3] = [
         (libc::RLIMIT_NOFILE, 4096, "RLIMIT_NOFILE"),
         (libc::RLIMIT_NPROC, h.max_tasks, "RLIMIT_NPROC"),

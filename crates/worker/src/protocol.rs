@@ -107,6 +107,8 @@ pub struct TemplateRef {
 
 #[derive(Debug, Serialize, Deserialize)]
 pub enum ToWorker {
+    /// Answered at once with `Pong` (a liveness probe; the bench's socket round trip).
+    Ping,
     /// Open the template (its VM pool warm) before the first exec needs it.
     Prepare { template: TemplateRef },
     /// Fork the template, run `code`, reply; the fork is dropped after the reply.
@@ -150,6 +152,7 @@ pub enum FromWorker {
     /// The jail is entered and the filter installed: requests may come.
     Ready,
     Prepared(Result<(), WireError>),
+    Pong,
     /// Output as the guest writes it (only for `stream: true`).
     Output {
         stream: Stream,
@@ -157,6 +160,9 @@ pub enum FromWorker {
         data: Vec<u8>,
     },
     Done(Box<Done>),
+    /// After `Done`: the exec's fork is torn down (its VM reset for reuse),
+    /// the worker reads the next request.
+    Idle,
 }
 
 mod b64 {

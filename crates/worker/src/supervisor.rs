@@ -141,6 +141,8 @@ struct Conn {
 struct SlotIo {
     conn: Option<Conn>,
     pending: Option<Receiver<Result<Conn, WorkerError>>>,
+    /// The worker answered an exec and has not said `Idle` yet (it is tearing the fork down).
+    tearing_down: bool,
 }
 
 /// One worker slot: its connection, and what the listing shows without
@@ -291,6 +293,54 @@ impl Workers {
             .collect()
     }
 
+    /// Wait until worker `index` has torn down the fork of its last exec (what
+    /// an exec thread does after replying, as it drops an in-process fork: so
+    /// the slot stays busy, and the next exec goes to another thread, until then).
+    pub fn settle(&self, index: usize) {
+        let index = index % self.slots.len();
+        let slot = &self.slots[index];
+        let mut io = slot.io.lock().unwrap_or_else(|e| e.into_inner());
+        self.settle_locked(index, slot, &mut io);
+    }
+
+    fn settle_locked(&self, index: usize, slot: &Slot, io: &mut SlotIo) {
+        if !io.tearing_down {
+            return;
+        }
+        io.tearing_down = false;
+        let Some(conn) = io.conn.as_mut() else { return };
+        let _ = conn.sock.set_read_timeout(Some(ANSWER_GRACE));
+        match protocol::read::<FromWorker>(&mut conn.sock) {
+            Ok(FromWorker::Idle) => {}
+            other => {
+                let why = match other {
+                    Ok(f) => format!("sent {f:?} instead of Idle"),
+                    Err(e) => e.to_string(),
+                };
+                tracing::warn!(worker = index, "sandbox worker lost after an exec: {why}");
+                let exit = self.stop(index);
+                slot.lost(io, exit);
+                io.pending = Some(self.request_start(index));
+            }
+        }
+    }
+
+    /// A round trip to worker `index` (no guest involved): what the process
+    /// boundary costs by itself. Blocking, on exec thread `index`.
+    pub fn ping(&self, index: usize) -> Result<(), WorkerError> {
+        let index = index % self.slots.len();
+        let slot = &self.slots[index];
+        let mut io = slot.io.lock().unwrap_or_else(|e| e.into_inner());
+        self.settle_locked(index, slot, &mut io);
+        let conn = io.conn.as_mut().ok_or_else(|| WorkerError::Crashed("is not running".into()))?;
+        let crashed = |e: protocol::ProtocolError| WorkerError::Crashed(e.to_string());
+        protocol::write(&mut conn.sock, &ToWorker::Ping).map_err(crashed)?;
+        match protocol::read::<FromWorker>(&mut conn.sock).map_err(crashed)? {
+            FromWorker::Pong => Ok(()),
+            other => Err(WorkerError::Crashed(format!("answered a ping with {other:?}"))),
+        }
+    }
+
     /// Run one exec on worker `index`'s fork of `template`. Blocking (call it
     /// on exec thread `index`); `on_output` gets streamed output.
     pub fn exec(
@@ -304,6 +354,7 @@ impl Workers {
         let index = index % self.slots.len();
         let slot = &self.slots[index];
         let mut io = slot.io.lock().unwrap_or_else(|e| e.into_inner());
+        self.settle_locked(index, slot, &mut io);
         // A worker that died while idle is replaced before the exec, not charged to it.
         if io.conn.as_ref().is_some_and(|c| !alive(&c.sock)) {
             let exit = self.stop(index);
@@ -349,6 +400,7 @@ impl Workers {
         let cpu_seconds = (clock_seconds(clock) - cpu0).max(0.0);
         match answered {
             Ok(done) => {
+                io.tearing_down = true;
                 let Done { result, fork_ms, exec_ms, net } = *done;
                 Ok(Remote { result, fork_ms, exec_ms, cpu_seconds, net })
             }
@@ -494,8 +546,10 @@ fn start_one(
     let fd = theirs.as_raw_fd();
     let mut cmd = Command::new(&config.exe);
     cmd.arg("__worker").env_clear().stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::inherit());
-    if let Ok(v) = std::env::var("RUST_LOG") {
-        cmd.env("RUST_LOG", v);
+    for k in ["RUST_LOG", "FORKBOX_LOG"] {
+        if let Ok(v) = std::env::var(k) {
+            cmd.env(k, v);
+        }
     }
     // SAFETY: between fork and exec only async-signal-safe calls: dup2 of an
     // fd this process owns (dup2 clears close-on-exec on the copy).

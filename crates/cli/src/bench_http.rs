@@ -1,0 +1,163 @@
+//! `forkbox bench http`: one-shot execs over HTTP on loopback against two real
+//! `forkbox serve` processes, one with `--isolation thread` and one with
+//! `--isolation process` (jailed sandbox workers), measured in alternating
+//! rounds of the same run: sequential latency, then `clients` concurrent
+//! clients for a few seconds. The clients run in this process, on the same cores.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+
+use crate::bench::{percentile, summary};
+use crate::ImageArgs;
+
+struct Served {
+    isolation: &'static str,
+    url: String,
+    key: String,
+    proc: Child,
+    _home: tempfile::TempDir,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.proc.kill();
+        let _ = self.proc.wait();
+    }
+}
+
+fn start(exe: &Path, home: &Path, image: &Path, isolation: &'static str, slots: usize) -> Result<Served> {
+    let dir = tempfile::Builder::new().prefix("fbx-bench-http-").tempdir()?;
+    std::os::unix::fs::symlink(forkbox_engine::template::templates_dir(home), dir.path().join("templates"))?;
+    let out = Command::new(exe)
+        .arg("--home")
+        .arg(dir.path())
+        .args(["key", "create", "--tenant", "bench", "--unlimited"])
+        .output()?;
+    anyhow::ensure!(out.status.success(), "key create: {}", String::from_utf8_lossy(&out.stderr));
+    let key = String::from_utf8_lossy(&out.stdout).split_whitespace().last().context("no key")?.to_string();
+    let mut proc = Command::new(exe)
+        .arg("--home")
+        .arg(dir.path())
+        .args(["serve", "--listen", "127.0.0.1:0", "--isolation", isolation, "--exec-slots", &slots.to_string()])
+        .arg("--image")
+        .arg(image)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let mut lines = BufReader::new(proc.stdout.take().context("no stdout")?).lines();
+    let url = loop {
+        let line = lines.next().context("serve ended before it listened")??;
+        if let Some(rest) = line.split("listening on ").nth(1) {
+            break rest.split_whitespace().next().unwrap_or_default().to_string();
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    Ok(Served { isolation, url, key, proc, _home: dir })
+}
+
+async fn exec(http: &reqwest::Client, s: &Served) -> Result<()> {
+    let r = http
+        .post(format!("{}/v1/exec", s.url))
+        .bearer_auth(&s.key)
+        .json(&serde_json::json!({ "code": "print(1+1)" }))
+        .send()
+        .await?;
+    anyhow::ensure!(r.status().is_success(), "HTTP {}", r.status());
+    let v: serde_json::Value = r.json().await?;
+    anyhow::ensure!(v["stdout"] == "2\n", "unexpected {v}");
+    Ok(())
+}
+
+/// Execs per second of `clients` concurrent clients over `secs`.
+async fn throughput(http: &reqwest::Client, s: &Served, clients: usize, secs: f64) -> Result<(f64, usize)> {
+    let end = Instant::now() + Duration::from_secs_f64(secs);
+    let t0 = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let (http, url, key) = (http.clone(), s.url.clone(), s.key.clone());
+        tasks.push(tokio::spawn(async move {
+            let (mut ok, mut failed) = (0usize, 0usize);
+            while Instant::now() < end {
+                let r = http
+                    .post(format!("{url}/v1/exec"))
+                    .bearer_auth(&key)
+                    .json(&serde_json::json!({ "code": "print(1+1)" }))
+                    .send()
+                    .await;
+                match r {
+                    Ok(r) if r.status().is_success() => ok += 1,
+                    _ => failed += 1,
+                }
+            }
+            (ok, failed)
+        }));
+    }
+    let (mut ok, mut failed) = (0, 0);
+    for t in tasks {
+        let (o, f) = t.await?;
+        ok += o;
+        failed += f;
+    }
+    Ok((ok as f64 / t0.elapsed().as_secs_f64(), failed))
+}
+
+/// `(samples, clients, seconds, rounds)` as `forkbox bench http` names them.
+pub fn http(
+    home: &Path,
+    (samples, clients, secs, rounds): (usize, usize, f64, usize),
+    exec_slots: Option<usize>,
+    image: &ImageArgs,
+) -> Result<ExitCode> {
+    let (path, id) = crate::run::ensure_image(home, image, true)?;
+    let engine = forkbox_engine::Engine::open(&path)?;
+    forkbox_engine::Template::ensure(&engine, home)?;
+    let exe: PathBuf = std::env::current_exe()?;
+    let slots = exec_slots.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()) * 2).max(1);
+    let servers = [start(&exe, home, &path, "thread", slots)?, start(&exe, home, &path, "process", slots)?];
+    println!("image {}, {slots} exec slots each; {rounds} rounds alternating thread / process", &id[..12]);
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let http = reqwest::Client::new();
+    let mut lat: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    let mut tput: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    rt.block_on(async {
+        for s in &servers {
+            for _ in 0..20 {
+                exec(&http, s).await?;
+            }
+        }
+        for round in 0..rounds {
+            for (i, s) in servers.iter().enumerate() {
+                for _ in 0..samples {
+                    let t = Instant::now();
+                    exec(&http, s).await?;
+                    lat[i].push(t.elapsed().as_secs_f64() * 1000.0);
+                }
+                let (rate, failed) = throughput(&http, s, clients, secs).await?;
+                println!("round {round}: {:7}  {clients} clients: {rate:7.0} execs/s ({failed} failed)", s.isolation);
+                tput[i].push(rate);
+            }
+        }
+        Ok::<(), anyhow::Error>(())
+    })?;
+    for (i, s) in servers.iter().enumerate() {
+        println!("one-shot exec over HTTP, isolation {:7}  {}", s.isolation, summary(lat[i].clone()));
+    }
+    let med = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(|a, b| a.total_cmp(b));
+        percentile(&v, 0.5)
+    };
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+    println!(
+        "process - thread: {:+.3} ms p50; {clients} clients: {:.0} vs {:.0} execs/s = {:.1}%",
+        med(&lat[1]) - med(&lat[0]),
+        mean(&tput[1]),
+        mean(&tput[0]),
+        100.0 * mean(&tput[1]) / mean(&tput[0]).max(1e-9)
+    );
+    Ok(ExitCode::SUCCESS)
+}
