@@ -33,6 +33,7 @@ from ._errors import (
     SessionBusy,
     CpuMismatch,
     SessionNotFound,
+    StorageUnavailable,
     TemplateNotFound,
     TemplateNotReady,
     TemplateExists,
@@ -67,7 +68,7 @@ __all__ = [
     "Stderr", "Stdout", "Upload", "Branch", "Explored", "Variable",
     "ForkboxError", "ConnectionFailed", "InvalidRequest", "InvalidPath", "Unauthorized", "QuotaExceeded", "NotFound", "TemplateNotFound", "TemplateNotReady", "TemplateExists",
     "SessionNotFound", "CheckpointNotFound", "FileNotFound", "Timeout", "SessionBusy", "CpuMismatch", "PayloadTooLarge",
-    "GuestError", "RateLimited", "ServerError", "Overloaded", "Forbidden", "InsufficientStorage",
+    "GuestError", "RateLimited", "ServerError", "Overloaded", "Forbidden", "InsufficientStorage", "StorageUnavailable",
     "InstalledPackage", "Packages", "PackageError", "PackageNotAllowed", "PackageNotFound", "PackageConflict",
     "PackageNeedsBuild", "PackageFailed",
 ]
