@@ -90,6 +90,15 @@ enum Command {
         /// Sessions may never install this package at run time (repeatable; wins over --pip-allow).
         #[arg(long, value_name = "NAME")]
         pip_deny: Vec<String>,
+        /// Checkpoint files also in an S3-compatible object store, `s3://bucket/prefix`: each uploaded
+        /// (content-addressed) before its checkpoint commits; the local directory is a cache in front of
+        /// it. Endpoint and credentials: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION.
+        #[arg(long, value_name = "URL")]
+        objects: Option<String>,
+        /// With --objects: at most this many MiB of checkpoint files kept locally (least recently used
+        /// go first; files in use or not uploaded are kept). Default: no bound.
+        #[arg(long, value_name = "N", requires = "objects")]
+        object_cache_mb: Option<u64>,
     },
     /// API keys for the HTTP API.
     #[command(subcommand)]
@@ -354,7 +363,13 @@ fn main() -> ExitCode {
             pip_no_index,
             pip_allow,
             pip_deny,
+            objects,
+            object_cache_mb,
         } => {
+            let objects = objects.map(|url| forkbox_sessions::objects::ObjectsConfig {
+                cache_bytes: object_cache_mb.map(|mb| mb.saturating_mul(1 << 20)),
+                ..forkbox_sessions::objects::ObjectsConfig::new(url)
+            });
             let pip = forkbox_image::PipSource {
                 index_url: pip_index_url,
                 find_links: pip_find_links,
@@ -362,7 +377,7 @@ fn main() -> ExitCode {
             };
             let packages = forkbox_image::packages::Policy { allow: pip_allow, deny: pip_deny };
             egress_policy(egress, &egress_allow, &egress_deny).map(|p| p.with_rate(egress_rate)).and_then(|policy| {
-                serve(&home, listen, image, template, metrics_listen, exec_slots, policy, pip, packages)
+                serve(&home, listen, image, template, metrics_listen, exec_slots, policy, pip, packages, objects)
             })
         }
         Command::Key(KeyCommand::Create {
@@ -535,6 +550,7 @@ fn serve(
     egress: forkbox_engine::NetPolicy,
     pip: forkbox_image::PipSource,
     packages: forkbox_image::packages::Policy,
+    objects: Option<forkbox_sessions::objects::ObjectsConfig>,
 ) -> anyhow::Result<ExitCode> {
     pip.validate().map_err(|e| anyhow::anyhow!("--pip-*: {e}"))?;
     for n in packages.allow.iter().chain(&packages.deny) {
@@ -550,6 +566,7 @@ fn serve(
     cfg.metrics_listen = metrics_listen;
     cfg.max_concurrency = exec_slots.map_or(0, |n| n as usize);
     cfg.limits.network = forkbox_engine::NetConfig::with_policy(egress);
+    cfg.sessions.objects = objects;
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(forkbox_server::serve(cfg))?;
     Ok(ExitCode::SUCCESS)
 }
