@@ -81,13 +81,13 @@ pub enum SessionError {
     /// The object store (`--objects`) failed: reading a file a resume needs, or
     /// anything but an exec's checkpoint (that is [`Self::NotStored`]).
     #[error("checkpoint files: {0}")]
-    Objects(#[from] ObjectError),
+    Objects(Box<ObjectError>),
     /// The checkpoint of an exec could not be uploaded to the object store:
     /// it was not committed (its local files are gone too).
     #[error("{source}; the checkpoint was not committed, the session stays at {}", rolled_back(*.checkpoint))]
     NotStored {
         #[source]
-        source: ObjectError,
+        source: Box<ObjectError>,
         checkpoint: Option<i64>,
     },
     #[error("checkpoint files: {0}")]
@@ -97,6 +97,12 @@ pub enum SessionError {
     /// The session's template (or the one asked for) cannot be had.
     #[error(transparent)]
     Template(#[from] CatalogError),
+}
+
+impl From<ObjectError> for SessionError {
+    fn from(e: ObjectError) -> SessionError {
+        SessionError::Objects(Box::new(e))
+    }
 }
 
 impl SessionError {
@@ -1010,7 +1016,7 @@ impl SessionManager {
                             Some(p) => self.store.checkpoint(p).ok().flatten().map(|c| c.seq),
                             None => None,
                         };
-                        return Err(SessionError::NotStored { source, checkpoint: at });
+                        return Err(SessionError::NotStored { source: Box::new(source), checkpoint: at });
                     }
                 }
             }
@@ -1432,6 +1438,42 @@ impl SessionManager {
             }
         }
         self.gc()?;
+        self.upload_missing()?;
+        Ok(())
+    }
+
+    /// With an object store: upload the files of committed checkpoints that are
+    /// not in it yet (a home used before `--objects`). Best effort: on a failure
+    /// (logged) the rest stay local only, and are never removed from the cache.
+    fn upload_missing(&self) -> Result<(), SessionError> {
+        let Some(o) = &self.objects else { return Ok(()) };
+        let uploaded: std::collections::HashSet<String> =
+            self.store.all_objects()?.into_iter().map(|o| o.name).collect();
+        let mut todo = Vec::new();
+        for c in self.store.all_checkpoints()? {
+            for f in checkpoint_files(&c.layer, &c.state, c.flat.as_deref()) {
+                if !uploaded.contains(&f) && self.layers_dir.join(&f).is_file() {
+                    todo.push(f);
+                }
+            }
+        }
+        if todo.is_empty() {
+            return Ok(());
+        }
+        for chunk in todo.chunks(16) {
+            let names: Vec<&str> = chunk.iter().map(String::as_str).collect();
+            match o.upload(&self.store, &names) {
+                Ok(up) => {
+                    self.store.add_objects(&up.stored)?;
+                    o.committed(up);
+                }
+                Err(e) => {
+                    tracing::warn!("uploading the checkpoint files from before --objects: {e}; they stay local only");
+                    return Ok(());
+                }
+            }
+        }
+        tracing::info!("uploaded {} checkpoint files from before --objects", todo.len());
         Ok(())
     }
 }

@@ -75,3 +75,24 @@ fn a_restart_on_a_wiped_directory_keeps_every_checkpoint_and_resumes_from_the_bu
         .flatten()
         .any(|f| f.file_name().to_string_lossy().starts_with(".fetch")));
 }
+
+#[test]
+fn a_home_from_before_objects_is_uploaded_when_opened_with_them() {
+    let s3 = S3::start();
+    let home = fresh_home();
+    let id = {
+        let m = open(home.path(), Config::default());
+        let s = m.create(TENANT, Default::default(), &Default::default()).unwrap();
+        m.exec(TENANT, &s.id, "z = 'old'").unwrap();
+        s.id
+    };
+    assert!(s3.objects().is_empty());
+    let with = || Config { objects: Some(s3.config()), ..Config::default() };
+    drop(open(home.path(), with()));
+    let local = std::fs::read_dir(home.layers()).unwrap().count();
+    assert!(s3.objects().len() >= 2 && s3.objects().len() <= local, "{:?}", s3.objects());
+    // Uploaded: a wiped directory resumes from the bucket.
+    wipe(&home.layers());
+    let m = open(home.path(), with());
+    assert_eq!(m.exec(TENANT, &id, "z").unwrap().result.value.as_deref(), Some("'old'"));
+}
