@@ -1104,13 +1104,7 @@ impl SessionManager {
     /// (packs of its ancestors), fetched if they are not local, pinned until
     /// the guard goes. `chain`: its ancestry, root first.
     fn ensure_state_local(&self, chain: &[CheckpointRecord]) -> Result<Vec<crate::objects::Pinned<'_>>, SessionError> {
-        let Some(head) = chain.last() else { return Ok(Vec::new()) };
-        let Some(o) = &self.objects else {
-            if !self.layers_dir.join(&head.state).is_file() && self.store.object(&head.state)?.is_some() {
-                return Err(ObjectError::NotConfigured(head.state.clone()).into());
-            }
-            return Ok(Vec::new());
-        };
+        let (Some(o), Some(head)) = (&self.objects, chain.last()) else { return Ok(Vec::new()) };
         let pinned = o.ensure_local(&self.store, std::slice::from_ref(&head.state))?;
         // Packs of the ancestry that are only in the object store: the state
         // says which of them it reads (most checkpoints have no pack).
@@ -1158,6 +1152,14 @@ impl SessionManager {
             Resume::Throwaway => t.template.resume_throwaway(&t.engine, &layers, &state, limits),
         };
         resumed.map_err(|e| match e {
+            // Only in an object store, and none is configured: say so.
+            EngineError::Snapshot(_)
+                if self.objects.is_none()
+                    && !state.is_file()
+                    && self.store.object(&rec.state).ok().flatten().is_some() =>
+            {
+                ObjectError::NotConfigured(rec.state.clone()).into()
+            }
             EngineError::Snapshot(s) => SessionError::Snapshot(s),
             e => SessionError::Engine(e),
         })
