@@ -65,6 +65,9 @@ impl ObjectsConfig {
 /// Default [`ObjectsConfig::timeout`].
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Numbers the temp files of fetches.
+static FETCH_SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// Files up to this size are uploaded in one request; larger ones in parts of this size.
 const PART: usize = 16 << 20;
 
@@ -482,6 +485,7 @@ impl Objects {
             }
         }
         let pinned = Pinned { objects: self, names: names.to_vec() };
+        let mut missing = Vec::new();
         for name in names {
             let path = self.dir.join(name);
             if let Ok(md) = std::fs::metadata(&path) {
@@ -491,9 +495,13 @@ impl Objects {
                 self.cache.lock().unwrap_or_else(|e| e.into_inner()).put(name, md.len(), uploaded && !known);
                 continue;
             }
-            let Some(o) = store.object(name)? else { continue };
-            self.fetch(&o)?;
+            if let Some(o) = store.object(name)? {
+                if !missing.iter().any(|m: &StoredObject| m.name == o.name) {
+                    missing.push(o);
+                }
+            }
         }
+        self.fetch(&missing)?;
         Ok(pinned)
     }
 
@@ -502,50 +510,79 @@ impl Objects {
         Ok(!self.dir.join(name).exists() && store.object(name)?.is_some())
     }
 
-    /// Download the object of `o` into the layers directory (a temp file,
-    /// verified, then renamed into place).
-    fn fetch(&self, o: &StoredObject) -> Result<(), ObjectError> {
-        let key = self.key(&o.sha256);
-        let tmp = self.dir.join(format!(".fetch-{}-{}", o.name, std::process::id()));
-        let s3 = self.store.clone();
-        let (k, t) = (key.clone(), tmp.clone());
-        let got = self.run("get", &key, async move {
-            let r = s3.get(&ObjectPath::from(k.as_str())).await?;
-            let mut stream = r.into_stream();
-            let io_err = |e: std::io::Error| object_store::Error::Generic { store: "local", source: Box::new(e) };
-            let mut f = std::fs::File::create(&t).map_err(io_err)?;
-            let mut h = Sha256::new();
-            let mut n = 0u64;
-            while let Some(chunk) = stream.next().await {
-                let chunk = chunk?;
-                h.update(&chunk);
-                n += chunk.len() as u64;
-                f.write_all(&chunk).map_err(io_err)?;
-            }
-            f.flush().map_err(io_err)?;
-            Ok((hex::encode(h.finalize()), n))
-        });
-        let (sha, bytes) = match got {
-            Ok(v) => v,
-            Err(e) => {
-                let _ = std::fs::remove_file(&tmp);
-                return Err(match e {
-                    ObjectError::Missing { key, .. } => ObjectError::Missing { key, name: o.name.clone() },
-                    e => e,
-                });
+    /// Download the objects of `objects` into the layers directory (up to 8
+    /// at a time; each to a temp file, its hash verified, then renamed into
+    /// place). All or nothing: on an error no temp file is left.
+    fn fetch(&self, objects: &[StoredObject]) -> Result<(), ObjectError> {
+        if objects.is_empty() {
+            return Ok(());
+        }
+        let jobs: Vec<(String, PathBuf)> = objects
+            .iter()
+            .map(|o| {
+                // Unique: two resumes may fetch the same file at once.
+                let n = FETCH_SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                (self.key(&o.sha256), self.dir.join(format!(".fetch-{}-{}-{n}", o.name, std::process::id())))
+            })
+            .collect();
+        let tmps: Vec<PathBuf> = jobs.iter().map(|(_, t)| t.clone()).collect();
+        let remove_tmps = || {
+            for t in &tmps {
+                let _ = std::fs::remove_file(t);
             }
         };
-        if sha != o.sha256 || bytes != o.bytes {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(ObjectError::Corrupt { key, name: o.name.clone(), got: sha, bytes });
+        let s3 = self.store.clone();
+        let shown = jobs.first().map(|(k, _)| k.clone()).unwrap_or_default();
+        let all = async move {
+            let got: Vec<Result<(String, u64), object_store::Error>> = futures_util::stream::iter(jobs)
+                .map(|(k, t)| {
+                    let s3 = s3.clone();
+                    async move { get_file(&*s3, &k, &t).await }
+                })
+                .buffered(8)
+                .collect()
+                .await;
+            Ok(got)
+        };
+        let got = match self.run("get", &shown, all) {
+            Ok(v) => v,
+            Err(e) => {
+                remove_tmps();
+                return Err(e);
+            }
+        };
+        let mut bytes_total = 0;
+        for (o, r) in objects.iter().zip(got) {
+            let key = self.key(&o.sha256);
+            let (sha, bytes) = match r {
+                Ok(v) => v,
+                Err(object_store::Error::NotFound { .. }) => {
+                    remove_tmps();
+                    return Err(ObjectError::Missing { key, name: o.name.clone() });
+                }
+                Err(source) => {
+                    remove_tmps();
+                    return Err(ObjectError::Unavailable { op: "get", key, source });
+                }
+            };
+            if sha != o.sha256 || bytes != o.bytes {
+                remove_tmps();
+                return Err(ObjectError::Corrupt { key, name: o.name.clone(), got: sha, bytes });
+            }
+            bytes_total += bytes;
         }
-        std::fs::rename(&tmp, self.dir.join(&o.name)).map_err(io("rename", &o.name))?;
-        self.cache.lock().unwrap_or_else(|e| e.into_inner()).put(&o.name, bytes, true);
+        for (o, tmp) in objects.iter().zip(&tmps) {
+            if let Err(e) = std::fs::rename(tmp, self.dir.join(&o.name)) {
+                remove_tmps();
+                return Err(ObjectError::Io { what: "rename", name: o.name.clone(), source: e });
+            }
+            self.cache.lock().unwrap_or_else(|e| e.into_inner()).put(&o.name, o.bytes, true);
+        }
         let mut st = self.stats.lock().unwrap_or_else(|e| e.into_inner());
-        st.fetches += 1;
-        st.fetched_bytes += bytes;
+        st.fetches += objects.len() as u64;
+        st.fetched_bytes += bytes_total;
         drop(st);
-        tracing::debug!(name = %o.name, bytes, "fetched a checkpoint file from the object store");
+        tracing::debug!(files = objects.len(), bytes = bytes_total, "fetched checkpoint files from the object store");
         self.trim();
         Ok(())
     }
@@ -646,6 +683,24 @@ impl Objects {
         }
         n
     }
+}
+
+/// GET one object into the file `tmp`: its SHA-256 (hex) and size.
+async fn get_file(s3: &dyn ObjectStore, key: &str, tmp: &Path) -> Result<(String, u64), object_store::Error> {
+    let io_err = |e: std::io::Error| object_store::Error::Generic { store: "local", source: Box::new(e) };
+    let r = s3.get(&ObjectPath::from(key)).await?;
+    let mut stream = r.into_stream();
+    let mut f = std::fs::File::create(tmp).map_err(io_err)?;
+    let mut h = Sha256::new();
+    let mut n = 0u64;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk?;
+        h.update(&chunk);
+        n += chunk.len() as u64;
+        f.write_all(&chunk).map_err(io_err)?;
+    }
+    f.flush().map_err(io_err)?;
+    Ok((hex::encode(h.finalize()), n))
 }
 
 /// PUT one file: in one request up to [`PART`] bytes, else a multipart upload.
