@@ -96,3 +96,29 @@ fn a_home_from_before_objects_is_uploaded_when_opened_with_them() {
     let m = open(home.path(), with());
     assert_eq!(m.exec(TENANT, &id, "z").unwrap().result.value.as_deref(), Some("'old'"));
 }
+
+#[test]
+fn forks_resume_at_once_from_a_cold_cache() {
+    let s3 = S3::start();
+    let home = fresh_home();
+    let m = open(home.path(), Config { objects: Some(s3.config()), ..Config::default() });
+    let s = m.create(TENANT, Default::default(), &Default::default()).unwrap();
+    m.exec(TENANT, &s.id, "base = list(range(1000))").unwrap();
+    let forks: Vec<String> = (0..4).map(|_| m.fork(TENANT, &s.id, None, Default::default()).unwrap().id).collect();
+    m.evict(&s.id);
+    wipe(&home.layers());
+    // Every fork fetches the same files at the same time.
+    std::thread::scope(|sc| {
+        for (i, f) in forks.iter().enumerate() {
+            let m = &m;
+            sc.spawn(move || {
+                let out = m.exec(TENANT, f, &format!("sum(base) + {i}")).unwrap();
+                assert_eq!(out.result.value, Some((499500 + i).to_string()));
+            });
+        }
+    });
+    assert!(!std::fs::read_dir(home.layers())
+        .unwrap()
+        .flatten()
+        .any(|f| f.file_name().to_string_lossy().starts_with(".fetch")));
+}
