@@ -558,6 +558,9 @@ fn serve(
             anyhow::bail!("--pip-allow/--pip-deny: {n:?} is not a package name");
         }
     }
+    if let Some(o) = &objects {
+        forkbox_sessions::objects::parse_url(&o.url)?;
+    }
     let mut cfg = forkbox_server::ServerConfig::new(listen, home.to_path_buf());
     cfg.pip = pip;
     cfg.packages = packages;
