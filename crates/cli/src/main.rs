@@ -102,6 +102,15 @@ enum Command {
         /// Host uid and gid of worker 0 (worker N runs as this + N): a range no account uses.
         #[arg(long, value_name = "UID", default_value_t = 900_000, value_parser = clap::value_parser!(u32).range(1..))]
         worker_uid_base: u32,
+        /// Checkpoint files also in an S3-compatible object store, `s3://bucket/prefix`: each uploaded
+        /// (content-addressed) before its checkpoint commits; the local directory is a cache in front of
+        /// it. Endpoint and credentials: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION.
+        #[arg(long, value_name = "URL")]
+        objects: Option<String>,
+        /// With --objects: at most this many MiB of checkpoint files kept locally (least recently used
+        /// go first; files in use or not uploaded are kept). Default: no bound.
+        #[arg(long, value_name = "N", requires = "objects")]
+        object_cache_mb: Option<u64>,
     },
     /// API keys for the HTTP API.
     #[command(subcommand)]
@@ -373,6 +382,8 @@ fn main() -> ExitCode {
             isolation,
             worker_memory_mb,
             worker_uid_base,
+            objects,
+            object_cache_mb,
         } => {
             let isolation = match isolation {
                 IsolationMode::Thread => forkbox_runtime::Isolation::Thread,
@@ -381,6 +392,10 @@ fn main() -> ExitCode {
                     uid_base: worker_uid_base,
                 }),
             };
+            let objects = objects.map(|url| forkbox_sessions::objects::ObjectsConfig {
+                cache_bytes: object_cache_mb.map(|mb| mb.saturating_mul(1 << 20)),
+                ..forkbox_sessions::objects::ObjectsConfig::new(url)
+            });
             let pip = forkbox_image::PipSource {
                 index_url: pip_index_url,
                 find_links: pip_find_links,
@@ -388,7 +403,19 @@ fn main() -> ExitCode {
             };
             let packages = forkbox_image::packages::Policy { allow: pip_allow, deny: pip_deny };
             egress_policy(egress, &egress_allow, &egress_deny).map(|p| p.with_rate(egress_rate)).and_then(|policy| {
-                serve(&home, listen, image, template, metrics_listen, exec_slots, policy, pip, packages, isolation)
+                serve(
+                    &home,
+                    listen,
+                    image,
+                    template,
+                    metrics_listen,
+                    exec_slots,
+                    policy,
+                    pip,
+                    packages,
+                    isolation,
+                    objects,
+                )
             })
         }
         Command::Key(KeyCommand::Create {
@@ -568,12 +595,16 @@ fn serve(
     pip: forkbox_image::PipSource,
     packages: forkbox_image::packages::Policy,
     isolation: forkbox_runtime::Isolation,
+    objects: Option<forkbox_sessions::objects::ObjectsConfig>,
 ) -> anyhow::Result<ExitCode> {
     pip.validate().map_err(|e| anyhow::anyhow!("--pip-*: {e}"))?;
     for n in packages.allow.iter().chain(&packages.deny) {
         if forkbox_image::packages::spec_name(n) != n.as_str() || n.is_empty() {
             anyhow::bail!("--pip-allow/--pip-deny: {n:?} is not a package name");
         }
+    }
+    if let Some(o) = &objects {
+        forkbox_sessions::objects::parse_url(&o.url)?;
     }
     let mut cfg = forkbox_server::ServerConfig::new(listen, home.to_path_buf());
     cfg.pip = pip;
@@ -584,6 +615,7 @@ fn serve(
     cfg.metrics_listen = metrics_listen;
     cfg.max_concurrency = exec_slots.map_or(0, |n| n as usize);
     cfg.limits.network = forkbox_engine::NetConfig::with_policy(egress);
+    cfg.sessions.objects = objects;
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(forkbox_server::serve(cfg))?;
     Ok(ExitCode::SUCCESS)
 }

@@ -60,6 +60,7 @@ pub use forkbox_engine::{
 pub use forkbox_image::packages::Policy as PackagePolicy;
 pub use forkbox_sessions::manager::{Config as SessionsConfig, ExecOutcome, PackagesOutcome};
 pub use forkbox_sessions::manager::{Diff, FileChange, PathCall, Variable, VariableChange, Variables};
+pub use forkbox_sessions::objects::ObjectsConfig;
 pub use forkbox_worker::child::main as worker_main;
 pub use forkbox_worker::WorkerInfo;
 pub use remote::{Isolation, ProcessIsolation};

@@ -6,4 +6,5 @@
 //! by forkbox-runtime (the front ends never see the store).
 
 pub mod manager;
+pub mod objects;
 pub mod store;

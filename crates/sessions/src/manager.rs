@@ -21,6 +21,7 @@ use forkbox_engine::{
 };
 use forkbox_snapshot::{Layer, StateError};
 
+use crate::objects::{ObjectError, ObjectStats, Objects, ObjectsConfig};
 use crate::store::{self, CheckpointRecord, NewCheckpoint, SessionRecord, Store, StoreError};
 
 mod tree;
@@ -77,6 +78,18 @@ pub enum SessionError {
     File { code: ErrorCode, message: String },
     #[error("session storage: {0}")]
     Store(#[from] StoreError),
+    /// The object store (`--objects`) failed: reading a file a resume needs, or
+    /// anything but an exec's checkpoint (that is [`Self::NotStored`]).
+    #[error("checkpoint files: {0}")]
+    Objects(Box<ObjectError>),
+    /// The checkpoint of an exec could not be uploaded to the object store:
+    /// it was not committed (its local files are gone too).
+    #[error("{source}; the checkpoint was not committed, the session stays at {}", rolled_back(*.checkpoint))]
+    NotStored {
+        #[source]
+        source: Box<ObjectError>,
+        checkpoint: Option<i64>,
+    },
     #[error("checkpoint files: {0}")]
     Snapshot(#[from] StateError),
     #[error(transparent)]
@@ -84,6 +97,12 @@ pub enum SessionError {
     /// The session's template (or the one asked for) cannot be had.
     #[error(transparent)]
     Template(#[from] CatalogError),
+}
+
+impl From<ObjectError> for SessionError {
+    fn from(e: ObjectError) -> SessionError {
+        SessionError::Objects(Box::new(e))
+    }
 }
 
 impl SessionError {
@@ -139,6 +158,7 @@ impl SessionError {
             SessionError::File { code, .. } => *code,
             SessionError::Snapshot(e) => e.error_code(),
             SessionError::Store(_) => ErrorCode::StorageError,
+            SessionError::Objects(e) | SessionError::NotStored { source: e, .. } => e.error_code(),
             SessionError::Engine(e) => e.error_code(),
             SessionError::Template(e) => e.error_code(),
         }
@@ -152,9 +172,9 @@ impl SessionError {
     /// For a failed exec: the checkpoint seq the session was rolled back to (None: its initial state).
     pub fn rolled_back_to(&self) -> Option<Option<i64>> {
         match self {
-            SessionError::ExecFailed { checkpoint, .. } | SessionError::QuotaExceeded { checkpoint, .. } => {
-                Some(*checkpoint)
-            }
+            SessionError::ExecFailed { checkpoint, .. }
+            | SessionError::QuotaExceeded { checkpoint, .. }
+            | SessionError::NotStored { checkpoint, .. } => Some(*checkpoint),
             _ => None,
         }
     }
@@ -199,6 +219,9 @@ pub struct Config {
     /// Free disk kept for deletes and metadata updates: a checkpoint that would
     /// leave less free than this is refused (`insufficient_storage`).
     pub disk_reserve: u64,
+    /// Checkpoint files also in an object store, the layers directory a
+    /// bounded cache in front of it (None: the local directory only).
+    pub objects: Option<ObjectsConfig>,
 }
 
 impl Default for Config {
@@ -208,6 +231,7 @@ impl Default for Config {
             max_resident: 256,
             compact_after: 8,
             disk_reserve: DEFAULT_DISK_RESERVE,
+            objects: None,
         }
     }
 }
@@ -284,6 +308,8 @@ pub struct SessionManager {
     /// Checkpoint disk quota per tenant (bytes; absent: unlimited), see `set_disk_quota`.
     quotas: Mutex<HashMap<String, u64>>,
     reserved: Mutex<Reservations>,
+    /// The object store of `config.objects`.
+    objects: Option<Objects>,
 }
 
 /// Removes a session's entry from `SessionManager::running` when the exec
@@ -416,6 +442,10 @@ impl SessionManager {
         })?;
         let lock = lock_dir(&dir)?;
         let store = Store::open(&dir.join("sessions.db"))?;
+        let objects = match &config.objects {
+            Some(c) => Some(Objects::open(c, &layers_dir, &store.all_objects()?)?),
+            None => None,
+        };
         let m = SessionManager {
             _lock: lock,
             catalog,
@@ -426,6 +456,7 @@ impl SessionManager {
             running: Mutex::new(HashMap::new()),
             quotas: Mutex::new(HashMap::new()),
             reserved: Mutex::new(Reservations::default()),
+            objects,
         };
         m.recover()?;
         Ok(m)
@@ -966,14 +997,45 @@ impl SessionManager {
             bytes: stats.bytes(),
             checksum: &format!("{:08x}", stats.layer.crc),
         };
-        let committed = self.store.commit_checkpoint_as(&c, seq, summary, now_ms());
+        let remove_files = || {
+            for f in checkpoint_files(&layer, &state, None) {
+                let _ = std::fs::remove_file(self.layers_dir.join(f));
+            }
+        };
+        // With an object store: every file uploaded before the metadata commits.
+        let uploaded = match &self.objects {
+            None => None,
+            Some(o) => {
+                let files = checkpoint_files(&layer, &state, None);
+                let names: Vec<&str> = files.iter().map(String::as_str).collect();
+                match o.upload(&self.store, &names) {
+                    Ok(u) => Some(u),
+                    Err(source) => {
+                        remove_files();
+                        let at = match parent {
+                            Some(p) => self.store.checkpoint(p).ok().flatten().map(|c| c.seq),
+                            None => None,
+                        };
+                        return Err(SessionError::NotStored { source: Box::new(source), checkpoint: at });
+                    }
+                }
+            }
+        };
+        let objects = uploaded.as_ref().map_or(&[][..], |u| u.stored.as_slice());
+        let committed = self.store.commit_checkpoint_with(&c, seq, summary, now_ms(), objects);
         drop(reservation);
         match committed {
-            Ok(c) => Ok(c),
+            Ok(c) => {
+                if let (Some(o), Some(u)) = (&self.objects, uploaded) {
+                    o.committed(u);
+                }
+                Ok(c)
+            }
             Err(e) => {
                 // Not committed: its files go at once (a full disk keeps nothing).
-                for f in checkpoint_files(&layer, &state, None) {
-                    let _ = std::fs::remove_file(self.layers_dir.join(f));
+                remove_files();
+                if let (Some(o), Some(u)) = (&self.objects, uploaded) {
+                    o.abandon(&self.store, u);
                 }
                 Err(e.into())
             }
@@ -1001,19 +1063,68 @@ impl SessionManager {
 
     /// Layers newest first from `head` back to the nearest flat layer (or the template).
     fn layer_chain(&self, head: i64) -> Result<(Vec<Layer>, CheckpointRecord), SessionError> {
-        let t0 = Instant::now();
-        let chain = self.store.ancestry(head)?;
-        tracing::debug!(elapsed = ?t0.elapsed(), "ancestry");
+        self.layer_chain_of(&self.store.ancestry(head)?, head)
+    }
+
+    /// [`Self::layer_chain`] of an ancestry (root first) from `Store::ancestry`.
+    fn layer_chain_of(
+        &self,
+        chain: &[CheckpointRecord],
+        head: i64,
+    ) -> Result<(Vec<Layer>, CheckpointRecord), SessionError> {
         let head_rec = chain.last().cloned().ok_or_else(|| SessionError::CheckpointNotFound(String::new(), head))?;
-        let mut layers = Vec::new();
+        let mut names = Vec::new();
         for c in chain.iter().rev() {
             if let Some(flat) = &c.flat {
-                layers.push(Layer::read(&self.layers_dir.join(flat))?);
+                names.push(flat.clone());
                 break;
             }
-            layers.push(Layer::read(&self.layers_dir.join(&c.layer))?);
+            names.push(c.layer.clone());
+        }
+        // From the object store first if they are not here (pinned while read).
+        let _pinned = match &self.objects {
+            Some(o) => Some(o.ensure_local(&self.store, &names)?),
+            None => None,
+        };
+        let mut layers = Vec::with_capacity(names.len());
+        for n in &names {
+            match Layer::read(&self.layers_dir.join(n)) {
+                Ok(l) => layers.push(l),
+                // Only in an object store, and none is configured: say so.
+                Err(_) if self.objects.is_none() && self.store.object(n)?.is_some() => {
+                    return Err(ObjectError::NotConfigured(n.clone()).into())
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
         Ok((layers, head_rec))
+    }
+
+    /// With an object store: the state of `head` and the packs it refers to
+    /// (packs of its ancestors), fetched if they are not local, pinned until
+    /// the guard goes. `chain`: its ancestry, root first.
+    fn ensure_state_local(&self, chain: &[CheckpointRecord]) -> Result<Vec<crate::objects::Pinned<'_>>, SessionError> {
+        let (Some(o), Some(head)) = (&self.objects, chain.last()) else { return Ok(Vec::new()) };
+        let pinned = o.ensure_local(&self.store, std::slice::from_ref(&head.state))?;
+        // Packs of the ancestry that are only in the object store: the state
+        // says which of them it reads (most checkpoints have no pack).
+        let mut remote = Vec::new();
+        for c in chain {
+            let pack = Path::new(&c.state).with_extension("files").to_string_lossy().into_owned();
+            if o.is_remote_only(&self.store, &pack)? {
+                remote.push(pack);
+            }
+        }
+        if remote.is_empty() {
+            return Ok(vec![pinned]);
+        }
+        let wanted: Vec<String> = match forkbox_snapshot::state::read_state(&self.layers_dir.join(&head.state)) {
+            Ok(s) => remote.into_iter().filter(|p| s.files.packs.contains(p)).collect(),
+            // Unreadable here: the resume says why; fetch them all meanwhile.
+            Err(_) => remote,
+        };
+        let packs = o.ensure_local(&self.store, &wanted)?;
+        Ok(vec![pinned, packs])
     }
 
     fn resume_checkpoint(&self, t: &Loaded, head: i64, limits: Limits, reseed: bool) -> Result<Sandbox, SessionError> {
@@ -1030,8 +1141,10 @@ impl SessionManager {
         how: Resume,
     ) -> Result<Sandbox, SessionError> {
         let t0 = Instant::now();
-        let (layers, rec) = self.layer_chain(head)?;
+        let chain = self.store.ancestry(head)?;
+        let (layers, rec) = self.layer_chain_of(&chain, head)?;
         tracing::debug!(elapsed = ?t0.elapsed(), layers = layers.len(), "read the layer chain");
+        let _pinned = self.ensure_state_local(&chain)?;
         let state = self.layers_dir.join(&rec.state);
         let resumed = match how {
             Resume::Same => t.template.resume(&t.engine, &layers, &state, limits, false),
@@ -1039,6 +1152,14 @@ impl SessionManager {
             Resume::Throwaway => t.template.resume_throwaway(&t.engine, &layers, &state, limits),
         };
         resumed.map_err(|e| match e {
+            // Only in an object store, and none is configured: say so.
+            EngineError::Snapshot(_)
+                if self.objects.is_none()
+                    && !state.is_file()
+                    && self.store.object(&rec.state).ok().flatten().is_some() =>
+            {
+                ObjectError::NotConfigured(rec.state.clone()).into()
+            }
             EngineError::Snapshot(s) => SessionError::Snapshot(s),
             e => SessionError::Engine(e),
         })
@@ -1070,8 +1191,28 @@ impl SessionManager {
         let (layers, rec) = self.layer_chain(checkpoint)?;
         let name = format!("{}.flat", random_id("f_"));
         forkbox_snapshot::layer::write_flat(&self.layers_dir.join(&name), &layers)?;
-        self.store.set_flat(rec.id, Some(&name))?;
-        Ok(true)
+        let Some(o) = &self.objects else {
+            self.store.set_flat(rec.id, Some(&name))?;
+            return Ok(true);
+        };
+        let uploaded = match o.upload(&self.store, &[&name]) {
+            Ok(u) => u,
+            Err(e) => {
+                let _ = std::fs::remove_file(self.layers_dir.join(&name));
+                return Err(e.into());
+            }
+        };
+        match self.store.set_flat_with(rec.id, Some(&name), uploaded.stored.first()) {
+            Ok(()) => {
+                o.committed(uploaded);
+                Ok(true)
+            }
+            Err(e) => {
+                let _ = std::fs::remove_file(self.layers_dir.join(&name));
+                o.abandon(&self.store, uploaded);
+                Err(e.into())
+            }
+        }
     }
 
     /// A template named `name` of `tenant` (visible to it only) made of checkpoint
@@ -1151,14 +1292,41 @@ impl SessionManager {
 
     fn remove_files(&self, dead: &[CheckpointRecord]) -> u64 {
         let mut removed = 0;
+        let mut names = Vec::new();
         for c in dead {
             for f in checkpoint_files(&c.layer, &c.state, c.flat.as_deref()) {
-                if std::fs::remove_file(self.layers_dir.join(f)).is_ok() {
+                if std::fs::remove_file(self.layers_dir.join(&f)).is_ok() {
                     removed += 1;
                 }
+                names.push(f);
             }
         }
+        self.forget_objects(&names);
         removed
+    }
+
+    /// With an object store: the files `names` are gone; delete their objects
+    /// unless another file has the same contents.
+    fn forget_objects(&self, names: &[String]) {
+        let Some(o) = &self.objects else { return };
+        o.removed(names);
+        match self.store.forget_objects(names) {
+            Ok(shas) => {
+                o.delete(shas);
+            }
+            Err(e) => tracing::warn!("forgetting the objects of deleted checkpoints: {e}"),
+        }
+    }
+
+    /// Counters of the object store (None without one).
+    pub fn object_stats(&self) -> Option<ObjectStats> {
+        self.objects.as_ref().map(Objects::stats)
+    }
+
+    /// With an object store: remove cached files over the bound now (it is
+    /// also done after each checkpoint and fetch). Returns how many went.
+    pub fn trim_cache(&self) -> usize {
+        self.objects.as_ref().map_or(0, Objects::trim)
     }
 
     /// Evict one session's sandbox (it stays on disk at its head).
@@ -1220,6 +1388,11 @@ impl SessionManager {
     /// and rewind sessions whose head checkpoint lost a file.
     fn recover(&self) -> Result<(), SessionError> {
         let all = self.store.all_checkpoints()?;
+        // Files in an object store (only if one was ever used): a file that
+        // is not here but there is not lost (the directory is a cache).
+        let uploaded: std::collections::HashSet<String> =
+            self.store.all_objects()?.into_iter().map(|o| o.name).collect();
+        let here = |f: &str| self.layers_dir.join(f).is_file() || uploaded.contains(f);
         let mut named = std::collections::HashSet::new();
         let mut broken = Vec::new();
         for c in &all {
@@ -1229,15 +1402,21 @@ impl SessionManager {
             // Files are renamed into place (after fsync) before their row is
             // committed, so a committed row with a missing file means outside damage.
             // Contents are verified (checksums) when a checkpoint is resumed.
-            let ok = [&c.layer, &c.state].iter().all(|f| self.layers_dir.join(f).is_file());
+            let ok = [&c.layer, &c.state].iter().all(|f| here(f));
             if !ok {
                 broken.push(c.id);
             }
             if let Some(flat) = &c.flat {
-                if !self.layers_dir.join(flat).is_file() {
+                if !here(flat) {
                     self.store.set_flat(c.id, None)?;
                 }
             }
+        }
+        // Objects of files no checkpoint names (a kill between an upload and
+        // its commit cannot leave one; a kill in gc can).
+        let orphans: Vec<String> = uploaded.iter().filter(|n| !named.contains(*n)).cloned().collect();
+        if !orphans.is_empty() && self.objects.is_some() {
+            self.forget_objects(&orphans);
         }
         if !broken.is_empty() {
             let rewind = self.store.drop_checkpoints_and_rewind(&broken)?;
@@ -1254,10 +1433,49 @@ impl SessionManager {
                 let name = e.file_name().to_string_lossy().into_owned();
                 if !named.contains(&name) {
                     let _ = std::fs::remove_file(e.path());
+                    if let Some(o) = &self.objects {
+                        o.removed(std::slice::from_ref(&name));
+                    }
                 }
             }
         }
         self.gc()?;
+        self.upload_missing()?;
+        Ok(())
+    }
+
+    /// With an object store: upload the files of committed checkpoints that are
+    /// not in it yet (a home used before `--objects`). Best effort: on a failure
+    /// (logged) the rest stay local only, and are never removed from the cache.
+    fn upload_missing(&self) -> Result<(), SessionError> {
+        let Some(o) = &self.objects else { return Ok(()) };
+        let uploaded: std::collections::HashSet<String> =
+            self.store.all_objects()?.into_iter().map(|o| o.name).collect();
+        let mut todo = Vec::new();
+        for c in self.store.all_checkpoints()? {
+            for f in checkpoint_files(&c.layer, &c.state, c.flat.as_deref()) {
+                if !uploaded.contains(&f) && self.layers_dir.join(&f).is_file() {
+                    todo.push(f);
+                }
+            }
+        }
+        if todo.is_empty() {
+            return Ok(());
+        }
+        for chunk in todo.chunks(16) {
+            let names: Vec<&str> = chunk.iter().map(String::as_str).collect();
+            match o.upload(&self.store, &names) {
+                Ok(up) => {
+                    self.store.add_objects(&up.stored)?;
+                    o.committed(up);
+                }
+                Err(e) => {
+                    tracing::warn!("uploading the checkpoint files from before --objects: {e}; they stay local only");
+                    return Ok(());
+                }
+            }
+        }
+        tracing::info!("uploaded {} checkpoint files from before --objects", todo.len());
         Ok(())
     }
 }

@@ -141,7 +141,31 @@ pub const MIGRATIONS: &[&str] = &[
     CREATE INDEX checkpoints_lineage_seq ON checkpoints(lineage, seq);
     CREATE INDEX sessions_lineage ON sessions(lineage);
     "#,
+    // 4: checkpoint files in an object store (`--objects`): each file of a
+    // checkpoint (layer, state, pack, flat layer), by its name in the layers
+    // directory, with the SHA-256 of its contents, which is its object's key
+    // (`<prefix>/<sha256>`). A row exists only once the object is uploaded; it
+    // is committed with the checkpoint (or the flat layer) it belongs to. No
+    // rows without `--objects`: the local directory is then the only copy.
+    r#"
+    CREATE TABLE objects (
+        name   TEXT    PRIMARY KEY,
+        sha256 TEXT    NOT NULL,
+        bytes  INTEGER NOT NULL CHECK (bytes >= 0)
+    ) WITHOUT ROWID;
+    CREATE INDEX objects_sha256 ON objects(sha256);
+    "#,
 ];
+
+/// A checkpoint file that is in the object store (migration 4's `objects`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredObject {
+    /// The file's name in the layers directory.
+    pub name: String,
+    /// SHA-256 of its contents (hex): its object's key under the prefix.
+    pub sha256: String,
+    pub bytes: u64,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -647,6 +671,19 @@ impl Store {
         summary: Option<&str>,
         now_ms: i64,
     ) -> Result<CheckpointRecord, StoreError> {
+        self.commit_checkpoint_with(c, reserved, summary, now_ms, &[])
+    }
+
+    /// [`Self::commit_checkpoint_as`] that also records `objects` (the
+    /// checkpoint's files uploaded to the object store) in the same transaction.
+    pub fn commit_checkpoint_with(
+        &self,
+        c: &NewCheckpoint<'_>,
+        reserved: Option<i64>,
+        summary: Option<&str>,
+        now_ms: i64,
+        objects: &[StoredObject],
+    ) -> Result<CheckpointRecord, StoreError> {
         let pages = to_i64("pages", c.pages)?;
         let bytes = to_i64("bytes", c.bytes)?;
         let mut conn = self.conn();
@@ -694,6 +731,7 @@ impl Store {
         tx.prepare_cached("UPDATE sessions SET head = ?2, last_used_ms = ?3, last_seq = ?4 WHERE sid = ?1")
             .and_then(|mut st| st.execute(params![sid, id, now_ms, seq]))
             .op("commit_checkpoint: set head")?;
+        insert_objects(&tx, objects)?;
         tx.commit().op("commit_checkpoint: commit")?;
         Ok(CheckpointRecord {
             id,
@@ -802,15 +840,93 @@ impl Store {
 
     /// Records (or clears) the compacted layer of a checkpoint.
     pub fn set_flat(&self, id: i64, flat: Option<&str>) -> Result<(), StoreError> {
-        let conn = self.conn();
-        let n = conn
+        self.set_flat_with(id, flat, None)
+    }
+
+    /// [`Self::set_flat`], recording the flat layer's object in the same transaction.
+    pub fn set_flat_with(&self, id: i64, flat: Option<&str>, object: Option<&StoredObject>) -> Result<(), StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).op("set_flat: begin")?;
+        let n = tx
             .prepare_cached("UPDATE checkpoints SET flat = ?2 WHERE id = ?1")
             .and_then(|mut st| st.execute(params![id, flat]))
             .op("set_flat")?;
         if n == 0 {
             return Err(StoreError::NoSuchCheckpoint(id));
         }
-        Ok(())
+        if let Some(o) = object {
+            insert_objects(&tx, std::slice::from_ref(o))?;
+        }
+        tx.commit().op("set_flat: commit")
+    }
+
+    // ----------------------------------------------------------------- objects
+
+    /// The object of the file `name` of the layers directory, if it was uploaded.
+    pub fn object(&self, name: &str) -> Result<Option<StoredObject>, StoreError> {
+        let conn = self.conn();
+        conn.prepare_cached("SELECT name, sha256, bytes FROM objects WHERE name = ?1")
+            .and_then(|mut st| st.query_row([name], object_row).optional())
+            .op("object")
+    }
+
+    /// Every uploaded file, by name.
+    pub fn all_objects(&self) -> Result<Vec<StoredObject>, StoreError> {
+        let conn = self.conn();
+        conn.prepare_cached("SELECT name, sha256, bytes FROM objects ORDER BY name")
+            .and_then(|mut st| st.query_map([], object_row)?.collect())
+            .op("all_objects")
+    }
+
+    /// Whether some file's contents have this SHA-256 (its object is in the store).
+    pub fn has_object(&self, sha256: &str) -> Result<bool, StoreError> {
+        let conn = self.conn();
+        conn.prepare_cached("SELECT 1 FROM objects WHERE sha256 = ?1")
+            .and_then(|mut st| st.exists([sha256]))
+            .op("has_object")
+    }
+
+    /// Records objects of files that exist already (an upload of older files).
+    pub fn add_objects(&self, objects: &[StoredObject]) -> Result<(), StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).op("add_objects: begin")?;
+        insert_objects(&tx, objects)?;
+        tx.commit().op("add_objects: commit")
+    }
+
+    /// Forgets the objects of the files `names` (deleted checkpoints' files) and
+    /// returns the SHA-256s no file refers to any more: those objects can be
+    /// deleted from the object store. One transaction.
+    pub fn forget_objects(&self, names: &[String]) -> Result<Vec<String>, StoreError> {
+        if names.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut conn = self.conn();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).op("forget_objects: begin")?;
+        let mut gone = Vec::new();
+        {
+            let mut del = tx
+                .prepare_cached("DELETE FROM objects WHERE name = ?1 RETURNING sha256")
+                .op("forget_objects: prepare")?;
+            for n in names {
+                let sha: Option<String> = del.query_row([n], |r| r.get(0)).optional().op("forget_objects: delete")?;
+                gone.extend(sha);
+            }
+        }
+        gone.sort_unstable();
+        gone.dedup();
+        let mut unreferenced = Vec::with_capacity(gone.len());
+        {
+            let mut st =
+                tx.prepare_cached("SELECT 1 FROM objects WHERE sha256 = ?1").op("forget_objects: prepare check")?;
+            for sha in gone {
+                if !st.exists([&sha]).op("forget_objects: check")? {
+                    unreferenced.push(sha);
+                }
+            }
+        }
+        tx.commit().op("forget_objects: commit")?;
+        Ok(unreferenced)
     }
 
     /// Checkpoints no live session needs, by id: not owned by a live session,
@@ -985,6 +1101,23 @@ fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
         tx.pragma_update(None, "user_version", version + 1).op("migrate: set user_version")?;
         tx.commit().op("migrate: commit")?;
     }
+}
+
+fn object_row(row: &Row<'_>) -> rusqlite::Result<StoredObject> {
+    Ok(StoredObject { name: row.get(0)?, sha256: row.get(1)?, bytes: get_u64(row, 2)? })
+}
+
+fn insert_objects(conn: &Connection, objects: &[StoredObject]) -> Result<(), StoreError> {
+    if objects.is_empty() {
+        return Ok(());
+    }
+    let mut st = conn
+        .prepare_cached("INSERT OR REPLACE INTO objects (name, sha256, bytes) VALUES (?1, ?2, ?3)")
+        .op("insert objects: prepare")?;
+    for o in objects {
+        st.execute(params![o.name, o.sha256, to_i64("bytes", o.bytes)?]).op("insert object")?;
+    }
+    Ok(())
 }
 
 /// Takes the next number of the session's lineage.
@@ -1573,7 +1706,7 @@ mod tests {
             .unwrap();
         }
         let s = Store::open(&path).unwrap();
-        assert_eq!(s.schema_version().unwrap(), 3);
+        assert_eq!(s.schema_version().unwrap(), MIGRATIONS.len() as i64);
         // Old numbers stay where they were; each old session numbers on from its own.
         assert_eq!(s.checkpoint_by_seq("a", 2).unwrap().unwrap().code, "x=2");
         assert_eq!(s.checkpoint_by_seq("b", 1).unwrap().unwrap().code, "y=1");
@@ -1587,6 +1720,58 @@ mod tests {
         d.head = Some(2);
         s.create_session(&d).unwrap();
         assert_eq!(exec(&s, "d", "z", 21).seq, 4);
+    }
+
+    #[test]
+    fn migration_4_adds_objects_and_keeps_checkpoints() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sessions.db");
+        {
+            // A database at version 3 with a session at checkpoint 1 (no objects: local files only).
+            let conn = Connection::open(&path).unwrap();
+            for m in &MIGRATIONS[..3] {
+                conn.execute_batch(m).unwrap();
+            }
+            conn.pragma_update(None, "user_version", 3).unwrap();
+            conn.execute_batch(
+                "INSERT INTO lineages (id, last_seq) VALUES (1, 1); \
+                 INSERT INTO sessions (id, tenant, template_id, memory_bytes, timeout_ms, output_bytes, disk_bytes, \
+                 created_ms, last_used_ms, last_seq, lineage) VALUES ('a', 't', 'p', 1, 1, 1, 1, 1, 1, 1, 1); \
+                 INSERT INTO checkpoints (owner, session_id, seq, parent, code, created_ms, layer, state, pages, bytes, \
+                 checksum, lineage) VALUES (1, 'a', 1, NULL, 'x=1', 1, 'l1', 's1', 0, 0, '', 1); \
+                 UPDATE sessions SET head = 1 WHERE id = 'a';",
+            )
+            .unwrap();
+        }
+        let s = Store::open(&path).unwrap();
+        assert_eq!(s.schema_version().unwrap(), 4);
+        assert_eq!(s.checkpoint_by_seq("a", 1).unwrap().unwrap().layer, "l1");
+        assert!(s.all_objects().unwrap().is_empty());
+        // A checkpoint commits with its objects; two files of one content share an object.
+        let o = |n: &str, h: &str| StoredObject { name: n.into(), sha256: h.into(), bytes: 3 };
+        let c = NewCheckpoint {
+            session_id: "a",
+            parent: Some(1),
+            code: "x=2",
+            layer: "l2",
+            state: "s2",
+            pages: 0,
+            bytes: 6,
+            checksum: "",
+        };
+        let c2 = s.commit_checkpoint_with(&c, None, None, 5, &[o("l2", "aa"), o("s2", "bb")]).unwrap();
+        assert_eq!(c2.seq, 2);
+        s.set_flat_with(c2.id, Some("f2"), Some(&o("f2", "aa"))).unwrap();
+        assert_eq!(s.object("s2").unwrap(), Some(o("s2", "bb")));
+        assert!(s.has_object("aa").unwrap() && !s.has_object("cc").unwrap());
+        // Forgetting a file frees its object only once no other file has the same contents.
+        assert_eq!(s.forget_objects(&["l2".into()]).unwrap(), Vec::<String>::new());
+        assert_eq!(s.forget_objects(&["f2".into(), "s2".into(), "nope".into()]).unwrap(), ["aa", "bb"]);
+        assert!(s.all_objects().unwrap().is_empty());
+        // A failed commit records no objects.
+        let bad = NewCheckpoint { session_id: "zz", ..c };
+        assert!(s.commit_checkpoint_with(&bad, None, None, 6, &[o("l9", "dd")]).is_err());
+        assert!(s.object("l9").unwrap().is_none());
     }
 
     #[test]

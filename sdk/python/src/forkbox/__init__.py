@@ -34,6 +34,7 @@ from ._errors import (
     SessionBusy,
     CpuMismatch,
     SessionNotFound,
+    StorageUnavailable,
     TemplateNotFound,
     TemplateNotReady,
     TemplateExists,
@@ -69,6 +70,7 @@ __all__ = [
     "ForkboxError", "ConnectionFailed", "InvalidRequest", "InvalidPath", "Unauthorized", "QuotaExceeded", "NotFound", "TemplateNotFound", "TemplateNotReady", "TemplateExists",
     "SessionNotFound", "CheckpointNotFound", "FileNotFound", "Timeout", "SessionBusy", "CpuMismatch", "PayloadTooLarge",
     "GuestError", "RateLimited", "ServerError", "Overloaded", "Forbidden", "InsufficientStorage", "SandboxCrashed",
+    "StorageUnavailable",
     "InstalledPackage", "Packages", "PackageError", "PackageNotAllowed", "PackageNotFound", "PackageConflict",
     "PackageNeedsBuild", "PackageFailed",
 ]

@@ -113,6 +113,11 @@ class Overloaded(ServerError):
     """503: every exec slot is busy and the wait queue is full; retry shortly."""
 
 
+class StorageUnavailable(Overloaded):
+    """503: the server's object store (where checkpoints live) is unreachable; a session exec's checkpoint
+    was not committed (the session stays at its last checkpoint). Retry when it is back."""
+
+
 class InsufficientStorage(ServerError):
     """507: the server's disk is full; nothing was written (the session stays at its last checkpoint)."""
 
@@ -191,6 +196,7 @@ _BY_CODE: dict[str, type[ForkboxError]] = {
     "boot_failed": ServerError,
     "sandbox_crashed": SandboxCrashed,
     "overloaded": Overloaded,
+    "storage_unavailable": StorageUnavailable,
     "insufficient_storage": InsufficientStorage,
 }
 
@@ -226,7 +232,7 @@ STATUS_OF_CODE: dict[str, int] = {
     "inspect_failed": 422,
     "upgrade_required": 426, "rate_limited": 429, "cpu_budget_exceeded": 429, "internal": 500, "storage_error": 500,
     "protocol_error": 500, "boot_failed": 500, "cpu_mismatch": 500, "overloaded": 503,
-    "insufficient_storage": 507,
+    "storage_unavailable": 503, "insufficient_storage": 507,
 }
 
 
