@@ -4,9 +4,10 @@
 //! few long-lived threads nearly every fork reuses a warm VM, while the
 //! blocking pool spreads execs over many threads and forks cold.
 
+use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
-use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::mpsc::channel;
+use std::sync::{Arc, Condvar, Mutex};
 
 use forkbox_engine::jail::Mode;
 
@@ -43,8 +44,25 @@ pub fn job_cpu_seconds() -> f64 {
     own + JOB_REMOTE.with(|c| c.get())
 }
 
+/// Jobs waiting for a thread, and the idle threads, most recently idle last.
+/// A job goes to the thread that became idle last (LIFO): its caches, its
+/// recycled VMs and (with sandbox workers) its worker process are the warmest,
+/// where a shared FIFO queue would rotate consecutive execs over every thread.
+#[derive(Default)]
+struct Queue {
+    jobs: VecDeque<Job>,
+    idle: Vec<Arc<Handoff>>,
+}
+
+/// One idle thread's mailbox.
+#[derive(Default)]
+struct Handoff {
+    job: Mutex<Option<Job>>,
+    ready: Condvar,
+}
+
 pub(crate) struct ExecWorkers {
-    tx: Sender<Job>,
+    queue: Arc<Mutex<Queue>>,
 }
 
 impl ExecWorkers {
@@ -52,12 +70,11 @@ impl ExecWorkers {
     /// in `seccomp` mode (see `forkbox_engine::jail`), installed before it
     /// takes its first job; fails if a thread cannot install it.
     pub(crate) fn new(n: usize, seccomp: Mode) -> std::io::Result<ExecWorkers> {
-        let (tx, rx) = channel::<Job>();
-        let rx = Arc::new(Mutex::new(rx));
+        let queue = Arc::new(Mutex::new(Queue::default()));
         let (ready_tx, ready_rx) = channel::<Result<(), String>>();
         let n = n.max(1);
         for i in 0..n {
-            let rx = rx.clone();
+            let queue = queue.clone();
             let ready = ready_tx.clone();
             std::thread::Builder::new().name(format!("forkbox-exec-{i}")).spawn(move || {
                 EXEC_INDEX.with(|x| x.set(i));
@@ -65,7 +82,7 @@ impl ExecWorkers {
                 let ok = jailed.is_ok();
                 let _ = ready.send(jailed);
                 if ok {
-                    work(&rx)
+                    work(&queue)
                 }
             })?;
         }
@@ -76,13 +93,20 @@ impl ExecWorkers {
                 Err(_) => return Err(std::io::Error::other("an exec thread ended before it started")),
             }
         }
-        Ok(ExecWorkers { tx })
+        Ok(ExecWorkers { queue })
     }
 
     /// Run `job` on an exec thread. Callers hold an exec slot, so it starts at once.
     pub(crate) fn spawn(&self, job: impl FnOnce() + Send + 'static) {
-        // The threads live as long as the process (they hold the receiver), so this cannot fail.
-        let _ = self.tx.send(Box::new(job));
+        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        match q.idle.pop() {
+            Some(h) => {
+                drop(q);
+                *h.job.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(job));
+                h.ready.notify_one();
+            }
+            None => q.jobs.push_back(Box::new(job)),
+        }
     }
 
     /// Run `f` on an exec thread and wait for its value.
@@ -98,13 +122,28 @@ impl ExecWorkers {
     }
 }
 
-fn work(rx: &Mutex<Receiver<Job>>) {
+/// The next job: a queued one, else wait (as the most recently idle thread) for one.
+fn next_job(queue: &Mutex<Queue>, mine: &Arc<Handoff>) -> Job {
+    {
+        let mut q = queue.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(job) = q.jobs.pop_front() {
+            return job;
+        }
+        q.idle.push(mine.clone());
+    }
+    let mut slot = mine.job.lock().unwrap_or_else(|e| e.into_inner());
     loop {
-        let job = match rx.lock() {
-            Ok(r) => r.recv(),
-            Err(poisoned) => poisoned.into_inner().recv(),
-        };
-        let Ok(job) = job else { return };
+        if let Some(job) = slot.take() {
+            return job;
+        }
+        slot = mine.ready.wait(slot).unwrap_or_else(|e| e.into_inner());
+    }
+}
+
+fn work(queue: &Mutex<Queue>) {
+    let mine = Arc::new(Handoff::default());
+    loop {
+        let job = next_job(queue, &mine);
         JOB_START.with(|s| s.set(Some(thread_cpu_seconds())));
         JOB_REMOTE.with(|c| c.set(0.0));
         // A panicking job drops its reply channel (the caller gets `WorkerGone`); the thread goes on.
