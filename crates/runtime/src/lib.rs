@@ -430,7 +430,12 @@ fn start_workers(
     seccomp: forkbox_engine::jail::Mode,
     n: usize,
 ) -> Result<forkbox_worker::Workers, RuntimeError> {
-    let open = |message: String| RuntimeError::Open { what: "starting the sandbox workers", message };
+    let open = |message: String| {
+        RuntimeError::Open {
+        what: "starting the sandbox workers",
+        message: format!("{message} (they need root to jail themselves; `--isolation thread` runs execs on the server's own threads)"),
+    }
+    };
     let mut wc = forkbox_worker::Config::new(home);
     wc.memory_bytes = p.memory_mb.saturating_mul(1 << 20);
     wc.uid_base = p.uid_base;

@@ -508,6 +508,54 @@ fn launcher(config: &Config, binds: &[Bind], prepare: Option<&TemplateRef>, rx: 
     }
 }
 
+/// A worker's stderr (its log lines) into the server's, bounded: a worker runs
+/// guest input, so it gets lines of at most `LOG_LINE_MAX` bytes at
+/// `LOG_LINES_PER_SECOND` (bursts of `LOG_BURST`); the rest is counted and dropped.
+fn relay_log(index: usize, stderr: std::process::ChildStderr) {
+    use std::io::Read;
+    const LOG_LINE_MAX: usize = 2048;
+    const LOG_LINES_PER_SECOND: f64 = 20.0;
+    const LOG_BURST: f64 = 200.0;
+    let mut tokens = LOG_BURST;
+    let mut last = Instant::now();
+    let mut dropped = 0u64;
+    let mut line = Vec::with_capacity(LOG_LINE_MAX);
+    let mut buf = [0u8; 4096];
+    let mut reader = stderr;
+    let mut emit = |line: &[u8], dropped: &mut u64| {
+        let now = Instant::now();
+        tokens = (tokens + now.duration_since(last).as_secs_f64() * LOG_LINES_PER_SECOND).min(LOG_BURST);
+        last = now;
+        if tokens < 1.0 {
+            *dropped += 1;
+            return;
+        }
+        tokens -= 1.0;
+        if *dropped > 0 {
+            eprintln!("[worker {index}] ({} log lines dropped: over the rate limit)", *dropped);
+            *dropped = 0;
+        }
+        eprintln!("[worker {index}] {}", String::from_utf8_lossy(line).trim_end());
+    };
+    loop {
+        let n = match reader.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        for &b in &buf[..n] {
+            if b == b'\n' {
+                emit(&line, &mut dropped);
+                line.clear();
+            } else if line.len() < LOG_LINE_MAX {
+                line.push(b);
+            }
+        }
+    }
+    if !line.is_empty() {
+        emit(&line, &mut dropped);
+    }
+}
+
 fn remove_cgroups(index: usize) {
     for d in crate::jail::cgroup_dirs(std::process::id(), index as u32) {
         let _ = std::fs::remove_dir(d);
@@ -545,7 +593,7 @@ fn start_one(
     let (mut ours, theirs) = UnixStream::pair().map_err(err("socketpair"))?;
     let fd = theirs.as_raw_fd();
     let mut cmd = Command::new(&config.exe);
-    cmd.arg("__worker").env_clear().stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::inherit());
+    cmd.arg("__worker").env_clear().stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
     for k in ["RUST_LOG", "FORKBOX_LOG"] {
         if let Ok(v) = std::env::var(k) {
             cmd.env(k, v);
@@ -563,6 +611,11 @@ fn start_one(
     }
     let mut child = cmd.spawn().map_err(err("spawning the worker"))?;
     drop(theirs);
+    if let Some(stderr) = child.stderr.take() {
+        let _ = std::thread::Builder::new()
+            .name(format!("forkbox-worker-log-{index}"))
+            .spawn(move || relay_log(index, stderr));
+    }
     let started = (|| -> Result<Conn, WorkerError> {
         let perr = |e: protocol::ProtocolError| WorkerError::Start(e.to_string());
         let hello = Hello {
