@@ -37,6 +37,8 @@ enum ChildError {
 pub fn main() -> ! {
     let code = match run() {
         Ok(()) => 0,
+        // The server went away (it stopped, or dropped this worker): nothing to say.
+        Err(ChildError::Protocol(e)) if e.is_closed() => 0,
         Err(e) => {
             eprintln!("forkbox worker: {e}");
             1
