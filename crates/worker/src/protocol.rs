@@ -165,6 +165,21 @@ pub enum FromWorker {
     Idle,
 }
 
+impl FromWorker {
+    /// The frame's name (what an error about an unexpected frame shows: never its contents).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            FromWorker::Started { .. } => "Started",
+            FromWorker::Ready => "Ready",
+            FromWorker::Prepared(_) => "Prepared",
+            FromWorker::Pong => "Pong",
+            FromWorker::Output { .. } => "Output",
+            FromWorker::Done(_) => "Done",
+            FromWorker::Idle => "Idle",
+        }
+    }
+}
+
 mod b64 {
     use base64::Engine as _;
     use serde::{Deserialize, Deserializer, Serializer};

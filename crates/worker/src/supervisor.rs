@@ -88,6 +88,9 @@ impl Config {
 /// Host uids of the workers start here (a range no account of a usual host uses).
 pub const DEFAULT_UID_BASE: u32 = 900_000;
 
+/// Streamed bytes beyond twice the output limit a worker may send (truncation notes).
+const STREAM_SLACK: usize = 64 << 10;
+
 /// How long a new worker may take to jail itself and open the default template.
 const START_TIMEOUT: Duration = Duration::from_secs(120);
 /// Beyond an exec's own time limit, how long a worker may take to answer
@@ -314,7 +317,7 @@ impl Workers {
             Ok(FromWorker::Idle) => {}
             other => {
                 let why = match other {
-                    Ok(f) => format!("sent {f:?} instead of Idle"),
+                    Ok(f) => format!("sent {} instead of Idle", f.kind()),
                     Err(e) => e.to_string(),
                 };
                 tracing::warn!(worker = index, "sandbox worker lost after an exec: {why}");
@@ -337,7 +340,7 @@ impl Workers {
         protocol::write(&mut conn.sock, &ToWorker::Ping).map_err(crashed)?;
         match protocol::read::<FromWorker>(&mut conn.sock).map_err(crashed)? {
             FromWorker::Pong => Ok(()),
-            other => Err(WorkerError::Crashed(format!("answered a ping with {other:?}"))),
+            other => Err(WorkerError::Crashed(format!("answered a ping with {}", other.kind()))),
         }
     }
 
@@ -378,11 +381,21 @@ impl Workers {
         };
         let _ = conn.sock.set_read_timeout(Some(limits.timeout.saturating_add(ANSWER_GRACE)));
         slot.busy.store(true, Ordering::Relaxed);
+        // The engine streams at most what it captures (the output limit per
+        // stream, plus a truncation note): more is a worker gone wrong.
+        let stream_max = limits.output_bytes.saturating_mul(2).saturating_add(STREAM_SLACK);
+        let mut streamed = 0usize;
         let answered = (|| -> Result<Box<Done>, protocol::ProtocolError> {
             protocol::write(&mut conn.sock, &req)?;
             loop {
                 match protocol::read::<FromWorker>(&mut conn.sock)? {
                     FromWorker::Output { stream, data } => {
+                        streamed = streamed.saturating_add(data.len());
+                        if streamed > stream_max {
+                            return Err(protocol::ProtocolError::Io(std::io::Error::other(format!(
+                                "streamed more than the {stream_max} bytes an exec can"
+                            ))));
+                        }
                         if let Some(f) = on_output.as_mut() {
                             f(stream, &data);
                         }
@@ -390,7 +403,8 @@ impl Workers {
                     FromWorker::Done(done) => return Ok(done),
                     other => {
                         return Err(protocol::ProtocolError::Io(std::io::Error::other(format!(
-                            "sent an unexpected frame {other:?}"
+                            "sent an unexpected {} frame",
+                            other.kind()
                         ))))
                     }
                 }
@@ -407,10 +421,11 @@ impl Workers {
             Err(e) => {
                 // Dead, hung or speaking nonsense: it goes, a new one starts.
                 let exit = self.stop(index);
+                // It died by itself: how it ended; else why this side dropped it.
                 let how = match &exit {
-                    Some(x) if !e.is_timeout() => x.clone(),
                     _ if e.is_timeout() => "stopped answering (killed)".to_string(),
-                    _ => e.to_string(),
+                    Some(x) if e.is_closed() => x.clone(),
+                    _ => format!("broke the protocol ({e}) and was killed"),
                 };
                 tracing::warn!(worker = index, pid, "sandbox worker lost: {how}");
                 slot.lost(&mut io, exit);
@@ -633,11 +648,11 @@ fn start_one(
         protocol::write(&mut ours, &hello).map_err(perr)?;
         let pid = match protocol::read::<FromWorker>(&mut ours).map_err(perr)? {
             FromWorker::Started { pid } => pid,
-            other => return Err(WorkerError::Start(format!("expected Started, got {other:?}"))),
+            other => return Err(WorkerError::Start(format!("expected Started, got {}", other.kind()))),
         };
         match protocol::read::<FromWorker>(&mut ours).map_err(perr)? {
             FromWorker::Ready => {}
-            other => return Err(WorkerError::Start(format!("expected Ready, got {other:?}"))),
+            other => return Err(WorkerError::Start(format!("expected Ready, got {}", other.kind()))),
         }
         if let Some(t) = prepare {
             protocol::write(&mut ours, &ToWorker::Prepare { template: t.clone() }).map_err(perr)?;
@@ -646,7 +661,7 @@ fn start_one(
                 FromWorker::Prepared(Err(e)) => {
                     return Err(WorkerError::Start(format!("opening the template: {}", e.message)))
                 }
-                other => return Err(WorkerError::Start(format!("expected Prepared, got {other:?}"))),
+                other => return Err(WorkerError::Start(format!("expected Prepared, got {}", other.kind()))),
             }
         }
         Ok(Conn { sock: ours, pid, started: SystemTime::now() })
