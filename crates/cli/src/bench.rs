@@ -593,7 +593,7 @@ fn worker_boundary(
     n: usize,
 ) -> Result<[Vec<f64>; 4]> {
     let mut wc = forkbox_worker::Config::new(home);
-    wc.seccomp = format!("{mode:?}").to_lowercase();
+    wc.seccomp = mode;
     if !image.starts_with(home.join("images")) {
         wc.extra_images.push(image.to_path_buf());
     }

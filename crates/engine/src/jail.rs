@@ -53,7 +53,9 @@ pub enum JailError {
     Install(String),
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// (Serde: lowercase, as `FORKBOX_SECCOMP` spells it; a sandbox worker gets it in its `Hello`.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Mode {
     /// A call outside the list kills the process.
     Enforce,

@@ -439,12 +439,7 @@ fn start_workers(
     let mut wc = forkbox_worker::Config::new(home);
     wc.memory_bytes = p.memory_mb.saturating_mul(1 << 20);
     wc.uid_base = p.uid_base;
-    wc.seccomp = match seccomp {
-        forkbox_engine::jail::Mode::Enforce => "enforce",
-        forkbox_engine::jail::Mode::Eperm => "eperm",
-        forkbox_engine::jail::Mode::Off => "off",
-    }
-    .into();
+    wc.seccomp = seccomp;
     wc.test_actions = std::env::var("FORKBOX_WORKER_TEST_ACTIONS").is_ok_and(|v| v == "1");
     if let Some(img) = &config.image {
         if !img.starts_with(home.join("images")) {

@@ -104,12 +104,7 @@ fn run() -> Result<(), ChildError> {
         jail::enter_root(&hello)?;
         jail::drop_privileges(&hello)?;
     }
-    let mode = match hello.seccomp.as_str() {
-        "off" => forkbox_engine::jail::Mode::Off,
-        "eperm" => forkbox_engine::jail::Mode::Eperm,
-        _ => forkbox_engine::jail::Mode::Enforce,
-    };
-    forkbox_engine::jail::enter_worker(mode).map_err(|e| ChildError::Other(e.to_string()))?;
+    forkbox_engine::jail::enter_worker(hello.seccomp).map_err(|e| ChildError::Other(e.to_string()))?;
     protocol::write(&mut sock, &FromWorker::Ready)?;
     Worker { cpu, hello, open: HashMap::new(), tick: 0 }.serve(&mut sock)
 }

@@ -84,8 +84,8 @@ pub struct Hello {
     /// An empty directory the worker mounts its root on (in its own mount namespace).
     pub root: PathBuf,
     pub binds: Vec<Bind>,
-    /// `forkbox_engine::jail::Mode` as `FORKBOX_SECCOMP` spells it.
-    pub seccomp: String,
+    /// The seccomp filter's mode.
+    pub seccomp: forkbox_engine::jail::Mode,
     /// The worker's memory bound (its cgroup), bytes; 0: none.
     pub memory_bytes: u64,
     /// Tasks (threads) the worker may have (its cgroup and RLIMIT_NPROC).

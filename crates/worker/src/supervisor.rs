@@ -40,8 +40,8 @@ pub struct Config {
     pub memory_bytes: u64,
     /// Each worker's task bound.
     pub max_tasks: u64,
-    /// `FORKBOX_SECCOMP` for the workers' filter.
-    pub seccomp: String,
+    /// The workers' seccomp filter mode.
+    pub seccomp: forkbox_engine::jail::Mode,
     /// False: no namespaces or uid change (protocol tests only).
     pub jail: bool,
     /// See `protocol::TEST_FORBIDDEN_SYSCALL`.
@@ -78,7 +78,7 @@ impl Config {
             uid_base: DEFAULT_UID_BASE,
             memory_bytes: 4 << 30,
             max_tasks: 256,
-            seccomp: "enforce".into(),
+            seccomp: forkbox_engine::jail::Mode::Enforce,
             jail: true,
             test_actions: false,
         }
@@ -639,7 +639,7 @@ fn start_one(
             uid: config.uid_base.saturating_add(index as u32),
             root,
             binds: binds.to_vec(),
-            seccomp: config.seccomp.clone(),
+            seccomp: config.seccomp,
             memory_bytes: config.memory_bytes,
             max_tasks: config.max_tasks,
             test_actions: config.test_actions,
