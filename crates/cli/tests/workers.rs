@@ -287,3 +287,26 @@ async fn a_workers_cpu_time_is_charged_to_the_key_and_thread_isolation_has_no_wo
     let (st, v) = t.exec("6 * 7").await;
     assert_eq!((st, v["value"].clone()), (200, json!("42")));
 }
+
+#[test]
+fn a_template_the_worker_cannot_open_fails_that_exec_only() {
+    // The supervisor of `serve`, driven directly: after any `Done`, failed or
+    // not, the worker says `Idle`, so the next exec starts at once on the same worker.
+    let shared = forkbox_testkit::shared();
+    let home = forkbox_testkit::fresh_home("fbx-workers-");
+    let mut config = forkbox_worker::Config::new(home.path());
+    config.exe = env!("CARGO_BIN_EXE_forkbox").into();
+    config.extra_images.push(shared.image_path.clone());
+    let dir = home.path().join("templates").join(&shared.template.info.id);
+    let good = config.template_ref(&shared.image_path, &dir).unwrap();
+    let workers = forkbox_worker::Workers::start(config, 1, None).unwrap();
+    let bad = forkbox_worker::TemplateRef { image: good.image.clone(), dir: "/home/templates/missing".into() };
+    let limits = forkbox_engine::Limits::default();
+    let t0 = Instant::now();
+    let r = workers.exec(0, &bad, "1", &limits, None).unwrap();
+    assert!(r.result.is_err(), "{:?}", r.result);
+    let r = workers.exec(0, &good, "6 * 7", &limits, None).unwrap();
+    assert_eq!(r.result.unwrap().value.as_deref(), Some("42"));
+    assert!(t0.elapsed() < Duration::from_secs(20), "{:?}", t0.elapsed());
+    assert_eq!(workers.list()[0].restarts, 0);
+}

@@ -3,11 +3,9 @@
 //! worker and waits; the worker's CPU time is charged to the job, its network
 //! counters added to this process'.
 
-use std::sync::atomic::Ordering;
-
 use forkbox_api::ErrorCode;
 use forkbox_engine::{EngineError, NET_GLOBAL};
-use forkbox_worker::{NetDelta, WireError, WorkerError, Workers};
+use forkbox_worker::{WireError, WorkerError, Workers};
 
 use crate::exec::{OneShot, OneShotRequest, Output};
 use crate::workers::{add_remote_cpu, exec_index};
@@ -62,16 +60,6 @@ fn engine_error(e: WireError) -> RuntimeError {
     RuntimeError::exec(EngineError::Remote { code, message: e.message }, e.output)
 }
 
-fn add_net(d: NetDelta) {
-    let g = &NET_GLOBAL;
-    g.connects_allowed.fetch_add(d.connects_allowed, Ordering::Relaxed);
-    g.connects_denied.fetch_add(d.connects_denied, Ordering::Relaxed);
-    g.dns_queries.fetch_add(d.dns_queries, Ordering::Relaxed);
-    g.dns_refused.fetch_add(d.dns_refused, Ordering::Relaxed);
-    g.bytes_sent.fetch_add(d.bytes_sent, Ordering::Relaxed);
-    g.bytes_received.fetch_add(d.bytes_received, Ordering::Relaxed);
-}
-
 /// After replying: wait for this exec thread's worker to tear the fork down.
 pub(crate) fn settle(w: &Workers) {
     w.settle(exec_index());
@@ -98,7 +86,7 @@ pub(crate) fn exec(
     }
     let remote = ran?;
     add_remote_cpu(remote.cpu_seconds);
-    add_net(remote.net);
+    NET_GLOBAL.add(remote.net);
     match remote.result {
         Ok(result) => Ok(OneShot { result, id: random_id("x_"), fork_ms: remote.fork_ms, exec_ms: remote.exec_ms }),
         Err(e) => Err(engine_error(e)),

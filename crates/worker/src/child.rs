@@ -5,7 +5,6 @@
 use std::collections::HashMap;
 use std::os::fd::FromRawFd;
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -126,31 +125,6 @@ fn wire(e: forkbox_engine::EngineError, output: Option<forkbox_engine::CapturedO
     WireError { code: e.code().to_string(), message: e.to_string(), output }
 }
 
-fn net_now() -> NetDelta {
-    let g = &NET_GLOBAL;
-    NetDelta {
-        connects_allowed: g.connects_allowed.load(Ordering::Relaxed),
-        connects_denied: g.connects_denied.load(Ordering::Relaxed),
-        dns_queries: g.dns_queries.load(Ordering::Relaxed),
-        dns_refused: g.dns_refused.load(Ordering::Relaxed),
-        bytes_sent: g.bytes_sent.load(Ordering::Relaxed),
-        bytes_received: g.bytes_received.load(Ordering::Relaxed),
-    }
-}
-
-impl NetDelta {
-    fn since(self, before: NetDelta) -> NetDelta {
-        NetDelta {
-            connects_allowed: self.connects_allowed.saturating_sub(before.connects_allowed),
-            connects_denied: self.connects_denied.saturating_sub(before.connects_denied),
-            dns_queries: self.dns_queries.saturating_sub(before.dns_queries),
-            dns_refused: self.dns_refused.saturating_sub(before.dns_refused),
-            bytes_sent: self.bytes_sent.saturating_sub(before.bytes_sent),
-            bytes_received: self.bytes_received.saturating_sub(before.bytes_received),
-        }
-    }
-}
-
 impl Worker {
     fn serve(mut self, sock: &mut UnixStream) -> Result<(), ChildError> {
         loop {
@@ -205,20 +179,16 @@ impl Worker {
             // SAFETY: a syscall with no pointer arguments.
             unsafe { libc::syscall(libc::SYS_ptrace, libc::PTRACE_TRACEME, 0, 0, 0) };
         }
-        let net0 = net_now();
+        let net0 = NET_GLOBAL.read();
         let t = Instant::now();
-        let (engine, template) = match self.template(r) {
-            Ok(x) => x,
-            Err(e) => {
-                let done = Done { result: Err(wire(e, None)), fork_ms: 0.0, exec_ms: 0.0, net: NetDelta::default() };
-                return Ok(protocol::write(sock, &FromWorker::Done(Box::new(done)))?);
-            }
-        };
-        let mut sb = match template.fork(&engine, limits) {
+        let forked = self.template(r).and_then(|(engine, template)| template.fork(&engine, limits));
+        let mut sb = match forked {
             Ok(sb) => sb,
             Err(e) => {
                 let done = Done { result: Err(wire(e, None)), fork_ms: 0.0, exec_ms: 0.0, net: NetDelta::default() };
-                return Ok(protocol::write(sock, &FromWorker::Done(Box::new(done)))?);
+                protocol::write(sock, &FromWorker::Done(Box::new(done)))?;
+                // Nothing to tear down, but the supervisor waits for Idle after every Done.
+                return Ok(protocol::write(sock, &FromWorker::Idle)?);
             }
         };
         let fork_ms = t.elapsed().as_secs_f64() * 1000.0;
@@ -242,7 +212,7 @@ impl Worker {
             return Err(e.into());
         }
         let result = result.map_err(|e| wire(e, sb.take_failed_output()));
-        let done = Done { result, fork_ms, exec_ms, net: net_now().since(net0) };
+        let done = Done { result, fork_ms, exec_ms, net: NET_GLOBAL.read().since(net0) };
         protocol::write(sock, &FromWorker::Done(Box::new(done)))?;
         // After the reply: the VM goes back to the pool off the response path.
         drop(sb);

@@ -125,15 +125,7 @@ pub struct WireError {
 }
 
 /// What one exec moved on the network (added to the API process' counters).
-#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
-pub struct NetDelta {
-    pub connects_allowed: u64,
-    pub connects_denied: u64,
-    pub dns_queries: u64,
-    pub dns_refused: u64,
-    pub bytes_sent: u64,
-    pub bytes_received: u64,
-}
+pub use forkbox_linux::net::NetCounts as NetDelta;
 
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Done {

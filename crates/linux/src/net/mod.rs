@@ -209,6 +209,54 @@ pub struct GlobalNetStats {
     pub bytes_received: AtomicU64,
 }
 
+/// A reading of [`GlobalNetStats`], or the difference of two (what one exec
+/// in a sandbox worker process moved, added to the API process' counters).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetCounts {
+    pub connects_allowed: u64,
+    pub connects_denied: u64,
+    pub dns_queries: u64,
+    pub dns_refused: u64,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+}
+
+impl NetCounts {
+    /// What moved from `before` to `self` (saturating).
+    pub fn since(self, before: NetCounts) -> NetCounts {
+        NetCounts {
+            connects_allowed: self.connects_allowed.saturating_sub(before.connects_allowed),
+            connects_denied: self.connects_denied.saturating_sub(before.connects_denied),
+            dns_queries: self.dns_queries.saturating_sub(before.dns_queries),
+            dns_refused: self.dns_refused.saturating_sub(before.dns_refused),
+            bytes_sent: self.bytes_sent.saturating_sub(before.bytes_sent),
+            bytes_received: self.bytes_received.saturating_sub(before.bytes_received),
+        }
+    }
+}
+
+impl GlobalNetStats {
+    pub fn read(&self) -> NetCounts {
+        NetCounts {
+            connects_allowed: self.connects_allowed.load(Ordering::Relaxed),
+            connects_denied: self.connects_denied.load(Ordering::Relaxed),
+            dns_queries: self.dns_queries.load(Ordering::Relaxed),
+            dns_refused: self.dns_refused.load(Ordering::Relaxed),
+            bytes_sent: self.bytes_sent.load(Ordering::Relaxed),
+            bytes_received: self.bytes_received.load(Ordering::Relaxed),
+        }
+    }
+
+    pub fn add(&self, c: NetCounts) {
+        self.connects_allowed.fetch_add(c.connects_allowed, Ordering::Relaxed);
+        self.connects_denied.fetch_add(c.connects_denied, Ordering::Relaxed);
+        self.dns_queries.fetch_add(c.dns_queries, Ordering::Relaxed);
+        self.dns_refused.fetch_add(c.dns_refused, Ordering::Relaxed);
+        self.bytes_sent.fetch_add(c.bytes_sent, Ordering::Relaxed);
+        self.bytes_received.fetch_add(c.bytes_received, Ordering::Relaxed);
+    }
+}
+
 pub static GLOBAL: GlobalNetStats = GlobalNetStats {
     connects_allowed: AtomicU64::new(0),
     connects_denied: AtomicU64::new(0),
