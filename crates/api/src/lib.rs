@@ -106,7 +106,7 @@ codes! {
     SandboxCrashed = ("sandbox_crashed", 502, "The sandbox worker process running the exec died (a crash, its seccomp filter, out of memory) or stopped answering: only what it held failed, a new worker is started; retry."),
     PackageFailed = ("package_failed", 502, "The server's pip could not download or unpack the package (index unreachable, a refused wheel ...); details are in the server's log."),
     Overloaded = ("overloaded", 503, "Every exec slot is busy and the bounded wait queue is full (see Retry-After)."),
-    StorageUnavailable = ("storage_unavailable", 503, "The object store that holds the checkpoints could not be reached (or refused a read or write): a session exec's checkpoint was not committed and the session stays at its previous checkpoint; a resume needing a file only the object store has failed. Retry when it is back (see Retry-After)."),
+    StorageUnavailable = ("storage_unavailable", 503, "The object store that holds the checkpoints, or the PostgreSQL database that holds the session metadata, could not be reached (or refused a read or write): a session exec's checkpoint was not committed and the session stays at its previous checkpoint; a resume needing a file only the object store has failed. Retry when it is back (see Retry-After)."),
     InsufficientStorage = ("insufficient_storage", 507, "The disk is full (or down to the reserve kept for deletes and metadata): nothing was written, the session stays at its previous checkpoint."),
 }
 

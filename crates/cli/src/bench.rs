@@ -123,10 +123,15 @@ pub enum BenchCommand {
     /// Checkpoints in an object store: session exec (with its checkpoint) on the local
     /// directory only vs with `--objects` (same run), and a resume from the bucket with a
     /// cold local cache. Endpoint and credentials from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...
+    /// With --database, the same on PostgreSQL metadata too.
     Objects {
         /// The bucket and prefix, `s3://bucket/prefix` (a scratch prefix: the bench writes there).
         #[arg(long, value_name = "URL")]
         objects: String,
+        /// Also with session metadata in PostgreSQL: a server (`postgres://user@host:port/db`)
+        /// on which the bench may create and drop its scratch databases (forkbox_bench_*).
+        #[arg(long, value_name = "URL")]
+        database: Option<String>,
         /// Samples per measurement.
         #[arg(long, default_value_t = 200)]
         samples: usize,
@@ -164,7 +169,9 @@ pub fn bench(home: &Path, cmd: BenchCommand) -> Result<ExitCode> {
             &image,
         ),
         BenchCommand::Net { requests, download_mb, image } => net(home, requests.max(1), download_mb, &image),
-        BenchCommand::Objects { objects: url, samples, image } => objects(home, &url, samples.max(2), &image),
+        BenchCommand::Objects { objects: url, database, samples, image } => {
+            objects(home, &url, database.as_deref(), samples.max(2), &image)
+        }
         BenchCommand::Explore { samples, width, image } => {
             crate::bench_tree::explore(home, samples.max(1), width.clamp(1, 64), &image)
         }
@@ -856,8 +863,9 @@ fn dir_bytes(p: &Path) -> u64 {
         .unwrap_or(0)
 }
 
-/// `bench objects`: one session's exec + checkpoint, local directory vs object store.
-fn objects(home: &Path, url: &str, samples: usize, image: &ImageArgs) -> Result<ExitCode> {
+/// `bench objects`: one session's exec + checkpoint, local directory vs object store
+/// (and, with a database, SQLite vs PostgreSQL metadata), interleaved in one run.
+fn objects(home: &Path, url: &str, database: Option<&str>, samples: usize, image: &ImageArgs) -> Result<ExitCode> {
     use forkbox_sessions::manager::{Config, SessionManager};
     use forkbox_sessions::objects::ObjectsConfig;
     let (path, _) = crate::run::ensure_image(home, image, true)?;
@@ -865,59 +873,92 @@ fn objects(home: &Path, url: &str, samples: usize, image: &ImageArgs) -> Result<
     let template = std::sync::Arc::new(forkbox_engine::Template::ensure(&engine, home)?);
     let t = "bench";
     let limits = Limits::default();
+    // (label, database, object store): each its own data directory, database and prefix.
+    let mut variants: Vec<(&str, Option<String>, Option<ObjectsConfig>)> = vec![
+        ("SQLite + local directory        ", None, None),
+        ("SQLite + --objects              ", None, Some(ObjectsConfig::new(url))),
+    ];
+    let mut scratch_dbs = Vec::new();
+    if let Some(db) = database {
+        for (label, name, objects) in [
+            ("PostgreSQL + local directory    ", "forkbox_bench_local", None),
+            (
+                "PostgreSQL + --objects          ",
+                "forkbox_bench_objects",
+                Some(ObjectsConfig::new(format!("{url}/pg"))),
+            ),
+        ] {
+            let scratch = forkbox_sessions::db::scratch_database(db, name).context("--database: a scratch database")?;
+            scratch_dbs.push(name);
+            variants.push((label, Some(scratch), objects));
+        }
+    }
     let mut managers = Vec::new();
-    for objects in [None, Some(ObjectsConfig::new(url))] {
+    for (label, database, objects) in variants {
         let scratch = tempfile::tempdir_in(home).context("creating a scratch directory")?;
-        let config = Config { objects, ..Config::default() };
+        let has_objects = objects.is_some();
+        let config = Config { objects, database, ..Config::default() };
         let m = SessionManager::open(engine.clone(), template.clone(), scratch.path(), config)?;
         let s = m.create(t, Default::default(), &limits)?;
         m.exec(t, &s.id, "n = 0\nbuf = bytearray(4096 * 100)")?;
-        managers.push((scratch, m, s.id));
+        managers.push((label, has_objects, scratch, m, s.id));
     }
-    // Interleaved, so both see the same machine.
+    // Interleaved, so all see the same machine.
     let code = "n += 1\nfor i in range(10):\n    buf[i * 4096] = n % 256\nn";
-    let mut times = [Vec::new(), Vec::new()];
+    let mut times = vec![Vec::new(); managers.len()];
     for _ in 0..samples {
-        for (i, (_, m, id)) in managers.iter().enumerate() {
+        for (i, (_, _, _, m, id)) in managers.iter().enumerate() {
             let t0 = Instant::now();
             m.exec(t, id, code)?;
             times[i].push(ms(t0));
         }
     }
     println!("session exec + checkpoint (`n += 1`, 10 pages written), same run:");
-    println!("  local directory only    {}", summary(times[0].clone()));
-    println!("  with --objects          {}", summary(times[1].clone()));
+    for ((label, ..), times) in managers.iter().zip(times) {
+        println!("  {label}{}", summary(times));
+    }
     // Resume with a cold local cache: every file of the session from the bucket
     // (its chain merged into a flat layer, as the server's upkeep does).
-    let (scratch, m, id) = &managers[1];
-    m.compact_session(t, id)?;
-    let layers = scratch.path().join("sessions").join("layers");
-    let (mut cold, mut warm) = (Vec::new(), Vec::new());
-    for _ in 0..samples.min(50) {
-        m.evict(id);
-        for e in std::fs::read_dir(&layers)?.flatten() {
-            std::fs::remove_file(e.path())?;
+    for (label, has_objects, scratch, m, id) in &managers {
+        if !has_objects {
+            continue;
         }
-        let t0 = Instant::now();
-        m.resume(t, id)?;
-        cold.push(ms(t0));
-        m.evict(id);
-        let t0 = Instant::now();
-        m.resume(t, id)?;
-        warm.push(ms(t0));
+        m.compact_session(t, id)?;
+        let layers = scratch.path().join("sessions").join("layers");
+        let (mut cold, mut warm) = (Vec::new(), Vec::new());
+        for _ in 0..samples.min(50) {
+            m.evict(id);
+            for e in std::fs::read_dir(&layers)?.flatten() {
+                std::fs::remove_file(e.path())?;
+            }
+            let t0 = Instant::now();
+            m.resume(t, id)?;
+            cold.push(ms(t0));
+            m.evict(id);
+            let t0 = Instant::now();
+            m.resume(t, id)?;
+            warm.push(ms(t0));
+        }
+        let stats = m.object_stats().unwrap_or_default();
+        println!("{}:", label.trim_end());
+        println!("  resume of an evicted session, cold local cache (from the bucket) {}", summary(cold));
+        println!("  resume of an evicted session, warm local cache                  {}", summary(warm));
+        println!(
+            "  objects: {} uploads ({:.1} MiB), {} fetches ({:.1} MiB)",
+            stats.uploads,
+            stats.uploaded_bytes as f64 / (1 << 20) as f64,
+            stats.fetches,
+            stats.fetched_bytes as f64 / (1 << 20) as f64
+        );
     }
-    let stats = m.object_stats().unwrap_or_default();
-    println!("resume of an evicted session, cold local cache (from the bucket) {}", summary(cold));
-    println!("resume of an evicted session, warm local cache                  {}", summary(warm));
-    println!(
-        "objects: {} uploads ({:.1} MiB), {} fetches ({:.1} MiB)",
-        stats.uploads,
-        stats.uploaded_bytes as f64 / (1 << 20) as f64,
-        stats.fetches,
-        stats.fetched_bytes as f64 / (1 << 20) as f64
-    );
-    for (_, m, id) in &managers {
+    for (_, _, _, m, id) in &managers {
         m.delete(t, id)?;
+    }
+    drop(managers);
+    if let Some(db) = database {
+        for name in scratch_dbs {
+            forkbox_sessions::db::drop_database(db, name).context("dropping a scratch database")?;
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

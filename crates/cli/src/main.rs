@@ -111,6 +111,12 @@ enum Command {
         /// go first; files in use or not uploaded are kept). Default: no bound.
         #[arg(long, value_name = "N", requires = "objects")]
         object_cache_mb: Option<u64>,
+        /// Session metadata (sessions, checkpoints, tags) in this PostgreSQL database,
+        /// `postgres://user[:password]@host[:port]/db` (also $FORKBOX_DATABASE_URL, which keeps a
+        /// password out of the process list), migrated at start. One node per database for now.
+        /// Default: SQLite in the data directory.
+        #[arg(long, value_name = "URL", env = "FORKBOX_DATABASE_URL", hide_env_values = true)]
+        database: Option<String>,
     },
     /// API keys for the HTTP API.
     #[command(subcommand)]
@@ -384,6 +390,7 @@ fn main() -> ExitCode {
             worker_uid_base,
             objects,
             object_cache_mb,
+            database,
         } => {
             let isolation = match isolation {
                 IsolationMode::Thread => forkbox_runtime::Isolation::Thread,
@@ -415,6 +422,7 @@ fn main() -> ExitCode {
                     packages,
                     isolation,
                     objects,
+                    database,
                 )
             })
         }
@@ -596,6 +604,7 @@ fn serve(
     packages: forkbox_image::packages::Policy,
     isolation: forkbox_runtime::Isolation,
     objects: Option<forkbox_sessions::objects::ObjectsConfig>,
+    database: Option<String>,
 ) -> anyhow::Result<ExitCode> {
     pip.validate().map_err(|e| anyhow::anyhow!("--pip-*: {e}"))?;
     for n in packages.allow.iter().chain(&packages.deny) {
@@ -605,6 +614,9 @@ fn serve(
     }
     if let Some(o) = &objects {
         forkbox_sessions::objects::parse_url(&o.url)?;
+    }
+    if database.as_deref().is_some_and(|u| !forkbox_sessions::db::is_postgres_url(u)) {
+        anyhow::bail!("--database: not a PostgreSQL URL (postgres://user@host:port/db)");
     }
     let mut cfg = forkbox_server::ServerConfig::new(listen, home.to_path_buf());
     cfg.pip = pip;
@@ -616,6 +628,7 @@ fn serve(
     cfg.max_concurrency = exec_slots.map_or(0, |n| n as usize);
     cfg.limits.network = forkbox_engine::NetConfig::with_policy(egress);
     cfg.sessions.objects = objects;
+    cfg.sessions.database = database;
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(forkbox_server::serve(cfg))?;
     Ok(ExitCode::SUCCESS)
 }

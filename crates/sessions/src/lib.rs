@@ -5,6 +5,7 @@
 //! checkpoints in SQLite and layer files over the engine's templates; used only
 //! by forkbox-runtime (the front ends never see the store).
 
+pub mod db;
 pub mod manager;
 pub mod objects;
 pub mod store;

@@ -157,6 +157,7 @@ impl SessionError {
             SessionError::NoSpace(_) => ErrorCode::InsufficientStorage,
             SessionError::File { code, .. } => *code,
             SessionError::Snapshot(e) => e.error_code(),
+            SessionError::Store(e) if e.is_unavailable() => ErrorCode::StorageUnavailable,
             SessionError::Store(_) => ErrorCode::StorageError,
             SessionError::Objects(e) | SessionError::NotStored { source: e, .. } => e.error_code(),
             SessionError::Engine(e) => e.error_code(),
@@ -222,6 +223,10 @@ pub struct Config {
     /// Checkpoint files also in an object store, the layers directory a
     /// bounded cache in front of it (None: the local directory only).
     pub objects: Option<ObjectsConfig>,
+    /// The metadata in this PostgreSQL database (`postgres://...`), claimed
+    /// by this node alone (see `Store::claim`); None: SQLite in the sessions
+    /// directory.
+    pub database: Option<String>,
 }
 
 impl Default for Config {
@@ -232,6 +237,7 @@ impl Default for Config {
             compact_after: 8,
             disk_reserve: DEFAULT_DISK_RESERVE,
             objects: None,
+            database: None,
         }
     }
 }
@@ -441,7 +447,14 @@ impl SessionManager {
             source,
         })?;
         let lock = lock_dir(&dir)?;
-        let store = Store::open(&dir.join("sessions.db"))?;
+        let store = match &config.database {
+            None => Store::open(&dir.join("sessions.db"))?,
+            Some(url) => {
+                let s = Store::open_postgres(url)?;
+                s.claim()?;
+                s
+            }
+        };
         let objects = match &config.objects {
             Some(c) => Some(Objects::open(c, &layers_dir, &store.all_objects()?)?),
             None => None,
@@ -462,7 +475,7 @@ impl SessionManager {
         Ok(m)
     }
 
-    /// The SQLite store itself, for this crate's tests and offline tools. The
+    /// The metadata store itself, for this crate's tests and offline tools. The
     /// layers above use the typed queries ([`Self::count`], [`Self::head`],
     /// [`Self::disk_bytes`], ...); the runtime does not hand the manager out.
     pub fn store(&self) -> &Store {

@@ -11,6 +11,7 @@
 //! `templates` is a symlink to the shared home's, so no template is rebuilt.
 
 pub mod guest;
+pub mod postgres;
 pub mod s3;
 
 use std::path::{Path, PathBuf};
