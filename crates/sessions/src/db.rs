@@ -4,8 +4,8 @@
 //!
 //! The store's statements are written once, in the SQL both engines accept,
 //! with SQLite's `?N` placeholders (rewritten to `$N` for PostgreSQL) and one
-//! extension: `IN_IDS(?N)` / `NOT_IN_IDS(?N)` test membership in a list of ids
-//! passed as one parameter ([`Value::Ids`]), which SQLite spells with
+//! extension: `IN_LIST(?N)` / `NOT_IN_LIST(?N)` test membership in a list of ids
+//! or names passed as one parameter ([`Value::Ids`], [`Value::Names`]), which SQLite spells with
 //! `json_each` and PostgreSQL with `= ANY` / `<> ALL` of an array. Values cross
 //! as [`Value`]s, rows come back as [`Row`]s of them, so no engine type leaks
 //! into the store. Integers are 64-bit on both sides (PostgreSQL columns are
@@ -19,8 +19,10 @@ pub(crate) enum Value {
     Null,
     Int(i64),
     Text(String),
-    /// A list of ids, for `IN_IDS(?N)`.
+    /// A list of ids, for `IN_LIST(?N)`.
     Ids(Vec<i64>),
+    /// A list of names, for `IN_LIST(?N)`.
+    Names(Vec<String>),
 }
 
 impl From<i64> for Value {
@@ -62,6 +64,12 @@ impl From<&Option<String>> for Value {
 impl From<&[i64]> for Value {
     fn from(v: &[i64]) -> Value {
         Value::Ids(v.to_vec())
+    }
+}
+
+impl From<&[String]> for Value {
+    fn from(v: &[String]) -> Value {
+        Value::Names(v.to_vec())
     }
 }
 
@@ -355,17 +363,17 @@ impl Pg {
     }
 }
 
-/// The store's SQL for SQLite: `IN_IDS(?N)` as a `json_each` sub-query.
+/// The store's SQL for SQLite: `IN_LIST(?N)` as a `json_each` sub-query.
 fn sqlite_sql(sql: &str) -> std::borrow::Cow<'_, str> {
-    if !sql.contains("IN_IDS(") {
+    if !sql.contains("IN_LIST(") {
         return sql.into();
     }
-    rewrite_ids(sql, |not, p| format!("{}IN (SELECT value FROM json_each({p}))", if not { "NOT " } else { "" })).into()
+    rewrite_lists(sql, |not, p| format!("{}IN (SELECT value FROM json_each({p}))", if not { "NOT " } else { "" })).into()
 }
 
 /// The store's SQL for PostgreSQL: `$N` placeholders, arrays for `IN_IDS`.
 fn postgres_sql(sql: &str) -> String {
-    let sql = rewrite_ids(sql, |not, p| if not { format!("<> ALL({p})") } else { format!("= ANY({p})") });
+    let sql = rewrite_lists(sql, |not, p| if not { format!("<> ALL({p})") } else { format!("= ANY({p})") });
     let mut out = String::with_capacity(sql.len());
     let mut chars = sql.chars().peekable();
     while let Some(c) = chars.next() {
@@ -378,15 +386,15 @@ fn postgres_sql(sql: &str) -> String {
     out
 }
 
-/// Replaces every `NOT_IN_IDS(p)` / `IN_IDS(p)` by `f(not, p)`.
-fn rewrite_ids(sql: &str, f: impl Fn(bool, &str) -> String) -> String {
+/// Replaces every `NOT_IN_LIST(p)` / `IN_LIST(p)` by `f(not, p)`.
+fn rewrite_lists(sql: &str, f: impl Fn(bool, &str) -> String) -> String {
     let mut out = String::with_capacity(sql.len() + 32);
     let mut rest = sql;
-    while let Some(at) = rest.find("IN_IDS(") {
+    while let Some(at) = rest.find("IN_LIST(") {
         let not = rest[..at].ends_with("NOT_");
         let head = if not { &rest[..at - 4] } else { &rest[..at] };
         out.push_str(head);
-        let args = &rest[at + "IN_IDS(".len()..];
+        let args = &rest[at + "IN_LIST(".len()..];
         let end = args.find(')').unwrap_or(args.len());
         out.push_str(&f(not, &args[..end]));
         rest = args.get(end + 1..).unwrap_or("");
@@ -408,6 +416,10 @@ impl rusqlite::ToSql for SqliteValue<'_> {
                 let list = ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
                 ToSqlOutput::Owned(rusqlite::types::Value::Text(format!("[{list}]")))
             }
+            // A JSON array of strings, for json_each (serde_json escapes them).
+            Value::Names(names) => ToSqlOutput::Owned(rusqlite::types::Value::Text(
+                serde_json::to_string(names).map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?,
+            )),
         })
     }
 }
@@ -428,13 +440,14 @@ impl postgres::types::ToSql for PgValue<'_> {
             Value::Int(v) => v.to_sql(ty, out),
             Value::Text(s) => s.as_str().to_sql(ty, out),
             Value::Ids(ids) => ids.to_sql(ty, out),
+            Value::Names(names) => names.to_sql(ty, out),
         }
     }
 
     fn accepts(ty: &postgres::types::Type) -> bool {
         use postgres::types::Type;
         // Which of them fits is checked per value in `to_sql`.
-        [Type::INT8, Type::INT4, Type::TEXT, Type::VARCHAR, Type::INT8_ARRAY].contains(ty)
+        [Type::INT8, Type::INT4, Type::TEXT, Type::VARCHAR, Type::INT8_ARRAY, Type::TEXT_ARRAY].contains(ty)
     }
 
     postgres::types::to_sql_checked!();
@@ -474,7 +487,7 @@ mod tests {
 
     #[test]
     fn placeholders_and_id_lists_per_engine() {
-        let sql = "SELECT id FROM t WHERE a = ?1 AND id IN_IDS(?2) AND parent NOT_IN_IDS(?2) AND b = '?'";
+        let sql = "SELECT id FROM t WHERE a = ?1 AND id IN_LIST(?2) AND parent NOT_IN_LIST(?2) AND b = '?'";
         assert_eq!(
             postgres_sql(sql),
             "SELECT id FROM t WHERE a = $1 AND id = ANY($2) AND parent <> ALL($2) AND b = '?'"
@@ -509,7 +522,10 @@ mod tests {
             tx.execute("DELETE FROM t", &[]).unwrap();
             // Dropped uncommitted: rolled back.
         }
-        let rows = c.query("SELECT id, s FROM t WHERE id IN_IDS(?1) ORDER BY id", vals![&[1i64, 2][..]]).unwrap();
+        let rows = c.query("SELECT id, s FROM t WHERE id IN_LIST(?1) ORDER BY id", vals![&[1i64, 2][..]]).unwrap();
+        let names = ["a".to_string(), "b\"',".to_string()];
+        let by_name = c.query("SELECT id FROM t WHERE s IN_LIST(?1)", vals![&names[..]]).unwrap();
+        assert_eq!(by_name.len(), 1);
         assert_eq!(rows.len(), 2);
         assert_eq!(rows[0].i64(0).unwrap(), 1);
         assert_eq!(rows[0].text(1).unwrap(), "a");

@@ -734,7 +734,7 @@ impl SessionManager {
         guard.base = Some(checkpoint.id);
         guard.last_used = Instant::now();
         drop(guard);
-        let _ = self.store.touch(id, now_ms());
+        // (The commit set `last_used_ms` already: no second write.)
         Ok(ExecOutcome { result, checkpoint })
     }
 
@@ -1121,13 +1121,9 @@ impl SessionManager {
         let pinned = o.ensure_local(&self.store, std::slice::from_ref(&head.state))?;
         // Packs of the ancestry that are only in the object store: the state
         // says which of them it reads (most checkpoints have no pack).
-        let mut remote = Vec::new();
-        for c in chain {
-            let pack = Path::new(&c.state).with_extension("files").to_string_lossy().into_owned();
-            if o.is_remote_only(&self.store, &pack)? {
-                remote.push(pack);
-            }
-        }
+        let packs: Vec<String> =
+            chain.iter().map(|c| Path::new(&c.state).with_extension("files").to_string_lossy().into_owned()).collect();
+        let remote = o.remote_only(&self.store, &packs)?;
         if remote.is_empty() {
             return Ok(vec![pinned]);
         }

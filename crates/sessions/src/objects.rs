@@ -505,9 +505,10 @@ impl Objects {
         Ok(pinned)
     }
 
-    /// Whether `name` is uploaded and not in the local directory.
-    pub fn is_remote_only(&self, store: &Store, name: &str) -> Result<bool, ObjectError> {
-        Ok(!self.dir.join(name).exists() && store.object(name)?.is_some())
+    /// Those of `names` that are only in the object store, with one query for all.
+    pub fn remote_only(&self, store: &Store, names: &[String]) -> Result<Vec<String>, ObjectError> {
+        let missing: Vec<String> = names.iter().filter(|n| !self.dir.join(n).exists()).cloned().collect();
+        Ok(store.objects_named(&missing)?.into_iter().map(|o| o.name).collect())
     }
 
     /// Download the objects of `objects` into the layers directory (up to 8

@@ -993,6 +993,19 @@ impl Store {
         row.as_ref().map(object_row).transpose().op("object")
     }
 
+    /// The objects of those of `names` that were uploaded, by name (one query).
+    pub fn objects_named(&self, names: &[String]) -> Result<Vec<StoredObject>, StoreError> {
+        if names.is_empty() {
+            return Ok(Vec::new());
+        }
+        let op = "objects_named";
+        let rows = self
+            .conn()
+            .query("SELECT name, sha256, bytes FROM objects WHERE name IN_LIST(?1) ORDER BY name", vals![names])
+            .op(op)?;
+        rows.iter().map(object_row).collect::<Result<_, _>>().op(op)
+    }
+
     /// Every uploaded file, by name.
     pub fn all_objects(&self) -> Result<Vec<StoredObject>, StoreError> {
         let rows = self.conn().query("SELECT name, sha256, bytes FROM objects ORDER BY name", &[]).op("all_objects")?;
@@ -1074,14 +1087,14 @@ impl Store {
         let mut conn = self.conn();
         let mut tx = conn.begin().op("delete_checkpoints: begin")?;
         let op = "delete_checkpoints: check heads";
-        let in_use = tx.query_opt("SELECT id, head FROM sessions WHERE head IN_IDS(?1) LIMIT 1", vals![ids]).op(op)?;
+        let in_use = tx.query_opt("SELECT id, head FROM sessions WHERE head IN_LIST(?1) LIMIT 1", vals![ids]).op(op)?;
         if let Some(r) = in_use {
             return Err(StoreError::InUse { id: r.i64(1).op(op)?, session: r.text(0).op(op)? });
         }
         let op = "delete_checkpoints: check children";
         let child = tx
             .query_opt(
-                "SELECT parent, id FROM checkpoints WHERE parent IN_IDS(?1) AND id NOT_IN_IDS(?1) LIMIT 1",
+                "SELECT parent, id FROM checkpoints WHERE parent IN_LIST(?1) AND id NOT_IN_LIST(?1) LIMIT 1",
                 vals![ids],
             )
             .op(op)?;
@@ -1111,7 +1124,7 @@ impl Store {
         let mut tx = conn.begin().op("drop_checkpoints_and_rewind: begin")?;
         let sql = format!(
             "WITH RECURSIVE doomed(id) AS ( \
-                SELECT c.id FROM checkpoints c WHERE c.id IN_IDS(?1) \
+                SELECT c.id FROM checkpoints c WHERE c.id IN_LIST(?1) \
                 UNION \
                 SELECT c.id FROM checkpoints c JOIN doomed d ON c.parent = d.id \
              ) \
@@ -1121,7 +1134,7 @@ impl Store {
         let doomed: Vec<i64> = deleted.iter().map(|c| c.id).collect();
         let op = "drop_checkpoints_and_rewind: affected sessions";
         let heads = tx
-            .query("SELECT id, head FROM sessions WHERE head IN_IDS(?1) ORDER BY sid", vals![&doomed[..]])
+            .query("SELECT id, head FROM sessions WHERE head IN_LIST(?1) ORDER BY sid", vals![&doomed[..]])
             .op(op)?
             .iter()
             .map(|r| Ok((r.text(0)?, r.i64(1)?)))
@@ -1137,7 +1150,7 @@ impl Store {
                     SELECT c.parent, up.depth + 1 FROM checkpoints c JOIN up ON c.id = up.id \
                     WHERE c.parent IS NOT NULL \
                  ) \
-                 SELECT id FROM up WHERE id NOT_IN_IDS(?2) ORDER BY depth LIMIT 1",
+                 SELECT id FROM up WHERE id NOT_IN_LIST(?2) ORDER BY depth LIMIT 1",
                 vals![from, &doomed[..]],
                 "drop_checkpoints_and_rewind: nearest survivor",
             )?
@@ -2128,6 +2141,9 @@ mod tests {
         assert_eq!(s.checkpoint(c.id).unwrap().unwrap(), c);
         assert_eq!(s.object("c1.layer").unwrap(), Some(obj("c1.layer", "aa")));
         assert_eq!(s.object("nope").unwrap(), None);
+        let named = s.objects_named(&["nope".into(), "c1.state".into(), "c1.layer".into()]).unwrap();
+        assert_eq!(named, [obj("c1.layer", "aa"), obj("c1.state", "bb")]);
+        assert!(s.objects_named(&[]).unwrap().is_empty());
         // The same contents under a second name; a name recorded again is replaced.
         s.add_objects(&[obj("c1.files", "aa"), obj("c1.state", "cc")]).unwrap();
         assert!(s.has_object("aa").unwrap() && s.has_object("cc").unwrap() && !s.has_object("bb").unwrap());
