@@ -368,10 +368,11 @@ fn sqlite_sql(sql: &str) -> std::borrow::Cow<'_, str> {
     if !sql.contains("IN_LIST(") {
         return sql.into();
     }
-    rewrite_lists(sql, |not, p| format!("{}IN (SELECT value FROM json_each({p}))", if not { "NOT " } else { "" })).into()
+    rewrite_lists(sql, |not, p| format!("{}IN (SELECT value FROM json_each({p}))", if not { "NOT " } else { "" }))
+        .into()
 }
 
-/// The store's SQL for PostgreSQL: `$N` placeholders, arrays for `IN_IDS`.
+/// The store's SQL for PostgreSQL: `$N` placeholders, arrays for `IN_LIST`.
 fn postgres_sql(sql: &str) -> String {
     let sql = rewrite_lists(sql, |not, p| if not { format!("<> ALL({p})") } else { format!("= ANY({p})") });
     let mut out = String::with_capacity(sql.len());

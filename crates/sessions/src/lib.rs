@@ -2,7 +2,7 @@
 //! of checkpoints (layers over a template snapshot).
 //!
 //! Place in the flow request -> runtime -> **sessions** -> engine -> vmm/linux -> guest:
-//! checkpoints in SQLite and layer files over the engine's templates; used only
+//! checkpoints in SQLite or PostgreSQL and layer files over the engine's templates; used only
 //! by forkbox-runtime (the front ends never see the store).
 
 pub mod db;
