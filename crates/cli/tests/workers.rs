@@ -159,6 +159,8 @@ async fn workers_are_jailed_and_see_no_keys_or_sessions() {
         for n in ["user", "mnt", "pid", "ipc", "uts", "cgroup"] {
             assert_ne!(ns(pid as u32, n), ns(server, n), "{n} namespace of worker {pid}");
         }
+        // Egress `public` (the default): the sandboxes' sockets are host sockets, so the host's network.
+        assert_eq!(ns(pid as u32, "net"), ns(server, "net"), "worker {pid}");
         // Its open files: no keys.db, nothing of the sessions, no writable file at all.
         for fd in std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap() {
             let fd = fd.unwrap();
@@ -191,6 +193,26 @@ async fn workers_are_jailed_and_see_no_keys_or_sessions() {
         s.call(reqwest::Method::POST, &format!("/v1/sessions/{id}/exec"), &s.key, Some(json!({"code": "x + 1"}))).await;
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["value"], "42", "{v}");
+}
+
+/// `--egress none`: no sandbox may reach anything, and the workers have an
+/// empty network namespace of their own; execs (and their sockets' refusals) are unchanged.
+#[tokio::test(flavor = "multi_thread")]
+async fn with_egress_none_the_workers_have_no_network() {
+    let s = start(&["--exec-slots", "1", "--egress", "none"]);
+    let code = "import socket\ns = socket.socket()\ntry:\n    s.connect(('1.1.1.1', 80))\n    r = 'connected'\nexcept OSError as e:\n    r = type(e).__name__\n(r, 6 * 7)";
+    let (st, v) = s.exec(code).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["value"], "('ConnectionRefusedError', 42)", "{v}");
+    assert!(v["stderr"].as_str().unwrap().contains("refused by the egress policy: network: none"), "{v}");
+    let workers = s.settled_workers().await;
+    assert_eq!(workers.len(), 1);
+    let pid = workers[0]["pid"].as_u64().unwrap() as u32;
+    assert_ne!(ns(pid, "net"), ns(s.proc.id(), "net"));
+    // Nothing but a loopback interface, and it is down.
+    let dev = std::fs::read_to_string(format!("/proc/{pid}/net/dev")).unwrap();
+    let ifaces: Vec<&str> = dev.lines().skip(2).filter_map(|l| l.split(':').next()).map(str::trim).collect();
+    assert_eq!(ifaces, ["lo"], "{dev}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

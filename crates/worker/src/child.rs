@@ -53,7 +53,7 @@ fn run() -> Result<(), ChildError> {
     let hello: Hello = protocol::read(&mut sock)?;
     if hello.jail {
         jail::join_cgroup(&hello);
-        jail::unshare_outer()?;
+        jail::unshare_outer(hello.own_network)?;
         jail::build_root(&hello)?;
         let mut go = [0; 2];
         // SAFETY: a 2-int array.

@@ -3,7 +3,7 @@
 //! In order, in the worker (which starts as the server's child, host root):
 //! 1. [`join_cgroup`]: its own cgroup (v2 where the memory controller is on
 //!    v2, else v1 `memory` + `pids`), bounding its memory and tasks;
-//! 2. [`unshare_outer`]: new mount, IPC, UTS and pid namespaces; mounts made
+//! 2. [`unshare_outer`]: new mount, IPC, UTS and pid namespaces (and network, for `--egress none`); mounts made
 //!    private; [`build_root`]: a small tmpfs with only the read-only binds
 //!    the VMM needs (the images, templates and package layers; the resolver's
 //!    files) — never `keys.db`, never the sessions directory;
@@ -190,12 +190,17 @@ pub fn join_cgroup(h: &Hello) -> Cgroup {
 }
 
 /// New mount, IPC, UTS, cgroup and pid namespaces (the pid one for this
-/// process' next child); every mount private, so nothing here reaches the host.
-pub fn unshare_outer() -> Result<(), JailError> {
+/// process' next child), and with `own_network` a new, empty network
+/// namespace; every mount private, so nothing here reaches the host.
+pub fn unshare_outer(own_network: bool) -> Result<(), JailError> {
     let flags =
         libc::CLONE_NEWNS | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS | libc::CLONE_NEWCGROUP | libc::CLONE_NEWPID;
     // SAFETY: unshare takes flags only.
     check(unsafe { libc::unshare(flags) }, "unshare(CLONE_NEWNS|NEWIPC|NEWUTS|NEWCGROUP|NEWPID)")?;
+    if own_network {
+        // SAFETY: as above.
+        check(unsafe { libc::unshare(libc::CLONE_NEWNET) }, "unshare(CLONE_NEWNET)")?;
+    }
     mount(None, Path::new("/"), None, libc::MS_REC | libc::MS_PRIVATE, None)
 }
 

@@ -90,6 +90,11 @@ pub struct Hello {
     pub memory_bytes: u64,
     /// Tasks (threads) the worker may have (its cgroup and RLIMIT_NPROC).
     pub max_tasks: u64,
+    /// An empty network namespace of its own (no interface but a down `lo`):
+    /// for servers whose egress policy is `none`, where no sandbox may reach
+    /// anything. Otherwise the worker shares the host's (its sandboxes' sockets
+    /// are host sockets, each connect decided by the egress policy).
+    pub own_network: bool,
     /// Honour [`TEST_FORBIDDEN_SYSCALL`] (the server's `FORKBOX_WORKER_TEST_ACTIONS=1`).
     pub test_actions: bool,
 }

@@ -40,6 +40,8 @@ pub struct Config {
     pub memory_bytes: u64,
     /// Each worker's task bound.
     pub max_tasks: u64,
+    /// Workers in empty network namespaces (see `protocol::Hello::own_network`).
+    pub own_network: bool,
     /// The workers' seccomp filter mode.
     pub seccomp: forkbox_engine::jail::Mode,
     /// False: no namespaces or uid change (protocol tests only).
@@ -78,6 +80,7 @@ impl Config {
             uid_base: DEFAULT_UID_BASE,
             memory_bytes: 4 << 30,
             max_tasks: 256,
+            own_network: false,
             seccomp: forkbox_engine::jail::Mode::Enforce,
             jail: true,
             test_actions: false,
@@ -642,6 +645,7 @@ fn start_one(
             seccomp: config.seccomp,
             memory_bytes: config.memory_bytes,
             max_tasks: config.max_tasks,
+            own_network: config.own_network,
             test_actions: config.test_actions,
         };
         let _ = ours.set_read_timeout(Some(START_TIMEOUT));
