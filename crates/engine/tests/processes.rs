@@ -862,3 +862,84 @@ json.dumps(out)
     assert_eq!(v["ppe"], 3, "{v}");
     assert!(t0.elapsed() < Duration::from_secs(30), "took {:?}", t0.elapsed());
 }
+
+// ---------------------------------------------------------------------------
+// Credentials
+// ---------------------------------------------------------------------------
+
+#[test]
+fn credentials_follow_linux_rules_through_fork_and_exec() {
+    let mut sb = fork();
+    let v = json(
+        &mut sb,
+        r#"
+import os, json, subprocess, sys
+out = {}
+child = "import os, json; print(json.dumps([os.getresuid(), os.getresgid(), sorted(os.getgroups()), [l.split() for l in open('/proc/self/status') if l.startswith(('Uid', 'Gid', 'Groups', 'CapEff'))]]))"
+p = subprocess.run([sys.executable, "-c", child], user=65534, group=65533, extra_groups=[7, 5], capture_output=True, text=True)
+out["child"] = json.loads(p.stdout) if p.returncode == 0 else p.stderr
+# In a fork: root keeps its saved uid 0 through seteuid, so it can come back;
+# after setuid as root (all three ids) it cannot.
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    steps = []
+    os.seteuid(1000)
+    steps.append(os.getresuid())
+    try:
+        os.setgroups([1])
+        steps.append("setgroups allowed")
+    except PermissionError:
+        steps.append("setgroups EPERM")
+    os.seteuid(0)
+    steps.append(os.getresuid())
+    os.setuid(2000)
+    steps.append(os.getresuid())
+    try:
+        os.setuid(0)
+        steps.append("setuid(0) allowed")
+    except PermissionError:
+        steps.append("setuid(0) EPERM")
+    try:
+        os.setresuid(-1, 3000, -1)
+        steps.append("setresuid allowed")
+    except PermissionError:
+        steps.append("setresuid EPERM")
+    os.write(w, json.dumps(steps).encode())
+    os._exit(0)
+os.close(w)
+out["steps"] = json.loads(os.read(r, 4000))
+os.waitpid(pid, 0)
+out["parent"] = [os.getresuid(), os.getresgid(), os.getgroups()]
+json.dumps(out)
+"#,
+    );
+    let child = &v["child"];
+    assert_eq!(child[0], serde_json::json!([65534, 65534, 65534]), "user= set all three uids in the child: {v}");
+    assert_eq!(child[1], serde_json::json!([65533, 65533, 65533]), "group=: {v}");
+    assert_eq!(child[2], serde_json::json!([5, 7]), "extra_groups=: {v}");
+    assert_eq!(
+        child[3],
+        serde_json::json!([
+            ["Uid:", "65534", "65534", "65534", "65534"],
+            ["Gid:", "65533", "65533", "65533", "65533"],
+            ["Groups:", "5", "7"],
+            ["CapEff:", "0000000000000000"]
+        ]),
+        "/proc/self/status: {v}"
+    );
+    // glibc's seteuid is setresuid(-1, euid, -1): the saved uid stays 0.
+    assert_eq!(
+        v["steps"],
+        serde_json::json!([
+            [0, 1000, 0],
+            "setgroups EPERM",
+            [0, 0, 0],
+            [2000, 2000, 2000],
+            "setuid(0) EPERM",
+            "setresuid EPERM"
+        ]),
+        "{v}"
+    );
+    assert_eq!(v["parent"], serde_json::json!([[0, 0, 0], [0, 0, 0], []]), "the parent is untouched: {v}");
+}

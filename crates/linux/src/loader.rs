@@ -154,7 +154,7 @@ pub fn exec(
     proc.mm
         .map(Some(STACK_BOTTOM), STACK_SIZE, (libc::PROT_READ | libc::PROT_WRITE) as u32, VmaKind::Stack)
         .map_err(|errno| LoadError::Map { path: "[stack]".into(), errno })?;
-    let rsp = build_stack(mem, path, argv, envp, &main, interp.as_ref(), opts)?;
+    let rsp = build_stack(mem, path, argv, envp, &main, interp.as_ref(), proc, opts)?;
     let nul_joined = |v: &[&str]| -> std::sync::Arc<[u8]> {
         v.iter().flat_map(|s| s.bytes().chain(std::iter::once(0))).collect::<Vec<u8>>().into()
     };
@@ -185,6 +185,7 @@ const AT_EXECFN: u64 = 31;
 const AT_SYSINFO_EHDR: u64 = 33;
 const AT_MINSIGSTKSZ: u64 = 51;
 
+#[allow(clippy::too_many_arguments)]
 fn build_stack(
     mem: &mut GuestMemory,
     path: &str,
@@ -192,6 +193,7 @@ fn build_stack(
     envp: &[&str],
     main: &Loaded,
     interp: Option<&Loaded>,
+    proc: &Process,
     opts: &ExecOptions,
 ) -> Result<u64, LoadError> {
     // Strings and the random bytes go at the top; pointers below them.
@@ -225,10 +227,10 @@ fn build_stack(
         (AT_BASE, interp.map_or(0, |i| i.bias)),
         (AT_FLAGS, 0),
         (AT_ENTRY, main.entry),
-        (AT_UID, 0),
-        (AT_EUID, 0),
-        (AT_GID, 0),
-        (AT_EGID, 0),
+        (AT_UID, proc.creds.uid.real.into()),
+        (AT_EUID, proc.creds.uid.effective.into()),
+        (AT_GID, proc.creds.gid.real.into()),
+        (AT_EGID, proc.creds.gid.effective.into()),
         (AT_SECURE, 0),
         (AT_RANDOM, random),
         (AT_HWCAP, opts.hwcap),

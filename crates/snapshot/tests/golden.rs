@@ -125,6 +125,9 @@ fn process(image: &Arc<Image>, session: bool) -> ProcessState {
         // A package installed at run time: its file is a reference to the layer (format 6).
         let tmp = tempfile::tempdir().unwrap();
         p.vfs.install_layer(&package_layer(tmp.path())).unwrap();
+        // Credentials changed with setresuid/setgroups (format 7).
+        p.creds.uid.set_res(1000, 0, 1000, true).unwrap();
+        p.creds.set_groups(vec![27, 4]).unwrap();
         p.fs_base = 0x4802_0700;
         p.tid_address = 0x4802_09d0;
         p.signals.mask = 1 << (libc::SIGINT - 1);
