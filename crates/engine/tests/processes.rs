@@ -864,7 +864,7 @@ json.dumps(out)
 }
 
 // ---------------------------------------------------------------------------
-// Credentials
+// Credentials, pipe sizes
 // ---------------------------------------------------------------------------
 
 #[test]
@@ -942,4 +942,82 @@ json.dumps(out)
         "{v}"
     );
     assert_eq!(v["parent"], serde_json::json!([[0, 0, 0], [0, 0, 0], []]), "the parent is untouched: {v}");
+}
+
+#[test]
+fn pipe_sizes_are_capacities_that_writes_honour() {
+    let mut sb = fork();
+    let v = json(
+        &mut sb,
+        r#"
+import os, json, fcntl, errno
+out = {}
+def fill(w):
+    n = 0
+    try:
+        while True:
+            n += os.write(w, b"x" * 512)
+    except BlockingIOError:
+        return n
+r, w = os.pipe()
+os.set_blocking(w, False)
+out["default"] = fcntl.fcntl(w, fcntl.F_GETPIPE_SZ)
+out["set_small"] = fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 100)
+out["small_holds"] = fill(w)
+out["grown"] = fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 8192)
+out["grown_holds"] = fill(w)
+try:
+    fcntl.fcntl(r, fcntl.F_SETPIPE_SZ, 4096)
+    out["ebusy"] = None
+except OSError as e:
+    out["ebusy"] = e.errno
+os.read(r, 1 << 20)
+out["set_big"] = fcntl.fcntl(r, fcntl.F_SETPIPE_SZ, 1000000)
+pid = os.fork()
+if pid == 0:
+    os._exit(0 if fcntl.fcntl(w, fcntl.F_GETPIPE_SZ) == 1 << 20 else 1)
+out["child_sees"] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+out["big_holds"] = fill(w)
+out["read_back"] = len(os.read(r, 2 << 20))
+errs = []
+for size in ((1 << 20) + 1, -1):
+    try:
+        fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, size)
+        errs.append(None)
+    except OSError as e:
+        errs.append(e.errno)
+out["errs"] = errs
+# The sandbox-wide budget: 16 pipes of 1 MiB is past it.
+got = []
+for _ in range(20):
+    a, b = os.pipe()
+    try:
+        fcntl.fcntl(a, fcntl.F_SETPIPE_SZ, 1 << 20)
+        got.append(1)
+    except PermissionError:
+        got.append(0)
+out["budget"] = sum(got)
+f = open("/tmp/plain", "w")
+try:
+    fcntl.fcntl(f.fileno(), fcntl.F_GETPIPE_SZ)
+    out["file"] = None
+except OSError as e:
+    out["file"] = e.errno
+json.dumps(out)
+"#,
+    );
+    assert_eq!(v["default"], 65536, "{v}");
+    assert_eq!(v["set_small"], 4096, "rounded up to a page: {v}");
+    assert_eq!(v["small_holds"], 4096, "a non-blocking writer fills exactly the capacity: {v}");
+    assert_eq!((&v["grown"], &v["grown_holds"]), (&8192.into(), &4096.into()), "{v}");
+    assert_eq!(v["ebusy"], libc::EBUSY, "smaller than what it holds: {v}");
+    assert_eq!(v["set_big"], 1 << 20, "rounded up to a power of two: {v}");
+    assert_eq!(v["child_sees"], 0, "the size is the pipe's, shared with a fork's child: {v}");
+    assert_eq!(v["big_holds"], 1 << 20, "{v}");
+    assert_eq!(v["read_back"], 1 << 20, "{v}");
+    assert_eq!(v["errs"], serde_json::json!([libc::EPERM, libc::EINVAL]), "past pipe-max-size; 2^32-1: {v}");
+    // 16 MiB of capacity beyond the default: 17 pipes of 1 MiB, one of them the pipe above.
+    let fit = (16 << 20) / ((1 << 20) - 65536) - 1;
+    assert_eq!(v["budget"], fit, "the sandbox-wide budget: {v}");
+    assert_eq!(v["file"], libc::EBADF, "{v}");
 }

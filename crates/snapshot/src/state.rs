@@ -35,7 +35,9 @@ pub const MAGIC: &[u8; 8] = b"FBXSNAP\0";
 ///    inode, never the bytes). Only an enum variant was added, so a version 5
 ///    payload decodes as it is.
 /// 7: the process' credentials (`ProcessState::creds`: user and group ids,
-///    supplementary groups). Versions 5 and 6 are read as the frozen `v6` shape.
+///    supplementary groups); a pipe's capacity (`ObjKind` variant `SizedPipe`,
+///    which replaces `Pipe` in what is written; `Pipe` still reads, with the
+///    default capacity). Versions 5 and 6 are read as the frozen `v6` shape.
 pub const FORMAT_VERSION: u32 = 7;
 /// Every version `decode` reads (oldest first); the last is `FORMAT_VERSION`.
 pub const READABLE_VERSIONS: &[u32] = &[4, 5, 6, 7];
@@ -165,7 +167,8 @@ fn read_v7(payload: &[u8]) -> Result<Snapshot, StateError> {
 }
 
 /// Versions 5 and 6: the process state without credentials (every process
-/// was root: the default ones). Frozen: never edit these types.
+/// was root: the default ones). Pipes in it are the old `ObjKind::Pipe`
+/// variant, which `ObjKind` still reads. Frozen: never edit these types.
 mod v6 {
     use forkbox_linux::creds::Creds;
     use forkbox_linux::fd::FdTable;
