@@ -864,7 +864,7 @@ json.dumps(out)
 }
 
 // ---------------------------------------------------------------------------
-// Credentials, pipe sizes
+// Credentials, pipe sizes, the bytes of argv and envp
 // ---------------------------------------------------------------------------
 
 #[test]
@@ -1020,4 +1020,26 @@ json.dumps(out)
     let fit = (16 << 20) / ((1 << 20) - 65536) - 1;
     assert_eq!(v["budget"], fit, "the sandbox-wide budget: {v}");
     assert_eq!(v["file"], libc::EBADF, "{v}");
+}
+
+#[test]
+fn argv_and_environment_bytes_reach_the_program_unchanged() {
+    let mut sb = fork();
+    let v = json(
+        &mut sb,
+        r#"
+import os, json, subprocess, sys
+env = {b"PATH": b"/usr/bin:/bin", b"K\xff": b"v\xfe\x80", b"LC_ALL": b"C"}
+script = "import os, sys; print(os.environb[b'K\\xff'].hex(), os.fsencode(sys.argv[1]).hex(), open('/proc/self/environ', 'rb').read().count(b'K\\xff=v\\xfe\\x80\\0'))"
+p = subprocess.run([sys.executable, "-c", script, b"a\xc3\x28"], env=env, capture_output=True)
+sh = subprocess.run(["sh", "-c", 'printf %s "$X" | od -An -tx1'], env={b"X": b"\xffz"}, capture_output=True)
+json.dumps({"out": p.stdout.decode().split(), "err": p.stderr.decode("ascii", "replace").splitlines()[-1:], "sh": sh.stdout.decode().split()})
+"#,
+    );
+    assert_eq!(
+        v["out"],
+        serde_json::json!(["76fe80", "61c328", "1"]),
+        "non-UTF-8 environment and argv, and /proc/self/environ: {v}"
+    );
+    assert_eq!(v["sh"], serde_json::json!(["ff", "7a"]), "{v}");
 }
