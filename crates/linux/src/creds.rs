@@ -122,13 +122,13 @@ impl Creds {
         self.uid.effective == 0
     }
 
-    /// setgroups: privileged only; at most `NGROUPS_MAX`.
+    /// setgroups: privileged only (EPERM first, as Linux); at most `NGROUPS_MAX`.
     pub fn set_groups(&mut self, mut groups: Vec<u32>) -> Result<(), Errno> {
-        if groups.len() > NGROUPS_MAX {
-            return Err(Errno::EINVAL);
-        }
         if !self.privileged() {
             return Err(Errno::EPERM);
+        }
+        if groups.len() > NGROUPS_MAX {
+            return Err(Errno::EINVAL);
         }
         groups.sort_unstable();
         self.groups = groups.into();
@@ -223,6 +223,7 @@ mod tests {
         assert_eq!(c.set_groups(vec![0; NGROUPS_MAX + 1]), Err(Errno::EINVAL));
         c.uid.set(1000, true).unwrap();
         assert_eq!(c.set_groups(vec![]), Err(Errno::EPERM));
+        assert_eq!(c.set_groups(vec![0; NGROUPS_MAX + 1]), Err(Errno::EPERM), "privilege is checked first");
         assert_eq!(&*c.groups, &[10, 10, 20, 30]);
         c.validate().unwrap();
         c.groups = vec![2, 1].into();

@@ -150,16 +150,16 @@ pub fn getgroups(ctx: &mut Ctx, a: &Args) -> SysResult {
     Ok(groups.len() as u64)
 }
 
-/// setgroups(size, list): privileged only, at most NGROUPS_MAX (checked
-/// before the list is read, so the copy is bounded).
+/// setgroups(size, list): privileged only (EPERM first, as Linux), at most
+/// NGROUPS_MAX (checked before the list is read, so the copy is bounded).
 pub fn setgroups(ctx: &mut Ctx, a: &Args) -> SysResult {
+    if !ctx.proc.creds.privileged() {
+        return Err(Errno::EPERM);
+    }
     let size = a[0] as i32;
     let n = usize::try_from(size).map_err(|_| Errno::EINVAL)?;
     if n > NGROUPS_MAX {
         return Err(Errno::EINVAL);
-    }
-    if !ctx.proc.creds.privileged() {
-        return Err(Errno::EPERM);
     }
     let len = u64::try_from(n.checked_mul(4).ok_or(Errno::EINVAL)?).map_err(|_| Errno::EINVAL)?;
     let groups = ctx.bytes(a[1], len)?.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
