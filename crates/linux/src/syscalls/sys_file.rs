@@ -145,11 +145,12 @@ fn write_host(ctx: &mut Ctx, fd: i32, data: &[u8], pos: Option<u64>) -> SysResul
         return Err(Errno::EBADF);
     }
     match f.kind {
-        FileKind::Object(_) if pos.is_some() => Err(Errno::ESPIPE),
+        FileKind::Object(_) | FileKind::Socket(_) if pos.is_some() => Err(Errno::ESPIPE),
         FileKind::Object(id) => {
             let ofd = ctx.proc.fds.ofd(fd)?;
             super::sys_pipe::write_object(ctx, &f, ofd, id, data)
         }
+        FileKind::Socket(_) => sys_socket::write_host_bytes(ctx, fd, data),
         _ => write_plain(ctx.proc, ctx.io, fd, &f, data, pos),
     }
 }
