@@ -971,9 +971,8 @@ impl Sandbox {
         self.with_ctx(|ctx| syscalls::close_fds(ctx, &closes));
         self.proc.exec_reset();
         let mut vm = Vm::new(&self.cpu, GuestMemory::anonymous(RAM_SIZE)?)?;
-        let argv: Vec<&str> = spec.argv.iter().map(String::as_str).collect();
-        let envp: Vec<&str> = spec.envp.iter().map(String::as_str).collect();
-        let start = match loader::exec(vm.mem_mut(), &mut self.proc, &spec.path, &argv, &envp, &self.exec_opts) {
+        let (argv, envp) = (&spec.argv, &spec.envp);
+        let start = match loader::exec(vm.mem_mut(), &mut self.proc, &spec.path, argv, envp, &self.exec_opts) {
             Ok(s) => s,
             Err(e) => {
                 // Past the point of no return, as on Linux: the process dies.

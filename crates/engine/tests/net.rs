@@ -675,6 +675,35 @@ out
 
 /// A server in a subprocess (its own VM), queried by the parent.
 #[test]
+fn sendfile_to_a_tcp_socket_sends_the_file() {
+    let mut sb = boot(NetConfig::default());
+    let code = r#"
+import os, socket
+data = bytes(range(256)) * 5000
+with open('/tmp/big', 'wb') as f:
+    f.write(data)
+srv = socket.socket()
+srv.bind(('127.0.0.1', 0))
+srv.listen(1)
+c = socket.create_connection(srv.getsockname())
+s, _ = srv.accept()
+fd = os.open('/tmp/big', os.O_RDONLY)
+sent, off = 0, 100
+got = bytearray()
+while off < len(data):
+    n = os.sendfile(c.fileno(), fd, off, len(data) - off)
+    off += n
+    sent += n
+    while len(got) < sent:
+        got += s.recv(1 << 20)
+head = os.sendfile(c.fileno(), fd, None, 10)
+got += s.recv(100)
+(sent, bytes(got) == data[100:] + data[:10], head, os.lseek(fd, 0, os.SEEK_CUR))
+"#;
+    assert_eq!(value(&mut sb, code), "(1279900, True, 10, 10)");
+}
+
+#[test]
 fn server_in_a_subprocess_is_reached_by_its_parent() {
     let mut sb = boot(NetConfig::default());
     let code = r#"

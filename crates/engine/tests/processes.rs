@@ -862,3 +862,184 @@ json.dumps(out)
     assert_eq!(v["ppe"], 3, "{v}");
     assert!(t0.elapsed() < Duration::from_secs(30), "took {:?}", t0.elapsed());
 }
+
+// ---------------------------------------------------------------------------
+// Credentials, pipe sizes, the bytes of argv and envp
+// ---------------------------------------------------------------------------
+
+#[test]
+fn credentials_follow_linux_rules_through_fork_and_exec() {
+    let mut sb = fork();
+    let v = json(
+        &mut sb,
+        r#"
+import os, json, subprocess, sys
+out = {}
+child = "import os, json; print(json.dumps([os.getresuid(), os.getresgid(), sorted(os.getgroups()), [l.split() for l in open('/proc/self/status') if l.startswith(('Uid', 'Gid', 'Groups', 'CapEff'))]]))"
+p = subprocess.run([sys.executable, "-c", child], user=65534, group=65533, extra_groups=[7, 5], capture_output=True, text=True)
+out["child"] = json.loads(p.stdout) if p.returncode == 0 else p.stderr
+# In a fork: root keeps its saved uid 0 through seteuid, so it can come back;
+# after setuid as root (all three ids) it cannot.
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    steps = []
+    os.seteuid(1000)
+    steps.append(os.getresuid())
+    try:
+        os.setgroups([1])
+        steps.append("setgroups allowed")
+    except PermissionError:
+        steps.append("setgroups EPERM")
+    os.seteuid(0)
+    steps.append(os.getresuid())
+    os.setuid(2000)
+    steps.append(os.getresuid())
+    try:
+        os.setuid(0)
+        steps.append("setuid(0) allowed")
+    except PermissionError:
+        steps.append("setuid(0) EPERM")
+    try:
+        os.setresuid(-1, 3000, -1)
+        steps.append("setresuid allowed")
+    except PermissionError:
+        steps.append("setresuid EPERM")
+    os.write(w, json.dumps(steps).encode())
+    os._exit(0)
+os.close(w)
+out["steps"] = json.loads(os.read(r, 4000))
+os.waitpid(pid, 0)
+out["parent"] = [os.getresuid(), os.getresgid(), os.getgroups()]
+json.dumps(out)
+"#,
+    );
+    let child = &v["child"];
+    assert_eq!(child[0], serde_json::json!([65534, 65534, 65534]), "user= set all three uids in the child: {v}");
+    assert_eq!(child[1], serde_json::json!([65533, 65533, 65533]), "group=: {v}");
+    assert_eq!(child[2], serde_json::json!([5, 7]), "extra_groups=: {v}");
+    assert_eq!(
+        child[3],
+        serde_json::json!([
+            ["Uid:", "65534", "65534", "65534", "65534"],
+            ["Gid:", "65533", "65533", "65533", "65533"],
+            ["Groups:", "5", "7"],
+            ["CapEff:", "0000000000000000"]
+        ]),
+        "/proc/self/status: {v}"
+    );
+    // glibc's seteuid is setresuid(-1, euid, -1): the saved uid stays 0.
+    assert_eq!(
+        v["steps"],
+        serde_json::json!([
+            [0, 1000, 0],
+            "setgroups EPERM",
+            [0, 0, 0],
+            [2000, 2000, 2000],
+            "setuid(0) EPERM",
+            "setresuid EPERM"
+        ]),
+        "{v}"
+    );
+    assert_eq!(v["parent"], serde_json::json!([[0, 0, 0], [0, 0, 0], []]), "the parent is untouched: {v}");
+}
+
+#[test]
+fn pipe_sizes_are_capacities_that_writes_honour() {
+    let mut sb = fork();
+    let v = json(
+        &mut sb,
+        r#"
+import os, json, fcntl, errno
+out = {}
+def fill(w):
+    n = 0
+    try:
+        while True:
+            n += os.write(w, b"x" * 512)
+    except BlockingIOError:
+        return n
+r, w = os.pipe()
+os.set_blocking(w, False)
+out["default"] = fcntl.fcntl(w, fcntl.F_GETPIPE_SZ)
+out["set_small"] = fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 100)
+out["small_holds"] = fill(w)
+out["grown"] = fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 8192)
+out["grown_holds"] = fill(w)
+try:
+    fcntl.fcntl(r, fcntl.F_SETPIPE_SZ, 4096)
+    out["ebusy"] = None
+except OSError as e:
+    out["ebusy"] = e.errno
+os.read(r, 1 << 20)
+out["set_big"] = fcntl.fcntl(r, fcntl.F_SETPIPE_SZ, 1000000)
+pid = os.fork()
+if pid == 0:
+    os._exit(0 if fcntl.fcntl(w, fcntl.F_GETPIPE_SZ) == 1 << 20 else 1)
+out["child_sees"] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+out["big_holds"] = fill(w)
+out["read_back"] = len(os.read(r, 2 << 20))
+errs = []
+for size in ((1 << 20) + 1, -1):
+    try:
+        fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, size)
+        errs.append(None)
+    except OSError as e:
+        errs.append(e.errno)
+out["errs"] = errs
+# The sandbox-wide budget: 16 pipes of 1 MiB is past it.
+got = []
+for _ in range(20):
+    a, b = os.pipe()
+    try:
+        fcntl.fcntl(a, fcntl.F_SETPIPE_SZ, 1 << 20)
+        got.append(1)
+    except PermissionError:
+        got.append(0)
+out["budget"] = sum(got)
+f = open("/tmp/plain", "w")
+try:
+    fcntl.fcntl(f.fileno(), fcntl.F_GETPIPE_SZ)
+    out["file"] = None
+except OSError as e:
+    out["file"] = e.errno
+json.dumps(out)
+"#,
+    );
+    assert_eq!(v["default"], 65536, "{v}");
+    assert_eq!(v["set_small"], 4096, "rounded up to a page: {v}");
+    assert_eq!(v["small_holds"], 4096, "a non-blocking writer fills exactly the capacity: {v}");
+    assert_eq!((&v["grown"], &v["grown_holds"]), (&8192.into(), &4096.into()), "{v}");
+    assert_eq!(v["ebusy"], libc::EBUSY, "smaller than what it holds: {v}");
+    assert_eq!(v["set_big"], 1 << 20, "rounded up to a power of two: {v}");
+    assert_eq!(v["child_sees"], 0, "the size is the pipe's, shared with a fork's child: {v}");
+    assert_eq!(v["big_holds"], 1 << 20, "{v}");
+    assert_eq!(v["read_back"], 1 << 20, "{v}");
+    assert_eq!(v["errs"], serde_json::json!([libc::EPERM, libc::EINVAL]), "past pipe-max-size; 2^32-1: {v}");
+    // 16 MiB of capacity beyond the default: 17 pipes of 1 MiB, one of them the pipe above.
+    let fit = (16 << 20) / ((1 << 20) - 65536) - 1;
+    assert_eq!(v["budget"], fit, "the sandbox-wide budget: {v}");
+    assert_eq!(v["file"], libc::EBADF, "{v}");
+}
+
+#[test]
+fn argv_and_environment_bytes_reach_the_program_unchanged() {
+    let mut sb = fork();
+    let v = json(
+        &mut sb,
+        r#"
+import os, json, subprocess, sys
+env = {b"PATH": b"/usr/bin:/bin", b"K\xff": b"v\xfe\x80", b"LC_ALL": b"C"}
+script = "import os, sys; print(os.environb[b'K\\xff'].hex(), os.fsencode(sys.argv[1]).hex(), open('/proc/self/environ', 'rb').read().count(b'K\\xff=v\\xfe\\x80\\0'))"
+p = subprocess.run([sys.executable, "-c", script, b"a\xc3\x28"], env=env, capture_output=True)
+sh = subprocess.run(["sh", "-c", 'printf %s "$X" | od -An -tx1'], env={b"X": b"\xffz"}, capture_output=True)
+json.dumps({"out": p.stdout.decode().split(), "err": p.stderr.decode("ascii", "replace").splitlines()[-1:], "sh": sh.stdout.decode().split()})
+"#,
+    );
+    assert_eq!(
+        v["out"],
+        serde_json::json!(["76fe80", "61c328", "1"]),
+        "non-UTF-8 environment and argv, and /proc/self/environ: {v}"
+    );
+    assert_eq!(v["sh"], serde_json::json!(["ff", "7a"]), "{v}");
+}

@@ -129,15 +129,18 @@ fn load_elf(mem: &mut GuestMemory, proc: &mut Process, path: &str, dyn_base: u64
     Ok(loaded)
 }
 
-/// Load `path` with `argv` and `envp` into a fresh process and memory.
-pub fn exec(
+/// Load `path` with `argv` and `envp` into a fresh process and memory. The
+/// strings are bytes, passed on as they are (an environment need not be UTF-8).
+pub fn exec<A: AsRef<[u8]>, E: AsRef<[u8]>>(
     mem: &mut GuestMemory,
     proc: &mut Process,
     path: &str,
-    argv: &[&str],
-    envp: &[&str],
+    argv: &[A],
+    envp: &[E],
     opts: &ExecOptions,
 ) -> Result<Start, LoadError> {
+    let argv: Vec<&[u8]> = argv.iter().map(AsRef::as_ref).collect();
+    let envp: Vec<&[u8]> = envp.iter().map(AsRef::as_ref).collect();
     let main = load_elf(mem, proc, path, PIE_BASE)?;
     proc.mm.set_brk_start(main.end);
     let interp = match &main.interp {
@@ -154,12 +157,15 @@ pub fn exec(
     proc.mm
         .map(Some(STACK_BOTTOM), STACK_SIZE, (libc::PROT_READ | libc::PROT_WRITE) as u32, VmaKind::Stack)
         .map_err(|errno| LoadError::Map { path: "[stack]".into(), errno })?;
-    let rsp = build_stack(mem, path, argv, envp, &main, interp.as_ref(), opts)?;
-    let nul_joined = |v: &[&str]| -> std::sync::Arc<[u8]> {
-        v.iter().flat_map(|s| s.bytes().chain(std::iter::once(0))).collect::<Vec<u8>>().into()
+    let rsp = build_stack(mem, path, &argv, &envp, &main, interp.as_ref(), proc, opts)?;
+    let nul_joined = |v: &[&[u8]]| -> std::sync::Arc<[u8]> {
+        v.iter().flat_map(|s| s.iter().copied().chain(std::iter::once(0))).collect::<Vec<u8>>().into()
     };
-    proc.exec_info =
-        crate::process::ExecInfo { exe: path.as_bytes().into(), cmdline: nul_joined(argv), environ: nul_joined(envp) };
+    proc.exec_info = crate::process::ExecInfo {
+        exe: path.as_bytes().into(),
+        cmdline: nul_joined(&argv),
+        environ: nul_joined(&envp),
+    };
     Ok(Start { entry: interp.as_ref().map_or(main.entry, |i| i.entry), rsp })
 }
 
@@ -185,13 +191,15 @@ const AT_EXECFN: u64 = 31;
 const AT_SYSINFO_EHDR: u64 = 33;
 const AT_MINSIGSTKSZ: u64 = 51;
 
+#[allow(clippy::too_many_arguments)]
 fn build_stack(
     mem: &mut GuestMemory,
     path: &str,
-    argv: &[&str],
-    envp: &[&str],
+    argv: &[&[u8]],
+    envp: &[&[u8]],
     main: &Loaded,
     interp: Option<&Loaded>,
+    proc: &Process,
     opts: &ExecOptions,
 ) -> Result<u64, LoadError> {
     // Strings and the random bytes go at the top; pointers below them.
@@ -201,16 +209,16 @@ fn build_stack(
     }
     let too_big = |_| LoadError::StackTooBig(strings);
     let mut sp = STACK_TOP;
-    let mut push_str = |mem: &mut GuestMemory, s: &str| -> Result<u64, LoadError> {
+    let mut push_str = |mem: &mut GuestMemory, s: &[u8]| -> Result<u64, LoadError> {
         sp -= s.len() as u64 + 1;
-        mem.write(sp, s.as_bytes()).map_err(too_big)?;
+        mem.write(sp, s).map_err(too_big)?;
         mem.write(sp + s.len() as u64, &[0]).map_err(too_big)?;
         Ok(sp)
     };
-    let execfn = push_str(mem, path)?;
+    let execfn = push_str(mem, path.as_bytes())?;
     let argv_ptrs = argv.iter().map(|s| push_str(mem, s)).collect::<Result<Vec<_>, _>>()?;
     let envp_ptrs = envp.iter().map(|s| push_str(mem, s)).collect::<Result<Vec<_>, _>>()?;
-    let platform = push_str(mem, "x86_64")?;
+    let platform = push_str(mem, b"x86_64")?;
     sp = align_down(sp - 16, 16);
     let random = sp;
     let mut rnd = [0u8; 16];
@@ -225,10 +233,10 @@ fn build_stack(
         (AT_BASE, interp.map_or(0, |i| i.bias)),
         (AT_FLAGS, 0),
         (AT_ENTRY, main.entry),
-        (AT_UID, 0),
-        (AT_EUID, 0),
-        (AT_GID, 0),
-        (AT_EGID, 0),
+        (AT_UID, proc.creds.uid.real.into()),
+        (AT_EUID, proc.creds.uid.effective.into()),
+        (AT_GID, proc.creds.gid.real.into()),
+        (AT_EGID, proc.creds.gid.effective.into()),
         (AT_SECURE, 0),
         (AT_RANDOM, random),
         (AT_HWCAP, opts.hwcap),

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use forkbox_image::Image;
 use serde::{Deserialize, Serialize};
 
+use crate::creds::Creds;
 use crate::fd::FdTable;
 use crate::mm::MemoryMap;
 use crate::thread::Threads;
@@ -53,6 +54,8 @@ pub struct Process {
     /// This process' id (`procs::GUEST_PID` for the agent's; never persisted:
     /// only that one is ever parked).
     pub pid: u32,
+    /// User and group ids, supplementary groups (inherited by fork, kept by execve).
+    pub creds: Creds,
 }
 
 /// A `Process` as written into a snapshot's state file. Its shape (and that
@@ -74,6 +77,8 @@ pub struct ProcessState {
     pub threads: Threads,
     /// What /proc/self/{exe,cmdline,environ} report (set by execve).
     pub exec_info: ExecInfo,
+    /// User and group ids, supplementary groups (state format 7).
+    pub creds: Creds,
 }
 
 /// The program a process runs, as execve got it.
@@ -107,6 +112,7 @@ impl Process {
             exec_info: ExecInfo::default(),
             threads: Threads::default(),
             pid: crate::procs::GUEST_PID,
+            creds: Creds::default(),
         }
     }
 
@@ -134,6 +140,7 @@ impl Process {
             umask: self.umask,
             exec_info: self.exec_info.clone(),
             threads: self.threads.clone(),
+            creds: self.creds.clone(),
         }
     }
 
@@ -156,6 +163,7 @@ impl Process {
             return Err(bad("signal table size".into()));
         }
         s.threads.validate().map_err(|e| bad(format!("threads: {e}")))?;
+        s.creds.validate().map_err(|e| bad(format!("credentials: {e}")))?;
         let vfs = Vfs::restore_state_with(image, s.vfs, layers)?;
         for ino in s.fds.open_nodes().chain([s.cwd]) {
             vfs.stat(ino).map_err(|e| bad(format!("open inode {ino}: {e}")))?;
@@ -174,6 +182,7 @@ impl Process {
             exec_info: s.exec_info,
             threads: s.threads,
             pid: crate::procs::GUEST_PID,
+            creds: s.creds,
         })
     }
 

@@ -34,9 +34,13 @@ pub const MAGIC: &[u8; 8] = b"FBXSNAP\0";
 /// 6: files of package layers in the VFS (`FileState::Layer`: a layer id and an
 ///    inode, never the bytes). Only an enum variant was added, so a version 5
 ///    payload decodes as it is.
-pub const FORMAT_VERSION: u32 = 6;
+/// 7: the process' credentials (`ProcessState::creds`: user and group ids,
+///    supplementary groups); a pipe's capacity (`ObjKind` variant `SizedPipe`,
+///    which replaces `Pipe` in what is written; `Pipe` still reads, with the
+///    default capacity). Versions 5 and 6 are read as the frozen `v6` shape.
+pub const FORMAT_VERSION: u32 = 7;
 /// Every version `decode` reads (oldest first); the last is `FORMAT_VERSION`.
-pub const READABLE_VERSIONS: &[u32] = &[4, 5, 6];
+pub const READABLE_VERSIONS: &[u32] = &[4, 5, 6, 7];
 const HEADER_LEN: usize = 8 + 4 + 8 + 32;
 /// A state file larger than this is rejected before it is read into memory.
 const MAX_PAYLOAD: u64 = 4 << 30;
@@ -150,20 +154,87 @@ pub fn decode(bytes: &[u8]) -> Result<Snapshot, StateError> {
 fn decode_payload(version: u32, payload: &[u8]) -> Result<Snapshot, StateError> {
     match version {
         4 => v4::read(payload),
-        5 => read_v5(payload),
-        6 => read_v6(payload),
+        // Version 5 is version 6 without package-layer files (no shape changed).
+        5 | 6 => v6::read(payload, version),
+        7 => read_v7(payload),
         v => Err(StateError::BadVersion(v)),
     }
 }
 
-/// Version 5 is version 6 without package-layer files (no shape changed).
-fn read_v5(payload: &[u8]) -> Result<Snapshot, StateError> {
-    postcard::from_bytes(payload).map_err(|e| StateError::Corrupt(format!("undecodable version 5 payload: {e}")))
+/// Version 7 is the current shape (`Snapshot` as defined above).
+fn read_v7(payload: &[u8]) -> Result<Snapshot, StateError> {
+    postcard::from_bytes(payload).map_err(|e| StateError::Corrupt(format!("undecodable version 7 payload: {e}")))
 }
 
-/// Version 6 is the current shape (`Snapshot` as defined above).
-fn read_v6(payload: &[u8]) -> Result<Snapshot, StateError> {
-    postcard::from_bytes(payload).map_err(|e| StateError::Corrupt(format!("undecodable version 6 payload: {e}")))
+/// Versions 5 and 6: the process state without credentials (every process
+/// was root: the default ones). Pipes in it are the old `ObjKind::Pipe`
+/// variant, which `ObjKind` still reads. Frozen: never edit these types.
+mod v6 {
+    use forkbox_linux::creds::Creds;
+    use forkbox_linux::fd::FdTable;
+    use forkbox_linux::mm::MemoryMap;
+    use forkbox_linux::process::{ExecInfo, ProcessState, Signals};
+    use forkbox_linux::thread::Threads;
+    use forkbox_linux::vfs::{Ino, VfsState};
+    use forkbox_vmm::regs::VcpuRecord;
+    use serde::Deserialize;
+
+    use super::StateError;
+    use crate::cpu::CpuFingerprint;
+    use crate::memory::MemoryStats;
+
+    #[derive(Deserialize)]
+    struct Snapshot {
+        image_id: String,
+        cpu: CpuFingerprint,
+        vcpu: VcpuRecord,
+        process: Process,
+        memory: MemoryStats,
+        info: String,
+        files: crate::files::FileTable,
+    }
+
+    #[derive(Deserialize)]
+    struct Process {
+        mm: MemoryMap,
+        fds: FdTable,
+        vfs: VfsState,
+        cwd: Ino,
+        signals: Signals,
+        fs_base: u64,
+        tid_address: u64,
+        umask: u32,
+        threads: Threads,
+        exec_info: ExecInfo,
+    }
+
+    pub(super) fn read(payload: &[u8], version: u32) -> Result<super::Snapshot, StateError> {
+        let s: Snapshot = postcard::from_bytes(payload)
+            .map_err(|e| StateError::Corrupt(format!("undecodable version {version} payload: {e}")))?;
+        let p = s.process;
+        let process = ProcessState {
+            mm: p.mm,
+            fds: p.fds,
+            vfs: p.vfs,
+            cwd: p.cwd,
+            signals: p.signals,
+            fs_base: p.fs_base,
+            tid_address: p.tid_address,
+            umask: p.umask,
+            threads: p.threads,
+            exec_info: p.exec_info,
+            creds: Creds::default(),
+        };
+        Ok(super::Snapshot {
+            image_id: s.image_id,
+            cpu: s.cpu,
+            vcpu: s.vcpu,
+            process,
+            memory: s.memory,
+            info: s.info,
+            files: s.files,
+        })
+    }
 }
 
 /// Version 4 (the first released shape with fd objects): a single-threaded
@@ -221,6 +292,7 @@ mod v4 {
             umask: p.umask,
             threads: Threads::default(),
             exec_info: p.exec_info,
+            creds: Default::default(),
         };
         Ok(super::Snapshot {
             image_id: s.image_id,

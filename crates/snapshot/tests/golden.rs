@@ -125,6 +125,14 @@ fn process(image: &Arc<Image>, session: bool) -> ProcessState {
         // A package installed at run time: its file is a reference to the layer (format 6).
         let tmp = tempfile::tempdir().unwrap();
         p.vfs.install_layer(&package_layer(tmp.path())).unwrap();
+        // A pipe resized with F_SETPIPE_SZ, holding bytes, and credentials
+        // changed with setresuid/setgroups (format 7).
+        let pipe = p.fds.objects.new_pipe(None);
+        let (_r, _w) = p.fds.open_two((pipe, libc::O_RDONLY), (pipe, libc::O_WRONLY)).unwrap();
+        p.fds.objects.set_pipe_size(pipe, 8192).unwrap();
+        p.fds.objects.pipe_write(pipe, b"in the pipe").unwrap();
+        p.creds.uid.set_res(1000, 0, 1000, true).unwrap();
+        p.creds.set_groups(vec![27, 4]).unwrap();
         p.fs_base = 0x4802_0700;
         p.tid_address = 0x4802_09d0;
         p.signals.mask = 1 << (libc::SIGINT - 1);

@@ -151,25 +151,39 @@ fn sig_sets(ctx: &Ctx) -> (u64, u64) {
     (ign, cgt)
 }
 
+/// Capabilities of root (CAP_CHOWN..CAP_CHECKPOINT_RESTORE), as CapBnd lists them.
+const ALL_CAPS: u64 = 0x1ff_ffff_ffff;
+
+/// Real, effective, saved and fs ids as /proc/PID/status lists them.
+fn ids(i: crate::creds::Ids) -> String {
+    format!("{}\t{}\t{}\t{}", i.real, i.effective, i.saved, i.fs)
+}
+
 fn status(ctx: &Ctx) -> String {
     let mm = &ctx.proc.mm;
     let vm = kib(mm.committed());
     let (ign, cgt) = sig_sets(ctx);
     let pid = ctx.proc.pid;
+    let u = ctx.proc.creds.uid;
     format!(
         "Name:\t{name}\nUmask:\t{umask:04o}\nState:\tR (running)\nTgid:\t{pid}\nNgid:\t0\nPid:\t{pid}\nPPid:\t{ppid}\n\
-         TracerPid:\t0\nUid:\t0\t0\t0\t0\nGid:\t0\t0\t0\t0\nFDSize:\t{fdsize}\nGroups:\t\n\
+         TracerPid:\t0\nUid:\t{uid}\nGid:\t{gid}\nFDSize:\t{fdsize}\nGroups:\t{groups}\n\
          VmPeak:\t{vm:8} kB\nVmSize:\t{vm:8} kB\nVmLck:\t       0 kB\nVmPin:\t       0 kB\nVmHWM:\t{vm:8} kB\n\
          VmRSS:\t{vm:8} kB\nRssAnon:\t{vm:8} kB\nRssFile:\t       0 kB\nRssShmem:\t       0 kB\n\
          VmData:\t{heap:8} kB\nVmStk:\t{stk:8} kB\nVmExe:\t       0 kB\nVmLib:\t       0 kB\nVmPTE:\t       0 kB\n\
          VmSwap:\t       0 kB\nThreads:\t1\nSigQ:\t0/0\nSigPnd:\t0000000000000000\nShdPnd:\t0000000000000000\n\
          SigBlk:\t{blk:016x}\nSigIgn:\t{ign:016x}\nSigCgt:\t{cgt:016x}\nCapInh:\t0000000000000000\n\
-         CapPrm:\t000001ffffffffff\nCapEff:\t000001ffffffffff\nCapBnd:\t000001ffffffffff\nCapAmb:\t0000000000000000\n\
+         CapPrm:\t{cap_prm:016x}\nCapEff:\t{cap_eff:016x}\nCapBnd:\t000001ffffffffff\nCapAmb:\t0000000000000000\n\
          NoNewPrivs:\t1\nSeccomp:\t0\nCpus_allowed:\t{cpus:x}\nCpus_allowed_list:\t0\nMems_allowed:\t1\n\
          Mems_allowed_list:\t0\nvoluntary_ctxt_switches:\t0\nnonvoluntary_ctxt_switches:\t0\n",
         name = comm(ctx),
         ppid = ctx.io.procs.get(pid).map_or(1, |e| e.ppid),
         umask = ctx.proc.umask,
+        uid = ids(ctx.proc.creds.uid),
+        gid = ids(ctx.proc.creds.gid),
+        groups = ctx.proc.creds.groups.iter().map(|g| format!("{g} ")).collect::<String>(),
+        cap_prm = if [u.real, u.effective, u.saved].contains(&0) { ALL_CAPS } else { 0 },
+        cap_eff = if u.effective == 0 { ALL_CAPS } else { 0 },
         fdsize = crate::fd::MAX_FDS,
         heap = kib(mm.heap_bytes()),
         stk = kib(crate::layout::STACK_SIZE),

@@ -145,11 +145,12 @@ fn write_host(ctx: &mut Ctx, fd: i32, data: &[u8], pos: Option<u64>) -> SysResul
         return Err(Errno::EBADF);
     }
     match f.kind {
-        FileKind::Object(_) if pos.is_some() => Err(Errno::ESPIPE),
+        FileKind::Object(_) | FileKind::Socket(_) if pos.is_some() => Err(Errno::ESPIPE),
         FileKind::Object(id) => {
             let ofd = ctx.proc.fds.ofd(fd)?;
             super::sys_pipe::write_object(ctx, &f, ofd, id, data)
         }
+        FileKind::Socket(_) => sys_socket::write_host_bytes(ctx, fd, data),
         _ => write_plain(ctx.proc, ctx.io, fd, &f, data, pos),
     }
 }
@@ -447,12 +448,17 @@ pub fn fcntl(ctx: &mut Ctx, a: &Args) -> SysResult {
             Ok(0)
         }
         libc::F_GETFL => Ok(ctx.proc.fds.get(fd)?.flags as u64),
-        libc::F_GETPIPE_SZ | libc::F_SETPIPE_SZ => match ctx.proc.fds.get(fd)?.kind {
-            FileKind::Object(id) if matches!(ctx.proc.fds.objects.get(id)?.kind, crate::objects::ObjKind::Pipe(_)) => {
-                Ok(crate::objects::PIPE_CAPACITY as u64)
-            }
-            _ => Err(Errno::EBADF),
-        },
+        // The argument is an unsigned int, as Linux's pipe_fcntl takes it.
+        libc::F_GETPIPE_SZ | libc::F_SETPIPE_SZ => {
+            let FileKind::Object(id) = ctx.proc.fds.get(fd)?.kind else { return Err(Errno::EBADF) };
+            let objects = &mut ctx.proc.fds.objects;
+            let size = if cmd == libc::F_GETPIPE_SZ {
+                objects.pipe_size(id)
+            } else {
+                objects.set_pipe_size(id, arg as u32 as u64)
+            };
+            Ok(size?.into())
+        }
         libc::F_SETFL => {
             let changeable = libc::O_APPEND | libc::O_NONBLOCK;
             let f = ctx.proc.fds.get_mut(fd)?;

@@ -29,8 +29,9 @@ pub struct ForkSpec {
 pub struct ExecSpec {
     /// Absolute path of the ELF to load (after `#!` resolution).
     pub path: String,
-    pub argv: Vec<String>,
-    pub envp: Vec<String>,
+    /// argv and envp as the guest gave them: bytes, not necessarily UTF-8.
+    pub argv: Vec<Vec<u8>>,
+    pub envp: Vec<Vec<u8>>,
 }
 
 const CLONE_VM: u64 = 0x100;
@@ -272,7 +273,7 @@ const ARG_COUNT: usize = 8192;
 const MAX_INTERP: usize = 4;
 
 /// A NULL-terminated array of strings from the guest.
-fn strings(ctx: &Ctx, mut at: u64, budget: &mut usize) -> Result<Vec<String>, Errno> {
+fn strings(ctx: &Ctx, mut at: u64, budget: &mut usize) -> Result<Vec<Vec<u8>>, Errno> {
     let mut out = Vec::new();
     if at == 0 {
         return Ok(out);
@@ -287,7 +288,7 @@ fn strings(ctx: &Ctx, mut at: u64, budget: &mut usize) -> Result<Vec<String>, Er
         }
         let s = ctx.path(p).map_err(|e| if e == Errno::ENAMETOOLONG { Errno::E2BIG } else { e })?;
         *budget = budget.checked_sub(s.len() + 1).ok_or(Errno::E2BIG)?;
-        out.push(String::from_utf8_lossy(&s).into_owned());
+        out.push(s);
         at = at.checked_add(8).ok_or(Errno::EFAULT)?;
     }
 }
@@ -325,7 +326,7 @@ fn do_exec(ctx: &mut Ctx, dirfd: u64, path_ptr: u64, argv: u64, envp: u64, flags
         if bytes.starts_with(b"\x7fELF") {
             if argv.is_empty() {
                 // As Linux 6.x: an empty argv gets "" as argv[0].
-                argv.push(String::new());
+                argv.push(Vec::new());
             }
             ctx.effect = Some(Effect::Exec(Box::new(ExecSpec { path: file, argv, envp })));
             return Ok(0);
@@ -336,28 +337,44 @@ fn do_exec(ctx: &mut Ctx, dirfd: u64, path_ptr: u64, argv: u64, envp: u64, flags
         // "#!interpreter [one argument]", on the first line (at most 255 bytes, as Linux).
         let line = &bytes[2..bytes.len().min(256)];
         let line = line.split(|&b| b == b'\n').next().unwrap_or_default();
-        let line = String::from_utf8_lossy(line);
-        let line = line.trim_matches(|c| c == ' ' || c == '\t' || c == '\r');
-        let (interp, arg) = match line.find([' ', '\t']) {
-            Some(i) => (&line[..i], Some(line[i..].trim_matches(|c| c == ' ' || c == '\t'))),
-            None => (line, None),
-        };
+        let (interp, arg) = shebang(line);
         if interp.is_empty() {
             return Err(Errno::ENOEXEC);
         }
-        let mut new_argv = vec![interp.to_string()];
-        if let Some(a) = arg.filter(|a| !a.is_empty()) {
-            new_argv.push(a.to_string());
+        let mut new_argv = vec![interp.to_vec()];
+        if let Some(a) = arg {
+            new_argv.push(a.to_vec());
         }
-        new_argv.push(file.clone());
+        new_argv.push(file.clone().into_bytes());
         new_argv.extend(argv.into_iter().skip(1));
         argv = new_argv;
         budget = budget.checked_sub(interp.len() + file.len() + 2).ok_or(Errno::E2BIG)?;
         let start = ctx.proc.cwd;
-        ino = ctx.proc.vfs.resolve(start, interp.as_bytes(), true)?;
-        file = absolute(ctx, start, interp.as_bytes())?;
+        ino = ctx.proc.vfs.resolve(start, interp, true)?;
+        file = absolute(ctx, start, interp)?;
     }
     Err(Errno::ELOOP)
+}
+
+/// The interpreter and its one optional argument of a `#!` line (the bytes
+/// after `#!`, without the newline): blanks around both trimmed, as Linux.
+fn shebang(line: &[u8]) -> (&[u8], Option<&[u8]>) {
+    let line = trim_blanks(line);
+    match line.iter().position(|b| *b == b' ' || *b == b'\t') {
+        Some(i) => {
+            let arg = trim_blanks(&line[i..]);
+            (&line[..i], (!arg.is_empty()).then_some(arg))
+        }
+        None => (line, None),
+    }
+}
+
+/// `s` without leading and trailing spaces, tabs and carriage returns.
+fn trim_blanks(s: &[u8]) -> &[u8] {
+    let blank = |b: &u8| matches!(b, b' ' | b'\t' | b'\r');
+    let start = s.iter().position(|b| !blank(b)).unwrap_or(s.len());
+    let end = s.iter().rposition(|b| !blank(b)).map_or(start, |e| e + 1);
+    &s[start..end.max(start)]
 }
 
 /// `path` from directory `start` as an absolute path (the loader resolves from the root).
@@ -379,4 +396,19 @@ pub fn execve(ctx: &mut Ctx, a: &Args) -> SysResult {
 
 pub fn execveat(ctx: &mut Ctx, a: &Args) -> SysResult {
     do_exec(ctx, a[0], a[1], a[2], a[3], a[4])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shebang;
+
+    #[test]
+    fn shebang_lines_are_bytes_with_one_argument() {
+        assert_eq!(shebang(b"/bin/sh"), (&b"/bin/sh"[..], None));
+        assert_eq!(shebang(b" \t/usr/bin/env  python3 -u \r"), (&b"/usr/bin/env"[..], Some(&b"python3 -u"[..])));
+        // Not UTF-8: passed on as it is (it was replaced by U+FFFD before).
+        assert_eq!(shebang(b"/bin/t\xff \xfe"), (&b"/bin/t\xff"[..], Some(&b"\xfe"[..])));
+        assert_eq!(shebang(b"   "), (&b""[..], None));
+        assert_eq!(shebang(b"/x \t "), (&b"/x"[..], None));
+    }
 }

@@ -385,10 +385,10 @@ pub fn fchmodat(ctx: &mut Ctx, a: &Args) -> SysResult {
     Ok(0)
 }
 
-/// chown family. The sandbox is like root in a user namespace that maps only
-/// uid 0 and gid 0: every file is owned by 0:0, so a chown to 0 (or -1, "leave
-/// it") succeeds and changes nothing, and any other id is EINVAL, as Linux says
-/// for an id with no mapping. (Nothing is recorded: there is no other owner.)
+/// chown family. Files have one owner, 0:0, whatever the process' ids
+/// (`crate::creds`): a chown to 0 (or -1, "leave it") succeeds and changes
+/// nothing, and any other id is EINVAL, as Linux says for an id with no
+/// mapping. (Nothing is recorded: there is no other owner.)
 fn check_owner(uid: u64, gid: u64) -> Result<(), Errno> {
     let ok = |id: u64| id as u32 == 0 || id as u32 == u32::MAX;
     if ok(uid) && ok(gid) {

@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::{Args, Ctx, Effect};
 use crate::errno::{Errno, SysResult};
 use crate::fd::{FileKind, OpenFile};
-use crate::objects::{clock_ns, EventFd, ObjKind, TimerFd, Watch, ALWAYS, PIPE_CAPACITY};
+use crate::objects::{clock_ns, EventFd, ObjKind, TimerFd, Watch, ALWAYS, PIPE_MAX_SIZE};
 use crate::wait::{self, Block, WaitOn, READABLE, WRITABLE};
 
 /// Turn an EAGAIN of a blocking description into a wait for `events` on it.
@@ -45,7 +45,7 @@ pub(super) fn read_object(ctx: &mut Ctx, f: &OpenFile, ofd: u64, id: u64, buf: u
         ObjKind::Epoll(_) => return Err(Errno::EINVAL),
     };
     let r = match kind {
-        0 => ctx.proc.fds.objects.pipe_read(id, len.min(PIPE_CAPACITY as u64) as usize).and_then(|data| {
+        0 => ctx.proc.fds.objects.pipe_read(id, len.min(PIPE_MAX_SIZE as u64) as usize).and_then(|data| {
             ctx.write_bytes(buf, &data)?;
             Ok(data.len() as u64)
         }),

@@ -2,6 +2,7 @@
 //! arch_prctl, exit_group, prctl, rusage (threads and signals: `sys_thread`).
 
 use super::{Args, Ctx, Effect};
+use crate::creds::{Ids, NGROUPS_MAX};
 use crate::errno::{Errno, SysResult};
 use crate::layout::STACK_SIZE;
 
@@ -22,19 +23,147 @@ pub fn getpriority(ctx: &mut Ctx, a: &Args) -> SysResult {
     Ok(20)
 }
 
-/// uid, gid, euid, egid: root inside its own sandbox.
-pub fn zero(_: &mut Ctx, _: &Args) -> SysResult {
+// ----- credentials (the model and Linux's rules: `crate::creds`) ----------------
+
+pub fn getuid(ctx: &mut Ctx, _: &Args) -> SysResult {
+    Ok(ctx.proc.creds.uid.real.into())
+}
+
+pub fn geteuid(ctx: &mut Ctx, _: &Args) -> SysResult {
+    Ok(ctx.proc.creds.uid.effective.into())
+}
+
+pub fn getgid(ctx: &mut Ctx, _: &Args) -> SysResult {
+    Ok(ctx.proc.creds.gid.real.into())
+}
+
+pub fn getegid(ctx: &mut Ctx, _: &Args) -> SysResult {
+    Ok(ctx.proc.creds.gid.effective.into())
+}
+
+/// The uid_t/gid_t argument `v` (the upper half of the register is ignored, as Linux).
+fn id(v: u64) -> u32 {
+    v as u32
+}
+
+/// Which ids a set*id call changes.
+#[derive(Clone, Copy)]
+enum Kind {
+    User,
+    Group,
+}
+
+/// Apply `f` to the user or group ids, with the caller's privilege; on an
+/// error nothing changes (`f` works on a copy).
+fn change(ctx: &mut Ctx, kind: Kind, f: impl FnOnce(&mut Ids, bool) -> Result<(), Errno>) -> SysResult {
+    let privileged = ctx.proc.creds.privileged();
+    let creds = &mut ctx.proc.creds;
+    let ids = match kind {
+        Kind::User => &mut creds.uid,
+        Kind::Group => &mut creds.gid,
+    };
+    let mut new = *ids;
+    f(&mut new, privileged)?;
+    *ids = new;
     Ok(0)
 }
 
-pub fn getgroups(_: &mut Ctx, _: &Args) -> SysResult {
+pub fn setuid(ctx: &mut Ctx, a: &Args) -> SysResult {
+    change(ctx, Kind::User, |u, p| u.set(id(a[0]), p))
+}
+
+pub fn setgid(ctx: &mut Ctx, a: &Args) -> SysResult {
+    change(ctx, Kind::Group, |g, p| g.set(id(a[0]), p))
+}
+
+pub fn setreuid(ctx: &mut Ctx, a: &Args) -> SysResult {
+    change(ctx, Kind::User, |u, p| u.set_re(id(a[0]), id(a[1]), p))
+}
+
+pub fn setregid(ctx: &mut Ctx, a: &Args) -> SysResult {
+    change(ctx, Kind::Group, |g, p| g.set_re(id(a[0]), id(a[1]), p))
+}
+
+pub fn setresuid(ctx: &mut Ctx, a: &Args) -> SysResult {
+    change(ctx, Kind::User, |u, p| u.set_res(id(a[0]), id(a[1]), id(a[2]), p))
+}
+
+pub fn setresgid(ctx: &mut Ctx, a: &Args) -> SysResult {
+    change(ctx, Kind::Group, |g, p| g.set_res(id(a[0]), id(a[1]), id(a[2]), p))
+}
+
+/// setfsuid/setfsgid return the old id, whether or not it changed.
+fn set_fs(ctx: &mut Ctx, kind: Kind, v: u64) -> SysResult {
+    let privileged = ctx.proc.creds.privileged();
+    let creds = &mut ctx.proc.creds;
+    let ids = match kind {
+        Kind::User => &mut creds.uid,
+        Kind::Group => &mut creds.gid,
+    };
+    Ok(ids.set_fs(id(v), privileged).into())
+}
+
+pub fn setfsuid(ctx: &mut Ctx, a: &Args) -> SysResult {
+    set_fs(ctx, Kind::User, a[0])
+}
+
+pub fn setfsgid(ctx: &mut Ctx, a: &Args) -> SysResult {
+    set_fs(ctx, Kind::Group, a[0])
+}
+
+/// Write the three ids to the guest's three pointers (all checked before any write).
+fn write_res(ctx: &mut Ctx, a: &Args, ids: Ids) -> SysResult {
+    for p in &a[..3] {
+        ctx.user_range_mut(*p, 4)?;
+    }
+    for (p, v) in a[..3].iter().zip([ids.real, ids.effective, ids.saved]) {
+        ctx.write_bytes(*p, &v.to_le_bytes())?;
+    }
     Ok(0)
 }
 
 pub fn getresuid(ctx: &mut Ctx, a: &Args) -> SysResult {
-    for p in &a[..3] {
-        ctx.write_bytes(*p, &0u32.to_le_bytes())?;
+    let ids = ctx.proc.creds.uid;
+    write_res(ctx, a, ids)
+}
+
+pub fn getresgid(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let ids = ctx.proc.creds.gid;
+    write_res(ctx, a, ids)
+}
+
+/// getgroups(size, list): size 0 asks for the count; a smaller buffer than the groups is EINVAL.
+pub fn getgroups(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let size = a[0] as i32;
+    if size < 0 {
+        return Err(Errno::EINVAL);
     }
+    let groups = ctx.proc.creds.groups.clone();
+    if size == 0 {
+        return Ok(groups.len() as u64);
+    }
+    if (size as usize) < groups.len() {
+        return Err(Errno::EINVAL);
+    }
+    let bytes: Vec<u8> = groups.iter().flat_map(|g| g.to_le_bytes()).collect();
+    ctx.write_bytes(a[1], &bytes)?;
+    Ok(groups.len() as u64)
+}
+
+/// setgroups(size, list): privileged only (EPERM first, as Linux), at most
+/// NGROUPS_MAX (checked before the list is read, so the copy is bounded).
+pub fn setgroups(ctx: &mut Ctx, a: &Args) -> SysResult {
+    if !ctx.proc.creds.privileged() {
+        return Err(Errno::EPERM);
+    }
+    let size = a[0] as i32;
+    let n = usize::try_from(size).map_err(|_| Errno::EINVAL)?;
+    if n > NGROUPS_MAX {
+        return Err(Errno::EINVAL);
+    }
+    let len = u64::try_from(n.checked_mul(4).ok_or(Errno::EINVAL)?).map_err(|_| Errno::EINVAL)?;
+    let groups = ctx.bytes(a[1], len)?.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    ctx.proc.creds.set_groups(groups)?;
     Ok(0)
 }
 

@@ -268,6 +268,14 @@ fn guest_data(ctx: &Ctx, buf: u64, len: u64, stream: bool) -> Result<Vec<u8>, Er
     Ok(ctx.bytes(buf, len)?.to_vec())
 }
 
+/// Host bytes (sendfile's) sent on inet socket `fd`, as a write of them
+/// would (at most what one send copies).
+pub(crate) fn write_host_bytes(ctx: &mut Ctx, fd: i32, data: &[u8]) -> SysResult {
+    let (info, _) = sock(ctx, fd as u64)?;
+    let cap = if info.stream { MSG_COPY_MAX } else { DGRAM_MAX + 1 };
+    send_common(ctx, fd as u64, data[..data.len().min(cap)].to_vec(), None, 0)
+}
+
 /// read()/write() on a socket fd (from sys_file).
 pub(crate) fn read_fd(ctx: &mut Ctx, fd: i32, buf: u64, len: u64) -> SysResult {
     let len = len.min(MSG_COPY_MAX as u64);
