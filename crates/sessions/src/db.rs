@@ -152,9 +152,9 @@ impl Row {
     }
 }
 
-/// Which engine a connection talks to.
+/// Which database engine a connection talks to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Engine {
+pub enum Backend {
     Sqlite,
     Postgres,
 }
@@ -215,10 +215,10 @@ impl Conn {
         Ok(Conn::Postgres(Box::new(Pg { client, cache: HashMap::new() })))
     }
 
-    pub(crate) fn engine(&self) -> Engine {
+    pub(crate) fn backend(&self) -> Backend {
         match self {
-            Conn::Sqlite(_) => Engine::Sqlite,
-            Conn::Postgres(_) => Engine::Postgres,
+            Conn::Sqlite(_) => Backend::Sqlite,
+            Conn::Postgres(_) => Backend::Postgres,
         }
     }
 

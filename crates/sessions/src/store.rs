@@ -44,7 +44,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-use crate::db::{vals, Conn, DbError, Engine, Row, Value};
+use crate::db::{vals, Backend, Conn, DbError, Row, Value};
 
 /// How long a statement waits for another connection's lock before failing.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -482,9 +482,9 @@ impl Store {
         Ok(Store { conn: Mutex::new(conn), url: Some(url.to_owned()), claimed: false.into() })
     }
 
-    /// Which engine holds the metadata.
-    pub fn engine(&self) -> Engine {
-        self.conn().engine()
+    /// Which database engine holds the metadata.
+    pub fn backend(&self) -> Backend {
+        self.conn().backend()
     }
 
     /// `sync`: `None` for an in-memory database (no WAL).
@@ -519,7 +519,7 @@ impl Store {
     /// claimed by the sessions directory's lock instead (a no-op here).
     pub fn claim(&self) -> Result<(), StoreError> {
         let mut conn = self.conn();
-        if conn.engine() == Engine::Sqlite {
+        if conn.backend() == Backend::Sqlite {
             return Ok(());
         }
         claim_node(&mut conn)?;
@@ -549,9 +549,9 @@ impl Store {
     /// The schema version: the number of migration steps of this engine applied.
     pub fn schema_version(&self) -> Result<i64, StoreError> {
         let mut conn = self.conn();
-        let sql = match conn.engine() {
-            Engine::Sqlite => "PRAGMA user_version",
-            Engine::Postgres => "SELECT version FROM forkbox_schema",
+        let sql = match conn.backend() {
+            Backend::Sqlite => "PRAGMA user_version",
+            Backend::Postgres => "SELECT version FROM forkbox_schema",
         };
         Ok(scalar(&mut conn, sql, &[], "schema version")?.flatten().unwrap_or(0))
     }
@@ -2162,7 +2162,7 @@ mod tests {
     fn postgres_migrates_once_refuses_a_newer_schema_and_reconnects() {
         let mut pg = forkbox_testkit::postgres::Postgres::start();
         let a = Store::open_postgres(&pg.url()).unwrap();
-        assert_eq!(a.engine(), Engine::Postgres);
+        assert_eq!(a.backend(), Backend::Postgres);
         assert_eq!(a.schema_version().unwrap(), PG_MIGRATIONS.len() as i64);
         a.create_session(&session("a", "local", 1, &[("k", "v")])).unwrap();
         // Two more nodes opening at once: the schema is migrated once, the data stays.
