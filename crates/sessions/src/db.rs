@@ -192,8 +192,7 @@ fn with_database(url: &str, name: &str) -> Result<String, DbError> {
 /// benchmarks and tests that need several databases of one server.
 pub fn scratch_database(url: &str, name: &str) -> Result<String, DbError> {
     let Conn::Postgres(mut pg) = Conn::postgres(url)? else { return Err(DbError::NotPostgres) };
-    // A name from the caller, quoted as an identifier.
-    let ident = format!("\"{}\"", name.replace('"', "\"\""));
+    let ident = quote_ident(name);
     pg.client.batch_execute(&format!("DROP DATABASE IF EXISTS {ident}"))?;
     pg.client.batch_execute(&format!("CREATE DATABASE {ident}"))?;
     with_database(url, name)
@@ -202,8 +201,12 @@ pub fn scratch_database(url: &str, name: &str) -> Result<String, DbError> {
 /// Drops a database made by [`scratch_database`] (no one may be connected to it).
 pub fn drop_database(url: &str, name: &str) -> Result<(), DbError> {
     let Conn::Postgres(mut pg) = Conn::postgres(url)? else { return Err(DbError::NotPostgres) };
-    let ident = format!("\"{}\"", name.replace('"', "\"\""));
-    Ok(pg.client.batch_execute(&format!("DROP DATABASE IF EXISTS {ident}"))?)
+    Ok(pg.client.batch_execute(&format!("DROP DATABASE IF EXISTS {}", quote_ident(name)))?)
+}
+
+/// A name from the caller as a PostgreSQL identifier (double quotes doubled).
+fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
 }
 
 impl Conn {
