@@ -25,6 +25,7 @@ from forkbox._errors import _BY_CODE, _BY_STATUS, STATUS_OF_CODE, ForkboxError, 
     ("package_not_allowed", forkbox.PackageNotAllowed), ("package_not_found", forkbox.PackageNotFound),
     ("package_conflict", forkbox.PackageConflict), ("package_needs_build", forkbox.PackageNeedsBuild),
     ("package_failed", forkbox.PackageFailed), ("sandbox_crashed", forkbox.SandboxCrashed),
+    ("session_moved", forkbox.SessionMoved),
 ])
 def test_codes_map_to_classes(code, cls):
     e = error_from(STATUS_OF_CODE[code], {"error": {"code": code, "message": "m"}})

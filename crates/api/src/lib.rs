@@ -107,6 +107,7 @@ codes! {
     PackageFailed = ("package_failed", 502, "The server's pip could not download or unpack the package (index unreachable, a refused wheel ...); details are in the server's log."),
     Overloaded = ("overloaded", 503, "Every exec slot is busy and the bounded wait queue is full (see Retry-After)."),
     StorageUnavailable = ("storage_unavailable", 503, "The object store that holds the checkpoints, or the PostgreSQL database that holds the session metadata, could not be reached (or refused a read or write): a session exec's checkpoint was not committed and the session stays at its previous checkpoint; a resume needing a file only the object store has failed. Retry when it is back (see Retry-After)."),
+    SessionMoved = ("session_moved", 503, "Cluster: the session is moving between nodes (its node stopped, is draining, or lost the session's lease while the exec ran: then nothing was committed and the session stays at its last checkpoint); retry (see Retry-After)."),
     InsufficientStorage = ("insufficient_storage", 507, "The disk is full (or down to the reserve kept for deletes and metadata): nothing was written, the session stays at its previous checkpoint."),
 }
 
@@ -235,6 +236,7 @@ mod tests {
                 "package_failed",
                 "overloaded",
                 "storage_unavailable",
+                "session_moved",
                 "insufficient_storage"
             ]
         );

@@ -11,6 +11,7 @@ mod bench;
 mod bench_http;
 mod bench_tree;
 mod mcp;
+mod node;
 mod repl;
 mod run;
 mod session;
@@ -113,10 +114,26 @@ enum Command {
         object_cache_mb: Option<u64>,
         /// Session metadata (sessions, checkpoints, tags) in this PostgreSQL database,
         /// `postgres://user[:password]@host[:port]/db` (also $FORKBOX_DATABASE_URL, which keeps a
-        /// password out of the process list), migrated at start. One node per database for now.
-        /// Default: SQLite in the data directory.
+        /// password out of the process list), migrated at start; API keys live there too. Without
+        /// --cluster one node claims it. Default: SQLite in the data directory.
         #[arg(long, value_name = "URL", env = "FORKBOX_DATABASE_URL", hide_env_values = true)]
         database: Option<String>,
+        /// Join a cluster: several `forkbox serve --cluster` on one --database and one --objects
+        /// bucket serve every session. A session is resident on one node at a time (a lease in the
+        /// database); a request reaching another node is forwarded to it; a node that stops
+        /// heartbeating loses its sessions to the others after --lease-seconds. Also $FORKBOX_CLUSTER.
+        #[arg(long, env = "FORKBOX_CLUSTER", requires_all = ["database", "objects"])]
+        cluster: bool,
+        /// This node's name in the cluster, stable across restarts (default: the host name).
+        #[arg(long, value_name = "ID", env = "FORKBOX_NODE_ID", requires = "cluster")]
+        node_id: Option<String>,
+        /// Where the other nodes reach this node's API, `http://host:port` (default: http://<--listen>,
+        /// which must then not be a wildcard address). Also $FORKBOX_ADVERTISE_URL.
+        #[arg(long, value_name = "URL", env = "FORKBOX_ADVERTISE_URL", requires = "cluster")]
+        advertise_url: Option<String>,
+        /// Lease time: a node whose last heartbeat is older than this loses its sessions.
+        #[arg(long, value_name = "S", default_value_t = 10, value_parser = clap::value_parser!(u64).range(2..=600))]
+        lease_seconds: u64,
     },
     /// API keys for the HTTP API.
     #[command(subcommand)]
@@ -149,6 +166,9 @@ enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// The nodes of a cluster (`serve --cluster`), through the server at --url (an admin key).
+    #[command(subcommand)]
+    Node(node::NodeCommand),
     /// MCP server on stdio for LLM clients (local data directory, or --url); `mcp install` configures a client.
     Mcp(mcp::McpArgs),
     /// The system calls the sandbox implements: support level and what works, what does not.
@@ -205,6 +225,10 @@ enum KeyCommand {
         /// The key's bandwidth per sandbox, bytes per second (needs --egress), as for `serve`.
         #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..))]
         egress_rate: Option<u64>,
+        /// Store the key in this PostgreSQL database (a server's --database; every node of a cluster
+        /// sees it) instead of the data directory. Also $FORKBOX_DATABASE_URL.
+        #[arg(long, value_name = "URL", env = "FORKBOX_DATABASE_URL", hide_env_values = true)]
+        database: Option<String>,
     },
 }
 
@@ -391,6 +415,10 @@ fn main() -> ExitCode {
             objects,
             object_cache_mb,
             database,
+            cluster,
+            node_id,
+            advertise_url,
+            lease_seconds,
         } => {
             let isolation = match isolation {
                 IsolationMode::Thread => forkbox_runtime::Isolation::Thread,
@@ -409,7 +437,9 @@ fn main() -> ExitCode {
                 no_index: pip_no_index,
             };
             let packages = forkbox_image::packages::Policy { allow: pip_allow, deny: pip_deny };
-            egress_policy(egress, &egress_allow, &egress_deny).map(|p| p.with_rate(egress_rate)).and_then(|policy| {
+            let cluster = cluster.then(|| cluster_config(listen, node_id, advertise_url, lease_seconds)).transpose();
+            let policy = egress_policy(egress, &egress_allow, &egress_deny).map(|p| p.with_rate(egress_rate));
+            policy.and_then(|policy| cluster.map(|c| (policy, c))).and_then(|(policy, cluster)| {
                 serve(
                     &home,
                     listen,
@@ -423,6 +453,7 @@ fn main() -> ExitCode {
                     isolation,
                     objects,
                     database,
+                    cluster,
                 )
             })
         }
@@ -440,6 +471,7 @@ fn main() -> ExitCode {
             egress_allow,
             egress_deny,
             egress_rate,
+            database,
         }) => {
             let egress = match egress {
                 Some(mode) => egress_policy(mode, &egress_allow, &egress_deny).map(|p| Some(p.with_rate(egress_rate))),
@@ -465,10 +497,13 @@ fn main() -> ExitCode {
                     cpu_seconds_per_hour: cpu_seconds_per_hour.or(base.cpu_seconds_per_hour),
                     max_timeout_seconds: max_timeout_seconds.or(base.max_timeout_seconds),
                 };
-                forkbox_server::create_key_full(&home, &tenant, &limits, admin).map(|k| {
-                    println!("{k}");
-                    ExitCode::SUCCESS
-                })
+                forkbox_runtime::keys::KeyDb::open(&home, database.as_deref())
+                    .map_err(|e| anyhow::anyhow!("opening the key store: {e}"))
+                    .and_then(|db| forkbox_server::create_key_full(&db, &tenant, &limits, admin))
+                    .map(|k| {
+                        println!("{k}");
+                        ExitCode::SUCCESS
+                    })
             })
         }
         Command::Run(args) => match &cli.url {
@@ -540,6 +575,12 @@ fn main() -> ExitCode {
             }
         }
         Command::Bench(cmd) => bench::bench(&home, cmd),
+        Command::Node(cmd) => match &cli.url {
+            Some(url) => api::Api::remote(url, cli.api_key.clone()).and_then(|a| node::node(&a, cmd)),
+            None => Err(anyhow::anyhow!(
+                "`forkbox node` asks a cluster node: give --url (or $FORKBOX_URL) and an admin key"
+            )),
+        },
         Command::Mcp(args) => mcp::mcp(&home, cli.home.as_deref(), cli.url.clone(), cli.api_key.clone(), args),
         Command::Syscalls { markdown } => {
             syscalls(markdown);
@@ -605,6 +646,7 @@ fn serve(
     isolation: forkbox_runtime::Isolation,
     objects: Option<forkbox_sessions::objects::ObjectsConfig>,
     database: Option<String>,
+    cluster: Option<forkbox_runtime::ClusterConfig>,
 ) -> anyhow::Result<ExitCode> {
     pip.validate().map_err(|e| anyhow::anyhow!("--pip-*: {e}"))?;
     for n in packages.allow.iter().chain(&packages.deny) {
@@ -629,8 +671,40 @@ fn serve(
     cfg.limits.network = forkbox_engine::NetConfig::with_policy(egress);
     cfg.sessions.objects = objects;
     cfg.sessions.database = database;
+    cfg.sessions.cluster = cluster;
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(forkbox_server::serve(cfg))?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `serve --cluster`: this node's name (default: the host name), the URL the
+/// other nodes reach it at (default: the listen address), the lease time.
+fn cluster_config(
+    listen: std::net::SocketAddr,
+    node_id: Option<String>,
+    advertise_url: Option<String>,
+    lease_seconds: u64,
+) -> anyhow::Result<forkbox_runtime::ClusterConfig> {
+    let node_id = match node_id {
+        Some(id) => id,
+        None => std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .map_err(|e| anyhow::anyhow!("--node-id: reading the host name: {e}"))?,
+    };
+    if !forkbox_sessions::node::valid_node_id(&node_id) {
+        anyhow::bail!("--node-id {node_id:?}: 1-64 letters, digits, '-', '_', '.', ':'");
+    }
+    let url = match advertise_url {
+        Some(u) => u.trim_end_matches('/').to_string(),
+        None if listen.ip().is_unspecified() => anyhow::bail!(
+            "--cluster with --listen {listen}: give --advertise-url http://<an address of this host the other nodes reach>:{}",
+            listen.port()
+        ),
+        None => format!("http://{listen}"),
+    };
+    if !url.starts_with("http://") && !url.starts_with("https://") {
+        anyhow::bail!("--advertise-url must be an http:// or https:// URL, got {url:?}");
+    }
+    Ok(forkbox_runtime::ClusterConfig { node_id, url, lease: std::time::Duration::from_secs(lease_seconds) })
 }
 
 fn template_build_named(home: &std::path::Path, name: &str) -> anyhow::Result<ExitCode> {

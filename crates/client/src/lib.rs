@@ -106,6 +106,17 @@ impl Client {
         self.post("/v1/exec", &exec_body(code, opts)?).await
     }
 
+    /// The nodes of the cluster the server belongs to (admin keys only).
+    pub async fn nodes(&self) -> Result<NodeList, ClientError> {
+        self.get("/v1/admin/nodes").await
+    }
+
+    /// Drain node `id` (it gives its sessions back, takes no new ones) or make it active again (admin keys only).
+    pub async fn set_draining(&self, id: &str, drain: bool) -> Result<NodeList, ClientError> {
+        let action = if drain { "drain" } else { "activate" };
+        self.post(&format!("/v1/admin/nodes/{}/{action}", seg(id)), &json!({})).await
+    }
+
     /// The server's templates and their state.
     pub async fn templates(&self) -> Result<TemplateList, ClientError> {
         self.get("/v1/templates").await

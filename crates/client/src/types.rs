@@ -480,3 +480,33 @@ pub struct CommandResult {
     #[serde(flatten)]
     pub extra: Map<String, Value>,
 }
+
+/// The nodes of a cluster (`GET /v1/admin/nodes`, admin keys only).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct NodeList {
+    /// The node that answered (None: not a cluster node; the list is empty).
+    #[serde(default)]
+    pub node: Option<String>,
+    #[serde(default)]
+    pub nodes: Vec<Node>,
+}
+
+/// One node of a cluster.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Node {
+    pub id: String,
+    #[serde(default)]
+    pub url: String,
+    /// `active` or `draining`.
+    pub state: String,
+    /// Its last heartbeat is younger than the lease time.
+    #[serde(default)]
+    pub alive: bool,
+    #[serde(default)]
+    pub heartbeat_age_ms: i64,
+    #[serde(default)]
+    pub started_unix_ms: i64,
+    /// Sessions resident on it now.
+    #[serde(default)]
+    pub sessions: u64,
+}

@@ -76,6 +76,15 @@ impl RuntimeError {
         }
     }
 
+    /// Cluster: the URL of the node that has the session, when the operation
+    /// belongs there (a front end forwards it; never shown to a client).
+    pub fn moved_to(&self) -> Option<&str> {
+        match self {
+            RuntimeError::Session(SessionError::Elsewhere { owner, .. }) => Some(&owner.url),
+            _ => None,
+        }
+    }
+
     /// For a failed session exec: the checkpoint seq the session was rolled back to (None: its initial state).
     pub fn rolled_back_to(&self) -> Option<Option<i64>> {
         match self {

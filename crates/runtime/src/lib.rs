@@ -30,7 +30,12 @@
 
 #![forbid(unsafe_code)]
 
+pub mod cluster;
 pub mod command;
+/// API key records, where the session metadata lives (the API server gives them meaning).
+pub mod keys {
+    pub use forkbox_sessions::keys::{keys_path, KeyDb, KeyRecord};
+}
 mod error;
 pub mod exec;
 mod remote;
@@ -47,6 +52,7 @@ use std::time::Duration;
 use forkbox_engine::{Catalog, Engine, Loaded, Template};
 use forkbox_sessions::manager::SessionManager;
 
+pub use cluster::{ClusterConfig, NodeRecord, NodeState, SessionRoute};
 pub use command::{Command, CommandLine, CommandResult};
 pub use error::RuntimeError;
 pub use exec::{OneShot, OneShotRequest, Outcome, Output, Ran};
@@ -256,7 +262,7 @@ impl Runtime {
             Isolation::Thread => None,
             Isolation::Process(p) => Some(start_workers(home, &config, p, &default, seccomp, concurrency)?),
         };
-        Ok(Arc::new(Runtime {
+        let rt = Arc::new(Runtime {
             remote,
             home: home.to_path_buf(),
             catalog,
@@ -267,11 +273,19 @@ impl Runtime {
             workers,
             create_lock: Mutex::new(()),
             maintenance: Mutex::new(None),
-        }))
+        });
+        cluster::start_heartbeat(&rt);
+        Ok(rt)
     }
 
     pub fn home(&self) -> &Path {
         &self.home
+    }
+
+    /// The API key records of this data directory, or of the shared database (`sessions.database`). Blocking.
+    pub fn open_keys(&self) -> Result<keys::KeyDb, RuntimeError> {
+        keys::KeyDb::open(&self.home, self.config.sessions.database.as_deref())
+            .map_err(|e| RuntimeError::Open { what: "opening the API keys", message: e.to_string() })
     }
 
     /// The sandbox worker processes (empty with `Isolation::Thread`).

@@ -37,6 +37,9 @@ pub struct ApiError {
     pub result: Option<serde_json::Value>,
     /// A failed exec (timeout, crash, exit, kill): what it wrote before.
     pub output: Option<Box<forkbox_runtime::CapturedOutput>>,
+    /// Cluster: the URL of the node that has the session (the request is
+    /// forwarded there, see `crate::forward`; never sent to the client).
+    pub moved_to: Option<String>,
 }
 
 /// Host paths never sent to clients (the data directory, the image), set once by the server.
@@ -89,7 +92,15 @@ pub struct ErrorDetail {
 
 impl ApiError {
     pub fn new(code: ErrorCode, message: impl Into<String>) -> ApiError {
-        ApiError { code, message: message.into(), checkpoint: None, retry_after: None, result: None, output: None }
+        ApiError {
+            code,
+            message: message.into(),
+            checkpoint: None,
+            retry_after: None,
+            result: None,
+            output: None,
+            moved_to: None,
+        }
     }
     pub fn invalid(message: impl Into<String>) -> ApiError {
         ApiError::new(ErrorCode::InvalidRequest, message)
@@ -134,6 +145,7 @@ impl From<RuntimeError> for ApiError {
             retry_after: None,
             result,
             output,
+            moved_to: e.moved_to().map(str::to_owned),
         }
     }
 }
@@ -165,6 +177,9 @@ impl IntoResponse for ApiError {
         // connections sends its next request into a socket the server closes.
         if status == StatusCode::PAYLOAD_TOO_LARGE {
             resp.headers_mut().insert(header::CONNECTION, header::HeaderValue::from_static("close"));
+        }
+        if let Some(url) = self.moved_to {
+            resp.extensions_mut().insert(crate::forward::MovedTo(url));
         }
         resp
     }

@@ -61,6 +61,7 @@ mod auth;
 pub mod error;
 mod extractors;
 mod fair;
+pub mod forward;
 mod handlers;
 pub mod keys;
 pub mod metrics;
@@ -201,6 +202,8 @@ pub struct Inner {
     pub(crate) admission: admission::Admission,
     /// ForeverVM instruction queues and results, per machine (session).
     pub(crate) machines: handlers::forevervm::Machines,
+    /// Cluster: the client requests are forwarded to other nodes with.
+    pub(crate) peers: reqwest::Client,
 }
 
 pub type AppState = Arc<Inner>;
@@ -208,7 +211,7 @@ pub type AppState = Arc<Inner>;
 impl Inner {
     /// State over an open runtime (its own limits apply); opens the keys under `config.home`. Blocking.
     pub fn with_runtime(runtime: Arc<Runtime>, config: ServerConfig) -> anyhow::Result<AppState> {
-        let keys = keys::KeyStore::open(&config.home)?;
+        let keys = keys::KeyStore::new(Arc::new(runtime.open_keys()?));
         metrics::handle();
         let mut hidden = vec![(config.home.display().to_string(), "$FORKBOX_HOME")];
         if let Ok(c) = config.home.canonicalize() {
@@ -226,6 +229,7 @@ impl Inner {
             runtime,
             keys,
             machines: handlers::forevervm::Machines::default(),
+            peers: forward::peers(),
             config,
         }))
     }
@@ -284,13 +288,15 @@ impl Server {
         let cfg = config.clone();
         let (state, created_key) = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
             let runtime = Runtime::open(&cfg.home, cfg.runtime())?;
-            let created_key = if keys::count_keys(&cfg.home)? == 0 {
+            let tenant = cfg.default_tenant.clone();
+            let state = Inner::with_runtime(runtime, cfg)?;
+            let created_key = if keys::count_keys(state.keys.db())? == 0 {
                 // The operator's key: an admin key (reads /metrics) with the default limits.
-                Some(keys::create_key_full(&cfg.home, &cfg.default_tenant, &KeyLimits::defaults(), true)?)
+                Some(keys::create_key_full(state.keys.db(), &tenant, &KeyLimits::defaults(), true)?)
             } else {
                 None
             };
-            Ok((Inner::with_runtime(runtime, cfg)?, created_key))
+            Ok((state, created_key))
         })
         .await??;
         Ok(Server { state, listener: listeners.listener, metrics: listeners.metrics, created_key })
@@ -328,9 +334,23 @@ impl Server {
             });
         }
         let app = router(self.state);
+        // A cluster node that is told to stop first drains: sessions asked for
+        // meanwhile go to the other nodes, idle ones are given back at once.
+        let rt = runtime.clone();
+        let shutdown = async move {
+            shutdown.await;
+            if rt.node_id().is_some() {
+                let _ = tokio::task::spawn_blocking(move || rt.leave_cluster()).await;
+            }
+        };
         let r = axum::serve(self.listener, app).with_graceful_shutdown(shutdown).await;
-        // Wait for a round of upkeep in progress, so the data directory is free once this returns.
-        tokio::task::spawn_blocking(move || runtime.stop_maintenance()).await?;
+        // Wait for a round of upkeep in progress, so the data directory is free once this returns;
+        // the sessions of execs that were still running are given back now.
+        tokio::task::spawn_blocking(move || {
+            runtime.stop_maintenance();
+            runtime.leave_cluster();
+        })
+        .await?;
         r.context("serving")
     }
 }
@@ -387,11 +407,12 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
     }
     // The CLI's key for this run; a stale one of a server that died goes first.
     let h = home.clone();
+    let state = server.state().clone();
     let file = tokio::task::spawn_blocking(move || -> anyhow::Result<ServerFile> {
         if let Some(p) = previous {
-            keys::delete_key(&h, &p.key)?;
+            keys::delete_key(state.keys.db(), &p.key)?;
         }
-        let key = keys::create_key_full(&h, CLI_TENANT, &KeyLimits::unlimited(), false)?;
+        let key = keys::create_key_full(state.keys.db(), CLI_TENANT, &KeyLimits::unlimited(), false)?;
         let url = if addr.ip().is_unspecified() {
             let local: std::net::IpAddr = if addr.is_ipv4() {
                 std::net::Ipv4Addr::LOCALHOST.into()
@@ -407,9 +428,10 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
         Ok(file)
     })
     .await??;
+    let state = server.state().clone();
     let r = server.run(shutdown_signal()).await;
     file.remove_if_mine(&home);
-    if let Err(e) = keys::delete_key(&home, &file.key) {
+    if let Err(e) = keys::delete_key(state.keys.db(), &file.key) {
         tracing::warn!("deleting the CLI's key of this run: {e}");
     }
     r

@@ -44,6 +44,11 @@ pub fn sessions(resident: usize) {
     metrics::gauge!("forkbox_sessions_resident").set(resident as f64);
 }
 
+/// A request about a session was forwarded to the node that has it (a cluster).
+pub fn forwarded() {
+    metrics::counter!("forkbox_forwarded_total").increment(1);
+}
+
 pub fn evicted(n: usize) {
     metrics::counter!("forkbox_sessions_evicted_total").increment(n as u64);
 }

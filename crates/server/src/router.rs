@@ -45,6 +45,9 @@ fn v1_routes(files_limit: usize) -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(exec::exec))
         .routes(routes!(health::workers))
+        .routes(routes!(health::nodes))
+        .routes(routes!(health::node_drain))
+        .routes(routes!(health::node_activate))
         .routes(routes!(stream::exec_stream))
         .routes(routes!(exec::exec_batch))
         .routes(routes!(commands::command))
@@ -85,6 +88,7 @@ fn build(state: AppState, caller: impl FnOnce(OpenApiRouter<AppState>) -> OpenAp
     let (router, mut doc) = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(health::root))
         .routes(routes!(health::healthz))
+        .routes(routes!(health::readyz))
         .routes(routes!(health::metrics_admin))
         .nest("/v1", v1)
         .split_for_parts();
@@ -105,7 +109,11 @@ fn build(state: AppState, caller: impl FnOnce(OpenApiRouter<AppState>) -> OpenAp
 /// behind `Authorization: Bearer <key>`; and `/mcp` over them.
 pub fn router(state: AppState) -> Router {
     let st = state.clone();
-    let api = build(state.clone(), move |v1| v1.route_layer(middleware::from_fn_with_state(st, auth)));
+    let api = build(state.clone(), move |v1| {
+        // Auth first (outermost), then a cluster's forwarding of session requests.
+        v1.route_layer(middleware::from_fn_with_state(st.clone(), crate::forward::forward))
+            .route_layer(middleware::from_fn_with_state(st, auth))
+    });
     with_mcp(state, api)
 }
 

@@ -645,6 +645,41 @@ pub struct Health {
     pub exec_slots: usize,
     pub exec_slots_free: usize,
     pub queued: usize,
+    /// In a cluster: this node's id (null otherwise).
+    pub node: Option<String>,
+}
+
+/// `GET /readyz`: whether this server takes requests (a cluster node that
+/// drains does not: `draining`, 503).
+#[derive(Serialize, ToSchema)]
+pub struct Ready {
+    /// `ready` or `draining`.
+    pub status: String,
+}
+
+/// The nodes of a cluster (`GET /v1/admin/nodes`, admin keys only).
+#[derive(Serialize, ToSchema)]
+pub struct NodeList {
+    /// The node that answered (null: this server is not a cluster node, and the list is empty).
+    pub node: Option<String>,
+    pub nodes: Vec<NodeBody>,
+}
+
+/// One node of a cluster.
+#[derive(Serialize, ToSchema)]
+pub struct NodeBody {
+    pub id: String,
+    /// Where the other nodes reach its API.
+    pub url: String,
+    /// `active` or `draining` (gives its sessions back, takes no new ones).
+    pub state: String,
+    /// Its last heartbeat is younger than the lease time.
+    pub alive: bool,
+    /// Milliseconds since its last heartbeat (the database's clock).
+    pub heartbeat_age_ms: i64,
+    pub started_unix_ms: i64,
+    /// Sessions resident on it now.
+    pub sessions: u64,
 }
 
 /// The sandbox worker processes (`GET /v1/admin/workers`, admin keys only).

@@ -1024,7 +1024,8 @@ async fn old_keys_db_is_migrated_in_place() {
         .unwrap();
         conn.execute("INSERT INTO api_keys VALUES (?1, 'old', 1)", [forkbox_server::keys::hash_key(old_key)]).unwrap();
     }
-    let store = forkbox_server::keys::KeyStore::open(home.path()).unwrap();
+    let db = forkbox_runtime::keys::KeyDb::open(home.path(), None).unwrap();
+    let store = forkbox_server::keys::KeyStore::new(std::sync::Arc::new(db));
     let info = store.lookup(old_key).unwrap().expect("the old key is still known");
     assert_eq!(info.tenant, "old");
     assert_eq!(info.limits, forkbox_server::KeyLimits::default());

@@ -6,7 +6,9 @@
 //! with SQLite's `?N` placeholders (rewritten to `$N` for PostgreSQL) and one
 //! extension: `IN_LIST(?N)` / `NOT_IN_LIST(?N)` test membership in a list of ids
 //! or names passed as one parameter ([`Value::Ids`], [`Value::Names`]), which SQLite spells with
-//! `json_each` and PostgreSQL with `= ANY` / `<> ALL` of an array. Values cross
+//! `json_each` and PostgreSQL with `= ANY` / `<> ALL` of an array; and `NOW_MS()`, the
+//! database server's clock in Unix milliseconds (the nodes of a cluster compare lease ages on
+//! one clock, not on their own). Values cross
 //! as [`Value`]s, rows come back as [`Row`]s of them, so no engine type leaks
 //! into the store. Integers are 64-bit on both sides (PostgreSQL columns are
 //! `BIGINT`; a sum is cast back to `BIGINT`).
@@ -225,6 +227,20 @@ impl Conn {
         }
     }
 
+    /// If the server closed this connection (a restart, a failover), a new one
+    /// to `url`, set up by `setup` (e.g. a claim taken again); if that fails the
+    /// closed one stays and the next statement reports the failure.
+    pub(crate) fn reopen_if_closed(&mut self, url: Option<&str>, setup: impl FnOnce(&mut Conn) -> bool) {
+        if !self.is_closed() {
+            return;
+        }
+        if let Some(mut fresh) = url.and_then(|u| Conn::postgres(u).ok()) {
+            if setup(&mut fresh) {
+                *self = fresh;
+            }
+        }
+    }
+
     /// True if the connection is gone for good (PostgreSQL: the server closed it).
     pub(crate) fn is_closed(&self) -> bool {
         match self {
@@ -366,18 +382,25 @@ impl Pg {
     }
 }
 
+/// `NOW_MS()` in SQLite: the Unix time in milliseconds (julianday has sub-millisecond precision).
+const SQLITE_NOW_MS: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
+/// `NOW_MS()` in PostgreSQL: the wall clock at the statement (not the transaction's start).
+const POSTGRES_NOW_MS: &str = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)";
+
 /// The store's SQL for SQLite: `IN_LIST(?N)` as a `json_each` sub-query.
 fn sqlite_sql(sql: &str) -> std::borrow::Cow<'_, str> {
-    if !sql.contains("IN_LIST(") {
+    if !sql.contains("IN_LIST(") && !sql.contains("NOW_MS()") {
         return sql.into();
     }
     rewrite_lists(sql, |not, p| format!("{}IN (SELECT value FROM json_each({p}))", if not { "NOT " } else { "" }))
+        .replace("NOW_MS()", SQLITE_NOW_MS)
         .into()
 }
 
 /// The store's SQL for PostgreSQL: `$N` placeholders, arrays for `IN_LIST`.
 fn postgres_sql(sql: &str) -> String {
-    let sql = rewrite_lists(sql, |not, p| if not { format!("<> ALL({p})") } else { format!("= ANY({p})") });
+    let sql = rewrite_lists(sql, |not, p| if not { format!("<> ALL({p})") } else { format!("= ANY({p})") })
+        .replace("NOW_MS()", POSTGRES_NOW_MS);
     let mut out = String::with_capacity(sql.len());
     let mut chars = sql.chars().peekable();
     while let Some(c) = chars.next() {
@@ -502,6 +525,16 @@ mod tests {
              AND parent NOT IN (SELECT value FROM json_each(?2)) AND b = '?'"
         );
         assert_eq!(sqlite_sql("SELECT 1"), "SELECT 1");
+        assert_eq!(sqlite_sql("SELECT NOW_MS()"), format!("SELECT {SQLITE_NOW_MS}"));
+        assert_eq!(postgres_sql("SELECT NOW_MS() - ?1"), format!("SELECT {POSTGRES_NOW_MS} - $1"));
+    }
+
+    #[test]
+    fn sqlite_clock_is_the_unix_time_in_ms() {
+        let mut c = Conn::Sqlite(rusqlite::Connection::open_in_memory().unwrap());
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+        let db = c.query_opt("SELECT NOW_MS()", &[]).unwrap().unwrap().i64(0).unwrap();
+        assert!((db - now).abs() < 1000, "{db} vs {now}");
     }
 
     #[test]

@@ -6,6 +6,9 @@
 //! by forkbox-runtime (the front ends never see the store).
 
 pub mod db;
+pub mod keys;
+pub mod lease;
 pub mod manager;
+pub mod node;
 pub mod objects;
 pub mod store;

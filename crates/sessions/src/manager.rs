@@ -21,9 +21,12 @@ use forkbox_engine::{
 };
 use forkbox_snapshot::{Layer, StateError};
 
+use crate::lease::{Acquired, Lease, NodeRecord, NodeState, Owner};
+use crate::node::{ClusterConfig, Node};
 use crate::objects::{ObjectError, ObjectStats, Objects, ObjectsConfig};
 use crate::store::{self, CheckpointRecord, NewCheckpoint, SessionRecord, Store, StoreError};
 
+mod cluster;
 mod tree;
 
 /// How a checkpoint comes back (see [`SessionManager::resume_as`]).
@@ -69,6 +72,17 @@ pub enum SessionError {
         result: Option<Box<ExecResult>>,
         checkpoint: Option<i64>,
     },
+    /// Cluster: another node has the session resident; the request belongs there.
+    #[error("session {session} is resident on node {}", owner.node)]
+    Elsewhere { session: String, owner: Box<Owner> },
+    /// Cluster: the session cannot be served by this node now (it drains, or
+    /// its own heartbeat is overdue).
+    #[error("{0}")]
+    Moving(String),
+    /// Cluster: another node took the session while this exec ran (this
+    /// node's lease ran out): its checkpoint was not committed.
+    #[error("the session was taken over by another node while the exec ran; its checkpoint was not committed, the session stays at {}", rolled_back(*.checkpoint))]
+    LeaseLost { checkpoint: Option<i64> },
     /// The disk is full (or down to its reserve): nothing was written.
     #[error("not enough disk space for the checkpoint ({0}); the session stays at its previous checkpoint")]
     NoSpace(String),
@@ -155,6 +169,9 @@ impl SessionError {
             SessionError::InspectFailed(_) => ErrorCode::InspectFailed,
             SessionError::QuotaExceeded { .. } => ErrorCode::QuotaExceeded,
             SessionError::NoSpace(_) => ErrorCode::InsufficientStorage,
+            SessionError::Elsewhere { .. } | SessionError::Moving(_) | SessionError::LeaseLost { .. } => {
+                ErrorCode::SessionMoved
+            }
             SessionError::File { code, .. } => *code,
             SessionError::Snapshot(e) => e.error_code(),
             SessionError::Store(e) if e.is_unavailable() => ErrorCode::StorageUnavailable,
@@ -175,7 +192,8 @@ impl SessionError {
         match self {
             SessionError::ExecFailed { checkpoint, .. }
             | SessionError::QuotaExceeded { checkpoint, .. }
-            | SessionError::NotStored { checkpoint, .. } => Some(*checkpoint),
+            | SessionError::NotStored { checkpoint, .. }
+            | SessionError::LeaseLost { checkpoint } => Some(*checkpoint),
             _ => None,
         }
     }
@@ -224,9 +242,12 @@ pub struct Config {
     /// bounded cache in front of it (None: the local directory only).
     pub objects: Option<ObjectsConfig>,
     /// The metadata in this PostgreSQL database (`postgres://...`), claimed
-    /// by this node alone (see `Store::claim`); None: SQLite in the sessions
-    /// directory.
+    /// by this node alone (see `Store::claim`) unless `cluster` is set; None:
+    /// SQLite in the sessions directory.
     pub database: Option<String>,
+    /// Share `database` and `objects` with other nodes: sessions are leased
+    /// to one node at a time (see `crate::lease`). Needs both.
+    pub cluster: Option<ClusterConfig>,
 }
 
 impl Default for Config {
@@ -238,6 +259,7 @@ impl Default for Config {
             disk_reserve: DEFAULT_DISK_RESERVE,
             objects: None,
             database: None,
+            cluster: None,
         }
     }
 }
@@ -293,6 +315,8 @@ pub struct ExecOutcome {
 
 struct Slot {
     sandbox: Option<Sandbox>,
+    /// Cluster: this node's lease of the session while it is resident here.
+    lease: Option<Lease>,
     /// The checkpoint the resident sandbox is at (its next checkpoint's parent).
     base: Option<i64>,
     last_used: Instant,
@@ -316,6 +340,17 @@ pub struct SessionManager {
     reserved: Mutex<Reservations>,
     /// The object store of `config.objects`.
     objects: Option<Objects>,
+    /// This node, in a cluster (`config.cluster`).
+    node: Option<Node>,
+}
+
+/// Where a request for a session belongs (see [`SessionManager::route`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// This node serves it (it has it, or may take it).
+    Here,
+    /// Another node: its id and URL.
+    Node { node: String, url: String },
 }
 
 /// Removes a session's entry from `SessionManager::running` when the exec
@@ -447,14 +482,36 @@ impl SessionManager {
             source,
         })?;
         let lock = lock_dir(&dir)?;
-        let store = match &config.database {
-            None => Store::open(&dir.join("sessions.db"))?,
-            Some(url) => {
+        let store = match (&config.database, &config.cluster) {
+            (None, None) => Store::open(&dir.join("sessions.db"))?,
+            (None, Some(_)) => {
+                return Err(SessionError::Invalid(
+                    "a cluster node needs the shared metadata database (--database postgres://...)".into(),
+                ))
+            }
+            (Some(_), Some(_)) if config.objects.is_none() => {
+                return Err(SessionError::Invalid(
+                    "a cluster node needs the shared object store (--objects s3://...) for its checkpoints".into(),
+                ))
+            }
+            (Some(url), None) => {
                 let s = Store::open_postgres(url)?;
                 s.claim()?;
                 s
             }
+            (Some(url), Some(c)) => {
+                if !crate::node::valid_node_id(&c.node_id) {
+                    return Err(SessionError::Invalid(format!(
+                        "node id {:?}: 1-64 letters, digits, '-', '_', '.', ':'",
+                        c.node_id
+                    )));
+                }
+                let s = Store::open_postgres(url)?;
+                s.register_node(&c.node_id, &c.url)?;
+                s
+            }
         };
+        let node = config.cluster.clone().map(Node::new);
         let objects = match &config.objects {
             Some(c) => Some(Objects::open(c, &layers_dir, &store.all_objects()?)?),
             None => None,
@@ -470,6 +527,7 @@ impl SessionManager {
             quotas: Mutex::new(HashMap::new()),
             reserved: Mutex::new(Reservations::default()),
             objects,
+            node,
         };
         m.recover()?;
         Ok(m)
@@ -522,7 +580,9 @@ impl SessionManager {
         let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
         slots
             .entry(id.to_string())
-            .or_insert_with(|| Arc::new(Mutex::new(Slot { sandbox: None, base: None, last_used: Instant::now() })))
+            .or_insert_with(|| {
+                Arc::new(Mutex::new(Slot { sandbox: None, lease: None, base: None, last_used: Instant::now() }))
+            })
             .clone()
     }
 
@@ -670,9 +730,16 @@ impl SessionManager {
         self.running.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_string(), interrupter.clone());
         let running = Running { map: &self.running, id, interrupter: interrupter.clone() };
         let limits = from_store_limits(&rec.limits);
+        self.hold(id, &mut guard)?;
         if guard.sandbox.is_none() {
             self.make_room(id);
-            guard.sandbox = Some(self.bring_back(&rec, limits)?);
+            match self.bring_back(&rec, limits) {
+                Ok(sb) => guard.sandbox = Some(sb),
+                Err(e) => {
+                    self.drop_resident(id, &mut guard);
+                    return Err(e);
+                }
+            }
             guard.base = rec.head;
         }
         let base = guard.base;
@@ -685,7 +752,7 @@ impl SessionManager {
                     Ok(c) => std::borrow::Cow::Owned(c),
                     Err(e) => {
                         // Some lines' packages may be mounted already: memory is ahead of disk.
-                        guard.sandbox = None;
+                        self.drop_resident(id, &mut guard);
                         return Err(e);
                     }
                 }
@@ -707,20 +774,23 @@ impl SessionManager {
             Err(source) => {
                 let _ = self.store.release_seq(id, seq);
                 let output = sb.take_failed_output().map(Box::new);
-                guard.sandbox = None;
+                self.drop_resident(id, &mut guard);
                 if matches!(source, EngineError::CodeTooLarge(..)) {
                     return Err(SessionError::Engine(source));
                 }
                 return Err(SessionError::ExecFailed { source, checkpoint: head_seq(rec.head), output });
             }
         };
-        let checkpoint = match self.write_checkpoint_as(&rec, sb, code, base, Some(seq), summarize(&result).as_deref())
-        {
+        let fence = guard.lease.clone();
+        let Some(sb) = guard.sandbox.as_mut() else { return Err(SessionError::NotFound(id.into())) };
+        let written =
+            self.write_checkpoint_as(&rec, sb, code, base, Some(seq), summarize(&result).as_deref(), fence.as_ref());
+        let checkpoint = match written {
             Ok(c) => c,
             Err(e) => {
                 let _ = self.store.release_seq(id, seq);
                 // Memory and disk now disagree: drop the sandbox, the session stays at its head.
-                guard.sandbox = None;
+                self.drop_resident(id, &mut guard);
                 return Err(match e {
                     SessionError::QuotaExceeded { message, .. } => SessionError::QuotaExceeded {
                         message,
@@ -755,11 +825,17 @@ impl SessionManager {
         let memory_changes = memory_bytes.is_some_and(|m| m != rec.limits.memory_bytes);
         let slot = memory_changes.then(|| self.slot(id));
         let guard = slot.as_ref().map(|s| lock_slot(s, id)).transpose()?;
-        if !self.store.update_session(tenant, id, tags, memory_bytes, timeout_ms)? {
-            return Err(SessionError::NotFound(id.to_string()));
+        let mut guard = guard;
+        if let Some(g) = guard.as_mut() {
+            // Elsewhere: the owner must drop its sandbox (the request goes there).
+            self.take_over(id, g)?;
         }
-        if let Some(mut g) = guard {
-            g.sandbox = None;
+        let updated = self.store.update_session(tenant, id, tags, memory_bytes, timeout_ms);
+        if let Some(g) = guard.as_mut() {
+            self.drop_resident(id, g);
+        }
+        if !updated? {
+            return Err(SessionError::NotFound(id.to_string()));
         }
         self.record(tenant, id)
     }
@@ -768,7 +844,14 @@ impl SessionManager {
     pub fn interrupt(&self, tenant: &str, id: &str) -> Result<bool, SessionError> {
         self.record(tenant, id)?;
         let running = self.running.lock().unwrap_or_else(|e| e.into_inner()).get(id).cloned();
-        Ok(running.is_some_and(|i| i.interrupt()))
+        match running {
+            Some(i) => Ok(i.interrupt()),
+            // Not running here: on the node that has the session, if another has it.
+            None => {
+                self.not_elsewhere(id)?;
+                Ok(false)
+            }
+        }
     }
 
     /// The session's sandbox, resumed from disk if it was evicted; `Busy` while an exec runs.
@@ -776,19 +859,27 @@ impl SessionManager {
         &self,
         tenant: &str,
         id: &str,
-        f: impl FnOnce(&mut Sandbox, Option<i64>, &SessionRecord) -> Result<(T, Option<i64>), SessionError>,
+        f: impl FnOnce(&mut Sandbox, Option<i64>, &SessionRecord, Option<&Lease>) -> Result<(T, Option<i64>), SessionError>,
     ) -> Result<T, SessionError> {
         let rec = self.record(tenant, id)?;
         let slot = self.slot(id);
         let mut guard = lock_slot(&slot, id)?;
+        self.hold(id, &mut guard)?;
         if guard.sandbox.is_none() {
             self.make_room(id);
-            guard.sandbox = Some(self.bring_back(&rec, from_store_limits(&rec.limits))?);
+            match self.bring_back(&rec, from_store_limits(&rec.limits)) {
+                Ok(sb) => guard.sandbox = Some(sb),
+                Err(e) => {
+                    self.drop_resident(id, &mut guard);
+                    return Err(e);
+                }
+            }
             guard.base = rec.head;
         }
         let base = guard.base;
+        let fence = guard.lease.clone();
         let Some(sb) = guard.sandbox.as_mut() else { return Err(SessionError::NotFound(id.into())) };
-        let (out, new_base) = f(sb, base, &rec)?;
+        let (out, new_base) = f(sb, base, &rec, fence.as_ref())?;
         guard.base = new_base;
         guard.last_used = Instant::now();
         Ok(out)
@@ -803,9 +894,9 @@ impl SessionManager {
         path: &str,
         data: &[u8],
     ) -> Result<CheckpointRecord, SessionError> {
-        let c = self.with_sandbox(tenant, id, |sb, base, rec| {
+        let c = self.with_sandbox(tenant, id, |sb, base, rec, fence| {
             sb.write_file(path, data).map_err(SessionError::from_files)?;
-            let c = self.write_checkpoint(rec, sb, &format!("# upload {path}"), base)?;
+            let c = self.write_checkpoint(rec, sb, &format!("# upload {path}"), base, fence)?;
             let new_base = Some(c.id);
             Ok((c, new_base))
         });
@@ -862,7 +953,7 @@ impl SessionManager {
         specs: &[String],
         pkgs: &[Package],
     ) -> Result<PackagesOutcome, SessionError> {
-        let r = self.with_sandbox(tenant, id, |sb, base, rec| {
+        let r = self.with_sandbox(tenant, id, |sb, base, rec, fence| {
             let done = sb.install_packages(pkgs)?;
             let output = forkbox_engine::packages::pip_output(&done);
             if !done.iter().any(|p| p.installed) {
@@ -876,7 +967,7 @@ impl SessionManager {
                     message: format!("the guest could not refresh its imports: {}: {}", e.kind, e.message),
                 }));
             }
-            let c = self.write_checkpoint(rec, sb, &format!("# pip install {}", specs.join(" ")), base)?;
+            let c = self.write_checkpoint(rec, sb, &format!("# pip install {}", specs.join(" ")), base, fence)?;
             let new_base = Some(c.id);
             Ok((PackagesOutcome { packages: done, output, checkpoint: Some(c) }, new_base))
         });
@@ -895,14 +986,14 @@ impl SessionManager {
 
     /// A file of the session's file system, at most `max` bytes.
     pub fn read_file(&self, tenant: &str, id: &str, path: &str, max: usize) -> Result<Vec<u8>, SessionError> {
-        self.with_sandbox(tenant, id, |sb, base, _| {
+        self.with_sandbox(tenant, id, |sb, base, _, _| {
             Ok((sb.read_file(path, max).map_err(SessionError::from_files)?, base))
         })
     }
 
     /// The entries of a directory of the session's file system.
     pub fn list_files(&self, tenant: &str, id: &str, dir: &str) -> Result<Vec<FileEntry>, SessionError> {
-        self.with_sandbox(tenant, id, |sb, base, _| Ok((sb.list_dir(dir).map_err(SessionError::from_files)?, base)))
+        self.with_sandbox(tenant, id, |sb, base, _, _| Ok((sb.list_dir(dir).map_err(SessionError::from_files)?, base)))
     }
 
     /// Checkpoint bytes on disk of all the tenant's sessions.
@@ -967,11 +1058,15 @@ impl SessionManager {
         sb: &mut Sandbox,
         code: &str,
         parent: Option<i64>,
+        fence: Option<&Lease>,
     ) -> Result<CheckpointRecord, SessionError> {
-        self.write_checkpoint_as(rec, sb, code, parent, None, None)
+        self.write_checkpoint_as(rec, sb, code, parent, None, None, fence)
     }
 
     /// `seq`: a number from `Store::reserve_seq` (None: the lineage's next).
+    /// `fence`: this node's lease of the session (a cluster): the commit is
+    /// refused if another node has taken the session meanwhile.
+    #[allow(clippy::too_many_arguments)]
     fn write_checkpoint_as(
         &self,
         rec: &SessionRecord,
@@ -980,6 +1075,7 @@ impl SessionManager {
         parent: Option<i64>,
         seq: Option<i64>,
         summary: Option<&str>,
+        fence: Option<&Lease>,
     ) -> Result<CheckpointRecord, SessionError> {
         let name = random_id("c_");
         let (layer, state) = (format!("{name}.layer"), format!("{name}.state"));
@@ -1035,7 +1131,7 @@ impl SessionManager {
             }
         };
         let objects = uploaded.as_ref().map_or(&[][..], |u| u.stored.as_slice());
-        let committed = self.store.commit_checkpoint_with(&c, seq, summary, now_ms(), objects);
+        let committed = self.store.commit_checkpoint_fenced(&c, seq, summary, now_ms(), objects, fence);
         drop(reservation);
         match committed {
             Ok(c) => {
@@ -1050,7 +1146,12 @@ impl SessionManager {
                 if let (Some(o), Some(u)) = (&self.objects, uploaded) {
                     o.abandon(&self.store, u);
                 }
-                Err(e.into())
+                Err(match e {
+                    StoreError::LeaseLost(_) => SessionError::LeaseLost {
+                        checkpoint: parent.and_then(|p| self.store.checkpoint(p).ok().flatten()).map(|c| c.seq),
+                    },
+                    e => e.into(),
+                })
             }
         }
     }
@@ -1071,7 +1172,7 @@ impl SessionManager {
 
     /// Make a session resident (resume it from disk) without running anything.
     pub fn resume(&self, tenant: &str, id: &str) -> Result<(), SessionError> {
-        self.with_sandbox(tenant, id, |_, base, _| Ok(((), base)))
+        self.with_sandbox(tenant, id, |_, base, _, _| Ok(((), base)))
     }
 
     /// Layers newest first from `head` back to the nearest flat layer (or the template).
@@ -1179,7 +1280,16 @@ impl SessionManager {
     /// calls it periodically; the CLI after each command.
     pub fn maintenance(&self) -> Result<(), SessionError> {
         self.evict_idle();
+        // A cluster: each node merges the chains of the sessions it has (two
+        // nodes merging one chain at once would each write a flat layer).
+        let mine: Option<std::collections::HashSet<String>> = match self.node_id() {
+            Some(me) => Some(self.store.owned_sessions(me)?.into_iter().collect()),
+            None => None,
+        };
         for s in self.store.all_sessions()? {
+            if mine.as_ref().is_some_and(|m| !m.contains(&s.id)) {
+                continue;
+            }
             if let Some(h) = s.head {
                 if let Err(e) = self.compact(h) {
                     tracing::warn!("compacting the layers of session {}: {e}", s.id);
@@ -1249,8 +1359,11 @@ impl SessionManager {
         let target = self.find_checkpoint(&rec, seq)?;
         let slot = self.slot(id);
         let mut guard = lock_slot(&slot, id)?;
-        self.store.set_head(id, Some(target.id))?;
-        guard.sandbox = None;
+        // A cluster: the session is taken (any other holder's commit is refused from now on).
+        self.take_over(id, &mut guard)?;
+        let moved = self.store.set_head(id, Some(target.id));
+        self.drop_resident(id, &mut guard);
+        moved?;
         Ok(target)
     }
 
@@ -1282,6 +1395,8 @@ impl SessionManager {
 
     pub fn delete(&self, tenant: &str, id: &str) -> Result<(), SessionError> {
         self.record(tenant, id)?;
+        // A cluster: where it is resident, so that node drops its sandbox.
+        self.not_elsewhere(id)?;
         let slot = self.slot(id);
         let guard = lock_slot(&slot, id)?;
         if !self.store.delete_session(tenant, id)? {
@@ -1342,7 +1457,11 @@ impl SessionManager {
     pub fn evict(&self, id: &str) -> bool {
         let Some(slot) = self.slots.lock().unwrap_or_else(|e| e.into_inner()).get(id).cloned() else { return false };
         let evicted = match slot.try_lock() {
-            Ok(mut g) => g.sandbox.take().is_some(),
+            Ok(mut g) => {
+                let was = g.sandbox.is_some();
+                self.drop_resident(id, &mut g);
+                was
+            }
             Err(_) => false,
         };
         evicted
@@ -1353,10 +1472,10 @@ impl SessionManager {
         let slots: Vec<(String, Arc<Mutex<Slot>>)> =
             self.slots.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         let mut n = 0;
-        for (_, s) in slots {
+        for (id, s) in slots {
             if let Ok(mut g) = s.try_lock() {
                 if g.sandbox.is_some() && g.last_used.elapsed() >= self.config.idle_timeout {
-                    g.sandbox = None;
+                    self.drop_resident(&id, &mut g);
                     n += 1;
                 }
             }
@@ -1373,22 +1492,22 @@ impl SessionManager {
     fn make_room(&self, except: &str) {
         let slots: Vec<(String, Arc<Mutex<Slot>>)> =
             self.slots.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-        let mut resident: Vec<(Instant, Arc<Mutex<Slot>>)> = slots
+        let mut resident: Vec<(Instant, String, Arc<Mutex<Slot>>)> = slots
             .into_iter()
             .filter(|(k, _)| k != except)
-            .filter_map(|(_, s)| {
+            .filter_map(|(k, s)| {
                 let t = s.try_lock().ok().filter(|g| g.sandbox.is_some()).map(|g| g.last_used)?;
-                Some((t, s))
+                Some((t, k, s))
             })
             .collect();
         if resident.len() < self.config.max_resident {
             return;
         }
-        resident.sort_by_key(|(t, _)| *t);
+        resident.sort_by_key(|(t, _, _)| *t);
         let excess = resident.len() + 1 - self.config.max_resident;
-        for (_, s) in resident.into_iter().take(excess) {
+        for (_, id, s) in resident.into_iter().take(excess) {
             if let Ok(mut g) = s.try_lock() {
-                g.sandbox = None;
+                self.drop_resident(&id, &mut g);
             }
         }
     }

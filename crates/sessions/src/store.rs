@@ -158,6 +158,25 @@ pub const MIGRATIONS: &[&str] = &[
     ) WITHOUT ROWID;
     CREATE INDEX objects_sha256 ON objects(sha256);
     "#,
+    // 5: nodes and session leases (a cluster of nodes sharing one database, see
+    // `crate::lease`). `nodes`: one row per node that ever served, with its
+    // advertised URL, its state (`active`, `draining`) and its last heartbeat
+    // on the database's clock. `sessions.owner_node`: the node that has the
+    // session resident (NULL: none); `lease_token`: bumped at every
+    // acquisition, the fencing token a checkpoint commit must still hold.
+    // SQLite databases are one node's, but keep the same schema.
+    r#"
+    CREATE TABLE nodes (
+        id           TEXT    PRIMARY KEY,
+        url          TEXT    NOT NULL,
+        state        TEXT    NOT NULL,
+        heartbeat_ms INTEGER NOT NULL,
+        started_ms   INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    ALTER TABLE sessions ADD COLUMN owner_node TEXT;
+    ALTER TABLE sessions ADD COLUMN lease_token INTEGER NOT NULL DEFAULT 0;
+    CREATE INDEX sessions_owner_node ON sessions(owner_node);
+    "#,
 ];
 
 /// Schema migrations of PostgreSQL; the row of `forkbox_schema` = number of
@@ -230,6 +249,35 @@ pub const PG_MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX objects_sha256 ON objects(sha256);
     "#,
+    // 2: SQLite's step 5 (nodes, session leases), and the API keys, which a
+    // cluster's nodes share (see `crate::keys`; SQLite keeps them in the
+    // data directory's own `server/keys.db`).
+    r#"
+    CREATE TABLE nodes (
+        id           TEXT   PRIMARY KEY,
+        url          TEXT   NOT NULL,
+        state        TEXT   NOT NULL,
+        heartbeat_ms BIGINT NOT NULL,
+        started_ms   BIGINT NOT NULL
+    );
+    ALTER TABLE sessions ADD COLUMN owner_node TEXT;
+    ALTER TABLE sessions ADD COLUMN lease_token BIGINT NOT NULL DEFAULT 0;
+    CREATE INDEX sessions_owner_node ON sessions(owner_node);
+
+    CREATE TABLE api_keys (
+        hash                 TEXT   PRIMARY KEY,
+        tenant               TEXT   NOT NULL,
+        created_ms           BIGINT NOT NULL,
+        rate_limit           BIGINT,
+        max_sessions         BIGINT,
+        max_disk_mb          BIGINT,
+        max_concurrency      BIGINT,
+        cpu_seconds_per_hour BIGINT,
+        max_timeout_seconds  BIGINT,
+        admin                BIGINT NOT NULL DEFAULT 0,
+        egress               TEXT
+    );
+    "#,
 ];
 
 /// A checkpoint file that is in the object store (migration 4's `objects`).
@@ -273,8 +321,12 @@ pub enum StoreError {
     SchemaTooNew { found: i64, supported: i64 },
     #[error("session store: {0}")]
     Setup(String),
-    #[error("the session database is in use by another forkbox node (one node per database for now)")]
+    #[error("the session database is in use by another forkbox node (start it with --objects to share the database as a cluster)")]
     Claimed,
+    /// A checkpoint commit's fencing token no longer holds: another node
+    /// took the session (this node's lease ran out).
+    #[error("session {0:?} was taken over by another node; this node's checkpoint was not committed")]
+    LeaseLost(String),
 }
 
 impl StoreError {
@@ -284,7 +336,7 @@ impl StoreError {
     }
 }
 
-trait Op<T> {
+pub(crate) trait Op<T> {
     fn op(self, op: &'static str) -> Result<T, StoreError>;
 }
 
@@ -527,22 +579,13 @@ impl Store {
         Ok(())
     }
 
-    fn conn(&self) -> MutexGuard<'_, Conn> {
+    pub(crate) fn conn(&self) -> MutexGuard<'_, Conn> {
         // A panic while holding the lock dropped its transaction guard, which
         // rolled back, so the connection is still consistent.
         let mut c = self.conn.lock().unwrap_or_else(|e| e.into_inner());
-        if c.is_closed() {
-            // The server closed the connection (restart, failover): a new one
-            // (claimed again if this store had claimed the database), or the
-            // closed one stays and the next statement reports the failure.
-            let claimed = self.claimed.load(std::sync::atomic::Ordering::SeqCst);
-            let fresh = self.url.as_deref().and_then(|u| Conn::postgres(u).ok());
-            if let Some(mut fresh) = fresh {
-                if !claimed || claim_node(&mut fresh).is_ok() {
-                    *c = fresh;
-                }
-            }
-        }
+        // A new connection is claimed again if this store had claimed the database.
+        let claimed = self.claimed.load(std::sync::atomic::Ordering::SeqCst);
+        c.reopen_if_closed(self.url.as_deref(), |fresh| !claimed || claim_node(fresh).is_ok());
         c
     }
 
@@ -811,6 +854,21 @@ impl Store {
         now_ms: i64,
         objects: &[StoredObject],
     ) -> Result<CheckpointRecord, StoreError> {
+        self.commit_checkpoint_fenced(c, reserved, summary, now_ms, objects, None)
+    }
+
+    /// [`Self::commit_checkpoint_with`] that commits only while `fence` (the
+    /// committing node's lease of the session, see `crate::lease`) still holds:
+    /// [`StoreError::LeaseLost`] otherwise, and nothing is written.
+    pub fn commit_checkpoint_fenced(
+        &self,
+        c: &NewCheckpoint<'_>,
+        reserved: Option<i64>,
+        summary: Option<&str>,
+        now_ms: i64,
+        objects: &[StoredObject],
+        fence: Option<&crate::lease::Lease>,
+    ) -> Result<CheckpointRecord, StoreError> {
         let pages = to_i64("pages", c.pages)?;
         let bytes = to_i64("bytes", c.bytes)?;
         let mut conn = self.conn();
@@ -823,6 +881,17 @@ impl Store {
         )?
         .flatten()
         .ok_or_else(|| StoreError::NoSuchSession(c.session_id.to_owned()))?;
+        if let Some(lease) = fence {
+            let holds = tx
+                .exists(
+                    "SELECT 1 FROM sessions WHERE sid = ?1 AND owner_node = ?2 AND lease_token = ?3",
+                    vals![sid, &lease.node, lease.token],
+                )
+                .op("commit_checkpoint: check the lease")?;
+            if !holds {
+                return Err(StoreError::LeaseLost(c.session_id.to_owned()));
+            }
+        }
         if let Some(p) = c.parent {
             if !checkpoint_exists(&mut tx, p)? {
                 return Err(StoreError::NoSuchCheckpoint(p));
@@ -1210,7 +1279,7 @@ fn migrate_sqlite(conn: &mut rusqlite::Connection) -> Result<(), StoreError> {
 
 /// All pending steps in one transaction (PostgreSQL's DDL is transactional),
 /// which holds the writers' lock, so nodes starting at once migrate once.
-fn migrate_postgres(conn: &mut Conn) -> Result<(), StoreError> {
+pub(crate) fn migrate_postgres(conn: &mut Conn) -> Result<(), StoreError> {
     let supported = PG_MIGRATIONS.len() as i64;
     let mut tx = conn.begin().op("migrate: begin")?;
     tx.batch("CREATE TABLE IF NOT EXISTS forkbox_schema (version BIGINT NOT NULL)").op("migrate: version table")?;
@@ -1425,7 +1494,115 @@ mod tests {
         concurrent_four_threads,
         tenant_disk_bytes_sums_the_tenants_live_sessions,
         objects_round_trip,
+        leases_move_sessions_between_nodes_and_fence_commits,
+        nodes_heartbeat_drain_and_are_forgotten,
     );
+
+    /// Node `id`'s heartbeat `ms` older (as if it had stopped beating that long ago).
+    fn age_node(s: &Store, id: &str, ms: i64) {
+        s.conn().execute("UPDATE nodes SET heartbeat_ms = heartbeat_ms - ?2 WHERE id = ?1", vals![id, ms]).unwrap();
+    }
+
+    fn new_checkpoint<'a>(sid: &'a str, parent: Option<i64>, layer: &'a str) -> NewCheckpoint<'a> {
+        NewCheckpoint { session_id: sid, parent, code: "c", layer, state: "st", pages: 1, bytes: 1, checksum: "0" }
+    }
+
+    fn leases_move_sessions_between_nodes_and_fence_commits(kind: Kind) {
+        use crate::lease::{Acquired, Lease};
+        let (db, a) = tmp_on(kind);
+        let b = db.open();
+        a.register_node("a", "http://a").unwrap();
+        b.register_node("b", "http://b").unwrap();
+        a.create_session(&session("s", "t", 1, &[])).unwrap();
+        const LEASE: i64 = 10_000;
+        // Nobody has it: a takes it (token 1); b sees a as its live owner.
+        let Acquired::Mine(la) = a.acquire_lease("s", "a", LEASE).unwrap() else { panic!("a should get it") };
+        assert_eq!(la, Lease { node: "a".into(), token: 1 });
+        let owner = match b.acquire_lease("s", "b", LEASE).unwrap() {
+            Acquired::Held(o) => o,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!((owner.node.as_str(), owner.url.as_str()), ("a", "http://a"));
+        assert!(owner.expires_in_ms > 0 && owner.expires_in_ms <= LEASE, "{owner:?}");
+        assert_eq!(b.session_owner("s", "b", LEASE).unwrap().map(|o| o.node), Some("a".into()));
+        assert_eq!(a.session_owner("s", "a", LEASE).unwrap(), None, "its own node is not 'another'");
+        assert!(matches!(b.acquire_lease("nope", "b", LEASE), Err(StoreError::NoSuchSession(_))));
+        // a commits under its lease.
+        let c1 = a.commit_checkpoint_fenced(&new_checkpoint("s", None, "l1"), None, None, 2, &[], Some(&la)).unwrap();
+        assert!(a.lease_holds("s", &la).unwrap());
+        // a stops heartbeating for longer than the lease: b takes the session (token 2).
+        age_node(&a, "a", LEASE + 1);
+        assert_eq!(b.session_owner("s", "b", LEASE).unwrap(), None);
+        let Acquired::Mine(lb) = b.acquire_lease("s", "b", LEASE).unwrap() else { panic!("b should take it") };
+        assert_eq!(lb.token, 2);
+        assert!(!a.lease_holds("s", &la).unwrap());
+        // a's late commit is refused by the fencing token; nothing of it is written.
+        let late = a.commit_checkpoint_fenced(&new_checkpoint("s", Some(c1.id), "late"), None, None, 3, &[], Some(&la));
+        assert!(matches!(late, Err(StoreError::LeaseLost(ref id)) if id == "s"), "{late:?}");
+        assert_eq!(a.session_checkpoints("s").unwrap().len(), 1);
+        assert_eq!(a.session("t", "s").unwrap().unwrap().head, Some(c1.id));
+        let c2 =
+            b.commit_checkpoint_fenced(&new_checkpoint("s", Some(c1.id), "l2"), None, None, 4, &[], Some(&lb)).unwrap();
+        assert_eq!(c2.seq, 2);
+        // a comes back: b's lease is fresh, so a must forward.
+        a.heartbeat("a").unwrap();
+        assert!(matches!(a.acquire_lease("s", "a", LEASE).unwrap(), Acquired::Held(o) if o.node == "b"));
+        // b gives it back (evicted); a stale lease cannot release it again.
+        assert!(!b.release_lease("s", &la).unwrap());
+        assert!(b.release_lease("s", &lb).unwrap());
+        assert_eq!(a.owned_sessions("b").unwrap(), Vec::<String>::new());
+        let Acquired::Mine(la2) = a.acquire_lease("s", "a", LEASE).unwrap() else { panic!("free again") };
+        assert_eq!(la2.token, 3, "every acquisition bumps the token");
+        assert_eq!(a.owned_sessions("a").unwrap(), ["s"]);
+        // A node that starts again holds nothing.
+        a.register_node("a", "http://a2").unwrap();
+        assert!(a.owned_sessions("a").unwrap().is_empty());
+        assert!(!a.lease_holds("s", &la2).unwrap());
+        // Two nodes racing for a free session: exactly one wins, the other sees it as the owner.
+        std::thread::scope(|sc| {
+            let ra = sc.spawn(|| a.acquire_lease("s", "a", LEASE).unwrap());
+            let rb = sc.spawn(|| b.acquire_lease("s", "b", LEASE).unwrap());
+            let (ra, rb) = (ra.join().unwrap(), rb.join().unwrap());
+            match (&ra, &rb) {
+                (Acquired::Mine(l), Acquired::Held(o)) => assert_eq!((l.node.as_str(), o.node.as_str()), ("a", "a")),
+                (Acquired::Held(o), Acquired::Mine(l)) => assert_eq!((l.node.as_str(), o.node.as_str()), ("b", "b")),
+                other => panic!("both or neither won: {other:?}"),
+            }
+        });
+        // A commit without a fence (a single node) is not checked.
+        a.commit_checkpoint_fenced(&new_checkpoint("s", Some(c2.id), "l3"), None, None, 5, &[], None).unwrap();
+    }
+
+    fn nodes_heartbeat_drain_and_are_forgotten(kind: Kind) {
+        use crate::lease::NodeState;
+        let (_db, s) = tmp_on(kind);
+        // The database's clock: NOW_MS() is the Unix time.
+        let now = scalar(&mut s.conn(), "SELECT NOW_MS()", &[], "now").unwrap().flatten().unwrap();
+        assert!((now - crate::manager::now_ms()).abs() < 2_000, "{now}");
+        assert_eq!(s.heartbeat("a").unwrap(), None, "not registered");
+        s.register_node("a", "http://a").unwrap();
+        s.register_node("b", "http://b").unwrap();
+        assert_eq!(s.heartbeat("a").unwrap(), Some(NodeState::Active));
+        assert!(s.set_node_state("a", NodeState::Draining).unwrap());
+        assert!(!s.set_node_state("zz", NodeState::Draining).unwrap());
+        assert_eq!(s.heartbeat("a").unwrap(), Some(NodeState::Draining));
+        s.create_session(&session("s", "t", 1, &[])).unwrap();
+        s.acquire_lease("s", "b", 10_000).unwrap();
+        let nodes = s.nodes().unwrap();
+        assert_eq!(
+            nodes.iter().map(|n| (n.id.as_str(), n.state, n.sessions)).collect::<Vec<_>>(),
+            [("a", NodeState::Draining, 0), ("b", NodeState::Active, 1)]
+        );
+        assert!(nodes.iter().all(|n| (0..5_000).contains(&n.heartbeat_age_ms)), "{nodes:?}");
+        // Registering again makes a node active.
+        s.register_node("a", "http://a").unwrap();
+        assert_eq!(s.heartbeat("a").unwrap(), Some(NodeState::Active));
+        // Long-dead nodes are forgotten unless they still own a session.
+        age_node(&s, "a", 100_000);
+        age_node(&s, "b", 100_000);
+        assert_eq!(s.forget_nodes(50_000).unwrap(), 1);
+        assert_eq!(s.nodes().unwrap().into_iter().map(|n| n.id).collect::<Vec<_>>(), ["b"]);
+    }
 
     fn session(id: &str, tenant: &str, created: i64, tags: &[(&str, &str)]) -> SessionRecord {
         SessionRecord {
@@ -1934,7 +2111,7 @@ mod tests {
             .unwrap();
         }
         let s = Store::open(&path).unwrap();
-        assert_eq!(s.schema_version().unwrap(), 4);
+        assert_eq!(s.schema_version().unwrap(), MIGRATIONS.len() as i64);
         assert_eq!(s.checkpoint_by_seq("a", 1).unwrap().unwrap().layer, "l1");
         assert!(s.all_objects().unwrap().is_empty());
         // A checkpoint commits with its objects; two files of one content share an object.

@@ -10,7 +10,7 @@ use forkbox_api::ErrorCode;
 
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
-use crate::schema::{Health, RootInfo, WorkerBody, WorkerList};
+use crate::schema::{Health, NodeBody, NodeList, Ready, RootInfo, WorkerBody, WorkerList};
 use crate::{metrics, AppState};
 
 /// The OpenAPI document (JSON), rendered once per router.
@@ -49,7 +49,98 @@ pub(crate) async fn healthz(State(state): State<AppState>) -> Json<Health> {
         exec_slots: state.admission.slots(),
         exec_slots_free: state.admission.free(),
         queued: state.admission.queued(),
+        node: state.runtime.node_id().map(str::to_owned),
     })
+}
+
+/// Readiness (a load balancer's or Kubernetes' readiness probe): 503 while
+/// this cluster node drains, so that no new request is sent to it. `/healthz`
+/// is the liveness probe (200 while the process serves).
+#[utoipa::path(get, path = "/readyz", tag = "server", security(()),
+    responses((status = 200, body = Ready), (status = 503, description = "Draining", body = Ready)))]
+pub(crate) async fn readyz(State(state): State<AppState>) -> Response {
+    if state.runtime.draining() {
+        (axum::http::StatusCode::SERVICE_UNAVAILABLE, Json(Ready { status: "draining".into() })).into_response()
+    } else {
+        Json(Ready { status: "ready".into() }).into_response()
+    }
+}
+
+fn admin_only(caller: &Caller, route: &str) -> Result<(), ApiError> {
+    if caller.key.as_ref().is_some_and(|k| !k.admin) {
+        return Err(ApiError::new(ErrorCode::Forbidden, format!("{route} is for admin keys only")));
+    }
+    Ok(())
+}
+
+/// The nodes of the cluster this server belongs to: state, heartbeat age,
+/// sessions resident on each (empty when it is not a cluster node).
+#[utoipa::path(get, path = "/admin/nodes", tag = "server",
+    responses((status = 200, body = NodeList),
+              (status = 401, description = "No API key", body = ErrorBody),
+              (status = 403, description = "Not an admin key", body = ErrorBody)))]
+pub(crate) async fn nodes(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Json<NodeList>, ApiError> {
+    admin_only(&caller, "/v1/admin/nodes")?;
+    let rt = state.runtime.clone();
+    let (nodes, lease) = tokio::task::spawn_blocking(move || rt.nodes().map(|n| (n, rt.lease_time()))).await??;
+    let lease_ms = lease.map_or(0, |l| i64::try_from(l.as_millis()).unwrap_or(i64::MAX));
+    let nodes = nodes
+        .into_iter()
+        .map(|n| NodeBody {
+            alive: n.heartbeat_age_ms < lease_ms,
+            id: n.id,
+            url: n.url,
+            state: n.state.as_str().into(),
+            heartbeat_age_ms: n.heartbeat_age_ms,
+            started_unix_ms: n.started_ms,
+            sessions: n.sessions,
+        })
+        .collect();
+    Ok(Json(NodeList { node: state.runtime.node_id().map(str::to_owned), nodes }))
+}
+
+async fn set_draining(state: AppState, caller: Caller, id: String, on: bool) -> Result<Json<NodeList>, ApiError> {
+    admin_only(&caller, "/v1/admin/nodes/{id}")?;
+    let rt = state.runtime.clone();
+    let known = tokio::task::spawn_blocking(move || rt.set_draining(&id, on)).await??;
+    if !known {
+        return Err(ApiError::new(ErrorCode::NotFound, "no such node"));
+    }
+    nodes(State(state), Extension(caller)).await
+}
+
+/// Drain a node of the cluster (any node may be asked): it gives back every
+/// session no exec holds (at once if it is this node, else at its next
+/// heartbeat), then the ones that finish; it takes no new ones and its
+/// `/readyz` says 503. Requests for its sessions go to the other nodes.
+#[utoipa::path(post, path = "/admin/nodes/{id}/drain", tag = "server",
+    params(("id" = String, Path, description = "The node's id")),
+    responses((status = 200, body = NodeList),
+              (status = 403, description = "Not an admin key", body = ErrorBody),
+              (status = 404, description = "No such node", body = ErrorBody)))]
+pub(crate) async fn node_drain(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Result<Json<NodeList>, ApiError> {
+    set_draining(state, caller, id, true).await
+}
+
+/// Make a drained node active again.
+#[utoipa::path(post, path = "/admin/nodes/{id}/activate", tag = "server",
+    params(("id" = String, Path, description = "The node's id")),
+    responses((status = 200, body = NodeList),
+              (status = 403, description = "Not an admin key", body = ErrorBody),
+              (status = 404, description = "No such node", body = ErrorBody)))]
+pub(crate) async fn node_activate(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> Result<Json<NodeList>, ApiError> {
+    set_draining(state, caller, id, false).await
 }
 
 /// The sandbox worker processes: pids, uids, restarts (operators; the tests
@@ -62,9 +153,7 @@ pub(crate) async fn workers(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
 ) -> Result<Json<WorkerList>, ApiError> {
-    if caller.key.as_ref().is_some_and(|k| !k.admin) {
-        return Err(ApiError::new(ErrorCode::Forbidden, "/v1/admin/workers is for admin keys only"));
-    }
+    admin_only(&caller, "/v1/admin/workers")?;
     let isolation = match state.config.isolation {
         forkbox_runtime::Isolation::Thread => "thread",
         forkbox_runtime::Isolation::Process(_) => "process",

@@ -35,6 +35,7 @@ from ._errors import (
     CpuMismatch,
     SessionNotFound,
     StorageUnavailable,
+    SessionMoved,
     TemplateNotFound,
     TemplateNotReady,
     TemplateExists,
@@ -71,6 +72,7 @@ __all__ = [
     "SessionNotFound", "CheckpointNotFound", "FileNotFound", "Timeout", "SessionBusy", "CpuMismatch", "PayloadTooLarge",
     "GuestError", "RateLimited", "ServerError", "Overloaded", "Forbidden", "InsufficientStorage", "SandboxCrashed",
     "StorageUnavailable",
+    "SessionMoved",
     "InstalledPackage", "Packages", "PackageError", "PackageNotAllowed", "PackageNotFound", "PackageConflict",
     "PackageNeedsBuild", "PackageFailed",
 ]

@@ -118,6 +118,11 @@ class StorageUnavailable(Overloaded):
     was not committed (the session stays at its last checkpoint). Retry when it is back."""
 
 
+class SessionMoved(Overloaded):
+    """503: cluster: the session is moving between nodes (its node stopped or is draining, or lost the
+    session while the exec ran: nothing was committed, the session stays at its last checkpoint); retry."""
+
+
 class InsufficientStorage(ServerError):
     """507: the server's disk is full; nothing was written (the session stays at its last checkpoint)."""
 
@@ -197,6 +202,7 @@ _BY_CODE: dict[str, type[ForkboxError]] = {
     "sandbox_crashed": SandboxCrashed,
     "overloaded": Overloaded,
     "storage_unavailable": StorageUnavailable,
+    "session_moved": SessionMoved,
     "insufficient_storage": InsufficientStorage,
 }
 

@@ -1,0 +1,265 @@
+//! Cluster: a request about a session goes to the node that has it resident
+//! (issue 18). Several `forkbox serve` share one database and one bucket; a
+//! session is resident on one node at a time (a lease in the database, see
+//! `forkbox_sessions::lease`). Any node may receive any request (a load
+//! balancer in front of them picks one): for a route that acts on a session's
+//! live state (exec and its stream, commands, files, interrupt, revert,
+//! packages, the session itself, ForeverVM's exec and result), this layer asks
+//! where the session is and, if another node has it, forwards the request
+//! there and streams the answer back. Everything else (creating and listing
+//! sessions, checkpoints, the tree of states, forks, one-shot execs) is
+//! served by whichever node received it.
+//!
+//! Why forward rather than move the session: a moved session pays an
+//! eviction and a resume (10-100 ms) per hop, and clients spread over the
+//! nodes would move it on every call; a forward costs one loopback-or-LAN
+//! round trip and keeps the session warm where it is.
+//!
+//! - At most one hop: a forwarded request carries [`FORWARDED_BY`]; the
+//!   receiving node serves it or answers `session_moved` (503, retry).
+//! - The owner does not answer (killed, cut off): its lease runs out within
+//!   the lease time (its heartbeat stopped), then this node takes the session
+//!   and serves the request here, at the session's last committed checkpoint.
+//!   The request waits for that (at most the lease time plus a second).
+//! - A race (another node took the session between the look-up and the
+//!   exec): the exec is refused before it runs (`Elsewhere`, carried in the
+//!   response's extensions as [`MovedTo`]) and forwarded once.
+//! - The client's `Authorization` is passed on: keys live in the shared
+//!   database, so the owner authenticates the request itself; rate limits and
+//!   CPU budgets are counted by each node that serves a request.
+//! - WebSocket upgrades (ForeverVM's REPL) are not forwarded: served here.
+
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes};
+use axum::extract::{OriginalUri, Request, State};
+use axum::http::{header, HeaderMap, HeaderName, Method, Uri};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use forkbox_api::ErrorCode;
+use forkbox_runtime::SessionRoute;
+
+use crate::error::ApiError;
+use crate::AppState;
+
+/// Set on a forwarded request (the forwarding node's id): never forwarded again.
+pub const FORWARDED_BY: &str = "x-forkbox-forwarded-by";
+
+/// In a response's extensions (never sent): the session of this request is
+/// resident on the node at this URL; forward the request there.
+#[derive(Clone, Debug)]
+pub struct MovedTo(pub String);
+
+/// How long a forward may take to connect before the owner counts as unreachable.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The session whose live state the request acts on, if it does (see the module doc).
+pub fn owner_bound_session<'a>(method: &Method, path: &'a str) -> Option<&'a str> {
+    let path = path.strip_prefix("/v1").unwrap_or(path);
+    let mut parts = path.trim_start_matches('/').split('/');
+    match (parts.next()?, parts.next()) {
+        ("sessions", Some(id)) if !id.is_empty() => {
+            let rest: Vec<&str> = parts.collect();
+            let bound = match rest.as_slice() {
+                // GET (its `resident` is the owner's to say), PATCH, DELETE.
+                [] => true,
+                ["exec"] | ["exec", "stream"] | ["commands"] | ["commands", "stream"] => true,
+                ["interrupt"] | ["revert"] | ["packages"] => true,
+                ["files", ..] => true,
+                _ => false,
+            };
+            bound.then_some(id)
+        }
+        ("machine", Some(name)) if !name.is_empty() => {
+            let rest: Vec<&str> = parts.collect();
+            // Not `repl` (a WebSocket).
+            let bound = matches!(rest.as_slice(), ["exec"] | ["exec", _, "result"]) && *method != Method::OPTIONS;
+            bound.then_some(name)
+        }
+        _ => None,
+    }
+}
+
+/// The middleware (after auth): see the module doc.
+pub(crate) async fn forward(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let Some(me) = state.runtime.node_id().map(str::to_owned) else { return next.run(req).await };
+    let original = req.extensions().get::<OriginalUri>().map_or_else(|| req.uri().clone(), |o| o.0.clone());
+    let Some(id) = owner_bound_session(req.method(), original.path()).map(str::to_owned) else {
+        return next.run(req).await;
+    };
+    if req.headers().contains_key(FORWARDED_BY) || req.headers().contains_key(header::UPGRADE) {
+        return next.run(req).await;
+    }
+    let (parts, body) = req.into_parts();
+    let limit = state.config.body_limit.max(state.config.files_limit);
+    let body = match axum::body::to_bytes(body, limit).await {
+        Ok(b) => b,
+        Err(_) => {
+            return ApiError::new(ErrorCode::PayloadTooLarge, "the request body is over the size limit").into_response()
+        }
+    };
+    let (method, headers) = (parts.method.clone(), parts.headers.clone());
+    let mut local = Some(parts);
+    let lease = state.runtime.lease_time().unwrap_or(Duration::from_secs(10));
+    let deadline = Instant::now() + lease + Duration::from_secs(1);
+    loop {
+        let rt = state.runtime.clone();
+        let sid = id.clone();
+        let route = match tokio::task::spawn_blocking(move || rt.route_session(&sid)).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => return ApiError::from(e).into_response(),
+            Err(e) => return ApiError::from(e).into_response(),
+        };
+        match route {
+            SessionRoute::Here => {
+                let Some(parts) = local.take() else {
+                    return moving(&id, "the session moved while this request was forwarded").into_response();
+                };
+                let resp = next.clone().run(Request::from_parts(parts, Body::from(body.clone()))).await;
+                let Some(MovedTo(url)) = resp.extensions().get::<MovedTo>().cloned() else { return resp };
+                // Taken by another node since the look-up (nothing ran here): forward once.
+                return match send(&state, &me, &url, &method, &original, &headers, &body).await {
+                    Ok(r) => r,
+                    Err(_) => resp,
+                };
+            }
+            SessionRoute::Node { node, url } => {
+                match send(&state, &me, &url, &method, &original, &headers, &body).await {
+                    Ok(r) => return r,
+                    Err(Unreachable(why)) => {
+                        // Its lease runs out within the lease time if it is really gone; then this node takes it.
+                        if Instant::now() >= deadline {
+                            return moving(
+                                &id,
+                                &format!("node {node} does not answer ({why}) and still holds the session"),
+                            )
+                            .into_response();
+                        }
+                        tracing::debug!(session = %id, node = %node, "owner unreachable ({why}); waiting for its lease to run out");
+                        tokio::time::sleep(Duration::from_millis(250)).await;
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn moving(id: &str, why: &str) -> ApiError {
+    ApiError::new(ErrorCode::SessionMoved, format!("session {id}: {why}; retry"))
+}
+
+/// The owner could not be reached (nothing was sent).
+struct Unreachable(String);
+
+/// Hop-by-hop headers (RFC 9110 7.6.1) and those the client library sets itself.
+fn passed_on(name: &HeaderName) -> bool {
+    !matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+            | "host"
+            | "content-length"
+    )
+}
+
+/// Forward the request to the node at `base` and stream its answer back.
+async fn send(
+    state: &AppState,
+    me: &str,
+    base: &str,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<Response, Unreachable> {
+    let path = uri.path_and_query().map_or(uri.path(), |p| p.as_str());
+    let url = format!("{}{path}", base.trim_end_matches('/'));
+    let mut req = state.peers.request(method.clone(), &url).body(body.clone()).header(FORWARDED_BY, me);
+    for (k, v) in headers {
+        if passed_on(k) {
+            req = req.header(k, v);
+        }
+    }
+    let resp = match req.send().await {
+        Ok(r) => r,
+        Err(e) if e.is_connect() => return Err(Unreachable(e.to_string())),
+        // Sent, but no answer: it may have run there; the client decides.
+        Err(e) => {
+            return Ok(ApiError::new(
+                ErrorCode::SessionMoved,
+                format!("the node that has the session failed to answer: {e}; retry"),
+            )
+            .into_response())
+        }
+    };
+    crate::metrics::forwarded();
+    let mut out = Response::builder().status(resp.status().as_u16());
+    for (k, v) in resp.headers() {
+        if passed_on(k) {
+            out = out.header(k, v);
+        }
+    }
+    match out.body(Body::from_stream(resp.bytes_stream())) {
+        Ok(r) => Ok(r),
+        Err(e) => Ok(ApiError::internal(format!("forwarding the answer: {e}")).into_response()),
+    }
+}
+
+/// The HTTP client the nodes forward with (no proxy from the environment,
+/// no overall timeout: an exec is as long as its own time limit).
+pub(crate) fn peers() -> reqwest::Client {
+    reqwest::Client::builder()
+        .connect_timeout(CONNECT_TIMEOUT)
+        .no_proxy()
+        .build()
+        .unwrap_or_else(|_| reqwest::Client::new())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owner_bound_routes() {
+        let get = Method::GET;
+        let post = Method::POST;
+        for p in [
+            "/v1/sessions/s_1",
+            "/v1/sessions/s_1/exec",
+            "/v1/sessions/s_1/exec/stream",
+            "/v1/sessions/s_1/commands",
+            "/v1/sessions/s_1/commands/stream",
+            "/v1/sessions/s_1/interrupt",
+            "/v1/sessions/s_1/revert",
+            "/v1/sessions/s_1/packages",
+            "/v1/sessions/s_1/files",
+            "/v1/sessions/s_1/files/a/b.txt",
+            "/sessions/s_1/exec",
+        ] {
+            assert_eq!(owner_bound_session(&post, p), Some("s_1"), "{p}");
+        }
+        assert_eq!(owner_bound_session(&post, "/v1/machine/s_2/exec"), Some("s_2"));
+        assert_eq!(owner_bound_session(&get, "/v1/machine/s_2/exec/3/result"), Some("s_2"));
+        for p in [
+            "/v1/sessions",
+            "/v1/sessions/",
+            "/v1/sessions/s_1/checkpoints",
+            "/v1/sessions/s_1/tree",
+            "/v1/sessions/s_1/explore",
+            "/v1/sessions/s_1/diff",
+            "/v1/sessions/s_1/fork",
+            "/v1/sessions/s_1/checkpoints/2/variables",
+            "/v1/machine/s_2/repl",
+            "/v1/machine/new",
+            "/v1/exec",
+            "/healthz",
+        ] {
+            assert_eq!(owner_bound_session(&post, p), None, "{p}");
+        }
+    }
+}
