@@ -105,6 +105,26 @@ pub enum BenchCommand {
         #[command(flatten)]
         image: ImageArgs,
     },
+    /// A running cluster (`scripts/cluster-local`): a session exec sent to the node that has the
+    /// session vs. forwarded from another node (interleaved), then concurrent clients all on one
+    /// node vs. spread over every node (alternating rounds).
+    Cluster {
+        /// The nodes' URLs, comma-separated (the first is where the measured session lives).
+        #[arg(long, value_delimiter = ',', required = true)]
+        nodes: Vec<String>,
+        /// An API key every node knows (`key create --database`); default $FORKBOX_API_KEY.
+        #[arg(long, env = "FORKBOX_API_KEY", hide_env_values = true)]
+        key: String,
+        /// Samples of each kind of exec.
+        #[arg(long, default_value_t = 200)]
+        samples: usize,
+        #[arg(long, default_value_t = 16)]
+        clients: usize,
+        #[arg(long, default_value_t = 5.0)]
+        seconds: f64,
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+    },
     /// Sessions: checkpoint cost vs pages dirtied, resume of evicted sessions,
     /// forks of checkpoints, disk per session, many sessions at once.
     Sessions {
@@ -168,6 +188,9 @@ pub fn bench(home: &Path, cmd: BenchCommand) -> Result<ExitCode> {
             exec_slots,
             &image,
         ),
+        BenchCommand::Cluster { nodes, key, samples, clients, seconds, rounds } => {
+            crate::bench_cluster::cluster(&nodes, &key, samples.max(1), clients.max(1), seconds.max(0.5), rounds.max(1))
+        }
         BenchCommand::Net { requests, download_mb, image } => net(home, requests.max(1), download_mb, &image),
         BenchCommand::Objects { objects: url, database, samples, image } => {
             objects(home, &url, database.as_deref(), samples.max(2), &image)

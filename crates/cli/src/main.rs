@@ -8,6 +8,7 @@
 
 mod api;
 mod bench;
+mod bench_cluster;
 mod bench_http;
 mod bench_tree;
 mod mcp;
@@ -122,7 +123,7 @@ enum Command {
         /// bucket serve every session. A session is resident on one node at a time (a lease in the
         /// database); a request reaching another node is forwarded to it; a node that stops
         /// heartbeating loses its sessions to the others after --lease-seconds. Also $FORKBOX_CLUSTER.
-        #[arg(long, env = "FORKBOX_CLUSTER", requires_all = ["database", "objects"])]
+        #[arg(long, env = "FORKBOX_CLUSTER")]
         cluster: bool,
         /// This node's name in the cluster, stable across restarts (default: the host name).
         #[arg(long, value_name = "ID", env = "FORKBOX_NODE_ID", requires = "cluster")]
@@ -437,7 +438,15 @@ fn main() -> ExitCode {
                 no_index: pip_no_index,
             };
             let packages = forkbox_image::packages::Policy { allow: pip_allow, deny: pip_deny };
-            let cluster = cluster.then(|| cluster_config(listen, node_id, advertise_url, lease_seconds)).transpose();
+            let cluster = cluster
+                .then(|| {
+                    anyhow::ensure!(
+                        database.is_some() && objects.is_some(),
+                        "--cluster needs --database postgres://... (or $FORKBOX_DATABASE_URL) and --objects s3://..."
+                    );
+                    cluster_config(listen, node_id, advertise_url, lease_seconds)
+                })
+                .transpose();
             let policy = egress_policy(egress, &egress_allow, &egress_deny).map(|p| p.with_rate(egress_rate));
             policy.and_then(|policy| cluster.map(|c| (policy, c))).and_then(|(policy, cluster)| {
                 serve(
@@ -693,15 +702,16 @@ fn cluster_config(
     if !forkbox_sessions::node::valid_node_id(&node_id) {
         anyhow::bail!("--node-id {node_id:?}: 1-64 letters, digits, '-', '_', '.', ':'");
     }
+    // None: the address `serve` is bound to (its port known once bound).
     let url = match advertise_url {
         Some(u) => u.trim_end_matches('/').to_string(),
         None if listen.ip().is_unspecified() => anyhow::bail!(
             "--cluster with --listen {listen}: give --advertise-url http://<an address of this host the other nodes reach>:{}",
             listen.port()
         ),
-        None => format!("http://{listen}"),
+        None => String::new(),
     };
-    if !url.starts_with("http://") && !url.starts_with("https://") {
+    if !url.is_empty() && !url.starts_with("http://") && !url.starts_with("https://") {
         anyhow::bail!("--advertise-url must be an http:// or https:// URL, got {url:?}");
     }
     Ok(forkbox_runtime::ClusterConfig { node_id, url, lease: std::time::Duration::from_secs(lease_seconds) })

@@ -278,8 +278,9 @@ impl Listeners {
 
 impl Server {
     /// Bind `config.listen`, then open everything (image, template, sessions, keys).
-    pub async fn bind(config: ServerConfig) -> anyhow::Result<Server> {
+    pub async fn bind(mut config: ServerConfig) -> anyhow::Result<Server> {
         let listeners = Listeners::bind(&config).await?;
+        advertise(&mut config, listeners.local_addr()?)?;
         Server::open(listeners, config).await
     }
 
@@ -355,6 +356,18 @@ impl Server {
     }
 }
 
+/// A cluster node without an advertised URL is reached at the address it is bound to.
+fn advertise(config: &mut ServerConfig, addr: SocketAddr) -> anyhow::Result<()> {
+    if let Some(c) = config.sessions.cluster.as_mut().filter(|c| c.url.is_empty()) {
+        anyhow::ensure!(
+            !addr.ip().is_unspecified(),
+            "a cluster node listening on {addr} needs --advertise-url (the address the other nodes reach it at)"
+        );
+        c.url = format!("http://{addr}");
+    }
+    Ok(())
+}
+
 /// Completes on SIGINT or SIGTERM.
 pub async fn shutdown_signal() {
     let ctrl_c = async {
@@ -392,6 +405,8 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
     }
     let listeners = Listeners::bind(&config).await?;
     let addr = listeners.local_addr()?;
+    let mut config = config;
+    advertise(&mut config, addr)?;
     eprintln!(
         "forkbox: bound http://{addr}; opening {} (a first start builds the image and template) ...",
         home.display()
@@ -431,8 +446,14 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
     let state = server.state().clone();
     let r = server.run(shutdown_signal()).await;
     file.remove_if_mine(&home);
-    if let Err(e) = keys::delete_key(state.keys.db(), &file.key) {
-        tracing::warn!("deleting the CLI's key of this run: {e}");
-    }
+    // Blocking (the keys may be in PostgreSQL), and the last reference to the
+    // state goes there too: its database connections close off the async threads.
+    tokio::task::spawn_blocking(move || {
+        if let Err(e) = keys::delete_key(state.keys.db(), &file.key) {
+            tracing::warn!("deleting the CLI's key of this run: {e}");
+        }
+        drop(state);
+    })
+    .await?;
     r
 }

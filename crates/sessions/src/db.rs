@@ -167,7 +167,8 @@ pub(crate) enum Conn {
 }
 
 pub(crate) struct Pg {
-    client: postgres::Client,
+    /// Dropped by `Pg`'s own `Drop` (see there).
+    client: std::mem::ManuallyDrop<postgres::Client>,
     /// Prepared statements by their (rewritten) text.
     cache: HashMap<String, postgres::Statement>,
 }
@@ -217,7 +218,7 @@ impl Conn {
             return Err(DbError::NotPostgres);
         }
         let client = postgres::Client::connect(url, postgres::NoTls)?;
-        Ok(Conn::Postgres(Box::new(Pg { client, cache: HashMap::new() })))
+        Ok(Conn::Postgres(Box::new(Pg { client: std::mem::ManuallyDrop::new(client), cache: HashMap::new() })))
     }
 
     pub(crate) fn backend(&self) -> Backend {
@@ -367,6 +368,23 @@ impl Drop for Tx<'_> {
             // errored transaction back itself, a broken PostgreSQL connection
             // is replaced (`is_closed`).
             let _ = self.conn.batch("ROLLBACK");
+        }
+    }
+}
+
+impl Drop for Pg {
+    fn drop(&mut self) {
+        // SAFETY: the client is taken once, here, and never used again.
+        let client = unsafe { std::mem::ManuallyDrop::take(&mut self.client) };
+        // `postgres::Client` closes by blocking on its own runtime, which
+        // panics on a thread that drives async tasks (a server's state dropped
+        // there): close it on a thread of its own then.
+        if tokio::runtime::Handle::try_current().is_ok() {
+            if let Err(e) = std::thread::Builder::new().name("forkbox-pg-close".into()).spawn(move || drop(client)) {
+                tracing::warn!("closing a PostgreSQL connection: {e}");
+            }
+        } else {
+            drop(client);
         }
     }
 }

@@ -274,5 +274,11 @@ mod tests {
         assert_eq!(c.get("local").unwrap(), Some(record("local", false)));
         // The sessions' store opens the same, migrated database.
         crate::store::Store::open_postgres(&pg.url()).unwrap();
+        // A connection dropped on a thread that drives async tasks (a server's
+        // state at shutdown) closes without panicking.
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let d = KeyDb::open(Path::new("/nonexistent"), Some(&pg.url())).unwrap();
+        rt.block_on(async move { drop(d) });
+        assert_eq!(c.count().unwrap(), 1);
     }
 }

@@ -21,7 +21,8 @@ pub struct ClusterConfig {
     /// This node's name, unique in the cluster and stable across restarts
     /// (a restarted node gives back what it held at once).
     pub node_id: String,
-    /// Where the other nodes reach this node's API (`http://host:port`).
+    /// Where the other nodes reach this node's API (`http://host:port`; the
+    /// server fills an empty one with the address it is bound to).
     pub url: String,
     /// A node whose last heartbeat is older than this loses its sessions to
     /// the next node that needs them.
