@@ -39,7 +39,7 @@ pub struct ApiError {
     pub output: Option<Box<forkbox_runtime::CapturedOutput>>,
     /// Cluster: the URL of the node that has the session (the request is
     /// forwarded there, see `crate::forward`; never sent to the client).
-    pub moved_to: Option<String>,
+    pub moved_to: Option<Box<String>>,
 }
 
 /// Host paths never sent to clients (the data directory, the image), set once by the server.
@@ -145,7 +145,7 @@ impl From<RuntimeError> for ApiError {
             retry_after: None,
             result,
             output,
-            moved_to: e.moved_to().map(str::to_owned),
+            moved_to: e.moved_to().map(|u| Box::new(u.to_owned())),
         }
     }
 }
@@ -179,7 +179,7 @@ impl IntoResponse for ApiError {
             resp.headers_mut().insert(header::CONNECTION, header::HeaderValue::from_static("close"));
         }
         if let Some(url) = self.moved_to {
-            resp.extensions_mut().insert(crate::forward::MovedTo(url));
+            resp.extensions_mut().insert(crate::forward::MovedTo(*url));
         }
         resp
     }
