@@ -7,7 +7,7 @@
 //! resident on the node it talks to), in alternating rounds.
 
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
@@ -40,32 +40,13 @@ impl Bench {
         Ok(())
     }
 
-    /// Execs per second of one client per session, `assign(i)` the node of client `i`.
+    /// Execs per second of one client per (node, session).
     async fn throughput(&self, sessions: &[(String, String)], secs: f64) -> Result<(f64, usize)> {
-        let end = Instant::now() + Duration::from_secs_f64(secs);
-        let t0 = Instant::now();
-        let mut tasks = Vec::new();
-        for (node, id) in sessions {
-            let (http, key, url) = (self.http.clone(), self.key.clone(), format!("{node}/v1/sessions/{id}/exec"));
-            tasks.push(tokio::spawn(async move {
-                let (mut ok, mut failed) = (0usize, 0usize);
-                while Instant::now() < end {
-                    let r = http.post(&url).bearer_auth(&key).json(&json!({ "code": "n = 1" })).send().await;
-                    match r {
-                        Ok(r) if r.status().is_success() => ok += 1,
-                        _ => failed += 1,
-                    }
-                }
-                (ok, failed)
-            }));
-        }
-        let (mut ok, mut failed) = (0, 0);
-        for t in tasks {
-            let (o, f) = t.await?;
-            ok += o;
-            failed += f;
-        }
-        Ok((ok as f64 / t0.elapsed().as_secs_f64(), failed))
+        let targets = sessions
+            .iter()
+            .map(|(node, id)| (format!("{node}/v1/sessions/{id}/exec"), self.key.clone(), json!({ "code": "n = 1" })))
+            .collect();
+        crate::bench_http::concurrent(&self.http, targets, secs).await
     }
 }
 

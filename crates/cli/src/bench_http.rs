@@ -74,21 +74,26 @@ async fn exec(http: &reqwest::Client, s: &Served) -> Result<()> {
 
 /// Execs per second of `clients` concurrent clients over `secs`.
 async fn throughput(http: &reqwest::Client, s: &Served, clients: usize, secs: f64) -> Result<(f64, usize)> {
+    let target = (format!("{}/v1/exec", s.url), s.key.clone(), serde_json::json!({ "code": "print(1+1)" }));
+    concurrent(http, vec![target; clients], secs).await
+}
+
+/// One client per target (URL, key, JSON body), each posting it again and
+/// again for `secs`: successful requests per second of them all, and failures.
+pub(crate) async fn concurrent(
+    http: &reqwest::Client,
+    targets: Vec<(String, String, serde_json::Value)>,
+    secs: f64,
+) -> Result<(f64, usize)> {
     let end = Instant::now() + Duration::from_secs_f64(secs);
     let t0 = Instant::now();
     let mut tasks = Vec::new();
-    for _ in 0..clients {
-        let (http, url, key) = (http.clone(), s.url.clone(), s.key.clone());
+    for (url, key, body) in targets {
+        let http = http.clone();
         tasks.push(tokio::spawn(async move {
             let (mut ok, mut failed) = (0usize, 0usize);
             while Instant::now() < end {
-                let r = http
-                    .post(format!("{url}/v1/exec"))
-                    .bearer_auth(&key)
-                    .json(&serde_json::json!({ "code": "print(1+1)" }))
-                    .send()
-                    .await;
-                match r {
+                match http.post(&url).bearer_auth(&key).json(&body).send().await {
                     Ok(r) if r.status().is_success() => ok += 1,
                     _ => failed += 1,
                 }

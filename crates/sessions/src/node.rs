@@ -65,8 +65,10 @@ impl Node {
         &self.config.node_id
     }
 
-    pub(crate) fn beat(&self) {
-        *self.last_beat.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+    /// A heartbeat sent at `sent` succeeded (the time it was sent, not
+    /// answered: the database's timestamp is no earlier than that).
+    pub(crate) fn beat(&self, sent: Instant) {
+        *self.last_beat.lock().unwrap_or_else(|e| e.into_inner()) = Some(sent);
     }
 
     /// The leases this node holds are certainly still its own (see the module doc).

@@ -136,6 +136,7 @@ impl SessionManager {
     pub fn heartbeat(&self) -> Result<(), SessionError> {
         let Some(node) = &self.node else { return Ok(()) };
         let was_expired = node.expired();
+        let sent = Instant::now();
         let state = match self.store.heartbeat(node.id())? {
             Some(s) => s,
             None => {
@@ -149,7 +150,7 @@ impl SessionManager {
             // Other nodes may have taken sessions meanwhile: keep only those still ours.
             self.drop_lost_leases()?;
         }
-        node.beat();
+        node.beat(sent);
         node.set_draining(state == NodeState::Draining);
         if node.draining() {
             self.evict_all_resident();
