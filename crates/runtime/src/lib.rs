@@ -181,6 +181,14 @@ impl Runtime {
         // Building is minutes on a first run: say so on stderr (bars on a terminal, else lines).
         let catalog = Arc::new(Catalog::new(home).map_err(open_err("opening /dev/kvm"))?.with_progress(true));
         let name = config.template.clone().unwrap_or_else(|| forkbox_engine::DEFAULT_TEMPLATE.to_string());
+        if share_templates(&catalog, home, &config)? && config.image.is_some() {
+            return Err(RuntimeError::Open {
+                what: "opening the image",
+                message: "an image given by path cannot be shared with a cluster (--database postgres://... with \
+                          --objects): its nodes share the templates of recipes (--template NAME)"
+                    .into(),
+            });
+        }
         if let Some(image_path) = &config.image {
             // An image given by path is the default template, under the default's name.
             let engine = Engine::open(image_path).map_err(|e| RuntimeError::Open {
@@ -244,6 +252,7 @@ impl Runtime {
     ) -> Result<Arc<Runtime>, RuntimeError> {
         catalog.set_pip_source(config.pip.clone())?;
         catalog.packages().set_policy(config.packages.clone());
+        share_templates(&catalog, home, &config)?;
         let default = catalog.get(None)?;
         let sessions = SessionManager::open_with_catalog(catalog.clone(), home, config.sessions.clone())?;
         let concurrency = config.threads();
@@ -419,6 +428,25 @@ impl Runtime {
             }
         }
     }
+}
+
+/// In a cluster (the session metadata in PostgreSQL and the checkpoint files
+/// in a bucket: `--database postgres://...` with `--objects`), templates, their
+/// images and package layers are shared by the nodes through the same
+/// database and bucket (`forkbox_engine::shared`): set up on `catalog` once.
+/// True if it is. A single node (SQLite, or no bucket) shares nothing.
+fn share_templates(catalog: &Catalog, home: &Path, config: &RuntimeConfig) -> Result<bool, RuntimeError> {
+    let (Some(objects), Some(db)) = (&config.sessions.objects, &config.sessions.database) else { return Ok(false) };
+    if !forkbox_sessions::db::is_postgres_url(db) {
+        return Ok(false);
+    }
+    if catalog.shared_stats().is_some() {
+        return Ok(true);
+    }
+    let shared = forkbox_sessions::artifacts::BucketArtifacts::shared(objects, db, home)
+        .map_err(|e| RuntimeError::Open { what: "sharing templates with the cluster", message: e.to_string() })?;
+    catalog.set_shared(shared);
+    Ok(true)
 }
 
 /// One jailed worker per exec thread, the default template open in each.
