@@ -360,6 +360,9 @@ fn node_start_up_figures() {
     let cache = cold.path().join("cache");
     std::fs::create_dir_all(cache.join("debs")).unwrap();
     for e in std::fs::read_dir(forkbox_testkit::home().join("cache").join("debs")).unwrap().flatten() {
+        if !e.file_type().unwrap().is_file() {
+            continue;
+        }
         let to = cache.join("debs").join(e.file_name());
         std::fs::hard_link(e.path(), &to).or_else(|_| std::fs::copy(e.path(), &to).map(|_| ())).unwrap();
     }
