@@ -28,7 +28,7 @@ const LEASE_SECONDS: u64 = 3;
 struct Node {
     id: String,
     url: String,
-    _home: tempfile::TempDir,
+    home: tempfile::TempDir,
     proc: Child,
 }
 
@@ -50,15 +50,15 @@ fn s3_env(cmd: &mut Command, s3: &S3) {
         .env("AWS_REGION", "us-east-1");
 }
 
-/// `forkbox serve --cluster` as node `id` on a fresh home (templates linked to the shared one).
-fn start_node(id: &str, pg: &Postgres, s3: &S3) -> Node {
-    let shared = forkbox_testkit::shared();
-    let home = forkbox_testkit::fresh_home("fbx-cluster-");
+/// `forkbox serve --cluster` as node `id` on a fresh home: the first node has
+/// the guest image (it boots the template and publishes both), the others
+/// have nothing and fetch them from the bucket.
+fn start_node(id: &str, pg: &Postgres, s3: &S3, with_image: bool) -> Node {
+    let home = forkbox_testkit::node_home("fbx-cluster-", with_image);
     let mut cmd = forkbox();
     cmd.arg("--home")
         .arg(home.path())
-        .args(["serve", "--listen", "127.0.0.1:0", "--exec-slots", "2", "--image"])
-        .arg(&shared.image_path)
+        .args(["serve", "--listen", "127.0.0.1:0", "--exec-slots", "2"])
         .args(["--cluster", "--node-id", id, "--lease-seconds", &LEASE_SECONDS.to_string()])
         .arg("--objects")
         .arg(format!("s3://{BUCKET}/{PREFIX}"))
@@ -77,7 +77,7 @@ fn start_node(id: &str, pg: &Postgres, s3: &S3) -> Node {
         assert!(t0.elapsed() < Duration::from_secs(300), "serve did not start");
     };
     std::thread::spawn(move || for _ in lines {});
-    Node { id: id.into(), url, _home: home, proc }
+    Node { id: id.into(), url, home, proc }
 }
 
 struct Client {
@@ -119,7 +119,10 @@ impl Client {
 async fn three_nodes_share_sessions_survive_a_killed_node_drain_and_a_bucket_outage() {
     let pg = Postgres::start();
     let mut s3 = S3::start();
-    let mut nodes: Vec<Node> = ["a", "b", "c"].iter().map(|id| start_node(id, &pg, &s3)).collect();
+    let mut nodes: Vec<Node> = ["a", "b", "c"].iter().map(|id| start_node(id, &pg, &s3, *id == "a")).collect();
+    // One template, published by a and fetched by the others (see shared_templates).
+    let templates = |n: &Node| std::fs::read_dir(n.home.path().join("templates")).unwrap().count();
+    assert!(nodes.iter().all(|n| templates(n) == 1));
     // A key in the shared database: every node knows it.
     let out = forkbox()
         .args(["key", "create", "--tenant", "t", "--unlimited", "--admin"])

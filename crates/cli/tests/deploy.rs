@@ -57,7 +57,10 @@ fn the_kubernetes_manifest_runs_cluster_nodes_with_kvm_and_probes() {
     }
     // /dev/kvm from the host, privileged (the workers' jail), on KVM machines.
     let kvm = pod["volumes"].as_sequence().unwrap().iter().find(|v| v["name"] == "kvm").unwrap();
-    assert_eq!((&kvm["hostPath"]["path"], &kvm["hostPath"]["type"]), (&Value::from("/dev/kvm"), &Value::from("CharDevice")));
+    assert_eq!(
+        (&kvm["hostPath"]["path"], &kvm["hostPath"]["type"]),
+        (&Value::from("/dev/kvm"), &Value::from("CharDevice"))
+    );
     assert!(c["volumeMounts"].as_sequence().unwrap().iter().any(|m| m["mountPath"] == "/dev/kvm"));
     assert_eq!(c["securityContext"]["privileged"], true);
     assert_eq!(pod["nodeSelector"]["forkbox.dev/kvm"], "true");
@@ -65,7 +68,9 @@ fn the_kubernetes_manifest_runs_cluster_nodes_with_kvm_and_probes() {
     assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
     assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
     // A Service in front of the nodes.
-    assert!(kind("Service").iter().any(|s| s["spec"]["selector"]["app"] == "forkbox" && s["spec"]["clusterIP"].is_null()));
+    assert!(kind("Service")
+        .iter()
+        .any(|s| s["spec"]["selector"]["app"] == "forkbox" && s["spec"]["clusterIP"].is_null()));
 }
 
 #[test]

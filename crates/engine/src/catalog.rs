@@ -20,6 +20,7 @@ use forkbox_vmm::Cpu;
 use serde::{Deserialize, Serialize};
 
 use crate::error::EngineError;
+use crate::shared::{ArtifactKind, Shared, SharedArtifacts, SharedError, SharedStats};
 use crate::template::{templates_dir, Template, TemplateInfo};
 use crate::Engine;
 use crate::NetPolicy;
@@ -298,6 +299,10 @@ pub enum CatalogError {
     Quota(String),
     #[error("recording template {name}: {source}")]
     Record { name: String, source: std::io::Error },
+    /// The cluster's shared templates (bucket + database) failed: fetching,
+    /// publishing or locking template `name` or what it needs.
+    #[error("template {name}: {source}")]
+    Shared { name: String, source: SharedError },
 }
 
 impl CatalogError {
@@ -306,12 +311,14 @@ impl CatalogError {
         match self {
             CatalogError::UnknownTemplate(_) | CatalogError::NotOnDisk(_) => ErrorCode::TemplateNotFound,
             CatalogError::Building { .. } => ErrorCode::TemplateNotReady,
+            CatalogError::Engine { source: EngineError::Shared(e), .. } => e.error_code(),
             CatalogError::Build { .. } | CatalogError::Engine { .. } => ErrorCode::TemplateUnavailable,
             CatalogError::Invalid(_) => ErrorCode::InvalidRequest,
             CatalogError::Exists(_) => ErrorCode::TemplateExists,
             CatalogError::TooManyBuilds(_) => ErrorCode::TooManyBuilds,
             CatalogError::Quota(_) => ErrorCode::QuotaExceeded,
             CatalogError::Record { .. } => ErrorCode::StorageError,
+            CatalogError::Shared { source, .. } => source.error_code(),
         }
     }
 
@@ -399,6 +406,11 @@ pub struct Catalog {
     build_lock: Mutex<()>,
     /// Held while a new template is checked against the limits and recorded.
     admit_lock: Mutex<()>,
+    /// In a cluster: where templates, images and package layers are shared
+    /// (`set_shared`); None: this data directory is the only copy.
+    shared: RwLock<Option<Arc<Shared>>>,
+    /// One open (fetch, build, publish) of a template id at a time.
+    opening: Mutex<HashMap<String, Arc<Mutex<()>>>>,
 }
 
 impl Catalog {
@@ -436,6 +448,8 @@ impl Catalog {
             builds: Mutex::new(HashMap::new()),
             build_lock: Mutex::new(()),
             admit_lock: Mutex::new(()),
+            shared: RwLock::new(None),
+            opening: Mutex::new(HashMap::new()),
         })
     }
 
@@ -447,6 +461,55 @@ impl Catalog {
 
     pub fn home(&self) -> &Path {
         &self.home
+    }
+
+    /// Share templates with the other nodes of a cluster through `artifacts`
+    /// (see `crate::shared`): every template opened from now on is the
+    /// published one (fetched, or built once and published), and so are the
+    /// images and package layers they need. Call before anything is opened.
+    pub fn set_shared(&self, artifacts: Arc<dyn SharedArtifacts>) {
+        let shared = Arc::new(Shared::new(artifacts, &self.home));
+        *self.shared.write().unwrap_or_else(|p| p.into_inner()) = Some(shared);
+    }
+
+    /// What this node fetched, built and published (None: not in a cluster).
+    pub fn shared_stats(&self) -> Option<SharedStats> {
+        self.shared().map(|s| s.stats())
+    }
+
+    fn shared(&self) -> Option<Arc<Shared>> {
+        self.shared.read().ok().and_then(|s| s.clone())
+    }
+
+    fn opening_lock(&self, id: &str) -> Arc<Mutex<()>> {
+        let mut m = self.opening.lock().unwrap_or_else(|e| e.into_inner());
+        m.retain(|_, l| Arc::strong_count(l) > 1);
+        m.entry(id.to_string()).or_default().clone()
+    }
+
+    /// An engine over the image at `path` with this catalog's CPU, package
+    /// layers and shared artifacts.
+    fn engine_for(&self, path: &Path, preload: &str) -> Result<Engine, EngineError> {
+        Ok(Engine::open_with_cpu(self.cpu.clone(), path)?
+            .with_preload(preload.to_string())
+            .with_packages(self.packages.clone())
+            .with_shared(self.shared()))
+    }
+
+    /// Resolve and download `specs` (and their dependencies) for a run-time
+    /// install (see `PackageStore::resolve`); in a cluster each layer is also
+    /// published before any sandbox mounts it, so that a checkpoint referring
+    /// to it is resumable on every node. Blocking (pip).
+    pub fn resolve_packages(&self, specs: &[String]) -> Result<Vec<crate::packages::Package>, EngineError> {
+        let pkgs = self.packages.resolve(specs)?;
+        if let Some(sh) = self.shared() {
+            for p in &pkgs {
+                let Some(path) = self.packages.layer_path(&p.sha256) else { continue };
+                let id = p.sha256.clone();
+                sh.off(move |sh| sh.publish_layer(&id, &path))?;
+            }
+        }
+        Ok(pkgs)
     }
 
     /// Where pip looks for the wheels of templates built by request (`serve --pip-index-url/--pip-find-links`).
@@ -505,6 +568,9 @@ impl Catalog {
     pub fn insert(&self, name: &str, engine: Arc<Engine>, template: Arc<Template>) -> Arc<Loaded> {
         // Its sessions' package layers are this data directory's (unless it has a store already).
         let _ = engine.packages.set(self.packages.clone());
+        if let Some(sh) = self.shared() {
+            let _ = engine.shared.set(sh);
+        }
         let loaded = Arc::new(Loaded { engine, template, name: Some(name.to_string()), network: None });
         if let Ok(mut m) = self.by_id.lock() {
             m.insert(loaded.id().to_string(), loaded.clone());
@@ -777,6 +843,14 @@ impl Catalog {
         let dir = templates_dir(&self.home).join(&id);
         let err = |source| CatalogError::Engine { name: name.into(), source };
         let template = base.template.snapshot_sandbox(&base.engine, sb, &dir, &id, &note).map_err(err)?;
+        if let Some(sh) = self.shared() {
+            // Published before anyone can use it: every node can resume its sessions.
+            let (tid, iid) = (id.clone(), base.engine.image.id().to_string());
+            if let Err(source) = sh.off(move |sh| sh.publish_template(&tid, &iid)) {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(CatalogError::Shared { name: name.into(), source });
+            }
+        }
         let spec = crate::default_image_spec();
         let recipe = Recipe {
             name: name.into(),
@@ -859,41 +933,49 @@ impl Catalog {
             }
             return Ok(loaded);
         }
-        let built =
+        let build_image = || {
             forkbox_image::build(&recipe.spec, &BuildOptions { home: self.home.clone(), progress: self.progress })
-                .map_err(|source| CatalogError::Build { name: shown.clone(), source })?;
-        let engine = Engine::open_with_cpu(self.cpu.clone(), &built.path)
-            .map_err(|source| CatalogError::Engine { name: shown.clone(), source })?
-            .with_preload(recipe.preload.clone())
-            .with_packages(self.packages.clone());
-        let tid = crate::template::template_id(
-            engine.image.id(),
-            &engine.preload,
-            &forkbox_snapshot::CpuFingerprint::of(&engine.cpu).digest(),
-        );
-        let existing = self.by_id.lock().ok().and_then(|m| m.get(&tid).cloned());
-        let loaded = match existing {
-            Some(l) => Arc::new(Loaded {
-                engine: l.engine.clone(),
-                template: l.template.clone(),
-                name: Some(name.clone()),
-                network: recipe.network.clone(),
-            }),
+                .map_err(|source| CatalogError::Build { name: shown.clone(), source })
+        };
+        let engine_err = |source| CatalogError::Engine { name: shown.clone(), source };
+        let cpu_digest = forkbox_snapshot::CpuFingerprint::of(&self.cpu).digest();
+        let existing = |tid: &str| self.by_id.lock().ok().and_then(|m| m.get(tid).cloned());
+        let (engine, template, image_reused) = match self.shared() {
             None => {
-                self.set_build(&name, Some(BuildState::Building(started, "template")));
-                if self.progress && !templates_dir(&self.home).join(&tid).join("state").exists() {
-                    eprintln!("forkbox: booting template {name} and snapshotting it ...");
+                let built = build_image()?;
+                let engine = self.engine_for(&built.path, &recipe.preload).map_err(engine_err)?;
+                let tid = crate::template::template_id(engine.image.id(), &engine.preload, &cpu_digest);
+                match existing(&tid) {
+                    Some(l) => (l.engine.clone(), l.template.clone(), built.reused),
+                    None => {
+                        self.set_build(&name, Some(BuildState::Building(started, "template")));
+                        if self.progress && !templates_dir(&self.home).join(&tid).join("state").exists() {
+                            eprintln!("forkbox: booting template {name} and snapshotting it ...");
+                        }
+                        let template = Template::ensure(&engine, &self.home).map_err(engine_err)?;
+                        (Arc::new(engine), Arc::new(template), built.reused)
+                    }
                 }
-                let template = Template::ensure(&engine, &self.home)
-                    .map_err(|source| CatalogError::Engine { name: shown.clone(), source })?;
-                Arc::new(Loaded {
-                    engine: Arc::new(engine),
-                    template: Arc::new(template),
-                    name: Some(name.clone()),
-                    network: recipe.network.clone(),
-                })
+            }
+            // In a cluster: the id from the recipe (apt resolves, nothing is built),
+            // then the published template, or one built once for the cluster.
+            Some(sh) => {
+                let image_id = forkbox_image::resolve_id(&recipe.spec, &self.home)
+                    .map_err(|source| CatalogError::Build { name: shown.clone(), source })?;
+                let tid = crate::template::template_id(&image_id, &recipe.preload, &cpu_digest);
+                match existing(&tid) {
+                    Some(l) => (l.engine.clone(), l.template.clone(), true),
+                    None => {
+                        self.set_build(&name, Some(BuildState::Building(started, "template")));
+                        let build = || build_image().map(|b| b.reused);
+                        let (engine, template) =
+                            self.shared_template(&sh, &tid, &image_id, &recipe.preload, &shown, &build)?;
+                        (Arc::new(engine), Arc::new(template), true)
+                    }
+                }
             }
         };
+        let loaded = Arc::new(Loaded { engine, template, name: Some(name.clone()), network: recipe.network.clone() });
         if let Ok(mut m) = self.by_id.lock() {
             // By id it is no recipe's: without the recipe's policy.
             m.entry(loaded.id().to_string()).or_insert_with(|| {
@@ -908,8 +990,132 @@ impl Catalog {
         if let Ok(mut m) = self.by_name.lock() {
             m.insert(name.clone(), loaded.clone());
         }
-        tracing::info!(template = %name, id = %loaded.id(), image_reused = built.reused, elapsed = ?t0.elapsed(), "template ready");
+        tracing::info!(template = %name, id = %loaded.id(), image_reused, elapsed = ?t0.elapsed(), "template ready");
         Ok(loaded)
+    }
+
+    /// In a cluster: template `tid` (of image `image_id` and `preload`) as the
+    /// cluster has it. Published: fetched, or the local copy checked and
+    /// replaced if it differs. Not published: built here once for the whole
+    /// cluster under its lock (a node that finds another building it waits,
+    /// then fetches it): its image fetched if published, else built
+    /// (`build_image`: true if an image on disk was reused) and published;
+    /// then the template booted (or a valid local one kept) and published.
+    fn shared_template(
+        &self,
+        sh: &Arc<Shared>,
+        tid: &str,
+        image_id: &str,
+        preload: &str,
+        shown: &str,
+        build_image: &dyn Fn() -> Result<bool, CatalogError>,
+    ) -> Result<(Engine, Template), CatalogError> {
+        let err = |source| CatalogError::Shared { name: shown.to_string(), source };
+        let engine_err = |source| CatalogError::Engine { name: shown.to_string(), source };
+        let one = self.opening_lock(tid);
+        let _one = one.lock().unwrap_or_else(|e| e.into_inner());
+        let lookup = |kind: ArtifactKind, id: &str| {
+            let id = id.to_string();
+            sh.off(move |sh| sh.lookup(kind, &id)).map_err(err)
+        };
+        if let Some(a) = lookup(ArtifactKind::Template, tid)? {
+            return self.open_published(sh, &a, shown);
+        }
+        let id = tid.to_string();
+        let _cluster = sh.off(move |sh| sh.sh.lock(ArtifactKind::Template, &id)).map_err(err)?;
+        if let Some(a) = lookup(ArtifactKind::Template, tid)? {
+            return self.open_published(sh, &a, shown);
+        }
+        // Ours to build. Its image first: the published one, or built here and published.
+        {
+            let iid = image_id.to_string();
+            let _image = sh.off(move |sh| sh.sh.lock(ArtifactKind::Image, &iid)).map_err(err)?;
+            match lookup(ArtifactKind::Image, image_id)? {
+                Some(a) => {
+                    sh.off(move |sh| sh.install_image(&a)).map_err(err)?;
+                }
+                None => {
+                    if !build_image()? {
+                        sh.built_image();
+                    }
+                    let iid = image_id.to_string();
+                    sh.off(move |sh| sh.publish_image(&iid)).map_err(err)?;
+                }
+            }
+        }
+        let engine = self.engine_for(&sh.image_path(image_id), preload).map_err(engine_err)?;
+        if engine.image.id() != image_id {
+            return Err(err(SharedError::Corrupt {
+                kind: "image",
+                id: image_id.to_string(),
+                why: format!("the file is image {}", engine.image.id()),
+            }));
+        }
+        let dir = templates_dir(&self.home).join(tid);
+        let boots = !dir.join("state").exists();
+        if self.progress && boots {
+            eprintln!("forkbox: booting template {shown} and snapshotting it (for the cluster) ...");
+        }
+        let template = Template::ensure(&engine, &self.home).map_err(engine_err)?;
+        if boots {
+            sh.built_template();
+        }
+        let (id, iid) = (tid.to_string(), image_id.to_string());
+        let replaced = sh.off(move |sh| sh.publish_template(&id, &iid)).map_err(err)?;
+        let template = if replaced { Template::load(&engine, &dir).map_err(engine_err)? } else { template };
+        Ok((engine, template))
+    }
+
+    /// Open the published template `a`: its image made the published one
+    /// (fetched unless the local file is it), its directory likewise, then
+    /// loaded (verified) from disk.
+    fn open_published(
+        &self,
+        sh: &Arc<Shared>,
+        a: &crate::shared::Artifact,
+        shown: &str,
+    ) -> Result<(Engine, Template), CatalogError> {
+        let err = |source| CatalogError::Shared { name: shown.to_string(), source };
+        let corrupt = |why: String| err(SharedError::Corrupt { kind: "template", id: a.id.clone(), why });
+        let image_id = a.needs.clone().ok_or_else(|| corrupt("its record names no image".into()))?;
+        let iid = image_id.clone();
+        let image = sh
+            .off(move |sh| sh.lookup(ArtifactKind::Image, &iid))
+            .map_err(err)?
+            .ok_or_else(|| corrupt(format!("it needs image {image_id}, which is not published")))?;
+        sh.off(move |sh| sh.install_image(&image)).map_err(err)?;
+        let published = a.clone();
+        sh.off(move |sh| sh.install_template(&published)).map_err(err)?;
+        let dir = templates_dir(&self.home).join(&a.id);
+        let info = crate::template::read_info(&dir).map_err(corrupt)?;
+        let engine_err = |source| CatalogError::Engine { name: shown.to_string(), source };
+        let engine = self.engine_for(&sh.image_path(&image_id), &info.preload).map_err(engine_err)?;
+        let template = Template::load(&engine, &dir).map_err(engine_err)?;
+        Ok((engine, template))
+    }
+
+    /// In a cluster: publish this node's template `id`, which is not published
+    /// (made before the node joined), so that every node can resume its
+    /// sessions; what is published then. Refused if its image is not the
+    /// cluster's (published with other bytes).
+    fn publish_local(&self, sh: &Arc<Shared>, id: &str) -> Result<crate::shared::Artifact, CatalogError> {
+        let err = |source| CatalogError::Shared { name: id.to_string(), source };
+        let dir = templates_dir(&self.home).join(id);
+        let info = crate::template::read_info(&dir).map_err(|_| CatalogError::NotOnDisk(id.into()))?;
+        let tid = id.to_string();
+        let _cluster = sh.off(move |sh| sh.sh.lock(ArtifactKind::Template, &tid)).map_err(err)?;
+        let iid = info.image_id.clone();
+        let _image = sh.off(move |sh| sh.sh.lock(ArtifactKind::Image, &iid)).map_err(err)?;
+        let (tid, iid) = (id.to_string(), info.image_id.clone());
+        sh.off(move |sh| {
+            if let Some(a) = sh.lookup(ArtifactKind::Template, &tid)? {
+                return Ok(a);
+            }
+            sh.publish_template(&tid, &iid)?;
+            sh.lookup(ArtifactKind::Template, &tid)?
+                .ok_or_else(|| SharedError::Failed(format!("template {tid} was published and is not recorded")))
+        })
+        .map_err(err)
     }
 
     /// A template by id (what a session records): open already, or opened from
@@ -922,16 +1128,37 @@ impl Catalog {
         if id.is_empty() || id.len() > 64 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(CatalogError::NotOnDisk(id.into()));
         }
+        if let Some(sh) = self.shared() {
+            // In a cluster: the published template (fetched if this node lacks it
+            // or has another copy); one only here is published first.
+            let one = self.opening_lock(id);
+            let _one = one.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(l) = self.by_id.lock().ok().and_then(|m| m.get(id).cloned()) {
+                return Ok(l);
+            }
+            let tid = id.to_string();
+            let found = sh
+                .off(move |sh| sh.lookup(ArtifactKind::Template, &tid))
+                .map_err(|source| CatalogError::Shared { name: id.into(), source })?;
+            let a = match found {
+                Some(a) => a,
+                None => self.publish_local(&sh, id)?,
+            };
+            let (engine, template) = self.open_published(&sh, &a, id)?;
+            let loaded =
+                Arc::new(Loaded { engine: Arc::new(engine), template: Arc::new(template), name: None, network: None });
+            let mut m = self.by_id.lock().unwrap_or_else(|p| p.into_inner());
+            return Ok(m.entry(id.to_string()).or_insert(loaded).clone());
+        }
         let dir = templates_dir(&self.home).join(id);
         let info: TemplateInfo = crate::template::read_info(&dir).map_err(|_| CatalogError::NotOnDisk(id.into()))?;
         let image = forkbox_image::image_path(&self.home, &info.image_id);
         if !image.exists() {
             return Err(CatalogError::NotOnDisk(id.into()));
         }
-        let engine = Engine::open_with_cpu(self.cpu.clone(), &image)
-            .map_err(|source| CatalogError::Engine { name: id.into(), source })?
-            .with_preload(info.preload.clone())
-            .with_packages(self.packages.clone());
+        let engine = self
+            .engine_for(&image, &info.preload)
+            .map_err(|source| CatalogError::Engine { name: id.into(), source })?;
         let template =
             Template::load(&engine, &dir).map_err(|source| CatalogError::Engine { name: id.into(), source })?;
         let loaded =

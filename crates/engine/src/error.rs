@@ -47,6 +47,9 @@ pub enum EngineError {
     Image(#[from] forkbox_image::ImageError),
     #[error(transparent)]
     Snapshot(#[from] forkbox_snapshot::StateError),
+    /// A cluster's shared artifact (a package layer a state mounts) could not be fetched.
+    #[error(transparent)]
+    Shared(#[from] crate::shared::SharedError),
 }
 
 impl EngineError {
@@ -67,6 +70,7 @@ impl EngineError {
                 *code
             }
             EngineError::Snapshot(e @ forkbox_snapshot::StateError::CpuMismatch(_)) => e.error_code(),
+            EngineError::Shared(e) => e.error_code(),
             EngineError::Vmm(_) | EngineError::Load(_) | EngineError::Image(_) | EngineError::Snapshot(_) => {
                 ErrorCode::Internal
             }

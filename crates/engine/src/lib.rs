@@ -19,6 +19,7 @@ pub mod packages;
 pub mod pool;
 pub mod protocol;
 pub mod sandbox;
+pub mod shared;
 mod signal;
 pub mod template;
 mod vdso;
@@ -87,6 +88,9 @@ pub struct Engine {
     /// mounts them): set once, by `with_packages` or by the first catalog the
     /// engine is inserted into (one per process outside tests).
     pub packages: std::sync::OnceLock<Arc<forkbox_image::packages::PackageStore>>,
+    /// In a cluster: where a package layer a state mounts and this node lacks
+    /// is fetched from (`Catalog::set_shared`).
+    shared: std::sync::OnceLock<Arc<shared::Shared>>,
 }
 
 impl Engine {
@@ -108,6 +112,7 @@ impl Engine {
             vdso: Some(forkbox_vmm::vdso::IMAGE),
             preload: "import numpy".into(),
             packages: std::sync::OnceLock::new(),
+            shared: std::sync::OnceLock::new(),
         })
     }
 
@@ -132,21 +137,48 @@ impl Engine {
         self
     }
 
-    /// A process from a saved state, with the package layers its files refer to.
+    /// Fetch missing package layers from the cluster's shared artifacts (None: not in a cluster).
+    pub(crate) fn with_shared(self, shared: Option<Arc<shared::Shared>>) -> Engine {
+        if let Some(s) = shared {
+            let _ = self.shared.set(s);
+        }
+        self
+    }
+
+    /// A process from a saved state, with the package layers its files refer
+    /// to (in a cluster, a layer this node lacks is fetched first).
     pub fn restore_process(
         &self,
         s: forkbox_linux::process::ProcessState,
-    ) -> Result<forkbox_linux::Process, forkbox_snapshot::StateError> {
+    ) -> Result<forkbox_linux::Process, EngineError> {
+        use forkbox_snapshot::StateError;
         let mut layers = forkbox_linux::vfs::Layers::new();
         for id in s.vfs.layer_ids() {
-            let store = self.packages.get().ok_or_else(|| {
-                forkbox_snapshot::StateError::Corrupt(format!("package layer {id} is needed and this server has none"))
-            })?;
-            let l = store.open_layer(&id).map_err(|e| forkbox_snapshot::StateError::Corrupt(e.to_string()))?;
+            let store = self
+                .packages
+                .get()
+                .ok_or_else(|| StateError::Corrupt(format!("package layer {id} is needed and this server has none")))?;
+            let l = match store.open_layer(&id) {
+                Ok(l) => l,
+                Err(forkbox_image::packages::PackageError::MissingLayer(_)) if self.shared.get().is_some() => {
+                    let (Some(sh), Some(path)) = (self.shared.get(), store.layer_path(&id)) else {
+                        return Err(StateError::Corrupt(format!("package layer {id} is not a layer id")).into());
+                    };
+                    let lid = id.clone();
+                    if !sh.off(move |sh| sh.install_layer(&lid, &path))? {
+                        return Err(StateError::Corrupt(format!(
+                            "package layer {id} is needed, not on this node and not published by another"
+                        ))
+                        .into());
+                    }
+                    store.open_layer(&id).map_err(|e| StateError::Corrupt(e.to_string()))?
+                }
+                Err(e) => return Err(StateError::Corrupt(e.to_string()).into()),
+            };
             layers.insert(id, l);
         }
         forkbox_linux::Process::restore_state_with(self.image.clone(), s, &layers)
-            .map_err(|e| forkbox_snapshot::StateError::Corrupt(e.to_string()))
+            .map_err(|e| StateError::Corrupt(e.to_string()).into())
     }
 
     pub fn boot(&self, limits: Limits) -> Result<Sandbox, EngineError> {

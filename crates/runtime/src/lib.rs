@@ -187,6 +187,14 @@ impl Runtime {
         // Building is minutes on a first run: say so on stderr (bars on a terminal, else lines).
         let catalog = Arc::new(Catalog::new(home).map_err(open_err("opening /dev/kvm"))?.with_progress(true));
         let name = config.template.clone().unwrap_or_else(|| forkbox_engine::DEFAULT_TEMPLATE.to_string());
+        if share_templates(&catalog, home, &config)? && config.image.is_some() {
+            return Err(RuntimeError::Open {
+                what: "opening the image",
+                message: "an image given by path cannot be shared with a cluster (--cluster): its nodes share \
+                          the templates of recipes (--template NAME)"
+                    .into(),
+            });
+        }
         if let Some(image_path) = &config.image {
             // An image given by path is the default template, under the default's name.
             let engine = Engine::open(image_path).map_err(|e| RuntimeError::Open {
@@ -250,6 +258,7 @@ impl Runtime {
     ) -> Result<Arc<Runtime>, RuntimeError> {
         catalog.set_pip_source(config.pip.clone())?;
         catalog.packages().set_policy(config.packages.clone());
+        share_templates(&catalog, home, &config)?;
         let default = catalog.get(None)?;
         let sessions = SessionManager::open_with_catalog(catalog.clone(), home, config.sessions.clone())?;
         let concurrency = config.threads();
@@ -433,6 +442,30 @@ impl Runtime {
             }
         }
     }
+}
+
+/// In a cluster (`sessions.cluster`: the session metadata in PostgreSQL and
+/// the checkpoint files in a bucket, shared by the nodes), templates, their
+/// images and package layers are shared by the nodes through the same
+/// database and bucket (`forkbox_engine::shared`): set up on `catalog` once.
+/// True if it is. A single node shares nothing.
+fn share_templates(catalog: &Catalog, home: &Path, config: &RuntimeConfig) -> Result<bool, RuntimeError> {
+    if config.sessions.cluster.is_none() {
+        return Ok(false);
+    }
+    let (Some(objects), Some(db)) = (&config.sessions.objects, &config.sessions.database) else {
+        return Err(RuntimeError::Open {
+            what: "joining the cluster",
+            message: "a cluster node needs --database postgres://... and --objects s3://...".into(),
+        });
+    };
+    if catalog.shared_stats().is_some() {
+        return Ok(true);
+    }
+    let shared = forkbox_sessions::artifacts::BucketArtifacts::shared(objects, db, home)
+        .map_err(|e| RuntimeError::Open { what: "sharing templates with the cluster", message: e.to_string() })?;
+    catalog.set_shared(shared);
+    Ok(true)
 }
 
 /// One jailed worker per exec thread, the default template open in each.

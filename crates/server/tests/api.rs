@@ -595,7 +595,11 @@ async fn metrics_and_health() {
     assert_eq!(h["template"], shared().template.info.id.as_str());
     // Nothing about tenants or sessions in the health check.
     let keys: Vec<&str> = h.as_object().unwrap().keys().map(String::as_str).collect();
-    assert_eq!(keys, ["default_template", "exec_slots", "exec_slots_free", "node", "queued", "status", "template"], "{h}");
+    assert_eq!(
+        keys,
+        ["default_template", "exec_slots", "exec_slots_free", "node", "queued", "status", "template"],
+        "{h}"
+    );
     assert_eq!(h["node"], Value::Null, "not a cluster node");
     let (st, r) = s.call(reqwest::Method::GET, "/readyz", None, None).await;
     assert_eq!((st, r), (StatusCode::OK, json!({ "status": "ready" })));

@@ -5,6 +5,7 @@
 //! checkpoints in SQLite or PostgreSQL and layer files over the engine's templates; used only
 //! by forkbox-runtime (the front ends never see the store).
 
+pub mod artifacts;
 pub mod db;
 pub mod keys;
 pub mod lease;

@@ -693,10 +693,9 @@ impl SessionManager {
         let Some(lines) = forkbox_engine::packages::pip_lines(code).map_err(SessionError::Invalid)? else {
             return Ok(None);
         };
-        let store = self.catalog.packages();
         let mut resolved = Vec::with_capacity(lines.len());
         for l in &lines {
-            resolved.push(store.resolve(&l.specs).map_err(|e| SessionError::Engine(e.into()))?);
+            resolved.push(self.catalog.resolve_packages(&l.specs)?);
         }
         Ok(Some(PipPlan { lines, resolved }))
     }
@@ -930,7 +929,7 @@ impl SessionManager {
     /// the server's pip source and policy. Runs the host's pip: call it off the
     /// (sandboxed) exec threads, then [`Self::install_resolved`].
     pub fn resolve_packages(&self, specs: &[String]) -> Result<Vec<Package>, SessionError> {
-        self.catalog.packages().resolve(specs).map_err(|e| SessionError::Engine(e.into()))
+        Ok(self.catalog.resolve_packages(specs)?)
     }
 
     /// Install packages into the session: resolved and downloaded by the host

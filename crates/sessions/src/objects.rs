@@ -452,6 +452,24 @@ impl Objects {
         Ok(up)
     }
 
+    /// Upload the file `path` (`bytes` long) as the object `<prefix>/<key>`
+    /// (for objects that are not checkpoint files: `crate::artifacts`).
+    pub(crate) fn put_key(&self, path: &Path, key: &str, bytes: u64) -> Result<u64, ObjectError> {
+        let (s3, path, full) = (self.store.clone(), path.to_path_buf(), self.key(key));
+        self.run("put", &full.clone(), async move { put_file(&*s3, &path, &full, bytes).await })
+    }
+
+    /// Download the object `<prefix>/<key>` into the new file `dest`: its
+    /// SHA-256 (hex) and size (checked by the caller). On an error `dest` is removed.
+    pub(crate) fn get_key(&self, key: &str, dest: &Path) -> Result<(String, u64), ObjectError> {
+        let (s3, tmp, full) = (self.store.clone(), dest.to_path_buf(), self.key(key));
+        let r = self.run("get", &full.clone(), async move { get_file(&*s3, &full, &tmp).await });
+        if r.is_err() {
+            let _ = std::fs::remove_file(dest);
+        }
+        r
+    }
+
     /// The checkpoint of `up` is committed: its files are in the cache (uploaded), then trim.
     pub fn committed(&self, up: Uploaded<'_>) {
         {

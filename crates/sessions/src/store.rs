@@ -44,6 +44,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
+use forkbox_engine::shared::{Artifact, ArtifactKind};
+
 use crate::db::{vals, Backend, Conn, DbError, Row, Value};
 
 /// How long a statement waits for another connection's lock before failing.
@@ -177,6 +179,24 @@ pub const MIGRATIONS: &[&str] = &[
     ALTER TABLE sessions ADD COLUMN lease_token INTEGER NOT NULL DEFAULT 0;
     CREATE INDEX sessions_owner_node ON sessions(owner_node);
     "#,
+    // 6: artifacts shared by the nodes of a cluster (templates, images,
+    // package layers), each published once: (kind, id) -> the SHA-256 of its
+    // object (`<prefix>/artifacts/<sha256>` in the bucket), its size, what it
+    // needs (a template: its image id) and a digest to compare a local copy
+    // with (a template: its state file's SHA-256). The first record of an id
+    // wins; rows are never changed. Unused (empty) on a single node.
+    r#"
+    CREATE TABLE artifacts (
+        kind       TEXT    NOT NULL,
+        id         TEXT    NOT NULL,
+        sha256     TEXT    NOT NULL,
+        bytes      INTEGER NOT NULL CHECK (bytes >= 0),
+        needs      TEXT,
+        digest     TEXT,
+        created_ms INTEGER NOT NULL,
+        PRIMARY KEY (kind, id)
+    ) WITHOUT ROWID;
+    "#,
 ];
 
 /// Schema migrations of PostgreSQL; the row of `forkbox_schema` = number of
@@ -278,6 +298,19 @@ pub const PG_MIGRATIONS: &[&str] = &[
         egress               TEXT
     );
     "#,
+    // 3: artifacts shared by the nodes of a cluster (SQLite's step 6).
+    r#"
+    CREATE TABLE artifacts (
+        kind       TEXT   NOT NULL,
+        id         TEXT   NOT NULL,
+        sha256     TEXT   NOT NULL,
+        bytes      BIGINT NOT NULL CHECK (bytes >= 0),
+        needs      TEXT,
+        digest     TEXT,
+        created_ms BIGINT NOT NULL,
+        PRIMARY KEY (kind, id)
+    );
+    "#,
 ];
 
 /// A checkpoint file that is in the object store (migration 4's `objects`).
@@ -327,6 +360,8 @@ pub enum StoreError {
     /// took the session (this node's lease ran out).
     #[error("session {0:?} was taken over by another node; this node's checkpoint was not committed")]
     LeaseLost(String),
+    #[error("waited {secs} s for another node to finish building {what}")]
+    LockTimeout { what: String, secs: u64 },
 }
 
 impl StoreError {
@@ -1124,6 +1159,84 @@ impl Store {
         Ok(unreferenced)
     }
 
+    // --------------------------------------------------------------- artifacts
+
+    /// The published artifact (`kind`, `id`) (migration 5's `artifacts`).
+    pub fn artifact(&self, kind: ArtifactKind, id: &str) -> Result<Option<Artifact>, StoreError> {
+        let row = self
+            .conn()
+            .query_opt(
+                "SELECT kind, id, sha256, bytes, needs, digest FROM artifacts WHERE kind = ?1 AND id = ?2",
+                vals![kind.as_str(), id],
+            )
+            .op("artifact")?;
+        row.as_ref().map(artifact_row).transpose().op("artifact")
+    }
+
+    /// Every published artifact (tests, the bench).
+    pub fn all_artifacts(&self) -> Result<Vec<Artifact>, StoreError> {
+        let op = "all_artifacts";
+        let rows = self
+            .conn()
+            .query("SELECT kind, id, sha256, bytes, needs, digest FROM artifacts ORDER BY kind, id", &[])
+            .op(op)?;
+        rows.iter().map(artifact_row).collect::<Result<_, _>>().op(op)
+    }
+
+    /// Records `a` unless (`a.kind`, `a.id`) is recorded already, and returns
+    /// the record: `a`, or the earlier one (the first publisher wins; a record
+    /// never changes).
+    pub fn publish_artifact(&self, a: &Artifact, now_ms: i64) -> Result<Artifact, StoreError> {
+        let op = "publish_artifact";
+        let mut conn = self.conn();
+        let mut tx = conn.begin().op("publish_artifact: begin")?;
+        tx.execute(
+            "INSERT INTO artifacts (kind, id, sha256, bytes, needs, digest, created_ms) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (kind, id) DO NOTHING",
+            vals![a.kind.as_str(), &a.id, &a.sha256, to_i64("bytes", a.bytes)?, &a.needs, &a.digest, now_ms],
+        )
+        .op(op)?;
+        let row = tx
+            .query_opt(
+                "SELECT kind, id, sha256, bytes, needs, digest FROM artifacts WHERE kind = ?1 AND id = ?2",
+                vals![a.kind.as_str(), &a.id],
+            )
+            .op(op)?;
+        let won = row.as_ref().map(artifact_row).transpose().op(op)?;
+        tx.commit().op("publish_artifact: commit")?;
+        won.ok_or_else(|| {
+            StoreError::Setup(format!("artifact {} {} was recorded and is not there", a.kind.as_str(), a.id))
+        })
+    }
+
+    /// The cluster-wide lock of artifact (`kind`, `id`), waiting up to `wait`
+    /// for the node that holds it: a PostgreSQL session-level advisory lock on
+    /// a connection of its own (so the store's connection stays free while a
+    /// template builds), released when the guard drops or that connection
+    /// dies with its node. SQLite (one node): no lock to take.
+    pub fn lock_artifact(&self, kind: ArtifactKind, id: &str, wait: Duration) -> Result<ArtifactLock, StoreError> {
+        let Some(url) = self.url.as_deref() else { return Ok(ArtifactLock { conn: None, key: 0 }) };
+        let key = artifact_lock_key(kind, id);
+        let mut conn = Conn::postgres(url).op("lock_artifact: connect")?;
+        let deadline = std::time::Instant::now() + wait;
+        let mut logged = false;
+        loop {
+            let got =
+                scalar(&mut conn, "SELECT pg_try_advisory_lock(?1)", vals![key], "lock_artifact")?.flatten() == Some(1);
+            if got {
+                return Ok(ArtifactLock { conn: Some(conn), key });
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(StoreError::LockTimeout { what: format!("{} {id}", kind.as_str()), secs: wait.as_secs() });
+            }
+            if !logged {
+                tracing::info!(kind = kind.as_str(), id, "another node is building it; waiting");
+                logged = true;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// Checkpoints no live session needs, by id: not owned by a live session,
     /// not a live session's head, and not an ancestor of either. The set is
     /// closed under descendants, so it can be passed to
@@ -1306,6 +1419,45 @@ fn claim_node(conn: &mut Conn) -> Result<(), StoreError> {
         return Err(StoreError::Claimed);
     }
     Ok(())
+}
+
+/// A held [`Store::lock_artifact`]: unlocked (and its connection closed) when dropped.
+pub struct ArtifactLock {
+    conn: Option<Conn>,
+    key: i64,
+}
+
+impl Drop for ArtifactLock {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.as_mut() {
+            // Closing the connection releases it too, should this fail.
+            let _ = conn.execute("SELECT pg_advisory_unlock(?1)", vals![self.key]);
+        }
+    }
+}
+
+/// The advisory-lock key of an artifact: 64 bits of SHA-256 of its kind and id.
+fn artifact_lock_key(kind: ArtifactKind, id: &str) -> i64 {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(b"forkbox artifact\0");
+    h.update(kind.as_str().as_bytes());
+    h.update(b"\0");
+    h.update(id.as_bytes());
+    let d = h.finalize();
+    i64::from_le_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]])
+}
+
+fn artifact_row(row: &Row) -> Result<Artifact, DbError> {
+    let kind = row.text(0)?;
+    Ok(Artifact {
+        kind: ArtifactKind::parse(&kind).ok_or(DbError::Type { col: 0, want: "an artifact kind", found: kind })?,
+        id: row.text(1)?,
+        sha256: row.text(2)?,
+        bytes: row.u64(3)?,
+        needs: row.opt_text(4)?,
+        digest: row.opt_text(5)?,
+    })
 }
 
 fn object_row(row: &Row) -> Result<StoredObject, DbError> {
@@ -1496,6 +1648,7 @@ mod tests {
         objects_round_trip,
         leases_move_sessions_between_nodes_and_fence_commits,
         nodes_heartbeat_drain_and_are_forgotten,
+        artifacts_are_published_once,
     );
 
     /// Node `id`'s heartbeat `ms` older (as if it had stopped beating that long ago).
@@ -2111,7 +2264,7 @@ mod tests {
             .unwrap();
         }
         let s = Store::open(&path).unwrap();
-        assert_eq!(s.schema_version().unwrap(), MIGRATIONS.len() as i64);
+        assert_eq!(s.schema_version().unwrap(), MIGRATIONS.len() as i64, "migrated to the latest");
         assert_eq!(s.checkpoint_by_seq("a", 1).unwrap().unwrap().layer, "l1");
         assert!(s.all_objects().unwrap().is_empty());
         // A checkpoint commits with its objects; two files of one content share an object.
@@ -2333,6 +2486,47 @@ mod tests {
         assert_eq!(gone, ["cc", "dd"]);
         assert_eq!(s.forget_objects(&["c1.files".into()]).unwrap(), ["aa"]);
         assert!(s.all_objects().unwrap().is_empty());
+    }
+
+    fn artifacts_are_published_once(kind: Kind) {
+        let (db, s) = tmp_on(kind);
+        let art = |id: &str, sha: &str| Artifact {
+            kind: ArtifactKind::Template,
+            id: id.into(),
+            sha256: sha.into(),
+            bytes: 45 << 20,
+            needs: Some("img".into()),
+            digest: Some("d".into()),
+        };
+        assert_eq!(s.artifact(ArtifactKind::Template, "t1").unwrap(), None);
+        assert_eq!(s.publish_artifact(&art("t1", "aa"), 1).unwrap(), art("t1", "aa"));
+        // Another node's copy of the same id: the first record wins, unchanged.
+        let other = s.publish_artifact(&art("t1", "bb"), 2).unwrap();
+        assert_eq!(other, art("t1", "aa"));
+        assert_eq!(db.open().artifact(ArtifactKind::Template, "t1").unwrap(), Some(art("t1", "aa")));
+        // Kinds are separate name spaces.
+        let img = Artifact { kind: ArtifactKind::Image, needs: None, digest: None, ..art("t1", "cc") };
+        assert_eq!(s.publish_artifact(&img, 3).unwrap(), img);
+        assert_eq!(s.all_artifacts().unwrap(), [img, art("t1", "aa")]);
+        // The build lock: exclusive between nodes (PostgreSQL), released on drop.
+        let held = s.lock_artifact(ArtifactKind::Template, "t1", Duration::from_secs(1)).unwrap();
+        let other = db.open();
+        match kind {
+            Kind::Postgres => {
+                let t0 = Instant::now();
+                let e = other.lock_artifact(ArtifactKind::Template, "t1", Duration::from_millis(300)).err();
+                assert!(matches!(e, Some(StoreError::LockTimeout { .. })), "{e:?}");
+                assert!(t0.elapsed() >= Duration::from_millis(300));
+                // Another id is another lock.
+                drop(other.lock_artifact(ArtifactKind::Template, "t2", Duration::from_millis(300)).unwrap());
+                drop(held);
+                drop(other.lock_artifact(ArtifactKind::Template, "t1", Duration::from_millis(300)).unwrap());
+            }
+            Kind::Sqlite => {
+                drop(other.lock_artifact(ArtifactKind::Template, "t1", Duration::from_millis(300)).unwrap());
+                drop(held);
+            }
+        }
     }
 
     #[test]

@@ -9,10 +9,14 @@
 //!   The state also records the memory file's size and checksum, so a corrupt or
 //!   truncated memory file is rejected before it is ever mapped.
 //!
+//! - a template bundle (`bundle`): a template directory as one file, holes
+//!   left out, to share it through an object store.
+//!
 //! Place in the flow request -> runtime -> sessions -> engine -> **snapshot** -> vmm/linux:
 //! the engine's persisted state (templates, session checkpoints' layers), on
 //! top of forkbox-vmm and forkbox-linux's state types.
 
+pub mod bundle;
 pub mod cpu;
 pub mod files;
 pub mod layer;

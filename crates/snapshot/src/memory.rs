@@ -161,14 +161,14 @@ impl MemoryFile {
     }
 }
 
-fn seek_data(f: &File, from: u64) -> Option<u64> {
+pub(crate) fn seek_data(f: &File, from: u64) -> Option<u64> {
     use std::os::fd::AsRawFd;
     // SAFETY: lseek on our own fd.
     let r = unsafe { libc::lseek(f.as_raw_fd(), from as i64, libc::SEEK_DATA) };
     (r >= 0).then_some(r as u64)
 }
 
-fn seek_hole(f: &File, from: u64) -> Option<u64> {
+pub(crate) fn seek_hole(f: &File, from: u64) -> Option<u64> {
     use std::os::fd::AsRawFd;
     // SAFETY: lseek on our own fd.
     let r = unsafe { libc::lseek(f.as_raw_fd(), from as i64, libc::SEEK_HOLE) };

@@ -1,7 +1,8 @@
 //! Property tests of the snapshot decoders (issue 16, item 4): the state file
 //! decoder (`state::decode`, every readable version), the layer reader
-//! (`Layer::read`) and the pack-file reader (`FileTable::validate` +
-//! `PackReader::read_into`) on random bytes, truncations, bit flips, byte
+//! (`Layer::read`), the pack-file reader (`FileTable::validate` +
+//! `PackReader::read_into`) and the template bundle reader (`bundle::unpack_from`,
+//! issue 18: a bundle comes from a bucket) on random bytes, truncations, bit flips, byte
 //! overwrites and insertions of the committed golden files — also "resealed"
 //! (length fields and checksum recomputed after the mutation, so the payload
 //! decoders behind the checksum are reached). Each must return a clean typed
@@ -17,6 +18,7 @@ use std::cell::Cell;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use forkbox_snapshot::bundle::{self, BUNDLE_HEADER};
 use forkbox_snapshot::files::{FileTable, PackReader, StoredChunk, StoredFile, PACK_HEADER, PACK_MAGIC, PACK_VERSION};
 use forkbox_snapshot::{state, Layer, StateError};
 use proptest::prelude::*;
@@ -232,6 +234,122 @@ fn layer_with_a_huge_page_number_is_corrupt() {
         Err(StateError::Corrupt(why)) => assert!(why.contains("beyond"), "{why}"),
         Err(e) => panic!("a page past 64 GiB must be refused as corrupt, got {e:?}"),
         Ok(l) => panic!("a page past 64 GiB must be refused as corrupt, read pages {:?}", l.pages),
+    }
+}
+
+/// Unpack `bytes` as a template bundle into a fresh directory: a clean typed
+/// error (and no file left), or files that pack back to exactly `bytes` (the
+/// encoding is canonical, so whatever the reader accepts is what a writer writes).
+fn check_bundle(bytes: &[u8]) {
+    let dir = tempfile::tempdir().unwrap();
+    let r = bounded(bound_for(bytes.len()), "bundle::unpack_from", || {
+        bundle::unpack_from(bytes, bytes.len() as u64, dir.path())
+    });
+    match r {
+        Ok(info) => {
+            assert_eq!(info.bytes, bytes.len() as u64);
+            assert_eq!(info.sha256, hex::encode(Sha256::digest(bytes)));
+            let again = dir.path().join("again");
+            let packed = bundle::pack(dir.path(), &again).expect("an unpacked bundle packs again");
+            assert_eq!(packed, info);
+            assert!(std::fs::read(&again).unwrap() == bytes, "a bundle that unpacks packs back to other bytes");
+        }
+        Err(StateError::Corrupt(_)) => {
+            let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().map(|e| e.file_name()).collect();
+            assert!(left.is_empty(), "a refused bundle left files: {left:?}");
+        }
+        Err(e) => panic!("unexpected error kind from bundle::unpack_from: {e:?}"),
+    }
+}
+
+/// The bundle's trailer (SHA-256 of everything before it) recomputed.
+fn seal_bundle(mut bytes: Vec<u8>) -> Vec<u8> {
+    if bytes.len() < 32 {
+        return bytes;
+    }
+    let n = bytes.len() - 32;
+    let sum = Sha256::digest(&bytes[..n]);
+    bytes[n..].copy_from_slice(&sum);
+    bytes
+}
+
+/// A bundle header (48 bytes) with chosen fields.
+fn bundle_header(state_len: u64, memory_size: u64, runs: u64, pages: u64) -> Vec<u8> {
+    let mut b = bundle::BUNDLE_MAGIC.to_vec();
+    b.extend_from_slice(&bundle::BUNDLE_VERSION.to_le_bytes());
+    b.extend_from_slice(&0u32.to_le_bytes());
+    for v in [state_len, memory_size, runs, pages] {
+        b.extend_from_slice(&v.to_le_bytes());
+    }
+    b
+}
+
+#[test]
+fn the_golden_bundle_unpacks_and_packs_back() {
+    let g = golden("template-bundle-v1.bin");
+    let dir = tempfile::tempdir().unwrap();
+    bundle::unpack_from(&g[..], g.len() as u64, dir.path()).unwrap();
+    check_bundle(&g);
+}
+
+/// Lengths near u64::MAX behind a valid trailer: refused before anything is
+/// allocated or written from them.
+#[test]
+fn bundle_lengths_near_u64_max_are_corrupt_not_a_panic() {
+    for (state_len, memory, runs, pages) in [
+        (u64::MAX, 4096, 0, 0),
+        (0, u64::MAX - 4095, 1, 1),
+        (0, 1 << 30, u64::MAX / 16 + 1, u64::MAX / 16 + 1),
+        (0, 1 << 30, 1, u64::MAX / 4096 + 1),
+        (u64::MAX - 100, 1 << 30, 1, 1),
+    ] {
+        let mut b = bundle_header(state_len, memory, runs, pages);
+        b.extend_from_slice(&[7u8; 4096 + 16]);
+        b.extend_from_slice(&[0u8; 32]);
+        let b = seal_bundle(b);
+        let dir = tempfile::tempdir().unwrap();
+        let r = bounded(1 << 20, "bundle::unpack_from", || bundle::unpack_from(&b[..], b.len() as u64, dir.path()));
+        assert!(matches!(r, Err(StateError::Corrupt(_))), "{r:?}");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+
+    #[test]
+    fn bundle_unpack_of_mutated_golden_files(muts in prop::collection::vec(mutation(), 1..6)) {
+        let g = golden("template-bundle-v1.bin");
+        // Raw (the trailer must catch it) ...
+        check_bundle(&mutate(g.clone(), 0, &muts));
+        // ... resealed, for the checks behind the trailer ...
+        check_bundle(&seal_bundle(mutate(g.clone(), 0, &muts)));
+        // ... and header fields only (lengths, counts), body intact, resealed.
+        check_bundle(&seal_bundle(mutate(g, 16, &muts[..1])));
+    }
+
+    #[test]
+    fn bundle_unpack_of_random_bodies(
+        state_len in prop_oneof![0u64..64, any::<u64>()],
+        memory_pages in prop_oneof![0u64..64, any::<u64>()],
+        runs in prop::collection::vec((0u64..70, 0u64..4), 0..5),
+        data in prop::collection::vec(any::<u8>(), 0..64),
+        page_fill in any::<u8>(),
+    ) {
+        let pages: u64 = runs.iter().map(|r| r.1).sum();
+        let mut b = bundle_header(state_len, memory_pages.wrapping_mul(4096), runs.len() as u64, pages);
+        let state: Vec<u8> = data.iter().copied().cycle().take((state_len % 64) as usize).collect();
+        b.extend_from_slice(&state);
+        for (first, n) in &runs {
+            b.extend_from_slice(&first.to_le_bytes());
+            b.extend_from_slice(&n.to_le_bytes());
+        }
+        for p in 0..pages {
+            b.extend(std::iter::repeat_n(page_fill.wrapping_add(p as u8), 4096));
+        }
+        b.extend_from_slice(&[0u8; 32]);
+        check_bundle(&b);
+        check_bundle(&seal_bundle(b));
+        prop_assert!(BUNDLE_HEADER == 48);
     }
 }
 

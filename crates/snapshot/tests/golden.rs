@@ -1,5 +1,6 @@
 //! Golden files of the persisted formats: a template's state file, a session
-//! checkpoint's state file and a layer file, built from a tiny synthetic
+//! checkpoint's state file, a layer file and a template bundle (the transfer
+//! format of a template directory, `bundle.rs`: its own synthetic directory), built from a tiny synthetic
 //! state (a packed 3-file image, a few mappings and fds, fixed registers),
 //! committed under `tests/golden/`.
 //!
@@ -13,7 +14,7 @@
 //!   (`READABLE_VERSIONS`, `READABLE_LAYER_VERSIONS`) still decodes.
 //!
 //! So when a format changes: bump its version (`FORMAT_VERSION` in
-//! src/state.rs, `LAYER_VERSION` in src/layer.rs), give the previous version a
+//! src/state.rs, `LAYER_VERSION` in src/layer.rs, `BUNDLE_VERSION` in src/bundle.rs), give the previous version a
 //! reader (frozen copies of its types and a conversion; see the module docs),
 //! then write the new version's golden files with
 //!
@@ -37,6 +38,7 @@ use forkbox_linux::process::ProcessState;
 use forkbox_linux::thread::{SavedCpu, SigInfo, Thread, Timer, Wait, WaitKind};
 use forkbox_linux::vfs::{BodyState, Vfs, ROOT_INO};
 use forkbox_linux::Process;
+use forkbox_snapshot::bundle::{self, BUNDLE_VERSION, READABLE_BUNDLE_VERSIONS};
 use forkbox_snapshot::cpu::{CpuFingerprint, CpuidLeaf};
 use forkbox_snapshot::files::{FileTable, StoredChunk, StoredFile};
 use forkbox_snapshot::layer::{apply_layers, write_layer, Layer, LAYER_VERSION, READABLE_LAYER_VERSIONS};
@@ -328,16 +330,36 @@ fn layer_inputs() -> (Vec<u8>, GuestMemory, Vec<u64>) {
     (base, mem, vec![1, 3, 5])
 }
 
+/// A tiny template directory for the bundle format: a state file (any bytes:
+/// a bundle carries it verbatim) and a sparse 1 MiB memory file with data in
+/// pages 1, 2 and 9 and an explicitly written zero page 7 (left out).
+fn bundle_dir(tmp: &Path) -> PathBuf {
+    use std::os::unix::fs::FileExt;
+    let dir = tmp.join("template");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join(bundle::STATE_FILE), b"a template's state file, carried verbatim\n").unwrap();
+    let (base, _, _) = layer_inputs();
+    let f = std::fs::File::create(dir.join(bundle::MEMORY_FILE)).unwrap();
+    f.set_len(1 << 20).unwrap();
+    f.write_all_at(&base[4096..3 * 4096], 4096).unwrap();
+    f.write_all_at(&[0u8; 4096], 7 * 4096).unwrap();
+    f.write_all_at(&base[..4096], 9 * 4096).unwrap();
+    dir
+}
+
 /// What the current code writes: (golden file name, bytes).
 fn current_files(tmp: &Path) -> Vec<(PathBuf, Vec<u8>)> {
     let image = image(tmp);
     let (base, mem, pages) = layer_inputs();
     let layer = tmp.join("layer");
     write_layer(&layer, &mem, &base, &pages).unwrap();
+    let bundle_file = tmp.join("bundle");
+    bundle::pack(&bundle_dir(tmp), &bundle_file).unwrap();
     vec![
         (golden("template-state", FORMAT_VERSION), state::encode(&template_state(&image))),
         (golden("session-state", FORMAT_VERSION), state::encode(&session_state(&image))),
         (golden("layer", LAYER_VERSION), std::fs::read(&layer).unwrap()),
+        (golden("template-bundle", BUNDLE_VERSION), std::fs::read(&bundle_file).unwrap()),
     ]
 }
 
@@ -418,6 +440,29 @@ fn golden_layers_of_every_readable_version_apply() {
     }
 }
 
+#[test]
+fn golden_bundles_of_every_readable_version_unpack() {
+    assert_eq!(READABLE_BUNDLE_VERSIONS.last(), Some(&BUNDLE_VERSION));
+    let tmp = tempfile::tempdir().unwrap();
+    let src = bundle_dir(tmp.path());
+    for &v in READABLE_BUNDLE_VERSIONS {
+        let out = tmp.path().join(format!("unpacked-v{v}"));
+        std::fs::create_dir_all(&out).unwrap();
+        let info = bundle::unpack(&golden("template-bundle", v), &out)
+            .unwrap_or_else(|e| panic!("template bundle v{v} no longer unpacks: {e}"));
+        assert_eq!((info.pages, info.runs, info.memory_size), (3, 2, 1 << 20), "bundle v{v}");
+        for f in [bundle::STATE_FILE, bundle::MEMORY_FILE] {
+            assert!(
+                std::fs::read(out.join(f)).unwrap() == std::fs::read(src.join(f)).unwrap(),
+                "bundle v{v}: {f} differs"
+            );
+        }
+        // Sparse: the holes stay holes (the 1 MiB file has 3 pages of data).
+        let used = std::os::unix::fs::MetadataExt::blocks(&std::fs::metadata(out.join(bundle::MEMORY_FILE)).unwrap());
+        assert!(used * 512 <= 64 << 10, "bundle v{v}: the unpacked memory file uses {} bytes", used * 512);
+    }
+}
+
 /// Every golden file in the directory is of a version this code reads (an
 /// old one dropped from the readers must be deleted on purpose).
 #[test]
@@ -427,7 +472,11 @@ fn no_golden_file_of_an_unreadable_version() {
         let Some(stem) = name.strip_suffix(".bin") else { continue };
         let (kind, v) = stem.rsplit_once("-v").unwrap_or_else(|| panic!("golden file {name} is not KIND-vN.bin"));
         let v: u32 = v.parse().unwrap_or_else(|_| panic!("golden file {name}: bad version"));
-        let readable = if kind == "layer" { READABLE_LAYER_VERSIONS } else { READABLE_VERSIONS };
+        let readable = match kind {
+            "layer" => READABLE_LAYER_VERSIONS,
+            "template-bundle" => READABLE_BUNDLE_VERSIONS,
+            _ => READABLE_VERSIONS,
+        };
         assert!(readable.contains(&v), "golden file {name}: version {v} is not readable any more");
     }
 }

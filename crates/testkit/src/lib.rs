@@ -110,6 +110,34 @@ pub fn fresh_home(prefix: &str) -> tempfile::TempDir {
     dir
 }
 
+/// A new data directory for a node of a test cluster (issue 18: nodes that
+/// share templates through a database and a bucket): the shared home's apt
+/// resolutions, so that its default image has the shared home's id, and with
+/// `with_image` that image file too (hard-linked: as a node that built it
+/// earlier has it). No templates: a node builds or fetches its own.
+pub fn node_home(prefix: &str, with_image: bool) -> tempfile::TempDir {
+    let image = image_path();
+    let home = tempfile::Builder::new().prefix(prefix).tempdir().expect("temp dir");
+    let to = home.path().join("cache").join("apt");
+    std::fs::create_dir_all(&to).expect("cache/apt");
+    let from = self::home().join("cache").join("apt");
+    for e in std::fs::read_dir(&from).unwrap_or_else(|e| panic!("{}: {e}", from.display())).flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with("resolved-") && name.ends_with(".txt") {
+            std::fs::copy(e.path(), to.join(&name)).expect("copying an apt resolution");
+        }
+    }
+    if with_image {
+        let images = home.path().join("images");
+        std::fs::create_dir_all(&images).expect("images");
+        let dest = images.join(image.file_name().expect("image file name"));
+        if std::fs::hard_link(&image, &dest).is_err() {
+            std::fs::copy(&image, &dest).expect("copying the image");
+        }
+    }
+    home
+}
+
 /// `home/templates` -> the shared home's templates (so the CLI and runtimes on `home` reuse them).
 pub fn link_templates(home: &Path, shared_home: &Path) {
     std::os::unix::fs::symlink(forkbox_engine::template::templates_dir(shared_home), home.join("templates"))

@@ -274,6 +274,15 @@ pub fn check_spec(spec: &ImageSpec) -> Result<(), BuildError> {
 /// The id of `spec`'s image if it is built already under `home` (resolves with apt,
 /// from its cache when the package lists did not change; downloads nothing).
 pub fn built_id(spec: &ImageSpec, home: &Path) -> Result<Option<String>, BuildError> {
+    let id = resolve_id(spec, home)?;
+    Ok(image_path(home, &id).exists().then_some(id))
+}
+
+/// The id `build` gives `spec`'s image, built or not: the package closure
+/// resolved with apt (from its cache when the package lists did not change)
+/// and pip's wheels fetched (downloads no .deb). A node of a cluster uses it
+/// to look for a published image or template before it builds anything.
+pub fn resolve_id(spec: &ImageSpec, home: &Path) -> Result<String, BuildError> {
     spec.validate()?;
     let debs = apt::resolve(&spec.requested(), &spec.omitted(), &home.join("cache"))?;
     let wheels = if spec.pip.is_empty() {
@@ -283,8 +292,7 @@ pub fn built_id(spec: &ImageSpec, home: &Path) -> Result<Option<String>, BuildEr
         fs::create_dir_all(&tmp).map_err(|e| BuildError::io("setup", &tmp, e))?;
         wheels::fetch(&spec.pip, &spec.pip_source, &home.join("cache"), &tmp)?
     };
-    let id = recipe_id_with_wheels(spec, &debs, &wheels);
-    Ok(image_path(home, &id).exists().then_some(id))
+    Ok(recipe_id_with_wheels(spec, &debs, &wheels))
 }
 
 /// Build (or reuse) the image for `spec`. Needs root (dpkg-deb ownership, ldconfig -r),

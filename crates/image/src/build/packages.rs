@@ -175,6 +175,11 @@ impl PackageStore {
         self.home.join("packages")
     }
 
+    /// Where the layer `id` (a wheel's sha256) is kept (None: not a layer id).
+    pub fn layer_path(&self, id: &str) -> Option<PathBuf> {
+        is_sha256(id).then(|| self.layers_dir().join(id).join("layer.img"))
+    }
+
     /// The layer `id` (a wheel's sha256), from this process' open layers or from disk.
     pub fn open_layer(&self, id: &str) -> Result<Arc<Image>, PackageError> {
         if !is_sha256(id) {

@@ -1,0 +1,138 @@
+//! Templates shared by the nodes of a cluster (`serve --database postgres://...
+//! --objects s3://...`), over HTTP: the real server (`Server::bind`, as
+//! `forkbox serve` runs it) on a real PostgreSQL and a real S3-compatible
+//! server (s3s-fs) on loopback, over real KVM guests. The first node builds
+//! and publishes its default template at start; a second node with an empty
+//! data directory fetches it (and its image) instead, then resumes the first
+//! node's sessions, one of them on a checkpoint template that it fetches on
+//! demand from an exec thread (under its seccomp filter).
+//!
+//! Needs /dev/kvm, PostgreSQL and s3s-fs (FAILS without them, never skips).
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
+
+use std::time::Duration;
+
+use forkbox_server::{Server, ServerConfig};
+use forkbox_sessions::store::Store;
+use forkbox_testkit::postgres::Postgres;
+use forkbox_testkit::s3::S3;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+struct Node {
+    url: String,
+    key: String,
+    stop: tokio::sync::oneshot::Sender<()>,
+    run: tokio::task::JoinHandle<anyhow::Result<()>>,
+    http: reqwest::Client,
+}
+
+fn config(home: &std::path::Path, pg: &Postgres, s3: &S3, node: &str) -> ServerConfig {
+    let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap(), home.to_path_buf());
+    cfg.sessions.database = Some(pg.url());
+    cfg.sessions.objects = Some(s3.config());
+    // (The URL: the address it binds.)
+    cfg.sessions.cluster = Some(forkbox_runtime::ClusterConfig {
+        node_id: node.into(),
+        url: String::new(),
+        lease: std::time::Duration::from_secs(10),
+    });
+    cfg
+}
+
+impl Node {
+    async fn start(cfg: ServerConfig) -> Node {
+        let server = Server::bind(cfg).await.expect("bind");
+        let key = server.created_key.clone().expect("a key");
+        let addr = server.local_addr().unwrap();
+        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+        let run = tokio::spawn(server.run(async move {
+            let _ = rx.await;
+        }));
+        Node { url: format!("http://{addr}"), key, stop, run, http: reqwest::Client::new() }
+    }
+
+    async fn stop(self) {
+        self.stop.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(30), self.run).await.expect("shutdown in time").unwrap().expect("run");
+    }
+
+    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
+        let mut req = self.http.request(method, format!("{}{path}", self.url)).bearer_auth(&self.key);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let resp = req.send().await.expect("request");
+        let status = resp.status();
+        let text = resp.text().await.unwrap();
+        (status, if text.is_empty() { Value::Null } else { serde_json::from_str(&text).unwrap_or(Value::String(text)) })
+    }
+
+    async fn post(&self, path: &str, body: Value) -> Value {
+        let (st, v) = self.call(reqwest::Method::POST, path, Some(body.clone())).await;
+        assert!(st.is_success(), "POST {path} {body}: {st} {v}");
+        v
+    }
+
+    async fn value(&self, id: &str, code: &str) -> Value {
+        let v = self.post(&format!("/v1/sessions/{id}/exec"), json!({ "code": code })).await;
+        assert!(v["error"].is_null(), "{code}: {v}");
+        v["value"].clone()
+    }
+}
+
+fn files(dir: &std::path::Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_node_fetches_the_templates_and_resumes_the_first_nodes_sessions() {
+    forkbox_testkit::require_kvm();
+    forkbox_testkit::raise_fd_limit();
+    let pg = Postgres::start();
+    let s3 = S3::start();
+    let (a_home, b_home) = tokio::task::spawn_blocking(|| {
+        (forkbox_testkit::node_home("forkbox-node-a-", true), forkbox_testkit::node_home("forkbox-node-b-", false))
+    })
+    .await
+    .unwrap();
+
+    // Node A: builds the default template at start and publishes it.
+    let a = Node::start(config(a_home.path(), &pg, &s3, "a")).await;
+    let published = || {
+        let url = pg.url();
+        async move {
+            tokio::task::spawn_blocking(move || Store::open_postgres(&url).unwrap().all_artifacts().unwrap())
+                .await
+                .unwrap()
+        }
+    };
+    let at_start = published().await;
+    assert_eq!(at_start.len(), 2, "the default template and its image: {at_start:#?}");
+    let s1 = a.post("/v1/sessions", json!({})).await["id"].as_str().unwrap().to_string();
+    let v = a
+        .post(&format!("/v1/sessions/{s1}/exec"), json!({ "code": "x = 41\nopen('/tmp/a.txt', 'w').write('from A')" }))
+        .await;
+    let seq = v["checkpoint"].as_i64().unwrap();
+    a.post(&format!("/v1/sessions/{s1}/checkpoints/{seq}/template"), json!({ "name": "snap" })).await;
+    let s2 = a.post("/v1/sessions", json!({ "template": "snap" })).await["id"].as_str().unwrap().to_string();
+    a.value(&s2, "y = x * 2").await;
+    assert_eq!(published().await.len(), 3, "the checkpoint template is published when it is made");
+    a.stop().await;
+
+    // Node B: an empty data directory; it fetches what A published, builds nothing.
+    let b = Node::start(config(b_home.path(), &pg, &s3, "b")).await;
+    assert_eq!(files(&b_home.path().join("templates")).len(), 1, "the default template, fetched");
+    assert_eq!(b.value(&s1, "(x + 1, open('/tmp/a.txt').read())").await, json!("(42, 'from A')"));
+    // The checkpoint template: fetched on demand when its session resumes (on an exec thread).
+    assert_eq!(b.value(&s2, "(x, y)").await, json!("(41, 82)"));
+    let mut ids: Vec<String> = published().await.into_iter().filter(|p| p.needs.is_some()).map(|p| p.id).collect();
+    ids.sort();
+    assert_eq!(files(&b_home.path().join("templates")), ids, "B has exactly the published templates");
+    assert_eq!(published().await.len(), 3, "B published nothing new");
+    b.stop().await;
+}
