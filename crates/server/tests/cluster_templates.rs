@@ -41,9 +41,10 @@ fn config(home: &std::path::Path, pg: &Postgres, s3: &S3, node: &str) -> ServerC
 }
 
 impl Node {
-    async fn start(cfg: ServerConfig) -> Node {
+    /// `key`: one the cluster knows already (keys live in its database), else the one the server made.
+    async fn start(cfg: ServerConfig, key: Option<String>) -> Node {
         let server = Server::bind(cfg).await.expect("bind");
-        let key = server.created_key.clone().expect("a key");
+        let key = key.or(server.created_key.clone()).expect("a key");
         let addr = server.local_addr().unwrap();
         let (stop, rx) = tokio::sync::oneshot::channel::<()>();
         let run = tokio::spawn(server.run(async move {
@@ -102,7 +103,8 @@ async fn a_second_node_fetches_the_templates_and_resumes_the_first_nodes_session
     .unwrap();
 
     // Node A: builds the default template at start and publishes it.
-    let a = Node::start(config(a_home.path(), &pg, &s3, "a")).await;
+    let a = Node::start(config(a_home.path(), &pg, &s3, "a"), None).await;
+    let key = a.key.clone();
     let published = || {
         let url = pg.url();
         async move {
@@ -125,7 +127,8 @@ async fn a_second_node_fetches_the_templates_and_resumes_the_first_nodes_session
     a.stop().await;
 
     // Node B: an empty data directory; it fetches what A published, builds nothing.
-    let b = Node::start(config(b_home.path(), &pg, &s3, "b")).await;
+    // (No key is made: the cluster has one, and A's works here.)
+    let b = Node::start(config(b_home.path(), &pg, &s3, "b"), Some(key)).await;
     assert_eq!(files(&b_home.path().join("templates")).len(), 1, "the default template, fetched");
     assert_eq!(b.value(&s1, "(x + 1, open('/tmp/a.txt').read())").await, json!("(42, 'from A')"));
     // The checkpoint template: fetched on demand when its session resumes (on an exec thread).
