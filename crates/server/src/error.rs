@@ -3,8 +3,8 @@
 //! `forkbox_api::ErrorCode`, exported in the OpenAPI document as the
 //! `ErrorCode` schema and its `x-codes` extension). Only internal failures are
 //! 5xx (`internal`, `storage_error`, `protocol_error`, `boot_failed`), and 503
-//! `overloaded` / `storage_unavailable`; 429, 503 and 409 `session_busy` / `template_not_ready` come
-//! with `Retry-After`.
+//! `overloaded` / `storage_unavailable` / `session_moved`; 429, 503 and 409 `session_busy` /
+//! `template_not_ready` come with `Retry-After`.
 //!
 //! An exec that failed after it ran (timeout, crash, exit, kill, interrupt)
 //! carries what it wrote before in `error.stdout` / `error.stderr` (one-shot,

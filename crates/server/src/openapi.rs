@@ -16,7 +16,7 @@ const COMMON: &[(&str, &str)] = &[
     ("404", "No such session, checkpoint or instruction of this tenant"),
     ("413", "Request body or code over the size limit"),
     ("429", "The key is over its requests/s (`rate_limited`, with Retry-After)"),
-    ("503", "Every exec slot is busy and the wait queue is full (`overloaded`), or the object store holding the checkpoints or the PostgreSQL metadata database is unreachable (`storage_unavailable`); with Retry-After"),
+    ("503", "Every exec slot is busy and the wait queue is full (`overloaded`), or the object store holding the checkpoints or the PostgreSQL metadata database is unreachable (`storage_unavailable`), or (a cluster) the session is moving between nodes (`session_moved`); with Retry-After"),
 ];
 
 fn error_response(description: &str) -> RefOr<Response> {
