@@ -238,7 +238,7 @@ STATUS_OF_CODE: dict[str, int] = {
     "inspect_failed": 422,
     "upgrade_required": 426, "rate_limited": 429, "cpu_budget_exceeded": 429, "internal": 500, "storage_error": 500,
     "protocol_error": 500, "boot_failed": 500, "cpu_mismatch": 500, "overloaded": 503,
-    "storage_unavailable": 503, "insufficient_storage": 507,
+    "storage_unavailable": 503, "session_moved": 503, "insufficient_storage": 507,
 }
 
 
