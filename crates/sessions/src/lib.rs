@@ -6,6 +6,7 @@
 //! by forkbox-runtime (the front ends never see the store).
 
 pub mod db;
+pub mod host;
 pub mod manager;
 pub mod objects;
 pub mod store;
