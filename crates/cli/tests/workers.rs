@@ -543,10 +543,12 @@ async fn files_and_the_tree_of_states_work_in_session_workers() {
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["files"][0]["name"], "in.txt", "{v}");
     assert_eq!(v["files"][0]["size"], 5, "{v}");
-    let (st, v) = s.session_exec(&s.key, &a, "a = open('/data/in.txt').read()\nopen('/data/out.txt', 'w').write('xyz')").await;
+    let (st, v) =
+        s.session_exec(&s.key, &a, "a = open('/data/in.txt').read()\nopen('/data/out.txt', 'w').write('xyz')").await;
     assert_eq!((st, v["checkpoint"].clone()), (200, json!(2)), "{v}");
     // Variables and a diff, each read in throwaway forks in the tenant's worker.
-    let (st, v) = s.call(reqwest::Method::GET, &format!("/v1/sessions/{a}/checkpoints/2/variables"), &s.key, None).await;
+    let (st, v) =
+        s.call(reqwest::Method::GET, &format!("/v1/sessions/{a}/checkpoints/2/variables"), &s.key, None).await;
     assert_eq!(st, 200, "{v}");
     assert!(v["variables"].as_array().unwrap().iter().any(|x| x["name"] == "a" && x["repr"] == "'hello'"), "{v}");
     let (st, v) = s.call(reqwest::Method::GET, &format!("/v1/sessions/{a}/diff?from=1&to=2"), &s.key, None).await;

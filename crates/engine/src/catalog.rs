@@ -803,8 +803,18 @@ impl Catalog {
         let built = (|| -> Result<Template, EngineError> {
             std::fs::create_dir_all(&dir).map_err(io("create", &dir))?;
             let (mp, sp) = (dir.join("memory"), dir.join("state"));
-            let mut memory = std::fs::File::options().read(true).write(true).create_new(true).open(&mp).map_err(io("create", &mp))?;
-            let mut state = std::fs::File::options().read(true).write(true).create_new(true).open(&sp).map_err(io("create", &sp))?;
+            let mut memory = std::fs::File::options()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .open(&mp)
+                .map_err(io("create", &mp))?;
+            let mut state = std::fs::File::options()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .open(&sp)
+                .map_err(io("create", &sp))?;
             write(&id, &note, &mut memory, &mut state)?;
             memory.sync_all().map_err(io("fsync", &mp))?;
             state.sync_all().map_err(io("fsync", &sp))?;

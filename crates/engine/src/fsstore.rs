@@ -158,7 +158,11 @@ impl FilesPlan {
 
 /// Put the bytes of the files in `table` (read from the packs `reader` has,
 /// verified) back into `state`, and remember where they are stored.
-pub(crate) fn load(state: &mut ProcessState, table: &FileTable, reader: &mut PackReader<'_>) -> Result<StoredFiles, StateError> {
+pub(crate) fn load(
+    state: &mut ProcessState,
+    table: &FileTable,
+    reader: &mut PackReader<'_>,
+) -> Result<StoredFiles, StateError> {
     table.validate()?;
     // Never allocate more than the state says its overlay holds.
     if table.total_bytes() > state.vfs.overlay_bytes {

@@ -21,15 +21,17 @@
 //!   pwrite64, fcntl locks, fsync), layer and state files (openat, rename,
 //!   unlink, statfs for the free-disk reserve).
 //!
-//! Residual risk, documented in the README: the exec threads still do that host
-//! file I/O (the checkpoint writer has not moved off them), so `openat`,
-//! `rename`, `unlink`... are allowed on any path; what the filter removes is
+//! Residual risk, documented in the README: the exec threads (`--isolation
+//! thread`, the embedded CLI) still do that host file I/O (the checkpoint
+//! writer and the session store run on them), so `openat`, `rename`,
+//! `unlink`... are allowed on any path there; what the filter removes is
 //! everything else — no execve, no fork (clone only with CLONE_THREAD), no
 //! ptrace, mount, namespaces, bpf, io_uring, keyctl, perf_event_open,
 //! setuid/capset, kexec, module loading, process_vm_*, chroot, personality ...
 //! — and any ioctl but the listed ones. A forbidden call kills the process
-//! (SECCOMP_RET_KILL_PROCESS): the VMM runs in the API process today (no worker
-//! split yet), so a compromised VMM thread takes the server down rather than on.
+//! (SECCOMP_RET_KILL_PROCESS). Sandbox worker processes (`forkbox_worker`,
+//! the default isolation) get the narrower [`enter_worker`] list: no host file
+//! call that names a path for writing, `openat` only to read.
 //!
 //! Modes (`FORKBOX_SECCOMP`): `enforce` (the default), `eperm` (a learning
 //! phase: a forbidden call fails with EPERM, nothing is killed), `off`.

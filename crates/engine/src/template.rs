@@ -380,7 +380,9 @@ impl Template {
         let CheckpointFiles { mut layer, pack, mut state } =
             admit(CheckpointSize { bytes: total, pack: files.pack_bytes() > 0 })?;
         let werr = |what: &'static str| {
-            move |source: std::io::Error| E::from(EngineError::Snapshot(StateError::Io { what, path: "layer".into(), source }))
+            move |source: std::io::Error| {
+                E::from(EngineError::Snapshot(StateError::Io { what, path: "layer".into(), source }))
+            }
         };
         plan.write_into(&mut layer).map_err(werr("write"))?;
         let pack_bytes = match pack {
@@ -461,7 +463,7 @@ impl Template {
         layers: &[Layer],
         state: &std::fs::File,
         shown: &str,
-        packs: &mut dyn FnMut(&[String]) -> Result<std::collections::HashMap<String, std::fs::File>, EngineError>,
+        packs: &mut PackOpener<'_>,
         limits: Limits,
         how: ResumeAs,
     ) -> Result<Sandbox, EngineError> {
@@ -490,7 +492,8 @@ impl Template {
             return Err(StateError::Corrupt(format!("checkpoint {shown} is not from template {}", self.info.id)).into());
         }
         snapshot.files.validate()?;
-        let pack_files = if snapshot.files.packs.is_empty() { Default::default() } else { packs(&snapshot.files.packs)? };
+        let pack_files =
+            if snapshot.files.packs.is_empty() { Default::default() } else { packs(&snapshot.files.packs)? };
         let (mut vm, pool) =
             if pooled { (self.pool.take()?.0, Some(self.pool.clone())) } else { (self.tracked_vm(engine)?, None) };
         let t_vm = t0.elapsed();
@@ -565,6 +568,10 @@ pub fn list(home: &Path) -> Vec<(PathBuf, Result<TemplateInfo, String>)> {
 fn io_err(what: &'static str, path: &Path, source: std::io::Error) -> EngineError {
     EngineError::Snapshot(StateError::io(what, path, source))
 }
+
+/// Opens the packs a checkpoint's state names, by name (see [`Template::resume_from`]).
+pub type PackOpener<'a> =
+    dyn FnMut(&[String]) -> Result<std::collections::HashMap<String, std::fs::File>, EngineError> + 'a;
 
 /// How a checkpoint comes back (see [`Template::resume_from`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -113,8 +113,13 @@ pub trait Resident: Send {
         admit: &mut dyn FnMut(CheckpointSize) -> Result<CheckpointFiles, SessionError>,
     ) -> Result<CheckpointStats, SessionError>;
     /// Write it as a template of its own (see `Template::snapshot_into`) into two new files.
-    fn snapshot_template(&mut self, id: &str, preload: &str, memory: &mut File, state: &mut File)
-        -> Result<(), EngineError>;
+    fn snapshot_template(
+        &mut self,
+        id: &str,
+        preload: &str,
+        memory: &mut File,
+        state: &mut File,
+    ) -> Result<(), EngineError>;
     /// False once the sandbox is gone by itself (its worker process died): the
     /// session is at its last checkpoint, and comes back from disk.
     fn is_alive(&self) -> bool {

@@ -755,30 +755,23 @@ impl SessionManager {
                 return Err(SessionError::ExecFailed { source, checkpoint: head_seq(rec.head), output });
             }
         };
-        let checkpoint = match self.write_checkpoint_as(
-            &rec,
-            sb.as_mut(),
-            code,
-            base,
-            Some(seq),
-            summarize(&result).as_deref(),
-        )
-        {
-            Ok(c) => c,
-            Err(e) => {
-                let _ = self.store.release_seq(id, seq);
-                // Memory and disk now disagree: drop the sandbox, the session stays at its head.
-                guard.sandbox = None;
-                return Err(match e {
-                    SessionError::QuotaExceeded { message, .. } => SessionError::QuotaExceeded {
-                        message,
-                        result: Some(Box::new(result)),
-                        checkpoint: head_seq(rec.head),
-                    },
-                    e => e,
-                });
-            }
-        };
+        let checkpoint =
+            match self.write_checkpoint_as(&rec, sb.as_mut(), code, base, Some(seq), summarize(&result).as_deref()) {
+                Ok(c) => c,
+                Err(e) => {
+                    let _ = self.store.release_seq(id, seq);
+                    // Memory and disk now disagree: drop the sandbox, the session stays at its head.
+                    guard.sandbox = None;
+                    return Err(match e {
+                        SessionError::QuotaExceeded { message, .. } => SessionError::QuotaExceeded {
+                            message,
+                            result: Some(Box::new(result)),
+                            checkpoint: head_seq(rec.head),
+                        },
+                        e => e,
+                    });
+                }
+            };
         guard.base = Some(checkpoint.id);
         guard.last_used = Instant::now();
         drop(guard);
@@ -1196,7 +1189,9 @@ impl SessionManager {
     fn bring_back(&self, rec: &SessionRecord, limits: Limits) -> Result<Box<dyn Resident>, SessionError> {
         let t = self.loaded(rec)?;
         match rec.head {
-            None => self.host.start(Start { tenant: &rec.tenant, template: &t, limits, how: ResumeAs::Same, from: None }),
+            None => {
+                self.host.start(Start { tenant: &rec.tenant, template: &t, limits, how: ResumeAs::Same, from: None })
+            }
             Some(head) => {
                 let forked = self.store.checkpoint(head)?.is_some_and(|c| c.session_id != rec.id);
                 let how = if forked { ResumeAs::Fork } else { ResumeAs::Same };

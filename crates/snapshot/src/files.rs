@@ -117,7 +117,6 @@ impl<'a> PackReader<'a> {
         PackReader { dir: None, open: files, checked: Default::default() }
     }
 
-
     /// Append the bytes of `c` (of `table`) to `out`, verified.
     pub fn read_into(&mut self, table: &FileTable, c: &StoredChunk, out: &mut Vec<u8>) -> Result<(), StateError> {
         let name =
@@ -219,7 +218,11 @@ impl PackWriter {
     pub fn finish(mut self) -> Result<u64, StateError> {
         let shown = self.shown();
         let w = self.w.take().ok_or_else(|| StateError::Corrupt("pack already finished".into()))?;
-        let f = w.into_inner().map_err(|e| StateError::Io { what: "write", path: shown.clone(), source: e.into_error() })?;
+        let f = w.into_inner().map_err(|e| StateError::Io {
+            what: "write",
+            path: shown.clone(),
+            source: e.into_error(),
+        })?;
         if let Some((path, tmp)) = self.paths.take() {
             let done = f
                 .sync_all()

@@ -12,7 +12,9 @@ use std::path::PathBuf;
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
 use forkbox_engine::packages::InstalledPackage;
-use forkbox_engine::{CapturedOutput, CheckpointSize, CheckpointStats, ExecResult, FileEntry, Limits, ResumeAs, Stream};
+use forkbox_engine::{
+    CapturedOutput, CheckpointSize, CheckpointStats, ExecResult, FileEntry, Limits, ResumeAs, Stream,
+};
 use forkbox_sessions::host::Walk;
 
 /// Largest frame either side accepts: an exec result holds at most the output
@@ -292,13 +294,22 @@ pub struct StartFrom {
 #[derive(Debug, Serialize, Deserialize)]
 pub enum ToChannel {
     /// The descriptors that come with this frame, by name, kept for the next request.
-    Files { names: Vec<String> },
+    Files {
+        names: Vec<String>,
+    },
     /// Make the sandbox (answered `Started`; a resume may first ask `NeedPacks`).
-    Start { template: TemplateRef, limits: Limits, how: ResumeAs, from: Option<StartFrom> },
+    Start {
+        template: TemplateRef,
+        limits: Limits,
+        how: ResumeAs,
+        from: Option<StartFrom>,
+    },
     /// The packs asked for came in `Files` frames: go on.
     Packs,
     /// A `NeedPacks` or `CheckpointSize` is refused: stop that request (no answer).
-    Abort { message: String },
+    Abort {
+        message: String,
+    },
     Exec {
         code: String,
         /// This channel's exec number (what `ToSessions::Interrupt` names).
@@ -314,16 +325,28 @@ pub enum ToChannel {
         #[serde(with = "b64")]
         data: Vec<u8>,
     },
-    ReadFile { path: String, max: u64 },
-    ListDir { path: String },
-    Install { packages: Vec<PackageRef> },
+    ReadFile {
+        path: String,
+        max: u64,
+    },
+    ListDir {
+        path: String,
+    },
+    Install {
+        packages: Vec<PackageRef>,
+    },
     Walk,
     /// Size a checkpoint (answered `CheckpointSize`, then, after `CheckpointGo`
     /// with the files "layer", "pack" (if any) and "state", `Checkpointed`).
-    Checkpoint { pack_name: String },
+    Checkpoint {
+        pack_name: String,
+    },
     CheckpointGo,
     /// Write the sandbox as a template into the files "memory" and "state".
-    Snapshot { id: String, preload: String },
+    Snapshot {
+        id: String,
+        preload: String,
+    },
 }
 
 /// A session exec as a worker ran it.

@@ -43,8 +43,8 @@ use forkbox_sessions::manager::SessionError;
 
 use crate::child::JAIL_HOME;
 use crate::protocol::{
-    self, Bind, FromChannel, PackageRef, ProtocolError, Role, StartFrom, TemplateRef, ToChannel, ToSessions,
-    WireError, FDS_PER_FRAME,
+    self, Bind, FromChannel, PackageRef, ProtocolError, Role, StartFrom, TemplateRef, ToChannel, ToSessions, WireError,
+    FDS_PER_FRAME,
 };
 use crate::supervisor::{
     alive, clock_seconds, cpu_clock, jail_path, launcher, Config, Conn, Job, WorkerError, WorkerInfo, ANSWER_GRACE,
@@ -295,6 +295,8 @@ impl SessionWorkers {
     /// Stop the workers that have held no sandbox for `idle` (upkeep).
     pub fn stop_idle(&self, idle: Duration) -> usize {
         let inner = &self.inner;
+        // (No worker is handed out meanwhile: a handed-out one counts a sandbox at once.)
+        let _one = inner.assigning.lock().unwrap_or_else(|e| e.into_inner());
         let idle_ones: Vec<Arc<TenantWorker>> = inner
             .lock()
             .by_tenant
@@ -309,6 +311,7 @@ impl SessionWorkers {
         for w in idle_ones {
             inner.retire(&w, false);
         }
+        drop(_one);
         inner.ensure_spare();
         n
     }
@@ -364,13 +367,15 @@ impl Inner {
         }
     }
 
-    /// `tenant`'s worker: its live one, else the spare (or one started now).
+    /// `tenant`'s worker: its live one, else the spare (or one started now),
+    /// with one more sandbox counted (the caller's: a worker holding one is never stopped as idle).
     fn worker_for(&self, tenant: &str) -> Result<Arc<TenantWorker>, EngineError> {
         let crashed = |m: String| remote(ErrorCode::SandboxCrashed, m);
         let _one = self.assigning.lock().unwrap_or_else(|e| e.into_inner());
         let existing = self.lock().by_tenant.get(tenant).cloned();
         if let Some(w) = existing {
             if w.is_alive() {
+                w.channels.fetch_add(1, Ordering::SeqCst);
                 return Ok(w);
             }
             // It died while idle: replaced now, not charged to this request.
@@ -392,7 +397,10 @@ impl Inner {
                     st.by_tenant
                         .values()
                         .filter(|w| w.busy.load(Ordering::SeqCst) == 0)
-                        .min_by_key(|w| *w.last_used.lock().unwrap_or_else(|e| e.into_inner()))
+                        .min_by_key(|w| {
+                            let holds = w.channels.load(Ordering::SeqCst) > 0;
+                            (holds, *w.last_used.lock().unwrap_or_else(|e| e.into_inner()))
+                        })
                         .cloned()
                 };
                 let Some(v) = victim else {
@@ -432,7 +440,7 @@ impl Inner {
             control: Mutex::new(conn.sock),
             dead: AtomicBool::new(false),
             started: conn.started,
-            channels: AtomicUsize::new(0),
+            channels: AtomicUsize::new(1),
             busy: AtomicUsize::new(0),
             cpu_seen: Mutex::new(cpu),
             last_used: Mutex::new(Instant::now()),
@@ -460,7 +468,8 @@ impl Inner {
         // A closed control socket ends a worker quietly.
         let _ = w.control.lock().unwrap_or_else(|e| e.into_inner()).shutdown(std::net::Shutdown::Both);
         let (tx, rx) = channel();
-        let sent = self.launcher.lock().unwrap_or_else(|e| e.into_inner()).send(Job::Stop { index: w.index, reply: tx });
+        let sent =
+            self.launcher.lock().unwrap_or_else(|e| e.into_inner()).send(Job::Stop { index: w.index, reply: tx });
         let how = sent.ok().and_then(|_| rx.recv_timeout(Duration::from_secs(10)).ok().flatten());
         let mut st = self.lock();
         if crashed {
@@ -490,15 +499,15 @@ impl SandboxHost for SessionWorkers {
     fn start(&self, s: Start<'_>) -> Result<Box<dyn Resident>, SessionError> {
         let inner = &self.inner;
         let tref = inner.template_ref(&s.template.engine.image_path, &s.template.template.dir)?;
-        let worker = inner.worker_for(s.tenant)?;
         let (ours, theirs) = UnixStream::pair().map_err(|e| remote(ErrorCode::Internal, format!("socketpair: {e}")))?;
+        // (Counts this sandbox: dropping `rs` below gives it back.)
+        let worker = inner.worker_for(s.tenant)?;
         let id = inner.next_channel.fetch_add(1, Ordering::Relaxed);
         let sent = {
             let control = worker.control.lock().unwrap_or_else(|e| e.into_inner());
             protocol::write_fds(&control, &ToSessions::Channel { id }, &[theirs.as_fd()])
         };
         drop(theirs);
-        worker.channels.fetch_add(1, Ordering::SeqCst);
         *worker.last_used.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
         let (timeout, output_bytes) = (s.limits.timeout, s.limits.output_bytes);
         let mut rs = RemoteSandbox {

@@ -22,7 +22,9 @@ use forkbox_engine::sandbox::OutputSink;
 use forkbox_engine::{ExecResult, Limits};
 
 use crate::child::{JAIL_HOME, SOCKET_FD};
-use crate::protocol::{self, Bind, Done, FromWorker, Hello, NetDelta, Role, TemplateRef, ToSessions, ToWorker, WireError};
+use crate::protocol::{
+    self, Bind, Done, FromWorker, Hello, NetDelta, Role, TemplateRef, ToSessions, ToWorker, WireError,
+};
 
 /// How the supervisor starts workers.
 #[derive(Clone, Debug)]
