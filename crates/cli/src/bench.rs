@@ -608,6 +608,98 @@ fn fork(home: &Path, forks: usize, execs: usize, live: usize, batch: usize, imag
     Ok(ExitCode::SUCCESS)
 }
 
+/// The same session operations in this process (`m`, `--isolation thread`)
+/// and through a jailed session worker (`--isolation process`), interleaved
+/// sample by sample, same run: exec + checkpoint of a resident session, a
+/// resume of an evicted one, resume + exec + checkpoint, a small file read (a
+/// bare round trip to the sandbox), a throwaway fork of a checkpoint + exec.
+fn session_boundary(
+    home: &Path,
+    image: &Path,
+    m: &forkbox_sessions::manager::SessionManager,
+    samples: usize,
+) -> Result<()> {
+    use forkbox_sessions::manager::{Config, SessionManager};
+    let loaded = m.template()?;
+    let mut wc = forkbox_worker::Config::new(home);
+    wc.seccomp = forkbox_engine::jail::Mode::from_env()?;
+    if !image.starts_with(home.join("images")) {
+        wc.extra_images.push(image.to_path_buf());
+    }
+    let tref = wc.template_ref(image, &loaded.template.dir)?;
+    let workers = std::sync::Arc::new(forkbox_worker::SessionWorkers::start(wc, 0, 4, Some(tref))?);
+    let scratch = tempfile::tempdir_in(home).context("creating a scratch directory")?;
+    let config = Config { max_resident: 64, ..Config::default() };
+    let w = SessionManager::open(loaded.engine.clone(), loaded.template.clone(), scratch.path(), config)?
+        .with_host(workers.clone());
+    let t = "bench";
+    let limits = Limits::default();
+    let (a, b) = (m.create(t, Default::default(), &limits)?, w.create(t, Default::default(), &limits)?);
+    for (mm, id) in [(m, &a.id), (&w, &b.id)] {
+        mm.exec(t, id, "x = 1")?;
+        mm.write_file(t, id, "/data/small.txt", b"0123456789")?;
+        for i in 0..10 {
+            mm.exec(t, id, &format!("x{i} = {i}"))?;
+        }
+    }
+    /// Samples (ms) in this process and through the worker.
+    type Ms = [Vec<f64>; 2];
+    let (mut exec, mut resume, mut cold, mut read, mut throw) =
+        (Ms::default(), Ms::default(), Ms::default(), Ms::default(), Ms::default());
+    let (mut inside, mut ck) = (Vec::new(), [Vec::new(), Vec::new()]);
+    for i in 0..samples {
+        for (k, (mm, id)) in [(m, &a.id), (&w, &b.id)].into_iter().enumerate() {
+            let t0 = Instant::now();
+            let out = mm.exec(t, id, &format!("y = {i}"))?;
+            exec[k].push(ms(t0));
+            ck[k].push(ms(t0) - out.result.wall_ms);
+            if k == 1 {
+                inside.push(out.result.wall_ms);
+            }
+            let t0 = Instant::now();
+            let got = mm.read_file(t, id, "/data/small.txt", 1 << 10)?;
+            read[k].push(ms(t0));
+            anyhow::ensure!(got == b"0123456789", "read back {got:?}");
+            mm.evict(id);
+            let t0 = Instant::now();
+            mm.resume(t, id)?;
+            resume[k].push(ms(t0));
+            mm.evict(id);
+            let t0 = Instant::now();
+            let out = mm.exec(t, id, "x9")?;
+            cold[k].push(ms(t0));
+            anyhow::ensure!(out.result.value.as_deref() == Some("9"), "a resumed session lost its state");
+            let rec = mm.get(t, id)?;
+            let t0 = Instant::now();
+            let r = mm.exec_throwaway(&rec, rec.head, "x9 + 1", None, None)?;
+            throw[k].push(ms(t0));
+            anyhow::ensure!(r.value.as_deref() == Some("10"), "throwaway: {:?}", r.value);
+        }
+    }
+    println!("sessions in this process vs in a jailed session worker, interleaved ({samples} samples each):");
+    let rows: [(&str, &Ms); 5] = [
+        ("exec + checkpoint of a resident session", &exec),
+        ("read a 10-byte file (a round trip)     ", &read),
+        ("resume of an evicted session (ready)   ", &resume),
+        ("resume + exec + checkpoint             ", &cold),
+        ("throwaway fork of a checkpoint + exec  ", &throw),
+    ];
+    for (what, v) in rows {
+        println!("  {what} in-process {}", summary(v[0].clone()));
+        println!("  {what} worker     {}", summary(v[1].clone()));
+        println!("  {what} boundary   {:+.3} ms p50, ratio {:.2}x", p50(&v[1]) - p50(&v[0]), p50(&v[1]) / p50(&v[0]));
+    }
+    println!(
+        "  of an exec + checkpoint through the worker: {:.3} ms the exec inside it (p50), {:.3} ms checkpoint and the rest (in-process: {:.3} ms)",
+        p50(&inside),
+        p50(&ck[1]),
+        p50(&ck[0])
+    );
+    m.delete(t, &a.id)?;
+    drop(w);
+    Ok(())
+}
+
 /// Run `f` on a new thread under the guest-thread seccomp filter in `mode`
 /// (what the server's exec threads run under), and wait for it.
 /// Fork + exec in-process and through one jailed sandbox worker process
@@ -998,6 +1090,10 @@ fn sessions(home: &Path, samples: usize, resident: usize, on_disk: usize, image:
     let t = "bench";
     let limits = Limits::default();
     let layers = scratch.path().join("sessions").join("layers");
+    match session_boundary(home, &path, &m, samples) {
+        Ok(()) => {}
+        Err(e) => println!("sessions in session workers: not measured ({e:#})"),
+    }
 
     // Checkpoint cost vs pages dirtied.
     let s = m.create(t, Default::default(), &limits)?;

@@ -93,14 +93,20 @@ enum Command {
         /// Sessions may never install this package at run time (repeatable; wins over --pip-allow).
         #[arg(long, value_name = "NAME")]
         pip_deny: Vec<String>,
-        /// Where one-shot execs and batches run: `process` (jailed sandbox worker processes, one per
-        /// exec slot: own namespaces, an unprivileged uid, no capabilities, seccomp) or `thread`
-        /// (the server's own exec threads). Sessions run on the exec threads either way.
+        /// Where guests run: `process` (jailed sandbox worker processes: one per exec slot for
+        /// one-shot execs and batches, one per tenant for sessions and the tree of states; own
+        /// namespaces, an unprivileged uid, no capabilities, seccomp) or `thread` (the server's own
+        /// exec threads).
         #[arg(long, value_enum, default_value = "process")]
         isolation: IsolationMode,
-        /// Each sandbox worker's memory bound (its cgroup), MiB.
+        /// Each sandbox worker's memory bound (its cgroup), MiB (a session worker's covers all of its tenant's
+        /// resident sessions).
         #[arg(long, value_name = "MIB", default_value_t = 4096, value_parser = clap::value_parser!(u64).range(256..))]
         worker_memory_mb: u64,
+        /// Most session workers at once (one per tenant with sessions in memory); past it the least recently
+        /// used idle one is stopped (its sessions stay on disk).
+        #[arg(long, value_name = "N", default_value_t = forkbox_runtime::DEFAULT_SESSION_WORKERS as u64, value_parser = clap::value_parser!(u64).range(1..4096))]
+        session_workers: u64,
         /// Host uid and gid of worker 0 (worker N runs as this + N): a range no account uses.
         #[arg(long, value_name = "UID", default_value_t = 900_000, value_parser = clap::value_parser!(u32).range(1..))]
         worker_uid_base: u32,
@@ -412,6 +418,7 @@ fn main() -> ExitCode {
             pip_deny,
             isolation,
             worker_memory_mb,
+            session_workers,
             worker_uid_base,
             objects,
             object_cache_mb,
@@ -426,6 +433,7 @@ fn main() -> ExitCode {
                 IsolationMode::Process => forkbox_runtime::Isolation::Process(forkbox_runtime::ProcessIsolation {
                     memory_mb: worker_memory_mb,
                     uid_base: worker_uid_base,
+                    session_workers: session_workers as usize,
                 }),
             };
             let objects = objects.map(|url| forkbox_sessions::objects::ObjectsConfig {

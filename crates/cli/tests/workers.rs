@@ -1,9 +1,11 @@
 //! Sandbox worker processes (issue 16), asserted from the outside on the real
-//! `forkbox serve` binary: each worker is jailed (an unprivileged uid, no
-//! capabilities, NO_NEW_PRIVS, seccomp, its own namespaces, a root without
-//! keys.db or the sessions), a worker killed by its seccomp filter or by
-//! SIGKILL mid-exec fails only that exec (`sandbox_crashed`) and is replaced,
-//! and the worker's CPU time is charged to the key.
+//! `forkbox serve` binary: each worker — exec workers and session workers — is
+//! jailed (an unprivileged uid, no capabilities, NO_NEW_PRIVS, seccomp, its own
+//! namespaces, a root without keys.db or the sessions), a worker killed by its
+//! seccomp filter or by SIGKILL mid-exec fails only what it held
+//! (`sandbox_crashed`; a session is back at its last checkpoint) and is
+//! replaced, sessions run in their tenant's worker (never in the server
+//! process), and the workers' CPU time is charged to the key.
 //!
 //! Needs /dev/kvm and root (the server jails its workers); fails loudly without.
 #![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
@@ -90,16 +92,45 @@ impl Server {
         self.call(reqwest::Method::POST, "/v1/exec", &self.key, Some(json!({ "code": code }))).await
     }
 
+    /// A new session of `key`'s tenant.
+    async fn session(&self, key: &str) -> String {
+        let (st, v) = self.call(reqwest::Method::POST, "/v1/sessions", key, Some(json!({}))).await;
+        assert_eq!(st, 201, "{v}");
+        v["id"].as_str().unwrap().to_string()
+    }
+
+    async fn session_exec(&self, key: &str, id: &str, code: &str) -> (u16, Value) {
+        let path = format!("/v1/sessions/{id}/exec");
+        self.call(reqwest::Method::POST, &path, key, Some(json!({ "code": code }))).await
+    }
+
+    /// A key of another tenant.
+    fn key_of(&self, tenant: &str) -> String {
+        let out = forkbox()
+            .arg("--home")
+            .arg(self.home.path())
+            .args(["key", "create", "--tenant", tenant, "--unlimited"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap().split_whitespace().last().unwrap().to_string()
+    }
+
+    /// The session worker of `tenant` (its listing entry), if it has one.
+    async fn session_worker(&self, tenant: &str) -> Option<Value> {
+        self.workers().await.into_iter().find(|w| w["kind"] == "sessions" && w["tenant"] == tenant)
+    }
+
     async fn workers(&self) -> Vec<Value> {
         let (st, v) = self.call(reqwest::Method::GET, "/v1/admin/workers", &self.key, None).await;
         assert_eq!(st, 200, "{v}");
         v["workers"].as_array().unwrap().clone()
     }
 
-    /// The workers once every slot has a live one again.
+    /// The exec workers once every slot has a live one again.
     async fn settled_workers(&self) -> Vec<Value> {
         for _ in 0..200 {
-            let w = self.workers().await;
+            let w: Vec<Value> = self.workers().await.into_iter().filter(|w| w["kind"] == "exec").collect();
             if w.iter().all(|w| w["pid"].is_u64()) {
                 return w;
             }
@@ -118,6 +149,45 @@ fn status_field(pid: u64, name: &str) -> String {
 
 fn ns(pid: u32, which: &str) -> String {
     std::fs::read_link(format!("/proc/{pid}/ns/{which}")).unwrap().display().to_string()
+}
+
+/// What a process has open (the targets of /proc/PID/fd).
+fn open_files(pid: u64) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .map(|fd| std::fs::read_link(fd.unwrap().path()).map(|p| p.display().to_string()).unwrap_or_default())
+        .collect()
+}
+
+/// CPU seconds (user + system, all threads) process `pid` used so far.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command name (which is in parentheses and may hold spaces).
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // SAFETY: sysconf with a constant name.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    (f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap()) / hz
+}
+
+/// The jail of worker `pid` (uid `uid`), as the first test asserts it for every worker.
+fn assert_jailed(pid: u64, uid: u64, server: u32) {
+    assert_ne!(uid, 0);
+    assert_eq!(status_field(pid, "Uid"), format!("{uid}\t{uid}\t{uid}\t{uid}"), "worker {pid}");
+    assert_eq!(status_field(pid, "Gid"), format!("{uid}\t{uid}\t{uid}\t{uid}"), "worker {pid}");
+    assert_eq!(status_field(pid, "Groups"), "");
+    for cap in ["CapEff", "CapPrm", "CapInh", "CapBnd", "CapAmb"] {
+        assert_eq!(status_field(pid, cap), "0000000000000000", "{cap} of worker {pid}");
+    }
+    assert_eq!(status_field(pid, "NoNewPrivs"), "1");
+    assert_eq!(status_field(pid, "Seccomp"), "2");
+    for n in ["user", "mnt", "pid", "ipc", "uts", "cgroup"] {
+        assert_ne!(ns(pid as u32, n), ns(server, n), "{n} namespace of worker {pid}");
+    }
+    // Its open files: no keys.db, nothing of the sessions.
+    for target in open_files(pid) {
+        assert!(!target.contains("keys.db") && !target.contains("sessions"), "worker {pid} has {target} open");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -139,34 +209,21 @@ async fn workers_are_jailed_and_see_no_keys_or_sessions() {
     let (st, v) = s.call(reqwest::Method::GET, "/v1/admin/workers", &s.key, None).await;
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["isolation"], "process");
-    let workers = v["workers"].as_array().unwrap();
+    let all = v["workers"].as_array().unwrap();
+    let workers: Vec<&Value> = all.iter().filter(|w| w["kind"] == "exec").collect();
     assert_eq!(workers.len(), 2, "{v}");
+    // The session's exec ran in its tenant's session worker (beside a spare for the next tenant).
+    let sessions: Vec<&Value> = all.iter().filter(|w| w["kind"] == "sessions").collect();
+    assert!(sessions.iter().any(|w| w["tenant"] == "t" && w["sandboxes"] == 1), "{v}");
     let server = s.proc.id();
     let mut uids = Vec::new();
-    for w in workers {
+    for w in all {
         let pid = w["pid"].as_u64().unwrap();
         let uid = w["uid"].as_u64().unwrap();
-        assert_ne!(uid, 0);
         uids.push(uid);
-        assert_eq!(status_field(pid, "Uid"), format!("{uid}\t{uid}\t{uid}\t{uid}"), "worker {pid}");
-        assert_eq!(status_field(pid, "Gid"), format!("{uid}\t{uid}\t{uid}\t{uid}"), "worker {pid}");
-        assert_eq!(status_field(pid, "Groups"), "");
-        for cap in ["CapEff", "CapPrm", "CapInh", "CapBnd", "CapAmb"] {
-            assert_eq!(status_field(pid, cap), "0000000000000000", "{cap} of worker {pid}");
-        }
-        assert_eq!(status_field(pid, "NoNewPrivs"), "1");
-        assert_eq!(status_field(pid, "Seccomp"), "2");
-        for n in ["user", "mnt", "pid", "ipc", "uts", "cgroup"] {
-            assert_ne!(ns(pid as u32, n), ns(server, n), "{n} namespace of worker {pid}");
-        }
+        assert_jailed(pid, uid, server);
         // Egress `public` (the default): the sandboxes' sockets are host sockets, so the host's network.
         assert_eq!(ns(pid as u32, "net"), ns(server, "net"), "worker {pid}");
-        // Its open files: no keys.db, nothing of the sessions, no writable file at all.
-        for fd in std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap() {
-            let fd = fd.unwrap();
-            let target = std::fs::read_link(fd.path()).map(|p| p.display().to_string()).unwrap_or_default();
-            assert!(!target.contains("keys.db") && !target.contains("sessions"), "worker {pid} has {target} open");
-        }
         // Its root: the data directory's images, templates and packages, read-only; no keys, no sessions.
         let root = Path::new("/proc").join(pid.to_string()).join("root");
         let mut home: Vec<String> = std::fs::read_dir(root.join("home"))
@@ -181,14 +238,16 @@ async fn workers_are_jailed_and_see_no_keys_or_sessions() {
         let err = std::fs::write(root.join("probe"), b"x").unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc::EROFS), "{err}");
     }
+    let n = uids.len();
+    uids.sort();
     uids.dedup();
-    assert_eq!(uids.len(), 2, "each worker has a uid of its own");
+    assert_eq!(uids.len(), n, "each worker has a uid of its own");
     // Operators only.
     let out = forkbox().arg("--home").arg(s.home.path()).args(["key", "create", "--tenant", "u"]).output().unwrap();
     let plain = String::from_utf8(out.stdout).unwrap().split_whitespace().last().unwrap().to_string();
     let (st, v) = s.call(reqwest::Method::GET, "/v1/admin/workers", &plain, None).await;
     assert_eq!((st, v["error"]["code"].clone()), (403, json!("forbidden")), "{v}");
-    // The session (on the server's exec threads) is unaffected.
+    // The session (in its worker) is unaffected.
     let (st, v) =
         s.call(reqwest::Method::POST, &format!("/v1/sessions/{id}/exec"), &s.key, Some(json!({"code": "x + 1"}))).await;
     assert_eq!(st, 200, "{v}");
@@ -301,6 +360,28 @@ async fn a_workers_cpu_time_is_charged_to_the_key_and_thread_isolation_has_no_wo
     }
     assert_eq!(last.0, 429, "{:?}", last.1);
     assert_eq!(last.1["error"]["code"], "cpu_budget_exceeded");
+    // The same for a session exec, whose guest ran in the tenant's session worker.
+    let out = forkbox()
+        .arg("--home")
+        .arg(s.home.path())
+        .args(["key", "create", "--tenant", "cpu2", "--cpu-seconds-per-hour", "1"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let cpu2 = String::from_utf8(out.stdout).unwrap().split_whitespace().last().unwrap().to_string();
+    let id = s.session(&cpu2).await;
+    let (st, v) = s.session_exec(&cpu2, &id, spin).await;
+    assert_eq!(st, 200, "{v}");
+    let mut last = (0, Value::Null);
+    for _ in 0..20 {
+        last = s.session_exec(&cpu2, &id, "1").await;
+        if last.0 == 429 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!(last.0, 429, "{:?}", last.1);
+    assert_eq!(last.1["error"]["code"], "cpu_budget_exceeded");
 
     let t = start(&["--exec-slots", "2", "--isolation", "thread"]);
     let (st, v) = t.call(reqwest::Method::GET, "/v1/admin/workers", &t.key, None).await;
@@ -331,4 +412,166 @@ fn a_template_the_worker_cannot_open_fails_that_exec_only() {
     assert_eq!(r.result.unwrap().value.as_deref(), Some("42"));
     assert!(t0.elapsed() < Duration::from_secs(20), "{:?}", t0.elapsed());
     assert_eq!(workers.list()[0].restarts, 0);
+}
+
+/// Poll `f` until it gives a value (or panic after `what`).
+async fn until<T, F: std::future::Future<Output = Option<T>>>(what: &str, mut f: impl FnMut() -> F) -> T {
+    for _ in 0..400 {
+        if let Some(v) = f().await {
+            return v;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("{what} did not happen");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sessions_run_in_their_tenants_worker_and_its_death_fails_only_what_it_held() {
+    let s = start(&["--exec-slots", "2"]);
+    let server = s.proc.id();
+    let u = s.key_of("u");
+    let a = s.session(&s.key).await;
+    let b = s.session(&u).await;
+    // State persists across execs, in the worker.
+    let (st, v) = s.session_exec(&s.key, &a, "x = 41").await;
+    assert_eq!(st, 200, "{v}");
+    let (st, v) = s.session_exec(&s.key, &a, "x + 1").await;
+    assert_eq!((st, v["value"].clone()), (200, json!("42")), "{v}");
+    let (st, v) = s.session_exec(&u, &b, "y = 'u'").await;
+    assert_eq!(st, 200, "{v}");
+    let wt = s.session_worker("t").await.expect("tenant t has no session worker");
+    let wu = s.session_worker("u").await.expect("tenant u has no session worker");
+    let (pt, pu) = (wt["pid"].as_u64().unwrap(), wu["pid"].as_u64().unwrap());
+    assert_ne!(pt, pu, "one worker per tenant");
+    assert_ne!(pt, server as u64);
+    assert_ne!(wt["uid"], wu["uid"]);
+    assert_jailed(pt, wt["uid"].as_u64().unwrap(), server);
+    assert_jailed(pu, wu["uid"].as_u64().unwrap(), server);
+    assert_eq!(wt["sandboxes"], 1, "{wt}");
+    // The guest runs in the worker, not in the server process: the CPU time of
+    // a session exec that spins 1.5 s is the worker's, and the worker holds the VM.
+    let spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.5: pass";
+    let (srv0, w0) = (cpu_seconds(server), cpu_seconds(pt as u32));
+    let (st, v) = s.session_exec(&s.key, &a, spin).await;
+    assert_eq!(st, 200, "{v}");
+    let (srv, w) = (cpu_seconds(server) - srv0, cpu_seconds(pt as u32) - w0);
+    assert!(w >= 1.2, "the worker used {w:.2} s of CPU for a 1.5 s spin");
+    assert!(srv < 0.5, "the server process used {srv:.2} s of CPU while its session's guest spun 1.5 s");
+    let files = open_files(pt);
+    assert!(files.iter().any(|f| f.contains("kvm-vcpu")), "the worker holds no vCPU: {files:?}");
+    // (and, between operations, no file of the sessions: assert_jailed)
+    assert_jailed(pt, wt["uid"].as_u64().unwrap(), server);
+
+    // 1. kill -9 of the worker holding the session, in the middle of `while True: pass`.
+    let spin = {
+        let (http, url, key, a) = (s.http.clone(), s.url.clone(), s.key.clone(), a.clone());
+        tokio::spawn(async move {
+            let r = http
+                .post(format!("{url}/v1/sessions/{a}/exec"))
+                .bearer_auth(key)
+                .json(&json!({ "code": "while True: pass", "timeout_seconds": 25 }))
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        })
+    };
+    until("the session worker became busy", || async {
+        s.session_worker("t").await.filter(|w| w["busy"] == true).map(|_| ())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // SAFETY: a signal to the worker process this test found.
+    assert_eq!(unsafe { libc::kill(pt as i32, libc::SIGKILL) }, 0);
+    let t0 = Instant::now();
+    let (st, v) = tokio::time::timeout(Duration::from_secs(20), spin).await.expect("the exec did not end").unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(10));
+    assert_eq!(st, 502, "{v}");
+    assert_eq!(v["error"]["code"], "sandbox_crashed", "{v}");
+    assert_eq!(v["error"]["checkpoint"], 3, "rolled back to the spin's checkpoint: {v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("SIGKILL"), "{v}");
+    // The session is intact at its previous checkpoint; it comes back in a new worker.
+    let (st, v) = s.session_exec(&s.key, &a, "x").await;
+    assert_eq!((st, v["value"].clone()), (200, json!("41")), "{v}");
+    let wt2 = s.session_worker("t").await.unwrap();
+    assert_ne!(wt2["pid"].as_u64().unwrap(), pt);
+    assert_eq!(wt2["restarts"], 1, "{wt2}");
+    assert!(wt2["last_exit"].as_str().unwrap().contains("SIGKILL"), "{wt2}");
+    // The other tenant's worker and its resident session went on.
+    assert_eq!(s.session_worker("u").await.unwrap()["pid"].as_u64(), Some(pu));
+    let (st, v) = s.call(reqwest::Method::GET, &format!("/v1/sessions/{b}"), &u, None).await;
+    assert_eq!((st, v["resident"].clone()), (200, json!(true)), "{v}");
+    let (st, v) = s.session_exec(&u, &b, "y").await;
+    assert_eq!((st, v["value"].clone()), (200, json!("'u'")), "{v}");
+
+    // 2. A forbidden system call in a session exec (a test-only action): the
+    //    worker's filter kills it, and only it.
+    let exec_pids: Vec<Value> = s.settled_workers().await.iter().map(|w| w["pid"].clone()).collect();
+    let (st, v) = s.session_exec(&s.key, &a, FORBIDDEN_SYSCALL).await;
+    assert_eq!(st, 502, "{v}");
+    assert_eq!(v["error"]["code"], "sandbox_crashed", "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("seccomp"), "{v}");
+    assert_eq!(v["error"]["checkpoint"], 4, "{v}");
+    let (st, v) = s.session_exec(&s.key, &a, "x + 1").await;
+    assert_eq!((st, v["value"].clone()), (200, json!("42")), "{v}");
+    let wt3 = s.session_worker("t").await.unwrap();
+    assert_eq!(wt3["restarts"], 2, "{wt3}");
+    assert!(wt3["last_exit"].as_str().unwrap().contains("SIGSYS"), "{wt3}");
+    assert_eq!(s.session_worker("u").await.unwrap()["pid"].as_u64(), Some(pu));
+    let after: Vec<Value> = s.settled_workers().await.iter().map(|w| w["pid"].clone()).collect();
+    assert_eq!(after, exec_pids, "the exec workers were not touched");
+    let (st, v) = s.exec("'still serving'").await;
+    assert_eq!(st, 200, "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn files_and_the_tree_of_states_work_in_session_workers() {
+    let s = start(&["--exec-slots", "2"]);
+    let a = s.session(&s.key).await;
+    let put = s
+        .http
+        .put(format!("{}/v1/sessions/{a}/files/data/in.txt", s.url))
+        .bearer_auth(&s.key)
+        .body("hello")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status().as_u16(), 201);
+    let got = s.http.get(format!("{}/v1/sessions/{a}/files/data/in.txt", s.url)).bearer_auth(&s.key).send().await;
+    assert_eq!(got.unwrap().bytes().await.unwrap().as_ref(), b"hello");
+    let (st, v) = s.call(reqwest::Method::GET, &format!("/v1/sessions/{a}/files?dir=/data"), &s.key, None).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["files"][0]["name"], "in.txt", "{v}");
+    assert_eq!(v["files"][0]["size"], 5, "{v}");
+    let (st, v) =
+        s.session_exec(&s.key, &a, "a = open('/data/in.txt').read()\nopen('/data/out.txt', 'w').write('xyz')").await;
+    assert_eq!((st, v["checkpoint"].clone()), (200, json!(2)), "{v}");
+    // Variables and a diff, each read in throwaway forks in the tenant's worker.
+    let (st, v) =
+        s.call(reqwest::Method::GET, &format!("/v1/sessions/{a}/checkpoints/2/variables"), &s.key, None).await;
+    assert_eq!(st, 200, "{v}");
+    assert!(v["variables"].as_array().unwrap().iter().any(|x| x["name"] == "a" && x["repr"] == "'hello'"), "{v}");
+    let (st, v) = s.call(reqwest::Method::GET, &format!("/v1/sessions/{a}/diff?from=1&to=2"), &s.key, None).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["variables_added"][0]["name"], "a", "{v}");
+    assert_eq!(v["files_added"][0]["path"], "/data/out.txt", "{v}");
+    // Explore: one branch dropped, one kept as a session.
+    let body = json!({ "codes": ["a.upper()", "len(a)"], "keep": [1] });
+    let (st, v) = s.call(reqwest::Method::POST, &format!("/v1/sessions/{a}/explore"), &s.key, Some(body)).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["branches"][0]["result"]["value"], "'HELLO'", "{v}");
+    assert_eq!(v["branches"][1]["result"]["value"], "5", "{v}");
+    let kept = v["branches"][1]["session"].as_str().unwrap().to_string();
+    let (st, v) = s.session_exec(&s.key, &kept, "a").await;
+    assert_eq!((st, v["value"].clone()), (200, json!("'hello'")), "{v}");
+    // A template made of a checkpoint (written by the worker into files the server made).
+    let body = json!({ "name": "from-a" });
+    let (st, v) =
+        s.call(reqwest::Method::POST, &format!("/v1/sessions/{a}/checkpoints/2/template"), &s.key, Some(body)).await;
+    assert_eq!((st, v["status"].clone()), (201, json!("ready")), "{v}");
+    let body = json!({ "code": "a + '!'", "template": "from-a" });
+    let (st, v) = s.call(reqwest::Method::POST, "/v1/exec", &s.key, Some(body)).await;
+    assert_eq!((st, v["value"].clone()), (200, json!("'hello!'")), "{v}");
+    let w = s.session_worker("t").await.expect("no session worker");
+    assert_jailed(w["pid"].as_u64().unwrap(), w["uid"].as_u64().unwrap(), s.proc.id());
 }

@@ -828,6 +828,26 @@ impl Catalog {
         session: &str,
         checkpoint: i64,
     ) -> Result<Listing, CatalogError> {
+        self.add_from_snapshot(owner, name, base, session, checkpoint, |id, preload, memory, state| {
+            base.template.snapshot_into(&base.engine, sb, memory, state, id, preload)
+        })
+    }
+
+    /// [`Self::add_from_sandbox`] with the template's files written by `write`
+    /// (its id, its preload note, then its new empty `memory` and `state`
+    /// files, as [`Template::snapshot_into`] writes them: in this process or in
+    /// a sandbox worker given the two files). This process syncs and names
+    /// them, makes the memory read-only, then loads and verifies the template.
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_from_snapshot(
+        &self,
+        owner: Option<&str>,
+        name: &str,
+        base: &Loaded,
+        session: &str,
+        checkpoint: i64,
+        write: impl FnOnce(&str, &str, &mut std::fs::File, &mut std::fs::File) -> Result<(), EngineError>,
+    ) -> Result<Listing, CatalogError> {
         let _one = self.admit_lock.lock().unwrap_or_else(|p| p.into_inner());
         let key = self.admit(owner, name, false)?;
         let note = format!("# the state of session {session} at checkpoint {checkpoint}");
@@ -842,7 +862,42 @@ impl Catalog {
         };
         let dir = templates_dir(&self.home).join(&id);
         let err = |source| CatalogError::Engine { name: name.into(), source };
-        let template = base.template.snapshot_sandbox(&base.engine, sb, &dir, &id, &note).map_err(err)?;
+        let io = |what: &'static str, p: &std::path::Path| {
+            let p = p.to_path_buf();
+            move |e| EngineError::Snapshot(forkbox_snapshot::StateError::io(what, &p, e))
+        };
+        let built = (|| -> Result<Template, EngineError> {
+            std::fs::create_dir_all(&dir).map_err(io("create", &dir))?;
+            let (mp, sp) = (dir.join("memory"), dir.join("state"));
+            let mut memory = std::fs::File::options()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .open(&mp)
+                .map_err(io("create", &mp))?;
+            let mut state = std::fs::File::options()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .open(&sp)
+                .map_err(io("create", &sp))?;
+            write(&id, &note, &mut memory, &mut state)?;
+            memory.sync_all().map_err(io("fsync", &mp))?;
+            state.sync_all().map_err(io("fsync", &sp))?;
+            use std::os::unix::fs::PermissionsExt;
+            memory.set_permissions(std::fs::Permissions::from_mode(0o444)).map_err(io("fchmod", &mp))?;
+            if let Ok(d) = std::fs::File::open(&dir) {
+                let _ = d.sync_all();
+            }
+            Template::load(&base.engine, &dir)
+        })();
+        let template = match built {
+            Ok(t) => t,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(err(e));
+            }
+        };
         if let Some(sh) = self.shared() {
             // Published before anyone can use it: every node can resume its sessions.
             let (tid, iid) = (id.clone(), base.engine.image.id().to_string());

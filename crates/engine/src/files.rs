@@ -21,8 +21,8 @@ pub const OUTPUT_TOTAL_MAX: u64 = 8 << 20;
 const OUTPUT_MAX_FILES: usize = 1000;
 const OUTPUT_MAX_DEPTH: usize = 8;
 
-/// One entry of `Sandbox::list_dir`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+/// One entry of `Sandbox::list_dir`. (Deserialize: a sandbox worker sends it.)
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct FileEntry {
     pub name: String,
     /// Absolute guest path.

@@ -9,7 +9,6 @@
 //! a changed one is compared chunk by chunk with what was stored.
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::sync::Arc;
 
 use forkbox_linux::process::ProcessState;
@@ -114,13 +113,16 @@ impl FilesPlan {
         self.pack_bytes
     }
 
-    /// Write the new pack (if any) at `path`, streamed from the file bytes.
-    /// The caller removes it if a later step of the checkpoint fails.
-    pub(crate) fn write_pack(&self, path: &Path) -> Result<u64, StateError> {
+    /// Write the new pack (if any) into `f`, a new empty file (the caller syncs
+    /// and names it, and removes it if a later step of the checkpoint fails).
+    pub(crate) fn write_pack_into(&self, f: std::fs::File) -> Result<u64, StateError> {
         if self.pack_bytes == 0 {
             return Ok(0);
         }
-        let mut w = PackWriter::create(path)?;
+        self.write_with(PackWriter::into_file(f)?)
+    }
+
+    fn write_with(&self, mut w: PackWriter) -> Result<u64, StateError> {
         for (_, data, parts) in &self.files {
             for p in parts {
                 if let Part::New { range, offset, .. } = p {
@@ -154,9 +156,13 @@ impl FilesPlan {
     }
 }
 
-/// Put the bytes of the files in `table` (read from the packs in `dir`,
+/// Put the bytes of the files in `table` (read from the packs `reader` has,
 /// verified) back into `state`, and remember where they are stored.
-pub(crate) fn load(state: &mut ProcessState, table: &FileTable, dir: &Path) -> Result<StoredFiles, StateError> {
+pub(crate) fn load(
+    state: &mut ProcessState,
+    table: &FileTable,
+    reader: &mut PackReader<'_>,
+) -> Result<StoredFiles, StateError> {
     table.validate()?;
     // Never allocate more than the state says its overlay holds.
     if table.total_bytes() > state.vfs.overlay_bytes {
@@ -168,7 +174,6 @@ pub(crate) fn load(state: &mut ProcessState, table: &FileTable, dir: &Path) -> R
             nodes.insert(node.ino, b);
         }
     }
-    let mut reader = PackReader::new(dir);
     let mut stored = HashMap::with_capacity(table.files.len());
     for f in &table.files {
         let slot = nodes

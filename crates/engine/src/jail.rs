@@ -21,15 +21,17 @@
 //!   pwrite64, fcntl locks, fsync), layer and state files (openat, rename,
 //!   unlink, statfs for the free-disk reserve).
 //!
-//! Residual risk, documented in the README: the exec threads still do that host
-//! file I/O (the checkpoint writer has not moved off them), so `openat`,
-//! `rename`, `unlink`... are allowed on any path; what the filter removes is
+//! Residual risk, documented in the README: the exec threads (`--isolation
+//! thread`, the embedded CLI) still do that host file I/O (the checkpoint
+//! writer and the session store run on them), so `openat`, `rename`,
+//! `unlink`... are allowed on any path there; what the filter removes is
 //! everything else — no execve, no fork (clone only with CLONE_THREAD), no
 //! ptrace, mount, namespaces, bpf, io_uring, keyctl, perf_event_open,
 //! setuid/capset, kexec, module loading, process_vm_*, chroot, personality ...
 //! — and any ioctl but the listed ones. A forbidden call kills the process
-//! (SECCOMP_RET_KILL_PROCESS): the VMM runs in the API process today (no worker
-//! split yet), so a compromised VMM thread takes the server down rather than on.
+//! (SECCOMP_RET_KILL_PROCESS). Sandbox worker processes (`forkbox_worker`,
+//! the default isolation) get the narrower [`enter_worker`] list: no host file
+//! call that names a path for writing, `openat` only to read.
 //!
 //! Modes (`FORKBOX_SECCOMP`): `enforce` (the default), `eperm` (a learning
 //! phase: a forbidden call fails with EPERM, nothing is killed), `off`.
@@ -241,8 +243,55 @@ fn eq32(arg: u8, v: u64) -> Result<Cond, seccompiler::BackendError> {
     Cond::new(arg, Len::Dword, Op::Eq, v)
 }
 
-fn rules() -> Result<BTreeMap<i64, Vec<SeccompRule>>, seccompiler::BackendError> {
-    let mut m: BTreeMap<i64, Vec<SeccompRule>> = ALLOWED.iter().map(|&nr| (nr, Vec::new())).collect();
+/// Calls of the guest-thread list a sandbox worker process never makes: it
+/// writes no file it names (checkpoints go into descriptors the API process
+/// gave it, which that process syncs and renames), holds no lock and no
+/// session store, and opens paths read-only (below).
+const NOT_IN_WORKERS: &[i64] = &[
+    libc::SYS_rename,
+    libc::SYS_renameat,
+    libc::SYS_renameat2,
+    libc::SYS_unlink,
+    libc::SYS_unlinkat,
+    libc::SYS_mkdir,
+    libc::SYS_mkdirat,
+    libc::SYS_rmdir,
+    libc::SYS_flock,
+    libc::SYS_fchmod,
+    libc::SYS_fchown,
+    libc::SYS_statfs,
+    libc::SYS_copy_file_range,
+    libc::SYS_openat,
+];
+
+/// `openat` flags that create, truncate or open for writing (`O_TMPFILE`'s own bit included).
+const OPEN_FOR_WRITING: u64 =
+    (libc::O_WRONLY | libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC | libc::O_APPEND | 0o20_000_000) as u64;
+
+/// Which threads a filter is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Profile {
+    /// The API process' exec threads (`--isolation thread`, sessions there): they also do the
+    /// host file I/O of checkpoints and the session store.
+    GuestThread,
+    /// A sandbox worker process: no host file I/O but reading, and writing into descriptors it was given.
+    Worker,
+}
+
+fn rules(profile: Profile) -> Result<BTreeMap<i64, Vec<SeccompRule>>, seccompiler::BackendError> {
+    let mut m: BTreeMap<i64, Vec<SeccompRule>> = ALLOWED
+        .iter()
+        .filter(|nr| profile == Profile::GuestThread || !NOT_IN_WORKERS.contains(nr))
+        .map(|&nr| (nr, Vec::new()))
+        .collect();
+    if profile == Profile::Worker {
+        // openat only to read (the template, the image, package layers, the
+        // resolver's files, /proc/self): none of the flags that write or create.
+        m.insert(
+            libc::SYS_openat,
+            vec![SeccompRule::new(vec![Cond::new(2, Len::Dword, Op::MaskedEq(OPEN_FOR_WRITING), 0)?])?],
+        );
+    }
     // ioctl: the KVM requests, PAGEMAP_SCAN, FIONREAD, FIONBIO, FIOCLEX.
     let mut ioctls: Vec<u64> = kvm_ioctls().into_iter().map(|(_, n)| n).collect();
     ioctls.extend([PAGEMAP_SCAN, libc::FIONREAD, libc::FIONBIO, libc::FIOCLEX]);
@@ -320,18 +369,23 @@ fn arch() -> TargetArch {
     TargetArch::x86_64
 }
 
-/// The compiled programs for `mode` (built once per mode).
-fn programs(mode: Mode) -> Result<&'static [BpfProgram], JailError> {
-    static ENFORCE: OnceLock<Result<Vec<BpfProgram>, String>> = OnceLock::new();
-    static EPERM: OnceLock<Result<Vec<BpfProgram>, String>> = OnceLock::new();
-    let (cell, mismatch) = match mode {
-        Mode::Enforce => (&ENFORCE, SeccompAction::KillProcess),
-        Mode::Eperm => (&EPERM, SeccompAction::Errno(libc::EPERM as u32)),
-        Mode::Off => return Ok(&[]),
+/// The compiled programs for `mode` and `profile` (built once each).
+fn programs(mode: Mode, profile: Profile) -> Result<&'static [BpfProgram], JailError> {
+    type Built = OnceLock<Result<Vec<BpfProgram>, String>>;
+    static ENFORCE: Built = OnceLock::new();
+    static EPERM: Built = OnceLock::new();
+    static WORKER_ENFORCE: Built = OnceLock::new();
+    static WORKER_EPERM: Built = OnceLock::new();
+    let (cell, mismatch) = match (mode, profile) {
+        (Mode::Enforce, Profile::GuestThread) => (&ENFORCE, SeccompAction::KillProcess),
+        (Mode::Eperm, Profile::GuestThread) => (&EPERM, SeccompAction::Errno(libc::EPERM as u32)),
+        (Mode::Enforce, Profile::Worker) => (&WORKER_ENFORCE, SeccompAction::KillProcess),
+        (Mode::Eperm, Profile::Worker) => (&WORKER_EPERM, SeccompAction::Errno(libc::EPERM as u32)),
+        (Mode::Off, _) => return Ok(&[]),
     };
     let built = cell.get_or_init(|| {
         let build = || -> Result<Vec<BpfProgram>, seccompiler::BackendError> {
-            let allow = SeccompFilter::new(rules()?, mismatch, SeccompAction::Allow, arch())?;
+            let allow = SeccompFilter::new(rules(profile)?, mismatch, SeccompAction::Allow, arch())?;
             // The allow-list last: the calls that install it need nothing from it.
             let progs = vec![
                 BpfProgram::try_from(unix_sockets_eacces()?)?,
@@ -400,21 +454,24 @@ pub fn spawn_unjailed(name: String, f: impl FnOnce() + Send + 'static) -> std::i
 /// Install the guest-thread filter on the calling thread (and the threads it
 /// starts from now on), in `mode`. Also sets PR_SET_NO_NEW_PRIVS on it.
 pub fn enter_guest_thread(mode: Mode) -> Result<(), JailError> {
-    install(mode, true)
+    install(mode, Profile::GuestThread)
 }
 
-/// The same filter for a sandbox worker process (`forkbox_worker`), on its
-/// only thread: every thread it ever has inherits it. No unfiltered spawner
-/// thread is started (a worker never builds templates).
+/// The filter of a sandbox worker process (`forkbox_worker`), on its only
+/// thread: every thread it ever has inherits it. The guest-thread list
+/// without the host file calls a worker never makes ([`NOT_IN_WORKERS`]) and
+/// with `openat` only for reading. No unfiltered spawner thread is started
+/// (a worker never builds templates).
 pub fn enter_worker(mode: Mode) -> Result<(), JailError> {
-    install(mode, false)
+    install(mode, Profile::Worker)
 }
 
-fn install(mode: Mode, with_spawner: bool) -> Result<(), JailError> {
+fn install(mode: Mode, profile: Profile) -> Result<(), JailError> {
     if mode == Mode::Off || current().is_some() {
         return Ok(());
     }
-    let progs = programs(mode)?;
+    let with_spawner = profile == Profile::GuestThread;
+    let progs = programs(mode, profile)?;
     // Start the spawner while this thread is still unfiltered.
     if with_spawner && !is_filtered() {
         let _ = spawner();
@@ -449,8 +506,13 @@ mod tests {
 
     #[test]
     fn the_filters_compile() {
-        assert_eq!(programs(Mode::Enforce).unwrap().len(), 3);
-        assert_eq!(programs(Mode::Eperm).unwrap().len(), 3);
-        assert!(programs(Mode::Off).unwrap().is_empty());
+        for p in [Profile::GuestThread, Profile::Worker] {
+            assert_eq!(programs(Mode::Enforce, p).unwrap().len(), 3);
+            assert_eq!(programs(Mode::Eperm, p).unwrap().len(), 3);
+            assert!(programs(Mode::Off, p).unwrap().is_empty());
+        }
+        let worker = rules(Profile::Worker).unwrap();
+        assert!(!worker.contains_key(&libc::SYS_rename) && !worker.contains_key(&libc::SYS_unlink));
+        assert_eq!(worker[&libc::SYS_openat].len(), 1, "openat is conditional in workers");
     }
 }

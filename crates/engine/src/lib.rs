@@ -42,7 +42,7 @@ pub use interrupt::Interrupter;
 pub use limits::Limits;
 pub use protocol::{MimeBundle, PyError};
 pub use sandbox::{CapturedOutput, ExecOptions, ExecResult, RunStats, Sandbox, Stream};
-pub use template::{CheckpointStats, Template, TemplateInfo};
+pub use template::{CheckpointFiles, CheckpointSize, CheckpointStats, ResumeAs, Template, TemplateInfo};
 
 /// The agent program, baked into every image.
 pub const AGENT_SOURCE: &[u8] = include_bytes!("../../../guest/agent/agent.py");

@@ -27,8 +27,8 @@ if p not in sys.path:\n    \
 sys.path_importer_cache.pop(p, None)\n\
 importlib.invalidate_caches()\n";
 
-/// One distribution of an install, as the API reports it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+/// One distribution of an install, as the API reports it. (Deserialize: a sandbox worker sends it.)
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct InstalledPackage {
     pub name: String,
     pub version: String,

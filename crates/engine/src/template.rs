@@ -8,10 +8,11 @@ use std::time::Instant;
 
 use forkbox_linux::layout::RAM_SIZE;
 use forkbox_linux::Process;
+use forkbox_snapshot::files::PackReader;
 use forkbox_snapshot::layer::{apply_layers, pages_of, Layer, LayerPlan, LayerStats};
 use forkbox_snapshot::{
-    encode, read_state, write_encoded, write_memory, write_state, CpuFingerprint, MemoryFile, Snapshot, StateError,
-    FORMAT_VERSION,
+    encode, read_state, write_encoded_into, write_memory, write_state, CpuFingerprint, MemoryFile, Snapshot,
+    StateError, FORMAT_VERSION,
 };
 use forkbox_vmm::{GuestMemory, VcpuState, Vm};
 use serde::{Deserialize, Serialize};
@@ -80,17 +81,16 @@ pub fn template_id(image_id: &str, preload: &str, cpu_digest: &str) -> String {
     hex::encode(&h.finalize()[..16])
 }
 
-/// The `state` file of a template in `dir` (beside its memory file): the parked
-/// guest's registers and process, and the template's info record. `about` is the
-/// record's id, preload, agent line and build time in milliseconds.
-fn write_template_state(
+/// The state of a template (registers, process, the info record) for the
+/// guest parked in `vm`/`proc`. `about` is the record's id, preload, agent line
+/// and build time in milliseconds.
+fn template_state(
     engine: &Engine,
-    dir: &Path,
     (vm, proc): (&Vm, &Process),
     cpu: CpuFingerprint,
     memory: forkbox_snapshot::MemoryStats,
     about: (&str, &str, serde_json::Value, f64),
-) -> Result<(), EngineError> {
+) -> Result<Snapshot, EngineError> {
     let (id, preload, agent, boot_ms) = about;
     let info = TemplateInfo {
         id: id.to_string(),
@@ -101,7 +101,7 @@ fn write_template_state(
         boot_ms,
         memory_pages: memory.pages,
     };
-    let snapshot = Snapshot {
+    Ok(Snapshot {
         image_id: engine.image.id().to_string(),
         cpu,
         vcpu: vm.save_vcpu()?.to_record(),
@@ -109,9 +109,7 @@ fn write_template_state(
         memory,
         info: serde_json::to_string(&info).unwrap_or_default(),
         files: Default::default(),
-    };
-    write_state(&dir.join("state"), &snapshot)?;
-    Ok(())
+    })
 }
 
 impl Template {
@@ -138,7 +136,8 @@ impl Template {
         let memory = write_memory(vm.mem(), &dir.join("memory"))?;
         let cpu = CpuFingerprint::of(&engine.cpu);
         let agent = sb.ready_info.clone();
-        write_template_state(engine, dir, (vm, proc), cpu, memory, (id, &engine.preload, agent, boot_ms))?;
+        let state = template_state(engine, (vm, proc), cpu, memory, (id, &engine.preload, agent, boot_ms))?;
+        write_state(&dir.join("state"), &state)?;
         drop(sb);
         Template::load(engine, dir)
     }
@@ -157,20 +156,45 @@ impl Template {
         id: &str,
         preload: &str,
     ) -> Result<Template, EngineError> {
-        let t0 = Instant::now();
-        let (vm, proc) = sb.parked_parts()?;
         std::fs::create_dir_all(dir).map_err(|e| io_err("create", dir, e))?;
         let built = (|| {
-            let memory = forkbox_snapshot::write_memory_over(vm.mem(), &self.memory.file, &dir.join("memory"))?;
-            let boot_ms = t0.elapsed().as_secs_f64() * 1000.0;
-            let agent = self.info.agent.clone();
-            write_template_state(engine, dir, (vm, proc), self.cpu.clone(), memory, (id, preload, agent, boot_ms))?;
+            let (memory, state) = (dir.join("memory"), dir.join("state"));
+            let mut m = std::fs::File::create(&memory).map_err(|e| io_err("create", &memory, e))?;
+            let mut st = std::fs::File::create(&state).map_err(|e| io_err("create", &state, e))?;
+            self.snapshot_into(engine, sb, &mut m, &mut st, id, preload)?;
+            for (f, p) in [(&m, &memory), (&st, &state)] {
+                f.sync_all().map_err(|e| io_err("fsync", p, e))?;
+            }
+            use std::os::unix::fs::PermissionsExt;
+            m.set_permissions(std::fs::Permissions::from_mode(0o444)).map_err(|e| io_err("fchmod", &memory, e))?;
             Template::load(engine, dir)
         })();
         if built.is_err() {
             let _ = std::fs::remove_dir_all(dir);
         }
         built
+    }
+
+    /// The files of [`Self::snapshot_sandbox`] written into `memory` and
+    /// `state`, new empty files the caller made (and syncs and names: a
+    /// sandbox worker writes into file descriptors it was given).
+    pub fn snapshot_into(
+        &self,
+        engine: &Engine,
+        sb: &Sandbox,
+        memory: &mut std::fs::File,
+        state: &mut std::fs::File,
+        id: &str,
+        preload: &str,
+    ) -> Result<(), EngineError> {
+        let t0 = Instant::now();
+        let (vm, proc) = sb.parked_parts()?;
+        let stats = forkbox_snapshot::write_memory_over_into(vm.mem(), &self.memory.file, &*memory)?;
+        let boot_ms = t0.elapsed().as_secs_f64() * 1000.0;
+        let agent = self.info.agent.clone();
+        let snap = template_state(engine, (vm, proc), self.cpu.clone(), stats, (id, preload, agent, boot_ms))?;
+        write_encoded_into(state, &encode(&snap))?;
+        Ok(())
     }
 
     /// Open a template from disk: every file is verified before anything is
@@ -247,13 +271,12 @@ impl Template {
     /// its previous checkpoint (or since the fork) as a layer at `layer`, the
     /// file chunks changed since then as a pack (`state` with extension
     /// `files`, only if any changed), and its state (registers, process state,
-    /// where every file's chunks are) at `state`.
+    /// where every file's chunks are) at `state`; each through a temp file,
+    /// fsynced and renamed (see [`Self::checkpoint_into`]).
     ///
-    /// Everything is sized before anything is written: `admit` gets the total
-    /// bytes the checkpoint will take on disk and may refuse (a disk quota, a
-    /// full disk); nothing is written then. On any failure no file of the
-    /// checkpoint is left (temp files included). Nothing is buffered whole: the
-    /// layer and the pack stream from guest memory and the file bytes.
+    /// `admit` gets the total bytes the checkpoint will take on disk and may
+    /// refuse (a disk quota, a full disk); nothing is written then. On any
+    /// failure no file of the checkpoint is left (temp files included).
     pub fn checkpoint<E: From<EngineError>>(
         &self,
         engine: &Engine,
@@ -262,8 +285,75 @@ impl Template {
         state: &Path,
         admit: impl FnOnce(u64) -> Result<(), E>,
     ) -> Result<CheckpointStats, E> {
-        let pack_path = state.with_extension("files");
-        let pack_name = pack_path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let pack = state.with_extension("files");
+        let tmp = |p: &Path| {
+            let mut os = p.as_os_str().to_owned();
+            os.push(".tmp");
+            PathBuf::from(os)
+        };
+        let names = [(tmp(layer), layer), (tmp(&pack), pack.as_path()), (tmp(state), state)];
+        let create = |p: &Path| std::fs::File::create(p).map_err(|e| E::from(io_err("create", p, e)));
+        let mut made = false;
+        let pack_name = pack.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let stats = self.checkpoint_into(engine, sb, &pack_name, |size| {
+            admit(size.bytes)?;
+            made = true;
+            Ok::<_, E>(CheckpointFiles {
+                layer: create(&names[0].0)?,
+                pack: if size.pack { Some(create(&names[1].0)?) } else { None },
+                state: create(&names[2].0)?,
+            })
+        });
+        let finish = |stats: CheckpointStats| -> Result<CheckpointStats, EngineError> {
+            for (t, p) in &names {
+                if p == &pack.as_path() && stats.pack_bytes == 0 {
+                    continue;
+                }
+                let f = std::fs::File::open(t).map_err(|e| io_err("open", t, e))?;
+                f.sync_all().map_err(|e| io_err("fsync", t, e))?;
+                std::fs::rename(t, p).map_err(|e| io_err("rename", p, e))?;
+            }
+            if let Some(dir) = state.parent() {
+                if let Ok(d) = std::fs::File::open(dir) {
+                    let _ = d.sync_all();
+                }
+            }
+            Ok(stats)
+        };
+        let done = match stats {
+            Ok(st) => finish(st).map_err(E::from),
+            Err(e) => Err(e),
+        };
+        if done.is_err() && made {
+            for (t, p) in &names {
+                let _ = std::fs::remove_file(t);
+                let _ = std::fs::remove_file(p);
+            }
+        }
+        done
+    }
+
+    /// Write a checkpoint of a parked, tracked sandbox into files its caller
+    /// made: the pages changed since its previous checkpoint (or since the
+    /// fork) as a layer, the file chunks changed since then as a pack (only
+    /// if any changed), and its state (registers, process state, where every
+    /// file's chunks are). The caller fsyncs and names them; this never opens
+    /// a path (a sandbox worker gets the files as descriptors).
+    ///
+    /// Everything is sized before anything is written: `admit` gets what the
+    /// checkpoint will take on disk, may refuse (a disk quota, a full disk:
+    /// nothing is written then), and otherwise hands over the files (`pack`
+    /// only when [`CheckpointSize::pack`]). Nothing is buffered whole: the
+    /// layer and the pack stream from guest memory and the file bytes. A
+    /// failure after `admit` leaves the files partly written (the caller
+    /// removes them).
+    pub fn checkpoint_into<E: From<EngineError>>(
+        &self,
+        engine: &Engine,
+        sb: &mut Sandbox,
+        pack_name: &str,
+        admit: impl FnOnce(CheckpointSize) -> Result<CheckpointFiles, E>,
+    ) -> Result<CheckpointStats, E> {
         let stored = std::mem::take(&mut sb.stored);
         let (vm, proc) = sb.parked_parts_mut()?;
         let mut bits = vm.dirty_log().map_err(EngineError::from)?;
@@ -273,7 +363,7 @@ impl Template {
         let pages = pages_of(&bits);
         let plan = LayerPlan::new(vm.mem(), self.pool.original(), &pages).map_err(EngineError::from)?;
         let mut process = proc.save_state();
-        let files = crate::fsstore::FilesPlan::new(&mut process, &stored, &pack_name);
+        let files = crate::fsstore::FilesPlan::new(&mut process, &stored, pack_name);
         let snapshot = Snapshot {
             image_id: engine.image.id().to_string(),
             cpu: self.cpu.clone(),
@@ -287,16 +377,23 @@ impl Template {
         drop(snapshot);
         let total = plan.bytes().saturating_add(files.pack_bytes()).saturating_add(encoded.len() as u64);
         // (Refused: the caller drops the sandbox; `stored` is simply forgotten.)
-        admit(total)?;
-        let cleanup = |e: StateError| {
-            for p in [layer, pack_path.as_path(), state] {
-                let _ = std::fs::remove_file(p);
+        let CheckpointFiles { mut layer, pack, mut state } =
+            admit(CheckpointSize { bytes: total, pack: files.pack_bytes() > 0 })?;
+        let werr = |what: &'static str| {
+            move |source: std::io::Error| {
+                E::from(EngineError::Snapshot(StateError::Io { what, path: "layer".into(), source }))
             }
-            E::from(EngineError::from(e))
         };
-        let layer_stats = plan.write(layer).map_err(cleanup)?;
-        let pack_bytes = files.write_pack(&pack_path).map_err(cleanup)?;
-        write_encoded(state, &encoded).map_err(cleanup)?;
+        plan.write_into(&mut layer).map_err(werr("write"))?;
+        let pack_bytes = match pack {
+            Some(f) => files.write_pack_into(f).map_err(|e| E::from(e.into()))?,
+            None if files.pack_bytes() > 0 => {
+                return Err(E::from(EngineError::Snapshot(StateError::Corrupt("no file for the pack".into()))))
+            }
+            None => 0,
+        };
+        write_encoded_into(&mut state, &encoded).map_err(|e| E::from(e.into()))?;
+        let layer_stats = plan.stats();
         sb.stored = files.into_stored();
         Ok(CheckpointStats { layer: layer_stats, pack_bytes, state_bytes: encoded.len() as u64 })
     }
@@ -313,7 +410,7 @@ impl Template {
         limits: Limits,
         reseed: bool,
     ) -> Result<Sandbox, EngineError> {
-        self.resume_on(engine, layers, state, limits, reseed, false)
+        self.resume_path(engine, layers, state, limits, if reseed { ResumeAs::Fork } else { ResumeAs::Same })
     }
 
     /// [`Self::resume`] for a sandbox that is never checkpointed (an
@@ -327,21 +424,56 @@ impl Template {
         state: &Path,
         limits: Limits,
     ) -> Result<Sandbox, EngineError> {
-        self.resume_on(engine, layers, state, limits, true, true)
+        self.resume_path(engine, layers, state, limits, ResumeAs::Throwaway)
     }
 
-    fn resume_on(
+    /// The state file at `state`, its packs beside it.
+    fn resume_path(
         &self,
         engine: &Engine,
         layers: &[Layer],
         state: &Path,
         limits: Limits,
-        reseed: bool,
-        pooled: bool,
+        how: ResumeAs,
     ) -> Result<Sandbox, EngineError> {
-        let t0 = Instant::now();
+        let f = std::fs::File::open(state).map_err(|e| io_err("open", state, e))?;
+        let dir = state.parent().unwrap_or(Path::new("."));
+        let mut packs = |names: &[String]| -> Result<std::collections::HashMap<String, std::fs::File>, EngineError> {
+            let mut m = std::collections::HashMap::new();
+            for n in names {
+                let p = dir.join(n);
+                m.insert(n.clone(), std::fs::File::open(&p).map_err(|e| io_err("open", &p, e))?);
+            }
+            Ok(m)
+        };
         let shown = forkbox_snapshot::state::shown(state);
-        let mut snapshot = read_state(state).map_err(|e| match e {
+        self.resume_from(engine, layers, &f, &shown, &mut packs, limits, how)
+    }
+
+    /// Bring a checkpoint back from open files (what a sandbox worker gets from
+    /// the API process: it never opens a path): `layers` newest first, parsed
+    /// already; the state file `state` (named `shown` in errors); `packs` opens
+    /// the packs the state's file table names (called once, with their names,
+    /// only if it names any). `how`: tracked for the session's next checkpoint,
+    /// tracked and reseeded (a fork of it), or a throwaway on a pooled VM.
+    #[allow(clippy::too_many_arguments)]
+    pub fn resume_from(
+        &self,
+        engine: &Engine,
+        layers: &[Layer],
+        state: &std::fs::File,
+        shown: &str,
+        packs: &mut PackOpener<'_>,
+        limits: Limits,
+        how: ResumeAs,
+    ) -> Result<Sandbox, EngineError> {
+        let (reseed, pooled) = match how {
+            ResumeAs::Same => (false, false),
+            ResumeAs::Fork => (true, false),
+            ResumeAs::Throwaway => (true, true),
+        };
+        let t0 = Instant::now();
+        let mut snapshot = forkbox_snapshot::read_state_from(state, shown).map_err(|e| match e {
             StateError::Corrupt(why) => StateError::Corrupt(format!("{shown}: {why}")),
             e => e,
         })?;
@@ -359,14 +491,17 @@ impl Template {
         {
             return Err(StateError::Corrupt(format!("checkpoint {shown} is not from template {}", self.info.id)).into());
         }
+        snapshot.files.validate()?;
+        let pack_files =
+            if snapshot.files.packs.is_empty() { Default::default() } else { packs(&snapshot.files.packs)? };
         let (mut vm, pool) =
             if pooled { (self.pool.take()?.0, Some(self.pool.clone())) } else { (self.tracked_vm(engine)?, None) };
         let t_vm = t0.elapsed();
         let pages = apply_layers(vm.mem_mut(), self.pool.original(), layers)?;
         let t_pages = t0.elapsed();
         vm.restore_vcpu(&vcpu)?;
-        let dir = state.parent().unwrap_or(Path::new("."));
-        let stored = crate::fsstore::load(&mut snapshot.process, &snapshot.files, dir)?;
+        let mut reader = PackReader::with_files(pack_files);
+        let stored = crate::fsstore::load(&mut snapshot.process, &snapshot.files, &mut reader)?;
         let process = engine.restore_process(snapshot.process)?;
         // The page tables are a function of the memory map: make sure they
         // say exactly what it says (only differences are written).
@@ -434,8 +569,41 @@ fn io_err(what: &'static str, path: &Path, source: std::io::Error) -> EngineErro
     EngineError::Snapshot(StateError::io(what, path, source))
 }
 
+/// Opens the packs a checkpoint's state names, by name (see [`Template::resume_from`]).
+pub type PackOpener<'a> =
+    dyn FnMut(&[String]) -> Result<std::collections::HashMap<String, std::fs::File>, EngineError> + 'a;
+
+/// How a checkpoint comes back (see [`Template::resume_from`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ResumeAs {
+    /// As the same session: tracked for its next checkpoint, RNGs kept.
+    Same,
+    /// As a new session forked from it: tracked, RNGs reseeded.
+    Fork,
+    /// For one look and then dropped (never checkpointed): a pooled, untracked VM, reseeded.
+    Throwaway,
+}
+
+/// What a checkpoint will take on disk, known before anything is written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointSize {
+    /// Layer + pack + state.
+    pub bytes: u64,
+    /// Some file chunks changed: there is a pack to write.
+    pub pack: bool,
+}
+
+/// The files a checkpoint is written into (see [`Template::checkpoint_into`]):
+/// new empty files the caller made and syncs and names afterwards.
+pub struct CheckpointFiles {
+    pub layer: std::fs::File,
+    /// Only when [`CheckpointSize::pack`].
+    pub pack: Option<std::fs::File>,
+    pub state: std::fs::File,
+}
+
 /// What a checkpoint wrote.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct CheckpointStats {
     pub layer: LayerStats,
     /// The pack of changed file chunks (0: none was written).

@@ -69,7 +69,7 @@ pub use forkbox_sessions::manager::{Diff, FileChange, PathCall, Variable, Variab
 pub use forkbox_sessions::objects::ObjectsConfig;
 pub use forkbox_worker::child::main as worker_main;
 pub use forkbox_worker::WorkerInfo;
-pub use remote::{Isolation, ProcessIsolation};
+pub use remote::{Isolation, ProcessIsolation, DEFAULT_SESSION_WORKERS};
 pub use session::{CheckpointView, ForkedFrom, NewSession, Quota, SessionView};
 pub use tree::{
     Branch, CheckpointContents, ExploreRequest, Explored, Keep, TreeNode, TreeSession, TreeView, EXPLORE_MAX,
@@ -157,6 +157,8 @@ pub struct Runtime {
     workers: workers::ExecWorkers,
     /// The sandbox worker processes (`Isolation::Process`), one per exec thread.
     remote: Option<forkbox_worker::Workers>,
+    /// The session workers (`Isolation::Process`), one per tenant: the sessions' host.
+    session_workers: Option<Arc<forkbox_worker::SessionWorkers>>,
     /// Held while a session is counted against its quota and created.
     create_lock: Mutex<()>,
     /// The upkeep thread: dropping the sender stops it.
@@ -260,19 +262,25 @@ impl Runtime {
         catalog.packages().set_policy(config.packages.clone());
         share_templates(&catalog, home, &config)?;
         let default = catalog.get(None)?;
-        let sessions = SessionManager::open_with_catalog(catalog.clone(), home, config.sessions.clone())?;
+        let mut sessions = SessionManager::open_with_catalog(catalog.clone(), home, config.sessions.clone())?;
         let concurrency = config.threads();
         // The exec threads run guests: a seccomp allow-list on each (FORKBOX_SECCOMP=enforce|eperm|off).
         let seccomp = forkbox_engine::jail::Mode::from_env()
             .map_err(|e| RuntimeError::Open { what: "reading FORKBOX_SECCOMP", message: e.to_string() })?;
         let workers = workers::ExecWorkers::new(concurrency, seccomp)
             .map_err(|e| RuntimeError::Open { what: "starting the exec threads", message: e.to_string() })?;
-        let remote = match config.isolation {
-            Isolation::Thread => None,
-            Isolation::Process(p) => Some(start_workers(home, &config, p, &default, seccomp, concurrency)?),
+        let (remote, session_workers) = match config.isolation {
+            Isolation::Thread => (None, None),
+            Isolation::Process(p) => {
+                let (w, s) = start_workers(home, &config, p, &default, seccomp, concurrency)?;
+                let s = Arc::new(s);
+                sessions = sessions.with_host(s.clone());
+                (Some(w), Some(s))
+            }
         };
         let rt = Arc::new(Runtime {
             remote,
+            session_workers,
             home: home.to_path_buf(),
             catalog,
             default,
@@ -297,9 +305,17 @@ impl Runtime {
             .map_err(|e| RuntimeError::Open { what: "opening the API keys", message: e.to_string() })
     }
 
-    /// The sandbox worker processes (empty with `Isolation::Thread`).
+    /// The sandbox worker processes: the exec workers, then the session
+    /// workers (one per tenant with sandboxes, and a spare); empty with `Isolation::Thread`.
     pub fn worker_list(&self) -> Vec<WorkerInfo> {
-        self.remote.as_ref().map(|w| w.list()).unwrap_or_default()
+        let mut out = self.remote.as_ref().map(|w| w.list()).unwrap_or_default();
+        out.extend(self.session_workers.as_ref().map(|w| w.list()).unwrap_or_default());
+        out
+    }
+
+    /// The host pid of `tenant`'s session worker, if it has one now (tests, operators).
+    pub fn session_worker_pid(&self, tenant: &str) -> Option<u32> {
+        self.session_workers.as_ref().and_then(|w| w.pid_of(tenant))
     }
 
     /// The network counters of every sandbox of this process (egress decisions, DNS, bytes).
@@ -403,6 +419,9 @@ impl Runtime {
     pub fn maintain(&self) -> Result<Upkeep, RuntimeError> {
         let evicted = self.sessions.evict_idle();
         self.sessions.maintenance()?;
+        if let Some(w) = &self.session_workers {
+            w.stop_idle(forkbox_worker::sessions::IDLE_STOP);
+        }
         Ok(Upkeep { evicted, resident: self.sessions.resident_count() })
     }
 
@@ -468,7 +487,8 @@ fn share_templates(catalog: &Catalog, home: &Path, config: &RuntimeConfig) -> Re
     Ok(true)
 }
 
-/// One jailed worker per exec thread, the default template open in each.
+/// One jailed worker per exec thread, the default template open in each; and
+/// the session workers (one per tenant, started on demand; a spare now).
 fn start_workers(
     home: &Path,
     config: &RuntimeConfig,
@@ -476,7 +496,7 @@ fn start_workers(
     default: &Loaded,
     seccomp: forkbox_engine::jail::Mode,
     n: usize,
-) -> Result<forkbox_worker::Workers, RuntimeError> {
+) -> Result<(forkbox_worker::Workers, forkbox_worker::SessionWorkers), RuntimeError> {
     let open = |message: String| {
         RuntimeError::Open {
         what: "starting the sandbox workers",
@@ -497,7 +517,13 @@ fn start_workers(
     }
     let prepare =
         wc.template_ref(&default.engine.image_path, &default.template.dir).map_err(|e| open(e.to_string()))?;
-    forkbox_worker::Workers::start(wc, n, Some(prepare)).map_err(|e| open(e.to_string()))
+    // A session worker runs a thread per sandbox: room for every resident session and the explores.
+    let mut sc = wc.clone();
+    sc.max_tasks = (config.sessions.max_resident as u64).saturating_add(4 * n as u64).saturating_add(64).max(256);
+    let exec = forkbox_worker::Workers::start(wc, n, Some(prepare.clone())).map_err(|e| open(e.to_string()))?;
+    let sessions = forkbox_worker::SessionWorkers::start(sc, n, p.session_workers, Some(prepare))
+        .map_err(|e| open(e.to_string()))?;
+    Ok((exec, sessions))
 }
 
 /// A fresh random id with `prefix` (not a secret: exec ids).

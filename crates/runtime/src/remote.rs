@@ -5,7 +5,7 @@
 
 use forkbox_api::ErrorCode;
 use forkbox_engine::{EngineError, NET_GLOBAL};
-use forkbox_worker::{WireError, WorkerError, Workers};
+use forkbox_worker::{WireError, WorkerError, Workers, EXEC_CODES};
 
 use crate::exec::{OneShot, OneShotRequest, Output};
 use crate::workers::{add_remote_cpu, exec_index};
@@ -18,7 +18,8 @@ pub enum Isolation {
     #[default]
     Thread,
     /// One-shot execs and batches in jailed sandbox worker processes, one per
-    /// exec thread; sessions still on the exec threads.
+    /// exec thread; sessions (and the tree of states) in jailed session
+    /// workers, one per tenant.
     Process(ProcessIsolation),
 }
 
@@ -27,35 +28,29 @@ pub enum Isolation {
 pub struct ProcessIsolation {
     /// Each worker's memory bound (its cgroup), MiB.
     pub memory_mb: u64,
-    /// Host uid (and gid) of worker 0; worker `i` runs as this + `i`.
+    /// Host uid (and gid) of worker 0; worker `i` runs as this + `i` (the
+    /// exec workers first, then the session workers).
     pub uid_base: u32,
+    /// Most session workers at once (one per tenant with sandboxes; the least
+    /// recently used idle one is stopped for a new tenant past it).
+    pub session_workers: usize,
 }
 
 impl Default for ProcessIsolation {
     fn default() -> Self {
-        ProcessIsolation { memory_mb: 4096, uid_base: forkbox_worker::supervisor::DEFAULT_UID_BASE }
+        ProcessIsolation {
+            memory_mb: 4096,
+            uid_base: forkbox_worker::supervisor::DEFAULT_UID_BASE,
+            session_workers: DEFAULT_SESSION_WORKERS,
+        }
     }
 }
 
-/// Codes a worker may report for an exec; anything else becomes `internal`
-/// (a worker runs guest input: it does not get to pick, say, `unauthorized`).
-const EXEC_CODES: &[ErrorCode] = &[
-    ErrorCode::Timeout,
-    ErrorCode::GuestCrashed,
-    ErrorCode::GuestExited,
-    ErrorCode::GuestKilled,
-    ErrorCode::SandboxUnusable,
-    ErrorCode::Interrupted,
-    ErrorCode::Deadlock,
-    ErrorCode::CodeTooLarge,
-    ErrorCode::ProtocolError,
-    ErrorCode::BootFailed,
-    ErrorCode::CpuMismatch,
-    ErrorCode::TemplateUnavailable,
-    ErrorCode::Internal,
-];
+/// Default [`ProcessIsolation::session_workers`].
+pub const DEFAULT_SESSION_WORKERS: usize = 64;
 
 fn engine_error(e: WireError) -> RuntimeError {
+    // A worker runs guest input: it does not get to pick, say, `unauthorized`.
     let code = e.code.parse::<ErrorCode>().ok().filter(|c| EXEC_CODES.contains(c)).unwrap_or(ErrorCode::Internal);
     RuntimeError::exec(EngineError::Remote { code, message: e.message }, e.output)
 }

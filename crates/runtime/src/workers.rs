@@ -41,6 +41,8 @@ pub use forkbox_engine::thread_cpu_seconds;
 /// dropped (at the end of the job, on its thread).
 pub fn job_cpu_seconds() -> f64 {
     let own = JOB_START.with(|s| s.get()).map_or(0.0, |t0| (thread_cpu_seconds() - t0).max(0.0));
+    // What session workers used for this job's requests (measured from outside, per worker process).
+    add_remote_cpu(forkbox_worker::sessions::take_cpu_seconds());
     own + JOB_REMOTE.with(|c| c.get())
 }
 
@@ -146,6 +148,7 @@ fn work(queue: &Mutex<Queue>) {
         let job = next_job(queue, &mine);
         JOB_START.with(|s| s.set(Some(thread_cpu_seconds())));
         JOB_REMOTE.with(|c| c.set(0.0));
+        forkbox_worker::sessions::take_cpu_seconds();
         // A panicking job drops its reply channel (the caller gets `WorkerGone`); the thread goes on.
         if std::panic::catch_unwind(AssertUnwindSafe(job)).is_err() {
             tracing::error!("an exec job panicked");

@@ -685,25 +685,33 @@ pub struct NodeBody {
 /// The sandbox worker processes (`GET /v1/admin/workers`, admin keys only).
 #[derive(Serialize, ToSchema)]
 pub struct WorkerList {
-    /// `process` (one-shot execs in jailed workers) or `thread` (no workers).
+    /// `process` (execs and sessions in jailed workers) or `thread` (no workers).
     pub isolation: String,
     pub workers: Vec<WorkerBody>,
 }
 
-/// One sandbox worker process slot.
+/// One sandbox worker process.
 #[derive(Serialize, ToSchema)]
 pub struct WorkerBody {
     pub index: usize,
+    /// `exec` (one-shot execs: one per exec slot) or `sessions` (one tenant's sessions and tree of states).
+    pub kind: String,
+    /// A session worker's tenant (absent: the exec workers, and the spare session worker).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// A session worker's sandboxes now (resident sessions and throwaway forks).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sandboxes: Option<usize>,
     /// Host pid of the jailed worker (null while it is being restarted).
     pub pid: Option<u32>,
     /// The unprivileged host uid it runs as.
     pub uid: u32,
     /// Running an exec now.
     pub busy: bool,
-    /// Workers of this slot that died (or hung) and were replaced.
+    /// Workers of this slot (or this tenant) that died (or hung) and were replaced.
     pub restarts: u64,
     pub started_unix_ms: Option<u64>,
-    /// How the previous worker of this slot ended.
+    /// How the previous worker of this slot (or this tenant) ended.
     pub last_exit: Option<String>,
 }
 

@@ -7,6 +7,7 @@
 
 pub mod artifacts;
 pub mod db;
+pub mod host;
 pub mod keys;
 pub mod lease;
 pub mod manager;

@@ -17,10 +17,11 @@ use forkbox_api::ErrorCode;
 use forkbox_engine::packages::Package;
 use forkbox_engine::{
     CapturedOutput, Catalog, CatalogError, Engine, EngineError, ExecOptions, ExecResult, FileEntry, Interrupter,
-    Limits, Loaded, Sandbox, Template,
+    Limits, Loaded, ResumeAs, Template,
 };
 use forkbox_snapshot::{Layer, StateError};
 
+use crate::host::{CheckpointFiles, CheckpointIn, InProcess, NamedFile, Resident, SandboxHost, Start};
 use crate::lease::{Acquired, Lease, NodeRecord, NodeState, Owner};
 use crate::node::{ClusterConfig, Node};
 use crate::objects::{ObjectError, ObjectStats, Objects, ObjectsConfig};
@@ -28,17 +29,6 @@ use crate::store::{self, CheckpointRecord, NewCheckpoint, SessionRecord, Store, 
 
 mod cluster;
 mod tree;
-
-/// How a checkpoint comes back (see [`SessionManager::resume_as`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Resume {
-    /// As the same session: tracked for its next checkpoint, RNGs kept.
-    Same,
-    /// As a new session forked from it: tracked, RNGs reseeded.
-    Fork,
-    /// For one look and then dropped (never checkpointed): a pooled, untracked VM, reseeded.
-    Throwaway,
-}
 pub use tree::{diff, Diff, FileChange, FileState, PathCall, StateAt, Variable, VariableChange, Variables};
 
 #[derive(Debug, thiserror::Error)]
@@ -314,7 +304,7 @@ pub struct ExecOutcome {
 }
 
 struct Slot {
-    sandbox: Option<Sandbox>,
+    sandbox: Option<Box<dyn Resident>>,
     /// Cluster: this node's lease of the session while it is resident here.
     lease: Option<Lease>,
     /// The checkpoint the resident sandbox is at (its next checkpoint's parent).
@@ -340,6 +330,8 @@ pub struct SessionManager {
     reserved: Mutex<Reservations>,
     /// The object store of `config.objects`.
     objects: Option<Objects>,
+    /// Where the sandboxes live (this process by default; see [`Self::with_host`]).
+    host: Arc<dyn SandboxHost>,
     /// This node, in a cluster (`config.cluster`).
     node: Option<Node>,
 }
@@ -403,6 +395,40 @@ fn lock_dir(dir: &Path) -> Result<std::fs::File, SessionError> {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// A resident sandbox that is still there (not gone with its worker process).
+fn live(sb: &Option<Box<dyn Resident>>) -> bool {
+    sb.as_ref().is_some_and(|s| s.is_alive())
+}
+
+/// A new temp file of a checkpoint, for this process' user only.
+fn create_temp(path: &Path) -> Result<std::fs::File, SessionError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(path);
+    f.map_err(|e| {
+        let e = StateError::io("create", path, e);
+        if e.is_no_space() {
+            SessionError::NoSpace(e.to_string())
+        } else {
+            e.into()
+        }
+    })
+}
+
+/// The layer files of checkpoint `head`'s chain (`chain`: its ancestry, root
+/// first), newest first back to the nearest flat layer, and its record.
+fn layer_names(chain: &[CheckpointRecord], head: i64) -> Result<(Vec<String>, CheckpointRecord), SessionError> {
+    let head_rec = chain.last().cloned().ok_or_else(|| SessionError::CheckpointNotFound(String::new(), head))?;
+    let mut names = Vec::new();
+    for c in chain.iter().rev() {
+        if let Some(flat) = &c.flat {
+            names.push(flat.clone());
+            break;
+        }
+        names.push(c.layer.clone());
+    }
+    Ok((names, head_rec))
 }
 
 /// The files of a checkpoint: its layer, its state, the pack of its changed
@@ -528,9 +554,22 @@ impl SessionManager {
             reserved: Mutex::new(Reservations::default()),
             objects,
             node,
+            host: Arc::new(InProcess),
         };
         m.recover()?;
         Ok(m)
+    }
+
+    /// Run the sessions' sandboxes on `host` (e.g. jailed worker processes)
+    /// instead of in this process.
+    pub fn with_host(mut self, host: Arc<dyn SandboxHost>) -> SessionManager {
+        self.host = host;
+        self
+    }
+
+    /// Where the sessions' sandboxes run ("thread": this process; "process": worker processes).
+    pub fn host_kind(&self) -> &'static str {
+        self.host.kind()
     }
 
     /// The metadata store itself, for this crate's tests and offline tools. The
@@ -641,7 +680,7 @@ impl SessionManager {
 
     pub fn is_resident(&self, id: &str) -> bool {
         let slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
-        slots.get(id).is_some_and(|s| s.try_lock().map(|s| s.sandbox.is_some()).unwrap_or(true))
+        slots.get(id).is_some_and(|s| s.try_lock().map(|s| live(&s.sandbox)).unwrap_or(true))
     }
 
     pub fn list(&self, tenant: &str, tags: &[(String, String)]) -> Result<Vec<SessionRecord>, SessionError> {
@@ -729,6 +768,10 @@ impl SessionManager {
         self.running.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_string(), interrupter.clone());
         let running = Running { map: &self.running, id, interrupter: interrupter.clone() };
         let limits = from_store_limits(&rec.limits);
+        if !live(&guard.sandbox) {
+            // (Gone with its worker process: the session is at its last checkpoint.)
+            guard.sandbox = None;
+        }
         self.hold(id, &mut guard)?;
         if guard.sandbox.is_none() {
             self.make_room(id);
@@ -747,7 +790,7 @@ impl SessionManager {
             None => std::borrow::Cow::Borrowed(code),
             Some(plan) => {
                 let Some(sb) = guard.sandbox.as_mut() else { return Err(SessionError::NotFound(id.into())) };
-                match Self::mount_planned(sb, code, plan) {
+                match Self::mount_planned(sb.as_mut(), code, plan) {
                     Ok(c) => std::borrow::Cow::Owned(c),
                     Err(e) => {
                         // Some lines' packages may be mounted already: memory is ahead of disk.
@@ -766,7 +809,7 @@ impl SessionManager {
         let timeout = Some(opts.timeout.map_or(max, |t| t.min(max)));
         sb.set_exec_id(seq);
         let result =
-            sb.exec_with(&run_code, ExecOptions { on_output: opts.on_output, interrupt: Some(interrupter), timeout });
+            sb.exec(&run_code, ExecOptions { on_output: opts.on_output, interrupt: Some(interrupter), timeout });
         drop(running);
         let result = match result {
             Ok(r) => r,
@@ -774,7 +817,7 @@ impl SessionManager {
                 let _ = self.store.release_seq(id, seq);
                 let output = sb.take_failed_output().map(Box::new);
                 self.drop_resident(id, &mut guard);
-                if matches!(source, EngineError::CodeTooLarge(..)) {
+                if source.error_code() == ErrorCode::CodeTooLarge {
                     return Err(SessionError::Engine(source));
                 }
                 return Err(SessionError::ExecFailed { source, checkpoint: head_seq(rec.head), output });
@@ -782,8 +825,15 @@ impl SessionManager {
         };
         let fence = guard.lease.clone();
         let Some(sb) = guard.sandbox.as_mut() else { return Err(SessionError::NotFound(id.into())) };
-        let written =
-            self.write_checkpoint_as(&rec, sb, code, base, Some(seq), summarize(&result).as_deref(), fence.as_ref());
+        let written = self.write_checkpoint_as(
+            &rec,
+            sb.as_mut(),
+            code,
+            base,
+            Some(seq),
+            summarize(&result).as_deref(),
+            fence.as_ref(),
+        );
         let checkpoint = match written {
             Ok(c) => c,
             Err(e) => {
@@ -858,11 +908,19 @@ impl SessionManager {
         &self,
         tenant: &str,
         id: &str,
-        f: impl FnOnce(&mut Sandbox, Option<i64>, &SessionRecord, Option<&Lease>) -> Result<(T, Option<i64>), SessionError>,
+        f: impl FnOnce(
+            &mut dyn Resident,
+            Option<i64>,
+            &SessionRecord,
+            Option<&Lease>,
+        ) -> Result<(T, Option<i64>), SessionError>,
     ) -> Result<T, SessionError> {
         let rec = self.record(tenant, id)?;
         let slot = self.slot(id);
         let mut guard = lock_slot(&slot, id)?;
+        if !live(&guard.sandbox) {
+            guard.sandbox = None;
+        }
         self.hold(id, &mut guard)?;
         if guard.sandbox.is_none() {
             self.make_room(id);
@@ -878,7 +936,7 @@ impl SessionManager {
         let base = guard.base;
         let fence = guard.lease.clone();
         let Some(sb) = guard.sandbox.as_mut() else { return Err(SessionError::NotFound(id.into())) };
-        let (out, new_base) = f(sb, base, &rec, fence.as_ref())?;
+        let (out, new_base) = f(sb.as_mut(), base, &rec, fence.as_ref())?;
         guard.base = new_base;
         guard.last_used = Instant::now();
         Ok(out)
@@ -916,7 +974,7 @@ impl SessionManager {
     /// Mount the packages of `plan` and give the code to run instead: each
     /// `%pip` line replaced by one that refreshes the guest's imports and
     /// prints pip's output there.
-    fn mount_planned(sb: &mut Sandbox, code: &str, plan: &PipPlan) -> Result<String, SessionError> {
+    fn mount_planned(sb: &mut dyn Resident, code: &str, plan: &PipPlan) -> Result<String, SessionError> {
         let mut outputs = Vec::with_capacity(plan.lines.len());
         for pkgs in &plan.resolved {
             let done = sb.install_packages(pkgs)?;
@@ -959,7 +1017,7 @@ impl SessionManager {
                 return Ok((PackagesOutcome { packages: done, output, checkpoint: None }, base));
             }
             // The guest looks again (sys.path, import caches); it prints nothing.
-            let r = sb.exec(forkbox_engine::packages::REFRESH)?;
+            let r = sb.exec(forkbox_engine::packages::REFRESH, ExecOptions::default())?;
             if let Some(e) = r.error {
                 return Err(SessionError::Engine(EngineError::Package {
                     code: ErrorCode::PackageFailed,
@@ -1054,7 +1112,7 @@ impl SessionManager {
     fn write_checkpoint(
         &self,
         rec: &SessionRecord,
-        sb: &mut Sandbox,
+        sb: &mut dyn Resident,
         code: &str,
         parent: Option<i64>,
         fence: Option<&Lease>,
@@ -1065,11 +1123,16 @@ impl SessionManager {
     /// `seq`: a number from `Store::reserve_seq` (None: the lineage's next).
     /// `fence`: this node's lease of the session (a cluster): the commit is
     /// refused if another node has taken the session meanwhile.
+    ///
+    /// The files are temp files this process makes in the layers directory and
+    /// hands to the sandbox open (a worker process writes into them and never
+    /// names a path); once written they are checked against what the sandbox
+    /// announced and was admitted for, fsynced and renamed, then committed.
     #[allow(clippy::too_many_arguments)]
     fn write_checkpoint_as(
         &self,
         rec: &SessionRecord,
-        sb: &mut Sandbox,
+        sb: &mut dyn Resident,
         code: &str,
         parent: Option<i64>,
         seq: Option<i64>,
@@ -1077,24 +1140,105 @@ impl SessionManager {
         fence: Option<&Lease>,
     ) -> Result<CheckpointRecord, SessionError> {
         let name = random_id("c_");
-        let (layer, state) = (format!("{name}.layer"), format!("{name}.state"));
-        let t = self.loaded(rec)?;
+        let (layer, state, pack) = (format!("{name}.layer"), format!("{name}.state"), format!("{name}.files"));
         let mut reservation = None;
-        let written = t.template.checkpoint(
-            &t.engine,
-            sb,
-            &self.layers_dir.join(&layer),
-            &self.layers_dir.join(&state),
-            |bytes| {
-                reservation = Some(self.admit(&rec.tenant, bytes)?);
-                Ok::<(), SessionError>(())
-            },
-        );
-        let stats = written.map_err(|e| match e {
-            SessionError::Engine(EngineError::Snapshot(s)) if s.is_no_space() => SessionError::NoSpace(s.to_string()),
-            SessionError::Engine(EngineError::Snapshot(s)) => SessionError::Snapshot(s),
-            e => e,
-        })?;
+        // (temp path, final name, our own handle) of each file made.
+        let mut made: Vec<(PathBuf, String, std::fs::File)> = Vec::new();
+        let mut admitted = 0u64;
+        let written = sb.checkpoint(&pack, &mut |size| {
+            reservation = Some(self.admit(&rec.tenant, size.bytes)?);
+            admitted = size.bytes;
+            let mut create = |final_name: &str| -> Result<std::fs::File, SessionError> {
+                let tmp = self.layers_dir.join(format!("{final_name}.tmp"));
+                let f = create_temp(&tmp)?;
+                let ours = f.try_clone().map_err(|e| StateError::io("dup", &tmp, e))?;
+                made.push((tmp, final_name.to_string(), ours));
+                Ok(f)
+            };
+            Ok(CheckpointFiles {
+                layer: create(&layer)?,
+                pack: if size.pack { Some(create(&pack)?) } else { None },
+                state: create(&state)?,
+            })
+        });
+        let remove_temps = |made: &[(PathBuf, String, std::fs::File)]| {
+            for (tmp, _, _) in made {
+                let _ = std::fs::remove_file(tmp);
+            }
+        };
+        let stats = match written {
+            Ok(st) => st,
+            Err(e) => {
+                remove_temps(&made);
+                return Err(match e {
+                    SessionError::Engine(EngineError::Snapshot(s)) if s.is_no_space() => {
+                        SessionError::NoSpace(s.to_string())
+                    }
+                    SessionError::Engine(EngineError::Snapshot(s)) => SessionError::Snapshot(s),
+                    e => e,
+                });
+            }
+        };
+        // What the sandbox wrote must be what it said it would (a worker process
+        // is not trusted): each file's size, and together what was admitted.
+        let settled = (|| -> Result<u64, SessionError> {
+            let mut total = 0u64;
+            for (tmp, final_name, f) in &made {
+                let len = f.metadata().map_err(|e| StateError::io("stat", tmp, e))?.len();
+                let said = if *final_name == layer {
+                    stats.layer.bytes
+                } else if *final_name == pack {
+                    stats.pack_bytes
+                } else {
+                    stats.state_bytes
+                };
+                if len != said {
+                    return Err(StateError::Corrupt(format!(
+                        "checkpoint file {final_name} holds {len} bytes, the sandbox said {said}"
+                    ))
+                    .into());
+                }
+                total = total.saturating_add(len);
+            }
+            if total != admitted || total != stats.bytes() {
+                return Err(StateError::Corrupt(format!(
+                    "the checkpoint holds {total} bytes, {admitted} were announced and admitted"
+                ))
+                .into());
+            }
+            for (tmp, final_name, f) in &made {
+                if *final_name == pack && stats.pack_bytes == 0 {
+                    continue;
+                }
+                f.sync_all().map_err(|e| StateError::io("fsync", tmp, e))?;
+            }
+            for (tmp, final_name, _) in &made {
+                if *final_name == pack && stats.pack_bytes == 0 {
+                    let _ = std::fs::remove_file(tmp);
+                    continue;
+                }
+                let to = self.layers_dir.join(final_name);
+                std::fs::rename(tmp, &to).map_err(|e| StateError::io("rename", &to, e))?;
+            }
+            if let Ok(d) = std::fs::File::open(&self.layers_dir) {
+                let _ = d.sync_all();
+            }
+            Ok(total)
+        })();
+        let bytes = match settled {
+            Ok(b) => b,
+            Err(e) => {
+                remove_temps(&made);
+                for f in checkpoint_files(&layer, &state, None) {
+                    let _ = std::fs::remove_file(self.layers_dir.join(f));
+                }
+                return Err(match e {
+                    SessionError::Snapshot(s) if s.is_no_space() => SessionError::NoSpace(s.to_string()),
+                    e => e,
+                });
+            }
+        };
+        drop(made);
         let c = NewCheckpoint {
             session_id: &rec.id,
             parent,
@@ -1102,7 +1246,7 @@ impl SessionManager {
             layer: &layer,
             state: &state,
             pages: stats.layer.pages,
-            bytes: stats.bytes(),
+            bytes,
             checksum: &format!("{:08x}", stats.layer.crc),
         };
         let remove_files = || {
@@ -1158,13 +1302,16 @@ impl SessionManager {
     /// The sandbox of a session that is not resident: from its head checkpoint, or a fresh fork.
     /// A head owned by another session means this session was forked from it
     /// and has not run yet: its in-memory RNGs must diverge from the source's.
-    fn bring_back(&self, rec: &SessionRecord, limits: Limits) -> Result<Sandbox, SessionError> {
+    fn bring_back(&self, rec: &SessionRecord, limits: Limits) -> Result<Box<dyn Resident>, SessionError> {
         let t = self.loaded(rec)?;
         match rec.head {
-            None => Ok(t.template.fork_tracked(&t.engine, limits)?),
+            None => {
+                self.host.start(Start { tenant: &rec.tenant, template: &t, limits, how: ResumeAs::Same, from: None })
+            }
             Some(head) => {
                 let forked = self.store.checkpoint(head)?.is_some_and(|c| c.session_id != rec.id);
-                self.resume_checkpoint(&t, head, limits, forked)
+                let how = if forked { ResumeAs::Fork } else { ResumeAs::Same };
+                self.resume_as(&rec.tenant, &t, head, limits, how)
             }
         }
     }
@@ -1174,26 +1321,11 @@ impl SessionManager {
         self.with_sandbox(tenant, id, |_, base, _, _| Ok(((), base)))
     }
 
-    /// Layers newest first from `head` back to the nearest flat layer (or the template).
+    /// Layers newest first from `head` back to the nearest flat layer (or the
+    /// template), read here (compaction, in this process).
     fn layer_chain(&self, head: i64) -> Result<(Vec<Layer>, CheckpointRecord), SessionError> {
-        self.layer_chain_of(&self.store.ancestry(head)?, head)
-    }
-
-    /// [`Self::layer_chain`] of an ancestry (root first) from `Store::ancestry`.
-    fn layer_chain_of(
-        &self,
-        chain: &[CheckpointRecord],
-        head: i64,
-    ) -> Result<(Vec<Layer>, CheckpointRecord), SessionError> {
-        let head_rec = chain.last().cloned().ok_or_else(|| SessionError::CheckpointNotFound(String::new(), head))?;
-        let mut names = Vec::new();
-        for c in chain.iter().rev() {
-            if let Some(flat) = &c.flat {
-                names.push(flat.clone());
-                break;
-            }
-            names.push(c.layer.clone());
-        }
+        let chain = self.store.ancestry(head)?;
+        let (names, head_rec) = layer_names(&chain, head)?;
         // From the object store first if they are not here (pinned while read).
         let _pinned = match &self.objects {
             Some(o) => Some(o.ensure_local(&self.store, &names)?),
@@ -1203,75 +1335,74 @@ impl SessionManager {
         for n in &names {
             match Layer::read(&self.layers_dir.join(n)) {
                 Ok(l) => layers.push(l),
-                // Only in an object store, and none is configured: say so.
-                Err(_) if self.objects.is_none() && self.store.object(n)?.is_some() => {
-                    return Err(ObjectError::NotConfigured(n.clone()).into())
-                }
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(self.missing(n, e)),
             }
         }
         Ok((layers, head_rec))
     }
 
-    /// With an object store: the state of `head` and the packs it refers to
-    /// (packs of its ancestors), fetched if they are not local, pinned until
-    /// the guard goes. `chain`: its ancestry, root first.
-    fn ensure_state_local(&self, chain: &[CheckpointRecord]) -> Result<Vec<crate::objects::Pinned<'_>>, SessionError> {
-        let (Some(o), Some(head)) = (&self.objects, chain.last()) else { return Ok(Vec::new()) };
-        let pinned = o.ensure_local(&self.store, std::slice::from_ref(&head.state))?;
-        // Packs of the ancestry that are only in the object store: the state
-        // says which of them it reads (most checkpoints have no pack).
-        let packs: Vec<String> =
-            chain.iter().map(|c| Path::new(&c.state).with_extension("files").to_string_lossy().into_owned()).collect();
-        let remote = o.remote_only(&self.store, &packs)?;
-        if remote.is_empty() {
-            return Ok(vec![pinned]);
+    /// The error for a checkpoint file that cannot be read here: only in an
+    /// object store, and none is configured, says so.
+    fn missing(&self, name: &str, e: StateError) -> SessionError {
+        if self.objects.is_none() && !self.layers_dir.join(name).is_file() {
+            if let Ok(Some(_)) = self.store.object(name) {
+                return ObjectError::NotConfigured(name.to_string()).into();
+            }
         }
-        let wanted: Vec<String> = match forkbox_snapshot::state::read_state(&self.layers_dir.join(&head.state)) {
-            Ok(s) => remote.into_iter().filter(|p| s.files.packs.contains(p)).collect(),
-            // Unreadable here: the resume says why; fetch them all meanwhile.
-            Err(_) => remote,
-        };
-        let packs = o.ensure_local(&self.store, &wanted)?;
-        Ok(vec![pinned, packs])
+        e.into()
     }
 
-    fn resume_checkpoint(&self, t: &Loaded, head: i64, limits: Limits, reseed: bool) -> Result<Sandbox, SessionError> {
-        // (`reseed`: see `bring_back`.)
-        self.resume_as(t, head, limits, if reseed { Resume::Fork } else { Resume::Same })
+    /// Open a file of the layers directory to hand to a sandbox.
+    fn open_named(&self, name: &str) -> Result<NamedFile, SessionError> {
+        let path = self.layers_dir.join(name);
+        match std::fs::File::open(&path) {
+            Ok(file) => Ok(NamedFile { name: name.to_string(), file }),
+            Err(e) => Err(self.missing(name, StateError::io("open", &path, e))),
+        }
     }
 
-    /// Bring checkpoint `head` back as `how` says.
+    /// Bring checkpoint `head` back as `how` says, on the sessions' host: its
+    /// layer chain, state and (on request) packs opened here and handed over.
     pub(crate) fn resume_as(
         &self,
+        tenant: &str,
         t: &Loaded,
         head: i64,
         limits: Limits,
-        how: Resume,
-    ) -> Result<Sandbox, SessionError> {
+        how: ResumeAs,
+    ) -> Result<Box<dyn Resident>, SessionError> {
         let t0 = Instant::now();
         let chain = self.store.ancestry(head)?;
-        let (layers, rec) = self.layer_chain_of(&chain, head)?;
-        tracing::debug!(elapsed = ?t0.elapsed(), layers = layers.len(), "read the layer chain");
-        let _pinned = self.ensure_state_local(&chain)?;
-        let state = self.layers_dir.join(&rec.state);
-        let resumed = match how {
-            Resume::Same => t.template.resume(&t.engine, &layers, &state, limits, false),
-            Resume::Fork => t.template.resume(&t.engine, &layers, &state, limits, true),
-            Resume::Throwaway => t.template.resume_throwaway(&t.engine, &layers, &state, limits),
+        let (mut names, rec) = layer_names(&chain, head)?;
+        names.push(rec.state.clone());
+        let pinned = match &self.objects {
+            Some(o) => Some(o.ensure_local(&self.store, &names)?),
+            None => None,
         };
-        resumed.map_err(|e| match e {
-            // Only in an object store, and none is configured: say so.
-            EngineError::Snapshot(_)
-                if self.objects.is_none()
-                    && !state.is_file()
-                    && self.store.object(&rec.state).ok().flatten().is_some() =>
-            {
-                ObjectError::NotConfigured(rec.state.clone()).into()
+        let state = names.pop().map(|n| self.open_named(&n)).transpose()?;
+        let Some(state) = state else { return Err(SessionError::CheckpointNotFound(String::new(), head)) };
+        let layers = names.iter().map(|n| self.open_named(n)).collect::<Result<Vec<_>, _>>()?;
+        // Open: the cache may drop them now.
+        drop(pinned);
+        tracing::debug!(elapsed = ?t0.elapsed(), layers = layers.len(), "opened the layer chain");
+        // The state names the packs it reads; only its lineage's are handed over.
+        let lineage: std::collections::HashSet<String> =
+            chain.iter().map(|c| Path::new(&c.state).with_extension("files").to_string_lossy().into_owned()).collect();
+        let mut packs = |wanted: &[String]| -> Result<Vec<NamedFile>, SessionError> {
+            if wanted.len() > lineage.len() {
+                return Err(StateError::Corrupt("the state names more packs than its lineage has".into()).into());
             }
-            EngineError::Snapshot(s) => SessionError::Snapshot(s),
-            e => SessionError::Engine(e),
-        })
+            if let Some(w) = wanted.iter().find(|w| !lineage.contains(*w)) {
+                return Err(StateError::Corrupt(format!("the state names pack {w:?}, not one of its lineage's")).into());
+            }
+            let _pinned = match &self.objects {
+                Some(o) => Some(o.ensure_local(&self.store, wanted)?),
+                None => None,
+            };
+            wanted.iter().map(|n| self.open_named(n)).collect()
+        };
+        let from = CheckpointIn { layers, state, packs: &mut packs };
+        self.host.start(Start { tenant, template: t, limits, how, from: Some(from) })
     }
 
     /// Background upkeep, off the exec path: evict idle sessions, merge long
@@ -1348,8 +1479,10 @@ impl SessionManager {
         let rec = self.record(tenant, id)?;
         let target = self.find_checkpoint(&rec, seq)?;
         let t = self.loaded(&rec)?;
-        let sb = self.resume_checkpoint(&t, target.id, from_store_limits(&rec.limits), true)?;
-        Ok(self.catalog.add_from_sandbox(Some(tenant), name, &t, &sb, id, seq)?)
+        let mut sb = self.resume_as(tenant, &t, target.id, from_store_limits(&rec.limits), ResumeAs::Fork)?;
+        Ok(self.catalog.add_from_snapshot(Some(tenant), name, &t, id, seq, |tid, preload, memory, state| {
+            sb.snapshot_template(tid, preload, memory, state)
+        })?)
     }
 
     /// Point the session at one of its checkpoints (by seq); later execs continue from there.
@@ -1484,7 +1617,7 @@ impl SessionManager {
 
     pub fn resident_count(&self) -> usize {
         let slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
-        slots.values().filter(|s| s.try_lock().map(|g| g.sandbox.is_some()).unwrap_or(true)).count()
+        slots.values().filter(|s| s.try_lock().map(|g| live(&g.sandbox)).unwrap_or(true)).count()
     }
 
     /// Keep at most `max_resident - 1` others resident before bringing one back (LRU).
@@ -1495,7 +1628,7 @@ impl SessionManager {
             .into_iter()
             .filter(|(k, _)| k != except)
             .filter_map(|(k, s)| {
-                let t = s.try_lock().ok().filter(|g| g.sandbox.is_some()).map(|g| g.last_used)?;
+                let t = s.try_lock().ok().filter(|g| live(&g.sandbox)).map(|g| g.last_used)?;
                 Some((t, k, s))
             })
             .collect();

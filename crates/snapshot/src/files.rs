@@ -98,15 +98,23 @@ impl FileTable {
     }
 }
 
-/// Reads chunks from the packs of one directory, each pack opened once.
+/// Reads chunks from packs, each pack opened once: from one directory, or
+/// from files opened by someone else (a sandbox worker gets file descriptors).
 pub struct PackReader<'a> {
-    dir: &'a Path,
+    dir: Option<&'a Path>,
     open: std::collections::HashMap<String, File>,
+    /// Packs whose header was checked.
+    checked: std::collections::HashSet<String>,
 }
 
 impl<'a> PackReader<'a> {
     pub fn new(dir: &'a Path) -> PackReader<'a> {
-        PackReader { dir, open: Default::default() }
+        PackReader { dir: Some(dir), open: Default::default(), checked: Default::default() }
+    }
+
+    /// Over these packs only (by name); a chunk of any other pack is an error.
+    pub fn with_files(files: std::collections::HashMap<String, File>) -> PackReader<'static> {
+        PackReader { dir: None, open: files, checked: Default::default() }
     }
 
     /// Append the bytes of `c` (of `table`) to `out`, verified.
@@ -117,20 +125,33 @@ impl<'a> PackReader<'a> {
         if c.len == 0 || c.len as usize > CHUNK || c.offset < PACK_HEADER {
             return Err(StateError::Corrupt(format!("pack {name}: bad chunk ({} bytes at {})", c.len, c.offset)));
         }
+        let dir = self.dir;
+        let ioe = |what, name: &str, e| StateError::Io {
+            what,
+            path: dir.map_or_else(|| name.to_string(), |d| crate::state::shown(&d.join(name))),
+            source: e,
+        };
         if !self.open.contains_key(name) {
-            let path = self.dir.join(name);
+            let Some(dir) = self.dir else {
+                return Err(StateError::Corrupt(format!("pack {name} was not given")));
+            };
+            let path = dir.join(name);
             let f = File::open(&path).map_err(|e| StateError::io("open", &path, e))?;
+            self.open.insert(name.clone(), f);
+        }
+        let f = &self.open[name];
+        if !self.checked.contains(name) {
             let mut head = [0u8; PACK_HEADER as usize];
-            f.read_exact_at(&mut head, 0).map_err(|e| StateError::io("read", &path, e))?;
+            f.read_exact_at(&mut head, 0).map_err(|e| ioe("read", name, e))?;
             if &head[..8] != PACK_MAGIC || head[8..12] != PACK_VERSION.to_le_bytes() {
                 return Err(StateError::Corrupt(format!("pack {name}: bad magic or version")));
             }
-            self.open.insert(name.clone(), f);
+            self.checked.insert(name.clone());
         }
         let f = &self.open[name];
         let at = out.len();
         out.resize(at + c.len as usize, 0);
-        f.read_exact_at(&mut out[at..], c.offset).map_err(|e| StateError::io("read", &self.dir.join(name), e))?;
+        f.read_exact_at(&mut out[at..], c.offset).map_err(|e| ioe("read", name, e))?;
         if crc32fast::hash(&out[at..]) != c.crc {
             return Err(StateError::Corrupt(format!("pack {name}: chunk at {} does not match its checksum", c.offset)));
         }
@@ -140,9 +161,10 @@ impl<'a> PackReader<'a> {
 
 /// A pack being written: a temp file next to its final name, streamed through
 /// a buffer; `finish` fsyncs and renames it, dropping it unfinished removes it.
+/// Or ([`PackWriter::into_file`]) into a file someone else opened and names.
 pub struct PackWriter {
-    path: std::path::PathBuf,
-    tmp: std::path::PathBuf,
+    /// (final path, temp path) when this writer names the file.
+    paths: Option<(std::path::PathBuf, std::path::PathBuf)>,
     w: Option<std::io::BufWriter<File>>,
     at: u64,
 }
@@ -151,17 +173,31 @@ impl PackWriter {
     pub fn create(path: &Path) -> Result<PackWriter, StateError> {
         let tmp = path.with_extension("tmp");
         let f = File::create(&tmp).map_err(|e| StateError::io("create", &tmp, e))?;
-        let mut p =
-            PackWriter { path: path.to_path_buf(), tmp, w: Some(std::io::BufWriter::with_capacity(1 << 20, f)), at: 0 };
+        PackWriter::start(f, Some((path.to_path_buf(), tmp)))
+    }
+
+    /// A pack written into `f` (a new empty file): `finish` only flushes it.
+    pub fn into_file(f: File) -> Result<PackWriter, StateError> {
+        PackWriter::start(f, None)
+    }
+
+    fn start(f: File, paths: Option<(std::path::PathBuf, std::path::PathBuf)>) -> Result<PackWriter, StateError> {
+        let mut p = PackWriter { paths, w: Some(std::io::BufWriter::with_capacity(1 << 20, f)), at: 0 };
         let mut head = PACK_MAGIC.to_vec();
         head.extend_from_slice(&PACK_VERSION.to_le_bytes());
         p.put(&head)?;
         Ok(p)
     }
 
+    fn shown(&self) -> String {
+        self.paths.as_ref().map_or_else(|| "pack".to_string(), |(_, tmp)| crate::state::shown(tmp))
+    }
+
     fn put(&mut self, bytes: &[u8]) -> Result<(), StateError> {
         let w = self.w.as_mut().ok_or_else(|| StateError::Corrupt("pack already finished".into()))?;
-        w.write_all(bytes).map_err(|e| StateError::io("write", &self.tmp, e))?;
+        if let Err(source) = w.write_all(bytes) {
+            return Err(StateError::Io { what: "write", path: self.shown(), source });
+        }
         self.at += bytes.len() as u64;
         Ok(())
     }
@@ -180,11 +216,23 @@ impl PackWriter {
     }
 
     pub fn finish(mut self) -> Result<u64, StateError> {
+        let shown = self.shown();
         let w = self.w.take().ok_or_else(|| StateError::Corrupt("pack already finished".into()))?;
-        let f = w.into_inner().map_err(|e| StateError::io("write", &self.tmp, e.into_error()))?;
-        f.sync_all().map_err(|e| StateError::io("fsync", &self.tmp, e))?;
-        drop(f);
-        std::fs::rename(&self.tmp, &self.path).map_err(|e| StateError::io("rename", &self.path, e))?;
+        let f = w.into_inner().map_err(|e| StateError::Io {
+            what: "write",
+            path: shown.clone(),
+            source: e.into_error(),
+        })?;
+        if let Some((path, tmp)) = self.paths.take() {
+            let done = f
+                .sync_all()
+                .map_err(|e| StateError::io("fsync", &tmp, e))
+                .and_then(|_| std::fs::rename(&tmp, &path).map_err(|e| StateError::io("rename", &path, e)));
+            if done.is_err() {
+                let _ = std::fs::remove_file(&tmp);
+            }
+            done?;
+        }
         Ok(self.at)
     }
 }
@@ -192,7 +240,9 @@ impl PackWriter {
 impl Drop for PackWriter {
     fn drop(&mut self) {
         if self.w.take().is_some() {
-            let _ = std::fs::remove_file(&self.tmp);
+            if let Some((_, tmp)) = &self.paths {
+                let _ = std::fs::remove_file(tmp);
+            }
         }
     }
 }

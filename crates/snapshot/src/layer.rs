@@ -77,7 +77,7 @@ fn encode_page(out: &mut Vec<u8>, page: &[u8], base: &[u8]) {
 }
 
 /// What writing a layer produced.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LayerStats {
     pub pages: u64,
     pub bytes: u64,
@@ -152,6 +152,18 @@ impl<'a> LayerPlan<'a> {
     /// Write the layer at `path`: temp file, fsync, rename. On any error the
     /// temp file is removed before returning.
     pub fn write(&self, path: &Path) -> Result<LayerStats, StateError> {
+        write_atomically(path, |f| self.write_into(f))?;
+        Ok(self.stats())
+    }
+
+    /// What [`Self::write`] and [`Self::write_into`] produce.
+    pub fn stats(&self) -> LayerStats {
+        LayerStats { pages: self.pages.len() as u64, bytes: self.bytes(), crc: self.crc }
+    }
+
+    /// Write the layer into `f`, a new empty file (the caller syncs and names it:
+    /// a sandbox worker writes into a file descriptor it was given).
+    pub fn write_into(&self, f: &mut File) -> std::io::Result<()> {
         let count = self.pages.len() as u64;
         let mut head = Vec::with_capacity(HEADER);
         head.extend_from_slice(LAYER_MAGIC);
@@ -160,31 +172,28 @@ impl<'a> LayerPlan<'a> {
         head.extend_from_slice(&self.crc.to_le_bytes());
         head.extend_from_slice(&self.data_len.to_le_bytes());
         let (mem, base, pages, expect) = (self.mem, self.base, self.pages, self.data_len);
-        write_atomically(path, |f| {
-            let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
-            w.write_all(&head)?;
-            for p in pages {
-                w.write_all(&p.to_le_bytes())?;
-            }
-            let mut scratch = Vec::with_capacity(MAX_ENCODED_PAGE);
-            let mut written = 0u64;
-            for &p in pages {
-                scratch.clear();
-                let (page, b) = match (guest_page(mem, p), base_page(base, p)) {
-                    (Ok(page), Ok(b)) => (page, b),
-                    _ => return Err(std::io::Error::other("page outside memory")),
-                };
-                encode_page(&mut scratch, page, b);
-                written += scratch.len() as u64;
-                w.write_all(&scratch)?;
-            }
-            if written != expect {
-                return Err(std::io::Error::other("guest memory changed while its layer was written"));
-            }
-            w.flush()?;
-            Ok(())
-        })?;
-        Ok(LayerStats { pages: count, bytes: self.bytes(), crc: self.crc })
+        let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
+        w.write_all(&head)?;
+        for p in pages {
+            w.write_all(&p.to_le_bytes())?;
+        }
+        let mut scratch = Vec::with_capacity(MAX_ENCODED_PAGE);
+        let mut written = 0u64;
+        for &p in pages {
+            scratch.clear();
+            let (page, b) = match (guest_page(mem, p), base_page(base, p)) {
+                (Ok(page), Ok(b)) => (page, b),
+                _ => return Err(std::io::Error::other("page outside memory")),
+            };
+            encode_page(&mut scratch, page, b);
+            written += scratch.len() as u64;
+            w.write_all(&scratch)?;
+        }
+        if written != expect {
+            return Err(std::io::Error::other("guest memory changed while its layer was written"));
+        }
+        w.flush()?;
+        Ok(())
     }
 }
 
@@ -223,16 +232,22 @@ pub struct Layer {
 impl Layer {
     pub fn read(path: &Path) -> Result<Layer, StateError> {
         let mut f = File::open(path).map_err(ioe("open", path))?;
+        Layer::read_from(&mut f, &crate::state::shown(path))
+    }
+
+    /// A layer from an open file (a file descriptor the API process passed a
+    /// sandbox worker); `shown` names it in errors.
+    pub fn read_from(f: &mut File, shown: &str) -> Result<Layer, StateError> {
         let mut raw = Vec::new();
-        f.read_to_end(&mut raw).map_err(ioe("read", path))?;
-        let corrupt = |why: &str| StateError::Corrupt(format!("layer {}: {why}", crate::state::shown(path)));
+        f.read_to_end(&mut raw).map_err(|source| StateError::Io { what: "read", path: shown.into(), source })?;
+        let corrupt = |why: &str| StateError::Corrupt(format!("layer {shown}: {why}"));
         let head = raw.get(..HEADER).ok_or_else(|| corrupt("truncated header"))?;
         if &head[..8] != LAYER_MAGIC {
             return Err(corrupt("bad magic"));
         }
         let version = u32::from_le_bytes([head[8], head[9], head[10], head[11]]);
         match version {
-            3 => Self::read_v3(raw, path),
+            3 => Self::read_v3(raw, shown),
             v => Err(corrupt(&format!(
                 "layer format version {v}, this forkbox reads versions {READABLE_LAYER_VERSIONS:?}"
             ))),
@@ -240,8 +255,8 @@ impl Layer {
     }
 
     /// Version 3 (the current one; see the module docs for the layout).
-    fn read_v3(raw: Vec<u8>, path: &Path) -> Result<Layer, StateError> {
-        let corrupt = |why: &str| StateError::Corrupt(format!("layer {}: {why}", path.display()));
+    fn read_v3(raw: Vec<u8>, shown: &str) -> Result<Layer, StateError> {
+        let corrupt = |why: &str| StateError::Corrupt(format!("layer {shown}: {why}"));
         let head = raw.get(..HEADER).ok_or_else(|| corrupt("truncated header"))?;
         let mut n = [0u8; 8];
         n.copy_from_slice(&head[12..20]);

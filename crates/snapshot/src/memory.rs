@@ -1,7 +1,7 @@
 //! The memory file: guest RAM, sparse.
 
 use std::fs::File;
-use std::io::{Seek, SeekFrom, Write};
+use std::io::{Seek, SeekFrom};
 use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::Path;
 
@@ -51,9 +51,40 @@ pub fn write_memory(mem: &GuestMemory, path: &Path) -> Result<MemoryStats, State
 /// privately or in its page cache, and every page with data in `base` (which
 /// may have left the page cache). The result does not refer to `base`.
 pub fn write_memory_over(mem: &GuestMemory, base: &File, path: &Path) -> Result<MemoryStats, StateError> {
+    let data = pages_of_base(mem, base).map_err(io("stat", path))?;
+    write_memory_with(mem, path, Some(&data))
+}
+
+fn write_memory_with(mem: &GuestMemory, path: &Path, also: Option<&[bool]>) -> Result<MemoryStats, StateError> {
+    let tmp = path.with_extension("tmp");
+    let f = File::create(&tmp).map_err(io("create", &tmp))?;
+    let written = fill_memory(mem, &f, also).map_err(io("write", &tmp));
+    let done = written.and_then(|stats| {
+        f.sync_all().map_err(io("fsync", &tmp))?;
+        // fchmod on the open file, not chmod of a path: an exec thread's seccomp filter allows only the former.
+        f.set_permissions(std::fs::Permissions::from_mode(0o444)).map_err(io("fchmod", &tmp))?;
+        std::fs::rename(&tmp, path).map_err(io("rename", path))?;
+        Ok(stats)
+    });
+    if done.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    done
+}
+
+/// [`write_memory_over`] into `f`, a new empty file the caller opened (and
+/// then syncs, protects and names: a sandbox worker writes a template's memory
+/// into a file descriptor the API process gave it, and never names a path).
+pub fn write_memory_over_into(mem: &GuestMemory, base: &File, f: &File) -> Result<MemoryStats, StateError> {
+    let over = pages_of_base(mem, base).map_err(|e| StateError::io("stat", Path::new("base memory"), e))?;
+    fill_memory(mem, f, Some(&over)).map_err(|e| StateError::io("write", Path::new("memory"), e))
+}
+
+/// The pages with data in `base` (one flag per page of `mem`).
+fn pages_of_base(mem: &GuestMemory, base: &File) -> std::io::Result<Vec<bool>> {
     let pages = mem.size().div_ceil(PAGE_SIZE) as usize;
     let mut data = vec![false; pages];
-    let size = base.metadata().map_err(io("stat", path))?.len();
+    let size = base.metadata()?.len();
     let mut pos = 0u64;
     loop {
         let start = match seek_data(base, pos) {
@@ -70,41 +101,36 @@ pub fn write_memory_over(mem: &GuestMemory, base: &File, path: &Path) -> Result<
         }
         pos = end;
     }
-    write_memory_with(mem, path, Some(&data))
+    Ok(data)
 }
 
-fn write_memory_with(mem: &GuestMemory, path: &Path, also: Option<&[bool]>) -> Result<MemoryStats, StateError> {
-    let tmp = path.with_extension("tmp");
-    let mut f = File::create(&tmp).map_err(io("create", &tmp))?;
-    f.set_len(mem.size()).map_err(io("truncate", &tmp))?;
+/// Write the non-zero pages of `mem` that are resident (or flagged in `also`)
+/// into `f` at their offsets, `f` sized to the memory first (the rest are holes).
+fn fill_memory(mem: &GuestMemory, f: &File, also: Option<&[bool]>) -> std::io::Result<MemoryStats> {
+    f.set_len(mem.size())?;
     let mut hash = Sha256::new();
     let mut pages = 0;
     let mut resident = Vec::new();
     let mut chunk = 0;
     while chunk < mem.size() {
-        resident_pages(mem, chunk, &mut resident).map_err(io("mincore", path))?;
+        resident_pages(mem, chunk, &mut resident)?;
         for (i, r) in resident.iter().enumerate() {
             let addr = chunk + i as u64 * PAGE_SIZE;
             let in_base = also.is_some_and(|a| a.get((addr / PAGE_SIZE) as usize).copied().unwrap_or(false));
             if r & 1 == 0 && !in_base {
                 continue;
             }
-            let page = mem.slice(addr, PAGE_SIZE).map_err(|_| StateError::Corrupt("memory range".into()))?;
+            let page = mem.slice(addr, PAGE_SIZE).map_err(|_| std::io::Error::other("memory range"))?;
             if page.iter().all(|&b| b == 0) {
                 continue;
             }
-            f.write_all_at(page, addr).map_err(io("write", &tmp))?;
+            f.write_all_at(page, addr)?;
             hash.update(addr.to_le_bytes());
             hash.update(page);
             pages += 1;
         }
         chunk += CHUNK;
     }
-    f.flush().map_err(io("flush", &tmp))?;
-    f.sync_all().map_err(io("fsync", &tmp))?;
-    // fchmod on the open file, not chmod of a path: an exec thread's seccomp filter allows only the former.
-    f.set_permissions(std::fs::Permissions::from_mode(0o444)).map_err(io("fchmod", &tmp))?;
-    std::fs::rename(&tmp, path).map_err(io("rename", path))?;
     Ok(MemoryStats { size: mem.size(), pages, checksum: hex::encode(hash.finalize()) })
 }
 

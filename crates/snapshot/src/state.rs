@@ -326,10 +326,28 @@ pub fn write_encoded(path: &Path, bytes: &[u8]) -> Result<(), StateError> {
 }
 
 pub fn read_state(path: &Path) -> Result<Snapshot, StateError> {
-    let ioe = |what| move |source| StateError::io(what, path, source);
-    let len = std::fs::metadata(path).map_err(ioe("stat"))?.len();
+    let f = std::fs::File::open(path).map_err(|source| StateError::io("open", path, source))?;
+    read_state_from(&f, &shown(path))
+}
+
+/// A state file from an open file (a file descriptor the API process passed a
+/// sandbox worker); `shown` names it in errors.
+pub fn read_state_from(f: &std::fs::File, shown: &str) -> Result<Snapshot, StateError> {
+    use std::io::Read;
+    let ioe = |what| move |source| StateError::Io { what, path: shown.to_string(), source };
+    let len = f.metadata().map_err(ioe("stat"))?.len();
     if len > MAX_PAYLOAD + HEADER_LEN as u64 {
         return Err(StateError::Corrupt(format!("state file of {len} bytes")));
     }
-    decode(&std::fs::read(path).map_err(ioe("read"))?)
+    let mut bytes = Vec::with_capacity(len as usize);
+    // At most the size checked above (the file could grow meanwhile).
+    let r: &std::fs::File = f;
+    r.take(MAX_PAYLOAD + HEADER_LEN as u64 + 1).read_to_end(&mut bytes).map_err(ioe("read"))?;
+    decode(&bytes)
+}
+
+/// `bytes` from [`encode`] into `f`, a new empty file the caller syncs and names.
+pub fn write_encoded_into(f: &mut std::fs::File, bytes: &[u8]) -> Result<(), StateError> {
+    use std::io::Write;
+    f.write_all(bytes).map_err(|source| StateError::Io { what: "write", path: "state".into(), source })
 }

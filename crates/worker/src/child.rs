@@ -1,6 +1,8 @@
 //! The worker process itself (`forkbox __worker`, started by the supervisor
-//! with its socket as fd 3): jail, then serve requests one at a time. It never
-//! opens a path outside its jail's read-only binds and never writes a file.
+//! with its socket as fd 3): jail, then serve — one-shot execs one at a time
+//! here, or a tenant's sessions (`session_child`). It never opens a path
+//! outside its jail's read-only binds (and those only to read) and writes no
+//! file but those whose descriptors the API process gave it.
 
 use std::collections::HashMap;
 use std::os::fd::FromRawFd;
@@ -12,7 +14,7 @@ use forkbox_engine::{Engine, ExecOptions, Stream, Template, NET_GLOBAL};
 
 use crate::jail;
 use crate::protocol::{
-    self, Done, FromWorker, Hello, NetDelta, TemplateRef, ToWorker, WireError, TEST_FORBIDDEN_SYSCALL,
+    self, Done, FromWorker, Hello, NetDelta, Role, TemplateRef, ToWorker, WireError, TEST_FORBIDDEN_SYSCALL,
 };
 
 /// The fd the supervisor passes the socket on.
@@ -105,7 +107,11 @@ fn run() -> Result<(), ChildError> {
     }
     forkbox_engine::jail::enter_worker(hello.seccomp).map_err(|e| ChildError::Other(e.to_string()))?;
     protocol::write(&mut sock, &FromWorker::Ready)?;
-    Worker { cpu, hello, open: HashMap::new(), tick: 0 }.serve(&mut sock)
+    let templates = Templates { cpu, open: HashMap::new(), tick: 0 };
+    match hello.role {
+        Role::Exec => Worker { hello, templates }.serve(&mut sock),
+        Role::Sessions => crate::session_child::serve(hello, templates, sock).map_err(ChildError::Protocol),
+    }
 }
 
 struct Opened {
@@ -114,40 +120,15 @@ struct Opened {
     used: u64,
 }
 
-struct Worker {
+/// The templates a worker has open (at most `OPEN_TEMPLATES`, least recently used closed first).
+pub(crate) struct Templates {
     cpu: Arc<forkbox_vmm::Cpu>,
-    hello: Hello,
     open: HashMap<TemplateRef, Opened>,
     tick: u64,
 }
 
-fn wire(e: forkbox_engine::EngineError, output: Option<forkbox_engine::CapturedOutput>) -> WireError {
-    WireError { code: e.code().to_string(), message: e.to_string(), output }
-}
-
-impl Worker {
-    fn serve(mut self, sock: &mut UnixStream) -> Result<(), ChildError> {
-        loop {
-            let req: ToWorker = match protocol::read(sock) {
-                Ok(r) => r,
-                // The server closed the socket (it stopped): so do we.
-                Err(e) if e.is_closed() => return Ok(()),
-                Err(e) => return Err(e.into()),
-            };
-            match req {
-                ToWorker::Ping => protocol::write(sock, &FromWorker::Pong)?,
-                ToWorker::Prepare { template } => {
-                    let r = self.template(&template).map(|_| ()).map_err(|e| wire(e, None));
-                    protocol::write(sock, &FromWorker::Prepared(r))?;
-                }
-                ToWorker::Exec { template, code, limits, stream } => {
-                    self.exec(sock, &template, &code, limits, stream)?
-                }
-            }
-        }
-    }
-
-    fn template(&mut self, r: &TemplateRef) -> Result<(Arc<Engine>, Arc<Template>), forkbox_engine::EngineError> {
+impl Templates {
+    pub(crate) fn get(&mut self, r: &TemplateRef) -> Result<(Arc<Engine>, Arc<Template>), forkbox_engine::EngineError> {
         self.tick += 1;
         if let Some(o) = self.open.get_mut(r) {
             o.used = self.tick;
@@ -165,6 +146,38 @@ impl Worker {
         self.open.insert(r.clone(), Opened { engine: engine.clone(), template: template.clone(), used: self.tick });
         Ok((engine, template))
     }
+}
+
+struct Worker {
+    hello: Hello,
+    templates: Templates,
+}
+
+pub(crate) fn wire(e: forkbox_engine::EngineError, output: Option<forkbox_engine::CapturedOutput>) -> WireError {
+    WireError { code: e.code().to_string(), message: e.to_string(), output }
+}
+
+impl Worker {
+    fn serve(mut self, sock: &mut UnixStream) -> Result<(), ChildError> {
+        loop {
+            let req: ToWorker = match protocol::read(sock) {
+                Ok(r) => r,
+                // The server closed the socket (it stopped): so do we.
+                Err(e) if e.is_closed() => return Ok(()),
+                Err(e) => return Err(e.into()),
+            };
+            match req {
+                ToWorker::Ping => protocol::write(sock, &FromWorker::Pong)?,
+                ToWorker::Prepare { template } => {
+                    let r = self.templates.get(&template).map(|_| ()).map_err(|e| wire(e, None));
+                    protocol::write(sock, &FromWorker::Prepared(r))?;
+                }
+                ToWorker::Exec { template, code, limits, stream } => {
+                    self.exec(sock, &template, &code, limits, stream)?
+                }
+            }
+        }
+    }
 
     fn exec(
         &mut self,
@@ -181,7 +194,7 @@ impl Worker {
         }
         let net0 = NET_GLOBAL.read();
         let t = Instant::now();
-        let forked = self.template(r).and_then(|(engine, template)| template.fork(&engine, limits));
+        let forked = self.templates.get(r).and_then(|(engine, template)| template.fork(&engine, limits));
         let mut sb = match forked {
             Ok(sb) => sb,
             Err(e) => {

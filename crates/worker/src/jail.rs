@@ -14,7 +14,7 @@
 //!    whose root is the unprivileged host uid `Hello::uid` (a helper still in
 //!    the host's user namespace writes the maps), every capability dropped
 //!    (effective, permitted, inheritable, ambient, bounding), NO_NEW_PRIVS,
-//!    rlimits;
+//!    rlimits (files, tasks, no core, the size of a file it writes);
 //! 5. the seccomp allow-list (`forkbox_engine::jail::enter_worker`).
 //!
 //! Not unshared: the network namespace. A guest's TCP/UDP sockets are host
@@ -345,10 +345,13 @@ pub fn drop_privileges(h: &Hello) -> Result<(), JailError> {
     // reuse. Dumpable again (no core: RLIMIT_CORE 0; ptrace is not in the filter).
     // SAFETY: prctl with integer arguments.
     check(unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) }, "PR_SET_DUMPABLE")?;
-    let limits: [(libc::__rlimit_resource_t, u64, &str); 3] = [
+    let fsize = if h.max_file_bytes == 0 { libc::RLIM_INFINITY } else { h.max_file_bytes };
+    let limits: [(libc::__rlimit_resource_t, u64, &str); 4] = [
         (libc::RLIMIT_NOFILE, 4096, "RLIMIT_NOFILE"),
         (libc::RLIMIT_NPROC, h.max_tasks, "RLIMIT_NPROC"),
         (libc::RLIMIT_CORE, 0, "RLIMIT_CORE"),
+        // What it can write into a file it was given (a checkpoint's temp files), and its memfds.
+        (libc::RLIMIT_FSIZE, fsize, "RLIMIT_FSIZE"),
     ];
     for (res, n, name) in limits {
         let l = libc::rlimit { rlim_cur: n, rlim_max: n };

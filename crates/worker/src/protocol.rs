@@ -5,11 +5,17 @@
 //! allocated, every value is checked where it is used.
 
 use std::io::{Read, Write};
+use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
-use forkbox_engine::{CapturedOutput, ExecResult, Limits, Stream};
+use forkbox_engine::packages::InstalledPackage;
+use forkbox_engine::{
+    CapturedOutput, CheckpointSize, CheckpointStats, ExecResult, FileEntry, Limits, ResumeAs, Stream,
+};
+use forkbox_sessions::host::Walk;
 
 /// Largest frame either side accepts: an exec result holds at most the output
 /// limits (stdout, stderr, value: a few MiB) plus 8 MiB of `/output` files and
@@ -24,6 +30,8 @@ pub enum ProtocolError {
     TooLarge(usize),
     #[error("an unreadable frame: {0}")]
     Decode(#[from] serde_json::Error),
+    #[error("a frame with {got} file descriptors, at most {max} may come with it")]
+    Descriptors { got: usize, max: usize },
 }
 
 impl ProtocolError {
@@ -64,6 +72,81 @@ pub fn read<T: DeserializeOwned>(r: &mut impl Read) -> Result<T, ProtocolError> 
     Ok(serde_json::from_slice(&body)?)
 }
 
+/// Most descriptors that come with one frame (a session worker's sockets).
+pub const FDS_PER_FRAME: usize = 64;
+
+/// Write a frame with `fds` (SCM_RIGHTS, at most [`FDS_PER_FRAME`]) attached
+/// to its first byte: the API process to a session worker, never the other way.
+pub fn write_fds<T: Serialize>(sock: &UnixStream, msg: &T, fds: &[BorrowedFd<'_>]) -> Result<(), ProtocolError> {
+    use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+    if fds.len() > FDS_PER_FRAME {
+        return Err(ProtocolError::Descriptors { got: fds.len(), max: FDS_PER_FRAME });
+    }
+    if fds.is_empty() {
+        return write(&mut &*sock, msg);
+    }
+    let body = serde_json::to_vec(msg)?;
+    if body.len() > FRAME_MAX {
+        return Err(ProtocolError::TooLarge(body.len()));
+    }
+    let len = u32::try_from(body.len()).map_err(|_| ProtocolError::TooLarge(body.len()))?;
+    let mut frame = Vec::with_capacity(4 + body.len());
+    frame.extend_from_slice(&len.to_le_bytes());
+    frame.extend_from_slice(&body);
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(FDS_PER_FRAME))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !control.push(SendAncillaryMessage::ScmRights(fds)) {
+        return Err(ProtocolError::Descriptors { got: fds.len(), max: FDS_PER_FRAME });
+    }
+    let sent = sendmsg(sock, &[std::io::IoSlice::new(&frame)], &mut control, SendFlags::NOSIGNAL)
+        .map_err(|e| ProtocolError::Io(e.into()))?;
+    // The descriptors went with the first byte; the rest (a large frame) plainly.
+    (&*sock).write_all(&frame[sent..])?;
+    Ok(())
+}
+
+/// Read a frame and the descriptors that came with it (at most `max_fds`,
+/// which are received close-on-exec; more, or a truncated control message,
+/// is an error and the extra ones are closed).
+pub fn read_fds<T: DeserializeOwned>(sock: &UnixStream, max_fds: usize) -> Result<(T, Vec<OwnedFd>), ProtocolError> {
+    let mut fds = Vec::new();
+    let mut len = [0u8; 4];
+    recv_exact(sock, &mut len, &mut fds, max_fds)?;
+    let len = u32::from_le_bytes(len) as usize;
+    if len > FRAME_MAX {
+        return Err(ProtocolError::TooLarge(len));
+    }
+    let mut body = vec![0u8; len];
+    recv_exact(sock, &mut body, &mut fds, max_fds)?;
+    Ok((serde_json::from_slice(&body)?, fds))
+}
+
+fn recv_exact(sock: &UnixStream, mut buf: &mut [u8], fds: &mut Vec<OwnedFd>, max: usize) -> Result<(), ProtocolError> {
+    use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags};
+    while !buf.is_empty() {
+        let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(FDS_PER_FRAME))];
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let got = match recvmsg(sock, &mut [std::io::IoSliceMut::new(buf)], &mut control, RecvFlags::CMSG_CLOEXEC) {
+            Ok(r) => r,
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(ProtocolError::Io(e.into())),
+        };
+        for m in control.drain() {
+            if let RecvAncillaryMessage::ScmRights(received) = m {
+                fds.extend(received);
+            }
+        }
+        if got.flags.contains(ReturnFlags::CTRUNC) || fds.len() > max {
+            return Err(ProtocolError::Descriptors { got: fds.len().max(max + 1), max });
+        }
+        if got.bytes == 0 {
+            return Err(ProtocolError::Io(std::io::ErrorKind::UnexpectedEof.into()));
+        }
+        buf = &mut buf[got.bytes..];
+    }
+    Ok(())
+}
+
 /// A host path made visible in the worker's root, read-only.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Bind {
@@ -72,10 +155,25 @@ pub struct Bind {
     pub jail: String,
 }
 
+/// What a worker is for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Role {
+    /// One-shot execs, one at a time ([`ToWorker`]).
+    #[default]
+    Exec,
+    /// The sessions of one tenant: a control socket ([`ToSessions`]) and one
+    /// socket and thread per sandbox ([`ToChannel`]).
+    Sessions,
+}
+
 /// The first frame to a new worker: how to jail itself.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Hello {
     pub index: u32,
+    pub role: Role,
+    /// The largest file the worker may write (RLIMIT_FSIZE; 0: no bound): what
+    /// it can put into a checkpoint file it was given, and its memfds.
+    pub max_file_bytes: u64,
     /// Jail (namespaces, pivot_root, an unprivileged uid, no capabilities);
     /// false only for tests of the protocol on hosts that cannot.
     pub jail: bool,
@@ -162,6 +260,149 @@ pub enum FromWorker {
     Idle,
 }
 
+/// The control socket of a session worker (its fd 3 once it is `Ready`).
+#[derive(Debug, Serialize, Deserialize)]
+pub enum ToSessions {
+    /// Open the template (answered with `FromWorker::Prepared`).
+    Prepare { template: TemplateRef },
+    /// A new sandbox channel: the worker's end of a socket pair comes with this frame.
+    Channel { id: u64 },
+    /// Ctrl-C for exec number `exec` of channel `id`.
+    Interrupt { id: u64, exec: u64 },
+}
+
+/// A package to mount: its layer is the wheel's sha256, a layer of the
+/// data directory's `packages` (read-only in the worker's jail).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PackageRef {
+    pub name: String,
+    pub version: String,
+    pub wheel: String,
+    pub sha256: String,
+    pub size: u64,
+}
+
+/// A checkpoint to bring back: its files by the names of a `Files` frame.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct StartFrom {
+    /// Newest first.
+    pub layers: Vec<String>,
+    pub state: String,
+}
+
+/// Requests on a sandbox channel (one sandbox, one at a time).
+#[derive(Debug, Serialize, Deserialize)]
+pub enum ToChannel {
+    /// The descriptors that come with this frame, by name, kept for the next request.
+    Files {
+        names: Vec<String>,
+    },
+    /// Make the sandbox (answered `Started`; a resume may first ask `NeedPacks`).
+    Start {
+        template: TemplateRef,
+        limits: Limits,
+        how: ResumeAs,
+        from: Option<StartFrom>,
+    },
+    /// The packs asked for came in `Files` frames: go on.
+    Packs,
+    /// A `NeedPacks` or `CheckpointSize` is refused: stop that request (no answer).
+    Abort {
+        message: String,
+    },
+    Exec {
+        code: String,
+        /// This channel's exec number (what `ToSessions::Interrupt` names).
+        exec: u64,
+        exec_id: Option<i64>,
+        timeout_ms: Option<u64>,
+        stream: bool,
+        /// An interrupt came before the exec was sent.
+        interrupted: bool,
+    },
+    WriteFile {
+        path: String,
+        #[serde(with = "b64")]
+        data: Vec<u8>,
+    },
+    ReadFile {
+        path: String,
+        max: u64,
+    },
+    ListDir {
+        path: String,
+    },
+    Install {
+        packages: Vec<PackageRef>,
+    },
+    Walk,
+    /// Size a checkpoint (answered `CheckpointSize`, then, after `CheckpointGo`
+    /// with the files "layer", "pack" (if any) and "state", `Checkpointed`).
+    Checkpoint {
+        pack_name: String,
+    },
+    CheckpointGo,
+    /// Write the sandbox as a template into the files "memory" and "state".
+    Snapshot {
+        id: String,
+        preload: String,
+    },
+}
+
+/// A session exec as a worker ran it.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct SessionDone {
+    pub result: Result<ExecResult, WireError>,
+    pub net: NetDelta,
+}
+
+/// Answers on a sandbox channel.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum FromChannel {
+    Started(Result<(), WireError>),
+    /// The state names these packs: send them.
+    NeedPacks(Vec<String>),
+    Output {
+        stream: Stream,
+        #[serde(with = "b64")]
+        data: Vec<u8>,
+    },
+    Executed(Box<SessionDone>),
+    Done(Result<(), WireError>),
+    File(Result<B64, WireError>),
+    Listing(Result<Vec<FileEntry>, WireError>),
+    Installed(Result<Vec<InstalledPackage>, WireError>),
+    Walked(Result<Walk, WireError>),
+    CheckpointSize(CheckpointSize),
+    Checkpointed(Result<CheckpointStats, WireError>),
+    /// The worker cannot serve this channel (too many sandboxes at once).
+    Refused(String),
+}
+
+impl FromChannel {
+    /// The frame's name (what an error about an unexpected frame shows: never its contents).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            FromChannel::Started(_) => "Started",
+            FromChannel::NeedPacks(_) => "NeedPacks",
+            FromChannel::Output { .. } => "Output",
+            FromChannel::Executed(_) => "Executed",
+            FromChannel::Done(_) => "Done",
+            FromChannel::File(_) => "File",
+            FromChannel::Listing(_) => "Listing",
+            FromChannel::Installed(_) => "Installed",
+            FromChannel::Walked(_) => "Walked",
+            FromChannel::CheckpointSize(_) => "CheckpointSize",
+            FromChannel::Checkpointed(_) => "Checkpointed",
+            FromChannel::Refused(_) => "Refused",
+        }
+    }
+}
+
+/// Bytes as base64 in JSON.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct B64(#[serde(with = "b64")] pub Vec<u8>);
+
 impl FromWorker {
     /// The frame's name (what an error about an unexpected frame shows: never its contents).
     pub fn kind(&self) -> &'static str {
@@ -177,7 +418,7 @@ impl FromWorker {
     }
 }
 
-mod b64 {
+pub(crate) mod b64 {
     use base64::Engine as _;
     use serde::{Deserialize, Deserializer, Serializer};
 

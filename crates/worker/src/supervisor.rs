@@ -22,7 +22,9 @@ use forkbox_engine::sandbox::OutputSink;
 use forkbox_engine::{ExecResult, Limits};
 
 use crate::child::{JAIL_HOME, SOCKET_FD};
-use crate::protocol::{self, Bind, Done, FromWorker, Hello, NetDelta, TemplateRef, ToWorker, WireError};
+use crate::protocol::{
+    self, Bind, Done, FromWorker, Hello, NetDelta, Role, TemplateRef, ToSessions, ToWorker, WireError,
+};
 
 /// How the supervisor starts workers.
 #[derive(Clone, Debug)]
@@ -48,6 +50,10 @@ pub struct Config {
     pub jail: bool,
     /// See `protocol::TEST_FORBIDDEN_SYSCALL`.
     pub test_actions: bool,
+    /// One-shot execs or a tenant's sessions.
+    pub role: Role,
+    /// Each worker's largest writable file (RLIMIT_FSIZE).
+    pub max_file_bytes: u64,
 }
 
 impl Config {
@@ -84,21 +90,28 @@ impl Config {
             seccomp: forkbox_engine::jail::Mode::Enforce,
             jail: true,
             test_actions: false,
+            role: Role::Exec,
+            max_file_bytes: DEFAULT_MAX_FILE_BYTES,
         }
     }
 }
+
+/// A worker writes no file larger than this (RLIMIT_FSIZE): above the largest
+/// checkpoint layer of a 4 GiB guest (~5.3 GiB at worst), a 4 GiB shared-memory
+/// object and a pack of a 1 GiB overlay.
+pub const DEFAULT_MAX_FILE_BYTES: u64 = 8 << 30;
 
 /// Host uids of the workers start here (a range no account of a usual host uses).
 pub const DEFAULT_UID_BASE: u32 = 900_000;
 
 /// Streamed bytes beyond twice the output limit a worker may send (truncation notes).
-const STREAM_SLACK: usize = 64 << 10;
+pub(crate) const STREAM_SLACK: usize = 64 << 10;
 
 /// How long a new worker may take to jail itself and open the default template.
 const START_TIMEOUT: Duration = Duration::from_secs(120);
 /// Beyond an exec's own time limit, how long a worker may take to answer
 /// (opening a template first) before it is declared hung and killed.
-const ANSWER_GRACE: Duration = Duration::from_secs(30);
+pub(crate) const ANSWER_GRACE: Duration = Duration::from_secs(30);
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
@@ -126,6 +139,14 @@ pub struct Remote {
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct WorkerInfo {
     pub index: usize,
+    /// "exec" (one-shot execs, one per exec thread) or "sessions" (one tenant's sessions).
+    pub kind: &'static str,
+    /// A session worker's tenant (None: a spare, ready for the next tenant).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// A session worker's sandboxes (resident sessions and throwaway forks).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sandboxes: Option<usize>,
     /// Host pid of the jailed worker (None: being restarted).
     pub pid: Option<u32>,
     pub uid: u32,
@@ -136,10 +157,10 @@ pub struct WorkerInfo {
     pub last_exit: Option<String>,
 }
 
-struct Conn {
-    sock: UnixStream,
-    pid: u32,
-    started: SystemTime,
+pub(crate) struct Conn {
+    pub(crate) sock: UnixStream,
+    pub(crate) pid: u32,
+    pub(crate) started: SystemTime,
 }
 
 /// A slot's connection, used by its exec thread only.
@@ -179,7 +200,7 @@ impl Slot {
     }
 }
 
-enum Job {
+pub(crate) enum Job {
     Start {
         index: usize,
         reply: Sender<Result<Conn, WorkerError>>,
@@ -288,6 +309,9 @@ impl Workers {
                 let pid = s.pid.load(Ordering::Relaxed);
                 WorkerInfo {
                     index: i,
+                    kind: "exec",
+                    tenant: None,
+                    sandboxes: None,
                     pid: (pid != 0).then_some(pid),
                     uid: self.config.uid_base.saturating_add(i as u32),
                     busy: s.busy.load(Ordering::Relaxed),
@@ -440,7 +464,7 @@ impl Workers {
 }
 
 /// Where a host path is inside the workers' jail (None: not under a bind).
-fn jail_path(binds: &[Bind], host: &Path) -> Option<String> {
+pub(crate) fn jail_path(binds: &[Bind], host: &Path) -> Option<String> {
     for b in binds {
         if host == b.host {
             return Some(b.jail.clone());
@@ -457,7 +481,7 @@ fn jail_path(binds: &[Bind], host: &Path) -> Option<String> {
 }
 
 /// No hang-up and nothing unasked-for to read on the socket.
-fn alive(sock: &UnixStream) -> bool {
+pub(crate) fn alive(sock: &UnixStream) -> bool {
     let mut p = libc::pollfd { fd: sock.as_raw_fd(), events: libc::POLLIN | libc::POLLRDHUP, revents: 0 };
     // SAFETY: one pollfd, no wait.
     let n = unsafe { libc::poll(&mut p, 1, 0) };
@@ -466,11 +490,11 @@ fn alive(sock: &UnixStream) -> bool {
 
 /// The CPU-time clock of process `pid` (clock_getcpuclockid without its
 /// validating clock_getres, which the exec threads' filter does not list).
-fn cpu_clock(pid: u32) -> libc::clockid_t {
+pub(crate) fn cpu_clock(pid: u32) -> libc::clockid_t {
     ((!(pid as libc::clockid_t)) << 3) | 2
 }
 
-fn clock_seconds(clock: libc::clockid_t) -> f64 {
+pub(crate) fn clock_seconds(clock: libc::clockid_t) -> f64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: clock_gettime writes a local timespec.
     if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
@@ -480,7 +504,7 @@ fn clock_seconds(clock: libc::clockid_t) -> f64 {
 }
 
 /// The launcher thread: starts and stops worker processes (it owns their `Child`).
-fn launcher(config: &Config, binds: &[Bind], prepare: Option<&TemplateRef>, rx: Receiver<Job>) {
+pub(crate) fn launcher(config: &Config, binds: &[Bind], prepare: Option<&TemplateRef>, rx: Receiver<Job>) {
     let mut children: HashMap<usize, Child> = HashMap::new();
     for job in rx {
         match job {
@@ -638,6 +662,8 @@ fn start_one(
         let perr = |e: protocol::ProtocolError| WorkerError::Start(e.to_string());
         let hello = Hello {
             index: index as u32,
+            role: config.role,
+            max_file_bytes: config.max_file_bytes,
             jail: config.jail,
             uid: config.uid_base.saturating_add(index as u32),
             root,
@@ -659,7 +685,11 @@ fn start_one(
             other => return Err(WorkerError::Start(format!("expected Ready, got {}", other.kind()))),
         }
         if let Some(t) = prepare {
-            protocol::write(&mut ours, &ToWorker::Prepare { template: t.clone() }).map_err(perr)?;
+            match config.role {
+                Role::Exec => protocol::write(&mut ours, &ToWorker::Prepare { template: t.clone() }),
+                Role::Sessions => protocol::write(&mut ours, &ToSessions::Prepare { template: t.clone() }),
+            }
+            .map_err(perr)?;
             match protocol::read::<FromWorker>(&mut ours).map_err(perr)? {
                 FromWorker::Prepared(Ok(())) => {}
                 FromWorker::Prepared(Err(e)) => {

@@ -164,6 +164,9 @@ pub(crate) async fn workers(
         .into_iter()
         .map(|w| WorkerBody {
             index: w.index,
+            kind: w.kind.into(),
+            tenant: w.tenant,
+            sandboxes: w.sandboxes,
             pid: w.pid,
             uid: w.uid,
             busy: w.busy,

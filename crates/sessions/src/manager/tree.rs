@@ -5,13 +5,13 @@
 //! dropped at the end.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::hash::{Hash, Hasher};
 use std::time::Duration;
 
-use forkbox_engine::{ExecOptions, ExecResult, Sandbox};
+use forkbox_engine::{ExecOptions, ExecResult, ResumeAs};
 use serde::{Deserialize, Serialize};
 
 use super::{from_store_limits, SessionError, SessionManager};
+use crate::host::{Resident, Start};
 use crate::store::{CheckpointRecord, LineageTree, SessionRecord};
 
 /// Most variables an inspection reports (the rest are counted).
@@ -20,13 +20,6 @@ pub const INSPECT_MAX_VARS: usize = 500;
 pub const REPR_MAX: usize = 200;
 /// An inspection's time limit (at most the session's own).
 pub const INSPECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// Bounds of the file walk of a diff (a guest can create any number of files).
-const WALK_MAX_ENTRIES: usize = 5000;
-const WALK_MAX_DEPTH: usize = 16;
-/// Files up to this size are compared by content, larger ones by size and mtime.
-const HASH_MAX: usize = 4 << 20;
-/// Parts of the file system that are the image's (read-only system files), not walked.
-const WALK_SKIP: &[&str] = &["/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/proc", "/sys", "/dev"];
 
 /// One variable of the user namespace at a checkpoint.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -163,34 +156,6 @@ fn parse_inspection(r: &ExecResult) -> Result<Variables, SessionError> {
         }
     }
     Ok(Variables { variables, omitted: reply.omitted.min(u32::MAX as u64) })
-}
-
-fn walk(sb: &Sandbox, files: &mut Vec<FileState>) -> bool {
-    let mut stack = vec![("/".to_string(), 0usize)];
-    let mut entries = 0usize;
-    while let Some((dir, depth)) = stack.pop() {
-        let Ok(list) = sb.list_dir(&dir) else { continue };
-        for e in list {
-            entries += 1;
-            if entries > WALK_MAX_ENTRIES {
-                return true;
-            }
-            if e.is_dir {
-                if depth < WALK_MAX_DEPTH && !WALK_SKIP.contains(&e.path.as_str()) {
-                    stack.push((e.path, depth + 1));
-                }
-                continue;
-            }
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            e.size.hash(&mut h);
-            match (e.size as usize <= HASH_MAX).then(|| sb.read_file(&e.path, HASH_MAX)) {
-                Some(Ok(bytes)) => bytes.hash(&mut h),
-                _ => e.mtime_ms.hash(&mut h),
-            }
-            files.push(FileState { path: e.path, size: e.size, digest: h.finish() });
-        }
-    }
-    false
 }
 
 /// A change of one file between two checkpoints.
@@ -356,7 +321,7 @@ impl SessionManager {
         rec: &SessionRecord,
         cp: Option<i64>,
         output_bytes: Option<usize>,
-        f: impl FnOnce(&mut Sandbox) -> Result<T, SessionError>,
+        f: impl FnOnce(&mut dyn Resident) -> Result<T, SessionError>,
     ) -> Result<T, SessionError> {
         let t = self.loaded(rec)?;
         let mut limits = from_store_limits(&rec.limits);
@@ -364,11 +329,12 @@ impl SessionManager {
             limits.output_bytes = o.min(limits.output_bytes);
         }
         // Never checkpointed: pooled VMs, no dirty tracking.
+        let how = ResumeAs::Throwaway;
         let mut sb = match cp {
-            None => t.template.fork(&t.engine, limits)?,
-            Some(c) => self.resume_as(&t, c, limits, super::Resume::Throwaway)?,
+            None => self.host.start(Start { tenant: &rec.tenant, template: &t, limits, how, from: None })?,
+            Some(c) => self.resume_as(&rec.tenant, &t, c, limits, how)?,
         };
-        f(&mut sb)
+        f(sb.as_mut())
     }
 
     /// Run `code` on a throwaway fork of a checkpoint (see [`Self::at_checkpoint`]);
@@ -384,7 +350,7 @@ impl SessionManager {
         let max = Duration::from_millis(rec.limits.timeout_ms);
         let timeout = Some(timeout.map_or(max, |t| t.min(max)));
         self.at_checkpoint(rec, cp, output_bytes, |sb| {
-            sb.exec_with(code, ExecOptions { timeout, ..ExecOptions::default() }).map_err(|source| {
+            sb.exec(code, ExecOptions { timeout, ..ExecOptions::default() }).map_err(|source| {
                 SessionError::ExecFailed { output: sb.take_failed_output().map(Box::new), source, checkpoint: None }
             })
         })
@@ -399,9 +365,16 @@ impl SessionManager {
             // The files first: nothing the inspection does shows up in them.
             let mut out = StateAt::default();
             if files {
-                out.files_truncated = walk(sb, &mut out.files);
+                let w = sb.walk().map_err(|e| SessionError::InspectFailed(format!("the file walk failed: {e}")))?;
+                out.files_truncated = w.truncated;
+                out.files = w
+                    .files
+                    .into_iter()
+                    .take(crate::host::WALK_MAX_ENTRIES)
+                    .map(|f| FileState { path: f.path, size: f.size, digest: f.digest })
+                    .collect();
             }
-            let r = sb.exec_with(&code, ExecOptions { timeout, ..ExecOptions::default() }).map_err(|source| {
+            let r = sb.exec(&code, ExecOptions { timeout, ..ExecOptions::default() }).map_err(|source| {
                 SessionError::InspectFailed(format!("the checkpoint could not be inspected: {source}"))
             })?;
             out.variables = parse_inspection(&r)?;

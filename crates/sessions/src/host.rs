@@ -1,0 +1,274 @@
+//! Where the sandboxes of sessions live (issue 16): a [`SandboxHost`] makes
+//! them, a [`Resident`] is one of them (a session's resident sandbox, or a
+//! throwaway fork of a checkpoint for the tree of states).
+//!
+//! The manager opens every file a sandbox reads or writes — the layers, state
+//! and packs of a checkpoint to bring back, the temp files of a new checkpoint
+//! — and hands them over open: a host never names a path of the sessions
+//! directory, and the manager fsyncs, renames and commits what was written.
+//! [`InProcess`] runs the sandboxes in this process (`--isolation thread`);
+//! `forkbox_worker::SessionWorkers` runs them in jailed worker processes,
+//! given the same files as descriptors. The runtime injects one
+//! ([`crate::manager::SessionManager::with_host`]); the default is [`InProcess`].
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::hash::{Hash, Hasher};
+
+use forkbox_engine::packages::{InstalledPackage, Package};
+use forkbox_engine::{
+    CapturedOutput, EngineError, ExecOptions, ExecResult, FileEntry, Limits, Loaded, Sandbox, Template,
+};
+pub use forkbox_engine::{CheckpointFiles, CheckpointSize, CheckpointStats, ResumeAs};
+use forkbox_snapshot::{Layer, StateError};
+use serde::{Deserialize, Serialize};
+
+use crate::manager::SessionError;
+
+/// A file the manager opened for a host, and its name in the layers
+/// directory (what errors show; never a path).
+pub struct NamedFile {
+    pub name: String,
+    pub file: File,
+}
+
+/// Opens the packs a checkpoint's state names: only packs of that
+/// checkpoint's lineage (the manager checks; anything else is an error).
+pub type PackOpener<'a> = &'a mut dyn FnMut(&[String]) -> Result<Vec<NamedFile>, SessionError>;
+
+/// The files of a checkpoint to bring back.
+pub struct CheckpointIn<'a> {
+    /// Its layer chain, newest first: its own, then its ancestors' back to a flat layer.
+    pub layers: Vec<NamedFile>,
+    pub state: NamedFile,
+    pub packs: PackOpener<'a>,
+}
+
+/// What a new sandbox is made of.
+pub struct Start<'a> {
+    /// Whose it is (a host may keep tenants apart: one worker process each).
+    pub tenant: &'a str,
+    pub template: &'a Loaded,
+    pub limits: Limits,
+    /// Tracked for checkpoints (as the session, or reseeded as a fork of it), or a throwaway.
+    pub how: ResumeAs,
+    /// None: a fresh fork of the template.
+    pub from: Option<CheckpointIn<'a>>,
+}
+
+/// Makes sandboxes for sessions.
+pub trait SandboxHost: Send + Sync {
+    fn start(&self, s: Start<'_>) -> Result<Box<dyn Resident>, SessionError>;
+
+    /// "thread" or "process", for logs.
+    fn kind(&self) -> &'static str;
+}
+
+/// Most files a diff's walk reports (a guest can create any number).
+pub const WALK_MAX_ENTRIES: usize = 5000;
+const WALK_MAX_DEPTH: usize = 16;
+/// Files up to this size are compared by content, larger ones by size and mtime.
+const HASH_MAX: usize = 4 << 20;
+/// Parts of the file system that are the image's (read-only system files), not walked.
+const WALK_SKIP: &[&str] = &["/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/proc", "/sys", "/dev"];
+
+/// A file the walk of a sandbox's file system saw (outside the image's system folders).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WalkedFile {
+    pub path: String,
+    pub size: u64,
+    /// Of its content (files up to 4 MiB), else of its size and mtime.
+    pub digest: u64,
+}
+
+/// What [`Resident::walk`] saw.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Walk {
+    pub files: Vec<WalkedFile>,
+    /// The walk stopped at its bound ([`WALK_MAX_ENTRIES`] entries).
+    pub truncated: bool,
+}
+
+/// A sandbox made by a [`SandboxHost`], parked between calls.
+pub trait Resident: Send {
+    /// Run code (a Python exception is a result, not an `Err`).
+    fn exec(&mut self, code: &str, opts: ExecOptions<'_>) -> Result<ExecResult, EngineError>;
+    /// The number the next exec's code is named by in tracebacks (`<exec-N>`).
+    fn set_exec_id(&mut self, n: i64);
+    /// What the last failed exec wrote before it failed.
+    fn take_failed_output(&mut self) -> Option<CapturedOutput>;
+    fn write_file(&mut self, path: &str, data: &[u8]) -> Result<(), EngineError>;
+    fn read_file(&mut self, path: &str, max: usize) -> Result<Vec<u8>, EngineError>;
+    fn list_dir(&mut self, path: &str) -> Result<Vec<FileEntry>, EngineError>;
+    /// Mount the layers of packages the host resolved (see `Sandbox::install_packages`).
+    fn install_packages(&mut self, packages: &[Package]) -> Result<Vec<InstalledPackage>, EngineError>;
+    /// The files of its file system (a diff's view), bounded.
+    fn walk(&mut self) -> Result<Walk, EngineError>;
+    /// Write a checkpoint (see `Template::checkpoint_into`): `admit` gets its
+    /// size before anything is written, may refuse, and otherwise gives the
+    /// files to write it into; the state names its pack `pack_name`.
+    fn checkpoint(
+        &mut self,
+        pack_name: &str,
+        admit: &mut dyn FnMut(CheckpointSize) -> Result<CheckpointFiles, SessionError>,
+    ) -> Result<CheckpointStats, SessionError>;
+    /// Write it as a template of its own (see `Template::snapshot_into`) into two new files.
+    fn snapshot_template(
+        &mut self,
+        id: &str,
+        preload: &str,
+        memory: &mut File,
+        state: &mut File,
+    ) -> Result<(), EngineError>;
+    /// False once the sandbox is gone by itself (its worker process died): the
+    /// session is at its last checkpoint, and comes back from disk.
+    fn is_alive(&self) -> bool {
+        true
+    }
+}
+
+/// The walk of a sandbox's file system behind [`Resident::walk`] (in this
+/// process, or in a sandbox worker).
+pub fn walk(sb: &Sandbox) -> Walk {
+    let mut out = Walk::default();
+    let mut stack = vec![("/".to_string(), 0usize)];
+    let mut entries = 0usize;
+    while let Some((dir, depth)) = stack.pop() {
+        let Ok(list) = sb.list_dir(&dir) else { continue };
+        for e in list {
+            entries += 1;
+            if entries > WALK_MAX_ENTRIES {
+                out.truncated = true;
+                return out;
+            }
+            if e.is_dir {
+                if depth < WALK_MAX_DEPTH && !WALK_SKIP.contains(&e.path.as_str()) {
+                    stack.push((e.path, depth + 1));
+                }
+                continue;
+            }
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            e.size.hash(&mut h);
+            match (e.size as usize <= HASH_MAX).then(|| sb.read_file(&e.path, HASH_MAX)) {
+                Some(Ok(bytes)) => bytes.hash(&mut h),
+                _ => e.mtime_ms.hash(&mut h),
+            }
+            out.files.push(WalkedFile { path: e.path, size: e.size, digest: h.finish() });
+        }
+    }
+    out
+}
+
+/// Parse the layers and bring the checkpoint back in this process.
+pub fn resume_in_process(
+    t: &Loaded,
+    limits: Limits,
+    how: ResumeAs,
+    from: CheckpointIn<'_>,
+) -> Result<Sandbox, SessionError> {
+    let CheckpointIn { layers, state, packs } = from;
+    let mut parsed = Vec::with_capacity(layers.len());
+    for mut l in layers {
+        parsed.push(Layer::read_from(&mut l.file, &l.name)?);
+    }
+    // The opener's own error is what the caller should see (not its text in an engine error).
+    let mut failed: Option<SessionError> = None;
+    let mut open = |names: &[String]| -> Result<HashMap<String, File>, EngineError> {
+        match packs(names) {
+            Ok(files) => Ok(files.into_iter().map(|f| (f.name, f.file)).collect()),
+            Err(e) => {
+                let message = e.to_string();
+                failed = Some(e);
+                Err(EngineError::Snapshot(StateError::Corrupt(message)))
+            }
+        }
+    };
+    let r = t.template.resume_from(&t.engine, &parsed, &state.file, &state.name, &mut open, limits, how);
+    r.map_err(|e| failed.take().unwrap_or_else(|| engine_error(e)))
+}
+
+/// An engine error of bringing a sandbox back, as the sessions say it.
+pub fn engine_error(e: EngineError) -> SessionError {
+    match e {
+        EngineError::Snapshot(s) => SessionError::Snapshot(s),
+        e => SessionError::Engine(e),
+    }
+}
+
+/// Sandboxes in this process, on the engine (the exec thread that asks runs them).
+pub struct InProcess;
+
+impl SandboxHost for InProcess {
+    fn start(&self, s: Start<'_>) -> Result<Box<dyn Resident>, SessionError> {
+        let t = s.template;
+        let sb = match s.from {
+            None if s.how == ResumeAs::Throwaway => t.template.fork(&t.engine, s.limits).map_err(engine_error)?,
+            None => t.template.fork_tracked(&t.engine, s.limits).map_err(engine_error)?,
+            Some(from) => resume_in_process(t, s.limits, s.how, from)?,
+        };
+        Ok(Box::new(Local { sb, template: t.template.clone(), engine: t.engine.clone() }))
+    }
+
+    fn kind(&self) -> &'static str {
+        "thread"
+    }
+}
+
+/// A sandbox of this process.
+struct Local {
+    sb: Sandbox,
+    template: std::sync::Arc<Template>,
+    engine: std::sync::Arc<forkbox_engine::Engine>,
+}
+
+impl Resident for Local {
+    fn exec(&mut self, code: &str, opts: ExecOptions<'_>) -> Result<ExecResult, EngineError> {
+        self.sb.exec_with(code, opts)
+    }
+
+    fn set_exec_id(&mut self, n: i64) {
+        self.sb.set_exec_id(n);
+    }
+
+    fn take_failed_output(&mut self) -> Option<CapturedOutput> {
+        self.sb.take_failed_output()
+    }
+
+    fn write_file(&mut self, path: &str, data: &[u8]) -> Result<(), EngineError> {
+        self.sb.write_file(path, data)
+    }
+
+    fn read_file(&mut self, path: &str, max: usize) -> Result<Vec<u8>, EngineError> {
+        self.sb.read_file(path, max)
+    }
+
+    fn list_dir(&mut self, path: &str) -> Result<Vec<FileEntry>, EngineError> {
+        self.sb.list_dir(path)
+    }
+
+    fn install_packages(&mut self, packages: &[Package]) -> Result<Vec<InstalledPackage>, EngineError> {
+        self.sb.install_packages(packages)
+    }
+
+    fn walk(&mut self) -> Result<Walk, EngineError> {
+        Ok(walk(&self.sb))
+    }
+
+    fn checkpoint(
+        &mut self,
+        pack_name: &str,
+        admit: &mut dyn FnMut(CheckpointSize) -> Result<CheckpointFiles, SessionError>,
+    ) -> Result<CheckpointStats, SessionError> {
+        self.template.checkpoint_into(&self.engine, &mut self.sb, pack_name, admit)
+    }
+
+    fn snapshot_template(
+        &mut self,
+        id: &str,
+        preload: &str,
+        memory: &mut File,
+        state: &mut File,
+    ) -> Result<(), EngineError> {
+        self.template.snapshot_into(&self.engine, &self.sb, memory, state, id, preload)
+    }
+}
