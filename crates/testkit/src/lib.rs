@@ -13,6 +13,7 @@
 pub mod guest;
 pub mod postgres;
 pub mod s3;
+pub mod syscall_fuzz;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
