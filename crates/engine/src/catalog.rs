@@ -469,7 +469,66 @@ impl Catalog {
     /// images and package layers they need. Call before anything is opened.
     pub fn set_shared(&self, artifacts: Arc<dyn SharedArtifacts>) {
         let shared = Arc::new(Shared::new(artifacts, &self.home));
-        *self.shared.write().unwrap_or_else(|p| p.into_inner()) = Some(shared);
+        *self.shared.write().unwrap_or_else(|p| p.into_inner()) = Some(shared.clone());
+        // The names this data directory had before it joined (first record of a key wins).
+        let local: Vec<(String, Recipe)> = self
+            .recipes
+            .read()
+            .map(|m| {
+                m.iter().filter(|(_, r)| r.kind != RecipeKind::Shipped).map(|(k, r)| (k.clone(), r.clone())).collect()
+            })
+            .unwrap_or_default();
+        for (key, recipe) in local {
+            let Ok(body) = serde_json::to_string(&recipe.record()) else { continue };
+            let k = key.clone();
+            if let Err(e) = shared.off(move |sh| sh.sh.put_template_record(&k, &body, false)) {
+                tracing::warn!(template = %key, "publishing the template's name to the cluster: {e}");
+            }
+        }
+        self.sync_records();
+    }
+
+    /// In a cluster: take in the named templates the other nodes recorded
+    /// (new names, and records that changed: a rebuilt template is reopened).
+    /// The cluster's records are the authority; if the database cannot be
+    /// reached now, this node keeps the names it knows.
+    fn sync_records(&self) {
+        let Some(sh) = self.shared() else { return };
+        let records = match sh.off(|sh| sh.sh.template_records()) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!("reading the cluster's template names: {e}");
+                return;
+            }
+        };
+        let mut recipes = self.recipes.write().unwrap_or_else(|p| p.into_inner());
+        for (key, body) in records {
+            let rec = serde_json::from_str::<CustomRecord>(&body).ok().and_then(Recipe::from_record);
+            // A record must name what its key says (a shipped name is never replaced).
+            let Some(r) = rec.filter(|r| {
+                validate_name(&r.name).is_ok()
+                    && key_of(r.owner.as_deref(), &r.name) == key
+                    && recipes.get(&key).is_none_or(|old| old.kind != RecipeKind::Shipped)
+            }) else {
+                tracing::warn!(template = %key, "unreadable template record in the cluster's database; ignored");
+                continue;
+            };
+            let changed = match recipes.get(&key) {
+                None => true,
+                Some(old) => serde_json::to_string(&old.record()).ok().as_deref() != Some(body.as_str()),
+            };
+            if changed {
+                let rebuilt = recipes.get(&key).is_some_and(|old| {
+                    old.spec != r.spec || old.preload != r.preload || old.network != r.network || old.kind != r.kind
+                });
+                if rebuilt {
+                    if let Ok(mut m) = self.by_name.lock() {
+                        m.remove(&key);
+                    }
+                }
+                recipes.insert(key, r);
+            }
+        }
     }
 
     /// What this node fetched, built and published (None: not in a cluster).
@@ -541,6 +600,13 @@ impl Catalog {
             if self.has_recipe(&own) {
                 return Ok(own);
             }
+            if !self.has_recipe(name) && self.ready(name).is_none() && self.shared().is_some() {
+                // Perhaps made on another node of the cluster.
+                self.sync_records();
+                if self.has_recipe(&own) {
+                    return Ok(own);
+                }
+            }
         }
         Ok(name.to_string())
     }
@@ -593,7 +659,14 @@ impl Catalog {
         if let Some(l) = self.ready(&name) {
             return Ok(l);
         }
-        let recipe = self.recipe(&name).ok_or_else(|| CatalogError::UnknownTemplate(name.clone()))?;
+        let recipe = match self.recipe(&name) {
+            Some(r) => r,
+            None => {
+                // Perhaps made on another node of the cluster.
+                self.sync_records();
+                self.recipe(&name).ok_or_else(|| CatalogError::UnknownTemplate(name.clone()))?
+            }
+        };
         let started = match self.builds.lock().ok().and_then(|m| m.get(&name).cloned()) {
             Some(BuildState::Building(t, _)) => t,
             _ => Instant::now(),
@@ -612,7 +685,7 @@ impl Catalog {
                 if recipe.kind != RecipeKind::Shipped && recipe.template_id.as_deref() != Some(l.id()) {
                     let mut rec = recipe.clone();
                     rec.template_id = Some(l.id().to_string());
-                    if let Err(e) = self.save(&name, rec) {
+                    if let Err(e) = self.save(&name, rec, true) {
                         tracing::warn!(template = %name, "{e}");
                     }
                 }
@@ -630,7 +703,11 @@ impl Catalog {
             return Ok(l);
         }
         if !self.has_recipe(&name) {
-            return Err(CatalogError::UnknownTemplate(name));
+            // Perhaps made on another node of the cluster.
+            self.sync_records();
+            if !self.has_recipe(&name) {
+                return Err(CatalogError::UnknownTemplate(name));
+            }
         }
         let state = self.builds.lock().ok().and_then(|m| m.get(&name).cloned());
         match state {
@@ -665,9 +742,22 @@ impl Catalog {
     }
 
     /// Write the record of the custom template `key` and put it in the catalog.
-    fn save(&self, key: &str, recipe: Recipe) -> Result<(), CatalogError> {
+    /// In a cluster it is recorded in the cluster's database first (`replace`:
+    /// over an existing record; else a key another node recorded meanwhile is
+    /// `Exists`), so that every node knows the name.
+    fn save(&self, key: &str, recipe: Recipe, replace: bool) -> Result<(), CatalogError> {
         let dir = records_dir(&self.home);
         let err = |source| CatalogError::Record { name: recipe.name.clone(), source };
+        if let Some(sh) = self.shared() {
+            let body = serde_json::to_string(&recipe.record()).map_err(|e| err(std::io::Error::other(e)))?;
+            let k = key.to_string();
+            let put = sh.off(move |sh| sh.sh.put_template_record(&k, &body, replace));
+            match put {
+                Ok(true) => {}
+                Ok(false) => return Err(CatalogError::Exists(recipe.name.clone())),
+                Err(source) => return Err(CatalogError::Shared { name: recipe.name.clone(), source }),
+            }
+        }
         std::fs::create_dir_all(&dir).map_err(err)?;
         let path = record_path(&self.home, key);
         let tmp = path.with_extension("tmp");
@@ -682,6 +772,12 @@ impl Catalog {
 
     /// Forget the custom template `key` (its record; the template files stay for its sessions).
     fn forget(&self, key: &str) {
+        if let Some(sh) = self.shared() {
+            let k = key.to_string();
+            if let Err(e) = sh.off(move |sh| sh.sh.delete_template_record(&k)) {
+                tracing::warn!(template = %key, "forgetting the template in the cluster: {e}");
+            }
+        }
         let _ = std::fs::remove_file(record_path(&self.home, key));
         if let Ok(mut m) = self.recipes.write() {
             m.remove(key);
@@ -696,6 +792,8 @@ impl Catalog {
     /// rebuild), else only a failed one. The key.
     fn admit(&self, owner: Option<&str>, name: &str, replace: bool) -> Result<String, CatalogError> {
         validate_name(name)?;
+        // In a cluster: the names and counts of every node.
+        self.sync_records();
         let key = key_of(owner, name);
         let recipes = self.recipes.read().map(|m| m.clone()).unwrap_or_default();
         let builds = self.builds.lock().map(|m| m.clone()).unwrap_or_default();
@@ -783,7 +881,7 @@ impl Catalog {
         let key = self.admit(Some(owner), &t.name, false)?;
         let source = self.pip_source.read().map(|s| s.clone()).unwrap_or_default();
         let recipe = self.custom_recipe(Some(owner), t, source)?;
-        self.save(&key, recipe)?;
+        self.save(&key, recipe, false)?;
         if let Ok(mut m) = self.by_name.lock() {
             m.remove(&key);
         }
@@ -802,7 +900,7 @@ impl Catalog {
             let changed =
                 |o: &Recipe| o.spec != recipe.spec || o.preload != recipe.preload || o.network != recipe.network;
             if old.as_ref().is_some_and(changed) || old.is_none() {
-                self.save(&key, recipe)?;
+                self.save(&key, recipe, true)?;
                 if let Ok(mut m) = self.by_name.lock() {
                     m.remove(&key);
                 }
@@ -922,7 +1020,7 @@ impl Catalog {
             // A checkpoint template has no layer of its own (its session's layers are the session's).
             network: None,
         };
-        if let Err(e) = self.save(&key, recipe) {
+        if let Err(e) = self.save(&key, recipe, false) {
             let _ = std::fs::remove_dir_all(&dir);
             return Err(e);
         }
@@ -1235,10 +1333,15 @@ impl Catalog {
     /// One template as `tenant` sees it (None: the shared namespace).
     pub fn listing(&self, tenant: Option<&str>, name: &str) -> Option<Listing> {
         let key = self.key_for(tenant, name).ok()?;
+        if !self.has_recipe(&key) && self.ready(&key).is_none() {
+            // Perhaps made on another node of the cluster.
+            self.sync_records();
+        }
         self.list_keys(&[key], tenant.is_none()).into_iter().next()
     }
 
     fn list_for(&self, tenant: Option<&str>, all: bool) -> Vec<Listing> {
+        self.sync_records();
         let mut keys: Vec<String> = self.recipes.read().map(|m| m.keys().cloned().collect()).unwrap_or_default();
         if let Ok(m) = self.by_name.lock() {
             keys.extend(m.keys().filter(|n| !self.has_recipe(n)).cloned());

@@ -145,6 +145,13 @@ pub trait SharedArtifacts: Send + Sync {
     /// The cluster-wide lock of (`kind`, `id`), waiting for it (another node
     /// building it holds it until it has published or failed).
     fn lock(&self, kind: ArtifactKind, id: &str) -> Result<BuildLock, SharedError>;
+    /// Every named template's record: (catalog key, the catalog's record as JSON).
+    fn template_records(&self) -> Result<Vec<(String, String)>, SharedError>;
+    /// Record the named template `key`: over an existing record if `replace`,
+    /// else only if it has none (false: it has one; nothing changed).
+    fn put_template_record(&self, key: &str, record: &str, replace: bool) -> Result<bool, SharedError>;
+    /// Forget the named template `key`.
+    fn delete_template_record(&self, key: &str) -> Result<(), SharedError>;
 }
 
 /// What this node did with shared artifacts (tests, bench, logs).

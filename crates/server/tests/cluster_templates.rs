@@ -5,7 +5,10 @@
 //! and publishes its default template at start; a second node with an empty
 //! data directory fetches it (and its image) instead, then resumes the first
 //! node's sessions, one of them on a checkpoint template that it fetches on
-//! demand from an exec thread (under its seccomp filter).
+//! demand from an exec thread (under its seccomp filter). Template names are
+//! the cluster's: a custom template and a checkpoint template made on the
+//! first node are listed and used by name on the second (built once,
+//! fetched there), and the second cannot take a name the first has.
 //!
 //! Needs /dev/kvm, PostgreSQL and s3s-fs (FAILS without them, never skips).
 #![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
@@ -82,6 +85,20 @@ impl Node {
     }
 }
 
+/// Wait until `node` says the caller's template `name` is ready (asking it to open it).
+async fn wait_ready(node: &Node, name: &str) {
+    for _ in 0..600 {
+        let (st, v) =
+            node.call(reqwest::Method::POST, "/v1/exec", Some(json!({ "template": name, "code": "1" }))).await;
+        if st.is_success() {
+            return;
+        }
+        assert_eq!(v["error"]["code"], "template_not_ready", "{name}: {st} {v}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("template {name} was not ready within 2 minutes");
+}
+
 fn files(dir: &std::path::Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(dir)
         .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
@@ -124,18 +141,41 @@ async fn a_second_node_fetches_the_templates_and_resumes_the_first_nodes_session
     let s2 = a.post("/v1/sessions", json!({ "template": "snap" })).await["id"].as_str().unwrap().to_string();
     a.value(&s2, "y = x * 2").await;
     assert_eq!(published().await.len(), 3, "the checkpoint template is published when it is made");
-    a.stop().await;
+    // A custom template of the tenant's own (a preload over the default image: one boot).
+    a.post("/v1/templates", json!({ "name": "pre", "preload": "import json\nZ = json.loads('[5]')[0]" })).await;
+    wait_ready(&a, "pre").await;
+    assert_eq!(published().await.len(), 4, "the custom template is published when it is built");
 
-    // Node B: an empty data directory; it fetches what A published, builds nothing.
-    // (No key is made: the cluster has one, and A's works here.)
+    // Node B, while A still runs: an empty data directory; it fetches what A
+    // published, builds nothing. (No key is made: the cluster has one, and A's works here.)
     let b = Node::start(config(b_home.path(), &pg, &s3, "b"), Some(key)).await;
     assert_eq!(files(&b_home.path().join("templates")).len(), 1, "the default template, fetched");
+    // The names A made are B's too: listed, and used by name.
+    let (st, list) = b.call(reqwest::Method::GET, "/v1/templates", None).await;
+    assert_eq!(st, StatusCode::OK, "{list}");
+    let names: Vec<&str> = list["templates"].as_array().unwrap().iter().filter_map(|t| t["name"].as_str()).collect();
+    assert!(names.contains(&"snap") && names.contains(&"pre"), "{list}");
+    let (st, one) = b.call(reqwest::Method::GET, "/v1/templates/snap", None).await;
+    assert_eq!(st, StatusCode::OK, "{one}");
+    assert_eq!(one["from_session"], json!(s1), "{one}");
+    let s3_id = b.post("/v1/sessions", json!({ "template": "snap" })).await["id"].as_str().unwrap().to_string();
+    assert_eq!(b.value(&s3_id, "x").await, json!("41"));
+    wait_ready(&b, "pre").await;
+    assert_eq!(b.post("/v1/exec", json!({ "template": "pre", "code": "Z * 2" })).await["value"], json!("10"));
+    // A name A has is taken on B as well.
+    let v = b.post(&format!("/v1/sessions/{s3_id}/exec"), json!({ "code": "w = 1" })).await;
+    let seq = v["checkpoint"].as_i64().unwrap();
+    let path = format!("/v1/sessions/{s3_id}/checkpoints/{seq}/template");
+    let (st, v) = b.call(reqwest::Method::POST, &path, Some(json!({ "name": "pre" }))).await;
+    assert_eq!((st, &v["error"]["code"]), (StatusCode::CONFLICT, &json!("template_exists")), "{v}");
+    assert_eq!(published().await.len(), 4, "B built and published nothing");
+    a.stop().await;
     assert_eq!(b.value(&s1, "(x + 1, open('/tmp/a.txt').read())").await, json!("(42, 'from A')"));
     // The checkpoint template: fetched on demand when its session resumes (on an exec thread).
     assert_eq!(b.value(&s2, "(x, y)").await, json!("(41, 82)"));
     let mut ids: Vec<String> = published().await.into_iter().filter(|p| p.needs.is_some()).map(|p| p.id).collect();
     ids.sort();
     assert_eq!(files(&b_home.path().join("templates")), ids, "B has exactly the published templates");
-    assert_eq!(published().await.len(), 3, "B published nothing new");
+    assert_eq!(published().await.len(), 4, "B published nothing new");
     b.stop().await;
 }

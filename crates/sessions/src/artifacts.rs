@@ -12,6 +12,9 @@
 //!   downloadable.
 //! - Build locks: a PostgreSQL advisory lock per (kind, id), on a connection
 //!   of its own, held while a node builds it (`Store::lock_artifact`).
+//! - Template names: the `template_records` table (store migration 7), the
+//!   catalog's record of each custom or checkpoint template by key, so that a
+//!   name made on one node is known to all of them.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -175,5 +178,17 @@ impl SharedArtifacts for BucketArtifacts {
             e => e.into(),
         })?;
         Ok(BuildLock::new(lock))
+    }
+
+    fn template_records(&self) -> Result<Vec<(String, String)>, SharedError> {
+        Ok(self.store.template_records()?)
+    }
+
+    fn put_template_record(&self, key: &str, record: &str, replace: bool) -> Result<bool, SharedError> {
+        Ok(self.store.put_template_record(key, record, replace, crate::manager::now_ms())?)
+    }
+
+    fn delete_template_record(&self, key: &str) -> Result<(), SharedError> {
+        Ok(self.store.delete_template_record(key)?)
     }
 }

@@ -197,6 +197,17 @@ pub const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (kind, id)
     ) WITHOUT ROWID;
     "#,
+    // 7: the named templates of a cluster (custom and checkpoint templates),
+    // so that a name made on one node is known to every node: the catalog's
+    // versioned record (JSON) by catalog key (`<tenant>/<name>`, or the name
+    // of a template shared by every tenant). Unused (empty) on a single node.
+    r#"
+    CREATE TABLE template_records (
+        key        TEXT    PRIMARY KEY,
+        record     TEXT    NOT NULL,
+        updated_ms INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    "#,
 ];
 
 /// Schema migrations of PostgreSQL; the row of `forkbox_schema` = number of
@@ -309,6 +320,14 @@ pub const PG_MIGRATIONS: &[&str] = &[
         digest     TEXT,
         created_ms BIGINT NOT NULL,
         PRIMARY KEY (kind, id)
+    );
+    "#,
+    // 4: the named templates of a cluster (SQLite's step 7).
+    r#"
+    CREATE TABLE template_records (
+        key        TEXT   PRIMARY KEY,
+        record     TEXT   NOT NULL,
+        updated_ms BIGINT NOT NULL
     );
     "#,
 ];
@@ -1209,6 +1228,34 @@ impl Store {
         })
     }
 
+    // -------------------------------------------------------- template records
+
+    /// Every named template's record (migration 7's `template_records`): (key, record).
+    pub fn template_records(&self) -> Result<Vec<(String, String)>, StoreError> {
+        let op = "template_records";
+        let rows = self.conn().query("SELECT key, record FROM template_records ORDER BY key", &[]).op(op)?;
+        rows.iter().map(|r| Ok((r.text(0)?, r.text(1)?))).collect::<Result<_, DbError>>().op(op)
+    }
+
+    /// Record the named template `key`. `replace`: over an existing record;
+    /// otherwise only if `key` has none (false: it has one, nothing changed).
+    pub fn put_template_record(&self, key: &str, record: &str, replace: bool, now_ms: i64) -> Result<bool, StoreError> {
+        let sql = if replace {
+            "INSERT INTO template_records (key, record, updated_ms) VALUES (?1, ?2, ?3) \
+             ON CONFLICT (key) DO UPDATE SET record = excluded.record, updated_ms = excluded.updated_ms"
+        } else {
+            "INSERT INTO template_records (key, record, updated_ms) VALUES (?1, ?2, ?3) ON CONFLICT (key) DO NOTHING"
+        };
+        let n = self.conn().execute(sql, vals![key, record, now_ms]).op("put_template_record")?;
+        Ok(n == 1)
+    }
+
+    /// Forget the named template `key` (nothing if it has no record).
+    pub fn delete_template_record(&self, key: &str) -> Result<(), StoreError> {
+        self.conn().execute("DELETE FROM template_records WHERE key = ?1", vals![key]).op("delete_template_record")?;
+        Ok(())
+    }
+
     /// The cluster-wide lock of artifact (`kind`, `id`), waiting up to `wait`
     /// for the node that holds it: a PostgreSQL session-level advisory lock on
     /// a connection of its own (so the store's connection stays free while a
@@ -1649,6 +1696,7 @@ mod tests {
         leases_move_sessions_between_nodes_and_fence_commits,
         nodes_heartbeat_drain_and_are_forgotten,
         artifacts_are_published_once,
+        template_records_are_added_once_replaced_and_deleted,
     );
 
     /// Node `id`'s heartbeat `ms` older (as if it had stopped beating that long ago).
@@ -2486,6 +2534,22 @@ mod tests {
         assert_eq!(gone, ["cc", "dd"]);
         assert_eq!(s.forget_objects(&["c1.files".into()]).unwrap(), ["aa"]);
         assert!(s.all_objects().unwrap().is_empty());
+    }
+
+    fn template_records_are_added_once_replaced_and_deleted(kind: Kind) {
+        let (db, s) = tmp_on(kind);
+        assert!(s.template_records().unwrap().is_empty());
+        assert!(s.put_template_record("t/a", "{\"v\":1}", false, 1).unwrap());
+        // Another node adding the same key: refused, the first record stays.
+        assert!(!db.open().put_template_record("t/a", "{\"v\":2}", false, 2).unwrap());
+        assert!(s.put_template_record("b", "{}", false, 3).unwrap());
+        assert_eq!(s.template_records().unwrap(), [("b".into(), "{}".into()), ("t/a".into(), "{\"v\":1}".into())]);
+        // Replacing (a build recorded its template id).
+        assert!(s.put_template_record("t/a", "{\"v\":3}", true, 4).unwrap());
+        assert_eq!(db.open().template_records().unwrap()[1], ("t/a".to_string(), "{\"v\":3}".to_string()));
+        s.delete_template_record("t/a").unwrap();
+        s.delete_template_record("t/none").unwrap();
+        assert_eq!(s.template_records().unwrap(), [("b".to_string(), "{}".to_string())]);
     }
 
     fn artifacts_are_published_once(kind: Kind) {
