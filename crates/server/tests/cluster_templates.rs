@@ -158,6 +158,8 @@ async fn a_second_node_fetches_the_templates_and_resumes_the_first_nodes_session
     let (st, one) = b.call(reqwest::Method::GET, "/v1/templates/snap", None).await;
     assert_eq!(st, StatusCode::OK, "{one}");
     assert_eq!(one["from_session"], json!(s1), "{one}");
+    // (Not on B's disk yet: fetched in the background, `template_not_ready` meanwhile.)
+    wait_ready(&b, "snap").await;
     let s3_id = b.post("/v1/sessions", json!({ "template": "snap" })).await["id"].as_str().unwrap().to_string();
     assert_eq!(b.value(&s3_id, "x").await, json!("41"));
     wait_ready(&b, "pre").await;
