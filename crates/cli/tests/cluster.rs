@@ -80,6 +80,41 @@ fn start_node(id: &str, pg: &Postgres, s3: &S3, with_image: bool) -> Node {
     Node { id: id.into(), url, home, proc }
 }
 
+/// One instruction over ForeverVM's REPL WebSocket of machine `id` at `node`:
+/// (what it printed, its result).
+async fn repl_exec(node: &Node, key: &str, id: &str, code: &str) -> (String, Value) {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::{client::IntoClientRequest, Message};
+    let url = format!("{}/v1/machine/{id}/repl", node.url.replacen("http://", "ws://", 1));
+    let mut req = url.into_client_request().unwrap();
+    req.headers_mut().insert("authorization", format!("Bearer {key}").parse().unwrap());
+    let (mut ws, _) = tokio_tungstenite::connect_async(req).await.unwrap();
+    let hello = loop {
+        let m = tokio::time::timeout(Duration::from_secs(30), ws.next()).await.unwrap().unwrap().unwrap();
+        if let Message::Text(t) = m {
+            break serde_json::from_str::<Value>(t.as_str()).unwrap();
+        }
+    };
+    assert_eq!((&hello["type"], &hello["machine_name"]), (&json!("connected"), &json!(id)), "{hello}");
+    let msg = json!({ "type": "exec", "instruction": { "code": code }, "request_id": 7 });
+    ws.send(Message::text(msg.to_string())).await.unwrap();
+    let mut output = String::new();
+    loop {
+        let m = tokio::time::timeout(Duration::from_secs(30), ws.next()).await.unwrap().unwrap().unwrap();
+        let Message::Text(t) = m else { continue };
+        let v: Value = serde_json::from_str(t.as_str()).unwrap();
+        match v["type"].as_str().unwrap() {
+            "exec_received" => assert_eq!(v["request_id"], 7, "{v}"),
+            "output" => output.push_str(v["chunk"]["data"].as_str().unwrap()),
+            "result" => {
+                let _ = ws.close(None).await;
+                return (output, v["result"].clone());
+            }
+            _ => panic!("unexpected REPL message {v}"),
+        }
+    }
+}
+
 struct Client {
     http: reqwest::Client,
     key: String,
@@ -190,9 +225,14 @@ async fn three_nodes_share_sessions_survive_a_killed_node_drain_and_a_bucket_out
         .await
         .unwrap();
     assert_eq!(got.text().await.unwrap(), "hello cluster");
+    // ForeverVM's REPL WebSocket, opened on c: relayed to b, which runs the instruction.
+    let (output, result) = repl_exec(&nodes[2], &c.key, &id, "print('over the relay')\nx * 10").await;
+    assert_eq!(output, "over the relay\n");
+    assert_eq!(result["value"], "30", "{result}");
+    assert_eq!(c.owner(&nodes[0]).await.0, [("b".to_string(), 1)], "relayed, not moved");
     let (_, v) = c.call(&nodes[0], reqwest::Method::GET, &format!("/v1/sessions/{id}/checkpoints"), None).await;
     let committed = v["checkpoints"].as_array().unwrap().len();
-    assert_eq!(committed, 5, "{v}");
+    assert_eq!(committed, 6, "{v}");
 
     // b (which has the session) is killed with SIGKILL in the middle of an exec.
     let slow = {

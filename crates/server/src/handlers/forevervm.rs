@@ -31,7 +31,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
-use axum::extract::State;
+use axum::extract::{OriginalUri, State};
+use axum::http::HeaderMap;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
@@ -469,21 +470,32 @@ async fn repl(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     ApiPath(name): ApiPath<String>,
+    OriginalUri(uri): OriginalUri,
+    headers: HeaderMap,
     ws: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
     let ws = ws.map_err(|e| ApiError::new(ErrorCode::UpgradeRequired, format!("this route is a WebSocket: {e}")))?;
-    let c = caller.clone();
-    let name = blocking(&state, move |rt| {
-        if name == "new" {
+    if name != "new" {
+        let (c, n) = (caller.clone(), name.clone());
+        blocking(&state, move |rt| owned(rt, &c, &n)).await?;
+        // In a cluster: a machine another node has is served there, through this node.
+        match crate::forward::websocket::owner_socket(&state, &name, &uri, &headers).await {
+            Ok(Some(owner)) => return Ok(ws.on_upgrade(move |client| crate::forward::websocket::relay(client, owner))),
+            Ok(None) => {}
+            Err(answer) => return Ok(answer),
+        }
+    }
+    let name = if name == "new" {
+        let c = caller.clone();
+        blocking(&state, move |rt| {
             let network = crate::schema::network_layers(&c, &None)?;
             let new = NewSession { network: &network, ..NewSession::default() };
             Ok(rt.create_session(&c.tenant, new, &c.quota())?.record.id)
-        } else {
-            owned(rt, &c, &name)?;
-            Ok(name)
-        }
-    })
-    .await?;
+        })
+        .await?
+    } else {
+        name
+    };
     Ok(ws.on_upgrade(move |socket| repl_session(socket, state, caller, name)))
 }
 

@@ -27,7 +27,8 @@
 //! - The client's `Authorization` is passed on: keys live in the shared
 //!   database, so the owner authenticates the request itself; rate limits and
 //!   CPU budgets are counted by each node that serves a request.
-//! - WebSocket upgrades (ForeverVM's REPL) are not forwarded: served here.
+//! - A WebSocket upgrade (ForeverVM's REPL) is not forwarded by this layer:
+//!   its handler connects to the owner and relays messages ([`websocket`]).
 
 use std::time::{Duration, Instant};
 
@@ -41,6 +42,8 @@ use forkbox_runtime::SessionRoute;
 
 use crate::error::ApiError;
 use crate::AppState;
+
+pub(crate) mod websocket;
 
 /// Set on a forwarded request (the forwarding node's id): never forwarded again.
 pub const FORWARDED_BY: &str = "x-forkbox-forwarded-by";
