@@ -881,7 +881,9 @@ impl Catalog {
         let key = self.admit(Some(owner), &t.name, false)?;
         let source = self.pip_source.read().map(|s| s.clone()).unwrap_or_default();
         let recipe = self.custom_recipe(Some(owner), t, source)?;
-        self.save(&key, recipe, false)?;
+        // Admitted over an existing key only if its build failed here: then replaced.
+        let failed = self.has_recipe(&key);
+        self.save(&key, recipe, failed)?;
         if let Ok(mut m) = self.by_name.lock() {
             m.remove(&key);
         }
@@ -1020,7 +1022,9 @@ impl Catalog {
             // A checkpoint template has no layer of its own (its session's layers are the session's).
             network: None,
         };
-        if let Err(e) = self.save(&key, recipe, false) {
+        // Admitted over an existing key only if its build failed here: then replaced.
+        let failed = self.has_recipe(&key);
+        if let Err(e) = self.save(&key, recipe, failed) {
             let _ = std::fs::remove_dir_all(&dir);
             return Err(e);
         }
