@@ -585,7 +585,7 @@ async fn files_and_the_tree_of_states_work_in_session_workers() {
 /// `FORKBOX_FUZZ_SEEDS` / `FORKBOX_FUZZ_CHUNKS` / `FORKBOX_FUZZ_CALLS` make it longer.
 #[tokio::test(flavor = "multi_thread")]
 async fn random_syscalls_in_the_workers_end_only_their_own_exec() {
-    let env_num = |name: &str, default: u64| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default);
+    use forkbox_testkit::syscall_fuzz::env_num;
     let (seeds, chunks, calls) =
         (env_num("FORKBOX_FUZZ_SEEDS", 6), env_num("FORKBOX_FUZZ_CHUNKS", 4), env_num("FORKBOX_FUZZ_CALLS", 1000));
     let s = start(&["--exec-slots", "2"]);

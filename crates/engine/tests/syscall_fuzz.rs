@@ -43,6 +43,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use forkbox_engine::{Engine, EngineError, ExecOptions, Limits, Sandbox, Stream, Template};
+use forkbox_testkit::syscall_fuzz::env_num;
 
 struct Shared {
     engine: Engine,
@@ -75,10 +76,6 @@ fn limits() -> Limits {
         disk_bytes: 64 << 20,
         ..Limits::default()
     }
-}
-
-fn env_num(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
 #[derive(Default, Debug)]

@@ -15,20 +15,15 @@
 
 use std::time::Duration;
 
-use forkbox_server::{Server, ServerConfig};
+use forkbox_server::ServerConfig;
 use forkbox_sessions::store::Store;
 use forkbox_testkit::postgres::Postgres;
 use forkbox_testkit::s3::S3;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-struct Node {
-    url: String,
-    key: String,
-    stop: tokio::sync::oneshot::Sender<()>,
-    run: tokio::task::JoinHandle<anyhow::Result<()>>,
-    http: reqwest::Client,
-}
+mod common;
+use common::Node;
 
 fn config(home: &std::path::Path, pg: &Postgres, s3: &S3, node: &str) -> ServerConfig {
     let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap(), home.to_path_buf());
@@ -44,34 +39,6 @@ fn config(home: &std::path::Path, pg: &Postgres, s3: &S3, node: &str) -> ServerC
 }
 
 impl Node {
-    /// `key`: one the cluster knows already (keys live in its database), else the one the server made.
-    async fn start(cfg: ServerConfig, key: Option<String>) -> Node {
-        let server = Server::bind(cfg).await.expect("bind");
-        let key = key.or(server.created_key.clone()).expect("a key");
-        let addr = server.local_addr().unwrap();
-        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
-        let run = tokio::spawn(server.run(async move {
-            let _ = rx.await;
-        }));
-        Node { url: format!("http://{addr}"), key, stop, run, http: reqwest::Client::new() }
-    }
-
-    async fn stop(self) {
-        self.stop.send(()).unwrap();
-        tokio::time::timeout(Duration::from_secs(30), self.run).await.expect("shutdown in time").unwrap().expect("run");
-    }
-
-    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
-        let mut req = self.http.request(method, format!("{}{path}", self.url)).bearer_auth(&self.key);
-        if let Some(b) = body {
-            req = req.json(&b);
-        }
-        let resp = req.send().await.expect("request");
-        let status = resp.status();
-        let text = resp.text().await.unwrap();
-        (status, if text.is_empty() { Value::Null } else { serde_json::from_str(&text).unwrap_or(Value::String(text)) })
-    }
-
     async fn post(&self, path: &str, body: Value) -> Value {
         let (st, v) = self.call(reqwest::Method::POST, path, Some(body.clone())).await;
         assert!(st.is_success(), "POST {path} {body}: {st} {v}");
@@ -171,7 +138,7 @@ async fn a_second_node_fetches_the_templates_and_resumes_the_first_nodes_session
     let (st, v) = b.call(reqwest::Method::POST, &path, Some(json!({ "name": "pre" }))).await;
     assert_eq!((st, &v["error"]["code"]), (StatusCode::CONFLICT, &json!("template_exists")), "{v}");
     assert_eq!(published().await.len(), 4, "B built and published nothing");
-    a.stop().await;
+    a.stop_within(Duration::from_secs(30)).await;
     assert_eq!(b.value(&s1, "(x + 1, open('/tmp/a.txt').read())").await, json!("(42, 'from A')"));
     // The checkpoint template: fetched on demand when its session resumes (on an exec thread).
     assert_eq!(b.value(&s2, "(x, y)").await, json!("(41, 82)"));
@@ -179,5 +146,5 @@ async fn a_second_node_fetches_the_templates_and_resumes_the_first_nodes_session
     ids.sort();
     assert_eq!(files(&b_home.path().join("templates")), ids, "B has exactly the published templates");
     assert_eq!(published().await.len(), 4, "B published nothing new");
-    b.stop().await;
+    b.stop_within(Duration::from_secs(30)).await;
 }

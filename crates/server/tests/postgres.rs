@@ -13,14 +13,8 @@ use forkbox_testkit::postgres::Postgres;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-/// A running `forkbox serve` on a loopback port, stopped by [`Node::stop`].
-struct Node {
-    url: String,
-    key: String,
-    stop: tokio::sync::oneshot::Sender<()>,
-    run: tokio::task::JoinHandle<anyhow::Result<()>>,
-    http: reqwest::Client,
-}
+mod common;
+use common::Node;
 
 fn config(home: &std::path::Path, database: &str) -> ServerConfig {
     let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap(), home.to_path_buf());
@@ -30,33 +24,6 @@ fn config(home: &std::path::Path, database: &str) -> ServerConfig {
 }
 
 impl Node {
-    async fn start(cfg: ServerConfig, key: Option<String>) -> Node {
-        let server = Server::bind(cfg).await.expect("bind");
-        let key = key.or(server.created_key.clone()).expect("a key");
-        let addr = server.local_addr().unwrap();
-        let (stop, rx) = tokio::sync::oneshot::channel::<()>();
-        let run = tokio::spawn(server.run(async move {
-            let _ = rx.await;
-        }));
-        Node { url: format!("http://{addr}"), key, stop, run, http: reqwest::Client::new() }
-    }
-
-    async fn stop(self) {
-        self.stop.send(()).unwrap();
-        tokio::time::timeout(Duration::from_secs(20), self.run).await.expect("shutdown in time").unwrap().expect("run");
-    }
-
-    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
-        let mut req = self.http.request(method, format!("{}{path}", self.url)).bearer_auth(&self.key);
-        if let Some(b) = body {
-            req = req.json(&b);
-        }
-        let resp = req.send().await.expect("request");
-        let status = resp.status();
-        let text = resp.text().await.unwrap();
-        (status, if text.is_empty() { Value::Null } else { serde_json::from_str(&text).unwrap_or(Value::String(text)) })
-    }
-
     async fn exec(&self, id: &str, code: &str) -> (StatusCode, Value) {
         self.call(reqwest::Method::POST, &format!("/v1/sessions/{id}/exec"), Some(json!({ "code": code }))).await
     }
@@ -112,7 +79,7 @@ async fn sessions_in_postgres_survive_a_restart_and_a_database_outage() {
 
     // A restart of the node: the session resumes from its files and the database's history.
     let key = node.key.clone();
-    node.stop().await;
+    node.stop_within(Duration::from_secs(20)).await;
     let node = Node::start(config(home.path(), &pg.url()), Some(key)).await;
     let (st, v) = node.exec(&id, "x + 2").await;
     assert_eq!(st, StatusCode::OK, "{v}");
@@ -121,5 +88,5 @@ async fn sessions_in_postgres_survive_a_restart_and_a_database_outage() {
     assert_eq!(st, StatusCode::OK, "{v}");
     let codes: Vec<&str> = v["checkpoints"].as_array().unwrap().iter().filter_map(|c| c["code"].as_str()).collect();
     assert_eq!(codes, ["x = 41", "x + 1", "x + 2"], "{v}");
-    node.stop().await;
+    node.stop_within(Duration::from_secs(20)).await;
 }

@@ -18,3 +18,9 @@ pub fn program(seed: u64, calls: u64, verbose: bool) -> String {
         table.join(", ")
     )
 }
+
+/// A run's size from the environment (`FORKBOX_FUZZ_SEEDS`, `FORKBOX_FUZZ_CHUNKS`,
+/// `FORKBOX_FUZZ_CALLS`, `FORKBOX_FUZZ_FIRST_SEED`), else `default`.
+pub fn env_num(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}

@@ -103,15 +103,11 @@ pub(crate) async fn forward(State(state): State<AppState>, req: Request, next: N
     };
     let (method, headers) = (parts.method.clone(), parts.headers.clone());
     let mut local = Some(parts);
-    let lease = state.runtime.lease_time().unwrap_or(Duration::from_secs(10));
-    let deadline = Instant::now() + lease + Duration::from_secs(1);
+    let owner = OwnerWait::new(&state, &id);
     loop {
-        let rt = state.runtime.clone();
-        let sid = id.clone();
-        let route = match tokio::task::spawn_blocking(move || rt.route_session(&sid)).await {
-            Ok(Ok(r)) => r,
-            Ok(Err(e)) => return ApiError::from(e).into_response(),
-            Err(e) => return ApiError::from(e).into_response(),
+        let route = match owner.route().await {
+            Ok(r) => r,
+            Err(e) => return e.into_response(),
         };
         match route {
             SessionRoute::Here => {
@@ -129,21 +125,52 @@ pub(crate) async fn forward(State(state): State<AppState>, req: Request, next: N
             SessionRoute::Node { node, url } => {
                 match send(&state, &me, &url, &method, &original, &headers, &body).await {
                     Ok(r) => return r,
-                    Err(Unreachable(why)) => {
-                        // Its lease runs out within the lease time if it is really gone; then this node takes it.
-                        if Instant::now() >= deadline {
-                            return moving(
-                                &id,
-                                &format!("node {node} does not answer ({why}) and still holds the session"),
-                            )
-                            .into_response();
+                    Err(why) => {
+                        if let Err(e) = owner.unreachable(&node, why).await {
+                            return e.into_response();
                         }
-                        tracing::debug!(session = %id, node = %node, "owner unreachable ({why}); waiting for its lease to run out");
-                        tokio::time::sleep(Duration::from_millis(250)).await;
                     }
                 }
             }
         }
+    }
+}
+
+/// Where a session is, asked again until its owner answers: an owner that
+/// does not answer (killed, cut off) loses its lease within the lease time
+/// if it is really gone, and then this node takes the session (`Here`).
+/// Shared by HTTP forwards and the REPL relay ([`websocket`]).
+pub(crate) struct OwnerWait<'a> {
+    state: &'a AppState,
+    id: &'a str,
+    deadline: Instant,
+}
+
+impl<'a> OwnerWait<'a> {
+    pub(crate) fn new(state: &'a AppState, id: &'a str) -> OwnerWait<'a> {
+        let lease = state.runtime.lease_time().unwrap_or(Duration::from_secs(10));
+        OwnerWait { state, id, deadline: Instant::now() + lease + Duration::from_secs(1) }
+    }
+
+    /// Where the session is now.
+    pub(crate) async fn route(&self) -> Result<SessionRoute, ApiError> {
+        let rt = self.state.runtime.clone();
+        let sid = self.id.to_string();
+        match tokio::task::spawn_blocking(move || rt.route_session(&sid)).await {
+            Ok(r) => r.map_err(ApiError::from),
+            Err(e) => Err(ApiError::from(e)),
+        }
+    }
+
+    /// The owner `node` did not answer: wait a little before asking again,
+    /// or `session_moved` once its lease should have run out.
+    pub(crate) async fn unreachable(&self, node: &str, Unreachable(why): Unreachable) -> Result<(), ApiError> {
+        if Instant::now() >= self.deadline {
+            return Err(moving(self.id, &format!("node {node} does not answer ({why}) and still holds the session")));
+        }
+        tracing::debug!(session = %self.id, node = %node, "owner unreachable ({why}); waiting for its lease to run out");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        Ok(())
     }
 }
 
@@ -152,7 +179,7 @@ fn moving(id: &str, why: &str) -> ApiError {
 }
 
 /// The owner could not be reached (nothing was sent).
-struct Unreachable(String);
+pub(crate) struct Unreachable(String);
 
 /// Hop-by-hop headers (RFC 9110 7.6.1) and those the client library sets itself.
 fn passed_on(name: &HeaderName) -> bool {

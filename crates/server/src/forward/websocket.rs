@@ -6,12 +6,12 @@
 //! owner's HTTP answer; only then does it accept the client's upgrade and
 //! relay messages both ways until either side closes. The owner runs every
 //! instruction (one numbering, one result store per machine); an owner that
-//! does not answer is waited out as for an HTTP forward (its lease runs out,
-//! then this node takes the session and serves the REPL itself). If the
+//! does not answer is waited out as for an HTTP forward ([`OwnerWait`]: its
+//! lease runs out, then this node takes the session and serves the REPL itself). If the
 //! owner goes away mid-conversation the client's socket is closed (going
 //! away, 1001); a reconnect is routed again.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::extract::ws::{CloseFrame as AxumClose, Message as AxumMessage, WebSocket};
 use axum::http::{HeaderMap, Uri};
@@ -23,7 +23,7 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 
-use super::{moving, passed_on, Unreachable, FORWARDED_BY};
+use super::{passed_on, OwnerWait, Unreachable, FORWARDED_BY};
 use crate::error::ApiError;
 use crate::AppState;
 
@@ -48,31 +48,20 @@ pub(crate) async fn owner_socket(
     if headers.contains_key(FORWARDED_BY) {
         return Ok(None);
     }
-    let lease = state.runtime.lease_time().unwrap_or(Duration::from_secs(10));
-    let deadline = Instant::now() + lease + Duration::from_secs(1);
     let limit = state.config.body_limit;
+    let owner = OwnerWait::new(state, id);
     loop {
-        let rt = state.runtime.clone();
-        let sid = id.to_string();
-        let route = match tokio::task::spawn_blocking(move || rt.route_session(&sid)).await {
-            Ok(Ok(r)) => r,
-            Ok(Err(e)) => return Err(ApiError::from(e).into_response()),
-            Err(e) => return Err(ApiError::from(e).into_response()),
+        let SessionRoute::Node { node, url } = owner.route().await.map_err(IntoResponse::into_response)? else {
+            return Ok(None);
         };
-        let SessionRoute::Node { node, url } = route else { return Ok(None) };
         match connect(&me, &url, uri, headers, limit).await {
             Ok(socket) => {
                 crate::metrics::forwarded();
                 return Ok(Some(socket));
             }
             Err(Connect::Refused(resp)) => return Err(resp),
-            Err(Connect::Unreachable(Unreachable(why))) => {
-                if Instant::now() >= deadline {
-                    let why = format!("node {node} does not answer ({why}) and still holds the session");
-                    return Err(moving(id, &why).into_response());
-                }
-                tracing::debug!(session = %id, node = %node, "owner unreachable ({why}); waiting for its lease to run out");
-                tokio::time::sleep(Duration::from_millis(250)).await;
+            Err(Connect::Unreachable(why)) => {
+                owner.unreachable(&node, why).await.map_err(IntoResponse::into_response)?
             }
         }
     }
