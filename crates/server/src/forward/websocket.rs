@@ -20,7 +20,7 @@ use forkbox_runtime::SessionRoute;
 use futures_util::{SinkExt, StreamExt};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
-use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
 use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 
 use super::{passed_on, OwnerWait, Unreachable, FORWARDED_BY};
@@ -48,13 +48,12 @@ pub(crate) async fn owner_socket(
     if headers.contains_key(FORWARDED_BY) {
         return Ok(None);
     }
-    let limit = state.config.body_limit;
     let owner = OwnerWait::new(state, id);
     loop {
         let SessionRoute::Node { node, url } = owner.route().await.map_err(IntoResponse::into_response)? else {
             return Ok(None);
         };
-        match connect(&me, &url, uri, headers, limit).await {
+        match connect(&me, &url, uri, headers).await {
             Ok(socket) => {
                 crate::metrics::forwarded();
                 return Ok(Some(socket));
@@ -74,7 +73,7 @@ enum Connect {
 }
 
 /// Open the REPL WebSocket at the node `base` (`http://host:port`).
-async fn connect(me: &str, base: &str, uri: &Uri, headers: &HeaderMap, limit: usize) -> Result<OwnerSocket, Connect> {
+async fn connect(me: &str, base: &str, uri: &Uri, headers: &HeaderMap) -> Result<OwnerSocket, Connect> {
     let unreachable = |why: String| Connect::Unreachable(Unreachable(why));
     let path = uri.path_and_query().map_or(uri.path(), |p| p.as_str());
     let base = base.trim_end_matches('/');
@@ -93,12 +92,10 @@ async fn connect(me: &str, base: &str, uri: &Uri, headers: &HeaderMap, limit: us
     if let Ok(v) = me.parse() {
         req.headers_mut().insert(FORWARDED_BY, v);
     }
-    // The owner's messages are results and output chunks, each bounded by its
-    // output limit; a relay never buffers more than one of the size of a request body.
-    let config = WebSocketConfig::default()
-        .max_message_size(Some(limit.max(64 << 20)))
-        .max_frame_size(Some(limit.max(16 << 20)));
-    let connecting = tokio_tungstenite::connect_async_with_config(req, Some(config), true);
+    // What the relay buffers of the owner's messages (output chunks and
+    // results, each bounded by the exec's output limit) is bounded by
+    // tungstenite's defaults: 64 MiB a message, 16 MiB a frame.
+    let connecting = tokio_tungstenite::connect_async_with_config(req, None, true);
     match tokio::time::timeout(CONNECT_TIMEOUT, connecting).await {
         Err(_) => Err(unreachable(format!("no answer within {CONNECT_TIMEOUT:?}"))),
         Ok(Ok((socket, _))) => Ok(socket),
