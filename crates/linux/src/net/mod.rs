@@ -470,6 +470,9 @@ const LOOKUPS_IN_FLIGHT: usize = 4;
 /// Host lookups one sandbox may start per second, and in a burst.
 const LOOKUP_RATE: f64 = 10.0;
 const LOOKUP_BURST: f64 = 20.0;
+/// Questions one sandbox may have waiting for host lookups, over all its
+/// sockets (each holds its lookup's eventfd until the guest reads the answer).
+const QUESTIONS_WAITING: usize = 64;
 const HOST_ADDRS_TTL: Duration = Duration::from_secs(10);
 
 /// The host-side network state of one running sandbox (part of `Io`, never snapshotted).
@@ -1476,14 +1479,16 @@ impl NetIo {
     }
 
     /// Queue `r` for socket `id`'s recv (a question waiting for a lookup: at
-    /// most `INBOX_CAP` per socket, beyond it is dropped).
+    /// most `INBOX_CAP` per socket and `QUESTIONS_WAITING` in all, beyond it is
+    /// dropped).
     fn reply(&mut self, id: u64, r: Reply) {
+        let waiting: usize = self.socks.values().map(|s| s.pending.len()).sum();
         let Ok(s) = self.sock(id) else { return };
         match r {
             Reply::Drop => {}
             Reply::Now(a) => s.push_answer(a),
             Reply::Later(q, l) => {
-                if s.pending.len() < INBOX_CAP {
+                if s.pending.len() < INBOX_CAP && waiting < QUESTIONS_WAITING {
                     s.pending.push_back((q, l));
                 }
             }
