@@ -1053,6 +1053,9 @@ impl Sandbox {
         if let Some(latch) = &self.io.interrupt {
             if latch.take() {
                 self.sig.want = true;
+                // The guest's resolver waits out its own timeout through
+                // signals: its host lookups answer SERVFAIL now instead.
+                self.io.net.cancel_lookups();
                 if self.sig.grace.is_none() {
                     let g = Instant::now() + signal::GRACE;
                     self.sig.grace = Some(g);

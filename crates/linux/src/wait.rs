@@ -150,7 +150,7 @@ fn ready_at(fds: &FdTable, io: &Io, ofd: u64, depth: u32) -> u32 {
     }
 }
 
-/// The host fds (host sockets) behind what `on` waits for, directly or
+/// The host fds (host sockets, the resolver's lookups) behind what `on` waits for, directly or
 /// through an epoll instance in it: the engine waits on them on the host
 /// (`poll(2)`) instead of sleeping, so a socket becoming ready ends the wait.
 pub fn host_fds(proc: &Process, io: &Io, on: &WaitOn) -> Vec<libc::pollfd> {
@@ -186,10 +186,12 @@ fn host_fds_at(fds: &FdTable, io: &Io, ofd: u64, events: u32, depth: u32, out: &
     let Some(f) = fds.description(ofd) else { return };
     match f.kind {
         FileKind::Socket(s) => {
-            if let Some(p) = io.net.pollfd(s.id, events as i16) {
-                if out.len() < crate::fd::MAX_FDS as usize {
+            if out.len() < crate::fd::MAX_FDS as usize {
+                if let Some(p) = io.net.pollfd(s.id, events as i16) {
                     out.push(p);
                 }
+                // Answers of the resolver waiting for a host lookup.
+                io.net.lookup_pollfds(s.id, events as i16, out);
             }
         }
         FileKind::Object(id) if depth < 5 => {

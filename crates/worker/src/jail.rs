@@ -204,9 +204,8 @@ pub fn unshare_outer(own_network: bool) -> Result<(), JailError> {
     mount(None, Path::new("/"), None, libc::MS_REC | libc::MS_PRIVATE, None)
 }
 
-/// Files the host's resolver (getaddrinfo, for the guest's DNS) reads, bound if present.
-const RESOLVER_FILES: &[&str] =
-    &["/etc/resolv.conf", "/etc/hosts", "/etc/nsswitch.conf", "/etc/gai.conf", "/etc/host.conf"];
+/// Files the VMM's resolver (for the guest's DNS) reads, bound if present: the nameservers.
+const RESOLVER_FILES: &[&str] = &["/etc/resolv.conf"];
 
 /// A tmpfs at `h.root` holding the read-only binds and mount points for `/proc`.
 pub fn build_root(h: &Hello) -> Result<(), JailError> {

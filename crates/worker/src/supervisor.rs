@@ -636,7 +636,7 @@ fn start_one(
     let fd = theirs.as_raw_fd();
     let mut cmd = Command::new(&config.exe);
     cmd.arg("__worker").env_clear().stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
-    for k in ["RUST_LOG", "FORKBOX_LOG"] {
+    for k in ["RUST_LOG", "FORKBOX_LOG", "FORKBOX_DNS_SERVERS"] {
         if let Ok(v) = std::env::var(k) {
             cmd.env(k, v);
         }

@@ -4,7 +4,8 @@
 //! (`policy`) on the host, at connect time for TCP and on the first datagram
 //! to each destination for UDP; the VMM's resolver (`dns`, answering the
 //! guest's `/etc/resolv.conf` nameserver `RESOLVER`) resolves names on the
-//! host and hands out only addresses the policy allows.
+//! host (`resolver`: a bounded pool that never blocks the sandbox's thread)
+//! and hands out only addresses the policy allows.
 //!
 //! Host sockets live here, in the per-sandbox `Io`, never in `Process`: the
 //! fd table only holds a socket id. A snapshot, a resumed session or a fork
@@ -24,6 +25,7 @@
 
 pub mod dns;
 pub mod policy;
+pub mod resolver;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -93,6 +95,11 @@ impl NetConfig {
         } else {
             Mode::Public
         }
+    }
+
+    /// May `name` be looked up at all (every layer: [`Policy::may_resolve`])?
+    pub fn may_resolve(&self, name: &str) -> bool {
+        !self.layers.is_empty() && self.layers.iter().all(|p| p.may_resolve(name))
     }
 
     /// One more, inner layer (it can only narrow).
@@ -299,6 +306,9 @@ struct Sock {
     /// UDP: datagrams waiting for recv that never crossed the host: resolver
     /// answers, and datagrams from sockets of the sandbox (with their source).
     inbox: VecDeque<(Vec<u8>, SocketAddr)>,
+    /// Questions to the resolver waiting for a host lookup (UDP or the TCP
+    /// stream): answered into `inbox` / the stream's output once it is done.
+    pending: VecDeque<(dns::Query, Arc<resolver::Lookup>)>,
     /// UDP: destinations already decided (bounded), so a datagram stream costs one check.
     udp_verdicts: HashMap<SocketAddr, bool>,
     /// Set by connect (the destination, for the UDP check of connected sends).
@@ -329,6 +339,7 @@ impl Sock {
             backend,
             resolver_peer: false,
             inbox: VecDeque::new(),
+            pending: VecDeque::new(),
             udp_verdicts: HashMap::new(),
             peer: None,
             connecting: None,
@@ -338,6 +349,29 @@ impl Sock {
             loop_peer: None,
             reuse: false,
             opts: BTreeMap::new(),
+        }
+    }
+
+    /// A question to the resolver has its host lookup done (recv answers it).
+    fn answer_ready(&self) -> bool {
+        self.pending.iter().any(|(_, l)| l.is_done())
+    }
+
+    /// Queue an answer of the resolver: a stream's output, else the datagram
+    /// inbox (full: dropped, as a busy server may).
+    fn push_answer(&mut self, a: Vec<u8>) {
+        match &mut self.backend {
+            Backend::ResolverStream { output, .. } => {
+                if output.len() + 2 + a.len() <= RESOLVER_STREAM_CAP {
+                    output.extend((a.len() as u16).to_be_bytes());
+                    output.extend(a);
+                }
+            }
+            _ => {
+                if self.inbox.len() < INBOX_CAP {
+                    self.inbox.push_back((a, resolver_addr()));
+                }
+            }
         }
     }
 
@@ -431,6 +465,14 @@ const LOCAL_INBOX_CAP: usize = 256;
 const VERDICT_CAP: usize = 256;
 const NAMES_CAP: usize = 4096;
 const DNS_CACHE_CAP: usize = 1024;
+/// Names one sandbox may have in lookup on the host at once.
+const LOOKUPS_IN_FLIGHT: usize = 4;
+/// Host lookups one sandbox may start per second, and in a burst.
+const LOOKUP_RATE: f64 = 10.0;
+const LOOKUP_BURST: f64 = 20.0;
+/// Questions one sandbox may have waiting for host lookups, over all its
+/// sockets (each holds its lookup's eventfd until the guest reads the answer).
+const QUESTIONS_WAITING: usize = 64;
 const HOST_ADDRS_TTL: Duration = Duration::from_secs(10);
 
 /// The host-side network state of one running sandbox (part of `Io`, never snapshotted).
@@ -444,6 +486,10 @@ pub struct NetIo {
     /// Address -> the names the resolver handed it out for (domain rules match these).
     names: HashMap<IpAddr, Vec<String>>,
     dns_cache: HashMap<String, (Instant, Result<Vec<IpAddr>, u8>)>,
+    /// Host lookups under way, by name (at most `LOOKUPS_IN_FLIGHT` not done).
+    lookups: HashMap<String, Arc<resolver::Lookup>>,
+    /// Token bucket over the host lookups started (`LOOKUP_RATE`, `LOOKUP_BURST`).
+    lookup_tokens: (f64, Instant),
     host_addrs: (Option<Instant>, Vec<IpAddr>),
     pub stats: NetStats,
     /// One-line notes for the guest's stderr (refusals), drained by the syscall layer.
@@ -487,6 +533,8 @@ impl NetIo {
             socks: HashMap::new(),
             names: HashMap::new(),
             dns_cache: HashMap::new(),
+            lookups: HashMap::new(),
+            lookup_tokens: (LOOKUP_BURST, Instant::now()),
             host_addrs: (None, Vec::new()),
             stats: NetStats::default(),
             notes: Vec::new(),
@@ -759,8 +807,10 @@ impl NetIo {
 
     pub fn note(&mut self, msg: String) {
         tracing::info!(target: "forkbox::net", "{msg}");
-        if self.notes.len() < 64 {
-            self.notes.push(format!("forkbox: {msg}\n"));
+        let msg = format!("forkbox: {msg}\n");
+        // The A and AAAA questions of one lookup say the same thing: once.
+        if self.notes.len() < 64 && !self.notes.contains(&msg) {
+            self.notes.push(msg);
         }
     }
 
@@ -933,14 +983,8 @@ impl NetIo {
             }
             let _ = output;
             for q in answers {
-                if let Some(a) = self.answer(&q) {
-                    if let Ok(Backend::ResolverStream { output, .. }) = self.sock(id).map(|s| &mut s.backend) {
-                        if output.len() + 2 + a.len() <= RESOLVER_STREAM_CAP {
-                            output.extend((a.len() as u16).to_be_bytes());
-                            output.extend(a);
-                        }
-                    }
-                }
+                let r = self.answer(&q);
+                self.reply(id, r);
             }
             return Ok(data.len());
         }
@@ -951,12 +995,8 @@ impl NetIo {
                 if data.len() > dns::MAX_MESSAGE {
                     return Err(Errno::EMSGSIZE);
                 }
-                if let Some(a) = self.answer(data) {
-                    let s = self.sock(id)?;
-                    if s.inbox.len() < INBOX_CAP {
-                        s.inbox.push_back((a, resolver_addr()));
-                    }
-                }
+                let r = self.answer(data);
+                self.reply(id, r);
                 return Ok(data.len());
             }
             // To a UDP socket of the sandbox: delivered by the VMM, never on the host.
@@ -999,6 +1039,7 @@ impl NetIo {
     /// recv/recvfrom/read: into `buf`; returns the length (the datagram's full
     /// length with MSG_TRUNC) and the source address of a datagram.
     pub fn recv(&mut self, id: u64, buf: &mut [u8], flags: i32) -> Result<(usize, Option<SocketAddr>, bool), Errno> {
+        self.harvest(id);
         let local = self.socks.get(&id).is_some_and(|s| s.in_sandbox());
         if !local {
             self.budget()?;
@@ -1107,14 +1148,14 @@ impl NetIo {
             }
             Backend::ResolverStream { output, .. } => {
                 let mut r = events & (libc::POLLOUT | libc::POLLWRNORM);
-                if !output.is_empty() {
+                if !output.is_empty() || s.answer_ready() {
                     r |= events & (libc::POLLIN | libc::POLLRDNORM);
                 }
                 r
             }
             Backend::Host(h) => {
                 let mut r = 0;
-                if !s.stream && !s.inbox.is_empty() {
+                if !s.stream && (!s.inbox.is_empty() || s.answer_ready()) {
                     r |= events & (libc::POLLIN | libc::POLLRDNORM);
                 }
                 // Held back by the bandwidth limit: not readable or writable yet.
@@ -1143,6 +1184,31 @@ impl NetIo {
             events &= !RATE_HELD;
         }
         Some(libc::pollfd { fd, events, revents: 0 })
+    }
+
+    /// The eventfds of the host lookups that socket `id`'s questions to the
+    /// resolver wait for: the engine waits on them with the host sockets, so
+    /// an answer coming in ends the guest's wait.
+    pub fn lookup_pollfds(&self, id: u64, events: i16, out: &mut Vec<libc::pollfd>) {
+        if events & (libc::POLLIN | libc::POLLRDNORM) == 0 {
+            return;
+        }
+        let Some(s) = self.socks.get(&id) else { return };
+        for (_, l) in &s.pending {
+            let fd = l.fd();
+            if !out.iter().any(|p| p.fd == fd) {
+                out.push(libc::pollfd { fd, events: libc::POLLIN, revents: 0 });
+            }
+        }
+    }
+
+    /// End every host lookup of this sandbox now with SERVFAIL (the exec was
+    /// interrupted: the guest's resolver, which waits out its own timeout
+    /// through signals, gets its answer at once).
+    pub fn cancel_lookups(&mut self) {
+        for l in self.lookups.values() {
+            l.cancel();
+        }
     }
 
     pub fn local_addr(&mut self, id: u64) -> Result<SocketAddr, Errno> {
@@ -1365,6 +1431,7 @@ impl NetIo {
 
     /// FIONREAD / SIOCINQ.
     pub fn pending(&mut self, id: u64) -> Result<i32, Errno> {
+        self.harvest(id);
         let s = self.sock(id)?;
         match &s.backend {
             Backend::ResolverStream { output, .. } => Ok(output.len() as i32),
@@ -1383,44 +1450,176 @@ impl NetIo {
         }
     }
 
-    /// Answer one DNS query to the VMM's resolver (None: drop it, as a server
-    /// drops what it cannot even parse).
-    fn answer(&mut self, msg: &[u8]) -> Option<Vec<u8>> {
+    /// Answer one DNS query to the VMM's resolver: now, once a host lookup
+    /// is done, or never (what a server does with what it cannot even parse).
+    fn answer(&mut self, msg: &[u8]) -> Reply {
         self.stats.dns_queries += 1;
         GLOBAL.dns_queries.fetch_add(1, Ordering::Relaxed);
         let q = match dns::parse_query(msg) {
             Ok(q) => q,
-            Err(_) => return dns::format_error(msg),
+            Err(_) => return dns::format_error(msg).map_or(Reply::Drop, Reply::Now),
         };
         if q.qclass != dns::CLASS_IN || (q.qtype != dns::TYPE_A && q.qtype != dns::TYPE_AAAA) {
             // Only address lookups are served; other types get an empty answer.
             let rcode = if q.qclass == dns::CLASS_IN { dns::RCODE_OK } else { dns::RCODE_NOTIMP };
-            return Some(dns::response(&q, rcode, &[]));
+            return Reply::Now(dns::response(&q, rcode, &[]));
         }
-        let (rcode, addrs) = self.resolve(&q.name);
+        match self.begin(&q.name) {
+            Step::Done(rcode, addrs) => Reply::Now(self.respond(&q, rcode, &addrs)),
+            Step::Wait(l) => Reply::Later(q, l),
+        }
+    }
+
+    fn respond(&mut self, q: &dns::Query, rcode: u8, addrs: &[IpAddr]) -> Vec<u8> {
         if rcode == dns::RCODE_REFUSED {
             self.stats.dns_refused += 1;
             GLOBAL.dns_refused.fetch_add(1, Ordering::Relaxed);
         }
-        Some(dns::response(&q, rcode, &addrs))
+        dns::response(q, rcode, addrs)
     }
 
-    /// Resolve `name` on the host (static map first), keeping only the
-    /// addresses the policy allows. REFUSED when it had addresses and every
-    /// one is denied, or when the network is off.
-    pub fn resolve(&mut self, name: &str) -> (u8, Vec<IpAddr>) {
+    /// Queue `r` for socket `id`'s recv (a question waiting for a lookup: at
+    /// most `INBOX_CAP` per socket and `QUESTIONS_WAITING` in all, beyond it is
+    /// dropped).
+    fn reply(&mut self, id: u64, r: Reply) {
+        let waiting: usize = self.socks.values().map(|s| s.pending.len()).sum();
+        let Ok(s) = self.sock(id) else { return };
+        match r {
+            Reply::Drop => {}
+            Reply::Now(a) => s.push_answer(a),
+            Reply::Later(q, l) => {
+                if s.pending.len() < INBOX_CAP && waiting < QUESTIONS_WAITING {
+                    s.pending.push_back((q, l));
+                }
+            }
+        }
+    }
+
+    /// Answer socket `id`'s questions whose host lookup is done.
+    fn harvest(&mut self, id: u64) {
+        let Some(s) = self.socks.get_mut(&id) else { return };
+        if !s.answer_ready() {
+            return;
+        }
+        let (done, waiting): (VecDeque<_>, VecDeque<_>) =
+            std::mem::take(&mut s.pending).into_iter().partition(|(_, l)| l.is_done());
+        s.pending = waiting;
+        self.sweep();
+        for (q, l) in done {
+            let outcome = l.outcome().unwrap_or(Err(dns::RCODE_SERVFAIL));
+            let (rcode, addrs) = self.filter(&q.name, outcome);
+            let a = self.respond(&q, rcode, &addrs);
+            if let Some(s) = self.socks.get_mut(&id) {
+                s.push_answer(a);
+            }
+        }
+    }
+
+    /// Move the finished host lookups into the cache (a failure is not kept:
+    /// asking again may work).
+    fn sweep(&mut self) {
+        let done: Vec<String> = self.lookups.iter().filter(|(_, l)| l.is_done()).map(|(n, _)| n.clone()).collect();
+        for name in done {
+            let Some(l) = self.lookups.remove(&name) else { continue };
+            match l.outcome() {
+                Some(r) if r != Err(dns::RCODE_SERVFAIL) => {
+                    if self.dns_cache.len() >= DNS_CACHE_CAP {
+                        self.dns_cache.clear();
+                    }
+                    self.dns_cache.insert(name, (Instant::now(), r));
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// A host lookup may start now (the per-sandbox rate).
+    fn lookup_token(&mut self) -> bool {
+        let now = Instant::now();
+        let (t, last) = self.lookup_tokens;
+        let t = (t + now.saturating_duration_since(last).as_secs_f64() * LOOKUP_RATE).min(LOOKUP_BURST);
+        let ok = t >= 1.0;
+        self.lookup_tokens = (if ok { t - 1.0 } else { t }, now);
+        ok
+    }
+
+    /// Resolve `name`: at once from the policy, the static map or the cache,
+    /// else by a host lookup (`Step::Wait`). REFUSED when the network is off;
+    /// NXDOMAIN, without asking any nameserver, for a name no allow rule of an
+    /// `allowlist` could match; SERVFAIL when the sandbox's or the process'
+    /// lookup limits are reached.
+    fn begin(&mut self, name: &str) -> Step {
         let name = policy::normalize_name(name);
         if self.config.mode() == Mode::None {
             self.note(format!("DNS lookup of {name} refused: network: none"));
-            return (dns::RCODE_REFUSED, Vec::new());
+            return Step::Done(dns::RCODE_REFUSED, Vec::new());
         }
-        let found = self.lookup(&name);
+        if let Some(a) = self.config.hosts.get(&name).cloned() {
+            let (rcode, addrs) = self.filter(&name, Ok(a));
+            return Step::Done(rcode, addrs);
+        }
+        if !self.config.may_resolve(&name) {
+            self.stats.dns_refused += 1;
+            GLOBAL.dns_refused.fetch_add(1, Ordering::Relaxed);
+            *self.stats.denied.entry("name not in the allowlist".to_string()).or_default() += 1;
+            self.note(format!(
+                "DNS lookup of {name} answered NXDOMAIN: no allow rule of the egress policy names it (no nameserver was asked)"
+            ));
+            return Step::Done(dns::RCODE_NXDOMAIN, Vec::new());
+        }
+        self.sweep();
+        let cached = self
+            .dns_cache
+            .get(&name)
+            .filter(|(t, _)| t.elapsed() < Duration::from_secs(dns::TTL as u64))
+            .map(|(_, r)| r.clone());
+        if let Some(r) = cached {
+            let (rcode, addrs) = self.filter(&name, r);
+            return Step::Done(rcode, addrs);
+        }
+        if let Some(l) = self.lookups.get(&name) {
+            return Step::Wait(Arc::clone(l));
+        }
+        let why = if self.lookups.len() >= LOOKUPS_IN_FLIGHT {
+            format!("the sandbox has {LOOKUPS_IN_FLIGHT} lookups under way")
+        } else if !self.lookup_token() {
+            format!("the sandbox's limit of {LOOKUP_RATE} lookups a second is reached")
+        } else {
+            match resolver::Lookup::new(&name) {
+                Some(l) if resolver::submit(Arc::clone(&l)) => {
+                    self.lookups.insert(name, Arc::clone(&l));
+                    return Step::Wait(l);
+                }
+                _ => "the host's resolver is busy".to_string(),
+            }
+        };
+        self.note(format!("DNS lookup of {name} failed: {why}"));
+        Step::Done(dns::RCODE_SERVFAIL, Vec::new())
+    }
+
+    /// Resolve `name`, waiting for a host lookup on this thread (tests only:
+    /// the sandbox never waits here).
+    #[cfg(test)]
+    pub fn resolve(&mut self, name: &str) -> (u8, Vec<IpAddr>) {
+        match self.begin(name) {
+            Step::Done(rcode, addrs) => (rcode, addrs),
+            Step::Wait(l) => {
+                let r = l.wait(resolver::BUDGET + Duration::from_secs(1)).unwrap_or(Err(dns::RCODE_SERVFAIL));
+                self.sweep();
+                self.filter(&l.name, r)
+            }
+        }
+    }
+
+    /// Keep only the addresses of a lookup's outcome that the policy allows.
+    /// REFUSED when it had addresses and every one is denied.
+    fn filter(&mut self, name: &str, found: resolver::Outcome) -> (u8, Vec<IpAddr>) {
         let all = match found {
             Ok(a) => a,
             Err(rcode) => return (rcode, Vec::new()),
         };
         let host = self.host_addrs();
-        let names = vec![name.clone()];
+        let names = vec![name.to_string()];
         let mut kept = Vec::new();
         let mut why = None;
         for ip in &all {
@@ -1446,82 +1645,25 @@ impl NetIo {
         }
         for ip in &kept {
             let v = self.names.entry(*ip).or_default();
-            if !v.contains(&name) && v.len() < 8 {
-                v.push(name.clone());
+            if !v.iter().any(|n| n == name) && v.len() < 8 {
+                v.push(name.to_string());
             }
         }
         (dns::RCODE_OK, kept)
     }
-
-    /// Static map, then the host's resolver (cached briefly: A and AAAA come as a pair).
-    fn lookup(&mut self, name: &str) -> Result<Vec<IpAddr>, u8> {
-        if let Some(a) = self.config.hosts.get(name) {
-            return Ok(a.clone());
-        }
-        if let Some((t, r)) = self.dns_cache.get(name) {
-            if t.elapsed() < Duration::from_secs(dns::TTL as u64) {
-                return r.clone();
-            }
-        }
-        let r = host_getaddrinfo(name);
-        if self.dns_cache.len() >= DNS_CACHE_CAP {
-            self.dns_cache.clear();
-        }
-        self.dns_cache.insert(name.to_string(), (Instant::now(), r.clone()));
-        r
-    }
 }
 
-/// The host's resolver (getaddrinfo): NXDOMAIN for a name it does not know,
-/// SERVFAIL when it cannot answer now.
-fn host_getaddrinfo(name: &str) -> Result<Vec<IpAddr>, u8> {
-    let Ok(c) = std::ffi::CString::new(name) else { return Err(dns::RCODE_FORMERR) };
-    // SAFETY: an all-zero addrinfo is a valid "no hints" value.
-    let mut hints: libc::addrinfo = unsafe { std::mem::zeroed() };
-    hints.ai_family = libc::AF_UNSPEC;
-    hints.ai_socktype = libc::SOCK_STREAM;
-    let mut res: *mut libc::addrinfo = std::ptr::null_mut();
-    // SAFETY: c is NUL-terminated, hints valid, res an out-pointer freed below.
-    let rc = unsafe { libc::getaddrinfo(c.as_ptr(), std::ptr::null(), &hints, &mut res) };
-    if rc != 0 {
-        return Err(match rc {
-            // EAI_NONAME, EAI_FAIL, EAI_NODATA (glibc)
-            -2 | -4 | -5 => dns::RCODE_NXDOMAIN,
-            _ => dns::RCODE_SERVFAIL,
-        });
-    }
-    let mut out = Vec::new();
-    let mut p = res;
-    while !p.is_null() {
-        // SAFETY: p walks the list getaddrinfo returned.
-        let ai = unsafe { &*p };
-        if !ai.ai_addr.is_null() {
-            // SAFETY: ai_addr holds ai_addrlen bytes of a sockaddr.
-            let (st, len) = unsafe {
-                let mut st: libc::sockaddr_storage = std::mem::zeroed();
-                let len = (ai.ai_addrlen as usize).min(std::mem::size_of::<libc::sockaddr_storage>());
-                std::ptr::copy_nonoverlapping(
-                    ai.ai_addr.cast::<u8>(),
-                    (&mut st as *mut libc::sockaddr_storage).cast::<u8>(),
-                    len,
-                );
-                (st, len)
-            };
-            if let Some(a) = from_storage(&st, len) {
-                if !out.contains(&a.ip()) {
-                    out.push(a.ip());
-                }
-            }
-        }
-        p = ai.ai_next;
-    }
-    // SAFETY: res came from getaddrinfo.
-    unsafe { libc::freeaddrinfo(res) };
-    if out.is_empty() {
-        Err(dns::RCODE_NXDOMAIN)
-    } else {
-        Ok(out)
-    }
+/// What the resolver does with a question.
+enum Reply {
+    Now(Vec<u8>),
+    /// Answered once the host lookup is done.
+    Later(dns::Query, Arc<resolver::Lookup>),
+    Drop,
+}
+
+enum Step {
+    Done(u8, Vec<IpAddr>),
+    Wait(Arc<resolver::Lookup>),
 }
 
 /// A host sockaddr (as the kernel wrote it) as a `SocketAddr`.

@@ -310,13 +310,17 @@ impl fmt::Display for Reason {
 
 /// The IPv4 address an IPv6 address stands for, if it embeds one the host
 /// stack would reach as IPv4 or that a translator would forward: mapped
-/// (::ffff:a.b.c.d), compatible (::a.b.c.d), NAT64 (64:ff9b::/96), 6to4 (2002::/16).
+/// (::ffff:a.b.c.d), SIIT's IPv4-translated (::ffff:0:a.b.c.d, RFC 7915),
+/// compatible (::a.b.c.d), NAT64 (64:ff9b::/96), 6to4 (2002::/16).
 pub fn canonical(ip: IpAddr) -> Option<Ipv4Addr> {
     let IpAddr::V6(v6) = ip else { return None };
     let s = v6.segments();
     let o = v6.octets();
     if let Some(v4) = v6.to_ipv4_mapped() {
         return Some(v4);
+    }
+    if s[..6] == [0, 0, 0, 0, 0xffff, 0] {
+        return Some(Ipv4Addr::new(o[12], o[13], o[14], o[15]));
     }
     if s[..6] == [0; 6] && !(s[6] == 0 && s[7] <= 1) {
         return Some(Ipv4Addr::new(o[12], o[13], o[14], o[15]));
@@ -383,7 +387,10 @@ fn class_v6(ip: Ipv6Addr) -> Option<Class> {
     if ip == Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254) {
         return Some(Class::Metadata);
     }
-    if in_net(a, &["fc00::/7"]) {
+    // The local-use NAT64 prefix (RFC 8215) goes to a translator of the
+    // local network, and where the IPv4 address sits in it depends on the
+    // prefix length that network chose: not public, whatever it embeds.
+    if in_net(a, &["fc00::/7", "64:ff9b:1::/48"]) {
         return Some(Class::Private);
     }
     if in_net(a, &["fe80::/10", "fec0::/10"]) {
@@ -433,6 +440,22 @@ impl Policy {
     pub fn with_rate(mut self, bytes_per_second: Option<u64>) -> Policy {
         self.max_bytes_per_second = bytes_per_second;
         self
+    }
+
+    /// May a name be looked up under this layer? `none`: never; `public`:
+    /// yes; `allowlist`: only a name an allow rule could match (`*` or a host
+    /// name rule): any other could only yield addresses this layer denies, and
+    /// asking the host's nameservers about it would carry the name off the host.
+    pub fn may_resolve(&self, name: &str) -> bool {
+        match self.mode {
+            Mode::None => false,
+            Mode::Public => true,
+            Mode::Allowlist => self.allow.iter().any(|r| match &r.target {
+                Target::Any => true,
+                Target::Name(p) => p.matches(name),
+                Target::Net(_) => false,
+            }),
+        }
     }
 
     /// Decide a connection to `ip:port` (`port: None` at resolver time).
@@ -583,6 +606,14 @@ mod tests {
             ("64:ff9b::7f00:1", Class::Loopback),
             ("2002:7f00:1::1", Class::Loopback),
             ("2002:c0a8:101::1", Class::Private),
+            // SIIT's IPv4-translated form takes the embedded address's class.
+            ("::ffff:0:7f00:1", Class::Loopback),
+            ("::ffff:0:a9fe:a9fe", Class::Metadata),
+            ("::ffff:0:a00:1", Class::Private),
+            // Local-use NAT64: not public, whatever sits where.
+            ("64:ff9b:1::808:808", Class::Private),
+            ("64:ff9b:1:ffff::1", Class::Private),
+            ("64:ff9b:1:0808:0800::", Class::Private),
         ] {
             assert_eq!(deny_class(&p, a), Some(c), "{a}");
         }
@@ -593,6 +624,7 @@ mod tests {
             "2606:4700::1111",
             "::ffff:8.8.8.8",
             "64:ff9b::808:808",
+            "::ffff:0:808:808",
             "100.63.255.255",
             "172.32.0.1",
             "11.0.0.1",

@@ -278,3 +278,84 @@ fn listen_connect_accept_inside_the_sandbox() {
     n.bind(other, sa(&format!("0.0.0.0:{port}"))).unwrap();
     assert!(n.is_live(other) && !n.is_live(s));
 }
+
+/// A nameserver on loopback that takes questions and never answers them.
+fn silent_nameserver() -> SocketAddr {
+    let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let a = s.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let mut b = [0u8; 1500];
+        while s.recv_from(&mut b).is_ok() {}
+    });
+    a
+}
+
+#[test]
+fn host_lookups_wait_on_an_eventfd_and_are_capped_per_sandbox() {
+    resolver::set_upstream(Some(vec![silent_nameserver()]));
+    let mut n = net(Policy::public());
+    let u = n.socket(libc::AF_INET, false).unwrap();
+    assert!(n.connect(u, Some(resolver_addr())).unwrap());
+    // A question the host must look up: no answer yet, an eventfd to wait on.
+    n.send(u, &query(1, "a.silent.test", dns::TYPE_A), None, 0).unwrap();
+    n.send(u, &query(2, "a.silent.test", dns::TYPE_AAAA), None, 0).unwrap();
+    let mut b = [0u8; 512];
+    assert_eq!(n.recv(u, &mut b, 0).unwrap_err(), Errno::EAGAIN);
+    assert_eq!(n.poll(u, libc::POLLIN), 0);
+    let mut fds = Vec::new();
+    n.lookup_pollfds(u, libc::POLLIN, &mut fds);
+    assert_eq!(fds.len(), 1, "A and AAAA of one name share a lookup");
+    assert_eq!(n.lookups.len(), 1);
+    // At most LOOKUPS_IN_FLIGHT names at once: the next fails at once.
+    for i in 1..LOOKUPS_IN_FLIGHT {
+        assert!(matches!(n.begin(&format!("n{i}.silent.test")), Step::Wait(_)));
+    }
+    let t = Instant::now();
+    assert!(matches!(n.begin("over.silent.test"), Step::Done(dns::RCODE_SERVFAIL, _)));
+    assert!(t.elapsed() < Duration::from_millis(100));
+    // A cancel (the exec's interrupt) answers SERVFAIL now.
+    n.cancel_lookups();
+    let mut p = fds[0];
+    // SAFETY: one valid pollfd, no wait.
+    assert_eq!(unsafe { libc::poll(&mut p, 1, 0) }, 1, "the eventfd is readable");
+    assert_eq!(wait(&mut n, u, libc::POLLIN), libc::POLLIN);
+    for _ in 0..2 {
+        let (k, _, _) = n.recv(u, &mut b, 0).unwrap();
+        assert!(k >= 12 && b[3] & 0xF == dns::RCODE_SERVFAIL, "{:?}", &b[..k]);
+    }
+    // A failure is not cached: the name is looked up again.
+    n.sweep();
+    assert!(n.lookups.is_empty());
+    assert!(matches!(n.begin("a.silent.test"), Step::Wait(_)));
+    n.cancel_lookups();
+    // The rate: LOOKUP_BURST lookups, then SERVFAIL until tokens come back.
+    let mut n = net(Policy::public());
+    let mut failed = 0;
+    for i in 0..(LOOKUP_BURST as usize + 2) {
+        match n.begin(&format!("r{i}.silent.test")) {
+            Step::Wait(_) => {}
+            Step::Done(rcode, _) => {
+                assert_eq!(rcode, dns::RCODE_SERVFAIL);
+                failed += 1;
+            }
+        }
+        n.cancel_lookups();
+        n.sweep();
+    }
+    assert!(failed >= 2, "{failed}");
+    resolver::set_upstream(None);
+}
+
+#[test]
+fn an_allowlist_answers_names_no_rule_matches_without_a_lookup() {
+    let p = Policy::allowlist(vec!["10.0.0.7/32".parse().unwrap(), "*.ok.test".parse().unwrap(), "exact.test".parse().unwrap()]);
+    let mut n = net(p);
+    for name in ["secret.exfil.test", "ok.test", "x.exact.test", ""] {
+        assert!(matches!(n.begin(name), Step::Done(dns::RCODE_NXDOMAIN, _)), "{name}");
+    }
+    assert!(n.lookups.is_empty(), "nothing was looked up");
+    assert_eq!(n.stats.dns_refused, 4);
+    assert!(n.config.may_resolve("a.ok.test") && n.config.may_resolve("EXACT.test."));
+    let any = net(Policy::allowlist(vec!["*:443".parse().unwrap()]));
+    assert!(any.config.may_resolve("anything.test"), "`*` could match any name");
+}
