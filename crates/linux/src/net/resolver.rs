@@ -462,12 +462,15 @@ mod tests {
             let real = answer(
                 q,
                 ResponseCode::NoError,
-                &[cname, RData::A("93.184.215.14".parse::<Ipv4Addr>().unwrap().into()), RData::AAAA(
-                    "2606:2800::1".parse::<Ipv6Addr>().unwrap().into(),
-                )],
+                &[
+                    cname,
+                    RData::A("93.184.215.14".parse::<Ipv4Addr>().unwrap().into()),
+                    RData::AAAA("2606:2800::1".parse::<Ipv6Addr>().unwrap().into()),
+                ],
             );
             // First a forged answer (another id), then one to another question: both ignored.
-            let mut forged = answer(q, ResponseCode::NoError, &[RData::A("6.6.6.6".parse::<Ipv4Addr>().unwrap().into())]);
+            let mut forged =
+                answer(q, ResponseCode::NoError, &[RData::A("6.6.6.6".parse::<Ipv4Addr>().unwrap().into())]);
             forged.metadata.id = q.metadata.id.wrapping_add(1);
             let mut other = forged.clone();
             other.metadata.id = q.metadata.id;
@@ -484,7 +487,9 @@ mod tests {
     #[test]
     fn a_silent_nameserver_costs_the_budget_then_the_next_is_asked() {
         let silent = server(|_| Vec::new());
-        let ok = server(|q| vec![answer(q, ResponseCode::NoError, &[RData::A("1.2.3.4".parse::<Ipv4Addr>().unwrap().into())])]);
+        let ok = server(|q| {
+            vec![answer(q, ResponseCode::NoError, &[RData::A("1.2.3.4".parse::<Ipv4Addr>().unwrap().into())])]
+        });
         let l = Lookup::new("x.test").unwrap();
         let t = Instant::now();
         assert_eq!(lookup(&l, &[silent, ok]), Ok(vec!["1.2.3.4".parse::<IpAddr>().unwrap()]));

@@ -348,7 +348,11 @@ fn host_lookups_wait_on_an_eventfd_and_are_capped_per_sandbox() {
 
 #[test]
 fn an_allowlist_answers_names_no_rule_matches_without_a_lookup() {
-    let p = Policy::allowlist(vec!["10.0.0.7/32".parse().unwrap(), "*.ok.test".parse().unwrap(), "exact.test".parse().unwrap()]);
+    let p = Policy::allowlist(vec![
+        "10.0.0.7/32".parse().unwrap(),
+        "*.ok.test".parse().unwrap(),
+        "exact.test".parse().unwrap(),
+    ]);
     let mut n = net(p);
     for name in ["secret.exfil.test", "ok.test", "x.exact.test", ""] {
         assert!(matches!(n.begin(name), Step::Done(dns::RCODE_NXDOMAIN, _)), "{name}");
