@@ -553,7 +553,9 @@ mod tests {
         }
         assert_eq!(programs(Mode::Enforce, Profile::Launcher).unwrap().len(), 1);
         let launcher = rules(Profile::Launcher).unwrap();
-        for nr in [libc::SYS_openat, libc::SYS_socket, libc::SYS_ioctl, libc::SYS_clone, libc::SYS_execve, libc::SYS_kill] {
+        for nr in
+            [libc::SYS_openat, libc::SYS_socket, libc::SYS_ioctl, libc::SYS_clone, libc::SYS_execve, libc::SYS_kill]
+        {
             assert!(!launcher.contains_key(&nr), "the launcher may not call {nr}");
         }
         let worker = rules(Profile::Worker).unwrap();

@@ -68,8 +68,8 @@ pub mod metrics;
 mod openapi;
 pub mod quota;
 mod router;
-mod uploads;
 pub mod schema;
+mod uploads;
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -31,7 +31,8 @@ pub fn too_large(limit: u64) -> ApiError {
 
 /// Refuse a body whose `Content-Length` is over `limit` before reading any of it.
 pub fn check_length(headers: &HeaderMap, limit: u64) -> Result<(), ApiError> {
-    let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    let declared =
+        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     match declared {
         Some(n) if n > limit => Err(too_large(limit)),
         _ => Ok(()),

@@ -234,7 +234,8 @@ impl Repl<'_> {
             ":help" | ":h" | ":?" => println!("{HELP}"),
             ":session" => match self.api.block_on(client.get_session(&self.session)) {
                 Ok(s) => {
-                    let tags: Vec<String> = s.tags.iter().map(|(k, v)| format!("{}={}", escape(k), escape(v))).collect();
+                    let tags: Vec<String> =
+                        s.tags.iter().map(|(k, v)| format!("{}={}", escape(k), escape(v))).collect();
                     let at = match (&s.checkpoint, &s.forked_from) {
                         (Some(n), _) => n.to_string(),
                         (None, Some(f)) => format!("- (forked from {} at checkpoint {})", f.session, f.checkpoint),
