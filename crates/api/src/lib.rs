@@ -94,7 +94,7 @@ codes! {
     Deadlock = ("deadlock", 422, "Every guest thread waited (a futex, a blocking read, poll ...) with no timeout for something nothing could ever do."),
     PackageNeedsBuild = ("package_needs_build", 422, "The package (named in the message) has no binary wheel for the guest (CPython 3.11, manylinux x86-64), only an sdist: packages are never built from source."),
     UpgradeRequired = ("upgrade_required", 426, "The route is a WebSocket and the request is not an upgrade."),
-    RateLimited = ("rate_limited", 429, "The key is over its requests per second (a batch counts each exec) or its concurrent execs (see Retry-After)."),
+    RateLimited = ("rate_limited", 429, "The key is over its requests per second (a batch counts each exec) or its concurrent execs, file uploads or package installs (see Retry-After)."),
     CpuBudgetExceeded = ("cpu_budget_exceeded", 429, "The key has used its CPU seconds for now (see Retry-After)."),
     TooManyBuilds = ("too_many_builds", 429, "Too many template builds are pending (for this tenant or on the server); retry when one is done (see Retry-After)."),
     Internal = ("internal", 500, "A failure inside the server."),

@@ -17,6 +17,7 @@ mod repl;
 mod run;
 mod session;
 mod sh;
+mod term;
 mod tree;
 
 use std::path::PathBuf;
@@ -396,7 +397,7 @@ fn main() -> ExitCode {
             .or_else(|| info.payload().downcast_ref::<String>().cloned())
             .unwrap_or_else(|| "panic".into());
         let at = info.location().map_or(String::new(), |l| format!(" (at {}:{})", l.file(), l.line()));
-        eprintln!("forkbox: internal error: {}{at}", msg.replace('\n', " "));
+        eprintln!("forkbox: internal error: {}{at}", term::escape(&msg));
     }));
     raise_fd_limit();
     let home = cli.home.clone().unwrap_or_else(forkbox_image::default_home);
@@ -607,7 +608,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("forkbox: error: {}", one_line(&e));
+            eprintln!("forkbox: error: {}", term::escape(&one_line(&e)));
             ExitCode::from(2)
         }
     }

@@ -10,6 +10,7 @@ use clap::Args;
 use forkbox_engine::{Engine, ExecOptions, ExecResult, Limits, Sandbox, Stream, Template};
 use forkbox_image::BuildOptions;
 
+use crate::term::{escape, escape_text};
 use crate::ImageArgs;
 
 #[derive(Args)]
@@ -219,7 +220,7 @@ pub fn show_display(items: &[forkbox_client::MimeBundle]) -> Result<()> {
             std::fs::write(&path, &bytes).with_context(|| format!("writing {}", path.display()))?;
             writeln!(out, "[{mime}, {} bytes, written to {}]", bytes.len(), path.display())?;
         } else if let Some(t) = b.text("text/plain") {
-            writeln!(out, "{t}")?;
+            writeln!(out, "{}", escape_text(t))?;
         }
     }
     Ok(())
@@ -273,7 +274,8 @@ fn print_parts(
         err.write_all(tb.as_bytes())?;
     }
     if let Some(v) = value {
-        writeln!(out, "{v}")?;
+        // A custom __repr__ may return anything: a value is forkbox's line, not the program's stream.
+        writeln!(out, "{}", escape_text(v))?;
     }
     Ok(())
 }
@@ -372,21 +374,22 @@ pub fn report_outputs(files: &[Output<'_>], save: Option<&Path>, json: bool) -> 
     }
     let mut err = std::io::stderr().lock();
     for f in files {
+        let path = escape(f.path);
         if !json {
-            writeln!(err, "output: {}  {} bytes  {}", f.path, f.size, f.mime)?;
+            writeln!(err, "output: {path}  {} bytes  {}", f.size, escape(f.mime))?;
         }
         let Some(dir) = save else { continue };
         let Some(data) = &f.data else {
             writeln!(
                 err,
-                "forkbox: {} not saved: {} bytes is over the inline limit of a result (read it from a session)",
-                f.path, f.size
+                "forkbox: {path} not saved: {} bytes is over the inline limit of a result (read it from a session)",
+                f.size
             )?;
             continue;
         };
         match save_output(dir, f.path, data) {
-            Ok(dest) => writeln!(err, "saved {} to {}", f.path, dest.display())?,
-            Err(e) => writeln!(err, "forkbox: {} not saved: {e}", f.path)?,
+            Ok(dest) => writeln!(err, "saved {path} to {}", escape(&dest.display().to_string()))?,
+            Err(e) => writeln!(err, "forkbox: {path} not saved: {}", escape(&e.to_string()))?,
         }
     }
     if save.is_some() && files.is_empty() && !json {

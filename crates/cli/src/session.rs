@@ -9,6 +9,7 @@ use anyhow::{bail, Context, Result};
 use clap::Subcommand;
 
 use crate::api::Api;
+use crate::term::{escape, escape_text};
 use crate::ImageArgs;
 
 pub const LOCAL_TENANT: &str = forkbox_api::handoff::CLI_TENANT;
@@ -177,7 +178,7 @@ fn check_new(cmd: &SessionCommand) -> Result<()> {
 fn run(api: &Api, cmd: SessionCommand) -> Result<ExitCode> {
     let c = &api.client;
     let print = |s: &forkbox_client::Session| {
-        let tags: Vec<String> = s.tags.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let tags: Vec<String> = s.tags.iter().map(|(k, v)| format!("{}={}", escape(k), escape(v))).collect();
         println!(
             "{}  checkpoint {}  tags [{}]  memory {} MiB  timeout {:.0} s  network {}",
             s.id,
@@ -241,7 +242,7 @@ fn run(api: &Api, cmd: SessionCommand) -> Result<ExitCode> {
                     cp.seq,
                     cp.pages,
                     cp.bytes,
-                    first,
+                    escape(first),
                     more
                 );
             }
@@ -252,7 +253,7 @@ fn run(api: &Api, cmd: SessionCommand) -> Result<ExitCode> {
         }
         SessionCommand::Install { id, packages, .. } => {
             let p = api.block_on(c.install_packages(&id, &packages))?;
-            print!("{}", p.output);
+            print!("{}", escape_text(&p.output));
             if let Some(cp) = p.checkpoint {
                 println!("{id} is at checkpoint {cp}");
             }
@@ -262,7 +263,7 @@ fn run(api: &Api, cmd: SessionCommand) -> Result<ExitCode> {
         }
         SessionCommand::Template { id, checkpoint, name, .. } => {
             let t = api.block_on(c.checkpoint_template(&id, checkpoint, &name))?;
-            println!("{} {}", t.name, t.id.as_deref().unwrap_or("-"));
+            println!("{} {}", escape(&t.name), t.id.as_deref().unwrap_or("-"));
         }
         SessionCommand::Rm { id, .. } => {
             api.block_on(c.delete_session(&id))?;

@@ -9,6 +9,7 @@ use clap::Subcommand;
 use forkbox_client::tree::{Keep, Tree};
 
 use crate::api::Api;
+use crate::term::escape;
 use crate::ImageArgs;
 
 #[derive(Subcommand)]
@@ -87,10 +88,11 @@ fn parse_keep(s: &str) -> Result<Keep> {
     }
 }
 
+/// The first line of `code` (escaped for the terminal), ` ...` if there are more.
 fn first_line(code: &str) -> String {
     let first = code.lines().next().unwrap_or("");
     let more = if code.lines().count() > 1 { " ..." } else { "" };
-    format!("{first}{more}")
+    format!("{}{more}", escape(first))
 }
 
 /// The tree as text: one line per checkpoint, children indented under their parent
@@ -122,8 +124,8 @@ pub fn draw(t: &Tree) -> String {
             };
             let mark = if n.head { "*" } else { " " };
             let others: Vec<&str> = n.heads.iter().filter(|h| **h != t.session).map(String::as_str).collect();
-            let others = if others.is_empty() { String::new() } else { format!("  [{}]", others.join(", ")) };
-            let summary = n.summary.as_deref().map_or(String::new(), |s| format!("  -> {s}"));
+            let others = if others.is_empty() { String::new() } else { format!("  [{}]", escape(&others.join(", "))) };
+            let summary = n.summary.as_deref().map_or(String::new(), |s| format!("  -> {}", escape(s)));
             out.push_str(&format!(
                 "{mark} {prefix}{branch}{:>3}  {}{summary}{others}\n",
                 n.checkpoint,
@@ -188,7 +190,7 @@ pub fn run(api: &Api, cmd: TreeCommand) -> Result<ExitCode> {
                     (None, None) => "no result".into(),
                 };
                 let ms = b.result.as_ref().map_or(String::new(), |r| format!("  ({:.1} ms)", r.runtime_ms));
-                println!("[{}] {}{ms}{kept}", b.index, what);
+                println!("[{}] {}{ms}{}", b.index, escape(&what), escape(&kept));
             }
         }
         TreeCommand::Vars { id, checkpoint, json, .. } => {
@@ -198,7 +200,7 @@ pub fn run(api: &Api, cmd: TreeCommand) -> Result<ExitCode> {
                 return Ok(ExitCode::SUCCESS);
             }
             for x in &v.variables {
-                println!("{:<20} {:<22} {:>10}  {}", x.name, x.kind, x.size, x.repr);
+                println!("{:<20} {:<22} {:>10}  {}", escape(&x.name), escape(&x.kind), x.size, escape(&x.repr));
             }
             if v.omitted > 0 {
                 println!("... and {} more", v.omitted);
@@ -220,22 +222,22 @@ pub fn run(api: &Api, cmd: TreeCommand) -> Result<ExitCode> {
                 println!("  ran    {:>4}  {}", p.checkpoint, first_line(&p.code));
             }
             for v in &d.variables_added {
-                println!("+ {} ({}) = {}", v.name, v.kind, v.repr);
+                println!("+ {} ({}) = {}", escape(&v.name), escape(&v.kind), escape(&v.repr));
             }
             for v in &d.variables_removed {
-                println!("- {} ({}) = {}", v.name, v.kind, v.repr);
+                println!("- {} ({}) = {}", escape(&v.name), escape(&v.kind), escape(&v.repr));
             }
             for v in &d.variables_changed {
-                println!("~ {}: {} -> {}", v.name, v.before.repr, v.after.repr);
+                println!("~ {}: {} -> {}", escape(&v.name), escape(&v.before.repr), escape(&v.after.repr));
             }
             for f in &d.files_added {
-                println!("+ {} ({} bytes)", f.path, size(f.size_after));
+                println!("+ {} ({} bytes)", escape(&f.path), size(f.size_after));
             }
             for f in &d.files_removed {
-                println!("- {} ({} bytes)", f.path, size(f.size_before));
+                println!("- {} ({} bytes)", escape(&f.path), size(f.size_before));
             }
             for f in &d.files_changed {
-                println!("~ {} ({} -> {} bytes)", f.path, size(f.size_before), size(f.size_after));
+                println!("~ {} ({} -> {} bytes)", escape(&f.path), size(f.size_before), size(f.size_after));
             }
             if d.files_truncated {
                 println!("(the file walk stopped at its bound: the file lists may be incomplete)");

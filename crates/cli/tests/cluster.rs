@@ -311,3 +311,68 @@ async fn three_nodes_share_sessions_survive_a_killed_node_drain_and_a_bucket_out
     assert_eq!((st, v["value"].clone()), (200, json!("4")), "{v}");
     assert!(t0.elapsed() < Duration::from_secs(LEASE_SECONDS), "waited {:?} for a node that left", t0.elapsed());
 }
+
+/// A raw HTTP/1.1 request (no client-side URL normalisation): (status, body).
+async fn raw_request(node: &Node, key: &str, method: &str, path: &str, body: &[u8]) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = node.url.trim_start_matches("http://").to_string();
+    let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {key}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    s.write_all(body).await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(60), s.read_to_end(&mut out)).await.unwrap().unwrap();
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (status, text.split_once("\r\n\r\n").map_or(String::new(), |(_, b)| b.to_string()))
+}
+
+/// A request forwarded to the session's node is exactly the route that was
+/// checked where it arrived: `files/../../../../v1/...` (plain or
+/// percent-encoded) is 400 `invalid_path` there, never resolved by the
+/// forward into another route of the owner; a file name with characters a URL
+/// encodes arrives as it was sent; an upload through the other node is
+/// streamed on to the owner and lands whole.
+#[tokio::test(flavor = "multi_thread")]
+async fn forwards_send_the_checked_route_and_stream_uploads() {
+    let pg = Postgres::start();
+    let s3 = S3::start();
+    let nodes: Vec<Node> = ["a", "b"].iter().map(|id| start_node(id, &pg, &s3, *id == "a")).collect();
+    let out = forkbox()
+        .args(["key", "create", "--tenant", "t", "--unlimited", "--admin"])
+        .env("FORKBOX_DATABASE_URL", pg.url())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let key = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let c = Client { http: reqwest::Client::new(), key: key.clone() };
+    let (st, v) = c.call(&nodes[0], reqwest::Method::POST, "/v1/sessions", Some(json!({}))).await;
+    assert_eq!(st, 201, "{v}");
+    let id = v["id"].as_str().unwrap().to_string();
+    let (st, v) = c.exec(&nodes[0], &id, "x = 1").await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(c.owner(&nodes[1]).await.0, [("a".to_string(), 1)]);
+    let via = &nodes[1];
+    for path in [
+        format!("/v1/sessions/{id}/files/../../../../v1/sessions"),
+        format!("/v1/sessions/{id}/files/%2e%2e/%2E%2E/%2e%2e/%2e%2e/v1/sessions"),
+        format!("/v1/sessions/{id}/files/tmp/../../../../../v1/whoami"),
+    ] {
+        let (st, body) = raw_request(via, &key, "GET", &path, b"").await;
+        assert_eq!(st, 400, "{path}: {body}");
+        assert!(body.contains("invalid_path"), "{path}: {body}");
+    }
+    // Uploads through b: forwarded (streamed) to a; names with spaces and percent signs kept.
+    let data: Vec<u8> = (0..(5u32 << 20)).map(|i| (i % 251) as u8).collect();
+    let (st, body) = raw_request(via, &key, "PUT", &format!("/v1/sessions/{id}/files/data/a%20b%25c.bin"), &data).await;
+    assert_eq!(st, 201, "{body}");
+    let code = "open('/data/a b%c.bin', 'rb').read() == bytes(i % 251 for i in range(5 << 20))";
+    let (st, v) = c.exec(via, &id, code).await;
+    assert_eq!((st, v["value"].clone()), (200, json!("True")), "{v}");
+    let (st, body) = raw_request(via, &key, "PUT", &format!("/v1/sessions/{id}/files/proc/self/mem"), b"x").await;
+    assert_eq!(st, 400, "{body}");
+    assert_eq!(c.owner(&nodes[1]).await.0, [("a".to_string(), 1)], "the session stayed on a");
+}

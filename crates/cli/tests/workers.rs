@@ -181,6 +181,13 @@ fn assert_jailed(pid: u64, uid: u64, server: u32) {
     }
     assert_eq!(status_field(pid, "NoNewPrivs"), "1");
     assert_eq!(status_field(pid, "Seccomp"), "2");
+    // Its launcher (its parent, outside its pid namespace, which only waits for it): the same
+    // unprivileged uid, and a seccomp filter of its own.
+    let launcher: u64 = status_field(pid, "PPid").parse().unwrap();
+    assert_ne!(launcher as u32, server, "worker {pid} has a launcher");
+    assert_eq!(status_field(launcher, "Uid"), format!("{uid}\t{uid}\t{uid}\t{uid}"), "launcher {launcher}");
+    assert_eq!(status_field(launcher, "NoNewPrivs"), "1", "launcher {launcher}");
+    assert_eq!(status_field(launcher, "Seccomp"), "2", "launcher {launcher}");
     for n in ["user", "mnt", "pid", "ipc", "uts", "cgroup"] {
         assert_ne!(ns(pid as u32, n), ns(server, n), "{n} namespace of worker {pid}");
     }

@@ -268,6 +268,26 @@ const NOT_IN_WORKERS: &[i64] = &[
 const OPEN_FOR_WRITING: u64 =
     (libc::O_WRONLY | libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC | libc::O_APPEND | 0o20_000_000) as u64;
 
+/// Everything a sandbox worker's launcher does once the worker runs: it
+/// reports the worker (a pipe write), closes descriptors, waits for the
+/// worker and exits with its status (the exit's own clean-up: the signal
+/// stack unmapped, stdio flushed). Nothing else, whatever its arguments.
+const LAUNCHER: &[i64] = &[
+    libc::SYS_write,
+    libc::SYS_close,
+    libc::SYS_wait4,
+    libc::SYS_exit,
+    libc::SYS_exit_group,
+    libc::SYS_rt_sigreturn,
+    libc::SYS_rt_sigprocmask,
+    libc::SYS_sigaltstack,
+    libc::SYS_munmap,
+    libc::SYS_madvise,
+    libc::SYS_futex,
+    libc::SYS_brk,
+    libc::SYS_restart_syscall,
+];
+
 /// Which threads a filter is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Profile {
@@ -276,9 +296,14 @@ enum Profile {
     GuestThread,
     /// A sandbox worker process: no host file I/O but reading, and writing into descriptors it was given.
     Worker,
+    /// A sandbox worker's launcher (its parent outside its pid namespace): waits, then exits ([`LAUNCHER`]).
+    Launcher,
 }
 
 fn rules(profile: Profile) -> Result<BTreeMap<i64, Vec<SeccompRule>>, seccompiler::BackendError> {
+    if profile == Profile::Launcher {
+        return Ok(LAUNCHER.iter().map(|&nr| (nr, Vec::new())).collect());
+    }
     let mut m: BTreeMap<i64, Vec<SeccompRule>> = ALLOWED
         .iter()
         .filter(|nr| profile == Profile::GuestThread || !NOT_IN_WORKERS.contains(nr))
@@ -376,7 +401,11 @@ fn programs(mode: Mode, profile: Profile) -> Result<&'static [BpfProgram], JailE
     static EPERM: Built = OnceLock::new();
     static WORKER_ENFORCE: Built = OnceLock::new();
     static WORKER_EPERM: Built = OnceLock::new();
+    static LAUNCHER_ENFORCE: Built = OnceLock::new();
+    static LAUNCHER_EPERM: Built = OnceLock::new();
     let (cell, mismatch) = match (mode, profile) {
+        (Mode::Enforce, Profile::Launcher) => (&LAUNCHER_ENFORCE, SeccompAction::KillProcess),
+        (Mode::Eperm, Profile::Launcher) => (&LAUNCHER_EPERM, SeccompAction::Errno(libc::EPERM as u32)),
         (Mode::Enforce, Profile::GuestThread) => (&ENFORCE, SeccompAction::KillProcess),
         (Mode::Eperm, Profile::GuestThread) => (&EPERM, SeccompAction::Errno(libc::EPERM as u32)),
         (Mode::Enforce, Profile::Worker) => (&WORKER_ENFORCE, SeccompAction::KillProcess),
@@ -386,6 +415,9 @@ fn programs(mode: Mode, profile: Profile) -> Result<&'static [BpfProgram], JailE
     let built = cell.get_or_init(|| {
         let build = || -> Result<Vec<BpfProgram>, seccompiler::BackendError> {
             let allow = SeccompFilter::new(rules(profile)?, mismatch, SeccompAction::Allow, arch())?;
+            if profile == Profile::Launcher {
+                return Ok(vec![BpfProgram::try_from(allow)?]);
+            }
             // The allow-list last: the calls that install it need nothing from it.
             let progs = vec![
                 BpfProgram::try_from(unix_sockets_eacces()?)?,
@@ -466,6 +498,14 @@ pub fn enter_worker(mode: Mode) -> Result<(), JailError> {
     install(mode, Profile::Worker)
 }
 
+/// The filter of a sandbox worker's launcher, the process that started the
+/// worker in its namespaces and now only waits for it ([`LAUNCHER`]): a
+/// worker's compromise that reached it (it is outside the worker's pid
+/// namespace, as the worker's unprivileged uid) finds nothing to call.
+pub fn enter_launcher(mode: Mode) -> Result<(), JailError> {
+    install(mode, Profile::Launcher)
+}
+
 fn install(mode: Mode, profile: Profile) -> Result<(), JailError> {
     if mode == Mode::Off || current().is_some() {
         return Ok(());
@@ -510,6 +550,13 @@ mod tests {
             assert_eq!(programs(Mode::Enforce, p).unwrap().len(), 3);
             assert_eq!(programs(Mode::Eperm, p).unwrap().len(), 3);
             assert!(programs(Mode::Off, p).unwrap().is_empty());
+        }
+        assert_eq!(programs(Mode::Enforce, Profile::Launcher).unwrap().len(), 1);
+        let launcher = rules(Profile::Launcher).unwrap();
+        for nr in
+            [libc::SYS_openat, libc::SYS_socket, libc::SYS_ioctl, libc::SYS_clone, libc::SYS_execve, libc::SYS_kill]
+        {
+            assert!(!launcher.contains_key(&nr), "the launcher may not call {nr}");
         }
         let worker = rules(Profile::Worker).unwrap();
         assert!(!worker.contains_key(&libc::SYS_rename) && !worker.contains_key(&libc::SYS_unlink));

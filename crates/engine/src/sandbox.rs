@@ -572,6 +572,12 @@ impl Sandbox {
     /// Write `data` to the guest file `path` (absolute or relative to the guest's cwd),
     /// creating parent directories; the file gets mode 0644.
     pub fn write_file(&mut self, path: &str, data: &[u8]) -> Result<(), EngineError> {
+        self.write_file_from(path, &mut &data[..], data.len() as u64)
+    }
+
+    /// [`Self::write_file`] of `len` bytes read from `src` a chunk at a time
+    /// (an upload's temporary file: the guest's file is the only copy made).
+    pub fn write_file_from(&mut self, path: &str, src: &mut dyn std::io::Read, len: u64) -> Result<(), EngineError> {
         let p = self.guest_path(path)?;
         if path.ends_with('/') {
             return Err(EngineError::File {
@@ -579,7 +585,7 @@ impl Sandbox {
                 message: format!("{path}: a file name cannot end with '/'"),
             });
         }
-        files::write_file(&mut self.proc.vfs, &p, data)
+        files::write_file_from(&mut self.proc.vfs, &p, src, len)
     }
 
     /// Mount the layers of `packages` (resolved by the host) into the guest's

@@ -233,6 +233,33 @@ fn hostile_and_wrong_paths_get_the_right_codes() {
     assert_eq!(ok(&mut sb, "open('/tmp/f').read()").value.as_deref(), Some("'0123456789'"));
 }
 
+#[test]
+fn uploads_into_proc_sys_and_dev_are_refused() {
+    let mut sb = fork();
+    let code = |r: Result<(), EngineError>| r.map_err(|e| e.code()).err();
+    // Symlinks into those trees count as the trees.
+    ok(&mut sb, "import os; os.symlink('/proc/self', '/tmp/me'); os.symlink('/dev', '/tmp/d'); os.symlink('/dev/null', '/tmp/n')");
+    for bad in [
+        "/proc/self/mem",
+        "/proc/new.txt",
+        "/proc/1/x/y",
+        "/dev/null",
+        "/dev/shm/x",
+        "/sys/kernel/x",
+        "/tmp/me/mem",
+        "/tmp/d/x",
+        "/tmp/n",
+    ] {
+        assert_eq!(code(sb.write_file(bad, b"x")), Some("invalid_path"), "write {bad:?}");
+    }
+    // Nothing was made there; elsewhere uploads still work.
+    let r =
+        ok(&mut sb, "import os; os.path.exists('/proc/new.txt'), os.path.exists('/sys/kernel'), os.readlink('/tmp/n')");
+    assert_eq!(r.value.as_deref(), Some("(False, False, '/dev/null')"));
+    sb.write_file("/tmp/d2/x", b"ok").unwrap();
+    assert_eq!(ok(&mut sb, "open('/tmp/d2/x').read()").value.as_deref(), Some("'ok'"));
+}
+
 // ---------------------------------------------------------------------------
 // /output
 // ---------------------------------------------------------------------------

@@ -359,6 +359,22 @@ impl Runtime {
         Ok(self.sessions.write_file(tenant, id, path, data)?.seq)
     }
 
+    /// [`Self::write_file`] of the `len` bytes of `src` (an upload streamed to
+    /// a temporary file: read from offset 0 a chunk at a time into the
+    /// sandbox's file, wherever the sandbox runs).
+    pub fn write_file_from(
+        &self,
+        tenant: &str,
+        id: &str,
+        path: &str,
+        src: &std::fs::File,
+        len: u64,
+        quota: &Quota,
+    ) -> Result<i64, RuntimeError> {
+        self.check_disk(tenant, quota)?;
+        Ok(self.sessions.write_file_from(tenant, id, path, src, len)?.seq)
+    }
+
     /// Install packages into the session (resolved and downloaded on the host,
     /// mounted from shared read-only layers, checkpointed), within the disk
     /// quota. pip runs on a blocking thread, the guest on an exec thread.

@@ -13,11 +13,10 @@ use crate::error::ApiError;
 #[derive(Clone, Copy, Debug)]
 pub struct BodyLimits {
     pub json: usize,
-    pub files: usize,
 }
 
-fn body_limit(req: &Request, files: bool) -> Option<usize> {
-    req.extensions().get::<BodyLimits>().map(|l| if files { l.files } else { l.json })
+fn body_limit(req: &Request) -> Option<usize> {
+    req.extensions().get::<BodyLimits>().map(|l| l.json)
 }
 
 /// A JSON body. Any content type is accepted; an empty body is `{}`. Errors
@@ -31,7 +30,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        let limit = body_limit(&req, false);
+        let limit = body_limit(&req);
         let bytes = Bytes::from_request(req, state).await.map_err(|rej| {
             if rej.status() == StatusCode::PAYLOAD_TOO_LARGE {
                 let limit = limit.map_or(String::new(), |l| format!(" of {l} bytes"));
@@ -88,25 +87,6 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiPath
             .await
             .map(|Path(v)| ApiPath(v))
             .map_err(|rej| ApiError::invalid(format!("invalid path parameter: {}", rej.body_text())))
-    }
-}
-
-/// A raw request body; over the route's limit is 413 `file_too_large`.
-pub struct RawBody(pub Bytes);
-
-impl<S: Send + Sync> FromRequest<S> for RawBody {
-    type Rejection = ApiError;
-
-    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        let limit = body_limit(&req, true);
-        Bytes::from_request(req, state).await.map(RawBody).map_err(|rej| {
-            if rej.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                let limit = limit.map_or(String::new(), |l| format!(" of {l} bytes"));
-                ApiError::new(ErrorCode::FileTooLarge, format!("the upload is over the file size limit{limit}"))
-            } else {
-                ApiError::invalid(format!("reading the request body: {}", rej.body_text()))
-            }
-        })
     }
 }
 

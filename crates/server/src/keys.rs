@@ -138,6 +138,10 @@ pub struct KeyInfo {
     pub running: std::sync::OnceLock<Arc<tokio::sync::Semaphore>>,
     /// Requests of this key waiting for its permits.
     pub queued: std::sync::atomic::AtomicUsize,
+    /// File uploads of this key in progress (see `ServerConfig::key_uploads`).
+    pub uploads: std::sync::atomic::AtomicUsize,
+    /// Package installs of this key in progress (see `ServerConfig::key_installs`).
+    pub installs: std::sync::atomic::AtomicUsize,
     /// May read `/metrics`.
     pub admin: bool,
 }
@@ -205,6 +209,8 @@ impl KeyStore {
             cpu: limits.cpu_seconds_per_hour.map(CpuBudget::new),
             running: std::sync::OnceLock::new(),
             queued: Default::default(),
+            uploads: Default::default(),
+            installs: Default::default(),
             admin,
             limits,
         });

@@ -69,6 +69,7 @@ mod openapi;
 pub mod quota;
 mod router;
 pub mod schema;
+mod uploads;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -94,6 +95,12 @@ pub struct ServerConfig {
     pub body_limit: usize,
     /// Largest file upload or download (413 `file_too_large` above it).
     pub files_limit: usize,
+    /// File uploads one key may have in progress at once (429 `rate_limited`
+    /// past it; 0: no cap). Each holds a bounded buffer in this process and
+    /// up to `files_limit` bytes in a temporary file until its sandbox has it.
+    pub key_uploads: usize,
+    /// Package installs one key may have in progress at once (as `key_uploads`).
+    pub key_installs: usize,
     /// Requests allowed to wait for an exec slot; 0: 8 × the slots.
     pub max_queue: usize,
     /// Longest wait for an exec slot before 503.
@@ -143,6 +150,8 @@ impl ServerConfig {
             home,
             body_limit: 2 << 20,
             files_limit: 64 << 20,
+            key_uploads: 4,
+            key_installs: 2,
             max_queue: 0,
             queue_wait: Duration::from_secs(10),
             default_tenant: "default".into(),

@@ -38,10 +38,9 @@ impl utoipa::Modify for BearerAuth {
 }
 
 /// The `/v1` routes that act for a caller (auth is layered on by the caller of this).
-fn v1_routes(files_limit: usize) -> OpenApiRouter<AppState> {
-    let (schemas, paths, file_routes) = routes!(files::put_file, files::get_file);
-    // Uploads may be larger than JSON bodies.
-    let file_routes = (schemas, paths, file_routes.layer(DefaultBodyLimit::max(files_limit)));
+fn v1_routes() -> OpenApiRouter<AppState> {
+    // Uploads stream their bodies and check the file size limit themselves (`uploads`).
+    let file_routes = routes!(files::put_file, files::get_file);
     OpenApiRouter::new()
         .routes(routes!(exec::exec))
         .routes(routes!(health::workers))
@@ -84,7 +83,7 @@ fn tree_routes() -> OpenApiRouter<AppState> {
 /// The routes and the OpenAPI document they produce. `caller` adds the layer
 /// that puts a [`Caller`] into each `/v1` request (auth, or a fixed tenant).
 fn build(state: AppState, caller: impl FnOnce(OpenApiRouter<AppState>) -> OpenApiRouter<AppState>) -> Router {
-    let v1 = caller(v1_routes(state.config.files_limit)).routes(routes!(health::openapi_json));
+    let v1 = caller(v1_routes()).routes(routes!(health::openapi_json));
     let (router, mut doc) = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(health::root))
         .routes(routes!(health::healthz))
@@ -101,7 +100,7 @@ fn build(state: AppState, caller: impl FnOnce(OpenApiRouter<AppState>) -> OpenAp
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(state.config.body_limit))
-        .layer(Extension(BodyLimits { json: state.config.body_limit, files: state.config.files_limit }))
+        .layer(Extension(BodyLimits { json: state.config.body_limit }))
         .with_state(state)
 }
 

@@ -89,6 +89,27 @@ pub struct Walk {
     pub truncated: bool,
 }
 
+/// Reads a file from offset 0 with `pread`, whatever its descriptor's offset
+/// (an upload's temporary file, possibly shared with the process that wrote it).
+pub struct ReadAt<'a> {
+    file: &'a File,
+    at: u64,
+}
+
+impl<'a> ReadAt<'a> {
+    pub fn new(file: &'a File) -> ReadAt<'a> {
+        ReadAt { file, at: 0 }
+    }
+}
+
+impl std::io::Read for ReadAt<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = std::os::unix::fs::FileExt::read_at(self.file, buf, self.at)?;
+        self.at += n as u64;
+        Ok(n)
+    }
+}
+
 /// A sandbox made by a [`SandboxHost`], parked between calls.
 pub trait Resident: Send {
     /// Run code (a Python exception is a result, not an `Err`).
@@ -97,7 +118,9 @@ pub trait Resident: Send {
     fn set_exec_id(&mut self, n: i64);
     /// What the last failed exec wrote before it failed.
     fn take_failed_output(&mut self) -> Option<CapturedOutput>;
-    fn write_file(&mut self, path: &str, data: &[u8]) -> Result<(), EngineError>;
+    /// Write the file `path` with the `len` bytes of `src` (read from offset 0,
+    /// a chunk at a time: an upload's temporary file, never a whole buffer).
+    fn write_file(&mut self, path: &str, src: &File, len: u64) -> Result<(), EngineError>;
     fn read_file(&mut self, path: &str, max: usize) -> Result<Vec<u8>, EngineError>;
     fn list_dir(&mut self, path: &str) -> Result<Vec<FileEntry>, EngineError>;
     /// Mount the layers of packages the host resolved (see `Sandbox::install_packages`).
@@ -234,8 +257,8 @@ impl Resident for Local {
         self.sb.take_failed_output()
     }
 
-    fn write_file(&mut self, path: &str, data: &[u8]) -> Result<(), EngineError> {
-        self.sb.write_file(path, data)
+    fn write_file(&mut self, path: &str, src: &File, len: u64) -> Result<(), EngineError> {
+        self.sb.write_file_from(path, &mut ReadAt::new(src), len)
     }
 
     fn read_file(&mut self, path: &str, max: usize) -> Result<Vec<u8>, EngineError> {

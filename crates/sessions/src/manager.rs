@@ -9,6 +9,7 @@
 //! resumes them from disk, also after a restart.
 
 use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, TryLockError};
 use std::time::{Duration, Instant};
@@ -951,8 +952,27 @@ impl SessionManager {
         path: &str,
         data: &[u8],
     ) -> Result<CheckpointRecord, SessionError> {
+        let storage = |e: std::io::Error| SessionError::File {
+            code: ErrorCode::StorageError,
+            message: format!("buffering an upload: {e}"),
+        };
+        let mut f = memfd().map_err(storage)?;
+        std::io::Write::write_all(&mut f, data).map_err(storage)?;
+        self.write_file_from(tenant, id, path, &f, data.len() as u64)
+    }
+
+    /// [`Self::write_file`] of the `len` bytes of `src` (an upload's temporary
+    /// file, read from offset 0 a chunk at a time into the sandbox's file).
+    pub fn write_file_from(
+        &self,
+        tenant: &str,
+        id: &str,
+        path: &str,
+        src: &File,
+        len: u64,
+    ) -> Result<CheckpointRecord, SessionError> {
         let c = self.with_sandbox(tenant, id, |sb, base, rec, fence| {
-            sb.write_file(path, data).map_err(SessionError::from_files)?;
+            sb.write_file(path, src, len).map_err(SessionError::from_files)?;
             let c = self.write_checkpoint(rec, sb, &format!("# upload {path}"), base, fence)?;
             let new_base = Some(c.id);
             Ok((c, new_base))
@@ -1738,4 +1758,16 @@ impl SessionManager {
         tracing::info!("uploaded {} checkpoint files from before --objects", todo.len());
         Ok(())
     }
+}
+
+/// An anonymous in-memory file ([`SessionManager::write_file`]'s bytes, handed over like an upload's file).
+fn memfd() -> std::io::Result<File> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: a NUL-terminated name and flags.
+    let fd = unsafe { libc::memfd_create(c"forkbox-upload".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a new descriptor that nothing else owns.
+    Ok(unsafe { File::from_raw_fd(fd) })
 }

@@ -74,6 +74,13 @@ fn run() -> Result<(), ChildError> {
             if let Err(e) = jail::drop_launcher(hello.uid) {
                 eprintln!("forkbox worker launcher: {e}");
             }
+            // From here it only reports, waits and exits; failing closed: no worker under an unfiltered launcher.
+            if let Err(e) = forkbox_engine::jail::enter_launcher(hello.seccomp) {
+                eprintln!("forkbox worker launcher: {e}");
+                // SAFETY: a signal to our own child.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                std::process::exit(1);
+            }
             let mut status = 0;
             // SAFETY: a one-byte write to our pipe, then a wait for our child.
             unsafe {

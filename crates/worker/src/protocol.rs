@@ -320,10 +320,11 @@ pub enum ToChannel {
         /// An interrupt came before the exec was sent.
         interrupted: bool,
     },
+    /// Write the file `path` with the `len` bytes of the file handed over as
+    /// "upload" in the `Files` frame before (answered `Done`).
     WriteFile {
         path: String,
-        #[serde(with = "b64")]
-        data: Vec<u8>,
+        len: u64,
     },
     ReadFile {
         path: String,

@@ -239,10 +239,16 @@ fn serve_one(shared: &Shared, ctl: &ChannelCtl, ch: &mut Channel, sock: &UnixStr
             let done = SessionDone { result, net: net_since_last(shared) };
             reply(&FromChannel::Executed(Box::new(done)))?;
         }
-        ToChannel::WriteFile { path, data } => {
-            let r = match ch.sb.as_mut() {
-                Some(sb) => sb.write_file(&path, &data).map_err(|e| wire(e, None)),
-                None => Err(no_sandbox()),
+        ToChannel::WriteFile { path, len } => {
+            let upload = take(&mut ch.files, crate::sessions::UPLOAD_FILE);
+            ch.files.clear();
+            let r = match (ch.sb.as_mut(), upload) {
+                (Some(sb), Ok(f)) => {
+                    let mut src = forkbox_sessions::host::ReadAt::new(&f);
+                    sb.write_file_from(&path, &mut src, len).map_err(|e| wire(e, None))
+                }
+                (None, _) => Err(no_sandbox()),
+                (_, Err(e)) => Err(wire(e, None)),
             };
             reply(&FromChannel::Done(r))?;
         }

@@ -79,8 +79,12 @@ const START_CODES: &[ErrorCode] = &[
     ErrorCode::Internal,
 ];
 
+/// The name an upload's file is handed over under (a `Files` frame before `WriteFile`).
+pub(crate) const UPLOAD_FILE: &str = "upload";
+
 /// Codes of a file operation (`EngineError::File`).
 const FILE_CODES: &[ErrorCode] = &[
+    ErrorCode::StorageError,
     ErrorCode::FileNotFound,
     ErrorCode::InvalidPath,
     ErrorCode::IsADirectory,
@@ -755,8 +759,13 @@ impl Resident for RemoteSandbox {
         self.failed_output.take()
     }
 
-    fn write_file(&mut self, path: &str, data: &[u8]) -> Result<(), EngineError> {
-        match self.call(&ToChannel::WriteFile { path: path.to_string(), data: data.to_vec() }, OP_WAIT)? {
+    fn write_file(&mut self, path: &str, src: &std::fs::File, len: u64) -> Result<(), EngineError> {
+        // The bytes go as the upload file's descriptor: the worker reads them
+        // straight into the sandbox's file (nothing is copied through this process).
+        self.check()?;
+        let names = vec![UPLOAD_FILE.to_string()];
+        protocol::write_fds(&self.sock, &ToChannel::Files { names }, &[src.as_fd()]).map_err(|e| self.lost(e))?;
+        match self.call(&ToChannel::WriteFile { path: path.to_string(), len }, OP_WAIT)? {
             FromChannel::Done(r) => r.map_err(|e| reported(e, FILE_CODES)),
             other => Err(self.broke(&other)),
         }

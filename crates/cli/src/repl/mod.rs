@@ -22,6 +22,7 @@ use rustyline::error::ReadlineError;
 use rustyline::{Cmd, DefaultEditor, KeyCode, KeyEvent, Modifiers};
 
 use crate::api::{exec_streaming, Api, Target};
+use crate::term::{escape, escape_text};
 
 const HELP: &str = "\
 Python code runs in the session; every exec is a checkpoint. Meta commands:
@@ -192,14 +193,14 @@ impl Repl<'_> {
                     let _ = std::io::stderr().flush();
                 }
                 if let Some(v) = &r.value {
-                    println!("{}", self.style.bold(v));
+                    println!("{}", self.style.bold(&escape_text(v)));
                 }
             }
             Err(e) => {
                 if !out_ends_line {
                     println!();
                 }
-                eprintln!("{}", self.style.red(&format!("forkbox: {e}")));
+                eprintln!("{}", self.style.red(&format!("forkbox: {}", escape(&e.to_string()))));
                 if matches!(e.code(), "timeout" | "interrupted" | "guest_crashed" | "guest_exited" | "guest_killed") {
                     if let Ok(s) = self.api.block_on(client.get_session(&id)) {
                         let at = s.checkpoint.map_or("its start".to_string(), |n| format!("checkpoint {n}"));
@@ -227,13 +228,14 @@ impl Repl<'_> {
             }
         };
         let client = &self.api.client;
-        let fail = |e: ClientError| eprintln!("{}", self.style.red(&format!("forkbox: {e}")));
+        let fail = |e: ClientError| eprintln!("{}", self.style.red(&format!("forkbox: {}", escape(&e.to_string()))));
         match cmd {
             ":quit" | ":q" | ":exit" => return Ok(false),
             ":help" | ":h" | ":?" => println!("{HELP}"),
             ":session" => match self.api.block_on(client.get_session(&self.session)) {
                 Ok(s) => {
-                    let tags: Vec<String> = s.tags.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                    let tags: Vec<String> =
+                        s.tags.iter().map(|(k, v)| format!("{}={}", escape(k), escape(v))).collect();
                     let at = match (&s.checkpoint, &s.forked_from) {
                         (Some(n), _) => n.to_string(),
                         (None, Some(f)) => format!("- (forked from {} at checkpoint {})", f.session, f.checkpoint),
@@ -283,7 +285,7 @@ impl Repl<'_> {
                     Err(e) => fail(e),
                 }
             }
-            other => eprintln!("{}", self.style.red(&format!("unknown command {other} (:help lists them)"))),
+            other => eprintln!("{}", self.style.red(&format!("unknown command {} (:help lists them)", escape(other)))),
         }
         Ok(true)
     }

@@ -39,6 +39,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use forkbox_api::ErrorCode;
 use forkbox_runtime::SessionRoute;
+use percent_encoding::{percent_decode_str, percent_encode, AsciiSet, NON_ALPHANUMERIC};
 
 use crate::error::ApiError;
 use crate::AppState;
@@ -90,15 +91,33 @@ pub(crate) async fn forward(State(state): State<AppState>, req: Request, next: N
     let Some(id) = owner_bound_session(req.method(), original.path()).map(str::to_owned) else {
         return next.run(req).await;
     };
+    // Checked here, before any forward: the owner gets exactly this route's session and file path.
+    let target = match forwarded_path(&original) {
+        Ok(t) => t,
+        Err(e) => return e.into_response(),
+    };
     if req.headers().contains_key(FORWARDED_BY) || req.headers().contains_key(header::UPGRADE) {
         return next.run(req).await;
     }
-    let (parts, body) = req.into_parts();
-    let limit = state.config.body_limit.max(state.config.files_limit);
-    let body = match axum::body::to_bytes(body, limit).await {
-        Ok(b) => b,
-        Err(_) => {
-            return ApiError::new(ErrorCode::PayloadTooLarge, "the request body is over the size limit").into_response()
+    let (mut parts, body) = req.into_parts();
+    let body = if is_upload(&parts.method, original.path()) {
+        // Streamed into a temporary file as it arrives (never collected here); the
+        // handler takes it from the extensions if the session is here.
+        let caller = parts.extensions.get::<crate::auth::Caller>().cloned();
+        match crate::uploads::receive(&state, &parts.headers, caller.as_ref(), body).await {
+            Ok(u) => {
+                parts.extensions.insert(u.clone());
+                Payload::File(u)
+            }
+            Err(e) => return e.into_response(),
+        }
+    } else {
+        match axum::body::to_bytes(body, state.config.body_limit).await {
+            Ok(b) => Payload::Bytes(b),
+            Err(_) => {
+                return ApiError::new(ErrorCode::PayloadTooLarge, "the request body is over the size limit")
+                    .into_response()
+            }
         }
     };
     let (method, headers) = (parts.method.clone(), parts.headers.clone());
@@ -114,16 +133,20 @@ pub(crate) async fn forward(State(state): State<AppState>, req: Request, next: N
                 let Some(parts) = local.take() else {
                     return moving(&id, "the session moved while this request was forwarded").into_response();
                 };
-                let resp = next.clone().run(Request::from_parts(parts, Body::from(body.clone()))).await;
+                let local_body = match &body {
+                    Payload::Bytes(b) => Body::from(b.clone()),
+                    Payload::File(_) => Body::empty(),
+                };
+                let resp = next.clone().run(Request::from_parts(parts, local_body)).await;
                 let Some(MovedTo(url)) = resp.extensions().get::<MovedTo>().cloned() else { return resp };
                 // Taken by another node since the look-up (nothing ran here): forward once.
-                return match send(&state, &me, &url, &method, &original, &headers, &body).await {
+                return match send(&state, &me, &url, &method, &target, &headers, &body).await {
                     Ok(r) => r,
                     Err(_) => resp,
                 };
             }
             SessionRoute::Node { node, url } => {
-                match send(&state, &me, &url, &method, &original, &headers, &body).await {
+                match send(&state, &me, &url, &method, &target, &headers, &body).await {
                     Ok(r) => return r,
                     Err(why) => {
                         if let Err(e) = owner.unreachable(&node, why).await {
@@ -134,6 +157,24 @@ pub(crate) async fn forward(State(state): State<AppState>, req: Request, next: N
             }
         }
     }
+}
+
+/// A request's body as the forward holds it: small bodies in memory, a file
+/// upload in its temporary file (read again for each attempt).
+enum Payload {
+    Bytes(Bytes),
+    File(crate::uploads::Spooled),
+}
+
+/// `PUT /v1/sessions/{id}/files/{path}`.
+fn is_upload(method: &Method, path: &str) -> bool {
+    let path = path.strip_prefix("/v1").unwrap_or(path);
+    let mut parts = path.trim_start_matches('/').split('/');
+    *method == Method::PUT
+        && parts.next() == Some("sessions")
+        && parts.next().is_some()
+        && parts.next() == Some("files")
+        && parts.next().is_some_and(|p| !p.is_empty())
 }
 
 /// Where a session is, asked again until its owner answers: an owner that
@@ -181,6 +222,34 @@ fn moving(id: &str, why: &str) -> ApiError {
 /// The owner could not be reached (nothing was sent).
 pub(crate) struct Unreachable(String);
 
+/// Bytes of a path segment sent as they are; everything else is percent-encoded.
+const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
+
+/// The path and query a forward sends for `uri`: each path segment decoded
+/// and encoded again (so the HTTP client's URL parser, which resolves `.` and
+/// `..` segments, also percent-encoded ones, and reads `\` as `/`, sends
+/// exactly the route that was checked here), and 400 `invalid_path` for a
+/// segment that is `.` or `..` once decoded: `files/../../../../v1/...`
+/// names another route of the owner.
+pub fn forwarded_path(uri: &Uri) -> Result<String, ApiError> {
+    let mut out = String::with_capacity(uri.path().len());
+    for (i, seg) in uri.path().split('/').enumerate() {
+        let raw: Vec<u8> = percent_decode_str(seg).collect();
+        if raw == b"." || raw == b".." {
+            return Err(ApiError::new(ErrorCode::InvalidPath, "a path may not contain `.` or `..` segments"));
+        }
+        if i > 0 {
+            out.push('/');
+        }
+        out.extend(percent_encode(&raw, SEGMENT));
+    }
+    if let Some(q) = uri.query() {
+        out.push('?');
+        out.push_str(q);
+    }
+    Ok(out)
+}
+
 /// Hop-by-hop headers (RFC 9110 7.6.1) and those the client library sets itself.
 fn passed_on(name: &HeaderName) -> bool {
     !matches!(
@@ -203,13 +272,16 @@ async fn send(
     me: &str,
     base: &str,
     method: &Method,
-    uri: &Uri,
+    target: &str,
     headers: &HeaderMap,
-    body: &Bytes,
+    body: &Payload,
 ) -> Result<Response, Unreachable> {
-    let path = uri.path_and_query().map_or(uri.path(), |p| p.as_str());
-    let url = format!("{}{path}", base.trim_end_matches('/'));
-    let mut req = state.peers.request(method.clone(), &url).body(body.clone()).header(FORWARDED_BY, me);
+    let url = format!("{}{target}", base.trim_end_matches('/'));
+    let body = match body {
+        Payload::Bytes(b) => reqwest::Body::from(b.clone()),
+        Payload::File(u) => reqwest::Body::wrap_stream(crate::uploads::stream(u.file.clone(), u.len)),
+    };
+    let mut req = state.peers.request(method.clone(), &url).body(body).header(FORWARDED_BY, me);
     for (k, v) in headers {
         if passed_on(k) {
             req = req.header(k, v);
@@ -290,6 +362,24 @@ mod tests {
             "/healthz",
         ] {
             assert_eq!(owner_bound_session(&post, p), None, "{p}");
+        }
+    }
+
+    #[test]
+    fn forwarded_paths_are_the_checked_route() {
+        let f = |p: &str| forwarded_path(&p.parse::<Uri>().unwrap()).map_err(|e| e.code);
+        assert_eq!(f("/v1/sessions/s_1/files/a/b.txt").unwrap(), "/v1/sessions/s_1/files/a/b.txt");
+        assert_eq!(f("/v1/sessions/s_1/files?dir=/output").unwrap(), "/v1/sessions/s_1/files?dir=/output");
+        // Encoded the same way whatever the client sent; a `\` stays a byte of the name.
+        assert_eq!(f("/v1/sessions/s_1/files/a%20b\\c").unwrap(), "/v1/sessions/s_1/files/a%20b%5C%5Cc");
+        assert_eq!(f("/v1/sessions/s_1/files/%2e%2e%2Fx").unwrap(), "/v1/sessions/s_1/files/..%2Fx");
+        for bad in [
+            "/v1/sessions/S/files/../../../../v1/whoami",
+            "/v1/sessions/S/files/%2e%2e/%2E%2E/v1/sessions",
+            "/v1/sessions/S/files/.%2e/x",
+            "/v1/sessions/S/./exec",
+        ] {
+            assert_eq!(f(bad), Err(ErrorCode::InvalidPath), "{bad}");
         }
     }
 }

@@ -7,17 +7,19 @@
 //! The URL's path is the guest path without its leading `/`: `files/output/plot.png` is `/output/plot.png`.
 //! The engine resolves and checks it (`invalid_path`, `file_not_found`, `is_a_directory`, `file_too_large`).
 
-use axum::extract::{RawQuery, State};
+use axum::extract::{RawQuery, Request, State};
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::{Extension, Json};
+use forkbox_api::ErrorCode;
 use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::blocking;
 use crate::auth::Caller;
 use crate::error::ApiError;
-use crate::extractors::{query_pairs, ApiPath, RawBody};
+use crate::extractors::{query_pairs, ApiPath};
+use crate::uploads;
 use crate::AppState;
 
 #[derive(Serialize, ToSchema)]
@@ -48,22 +50,44 @@ fn guest_path(url_path: &str) -> String {
     format!("/{}", url_path.trim_start_matches('/'))
 }
 
+/// 400 `invalid_path` for a `..` component: the URL names the file as it is,
+/// never relative to something above it (a proxy or a forward would resolve it differently).
+pub(crate) fn check_url_path(url_path: &str) -> Result<(), ApiError> {
+    if url_path.split('/').any(|c| c == "..") {
+        return Err(ApiError::new(ErrorCode::InvalidPath, "a file path may not contain `..` components"));
+    }
+    Ok(())
+}
+
 /// Write a file into the session (parents created, mode 0644); checkpointed.
+/// The body is streamed to a temporary file (the size limit checked as it
+/// arrives) and from there into the sandbox, a chunk at a time.
 #[utoipa::path(put, path = "/sessions/{id}/files/{*path}", tag = "files",
     params(("id" = String, Path, description = "Session id"), ("path" = String, Path, description = "Guest path without its leading /")),
     request_body(content = String, content_type = "application/octet-stream", description = "The file's bytes"),
     responses((status = 201, body = FileWritten),
-              (status = 409, description = "An exec is running in the session", body = crate::error::ErrorBody)))]
+              (status = 400, description = "`invalid_path`: `..` in the path, or a path under /proc, /sys or /dev", body = crate::error::ErrorBody),
+              (status = 409, description = "An exec is running in the session", body = crate::error::ErrorBody),
+              (status = 413, description = "`file_too_large`: over the file size limit", body = crate::error::ErrorBody),
+              (status = 429, description = "`rate_limited`: the key has its most uploads in progress", body = crate::error::ErrorBody)))]
 pub(crate) async fn put_file(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     ApiPath((id, path)): ApiPath<(String, String)>,
-    RawBody(body): RawBody,
+    req: Request,
 ) -> Result<(StatusCode, Json<FileWritten>), ApiError> {
+    check_url_path(&path)?;
     let path = guest_path(&path);
+    let (parts, body) = req.into_parts();
+    // Received already by a cluster's forwarding layer, or here.
+    let upload = match parts.extensions.get::<uploads::Spooled>().cloned() {
+        Some(u) => u,
+        None => uploads::receive(&state, &parts.headers, Some(&caller), body).await?,
+    };
     let v = blocking(&state, move |rt| {
-        let checkpoint = rt.write_file(&caller.tenant, &id, &path, &body, &caller.quota())?;
-        Ok(FileWritten { path, size: body.len() as u64, checkpoint })
+        let len = upload.len;
+        let checkpoint = rt.write_file_from(&caller.tenant, &id, &path, &upload.file, len, &caller.quota())?;
+        Ok(FileWritten { path, size: len, checkpoint })
     })
     .await?;
     Ok((StatusCode::CREATED, Json(v)))
@@ -79,6 +103,7 @@ pub(crate) async fn get_file(
     Extension(caller): Extension<Caller>,
     ApiPath((id, path)): ApiPath<(String, String)>,
 ) -> Result<impl IntoResponse, ApiError> {
+    check_url_path(&path)?;
     let path = guest_path(&path);
     let max = state.config.files_limit;
     let data = blocking(&state, move |rt| Ok(rt.read_file(&caller.tenant, &id, &path, max)?)).await?;

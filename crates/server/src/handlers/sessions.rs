@@ -211,6 +211,7 @@ pub(crate) async fn revert(
         (status = 404, description = "`package_not_found`, `session_not_found`", body = ErrorBody),
         (status = 409, description = "`package_conflict`: a file of the package exists in the session; `session_busy`", body = ErrorBody),
         (status = 422, description = "`package_needs_build`: only an sdist (the message names the package)", body = ErrorBody),
+        (status = 429, description = "`rate_limited`: the key has its most package installs in progress", body = ErrorBody),
         (status = 502, description = "`package_failed`: the server's pip failed", body = ErrorBody)))]
 pub(crate) async fn install_packages(
     State(state): State<AppState>,
@@ -218,6 +219,7 @@ pub(crate) async fn install_packages(
     ApiPath(id): ApiPath<String>,
     ApiJson(req): ApiJson<InstallPackages>,
 ) -> Result<Json<InstalledPackages>, ApiError> {
+    let _held = crate::uploads::hold(&caller, crate::uploads::Transfer::Install, state.config.key_installs)?;
     let o = state.runtime.install_packages(&caller.tenant, &id, req.packages, caller.quota()).await?;
     Ok(Json(InstalledPackages::of(&o)))
 }
