@@ -115,7 +115,9 @@ def test_install_writes_json_configs_without_clobbering(tmp_path, client, rel):
     now = json.loads(cfg.read_text())
     assert now["keep"] is True and now["mcpServers"]["other"] == mine["mcpServers"]["other"]
     entry = now["mcpServers"]["forkbox"]
-    assert entry["command"] == os.path.realpath(forkbox_bin()) and entry["args"] == ["mcp"]
+    # The data directory is always named: a client launches forkbox without the caller's environment.
+    data = os.path.join(os.environ.get("XDG_DATA_HOME") or str(user / ".local/share"), "forkbox")
+    assert entry["command"] == os.path.realpath(forkbox_bin()) and entry["args"] == ["--home", data, "mcp"], entry
     assert json.loads((cfg.parent / (cfg.name + ".bak")).read_text()) == mine
 
     # Printing only (with --url): the snippet, nothing written.
