@@ -195,6 +195,8 @@ def test_install_names_a_stable_binary_and_the_real_key(server, tmp_path):
     fake.chmod(0o755)
     out = install(str(installed), "mcp", "install", "--claude-code", "--write", env={**env, "PATH": f"{bindir}:/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr
-    assert record.read_text().splitlines() == ["mcp", "add", "--scope", "user", "forkbox", "--", str(installed), "mcp"]
+    data = os.path.join(os.environ.get("XDG_DATA_HOME") or str(tmp_path / ".local/share"), "forkbox")
+    assert record.read_text().splitlines() == ["mcp", "add", "--scope", "user", "forkbox", "--", str(installed),
+                                               "--home", data, "mcp"]
     out = install(str(installed), "mcp", "install", "--claude-code", "--write", env=env)  # no claude on the PATH
     assert out.returncode == 2 and "claude mcp add" in out.stderr and out.stderr.count("\n") == 1
