@@ -115,7 +115,9 @@ def test_install_writes_json_configs_without_clobbering(tmp_path, client, rel):
     now = json.loads(cfg.read_text())
     assert now["keep"] is True and now["mcpServers"]["other"] == mine["mcpServers"]["other"]
     entry = now["mcpServers"]["forkbox"]
-    assert entry["command"] == os.path.realpath(forkbox_bin()) and entry["args"] == ["mcp"]
+    # The data directory is always named: a client launches forkbox without the caller's environment.
+    data = os.path.join(os.environ.get("XDG_DATA_HOME") or str(user / ".local/share"), "forkbox")
+    assert entry["command"] == os.path.realpath(forkbox_bin()) and entry["args"] == ["--home", data, "mcp"], entry
     assert json.loads((cfg.parent / (cfg.name + ".bak")).read_text()) == mine
 
     # Printing only (with --url): the snippet, nothing written.
@@ -193,6 +195,8 @@ def test_install_names_a_stable_binary_and_the_real_key(server, tmp_path):
     fake.chmod(0o755)
     out = install(str(installed), "mcp", "install", "--claude-code", "--write", env={**env, "PATH": f"{bindir}:/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr
-    assert record.read_text().splitlines() == ["mcp", "add", "--scope", "user", "forkbox", "--", str(installed), "mcp"]
+    data = os.path.join(os.environ.get("XDG_DATA_HOME") or str(tmp_path / ".local/share"), "forkbox")
+    assert record.read_text().splitlines() == ["mcp", "add", "--scope", "user", "forkbox", "--", str(installed),
+                                               "--home", data, "mcp"]
     out = install(str(installed), "mcp", "install", "--claude-code", "--write", env=env)  # no claude on the PATH
     assert out.returncode == 2 and "claude mcp add" in out.stderr and out.stderr.count("\n") == 1

@@ -13,6 +13,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod capabilities;
 pub mod handoff;
 
 use std::fmt;

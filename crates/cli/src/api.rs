@@ -10,7 +10,9 @@ use anyhow::{Context, Result};
 use forkbox_client::{Client, ClientError, ExecResult, StreamEvent, Transport};
 use futures_util::StreamExt;
 
-use crate::ImageArgs;
+use forkbox_api::handoff::ServerFile;
+
+use crate::{EgressArgs, ImageArgs};
 
 /// The tenant of the embedded mode (the sessions `forkbox session` makes on the local data directory).
 pub const LOCAL_TENANT: &str = crate::session::LOCAL_TENANT;
@@ -39,18 +41,27 @@ impl Api {
     /// The API over the engine, template and sessions of the data directory `home`;
     /// or, when `forkbox serve` runs on `home` (its `server.json`), that server,
     /// with the key it made for the CLI's tenant (the same sessions).
-    pub fn embedded(home: &Path, image: &ImageArgs) -> Result<Api> {
-        if let Some(api) = Api::running_server(home)? {
-            return Ok(api);
-        }
-        let runtime = match &image.template {
-            // A named template: the runtime's catalog builds it (with progress) and makes it the default.
-            Some(name) => forkbox_runtime::Runtime::embedded_on(home, None, Some(name)),
-            None => {
-                let (image_path, _) = crate::run::ensure_image(home, image, true)?;
-                forkbox_runtime::Runtime::embedded(home, Some(&image_path))
+    /// `egress`: the operator's policy of the embedded runtime (refused when a server owns `home`).
+    pub fn embedded(home: &Path, image: &ImageArgs, egress: &EgressArgs) -> Result<Api> {
+        if let Some(f) = running_server(home) {
+            if egress.is_set() {
+                anyhow::bail!(
+                    "{} is served by forkbox (pid {}) at {}: its egress policy is that server's (forkbox serve \
+                     --egress-allow ...); --egress flags apply to embedded runs only",
+                    home.display(),
+                    f.pid,
+                    f.url
+                );
             }
+            return Api::running_server(home, f);
         }
+        let mut config = egress.runtime_config()?;
+        match &image.template {
+            // A named template: the runtime's catalog builds it (with progress) and makes it the default.
+            Some(name) => config.template = Some(name.clone()),
+            None => config.image = Some(crate::run::ensure_image(home, image, true)?.0),
+        }
+        let runtime = forkbox_runtime::Runtime::embedded_with(home, config)
         .context("opening the local data directory (if a forkbox server serves it, use --url URL)")?;
         let rt = async_runtime()?;
         let router = {
@@ -61,18 +72,9 @@ impl Api {
         Ok(Api { client, target: format!("embedded ({})", home.display()), runtime: Some(runtime), rt })
     }
 
-    /// The server running on `home`, if its `server.json` names a live one that answers.
+    /// The server `file` says runs on `home`, if it answers.
     /// A live server that does not answer is an error at once (no waiting for the directory).
-    fn running_server(home: &Path) -> Result<Option<Api>> {
-        use forkbox_api::handoff::ServerFile;
-        let file = match ServerFile::read(home) {
-            Ok(Some(f)) if f.process_alive() => f,
-            Ok(_) => return Ok(None),
-            Err(e) => {
-                tracing::warn!("ignoring {}: {e}", ServerFile::path(home).display());
-                return Ok(None);
-            }
-        };
+    fn running_server(home: &Path, file: ServerFile) -> Result<Api> {
         let mut api = Api::remote(&file.url, Some(file.key.clone()))?;
         let probe = api.block_on(async {
             tokio::time::timeout(std::time::Duration::from_secs(5), api.client.list_sessions(&[])).await
@@ -80,7 +82,7 @@ impl Api {
         match probe {
             Ok(Ok(_)) => {
                 api.target = format!("{} (the server of {})", file.url, home.display());
-                Ok(Some(api))
+                Ok(api)
             }
             Ok(Err(e)) => anyhow::bail!(
                 "{} is served by forkbox (pid {}) at {}, which refused this CLI ({e}); use --url {} with an API key",
@@ -119,6 +121,19 @@ impl Api {
 
     pub fn block_on<F: std::future::Future>(&self, f: F) -> F::Output {
         self.rt.block_on(f)
+    }
+}
+
+/// The live server whose `server.json` is in `home`, if any (every command without --url
+/// hands off to it: `forkbox mcp` too).
+pub fn running_server(home: &Path) -> Option<ServerFile> {
+    match ServerFile::read(home) {
+        Ok(Some(f)) if f.process_alive() => Some(f),
+        Ok(_) => None,
+        Err(e) => {
+            tracing::warn!("ignoring {}: {e}", ServerFile::path(home).display());
+            None
+        }
     }
 }
 

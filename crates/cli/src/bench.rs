@@ -173,7 +173,52 @@ pub(crate) fn summary(mut v: Vec<f64>) -> String {
     format!("p50 {:9.3} ms   p99 {:9.3} ms   (n={})", percentile(&v, 0.5), percentile(&v, 0.99), v.len())
 }
 
+/// The host Python the baselines run: `$FORKBOX_HOST_PYTHON`, else /usr/bin/python3.
+fn host_python() -> std::path::PathBuf {
+    std::env::var_os("FORKBOX_HOST_PYTHON").filter(|p| !p.is_empty()).map_or_else(|| "/usr/bin/python3".into(), Into::into)
+}
+
+/// What the host baseline of `cmd` imports beside the standard library (None: no host baseline).
+fn host_needs(cmd: &BenchCommand) -> Option<&'static [&'static str]> {
+    match cmd {
+        BenchCommand::Cold { .. } | BenchCommand::Fork { .. } => Some(&["numpy"]),
+        BenchCommand::Threads { .. } | BenchCommand::Procs { .. } | BenchCommand::Net { .. } => Some(&[]),
+        _ => None,
+    }
+}
+
+/// Before any guest work: the host baseline's Python and modules are there, or one line
+/// saying what to install.
+fn preflight(cmd: &BenchCommand) -> Result<()> {
+    let Some(modules) = host_needs(cmd) else { return Ok(()) };
+    let python = host_python();
+    let mut code = String::from("import sys");
+    for m in modules {
+        code.push_str(&format!("\nimport {m}"));
+    }
+    let debs: Vec<String> =
+        std::iter::once("python3".to_string()).chain(modules.iter().map(|m| format!("python3-{m}"))).collect();
+    let ok = std::process::Command::new(&python)
+        .args(["-c", &code])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    anyhow::ensure!(
+        ok,
+        "this benchmark compares with the host's Python, and {} cannot {}: install it (apt-get install {}), or set \
+         FORKBOX_HOST_PYTHON to a python3 that has {}",
+        python.display(),
+        if modules.is_empty() { "run".to_string() } else { format!("import {}", modules.join(", ")) },
+        debs.join(" "),
+        if modules.is_empty() { "the standard library".to_string() } else { modules.join(", ") }
+    );
+    Ok(())
+}
+
 pub fn bench(home: &Path, cmd: BenchCommand) -> Result<ExitCode> {
+    preflight(&cmd)?;
     match cmd {
         BenchCommand::Cold { runs, image } => cold(home, runs.max(1), &image),
         BenchCommand::Fork { forks, execs, live, batch, image } => fork(home, forks, execs, live, batch, &image),
@@ -278,7 +323,7 @@ fn net(home: &Path, requests: usize, download_mb: usize, image: &ImageArgs) -> R
     let r = sb.exec(&code)?;
     anyhow::ensure!(r.error.is_none(), "guest: {:?}\n{}", r.error, r.stderr);
     let (glat, gn, gsecs) = parse(&r.stdout)?;
-    let host = std::process::Command::new("/usr/bin/python3").args(["-c", &code]).output().context("host python3")?;
+    let host = std::process::Command::new(host_python()).args(["-c", &code]).output().context("host python3")?;
     anyhow::ensure!(host.status.success(), "host python3: {}", String::from_utf8_lossy(&host.stderr));
     let (hlat, hn, hsecs) = parse(&String::from_utf8_lossy(&host.stdout))?;
     println!("guest: urllib GET of 2 bytes over loopback   {}", summary(glat.clone()));
@@ -325,7 +370,7 @@ fn net(home: &Path, requests: usize, download_mb: usize, image: &ImageArgs) -> R
     let r = sb.exec(&code)?;
     anyhow::ensure!(r.error.is_none(), "guest: {:?}\n{}", r.error, r.stderr);
     let glat = lat(&r.stdout);
-    let host = std::process::Command::new("/usr/bin/python3").args(["-c", &code]).output().context("host python3")?;
+    let host = std::process::Command::new(host_python()).args(["-c", &code]).output().context("host python3")?;
     anyhow::ensure!(host.status.success(), "host python3: {}", String::from_utf8_lossy(&host.stderr));
     let hlat = lat(&String::from_utf8_lossy(&host.stdout));
     anyhow::ensure!(!glat.is_empty() && !hlat.is_empty(), "no in-sandbox latencies");
@@ -343,10 +388,10 @@ fn net(home: &Path, requests: usize, download_mb: usize, image: &ImageArgs) -> R
 
 fn host_python_import_numpy() -> Result<f64> {
     let t = Instant::now();
-    let st = std::process::Command::new("/usr/bin/python3")
+    let st = std::process::Command::new(host_python())
         .args(["-c", "import numpy"])
         .status()
-        .context("running the host's /usr/bin/python3")?;
+        .context("running the host python3")?;
     anyhow::ensure!(st.success(), "host python3 -c 'import numpy' failed (is python3-numpy installed on the host?)");
     Ok(t.elapsed().as_secs_f64() * 1000.0)
 }
@@ -440,7 +485,7 @@ print(json.dumps(times))
 "#;
 
 fn host_fork_baseline(n: usize) -> Result<Vec<f64>> {
-    let out = std::process::Command::new("/usr/bin/python3")
+    let out = std::process::Command::new(host_python())
         .args(["-c", HOST_FORK_BASELINE, &n.to_string()])
         .output()
         .context("running the host python3 baseline")?;
@@ -823,7 +868,7 @@ fn host_thread_baseline(n: usize) -> Result<serde_json::Value> {
     let code = format!(
         "{THREAD_BENCH}\nimport os, sys\nr, w = os.pipe()\npid = os.fork()\nif pid == 0:\n    os.close(r)\n    os.write(w, _thread_bench({n}).encode())\n    os._exit(0)\nos.close(w)\nout = b''\nwhile True:\n    b = os.read(r, 1 << 20)\n    if not b: break\n    out += b\nos.waitpid(pid, 0)\nsys.stdout.write(out.decode())\n"
     );
-    let out = std::process::Command::new("/usr/bin/python3")
+    let out = std::process::Command::new(host_python())
         .args(["-c", &code])
         .output()
         .context("running the host python3 baseline")?;
@@ -909,7 +954,7 @@ fn host_proc_baseline(n: usize) -> Result<serde_json::Value> {
     let code = format!(
         "{PROC_BENCH}\nimport os, sys\nr, w = os.pipe()\npid = os.fork()\nif pid == 0:\n    os.close(r)\n    os.write(w, _proc_bench({n}).encode())\n    os._exit(0)\nos.close(w)\nout = b''\nwhile True:\n    b = os.read(r, 1 << 20)\n    if not b: break\n    out += b\nos.waitpid(pid, 0)\nsys.stdout.write(out.decode())\n"
     );
-    let out = std::process::Command::new("/usr/bin/python3")
+    let out = std::process::Command::new(host_python())
         .args(["-c", &code])
         .output()
         .context("running the host python3 baseline")?;
@@ -920,7 +965,7 @@ fn host_proc_baseline(n: usize) -> Result<serde_json::Value> {
 fn procs(home: &Path, samples: usize, image: &ImageArgs) -> Result<ExitCode> {
     // Through the runtime (the path `forkbox run` and the server take: exec workers, the
     // runtime's engine and VM pool), on the local data directory.
-    let api = crate::api::Api::embedded(home, image)?;
+    let api = crate::api::Api::embedded(home, image, &crate::EgressArgs::default())?;
     println!("{}", api.target);
     // Each measurement in one exec of its own fresh fork: a hang or failure of one (the
     // exec's time limit) is reported as that one's failure, the others still run.

@@ -30,7 +30,7 @@ fn line(what: &str, v: Vec<f64>) -> (f64, f64) {
 }
 
 pub fn explore(home: &Path, samples: usize, width: usize, image: &ImageArgs) -> Result<ExitCode> {
-    let api = Api::embedded(home, image)?;
+    let api = Api::embedded(home, image, &crate::EgressArgs::default())?;
     let c = &api.client;
     let s = api.block_on(c.create_session(&forkbox_client::CreateSession::default()))?;
     api.block_on(c.session_exec(&s.id, "xs = list(range(2000))\nimport math"))?;

@@ -62,22 +62,16 @@ enum Command {
         /// Execs at once (exec threads); default twice the cores. One key gets half of them unless its key says otherwise.
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1024))]
         exec_slots: Option<u64>,
-        /// Outbound network of every sandbox: `public` (the public internet; loopback, private,
-        /// link-local/metadata, CGNAT, multicast and this host's addresses refused), `none`, or
-        /// `allowlist` (only what --egress-allow names). Requests can only narrow it.
-        #[arg(long, value_enum, default_value = "public")]
-        egress: EgressMode,
-        /// An allow rule (repeatable): `10.0.0.0/8`, `1.2.3.4`, `[::1]:8080`, `example.com`, `*.example.com:443`.
-        /// An address/CIDR rule opens even a non-public address; a host-name rule only public ones.
-        #[arg(long, value_name = "RULE")]
-        egress_allow: Vec<String>,
-        /// A deny rule (repeatable), same forms (`*:25` denies a port everywhere). Deny rules win.
-        #[arg(long, value_name = "RULE")]
-        egress_deny: Vec<String>,
-        /// Bandwidth of every sandbox: bytes per second through its host sockets, both directions
-        /// together (token bucket; keys and requests can only lower it). Default: unlimited.
-        #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..))]
-        egress_rate: Option<u64>,
+        #[command(flatten)]
+        egress: EgressArgs,
+        /// Build these shipped templates at start, in the background (repeatable: `--prebuild data`); a
+        /// session or exec on one of them while it builds waits up to --template-wait-seconds.
+        #[arg(long, value_name = "NAME")]
+        prebuild: Vec<String>,
+        /// How long a request on a template being built waits for it before 409 template_not_ready
+        /// (with Retry-After).
+        #[arg(long, value_name = "S", default_value_t = 60, value_parser = clap::value_parser!(u64).range(0..=3600))]
+        template_wait_seconds: u64,
         /// pip's index for `POST /v1/templates` builds (default: the host pip's, i.e. PyPI).
         #[arg(long, value_name = "URL")]
         pip_index_url: Option<String>,
@@ -154,6 +148,8 @@ enum Command {
         args: sh::ShArgs,
         #[command(flatten)]
         image: ImageArgs,
+        #[command(flatten)]
+        egress: EgressArgs,
     },
     /// Interactive Python prompt on a session (a new one if none is given); state persists across lines.
     Repl {
@@ -161,13 +157,19 @@ enum Command {
         session: Option<String>,
         #[command(flatten)]
         image: ImageArgs,
+        #[command(flatten)]
+        egress: EgressArgs,
     },
     /// Build or inspect guest images.
     #[command(subcommand)]
     Image(ImageCommand),
     /// Sessions: Python REPLs whose state persists; every exec is a checkpoint.
-    #[command(subcommand)]
-    Session(session::SessionCommand),
+    Session {
+        #[command(subcommand)]
+        cmd: session::SessionCommand,
+        #[command(flatten)]
+        egress: EgressArgs,
+    },
     /// Templates: warm, snapshotted interpreters that sandboxes fork from.
     #[command(subcommand)]
     Template(TemplateCommand),
@@ -244,8 +246,12 @@ enum KeyCommand {
 #[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum TemplateCommand {
-    /// List the templates in the data directory.
+    /// List the templates in the data directory (of the server running on it, or --url), with build progress.
     Ls,
+    /// One template: its state (a build's step, how far, for how long), packages and preload.
+    Show {
+        name: String,
+    },
     /// Build (or verify) a template: a shipped one by name (`python`, `data`); a named custom one
     /// from --apt/--pip/--preload (shared by every tenant of this data directory; with --url, the
     /// caller's own, built by the server); or, without a name, one for an image (--apt/--image) and preload.
@@ -369,6 +375,60 @@ impl NetworkArgs {
     }
 }
 
+/// The operator's egress policy: the outermost layer, which every sandbox gets and requests,
+/// keys and templates only narrow. `serve` takes it; so do the embedded commands (`run`, `sh`,
+/// `repl`, `session`, `mcp` without --url), whose user is the operator of their own data directory.
+#[derive(Args, Clone, Debug)]
+pub struct EgressArgs {
+    /// Outbound network of every sandbox: `public` (the public internet; loopback, private,
+    /// link-local/metadata, CGNAT, multicast and this host's addresses refused), `none`, or
+    /// `allowlist` (only what --egress-allow names). Requests can only narrow it.
+    #[arg(long, global = true, value_enum, default_value = "public")]
+    pub egress: EgressMode,
+    /// An allow rule (repeatable): `10.0.0.0/8`, `1.2.3.4`, `127.0.0.1:8000`, `[::1]:8080`, `example.com`,
+    /// `*.example.com:443`. An address/CIDR rule opens even a non-public address (the operator's choice:
+    /// a local service); a host-name rule only public ones.
+    #[arg(long, global = true, value_name = "RULE")]
+    pub egress_allow: Vec<String>,
+    /// A deny rule (repeatable), same forms (`*:25` denies a port everywhere). Deny rules win.
+    #[arg(long, global = true, value_name = "RULE")]
+    pub egress_deny: Vec<String>,
+    /// Bandwidth of every sandbox: bytes per second through its host sockets, both directions
+    /// together (token bucket; keys and requests can only lower it). Default: unlimited.
+    #[arg(long, global = true, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..))]
+    pub egress_rate: Option<u64>,
+}
+
+impl Default for EgressArgs {
+    fn default() -> Self {
+        EgressArgs { egress: EgressMode::Public, egress_allow: Vec::new(), egress_deny: Vec::new(), egress_rate: None }
+    }
+}
+
+impl EgressArgs {
+    /// The policy layer (rules checked).
+    pub fn policy(&self) -> anyhow::Result<forkbox_engine::NetPolicy> {
+        Ok(egress_policy(self.egress, &self.egress_allow, &self.egress_deny)
+            .map_err(|e| e.context("--egress"))?
+            .with_rate(self.egress_rate))
+    }
+
+    /// Whether any flag was given (the default is `public` alone).
+    pub fn is_set(&self) -> bool {
+        !matches!(self.egress, EgressMode::Public)
+            || !self.egress_allow.is_empty()
+            || !self.egress_deny.is_empty()
+            || self.egress_rate.is_some()
+    }
+
+    /// The embedded runtime's configuration: `RuntimeConfig::embedded()` under this policy.
+    pub fn runtime_config(&self) -> anyhow::Result<forkbox_runtime::RuntimeConfig> {
+        let mut cfg = forkbox_runtime::RuntimeConfig::embedded();
+        cfg.limits.network = forkbox_engine::NetConfig::with_policy(self.policy()?);
+        Ok(cfg)
+    }
+}
+
 fn parse_blas(s: &str) -> Result<forkbox_image::Blas, String> {
     forkbox_image::Blas::parse(s).ok_or_else(|| format!("unknown BLAS {s:?} (reference, openblas, any)"))
 }
@@ -409,9 +469,8 @@ fn main() -> ExitCode {
             metrics_listen,
             exec_slots,
             egress,
-            egress_allow,
-            egress_deny,
-            egress_rate,
+            prebuild,
+            template_wait_seconds,
             pip_index_url,
             pip_find_links,
             pip_no_index,
@@ -456,7 +515,7 @@ fn main() -> ExitCode {
                     cluster_config(listen, node_id, advertise_url, lease_seconds)
                 })
                 .transpose();
-            let policy = egress_policy(egress, &egress_allow, &egress_deny).map(|p| p.with_rate(egress_rate));
+            let policy = egress.policy();
             policy.and_then(|policy| cluster.map(|c| (policy, c))).and_then(|(policy, cluster)| {
                 serve(
                     &home,
@@ -472,6 +531,7 @@ fn main() -> ExitCode {
                     objects,
                     database,
                     cluster,
+                    Prebuild { names: prebuild, wait: std::time::Duration::from_secs(template_wait_seconds) },
                 )
             })
         }
@@ -525,33 +585,45 @@ fn main() -> ExitCode {
             })
         }
         Command::Run(args) => match &cli.url {
+            Some(_) if args.egress.is_set() => Err(remote_egress()),
             Some(url) => api::Api::remote(url, cli.api_key.clone()).and_then(|a| run::run_remote(&a, args)),
             None => run::run(&home, args),
         },
-        Command::Sh { args, image } => match &cli.url {
+        Command::Sh { args, image, egress } => match &cli.url {
             Some(_) if image.image.is_some() || !image.apt.is_empty() => {
                 Err(anyhow::anyhow!("--image and --apt only apply to the embedded mode (the server has its own image)"))
             }
+            Some(_) if egress.is_set() => Err(remote_egress()),
             Some(url) => api::Api::remote(url, cli.api_key.clone()),
-            None => api::Api::embedded(&home, &image),
+            None => api::Api::embedded(&home, &image, &egress),
         }
         .and_then(|a| sh::sh(&a, None, &args, image.template.clone())),
-        Command::Repl { session, image } => match &cli.url {
+        Command::Repl { session, image, egress } => match &cli.url {
+            Some(_) if egress.is_set() => Err(remote_egress()),
             Some(url) => api::Api::remote(url, cli.api_key.clone()),
-            None => api::Api::embedded(&home, &image),
+            None => api::Api::embedded(&home, &image, &egress),
         }
         .and_then(|a| repl::repl(&a, &home, session, image.template.clone())),
         Command::Image(ImageCommand::Build(args)) => run::ensure_image(&home, &args, true).map(|(path, id)| {
             println!("{id} {}", path.display());
             ExitCode::SUCCESS
         }),
-        Command::Session(cmd) => match &cli.url {
+        Command::Session { cmd, egress } => match &cli.url {
+            Some(_) if egress.is_set() => Err(remote_egress()),
             Some(url) => api::Api::remote(url, cli.api_key.clone()).and_then(|a| session::session_remote(&a, cmd)),
-            None => session::session(&home, cmd),
+            None => session::session(&home, cmd, &egress),
         },
-        Command::Template(TemplateCommand::Ls) => match &cli.url {
-            Some(url) => api::Api::remote(url, cli.api_key.clone()).and_then(|a| template_ls_remote(&a)),
+        Command::Template(TemplateCommand::Ls) => match template_server(&home, cli.url.as_deref(), cli.api_key.clone()) {
+            Some(api) => api.and_then(|a| template_ls_remote(&a)),
             None => template_ls(&home),
+        },
+        Command::Template(TemplateCommand::Show { name }) => match template_server(&home, cli.url.as_deref(), cli.api_key.clone()) {
+            Some(api) => api.and_then(|a| {
+                let t = a.block_on(a.client.template(&name))?;
+                print_template(&t);
+                Ok(ExitCode::SUCCESS)
+            }),
+            None => template_show(&home, &name),
         },
         Command::Template(TemplateCommand::Build {
             name,
@@ -614,6 +686,14 @@ fn main() -> ExitCode {
     }
 }
 
+/// The operator's --egress flags with --url: the server's operator sets its policy.
+fn remote_egress() -> anyhow::Error {
+    anyhow::anyhow!(
+        "--egress, --egress-allow, --egress-deny and --egress-rate are the operator's policy of an embedded run; \
+         a server has its own (forkbox serve --egress-allow ...): narrow it with --network"
+    )
+}
+
 fn syscalls(markdown: bool) {
     use forkbox_linux::syscalls::{markdown as table_markdown, TABLE};
     if markdown {
@@ -650,6 +730,12 @@ fn egress_policy(mode: EgressMode, allow: &[String], deny: &[String]) -> anyhow:
     Ok(forkbox_engine::NetPolicy { mode, allow: parse(allow)?, deny: parse(deny)?, max_bytes_per_second: None })
 }
 
+/// `serve --prebuild NAME --template-wait-seconds S`.
+struct Prebuild {
+    names: Vec<String>,
+    wait: std::time::Duration,
+}
+
 #[allow(clippy::too_many_arguments)]
 fn serve(
     home: &std::path::Path,
@@ -665,6 +751,7 @@ fn serve(
     objects: Option<forkbox_sessions::objects::ObjectsConfig>,
     database: Option<String>,
     cluster: Option<forkbox_runtime::ClusterConfig>,
+    prebuild: Prebuild,
 ) -> anyhow::Result<ExitCode> {
     pip.validate().map_err(|e| anyhow::anyhow!("--pip-*: {e}"))?;
     for n in packages.allow.iter().chain(&packages.deny) {
@@ -690,6 +777,8 @@ fn serve(
     cfg.sessions.objects = objects;
     cfg.sessions.database = database;
     cfg.sessions.cluster = cluster;
+    cfg.prebuild = prebuild.names;
+    cfg.template_wait = prebuild.wait;
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(forkbox_server::serve(cfg))?;
     Ok(ExitCode::SUCCESS)
 }
@@ -823,12 +912,26 @@ fn template_build_remote(
     Ok(ExitCode::SUCCESS)
 }
 
+/// The server `template ls`/`show` ask: --url, else the one running on the data directory (its
+/// builds in progress are its own); None: the data directory itself.
+fn template_server(
+    home: &std::path::Path,
+    url: Option<&str>,
+    key: Option<String>,
+) -> Option<anyhow::Result<api::Api>> {
+    if let Some(url) = url {
+        return Some(api::Api::remote(url, key));
+    }
+    api::running_server(home).map(|f| api::Api::remote(&f.url, Some(f.key)))
+}
+
 fn template_ls_remote(api: &api::Api) -> anyhow::Result<ExitCode> {
     let list = api.block_on(api.client.templates())?;
     for t in list.templates {
+        let status = status_line(&t.status, t.progress.as_deref(), t.fraction, t.elapsed_seconds);
         print_listing(
             &t.name,
-            &t.status,
+            &status,
             &t.source,
             t.image_bytes,
             &t.packages,
@@ -837,6 +940,54 @@ fn template_ls_remote(api: &api::Api) -> anyhow::Result<ExitCode> {
             t.name == list.default,
         );
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `building (image: downloading packages 42%, 35 s)`; other states as they are.
+fn status_line(status: &str, progress: Option<&str>, fraction: Option<f64>, elapsed: Option<u64>) -> String {
+    if status != "building" {
+        return status.to_string();
+    }
+    let mut s = format!("building ({}", progress.unwrap_or("queued"));
+    if let Some(f) = fraction {
+        s.push_str(&format!(" {:.0}%", f * 100.0));
+    }
+    if let Some(e) = elapsed {
+        s.push_str(&format!(", {e} s"));
+    }
+    s.push(')');
+    s
+}
+
+fn print_template(t: &forkbox_client::TemplateInfo) {
+    println!("name        {}", t.name);
+    println!("status      {}", status_line(&t.status, t.progress.as_deref(), t.fraction, t.elapsed_seconds));
+    if let Some(e) = &t.error {
+        println!("error       {e}");
+    }
+    println!("source      {}", t.source);
+    if let Some(id) = &t.id {
+        println!("id          {id}");
+    }
+    println!("description {}", t.description);
+    if !t.packages.is_empty() {
+        println!("packages    {}", t.packages.join(" "));
+    }
+    if !t.pip.is_empty() {
+        println!("pip         {}", t.pip.join(" "));
+    }
+    if let Some(b) = t.image_bytes {
+        println!("image       {:.0} MiB", b as f64 / (1 << 20) as f64);
+    }
+    println!("preload     {}", t.preload.replace('\n', "; "));
+}
+
+fn template_show(home: &std::path::Path, name: &str) -> anyhow::Result<ExitCode> {
+    let catalog = forkbox_engine::Catalog::new(home)?;
+    let l = catalog.listing(None, name).ok_or_else(|| anyhow::anyhow!("no template named {name:?}"))?;
+    let v = serde_json::to_value(&l)?;
+    let t: forkbox_client::TemplateInfo = serde_json::from_value(v)?;
+    print_template(&t);
     Ok(ExitCode::SUCCESS)
 }
 

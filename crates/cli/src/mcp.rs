@@ -19,6 +19,9 @@ pub struct McpArgs {
     /// Embedded mode: use this image file instead of the default image.
     #[arg(long, value_name = "FILE")]
     image: Option<PathBuf>,
+    /// Embedded mode: the operator's egress policy (as `serve`'s).
+    #[command(flatten)]
+    egress: crate::EgressArgs,
 }
 
 #[derive(Subcommand)]
@@ -69,24 +72,42 @@ pub fn mcp(
 ) -> anyhow::Result<ExitCode> {
     match args.command {
         Some(McpCommand::Install(i)) => install_cmd(home, home_flag, i, url, api_key),
-        None => stdio(home, url, args.image),
+        None => stdio(home, url, args.image, &args.egress),
     }
 }
 
-fn stdio(home: &Path, url: Option<String>, image: Option<PathBuf>) -> anyhow::Result<ExitCode> {
+/// MCP on stdio over `--url`, else the server running on `home` (its `server.json`, as every
+/// command without --url), else the data directory in process. `initialize` is answered at once
+/// in every case: the embedded runtime is opened (on a first start, the image and template built)
+/// in the background, and the tool calls that need it wait for it.
+fn stdio(home: &Path, url: Option<String>, image: Option<PathBuf>, egress: &crate::EgressArgs) -> anyhow::Result<ExitCode> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async {
-        let client = match url {
+        let server = match url {
+            Some(_) if egress.is_set() => return Err(crate::remote_egress()),
             Some(base_url) => {
                 let key = std::env::var("FORKBOX_API_KEY").ok().filter(|k| !k.is_empty());
                 if key.is_none() {
                     tracing::warn!("FORKBOX_API_KEY is not set: the server at {base_url} will refuse the tool calls");
                 }
-                Client::new(Transport::Http { base_url, key })
+                forkbox_mcp::ForkboxMcp::new(Client::new(Transport::Http { base_url, key }))
             }
-            None => embedded(home, image).await?,
+            None => match crate::api::running_server(home) {
+                Some(f) if egress.is_set() => anyhow::bail!(
+                    "{} is served by forkbox (pid {}) at {}: its egress policy is that server's (forkbox serve \
+                     --egress-allow ...); --egress flags apply to embedded runs only",
+                    home.display(),
+                    f.pid,
+                    f.url
+                ),
+                Some(f) => {
+                    tracing::info!("using the server of {} at {}", home.display(), f.url);
+                    forkbox_mcp::ForkboxMcp::new(Client::new(Transport::Http { base_url: f.url, key: Some(f.key) }))
+                }
+                None => embedded(home, image, egress)?,
+            },
         };
-        forkbox_mcp::serve_stdio(client).await?;
+        forkbox_mcp::serve_stdio_with(server).await?;
         anyhow::Ok(())
     })?;
     // Blocking engine work still queued must not keep the process alive once the client has gone.
@@ -94,15 +115,47 @@ fn stdio(home: &Path, url: Option<String>, image: Option<PathBuf>) -> anyhow::Re
     Ok(ExitCode::SUCCESS)
 }
 
-/// A client of the local data directory's API, in process: the API's own
-/// routes for the local tenant (the one `forkbox session` uses), no key.
-async fn embedded(home: &Path, image: Option<PathBuf>) -> anyhow::Result<Client> {
+/// The tools over the local data directory's API, in process: the API's own routes for the
+/// local tenant (the one `forkbox session` uses), no key. The runtime opens in the background
+/// (a first start builds the image and template); until then the instructions say what the
+/// configuration allows, and tool calls wait.
+fn embedded(home: &Path, image: Option<PathBuf>, egress: &crate::EgressArgs) -> anyhow::Result<forkbox_mcp::ForkboxMcp> {
+    let mut config = egress.runtime_config()?;
+    config.image = image;
+    let fallback = match forkbox_engine::Catalog::new(home) {
+        Ok(c) => Some(forkbox_server::capabilities(
+            &config,
+            c.list_visible(crate::session::LOCAL_TENANT),
+            c.default_name(),
+            None,
+        )),
+        Err(e) => {
+            tracing::warn!("listing the templates of {}: {e}", home.display());
+            None
+        }
+    };
+    let (prep, source) = forkbox_mcp::source::pending(
+        "opening the data directory (a first start builds the guest image and the python template: a minute or two)",
+    );
     let home = home.to_path_buf();
-    let runtime = tokio::task::spawn_blocking(move || forkbox_runtime::Runtime::embedded(&home, image.as_deref()))
-        .await?
-        .context("opening the local data directory")?;
-    let router = forkbox_server::embedded(runtime, crate::session::LOCAL_TENANT)?;
-    Ok(Client::new(Transport::InProcess(router)))
+    tokio::spawn(async move {
+        let opened = tokio::task::spawn_blocking(move || -> anyhow::Result<Client> {
+            let runtime = forkbox_runtime::Runtime::embedded_with(&home, config)
+                .with_context(|| format!("opening the data directory {}", home.display()))?;
+            let router = forkbox_server::embedded(runtime, crate::session::LOCAL_TENANT)?;
+            Ok(Client::new(Transport::InProcess(router)))
+        })
+        .await;
+        match opened {
+            Ok(Ok(client)) => prep.ready(client),
+            Ok(Err(e)) => {
+                tracing::error!("{e:#}");
+                prep.failed(format!("{e:#}"));
+            }
+            Err(e) => prep.failed(format!("opening the data directory failed: {e}")),
+        }
+    });
+    Ok(forkbox_mcp::ForkboxMcp::with_source(source, fallback))
 }
 
 /// The path of the `forkbox` the client should run: this executable, unless it is a cargo build
@@ -169,7 +222,11 @@ fn install_cmd(
         (Some(_), false) => api_key.filter(|k| !k.is_empty()),
     };
     let program = stable_program()?;
-    let home = home_flag.map(|h| std::path::absolute(h).unwrap_or_else(|_| h.to_path_buf()));
+    // The data directory always, as an absolute path: a client launches `forkbox mcp` without the
+    // caller's environment (no $FORKBOX_HOME, $XDG_DATA_HOME), and then the server running on that
+    // directory (its server.json) is the one the entry uses.
+    let chosen = if url.is_none() { Some(home) } else { home_flag };
+    let home = chosen.map(|h| std::path::absolute(h).unwrap_or_else(|_| h.to_path_buf()));
     let launch = Launch { program, home, url: url.clone(), key: key.clone() };
     let placeholder = url.is_some() && key.is_none();
     if !args.write {

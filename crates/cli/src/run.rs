@@ -53,6 +53,8 @@ pub struct RunArgs {
     pub network: crate::NetworkArgs,
     #[command(flatten)]
     pub image: ImageArgs,
+    #[command(flatten)]
+    pub egress: crate::EgressArgs,
 }
 
 /// The image to use: `--image`, else the default image (plus `--apt` packages), built if missing.
@@ -64,7 +66,7 @@ pub fn ensure_image(home: &Path, args: &ImageArgs, progress: bool) -> Result<(Pa
     let mut spec = forkbox_engine::default_image_spec();
     spec.packages.extend(args.apt.iter().cloned());
     spec.blas = args.blas;
-    let built = forkbox_image::build(&spec, &BuildOptions { home: home.to_path_buf(), progress })
+    let built = forkbox_image::build(&spec, &BuildOptions { home: home.to_path_buf(), progress, report: None })
         .context("building the guest image")?;
     Ok((built.path, built.id))
 }
@@ -90,9 +92,9 @@ pub fn limits(args: &RunArgs) -> Result<Limits> {
     if args.memory_mb < 64 || args.memory_mb > 3072 {
         bail!("--memory-mb must be between 64 and 3072");
     }
-    // As the runtime's default (`forkbox serve`, the embedded session commands): the public
-    // internet, narrowed by --network.
-    let mut network = forkbox_engine::NetConfig::with_policy(forkbox_engine::NetPolicy::public());
+    // The operator's policy (--egress*, default the public internet, as `forkbox serve`'s),
+    // narrowed by --network.
+    let mut network = forkbox_engine::NetConfig::with_policy(args.egress.policy()?);
     network.layers.extend(args.network.layer()?);
     Ok(Limits {
         timeout: Duration::from_secs_f64(args.timeout),

@@ -140,9 +140,9 @@ fn image_of(cmd: &SessionCommand) -> &ImageArgs {
 }
 
 /// `forkbox session ...` embedded on the data directory `home`.
-pub fn session(home: &Path, cmd: SessionCommand) -> Result<ExitCode> {
+pub fn session(home: &Path, cmd: SessionCommand, egress: &crate::EgressArgs) -> Result<ExitCode> {
     check_new(&cmd)?;
-    let api = Api::embedded(home, image_of(&cmd))?;
+    let api = Api::embedded(home, image_of(&cmd), egress)?;
     run(&api, cmd)
 }
 

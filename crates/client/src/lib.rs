@@ -40,6 +40,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 pub use error::{ClientError, ErrorCode};
+pub use forkbox_api::capabilities::Capabilities;
 pub use sse::StreamEvent;
 pub use transport::Transport;
 pub use types::*;
@@ -115,6 +116,12 @@ impl Client {
     pub async fn set_draining(&self, id: &str, drain: bool) -> Result<NodeList, ClientError> {
         let action = if drain { "drain" } else { "activate" };
         self.post(&format!("/v1/admin/nodes/{}/{action}", seg(id)), &json!({})).await
+    }
+
+    /// What this key may do on the server: its templates (with their packages), run-time
+    /// installs, its egress policy, its limits.
+    pub async fn capabilities(&self) -> Result<Capabilities, ClientError> {
+        self.get("/v1/capabilities").await
     }
 
     /// The server's templates and their state.

@@ -112,9 +112,12 @@ pub struct TemplateInfo {
     pub pip: Vec<String>,
     #[serde(default)]
     pub preload: String,
-    /// While building: the step (`queued`, `image`, `template`).
+    /// While building: the step (`queued`, `image: <what it does>`, `template`).
     #[serde(default)]
     pub progress: Option<String>,
+    /// While building: the fraction of the step done (0 to 1), where known.
+    #[serde(default)]
+    pub fraction: Option<f64>,
     #[serde(default)]
     pub elapsed_seconds: Option<u64>,
     /// Its own egress policy layer (`mode`, `allow`, `deny`), if it has one.

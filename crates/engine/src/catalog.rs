@@ -371,8 +371,11 @@ pub struct Listing {
     pub source: String,
     /// pip requirement specs (custom templates).
     pub pip: Vec<String>,
-    /// While `building`: the step (`queued`, `image`, `template`) and seconds since it started.
+    /// While `building`: the step (`queued`, `image: <what it does>`, `template`) and seconds since it started.
     pub progress: Option<String>,
+    /// While `building`: the fraction of the step done (0 to 1), where known (downloading and
+    /// unpacking the image's packages).
+    pub fraction: Option<f64>,
     pub elapsed_seconds: Option<u64>,
     /// The session and checkpoint it was made from (`checkpoint` templates).
     pub from_session: Option<String>,
@@ -380,6 +383,9 @@ pub struct Listing {
     /// Its egress policy layer (None: none of its own).
     pub network: Option<NetPolicy>,
 }
+
+/// By template key: the image build's step and the fraction of it done.
+type BuildDetail = Arc<Mutex<HashMap<String, (&'static str, Option<f64>)>>>;
 
 #[derive(Clone)]
 enum BuildState {
@@ -402,6 +408,8 @@ pub struct Catalog {
     by_id: Mutex<HashMap<String, Arc<Loaded>>>,
     by_name: Mutex<HashMap<String, Arc<Loaded>>>,
     builds: Mutex<HashMap<String, BuildState>>,
+    /// Within a build's step: what the image build is doing and the fraction of it done, if known.
+    build_detail: BuildDetail,
     /// One build at a time (apt, dpkg-deb and a template boot each use the whole machine).
     build_lock: Mutex<()>,
     /// Held while a new template is checked against the limits and recorded.
@@ -446,6 +454,7 @@ impl Catalog {
             by_id: Mutex::new(HashMap::new()),
             by_name: Mutex::new(HashMap::new()),
             builds: Mutex::new(HashMap::new()),
+            build_detail: BuildDetail::default(),
             build_lock: Mutex::new(()),
             admit_lock: Mutex::new(()),
             shared: RwLock::new(None),
@@ -1059,6 +1068,9 @@ impl Catalog {
     }
 
     fn set_build(&self, name: &str, st: Option<BuildState>) {
+        if let Ok(mut d) = self.build_detail.lock() {
+            d.remove(name);
+        }
         if let Ok(mut m) = self.builds.lock() {
             match st {
                 Some(s) => {
@@ -1090,9 +1102,16 @@ impl Catalog {
             }
             return Ok(loaded);
         }
+        let detail = self.build_detail.clone();
+        let key = name.clone();
+        let report = forkbox_image::Report(Arc::new(move |step, fraction| {
+            if let Ok(mut d) = detail.lock() {
+                d.insert(key.clone(), (step, fraction));
+            }
+        }));
         let build_image = || {
-            forkbox_image::build(&recipe.spec, &BuildOptions { home: self.home.clone(), progress: self.progress })
-                .map_err(|source| CatalogError::Build { name: shown.clone(), source })
+            let opts = BuildOptions { home: self.home.clone(), progress: self.progress, report: Some(report.clone()) };
+            forkbox_image::build(&recipe.spec, &opts).map_err(|source| CatalogError::Build { name: shown.clone(), source })
         };
         let engine_err = |source| CatalogError::Engine { name: shown.clone(), source };
         let cpu_digest = forkbox_snapshot::CpuFingerprint::of(&self.cpu).digest();
@@ -1361,6 +1380,7 @@ impl Catalog {
     fn list_keys(&self, keys: &[String], by_key: bool) -> Vec<Listing> {
         let default = self.default_name();
         let builds = self.builds.lock().map(|m| m.clone()).unwrap_or_default();
+        let details = self.build_detail.lock().map(|m| m.clone()).unwrap_or_default();
         keys.iter()
             .filter(|k| self.has_recipe(k) || self.ready(k).is_some())
             .map(|key| {
@@ -1373,6 +1393,13 @@ impl Catalog {
                     }
                     (None, Some(BuildState::Failed(e))) => ("failed", Some(e.clone()), None, None),
                     (None, None) => ("available", None, None, None),
+                };
+                // Within the image step: what the build does now, and how far (where known).
+                let (progress, fraction) = match (progress, details.get(key)) {
+                    (Some(step), Some((what, fraction))) if step == "image" => {
+                        (Some(format!("image: {what}")), *fraction)
+                    }
+                    (progress, _) => (progress, None),
                 };
                 let (from_session, from_checkpoint) = match recipe.as_ref().map(|r| &r.kind) {
                     Some(RecipeKind::Checkpoint { session, checkpoint }) => (Some(session.clone()), Some(*checkpoint)),
@@ -1411,6 +1438,7 @@ impl Catalog {
                     source: recipe.as_ref().map_or("shipped", |r| r.kind.name()).into(),
                     pip: recipe.as_ref().map(|r| r.spec.pip.clone()).unwrap_or_default(),
                     progress,
+                    fraction,
                     elapsed_seconds: elapsed,
                     from_session,
                     from_checkpoint,

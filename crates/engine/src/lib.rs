@@ -12,6 +12,7 @@ pub mod catalog;
 pub mod error;
 pub mod files;
 mod fsstore;
+pub mod hint;
 pub mod interrupt;
 pub mod jail;
 pub mod limits;

@@ -523,6 +523,7 @@ impl Sandbox {
             protocol::truncate_text(&mut e.kind, 256, "exception type");
             protocol::truncate_text(&mut e.message, cap, "exception message");
             protocol::truncate_text(&mut e.traceback, cap, "traceback");
+            crate::hint::add_to_traceback(&e.kind, &e.message, &mut e.traceback);
         }
         let outputs = self.outputs.collect(&self.proc.vfs);
         let mut shown = 0usize;

@@ -17,7 +17,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .unwrap_or_else(default_home);
     let progress = !args.iter().any(|a| a == "--quiet");
     let t = std::time::Instant::now();
-    let built = build(&ImageSpec::python_numpy(), &BuildOptions { home, progress })?;
+    let built = build(&ImageSpec::python_numpy(), &BuildOptions { home, progress, report: None })?;
     println!("id {}\npath {}\nreused {}\nelapsed {:?}", built.id, built.path.display(), built.reused, t.elapsed());
     println!("packages {}: {}", built.packages.len(), built.packages.join(" "));
     if let Some(s) = &built.stats {

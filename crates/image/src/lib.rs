@@ -53,7 +53,7 @@ mod reader;
 pub use build::packages;
 pub use build::{
     build, built_id, check_spec, default_home, image_path, resolve_id, Blas, BuildError, BuildOptions, BuildStats,
-    BuiltImage, ExtraFile, ImageSpec, PipSource, WheelRef,
+    BuiltImage, ExtraFile, ImageSpec, PipSource, Report, WheelRef,
 };
 pub use pack::{pack_dir, pack_dir_with, PackOptions, PackStats};
 pub use reader::Image;

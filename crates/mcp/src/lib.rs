@@ -20,7 +20,9 @@
 #![forbid(unsafe_code)]
 
 pub mod install;
+pub mod instructions;
 mod render;
+pub mod source;
 pub mod tools;
 mod tree;
 
@@ -43,8 +45,13 @@ pub enum McpError {
 
 /// Serve MCP on stdin/stdout until the client closes stdin.
 pub async fn serve_stdio(client: Client) -> Result<(), McpError> {
-    let running =
-        ForkboxMcp::new(client).serve(rmcp::transport::stdio()).await.map_err(|e| McpError::Start(e.to_string()))?;
+    serve_stdio_with(ForkboxMcp::new(client)).await
+}
+
+/// Serve `server` on stdin/stdout until the client closes stdin (its client may still be
+/// being prepared: see [`source`]).
+pub async fn serve_stdio_with(server: ForkboxMcp) -> Result<(), McpError> {
+    let running = server.serve(rmcp::transport::stdio()).await.map_err(|e| McpError::Start(e.to_string()))?;
     running.waiting().await.map_err(|e| McpError::Run(e.to_string()))?;
     Ok(())
 }

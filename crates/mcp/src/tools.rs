@@ -5,36 +5,22 @@
 //! HTTP the API calls carry the key of the MCP request being answered.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
-use forkbox_client::{Client, CreateSession};
+use forkbox_client::{Capabilities, Client, CreateSession};
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ErrorCode, Implementation, ListToolsResult,
-    PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ErrorCode, Implementation, InitializeRequestParams,
+    InitializeResult, ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::RequestContext;
 use rmcp::{schemars, tool, tool_router, ErrorData, RoleServer, ServerHandler};
 use serde::Deserialize;
 
 use crate::render;
-
-/// Said to the model once, when the client connects.
-const INSTRUCTIONS: &str = "forkbox runs Python code in isolated sandboxes (hardware-isolated VMs). \
-Python 3.11 with numpy and the standard library only: no pip, nothing else can be installed. Outbound network is \
-what the server allows (by default the public internet, never private or local addresses); network: \"none\" turns it off. \
-Use run_python for a one-off computation (nothing persists); run_command runs a shell command line \
-(ls, grep, a pipeline, python3 script.py) in a session's files or a fresh sandbox. For multi-step work, create_session and call exec \
-repeatedly: variables, imports and files persist between execs, like a notebook. Every exec in a session is a \
-checkpoint: if the state goes bad (an exec broke something, a variable was overwritten), call list_checkpoints and \
-revert to an earlier one instead of starting over. To try several approaches from the same state, \
-try_alternatives runs them in parallel and returns every result (keep the best as a new session); fork_session \
-branches one by hand; inspect_checkpoint and diff_checkpoints show a checkpoint's variables and what changed. \
-Image files (PNG) the code writes under /output are returned as images with the result. \
-To give the code a user's file (a CSV, a JSON document, an image), upload_file it into a session and open it by that \
-path in exec; download_file and list_files read what the code wrote. If an exec runs too long, interrupt it. \
-Delete sessions you no longer need.";
+use crate::source::ClientSource;
 
 /// Largest file `download_file` returns (the model reads it in its context: keep it small).
 pub const DOWNLOAD_DEFAULT_BYTES: u64 = 256 << 10;
@@ -46,7 +32,10 @@ pub const UPLOAD_MAX_BYTES: usize = 16 << 20;
 /// The forkbox MCP server: the tools, over one API client.
 #[derive(Clone)]
 pub struct ForkboxMcp {
-    client: Client,
+    client: ClientSource,
+    /// What the caller may do when the server cannot be asked yet (a first build in the
+    /// background): for the instructions.
+    fallback: Option<Arc<Capabilities>>,
     /// Use the `Authorization: Bearer` key of each HTTP request (the `/mcp` mount)
     /// instead of the client's own.
     forward_key: bool,
@@ -61,8 +50,8 @@ pub struct RunPythonArgs {
     /// Time limit in seconds (default 30).
     #[serde(default)]
     pub timeout_seconds: Option<f64>,
-    /// Template: "python" (Python 3.11 + numpy, the default) or "data" (adds pandas, scipy, matplotlib, \
-    /// scikit-learn, statsmodels, seaborn, sympy, networkx, Pillow, requests, bs4, lxml, openpyxl, pyyaml, tqdm, tabulate).
+    /// Template to start from (default: the server's default); the templates this server offers and their
+    /// packages are listed in the tool's description.
     #[serde(default)]
     pub template: Option<String>,
     /// Outbound network: "none" (no network), "public" (the public internet; private and local
@@ -85,8 +74,8 @@ pub struct CreateSessionArgs {
     /// Labels to find the session by later (e.g. {"task": "plot"}).
     #[serde(default)]
     pub tags: BTreeMap<String, String>,
-    /// Template: "python" (Python 3.11 + numpy, the default) or "data" (adds pandas, scipy, matplotlib, \
-    /// scikit-learn, statsmodels, seaborn, sympy, networkx, Pillow, requests, bs4, lxml, openpyxl, pyyaml, tqdm, tabulate).
+    /// Template to start from (default: the server's default); the templates this server offers and their
+    /// packages are listed in the tool's description.
     #[serde(default)]
     pub template: Option<String>,
     /// Outbound network of the session (kept across its execs and forks): "none" (no network), "public" (the public internet; private and local
@@ -296,18 +285,35 @@ pub(crate) fn done(r: Result<CallToolResult, CallToolResult>) -> Result<CallTool
 impl ForkboxMcp {
     /// Tools over `client` (its own transport and key).
     pub fn new(client: Client) -> ForkboxMcp {
-        ForkboxMcp { client, forward_key: false, tool_router: Self::tool_router() + Self::tree_router() }
+        ForkboxMcp::with_source(ClientSource::Ready(client), None)
+    }
+
+    /// Tools over a client that may still be being prepared (see [`crate::source`]); `fallback`:
+    /// what the instructions say while the server cannot be asked.
+    pub fn with_source(client: ClientSource, fallback: Option<Capabilities>) -> ForkboxMcp {
+        ForkboxMcp {
+            client,
+            fallback: fallback.map(Arc::new),
+            forward_key: false,
+            tool_router: Self::tool_router() + Self::tree_router(),
+        }
     }
 
     /// Tools over `client`, each API call made with the bearer key of the HTTP
     /// request being answered (streamable HTTP behind the API's keys).
     pub fn forwarding_key(client: Client) -> ForkboxMcp {
-        ForkboxMcp { client, forward_key: true, tool_router: Self::tool_router() + Self::tree_router() }
+        ForkboxMcp {
+            client: ClientSource::Ready(client),
+            fallback: None,
+            forward_key: true,
+            tool_router: Self::tool_router() + Self::tree_router(),
+        }
     }
 
-    pub(crate) fn client(&self, ctx: &RequestContext<RoleServer>) -> Result<Client, CallToolResult> {
+    pub(crate) async fn client(&self, ctx: &RequestContext<RoleServer>) -> Result<Client, CallToolResult> {
+        let client = self.client.wait(ctx).await.map_err(|why| render::error("template_unavailable", &why))?;
         if !self.forward_key {
-            return Ok(self.client.clone());
+            return Ok(client);
         }
         let key = ctx
             .extensions
@@ -317,18 +323,17 @@ impl ForkboxMcp {
             .and_then(|h| h.trim().strip_prefix("Bearer ").or_else(|| h.trim().strip_prefix("bearer ")))
             .map(str::trim);
         match key {
-            Some(k) if !k.is_empty() => Ok(self.client.with_key(k)),
+            Some(k) if !k.is_empty() => Ok(client.with_key(k)),
             _ => Err(render::error("unauthorized", "missing API key: send `Authorization: Bearer <key>`")),
         }
     }
 
     #[tool(description = "Run Python code once in a fresh, isolated sandbox and return its result. Nothing persists: \
         every call starts from a clean interpreter (use create_session + exec for state that carries over). \
-        Python 3.11 + numpy + the standard library; no pip; outbound network as the server allows (narrow it with \
-        network). Default time limit 30 s, 2 GiB memory, \
-        1 MiB of stdout/stderr. Returns value (repr of the last expression), stdout, stderr, and error \
-        {type, message, traceback} if the code raised. PNG files written under /output/ come back as images \
-        (e.g. build one with zlib + struct, there is no matplotlib).")]
+        The argument template picks the interpreter and its packages (this server's templates are listed at the \
+        end); outbound network as the server allows (narrow it with network); limits as the instructions say. Returns value (repr of the last expression), stdout, \
+        stderr, and error {type, message, traceback} if the code raised. PNG files written under /output/ and \
+        matplotlib figures left open come back as images.")]
     async fn run_python(
         &self,
         Parameters(a): Parameters<RunPythonArgs>,
@@ -337,7 +342,7 @@ impl ForkboxMcp {
         done(
             async {
                 check_timeout(a.timeout_seconds)?;
-                let c = self.client(&ctx)?;
+                let c = self.client(&ctx).await?;
                 let opts = forkbox_client::ExecOptions {
                     timeout_seconds: a.timeout_seconds,
                     template: a.template,
@@ -349,8 +354,9 @@ impl ForkboxMcp {
         )
     }
 
-    #[tool(description = "Create a session: a persistent Python 3.11 + numpy interpreter in its own sandbox (no \
-        pip; outbound network as the server allows, narrowed by network). Run code in it with exec; variables, imports and files (under / , e.g. /tmp or /output) \
+    #[tool(description = "Create a session: a persistent Python 3.11 interpreter in its own sandbox, on a template \
+        (listed at the end; install_packages adds more packages to the session); outbound network as the server allows, narrowed by \
+        network. Run code in it with exec; variables, imports and files (under / , e.g. /tmp or /output) \
         persist between execs and across server restarts, until delete_session. Every exec makes a checkpoint you can \
         revert to or fork from. Returns session_id.")]
     async fn create_session(
@@ -361,7 +367,7 @@ impl ForkboxMcp {
         done(
             async {
                 check_timeout(a.timeout_seconds)?;
-                let c = self.client(&ctx)?;
+                let c = self.client(&ctx).await?;
                 let opts = CreateSession {
                     tags: a.tags,
                     memory_mb: a.memory_mb,
@@ -392,7 +398,7 @@ impl ForkboxMcp {
         done(
             async {
                 check_id(&a.session_id)?;
-                let c = self.client(&ctx)?;
+                let c = self.client(&ctx).await?;
                 c.session_exec(&a.session_id, &a.code)
                     .await
                     .map(|r| render::exec_result(&r))
@@ -434,7 +440,7 @@ impl ForkboxMcp {
                          under the session's network; drop network or session_id",
                     ));
                 }
-                let c = self.client(&ctx)?;
+                let c = self.client(&ctx).await?;
                 let req = forkbox_client::CommandRequest {
                     cmd: forkbox_client::CommandLine::Shell(a.command),
                     cwd: a.cwd,
@@ -457,7 +463,7 @@ impl ForkboxMcp {
     async fn list_sessions(&self, ctx: RequestContext<RoleServer>) -> Result<CallToolResult, ErrorData> {
         done(
             async {
-                let c = self.client(&ctx)?;
+                let c = self.client(&ctx).await?;
                 c.list_sessions(&[]).await.map(|l| render::sessions(&l)).map_err(|e| render::client_error(&e))
             }
             .await,
@@ -475,7 +481,7 @@ impl ForkboxMcp {
         done(
             async {
                 check_id(&a.session_id)?;
-                let c = self.client(&ctx)?;
+                let c = self.client(&ctx).await?;
                 c.delete_session(&a.session_id)
                     .await
                     .map(|()| render::deleted(&a.session_id))
@@ -495,7 +501,7 @@ impl ForkboxMcp {
         done(
             async {
                 check_id(&a.session_id)?;
-                let c = self.client(&ctx)?;
+                let c = self.client(&ctx).await?;
                 c.checkpoints(&a.session_id)
                     .await
                     .map(|l| render::checkpoints(&a.session_id, &l))
@@ -517,7 +523,7 @@ impl ForkboxMcp {
         done(
             async {
                 check_id(&a.session_id)?;
-                let c = self.client(&ctx)?;
+                let c = self.client(&ctx).await?;
                 c.install_packages(&a.session_id, &a.packages)
                     .await
                     .map(|p| render::packages(&p))
@@ -538,7 +544,7 @@ impl ForkboxMcp {
         done(
             async {
                 check_id(&a.session_id)?;
-                let c = self.client(&ctx)?;
+                let c = self.client(&ctx).await?;
                 c.revert(&a.session_id, a.checkpoint)
                     .await
                     .map(|s| render::session(&s, "reverted"))
@@ -559,7 +565,7 @@ impl ForkboxMcp {
         done(
             async {
                 check_id(&a.session_id)?;
-                let c = self.client(&ctx)?;
+                let c = self.client(&ctx).await?;
                 c.checkpoint_template(&a.session_id, a.checkpoint, &a.name)
                     .await
                     .map(|t| {
@@ -594,7 +600,7 @@ impl ForkboxMcp {
         done(
             async {
                 check_id(&a.session_id)?;
-                let c = self.client(&ctx)?;
+                let c = self.client(&ctx).await?;
                 c.fork(&a.session_id, a.checkpoint)
                     .await
                     .map(|s| render::session(&s, "forked"))
@@ -640,7 +646,7 @@ impl ForkboxMcp {
                         ),
                     ));
                 }
-                let c = self.client(&ctx)?;
+                let c = self.client(&ctx).await?;
                 c.put_file(&a.session_id, &a.path, data)
                     .await
                     .map(|w| render::uploaded(&w))
@@ -671,7 +677,7 @@ impl ForkboxMcp {
                         &format!("max_bytes must be between 1 and {DOWNLOAD_MAX_BYTES}, got {cap}"),
                     ));
                 }
-                let c = self.client(&ctx)?;
+                let c = self.client(&ctx).await?;
                 let too_large = |size: u64| {
                     render::error(
                         "file_too_large",
@@ -715,7 +721,7 @@ impl ForkboxMcp {
                 check_id(&a.session_id)?;
                 let dir = a.dir.unwrap_or_else(|| "/output".to_string());
                 check_path("dir", &dir)?;
-                let c = self.client(&ctx)?;
+                let c = self.client(&ctx).await?;
                 c.list_files(&a.session_id, &dir)
                     .await
                     .map(|l| render::files(&dir, &l))
@@ -736,7 +742,7 @@ impl ForkboxMcp {
         done(
             async {
                 check_id(&a.session_id)?;
-                let c = self.client(&ctx)?;
+                let c = self.client(&ctx).await?;
                 c.interrupt(&a.session_id)
                     .await
                     .map(|i| render::interrupted(&a.session_id, i))
@@ -747,11 +753,55 @@ impl ForkboxMcp {
     }
 }
 
+/// How long `initialize` and `tools/list` wait for the server's capabilities.
+const CAPABILITIES_WAIT: std::time::Duration = std::time::Duration::from_millis(1500);
+
+impl ForkboxMcp {
+    /// What the caller may do: asked of the server if its client is ready (with the caller's
+    /// key over HTTP), else the fallback given at start; None if neither is known.
+    async fn capabilities(&self, ctx: &RequestContext<RoleServer>) -> Option<Capabilities> {
+        let Some(client) = self.client.now() else {
+            return self.fallback.as_deref().cloned();
+        };
+        let client = if self.forward_key {
+            match self.client(ctx).await {
+                Ok(c) => c,
+                Err(_) => return None,
+            }
+        } else {
+            client
+        };
+        match tokio::time::timeout(CAPABILITIES_WAIT, client.capabilities()).await {
+            Ok(Ok(c)) => Some(c),
+            Ok(Err(e)) => {
+                tracing::debug!("capabilities: {e}");
+                self.fallback.as_deref().cloned()
+            }
+            Err(_) => self.fallback.as_deref().cloned(),
+        }
+    }
+}
+
 impl ServerHandler for ForkboxMcp {
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(Implementation::new("forkbox", env!("CARGO_PKG_VERSION")))
-            .with_instructions(INSTRUCTIONS)
+            .with_instructions(crate::instructions::instructions(self.fallback.as_deref()))
+    }
+
+    /// Answered at once, whatever state the server is in: the instructions say what the caller may do
+    /// (asked of the server when it answers quickly, else what is known without it).
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, ErrorData> {
+        context.peer.set_peer_info(request.clone());
+        let mut info = self.negotiate_initialize(&request)?;
+        if let Some(caps) = self.capabilities(&context).await {
+            info.instructions = Some(crate::instructions::instructions(Some(&caps)));
+        }
+        Ok(info)
     }
 
     /// The router's dispatch, except that arguments which do not fit a tool's
@@ -784,9 +834,18 @@ impl ServerHandler for ForkboxMcp {
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        Ok(ListToolsResult::with_all_items(self.tool_router.list_all()))
+        let mut tools = self.tool_router.list_all();
+        if let Some(caps) = self.capabilities(&context).await {
+            for t in &mut tools {
+                if let Some(extra) = crate::instructions::tool_addendum(&t.name, &caps) {
+                    let d = t.description.as_deref().unwrap_or("");
+                    t.description = Some(format!("{d}\n{extra}").into());
+                }
+            }
+        }
+        Ok(ListToolsResult::with_all_items(tools))
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {

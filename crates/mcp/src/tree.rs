@@ -161,7 +161,7 @@ impl ForkboxMcp {
             async {
                 check_id(&a.session_id)?;
                 check_timeout(a.timeout_seconds)?;
-                let c = self.client(&ctx)?;
+                let c = self.client(&ctx).await?;
                 let keep = a.keep.map_or(Keep::None, Keep::Indices);
                 c.explore(&a.session_id, &a.codes, a.checkpoint, &keep, a.timeout_seconds)
                     .await
@@ -183,7 +183,7 @@ impl ForkboxMcp {
         done(
             async {
                 check_id(&a.session_id)?;
-                let c = self.client(&ctx)?;
+                let c = self.client(&ctx).await?;
                 c.variables(&a.session_id, a.checkpoint)
                     .await
                     .map(|v| variables(&a.session_id, &v))
@@ -204,7 +204,7 @@ impl ForkboxMcp {
         done(
             async {
                 check_id(&a.session_id)?;
-                let c = self.client(&ctx)?;
+                let c = self.client(&ctx).await?;
                 c.diff(&a.session_id, a.from, a.to)
                     .await
                     .map(|d| diff(&a.session_id, &d))

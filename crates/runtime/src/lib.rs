@@ -230,6 +230,11 @@ impl Runtime {
             template: template.map(str::to_string),
             ..RuntimeConfig::embedded()
         };
+        Runtime::embedded_with(home, config)
+    }
+
+    /// [`Self::embedded`] with `config` (an operator's egress policy, say: `RuntimeConfig::embedded()` changed).
+    pub fn embedded_with(home: &Path, config: RuntimeConfig) -> Result<Arc<Runtime>, RuntimeError> {
         let rt = Runtime::open(home, config)?;
         rt.start_maintenance(|_| {});
         Ok(rt)
@@ -357,6 +362,15 @@ impl Runtime {
                 let key = self.catalog.key_for(Some(tenant), n)?;
                 Ok(self.catalog.get_or_start(Some(&key))?)
             }
+        }
+    }
+
+    /// Start building the shared or shipped template `name` in the background if it is not
+    /// built (`serve --prebuild`); one on disk is opened now (about a second).
+    pub fn prebuild(&self, name: &str) -> Result<(), RuntimeError> {
+        match self.catalog.get_or_start(Some(name)) {
+            Ok(_) | Err(forkbox_engine::CatalogError::Building { .. }) => Ok(()),
+            Err(e) => Err(e.into()),
         }
     }
 

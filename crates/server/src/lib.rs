@@ -81,6 +81,7 @@ use anyhow::Context;
 use forkbox_runtime::{Limits, Runtime, RuntimeConfig, SessionsConfig};
 
 pub use auth::Caller;
+pub use handlers::capabilities::compute as capabilities;
 pub use keys::create_key;
 pub use keys::{create_key_full, create_key_with};
 pub use quota::KeyLimits;
@@ -140,6 +141,10 @@ pub struct ServerConfig {
     pub packages: forkbox_runtime::PackagePolicy,
     /// Where one-shot execs run (`serve --isolation`; see `forkbox_runtime::Isolation`).
     pub isolation: forkbox_runtime::Isolation,
+    /// Templates to build at start, in the background (`serve --prebuild NAME`).
+    pub prebuild: Vec<String>,
+    /// How long a request on a template being built waits for it before 409 `template_not_ready`.
+    pub template_wait: Duration,
 }
 
 impl ServerConfig {
@@ -170,6 +175,8 @@ impl ServerConfig {
             pip: rt.pip,
             packages: rt.packages,
             isolation: rt.isolation,
+            prebuild: Vec::new(),
+            template_wait: Duration::from_secs(60),
         }
     }
 
@@ -298,6 +305,9 @@ impl Server {
         let cfg = config.clone();
         let (state, created_key) = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
             let runtime = Runtime::open(&cfg.home, cfg.runtime())?;
+            for name in &cfg.prebuild {
+                runtime.prebuild(name).with_context(|| format!("--prebuild {name}"))?;
+            }
             let tenant = cfg.default_tenant.clone();
             let state = Inner::with_runtime(runtime, cfg)?;
             let created_key = if keys::count_keys(state.keys.db())? == 0 {

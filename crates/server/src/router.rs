@@ -13,7 +13,7 @@ use utoipa_axum::routes;
 use crate::auth::{auth, Caller};
 use crate::error::{ApiError, ErrorBody, ErrorDetail};
 use crate::extractors::BodyLimits;
-use crate::handlers::{commands, console, exec, files, forevervm, health, sessions, stream, templates, tree};
+use crate::handlers::{capabilities, commands, console, exec, files, forevervm, health, sessions, stream, templates, tree};
 use crate::{openapi, AppState};
 
 #[derive(OpenApi)]
@@ -44,6 +44,7 @@ fn v1_routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(exec::exec))
         .routes(routes!(health::workers))
+        .routes(routes!(capabilities::capabilities))
         .routes(routes!(health::nodes))
         .routes(routes!(health::node_drain))
         .routes(routes!(health::node_activate))

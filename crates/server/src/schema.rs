@@ -737,8 +737,11 @@ pub struct TemplateBody {
     pub source: String,
     /// pip requirement specs, installed as binary wheels.
     pub pip: Vec<String>,
-    /// While `building`: the step (`queued`, `image`, `template`).
+    /// While `building`: the step (`queued`, `image: <what the image build does>`, `template`).
     pub progress: Option<String>,
+    /// While `building`: the fraction of the step done (0 to 1), where known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fraction: Option<f64>,
     /// While `building`: seconds since the build was asked for.
     pub elapsed_seconds: Option<u64>,
     /// The session and checkpoint a `checkpoint` template was made from.
@@ -802,6 +805,7 @@ impl TemplateBody {
             source: t.source,
             pip: t.pip,
             progress: t.progress,
+            fraction: t.fraction,
             elapsed_seconds: t.elapsed_seconds,
             from_session: t.from_session,
             from_checkpoint: t.from_checkpoint,

@@ -369,7 +369,7 @@ fn node_start_up_figures() {
     let t0 = Instant::now();
     let built = forkbox_image::build(
         &forkbox_engine::default_image_spec(),
-        &forkbox_image::BuildOptions { home: cold.path().to_path_buf(), progress: false },
+        &forkbox_image::BuildOptions { home: cold.path().to_path_buf(), progress: false, report: None },
     )
     .unwrap();
     let apt = secs(t0);

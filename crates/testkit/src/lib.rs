@@ -61,7 +61,7 @@ pub fn image_path() -> PathBuf {
     let t0 = Instant::now();
     let built = forkbox_image::build(
         &forkbox_engine::default_image_spec(),
-        &forkbox_image::BuildOptions { home: home.clone(), progress: false },
+        &forkbox_image::BuildOptions { home: home.clone(), progress: false, report: None },
     )
     .unwrap_or_else(|e| panic!("building the default image under {}: {e}", home.display()));
     eprintln!(

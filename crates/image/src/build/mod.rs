@@ -40,6 +40,27 @@ pub struct BuildOptions {
     pub home: PathBuf,
     /// Show progress bars on stderr.
     pub progress: bool,
+    /// Told each step of a build and, where known, the fraction of it done (a server's
+    /// `GET /v1/templates/{name}`).
+    pub report: Option<Report>,
+}
+
+/// A build's progress callback: (step, fraction of the step done if known).
+#[derive(Clone)]
+pub struct Report(pub std::sync::Arc<dyn Fn(&'static str, Option<f64>) + Send + Sync>);
+
+impl std::fmt::Debug for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Report")
+    }
+}
+
+impl BuildOptions {
+    fn report(&self, step: &'static str, fraction: Option<f64>) {
+        if let Some(r) = &self.report {
+            (r.0)(step, fraction.map(|f| f.clamp(0.0, 1.0)));
+        }
+    }
 }
 
 /// Figures from a build that actually ran (not from a reuse).
@@ -310,6 +331,7 @@ pub fn build(spec: &ImageSpec, opts: &BuildOptions) -> Result<BuiltImage, BuildE
     }
 
     let mut t = Instant::now();
+    opts.report("resolving packages", None);
     let sp = spinner(opts.progress, RESOLVING);
     let requested = spec.requested();
     let omitted = spec.omitted();
@@ -355,7 +377,11 @@ pub fn build(spec: &ImageSpec, opts: &BuildOptions) -> Result<BuiltImage, BuildE
         "{msg:12} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec}",
         "download",
     ));
+    opts.report("downloading packages", Some(0.0));
     stats.downloaded_bytes = apt::download(&requested, &omitted, &debs, &cache, &debs_dir, &|done, total| {
+        if total > 0 {
+            opts.report("downloading packages", Some(done as f64 / total as f64));
+        }
         if let Ok(mut pb) = pb.lock() {
             pb.set_length(total);
             pb.set_position(done);
@@ -375,7 +401,11 @@ pub fn build(spec: &ImageSpec, opts: &BuildOptions) -> Result<BuiltImage, BuildE
 
     let pb = std::sync::Mutex::new(bar(opts.progress, debs.len() as u64, "{msg:12} [{bar:40}] {pos}/{len}", "unpack"));
     let jobs: Vec<(PathBuf, String)> = debs.iter().map(|d| (debs_dir.join(&d.filename), d.package.clone())).collect();
+    opts.report("unpacking packages", Some(0.0));
+    let unpacked = std::sync::atomic::AtomicUsize::new(0);
     let control = tree::unpack_all(&jobs, work.path(), &root, &|| {
+        let n = unpacked.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        opts.report("unpacking packages", Some(n as f64 / jobs.len().max(1) as f64));
         if let Ok(mut pb) = pb.lock() {
             pb.inc(1)
         }
@@ -387,6 +417,7 @@ pub fn build(spec: &ImageSpec, opts: &BuildOptions) -> Result<BuiltImage, BuildE
     tracing::info!(files = stats.unpacked.files, bytes = stats.unpacked.bytes, "unpacked");
     stats.step("unpack", &mut t);
 
+    opts.report("shaping the file tree", None);
     let sp = spinner(opts.progress, "shaping tree");
     tree::usrmerge(&root)?;
     let removed = tree::trim(&root, &spec.trim_rules())?;
@@ -405,6 +436,7 @@ pub fn build(spec: &ImageSpec, opts: &BuildOptions) -> Result<BuiltImage, BuildE
         stats.step("wheels", &mut t);
     }
 
+    opts.report("compiling .pyc", None);
     let sp = spinner(opts.progress, "compiling .pyc");
     stats.pyc_files = pyc::compile(&root)?;
     sp.finish();
@@ -424,6 +456,7 @@ pub fn build(spec: &ImageSpec, opts: &BuildOptions) -> Result<BuiltImage, BuildE
     stats.final_tree = tree::stats(&root)?;
     stats.step("link check", &mut t);
 
+    opts.report("packing the image", None);
     let sp = spinner(opts.progress, "packing");
     let packed = pack_dir_with(&root, &out, &PackOptions { id: Some(id.clone()), mtime_clamp: Some(epoch) });
     sp.finish();

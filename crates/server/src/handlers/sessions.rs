@@ -22,6 +22,7 @@ pub(crate) async fn create_session(
     ApiJson(req): ApiJson<CreateSession>,
 ) -> Result<(StatusCode, Json<Session>), ApiError> {
     let network = network_layers(&caller, &req.network)?;
+    super::wait_for_template(&state, &caller.tenant, req.template.as_deref()).await?;
     let v = blocking(&state, move |rt| {
         let timeout = crate::fair::key_timeout_of(rt, &caller, req.timeout_seconds)?;
         let new = NewSession {

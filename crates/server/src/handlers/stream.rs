@@ -192,6 +192,7 @@ pub(crate) async fn exec_stream(
 ) -> Result<impl IntoResponse, ApiError> {
     let t0 = Instant::now();
     let timeout = crate::fair::key_timeout(&state, &caller, req.timeout_seconds)?;
+    super::wait_for_template(&state, &caller.tenant, req.template.as_deref()).await?;
     let req = state.runtime.oneshot(
         &caller.tenant,
         req.code,
