@@ -185,14 +185,12 @@ pub fn poll_host(fds: &mut [libc::pollfd], until: Instant, interrupted: impl Fn(
 fn host_fds_at(fds: &FdTable, io: &Io, ofd: u64, events: u32, depth: u32, out: &mut Vec<libc::pollfd>) {
     let Some(f) = fds.description(ofd) else { return };
     match f.kind {
-        FileKind::Socket(s) => {
-            if out.len() < crate::fd::MAX_FDS as usize {
-                if let Some(p) = io.net.pollfd(s.id, events as i16) {
-                    out.push(p);
-                }
-                // Answers of the resolver waiting for a host lookup.
-                io.net.lookup_pollfds(s.id, events as i16, out);
+        FileKind::Socket(s) if out.len() < crate::fd::MAX_FDS as usize => {
+            if let Some(p) = io.net.pollfd(s.id, events as i16) {
+                out.push(p);
             }
+            // Answers of the resolver waiting for a host lookup.
+            io.net.lookup_pollfds(s.id, events as i16, out);
         }
         FileKind::Object(id) if depth < 5 => {
             if let Ok(crate::objects::Object { kind: crate::objects::ObjKind::Epoll(e), .. }) = fds.objects.get(id) {
