@@ -62,7 +62,9 @@ fn nameserver() -> &'static Nameserver {
                 let _ = sock.send_to(&reply, from);
             }
         });
-        resolver::set_upstream(Some(vec![addr]));
+        // Twice: a lookup it never answers takes the resolver's whole budget
+        // (two nameservers' time), longer than any wait in these tests.
+        resolver::set_upstream(Some(vec![addr, addr]));
         Nameserver { asked }
     })
 }
@@ -116,7 +118,8 @@ fn an_interrupt_ends_a_lookup_promptly() {
     let kind = r.error.as_ref().map(|e| e.kind.clone());
     assert!(matches!(kind.as_deref(), Some("KeyboardInterrupt" | "gaierror")), "{r:?}");
     // Without the interrupt the lookup would take the resolver's whole budget (4 s).
-    assert!(took < Duration::from_millis(1500), "the exec ended {took:?} after the interrupt");
+    eprintln!("the exec ended {took:?} after the interrupt");
+    assert!(took < Duration::from_millis(1000), "the exec ended {took:?} after the interrupt");
     assert!(ns.asked().iter().any(|n| n == "y.hang.test"), "{:?}", ns.asked());
     assert_eq!(value(&mut sb, "6 * 7"), "42", "the sandbox is still usable");
 }

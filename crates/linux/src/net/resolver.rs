@@ -310,7 +310,7 @@ fn read_response(buf: &[u8], id: u16, name: &Name, ty: RecordType) -> Option<Res
     let mut addrs = Vec::new();
     for r in m.answers.iter().filter(|r| names.contains(&r.name)) {
         let ip = match (&r.data, ty) {
-            (RData::A(a), RecordType::A) => IpAddr::V4(Ipv4Addr::from(a.0)),
+            (RData::A(a), RecordType::A) => IpAddr::V4(a.0),
             (RData::AAAA(a), RecordType::AAAA) => IpAddr::V6(a.0),
             _ => continue,
         };
