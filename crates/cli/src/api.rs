@@ -62,7 +62,7 @@ impl Api {
             None => config.image = Some(crate::run::ensure_image(home, image, true)?.0),
         }
         let runtime = forkbox_runtime::Runtime::embedded_with(home, config)
-        .context("opening the local data directory (if a forkbox server serves it, use --url URL)")?;
+            .context("opening the local data directory (if a forkbox server serves it, use --url URL)")?;
         let rt = async_runtime()?;
         let router = {
             let _guard = rt.enter();

@@ -175,7 +175,9 @@ pub(crate) fn summary(mut v: Vec<f64>) -> String {
 
 /// The host Python the baselines run: `$FORKBOX_HOST_PYTHON`, else /usr/bin/python3.
 fn host_python() -> std::path::PathBuf {
-    std::env::var_os("FORKBOX_HOST_PYTHON").filter(|p| !p.is_empty()).map_or_else(|| "/usr/bin/python3".into(), Into::into)
+    std::env::var_os("FORKBOX_HOST_PYTHON")
+        .filter(|p| !p.is_empty())
+        .map_or_else(|| "/usr/bin/python3".into(), Into::into)
 }
 
 /// What the host baseline of `cmd` imports beside the standard library (None: no host baseline).

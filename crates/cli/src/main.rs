@@ -249,9 +249,7 @@ enum TemplateCommand {
     /// List the templates in the data directory (of the server running on it, or --url), with build progress.
     Ls,
     /// One template: its state (a build's step, how far, for how long), packages and preload.
-    Show {
-        name: String,
-    },
+    Show { name: String },
     /// Build (or verify) a template: a shipped one by name (`python`, `data`); a named custom one
     /// from --apt/--pip/--preload (shared by every tenant of this data directory; with --url, the
     /// caller's own, built by the server); or, without a name, one for an image (--apt/--image) and preload.
@@ -613,18 +611,21 @@ fn main() -> ExitCode {
             Some(url) => api::Api::remote(url, cli.api_key.clone()).and_then(|a| session::session_remote(&a, cmd)),
             None => session::session(&home, cmd, &egress),
         },
-        Command::Template(TemplateCommand::Ls) => match template_server(&home, cli.url.as_deref(), cli.api_key.clone()) {
+        Command::Template(TemplateCommand::Ls) => match template_server(&home, cli.url.as_deref(), cli.api_key.clone())
+        {
             Some(api) => api.and_then(|a| template_ls_remote(&a)),
             None => template_ls(&home),
         },
-        Command::Template(TemplateCommand::Show { name }) => match template_server(&home, cli.url.as_deref(), cli.api_key.clone()) {
-            Some(api) => api.and_then(|a| {
-                let t = a.block_on(a.client.template(&name))?;
-                print_template(&t);
-                Ok(ExitCode::SUCCESS)
-            }),
-            None => template_show(&home, &name),
-        },
+        Command::Template(TemplateCommand::Show { name }) => {
+            match template_server(&home, cli.url.as_deref(), cli.api_key.clone()) {
+                Some(api) => api.and_then(|a| {
+                    let t = a.block_on(a.client.template(&name))?;
+                    print_template(&t);
+                    Ok(ExitCode::SUCCESS)
+                }),
+                None => template_show(&home, &name),
+            }
+        }
         Command::Template(TemplateCommand::Build {
             name,
             preload,
@@ -914,11 +915,7 @@ fn template_build_remote(
 
 /// The server `template ls`/`show` ask: --url, else the one running on the data directory (its
 /// builds in progress are its own); None: the data directory itself.
-fn template_server(
-    home: &std::path::Path,
-    url: Option<&str>,
-    key: Option<String>,
-) -> Option<anyhow::Result<api::Api>> {
+fn template_server(home: &std::path::Path, url: Option<&str>, key: Option<String>) -> Option<anyhow::Result<api::Api>> {
     if let Some(url) = url {
         return Some(api::Api::remote(url, key));
     }

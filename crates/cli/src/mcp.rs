@@ -80,7 +80,12 @@ pub fn mcp(
 /// command without --url), else the data directory in process. `initialize` is answered at once
 /// in every case: the embedded runtime is opened (on a first start, the image and template built)
 /// in the background, and the tool calls that need it wait for it.
-fn stdio(home: &Path, url: Option<String>, image: Option<PathBuf>, egress: &crate::EgressArgs) -> anyhow::Result<ExitCode> {
+fn stdio(
+    home: &Path,
+    url: Option<String>,
+    image: Option<PathBuf>,
+    egress: &crate::EgressArgs,
+) -> anyhow::Result<ExitCode> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async {
         let server = match url {
@@ -119,7 +124,11 @@ fn stdio(home: &Path, url: Option<String>, image: Option<PathBuf>, egress: &crat
 /// local tenant (the one `forkbox session` uses), no key. The runtime opens in the background
 /// (a first start builds the image and template); until then the instructions say what the
 /// configuration allows, and tool calls wait.
-fn embedded(home: &Path, image: Option<PathBuf>, egress: &crate::EgressArgs) -> anyhow::Result<forkbox_mcp::ForkboxMcp> {
+fn embedded(
+    home: &Path,
+    image: Option<PathBuf>,
+    egress: &crate::EgressArgs,
+) -> anyhow::Result<forkbox_mcp::ForkboxMcp> {
     let mut config = egress.runtime_config()?;
     config.image = image;
     let fallback = match forkbox_engine::Catalog::new(home) {
@@ -149,8 +158,9 @@ fn embedded(home: &Path, image: Option<PathBuf>, egress: &crate::EgressArgs) -> 
         match opened {
             Ok(Ok(client)) => prep.ready(client),
             Ok(Err(e)) => {
-                tracing::error!("{e:#}");
-                prep.failed(format!("{e:#}"));
+                let why = crate::one_line(&e);
+                tracing::error!("{why}");
+                prep.failed(why);
             }
             Err(e) => prep.failed(format!("opening the data directory failed: {e}")),
         }

@@ -1111,7 +1111,8 @@ impl Catalog {
         }));
         let build_image = || {
             let opts = BuildOptions { home: self.home.clone(), progress: self.progress, report: Some(report.clone()) };
-            forkbox_image::build(&recipe.spec, &opts).map_err(|source| CatalogError::Build { name: shown.clone(), source })
+            forkbox_image::build(&recipe.spec, &opts)
+                .map_err(|source| CatalogError::Build { name: shown.clone(), source })
         };
         let engine_err = |source| CatalogError::Engine { name: shown.clone(), source };
         let cpu_digest = forkbox_snapshot::CpuFingerprint::of(&self.cpu).digest();

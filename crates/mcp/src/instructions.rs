@@ -81,8 +81,7 @@ pub fn templates(c: &Capabilities) -> String {
 pub fn packages(c: &Capabilities) -> String {
     let p = &c.packages;
     if !p.allowed {
-        return "Installing packages at run time is not allowed on this server: use a template that has them."
-            .into();
+        return "Installing packages at run time is not allowed on this server: use a template that has them.".into();
     }
     let mut s = format!(
         "Other packages: install_packages installs pip packages (binary wheels, from {}) into a session, which \

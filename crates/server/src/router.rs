@@ -13,7 +13,9 @@ use utoipa_axum::routes;
 use crate::auth::{auth, Caller};
 use crate::error::{ApiError, ErrorBody, ErrorDetail};
 use crate::extractors::BodyLimits;
-use crate::handlers::{capabilities, commands, console, exec, files, forevervm, health, sessions, stream, templates, tree};
+use crate::handlers::{
+    capabilities, commands, console, exec, files, forevervm, health, sessions, stream, templates, tree,
+};
 use crate::{openapi, AppState};
 
 #[derive(OpenApi)]
