@@ -314,12 +314,13 @@ impl PackageStore {
         let name = spec_name(spec).to_string();
         let listed = (|| -> Result<bool, BuildError> {
             let mut jail = Jail::new()?;
+            let where_from = wheels::source_args(&mut jail, source)?;
             let mut c = wheels::host_pip(&mut jail, &self.home.join("cache"), 64 << 20)?;
             // Every format on purpose: this lists versions from file names and
             // index pages only (it never downloads, builds or prepares a
             // distribution), to tell an sdist-only package from a missing one.
             c.args(["index", "versions", "--no-input", "--disable-pip-version-check"]);
-            wheels::source_args(&mut c, source);
+            c.args(&where_from);
             c.arg("--").arg(&name);
             let o = cmd::output("pip", &mut c)?;
             Ok(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("Available versions"))

@@ -78,7 +78,18 @@ impl WheelRef {
 /// The suffixes that make pip take a requirement for a file (its
 /// `is_archive_file`), and eggs: a spec ending in one is refused.
 const ARCHIVE_SUFFIXES: &[&str] = &[
-    ".whl", ".zip", ".tar.gz", ".tgz", ".tar", ".tar.bz2", ".tbz", ".tar.xz", ".txz", ".tlz", ".tar.lz", ".tar.lzma",
+    ".whl",
+    ".zip",
+    ".tar.gz",
+    ".tgz",
+    ".tar",
+    ".tar.bz2",
+    ".tbz",
+    ".tar.xz",
+    ".txz",
+    ".tlz",
+    ".tar.lz",
+    ".tar.lzma",
     ".egg",
 ];
 
@@ -135,7 +146,8 @@ fn is_marker(m: &str) -> bool {
                 return false;
             }
             rest = &rest[end + 2..];
-        } else if let Some(op) = ["===", "==", "!=", "<=", ">=", "~=", "<", ">"].into_iter().find(|op| rest.starts_with(op))
+        } else if let Some(op) =
+            ["===", "==", "!=", "<=", ">=", "~=", "<", ">"].into_iter().find(|op| rest.starts_with(op))
         {
             compares += 1;
             rest = &rest[op.len()..];
@@ -174,9 +186,11 @@ pub fn validate_spec(s: &str) -> Result<(), String> {
     let req = req.trim_end();
     let lower = req.to_ascii_lowercase();
     if req.contains(['/', '\\']) || lower.starts_with('.') || ARCHIVE_SUFFIXES.iter().any(|x| lower.ends_with(x)) {
-        return Err(format!("invalid pip spec {s:?}: it names a file; packages are given by name only ({help})"));
+        // (Not echoed: it may be a host path.)
+        return Err(format!("invalid pip spec: it names a file or a path; packages are given by name only ({help})"));
     }
-    let name_end = req.find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))).unwrap_or(req.len());
+    let name_end =
+        req.find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))).unwrap_or(req.len());
     let name = &req[..name_end];
     if !is_name(name) {
         return Err(format!("invalid pip spec {s:?} (must start with a package name: {help})"));
@@ -270,17 +284,29 @@ pub(crate) fn host_pip(jail: &mut Jail, cache: &Path, max_file: u64) -> Result<C
     Ok(c)
 }
 
-/// Where pip looks (`source`: no index, another index, wheelhouses), with the
-/// operator's pip configuration (a proxy, a mirror; `confine::PIP_ENV`) applying.
-pub(crate) fn source_args(c: &mut Command, source: &PipSource) {
+/// pip's options for where it looks (`source`: no index, another index,
+/// wheelhouses), with the operator's pip configuration (a proxy, a mirror;
+/// `confine::PIP_ENV`) applying. A wheelhouse directory of the host is
+/// bind-mounted read-only into `jail` (the path to it may pass directories
+/// the unprivileged uid cannot enter; the directory itself must be readable).
+/// Call before `host_pip`.
+pub(crate) fn source_args(jail: &mut Jail, source: &PipSource) -> Result<Vec<std::ffi::OsString>, BuildError> {
+    let mut args: Vec<std::ffi::OsString> = Vec::new();
     if source.no_index {
-        c.arg("--no-index");
+        args.push("--no-index".into());
     } else if let Some(u) = &source.index_url {
-        c.args(["--index-url", u]);
+        args.extend(["--index-url".into(), u.into()]);
     }
-    for f in &source.find_links {
-        c.args(["--find-links", f]);
+    for (i, f) in source.find_links.iter().enumerate() {
+        let local = f.strip_prefix("file://").unwrap_or(f);
+        let arg = if local.starts_with('/') && Path::new(local).is_dir() {
+            jail.bind(Path::new(local), &format!("links-{i}"), false)?.into_os_string()
+        } else {
+            f.into()
+        };
+        args.extend(["--find-links".into(), arg]);
     }
+    Ok(args)
 }
 
 /// pip ran into its file-size limit: a wheel over `max` bytes.
@@ -302,6 +328,7 @@ pub fn fetch(specs: &[String], source: &PipSource, cache: &Path, max_wheel: u64)
     source.validate().map_err(bad)?;
     let mut jail = Jail::new()?;
     let dl = jail.mkdir("dest")?;
+    let where_from = source_args(&mut jail, source)?;
     let mut c = host_pip(&mut jail, cache, max_wheel)?;
     c.args(["download", "--only-binary=:all:", "--no-input", "--disable-pip-version-check", "--progress-bar", "off"]);
     for p in PIP_PLATFORMS {
@@ -309,7 +336,7 @@ pub fn fetch(specs: &[String], source: &PipSource, cache: &Path, max_wheel: u64)
     }
     c.args(["--python-version", "3.11", "--implementation", "cp", "--abi", "cp311", "--abi", "abi3", "--abi", "none"]);
     c.arg("--dest").arg(&dl);
-    source_args(&mut c, source);
+    c.args(&where_from);
     c.arg("--");
     c.args(specs);
     let out = cmd::output("pip", &mut c)?;
@@ -518,8 +545,10 @@ pub fn install_capped(
     fs::create_dir_all(&site).map_err(|e| BuildError::io("pip", &site, e))?;
     let beside = root.parent().unwrap_or(root);
     for w in wheels {
-        let stage =
-            tempfile::Builder::new().prefix(".wheel-").tempdir_in(beside).map_err(|e| BuildError::io("pip", beside, e))?;
+        let stage = tempfile::Builder::new()
+            .prefix(".wheel-")
+            .tempdir_in(beside)
+            .map_err(|e| BuildError::io("pip", beside, e))?;
         let u = unpack_one(
             &w.path(cache),
             &w.filename,
@@ -765,7 +794,9 @@ with zipfile.ZipFile(path, 'w', zipfile.ZIP_DEFLATED) as z:
         assert_eq!(w[0].sha256, hex::encode(Sha256::digest(&bytes)), "cached by content");
         assert_eq!(std::fs::read(w[0].path(&cache)).unwrap(), bytes);
 
-        let e = fetch(&["onlysdist".into()], &source, &cache, MAX_BUILD_WHEEL_BYTES).expect_err("an sdist only").to_string();
+        let e = fetch(&["onlysdist".into()], &source, &cache, MAX_BUILD_WHEEL_BYTES)
+            .expect_err("an sdist only")
+            .to_string();
         assert!(e.contains("no binary wheel of onlysdist") && !e.contains('\n'), "{e}");
         assert!(
             matches!(fetch(&["onlysdist".into()], &source, &cache, MAX_BUILD_WHEEL_BYTES), Err(BuildError::NoWheel { spec }) if spec == "onlysdist")
