@@ -8,7 +8,7 @@
 //! `Catalog::by_id` opens any template that is on disk (its image named by the
 //! template's state file), whether or not a recipe names it now.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
@@ -569,7 +569,17 @@ impl Catalog {
     /// published before any sandbox mounts it, so that a checkpoint referring
     /// to it is resumable on every node. Blocking (pip).
     pub fn resolve_packages(&self, specs: &[String]) -> Result<Vec<crate::packages::Package>, EngineError> {
-        let pkgs = self.packages.resolve(specs)?;
+        self.resolve_packages_within(specs, forkbox_image::packages::MAX_LAYER_BYTES)
+    }
+
+    /// [`Self::resolve_packages`], a layer built now unpacking to at most
+    /// `budget` bytes (what is left of the tenant's disk quota).
+    pub fn resolve_packages_within(
+        &self,
+        specs: &[String],
+        budget: u64,
+    ) -> Result<Vec<crate::packages::Package>, EngineError> {
+        let pkgs = self.packages.resolve_within(specs, budget)?;
         if let Some(sh) = self.shared() {
             for p in &pkgs {
                 let Some(path) = self.packages.layer_path(&p.sha256) else { continue };
@@ -578,6 +588,30 @@ impl Catalog {
             }
         }
         Ok(pkgs)
+    }
+
+    /// Remove the package layers on disk that neither `referenced` (the
+    /// layers the sessions' lineages mount) nor any template on disk (its
+    /// saved state's file system) refers to; see `PackageStore::gc`. Their ids.
+    pub fn gc_packages(&self, referenced: &BTreeSet<String>, min_age: std::time::Duration) -> Vec<String> {
+        let mut keep = referenced.clone();
+        if let Ok(rd) = std::fs::read_dir(templates_dir(&self.home)) {
+            for e in rd.flatten() {
+                let state = e.path().join(forkbox_snapshot::bundle::STATE_FILE);
+                if !state.is_file() {
+                    continue;
+                }
+                match forkbox_snapshot::read_state(&state) {
+                    Ok(snap) => keep.extend(snap.process.vfs.layer_ids()),
+                    Err(err) => {
+                        // Unreadable: keep every layer rather than guess.
+                        tracing::warn!(template = %e.file_name().to_string_lossy(), error = %err, "package GC skipped");
+                        return Vec::new();
+                    }
+                }
+            }
+        }
+        self.packages.gc(&keep, min_age)
     }
 
     /// Where pip looks for the wheels of templates built by request (`serve --pip-index-url/--pip-find-links`).

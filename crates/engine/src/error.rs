@@ -93,6 +93,7 @@ impl From<forkbox_image::packages::PackageError> for EngineError {
             P::NotFound(_) => ErrorCode::PackageNotFound,
             P::Failed(_) => ErrorCode::PackageFailed,
             P::MissingLayer(_) => ErrorCode::StorageError,
+            P::OverBudget(_) => ErrorCode::QuotaExceeded,
         };
         EngineError::Package { code, message: e.to_string() }
     }

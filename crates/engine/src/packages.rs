@@ -11,7 +11,7 @@
 
 use serde::Serialize;
 
-pub use forkbox_image::packages::{Package, PackageError, PackageStore, Policy};
+pub use forkbox_image::packages::{Package, PackageError, PackageStore, Policy, MAX_LAYER_BYTES};
 
 /// Where wheels' files are in the guest (before Debian's dist-packages on `sys.path`).
 pub const SITE: &str = "/usr/local/lib/python3.11/dist-packages";

@@ -204,6 +204,13 @@ impl Runtime {
         Ok(self.sessions.delete(tenant, id)?)
     }
 
+    /// Remove the package layers that no session, checkpoint or template
+    /// refers to and that are at least `min_age` old (the upkeep does it
+    /// every `forkbox_sessions::manager::PACKAGE_GC_EVERY`); their ids.
+    pub fn gc_packages(&self, min_age: std::time::Duration) -> Result<Vec<String>, RuntimeError> {
+        Ok(self.sessions.gc_packages(min_age)?)
+    }
+
     /// Interrupt (Ctrl-C) the session's running exec; false if none runs.
     pub fn interrupt(&self, tenant: &str, id: &str) -> Result<bool, RuntimeError> {
         Ok(self.sessions.interrupt(tenant, id)?)
@@ -248,7 +255,7 @@ impl Runtime {
         let used = self.sessions.disk_bytes(tenant)?;
         if used >= max_mb.saturating_mul(1 << 20) {
             return Err(RuntimeError::QuotaExceeded(format!(
-                "the checkpoints of this tenant's sessions take {:.1} MiB, the key allows {max_mb} MiB; delete sessions first",
+                "the checkpoints and package layers of this tenant's sessions take {:.1} MiB, the key allows {max_mb} MiB; delete sessions first",
                 used as f64 / (1 << 20) as f64
             )));
         }
@@ -320,10 +327,14 @@ impl Runtime {
         self.check_code(&code)?;
         // `%pip install` lines: the host's pip runs here, never on an exec thread.
         let plan = if forkbox_engine::packages::pip_lines(&code).map_err(RuntimeError::Invalid)?.is_some() {
-            let (rt, code) = (self.clone(), code.clone());
-            tokio::task::spawn_blocking(move || rt.sessions.plan_pip(&code))
-                .await
-                .map_err(|_| RuntimeError::WorkerGone)??
+            let (rt, code, t) = (self.clone(), code.clone(), tenant.to_string());
+            tokio::task::spawn_blocking(move || {
+                // The quota first: it bounds what the wheels' new layers may unpack to.
+                rt.check_disk(&t, &quota)?;
+                Ok::<_, RuntimeError>(rt.sessions.plan_pip(&t, &code)?)
+            })
+            .await
+            .map_err(|_| RuntimeError::WorkerGone)??
         } else {
             None
         };
@@ -390,7 +401,7 @@ impl Runtime {
             rt.check_disk(&t, &quota)?;
             // 404 for an unknown session before pip runs.
             rt.sessions.get(&t, &i)?;
-            Ok(rt.sessions.resolve_packages(&sp)?)
+            Ok(rt.sessions.resolve_packages_for(&t, &sp)?)
         })
         .await
         .map_err(|_| RuntimeError::WorkerGone)??;

@@ -207,6 +207,12 @@ pub struct PipPlan {
     pub resolved: Vec<Vec<Package>>,
 }
 
+/// How often the upkeep removes the package layers nothing refers to any
+/// more (its first round after start, then at most this often), and how old
+/// such a layer must be (one just built for an install in progress stays).
+pub const PACKAGE_GC_EVERY: Duration = Duration::from_secs(600);
+pub const PACKAGE_GC_MIN_AGE: Duration = Duration::from_secs(600);
+
 /// What `Manager::install_packages` did.
 #[derive(Clone, Debug)]
 pub struct PackagesOutcome {
@@ -329,6 +335,8 @@ pub struct SessionManager {
     /// Checkpoint disk quota per tenant (bytes; absent: unlimited), see `set_disk_quota`.
     quotas: Mutex<HashMap<String, u64>>,
     reserved: Mutex<Reservations>,
+    /// When the upkeep last removed unused package layers.
+    packages_gc_at: Mutex<Option<Instant>>,
     /// The object store of `config.objects`.
     objects: Option<Objects>,
     /// Where the sandboxes live (this process by default; see [`Self::with_host`]).
@@ -553,6 +561,7 @@ impl SessionManager {
             running: Mutex::new(HashMap::new()),
             quotas: Mutex::new(HashMap::new()),
             reserved: Mutex::new(Reservations::default()),
+            packages_gc_at: Mutex::new(None),
             objects,
             node,
             host: Arc::new(InProcess),
@@ -729,13 +738,13 @@ impl SessionManager {
     /// The `%pip install` lines of `code` with their packages resolved and
     /// downloaded by the host (None: there are none). Runs the host's pip:
     /// call it off the (sandboxed) exec threads, then [`Self::exec_planned`].
-    pub fn plan_pip(&self, code: &str) -> Result<Option<PipPlan>, SessionError> {
+    pub fn plan_pip(&self, tenant: &str, code: &str) -> Result<Option<PipPlan>, SessionError> {
         let Some(lines) = forkbox_engine::packages::pip_lines(code).map_err(SessionError::Invalid)? else {
             return Ok(None);
         };
         let mut resolved = Vec::with_capacity(lines.len());
         for l in &lines {
-            resolved.push(self.catalog.resolve_packages(&l.specs)?);
+            resolved.push(self.resolve_packages_for(tenant, &l.specs)?);
         }
         Ok(Some(PipPlan { lines, resolved }))
     }
@@ -791,8 +800,18 @@ impl SessionManager {
             None => std::borrow::Cow::Borrowed(code),
             Some(plan) => {
                 let Some(sb) = guard.sandbox.as_mut() else { return Err(SessionError::NotFound(id.into())) };
+                let all: Vec<Package> = plan.resolved.iter().flatten().cloned().collect();
+                let layers = self.package_layers(&all);
+                self.check_package_quota(tenant, &layers)?;
                 match Self::mount_planned(sb.as_mut(), code, plan) {
-                    Ok(c) => std::borrow::Cow::Owned(c),
+                    Ok(c) => {
+                        // Mounted: the lineage refers to them (the GC keeps them, the quota counts them).
+                        if let Err(e) = self.store.add_package_refs(id, &layers) {
+                            self.drop_resident(id, &mut guard);
+                            return Err(e.into());
+                        }
+                        std::borrow::Cow::Owned(c)
+                    }
                     Err(e) => {
                         // Some lines' packages may be mounted already: memory is ahead of disk.
                         self.drop_resident(id, &mut guard);
@@ -1010,6 +1029,70 @@ impl SessionManager {
         Ok(self.catalog.resolve_packages(specs)?)
     }
 
+    /// [`Self::resolve_packages`] for `tenant`: a layer built now unpacks to
+    /// at most what is left of the tenant's disk quota.
+    pub fn resolve_packages_for(&self, tenant: &str, specs: &[String]) -> Result<Vec<Package>, SessionError> {
+        let quota = self.quotas.lock().unwrap_or_else(|e| e.into_inner()).get(tenant).copied();
+        let budget = match quota {
+            Some(max) => max.saturating_sub(self.charged_bytes(tenant)?),
+            None => forkbox_engine::packages::MAX_LAYER_BYTES,
+        };
+        Ok(self.catalog.resolve_packages_within(specs, budget)?)
+    }
+
+    /// The layers of `pkgs` with their sizes on disk, each once.
+    fn package_layers(&self, pkgs: &[Package]) -> Vec<(String, u64)> {
+        let store = self.catalog.packages();
+        let mut layers: Vec<(String, u64)> =
+            pkgs.iter().map(|p| (p.sha256.clone(), store.layer_bytes(&p.sha256).unwrap_or(0))).collect();
+        layers.sort();
+        layers.dedup();
+        layers
+    }
+
+    /// Refuse to mount `layers` if they take the tenant past its disk quota
+    /// (`QuotaExceeded`); a layer its live sessions use already is not
+    /// charged again. Once mounted, `Store::add_package_refs` records them.
+    fn check_package_quota(&self, tenant: &str, layers: &[(String, u64)]) -> Result<(), SessionError> {
+        let quota = self.quotas.lock().unwrap_or_else(|e| e.into_inner()).get(tenant).copied();
+        if let Some(max) = quota {
+            let charged = self.store.tenant_package_layers(tenant)?;
+            let new: u64 = layers
+                .iter()
+                .filter(|(l, _)| !charged.iter().any(|(c, _)| c == l))
+                .fold(0u64, |a, (_, b)| a.saturating_add(*b));
+            let used = charged.iter().fold(self.store.tenant_disk_bytes(tenant)?, |a, (_, b)| a.saturating_add(*b));
+            if new > 0 && used.saturating_add(new) > max {
+                let mib = |b: u64| b as f64 / (1 << 20) as f64;
+                return Err(SessionError::QuotaExceeded {
+                    message: format!(
+                        "the package layers need {:.1} MiB and the tenant's checkpoints and packages take {:.1} MiB of its {:.1} MiB disk quota",
+                        mib(new),
+                        mib(used),
+                        mib(max)
+                    ),
+                    result: None,
+                    checkpoint: None,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// What the tenant's disk quota counts: its live sessions' checkpoints and
+    /// the package layers they use (each once).
+    fn charged_bytes(&self, tenant: &str) -> Result<u64, StoreError> {
+        let packages = self.store.tenant_package_layers(tenant)?;
+        Ok(packages.iter().fold(self.store.tenant_disk_bytes(tenant)?, |a, (_, b)| a.saturating_add(*b)))
+    }
+
+    /// Remove the package layers no lineage (live session or checkpoint) and
+    /// no template refers to, older than `min_age`; their ids.
+    pub fn gc_packages(&self, min_age: Duration) -> Result<Vec<String>, SessionError> {
+        let referenced = self.store.referenced_package_layers()?;
+        Ok(self.catalog.gc_packages(&referenced, min_age))
+    }
+
     /// Install packages into the session: resolved and downloaded by the host
     /// (the server's pip source and policy), each mounted from its shared,
     /// read-only layer, then checkpointed (code `# pip install SPEC...`) so
@@ -1017,7 +1100,7 @@ impl SessionManager {
     /// (all installed already): no checkpoint.
     pub fn install_packages(&self, tenant: &str, id: &str, specs: &[String]) -> Result<PackagesOutcome, SessionError> {
         self.record(tenant, id)?;
-        let pkgs = self.resolve_packages(specs)?;
+        let pkgs = self.resolve_packages_for(tenant, specs)?;
         self.install_resolved(tenant, id, specs, &pkgs)
     }
 
@@ -1030,8 +1113,12 @@ impl SessionManager {
         specs: &[String],
         pkgs: &[Package],
     ) -> Result<PackagesOutcome, SessionError> {
+        let layers = self.package_layers(pkgs);
+        self.check_package_quota(tenant, &layers)?;
         let r = self.with_sandbox(tenant, id, |sb, base, rec, fence| {
             let done = sb.install_packages(pkgs)?;
+            // Mounted: the lineage refers to them (the GC keeps them, the quota counts them).
+            self.store.add_package_refs(id, &layers)?;
             let output = forkbox_engine::packages::pip_output(&done);
             if !done.iter().any(|p| p.installed) {
                 return Ok((PackagesOutcome { packages: done, output, checkpoint: None }, base));
@@ -1073,9 +1160,10 @@ impl SessionManager {
         self.with_sandbox(tenant, id, |sb, base, _, _| Ok((sb.list_dir(dir).map_err(SessionError::from_files)?, base)))
     }
 
-    /// Checkpoint bytes on disk of all the tenant's sessions.
+    /// What the tenant's disk quota counts: the checkpoint bytes of all its
+    /// sessions and the package layers they use (each once).
     pub fn disk_bytes(&self, tenant: &str) -> Result<u64, SessionError> {
-        Ok(self.store.tenant_disk_bytes(tenant)?)
+        Ok(self.charged_bytes(tenant)?)
     }
 
     /// Set (or clear: `None`) the tenant's checkpoint disk quota in bytes: a
@@ -1110,7 +1198,7 @@ impl SessionManager {
         let quota = self.quotas.lock().unwrap_or_else(|e| e.into_inner()).get(tenant).copied();
         let mut r = self.reserved.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(max) = quota {
-            let used = self.store.tenant_disk_bytes(tenant)?;
+            let used = self.charged_bytes(tenant)?;
             let pending = r.by_tenant.get(tenant).copied().unwrap_or(0);
             if used.saturating_add(pending).saturating_add(bytes) > max {
                 return Err(SessionError::QuotaExceeded {
@@ -1447,6 +1535,17 @@ impl SessionManager {
             }
         }
         self.gc()?;
+        let due = {
+            let mut at = self.packages_gc_at.lock().unwrap_or_else(|e| e.into_inner());
+            let due = at.is_none_or(|t| t.elapsed() >= PACKAGE_GC_EVERY);
+            if due {
+                *at = Some(Instant::now());
+            }
+            due
+        };
+        if due {
+            self.gc_packages(PACKAGE_GC_MIN_AGE)?;
+        }
         Ok(())
     }
 

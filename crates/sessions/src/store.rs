@@ -208,6 +208,20 @@ pub const MIGRATIONS: &[&str] = &[
         updated_ms INTEGER NOT NULL
     ) WITHOUT ROWID;
     "#,
+    // 8: the package layers each lineage mounts (`%pip install`, `POST
+    // /v1/sessions/{id}/packages`), with their size: a key's disk quota
+    // counts each layer its live sessions use once, and a layer no lineage
+    // refers to any more can be removed.
+    r#"
+    CREATE TABLE package_refs (
+        lineage BIGINT NOT NULL,
+        tenant  TEXT   NOT NULL,
+        layer   TEXT   NOT NULL,
+        bytes   BIGINT NOT NULL CHECK (bytes >= 0),
+        PRIMARY KEY (lineage, layer)
+    );
+    CREATE INDEX package_refs_tenant ON package_refs(tenant);
+    "#,
 ];
 
 /// Schema migrations of PostgreSQL; the row of `forkbox_schema` = number of
@@ -329,6 +343,17 @@ pub const PG_MIGRATIONS: &[&str] = &[
         record     TEXT   NOT NULL,
         updated_ms BIGINT NOT NULL
     );
+    "#,
+    // 5: SQLite's step 8 (package layers of lineages).
+    r#"
+    CREATE TABLE package_refs (
+        lineage BIGINT NOT NULL,
+        tenant  TEXT   NOT NULL,
+        layer   TEXT   NOT NULL,
+        bytes   BIGINT NOT NULL CHECK (bytes >= 0),
+        PRIMARY KEY (lineage, layer)
+    );
+    CREATE INDEX package_refs_tenant ON package_refs(tenant);
     "#,
 ];
 
@@ -1226,6 +1251,54 @@ impl Store {
         won.ok_or_else(|| {
             StoreError::Setup(format!("artifact {} {} was recorded and is not there", a.kind.as_str(), a.id))
         })
+    }
+
+    // ------------------------------------------------------------ package layers
+
+    /// Record that the lineage of session `id` mounts the package layers
+    /// `layers` ((id, bytes); once per lineage and layer).
+    pub fn add_package_refs(&self, id: &str, layers: &[(String, u64)]) -> Result<(), StoreError> {
+        let mut conn = self.conn();
+        for (layer, bytes) in layers {
+            conn.execute(
+                "INSERT INTO package_refs (lineage, tenant, layer, bytes) \
+                 SELECT lineage, tenant, ?2, ?3 FROM sessions WHERE id = ?1 AND lineage IS NOT NULL \
+                 ON CONFLICT (lineage, layer) DO NOTHING",
+                vals![id, layer, i64::try_from(*bytes).unwrap_or(i64::MAX)],
+            )
+            .op("add_package_refs")?;
+        }
+        Ok(())
+    }
+
+    /// The package layers the tenant's live sessions use, each once: (id, bytes).
+    pub fn tenant_package_layers(&self, tenant: &str) -> Result<Vec<(String, u64)>, StoreError> {
+        let op = "tenant_package_layers";
+        let rows = self
+            .conn()
+            .query(
+                "SELECT r.layer, MAX(r.bytes) FROM package_refs r WHERE r.tenant = ?1 \
+                 AND EXISTS (SELECT 1 FROM sessions s WHERE s.lineage = r.lineage) GROUP BY r.layer ORDER BY r.layer",
+                vals![tenant],
+            )
+            .op(op)?;
+        rows.iter().map(|r| Ok((r.text(0)?, r.i64(1)?.max(0) as u64))).collect::<Result<_, DbError>>().op(op)
+    }
+
+    /// Every package layer a lineage still refers to (it has a live session or
+    /// a checkpoint); the records of the other lineages are dropped first.
+    pub fn referenced_package_layers(&self) -> Result<std::collections::BTreeSet<String>, StoreError> {
+        let op = "referenced_package_layers";
+        let mut conn = self.conn();
+        conn.execute(
+            "DELETE FROM package_refs WHERE \
+             NOT EXISTS (SELECT 1 FROM sessions s WHERE s.lineage = package_refs.lineage) \
+             AND NOT EXISTS (SELECT 1 FROM checkpoints c WHERE c.lineage = package_refs.lineage)",
+            &[],
+        )
+        .op(op)?;
+        let rows = conn.query("SELECT DISTINCT layer FROM package_refs", &[]).op(op)?;
+        rows.iter().map(|r| r.text(0)).collect::<Result<_, DbError>>().op(op)
     }
 
     // -------------------------------------------------------- template records

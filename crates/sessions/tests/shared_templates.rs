@@ -117,6 +117,8 @@ impl Node {
 
 /// A wheelhouse with one pure-Python wheel, `fbxshared` (pip runs offline).
 fn wheelhouse(dir: &Path) -> PipSource {
+    // The confined pip (uid 65534 under root) lists it.
+    std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let script = r#"
 import sys, zipfile, hashlib, base64, os
 out, name, dist = sys.argv[1], 'fbxshared', 'fbxshared-1.0.dist-info'

@@ -10,6 +10,7 @@
 
 mod apt;
 mod cmd;
+pub mod confine;
 mod elf;
 pub mod packages;
 mod pyc;
@@ -309,9 +310,7 @@ pub fn resolve_id(spec: &ImageSpec, home: &Path) -> Result<String, BuildError> {
     let wheels = if spec.pip.is_empty() {
         Vec::new()
     } else {
-        let tmp = home.join("tmp");
-        fs::create_dir_all(&tmp).map_err(|e| BuildError::io("setup", &tmp, e))?;
-        wheels::fetch(&spec.pip, &spec.pip_source, &home.join("cache"), &tmp)?
+        wheels::fetch(&spec.pip, &spec.pip_source, &home.join("cache"), wheels::MAX_BUILD_WHEEL_BYTES)?
     };
     Ok(recipe_id_with_wheels(spec, &debs, &wheels))
 }
@@ -344,7 +343,7 @@ pub fn build(spec: &ImageSpec, opts: &BuildOptions) -> Result<BuiltImage, BuildE
         Vec::new()
     } else {
         let sp = spinner(opts.progress, "resolving pip wheels");
-        let w = wheels::fetch(&spec.pip, &spec.pip_source, &cache, &tmp_root);
+        let w = wheels::fetch(&spec.pip, &spec.pip_source, &cache, wheels::MAX_BUILD_WHEEL_BYTES);
         sp.finish();
         w?
     };

@@ -12,13 +12,15 @@
 //! may be installed (`Policy`, checked for the requested names and for every
 //! dependency pip resolves); a client only names packages.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::{Duration, SystemTime};
 
 use super::cmd;
+use super::confine::Jail;
 use super::wheels::{self, PipSource, WheelRef};
 use super::BuildError;
 use crate::{Image, PackOptions};
@@ -96,6 +98,9 @@ pub enum PackageError {
     Failed(String),
     #[error("package layer {0} is not available on this server")]
     MissingLayer(String),
+    /// The layer would take the key past its disk quota.
+    #[error("{0}")]
+    OverBudget(String),
 }
 
 /// One distribution ready to be mounted: what pip resolved and its layer.
@@ -180,6 +185,46 @@ impl PackageStore {
         is_sha256(id).then(|| self.layers_dir().join(id).join("layer.img"))
     }
 
+    /// The size of layer `id` on disk (None: no such layer).
+    pub fn layer_bytes(&self, id: &str) -> Option<u64> {
+        self.layer_path(id).and_then(|p| fs::metadata(p).ok()).map(|m| m.len())
+    }
+
+    /// Remove the layers on disk that are not in `referenced`, not open in
+    /// this process and older than `min_age` (a layer just built for an
+    /// install whose reference is not recorded yet stays); their ids.
+    pub fn gc(&self, referenced: &BTreeSet<String>, min_age: Duration) -> Vec<String> {
+        let _one = self.build.lock().unwrap_or_else(|p| p.into_inner());
+        let open: BTreeSet<String> = {
+            let open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+            open.iter().filter(|(_, w)| w.strong_count() > 0).map(|(k, _)| k.clone()).collect()
+        };
+        let Ok(rd) = fs::read_dir(self.layers_dir()) else { return Vec::new() };
+        let mut removed = Vec::new();
+        for e in rd.flatten() {
+            let id = e.file_name().to_string_lossy().into_owned();
+            if !is_sha256(&id) || referenced.contains(&id) || open.contains(&id) {
+                continue;
+            }
+            let age = fs::symlink_metadata(e.path())
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| SystemTime::now().duration_since(t).ok())
+                .unwrap_or_default();
+            if age < min_age {
+                continue;
+            }
+            match fs::remove_dir_all(e.path()) {
+                Ok(()) => removed.push(id),
+                Err(err) => tracing::warn!(layer = %id, error = %err, "removing an unused package layer"),
+            }
+        }
+        if !removed.is_empty() {
+            tracing::info!(removed = removed.len(), "unused package layers removed");
+        }
+        removed
+    }
+
     /// The layer `id` (a wheel's sha256), from this process' open layers or from disk.
     pub fn open_layer(&self, id: &str) -> Result<Arc<Image>, PackageError> {
         if !is_sha256(id) {
@@ -207,6 +252,12 @@ impl PackageStore {
     /// Resolve `specs` (and their dependencies) to binary wheels with the
     /// server's pip source and policy, and make sure each has its layer.
     pub fn resolve(&self, specs: &[String]) -> Result<Vec<Package>, PackageError> {
+        self.resolve_within(specs, MAX_LAYER_BYTES)
+    }
+
+    /// `resolve`, where a layer built now may unpack to at most `budget`
+    /// bytes (what is left of the caller's disk quota; above: `OverBudget`).
+    pub fn resolve_within(&self, specs: &[String], budget: u64) -> Result<Vec<Package>, PackageError> {
         if specs.is_empty() || specs.len() > MAX_SPECS {
             return Err(PackageError::Invalid(format!("give 1 to {MAX_SPECS} packages")));
         }
@@ -220,9 +271,7 @@ impl PackageStore {
         }
         let source = self.source.read().map(|s| s.clone()).unwrap_or_default();
         let cache = self.home.join("cache");
-        let tmp = self.home.join("tmp");
-        fs::create_dir_all(&tmp).map_err(|e| self.failed("setup", &e.to_string()))?;
-        let wheels = match wheels::fetch(specs, &source, &cache, &tmp) {
+        let wheels = match wheels::fetch(specs, &source, &cache, MAX_WHEEL_BYTES) {
             Ok(w) => w,
             Err(BuildError::NoWheel { spec }) => return Err(self.classify(&spec, &source)),
             Err(BuildError::Invalid { msg, .. }) => return Err(PackageError::Invalid(msg)),
@@ -245,7 +294,7 @@ impl PackageStore {
         }
         let mut packages = Vec::with_capacity(out.len());
         for (name, version, w) in out {
-            let layer = self.layer_of(w, &cache)?;
+            let layer = self.layer_of(w, &cache, budget)?;
             packages.push(Package {
                 name,
                 version,
@@ -263,15 +312,26 @@ impl PackageStore {
     /// any package code.
     fn classify(&self, spec: &str, source: &PipSource) -> PackageError {
         let name = spec_name(spec).to_string();
-        let mut c = wheels::host_pip();
-        c.args(["index", "versions", "--no-input", "--disable-pip-version-check"]);
-        wheels::source_args(&mut c, source);
-        c.arg("--").arg(&name);
-        match cmd::output("pip", &mut c) {
-            Ok(o) if o.status.success() && String::from_utf8_lossy(&o.stdout).contains("Available versions") => {
-                PackageError::NeedsBuild(spec.to_string())
+        let listed = (|| -> Result<bool, BuildError> {
+            let mut jail = Jail::new()?;
+            let where_from = wheels::source_args(&mut jail, source)?;
+            let mut c = wheels::host_pip(&mut jail, &self.home.join("cache"), 64 << 20)?;
+            // Every format on purpose: this lists versions from file names and
+            // index pages only (it never downloads, builds or prepares a
+            // distribution), to tell an sdist-only package from a missing one.
+            c.args(["index", "versions", "--no-input", "--disable-pip-version-check"]);
+            c.args(&where_from);
+            c.arg("--").arg(&name);
+            let o = cmd::output("pip", &mut c)?;
+            Ok(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("Available versions"))
+        })();
+        match listed {
+            Ok(true) => PackageError::NeedsBuild(spec.to_string()),
+            Ok(false) => PackageError::NotFound(spec.to_string()),
+            Err(e) => {
+                tracing::warn!(error = %e, "pip index versions failed");
+                PackageError::NotFound(spec.to_string())
             }
-            _ => PackageError::NotFound(spec.to_string()),
         }
     }
 
@@ -281,7 +341,7 @@ impl PackageStore {
     }
 
     /// The layer of wheel `w`, unpacked and packed on first use.
-    fn layer_of(&self, w: &WheelRef, cache: &Path) -> Result<Arc<Image>, PackageError> {
+    fn layer_of(&self, w: &WheelRef, cache: &Path, budget: u64) -> Result<Arc<Image>, PackageError> {
         if !is_sha256(&w.sha256) {
             return Err(self.failed("pip download", "wheel hash is not a sha256"));
         }
@@ -290,14 +350,24 @@ impl PackageStore {
         let path = dir.join("layer.img");
         if !path.exists() {
             let tmp_root = self.home.join("tmp");
+            fs::create_dir_all(&tmp_root).map_err(|e| self.failed("setup", &e.to_string()))?;
             let t = tempfile::Builder::new()
                 .prefix("layer-")
                 .tempdir_in(&tmp_root)
                 .map_err(|e| self.failed("unpack", &e.to_string()))?;
             let root = t.path().join("root");
             fs::create_dir_all(&root).map_err(|e| self.failed("unpack", &e.to_string()))?;
-            match wheels::install_capped(&root, std::slice::from_ref(w), cache, MAX_LAYER_FILES, MAX_LAYER_BYTES) {
-                Ok(()) => {}
+            let cap = budget.min(MAX_LAYER_BYTES);
+            match wheels::install_capped(&root, std::slice::from_ref(w), cache, MAX_LAYER_FILES, cap) {
+                Ok(_) => {}
+                Err(BuildError::Invalid { msg, .. }) if cap < MAX_LAYER_BYTES && msg.contains("too large") => {
+                    tracing::warn!(wheel = %w.filename, %msg, "wheel over the disk quota");
+                    return Err(PackageError::OverBudget(format!(
+                        "{} unpacks to more than the {:.1} MiB left of this key's disk quota",
+                        w.filename,
+                        cap as f64 / (1 << 20) as f64
+                    )));
+                }
                 // The unpacker's message names the wheel and the problem (no host path).
                 Err(BuildError::Invalid { msg, .. }) => {
                     tracing::warn!(wheel = %w.filename, %msg, "wheel refused");
@@ -313,14 +383,16 @@ impl PackageStore {
             fs::rename(&part, &path).map_err(|e| self.failed("layer", &e.to_string()))?;
             tracing::info!(wheel = %w.filename, layer = %w.sha256, "package layer built");
         }
+        // Opened under the lock: a GC pass keeps the layers open here.
+        let l = self.open_layer(&w.sha256);
         drop(_one);
-        self.open_layer(&w.sha256)
+        l
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::wheels::tests::write_wheel;
+    use super::super::wheels::tests::{readable_by_all, write_wheel};
     use super::*;
 
     #[test]
@@ -342,6 +414,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let house = dir.path().join("house");
         fs::create_dir(&house).unwrap();
+        readable_by_all(&[dir.path(), &house]);
         write_wheel(
             &house.join("fbxdemo-1.0-py3-none-any.whl"),
             "fbxdemo",
