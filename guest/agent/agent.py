@@ -40,15 +40,26 @@ def on_sigint(signum, frame):
     interrupt_pending = True
 
 
+# Bytes read from the channel and not used yet. Reads ask for up to
+# READ_CHUNK bytes, so a request's header and body come in one read (one VM
+# exit, not two).
+inbuf = bytearray()
+READ_CHUNK = 1 << 16
+
+
 def read_exact(n):
-    chunks = []
-    while n:
-        b = os.read(CHANNEL, n)
+    while len(inbuf) < n:
+        b = os.read(CHANNEL, max(n - len(inbuf), READ_CHUNK))
         if not b:
             raise EOFError("agent channel closed")
-        chunks.append(b)
-        n -= len(b)
-    return b"".join(chunks)
+        inbuf.extend(b)
+    if len(inbuf) == n:
+        out = bytes(inbuf)
+        inbuf.clear()
+        return out
+    out = bytes(inbuf[:n])
+    del inbuf[:n]
+    return out
 
 
 def recv():
@@ -56,6 +67,7 @@ def recv():
     interrupt_pending = False
     n = int.from_bytes(read_exact(4), "little")
     if n > MAX_FRAME:
+        inbuf.clear()
         raise ValueError("request frame too large")
     return json.loads(read_exact(n))
 
