@@ -450,6 +450,114 @@ fn pss_kib() -> u64 {
     field_kib("/proc/self/smaps_rollup", "Pss:")
 }
 
+/// Per mapping of this process (`/proc/self/smaps`): start address, what it
+/// maps (a path, `[heap]`, `[anon]`...), and its Pss, Private_Dirty and
+/// Anonymous in KiB.
+fn smaps() -> Vec<(u64, String, [u64; 3])> {
+    let text = std::fs::read_to_string("/proc/self/smaps").unwrap_or_default();
+    let mut out: Vec<(u64, String, [u64; 3])> = Vec::new();
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        let first = words.next().unwrap_or("");
+        if let Some((start, _)) = first.split_once('-').filter(|(a, _)| u64::from_str_radix(a, 16).is_ok()) {
+            let name = words.nth(4).map_or("[anon]".to_string(), |n| n.to_string());
+            out.push((u64::from_str_radix(start, 16).unwrap_or(0), name, [0; 3]));
+            continue;
+        }
+        let slot = match first {
+            "Pss:" => 0,
+            "Private_Dirty:" => 1,
+            "Anonymous:" => 2,
+            _ => continue,
+        };
+        if let Some(m) = out.last_mut() {
+            m.2[slot] += words.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+        }
+    }
+    out
+}
+
+/// With FORKBOX_BENCH_SMAPS set: where the memory of the live forks went,
+/// per kind of mapping (growth of Pss, Private_Dirty, Anonymous in KiB, per fork).
+fn smaps_growth(before: &[(u64, String, [u64; 3])], after: &[(u64, String, [u64; 3])], n: usize) {
+    let mut by: std::collections::BTreeMap<String, ([i64; 3], i64)> = Default::default();
+    let old: std::collections::HashMap<(u64, &str), [u64; 3]> =
+        before.iter().map(|(a, name, v)| ((*a, name.as_str()), *v)).collect();
+    let mut seen = std::collections::HashSet::new();
+    for (a, name, v) in after {
+        let key = name.trim_end_matches(" (deleted)").to_string();
+        let e = by.entry(key).or_default();
+        let o = old.get(&(*a, name.as_str())).copied().unwrap_or([0; 3]);
+        if seen.insert((*a, name.as_str())) && !old.contains_key(&(*a, name.as_str())) {
+            e.1 += 1;
+        }
+        for i in 0..3 {
+            e.0[i] += v[i] as i64 - o[i] as i64;
+        }
+    }
+    let new: std::collections::HashSet<(u64, &str)> = after.iter().map(|(a, n, _)| (*a, n.as_str())).collect();
+    for (a, name, v) in before {
+        if !new.contains(&(*a, name.as_str())) {
+            let e = by.entry(name.trim_end_matches(" (deleted)").to_string()).or_default();
+            e.1 -= 1;
+            for i in 0..3 {
+                e.0[i] -= v[i] as i64;
+            }
+        }
+    }
+    let mut rows: Vec<_> = by.into_iter().filter(|(_, (d, c))| d.iter().any(|&x| x != 0) || *c != 0).collect();
+    rows.sort_by_key(|(_, (d, _))| -d[0]);
+    println!("  smaps growth per fork (KiB): Pss  Private_Dirty  Anonymous  new mappings, by what they map");
+    let n = n.max(1) as f64;
+    for (name, (d, c)) in rows.iter().take(25) {
+        println!(
+            "  {:>8.1} {:>8.1} {:>8.1} {:>+6}  {name}",
+            d[0] as f64 / n,
+            d[1] as f64 / n,
+            d[2] as f64 / n,
+            c
+        );
+    }
+}
+
+/// With FORKBOX_BENCH_SMAPS set: the private pages of a fork after its exec,
+/// by the guest mapping they lie in (its /proc/self/maps, read afterwards) and
+/// whether they are the host's zero page (read, never written: no memory).
+fn private_pages_by_mapping(sb: &mut Sandbox) -> Result<()> {
+    let pages = sb.private_page_list();
+    let maps = sb.exec("print(open('/proc/self/maps').read())")?.stdout;
+    let ranges: Vec<(u64, u64, String)> = maps
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            let (a, b) = w.next()?.split_once('-')?;
+            let perms = w.next()?;
+            let name = w.nth(3).unwrap_or("[anon]");
+            Some((u64::from_str_radix(a, 16).ok()?, u64::from_str_radix(b, 16).ok()?, format!("{perms} {name}")))
+        })
+        .collect();
+    let mut by: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
+    for (addr, zero) in pages {
+        let what = ranges
+            .iter()
+            .find(|(a, b, _)| (*a..*b).contains(&addr))
+            .map_or_else(|| format!("outside the guest's mappings ({})", addr >> 21 << 21), |r| r.2.clone());
+        let e = by.entry(what).or_default();
+        if zero {
+            e.1 += 1;
+        } else {
+            e.0 += 1;
+        }
+    }
+    let mut rows: Vec<_> = by.into_iter().collect();
+    rows.sort_by_key(|(_, (w, _))| std::cmp::Reverse(*w));
+    println!("  private pages of one fork after print(1+1): written, zero page, guest mapping");
+    for (what, (w, z)) in rows {
+        println!("  {w:>6} {z:>6}  {what}");
+    }
+    Ok(())
+}
+
 fn field_kib(path: &str, key: &str) -> u64 {
     std::fs::read_to_string(path)
         .ok()
@@ -497,7 +605,10 @@ fn host_fork_baseline(n: usize) -> Result<Vec<f64>> {
 
 fn fork(home: &Path, forks: usize, execs: usize, live: usize, batch: usize, image: &ImageArgs) -> Result<ExitCode> {
     let (path, id) = crate::run::ensure_image(home, image, true)?;
-    let engine = Engine::open(&path)?;
+    let mut engine = Engine::open(&path)?;
+    if let Some(p) = std::env::var_os("FORKBOX_BENCH_PRELOAD") {
+        engine = engine.with_preload(p.to_string_lossy());
+    }
     let t = Instant::now();
     let template = forkbox_engine::Template::ensure(&engine, home)?;
     println!(
@@ -559,11 +670,14 @@ fn fork(home: &Path, forks: usize, execs: usize, live: usize, batch: usize, imag
             for _ in 0..3 {
                 cold.push(template.fork(&engine, limits.clone())?);
             }
-            for mut sb in cold {
+            for (i, mut sb) in cold.into_iter().enumerate() {
                 sb.exec("print(1+1)")?;
                 let fp = sb.memory_footprint();
                 touched.push(fp.touched_pages as f64);
                 written.push(fp.private_pages as f64);
+                if i == 0 && std::env::var_os("FORKBOX_BENCH_SMAPS").is_some() {
+                    private_pages_by_mapping(&mut sb)?;
+                }
             }
         }
         println!("fork + exec print(1+1), in-process      {}", summary(e2e.clone()));
@@ -611,28 +725,48 @@ fn fork(home: &Path, forks: usize, execs: usize, live: usize, batch: usize, imag
     }
     println!("reset of a finished fork for reuse (drop) {}", summary(resets));
     println!(
-        "per fork+exec (p50): {:.0} pages touched and {:.0} written (private) on a new VM, {:.0} syscall exits",
+        "per fork+exec (p50): {:.0} pages touched and {:.0} written (private, {:.0} KiB) on a new VM, {:.0} syscall exits",
         p50(&touched),
         p50(&written),
+        p50(&written) * 4.0,
         p50(&exits)
     );
 
     on_guest_thread(mode, || -> Result<()> {
+        let diag = std::env::var_os("FORKBOX_BENCH_SMAPS").is_some();
+        let maps_before = if diag { smaps() } else { Vec::new() };
         let before = pss_kib();
         let mut held = Vec::with_capacity(live);
         let t = Instant::now();
-        for _ in 0..live {
+        // The first live fork also maps template and binary pages this
+        // process had not mapped yet (shared, once per process): the growth
+        // after it is what each further fork costs.
+        let mut after_first = before;
+        for i in 0..live {
             let mut sb = template.fork(&engine, limits.clone())?;
             sb.exec("print(1+1)")?;
             held.push(sb);
+            if i == 0 {
+                after_first = pss_kib();
+            }
         }
         let after = pss_kib();
+        let further = match live {
+            0 | 1 => String::new(),
+            n => format!(
+                ", {:.0} KiB per further fork",
+                after.saturating_sub(after_first) as f64 / (n - 1) as f64
+            ),
+        };
         println!(
-            "{live} live forks after print(1+1): {:.0} ms to create, PSS +{:.1} MiB = {:.0} KiB per fork",
+            "{live} live forks after print(1+1): {:.0} ms to create, PSS +{:.1} MiB = {:.0} KiB per fork{further}",
             ms(t),
             (after.saturating_sub(before)) as f64 / 1024.0,
             after.saturating_sub(before) as f64 / live.max(1) as f64
         );
+        if diag {
+            smaps_growth(&maps_before, &smaps(), live);
+        }
         drop(held);
 
         let codes: Vec<String> = (0..batch).map(|i| format!("print({i}+1)")).collect();

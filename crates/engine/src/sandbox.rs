@@ -1683,4 +1683,46 @@ impl Sandbox {
         }
         fp
     }
+
+    /// Every private page of the guest memory (see `memory_footprint`), by
+    /// guest address, and whether it is the host's shared zero page (a read
+    /// of fresh anonymous memory: no host memory of its own). A diagnostic:
+    /// page frame numbers and /proc/kpageflags need CAP_SYS_ADMIN; without it
+    /// no page reads as zero.
+    pub fn private_page_list(&self) -> Vec<(u64, bool)> {
+        use std::os::unix::fs::FileExt;
+        let Some(vm) = &self.vm else { return Vec::new() };
+        let mem = vm.mem();
+        let Ok(f) = std::fs::File::open("/proc/self/pagemap") else { return Vec::new() };
+        // The zero page's frame: read a fresh anonymous page.
+        // /proc/kpageflags: bit 24 marks the zero page.
+        let kflags = std::fs::File::open("/proc/kpageflags").ok();
+        let is_zero_pfn = |pfn: u64| {
+            let mut e = [0u8; 8];
+            pfn != 0
+                && kflags.as_ref().is_some_and(|k| k.read_exact_at(&mut e, pfn * 8).is_ok())
+                && u64::from_le_bytes(e) & (1 << 24) != 0
+        };
+        let pages = mem.size() / 4096;
+        let first = mem.host_addr() / 4096;
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; 8 * 65536];
+        let mut done = 0;
+        while done < pages {
+            let n = (pages - done).min(65536);
+            let bytes = &mut buf[..(n * 8) as usize];
+            if f.read_exact_at(bytes, (first + done) * 8).is_err() {
+                break;
+            }
+            for (i, e) in bytes.chunks_exact(8).enumerate() {
+                let v = u64::from_le_bytes([e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7]]);
+                if v & (1 << 63) != 0 && v & (1 << 61) == 0 {
+                    let is_zero = is_zero_pfn(v & ((1 << 55) - 1));
+                    out.push(((done + i as u64) * 4096, is_zero));
+                }
+            }
+            done += n;
+        }
+        out
+    }
 }

@@ -365,3 +365,27 @@ fn file_mappings_numpy_and_big_arrays_still_work() {
     );
     assert_eq!(v, "(b'xx', b'xabcx', 549755289600, 7.0710678118654755)");
 }
+
+/// What a live fork holds of its own is mostly the guest pages its first exec
+/// wrote. The template has run the exec path already (the agent's warm-up
+/// before the snapshot) and the reseed does not run numpy's SeedSequence, so
+/// a fork + `print(1+1)` on a VM that is not recycled writes well under 320
+/// pages (it wrote ~398 before); and the warm-up leaves nothing an exec sees.
+#[test]
+fn fork_and_exec_write_few_pages_and_leave_no_warm_up_trace() {
+    let _g = gate();
+    let t = own_template();
+    // This template's first fork: a VM of its pool or a new one, never recycled.
+    let mut sb = fork(&t, Limits::default());
+    assert_eq!(ok(&mut sb, "print(1+1)").stdout, "2\n");
+    let written = sb.memory_footprint().private_pages;
+    assert!(written <= 320, "fork + print(1+1) wrote {written} pages (at most 320 expected)");
+    assert_eq!(ok(&mut sb, "print('_' in globals(), len([k for k in globals() if not k.startswith('__')]))").stdout, "False 0\n");
+    assert_eq!(
+        value(&mut sb, "import linecache\nsorted(k for k in linecache.cache if k.startswith('<exec-'))"),
+        "['<exec-1>', '<exec-2>', '<exec-3>']",
+        "exec numbering starts at 1 and no warm-up source is left"
+    );
+    let e = sb.exec("1/0").unwrap().error.unwrap();
+    assert!(e.traceback.contains("<exec-4>"), "{}", e.traceback);
+}
