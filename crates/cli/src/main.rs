@@ -141,6 +141,10 @@ enum Command {
         /// Lease time: a node whose last heartbeat is older than this loses its sessions.
         #[arg(long, value_name = "S", default_value_t = 10, value_parser = clap::value_parser!(u64).range(2..=600))]
         lease_seconds: u64,
+        /// E2B's API: a sandbox whose lifetime (`timeout`) ends is paused (evicted to disk,
+        /// resumable with `connect`) instead of killed, whatever its `autoPause`.
+        #[arg(long)]
+        e2b_auto_pause: bool,
     },
     /// API keys for the HTTP API.
     #[command(subcommand)]
@@ -427,6 +431,7 @@ fn main() -> ExitCode {
             node_id,
             advertise_url,
             lease_seconds,
+            e2b_auto_pause,
         } => {
             let isolation = match isolation {
                 IsolationMode::Thread => forkbox_runtime::Isolation::Thread,
@@ -471,6 +476,7 @@ fn main() -> ExitCode {
                     objects,
                     database,
                     cluster,
+                    e2b_auto_pause,
                 )
             })
         }
@@ -664,6 +670,7 @@ fn serve(
     objects: Option<forkbox_sessions::objects::ObjectsConfig>,
     database: Option<String>,
     cluster: Option<forkbox_runtime::ClusterConfig>,
+    e2b_auto_pause: bool,
 ) -> anyhow::Result<ExitCode> {
     pip.validate().map_err(|e| anyhow::anyhow!("--pip-*: {e}"))?;
     for n in packages.allow.iter().chain(&packages.deny) {
@@ -689,6 +696,7 @@ fn serve(
     cfg.sessions.objects = objects;
     cfg.sessions.database = database;
     cfg.sessions.cluster = cluster;
+    cfg.e2b_auto_pause = e2b_auto_pause;
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(forkbox_server::serve(cfg))?;
     Ok(ExitCode::SUCCESS)
 }
