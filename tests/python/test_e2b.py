@@ -14,7 +14,7 @@ import uuid
 import httpx
 import pytest
 
-from conftest import forkbox_bin, shared_home
+from conftest import forkbox_bin, shared_home, start_server, stop_server
 
 import e2b  # noqa: E402
 from e2b import AsyncSandbox, SandboxQuery, SandboxState  # noqa: E402
@@ -32,13 +32,25 @@ E2B_VARS = ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY", "E2B_DOMAIN", "E2B_
 
 
 @pytest.fixture(scope="module")
-def e2b_server(server):
-    """The shared server, with the E2B SDKs pointed at it (and the data template built:
-    `code-interpreter-v1` is forkbox's `data` template)."""
+def server(tmp_path_factory):
+    """A server of its own, whose home shares the built images too: `code-interpreter-v1` is
+    forkbox's `data` template, built once in the shared data directory."""
     subprocess.run(
         [forkbox_bin(), "--home", str(shared_home()), "template", "build", "data"],
         check=True, capture_output=True, text=True, timeout=1800,
     )
+    home = tmp_path_factory.mktemp("e2b") / "home"
+    home.mkdir()
+    (home / "images").symlink_to(shared_home() / "images")
+    s = start_server(home)
+    yield s
+    stop_server(s)
+    assert s.proc.returncode == 0, "forkbox serve did not shut down cleanly:\n" + "".join(s.output[-50:])
+
+
+@pytest.fixture(scope="module")
+def e2b_server(server):
+    """The server, with the E2B SDKs pointed at it."""
     old = {k: os.environ.get(k) for k in E2B_VARS}
     for k in ("E2B_DOMAIN", "E2B_DEBUG"):
         os.environ.pop(k, None)
