@@ -136,6 +136,10 @@ enum Command {
         /// Lease time: a node whose last heartbeat is older than this loses its sessions.
         #[arg(long, value_name = "S", default_value_t = 10, value_parser = clap::value_parser!(u64).range(2..=600))]
         lease_seconds: u64,
+        /// E2B's API: a sandbox whose lifetime (`timeout`) ends is paused (evicted to disk,
+        /// resumable with `connect`) instead of killed, whatever its `autoPause`.
+        #[arg(long)]
+        e2b_auto_pause: bool,
     },
     /// API keys for the HTTP API.
     #[command(subcommand)]
@@ -485,6 +489,7 @@ fn main() -> ExitCode {
             node_id,
             advertise_url,
             lease_seconds,
+            e2b_auto_pause,
         } => {
             let isolation = match isolation {
                 IsolationMode::Thread => forkbox_runtime::Isolation::Thread,
@@ -530,6 +535,7 @@ fn main() -> ExitCode {
                     database,
                     cluster,
                     Prebuild { names: prebuild, wait: std::time::Duration::from_secs(template_wait_seconds) },
+                    e2b_auto_pause,
                 )
             })
         }
@@ -753,6 +759,7 @@ fn serve(
     database: Option<String>,
     cluster: Option<forkbox_runtime::ClusterConfig>,
     prebuild: Prebuild,
+    e2b_auto_pause: bool,
 ) -> anyhow::Result<ExitCode> {
     pip.validate().map_err(|e| anyhow::anyhow!("--pip-*: {e}"))?;
     for n in packages.allow.iter().chain(&packages.deny) {
@@ -780,6 +787,7 @@ fn serve(
     cfg.sessions.cluster = cluster;
     cfg.prebuild = prebuild.names;
     cfg.template_wait = prebuild.wait;
+    cfg.e2b_auto_pause = e2b_auto_pause;
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(forkbox_server::serve(cfg))?;
     Ok(ExitCode::SUCCESS)
 }

@@ -211,6 +211,18 @@ impl Runtime {
         Ok(self.sessions.gc_packages(min_age)?)
     }
 
+    /// Evict the session's sandbox to disk now (it stays at its head and
+    /// resumes on its next use); false if it was not resident, or an exec runs in it.
+    pub fn evict_session(&self, tenant: &str, id: &str) -> Result<bool, RuntimeError> {
+        self.sessions.get(tenant, id)?;
+        Ok(self.sessions.evict(id))
+    }
+
+    /// Make the session resident (resume it from disk) without running anything.
+    pub fn resume_session(&self, tenant: &str, id: &str) -> Result<(), RuntimeError> {
+        Ok(self.sessions.resume(tenant, id)?)
+    }
+
     /// Interrupt (Ctrl-C) the session's running exec; false if none runs.
     pub fn interrupt(&self, tenant: &str, id: &str) -> Result<bool, RuntimeError> {
         Ok(self.sessions.interrupt(tenant, id)?)

@@ -49,6 +49,13 @@ pub(crate) async fn auth(State(state): State<AppState>, mut req: Request, next: 
     else {
         return Err(ApiError::unauthorized("missing API key: send `Authorization: Bearer <key>`"));
     };
+    let caller = caller_for_key(&state, key).await?;
+    req.extensions_mut().insert(caller);
+    Ok(next.run(req).await)
+}
+
+/// The caller an API key stands for (401 if unknown), its rate limit checked (429).
+pub(crate) async fn caller_for_key(state: &AppState, key: &str) -> Result<Caller, ApiError> {
     let info = match state.keys.cached(key) {
         Some(t) => Some(t),
         None => {
@@ -62,6 +69,5 @@ pub(crate) async fn auth(State(state): State<AppState>, mut req: Request, next: 
     let Some(info) = info else { return Err(ApiError::unauthorized("unknown API key")) };
     let caller = Caller { tenant: info.tenant.clone(), key: Some(info) };
     caller.check_rate()?;
-    req.extensions_mut().insert(caller);
-    Ok(next.run(req).await)
+    Ok(caller)
 }

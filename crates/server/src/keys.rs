@@ -24,7 +24,7 @@ pub fn hash_key(key: &str) -> String {
     hex::encode(Sha256::digest(key.as_bytes()))
 }
 
-fn random_hex(n: usize) -> anyhow::Result<String> {
+pub(crate) fn random_hex(n: usize) -> anyhow::Result<String> {
     use std::io::Read;
     let mut b = vec![0u8; n];
     // The kernel's CSPRNG (what getrandom(2) reads), without unsafe code in this crate.

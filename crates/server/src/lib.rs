@@ -36,6 +36,9 @@
 //! - `POST /v1/sessions/{id}/revert {checkpoint}` -> session; `POST /v1/sessions/{id}/fork {checkpoint?, tags?}` -> 201 session
 //! - ForeverVM's API (see [`forevervm`]): `GET /v1/whoami`, `POST /v1/machine/new`, `GET|POST /v1/machine/list`,
 //!   `POST /v1/machine/{name}/exec`, `GET /v1/machine/{name}/exec/{seq}/result` (long poll), WebSocket `/v1/machine/{name}/repl`
+//! - E2B's API (see [`e2b`]): its control plane (`/v2/sandboxes`, `/sandboxes/...`, `/snapshots`,
+//!   `/templates/{id}`, behind `X-API-KEY`) and, routed by the `E2b-Sandbox-Id` header, envd and the
+//!   code interpreter of each sandbox; not in the OpenAPI document
 //! - `GET /`: a JSON pointer to the OpenAPI document; to a browser the web console (`handlers::console`,
 //!   assets under `/console/`), which signs in with an API key and calls only these `/v1` routes
 //! - `GET /healthz` (`{status, template, exec slot capacity}`, nothing about tenants), `GET /v1/openapi.json`
@@ -58,6 +61,7 @@
 
 mod admission;
 mod auth;
+mod e2b;
 pub mod error;
 mod extractors;
 mod fair;
@@ -145,6 +149,9 @@ pub struct ServerConfig {
     pub prebuild: Vec<String>,
     /// How long a request on a template being built waits for it before 409 `template_not_ready`.
     pub template_wait: Duration,
+    /// E2B's API: a sandbox whose lifetime ends is paused (evicted, resumable with
+    /// `connect`) instead of killed, whatever its `autoPause` (`serve --e2b-auto-pause`).
+    pub e2b_auto_pause: bool,
 }
 
 impl ServerConfig {
@@ -177,6 +184,7 @@ impl ServerConfig {
             isolation: rt.isolation,
             prebuild: Vec::new(),
             template_wait: Duration::from_secs(60),
+            e2b_auto_pause: false,
         }
     }
 
@@ -218,6 +226,8 @@ pub struct Inner {
     pub(crate) admission: admission::Admission,
     /// ForeverVM instruction queues and results, per machine (session).
     pub(crate) machines: handlers::forevervm::Machines,
+    /// E2B sandboxes: their tokens, lifetimes and code contexts.
+    pub(crate) e2b: e2b::Sandboxes,
     /// Cluster: the client requests are forwarded to other nodes with.
     pub(crate) peers: reqwest::Client,
 }
@@ -245,6 +255,7 @@ impl Inner {
             runtime,
             keys,
             machines: handlers::forevervm::Machines::default(),
+            e2b: e2b::Sandboxes::default(),
             peers: forward::peers(),
             config,
         }))

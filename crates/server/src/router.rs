@@ -116,7 +116,10 @@ pub fn router(state: AppState) -> Router {
         v1.route_layer(middleware::from_fn_with_state(st.clone(), crate::forward::forward))
             .route_layer(middleware::from_fn_with_state(st, auth))
     });
-    with_mcp(state, api)
+    let api = with_mcp(state.clone(), api).merge(crate::e2b::control_routes(state.clone()));
+    // E2B's data plane goes by its headers, before any path is looked at.
+    let data_plane = crate::e2b::DataPlane::new(state);
+    api.layer(middleware::from_fn_with_state(data_plane, crate::e2b::dispatch))
 }
 
 /// `/mcp`: the MCP server (streamable HTTP, `forkbox_mcp`) behind the same API
@@ -135,8 +138,10 @@ pub fn embedded_router(state: AppState, tenant: &str) -> Router {
     build(state, move |v1| v1.route_layer(Extension(caller)))
 }
 
-async fn not_found() -> ApiError {
-    ApiError::new(ErrorCode::NotFound, "no such endpoint")
+async fn not_found(uri: axum::http::Uri) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    crate::e2b::unknown_route_at(uri.path())
+        .unwrap_or_else(|| ApiError::new(ErrorCode::NotFound, "no such endpoint").into_response())
 }
 
 async fn method_not_allowed() -> ApiError {

@@ -1,0 +1,357 @@
+"""E2B's own Python SDKs (`e2b`, `e2b-code-interpreter`, pinned in requirements.txt)
+against a real `forkbox serve`: E2B_API_URL and E2B_SANDBOX_URL point at the server,
+E2B_API_KEY is a forkbox API key. Nothing here leaves the machine."""
+
+import asyncio
+import base64
+import json
+import os
+import struct
+import subprocess
+import time
+import uuid
+
+import httpx
+import pytest
+
+from conftest import forkbox_bin, shared_home, start_server, stop_server
+
+import e2b  # noqa: E402
+from e2b import AsyncSandbox, SandboxQuery, SandboxState  # noqa: E402
+from e2b.exceptions import (  # noqa: E402
+    AuthenticationException,
+    InvalidArgumentException,
+    NotFoundException,
+    SandboxException,
+    SandboxNotFoundException,
+)
+import e2b_code_interpreter as ci  # noqa: E402
+from e2b.sandbox.commands.command_handle import CommandExitException  # noqa: E402
+
+E2B_VARS = ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY", "E2B_DOMAIN", "E2B_DEBUG")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A server of its own, whose home shares the built images too: `code-interpreter-v1` is
+    forkbox's `data` template, built once in the shared data directory."""
+    subprocess.run(
+        [forkbox_bin(), "--home", str(shared_home()), "template", "build", "data"],
+        check=True, capture_output=True, text=True, timeout=1800,
+    )
+    home = tmp_path_factory.mktemp("e2b") / "home"
+    home.mkdir()
+    (home / "images").symlink_to(shared_home() / "images")
+    s = start_server(home)
+    yield s
+    stop_server(s)
+    assert s.proc.returncode == 0, "forkbox serve did not shut down cleanly:\n" + "".join(s.output[-50:])
+
+
+@pytest.fixture(scope="module")
+def e2b_server(server):
+    """The server, with the E2B SDKs pointed at it."""
+    old = {k: os.environ.get(k) for k in E2B_VARS}
+    for k in ("E2B_DOMAIN", "E2B_DEBUG"):
+        os.environ.pop(k, None)
+    os.environ.update(E2B_API_URL=server.url, E2B_SANDBOX_URL=server.url, E2B_API_KEY=server.key)
+    yield server
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def test_code_interpreter_state_rich_results_and_errors(e2b_server):
+    with ci.Sandbox.create() as sbx:
+        assert sbx.sandbox_id
+        sbx.run_code("x = 41")
+        ex = sbx.run_code("print('hello'); x + 1")
+        assert ex.error is None
+        assert ex.logs.stdout == ["hello\n"]
+        assert ex.text == "42"
+        assert [r.is_main_result for r in ex.results] == [True]
+
+        # An open matplotlib figure: a display result with a PNG, not the main result.
+        ex = sbx.run_code("import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.title('t')\n")
+        assert ex.error is None, ex.error
+        pngs = [r for r in ex.results if r.png]
+        assert len(pngs) == 1 and not pngs[0].is_main_result
+        assert base64.b64decode(pngs[0].png)[:8] == b"\x89PNG\r\n\x1a\n"
+
+        # A DataFrame as the last expression: the main result, with HTML.
+        ex = sbx.run_code("import pandas as pd\npd.DataFrame({'a': [1, 2], 'b': [3, 4]})")
+        main = [r for r in ex.results if r.is_main_result]
+        assert len(main) == 1 and "<table" in main[0].html and "a" in main[0].text
+
+        ex = sbx.run_code("def f():\n    return 1 / 0\nf()")
+        assert ex.error.name == "ZeroDivisionError"
+        assert ex.error.value == "division by zero"
+        assert "f()" in ex.error.traceback and "ZeroDivisionError" in ex.error.traceback
+        # State survives an exception.
+        assert sbx.run_code("x").text == "41"
+
+        # A BaseException subclass (smolagents' final answer is one) is an error with its name and message.
+        ex = sbx.run_code("class FinalAnswerException(BaseException):\n    pass\nraise FinalAnswerException('the answer')")
+        assert (ex.error.name, ex.error.value) == ("FinalAnswerException", "the answer")
+
+        # stdout/stderr chunks arrive through the callbacks as they are written.
+        seen = []
+        sbx.run_code("import sys\nprint('a')\nprint('b', file=sys.stderr)", on_stdout=lambda m: seen.append(("o", m.line)),
+                     on_stderr=lambda m: seen.append(("e", m.line)))
+        assert ("o", "a\n") in seen and ("e", "b\n") in seen
+
+        # env_vars hold for one execution only.
+        ex = sbx.run_code("import os\nos.environ.get('E2B_T')", envs={"E2B_T": "v1"})
+        assert ex.text == "'v1'"
+        assert sbx.run_code("os.environ.get('E2B_T')").text is None
+
+        # IPython's shell escapes.
+        ex = sbx.run_code("!echo from-the-shell")
+        assert "from-the-shell\n" in "".join(ex.logs.stdout)
+
+        # Contexts: namespaces of their own.
+        ctx = sbx.create_code_context()
+        sbx.run_code("y = 5", context=ctx)
+        assert sbx.run_code("'y' in globals()").text == "False"
+        assert sbx.run_code("y * 2", context=ctx).text == "10"
+        assert ctx.id in [c.id for c in sbx.list_code_contexts()]
+        sbx.restart_code_context(ctx)
+        assert sbx.run_code("'y' in globals()", context=ctx).text == "False"
+        sbx.remove_code_context(ctx)
+        with pytest.raises(NotFoundException):
+            sbx.run_code("1", context=ctx)
+        sid = sbx.sandbox_id
+    # The context manager killed it.
+    with pytest.raises(SandboxNotFoundException):
+        ci.Sandbox.get_info(sid)
+    assert not ci.Sandbox.kill(sid)
+
+
+def test_files_and_commands(e2b_server):
+    sbx = e2b.Sandbox.create(envs={"SANDBOX_VAR": "from-create"})
+    try:
+        assert sbx.is_running()
+        info = sbx.files.write("/home/user/a.txt", "hello e2b")
+        assert info.path == "/home/user/a.txt"
+        assert sbx.files.read("/home/user/a.txt") == "hello e2b"
+        # Relative paths are under the user's home.
+        assert sbx.files.read("a.txt", format="bytes") == b"hello e2b"
+        names = {e.name: e for e in sbx.files.list("/home/user")}
+        assert names["a.txt"].type.value == "file" and names["a.txt"].size == 9
+        assert sbx.files.exists("/home/user/a.txt")
+        assert not sbx.files.exists("/home/user/nope.txt")
+        assert sbx.files.make_dir("/home/user/d/e")
+        assert not sbx.files.make_dir("/home/user/d/e")
+        deep = [e.path for e in sbx.files.list("/home/user", depth=2)]
+        assert "/home/user/d/e" in deep
+        moved = sbx.files.rename("/home/user/a.txt", "/home/user/d/b.txt")
+        assert moved.path == "/home/user/d/b.txt"
+        assert sbx.files.read("/home/user/d/b.txt") == "hello e2b"
+        assert sbx.files.get_info("/home/user/d").type.value == "dir"
+        sbx.files.remove("/home/user/d")
+        assert not sbx.files.exists("/home/user/d/b.txt")
+        with pytest.raises(NotFoundException):
+            sbx.files.read("/home/user/d/b.txt")
+        # Several files in one multipart upload.
+        sbx.files.write_files([{"path": "/tmp/m1", "data": b"1"}, {"path": "/tmp/m2", "data": "2"}])
+        assert (sbx.files.read("/tmp/m1"), sbx.files.read("/tmp/m2")) == ("1", "2")
+
+        r = sbx.commands.run("echo out; echo err >&2")
+        assert (r.stdout, r.stderr, r.exit_code) == ("out\n", "err\n", 0)
+        assert sbx.commands.run("pwd").stdout == "/home/user\n"
+        assert sbx.commands.run("pwd", cwd="/tmp").stdout == "/tmp\n"
+        assert sbx.commands.run("echo $FOO-$SANDBOX_VAR", envs={"FOO": "bar"}).stdout == "bar-from-create\n"
+        with pytest.raises(CommandExitException) as e:
+            sbx.commands.run("echo partial; exit 3")
+        assert e.value.exit_code == 3 and e.value.stdout == "partial\n"
+        chunks = []
+        sbx.commands.run("for i in 1 2 3; do echo $i; done", on_stdout=chunks.append)
+        assert "".join(chunks) == "1\n2\n3\n"
+        # A file a command wrote is there for the files API.
+        sbx.commands.run("echo made > /tmp/by-cmd")
+        assert sbx.files.read("/tmp/by-cmd") == "made\n"
+    finally:
+        assert sbx.kill()
+    assert not sbx.kill()
+
+
+def test_list_metadata_pause_connect_and_timeout(e2b_server):
+    tag = uuid.uuid4().hex
+    a = ci.Sandbox.create(metadata={"suite": tag, "n": "a"})
+    b = ci.Sandbox.create(metadata={"suite": tag, "n": "b"}, timeout=120)
+    try:
+        a.run_code("state = [1, 2, 3]")
+        listed = ci.Sandbox.list(query=SandboxQuery(metadata={"suite": tag})).next_items()
+        assert {s.sandbox_id for s in listed} == {a.sandbox_id, b.sandbox_id}
+        assert {s.metadata["n"] for s in listed} == {"a", "b"}
+        only_b = ci.Sandbox.list(query=SandboxQuery(metadata={"suite": tag, "n": "b"})).next_items()
+        assert [s.sandbox_id for s in only_b] == [b.sandbox_id]
+        # Paging: one a page, the next page's token in x-next-token.
+        p = ci.Sandbox.list(query=SandboxQuery(metadata={"suite": tag}), limit=1)
+        first = p.next_items()
+        assert len(first) == 1 and p.has_next
+        second = p.next_items()
+        assert len(second) == 1 and second[0].sandbox_id != first[0].sandbox_id and not p.has_next
+
+        info = a.get_info()
+        assert info.state == SandboxState.RUNNING and info.metadata == {"suite": tag, "n": "a"}
+        assert info.end_at > info.started_at
+
+        assert a.pause()
+        assert ci.Sandbox.get_info(a.sandbox_id).state == SandboxState.PAUSED
+        assert not a.pause()
+        paused = ci.Sandbox.list(query=SandboxQuery(metadata={"suite": tag}, state=[SandboxState.PAUSED])).next_items()
+        assert [s.sandbox_id for s in paused] == [a.sandbox_id]
+        assert not a.is_running()
+
+        again = ci.Sandbox.connect(a.sandbox_id)
+        assert again.run_code("sum(state)").text == "6"
+        assert ci.Sandbox.get_info(a.sandbox_id).state == SandboxState.RUNNING
+
+        # set_timeout: the lifetime ends that many seconds from now; then the sandbox is killed.
+        b.set_timeout(2)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                ci.Sandbox.get_info(b.sandbox_id)
+            except SandboxNotFoundException:
+                break
+            time.sleep(0.5)
+        else:
+            pytest.fail("the sandbox outlived its timeout")
+        assert not b.kill()
+    finally:
+        a.kill()
+        b.kill()
+
+
+def test_auto_pause_at_the_end_of_the_lifetime(e2b_server):
+    # autoPause: the end of the lifetime pauses instead of killing.
+    sbx = ci.Sandbox.create(timeout=2, lifecycle={"on_timeout": "pause"})
+    try:
+        sbx.run_code("kept = 'yes'")
+        deadline = time.monotonic() + 20
+        while ci.Sandbox.get_info(sbx.sandbox_id).state != SandboxState.PAUSED:
+            assert time.monotonic() < deadline, "not paused at the end of its lifetime"
+            time.sleep(0.5)
+        assert ci.Sandbox.connect(sbx.sandbox_id).run_code("kept").text == "'yes'"
+    finally:
+        sbx.kill()
+
+
+def test_fork_count_and_snapshot_as_template(e2b_server):
+    src = ci.Sandbox.create()
+    forks = []
+    try:
+        src.run_code("v = 'source'")
+        forks = src.fork(count=3)
+        assert len(forks) == 3 and all(isinstance(f, ci.Sandbox) for f in forks), forks
+        assert len({f.sandbox_id for f in forks} | {src.sandbox_id}) == 4
+        for i, f in enumerate(forks):
+            assert f.run_code("v").text == "'source'"
+            f.run_code(f"v = 'fork{i}'")
+        # The source kept running, unchanged.
+        assert src.run_code("v").text == "'source'"
+
+        snap = src.create_snapshot()
+        assert snap.snapshot_id
+        assert snap.snapshot_id in [s.snapshot_id for s in ci.Sandbox.list_snapshots(sandbox_id=src.sandbox_id).next_items()]
+        from_snap = ci.Sandbox.create(template=snap.snapshot_id)
+        forks.append(from_snap)
+        assert from_snap.run_code("v").text == "'source'"
+    finally:
+        for f in forks:
+            if isinstance(f, ci.Sandbox):
+                f.kill()
+        src.kill()
+
+
+def test_async_sandbox(e2b_server):
+    async def go():
+        sbx = await ci.AsyncSandbox.create()
+        try:
+            await sbx.run_code("a = 20")
+            ex = await sbx.run_code("a * 2 + 2")
+            assert ex.text == "42"
+            await sbx.files.write("/tmp/x.txt", "async")
+            assert await sbx.files.read("/tmp/x.txt") == "async"
+            r = await sbx.commands.run("cat /tmp/x.txt")
+            assert r.stdout == "async"
+        finally:
+            await sbx.kill()
+        core = await AsyncSandbox.create()
+        try:
+            assert (await core.commands.run("echo core")).stdout == "core\n"
+        finally:
+            await core.kill()
+
+    asyncio.run(go())
+
+
+def test_bad_input_gets_the_sdks_errors(e2b_server, server):
+    # An unknown sandbox.
+    with pytest.raises(SandboxNotFoundException):
+        e2b.Sandbox.connect("s_0000000000000000")
+    with pytest.raises(SandboxNotFoundException):
+        e2b.Sandbox.get_info("s_0000000000000000")
+    assert not e2b.Sandbox.kill("s_0000000000000000")
+    # A bad API key.
+    with pytest.raises(AuthenticationException):
+        e2b.Sandbox.create(api_key="fbk_not_a_key")
+
+    sbx = e2b.Sandbox.create()
+    try:
+        # Another tenant's key sees nothing of it.
+        other = server.create_key("e2b-other-tenant", "--unlimited")
+        with pytest.raises(SandboxNotFoundException):
+            e2b.Sandbox.connect(sbx.sandbox_id, api_key=other)
+        assert not e2b.Sandbox.kill(sbx.sandbox_id, api_key=other)
+
+        base = {"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "49983"}
+        with httpx.Client(base_url=server.url, timeout=30) as http:
+            # A wrong access token: 401 with a Connect error, for RPCs and envd's HTTP routes alike.
+            r = http.post("/filesystem.Filesystem/Stat", json={"path": "/"},
+                          headers={**base, "X-Access-Token": "wrong", "Connect-Protocol-Version": "1"})
+            assert r.status_code == 401 and r.json()["code"] == "unauthenticated"
+            r = http.get("/files", params={"path": "/etc/hostname"}, headers={**base, "X-Access-Token": "wrong"})
+            assert r.status_code == 401
+            # Through the SDK: the token is its sandbox's, so swap it.
+            good = sbx._envd_access_token
+            headers = {**base, "X-Access-Token": good}
+            # A malformed Connect envelope (announces more bytes than it has): an end-of-stream error.
+            r = http.post("/process.Process/Start", content=b"\x00\x00\x00\x00\x50{}",
+                          headers={**headers, "Content-Type": "application/connect+json"})
+            assert r.status_code == 200
+            flag, n = struct.unpack(">BI", r.content[:5])
+            assert flag == 2 and json.loads(r.content[5:5 + n])["error"]["code"] == "invalid_argument"
+            # A malformed unary body.
+            r = http.post("/filesystem.Filesystem/Stat", content=b"{not json",
+                          headers={**headers, "Content-Type": "application/json"})
+            assert r.status_code == 400 and r.json()["code"] == "invalid_argument"
+            # An unknown sandbox on the data plane: 502, which the SDK reads as "not running".
+            r = http.get("/health", headers={"E2b-Sandbox-Id": "s_0000000000000000", "E2b-Sandbox-Port": "49983"})
+            assert r.status_code == 502 and "was not found" in r.json()["message"]
+            # The control plane's errors are E2B's JSON.
+            r = http.get("/sandboxes/s_0000000000000000", headers={"X-API-KEY": server.key})
+            assert r.status_code == 404 and isinstance(r.json()["code"], int)
+            r = http.post("/v2/sandboxes", content=b"[", headers={"X-API-KEY": server.key})
+            assert r.status_code == 400 and isinstance(r.json()["message"], str)
+            # The forkbox routes are untouched by E2B's.
+            assert http.get("/healthz").status_code == 200
+
+        # An upload over the server's file size limit (64 MiB by default) loses nothing.
+        sbx.files.write("/tmp/keep.txt", "kept")
+        with pytest.raises(SandboxException) as e:
+            sbx.files.write("/tmp/big.bin", b"\0" * (65 << 20))
+        assert "413" in str(e.value) or "limit" in str(e.value)
+        assert sbx.files.read("/tmp/keep.txt") == "kept"
+        assert not sbx.files.exists("/tmp/big.bin")
+        # Listing what is not there, or not a directory.
+        with pytest.raises(NotFoundException):
+            sbx.files.list("/home/user/nope")
+        with pytest.raises(InvalidArgumentException):
+            sbx.files.list("/tmp/keep.txt")
+    finally:
+        sbx.kill()
