@@ -463,13 +463,7 @@ fn smaps_growth(before: &[(u64, String, [u64; 3])], after: &[(u64, String, [u64;
     println!("  smaps growth per fork (KiB): Pss  Private_Dirty  Anonymous  new mappings, by what they map");
     let n = n.max(1) as f64;
     for (name, (d, c)) in rows.iter().take(25) {
-        println!(
-            "  {:>8.1} {:>8.1} {:>8.1} {:>+6}  {name}",
-            d[0] as f64 / n,
-            d[1] as f64 / n,
-            d[2] as f64 / n,
-            c
-        );
+        println!("  {:>8.1} {:>8.1} {:>8.1} {:>+6}  {name}", d[0] as f64 / n, d[1] as f64 / n, d[2] as f64 / n, c);
     }
 }
 
@@ -706,10 +700,7 @@ fn fork(home: &Path, forks: usize, execs: usize, live: usize, batch: usize, imag
         let after = pss_kib();
         let further = match live {
             0 | 1 => String::new(),
-            n => format!(
-                ", {:.0} KiB per further fork",
-                after.saturating_sub(after_first) as f64 / (n - 1) as f64
-            ),
+            n => format!(", {:.0} KiB per further fork", after.saturating_sub(after_first) as f64 / (n - 1) as f64),
         };
         println!(
             "{live} live forks after print(1+1): {:.0} ms to create, PSS +{:.1} MiB = {:.0} KiB per fork{further}",

@@ -380,7 +380,10 @@ fn fork_and_exec_write_few_pages_and_leave_no_warm_up_trace() {
     assert_eq!(ok(&mut sb, "print(1+1)").stdout, "2\n");
     let written = sb.memory_footprint().private_pages;
     assert!(written <= 320, "fork + print(1+1) wrote {written} pages (at most 320 expected)");
-    assert_eq!(ok(&mut sb, "print('_' in globals(), len([k for k in globals() if not k.startswith('__')]))").stdout, "False 0\n");
+    assert_eq!(
+        ok(&mut sb, "print('_' in globals(), len([k for k in globals() if not k.startswith('__')]))").stdout,
+        "False 0\n"
+    );
     assert_eq!(
         value(&mut sb, "import linecache\nsorted(k for k in linecache.cache if k.startswith('<exec-'))"),
         "['<exec-1>', '<exec-2>', '<exec-3>']",
