@@ -107,9 +107,7 @@ pub fn unary(v: serde_json::Value) -> Response {
 /// ends the stream with [`end`]). Errors of a stream always travel in the end-of-stream
 /// message, so the status is 200.
 pub fn stream(rx: mpsc::Receiver<Bytes>) -> Response {
-    let body = Body::from_stream(
-        tokio_stream_of(rx).map(Ok::<Bytes, std::convert::Infallible>),
-    );
+    let body = Body::from_stream(tokio_stream_of(rx).map(Ok::<Bytes, std::convert::Infallible>));
     let mut resp = Response::new(body);
     resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/connect+json"));
     resp
@@ -145,7 +143,12 @@ mod tests {
         let e = end(None);
         assert_eq!(e[0], END_STREAM);
         assert_eq!(&e[5..], b"{}");
-        for bad in [&b"\x00\x00\x00"[..], &b"\x00\x00\x00\x00\x09{}"[..], &b"\x01\x00\x00\x00\x02{}"[..], &b"\x02\x00\x00\x00\x02{}"[..]] {
+        for bad in [
+            &b"\x00\x00\x00"[..],
+            &b"\x00\x00\x00\x00\x09{}"[..],
+            &b"\x01\x00\x00\x00\x02{}"[..],
+            &b"\x02\x00\x00\x00\x02{}"[..],
+        ] {
             let r: Result<serde_json::Value, _> = request(&h, bad);
             assert_eq!(r.unwrap_err().code, Code::InvalidArgument, "{bad:?}");
         }

@@ -111,7 +111,9 @@ fn template_of(id: &str) -> Option<&str> {
 fn lifetime(t: Option<u64>) -> Result<u64, E2bError> {
     match t.unwrap_or(DEFAULT_TIMEOUT_S) {
         0 => Err(E2bError::bad_request("timeout must be at least 1 second")),
-        t if t > MAX_TIMEOUT_S => Err(E2bError::bad_request(format!("timeout must be at most {MAX_TIMEOUT_S} seconds"))),
+        t if t > MAX_TIMEOUT_S => {
+            Err(E2bError::bad_request(format!("timeout must be at most {MAX_TIMEOUT_S} seconds")))
+        }
         t => Ok(t),
     }
 }
@@ -139,7 +141,12 @@ _e2b_os.chdir({home})\n_e2b_os.environ['HOME'] = {home}\n_e2b_os.environ.update(
 }
 
 /// Run `code` in the session as the caller (an exec slot, the key's share).
-pub(super) async fn run_setup(state: &AppState, caller: &Caller, id: &str, code: String) -> Result<(), crate::error::ApiError> {
+pub(super) async fn run_setup(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+    code: String,
+) -> Result<(), crate::error::ApiError> {
     let permit = crate::fair::acquire_for(state, caller, 1).await?;
     let o = state.runtime.session_exec(&caller.tenant, id, code, None, caller.quota(), None, permit).await?;
     if let Some(e) = o.result.error {
@@ -324,7 +331,12 @@ async fn set_timeout(
 
 /// The record of a session (a new one, with a new token, if it has none here: made
 /// through /v1 or before a restart). `resumed`: a new record starts running.
-async fn record(state: &AppState, caller: &Caller, v: &SessionView, resumed: bool) -> Result<std::sync::Arc<SandboxRec>, E2bError> {
+async fn record(
+    state: &AppState,
+    caller: &Caller,
+    v: &SessionView,
+    resumed: bool,
+) -> Result<std::sync::Arc<SandboxRec>, E2bError> {
     if let Some(r) = state.e2b.owned(&caller.tenant, &v.record.id) {
         return Ok(r);
     }
@@ -377,7 +389,13 @@ async fn connect(
         let now = now_ms();
         let want = now + life.unwrap_or(DEFAULT_TIMEOUT_S) as i64 * 1000;
         // A running sandbox's lifetime only grows; a resumed one starts a new one.
-        st.end_ms = if st.paused { want } else if life.is_some() { st.end_ms.max(want) } else { st.end_ms };
+        st.end_ms = if st.paused {
+            want
+        } else if life.is_some() {
+            st.end_ms.max(want)
+        } else {
+            st.end_ms
+        };
         st.paused = false;
     }
     let status = if was_paused { StatusCode::CREATED } else { StatusCode::OK };
@@ -637,8 +655,8 @@ async fn metrics(
 ) -> Result<Json<Value>, E2bError> {
     let v = session_of(&state, &caller, &id).await?;
     let (c, i) = (caller.clone(), id.clone());
-    let disk: u64 = blocking(&state, move |rt| Ok(rt.checkpoints(&c.tenant, &i)?.iter().map(|c| c.bytes).sum()))
-        .await?;
+    let disk: u64 =
+        blocking(&state, move |rt| Ok(rt.checkpoints(&c.tenant, &i)?.iter().map(|c| c.bytes).sum())).await?;
     let now = now_ms();
     let mem_total = v.memory_mb() << 20;
     Ok(Json(json!([{
@@ -658,10 +676,15 @@ async fn metrics(
 /// `autoPause` (or `serve --e2b-auto-pause`).
 pub(super) async fn reap(state: &AppState) {
     let now = now_ms();
-    let due: Vec<_> = state.e2b.all().into_iter().filter(|r| {
-        let st = r.lock();
-        !st.paused && st.end_ms <= now
-    }).collect();
+    let due: Vec<_> = state
+        .e2b
+        .all()
+        .into_iter()
+        .filter(|r| {
+            let st = r.lock();
+            !st.paused && st.end_ms <= now
+        })
+        .collect();
     for rec in due {
         let r = if rec.auto_pause || state.config.e2b_auto_pause {
             pause_rec(state, &rec).await

@@ -68,13 +68,13 @@ struct ExecuteRequest {
     env_vars: Option<BTreeMap<String, String>>,
 }
 
-fn python(language: Option<&str>) -> Result<(), Response> {
+/// An answer for a language other than Python (None: Python).
+fn not_python(language: Option<&str>) -> Option<Response> {
     match language {
-        None | Some("python" | "python3" | "py" | "") => Ok(()),
-        Some(other) => Err(http(
-            StatusCode::BAD_REQUEST,
-            format!("language {other:?} is not supported here (python only)"),
-        )),
+        None | Some("python" | "python3" | "py" | "") => None,
+        Some(other) => {
+            Some(http(StatusCode::BAD_REQUEST, format!("language {other:?} is not supported here (python only)")))
+        }
     }
 }
 
@@ -89,10 +89,7 @@ fn shell_escapes(code: &str) -> String {
         match rest.strip_prefix('!') {
             Some(cmd) if !pip && !cmd.trim().is_empty() => {
                 out.push_str(indent);
-                out.push_str(&format!(
-                    "__import__('subprocess').run({}, shell=True) and None",
-                    py_str(cmd.trim())
-                ));
+                out.push_str(&format!("__import__('subprocess').run({}, shell=True) and None", py_str(cmd.trim())));
                 out.push_str(&line[body.len()..]);
             }
             _ => out.push_str(line),
@@ -207,16 +204,12 @@ if _e2b_v is None:\n        _e2b_os.environ.pop(_e2b_k, None)\n    else:\n      
 _e2b_sys._e2b_saved_env = {}\ndel _e2b_os, _e2b_sys\n";
 
 /// `POST /execute`: NDJSON events of one execution.
-async fn execute(
-    State(state): State<AppState>,
-    Extension(rec): Extension<Arc<SandboxRec>>,
-    body: Bytes,
-) -> Response {
+async fn execute(State(state): State<AppState>, Extension(rec): Extension<Arc<SandboxRec>>, body: Bytes) -> Response {
     let req: ExecuteRequest = match crate::extractors::parse_json(&body) {
         Ok(r) => r,
         Err(e) => return http(StatusCode::BAD_REQUEST, e.message),
     };
-    if let Err(r) = python(req.language.as_deref()) {
+    if let Some(r) = not_python(req.language.as_deref()) {
         return r;
     }
     if let Err(e) = super::process::running(&rec) {
@@ -235,10 +228,9 @@ async fn execute(
     };
     let caller = rec.caller();
     let (c, i, checked) = (caller.clone(), rec.id.clone(), code.clone());
-    let checked = crate::handlers::blocking(&state, move |rt| {
-        Ok(rt.check_session_exec(&c.tenant, &i, &checked, &c.quota())?)
-    })
-    .await;
+    let checked =
+        crate::handlers::blocking(&state, move |rt| Ok(rt.check_session_exec(&c.tenant, &i, &checked, &c.quota())?))
+            .await;
     if let Err(e) = checked {
         return from_connect(e.into());
     }
@@ -306,7 +298,8 @@ async fn execute(
                     events.push(result_event(res.value_data.as_ref().unwrap_or(&empty), true, Some(v)));
                 }
                 if let Some(e) = &res.error {
-                    events.push(json!({ "type": "error", "name": e.kind, "value": e.message, "traceback": e.traceback }));
+                    events
+                        .push(json!({ "type": "error", "name": e.kind, "value": e.message, "traceback": e.traceback }));
                 }
             }
             Ok(Err(e)) => {
@@ -315,9 +308,13 @@ async fn execute(
                     forkbox_api::ErrorCode::Timeout => "TimeoutError".to_string(),
                     c => c.as_str().to_string(),
                 };
-                events.push(json!({ "type": "error", "name": name, "value": crate::error::scrub(&e.message), "traceback": "" }));
+                events.push(
+                    json!({ "type": "error", "name": name, "value": crate::error::scrub(&e.message), "traceback": "" }),
+                );
             }
-            Err(e) => events.push(json!({ "type": "error", "name": "internal", "value": e.to_string(), "traceback": "" })),
+            Err(e) => {
+                events.push(json!({ "type": "error", "name": "internal", "value": e.to_string(), "traceback": "" }))
+            }
         }
         if !env.is_empty() {
             if let Err(e) = setup_exec(&state, &rec, RESTORE_ENV.to_string()).await {
@@ -358,7 +355,7 @@ async fn create_context(Extension(rec): Extension<Arc<SandboxRec>>, body: Bytes)
         Ok(r) => r,
         Err(e) => return http(StatusCode::BAD_REQUEST, e.message),
     };
-    if let Err(r) = python(req.language.as_deref()) {
+    if let Some(r) = not_python(req.language.as_deref()) {
         return r;
     }
     let cwd = match super::guest_path(req.cwd.as_deref().unwrap_or(HOME)) {

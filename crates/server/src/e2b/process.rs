@@ -223,7 +223,8 @@ struct PidSelector {
 fn is_running(rec: &SandboxRec, sel: &PidSelector) -> bool {
     match &rec.lock().running {
         Some((pid, config)) => {
-            sel.pid == Some(*pid) || (sel.tag.is_some() && config.get("tag").and_then(|t| t.as_str()) == sel.tag.as_deref())
+            sel.pid == Some(*pid)
+                || (sel.tag.is_some() && config.get("tag").and_then(|t| t.as_str()) == sel.tag.as_deref())
         }
         None => false,
     }
