@@ -68,11 +68,12 @@ struct ExecuteRequest {
     env_vars: Option<BTreeMap<String, String>>,
 }
 
-fn python(language: Option<&str>) -> Result<(), Response> {
+/// An answer for a language other than Python (None: Python).
+fn not_python(language: Option<&str>) -> Option<Response> {
     match language {
-        None | Some("python" | "python3" | "py" | "") => Ok(()),
+        None | Some("python" | "python3" | "py" | "") => None,
         Some(other) => {
-            Err(http(StatusCode::BAD_REQUEST, format!("language {other:?} is not supported here (python only)")))
+            Some(http(StatusCode::BAD_REQUEST, format!("language {other:?} is not supported here (python only)")))
         }
     }
 }
@@ -208,7 +209,7 @@ async fn execute(State(state): State<AppState>, Extension(rec): Extension<Arc<Sa
         Ok(r) => r,
         Err(e) => return http(StatusCode::BAD_REQUEST, e.message),
     };
-    if let Err(r) = python(req.language.as_deref()) {
+    if let Some(r) = not_python(req.language.as_deref()) {
         return r;
     }
     if let Err(e) = super::process::running(&rec) {
@@ -354,7 +355,7 @@ async fn create_context(Extension(rec): Extension<Arc<SandboxRec>>, body: Bytes)
         Ok(r) => r,
         Err(e) => return http(StatusCode::BAD_REQUEST, e.message),
     };
-    if let Err(r) = python(req.language.as_deref()) {
+    if let Some(r) = not_python(req.language.as_deref()) {
         return r;
     }
     let cwd = match super::guest_path(req.cwd.as_deref().unwrap_or(HOME)) {

@@ -289,7 +289,8 @@ fn authorize(state: &AppState, t: &Target, req: &Request) -> Result<Arc<SandboxR
     let token = header(req.headers(), "x-access-token");
     // The code interpreter SDKs send no token with their context calls (only with /execute).
     let contexts = t.port == INTERPRETER_PORT && req.uri().path().starts_with("/contexts");
-    if !(token.is_none() && contexts) && !rec.token_is(token.unwrap_or("")) {
+    let tokenless_context = token.is_none() && contexts;
+    if !tokenless_context && !rec.token_is(token.unwrap_or("")) {
         return Err(ConnectError::new(
             error::Code::Unauthenticated,
             "missing or wrong X-Access-Token for this sandbox (use the envdAccessToken it was created with)",
