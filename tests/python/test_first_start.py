@@ -1,4 +1,4 @@
-"""The first five minutes (issue 19 items 1-3): the README's install path puts a
+"""The first five minutes: the README's install path puts a
 `forkbox` on the PATH that works; `serve` binds before it builds (a busy port
 fails at once) and says what it does without a terminal; CLI commands without
 `--url` on a served data directory use that server instead of waiting for the

@@ -1,4 +1,4 @@
-//! `forkbox bench ...`: measurements quoted in the README.
+//! `forkbox bench ...`: measurements quoted in docs/performance.md.
 
 use std::path::Path;
 use std::process::ExitCode;

@@ -187,7 +187,7 @@ enum Command {
     Mcp(mcp::McpArgs),
     /// The system calls the sandbox implements: support level and what works, what does not.
     Syscalls {
-        /// As the Markdown table in the README.
+        /// As the Markdown table in docs/syscalls.md.
         #[arg(long)]
         markdown: bool,
     },

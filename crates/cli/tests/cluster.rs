@@ -1,6 +1,6 @@
 //! A cluster of three real `forkbox serve --cluster` processes on loopback
 //! ports, sharing one real PostgreSQL (Debian's binaries, a private server)
-//! and one real S3-compatible bucket (`s3s-fs`) — issue 18, asserted from the
+//! and one real S3-compatible bucket (`s3s-fs`), asserted from the
 //! outside: a session made on one node is exec'd through the others with its
 //! state intact (requests forwarded to the node that has it, also a streamed
 //! exec and files); a key made with `key create --database` works on every

@@ -1,4 +1,4 @@
-//! Sandbox worker processes (issue 16), asserted from the outside on the real
+//! Sandbox worker processes, asserted from the outside on the real
 //! `forkbox serve` binary: each worker — exec workers and session workers — is
 //! jailed (an unprivileged uid, no capabilities, NO_NEW_PRIVS, seccomp, its own
 //! namespaces, a root without keys.db or the sessions), a worker killed by its
@@ -583,7 +583,7 @@ async fn files_and_the_tree_of_states_work_in_session_workers() {
     assert_jailed(w["pid"].as_u64().unwrap(), w["uid"].as_u64().unwrap(), s.proc.id());
 }
 
-/// The guest-side syscall fuzzer (issue 16, item 4) on the real server: random
+/// The guest-side syscall fuzzer on the real server: random
 /// system calls with adversarial arguments, in exec workers and in a tenant's
 /// session worker. Every exec ends with a result or a guest-level error, never
 /// with `sandbox_crashed` (a worker killed by its own filter would mean the

@@ -1,5 +1,5 @@
-//! A seccomp-BPF allow-list for the host threads that run guests (issue 16,
-//! item 2): the runtime's exec threads, where KVM_RUN runs and every guest
+//! A seccomp-BPF allow-list for the host threads that run guests:
+//! the runtime's exec threads, where KVM_RUN runs and every guest
 //! syscall is handled, install it when they start, before any guest input.
 //! A filter is per thread (no TSYNC) and is inherited by the threads such a
 //! thread starts (the VM pool and reaper threads a template load starts there).
@@ -21,7 +21,7 @@
 //!   pwrite64, fcntl locks, fsync), layer and state files (openat, rename,
 //!   unlink, statfs for the free-disk reserve).
 //!
-//! Residual risk, documented in the README: the exec threads (`--isolation
+//! Residual risk, documented in docs/security.md: the exec threads (`--isolation
 //! thread`, the embedded CLI) still do that host file I/O (the checkpoint
 //! writer and the session store run on them), so `openat`, `rename`,
 //! `unlink`... are allowed on any path there; what the filter removes is

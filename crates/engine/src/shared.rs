@@ -1,5 +1,5 @@
 //! Templates shared by the nodes of a cluster: built once, published to a
-//! bucket, fetched by every other node (issue 18).
+//! bucket, fetched by every other node.
 //!
 //! A template's id names its *inputs* (image id, preload, versions, CPU); two
 //! nodes that boot "the same" template get the same id with different memory

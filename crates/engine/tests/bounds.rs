@@ -32,7 +32,7 @@ fn rss() -> u64 {
 
 #[test]
 fn a_64_mib_raw_write_to_a_stream_is_capped_at_the_output_limit() {
-    // The attack: one write(1, buf, 64 MiB) on a streamed exec.
+    // The attack: one write(1, buf, 64 MiB) on a streamed exec.
     let _serial = serial();
     let limit = 1 << 20;
     let mut sb = fork_with(Limits { output_bytes: limit, ..Limits::default() });

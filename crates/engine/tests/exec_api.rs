@@ -592,7 +592,7 @@ seen
 
 #[test]
 fn hard_links_and_names_are_charged_to_the_disk_quota() {
-    // The attack: 200,000 hard links of one file cost nothing. Now
+    // The attack: 200,000 hard links of one file cost nothing. Now
     // each name costs quota, so a 4 MiB quota stops them early with ENOSPC.
     let quota = 4u64 << 20;
     let mut sb = fork_with(Limits { disk_bytes: quota, ..Limits::default() });

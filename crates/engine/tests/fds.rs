@@ -1,6 +1,6 @@
 //! End-to-end tests of the fd objects the VMM owns (pipes, AF_UNIX sockets,
 //! eventfd, epoll, timerfd), blocking through `Effect::Block`, asyncio (also
-//! top-level `await` in execs), /proc and /dev, and the item-8 fixes of issue 12
+//! top-level `await` in execs), /proc and /dev, and fixes of descriptor corner cases
 //! (utime, mkfifo, /dev/tty, chown, openpty, sendfile ...): real Python
 //! programs in KVM guests.
 //!
@@ -392,7 +392,7 @@ out
 }
 
 // ---------------------------------------------------------------------------
-// Issue 12 item 8
+// Descriptor corner cases
 // ---------------------------------------------------------------------------
 
 #[test]

@@ -87,7 +87,7 @@ libc.write.restype = ctypes.c_ssize_t\n\
 MAP_FAILED = 2**64 - 1\n\
 def anon(n, prot=3):\n    p = libc.mmap(None, n, prot, 0x22, -1, 0)\n    assert p not in (None, MAP_FAILED), ctypes.get_errno()\n    return p\n";
 
-/// The attack of the issue: a 64 MiB guest writes 1 GiB at an address it never mapped.
+/// The attack: a 64 MiB guest writes 1 GiB at an address it never mapped.
 #[test]
 fn wild_write_is_sigsegv_with_its_address_and_host_memory_stays_bounded() {
     let _g = gate_exclusive();

@@ -1,4 +1,4 @@
-//! A guest-side syscall fuzzer (issue 16, item 4): a Python program in the
+//! A guest-side syscall fuzzer: a Python program in the
 //! sandbox issues random system calls through ctypes' `syscall()` — every
 //! number in the syscall table, numbers beyond it (up to 1100, x32 and huge or
 //! negative numbers), with random and adversarial arguments: wild pointers

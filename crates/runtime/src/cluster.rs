@@ -1,4 +1,4 @@
-//! A node of a cluster (issue 18): several `forkbox serve` on one PostgreSQL
+//! A node of a cluster: several `forkbox serve` on one PostgreSQL
 //! database and one object store. The sessions' leases and the heartbeat are
 //! the sessions layer's; this module runs the heartbeat on a thread of its own
 //! and offers the front ends where a session's request belongs and the nodes.

@@ -42,7 +42,7 @@ pub struct KeyLimits {
 }
 
 impl KeyLimits {
-    /// What a new key gets unless created unlimited (documented in the README):
+    /// What a new key gets unless created unlimited (documented in docs/api.md):
     /// 20 requests/s, 100 sessions, 1 GiB of checkpoints, the default share of
     /// the exec slots, one CPU-hour per hour, execs of at most 60 s.
     pub fn defaults() -> KeyLimits {

@@ -315,7 +315,7 @@ pub struct RootInfo {
     /// The OpenAPI document of every route.
     pub openapi: String,
     pub health: String,
-    /// The README's routes table.
+    /// The routes table of docs/api.md.
     pub docs: String,
     /// Where the web console is: this path, opened in a browser.
     pub console: String,

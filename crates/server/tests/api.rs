@@ -165,7 +165,7 @@ async fn one_shot_exec_results_and_zeroboot_fields() {
 }
 
 /// The exec threads (where KVM_RUN runs and guest syscalls are handled) run
-/// under the seccomp allow-list (issue 16 item 2): `Seccomp: 2` and
+/// under the seccomp allow-list: `Seccomp: 2` and
 /// `NoNewPrivs: 1` in /proc for each, while the server's other threads are
 /// unfiltered; one-shots, a session's checkpoints (host file I/O), a file
 /// upload and a download all work under it.
@@ -1536,7 +1536,7 @@ async fn forevervm_interrupt_flag_stops_the_running_instruction() {
 }
 
 // ---------------------------------------------------------------------------
-// Hard resource bounds (issue 11): fair slots, batches, disk, errors, streams
+// Hard resource bounds: fair slots, batches, disk, errors, streams
 // ---------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1680,7 +1680,7 @@ async fn batch_results_and_streams_are_bounded_by_the_output_limit() {
     assert_eq!(r.status(), StatusCode::OK);
     let body = r.bytes().await.unwrap();
     assert!(body.len() < 4 * limit + 64 * 1024, "batch response of {} bytes", body.len());
-    // The issue's attack on a stream: write(1, buf, 64 MiB) of NULs (each `\u0000` in JSON).
+    // The attack on a stream: write(1, buf, 64 MiB) of NULs (each `\u0000` in JSON).
     let code = "import ctypes\nlibc = ctypes.CDLL(None)\nbuf = ctypes.create_string_buffer(64 << 20)\nlibc.syscall(1, 1, ctypes.addressof(buf), 64 << 20)";
     let r = s
         .http

@@ -1,4 +1,4 @@
-//! Where the sandboxes of sessions live (issue 16): a [`SandboxHost`] makes
+//! Where the sandboxes of sessions live: a [`SandboxHost`] makes
 //! them, a [`Resident`] is one of them (a session's resident sandbox, or a
 //! throwaway fork of a checkpoint for the tree of states).
 //!

@@ -1,4 +1,4 @@
-//! Nodes and session leases in the metadata store (issue 18): what lets
+//! Nodes and session leases in the metadata store: what lets
 //! several `forkbox serve` nodes share one database and one bucket.
 //!
 //! - A **node** has a row in `nodes`: its id, the URL the other nodes reach it

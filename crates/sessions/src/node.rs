@@ -1,4 +1,4 @@
-//! This node's part in a cluster (issue 18): its identity, its heartbeat and
+//! This node's part in a cluster: its identity, its heartbeat and
 //! whether it drains. The leases themselves are rows of the store
 //! (`crate::lease`); the manager takes one before it brings a session back and
 //! checks it when it commits.

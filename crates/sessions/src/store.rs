@@ -646,7 +646,7 @@ impl Store {
     /// Makes this store the only user of its PostgreSQL database until it is
     /// dropped (a session-level advisory lock, claimed again on every new
     /// connection): [`StoreError::Claimed`] if another node holds it. One node
-    /// per database until sessions are leased to nodes (issue 18); SQLite is
+    /// per database until sessions are leased to nodes; SQLite is
     /// claimed by the sessions directory's lock instead (a no-op here).
     pub fn claim(&self) -> Result<(), StoreError> {
         let mut conn = self.conn();

@@ -68,7 +68,7 @@ fn a_checkpoint_over_the_tenant_quota_is_refused_before_it_is_written() {
     let c1 = ok(&m, &s.id, "x = 41").checkpoint;
     let before = file_names(&home.layers());
     let (disk_before, _) = dir_usage(&home.layers());
-    // The attack: one exec that would make a 257 MiB checkpoint under a 50 MiB quota.
+    // The attack: one exec that would make a 257 MiB checkpoint under a 50 MiB quota.
     let code = "import os\nopen('/tmp/big', 'wb').write(os.urandom(1 << 20) * 257)\nprint('written')\nx = 42\nx";
     match m.exec(TENANT, &s.id, code) {
         Err(e @ SessionError::QuotaExceeded { .. }) => {

@@ -1,4 +1,4 @@
-//! Sessions shared by the nodes of a cluster (issue 18), through two session
+//! Sessions shared by the nodes of a cluster, through two session
 //! managers (two "nodes", each with its own data directory) on one real
 //! PostgreSQL database and one real S3-compatible bucket: a session resident
 //! on one node is refused by the other (`Elsewhere`, forwarded by the server);

@@ -744,7 +744,7 @@ fn recovery_rewinds_lost_files_and_removes_strays() {
     assert_eq!(value(&m, &b, "y"), "'b'");
 }
 
-/// A wild write (the attack) is a crash reported with its address; the
+/// A wild write (the attack) is a crash reported with its address; the
 /// session rolls back to its checkpoint and goes on. The page tables are part
 /// of the checkpoint: a read-only mapping stays read-only after a resume.
 #[test]

@@ -1,4 +1,4 @@
-//! Templates shared by the nodes of a cluster (issue 18): several data
+//! Templates shared by the nodes of a cluster: several data
 //! directories ("nodes") on one PostgreSQL database and one S3-compatible
 //! bucket, both real (`forkbox_testkit::postgres`, `forkbox_testkit::s3`),
 //! over real KVM guests. A node that lacks a template fetches the one another

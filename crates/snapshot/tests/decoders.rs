@@ -1,8 +1,8 @@
-//! Property tests of the snapshot decoders (issue 16, item 4): the state file
+//! Property tests of the snapshot decoders: the state file
 //! decoder (`state::decode`, every readable version), the layer reader
 //! (`Layer::read`), the pack-file reader (`FileTable::validate` +
 //! `PackReader::read_into`) and the template bundle reader (`bundle::unpack_from`,
-//! issue 18: a bundle comes from a bucket) on random bytes, truncations, bit flips, byte
+//! a bundle comes from a bucket) on random bytes, truncations, bit flips, byte
 //! overwrites and insertions of the committed golden files — also "resealed"
 //! (length fields and checksum recomputed after the mutation, so the payload
 //! decoders behind the checksum are reached). Each must return a clean typed

@@ -111,7 +111,7 @@ pub fn fresh_home(prefix: &str) -> tempfile::TempDir {
     dir
 }
 
-/// A new data directory for a node of a test cluster (issue 18: nodes that
+/// A new data directory for a node of a test cluster (nodes that
 /// share templates through a database and a bucket): the shared home's apt
 /// resolutions, so that its default image has the shared home's id, and with
 /// `with_image` that image file too (hard-linked: as a node that built it

@@ -1,4 +1,4 @@
-//! The guest program of the syscall fuzzer (issue 16, item 4), shared by the
+//! The guest program of the syscall fuzzer, shared by the
 //! engine's in-process fuzz test and the worker-level one on the real server:
 //! a Python program that issues `calls` random system calls through ctypes'
 //! `syscall()` — every number in forkbox's syscall table and beyond, with wild

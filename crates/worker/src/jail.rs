@@ -1,4 +1,4 @@
-//! The worker's jail, entered before it reads any guest input (issue 16, item 2).
+//! The worker's jail, entered before it reads any guest input.
 //!
 //! In order, in the worker (which starts as the server's child, host root):
 //! 1. [`join_cgroup`]: its own cgroup (v2 where the memory controller is on

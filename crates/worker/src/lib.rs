@@ -1,4 +1,4 @@
-//! Sandbox workers (issue 16): the VMM — of one-shot execs and of sessions —
+//! Sandbox workers: the VMM — of one-shot execs and of sessions —
 //! runs in worker processes separate from the API process, each jailed
 //! before it reads any guest input.
 //!

@@ -1,4 +1,4 @@
-//! The API process' side of session workers (issue 16): sessions' sandboxes
+//! The API process' side of session workers: sessions' sandboxes
 //! in jailed worker processes, one process per tenant, one socket and one
 //! worker thread per sandbox.
 //!

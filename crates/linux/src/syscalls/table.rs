@@ -1,7 +1,7 @@
 //! The x86-64 syscall table: number, name, handler, support level (with a
 //! one-line note for every partial or refused entry). One entry per line.
-//! The README's syscall table is generated from it (`forkbox syscalls
-//! --markdown`; a test checks the README matches).
+//! The syscall table of docs/syscalls.md is generated from it (`forkbox syscalls
+//! --markdown`; a test checks the document matches).
 
 use std::sync::OnceLock;
 
@@ -275,7 +275,7 @@ pub fn entry(nr: u64) -> Option<&'static Entry> {
     index.get(usize::try_from(nr).ok()?).copied().flatten()
 }
 
-/// Where the generated table sits in the README.
+/// Where the generated table sits in docs/syscalls.md.
 pub const README_BEGIN: &str =
     "<!-- syscall table: generated from crates/linux/src/syscalls/table.rs by `forkbox syscalls --markdown`; do not edit -->";
 pub const README_END: &str = "<!-- end of syscall table -->";
@@ -337,11 +337,11 @@ mod tests {
         }
     }
 
-    /// The README's table is `markdown()`: regenerate it with `forkbox syscalls --markdown`
-    /// (or copy the text this test prints) when the table changes.
+    /// The documented table (docs/syscalls.md) is `markdown()`: regenerate it with
+    /// `forkbox syscalls --markdown` (or copy the text this test prints) when the table changes.
     #[test]
     fn readme_syscall_table_matches_the_table() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md");
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/syscalls.md");
         let readme = std::fs::read_to_string(path).unwrap();
         let expected = markdown();
         let section = readme
@@ -351,7 +351,7 @@ mod tests {
         match section {
             Some(s) if s == expected.trim_matches('\n') => {}
             found => panic!(
-                "README.md's syscall table is {}. Replace everything between\n{README_BEGIN}\nand\n{README_END}\nwith the output of `forkbox syscalls --markdown`:\n\n{expected}",
+                "docs/syscalls.md's syscall table is {}. Replace everything between\n{README_BEGIN}\nand\n{README_END}\nwith the output of `forkbox syscalls --markdown`:\n\n{expected}",
                 if found.is_some() { "out of date" } else { "missing" }
             ),
         }

@@ -1,5 +1,5 @@
-//! Cluster: a request about a session goes to the node that has it resident
-//! (issue 18). Several `forkbox serve` share one database and one bucket; a
+//! Cluster: a request about a session goes to the node that has it resident.
+//! Several `forkbox serve` share one database and one bucket; a
 //! session is resident on one node at a time (a lease in the database, see
 //! `forkbox_sessions::lease`). Any node may receive any request (a load
 //! balancer in front of them picks one): for a route that acts on a session's

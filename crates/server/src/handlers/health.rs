@@ -17,7 +17,7 @@ use crate::{metrics, AppState};
 #[derive(Clone)]
 pub(crate) struct OpenApiDoc(pub(crate) Arc<String>);
 
-/// Where this API is described: the OpenAPI document and the README's routes table; to a
+/// Where this API is described: the OpenAPI document and the routes table of docs/api.md; to a
 /// browser (`Accept` prefers `text/html` to JSON), the web console's page instead.
 #[utoipa::path(get, path = "/", tag = "server", security(()),
     responses((status = 200, description = "JSON for API clients; the web console (HTML) when `Accept` prefers text/html",
@@ -31,7 +31,7 @@ pub(crate) async fn root(headers: HeaderMap) -> Response {
         version: env!("CARGO_PKG_VERSION").into(),
         openapi: "/v1/openapi.json".into(),
         health: "/healthz".into(),
-        docs: "README.md, section \"HTTP API\" (the routes table)".into(),
+        docs: "docs/api.md, section \"HTTP API\" (the routes table)".into(),
         console: "/".into(),
     })
     .into_response();

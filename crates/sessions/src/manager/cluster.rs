@@ -1,4 +1,4 @@
-//! The manager's side of a cluster (issue 18): leases around resident
+//! The manager's side of a cluster: leases around resident
 //! sandboxes, the heartbeat, draining, and where a request belongs. Without
 //! `Config::cluster` every method here is a no-op that says "here".
 
