@@ -310,7 +310,10 @@ def test_bad_input_gets_the_sdks_errors(e2b_server, server):
         assert not e2b.Sandbox.kill(sbx.sandbox_id, api_key=other)
 
         base = {"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "49983"}
-        with httpx.Client(base_url=server.url, timeout=30) as http:
+        # A connection per request: a refusal answered before its body is read closes the
+        # connection (hyper does not drain it), and a pooled client could race that close.
+        with httpx.Client(base_url=server.url, timeout=30,
+                          limits=httpx.Limits(max_keepalive_connections=0)) as http:
             # A wrong access token: 401 with a Connect error, for RPCs and envd's HTTP routes alike.
             r = http.post("/filesystem.Filesystem/Stat", json={"path": "/"},
                           headers={**base, "X-Access-Token": "wrong", "Connect-Protocol-Version": "1"})
