@@ -491,8 +491,8 @@ fn smaps_growth(before: &[(u64, String, [u64; 3])], after: &[(u64, String, [u64;
         if seen.insert((*a, name.as_str())) && !old.contains_key(&(*a, name.as_str())) {
             e.1 += 1;
         }
-        for i in 0..3 {
-            e.0[i] += v[i] as i64 - o[i] as i64;
+        for ((d, now), was) in e.0.iter_mut().zip(v).zip(o) {
+            *d += *now as i64 - was as i64;
         }
     }
     let new: std::collections::HashSet<(u64, &str)> = after.iter().map(|(a, n, _)| (*a, n.as_str())).collect();
@@ -500,8 +500,8 @@ fn smaps_growth(before: &[(u64, String, [u64; 3])], after: &[(u64, String, [u64;
         if !new.contains(&(*a, name.as_str())) {
             let e = by.entry(name.trim_end_matches(" (deleted)").to_string()).or_default();
             e.1 -= 1;
-            for i in 0..3 {
-                e.0[i] -= v[i] as i64;
+            for (d, was) in e.0.iter_mut().zip(v) {
+                *d -= *was as i64;
             }
         }
     }
