@@ -81,6 +81,9 @@ async fn start_with(f: impl FnOnce(&mut ServerConfig)) -> TestServer {
         find_links: vec![wheelhouse().display().to_string()],
         no_index: true,
     };
+    // A request on a template being built is answered at once (409 template_not_ready):
+    // these tests look at the build's states, not at the wait a server may grant.
+    cfg.template_wait = Duration::ZERO;
     f(&mut cfg);
     let h = home.path().to_path_buf();
     let (state, alice, bob) = tokio::task::spawn_blocking(move || {

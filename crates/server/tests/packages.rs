@@ -77,6 +77,8 @@ async fn start_with(limits: forkbox_server::KeyLimits) -> TestServer {
         no_index: true,
     };
     cfg.packages = forkbox_runtime::PackagePolicy { allow: vec![], deny: vec!["FBXEvil".into()] };
+    // Room for the concurrent first installs of one key (the per-key cap is a server setting).
+    cfg.key_installs = 8;
     cfg.sessions.idle_timeout = Duration::from_secs(1);
     cfg.maintenance_every = Duration::from_millis(200);
     let h = home.path().to_path_buf();
