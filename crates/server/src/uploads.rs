@@ -29,6 +29,28 @@ pub fn too_large(limit: u64) -> ApiError {
     ApiError::new(ErrorCode::FileTooLarge, format!("the upload is over the file size limit of {limit} bytes"))
 }
 
+/// What of a refused upload is still read (and thrown away) before the 413
+/// goes out, and for how long at most. A client that sends its whole body
+/// before it reads the answer (most do: no `Expect: 100-continue`) would
+/// otherwise see a broken pipe instead of the error; past these bounds the
+/// connection is closed on it, as a web server's lingering close does.
+const DRAIN_BYTES: u64 = 64 << 20;
+const DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Read and discard what is left of a refused body, within [`DRAIN_BYTES`] and [`DRAIN_TIME`].
+async fn drain(mut stream: axum::body::BodyDataStream) {
+    let read = async {
+        let mut seen = 0u64;
+        while let Some(Ok(chunk)) = stream.next().await {
+            seen = seen.saturating_add(chunk.len() as u64);
+            if seen > DRAIN_BYTES {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(DRAIN_TIME, read).await;
+}
+
 /// Refuse a body whose `Content-Length` is over `limit` before reading any of it.
 pub fn check_length(headers: &HeaderMap, limit: u64) -> Result<(), ApiError> {
     let declared =
@@ -74,6 +96,7 @@ pub async fn spool(dir: PathBuf, body: Body, limit: u64) -> Result<(File, u64), 
         let chunk = chunk.map_err(|e| ApiError::invalid(format!("reading the request body: {e}")))?;
         total = total.saturating_add(chunk.len() as u64);
         if total > limit {
+            drain(stream).await;
             return Err(too_large(limit));
         }
         if !buf.is_empty() && buf.len().saturating_add(chunk.len()) > SPOOL_BUF {
@@ -112,7 +135,10 @@ pub async fn receive(
     body: Body,
 ) -> Result<Spooled, ApiError> {
     let limit = state.config.files_limit as u64;
-    check_length(headers, limit)?;
+    if let Err(e) = check_length(headers, limit) {
+        drain(body.into_data_stream()).await;
+        return Err(e);
+    }
     let held = match caller {
         Some(c) => hold(c, Transfer::Upload, state.config.key_uploads)?,
         None => None,

@@ -1492,7 +1492,8 @@ async fn files_upload_download_list_and_outputs() {
     let big = vec![7u8; 5 << 20];
     let r = s.http.put(format!("{files}/big.bin")).bearer_auth(&s.key).body(big).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::PAYLOAD_TOO_LARGE);
-    // The rest of the body was never read: the connection must not be reused.
+    // The rest of the body is read and thrown away (so the client sees the
+    // 413, not a broken pipe), and the connection is not reused.
     assert_eq!(r.headers().get("connection").map(|v| v.as_bytes()), Some(&b"close"[..]));
     assert_eq!(r.json::<Value>().await.unwrap()["error"]["code"], "file_too_large");
     s.sexec(&id, "open('/tmp/big.bin', 'wb').write(b'x' * (5 << 20))").await;

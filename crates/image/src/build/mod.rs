@@ -306,6 +306,9 @@ pub fn built_id(spec: &ImageSpec, home: &Path) -> Result<Option<String>, BuildEr
 /// to look for a published image or template before it builds anything.
 pub fn resolve_id(spec: &ImageSpec, home: &Path) -> Result<String, BuildError> {
     spec.validate()?;
+    let cache = home.join("cache");
+    fs::create_dir_all(&cache).map_err(|e| BuildError::io("setup", &cache, e))?;
+    let _lock = lock_cache(&cache)?;
     let debs = apt::resolve(&spec.requested(), &spec.omitted(), &home.join("cache"))?;
     let wheels = if spec.pip.is_empty() {
         Vec::new()
@@ -313,6 +316,22 @@ pub fn resolve_id(spec: &ImageSpec, home: &Path) -> Result<String, BuildError> {
         wheels::fetch(&spec.pip, &spec.pip_source, &home.join("cache"), wheels::MAX_BUILD_WHEEL_BYTES)?
     };
     Ok(recipe_id_with_wheels(spec, &debs, &wheels))
+}
+
+/// Hold the build cache for this process until the returned file is dropped.
+/// apt keeps a lock of its own in the cache and fails rather than waits when
+/// another process holds it; and a second builder of the same recipe should
+/// find the first one's image instead of building it again.
+fn lock_cache(cache: &Path) -> Result<fs::File, BuildError> {
+    let path = cache.join("build.lock");
+    let f = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| BuildError::io("setup", &path, e))?;
+    f.lock().map_err(|e| BuildError::io("lock", &path, e))?;
+    Ok(f)
 }
 
 /// Build (or reuse) the image for `spec`. Needs root (dpkg-deb ownership, ldconfig -r),
@@ -328,6 +347,7 @@ pub fn build(spec: &ImageSpec, opts: &BuildOptions) -> Result<BuiltImage, BuildE
     for d in [&cache, &debs_dir, &images, &tmp_root] {
         fs::create_dir_all(d).map_err(|e| BuildError::io("setup", d, e))?;
     }
+    let _lock = lock_cache(&cache)?;
 
     let mut t = Instant::now();
     opts.report("resolving packages", None);
