@@ -84,12 +84,8 @@ class Server:
 
 def start_server(home: Path, *extra_args: str, env: dict | None = None) -> Server:
     """Start `forkbox serve` on an ephemeral loopback port; wait until it prints its address and key."""
-    require_kvm()
     image = shared_image()
-    home.mkdir(parents=True, exist_ok=True)
-    templates = home / "templates"
-    if not templates.exists():
-        templates.symlink_to(shared_home() / "templates")
+    fresh_home(home)
     proc = subprocess.Popen(
         [forkbox_bin(), "--home", str(home), "serve", "--listen", "127.0.0.1:0", "--image", image, *extra_args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})},
@@ -151,6 +147,15 @@ def fresh_home(path: Path) -> Path:
     if not templates.exists():
         templates.symlink_to(shared_home() / "templates")
     return path
+
+
+def embedded_env(tmp_path: Path) -> dict:
+    """The environment of an embedded CLI command: a fresh data directory under `tmp_path` (the
+    shared templates linked in) as FORKBOX_HOME, and no other FORKBOX_ variable of the caller's."""
+    home = fresh_home(tmp_path / "home")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FORKBOX_")}
+    env["FORKBOX_HOME"] = str(home)
+    return env
 
 
 @pytest.fixture

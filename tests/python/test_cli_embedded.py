@@ -1,20 +1,14 @@
 """The `forkbox session` commands embedded on a data directory of their own (no
 server): the same API router in process, printed like the remote mode."""
 
-import os
 import re
 import subprocess
 
-from conftest import forkbox_bin, require_kvm, shared_home, shared_image
+from conftest import embedded_env, forkbox_bin, shared_image
 
 
 def test_embedded_session_commands(tmp_path):
-    require_kvm()
-    home = tmp_path / "home"
-    home.mkdir()
-    (home / "templates").symlink_to(shared_home() / "templates")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FORKBOX_")}
-    env["FORKBOX_HOME"] = str(home)
+    env = embedded_env(tmp_path)
 
     def cli(*args):
         return subprocess.run([forkbox_bin(), "session", *args, "--image", shared_image()], capture_output=True,

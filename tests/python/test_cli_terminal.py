@@ -4,23 +4,12 @@ log`/`tree`/`ls`) control characters are shown escaped, so an OSC 52
 (clipboard write), OSC 0 (title) or CSI sequence never reaches the terminal
 from there; the program's own stdout stays as it wrote it."""
 
-import os
 import subprocess
 
-from conftest import forkbox_bin, require_kvm, shared_home, shared_image
+from conftest import embedded_env, forkbox_bin, shared_image
 
 OSC52 = "\x1b]52;c;aGVsbG8=\x07"  # would set the clipboard to "hello"
 TITLE = "\x1b]0;pwned\x07"
-
-
-def cli_env(tmp_path):
-    require_kvm()
-    home = tmp_path / "home"
-    home.mkdir()
-    (home / "templates").symlink_to(shared_home() / "templates")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FORKBOX_")}
-    env["FORKBOX_HOME"] = str(home)
-    return env
 
 
 def run(env, *args, timeout=180):
@@ -28,7 +17,7 @@ def run(env, *args, timeout=180):
 
 
 def test_run_lists_output_files_and_values_escaped(tmp_path):
-    env = cli_env(tmp_path)
+    env = embedded_env(tmp_path)
     code = (
         "import os\n"
         f"open('/output/a{OSC52}.txt', 'w').write('x')\n"
@@ -52,7 +41,7 @@ def test_run_lists_output_files_and_values_escaped(tmp_path):
 
 
 def test_session_log_tree_and_ls_show_guest_text_escaped(tmp_path):
-    env = cli_env(tmp_path)
+    env = embedded_env(tmp_path)
 
     def session(*args):
         r = run(env, "session", *args, "--image", shared_image())

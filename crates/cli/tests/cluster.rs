@@ -150,6 +150,17 @@ impl Client {
     }
 }
 
+/// An unlimited admin key of tenant `t`, created in the shared database (every node knows it).
+fn admin_key(pg: &Postgres) -> String {
+    let out = forkbox()
+        .args(["key", "create", "--tenant", "t", "--unlimited", "--admin"])
+        .env("FORKBOX_DATABASE_URL", pg.url())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn three_nodes_share_sessions_survive_a_killed_node_drain_and_a_bucket_outage() {
     let pg = Postgres::start();
@@ -159,13 +170,7 @@ async fn three_nodes_share_sessions_survive_a_killed_node_drain_and_a_bucket_out
     let templates = |n: &Node| std::fs::read_dir(n.home.path().join("templates")).unwrap().count();
     assert!(nodes.iter().all(|n| templates(n) == 1));
     // A key in the shared database: every node knows it.
-    let out = forkbox()
-        .args(["key", "create", "--tenant", "t", "--unlimited", "--admin"])
-        .env("FORKBOX_DATABASE_URL", pg.url())
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let key = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let key = admin_key(&pg);
     let c = Client { http: reqwest::Client::new(), key };
     for n in &nodes {
         let (st, v) = c.call(n, reqwest::Method::GET, "/v1/admin/nodes", None).await;
@@ -341,13 +346,7 @@ async fn forwards_send_the_checked_route_and_stream_uploads() {
     let pg = Postgres::start();
     let s3 = S3::start();
     let nodes: Vec<Node> = ["a", "b"].iter().map(|id| start_node(id, &pg, &s3, *id == "a")).collect();
-    let out = forkbox()
-        .args(["key", "create", "--tenant", "t", "--unlimited", "--admin"])
-        .env("FORKBOX_DATABASE_URL", pg.url())
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let key = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let key = admin_key(&pg);
     let c = Client { http: reqwest::Client::new(), key: key.clone() };
     let (st, v) = c.call(&nodes[0], reqwest::Method::POST, "/v1/sessions", Some(json!({}))).await;
     assert_eq!(st, 201, "{v}");
