@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 use forkbox_engine::{ExecOptions, ExecResult, Limits, Loaded, NetPolicy, Stream};
 use forkbox_sessions::manager::ExecOutcome;
 
-use crate::{random_id, Runtime, RuntimeError};
+use crate::{Runtime, RuntimeError};
+use forkbox_sessions::manager::random_id;
 
 /// How an exec ended, for metrics and logs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -539,12 +539,3 @@ fn start_workers(
         .map_err(|e| open(e.to_string()))?;
     Ok((exec, sessions))
 }
-
-/// A fresh random id with `prefix` (not a secret: exec ids).
-pub(crate) fn random_id(prefix: &str) -> String {
-    use std::hash::{BuildHasher, Hasher};
-    // RandomState is seeded from the OS's randomness (and moves on per instance).
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
-    format!("{prefix}{:016x}", h.finish())
-}

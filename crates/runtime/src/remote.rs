@@ -9,7 +9,8 @@ use forkbox_worker::{WireError, WorkerError, Workers, EXEC_CODES};
 
 use crate::exec::{OneShot, OneShotRequest, Output};
 use crate::workers::{add_remote_cpu, exec_index};
-use crate::{random_id, RuntimeError};
+use crate::RuntimeError;
+use forkbox_sessions::manager::random_id;
 
 /// How execs are isolated from the API process.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

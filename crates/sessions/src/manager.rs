@@ -453,12 +453,12 @@ pub fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
 
-fn random_id(prefix: &str) -> String {
+/// A fresh id: `prefix` and 16 hex digits from the host's entropy pool (the
+/// ids of sessions, checkpoints, flattened files and one-shot execs; not secrets).
+pub fn random_id(prefix: &str) -> String {
     let mut b = [0u8; 8];
     // getrandom(2) cannot fail for 8 bytes once the pool is initialised; fall back to the clock.
-    // SAFETY: writing into a local buffer.
-    let n = unsafe { libc::getrandom(b.as_mut_ptr() as *mut libc::c_void, b.len(), 0) };
-    if n != b.len() as isize {
+    if forkbox_engine::fill_random(&mut b).is_err() {
         b = (now_ms() as u64 ^ std::process::id() as u64).to_le_bytes();
     }
     format!("{prefix}{}", hex::encode(b))

@@ -344,15 +344,20 @@ pub fn getrandom(ctx: &mut Ctx, a: &Args) -> SysResult {
     Ok(len)
 }
 
+/// Fill `buf` from the host's entropy pool (getrandom(2), restarted on EINTR).
 pub fn fill_random(buf: &mut [u8]) -> Result<(), Errno> {
     let mut done = 0;
     while done < buf.len() {
-        // SAFETY: writing into our own slice.
-        let n = unsafe { libc::getrandom(buf[done..].as_mut_ptr() as *mut libc::c_void, buf.len() - done, 0) };
-        if n < 0 {
+        let rest = &mut buf[done..];
+        // SAFETY: `rest` is a valid, writable buffer of `rest.len()` bytes.
+        let r = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
+        if r < 0 {
+            if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
             return Err(Errno::EIO);
         }
-        done += n as usize;
+        done += r as usize;
     }
     Ok(())
 }

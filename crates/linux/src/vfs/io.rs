@@ -44,7 +44,7 @@ impl Vfs {
                     Ok(buf.len())
                 }
                 DevKind::Urandom => {
-                    fill_random(buf)?;
+                    crate::syscalls::fill_random(buf)?;
                     Ok(buf.len())
                 }
                 DevKind::Tty | DevKind::Ptmx => Err(Errno::ENXIO),
@@ -184,24 +184,5 @@ fn try_copy(src: &[u8]) -> Result<Vec<u8>, Errno> {
 fn grow(v: &mut Vec<u8>, n: usize) -> Result<(), Errno> {
     v.try_reserve(n - v.len()).map_err(|_| Errno::ENOSPC)?;
     v.resize(n, 0);
-    Ok(())
-}
-
-/// Fill `buf` from the host's entropy pool.
-fn fill_random(buf: &mut [u8]) -> Result<(), Errno> {
-    let mut done = 0;
-    while done < buf.len() {
-        let rest = &mut buf[done..];
-        // SAFETY: `rest` is a valid, writable buffer of `rest.len()` bytes.
-        let r = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
-        if r < 0 {
-            let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
-            if e == libc::EINTR {
-                continue;
-            }
-            return Err(Errno::EIO);
-        }
-        done += r as usize;
-    }
     Ok(())
 }
