@@ -1285,7 +1285,7 @@ impl Sandbox {
             Ok(v) => v,
             Err(e) if e == ERESTARTSYS => {
                 let nr = regs.rax;
-                t.restart = Some((nr, restartable(nr, regs)));
+                t.restart = Some((nr, forkbox_linux::syscalls::restarts_under_sa_restart(nr, regs.r10)));
                 Errno::EINTR.to_rax()
             }
             Err(e) => e.to_rax(),
@@ -1576,24 +1576,6 @@ const PROCESS_POLL: Duration = Duration::from_millis(2);
 
 /// May a call a signal interrupted restart (SA_RESTART), as Linux? Never the
 /// waits with timeouts and the calls that always return EINTR.
-fn restartable(nr: u64, regs: &kvm_regs) -> bool {
-    match nr as i64 {
-        libc::SYS_poll
-        | libc::SYS_select
-        | libc::SYS_pselect6
-        | libc::SYS_ppoll
-        | libc::SYS_epoll_wait
-        | libc::SYS_epoll_pwait
-        | libc::SYS_nanosleep
-        | libc::SYS_clock_nanosleep
-        | libc::SYS_pause
-        | libc::SYS_rt_sigsuspend
-        | libc::SYS_rt_sigtimedwait => false,
-        libc::SYS_futex => regs.r10 == 0,
-        _ => true,
-    }
-}
-
 fn wait_kind(on: &forkbox_linux::wait::WaitOn, old: &WaitKind) -> WaitKind {
     use forkbox_linux::wait::WaitOn;
     match on {

@@ -31,7 +31,7 @@ use crate::layout::{GUEST_BASE, RAM_SIZE};
 use crate::process::Process;
 use crate::vfs::Ino;
 
-pub use table::{entry, markdown, Entry, Support, README_BEGIN, README_END, TABLE};
+pub use table::{entry, markdown, restarts_under_sa_restart, Entry, Support, README_BEGIN, README_END, TABLE};
 
 pub type Args = [u64; 6];
 pub type Handler = fn(&mut Ctx, &Args) -> SysResult;

@@ -13,9 +13,37 @@ use super::{sys_socket as net, sys_thread as thread, sys_timer as timer};
 use super::{Args, Ctx, Handler};
 use crate::errno::{Errno, SysResult};
 
+/// Whether syscall `nr`, interrupted by a signal whose handler has
+/// SA_RESTART, is restarted (else it fails with EINTR). signal(7): the
+/// multiplexing, sleep and signal-wait calls never restart, and neither does
+/// a futex wait with a timeout (`arg3`, the fourth argument, non-null).
+pub fn restarts_under_sa_restart(nr: u64, arg3: u64) -> bool {
+    match nr as i64 {
+        libc::SYS_poll
+        | libc::SYS_select
+        | libc::SYS_pselect6
+        | libc::SYS_ppoll
+        | libc::SYS_epoll_wait
+        | libc::SYS_epoll_pwait
+        | libc::SYS_epoll_pwait2
+        | libc::SYS_nanosleep
+        | libc::SYS_clock_nanosleep
+        | libc::SYS_pause
+        | libc::SYS_rt_sigsuspend
+        | libc::SYS_rt_sigtimedwait
+        | libc::SYS_io_getevents
+        | libc::SYS_semop
+        | libc::SYS_semtimedop
+        | libc::SYS_msgrcv
+        | libc::SYS_msgsnd => false,
+        libc::SYS_futex => arg3 == 0,
+        _ => true,
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Support {
-    /// Linux semantics for everything a single-threaded guest can ask.
+    /// Linux semantics for everything a guest can ask.
     Full,
     /// Works for the common cases; the note says what works and what does not.
     Partial(&'static str),
@@ -320,6 +348,18 @@ mod tests {
         );
         assert_eq!(Some(r[0].note), entry(9).and_then(|e| e.support.note()));
         assert!(r[1].note.starts_with("EOPNOTSUPP"), "{}", r[1].note);
+    }
+
+    #[test]
+    fn multiplexing_sleeping_and_timed_futex_waits_do_not_restart() {
+        let never = [libc::SYS_poll, libc::SYS_ppoll, libc::SYS_epoll_pwait2, libc::SYS_nanosleep, libc::SYS_pause];
+        for nr in never {
+            assert!(!restarts_under_sa_restart(nr as u64, 0), "{nr}");
+        }
+        assert!(restarts_under_sa_restart(libc::SYS_read as u64, 0));
+        assert!(restarts_under_sa_restart(libc::SYS_wait4 as u64, 0));
+        assert!(restarts_under_sa_restart(libc::SYS_futex as u64, 0), "a futex wait without a timeout restarts");
+        assert!(!restarts_under_sa_restart(libc::SYS_futex as u64, 0x7fff_0000), "one with a timeout does not");
     }
 
     #[test]
