@@ -5,9 +5,11 @@
 //! checkpoint's file system). So a session's history can be shown again after
 //! eviction, a revert or a restart.
 //!
-//! Bounded: at most [`OUTPUT_MAX`] bytes of JSON a checkpoint (each text at most
-//! [`TEXT_MAX`] bytes, its head and tail kept; rich outputs in order while they
-//! fit, the rest left out), `truncated` set when anything was cut. The stored
+//! Bounded: at most [`OUTPUT_MAX`] bytes of JSON a checkpoint. Each text at most
+//! [`TEXT_MAX`] bytes, its head and tail kept, and shorter still while the texts
+//! together take more than half the record; then the rich outputs in order while
+//! they fit (one that does not is left out). `truncated` is set when anything
+//! was cut or left out. The stored
 //! size is charged to the tenant's disk quota with the checkpoint
 //! (`checkpoints.output_bytes`).
 
@@ -18,9 +20,6 @@ use serde::{Deserialize, Serialize};
 pub const OUTPUT_MAX: usize = 1 << 20;
 /// Most bytes kept of each text (stdout, stderr, the value's repr, the traceback).
 pub const TEXT_MAX: usize = 256 << 10;
-/// The texts' cap when JSON escaping made them too big for [`OUTPUT_MAX`] (six
-/// bytes per control character at most: four texts still fit).
-const TEXT_MAX_ESCAPED: usize = 32 << 10;
 
 /// The version of [`CallOutput`]'s JSON written now (`v`). A reader refuses
 /// (shows no output for) a newer one.
@@ -117,9 +116,13 @@ impl CallOutput {
             runtime_ms: if r.runtime_ms.is_finite() { r.runtime_ms } else { 0.0 },
             truncated: r.outputs.len() > 256,
         };
-        o.cut_texts(TEXT_MAX);
-        if json_len(&o) > OUTPUT_MAX / 2 {
-            o.cut_texts(TEXT_MAX_ESCAPED);
+        // The texts take at most half the record (the rest is for rich outputs):
+        // each cut shorter until they fit (JSON escaping can make a text six times longer).
+        for cap in [TEXT_MAX, TEXT_MAX / 2, TEXT_MAX / 4, TEXT_MAX / 8, TEXT_MAX / 16] {
+            o.cut_texts(cap);
+            if json_len(&o) <= OUTPUT_MAX / 2 {
+                break;
+            }
         }
         // Rich outputs in order while they fit; one that does not is left out
         // (a later, smaller one may still fit).
