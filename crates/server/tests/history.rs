@@ -164,6 +164,9 @@ async fn history_survives_eviction_revert_and_a_restart_is_bounded_and_private()
     assert_eq!(seqs, [1, 2, 6], "{h}");
     assert_eq!(h["calls"][2]["parent"], 2);
     assert_eq!(h["calls"][2]["output"]["stdout"], "branch\n");
+    // The session list names each session's last line of code.
+    let (_, v) = node.get(&format!("/v1/sessions/{id}")).await;
+    assert_eq!(v["last_code"], "print('branch')", "{v}");
     node.stop_within(Duration::from_secs(30)).await;
 
     // The stored outputs are charged with the checkpoints (what the disk quota counts), each within the bound.
