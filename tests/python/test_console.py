@@ -338,3 +338,110 @@ def test_console_in_a_headless_browser(server, browser):
     errors = [e["message"] for e in d.get_log("browser")
               if e["level"] == "SEVERE" and spy_url not in e["message"] and "status of 401" not in e["message"]]
     assert errors == [], errors
+
+
+# A line chart drawn in the guest with numpy and written as a PNG (zlib), shown with `display` as an
+# `image/png` bundle: the path a matplotlib figure takes (the default template has numpy, not matplotlib).
+CHART = '''import numpy as np, zlib, struct, base64
+W, H = 120, 80
+img = np.full((H, W, 3), 255, np.uint8)
+xs = np.arange(W)
+ys = (H / 2 - (H / 3) * np.sin(xs / 12)).astype(int)
+img[ys, xs] = (31, 119, 180)
+img[ys + 1, xs] = (31, 119, 180)
+raw = b''.join(b'\\x00' + img[r].tobytes() for r in range(H))
+def chunk(t, d):
+    return struct.pack('>I', len(d)) + t + d + struct.pack('>I', zlib.crc32(t + d) & 0xffffffff)
+png = b'\\x89PNG\\r\\n\\x1a\\n' + chunk(b'IHDR', struct.pack('>IIBBBBB', W, H, 8, 2, 0, 0, 0)) + chunk(b'IDAT', zlib.compress(raw)) + chunk(b'IEND', b'')
+display({'image/png': base64.b64encode(png).decode()}, raw=True)
+'chart drawn\''''
+
+
+def test_console_shows_a_sessions_history(server, browser):
+    """A session made through the API (a chart among its calls) opened in the console: the REPL shows
+    each call's code and output, the chart as an image; a node's panel shows its call's full output;
+    modules are hidden among the variables; the list shows the session's tags and last line of code;
+    after a revert (and a reload of the page) the REPL shows the history of the reverted-to path."""
+    from selenium.webdriver.common.by import By
+
+    d, s = browser, Steps(browser)
+    css = lambda q: d.find_elements(By.CSS_SELECTOR, q)  # noqa: E731
+    one = lambda q: d.find_element(By.CSS_SELECTOR, q)  # noqa: E731
+    past = lambda: css("#transcript .entry.past")  # noqa: E731
+    h = server.headers()
+
+    r = httpx.post(f"{server.url}/v1/sessions", headers=h, json={"tags": {"project": "charts"}}, timeout=60)
+    assert r.status_code == 201, r.text
+    sid = r.json()["id"]
+
+    def ex(code):
+        r = httpx.post(f"{server.url}/v1/sessions/{sid}/exec", headers=h, json={"code": code}, timeout=120)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    c1 = ex("import json, zlib\nx = 41\nprint('hello', x)")["checkpoint"]
+    chart = ex(CHART)
+    assert chart["display"][0]["image/png"] and chart["value"] == "'chart drawn'", chart
+    c2 = chart["checkpoint"]
+    c3 = ex("y = x + 1\ny")["checkpoint"]
+
+    d.get(server.url + "/")
+    s.wait("the sign-in form", lambda: one("#apikey").is_displayed())
+    one("#apikey").send_keys(server.key)
+    one("#signin-button").click()
+    s.wait("the console", lambda: one("#app-view").is_displayed())
+
+    # The list: the session's tags and its last line of code.
+    item = s.wait("the session in the list", lambda: css(f'#session-list button[data-session="{sid}"]'))[0]
+    assert "project=charts" in item.find_element(By.CSS_SELECTOR, ".meta.tags").text
+    assert item.find_element(By.CSS_SELECTOR, ".meta.last-code").text == "y"
+    # The templates of new sessions.
+    assert css('#new-template option[value="python"]')
+
+    # Opened: the REPL shows the three calls, their output and the chart.
+    item.click()
+    s.wait("the history", lambda: [int(e.get_attribute("data-checkpoint")) for e in past()] == [c1, c2, c3])
+    e1, e2, e3 = past()
+    assert e1.find_element(By.CSS_SELECTOR, "pre.in").text.startswith("import json, zlib")
+    assert e1.find_element(By.CSS_SELECTOR, "pre.in").get_attribute("data-prompt") == f"[{c1}]"
+    assert e1.find_element(By.CSS_SELECTOR, "pre.stdout").text == "hello 41"
+    assert "display({'image/png'" in e2.find_element(By.CSS_SELECTOR, "pre.in").text
+    img = e2.find_element(By.CSS_SELECTOR, "img.rich")
+    assert img.get_attribute("src") == "data:image/png;base64," + chart["display"][0]["image/png"]
+    s.wait("the chart to load", lambda: d.execute_script("return arguments[0].complete && arguments[0].naturalWidth", img) == 120)
+    assert e2.find_element(By.CSS_SELECTOR, "pre.value").text == "'chart drawn'"
+    assert e3.find_element(By.CSS_SELECTOR, "pre.value").text == "42"
+    s.shot("history")
+
+    # A node's panel: the full output of its call; the variables without the modules, unless asked.
+    one(f'#tree g.node[data-checkpoint="{c2}"]').click()
+    out_img = s.wait("the chart in the node's output", lambda: css("#node-output img.rich"))[0]
+    assert out_img.get_attribute("src") == img.get_attribute("src")
+    assert one("#node-output pre.value").text == "'chart drawn'"
+    one(f'#tree g.node[data-checkpoint="{c1}"]').click()
+    s.wait("the first node's output", lambda: one("#node-output pre.stdout").text == "hello 41")
+    s.wait("the variables", lambda: css('#node-vars-table tr[data-name="x"]'))
+    assert not css('#node-vars-table tr[data-name="json"]') and not css('#node-vars-table tr[data-name="zlib"]')
+    hidden = int(one("#modules-hidden").text.split()[0])  # json, zlib and the template's numpy
+    assert hidden >= 2, one("#modules-hidden").text
+    one("#show-modules").click()
+    s.wait("the modules", lambda: css('#node-vars-table tr[data-name="json"]') and css('#node-vars-table tr[data-name="zlib"]'))
+    modules = [r for r in css("#node-vars-table tbody tr") if r.find_elements(By.TAG_NAME, "td")[1].text == "module"]
+    assert len(modules) == hidden and not css("#modules-hidden")
+    s.shot("node-output")
+
+    # Revert to the first node: the REPL shows the path to it (the chart is gone), also after a reload.
+    one("#revert-here").click()
+    s.wait("the reverted history", lambda: [int(e.get_attribute("data-checkpoint")) for e in past()] == [c1])
+    assert not css("#transcript img.rich")
+    assert "reverted to checkpoint" in one("#transcript").text
+    d.refresh()
+    s.wait("the console again", lambda: one("#app-view").is_displayed())
+    s.wait("the session in the list", lambda: css(f'#session-list button[data-session="{sid}"]'))[0].click()
+    s.wait("the history after a reload", lambda: [int(e.get_attribute("data-checkpoint")) for e in past()] == [c1])
+    assert past()[0].find_element(By.CSS_SELECTOR, "pre.stdout").text == "hello 41"
+    assert one(f'#session-list button[data-session="{sid}"] .meta.last-code').text == "print('hello', x)"
+    s.shot("history-after-revert")
+
+    errors = [e["message"] for e in d.get_log("browser") if e["level"] == "SEVERE"]
+    assert errors == [], errors

@@ -67,12 +67,14 @@ pub use forkbox_image::packages::Policy as PackagePolicy;
 pub use forkbox_sessions::manager::{Config as SessionsConfig, ExecOutcome, PackagesOutcome};
 pub use forkbox_sessions::manager::{Diff, FileChange, PathCall, Variable, VariableChange, Variables};
 pub use forkbox_sessions::objects::ObjectsConfig;
+pub use forkbox_sessions::output::{CallOutput, OutputFileMeta, OUTPUT_MAX};
 pub use forkbox_worker::child::main as worker_main;
 pub use forkbox_worker::WorkerInfo;
 pub use remote::{Isolation, ProcessIsolation, DEFAULT_SESSION_WORKERS};
 pub use session::{CheckpointView, ForkedFrom, NewSession, Quota, SessionView};
 pub use tree::{
-    Branch, CheckpointContents, ExploreRequest, Explored, Keep, TreeNode, TreeSession, TreeView, EXPLORE_MAX,
+    Branch, CheckpointContents, ExploreRequest, Explored, History, HistoryCall, Keep, TreeNode, TreeSession, TreeView,
+    EXPLORE_MAX, HISTORY_DEFAULT_CALLS, HISTORY_MAX_BYTES, HISTORY_MAX_CALLS,
 };
 pub use workers::{job_cpu_seconds, thread_cpu_seconds};
 

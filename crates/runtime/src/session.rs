@@ -55,6 +55,20 @@ pub struct SessionView {
     pub forked_from: Option<ForkedFrom>,
     /// The name of its template here (None: no name has that template now).
     pub template: Option<String>,
+    /// The last non-blank line of its head's code, cut to [`LAST_CODE_MAX`] characters.
+    pub last_code: Option<String>,
+}
+
+/// Longest `last_code` of a session (characters).
+pub const LAST_CODE_MAX: usize = 120;
+
+fn last_code_line(code: &str) -> Option<String> {
+    let line = code.lines().rev().find(|l| !l.trim().is_empty())?.trim_end();
+    let mut out: String = line.chars().take(LAST_CODE_MAX).collect();
+    if out.len() < line.len() {
+        out.push('…');
+    }
+    Some(out)
 }
 
 impl SessionView {
@@ -100,13 +114,21 @@ pub fn check_tags(tags: &BTreeMap<String, String>) -> Result<(), RuntimeError> {
 impl Runtime {
     fn view(&self, record: SessionRecord) -> Result<SessionView, RuntimeError> {
         let head = self.sessions.head(&record)?;
-        let (checkpoint, forked_from) = match head {
+        let (checkpoint, forked_from) = match head.clone() {
             Some(c) if c.session_id == record.id => (Some(c.seq), None),
             Some(c) => (None, Some(ForkedFrom { session: c.session_id, checkpoint: c.seq })),
             None => (None, None),
         };
+        let last_code = head.as_ref().and_then(|c| last_code_line(&c.code));
         let template = self.template_name(&record.template_id);
-        Ok(SessionView { resident: self.sessions.is_resident(&record.id), record, checkpoint, forked_from, template })
+        Ok(SessionView {
+            resident: self.sessions.is_resident(&record.id),
+            record,
+            checkpoint,
+            forked_from,
+            template,
+            last_code,
+        })
     }
 
     /// The limits of a new session from a request's `memory_mb` / `timeout_seconds`.

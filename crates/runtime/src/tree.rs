@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use forkbox_engine::ExecOptions;
-use forkbox_sessions::manager::{Diff, FileChange, Variables};
+use forkbox_sessions::manager::{Diff, FileChange, SessionError, Variables};
+use forkbox_sessions::output::CallOutput;
 use forkbox_sessions::store::CheckpointRecord;
 
 use crate::exec::batch_output_limit;
@@ -441,5 +442,137 @@ impl Runtime {
             c.code = cut_code(&c.code);
         }
         Ok(d)
+    }
+}
+
+/// Most calls of one page of a history.
+pub const HISTORY_MAX_CALLS: usize = 100;
+/// Calls of a page when the request names no limit.
+pub const HISTORY_DEFAULT_CALLS: usize = 20;
+/// Most bytes of code and stored output in one page (at least one call is
+/// always returned: one call's output is at most 1 MiB).
+pub const HISTORY_MAX_BYTES: u64 = 8 << 20;
+
+/// One call of a session's history: its checkpoint and what it showed.
+#[derive(Clone, Debug)]
+pub struct HistoryCall {
+    pub checkpoint: i64,
+    /// Its parent's number (None: it ran on the template).
+    pub parent: Option<i64>,
+    /// The session that made it (it may since have been deleted).
+    pub session: String,
+    pub code: String,
+    pub created_ms: i64,
+    pub summary: Option<String>,
+    /// What it showed (None: not recorded, e.g. an upload or a package install).
+    pub output: Option<CallOutput>,
+}
+
+/// A page of the calls from the template to a session's head, root first.
+#[derive(Clone, Debug)]
+pub struct History {
+    pub session: String,
+    /// The session's head (None: the template).
+    pub head: Option<i64>,
+    /// Calls on the whole path.
+    pub total: usize,
+    /// This page: the newest calls before the cursor, oldest first.
+    pub calls: Vec<HistoryCall>,
+    /// The cursor of the page before this one (older calls; None: this page starts at the root).
+    pub before: Option<i64>,
+}
+
+fn stored_output(c: &CheckpointRecord, json: Option<&str>) -> Option<CallOutput> {
+    let json = json?;
+    match CallOutput::from_json(json) {
+        Ok(o) => Some(o),
+        Err(e) => {
+            tracing::warn!(checkpoint = c.seq, session = %c.session_id, "stored output not shown: {e}");
+            None
+        }
+    }
+}
+
+impl Runtime {
+    /// The calls on the path from the template to the session's head (root
+    /// first) with what each showed: the newest `limit` (at most
+    /// [`HISTORY_MAX_CALLS`], and within [`HISTORY_MAX_BYTES`]) before
+    /// checkpoint `before` (a checkpoint on the path; None: the head, included).
+    /// Blocking.
+    pub fn history(
+        &self,
+        tenant: &str,
+        id: &str,
+        before: Option<i64>,
+        limit: Option<usize>,
+    ) -> Result<History, RuntimeError> {
+        let limit = limit.unwrap_or(HISTORY_DEFAULT_CALLS);
+        if limit == 0 || limit > HISTORY_MAX_CALLS {
+            return Err(RuntimeError::Invalid(format!("limit must be 1 to {HISTORY_MAX_CALLS}, got {limit}")));
+        }
+        let rec = self.sessions.get(tenant, id)?;
+        let path = self.sessions.history(tenant, id)?;
+        let end = match before {
+            None => path.len(),
+            Some(n) => path.iter().position(|c| c.seq == n).ok_or_else(|| {
+                RuntimeError::Invalid(format!("before: checkpoint {n} is not on the path to session {id}'s head"))
+            })?,
+        };
+        let mut start = end;
+        let mut bytes = 0u64;
+        while start > 0 && end - start < limit {
+            let c = &path[start - 1];
+            let size = c.output_bytes.saturating_add(c.code.len() as u64);
+            if start < end && bytes.saturating_add(size) > HISTORY_MAX_BYTES {
+                break;
+            }
+            bytes = bytes.saturating_add(size);
+            start -= 1;
+        }
+        let page = &path[start..end];
+        let ids: Vec<i64> = page.iter().filter(|c| c.output_bytes > 0).map(|c| c.id).collect();
+        let mut outputs: HashMap<i64, String> =
+            self.sessions.store().checkpoint_outputs(&ids).map_err(SessionError::from)?.into_iter().collect();
+        let calls = page
+            .iter()
+            .enumerate()
+            .map(|(i, c)| HistoryCall {
+                checkpoint: c.seq,
+                parent: (start + i).checked_sub(1).map(|p| path[p].seq),
+                session: c.session_id.clone(),
+                code: c.code.clone(),
+                created_ms: c.created_ms,
+                summary: c.summary.clone(),
+                output: stored_output(c, outputs.remove(&c.id).as_deref()),
+            })
+            .collect();
+        Ok(History {
+            session: rec.id,
+            head: path.last().map(|c| c.seq),
+            total: path.len(),
+            calls,
+            before: (start > 0).then(|| path[start].seq),
+        })
+    }
+
+    /// Checkpoint `seq` of the session's tree with what its call showed. Blocking.
+    pub fn checkpoint_call(&self, tenant: &str, id: &str, seq: i64) -> Result<HistoryCall, RuntimeError> {
+        let (_, cp) = self.sessions.checkpoint_or_head(tenant, id, Some(seq))?;
+        let Some(c) = cp else { return Err(SessionError::CheckpointNotFound(id.to_string(), seq).into()) };
+        let store = self.sessions.store();
+        let parent = match c.parent {
+            Some(p) => store.checkpoint(p).map_err(SessionError::from)?.map(|p| p.seq),
+            None => None,
+        };
+        let json = if c.output_bytes > 0 { store.checkpoint_output(c.id).map_err(SessionError::from)? } else { None };
+        Ok(HistoryCall {
+            checkpoint: c.seq,
+            parent,
+            session: c.session_id.clone(),
+            code: c.code.clone(),
+            created_ms: c.created_ms,
+            summary: c.summary.clone(),
+            output: stored_output(&c, json.as_deref()),
+        })
     }
 }

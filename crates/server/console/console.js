@@ -47,6 +47,10 @@
     running: false,
     transcripts: new Map(), // session id -> transcript element
     detailToken: 0,
+    historyToken: 0,
+    vars: [], // the selected node's variables
+    templates: [],
+    templateTimer: null,
   };
 
   // --- the API --------------------------------------------------------------------
@@ -149,12 +153,16 @@
     $("whoami").textContent = "signed in (the key stays in this tab)";
     status("");
     loadSessions().then(() => $("new-session").focus());
+    loadTemplates();
   }
 
   function signOut(message) {
     try { sessionStorage.removeItem(KEY); } catch (_) { /* ignore */ }
     st.key = null; st.current = null; st.tree = null; st.selected = null; st.sessions = [];
     st.transcripts.clear();
+    clearTimeout(st.templateTimer);
+    st.templates = [];
+    $("template-progress").textContent = "";
     clear($("session-list")); clear($("transcript")); clear($("tree")); clear($("file-list"));
     $("node-details").hidden = true;
     $("app-view").hidden = true;
@@ -181,10 +189,15 @@
     if (st.sessions.length === 0) ul.appendChild(el("li", { class: "muted" }, "No sessions yet."));
     for (const s of [...st.sessions].reverse()) {
       const tags = Object.entries(s.tags || {}).map(([k, v]) => `${k}=${v}`).join(" ");
-      const meta = (s.checkpoint == null ? "no checkpoint" : `head #${s.checkpoint}`) + (tags ? " · " + tags : "");
-      const open = el("button", { type: "button", class: "open", "data-session": s.id, title: s.id + (tags ? "\n" + tags : ""),
+      const meta = (s.checkpoint == null ? (s.forked_from ? `forked from ${s.forked_from.session} #${s.forked_from.checkpoint}` : "no checkpoint")
+        : `head #${s.checkpoint}`) + (s.template ? " · " + s.template : "");
+      const last = s.last_code == null ? "" : String(s.last_code);
+      const open = el("button", { type: "button", class: "open", "data-session": s.id,
+        title: s.id + (tags ? "\n" + tags : "") + (last ? "\n" + last : ""),
         "aria-current": s.id === st.current ? "true" : false, onclick: () => openSession(s.id) },
-        s.id, el("span", { class: "meta" }, cut(meta, 60)));
+        s.id, el("span", { class: "meta" }, cut(meta, 60)),
+        tags ? el("span", { class: "meta tags" }, cut(tags, 60)) : null,
+        last ? el("span", { class: "meta last-code" }, cut(last, 60)) : null);
       const del = el("button", { type: "button", class: "delete", "aria-label": "Delete session " + s.id, title: "Delete", text: "✕" });
       del.addEventListener("click", () => armedDelete(del, s.id));
       ul.appendChild(el("li", { class: s.id === st.current ? "current" : "" }, open, del));
@@ -209,12 +222,76 @@
   }
 
   async function createSession() {
+    const name = $("new-template").value;
+    const t = st.templates.find((x) => x.name === name);
+    // A template that is not open yet is built (or its build waited for) by this request: show its progress meanwhile.
+    const watching = name && t && t.status !== "ready";
+    let pending = true;
+    if (watching) { status(`Creating a session on template ${name} (it is ${t.status})…`); watchTemplate(name, () => pending); }
+    $("new-session").disabled = true;
     try {
-      const s = await api("POST", "/v1/sessions", { json: {} });
+      const s = await api("POST", "/v1/sessions", { json: name ? { template: name } : {} });
       await loadSessions();
       await openSession(s.id);
-      status("Created session " + s.id + ".");
+      status("Created session " + s.id + (name ? ` on template ${name}` : "") + ".");
     } catch (e) { fail(e); }
+    finally {
+      pending = false;
+      $("new-session").disabled = false;
+      if (watching) loadTemplates();
+    }
+  }
+
+  // --- templates ----------------------------------------------------------------------
+  function templateLine(t) {
+    if (!t) return "";
+    if (t.status === "building") {
+      const pct = typeof t.fraction === "number" && isFinite(t.fraction) ? ` ${Math.round(Math.min(1, Math.max(0, t.fraction)) * 100)}%` : "";
+      const secs = t.elapsed_seconds != null ? ` · ${Number(t.elapsed_seconds)} s` : "";
+      return `Template ${t.name} is building: ${t.progress || "queued"}${pct}${secs}`;
+    }
+    if (t.status === "failed") return `Template ${t.name} failed to build: ${t.error || "(no reason given)"}`;
+    if (t.status === "available") return `Template ${t.name} is built on its first use.`;
+    return "";
+  }
+
+  function showTemplate() {
+    const name = $("new-template").value;
+    const t = st.templates.find((x) => x.name === name);
+    $("template-progress").textContent = templateLine(t);
+  }
+
+  // The templates (for new sessions), polled while one builds.
+  async function loadTemplates() {
+    clearTimeout(st.templateTimer);
+    st.templateTimer = null;
+    if (!st.key) return;
+    let r;
+    try { r = await api("GET", "/v1/templates"); } catch (e) { fail(e); return; }
+    st.templates = Array.isArray(r.templates) ? r.templates : [];
+    const sel = $("new-template");
+    const keep = sel.value;
+    clear(sel).appendChild(el("option", { value: "" }, `(the server's default${r.default ? ": " + r.default : ""})`));
+    for (const t of st.templates) {
+      sel.appendChild(el("option", { value: String(t.name) }, `${t.name}${t.status === "ready" ? "" : " (" + t.status + ")"}`));
+    }
+    sel.value = st.templates.some((t) => t.name === keep) ? keep : "";
+    showTemplate();
+    if (st.templates.some((t) => t.status === "building")) st.templateTimer = setTimeout(loadTemplates, 2000);
+  }
+
+  // One template's build, polled every second while it builds or `waiting()` says so (GET /v1/templates/{name}).
+  async function watchTemplate(name, waiting) {
+    for (;;) {
+      let t;
+      try { t = await api("GET", `/v1/templates/${encodeURIComponent(name)}`); } catch (_) { return; }
+      const i = st.templates.findIndex((x) => x.name === t.name);
+      if (i >= 0) st.templates[i] = t;
+      if ($("new-template").value === name) $("template-progress").textContent = templateLine(t);
+      if (t.status !== "building" && !(waiting && waiting())) return;
+      await new Promise((res) => setTimeout(res, 1000));
+      if (!st.key) return;
+    }
   }
 
   function closeSession() {
@@ -241,7 +318,7 @@
     $("node-details").hidden = true;
     setEnabled();
     renderSessions();
-    await loadTree();
+    await Promise.all([loadTree(), loadHistory(id, true)]);
     $("code").focus();
   }
 
@@ -369,6 +446,80 @@
     if (!seen.stderr && e.stderr) appendStream(entry, "stderr", String(e.stderr));
     entry.appendChild(el("pre", { class: "exc" }, `${e.code || "error"}: ${e.message || ""}`));
     if (e.checkpoint !== undefined) entry.appendChild(el("pre", { class: "note" }, "the session is back at checkpoint " + (e.checkpoint == null ? "(none)" : "#" + e.checkpoint)));
+  }
+
+  // --- history: what the calls on the path to the head showed, as kept with their checkpoints ---
+  const HISTORY_PAGE = 50;
+
+  // A call's stored output (GET .../history, .../checkpoints/{n}) into `box`.
+  function renderOutput(box, o) {
+    if (o.stdout) box.appendChild(el("pre", { class: "stdout" }, String(o.stdout)));
+    if (o.stderr) box.appendChild(el("pre", { class: "stderr" }, String(o.stderr)));
+    for (const b of Array.isArray(o.display) ? o.display : []) renderBundle(box, b, false);
+    if (o.error) box.appendChild(el("pre", { class: "exc" }, o.error.traceback ? String(o.error.traceback) : `${o.error.type}: ${o.error.message}`));
+    if (o.value != null) box.appendChild(el("pre", { class: "value" }, String(o.value)));
+    if (o.value_data && typeof o.value_data === "object") renderBundle(box, o.value_data, true);
+    for (const f of Array.isArray(o.outputs) ? o.outputs : []) box.appendChild(el("pre", { class: "note" }, `output ${f.path} (${bytes(f.size)}, ${f.mime || "?"})`));
+    if (o.truncated) box.appendChild(el("pre", { class: "note" }, "(the kept output was cut to its bound)"));
+  }
+
+  function callEntry(c) {
+    const failed = !!(c.output && c.output.error);
+    const entry = el("div", { class: "entry past", "data-state": failed ? "exception" : "done", "data-checkpoint": Number(c.checkpoint) },
+      el("pre", { class: "in", "data-prompt": `[${Number(c.checkpoint)}]` }, String(c.code ?? "")));
+    if (c.output) renderOutput(entry, c.output);
+    else entry.appendChild(el("pre", { class: "note" }, c.summary != null ? "→ " + c.summary : "(no output kept for this call)"));
+    return entry;
+  }
+
+  // A page of history at the top of `t`, with a button for the page before it.
+  function addHistoryPage(t, id, h) {
+    const old = t.querySelector("button.earlier");
+    if (old) old.remove();
+    const frag = document.createDocumentFragment();
+    const calls = Array.isArray(h.calls) ? h.calls : [];
+    const shown = Number(t.dataset.shown || 0) + calls.length;
+    t.dataset.shown = String(shown);
+    if (h.before != null) {
+      const more = Math.max(0, Number(h.total || 0) - shown);
+      frag.appendChild(el("button", { type: "button", class: "earlier", onclick: () => earlierHistory(t, id, h.before) },
+        `Show earlier calls (${more} more)`));
+    }
+    for (const c of calls) frag.appendChild(callEntry(c));
+    t.insertBefore(frag, t.firstChild);
+  }
+
+  async function earlierHistory(t, id, before) {
+    try {
+      const h = await api("GET", `/v1/sessions/${sid(id)}/history?limit=${HISTORY_PAGE}&before=${Number(before)}`);
+      const top = $("transcript").scrollHeight - $("transcript").scrollTop;
+      addHistoryPage(t, id, h);
+      $("transcript").scrollTop = $("transcript").scrollHeight - top;
+    } catch (e) { fail(e); }
+  }
+
+  // The session's transcript rebuilt from its history (the calls from the template to its head).
+  // `keepLive`: entries of this page that history does not hold (a failed exec, notes, one running) stay after it.
+  async function loadHistory(id, keepLive) {
+    const token = ++st.historyToken;
+    let h;
+    try { h = await api("GET", `/v1/sessions/${sid(id)}/history?limit=${HISTORY_PAGE}`); } catch (e) { fail(e); return; }
+    if (st.current !== id || token !== st.historyToken) return;
+    const t = el("div", { class: "entries", "data-session": id });
+    if (Number(h.total || 0) === 0) t.appendChild(el("div", { class: "entry" }, el("pre", { class: "note" }, "No calls yet: the session is at its template.")));
+    addHistoryPage(t, id, h);
+    const old = st.transcripts.get(id);
+    if (old && keepLive) {
+      const have = new Set((h.calls || []).map((c) => String(c.checkpoint)));
+      for (const e of [...old.children]) {
+        if (!e.classList.contains("entry") || e.classList.contains("past")) continue;
+        if (e.dataset.checkpoint && (have.has(e.dataset.checkpoint) || e.dataset.state !== "running")) continue;
+        t.appendChild(e);
+      }
+    }
+    st.transcripts.set(id, t);
+    clear($("transcript")).appendChild(t);
+    scrollDown();
   }
 
   const B64 = /^[A-Za-z0-9+/]*={0,2}$/;
@@ -622,18 +773,49 @@
     clear($("explore-results"));
     const vars = clear($("node-vars"));
     const files = clear($("node-files"));
+    st.vars = [];
+    loadNodeOutput(num, token);
     vars.appendChild(el("p", { class: "muted" }, "Reading the variables in a throwaway fork…"));
     try {
       const r = await api("GET", `/v1/sessions/${sid(st.current)}/checkpoints/${Number(num)}/variables?files=true`);
       if (token !== st.detailToken) return;
-      clear(vars);
-      vars.appendChild(varTable(r.variables || [], "node-vars-table"));
-      if (r.omitted) vars.appendChild(el("p", { class: "muted" }, `${r.omitted} more not listed`));
+      st.vars = Array.isArray(r.variables) ? r.variables : [];
+      st.omitted = r.omitted;
+      renderVars();
       renderNodeFiles(files, r.files, n);
     } catch (e) {
       if (token !== st.detailToken) return;
       clear(vars).appendChild(el("p", { class: "error" }, e instanceof ApiError ? e.text : String(e)));
     }
+  }
+
+  // The full output of the call that made checkpoint `num` (GET .../checkpoints/{n}).
+  async function loadNodeOutput(num, token) {
+    const box = clear($("node-output"));
+    box.appendChild(el("p", { class: "muted" }, "Loading the call's output…"));
+    try {
+      const c = await api("GET", `/v1/sessions/${sid(st.current)}/checkpoints/${Number(num)}`);
+      if (token !== st.detailToken) return;
+      clear(box);
+      if (c.output) renderOutput(box, c.output);
+      else box.appendChild(el("p", { class: "muted" }, "No output was kept for this call (an upload, a package install, or a call from before outputs were kept)."));
+      if (c.output && !box.firstChild) box.appendChild(el("p", { class: "muted" }, "The call showed nothing."));
+    } catch (e) {
+      if (token !== st.detailToken) return;
+      clear(box).appendChild(el("p", { class: "error" }, e instanceof ApiError ? e.text : String(e)));
+    }
+  }
+
+  // The selected node's variables: modules hidden unless asked for.
+  function renderVars() {
+    const box = clear($("node-vars"));
+    const all = st.vars || [];
+    const showModules = $("show-modules").checked;
+    const vs = showModules ? all : all.filter((v) => v.type !== "module");
+    box.appendChild(varTable(vs, "node-vars-table"));
+    const hidden = all.length - vs.length;
+    if (hidden) box.appendChild(el("p", { class: "muted small", id: "modules-hidden" }, `${hidden} module${hidden === 1 ? "" : "s"} hidden`));
+    if (st.omitted) box.appendChild(el("p", { class: "muted" }, `${st.omitted} more not listed`));
   }
 
   // The selected node's title, code and summary (again after the tree changed: the head may have moved).
@@ -676,6 +858,7 @@
     try {
       await api("POST", `/v1/sessions/${sid(st.current)}/revert`, { json: { checkpoint: n } });
       status(`Reverted ${st.current} to checkpoint #${n}.`);
+      await loadHistory(st.current, false);
       note(`reverted to checkpoint #${n}: the next exec continues from there`);
       await loadTree();
       loadSessions();
@@ -775,6 +958,8 @@
     $("list-files").addEventListener("click", listFiles);
     $("files-dir").addEventListener("keydown", (e) => { if (e.key === "Enter") { e.preventDefault(); listFiles(); } });
     $("revert-here").addEventListener("click", revertHere);
+    $("show-modules").addEventListener("change", renderVars);
+    $("new-template").addEventListener("change", () => { showTemplate(); if ($("new-template").value) watchTemplate($("new-template").value); });
     $("fork-here").addEventListener("click", forkHere);
     $("diff-head").addEventListener("click", diffHead);
     $("explore-toggle").addEventListener("click", toggleExplore);

@@ -74,13 +74,15 @@ fn v1_routes() -> OpenApiRouter<AppState> {
         .merge(forevervm::routes())
 }
 
-/// The tree of states: tree, explore, variables, diff.
+/// The tree of states: tree, explore, variables, diff, history, one checkpoint.
 fn tree_routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(tree::tree))
         .routes(routes!(tree::explore))
         .routes(routes!(tree::variables))
         .routes(routes!(tree::diff))
+        .routes(routes!(tree::history))
+        .routes(routes!(tree::checkpoint))
 }
 
 /// The routes and the OpenAPI document they produce. `caller` adds the layer

@@ -516,6 +516,8 @@ pub struct Session {
     pub template: Option<String>,
     /// The id of that template (what the session is pinned to).
     pub template_id: String,
+    /// The last non-blank line of its head checkpoint's code (at most 120 characters; null: no checkpoint).
+    pub last_code: Option<String>,
 }
 
 impl Session {
@@ -538,6 +540,7 @@ impl Session {
             },
             template: v.template.clone(),
             template_id: v.record.template_id.clone(),
+            last_code: v.last_code.clone(),
         }
     }
 }

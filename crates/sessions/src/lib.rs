@@ -13,4 +13,5 @@ pub mod lease;
 pub mod manager;
 pub mod node;
 pub mod objects;
+pub mod output;
 pub mod store;

@@ -26,6 +26,7 @@ use crate::host::{CheckpointFiles, CheckpointIn, InProcess, NamedFile, Resident,
 use crate::lease::{Acquired, Lease, NodeRecord, NodeState, Owner};
 use crate::node::{ClusterConfig, Node};
 use crate::objects::{ObjectError, ObjectStats, Objects, ObjectsConfig};
+use crate::output::CallOutput;
 use crate::store::{self, CheckpointRecord, NewCheckpoint, SessionRecord, Store, StoreError};
 
 mod cluster;
@@ -845,15 +846,7 @@ impl SessionManager {
         };
         let fence = guard.lease.clone();
         let Some(sb) = guard.sandbox.as_mut() else { return Err(SessionError::NotFound(id.into())) };
-        let written = self.write_checkpoint_as(
-            &rec,
-            sb.as_mut(),
-            code,
-            base,
-            Some(seq),
-            summarize(&result).as_deref(),
-            fence.as_ref(),
-        );
+        let written = self.write_checkpoint_as(&rec, sb.as_mut(), code, base, Some(seq), Some(&result), fence.as_ref());
         let checkpoint = match written {
             Ok(c) => c,
             Err(e) => {
@@ -1229,6 +1222,8 @@ impl SessionManager {
     }
 
     /// `seq`: a number from `Store::reserve_seq` (None: the lineage's next).
+    /// `result`: the exec's, whose summary and bounded output (`crate::output`)
+    /// are kept with the checkpoint, the output admitted with its files.
     /// `fence`: this node's lease of the session (a cluster): the commit is
     /// refused if another node has taken the session meanwhile.
     ///
@@ -1244,9 +1239,18 @@ impl SessionManager {
         code: &str,
         parent: Option<i64>,
         seq: Option<i64>,
-        summary: Option<&str>,
+        result: Option<&ExecResult>,
         fence: Option<&Lease>,
     ) -> Result<CheckpointRecord, SessionError> {
+        let summary = result.and_then(summarize);
+        let output = result.and_then(|r| match CallOutput::of(r).to_json() {
+            Ok(j) => Some(j),
+            Err(e) => {
+                tracing::warn!(session = %rec.id, "the call's output is not kept: {e}");
+                None
+            }
+        });
+        let output_bytes = output.as_ref().map_or(0, |o| o.len() as u64);
         let name = random_id("c_");
         let (layer, state, pack) = (format!("{name}.layer"), format!("{name}.state"), format!("{name}.files"));
         let mut reservation = None;
@@ -1254,7 +1258,7 @@ impl SessionManager {
         let mut made: Vec<(PathBuf, String, std::fs::File)> = Vec::new();
         let mut admitted = 0u64;
         let written = sb.checkpoint(&pack, &mut |size| {
-            reservation = Some(self.admit(&rec.tenant, size.bytes)?);
+            reservation = Some(self.admit(&rec.tenant, size.bytes.saturating_add(output_bytes))?);
             admitted = size.bytes;
             let mut create = |final_name: &str| -> Result<std::fs::File, SessionError> {
                 let tmp = self.layers_dir.join(format!("{final_name}.tmp"));
@@ -1356,6 +1360,7 @@ impl SessionManager {
             pages: stats.layer.pages,
             bytes,
             checksum: &format!("{:08x}", stats.layer.crc),
+            output: output.as_deref(),
         };
         let remove_files = || {
             for f in checkpoint_files(&layer, &state, None) {
@@ -1382,7 +1387,7 @@ impl SessionManager {
             }
         };
         let objects = uploaded.as_ref().map_or(&[][..], |u| u.stored.as_slice());
-        let committed = self.store.commit_checkpoint_fenced(&c, seq, summary, now_ms(), objects, fence);
+        let committed = self.store.commit_checkpoint_fenced(&c, seq, summary.as_deref(), now_ms(), objects, fence);
         drop(reservation);
         match committed {
             Ok(c) => {

@@ -222,6 +222,14 @@ pub const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX package_refs_tenant ON package_refs(tenant);
     "#,
+    // 9: what each call showed (`crate::output::CallOutput` as JSON, bounded;
+    // NULL: not recorded, e.g. an upload or a checkpoint from before this
+    // step) and its size, which the tenant's disk quota counts with the
+    // checkpoint's files.
+    r#"
+    ALTER TABLE checkpoints ADD COLUMN output_bytes INTEGER NOT NULL DEFAULT 0 CHECK (output_bytes >= 0);
+    ALTER TABLE checkpoints ADD COLUMN output TEXT;
+    "#,
 ];
 
 /// Schema migrations of PostgreSQL; the row of `forkbox_schema` = number of
@@ -355,6 +363,11 @@ pub const PG_MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX package_refs_tenant ON package_refs(tenant);
     "#,
+    // 6: SQLite's step 9 (what each call showed).
+    r#"
+    ALTER TABLE checkpoints ADD COLUMN output_bytes BIGINT NOT NULL DEFAULT 0 CHECK (output_bytes >= 0);
+    ALTER TABLE checkpoints ADD COLUMN output TEXT;
+    "#,
 ];
 
 /// A checkpoint file that is in the object store (migration 4's `objects`).
@@ -468,6 +481,8 @@ pub struct CheckpointRecord {
     pub flat: Option<String>,
     /// One line about the call's result (its value, or the exception), if recorded.
     pub summary: Option<String>,
+    /// Bytes of the call's stored output (`crate::output`; 0: none recorded).
+    pub output_bytes: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -480,6 +495,8 @@ pub struct NewCheckpoint<'a> {
     pub pages: u64,
     pub bytes: u64,
     pub checksum: &'a str,
+    /// What the call showed (`crate::output::CallOutput` JSON); None: not recorded.
+    pub output: Option<&'a str>,
 }
 
 /// A session head moved by [`Store::drop_checkpoints_and_rewind`].
@@ -532,7 +549,7 @@ pub struct Store {
 const NODE_LOCK: i64 = crate::db::WRITER_LOCK + 1;
 
 const CP_COLS: &str = "c.id, c.session_id, c.seq, c.parent, c.code, c.created_ms, c.layer, \
-                       c.state, c.pages, c.bytes, c.checksum, c.flat, c.summary";
+                       c.state, c.pages, c.bytes, c.checksum, c.flat, c.summary, c.output_bytes";
 
 const SESSION_COLS: &str = "s.sid, s.id, s.tenant, s.template_id, s.memory_bytes, s.timeout_ms, \
                             s.output_bytes, s.disk_bytes, s.head, s.created_ms, s.last_used_ms, s.network";
@@ -556,6 +573,7 @@ fn checkpoint_row(row: &Row) -> Result<CheckpointRecord, DbError> {
         checksum: row.text(10)?,
         flat: row.opt_text(11)?,
         summary: row.opt_text(12)?,
+        output_bytes: row.u64(13)?,
     })
 }
 
@@ -950,6 +968,7 @@ impl Store {
     ) -> Result<CheckpointRecord, StoreError> {
         let pages = to_i64("pages", c.pages)?;
         let bytes = to_i64("bytes", c.bytes)?;
+        let output_bytes = to_i64("output_bytes", c.output.map_or(0, |o| o.len() as u64))?;
         let mut conn = self.conn();
         let mut tx = conn.begin().op("commit_checkpoint: begin")?;
         let sid = scalar(
@@ -985,9 +1004,9 @@ impl Store {
         let id = scalar(
             &mut tx,
             "INSERT INTO checkpoints (owner, session_id, seq, parent, code, created_ms, layer, \
-             state, pages, bytes, checksum, flat, lineage, summary) \
+             state, pages, bytes, checksum, flat, lineage, summary, output, output_bytes) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, NULL, \
-             (SELECT lineage FROM sessions WHERE sid = ?1), ?12) RETURNING id",
+             (SELECT lineage FROM sessions WHERE sid = ?1), ?12, ?13, ?14) RETURNING id",
             vals![
                 sid,
                 c.session_id,
@@ -1000,7 +1019,9 @@ impl Store {
                 pages,
                 bytes,
                 c.checksum,
-                summary
+                summary,
+                c.output,
+                output_bytes
             ],
             "commit_checkpoint: insert checkpoint",
         )?
@@ -1027,7 +1048,33 @@ impl Store {
             checksum: c.checksum.to_owned(),
             flat: None,
             summary: summary.map(str::to_owned),
+            output_bytes: output_bytes as u64,
         })
+    }
+
+    /// The stored output of checkpoint `id` (None: none recorded, or no such checkpoint).
+    pub fn checkpoint_output(&self, id: i64) -> Result<Option<String>, StoreError> {
+        let op = "checkpoint_output";
+        let row = self.conn().query_opt("SELECT output FROM checkpoints WHERE id = ?1", vals![id]).op(op)?;
+        row.map(|r| r.opt_text(0)).transpose().op(op).map(Option::flatten)
+    }
+
+    /// The stored outputs of the checkpoints `ids` that have one, by id.
+    pub fn checkpoint_outputs(&self, ids: &[i64]) -> Result<Vec<(i64, String)>, StoreError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let op = "checkpoint_outputs";
+        self.conn()
+            .query(
+                "SELECT id, output FROM checkpoints WHERE id IN_LIST(?1) AND output IS NOT NULL ORDER BY id",
+                vals![ids],
+            )
+            .op(op)?
+            .iter()
+            .map(|r| Ok((r.i64(0)?, r.text(1)?)))
+            .collect::<Result<_, DbError>>()
+            .op(op)
     }
 
     pub fn checkpoint(&self, id: i64) -> Result<Option<CheckpointRecord>, StoreError> {
@@ -1466,12 +1513,12 @@ impl Store {
         Ok(Rewind { deleted, moved })
     }
 
-    /// Sum of `bytes` of the checkpoints the (live) session created (0 for an
-    /// unknown session). Flat (compacted) layers are not counted.
+    /// Sum of `bytes` and `output_bytes` of the checkpoints the (live) session
+    /// created (0 for an unknown session). Flat (compacted) layers are not counted.
     pub fn disk_bytes(&self, session: &str) -> Result<u64, StoreError> {
         let n = scalar(
             &mut self.conn(),
-            "SELECT CAST(COALESCE(SUM(c.bytes), 0) AS BIGINT) FROM checkpoints c \
+            "SELECT CAST(COALESCE(SUM(c.bytes + c.output_bytes), 0) AS BIGINT) FROM checkpoints c \
              JOIN sessions s ON c.owner = s.sid WHERE s.id = ?1",
             vals![session],
             "disk_bytes",
@@ -1479,12 +1526,13 @@ impl Store {
         Ok(n.flatten().unwrap_or(0).max(0) as u64)
     }
 
-    /// Sum of `bytes` of the checkpoints owned by the tenant's live sessions
-    /// (what a per-tenant disk quota counts; flat layers are not counted).
+    /// Sum of `bytes` and `output_bytes` of the checkpoints owned by the
+    /// tenant's live sessions (what a per-tenant disk quota counts; flat layers
+    /// are not counted).
     pub fn tenant_disk_bytes(&self, tenant: &str) -> Result<u64, StoreError> {
         let n = scalar(
             &mut self.conn(),
-            "SELECT CAST(COALESCE(SUM(c.bytes), 0) AS BIGINT) FROM checkpoints c \
+            "SELECT CAST(COALESCE(SUM(c.bytes + c.output_bytes), 0) AS BIGINT) FROM checkpoints c \
              JOIN sessions s ON c.owner = s.sid WHERE s.tenant = ?1",
             vals![tenant],
             "tenant_disk_bytes",
@@ -1770,7 +1818,32 @@ mod tests {
         nodes_heartbeat_drain_and_are_forgotten,
         artifacts_are_published_once,
         template_records_are_added_once_replaced_and_deleted,
+        call_outputs_are_kept_counted_and_deleted_with_their_checkpoint,
     );
+
+    fn call_outputs_are_kept_counted_and_deleted_with_their_checkpoint(kind: Kind) {
+        let (_d, s) = tmp_on(kind);
+        s.create_session(&session("a", "t", 1, &[])).unwrap();
+        let out = r#"{"v":1,"stdout":"hi\n"}"#;
+        let c1 =
+            s.commit_checkpoint(&NewCheckpoint { output: Some(out), ..new_checkpoint("a", None, "l1") }, 2).unwrap();
+        let c2 = s.commit_checkpoint(&new_checkpoint("a", Some(c1.id), "l2"), 3).unwrap();
+        assert_eq!((c1.output_bytes, c2.output_bytes), (out.len() as u64, 0));
+        // Read back as committed; the light columns carry its size.
+        assert_eq!(s.checkpoint(c1.id).unwrap().unwrap(), c1);
+        assert_eq!(s.checkpoint_output(c1.id).unwrap().as_deref(), Some(out));
+        assert_eq!(s.checkpoint_output(c2.id).unwrap(), None);
+        assert_eq!(s.checkpoint_output(9999).unwrap(), None);
+        assert_eq!(s.checkpoint_outputs(&[c1.id, c2.id, 9999]).unwrap(), vec![(c1.id, out.to_string())]);
+        // Charged to the session and its tenant with the checkpoints' files.
+        assert_eq!(s.disk_bytes("a").unwrap(), 2 + out.len() as u64);
+        assert_eq!(s.tenant_disk_bytes("t").unwrap(), 2 + out.len() as u64);
+        // Gone with the session's checkpoints.
+        s.delete_session("t", "a").unwrap();
+        s.delete_unreferenced_checkpoints().unwrap();
+        assert_eq!(s.checkpoint_outputs(&[c1.id]).unwrap(), vec![]);
+        assert_eq!(s.tenant_disk_bytes("t").unwrap(), 0);
+    }
 
     /// Node `id`'s heartbeat `ms` older (as if it had stopped beating that long ago).
     fn age_node(s: &Store, id: &str, ms: i64) {
@@ -1778,7 +1851,17 @@ mod tests {
     }
 
     fn new_checkpoint<'a>(sid: &'a str, parent: Option<i64>, layer: &'a str) -> NewCheckpoint<'a> {
-        NewCheckpoint { session_id: sid, parent, code: "c", layer, state: "st", pages: 1, bytes: 1, checksum: "0" }
+        NewCheckpoint {
+            session_id: sid,
+            parent,
+            code: "c",
+            layer,
+            state: "st",
+            pages: 1,
+            bytes: 1,
+            checksum: "0",
+            output: None,
+        }
     }
 
     fn leases_move_sessions_between_nodes_and_fence_commits(kind: Kind) {
@@ -1912,6 +1995,7 @@ mod tests {
                     pages: 10,
                     bytes: 40960,
                     checksum: "abcd",
+                    output: None,
                 },
                 now,
             )
@@ -2026,6 +2110,7 @@ mod tests {
             pages: 0,
             bytes: 0,
             checksum: "",
+            output: None,
         };
         assert!(matches!(s.commit_checkpoint(&bad, 1), Err(StoreError::NoSuchSession(_))));
         let bad = NewCheckpoint { session_id: "a", parent: Some(9999), ..bad };
@@ -2399,6 +2484,7 @@ mod tests {
             pages: 0,
             bytes: 6,
             checksum: "",
+            output: None,
         };
         let c2 = s.commit_checkpoint_with(&c, None, None, 5, &[o("l2", "aa"), o("s2", "bb")]).unwrap();
         assert_eq!(c2.seq, 2);
@@ -2441,6 +2527,7 @@ mod tests {
                             pages: 3,
                             bytes: 12288,
                             checksum: "00",
+                            output: None,
                         },
                         10_000 + round,
                     )
@@ -2523,6 +2610,7 @@ mod tests {
                                     pages: 1,
                                     bytes: 4096,
                                     checksum: "",
+                                    output: None,
                                 },
                                 n,
                             )
@@ -2582,6 +2670,7 @@ mod tests {
                     pages: 1,
                     bytes: 4096,
                     checksum: "",
+                    output: None,
                 },
                 None,
                 Some("1"),

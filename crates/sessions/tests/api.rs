@@ -88,11 +88,14 @@ fn streamed_session_exec_and_disk_bytes() {
     );
     assert_eq!(out.result.stdout, "0\n1\n2\n");
     assert_eq!(out.checkpoint.seq, 1);
+    // The checkpoint's files and the call's kept output are charged.
     let bytes = m.disk_bytes(TENANT).unwrap();
-    assert!(bytes > 0 && bytes == out.checkpoint.bytes, "{bytes} vs {}", out.checkpoint.bytes);
+    assert!(out.checkpoint.output_bytes > 0);
+    let charged = out.checkpoint.bytes + out.checkpoint.output_bytes;
+    assert!(bytes > 0 && bytes == charged, "{bytes} vs {charged}");
     let s2 = new_session(&m);
     let out2 = ok(&m, &s2.id, "y = 2");
-    assert_eq!(m.disk_bytes(TENANT).unwrap(), bytes + out2.checkpoint.bytes);
+    assert_eq!(m.disk_bytes(TENANT).unwrap(), bytes + out2.checkpoint.bytes + out2.checkpoint.output_bytes);
     assert_eq!(m.disk_bytes("nobody").unwrap(), 0);
 }
 

@@ -16,7 +16,7 @@ use crate::error::{ApiError, ErrorBody};
 use crate::extractors::{query_pairs, ApiJson, ApiPath};
 use crate::fair::{acquire_for, batch_width};
 use crate::quota;
-use crate::schema::{BatchItemError, ExecResponse};
+use crate::schema::{BatchItemError, ExecResponse, PyErrorBody};
 use crate::{metrics, AppState};
 
 /// One checkpoint of the tree.
@@ -424,4 +424,161 @@ pub(crate) async fn diff(
     let permit = acquire_for(&state, &caller, width).await?;
     let d = state.runtime.diff(&caller.tenant, &id, from, to, permit).await?;
     Ok(Json(DiffResponse::of(&d)))
+}
+
+/// A file under `/output` a call created or changed (name and size; the bytes are in the session's files).
+#[derive(Serialize, ToSchema)]
+pub struct OutputFileMetaBody {
+    pub path: String,
+    pub size: u64,
+    pub mime: String,
+}
+
+/// What a call showed, as kept with its checkpoint: at most 1 MiB of JSON a call (each text at most
+/// 256 KiB, its head and tail; rich outputs in order while they fit), `truncated` when something was cut.
+#[derive(Serialize, ToSchema)]
+pub struct CallOutputBody {
+    pub stdout: String,
+    pub stderr: String,
+    /// repr() of the last expression, if not None.
+    pub value: Option<String>,
+    /// The value's rich forms (MIME type -> data, as in an exec's result).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub value_data: Option<forkbox_runtime::MimeBundle>,
+    /// What it displayed, in order, as MIME bundles (`image/png` base64, `text/html`, ...).
+    #[schema(value_type = Vec<Object>)]
+    pub display: Vec<forkbox_runtime::MimeBundle>,
+    pub error: Option<PyErrorBody>,
+    /// Files under `/output` it wrote.
+    pub outputs: Vec<OutputFileMetaBody>,
+    pub runtime_ms: f64,
+    /// Something was cut or left out to keep within the bound.
+    pub truncated: bool,
+}
+
+impl CallOutputBody {
+    fn of(o: &forkbox_runtime::CallOutput) -> CallOutputBody {
+        CallOutputBody {
+            stdout: o.stdout.clone(),
+            stderr: o.stderr.clone(),
+            value: o.value.clone(),
+            value_data: o.value_data.clone(),
+            display: o.display.clone(),
+            error: o.error.as_ref().map(|e| PyErrorBody {
+                kind: e.kind.clone(),
+                message: e.message.clone(),
+                traceback: e.traceback.clone(),
+            }),
+            outputs: o
+                .outputs
+                .iter()
+                .map(|f| OutputFileMetaBody { path: f.path.clone(), size: f.size, mime: f.mime.clone() })
+                .collect(),
+            runtime_ms: o.runtime_ms,
+            truncated: o.truncated,
+        }
+    }
+}
+
+/// A call: the checkpoint it made and what it showed.
+#[derive(Serialize, ToSchema)]
+pub struct CallBody {
+    pub checkpoint: i64,
+    /// The parent's number (null: it ran on the template).
+    pub parent: Option<i64>,
+    /// The session that made it (it may since have been deleted).
+    pub session: String,
+    pub code: String,
+    pub created_ms: i64,
+    /// One line about the result.
+    pub summary: Option<String>,
+    /// Null: no output was recorded (an upload, a package install, a checkpoint from an older server).
+    pub output: Option<CallOutputBody>,
+}
+
+impl CallBody {
+    fn of(c: &forkbox_runtime::HistoryCall) -> CallBody {
+        CallBody {
+            checkpoint: c.checkpoint,
+            parent: c.parent,
+            session: c.session.clone(),
+            code: c.code.clone(),
+            created_ms: c.created_ms,
+            summary: c.summary.clone(),
+            output: c.output.as_ref().map(CallOutputBody::of),
+        }
+    }
+}
+
+/// A page of the calls from the template to the session's head.
+#[derive(Serialize, ToSchema)]
+pub struct HistoryResponse {
+    pub session: String,
+    /// The session's head (null: the template).
+    pub head: Option<i64>,
+    /// Calls on the whole path.
+    pub total: usize,
+    /// This page, oldest first: the newest calls before the cursor.
+    pub calls: Vec<CallBody>,
+    /// Older calls: pass this as `before` for the page before (null: this page starts at the template).
+    pub before: Option<i64>,
+}
+
+/// The calls that made the session's current state: from the template to its head, oldest first, each with
+/// its code and what it showed (stdout, stderr, value, rich outputs, exception) as kept with its checkpoint.
+/// Paged from the head back: the newest `limit` calls (default 20, at most 100; at most 8 MiB of code and
+/// output a page) before checkpoint `before`.
+#[utoipa::path(get, path = "/sessions/{id}/history", tag = "sessions",
+    params(("id" = String, Path, description = "Session id"),
+           ("limit" = Option<usize>, Query, description = "Calls of this page (1 to 100, default 20)"),
+           ("before" = Option<i64>, Query, description = "A checkpoint on the path: calls before it (the `before` of the previous page)")),
+    responses((status = 200, body = HistoryResponse),
+              (status = 400, description = "A bad `limit`, or `before` not on the path", body = ErrorBody),
+              (status = 404, description = "`session_not_found`", body = ErrorBody)))]
+pub(crate) async fn history(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    ApiPath(id): ApiPath<String>,
+    RawQuery(q): RawQuery,
+) -> Result<Json<HistoryResponse>, ApiError> {
+    let (mut before, mut limit) = (None, None);
+    for (k, v) in query_pairs(q.as_deref())? {
+        match k.as_str() {
+            "before" => {
+                before = Some(
+                    v.parse::<i64>()
+                        .map_err(|_| ApiError::invalid(format!("before: a checkpoint number, got {v:?}")))?,
+                )
+            }
+            "limit" => {
+                limit = Some(v.parse::<usize>().map_err(|_| ApiError::invalid(format!("limit: a number, got {v:?}")))?)
+            }
+            _ => return Err(ApiError::invalid(format!("unknown query parameter {k:?} (use limit=N&before=M)"))),
+        }
+    }
+    blocking(&state, move |rt| {
+        let h = rt.history(&caller.tenant, &id, before, limit)?;
+        Ok(Json(HistoryResponse {
+            session: h.session,
+            head: h.head,
+            total: h.total,
+            calls: h.calls.iter().map(CallBody::of).collect(),
+            before: h.before,
+        }))
+    })
+    .await
+}
+
+/// One checkpoint of the session's tree: its code and the full output of the call that made it.
+#[utoipa::path(get, path = "/sessions/{id}/checkpoints/{n}", tag = "sessions",
+    params(("id" = String, Path, description = "Session id"), ("n" = i64, Path, description = "Checkpoint number")),
+    responses((status = 200, body = CallBody),
+              (status = 404, description = "`session_not_found`, `checkpoint_not_found`", body = ErrorBody)))]
+pub(crate) async fn checkpoint(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    ApiPath((id, n)): ApiPath<(String, i64)>,
+) -> Result<Json<CallBody>, ApiError> {
+    blocking(&state, move |rt| Ok(Json(CallBody::of(&rt.checkpoint_call(&caller.tenant, &id, n)?)))).await
 }
