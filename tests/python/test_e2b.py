@@ -232,6 +232,20 @@ def test_forkbox_commands_route_runs_bash(server):
             s.delete()
 
 
+def test_streamed_answers_are_not_held_back(e2b_server):
+    """`/execute` writes its first event at once and the rest when the code ends: with Nagle on
+    the server's socket the rest waited for the client's delayed ACK, 40 ms a call."""
+    with ci.Sandbox.create(template="base") as sbx:
+        for _ in range(3):
+            sbx.run_code("1+1")
+        took = []
+        for _ in range(15):
+            t = time.perf_counter()
+            assert sbx.run_code("1+1").text == "2"
+            took.append(time.perf_counter() - t)
+        assert sorted(took)[len(took) // 2] < 0.035, took
+
+
 def test_list_metadata_pause_connect_and_timeout(e2b_server):
     tag = uuid.uuid4().hex
     a = ci.Sandbox.create(metadata={"suite": tag, "n": "a"})
