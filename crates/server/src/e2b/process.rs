@@ -97,6 +97,31 @@ pub(super) async fn call_timeout(
     Ok((want > 0.0 && want < limit).then(|| Duration::from_secs_f64(want)))
 }
 
+/// What a data-plane call that runs in the guest has once it may start.
+pub(super) struct Admitted {
+    pub caller: crate::auth::Caller,
+    /// The call's own time limit (`connect-timeout-ms`), within the session's.
+    pub timeout: Option<Duration>,
+    pub permit: crate::fair::ExecSlot,
+}
+
+/// The prologue of every guest exec of envd's calls: the sandbox is running, its session
+/// exists and `code` is within the caller's limits (code size, disk), then an exec slot.
+pub(super) async fn admit(
+    state: &AppState,
+    rec: &SandboxRec,
+    headers: &HeaderMap,
+    code: &str,
+) -> Result<Admitted, ConnectError> {
+    running(rec)?;
+    let caller = rec.caller();
+    let (c, i, checked) = (caller.clone(), rec.id.clone(), code.to_string());
+    crate::handlers::blocking(state, move |rt| Ok(rt.check_session_exec(&c.tenant, &i, &checked, &c.quota())?)).await?;
+    let timeout = call_timeout(state, rec, headers).await?;
+    let permit = crate::fair::acquire_for(state, &caller, 1).await?;
+    Ok(Admitted { caller, timeout, permit })
+}
+
 /// `Start`: run the command; `start {pid}` first, its output as it is written, `end {exitCode}`.
 async fn start(
     State(state): State<AppState>,
@@ -125,12 +150,7 @@ async fn start_inner(
     let cwd = super::guest_path(req.process.cwd.as_deref().unwrap_or(HOME))?;
     let cmd = forkbox_runtime::Command::new(line, Some(cwd), req.process.envs.clone())?;
     let code = cmd.code();
-    let caller = rec.caller();
-    let (c, i, checked) = (caller.clone(), rec.id.clone(), code.clone());
-    crate::handlers::blocking(&state, move |rt| Ok(rt.check_session_exec(&c.tenant, &i, &checked, &c.quota())?))
-        .await?;
-    let timeout = call_timeout(&state, &rec, &headers).await?;
-    let permit = crate::fair::acquire_for(&state, &caller, 1).await?;
+    let Admitted { caller, timeout, permit } = admit(&state, &rec, &headers, &code).await?;
     let pid = {
         let mut st = rec.lock();
         if st.running.is_some() {
