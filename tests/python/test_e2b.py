@@ -188,6 +188,7 @@ BASH_CASES = [
     ("a=(one two three); echo ${#a[@]} ${a[1]} {1..3}; [[ abc == a* ]] && echo glob", "3 two 1 2 3\nglob\n"),
     ("f() { local n=$1; echo $((n * 2)); }; f 21; cat <<< 'here string'; cat <<EOF\nheredoc $((1 + 1))\nEOF",
      "42\nhere string\nheredoc 2\n"),
+    ("paste -d, <(printf '1\\n2\\n') <(printf 'a\\nb\\n')", "1,a\n2,b\n"),
     ("set -o pipefail; false | true; echo $?; echo ${PIPESTATUS[@]}", "1\n0\n"),
     ("for i in 1 2 3; do [[ $i == 2 ]] && continue; echo -n $i; done; echo; case x in x) echo case;; esac", "13\ncase\n"),
 ]
