@@ -177,6 +177,76 @@ def test_files_and_commands(e2b_server):
     assert not sbx.kill()
 
 
+# Bash features and what each prints, run as the E2B SDK runs commands (`/bin/bash -l -c`).
+BASH_CASES = [
+    ('shopt -q login_shell && echo login; echo "$0" ${BASH_VERSINFO[0]}', "login\n/bin/bash 5\n"),
+    ("printf 'b\\na\\nc\\n' | sort | head -2 | tr '\\n' ,", "a,b,"),
+    ("false; echo $?; (exit 7); echo $?; true; echo $?", "1\n7\n0\n"),
+    ("cd /tmp && pwd; cd - >/dev/null; pwd", "/tmp\n/home/user\n"),
+    ("export V=x; bash -c 'echo $V$HOME'; unset V; echo ${V:-unset}", "x/home/user\nunset\n"),
+    ("x=1; (x=2; echo $x); echo $x; echo $(echo sub $((6 * 7)))", "2\n1\nsub 42\n"),
+    ("a=(one two three); echo ${#a[@]} ${a[1]} {1..3}; [[ abc == a* ]] && echo glob", "3 two 1 2 3\nglob\n"),
+    ("f() { local n=$1; echo $((n * 2)); }; f 21; cat <<< 'here string'; cat <<EOF\nheredoc $((1 + 1))\nEOF",
+     "42\nhere string\nheredoc 2\n"),
+    ("paste -d, <(printf '1\\n2\\n') <(printf 'a\\nb\\n')", "1,a\n2,b\n"),
+    ("set -o pipefail; false | true; echo $?; echo ${PIPESTATUS[@]}", "1\n0\n"),
+    ("for i in 1 2 3; do [[ $i == 2 ]] && continue; echo -n $i; done; echo; case x in x) echo case;; esac", "13\ncase\n"),
+]
+
+
+def test_commands_run_under_a_real_bash(e2b_server):
+    sbx = e2b.Sandbox.create()
+    try:
+        for cmd, want in BASH_CASES:
+            r = sbx.commands.run(cmd)
+            assert (r.stdout, r.stderr, r.exit_code) == (want, "", 0), cmd
+        assert sbx.commands.run("echo $A ${B:-none}", envs={"A": "from-envs"}).stdout == "from-envs none\n"
+        # Exit codes: `exit N`, `set -e` stopping at the first failure, a missing program.
+        for cmd, code, out in [
+            ("echo before; exit 42", 42, "before\n"),
+            ("set -e; echo one; false; echo never", 1, "one\n"),
+            ("no-such-program-x", 127, ""),
+        ]:
+            with pytest.raises(CommandExitException) as e:
+                sbx.commands.run(cmd)
+            assert (e.value.exit_code, e.value.stdout) == (code, out), cmd
+        assert "no-such-program-x: command not found" in e.value.stderr
+    finally:
+        sbx.kill()
+
+
+def test_forkbox_commands_route_runs_bash(server):
+    """The same bash through forkbox's own commands route (an argv, no shell of forkbox's)."""
+    import forkbox
+
+    with forkbox.Forkbox(server.url, server.key) as fb:
+        s = fb.sessions.create(timeout=60)
+        try:
+            s.exec("import os; os.makedirs('/home/user', exist_ok=True); os.environ['HOME'] = '/home/user'")
+            for cmd, want in BASH_CASES:
+                r = s.run_command(["/bin/bash", "-l", "-c", cmd], cwd="/home/user")
+                assert (r.stdout, r.stderr, r.exit_code) == (want, "", 0), cmd
+            r = s.run_command(["bash", "-c", "set -e; echo a; (exit 5); echo b"])
+            assert (r.stdout, r.exit_code) == ("a\n", 5)
+            assert fb.commands.run(["bash", "-c", "echo $((1 << 4))"]).stdout == "16\n"
+        finally:
+            s.delete()
+
+
+def test_streamed_answers_are_not_held_back(e2b_server):
+    """`/execute` writes its first event at once and the rest when the code ends: with Nagle on
+    the server's socket the rest waited for the client's delayed ACK, 40 ms a call."""
+    with ci.Sandbox.create(template="base") as sbx:
+        for _ in range(3):
+            sbx.run_code("1+1")
+        took = []
+        for _ in range(15):
+            t = time.perf_counter()
+            assert sbx.run_code("1+1").text == "2"
+            took.append(time.perf_counter() - t)
+        assert sorted(took)[len(took) // 2] < 0.035, took
+
+
 def test_list_metadata_pause_connect_and_timeout(e2b_server):
     tag = uuid.uuid4().hex
     a = ci.Sandbox.create(metadata={"suite": tag, "n": "a"})

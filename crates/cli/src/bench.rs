@@ -140,6 +140,22 @@ pub enum BenchCommand {
         #[command(flatten)]
         image: ImageArgs,
     },
+    /// E2B's Python SDK (e2b-code-interpreter) against forkbox's E2B API beside forkbox's own
+    /// Python SDK, on one server on loopback: create + first run_code (time to interactive),
+    /// run_code in a warm sandbox, commands.run('true'), files.write + read of 1 KB, fork(count).
+    E2b {
+        /// Samples of each measurement (fork: a fifth of them).
+        #[arg(long, default_value_t = 100)]
+        samples: usize,
+        /// Forks per fork sample.
+        #[arg(long, default_value_t = 10)]
+        forks: usize,
+        /// The Python that runs both SDKs (default $FORKBOX_BENCH_PYTHON, else python3).
+        #[arg(long)]
+        python: Option<std::path::PathBuf>,
+        #[command(flatten)]
+        image: ImageArgs,
+    },
     /// Checkpoints in an object store: session exec (with its checkpoint) on the local
     /// directory only vs with `--objects` (same run), and a resume from the bucket with a
     /// cold local cache. Endpoint and credentials from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...
@@ -239,6 +255,9 @@ pub fn bench(home: &Path, cmd: BenchCommand) -> Result<ExitCode> {
             crate::bench_cluster::cluster(&nodes, &key, samples.max(1), clients.max(1), seconds.max(0.5), rounds.max(1))
         }
         BenchCommand::Net { requests, download_mb, image } => net(home, requests.max(1), download_mb, &image),
+        BenchCommand::E2b { samples, forks, python, image } => {
+            crate::bench_e2b::e2b(home, samples.max(1), forks.clamp(1, 20), python.as_deref(), &image)
+        }
         BenchCommand::Objects { objects: url, database, samples, image } => {
             objects(home, &url, database.as_deref(), samples.max(2), &image)
         }

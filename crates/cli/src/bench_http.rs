@@ -14,10 +14,10 @@ use anyhow::{Context, Result};
 use crate::bench::{percentile, summary};
 use crate::ImageArgs;
 
-struct Served {
+pub(crate) struct Served {
     isolation: &'static str,
-    url: String,
-    key: String,
+    pub(crate) url: String,
+    pub(crate) key: String,
     proc: Child,
     _home: tempfile::TempDir,
 }
@@ -29,7 +29,7 @@ impl Drop for Served {
     }
 }
 
-fn start(exe: &Path, home: &Path, image: &Path, isolation: &'static str, slots: usize) -> Result<Served> {
+pub(crate) fn start(exe: &Path, home: &Path, image: &Path, isolation: &'static str, slots: usize) -> Result<Served> {
     let dir = tempfile::Builder::new().prefix("fbx-bench-http-").tempdir()?;
     std::os::unix::fs::symlink(forkbox_engine::template::templates_dir(home), dir.path().join("templates"))?;
     let out = Command::new(exe)

@@ -9,6 +9,7 @@
 mod api;
 mod bench;
 mod bench_cluster;
+mod bench_e2b;
 mod bench_http;
 mod bench_tree;
 mod mcp;

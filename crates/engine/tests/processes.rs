@@ -279,6 +279,57 @@ json.dumps({"which": shutil.which("ls"), "a": [a.returncode, a.stdout.split()],
 }
 
 #[test]
+fn dev_fd_links_open_what_the_fd_refers_to() {
+    let mut sb = fork();
+    let v = json(
+        &mut sb,
+        r#"
+import json, os, subprocess
+out = {}
+# bash's process substitution hands paste /dev/fd/63 and /dev/fd/62, the read ends of pipes.
+p = subprocess.run(["bash", "-c", "paste -d, <(printf '1\\n2\\n') <(printf 'a\\nb\\n')"], capture_output=True, text=True)
+out["procsub"] = [p.returncode, p.stdout.split("\n"), p.stderr]
+r, w = os.pipe()
+os.write(w, b"through the link")
+os.close(w)
+fd = os.open("/dev/fd/%d" % r, os.O_RDONLY)
+out["pipe"] = os.read(fd, 100).decode()
+os.close(fd)
+os.close(r)
+with open("/tmp/f", "w") as f:
+    f.write("file body")
+fd = os.open("/tmp/f", os.O_RDONLY)
+os.lseek(fd, 5, 0)
+again = os.open("/proc/self/fd/%d" % fd, os.O_RDONLY)
+out["file"] = os.read(again, 100).decode()
+out["pos"] = os.lseek(fd, 0, 1)
+os.close(again)
+again = os.open("/proc/%d/fd/%d" % (os.getpid(), fd), os.O_WRONLY | os.O_TRUNC)
+out["truncated"] = os.path.getsize("/tmp/f")
+os.close(again)
+os.close(fd)
+errs = []
+for path in ("/dev/fd/999", "/dev/fd/1x", "/proc/1/fd/0" if os.getpid() != 1 else "/proc/2/fd/0"):
+    try:
+        os.close(os.open(path, os.O_RDONLY))
+        errs.append(None)
+    except OSError as e:
+        errs.append(e.errno)
+out["errs"] = errs
+json.dumps(out)
+"#,
+    );
+    assert_eq!(v["procsub"], serde_json::json!([0, ["1,a", "2,b", ""], ""]), "{v}");
+    assert_eq!(v["pipe"], "through the link", "{v}");
+    // A new description: its own offset, the first one's unmoved.
+    assert_eq!(v["file"], "file body", "{v}");
+    assert_eq!(v["pos"], 5, "{v}");
+    assert_eq!(v["truncated"], 0, "{v}");
+    // No such fd, not an fd number, another process's fd: not magic, so ENOENT.
+    assert_eq!(v["errs"], serde_json::json!([2, 2, 2]), "{v}");
+}
+
+#[test]
 fn os_system_popen_and_scripts() {
     let mut sb = fork();
     let v = json(

@@ -374,7 +374,16 @@ impl Server {
                 let _ = tokio::task::spawn_blocking(move || rt.leave_cluster()).await;
             }
         };
-        let r = axum::serve(self.listener, app).with_graceful_shutdown(shutdown).await;
+        // No Nagle: a streamed answer (NDJSON, Connect envelopes, SSE) writes a first small
+        // event and the rest later, and Nagle would hold the rest for the client's delayed ACK
+        // (40 ms on Linux).
+        use axum::serve::ListenerExt as _;
+        let listener = self.listener.tap_io(|tcp| {
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::debug!("TCP_NODELAY on an accepted connection: {e}");
+            }
+        });
+        let r = axum::serve(listener, app).with_graceful_shutdown(shutdown).await;
         // Wait for a round of upkeep in progress, so the data directory is free once this returns;
         // the sessions of execs that were still running are given back now.
         tokio::task::spawn_blocking(move || {

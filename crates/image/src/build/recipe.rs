@@ -21,9 +21,10 @@ pub const RECIPE_VERSION: u32 = 2;
 pub const BASE_PACKAGES: &[&str] = &["tzdata", "ca-certificates", "libc-bin"];
 
 /// The userland every image gets, for `subprocess`, `os.system` and agents that shell
-/// out: dash as `/bin/sh` and the common tools (`file` brings libmagic's database).
+/// out: dash as `/bin/sh`, bash (E2B's SDKs run every command as `/bin/bash -l -c`)
+/// and the common tools (`file` brings libmagic's database).
 pub const USERLAND_PACKAGES: &[&str] =
-    &["dash", "coreutils", "findutils", "grep", "sed", "gawk", "tar", "gzip", "file", "debianutils"];
+    &["dash", "bash", "coreutils", "findutils", "grep", "sed", "gawk", "tar", "gzip", "file", "debianutils"];
 
 /// Packages left out of every image unless asked for by name (see `ImageSpec::omit`):
 /// build-time tools and what only maintainer scripts use. python3-pythran is scipy's

@@ -20,6 +20,11 @@ fn at(ctx: &mut Ctx, dirfd: u64, path_ptr: u64) -> Result<(Ino, Vec<u8>), Errno>
 
 fn open_common(ctx: &mut Ctx, dirfd: u64, path_ptr: u64, flags: i32, mode: u32) -> SysResult {
     let (start, path) = at(ctx, dirfd, path_ptr)?;
+    if flags & libc::O_PATH == 0 {
+        if let Some(fd) = fd_link(ctx.proc.pid, &path) {
+            return reopen(ctx, fd, flags);
+        }
+    }
     let mode = mode & !ctx.proc.umask & 0o7777;
     let ino = ctx.proc.vfs.open(start, &path, flags, mode)?;
     let keep = flags
@@ -33,6 +38,67 @@ fn open_common(ctx: &mut Ctx, dirfd: u64, path_ptr: u64, flags: i32, mode: u32) 
         Err(e) => {
             ctx.proc.vfs.release(ino);
             Err(e)
+        }
+    }
+}
+
+/// The fd that `path` names as `/dev/fd/N`, `/proc/self/fd/N` or `/proc/<own pid>/fd/N`: on
+/// Linux these are magic links, and opening one opens what the fd refers to (bash's process
+/// substitution `<(cmd)` hands a program `/dev/fd/63`, the read end of a pipe).
+fn fd_link(pid: u32, path: &[u8]) -> Option<i32> {
+    let n = match path.strip_prefix(b"/dev/fd/") {
+        Some(n) => n,
+        None => {
+            let rest = path.strip_prefix(b"/proc/")?;
+            let slash = rest.iter().position(|&c| c == b'/')?;
+            let (who, tail) = rest.split_at(slash);
+            if who != b"self" && who != pid.to_string().as_bytes() {
+                return None;
+            }
+            tail.strip_prefix(b"/fd/")?
+        }
+    };
+    if n.is_empty() || n.len() > 9 || !n.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(n).ok()?.parse().ok()
+}
+
+/// Open what `fd` refers to, as opening its `/proc/self/fd` link does on Linux: a new
+/// description of the same pipe or file (its own offset and flags); stdio (host-side) is
+/// duplicated; sockets, the agent channel and other objects are ENXIO.
+fn reopen(ctx: &mut Ctx, fd: i32, flags: i32) -> SysResult {
+    use crate::objects::ObjKind;
+    let kind = ctx.proc.fds.get(fd).map_err(|_| Errno::ENOENT)?.kind;
+    let keep = flags & (libc::O_ACCMODE | libc::O_APPEND | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_DIRECTORY);
+    match kind {
+        FileKind::Object(id) => match ctx.proc.fds.objects.get(id)?.kind {
+            ObjKind::Pipe(_) => {
+                if flags & libc::O_DIRECTORY != 0 {
+                    return Err(Errno::ENOTDIR);
+                }
+                Ok(ctx.proc.fds.open_object(id, keep)? as u64)
+            }
+            _ => Err(Errno::ENXIO),
+        },
+        FileKind::Node(ino) => {
+            let st = ctx.proc.vfs.stat(ino)?;
+            let writes = flags & libc::O_ACCMODE != libc::O_RDONLY;
+            if st.kind == FileType::Dir && writes {
+                return Err(Errno::EISDIR);
+            }
+            if st.kind != FileType::Dir && flags & libc::O_DIRECTORY != 0 {
+                return Err(Errno::ENOTDIR);
+            }
+            if writes && flags & libc::O_TRUNC != 0 && st.kind == FileType::File {
+                ctx.proc.vfs.truncate(ino, 0)?;
+            }
+            ctx.proc.vfs.hold(ino);
+            ctx.proc.fds.open(FileKind::Node(ino), keep).map(|fd| fd as u64).inspect_err(|_| ctx.proc.vfs.release(ino))
+        }
+        FileKind::Socket(_) | FileKind::Agent => Err(Errno::ENXIO),
+        FileKind::Stdin | FileKind::Stdout | FileKind::Stderr => {
+            Ok(ctx.proc.fds.dup(fd, 0, flags & libc::O_CLOEXEC != 0)? as u64)
         }
     }
 }

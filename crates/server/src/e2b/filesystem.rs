@@ -137,7 +137,6 @@ async fn run(
     b: &str,
     depth: u32,
 ) -> Result<Value, ConnectError> {
-    super::process::running(rec)?;
     let code = format!(
         "# e2b: {op} {label}\n{HELPER}\n_e2b_fs({op}, {a}, {b}, {depth}, {MAX_ENTRIES})\ndel _e2b_fs\n",
         label = a.chars().take(200).map(|c| if c.is_control() { ' ' } else { c }).collect::<String>(),
@@ -145,9 +144,8 @@ async fn run(
         a = py_str(a),
         b = py_str(b),
     );
-    let caller = rec.caller();
-    let timeout = super::process::call_timeout(state, rec, headers).await?;
-    let permit = crate::fair::acquire_for(state, &caller, 1).await?;
+    let super::process::Admitted { caller, timeout, permit } =
+        super::process::admit(state, rec, headers, &code).await?;
     let o = state.runtime.session_exec(&caller.tenant, &rec.id, code, timeout, caller.quota(), None, permit).await?;
     if let Some(e) = o.result.error {
         return Err(ConnectError::new(Code::Internal, format!("{}: {}", e.kind, e.message)));

@@ -2,9 +2,8 @@
 //! an exec of the runtime's command snippet in the sandbox's session (checkpointed
 //! like any exec), its output streamed as it is written.
 //!
-//! The SDK runs every command as `/bin/bash -l -c CMD`; the image has no bash, so
-//! that form runs `CMD` with `/bin/sh -c` (dash): POSIX shell syntax works, bash-only
-//! syntax does not. Other argvs run as given. A command has stdin from `/dev/null`
+//! The SDK runs every command as `/bin/bash -l -c CMD`, and the images ship bash:
+//! the argv runs as given. A command has stdin from `/dev/null`
 //! (`SendInput`/`CloseStdin` are refused) and lives only as long as its call: a
 //! `background=True` command holds the sandbox until it ends (calls meanwhile get
 //! `unavailable`), and `Connect` cannot re-attach to one.
@@ -77,14 +76,9 @@ pub(super) fn running(rec: &SandboxRec) -> Result<(), ConnectError> {
     Ok(())
 }
 
-/// The command line of a process config: the SDK's `/bin/bash -l -c CMD` is `CMD` for `/bin/sh -c`.
-fn command_line(p: &ProcessConfig) -> Result<CommandLine, ConnectError> {
-    let bash = matches!(p.cmd.as_str(), "/bin/bash" | "bash" | "/usr/bin/bash");
-    match (bash, p.args.as_slice()) {
-        (true, [l, c, cmd]) if l == "-l" && c == "-c" => Ok(CommandLine::Shell(cmd.clone())),
-        (true, [c, cmd]) if c == "-c" => Ok(CommandLine::Shell(cmd.clone())),
-        _ => Ok(CommandLine::Argv(std::iter::once(p.cmd.clone()).chain(p.args.iter().cloned()).collect())),
-    }
+/// The command line of a process config: its argv as given (no shell of our own).
+fn command_line(p: &ProcessConfig) -> CommandLine {
+    CommandLine::Argv(std::iter::once(p.cmd.clone()).chain(p.args.iter().cloned()).collect())
 }
 
 /// The `connect-timeout-ms` of a call, as an exec time limit within the session's own.
@@ -101,6 +95,31 @@ pub(super) async fn call_timeout(
     let limit = crate::handlers::blocking(state, move |rt| Ok(rt.session(&t, &i)?.timeout_seconds())).await?;
     let want = ms as f64 / 1000.0;
     Ok((want > 0.0 && want < limit).then(|| Duration::from_secs_f64(want)))
+}
+
+/// What a data-plane call that runs in the guest has once it may start.
+pub(super) struct Admitted {
+    pub caller: crate::auth::Caller,
+    /// The call's own time limit (`connect-timeout-ms`), within the session's.
+    pub timeout: Option<Duration>,
+    pub permit: crate::fair::ExecSlot,
+}
+
+/// The prologue of every guest exec of envd's calls: the sandbox is running, its session
+/// exists and `code` is within the caller's limits (code size, disk), then an exec slot.
+pub(super) async fn admit(
+    state: &AppState,
+    rec: &SandboxRec,
+    headers: &HeaderMap,
+    code: &str,
+) -> Result<Admitted, ConnectError> {
+    running(rec)?;
+    let caller = rec.caller();
+    let (c, i, checked) = (caller.clone(), rec.id.clone(), code.to_string());
+    crate::handlers::blocking(state, move |rt| Ok(rt.check_session_exec(&c.tenant, &i, &checked, &c.quota())?)).await?;
+    let timeout = call_timeout(state, rec, headers).await?;
+    let permit = crate::fair::acquire_for(state, &caller, 1).await?;
+    Ok(Admitted { caller, timeout, permit })
 }
 
 /// `Start`: run the command; `start {pid}` first, its output as it is written, `end {exitCode}`.
@@ -127,16 +146,11 @@ async fn start_inner(
     if req.pty.is_some() {
         return Err(ConnectError::new(Code::Unimplemented, "PTYs are not supported by this server"));
     }
-    let line = command_line(&req.process)?;
+    let line = command_line(&req.process);
     let cwd = super::guest_path(req.process.cwd.as_deref().unwrap_or(HOME))?;
     let cmd = forkbox_runtime::Command::new(line, Some(cwd), req.process.envs.clone())?;
     let code = cmd.code();
-    let caller = rec.caller();
-    let (c, i, checked) = (caller.clone(), rec.id.clone(), code.clone());
-    crate::handlers::blocking(&state, move |rt| Ok(rt.check_session_exec(&c.tenant, &i, &checked, &c.quota())?))
-        .await?;
-    let timeout = call_timeout(&state, &rec, &headers).await?;
-    let permit = crate::fair::acquire_for(&state, &caller, 1).await?;
+    let Admitted { caller, timeout, permit } = admit(&state, &rec, &headers, &code).await?;
     let pid = {
         let mut st = rec.lock();
         if st.running.is_some() {
