@@ -24,6 +24,7 @@
 //! services) stays under the egress policy, which denies it.
 
 pub mod dns;
+pub mod egress;
 pub mod policy;
 pub mod resolver;
 
@@ -38,6 +39,7 @@ use serde::{Deserialize, Serialize};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 use crate::errno::Errno;
+pub use egress::{Direct, Egress, Gate, Opened, Refused, Resolution, Resolved, Verdict};
 pub use policy::{Decision, Mode, Policy, Rule};
 
 /// The nameserver in the guest's /etc/resolv.conf; UDP and TCP port 53 to it
@@ -278,6 +280,9 @@ pub static GLOBAL: GlobalNetStats = GlobalNetStats {
 enum Backend {
     /// A real host socket (non-blocking, close-on-exec).
     Host(Socket),
+    /// TCP before its connect: no host socket yet (the egress opens one for
+    /// the destination; options set before are kept in `opts` and applied then).
+    Unopened,
     /// Connected to the VMM's resolver over TCP: length-prefixed queries in, answers out.
     ResolverStream { input: Vec<u8>, output: VecDeque<u8>, shut_wr: bool },
     /// Listening inside the sandbox (no host socket takes a port).
@@ -463,17 +468,9 @@ const INBOX_BYTES: usize = 212_992;
 /// Datagrams one UDP socket holds unread from the sandbox's own sockets.
 const LOCAL_INBOX_CAP: usize = 256;
 const VERDICT_CAP: usize = 256;
-const NAMES_CAP: usize = 4096;
-const DNS_CACHE_CAP: usize = 1024;
-/// Names one sandbox may have in lookup on the host at once.
-const LOOKUPS_IN_FLIGHT: usize = 4;
-/// Host lookups one sandbox may start per second, and in a burst.
-const LOOKUP_RATE: f64 = 10.0;
-const LOOKUP_BURST: f64 = 20.0;
 /// Questions one sandbox may have waiting for host lookups, over all its
 /// sockets (each holds its lookup's eventfd until the guest reads the answer).
 const QUESTIONS_WAITING: usize = 64;
-const HOST_ADDRS_TTL: Duration = Duration::from_secs(10);
 
 /// The host-side network state of one running sandbox (part of `Io`, never snapshotted).
 #[derive(Debug)]
@@ -483,14 +480,8 @@ pub struct NetIo {
     nonce: u64,
     next: u64,
     socks: HashMap<u64, Sock>,
-    /// Address -> the names the resolver handed it out for (domain rules match these).
-    names: HashMap<IpAddr, Vec<String>>,
-    dns_cache: HashMap<String, (Instant, Result<Vec<IpAddr>, u8>)>,
-    /// Host lookups under way, by name (at most `LOOKUPS_IN_FLIGHT` not done).
-    lookups: HashMap<String, Arc<resolver::Lookup>>,
-    /// Token bucket over the host lookups started (`LOOKUP_RATE`, `LOOKUP_BURST`).
-    lookup_tokens: (f64, Instant),
-    host_addrs: (Option<Instant>, Vec<IpAddr>),
+    /// The way out: decides destinations and names, opens the host connections.
+    egress: Arc<dyn Egress>,
     pub stats: NetStats,
     /// One-line notes for the guest's stderr (refusals), drained by the syscall layer.
     pub notes: Vec<String>,
@@ -524,18 +515,22 @@ pub const POLL_MASK: i16 =
     libc::POLLIN | libc::POLLOUT | libc::POLLPRI | libc::POLLERR | libc::POLLHUP | libc::POLLRDHUP;
 
 impl NetIo {
+    /// Deciding and opening in this process ([`Direct`]).
     pub fn new(config: Arc<NetConfig>) -> NetIo {
+        let egress = Arc::new(Direct::new(Arc::clone(&config)));
+        NetIo::with_egress(config, egress)
+    }
+
+    /// Through `egress` (which holds the policy of `config`; `config` here
+    /// gives the limits the VMM enforces: sockets, bytes, bandwidth).
+    pub fn with_egress(config: Arc<NetConfig>, egress: Arc<dyn Egress>) -> NetIo {
         let throttle = config.max_bytes_per_second().map(Throttle::new);
         NetIo {
             config,
             nonce: nonce(),
             next: 1,
             socks: HashMap::new(),
-            names: HashMap::new(),
-            dns_cache: HashMap::new(),
-            lookups: HashMap::new(),
-            lookup_tokens: (LOOKUP_BURST, Instant::now()),
-            host_addrs: (None, Vec::new()),
+            egress,
             stats: NetStats::default(),
             notes: Vec::new(),
             byte_limit_noted: false,
@@ -583,13 +578,18 @@ impl NetIo {
             ));
             return Err(Errno::EMFILE);
         }
-        let (d, t, p) = match (domain, stream) {
-            (libc::AF_INET, true) => (Domain::IPV4, Type::STREAM, Protocol::TCP),
-            (libc::AF_INET, false) => (Domain::IPV4, Type::DGRAM, Protocol::UDP),
-            (libc::AF_INET6, true) => (Domain::IPV6, Type::STREAM, Protocol::TCP),
-            (libc::AF_INET6, false) => (Domain::IPV6, Type::DGRAM, Protocol::UDP),
+        let d = match domain {
+            libc::AF_INET => Domain::IPV4,
+            libc::AF_INET6 => Domain::IPV6,
             _ => return Err(Errno::EAFNOSUPPORT),
         };
+        if stream {
+            // The host socket comes from the egress at connect, for its destination.
+            let id = self.insert(Sock::new(domain, true, Backend::Unopened));
+            self.stats.sockets_opened += 1;
+            return Ok(id);
+        }
+        let (t, p) = (Type::DGRAM, Protocol::UDP);
         let s = Socket::new(d, t.nonblocking().cloexec(), Some(p)).map_err(|e| host_errno(&e))?;
         if domain == libc::AF_INET6 {
             // Linux's default (dual stack), whatever the host's sysctl says.
@@ -629,7 +629,7 @@ impl NetIo {
         match &self.sock(id)?.backend {
             Backend::Host(s) => Ok(s),
             Backend::ResolverStream { .. } => Err(Errno::EOPNOTSUPP),
-            Backend::Listener(_) => Err(Errno::ENOTCONN),
+            Backend::Listener(_) | Backend::Unopened => Err(Errno::ENOTCONN),
         }
     }
 
@@ -638,7 +638,7 @@ impl NetIo {
     pub fn host_fd(&self, id: u64) -> Option<i32> {
         match &self.socks.get(&id)?.backend {
             Backend::Host(s) => Some(s.as_raw_fd()),
-            Backend::ResolverStream { .. } => None,
+            Backend::ResolverStream { .. } | Backend::Unopened => None,
             Backend::Listener(l) => Some(l.ready.0.as_raw_fd()),
         }
     }
@@ -698,7 +698,7 @@ impl NetIo {
                 return Ok(());
             }
             Backend::ResolverStream { .. } => return Err(Errno::EINVAL),
-            Backend::Host(_) => {}
+            Backend::Host(_) | Backend::Unopened => {}
         }
         if s.loop_peer.is_some() || s.peer.is_some() || s.connecting.is_some() {
             return Err(Errno::EINVAL);
@@ -814,33 +814,75 @@ impl NetIo {
         }
     }
 
-    fn host_addrs(&mut self) -> Vec<IpAddr> {
-        let fresh = self.host_addrs.0.is_some_and(|t| t.elapsed() < HOST_ADDRS_TTL);
-        if !fresh {
-            self.host_addrs = (Some(Instant::now()), policy::host_addresses());
-        }
-        self.host_addrs.1.clone()
+    /// Decide a datagram's destination through the egress (and count, log and note a denial).
+    pub fn check(&mut self, addr: SocketAddr, what: &str) -> Verdict {
+        let v = self.egress.datagram(addr);
+        self.count(addr, what, &v);
+        v
     }
 
-    /// Decide `addr` (and count, log and note a denial).
-    pub fn check(&mut self, addr: SocketAddr, what: &str) -> Decision {
-        let ip = addr.ip();
-        let key = policy::canonical(ip).map(IpAddr::V4).unwrap_or(ip);
-        let names = self.names.get(&key).or_else(|| self.names.get(&ip)).cloned().unwrap_or_default();
-        let host = self.host_addrs();
-        let d = policy::decide_layers(&self.config.layers, ip, Some(addr.port()), &names, &host);
-        if d.allowed() {
+    /// Count, log and (a denial) note a decision of the egress.
+    fn count(&mut self, addr: SocketAddr, what: &str, v: &Verdict) {
+        if v.allowed {
             self.stats.connects_allowed += 1;
             GLOBAL.connects_allowed.fetch_add(1, Ordering::Relaxed);
-            tracing::debug!(target: "forkbox::net", "{what} {addr} allowed ({})", d.reason());
+            tracing::debug!(target: "forkbox::net", "{what} {addr} allowed ({})", v.reason);
         } else {
             self.stats.connects_denied += 1;
             GLOBAL.connects_denied.fetch_add(1, Ordering::Relaxed);
-            *self.stats.denied.entry(d.reason().to_string()).or_default() += 1;
-            let via = if names.is_empty() { String::new() } else { format!(" ({})", names.join(", ")) };
-            self.note(format!("{what} {addr}{via} refused by the egress policy: {}", d.reason()));
+            *self.stats.denied.entry(v.reason.clone()).or_default() += 1;
+            let via = if v.names.is_empty() { String::new() } else { format!(" ({})", v.names.join(", ")) };
+            self.note(format!("{what} {addr}{via} refused by the egress policy: {}", v.reason));
         }
-        d
+    }
+
+    /// A TCP connect to `addr` out of the sandbox: the egress decides and
+    /// opens the host socket (options set before are applied to it).
+    fn connect_out(&mut self, id: u64, addr: SocketAddr) -> Result<bool, Errno> {
+        let s = self.sock(id)?;
+        if let Backend::Host(h) = &s.backend {
+            if s.connecting.is_some() {
+                return Err(Errno::EALREADY);
+            }
+            if h.peer_addr().is_ok() {
+                return Err(Errno::EISCONN);
+            }
+        }
+        let domain = s.domain;
+        let opened = match self.egress.connect(domain, addr) {
+            Ok(o) => o,
+            Err(Refused::Policy(v)) => {
+                self.count(addr, "connect to", &v);
+                return Err(Errno::ECONNREFUSED);
+            }
+            Err(Refused::Host(e)) => {
+                self.count_allowed(addr);
+                return Err(e);
+            }
+        };
+        self.count_allowed(addr);
+        let s = self.sock(id)?;
+        let fd = opened.socket.as_raw_fd();
+        for ((level, name), val) in std::mem::take(&mut s.opts) {
+            // SAFETY: val is a readable buffer of its length. A refused option was the guest's to get wrong.
+            unsafe { libc::setsockopt(fd, level, name, val.as_ptr().cast(), val.len() as libc::socklen_t) };
+        }
+        s.backend = Backend::Host(opened.socket);
+        s.resolver_peer = false;
+        s.peer = Some(addr);
+        if opened.connected {
+            s.connecting = None;
+            Ok(true)
+        } else {
+            s.connecting = Some(addr);
+            Ok(false)
+        }
+    }
+
+    fn count_allowed(&mut self, addr: SocketAddr) {
+        self.stats.connects_allowed += 1;
+        GLOBAL.connects_allowed.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(target: "forkbox::net", "connect to {addr} allowed");
     }
 
     fn account(&mut self, sent: u64, received: u64) {
@@ -907,8 +949,8 @@ impl NetIo {
                 return self.loop_connect(id, lid, addr);
             }
         }
-        if stream && !self.check(addr, "connect to").allowed() {
-            return Err(Errno::ECONNREFUSED);
+        if stream {
+            return self.connect_out(id, addr);
         }
         // UDP to a socket of the sandbox: no host socket is connected (that would bind a host port).
         let local_peer = !stream && self.find_udp_receiver(id, addr).is_some();
@@ -961,6 +1003,10 @@ impl NetIo {
         if matches!(s.backend, Backend::Listener(_)) {
             return Err(Errno::ENOTCONN);
         }
+        if matches!(s.backend, Backend::Unopened) {
+            // As Linux: a TCP socket that never connected.
+            return Err(Errno::EPIPE);
+        }
         let budget = self.budget()?;
         let s = self.socks.get_mut(&id).ok_or(Errno::EPIPE)?;
         let stream = s.stream;
@@ -1008,7 +1054,7 @@ impl NetIo {
             let ok = match known {
                 Some(v) => v,
                 None => {
-                    let v = self.check(dest, "datagram to").allowed();
+                    let v = self.check(dest, "datagram to").allowed;
                     let s = self.sock(id)?;
                     if s.udp_verdicts.len() >= VERDICT_CAP {
                         s.udp_verdicts.clear();
@@ -1146,6 +1192,8 @@ impl NetIo {
                     events & (libc::POLLIN | libc::POLLRDNORM)
                 }
             }
+            // As Linux shows a TCP socket that never connected.
+            Backend::Unopened => events & (libc::POLLOUT | libc::POLLWRNORM) | libc::POLLHUP,
             Backend::ResolverStream { output, .. } => {
                 let mut r = events & (libc::POLLOUT | libc::POLLWRNORM);
                 if !output.is_empty() || s.answer_ready() {
@@ -1206,9 +1254,7 @@ impl NetIo {
     /// interrupted: the guest's resolver, which waits out its own timeout
     /// through signals, gets its answer at once).
     pub fn cancel_lookups(&mut self) {
-        for l in self.lookups.values() {
-            l.cancel();
-        }
+        self.egress.cancel_lookups();
     }
 
     pub fn local_addr(&mut self, id: u64) -> Result<SocketAddr, Errno> {
@@ -1221,6 +1267,9 @@ impl NetIo {
         // a UDP socket keeps its sandbox binding).
         if let Some(l) = s.local.filter(|_| !s.stream || (s.peer.is_none() && s.connecting.is_none())) {
             return Ok(l);
+        }
+        if matches!(s.backend, Backend::Unopened) {
+            return Ok(unspecified(domain));
         }
         let a = self.host(id)?.local_addr().map_err(|e| host_errno(&e))?;
         Ok(a.as_socket().unwrap_or_else(|| unspecified(domain)))
@@ -1248,7 +1297,7 @@ impl NetIo {
             if s.local.is_some() || s.in_sandbox() || s.peer.is_some() || s.connecting.is_some() {
                 return Err(Errno::EINVAL);
             }
-            if !matches!(s.backend, Backend::Host(_)) {
+            if !matches!(s.backend, Backend::Unopened) {
                 return Err(Errno::EINVAL);
             }
             if !sandbox_local(addr.ip()) {
@@ -1371,6 +1420,13 @@ impl NetIo {
         if level == libc::SOL_SOCKET && (name == libc::SO_REUSEADDR || name == libc::SO_REUSEPORT) {
             return Ok((s.reuse as i32).to_le_bytes().to_vec());
         }
+        if matches!(s.backend, Backend::Unopened) {
+            // No host socket yet: what was set, else as a new socket.
+            if let Some(v) = s.opts.get(&(level, name)) {
+                return Ok(v.clone());
+            }
+            return Ok(vec![0; len.clamp(1, 4)]);
+        }
         if s.in_sandbox() {
             // A listener has no data socket; an in-sandbox connection's is AF_UNIX: socket-level
             // options from it, TCP/IP ones as they were set (else 0).
@@ -1411,6 +1467,13 @@ impl NetIo {
                 // The sandbox's port table applies it; the host socket never binds.
                 return Ok(());
             }
+        } else if matches!(s.backend, Backend::Unopened) {
+            // Applied to the host socket the egress opens at connect.
+            if s.opts.len() >= OPTS_CAP && !s.opts.contains_key(&(level, name)) {
+                return Err(Errno::ENOBUFS);
+            }
+            s.opts.insert((level, name), val.to_vec());
+            return Ok(());
         } else if s.in_sandbox() {
             let host_takes = level == libc::SOL_SOCKET && matches!(s.backend, Backend::Host(_));
             if !host_takes {
@@ -1436,6 +1499,7 @@ impl NetIo {
         match &s.backend {
             Backend::ResolverStream { output, .. } => Ok(output.len() as i32),
             Backend::Listener(_) => Err(Errno::EINVAL),
+            Backend::Unopened => Ok(0),
             Backend::Host(h) => {
                 if let Some((m, _)) = s.inbox.front() {
                     return Ok(i32::try_from(m.len()).unwrap_or(i32::MAX));
@@ -1464,18 +1528,25 @@ impl NetIo {
             let rcode = if q.qclass == dns::CLASS_IN { dns::RCODE_OK } else { dns::RCODE_NOTIMP };
             return Reply::Now(dns::response(&q, rcode, &[]));
         }
-        match self.begin(&q.name) {
-            Step::Done(rcode, addrs) => Reply::Now(self.respond(&q, rcode, &addrs)),
-            Step::Wait(l) => Reply::Later(q, l),
+        match self.egress.lookup(&q.name) {
+            Resolution::Done(r) => Reply::Now(self.respond(&q, r)),
+            Resolution::Wait(l) => Reply::Later(q, l),
         }
     }
 
-    fn respond(&mut self, q: &dns::Query, rcode: u8, addrs: &[IpAddr]) -> Vec<u8> {
-        if rcode == dns::RCODE_REFUSED {
+    /// The answer to `q` (and the counts and note of the egress' answer).
+    fn respond(&mut self, q: &dns::Query, r: Resolved) -> Vec<u8> {
+        if r.rcode == dns::RCODE_REFUSED || r.refused {
             self.stats.dns_refused += 1;
             GLOBAL.dns_refused.fetch_add(1, Ordering::Relaxed);
         }
-        dns::response(q, rcode, addrs)
+        if let Some(why) = r.denied {
+            *self.stats.denied.entry(why).or_default() += 1;
+        }
+        if let Some(n) = r.note {
+            self.note(n);
+        }
+        dns::response(q, r.rcode, &r.addrs)
     }
 
     /// Queue `r` for socket `id`'s recv (a question waiting for a lookup: at
@@ -1504,152 +1575,36 @@ impl NetIo {
         let (done, waiting): (VecDeque<_>, VecDeque<_>) =
             std::mem::take(&mut s.pending).into_iter().partition(|(_, l)| l.is_done());
         s.pending = waiting;
-        self.sweep();
         for (q, l) in done {
-            let outcome = l.outcome().unwrap_or(Err(dns::RCODE_SERVFAIL));
-            let (rcode, addrs) = self.filter(&q.name, outcome);
-            let a = self.respond(&q, rcode, &addrs);
+            let r = self.egress.finish(&l);
+            let a = self.respond(&q, r);
             if let Some(s) = self.socks.get_mut(&id) {
                 s.push_answer(a);
             }
         }
     }
 
-    /// Move the finished host lookups into the cache (a failure is not kept:
-    /// asking again may work).
-    fn sweep(&mut self) {
-        let done: Vec<String> = self.lookups.iter().filter(|(_, l)| l.is_done()).map(|(n, _)| n.clone()).collect();
-        for name in done {
-            let Some(l) = self.lookups.remove(&name) else { continue };
-            match l.outcome() {
-                Some(r) if r != Err(dns::RCODE_SERVFAIL) => {
-                    if self.dns_cache.len() >= DNS_CACHE_CAP {
-                        self.dns_cache.clear();
-                    }
-                    self.dns_cache.insert(name, (Instant::now(), r));
-                }
-                _ => {}
-            }
-        }
-    }
-
-    /// A host lookup may start now (the per-sandbox rate).
-    fn lookup_token(&mut self) -> bool {
-        let now = Instant::now();
-        let (t, last) = self.lookup_tokens;
-        let t = (t + now.saturating_duration_since(last).as_secs_f64() * LOOKUP_RATE).min(LOOKUP_BURST);
-        let ok = t >= 1.0;
-        self.lookup_tokens = (if ok { t - 1.0 } else { t }, now);
-        ok
-    }
-
-    /// Resolve `name`: at once from the policy, the static map or the cache,
-    /// else by a host lookup (`Step::Wait`). REFUSED when the network is off;
-    /// NXDOMAIN, without asking any nameserver, for a name no allow rule of an
-    /// `allowlist` could match; SERVFAIL when the sandbox's or the process'
-    /// lookup limits are reached.
-    fn begin(&mut self, name: &str) -> Step {
-        let name = policy::normalize_name(name);
-        if self.config.mode() == Mode::None {
-            self.note(format!("DNS lookup of {name} refused: network: none"));
-            return Step::Done(dns::RCODE_REFUSED, Vec::new());
-        }
-        if let Some(a) = self.config.hosts.get(&name).cloned() {
-            let (rcode, addrs) = self.filter(&name, Ok(a));
-            return Step::Done(rcode, addrs);
-        }
-        if !self.config.may_resolve(&name) {
-            self.stats.dns_refused += 1;
-            GLOBAL.dns_refused.fetch_add(1, Ordering::Relaxed);
-            *self.stats.denied.entry("name not in the allowlist".to_string()).or_default() += 1;
-            self.note(format!(
-                "DNS lookup of {name} answered NXDOMAIN: no allow rule of the egress policy names it (no nameserver was asked)"
-            ));
-            return Step::Done(dns::RCODE_NXDOMAIN, Vec::new());
-        }
-        self.sweep();
-        let cached = self
-            .dns_cache
-            .get(&name)
-            .filter(|(t, _)| t.elapsed() < Duration::from_secs(dns::TTL as u64))
-            .map(|(_, r)| r.clone());
-        if let Some(r) = cached {
-            let (rcode, addrs) = self.filter(&name, r);
-            return Step::Done(rcode, addrs);
-        }
-        if let Some(l) = self.lookups.get(&name) {
-            return Step::Wait(Arc::clone(l));
-        }
-        let why = if self.lookups.len() >= LOOKUPS_IN_FLIGHT {
-            format!("the sandbox has {LOOKUPS_IN_FLIGHT} lookups under way")
-        } else if !self.lookup_token() {
-            format!("the sandbox's limit of {LOOKUP_RATE} lookups a second is reached")
-        } else {
-            match resolver::Lookup::new(&name) {
-                Some(l) if resolver::submit(Arc::clone(&l)) => {
-                    self.lookups.insert(name, Arc::clone(&l));
-                    return Step::Wait(l);
-                }
-                _ => "the host's resolver is busy".to_string(),
-            }
-        };
-        self.note(format!("DNS lookup of {name} failed: {why}"));
-        Step::Done(dns::RCODE_SERVFAIL, Vec::new())
+    /// Start resolving `name` (tests).
+    #[cfg(test)]
+    pub fn begin(&mut self, name: &str) -> Resolution {
+        self.egress.lookup(name)
     }
 
     /// Resolve `name`, waiting for a host lookup on this thread (tests only:
     /// the sandbox never waits here).
     #[cfg(test)]
     pub fn resolve(&mut self, name: &str) -> (u8, Vec<IpAddr>) {
-        match self.begin(name) {
-            Step::Done(rcode, addrs) => (rcode, addrs),
-            Step::Wait(l) => {
-                let r = l.wait(resolver::BUDGET + Duration::from_secs(1)).unwrap_or(Err(dns::RCODE_SERVFAIL));
-                self.sweep();
-                self.filter(&l.name, r)
+        match self.egress.lookup(name) {
+            Resolution::Done(r) => (r.rcode, r.addrs),
+            Resolution::Wait(l) => {
+                let _ = l.wait(resolver::BUDGET + Duration::from_secs(1));
+                if !l.is_done() {
+                    l.cancel();
+                }
+                let r = self.egress.finish(&l);
+                (r.rcode, r.addrs)
             }
         }
-    }
-
-    /// Keep only the addresses of a lookup's outcome that the policy allows.
-    /// REFUSED when it had addresses and every one is denied.
-    fn filter(&mut self, name: &str, found: resolver::Outcome) -> (u8, Vec<IpAddr>) {
-        let all = match found {
-            Ok(a) => a,
-            Err(rcode) => return (rcode, Vec::new()),
-        };
-        let host = self.host_addrs();
-        let names = vec![name.to_string()];
-        let mut kept = Vec::new();
-        let mut why = None;
-        for ip in &all {
-            let d = policy::decide_layers(&self.config.layers, *ip, None, &names, &host);
-            if d.allowed() {
-                kept.push(*ip);
-            } else if why.is_none() {
-                why = Some(d.reason().to_string());
-            }
-        }
-        if kept.is_empty() {
-            if let Some(why) = why {
-                *self.stats.denied.entry(why.clone()).or_default() += 1;
-                self.note(format!(
-                    "DNS lookup of {name} refused: it resolves only to addresses the egress policy denies ({why})"
-                ));
-                return (dns::RCODE_REFUSED, Vec::new());
-            }
-            return (dns::RCODE_NXDOMAIN, Vec::new());
-        }
-        if self.names.len() >= NAMES_CAP {
-            self.names.clear();
-        }
-        for ip in &kept {
-            let v = self.names.entry(*ip).or_default();
-            if !v.iter().any(|n| n == name) && v.len() < 8 {
-                v.push(name.to_string());
-            }
-        }
-        (dns::RCODE_OK, kept)
     }
 }
 
@@ -1659,11 +1614,6 @@ enum Reply {
     /// Answered once the host lookup is done.
     Later(dns::Query, Arc<resolver::Lookup>),
     Drop,
-}
-
-enum Step {
-    Done(u8, Vec<IpAddr>),
-    Wait(Arc<resolver::Lookup>),
 }
 
 /// A host sockaddr (as the kernel wrote it) as a `SocketAddr`.

@@ -4,10 +4,18 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, UdpSocket};
 use std::time::{Duration, Instant};
 
+use super::egress::{LOOKUPS_IN_FLIGHT, LOOKUP_BURST};
 use super::*;
 
 fn net(p: Policy) -> NetIo {
     NetIo::new(Arc::new(NetConfig::with_policy(p)))
+}
+
+/// A NetIo and its in-process egress (to look at the policy state it keeps).
+fn direct(cfg: NetConfig) -> (NetIo, Arc<Direct>) {
+    let cfg = Arc::new(cfg);
+    let d = Arc::new(Direct::new(Arc::clone(&cfg)));
+    (NetIo::with_egress(cfg, d.clone()), d)
 }
 
 fn loopback_allowed(port: u16) -> Policy {
@@ -147,7 +155,7 @@ fn resolver_answers_from_the_host_map_under_the_policy() {
     cfg.hosts.insert("web.test".into(), vec!["10.200.0.2".parse().unwrap()]);
     cfg.hosts.insert("meta.test".into(), vec!["169.254.169.254".parse().unwrap()]);
     cfg.hosts.insert("mixed.test".into(), vec!["127.0.0.1".parse().unwrap(), "93.184.215.14".parse().unwrap()]);
-    let mut n = NetIo::new(Arc::new(cfg));
+    let (mut n, d) = direct(cfg);
     let id = n.socket(libc::AF_INET, false).unwrap();
     assert!(n.connect(id, Some(SocketAddr::from((RESOLVER, DNS_PORT)))).unwrap());
     assert_eq!(n.peer_addr(id).unwrap(), SocketAddr::from((RESOLVER, DNS_PORT)));
@@ -171,7 +179,10 @@ fn resolver_answers_from_the_host_map_under_the_policy() {
     );
     assert_eq!((n.stats.dns_queries, n.stats.dns_refused), (3, 1));
     // The name the resolver handed out is what a domain rule matches.
-    assert_eq!(n.names.get(&"10.200.0.2".parse::<IpAddr>().unwrap()).unwrap(), &vec!["web.test".to_string()]);
+    assert_eq!(
+        d.gate().names.get(&"10.200.0.2".parse::<IpAddr>().unwrap()).unwrap(),
+        &vec!["web.test".to_string()]
+    );
     // TCP to the resolver: length-prefixed.
     let t = n.socket(libc::AF_INET, true).unwrap();
     assert!(n.connect(t, Some(SocketAddr::from((RESOLVER, DNS_PORT)))).unwrap());
@@ -196,15 +207,16 @@ fn domain_rules_match_names_handed_out_by_the_resolver() {
     assert_eq!(n.resolve("other.test").0, dns::RCODE_REFUSED);
     assert_eq!(n.resolve("API.allowed.test.").1, vec!["93.184.215.14".parse::<IpAddr>().unwrap()]);
     let d = n.check("93.184.215.14:443".parse().unwrap(), "connect to");
-    assert!(d.allowed(), "{d:?}");
-    assert!(!n.check("93.184.215.15:443".parse().unwrap(), "connect to").allowed());
+    assert!(d.allowed, "{d:?}");
+    assert!(!n.check("93.184.215.15:443".parse().unwrap(), "connect to").allowed);
     let mut off = net(Policy::none());
     assert_eq!(off.resolve("anything.test").0, dns::RCODE_REFUSED);
 }
 
 #[test]
 fn socket_and_byte_limits() {
-    let mut cfg = NetConfig::with_policy(Policy::public());
+    let echo = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let mut cfg = NetConfig::with_policy(loopback_allowed(echo.local_addr().unwrap().port()));
     cfg.max_sockets = 3;
     cfg.max_bytes = 4;
     let mut n = NetIo::new(Arc::new(cfg));
@@ -212,10 +224,6 @@ fn socket_and_byte_limits() {
     assert_eq!(n.socket(libc::AF_INET, false), Err(Errno::EMFILE));
     n.close(ids[0]);
     let udp = n.socket(libc::AF_INET, false).unwrap();
-    let echo = UdpSocket::bind("127.0.0.1:0").unwrap();
-    let mut cfg2 = (*n.config).clone();
-    cfg2.layers = vec![loopback_allowed(echo.local_addr().unwrap().port())];
-    n.config = Arc::new(cfg2);
     assert_eq!(n.send(udp, b"1234", Some(echo.local_addr().unwrap()), 0).unwrap(), 4);
     assert_eq!(n.send(udp, b"5", Some(echo.local_addr().unwrap()), 0), Err(Errno::ENOBUFS));
     assert!(n.notes.iter().any(|m| m.contains("byte limit")));
@@ -293,7 +301,7 @@ fn silent_nameserver() -> SocketAddr {
 #[test]
 fn host_lookups_wait_on_an_eventfd_and_are_capped_per_sandbox() {
     resolver::set_upstream(Some(vec![silent_nameserver()]));
-    let mut n = net(Policy::public());
+    let (mut n, d) = direct(NetConfig::with_policy(Policy::public()));
     let u = n.socket(libc::AF_INET, false).unwrap();
     assert!(n.connect(u, Some(resolver_addr())).unwrap());
     // A question the host must look up: no answer yet, an eventfd to wait on.
@@ -305,13 +313,13 @@ fn host_lookups_wait_on_an_eventfd_and_are_capped_per_sandbox() {
     let mut fds = Vec::new();
     n.lookup_pollfds(u, libc::POLLIN, &mut fds);
     assert_eq!(fds.len(), 1, "A and AAAA of one name share a lookup");
-    assert_eq!(n.lookups.len(), 1);
+    assert_eq!(d.gate().lookups.len(), 1);
     // At most LOOKUPS_IN_FLIGHT names at once: the next fails at once.
     for i in 1..LOOKUPS_IN_FLIGHT {
-        assert!(matches!(n.begin(&format!("n{i}.silent.test")), Step::Wait(_)));
+        assert!(matches!(n.begin(&format!("n{i}.silent.test")), Resolution::Wait(_)));
     }
     let t = Instant::now();
-    assert!(matches!(n.begin("over.silent.test"), Step::Done(dns::RCODE_SERVFAIL, _)));
+    assert!(matches!(n.begin("over.silent.test"), Resolution::Done(Resolved { rcode: dns::RCODE_SERVFAIL, .. })));
     assert!(t.elapsed() < Duration::from_millis(100));
     // A cancel (the exec's interrupt) answers SERVFAIL now.
     n.cancel_lookups();
@@ -324,23 +332,23 @@ fn host_lookups_wait_on_an_eventfd_and_are_capped_per_sandbox() {
         assert!(k >= 12 && b[3] & 0xF == dns::RCODE_SERVFAIL, "{:?}", &b[..k]);
     }
     // A failure is not cached: the name is looked up again.
-    n.sweep();
-    assert!(n.lookups.is_empty());
-    assert!(matches!(n.begin("a.silent.test"), Step::Wait(_)));
+    d.gate().sweep();
+    assert!(d.gate().lookups.is_empty());
+    assert!(matches!(n.begin("a.silent.test"), Resolution::Wait(_)));
     n.cancel_lookups();
     // The rate: LOOKUP_BURST lookups, then SERVFAIL until tokens come back.
-    let mut n = net(Policy::public());
+    let (mut n, d) = direct(NetConfig::with_policy(Policy::public()));
     let mut failed = 0;
     for i in 0..(LOOKUP_BURST as usize + 2) {
         match n.begin(&format!("r{i}.silent.test")) {
-            Step::Wait(_) => {}
-            Step::Done(rcode, _) => {
-                assert_eq!(rcode, dns::RCODE_SERVFAIL);
+            Resolution::Wait(_) => {}
+            Resolution::Done(r) => {
+                assert_eq!(r.rcode, dns::RCODE_SERVFAIL);
                 failed += 1;
             }
         }
         n.cancel_lookups();
-        n.sweep();
+        d.gate().sweep();
     }
     assert!(failed >= 2, "{failed}");
     resolver::set_upstream(None);
@@ -353,12 +361,19 @@ fn an_allowlist_answers_names_no_rule_matches_without_a_lookup() {
         "*.ok.test".parse().unwrap(),
         "exact.test".parse().unwrap(),
     ]);
-    let mut n = net(p);
+    let (mut n, d) = direct(NetConfig::with_policy(p));
     for name in ["secret.exfil.test", "ok.test", "x.exact.test", ""] {
-        assert!(matches!(n.begin(name), Step::Done(dns::RCODE_NXDOMAIN, _)), "{name}");
+        match n.begin(name) {
+            Resolution::Done(r) => assert_eq!((r.rcode, r.refused), (dns::RCODE_NXDOMAIN, true), "{name}"),
+            Resolution::Wait(_) => panic!("{name} was looked up"),
+        }
     }
-    assert!(n.lookups.is_empty(), "nothing was looked up");
-    assert_eq!(n.stats.dns_refused, 4);
+    assert!(d.gate().lookups.is_empty(), "nothing was looked up");
+    // Through the resolver socket the refusals are counted.
+    let u = n.socket(libc::AF_INET, false).unwrap();
+    assert!(n.connect(u, Some(resolver_addr())).unwrap());
+    n.send(u, &query(9, "secret.exfil.test", dns::TYPE_A), None, 0).unwrap();
+    assert_eq!(n.stats.dns_refused, 1);
     assert!(n.config.may_resolve("a.ok.test") && n.config.may_resolve("EXACT.test."));
     let any = net(Policy::allowlist(vec!["*:443".parse().unwrap()]));
     assert!(any.config.may_resolve("anything.test"), "`*` could match any name");
