@@ -5,8 +5,9 @@
 //! - a TCP connection to an address ([`Egress::connect`]): decided by the
 //!   policy, and if allowed a new non-blocking host socket with its connect
 //!   started comes back;
-//! - a UDP destination ([`Egress::datagram`]): decided (the VMM keeps the
-//!   verdict per socket and destination);
+//! - a UDP flow to an address ([`Egress::udp`]): decided, and if allowed a
+//!   new host UDP socket connect()ed to that one destination comes back (a
+//!   datagram to another destination asks again);
 //! - a name ([`Egress::lookup`], [`Egress::finish`]): answered at once
 //!   (policy, static map, cache) or later through a [`resolver::Lookup`]
 //!   whose eventfd the engine waits on, so the sandbox thread never blocks;
@@ -25,6 +26,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use serde::{Deserialize, Serialize};
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 use super::policy::{self, Mode};
@@ -32,7 +34,7 @@ use super::{dns, host_errno, resolver, NetConfig};
 use crate::errno::Errno;
 
 /// A destination's verdict, with what a refusal note names.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Verdict {
     pub allowed: bool,
     /// The rule or class that decided (`policy::Reason`'s text).
@@ -60,7 +62,7 @@ pub enum Refused {
 
 /// An answer of the resolver: the rcode and the addresses handed out, and
 /// what to tell the guest and count.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Resolved {
     pub rcode: u8,
     pub addrs: Vec<IpAddr>,
@@ -90,8 +92,8 @@ pub enum Resolution {
 pub trait Egress: Send + Sync + fmt::Debug {
     /// A TCP connection to `dest` from a socket of `domain` (AF_INET/AF_INET6).
     fn connect(&self, domain: i32, dest: SocketAddr) -> Result<Opened, Refused>;
-    /// May a datagram go to `dest`?
-    fn datagram(&self, dest: SocketAddr) -> Verdict;
+    /// A UDP flow to `dest` from a socket of `domain`: a host socket connected to it.
+    fn udp(&self, domain: i32, dest: SocketAddr) -> Result<Socket, Refused>;
     /// Start resolving `name` (A and AAAA).
     fn lookup(&self, name: &str) -> Resolution;
     /// The answer to a lookup `Self::lookup` returned as `Wait`, once it is done.
@@ -298,19 +300,33 @@ impl Gate {
     }
 }
 
-/// A new non-blocking host TCP socket of `domain` with its connect to `dest`
-/// started (the one place a host TCP socket to the outside is made).
-pub fn open_tcp(domain: i32, dest: SocketAddr) -> Result<Opened, Errno> {
+fn host_socket(domain: i32, stream: bool) -> Result<Socket, Errno> {
     let d = match domain {
         libc::AF_INET => Domain::IPV4,
         libc::AF_INET6 => Domain::IPV6,
         _ => return Err(Errno::EAFNOSUPPORT),
     };
-    let s = Socket::new(d, Type::STREAM.nonblocking().cloexec(), Some(Protocol::TCP)).map_err(|e| host_errno(&e))?;
+    let (t, p) = if stream { (Type::STREAM, Protocol::TCP) } else { (Type::DGRAM, Protocol::UDP) };
+    let s = Socket::new(d, t.nonblocking().cloexec(), Some(p)).map_err(|e| host_errno(&e))?;
     if domain == libc::AF_INET6 {
         // Linux's default (dual stack), whatever the host's sysctl says.
         let _ = s.set_only_v6(false);
     }
+    Ok(s)
+}
+
+/// A new non-blocking host UDP socket of `domain` connected to `dest` (the
+/// one place a host UDP socket to the outside is made).
+pub fn open_udp(domain: i32, dest: SocketAddr) -> Result<Socket, Errno> {
+    let s = host_socket(domain, false)?;
+    s.connect(&SockAddr::from(dest)).map_err(|e| host_errno(&e))?;
+    Ok(s)
+}
+
+/// A new non-blocking host TCP socket of `domain` with its connect to `dest`
+/// started (the one place a host TCP socket to the outside is made).
+pub fn open_tcp(domain: i32, dest: SocketAddr) -> Result<Opened, Errno> {
+    let s = host_socket(domain, true)?;
     match s.connect(&SockAddr::from(dest)) {
         Ok(()) => Ok(Opened { socket: s, connected: true }),
         Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => Ok(Opened { socket: s, connected: false }),
@@ -344,8 +360,12 @@ impl Egress for Direct {
         open_tcp(domain, dest).map_err(Refused::Host)
     }
 
-    fn datagram(&self, dest: SocketAddr) -> Verdict {
-        self.gate().decide(dest)
+    fn udp(&self, domain: i32, dest: SocketAddr) -> Result<Socket, Refused> {
+        let v = self.gate().decide(dest);
+        if !v.allowed {
+            return Err(Refused::Policy(v));
+        }
+        open_udp(domain, dest).map_err(Refused::Host)
     }
 
     fn lookup(&self, name: &str) -> Resolution {

@@ -36,7 +36,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+use socket2::{Domain, Socket, Type};
 
 use crate::errno::Errno;
 pub use egress::{Direct, Egress, Gate, Opened, Refused, Resolution, Resolved, Verdict};
@@ -280,9 +280,12 @@ pub static GLOBAL: GlobalNetStats = GlobalNetStats {
 enum Backend {
     /// A real host socket (non-blocking, close-on-exec).
     Host(Socket),
-    /// TCP before its connect: no host socket yet (the egress opens one for
+    /// Before its first way out: no host socket yet (the egress opens one for
     /// the destination; options set before are kept in `opts` and applied then).
     Unopened,
+    /// UDP: a host socket per destination, each connect()ed to it (the egress
+    /// opened them; at most `FLOWS_CAP`, the oldest goes first).
+    Flows(Vec<(SocketAddr, Socket)>),
     /// Connected to the VMM's resolver over TCP: length-prefixed queries in, answers out.
     ResolverStream { input: Vec<u8>, output: VecDeque<u8>, shut_wr: bool },
     /// Listening inside the sandbox (no host socket takes a port).
@@ -314,7 +317,7 @@ struct Sock {
     /// Questions to the resolver waiting for a host lookup (UDP or the TCP
     /// stream): answered into `inbox` / the stream's output once it is done.
     pending: VecDeque<(dns::Query, Arc<resolver::Lookup>)>,
-    /// UDP: destinations already decided (bounded), so a datagram stream costs one check.
+    /// UDP: destinations the egress refused (bounded), so a datagram stream costs one check.
     udp_verdicts: HashMap<SocketAddr, bool>,
     /// Set by connect (the destination, for the UDP check of connected sends).
     peer: Option<SocketAddr>,
@@ -468,6 +471,8 @@ const INBOX_BYTES: usize = 212_992;
 /// Datagrams one UDP socket holds unread from the sandbox's own sockets.
 const LOCAL_INBOX_CAP: usize = 256;
 const VERDICT_CAP: usize = 256;
+/// Destinations one UDP socket has host sockets for.
+const FLOWS_CAP: usize = 16;
 /// Questions one sandbox may have waiting for host lookups, over all its
 /// sockets (each holds its lookup's eventfd until the guest reads the answer).
 const QUESTIONS_WAITING: usize = 64;
@@ -578,24 +583,12 @@ impl NetIo {
             ));
             return Err(Errno::EMFILE);
         }
-        let d = match domain {
-            libc::AF_INET => Domain::IPV4,
-            libc::AF_INET6 => Domain::IPV6,
-            _ => return Err(Errno::EAFNOSUPPORT),
-        };
-        if stream {
-            // The host socket comes from the egress at connect, for its destination.
-            let id = self.insert(Sock::new(domain, true, Backend::Unopened));
-            self.stats.sockets_opened += 1;
-            return Ok(id);
+        if domain != libc::AF_INET && domain != libc::AF_INET6 {
+            return Err(Errno::EAFNOSUPPORT);
         }
-        let (t, p) = (Type::DGRAM, Protocol::UDP);
-        let s = Socket::new(d, t.nonblocking().cloexec(), Some(p)).map_err(|e| host_errno(&e))?;
-        if domain == libc::AF_INET6 {
-            // Linux's default (dual stack), whatever the host's sysctl says.
-            let _ = s.set_only_v6(false);
-        }
-        let id = self.insert(Sock::new(domain, stream, Backend::Host(s)));
+        // The host socket comes from the egress, for a destination: TCP's at
+        // connect, UDP's at its first datagram to each destination.
+        let id = self.insert(Sock::new(domain, stream, Backend::Unopened));
         self.stats.sockets_opened += 1;
         Ok(id)
     }
@@ -628,6 +621,7 @@ impl NetIo {
     fn host(&mut self, id: u64) -> Result<&Socket, Errno> {
         match &self.sock(id)?.backend {
             Backend::Host(s) => Ok(s),
+            Backend::Flows(f) => f.first().map(|(_, s)| s).ok_or(Errno::ENOTCONN),
             Backend::ResolverStream { .. } => Err(Errno::EOPNOTSUPP),
             Backend::Listener(_) | Backend::Unopened => Err(Errno::ENOTCONN),
         }
@@ -638,6 +632,7 @@ impl NetIo {
     pub fn host_fd(&self, id: u64) -> Option<i32> {
         match &self.socks.get(&id)?.backend {
             Backend::Host(s) => Some(s.as_raw_fd()),
+            Backend::Flows(f) => f.first().map(|(_, s)| s.as_raw_fd()),
             Backend::ResolverStream { .. } | Backend::Unopened => None,
             Backend::Listener(l) => Some(l.ready.0.as_raw_fd()),
         }
@@ -698,7 +693,7 @@ impl NetIo {
                 return Ok(());
             }
             Backend::ResolverStream { .. } => return Err(Errno::EINVAL),
-            Backend::Host(_) | Backend::Unopened => {}
+            Backend::Host(_) | Backend::Unopened | Backend::Flows(_) => {}
         }
         if s.loop_peer.is_some() || s.peer.is_some() || s.connecting.is_some() {
             return Err(Errno::EINVAL);
@@ -814,11 +809,54 @@ impl NetIo {
         }
     }
 
-    /// Decide a datagram's destination through the egress (and count, log and note a denial).
-    pub fn check(&mut self, addr: SocketAddr, what: &str) -> Verdict {
-        let v = self.egress.datagram(addr);
-        self.count(addr, what, &v);
-        v
+    /// The host socket of UDP socket `id` for `dest`: one it has, else a
+    /// new one from the egress (a refusal is remembered: ECONNREFUSED).
+    fn flow(&mut self, id: u64, dest: SocketAddr) -> Result<&Socket, Errno> {
+        let s = self.sock(id)?;
+        let has = matches!(&s.backend, Backend::Flows(f) if f.iter().any(|(d, _)| *d == dest));
+        if !has {
+            if s.udp_verdicts.contains_key(&dest) {
+                return Err(Errno::ECONNREFUSED);
+            }
+            let domain = s.domain;
+            match self.egress.udp(domain, dest) {
+                Ok(sock) => {
+                    self.count_allowed(dest, "datagram to");
+                    let s = self.sock(id)?;
+                    let fd = sock.as_raw_fd();
+                    for ((level, name), val) in &s.opts {
+                        // SAFETY: val is a readable buffer of its length.
+                        unsafe { libc::setsockopt(fd, *level, *name, val.as_ptr().cast(), val.len() as libc::socklen_t) };
+                    }
+                    match &mut s.backend {
+                        Backend::Flows(f) => {
+                            if f.len() >= FLOWS_CAP {
+                                f.remove(0);
+                            }
+                            f.push((dest, sock));
+                        }
+                        b => *b = Backend::Flows(vec![(dest, sock)]),
+                    }
+                }
+                Err(Refused::Policy(v)) => {
+                    self.count(dest, "datagram to", &v);
+                    let s = self.sock(id)?;
+                    if s.udp_verdicts.len() >= VERDICT_CAP {
+                        s.udp_verdicts.clear();
+                    }
+                    s.udp_verdicts.insert(dest, false);
+                    return Err(Errno::ECONNREFUSED);
+                }
+                Err(Refused::Host(e)) => {
+                    self.count_allowed(dest, "datagram to");
+                    return Err(e);
+                }
+            }
+        }
+        match &self.sock(id)?.backend {
+            Backend::Flows(f) => f.iter().find(|(d, _)| *d == dest).map(|(_, s)| s).ok_or(Errno::ECONNREFUSED),
+            _ => Err(Errno::ECONNREFUSED),
+        }
     }
 
     /// Count, log and (a denial) note a decision of the egress.
@@ -856,11 +894,11 @@ impl NetIo {
                 return Err(Errno::ECONNREFUSED);
             }
             Err(Refused::Host(e)) => {
-                self.count_allowed(addr);
+                self.count_allowed(addr, "connect to");
                 return Err(e);
             }
         };
-        self.count_allowed(addr);
+        self.count_allowed(addr, "connect to");
         let s = self.sock(id)?;
         let fd = opened.socket.as_raw_fd();
         for ((level, name), val) in std::mem::take(&mut s.opts) {
@@ -879,10 +917,10 @@ impl NetIo {
         }
     }
 
-    fn count_allowed(&mut self, addr: SocketAddr) {
+    fn count_allowed(&mut self, addr: SocketAddr, what: &str) {
         self.stats.connects_allowed += 1;
         GLOBAL.connects_allowed.fetch_add(1, Ordering::Relaxed);
-        tracing::debug!(target: "forkbox::net", "connect to {addr} allowed");
+        tracing::debug!(target: "forkbox::net", "{what} {addr} allowed");
     }
 
     fn account(&mut self, sent: u64, received: u64) {
@@ -916,14 +954,9 @@ impl NetIo {
             if stream {
                 return Err(Errno::EAFNOSUPPORT);
             }
+            // Its host sockets stay, each connected to its own destination.
             s.resolver_peer = false;
             s.peer = None;
-            let fd = self.host(id)?.as_raw_fd();
-            // SAFETY: an all-zero sockaddr is valid; AF_UNSPEC is what dissolves the association.
-            let mut sa: libc::sockaddr = unsafe { std::mem::zeroed() };
-            sa.sa_family = libc::AF_UNSPEC as libc::sa_family_t;
-            // SAFETY: fd is our host socket, sa a valid sockaddr of the given size.
-            unsafe { libc::connect(fd, &sa, std::mem::size_of::<libc::sockaddr>() as u32) };
             return Ok(true);
         };
         if stream && s.in_sandbox() {
@@ -952,24 +985,12 @@ impl NetIo {
         if stream {
             return self.connect_out(id, addr);
         }
-        // UDP to a socket of the sandbox: no host socket is connected (that would bind a host port).
-        let local_peer = !stream && self.find_udp_receiver(id, addr).is_some();
+        // UDP: connecting sends nothing; the egress decides (and opens the
+        // host socket) at the first datagram.
         let s = self.sock(id)?;
         s.resolver_peer = false;
         s.peer = Some(addr);
-        if local_peer {
-            return Ok(true);
-        }
-        let host = self.host(id)?;
-        // UDP: connecting sends nothing; the policy is checked on the first send.
-        match host.connect(&SockAddr::from(addr)) {
-            Ok(()) => Ok(true),
-            Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {
-                self.sock(id)?.connecting = Some(addr);
-                Ok(false)
-            }
-            Err(e) => Err(host_errno(&e)),
-        }
+        Ok(true)
     }
 
     /// The state of a connect in progress: done, failed (its error), or still going.
@@ -1003,7 +1024,7 @@ impl NetIo {
         if matches!(s.backend, Backend::Listener(_)) {
             return Err(Errno::ENOTCONN);
         }
-        if matches!(s.backend, Backend::Unopened) {
+        if s.stream && matches!(s.backend, Backend::Unopened) {
             // As Linux: a TCP socket that never connected.
             return Err(Errno::EPIPE);
         }
@@ -1049,34 +1070,17 @@ impl NetIo {
             if let Some(rid) = self.find_udp_receiver(id, dest) {
                 return self.deliver_local(id, rid, data);
             }
-            let s = self.sock(id)?;
-            let known = s.udp_verdicts.get(&dest).copied();
-            let ok = match known {
-                Some(v) => v,
-                None => {
-                    let v = self.check(dest, "datagram to").allowed;
-                    let s = self.sock(id)?;
-                    if s.udp_verdicts.len() >= VERDICT_CAP {
-                        s.udp_verdicts.clear();
-                    }
-                    s.udp_verdicts.insert(dest, v);
-                    v
-                }
-            };
-            if !ok {
-                return Err(Errno::ECONNREFUSED);
-            }
+            self.flow(id, dest)?;
         }
         let rate = self.rate_budget()?;
         let cap = |b: u64| usize::try_from(b).unwrap_or(usize::MAX);
         let data = if stream { &data[..data.len().min(cap(budget)).min(cap(rate))] } else { data };
-        let host = self.host(id)?;
-        let flags = (flags & (libc::MSG_MORE | libc::MSG_EOR)) | libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
-        let r = match to {
-            Some(a) if !stream => host.send_to_with_flags(data, &SockAddr::from(a), flags),
-            _ => host.send_with_flags(data, flags),
+        let host = match dest {
+            Some(d) if !stream => self.flow(id, d)?,
+            _ => self.host(id)?,
         };
-        let n = r.map_err(|e| host_errno(&e))?;
+        let flags = (flags & (libc::MSG_MORE | libc::MSG_EOR)) | libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
+        let n = host.send_with_flags(data, flags).map_err(|e| host_errno(&e))?;
         self.account(n as u64, 0);
         self.rate_take(n as u64);
         Ok(n)
@@ -1124,27 +1128,21 @@ impl NetIo {
             let n = if stream { buf.len().min(usize::try_from(rate).unwrap_or(usize::MAX)) } else { buf.len() };
             &mut buf[..n]
         };
-        let host = self.host(id)?;
         let flags = (flags & (libc::MSG_PEEK | libc::MSG_TRUNC | libc::MSG_WAITALL)) | libc::MSG_DONTWAIT;
-        let fd = host.as_raw_fd();
-        // SAFETY: sockaddr_storage is plain data; all zeroes is a valid value.
-        let mut from: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-        let mut from_len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-        let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
-        // SAFETY: zeroed msghdr, then pointers to live locals/the buffer with their sizes.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_name = (&mut from as *mut libc::sockaddr_storage).cast();
-        msg.msg_namelen = from_len;
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        // SAFETY: fd is our host socket; msg points to valid memory as set above.
-        let n = unsafe { libc::recvmsg(fd, &mut msg, flags & !libc::MSG_WAITALL) };
-        if n < 0 {
-            return Err(host_errno(&std::io::Error::last_os_error()));
+        // UDP: the first of its destinations' host sockets with a datagram.
+        let fds: Vec<i32> = match &self.sock(id)?.backend {
+            Backend::Flows(f) => f.iter().map(|(_, s)| s.as_raw_fd()).collect(),
+            Backend::Unopened if !stream => return Err(Errno::EAGAIN),
+            _ => vec![self.host(id)?.as_raw_fd()],
+        };
+        let mut got = Err(Errno::EAGAIN);
+        for fd in fds {
+            got = recv_host(fd, buf, flags & !libc::MSG_WAITALL);
+            if !matches!(got, Err(Errno::EAGAIN)) {
+                break;
+            }
         }
-        from_len = msg.msg_namelen;
-        let truncated = msg.msg_flags & libc::MSG_TRUNC != 0;
-        let n = n as usize;
+        let (n, from, from_len, truncated) = got?;
         if !peek && !local {
             self.account(0, n.min(buf.len()) as u64);
             self.rate_take(n.min(buf.len()) as u64);
@@ -1193,7 +1191,29 @@ impl NetIo {
                 }
             }
             // As Linux shows a TCP socket that never connected.
-            Backend::Unopened => events & (libc::POLLOUT | libc::POLLWRNORM) | libc::POLLHUP,
+            Backend::Unopened if s.stream => events & (libc::POLLOUT | libc::POLLWRNORM) | libc::POLLHUP,
+            Backend::Unopened => {
+                let mut r = events & (libc::POLLOUT | libc::POLLWRNORM);
+                if !s.inbox.is_empty() || s.answer_ready() {
+                    r |= events & (libc::POLLIN | libc::POLLRDNORM);
+                }
+                r
+            }
+            Backend::Flows(f) => {
+                let mut r = 0;
+                if !s.inbox.is_empty() || s.answer_ready() {
+                    r |= events & (libc::POLLIN | libc::POLLRDNORM);
+                }
+                let want = if self.throttled() { want & !RATE_HELD } else { want };
+                for (_, h) in f {
+                    let mut p = libc::pollfd { fd: h.as_raw_fd(), events: want, revents: 0 };
+                    // SAFETY: one valid pollfd, zero timeout.
+                    if unsafe { libc::poll(&mut p, 1, 0) } > 0 {
+                        r |= p.revents;
+                    }
+                }
+                r
+            }
             Backend::ResolverStream { output, .. } => {
                 let mut r = events & (libc::POLLOUT | libc::POLLWRNORM);
                 if !output.is_empty() || s.answer_ready() {
@@ -1237,11 +1257,17 @@ impl NetIo {
     /// The eventfds of the host lookups that socket `id`'s questions to the
     /// resolver wait for: the engine waits on them with the host sockets, so
     /// an answer coming in ends the guest's wait.
+    /// Also a UDP socket's host sockets past its first (`pollfd` gives that one).
     pub fn lookup_pollfds(&self, id: u64, events: i16, out: &mut Vec<libc::pollfd>) {
+        let Some(s) = self.socks.get(&id) else { return };
+        if let (Backend::Flows(f), Some(first)) = (&s.backend, self.pollfd(id, events)) {
+            for (_, h) in f.iter().skip(1) {
+                out.push(libc::pollfd { fd: h.as_raw_fd(), events: first.events, revents: 0 });
+            }
+        }
         if events & (libc::POLLIN | libc::POLLRDNORM) == 0 {
             return;
         }
-        let Some(s) = self.socks.get(&id) else { return };
         for (_, l) in &s.pending {
             let fd = l.fd();
             if !out.iter().any(|p| p.fd == fd) {
@@ -1283,6 +1309,9 @@ impl NetIo {
         if let Some(p) = s.loop_peer {
             return Ok(p);
         }
+        if !s.stream {
+            return s.peer.ok_or(Errno::ENOTCONN);
+        }
         let a = self.host(id)?.peer_addr().map_err(|e| host_errno(&e))?;
         a.as_socket().ok_or(Errno::ENOTCONN)
     }
@@ -1311,17 +1340,13 @@ impl NetIo {
             self.sock(id)?.local = Some(addr);
             return Ok(());
         }
-        // UDP: the wildcard with port 0 binds the host socket (an ephemeral host
-        // port for traffic out); any other loopback or wildcard address is a
-        // binding in the sandbox's own UDP port table (port 0: an ephemeral
-        // one), which the sandbox's other sockets send to; never a host port.
+        // UDP: a loopback or wildcard address is a binding in the sandbox's
+        // own UDP port table (port 0: an ephemeral one), which the sandbox's
+        // other sockets send to; never a host port (each destination's host
+        // socket has an ephemeral port of its own).
         let ip = addr.ip();
-        let wildcard = ip.is_unspecified() || policy::canonical(ip).is_some_and(|v| v.is_unspecified());
         if s.local.is_some() {
             return Err(Errno::EINVAL);
-        }
-        if wildcard && addr.port() == 0 {
-            return self.host(id)?.bind(&SockAddr::from(addr)).map_err(|e| host_errno(&e));
         }
         if !sandbox_local(ip) {
             return Err(Errno::EADDRNOTAVAIL);
@@ -1484,10 +1509,20 @@ impl NetIo {
                 return Ok(());
             }
         }
-        let fd = self.host(id)?.as_raw_fd();
-        // SAFETY: val is a readable buffer of its length.
-        if unsafe { libc::setsockopt(fd, level, name, val.as_ptr().cast(), val.len() as libc::socklen_t) } != 0 {
-            return Err(host_errno(&std::io::Error::last_os_error()));
+        let fds: Vec<i32> = match &s.backend {
+            Backend::Flows(f) => f.iter().map(|(_, h)| h.as_raw_fd()).collect(),
+            _ => vec![self.host(id)?.as_raw_fd()],
+        };
+        for fd in fds {
+            // SAFETY: val is a readable buffer of its length.
+            if unsafe { libc::setsockopt(fd, level, name, val.as_ptr().cast(), val.len() as libc::socklen_t) } != 0 {
+                return Err(host_errno(&std::io::Error::last_os_error()));
+            }
+        }
+        // UDP: the host sockets of destinations to come get it too.
+        let s = self.sock(id)?;
+        if !s.stream && (s.opts.len() < OPTS_CAP || s.opts.contains_key(&(level, name))) {
+            s.opts.insert((level, name), val.to_vec());
         }
         Ok(())
     }
@@ -1499,7 +1534,22 @@ impl NetIo {
         match &s.backend {
             Backend::ResolverStream { output, .. } => Ok(output.len() as i32),
             Backend::Listener(_) => Err(Errno::EINVAL),
-            Backend::Unopened => Ok(0),
+            Backend::Unopened => Ok(s.inbox.front().map_or(0, |(m, _)| i32::try_from(m.len()).unwrap_or(i32::MAX))),
+            Backend::Flows(f) => {
+                if let Some((m, _)) = s.inbox.front() {
+                    return Ok(i32::try_from(m.len()).unwrap_or(i32::MAX));
+                }
+                let mut total: libc::c_int = 0;
+                for (_, h) in f {
+                    let mut n: libc::c_int = 0;
+                    // SAFETY: FIONREAD writes one int.
+                    if unsafe { libc::ioctl(h.as_raw_fd(), libc::FIONREAD, &mut n) } == 0 && n > 0 {
+                        total = n;
+                        break;
+                    }
+                }
+                Ok(total)
+            }
             Backend::Host(h) => {
                 if let Some((m, _)) = s.inbox.front() {
                     return Ok(i32::try_from(m.len()).unwrap_or(i32::MAX));
@@ -1614,6 +1664,26 @@ enum Reply {
     /// Answered once the host lookup is done.
     Later(dns::Query, Arc<resolver::Lookup>),
     Drop,
+}
+
+/// One recvmsg on host socket `fd`: the length, the source as the kernel
+/// wrote it, and whether the datagram was truncated.
+fn recv_host(fd: i32, buf: &mut [u8], flags: i32) -> Result<(usize, libc::sockaddr_storage, libc::socklen_t, bool), Errno> {
+    // SAFETY: sockaddr_storage is plain data; all zeroes is a valid value.
+    let mut from: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    // SAFETY: zeroed msghdr, then pointers to live locals/the buffer with their sizes.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_name = (&mut from as *mut libc::sockaddr_storage).cast();
+    msg.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    // SAFETY: fd is our host socket; msg points to valid memory as set above.
+    let n = unsafe { libc::recvmsg(fd, &mut msg, flags) };
+    if n < 0 {
+        return Err(host_errno(&std::io::Error::last_os_error()));
+    }
+    Ok((n as usize, from, msg.msg_namelen, msg.msg_flags & libc::MSG_TRUNC != 0))
 }
 
 /// A host sockaddr (as the kernel wrote it) as a `SocketAddr`.

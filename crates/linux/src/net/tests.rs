@@ -203,12 +203,13 @@ fn domain_rules_match_names_handed_out_by_the_resolver() {
     let mut cfg = NetConfig::with_policy(Policy::allowlist(vec!["*.allowed.test".parse().unwrap()]));
     cfg.hosts.insert("api.allowed.test".into(), vec!["93.184.215.14".parse().unwrap()]);
     cfg.hosts.insert("other.test".into(), vec!["93.184.215.15".parse().unwrap()]);
-    let mut n = NetIo::new(Arc::new(cfg));
+    let (mut n, g) = direct(cfg);
     assert_eq!(n.resolve("other.test").0, dns::RCODE_REFUSED);
     assert_eq!(n.resolve("API.allowed.test.").1, vec!["93.184.215.14".parse::<IpAddr>().unwrap()]);
-    let d = n.check("93.184.215.14:443".parse().unwrap(), "connect to");
+    let d = g.gate().decide("93.184.215.14:443".parse().unwrap());
     assert!(d.allowed, "{d:?}");
-    assert!(!n.check("93.184.215.15:443".parse().unwrap(), "connect to").allowed);
+    assert_eq!(d.names, vec!["api.allowed.test".to_string()]);
+    assert!(!g.gate().decide("93.184.215.15:443".parse().unwrap()).allowed);
     let mut off = net(Policy::none());
     assert_eq!(off.resolve("anything.test").0, dns::RCODE_REFUSED);
 }
@@ -377,4 +378,68 @@ fn an_allowlist_answers_names_no_rule_matches_without_a_lookup() {
     assert!(n.config.may_resolve("a.ok.test") && n.config.may_resolve("EXACT.test."));
     let any = net(Policy::allowlist(vec!["*:443".parse().unwrap()]));
     assert!(any.config.may_resolve("anything.test"), "`*` could match any name");
+}
+
+/// An egress that refuses everything and counts what it was asked.
+#[derive(Debug, Default)]
+struct Refuser {
+    asked: std::sync::Mutex<Vec<String>>,
+}
+
+impl Egress for Refuser {
+    fn connect(&self, domain: i32, dest: SocketAddr) -> Result<Opened, Refused> {
+        self.asked.lock().unwrap().push(format!("tcp {domain} {dest}"));
+        Err(Refused::Policy(Verdict { allowed: false, reason: "test".into(), names: vec![] }))
+    }
+    fn udp(&self, domain: i32, dest: SocketAddr) -> Result<Socket, Refused> {
+        self.asked.lock().unwrap().push(format!("udp {domain} {dest}"));
+        Err(Refused::Host(Errno(libc::ENETUNREACH)))
+    }
+    fn lookup(&self, name: &str) -> Resolution {
+        self.asked.lock().unwrap().push(format!("lookup {name}"));
+        Resolution::Done(Resolved { rcode: dns::RCODE_NXDOMAIN, ..Resolved::default() })
+    }
+    fn finish(&self, _: &resolver::Lookup) -> Resolved {
+        Resolved::default()
+    }
+    fn cancel_lookups(&self) {}
+}
+
+#[test]
+fn every_way_out_goes_through_the_egress() {
+    let e = Arc::new(Refuser::default());
+    // The NetIo's own config says public: only the egress decides.
+    let mut n = NetIo::with_egress(Arc::new(NetConfig::with_policy(Policy::public())), e.clone());
+    let t = n.socket(libc::AF_INET6, true).unwrap();
+    // Before a connect there is no host socket: options are kept, the socket reads as unconnected.
+    n.setsockopt(t, libc::SOL_SOCKET, libc::SO_KEEPALIVE, &1i32.to_le_bytes()).unwrap();
+    assert_eq!(n.getsockopt(t, libc::SOL_SOCKET, libc::SO_KEEPALIVE, 4).unwrap(), 1i32.to_le_bytes());
+    assert_eq!(n.host_fd(t), None);
+    assert_eq!(n.poll(t, libc::POLLOUT), libc::POLLOUT | libc::POLLHUP);
+    assert_eq!(n.send(t, b"x", None, 0), Err(Errno::EPIPE));
+    assert_eq!(n.peer_addr(t), Err(Errno::ENOTCONN));
+    assert_eq!(n.connect(t, Some(sa("[2001:db8::1]:443"))), Err(Errno::ECONNREFUSED));
+    assert!(n.notes.iter().any(|m| m.contains("refused by the egress policy: test")), "{:?}", n.notes);
+    let u = n.socket(libc::AF_INET, false).unwrap();
+    assert!(n.connect(u, Some(sa("192.0.2.1:53"))).unwrap(), "a UDP connect sends nothing");
+    assert_eq!(n.peer_addr(u).unwrap(), sa("192.0.2.1:53"));
+    assert_eq!(n.send(u, b"x", None, 0), Err(Errno(libc::ENETUNREACH)));
+    assert_eq!(n.send(u, b"y", Some(sa("192.0.2.2:9")), 0), Err(Errno(libc::ENETUNREACH)));
+    let mut b = [0u8; 8];
+    assert_eq!(n.recv(u, &mut b, 0), Err(Errno::EAGAIN));
+    let r = n.socket(libc::AF_INET, false).unwrap();
+    n.send(r, &query(1, "x.test", dns::TYPE_A), Some(resolver_addr()), 0).unwrap();
+    let (k, _, _) = n.recv(r, &mut b, 0).map(|(k, a, t)| (k, a, t)).unwrap_or((0, None, false));
+    assert!(k <= b.len());
+    assert_eq!(
+        *e.asked.lock().unwrap(),
+        ["tcp 10 [2001:db8::1]:443", "udp 2 192.0.2.1:53", "udp 2 192.0.2.2:9", "lookup x.test"]
+    );
+    // Loopback inside the sandbox never asks the egress.
+    let l = n.socket(libc::AF_INET, true).unwrap();
+    n.bind(l, sa("127.0.0.1:8080")).unwrap();
+    n.listen(l, 1).unwrap();
+    let c = n.socket(libc::AF_INET, true).unwrap();
+    assert!(n.connect(c, Some(sa("127.0.0.1:8080"))).unwrap());
+    assert_eq!(e.asked.lock().unwrap().len(), 4);
 }
