@@ -244,6 +244,14 @@ impl std::fmt::Debug for Link {
     }
 }
 
+impl Drop for Link {
+    fn drop(&mut self) {
+        // The reader thread holds a clone: shut the socket down so the broker
+        // and that thread both see its end.
+        let _ = self.sock.lock().unwrap_or_else(|e| e.into_inner()).shutdown(std::net::Shutdown::Both);
+    }
+}
+
 impl Link {
     /// Start reading answers on `sock` (a thread of its own).
     pub fn start(sock: UnixStream) -> std::io::Result<Arc<Link>> {
