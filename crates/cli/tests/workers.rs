@@ -324,9 +324,8 @@ async fn workers_have_no_network_and_their_egress_goes_through_the_broker() {
     let (st, v) = s.call(reqwest::Method::POST, "/v1/sessions", &s.key, Some(json!({}))).await;
     assert_eq!(st, 201, "{v}");
     let sid = v["id"].as_str().unwrap().to_string();
-    let (st, v) = s
-        .call(reqwest::Method::POST, &format!("/v1/sessions/{sid}/exec"), &s.key, Some(json!({ "code": code })))
-        .await;
+    let (st, v) =
+        s.call(reqwest::Method::POST, &format!("/v1/sessions/{sid}/exec"), &s.key, Some(json!({ "code": code }))).await;
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["value"], "(b'hello', b'ping', 'ConnectionRefusedError')", "{v}");
     let workers = s.workers().await;

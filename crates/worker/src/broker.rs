@@ -48,23 +48,51 @@ const ANSWERS_KEPT: usize = 64;
 #[derive(Debug, Serialize, Deserialize)]
 pub enum ToBroker {
     /// A TCP connection from a socket of `domain` (AF_INET/AF_INET6).
-    Connect { req: u64, sandbox: u64, domain: i32, dest: SocketAddr },
+    Connect {
+        req: u64,
+        sandbox: u64,
+        domain: i32,
+        dest: SocketAddr,
+    },
     /// A UDP flow: a host socket connected to `dest`.
-    Udp { req: u64, sandbox: u64, domain: i32, dest: SocketAddr },
-    Lookup { req: u64, sandbox: u64, name: String },
+    Udp {
+        req: u64,
+        sandbox: u64,
+        domain: i32,
+        dest: SocketAddr,
+    },
+    Lookup {
+        req: u64,
+        sandbox: u64,
+        name: String,
+    },
     /// End the sandbox's lookups now (SERVFAIL).
-    Cancel { sandbox: u64 },
+    Cancel {
+        sandbox: u64,
+    },
 }
 
 /// The broker's answer to request `req`.
 #[derive(Debug, Serialize, Deserialize)]
 pub enum FromBroker {
     /// The socket comes with this frame (a TCP connect: done or in progress).
-    Opened { req: u64, connected: bool },
-    Refused { req: u64, verdict: Verdict },
+    Opened {
+        req: u64,
+        connected: bool,
+    },
+    Refused {
+        req: u64,
+        verdict: Verdict,
+    },
     /// Allowed, but the host failed (its errno).
-    Failed { req: u64, errno: i32 },
-    Resolved { req: u64, resolved: Resolved },
+    Failed {
+        req: u64,
+        errno: i32,
+    },
+    Resolved {
+        req: u64,
+        resolved: Resolved,
+    },
 }
 
 impl FromBroker {
@@ -195,9 +223,7 @@ pub fn serve(sock: UnixStream, policies: Arc<Policies>) -> Result<(), BrokerErro
             ToBroker::Lookup { req, sandbox, name } => {
                 let resolved = match policies.gate(sandbox) {
                     None => Resolved { rcode: dns::RCODE_REFUSED, note: Some(unknown().reason), ..Resolved::default() },
-                    Some(_) if name.len() > NAME_MAX => {
-                        Resolved { rcode: dns::RCODE_FORMERR, ..Resolved::default() }
-                    }
+                    Some(_) if name.len() > NAME_MAX => Resolved { rcode: dns::RCODE_FORMERR, ..Resolved::default() },
                     Some(gate) => {
                         let step = lock(&gate).begin(&name);
                         match step {
@@ -223,11 +249,14 @@ pub fn serve(sock: UnixStream, policies: Arc<Policies>) -> Result<(), BrokerErro
     }
 }
 
+/// Where the broker's answer to a lookup goes once it is in.
+type Answer = Arc<Mutex<Option<Resolved>>>;
+
 /// A question to the broker a sandbox thread waits for, or a lookup whose
 /// answer completes a local [`Lookup`].
 enum Waiter {
     Answer(SyncSender<(FromBroker, Option<OwnedFd>)>),
-    Lookup(Arc<Lookup>, Arc<Mutex<Option<Resolved>>>),
+    Lookup(Arc<Lookup>, Answer),
 }
 
 /// The worker's end of the broker's socket, shared by its sandboxes: one
@@ -287,7 +316,8 @@ impl Link {
                     FromBroker::Resolved { resolved, .. } => resolved,
                     _ => Resolved { rcode: dns::RCODE_SERVFAIL, ..Resolved::default() },
                 };
-                let outcome = if resolved.rcode == dns::RCODE_OK { Ok(resolved.addrs.clone()) } else { Err(resolved.rcode) };
+                let outcome =
+                    if resolved.rcode == dns::RCODE_OK { Ok(resolved.addrs.clone()) } else { Err(resolved.rcode) };
                 *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(resolved);
                 l.complete(outcome);
             }
@@ -335,7 +365,7 @@ pub struct Brokered {
     link: Arc<Link>,
     sandbox: u64,
     /// Recent lookups (name, local lookup, the broker's answer once in).
-    lookups: Mutex<VecDeque<(String, Arc<Lookup>, Arc<Mutex<Option<Resolved>>>)>>,
+    lookups: Mutex<VecDeque<(String, Arc<Lookup>, Answer)>>,
 }
 
 impl Brokered {
@@ -352,7 +382,9 @@ impl Egress for Brokered {
     fn connect(&self, domain: i32, dest: SocketAddr) -> Result<Opened, Refused> {
         let sandbox = self.sandbox;
         match self.link.ask(|req| ToBroker::Connect { req, sandbox, domain, dest }) {
-            Some((FromBroker::Opened { connected, .. }, Some(fd))) => Ok(Opened { socket: Socket::from(fd), connected }),
+            Some((FromBroker::Opened { connected, .. }, Some(fd))) => {
+                Ok(Opened { socket: Socket::from(fd), connected })
+            }
             Some((FromBroker::Refused { verdict, .. }, _)) => Err(Refused::Policy(verdict)),
             Some((FromBroker::Failed { errno, .. }, _)) => Err(Refused::Host(Errno(errno))),
             _ => Err(Refused::Policy(Brokered::unavailable())),

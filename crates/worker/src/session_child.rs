@@ -56,7 +56,12 @@ struct ChannelCtl {
 }
 
 /// Serve the control socket until the API process closes it.
-pub(crate) fn serve(hello: Hello, templates: Templates, link: Arc<Link>, control: UnixStream) -> Result<(), ProtocolError> {
+pub(crate) fn serve(
+    hello: Hello,
+    templates: Templates,
+    link: Arc<Link>,
+    control: UnixStream,
+) -> Result<(), ProtocolError> {
     let shared = Arc::new(Shared {
         hello,
         link,

@@ -2,6 +2,7 @@
 //! served on a thread over a socketpair as the API process serves a worker.
 //! The policy that counts is the one registered with the broker, never the
 //! one the worker's side holds.
+#![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, UdpSocket};
@@ -10,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use forkbox_linux::errno::Errno;
-use forkbox_linux::net::{dns, resolver, NetConfig, NetIo, Policy, RESOLVER, DNS_PORT};
+use forkbox_linux::net::{dns, resolver, NetConfig, NetIo, Policy, DNS_PORT, RESOLVER};
 use forkbox_worker::broker::{serve, BrokerError, Brokered, Link, Policies};
 
 struct Setup {
@@ -99,7 +100,11 @@ fn connections_are_opened_by_the_broker_under_the_registered_policy() {
     let o = other.local_addr().unwrap();
     assert_eq!(n.connect(id2, Some(o)), Err(Errno::ECONNREFUSED));
     assert_eq!(n.stats.connects_denied, 1);
-    assert!(n.notes.iter().any(|m| m.contains(&format!("connect to {o} refused by the egress policy"))), "{:?}", n.notes);
+    assert!(
+        n.notes.iter().any(|m| m.contains(&format!("connect to {o} refused by the egress policy"))),
+        "{:?}",
+        n.notes
+    );
 
     // A sandbox id the broker holds no policy for gets nothing, whatever it claims.
     let mut stranger = net(&s, 99, NetConfig::with_policy(Policy::public()));

@@ -1,8 +1,9 @@
 //! Guest networking the gVisor-hostinet way: the VMM owns real, non-blocking
 //! host sockets and moves bytes between them and guest memory; the guest
-//! never holds a host fd. Every destination goes through the egress policy
-//! (`policy`) on the host, at connect time for TCP and on the first datagram
-//! to each destination for UDP; the VMM's resolver (`dns`, answering the
+//! never holds a host fd. The host sockets come from the sandbox's egress
+//! (`egress`: decided and opened in-process, or by a worker's broker): every
+//! destination goes through the egress policy (`policy`), at connect time
+//! for TCP and on the first datagram to each destination for UDP; the VMM's resolver (`dns`, answering the
 //! guest's `/etc/resolv.conf` nameserver `RESOLVER`) resolves names on the
 //! host (`resolver`: a bounded pool that never blocks the sandbox's thread)
 //! and hands out only addresses the policy allows.
@@ -826,7 +827,9 @@ impl NetIo {
                     let fd = sock.as_raw_fd();
                     for ((level, name), val) in &s.opts {
                         // SAFETY: val is a readable buffer of its length.
-                        unsafe { libc::setsockopt(fd, *level, *name, val.as_ptr().cast(), val.len() as libc::socklen_t) };
+                        unsafe {
+                            libc::setsockopt(fd, *level, *name, val.as_ptr().cast(), val.len() as libc::socklen_t)
+                        };
                     }
                     match &mut s.backend {
                         Backend::Flows(f) => {
@@ -1318,8 +1321,8 @@ impl NetIo {
 
     /// bind(). TCP: a loopback or wildcard address of the sandbox (port 0: an
     /// ephemeral one), in the sandbox's port table (EADDRINUSE); the host
-    /// socket is never bound. UDP: only the wildcard with port 0 (the host
-    /// picks the port); a sandbox never takes a host port.
+    /// socket is never bound. UDP: the same in the sandbox's UDP port table;
+    /// a sandbox never takes a host port.
     pub fn bind(&mut self, id: u64, addr: SocketAddr) -> Result<(), Errno> {
         let s = self.sock(id)?;
         if s.stream {
@@ -1668,7 +1671,11 @@ enum Reply {
 
 /// One recvmsg on host socket `fd`: the length, the source as the kernel
 /// wrote it, and whether the datagram was truncated.
-fn recv_host(fd: i32, buf: &mut [u8], flags: i32) -> Result<(usize, libc::sockaddr_storage, libc::socklen_t, bool), Errno> {
+fn recv_host(
+    fd: i32,
+    buf: &mut [u8],
+    flags: i32,
+) -> Result<(usize, libc::sockaddr_storage, libc::socklen_t, bool), Errno> {
     // SAFETY: sockaddr_storage is plain data; all zeroes is a valid value.
     let mut from: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
     let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
