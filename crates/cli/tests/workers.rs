@@ -229,8 +229,8 @@ async fn workers_are_jailed_and_see_no_keys_or_sessions() {
         let uid = w["uid"].as_u64().unwrap();
         uids.push(uid);
         assert_jailed(pid, uid, server);
-        // Egress `public` (the default): the sandboxes' sockets are host sockets, so the host's network.
-        assert_eq!(ns(pid as u32, "net"), ns(server, "net"), "worker {pid}");
+        // No network of its own, whatever the egress policy: the broker in the server opens its sandboxes' sockets.
+        assert_ne!(ns(pid as u32, "net"), ns(server, "net"), "worker {pid}");
         // Its root: the data directory's images, templates and packages, read-only; no keys, no sessions.
         let root = Path::new("/proc").join(pid.to_string()).join("root");
         let mut home: Vec<String> = std::fs::read_dir(root.join("home"))
@@ -261,24 +261,87 @@ async fn workers_are_jailed_and_see_no_keys_or_sessions() {
     assert_eq!(v["value"], "42", "{v}");
 }
 
-/// `--egress none`: no sandbox may reach anything, and the workers have an
-/// empty network namespace of their own; execs (and their sockets' refusals) are unchanged.
+/// Exec and session workers have no network: an empty network namespace of
+/// their own (only `lo`), and a filter that lets them open no socket (the
+/// test-only action's socket(AF_INET) kills the worker). Their sandboxes'
+/// connections, datagrams and lookups go through the egress broker in the
+/// server, under the policy the server holds: an allowlisted loopback service
+/// is reached, anything else on loopback is refused with the usual note.
 #[tokio::test(flavor = "multi_thread")]
-async fn with_egress_none_the_workers_have_no_network() {
-    let s = start(&["--exec-slots", "1", "--egress", "none"]);
-    let code = "import socket\ns = socket.socket()\ntry:\n    s.connect(('1.1.1.1', 80))\n    r = 'connected'\nexcept OSError as e:\n    r = type(e).__name__\n(r, 6 * 7)";
-    let (st, v) = s.exec(code).await;
+async fn workers_have_no_network_and_their_egress_goes_through_the_broker() {
+    let service = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = service.local_addr().unwrap().port();
+    let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let uport = udp.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for c in service.incoming() {
+            let Ok(mut c) = c else { return };
+            use std::io::{Read, Write};
+            let mut b = [0u8; 5];
+            if c.read_exact(&mut b).is_ok() {
+                let _ = c.write_all(&b);
+            }
+        }
+    });
+    std::thread::spawn(move || {
+        let mut b = [0u8; 64];
+        while let Ok((n, from)) = udp.recv_from(&mut b) {
+            let _ = udp.send_to(&b[..n], from);
+        }
+    });
+    let allow = [format!("127.0.0.1:{port}"), format!("127.0.0.1:{uport}")];
+    let s = start(&["--exec-slots", "1", "--egress-allow", &allow[0], "--egress-allow", &allow[1]]);
+    let code = format!(
+        "import socket\n\
+         c = socket.create_connection(('127.0.0.1', {port}), timeout=10)\n\
+         c.sendall(b'hello')\n\
+         got = c.recv(5)\n\
+         u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+         u.settimeout(10)\n\
+         u.sendto(b'ping', ('127.0.0.1', {uport}))\n\
+         back = u.recv(16)\n\
+         try:\n\
+         \x20   socket.create_connection(('127.0.0.1', {other}), timeout=10)\n\
+         \x20   r = 'connected'\n\
+         except OSError as e:\n\
+         \x20   r = type(e).__name__\n\
+         (got, back, r)",
+        other = port.wrapping_add(1).max(1)
+    );
+    let (st, v) = s.exec(&code).await;
     assert_eq!(st, 200, "{v}");
-    assert_eq!(v["value"], "('ConnectionRefusedError', 42)", "{v}");
-    assert!(v["stderr"].as_str().unwrap().contains("refused by the egress policy: network: none"), "{v}");
+    assert_eq!(v["value"], "(b'hello', b'ping', 'ConnectionRefusedError')", "{v}");
+    assert!(v["stderr"].as_str().unwrap().contains("refused by the egress policy: loopback"), "{v}");
     let workers = s.settled_workers().await;
     assert_eq!(workers.len(), 1);
     let pid = workers[0]["pid"].as_u64().unwrap() as u32;
     assert_ne!(ns(pid, "net"), ns(s.proc.id(), "net"));
-    // Nothing but a loopback interface, and it is down.
+    // Nothing but a loopback interface.
     let dev = std::fs::read_to_string(format!("/proc/{pid}/net/dev")).unwrap();
     let ifaces: Vec<&str> = dev.lines().skip(2).filter_map(|l| l.split(':').next()).map(str::trim).collect();
     assert_eq!(ifaces, ["lo"], "{dev}");
+    // A session worker too.
+    let (st, v) = s.call(reqwest::Method::POST, "/v1/sessions", &s.key, Some(json!({}))).await;
+    assert_eq!(st, 201, "{v}");
+    let sid = v["id"].as_str().unwrap().to_string();
+    let (st, v) =
+        s.call(reqwest::Method::POST, &format!("/v1/sessions/{sid}/exec"), &s.key, Some(json!({ "code": code }))).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["value"], "(b'hello', b'ping', 'ConnectionRefusedError')", "{v}");
+    let workers = s.workers().await;
+    let session_pid = workers
+        .iter()
+        .find(|w| w["kind"] == "sessions")
+        .and_then(|w| w["pid"].as_u64())
+        .unwrap_or_else(|| panic!("no session worker: {workers:?}")) as u32;
+    assert_ne!(ns(session_pid, "net"), ns(s.proc.id(), "net"));
+    // The worker's own AF_INET socket: its filter kills it, only that exec fails.
+    let (st, v) = s.exec("#forkbox-test: inet-socket").await;
+    assert_eq!(st, 502, "{v}");
+    assert_eq!(v["error"]["code"], "sandbox_crashed", "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("seccomp"), "{v}");
+    let (st, v) = s.exec("6 * 7").await;
+    assert_eq!(st, 200, "{v}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -31,7 +31,9 @@
 //! — and any ioctl but the listed ones. A forbidden call kills the process
 //! (SECCOMP_RET_KILL_PROCESS). Sandbox worker processes (`forkbox_worker`,
 //! the default isolation) get the narrower [`enter_worker`] list: no host file
-//! call that names a path for writing, `openat` only to read.
+//! call that names a path for writing, `openat` only to read, and no network
+//! (`socket` only for AF_UNIX, refused with EACCES; no connect, bind, listen,
+//! accept): their sandboxes' host sockets come from the egress broker.
 //!
 //! Modes (`FORKBOX_SECCOMP`): `enforce` (the default), `eperm` (a learning
 //! phase: a forbidden call fails with EPERM, nothing is killed), `off`.
@@ -262,6 +264,12 @@ const NOT_IN_WORKERS: &[i64] = &[
     libc::SYS_statfs,
     libc::SYS_copy_file_range,
     libc::SYS_openat,
+    // A worker has no network: its sandboxes' host sockets come from the
+    // egress broker (already connected, over its AF_UNIX socket to the API process).
+    libc::SYS_connect,
+    libc::SYS_bind,
+    libc::SYS_listen,
+    libc::SYS_accept4,
 ];
 
 /// `openat` flags that create, truncate or open for writing (`O_TMPFILE`'s own bit included).
@@ -344,8 +352,13 @@ fn rules(profile: Profile) -> Result<BTreeMap<i64, Vec<SeccompRule>>, seccompile
         libc::SYS_fcntl,
         fcntls.iter().map(|&c| SeccompRule::new(vec![eq32(1, c as u64)?])).collect::<Result<_, _>>()?,
     );
-    // socket: only the families the VMM serves on the host (AF_UNIX: see `unix_sockets_eacces`).
-    let families = [libc::AF_INET, libc::AF_INET6, libc::AF_NETLINK, libc::AF_UNIX];
+    // socket: only the families the VMM serves on the host (AF_UNIX: see
+    // `unix_sockets_eacces`); in a worker none but AF_UNIX (which fails with
+    // EACCES): it opens no socket, the egress broker does.
+    let families: &[i32] = match profile {
+        Profile::Worker => &[libc::AF_UNIX],
+        _ => &[libc::AF_INET, libc::AF_INET6, libc::AF_NETLINK, libc::AF_UNIX],
+    };
     m.insert(
         libc::SYS_socket,
         families.iter().map(|&f| SeccompRule::new(vec![eq32(0, f as u64)?])).collect::<Result<_, _>>()?,
@@ -561,5 +574,13 @@ mod tests {
         let worker = rules(Profile::Worker).unwrap();
         assert!(!worker.contains_key(&libc::SYS_rename) && !worker.contains_key(&libc::SYS_unlink));
         assert_eq!(worker[&libc::SYS_openat].len(), 1, "openat is conditional in workers");
+        // No network in a worker: socket only for AF_UNIX, no connect, bind, listen or accept.
+        assert_eq!(worker[&libc::SYS_socket].len(), 1, "socket: AF_UNIX only in workers");
+        for nr in [libc::SYS_connect, libc::SYS_bind, libc::SYS_listen, libc::SYS_accept4] {
+            assert!(!worker.contains_key(&nr), "a worker may not call {nr}");
+        }
+        let threads = rules(Profile::GuestThread).unwrap();
+        assert_eq!(threads[&libc::SYS_socket].len(), 4);
+        assert!(threads.contains_key(&libc::SYS_connect));
     }
 }

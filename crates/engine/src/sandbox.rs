@@ -422,6 +422,15 @@ impl Sandbox {
         &self.limits
     }
 
+    /// Let `egress` decide and open this sandbox's way out (a worker's
+    /// broker) instead of this process. For a sandbox just made (forked or
+    /// resumed), before its first exec: its host-side network state starts
+    /// afresh.
+    pub fn set_egress(&mut self, egress: std::sync::Arc<dyn forkbox_linux::net::Egress>) {
+        let config = std::sync::Arc::new(self.limits.network.clone());
+        self.io.net = forkbox_linux::net::NetIo::with_egress(config, egress);
+    }
+
     /// Network counters of this sandbox (connects allowed/denied, DNS, bytes).
     pub fn net_stats(&self) -> forkbox_linux::net::NetStats {
         self.io.net.stats.clone()

@@ -523,8 +523,6 @@ fn start_workers(
     wc.memory_bytes = p.memory_mb.saturating_mul(1 << 20);
     wc.uid_base = p.uid_base;
     wc.seccomp = seccomp;
-    // No sandbox of this server may reach anything: nor may its workers.
-    wc.own_network = config.limits.network.mode() == forkbox_engine::NetMode::None;
     wc.test_actions = std::env::var("FORKBOX_WORKER_TEST_ACTIONS").is_ok_and(|v| v == "1");
     if let Some(img) = &config.image {
         if !img.starts_with(home.join("images")) {

@@ -12,13 +12,17 @@ use std::time::Instant;
 
 use forkbox_engine::{Engine, ExecOptions, Stream, Template, NET_GLOBAL};
 
+use crate::broker::{Brokered, Link};
 use crate::jail;
 use crate::protocol::{
     self, Done, FromWorker, Hello, NetDelta, Role, TemplateRef, ToWorker, WireError, TEST_FORBIDDEN_SYSCALL,
+    TEST_INET_SOCKET,
 };
 
 /// The fd the supervisor passes the socket on.
 pub const SOCKET_FD: i32 = 3;
+/// The fd of the socket to the egress broker (the worker's only way out).
+pub const EGRESS_FD: i32 = 4;
 /// Where the jail shows the data directory's images, templates and package layers.
 pub const JAIL_HOME: &str = "/home";
 /// Templates a worker keeps open (least recently used closed first).
@@ -49,9 +53,11 @@ pub fn main() -> ! {
 }
 
 fn run() -> Result<(), ChildError> {
-    jail::close_fds_above(SOCKET_FD);
+    jail::close_fds_above(EGRESS_FD);
     // SAFETY: the supervisor passes its end of a socketpair as fd 3; nothing else owns it.
     let mut sock = unsafe { UnixStream::from_raw_fd(SOCKET_FD) };
+    // SAFETY: and the egress broker's as fd 4.
+    let egress = unsafe { UnixStream::from_raw_fd(EGRESS_FD) };
     let hello: Hello = protocol::read(&mut sock)?;
     if hello.jail {
         jail::join_cgroup(&hello);
@@ -71,6 +77,7 @@ fn run() -> Result<(), ChildError> {
             // The launcher: report the worker's host pid, then only wait for it.
             let sent = protocol::write(&mut sock, &FromWorker::Started { pid: pid as u32 });
             drop(sock);
+            drop(egress);
             if let Err(e) = jail::drop_launcher(hello.uid) {
                 eprintln!("forkbox worker launcher: {e}");
             }
@@ -113,11 +120,12 @@ fn run() -> Result<(), ChildError> {
         jail::drop_privileges(&hello)?;
     }
     forkbox_engine::jail::enter_worker(hello.seccomp).map_err(|e| ChildError::Other(e.to_string()))?;
+    let link = Link::start(egress).map_err(|e| ChildError::Other(format!("the egress link: {e}")))?;
     protocol::write(&mut sock, &FromWorker::Ready)?;
     let templates = Templates { cpu, open: HashMap::new(), tick: 0 };
     match hello.role {
-        Role::Exec => Worker { hello, templates }.serve(&mut sock),
-        Role::Sessions => crate::session_child::serve(hello, templates, sock).map_err(ChildError::Protocol),
+        Role::Exec => Worker { hello, templates, link }.serve(&mut sock),
+        Role::Sessions => crate::session_child::serve(hello, templates, link, sock).map_err(ChildError::Protocol),
     }
 }
 
@@ -158,6 +166,7 @@ impl Templates {
 struct Worker {
     hello: Hello,
     templates: Templates,
+    link: Arc<Link>,
 }
 
 pub(crate) fn wire(e: forkbox_engine::EngineError, output: Option<forkbox_engine::CapturedOutput>) -> WireError {
@@ -179,8 +188,8 @@ impl Worker {
                     let r = self.templates.get(&template).map(|_| ()).map_err(|e| wire(e, None));
                     protocol::write(sock, &FromWorker::Prepared(r))?;
                 }
-                ToWorker::Exec { template, code, limits, stream } => {
-                    self.exec(sock, &template, &code, limits, stream)?
+                ToWorker::Exec { template, code, limits, stream, sandbox } => {
+                    self.exec(sock, &template, &code, limits, stream, sandbox)?
                 }
             }
         }
@@ -193,11 +202,30 @@ impl Worker {
         code: &str,
         limits: forkbox_engine::Limits,
         stream: bool,
+        sandbox: u64,
     ) -> Result<(), ChildError> {
         if self.hello.test_actions && code.trim() == TEST_FORBIDDEN_SYSCALL {
             // Outside the filter's list: the filter kills this process here.
             // SAFETY: a syscall with no pointer arguments.
             unsafe { libc::syscall(libc::SYS_ptrace, libc::PTRACE_TRACEME, 0, 0, 0) };
+        }
+        if self.hello.test_actions && code.trim() == TEST_INET_SOCKET {
+            // A socket of the worker's own: its filter allows none but AF_UNIX.
+            // SAFETY: socket takes no pointers.
+            let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) };
+            let e = std::io::Error::last_os_error();
+            let done = Done {
+                result: Err(WireError {
+                    code: "internal".into(),
+                    message: format!("socket(AF_INET) in the worker returned {fd} ({e})"),
+                    output: None,
+                }),
+                fork_ms: 0.0,
+                exec_ms: 0.0,
+                net: NetDelta::default(),
+            };
+            protocol::write(sock, &FromWorker::Done(Box::new(done)))?;
+            return Ok(protocol::write(sock, &FromWorker::Idle)?);
         }
         let net0 = NET_GLOBAL.read();
         let t = Instant::now();
@@ -211,6 +239,8 @@ impl Worker {
                 return Ok(protocol::write(sock, &FromWorker::Idle)?);
             }
         };
+        // Its way out is the broker's (no round trip unless the guest opens a socket).
+        sb.set_egress(Arc::new(Brokered::new(Arc::clone(&self.link), sandbox)));
         let fork_ms = t.elapsed().as_secs_f64() * 1000.0;
         let t = Instant::now();
         let mut write_err = None;

@@ -3,7 +3,7 @@
 //! In order, in the worker (which starts as the server's child, host root):
 //! 1. [`join_cgroup`]: its own cgroup (v2 where the memory controller is on
 //!    v2, else v1 `memory` + `pids`), bounding its memory and tasks;
-//! 2. [`unshare_outer`]: new mount, IPC, UTS and pid namespaces (and network, for `--egress none`); mounts made
+//! 2. [`unshare_outer`]: new mount, IPC, UTS, pid and network namespaces; mounts made
 //!    private; [`build_root`]: a small tmpfs with only the read-only binds
 //!    the VMM needs (the images, templates and package layers; the resolver's
 //!    files) — never `keys.db`, never the sessions directory;
@@ -17,10 +17,11 @@
 //!    rlimits (files, tasks, no core, the size of a file it writes);
 //! 5. the seccomp allow-list (`forkbox_engine::jail::enter_worker`).
 //!
-//! Not unshared: the network namespace. A guest's TCP/UDP sockets are host
-//! sockets the VMM opens after the egress policy allowed the address, so the
-//! worker keeps the host's network; the filter allows only AF_INET/AF_INET6
-//! (and netlink for getifaddrs) sockets.
+//! The network namespace is empty (a loopback interface, down): a guest's
+//! TCP/UDP sockets are host sockets the egress broker in the API process
+//! opens, once the sandbox's policy (held there) allows the destination, and
+//! passes over the worker's AF_UNIX socket to it (`crate::broker`); the
+//! filter lets the worker make no socket of its own.
 
 use std::ffi::CString;
 use std::io::Write;

@@ -14,6 +14,8 @@
 //! - [`protocol`]: typed, length-prefixed JSON frames on Unix sockets (with
 //!   SCM_RIGHTS descriptors from the API process to a session worker).
 //! - [`child`]: the worker's main (`forkbox __worker`): jail, then serve.
+//! - [`broker`]: the egress broker (API process side: the policy of each
+//!   sandbox, host sockets opened and passed back) and the worker's brokered egress.
 //! - [`jail`]: cgroup, namespaces, pivot_root, an unprivileged uid, no
 //!   capabilities, NO_NEW_PRIVS, rlimits; then the engine's worker seccomp filter.
 //!
@@ -25,6 +27,7 @@
 //! `keys.db`, a path of the sessions directory, the listening socket, a file
 //! it can write that it was not given.
 
+pub mod broker;
 pub mod child;
 pub mod jail;
 pub mod protocol;

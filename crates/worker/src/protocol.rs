@@ -189,9 +189,8 @@ pub struct Hello {
     /// Tasks (threads) the worker may have (its cgroup and RLIMIT_NPROC).
     pub max_tasks: u64,
     /// An empty network namespace of its own (no interface but a down `lo`):
-    /// for servers whose egress policy is `none`, where no sandbox may reach
-    /// anything. Otherwise the worker shares the host's (its sandboxes' sockets
-    /// are host sockets, each connect decided by the egress policy).
+    /// the worker's sandboxes reach the network only through the egress
+    /// broker. False only for protocol tests on hosts that cannot.
     pub own_network: bool,
     /// Honour [`TEST_FORBIDDEN_SYSCALL`] (the server's `FORKBOX_WORKER_TEST_ACTIONS=1`).
     pub test_actions: bool,
@@ -200,6 +199,10 @@ pub struct Hello {
 /// Code that, with `Hello::test_actions`, makes the worker issue a system call
 /// its seccomp filter forbids (tests: a filter kill is contained to the worker).
 pub const TEST_FORBIDDEN_SYSCALL: &str = "#forkbox-test: forbidden-syscall";
+
+/// Code that, with `Hello::test_actions`, makes the worker open an AF_INET
+/// socket of its own (tests: a worker has no network; its filter kills it).
+pub const TEST_INET_SOCKET: &str = "#forkbox-test: inet-socket";
 
 /// A template as the worker opens it: paths inside its jail.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, Hash)]
@@ -215,7 +218,8 @@ pub enum ToWorker {
     /// Open the template (its VM pool warm) before the first exec needs it.
     Prepare { template: TemplateRef },
     /// Fork the template, run `code`, reply; the fork is dropped after the reply.
-    Exec { template: TemplateRef, code: String, limits: Limits, stream: bool },
+    /// `sandbox`: the fork's id at the worker's egress broker.
+    Exec { template: TemplateRef, code: String, limits: Limits, stream: bool, sandbox: u64 },
 }
 
 /// An exec's failure as the worker reports it.

@@ -22,6 +22,7 @@ use forkbox_engine::{
 };
 use forkbox_snapshot::{Layer, StateError};
 
+use crate::broker::{Brokered, Link};
 use crate::child::{wire, Templates};
 use crate::protocol::{
     self, FromChannel, FromWorker, Hello, NetDelta, PackageRef, ProtocolError, SessionDone, StartFrom, ToChannel,
@@ -35,6 +36,8 @@ const RESERVED_TASKS: u64 = 8;
 
 struct Shared {
     hello: Hello,
+    /// The egress broker (each sandbox's way out, under its channel's id).
+    link: Arc<Link>,
     templates: Mutex<Templates>,
     /// The interrupt latch of each open channel.
     channels: Mutex<HashMap<u64, Arc<ChannelCtl>>>,
@@ -53,9 +56,15 @@ struct ChannelCtl {
 }
 
 /// Serve the control socket until the API process closes it.
-pub(crate) fn serve(hello: Hello, templates: Templates, control: UnixStream) -> Result<(), ProtocolError> {
+pub(crate) fn serve(
+    hello: Hello,
+    templates: Templates,
+    link: Arc<Link>,
+    control: UnixStream,
+) -> Result<(), ProtocolError> {
     let shared = Arc::new(Shared {
         hello,
+        link,
         templates: Mutex::new(templates),
         channels: Mutex::new(HashMap::new()),
         net_reported: Mutex::new(NET_GLOBAL.read()),
@@ -133,6 +142,8 @@ fn dispatch(shared: &Arc<Shared>, id: u64, sock: UnixStream) {
 
 /// One channel: its sandbox, and the files given for its next request.
 struct Channel {
+    /// The API process' id of the channel (its sandbox's at the egress broker).
+    id: u64,
     sb: Option<Sandbox>,
     template: Option<(Arc<forkbox_engine::Engine>, Arc<Template>)>,
     files: HashMap<String, File>,
@@ -153,7 +164,7 @@ impl From<ProtocolError> for Stop {
 fn serve_channel(shared: &Shared, id: u64, sock: UnixStream) {
     let ctl = Arc::new(ChannelCtl::default());
     lock(&shared.channels).insert(id, ctl.clone());
-    let mut ch = Channel { sb: None, template: None, files: HashMap::new() };
+    let mut ch = Channel { id, sb: None, template: None, files: HashMap::new() };
     while let Ok(()) = serve_one(shared, &ctl, &mut ch, &sock) {}
     lock(&shared.channels).remove(&id);
     // The sandbox is dropped here, on its own thread (its VM may be recycled for this thread).
@@ -410,6 +421,9 @@ fn start(
             t.resume_from(&engine, &parsed, &state_file, &state, &mut packs, limits, how)?
         }
     };
+    let mut sb = sb;
+    // Its way out is the broker's (no round trip unless the guest opens a socket).
+    sb.set_egress(Arc::new(Brokered::new(Arc::clone(&shared.link), ch.id)));
     ch.sb = Some(sb);
     ch.template = Some((engine, t));
     Ok(())

@@ -141,6 +141,8 @@ struct TenantWorker {
     tenant: String,
     pid: u32,
     control: Mutex<UnixStream>,
+    /// The egress policy of each of its sandboxes (by channel id), for its broker.
+    egress: Arc<crate::broker::Policies>,
     dead: AtomicBool,
     started: SystemTime,
     /// Open channels (sandboxes) and those with a request in flight.
@@ -442,6 +444,7 @@ impl Inner {
             tenant: tenant.to_string(),
             pid: conn.pid,
             control: Mutex::new(conn.sock),
+            egress: conn.egress,
             dead: AtomicBool::new(false),
             started: conn.started,
             channels: AtomicUsize::new(1),
@@ -559,6 +562,7 @@ impl Drop for RemoteSandbox {
     fn drop(&mut self) {
         // Closing the socket ends the sandbox's thread there (the sandbox is dropped on it).
         let _ = self.sock.shutdown(std::net::Shutdown::Both);
+        self.worker.egress.unregister(self.id);
         self.worker.channels.fetch_sub(1, Ordering::SeqCst);
         *self.worker.last_used.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
     }
@@ -657,6 +661,8 @@ impl RemoteSandbox {
                 (Some(StartFrom { layers, state }), Some(c.packs))
             }
         };
+        // The broker gets the policy from here, never from the worker.
+        self.worker.egress.register(self.id, limits.network.clone());
         self.send(&ToChannel::Start { template, limits, how, from })?;
         let mut refused: Option<SessionError> = None;
         loop {

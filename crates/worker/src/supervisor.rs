@@ -21,7 +21,8 @@ use std::time::{Duration, Instant, SystemTime};
 use forkbox_engine::sandbox::OutputSink;
 use forkbox_engine::{ExecResult, Limits};
 
-use crate::child::{JAIL_HOME, SOCKET_FD};
+use crate::broker::Policies;
+use crate::child::{EGRESS_FD, JAIL_HOME, SOCKET_FD};
 use crate::protocol::{
     self, Bind, Done, FromWorker, Hello, NetDelta, Role, TemplateRef, ToSessions, ToWorker, WireError,
 };
@@ -86,7 +87,7 @@ impl Config {
             uid_base: DEFAULT_UID_BASE,
             memory_bytes: 4 << 30,
             max_tasks: 256,
-            own_network: false,
+            own_network: true,
             seccomp: forkbox_engine::jail::Mode::Enforce,
             jail: true,
             test_actions: false,
@@ -161,6 +162,9 @@ pub(crate) struct Conn {
     pub(crate) sock: UnixStream,
     pub(crate) pid: u32,
     pub(crate) started: SystemTime,
+    /// The egress policy of each of the worker's sandboxes, for its broker
+    /// (a thread of this process serving the worker's second socket).
+    pub(crate) egress: Arc<Policies>,
 }
 
 /// A slot's connection, used by its exec thread only.
@@ -217,6 +221,8 @@ pub struct Workers {
     binds: Arc<Vec<Bind>>,
     slots: Vec<Slot>,
     launcher: Mutex<Sender<Job>>,
+    /// The id of the next exec's sandbox at its worker's egress broker.
+    next_sandbox: AtomicU64,
 }
 
 impl Workers {
@@ -244,6 +250,7 @@ impl Workers {
             binds,
             slots: (0..n.max(1)).map(|_| Slot::default()).collect(),
             launcher: Mutex::new(tx),
+            next_sandbox: AtomicU64::new(1),
         };
         // Start them all at once, then wait for each.
         let pending: Vec<_> = (0..workers.slots.len()).map(|i| workers.request_start(i)).collect();
@@ -400,11 +407,16 @@ impl Workers {
         let pid = conn.pid;
         let clock = cpu_clock(pid);
         let cpu0 = clock_seconds(clock);
+        // The broker gets the policy from here, never from the worker.
+        let sandbox = self.next_sandbox.fetch_add(1, Ordering::Relaxed);
+        let egress = Arc::clone(&conn.egress);
+        egress.register(sandbox, limits.network.clone());
         let req = ToWorker::Exec {
             template: template.clone(),
             code: code.to_string(),
             limits: limits.clone(),
             stream: on_output.is_some(),
+            sandbox,
         };
         let _ = conn.sock.set_read_timeout(Some(limits.timeout.saturating_add(ANSWER_GRACE)));
         slot.busy.store(true, Ordering::Relaxed);
@@ -438,6 +450,7 @@ impl Workers {
             }
         })();
         slot.busy.store(false, Ordering::Relaxed);
+        egress.unregister(sandbox);
         let cpu_seconds = (clock_seconds(clock) - cpu0).max(0.0);
         match answered {
             Ok(done) => {
@@ -634,6 +647,9 @@ fn start_one(
     std::fs::create_dir_all(&root).map_err(err("creating the worker's mount point"))?;
     let (mut ours, theirs) = UnixStream::pair().map_err(err("socketpair"))?;
     let fd = theirs.as_raw_fd();
+    // The worker's way out: a second socket, served by the egress broker here.
+    let (broker_end, worker_end) = UnixStream::pair().map_err(err("socketpair"))?;
+    let egress_fd = worker_end.as_raw_fd();
     let mut cmd = Command::new(&config.exe);
     cmd.arg("__worker").env_clear().stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
     for k in ["RUST_LOG", "FORKBOX_LOG", "FORKBOX_DNS_SERVERS"] {
@@ -645,7 +661,7 @@ fn start_one(
     // fd this process owns (dup2 clears close-on-exec on the copy).
     unsafe {
         cmd.pre_exec(move || {
-            if libc::dup2(fd, SOCKET_FD) < 0 {
+            if libc::dup2(fd, SOCKET_FD) < 0 || libc::dup2(egress_fd, EGRESS_FD) < 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
@@ -653,6 +669,14 @@ fn start_one(
     }
     let mut child = cmd.spawn().map_err(err("spawning the worker"))?;
     drop(theirs);
+    drop(worker_end);
+    let egress = Arc::new(Policies::default());
+    let policies = Arc::clone(&egress);
+    let _ = std::thread::Builder::new().name(format!("forkbox-egress-{index}")).spawn(move || {
+        if let Err(e) = crate::broker::serve(broker_end, policies) {
+            tracing::warn!(worker = index, "egress broker: the worker {e}");
+        }
+    });
     if let Some(stderr) = child.stderr.take() {
         let _ = std::thread::Builder::new()
             .name(format!("forkbox-worker-log-{index}"))
@@ -698,7 +722,7 @@ fn start_one(
                 other => return Err(WorkerError::Start(format!("expected Prepared, got {}", other.kind()))),
             }
         }
-        Ok(Conn { sock: ours, pid, started: SystemTime::now() })
+        Ok(Conn { sock: ours, pid, started: SystemTime::now(), egress })
     })();
     match started {
         Ok(conn) => Ok((child, conn)),

@@ -1,8 +1,9 @@
 //! Guest networking the gVisor-hostinet way: the VMM owns real, non-blocking
 //! host sockets and moves bytes between them and guest memory; the guest
-//! never holds a host fd. Every destination goes through the egress policy
-//! (`policy`) on the host, at connect time for TCP and on the first datagram
-//! to each destination for UDP; the VMM's resolver (`dns`, answering the
+//! never holds a host fd. The host sockets come from the sandbox's egress
+//! (`egress`: decided and opened in-process, or by a worker's broker): every
+//! destination goes through the egress policy (`policy`), at connect time
+//! for TCP and on the first datagram to each destination for UDP; the VMM's resolver (`dns`, answering the
 //! guest's `/etc/resolv.conf` nameserver `RESOLVER`) resolves names on the
 //! host (`resolver`: a bounded pool that never blocks the sandbox's thread)
 //! and hands out only addresses the policy allows.
@@ -24,6 +25,7 @@
 //! services) stays under the egress policy, which denies it.
 
 pub mod dns;
+pub mod egress;
 pub mod policy;
 pub mod resolver;
 
@@ -35,9 +37,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+use socket2::{Domain, Socket, Type};
 
 use crate::errno::Errno;
+pub use egress::{Direct, Egress, Gate, Opened, Refused, Resolution, Resolved, Verdict};
 pub use policy::{Decision, Mode, Policy, Rule};
 
 /// The nameserver in the guest's /etc/resolv.conf; UDP and TCP port 53 to it
@@ -278,6 +281,12 @@ pub static GLOBAL: GlobalNetStats = GlobalNetStats {
 enum Backend {
     /// A real host socket (non-blocking, close-on-exec).
     Host(Socket),
+    /// Before its first way out: no host socket yet (the egress opens one for
+    /// the destination; options set before are kept in `opts` and applied then).
+    Unopened,
+    /// UDP: a host socket per destination, each connect()ed to it (the egress
+    /// opened them; at most `FLOWS_CAP`, the oldest goes first).
+    Flows(Vec<(SocketAddr, Socket)>),
     /// Connected to the VMM's resolver over TCP: length-prefixed queries in, answers out.
     ResolverStream { input: Vec<u8>, output: VecDeque<u8>, shut_wr: bool },
     /// Listening inside the sandbox (no host socket takes a port).
@@ -309,7 +318,7 @@ struct Sock {
     /// Questions to the resolver waiting for a host lookup (UDP or the TCP
     /// stream): answered into `inbox` / the stream's output once it is done.
     pending: VecDeque<(dns::Query, Arc<resolver::Lookup>)>,
-    /// UDP: destinations already decided (bounded), so a datagram stream costs one check.
+    /// UDP: destinations the egress refused (bounded), so a datagram stream costs one check.
     udp_verdicts: HashMap<SocketAddr, bool>,
     /// Set by connect (the destination, for the UDP check of connected sends).
     peer: Option<SocketAddr>,
@@ -463,17 +472,11 @@ const INBOX_BYTES: usize = 212_992;
 /// Datagrams one UDP socket holds unread from the sandbox's own sockets.
 const LOCAL_INBOX_CAP: usize = 256;
 const VERDICT_CAP: usize = 256;
-const NAMES_CAP: usize = 4096;
-const DNS_CACHE_CAP: usize = 1024;
-/// Names one sandbox may have in lookup on the host at once.
-const LOOKUPS_IN_FLIGHT: usize = 4;
-/// Host lookups one sandbox may start per second, and in a burst.
-const LOOKUP_RATE: f64 = 10.0;
-const LOOKUP_BURST: f64 = 20.0;
+/// Destinations one UDP socket has host sockets for.
+const FLOWS_CAP: usize = 16;
 /// Questions one sandbox may have waiting for host lookups, over all its
 /// sockets (each holds its lookup's eventfd until the guest reads the answer).
 const QUESTIONS_WAITING: usize = 64;
-const HOST_ADDRS_TTL: Duration = Duration::from_secs(10);
 
 /// The host-side network state of one running sandbox (part of `Io`, never snapshotted).
 #[derive(Debug)]
@@ -483,14 +486,8 @@ pub struct NetIo {
     nonce: u64,
     next: u64,
     socks: HashMap<u64, Sock>,
-    /// Address -> the names the resolver handed it out for (domain rules match these).
-    names: HashMap<IpAddr, Vec<String>>,
-    dns_cache: HashMap<String, (Instant, Result<Vec<IpAddr>, u8>)>,
-    /// Host lookups under way, by name (at most `LOOKUPS_IN_FLIGHT` not done).
-    lookups: HashMap<String, Arc<resolver::Lookup>>,
-    /// Token bucket over the host lookups started (`LOOKUP_RATE`, `LOOKUP_BURST`).
-    lookup_tokens: (f64, Instant),
-    host_addrs: (Option<Instant>, Vec<IpAddr>),
+    /// The way out: decides destinations and names, opens the host connections.
+    egress: Arc<dyn Egress>,
     pub stats: NetStats,
     /// One-line notes for the guest's stderr (refusals), drained by the syscall layer.
     pub notes: Vec<String>,
@@ -524,18 +521,22 @@ pub const POLL_MASK: i16 =
     libc::POLLIN | libc::POLLOUT | libc::POLLPRI | libc::POLLERR | libc::POLLHUP | libc::POLLRDHUP;
 
 impl NetIo {
+    /// Deciding and opening in this process ([`Direct`]).
     pub fn new(config: Arc<NetConfig>) -> NetIo {
+        let egress = Arc::new(Direct::new(Arc::clone(&config)));
+        NetIo::with_egress(config, egress)
+    }
+
+    /// Through `egress` (which holds the policy of `config`; `config` here
+    /// gives the limits the VMM enforces: sockets, bytes, bandwidth).
+    pub fn with_egress(config: Arc<NetConfig>, egress: Arc<dyn Egress>) -> NetIo {
         let throttle = config.max_bytes_per_second().map(Throttle::new);
         NetIo {
             config,
             nonce: nonce(),
             next: 1,
             socks: HashMap::new(),
-            names: HashMap::new(),
-            dns_cache: HashMap::new(),
-            lookups: HashMap::new(),
-            lookup_tokens: (LOOKUP_BURST, Instant::now()),
-            host_addrs: (None, Vec::new()),
+            egress,
             stats: NetStats::default(),
             notes: Vec::new(),
             byte_limit_noted: false,
@@ -583,19 +584,12 @@ impl NetIo {
             ));
             return Err(Errno::EMFILE);
         }
-        let (d, t, p) = match (domain, stream) {
-            (libc::AF_INET, true) => (Domain::IPV4, Type::STREAM, Protocol::TCP),
-            (libc::AF_INET, false) => (Domain::IPV4, Type::DGRAM, Protocol::UDP),
-            (libc::AF_INET6, true) => (Domain::IPV6, Type::STREAM, Protocol::TCP),
-            (libc::AF_INET6, false) => (Domain::IPV6, Type::DGRAM, Protocol::UDP),
-            _ => return Err(Errno::EAFNOSUPPORT),
-        };
-        let s = Socket::new(d, t.nonblocking().cloexec(), Some(p)).map_err(|e| host_errno(&e))?;
-        if domain == libc::AF_INET6 {
-            // Linux's default (dual stack), whatever the host's sysctl says.
-            let _ = s.set_only_v6(false);
+        if domain != libc::AF_INET && domain != libc::AF_INET6 {
+            return Err(Errno::EAFNOSUPPORT);
         }
-        let id = self.insert(Sock::new(domain, stream, Backend::Host(s)));
+        // The host socket comes from the egress, for a destination: TCP's at
+        // connect, UDP's at its first datagram to each destination.
+        let id = self.insert(Sock::new(domain, stream, Backend::Unopened));
         self.stats.sockets_opened += 1;
         Ok(id)
     }
@@ -628,8 +622,9 @@ impl NetIo {
     fn host(&mut self, id: u64) -> Result<&Socket, Errno> {
         match &self.sock(id)?.backend {
             Backend::Host(s) => Ok(s),
+            Backend::Flows(f) => f.first().map(|(_, s)| s).ok_or(Errno::ENOTCONN),
             Backend::ResolverStream { .. } => Err(Errno::EOPNOTSUPP),
-            Backend::Listener(_) => Err(Errno::ENOTCONN),
+            Backend::Listener(_) | Backend::Unopened => Err(Errno::ENOTCONN),
         }
     }
 
@@ -638,7 +633,8 @@ impl NetIo {
     pub fn host_fd(&self, id: u64) -> Option<i32> {
         match &self.socks.get(&id)?.backend {
             Backend::Host(s) => Some(s.as_raw_fd()),
-            Backend::ResolverStream { .. } => None,
+            Backend::Flows(f) => f.first().map(|(_, s)| s.as_raw_fd()),
+            Backend::ResolverStream { .. } | Backend::Unopened => None,
             Backend::Listener(l) => Some(l.ready.0.as_raw_fd()),
         }
     }
@@ -698,7 +694,7 @@ impl NetIo {
                 return Ok(());
             }
             Backend::ResolverStream { .. } => return Err(Errno::EINVAL),
-            Backend::Host(_) => {}
+            Backend::Host(_) | Backend::Unopened | Backend::Flows(_) => {}
         }
         if s.loop_peer.is_some() || s.peer.is_some() || s.connecting.is_some() {
             return Err(Errno::EINVAL);
@@ -814,33 +810,120 @@ impl NetIo {
         }
     }
 
-    fn host_addrs(&mut self) -> Vec<IpAddr> {
-        let fresh = self.host_addrs.0.is_some_and(|t| t.elapsed() < HOST_ADDRS_TTL);
-        if !fresh {
-            self.host_addrs = (Some(Instant::now()), policy::host_addresses());
+    /// The host socket of UDP socket `id` for `dest`: one it has, else a
+    /// new one from the egress (a refusal is remembered: ECONNREFUSED).
+    fn flow(&mut self, id: u64, dest: SocketAddr) -> Result<&Socket, Errno> {
+        let s = self.sock(id)?;
+        let has = matches!(&s.backend, Backend::Flows(f) if f.iter().any(|(d, _)| *d == dest));
+        if !has {
+            if s.udp_verdicts.contains_key(&dest) {
+                return Err(Errno::ECONNREFUSED);
+            }
+            let domain = s.domain;
+            match self.egress.udp(domain, dest) {
+                Ok(sock) => {
+                    self.count_allowed(dest, "datagram to");
+                    let s = self.sock(id)?;
+                    let fd = sock.as_raw_fd();
+                    for ((level, name), val) in &s.opts {
+                        // SAFETY: val is a readable buffer of its length.
+                        unsafe {
+                            libc::setsockopt(fd, *level, *name, val.as_ptr().cast(), val.len() as libc::socklen_t)
+                        };
+                    }
+                    match &mut s.backend {
+                        Backend::Flows(f) => {
+                            if f.len() >= FLOWS_CAP {
+                                f.remove(0);
+                            }
+                            f.push((dest, sock));
+                        }
+                        b => *b = Backend::Flows(vec![(dest, sock)]),
+                    }
+                }
+                Err(Refused::Policy(v)) => {
+                    self.count(dest, "datagram to", &v);
+                    let s = self.sock(id)?;
+                    if s.udp_verdicts.len() >= VERDICT_CAP {
+                        s.udp_verdicts.clear();
+                    }
+                    s.udp_verdicts.insert(dest, false);
+                    return Err(Errno::ECONNREFUSED);
+                }
+                Err(Refused::Host(e)) => {
+                    self.count_allowed(dest, "datagram to");
+                    return Err(e);
+                }
+            }
         }
-        self.host_addrs.1.clone()
+        match &self.sock(id)?.backend {
+            Backend::Flows(f) => f.iter().find(|(d, _)| *d == dest).map(|(_, s)| s).ok_or(Errno::ECONNREFUSED),
+            _ => Err(Errno::ECONNREFUSED),
+        }
     }
 
-    /// Decide `addr` (and count, log and note a denial).
-    pub fn check(&mut self, addr: SocketAddr, what: &str) -> Decision {
-        let ip = addr.ip();
-        let key = policy::canonical(ip).map(IpAddr::V4).unwrap_or(ip);
-        let names = self.names.get(&key).or_else(|| self.names.get(&ip)).cloned().unwrap_or_default();
-        let host = self.host_addrs();
-        let d = policy::decide_layers(&self.config.layers, ip, Some(addr.port()), &names, &host);
-        if d.allowed() {
+    /// Count, log and (a denial) note a decision of the egress.
+    fn count(&mut self, addr: SocketAddr, what: &str, v: &Verdict) {
+        if v.allowed {
             self.stats.connects_allowed += 1;
             GLOBAL.connects_allowed.fetch_add(1, Ordering::Relaxed);
-            tracing::debug!(target: "forkbox::net", "{what} {addr} allowed ({})", d.reason());
+            tracing::debug!(target: "forkbox::net", "{what} {addr} allowed ({})", v.reason);
         } else {
             self.stats.connects_denied += 1;
             GLOBAL.connects_denied.fetch_add(1, Ordering::Relaxed);
-            *self.stats.denied.entry(d.reason().to_string()).or_default() += 1;
-            let via = if names.is_empty() { String::new() } else { format!(" ({})", names.join(", ")) };
-            self.note(format!("{what} {addr}{via} refused by the egress policy: {}", d.reason()));
+            *self.stats.denied.entry(v.reason.clone()).or_default() += 1;
+            let via = if v.names.is_empty() { String::new() } else { format!(" ({})", v.names.join(", ")) };
+            self.note(format!("{what} {addr}{via} refused by the egress policy: {}", v.reason));
         }
-        d
+    }
+
+    /// A TCP connect to `addr` out of the sandbox: the egress decides and
+    /// opens the host socket (options set before are applied to it).
+    fn connect_out(&mut self, id: u64, addr: SocketAddr) -> Result<bool, Errno> {
+        let s = self.sock(id)?;
+        if let Backend::Host(h) = &s.backend {
+            if s.connecting.is_some() {
+                return Err(Errno::EALREADY);
+            }
+            if h.peer_addr().is_ok() {
+                return Err(Errno::EISCONN);
+            }
+        }
+        let domain = s.domain;
+        let opened = match self.egress.connect(domain, addr) {
+            Ok(o) => o,
+            Err(Refused::Policy(v)) => {
+                self.count(addr, "connect to", &v);
+                return Err(Errno::ECONNREFUSED);
+            }
+            Err(Refused::Host(e)) => {
+                self.count_allowed(addr, "connect to");
+                return Err(e);
+            }
+        };
+        self.count_allowed(addr, "connect to");
+        let s = self.sock(id)?;
+        let fd = opened.socket.as_raw_fd();
+        for ((level, name), val) in std::mem::take(&mut s.opts) {
+            // SAFETY: val is a readable buffer of its length. A refused option was the guest's to get wrong.
+            unsafe { libc::setsockopt(fd, level, name, val.as_ptr().cast(), val.len() as libc::socklen_t) };
+        }
+        s.backend = Backend::Host(opened.socket);
+        s.resolver_peer = false;
+        s.peer = Some(addr);
+        if opened.connected {
+            s.connecting = None;
+            Ok(true)
+        } else {
+            s.connecting = Some(addr);
+            Ok(false)
+        }
+    }
+
+    fn count_allowed(&mut self, addr: SocketAddr, what: &str) {
+        self.stats.connects_allowed += 1;
+        GLOBAL.connects_allowed.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(target: "forkbox::net", "{what} {addr} allowed");
     }
 
     fn account(&mut self, sent: u64, received: u64) {
@@ -874,14 +957,9 @@ impl NetIo {
             if stream {
                 return Err(Errno::EAFNOSUPPORT);
             }
+            // Its host sockets stay, each connected to its own destination.
             s.resolver_peer = false;
             s.peer = None;
-            let fd = self.host(id)?.as_raw_fd();
-            // SAFETY: an all-zero sockaddr is valid; AF_UNSPEC is what dissolves the association.
-            let mut sa: libc::sockaddr = unsafe { std::mem::zeroed() };
-            sa.sa_family = libc::AF_UNSPEC as libc::sa_family_t;
-            // SAFETY: fd is our host socket, sa a valid sockaddr of the given size.
-            unsafe { libc::connect(fd, &sa, std::mem::size_of::<libc::sockaddr>() as u32) };
             return Ok(true);
         };
         if stream && s.in_sandbox() {
@@ -907,27 +985,15 @@ impl NetIo {
                 return self.loop_connect(id, lid, addr);
             }
         }
-        if stream && !self.check(addr, "connect to").allowed() {
-            return Err(Errno::ECONNREFUSED);
+        if stream {
+            return self.connect_out(id, addr);
         }
-        // UDP to a socket of the sandbox: no host socket is connected (that would bind a host port).
-        let local_peer = !stream && self.find_udp_receiver(id, addr).is_some();
+        // UDP: connecting sends nothing; the egress decides (and opens the
+        // host socket) at the first datagram.
         let s = self.sock(id)?;
         s.resolver_peer = false;
         s.peer = Some(addr);
-        if local_peer {
-            return Ok(true);
-        }
-        let host = self.host(id)?;
-        // UDP: connecting sends nothing; the policy is checked on the first send.
-        match host.connect(&SockAddr::from(addr)) {
-            Ok(()) => Ok(true),
-            Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {
-                self.sock(id)?.connecting = Some(addr);
-                Ok(false)
-            }
-            Err(e) => Err(host_errno(&e)),
-        }
+        Ok(true)
     }
 
     /// The state of a connect in progress: done, failed (its error), or still going.
@@ -960,6 +1026,10 @@ impl NetIo {
         }
         if matches!(s.backend, Backend::Listener(_)) {
             return Err(Errno::ENOTCONN);
+        }
+        if s.stream && matches!(s.backend, Backend::Unopened) {
+            // As Linux: a TCP socket that never connected.
+            return Err(Errno::EPIPE);
         }
         let budget = self.budget()?;
         let s = self.socks.get_mut(&id).ok_or(Errno::EPIPE)?;
@@ -1003,34 +1073,17 @@ impl NetIo {
             if let Some(rid) = self.find_udp_receiver(id, dest) {
                 return self.deliver_local(id, rid, data);
             }
-            let s = self.sock(id)?;
-            let known = s.udp_verdicts.get(&dest).copied();
-            let ok = match known {
-                Some(v) => v,
-                None => {
-                    let v = self.check(dest, "datagram to").allowed();
-                    let s = self.sock(id)?;
-                    if s.udp_verdicts.len() >= VERDICT_CAP {
-                        s.udp_verdicts.clear();
-                    }
-                    s.udp_verdicts.insert(dest, v);
-                    v
-                }
-            };
-            if !ok {
-                return Err(Errno::ECONNREFUSED);
-            }
+            self.flow(id, dest)?;
         }
         let rate = self.rate_budget()?;
         let cap = |b: u64| usize::try_from(b).unwrap_or(usize::MAX);
         let data = if stream { &data[..data.len().min(cap(budget)).min(cap(rate))] } else { data };
-        let host = self.host(id)?;
-        let flags = (flags & (libc::MSG_MORE | libc::MSG_EOR)) | libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
-        let r = match to {
-            Some(a) if !stream => host.send_to_with_flags(data, &SockAddr::from(a), flags),
-            _ => host.send_with_flags(data, flags),
+        let host = match dest {
+            Some(d) if !stream => self.flow(id, d)?,
+            _ => self.host(id)?,
         };
-        let n = r.map_err(|e| host_errno(&e))?;
+        let flags = (flags & (libc::MSG_MORE | libc::MSG_EOR)) | libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
+        let n = host.send_with_flags(data, flags).map_err(|e| host_errno(&e))?;
         self.account(n as u64, 0);
         self.rate_take(n as u64);
         Ok(n)
@@ -1078,27 +1131,21 @@ impl NetIo {
             let n = if stream { buf.len().min(usize::try_from(rate).unwrap_or(usize::MAX)) } else { buf.len() };
             &mut buf[..n]
         };
-        let host = self.host(id)?;
         let flags = (flags & (libc::MSG_PEEK | libc::MSG_TRUNC | libc::MSG_WAITALL)) | libc::MSG_DONTWAIT;
-        let fd = host.as_raw_fd();
-        // SAFETY: sockaddr_storage is plain data; all zeroes is a valid value.
-        let mut from: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-        let mut from_len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-        let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
-        // SAFETY: zeroed msghdr, then pointers to live locals/the buffer with their sizes.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_name = (&mut from as *mut libc::sockaddr_storage).cast();
-        msg.msg_namelen = from_len;
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        // SAFETY: fd is our host socket; msg points to valid memory as set above.
-        let n = unsafe { libc::recvmsg(fd, &mut msg, flags & !libc::MSG_WAITALL) };
-        if n < 0 {
-            return Err(host_errno(&std::io::Error::last_os_error()));
+        // UDP: the first of its destinations' host sockets with a datagram.
+        let fds: Vec<i32> = match &self.sock(id)?.backend {
+            Backend::Flows(f) => f.iter().map(|(_, s)| s.as_raw_fd()).collect(),
+            Backend::Unopened if !stream => return Err(Errno::EAGAIN),
+            _ => vec![self.host(id)?.as_raw_fd()],
+        };
+        let mut got = Err(Errno::EAGAIN);
+        for fd in fds {
+            got = recv_host(fd, buf, flags & !libc::MSG_WAITALL);
+            if !matches!(got, Err(Errno::EAGAIN)) {
+                break;
+            }
         }
-        from_len = msg.msg_namelen;
-        let truncated = msg.msg_flags & libc::MSG_TRUNC != 0;
-        let n = n as usize;
+        let (n, from, from_len, truncated) = got?;
         if !peek && !local {
             self.account(0, n.min(buf.len()) as u64);
             self.rate_take(n.min(buf.len()) as u64);
@@ -1146,6 +1193,30 @@ impl NetIo {
                     events & (libc::POLLIN | libc::POLLRDNORM)
                 }
             }
+            // As Linux shows a TCP socket that never connected.
+            Backend::Unopened if s.stream => events & (libc::POLLOUT | libc::POLLWRNORM) | libc::POLLHUP,
+            Backend::Unopened => {
+                let mut r = events & (libc::POLLOUT | libc::POLLWRNORM);
+                if !s.inbox.is_empty() || s.answer_ready() {
+                    r |= events & (libc::POLLIN | libc::POLLRDNORM);
+                }
+                r
+            }
+            Backend::Flows(f) => {
+                let mut r = 0;
+                if !s.inbox.is_empty() || s.answer_ready() {
+                    r |= events & (libc::POLLIN | libc::POLLRDNORM);
+                }
+                let want = if self.throttled() { want & !RATE_HELD } else { want };
+                for (_, h) in f {
+                    let mut p = libc::pollfd { fd: h.as_raw_fd(), events: want, revents: 0 };
+                    // SAFETY: one valid pollfd, zero timeout.
+                    if unsafe { libc::poll(&mut p, 1, 0) } > 0 {
+                        r |= p.revents;
+                    }
+                }
+                r
+            }
             Backend::ResolverStream { output, .. } => {
                 let mut r = events & (libc::POLLOUT | libc::POLLWRNORM);
                 if !output.is_empty() || s.answer_ready() {
@@ -1189,11 +1260,17 @@ impl NetIo {
     /// The eventfds of the host lookups that socket `id`'s questions to the
     /// resolver wait for: the engine waits on them with the host sockets, so
     /// an answer coming in ends the guest's wait.
+    /// Also a UDP socket's host sockets past its first (`pollfd` gives that one).
     pub fn lookup_pollfds(&self, id: u64, events: i16, out: &mut Vec<libc::pollfd>) {
+        let Some(s) = self.socks.get(&id) else { return };
+        if let (Backend::Flows(f), Some(first)) = (&s.backend, self.pollfd(id, events)) {
+            for (_, h) in f.iter().skip(1) {
+                out.push(libc::pollfd { fd: h.as_raw_fd(), events: first.events, revents: 0 });
+            }
+        }
         if events & (libc::POLLIN | libc::POLLRDNORM) == 0 {
             return;
         }
-        let Some(s) = self.socks.get(&id) else { return };
         for (_, l) in &s.pending {
             let fd = l.fd();
             if !out.iter().any(|p| p.fd == fd) {
@@ -1206,9 +1283,7 @@ impl NetIo {
     /// interrupted: the guest's resolver, which waits out its own timeout
     /// through signals, gets its answer at once).
     pub fn cancel_lookups(&mut self) {
-        for l in self.lookups.values() {
-            l.cancel();
-        }
+        self.egress.cancel_lookups();
     }
 
     pub fn local_addr(&mut self, id: u64) -> Result<SocketAddr, Errno> {
@@ -1222,6 +1297,9 @@ impl NetIo {
         if let Some(l) = s.local.filter(|_| !s.stream || (s.peer.is_none() && s.connecting.is_none())) {
             return Ok(l);
         }
+        if matches!(s.backend, Backend::Unopened) {
+            return Ok(unspecified(domain));
+        }
         let a = self.host(id)?.local_addr().map_err(|e| host_errno(&e))?;
         Ok(a.as_socket().unwrap_or_else(|| unspecified(domain)))
     }
@@ -1234,21 +1312,24 @@ impl NetIo {
         if let Some(p) = s.loop_peer {
             return Ok(p);
         }
+        if !s.stream {
+            return s.peer.ok_or(Errno::ENOTCONN);
+        }
         let a = self.host(id)?.peer_addr().map_err(|e| host_errno(&e))?;
         a.as_socket().ok_or(Errno::ENOTCONN)
     }
 
     /// bind(). TCP: a loopback or wildcard address of the sandbox (port 0: an
     /// ephemeral one), in the sandbox's port table (EADDRINUSE); the host
-    /// socket is never bound. UDP: only the wildcard with port 0 (the host
-    /// picks the port); a sandbox never takes a host port.
+    /// socket is never bound. UDP: the same in the sandbox's UDP port table;
+    /// a sandbox never takes a host port.
     pub fn bind(&mut self, id: u64, addr: SocketAddr) -> Result<(), Errno> {
         let s = self.sock(id)?;
         if s.stream {
             if s.local.is_some() || s.in_sandbox() || s.peer.is_some() || s.connecting.is_some() {
                 return Err(Errno::EINVAL);
             }
-            if !matches!(s.backend, Backend::Host(_)) {
+            if !matches!(s.backend, Backend::Unopened) {
                 return Err(Errno::EINVAL);
             }
             if !sandbox_local(addr.ip()) {
@@ -1262,17 +1343,13 @@ impl NetIo {
             self.sock(id)?.local = Some(addr);
             return Ok(());
         }
-        // UDP: the wildcard with port 0 binds the host socket (an ephemeral host
-        // port for traffic out); any other loopback or wildcard address is a
-        // binding in the sandbox's own UDP port table (port 0: an ephemeral
-        // one), which the sandbox's other sockets send to; never a host port.
+        // UDP: a loopback or wildcard address is a binding in the sandbox's
+        // own UDP port table (port 0: an ephemeral one), which the sandbox's
+        // other sockets send to; never a host port (each destination's host
+        // socket has an ephemeral port of its own).
         let ip = addr.ip();
-        let wildcard = ip.is_unspecified() || policy::canonical(ip).is_some_and(|v| v.is_unspecified());
         if s.local.is_some() {
             return Err(Errno::EINVAL);
-        }
-        if wildcard && addr.port() == 0 {
-            return self.host(id)?.bind(&SockAddr::from(addr)).map_err(|e| host_errno(&e));
         }
         if !sandbox_local(ip) {
             return Err(Errno::EADDRNOTAVAIL);
@@ -1371,6 +1448,13 @@ impl NetIo {
         if level == libc::SOL_SOCKET && (name == libc::SO_REUSEADDR || name == libc::SO_REUSEPORT) {
             return Ok((s.reuse as i32).to_le_bytes().to_vec());
         }
+        if matches!(s.backend, Backend::Unopened) {
+            // No host socket yet: what was set, else as a new socket.
+            if let Some(v) = s.opts.get(&(level, name)) {
+                return Ok(v.clone());
+            }
+            return Ok(vec![0; len.clamp(1, 4)]);
+        }
         if s.in_sandbox() {
             // A listener has no data socket; an in-sandbox connection's is AF_UNIX: socket-level
             // options from it, TCP/IP ones as they were set (else 0).
@@ -1411,6 +1495,13 @@ impl NetIo {
                 // The sandbox's port table applies it; the host socket never binds.
                 return Ok(());
             }
+        } else if matches!(s.backend, Backend::Unopened) {
+            // Applied to the host socket the egress opens at connect.
+            if s.opts.len() >= OPTS_CAP && !s.opts.contains_key(&(level, name)) {
+                return Err(Errno::ENOBUFS);
+            }
+            s.opts.insert((level, name), val.to_vec());
+            return Ok(());
         } else if s.in_sandbox() {
             let host_takes = level == libc::SOL_SOCKET && matches!(s.backend, Backend::Host(_));
             if !host_takes {
@@ -1421,10 +1512,20 @@ impl NetIo {
                 return Ok(());
             }
         }
-        let fd = self.host(id)?.as_raw_fd();
-        // SAFETY: val is a readable buffer of its length.
-        if unsafe { libc::setsockopt(fd, level, name, val.as_ptr().cast(), val.len() as libc::socklen_t) } != 0 {
-            return Err(host_errno(&std::io::Error::last_os_error()));
+        let fds: Vec<i32> = match &s.backend {
+            Backend::Flows(f) => f.iter().map(|(_, h)| h.as_raw_fd()).collect(),
+            _ => vec![self.host(id)?.as_raw_fd()],
+        };
+        for fd in fds {
+            // SAFETY: val is a readable buffer of its length.
+            if unsafe { libc::setsockopt(fd, level, name, val.as_ptr().cast(), val.len() as libc::socklen_t) } != 0 {
+                return Err(host_errno(&std::io::Error::last_os_error()));
+            }
+        }
+        // UDP: the host sockets of destinations to come get it too.
+        let s = self.sock(id)?;
+        if !s.stream && (s.opts.len() < OPTS_CAP || s.opts.contains_key(&(level, name))) {
+            s.opts.insert((level, name), val.to_vec());
         }
         Ok(())
     }
@@ -1436,6 +1537,22 @@ impl NetIo {
         match &s.backend {
             Backend::ResolverStream { output, .. } => Ok(output.len() as i32),
             Backend::Listener(_) => Err(Errno::EINVAL),
+            Backend::Unopened => Ok(s.inbox.front().map_or(0, |(m, _)| i32::try_from(m.len()).unwrap_or(i32::MAX))),
+            Backend::Flows(f) => {
+                if let Some((m, _)) = s.inbox.front() {
+                    return Ok(i32::try_from(m.len()).unwrap_or(i32::MAX));
+                }
+                let mut total: libc::c_int = 0;
+                for (_, h) in f {
+                    let mut n: libc::c_int = 0;
+                    // SAFETY: FIONREAD writes one int.
+                    if unsafe { libc::ioctl(h.as_raw_fd(), libc::FIONREAD, &mut n) } == 0 && n > 0 {
+                        total = n;
+                        break;
+                    }
+                }
+                Ok(total)
+            }
             Backend::Host(h) => {
                 if let Some((m, _)) = s.inbox.front() {
                     return Ok(i32::try_from(m.len()).unwrap_or(i32::MAX));
@@ -1464,18 +1581,25 @@ impl NetIo {
             let rcode = if q.qclass == dns::CLASS_IN { dns::RCODE_OK } else { dns::RCODE_NOTIMP };
             return Reply::Now(dns::response(&q, rcode, &[]));
         }
-        match self.begin(&q.name) {
-            Step::Done(rcode, addrs) => Reply::Now(self.respond(&q, rcode, &addrs)),
-            Step::Wait(l) => Reply::Later(q, l),
+        match self.egress.lookup(&q.name) {
+            Resolution::Done(r) => Reply::Now(self.respond(&q, r)),
+            Resolution::Wait(l) => Reply::Later(q, l),
         }
     }
 
-    fn respond(&mut self, q: &dns::Query, rcode: u8, addrs: &[IpAddr]) -> Vec<u8> {
-        if rcode == dns::RCODE_REFUSED {
+    /// The answer to `q` (and the counts and note of the egress' answer).
+    fn respond(&mut self, q: &dns::Query, r: Resolved) -> Vec<u8> {
+        if r.rcode == dns::RCODE_REFUSED || r.refused {
             self.stats.dns_refused += 1;
             GLOBAL.dns_refused.fetch_add(1, Ordering::Relaxed);
         }
-        dns::response(q, rcode, addrs)
+        if let Some(why) = r.denied {
+            *self.stats.denied.entry(why).or_default() += 1;
+        }
+        if let Some(n) = r.note {
+            self.note(n);
+        }
+        dns::response(q, r.rcode, &r.addrs)
     }
 
     /// Queue `r` for socket `id`'s recv (a question waiting for a lookup: at
@@ -1504,152 +1628,36 @@ impl NetIo {
         let (done, waiting): (VecDeque<_>, VecDeque<_>) =
             std::mem::take(&mut s.pending).into_iter().partition(|(_, l)| l.is_done());
         s.pending = waiting;
-        self.sweep();
         for (q, l) in done {
-            let outcome = l.outcome().unwrap_or(Err(dns::RCODE_SERVFAIL));
-            let (rcode, addrs) = self.filter(&q.name, outcome);
-            let a = self.respond(&q, rcode, &addrs);
+            let r = self.egress.finish(&l);
+            let a = self.respond(&q, r);
             if let Some(s) = self.socks.get_mut(&id) {
                 s.push_answer(a);
             }
         }
     }
 
-    /// Move the finished host lookups into the cache (a failure is not kept:
-    /// asking again may work).
-    fn sweep(&mut self) {
-        let done: Vec<String> = self.lookups.iter().filter(|(_, l)| l.is_done()).map(|(n, _)| n.clone()).collect();
-        for name in done {
-            let Some(l) = self.lookups.remove(&name) else { continue };
-            match l.outcome() {
-                Some(r) if r != Err(dns::RCODE_SERVFAIL) => {
-                    if self.dns_cache.len() >= DNS_CACHE_CAP {
-                        self.dns_cache.clear();
-                    }
-                    self.dns_cache.insert(name, (Instant::now(), r));
-                }
-                _ => {}
-            }
-        }
-    }
-
-    /// A host lookup may start now (the per-sandbox rate).
-    fn lookup_token(&mut self) -> bool {
-        let now = Instant::now();
-        let (t, last) = self.lookup_tokens;
-        let t = (t + now.saturating_duration_since(last).as_secs_f64() * LOOKUP_RATE).min(LOOKUP_BURST);
-        let ok = t >= 1.0;
-        self.lookup_tokens = (if ok { t - 1.0 } else { t }, now);
-        ok
-    }
-
-    /// Resolve `name`: at once from the policy, the static map or the cache,
-    /// else by a host lookup (`Step::Wait`). REFUSED when the network is off;
-    /// NXDOMAIN, without asking any nameserver, for a name no allow rule of an
-    /// `allowlist` could match; SERVFAIL when the sandbox's or the process'
-    /// lookup limits are reached.
-    fn begin(&mut self, name: &str) -> Step {
-        let name = policy::normalize_name(name);
-        if self.config.mode() == Mode::None {
-            self.note(format!("DNS lookup of {name} refused: network: none"));
-            return Step::Done(dns::RCODE_REFUSED, Vec::new());
-        }
-        if let Some(a) = self.config.hosts.get(&name).cloned() {
-            let (rcode, addrs) = self.filter(&name, Ok(a));
-            return Step::Done(rcode, addrs);
-        }
-        if !self.config.may_resolve(&name) {
-            self.stats.dns_refused += 1;
-            GLOBAL.dns_refused.fetch_add(1, Ordering::Relaxed);
-            *self.stats.denied.entry("name not in the allowlist".to_string()).or_default() += 1;
-            self.note(format!(
-                "DNS lookup of {name} answered NXDOMAIN: no allow rule of the egress policy names it (no nameserver was asked)"
-            ));
-            return Step::Done(dns::RCODE_NXDOMAIN, Vec::new());
-        }
-        self.sweep();
-        let cached = self
-            .dns_cache
-            .get(&name)
-            .filter(|(t, _)| t.elapsed() < Duration::from_secs(dns::TTL as u64))
-            .map(|(_, r)| r.clone());
-        if let Some(r) = cached {
-            let (rcode, addrs) = self.filter(&name, r);
-            return Step::Done(rcode, addrs);
-        }
-        if let Some(l) = self.lookups.get(&name) {
-            return Step::Wait(Arc::clone(l));
-        }
-        let why = if self.lookups.len() >= LOOKUPS_IN_FLIGHT {
-            format!("the sandbox has {LOOKUPS_IN_FLIGHT} lookups under way")
-        } else if !self.lookup_token() {
-            format!("the sandbox's limit of {LOOKUP_RATE} lookups a second is reached")
-        } else {
-            match resolver::Lookup::new(&name) {
-                Some(l) if resolver::submit(Arc::clone(&l)) => {
-                    self.lookups.insert(name, Arc::clone(&l));
-                    return Step::Wait(l);
-                }
-                _ => "the host's resolver is busy".to_string(),
-            }
-        };
-        self.note(format!("DNS lookup of {name} failed: {why}"));
-        Step::Done(dns::RCODE_SERVFAIL, Vec::new())
+    /// Start resolving `name` (tests).
+    #[cfg(test)]
+    pub fn begin(&mut self, name: &str) -> Resolution {
+        self.egress.lookup(name)
     }
 
     /// Resolve `name`, waiting for a host lookup on this thread (tests only:
     /// the sandbox never waits here).
     #[cfg(test)]
     pub fn resolve(&mut self, name: &str) -> (u8, Vec<IpAddr>) {
-        match self.begin(name) {
-            Step::Done(rcode, addrs) => (rcode, addrs),
-            Step::Wait(l) => {
-                let r = l.wait(resolver::BUDGET + Duration::from_secs(1)).unwrap_or(Err(dns::RCODE_SERVFAIL));
-                self.sweep();
-                self.filter(&l.name, r)
+        match self.egress.lookup(name) {
+            Resolution::Done(r) => (r.rcode, r.addrs),
+            Resolution::Wait(l) => {
+                let _ = l.wait(resolver::BUDGET + Duration::from_secs(1));
+                if !l.is_done() {
+                    l.cancel();
+                }
+                let r = self.egress.finish(&l);
+                (r.rcode, r.addrs)
             }
         }
-    }
-
-    /// Keep only the addresses of a lookup's outcome that the policy allows.
-    /// REFUSED when it had addresses and every one is denied.
-    fn filter(&mut self, name: &str, found: resolver::Outcome) -> (u8, Vec<IpAddr>) {
-        let all = match found {
-            Ok(a) => a,
-            Err(rcode) => return (rcode, Vec::new()),
-        };
-        let host = self.host_addrs();
-        let names = vec![name.to_string()];
-        let mut kept = Vec::new();
-        let mut why = None;
-        for ip in &all {
-            let d = policy::decide_layers(&self.config.layers, *ip, None, &names, &host);
-            if d.allowed() {
-                kept.push(*ip);
-            } else if why.is_none() {
-                why = Some(d.reason().to_string());
-            }
-        }
-        if kept.is_empty() {
-            if let Some(why) = why {
-                *self.stats.denied.entry(why.clone()).or_default() += 1;
-                self.note(format!(
-                    "DNS lookup of {name} refused: it resolves only to addresses the egress policy denies ({why})"
-                ));
-                return (dns::RCODE_REFUSED, Vec::new());
-            }
-            return (dns::RCODE_NXDOMAIN, Vec::new());
-        }
-        if self.names.len() >= NAMES_CAP {
-            self.names.clear();
-        }
-        for ip in &kept {
-            let v = self.names.entry(*ip).or_default();
-            if !v.iter().any(|n| n == name) && v.len() < 8 {
-                v.push(name.to_string());
-            }
-        }
-        (dns::RCODE_OK, kept)
     }
 }
 
@@ -1661,9 +1669,28 @@ enum Reply {
     Drop,
 }
 
-enum Step {
-    Done(u8, Vec<IpAddr>),
-    Wait(Arc<resolver::Lookup>),
+/// One recvmsg on host socket `fd`: the length, the source as the kernel
+/// wrote it, and whether the datagram was truncated.
+fn recv_host(
+    fd: i32,
+    buf: &mut [u8],
+    flags: i32,
+) -> Result<(usize, libc::sockaddr_storage, libc::socklen_t, bool), Errno> {
+    // SAFETY: sockaddr_storage is plain data; all zeroes is a valid value.
+    let mut from: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    // SAFETY: zeroed msghdr, then pointers to live locals/the buffer with their sizes.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_name = (&mut from as *mut libc::sockaddr_storage).cast();
+    msg.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    // SAFETY: fd is our host socket; msg points to valid memory as set above.
+    let n = unsafe { libc::recvmsg(fd, &mut msg, flags) };
+    if n < 0 {
+        return Err(host_errno(&std::io::Error::last_os_error()));
+    }
+    Ok((n as usize, from, msg.msg_namelen, msg.msg_flags & libc::MSG_TRUNC != 0))
 }
 
 /// A host sockaddr (as the kernel wrote it) as a `SocketAddr`.

@@ -4,10 +4,18 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, UdpSocket};
 use std::time::{Duration, Instant};
 
+use super::egress::{LOOKUPS_IN_FLIGHT, LOOKUP_BURST};
 use super::*;
 
 fn net(p: Policy) -> NetIo {
     NetIo::new(Arc::new(NetConfig::with_policy(p)))
+}
+
+/// A NetIo and its in-process egress (to look at the policy state it keeps).
+fn direct(cfg: NetConfig) -> (NetIo, Arc<Direct>) {
+    let cfg = Arc::new(cfg);
+    let d = Arc::new(Direct::new(Arc::clone(&cfg)));
+    (NetIo::with_egress(cfg, d.clone()), d)
 }
 
 fn loopback_allowed(port: u16) -> Policy {
@@ -147,7 +155,7 @@ fn resolver_answers_from_the_host_map_under_the_policy() {
     cfg.hosts.insert("web.test".into(), vec!["10.200.0.2".parse().unwrap()]);
     cfg.hosts.insert("meta.test".into(), vec!["169.254.169.254".parse().unwrap()]);
     cfg.hosts.insert("mixed.test".into(), vec!["127.0.0.1".parse().unwrap(), "93.184.215.14".parse().unwrap()]);
-    let mut n = NetIo::new(Arc::new(cfg));
+    let (mut n, d) = direct(cfg);
     let id = n.socket(libc::AF_INET, false).unwrap();
     assert!(n.connect(id, Some(SocketAddr::from((RESOLVER, DNS_PORT)))).unwrap());
     assert_eq!(n.peer_addr(id).unwrap(), SocketAddr::from((RESOLVER, DNS_PORT)));
@@ -171,7 +179,7 @@ fn resolver_answers_from_the_host_map_under_the_policy() {
     );
     assert_eq!((n.stats.dns_queries, n.stats.dns_refused), (3, 1));
     // The name the resolver handed out is what a domain rule matches.
-    assert_eq!(n.names.get(&"10.200.0.2".parse::<IpAddr>().unwrap()).unwrap(), &vec!["web.test".to_string()]);
+    assert_eq!(d.gate().names.get(&"10.200.0.2".parse::<IpAddr>().unwrap()).unwrap(), &vec!["web.test".to_string()]);
     // TCP to the resolver: length-prefixed.
     let t = n.socket(libc::AF_INET, true).unwrap();
     assert!(n.connect(t, Some(SocketAddr::from((RESOLVER, DNS_PORT)))).unwrap());
@@ -192,19 +200,21 @@ fn domain_rules_match_names_handed_out_by_the_resolver() {
     let mut cfg = NetConfig::with_policy(Policy::allowlist(vec!["*.allowed.test".parse().unwrap()]));
     cfg.hosts.insert("api.allowed.test".into(), vec!["93.184.215.14".parse().unwrap()]);
     cfg.hosts.insert("other.test".into(), vec!["93.184.215.15".parse().unwrap()]);
-    let mut n = NetIo::new(Arc::new(cfg));
+    let (mut n, g) = direct(cfg);
     assert_eq!(n.resolve("other.test").0, dns::RCODE_REFUSED);
     assert_eq!(n.resolve("API.allowed.test.").1, vec!["93.184.215.14".parse::<IpAddr>().unwrap()]);
-    let d = n.check("93.184.215.14:443".parse().unwrap(), "connect to");
-    assert!(d.allowed(), "{d:?}");
-    assert!(!n.check("93.184.215.15:443".parse().unwrap(), "connect to").allowed());
+    let d = g.gate().decide("93.184.215.14:443".parse().unwrap());
+    assert!(d.allowed, "{d:?}");
+    assert_eq!(d.names, vec!["api.allowed.test".to_string()]);
+    assert!(!g.gate().decide("93.184.215.15:443".parse().unwrap()).allowed);
     let mut off = net(Policy::none());
     assert_eq!(off.resolve("anything.test").0, dns::RCODE_REFUSED);
 }
 
 #[test]
 fn socket_and_byte_limits() {
-    let mut cfg = NetConfig::with_policy(Policy::public());
+    let echo = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let mut cfg = NetConfig::with_policy(loopback_allowed(echo.local_addr().unwrap().port()));
     cfg.max_sockets = 3;
     cfg.max_bytes = 4;
     let mut n = NetIo::new(Arc::new(cfg));
@@ -212,10 +222,6 @@ fn socket_and_byte_limits() {
     assert_eq!(n.socket(libc::AF_INET, false), Err(Errno::EMFILE));
     n.close(ids[0]);
     let udp = n.socket(libc::AF_INET, false).unwrap();
-    let echo = UdpSocket::bind("127.0.0.1:0").unwrap();
-    let mut cfg2 = (*n.config).clone();
-    cfg2.layers = vec![loopback_allowed(echo.local_addr().unwrap().port())];
-    n.config = Arc::new(cfg2);
     assert_eq!(n.send(udp, b"1234", Some(echo.local_addr().unwrap()), 0).unwrap(), 4);
     assert_eq!(n.send(udp, b"5", Some(echo.local_addr().unwrap()), 0), Err(Errno::ENOBUFS));
     assert!(n.notes.iter().any(|m| m.contains("byte limit")));
@@ -293,7 +299,7 @@ fn silent_nameserver() -> SocketAddr {
 #[test]
 fn host_lookups_wait_on_an_eventfd_and_are_capped_per_sandbox() {
     resolver::set_upstream(Some(vec![silent_nameserver()]));
-    let mut n = net(Policy::public());
+    let (mut n, d) = direct(NetConfig::with_policy(Policy::public()));
     let u = n.socket(libc::AF_INET, false).unwrap();
     assert!(n.connect(u, Some(resolver_addr())).unwrap());
     // A question the host must look up: no answer yet, an eventfd to wait on.
@@ -305,13 +311,13 @@ fn host_lookups_wait_on_an_eventfd_and_are_capped_per_sandbox() {
     let mut fds = Vec::new();
     n.lookup_pollfds(u, libc::POLLIN, &mut fds);
     assert_eq!(fds.len(), 1, "A and AAAA of one name share a lookup");
-    assert_eq!(n.lookups.len(), 1);
+    assert_eq!(d.gate().lookups.len(), 1);
     // At most LOOKUPS_IN_FLIGHT names at once: the next fails at once.
     for i in 1..LOOKUPS_IN_FLIGHT {
-        assert!(matches!(n.begin(&format!("n{i}.silent.test")), Step::Wait(_)));
+        assert!(matches!(n.begin(&format!("n{i}.silent.test")), Resolution::Wait(_)));
     }
     let t = Instant::now();
-    assert!(matches!(n.begin("over.silent.test"), Step::Done(dns::RCODE_SERVFAIL, _)));
+    assert!(matches!(n.begin("over.silent.test"), Resolution::Done(Resolved { rcode: dns::RCODE_SERVFAIL, .. })));
     assert!(t.elapsed() < Duration::from_millis(100));
     // A cancel (the exec's interrupt) answers SERVFAIL now.
     n.cancel_lookups();
@@ -324,23 +330,23 @@ fn host_lookups_wait_on_an_eventfd_and_are_capped_per_sandbox() {
         assert!(k >= 12 && b[3] & 0xF == dns::RCODE_SERVFAIL, "{:?}", &b[..k]);
     }
     // A failure is not cached: the name is looked up again.
-    n.sweep();
-    assert!(n.lookups.is_empty());
-    assert!(matches!(n.begin("a.silent.test"), Step::Wait(_)));
+    d.gate().sweep();
+    assert!(d.gate().lookups.is_empty());
+    assert!(matches!(n.begin("a.silent.test"), Resolution::Wait(_)));
     n.cancel_lookups();
     // The rate: LOOKUP_BURST lookups, then SERVFAIL until tokens come back.
-    let mut n = net(Policy::public());
+    let (mut n, d) = direct(NetConfig::with_policy(Policy::public()));
     let mut failed = 0;
     for i in 0..(LOOKUP_BURST as usize + 2) {
         match n.begin(&format!("r{i}.silent.test")) {
-            Step::Wait(_) => {}
-            Step::Done(rcode, _) => {
-                assert_eq!(rcode, dns::RCODE_SERVFAIL);
+            Resolution::Wait(_) => {}
+            Resolution::Done(r) => {
+                assert_eq!(r.rcode, dns::RCODE_SERVFAIL);
                 failed += 1;
             }
         }
         n.cancel_lookups();
-        n.sweep();
+        d.gate().sweep();
     }
     assert!(failed >= 2, "{failed}");
     resolver::set_upstream(None);
@@ -353,13 +359,85 @@ fn an_allowlist_answers_names_no_rule_matches_without_a_lookup() {
         "*.ok.test".parse().unwrap(),
         "exact.test".parse().unwrap(),
     ]);
-    let mut n = net(p);
+    let (mut n, d) = direct(NetConfig::with_policy(p));
     for name in ["secret.exfil.test", "ok.test", "x.exact.test", ""] {
-        assert!(matches!(n.begin(name), Step::Done(dns::RCODE_NXDOMAIN, _)), "{name}");
+        match n.begin(name) {
+            Resolution::Done(r) => assert_eq!((r.rcode, r.refused), (dns::RCODE_NXDOMAIN, true), "{name}"),
+            Resolution::Wait(_) => panic!("{name} was looked up"),
+        }
     }
-    assert!(n.lookups.is_empty(), "nothing was looked up");
-    assert_eq!(n.stats.dns_refused, 4);
+    assert!(d.gate().lookups.is_empty(), "nothing was looked up");
+    // Through the resolver socket the refusals are counted.
+    let u = n.socket(libc::AF_INET, false).unwrap();
+    assert!(n.connect(u, Some(resolver_addr())).unwrap());
+    n.send(u, &query(9, "secret.exfil.test", dns::TYPE_A), None, 0).unwrap();
+    assert_eq!(n.stats.dns_refused, 1);
     assert!(n.config.may_resolve("a.ok.test") && n.config.may_resolve("EXACT.test."));
     let any = net(Policy::allowlist(vec!["*:443".parse().unwrap()]));
     assert!(any.config.may_resolve("anything.test"), "`*` could match any name");
+}
+
+/// An egress that refuses everything and counts what it was asked.
+#[derive(Debug, Default)]
+struct Refuser {
+    asked: std::sync::Mutex<Vec<String>>,
+}
+
+impl Egress for Refuser {
+    fn connect(&self, domain: i32, dest: SocketAddr) -> Result<Opened, Refused> {
+        self.asked.lock().unwrap().push(format!("tcp {domain} {dest}"));
+        Err(Refused::Policy(Verdict { allowed: false, reason: "test".into(), names: vec![] }))
+    }
+    fn udp(&self, domain: i32, dest: SocketAddr) -> Result<Socket, Refused> {
+        self.asked.lock().unwrap().push(format!("udp {domain} {dest}"));
+        Err(Refused::Host(Errno(libc::ENETUNREACH)))
+    }
+    fn lookup(&self, name: &str) -> Resolution {
+        self.asked.lock().unwrap().push(format!("lookup {name}"));
+        Resolution::Done(Resolved { rcode: dns::RCODE_NXDOMAIN, ..Resolved::default() })
+    }
+    fn finish(&self, _: &resolver::Lookup) -> Resolved {
+        Resolved::default()
+    }
+    fn cancel_lookups(&self) {}
+}
+
+#[test]
+fn every_way_out_goes_through_the_egress() {
+    let e = Arc::new(Refuser::default());
+    // The NetIo's own config says public: only the egress decides.
+    let mut n = NetIo::with_egress(Arc::new(NetConfig::with_policy(Policy::public())), e.clone());
+    let t = n.socket(libc::AF_INET6, true).unwrap();
+    // Before a connect there is no host socket: options are kept, the socket reads as unconnected.
+    n.setsockopt(t, libc::SOL_SOCKET, libc::SO_KEEPALIVE, &1i32.to_le_bytes()).unwrap();
+    assert_eq!(n.getsockopt(t, libc::SOL_SOCKET, libc::SO_KEEPALIVE, 4).unwrap(), 1i32.to_le_bytes());
+    assert_eq!(n.host_fd(t), None);
+    assert_eq!(n.poll(t, libc::POLLOUT), libc::POLLOUT | libc::POLLHUP);
+    assert_eq!(n.send(t, b"x", None, 0), Err(Errno::EPIPE));
+    assert_eq!(n.peer_addr(t), Err(Errno::ENOTCONN));
+    assert_eq!(n.connect(t, Some(sa("[2001:db8::1]:443"))), Err(Errno::ECONNREFUSED));
+    assert!(n.notes.iter().any(|m| m.contains("refused by the egress policy: test")), "{:?}", n.notes);
+    let u = n.socket(libc::AF_INET, false).unwrap();
+    assert!(n.connect(u, Some(sa("192.0.2.1:53"))).unwrap(), "a UDP connect sends nothing");
+    assert_eq!(n.peer_addr(u).unwrap(), sa("192.0.2.1:53"));
+    assert_eq!(n.send(u, b"x", None, 0), Err(Errno(libc::ENETUNREACH)));
+    assert_eq!(n.send(u, b"y", Some(sa("192.0.2.2:9")), 0), Err(Errno(libc::ENETUNREACH)));
+    let mut b = [0u8; 8];
+    assert_eq!(n.recv(u, &mut b, 0), Err(Errno::EAGAIN));
+    let r = n.socket(libc::AF_INET, false).unwrap();
+    n.send(r, &query(1, "x.test", dns::TYPE_A), Some(resolver_addr()), 0).unwrap();
+    let mut a = [0u8; 512];
+    let (k, _, _) = n.recv(r, &mut a, 0).unwrap();
+    assert_eq!(a[3] & 0xF, dns::RCODE_NXDOMAIN, "the egress' answer: {:?}", &a[..k]);
+    assert_eq!(
+        *e.asked.lock().unwrap(),
+        ["tcp 10 [2001:db8::1]:443", "udp 2 192.0.2.1:53", "udp 2 192.0.2.2:9", "lookup x.test"]
+    );
+    // Loopback inside the sandbox never asks the egress.
+    let l = n.socket(libc::AF_INET, true).unwrap();
+    n.bind(l, sa("127.0.0.1:8080")).unwrap();
+    n.listen(l, 1).unwrap();
+    let c = n.socket(libc::AF_INET, true).unwrap();
+    assert!(n.connect(c, Some(sa("127.0.0.1:8080"))).unwrap());
+    assert_eq!(e.asked.lock().unwrap().len(), 4);
 }
