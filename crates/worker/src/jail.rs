@@ -205,21 +205,13 @@ pub fn unshare_outer(own_network: bool) -> Result<(), JailError> {
     mount(None, Path::new("/"), None, libc::MS_REC | libc::MS_PRIVATE, None)
 }
 
-/// Files the VMM's resolver (for the guest's DNS) reads, bound if present: the nameservers.
-const RESOLVER_FILES: &[&str] = &["/etc/resolv.conf"];
-
 /// A tmpfs at `h.root` holding the read-only binds and mount points for `/proc`.
 pub fn build_root(h: &Hello) -> Result<(), JailError> {
     let root = h.root.as_path();
     mount(Some(Path::new("tmpfs")), root, Some("tmpfs"), libc::MS_NOSUID | libc::MS_NODEV, Some("size=1m,mode=0755"))?;
     let inside = |jail: &str| root.join(jail.trim_start_matches('/'));
-    let mut binds: Vec<(std::path::PathBuf, String)> =
-        h.binds.iter().map(|b| (b.host.clone(), b.jail.clone())).collect();
-    for f in RESOLVER_FILES {
-        if Path::new(f).is_file() {
-            binds.push((f.into(), f.to_string()));
-        }
-    }
+    // No /etc/resolv.conf: the guest's names are resolved by the egress broker outside.
+    let binds: Vec<(std::path::PathBuf, String)> = h.binds.iter().map(|b| (b.host.clone(), b.jail.clone())).collect();
     for (host, jail) in &binds {
         let target = inside(jail);
         let made = if host.is_dir() {
