@@ -172,13 +172,6 @@ impl IntoResponse for ApiError {
                 })),
             );
         }
-        // A 413 may go out before the rest of the body is read (past the
-        // drain bound in `uploads`), so the connection cannot carry another
-        // request: say so, or a client that pools connections sends its next
-        // request into a socket the server closes.
-        if status == StatusCode::PAYLOAD_TOO_LARGE {
-            resp.headers_mut().insert(header::CONNECTION, header::HeaderValue::from_static("close"));
-        }
         if let Some(url) = self.moved_to {
             resp.extensions_mut().insert(crate::forward::MovedTo(*url));
         }

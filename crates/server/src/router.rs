@@ -122,6 +122,18 @@ pub fn router(state: AppState) -> Router {
     // E2B's data plane goes by its headers, before any path is looked at.
     let data_plane = crate::e2b::DataPlane::new(state);
     api.layer(middleware::from_fn_with_state(data_plane, crate::e2b::dispatch))
+        .layer(middleware::map_response(close_after_413))
+}
+
+/// A 413 may go out before the rest of the body is read (past the drain bound
+/// in `uploads`, or a body limit met mid-stream), so the connection cannot carry
+/// another request: say so, whatever API answered, or a client that pools
+/// connections sends its next request into a socket the server closes.
+async fn close_after_413(mut resp: axum::response::Response) -> axum::response::Response {
+    if resp.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+        resp.headers_mut().insert(axum::http::header::CONNECTION, axum::http::HeaderValue::from_static("close"));
+    }
+    resp
 }
 
 /// `/mcp`: the MCP server (streamable HTTP, `forkbox_mcp`) behind the same API

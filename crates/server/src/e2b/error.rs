@@ -192,10 +192,6 @@ impl From<tokio::task::JoinError> for ConnectError {
 
 impl IntoResponse for ConnectError {
     fn into_response(self) -> Response {
-        let mut resp = (self.status(), axum::Json(self.json())).into_response();
-        if self.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            resp.headers_mut().insert(axum::http::header::CONNECTION, axum::http::HeaderValue::from_static("close"));
-        }
-        resp
+        (self.status(), axum::Json(self.json())).into_response()
     }
 }

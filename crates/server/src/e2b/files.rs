@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, FromRequest, Multipart, RawQuery, Request, State};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Extension, Json, Router};
@@ -47,11 +47,7 @@ impl IntoResponse for HttpError {
     fn into_response(self) -> Response {
         let status = self.0.status();
         let body = json!({ "code": status.as_u16(), "message": crate::error::scrub(&self.0.message) });
-        let mut resp = (status, Json(body)).into_response();
-        if status == StatusCode::PAYLOAD_TOO_LARGE {
-            resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
-        }
-        resp
+        (status, Json(body)).into_response()
     }
 }
 
