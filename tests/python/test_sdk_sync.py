@@ -257,3 +257,14 @@ def test_outputs_are_returned_with_the_result(fb):
     assert (o.path, o.size, o.mime, o.data) == ("/output/plot.svg", 6, "image/svg+xml", b"<svg/>")
     assert s.exec("1").outputs == []
     s.delete()
+
+
+def test_the_blocking_client_is_generated_from_the_asyncio_one():
+    # One source for both clients: `_sync.py` must be exactly what gen_sync.py writes from `_async.py`.
+    import os
+    import subprocess
+    import sys
+
+    gen = os.path.join(os.path.dirname(__file__), "..", "..", "sdk", "python", "gen_sync.py")
+    r = subprocess.run([sys.executable, gen, "--check"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr

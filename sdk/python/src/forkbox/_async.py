@@ -1,9 +1,9 @@
-"""The asynchronous client (asyncio, httpx.AsyncClient)."""
+"""The asyncio client (httpx.AsyncClient); `_sync.py` is generated from this file by `sdk/python/gen_sync.py`."""
 
 from __future__ import annotations
 
-import asyncio
 import time
+from asyncio import sleep
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
@@ -15,10 +15,10 @@ from ._types import Checkpoint, CommandResult, Event, Result, ExecResult, FileEn
 
 
 class AsyncForkbox:
-    """An asyncio client of a forkbox server (the same API as `Forkbox`, awaitable).
+    """A client of a forkbox server (`AsyncForkbox`: its methods are awaitable; `Forkbox`: they block).
 
-    `url` and `api_key` default to $FORKBOX_URL and $FORKBOX_API_KEY. Use it as an
-    async context manager, or call `close()`, to release its connections.
+    `url` and `api_key` default to $FORKBOX_URL and $FORKBOX_API_KEY. Use it as a
+    context manager (`async with` for `AsyncForkbox`), or call `close()`, to release its connections.
     """
 
     def __init__(
@@ -59,7 +59,7 @@ class AsyncForkbox:
             if delay is None:
                 return _base.check(resp)
             attempt += 1
-            await asyncio.sleep(delay)
+            await sleep(delay)
 
     async def _json(self, method: str, path: str, **kw: Any) -> Any:
         return (await self._send(method, path, **kw)).json()
@@ -102,7 +102,7 @@ class AsyncForkbox:
                 return done
             if time.monotonic() > deadline:
                 raise ForkboxError(0, "timeout", f"template {name} still building after {timeout:.0f} s")
-            await asyncio.sleep(poll)
+            await sleep(poll)
             t = await self.template(name)
         return t
 
@@ -127,7 +127,7 @@ class AsyncForkbox:
                         delay = self._retry.delay(resp, attempt)
                         if delay is not None:
                             attempt += 1
-                            await asyncio.sleep(delay)
+                            await sleep(delay)
                             continue
                         _base.check(resp)
                     parser = _base.SseParser()
@@ -221,7 +221,7 @@ class AsyncSession:
         return self.info.id
 
     def __repr__(self) -> str:
-        return f"AsyncSession({self.info.id!r}, checkpoint={self.info.checkpoint})"
+        return f"{type(self).__name__}({self.info.id!r}, checkpoint={self.info.checkpoint})"
 
     def _path(self, tail: str = "") -> str:
         return f"/v1/sessions/{_base.seg(self.info.id)}{tail}"
@@ -313,7 +313,8 @@ class AsyncSession:
         return AsyncSession(self._c, SessionInfo.from_json(await self._c._json("POST", self._path("/fork"), json=body)))
 
     async def to_template(self, n: int, name: str) -> dict[str, Any]:
-        """A template of your own from checkpoint `n` of this session (see `Session.to_template`)."""
+        """A template of your own from checkpoint `n` of this session (its variables, imports, data, files):
+        execs and new sessions on `name` start from that state; it outlives the session."""
         return dict(await self._c._json("POST", self._path(f"/checkpoints/{int(n)}/template"), json={"name": name}))
 
     async def tree(self) -> dict[str, Any]:

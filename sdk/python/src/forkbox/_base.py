@@ -6,7 +6,7 @@ import json
 import os
 import random
 from dataclasses import dataclass
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Union
 from urllib.parse import quote
 
@@ -233,19 +233,6 @@ def stream_event(name: str, data: str, result: type = ExecResult) -> Event | Non
     if name == "error":
         raise error_from(0, v)
     return None  # unknown events are ignored, as SSE clients do
-
-
-def events(lines: Iterable[str], result: type = ExecResult) -> Iterator[Event]:
-    parser = SseParser()
-    for line in lines:
-        ev = parser.feed(line)
-        if ev is not None:
-            e = stream_event(*ev, result=result)
-            if e is not None:
-                yield e
-                if isinstance(e, Result):
-                    return
-    raise ForkboxError(0, "protocol_error", "the stream ended without a result")
 
 
 def template_body(

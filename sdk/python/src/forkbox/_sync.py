@@ -1,23 +1,24 @@
-"""The synchronous client."""
+"""The blocking client (httpx.Client). Generated from `_async.py` by `sdk/python/gen_sync.py`: edit that file, not this one."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
 import time
+from time import sleep
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import httpx
 
 from . import _base, _tree
 from ._errors import ForkboxError
-from ._types import Checkpoint, CommandResult, Event, ExecResult, FileEntry, Packages, SessionInfo, Upload
+from ._types import Checkpoint, CommandResult, Event, Result, ExecResult, FileEntry, Packages, SessionInfo, Upload
 
 
 class Forkbox:
-    """A client of a forkbox server.
+    """A client of a forkbox server (`AsyncForkbox`: its methods are awaitable; `Forkbox`: they block).
 
     `url` and `api_key` default to $FORKBOX_URL and $FORKBOX_API_KEY. Use it as a
-    context manager, or call `close()`, to release its connections.
+    context manager (`async with` for `AsyncForkbox`), or call `close()`, to release its connections.
     """
 
     def __init__(
@@ -58,10 +59,10 @@ class Forkbox:
             if delay is None:
                 return _base.check(resp)
             attempt += 1
-            time.sleep(delay)
+            sleep(delay)
 
     def _json(self, method: str, path: str, **kw: Any) -> Any:
-        return self._send(method, path, **kw).json()
+        return (self._send(method, path, **kw)).json()
 
     def exec(
         self, code: str, timeout: float | None = None, network: _base.Network | None = None, template: str | None = None
@@ -101,7 +102,7 @@ class Forkbox:
                 return done
             if time.monotonic() > deadline:
                 raise ForkboxError(0, "timeout", f"template {name} still building after {timeout:.0f} s")
-            time.sleep(poll)
+            sleep(poll)
             t = self.template(name)
         return t
 
@@ -126,13 +127,23 @@ class Forkbox:
                         delay = self._retry.delay(resp, attempt)
                         if delay is not None:
                             attempt += 1
-                            time.sleep(delay)
+                            sleep(delay)
                             continue
                         _base.check(resp)
-                    yield from _base.events(resp.iter_lines(), result)
-                    return
+                    parser = _base.SseParser()
+                    for line in resp.iter_lines():
+                        ev = parser.feed(line)
+                        if ev is None:
+                            continue
+                        e = _base.stream_event(*ev, result=result)
+                        if e is not None:
+                            yield e
+                            if isinstance(e, Result):
+                                return
+                    break
         except httpx.HTTPError as e:
             raise _base.connection_failed(e, self.url, self._default_url) from e
+        raise ForkboxError(0, "protocol_error", "the stream ended without a result")
 
 
 class Commands:
@@ -210,7 +221,7 @@ class Session:
         return self.info.id
 
     def __repr__(self) -> str:
-        return f"Session({self.info.id!r}, checkpoint={self.info.checkpoint})"
+        return f"{type(self).__name__}({self.info.id!r}, checkpoint={self.info.checkpoint})"
 
     def _path(self, tail: str = "") -> str:
         return f"/v1/sessions/{_base.seg(self.info.id)}{tail}"
@@ -258,7 +269,7 @@ class Session:
 
     def interrupt(self) -> bool:
         """Interrupt the running exec (the code gets KeyboardInterrupt); False if none was running."""
-        return bool(self._c._json("POST", self._path("/interrupt")).get("interrupted"))
+        return bool((self._c._json("POST", self._path("/interrupt"))).get("interrupted"))
 
     def upload(self, path: str, data: bytes | str) -> Upload:
         """Write a file into the session (parents created); makes a checkpoint."""
@@ -269,7 +280,7 @@ class Session:
 
     def download(self, path: str) -> bytes:
         """The contents of a file in the session."""
-        return self._c._send("GET", self._path(f"/files/{_base.file_path(path)}")).content
+        return (self._c._send("GET", self._path(f"/files/{_base.file_path(path)}"))).content
 
     def files(self, dir: str = "/output") -> list[FileEntry]:
         """The entries of a directory in the session."""
