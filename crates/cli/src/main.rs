@@ -775,17 +775,17 @@ fn serve(
         anyhow::bail!("--database: not a PostgreSQL URL (postgres://user@host:port/db)");
     }
     let mut cfg = forkbox_server::ServerConfig::new(listen, home.to_path_buf());
-    cfg.pip = pip;
-    cfg.packages = packages;
-    cfg.isolation = isolation;
-    cfg.image = image;
-    cfg.template = template;
+    cfg.runtime.pip = pip;
+    cfg.runtime.packages = packages;
+    cfg.runtime.isolation = isolation;
+    cfg.runtime.image = image;
+    cfg.runtime.template = template;
     cfg.metrics_listen = metrics_listen;
-    cfg.max_concurrency = exec_slots.map_or(0, |n| n as usize);
-    cfg.limits.network = forkbox_engine::NetConfig::with_policy(egress);
-    cfg.sessions.objects = objects;
-    cfg.sessions.database = database;
-    cfg.sessions.cluster = cluster;
+    cfg.runtime.concurrency = exec_slots.map_or(0, |n| n as usize);
+    cfg.runtime.limits.network = forkbox_engine::NetConfig::with_policy(egress);
+    cfg.runtime.sessions.objects = objects;
+    cfg.runtime.sessions.database = database;
+    cfg.runtime.sessions.cluster = cluster;
     cfg.prebuild = prebuild.names;
     cfg.template_wait = prebuild.wait;
     cfg.e2b_auto_pause = e2b_auto_pause;

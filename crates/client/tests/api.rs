@@ -25,10 +25,13 @@ async fn clients() -> (tempfile::TempDir, Client, Client, String) {
 async fn clients_with(f: impl FnOnce(&mut ServerConfig)) -> (tempfile::TempDir, Client, Client, String) {
     let home = forkbox_testkit::fresh_home("forkbox-client-test-");
     let mut cfg = ServerConfig::new("127.0.0.1:0".parse().expect("addr"), home.path().to_path_buf());
+    // Execs on this test process' threads (the jailed workers have tests of their own).
+    cfg.runtime.isolation = forkbox_runtime::Isolation::Thread;
     f(&mut cfg);
     let h = home.path().to_path_buf();
     let (state, key): (AppState, String) = tokio::task::spawn_blocking(move || {
-        let state = Inner::with_runtime(forkbox_testkit::runtime(&cfg.home, cfg.runtime()), cfg).expect("server state");
+        let state =
+            Inner::with_runtime(forkbox_testkit::runtime(&cfg.home, cfg.runtime.clone()), cfg).expect("server state");
         (state, forkbox_server::create_key(&h, "alice").expect("key"))
     })
     .await
@@ -247,7 +250,7 @@ async fn network_setting_narrows_execs_commands_and_sessions() {
     let port = ok_responder();
     let closed = ok_responder(); // another loopback port, not allowed by the server
     let (_home, http, local, _) = clients_with(|cfg| {
-        cfg.limits.network.layers[0].allow.push(format!("127.0.0.1:{port}").parse().expect("rule"));
+        cfg.runtime.limits.network.layers[0].allow.push(format!("127.0.0.1:{port}").parse().expect("rule"));
     })
     .await;
     let get = |p: u16| format!("import socket\ns = socket.create_connection(('127.0.0.1', {p}), timeout=5)\ns.recv(2)");

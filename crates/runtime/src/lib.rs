@@ -127,15 +127,21 @@ impl Default for RuntimeConfig {
             maintenance_every: Duration::from_secs(5),
             pip: forkbox_image::PipSource::default(),
             packages: forkbox_image::packages::Policy::default(),
-            isolation: Isolation::Thread,
+            isolation: Isolation::default(),
         }
     }
 }
 
 impl RuntimeConfig {
-    /// The CLI's own bounds (it checks its flags itself), not a public server's.
+    /// The CLI's own bounds (it checks its flags itself), not a public server's; execs on
+    /// this process' threads (the CLI runs as its user, who cannot jail workers).
     pub fn embedded() -> Self {
-        RuntimeConfig { max_timeout: Duration::from_secs(86_400), max_memory_mb: 3072, ..RuntimeConfig::default() }
+        RuntimeConfig {
+            max_timeout: Duration::from_secs(86_400),
+            max_memory_mb: 3072,
+            isolation: Isolation::Thread,
+            ..RuntimeConfig::default()
+        }
     }
 
     fn threads(&self) -> usize {

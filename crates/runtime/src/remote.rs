@@ -12,16 +12,23 @@ use crate::workers::{add_remote_cpu, exec_index};
 use crate::RuntimeError;
 use forkbox_sessions::manager::random_id;
 
-/// How execs are isolated from the API process.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// How execs are isolated from the API process. The default is the jailed
+/// worker processes (what `forkbox serve` runs); `Thread` is for a runtime
+/// embedded in an unprivileged program (the CLI) and for tests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Isolation {
     /// On the exec threads of this process (under their seccomp filter).
-    #[default]
     Thread,
     /// One-shot execs and batches in jailed sandbox worker processes, one per
     /// exec thread; sessions (and the tree of states) in jailed session
     /// workers, one per tenant.
     Process(ProcessIsolation),
+}
+
+impl Default for Isolation {
+    fn default() -> Self {
+        Isolation::Process(ProcessIsolation::default())
+    }
 }
 
 /// The bounds of sandbox worker processes.

@@ -82,7 +82,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use forkbox_runtime::{Limits, Runtime, RuntimeConfig, SessionsConfig};
+use forkbox_runtime::{Runtime, RuntimeConfig};
 
 pub use auth::Caller;
 pub use handlers::capabilities::compute as capabilities;
@@ -118,33 +118,9 @@ pub struct ServerConfig {
     /// Serve `/metrics` (without auth) on this address instead; `None`:
     /// `/metrics` is on the main address for admin keys only.
     pub metrics_listen: Option<SocketAddr>,
-    // What the runtime enforces ([`ServerConfig::runtime`]; unused by [`Inner::with_runtime`],
-    // which takes the runtime's own):
-    /// Image file to use; `None`: the default image, built under `home` if missing.
-    pub image: Option<PathBuf>,
-    /// The default template's name (`python` if None; `forkbox serve --template`).
-    pub template: Option<String>,
-    /// Concurrent execs (exec threads and slots); 0: twice the available cores.
-    pub max_concurrency: usize,
-    /// Largest `code` (413 `code_too_large` above it).
-    pub code_limit: usize,
-    /// Most codes in one `/v1/exec/batch`.
-    pub max_batch: usize,
-    /// Defaults for one-shot execs and new sessions (timeout, memory, output, disk).
-    pub limits: Limits,
-    /// Largest `timeout_seconds` a request may ask for.
-    pub max_timeout: Duration,
-    /// Largest `memory_mb` a session may ask for.
-    pub max_memory_mb: u64,
-    pub sessions: SessionsConfig,
-    /// How often session maintenance (eviction, compaction, gc) runs.
-    pub maintenance_every: Duration,
-    /// Where pip looks for the wheels of `POST /v1/templates` builds (`serve --pip-index-url/--pip-find-links`).
-    pub pip: forkbox_runtime::PipSource,
-    /// Which packages sessions may install at run time (`serve --pip-allow/--pip-deny`).
-    pub packages: forkbox_runtime::PackagePolicy,
-    /// Where one-shot execs run (`serve --isolation`; see `forkbox_runtime::Isolation`).
-    pub isolation: forkbox_runtime::Isolation,
+    /// What the runtime enforces (image, templates, exec slots, limits, sessions, pip, isolation);
+    /// [`Inner::with_runtime`] ignores it and takes the open runtime's own.
+    pub runtime: RuntimeConfig,
     /// Templates to build at start, in the background (`serve --prebuild NAME`).
     pub prebuild: Vec<String>,
     /// How long a request on a template being built waits for it before 409 `template_not_ready`.
@@ -156,7 +132,6 @@ pub struct ServerConfig {
 
 impl ServerConfig {
     pub fn new(listen: SocketAddr, home: PathBuf) -> ServerConfig {
-        let rt = RuntimeConfig::default();
         ServerConfig {
             listen,
             home,
@@ -169,19 +144,7 @@ impl ServerConfig {
             default_tenant: "default".into(),
             key_share: 0.5,
             metrics_listen: None,
-            image: rt.image,
-            template: rt.template,
-            max_concurrency: rt.concurrency,
-            code_limit: rt.code_limit,
-            max_batch: rt.max_batch,
-            limits: rt.limits,
-            max_timeout: rt.max_timeout,
-            max_memory_mb: rt.max_memory_mb,
-            sessions: rt.sessions,
-            maintenance_every: rt.maintenance_every,
-            pip: rt.pip,
-            packages: rt.packages,
-            isolation: rt.isolation,
+            runtime: RuntimeConfig::default(),
             prebuild: Vec::new(),
             template_wait: Duration::from_secs(60),
             e2b_auto_pause: false,
@@ -196,25 +159,6 @@ impl ServerConfig {
     /// The configuration of an embedded router (no socket): larger bodies, as the CLI sends them.
     pub fn embedded(home: PathBuf) -> ServerConfig {
         ServerConfig { body_limit: 8 << 20, ..ServerConfig::new(([127, 0, 0, 1], 0).into(), home) }
-    }
-
-    /// The runtime's part.
-    pub fn runtime(&self) -> RuntimeConfig {
-        RuntimeConfig {
-            image: self.image.clone(),
-            template: self.template.clone(),
-            concurrency: self.max_concurrency,
-            code_limit: self.code_limit,
-            max_batch: self.max_batch,
-            limits: self.limits.clone(),
-            max_timeout: self.max_timeout,
-            max_memory_mb: self.max_memory_mb,
-            sessions: self.sessions.clone(),
-            maintenance_every: self.maintenance_every,
-            pip: self.pip.clone(),
-            packages: self.packages.clone(),
-            isolation: self.isolation,
-        }
     }
 }
 
@@ -315,7 +259,7 @@ impl Server {
     pub async fn open(listeners: Listeners, config: ServerConfig) -> anyhow::Result<Server> {
         let cfg = config.clone();
         let (state, created_key) = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
-            let runtime = Runtime::open(&cfg.home, cfg.runtime())?;
+            let runtime = Runtime::open(&cfg.home, cfg.runtime.clone())?;
             for name in &cfg.prebuild {
                 runtime.prebuild(name).with_context(|| format!("--prebuild {name}"))?;
             }
@@ -397,7 +341,7 @@ impl Server {
 
 /// A cluster node without an advertised URL is reached at the address it is bound to.
 fn advertise(config: &mut ServerConfig, addr: SocketAddr) -> anyhow::Result<()> {
-    if let Some(c) = config.sessions.cluster.as_mut().filter(|c| c.url.is_empty()) {
+    if let Some(c) = config.runtime.sessions.cluster.as_mut().filter(|c| c.url.is_empty()) {
         anyhow::ensure!(
             !addr.ip().is_unspecified(),
             "a cluster node listening on {addr} needs --advertise-url (the address the other nodes reach it at)"

@@ -34,11 +34,13 @@ impl TestServer {
     async fn start_with(tweak: impl FnOnce(&mut ServerConfig)) -> TestServer {
         let home = fresh_home();
         let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap(), home.path().to_path_buf());
+        // Execs on this test process' threads (the jailed workers have tests of their own).
+        cfg.runtime.isolation = forkbox_runtime::Isolation::Thread;
         tweak(&mut cfg);
         let h = home.path().to_path_buf();
         let (state, key) = tokio::task::spawn_blocking(move || {
-            let state =
-                Inner::with_runtime(forkbox_testkit::runtime(&cfg.home, cfg.runtime()), cfg).expect("server state");
+            let state = Inner::with_runtime(forkbox_testkit::runtime(&cfg.home, cfg.runtime.clone()), cfg)
+                .expect("server state");
             // The harness' own key is an unlimited admin key (the tests of limits make their own).
             let key = forkbox_server::create_key_full(&h, "alice", &forkbox_server::KeyLimits::unlimited(), true)
                 .expect("create key");
@@ -458,7 +460,7 @@ async fn timeouts_crashes_and_busy_sessions() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overload_gets_503_not_an_unbounded_queue() {
     let s = TestServer::start_with(|c| {
-        c.max_concurrency = 1;
+        c.runtime.concurrency = 1;
         c.max_queue = 1;
         c.queue_wait = Duration::from_millis(300);
     })
@@ -643,9 +645,11 @@ async fn metrics_and_health() {
 async fn server_bind_run_and_graceful_shutdown() {
     let home = fresh_home();
     let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap(), home.path().to_path_buf());
-    cfg.image = Some(shared().image_path.clone());
-    cfg.maintenance_every = Duration::from_millis(200);
-    cfg.sessions.idle_timeout = Duration::from_millis(300);
+    // Execs on this test process' threads (the jailed workers have tests of their own).
+    cfg.runtime.isolation = forkbox_runtime::Isolation::Thread;
+    cfg.runtime.image = Some(shared().image_path.clone());
+    cfg.runtime.maintenance_every = Duration::from_millis(200);
+    cfg.runtime.sessions.idle_timeout = Duration::from_millis(300);
     let server = Server::bind(cfg.clone()).await.expect("bind");
     let key = server.created_key.clone().expect("a key is created when none exists");
     assert!(key.starts_with("fbk_"));
@@ -855,9 +859,11 @@ async fn http_overhead_figures() {
 
 async fn state_for(home: &std::path::Path, tweak: impl FnOnce(&mut ServerConfig)) -> forkbox_server::AppState {
     let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap(), home.to_path_buf());
+    // Execs on this test process' threads (the jailed workers have tests of their own).
+    cfg.runtime.isolation = forkbox_runtime::Isolation::Thread;
     tweak(&mut cfg);
     tokio::task::spawn_blocking(move || {
-        Inner::with_runtime(forkbox_testkit::runtime(&cfg.home, cfg.runtime()), cfg).expect("server state")
+        Inner::with_runtime(forkbox_testkit::runtime(&cfg.home, cfg.runtime.clone()), cfg).expect("server state")
     })
     .await
     .unwrap()
@@ -1544,7 +1550,7 @@ async fn forevervm_interrupt_flag_stops_the_running_instruction() {
 async fn four_spinning_guests_of_one_key_do_not_make_another_key_wait() {
     // 4 slots; new keys get half of them. Key A starts four `while True: pass`.
     let s = TestServer::start_with(|c| {
-        c.max_concurrency = 4;
+        c.runtime.concurrency = 4;
         c.queue_wait = Duration::from_secs(3);
     })
     .await;
@@ -1704,7 +1710,7 @@ async fn batch_results_and_streams_are_bounded_by_the_output_limit() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_is_507_for_the_writer_and_deletes_still_work() {
-    let s = TestServer::start_with(|c| c.sessions.disk_reserve = u64::MAX / 4).await;
+    let s = TestServer::start_with(|c| c.runtime.sessions.disk_reserve = u64::MAX / 4).await;
     let id = s.create_session(json!({})).await;
     let got = s.post(&format!("/v1/sessions/{id}/exec"), json!({ "code": "x = 1" })).await;
     assert_error(&got, StatusCode::INSUFFICIENT_STORAGE, "insufficient_storage");
@@ -1755,7 +1761,7 @@ async fn network_setting_narrows_the_server_policy() {
         }
     });
     let s = TestServer::start_with(|cfg| {
-        cfg.limits.network.layers[0].allow.push(format!("127.0.0.1:{port}").parse().unwrap());
+        cfg.runtime.limits.network.layers[0].allow.push(format!("127.0.0.1:{port}").parse().unwrap());
     })
     .await;
     let api_port: u16 = s.url.rsplit(':').next().unwrap().parse().unwrap();
@@ -1824,7 +1830,7 @@ async fn key_egress_policy_is_a_layer_requests_cannot_widen() {
         }
     });
     let s = TestServer::start_with(|cfg| {
-        cfg.limits.network.layers[0].allow.push(format!("127.0.0.1:{port}").parse().unwrap());
+        cfg.runtime.limits.network.layers[0].allow.push(format!("127.0.0.1:{port}").parse().unwrap());
     })
     .await;
     let allow = format!("127.0.0.1:{port}");
@@ -2155,7 +2161,9 @@ async fn session_exec_timeout_is_bounded_by_the_session_and_patch_changes_limits
 async fn patched_tags_and_limits_survive_a_restart() {
     let home = fresh_home();
     let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap(), home.path().to_path_buf());
-    cfg.image = Some(shared().image_path.clone());
+    // Execs on this test process' threads (the jailed workers have tests of their own).
+    cfg.runtime.isolation = forkbox_runtime::Isolation::Thread;
+    cfg.runtime.image = Some(shared().image_path.clone());
     let server = Server::bind(cfg.clone()).await.expect("bind");
     let key = server.created_key.clone().expect("a key");
     let url = format!("http://{}", server.local_addr().unwrap());

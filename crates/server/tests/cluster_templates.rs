@@ -27,10 +27,12 @@ use common::Node;
 
 fn config(home: &std::path::Path, pg: &Postgres, s3: &S3, node: &str) -> ServerConfig {
     let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap(), home.to_path_buf());
-    cfg.sessions.database = Some(pg.url());
-    cfg.sessions.objects = Some(s3.config());
+    // Execs on this test process' threads (the jailed workers have tests of their own).
+    cfg.runtime.isolation = forkbox_runtime::Isolation::Thread;
+    cfg.runtime.sessions.database = Some(pg.url());
+    cfg.runtime.sessions.objects = Some(s3.config());
     // (The URL: the address it binds.)
-    cfg.sessions.cluster = Some(forkbox_runtime::ClusterConfig {
+    cfg.runtime.sessions.cluster = Some(forkbox_runtime::ClusterConfig {
         node_id: node.into(),
         url: String::new(),
         lease: std::time::Duration::from_secs(10),

@@ -76,7 +76,9 @@ async fn start_with(f: impl FnOnce(&mut ServerConfig)) -> TestServer {
         std::os::unix::fs::symlink(shared.home.join(d), home.path().join(d)).expect("symlink");
     }
     let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap(), home.path().to_path_buf());
-    cfg.pip = forkbox_runtime::PipSource {
+    // Execs on this test process' threads (the jailed workers have tests of their own).
+    cfg.runtime.isolation = forkbox_runtime::Isolation::Thread;
+    cfg.runtime.pip = forkbox_runtime::PipSource {
         index_url: None,
         find_links: vec![wheelhouse().display().to_string()],
         no_index: true,
@@ -87,7 +89,8 @@ async fn start_with(f: impl FnOnce(&mut ServerConfig)) -> TestServer {
     f(&mut cfg);
     let h = home.path().to_path_buf();
     let (state, alice, bob) = tokio::task::spawn_blocking(move || {
-        let state = Inner::with_runtime(forkbox_testkit::runtime(&cfg.home, cfg.runtime()), cfg).expect("server state");
+        let state =
+            Inner::with_runtime(forkbox_testkit::runtime(&cfg.home, cfg.runtime.clone()), cfg).expect("server state");
         let lim = forkbox_server::KeyLimits::unlimited();
         let alice = forkbox_server::create_key_with(&h, "alice", &lim).unwrap();
         let bob = forkbox_server::create_key_with(&h, "bob", &lim).unwrap();
@@ -341,7 +344,8 @@ fn ok_responder() -> u16 {
 async fn a_template_network_policy_narrows_its_sandboxes() {
     let port = ok_responder();
     let s =
-        start_with(|cfg| cfg.limits.network.layers[0].allow.push(format!("127.0.0.1:{port}").parse().unwrap())).await;
+        start_with(|cfg| cfg.runtime.limits.network.layers[0].allow.push(format!("127.0.0.1:{port}").parse().unwrap()))
+            .await;
     let a = s.alice.clone();
     let get = format!("import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=5)\ns.recv(2)");
     let refused = |v: &Value, why: &str| {

@@ -49,10 +49,12 @@ struct TestServer {
 
 async fn start(home: &Path, default_template: &str) -> TestServer {
     let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap(), home.to_path_buf());
-    cfg.template = Some(default_template.to_string());
+    // Execs on this test process' threads (the jailed workers have tests of their own).
+    cfg.runtime.isolation = forkbox_runtime::Isolation::Thread;
+    cfg.runtime.template = Some(default_template.to_string());
     let h = home.to_path_buf();
     let (state, key) = tokio::task::spawn_blocking(move || {
-        let rt_cfg: RuntimeConfig = cfg.runtime();
+        let rt_cfg: RuntimeConfig = cfg.runtime.clone();
         let rt = Runtime::open(&cfg.home, rt_cfg).unwrap_or_else(|e| panic!("runtime: {e}"));
         let state = Inner::with_runtime(rt, cfg).expect("server state");
         let key = forkbox_server::create_key(&h, "alice").expect("create key");

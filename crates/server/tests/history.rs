@@ -66,7 +66,9 @@ fn check_first_calls(h: &Value) {
 async fn history_survives_eviction_revert_and_a_restart_is_bounded_and_private() {
     let home = forkbox_testkit::fresh_home("forkbox-history-test-");
     let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap(), home.path().to_path_buf());
-    cfg.image = Some(forkbox_testkit::shared().image_path.clone());
+    // Execs on this test process' threads (the jailed workers have tests of their own).
+    cfg.runtime.isolation = forkbox_runtime::Isolation::Thread;
+    cfg.runtime.image = Some(forkbox_testkit::shared().image_path.clone());
     // An unlimited key: the test's requests come faster than a default key's rate.
     let key =
         forkbox_server::create_key_full(home.path(), "alice", &forkbox_server::KeyLimits::unlimited(), true).unwrap();

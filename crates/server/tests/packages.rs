@@ -71,23 +71,25 @@ async fn start_with(limits: forkbox_server::KeyLimits) -> TestServer {
     std::fs::set_permissions(house.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     wheelhouse(house.path());
     let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap(), home.path().to_path_buf());
-    cfg.pip = forkbox_runtime::PipSource {
+    // Execs on this test process' threads (the jailed workers have tests of their own).
+    cfg.runtime.isolation = forkbox_runtime::Isolation::Thread;
+    cfg.runtime.pip = forkbox_runtime::PipSource {
         index_url: None,
         find_links: vec![house.path().display().to_string()],
         no_index: true,
     };
-    cfg.packages = forkbox_runtime::PackagePolicy { allow: vec![], deny: vec!["FBXEvil".into()] };
+    cfg.runtime.packages = forkbox_runtime::PackagePolicy { allow: vec![], deny: vec!["FBXEvil".into()] };
     // Room for the concurrent first installs of one key (the per-key cap is a server setting).
     cfg.key_installs = 8;
-    cfg.sessions.idle_timeout = Duration::from_secs(1);
-    cfg.maintenance_every = Duration::from_millis(200);
+    cfg.runtime.sessions.idle_timeout = Duration::from_secs(1);
+    cfg.runtime.maintenance_every = Duration::from_millis(200);
     let h = home.path().to_path_buf();
     let (state, key) = tokio::task::spawn_blocking(move || {
         // An engine of its own: an engine keeps the package layers of the first
         // data directory that uses it, and each test here has its own.
         let shared = forkbox_testkit::shared();
         let engine = std::sync::Arc::new(forkbox_engine::Engine::open(&shared.image_path).expect("engine"));
-        let rt = forkbox_runtime::Runtime::with_engine(engine, shared.template.clone(), &cfg.home, cfg.runtime())
+        let rt = forkbox_runtime::Runtime::with_engine(engine, shared.template.clone(), &cfg.home, cfg.runtime.clone())
             .expect("runtime");
         let state = Inner::with_runtime(rt, cfg).expect("server state");
         state.runtime.start_maintenance(|_| {});

@@ -18,8 +18,10 @@ use common::Node;
 
 fn config(home: &std::path::Path, database: &str) -> ServerConfig {
     let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap(), home.to_path_buf());
-    cfg.image = Some(forkbox_testkit::shared().image_path.clone());
-    cfg.sessions.database = Some(database.to_string());
+    // Execs on this test process' threads (the jailed workers have tests of their own).
+    cfg.runtime.isolation = forkbox_runtime::Isolation::Thread;
+    cfg.runtime.image = Some(forkbox_testkit::shared().image_path.clone());
+    cfg.runtime.sessions.database = Some(database.to_string());
     cfg
 }
 

@@ -19,11 +19,13 @@ struct TestServer {
 impl TestServer {
     async fn start() -> TestServer {
         let home = forkbox_testkit::fresh_home("forkbox-tree-test-");
-        let cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap(), home.path().to_path_buf());
+        let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap(), home.path().to_path_buf());
+        // Execs on this test process' threads (the jailed workers have tests of their own).
+        cfg.runtime.isolation = forkbox_runtime::Isolation::Thread;
         let h = home.path().to_path_buf();
         let (state, key) = tokio::task::spawn_blocking(move || {
-            let state =
-                Inner::with_runtime(forkbox_testkit::runtime(&cfg.home, cfg.runtime()), cfg).expect("server state");
+            let state = Inner::with_runtime(forkbox_testkit::runtime(&cfg.home, cfg.runtime.clone()), cfg)
+                .expect("server state");
             let key = forkbox_server::create_key_full(&h, "alice", &forkbox_server::KeyLimits::unlimited(), true)
                 .expect("key");
             (state, key)

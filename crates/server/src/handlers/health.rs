@@ -154,7 +154,7 @@ pub(crate) async fn workers(
     Extension(caller): Extension<Caller>,
 ) -> Result<Json<WorkerList>, ApiError> {
     admin_only(&caller, "/v1/admin/workers")?;
-    let isolation = match state.config.isolation {
+    let isolation = match state.runtime.config().isolation {
         forkbox_runtime::Isolation::Thread => "thread",
         forkbox_runtime::Isolation::Process(_) => "process",
     };
