@@ -154,6 +154,16 @@ def test_files_and_commands(e2b_server):
         assert not sbx.files.exists("/home/user/d/b.txt")
         with pytest.raises(NotFoundException):
             sbx.files.read("/home/user/d/b.txt")
+        # Reading the file system runs no guest code and makes no checkpoint; a change makes one.
+        http = httpx.Client(base_url=e2b_server.url, headers={"Authorization": f"Bearer {e2b_server.key}"})
+        seqs = lambda: [c["seq"] for c in http.get(f"/v1/sessions/{sbx.sandbox_id}/checkpoints").json()["checkpoints"]]
+        before = seqs()
+        sbx.files.list("/home/user", depth=3)
+        sbx.files.exists("/home/user")
+        sbx.files.get_info("/home/user")
+        assert seqs() == before
+        sbx.files.make_dir("/home/user/z")
+        assert len(seqs()) == len(before) + 1
         # Several files in one multipart upload.
         sbx.files.write_files([{"path": "/tmp/m1", "data": b"1"}, {"path": "/tmp/m2", "data": "2"}])
         assert (sbx.files.read("/tmp/m1"), sbx.files.read("/tmp/m2")) == ("1", "2")

@@ -82,6 +82,7 @@ codes! {
     SessionBusy = ("session_busy", 409, "Another exec is running in that session (or its instruction queue is full)."),
     TemplateNotReady = ("template_not_ready", 409, "The template is being built (first use); retry when GET /v1/templates says it is ready."),
     TemplateExists = ("template_exists", 409, "A template of that name exists already for this tenant, is shipped with forkbox, or is shared by the server."),
+    FileExists = ("file_exists", 409, "A file or directory of that name exists already in the session."),
     PackageConflict = ("package_conflict", 409, "A file of the package is already in the session's file system (another version of it, or a file of the session's): nothing was installed."),
     PayloadTooLarge = ("payload_too_large", 413, "The request body is over the size limit."),
     CodeTooLarge = ("code_too_large", 413, "The code is over the code size limit."),

@@ -88,11 +88,11 @@ pub fn mime_of(path: &str) -> &'static str {
     }
 }
 
-fn file_error(code: ErrorCode, message: impl Into<String>) -> EngineError {
+pub(crate) fn file_error(code: ErrorCode, message: impl Into<String>) -> EngineError {
     EngineError::File { code, message: message.into() }
 }
 
-fn invalid(message: impl Into<String>) -> EngineError {
+pub(crate) fn invalid(message: impl Into<String>) -> EngineError {
     file_error(ErrorCode::InvalidPath, message)
 }
 
@@ -138,7 +138,7 @@ fn not_found(path: &str) -> EngineError {
 }
 
 /// Map a VFS error on `path` to the file API's codes.
-fn vfs_error(path: &str, e: Errno) -> EngineError {
+pub(crate) fn vfs_error(path: &str, e: Errno) -> EngineError {
     match e {
         Errno::ENOENT | Errno::ENOTDIR => not_found(path),
         Errno::EISDIR => file_error(ErrorCode::IsADirectory, format!("{path} is a directory")),
@@ -149,7 +149,7 @@ fn vfs_error(path: &str, e: Errno) -> EngineError {
     }
 }
 
-fn mtime_ms(ns: i128) -> i64 {
+pub(crate) fn mtime_ms(ns: i128) -> i64 {
     (ns / 1_000_000).clamp(i64::MIN as i128, i64::MAX as i128) as i64
 }
 
@@ -157,7 +157,7 @@ fn mtime_ms(ns: i128) -> i64 {
 /// devices (/dev): an upload there would be thrown away or store nothing.
 const GENERATED_DIRS: &[&str] = &["/proc", "/sys", "/dev"];
 
-fn in_generated(path: &str) -> Option<&'static str> {
+pub(crate) fn in_generated(path: &str) -> Option<&'static str> {
     GENERATED_DIRS.iter().copied().find(|d| path == *d || path.strip_prefix(d).is_some_and(|r| r.starts_with('/')))
 }
 

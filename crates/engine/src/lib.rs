@@ -10,6 +10,7 @@
 
 pub mod catalog;
 pub mod error;
+pub mod file_ops;
 pub mod files;
 mod fsstore;
 pub mod hint;
@@ -34,6 +35,7 @@ use forkbox_vmm::Cpu;
 
 pub use catalog::{Catalog, CatalogError, Loaded, DEFAULT_TEMPLATE};
 pub use error::EngineError;
+pub use file_ops::{EntryInfo, EntryKind, FileOp, FileOpOutcome};
 pub use files::{FileEntry, OutputFile};
 pub use forkbox_linux::net::{
     GlobalNetStats, Mode as NetMode, NetConfig, NetStats, Policy as NetPolicy, Rule as NetRule, GLOBAL as NET_GLOBAL,

@@ -660,6 +660,13 @@ impl Sandbox {
         files::list_dir(&self.proc.vfs, &p)
     }
 
+    /// A file-system operation from outside (stat, walk, mkdir, move, remove) on the guest's
+    /// files, relative paths against the guest's cwd; no guest code runs.
+    pub fn file_op(&mut self, op: &crate::FileOp) -> Result<crate::FileOpOutcome, EngineError> {
+        let cwd = self.proc.vfs.dir_path(self.proc.cwd).unwrap_or_else(|_| b"/".to_vec());
+        crate::file_ops::apply(&mut self.proc.vfs, &op.normalized(&cwd)?)
+    }
+
     /// Run the guest until the agent parks. `resume`: the parked read to re-issue first.
     fn run(
         &mut self,

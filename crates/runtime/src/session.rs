@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use forkbox_engine::{ExecOptions, FileEntry, Limits, NetConfig, NetPolicy};
+use forkbox_engine::{ExecOptions, FileEntry, FileOp, FileOpOutcome, Limits, NetConfig, NetPolicy};
 use forkbox_sessions::manager::ExecOutcome;
 use forkbox_sessions::store::SessionRecord;
 
@@ -450,5 +450,22 @@ impl Runtime {
 
     pub fn list_files(&self, tenant: &str, id: &str, dir: &str) -> Result<Vec<FileEntry>, RuntimeError> {
         Ok(self.sessions.list_files(tenant, id, dir)?)
+    }
+
+    /// A file-system operation on the session's files (stat, walk, mkdir, move, remove), done by
+    /// the host on the guest's file system: reading makes no checkpoint; a change makes one
+    /// (its number is returned), within the disk quota.
+    pub fn file_op(
+        &self,
+        tenant: &str,
+        id: &str,
+        op: &FileOp,
+        quota: &Quota,
+    ) -> Result<(FileOpOutcome, Option<i64>), RuntimeError> {
+        if op.changes() {
+            self.check_disk(tenant, quota)?;
+        }
+        let (out, c) = self.sessions.file_op(tenant, id, op)?;
+        Ok((out, c.map(|c| c.seq)))
     }
 }

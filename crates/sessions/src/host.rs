@@ -17,7 +17,8 @@ use std::hash::{Hash, Hasher};
 
 use forkbox_engine::packages::{InstalledPackage, Package};
 use forkbox_engine::{
-    CapturedOutput, EngineError, ExecOptions, ExecResult, FileEntry, Limits, Loaded, Sandbox, Template,
+    CapturedOutput, EngineError, ExecOptions, ExecResult, FileEntry, FileOp, FileOpOutcome, Limits, Loaded, Sandbox,
+    Template,
 };
 pub use forkbox_engine::{CheckpointFiles, CheckpointSize, CheckpointStats, ResumeAs};
 use forkbox_snapshot::{Layer, StateError};
@@ -123,6 +124,8 @@ pub trait Resident: Send {
     fn write_file(&mut self, path: &str, src: &File, len: u64) -> Result<(), EngineError>;
     fn read_file(&mut self, path: &str, max: usize) -> Result<Vec<u8>, EngineError>;
     fn list_dir(&mut self, path: &str) -> Result<Vec<FileEntry>, EngineError>;
+    /// A file-system operation from outside (see `Sandbox::file_op`).
+    fn file_op(&mut self, op: &FileOp) -> Result<FileOpOutcome, EngineError>;
     /// Mount the layers of packages the host resolved (see `Sandbox::install_packages`).
     fn install_packages(&mut self, packages: &[Package]) -> Result<Vec<InstalledPackage>, EngineError>;
     /// The files of its file system (a diff's view), bounded.
@@ -267,6 +270,10 @@ impl Resident for Local {
 
     fn list_dir(&mut self, path: &str) -> Result<Vec<FileEntry>, EngineError> {
         self.sb.list_dir(path)
+    }
+
+    fn file_op(&mut self, op: &FileOp) -> Result<FileOpOutcome, EngineError> {
+        self.sb.file_op(op)
     }
 
     fn install_packages(&mut self, packages: &[Package]) -> Result<Vec<InstalledPackage>, EngineError> {

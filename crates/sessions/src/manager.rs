@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use forkbox_api::ErrorCode;
 use forkbox_engine::packages::Package;
 use forkbox_engine::{
-    CapturedOutput, Catalog, CatalogError, Engine, EngineError, ExecOptions, ExecResult, FileEntry, Interrupter,
-    Limits, Loaded, ResumeAs, Template,
+    CapturedOutput, Catalog, CatalogError, Engine, EngineError, ExecOptions, ExecResult, FileEntry, FileOp,
+    FileOpOutcome, Interrupter, Limits, Loaded, ResumeAs, Template,
 };
 use forkbox_snapshot::{Layer, StateError};
 
@@ -1001,6 +1001,40 @@ impl SessionManager {
             }
         }
         c
+    }
+
+    /// A file-system operation on the session's files from outside (stat, walk, mkdir,
+    /// move, remove): no guest code runs. One that changes the files makes a
+    /// checkpoint (its record is returned); reading makes none.
+    pub fn file_op(
+        &self,
+        tenant: &str,
+        id: &str,
+        op: &FileOp,
+    ) -> Result<(FileOpOutcome, Option<CheckpointRecord>), SessionError> {
+        if !op.changes() {
+            return self.with_sandbox(tenant, id, |sb, base, _, _| {
+                Ok(((sb.file_op(op).map_err(SessionError::from_files)?, None), base))
+            });
+        }
+        let r = self.with_sandbox(tenant, id, |sb, base, rec, fence| {
+            let out = sb.file_op(op).map_err(SessionError::from_files)?;
+            let c = self.write_checkpoint(rec, sb, &format!("# files: {}", op.label()), base, fence)?;
+            let new_base = Some(c.id);
+            Ok(((out, Some(c)), new_base))
+        });
+        match &r {
+            Ok(_) => {
+                let _ = self.store.touch(id, now_ms());
+            }
+            // A refused operation changed nothing (or only created parent directories).
+            Err(SessionError::File { .. }) => {}
+            // A failed checkpoint leaves memory ahead of disk: start over from disk.
+            Err(_) => {
+                self.evict(id);
+            }
+        }
+        r
     }
 
     /// Mount the packages of `plan` and give the code to run instead: each

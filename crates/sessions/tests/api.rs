@@ -10,7 +10,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use forkbox_engine::{ExecOptions, Limits, Stream};
+use forkbox_engine::{ExecOptions, FileOp, FileOpOutcome, Limits, Stream};
 use forkbox_sessions::manager::SessionError;
 
 #[test]
@@ -44,6 +44,37 @@ fn uploaded_files_are_checkpointed_and_survive_eviction_and_forks() {
     // Reverting to before the upload removes the file.
     m.revert(TENANT, &s.id, 1).unwrap();
     assert_eq!(m.read_file(TENANT, &s.id, "/data/input.csv", 100).unwrap_err().code(), "file_not_found");
+}
+
+#[test]
+fn file_operations_from_outside_checkpoint_only_what_they_change() {
+    let home = fresh_home();
+    let m = open_default(home.path());
+    let s = new_session(&m);
+    // The guest's own names play no part: a shadowed `os` does not change what the host sees.
+    ok(&m, &s.id, "import os\nos.makedirs('/work/src')\nopen('/work/src/a.py', 'w').write('x = 1')\nos = None");
+    let seqs = |m: &forkbox_sessions::manager::SessionManager| m.checkpoints(TENANT, &s.id).unwrap().len();
+    let n = seqs(&m);
+    let (out, c) = m.file_op(TENANT, &s.id, &FileOp::Walk { path: "/work".into(), depth: 2 }).unwrap();
+    let FileOpOutcome::Entries(es) = out else { panic!("{out:?}") };
+    assert_eq!(es.iter().map(|e| e.path.as_str()).collect::<Vec<_>>(), ["/work/src", "/work/src/a.py"]);
+    assert!(c.is_none());
+    let (out, _) = m.file_op(TENANT, &s.id, &FileOp::Stat { path: "/work/src/a.py".into() }).unwrap();
+    assert!(matches!(out, FileOpOutcome::Entry(ref e) if e.size == 5), "{out:?}");
+    assert_eq!(seqs(&m), n, "reading made no checkpoint");
+    // A change is a checkpoint, kept across eviction and visible to the guest.
+    let (_, c) = m.file_op(TENANT, &s.id, &FileOp::Move { from: "/work/src".into(), to: "/work/lib".into() }).unwrap();
+    assert_eq!(c.expect("a checkpoint").code, "# files: move /work/src /work/lib");
+    assert!(m.evict(&s.id));
+    assert_eq!(value(&m, &s.id, "open('/work/lib/a.py').read()"), "'x = 1'");
+    m.file_op(TENANT, &s.id, &FileOp::Remove { path: "/work".into() }).unwrap();
+    assert_eq!(value(&m, &s.id, "__import__('os').path.exists('/work')"), "False");
+    let e = m.file_op(TENANT, &s.id, &FileOp::MakeDir { path: "/tmp".into() }).unwrap_err();
+    assert_eq!(e.code(), "file_exists");
+    assert_eq!(
+        m.file_op("other-tenant", &s.id, &FileOp::Stat { path: "/".into() }).unwrap_err().code(),
+        "session_not_found"
+    );
 }
 
 #[test]

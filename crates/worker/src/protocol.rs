@@ -337,6 +337,8 @@ pub enum ToChannel {
     ListDir {
         path: String,
     },
+    /// A file-system operation (stat, walk, mkdir, move, remove).
+    FileOp(forkbox_engine::FileOp),
     Install {
         packages: Vec<PackageRef>,
     },
@@ -376,6 +378,7 @@ pub enum FromChannel {
     Done(Result<(), WireError>),
     File(Result<B64, WireError>),
     Listing(Result<Vec<FileEntry>, WireError>),
+    FileOpDone(Result<forkbox_engine::FileOpOutcome, WireError>),
     Installed(Result<Vec<InstalledPackage>, WireError>),
     Walked(Result<Walk, WireError>),
     CheckpointSize(CheckpointSize),
@@ -395,6 +398,7 @@ impl FromChannel {
             FromChannel::Done(_) => "Done",
             FromChannel::File(_) => "File",
             FromChannel::Listing(_) => "Listing",
+            FromChannel::FileOpDone(_) => "FileOpDone",
             FromChannel::Installed(_) => "Installed",
             FromChannel::Walked(_) => "Walked",
             FromChannel::CheckpointSize(_) => "CheckpointSize",

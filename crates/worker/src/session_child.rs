@@ -278,6 +278,13 @@ fn serve_one(shared: &Shared, ctl: &ChannelCtl, ch: &mut Channel, sock: &UnixStr
             };
             reply(&FromChannel::Listing(r))?;
         }
+        ToChannel::FileOp(op) => {
+            let r = match ch.sb.as_mut() {
+                Some(sb) => sb.file_op(&op).map_err(|e| wire(e, None)),
+                None => Err(no_sandbox()),
+            };
+            reply(&FromChannel::FileOpDone(r))?;
+        }
         ToChannel::Install { packages } => {
             let r = install(ch, &packages);
             reply(&FromChannel::Installed(r.map_err(|e| wire(e, None))))?;

@@ -36,7 +36,8 @@ use std::time::{Duration, Instant, SystemTime};
 use forkbox_api::ErrorCode;
 use forkbox_engine::packages::{InstalledPackage, Package};
 use forkbox_engine::{
-    CapturedOutput, CheckpointFiles, CheckpointStats, EngineError, ExecOptions, ExecResult, FileEntry, NET_GLOBAL,
+    CapturedOutput, CheckpointFiles, CheckpointStats, EngineError, ExecOptions, ExecResult, FileEntry, FileOp,
+    FileOpOutcome, NET_GLOBAL,
 };
 use forkbox_sessions::host::{NamedFile, Resident, SandboxHost, Start, Walk, WALK_MAX_ENTRIES};
 use forkbox_sessions::manager::SessionError;
@@ -90,6 +91,7 @@ const FILE_CODES: &[ErrorCode] = &[
     ErrorCode::IsADirectory,
     ErrorCode::FileTooLarge,
     ErrorCode::QuotaExceeded,
+    ErrorCode::FileExists,
 ];
 
 /// Codes of mounting packages (`EngineError::Package`).
@@ -788,6 +790,19 @@ impl Resident for RemoteSandbox {
     fn list_dir(&mut self, path: &str) -> Result<Vec<FileEntry>, EngineError> {
         match self.call(&ToChannel::ListDir { path: path.to_string() }, OP_WAIT)? {
             FromChannel::Listing(r) => r.map_err(|e| reported(e, FILE_CODES)),
+            other => Err(self.broke(&other)),
+        }
+    }
+
+    fn file_op(&mut self, op: &FileOp) -> Result<FileOpOutcome, EngineError> {
+        match self.call(&ToChannel::FileOp(op.clone()), OP_WAIT)? {
+            // The worker's walk is bounded as the engine bounds it; a longer one is not its answer.
+            FromChannel::FileOpDone(Ok(FileOpOutcome::Entries(es)))
+                if es.len() > forkbox_engine::file_ops::WALK_MAX_ENTRIES =>
+            {
+                Err(self.broke(&FromChannel::FileOpDone(Ok(FileOpOutcome::Entries(es)))))
+            }
+            FromChannel::FileOpDone(r) => r.map_err(|e| reported(e, FILE_CODES)),
             other => Err(self.broke(&other)),
         }
     }

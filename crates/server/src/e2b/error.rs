@@ -76,7 +76,6 @@ pub enum Code {
     DeadlineExceeded,
     NotFound,
     AlreadyExists,
-    PermissionDenied,
     ResourceExhausted,
     FailedPrecondition,
     Unimplemented,
@@ -93,7 +92,6 @@ impl Code {
             Code::DeadlineExceeded => "deadline_exceeded",
             Code::NotFound => "not_found",
             Code::AlreadyExists => "already_exists",
-            Code::PermissionDenied => "permission_denied",
             Code::ResourceExhausted => "resource_exhausted",
             Code::FailedPrecondition => "failed_precondition",
             Code::Unimplemented => "unimplemented",
@@ -111,7 +109,6 @@ impl Code {
             Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
             Code::NotFound => StatusCode::NOT_FOUND,
             Code::AlreadyExists => StatusCode::CONFLICT,
-            Code::PermissionDenied => StatusCode::FORBIDDEN,
             Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
             Code::FailedPrecondition => StatusCode::BAD_REQUEST,
             Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,
@@ -164,6 +161,7 @@ impl From<ApiError> for ConnectError {
         let code = match e.code {
             E::SessionNotFound => return ConnectError::new(Code::Unavailable, format!("The sandbox {}", e.message)),
             E::FileNotFound | E::NotFound => Code::NotFound,
+            E::FileExists => Code::AlreadyExists,
             E::Unauthorized => Code::Unauthenticated,
             E::Timeout => Code::DeadlineExceeded,
             E::RateLimited | E::QuotaExceeded | E::CpuBudgetExceeded | E::FileTooLarge | E::PayloadTooLarge => {

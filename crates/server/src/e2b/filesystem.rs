@@ -1,7 +1,7 @@
-//! envd's `filesystem.Filesystem` service: `Stat`, `ListDir` (with depth),
-//! `MakeDir`, `Move`, `Remove`, each an exec of a small snippet in the sandbox's
-//! session (so the guest's own view of its files answers, and a change is
-//! checkpointed like any exec). Watchers are not served (`unimplemented`).
+//! envd's `filesystem.Filesystem` service: `Stat`, `ListDir` (with depth, at most
+//! 10,000 entries), `MakeDir`, `Move`, `Remove`: the runtime's file operations on
+//! the session's file system (no guest code runs; reading makes no checkpoint, a
+//! change makes one). Watchers are not served (`unimplemented`).
 
 use std::sync::Arc;
 
@@ -11,20 +11,15 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Extension, Router};
-use base64::Engine as _;
+use forkbox_runtime::{EntryInfo, EntryKind, FileOp, FileOpOutcome};
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use super::connect;
-use super::control::py_str;
 use super::error::{Code, ConnectError};
 use super::SandboxRec;
+use crate::handlers::blocking;
 use crate::AppState;
-
-/// Most entries one `ListDir` returns.
-const MAX_ENTRIES: usize = 10_000;
-/// Deepest `ListDir`.
-const MAX_DEPTH: u32 = 64;
 
 pub fn routes() -> Router<AppState> {
     Router::new()
@@ -39,133 +34,67 @@ pub fn routes() -> Router<AppState> {
         .route("/filesystem.Filesystem/RemoveWatcher", post(watch))
 }
 
-/// The guest side: one operation, its answer as base64 JSON on stdout.
-const HELPER: &str = r#"
-def _e2b_fs(op, a, b, depth, max_entries):
-    import os, stat, json, base64, shutil, datetime
-    def who(f, i):
-        try:
-            return f(i)
-        except Exception:
-            return str(i)
-    def info(p):
-        st = os.lstat(p)
-        link = stat.S_ISLNK(st.st_mode)
-        target = None
-        if link:
-            target = os.readlink(p)
-            try:
-                st = os.stat(p)
-            except OSError:
-                pass
-        t = "FILE_TYPE_DIRECTORY" if stat.S_ISDIR(st.st_mode) else "FILE_TYPE_FILE"
-        import pwd, grp
-        e = {
-            "name": os.path.basename(p.rstrip("/")) or "/",
-            "type": t,
-            "path": p,
-            "size": str(st.st_size),
-            "mode": st.st_mode & 0o7777,
-            "permissions": stat.filemode(st.st_mode),
-            "owner": who(lambda i: pwd.getpwuid(i).pw_name, st.st_uid),
-            "group": who(lambda i: grp.getgrgid(i).gr_name, st.st_gid),
-            "modifiedTime": datetime.datetime.fromtimestamp(st.st_mtime, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-            "isSymlink": link,
-        }
-        if target is not None:
-            e["symlinkTarget"] = target
-        return e
-    try:
-        if op == "stat":
-            r = {"entry": info(a)}
-        elif op == "list":
-            if not os.path.isdir(a):
-                os.lstat(a)
-                raise NotADirectoryError("%s is not a directory" % a)
-            out = []
-            def walk(d, level):
-                for n in sorted(os.listdir(d)):
-                    if len(out) >= max_entries:
-                        return
-                    p = os.path.join(d, n)
-                    e = info(p)
-                    out.append(e)
-                    if level < depth and e["type"] == "FILE_TYPE_DIRECTORY" and not e["isSymlink"]:
-                        walk(p, level + 1)
-            walk(a, 1)
-            r = {"entries": out}
-        elif op == "mkdir":
-            if os.path.lexists(a):
-                raise FileExistsError("%s already exists" % a)
-            os.makedirs(a)
-            r = {"entry": info(a)}
-        elif op == "move":
-            os.lstat(a)
-            parent = os.path.dirname(b)
-            if parent:
-                os.makedirs(parent, exist_ok=True)
-            os.rename(a, b)
-            r = {"entry": info(b)}
-        elif op == "remove":
-            if os.path.isdir(a) and not os.path.islink(a):
-                shutil.rmtree(a)
-            else:
-                os.remove(a)
-            r = {}
-        else:
-            r = {"error": ["invalid_argument", "unknown operation"]}
-    except FileNotFoundError as e:
-        r = {"error": ["not_found", "%s: no such file or directory" % (e.filename or a)]}
-    except FileExistsError as e:
-        r = {"error": ["already_exists", str(e)]}
-    except (NotADirectoryError, IsADirectoryError) as e:
-        r = {"error": ["invalid_argument", str(e)]}
-    except PermissionError as e:
-        r = {"error": ["permission_denied", str(e)]}
-    except OSError as e:
-        r = {"error": ["invalid_argument", "%s: %s" % (e.filename or a, e.strerror or e)]}
-    print(base64.b64encode(json.dumps(r).encode()).decode())
-"#;
+/// An entry as envd's `EntryInfo` (JSON names of its proto): a symlink is typed by what it
+/// points at (a dangling one as a file), `isSymlink` and `symlinkTarget` say it is one.
+fn entry_json(e: &EntryInfo) -> Value {
+    let shown = e.target_kind.unwrap_or(e.kind);
+    let kind = if shown == EntryKind::Dir { "FILE_TYPE_DIRECTORY" } else { "FILE_TYPE_FILE" };
+    let type_char = match e.kind {
+        EntryKind::Dir => 'd',
+        EntryKind::Symlink => 'l',
+        EntryKind::File => '-',
+        EntryKind::Other => '?',
+    };
+    let mut v = json!({
+        "name": e.name,
+        "type": kind,
+        "path": e.path,
+        "size": e.size.to_string(),
+        "mode": e.perm,
+        "permissions": permissions(type_char, e.perm),
+        // Every file of a sandbox is owned by uid 0 (see the guest's stat).
+        "owner": "root",
+        "group": "root",
+        "modifiedTime": super::control::rfc3339(e.mtime_ms),
+        "isSymlink": e.kind == EntryKind::Symlink,
+    });
+    if let Some(t) = &e.link_target {
+        v["symlinkTarget"] = json!(t);
+    }
+    v
+}
 
-/// Run operation `op` in the sandbox's guest; its answer.
-async fn run(
-    state: &AppState,
-    rec: &SandboxRec,
-    headers: &HeaderMap,
-    op: &str,
-    a: &str,
-    b: &str,
-    depth: u32,
-) -> Result<Value, ConnectError> {
-    let code = format!(
-        "# e2b: {op} {label}\n{HELPER}\n_e2b_fs({op}, {a}, {b}, {depth}, {MAX_ENTRIES})\ndel _e2b_fs\n",
-        label = a.chars().take(200).map(|c| if c.is_control() { ' ' } else { c }).collect::<String>(),
-        op = py_str(op),
-        a = py_str(a),
-        b = py_str(b),
-    );
-    let super::process::Admitted { caller, timeout, permit } =
-        super::process::admit(state, rec, headers, &code).await?;
-    let o = state.runtime.session_exec(&caller.tenant, &rec.id, code, timeout, caller.quota(), None, permit).await?;
-    if let Some(e) = o.result.error {
-        return Err(ConnectError::new(Code::Internal, format!("{}: {}", e.kind, e.message)));
+/// `ls -l`'s mode string (Python's `stat.filemode`).
+fn permissions(type_char: char, perm: u32) -> String {
+    let mut s = String::with_capacity(10);
+    s.push(type_char);
+    for (shift, special, upper, lower) in [(6, 0o4000, 'S', 's'), (3, 0o2000, 'S', 's'), (0, 0o1000, 'T', 't')] {
+        let bits = (perm >> shift) & 7;
+        s.push(if bits & 4 != 0 { 'r' } else { '-' });
+        s.push(if bits & 2 != 0 { 'w' } else { '-' });
+        let x = bits & 1 != 0;
+        s.push(match (perm & special != 0, x) {
+            (true, true) => lower,
+            (true, false) => upper,
+            (false, true) => 'x',
+            (false, false) => '-',
+        });
     }
-    let line = o.result.stdout.trim();
-    let bytes = base64::engine::general_purpose::STANDARD
-        .decode(line)
-        .map_err(|_| ConnectError::new(Code::Internal, "the guest's answer was not readable"))?;
-    let v: Value = serde_json::from_slice(&bytes)
-        .map_err(|_| ConnectError::new(Code::Internal, "the guest's answer was not readable"))?;
-    if let Some(err) = v.get("error").and_then(Value::as_array) {
-        let code = match err.first().and_then(Value::as_str) {
-            Some("not_found") => Code::NotFound,
-            Some("already_exists") => Code::AlreadyExists,
-            Some("permission_denied") => Code::PermissionDenied,
-            _ => Code::InvalidArgument,
-        };
-        return Err(ConnectError::new(code, err.get(1).and_then(Value::as_str).unwrap_or("failed").to_string()));
-    }
-    Ok(v)
+    s
+}
+
+/// Run `op` on the sandbox's files (the host reads and changes the guest's file system; no
+/// guest code runs, and only a change makes a checkpoint); its answer in envd's shape.
+async fn run(state: &AppState, rec: &SandboxRec, op: FileOp) -> Result<Value, ConnectError> {
+    super::process::running(rec)?;
+    let caller = rec.caller();
+    let id = rec.id.clone();
+    let (out, _) = blocking(state, move |rt| Ok(rt.file_op(&caller.tenant, &id, &op, &caller.quota())?)).await?;
+    Ok(match out {
+        FileOpOutcome::Entry(e) => json!({ "entry": entry_json(&e) }),
+        FileOpOutcome::Entries(es) => json!({ "entries": es.iter().map(entry_json).collect::<Vec<_>>() }),
+        FileOpOutcome::Removed => json!({}),
+    })
 }
 
 #[derive(Deserialize)]
@@ -188,15 +117,28 @@ fn answer(r: Result<Value, ConnectError>) -> Response {
     }
 }
 
-async fn path_op(state: AppState, rec: Arc<SandboxRec>, headers: HeaderMap, body: Bytes, op: &str) -> Response {
+async fn path_op(state: AppState, rec: Arc<SandboxRec>, headers: HeaderMap, body: Bytes, op: Op) -> Response {
     let r: Result<Value, ConnectError> = async {
         let req: PathRequest = connect::request(&headers, &body)?;
         let path = super::guest_path(&req.path)?;
-        let depth = req.depth.unwrap_or(1).clamp(1, MAX_DEPTH);
-        run(&state, &rec, &headers, op, &path, "", depth).await
+        let op = match op {
+            Op::Stat => FileOp::Stat { path },
+            Op::List => FileOp::Walk { path, depth: req.depth.unwrap_or(1) },
+            Op::MakeDir => FileOp::MakeDir { path },
+            Op::Remove => FileOp::Remove { path },
+        };
+        run(&state, &rec, op).await
     }
     .await;
     answer(r)
+}
+
+/// The operations of one path.
+enum Op {
+    Stat,
+    List,
+    MakeDir,
+    Remove,
 }
 
 async fn stat(
@@ -205,7 +147,7 @@ async fn stat(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    path_op(state, rec, headers, body, "stat").await
+    path_op(state, rec, headers, body, Op::Stat).await
 }
 
 async fn list_dir(
@@ -214,7 +156,7 @@ async fn list_dir(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    path_op(state, rec, headers, body, "list").await
+    path_op(state, rec, headers, body, Op::List).await
 }
 
 async fn make_dir(
@@ -223,7 +165,7 @@ async fn make_dir(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    path_op(state, rec, headers, body, "mkdir").await
+    path_op(state, rec, headers, body, Op::MakeDir).await
 }
 
 async fn remove(
@@ -232,7 +174,7 @@ async fn remove(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    path_op(state, rec, headers, body, "remove").await
+    path_op(state, rec, headers, body, Op::Remove).await
 }
 
 async fn move_entry(
@@ -244,7 +186,7 @@ async fn move_entry(
     let r: Result<Value, ConnectError> = async {
         let req: MoveRequest = connect::request(&headers, &body)?;
         let (a, b) = (super::guest_path(&req.source)?, super::guest_path(&req.destination)?);
-        run(&state, &rec, &headers, "move", &a, &b, 1).await
+        run(&state, &rec, FileOp::Move { from: a, to: b }).await
     }
     .await;
     answer(r)

@@ -11,6 +11,7 @@ from ._async import AsyncCommands, AsyncForkbox, AsyncSession, AsyncSessions
 from ._errors import (
     CheckpointNotFound,
     ConnectionFailed,
+    FileExists,
     FileNotFound,
     Forbidden,
     ForkboxError,
@@ -69,7 +70,7 @@ __all__ = [
     "Checkpoint", "CommandResult", "Event", "ExecResult", "FileEntry", "MimeBundle", "OutputFile", "PythonError", "Result", "SessionInfo",
     "Stderr", "Stdout", "Upload", "Branch", "Explored", "Variable",
     "ForkboxError", "ConnectionFailed", "InvalidRequest", "InvalidPath", "Unauthorized", "QuotaExceeded", "NotFound", "TemplateNotFound", "TemplateNotReady", "TemplateExists",
-    "SessionNotFound", "CheckpointNotFound", "FileNotFound", "Timeout", "SessionBusy", "CpuMismatch", "PayloadTooLarge",
+    "SessionNotFound", "CheckpointNotFound", "FileNotFound", "FileExists", "Timeout", "SessionBusy", "CpuMismatch", "PayloadTooLarge",
     "GuestError", "RateLimited", "ServerError", "Overloaded", "Forbidden", "InsufficientStorage", "SandboxCrashed",
     "StorageUnavailable",
     "SessionMoved",

@@ -87,6 +87,10 @@ class TemplateExists(SessionBusy):
     """409: a template of that name exists already (this tenant's, shipped, or shared by the server; a 409 like `SessionBusy`)."""
 
 
+class FileExists(SessionBusy):
+    """409: a file or directory of that name exists already in the session (a 409 like `SessionBusy`)."""
+
+
 class PayloadTooLarge(ForkboxError):
     """413: the request body, the code or a file is over its size limit."""
 
@@ -167,6 +171,7 @@ _BY_CODE: dict[str, type[ForkboxError]] = {
     "session_not_found": SessionNotFound,
     "checkpoint_not_found": CheckpointNotFound,
     "file_not_found": FileNotFound,
+    "file_exists": FileExists,
     "template_not_found": TemplateNotFound,
     "template_not_ready": TemplateNotReady,
     "template_exists": TemplateExists,
@@ -228,6 +233,7 @@ STATUS_OF_CODE: dict[str, int] = {
     "malformed_json": 400, "invalid_request": 400, "invalid_path": 400, "is_a_directory": 400,
     "unauthorized": 401, "forbidden": 403, "quota_exceeded": 403, "not_found": 404, "session_not_found": 404,
     "checkpoint_not_found": 404, "instruction_not_found": 404, "file_not_found": 404,
+    "file_exists": 409,
     "template_not_found": 404, "template_not_ready": 409, "template_exists": 409,
     "template_unavailable": 500, "too_many_builds": 429,
     "package_not_allowed": 403, "package_not_found": 404, "package_conflict": 409, "package_needs_build": 422,
