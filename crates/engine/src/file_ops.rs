@@ -10,7 +10,7 @@ use forkbox_linux::Errno;
 use serde::{Deserialize, Serialize};
 
 use crate::error::EngineError;
-use crate::files::{file_error, in_generated, invalid, mtime_ms, vfs_error};
+use crate::files::{file_error, in_generated, invalid, make_dirs, mtime_ms, vfs_error};
 
 /// Most entries one walk returns, whatever the caller asks.
 pub const WALK_MAX_ENTRIES: usize = 10_000;
@@ -115,14 +115,14 @@ pub fn apply(vfs: &mut Vfs, op: &FileOp) -> Result<FileOpOutcome, EngineError> {
             if vfs.resolve(ROOT_INO, path.as_bytes(), false).is_ok() {
                 return Err(file_error(ErrorCode::FileExists, format!("{path} already exists")));
             }
-            make_parents(vfs, path, true)?;
+            make_dirs(vfs, path)?;
             Ok(FileOpOutcome::Entry(stat(vfs, path)?))
         }
         FileOp::Move { from, to } => {
             writable(from)?;
             writable(to)?;
             vfs.resolve(ROOT_INO, from.as_bytes(), false).map_err(|e| vfs_error(from, e))?;
-            make_parents(vfs, to, false)?;
+            make_dirs(vfs, to.rsplit_once('/').map_or("", |(p, _)| p))?;
             vfs.rename(ROOT_INO, from.as_bytes(), ROOT_INO, to.as_bytes(), 0).map_err(|e| match e {
                 Errno::EINVAL => invalid(format!("{from} cannot be moved into itself ({to})")),
                 Errno::ENOTEMPTY => file_error(ErrorCode::FileExists, format!("{to} is a directory that is not empty")),
@@ -241,23 +241,6 @@ fn walk(vfs: &Vfs, path: &str, depth: u32) -> Result<Vec<EntryInfo>, EngineError
         }
     }
     Ok(out)
-}
-
-/// Create the missing directories of `path` (0755): its parents, and `path` itself if `with_last`.
-fn make_parents(vfs: &mut Vfs, path: &str, with_last: bool) -> Result<(), EngineError> {
-    let upto = if with_last { path } else { path.rsplit_once('/').map_or("", |(p, _)| p) };
-    let mut dir = String::new();
-    for comp in upto.split('/').filter(|c| !c.is_empty()) {
-        dir.push('/');
-        dir.push_str(comp);
-        match vfs.resolve(ROOT_INO, dir.as_bytes(), true) {
-            Ok(ino) if vfs.is_dir(ino).unwrap_or(false) => {}
-            Ok(_) => return Err(invalid(format!("{dir} is not a directory"))),
-            Err(Errno::ENOENT) => vfs.mkdir(ROOT_INO, dir.as_bytes(), 0o755).map_err(|e| vfs_error(&dir, e))?,
-            Err(e) => return Err(vfs_error(&dir, e)),
-        }
-    }
-    Ok(())
 }
 
 /// Remove `path`: a non-directory by unlink; a directory after its contents, depth first,

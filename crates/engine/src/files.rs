@@ -257,17 +257,7 @@ pub fn write_file_from(vfs: &mut Vfs, path: &str, src: &mut dyn std::io::Read, l
             ),
         ));
     }
-    let mut dir = String::new();
-    for comp in parent.split('/').filter(|c| !c.is_empty()) {
-        dir.push('/');
-        dir.push_str(comp);
-        match vfs.resolve(ROOT_INO, dir.as_bytes(), true) {
-            Ok(ino) if vfs.is_dir(ino).unwrap_or(false) => {}
-            Ok(_) => return Err(invalid(format!("{dir} is not a directory"))),
-            Err(Errno::ENOENT) => vfs.mkdir(ROOT_INO, dir.as_bytes(), 0o755).map_err(|e| vfs_error(&dir, e))?,
-            Err(e) => return Err(vfs_error(&dir, e)),
-        }
-    }
+    make_dirs(vfs, parent)?;
     let ino = vfs
         .open(ROOT_INO, path.as_bytes(), libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC, 0o644)
         .map_err(|e| vfs_error(path, e))?;
@@ -278,6 +268,22 @@ pub fn write_file_from(vfs: &mut Vfs, path: &str, src: &mut dyn std::io::Read, l
     }
     vfs.release(ino);
     r
+}
+
+/// Create the directory `dir` (absolute, normalised) and its missing parents, mode 0755.
+pub(crate) fn make_dirs(vfs: &mut Vfs, dir: &str) -> Result<(), EngineError> {
+    let mut at = String::new();
+    for comp in dir.split('/').filter(|c| !c.is_empty()) {
+        at.push('/');
+        at.push_str(comp);
+        match vfs.resolve(ROOT_INO, at.as_bytes(), true) {
+            Ok(ino) if vfs.is_dir(ino).unwrap_or(false) => {}
+            Ok(_) => return Err(invalid(format!("{at} is not a directory"))),
+            Err(Errno::ENOENT) => vfs.mkdir(ROOT_INO, at.as_bytes(), 0o755).map_err(|e| vfs_error(&at, e))?,
+            Err(e) => return Err(vfs_error(&at, e)),
+        }
+    }
+    Ok(())
 }
 
 /// Size the open file `ino` to `len` (one allocation, charged once) and copy `src` into it.
