@@ -438,3 +438,64 @@ def test_bad_input_gets_the_sdks_errors(e2b_server, server):
             sbx.files.list("/tmp/keep.txt")
     finally:
         sbx.kill()
+
+
+def _envd_post(server, sbx, path, headers):
+    """An envd `POST /files` on a raw socket (the body is the caller's to send)."""
+    import socket
+    from urllib.parse import urlparse
+
+    u = urlparse(server.url)
+    sock = socket.create_connection((u.hostname, u.port), timeout=30)
+    lines = [f"POST /files?path={path} HTTP/1.1", f"Host: {u.hostname}:{u.port}",
+             f"E2b-Sandbox-Id: {sbx.sandbox_id}", "E2b-Sandbox-Port: 49983",
+             f"X-Access-Token: {sbx._envd_access_token}", "Content-Type: application/octet-stream"]
+    lines += [f"{k}: {v}" for k, v in headers.items()]
+    sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+    return sock
+
+
+def _response(sock):
+    data = b""
+    while b"\r\n\r\n" not in data:
+        more = sock.recv(65536)
+        if not more:
+            break
+        data += more
+    head, _, rest = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), head.decode(errors="replace"), rest.decode(errors="replace")
+
+
+def test_envd_uploads_are_bounded_like_forkbox_uploads(e2b_server):
+    server = e2b_server
+    key = server.create_key("e2b-uploads-cap", "--unlimited")
+    sbx = e2b.Sandbox.create(api_key=key)
+    try:
+        # Declared over the limit: 413 in envd's shape before the body is read, and the
+        # connection is closed.
+        sock = _envd_post(server, sbx, "/tmp/big.bin", {"Content-Length": str(1 << 30)})
+        sock.sendall(b"\0" * (1 << 20))
+        status, head, body = _response(sock)
+        sock.close()
+        assert status == 413 and json.loads(body)["code"] == 413, (status, body)
+        assert "connection: close" in head.lower(), head
+        # A key has at most four uploads in progress, envd's as forkbox's: the fifth is 429.
+        slow = []
+        for i in range(4):
+            sock = _envd_post(server, sbx, f"/tmp/slow{i}", {"Transfer-Encoding": "chunked"})
+            sock.sendall(b"4\r\nslow\r\n")
+            slow.append(sock)
+        time.sleep(0.5)
+        with pytest.raises(SandboxException) as e:
+            sbx.files.write("/tmp/fifth", "five")
+        assert "429" in str(e.value) or "rate" in str(e.value).lower(), str(e.value)
+        slow[0].sendall(b"0\r\n\r\n")
+        status, _, body = _response(slow[0])
+        assert status == 200, body
+        for sock in slow:
+            sock.close()
+        sbx.files.write("/tmp/sixth", "six")
+        assert (sbx.files.read("/tmp/slow0"), sbx.files.read("/tmp/sixth")) == ("slow", "six")
+        assert not sbx.files.exists("/tmp/big.bin")
+    finally:
+        sbx.kill()

@@ -29,13 +29,20 @@ pub fn too_large(limit: u64) -> ApiError {
     ApiError::new(ErrorCode::FileTooLarge, format!("the upload is over the file size limit of {limit} bytes"))
 }
 
-/// What of a refused upload is still read (and thrown away) before the 413
-/// goes out, and for how long at most. A client that sends its whole body
+/// What of a refused upload is still read (and thrown away) after the 413
+/// went out, and for how long at most. A client that sends its whole body
 /// before it reads the answer (most do: no `Expect: 100-continue`) would
 /// otherwise see a broken pipe instead of the error; past these bounds the
-/// connection is closed on it, as a web server's lingering close does.
+/// connection is closed on it.
 const DRAIN_BYTES: u64 = 64 << 20;
 const DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Refusing a request: its body is read and thrown away beside the answer (which goes out
+/// at once), within [`DRAIN_BYTES`] and [`DRAIN_TIME`], so that the connection closes only
+/// after the client had the chance to read the error — a web server's lingering close.
+pub fn refuse_body(body: Body) {
+    tokio::spawn(drain(body.into_data_stream()));
+}
 
 /// Read and discard what is left of a refused body, within [`DRAIN_BYTES`] and [`DRAIN_TIME`].
 async fn drain(mut stream: axum::body::BodyDataStream) {
@@ -83,6 +90,23 @@ async fn flush(mut file: File, buf: Vec<u8>) -> Result<(File, Vec<u8>), ApiError
 /// `limit` bytes. Returns the file, opened again read-only (what a sandbox
 /// worker is handed), and its length.
 pub async fn spool(dir: PathBuf, body: Body, limit: u64) -> Result<(File, u64), ApiError> {
+    let mut stream = body.into_data_stream();
+    match spool_stream(dir, &mut stream, limit).await {
+        Err(e) if e.code == ErrorCode::FileTooLarge => {
+            tokio::spawn(drain(stream));
+            Err(e)
+        }
+        r => r,
+    }
+}
+
+/// [`spool`] of any stream of chunks (a multipart body's part, say); past `limit`
+/// it stops reading and answers 413 (what is left is the caller's to drain).
+pub async fn spool_stream<S, E>(dir: PathBuf, stream: &mut S, limit: u64) -> Result<(File, u64), ApiError>
+where
+    S: futures_util::Stream<Item = Result<axum::body::Bytes, E>> + Unpin,
+    E: std::fmt::Display,
+{
     let mut file = tokio::task::spawn_blocking(move || {
         std::fs::create_dir_all(&dir)?;
         tempfile::tempfile_in(&dir)
@@ -91,12 +115,10 @@ pub async fn spool(dir: PathBuf, body: Body, limit: u64) -> Result<(File, u64), 
     .map_err(|e| storage("creating the upload's temporary file", e))?;
     let mut buf: Vec<u8> = Vec::with_capacity(SPOOL_BUF);
     let mut total = 0u64;
-    let mut stream = body.into_data_stream();
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(|e| ApiError::invalid(format!("reading the request body: {e}")))?;
         total = total.saturating_add(chunk.len() as u64);
         if total > limit {
-            drain(stream).await;
             return Err(too_large(limit));
         }
         if !buf.is_empty() && buf.len().saturating_add(chunk.len()) > SPOOL_BUF {
@@ -136,7 +158,7 @@ pub async fn receive(
 ) -> Result<Spooled, ApiError> {
     let limit = state.config.files_limit as u64;
     if let Err(e) = check_length(headers, limit) {
-        drain(body.into_data_stream()).await;
+        refuse_body(body);
         return Err(e);
     }
     let held = match caller {

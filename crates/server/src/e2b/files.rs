@@ -1,12 +1,12 @@
 //! envd's HTTP routes: `GET /files?path=` (the bytes), `POST /files?path=`
 //! (multipart with `file` parts, or a raw `application/octet-stream` body), and
 //! `GET /health`. Files go through the session's VFS (never the host's file
-//! system), within the server's file size limit; an upload is checkpointed.
+//! system), within the server's file size limit; an upload is checkpointed
+//! (one checkpoint per file).
 //! Errors are envd's `{"code": <status>, "message"}`.
 
 use std::sync::Arc;
 
-use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, FromRequest, Multipart, RawQuery, Request, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -14,9 +14,13 @@ use axum::routing::get;
 use axum::{Extension, Json, Router};
 use serde_json::json;
 
+use forkbox_api::ErrorCode;
+
 use super::error::{Code, ConnectError};
 use super::SandboxRec;
+use crate::error::ApiError;
 use crate::handlers::blocking;
+use crate::uploads;
 use crate::AppState;
 
 /// Most files one multipart upload may carry.
@@ -80,29 +84,48 @@ async fn download(
 }
 
 /// `POST /files?path=P`: write one file (octet-stream) or the `file` parts of a multipart body
-/// (each named by `path`, or by its file name when there is no `path`).
+/// (each named by `path`, or by its file name when there is no `path`). Like forkbox's own
+/// uploads: the key's cap on uploads in progress, `Content-Length` checked before anything is
+/// read, each file streamed to a temporary file (this process holds one chunk at a time), a
+/// refused body read and thrown away before the error goes out.
 async fn upload(
     State(state): State<AppState>,
     Extension(rec): Extension<Arc<SandboxRec>>,
     RawQuery(q): RawQuery,
     req: Request,
 ) -> Result<Response, HttpError> {
-    super::process::running(&rec)?;
     let limit = state.config.files_limit;
-    let path = params(q.as_deref())?;
-    if let Some(enc) = req.headers().get(header::CONTENT_ENCODING) {
-        if enc.as_bytes() != b"identity" {
-            return Err(ConnectError::invalid("compressed uploads are not accepted (envd 0.4.0)").into());
+    let (parts, body) = req.into_parts();
+    let caller = rec.caller();
+    let admitted =
+        super::process::running(&rec).map_err(HttpError::from).and_then(|()| params(q.as_deref())).and_then(|path| {
+            if parts.headers.get(header::CONTENT_ENCODING).is_some_and(|enc| enc.as_bytes() != b"identity") {
+                return Err(ConnectError::invalid("compressed uploads are not accepted (envd 0.4.0)").into());
+            }
+            uploads::check_length(&parts.headers, limit as u64).map_err(|_| too_large(limit))?;
+            let held = uploads::hold(&caller, uploads::Transfer::Upload, state.config.key_uploads)?;
+            Ok((path, held))
+        });
+    let (path, _held) = match admitted {
+        Ok(a) => a,
+        Err(e) => {
+            uploads::refuse_body(body);
+            return Err(e);
         }
-    }
-    let ct = req.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
-    let mut files: Vec<(String, Bytes)> = Vec::new();
+    };
+    let spooled = |r: Result<(std::fs::File, u64), ApiError>| match r {
+        Err(e) if e.code == ErrorCode::FileTooLarge => Err(too_large(limit)),
+        r => r.map_err(HttpError::from),
+    };
+    let dir = state.runtime.home().join("sessions");
+    let ct = parts.headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+    let mut files: Vec<(String, std::fs::File, u64)> = Vec::new();
     if ct.starts_with("multipart/") {
-        let mut mp = Multipart::from_request(req, &state)
+        let mut mp = Multipart::from_request(Request::from_parts(parts, body), &state)
             .await
             .map_err(|e| ConnectError::invalid(format!("multipart body: {}", e.body_text())))?;
         loop {
-            let field = match mp.next_field().await {
+            let mut field = match mp.next_field().await {
                 Ok(Some(f)) => f,
                 Ok(None) => break,
                 Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => return Err(too_large(limit)),
@@ -111,42 +134,35 @@ async fn upload(
             if field.name() != Some("file") {
                 continue;
             }
-            let name = field.file_name().map(str::to_string);
-            let data = match field.bytes().await {
-                Ok(d) => d,
-                Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => return Err(too_large(limit)),
-                Err(e) => return Err(ConnectError::invalid(format!("multipart body: {}", e.body_text())).into()),
-            };
-            let p = match (&path, name) {
+            let p = match (&path, field.file_name()) {
                 (Some(p), _) => p.clone(),
-                (None, Some(n)) if !n.is_empty() => n,
+                (None, Some(n)) if !n.is_empty() => n.to_string(),
                 _ => return Err(ConnectError::invalid("a file part needs a file name, or the request a path").into()),
             };
             if files.len() >= MAX_PARTS {
                 return Err(ConnectError::invalid(format!("at most {MAX_PARTS} files per upload")).into());
             }
-            files.push((p, data));
+            let (f, len) = spooled(uploads::spool_stream(dir.clone(), &mut field, limit as u64).await)?;
+            files.push((p, f, len));
         }
     } else {
-        let p = path.ok_or_else(|| ConnectError::invalid("path is required"))?;
-        let data = Bytes::from_request(req, &state).await.map_err(|rej| {
-            if rej.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                too_large(limit)
-            } else {
-                ConnectError::invalid(format!("reading the body: {}", rej.body_text())).into()
-            }
-        })?;
-        files.push((p, data));
+        let Some(p) = path else {
+            uploads::refuse_body(body);
+            return Err(ConnectError::invalid("path is required").into());
+        };
+        let (f, len) = spooled(uploads::spool(dir, body, limit as u64).await)?;
+        files.push((p, f, len));
     }
     if files.is_empty() {
         return Err(ConnectError::invalid("no file in the upload").into());
     }
     let mut out = Vec::with_capacity(files.len());
-    for (p, data) in files {
+    for (p, file, len) in files {
         let path = super::guest_path(&p)?;
         let caller = rec.caller();
         let (i, gp) = (rec.id.clone(), path.clone());
-        blocking(&state, move |rt| Ok(rt.write_file(&caller.tenant, &i, &gp, &data, &caller.quota())?)).await?;
+        blocking(&state, move |rt| Ok(rt.write_file_from(&caller.tenant, &i, &gp, &file, len, &caller.quota())?))
+            .await?;
         let name = path.rsplit('/').next().unwrap_or(&path).to_string();
         out.push(json!({ "name": name, "type": "file", "path": path }));
     }
