@@ -538,6 +538,7 @@ fn smaps_growth(before: &[(u64, String, [u64; 3])], after: &[(u64, String, [u64;
 /// whether they are the host's zero page (read, never written: no memory).
 fn private_pages_by_mapping(sb: &mut Sandbox) -> Result<()> {
     let pages = sb.private_page_list();
+    let first_pages: Vec<u64> = pages.iter().map(|(a, _)| *a).collect();
     let maps = sb.exec("print(open('/proc/self/maps').read())")?.stdout;
     let ranges: Vec<(u64, u64, String)> = maps
         .lines()
@@ -561,6 +562,13 @@ fn private_pages_by_mapping(sb: &mut Sandbox) -> Result<()> {
         } else {
             e.0 += 1;
         }
+    }
+    if std::env::var("FORKBOX_BENCH_SMAPS").as_deref() == Ok("2") {
+        // What lives on each written page (a diagnostic; the exec writes pages of its own).
+        let list: Vec<String> = first_pages.iter().map(|a| a.to_string()).collect();
+        let code = std::fs::read_to_string("/tmp/dens/attr.py")?.replace("PAGES", &format!("[{}]", list.join(",")));
+        let r = sb.exec(&code)?;
+        println!("{}{}{:?}", r.stdout, r.stderr, r.error);
     }
     let mut rows: Vec<_> = by.into_iter().collect();
     rows.sort_by_key(|(_, (w, _))| std::cmp::Reverse(*w));
