@@ -125,10 +125,22 @@ class HeldOutput(io.RawIOBase):
         return False
 
     def write(self, b):
-        if self.held is not None:
-            self.held += b
-            return len(b)
+        held = self.held
+        if held is not None:
+            if len(held) + len(b) <= HELD_MAX:
+                held += b
+                return len(b)
+            # More than a reply should carry (a user's larger buffer): what is
+            # held goes out first, in order, then this write as usual.
+            view = memoryview(bytes(held))
+            held.clear()
+            while view:
+                view = view[os.write(self.fd, view):]
         return os.write(self.fd, b)
+
+
+# At most this much of an exec's last output rides with the reply.
+HELD_MAX = 1 << 16
 
 
 def held_stream(old, fd, name):
@@ -535,7 +547,7 @@ def handle(req):
     return {"protocol_error": "unknown op %r" % (op,)}
 
 
-def warm_up():
+def warm_up(rounds=8):
     """Run the exec path (request and reply JSON, reseed, parse, compile, exec,
     print (kept by flush_held and dropped: the boot's output stays empty), flush) a few times
     before the template is snapshotted: its one-time work (lazily made
@@ -544,7 +556,7 @@ def warm_up():
     no trace an exec can see."""
     global exec_count
     try:
-        for _ in range(8):
+        for _ in range(rounds):
             # An expression, a statement, statements ending in an expression.
             for code in ("print(0)", "pass", "None\nNone"):
                 req = {"op": "exec", "code": code, "reseed": "%064x" % 1, "value_limit": 1 << 20}
@@ -635,6 +647,11 @@ def main():
         settle_allocator()
     except Exception:  # noqa: BLE001 - without it a fork writes more pages, nothing else
         pass
+    # The exec path once more: its objects now fill and leave the fresh pools,
+    # so a fork's exec writes blocks that already hold what it writes there
+    # (a checkpoint's pages then differ from the template's by little).
+    warm_up(3)
+    gc.collect()
     gc.freeze()
     send(info)
     while True:
