@@ -112,7 +112,10 @@ fn an_exec_is_three_syscalls_and_its_output_comes_with_the_reply() {
     let r = ok(&mut sb, "sys.stdout._CHUNK_SIZE = 1 << 20\nprint('x' * 150000)\nprint('y', end='')");
     assert!(r.stdout.len() == 150_002 && r.stdout.ends_with("x\ny"), "{} bytes of stdout", r.stdout.len());
     // A user's own sys.stdout is flushed to its file, and the agent's still works after.
-    let r = ok(&mut sb, "import io, sys\nold = sys.stdout\nsys.stdout = io.TextIOWrapper(open(1, 'wb', closefd=False))\nprint('mine')");
+    let r = ok(
+        &mut sb,
+        "import io, sys\nold = sys.stdout\nsys.stdout = io.TextIOWrapper(open(1, 'wb', closefd=False))\nprint('mine')",
+    );
     assert_eq!(r.stdout, "mine\n");
     let r = ok(&mut sb, "sys.stdout = old\nprint('back')");
     assert_eq!(r.stdout, "back\n");
