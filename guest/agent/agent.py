@@ -10,10 +10,14 @@ import array
 import ast
 import builtins
 import gc
+import io
 import json
+import _json
 import linecache
 import os
 import random
+import _random
+import re
 import sys
 import _signal
 import time
@@ -62,6 +66,14 @@ def read_exact(n):
     return out
 
 
+# The C scanner and encoder of the json module, made once: json.loads and
+# json.dumps go through Python code (and dumps with options through a new
+# encoder object) on every call, and each object that code touches is a page
+# written in every fork (its reference count).
+scan_json = _json.make_scanner(json.JSONDecoder())
+encode_json = _json.make_encoder(None, repr, _json.encode_basestring, None, ":", ",", False, False, True)
+
+
 def recv():
     global interrupt_pending
     interrupt_pending = False
@@ -69,15 +81,107 @@ def recv():
     if n > MAX_FRAME:
         inbuf.clear()
         raise ValueError("request frame too large")
-    return json.loads(read_exact(n))
+    try:
+        return scan_json(read_exact(n).decode("utf-8"), 0)[0]
+    except (StopIteration, UnicodeDecodeError) as e:
+        raise ValueError("bad request frame: %r" % (e,)) from None
 
 
-def send(obj):
-    body = json.dumps(obj, ensure_ascii=False, default=repr).encode("utf-8", "surrogatepass")
-    data = memoryview(len(body).to_bytes(4, "little") + body)
+def to_json(obj):
+    try:
+        return "".join(encode_json(obj, 0))
+    except Exception:  # noqa: BLE001 - what the C encoder cannot do (a cycle), json.dumps reports
+        return json.dumps(obj, ensure_ascii=False, default=repr)
+
+
+def send(obj, tail=b""):
+    """One frame (and `tail`, raw bytes the frame's JSON accounts for) in one write."""
+    body = to_json(obj).encode("utf-8", "surrogatepass")
+    data = memoryview(len(body).to_bytes(4, "little") + body + tail)
     while data:
         n = os.write(CHANNEL, data)
         data = data[n:]
+
+
+class HeldOutput(io.RawIOBase):
+    """fd 1 or 2 under sys.stdout / sys.stderr. While `held` is a bytearray,
+    writes are kept there instead: the end-of-exec flush goes out inside the
+    reply (one VM exit for both, not one per stream plus the reply)."""
+
+    def __init__(self, fd, name):
+        super().__init__()
+        self.fd = fd
+        self.name = name
+        self.mode = "wb"
+        self.held = None
+
+    def writable(self):
+        return True
+
+    def fileno(self):
+        return self.fd
+
+    def isatty(self):
+        return False
+
+    def write(self, b):
+        held = self.held
+        if held is not None:
+            if len(held) + len(b) <= HELD_MAX:
+                held += b
+                return len(b)
+            # More than a reply should carry (a user's larger buffer): what is
+            # held goes out first, in order, then this write as usual.
+            view = memoryview(bytes(held))
+            held.clear()
+            while view:
+                view = view[os.write(self.fd, view):]
+        return os.write(self.fd, b)
+
+
+# At most this much of an exec's last output rides with the reply.
+HELD_MAX = 1 << 16
+
+
+def held_stream(old, fd, name):
+    """A text stream like `old` (its encoding, errors and buffering) on a HeldOutput."""
+    raw = HeldOutput(fd, name)
+    stream = io.TextIOWrapper(
+        io.BufferedWriter(raw),
+        encoding=old.encoding,
+        errors=old.errors,
+        line_buffering=old.line_buffering,
+        write_through=old.write_through,
+    )
+    return stream, raw
+
+
+sys.stdout, held_out = held_stream(sys.stdout, 1, "<stdout>")
+sys.stderr, held_err = held_stream(sys.stderr, 2, "<stderr>")
+sys.__stdout__, sys.__stderr__ = sys.stdout, sys.stderr
+agent_streams = ((sys.stdout, held_out), (sys.stderr, held_err))
+
+
+def flush_held():
+    """Flush the agent's stdout and stderr into memory (and any replacement of
+    them a user left in sys.stdout / sys.stderr, straight to its file); returns
+    the two streams' bytes."""
+    out = []
+    for stream, raw in agent_streams:
+        raw.held = bytearray()
+        try:
+            stream.flush()
+        except BaseException:  # noqa: BLE001 - a broken stream loses only its own output
+            pass
+        out.append(bytes(raw.held))
+        raw.held = None
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not agent_streams[0][0] and stream is not agent_streams[1][0]:
+            try:
+                stream.flush()
+            except BaseException:  # noqa: BLE001
+                pass
+    return out
 
 
 # User code runs in a module of its own, registered as `__main__` (see
@@ -281,34 +385,45 @@ def run(code, value_limit, exec_id=None):
     filename = "<exec-%d>" % (exec_id if isinstance(exec_id, int) else exec_count)
     # Register the source so tracebacks can show the failing lines.
     linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
-    tree = ast.parse(code, filename, "exec")
-    last = None
-    if tree.body and isinstance(tree.body[-1], ast.Expr):
-        last = ast.Expression(tree.body.pop().value)
-        ast.copy_location(last, last.body)
+    # Code that is one expression compiles straight to its value; anything
+    # else goes through the AST to split off a trailing expression (the ast
+    # module's Python objects cost pages in every fork, so only when needed).
+    try:
+        tail = compile(code, filename, "eval")
+        tree = last = None
+    except SyntaxError:
+        tail = None
+        tree = ast.parse(code, filename, "exec")
+        last = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            last = ast.Expression(tree.body.pop().value)
+            ast.copy_location(last, last.body)
     user_running = True
     try:
         if interrupt_pending:
             interrupt_pending = False
             raise KeyboardInterrupt
-        body = compile_user(tree, filename, "exec")
-        tail = compile_user(last, filename, "eval") if last is not None else None
-        if body.co_flags & CO_COROUTINE or (tail is not None and tail.co_flags & CO_COROUTINE):
-            # Top-level await: the whole cell is one coroutine on the session loop
-            # (a task it starts belongs to that loop), its value kept in a hidden name.
-            if last is not None:
-                target = ast.Name(id=VALUE_NAME, ctx=ast.Store())
-                tree.body.append(ast.copy_location(ast.Assign(targets=[target], value=last.body), last.body))
-                ast.fix_missing_locations(tree)
-            run_async(compile(tree, filename, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT))
-            if last is None:
-                return None
-            value = namespace.pop(VALUE_NAME, None)
-        else:
-            exec(body, namespace)
-            if tail is None:
-                return None
+        if tree is None:
             value = eval(tail, namespace)
+        else:
+            body = compile_user(tree, filename, "exec")
+            tail = compile_user(last, filename, "eval") if last is not None else None
+            if body.co_flags & CO_COROUTINE or (tail is not None and tail.co_flags & CO_COROUTINE):
+                # Top-level await: the whole cell is one coroutine on the session loop
+                # (a task it starts belongs to that loop), its value kept in a hidden name.
+                if last is not None:
+                    target = ast.Name(id=VALUE_NAME, ctx=ast.Store())
+                    tree.body.append(ast.copy_location(ast.Assign(targets=[target], value=last.body), last.body))
+                    ast.fix_missing_locations(tree)
+                run_async(compile(tree, filename, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT))
+                if last is None:
+                    return None
+                value = namespace.pop(VALUE_NAME, None)
+            else:
+                exec(body, namespace)
+                if tail is None:
+                    return None
+                value = eval(tail, namespace)
     finally:
         user_running = False
     if value is None:
@@ -342,14 +457,16 @@ def describe(exc):
     return {"type": type(exc).__name__, "message": str(exc), "traceback": "".join(lines)}
 
 
-def reseed():
+def reseed(seed):
     """A fork shares its template's memory, so every RNG that lives in guest
-    memory starts from the same state: draw fresh seeds (os.urandom and
-    getrandom come from the host, so they differ per fork). One getrandom
-    call; numpy's global MT19937 gets a whole key drawn from `random` through
+    memory starts from the same state: reseed them from `seed` (256 bits in
+    hex the host drew for this fork: no getrandom exit). numpy's global MT19937 gets a whole key drawn from `random` through
     set_state (done in C), where np.random.seed() would run SeedSequence and
     array code that writes ~70 more pages in every fork."""
-    random.seed(int.from_bytes(os.urandom(32), "little"))
+    # The C seed of the module's generator (random.seed's Python wrapper only
+    # adds type checks, and touches more objects).
+    _random.Random.seed(random._inst, int(seed, 16))
+    random._inst.gauss_next = None
     np = sys.modules.get("numpy")
     if np is not None:
         key = array.array("I", random.getrandbits(624 * 32).to_bytes(624 * 4, "little"))
@@ -377,8 +494,9 @@ def line_buffer():
 
 def handle(req):
     op = req.get("op")
-    if req.get("reseed"):
-        reseed()
+    seed = req.get("reseed")
+    if isinstance(seed, str):
+        reseed(seed)
     if op == "exec":
         start = time.perf_counter()
         value, error = None, None
@@ -404,11 +522,7 @@ def handle(req):
                     open_figures()
                 except BaseException:  # noqa: BLE001
                     pass
-            for stream in (sys.stdout, sys.stderr):
-                try:
-                    stream.flush()
-                except BaseException:
-                    pass
+            held = flush_held()
             for stream, was in buffering:
                 try:
                     stream.reconfigure(line_buffering=was)
@@ -423,30 +537,90 @@ def handle(req):
             reply["value_data"] = value_data
         if displayed:
             reply["display"] = take_display()
+        if held[0] or held[1]:
+            # The bytes follow the frame, stdout's then stderr's.
+            reply["held"] = [len(held[0]), len(held[1])]
+            return reply, held[0] + held[1]
         return reply
     if op == "ping":
         return {"pong": True}
     return {"protocol_error": "unknown op %r" % (op,)}
 
 
-def warm_up():
+def warm_up(rounds=8):
     """Run the exec path (request and reply JSON, reseed, parse, compile, exec,
-    print (of nothing: the boot's output stays empty), flush) a few times
+    print (kept by flush_held and dropped: the boot's output stays empty), flush) a few times
     before the template is snapshotted: its one-time work (lazily made
     objects, caches, CPython's specialization of the code it runs) is then
     done once in the template instead of writing pages in every fork. Leaves
     no trace an exec can see."""
     global exec_count
     try:
-        for _ in range(12):
-            req = json.loads(json.dumps({"op": "exec", "code": "print(end='')", "reseed": True, "value_limit": 1 << 20}))
-            json.dumps(handle(req), ensure_ascii=False, default=repr).encode("utf-8", "surrogatepass")
+        for _ in range(rounds):
+            # An expression, a statement, statements ending in an expression.
+            for code in ("print(0)", "pass", "None\nNone"):
+                req = {"op": "exec", "code": code, "reseed": "%064x" % 1, "value_limit": 1 << 20}
+                req = scan_json(to_json(req).encode("utf-8").decode("utf-8"), 0)[0]
+                reply = handle(req)
+                if isinstance(reply, tuple):
+                    reply = reply[0]
+                to_json(reply).encode("utf-8", "surrogatepass")
     except BaseException:  # noqa: BLE001 - a warm-up that fails costs only pages
         pass
     for n in range(1, exec_count + 1):
         linecache.cache.pop("<exec-%d>" % n, None)
     exec_count = 0
     take_display()
+
+
+# What settle_allocator keeps alive (in the template's memory, shared by every fork).
+settled = []
+
+
+def malloc_stats():
+    """(block size, free blocks in used pools) of each of pymalloc's size
+    classes, from sys._debugmallocstats (which writes to fd 2)."""
+    path = "/tmp/.forkbox-mallocstats"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    saved = os.dup(2)
+    try:
+        os.dup2(fd, 2)
+        sys._debugmallocstats()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.unlink(path)
+    os.lseek(fd, 0, 0)
+    chunks = []
+    while True:
+        b = os.read(fd, 1 << 16)
+        if not b:
+            break
+        chunks.append(b)
+    os.close(fd)
+    text = b"".join(chunks).decode("ascii", "replace")
+    rows = re.finditer(r"(?m)^\s*(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s*$", text)
+    return [(int(m.group(2)), int(m.group(5))) for m in rows]
+
+
+def settle_allocator():
+    """Use up the template's free memory blocks so a fork allocates from
+    fresh ones. After the template's start-up and collection, CPython's free
+    lists and every size class's partly used pools hand out blocks scattered
+    over many pages: each fork would write one page per block it takes. Taken
+    here (and kept), a fork's allocations land next to each other, in pools
+    no template object lives in."""
+    keep = settled
+    keep.append([{} for _ in range(100)])
+    keep.append([[] for _ in range(100)])
+    keep.append([float(i) + 0.5 for i in range(120)])
+    for n in range(1, 21):
+        keep.append([tuple(range(1000, 1000 + n)) for _ in range(40)])
+    # Twice: the first round's own objects take blocks too.
+    for _ in range(2):
+        for size, avail in malloc_stats():
+            # A bytearray of n bytes has a buffer of n + 1: exactly `size`.
+            keep.append([bytearray(size - 1) for _ in range(avail)])
 
 
 def main():
@@ -469,6 +643,15 @@ def main():
     # Everything allocated so far belongs to the template: keep the collector
     # from walking (and so writing to) those pages in every fork.
     gc.collect()
+    try:
+        settle_allocator()
+    except Exception:  # noqa: BLE001 - without it a fork writes more pages, nothing else
+        pass
+    # The exec path once more: its objects now fill and leave the fresh pools,
+    # so a fork's exec writes blocks that already hold what it writes there
+    # (a checkpoint's pages then differ from the template's by little).
+    warm_up(3)
+    gc.collect()
     gc.freeze()
     send(info)
     while True:
@@ -477,7 +660,11 @@ def main():
         except (EOFError, ValueError) as e:
             send({"protocol_error": str(e)})
             continue
-        send(handle(req))
+        reply = handle(req)
+        if isinstance(reply, tuple):
+            send(*reply)
+        else:
+            send(reply)
 
 
 def become_agent():

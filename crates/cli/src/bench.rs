@@ -538,6 +538,7 @@ fn smaps_growth(before: &[(u64, String, [u64; 3])], after: &[(u64, String, [u64;
 /// whether they are the host's zero page (read, never written: no memory).
 fn private_pages_by_mapping(sb: &mut Sandbox) -> Result<()> {
     let pages = sb.private_page_list();
+    let first_pages: Vec<u64> = pages.iter().map(|(a, _)| *a).collect();
     let maps = sb.exec("print(open('/proc/self/maps').read())")?.stdout;
     let ranges: Vec<(u64, u64, String)> = maps
         .lines()
@@ -562,6 +563,13 @@ fn private_pages_by_mapping(sb: &mut Sandbox) -> Result<()> {
             e.0 += 1;
         }
     }
+    if std::env::var("FORKBOX_BENCH_SMAPS").as_deref() == Ok("2") {
+        // What lives on each written page (a diagnostic; the exec writes pages of its own).
+        let list: Vec<String> = first_pages.iter().map(|a| a.to_string()).collect();
+        let code = PAGE_OWNERS.replace("PAGES", &format!("[{}]", list.join(",")));
+        let r = sb.exec(&code)?;
+        println!("{}{}{:?}", r.stdout, r.stderr, r.error);
+    }
     let mut rows: Vec<_> = by.into_iter().collect();
     rows.sort_by_key(|(_, (w, _))| std::cmp::Reverse(*w));
     println!("  private pages of one fork after print(1+1): written, zero page, guest mapping");
@@ -570,6 +578,53 @@ fn private_pages_by_mapping(sb: &mut Sandbox) -> Result<()> {
     }
     Ok(())
 }
+
+/// `FORKBOX_BENCH_SMAPS=2`: for each page a fork's `print(1+1)` wrote, the
+/// CPython objects on it (reference counts are writes) and whether it is a
+/// pymalloc pool's (3.11: 16 KiB pools, the header on the first page).
+const PAGE_OWNERS: &str = r#"
+import gc, sys, ctypes, collections
+pages = set(PAGES)
+gc.unfreeze()
+objs = gc.get_objects()
+seen = set(map(id, objs))
+hits = collections.defaultdict(collections.Counter)
+def note(o):
+    a = id(o) & ~0xfff
+    if a in pages:
+        t = type(o).__name__
+        if t in ("function", "type", "module", "code"):
+            t += ":" + str(getattr(o, "__qualname__", getattr(o, "co_qualname", getattr(o, "__name__", ""))))[:40]
+        elif t == "dict":
+            t += ":%d" % len(o)
+        hits[a][t] += 1
+for o in objs:
+    note(o)
+    for r in gc.get_referents(o):
+        if id(r) not in seen:
+            seen.add(id(r))
+            note(r)
+def pool(a):
+    base = a & ~0x3fff
+    try:
+        h = ctypes.string_at(base, 48)
+    except Exception:
+        return ""
+    szidx = int.from_bytes(h[36:40], "little")
+    nxt = int.from_bytes(h[40:44], "little")
+    mx = int.from_bytes(h[44:48], "little")
+    if szidx < 32 and mx == 16384 - (szidx + 1) * 16 and nxt <= mx + (szidx+1)*16:
+        return "pool sz%d %s" % ((szidx + 1) * 16, "hdr" if a == base else "+%d" % ((a - base) >> 12))
+    return ""
+summ = collections.Counter()
+for a in sorted(pages):
+    p = pool(a)
+    h = hits.get(a)
+    top = ", ".join("%s x%d" % kv for kv in h.most_common(6)) if h else "-"
+    print("%x %-16s %s" % (a, p, top))
+    summ[p.split(" hdr")[0].split(" +")[0] or "nonpool"] += 1
+print(summ.most_common())
+"#;
 
 fn field_kib(path: &str, key: &str) -> u64 {
     std::fs::read_to_string(path)

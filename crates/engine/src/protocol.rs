@@ -42,8 +42,10 @@ pub struct ExecRequest<'a> {
     pub op: &'static str,
     pub code: &'a str,
     pub value_limit: usize,
-    /// First request after a fork: reseed in-memory RNGs.
-    pub reseed: bool,
+    /// First request after a fork: reseed in-memory RNGs from these 256 bits
+    /// (hex, drawn by the host: the agent needs no getrandom exit for them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reseed: Option<String>,
     /// Output is streamed: line-buffer stdout/stderr for this exec.
     pub stream: bool,
     /// Names the code `<exec-N>` in tracebacks (absent: the agent's own count).
@@ -71,6 +73,24 @@ pub struct ExecReply {
     /// What `display()` showed and the figures left open, in order.
     #[serde(default)]
     pub display: Option<Vec<serde_json::Map<String, serde_json::Value>>>,
+    /// Lengths of the stdout and stderr bytes that follow the frame: the
+    /// agent's end-of-exec flush, sent with the reply (one write, one exit).
+    #[serde(default)]
+    pub held: Option<[u64; 2]>,
+}
+
+/// The stdout and stderr bytes that follow a reply frame (`ExecReply::held`):
+/// exactly `held` bytes must follow, nothing else.
+pub fn held_output(tail: &[u8], held: Option<[u64; 2]>) -> Result<(&[u8], &[u8]), EngineError> {
+    let [a, b] = held.unwrap_or([0, 0]);
+    let (a, b) = (usize::try_from(a).unwrap_or(usize::MAX), usize::try_from(b).unwrap_or(usize::MAX));
+    if a.checked_add(b) != Some(tail.len()) {
+        return Err(EngineError::Protocol(format!(
+            "reply says {a} + {b} bytes of output follow it, {} do",
+            tail.len()
+        )));
+    }
+    Ok(tail.split_at(a))
 }
 
 /// One displayed object as MIME type -> data: text types as strings, images as
@@ -151,6 +171,16 @@ mod tests {
         let mut bad = 3u32.to_le_bytes().to_vec();
         bad.extend_from_slice(b"{{{");
         assert!(unframe(&bad).is_err());
+    }
+
+    #[test]
+    fn held_output_must_match_what_follows() {
+        assert_eq!(held_output(b"", None).unwrap(), (&b""[..], &b""[..]));
+        assert_eq!(held_output(b"2\nerr", Some([2, 3])).unwrap(), (&b"2\n"[..], &b"err"[..]));
+        assert!(held_output(b"2\n", None).is_err());
+        assert!(held_output(b"2\n", Some([2, 1])).is_err());
+        assert!(held_output(b"2\n", Some([1, 0])).is_err());
+        assert!(held_output(b"2\n", Some([u64::MAX, 3])).is_err());
     }
 
     #[test]

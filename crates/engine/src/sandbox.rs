@@ -479,7 +479,7 @@ impl Sandbox {
             op: "exec",
             code,
             value_limit: self.limits.output_bytes,
-            reseed: self.reseed_pending,
+            reseed: self.reseed_pending.then(fresh_seed).transpose()?,
             stream,
             exec_id,
         };
@@ -494,6 +494,12 @@ impl Sandbox {
         self.io.streaming = stream;
         self.io.interrupt = interrupt.as_ref().map(|i| i.latch().clone());
         let outcome = self.run(Some(regs), deadline, &mut on_output);
+        // The reply, and the end-of-exec flush of stdout/stderr that came with
+        // it: the guest's last output of the exec (before any note of ours).
+        let reply = match &outcome {
+            Ok(_) => Some(self.take_reply(&mut on_output)),
+            Err(_) => None,
+        };
         let killed = self.end_children();
         if killed > 0 && outcome.is_ok() {
             let note = format!(
@@ -517,12 +523,7 @@ impl Sandbox {
         };
         let Stop::Parked(regs) = stop;
         self.state = State::Parked(regs);
-        let (reply, _) = protocol::unframe(&std::mem::take(&mut self.io.agent_out))?;
-        if let Some(p) = reply.get("protocol_error") {
-            return Err(EngineError::Protocol(p.to_string()));
-        }
-        let mut reply: ExecReply =
-            serde_json::from_value(reply).map_err(|e| EngineError::Protocol(format!("bad exec reply: {e}")))?;
+        let mut reply = reply.unwrap_or_else(|| Err(EngineError::Protocol("no reply".into())))?;
         // The agent cuts these to the limit, but it runs in the guest: cut them here too.
         let cap = self.limits.output_bytes;
         if let Some(v) = reply.value.as_mut() {
@@ -557,6 +558,23 @@ impl Sandbox {
             syscalls: self.io.stats.total - syscalls_before,
             outputs,
         })
+    }
+
+    /// Parse the agent's reply frame; the output held with it goes to the
+    /// captures (and the sink).
+    fn take_reply(&mut self, sink: &mut Option<OutputSink<'_>>) -> Result<ExecReply, EngineError> {
+        let out = std::mem::take(&mut self.io.agent_out);
+        let (reply, used) = protocol::unframe(&out)?;
+        if let Some(p) = reply.get("protocol_error") {
+            return Err(EngineError::Protocol(p.to_string()));
+        }
+        let reply: ExecReply =
+            serde_json::from_value(reply).map_err(|e| EngineError::Protocol(format!("bad exec reply: {e}")))?;
+        let (held_out, held_err) = protocol::held_output(&out[used..], reply.held)?;
+        self.io.output(Stream::Stdout, held_out);
+        self.io.output(Stream::Stderr, held_err);
+        self.flush_stream(sink);
+        Ok(reply)
     }
 
     /// Hand streamed output written since the last call to the sink.
@@ -1631,6 +1649,13 @@ pub(crate) fn xsave_to_words(x: &kvm_xsave) -> std::sync::Arc<Xsave> {
 /// the process state was restored; a wrong one is a crash, not a panic).
 pub(crate) fn words_to_xsave(w: &Xsave) -> Result<Box<kvm_xsave>, EngineError> {
     w.to_kvm().map_err(|e| EngineError::GuestCrashed(format!("saved thread state: {e}")))
+}
+
+/// 256 fresh bits from the host, in hex, for a fork's first exec to reseed with.
+fn fresh_seed() -> Result<String, EngineError> {
+    let mut b = [0u8; 32];
+    syscalls::fill_random(&mut b).map_err(|e| EngineError::Protocol(format!("no randomness for a reseed: {e:?}")))?;
+    Ok(hex::encode(b))
 }
 
 fn take_text(c: &mut forkbox_linux::io::Capture) -> String {

@@ -74,6 +74,54 @@ fn import_main_is_the_users_module_not_the_agent() {
 }
 
 // ---------------------------------------------------------------------------
+// Exits per exec
+// ---------------------------------------------------------------------------
+
+/// A fork's first exec is three syscalls: the read of the request it resumes
+/// in, the reply (which carries the exec's last stdout/stderr bytes) and the
+/// read it parks in. The reseed takes its seed from the request, not from
+/// getrandom. Output keeps its order and bytes as separate writes gave them.
+#[test]
+fn an_exec_is_three_syscalls_and_its_output_comes_with_the_reply() {
+    let mut sb = fork();
+    let r = ok(&mut sb, "print(1+1)");
+    assert_eq!(r.stdout, "2\n");
+    assert!(r.syscalls <= 3, "a fork's first print(1+1) made {} syscalls", r.syscalls);
+    let r = ok(&mut sb, "40 + 2");
+    assert_eq!((r.value.as_deref(), r.syscalls), (Some("42"), 3));
+    // print() is buffered, os.write is not, the bytes written below the text
+    // layer go before its pending text (as in CPython anywhere), stderr is kept.
+    let r = ok(
+        &mut sb,
+        "import os, sys\nprint('a')\nos.write(1, b'b\\n')\nsys.stderr.write('e')\n\
+         sys.stdout.buffer.write(b'\\xff')\nprint('c', end='')",
+    );
+    assert_eq!((r.stdout.as_str(), r.stderr.as_str()), ("b\n\u{fffd}a\nc", "e"));
+    // Buffering and file numbers as CPython sets them up (stderr line-buffered).
+    let r = ok(
+        &mut sb,
+        "import sys\n(sys.stdout.line_buffering, sys.stderr.line_buffering, sys.stdout.fileno(), \
+         sys.stderr.fileno(), sys.__stdout__ is sys.stdout, sys.stdout.encoding)",
+    );
+    assert_eq!(r.value.as_deref(), Some("(False, True, 1, 2, True, 'utf-8')"), "{r:?}");
+    // Past the buffer: the first part goes out as it fills, the rest with the reply.
+    let r = ok(&mut sb, "for i in range(3000): print(i)");
+    let want: String = (0..3000).map(|i| format!("{i}\n")).collect();
+    assert!(r.stdout == want, "{} bytes of stdout, {} expected", r.stdout.len(), want.len());
+    // A user's bigger text buffer: what does not fit in a reply is written as usual.
+    let r = ok(&mut sb, "sys.stdout._CHUNK_SIZE = 1 << 20\nprint('x' * 150000)\nprint('y', end='')");
+    assert!(r.stdout.len() == 150_002 && r.stdout.ends_with("x\ny"), "{} bytes of stdout", r.stdout.len());
+    // A user's own sys.stdout is flushed to its file, and the agent's still works after.
+    let r = ok(
+        &mut sb,
+        "import io, sys\nold = sys.stdout\nsys.stdout = io.TextIOWrapper(open(1, 'wb', closefd=False))\nprint('mine')",
+    );
+    assert_eq!(r.stdout, "mine\n");
+    let r = ok(&mut sb, "sys.stdout = old\nprint('back')");
+    assert_eq!(r.stdout, "back\n");
+}
+
+// ---------------------------------------------------------------------------
 // Streaming
 // ---------------------------------------------------------------------------
 
