@@ -335,6 +335,9 @@ struct Sock {
     loop_peer: Option<SocketAddr>,
     /// SO_REUSEADDR (or SO_REUSEPORT) was set.
     reuse: bool,
+    /// UDP-Lite (IPPROTO_UDPLITE) rather than UDP: its own port table, and
+    /// datagrams only between the sandbox's sockets (the egress carries TCP and UDP).
+    lite: bool,
     /// Option values of a socket inside the sandbox that its host socket
     /// (AF_UNIX) does not take (TCP_NODELAY ...): kept, not applied (bounded).
     opts: BTreeMap<(i32, i32), Vec<u8>>,
@@ -357,6 +360,7 @@ impl Sock {
             local: None,
             loop_peer: None,
             reuse: false,
+            lite: false,
             opts: BTreeMap::new(),
         }
     }
@@ -592,6 +596,19 @@ impl NetIo {
         let id = self.insert(Sock::new(domain, stream, Backend::Unopened));
         self.stats.sockets_opened += 1;
         Ok(id)
+    }
+
+    /// socket(AF_INET*, SOCK_DGRAM, IPPROTO_UDPLITE): a datagram socket that
+    /// reaches the sandbox's UDP-Lite sockets only (see `Sock::lite`).
+    pub fn socket_udplite(&mut self, domain: i32) -> Result<u64, Errno> {
+        let id = self.socket(domain, false)?;
+        self.sock(id)?.lite = true;
+        Ok(id)
+    }
+
+    /// Whether socket `id` is a UDP-Lite one.
+    pub fn is_udplite(&self, id: u64) -> bool {
+        self.socks.get(&id).is_some_and(|s| s.lite)
     }
 
     fn insert(&mut self, s: Sock) -> u64 {
@@ -1059,6 +1076,15 @@ impl NetIo {
             return Ok(data.len());
         }
         let dest = if stream { None } else { to.or(s.peer) };
+        if !stream && s.lite {
+            let dest = dest.ok_or(Errno::EDESTADDRREQ)?;
+            if let Some(rid) = self.find_udp_receiver(id, dest) {
+                return self.deliver_local(id, rid, data);
+            }
+            // Nothing of the sandbox bound there: dropped, as Linux drops a
+            // datagram for a closed port; anywhere else is out of reach.
+            return if sandbox_local(loop_dest(dest).ip()) { Ok(data.len()) } else { Err(Errno::ENETUNREACH) };
+        }
         if !stream {
             let dest = dest.ok_or(Errno::EDESTADDRREQ)?;
             if is_resolver(dest) || (to.is_none() && s.resolver_peer) {
@@ -1364,9 +1390,15 @@ impl NetIo {
     }
 
     /// Is a UDP port of the sandbox taken (bindings overlap; both with SO_REUSEADDR share it)?
+    /// UDP and UDP-Lite have a port table each.
     fn udp_port_taken(&self, me: u64, addr: SocketAddr, reuse: bool) -> bool {
+        let lite = self.is_udplite(me);
         self.socks.iter().any(|(id, s)| {
-            *id != me && !s.stream && s.local.is_some_and(|l| binds_overlap(l, addr)) && !(reuse && s.reuse)
+            *id != me
+                && !s.stream
+                && s.lite == lite
+                && s.local.is_some_and(|l| binds_overlap(l, addr))
+                && !(reuse && s.reuse)
         })
     }
 
@@ -1389,11 +1421,12 @@ impl NetIo {
         if !sandbox_local(dest.ip()) {
             return None;
         }
+        let lite = self.is_udplite(me);
         let mut found: Vec<u64> = self
             .socks
             .iter()
             .filter(|(id, s)| **id != me || s.local.is_some())
-            .filter(|(_, s)| !s.stream && s.local.is_some_and(|l| listener_takes(l, s.domain, dest)))
+            .filter(|(_, s)| !s.stream && s.lite == lite && s.local.is_some_and(|l| listener_takes(l, s.domain, dest)))
             .map(|(id, _)| *id)
             .collect();
         // Several bound with SO_REUSEADDR: the first bound (lowest id) gets it.

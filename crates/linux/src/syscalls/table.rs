@@ -150,7 +150,7 @@ table! {
     61 wait4 => fork::wait4, Partial("exit statuses, WNOHANG, ECHILD, pid/-1/0/-pgid; no stopped/continued children (nothing stops here); rusage zeroed");
     62 kill => fork::kill, Partial("the sandbox's processes (pid, 0, -1, -pgid); a signal for another process is delivered when it next runs");
     63 uname => process::uname, Full;
-    72 fcntl => file::fcntl, Full;
+    72 fcntl => file::fcntl, Partial("record locks always granted (no conflicts are tracked); F_NOTIFY only without events (no dnotify)");
     74 fsync => file::fsync, Full;
     75 fdatasync => file::fsync, Full;
     76 truncate => fs::truncate, Full;
@@ -206,10 +206,16 @@ table! {
     133 mknod => fs::mknod, Partial("FIFOs (pipes in the overlay) and regular files; device nodes EPERM");
     137 statfs => fs::statfs, Partial("one tmpfs-like file system sized by the disk quota, whatever the path");
     138 fstatfs => fs::fstatfs, Partial("one tmpfs-like file system sized by the disk quota, whatever the fd");
-    140 getpriority => process::getpriority, Full;
+    140 getpriority => process::getpriority, Partial("as setpriority: the nice values it keeps");
+    141 setpriority => process::setpriority, Partial("nice values kept per process and inherited (lowering one needs euid 0: EACCES); PRIO_USER takes every process as the caller's user; no host priority changes");
+    146 sched_get_priority_max => process::sched_get_priority_max, Full;
+    147 sched_get_priority_min => process::sched_get_priority_min, Full;
+    148 sched_rr_get_interval => process::sched_rr_get_interval, Partial("every thread is SCHED_OTHER: a fixed 4 ms slice");
     157 prctl => process::prctl, Partial("PR_SET_NAME, PR_SET/GET_DUMPABLE, PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS succeed (names not kept), PR_GET_NAME says python3; others EINVAL");
     158 arch_prctl => process::arch_prctl, Full;
     160 setrlimit => process::setrlimit, Partial("validates the resource and succeeds; limits do not change");
+    170 sethostname => process::sethostname, Refused("EPERM: the host and domain names are fixed (no CAP_SYS_ADMIN in the sandbox)");
+    171 setdomainname => process::sethostname, Refused("EPERM: the host and domain names are fixed (no CAP_SYS_ADMIN in the sandbox)");
     186 gettid => thread::gettid, Full;
     188 setxattr => fs::setxattr, Refused("EOPNOTSUPP: the file system stores no extended attributes");
     189 lsetxattr => fs::setxattr, Refused("EOPNOTSUPP: the file system stores no extended attributes");
@@ -226,7 +232,7 @@ table! {
     200 tkill => thread::tkill, Full;
     201 time => time::time, Full;
     202 futex => thread::futex, Partial("WAIT, WAKE, BITSET forms, REQUEUE, CMP_REQUEUE, WAKE_OP; wakes on MAP_SHARED memory reach other processes (requeues do not); PI and robust-list ops ENOSYS");
-    203 sched_setaffinity => process::sched_setaffinity, Partial("accepted and ignored (one vCPU)");
+    203 sched_setaffinity => process::sched_setaffinity, Partial("a mask must hold the sandbox's one CPU (EINVAL), which is then all it holds; unknown pids ESRCH");
     204 sched_getaffinity => process::sched_getaffinity, Full;
     213 epoll_create => pipe::epoll_create, Full;
     217 getdents64 => file::getdents64, Full;
@@ -236,8 +242,9 @@ table! {
     224 timer_gettime => timer::timer_gettime, Full;
     225 timer_getoverrun => timer::timer_getoverrun, Full;
     226 timer_delete => timer::timer_delete, Full;
+    227 clock_settime => time::clock_settime, Refused("EPERM for CLOCK_REALTIME and CPU-time clocks (no CAP_SYS_TIME: the clock is the host's), EINVAL for clocks that cannot be set");
     221 fadvise64 => file::fsync, Full;
-    228 clock_gettime => time::clock_gettime, Full;
+    228 clock_gettime => time::clock_gettime, Partial("host clocks; CPU-time clocks (also of a pid or thread: clock_getcpuclockid) read the vCPU thread's time, EINVAL for another process'");
     229 clock_getres => time::clock_getres, Full;
     230 clock_nanosleep => time::clock_nanosleep, Full;
     231 exit_group => process::exit_group, Full;
@@ -264,6 +271,7 @@ table! {
     281 epoll_pwait => pipe::epoll_pwait, Partial("as epoll_wait, with the signal mask applied for the call");
     283 timerfd_create => pipe::timerfd_create, Full;
     284 eventfd => pipe::eventfd, Full;
+    285 fallocate => file::fallocate, Partial("as tmpfs: mode 0 (grows the file, quota-charged), KEEP_SIZE, PUNCH_HOLE|KEEP_SIZE (zeroes); other modes EOPNOTSUPP");
     286 timerfd_settime => pipe::timerfd_settime, Full;
     287 timerfd_gettime => pipe::timerfd_gettime, Full;
     288 accept4 => net::accept4, Full;
