@@ -468,3 +468,19 @@ fn udplite_sockets_reach_each_other_only_with_a_port_table_of_their_own() {
     assert_eq!(n.send(b, b"x", Some(sa("93.184.216.34:5000")), 0), Err(Errno::ENETUNREACH));
     assert_eq!(n.send(b, b"x", None, 0), Err(Errno::EDESTADDRREQ));
 }
+
+#[test]
+fn a_connected_udp_socket_names_its_source_in_the_peer_family() {
+    let mut n = net(Policy::public());
+    let u6 = n.socket(libc::AF_INET6, false).unwrap();
+    assert_eq!(n.local_addr(u6).unwrap(), sa("[::]:0"));
+    // As getaddrinfo's sorting does: an AF_INET6 socket connected to IPv4 addresses.
+    n.connect(u6, Some(sa("[::ffff:127.0.0.1]:80"))).unwrap();
+    assert_eq!(n.local_addr(u6).unwrap(), sa("127.0.0.1:0"));
+    n.connect(u6, Some(sa("[::ffff:93.184.216.34]:80"))).unwrap();
+    assert_eq!(n.local_addr(u6).unwrap(), sa("0.0.0.0:0"));
+    n.connect(u6, Some(sa("[::1]:80"))).unwrap();
+    assert_eq!(n.local_addr(u6).unwrap(), sa("[::1]:0"));
+    n.connect(u6, None).unwrap();
+    assert_eq!(n.local_addr(u6).unwrap(), sa("[::]:0"));
+}

@@ -232,3 +232,128 @@ fn host_and_domain_names_cannot_be_set() {
     assert_eq!(g.call(libc::SYS_sethostname, &[name, 3]), Err(Errno::EPERM));
     assert_eq!(g.call(libc::SYS_setdomainname, &[name, 3]), Err(Errno::EPERM));
 }
+
+/// struct sockaddr_in6 for [::1]:port.
+fn loopback6(port: u16) -> Vec<u8> {
+    let mut b = vec![0u8; 28];
+    b[..2].copy_from_slice(&(libc::AF_INET6 as u16).to_le_bytes());
+    b[2..4].copy_from_slice(&port.to_be_bytes());
+    b[23] = 1;
+    b
+}
+
+fn cmsg(level: i32, ty: i32, data: &[u8]) -> Vec<u8> {
+    let mut b = ((16 + data.len()) as u64).to_le_bytes().to_vec();
+    b.extend_from_slice(&level.to_le_bytes());
+    b.extend_from_slice(&ty.to_le_bytes());
+    b.extend_from_slice(data);
+    b.resize((b.len() + 7) & !7, 0);
+    b
+}
+
+impl Guest {
+    /// A struct msghdr at `off` (name, one iovec, control) in the buffer.
+    fn msghdr(&mut self, off: u64, name: Option<u64>, iov: (u64, u64), control: (u64, u64)) -> u64 {
+        let iov_at = self.put(off + 64, &[iov.0.to_le_bytes(), iov.1.to_le_bytes()].concat());
+        let mut h = vec![0u8; 56];
+        if let Some(n) = name {
+            h[..8].copy_from_slice(&n.to_le_bytes());
+            h[8..12].copy_from_slice(&28u32.to_le_bytes());
+        }
+        h[16..24].copy_from_slice(&iov_at.to_le_bytes());
+        h[24..32].copy_from_slice(&1u64.to_le_bytes());
+        h[32..40].copy_from_slice(&control.0.to_le_bytes());
+        h[40..48].copy_from_slice(&control.1.to_le_bytes());
+        self.put(off, &h)
+    }
+
+    fn set_int(&mut self, fd: u64, level: i32, name: i32, v: i32) {
+        let p = self.put(0x7000, &v.to_le_bytes());
+        assert_eq!(self.call(libc::SYS_setsockopt, &[fd, level as u64, name as u64, p, 4]), Ok(0));
+    }
+}
+
+#[test]
+fn ipv6_hop_limit_and_traffic_class_reach_the_receiver_as_ancillary_data() {
+    let mut g = guest();
+    let dgram = libc::SOCK_DGRAM as u64;
+    let rx = g.call(libc::SYS_socket, &[libc::AF_INET6 as u64, dgram, 0]).unwrap();
+    let tx = g.call(libc::SYS_socket, &[libc::AF_INET6 as u64, dgram, 0]).unwrap();
+    let addr = g.put(0x100, &loopback6(4242));
+    assert_eq!(g.call(libc::SYS_bind, &[rx, addr, 28]), Ok(0));
+    let payload = g.put(0x200, b"hello");
+    let (ctl_out, ctl_in, hdr_out, hdr_in, data_in) = (0x300, 0x400, 0x500, 0x600, 0x700);
+    let send = |g: &mut Guest, control: &[u8]| {
+        let c = g.put(ctl_out, control);
+        let m =
+            g.msghdr(hdr_out, Some(addr), (payload, 5), (if control.is_empty() { 0 } else { c }, control.len() as u64));
+        g.call(libc::SYS_sendmsg, &[tx, m, 0])
+    };
+    // Returns (control bytes, msg_flags).
+    let recv = |g: &mut Guest, room: u64| {
+        let m = g.msghdr(hdr_in, None, (g.buf + data_in, 64), (g.buf + ctl_in, room));
+        assert_eq!(g.call(libc::SYS_recvmsg, &[rx, m, 0]), Ok(5));
+        assert_eq!(g.get(data_in, 5), b"hello");
+        let used = g.get_i64(hdr_in + 40) as u64;
+        let flags = i32::from_le_bytes(g.get(hdr_in + 48, 4).try_into().unwrap());
+        (g.get(ctl_in, used), flags)
+    };
+    let (v6, hl, tc) = (libc::IPPROTO_IPV6, libc::IPV6_HOPLIMIT, libc::IPV6_TCLASS);
+    // Nothing asked for: no control data.
+    assert_eq!(send(&mut g, &[]), Ok(5));
+    assert_eq!(recv(&mut g, 256), (vec![], 0));
+    g.set_int(rx, v6, libc::IPV6_RECVHOPLIMIT, 1);
+    assert_eq!(send(&mut g, &[]), Ok(5));
+    assert_eq!(recv(&mut g, 256), (cmsg(v6, hl, &64i32.to_le_bytes()), 0), "the default hop limit");
+    g.set_int(rx, v6, libc::IPV6_RECVTCLASS, 1);
+    g.set_int(tx, v6, libc::IPV6_UNICAST_HOPS, 9);
+    let per_packet = [cmsg(v6, tc, &0x20i32.to_le_bytes()), cmsg(v6, hl, &2i32.to_le_bytes())].concat();
+    assert_eq!(send(&mut g, &per_packet), Ok(5));
+    let both = [cmsg(v6, hl, &2i32.to_le_bytes()), cmsg(v6, tc, &0x20i32.to_le_bytes())].concat();
+    assert_eq!(recv(&mut g, 256), (both.clone(), 0));
+    // The socket's own hop limit, and truncation as Linux's put_cmsg: the
+    // second message cut to what is left, then nothing without room for a header.
+    assert_eq!(send(&mut g, &[]), Ok(5));
+    let (c, f) = recv(&mut g, 24 + 18);
+    assert_eq!(f, libc::MSG_CTRUNC);
+    assert_eq!(&c[..20], &cmsg(v6, hl, &9i32.to_le_bytes())[..20]);
+    assert_eq!(c.len(), 24 + 18);
+    assert_eq!(u64::from_le_bytes(c[24..32].try_into().unwrap()), 18, "a truncated cmsg_len");
+    assert_eq!(send(&mut g, &[]), Ok(5));
+    let (c, f) = recv(&mut g, 20);
+    assert_eq!((c.len(), f), (20, libc::MSG_CTRUNC));
+    assert_eq!(send(&mut g, &[]), Ok(5));
+    assert_eq!(recv(&mut g, 0), (vec![], libc::MSG_CTRUNC));
+    // Bad per-packet values are EINVAL, as Linux: out of range, not an int.
+    assert_eq!(send(&mut g, &cmsg(v6, hl, &256i32.to_le_bytes())), Err(Errno::EINVAL));
+    assert_eq!(send(&mut g, &cmsg(v6, tc, &[0, 0, 0, 0, 0])), Err(Errno::EINVAL));
+}
+
+/// struct sockaddr_in for 127.0.0.1:port.
+fn loopback4(port: u16) -> Vec<u8> {
+    let mut b = vec![0u8; 16];
+    b[..2].copy_from_slice(&(libc::AF_INET as u16).to_le_bytes());
+    b[2..4].copy_from_slice(&port.to_be_bytes());
+    b[4..8].copy_from_slice(&[127, 0, 0, 1]);
+    b
+}
+
+#[test]
+fn a_non_blocking_connect_inside_the_sandbox_reports_einprogress_then_zero_then_eisconn() {
+    let mut g = guest();
+    let stream = libc::SOCK_STREAM as u64;
+    let srv = g.call(libc::SYS_socket, &[libc::AF_INET as u64, stream, 0]).unwrap();
+    let addr = g.put(0x100, &loopback4(8080));
+    assert_eq!(g.call(libc::SYS_bind, &[srv, addr, 16]), Ok(0));
+    assert_eq!(g.call(libc::SYS_listen, &[srv, 8]), Ok(0));
+    let nb = (libc::SOCK_STREAM | libc::SOCK_NONBLOCK) as u64;
+    let cli = g.call(libc::SYS_socket, &[libc::AF_INET as u64, nb, 0]).unwrap();
+    assert_eq!(g.call(libc::SYS_connect, &[cli, addr, 16]), Err(Errno::EINPROGRESS));
+    assert_eq!(g.call(libc::SYS_connect, &[cli, addr, 16]), Ok(0));
+    assert_eq!(g.call(libc::SYS_connect, &[cli, addr, 16]), Err(Errno::EISCONN));
+    assert!(g.call(libc::SYS_accept, &[srv, 0, 0]).is_ok());
+    // A blocking connect completes in the call.
+    let blocking = g.call(libc::SYS_socket, &[libc::AF_INET as u64, stream, 0]).unwrap();
+    assert_eq!(g.call(libc::SYS_connect, &[blocking, addr, 16]), Ok(0));
+    assert_eq!(g.call(libc::SYS_connect, &[blocking, addr, 16]), Err(Errno::EISCONN));
+}
