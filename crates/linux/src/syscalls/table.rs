@@ -271,7 +271,7 @@ table! {
     281 epoll_pwait => pipe::epoll_pwait, Partial("as epoll_wait, with the signal mask applied for the call");
     283 timerfd_create => pipe::timerfd_create, Full;
     284 eventfd => pipe::eventfd, Full;
-    285 fallocate => file::fallocate, Partial("as tmpfs: mode 0 (grows the file, quota-charged), KEEP_SIZE, PUNCH_HOLE|KEEP_SIZE (zeroes); other modes EOPNOTSUPP");
+    285 fallocate => file::fallocate, Partial("as tmpfs: mode 0 (grows the file, quota-charged), KEEP_SIZE, PUNCH_HOLE with KEEP_SIZE (zeroes); other modes EOPNOTSUPP");
     286 timerfd_settime => pipe::timerfd_settime, Full;
     287 timerfd_gettime => pipe::timerfd_gettime, Full;
     288 accept4 => net::accept4, Full;
