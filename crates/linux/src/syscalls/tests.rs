@@ -357,3 +357,70 @@ fn a_non_blocking_connect_inside_the_sandbox_reports_einprogress_then_zero_then_
     assert_eq!(g.call(libc::SYS_connect, &[blocking, addr, 16]), Ok(0));
     assert_eq!(g.call(libc::SYS_connect, &[blocking, addr, 16]), Err(Errno::EISCONN));
 }
+
+impl Guest {
+    /// (mode, uid, gid) of a path, by stat.
+    fn owner_of(&mut self, p: &str) -> (u32, u32, u32) {
+        let path = self.path(0x8000, p);
+        let st = self.buf + 0x1000;
+        self.call(libc::SYS_stat, &[path, st]).unwrap();
+        let w = |o: u64| u32::from_le_bytes(self.get(0x1000 + o, 4).try_into().unwrap());
+        (w(24), w(28), w(32))
+    }
+
+    fn chown(&mut self, p: &str, uid: i64, gid: i64) -> Result<u64, Errno> {
+        let path = self.path(0x8000, p);
+        self.call(libc::SYS_chown, &[path, uid as u64, gid as u64])
+    }
+}
+
+#[test]
+fn chown_records_owners_with_linux_permission_rules() {
+    let mut g = guest();
+    let fd = g.open("/tmp/f", libc::O_CREAT | libc::O_RDWR);
+    let ids = |g: &mut Guest, p: &str| {
+        let (_, u, gr) = g.owner_of(p);
+        (u, gr)
+    };
+    assert_eq!(ids(&mut g, "/tmp/f"), (0, 0));
+    // Root: any ids (large ones as they are), -1 keeps one.
+    assert_eq!(g.chown("/tmp/f", 1 << 31, 1 << 31), Ok(0));
+    assert_eq!(ids(&mut g, "/tmp/f"), (1 << 31, 1 << 31));
+    assert_eq!(g.chown("/tmp/f", -1, 7), Ok(0));
+    assert_eq!(ids(&mut g, "/tmp/f"), (1 << 31, 7));
+    assert_eq!(g.call(libc::SYS_fchown, &[fd as u64, 1000, 1000]), Ok(0));
+    assert_eq!(ids(&mut g, "/tmp/f"), (1000, 1000));
+    // statx reports them too.
+    let (empty, out) = (g.path(0x8100, ""), g.buf + 0x2000);
+    let flags = libc::AT_EMPTY_PATH as u64;
+    assert_eq!(g.call(libc::SYS_statx, &[fd as u64, empty, flags, 0x7ff, out]), Ok(0));
+    assert_eq!(g.get(0x2000 + 20, 8), [1000u32.to_le_bytes(), 1000u32.to_le_bytes()].concat());
+    // chown drops set-user-ID (and set-group-ID with group execute) of a file.
+    let path = g.path(0x8000, "/tmp/f");
+    assert_eq!(g.call(libc::SYS_chmod, &[path, 0o6775]), Ok(0));
+    assert_eq!(g.chown("/tmp/f", -1, -1), Ok(0));
+    assert_eq!(g.owner_of("/tmp/f").0 & 0o7777, 0o775);
+    // Not root (user 1000 in groups 1000 and 27): the user only to its own,
+    // the group of its own file only to one of its groups.
+    g.proc.creds.set_groups(vec![27]).unwrap();
+    g.proc.creds.uid.set_res(1000, 1000, 1000, true).unwrap();
+    g.proc.creds.gid.set_res(1000, 1000, 1000, true).unwrap();
+    assert_eq!(g.chown("/tmp/f", 0, -1), Err(Errno::EPERM));
+    assert_eq!(g.chown("/tmp/f", 1000, 27), Ok(0));
+    assert_eq!(g.chown("/tmp/f", -1, 5), Err(Errno::EPERM));
+    assert_eq!(g.chown("/etc/hostname", -1, 27), Err(Errno::EPERM), "not its file");
+    assert_eq!(ids(&mut g, "/tmp/f"), (1000, 27));
+    // Owners survive a save and restore of the process; a removed file's owner goes with it.
+    g.proc.creds = Default::default();
+    assert_eq!(g.chown("/tmp", 5, 5), Ok(0));
+    let state = g.proc.save_state();
+    assert_eq!(state.owners.len(), 2);
+    let image = g.proc.vfs.image().clone();
+    let mut back = Process::restore_state(image, state).unwrap();
+    let tmp = back.vfs.resolve(crate::vfs::ROOT_INO, b"/tmp", true).unwrap();
+    let f = back.vfs.resolve(crate::vfs::ROOT_INO, b"/tmp/f", true).unwrap();
+    assert_eq!((back.vfs.owner(tmp), back.vfs.owner(f)), ((5, 5), (1000, 27)));
+    back.vfs.unlink(crate::vfs::ROOT_INO, b"/tmp/f").unwrap();
+    back.vfs.release(f);
+    assert_eq!(back.vfs.owners_state(), vec![(tmp, 5, 5)]);
+}
