@@ -111,7 +111,7 @@ fn cpu_clock(id: u32, thread: bool) -> u64 {
 #[test]
 fn cpu_time_clocks_of_a_pid_or_thread_read_like_the_own_ones() {
     let mut g = guest();
-    let (pid, tid) = (g.proc.pid, g.proc.tid() as u32);
+    let (pid, tid) = (g.proc.pid, g.proc.tid());
     let ts = g.buf;
     for clock in [cpu_clock(tid, true), cpu_clock(pid, false), cpu_clock(0, true), cpu_clock(0, false)] {
         assert_eq!(g.call(libc::SYS_clock_gettime, &[clock, ts]), Ok(0), "clock {clock:#x}");
