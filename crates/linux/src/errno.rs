@@ -57,6 +57,7 @@ impl Errno {
     pub const EADDRINUSE: Errno = Errno(libc::EADDRINUSE);
     pub const EADDRNOTAVAIL: Errno = Errno(libc::EADDRNOTAVAIL);
     pub const ENOBUFS: Errno = Errno(libc::ENOBUFS);
+    pub const ENETUNREACH: Errno = Errno(libc::ENETUNREACH);
     pub const ETOOMANYREFS: Errno = Errno(libc::ETOOMANYREFS);
     pub const EISCONN: Errno = Errno(libc::EISCONN);
     pub const ENOTCONN: Errno = Errno(libc::ENOTCONN);

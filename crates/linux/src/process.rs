@@ -79,6 +79,8 @@ pub struct ProcessState {
     pub exec_info: ExecInfo,
     /// User and group ids, supplementary groups (state format 7).
     pub creds: Creds,
+    /// Owners of the files that are not 0:0, by inode, sorted (state format 8).
+    pub owners: Vec<(Ino, u32, u32)>,
 }
 
 /// The program a process runs, as execve got it.
@@ -125,10 +127,11 @@ impl Process {
                     vfs.release(ino);
                 }
             }
-            vfs.save_state()
+            (vfs.save_state(), vfs.owners_state())
         } else {
-            self.vfs.save_state()
+            (self.vfs.save_state(), self.vfs.owners_state())
         };
+        let (vfs, owners) = vfs;
         ProcessState {
             mm: self.mm.clone(),
             fds,
@@ -141,6 +144,7 @@ impl Process {
             exec_info: self.exec_info.clone(),
             threads: self.threads.clone(),
             creds: self.creds.clone(),
+            owners,
         }
     }
 
@@ -164,7 +168,8 @@ impl Process {
         }
         s.threads.validate().map_err(|e| bad(format!("threads: {e}")))?;
         s.creds.validate().map_err(|e| bad(format!("credentials: {e}")))?;
-        let vfs = Vfs::restore_state_with(image, s.vfs, layers)?;
+        let mut vfs = Vfs::restore_state_with(image, s.vfs, layers)?;
+        vfs.restore_owners(&s.owners).map_err(bad)?;
         for ino in s.fds.open_nodes().chain([s.cwd]) {
             vfs.stat(ino).map_err(|e| bad(format!("open inode {ino}: {e}")))?;
         }

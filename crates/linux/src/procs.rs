@@ -56,6 +56,8 @@ pub struct Entry {
     pub ppid: u32,
     pub pgid: u32,
     pub sid: u32,
+    /// Nice value (-20..=19; setpriority), inherited by a child.
+    pub nice: i8,
     /// Set once it ended (a zombie until its parent reaps it).
     pub exit: Option<Exit>,
 }
@@ -74,7 +76,7 @@ pub struct ProcTable {
 impl Default for ProcTable {
     fn default() -> Self {
         let mut map = BTreeMap::new();
-        map.insert(GUEST_PID, Entry { ppid: 1, pgid: GUEST_PID, sid: GUEST_PID, exit: None });
+        map.insert(GUEST_PID, Entry { ppid: 1, pgid: GUEST_PID, sid: GUEST_PID, nice: 0, exit: None });
         ProcTable { map, next_pid: GUEST_PID + 1, outbox: Vec::new(), refused: 0 }
     }
 }
@@ -100,7 +102,7 @@ impl ProcTable {
             pid = if pid + 1 >= PID_MAX { GUEST_PID + 1 } else { pid + 1 };
         }
         self.next_pid = if pid + 1 >= PID_MAX { GUEST_PID + 1 } else { pid + 1 };
-        self.map.insert(pid, Entry { ppid: parent, pgid: p.pgid, sid: p.sid, exit: None });
+        self.map.insert(pid, Entry { ppid: parent, pgid: p.pgid, sid: p.sid, nice: p.nice, exit: None });
         Ok(pid)
     }
 

@@ -38,9 +38,11 @@ pub const MAGIC: &[u8; 8] = b"FBXSNAP\0";
 ///    supplementary groups); a pipe's capacity (`ObjKind` variant `SizedPipe`,
 ///    which replaces `Pipe` in what is written; `Pipe` still reads, with the
 ///    default capacity). Versions 5 and 6 are read as the frozen `v6` shape.
-pub const FORMAT_VERSION: u32 = 7;
+/// 8: owners of files (`ProcessState::owners`: inode, user, group for each
+///    file not owned by 0:0). Version 7 is read as the frozen `v7` shape.
+pub const FORMAT_VERSION: u32 = 8;
 /// Every version `decode` reads (oldest first); the last is `FORMAT_VERSION`.
-pub const READABLE_VERSIONS: &[u32] = &[4, 5, 6, 7];
+pub const READABLE_VERSIONS: &[u32] = &[4, 5, 6, 7, 8];
 const HEADER_LEN: usize = 8 + 4 + 8 + 32;
 /// A state file larger than this is rejected before it is read into memory.
 const MAX_PAYLOAD: u64 = 4 << 30;
@@ -156,14 +158,87 @@ fn decode_payload(version: u32, payload: &[u8]) -> Result<Snapshot, StateError> 
         4 => v4::read(payload),
         // Version 5 is version 6 without package-layer files (no shape changed).
         5 | 6 => v6::read(payload, version),
-        7 => read_v7(payload),
+        7 => v7::read(payload),
+        8 => read_v8(payload),
         v => Err(StateError::BadVersion(v)),
     }
 }
 
-/// Version 7 is the current shape (`Snapshot` as defined above).
-fn read_v7(payload: &[u8]) -> Result<Snapshot, StateError> {
-    postcard::from_bytes(payload).map_err(|e| StateError::Corrupt(format!("undecodable version 7 payload: {e}")))
+/// Version 8 is the current shape (`Snapshot` as defined above).
+fn read_v8(payload: &[u8]) -> Result<Snapshot, StateError> {
+    postcard::from_bytes(payload).map_err(|e| StateError::Corrupt(format!("undecodable version 8 payload: {e}")))
+}
+
+/// Version 7: the process state without file owners (every file was 0:0).
+/// Frozen: never edit these types.
+mod v7 {
+    use forkbox_linux::creds::Creds;
+    use forkbox_linux::fd::FdTable;
+    use forkbox_linux::mm::MemoryMap;
+    use forkbox_linux::process::{ExecInfo, ProcessState, Signals};
+    use forkbox_linux::thread::Threads;
+    use forkbox_linux::vfs::{Ino, VfsState};
+    use forkbox_vmm::regs::VcpuRecord;
+    use serde::Deserialize;
+
+    use super::StateError;
+    use crate::cpu::CpuFingerprint;
+    use crate::memory::MemoryStats;
+
+    #[derive(Deserialize)]
+    struct Snapshot {
+        image_id: String,
+        cpu: CpuFingerprint,
+        vcpu: VcpuRecord,
+        process: Process,
+        memory: MemoryStats,
+        info: String,
+        files: crate::files::FileTable,
+    }
+
+    #[derive(Deserialize)]
+    struct Process {
+        mm: MemoryMap,
+        fds: FdTable,
+        vfs: VfsState,
+        cwd: Ino,
+        signals: Signals,
+        fs_base: u64,
+        tid_address: u64,
+        umask: u32,
+        threads: Threads,
+        exec_info: ExecInfo,
+        creds: Creds,
+    }
+
+    pub(super) fn read(payload: &[u8]) -> Result<super::Snapshot, StateError> {
+        let s: Snapshot = postcard::from_bytes(payload)
+            .map_err(|e| StateError::Corrupt(format!("undecodable version 7 payload: {e}")))?;
+        let p = s.process;
+        let process = ProcessState {
+            mm: p.mm,
+            fds: p.fds,
+            vfs: p.vfs,
+            cwd: p.cwd,
+            signals: p.signals,
+            fs_base: p.fs_base,
+            tid_address: p.tid_address,
+            umask: p.umask,
+            threads: p.threads,
+            exec_info: p.exec_info,
+            creds: p.creds,
+            owners: Vec::new(),
+        };
+        Ok(super::Snapshot {
+            image_id: s.image_id,
+            cpu: s.cpu,
+            vcpu: s.vcpu,
+            process,
+            memory: s.memory,
+            info: s.info,
+            files: s.files,
+        })
+    }
 }
 
 /// Versions 5 and 6: the process state without credentials (every process
@@ -224,6 +299,7 @@ mod v6 {
             threads: p.threads,
             exec_info: p.exec_info,
             creds: Creds::default(),
+            owners: Vec::new(),
         };
         Ok(super::Snapshot {
             image_id: s.image_id,
@@ -293,6 +369,7 @@ mod v4 {
             threads: Threads::default(),
             exec_info: p.exec_info,
             creds: Default::default(),
+            owners: Vec::new(),
         };
         Ok(super::Snapshot {
             image_id: s.image_id,

@@ -123,6 +123,10 @@ fn process(image: &Arc<Image>, session: bool) -> ProcessState {
         p.fds.open(FileKind::Socket(SockInfo { id: 7, domain: libc::AF_INET, stream: true }), libc::O_RDWR).unwrap();
         p.mm.map(Some(0x4801_0000), 0x1000, rw, VmaKind::SharedFile { ino, offset: 0 }).unwrap();
         p.vfs.mkdir(ROOT_INO, b"/tmp/dir", 0o755).unwrap();
+        // Files of another owner (format 8).
+        let dir = p.vfs.resolve(ROOT_INO, b"/tmp/dir", true).unwrap();
+        p.vfs.chown(dir, Some(1000), Some(100)).unwrap();
+        p.vfs.chown(ino, None, Some(27)).unwrap();
         p.vfs.unlink(ROOT_INO, b"/etc/hostname").unwrap();
         // A package installed at run time: its file is a reference to the layer (format 6).
         let tmp = tempfile::tempdir().unwrap();

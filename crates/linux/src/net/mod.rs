@@ -314,7 +314,7 @@ struct Sock {
     resolver_peer: bool,
     /// UDP: datagrams waiting for recv that never crossed the host: resolver
     /// answers, and datagrams from sockets of the sandbox (with their source).
-    inbox: VecDeque<(Vec<u8>, SocketAddr)>,
+    inbox: VecDeque<(Vec<u8>, SocketAddr, Ancillary)>,
     /// Questions to the resolver waiting for a host lookup (UDP or the TCP
     /// stream): answered into `inbox` / the stream's output once it is done.
     pending: VecDeque<(dns::Query, Arc<resolver::Lookup>)>,
@@ -335,6 +335,12 @@ struct Sock {
     loop_peer: Option<SocketAddr>,
     /// SO_REUSEADDR (or SO_REUSEPORT) was set.
     reuse: bool,
+    /// TCP: a non-blocking connect inside the sandbox completed at once but
+    /// was reported as EINPROGRESS; the next connect reports 0 (then EISCONN).
+    connect_unreported: bool,
+    /// UDP-Lite (IPPROTO_UDPLITE) rather than UDP: its own port table, and
+    /// datagrams only between the sandbox's sockets (the egress carries TCP and UDP).
+    lite: bool,
     /// Option values of a socket inside the sandbox that its host socket
     /// (AF_UNIX) does not take (TCP_NODELAY ...): kept, not applied (bounded).
     opts: BTreeMap<(i32, i32), Vec<u8>>,
@@ -357,6 +363,8 @@ impl Sock {
             local: None,
             loop_peer: None,
             reuse: false,
+            connect_unreported: false,
+            lite: false,
             opts: BTreeMap::new(),
         }
     }
@@ -378,7 +386,7 @@ impl Sock {
             }
             _ => {
                 if self.inbox.len() < INBOX_CAP {
-                    self.inbox.push_back((a, resolver_addr()));
+                    self.inbox.push_back((a, resolver_addr(), Ancillary::default()));
                 }
             }
         }
@@ -387,6 +395,36 @@ impl Sock {
     /// Served inside the sandbox (a listener or an end of a loopback connection).
     fn in_sandbox(&self) -> bool {
         self.loop_peer.is_some() || matches!(self.backend, Backend::Listener(_))
+    }
+}
+
+/// Linux's default hop limit / TTL (net.ipv6.conf.*.hop_limit, ip_default_ttl).
+const DEFAULT_HOPS: i32 = 64;
+
+/// IP header values of a datagram between the sandbox's sockets (what
+/// IPV6_RECVHOPLIMIT / IPV6_RECVTCLASS report to its receiver).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ancillary {
+    pub hop_limit: u8,
+    pub tclass: u8,
+}
+
+/// Per-datagram values a sendmsg gives (-1 or None: the socket's own).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Packet {
+    pub hop_limit: Option<i32>,
+    pub tclass: Option<i32>,
+}
+
+impl NetIo {
+    /// Whether socket `id` has option `level`/`name` set to a non-zero int
+    /// (the flags of RFC 3542 ancillary data a receiver asked for).
+    pub fn flag_set(&self, id: u64, level: i32, name: i32) -> bool {
+        self.socks
+            .get(&id)
+            .and_then(|s| s.opts.get(&(level, name)))
+            .and_then(|v| v.get(..4)?.try_into().ok())
+            .is_some_and(|b| i32::from_le_bytes(b) != 0)
     }
 }
 
@@ -592,6 +630,33 @@ impl NetIo {
         let id = self.insert(Sock::new(domain, stream, Backend::Unopened));
         self.stats.sockets_opened += 1;
         Ok(id)
+    }
+
+    /// socket(AF_INET*, SOCK_DGRAM, IPPROTO_UDPLITE): a datagram socket that
+    /// reaches the sandbox's UDP-Lite sockets only (see `Sock::lite`).
+    pub fn socket_udplite(&mut self, domain: i32) -> Result<u64, Errno> {
+        let id = self.socket(domain, false)?;
+        self.sock(id)?.lite = true;
+        Ok(id)
+    }
+
+    /// Whether TCP socket `id` is one end of a connection inside the sandbox.
+    pub fn is_loop_connected(&self, id: u64) -> bool {
+        self.socks.get(&id).is_some_and(|s| s.stream && s.loop_peer.is_some())
+    }
+
+    /// A non-blocking connect inside the sandbox is done but reported as in
+    /// progress (as Linux, whose loopback handshake ends after the call): the
+    /// next connect reports it done.
+    pub fn defer_connect_report(&mut self, id: u64) {
+        if let Some(s) = self.socks.get_mut(&id) {
+            s.connect_unreported = true;
+        }
+    }
+
+    /// Whether socket `id` is a UDP-Lite one.
+    pub fn is_udplite(&self, id: u64) -> bool {
+        self.socks.get(&id).is_some_and(|s| s.lite)
     }
 
     fn insert(&mut self, s: Sock) -> u64 {
@@ -963,6 +1028,9 @@ impl NetIo {
             return Ok(true);
         };
         if stream && s.in_sandbox() {
+            if s.loop_peer.is_some() && std::mem::take(&mut s.connect_unreported) {
+                return Ok(true);
+            }
             return Err(if s.loop_peer.is_some() { Errno::EISCONN } else { Errno::EINVAL });
         }
         if is_resolver(addr) {
@@ -1016,6 +1084,20 @@ impl NetIo {
 
     /// send/sendto/write. `to`: the destination of an unconnected datagram.
     pub fn send(&mut self, id: u64, data: &[u8], to: Option<SocketAddr>, flags: i32) -> Result<usize, Errno> {
+        self.send_with(id, data, to, flags, Packet::default())
+    }
+
+    /// `send` with per-datagram IP header values (sendmsg's IPV6_HOPLIMIT /
+    /// IPV6_TCLASS ancillary data). They reach the sandbox's own sockets; a
+    /// datagram to the outside leaves with the host socket's values.
+    pub fn send_with(
+        &mut self,
+        id: u64,
+        data: &[u8],
+        to: Option<SocketAddr>,
+        flags: i32,
+        pkt: Packet,
+    ) -> Result<usize, Errno> {
         // A reset socket (restored from a snapshot) takes no more data.
         let s = self.socks.get_mut(&id).ok_or(Errno::EPIPE)?;
         if s.loop_peer.is_some() {
@@ -1059,6 +1141,15 @@ impl NetIo {
             return Ok(data.len());
         }
         let dest = if stream { None } else { to.or(s.peer) };
+        if !stream && s.lite {
+            let dest = dest.ok_or(Errno::EDESTADDRREQ)?;
+            if let Some(rid) = self.find_udp_receiver(id, dest) {
+                return self.deliver_local(id, rid, data, pkt);
+            }
+            // Nothing of the sandbox bound there: dropped, as Linux drops a
+            // datagram for a closed port; anywhere else is out of reach.
+            return if sandbox_local(loop_dest(dest).ip()) { Ok(data.len()) } else { Err(Errno::ENETUNREACH) };
+        }
         if !stream {
             let dest = dest.ok_or(Errno::EDESTADDRREQ)?;
             if is_resolver(dest) || (to.is_none() && s.resolver_peer) {
@@ -1071,7 +1162,7 @@ impl NetIo {
             }
             // To a UDP socket of the sandbox: delivered by the VMM, never on the host.
             if let Some(rid) = self.find_udp_receiver(id, dest) {
-                return self.deliver_local(id, rid, data);
+                return self.deliver_local(id, rid, data, pkt);
             }
             self.flow(id, dest)?;
         }
@@ -1092,6 +1183,18 @@ impl NetIo {
     /// recv/recvfrom/read: into `buf`; returns the length (the datagram's full
     /// length with MSG_TRUNC) and the source address of a datagram.
     pub fn recv(&mut self, id: u64, buf: &mut [u8], flags: i32) -> Result<(usize, Option<SocketAddr>, bool), Errno> {
+        self.recv_ancillary(id, buf, flags, &mut None)
+    }
+
+    /// `recv`, and the IP header values of a datagram from the sandbox's own
+    /// sockets into `anc` (None for what came over a host socket).
+    pub fn recv_ancillary(
+        &mut self,
+        id: u64,
+        buf: &mut [u8],
+        flags: i32,
+        anc: &mut Option<Ancillary>,
+    ) -> Result<(usize, Option<SocketAddr>, bool), Errno> {
         self.harvest(id);
         let local = self.socks.get(&id).is_some_and(|s| s.in_sandbox());
         if !local {
@@ -1114,7 +1217,8 @@ impl NetIo {
         }
         if !s.stream && !s.inbox.is_empty() {
             let item = if peek { s.inbox.front().cloned() } else { s.inbox.pop_front() };
-            let (msg, src) = item.unwrap_or_else(|| (Vec::new(), resolver_addr()));
+            let (msg, src, a) = item.unwrap_or_else(|| (Vec::new(), resolver_addr(), Ancillary::default()));
+            *anc = Some(a);
             let n = buf.len().min(msg.len());
             buf[..n].copy_from_slice(&msg[..n]);
             let truncated = msg.len() > n;
@@ -1298,6 +1402,25 @@ impl NetIo {
             return Ok(l);
         }
         if matches!(s.backend, Backend::Unopened) {
+            // A connected UDP socket with no host socket yet: the source address
+            // the route to its peer gives, in the peer's family (an AF_INET6
+            // socket connected to an IPv4 peer reports it v4-mapped, which
+            // glibc's getaddrinfo asserts when it sorts its answers): loopback
+            // for a peer of the sandbox, else unspecified (the host picks it).
+            if let Some(p) = s.peer.filter(|_| !s.stream) {
+                let local = sandbox_local(loop_dest(p).ip());
+                let peer_ip = match p.ip() {
+                    IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+                    v4 => v4,
+                };
+                let ip = match (peer_ip, local) {
+                    (IpAddr::V4(_), true) => IpAddr::V4(Ipv4Addr::LOCALHOST),
+                    (IpAddr::V4(_), false) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+                    (IpAddr::V6(_), true) => IpAddr::V6(std::net::Ipv6Addr::LOCALHOST),
+                    (IpAddr::V6(_), false) => IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
+                };
+                return Ok(SocketAddr::new(ip, 0));
+            }
             return Ok(unspecified(domain));
         }
         let a = self.host(id)?.local_addr().map_err(|e| host_errno(&e))?;
@@ -1364,9 +1487,15 @@ impl NetIo {
     }
 
     /// Is a UDP port of the sandbox taken (bindings overlap; both with SO_REUSEADDR share it)?
+    /// UDP and UDP-Lite have a port table each.
     fn udp_port_taken(&self, me: u64, addr: SocketAddr, reuse: bool) -> bool {
+        let lite = self.is_udplite(me);
         self.socks.iter().any(|(id, s)| {
-            *id != me && !s.stream && s.local.is_some_and(|l| binds_overlap(l, addr)) && !(reuse && s.reuse)
+            *id != me
+                && !s.stream
+                && s.lite == lite
+                && s.local.is_some_and(|l| binds_overlap(l, addr))
+                && !(reuse && s.reuse)
         })
     }
 
@@ -1389,11 +1518,12 @@ impl NetIo {
         if !sandbox_local(dest.ip()) {
             return None;
         }
+        let lite = self.is_udplite(me);
         let mut found: Vec<u64> = self
             .socks
             .iter()
             .filter(|(id, s)| **id != me || s.local.is_some())
-            .filter(|(_, s)| !s.stream && s.local.is_some_and(|l| listener_takes(l, s.domain, dest)))
+            .filter(|(_, s)| !s.stream && s.lite == lite && s.local.is_some_and(|l| listener_takes(l, s.domain, dest)))
             .map(|(id, _)| *id)
             .collect();
         // Several bound with SO_REUSEADDR: the first bound (lowest id) gets it.
@@ -1404,8 +1534,23 @@ impl NetIo {
     /// Deliver a datagram from `from` to the sandbox's UDP socket `to` (the
     /// sender gets an ephemeral binding on loopback first, so the receiver
     /// can answer). A full receive queue drops it, as UDP may.
-    fn deliver_local(&mut self, from: u64, to: u64, data: &[u8]) -> Result<usize, Errno> {
+    fn deliver_local(&mut self, from: u64, to: u64, data: &[u8], pkt: Packet) -> Result<usize, Errno> {
         let s = self.sock(from)?;
+        // What the IP header would carry: the per-packet value, else the
+        // sender's option, else Linux's defaults (64 hops, class 0).
+        let opt = |s: &Sock, level: i32, name: i32| {
+            s.opts.get(&(level, name)).and_then(|v| v.get(..4)?.try_into().ok()).map(i32::from_le_bytes)
+        };
+        let (hops_opt, class_opt) = if s.domain == libc::AF_INET6 {
+            (opt(s, libc::IPPROTO_IPV6, libc::IPV6_UNICAST_HOPS), opt(s, libc::IPPROTO_IPV6, libc::IPV6_TCLASS))
+        } else {
+            (opt(s, libc::IPPROTO_IP, libc::IP_TTL), opt(s, libc::IPPROTO_IP, libc::IP_TOS))
+        };
+        let pick = |v: Option<i32>| v.filter(|v| (0..=255).contains(v));
+        let anc = Ancillary {
+            hop_limit: pick(pkt.hop_limit).or(pick(hops_opt)).unwrap_or(DEFAULT_HOPS) as u8,
+            tclass: pick(pkt.tclass).or(pick(class_opt)).unwrap_or(0) as u8,
+        };
         let src = match s.local {
             Some(l) if !l.ip().is_unspecified() && !policy::canonical(l.ip()).is_some_and(|v| v.is_unspecified()) => l,
             Some(l) => SocketAddr::new(loop_dest(l).ip(), l.port()),
@@ -1432,9 +1577,9 @@ impl NetIo {
             }
             _ => src,
         };
-        let queued: usize = r.inbox.iter().map(|(m, _)| m.len()).sum();
+        let queued: usize = r.inbox.iter().map(|(m, _, _)| m.len()).sum();
         if r.inbox.len() < LOCAL_INBOX_CAP && queued.saturating_add(data.len()) <= INBOX_BYTES {
-            r.inbox.push_back((data.to_vec(), src));
+            r.inbox.push_back((data.to_vec(), src, anc));
         }
         Ok(data.len())
     }
@@ -1537,9 +1682,9 @@ impl NetIo {
         match &s.backend {
             Backend::ResolverStream { output, .. } => Ok(output.len() as i32),
             Backend::Listener(_) => Err(Errno::EINVAL),
-            Backend::Unopened => Ok(s.inbox.front().map_or(0, |(m, _)| i32::try_from(m.len()).unwrap_or(i32::MAX))),
+            Backend::Unopened => Ok(s.inbox.front().map_or(0, |(m, _, _)| i32::try_from(m.len()).unwrap_or(i32::MAX))),
             Backend::Flows(f) => {
-                if let Some((m, _)) = s.inbox.front() {
+                if let Some((m, _, _)) = s.inbox.front() {
                     return Ok(i32::try_from(m.len()).unwrap_or(i32::MAX));
                 }
                 let mut total: libc::c_int = 0;
@@ -1554,7 +1699,7 @@ impl NetIo {
                 Ok(total)
             }
             Backend::Host(h) => {
-                if let Some((m, _)) = s.inbox.front() {
+                if let Some((m, _, _)) = s.inbox.front() {
                     return Ok(i32::try_from(m.len()).unwrap_or(i32::MAX));
                 }
                 let mut n: libc::c_int = 0;

@@ -441,3 +441,46 @@ fn every_way_out_goes_through_the_egress() {
     assert!(n.connect(c, Some(sa("127.0.0.1:8080"))).unwrap());
     assert_eq!(e.asked.lock().unwrap().len(), 4);
 }
+
+#[test]
+fn udplite_sockets_reach_each_other_only_with_a_port_table_of_their_own() {
+    let mut n = net(Policy::public());
+    let (a, b) = (n.socket_udplite(libc::AF_INET).unwrap(), n.socket_udplite(libc::AF_INET).unwrap());
+    let plain = n.socket(libc::AF_INET, false).unwrap();
+    assert!(n.is_udplite(a) && !n.is_udplite(plain));
+    n.bind(a, sa("127.0.0.1:5000")).unwrap();
+    assert_eq!(n.bind(b, sa("127.0.0.1:5000")), Err(Errno::EADDRINUSE));
+    // A UDP socket on the same port: another protocol, another table.
+    let udp = n.socket(libc::AF_INET, false).unwrap();
+    n.bind(udp, sa("127.0.0.1:5000")).unwrap();
+    assert_eq!(n.send(b, b"lite", Some(sa("127.0.0.1:5000")), 0), Ok(4));
+    let mut buf = [0u8; 16];
+    let (k, from, _) = n.recv(a, &mut buf, 0).unwrap();
+    assert_eq!(&buf[..k], b"lite");
+    let from = from.unwrap();
+    assert!(from.ip().is_loopback() && from.port() != 0);
+    assert_eq!(n.recv(udp, &mut buf, 0).map(|r| r.0), Err(Errno::EAGAIN), "UDP never sees UDP-Lite");
+    // The answer goes back to the sender's ephemeral binding.
+    assert_eq!(n.send(a, b"back", Some(from), 0), Ok(4));
+    assert_eq!(n.recv(b, &mut buf, 0).map(|r| r.0), Ok(4));
+    // Nothing bound there: dropped; outside the sandbox: unreachable (never the egress).
+    assert_eq!(n.send(b, b"x", Some(sa("127.0.0.1:5001")), 0), Ok(1));
+    assert_eq!(n.send(b, b"x", Some(sa("93.184.216.34:5000")), 0), Err(Errno::ENETUNREACH));
+    assert_eq!(n.send(b, b"x", None, 0), Err(Errno::EDESTADDRREQ));
+}
+
+#[test]
+fn a_connected_udp_socket_names_its_source_in_the_peer_family() {
+    let mut n = net(Policy::public());
+    let u6 = n.socket(libc::AF_INET6, false).unwrap();
+    assert_eq!(n.local_addr(u6).unwrap(), sa("[::]:0"));
+    // As getaddrinfo's sorting does: an AF_INET6 socket connected to IPv4 addresses.
+    n.connect(u6, Some(sa("[::ffff:127.0.0.1]:80"))).unwrap();
+    assert_eq!(n.local_addr(u6).unwrap(), sa("127.0.0.1:0"));
+    n.connect(u6, Some(sa("[::ffff:93.184.216.34]:80"))).unwrap();
+    assert_eq!(n.local_addr(u6).unwrap(), sa("0.0.0.0:0"));
+    n.connect(u6, Some(sa("[::1]:80"))).unwrap();
+    assert_eq!(n.local_addr(u6).unwrap(), sa("[::1]:0"));
+    n.connect(u6, None).unwrap();
+    assert_eq!(n.local_addr(u6).unwrap(), sa("[::]:0"));
+}

@@ -22,6 +22,8 @@ mod sys_time;
 mod sys_timer;
 mod sys_unix;
 mod table;
+#[cfg(test)]
+mod tests;
 
 use forkbox_vmm::GuestMemory;
 

@@ -7,6 +7,7 @@ use super::sys_socket;
 use super::{Args, Ctx, Effect, MAX_RW};
 use crate::errno::{Errno, SysResult};
 use crate::fd::{FileKind, OpenFile};
+use crate::vfs::FileType;
 use crate::wait::{self, Block, WaitOn};
 
 const IOV_MAX: u64 = 1024;
@@ -465,6 +466,19 @@ pub fn fcntl(ctx: &mut Ctx, a: &Args) -> SysResult {
             f.flags = (f.flags & !changeable) | (arg as i32 & changeable);
             Ok(0)
         }
+        // dnotify: a request with no event bits (DN_MULTISHOT at most) removes
+        // the fd's notifications, and there are none; asking for events is
+        // EINVAL, as on a kernel built without dnotify. Directories only.
+        libc::F_NOTIFY => {
+            let FileKind::Node(ino) = ctx.proc.fds.get(fd)?.kind else { return Err(Errno::ENOTDIR) };
+            if ctx.proc.vfs.file_type(ino)? != FileType::Dir {
+                return Err(Errno::ENOTDIR);
+            }
+            if arg & !DN_MULTISHOT & 0xffff_ffff != 0 {
+                return Err(Errno::EINVAL);
+            }
+            Ok(0)
+        }
         // One process, no one to conflict with: locks always succeed.
         libc::F_GETLK | libc::F_SETLK | libc::F_SETLKW | libc::F_OFD_GETLK | libc::F_OFD_SETLK | libc::F_OFD_SETLKW => {
             ctx.proc.fds.get(fd)?;
@@ -654,6 +668,60 @@ pub fn ftruncate(ctx: &mut Ctx, a: &Args) -> SysResult {
         FileKind::Node(ino) if f.writable() => ctx.proc.vfs.truncate(ino, a[1]).map(|_| 0),
         _ => Err(Errno::EINVAL),
     }
+}
+
+/// fcntl(F_NOTIFY): keep the notification after it fires (bit 31 of the argument).
+const DN_MULTISHOT: u64 = 0x8000_0000;
+
+const FALLOC_FL_KEEP_SIZE: i32 = 0x01;
+const FALLOC_FL_PUNCH_HOLE: i32 = 0x02;
+
+/// fallocate, as on tmpfs: mode 0 grows the file to `offset + len` (zeros,
+/// charged to the disk quota: ENOSPC past it), FALLOC_FL_KEEP_SIZE reserves
+/// nothing (the overlay is memory: a later write allocates),
+/// FALLOC_FL_PUNCH_HOLE|FALLOC_FL_KEEP_SIZE zeroes the range inside the file;
+/// other modes EOPNOTSUPP. Checks in Linux's order (`vfs_fallocate`).
+pub fn fallocate(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let f = *ctx.proc.fds.get(fd_arg(a[0]))?;
+    let (mode, offset, len) = (a[1] as i32, a[2] as i64, a[3] as i64);
+    if offset < 0 || len <= 0 {
+        return Err(Errno::EINVAL);
+    }
+    if mode & !(FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE) != 0 {
+        return Err(Errno::EOPNOTSUPP);
+    }
+    if mode & FALLOC_FL_PUNCH_HOLE != 0 && mode & FALLOC_FL_KEEP_SIZE == 0 {
+        return Err(Errno::EOPNOTSUPP);
+    }
+    if !f.writable() {
+        return Err(Errno::EBADF);
+    }
+    let ino = match f.kind {
+        FileKind::Node(ino) => ino,
+        FileKind::Object(_) => return Err(Errno::ESPIPE),
+        _ => return Err(Errno::ENODEV),
+    };
+    match ctx.proc.vfs.file_type(ino)? {
+        FileType::File => {}
+        FileType::Dir => return Err(Errno::EISDIR),
+        FileType::Fifo => return Err(Errno::ESPIPE),
+        _ => return Err(Errno::ENODEV),
+    }
+    let end = (offset as u64).checked_add(len as u64).filter(|&e| e <= i64::MAX as u64).ok_or(Errno::EFBIG)?;
+    let size = ctx.proc.vfs.stat(ino)?.size;
+    if mode & FALLOC_FL_PUNCH_HOLE != 0 {
+        let zeros = [0u8; 64 << 10];
+        let mut at = offset as u64;
+        let stop = end.min(size);
+        while at < stop {
+            let n = (stop - at).min(zeros.len() as u64) as usize;
+            ctx.proc.vfs.write(ino, at, &zeros[..n])?;
+            at += n as u64;
+        }
+    } else if mode & FALLOC_FL_KEEP_SIZE == 0 && end > size {
+        ctx.proc.vfs.truncate(ino, end)?;
+    }
+    Ok(0)
 }
 
 /// fsync, fdatasync, fadvise64, syncfs: nothing to do for an in-memory file system.

@@ -178,7 +178,8 @@ fn encode_stat(st: &Stat) -> [u8; 144] {
     put(8, &st.ino.to_le_bytes());
     put(16, &(st.nlink as u64).to_le_bytes());
     put(24, &st.mode().to_le_bytes());
-    // uid, gid 0
+    put(28, &st.uid.to_le_bytes());
+    put(32, &st.gid.to_le_bytes());
     put(40, &st.rdev.to_le_bytes());
     put(48, &(st.size as i64).to_le_bytes());
     put(56, &4096i64.to_le_bytes()); // st_blksize
@@ -239,6 +240,8 @@ pub fn statx(ctx: &mut Ctx, a: &Args) -> SysResult {
     put(0, &0x7FFu32.to_le_bytes()); // STATX_BASIC_STATS
     put(4, &4096u32.to_le_bytes());
     put(16, &st.nlink.to_le_bytes());
+    put(20, &st.uid.to_le_bytes());
+    put(24, &st.gid.to_le_bytes());
     put(28, &(st.mode() as u16).to_le_bytes());
     put(32, &st.ino.to_le_bytes());
     put(40, &st.size.to_le_bytes());
@@ -451,29 +454,38 @@ pub fn fchmodat(ctx: &mut Ctx, a: &Args) -> SysResult {
     Ok(0)
 }
 
-/// chown family. Files have one owner, 0:0, whatever the process' ids
-/// (`crate::creds`): a chown to 0 (or -1, "leave it") succeeds and changes
-/// nothing, and any other id is EINVAL, as Linux says for an id with no
-/// mapping. (Nothing is recorded: there is no other owner.)
-fn check_owner(uid: u64, gid: u64) -> Result<(), Errno> {
-    let ok = |id: u64| id as u32 == 0 || id as u32 == u32::MAX;
-    if ok(uid) && ok(gid) {
-        Ok(())
-    } else {
-        Err(Errno::EINVAL)
+/// chown family, with Linux's rules (`chown_common`, `chown_ok`,
+/// `chgrp_ok`): -1 keeps an id; a privileged caller (CAP_CHOWN: euid 0 in
+/// the sandbox's model, `crate::creds`) sets any ids; another may only
+/// "change" the user to the file's own, and the group of a file it owns (by
+/// its fs uid) to its fs gid or one of its supplementary groups: EPERM
+/// otherwise.
+fn chown_ino(ctx: &mut Ctx, ino: Ino, uid: u64, gid: u64) -> SysResult {
+    let id = |v: u64| Some(v as u32).filter(|&v| v != crate::creds::KEEP);
+    let (uid, gid) = (id(uid), id(gid));
+    let c = &ctx.proc.creds;
+    if !c.privileged() {
+        let (owner, group) = ctx.proc.vfs.owner(ino);
+        let user_ok = uid.is_none_or(|u| u == owner && c.uid.fs == owner);
+        let group_ok = gid.is_none_or(|g| c.uid.fs == owner && (g == group || g == c.gid.fs || c.groups.contains(&g)));
+        if !user_ok || !group_ok {
+            return Err(Errno::EPERM);
+        }
     }
+    ctx.proc.vfs.chown(ino, uid, gid)?;
+    Ok(0)
 }
 
 pub fn chown(ctx: &mut Ctx, a: &Args) -> SysResult {
     let (start, path) = at(ctx, AT_FDCWD, a[0])?;
-    ctx.proc.vfs.resolve(start, &path, true)?;
-    check_owner(a[1], a[2]).map(|_| 0)
+    let ino = ctx.proc.vfs.resolve(start, &path, true)?;
+    chown_ino(ctx, ino, a[1], a[2])
 }
 
 pub fn lchown(ctx: &mut Ctx, a: &Args) -> SysResult {
     let (start, path) = at(ctx, AT_FDCWD, a[0])?;
-    ctx.proc.vfs.resolve(start, &path, false)?;
-    check_owner(a[1], a[2]).map(|_| 0)
+    let ino = ctx.proc.vfs.resolve(start, &path, false)?;
+    chown_ino(ctx, ino, a[1], a[2])
 }
 
 pub fn fchownat(ctx: &mut Ctx, a: &Args) -> SysResult {
@@ -483,19 +495,32 @@ pub fn fchownat(ctx: &mut Ctx, a: &Args) -> SysResult {
     }
     let path = ctx.path(a[1])?;
     if path.is_empty() && flags & libc::AT_EMPTY_PATH != 0 {
-        if a[0] as i32 != libc::AT_FDCWD {
-            ctx.proc.fds.get(a[0] as i32)?;
+        if a[0] as i32 == libc::AT_FDCWD {
+            let cwd = ctx.proc.cwd;
+            return chown_ino(ctx, cwd, a[2], a[3]);
         }
-    } else {
-        let (start, path) = at(ctx, a[0], a[1])?;
-        ctx.proc.vfs.resolve(start, &path, flags & libc::AT_SYMLINK_NOFOLLOW == 0)?;
+        return fchown(ctx, &[a[0], a[2], a[3], 0, 0, 0]);
     }
-    check_owner(a[2], a[3]).map(|_| 0)
+    let (start, path) = at(ctx, a[0], a[1])?;
+    let ino = ctx.proc.vfs.resolve(start, &path, flags & libc::AT_SYMLINK_NOFOLLOW == 0)?;
+    chown_ino(ctx, ino, a[2], a[3])
 }
 
+/// fchown: a file of the file system gets the new owner; a pipe, socket or
+/// other object reports 0:0 whatever is asked, so only ids that leave it so
+/// (0, -1) are accepted, any other EINVAL (no id to record it with).
 pub fn fchown(ctx: &mut Ctx, a: &Args) -> SysResult {
-    ctx.proc.fds.get(a[0] as i32)?;
-    check_owner(a[1], a[2]).map(|_| 0)
+    match ctx.proc.fds.get(a[0] as i32)?.kind {
+        FileKind::Node(ino) => chown_ino(ctx, ino, a[1], a[2]),
+        _ => {
+            let ok = |id: u64| id as u32 == 0 || id as u32 == crate::creds::KEEP;
+            if ok(a[1]) && ok(a[2]) {
+                Ok(0)
+            } else {
+                Err(Errno::EINVAL)
+            }
+        }
+    }
 }
 
 /// mknod / mknodat: FIFOs (a pipe in the overlay), regular files and socket

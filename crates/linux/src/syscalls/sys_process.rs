@@ -9,18 +9,71 @@ use crate::layout::STACK_SIZE;
 /// The agent's process is pid 2 of its own world; a fixed pid keeps snapshots consistent.
 pub const GUEST_PID: u64 = crate::procs::GUEST_PID as u64;
 
-/// getpriority: the raw syscall returns 20 - nice; the process runs at nice 0
-/// (setpriority is not offered: the VMM schedules the sandbox, not the guest).
-pub fn getpriority(ctx: &mut Ctx, a: &Args) -> SysResult {
-    let (which, who) = (a[0] as i32, a[1]);
-    if !(0..=2).contains(&which) {
-        return Err(Errno::EINVAL);
-    }
-    // PRIO_PROCESS / PRIO_PGRP: 0 or our pid; PRIO_USER: 0 (root).
-    if who != 0 && !(which != 2 && ctx.io.procs.get(who as u32).is_some()) {
+const PRIO_PROCESS: i32 = 0;
+const PRIO_PGRP: i32 = 1;
+const PRIO_USER: i32 = 2;
+
+/// The live processes `which`/`who` of get/setpriority name (Linux's
+/// rules: 0 is the caller, or its group; PRIO_USER 0 is the caller's real
+/// uid, and every process of the sandbox is taken to run as that user, the
+/// table keeping no other process' credentials). EINVAL for another
+/// `which`, ESRCH when none matches.
+fn prio_targets(ctx: &Ctx, which: i32, who: u64) -> Result<Vec<u32>, Errno> {
+    let me = ctx.proc.pid;
+    let who = u32::try_from(who as i64).map_err(|_| Errno::ESRCH)?;
+    let live = ctx.io.procs.map.iter().filter(|(_, e)| e.exit.is_none());
+    let found: Vec<u32> = match which {
+        PRIO_PROCESS => {
+            let pid = if who == 0 { me } else { who };
+            live.filter(|(&p, _)| p == pid).map(|(&p, _)| p).collect()
+        }
+        PRIO_PGRP => {
+            let pgid = if who == 0 { ctx.io.procs.get(me).map_or(me, |e| e.pgid) } else { who };
+            live.filter(|(_, e)| e.pgid == pgid).map(|(&p, _)| p).collect()
+        }
+        PRIO_USER => {
+            if who != 0 && who != ctx.proc.creds.uid.real {
+                return Err(Errno::ESRCH);
+            }
+            live.map(|(&p, _)| p).collect()
+        }
+        _ => return Err(Errno::EINVAL),
+    };
+    if found.is_empty() {
         return Err(Errno::ESRCH);
     }
-    Ok(20)
+    Ok(found)
+}
+
+/// getpriority: the raw syscall returns 20 - nice, of the highest-priority
+/// (lowest nice) process named.
+pub fn getpriority(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let targets = prio_targets(ctx, a[0] as i32, a[1])?;
+    let nice = targets.iter().filter_map(|p| ctx.io.procs.get(*p)).map(|e| e.nice).min().unwrap_or(0);
+    Ok((20 - i64::from(nice)) as u64)
+}
+
+/// setpriority: the nice value (clamped to -20..=19, as Linux) of every
+/// process named. Lowering it needs CAP_SYS_NICE (here: euid 0), else
+/// EACCES. The value is reported back; the VMM schedules the sandbox as one
+/// (it changes no host priority).
+pub fn setpriority(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let targets = prio_targets(ctx, a[0] as i32, a[1])?;
+    let nice = (a[2] as i32).clamp(-20, 19) as i8;
+    let privileged = ctx.proc.creds.privileged();
+    for p in &targets {
+        if let Some(e) = ctx.io.procs.get(*p) {
+            if nice < e.nice && !privileged {
+                return Err(Errno::EACCES);
+            }
+        }
+    }
+    for p in targets {
+        if let Some(e) = ctx.io.procs.map.get_mut(&p) {
+            e.nice = nice;
+        }
+    }
+    Ok(0)
 }
 
 // ----- credentials (the model and Linux's rules: `crate::creds`) ----------------
@@ -175,22 +228,91 @@ pub fn set_robust_list(_: &mut Ctx, a: &Args) -> SysResult {
 }
 
 /// One CPU: the guest has one vCPU.
+/// The sandbox's CPUs (as /proc/cpuinfo and /proc/stat list them) as a mask.
+fn cpu_mask() -> u64 {
+    (1u64 << super::procfs::CPUS) - 1
+}
+
+/// The process or thread a scheduling call names: 0 is the caller; else a
+/// thread of this process or a live process of the sandbox. ESRCH otherwise
+/// (negative ids included), as Linux's `find_process_by_pid`.
+fn sched_target(ctx: &Ctx, pid: u64) -> Result<(), Errno> {
+    let pid = pid as i32;
+    if pid == 0 {
+        return Ok(());
+    }
+    let pid = u32::try_from(pid).map_err(|_| Errno::ESRCH)?;
+    let thread = ctx.proc.threads.index_of(pid as crate::thread::Tid).is_some();
+    if thread || ctx.io.procs.get(pid).is_some_and(|e| e.exit.is_none()) {
+        Ok(())
+    } else {
+        Err(Errno::ESRCH)
+    }
+}
+
 pub fn sched_getaffinity(ctx: &mut Ctx, a: &Args) -> SysResult {
     let size = a[1];
     if size < 8 || !size.is_multiple_of(8) {
         return Err(Errno::EINVAL);
     }
+    sched_target(ctx, a[0])?;
     let size = size.min(128);
     let mut mask = vec![0u8; size as usize];
-    // The sandbox's CPUs (as /proc/cpuinfo and /proc/stat list them).
-    for cpu in 0..super::procfs::CPUS {
-        mask[cpu / 8] |= 1 << (cpu % 8);
-    }
+    mask[..8].copy_from_slice(&cpu_mask().to_le_bytes());
     ctx.write_bytes(a[2], &mask)?;
     Ok(size)
 }
 
-pub fn sched_setaffinity(_: &mut Ctx, _: &Args) -> SysResult {
+/// sched_setaffinity: a mask with none of the sandbox's CPUs is EINVAL (as
+/// Linux for no online CPU); otherwise it holds every CPU the sandbox has,
+/// so there is nothing to restrict.
+pub fn sched_setaffinity(ctx: &mut Ctx, a: &Args) -> SysResult {
+    sched_target(ctx, a[0])?;
+    // Only the first word can name one of the sandbox's CPUs; a shorter mask is zero-extended.
+    let len = a[1].min(8);
+    let mut word = [0u8; 8];
+    word[..len as usize].copy_from_slice(ctx.bytes(a[2], len)?);
+    if u64::from_le_bytes(word) & cpu_mask() == 0 {
+        return Err(Errno::EINVAL);
+    }
+    Ok(0)
+}
+
+const SCHED_OTHER: i32 = 0;
+const SCHED_FIFO: i32 = 1;
+const SCHED_RR: i32 = 2;
+const SCHED_BATCH: i32 = 3;
+const SCHED_IDLE: i32 = 5;
+const SCHED_DEADLINE: i32 = 6;
+
+/// sched_get_priority_max / _min: Linux's static priority range of a policy
+/// (1..=99 for the real-time ones, 0 for the others), EINVAL for no policy.
+fn priority_range(policy: u64) -> Result<(u64, u64), Errno> {
+    match policy as i32 {
+        SCHED_FIFO | SCHED_RR => Ok((1, 99)),
+        SCHED_OTHER | SCHED_BATCH | SCHED_IDLE | SCHED_DEADLINE => Ok((0, 0)),
+        _ => Err(Errno::EINVAL),
+    }
+}
+
+pub fn sched_get_priority_max(_: &mut Ctx, a: &Args) -> SysResult {
+    priority_range(a[0]).map(|r| r.1)
+}
+
+pub fn sched_get_priority_min(_: &mut Ctx, a: &Args) -> SysResult {
+    priority_range(a[0]).map(|r| r.0)
+}
+
+/// sched_rr_get_interval: every guest thread runs under SCHED_OTHER; Linux
+/// reports its time slice (CFS's default minimum granularity, 4 ms at HZ=250).
+pub fn sched_rr_get_interval(ctx: &mut Ctx, a: &Args) -> SysResult {
+    if (a[0] as i32) < 0 {
+        return Err(Errno::EINVAL);
+    }
+    sched_target(ctx, a[0])?;
+    let mut b = [0u8; 16];
+    b[8..].copy_from_slice(&4_000_000i64.to_le_bytes());
+    ctx.write_bytes(a[1], &b)?;
     Ok(0)
 }
 
@@ -307,6 +429,12 @@ pub fn times(ctx: &mut Ctx, a: &Args) -> SysResult {
     }
     let (rs, rns) = super::sys_time::realtime();
     Ok((rs * 100 + rns / 10_000_000) as u64)
+}
+
+/// sethostname / setdomainname: the names are fixed (uname), and the sandbox
+/// holds no CAP_SYS_ADMIN to change them: EPERM, Linux's first check.
+pub fn sethostname(_: &mut Ctx, _: &Args) -> SysResult {
+    Err(Errno::EPERM)
 }
 
 pub fn uname(ctx: &mut Ctx, a: &Args) -> SysResult {

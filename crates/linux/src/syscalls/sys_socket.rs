@@ -12,6 +12,7 @@ use super::sys_unix as unix;
 use super::{Args, Ctx};
 use crate::errno::{Errno, SysResult};
 use crate::fd::{FileKind, SockInfo};
+use crate::net::{Ancillary, Packet};
 use crate::wait::{self, Block, WaitOn};
 
 /// Largest sockaddr a guest may pass.
@@ -160,7 +161,7 @@ pub fn socket(ctx: &mut Ctx, a: &Args) -> SysResult {
     }
     let stream = match (kind, proto) {
         (libc::SOCK_STREAM, 0 | libc::IPPROTO_TCP) => true,
-        (libc::SOCK_DGRAM, 0 | libc::IPPROTO_UDP) => false,
+        (libc::SOCK_DGRAM, 0 | libc::IPPROTO_UDP | libc::IPPROTO_UDPLITE) => false,
         (libc::SOCK_STREAM | libc::SOCK_DGRAM, _) => return Err(Errno::EPROTONOSUPPORT),
         // Raw and packet sockets need privileges a sandbox does not have.
         (libc::SOCK_RAW, _) => return Err(Errno::EPERM),
@@ -170,7 +171,11 @@ pub fn socket(ctx: &mut Ctx, a: &Args) -> SysResult {
     if ctx.proc.fds.len() >= crate::fd::MAX_FDS as usize {
         return Err(Errno::EMFILE);
     }
-    let id = ctx.io.net.socket(domain, stream);
+    let id = if proto == libc::IPPROTO_UDPLITE {
+        ctx.io.net.socket_udplite(domain)
+    } else {
+        ctx.io.net.socket(domain, stream)
+    };
     ctx.io.flush_net_notes();
     let id = id?;
     let mut oflags = libc::O_RDWR;
@@ -198,9 +203,16 @@ pub fn connect(ctx: &mut Ctx, a: &Args) -> SysResult {
     if let Some(addr) = &addr {
         check_family(&info, addr)?;
     }
+    let was_connected = ctx.io.net.is_loop_connected(info.id);
     let r = ctx.io.net.connect(info.id, addr.map(|x| host_addr(&info, x)));
     ctx.io.flush_net_notes();
     if r? {
+        // Connected inside the sandbox at once; a non-blocking caller is told
+        // EINPROGRESS as on Linux (the socket is writable already).
+        if nonblock && !was_connected && ctx.io.net.is_loop_connected(info.id) {
+            ctx.io.net.defer_connect_report(info.id);
+            return Err(Errno::EINPROGRESS);
+        }
         return Ok(0);
     }
     if nonblock {
@@ -213,7 +225,7 @@ pub fn connect(ctx: &mut Ctx, a: &Args) -> SysResult {
 }
 
 /// Send `data` on a socket, waiting while a blocking socket has no room.
-fn send_common(ctx: &mut Ctx, fd: u64, data: Vec<u8>, to: Option<SocketAddr>, flags: i32) -> SysResult {
+fn send_common(ctx: &mut Ctx, fd: u64, data: Vec<u8>, to: Option<SocketAddr>, flags: i32, pkt: Packet) -> SysResult {
     let (info, nonblock) = sock(ctx, fd)?;
     let dontwait = nonblock || flags & libc::MSG_DONTWAIT != 0;
     let to = match to {
@@ -227,7 +239,7 @@ fn send_common(ctx: &mut Ctx, fd: u64, data: Vec<u8>, to: Option<SocketAddr>, fl
     if !info.stream && data.len() > DGRAM_MAX {
         return Err(Errno::EMSGSIZE);
     }
-    let r = ctx.io.net.send(info.id, &data, to, flags);
+    let r = ctx.io.net.send_with(info.id, &data, to, flags, pkt);
     ctx.io.flush_net_notes();
     match r {
         Ok(n) => Ok(n as u64),
@@ -241,7 +253,7 @@ fn send_common(ctx: &mut Ctx, fd: u64, data: Vec<u8>, to: Option<SocketAddr>, fl
 
 /// What a receive got: the bytes (up to the buffer), the length to report,
 /// the source of a datagram, whether it was truncated.
-type Received = (Vec<u8>, usize, Option<SocketAddr>, bool);
+type Received = (Vec<u8>, usize, Option<SocketAddr>, bool, Option<Ancillary>);
 
 /// Receive into a host buffer of up to `len` bytes. `Ok(None)`: a blocking
 /// socket has nothing yet and the call blocks (the caller returns at once).
@@ -249,10 +261,11 @@ fn recv_common(ctx: &mut Ctx, fd: u64, len: usize, flags: i32) -> Result<Option<
     let (info, nonblock) = sock(ctx, fd)?;
     let dontwait = nonblock || flags & libc::MSG_DONTWAIT != 0;
     let mut buf = vec![0u8; len];
-    let r = ctx.io.net.recv(info.id, &mut buf, flags);
+    let mut anc = None;
+    let r = ctx.io.net.recv_ancillary(info.id, &mut buf, flags, &mut anc);
     ctx.io.flush_net_notes();
     match r {
-        Ok((n, from, trunc)) => Ok(Some((buf, n, from, trunc))),
+        Ok((n, from, trunc)) => Ok(Some((buf, n, from, trunc, anc))),
         Err(Errno::EAGAIN) if !dontwait => {
             let (rcv, _) = ctx.io.net.timeouts(info.id);
             block_on(ctx, fd, libc::POLLIN, timeout_deadline(rcv), Err(Errno::EAGAIN))?;
@@ -273,14 +286,14 @@ fn guest_data(ctx: &Ctx, buf: u64, len: u64, stream: bool) -> Result<Vec<u8>, Er
 pub(crate) fn write_host_bytes(ctx: &mut Ctx, fd: i32, data: &[u8]) -> SysResult {
     let (info, _) = sock(ctx, fd as u64)?;
     let cap = if info.stream { MSG_COPY_MAX } else { DGRAM_MAX + 1 };
-    send_common(ctx, fd as u64, data[..data.len().min(cap)].to_vec(), None, 0)
+    send_common(ctx, fd as u64, data[..data.len().min(cap)].to_vec(), None, 0, Packet::default())
 }
 
 /// read()/write() on a socket fd (from sys_file).
 pub(crate) fn read_fd(ctx: &mut Ctx, fd: i32, buf: u64, len: u64) -> SysResult {
     let len = len.min(MSG_COPY_MAX as u64);
     ctx.user_range(buf, len)?;
-    let Some((data, n, _, _)) = recv_common(ctx, fd as u64, len as usize, 0)? else { return Ok(0) };
+    let Some((data, n, _, _, _)) = recv_common(ctx, fd as u64, len as usize, 0)? else { return Ok(0) };
     let k = n.min(data.len());
     ctx.write_bytes(buf, &data[..k])?;
     Ok(k as u64)
@@ -289,7 +302,7 @@ pub(crate) fn read_fd(ctx: &mut Ctx, fd: i32, buf: u64, len: u64) -> SysResult {
 pub(crate) fn write_fd(ctx: &mut Ctx, fd: i32, buf: u64, len: u64) -> SysResult {
     let (info, _) = sock(ctx, fd as u64)?;
     let data = guest_data(ctx, buf, len, info.stream)?;
-    send_common(ctx, fd as u64, data, None, 0)
+    send_common(ctx, fd as u64, data, None, 0, Packet::default())
 }
 
 pub fn sendto(ctx: &mut Ctx, a: &Args) -> SysResult {
@@ -299,7 +312,7 @@ pub fn sendto(ctx: &mut Ctx, a: &Args) -> SysResult {
     let (info, _) = sock(ctx, a[0])?;
     let data = guest_data(ctx, a[1], a[2], info.stream)?;
     let to = if a[4] != 0 { read_sockaddr(ctx, a[4], a[5])? } else { None };
-    send_common(ctx, a[0], data, to, a[3] as i32)
+    send_common(ctx, a[0], data, to, a[3] as i32, Packet::default())
 }
 
 pub fn recvfrom(ctx: &mut Ctx, a: &Args) -> SysResult {
@@ -309,7 +322,7 @@ pub fn recvfrom(ctx: &mut Ctx, a: &Args) -> SysResult {
     let (info, _) = sock(ctx, a[0])?;
     let len = a[2].min(MSG_COPY_MAX as u64);
     ctx.user_range(a[1], len)?;
-    let Some((data, n, from, _)) = recv_common(ctx, a[0], len as usize, a[3] as i32)? else { return Ok(0) };
+    let Some((data, n, from, _, _)) = recv_common(ctx, a[0], len as usize, a[3] as i32)? else { return Ok(0) };
     ctx.write_bytes(a[1], &data[..n.min(data.len())])?;
     if let Some(from) = from {
         write_sockaddr(ctx, a[4], a[5], from, info.domain)?;
@@ -324,6 +337,8 @@ struct MsgHdr {
     name: u64,
     namelen: u32,
     iov: Vec<(u64, u64)>,
+    control: u64,
+    controllen: u64,
 }
 
 fn read_msghdr(ctx: &Ctx, p: u64) -> Result<MsgHdr, Errno> {
@@ -346,7 +361,7 @@ fn read_msghdr(ctx: &Ctx, p: u64) -> Result<MsgHdr, Errno> {
         }
         v.push((base, len));
     }
-    Ok(MsgHdr { name, namelen, iov: v })
+    Ok(MsgHdr { name, namelen, iov: v, control: u(32), controllen: u(40) })
 }
 
 fn gather(ctx: &Ctx, iov: &[(u64, u64)], cap: usize) -> Result<Vec<u8>, Errno> {
@@ -373,15 +388,88 @@ fn scatter(ctx: &mut Ctx, iov: &[(u64, u64)], mut data: &[u8]) -> Result<(), Err
     Ok(())
 }
 
+/// Largest msg_control a sendmsg may give (Linux: optmem_max).
+const MAX_CONTROL: u64 = 20480;
+const CMSG_HDR: usize = 16;
+
+fn cmsg_align(n: usize) -> usize {
+    (n + 7) & !7
+}
+
+/// The IPV6_HOPLIMIT / IPV6_TCLASS messages of an AF_INET6 datagram
+/// socket's sendmsg control buffer, checked as Linux's
+/// `ip6_datagram_send_ctl` checks them (an int each, -1..=255, else EINVAL;
+/// a malformed header EINVAL). Other messages are not looked at.
+fn packet_options(ctx: &Ctx, info: SockInfo, control: u64, controllen: u64) -> Result<Packet, Errno> {
+    let mut pkt = Packet::default();
+    if info.stream || info.domain != libc::AF_INET6 || control == 0 || controllen == 0 {
+        return Ok(pkt);
+    }
+    if controllen > MAX_CONTROL {
+        return Err(Errno::ENOBUFS);
+    }
+    let buf = ctx.bytes(control, controllen)?;
+    let mut off = 0usize;
+    while buf.len().saturating_sub(off) >= CMSG_HDR {
+        let h = &buf[off..off + CMSG_HDR];
+        let len = u64::from_le_bytes(h[..8].try_into().map_err(|_| Errno::EINVAL)?);
+        let level = i32::from_le_bytes(h[8..12].try_into().map_err(|_| Errno::EINVAL)?);
+        let ty = i32::from_le_bytes(h[12..16].try_into().map_err(|_| Errno::EINVAL)?);
+        if len < CMSG_HDR as u64 || len > (buf.len() - off) as u64 {
+            return Err(Errno::EINVAL);
+        }
+        let data = &buf[off + CMSG_HDR..off + len as usize];
+        if level == libc::IPPROTO_IPV6 && (ty == libc::IPV6_HOPLIMIT || ty == libc::IPV6_TCLASS) {
+            let v: [u8; 4] = data.try_into().map_err(|_| Errno::EINVAL)?;
+            let v = i32::from_le_bytes(v);
+            if !(-1..=255).contains(&v) {
+                return Err(Errno::EINVAL);
+            }
+            let v = (v >= 0).then_some(v);
+            if ty == libc::IPV6_HOPLIMIT {
+                pkt.hop_limit = v;
+            } else {
+                pkt.tclass = v;
+            }
+        }
+        off = off.saturating_add(cmsg_align(len as usize));
+    }
+    Ok(pkt)
+}
+
+/// Append one control message to `out`, as Linux's `put_cmsg` does with
+/// `room` bytes of control buffer left: nothing (MSG_CTRUNC) without room
+/// for a header, a truncated message (MSG_CTRUNC) without room for all of
+/// it, and the alignment padding only where it fits.
+fn put_cmsg(out: &mut Vec<u8>, room: usize, level: i32, ty: i32, data: &[u8], mflags: &mut i32) {
+    let left = room.saturating_sub(out.len());
+    if left < CMSG_HDR {
+        *mflags |= libc::MSG_CTRUNC;
+        return;
+    }
+    let mut len = CMSG_HDR + data.len();
+    if left < len {
+        *mflags |= libc::MSG_CTRUNC;
+        len = left;
+    }
+    let start = out.len();
+    out.extend_from_slice(&(len as u64).to_le_bytes());
+    out.extend_from_slice(&level.to_le_bytes());
+    out.extend_from_slice(&ty.to_le_bytes());
+    out.extend_from_slice(&data[..len - CMSG_HDR]);
+    out.resize(start + cmsg_align(CMSG_HDR + data.len()).min(left), 0);
+}
+
 fn sendmsg_one(ctx: &mut Ctx, fd: u64, msg: u64, flags: i32) -> SysResult {
     let (info, _) = sock(ctx, fd)?;
     let h = read_msghdr(ctx, msg)?;
     for &(base, len) in &h.iov {
         ctx.user_range(base, len)?;
     }
+    let pkt = packet_options(ctx, info, h.control, h.controllen)?;
     let data = gather(ctx, &h.iov, if info.stream { MSG_COPY_MAX } else { DGRAM_MAX + 1 })?;
     let to = if h.name != 0 && h.namelen != 0 { read_sockaddr(ctx, h.name, h.namelen as u64)? } else { None };
-    send_common(ctx, fd, data, to, flags)
+    send_common(ctx, fd, data, to, flags, pkt)
 }
 
 fn recvmsg_one(ctx: &mut Ctx, fd: u64, msg: u64, flags: i32) -> SysResult {
@@ -391,11 +479,31 @@ fn recvmsg_one(ctx: &mut Ctx, fd: u64, msg: u64, flags: i32) -> SysResult {
         ctx.user_range(base, len)?;
     }
     let want: u64 = h.iov.iter().map(|&(_, l)| l).sum();
-    let Some((data, n, from, trunc)) = recv_common(ctx, fd, want.min(MSG_COPY_MAX as u64) as usize, flags)? else {
+    let room = if h.control == 0 { 0 } else { h.controllen.min(MAX_CONTROL) as usize };
+    ctx.user_range_mut(h.control, room as u64)?;
+    let Some((data, n, from, trunc, anc)) = recv_common(ctx, fd, want.min(MSG_COPY_MAX as u64) as usize, flags)? else {
         return Ok(0);
     };
     scatter(ctx, &h.iov, &data[..n.min(data.len())])?;
-    // msg_namelen (value-result), msg_controllen = 0 (no ancillary data), msg_flags.
+    // RFC 3542 ancillary data the socket asked for (IPv6 datagrams from the
+    // sandbox's own sockets), in Linux's order: hop limit, traffic class.
+    let mut mflags = if trunc { libc::MSG_TRUNC } else { 0 };
+    let mut cmsg = Vec::new();
+    if let Some(a) = anc.filter(|_| info.domain == libc::AF_INET6) {
+        let net = &ctx.io.net;
+        if net.flag_set(info.id, libc::IPPROTO_IPV6, libc::IPV6_RECVHOPLIMIT) {
+            let v = i32::from(a.hop_limit).to_le_bytes();
+            put_cmsg(&mut cmsg, room, libc::IPPROTO_IPV6, libc::IPV6_HOPLIMIT, &v, &mut mflags);
+        }
+        if net.flag_set(info.id, libc::IPPROTO_IPV6, libc::IPV6_RECVTCLASS) {
+            let v = i32::from(a.tclass).to_le_bytes();
+            put_cmsg(&mut cmsg, room, libc::IPPROTO_IPV6, libc::IPV6_TCLASS, &v, &mut mflags);
+        }
+    }
+    if !cmsg.is_empty() {
+        ctx.write_bytes(h.control, &cmsg)?;
+    }
+    // msg_namelen (value-result), msg_controllen (what was written), msg_flags.
     if h.name != 0 {
         match from {
             Some(from) => {
@@ -407,8 +515,8 @@ fn recvmsg_one(ctx: &mut Ctx, fd: u64, msg: u64, flags: i32) -> SysResult {
             None => ctx.write_bytes(msg + 8, &0u32.to_le_bytes())?,
         }
     }
-    ctx.write_u64(msg + 40, 0)?;
-    ctx.write_i32(msg + 48, if trunc { libc::MSG_TRUNC } else { 0 })?;
+    ctx.write_u64(msg + 40, cmsg.len() as u64)?;
+    ctx.write_i32(msg + 48, mflags)?;
     Ok(n as u64)
 }
 
@@ -625,6 +733,8 @@ fn passthrough(level: i32, name: i32) -> bool {
                 | libc::IPV6_RECVERR
                 | libc::IPV6_MTU_DISCOVER
                 | libc::IPV6_MTU
+                | libc::IPV6_RECVHOPLIMIT
+                | libc::IPV6_RECVTCLASS
         ),
         _ => false,
     }
@@ -661,6 +771,10 @@ pub fn setsockopt(ctx: &mut Ctx, a: &Args) -> SysResult {
         ctx.io.net.set_timeout(info.id, name == libc::SO_RCVTIMEO, t.filter(|d| !d.is_zero()))?;
         return Ok(0);
     }
+    if level == libc::IPPROTO_UDPLITE {
+        let cov = udplite_coverage(ctx, info, name, &v)?;
+        return ctx.io.net.setsockopt(info.id, level, name, &cov.to_le_bytes()).map(|()| 0);
+    }
     if !passthrough(level, name) || (level == libc::SOL_SOCKET && name == libc::SO_ERROR) {
         return Err(Errno::ENOPROTOOPT);
     }
@@ -670,6 +784,22 @@ pub fn setsockopt(ctx: &mut Ctx, a: &Args) -> SysResult {
         v[..4].copy_from_slice(&want.to_le_bytes());
     }
     ctx.io.net.setsockopt(info.id, level, name, &v).map(|()| 0)
+}
+
+const UDPLITE_SEND_CSCOV: i32 = 10;
+const UDPLITE_RECV_CSCOV: i32 = 11;
+
+/// A UDP-Lite checksum coverage option (SOL_UDPLITE) as Linux stores it:
+/// ENOPROTOOPT on other sockets and names, EINVAL for a short value, any
+/// other value below 8 but 0 raised to 8 (the header), at most 0xffff. The coverage is kept and
+/// reported; datagrams never leave the sandbox, so it guards no checksum.
+fn udplite_coverage(ctx: &Ctx, info: SockInfo, name: i32, v: &[u8]) -> Result<i32, Errno> {
+    if info.stream || !ctx.io.net.is_udplite(info.id) || !matches!(name, UDPLITE_SEND_CSCOV | UDPLITE_RECV_CSCOV) {
+        return Err(Errno::ENOPROTOOPT);
+    }
+    let b: [u8; 4] = v.get(..4).and_then(|b| b.try_into().ok()).ok_or(Errno::EINVAL)?;
+    let cov = i32::from_le_bytes(b);
+    Ok(if cov != 0 && cov < 8 { 8 } else { cov.min(0xffff) })
 }
 
 pub fn getsockopt(ctx: &mut Ctx, a: &Args) -> SysResult {
@@ -687,7 +817,18 @@ pub fn getsockopt(ctx: &mut Ctx, a: &Args) -> SysResult {
     let value: Vec<u8> = match (level, name) {
         (libc::SOL_SOCKET, libc::SO_TYPE) => int(if info.stream { libc::SOCK_STREAM } else { libc::SOCK_DGRAM }),
         (libc::SOL_SOCKET, libc::SO_DOMAIN) => int(info.domain),
-        (libc::SOL_SOCKET, libc::SO_PROTOCOL) => int(if info.stream { libc::IPPROTO_TCP } else { libc::IPPROTO_UDP }),
+        (libc::SOL_SOCKET, libc::SO_PROTOCOL) => int(if info.stream {
+            libc::IPPROTO_TCP
+        } else if ctx.io.net.is_udplite(info.id) {
+            libc::IPPROTO_UDPLITE
+        } else {
+            libc::IPPROTO_UDP
+        }),
+        (libc::IPPROTO_UDPLITE, n) => {
+            udplite_coverage(ctx, info, n, &[0; 4])?;
+            let v = ctx.io.net.getsockopt(info.id, libc::IPPROTO_UDPLITE, n, 4)?;
+            int(v.get(..4).and_then(|b| b.try_into().ok()).map_or(0, i32::from_le_bytes))
+        }
         (libc::SOL_SOCKET, libc::SO_ACCEPTCONN) => int(ctx.io.net.is_listening(info.id) as i32),
         (libc::SOL_SOCKET, libc::SO_RCVTIMEO) => timeval(ctx.io.net.timeouts(info.id).0).to_vec(),
         (libc::SOL_SOCKET, libc::SO_SNDTIMEO) => timeval(ctx.io.net.timeouts(info.id).1).to_vec(),

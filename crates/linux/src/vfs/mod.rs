@@ -125,13 +125,27 @@ pub struct Stat {
     pub atime_ns: i128,
     /// Device number of a character device (`makedev` encoding), else 0.
     pub rdev: u64,
+    /// Owner (user, group).
+    pub uid: u32,
+    pub gid: u32,
 }
 
 impl Stat {
     /// What fstat says about a pipe-like fd that is not a VFS node (inode `ino` is
     /// the caller's choice).
     pub fn pipe(ino: Ino) -> Stat {
-        Stat { ino, kind: FileType::Fifo, perm: 0o600, size: 0, nlink: 1, mtime_ns: 0, atime_ns: 0, rdev: 0 }
+        Stat {
+            ino,
+            kind: FileType::Fifo,
+            perm: 0o600,
+            size: 0,
+            nlink: 1,
+            mtime_ns: 0,
+            atime_ns: 0,
+            rdev: 0,
+            uid: 0,
+            gid: 0,
+        }
     }
     /// Modification time as (tv_sec, tv_nsec).
     pub fn mtime(&self) -> (i64, i64) {
@@ -184,6 +198,9 @@ pub struct Vfs {
     /// Sum of `Node::cost` over `nodes`.
     used: u64,
     quota: u64,
+    /// Owners (user, group) of the inodes that do not belong to 0:0 (every
+    /// image inode and every new one does until a chown).
+    owners: imbl::HashMap<Ino, (u32, u32)>,
     /// Bumped on every change to the overlay (not part of the saved state): a
     /// cheap "did anything change" for callers that watch the file system.
     generation: u64,
@@ -207,6 +224,7 @@ impl Vfs {
             next_ino: FIRST_OVERLAY_INO,
             used: 0,
             quota: DEFAULT_QUOTA,
+            owners: imbl::HashMap::new(),
             generation: 0,
         };
         // Only fails on a corrupt image (e.g. a root that is not a directory); the
@@ -488,6 +506,7 @@ impl Vfs {
     /// Forget an inode with no names and no references.
     fn drop_node(&mut self, ino: Ino) {
         self.generation = self.generation.wrapping_add(1);
+        self.owners.remove(&ino);
         if self.image_ino(ino).is_some() {
             self.put_node(ino, Node { body: Body::Gone, perm: 0, mtime_ns: 0, atime_ns: 0, nlink: 0 });
         } else if let Some(old) = self.nodes.remove(&ino) {
@@ -574,12 +593,74 @@ impl Vfs {
         };
         let links = self.link_count(ino)?;
         let nlink = if kind == FileType::Dir && links > 0 { self.subdir_count(ino)?.saturating_add(2) } else { links };
-        Ok(Stat { ino, kind, perm, size, nlink, mtime_ns, atime_ns, rdev })
+        let (uid, gid) = self.owner(ino);
+        Ok(Stat { ino, kind, perm, size, nlink, mtime_ns, atime_ns, rdev, uid, gid })
     }
 
     /// chmod: permission bits (07777) of `ino`.
     pub fn chmod(&mut self, ino: Ino, perm: u32) -> Result<(), Errno> {
         self.node_mut(ino)?.perm = perm & 0o7777;
+        Ok(())
+    }
+
+    /// The owner (user, group) of `ino`.
+    pub fn owner(&self, ino: Ino) -> (u32, u32) {
+        self.owners.get(&ino).copied().unwrap_or((0, 0))
+    }
+
+    /// chown: set the owner of `ino` (`None` keeps that id). As Linux's
+    /// `chown_common`, a file that is not a directory loses its set-user-ID
+    /// bit, and its set-group-ID bit when it is group-executable.
+    /// (Permission is the caller's to check: `crate::creds`.)
+    pub fn chown(&mut self, ino: Ino, uid: Option<u32>, gid: Option<u32>) -> Result<(), Errno> {
+        let kind = self.file_type(ino)?;
+        let (old_uid, old_gid) = self.owner(ino);
+        let owner = (uid.unwrap_or(old_uid), gid.unwrap_or(old_gid));
+        if kind != FileType::Dir {
+            let perm = self.stat(ino)?.perm;
+            let mut new = perm & !libc::S_ISUID;
+            if perm & (libc::S_ISGID | libc::S_IXGRP) == libc::S_ISGID | libc::S_IXGRP {
+                new &= !libc::S_ISGID;
+            }
+            if new != perm {
+                self.chmod(ino, new)?;
+            }
+        }
+        self.generation = self.generation.wrapping_add(1);
+        if owner == (0, 0) {
+            self.owners.remove(&ino);
+        } else {
+            self.owners.insert(ino, owner);
+        }
+        Ok(())
+    }
+
+    /// The owners that are not 0:0, sorted by inode (what a snapshot keeps).
+    pub fn owners_state(&self) -> Vec<(Ino, u32, u32)> {
+        let mut v: Vec<(Ino, u32, u32)> = self.owners.iter().map(|(&i, &(u, g))| (i, u, g)).collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Restore what `owners_state` saved: strictly sorted inodes that exist,
+    /// never 0:0 (that is no entry).
+    pub fn restore_owners(&mut self, owners: &[(Ino, u32, u32)]) -> Result<(), String> {
+        let mut prev = None;
+        let mut map = imbl::HashMap::new();
+        for &(ino, uid, gid) in owners {
+            if prev.is_some_and(|p| p >= ino) {
+                return Err(format!("owners: inode {ino} out of order"));
+            }
+            prev = Some(ino);
+            if (uid, gid) == (0, 0) {
+                return Err(format!("owners: inode {ino} listed as 0:0"));
+            }
+            if self.file_type(ino).is_err() {
+                return Err(format!("owners: no inode {ino}"));
+            }
+            map.insert(ino, (uid, gid));
+        }
+        self.owners = map;
         Ok(())
     }
 

@@ -1,0 +1,426 @@
+//! Handlers run without KVM: a process over a small packed image, guest RAM
+//! from `GuestMemory::anonymous`, one mapped buffer for arguments, and
+//! `dispatch` as the engine calls it.
+
+use std::sync::Arc;
+
+use forkbox_image::{pack_dir, Image};
+use forkbox_vmm::GuestMemory;
+
+use super::{dispatch, Ctx};
+use crate::errno::Errno;
+use crate::io::Io;
+use crate::layout::RAM_SIZE;
+use crate::mm::VmaKind;
+use crate::process::Process;
+use crate::vfs::Vfs;
+
+const BUF_LEN: u64 = 1 << 20;
+
+struct Guest {
+    _dir: tempfile::TempDir,
+    mem: GuestMemory,
+    proc: Process,
+    io: Io,
+    /// A readable and writable guest buffer of `BUF_LEN` bytes.
+    buf: u64,
+}
+
+fn guest() -> Guest {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    std::fs::create_dir_all(root.join("tmp")).unwrap();
+    std::fs::create_dir_all(root.join("etc")).unwrap();
+    std::fs::write(root.join("etc/hostname"), b"forkbox\n").unwrap();
+    let img = dir.path().join("img");
+    pack_dir(&root, &img).unwrap();
+    let image = Arc::new(Image::open(&img).unwrap());
+    let mut proc = Process::new(Vfs::new(image), 1 << 30);
+    let buf = proc.mm.map(None, BUF_LEN, (libc::PROT_READ | libc::PROT_WRITE) as u32, VmaKind::Anon).unwrap();
+    let mem = GuestMemory::anonymous(RAM_SIZE).unwrap();
+    Guest { _dir: dir, mem, proc, io: Io::new(1 << 16), buf }
+}
+
+impl Guest {
+    fn call(&mut self, nr: i64, args: &[u64]) -> Result<u64, Errno> {
+        let mut a = [0u64; 6];
+        a[..args.len()].copy_from_slice(args);
+        let mut ctx =
+            Ctx { mem: &mut self.mem, proc: &mut self.proc, io: &mut self.io, effect: None, timed_out: false };
+        dispatch(&mut ctx, nr as u64, &a)
+    }
+
+    fn put(&mut self, off: u64, data: &[u8]) -> u64 {
+        let addr = self.buf + off;
+        self.mem.write_untracked(addr, data).unwrap();
+        addr
+    }
+
+    fn get(&self, off: u64, len: u64) -> Vec<u8> {
+        self.mem.slice(self.buf + off, len).unwrap().to_vec()
+    }
+
+    fn get_i64(&self, off: u64) -> i64 {
+        i64::from_le_bytes(self.get(off, 8).try_into().unwrap())
+    }
+
+    /// A NUL-terminated path in the buffer (at `off`).
+    fn path(&mut self, off: u64, p: &str) -> u64 {
+        let mut b = p.as_bytes().to_vec();
+        b.push(0);
+        self.put(off, &b)
+    }
+
+    fn open(&mut self, p: &str, flags: i32) -> i32 {
+        let path = self.path(0x8000, p);
+        self.call(libc::SYS_open, &[path, flags as u64, 0o644]).unwrap() as i32
+    }
+
+    fn size(&mut self, fd: i32) -> i64 {
+        let st = self.buf + 0x1000;
+        self.call(libc::SYS_fstat, &[fd as u64, st]).unwrap();
+        self.get_i64(0x1000 + 48)
+    }
+}
+
+fn timespec(s: i64, ns: i64) -> Vec<u8> {
+    [s.to_le_bytes(), ns.to_le_bytes()].concat()
+}
+
+#[test]
+fn clock_settime_is_eperm_for_settable_clocks_and_einval_for_the_rest() {
+    let mut g = guest();
+    let ts = g.put(0, &timespec(1_700_000_000, 0));
+    let set = |g: &mut Guest, clock: i32, ts: u64| g.call(libc::SYS_clock_settime, &[clock as u64, ts]);
+    assert_eq!(set(&mut g, libc::CLOCK_REALTIME, ts), Err(Errno::EPERM));
+    assert_eq!(set(&mut g, libc::CLOCK_PROCESS_CPUTIME_ID, ts), Err(Errno::EPERM));
+    for c in [libc::CLOCK_MONOTONIC, libc::CLOCK_BOOTTIME, libc::CLOCK_MONOTONIC_RAW, libc::CLOCK_TAI, 99] {
+        assert_eq!(set(&mut g, c, ts), Err(Errno::EINVAL), "clock {c}");
+    }
+    // The value is checked before the permission, the pointer before the value.
+    let bad = g.put(64, &timespec(0, 1_000_000_000));
+    assert_eq!(set(&mut g, libc::CLOCK_REALTIME, bad), Err(Errno::EINVAL));
+    assert_eq!(set(&mut g, libc::CLOCK_REALTIME, 8), Err(Errno::EFAULT));
+}
+
+/// glibc's MAKE_THREAD_CPUCLOCK / MAKE_PROCESS_CPUCLOCK (kind 2: SCHED).
+fn cpu_clock(id: u32, thread: bool) -> u64 {
+    ((!(id as i32) << 3) | if thread { 4 } else { 0 } | 2) as i64 as u64
+}
+
+#[test]
+fn cpu_time_clocks_of_a_pid_or_thread_read_like_the_own_ones() {
+    let mut g = guest();
+    let (pid, tid) = (g.proc.pid, g.proc.tid());
+    let ts = g.buf;
+    for clock in [cpu_clock(tid, true), cpu_clock(pid, false), cpu_clock(0, true), cpu_clock(0, false)] {
+        assert_eq!(g.call(libc::SYS_clock_gettime, &[clock, ts]), Ok(0), "clock {clock:#x}");
+        let (s, ns) = (g.get_i64(0), g.get_i64(8));
+        assert!(s >= 0 && (0..1_000_000_000).contains(&ns));
+        assert_eq!(g.call(libc::SYS_clock_getres, &[clock, ts]), Ok(0));
+    }
+    // No such thread or process; a clock fd (kind 3).
+    assert_eq!(g.call(libc::SYS_clock_gettime, &[cpu_clock(tid + 1000, true), ts]), Err(Errno::EINVAL));
+    assert_eq!(g.call(libc::SYS_clock_gettime, &[cpu_clock(pid + 1000, false), ts]), Err(Errno::EINVAL));
+    assert_eq!(g.call(libc::SYS_clock_gettime, &[(!3i64 << 3 | 3) as u64, ts]), Err(Errno::EINVAL));
+}
+
+#[test]
+fn setpriority_is_kept_and_lowering_the_nice_value_needs_privilege() {
+    let mut g = guest();
+    let pid = g.proc.pid as u64;
+    let get = |g: &mut Guest, which: u64, who: u64| g.call(libc::SYS_getpriority, &[which, who]);
+    assert_eq!(get(&mut g, 0, 0), Ok(20));
+    assert_eq!(g.call(libc::SYS_setpriority, &[0, pid, 5]), Ok(0));
+    assert_eq!(get(&mut g, 0, pid), Ok(15));
+    assert_eq!(get(&mut g, 1, 0), Ok(15), "the process group's");
+    // Clamped to 19, as Linux.
+    assert_eq!(g.call(libc::SYS_setpriority, &[0, 0, 100]), Ok(0));
+    assert_eq!(get(&mut g, 0, 0), Ok(1));
+    assert_eq!(g.call(libc::SYS_setpriority, &[0, 12345, 1]), Err(Errno::ESRCH));
+    assert_eq!(g.call(libc::SYS_setpriority, &[7, 0, 1]), Err(Errno::EINVAL));
+    // Not root any more: raising the priority is EACCES, lowering it works.
+    g.proc.creds.uid.effective = 1000;
+    assert_eq!(g.call(libc::SYS_setpriority, &[0, 0, 10]), Err(Errno::EACCES));
+    assert_eq!(g.call(libc::SYS_setpriority, &[0, 0, 19]), Ok(0));
+    assert_eq!(get(&mut g, 0, 0), Ok(1));
+}
+
+#[test]
+fn scheduling_policies_ranges_and_time_slices() {
+    let mut g = guest();
+    assert_eq!(g.call(libc::SYS_sched_get_priority_min, &[libc::SCHED_RR as u64]), Ok(1));
+    assert_eq!(g.call(libc::SYS_sched_get_priority_max, &[libc::SCHED_RR as u64]), Ok(99));
+    assert_eq!(g.call(libc::SYS_sched_get_priority_max, &[libc::SCHED_OTHER as u64]), Ok(0));
+    assert_eq!(g.call(libc::SYS_sched_get_priority_max, &[(-23i64) as u64]), Err(Errno::EINVAL));
+    assert_eq!(g.call(libc::SYS_sched_get_priority_min, &[(-23i64) as u64]), Err(Errno::EINVAL));
+    let ts = g.buf;
+    assert_eq!(g.call(libc::SYS_sched_rr_get_interval, &[0, ts]), Ok(0));
+    let (s, ns) = (g.get_i64(0), g.get_i64(8));
+    assert!(s == 0 && ns > 0 && ns < 1_000_000_000);
+    assert_eq!(g.call(libc::SYS_sched_rr_get_interval, &[(-1i64) as u64, ts]), Err(Errno::EINVAL));
+    assert_eq!(g.call(libc::SYS_sched_rr_get_interval, &[4242, ts]), Err(Errno::ESRCH));
+}
+
+#[test]
+fn affinity_of_no_process_is_esrch_and_an_empty_mask_einval() {
+    let mut g = guest();
+    let mask = g.buf;
+    assert_eq!(g.call(libc::SYS_sched_getaffinity, &[0, 8, mask]), Ok(8));
+    assert_eq!(g.get(0, 8), 1u64.to_le_bytes());
+    assert_eq!(g.call(libc::SYS_sched_getaffinity, &[(-1i64) as u64, 8, mask]), Err(Errno::ESRCH));
+    assert_eq!(g.call(libc::SYS_sched_setaffinity, &[0, 8, mask]), Ok(0));
+    assert_eq!(g.call(libc::SYS_sched_setaffinity, &[(-1i64) as u64, 8, mask]), Err(Errno::ESRCH));
+    let pid = g.proc.pid as u64;
+    assert_eq!(g.call(libc::SYS_sched_setaffinity, &[pid, 8, mask]), Ok(0));
+    let empty = g.put(64, &[0u8; 8]);
+    assert_eq!(g.call(libc::SYS_sched_setaffinity, &[0, 8, empty]), Err(Errno::EINVAL));
+}
+
+#[test]
+fn fallocate_grows_files_punches_holes_and_checks_like_linux() {
+    let mut g = guest();
+    let fd = g.open("/tmp/f", libc::O_CREAT | libc::O_RDWR);
+    let fa = |g: &mut Guest, fd: i32, mode: i32, off: i64, len: i64| {
+        g.call(libc::SYS_fallocate, &[fd as u64, mode as u64, off as u64, len as u64])
+    };
+    assert_eq!(fa(&mut g, fd, 0, 0, 10), Ok(0));
+    assert_eq!(g.size(fd), 10);
+    // Never shrinks; KEEP_SIZE keeps the size.
+    assert_eq!(fa(&mut g, fd, 0, 0, 4), Ok(0));
+    assert_eq!(fa(&mut g, fd, libc::FALLOC_FL_KEEP_SIZE, 0, 100), Ok(0));
+    assert_eq!(g.size(fd), 10);
+    let data = g.put(0, b"abcdefghij");
+    assert_eq!(g.call(libc::SYS_pwrite64, &[fd as u64, data, 10, 0]), Ok(10));
+    let hole = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    assert_eq!(fa(&mut g, fd, hole, 2, 3), Ok(0));
+    assert_eq!(g.call(libc::SYS_pread64, &[fd as u64, g.buf + 64, 10, 0]), Ok(10));
+    assert_eq!(g.get(64, 10), b"ab\0\0\0fghij");
+    assert_eq!(fa(&mut g, fd, libc::FALLOC_FL_PUNCH_HOLE, 0, 1), Err(Errno::EOPNOTSUPP));
+    assert_eq!(fa(&mut g, fd, 0x10 /* ZERO_RANGE */, 0, 1), Err(Errno::EOPNOTSUPP));
+    assert_eq!(fa(&mut g, fd, 0, -1, 10), Err(Errno::EINVAL));
+    assert_eq!(fa(&mut g, fd, 0, 0, 0), Err(Errno::EINVAL));
+    assert_eq!(fa(&mut g, fd, 0, i64::MAX, 10), Err(Errno::EFBIG));
+    assert_eq!(fa(&mut g, -42, 0, 0, 10), Err(Errno::EBADF));
+    let ro = g.open("/tmp/f", libc::O_RDONLY);
+    assert_eq!(fa(&mut g, ro, 0, 0, 10), Err(Errno::EBADF));
+    let dir = g.open("/tmp", libc::O_RDONLY | libc::O_DIRECTORY);
+    assert_eq!(fa(&mut g, dir, 0, 0, 10), Err(Errno::EBADF), "a directory is never open for writing");
+    // The disk quota holds.
+    g.proc.vfs.set_quota(1 << 16);
+    assert_eq!(fa(&mut g, fd, 0, 0, 1 << 20), Err(Errno::ENOSPC));
+    assert_eq!(g.size(fd), 10);
+}
+
+#[test]
+fn f_notify_removes_nothing_and_refuses_events() {
+    let mut g = guest();
+    let dir = g.open("/tmp", libc::O_RDONLY | libc::O_DIRECTORY);
+    let file = g.open("/etc/hostname", libc::O_RDONLY);
+    let notify = |g: &mut Guest, fd: i32, arg: u64| g.call(libc::SYS_fcntl, &[fd as u64, libc::F_NOTIFY as u64, arg]);
+    // DN_MULTISHOT is bit 31: the argument does not fit an int.
+    assert_eq!(notify(&mut g, dir, 0x8000_0000), Ok(0));
+    assert_eq!(notify(&mut g, dir, 0), Ok(0));
+    assert_eq!(notify(&mut g, dir, 0x2 /* DN_MODIFY */), Err(Errno::EINVAL));
+    assert_eq!(notify(&mut g, file, 0), Err(Errno::ENOTDIR));
+}
+
+#[test]
+fn host_and_domain_names_cannot_be_set() {
+    let mut g = guest();
+    let name = g.put(0, b"new");
+    assert_eq!(g.call(libc::SYS_sethostname, &[name, 3]), Err(Errno::EPERM));
+    assert_eq!(g.call(libc::SYS_setdomainname, &[name, 3]), Err(Errno::EPERM));
+}
+
+/// struct sockaddr_in6 for [::1]:port.
+fn loopback6(port: u16) -> Vec<u8> {
+    let mut b = vec![0u8; 28];
+    b[..2].copy_from_slice(&(libc::AF_INET6 as u16).to_le_bytes());
+    b[2..4].copy_from_slice(&port.to_be_bytes());
+    b[23] = 1;
+    b
+}
+
+fn cmsg(level: i32, ty: i32, data: &[u8]) -> Vec<u8> {
+    let mut b = ((16 + data.len()) as u64).to_le_bytes().to_vec();
+    b.extend_from_slice(&level.to_le_bytes());
+    b.extend_from_slice(&ty.to_le_bytes());
+    b.extend_from_slice(data);
+    b.resize((b.len() + 7) & !7, 0);
+    b
+}
+
+impl Guest {
+    /// A struct msghdr at `off` (name, one iovec, control) in the buffer.
+    fn msghdr(&mut self, off: u64, name: Option<u64>, iov: (u64, u64), control: (u64, u64)) -> u64 {
+        let iov_at = self.put(off + 64, &[iov.0.to_le_bytes(), iov.1.to_le_bytes()].concat());
+        let mut h = vec![0u8; 56];
+        if let Some(n) = name {
+            h[..8].copy_from_slice(&n.to_le_bytes());
+            h[8..12].copy_from_slice(&28u32.to_le_bytes());
+        }
+        h[16..24].copy_from_slice(&iov_at.to_le_bytes());
+        h[24..32].copy_from_slice(&1u64.to_le_bytes());
+        h[32..40].copy_from_slice(&control.0.to_le_bytes());
+        h[40..48].copy_from_slice(&control.1.to_le_bytes());
+        self.put(off, &h)
+    }
+
+    fn set_int(&mut self, fd: u64, level: i32, name: i32, v: i32) {
+        let p = self.put(0x7000, &v.to_le_bytes());
+        assert_eq!(self.call(libc::SYS_setsockopt, &[fd, level as u64, name as u64, p, 4]), Ok(0));
+    }
+}
+
+#[test]
+fn ipv6_hop_limit_and_traffic_class_reach_the_receiver_as_ancillary_data() {
+    let mut g = guest();
+    let dgram = libc::SOCK_DGRAM as u64;
+    let rx = g.call(libc::SYS_socket, &[libc::AF_INET6 as u64, dgram, 0]).unwrap();
+    let tx = g.call(libc::SYS_socket, &[libc::AF_INET6 as u64, dgram, 0]).unwrap();
+    let addr = g.put(0x100, &loopback6(4242));
+    assert_eq!(g.call(libc::SYS_bind, &[rx, addr, 28]), Ok(0));
+    let payload = g.put(0x200, b"hello");
+    let (ctl_out, ctl_in, hdr_out, hdr_in, data_in) = (0x300, 0x400, 0x500, 0x600, 0x700);
+    let send = |g: &mut Guest, control: &[u8]| {
+        let c = g.put(ctl_out, control);
+        let m =
+            g.msghdr(hdr_out, Some(addr), (payload, 5), (if control.is_empty() { 0 } else { c }, control.len() as u64));
+        g.call(libc::SYS_sendmsg, &[tx, m, 0])
+    };
+    // Returns (control bytes, msg_flags).
+    let recv = |g: &mut Guest, room: u64| {
+        let m = g.msghdr(hdr_in, None, (g.buf + data_in, 64), (g.buf + ctl_in, room));
+        assert_eq!(g.call(libc::SYS_recvmsg, &[rx, m, 0]), Ok(5));
+        assert_eq!(g.get(data_in, 5), b"hello");
+        let used = g.get_i64(hdr_in + 40) as u64;
+        let flags = i32::from_le_bytes(g.get(hdr_in + 48, 4).try_into().unwrap());
+        (g.get(ctl_in, used), flags)
+    };
+    let (v6, hl, tc) = (libc::IPPROTO_IPV6, libc::IPV6_HOPLIMIT, libc::IPV6_TCLASS);
+    // Nothing asked for: no control data.
+    assert_eq!(send(&mut g, &[]), Ok(5));
+    assert_eq!(recv(&mut g, 256), (vec![], 0));
+    g.set_int(rx, v6, libc::IPV6_RECVHOPLIMIT, 1);
+    assert_eq!(send(&mut g, &[]), Ok(5));
+    assert_eq!(recv(&mut g, 256), (cmsg(v6, hl, &64i32.to_le_bytes()), 0), "the default hop limit");
+    g.set_int(rx, v6, libc::IPV6_RECVTCLASS, 1);
+    g.set_int(tx, v6, libc::IPV6_UNICAST_HOPS, 9);
+    let per_packet = [cmsg(v6, tc, &0x20i32.to_le_bytes()), cmsg(v6, hl, &2i32.to_le_bytes())].concat();
+    assert_eq!(send(&mut g, &per_packet), Ok(5));
+    let both = [cmsg(v6, hl, &2i32.to_le_bytes()), cmsg(v6, tc, &0x20i32.to_le_bytes())].concat();
+    assert_eq!(recv(&mut g, 256), (both.clone(), 0));
+    // The socket's own hop limit, and truncation as Linux's put_cmsg: the
+    // second message cut to what is left, then nothing without room for a header.
+    assert_eq!(send(&mut g, &[]), Ok(5));
+    let (c, f) = recv(&mut g, 24 + 18);
+    assert_eq!(f, libc::MSG_CTRUNC);
+    assert_eq!(&c[..20], &cmsg(v6, hl, &9i32.to_le_bytes())[..20]);
+    assert_eq!(c.len(), 24 + 18);
+    assert_eq!(u64::from_le_bytes(c[24..32].try_into().unwrap()), 18, "a truncated cmsg_len");
+    assert_eq!(send(&mut g, &[]), Ok(5));
+    let (c, f) = recv(&mut g, 20);
+    assert_eq!((c.len(), f), (20, libc::MSG_CTRUNC));
+    assert_eq!(send(&mut g, &[]), Ok(5));
+    assert_eq!(recv(&mut g, 0), (vec![], libc::MSG_CTRUNC));
+    // Bad per-packet values are EINVAL, as Linux: out of range, not an int.
+    assert_eq!(send(&mut g, &cmsg(v6, hl, &256i32.to_le_bytes())), Err(Errno::EINVAL));
+    assert_eq!(send(&mut g, &cmsg(v6, tc, &[0, 0, 0, 0, 0])), Err(Errno::EINVAL));
+}
+
+/// struct sockaddr_in for 127.0.0.1:port.
+fn loopback4(port: u16) -> Vec<u8> {
+    let mut b = vec![0u8; 16];
+    b[..2].copy_from_slice(&(libc::AF_INET as u16).to_le_bytes());
+    b[2..4].copy_from_slice(&port.to_be_bytes());
+    b[4..8].copy_from_slice(&[127, 0, 0, 1]);
+    b
+}
+
+#[test]
+fn a_non_blocking_connect_inside_the_sandbox_reports_einprogress_then_zero_then_eisconn() {
+    let mut g = guest();
+    let stream = libc::SOCK_STREAM as u64;
+    let srv = g.call(libc::SYS_socket, &[libc::AF_INET as u64, stream, 0]).unwrap();
+    let addr = g.put(0x100, &loopback4(8080));
+    assert_eq!(g.call(libc::SYS_bind, &[srv, addr, 16]), Ok(0));
+    assert_eq!(g.call(libc::SYS_listen, &[srv, 8]), Ok(0));
+    let nb = (libc::SOCK_STREAM | libc::SOCK_NONBLOCK) as u64;
+    let cli = g.call(libc::SYS_socket, &[libc::AF_INET as u64, nb, 0]).unwrap();
+    assert_eq!(g.call(libc::SYS_connect, &[cli, addr, 16]), Err(Errno::EINPROGRESS));
+    assert_eq!(g.call(libc::SYS_connect, &[cli, addr, 16]), Ok(0));
+    assert_eq!(g.call(libc::SYS_connect, &[cli, addr, 16]), Err(Errno::EISCONN));
+    assert!(g.call(libc::SYS_accept, &[srv, 0, 0]).is_ok());
+    // A blocking connect completes in the call.
+    let blocking = g.call(libc::SYS_socket, &[libc::AF_INET as u64, stream, 0]).unwrap();
+    assert_eq!(g.call(libc::SYS_connect, &[blocking, addr, 16]), Ok(0));
+    assert_eq!(g.call(libc::SYS_connect, &[blocking, addr, 16]), Err(Errno::EISCONN));
+}
+
+impl Guest {
+    /// (mode, uid, gid) of a path, by stat.
+    fn owner_of(&mut self, p: &str) -> (u32, u32, u32) {
+        let path = self.path(0x8000, p);
+        let st = self.buf + 0x1000;
+        self.call(libc::SYS_stat, &[path, st]).unwrap();
+        let w = |o: u64| u32::from_le_bytes(self.get(0x1000 + o, 4).try_into().unwrap());
+        (w(24), w(28), w(32))
+    }
+
+    fn chown(&mut self, p: &str, uid: i64, gid: i64) -> Result<u64, Errno> {
+        let path = self.path(0x8000, p);
+        self.call(libc::SYS_chown, &[path, uid as u64, gid as u64])
+    }
+}
+
+#[test]
+fn chown_records_owners_with_linux_permission_rules() {
+    let mut g = guest();
+    let fd = g.open("/tmp/f", libc::O_CREAT | libc::O_RDWR);
+    let ids = |g: &mut Guest, p: &str| {
+        let (_, u, gr) = g.owner_of(p);
+        (u, gr)
+    };
+    assert_eq!(ids(&mut g, "/tmp/f"), (0, 0));
+    // Root: any ids (large ones as they are), -1 keeps one.
+    assert_eq!(g.chown("/tmp/f", 1 << 31, 1 << 31), Ok(0));
+    assert_eq!(ids(&mut g, "/tmp/f"), (1 << 31, 1 << 31));
+    assert_eq!(g.chown("/tmp/f", -1, 7), Ok(0));
+    assert_eq!(ids(&mut g, "/tmp/f"), (1 << 31, 7));
+    assert_eq!(g.call(libc::SYS_fchown, &[fd as u64, 1000, 1000]), Ok(0));
+    assert_eq!(ids(&mut g, "/tmp/f"), (1000, 1000));
+    // statx reports them too.
+    let (empty, out) = (g.path(0x8100, ""), g.buf + 0x2000);
+    let flags = libc::AT_EMPTY_PATH as u64;
+    assert_eq!(g.call(libc::SYS_statx, &[fd as u64, empty, flags, 0x7ff, out]), Ok(0));
+    assert_eq!(g.get(0x2000 + 20, 8), [1000u32.to_le_bytes(), 1000u32.to_le_bytes()].concat());
+    // chown drops set-user-ID (and set-group-ID with group execute) of a file.
+    let path = g.path(0x8000, "/tmp/f");
+    assert_eq!(g.call(libc::SYS_chmod, &[path, 0o6775]), Ok(0));
+    assert_eq!(g.chown("/tmp/f", -1, -1), Ok(0));
+    assert_eq!(g.owner_of("/tmp/f").0 & 0o7777, 0o775);
+    // Not root (user 1000 in groups 1000 and 27): the user only to its own,
+    // the group of its own file only to one of its groups.
+    g.proc.creds.set_groups(vec![27]).unwrap();
+    g.proc.creds.uid.set_res(1000, 1000, 1000, true).unwrap();
+    g.proc.creds.gid.set_res(1000, 1000, 1000, true).unwrap();
+    assert_eq!(g.chown("/tmp/f", 0, -1), Err(Errno::EPERM));
+    assert_eq!(g.chown("/tmp/f", 1000, 27), Ok(0));
+    assert_eq!(g.chown("/tmp/f", -1, 5), Err(Errno::EPERM));
+    assert_eq!(g.chown("/etc/hostname", -1, 27), Err(Errno::EPERM), "not its file");
+    assert_eq!(ids(&mut g, "/tmp/f"), (1000, 27));
+    // Owners survive a save and restore of the process; a removed file's owner goes with it.
+    g.proc.creds = Default::default();
+    assert_eq!(g.chown("/tmp", 5, 5), Ok(0));
+    let state = g.proc.save_state();
+    assert_eq!(state.owners.len(), 2);
+    let image = g.proc.vfs.image().clone();
+    let mut back = Process::restore_state(image, state).unwrap();
+    let tmp = back.vfs.resolve(crate::vfs::ROOT_INO, b"/tmp", true).unwrap();
+    let f = back.vfs.resolve(crate::vfs::ROOT_INO, b"/tmp/f", true).unwrap();
+    assert_eq!((back.vfs.owner(tmp), back.vfs.owner(f)), ((5, 5), (1000, 27)));
+    back.vfs.unlink(crate::vfs::ROOT_INO, b"/tmp/f").unwrap();
+    back.vfs.release(f);
+    assert_eq!(back.vfs.owners_state(), vec![(tmp, 5, 5)]);
+}
