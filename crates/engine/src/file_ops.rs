@@ -93,6 +93,9 @@ pub struct EntryInfo {
     pub size: u64,
     /// Permission bits (07777).
     pub perm: u32,
+    /// Owner and group: their names in the guest's /etc/passwd and /etc/group, else the number.
+    pub owner: String,
+    pub group: String,
     pub mtime_ms: i64,
 }
 
@@ -105,18 +108,52 @@ pub enum FileOpOutcome {
     Removed,
 }
 
+/// Names of ids, read from the guest's own /etc/passwd or /etc/group (bounded; none if it is
+/// missing or unreadable: the numbers are shown).
+struct Names(std::collections::HashMap<u32, String>);
+
+impl Names {
+    const MAX_FILE: usize = 1 << 20;
+
+    fn read(vfs: &Vfs, path: &str) -> Names {
+        let text = crate::files::read_file(vfs, path, Self::MAX_FILE).unwrap_or_default();
+        let map = String::from_utf8_lossy(&text)
+            .lines()
+            .filter_map(|l| {
+                let mut f = l.split(':');
+                let name = f.next()?;
+                let id = f.nth(1)?.parse().ok()?;
+                Some((id, name.to_string()))
+            })
+            .collect();
+        Names(map)
+    }
+
+    fn of(&self, id: u32) -> String {
+        self.0.get(&id).cloned().unwrap_or_else(|| id.to_string())
+    }
+}
+
+/// What an operation needs besides the file system: the names of owners and groups.
+struct Ctx {
+    users: Names,
+    groups: Names,
+}
+
 /// Run `op` (paths already normalised) on `vfs`.
 pub fn apply(vfs: &mut Vfs, op: &FileOp) -> Result<FileOpOutcome, EngineError> {
+    let cx = Ctx { users: Names::read(vfs, "/etc/passwd"), groups: Names::read(vfs, "/etc/group") };
+    let cx = &cx;
     match op {
-        FileOp::Stat { path } => Ok(FileOpOutcome::Entry(stat(vfs, path)?)),
-        FileOp::Walk { path, depth } => Ok(FileOpOutcome::Entries(walk(vfs, path, *depth)?)),
+        FileOp::Stat { path } => Ok(FileOpOutcome::Entry(stat(vfs, cx, path)?)),
+        FileOp::Walk { path, depth } => Ok(FileOpOutcome::Entries(walk(vfs, cx, path, *depth)?)),
         FileOp::MakeDir { path } => {
             writable(path)?;
             if vfs.resolve(ROOT_INO, path.as_bytes(), false).is_ok() {
                 return Err(file_error(ErrorCode::FileExists, format!("{path} already exists")));
             }
             make_dirs(vfs, path)?;
-            Ok(FileOpOutcome::Entry(stat(vfs, path)?))
+            Ok(FileOpOutcome::Entry(stat(vfs, cx, path)?))
         }
         FileOp::Move { from, to } => {
             writable(from)?;
@@ -130,7 +167,7 @@ pub fn apply(vfs: &mut Vfs, op: &FileOp) -> Result<FileOpOutcome, EngineError> {
                 Errno::EBUSY => invalid(format!("{from} or {to} cannot be moved")),
                 e => vfs_error(to, e),
             })?;
-            Ok(FileOpOutcome::Entry(stat(vfs, to)?))
+            Ok(FileOpOutcome::Entry(stat(vfs, cx, to)?))
         }
         FileOp::Remove { path } => {
             writable(path)?;
@@ -161,7 +198,7 @@ fn kind_of(t: FileType) -> EntryKind {
 }
 
 /// The entry `ino` named `name` at `path`.
-fn info(vfs: &Vfs, ino: Ino, name: String, path: String) -> Result<EntryInfo, EngineError> {
+fn info(vfs: &Vfs, cx: &Ctx, ino: Ino, name: String, path: String) -> Result<EntryInfo, EngineError> {
     let st = vfs.stat(ino).map_err(|e| vfs_error(&path, e))?;
     let kind = kind_of(st.kind);
     let (mut size, mut target_kind, mut link_target) = (st.size, None, None);
@@ -180,13 +217,24 @@ fn info(vfs: &Vfs, ino: Ino, name: String, path: String) -> Result<EntryInfo, En
     } else if kind == EntryKind::Dir {
         size = 0;
     }
-    Ok(EntryInfo { name, path, kind, target_kind, link_target, size, perm: st.perm, mtime_ms: mtime_ms(st.mtime_ns) })
+    Ok(EntryInfo {
+        name,
+        path,
+        kind,
+        target_kind,
+        link_target,
+        size,
+        perm: st.perm,
+        owner: cx.users.of(st.uid),
+        group: cx.groups.of(st.gid),
+        mtime_ms: mtime_ms(st.mtime_ns),
+    })
 }
 
-fn stat(vfs: &Vfs, path: &str) -> Result<EntryInfo, EngineError> {
+fn stat(vfs: &Vfs, cx: &Ctx, path: &str) -> Result<EntryInfo, EngineError> {
     let ino = vfs.resolve(ROOT_INO, path.as_bytes(), false).map_err(|e| vfs_error(path, e))?;
     let name = path.rsplit('/').next().filter(|n| !n.is_empty()).unwrap_or("/").to_string();
-    info(vfs, ino, name, path.to_string())
+    info(vfs, cx, ino, name, path.to_string())
 }
 
 fn child_path(dir: &str, name: &str) -> String {
@@ -214,7 +262,7 @@ fn entries(vfs: &Vfs, dir: &str) -> Result<Vec<(String, Ino)>, EngineError> {
     Ok(out)
 }
 
-fn walk(vfs: &Vfs, path: &str, depth: u32) -> Result<Vec<EntryInfo>, EngineError> {
+fn walk(vfs: &Vfs, cx: &Ctx, path: &str, depth: u32) -> Result<Vec<EntryInfo>, EngineError> {
     let depth = depth.clamp(1, WALK_MAX_DEPTH);
     let mut out = Vec::new();
     // Depth first, in name order, without recursion: (directory, level, its remaining entries reversed).
@@ -231,7 +279,7 @@ fn walk(vfs: &Vfs, path: &str, depth: u32) -> Result<Vec<EntryInfo>, EngineError
         }
         let (dir, level) = (dir.clone(), *level);
         let p = child_path(&dir, &name);
-        let e = info(vfs, ino, name, p.clone())?;
+        let e = info(vfs, cx, ino, name, p.clone())?;
         let descend = level < depth && e.kind == EntryKind::Dir;
         out.push(e);
         if descend {
@@ -291,6 +339,7 @@ mod tests {
         std::fs::create_dir_all(root.join("etc")).unwrap();
         std::fs::create_dir_all(root.join("home/user")).unwrap();
         std::fs::write(root.join("etc/hostname"), "box\n").unwrap();
+        std::fs::write(root.join("etc/passwd"), "root:x:0:0:root:/root:/bin/bash\n").unwrap();
         std::fs::write(root.join("home/user/notes.txt"), "hello").unwrap();
         std::os::unix::fs::symlink("notes.txt", root.join("home/user/link")).unwrap();
         std::os::unix::fs::symlink("/nowhere", root.join("home/user/dangling")).unwrap();
@@ -322,6 +371,8 @@ mod tests {
         let (_d, mut v) = vfs();
         let f = entry(&mut v, "/home/user/notes.txt");
         assert_eq!((f.name.as_str(), f.kind, f.size, f.link_target), ("notes.txt", EntryKind::File, 5, None));
+        // Names from the guest's /etc/passwd; a group file it lacks shows the number.
+        assert_eq!((f.owner.as_str(), f.group.as_str()), ("root", "0"));
         let l = entry(&mut v, "/home/user/link");
         assert_eq!((l.kind, l.target_kind, l.size), (EntryKind::Symlink, Some(EntryKind::File), 5));
         assert_eq!(l.link_target.as_deref(), Some("notes.txt"));

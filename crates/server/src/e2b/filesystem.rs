@@ -52,9 +52,8 @@ fn entry_json(e: &EntryInfo) -> Value {
         "size": e.size.to_string(),
         "mode": e.perm,
         "permissions": permissions(type_char, e.perm),
-        // Every file of a sandbox is owned by uid 0 (see the guest's stat).
-        "owner": "root",
-        "group": "root",
+        "owner": e.owner,
+        "group": e.group,
         "modifiedTime": super::control::rfc3339(e.mtime_ms),
         "isSymlink": e.kind == EntryKind::Symlink,
     });
