@@ -16,8 +16,13 @@
 //! (PAGEMAP_SCAN), never a copy of all guest memory. vfork and
 //! clone(CLONE_VM|CLONE_VFORK) are forks (the child has a copy of memory; the
 //! parent is not suspended). Children still running when an exec ends are
-//! killed (one note line on stderr), so parked and persisted state is always
-//! the one process of the agent.
+//! killed (one note line on stderr), unless the sandbox keeps them running
+//! (`set_keep_running`, a session's): then they, and the agent's own other
+//! threads, go on running between calls when its host calls
+//! `run_background`, the agent's main thread parked on its channel all along.
+//! A checkpoint records the agent process (all its threads, at the park
+//! point); the other processes are not recorded (the descriptions only they
+//! hold are closed in the record, as if they had ended).
 //!
 //! Memory shared between processes (`forkbox_linux::shm`) is one host memfd
 //! per shared object mapped over the same guest range in every process VM
@@ -41,6 +46,7 @@ use forkbox_linux::syscalls::{self, Ctx, Effect};
 use forkbox_linux::thread::{SavedCpu, SigInfo, Wait, WaitKind, MAIN_TID, SI_KERNEL};
 use forkbox_linux::wait;
 use forkbox_linux::Errno;
+use forkbox_linux::process::ProcessState;
 use forkbox_linux::Process;
 use forkbox_vmm::{kvm_regs, kvm_xsave, GuestMemory, Regs, Vm, VmExit, Xsave};
 use serde::Serialize;
@@ -226,6 +232,17 @@ pub struct Sandbox {
     /// To make VMs for children and execve.
     cpu: Arc<Cpu>,
     exec_opts: loader::ExecOptions,
+    /// Children and threads left running by an exec keep running between calls.
+    keep_running: bool,
+}
+
+/// What [`Sandbox::run_background`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackgroundRun {
+    /// It ran until its time was up: there may be more to do at once.
+    Busy,
+    /// Nothing could run (every thread waits): call again after a while.
+    Idle,
 }
 
 impl Drop for Sandbox {
@@ -297,6 +314,7 @@ impl Sandbox {
             others: Vec::new(),
             cpu: engine.cpu.clone(),
             exec_opts: opts,
+            keep_running: false,
         };
         // Booting python + numpy takes far longer than one exec here: allow a generous deadline.
         let deadline = Instant::now() + sb.limits.timeout.max(Duration::from_secs(120));
@@ -367,24 +385,64 @@ impl Sandbox {
             others: Vec::new(),
             cpu: engine.cpu.clone(),
             exec_opts: loader::ExecOptions { hwcap: engine.hwcap, vdso: engine.vdso },
+            keep_running: false,
         })
     }
 
-    /// The parts of a parked sandbox a snapshot needs.
-    pub(crate) fn parked_parts(&self) -> Result<(&Vm, &Process), EngineError> {
+    /// The parts of a parked sandbox a snapshot needs: its VM and the state
+    /// of the agent process ([`Sandbox::agent_state`]).
+    pub(crate) fn parked_parts(&self) -> Result<(&Vm, ProcessState), EngineError> {
         match (&self.state, &self.vm) {
-            (State::Parked(_), Some(vm)) => Ok((vm, &self.proc)),
+            (State::Parked(_), Some(vm)) => Ok((vm, self.agent_state())),
             (State::Poisoned(why), _) => Err(EngineError::Poisoned(why.clone())),
             _ => Err(EngineError::Poisoned("no VM".into())),
         }
     }
 
     /// Mutable parts of a parked sandbox (for a checkpoint).
-    pub(crate) fn parked_parts_mut(&mut self) -> Result<(&mut Vm, &Process), EngineError> {
+    pub(crate) fn parked_parts_mut(&mut self) -> Result<(&mut Vm, ProcessState), EngineError> {
+        let state = self.agent_state();
         match (&self.state, &mut self.vm) {
-            (State::Parked(_), Some(vm)) => Ok((vm, &self.proc)),
+            (State::Parked(_), Some(vm)) => Ok((vm, state)),
             (State::Poisoned(why), _) => Err(EngineError::Poisoned(why.clone())),
             _ => Err(EngineError::Poisoned("no VM".into())),
+        }
+    }
+
+    /// The agent process as a state file records it (parked: it is the
+    /// current process). Processes still running beside it are not recorded:
+    /// the descriptions they hold are closed in the record.
+    fn agent_state(&self) -> ProcessState {
+        let held: Vec<u64> = self
+            .others
+            .iter()
+            .flat_map(|t| t.proc.fds.fds().filter_map(|fd| t.proc.fds.ofd(fd).ok()).collect::<Vec<_>>())
+            .collect();
+        self.proc.save_state_without(&held)
+    }
+
+    /// Keep the children and threads an exec leaves running (a session's
+    /// sandbox), instead of killing the children at its end.
+    pub fn set_keep_running(&mut self, on: bool) {
+        self.keep_running = on;
+    }
+
+    /// Are there processes or threads besides the parked agent that may run
+    /// between calls?
+    pub fn has_background(&self) -> bool {
+        self.is_usable() && (!self.others.is_empty() || self.agent_threads() > 1)
+    }
+
+    /// How many processes the sandbox has besides the agent's.
+    pub fn background_processes(&self) -> usize {
+        self.others.len()
+    }
+
+    fn agent_threads(&self) -> usize {
+        if self.proc.pid == GUEST_PID {
+            self.proc.threads.len()
+        } else {
+            self.others.iter().find(|t| t.proc.pid == GUEST_PID).map_or(1, |t| t.proc.threads.len())
         }
     }
 
@@ -494,7 +552,7 @@ impl Sandbox {
         self.io.streaming = stream;
         self.io.interrupt = interrupt.as_ref().map(|i| i.latch().clone());
         let outcome = self.run(Some(regs), deadline, &mut on_output);
-        let killed = self.end_children();
+        let killed = if outcome.is_ok() && self.keep_children() { 0 } else { self.end_children() };
         if killed > 0 && outcome.is_ok() {
             let note = format!(
                 "[forkbox: {killed} child process{} still running at the end of the exec {} killed]\n",
@@ -881,6 +939,146 @@ impl Sandbox {
         }
     }
 
+    /// May the children an exec leaves keep running? Only in a sandbox that
+    /// keeps them, and only if the agent maps no anonymous memory shared with
+    /// them: a checkpoint records the agent's memory as private, so its shared
+    /// file mappings become its own write-back mappings again here.
+    fn keep_children(&mut self) -> bool {
+        if !self.keep_running || self.others.is_empty() || self.proc.pid != GUEST_PID {
+            return false;
+        }
+        match self.with_ctx(syscalls::privatize_own_files) {
+            Ok(kept) => kept,
+            Err(e) => {
+                tracing::warn!("shared memory at the end of an exec: {e:?}");
+                false
+            }
+        }
+    }
+
+    /// Run the sandbox's other threads and processes until `until` or until
+    /// none of them can run, the agent's main thread staying parked on its
+    /// channel; then the agent is back exactly as it parked (a checkpoint or
+    /// the next call may follow). Their output to stdout/stderr is dropped
+    /// (bounded like an exec's while they run); the memory and process limits
+    /// cover them as they cover an exec. A child's end is its own; the end of
+    /// the agent process (a thread of it crashing, `os._exit`) poisons the sandbox.
+    pub fn run_background(&mut self, until: Instant) -> Result<BackgroundRun, EngineError> {
+        let regs = match &self.state {
+            State::Parked(r) => *r,
+            State::Poisoned(why) => return Err(EngineError::Poisoned(why.clone())),
+        };
+        if !self.has_background() {
+            return Ok(BackgroundRun::Idle);
+        }
+        let r = self.run_background_inner(regs, until);
+        self.io.stdout.take();
+        self.io.stderr.take();
+        self.io.agent_overflow = false;
+        match r {
+            Ok(run) => Ok(run),
+            Err(e) => {
+                self.state = State::Poisoned(format!("a background thread or process: {e}"));
+                Err(e)
+            }
+        }
+    }
+
+    fn run_background_inner(&mut self, regs: kvm_regs, until: Instant) -> Result<BackgroundRun, EngineError> {
+        let main = self.proc.threads.index_of(MAIN_TID).filter(|&i| i == self.proc.threads.cur);
+        if self.proc.pid != GUEST_PID || main.is_none() {
+            return Err(EngineError::Poisoned("the agent is not parked on the vCPU".into()));
+        }
+        let saved = self.vm().save_vcpu()?;
+        let cur = self.proc.threads.cur;
+        self.proc.threads.list[cur].wait =
+            Some(Wait { regs: regs_to_words(&regs), deadline: None, on_timeout: Ok(0), kind: WaitKind::Agent, woken: false });
+        let vdso = self.vdso;
+        crate::vdso::refresh(self.vm(), vdso)?;
+        self.io.deadline = Some(until);
+        self.sig.reset();
+        self.resched = true;
+        self.slice_start = Instant::now();
+        self.proc.threads.clock.start();
+        let mut run = BackgroundRun::Busy;
+        let outcome = loop {
+            match self.run_once(until, &mut None, None) {
+                // Only the main thread parks, and it waits.
+                Ok(_) => {}
+                Err(EngineError::Timeout(_)) => break Ok(()),
+                Err(EngineError::Deadlock(_)) => {
+                    run = BackgroundRun::Idle;
+                    break Ok(());
+                }
+                Err(e) => match self.death_of(&e) {
+                    Some(how) => self.end_process(how)?,
+                    None => break Err(e),
+                },
+            }
+            if Instant::now() >= until {
+                break Ok(());
+            }
+        };
+        let back = outcome.and_then(|()| self.back_to_agent(&saved));
+        self.proc.threads.clock.stop();
+        back?;
+        if self.others.is_empty() && self.agent_threads() <= 1 {
+            run = BackgroundRun::Idle;
+        }
+        Ok(run)
+    }
+
+    /// Put the agent's main thread back on the vCPU as it parked (`saved`).
+    fn back_to_agent(&mut self, saved: &forkbox_vmm::VcpuState) -> Result<(), EngineError> {
+        self.make_main_current();
+        let main = self
+            .proc
+            .threads
+            .index_of(MAIN_TID)
+            .ok_or_else(|| EngineError::Poisoned("the agent's main thread is gone".into()))?;
+        let cur = self.proc.threads.cur;
+        if cur != main {
+            if self.proc.threads.list[cur].cpu.is_none() {
+                // Set the thread on the vCPU aside; inside an entry stub it runs on to the stub's end first.
+                let mut tries = 0;
+                let regs = loop {
+                    let blocked = self.proc.threads.list[cur].wait.as_ref().map(|w| w.regs);
+                    match (blocked, self.pending_user.take()) {
+                        (Some(w), _) => break w,
+                        (None, Some(u)) => break regs_to_words(&u),
+                        (None, None) => {}
+                    }
+                    if let Some(u) = self.user_state()? {
+                        break regs_to_words(&u);
+                    }
+                    tries += 1;
+                    if tries > 64 {
+                        return Err(EngineError::Poisoned("a thread did not leave a syscall stub".into()));
+                    }
+                    let exit = self.vm().run(Some(Instant::now() + Duration::from_micros(200)), None)?;
+                    if let VmExit::Syscall(r) = exit {
+                        // Handled with the thread's state as a syscall's return (it resumes from there).
+                        self.in_stub = true;
+                        self.syscall(r)?;
+                    }
+                };
+                let vm = self.vm.as_mut().expect("sandbox VM present until drop");
+                let xsave = xsave_to_words(&vm.xsave()?);
+                self.proc.threads.list[cur].cpu = Some(SavedCpu { regs, xsave });
+            }
+            self.proc.make_current(main);
+        }
+        self.proc.threads.list[main].cpu = None;
+        self.proc.threads.list[main].wait = None;
+        self.vm().restore_vcpu(saved)?;
+        self.pending_user = None;
+        self.in_stub = true;
+        self.woken = None;
+        self.resched = false;
+        self.apply_memory_limit();
+        Ok(())
+    }
+
     /// The end of an exec: children still running are killed (their
     /// descriptors close), unreaped zombies are forgotten. Returns how many were killed.
     fn end_children(&mut self) -> usize {
@@ -1226,6 +1424,7 @@ impl Sandbox {
                     WaitKind::Signal => "a signal".into(),
                     WaitKind::Time => "time".into(),
                     WaitKind::Other => "a file descriptor".into(),
+                    WaitKind::Agent => "a request".into(),
                 };
                 Some(format!("thread {} in {}() waits for {what}", t.tid, syscalls::name(w.regs.rax)))
             })
@@ -1239,6 +1438,9 @@ impl Sandbox {
         let cur = self.proc.threads.cur;
         for i in 0..self.proc.threads.len() {
             let Some(w) = self.proc.threads.list[i].wait.as_ref() else { continue };
+            if w.kind == WaitKind::Agent {
+                continue;
+            }
             let timed_out = w.deadline.is_some_and(|d| d <= now);
             // Futex waits and sleeps change only by a wake or their deadline;
             // a signal for them is looked at without re-running them.

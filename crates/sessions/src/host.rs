@@ -148,6 +148,11 @@ pub trait Resident: Send {
     fn is_alive(&self) -> bool {
         true
     }
+    /// Did its last exec leave threads or processes running between calls
+    /// (a host that runs them: a sandbox worker's)?
+    fn has_background(&self) -> bool {
+        false
+    }
 }
 
 /// The walk of a sandbox's file system behind [`Resident::walk`] (in this

@@ -1730,7 +1730,9 @@ impl SessionManager {
         let mut n = 0;
         for (id, s) in slots {
             if let Ok(mut g) = s.try_lock() {
-                if g.sandbox.is_some() && g.last_used.elapsed() >= self.config.idle_timeout {
+                // Running threads or processes count as use: such a session is not idle.
+                let running = g.sandbox.as_ref().is_some_and(|s| s.has_background());
+                if g.sandbox.is_some() && !running && g.last_used.elapsed() >= self.config.idle_timeout {
                     self.drop_resident(&id, &mut g);
                     n += 1;
                 }

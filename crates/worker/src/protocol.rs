@@ -359,6 +359,9 @@ pub enum ToChannel {
 pub struct SessionDone {
     pub result: Result<ExecResult, WireError>,
     pub net: NetDelta,
+    /// Threads or processes the exec left running (they run on between calls).
+    #[serde(default)]
+    pub background: bool,
 }
 
 /// Answers on a sandbox channel.

@@ -15,10 +15,11 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
 
 use forkbox_engine::{
-    CheckpointFiles, EngineError, ExecOptions, Interrupter, ResumeAs, Sandbox, Stream, Template, NET_GLOBAL,
+    BackgroundRun, CheckpointFiles, EngineError, ExecOptions, Interrupter, ResumeAs, Sandbox, Stream, Template, NET_GLOBAL,
 };
 use forkbox_snapshot::{Layer, StateError};
 
@@ -165,10 +166,48 @@ fn serve_channel(shared: &Shared, id: u64, sock: UnixStream) {
     let ctl = Arc::new(ChannelCtl::default());
     lock(&shared.channels).insert(id, ctl.clone());
     let mut ch = Channel { id, sb: None, template: None, files: HashMap::new() };
-    while let Ok(()) = serve_one(shared, &ctl, &mut ch, &sock) {}
+    loop {
+        // Between requests the sandbox's background threads and processes run
+        // here, a slice at a time; a request is taken at the next slice's end.
+        if let Some(sb) = ch.sb.as_mut().filter(|sb| sb.has_background()) {
+            if !readable(&sock, Duration::ZERO) {
+                let idle = match sb.run_background(Instant::now() + BACKGROUND_SLICE) {
+                    Ok(BackgroundRun::Busy) => false,
+                    Ok(BackgroundRun::Idle) => true,
+                    // The sandbox is poisoned: the next request says so.
+                    Err(e) => {
+                        tracing::debug!("background run of channel {id}: {e}");
+                        true
+                    }
+                };
+                if idle {
+                    readable(&sock, BACKGROUND_IDLE_POLL);
+                }
+                continue;
+            }
+        }
+        if serve_one(shared, &ctl, &mut ch, &sock).is_err() {
+            break;
+        }
+    }
     lock(&shared.channels).remove(&id);
     // The sandbox is dropped here, on its own thread (its VM may be recycled for this thread).
     drop(ch);
+}
+
+/// How long background work runs before the channel is looked at again.
+const BACKGROUND_SLICE: Duration = Duration::from_millis(10);
+/// With background work that cannot run now (all of it waiting), how long
+/// before its timers and waits are looked at again.
+const BACKGROUND_IDLE_POLL: Duration = Duration::from_millis(20);
+
+/// Is there something to read on `sock` (a request, or its end) within `wait`?
+fn readable(sock: &UnixStream, wait: Duration) -> bool {
+    let mut p = libc::pollfd { fd: sock.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    let ms = i32::try_from(wait.as_millis()).unwrap_or(i32::MAX);
+    // SAFETY: one valid pollfd for the duration of the call.
+    let n = unsafe { libc::poll(&mut p, 1, ms) };
+    n > 0 || n < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted
 }
 
 fn take(files: &mut HashMap<String, File>, name: &str) -> Result<File, EngineError> {
@@ -211,7 +250,7 @@ fn serve_one(shared: &Shared, ctl: &ChannelCtl, ch: &mut Channel, sock: &UnixStr
         }
         ToChannel::Exec { code, exec, exec_id, timeout_ms, stream, interrupted } => {
             let Some(sb) = ch.sb.as_mut() else {
-                let done = SessionDone { result: Err(no_sandbox()), net: NetDelta::default() };
+                let done = SessionDone { result: Err(no_sandbox()), net: NetDelta::default(), background: false };
                 return Ok(reply(&FromChannel::Executed(Box::new(done)))?);
             };
             if shared.hello.test_actions && code.trim() == TEST_FORBIDDEN_SYSCALL {
@@ -247,7 +286,7 @@ fn serve_one(shared: &Shared, ctl: &ChannelCtl, ch: &mut Channel, sock: &UnixStr
                 return Err(Stop::Gone);
             }
             let result = result.map_err(|e| wire(e, sb.take_failed_output()));
-            let done = SessionDone { result, net: net_since_last(shared) };
+            let done = SessionDone { result, net: net_since_last(shared), background: sb.has_background() };
             reply(&FromChannel::Executed(Box::new(done)))?;
         }
         ToChannel::WriteFile { path, len } => {
@@ -422,6 +461,8 @@ fn start(
         }
     };
     let mut sb = sb;
+    // A session's sandbox keeps what its calls leave running; a throwaway look does not.
+    sb.set_keep_running(how != ResumeAs::Throwaway);
     // Its way out is the broker's (no round trip unless the guest opens a socket).
     sb.set_egress(Arc::new(Brokered::new(Arc::clone(&shared.link), ch.id)));
     ch.sb = Some(sb);

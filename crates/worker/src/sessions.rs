@@ -528,6 +528,7 @@ impl SandboxHost for SessionWorkers {
             broken: false,
             timeout,
             output_bytes,
+            background: false,
         };
         if let Err(e) = sent {
             return Err(rs.lost(e).into());
@@ -556,6 +557,8 @@ struct RemoteSandbox {
     timeout: Duration,
     /// Its output limit per stream (what an exec can stream).
     output_bytes: usize,
+    /// Its last exec left threads or processes running (the worker runs them between calls).
+    background: bool,
 }
 
 impl Drop for RemoteSandbox {
@@ -748,6 +751,7 @@ impl Resident for RemoteSandbox {
         }
         let done = answered?;
         NET_GLOBAL.add(done.net);
+        self.background = done.background;
         match done.result {
             Ok(r) => Ok(r),
             Err(e) => {
@@ -876,5 +880,9 @@ impl Resident for RemoteSandbox {
 
     fn is_alive(&self) -> bool {
         !self.broken && self.worker.is_alive()
+    }
+
+    fn has_background(&self) -> bool {
+        self.background && self.is_alive()
     }
 }
