@@ -130,3 +130,79 @@ def test_checkpoints_bring_threads_back_running(api):
     assert int(run(api, fid, "n")["value"]) > 0
     assert int(run(api, sid, "n")["value"]) < 0
 
+
+def start(api, sid: str, cmd, **kw) -> dict:
+    r = api.post(f"/v1/sessions/{sid}/commands", json={"cmd": cmd, "background": True, **kw})
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def output(api, sid: str, pid: int, **q) -> dict:
+    r = api.get(f"/v1/sessions/{sid}/processes/{pid}/output", params=q)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_background_commands_list_read_signal_and_wait(api):
+    sid = session(api)
+    started = start(api, sid, "i=0; while true; do i=$((i+1)); echo line $i; sleep 0.05; done")
+    pid = started["pid"]
+    assert started["process"]["state"] == "running" and started["process"]["argv"][0] == "/bin/sh"
+    time.sleep(1.0)
+    procs = api.get(f"/v1/sessions/{sid}/processes").json()["processes"]
+    assert [p["pid"] for p in procs] == [pid]
+    assert procs[0]["state"] == "running" and procs[0]["stdout_bytes"] > 50
+    # Its output is its own (not a later call's), readable from any offset, reconnectable.
+    assert run(api, sid, "print('call')")["stdout"] == "call\n"
+    first = output(api, sid, pid)
+    lines = first["data"].splitlines()
+    assert lines[:3] == ["line 1", "line 2", "line 3"], first
+    assert first["offset"] == 0 and first["next_offset"] == len(first["data"].encode())
+    time.sleep(0.5)
+    more = output(api, sid, pid, offset=first["next_offset"])
+    assert more["offset"] == first["next_offset"] and more["data"].startswith(f"line {len(lines) + 1}\n"), more
+    assert output(api, sid, pid, offset=3, max=4)["data"] == "e 1\n"
+    # SIGTERM ends it; wait says how.
+    r = api.post(f"/v1/sessions/{sid}/processes/{pid}/signal", json={"signal": 15})
+    assert r.status_code == 200, r.text
+    r = api.post(f"/v1/sessions/{sid}/processes/{pid}/wait", json={"timeout_seconds": 10})
+    assert r.status_code == 200, r.text
+    assert (r.json()["state"], r.json().get("signal")) == ("exited", 15), r.json()
+    assert output(api, sid, pid)["running"] is False
+
+
+def test_wait_returns_the_exit_status_and_stderr_is_separate(api):
+    sid = session(api)
+    pid = start(api, sid, "sleep 0.3; echo out; echo err >&2; exit 7")["pid"]
+    r = api.post(f"/v1/sessions/{sid}/processes/{pid}/wait", json={"timeout_seconds": 20})
+    assert (r.json()["state"], r.json().get("exit_code")) == ("exited", 7), r.json()
+    assert output(api, sid, pid)["data"] == "out\n"
+    assert output(api, sid, pid, stream="stderr")["data"] == "err\n"
+    # A wait that times out answers with the process still running.
+    pid2 = start(api, sid, ["sleep", "30"])["pid"]
+    t0 = time.monotonic()
+    r = api.post(f"/v1/sessions/{sid}/processes/{pid2}/wait", json={"timeout_seconds": 0.5})
+    assert r.json()["state"] == "running" and time.monotonic() - t0 < 10
+    api.post(f"/v1/sessions/{sid}/processes/{pid2}/signal", json={"signal": 9})
+
+
+def test_process_errors_are_clear(api, server):
+    sid = session(api)
+    r = api.get(f"/v1/sessions/{sid}/processes/4242/output")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "process_not_found", r.text
+    pid = start(api, sid, ["sleep", "30"])["pid"]
+    r = api.post(f"/v1/sessions/{sid}/processes/{pid}/signal", json={"signal": 99})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request", r.text
+    r = api.get(f"/v1/sessions/{sid}/processes/{pid}/output", params={"stream": "stdin"})
+    assert r.status_code == 400, r.text
+    # Another tenant's key sees no such session.
+    other = server.create_key("py-bg-other")
+    r = httpx.get(f"{server.url}/v1/sessions/{sid}/processes", headers=server.headers(other), timeout=TIMEOUT)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "session_not_found", r.text
+    # A command that cannot start is a command's answer, not a process.
+    r = api.post(f"/v1/sessions/{sid}/commands", json={"cmd": ["no-such-program-x"], "background": True})
+    assert r.status_code == 200 and r.json()["exit_code"] == 127, r.text
+    # Streaming a background command is refused.
+    r = api.post(f"/v1/sessions/{sid}/commands/stream", json={"cmd": "true", "background": True})
+    assert r.status_code == 400, r.text
+    api.post(f"/v1/sessions/{sid}/processes/{pid}/signal", json={"signal": 9})

@@ -42,11 +42,11 @@ use forkbox_linux::io::Io;
 pub use forkbox_linux::io::Stream;
 use forkbox_linux::layout::RAM_SIZE;
 use forkbox_linux::loader;
+use forkbox_linux::process::ProcessState;
 use forkbox_linux::syscalls::{self, Ctx, Effect};
 use forkbox_linux::thread::{SavedCpu, SigInfo, Wait, WaitKind, MAIN_TID, SI_KERNEL};
 use forkbox_linux::wait;
 use forkbox_linux::Errno;
-use forkbox_linux::process::ProcessState;
 use forkbox_linux::Process;
 use forkbox_vmm::{kvm_regs, kvm_xsave, GuestMemory, Regs, Vm, VmExit, Xsave};
 use serde::Serialize;
@@ -140,6 +140,58 @@ pub struct ExecOptions<'a> {
     /// This exec's time limit instead of the sandbox's `Limits::timeout` (the
     /// caller bounds it: a session's record holds its current maximum).
     pub timeout: Option<Duration>,
+    /// Each process the agent forks in this exec starts a background job
+    /// (its output goes to the job's rings, see [`Sandbox::jobs`]).
+    pub job: bool,
+}
+
+/// A background job: a process an exec started to keep running, with the
+/// processes it starts in turn (their output is the job's).
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
+pub struct JobInfo {
+    /// The leader's pid (the process the exec started).
+    pub pid: u32,
+    /// Its argv after its last execve (at most `JOB_ARGV_MAX` arguments, each cut to `JOB_ARG_MAX`).
+    pub argv: Vec<String>,
+    pub started_unix_ms: i64,
+    /// vCPU time of the job's processes.
+    pub cpu_seconds: f64,
+    pub running: bool,
+    /// How the leader ended: its exit status, or the signal that killed it.
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    /// Bytes written so far to each stream (the ring keeps the last `JOB_OUTPUT_BYTES`).
+    pub stdout_bytes: u64,
+    pub stderr_bytes: u64,
+}
+
+/// A slice of a job's stream.
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
+pub struct JobChunk {
+    /// The stream offset of `data`'s first byte (past the asked one when those bytes were dropped).
+    pub offset: u64,
+    /// The offset just past the last byte written so far.
+    pub end: u64,
+    pub data: Vec<u8>,
+    /// The job still runs (more may come).
+    pub running: bool,
+}
+
+/// The job of the processes an earlier call left running that are no job's:
+/// what they write is dropped (no job has pid 0).
+const DROPPED_OUTPUT: u32 = 0;
+/// How long a job wait runs background work before it looks at the job again.
+const JOB_WAIT_SLICE: Duration = Duration::from_millis(10);
+/// Jobs kept (the oldest finished go first past it).
+const JOBS_MAX: usize = 64;
+const JOB_ARGV_MAX: usize = 64;
+const JOB_ARG_MAX: usize = 256;
+
+struct Job {
+    argv: Vec<String>,
+    started_unix_ms: i64,
+    cpu: Duration,
+    exit: Option<Exit>,
 }
 
 /// What an exec wrote to stdout/stderr before it failed (timeout, crash, exit,
@@ -234,6 +286,10 @@ pub struct Sandbox {
     exec_opts: loader::ExecOptions,
     /// Children and threads left running by an exec keep running between calls.
     keep_running: bool,
+    /// Background jobs by leader pid (host-side: a checkpoint does not record them).
+    jobs: std::collections::BTreeMap<u32, Job>,
+    /// The exec running now starts jobs (`ExecOptions::job`).
+    job_exec: bool,
 }
 
 /// What [`Sandbox::run_background`] did.
@@ -315,6 +371,8 @@ impl Sandbox {
             cpu: engine.cpu.clone(),
             exec_opts: opts,
             keep_running: false,
+            jobs: Default::default(),
+            job_exec: false,
         };
         // Booting python + numpy takes far longer than one exec here: allow a generous deadline.
         let deadline = Instant::now() + sb.limits.timeout.max(Duration::from_secs(120));
@@ -386,6 +444,8 @@ impl Sandbox {
             cpu: engine.cpu.clone(),
             exec_opts: loader::ExecOptions { hwcap: engine.hwcap, vdso: engine.vdso },
             keep_running: false,
+            jobs: Default::default(),
+            job_exec: false,
         })
     }
 
@@ -520,7 +580,8 @@ impl Sandbox {
         if code.len() > self.limits.code_bytes {
             return Err(EngineError::CodeTooLarge(code.len(), self.limits.code_bytes));
         }
-        let ExecOptions { mut on_output, interrupt, timeout } = opts;
+        let ExecOptions { mut on_output, interrupt, timeout, job } = opts;
+        self.job_exec = job;
         self.failed_output = None;
         self.exec_timeout = timeout.unwrap_or(self.limits.timeout);
         // The vCPU thread is the one to kick while this exec runs.
@@ -552,6 +613,7 @@ impl Sandbox {
         self.io.streaming = stream;
         self.io.interrupt = interrupt.as_ref().map(|i| i.latch().clone());
         let outcome = self.run(Some(regs), deadline, &mut on_output);
+        self.job_exec = false;
         let killed = if outcome.is_ok() && self.keep_children() { 0 } else { self.end_children() };
         if killed > 0 && outcome.is_ok() {
             let note = format!(
@@ -797,7 +859,12 @@ impl Sandbox {
         if !self.others.is_empty() {
             run_deadline = run_deadline.min(self.slice_start + SLICE);
         }
-        let exit = self.vm().run(Some(run_deadline), latch)?;
+        let ran = Instant::now();
+        let exit = self.vm().run(Some(run_deadline), latch);
+        if let Some(job) = self.io.jobs.get(&self.proc.pid).and_then(|l| self.jobs.get_mut(l)) {
+            job.cpu = job.cpu.saturating_add(ran.elapsed());
+        }
+        let exit = exit?;
         self.in_stub = matches!(exit, VmExit::Syscall(_));
         match exit {
             VmExit::Syscall(regs) => {
@@ -914,6 +981,8 @@ impl Sandbox {
         let pid = self.proc.pid;
         self.with_ctx(syscalls::release_shared);
         self.close_all_fds();
+        self.job_ended(pid, how);
+        self.io.jobs.remove(&pid);
         self.io.procs.exit(pid, how);
         self.swap_task(0);
         let dead = self.others.remove(0);
@@ -948,7 +1017,14 @@ impl Sandbox {
             return false;
         }
         match self.with_ctx(syscalls::privatize_own_files) {
-            Ok(kept) => kept,
+            Ok(true) => {
+                // What they write from now on is not a later call's output (a job's goes to its rings).
+                for t in &self.others {
+                    self.io.jobs.entry(t.proc.pid).or_insert(DROPPED_OUTPUT);
+                }
+                true
+            }
+            Ok(false) => false,
             Err(e) => {
                 tracing::warn!("shared memory at the end of an exec: {e:?}");
                 false
@@ -991,8 +1067,13 @@ impl Sandbox {
         }
         let saved = self.vm().save_vcpu()?;
         let cur = self.proc.threads.cur;
-        self.proc.threads.list[cur].wait =
-            Some(Wait { regs: regs_to_words(&regs), deadline: None, on_timeout: Ok(0), kind: WaitKind::Agent, woken: false });
+        self.proc.threads.list[cur].wait = Some(Wait {
+            regs: regs_to_words(&regs),
+            deadline: None,
+            on_timeout: Ok(0),
+            kind: WaitKind::Agent,
+            woken: false,
+        });
         let vdso = self.vdso;
         crate::vdso::refresh(self.vm(), vdso)?;
         self.io.deadline = Some(until);
@@ -1079,12 +1160,118 @@ impl Sandbox {
         Ok(())
     }
 
+    /// A process forked `child`: it joins its parent's job, or starts one
+    /// when the agent forks it in an exec that starts jobs.
+    fn join_job(&mut self, parent: u32, child: u32) {
+        if let Some(&leader) = self.io.jobs.get(&parent) {
+            self.io.jobs.insert(child, leader);
+            return;
+        }
+        if !(self.job_exec && parent == GUEST_PID) {
+            return;
+        }
+        let finished: Vec<u32> = self.jobs.iter().filter(|(_, j)| j.exit.is_some()).map(|(p, _)| *p).collect();
+        for p in finished.into_iter().take((self.jobs.len() + 1).saturating_sub(JOBS_MAX)) {
+            self.jobs.remove(&p);
+            self.io.job_out.remove(&p);
+        }
+        let started_unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        let argv = self.jobs.get(&parent).map(|j| j.argv.clone()).unwrap_or_default();
+        self.jobs.insert(child, Job { argv, started_unix_ms, cpu: Duration::ZERO, exit: None });
+        self.io.jobs.insert(child, child);
+        self.io.job_out.insert(child, Default::default());
+    }
+
+    /// Process `pid` ended: if it leads a job, the job has ended that way.
+    fn job_ended(&mut self, pid: u32, how: Exit) {
+        if let Some(job) = self.jobs.get_mut(&pid) {
+            job.exit.get_or_insert(how);
+        }
+    }
+
+    fn job_info(&self, pid: u32, job: &Job) -> JobInfo {
+        let (stdout_bytes, stderr_bytes) = self.io.job_out.get(&pid).map_or((0, 0), |r| (r[0].end(), r[1].end()));
+        JobInfo {
+            pid,
+            argv: job.argv.clone(),
+            started_unix_ms: job.started_unix_ms,
+            cpu_seconds: job.cpu.as_secs_f64(),
+            running: job.exit.is_none(),
+            exit_code: match job.exit {
+                Some(Exit::Code(c)) => Some(c),
+                _ => None,
+            },
+            signal: match job.exit {
+                Some(Exit::Signal(s)) => Some(s),
+                _ => None,
+            },
+            stdout_bytes,
+            stderr_bytes,
+        }
+    }
+
+    /// The background jobs, oldest first.
+    pub fn jobs(&self) -> Vec<JobInfo> {
+        self.jobs.iter().map(|(p, j)| self.job_info(*p, j)).collect()
+    }
+
+    /// One job (`NoSuchJob` if there is none with that leader pid).
+    pub fn job(&self, pid: u32) -> Result<JobInfo, EngineError> {
+        self.jobs.get(&pid).map(|j| self.job_info(pid, j)).ok_or(EngineError::NoSuchJob(pid))
+    }
+
+    /// At most `max` bytes of a job's stream from `offset`.
+    pub fn job_output(&self, pid: u32, stream: Stream, offset: u64, max: usize) -> Result<JobChunk, EngineError> {
+        let job = self.jobs.get(&pid).ok_or(EngineError::NoSuchJob(pid))?;
+        let ring = self.io.job_out.get(&pid).map(|r| &r[stream as usize]);
+        let (offset, data) = ring.map_or((0, Vec::new()), |r| r.read(offset, max));
+        let end = ring.map_or(0, |r| r.end());
+        Ok(JobChunk { offset, end, data, running: job.exit.is_none() })
+    }
+
+    /// Send signal `sig` (1..=64) to every process of a running job; it is
+    /// acted on when they next run (between calls, or in the next call).
+    pub fn job_signal(&mut self, pid: u32, sig: i32) -> Result<JobInfo, EngineError> {
+        let job = self.jobs.get(&pid).ok_or(EngineError::NoSuchJob(pid))?;
+        if !(1..=64).contains(&sig) {
+            return Err(EngineError::BadSignal(sig));
+        }
+        if job.exit.is_none() {
+            let members: Vec<u32> = self.io.jobs.iter().filter(|(_, l)| **l == pid).map(|(p, _)| *p).collect();
+            for p in members {
+                let info = SigInfo::user(sig, forkbox_linux::thread::SI_USER);
+                self.io.procs.outbox.push((p, info));
+            }
+            self.deliver_outbox();
+        }
+        self.job(pid)
+    }
+
+    /// Run the sandbox's background work until job `pid` ends or `until`
+    /// passes; the job as it is then.
+    pub fn job_wait(&mut self, pid: u32, until: Instant) -> Result<JobInfo, EngineError> {
+        loop {
+            let info = self.job(pid)?;
+            let now = Instant::now();
+            if !info.running || now >= until {
+                return Ok(info);
+            }
+            if self.run_background(until.min(now + JOB_WAIT_SLICE))? == BackgroundRun::Idle {
+                std::thread::sleep(JOB_WAIT_SLICE.min(until.saturating_duration_since(Instant::now())));
+            }
+        }
+    }
+
     /// The end of an exec: children still running are killed (their
     /// descriptors close), unreaped zombies are forgotten. Returns how many were killed.
     fn end_children(&mut self) -> usize {
         self.make_main_current();
         let mut killed = 0;
         while !self.others.is_empty() {
+            let pid = self.others[0].proc.pid;
+            self.job_ended(pid, Exit::Signal(forkbox_linux::thread::SIGKILL));
             self.swap_task(0);
             self.with_ctx(syscalls::release_shared);
             self.close_all_fds();
@@ -1096,6 +1283,7 @@ impl Sandbox {
             killed += 1;
         }
         self.io.procs.keep_only_main();
+        self.io.jobs.clear();
         self.apply_memory_limit();
         // The one process left keeps its shared mappings as private memory (what a checkpoint stores).
         if let Err(e) = self.with_ctx(syscalls::privatize_shared) {
@@ -1164,6 +1352,7 @@ impl Sandbox {
             child.tid_address = addr;
         }
         crate::vdso::refresh(&mut vm, self.vdso)?;
+        self.join_job(self.proc.pid, spec.pid);
         self.others.push(Task {
             vm: Some(vm),
             proc: child,
@@ -1199,6 +1388,9 @@ impl Sandbox {
         vm.boot(&self.cpu, start.entry, start.rsp)?;
         self.proc.mm.sync_all_page_tables(vm.mem_mut())?;
         crate::vdso::refresh(&mut vm, self.vdso)?;
+        if let Some(job) = self.jobs.get_mut(&self.proc.pid) {
+            job.argv = job_argv(&spec.argv);
+        }
         if let Some(old) = self.vm.replace(vm) {
             crate::pool::reap(old);
         }
@@ -1918,4 +2110,12 @@ impl Sandbox {
         }
         out
     }
+}
+
+/// A job's argv as shown: bounded, lossy UTF-8.
+fn job_argv(argv: &[Vec<u8>]) -> Vec<String> {
+    argv.iter()
+        .take(JOB_ARGV_MAX)
+        .map(|a| String::from_utf8_lossy(&a[..a.len().min(JOB_ARG_MAX)]).into_owned())
+        .collect()
 }

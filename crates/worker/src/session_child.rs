@@ -11,15 +11,16 @@
 
 use std::collections::HashMap;
 use std::fs::File;
+use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex};
-use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use forkbox_engine::{
-    BackgroundRun, CheckpointFiles, EngineError, ExecOptions, Interrupter, ResumeAs, Sandbox, Stream, Template, NET_GLOBAL,
+    BackgroundRun, CheckpointFiles, EngineError, ExecOptions, Interrupter, ResumeAs, Sandbox, Stream, Template,
+    NET_GLOBAL,
 };
 use forkbox_snapshot::{Layer, StateError};
 
@@ -27,7 +28,7 @@ use crate::broker::{Brokered, Link};
 use crate::child::{wire, Templates};
 use crate::protocol::{
     self, FromChannel, FromWorker, Hello, NetDelta, PackageRef, ProtocolError, SessionDone, StartFrom, ToChannel,
-    ToSessions, WireError, B64, FDS_PER_FRAME, TEST_FORBIDDEN_SYSCALL,
+    ToSessions, WireChunk, WireError, B64, FDS_PER_FRAME, TEST_FORBIDDEN_SYSCALL,
 };
 
 /// Descriptors a channel may hold between requests.
@@ -195,6 +196,11 @@ fn serve_channel(shared: &Shared, id: u64, sock: UnixStream) {
     drop(ch);
 }
 
+/// The most of a job's stream one read returns.
+const JOB_READ_MAX: usize = 1 << 20;
+/// The longest a job wait runs the sandbox.
+const JOB_WAIT_MAX_MS: u64 = 60_000;
+
 /// How long background work runs before the channel is looked at again.
 const BACKGROUND_SLICE: Duration = Duration::from_millis(10);
 /// With background work that cannot run now (all of it waiting), how long
@@ -248,7 +254,7 @@ fn serve_one(shared: &Shared, ctl: &ChannelCtl, ch: &mut Channel, sock: &UnixStr
             }
             reply(&FromChannel::Started(r.map_err(|e| wire(e, None))))?;
         }
-        ToChannel::Exec { code, exec, exec_id, timeout_ms, stream, interrupted } => {
+        ToChannel::Exec { code, exec, exec_id, timeout_ms, stream, interrupted, job } => {
             let Some(sb) = ch.sb.as_mut() else {
                 let done = SessionDone { result: Err(no_sandbox()), net: NetDelta::default(), background: false };
                 return Ok(reply(&FromChannel::Executed(Box::new(done)))?);
@@ -276,10 +282,11 @@ fn serve_one(shared: &Shared, ctl: &ChannelCtl, ch: &mut Channel, sock: &UnixStr
                         }
                     }
                 };
-                let opts = ExecOptions { on_output: Some(&mut sink), interrupt: Some(interrupter.clone()), timeout };
+                let opts =
+                    ExecOptions { on_output: Some(&mut sink), interrupt: Some(interrupter.clone()), timeout, job };
                 sb.exec_with(&code, opts)
             } else {
-                sb.exec_with(&code, ExecOptions { on_output: None, interrupt: Some(interrupter.clone()), timeout })
+                sb.exec_with(&code, ExecOptions { on_output: None, interrupt: Some(interrupter.clone()), timeout, job })
             };
             interrupter.disarm();
             if write_err.is_some() {
@@ -371,6 +378,36 @@ fn serve_one(shared: &Shared, ctl: &ChannelCtl, ch: &mut Channel, sock: &UnixStr
             })();
             ch.files.clear();
             reply(&FromChannel::Done(r.map_err(|e| wire(e, None))))?;
+        }
+        ToChannel::Jobs => {
+            let r = ch.sb.as_ref().map(|sb| sb.jobs()).ok_or_else(no_sandbox);
+            reply(&FromChannel::Jobs(r))?;
+        }
+        ToChannel::JobOutput { pid, stream, offset, max } => {
+            let max = usize::try_from(max).unwrap_or(usize::MAX).min(JOB_READ_MAX);
+            let r = match ch.sb.as_ref() {
+                Some(sb) => sb
+                    .job_output(pid, stream, offset, max)
+                    .map(|c| WireChunk { offset: c.offset, end: c.end, data: c.data, running: c.running })
+                    .map_err(|e| wire(e, None)),
+                None => Err(no_sandbox()),
+            };
+            reply(&FromChannel::JobOutput(r))?;
+        }
+        ToChannel::JobSignal { pid, signal } => {
+            let r = match ch.sb.as_mut() {
+                Some(sb) => sb.job_signal(pid, signal).map_err(|e| wire(e, None)),
+                None => Err(no_sandbox()),
+            };
+            reply(&FromChannel::Job(r))?;
+        }
+        ToChannel::JobWait { pid, timeout_ms } => {
+            let until = Instant::now() + Duration::from_millis(timeout_ms.min(JOB_WAIT_MAX_MS));
+            let r = match ch.sb.as_mut() {
+                Some(sb) => sb.job_wait(pid, until).map_err(|e| wire(e, None)),
+                None => Err(no_sandbox()),
+            };
+            reply(&FromChannel::Job(r))?;
         }
         // Out of place (they belong inside a request): the API process broke the protocol.
         ToChannel::Packs | ToChannel::Abort { .. } | ToChannel::CheckpointGo => return Err(Stop::Gone),
