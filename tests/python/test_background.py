@@ -206,3 +206,15 @@ def test_process_errors_are_clear(api, server):
     r = api.post(f"/v1/sessions/{sid}/commands/stream", json={"cmd": "true", "background": True})
     assert r.status_code == 400, r.text
     api.post(f"/v1/sessions/{sid}/processes/{pid}/signal", json={"signal": 9})
+
+
+def test_a_process_output_ring_keeps_the_last_256_kib_by_offset(api):
+    sid = session(api)
+    # One write of 400,004 bytes: its head is dropped, the offsets stay the stream's.
+    code = "import sys; sys.stdout.write('x' * 400000 + 'end\\n'); sys.stdout.flush()"
+    pid = start(api, sid, ["python3", "-c", code])["pid"]
+    r = api.post(f"/v1/sessions/{sid}/processes/{pid}/wait", json={"timeout_seconds": 30})
+    assert (r.json()["state"], r.json().get("exit_code"), r.json()["stdout_bytes"]) == ("exited", 0, 400004), r.json()
+    out = output(api, sid, pid)
+    assert (out["offset"], out["dropped"], out["end"], out["next_offset"]) == (400004 - 262144, 400004 - 262144, 400004, 400004), {k: v for k, v in out.items() if k != "data"}
+    assert out["data"].endswith("xend\n") and len(out["data"]) == 262144

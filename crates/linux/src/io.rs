@@ -60,10 +60,12 @@ pub struct Ring {
 impl Ring {
     /// Append `bytes`, keeping the last `cap` bytes of the stream.
     pub fn push(&mut self, bytes: &[u8], cap: usize) {
-        let bytes = &bytes[bytes.len().saturating_sub(cap)..];
+        // A write longer than the ring: only its tail is kept, its head counts as dropped.
+        let skip = bytes.len().saturating_sub(cap);
+        let bytes = &bytes[skip..];
         let over = (self.data.len() + bytes.len()).saturating_sub(cap);
         self.data.drain(..over.min(self.data.len()));
-        self.start = self.start.saturating_add(over as u64);
+        self.start = self.start.saturating_add(over as u64).saturating_add(skip as u64);
         self.data.extend(bytes);
     }
 
