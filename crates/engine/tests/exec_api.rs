@@ -346,7 +346,9 @@ fn interrupt_when_nothing_runs_returns_false() {
     let i = Interrupter::new();
     assert!(!i.interrupt());
     ok(&mut sb, "y = 2");
-    let r = sb.exec_with("y + 1", ExecOptions { on_output: None, interrupt: Some(i.clone()), timeout: None, job: false }).unwrap();
+    let r = sb
+        .exec_with("y + 1", ExecOptions { on_output: None, interrupt: Some(i.clone()), timeout: None, job: false })
+        .unwrap();
     assert_eq!(r.value.as_deref(), Some("3"));
     assert!(!i.interrupt(), "the exec is over");
     assert_eq!(ok(&mut sb, "y").value.as_deref(), Some("2"));
@@ -481,8 +483,10 @@ fn many_interrupts_into_a_computation_leave_its_result_exact() {
                 ready.store(true, std::sync::atomic::Ordering::SeqCst);
             }
         };
-        let r = sb
-            .exec_with(code, ExecOptions { on_output: Some(&mut sink), interrupt: Some(intr.clone()), timeout: None, job: false });
+        let r = sb.exec_with(
+            code,
+            ExecOptions { on_output: Some(&mut sink), interrupt: Some(intr.clone()), timeout: None, job: false },
+        );
         ready.store(true, std::sync::atomic::Ordering::SeqCst);
         r
     });
@@ -510,7 +514,10 @@ fn an_armed_interrupter_keeps_an_interrupt_for_the_exec_about_to_start() {
     assert!(i.interrupt(), "armed: an exec is about to start");
     let t0 = Instant::now();
     let r = sb
-        .exec_with("while True: n += 1", ExecOptions { on_output: None, interrupt: Some(i.clone()), timeout: None, job: false })
+        .exec_with(
+            "while True: n += 1",
+            ExecOptions { on_output: None, interrupt: Some(i.clone()), timeout: None, job: false },
+        )
         .unwrap();
     assert_eq!(r.error.map(|e| e.kind).as_deref(), Some("KeyboardInterrupt"));
     assert!(t0.elapsed() < Duration::from_secs(1));
@@ -567,8 +574,10 @@ seen
                 ready.store(true, std::sync::atomic::Ordering::SeqCst);
             }
         };
-        let r =
-            sb.exec_with(code, ExecOptions { on_output: Some(&mut sink), interrupt: Some(i.clone()), timeout: None, job: false });
+        let r = sb.exec_with(
+            code,
+            ExecOptions { on_output: Some(&mut sink), interrupt: Some(i.clone()), timeout: None, job: false },
+        );
         ready.store(true, std::sync::atomic::Ordering::SeqCst);
         r
     });
