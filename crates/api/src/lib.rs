@@ -75,6 +75,7 @@ codes! {
     CheckpointNotFound = ("checkpoint_not_found", 404, "The session has no checkpoint with that number."),
     InstructionNotFound = ("instruction_not_found", 404, "ForeverVM: the machine has no such instruction (or its result was dropped)."),
     FileNotFound = ("file_not_found", 404, "No such file in the session."),
+    ProcessNotFound = ("process_not_found", 404, "The session has no background process with that pid (a checkpoint does not record background processes: after a revert, fork or eviction the session has none)."),
     TemplateNotFound = ("template_not_found", 404, "No template of that name (see GET /v1/templates), or the session's template is no longer in the data directory."),
     PackageNotFound = ("package_not_found", 404, "No such package (or version) in the server's package index or wheelhouse."),
     MethodNotAllowed = ("method_not_allowed", 405, "The endpoint does not take this method."),

@@ -157,7 +157,7 @@ pub fn run(home: &Path, args: RunArgs) -> Result<ExitCode> {
                 Stream::Stderr => std::io::stderr().lock().write_all(bytes),
             };
         };
-        sb.exec_with(&code, ExecOptions { on_output: Some(&mut sink), interrupt: None, timeout: None })
+        sb.exec_with(&code, ExecOptions { on_output: Some(&mut sink), interrupt: None, timeout: None, job: false })
     };
     if args.trace_syscalls {
         let stats = sb.stats();

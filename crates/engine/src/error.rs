@@ -47,6 +47,12 @@ pub enum EngineError {
     Image(#[from] forkbox_image::ImageError),
     #[error(transparent)]
     Snapshot(#[from] forkbox_snapshot::StateError),
+    /// No background job has that leader pid in the sandbox (it may have been
+    /// dropped: a revert, a fork or a resume does not bring jobs back).
+    #[error("no background process {0} in this sandbox")]
+    NoSuchJob(u32),
+    #[error("signal {0} is not a signal number (1-64)")]
+    BadSignal(i32),
     /// A cluster's shared artifact (a package layer a state mounts) could not be fetched.
     #[error(transparent)]
     Shared(#[from] crate::shared::SharedError),
@@ -66,6 +72,8 @@ impl EngineError {
             EngineError::Boot(_) => ErrorCode::BootFailed,
             EngineError::CodeTooLarge(..) => ErrorCode::CodeTooLarge,
             EngineError::Interrupted(_) => ErrorCode::Interrupted,
+            EngineError::NoSuchJob(_) => ErrorCode::ProcessNotFound,
+            EngineError::BadSignal(_) => ErrorCode::InvalidRequest,
             EngineError::File { code, .. } | EngineError::Package { code, .. } | EngineError::Remote { code, .. } => {
                 *code
             }

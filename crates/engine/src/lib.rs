@@ -46,7 +46,9 @@ pub use forkbox_vmm::thread_cpu_seconds;
 pub use interrupt::Interrupter;
 pub use limits::Limits;
 pub use protocol::{MimeBundle, PyError};
-pub use sandbox::{CapturedOutput, ExecOptions, ExecResult, RunStats, Sandbox, Stream};
+pub use sandbox::{
+    BackgroundRun, CapturedOutput, ExecOptions, ExecResult, JobChunk, JobInfo, RunStats, Sandbox, Stream,
+};
 pub use template::{CheckpointFiles, CheckpointSize, CheckpointStats, ResumeAs, Template, TemplateInfo};
 
 /// The agent program, baked into every image.

@@ -16,8 +16,13 @@
 //! (PAGEMAP_SCAN), never a copy of all guest memory. vfork and
 //! clone(CLONE_VM|CLONE_VFORK) are forks (the child has a copy of memory; the
 //! parent is not suspended). Children still running when an exec ends are
-//! killed (one note line on stderr), so parked and persisted state is always
-//! the one process of the agent.
+//! killed (one note line on stderr), unless the sandbox keeps them running
+//! (`set_keep_running`, a session's): then they, and the agent's own other
+//! threads, go on running between calls when its host calls
+//! `run_background`, the agent's main thread parked on its channel all along.
+//! A checkpoint records the agent process (all its threads, at the park
+//! point); the other processes are not recorded (the descriptions only they
+//! hold are closed in the record, as if they had ended).
 //!
 //! Memory shared between processes (`forkbox_linux::shm`) is one host memfd
 //! per shared object mapped over the same guest range in every process VM
@@ -37,6 +42,7 @@ use forkbox_linux::io::Io;
 pub use forkbox_linux::io::Stream;
 use forkbox_linux::layout::RAM_SIZE;
 use forkbox_linux::loader;
+use forkbox_linux::process::ProcessState;
 use forkbox_linux::syscalls::{self, Ctx, Effect};
 use forkbox_linux::thread::{SavedCpu, SigInfo, Wait, WaitKind, MAIN_TID, SI_KERNEL};
 use forkbox_linux::wait;
@@ -134,6 +140,58 @@ pub struct ExecOptions<'a> {
     /// This exec's time limit instead of the sandbox's `Limits::timeout` (the
     /// caller bounds it: a session's record holds its current maximum).
     pub timeout: Option<Duration>,
+    /// Each process the agent forks in this exec starts a background job
+    /// (its output goes to the job's rings, see [`Sandbox::jobs`]).
+    pub job: bool,
+}
+
+/// A background job: a process an exec started to keep running, with the
+/// processes it starts in turn (their output is the job's).
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
+pub struct JobInfo {
+    /// The leader's pid (the process the exec started).
+    pub pid: u32,
+    /// Its argv after its last execve (at most `JOB_ARGV_MAX` arguments, each cut to `JOB_ARG_MAX`).
+    pub argv: Vec<String>,
+    pub started_unix_ms: i64,
+    /// vCPU time of the job's processes.
+    pub cpu_seconds: f64,
+    pub running: bool,
+    /// How the leader ended: its exit status, or the signal that killed it.
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    /// Bytes written so far to each stream (the ring keeps the last `JOB_OUTPUT_BYTES`).
+    pub stdout_bytes: u64,
+    pub stderr_bytes: u64,
+}
+
+/// A slice of a job's stream.
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
+pub struct JobChunk {
+    /// The stream offset of `data`'s first byte (past the asked one when those bytes were dropped).
+    pub offset: u64,
+    /// The offset just past the last byte written so far.
+    pub end: u64,
+    pub data: Vec<u8>,
+    /// The job still runs (more may come).
+    pub running: bool,
+}
+
+/// The job of the processes an earlier call left running that are no job's:
+/// what they write is dropped (no job has pid 0).
+const DROPPED_OUTPUT: u32 = 0;
+/// How long a job wait runs background work before it looks at the job again.
+const JOB_WAIT_SLICE: Duration = Duration::from_millis(10);
+/// Jobs kept (the oldest finished go first past it).
+const JOBS_MAX: usize = 64;
+const JOB_ARGV_MAX: usize = 64;
+const JOB_ARG_MAX: usize = 256;
+
+struct Job {
+    argv: Vec<String>,
+    started_unix_ms: i64,
+    cpu: Duration,
+    exit: Option<Exit>,
 }
 
 /// What an exec wrote to stdout/stderr before it failed (timeout, crash, exit,
@@ -226,6 +284,21 @@ pub struct Sandbox {
     /// To make VMs for children and execve.
     cpu: Arc<Cpu>,
     exec_opts: loader::ExecOptions,
+    /// Children and threads left running by an exec keep running between calls.
+    keep_running: bool,
+    /// Background jobs by leader pid (host-side: a checkpoint does not record them).
+    jobs: std::collections::BTreeMap<u32, Job>,
+    /// The exec running now starts jobs (`ExecOptions::job`).
+    job_exec: bool,
+}
+
+/// What [`Sandbox::run_background`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackgroundRun {
+    /// It ran until its time was up: there may be more to do at once.
+    Busy,
+    /// Nothing could run (every thread waits): call again after a while.
+    Idle,
 }
 
 impl Drop for Sandbox {
@@ -297,6 +370,9 @@ impl Sandbox {
             others: Vec::new(),
             cpu: engine.cpu.clone(),
             exec_opts: opts,
+            keep_running: false,
+            jobs: Default::default(),
+            job_exec: false,
         };
         // Booting python + numpy takes far longer than one exec here: allow a generous deadline.
         let deadline = Instant::now() + sb.limits.timeout.max(Duration::from_secs(120));
@@ -367,24 +443,66 @@ impl Sandbox {
             others: Vec::new(),
             cpu: engine.cpu.clone(),
             exec_opts: loader::ExecOptions { hwcap: engine.hwcap, vdso: engine.vdso },
+            keep_running: false,
+            jobs: Default::default(),
+            job_exec: false,
         })
     }
 
-    /// The parts of a parked sandbox a snapshot needs.
-    pub(crate) fn parked_parts(&self) -> Result<(&Vm, &Process), EngineError> {
+    /// The parts of a parked sandbox a snapshot needs: its VM and the state
+    /// of the agent process ([`Sandbox::agent_state`]).
+    pub(crate) fn parked_parts(&self) -> Result<(&Vm, ProcessState), EngineError> {
         match (&self.state, &self.vm) {
-            (State::Parked(_), Some(vm)) => Ok((vm, &self.proc)),
+            (State::Parked(_), Some(vm)) => Ok((vm, self.agent_state())),
             (State::Poisoned(why), _) => Err(EngineError::Poisoned(why.clone())),
             _ => Err(EngineError::Poisoned("no VM".into())),
         }
     }
 
     /// Mutable parts of a parked sandbox (for a checkpoint).
-    pub(crate) fn parked_parts_mut(&mut self) -> Result<(&mut Vm, &Process), EngineError> {
+    pub(crate) fn parked_parts_mut(&mut self) -> Result<(&mut Vm, ProcessState), EngineError> {
+        let state = self.agent_state();
         match (&self.state, &mut self.vm) {
-            (State::Parked(_), Some(vm)) => Ok((vm, &self.proc)),
+            (State::Parked(_), Some(vm)) => Ok((vm, state)),
             (State::Poisoned(why), _) => Err(EngineError::Poisoned(why.clone())),
             _ => Err(EngineError::Poisoned("no VM".into())),
+        }
+    }
+
+    /// The agent process as a state file records it (parked: it is the
+    /// current process). Processes still running beside it are not recorded:
+    /// the descriptions they hold are closed in the record.
+    fn agent_state(&self) -> ProcessState {
+        let held: Vec<u64> = self
+            .others
+            .iter()
+            .flat_map(|t| t.proc.fds.fds().filter_map(|fd| t.proc.fds.ofd(fd).ok()).collect::<Vec<_>>())
+            .collect();
+        self.proc.save_state_without(&held)
+    }
+
+    /// Keep the children and threads an exec leaves running (a session's
+    /// sandbox), instead of killing the children at its end.
+    pub fn set_keep_running(&mut self, on: bool) {
+        self.keep_running = on;
+    }
+
+    /// Are there processes or threads besides the parked agent that may run
+    /// between calls?
+    pub fn has_background(&self) -> bool {
+        self.is_usable() && (!self.others.is_empty() || self.agent_threads() > 1)
+    }
+
+    /// How many processes the sandbox has besides the agent's.
+    pub fn background_processes(&self) -> usize {
+        self.others.len()
+    }
+
+    fn agent_threads(&self) -> usize {
+        if self.proc.pid == GUEST_PID {
+            self.proc.threads.len()
+        } else {
+            self.others.iter().find(|t| t.proc.pid == GUEST_PID).map_or(1, |t| t.proc.threads.len())
         }
     }
 
@@ -462,7 +580,8 @@ impl Sandbox {
         if code.len() > self.limits.code_bytes {
             return Err(EngineError::CodeTooLarge(code.len(), self.limits.code_bytes));
         }
-        let ExecOptions { mut on_output, interrupt, timeout } = opts;
+        let ExecOptions { mut on_output, interrupt, timeout, job } = opts;
+        self.job_exec = job;
         self.failed_output = None;
         self.exec_timeout = timeout.unwrap_or(self.limits.timeout);
         // The vCPU thread is the one to kick while this exec runs.
@@ -500,7 +619,8 @@ impl Sandbox {
             Ok(_) => Some(self.take_reply(&mut on_output)),
             Err(_) => None,
         };
-        let killed = self.end_children();
+        self.job_exec = false;
+        let killed = if outcome.is_ok() && self.keep_children() { 0 } else { self.end_children() };
         if killed > 0 && outcome.is_ok() {
             let note = format!(
                 "[forkbox: {killed} child process{} still running at the end of the exec {} killed]\n",
@@ -764,7 +884,12 @@ impl Sandbox {
         if !self.others.is_empty() {
             run_deadline = run_deadline.min(self.slice_start + SLICE);
         }
-        let exit = self.vm().run(Some(run_deadline), latch)?;
+        let ran = Instant::now();
+        let exit = self.vm().run(Some(run_deadline), latch);
+        if let Some(job) = self.io.jobs.get(&self.proc.pid).and_then(|l| self.jobs.get_mut(l)) {
+            job.cpu = job.cpu.saturating_add(ran.elapsed());
+        }
+        let exit = exit?;
         self.in_stub = matches!(exit, VmExit::Syscall(_));
         match exit {
             VmExit::Syscall(regs) => {
@@ -881,6 +1006,8 @@ impl Sandbox {
         let pid = self.proc.pid;
         self.with_ctx(syscalls::release_shared);
         self.close_all_fds();
+        self.job_ended(pid, how);
+        self.io.jobs.remove(&pid);
         self.io.procs.exit(pid, how);
         self.swap_task(0);
         let dead = self.others.remove(0);
@@ -906,12 +1033,270 @@ impl Sandbox {
         }
     }
 
+    /// May the children an exec leaves keep running? Only in a sandbox that
+    /// keeps them, and only if the agent maps no anonymous memory shared with
+    /// them: a checkpoint records the agent's memory as private, so its shared
+    /// file mappings become its own write-back mappings again here.
+    fn keep_children(&mut self) -> bool {
+        if !self.keep_running || self.others.is_empty() || self.proc.pid != GUEST_PID {
+            return false;
+        }
+        match self.with_ctx(syscalls::privatize_own_files) {
+            Ok(true) => {
+                // What they write from now on is not a later call's output (a job's goes to its rings).
+                for t in &self.others {
+                    self.io.jobs.entry(t.proc.pid).or_insert(DROPPED_OUTPUT);
+                }
+                true
+            }
+            Ok(false) => false,
+            Err(e) => {
+                tracing::warn!("shared memory at the end of an exec: {e:?}");
+                false
+            }
+        }
+    }
+
+    /// Run the sandbox's other threads and processes until `until` or until
+    /// none of them can run, the agent's main thread staying parked on its
+    /// channel; then the agent is back exactly as it parked (a checkpoint or
+    /// the next call may follow). Their output to stdout/stderr is dropped
+    /// (bounded like an exec's while they run); the memory and process limits
+    /// cover them as they cover an exec. A child's end is its own; the end of
+    /// the agent process (a thread of it crashing, `os._exit`) poisons the sandbox.
+    pub fn run_background(&mut self, until: Instant) -> Result<BackgroundRun, EngineError> {
+        let regs = match &self.state {
+            State::Parked(r) => *r,
+            State::Poisoned(why) => return Err(EngineError::Poisoned(why.clone())),
+        };
+        if !self.has_background() {
+            return Ok(BackgroundRun::Idle);
+        }
+        let r = self.run_background_inner(regs, until);
+        self.io.stdout.take();
+        self.io.stderr.take();
+        self.io.agent_overflow = false;
+        match r {
+            Ok(run) => Ok(run),
+            Err(e) => {
+                self.state = State::Poisoned(format!("a background thread or process: {e}"));
+                Err(e)
+            }
+        }
+    }
+
+    fn run_background_inner(&mut self, regs: kvm_regs, until: Instant) -> Result<BackgroundRun, EngineError> {
+        let main = self.proc.threads.index_of(MAIN_TID).filter(|&i| i == self.proc.threads.cur);
+        if self.proc.pid != GUEST_PID || main.is_none() {
+            return Err(EngineError::Poisoned("the agent is not parked on the vCPU".into()));
+        }
+        let saved = self.vm().save_vcpu()?;
+        let cur = self.proc.threads.cur;
+        self.proc.threads.list[cur].wait = Some(Wait {
+            regs: regs_to_words(&regs),
+            deadline: None,
+            on_timeout: Ok(0),
+            kind: WaitKind::Agent,
+            woken: false,
+        });
+        let vdso = self.vdso;
+        crate::vdso::refresh(self.vm(), vdso)?;
+        self.io.deadline = Some(until);
+        self.sig.reset();
+        self.resched = true;
+        self.slice_start = Instant::now();
+        self.proc.threads.clock.start();
+        let mut run = BackgroundRun::Busy;
+        let outcome = loop {
+            match self.run_once(until, &mut None, None) {
+                // Only the main thread parks, and it waits.
+                Ok(_) => {}
+                Err(EngineError::Timeout(_)) => break Ok(()),
+                Err(EngineError::Deadlock(_)) => {
+                    run = BackgroundRun::Idle;
+                    break Ok(());
+                }
+                Err(e) => match self.death_of(&e) {
+                    Some(how) => self.end_process(how)?,
+                    None => break Err(e),
+                },
+            }
+            if Instant::now() >= until {
+                break Ok(());
+            }
+        };
+        let back = outcome.and_then(|()| self.back_to_agent(&saved));
+        self.proc.threads.clock.stop();
+        back?;
+        if self.others.is_empty() && self.agent_threads() <= 1 {
+            run = BackgroundRun::Idle;
+        }
+        Ok(run)
+    }
+
+    /// Put the agent's main thread back on the vCPU as it parked (`saved`).
+    fn back_to_agent(&mut self, saved: &forkbox_vmm::VcpuState) -> Result<(), EngineError> {
+        self.make_main_current();
+        let main = self
+            .proc
+            .threads
+            .index_of(MAIN_TID)
+            .ok_or_else(|| EngineError::Poisoned("the agent's main thread is gone".into()))?;
+        let cur = self.proc.threads.cur;
+        if cur != main {
+            if self.proc.threads.list[cur].cpu.is_none() {
+                // Set the thread on the vCPU aside; inside an entry stub it runs on to the stub's end first.
+                let mut tries = 0;
+                let regs = loop {
+                    let blocked = self.proc.threads.list[cur].wait.as_ref().map(|w| w.regs);
+                    match (blocked, self.pending_user.take()) {
+                        (Some(w), _) => break w,
+                        (None, Some(u)) => break regs_to_words(&u),
+                        (None, None) => {}
+                    }
+                    if let Some(u) = self.user_state()? {
+                        break regs_to_words(&u);
+                    }
+                    tries += 1;
+                    if tries > 64 {
+                        return Err(EngineError::Poisoned("a thread did not leave a syscall stub".into()));
+                    }
+                    let exit = self.vm().run(Some(Instant::now() + Duration::from_micros(200)), None)?;
+                    if let VmExit::Syscall(r) = exit {
+                        // Handled with the thread's state as a syscall's return (it resumes from there).
+                        self.in_stub = true;
+                        self.syscall(r)?;
+                    }
+                };
+                let vm = self.vm.as_mut().expect("sandbox VM present until drop");
+                let xsave = xsave_to_words(&vm.xsave()?);
+                self.proc.threads.list[cur].cpu = Some(SavedCpu { regs, xsave });
+            }
+            self.proc.make_current(main);
+        }
+        self.proc.threads.list[main].cpu = None;
+        self.proc.threads.list[main].wait = None;
+        self.vm().restore_vcpu(saved)?;
+        self.pending_user = None;
+        self.in_stub = true;
+        self.woken = None;
+        self.resched = false;
+        self.apply_memory_limit();
+        Ok(())
+    }
+
+    /// A process forked `child`: it joins its parent's job, or starts one
+    /// when the agent forks it in an exec that starts jobs.
+    fn join_job(&mut self, parent: u32, child: u32) {
+        if let Some(&leader) = self.io.jobs.get(&parent) {
+            self.io.jobs.insert(child, leader);
+            return;
+        }
+        if !(self.job_exec && parent == GUEST_PID) {
+            return;
+        }
+        let finished: Vec<u32> = self.jobs.iter().filter(|(_, j)| j.exit.is_some()).map(|(p, _)| *p).collect();
+        for p in finished.into_iter().take((self.jobs.len() + 1).saturating_sub(JOBS_MAX)) {
+            self.jobs.remove(&p);
+            self.io.job_out.remove(&p);
+        }
+        let started_unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        let argv = self.jobs.get(&parent).map(|j| j.argv.clone()).unwrap_or_default();
+        self.jobs.insert(child, Job { argv, started_unix_ms, cpu: Duration::ZERO, exit: None });
+        self.io.jobs.insert(child, child);
+        self.io.job_out.insert(child, Default::default());
+    }
+
+    /// Process `pid` ended: if it leads a job, the job has ended that way.
+    fn job_ended(&mut self, pid: u32, how: Exit) {
+        if let Some(job) = self.jobs.get_mut(&pid) {
+            job.exit.get_or_insert(how);
+        }
+    }
+
+    fn job_info(&self, pid: u32, job: &Job) -> JobInfo {
+        let (stdout_bytes, stderr_bytes) = self.io.job_out.get(&pid).map_or((0, 0), |r| (r[0].end(), r[1].end()));
+        JobInfo {
+            pid,
+            argv: job.argv.clone(),
+            started_unix_ms: job.started_unix_ms,
+            cpu_seconds: job.cpu.as_secs_f64(),
+            running: job.exit.is_none(),
+            exit_code: match job.exit {
+                Some(Exit::Code(c)) => Some(c),
+                _ => None,
+            },
+            signal: match job.exit {
+                Some(Exit::Signal(s)) => Some(s),
+                _ => None,
+            },
+            stdout_bytes,
+            stderr_bytes,
+        }
+    }
+
+    /// The background jobs, oldest first.
+    pub fn jobs(&self) -> Vec<JobInfo> {
+        self.jobs.iter().map(|(p, j)| self.job_info(*p, j)).collect()
+    }
+
+    /// One job (`NoSuchJob` if there is none with that leader pid).
+    pub fn job(&self, pid: u32) -> Result<JobInfo, EngineError> {
+        self.jobs.get(&pid).map(|j| self.job_info(pid, j)).ok_or(EngineError::NoSuchJob(pid))
+    }
+
+    /// At most `max` bytes of a job's stream from `offset`.
+    pub fn job_output(&self, pid: u32, stream: Stream, offset: u64, max: usize) -> Result<JobChunk, EngineError> {
+        let job = self.jobs.get(&pid).ok_or(EngineError::NoSuchJob(pid))?;
+        let ring = self.io.job_out.get(&pid).map(|r| &r[stream as usize]);
+        let (offset, data) = ring.map_or((0, Vec::new()), |r| r.read(offset, max));
+        let end = ring.map_or(0, |r| r.end());
+        Ok(JobChunk { offset, end, data, running: job.exit.is_none() })
+    }
+
+    /// Send signal `sig` (1..=64) to every process of a running job; it is
+    /// acted on when they next run (between calls, or in the next call).
+    pub fn job_signal(&mut self, pid: u32, sig: i32) -> Result<JobInfo, EngineError> {
+        let job = self.jobs.get(&pid).ok_or(EngineError::NoSuchJob(pid))?;
+        if !(1..=64).contains(&sig) {
+            return Err(EngineError::BadSignal(sig));
+        }
+        if job.exit.is_none() {
+            let members: Vec<u32> = self.io.jobs.iter().filter(|(_, l)| **l == pid).map(|(p, _)| *p).collect();
+            for p in members {
+                let info = SigInfo::user(sig, forkbox_linux::thread::SI_USER);
+                self.io.procs.outbox.push((p, info));
+            }
+            self.deliver_outbox();
+        }
+        self.job(pid)
+    }
+
+    /// Run the sandbox's background work until job `pid` ends or `until`
+    /// passes; the job as it is then.
+    pub fn job_wait(&mut self, pid: u32, until: Instant) -> Result<JobInfo, EngineError> {
+        loop {
+            let info = self.job(pid)?;
+            let now = Instant::now();
+            if !info.running || now >= until {
+                return Ok(info);
+            }
+            if self.run_background(until.min(now + JOB_WAIT_SLICE))? == BackgroundRun::Idle {
+                std::thread::sleep(JOB_WAIT_SLICE.min(until.saturating_duration_since(Instant::now())));
+            }
+        }
+    }
+
     /// The end of an exec: children still running are killed (their
     /// descriptors close), unreaped zombies are forgotten. Returns how many were killed.
     fn end_children(&mut self) -> usize {
         self.make_main_current();
         let mut killed = 0;
         while !self.others.is_empty() {
+            let pid = self.others[0].proc.pid;
+            self.job_ended(pid, Exit::Signal(forkbox_linux::thread::SIGKILL));
             self.swap_task(0);
             self.with_ctx(syscalls::release_shared);
             self.close_all_fds();
@@ -923,6 +1308,7 @@ impl Sandbox {
             killed += 1;
         }
         self.io.procs.keep_only_main();
+        self.io.jobs.clear();
         self.apply_memory_limit();
         // The one process left keeps its shared mappings as private memory (what a checkpoint stores).
         if let Err(e) = self.with_ctx(syscalls::privatize_shared) {
@@ -991,6 +1377,7 @@ impl Sandbox {
             child.tid_address = addr;
         }
         crate::vdso::refresh(&mut vm, self.vdso)?;
+        self.join_job(self.proc.pid, spec.pid);
         self.others.push(Task {
             vm: Some(vm),
             proc: child,
@@ -1026,6 +1413,9 @@ impl Sandbox {
         vm.boot(&self.cpu, start.entry, start.rsp)?;
         self.proc.mm.sync_all_page_tables(vm.mem_mut())?;
         crate::vdso::refresh(&mut vm, self.vdso)?;
+        if let Some(job) = self.jobs.get_mut(&self.proc.pid) {
+            job.argv = job_argv(&spec.argv);
+        }
         if let Some(old) = self.vm.replace(vm) {
             crate::pool::reap(old);
         }
@@ -1251,6 +1641,7 @@ impl Sandbox {
                     WaitKind::Signal => "a signal".into(),
                     WaitKind::Time => "time".into(),
                     WaitKind::Other => "a file descriptor".into(),
+                    WaitKind::Agent => "a request".into(),
                 };
                 Some(format!("thread {} in {}() waits for {what}", t.tid, syscalls::name(w.regs.rax)))
             })
@@ -1264,6 +1655,9 @@ impl Sandbox {
         let cur = self.proc.threads.cur;
         for i in 0..self.proc.threads.len() {
             let Some(w) = self.proc.threads.list[i].wait.as_ref() else { continue };
+            if w.kind == WaitKind::Agent {
+                continue;
+            }
             let timed_out = w.deadline.is_some_and(|d| d <= now);
             // Futex waits and sleeps change only by a wake or their deadline;
             // a signal for them is looked at without re-running them.
@@ -1748,4 +2142,12 @@ impl Sandbox {
         }
         out
     }
+}
+
+/// A job's argv as shown: bounded, lossy UTF-8.
+fn job_argv(argv: &[Vec<u8>]) -> Vec<String> {
+    argv.iter()
+        .take(JOB_ARGV_MAX)
+        .map(|a| String::from_utf8_lossy(&a[..a.len().min(JOB_ARG_MAX)]).into_owned())
+        .collect()
 }

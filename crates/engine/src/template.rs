@@ -86,7 +86,7 @@ pub fn template_id(image_id: &str, preload: &str, cpu_digest: &str) -> String {
 /// and build time in milliseconds.
 fn template_state(
     engine: &Engine,
-    (vm, proc): (&Vm, &Process),
+    (vm, process): (&Vm, forkbox_linux::process::ProcessState),
     cpu: CpuFingerprint,
     memory: forkbox_snapshot::MemoryStats,
     about: (&str, &str, serde_json::Value, f64),
@@ -105,7 +105,7 @@ fn template_state(
         image_id: engine.image.id().to_string(),
         cpu,
         vcpu: vm.save_vcpu()?.to_record(),
-        process: proc.save_state(),
+        process,
         memory,
         info: serde_json::to_string(&info).unwrap_or_default(),
         files: Default::default(),
@@ -355,14 +355,13 @@ impl Template {
         admit: impl FnOnce(CheckpointSize) -> Result<CheckpointFiles, E>,
     ) -> Result<CheckpointStats, E> {
         let stored = std::mem::take(&mut sb.stored);
-        let (vm, proc) = sb.parked_parts_mut()?;
+        let (vm, mut process) = sb.parked_parts_mut()?;
         let mut bits = vm.dirty_log().map_err(EngineError::from)?;
         for (b, v) in bits.iter_mut().zip(vm.mem_mut().take_vmm_dirty()) {
             *b |= v;
         }
         let pages = pages_of(&bits);
         let plan = LayerPlan::new(vm.mem(), self.pool.original(), &pages).map_err(EngineError::from)?;
-        let mut process = proc.save_state();
         let files = crate::fsstore::FilesPlan::new(&mut process, &stored, pack_name);
         let snapshot = Snapshot {
             image_id: engine.image.id().to_string(),

@@ -45,7 +45,9 @@ fn a_64_mib_raw_write_to_a_stream_is_capped_at_the_output_limit() {
     };
     let code = "import ctypes\nlibc = ctypes.CDLL(None)\nbuf = ctypes.create_string_buffer(64 << 20)\n\
                 libc.syscall(1, 1, ctypes.addressof(buf), 64 << 20)";
-    let r = sb.exec_with(code, ExecOptions { on_output: Some(&mut sink), interrupt: None, timeout: None }).unwrap();
+    let r = sb
+        .exec_with(code, ExecOptions { on_output: Some(&mut sink), interrupt: None, timeout: None, job: false })
+        .unwrap();
     assert!(r.error.is_none(), "{:?}", r.error);
     let marker = forkbox_linux::io::STREAM_TRUNCATED.len();
     assert!(streamed <= limit + marker, "streamed {streamed} bytes past a {limit}-byte limit");

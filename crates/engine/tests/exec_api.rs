@@ -136,7 +136,7 @@ fn streamed_output_arrives_in_order_as_it_is_written_and_equals_the_capture() {
     let mut chunks: Vec<(Duration, Stream, Vec<u8>)> = Vec::new();
     let mut sink = |s: Stream, d: &[u8]| chunks.push((t0.elapsed(), s, d.to_vec()));
     let r = sb
-        .exec_with(code, ExecOptions { on_output: Some(&mut sink), interrupt: None, timeout: None })
+        .exec_with(code, ExecOptions { on_output: Some(&mut sink), interrupt: None, timeout: None, job: false })
         .expect("streamed exec");
     let done = t0.elapsed();
     assert!(r.error.is_none(), "{:?}", r.error);
@@ -164,7 +164,7 @@ fn a_streamed_exec_restores_block_buffering_for_the_next_one() {
     let r = sb
         .exec_with(
             "import sys; sys.stdout.line_buffering",
-            ExecOptions { on_output: Some(&mut sink), interrupt: None, timeout: None },
+            ExecOptions { on_output: Some(&mut sink), interrupt: None, timeout: None, job: false },
         )
         .unwrap();
     assert_eq!(r.value.as_deref(), Some("True"));
@@ -184,7 +184,7 @@ fn streamed_output_stops_at_the_output_limit_with_a_marker() {
     let r = sb
         .exec_with(
             "for i in range(100): print('x' * 9)",
-            ExecOptions { on_output: Some(&mut sink), interrupt: None, timeout: None },
+            ExecOptions { on_output: Some(&mut sink), interrupt: None, timeout: None, job: false },
         )
         .unwrap();
     let marker = forkbox_linux::io::STREAM_TRUNCATED;
@@ -381,7 +381,7 @@ fn exec_interrupted(
             let hit = i2.interrupt();
             *fired.lock().unwrap() = Some((hit, t));
         });
-        sb.exec_with(code, ExecOptions { on_output: None, interrupt: Some(intr.clone()), timeout: None })
+        sb.exec_with(code, ExecOptions { on_output: None, interrupt: Some(intr.clone()), timeout: None, job: false })
     });
     let end = Instant::now();
     let (hit, at) = fired.into_inner().unwrap().expect("interrupt thread ran");
@@ -394,7 +394,9 @@ fn interrupt_when_nothing_runs_returns_false() {
     let i = Interrupter::new();
     assert!(!i.interrupt());
     ok(&mut sb, "y = 2");
-    let r = sb.exec_with("y + 1", ExecOptions { on_output: None, interrupt: Some(i.clone()), timeout: None }).unwrap();
+    let r = sb
+        .exec_with("y + 1", ExecOptions { on_output: None, interrupt: Some(i.clone()), timeout: None, job: false })
+        .unwrap();
     assert_eq!(r.value.as_deref(), Some("3"));
     assert!(!i.interrupt(), "the exec is over");
     assert_eq!(ok(&mut sb, "y").value.as_deref(), Some("2"));
@@ -529,8 +531,10 @@ fn many_interrupts_into_a_computation_leave_its_result_exact() {
                 ready.store(true, std::sync::atomic::Ordering::SeqCst);
             }
         };
-        let r = sb
-            .exec_with(code, ExecOptions { on_output: Some(&mut sink), interrupt: Some(intr.clone()), timeout: None });
+        let r = sb.exec_with(
+            code,
+            ExecOptions { on_output: Some(&mut sink), interrupt: Some(intr.clone()), timeout: None, job: false },
+        );
         ready.store(true, std::sync::atomic::Ordering::SeqCst);
         r
     });
@@ -558,7 +562,10 @@ fn an_armed_interrupter_keeps_an_interrupt_for_the_exec_about_to_start() {
     assert!(i.interrupt(), "armed: an exec is about to start");
     let t0 = Instant::now();
     let r = sb
-        .exec_with("while True: n += 1", ExecOptions { on_output: None, interrupt: Some(i.clone()), timeout: None })
+        .exec_with(
+            "while True: n += 1",
+            ExecOptions { on_output: None, interrupt: Some(i.clone()), timeout: None, job: false },
+        )
         .unwrap();
     assert_eq!(r.error.map(|e| e.kind).as_deref(), Some("KeyboardInterrupt"));
     assert!(t0.elapsed() < Duration::from_secs(1));
@@ -615,8 +622,10 @@ seen
                 ready.store(true, std::sync::atomic::Ordering::SeqCst);
             }
         };
-        let r =
-            sb.exec_with(code, ExecOptions { on_output: Some(&mut sink), interrupt: Some(i.clone()), timeout: None });
+        let r = sb.exec_with(
+            code,
+            ExecOptions { on_output: Some(&mut sink), interrupt: Some(i.clone()), timeout: None, job: false },
+        );
         ready.store(true, std::sync::atomic::Ordering::SeqCst);
         r
     });

@@ -83,7 +83,7 @@ fn a_nameserver_that_never_answers_ends_at_the_exec_deadline() {
     let t = Instant::now();
     let r = sb.exec_with(
         "import socket\nsocket.getaddrinfo('x.hang.test', 80)",
-        ExecOptions { on_output: None, interrupt: None, timeout: Some(Duration::from_secs(2)) },
+        ExecOptions { on_output: None, interrupt: None, timeout: Some(Duration::from_secs(2)), job: false },
     );
     let took = t.elapsed();
     assert!(matches!(r, Err(EngineError::Timeout(_))), "{r:?}");
@@ -108,7 +108,7 @@ fn an_interrupt_ends_a_lookup_promptly() {
         });
         sb.exec_with(
             "import socket\nsocket.getaddrinfo('y.hang.test', 80)",
-            ExecOptions { on_output: None, interrupt: Some(intr.clone()), timeout: None },
+            ExecOptions { on_output: None, interrupt: Some(intr.clone()), timeout: None, job: false },
         )
     });
     let (hit, at) = fired.into_inner().unwrap().expect("the interrupt thread ran");

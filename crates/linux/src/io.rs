@@ -45,6 +45,44 @@ impl Capture {
     }
 }
 
+/// The most of each stream a background job keeps (the oldest bytes go first).
+pub const JOB_OUTPUT_BYTES: usize = 256 << 10;
+
+/// The last bytes of a stream, by offset from the stream's start: a reader
+/// asks from where it stopped and learns what was dropped meanwhile.
+#[derive(Clone, Debug, Default)]
+pub struct Ring {
+    data: std::collections::VecDeque<u8>,
+    /// The offset of `data[0]` in the stream.
+    start: u64,
+}
+
+impl Ring {
+    /// Append `bytes`, keeping the last `cap` bytes of the stream.
+    pub fn push(&mut self, bytes: &[u8], cap: usize) {
+        // A write longer than the ring: only its tail is kept, its head counts as dropped.
+        let skip = bytes.len().saturating_sub(cap);
+        let bytes = &bytes[skip..];
+        let over = (self.data.len() + bytes.len()).saturating_sub(cap);
+        self.data.drain(..over.min(self.data.len()));
+        self.start = self.start.saturating_add(over as u64).saturating_add(skip as u64);
+        self.data.extend(bytes);
+    }
+
+    /// The offset just past the last byte written.
+    pub fn end(&self) -> u64 {
+        self.start.saturating_add(self.data.len() as u64)
+    }
+
+    /// At most `max` bytes from offset `from` (or from the oldest kept byte
+    /// when `from` was dropped): the offset they start at, and the bytes.
+    pub fn read(&self, from: u64, max: usize) -> (u64, Vec<u8>) {
+        let at = from.clamp(self.start, self.end());
+        let skip = usize::try_from(at - self.start).unwrap_or(usize::MAX);
+        (at, self.data.iter().skip(skip).take(max).copied().collect())
+    }
+}
+
 /// Which syscalls a guest made, and which it asked for that we do not implement.
 #[derive(Clone, Debug, Default)]
 pub struct SyscallStats {
@@ -89,6 +127,11 @@ pub struct Io {
     pub procs: crate::procs::ProcTable,
     /// Memory shared between the sandbox's processes (`shm.rs`).
     pub shm: crate::shm::ShmTable,
+    /// The processes of background jobs, each with its job's leader pid:
+    /// their writes to stdout/stderr go to the job's rings (none: dropped), not to a call's capture.
+    pub jobs: BTreeMap<u32, u32>,
+    /// Each job's (stdout, stderr), by leader pid.
+    pub job_out: BTreeMap<u32, [Ring; 2]>,
 }
 
 /// The marker streamed once a stream's output goes past the output limit
@@ -156,9 +199,43 @@ impl Io {
         }
     }
 
+    /// A write to stdout/stderr by process `pid`: its job's (dropped if that
+    /// job keeps no output), or the call's.
+    pub fn output_from(&mut self, pid: u32, stream: Stream, data: &[u8]) {
+        if let Some(leader) = self.jobs.get(&pid) {
+            if let Some(rings) = self.job_out.get_mut(leader) {
+                rings[stream as usize].push(data, JOB_OUTPUT_BYTES);
+            }
+            return;
+        }
+        self.output(stream, data);
+    }
+
     /// Queue a request for the agent (replaces anything unread).
     pub fn send_to_agent(&mut self, bytes: Vec<u8>) {
         self.agent_in = bytes;
         self.agent_in_pos = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Ring;
+
+    #[test]
+    fn a_ring_keeps_the_last_bytes_by_stream_offset() {
+        let mut r = Ring::default();
+        r.push(b"hello ", 8);
+        r.push(b"world", 8);
+        assert_eq!(r.end(), 11);
+        // "hel" was dropped: a read from 0 starts at the oldest byte kept.
+        assert_eq!(r.read(0, 100), (3, b"lo world".to_vec()));
+        assert_eq!(r.read(9, 100), (9, b"ld".to_vec()));
+        assert_eq!(r.read(5, 2), (5, b" w".to_vec()));
+        assert_eq!(r.read(50, 10), (11, Vec::new()));
+        // One write larger than the ring keeps its tail.
+        r.push(b"0123456789abc", 8);
+        assert_eq!(r.read(0, 100), (16, b"56789abc".to_vec()));
+        assert_eq!(r.end(), 24);
     }
 }

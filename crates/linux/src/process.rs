@@ -119,7 +119,19 @@ impl Process {
     }
 
     pub fn save_state(&self) -> ProcessState {
-        let (fds, gone) = self.fds.without_in_flight();
+        self.save_state_without(&[])
+    }
+
+    /// `save_state` as if the references `held` (open file descriptions the
+    /// sandbox's other processes hold, which a state file does not record)
+    /// were closed: a pipe whose other end only a child held reads as closed
+    /// after a restore, as it would once that child is gone.
+    pub fn save_state_without(&self, held: &[u64]) -> ProcessState {
+        let (mut fds, mut gone) = self.fds.without_in_flight();
+        if !held.is_empty() {
+            fds.drop_held(held);
+            gone.extend(fds.take_gone());
+        }
         let vfs = if gone.iter().any(|k| matches!(k, crate::fd::FileKind::Node(_))) {
             let mut vfs = self.vfs.clone();
             for k in gone {

@@ -156,6 +156,10 @@ pub enum WaitKind {
     Time,
     /// Something the handler re-checks (fd readiness and the like).
     Other,
+    /// The agent's main thread, parked on its channel while the sandbox's
+    /// other threads and processes run between two calls: only the next call
+    /// ends it (never recorded: the main thread is back on the vCPU before a checkpoint).
+    Agent,
 }
 
 /// A blocked syscall: re-run with the same registers until it completes,

@@ -61,6 +61,7 @@ def run(text):
     try:
         p = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL)
     except OSError as e:
+        rc = None
         reason = e.strerror or str(e)
         if cwd is not None and e.filename == cwd:
             msg, rc = "cannot enter cwd %r: %s" % (cwd, reason), 1
@@ -69,7 +70,9 @@ def run(text):
         else:
             msg, rc = "cannot run %s: %s" % (argv[0], reason), 126
         os.write(2, ("forkbox: %s\n" % msg).encode("utf-8", "replace"))
-        return rc
+        return -rc if req.get("background") else rc
+    if req.get("background"):
+        return p.pid
     try:
         rc = p.wait()
     except BaseException:
@@ -157,6 +160,18 @@ impl Command {
     /// The Python the exec runs: one expression whose value is the exit status
     /// (it binds no name in the session but `_`, as any expression's value does).
     pub fn code(&self) -> String {
+        self.snippet(false)
+    }
+
+    /// The Python of a background command: it starts the command and returns
+    /// its pid at once (run with `ExecOptions::job`, the command is a
+    /// background job of the session); a command that cannot start is
+    /// `-status` (127 not found, 126 cannot run, 1 bad cwd) with a line on stderr.
+    pub fn background_code(&self) -> String {
+        self.snippet(true)
+    }
+
+    fn snippet(&self, background: bool) -> String {
         let cmd = match &self.cmd {
             CommandLine::Shell(s) => serde_json::Value::String(s.clone()),
             CommandLine::Argv(v) => serde_json::Value::from(v.clone()),
@@ -171,12 +186,16 @@ impl Command {
                 self.env.iter().map(|(k, v)| (k.clone(), v.clone().into())).collect();
             req.insert("env".into(), env.into());
         }
+        if background {
+            req.insert("background".into(), true.into());
+        }
         // A JSON string literal is a Python string literal (serde_json escapes only
         // `"`, `\` and control characters, all with escapes Python reads alike).
         let lit = |s: &str| serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into());
         let req = serde_json::Value::Object(req).to_string();
         format!(
-            "# command: {}\n(lambda g: (exec({}, g), g[\"run\"]({}))[1])({{}})\n",
+            "# command{}: {}\n(lambda g: (exec({}, g), g[\"run\"]({}))[1])({{}})\n",
+            if background { " (background)" } else { "" },
             self.label(),
             lit(HELPER),
             lit(&req)

@@ -79,7 +79,7 @@ pub(crate) fn with_output<R>(output: &mut Option<Box<dyn Output>>, run: impl FnO
     let r = match output.as_mut() {
         Some(out) => {
             let mut sink = |stream: Stream, bytes: &[u8]| out.chunk(stream, bytes);
-            run(ExecOptions { on_output: Some(&mut sink), interrupt: None, timeout: None })
+            run(ExecOptions { on_output: Some(&mut sink), interrupt: None, timeout: None, job: false })
         }
         None => run(ExecOptions::default()),
     };

@@ -6,7 +6,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use forkbox_engine::{ExecOptions, FileEntry, FileOp, FileOpOutcome, Limits, NetConfig, NetPolicy};
+use forkbox_engine::{
+    ExecOptions, FileEntry, FileOp, FileOpOutcome, JobChunk, JobInfo, Limits, NetConfig, NetPolicy, Stream,
+};
 use forkbox_sessions::manager::ExecOutcome;
 use forkbox_sessions::store::SessionRecord;
 
@@ -441,6 +443,78 @@ impl Runtime {
         .map_err(|_| RuntimeError::WorkerGone)??;
         let (rt, tenant, id) = (self.clone(), tenant.to_string(), id.to_string());
         self.workers.run(move || Ok(rt.sessions.install_resolved(&tenant, &id, &specs, &pkgs)?)).await?
+    }
+
+    /// Start a background command in a session (see
+    /// [`crate::command::Command::background_code`]): an exec that checkpoints
+    /// like any, after which the command runs on between calls as a job of
+    /// the session. The job, or the exit status of a command that could not
+    /// start (with the exec's outcome).
+    pub async fn session_background_command(
+        self: &Arc<Self>,
+        tenant: &str,
+        id: &str,
+        code: String,
+        timeout: Option<Duration>,
+        quota: Quota,
+        hold: impl Send + 'static,
+    ) -> Result<(ExecOutcome, Result<JobInfo, i32>), RuntimeError> {
+        self.check_code(&code)?;
+        let (rt, tenant, id) = (self.clone(), tenant.to_string(), id.to_string());
+        self.workers
+            .run(move || {
+                let _hold = hold;
+                rt.check_disk(&tenant, &quota)?;
+                let opts = ExecOptions { timeout, job: true, ..Default::default() };
+                let o = rt.sessions.exec_with(&tenant, &id, &code, opts)?;
+                let started = match o.result.value.as_deref().map(str::parse::<i64>) {
+                    Some(Ok(pid)) if pid > 0 => {
+                        let pid = u32::try_from(pid).map_err(|_| RuntimeError::Invalid("bad pid".into()))?;
+                        Ok(rt.sessions.job(&tenant, &id, pid)?)
+                    }
+                    Some(Ok(status)) if status < 0 => Err(i32::try_from(-status).unwrap_or(126)),
+                    _ => Err(crate::command::CommandResult::of(&o.result).exit_code),
+                };
+                Ok((o, started))
+            })
+            .await?
+    }
+
+    /// The session's background jobs.
+    pub fn session_jobs(&self, tenant: &str, id: &str) -> Result<Vec<JobInfo>, RuntimeError> {
+        Ok(self.sessions.jobs(tenant, id)?)
+    }
+
+    /// A slice of a background job's stdout or stderr.
+    pub fn job_output(
+        &self,
+        tenant: &str,
+        id: &str,
+        pid: u32,
+        stream: Stream,
+        offset: u64,
+        max: usize,
+    ) -> Result<JobChunk, RuntimeError> {
+        Ok(self.sessions.job_output(tenant, id, pid, stream, offset, max)?)
+    }
+
+    /// Send a signal to a background job's processes.
+    pub fn job_signal(&self, tenant: &str, id: &str, pid: u32, signal: i32) -> Result<JobInfo, RuntimeError> {
+        Ok(self.sessions.job_signal(tenant, id, pid, signal)?)
+    }
+
+    /// Wait at most `timeout` for a background job to end (on a blocking thread).
+    pub async fn job_wait(
+        self: &Arc<Self>,
+        tenant: &str,
+        id: &str,
+        pid: u32,
+        timeout: Duration,
+    ) -> Result<JobInfo, RuntimeError> {
+        let (rt, tenant, id) = (self.clone(), tenant.to_string(), id.to_string());
+        tokio::task::spawn_blocking(move || Ok(rt.sessions.job_wait(&tenant, &id, pid, timeout)?))
+            .await
+            .map_err(|_| RuntimeError::WorkerGone)?
     }
 
     /// A file of the session, at most `max` bytes (`file_too_large` above).

@@ -14,7 +14,7 @@ use crate::auth::{auth, Caller};
 use crate::error::{ApiError, ErrorBody, ErrorDetail};
 use crate::extractors::BodyLimits;
 use crate::handlers::{
-    capabilities, commands, console, exec, files, forevervm, health, sessions, stream, templates, tree,
+    capabilities, commands, console, exec, files, forevervm, health, processes, sessions, stream, templates, tree,
 };
 use crate::{openapi, AppState};
 
@@ -64,6 +64,11 @@ fn v1_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(commands::session_command))
         .routes(routes!(commands::session_command_stream))
         .routes(routes!(sessions::interrupt))
+        .routes(routes!(processes::list_processes))
+        .routes(routes!(processes::get_process))
+        .routes(routes!(processes::process_output))
+        .routes(routes!(processes::signal_process))
+        .routes(routes!(processes::wait_process))
         .routes(file_routes)
         .routes(routes!(files::list_files))
         .routes(routes!(sessions::checkpoints))

@@ -201,6 +201,22 @@ pub struct SessionCommand {
     /// Time limit (default: the session's; at most the session's `limits.timeout_seconds`).
     #[schema(exclusive_minimum = 0.0)]
     pub timeout_seconds: Option<f64>,
+    /// Start it and answer at once (201 `BackgroundStarted`): it runs on between
+    /// calls as a background process of the session (`/processes/{pid}`).
+    #[serde(default)]
+    pub background: bool,
+}
+
+/// A background command started (`"background": true`).
+#[derive(Serialize, ToSchema)]
+pub struct BackgroundStarted {
+    pub pid: u32,
+    pub process: crate::handlers::processes::ProcessInfo,
+    /// The seq of the checkpoint that recorded the start (it does not record the process).
+    pub checkpoint: i64,
+    /// What the session wrote while starting it (the command's own output is the process').
+    pub stdout: String,
+    pub stderr: String,
 }
 
 /// A one-shot command in a fresh fork of a template (`POST /v1/commands`).

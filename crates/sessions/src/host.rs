@@ -17,12 +17,13 @@ use std::hash::{Hash, Hasher};
 
 use forkbox_engine::packages::{InstalledPackage, Package};
 use forkbox_engine::{
-    CapturedOutput, EngineError, ExecOptions, ExecResult, FileEntry, FileOp, FileOpOutcome, Limits, Loaded, Sandbox,
-    Template,
+    CapturedOutput, EngineError, ExecOptions, ExecResult, FileEntry, FileOp, FileOpOutcome, JobChunk, JobInfo, Limits,
+    Loaded, Sandbox, Stream, Template,
 };
 pub use forkbox_engine::{CheckpointFiles, CheckpointSize, CheckpointStats, ResumeAs};
 use forkbox_snapshot::{Layer, StateError};
 use serde::{Deserialize, Serialize};
+use std::time::Duration;
 
 use crate::manager::SessionError;
 
@@ -151,6 +152,19 @@ pub trait Resident: Send {
     fn is_alive(&self) -> bool {
         true
     }
+    /// Did its last exec leave threads or processes running between calls
+    /// (a host that runs them: a sandbox worker's)?
+    fn has_background(&self) -> bool {
+        false
+    }
+    /// Its background jobs (see `Sandbox::jobs`).
+    fn jobs(&mut self) -> Result<Vec<JobInfo>, EngineError>;
+    /// A slice of a job's stream (see `Sandbox::job_output`).
+    fn job_output(&mut self, pid: u32, stream: Stream, offset: u64, max: usize) -> Result<JobChunk, EngineError>;
+    /// Signal a job's processes (see `Sandbox::job_signal`).
+    fn job_signal(&mut self, pid: u32, signal: i32) -> Result<JobInfo, EngineError>;
+    /// Run the sandbox until the job ends or `timeout` passes (see `Sandbox::job_wait`).
+    fn job_wait(&mut self, pid: u32, timeout: Duration) -> Result<JobInfo, EngineError>;
 }
 
 /// The walk of a sandbox's file system behind [`Resident::walk`] (in this
@@ -300,5 +314,21 @@ impl Resident for Local {
         state: &mut File,
     ) -> Result<(), EngineError> {
         self.template.snapshot_into(&self.engine, &self.sb, memory, state, id, preload)
+    }
+
+    fn jobs(&mut self) -> Result<Vec<JobInfo>, EngineError> {
+        Ok(self.sb.jobs())
+    }
+
+    fn job_output(&mut self, pid: u32, stream: Stream, offset: u64, max: usize) -> Result<JobChunk, EngineError> {
+        self.sb.job_output(pid, stream, offset, max)
+    }
+
+    fn job_signal(&mut self, pid: u32, signal: i32) -> Result<JobInfo, EngineError> {
+        self.sb.job_signal(pid, signal)
+    }
+
+    fn job_wait(&mut self, pid: u32, timeout: Duration) -> Result<JobInfo, EngineError> {
+        self.sb.job_wait(pid, std::time::Instant::now() + timeout)
     }
 }

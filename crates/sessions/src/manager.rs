@@ -18,7 +18,7 @@ use forkbox_api::ErrorCode;
 use forkbox_engine::packages::Package;
 use forkbox_engine::{
     CapturedOutput, Catalog, CatalogError, Engine, EngineError, ExecOptions, ExecResult, FileEntry, FileOp,
-    FileOpOutcome, Interrupter, Limits, Loaded, ResumeAs, Template,
+    FileOpOutcome, Interrupter, JobChunk, JobInfo, Limits, Loaded, ResumeAs, Stream, Template,
 };
 use forkbox_snapshot::{Layer, StateError};
 
@@ -829,8 +829,10 @@ impl SessionManager {
         let max = Duration::from_millis(rec.limits.timeout_ms);
         let timeout = Some(opts.timeout.map_or(max, |t| t.min(max)));
         sb.set_exec_id(seq);
-        let result =
-            sb.exec(&run_code, ExecOptions { on_output: opts.on_output, interrupt: Some(interrupter), timeout });
+        let result = sb.exec(
+            &run_code,
+            ExecOptions { on_output: opts.on_output, interrupt: Some(interrupter), timeout, job: opts.job },
+        );
         drop(running);
         let result = match result {
             Ok(r) => r,
@@ -1180,6 +1182,40 @@ impl SessionManager {
         self.with_sandbox(tenant, id, |sb, base, _, _| {
             Ok((sb.read_file(path, max).map_err(SessionError::from_files)?, base))
         })
+    }
+
+    /// The session's background jobs (a session brought back from disk has none).
+    pub fn jobs(&self, tenant: &str, id: &str) -> Result<Vec<JobInfo>, SessionError> {
+        self.with_sandbox(tenant, id, |sb, base, _, _| Ok((sb.jobs()?, base)))
+    }
+
+    /// One background job of the session.
+    pub fn job(&self, tenant: &str, id: &str, pid: u32) -> Result<JobInfo, SessionError> {
+        let jobs = self.jobs(tenant, id)?;
+        Ok(jobs.into_iter().find(|j| j.pid == pid).ok_or(EngineError::NoSuchJob(pid))?)
+    }
+
+    /// A slice of a background job's stdout or stderr.
+    pub fn job_output(
+        &self,
+        tenant: &str,
+        id: &str,
+        pid: u32,
+        stream: Stream,
+        offset: u64,
+        max: usize,
+    ) -> Result<JobChunk, SessionError> {
+        self.with_sandbox(tenant, id, |sb, base, _, _| Ok((sb.job_output(pid, stream, offset, max)?, base)))
+    }
+
+    /// Send a signal to a background job's processes.
+    pub fn job_signal(&self, tenant: &str, id: &str, pid: u32, signal: i32) -> Result<JobInfo, SessionError> {
+        self.with_sandbox(tenant, id, |sb, base, _, _| Ok((sb.job_signal(pid, signal)?, base)))
+    }
+
+    /// Wait (at most `timeout`) for a background job to end.
+    pub fn job_wait(&self, tenant: &str, id: &str, pid: u32, timeout: Duration) -> Result<JobInfo, SessionError> {
+        self.with_sandbox(tenant, id, |sb, base, _, _| Ok((sb.job_wait(pid, timeout)?, base)))
     }
 
     /// The entries of a directory of the session's file system.
@@ -1764,7 +1800,9 @@ impl SessionManager {
         let mut n = 0;
         for (id, s) in slots {
             if let Ok(mut g) = s.try_lock() {
-                if g.sandbox.is_some() && g.last_used.elapsed() >= self.config.idle_timeout {
+                // Running threads or processes count as use: such a session is not idle.
+                let running = g.sandbox.as_ref().is_some_and(|s| s.has_background());
+                if g.sandbox.is_some() && !running && g.last_used.elapsed() >= self.config.idle_timeout {
                     self.drop_resident(&id, &mut g);
                     n += 1;
                 }

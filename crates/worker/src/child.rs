@@ -253,7 +253,7 @@ impl Worker {
                     }
                 }
             };
-            sb.exec_with(code, ExecOptions { on_output: Some(&mut sink), interrupt: None, timeout: None })
+            sb.exec_with(code, ExecOptions { on_output: Some(&mut sink), interrupt: None, timeout: None, job: false })
         } else {
             sb.exec(code)
         };

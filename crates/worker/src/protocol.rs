@@ -13,7 +13,7 @@ use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
 use forkbox_engine::packages::InstalledPackage;
 use forkbox_engine::{
-    CapturedOutput, CheckpointSize, CheckpointStats, ExecResult, FileEntry, Limits, ResumeAs, Stream,
+    CapturedOutput, CheckpointSize, CheckpointStats, ExecResult, FileEntry, JobInfo, Limits, ResumeAs, Stream,
 };
 use forkbox_sessions::host::Walk;
 
@@ -323,6 +323,28 @@ pub enum ToChannel {
         stream: bool,
         /// An interrupt came before the exec was sent.
         interrupted: bool,
+        /// Processes the agent forks start background jobs (`ExecOptions::job`).
+        #[serde(default)]
+        job: bool,
+    },
+    /// The background jobs (answered `Jobs`).
+    Jobs,
+    /// A slice of a job's stream (answered `JobOutput`).
+    JobOutput {
+        pid: u32,
+        stream: Stream,
+        offset: u64,
+        max: u64,
+    },
+    /// Signal a job's processes (answered `Job`).
+    JobSignal {
+        pid: u32,
+        signal: i32,
+    },
+    /// Run the sandbox until the job ends or `timeout_ms` passes (answered `Job`).
+    JobWait {
+        pid: u32,
+        timeout_ms: u64,
     },
     /// Write the file `path` with the `len` bytes of the file handed over as
     /// "upload" in the `Files` frame before (answered `Done`).
@@ -361,6 +383,9 @@ pub enum ToChannel {
 pub struct SessionDone {
     pub result: Result<ExecResult, WireError>,
     pub net: NetDelta,
+    /// Threads or processes the exec left running (they run on between calls).
+    #[serde(default)]
+    pub background: bool,
 }
 
 /// Answers on a sandbox channel.
@@ -385,6 +410,19 @@ pub enum FromChannel {
     Checkpointed(Result<CheckpointStats, WireError>),
     /// The worker cannot serve this channel (too many sandboxes at once).
     Refused(String),
+    Jobs(Result<Vec<JobInfo>, WireError>),
+    Job(Result<JobInfo, WireError>),
+    JobOutput(Result<WireChunk, WireError>),
+}
+
+/// A slice of a job's stream (`JobChunk`, its bytes in base64).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct WireChunk {
+    pub offset: u64,
+    pub end: u64,
+    #[serde(with = "b64")]
+    pub data: Vec<u8>,
+    pub running: bool,
 }
 
 impl FromChannel {
@@ -404,6 +442,9 @@ impl FromChannel {
             FromChannel::CheckpointSize(_) => "CheckpointSize",
             FromChannel::Checkpointed(_) => "Checkpointed",
             FromChannel::Refused(_) => "Refused",
+            FromChannel::Jobs(_) => "Jobs",
+            FromChannel::Job(_) => "Job",
+            FromChannel::JobOutput(_) => "JobOutput",
         }
     }
 }

@@ -11,14 +11,16 @@
 
 use std::collections::HashMap;
 use std::fs::File;
+use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use forkbox_engine::{
-    CheckpointFiles, EngineError, ExecOptions, Interrupter, ResumeAs, Sandbox, Stream, Template, NET_GLOBAL,
+    BackgroundRun, CheckpointFiles, EngineError, ExecOptions, Interrupter, ResumeAs, Sandbox, Stream, Template,
+    NET_GLOBAL,
 };
 use forkbox_snapshot::{Layer, StateError};
 
@@ -26,7 +28,7 @@ use crate::broker::{Brokered, Link};
 use crate::child::{wire, Templates};
 use crate::protocol::{
     self, FromChannel, FromWorker, Hello, NetDelta, PackageRef, ProtocolError, SessionDone, StartFrom, ToChannel,
-    ToSessions, WireError, B64, FDS_PER_FRAME, TEST_FORBIDDEN_SYSCALL,
+    ToSessions, WireChunk, WireError, B64, FDS_PER_FRAME, TEST_FORBIDDEN_SYSCALL,
 };
 
 /// Descriptors a channel may hold between requests.
@@ -165,10 +167,53 @@ fn serve_channel(shared: &Shared, id: u64, sock: UnixStream) {
     let ctl = Arc::new(ChannelCtl::default());
     lock(&shared.channels).insert(id, ctl.clone());
     let mut ch = Channel { id, sb: None, template: None, files: HashMap::new() };
-    while let Ok(()) = serve_one(shared, &ctl, &mut ch, &sock) {}
+    loop {
+        // Between requests the sandbox's background threads and processes run
+        // here, a slice at a time; a request is taken at the next slice's end.
+        if let Some(sb) = ch.sb.as_mut().filter(|sb| sb.has_background()) {
+            if !readable(&sock, Duration::ZERO) {
+                let idle = match sb.run_background(Instant::now() + BACKGROUND_SLICE) {
+                    Ok(BackgroundRun::Busy) => false,
+                    Ok(BackgroundRun::Idle) => true,
+                    // The sandbox is poisoned: the next request says so.
+                    Err(e) => {
+                        tracing::debug!("background run of channel {id}: {e}");
+                        true
+                    }
+                };
+                if idle {
+                    readable(&sock, BACKGROUND_IDLE_POLL);
+                }
+                continue;
+            }
+        }
+        if serve_one(shared, &ctl, &mut ch, &sock).is_err() {
+            break;
+        }
+    }
     lock(&shared.channels).remove(&id);
     // The sandbox is dropped here, on its own thread (its VM may be recycled for this thread).
     drop(ch);
+}
+
+/// The most of a job's stream one read returns.
+const JOB_READ_MAX: usize = 1 << 20;
+/// The longest a job wait runs the sandbox.
+const JOB_WAIT_MAX_MS: u64 = 60_000;
+
+/// How long background work runs before the channel is looked at again.
+const BACKGROUND_SLICE: Duration = Duration::from_millis(10);
+/// With background work that cannot run now (all of it waiting), how long
+/// before its timers and waits are looked at again.
+const BACKGROUND_IDLE_POLL: Duration = Duration::from_millis(20);
+
+/// Is there something to read on `sock` (a request, or its end) within `wait`?
+fn readable(sock: &UnixStream, wait: Duration) -> bool {
+    let mut p = libc::pollfd { fd: sock.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    let ms = i32::try_from(wait.as_millis()).unwrap_or(i32::MAX);
+    // SAFETY: one valid pollfd for the duration of the call.
+    let n = unsafe { libc::poll(&mut p, 1, ms) };
+    n > 0 || n < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted
 }
 
 fn take(files: &mut HashMap<String, File>, name: &str) -> Result<File, EngineError> {
@@ -209,9 +254,9 @@ fn serve_one(shared: &Shared, ctl: &ChannelCtl, ch: &mut Channel, sock: &UnixStr
             }
             reply(&FromChannel::Started(r.map_err(|e| wire(e, None))))?;
         }
-        ToChannel::Exec { code, exec, exec_id, timeout_ms, stream, interrupted } => {
+        ToChannel::Exec { code, exec, exec_id, timeout_ms, stream, interrupted, job } => {
             let Some(sb) = ch.sb.as_mut() else {
-                let done = SessionDone { result: Err(no_sandbox()), net: NetDelta::default() };
+                let done = SessionDone { result: Err(no_sandbox()), net: NetDelta::default(), background: false };
                 return Ok(reply(&FromChannel::Executed(Box::new(done)))?);
             };
             if shared.hello.test_actions && code.trim() == TEST_FORBIDDEN_SYSCALL {
@@ -237,17 +282,18 @@ fn serve_one(shared: &Shared, ctl: &ChannelCtl, ch: &mut Channel, sock: &UnixStr
                         }
                     }
                 };
-                let opts = ExecOptions { on_output: Some(&mut sink), interrupt: Some(interrupter.clone()), timeout };
+                let opts =
+                    ExecOptions { on_output: Some(&mut sink), interrupt: Some(interrupter.clone()), timeout, job };
                 sb.exec_with(&code, opts)
             } else {
-                sb.exec_with(&code, ExecOptions { on_output: None, interrupt: Some(interrupter.clone()), timeout })
+                sb.exec_with(&code, ExecOptions { on_output: None, interrupt: Some(interrupter.clone()), timeout, job })
             };
             interrupter.disarm();
             if write_err.is_some() {
                 return Err(Stop::Gone);
             }
             let result = result.map_err(|e| wire(e, sb.take_failed_output()));
-            let done = SessionDone { result, net: net_since_last(shared) };
+            let done = SessionDone { result, net: net_since_last(shared), background: sb.has_background() };
             reply(&FromChannel::Executed(Box::new(done)))?;
         }
         ToChannel::WriteFile { path, len } => {
@@ -340,6 +386,36 @@ fn serve_one(shared: &Shared, ctl: &ChannelCtl, ch: &mut Channel, sock: &UnixStr
             ch.files.clear();
             reply(&FromChannel::Done(r.map_err(|e| wire(e, None))))?;
         }
+        ToChannel::Jobs => {
+            let r = ch.sb.as_ref().map(|sb| sb.jobs()).ok_or_else(no_sandbox);
+            reply(&FromChannel::Jobs(r))?;
+        }
+        ToChannel::JobOutput { pid, stream, offset, max } => {
+            let max = usize::try_from(max).unwrap_or(usize::MAX).min(JOB_READ_MAX);
+            let r = match ch.sb.as_ref() {
+                Some(sb) => sb
+                    .job_output(pid, stream, offset, max)
+                    .map(|c| WireChunk { offset: c.offset, end: c.end, data: c.data, running: c.running })
+                    .map_err(|e| wire(e, None)),
+                None => Err(no_sandbox()),
+            };
+            reply(&FromChannel::JobOutput(r))?;
+        }
+        ToChannel::JobSignal { pid, signal } => {
+            let r = match ch.sb.as_mut() {
+                Some(sb) => sb.job_signal(pid, signal).map_err(|e| wire(e, None)),
+                None => Err(no_sandbox()),
+            };
+            reply(&FromChannel::Job(r))?;
+        }
+        ToChannel::JobWait { pid, timeout_ms } => {
+            let until = Instant::now() + Duration::from_millis(timeout_ms.min(JOB_WAIT_MAX_MS));
+            let r = match ch.sb.as_mut() {
+                Some(sb) => sb.job_wait(pid, until).map_err(|e| wire(e, None)),
+                None => Err(no_sandbox()),
+            };
+            reply(&FromChannel::Job(r))?;
+        }
         // Out of place (they belong inside a request): the API process broke the protocol.
         ToChannel::Packs | ToChannel::Abort { .. } | ToChannel::CheckpointGo => return Err(Stop::Gone),
     }
@@ -429,6 +505,8 @@ fn start(
         }
     };
     let mut sb = sb;
+    // A session's sandbox keeps what its calls leave running; a throwaway look does not.
+    sb.set_keep_running(how != ResumeAs::Throwaway);
     // Its way out is the broker's (no round trip unless the guest opens a socket).
     sb.set_egress(Arc::new(Brokered::new(Arc::clone(&shared.link), ch.id)));
     ch.sb = Some(sb);

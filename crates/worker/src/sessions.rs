@@ -37,7 +37,7 @@ use forkbox_api::ErrorCode;
 use forkbox_engine::packages::{InstalledPackage, Package};
 use forkbox_engine::{
     CapturedOutput, CheckpointFiles, CheckpointStats, EngineError, ExecOptions, ExecResult, FileEntry, FileOp,
-    FileOpOutcome, NET_GLOBAL,
+    FileOpOutcome, JobChunk, JobInfo, Stream, NET_GLOBAL,
 };
 use forkbox_sessions::host::{NamedFile, Resident, SandboxHost, Start, Walk, WALK_MAX_ENTRIES};
 use forkbox_sessions::manager::SessionError;
@@ -97,6 +97,15 @@ const FILE_CODES: &[ErrorCode] = &[
 /// Codes of mounting packages (`EngineError::Package`).
 const PACKAGE_CODES: &[ErrorCode] =
     &[ErrorCode::PackageConflict, ErrorCode::QuotaExceeded, ErrorCode::PackageFailed, ErrorCode::StorageError];
+
+/// Codes of the background jobs' operations.
+const JOB_CODES: &[ErrorCode] = &[
+    ErrorCode::ProcessNotFound,
+    ErrorCode::InvalidRequest,
+    ErrorCode::SandboxUnusable,
+    ErrorCode::ProtocolError,
+    ErrorCode::Internal,
+];
 
 /// Codes of writing a checkpoint or a template.
 const WRITE_CODES: &[ErrorCode] = &[ErrorCode::StorageError, ErrorCode::ProtocolError, ErrorCode::Internal];
@@ -530,6 +539,7 @@ impl SandboxHost for SessionWorkers {
             broken: false,
             timeout,
             output_bytes,
+            background: false,
         };
         if let Err(e) = sent {
             return Err(rs.lost(e).into());
@@ -558,6 +568,8 @@ struct RemoteSandbox {
     timeout: Duration,
     /// Its output limit per stream (what an exec can stream).
     output_bytes: usize,
+    /// Its last exec left threads or processes running (the worker runs them between calls).
+    background: bool,
 }
 
 impl Drop for RemoteSandbox {
@@ -704,7 +716,7 @@ impl Resident for RemoteSandbox {
         self.failed_output = None;
         self.execs += 1;
         let exec = self.execs;
-        let ExecOptions { mut on_output, interrupt, timeout } = opts;
+        let ExecOptions { mut on_output, interrupt, timeout, job } = opts;
         let worker = self.worker.clone();
         let _busy = InFlight::new(&worker);
         if let Some(i) = &interrupt {
@@ -718,6 +730,7 @@ impl Resident for RemoteSandbox {
             timeout_ms: timeout.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
             stream: on_output.is_some(),
             interrupted: interrupt.as_ref().is_some_and(|i| i.is_pending()),
+            job,
         };
         let wait = timeout.unwrap_or(self.timeout).saturating_add(ANSWER_GRACE);
         // The engine streams at most what it captures (the output limit per
@@ -750,6 +763,7 @@ impl Resident for RemoteSandbox {
         }
         let done = answered?;
         NET_GLOBAL.add(done.net);
+        self.background = done.background;
         match done.result {
             Ok(r) => Ok(r),
             Err(e) => {
@@ -891,5 +905,42 @@ impl Resident for RemoteSandbox {
 
     fn is_alive(&self) -> bool {
         !self.broken && self.worker.is_alive()
+    }
+
+    fn has_background(&self) -> bool {
+        self.background && self.is_alive()
+    }
+
+    fn jobs(&mut self) -> Result<Vec<JobInfo>, EngineError> {
+        match self.call(&ToChannel::Jobs, OP_WAIT)? {
+            FromChannel::Jobs(r) => r.map_err(|e| reported(e, JOB_CODES)),
+            other => Err(self.broke(&other)),
+        }
+    }
+
+    fn job_output(&mut self, pid: u32, stream: Stream, offset: u64, max: usize) -> Result<JobChunk, EngineError> {
+        let req = ToChannel::JobOutput { pid, stream, offset, max: max as u64 };
+        match self.call(&req, OP_WAIT)? {
+            FromChannel::JobOutput(Ok(c)) if c.data.len() <= max => {
+                Ok(JobChunk { offset: c.offset, end: c.end, data: c.data, running: c.running })
+            }
+            FromChannel::JobOutput(Err(e)) => Err(reported(e, JOB_CODES)),
+            other => Err(self.broke(&other)),
+        }
+    }
+
+    fn job_signal(&mut self, pid: u32, signal: i32) -> Result<JobInfo, EngineError> {
+        match self.call(&ToChannel::JobSignal { pid, signal }, OP_WAIT)? {
+            FromChannel::Job(r) => r.map_err(|e| reported(e, JOB_CODES)),
+            other => Err(self.broke(&other)),
+        }
+    }
+
+    fn job_wait(&mut self, pid: u32, timeout: Duration) -> Result<JobInfo, EngineError> {
+        let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        match self.call(&ToChannel::JobWait { pid, timeout_ms }, timeout.saturating_add(OP_WAIT))? {
+            FromChannel::Job(r) => r.map_err(|e| reported(e, JOB_CODES)),
+            other => Err(self.broke(&other)),
+        }
     }
 }

@@ -11,7 +11,7 @@ mod sys_fork;
 pub use sys_fork::{ExecSpec, ForkSpec};
 mod sys_fs;
 mod sys_mm;
-pub use sys_mm::{privatize_shared, release_shared};
+pub use sys_mm::{privatize_own_files, privatize_shared, release_shared};
 mod sys_pipe;
 mod sys_process;
 pub use sys_process::fill_random;

@@ -119,11 +119,11 @@ fn write_plain(
             Ok(n as u64)
         }
         FileKind::Stdout => {
-            io.output(crate::io::Stream::Stdout, data);
+            io.output_from(proc.pid, crate::io::Stream::Stdout, data);
             Ok(len)
         }
         FileKind::Stderr => {
-            io.output(crate::io::Stream::Stderr, data);
+            io.output_from(proc.pid, crate::io::Stream::Stderr, data);
             Ok(len)
         }
         FileKind::Agent if proc.pid != crate::procs::GUEST_PID => Err(Errno::EBADF),

@@ -208,6 +208,25 @@ pub fn privatize_shared(ctx: &mut Ctx) -> Result<(), Errno> {
     Ok(())
 }
 
+/// The end of an exec that leaves other processes running: the current
+/// process' shared file mappings become its own write-back file mappings
+/// again (as `privatize_shared` makes them; the objects stay for the others).
+/// False, changing nothing, if it maps anonymous shared memory (that only
+/// sharing can keep right).
+pub fn privatize_own_files(ctx: &mut Ctx) -> Result<bool, Errno> {
+    let anonymous = ctx.proc.mm.vmas().any(|(_, v)| matches!(v.kind, VmaKind::Shm { ino: None, .. }));
+    if anonymous {
+        return Ok(false);
+    }
+    release_shared(ctx);
+    let changed = ctx.proc.mm.unshare_all();
+    ctx.mem.privatize_shared().map_err(|_| Errno::ENOMEM)?;
+    for (a, l, _) in changed {
+        sync(ctx, a, a + l)?;
+    }
+    Ok(true)
+}
+
 /// Before a fork: the process' write-back file mappings (`SharedFile`: those
 /// an earlier exec left, see `privatize_shared`) become shared objects again
 /// (written back first, so the object starts with the bytes the process

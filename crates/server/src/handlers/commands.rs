@@ -88,12 +88,14 @@ pub(crate) async fn command_stream(
 }
 
 /// Run a command in the session's file system (its working directory and
-/// environment); like an exec it makes a checkpoint.
+/// environment); like an exec it makes a checkpoint. With `"background": true`
+/// it is started and answered at once (201): it runs on between calls.
 #[utoipa::path(post, path = "/sessions/{id}/commands", tag = "commands", request_body = SessionCommand,
     params(("id" = String, Path, description = "Session id")),
     responses((status = 200, description = "The command ran (whatever its exit code); `checkpoint` recorded it", body = CommandResponse),
               (status = 400, description = "Bad body, or `timeout_seconds` over the session's time limit", body = ErrorBody),
               (status = 408, description = "Timeout; the session was rolled back (error.checkpoint); error.stdout/stderr: the output so far", body = ErrorBody),
+              (status = 201, description = "`background`: started", body = BackgroundStarted),
               (status = 409, description = "An exec or command is running in the session", body = ErrorBody),
               (status = 422, description = "It took the guest down; the session was rolled back", body = ErrorBody)))]
 pub(crate) async fn session_command(
@@ -101,9 +103,39 @@ pub(crate) async fn session_command(
     Extension(caller): Extension<Caller>,
     ApiPath(id): ApiPath<String>,
     ApiJson(req): ApiJson<SessionCommand>,
-) -> Result<Json<CommandResponse>, ApiError> {
+) -> Result<axum::response::Response, ApiError> {
     let t0 = Instant::now();
-    let code = command_of(req.cmd, req.cwd, req.env)?.code();
+    let cmd = command_of(req.cmd, req.cwd, req.env)?;
+    if req.background {
+        let code = cmd.background_code();
+        state.runtime.check_code(&code)?;
+        let timeout = super::sessions::exec_timeout(&state, &caller, &id, req.timeout_seconds).await?;
+        let permit = crate::fair::acquire_for(&state, &caller, 1).await?;
+        let r =
+            state.runtime.session_background_command(&caller.tenant, &id, code, timeout, caller.quota(), permit).await;
+        metrics::sessions(state.runtime.resident_sessions());
+        let (o, started) = r.map_err(command_error)?;
+        metrics::checkpoint_bytes(o.checkpoint.bytes);
+        return Ok(match started {
+            Ok(job) => {
+                let body = BackgroundStarted {
+                    pid: job.pid,
+                    process: super::processes::ProcessInfo::of(job),
+                    checkpoint: o.checkpoint.seq,
+                    stdout: o.result.stdout.clone(),
+                    stderr: o.result.stderr.clone(),
+                };
+                (axum::http::StatusCode::CREATED, Json(body)).into_response()
+            }
+            // It could not start: a command's answer with that status.
+            Err(status) => {
+                let mut body = CommandResponse::of_session(&o, t0);
+                body.exit_code = status;
+                Json(body).into_response()
+            }
+        });
+    }
+    let code = cmd.code();
     state.runtime.check_code(&code)?;
     let timeout = super::sessions::exec_timeout(&state, &caller, &id, req.timeout_seconds).await?;
     let permit = crate::fair::acquire_for(&state, &caller, 1).await?;
@@ -112,7 +144,7 @@ pub(crate) async fn session_command(
     metrics::exec("session_command", Outcome::of(&r).as_str(), t0.elapsed().as_secs_f64());
     let o = r.map_err(command_error)?;
     metrics::checkpoint_bytes(o.checkpoint.bytes);
-    Ok(Json(CommandResponse::of_session(&o, t0)))
+    Ok(Json(CommandResponse::of_session(&o, t0)).into_response())
 }
 
 /// [`session_command`], its output streamed as it is written.
@@ -126,6 +158,11 @@ pub(crate) async fn session_command_stream(
     ApiJson(req): ApiJson<SessionCommand>,
 ) -> Result<impl IntoResponse, ApiError> {
     let t0 = Instant::now();
+    if req.background {
+        return Err(ApiError::invalid(
+            "a background command is not streamed: start it with POST /v1/sessions/{id}/commands, read its output from /processes/{pid}/output",
+        ));
+    }
     let code = command_of(req.cmd, req.cwd, req.env)?.code();
     // What can be refused before it starts is an HTTP error, not an event.
     let (c, i, checked) = (caller.clone(), id.clone(), code.clone());

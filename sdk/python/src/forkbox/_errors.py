@@ -172,6 +172,7 @@ _BY_CODE: dict[str, type[ForkboxError]] = {
     "checkpoint_not_found": CheckpointNotFound,
     "file_not_found": FileNotFound,
     "file_exists": FileExists,
+    "process_not_found": NotFound,
     "template_not_found": TemplateNotFound,
     "template_not_ready": TemplateNotReady,
     "template_exists": TemplateExists,
@@ -232,7 +233,7 @@ _BY_STATUS: dict[int, type[ForkboxError]] = {
 STATUS_OF_CODE: dict[str, int] = {
     "malformed_json": 400, "invalid_request": 400, "invalid_path": 400, "is_a_directory": 400,
     "unauthorized": 401, "forbidden": 403, "quota_exceeded": 403, "not_found": 404, "session_not_found": 404,
-    "checkpoint_not_found": 404, "instruction_not_found": 404, "file_not_found": 404,
+    "checkpoint_not_found": 404, "instruction_not_found": 404, "file_not_found": 404, "process_not_found": 404,
     "file_exists": 409,
     "template_not_found": 404, "template_not_ready": 409, "template_exists": 409,
     "template_unavailable": 500, "too_many_builds": 429,

@@ -1,0 +1,220 @@
+"""Sessions that keep running between calls, against a real `forkbox serve` (its
+default jailed session workers) over real HTTP: threads and processes an exec
+leaves running go on between calls, bounded like an exec; one-shot execs still
+end theirs; checkpoints record the agent process with its threads."""
+
+import time
+
+import httpx
+import pytest
+
+TIMEOUT = 60
+
+
+@pytest.fixture
+def api(server):
+    with httpx.Client(base_url=server.url, headers=server.headers(), timeout=TIMEOUT) as c:
+        yield c
+
+
+def session(api) -> str:
+    r = api.post("/v1/sessions", json={})
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
+def run(api, sid: str, code: str) -> dict:
+    r = api.post(f"/v1/sessions/{sid}/exec", json={"code": code})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body.get("error") is None, body
+    return body
+
+
+COUNTER_THREAD = """
+import threading, time
+n = 0
+def tick():
+    global n
+    while True:
+        n += 1
+        time.sleep(0.01)
+threading.Thread(target=tick, daemon=True).start()
+"""
+
+
+def test_a_thread_keeps_counting_between_calls(api):
+    sid = session(api)
+    run(api, sid, COUNTER_THREAD)
+    a = int(run(api, sid, "n")["value"])
+    time.sleep(1.0)
+    b = int(run(api, sid, "n")["value"])
+    # 10 ms a tick: a frozen session would show a handful at most.
+    assert b - a >= 30, (a, b)
+
+
+COUNTER_PROCESS = """
+import subprocess
+p = subprocess.Popen(["/bin/sh", "-c", "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done"])
+"""
+
+
+def read_count(api, sid: str) -> int:
+    return int(run(api, sid, "int(open('/tmp/count').read() or 0)")["value"])
+
+
+def test_a_child_process_keeps_counting_between_calls_and_can_be_killed(api):
+    sid = session(api)
+    out = run(api, sid, COUNTER_PROCESS)
+    assert "killed" not in out["stderr"], out
+    time.sleep(0.5)
+    a = read_count(api, sid)
+    time.sleep(1.0)
+    b = read_count(api, sid)
+    assert b - a >= 8, (a, b)
+    assert run(api, sid, "p.poll()")["value"] is None
+    # Killed from a later call: it ends, and the count stops.
+    assert run(api, sid, "p.kill(); p.wait()")["value"] == "-9"
+    c = read_count(api, sid)
+    time.sleep(0.5)
+    assert read_count(api, sid) == c
+
+
+def test_one_shot_exec_still_ends_its_children(api):
+    r = api.post("/v1/exec", json={"code": "import subprocess\nsubprocess.Popen(['sleep', '5'])"})
+    assert r.status_code == 200, r.text
+    assert "still running at the end of the exec was killed" in r.json()["stderr"], r.json()
+
+
+def test_a_flooding_or_allocating_background_process_is_bounded(api):
+    sid = session(api)
+    run(api, sid, "import subprocess\nflood = subprocess.Popen(['yes'])")
+    hog = (
+        "import subprocess, sys\n"
+        "hog = subprocess.Popen([sys.executable, '-c', 'a = []\\nwhile True: a.append(bytearray(1 << 24))'])"
+    )
+    run(api, sid, hog)
+    time.sleep(1.0)
+    # The session answers, its calls' output is their own, and the hog hit the memory limit.
+    t0 = time.monotonic()
+    out = run(api, sid, "print('mine')\nhog.wait(timeout=30)")
+    assert out["stdout"] == "mine\n", out["stdout"][:200]
+    assert out["value"] not in (None, "0"), out
+    assert time.monotonic() - t0 < 30
+    assert run(api, sid, "flood.poll()")["value"] is None
+    run(api, sid, "flood.kill(); flood.wait()")
+
+
+def test_checkpoints_bring_threads_back_running(api):
+    sid = session(api)
+    run(api, sid, COUNTER_THREAD)
+    time.sleep(0.3)
+    k = int(run(api, sid, "n")["value"])
+    seq = api.get(f"/v1/sessions/{sid}").json()["checkpoint"]
+    time.sleep(0.5)
+    later = int(run(api, sid, "n")["value"])
+    assert later > k
+    # Revert: the counter is back near k (where that checkpoint was taken), and counts on.
+    r = api.post(f"/v1/sessions/{sid}/revert", json={"checkpoint": seq})
+    assert r.status_code == 200, r.text
+    back = int(run(api, sid, "n")["value"])
+    assert k <= back < later, (k, back, later)
+    time.sleep(0.5)
+    assert int(run(api, sid, "n")["value"]) >= back + 20
+    # A fork counts on its own from the same point.
+    r = api.post(f"/v1/sessions/{sid}/fork", json={})
+    assert r.status_code == 201, r.text
+    fid = r.json()["id"]
+    run(api, sid, "n = -1000000")
+    time.sleep(0.3)
+    assert int(run(api, fid, "n")["value"]) > 0
+    assert int(run(api, sid, "n")["value"]) < 0
+
+
+def start(api, sid: str, cmd, **kw) -> dict:
+    r = api.post(f"/v1/sessions/{sid}/commands", json={"cmd": cmd, "background": True, **kw})
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def output(api, sid: str, pid: int, **q) -> dict:
+    r = api.get(f"/v1/sessions/{sid}/processes/{pid}/output", params=q)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_background_commands_list_read_signal_and_wait(api):
+    sid = session(api)
+    started = start(api, sid, "i=0; while true; do i=$((i+1)); echo line $i; sleep 0.05; done")
+    pid = started["pid"]
+    assert started["process"]["state"] == "running" and started["process"]["argv"][0] == "/bin/sh"
+    time.sleep(1.0)
+    procs = api.get(f"/v1/sessions/{sid}/processes").json()["processes"]
+    assert [p["pid"] for p in procs] == [pid]
+    assert procs[0]["state"] == "running" and procs[0]["stdout_bytes"] > 50
+    # Its output is its own (not a later call's), readable from any offset, reconnectable.
+    assert run(api, sid, "print('call')")["stdout"] == "call\n"
+    first = output(api, sid, pid)
+    lines = first["data"].splitlines()
+    assert lines[:3] == ["line 1", "line 2", "line 3"], first
+    assert first["offset"] == 0 and first["next_offset"] == len(first["data"].encode())
+    time.sleep(0.5)
+    more = output(api, sid, pid, offset=first["next_offset"])
+    assert more["offset"] == first["next_offset"] and more["data"].startswith(f"line {len(lines) + 1}\n"), more
+    assert output(api, sid, pid, offset=3, max=4)["data"] == "e 1\n"
+    # SIGTERM ends it; wait says how.
+    r = api.post(f"/v1/sessions/{sid}/processes/{pid}/signal", json={"signal": 15})
+    assert r.status_code == 200, r.text
+    r = api.post(f"/v1/sessions/{sid}/processes/{pid}/wait", json={"timeout_seconds": 10})
+    assert r.status_code == 200, r.text
+    assert (r.json()["state"], r.json().get("signal")) == ("exited", 15), r.json()
+    assert output(api, sid, pid)["running"] is False
+
+
+def test_wait_returns_the_exit_status_and_stderr_is_separate(api):
+    sid = session(api)
+    pid = start(api, sid, "sleep 0.3; echo out; echo err >&2; exit 7")["pid"]
+    r = api.post(f"/v1/sessions/{sid}/processes/{pid}/wait", json={"timeout_seconds": 20})
+    assert (r.json()["state"], r.json().get("exit_code")) == ("exited", 7), r.json()
+    assert output(api, sid, pid)["data"] == "out\n"
+    assert output(api, sid, pid, stream="stderr")["data"] == "err\n"
+    # A wait that times out answers with the process still running.
+    pid2 = start(api, sid, ["sleep", "30"])["pid"]
+    t0 = time.monotonic()
+    r = api.post(f"/v1/sessions/{sid}/processes/{pid2}/wait", json={"timeout_seconds": 0.5})
+    assert r.json()["state"] == "running" and time.monotonic() - t0 < 10
+    api.post(f"/v1/sessions/{sid}/processes/{pid2}/signal", json={"signal": 9})
+
+
+def test_process_errors_are_clear(api, server):
+    sid = session(api)
+    r = api.get(f"/v1/sessions/{sid}/processes/4242/output")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "process_not_found", r.text
+    pid = start(api, sid, ["sleep", "30"])["pid"]
+    r = api.post(f"/v1/sessions/{sid}/processes/{pid}/signal", json={"signal": 99})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request", r.text
+    r = api.get(f"/v1/sessions/{sid}/processes/{pid}/output", params={"stream": "stdin"})
+    assert r.status_code == 400, r.text
+    # Another tenant's key sees no such session.
+    other = server.create_key("py-bg-other")
+    r = httpx.get(f"{server.url}/v1/sessions/{sid}/processes", headers=server.headers(other), timeout=TIMEOUT)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "session_not_found", r.text
+    # A command that cannot start is a command's answer, not a process.
+    r = api.post(f"/v1/sessions/{sid}/commands", json={"cmd": ["no-such-program-x"], "background": True})
+    assert r.status_code == 200 and r.json()["exit_code"] == 127, r.text
+    # Streaming a background command is refused.
+    r = api.post(f"/v1/sessions/{sid}/commands/stream", json={"cmd": "true", "background": True})
+    assert r.status_code == 400, r.text
+    api.post(f"/v1/sessions/{sid}/processes/{pid}/signal", json={"signal": 9})
+
+
+def test_a_process_output_ring_keeps_the_last_256_kib_by_offset(api):
+    sid = session(api)
+    # One write of 400,004 bytes: its head is dropped, the offsets stay the stream's.
+    code = "import sys; sys.stdout.write('x' * 400000 + 'end\\n'); sys.stdout.flush()"
+    pid = start(api, sid, ["python3", "-c", code])["pid"]
+    r = api.post(f"/v1/sessions/{sid}/processes/{pid}/wait", json={"timeout_seconds": 30})
+    assert (r.json()["state"], r.json().get("exit_code"), r.json()["stdout_bytes"]) == ("exited", 0, 400004), r.json()
+    out = output(api, sid, pid)
+    assert (out["offset"], out["dropped"], out["end"], out["next_offset"]) == (400004 - 262144, 400004 - 262144, 400004, 400004), {k: v for k, v in out.items() if k != "data"}
+    assert out["data"].endswith("xend\n") and len(out["data"]) == 262144
