@@ -657,7 +657,7 @@ async fn files_and_the_tree_of_states_work_in_session_workers() {
 async fn random_syscalls_in_the_workers_end_only_their_own_exec() {
     use forkbox_testkit::syscall_fuzz::env_num;
     let (seeds, chunks, calls) =
-        (env_num("FORKBOX_FUZZ_SEEDS", 6), env_num("FORKBOX_FUZZ_CHUNKS", 4), env_num("FORKBOX_FUZZ_CALLS", 1000));
+        (env_num("FORKBOX_FUZZ_SEEDS", 6), env_num("FORKBOX_FUZZ_CHUNKS", 8), env_num("FORKBOX_FUZZ_CALLS", 1000));
     let s = start(&["--exec-slots", "2"]);
     let before = s.settled_workers().await;
     let guest_level = ["timeout", "guest_crashed", "guest_exited", "guest_killed", "deadlock", "interrupted"];
@@ -670,7 +670,8 @@ async fn random_syscalls_in_the_workers_end_only_their_own_exec() {
                 let code = forkbox_testkit::syscall_fuzz::program(seed * 1_000_003 + chunk, calls, false);
                 let (http, url, key) = (s.http.clone(), s.url.clone(), s.key.clone());
                 runs.push(tokio::spawn(async move {
-                    let body = json!({ "code": code, "timeout_seconds": 2 });
+                    // Long enough for a chunk that forks a few times to end on a busy 2-core machine.
+                    let body = json!({ "code": code, "timeout_seconds": 5 });
                     let r = http.post(format!("{url}/v1/exec")).bearer_auth(key).json(&body).send().await.unwrap();
                     (r.status().as_u16(), r.json::<Value>().await.unwrap_or(Value::Null))
                 }));
