@@ -985,24 +985,8 @@ impl SessionManager {
         src: &File,
         len: u64,
     ) -> Result<CheckpointRecord, SessionError> {
-        let c = self.with_sandbox(tenant, id, |sb, base, rec, fence| {
-            sb.write_file(path, src, len).map_err(SessionError::from_files)?;
-            let c = self.write_checkpoint(rec, sb, &format!("# upload {path}"), base, fence)?;
-            let new_base = Some(c.id);
-            Ok((c, new_base))
-        });
-        match &c {
-            Ok(_) => {
-                let _ = self.store.touch(id, now_ms());
-            }
-            // Refused uploads change nothing (or only create parent directories);
-            // a failed checkpoint leaves memory ahead of disk: start over from disk.
-            Err(SessionError::File { .. }) => {}
-            Err(_) => {
-                self.evict(id);
-            }
-        }
-        c
+        let ((), c) = self.change_files(tenant, id, &format!("# upload {path}"), |sb| sb.write_file(path, src, len))?;
+        Ok(c)
     }
 
     /// A file-system operation on the session's files from outside (stat, walk, mkdir,
@@ -1019,19 +1003,32 @@ impl SessionManager {
                 Ok(((sb.file_op(op).map_err(SessionError::from_files)?, None), base))
             });
         }
+        let (out, c) = self.change_files(tenant, id, &format!("# files: {}", op.label()), |sb| sb.file_op(op))?;
+        Ok((out, Some(c)))
+    }
+
+    /// Change the session's files from outside with `change`, then checkpoint
+    /// (named `label`). A refused change (a file error) changes nothing, or only
+    /// creates parent directories; a failed checkpoint leaves memory ahead of
+    /// disk, so the sandbox is dropped and the session starts over from disk.
+    fn change_files<T>(
+        &self,
+        tenant: &str,
+        id: &str,
+        label: &str,
+        change: impl FnOnce(&mut dyn Resident) -> Result<T, EngineError>,
+    ) -> Result<(T, CheckpointRecord), SessionError> {
         let r = self.with_sandbox(tenant, id, |sb, base, rec, fence| {
-            let out = sb.file_op(op).map_err(SessionError::from_files)?;
-            let c = self.write_checkpoint(rec, sb, &format!("# files: {}", op.label()), base, fence)?;
+            let out = change(sb).map_err(SessionError::from_files)?;
+            let c = self.write_checkpoint(rec, sb, label, base, fence)?;
             let new_base = Some(c.id);
-            Ok(((out, Some(c)), new_base))
+            Ok(((out, c), new_base))
         });
         match &r {
             Ok(_) => {
                 let _ = self.store.touch(id, now_ms());
             }
-            // A refused operation changed nothing (or only created parent directories).
             Err(SessionError::File { .. }) => {}
-            // A failed checkpoint leaves memory ahead of disk: start over from disk.
             Err(_) => {
                 self.evict(id);
             }
