@@ -709,7 +709,14 @@ fn syscalls(markdown: bool) {
         return;
     }
     for e in TABLE {
-        println!("{:>3} {:<18} {:<8} {}", e.nr, e.name, e.support.level(), e.support.note().unwrap_or(""));
+        println!(
+            "{:>3} {:<24} {:<8} restart {:<17} {}",
+            e.nr,
+            e.name,
+            e.support.level(),
+            e.restart.describe(),
+            e.support.note().unwrap_or("")
+        );
     }
 }
 

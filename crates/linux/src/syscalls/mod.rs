@@ -33,7 +33,7 @@ use crate::layout::{GUEST_BASE, RAM_SIZE};
 use crate::process::Process;
 use crate::vfs::Ino;
 
-pub use table::{entry, markdown, restarts_under_sa_restart, Entry, Support, README_BEGIN, README_END, TABLE};
+pub use table::{entry, markdown, restarts_under_sa_restart, Entry, Restart, Support, README_BEGIN, README_END, TABLE};
 
 pub type Args = [u64; 6];
 pub type Handler = fn(&mut Ctx, &Args) -> SysResult;
@@ -153,13 +153,19 @@ impl Ctx<'_> {
 
     /// A NUL-terminated path from the guest (read only as far as it is mapped).
     pub fn path(&self, addr: u64) -> Result<Vec<u8>, Errno> {
+        self.c_string(addr, PATH_MAX)
+    }
+
+    /// A NUL-terminated string of at most `max` bytes with its NUL
+    /// (ENAMETOOLONG past that, EFAULT if its memory ends first).
+    pub fn c_string(&self, addr: u64, max: usize) -> Result<Vec<u8>, Errno> {
         self.user_range(addr, 1)?;
-        let avail = self.proc.mm.accessible(addr, PATH_MAX as u64, false);
+        let avail = self.proc.mm.accessible(addr, max as u64, false);
         let s = self.mem.slice(addr, avail).map_err(|_| Errno::EFAULT)?;
         match s.iter().position(|&b| b == 0) {
             Some(n) => Ok(s[..n].to_vec()),
             // No NUL: too long if the memory is there, else a bad pointer.
-            None if avail == PATH_MAX as u64 => Err(Errno::ENAMETOOLONG),
+            None if avail == max as u64 => Err(Errno::ENAMETOOLONG),
             None => Err(Errno::EFAULT),
         }
     }
@@ -185,7 +191,7 @@ pub fn dispatch(ctx: &mut Ctx, nr: u64, args: &Args) -> SysResult {
         return r;
     }
     let result = match entry(nr) {
-        Some(e) => (e.handler)(ctx, args),
+        Some(e) => e.run(ctx, args),
         None => {
             *ctx.io.stats.unimplemented.entry(nr).or_default() += 1;
             Err(Errno::ENOSYS)
@@ -227,7 +233,7 @@ pub fn unsupported_calls(by_nr: &std::collections::BTreeMap<u64, u64>) -> Vec<Un
 /// Re-run a blocked call's handler (not counted again in the statistics).
 pub fn redispatch(ctx: &mut Ctx, nr: u64, args: &Args) -> SysResult {
     match entry(nr) {
-        Some(e) => (e.handler)(ctx, args),
+        Some(e) => e.run(ctx, args),
         None => Err(Errno::ENOSYS),
     }
 }

@@ -357,6 +357,30 @@ pub fn pwritev(ctx: &mut Ctx, a: &Args) -> SysResult {
     vectored(ctx, fd_arg(a[0]), a[1], a[2], positional(a[3])?, false)
 }
 
+/// preadv2 / pwritev2: offset -1 is the file position (as readv/writev).
+/// RWF_HIPRI, RWF_DSYNC and RWF_SYNC have nothing to do here (files live in
+/// memory); RWF_NOWAIT, RWF_APPEND and unknown flags are EOPNOTSUPP, as a
+/// file system without them answers.
+fn vectored2(ctx: &mut Ctx, a: &Args, is_read: bool) -> SysResult {
+    const NOTHING_TO_DO: u64 = 0x1 | 0x2 | 0x4;
+    if a[5] & !NOTHING_TO_DO != 0 {
+        return Err(Errno::EOPNOTSUPP);
+    }
+    let pos = match a[3] as i64 {
+        -1 => None,
+        off => positional(off as u64)?,
+    };
+    vectored(ctx, fd_arg(a[0]), a[1], a[2], pos, is_read)
+}
+
+pub fn preadv2(ctx: &mut Ctx, a: &Args) -> SysResult {
+    vectored2(ctx, a, true)
+}
+
+pub fn pwritev2(ctx: &mut Ctx, a: &Args) -> SysResult {
+    vectored2(ctx, a, false)
+}
+
 pub fn lseek(ctx: &mut Ctx, a: &Args) -> SysResult {
     let (fd, off, whence) = (fd_arg(a[0]), a[1] as i64, a[2] as i32);
     let f = *ctx.proc.fds.get(fd)?;

@@ -600,8 +600,7 @@ pub fn utimensat(ctx: &mut Ctx, a: &Args) -> SysResult {
         let (start, path) = at(ctx, a[0], a[1])?;
         ctx.proc.vfs.resolve(start, &path, flags & libc::AT_SYMLINK_NOFOLLOW == 0)?
     };
-    let (now_s, now_ns) = super::sys_time::realtime();
-    let now = i128::from(now_s) * 1_000_000_000 + i128::from(now_ns);
+    let now = now_ns();
     // times[0] is the access time, times[1] the modification time.
     let mut t = [Some(now), Some(now)];
     if a[2] != 0 {
@@ -621,6 +620,80 @@ pub fn utimensat(ctx: &mut Ctx, a: &Args) -> SysResult {
     }
     ctx.proc.vfs.set_atime_mtime(ino, t[0], t[1])?;
     Ok(0)
+}
+
+/// The real-time clock in nanoseconds (file times are kept so).
+fn now_ns() -> i128 {
+    let (now_s, now_ns) = super::sys_time::realtime();
+    i128::from(now_s) * 1_000_000_000 + i128::from(now_ns)
+}
+
+/// utimes/futimesat: `struct timeval[2]` (access, modification), NULL for now;
+/// microseconds outside 0..1,000,000 are EINVAL.
+fn set_timevals(ctx: &mut Ctx, dirfd: u64, path: u64, times: u64) -> SysResult {
+    let (start, path) = at(ctx, dirfd, path)?;
+    let ino = ctx.proc.vfs.resolve(start, &path, true)?;
+    let now = now_ns();
+    let mut t = [now, now];
+    if times != 0 {
+        for (i, slot) in t.iter_mut().enumerate() {
+            let sec = ctx.read_i64(times + 16 * i as u64)?;
+            let usec = ctx.read_i64(times + 16 * i as u64 + 8)?;
+            if !(0..1_000_000).contains(&usec) {
+                return Err(Errno::EINVAL);
+            }
+            *slot = i128::from(sec) * 1_000_000_000 + i128::from(usec) * 1_000;
+        }
+    }
+    ctx.proc.vfs.set_atime_mtime(ino, Some(t[0]), Some(t[1]))?;
+    Ok(0)
+}
+
+pub fn utimes(ctx: &mut Ctx, a: &Args) -> SysResult {
+    set_timevals(ctx, libc::AT_FDCWD as u64, a[0], a[1])
+}
+
+pub fn futimesat(ctx: &mut Ctx, a: &Args) -> SysResult {
+    set_timevals(ctx, a[0], a[1], a[2])
+}
+
+/// utime: `struct utimbuf` (access, modification seconds), NULL for now.
+pub fn utime(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let (start, path) = at(ctx, libc::AT_FDCWD as u64, a[0])?;
+    let ino = ctx.proc.vfs.resolve(start, &path, true)?;
+    let (atime, mtime) = if a[1] == 0 {
+        (now_ns(), now_ns())
+    } else {
+        (i128::from(ctx.read_i64(a[1])?) * 1_000_000_000, i128::from(ctx.read_i64(a[1] + 8)?) * 1_000_000_000)
+    };
+    ctx.proc.vfs.set_atime_mtime(ino, Some(atime), Some(mtime))?;
+    Ok(0)
+}
+
+/// sync: the file system is the sandbox's memory (made durable by
+/// checkpoints), so there is nothing to flush.
+pub fn sync(_: &mut Ctx, _: &Args) -> SysResult {
+    Ok(0)
+}
+
+/// syncfs: as sync, for the file system of an open fd (EBADF otherwise).
+pub fn syncfs(ctx: &mut Ctx, a: &Args) -> SysResult {
+    ctx.proc.fds.get(a[0] as i32)?;
+    Ok(0)
+}
+
+/// sync_file_range: nothing to flush (see sync); the arguments are checked as Linux does.
+pub fn sync_file_range(ctx: &mut Ctx, a: &Args) -> SysResult {
+    const VALID: u64 =
+        (libc::SYNC_FILE_RANGE_WAIT_BEFORE | libc::SYNC_FILE_RANGE_WRITE | libc::SYNC_FILE_RANGE_WAIT_AFTER) as u64;
+    let (off, len) = (a[1] as i64, a[2] as i64);
+    if a[3] & !VALID != 0 || off < 0 || len < 0 || off.checked_add(len).is_none() {
+        return Err(Errno::EINVAL);
+    }
+    match ctx.proc.fds.get(a[0] as i32)?.kind {
+        FileKind::Node(_) => Ok(0),
+        _ => Err(Errno::ESPIPE),
+    }
 }
 
 pub fn umask(ctx: &mut Ctx, a: &Args) -> SysResult {
@@ -694,9 +767,4 @@ pub fn lgetxattr(ctx: &mut Ctx, a: &Args) -> SysResult {
 pub fn fgetxattr(ctx: &mut Ctx, a: &Args) -> SysResult {
     ctx.proc.fds.get(a[0] as i32)?;
     Err(Errno::ENODATA)
-}
-
-/// setxattr / removexattr family: not supported by this file system.
-pub fn setxattr(_: &mut Ctx, _: &Args) -> SysResult {
-    Err(Errno::EOPNOTSUPP)
 }

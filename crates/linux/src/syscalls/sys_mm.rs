@@ -368,3 +368,41 @@ pub fn madvise(ctx: &mut Ctx, a: &Args) -> SysResult {
     }
     Ok(0)
 }
+
+/// mlock / munlock: guest memory is never swapped, so there is nothing to
+/// lock; the range must be mapped (ENOMEM), as on Linux.
+pub fn mlock(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let start = a[0] & !(PAGE_SIZE - 1);
+    let len = a[1].checked_add(a[0] - start).ok_or(Errno::ENOMEM)?;
+    if len == 0 {
+        return Ok(0);
+    }
+    let len = page_len(len)?;
+    if ctx.proc.mm.accessible(start, len, false) < len {
+        return Err(Errno::ENOMEM);
+    }
+    Ok(0)
+}
+
+/// mlock2: as mlock; MLOCK_ONFAULT is the only flag.
+pub fn mlock2(ctx: &mut Ctx, a: &Args) -> SysResult {
+    if a[2] & !(libc::MLOCK_ONFAULT as u64) != 0 {
+        return Err(Errno::EINVAL);
+    }
+    mlock(ctx, a)
+}
+
+/// mlockall: MCL_CURRENT and/or MCL_FUTURE (MCL_ONFAULT only with one of
+/// them), nothing to record.
+pub fn mlockall(_: &mut Ctx, a: &Args) -> SysResult {
+    let (cur, fut, onfault) = (libc::MCL_CURRENT as u64, libc::MCL_FUTURE as u64, libc::MCL_ONFAULT as u64);
+    let f = a[0];
+    if f & !(cur | fut | onfault) != 0 || f & (cur | fut) == 0 {
+        return Err(Errno::EINVAL);
+    }
+    Ok(0)
+}
+
+pub fn munlockall(_: &mut Ctx, _: &Args) -> SysResult {
+    Ok(0)
+}

@@ -238,7 +238,9 @@ fn cpu_mask() -> u64 {
 /// (negative ids included), as Linux's `find_process_by_pid`.
 fn sched_target(ctx: &Ctx, pid: u64) -> Result<(), Errno> {
     let pid = pid as i32;
-    if pid == 0 {
+    // 0 is the caller; 1 is the parent of the sandbox's first process (what
+    // its getppid() reports: the VMM, standing for init), which runs too.
+    if pid == 0 || pid == 1 {
         return Ok(());
     }
     let pid = u32::try_from(pid).map_err(|_| Errno::ESRCH)?;
@@ -314,6 +316,82 @@ pub fn sched_rr_get_interval(ctx: &mut Ctx, a: &Args) -> SysResult {
     b[8..].copy_from_slice(&4_000_000i64.to_le_bytes());
     ctx.write_bytes(a[1], &b)?;
     Ok(0)
+}
+
+/// sched_getscheduler: every guest thread runs under SCHED_OTHER.
+pub fn sched_getscheduler(ctx: &mut Ctx, a: &Args) -> SysResult {
+    if (a[0] as i32) < 0 {
+        return Err(Errno::EINVAL);
+    }
+    sched_target(ctx, a[0])?;
+    Ok(SCHED_OTHER as u64)
+}
+
+/// sched_getparam: SCHED_OTHER's only priority, 0.
+pub fn sched_getparam(ctx: &mut Ctx, a: &Args) -> SysResult {
+    if (a[0] as i32) < 0 || a[1] == 0 {
+        return Err(Errno::EINVAL);
+    }
+    sched_target(ctx, a[0])?;
+    ctx.write_bytes(a[1], &0i32.to_le_bytes())?;
+    Ok(0)
+}
+
+/// The `sched_param` priority at `ptr` for `policy`: real-time policies need
+/// CAP_SYS_NICE (EPERM: the VMM schedules the sandbox as one host thread);
+/// the others take only priority 0.
+fn check_policy(ctx: &mut Ctx, policy: i32, ptr: u64) -> Result<(), Errno> {
+    if ptr == 0 {
+        return Err(Errno::EINVAL);
+    }
+    let prio = i32::from_le_bytes(ctx.bytes(ptr, 4)?.try_into().map_err(|_| Errno::EFAULT)?);
+    // SCHED_RESET_ON_FORK may be or-ed into the policy.
+    match policy & !0x4000_0000 {
+        SCHED_OTHER | SCHED_BATCH | SCHED_IDLE if prio == 0 => Ok(()),
+        SCHED_OTHER | SCHED_BATCH | SCHED_IDLE => Err(Errno::EINVAL),
+        SCHED_FIFO | SCHED_RR if (1..=99).contains(&prio) => Err(Errno::EPERM),
+        _ => Err(Errno::EINVAL),
+    }
+}
+
+/// sched_setscheduler: accepted for the normal policies with priority 0 (the
+/// thread keeps running as SCHED_OTHER; nothing to change in the VMM).
+pub fn sched_setscheduler(ctx: &mut Ctx, a: &Args) -> SysResult {
+    if (a[0] as i32) < 0 {
+        return Err(Errno::EINVAL);
+    }
+    sched_target(ctx, a[0])?;
+    check_policy(ctx, a[1] as i32, a[2])?;
+    Ok(0)
+}
+
+/// sched_setparam: the priority under the thread's policy (SCHED_OTHER: 0).
+pub fn sched_setparam(ctx: &mut Ctx, a: &Args) -> SysResult {
+    if (a[0] as i32) < 0 {
+        return Err(Errno::EINVAL);
+    }
+    sched_target(ctx, a[0])?;
+    check_policy(ctx, SCHED_OTHER, a[1])?;
+    Ok(0)
+}
+
+/// getcpu: the sandbox runs on one virtual CPU and one NUMA node (either
+/// pointer may be NULL).
+pub fn getcpu(ctx: &mut Ctx, a: &Args) -> SysResult {
+    for ptr in [a[0], a[1]] {
+        if ptr != 0 {
+            ctx.write_bytes(ptr, &0u32.to_le_bytes())?;
+        }
+    }
+    Ok(0)
+}
+
+/// personality: only PER_LINUX, which every guest has; 0xffffffff reads it.
+pub fn personality(_: &mut Ctx, a: &Args) -> SysResult {
+    match a[0] as u32 {
+        0xffff_ffff | 0 => Ok(0),
+        _ => Err(Errno::EINVAL),
+    }
 }
 
 pub(super) fn rlimit(resource: u32, ctx: &Ctx) -> Option<(u64, u64)> {
@@ -429,12 +507,6 @@ pub fn times(ctx: &mut Ctx, a: &Args) -> SysResult {
     }
     let (rs, rns) = super::sys_time::realtime();
     Ok((rs * 100 + rns / 10_000_000) as u64)
-}
-
-/// sethostname / setdomainname: the names are fixed (uname), and the sandbox
-/// holds no CAP_SYS_ADMIN to change them: EPERM, Linux's first check.
-pub fn sethostname(_: &mut Ctx, _: &Args) -> SysResult {
-    Err(Errno::EPERM)
 }
 
 pub fn uname(ctx: &mut Ctx, a: &Args) -> SysResult {

@@ -424,3 +424,144 @@ fn chown_records_owners_with_linux_permission_rules() {
     back.vfs.release(f);
     assert_eq!(back.vfs.owners_state(), vec![(tmp, 5, 5)]);
 }
+
+/// (atime, mtime) of `p` in nanoseconds, from stat(2)'s `st_atim` / `st_mtim`.
+fn times_of(g: &mut Guest, p: &str) -> (i128, i128) {
+    let path = g.path(0x8000, p);
+    let st = g.buf + 0x1000;
+    g.call(libc::SYS_stat, &[path, st]).unwrap();
+    let t = |g: &Guest, off: u64| {
+        i128::from(g.get_i64(0x1000 + off)) * 1_000_000_000 + i128::from(g.get_i64(0x1000 + off + 8))
+    };
+    (t(g, 72), t(g, 88))
+}
+
+#[test]
+fn utime_utimes_and_futimesat_set_file_times_like_utimensat() {
+    let mut g = guest();
+    let fd = g.open("/tmp/t", libc::O_CREAT | libc::O_WRONLY);
+    assert!(fd >= 0);
+    // utime: whole seconds.
+    let buf = g.put(0, &[1_000i64.to_le_bytes(), 2_000i64.to_le_bytes()].concat());
+    let path = g.path(0x8000, "/tmp/t");
+    assert_eq!(g.call(libc::SYS_utime, &[path, buf]), Ok(0));
+    assert_eq!(times_of(&mut g, "/tmp/t"), (1_000_000_000_000, 2_000_000_000_000));
+    // utimes: timevals (microseconds).
+    let tv = g.put(0, &[timespec(3, 5), timespec(4, 999_999)].concat());
+    let path = g.path(0x8000, "/tmp/t");
+    assert_eq!(g.call(libc::SYS_utimes, &[path, tv]), Ok(0));
+    assert_eq!(times_of(&mut g, "/tmp/t"), (3_000_005_000, 4_999_999_000));
+    let bad = g.put(0, &[timespec(3, 0), timespec(4, 1_000_000)].concat());
+    assert_eq!(g.call(libc::SYS_utimes, &[path, bad]), Err(Errno::EINVAL));
+    // futimesat from a directory fd, and NULL times: now.
+    let dir = g.open("/tmp", libc::O_RDONLY | libc::O_DIRECTORY);
+    let rel = g.path(0x8000, "t");
+    assert_eq!(g.call(libc::SYS_futimesat, &[dir as u64, rel, 0]), Ok(0));
+    let (a, m) = times_of(&mut g, "/tmp/t");
+    assert!(a > 1_600_000_000 * 1_000_000_000 && a == m, "{a} {m}");
+    let missing = g.path(0x8000, "/tmp/nope");
+    assert_eq!(g.call(libc::SYS_utime, &[missing, 0]), Err(Errno::ENOENT));
+    assert_eq!(g.call(libc::SYS_utimes, &[missing, 0]), Err(Errno::ENOENT));
+}
+
+#[test]
+fn sync_calls_have_nothing_to_flush_but_check_their_arguments() {
+    let mut g = guest();
+    assert_eq!(g.call(libc::SYS_sync, &[]), Ok(0));
+    let fd = g.open("/tmp/s", libc::O_CREAT | libc::O_RDWR) as u64;
+    assert_eq!(g.call(libc::SYS_syncfs, &[fd]), Ok(0));
+    assert_eq!(g.call(libc::SYS_syncfs, &[999]), Err(Errno::EBADF));
+    assert_eq!(g.call(libc::SYS_sync_file_range, &[fd, 0, 10, libc::SYNC_FILE_RANGE_WRITE as u64]), Ok(0));
+    assert_eq!(g.call(libc::SYS_sync_file_range, &[fd, 0, 10, 0x80]), Err(Errno::EINVAL));
+    assert_eq!(g.call(libc::SYS_sync_file_range, &[fd, u64::MAX, 10, 0]), Err(Errno::EINVAL));
+    let fds = g.buf + 0x2000;
+    g.call(libc::SYS_pipe2, &[fds, 0]).unwrap();
+    let rd = u64::from(u32::from_le_bytes(g.get(0x2000, 4).try_into().unwrap()));
+    assert_eq!(g.call(libc::SYS_sync_file_range, &[rd, 0, 10, 0]), Err(Errno::ESPIPE));
+}
+
+#[test]
+fn preadv2_and_pwritev2_take_offset_minus_one_as_the_file_position() {
+    let mut g = guest();
+    let fd = g.open("/tmp/v", libc::O_CREAT | libc::O_RDWR) as u64;
+    let data = g.put(0x100, b"hello world");
+    let iov = g.put(0, &[data.to_le_bytes(), 5u64.to_le_bytes()].concat());
+    // At the position (-1), twice: the position moves.
+    assert_eq!(g.call(libc::SYS_pwritev2, &[fd, iov, 1, u64::MAX, 0, 0]), Ok(5));
+    assert_eq!(g.call(libc::SYS_pwritev2, &[fd, iov, 1, u64::MAX, 0, 0]), Ok(5));
+    assert_eq!(g.size(fd as i32), 10);
+    // At an offset, with flags that have nothing to do: the position stays.
+    assert_eq!(g.call(libc::SYS_pwritev2, &[fd, iov, 1, 20, 0, 0x2 | 0x4]), Ok(5));
+    assert_eq!(g.size(fd as i32), 25);
+    let out = g.buf + 0x400;
+    let riov = g.put(0x10, &[out.to_le_bytes(), 5u64.to_le_bytes()].concat());
+    assert_eq!(g.call(libc::SYS_preadv2, &[fd, riov, 1, 20, 0, 0x1]), Ok(5));
+    assert_eq!(g.get(0x400, 5), b"hello");
+    assert_eq!(g.call(libc::SYS_preadv2, &[fd, riov, 1, u64::MAX, 0, 0]), Ok(5), "read at the position (10)");
+    assert_eq!(g.get(0x400, 5), &[0u8; 5], "the gap between 10 and 20 reads as zeros");
+    // RWF_NOWAIT, RWF_APPEND, unknown flags; a negative offset other than -1.
+    for flags in [0x8, 0x10, 0x100] {
+        assert_eq!(g.call(libc::SYS_preadv2, &[fd, riov, 1, 0, 0, flags]), Err(Errno::EOPNOTSUPP), "{flags:#x}");
+    }
+    assert_eq!(g.call(libc::SYS_preadv2, &[fd, riov, 1, (-2i64) as u64, 0, 0]), Err(Errno::EINVAL));
+}
+
+#[test]
+fn scheduler_policy_and_parameters_are_sched_other_priority_zero() {
+    let mut g = guest();
+    let param = g.put(0, &0i32.to_le_bytes());
+    assert_eq!(g.call(libc::SYS_sched_getscheduler, &[0]), Ok(libc::SCHED_OTHER as u64));
+    assert_eq!(g.call(libc::SYS_sched_getscheduler, &[99_999]), Err(Errno::ESRCH));
+    assert_eq!(g.call(libc::SYS_sched_getscheduler, &[1]), Ok(libc::SCHED_OTHER as u64), "the first process's parent");
+    assert_eq!(g.call(libc::SYS_sched_getscheduler, &[u64::MAX]), Err(Errno::EINVAL));
+    g.put(0, &7i32.to_le_bytes());
+    assert_eq!(g.call(libc::SYS_sched_getparam, &[0, param]), Ok(0));
+    assert_eq!(g.get(0, 4), 0i32.to_le_bytes());
+    for policy in [libc::SCHED_OTHER, libc::SCHED_BATCH, libc::SCHED_IDLE] {
+        assert_eq!(g.call(libc::SYS_sched_setscheduler, &[0, policy as u64, param]), Ok(0));
+    }
+    g.put(0, &10i32.to_le_bytes());
+    assert_eq!(g.call(libc::SYS_sched_setscheduler, &[0, libc::SCHED_FIFO as u64, param]), Err(Errno::EPERM));
+    assert_eq!(g.call(libc::SYS_sched_setscheduler, &[0, libc::SCHED_OTHER as u64, param]), Err(Errno::EINVAL));
+    assert_eq!(g.call(libc::SYS_sched_setparam, &[0, param]), Err(Errno::EINVAL));
+    assert_eq!(g.call(libc::SYS_sched_setscheduler, &[0, 42, param]), Err(Errno::EINVAL));
+    assert_eq!(g.call(libc::SYS_sched_setparam, &[0, 0]), Err(Errno::EINVAL));
+}
+
+#[test]
+fn getcpu_personality_and_memory_locks() {
+    let mut g = guest();
+    let (cpu, node) = (g.put(0, &[0xff; 4]), g.put(8, &[0xff; 4]));
+    assert_eq!(g.call(libc::SYS_getcpu, &[cpu, node, 0]), Ok(0));
+    assert_eq!((g.get(0, 4), g.get(8, 4)), (vec![0; 4], vec![0; 4]));
+    assert_eq!(g.call(libc::SYS_getcpu, &[0, 0, 0]), Ok(0));
+    assert_eq!(g.call(libc::SYS_getcpu, &[8, 0, 0]), Err(Errno::EFAULT));
+    assert_eq!(g.call(libc::SYS_personality, &[0xffff_ffff]), Ok(0));
+    assert_eq!(g.call(libc::SYS_personality, &[0]), Ok(0));
+    assert_eq!(g.call(libc::SYS_personality, &[0x0040000]), Err(Errno::EINVAL));
+    // Locks: a mapped range (unaligned start rounds down), an unmapped one.
+    assert_eq!(g.call(libc::SYS_mlock, &[g.buf + 10, 4096]), Ok(0));
+    assert_eq!(g.call(libc::SYS_munlock, &[g.buf, BUF_LEN]), Ok(0));
+    assert_eq!(g.call(libc::SYS_mlock, &[g.buf + BUF_LEN, 4096]), Err(Errno::ENOMEM));
+    assert_eq!(g.call(libc::SYS_mlock2, &[g.buf, 4096, libc::MLOCK_ONFAULT as u64]), Ok(0));
+    assert_eq!(g.call(libc::SYS_mlock2, &[g.buf, 4096, 2]), Err(Errno::EINVAL));
+    assert_eq!(g.call(libc::SYS_mlockall, &[libc::MCL_CURRENT as u64]), Ok(0));
+    assert_eq!(g.call(libc::SYS_mlockall, &[libc::MCL_ONFAULT as u64]), Err(Errno::EINVAL));
+    assert_eq!(g.call(libc::SYS_mlockall, &[0]), Err(Errno::EINVAL));
+    assert_eq!(g.call(libc::SYS_munlockall, &[]), Ok(0));
+}
+
+#[test]
+fn refused_calls_fail_with_the_errno_of_their_table_entry() {
+    let mut g = guest();
+    assert_eq!(g.call(libc::SYS_mount, &[0, 0, 0, 0, 0]), Err(Errno::EPERM));
+    assert_eq!(g.call(libc::SYS_ptrace, &[0, 0, 0, 0]), Err(Errno::EPERM));
+    assert_eq!(g.call(libc::SYS_shmget, &[0, 4096, 0]), Err(Errno::ENOSYS));
+    assert_eq!(g.call(libc::SYS_io_uring_setup, &[8, 0]), Err(Errno::ENOSYS));
+    assert_eq!(g.call(libc::SYS_name_to_handle_at, &[0, 0, 0, 0, 0]), Err(Errno::EOPNOTSUPP));
+    assert_eq!(g.call(libc::SYS_setxattr, &[0, 0, 0, 0, 0]), Err(Errno::EOPNOTSUPP));
+    // Past the table: ENOSYS, counted as unknown.
+    assert_eq!(g.call(999, &[]), Err(Errno::ENOSYS));
+    assert_eq!(g.io.stats.unimplemented.get(&999), Some(&1));
+    assert!(!g.io.stats.unimplemented.contains_key(&(libc::SYS_mount as u64)), "mount is in the table");
+}
