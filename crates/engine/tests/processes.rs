@@ -1094,3 +1094,28 @@ json.dumps({"out": p.stdout.decode().split(), "err": p.stderr.decode("ascii", "r
     );
     assert_eq!(v["sh"], serde_json::json!(["ff", "7a"]), "{v}");
 }
+
+/// One argument may be as long as Linux's MAX_ARG_STRLEN (128 KiB with its
+/// NUL), not just a path: `sh -c` scripts of tens of KiB (an SDK installing a
+/// helper by heredoc) run; one byte more is E2BIG, as on Linux.
+#[test]
+fn one_argument_may_be_as_long_as_max_arg_strlen() {
+    let mut sb = fork();
+    let v = json(
+        &mut sb,
+        r#"
+import json, subprocess, errno
+script = "cat <<'EOF' | wc -c\n" + "x" * 60000 + "\nEOF"
+ok = subprocess.run(["sh", "-c", script], capture_output=True, text=True)
+def run(n):
+    try:
+        return subprocess.run(["true", "y" * n]).returncode
+    except OSError as e:
+        return errno.errorcode[e.errno]
+json.dumps({"wc": ok.stdout.strip(), "err": ok.stderr, "max": run(131071), "over": run(131072)})
+"#,
+    );
+    assert_eq!(v["wc"], "60001", "{v}");
+    assert_eq!(v["max"], 0, "a 128 KiB argument (with its NUL) runs: {v}");
+    assert_eq!(v["over"], "E2BIG", "{v}");
+}

@@ -269,6 +269,9 @@ pub fn waitid(ctx: &mut Ctx, a: &Args) -> SysResult {
 /// puts them on a 256 KiB budget of the stack.
 const ARG_BYTES: usize = 256 << 10;
 const ARG_COUNT: usize = 8192;
+/// One argument or environment string, with its NUL (Linux's MAX_ARG_STRLEN:
+/// `sh -c` scripts of tens of KiB are common).
+const ARG_STRLEN: usize = 32 * 4096;
 /// Nested `#!` interpreters, as Linux (BINPRM_MAX_RECURSION).
 const MAX_INTERP: usize = 4;
 
@@ -286,7 +289,7 @@ fn strings(ctx: &Ctx, mut at: u64, budget: &mut usize) -> Result<Vec<Vec<u8>>, E
         if out.len() >= ARG_COUNT {
             return Err(Errno::E2BIG);
         }
-        let s = ctx.path(p).map_err(|e| if e == Errno::ENAMETOOLONG { Errno::E2BIG } else { e })?;
+        let s = ctx.c_string(p, ARG_STRLEN).map_err(|e| if e == Errno::ENAMETOOLONG { Errno::E2BIG } else { e })?;
         *budget = budget.checked_sub(s.len() + 1).ok_or(Errno::E2BIG)?;
         out.push(s);
         at = at.checked_add(8).ok_or(Errno::EFAULT)?;
