@@ -163,3 +163,38 @@ def test_langchain_e2b_backend_commands_and_files(e2b_server):  # noqa: F811
         assert {"/home/user/data.bin", "/home/user/new"} <= {e["path"] for e in listed.entries}
     finally:
         sbx.kill()
+
+
+OAI_PYTHON = REPO / "target" / "oaivenv" / "bin" / "python"
+
+
+def test_openai_agents_sdk_e2b_sandbox_client(e2b_server):  # noqa: F811
+    """The OpenAI Agents SDK's `E2BSandboxClient` (openai-agents 0.24.0 with the e2b 2.31.0 it pins,
+    in target/oaivenv, installed by scripts/test) runs tests/python/openai_agents_e2b.py unchanged.
+    That e2b refuses a key not spelt `e2b_<hex>` before sending it: the same forkbox key is given so."""
+    if not OAI_PYTHON.exists():
+        pytest.fail("target/oaivenv is missing: run scripts/test (it installs openai-agents[e2b] there)")
+    key = e2b_server.key
+    assert key.startswith("fbk_")
+    env = {k: v for k, v in os.environ.items() if k not in ("E2B_DOMAIN", "E2B_DEBUG")}
+    env["E2B_API_KEY"] = "e2b_" + key.removeprefix("fbk_")
+    r = subprocess.run(
+        [str(OAI_PYTHON), str(REPO / "tests" / "python" / "openai_agents_e2b.py")],
+        capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert r.returncode == 0, r.stderr[-4000:]
+    seen = json.loads(r.stdout.strip().splitlines()[-1])
+    assert seen["exec"] == {"exit": 0, "stdout": ["hello", "/workspace", "42"]}, seen
+    assert seen["fail"] == {"exit": 3, "stderr": "oops"}, seen
+    assert seen["read"] == "data 123\n" and seen["wc"] == "9", seen
+    assert seen["archive_bytes"] > 0, seen
+    assert seen["resumed_same_sandbox"] is True, seen
+    assert seen["resumed_read"] == "data 123\n", seen
+    assert seen["hydrated_read"] == "data 123\n", seen
+    # A wrong key in that spelling is refused as any wrong key.
+    env["E2B_API_KEY"] = "e2b_" + "0" * 64
+    r = subprocess.run(
+        [str(OAI_PYTHON), "-c", "from e2b import Sandbox; Sandbox.create(template='base')"],
+        capture_output=True, text=True, timeout=120, env=env,
+    )
+    assert r.returncode != 0 and "AuthenticationException" in r.stderr, r.stderr[-2000:]

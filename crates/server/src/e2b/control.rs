@@ -66,9 +66,21 @@ async fn auth(State(state): State<AppState>, mut req: Request, next: Next) -> Re
     if key.is_empty() {
         return Err(E2bError::new(StatusCode::UNAUTHORIZED, "missing X-API-KEY (a forkbox API key)"));
     }
-    let caller = crate::auth::caller_for_key(&state, key).await?;
+    let key = forkbox_key(key);
+    let caller = crate::auth::caller_for_key(&state, &key).await?;
     req.extensions_mut().insert(caller);
     Ok(next.run(req).await)
+}
+
+/// The forkbox key an `X-API-KEY` names. Some E2B SDKs (the Python `e2b`
+/// 2.31 that the OpenAI Agents SDK pins) refuse, before sending it, any key
+/// that is not `e2b_` + hex: such users spell their forkbox key `e2b_<hex>`
+/// for `fbk_<hex>`, and the same key is meant.
+fn forkbox_key(key: &str) -> std::borrow::Cow<'_, str> {
+    match key.strip_prefix("e2b_") {
+        Some(hex) => format!("fbk_{hex}").into(),
+        None => key.into(),
+    }
 }
 
 /// A JSON body (any content type; empty is `{}`), unknown fields ignored: the SDK sends more than this reads.
