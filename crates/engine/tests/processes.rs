@@ -1119,3 +1119,43 @@ json.dumps({"wc": ok.stdout.strip(), "err": ok.stderr, "max": run(131071), "over
     assert_eq!(v["max"], 0, "a 128 KiB argument (with its NUL) runs: {v}");
     assert_eq!(v["over"], "E2BIG", "{v}");
 }
+
+/// flock(2) between two processes of the sandbox: the child's LOCK_NB attempt
+/// fails while the parent holds the lock, and its blocking attempt waits until
+/// the parent unlocks.
+#[test]
+fn flock_excludes_between_processes_and_a_blocked_waiter_gets_the_lock_on_unlock() {
+    let mut sb = fork();
+    let v = json(
+        &mut sb,
+        r#"
+import fcntl, json, os, time
+path = "/tmp/flock-test"
+open(path, "w").close()
+events = os.open("/tmp/flock-events", os.O_CREAT | os.O_WRONLY | os.O_APPEND)
+fd = os.open(path, os.O_RDWR)
+fcntl.flock(fd, fcntl.LOCK_EX)
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    mine = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(mine, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.write(events, b"child got it at once\n")
+    except BlockingIOError:
+        os.write(events, b"child would block\n")
+    os.write(w, b"x")
+    fcntl.flock(mine, fcntl.LOCK_EX)
+    os.write(events, b"child locked\n")
+    os._exit(0)
+os.read(r, 1)
+time.sleep(0.2)
+os.write(events, b"parent unlocks\n")
+fcntl.flock(fd, fcntl.LOCK_UN)
+_, status = os.waitpid(pid, 0)
+json.dumps({"events": open("/tmp/flock-events").read().splitlines(), "status": status})
+"#,
+    );
+    assert_eq!(v["events"], serde_json::json!(["child would block", "parent unlocks", "child locked"]), "{v}");
+    assert_eq!(v["status"], 0, "{v}");
+}

@@ -76,6 +76,10 @@ pub struct FdTable {
     /// give back (`take_gone`). Always drained right after the call that filled it.
     #[serde(skip)]
     gone: Vec<FileKind>,
+    /// Ids of descriptions closed for good, for the locks they held to go
+    /// (`take_closed`: the dispatcher drains it after every call).
+    #[serde(skip)]
+    closed: Vec<u64>,
 }
 
 impl FdTable {
@@ -151,6 +155,9 @@ impl FdTable {
         f.refs = f.refs.saturating_sub(1);
         if f.refs == 0 {
             let f = self.files.remove(&ofd)?;
+            if matches!(f.kind, FileKind::Node(_)) {
+                self.closed.push(ofd);
+            }
             if let FileKind::Object(obj) = f.kind {
                 self.objects.detach(obj, f.flags);
             }
@@ -158,6 +165,11 @@ impl FdTable {
         } else {
             None
         }
+    }
+
+    /// Descriptions closed for good since the last call (see `closed`).
+    pub fn take_closed(&mut self) -> Option<Vec<u64>> {
+        (!self.closed.is_empty()).then(|| std::mem::take(&mut self.closed))
     }
 
     /// Open a new description at the lowest free fd.

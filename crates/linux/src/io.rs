@@ -127,6 +127,8 @@ pub struct Io {
     pub procs: crate::procs::ProcTable,
     /// Memory shared between the sandbox's processes (`shm.rs`).
     pub shm: crate::shm::ShmTable,
+    /// flock(2) locks of the sandbox's processes (`flock.rs`).
+    pub flocks: crate::flock::Flocks,
     /// The processes of background jobs, each with its job's leader pid:
     /// their writes to stdout/stderr go to the job's rings (none: dropped), not to a call's capture.
     pub jobs: BTreeMap<u32, u32>,

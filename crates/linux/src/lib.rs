@@ -9,6 +9,7 @@
 pub mod creds;
 pub mod errno;
 pub mod fd;
+pub mod flock;
 pub mod io;
 pub mod layout;
 pub mod loader;

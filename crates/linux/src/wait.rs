@@ -63,6 +63,8 @@ pub enum WaitOn {
     Child,
     /// Nothing but time (nanosleep, clock_nanosleep): needs a deadline.
     Time,
+    /// A file lock (flock) another holder has: re-run when others have run.
+    Lock,
 }
 
 impl WaitOn {

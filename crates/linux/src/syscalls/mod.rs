@@ -10,6 +10,7 @@ pub use sys_file::close_fds;
 mod sys_fork;
 pub use sys_fork::{ExecSpec, ForkSpec};
 mod sys_fs;
+mod sys_lock;
 mod sys_mm;
 pub use sys_mm::{privatize_own_files, privatize_shared, release_shared};
 mod sys_pipe;
@@ -197,6 +198,13 @@ pub fn dispatch(ctx: &mut Ctx, nr: u64, args: &Args) -> SysResult {
             Err(Errno::ENOSYS)
         }
     };
+    if let Some(closed) = ctx.proc.fds.take_closed() {
+        if !ctx.io.flocks.is_empty() {
+            for ofd in closed {
+                ctx.io.flocks.release(ctx.proc.pid, ofd);
+            }
+        }
+    }
     if ctx.io.trace {
         let name = entry(nr).map(|e| e.name).unwrap_or("?");
         tracing::info!(target: "forkbox::syscall", "{name}({nr}) {:x?} -> {:?}", &args[..], result.map(|v| v as i64));

@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 use super::{
     sys_file as file, sys_fs as fs, sys_mm as mm, sys_process as process, sys_signal as signal, sys_time as time,
 };
-use super::{sys_fork as fork, sys_pipe as pipe, sys_unix as unix};
+use super::{sys_fork as fork, sys_lock as lock, sys_pipe as pipe, sys_unix as unix};
 use super::{sys_socket as net, sys_thread as thread, sys_timer as timer};
 use super::{Args, Ctx, Handler};
 use crate::errno::{Errno, SysResult};
@@ -190,7 +190,7 @@ table! {
     70 msgrcv, Refused(Errno::ENOSYS, "ENOSYS: System V message queues are not implemented"), Never;
     71 msgctl, Refused(Errno::ENOSYS, "ENOSYS: System V message queues are not implemented");
     72 fcntl => file::fcntl, Partial("record locks always granted (no conflicts are tracked); F_NOTIFY only without events (no dnotify)");
-    73 flock, Refused(Errno::ENOSYS, "ENOSYS: not implemented yet (fcntl record locks work)");
+    73 flock => lock::flock, Partial("locks of open descriptions, between all the sandbox's processes (LOCK_NB: EWOULDBLOCK); a forked child does not share its parent's locks; not in checkpoints");
     74 fsync => file::fsync, Full;
     75 fdatasync => file::fsync, Full;
     76 truncate => fs::truncate, Full;

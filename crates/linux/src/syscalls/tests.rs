@@ -565,3 +565,28 @@ fn refused_calls_fail_with_the_errno_of_their_table_entry() {
     assert_eq!(g.io.stats.unimplemented.get(&999), Some(&1));
     assert!(!g.io.stats.unimplemented.contains_key(&(libc::SYS_mount as u64)), "mount is in the table");
 }
+
+#[test]
+fn flock_excludes_between_open_descriptions_and_goes_with_the_last_close() {
+    let mut g = guest();
+    let (sh, ex, un, nb) = (libc::LOCK_SH as u64, libc::LOCK_EX as u64, libc::LOCK_UN as u64, libc::LOCK_NB as u64);
+    let a = g.open("/tmp/lock", libc::O_CREAT | libc::O_RDWR) as u64;
+    let b = g.open("/tmp/lock", libc::O_RDONLY) as u64;
+    assert_eq!(g.call(libc::SYS_flock, &[a, ex]), Ok(0));
+    assert_eq!(g.call(libc::SYS_flock, &[a, ex | nb]), Ok(0), "taken again by its holder");
+    assert_eq!(g.call(libc::SYS_flock, &[b, sh | nb]), Err(Errno::EAGAIN), "another description");
+    // A dup shares the description, and so the lock: closing it keeps the lock.
+    let d = g.call(libc::SYS_dup, &[a]).unwrap();
+    assert_eq!(g.call(libc::SYS_close, &[d]), Ok(0));
+    assert_eq!(g.call(libc::SYS_flock, &[b, ex | nb]), Err(Errno::EAGAIN));
+    // Converted to shared: other shared locks join it; closing the last fd drops it.
+    assert_eq!(g.call(libc::SYS_flock, &[a, sh]), Ok(0));
+    assert_eq!(g.call(libc::SYS_flock, &[b, sh | nb]), Ok(0));
+    assert_eq!(g.call(libc::SYS_flock, &[b, un]), Ok(0));
+    assert_eq!(g.call(libc::SYS_close, &[a]), Ok(0));
+    assert_eq!(g.call(libc::SYS_flock, &[b, ex | nb]), Ok(0), "the closed description's lock is gone");
+    // Bad operations and descriptors.
+    assert_eq!(g.call(libc::SYS_flock, &[b, 0]), Err(Errno::EINVAL));
+    assert_eq!(g.call(libc::SYS_flock, &[b, sh | ex]), Err(Errno::EINVAL));
+    assert_eq!(g.call(libc::SYS_flock, &[999, sh]), Err(Errno::EBADF));
+}
