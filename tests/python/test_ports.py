@@ -304,7 +304,8 @@ def test_e2b_get_host_reaches_a_server_in_the_sandbox(domain_server):
     try:
         sbx = e2b.Sandbox.create()
         try:
-            sbx.commands.run("python3 -m http.server 8000 --bind 127.0.0.1 --directory /tmp", background=True)
+            # Left running by the command (E2B's `background=True` holds the session's command stream here).
+            sbx.commands.run("python3 -m http.server 8000 --bind 127.0.0.1 --directory /tmp >/dev/null 2>&1 &")
             host = sbx.get_host(8000)
             assert host == f"8000-{sbx.sandbox_id}.sandbox.test"
             token = sbx.traffic_access_token

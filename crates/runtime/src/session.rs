@@ -529,7 +529,8 @@ impl Runtime {
         let (rt, tenant, id) = (self.clone(), tenant.to_string(), id.to_string());
         tokio::task::spawn_blocking(move || {
             let s = rt.sessions.connect_port(&tenant, &id, port)?;
-            s.set_nonblocking(true).map_err(|e| RuntimeError::Open { what: "the port connection", message: e.to_string() })?;
+            s.set_nonblocking(true)
+                .map_err(|e| RuntimeError::Open { what: "the port connection", message: e.to_string() })?;
             Ok(s)
         })
         .await

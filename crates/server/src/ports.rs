@@ -83,7 +83,8 @@ impl PortSigner {
     /// The tenant a token for session `id`, port `port` stands for: 403 if
     /// it was not made here for them, 401 once it expired.
     pub fn verify(&self, token: &str, id: &str, port: u16) -> Result<String, ApiError> {
-        let forged = || ApiError::new(ErrorCode::Forbidden, "the port URL's token is not valid for this session and port");
+        let forged =
+            || ApiError::new(ErrorCode::Forbidden, "the port URL's token is not valid for this session and port");
         let mut parts = token.splitn(3, '.');
         let (Some(exp), Some(t), Some(sig)) = (parts.next(), parts.next(), parts.next()) else { return Err(forged()) };
         let exp: u64 = exp.parse().map_err(|_| forged())?;
@@ -529,7 +530,9 @@ mod tests {
         h.insert("x-kept", HeaderValue::from_static("2"));
         h.insert(header::COOKIE, HeaderValue::from_static("a=1; fbx_token=secret; b=2"));
         let e = end_to_end(&h);
-        assert!(e.get(header::AUTHORIZATION).is_none() && e.get("x-hop").is_none() && e.get(header::CONNECTION).is_none());
+        assert!(
+            e.get(header::AUTHORIZATION).is_none() && e.get("x-hop").is_none() && e.get(header::CONNECTION).is_none()
+        );
         assert_eq!(e.get("x-kept").unwrap(), "2");
         assert_eq!(cookies_without_token(&h).unwrap(), "a=1; b=2");
         assert_eq!(query_without_token(Some("a=1&fbx_token=x&b=2")).as_deref(), Some("a=1&b=2"));

@@ -338,8 +338,7 @@ impl Resident for Local {
     fn connect_port(&mut self, _port: u16, _conn: std::os::fd::OwnedFd) -> Result<(), EngineError> {
         // Nothing of a sandbox of this process runs between calls, so no server in it could answer.
         Err(EngineError::Unsupported(
-            "ports need sandboxes that keep running between calls: serve with --isolation process (the default)"
-                .into(),
+            "ports need sandboxes that keep running between calls: serve with --isolation process (the default)".into(),
         ))
     }
 }
