@@ -283,7 +283,7 @@ fn cookies_without_token(h: &HeaderMap) -> Option<HeaderValue> {
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .map(str::trim)
-        .filter(|c| !c.is_empty() && c.split_once('=').map_or(true, |(k, _)| k != TOKEN_PARAM))
+        .filter(|c| !c.is_empty() && c.split_once('=').is_none_or(|(k, _)| k != TOKEN_PARAM))
         .collect();
     (!kept.is_empty()).then(|| HeaderValue::from_str(&kept.join("; ")).ok()).flatten()
 }
