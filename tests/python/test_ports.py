@@ -332,3 +332,25 @@ def test_e2b_get_host_reaches_a_server_in_the_sandbox(domain_server):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def test_the_cli_prints_a_signed_url(api, server):
+    import subprocess
+
+    from conftest import forkbox_bin
+
+    sid = session(api)
+    start_http(api, sid)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FORKBOX_")}
+    env["FORKBOX_API_KEY"] = server.key
+    out = subprocess.run([forkbox_bin(), "--url", server.url, "session", "port", sid, "8000", "--expires-in", "60"],
+                         capture_output=True, text=True, timeout=TIMEOUT, env=env)
+    assert out.returncode == 0, out.stderr
+    url = out.stdout.strip()
+    assert url.startswith(f"{server.url}/v1/sessions/{sid}/ports/8000/?fbx_token="), url
+    assert "valid until" in out.stderr
+    r = httpx.get(url, timeout=TIMEOUT)
+    assert r.status_code == 200 and r.text.startswith("hello / "), r.text
+    bad = subprocess.run([forkbox_bin(), "--url", server.url, "session", "port", sid, "0"],
+                         capture_output=True, text=True, timeout=TIMEOUT, env=env)
+    assert bad.returncode != 0
