@@ -354,3 +354,38 @@ def test_the_cli_prints_a_signed_url(api, server):
     bad = subprocess.run([forkbox_bin(), "--url", server.url, "session", "port", sid, "0"],
                          capture_output=True, text=True, timeout=TIMEOUT, env=env)
     assert bad.returncode != 0
+
+
+def test_a_request_resumes_a_paused_sandbox(domain_server):
+    """A paused (evicted) session is brought back by a port request. Listening sockets are not
+    in checkpoints yet: the resumed sandbox answers 502 until its code listens again."""
+    import e2b
+
+    s = domain_server
+    env = {"E2B_API_URL": s.url, "E2B_SANDBOX_URL": s.url, "E2B_API_KEY": s.key}
+    old = {k: os.environ.get(k) for k in [*env, "E2B_DOMAIN", "E2B_DEBUG"]}
+    os.environ.update(env)
+    os.environ.pop("E2B_DOMAIN", None)
+    os.environ.pop("E2B_DEBUG", None)
+    try:
+        sbx = e2b.Sandbox.create()
+        try:
+            with httpx.Client(base_url=s.url, headers=s.headers(), timeout=TIMEOUT) as api:
+                start_http(api, sbx.sandbox_id, 8000)
+                url = f"/v1/sessions/{sbx.sandbox_id}/ports/8000/before"
+                assert api.get(url).status_code == 200
+                sbx.pause()
+                assert api.get(f"/v1/sessions/{sbx.sandbox_id}").json()["resident"] is False
+                r = api.get(url)
+                assert r.status_code == 502 and error_code(r) == "port_not_listening", r.text
+                assert api.get(f"/v1/sessions/{sbx.sandbox_id}").json()["resident"] is True
+                start_http(api, sbx.sandbox_id, 8000)
+                assert api.get(url).status_code == 200
+        finally:
+            sbx.kill()
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
