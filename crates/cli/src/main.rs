@@ -141,6 +141,10 @@ enum Command {
         /// resumable with `connect`) instead of killed, whatever its `autoPause`.
         #[arg(long)]
         e2b_auto_pause: bool,
+        /// Route `Host: <port>-<session id>.<DOMAIN>` to that port of the session (a wildcard
+        /// DNS name for this server); E2B sandboxes report it as their `domain` (`get_host`).
+        #[arg(long, value_name = "DOMAIN", env = "FORKBOX_SANDBOX_DOMAIN")]
+        sandbox_domain: Option<String>,
     },
     /// API keys for the HTTP API.
     #[command(subcommand)]
@@ -491,6 +495,7 @@ fn main() -> ExitCode {
             advertise_url,
             lease_seconds,
             e2b_auto_pause,
+            sandbox_domain,
         } => {
             let isolation = match isolation {
                 IsolationMode::Thread => forkbox_runtime::Isolation::Thread,
@@ -536,7 +541,7 @@ fn main() -> ExitCode {
                     database,
                     cluster,
                     Prebuild { names: prebuild, wait: std::time::Duration::from_secs(template_wait_seconds) },
-                    e2b_auto_pause,
+                    E2bOptions { auto_pause: e2b_auto_pause, sandbox_domain },
                 )
             })
         }
@@ -751,6 +756,12 @@ struct Prebuild {
     wait: std::time::Duration,
 }
 
+/// `serve`'s options of E2B's API and sandbox hosts.
+struct E2bOptions {
+    auto_pause: bool,
+    sandbox_domain: Option<String>,
+}
+
 #[allow(clippy::too_many_arguments)]
 fn serve(
     home: &std::path::Path,
@@ -767,7 +778,7 @@ fn serve(
     database: Option<String>,
     cluster: Option<forkbox_runtime::ClusterConfig>,
     prebuild: Prebuild,
-    e2b_auto_pause: bool,
+    e2b: E2bOptions,
 ) -> anyhow::Result<ExitCode> {
     pip.validate().map_err(|e| anyhow::anyhow!("--pip-*: {e}"))?;
     for n in packages.allow.iter().chain(&packages.deny) {
@@ -795,7 +806,14 @@ fn serve(
     cfg.runtime.sessions.cluster = cluster;
     cfg.prebuild = prebuild.names;
     cfg.template_wait = prebuild.wait;
-    cfg.e2b_auto_pause = e2b_auto_pause;
+    cfg.e2b_auto_pause = e2b.auto_pause;
+    if let Some(d) = &e2b.sandbox_domain {
+        let ok = !d.is_empty()
+            && d.len() <= 200
+            && d.split('.').all(|l| !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'));
+        anyhow::ensure!(ok, "--sandbox-domain {d:?} is not a DNS name");
+    }
+    cfg.sandbox_domain = e2b.sandbox_domain.map(|d| d.to_ascii_lowercase());
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(forkbox_server::serve(cfg))?;
     Ok(ExitCode::SUCCESS)
 }

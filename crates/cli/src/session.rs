@@ -105,6 +105,19 @@ pub enum SessionCommand {
         #[command(flatten)]
         image: ImageArgs,
     },
+    /// Print a signed URL of a server inside the session (its port), for a browser or a
+    /// colleague: no key needed until it expires. Needs a server (`--url`, or one running on the data directory).
+    Port {
+        id: String,
+        /// The port the server listens on inside the sandbox (1-65535).
+        #[arg(value_parser = clap::value_parser!(u16).range(1..))]
+        port: u16,
+        /// How long the URL works, seconds (default 3600, at most 7 days).
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..=604_800))]
+        expires_in: Option<u64>,
+        #[command(flatten)]
+        image: ImageArgs,
+    },
     /// Delete a session and the checkpoints only it needed.
     Rm {
         id: String,
@@ -134,6 +147,7 @@ fn image_of(cmd: &SessionCommand) -> &ImageArgs {
         | SessionCommand::Install { image, .. }
         | SessionCommand::Fork { image, .. }
         | SessionCommand::Template { image, .. }
+        | SessionCommand::Port { image, .. }
         | SessionCommand::Rm { image, .. } => image,
         SessionCommand::Tree(t) => t.image(),
     }
@@ -264,6 +278,16 @@ fn run(api: &Api, cmd: SessionCommand) -> Result<ExitCode> {
         SessionCommand::Template { id, checkpoint, name, .. } => {
             let t = api.block_on(c.checkpoint_template(&id, checkpoint, &name))?;
             println!("{} {}", escape(&t.name), t.id.as_deref().unwrap_or("-"));
+        }
+        SessionCommand::Port { id, port, expires_in, .. } => {
+            if !matches!(c.transport(), forkbox_client::Transport::Http { .. }) {
+                bail!("`session port` needs a server (its port proxy): start `forkbox serve` or pass --url");
+            }
+            let v = api.block_on(c.port_url(&id, port, expires_in))?;
+            let url = v.get("url").and_then(|u| u.as_str()).unwrap_or_default();
+            let expires = v.get("expires_at").and_then(|u| u.as_str()).unwrap_or_default();
+            println!("{url}");
+            eprintln!("valid until {expires}");
         }
         SessionCommand::Rm { id, .. } => {
             api.block_on(c.delete_session(&id))?;

@@ -255,6 +255,16 @@ impl Client {
         field(v, "interrupted")
     }
 
+    /// A signed URL of port `port` of session `id` (the server's port proxy),
+    /// valid `expires_in` seconds (the server's default: 1 h): `{url, host_url, token, expires_at}`.
+    pub async fn port_url(&self, id: &str, port: u16, expires_in: Option<u64>) -> Result<Value, ClientError> {
+        let body = match expires_in {
+            Some(s) => json!({ "expires_in": s }),
+            None => json!({}),
+        };
+        self.post(&format!("/v1/sessions/{}/ports/{port}/url", seg(id)), &body).await
+    }
+
     pub async fn checkpoints(&self, id: &str) -> Result<Vec<Checkpoint>, ClientError> {
         let v: Value = self.get(&format!("/v1/sessions/{}/checkpoints", seg(id))).await?;
         field(v, "checkpoints")

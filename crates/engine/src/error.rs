@@ -51,6 +51,15 @@ pub enum EngineError {
     /// dropped: a revert, a fork or a resume does not bring jobs back).
     #[error("no background process {0} in this sandbox")]
     NoSuchJob(u32),
+    /// No listener of the sandbox takes connections to that port (the port proxy).
+    #[error("nothing in the sandbox listens on port {0} (a server must listen on 127.0.0.1, ::1, 0.0.0.0 or ::)")]
+    PortNotListening(u16),
+    /// The listener on that port has its backlog (or the sandbox its sockets) full.
+    #[error("the sandbox's server on port {0} takes no more connections now: {1}")]
+    PortBusy(u16, String),
+    /// What this kind of sandbox host cannot do (e.g. ports with `--isolation thread`).
+    #[error("{0}")]
+    Unsupported(String),
     #[error("signal {0} is not a signal number (1-64)")]
     BadSignal(i32),
     /// A cluster's shared artifact (a package layer a state mounts) could not be fetched.
@@ -74,6 +83,9 @@ impl EngineError {
             EngineError::Interrupted(_) => ErrorCode::Interrupted,
             EngineError::NoSuchJob(_) => ErrorCode::ProcessNotFound,
             EngineError::BadSignal(_) => ErrorCode::InvalidRequest,
+            EngineError::PortNotListening(_) => ErrorCode::PortNotListening,
+            EngineError::PortBusy(..) => ErrorCode::Overloaded,
+            EngineError::Unsupported(_) => ErrorCode::InvalidRequest,
             EngineError::File { code, .. } | EngineError::Package { code, .. } | EngineError::Remote { code, .. } => {
                 *code
             }

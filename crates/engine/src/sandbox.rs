@@ -290,6 +290,10 @@ pub struct Sandbox {
     jobs: std::collections::BTreeMap<u32, Job>,
     /// The exec running now starts jobs (`ExecOptions::job`).
     job_exec: bool,
+    /// During [`Sandbox::run_background_woken`]: a host fd whose readability
+    /// ends the run at once (the channel a request comes on), polled with the
+    /// guest's own host fds whenever every thread waits.
+    bg_wake: Option<std::os::fd::RawFd>,
 }
 
 /// What [`Sandbox::run_background`] did.
@@ -371,6 +375,7 @@ impl Sandbox {
             cpu: engine.cpu.clone(),
             exec_opts: opts,
             keep_running: false,
+            bg_wake: None,
             jobs: Default::default(),
             job_exec: false,
         };
@@ -444,6 +449,7 @@ impl Sandbox {
             cpu: engine.cpu.clone(),
             exec_opts: loader::ExecOptions { hwcap: engine.hwcap, vdso: engine.vdso },
             keep_running: false,
+            bg_wake: None,
             jobs: Default::default(),
             job_exec: false,
         })
@@ -805,6 +811,23 @@ impl Sandbox {
         crate::file_ops::apply(&mut self.proc.vfs, &op.normalized(&cwd)?)
     }
 
+    /// Hand a connection from outside to the sandbox's listener on `port` (the
+    /// port proxy): `conn` is one end of a host `socketpair(AF_UNIX,
+    /// SOCK_STREAM)`, the caller keeps the other. The guest accepts it as a
+    /// TCP connection from loopback; only the sandbox's own listeners can take
+    /// it. A thread blocked in accept (or poll) on that listener wakes at once
+    /// (its readiness fd is among the host fds a background run polls).
+    pub fn connect_port(&mut self, port: u16, conn: std::os::fd::OwnedFd) -> Result<(), EngineError> {
+        if let State::Poisoned(why) = &self.state {
+            return Err(EngineError::Poisoned(why.clone()));
+        }
+        match self.io.net.inject(port, conn) {
+            Ok(()) => Ok(()),
+            Err(forkbox_linux::net::InjectError::NotListening) => Err(EngineError::PortNotListening(port)),
+            Err(forkbox_linux::net::InjectError::Full(why)) => Err(EngineError::PortBusy(port, why)),
+        }
+    }
+
     /// Run the guest until the agent parks. `resume`: the parked read to re-issue first.
     fn run(
         &mut self,
@@ -1065,6 +1088,24 @@ impl Sandbox {
     /// cover them as they cover an exec. A child's end is its own; the end of
     /// the agent process (a thread of it crashing, `os._exit`) poisons the sandbox.
     pub fn run_background(&mut self, until: Instant) -> Result<BackgroundRun, EngineError> {
+        self.run_background_woken(until, None)
+    }
+
+    /// [`Sandbox::run_background`] that also ends (`Busy`) as soon as `wake`
+    /// is readable, even while every thread waits on the host: a request on
+    /// the sandbox's channel is served at once, not at the end of the slice.
+    pub fn run_background_woken(
+        &mut self,
+        until: Instant,
+        wake: Option<std::os::fd::BorrowedFd<'_>>,
+    ) -> Result<BackgroundRun, EngineError> {
+        self.bg_wake = wake.map(|w| std::os::fd::AsRawFd::as_raw_fd(&w));
+        let r = self.run_background_at(until);
+        self.bg_wake = None;
+        r
+    }
+
+    fn run_background_at(&mut self, until: Instant) -> Result<BackgroundRun, EngineError> {
         let regs = match &self.state {
             State::Parked(r) => *r,
             State::Poisoned(why) => return Err(EngineError::Poisoned(why.clone())),
@@ -1582,6 +1623,10 @@ impl Sandbox {
             // Other processes' timers and waits are looked at again soon.
             let wake = if self.others.is_empty() { wake } else { wake.min(Instant::now() + PROCESS_POLL) };
             let until = self.sig.grace.map_or(deadline, |g| g.min(deadline)).min(wake);
+            let guest_fds = host.len();
+            if let Some(fd) = self.bg_wake {
+                host.push(libc::pollfd { fd, events: libc::POLLIN, revents: 0 });
+            }
             if host.is_empty() {
                 let d = until.saturating_duration_since(Instant::now());
                 match &self.io.interrupt {
@@ -1593,6 +1638,10 @@ impl Sandbox {
             } else {
                 let latch = self.io.interrupt.clone();
                 wait::poll_host(&mut host, until, || latch.as_ref().is_some_and(|l| l.is_pending()));
+            }
+            if host.get(guest_fds).is_some_and(|p| p.revents != 0) {
+                // A request for the sandbox came: the background run ends here.
+                return Err(EngineError::Timeout(self.exec_timeout.as_secs_f64()));
             }
             self.check_deadline(deadline)?;
             self.note_interrupt()?;

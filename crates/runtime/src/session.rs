@@ -517,6 +517,26 @@ impl Runtime {
             .map_err(|_| RuntimeError::WorkerGone)?
     }
 
+    /// A connection to the listener on `port` inside the session's sandbox
+    /// (the port proxy; a paused session is resumed first, on a blocking
+    /// thread): the host end of a stream socket pair, non-blocking.
+    pub async fn connect_port(
+        self: &Arc<Self>,
+        tenant: &str,
+        id: &str,
+        port: u16,
+    ) -> Result<std::os::unix::net::UnixStream, RuntimeError> {
+        let (rt, tenant, id) = (self.clone(), tenant.to_string(), id.to_string());
+        tokio::task::spawn_blocking(move || {
+            let s = rt.sessions.connect_port(&tenant, &id, port)?;
+            s.set_nonblocking(true)
+                .map_err(|e| RuntimeError::Open { what: "the port connection", message: e.to_string() })?;
+            Ok(s)
+        })
+        .await
+        .map_err(|_| RuntimeError::WorkerGone)?
+    }
+
     /// A file of the session, at most `max` bytes (`file_too_large` above).
     pub fn read_file(&self, tenant: &str, id: &str, path: &str, max: usize) -> Result<Vec<u8>, RuntimeError> {
         Ok(self.sessions.read_file(tenant, id, path, max)?)

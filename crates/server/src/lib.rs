@@ -70,6 +70,7 @@ mod handlers;
 pub mod keys;
 pub mod metrics;
 mod openapi;
+pub mod ports;
 pub mod quota;
 mod router;
 pub mod schema;
@@ -128,6 +129,10 @@ pub struct ServerConfig {
     /// E2B's API: a sandbox whose lifetime ends is paused (evicted, resumable with
     /// `connect`) instead of killed, whatever its `autoPause` (`serve --e2b-auto-pause`).
     pub e2b_auto_pause: bool,
+    /// `serve --sandbox-domain`: `Host: <port>-<session id>.<domain>` reaches
+    /// that port of the session (wildcard DNS to this server), and E2B
+    /// sandboxes report it as their `domain` (`get_host`).
+    pub sandbox_domain: Option<String>,
 }
 
 impl ServerConfig {
@@ -148,6 +153,7 @@ impl ServerConfig {
             prebuild: Vec::new(),
             template_wait: Duration::from_secs(60),
             e2b_auto_pause: false,
+            sandbox_domain: None,
         }
     }
 
@@ -174,6 +180,8 @@ pub struct Inner {
     pub(crate) e2b: e2b::Sandboxes,
     /// Cluster: the client requests are forwarded to other nodes with.
     pub(crate) peers: reqwest::Client,
+    /// Signs the port URLs this process hands out.
+    pub(crate) port_signer: ports::PortSigner,
 }
 
 pub type AppState = Arc<Inner>;
@@ -201,6 +209,7 @@ impl Inner {
             machines: handlers::forevervm::Machines::default(),
             e2b: e2b::Sandboxes::default(),
             peers: forward::peers(),
+            port_signer: ports::PortSigner::new()?,
             config,
         }))
     }

@@ -123,7 +123,10 @@ pub fn router(state: AppState) -> Router {
         v1.route_layer(middleware::from_fn_with_state(st.clone(), crate::forward::forward))
             .route_layer(middleware::from_fn_with_state(st, auth))
     });
-    let api = with_mcp(state.clone(), api).merge(crate::e2b::control_routes(state.clone()));
+    let api = with_mcp(state.clone(), api)
+        .merge(crate::e2b::control_routes(state.clone()))
+        // Outside the `/v1` auth layer: a signed port URL carries no key (the proxy authenticates).
+        .merge(crate::ports::routes(state.clone()));
     // E2B's data plane goes by its headers, before any path is looked at.
     let data_plane = crate::e2b::DataPlane::new(state);
     api.layer(middleware::from_fn_with_state(data_plane, crate::e2b::dispatch))

@@ -165,6 +165,9 @@ pub trait Resident: Send {
     fn job_signal(&mut self, pid: u32, signal: i32) -> Result<JobInfo, EngineError>;
     /// Run the sandbox until the job ends or `timeout` passes (see `Sandbox::job_wait`).
     fn job_wait(&mut self, pid: u32, timeout: Duration) -> Result<JobInfo, EngineError>;
+    /// Hand `conn` (one end of a host stream socket pair) to the sandbox's
+    /// listener on `port` (see `Sandbox::connect_port`).
+    fn connect_port(&mut self, port: u16, conn: std::os::fd::OwnedFd) -> Result<(), EngineError>;
 }
 
 /// The walk of a sandbox's file system behind [`Resident::walk`] (in this
@@ -330,5 +333,12 @@ impl Resident for Local {
 
     fn job_wait(&mut self, pid: u32, timeout: Duration) -> Result<JobInfo, EngineError> {
         self.sb.job_wait(pid, std::time::Instant::now() + timeout)
+    }
+
+    fn connect_port(&mut self, _port: u16, _conn: std::os::fd::OwnedFd) -> Result<(), EngineError> {
+        // Nothing of a sandbox of this process runs between calls, so no server in it could answer.
+        Err(EngineError::Unsupported(
+            "ports need sandboxes that keep running between calls: serve with --isolation process (the default)".into(),
+        ))
     }
 }

@@ -1215,6 +1215,23 @@ impl SessionManager {
         self.with_sandbox(tenant, id, |sb, base, _, _| Ok((sb.job_wait(pid, timeout)?, base)))
     }
 
+    /// A connection to the listener on `port` inside the session's sandbox
+    /// (brought back first if it was evicted): the host end of a stream
+    /// socket pair whose other end the guest accepts as a TCP connection from
+    /// loopback. Only the sandbox's own listeners can take it.
+    pub fn connect_port(
+        &self,
+        tenant: &str,
+        id: &str,
+        port: u16,
+    ) -> Result<std::os::unix::net::UnixStream, SessionError> {
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(|e| {
+            SessionError::Engine(EngineError::Protocol(format!("a socket pair for the connection: {e}")))
+        })?;
+        self.with_sandbox(tenant, id, |sb, base, _, _| Ok((sb.connect_port(port, theirs.into())?, base)))?;
+        Ok(ours)
+    }
+
     /// The entries of a directory of the session's file system.
     pub fn list_files(&self, tenant: &str, id: &str, dir: &str) -> Result<Vec<FileEntry>, SessionError> {
         self.with_sandbox(tenant, id, |sb, base, _, _| Ok((sb.list_dir(dir).map_err(SessionError::from_files)?, base)))

@@ -376,6 +376,12 @@ pub enum ToChannel {
         id: String,
         preload: String,
     },
+    /// Hand the socket that comes with this frame (one end of a stream socket
+    /// pair the API process made) to the sandbox's listener on `port` as an
+    /// accepted connection (answered `PortConnected`).
+    ConnectPort {
+        port: u16,
+    },
 }
 
 /// A session exec as a worker ran it.
@@ -413,6 +419,7 @@ pub enum FromChannel {
     Jobs(Result<Vec<JobInfo>, WireError>),
     Job(Result<JobInfo, WireError>),
     JobOutput(Result<WireChunk, WireError>),
+    PortConnected(Result<(), WireError>),
 }
 
 /// A slice of a job's stream (`JobChunk`, its bytes in base64).
@@ -445,6 +452,7 @@ impl FromChannel {
             FromChannel::Jobs(_) => "Jobs",
             FromChannel::Job(_) => "Job",
             FromChannel::JobOutput(_) => "JobOutput",
+            FromChannel::PortConnected(_) => "PortConnected",
         }
     }
 }

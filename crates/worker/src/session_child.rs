@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Sender};
@@ -172,7 +172,8 @@ fn serve_channel(shared: &Shared, id: u64, sock: UnixStream) {
         // here, a slice at a time; a request is taken at the next slice's end.
         if let Some(sb) = ch.sb.as_mut().filter(|sb| sb.has_background()) {
             if !readable(&sock, Duration::ZERO) {
-                let idle = match sb.run_background(Instant::now() + BACKGROUND_SLICE) {
+                // A request on the channel (a port connection ...) ends the slice at once.
+                let idle = match sb.run_background_woken(Instant::now() + BACKGROUND_SLICE, Some(sock.as_fd())) {
                     Ok(BackgroundRun::Busy) => false,
                     Ok(BackgroundRun::Idle) => true,
                     // The sandbox is poisoned: the next request says so.
@@ -415,6 +416,15 @@ fn serve_one(shared: &Shared, ctl: &ChannelCtl, ch: &mut Channel, sock: &UnixStr
                 None => Err(no_sandbox()),
             };
             reply(&FromChannel::Job(r))?;
+        }
+        ToChannel::ConnectPort { port } => {
+            let mut fds = fds;
+            let (Some(conn), true) = (fds.pop(), fds.is_empty()) else { return Err(Stop::Gone) };
+            let r = match ch.sb.as_mut() {
+                Some(sb) => sb.connect_port(port, conn).map_err(|e| wire(e, None)),
+                None => Err(no_sandbox()),
+            };
+            reply(&FromChannel::PortConnected(r))?;
         }
         // Out of place (they belong inside a request): the API process broke the protocol.
         ToChannel::Packs | ToChannel::Abort { .. } | ToChannel::CheckpointGo => return Err(Stop::Gone),

@@ -107,6 +107,19 @@ const JOB_CODES: &[ErrorCode] = &[
     ErrorCode::Internal,
 ];
 
+/// Codes of a connection to a port of the sandbox.
+const PORT_CODES: &[ErrorCode] = &[
+    ErrorCode::PortNotListening,
+    ErrorCode::Overloaded,
+    ErrorCode::SandboxUnusable,
+    ErrorCode::ProtocolError,
+    ErrorCode::Internal,
+];
+
+/// How long handing a connection to the sandbox may take (the worker takes
+/// the request between two background slices of the sandbox).
+const PORT_WAIT: Duration = Duration::from_secs(30);
+
 /// Codes of writing a checkpoint or a template.
 const WRITE_CODES: &[ErrorCode] = &[ErrorCode::StorageError, ErrorCode::ProtocolError, ErrorCode::Internal];
 
@@ -940,6 +953,19 @@ impl Resident for RemoteSandbox {
         let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
         match self.call(&ToChannel::JobWait { pid, timeout_ms }, timeout.saturating_add(OP_WAIT))? {
             FromChannel::Job(r) => r.map_err(|e| reported(e, JOB_CODES)),
+            other => Err(self.broke(&other)),
+        }
+    }
+
+    fn connect_port(&mut self, port: u16, conn: std::os::fd::OwnedFd) -> Result<(), EngineError> {
+        self.check()?;
+        let worker = self.worker.clone();
+        let _busy = InFlight::new(&worker);
+        // The worker gets its end of the pair with the request (the API process keeps the other).
+        protocol::write_fds(&self.sock, &ToChannel::ConnectPort { port }, &[conn.as_fd()]).map_err(|e| self.lost(e))?;
+        drop(conn);
+        match self.recv(PORT_WAIT)? {
+            FromChannel::PortConnected(r) => r.map_err(|e| reported(e, PORT_CODES)),
             other => Err(self.broke(&other)),
         }
     }

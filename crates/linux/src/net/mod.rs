@@ -204,6 +204,9 @@ pub struct NetStats {
     /// Connections made to a listener of the sandbox (inside it, never a host port).
     #[serde(default)]
     pub loopback_connects: u64,
+    /// Connections from outside (the port proxy) handed to a listener of the sandbox.
+    #[serde(default)]
+    pub injected_connects: u64,
     /// Denials by reason (`loopback address`, `rule 10.0.0.0/8`, `network: none` ...).
     pub denied: BTreeMap<String, u64>,
 }
@@ -426,6 +429,15 @@ impl NetIo {
             .and_then(|v| v.get(..4)?.try_into().ok())
             .is_some_and(|b| i32::from_le_bytes(b) != 0)
     }
+}
+
+/// Why a connection from outside could not be handed to a listener of the sandbox.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum InjectError {
+    #[error("nothing in the sandbox listens on that port")]
+    NotListening,
+    #[error("the sandbox's server takes no more connections now: {0}")]
+    Full(String),
 }
 
 /// The ephemeral port range (Linux's default ip_local_port_range).
@@ -850,6 +862,52 @@ impl NetIo {
             let _ = l.ready.1.send(&[1]);
         }
         Ok(true)
+    }
+
+    /// A connection from outside the sandbox to its listener on `port` (the
+    /// port proxy): `conn` (one end of a host `socketpair(AF_UNIX, SOCK_STREAM)`
+    /// whose other end the caller keeps) is queued on the listener that takes
+    /// a connect to 127.0.0.1:`port` (else [::1]:`port`) as an accepted
+    /// connection from 127.0.0.1 (or ::1) and an ephemeral port. Only a
+    /// listener of this sandbox can take it: never a host port.
+    pub fn inject(&mut self, port: u16, conn: std::os::fd::OwnedFd) -> Result<(), InjectError> {
+        let conn = Socket::from(conn);
+        if port == 0 {
+            return Err(InjectError::NotListening);
+        }
+        let v4 = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        let v6 = SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, port));
+        let (lid, dest) = match (self.find_listener(v4), self.find_listener(v6)) {
+            (Some(l), _) => (l, v4),
+            (None, Some(l)) => (l, v6),
+            (None, None) => return Err(InjectError::NotListening),
+        };
+        let Some(Sock { backend: Backend::Listener(l), domain: ldomain, reuse: lreuse, .. }) = self.socks.get(&lid)
+        else {
+            return Err(InjectError::NotListening);
+        };
+        let (ldomain, lreuse) = (*ldomain, *lreuse);
+        if l.queue.len() >= l.backlog {
+            return Err(InjectError::Full("the listen backlog of the sandbox's server is full".into()));
+        }
+        if self.socks.len() >= self.config.max_sockets as usize {
+            let n = self.config.max_sockets;
+            return Err(InjectError::Full(format!("the sandbox's limit of {n} open sockets is reached")));
+        }
+        conn.set_nonblocking(true).map_err(|e| InjectError::Full(format!("the connection's socket: {e}")))?;
+        let client = SocketAddr::new(dest.ip(), self.ephemeral(u64::MAX, dest.ip()).unwrap_or(EPHEMERAL.0));
+        let mut server = Sock::new(ldomain, true, Backend::Host(conn));
+        server.local = Some(dest);
+        server.loop_peer = Some(client);
+        server.reuse = lreuse;
+        let sid = self.insert(server);
+        self.stats.injected_connects += 1;
+        if let Some(Sock { backend: Backend::Listener(l), .. }) = self.socks.get_mut(&lid) {
+            l.queue.push_back(sid);
+            // The listener's readiness fd: wakes a thread blocked in accept (or poll) at once.
+            let _ = l.ready.1.send(&[1]);
+        }
+        Ok(())
     }
 
     pub fn timeouts(&self, id: u64) -> (Option<Duration>, Option<Duration>) {

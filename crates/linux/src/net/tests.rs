@@ -484,3 +484,44 @@ fn a_connected_udp_socket_names_its_source_in_the_peer_family() {
     n.connect(u6, None).unwrap();
     assert_eq!(n.local_addr(u6).unwrap(), sa("[::]:0"));
 }
+
+/// A connection from outside (the port proxy) reaches only a listener of the
+/// sandbox on that port, as an accepted connection from loopback; bytes go
+/// both ways through the host end the caller kept.
+#[test]
+fn injected_connections_reach_only_the_sandboxs_own_listener() {
+    let mut n = net(Policy::none());
+    let pair = || {
+        let (a, b) = Socket::pair(Domain::UNIX, Type::STREAM.cloexec(), None).unwrap();
+        (std::os::unix::net::UnixStream::from(std::os::fd::OwnedFd::from(a)), std::os::fd::OwnedFd::from(b))
+    };
+    // No listener (and port 0 never is one).
+    assert_eq!(n.inject(8000, pair().1), Err(InjectError::NotListening));
+    assert_eq!(n.inject(0, pair().1), Err(InjectError::NotListening));
+    // A bound socket that does not listen is not a listener either.
+    let b = n.socket(libc::AF_INET, true).unwrap();
+    n.bind(b, sa("127.0.0.1:8000")).unwrap();
+    assert_eq!(n.inject(8000, pair().1), Err(InjectError::NotListening));
+    let l = n.socket(libc::AF_INET6, true).unwrap();
+    n.bind(l, sa("[::]:8001")).unwrap();
+    n.listen(l, 0).unwrap();
+    let (mut outside, end) = pair();
+    n.inject(8001, end).unwrap();
+    assert_eq!(n.poll(l, libc::POLLIN), libc::POLLIN);
+    // Backlog 0 takes one; the next finds it full.
+    assert!(matches!(n.inject(8001, pair().1), Err(InjectError::Full(_))));
+    let (s, peer) = n.accept(l).unwrap();
+    assert!(peer.ip().is_loopback() && peer.port() != 0, "{peer}");
+    assert_eq!(n.local_addr(s).unwrap(), sa("127.0.0.1:8001"));
+    outside.write_all(b"GET").unwrap();
+    let mut buf = [0u8; 8];
+    wait(&mut n, s, libc::POLLIN);
+    assert_eq!(n.recv(s, &mut buf, 0).map(|r| r.0), Ok(3));
+    assert_eq!(n.send(s, b"ok", None, 0), Ok(2));
+    n.close(s);
+    let mut got = Vec::new();
+    outside.read_to_end(&mut got).unwrap();
+    assert_eq!(got, b"ok");
+    assert_eq!(n.stats.injected_connects, 1);
+    assert_eq!(n.stats.bytes_sent + n.stats.bytes_received, 0, "in-sandbox bytes are not egress");
+}

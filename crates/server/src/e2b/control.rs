@@ -167,15 +167,18 @@ pub(super) async fn run_setup(
     Ok(())
 }
 
-fn sandbox_json(rec: &SandboxRec) -> Value {
+fn sandbox_json(rec: &SandboxRec, domain: Option<&str>) -> Value {
     json!({
         "templateID": rec.template,
         "sandboxID": rec.id,
         "clientID": CLIENT_ID,
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": rec.token,
+        // What `get_host(port)` requests carry (`e2b-traffic-access-token`): forkbox ports are never public.
+        "trafficAccessToken": rec.token,
         "alias": rec.template,
-        "domain": null,
+        // `get_host(port)` is `<port>-<id>.<domain>` (`serve --sandbox-domain`).
+        "domain": domain,
     })
 }
 
@@ -269,7 +272,7 @@ async fn create(
         }),
     });
     state.e2b.start_reaper(&state);
-    Ok((StatusCode::CREATED, Json(sandbox_json(&rec))))
+    Ok((StatusCode::CREATED, Json(sandbox_json(&rec, state.config.sandbox_domain.as_deref()))))
 }
 
 /// The caller's session `id` (404 in E2B's shape if it has none such).
@@ -411,7 +414,7 @@ async fn connect(
         st.paused = false;
     }
     let status = if was_paused { StatusCode::CREATED } else { StatusCode::OK };
-    Ok((status, Json(sandbox_json(&rec))))
+    Ok((status, Json(sandbox_json(&rec, state.config.sandbox_domain.as_deref()))))
 }
 
 /// `POST /sandboxes/{id}/pause`: the session is evicted to disk (it is at its last
@@ -485,7 +488,7 @@ async fn fork(
                         next_pid: 1,
                     }),
                 });
-                out.push(json!({ "sandbox": sandbox_json(&rec) }));
+                out.push(json!({ "sandbox": sandbox_json(&rec, state.config.sandbox_domain.as_deref()) }));
             }
             Err(e) => {
                 let e = E2bError::from(e);

@@ -195,7 +195,7 @@ struct Target {
     port: u16,
 }
 
-fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
+pub(crate) fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
     h.get(name).and_then(|v| v.to_str().ok()).map(str::trim)
 }
 
@@ -206,12 +206,13 @@ fn target(req: &Request) -> Option<Target> {
         let port = header(h, "e2b-sandbox-port").and_then(|p| p.parse().ok()).unwrap_or(ENVD_PORT);
         return Some(Target { id: Some(id.to_string()), port });
     }
-    // `Host: <port>-<id>.<domain>` (behind a wildcard proxy).
+    // `Host: <port>-<id>.<domain>` (behind a wildcard proxy): envd, the
+    // interpreter, or (`get_host(port)`) a server of the sandbox.
     if let Some(host) = header(h, "host") {
         let first = host.split('.').next().unwrap_or("");
         if host.contains('.') {
             if let Some((port, id)) = first.split_once('-') {
-                if let (Ok(port @ (ENVD_PORT | INTERPRETER_PORT)), false) = (port.parse::<u16>(), id.is_empty()) {
+                if let (Ok(port @ 1..), false) = (port.parse::<u16>(), id.is_empty()) {
                     return Some(Target { id: Some(id.to_string()), port });
                 }
             }
@@ -259,7 +260,30 @@ async fn unknown_route() -> ConnectError {
 /// The middleware in front of every route: data-plane requests go to the
 /// sandbox's envd or code interpreter, the rest to the forkbox routes.
 pub async fn dispatch(State(dp): State<DataPlane>, mut req: Request, next: Next) -> Response {
+    // `serve --sandbox-domain`: `<port>-<session id>.<domain>` is a forkbox session's port
+    // (an E2B sandbox's too: it is a session).
+    if let Some(domain) = dp.state.config.sandbox_domain.as_deref() {
+        if let Some((port, id)) = crate::ports::host_target(req.headers(), domain) {
+            if port != ENVD_PORT && port != INTERPRETER_PORT && !req.headers().contains_key("e2b-sandbox-id") {
+                return match dp.state.e2b.get(&id) {
+                    Some(rec) => e2b_port(&dp.state, rec, port, req).await,
+                    None => crate::ports::by_host(dp.state.clone(), port, id, req).await,
+                };
+            }
+        }
+    }
     let Some(t) = target(&req) else { return next.run(req).await };
+    if t.port != ENVD_PORT && t.port != INTERPRETER_PORT {
+        // A server of the sandbox (`get_host(port)`); a Host of that form that is no E2B
+        // sandbox of this server is not the data plane's.
+        let Some(rec) = t.id.as_deref().and_then(|id| dp.state.e2b.get(id)) else {
+            if req.headers().contains_key("e2b-sandbox-id") {
+                return ConnectError::sandbox_gone(t.id.as_deref().unwrap_or("")).into_response();
+            }
+            return next.run(req).await;
+        };
+        return e2b_port(&dp.state, rec, t.port, req).await;
+    }
     let rec = match authorize(&dp.state, &t, &req) {
         Ok(r) => r,
         Err(e) => return e.into_response(),
@@ -275,15 +299,25 @@ pub async fn dispatch(State(dp): State<DataPlane>, mut req: Request, next: Next)
     }
 }
 
+/// A request for a server inside an E2B sandbox (`get_host(port)`): as an E2B
+/// sandbox created with `allow_public_traffic=False`, it must carry the
+/// sandbox's `trafficAccessToken` (`e2b-traffic-access-token`, or its envd
+/// token as `X-Access-Token`): a sandbox id is not a secret here.
+async fn e2b_port(state: &AppState, rec: Arc<SandboxRec>, port: u16, req: Request) -> Response {
+    let h = req.headers();
+    let token = header(h, "e2b-traffic-access-token").or_else(|| header(h, "x-access-token"));
+    if !token.is_some_and(|t| rec.token_is(t)) {
+        let msg = "a sandbox's ports need its traffic access token: send `e2b-traffic-access-token: <sandbox.traffic_access_token>`";
+        return ConnectError::new(error::Code::Unauthenticated, msg).into_response();
+    }
+    if let Err(e) = rec.key.as_ref().map_or(Ok(()), |_| rec.caller().check_rate()) {
+        return e.into_response();
+    }
+    crate::ports::for_e2b(state.clone(), rec.tenant.clone(), port, rec.id.clone(), req).await
+}
+
 /// The sandbox a data-plane request may act on: its record, with the right token.
 fn authorize(state: &AppState, t: &Target, req: &Request) -> Result<Arc<SandboxRec>, ConnectError> {
-    if t.port != ENVD_PORT && t.port != INTERPRETER_PORT {
-        return Err(ConnectError {
-            code: error::Code::Unavailable,
-            message: format!("The sandbox's port {} is not open (only envd's and the code interpreter's)", t.port),
-            status: Some(axum::http::StatusCode::BAD_GATEWAY),
-        });
-    }
     let Some(id) = &t.id else { return signed(state, req) };
     let rec = state.e2b.get(id).ok_or_else(|| ConnectError::sandbox_gone(id))?;
     let token = header(req.headers(), "x-access-token");
