@@ -165,7 +165,14 @@ pub trait Resident: Send {
     fn job_signal(&mut self, pid: u32, signal: i32) -> Result<JobInfo, EngineError>;
     /// Run the sandbox until the job ends or `timeout` passes (see `Sandbox::job_wait`).
     fn job_wait(&mut self, pid: u32, timeout: Duration) -> Result<JobInfo, EngineError>;
+    /// Run the sandbox until the job writes past `offsets`, ends, or `timeout` passes (see `Sandbox::job_watch`).
+    fn job_watch(&mut self, pid: u32, offsets: [u64; 2], timeout: Duration) -> Result<JobInfo, EngineError>;
+    /// Write to a job's stdin, then close it if `eof` (see `Sandbox::job_stdin`).
+    fn job_stdin(&mut self, pid: u32, data: &[u8], eof: bool) -> Result<JobInfo, EngineError>;
 }
+
+/// How long a write to a job's full stdin waits for its processes to read.
+pub const JOB_STDIN_WAIT: Duration = Duration::from_secs(5);
 
 /// The walk of a sandbox's file system behind [`Resident::walk`] (in this
 /// process, or in a sandbox worker).
@@ -330,5 +337,13 @@ impl Resident for Local {
 
     fn job_wait(&mut self, pid: u32, timeout: Duration) -> Result<JobInfo, EngineError> {
         self.sb.job_wait(pid, std::time::Instant::now() + timeout)
+    }
+
+    fn job_watch(&mut self, pid: u32, offsets: [u64; 2], timeout: Duration) -> Result<JobInfo, EngineError> {
+        self.sb.job_watch(pid, offsets, std::time::Instant::now() + timeout)
+    }
+
+    fn job_stdin(&mut self, pid: u32, data: &[u8], eof: bool) -> Result<JobInfo, EngineError> {
+        self.sb.job_stdin(pid, data, eof, std::time::Instant::now() + JOB_STDIN_WAIT)
     }
 }

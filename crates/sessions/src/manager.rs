@@ -372,12 +372,22 @@ impl Drop for Running<'_> {
 
 /// A session's slot, or `Busy` if an exec (or revert, delete) holds it.
 fn lock_slot<'a>(slot: &'a Mutex<Slot>, id: &str) -> Result<std::sync::MutexGuard<'a, Slot>, SessionError> {
-    match slot.try_lock() {
-        Ok(g) => Ok(g),
-        Err(TryLockError::WouldBlock) => Err(SessionError::Busy(id.to_string())),
-        Err(TryLockError::Poisoned(p)) => Ok(p.into_inner()),
+    // A short hold (a background process' output read or follow step, a file
+    // read) ends within the grace: only a running exec or a long wait is `Busy`.
+    let deadline = Instant::now() + LOCK_GRACE;
+    loop {
+        match slot.try_lock() {
+            Ok(g) => return Ok(g),
+            Err(TryLockError::WouldBlock) if Instant::now() < deadline => std::thread::sleep(LOCK_POLL),
+            Err(TryLockError::WouldBlock) => return Err(SessionError::Busy(id.to_string())),
+            Err(TryLockError::Poisoned(p)) => return Ok(p.into_inner()),
+        }
     }
 }
+
+/// How long a request waits for a session another request holds before `Busy`.
+const LOCK_GRACE: Duration = Duration::from_millis(200);
+const LOCK_POLL: Duration = Duration::from_millis(1);
 
 /// How long `open` waits for another process to release the sessions directory.
 const LOCK_WAIT: Duration = Duration::from_secs(30);
@@ -760,6 +770,34 @@ impl SessionManager {
         opts: ExecOptions<'_>,
         plan: Option<&PipPlan>,
     ) -> Result<ExecOutcome, SessionError> {
+        match self.exec_inner(tenant, id, code, opts, plan, true)? {
+            (result, Some(checkpoint)) => Ok(ExecOutcome { result, checkpoint }),
+            (_, None) => Err(SessionError::Invalid("an exec made no checkpoint".into())),
+        }
+    }
+
+    /// An exec that makes no checkpoint: the code starts background work
+    /// (`opts.job`) whose end a later [`Self::checkpoint_now`] records, so a
+    /// command run as a job still makes one checkpoint, of its outcome.
+    pub fn exec_uncheckpointed(
+        &self,
+        tenant: &str,
+        id: &str,
+        code: &str,
+        opts: ExecOptions<'_>,
+    ) -> Result<ExecResult, SessionError> {
+        Ok(self.exec_inner(tenant, id, code, opts, None, false)?.0)
+    }
+
+    fn exec_inner(
+        &self,
+        tenant: &str,
+        id: &str,
+        code: &str,
+        opts: ExecOptions<'_>,
+        plan: Option<&PipPlan>,
+        checkpoint: bool,
+    ) -> Result<(ExecResult, Option<CheckpointRecord>), SessionError> {
         let lines = forkbox_engine::packages::pip_lines(code).map_err(SessionError::Invalid)?;
         let plan = match (lines, plan) {
             (None, _) => None,
@@ -846,6 +884,11 @@ impl SessionManager {
                 return Err(SessionError::ExecFailed { source, checkpoint: head_seq(rec.head), output });
             }
         };
+        if !checkpoint {
+            let _ = self.store.release_seq(id, seq);
+            guard.last_used = Instant::now();
+            return Ok((result, None));
+        }
         let fence = guard.lease.clone();
         let Some(sb) = guard.sandbox.as_mut() else { return Err(SessionError::NotFound(id.into())) };
         let written = self.write_checkpoint_as(&rec, sb.as_mut(), code, base, Some(seq), Some(&result), fence.as_ref());
@@ -869,7 +912,7 @@ impl SessionManager {
         guard.last_used = Instant::now();
         drop(guard);
         // (The commit set `last_used_ms` already: no second write.)
-        Ok(ExecOutcome { result, checkpoint })
+        Ok((result, Some(checkpoint)))
     }
 
     /// Change the session's tags (replaced as a whole) and/or limits (memory,
@@ -1213,6 +1256,46 @@ impl SessionManager {
     /// Wait (at most `timeout`) for a background job to end.
     pub fn job_wait(&self, tenant: &str, id: &str, pid: u32, timeout: Duration) -> Result<JobInfo, SessionError> {
         self.with_sandbox(tenant, id, |sb, base, _, _| Ok((sb.job_wait(pid, timeout)?, base)))
+    }
+
+    /// Wait (at most `timeout`) for a background job to write past `offsets`
+    /// (stdout, stderr bytes) or end: a follower's next step.
+    pub fn job_watch(
+        &self,
+        tenant: &str,
+        id: &str,
+        pid: u32,
+        offsets: [u64; 2],
+        timeout: Duration,
+    ) -> Result<JobInfo, SessionError> {
+        self.with_sandbox(tenant, id, |sb, base, _, _| Ok((sb.job_watch(pid, offsets, timeout)?, base)))
+    }
+
+    /// Write to a background job's stdin, then close it if `eof`.
+    pub fn job_stdin(&self, tenant: &str, id: &str, pid: u32, data: &[u8], eof: bool) -> Result<JobInfo, SessionError> {
+        self.with_sandbox(tenant, id, |sb, base, _, _| Ok((sb.job_stdin(pid, data, eof)?, base)))
+    }
+
+    /// Checkpoint the session as it is now (named `label`), with no guest
+    /// code run: what background work changed since the last checkpoint.
+    pub fn checkpoint_now(&self, tenant: &str, id: &str, label: &str) -> Result<CheckpointRecord, SessionError> {
+        let r = self.with_sandbox(tenant, id, |sb, base, rec, fence| {
+            let c = self.write_checkpoint(rec, sb, label, base, fence)?;
+            let new_base = Some(c.id);
+            Ok((c, new_base))
+        });
+        match &r {
+            Ok(_) => {
+                let _ = self.store.touch(id, now_ms());
+            }
+            // Nothing was written: the sandbox is as it was.
+            Err(SessionError::Busy(_) | SessionError::NotFound(_)) => {}
+            // A failed checkpoint may leave memory ahead of what disk can bring back.
+            Err(_) => {
+                self.evict(id);
+            }
+        }
+        r
     }
 
     /// The entries of a directory of the session's file system.
