@@ -74,6 +74,32 @@ pub fn request<T: DeserializeOwned>(headers: &HeaderMap, body: &[u8]) -> Result<
     serde_json::from_slice(json).map_err(|e| ConnectError::invalid(format!("request message: {e}")))
 }
 
+/// The messages of a client stream's body (`StreamInput`): each envelope's
+/// JSON, in order, up to the end-of-stream envelope if one is sent.
+pub fn messages<T: DeserializeOwned>(body: &[u8]) -> Result<Vec<T>, ConnectError> {
+    let mut out = Vec::new();
+    let mut rest = body;
+    while !rest.is_empty() {
+        let (head, tail) =
+            rest.split_first_chunk::<5>().ok_or_else(|| ConnectError::invalid("malformed envelope: under 5 bytes"))?;
+        if head[0] & COMPRESSED != 0 {
+            return Err(ConnectError::invalid("compressed messages are not accepted"));
+        }
+        let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+        if len > MAX_MESSAGE || len > tail.len() {
+            return Err(ConnectError::invalid(format!("malformed envelope: it announces {len} bytes")));
+        }
+        if head[0] & END_STREAM != 0 {
+            break;
+        }
+        let json = &tail[..len];
+        let json: &[u8] = if json.iter().all(u8::is_ascii_whitespace) { b"{}" } else { json };
+        out.push(serde_json::from_slice(json).map_err(|e| ConnectError::invalid(format!("request message: {e}")))?);
+        rest = &tail[len..];
+    }
+    Ok(out)
+}
+
 /// The single message of an enveloped request body.
 fn unenvelope(body: &[u8]) -> Result<&[u8], ConnectError> {
     let (head, rest) =

@@ -252,8 +252,7 @@ async fn create(
             paused: false,
             contexts: BTreeMap::new(),
             executions: 0,
-            running: None,
-            next_pid: 1,
+            processes: Default::default(),
         }),
     });
     state.e2b.start_reaper(&state);
@@ -354,8 +353,7 @@ async fn record(
             paused: !resumed,
             contexts: BTreeMap::new(),
             executions: 0,
-            running: None,
-            next_pid: 1,
+            processes: Default::default(),
         }),
     });
     state.e2b.start_reaper(state);
@@ -469,8 +467,7 @@ async fn fork(
                         paused: false,
                         contexts: BTreeMap::new(),
                         executions: 0,
-                        running: None,
-                        next_pid: 1,
+                        processes: Default::default(),
                     }),
                 });
                 out.push(json!({ "sandbox": sandbox_json(&rec) }));
