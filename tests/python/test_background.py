@@ -329,3 +329,19 @@ def test_follow_streams_lines_before_the_process_ends(api):
     # A follow of an unknown process is an HTTP error, not a stream.
     r = api.get(f"/v1/sessions/{sid}/processes/4242/output", params={"follow": "true"})
     assert r.status_code == 404 and r.json()["error"]["code"] == "process_not_found", r.text
+
+
+def test_background_commands_are_refused_clearly_with_thread_isolation(tmp_path):
+    from conftest import start_server, stop_server
+
+    s = start_server(tmp_path / "home", "--isolation", "thread")
+    try:
+        with httpx.Client(base_url=s.url, headers=s.headers(), timeout=TIMEOUT) as c:
+            sid = session(c)
+            r = c.post(f"/v1/sessions/{sid}/commands", json={"cmd": ["sleep", "5"], "background": True})
+            assert r.status_code == 400 and "--isolation" in r.json()["error"]["message"], r.text
+            # Foreground commands work as before.
+            r = c.post(f"/v1/sessions/{sid}/commands", json={"cmd": "echo fg"})
+            assert r.status_code == 200 and r.json()["stdout"] == "fg\n", r.text
+    finally:
+        stop_server(s)

@@ -475,6 +475,14 @@ impl Runtime {
         hold: impl Send + 'static,
     ) -> Result<JobStart, RuntimeError> {
         self.check_code(&code)?;
+        if self.sessions.host_kind() == "thread" {
+            // There a session's sandbox runs only during a call: a background command would be frozen.
+            return Err(RuntimeError::Invalid(
+                "background commands need session workers (--isolation process, the default): with --isolation \
+                 thread a session runs only during a call"
+                    .into(),
+            ));
+        }
         let (rt, tenant, id) = (self.clone(), tenant.to_string(), id.to_string());
         self.workers
             .run(move || {

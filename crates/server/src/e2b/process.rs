@@ -96,22 +96,6 @@ fn command_line(p: &ProcessConfig) -> CommandLine {
     CommandLine::Argv(std::iter::once(p.cmd.clone()).chain(p.args.iter().cloned()).collect())
 }
 
-/// The `connect-timeout-ms` of a call, as an exec time limit within the session's own.
-pub(super) async fn call_timeout(
-    state: &AppState,
-    rec: &SandboxRec,
-    headers: &HeaderMap,
-) -> Result<Option<Duration>, ConnectError> {
-    let Some(ms) = headers.get("connect-timeout-ms").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok())
-    else {
-        return Ok(None);
-    };
-    let (t, i) = (rec.tenant.clone(), rec.id.clone());
-    let limit = crate::handlers::blocking(state, move |rt| Ok(rt.session(&t, &i)?.timeout_seconds())).await?;
-    let want = ms as f64 / 1000.0;
-    Ok((want > 0.0 && want < limit).then(|| Duration::from_secs_f64(want)))
-}
-
 /// The `connect-timeout-ms` of a call as it is (a command's lifetime: 0 or none is no limit).
 fn header_timeout(headers: &HeaderMap) -> Option<Duration> {
     let ms = headers.get("connect-timeout-ms").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok())?;
@@ -121,26 +105,18 @@ fn header_timeout(headers: &HeaderMap) -> Option<Duration> {
 /// What a data-plane call that runs in the guest has once it may start.
 pub(super) struct Admitted {
     pub caller: crate::auth::Caller,
-    /// The call's own time limit (`connect-timeout-ms`), within the session's.
-    pub timeout: Option<Duration>,
     pub permit: crate::fair::ExecSlot,
 }
 
-/// The prologue of every guest exec of envd's calls: the sandbox is running, its session
-/// exists and `code` is within the caller's limits (code size, disk), then an exec slot.
-pub(super) async fn admit(
-    state: &AppState,
-    rec: &SandboxRec,
-    headers: &HeaderMap,
-    code: &str,
-) -> Result<Admitted, ConnectError> {
+/// The prologue of a command's start: the sandbox is running, its session exists and
+/// `code` is within the caller's limits (code size, disk), then an exec slot.
+pub(super) async fn admit(state: &AppState, rec: &SandboxRec, code: &str) -> Result<Admitted, ConnectError> {
     running(rec)?;
     let caller = rec.caller();
     let (c, i, checked) = (caller.clone(), rec.id.clone(), code.to_string());
     crate::handlers::blocking(state, move |rt| Ok(rt.check_session_exec(&c.tenant, &i, &checked, &c.quota())?)).await?;
-    let timeout = call_timeout(state, rec, headers).await?;
     let permit = crate::fair::acquire_for(state, &caller, 1).await?;
-    Ok(Admitted { caller, timeout, permit })
+    Ok(Admitted { caller, permit })
 }
 
 /// `Start`: start the command as a background process of the session; `start
@@ -173,7 +149,7 @@ async fn start_inner(
     let cmd = forkbox_runtime::Command::new(line, Some(cwd), req.process.envs.clone())?;
     let label = format!("# command: {}", cmd.label());
     let code = cmd.background_code(req.stdin.unwrap_or(false));
-    let Admitted { caller, permit, .. } = admit(&state, &rec, &headers, &code).await?;
+    let Admitted { caller, permit } = admit(&state, &rec, &code).await?;
     // The command's lifetime: the call's own timeout (the SDK's, 60 s by default; 0: none).
     let deadline = header_timeout(&headers).map(|t| tokio::time::Instant::now() + t);
     let started = state
@@ -231,14 +207,8 @@ async fn stream_process(
     tx: mpsc::Sender<Bytes>,
 ) {
     let (ftx, mut frx) = mpsc::channel::<Followed>(CHANNEL);
-    let follower = follow(
-        state.clone(),
-        rec.tenant.clone(),
-        rec.id.clone(),
-        pid,
-        [Some(offsets[0]), Some(offsets[1])],
-        ftx,
-    );
+    let follower =
+        follow(state.clone(), rec.tenant.clone(), rec.id.clone(), pid, [Some(offsets[0]), Some(offsets[1])], ftx);
     tokio::spawn(follower);
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + KEEPALIVE, KEEPALIVE);
     let mut timed_out = false;

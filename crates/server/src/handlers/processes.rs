@@ -231,34 +231,41 @@ fn follow_sse(
     id: String,
     pid: u32,
     offsets: [Option<u64>; 2],
-) -> axum::response::sse::Sse<impl futures_util::Stream<Item = Result<axum::response::sse::Event, std::convert::Infallible>>>
-{
+) -> axum::response::sse::Sse<
+    impl futures_util::Stream<Item = Result<axum::response::sse::Event, std::convert::Infallible>>,
+> {
     use axum::response::sse::{Event, KeepAlive, Sse};
     let (tx, rx) = tokio::sync::mpsc::channel(super::stream::CHANNEL);
     tokio::spawn(follow(state, tenant, id, pid, offsets, tx));
-    let events = futures_util::stream::unfold((rx, [super::stream::Utf8Chunks::default(), Default::default()], false), |(mut rx, mut text, done)| async move {
-        if done {
-            return None;
-        }
-        let (ev, last) = match rx.recv().await? {
-            Followed::Output { stream, offset, dropped, data } => {
-                let name = if stream == Stream::Stdout { "stdout" } else { "stderr" };
-                let next_offset = offset.saturating_add(data.len() as u64);
-                let data = text[stream as usize].push(&data);
-                let body = serde_json::json!({ "data": data, "offset": offset, "next_offset": next_offset, "dropped": dropped });
-                (Event::default().event(name).data(body.to_string()), false)
+    let events = futures_util::stream::unfold(
+        (rx, [super::stream::Utf8Chunks::default(), Default::default()], false),
+        |(mut rx, mut text, done)| async move {
+            if done {
+                return None;
             }
-            Followed::End(info) => {
-                (Event::default().event("exit").data(serde_json::to_string(&ProcessInfo::of(info)).unwrap_or_default()), true)
-            }
-            Followed::Failed(e) => {
-                let e = ApiError::from(e);
-                let body = serde_json::to_string(&ErrorBody { error: e.detail() }).unwrap_or_default();
-                (Event::default().event("error").data(body), true)
-            }
-        };
-        Some((Ok(ev), (rx, text, last)))
-    });
+            let (ev, last) = match rx.recv().await? {
+                Followed::Output { stream, offset, dropped, data } => {
+                    let name = if stream == Stream::Stdout { "stdout" } else { "stderr" };
+                    let next_offset = offset.saturating_add(data.len() as u64);
+                    let data = text[stream as usize].push(&data);
+                    let body = serde_json::json!({ "data": data, "offset": offset, "next_offset": next_offset, "dropped": dropped });
+                    (Event::default().event(name).data(body.to_string()), false)
+                }
+                Followed::End(info) => (
+                    Event::default()
+                        .event("exit")
+                        .data(serde_json::to_string(&ProcessInfo::of(info)).unwrap_or_default()),
+                    true,
+                ),
+                Followed::Failed(e) => {
+                    let e = ApiError::from(e);
+                    let body = serde_json::to_string(&ErrorBody { error: e.detail() }).unwrap_or_default();
+                    (Event::default().event("error").data(body), true)
+                }
+            };
+            Some((Ok(ev), (rx, text, last)))
+        },
+    );
     Sse::new(events).keep_alive(KeepAlive::default())
 }
 
@@ -437,7 +444,12 @@ pub(crate) async fn follow(
             offsets[i] = Some(next);
             if !chunk.data.is_empty() || chunk.offset > at {
                 news = true;
-                let ev = Followed::Output { stream, offset: chunk.offset, dropped: chunk.offset.saturating_sub(at), data: chunk.data };
+                let ev = Followed::Output {
+                    stream,
+                    offset: chunk.offset,
+                    dropped: chunk.offset.saturating_sub(at),
+                    data: chunk.data,
+                };
                 if tx.send(ev).await.is_err() {
                     return;
                 }
