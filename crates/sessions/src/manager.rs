@@ -1898,23 +1898,36 @@ impl SessionManager {
 
     /// Keep at most `max_resident - 1` others resident before bringing one back (LRU).
     fn make_room(&self, except: &str) {
+        /// (runs background work, last used): the order of eviction.
+        type EvictKey = (bool, Instant);
         let slots: Vec<(String, Arc<Mutex<Slot>>)> =
             self.slots.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-        let mut resident: Vec<(Instant, String, Arc<Mutex<Slot>>)> = slots
+        // Sessions with running background work go last, least recently used first within each kind.
+        let mut resident: Vec<(EvictKey, String, Arc<Mutex<Slot>>)> = slots
             .into_iter()
             .filter(|(k, _)| k != except)
             .filter_map(|(k, s)| {
-                let t = s.try_lock().ok().filter(|g| live(&g.sandbox)).map(|g| g.last_used)?;
-                Some((t, k, s))
+                let key = s.try_lock().ok().filter(|g| live(&g.sandbox)).map(|g| {
+                    let running = g.sandbox.as_ref().is_some_and(|sb| sb.has_background());
+                    (running, g.last_used)
+                })?;
+                Some((key, k, s))
             })
             .collect();
         if resident.len() < self.config.max_resident {
             return;
         }
-        resident.sort_by_key(|(t, _, _)| *t);
+        resident.sort_by_key(|(key, _, _)| *key);
         let excess = resident.len() + 1 - self.config.max_resident;
-        for (_, id, s) in resident.into_iter().take(excess) {
+        for ((running, _), id, s) in resident.into_iter().take(excess) {
             if let Ok(mut g) = s.try_lock() {
+                if running {
+                    // Every resident session runs background work: the limit wins, loudly.
+                    tracing::warn!(
+                        "evicting session {id} with running background processes: {} sessions are resident at most",
+                        self.config.max_resident
+                    );
+                }
                 self.drop_resident(&id, &mut g);
             }
         }

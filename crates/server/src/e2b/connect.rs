@@ -154,6 +154,26 @@ fn tokio_stream_of(rx: mpsc::Receiver<Bytes>) -> impl futures_util::Stream<Item 
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_client_stream_body_is_its_messages_in_order_up_to_its_end() {
+        let mut body = Vec::new();
+        body.extend_from_slice(&envelope(0, br#"{"start":{"process":{"pid":7}}}"#));
+        body.extend_from_slice(&envelope(0, br#"{"data":{"input":{"stdin":"YQ=="}}}"#));
+        body.extend_from_slice(&envelope(0, b""));
+        body.extend_from_slice(&envelope(END_STREAM, b"{}"));
+        let msgs: Vec<serde_json::Value> = messages(&body).expect("well-formed");
+        assert_eq!(msgs.len(), 3);
+        assert_eq!(msgs[0]["start"]["process"]["pid"], 7);
+        assert_eq!(msgs[1]["data"]["input"]["stdin"], "YQ==");
+        assert_eq!(msgs[2], serde_json::json!({}));
+        // A length past the body, a short prefix, compression: refused.
+        let mut bad = envelope(0, b"{}").to_vec();
+        bad[4] = 9;
+        assert!(messages::<serde_json::Value>(&bad).is_err());
+        assert!(messages::<serde_json::Value>(&[0, 0]).is_err());
+        assert!(messages::<serde_json::Value>(&envelope(COMPRESSED, b"{}")).is_err());
+    }
+
     fn headers(ct: &str) -> HeaderMap {
         let mut h = HeaderMap::new();
         h.insert(header::CONTENT_TYPE, HeaderValue::from_str(ct).unwrap());
