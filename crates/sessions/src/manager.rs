@@ -1224,9 +1224,34 @@ impl SessionManager {
         })
     }
 
+    /// `f` on the session's sandbox if it is resident here; None if it is not
+    /// (then it has no background jobs: they are not brought back from disk, so
+    /// a job operation never resumes an evicted or paused session).
+    fn with_resident<T>(
+        &self,
+        tenant: &str,
+        id: &str,
+        f: impl FnOnce(&mut dyn Resident) -> Result<T, SessionError>,
+    ) -> Result<Option<T>, SessionError> {
+        self.record(tenant, id)?;
+        let slot = self.slot(id);
+        let mut guard = lock_slot(&slot, id)?;
+        if !live(&guard.sandbox) {
+            drop(guard);
+            // In a cluster it may be resident on another node: the request belongs there.
+            self.not_elsewhere(id)?;
+            return Ok(None);
+        }
+        self.hold(id, &mut guard)?;
+        let Some(sb) = guard.sandbox.as_mut() else { return Ok(None) };
+        let out = f(sb.as_mut())?;
+        guard.last_used = Instant::now();
+        Ok(Some(out))
+    }
+
     /// The session's background jobs (a session brought back from disk has none).
     pub fn jobs(&self, tenant: &str, id: &str) -> Result<Vec<JobInfo>, SessionError> {
-        self.with_sandbox(tenant, id, |sb, base, _, _| Ok((sb.jobs()?, base)))
+        Ok(self.with_resident(tenant, id, |sb| Ok(sb.jobs()?))?.unwrap_or_default())
     }
 
     /// One background job of the session.
@@ -1245,17 +1270,20 @@ impl SessionManager {
         offset: u64,
         max: usize,
     ) -> Result<JobChunk, SessionError> {
-        self.with_sandbox(tenant, id, |sb, base, _, _| Ok((sb.job_output(pid, stream, offset, max)?, base)))
+        let r = self.with_resident(tenant, id, |sb| Ok(sb.job_output(pid, stream, offset, max)?))?;
+        Ok(r.ok_or(EngineError::NoSuchJob(pid))?)
     }
 
     /// Send a signal to a background job's processes.
     pub fn job_signal(&self, tenant: &str, id: &str, pid: u32, signal: i32) -> Result<JobInfo, SessionError> {
-        self.with_sandbox(tenant, id, |sb, base, _, _| Ok((sb.job_signal(pid, signal)?, base)))
+        let r = self.with_resident(tenant, id, |sb| Ok(sb.job_signal(pid, signal)?))?;
+        Ok(r.ok_or(EngineError::NoSuchJob(pid))?)
     }
 
     /// Wait (at most `timeout`) for a background job to end.
     pub fn job_wait(&self, tenant: &str, id: &str, pid: u32, timeout: Duration) -> Result<JobInfo, SessionError> {
-        self.with_sandbox(tenant, id, |sb, base, _, _| Ok((sb.job_wait(pid, timeout)?, base)))
+        let r = self.with_resident(tenant, id, |sb| Ok(sb.job_wait(pid, timeout)?))?;
+        Ok(r.ok_or(EngineError::NoSuchJob(pid))?)
     }
 
     /// Wait (at most `timeout`) for a background job to write past `offsets`
@@ -1268,12 +1296,14 @@ impl SessionManager {
         offsets: [u64; 2],
         timeout: Duration,
     ) -> Result<JobInfo, SessionError> {
-        self.with_sandbox(tenant, id, |sb, base, _, _| Ok((sb.job_watch(pid, offsets, timeout)?, base)))
+        let r = self.with_resident(tenant, id, |sb| Ok(sb.job_watch(pid, offsets, timeout)?))?;
+        Ok(r.ok_or(EngineError::NoSuchJob(pid))?)
     }
 
     /// Write to a background job's stdin, then close it if `eof`.
     pub fn job_stdin(&self, tenant: &str, id: &str, pid: u32, data: &[u8], eof: bool) -> Result<JobInfo, SessionError> {
-        self.with_sandbox(tenant, id, |sb, base, _, _| Ok((sb.job_stdin(pid, data, eof)?, base)))
+        let r = self.with_resident(tenant, id, |sb| Ok(sb.job_stdin(pid, data, eof)?))?;
+        Ok(r.ok_or(EngineError::NoSuchJob(pid))?)
     }
 
     /// Checkpoint the session as it is now (named `label`), with no guest
