@@ -16,7 +16,8 @@ from conftest import forkbox_bin, shared_image
 
 TOOLS = {"run_python", "create_session", "exec", "list_sessions", "delete_session", "list_checkpoints", "revert", "fork_session",
          "upload_file", "download_file", "list_files", "interrupt", "run_command",
-         "try_alternatives", "inspect_checkpoint", "diff_checkpoints", "save_template", "install_packages"}
+         "try_alternatives", "inspect_checkpoint", "diff_checkpoints", "save_template", "install_packages",
+         "start_process", "read_process_output", "list_processes", "kill_process"}
 
 
 @asynccontextmanager

@@ -218,3 +218,130 @@ def test_a_process_output_ring_keeps_the_last_256_kib_by_offset(api):
     out = output(api, sid, pid)
     assert (out["offset"], out["dropped"], out["end"], out["next_offset"]) == (400004 - 262144, 400004 - 262144, 400004, 400004), {k: v for k, v in out.items() if k != "data"}
     assert out["data"].endswith("xend\n") and len(out["data"]) == 262144
+
+
+def sse_events(resp):
+    """(event, data) pairs of a Server-Sent Events response, as they arrive."""
+    import json
+
+    event, data = None, []
+    for line in resp.iter_lines():
+        if line.startswith(":"):
+            continue
+        if line == "":
+            if event is not None or data:
+                yield event, json.loads("\n".join(data)) if data else None
+            event, data = None, []
+        elif line.startswith("event:"):
+            event = line[6:].strip()
+        elif line.startswith("data:"):
+            data.append(line[5:].lstrip(" "))
+
+
+def test_stdin_round_trip_with_cat_and_close_ends_it(api):
+    sid = session(api)
+    pid = start(api, sid, ["cat"], stdin=True)["pid"]
+    r = api.post(f"/v1/sessions/{sid}/processes/{pid}/stdin", json={"data": "hello\n"})
+    assert r.status_code == 200 and r.json()["state"] == "running", r.text
+    # Raw bytes and base64 too.
+    r = api.post(f"/v1/sessions/{sid}/processes/{pid}/stdin", content=b"raw \xc3\xa9\n",
+                 headers={"content-type": "application/octet-stream"})
+    assert r.status_code == 200, r.text
+    r = api.post(f"/v1/sessions/{sid}/processes/{pid}/stdin", json={"data_b64": "YjY0Cg=="})
+    assert r.status_code == 200, r.text
+    deadline = time.monotonic() + 20
+    while output(api, sid, pid)["data"] != "hello\nraw é\nb64\n":
+        assert time.monotonic() < deadline, output(api, sid, pid)
+        time.sleep(0.05)
+    # cat still runs (it waits for more) until its stdin is closed.
+    assert api.get(f"/v1/sessions/{sid}/processes/{pid}").json()["state"] == "running"
+    r = api.post(f"/v1/sessions/{sid}/processes/{pid}/stdin", json={"data": "last\n", "eof": True})
+    assert r.status_code == 200, r.text
+    r = api.post(f"/v1/sessions/{sid}/processes/{pid}/wait", json={"timeout_seconds": 20})
+    assert (r.json()["state"], r.json().get("exit_code")) == ("exited", 0), r.json()
+    assert output(api, sid, pid)["data"] == "hello\nraw é\nb64\nlast\n"
+    # Closed, ended: a clear 409.
+    r = api.post(f"/v1/sessions/{sid}/processes/{pid}/stdin", json={"data": "more"})
+    assert r.status_code == 409 and r.json()["error"]["code"] == "stdin_closed", r.text
+
+
+def test_stdin_errors_are_clear(api):
+    sid = session(api)
+    # Without stdin: true the process reads /dev/null, and its stdin cannot be written.
+    pid = start(api, sid, ["sh", "-c", "cat; echo eof; sleep 30"])["pid"]
+    r = api.post(f"/v1/sessions/{sid}/processes/{pid}/wait", json={"timeout_seconds": 0.5})
+    assert output(api, sid, pid)["data"] == "eof\n"
+    r = api.post(f"/v1/sessions/{sid}/processes/{pid}/stdin", json={"data": "x"})
+    assert r.status_code == 409 and r.json()["error"]["code"] == "stdin_closed", r.text
+    assert "stdin" in r.json()["error"]["message"]
+    api.post(f"/v1/sessions/{sid}/processes/{pid}/signal", json={"signal": 9})
+    r = api.post(f"/v1/sessions/{sid}/processes/{pid}/stdin", json={"data": "x", "data_b64": "eA=="})
+    assert r.status_code == 400, r.text
+    r = api.post(f"/v1/sessions/{sid}/processes/4242/stdin", json={"data": "x"})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "process_not_found", r.text
+    # stdin is for background commands.
+    r = api.post(f"/v1/sessions/{sid}/commands", json={"cmd": "true", "stdin": True})
+    assert r.status_code == 400, r.text
+    # A reader that does not read: the stdin buffer (256 KiB) fills, a write past it waits, then 409.
+    pid = start(api, sid, ["sleep", "60"], stdin=True)["pid"]
+    r = api.post(f"/v1/sessions/{sid}/processes/{pid}/stdin", content=b"a" * (256 << 10),
+                 headers={"content-type": "application/octet-stream"})
+    assert r.status_code == 200, r.text
+    t0 = time.monotonic()
+    r = api.post(f"/v1/sessions/{sid}/processes/{pid}/stdin", json={"data": "b"})
+    assert r.status_code == 409 and r.json()["error"]["code"] == "stdin_full", r.text
+    assert 4 <= time.monotonic() - t0 < 15
+    api.post(f"/v1/sessions/{sid}/processes/{pid}/signal", json={"signal": 9})
+
+
+def test_follow_streams_lines_before_the_process_ends(api):
+    sid = session(api)
+    pid = start(api, sid, "for i in 1 2 3 4 5; do echo line $i; echo err $i >&2; sleep 0.4; done; exit 3")["pid"]
+    t0 = time.monotonic()
+    seen, errs, first_at, exit_ev = [], [], None, None
+    with api.stream("GET", f"/v1/sessions/{sid}/processes/{pid}/output", params={"follow": "true"}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream"), r.read()
+        for ev, data in sse_events(r):
+            if ev == "stdout":
+                if first_at is None:
+                    first_at = time.monotonic() - t0
+                seen.append(data["data"])
+            elif ev == "stderr":
+                errs.append(data["data"])
+            elif ev == "exit":
+                exit_ev = data
+                break
+            # The session stays usable while a follower is attached.
+            if len(seen) == 2 and ev == "stdout":
+                assert run(api, sid, "print(6 * 7)")["stdout"] == "42\n"
+    total = time.monotonic() - t0
+    assert "".join(seen) == "".join(f"line {i}\n" for i in range(1, 6))
+    assert "".join(errs) == "".join(f"err {i}\n" for i in range(1, 6))
+    assert exit_ev["state"] == "exited" and exit_ev["exit_code"] == 3, exit_ev
+    # The first line came well before the end (2 s of sleeps).
+    assert first_at < total - 1.0, (first_at, total)
+    # Reconnect from an offset: only what follows it.
+    with api.stream("GET", f"/v1/sessions/{sid}/processes/{pid}/output",
+                    params={"follow": "true", "stream": "stdout", "offset": 14}) as r:
+        evs = list(sse_events(r))
+    assert [e for e, _ in evs] == ["stdout", "exit"], evs
+    assert evs[0][1]["data"] == "line 3\nline 4\nline 5\n" and evs[0][1]["offset"] == 14, evs
+    # A follow of an unknown process is an HTTP error, not a stream.
+    r = api.get(f"/v1/sessions/{sid}/processes/4242/output", params={"follow": "true"})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "process_not_found", r.text
+
+
+def test_background_commands_are_refused_clearly_with_thread_isolation(tmp_path):
+    from conftest import start_server, stop_server
+
+    s = start_server(tmp_path / "home", "--isolation", "thread")
+    try:
+        with httpx.Client(base_url=s.url, headers=s.headers(), timeout=TIMEOUT) as c:
+            sid = session(c)
+            r = c.post(f"/v1/sessions/{sid}/commands", json={"cmd": ["sleep", "5"], "background": True})
+            assert r.status_code == 400 and "--isolation" in r.json()["error"]["message"], r.text
+            # Foreground commands work as before.
+            r = c.post(f"/v1/sessions/{sid}/commands", json={"cmd": "echo fg"})
+            assert r.status_code == 200 and r.json()["stdout"] == "fg\n", r.text
+    finally:
+        stop_server(s)

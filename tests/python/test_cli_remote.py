@@ -162,3 +162,44 @@ def test_usage_errors_are_one_line_too(server):
         assert r.stderr.startswith("forkbox: error: ") and what in r.stderr, (args, r.stderr)
     r = cli(server, "--help")
     assert r.returncode == 0 and "Usage:" in r.stdout
+
+
+def test_session_background_ps_logs_kill(server):
+    sid = cli(server, "session", "new").stdout.strip()
+    r = cli(server, "session", "sh", sid, "--background", "for i in 1 2 3; do echo out $i; echo err $i >&2; sleep 0.3; done")
+    assert r.returncode == 0, r.stderr
+    pid = int(r.stdout.strip())
+    # --follow prints the lines as they come and ends with the process.
+    r = cli(server, "session", "logs", sid, str(pid), "--follow")
+    assert (r.returncode, r.stdout) == (0, "out 1\nout 2\nout 3\n"), r.stderr
+    r = cli(server, "session", "logs", sid, str(pid), "--stderr")
+    assert (r.returncode, r.stdout) == (0, "err 1\nerr 2\nerr 3\n"), r.stderr
+    # stdin from the CLI's own, then end of file.
+    r = cli(server, "session", "sh", sid, "--background", "--stdin", "tr a-z A-Z", stdin="shout\n")
+    assert r.returncode == 0, r.stderr
+    upper = int(r.stdout.strip())
+    assert cli(server, "session", "logs", sid, str(upper), "-f").stdout == "SHOUT\n"
+    r = cli(server, "session", "sh", sid, "--background", "sleep", "60")
+    sleeper = int(r.stdout.strip())
+    r = cli(server, "session", "ps", sid)
+    lines = r.stdout.splitlines()
+    assert lines[0].split()[:2] == ["PID", "STATE"], r.stdout
+    rows = {int(l.split()[0]): l for l in lines[1:]}
+    assert "exit 0" in rows[pid] and "running" in rows[sleeper] and rows[sleeper].endswith("sleep 60"), r.stdout
+    r = cli(server, "session", "kill", sid, str(sleeper), "--signal", "KILL")
+    assert r.returncode == 0 and f"sent signal 9 to {sleeper}" in r.stdout, r.stderr
+    ps = json.loads(cli(server, "session", "ps", sid, "--json").stdout)
+    deadline = time.monotonic() + 20
+    while next(p for p in ps if p["pid"] == sleeper)["state"] == "running":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+        ps = json.loads(cli(server, "session", "ps", sid, "--json").stdout)
+    assert next(p for p in ps if p["pid"] == sleeper)["signal"] == 9
+    # Errors: an unknown process, a bad signal, a command that cannot start.
+    r = cli(server, "session", "logs", sid, "4242")
+    assert r.returncode != 0 and "process_not_found" in r.stderr, r.stderr
+    r = cli(server, "session", "kill", sid, str(pid), "--signal", "NOPE")
+    assert r.returncode == 2 and "NOPE" in r.stderr
+    r = cli(server, "session", "sh", sid, "--background", "no-such-program-x", "arg")
+    assert r.returncode == 127 and "not found" in r.stderr, (r.returncode, r.stderr)
+    cli(server, "session", "rm", sid)

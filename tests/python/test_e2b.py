@@ -499,3 +499,79 @@ def test_envd_uploads_are_bounded_like_forkbox_uploads(e2b_server):
         assert not sbx.files.exists("/tmp/big.bin")
     finally:
         sbx.kill()
+
+
+def test_background_commands_list_kill_connect_and_stdin(e2b_server):
+    """`commands.run(background=True)` returns a handle at once and the sandbox stays usable;
+    the handle waits for the output and exit code; list, kill, connect and stdin act on the
+    session's background processes (E2B's pid is forkbox's)."""
+    http = httpx.Client(base_url=e2b_server.url, headers={"Authorization": f"Bearer {e2b_server.key}"})
+    with ci.Sandbox.create(template="base") as sbx:
+        seqs = lambda: [c["seq"] for c in http.get(f"/v1/sessions/{sbx.sandbox_id}/checkpoints").json()["checkpoints"]]
+        t0 = time.monotonic()
+        h = sbx.commands.run("echo start; sleep 1.5; echo done > /tmp/bg-done; echo finished; exit 4", background=True)
+        assert time.monotonic() - t0 < 1.0
+        # The sandbox answers other calls meanwhile.
+        assert sbx.run_code("6 * 7").text == "42"
+        assert sbx.commands.run("echo meanwhile").stdout == "meanwhile\n"
+        listed = {p.pid: p for p in sbx.commands.list()}
+        assert h.pid in listed and listed[h.pid].cmd == "/bin/bash" and listed[h.pid].args[-1].startswith("echo start")
+        forkbox_pids = [p["pid"] for p in http.get(f"/v1/sessions/{sbx.sandbox_id}/processes").json()["processes"]]
+        assert h.pid in forkbox_pids
+        with pytest.raises(CommandExitException) as e:
+            h.wait()
+        assert (e.value.exit_code, e.value.stdout) == (4, "start\nfinished\n")
+        assert sbx.files.read("/tmp/bg-done") == "done\n"
+        assert h.pid not in {p.pid for p in sbx.commands.list()}
+
+        # A foreground command makes one checkpoint, of its outcome: a fork has its file.
+        before = seqs()
+        sbx.commands.run("echo kept > /tmp/fg")
+        assert len(seqs()) == len(before) + 1
+        fork = http.post(f"/v1/sessions/{sbx.sandbox_id}/fork", json={})
+        assert fork.status_code == 201, fork.text
+        fid = fork.json()["id"]
+        r = http.post(f"/v1/sessions/{fid}/exec", json={"code": "print(open('/tmp/fg').read(), end='')"})
+        assert r.json()["stdout"] == "kept\n", r.text
+
+        # Kill: the handle ends by the signal, the process is gone from the list.
+        h = sbx.commands.run("sleep 60", background=True)
+        assert h.kill()
+        with pytest.raises(CommandExitException) as e:
+            h.wait()
+        assert e.value.exit_code == -1 and "signal" in e.value.error
+        assert h.pid not in {p.pid for p in sbx.commands.list()}
+        h2 = sbx.commands.run("sleep 60", background=True)
+        assert sbx.commands.kill(h2.pid)
+        assert not sbx.commands.kill(h2.pid)
+        assert not sbx.commands.kill(987654)
+
+        # Connect re-attaches: the output from then on, and the end.
+        h = sbx.commands.run("for i in 1 2 3 4 5 6; do echo tick $i; sleep 0.3; done", background=True)
+        time.sleep(0.5)
+        again = sbx.commands.connect(h.pid)
+        r = again.wait()
+        assert r.exit_code == 0 and r.stdout.endswith("tick 6\n") and "tick 1\n" not in r.stdout, r.stdout
+
+        # stdin: send_stdin and close_stdin on a `cat`.
+        h = sbx.commands.run("cat", background=True, stdin=True)
+        sbx.commands.send_stdin(h.pid, "hello ")
+        sbx.commands.send_stdin(h.pid, b"stdin\n")
+        h.send_stdin("more\n")
+        sbx.commands.close_stdin(h.pid)
+        r = h.wait()
+        assert (r.exit_code, r.stdout) == (0, "hello stdin\nmore\n")
+        # Without stdin=True a command reads /dev/null, and sending to it fails.
+        h = sbx.commands.run("sleep 30", background=True)
+        with pytest.raises(SandboxException):
+            sbx.commands.send_stdin(h.pid, "x")
+        h.kill()
+
+
+def test_stream_input_writes_in_order(e2b_server):
+    """`StreamInput` (a Connect client stream) writes each chunk to the process' stdin in order."""
+    with e2b.Sandbox.create() as sbx:
+        h = sbx.commands.run("cat", background=True, stdin=True)
+        sbx.commands.stream_input(h.pid, ["a", "b", b"c\n"])
+        sbx.commands.close_stdin(h.pid)
+        assert h.wait().stdout == "abc\n"

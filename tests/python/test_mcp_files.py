@@ -134,3 +134,41 @@ def test_interrupt_stops_a_running_exec_and_keeps_the_session(connect):
         await ok(s, "delete_session", session_id=sid)
 
     run(scenario, connect)
+
+
+def test_background_process_tools(connect, request):
+    """start_process returns at once; the process runs on between tool calls; its output is read from
+    offsets; list_processes and kill_process see and stop it. Embedded (stdio without a server) runs
+    sessions on its own threads, where background processes are refused with a clear error."""
+    embedded = request.node.callspec.params["connect"] == "stdio"
+
+    async def scenario(s):
+        sid = (await ok(s, "create_session"))["session_id"]
+        if embedded:
+            code, msg, _ = await err(s, "start_process", session_id=sid, command="sleep 1")
+            assert code == "invalid_request" and "--isolation" in msg, msg
+            return
+        started = await ok(s, "start_process", session_id=sid,
+                           command="i=0; while true; do i=$((i+1)); echo tick $i; sleep 0.1; done")
+        pid = started["pid"]
+        assert started["process"]["state"] == "running"
+        # Other calls go on meanwhile.
+        assert (await ok(s, "exec", session_id=sid, code="6 * 7"))["value"] == "42"
+        await anyio.sleep(0.6)
+        first = await ok(s, "read_process_output", session_id=sid, pid=pid)
+        assert first["running"] and first["stdout"].startswith("tick 1\ntick 2\n"), first
+        more = await ok(s, "read_process_output", session_id=sid, pid=pid, stdout_offset=first["stdout_next_offset"])
+        assert not more["stdout"].startswith("tick 1\n")
+        listed = await ok(s, "list_processes", session_id=sid)
+        assert [p["pid"] for p in listed["processes"]] == [pid]
+        killed = await ok(s, "kill_process", session_id=sid, pid=pid)
+        assert killed["process"]["state"] == "exited" and killed["process"]["signal"] == 15, killed
+        # One that ends by itself: wait_seconds waits for its end.
+        pid2 = (await ok(s, "start_process", session_id=sid, command="sleep 0.3; echo done; exit 3"))["pid"]
+        out = await ok(s, "read_process_output", session_id=sid, pid=pid2, wait_seconds=20)
+        assert (out["running"], out["exit_code"], out["stdout"]) == (False, 3, "done\n"), out
+        code, _, _ = await err(s, "read_process_output", session_id=sid, pid=4242)
+        assert code == "process_not_found"
+        await ok(s, "delete_session", session_id=sid)
+
+    run(scenario, connect)

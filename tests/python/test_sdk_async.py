@@ -97,3 +97,17 @@ def test_async_files_and_interrupt(server):
             await s.delete()
 
     run(main())
+
+
+def test_async_background_process_follow_and_stdin(server):
+    async def main():
+        async with AsyncForkbox(server.url, server.key) as fb:
+            s = await fb.sessions.create()
+            p = await s.start_command("read line; echo got $line; sleep 0.2; echo bye", stdin=True)
+            await s.write_stdin(p.pid, "hi\n")
+            out = [e.data async for e in s.follow(p.pid, stream="stdout") if isinstance(e, Stdout)]
+            assert "".join(out) == "got hi\nbye\n"
+            assert (await s.process(p.pid)).exit_code == 0
+            await s.delete()
+
+    run(main())

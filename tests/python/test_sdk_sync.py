@@ -268,3 +268,42 @@ def test_the_blocking_client_is_generated_from_the_asyncio_one():
     gen = os.path.join(os.path.dirname(__file__), "..", "..", "sdk", "python", "gen_sync.py")
     r = subprocess.run([sys.executable, gen, "--check"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_background_processes_start_follow_stdin_signal_wait(fb):
+    s = fb.sessions.create()
+    try:
+        p = s.start_command(["cat"], stdin=True)
+        assert p.running and p.argv == ["cat"]
+        assert s.write_stdin(p.pid, "one\n").running
+        s.write_stdin(p.pid, b"two\n", eof=True)
+        done = s.wait_process(p.pid, timeout=20)
+        assert (done.state, done.exit_code) == ("exited", 0)
+        out = s.process_output(p.pid)
+        assert (out.data, out.offset, out.next_offset, out.running) == ("one\ntwo\n", 0, 8, False)
+        with pytest.raises(forkbox.StdinError) as e:
+            s.write_stdin(p.pid, "late")
+        assert e.value.code == "stdin_closed"
+
+        # follow: output as it comes, then the process as it ended.
+        q = s.start_command("for i in 1 2 3; do echo n$i; sleep 0.3; done; echo bad >&2; exit 2")
+        assert [x.pid for x in s.processes()] == [p.pid, q.pid]
+        events = list(s.follow(q.pid))
+        assert "".join(e.data for e in events if isinstance(e, Stdout)) == "n1\nn2\nn3\n"
+        assert [e.data for e in events if isinstance(e, Stderr)] == ["bad\n"]
+        assert isinstance(events[-1], forkbox.ProcessInfo) and events[-1].exit_code == 2
+        # From an offset, one stream only.
+        assert [e.data for e in s.follow(q.pid, offset=3, stream="stdout") if isinstance(e, Stdout)] == ["n2\nn3\n"]
+
+        # signal, and the errors of a missing process / a command that cannot start.
+        r = s.start_command(["sleep", "60"])
+        assert s.signal(r.pid).pid == r.pid
+        assert s.wait_process(r.pid, timeout=20).signal == 15
+        with pytest.raises(forkbox.NotFound):
+            s.process(4242)
+        with pytest.raises(forkbox.ForkboxError) as e:
+            s.start_command(["no-such-program-x"])
+        assert e.value.code == "command_not_started" and "127" in e.value.message
+        assert s.process(q.pid).exit_code == 2
+    finally:
+        s.delete()

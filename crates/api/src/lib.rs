@@ -84,6 +84,8 @@ codes! {
     TemplateNotReady = ("template_not_ready", 409, "The template is being built (first use); retry when GET /v1/templates says it is ready."),
     TemplateExists = ("template_exists", 409, "A template of that name exists already for this tenant, is shipped with forkbox, or is shared by the server."),
     FileExists = ("file_exists", 409, "A file or directory of that name exists already in the session."),
+    StdinClosed = ("stdin_closed", 409, "The background process has no stdin to write to: it was started without `stdin: true`, its stdin was closed, or it ended."),
+    StdinFull = ("stdin_full", 409, "The background process did not read its stdin: the 256 KiB of unread input it holds had no room for the write within 5 s (nothing was written; retry later)."),
     PackageConflict = ("package_conflict", 409, "A file of the package is already in the session's file system (another version of it, or a file of the session's): nothing was installed."),
     PayloadTooLarge = ("payload_too_large", 413, "The request body is over the size limit."),
     CodeTooLarge = ("code_too_large", 413, "The code is over the code size limit."),

@@ -48,10 +48,51 @@ pub enum SessionCommand {
         image: ImageArgs,
     },
     /// Run a command in a session's file system (its stdout/stderr printed as it runs; exits with its exit code).
+    /// With --background: start it as a background process (prints its pid) that runs on between calls
+    /// (`session ps`, `session logs`, `session kill`); needs a running server (`forkbox serve`, or --url).
     Sh {
         id: String,
+        /// Start it and return at once (prints the pid).
+        #[arg(long)]
+        background: bool,
+        /// With --background: its stdin is this CLI's stdin, copied until end of file
+        /// (default: /dev/null).
+        #[arg(long, requires = "background")]
+        stdin: bool,
         #[command(flatten)]
         args: crate::sh::ShArgs,
+        #[command(flatten)]
+        image: ImageArgs,
+    },
+    /// List a session's background processes (pid, state, CPU seconds, output bytes, argv).
+    Ps {
+        id: String,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        image: ImageArgs,
+    },
+    /// Print a background process' output (the last 256 KiB are kept); --follow prints it as it is
+    /// written until the process ends.
+    Logs {
+        id: String,
+        pid: u32,
+        /// Keep printing new output until the process ends.
+        #[arg(long, short = 'f')]
+        follow: bool,
+        /// Its stderr instead of its stdout.
+        #[arg(long)]
+        stderr: bool,
+        #[command(flatten)]
+        image: ImageArgs,
+    },
+    /// Send a signal to a background process and the processes it started (default SIGTERM).
+    Kill {
+        id: String,
+        pid: u32,
+        /// Signal number (e.g. 9) or name (TERM, KILL, INT, HUP, ...).
+        #[arg(long, short = 's', default_value = "TERM", value_parser = parse_signal)]
+        signal: i32,
         #[command(flatten)]
         image: ImageArgs,
     },
@@ -128,6 +169,27 @@ pub enum SessionCommand {
     Tree(crate::tree::TreeCommand),
 }
 
+/// A signal by number or name (with or without `SIG`).
+fn parse_signal(s: &str) -> Result<i32, String> {
+    if let Ok(n) = s.parse::<i32>() {
+        return if (1..=64).contains(&n) { Ok(n) } else { Err(format!("{n} is not a signal number (1-64)")) };
+    }
+    let name = s.trim_start_matches("SIG").trim_start_matches("sig").to_ascii_uppercase();
+    let n = match name.as_str() {
+        "HUP" => 1,
+        "INT" => 2,
+        "QUIT" => 3,
+        "KILL" => 9,
+        "USR1" => 10,
+        "USR2" => 12,
+        "TERM" => 15,
+        "CONT" => 18,
+        "STOP" => 19,
+        _ => return Err(format!("{s:?} is not a signal (a number, or HUP INT QUIT KILL USR1 USR2 TERM CONT STOP)")),
+    };
+    Ok(n)
+}
+
 fn parse_tag(s: &str) -> Result<(String, String), String> {
     let (k, v) = s.split_once('=').ok_or_else(|| format!("tag {s:?} is not KEY=VALUE"))?;
     if k.is_empty() {
@@ -141,6 +203,9 @@ fn image_of(cmd: &SessionCommand) -> &ImageArgs {
         SessionCommand::New { image, .. }
         | SessionCommand::Exec { image, .. }
         | SessionCommand::Sh { image, .. }
+        | SessionCommand::Ps { image, .. }
+        | SessionCommand::Logs { image, .. }
+        | SessionCommand::Kill { image, .. }
         | SessionCommand::Ls { image, .. }
         | SessionCommand::Log { image, .. }
         | SessionCommand::Revert { image, .. }
@@ -240,7 +305,58 @@ fn run(api: &Api, cmd: SessionCommand) -> Result<ExitCode> {
             crate::run::print_remote_result(&r, json, false)?;
             return Ok(if r.error.is_some() { ExitCode::from(1) } else { ExitCode::SUCCESS });
         }
-        SessionCommand::Sh { id, args, .. } => return crate::sh::sh(api, Some(&id), &args, None),
+        SessionCommand::Sh { id, background: false, args, .. } => return crate::sh::sh(api, Some(&id), &args, None),
+        SessionCommand::Sh { id, background: true, stdin, args, .. } => {
+            let req = args.session_request()?;
+            match api.block_on(c.start_session_command(&id, &req, stdin))? {
+                Ok(p) => {
+                    if args.json {
+                        println!("{}", serde_json::to_string(&p)?);
+                    } else {
+                        println!("{}", p.pid);
+                    }
+                    if stdin {
+                        copy_stdin(api, &id, p.pid)?;
+                    }
+                }
+                // It could not start: what it said, and its status as ours.
+                Err(r) => {
+                    eprint!("{}", escape_text(&r.stderr));
+                    return Ok(ExitCode::from(u8::try_from(r.exit_code).unwrap_or(1)));
+                }
+            }
+        }
+        SessionCommand::Ps { id, json, .. } => {
+            let ps = api.block_on(c.processes(&id))?;
+            if json {
+                println!("{}", serde_json::to_string(&ps)?);
+            } else {
+                println!("{:>7}  {:<12} {:>8}  {:>10}  {:>10}  ARGV", "PID", "STATE", "CPU s", "STDOUT", "STDERR");
+                for p in ps {
+                    let state = match (p.state.as_str(), p.exit_code, p.signal) {
+                        ("running", ..) => "running".to_string(),
+                        (_, _, Some(s)) => format!("signal {s}"),
+                        (_, Some(c), _) => format!("exit {c}"),
+                        (s, ..) => s.to_string(),
+                    };
+                    let argv: Vec<String> = p.argv.iter().map(|a| escape(a).into_owned()).collect();
+                    println!(
+                        "{:>7}  {:<12} {:>8.2}  {:>10}  {:>10}  {}",
+                        p.pid,
+                        state,
+                        p.cpu_seconds,
+                        p.stdout_bytes,
+                        p.stderr_bytes,
+                        argv.join(" ")
+                    );
+                }
+            }
+        }
+        SessionCommand::Logs { id, pid, follow, stderr, .. } => return logs(api, &id, pid, follow, stderr),
+        SessionCommand::Kill { id, pid, signal, .. } => {
+            let p = api.block_on(c.signal_process(&id, pid, signal))?;
+            println!("sent signal {signal} to {pid} ({})", p.state);
+        }
         SessionCommand::Ls { tags, .. } => {
             for s in api.block_on(c.list_sessions(&tags))? {
                 print(&s);
@@ -296,4 +412,56 @@ fn run(api: &Api, cmd: SessionCommand) -> Result<ExitCode> {
         SessionCommand::Tree(t) => return crate::tree::run(api, t),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `session logs`: what the process wrote (from the oldest byte kept), then with `follow` what it
+/// writes until it ends. A terminal gets the text with control characters escaped.
+fn logs(api: &Api, id: &str, pid: u32, follow: bool, stderr: bool) -> Result<ExitCode> {
+    use futures_util::StreamExt;
+    use std::io::Write;
+    let c = &api.client;
+    let write = |text: &str| {
+        let text = if std::io::IsTerminal::is_terminal(&std::io::stdout()) { escape_text(text) } else { text.into() };
+        let mut o = std::io::stdout().lock();
+        let _ = o.write_all(text.as_bytes());
+        let _ = o.flush();
+    };
+    if !follow {
+        let mut offset = 0;
+        loop {
+            let out = api.block_on(c.process_output(id, pid, stderr, offset, None))?;
+            write(&out.data);
+            if out.next_offset >= out.end {
+                return Ok(ExitCode::SUCCESS);
+            }
+            offset = out.next_offset;
+        }
+    }
+    let stream = if stderr { "stderr" } else { "stdout" };
+    api.block_on(async {
+        let mut events = c.follow_process(id, pid, Some(stream), 0).await?.boxed();
+        while let Some(ev) = events.next().await {
+            match ev? {
+                forkbox_client::StreamEvent::Stdout(t) | forkbox_client::StreamEvent::Stderr(t) => write(&t),
+                forkbox_client::StreamEvent::Result(_) => return Ok(ExitCode::SUCCESS),
+                forkbox_client::StreamEvent::Error { code, message, output } => {
+                    return Err(forkbox_client::ClientError::from_code_with_output(code, message, output).into())
+                }
+            }
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+/// `session sh --background --stdin`: this CLI's stdin to the process' stdin, then end of file.
+fn copy_stdin(api: &Api, id: &str, pid: u32) -> Result<()> {
+    let mut buf = vec![0u8; 64 << 10];
+    let mut input = std::io::stdin().lock();
+    loop {
+        let n = std::io::Read::read(&mut input, &mut buf).context("reading standard input")?;
+        api.block_on(api.client.write_stdin(id, pid, &buf[..n], n == 0))?;
+        if n == 0 {
+            return Ok(());
+        }
+    }
 }

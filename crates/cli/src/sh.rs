@@ -43,6 +43,11 @@ fn parse_env(s: &str) -> Result<(String, String), String> {
 }
 
 impl ShArgs {
+    /// The request of a session command.
+    pub fn session_request(&self) -> Result<CommandRequest> {
+        self.request(None, true)
+    }
+
     fn request(&self, template: Option<String>, session: bool) -> Result<CommandRequest> {
         if session && self.network.is_set() {
             bail!("--network is the session's (forkbox session new --network): a session command runs under it");

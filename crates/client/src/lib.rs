@@ -325,6 +325,95 @@ impl Client {
         self.stream(&format!("/v1/sessions/{}/commands/stream", seg(id)), &session_command_body(req)?).await
     }
 
+    /// Start a command as a background process of the session (it runs on between calls; with
+    /// `stdin` its stdin is what [`write_stdin`](Self::write_stdin) sends). `Err(result)`: it could
+    /// not start (not found, bad cwd), with its exit status.
+    pub async fn start_session_command(
+        &self,
+        id: &str,
+        req: &CommandRequest,
+        stdin: bool,
+    ) -> Result<Result<ProcessInfo, CommandResult>, ClientError> {
+        let mut body = session_command_body(req)?;
+        if let Value::Object(m) = &mut body {
+            m.insert("background".into(), Value::Bool(true));
+            if stdin {
+                m.insert("stdin".into(), Value::Bool(true));
+            }
+        }
+        let v: Value = self.post(&format!("/v1/sessions/{}/commands", seg(id)), &body).await?;
+        if v.get("process").is_some() {
+            Ok(Ok(field(v, "process")?))
+        } else {
+            Ok(Err(serde_json::from_value(v).map_err(|e| ClientError::UnexpectedResponse {
+                status: 200,
+                message: format!("neither a process nor a command result: {e}"),
+            })?))
+        }
+    }
+
+    /// The session's background processes, oldest first.
+    pub async fn processes(&self, id: &str) -> Result<Vec<ProcessInfo>, ClientError> {
+        let v: Value = self.get(&format!("/v1/sessions/{}/processes", seg(id))).await?;
+        field(v, "processes")
+    }
+
+    /// At most `max` bytes (None: the server's maximum) of a background process' `stderr` or stdout from `offset`.
+    pub async fn process_output(
+        &self,
+        id: &str,
+        pid: u32,
+        stderr: bool,
+        offset: u64,
+        max: Option<usize>,
+    ) -> Result<ProcessOutput, ClientError> {
+        let stream = if stderr { "stderr" } else { "stdout" };
+        let mut q = format!("stream={stream}&offset={offset}");
+        if let Some(m) = max {
+            q.push_str(&format!("&max={m}"));
+        }
+        self.get(&format!("/v1/sessions/{}/processes/{pid}/output?{q}", seg(id))).await
+    }
+
+    /// A background process' output as it is written (`Stdout`/`Stderr` events; `stream`: one
+    /// stream only, from `offset`), ending with `Result` (its process info) when it ends.
+    pub async fn follow_process(
+        &self,
+        id: &str,
+        pid: u32,
+        stream: Option<&str>,
+        offset: u64,
+    ) -> Result<impl Stream<Item = Result<StreamEvent, ClientError>> + Send, ClientError> {
+        let mut q = format!("follow=true&offset={offset}");
+        if let Some(s) = stream {
+            q.push_str(&format!("&stream={s}"));
+        }
+        let r = self
+            .sender
+            .send(Method::GET, &format!("/v1/sessions/{}/processes/{pid}/output?{q}", seg(id)), Payload::None)
+            .await?;
+        event_stream(r).await
+    }
+
+    /// Send signal `signal` (1-64) to a background process and the processes it started.
+    pub async fn signal_process(&self, id: &str, pid: u32, signal: i32) -> Result<ProcessInfo, ClientError> {
+        self.post(&format!("/v1/sessions/{}/processes/{pid}/signal", seg(id)), &json!({ "signal": signal })).await
+    }
+
+    /// Write `data` to a background process' stdin (started with stdin), then close it if `eof`.
+    pub async fn write_stdin(&self, id: &str, pid: u32, data: &[u8], eof: bool) -> Result<ProcessInfo, ClientError> {
+        use base64::Engine as _;
+        let b64 = base64::engine::general_purpose::STANDARD.encode(data);
+        self.post(&format!("/v1/sessions/{}/processes/{pid}/stdin", seg(id)), &json!({ "data_b64": b64, "eof": eof }))
+            .await
+    }
+
+    /// Wait at most `timeout_seconds` (at most 60) for a background process to end.
+    pub async fn wait_process(&self, id: &str, pid: u32, timeout_seconds: f64) -> Result<ProcessInfo, ClientError> {
+        let body = json!({ "timeout_seconds": timeout_seconds });
+        self.post(&format!("/v1/sessions/{}/processes/{pid}/wait", seg(id)), &body).await
+    }
+
     // -- files -------------------------------------------------------------
 
     /// Write `data` to the absolute guest path `path` (parents created); makes a checkpoint.
@@ -367,17 +456,24 @@ impl Client {
         let body =
             serde_json::to_vec(body).map_err(|e| ClientError::InvalidArgument(format!("encoding the request: {e}")))?;
         let r = self.sender.send(Method::POST, path, Payload::Json(body)).await?;
-        if !(200..300).contains(&r.status) {
-            return Err(error_of(r).await);
-        }
-        if !r.content_type.starts_with("text/event-stream") {
-            return Err(ClientError::UnexpectedResponse {
-                status: r.status,
-                message: format!("expected an event stream, got content type {:?}", r.content_type),
-            });
-        }
-        Ok(sse::events(r.body))
+        event_stream(r).await
     }
+}
+
+/// The events of a 2xx event-stream response; an API error otherwise.
+async fn event_stream(
+    r: RawResponse,
+) -> Result<impl Stream<Item = Result<StreamEvent, ClientError>> + Send, ClientError> {
+    if !(200..300).contains(&r.status) {
+        return Err(error_of(r).await);
+    }
+    if !r.content_type.starts_with("text/event-stream") {
+        return Err(ClientError::UnexpectedResponse {
+            status: r.status,
+            message: format!("expected an event stream, got content type {:?}", r.content_type),
+        });
+    }
+    Ok(sse::events(r.body))
 }
 
 /// A session exec's body (`timeout_seconds` only when given: the API rejects fields it does not know, not nulls).

@@ -41,7 +41,7 @@ fn bad(message: String) -> ClientError {
 /// One SSE event as a [`StreamEvent`]; `None` for events this API does not send (ignored).
 fn decode(event: Option<&str>, data: Option<&str>) -> Option<Result<StreamEvent, ClientError>> {
     let kind = event.unwrap_or("message");
-    if !matches!(kind, "stdout" | "stderr" | "result" | "error") {
+    if !matches!(kind, "stdout" | "stderr" | "result" | "exit" | "error") {
         return None;
     }
     let json: Value = match serde_json::from_str(data.unwrap_or("")) {
@@ -56,7 +56,8 @@ fn decode(event: Option<&str>, data: Option<&str>) -> Option<Result<StreamEvent,
         "stderr" => {
             text(&json).map(StreamEvent::Stderr).ok_or_else(|| bad("`stderr` event without a `data` string".into()))
         }
-        "result" => Ok(StreamEvent::Result(json)),
+        // A followed background process' end: its process info, the stream's result.
+        "result" | "exit" => Ok(StreamEvent::Result(json)),
         _ => match json.get("error").cloned().map(serde_json::from_value::<ApiErrorBody>) {
             Some(Ok(e)) => {
                 Ok(StreamEvent::Error { output: e.output().map(Box::new), code: e.code, message: e.message })

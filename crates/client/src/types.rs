@@ -513,3 +513,38 @@ pub struct Node {
     #[serde(default)]
     pub sessions: u64,
 }
+
+/// A background process of a session (`GET /v1/sessions/{id}/processes`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ProcessInfo {
+    pub pid: u32,
+    /// Its argv after its last execve.
+    #[serde(default)]
+    pub argv: Vec<String>,
+    #[serde(default)]
+    pub started_unix_ms: i64,
+    #[serde(default)]
+    pub cpu_seconds: f64,
+    /// `running` or `exited`.
+    pub state: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    #[serde(default)]
+    pub stdout_bytes: u64,
+    #[serde(default)]
+    pub stderr_bytes: u64,
+}
+
+/// A slice of a background process' stdout or stderr.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ProcessOutput {
+    pub offset: u64,
+    pub next_offset: u64,
+    pub end: u64,
+    #[serde(default)]
+    pub dropped: u64,
+    pub data: String,
+    pub running: bool,
+}

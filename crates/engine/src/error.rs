@@ -62,6 +62,12 @@ pub enum EngineError {
     Unsupported(String),
     #[error("signal {0} is not a signal number (1-64)")]
     BadSignal(i32),
+    /// The job's stdin cannot be written: why.
+    #[error("{0}")]
+    StdinClosed(String),
+    /// The job's stdin buffer had no room for the write in time.
+    #[error("the stdin of background process {0} is full ({1} bytes unread): retry later")]
+    StdinFull(u32, usize),
     /// A cluster's shared artifact (a package layer a state mounts) could not be fetched.
     #[error(transparent)]
     Shared(#[from] crate::shared::SharedError),
@@ -86,6 +92,8 @@ impl EngineError {
             EngineError::PortNotListening(_) => ErrorCode::PortNotListening,
             EngineError::PortBusy(..) => ErrorCode::Overloaded,
             EngineError::Unsupported(_) => ErrorCode::InvalidRequest,
+            EngineError::StdinClosed(_) => ErrorCode::StdinClosed,
+            EngineError::StdinFull(..) => ErrorCode::StdinFull,
             EngineError::File { code, .. } | EngineError::Package { code, .. } | EngineError::Remote { code, .. } => {
                 *code
             }

@@ -182,6 +182,8 @@ pub struct JobChunk {
 const DROPPED_OUTPUT: u32 = 0;
 /// How long a job wait runs background work before it looks at the job again.
 const JOB_WAIT_SLICE: Duration = Duration::from_millis(10);
+/// How long a follower's wait sleeps when no background work can run.
+const JOB_WATCH_IDLE: Duration = Duration::from_millis(2);
 /// Jobs kept (the oldest finished go first past it).
 const JOBS_MAX: usize = 64;
 const JOB_ARGV_MAX: usize = 64;
@@ -1240,6 +1242,7 @@ impl Sandbox {
         for p in finished.into_iter().take((self.jobs.len() + 1).saturating_sub(JOBS_MAX)) {
             self.jobs.remove(&p);
             self.io.job_out.remove(&p);
+            self.io.job_in.remove(&p);
         }
         let started_unix_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -1248,6 +1251,7 @@ impl Sandbox {
         self.jobs.insert(child, Job { argv, started_unix_ms, cpu: Duration::ZERO, exit: None });
         self.io.jobs.insert(child, child);
         self.io.job_out.insert(child, Default::default());
+        self.io.job_in.insert(child, Default::default());
     }
 
     /// Process `pid` ended: if it leads a job, the job has ended that way.
@@ -1330,6 +1334,69 @@ impl Sandbox {
         }
     }
 
+    /// Run the sandbox's background work until job `pid` wrote past
+    /// `offsets` (stdout, stderr), ended, or `until` passed; the job as it is
+    /// then (a follower's wait for what comes next).
+    pub fn job_watch(&mut self, pid: u32, offsets: [u64; 2], until: Instant) -> Result<JobInfo, EngineError> {
+        loop {
+            let info = self.job(pid)?;
+            let now = Instant::now();
+            let news = info.stdout_bytes > offsets[0] || info.stderr_bytes > offsets[1];
+            if news || !info.running || now >= until {
+                return Ok(info);
+            }
+            if self.run_background(until.min(now + JOB_WAIT_SLICE))? == BackgroundRun::Idle {
+                std::thread::sleep(JOB_WATCH_IDLE.min(until.saturating_duration_since(Instant::now())));
+            }
+        }
+    }
+
+    /// Write `data` to the stdin of running job `pid` (its leader reads fd 0
+    /// as the agent has it: started with stdin from the API), then close it
+    /// if `eof`. All or nothing: with too little room, background work runs
+    /// until `until` for its processes to read; then `StdinFull`.
+    pub fn job_stdin(&mut self, pid: u32, data: &[u8], eof: bool, until: Instant) -> Result<JobInfo, EngineError> {
+        let closed = |why: &str| EngineError::StdinClosed(format!("background process {pid} {why}"));
+        if !self.job(pid)?.running {
+            return Err(closed("has ended"));
+        }
+        let fed = self
+            .others
+            .iter()
+            .find(|t| t.proc.pid == pid)
+            .is_some_and(|t| t.proc.fds.get(0).is_ok_and(|f| f.kind == forkbox_linux::fd::FileKind::Stdin));
+        let open = self.io.job_in.get(&pid).is_some_and(|s| !s.closed);
+        if !fed || !open {
+            return Err(closed(if fed { "has its stdin closed" } else { "was not started with stdin from the API" }));
+        }
+        if data.len() > forkbox_linux::io::JOB_STDIN_BYTES {
+            return Err(EngineError::StdinFull(pid, data.len()));
+        }
+        loop {
+            let room = self.io.job_in.get(&pid).map_or(0, |s| s.room());
+            if room >= data.len() {
+                break;
+            }
+            let info = self.job(pid)?;
+            let now = Instant::now();
+            if !info.running {
+                return Err(closed("has ended"));
+            }
+            if now >= until {
+                let unread = forkbox_linux::io::JOB_STDIN_BYTES - room;
+                return Err(EngineError::StdinFull(pid, unread));
+            }
+            if self.run_background(until.min(now + JOB_WAIT_SLICE))? == BackgroundRun::Idle {
+                std::thread::sleep(JOB_WATCH_IDLE.min(until.saturating_duration_since(Instant::now())));
+            }
+        }
+        if let Some(s) = self.io.job_in.get_mut(&pid) {
+            s.buf.extend(data);
+            s.closed |= eof;
+        }
+        self.job(pid)
+    }
+
     /// The end of an exec: children still running are killed (their
     /// descriptors close), unreaped zombies are forgotten. Returns how many were killed.
     fn end_children(&mut self) -> usize {
@@ -1350,6 +1417,7 @@ impl Sandbox {
         }
         self.io.procs.keep_only_main();
         self.io.jobs.clear();
+        self.io.job_in.clear();
         self.apply_memory_limit();
         // The one process left keeps its shared mappings as private memory (what a checkpoint stores).
         if let Err(e) = self.with_ctx(syscalls::privatize_shared) {

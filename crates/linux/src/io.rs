@@ -134,6 +134,27 @@ pub struct Io {
     pub jobs: BTreeMap<u32, u32>,
     /// Each job's (stdout, stderr), by leader pid.
     pub job_out: BTreeMap<u32, [Ring; 2]>,
+    /// Each job's stdin, by leader pid: what its processes read from fd 0
+    /// (the agent's `Stdin`, inherited) instead of end of file.
+    pub job_in: BTreeMap<u32, JobStdin>,
+}
+
+/// The most bytes a job's stdin holds unread (a writer waits or is refused past it).
+pub const JOB_STDIN_BYTES: usize = 256 << 10;
+
+/// A job's stdin: bytes the host wrote that its processes have not read yet.
+#[derive(Clone, Debug, Default)]
+pub struct JobStdin {
+    pub buf: std::collections::VecDeque<u8>,
+    /// No more will come: a read of an empty buffer is end of file.
+    pub closed: bool,
+}
+
+impl JobStdin {
+    /// Room left before `JOB_STDIN_BYTES`.
+    pub fn room(&self) -> usize {
+        JOB_STDIN_BYTES.saturating_sub(self.buf.len())
+    }
 }
 
 /// The marker streamed once a stream's output goes past the output limit
@@ -211,6 +232,21 @@ impl Io {
             return;
         }
         self.output(stream, data);
+    }
+
+    /// The stdin process `pid` reads from fd 0 (the agent's `Stdin`): its
+    /// job's, or none (end of file at once).
+    pub fn stdin_of(&mut self, pid: u32) -> Option<&mut JobStdin> {
+        let leader = *self.jobs.get(&pid)?;
+        self.job_in.get_mut(&leader)
+    }
+
+    /// Is there something to read (or end of file) on process `pid`'s fd 0?
+    pub fn stdin_ready(&self, pid: u32) -> bool {
+        match self.jobs.get(&pid).and_then(|l| self.job_in.get(l)) {
+            Some(s) => s.closed || !s.buf.is_empty(),
+            None => true,
+        }
     }
 
     /// Queue a request for the agent (replaces anything unread).

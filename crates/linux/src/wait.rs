@@ -132,19 +132,21 @@ pub fn is_blocking(ctx: &Ctx) -> bool {
 /// `POLL*` readiness of the open file description `ofd` (POLLNVAL if it is
 /// gone). POLLHUP / POLLERR come whatever was asked for, as on Linux.
 pub fn ready(proc: &Process, io: &Io, ofd: u64) -> u32 {
-    ready_at(&proc.fds, io, ofd, 0)
+    ready_at(&proc.fds, io, ofd, 0, proc.pid)
 }
 
-fn ready_at(fds: &FdTable, io: &Io, ofd: u64, depth: u32) -> u32 {
+fn ready_at(fds: &FdTable, io: &Io, ofd: u64, depth: u32, pid: u32) -> u32 {
     let Some(f) = fds.description(ofd) else { return libc::POLLNVAL as u32 };
     let (r, w) = ((libc::POLLIN | libc::POLLRDNORM) as u32, (libc::POLLOUT | libc::POLLWRNORM) as u32);
     match f.kind {
         FileKind::Agent if io.agent_pending() > 0 => r | w,
         FileKind::Agent => w,
+        // A job's stdin fed by the host (end of file, as anyone else's, is readable).
+        FileKind::Stdin if !io.stdin_ready(pid) => 0,
         FileKind::Stdin => r,
         FileKind::Stdout | FileKind::Stderr => w,
         FileKind::Node(_) => r | w,
-        FileKind::Object(id) => fds.objects.readiness(id, f.flags, depth, &|o, d| ready_at(fds, io, o, d)),
+        FileKind::Object(id) => fds.objects.readiness(id, f.flags, depth, &|o, d| ready_at(fds, io, o, d, pid)),
         // A host socket: asked of the host (POLLHUP/POLLERR included).
         FileKind::Socket(s) => {
             io.net.poll(s.id, crate::net::POLL_MASK | libc::POLLRDNORM | libc::POLLWRNORM) as u16 as u32

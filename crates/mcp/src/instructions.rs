@@ -16,7 +16,9 @@ branches one by hand; inspect_checkpoint and diff_checkpoints show a checkpoint'
 save_template keeps a checkpoint as a template of your own. Image files (PNG) the code writes under /output, and \
 matplotlib figures it leaves open, are returned as images with the result. To give the code a user's file (a CSV, a \
 JSON document, an image), upload_file it into a session and open it by that path in exec; download_file and \
-list_files read what the code wrote. If an exec runs too long, interrupt it. Delete sessions you no longer need.";
+list_files read what the code wrote. If an exec runs too long, interrupt it. start_process runs a command in the \
+background of a session (a server, a long job) while you go on; read_process_output, list_processes and \
+kill_process follow and stop it. Delete sessions you no longer need.";
 
 /// The instructions for a caller with `caps`; None: the server could not be asked
 /// (then nothing about templates, packages or network is claimed).

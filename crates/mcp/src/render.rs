@@ -282,6 +282,84 @@ pub fn files(dir: &str, list: &[FileEntry]) -> CallToolResult {
     out
 }
 
+fn process_json(p: &forkbox_client::ProcessInfo) -> Value {
+    json!({
+        "pid": p.pid, "state": p.state, "exit_code": p.exit_code, "signal": p.signal, "argv": p.argv,
+        "cpu_seconds": p.cpu_seconds, "stdout_bytes": p.stdout_bytes, "stderr_bytes": p.stderr_bytes,
+    })
+}
+
+fn process_line(p: &forkbox_client::ProcessInfo) -> String {
+    let state = match (p.state.as_str(), p.exit_code, p.signal) {
+        ("running", ..) => "running".to_string(),
+        (_, _, Some(s)) => format!("killed by signal {s}"),
+        (_, Some(c), _) => format!("exited {c}"),
+        (s, ..) => s.to_string(),
+    };
+    format!(
+        "pid {} {state}, {:.2} CPU s, {} + {} bytes of output: {}",
+        p.pid,
+        p.cpu_seconds,
+        p.stdout_bytes,
+        p.stderr_bytes,
+        p.argv.join(" ")
+    )
+}
+
+/// A background process just started.
+pub fn process_started(id: &str, p: &forkbox_client::ProcessInfo) -> CallToolResult {
+    let text = format!("started pid {} in session {id}; read its output with read_process_output", p.pid);
+    let mut out = CallToolResult::success(vec![ContentBlock::text(text)]);
+    out.structured_content = Some(json!({ "session_id": id, "pid": p.pid, "process": process_json(p) }));
+    out
+}
+
+/// A background process as it is.
+pub fn process_info(id: &str, p: &forkbox_client::ProcessInfo) -> CallToolResult {
+    let mut out = CallToolResult::success(vec![ContentBlock::text(process_line(p))]);
+    out.structured_content = Some(json!({ "session_id": id, "process": process_json(p) }));
+    out
+}
+
+/// A session's background processes.
+pub fn processes(id: &str, list: &[forkbox_client::ProcessInfo]) -> CallToolResult {
+    let text = if list.is_empty() {
+        format!("no background processes in session {id}")
+    } else {
+        list.iter().map(process_line).collect::<Vec<_>>().join("\n")
+    };
+    let mut out = CallToolResult::success(vec![ContentBlock::text(text)]);
+    out.structured_content =
+        Some(json!({ "session_id": id, "processes": list.iter().map(process_json).collect::<Vec<_>>() }));
+    out
+}
+
+/// What a background process wrote from the offsets asked for.
+pub fn process_output(
+    id: &str,
+    p: &forkbox_client::ProcessInfo,
+    out: &forkbox_client::ProcessOutput,
+    err: &forkbox_client::ProcessOutput,
+) -> CallToolResult {
+    let mut text = process_line(p);
+    for (name, o) in [("stdout", out), ("stderr", err)] {
+        if o.dropped > 0 {
+            text.push_str(&format!("\n[{} bytes of {name} before this were dropped]", o.dropped));
+        }
+        if !o.data.is_empty() {
+            text.push_str(&format!("\n--- {name} ---\n{}", o.data));
+        }
+    }
+    let mut r = CallToolResult::success(vec![ContentBlock::text(text)]);
+    r.structured_content = Some(json!({
+        "session_id": id, "process": process_json(p), "running": p.state == "running",
+        "exit_code": p.exit_code, "stdout": out.data, "stderr": err.data,
+        "stdout_next_offset": out.next_offset, "stderr_next_offset": err.next_offset,
+        "stdout_dropped": out.dropped, "stderr_dropped": err.dropped,
+    }));
+    r
+}
+
 pub fn interrupted(id: &str, interrupted: bool) -> CallToolResult {
     let text = if interrupted {
         format!(

@@ -154,6 +154,51 @@ pub struct RunCommandArgs {
 
 #[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+pub struct StartProcessArgs {
+    /// The session to start it in.
+    pub session_id: String,
+    /// A shell command line, run by /bin/sh -c, e.g. "python3 -m http.server 8000" or "python3 train.py".
+    pub command: String,
+    /// Absolute directory to start in (default: the session's working directory).
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Environment variables to set for it.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+}
+
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessOutputArgs {
+    /// The session's id.
+    pub session_id: String,
+    /// The process' pid (from start_process or list_processes).
+    pub pid: u32,
+    /// Byte offset in its stdout to read from (default 0; pass the last call's stdout_next_offset for what is new).
+    #[serde(default)]
+    pub stdout_offset: Option<u64>,
+    /// Byte offset in its stderr to read from (default 0; the last call's stderr_next_offset).
+    #[serde(default)]
+    pub stderr_offset: Option<u64>,
+    /// Wait up to this many seconds (at most 60) for the process to end before reading (default 0: read now).
+    #[serde(default)]
+    pub wait_seconds: Option<f64>,
+}
+
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KillProcessArgs {
+    /// The session's id.
+    pub session_id: String,
+    /// The process' pid.
+    pub pid: u32,
+    /// Signal number (default 15, SIGTERM; 9 is SIGKILL, 2 SIGINT).
+    #[serde(default)]
+    pub signal: Option<i32>,
+}
+
+#[derive(Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct SessionArgs {
     /// The session's id.
     pub session_id: String,
@@ -417,7 +462,7 @@ impl ForkboxMcp {
         (the files that exec and upload_file made are there, and what it writes stays) and makes a checkpoint like \
         an exec; without, it runs in a fresh sandbox and nothing persists. A non-zero exit_code is a result, not a \
         tool error (127: command not found); a time-out is an error and the session is rolled back. Processes it \
-        starts in the background are stopped when it ends. Use exec for Python state (variables, imports)."
+        starts in the background are stopped when it ends (start_process runs one that keeps running). Use exec for Python state (variables, imports)."
     )]
     async fn run_command(
         &self,
@@ -731,6 +776,123 @@ impl ForkboxMcp {
         )
     }
 
+    #[tool(description = "Start a shell command as a background process of a session and return at once with its \
+        pid: it keeps running between your calls (a server, a long job, a watcher) while exec and run_command go on \
+        in the same session. Read what it prints with read_process_output, see all with list_processes, stop it \
+        with kill_process. Its output is kept (the last 256 KiB of stdout and of stderr). A checkpoint does not \
+        record it: after revert, fork_session or the session's eviction it is gone.")]
+    async fn start_process(
+        &self,
+        Parameters(a): Parameters<StartProcessArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        done(
+            async {
+                check_id(&a.session_id)?;
+                if let Some(cwd) = &a.cwd {
+                    check_path("cwd", cwd)?;
+                }
+                let c = self.client(&ctx).await?;
+                let req = forkbox_client::CommandRequest {
+                    cmd: forkbox_client::CommandLine::Shell(a.command),
+                    cwd: a.cwd,
+                    env: a.env,
+                    timeout_seconds: None,
+                    template: None,
+                    network: None,
+                };
+                match c.start_session_command(&a.session_id, &req, false).await {
+                    Ok(Ok(p)) => Ok(render::process_started(&a.session_id, &p)),
+                    // It could not start: the command's result (exit code 127: not found).
+                    Ok(Err(r)) => Ok(render::command_result(&r)),
+                    Err(e) => Err(render::client_error(&e)),
+                }
+            }
+            .await,
+        )
+    }
+
+    #[tool(description = "Read what a background process (start_process) wrote to stdout and stderr from the \
+        given byte offsets, and whether it still runs (with its exit code once it ended). Pass the \
+        *_next_offset values of the last call to get only what is new; wait_seconds waits for it to end first.")]
+    async fn read_process_output(
+        &self,
+        Parameters(a): Parameters<ProcessOutputArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        done(
+            async {
+                check_id(&a.session_id)?;
+                let wait = a.wait_seconds.unwrap_or(0.0);
+                if !(wait.is_finite() && (0.0..=60.0).contains(&wait)) {
+                    return Err(render::error("invalid_arguments", "wait_seconds must be between 0 and 60"));
+                }
+                let c = self.client(&ctx).await?;
+                let (id, pid) = (&a.session_id, a.pid);
+                let r = async {
+                    if wait > 0.0 {
+                        c.wait_process(id, pid, wait).await?;
+                    }
+                    let out = c.process_output(id, pid, false, a.stdout_offset.unwrap_or(0), Some(OUTPUT_READ)).await?;
+                    let err = c.process_output(id, pid, true, a.stderr_offset.unwrap_or(0), Some(OUTPUT_READ)).await?;
+                    let procs = c.processes(id).await?;
+                    Ok::<_, forkbox_client::ClientError>((out, err, procs.into_iter().find(|p| p.pid == pid)))
+                }
+                .await;
+                match r {
+                    Ok((out, err, Some(p))) => Ok(render::process_output(id, &p, &out, &err)),
+                    Ok((_, _, None)) => Err(render::error("process_not_found", &format!("no process {pid}"))),
+                    Err(e) => Err(render::client_error(&e)),
+                }
+            }
+            .await,
+        )
+    }
+
+    #[tool(description = "List a session's background processes (start_process): pid, state (running, or its exit \
+        code or signal), CPU seconds, bytes of output, command.")]
+    async fn list_processes(
+        &self,
+        Parameters(a): Parameters<SessionArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        done(
+            async {
+                check_id(&a.session_id)?;
+                let c = self.client(&ctx).await?;
+                c.processes(&a.session_id)
+                    .await
+                    .map(|l| render::processes(&a.session_id, &l))
+                    .map_err(|e| render::client_error(&e))
+            }
+            .await,
+        )
+    }
+
+    #[tool(description = "Stop a background process (start_process) and the processes it started: signal 15 \
+        (SIGTERM) by default, 9 (SIGKILL) for one that ignores it.")]
+    async fn kill_process(
+        &self,
+        Parameters(a): Parameters<KillProcessArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        done(
+            async {
+                check_id(&a.session_id)?;
+                let sig = a.signal.unwrap_or(15);
+                let c = self.client(&ctx).await?;
+                let r = async {
+                    c.signal_process(&a.session_id, a.pid, sig).await?;
+                    // Acted on at once between calls: a moment for it to end.
+                    c.wait_process(&a.session_id, a.pid, 2.0).await
+                }
+                .await;
+                r.map(|p| render::process_info(&a.session_id, &p)).map_err(|e| render::client_error(&e))
+            }
+            .await,
+        )
+    }
+
     #[tool(description = "Interrupt the exec running in a session (one that takes too long or waits forever): the \
         code gets KeyboardInterrupt, that exec returns it as its error, and the session keeps its state (variables \
         set before the interrupt stay). Returns interrupted: false if nothing was running.")]
@@ -752,6 +914,9 @@ impl ForkboxMcp {
         )
     }
 }
+
+/// The most of each stream one read_process_output returns.
+const OUTPUT_READ: usize = 64 << 10;
 
 /// How long `initialize` and `tools/list` wait for the server's capabilities.
 const CAPABILITIES_WAIT: std::time::Duration = std::time::Duration::from_millis(1500);
@@ -867,7 +1032,10 @@ fn argument_error(tool: &str, arguments: &rmcp::model::JsonObject) -> Option<Str
         "create_session" => check::<CreateSessionArgs>(arguments),
         "exec" => check::<ExecArgs>(arguments),
         "run_command" => check::<RunCommandArgs>(arguments),
-        "delete_session" | "list_checkpoints" | "interrupt" => check::<SessionArgs>(arguments),
+        "delete_session" | "list_checkpoints" | "interrupt" | "list_processes" => check::<SessionArgs>(arguments),
+        "start_process" => check::<StartProcessArgs>(arguments),
+        "read_process_output" => check::<ProcessOutputArgs>(arguments),
+        "kill_process" => check::<KillProcessArgs>(arguments),
         "upload_file" => check::<UploadFileArgs>(arguments),
         "download_file" => check::<DownloadFileArgs>(arguments),
         "list_files" => check::<ListFilesArgs>(arguments),

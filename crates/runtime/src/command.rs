@@ -59,7 +59,9 @@ def run(text):
         except Exception:
             pass
     try:
-        p = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL)
+        # A background command with stdin reads the agent's fd 0: the job's stdin, fed by the API.
+        stdin = None if req.get("background") and req.get("stdin") else subprocess.DEVNULL
+        p = subprocess.Popen(argv, cwd=cwd, env=env, stdin=stdin)
     except OSError as e:
         rc = None
         reason = e.strerror or str(e)
@@ -160,18 +162,20 @@ impl Command {
     /// The Python the exec runs: one expression whose value is the exit status
     /// (it binds no name in the session but `_`, as any expression's value does).
     pub fn code(&self) -> String {
-        self.snippet(false)
+        self.snippet(false, false)
     }
 
     /// The Python of a background command: it starts the command and returns
     /// its pid at once (run with `ExecOptions::job`, the command is a
     /// background job of the session); a command that cannot start is
     /// `-status` (127 not found, 126 cannot run, 1 bad cwd) with a line on stderr.
-    pub fn background_code(&self) -> String {
-        self.snippet(true)
+    /// With `stdin`, its stdin is the job's, written through the API
+    /// (`Sandbox::job_stdin`); without, `/dev/null`.
+    pub fn background_code(&self, stdin: bool) -> String {
+        self.snippet(true, stdin)
     }
 
-    fn snippet(&self, background: bool) -> String {
+    fn snippet(&self, background: bool, stdin: bool) -> String {
         let cmd = match &self.cmd {
             CommandLine::Shell(s) => serde_json::Value::String(s.clone()),
             CommandLine::Argv(v) => serde_json::Value::from(v.clone()),
@@ -188,6 +192,9 @@ impl Command {
         }
         if background {
             req.insert("background".into(), true.into());
+        }
+        if stdin {
+            req.insert("stdin".into(), true.into());
         }
         // A JSON string literal is a Python string literal (serde_json escapes only
         // `"`, `\` and control characters, all with escapes Python reads alike).

@@ -10,6 +10,17 @@ use forkbox_engine::{
     ExecOptions, FileEntry, FileOp, FileOpOutcome, JobChunk, JobInfo, Limits, NetConfig, NetPolicy, Stream,
 };
 use forkbox_sessions::manager::ExecOutcome;
+use forkbox_sessions::store::CheckpointRecord;
+
+/// What starting a background command did.
+pub struct JobStart {
+    /// The exec that started it (its stdout/stderr: a command that could not start says why).
+    pub result: forkbox_engine::ExecResult,
+    /// Its checkpoint, if it made one.
+    pub checkpoint: Option<CheckpointRecord>,
+    /// The job, or the exit status of a command that could not start.
+    pub started: Result<JobInfo, i32>,
+}
 use forkbox_sessions::store::SessionRecord;
 
 use crate::exec::{with_output, Output};
@@ -446,10 +457,13 @@ impl Runtime {
     }
 
     /// Start a background command in a session (see
-    /// [`crate::command::Command::background_code`]): an exec that checkpoints
-    /// like any, after which the command runs on between calls as a job of
-    /// the session. The job, or the exit status of a command that could not
-    /// start (with the exec's outcome).
+    /// [`crate::command::Command::background_code`]): an exec, after which the
+    /// command runs on between calls as a job of the session. With
+    /// `checkpoint` the exec checkpoints like any; without, it makes none (the
+    /// caller records the command's outcome later with [`Self::checkpoint_now`]).
+    /// The job, or the exit status of a command that could not start (with
+    /// the exec's result).
+    #[allow(clippy::too_many_arguments)]
     pub async fn session_background_command(
         self: &Arc<Self>,
         tenant: &str,
@@ -457,25 +471,39 @@ impl Runtime {
         code: String,
         timeout: Option<Duration>,
         quota: Quota,
+        checkpoint: bool,
         hold: impl Send + 'static,
-    ) -> Result<(ExecOutcome, Result<JobInfo, i32>), RuntimeError> {
+    ) -> Result<JobStart, RuntimeError> {
         self.check_code(&code)?;
+        if self.sessions.host_kind() == "thread" {
+            // There a session's sandbox runs only during a call: a background command would be frozen.
+            return Err(RuntimeError::Invalid(
+                "background commands need session workers (--isolation process, the default): with --isolation \
+                 thread a session runs only during a call"
+                    .into(),
+            ));
+        }
         let (rt, tenant, id) = (self.clone(), tenant.to_string(), id.to_string());
         self.workers
             .run(move || {
                 let _hold = hold;
                 rt.check_disk(&tenant, &quota)?;
                 let opts = ExecOptions { timeout, job: true, ..Default::default() };
-                let o = rt.sessions.exec_with(&tenant, &id, &code, opts)?;
-                let started = match o.result.value.as_deref().map(str::parse::<i64>) {
+                let (result, checkpoint) = if checkpoint {
+                    let o = rt.sessions.exec_with(&tenant, &id, &code, opts)?;
+                    (o.result, Some(o.checkpoint))
+                } else {
+                    (rt.sessions.exec_uncheckpointed(&tenant, &id, &code, opts)?, None)
+                };
+                let started = match result.value.as_deref().map(str::parse::<i64>) {
                     Some(Ok(pid)) if pid > 0 => {
                         let pid = u32::try_from(pid).map_err(|_| RuntimeError::Invalid("bad pid".into()))?;
                         Ok(rt.sessions.job(&tenant, &id, pid)?)
                     }
                     Some(Ok(status)) if status < 0 => Err(i32::try_from(-status).unwrap_or(126)),
-                    _ => Err(crate::command::CommandResult::of(&o.result).exit_code),
+                    _ => Err(crate::command::CommandResult::of(&result).exit_code),
                 };
-                Ok((o, started))
+                Ok(JobStart { result, checkpoint, started })
             })
             .await?
     }
@@ -535,6 +563,51 @@ impl Runtime {
         })
         .await
         .map_err(|_| RuntimeError::WorkerGone)?
+    }
+
+    /// Wait at most `timeout` for a background job to write past `offsets`
+    /// (stdout, stderr) or end (on a blocking thread).
+    pub async fn job_watch(
+        self: &Arc<Self>,
+        tenant: &str,
+        id: &str,
+        pid: u32,
+        offsets: [u64; 2],
+        timeout: Duration,
+    ) -> Result<JobInfo, RuntimeError> {
+        let (rt, tenant, id) = (self.clone(), tenant.to_string(), id.to_string());
+        tokio::task::spawn_blocking(move || Ok(rt.sessions.job_watch(&tenant, &id, pid, offsets, timeout)?))
+            .await
+            .map_err(|_| RuntimeError::WorkerGone)?
+    }
+
+    /// Write to a background job's stdin (then close it if `eof`), on a
+    /// blocking thread: a full stdin waits a few seconds for the job to read.
+    pub async fn job_stdin(
+        self: &Arc<Self>,
+        tenant: &str,
+        id: &str,
+        pid: u32,
+        data: Vec<u8>,
+        eof: bool,
+    ) -> Result<JobInfo, RuntimeError> {
+        let (rt, tenant, id) = (self.clone(), tenant.to_string(), id.to_string());
+        tokio::task::spawn_blocking(move || Ok(rt.sessions.job_stdin(&tenant, &id, pid, &data, eof)?))
+            .await
+            .map_err(|_| RuntimeError::WorkerGone)?
+    }
+
+    /// Checkpoint the session as it is now (what its background work changed), named `label`.
+    pub async fn checkpoint_now(
+        self: &Arc<Self>,
+        tenant: &str,
+        id: &str,
+        label: String,
+    ) -> Result<CheckpointRecord, RuntimeError> {
+        let (rt, tenant, id) = (self.clone(), tenant.to_string(), id.to_string());
+        tokio::task::spawn_blocking(move || Ok(rt.sessions.checkpoint_now(&tenant, &id, &label)?))
+            .await
+            .map_err(|_| RuntimeError::WorkerGone)?
     }
 
     /// A file of the session, at most `max` bytes (`file_too_large` above).

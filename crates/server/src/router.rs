@@ -69,6 +69,7 @@ fn v1_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(processes::process_output))
         .routes(routes!(processes::signal_process))
         .routes(routes!(processes::wait_process))
+        .routes(routes!(processes::process_stdin))
         .routes(file_routes)
         .routes(routes!(files::list_files))
         .routes(routes!(sessions::checkpoints))

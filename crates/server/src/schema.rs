@@ -205,6 +205,10 @@ pub struct SessionCommand {
     /// calls as a background process of the session (`/processes/{pid}`).
     #[serde(default)]
     pub background: bool,
+    /// A background command's stdin is written through
+    /// `POST /v1/sessions/{id}/processes/{pid}/stdin` (default: `/dev/null`).
+    #[serde(default)]
+    pub stdin: bool,
 }
 
 /// A background command started (`"background": true`).

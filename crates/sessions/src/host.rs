@@ -168,7 +168,14 @@ pub trait Resident: Send {
     /// Hand `conn` (one end of a host stream socket pair) to the sandbox's
     /// listener on `port` (see `Sandbox::connect_port`).
     fn connect_port(&mut self, port: u16, conn: std::os::fd::OwnedFd) -> Result<(), EngineError>;
+    /// Run the sandbox until the job writes past `offsets`, ends, or `timeout` passes (see `Sandbox::job_watch`).
+    fn job_watch(&mut self, pid: u32, offsets: [u64; 2], timeout: Duration) -> Result<JobInfo, EngineError>;
+    /// Write to a job's stdin, then close it if `eof` (see `Sandbox::job_stdin`).
+    fn job_stdin(&mut self, pid: u32, data: &[u8], eof: bool) -> Result<JobInfo, EngineError>;
 }
+
+/// How long a write to a job's full stdin waits for its processes to read.
+pub const JOB_STDIN_WAIT: Duration = Duration::from_secs(5);
 
 /// The walk of a sandbox's file system behind [`Resident::walk`] (in this
 /// process, or in a sandbox worker).
@@ -340,5 +347,13 @@ impl Resident for Local {
         Err(EngineError::Unsupported(
             "ports need sandboxes that keep running between calls: serve with --isolation process (the default)".into(),
         ))
+    }
+
+    fn job_watch(&mut self, pid: u32, offsets: [u64; 2], timeout: Duration) -> Result<JobInfo, EngineError> {
+        self.sb.job_watch(pid, offsets, std::time::Instant::now() + timeout)
+    }
+
+    fn job_stdin(&mut self, pid: u32, data: &[u8], eof: bool) -> Result<JobInfo, EngineError> {
+        self.sb.job_stdin(pid, data, eof, std::time::Instant::now() + JOB_STDIN_WAIT)
     }
 }

@@ -372,12 +372,22 @@ impl Drop for Running<'_> {
 
 /// A session's slot, or `Busy` if an exec (or revert, delete) holds it.
 fn lock_slot<'a>(slot: &'a Mutex<Slot>, id: &str) -> Result<std::sync::MutexGuard<'a, Slot>, SessionError> {
-    match slot.try_lock() {
-        Ok(g) => Ok(g),
-        Err(TryLockError::WouldBlock) => Err(SessionError::Busy(id.to_string())),
-        Err(TryLockError::Poisoned(p)) => Ok(p.into_inner()),
+    // A short hold (a background process' output read or follow step, a file
+    // read) ends within the grace: only a running exec or a long wait is `Busy`.
+    let deadline = Instant::now() + LOCK_GRACE;
+    loop {
+        match slot.try_lock() {
+            Ok(g) => return Ok(g),
+            Err(TryLockError::WouldBlock) if Instant::now() < deadline => std::thread::sleep(LOCK_POLL),
+            Err(TryLockError::WouldBlock) => return Err(SessionError::Busy(id.to_string())),
+            Err(TryLockError::Poisoned(p)) => return Ok(p.into_inner()),
+        }
     }
 }
+
+/// How long a request waits for a session another request holds before `Busy`.
+const LOCK_GRACE: Duration = Duration::from_millis(200);
+const LOCK_POLL: Duration = Duration::from_millis(1);
 
 /// How long `open` waits for another process to release the sessions directory.
 const LOCK_WAIT: Duration = Duration::from_secs(30);
@@ -760,6 +770,34 @@ impl SessionManager {
         opts: ExecOptions<'_>,
         plan: Option<&PipPlan>,
     ) -> Result<ExecOutcome, SessionError> {
+        match self.exec_inner(tenant, id, code, opts, plan, true)? {
+            (result, Some(checkpoint)) => Ok(ExecOutcome { result, checkpoint }),
+            (_, None) => Err(SessionError::Invalid("an exec made no checkpoint".into())),
+        }
+    }
+
+    /// An exec that makes no checkpoint: the code starts background work
+    /// (`opts.job`) whose end a later [`Self::checkpoint_now`] records, so a
+    /// command run as a job still makes one checkpoint, of its outcome.
+    pub fn exec_uncheckpointed(
+        &self,
+        tenant: &str,
+        id: &str,
+        code: &str,
+        opts: ExecOptions<'_>,
+    ) -> Result<ExecResult, SessionError> {
+        Ok(self.exec_inner(tenant, id, code, opts, None, false)?.0)
+    }
+
+    fn exec_inner(
+        &self,
+        tenant: &str,
+        id: &str,
+        code: &str,
+        opts: ExecOptions<'_>,
+        plan: Option<&PipPlan>,
+        checkpoint: bool,
+    ) -> Result<(ExecResult, Option<CheckpointRecord>), SessionError> {
         let lines = forkbox_engine::packages::pip_lines(code).map_err(SessionError::Invalid)?;
         let plan = match (lines, plan) {
             (None, _) => None,
@@ -846,6 +884,11 @@ impl SessionManager {
                 return Err(SessionError::ExecFailed { source, checkpoint: head_seq(rec.head), output });
             }
         };
+        if !checkpoint {
+            let _ = self.store.release_seq(id, seq);
+            guard.last_used = Instant::now();
+            return Ok((result, None));
+        }
         let fence = guard.lease.clone();
         let Some(sb) = guard.sandbox.as_mut() else { return Err(SessionError::NotFound(id.into())) };
         let written = self.write_checkpoint_as(&rec, sb.as_mut(), code, base, Some(seq), Some(&result), fence.as_ref());
@@ -869,7 +912,7 @@ impl SessionManager {
         guard.last_used = Instant::now();
         drop(guard);
         // (The commit set `last_used_ms` already: no second write.)
-        Ok(ExecOutcome { result, checkpoint })
+        Ok((result, Some(checkpoint)))
     }
 
     /// Change the session's tags (replaced as a whole) and/or limits (memory,
@@ -1181,9 +1224,34 @@ impl SessionManager {
         })
     }
 
+    /// `f` on the session's sandbox if it is resident here; None if it is not
+    /// (then it has no background jobs: they are not brought back from disk, so
+    /// a job operation never resumes an evicted or paused session).
+    fn with_resident<T>(
+        &self,
+        tenant: &str,
+        id: &str,
+        f: impl FnOnce(&mut dyn Resident) -> Result<T, SessionError>,
+    ) -> Result<Option<T>, SessionError> {
+        self.record(tenant, id)?;
+        let slot = self.slot(id);
+        let mut guard = lock_slot(&slot, id)?;
+        if !live(&guard.sandbox) {
+            drop(guard);
+            // In a cluster it may be resident on another node: the request belongs there.
+            self.not_elsewhere(id)?;
+            return Ok(None);
+        }
+        self.hold(id, &mut guard)?;
+        let Some(sb) = guard.sandbox.as_mut() else { return Ok(None) };
+        let out = f(sb.as_mut())?;
+        guard.last_used = Instant::now();
+        Ok(Some(out))
+    }
+
     /// The session's background jobs (a session brought back from disk has none).
     pub fn jobs(&self, tenant: &str, id: &str) -> Result<Vec<JobInfo>, SessionError> {
-        self.with_sandbox(tenant, id, |sb, base, _, _| Ok((sb.jobs()?, base)))
+        Ok(self.with_resident(tenant, id, |sb| Ok(sb.jobs()?))?.unwrap_or_default())
     }
 
     /// One background job of the session.
@@ -1202,17 +1270,62 @@ impl SessionManager {
         offset: u64,
         max: usize,
     ) -> Result<JobChunk, SessionError> {
-        self.with_sandbox(tenant, id, |sb, base, _, _| Ok((sb.job_output(pid, stream, offset, max)?, base)))
+        let r = self.with_resident(tenant, id, |sb| Ok(sb.job_output(pid, stream, offset, max)?))?;
+        Ok(r.ok_or(EngineError::NoSuchJob(pid))?)
     }
 
     /// Send a signal to a background job's processes.
     pub fn job_signal(&self, tenant: &str, id: &str, pid: u32, signal: i32) -> Result<JobInfo, SessionError> {
-        self.with_sandbox(tenant, id, |sb, base, _, _| Ok((sb.job_signal(pid, signal)?, base)))
+        let r = self.with_resident(tenant, id, |sb| Ok(sb.job_signal(pid, signal)?))?;
+        Ok(r.ok_or(EngineError::NoSuchJob(pid))?)
     }
 
     /// Wait (at most `timeout`) for a background job to end.
     pub fn job_wait(&self, tenant: &str, id: &str, pid: u32, timeout: Duration) -> Result<JobInfo, SessionError> {
-        self.with_sandbox(tenant, id, |sb, base, _, _| Ok((sb.job_wait(pid, timeout)?, base)))
+        let r = self.with_resident(tenant, id, |sb| Ok(sb.job_wait(pid, timeout)?))?;
+        Ok(r.ok_or(EngineError::NoSuchJob(pid))?)
+    }
+
+    /// Wait (at most `timeout`) for a background job to write past `offsets`
+    /// (stdout, stderr bytes) or end: a follower's next step.
+    pub fn job_watch(
+        &self,
+        tenant: &str,
+        id: &str,
+        pid: u32,
+        offsets: [u64; 2],
+        timeout: Duration,
+    ) -> Result<JobInfo, SessionError> {
+        let r = self.with_resident(tenant, id, |sb| Ok(sb.job_watch(pid, offsets, timeout)?))?;
+        Ok(r.ok_or(EngineError::NoSuchJob(pid))?)
+    }
+
+    /// Write to a background job's stdin, then close it if `eof`.
+    pub fn job_stdin(&self, tenant: &str, id: &str, pid: u32, data: &[u8], eof: bool) -> Result<JobInfo, SessionError> {
+        let r = self.with_resident(tenant, id, |sb| Ok(sb.job_stdin(pid, data, eof)?))?;
+        Ok(r.ok_or(EngineError::NoSuchJob(pid))?)
+    }
+
+    /// Checkpoint the session as it is now (named `label`), with no guest
+    /// code run: what background work changed since the last checkpoint.
+    pub fn checkpoint_now(&self, tenant: &str, id: &str, label: &str) -> Result<CheckpointRecord, SessionError> {
+        let r = self.with_sandbox(tenant, id, |sb, base, rec, fence| {
+            let c = self.write_checkpoint(rec, sb, label, base, fence)?;
+            let new_base = Some(c.id);
+            Ok((c, new_base))
+        });
+        match &r {
+            Ok(_) => {
+                let _ = self.store.touch(id, now_ms());
+            }
+            // Nothing was written: the sandbox is as it was.
+            Err(SessionError::Busy(_) | SessionError::NotFound(_)) => {}
+            // A failed checkpoint may leave memory ahead of what disk can bring back.
+            Err(_) => {
+                self.evict(id);
+            }
+        }
+        r
     }
 
     /// A connection to the listener on `port` inside the session's sandbox
@@ -1832,23 +1945,36 @@ impl SessionManager {
 
     /// Keep at most `max_resident - 1` others resident before bringing one back (LRU).
     fn make_room(&self, except: &str) {
+        /// (runs background work, last used): the order of eviction.
+        type EvictKey = (bool, Instant);
         let slots: Vec<(String, Arc<Mutex<Slot>>)> =
             self.slots.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-        let mut resident: Vec<(Instant, String, Arc<Mutex<Slot>>)> = slots
+        // Sessions with running background work go last, least recently used first within each kind.
+        let mut resident: Vec<(EvictKey, String, Arc<Mutex<Slot>>)> = slots
             .into_iter()
             .filter(|(k, _)| k != except)
             .filter_map(|(k, s)| {
-                let t = s.try_lock().ok().filter(|g| live(&g.sandbox)).map(|g| g.last_used)?;
-                Some((t, k, s))
+                let key = s.try_lock().ok().filter(|g| live(&g.sandbox)).map(|g| {
+                    let running = g.sandbox.as_ref().is_some_and(|sb| sb.has_background());
+                    (running, g.last_used)
+                })?;
+                Some((key, k, s))
             })
             .collect();
         if resident.len() < self.config.max_resident {
             return;
         }
-        resident.sort_by_key(|(t, _, _)| *t);
+        resident.sort_by_key(|(key, _, _)| *key);
         let excess = resident.len() + 1 - self.config.max_resident;
-        for (_, id, s) in resident.into_iter().take(excess) {
+        for ((running, _), id, s) in resident.into_iter().take(excess) {
             if let Ok(mut g) = s.try_lock() {
+                if running {
+                    // Every resident session runs background work: the limit wins, loudly.
+                    tracing::warn!(
+                        "evicting session {id} with running background processes: {} sessions are resident at most",
+                        self.config.max_resident
+                    );
+                }
                 self.drop_resident(&id, &mut g);
             }
         }

@@ -346,6 +346,20 @@ pub enum ToChannel {
         pid: u32,
         timeout_ms: u64,
     },
+    /// Run the sandbox until the job wrote past `offsets` (stdout, stderr),
+    /// ended, or `timeout_ms` passed (answered `Job`).
+    JobWatch {
+        pid: u32,
+        offsets: [u64; 2],
+        timeout_ms: u64,
+    },
+    /// Write to a job's stdin, then close it if `eof` (answered `Job`).
+    JobStdin {
+        pid: u32,
+        #[serde(with = "b64")]
+        data: Vec<u8>,
+        eof: bool,
+    },
     /// Write the file `path` with the `len` bytes of the file handed over as
     /// "upload" in the `Files` frame before (answered `Done`).
     WriteFile {

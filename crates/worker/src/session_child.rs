@@ -202,6 +202,9 @@ const JOB_READ_MAX: usize = 1 << 20;
 /// The longest a job wait runs the sandbox.
 const JOB_WAIT_MAX_MS: u64 = 60_000;
 
+/// How long a write to a job's full stdin waits for its processes to read.
+const JOB_STDIN_WAIT: Duration = Duration::from_secs(5);
+
 /// How long background work runs before the channel is looked at again.
 const BACKGROUND_SLICE: Duration = Duration::from_millis(10);
 /// With background work that cannot run now (all of it waiting), how long
@@ -425,6 +428,22 @@ fn serve_one(shared: &Shared, ctl: &ChannelCtl, ch: &mut Channel, sock: &UnixStr
                 None => Err(no_sandbox()),
             };
             reply(&FromChannel::PortConnected(r))?;
+        }
+        ToChannel::JobWatch { pid, offsets, timeout_ms } => {
+            let until = Instant::now() + Duration::from_millis(timeout_ms.min(JOB_WAIT_MAX_MS));
+            let r = match ch.sb.as_mut() {
+                Some(sb) => sb.job_watch(pid, offsets, until).map_err(|e| wire(e, None)),
+                None => Err(no_sandbox()),
+            };
+            reply(&FromChannel::Job(r))?;
+        }
+        ToChannel::JobStdin { pid, data, eof } => {
+            let until = Instant::now() + JOB_STDIN_WAIT;
+            let r = match ch.sb.as_mut() {
+                Some(sb) => sb.job_stdin(pid, &data, eof, until).map_err(|e| wire(e, None)),
+                None => Err(no_sandbox()),
+            };
+            reply(&FromChannel::Job(r))?;
         }
         // Out of place (they belong inside a request): the API process broke the protocol.
         ToChannel::Packs | ToChannel::Abort { .. } | ToChannel::CheckpointGo => return Err(Stop::Gone),

@@ -101,6 +101,8 @@ const PACKAGE_CODES: &[ErrorCode] =
 /// Codes of the background jobs' operations.
 const JOB_CODES: &[ErrorCode] = &[
     ErrorCode::ProcessNotFound,
+    ErrorCode::StdinClosed,
+    ErrorCode::StdinFull,
     ErrorCode::InvalidRequest,
     ErrorCode::SandboxUnusable,
     ErrorCode::ProtocolError,
@@ -966,6 +968,21 @@ impl Resident for RemoteSandbox {
         drop(conn);
         match self.recv(PORT_WAIT)? {
             FromChannel::PortConnected(r) => r.map_err(|e| reported(e, PORT_CODES)),
+            other => Err(self.broke(&other)),
+        }
+    }
+
+    fn job_watch(&mut self, pid: u32, offsets: [u64; 2], timeout: Duration) -> Result<JobInfo, EngineError> {
+        let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        match self.call(&ToChannel::JobWatch { pid, offsets, timeout_ms }, timeout.saturating_add(OP_WAIT))? {
+            FromChannel::Job(r) => r.map_err(|e| reported(e, JOB_CODES)),
+            other => Err(self.broke(&other)),
+        }
+    }
+
+    fn job_stdin(&mut self, pid: u32, data: &[u8], eof: bool) -> Result<JobInfo, EngineError> {
+        match self.call(&ToChannel::JobStdin { pid, data: data.to_vec(), eof }, OP_WAIT)? {
+            FromChannel::Job(r) => r.map_err(|e| reported(e, JOB_CODES)),
             other => Err(self.broke(&other)),
         }
     }

@@ -37,7 +37,7 @@ fn read_into(ctx: &mut Ctx, fd: i32, buf: u64, len: u64, pos: Option<u64>) -> Sy
             }
             Ok(n as u64)
         }
-        FileKind::Stdin => Ok(0),
+        FileKind::Stdin => read_stdin(ctx, &f, fd, buf, len),
         FileKind::Stdout | FileKind::Stderr => Err(Errno::EBADF),
         FileKind::Socket(_) if pos.is_some() => Err(Errno::ESPIPE),
         FileKind::Socket(_) => sys_socket::read_fd(ctx, fd, buf, len),
@@ -66,6 +66,31 @@ fn read_into(ctx: &mut Ctx, fd: i32, buf: u64, len: u64, pos: Option<u64>) -> Sy
             Ok(n)
         }
     }
+}
+
+/// fd 0 as the agent has it: end of file, except in a background job with a
+/// stdin the host feeds (then it reads like a pipe's read end).
+fn read_stdin(ctx: &mut Ctx, f: &OpenFile, fd: i32, buf: u64, len: u64) -> SysResult {
+    let pid = ctx.proc.pid;
+    let Some(stdin) = ctx.io.stdin_of(pid) else { return Ok(0) };
+    if stdin.buf.is_empty() {
+        if stdin.closed || len == 0 {
+            return Ok(0);
+        }
+        if f.flags & libc::O_NONBLOCK != 0 {
+            return Err(Errno::EAGAIN);
+        }
+        let ofd = ctx.proc.fds.ofd(fd)?;
+        return wait::block(ctx, Block::new(WaitOn::Fd { ofd, events: wait::READABLE }));
+    }
+    let n = stdin.buf.len().min(usize::try_from(len).unwrap_or(usize::MAX));
+    let chunk: Vec<u8> = stdin.buf.iter().take(n).copied().collect();
+    ctx.write_bytes(buf, &chunk)?;
+    // Consumed only once the guest has the bytes (a fault leaves them for the next read).
+    if let Some(stdin) = ctx.io.stdin_of(pid) {
+        stdin.buf.drain(..n);
+    }
+    Ok(n as u64)
 }
 
 fn write_from(ctx: &mut Ctx, fd: i32, buf: u64, len: u64, pos: Option<u64>) -> SysResult {

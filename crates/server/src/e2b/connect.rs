@@ -74,6 +74,32 @@ pub fn request<T: DeserializeOwned>(headers: &HeaderMap, body: &[u8]) -> Result<
     serde_json::from_slice(json).map_err(|e| ConnectError::invalid(format!("request message: {e}")))
 }
 
+/// The messages of a client stream's body (`StreamInput`): each envelope's
+/// JSON, in order, up to the end-of-stream envelope if one is sent.
+pub fn messages<T: DeserializeOwned>(body: &[u8]) -> Result<Vec<T>, ConnectError> {
+    let mut out = Vec::new();
+    let mut rest = body;
+    while !rest.is_empty() {
+        let (head, tail) =
+            rest.split_first_chunk::<5>().ok_or_else(|| ConnectError::invalid("malformed envelope: under 5 bytes"))?;
+        if head[0] & COMPRESSED != 0 {
+            return Err(ConnectError::invalid("compressed messages are not accepted"));
+        }
+        let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+        if len > MAX_MESSAGE || len > tail.len() {
+            return Err(ConnectError::invalid(format!("malformed envelope: it announces {len} bytes")));
+        }
+        if head[0] & END_STREAM != 0 {
+            break;
+        }
+        let json = &tail[..len];
+        let json: &[u8] = if json.iter().all(u8::is_ascii_whitespace) { b"{}" } else { json };
+        out.push(serde_json::from_slice(json).map_err(|e| ConnectError::invalid(format!("request message: {e}")))?);
+        rest = &tail[len..];
+    }
+    Ok(out)
+}
+
 /// The single message of an enveloped request body.
 fn unenvelope(body: &[u8]) -> Result<&[u8], ConnectError> {
     let (head, rest) =
@@ -127,6 +153,26 @@ fn tokio_stream_of(rx: mpsc::Receiver<Bytes>) -> impl futures_util::Stream<Item 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_client_stream_body_is_its_messages_in_order_up_to_its_end() {
+        let mut body = Vec::new();
+        body.extend_from_slice(&envelope(0, br#"{"start":{"process":{"pid":7}}}"#));
+        body.extend_from_slice(&envelope(0, br#"{"data":{"input":{"stdin":"YQ=="}}}"#));
+        body.extend_from_slice(&envelope(0, b""));
+        body.extend_from_slice(&envelope(END_STREAM, b"{}"));
+        let msgs: Vec<serde_json::Value> = messages(&body).expect("well-formed");
+        assert_eq!(msgs.len(), 3);
+        assert_eq!(msgs[0]["start"]["process"]["pid"], 7);
+        assert_eq!(msgs[1]["data"]["input"]["stdin"], "YQ==");
+        assert_eq!(msgs[2], serde_json::json!({}));
+        // A length past the body, a short prefix, compression: refused.
+        let mut bad = envelope(0, b"{}").to_vec();
+        bad[4] = 9;
+        assert!(messages::<serde_json::Value>(&bad).is_err());
+        assert!(messages::<serde_json::Value>(&[0, 0]).is_err());
+        assert!(messages::<serde_json::Value>(&envelope(COMPRESSED, b"{}")).is_err());
+    }
 
     fn headers(ct: &str) -> HeaderMap {
         let mut h = HeaderMap::new();

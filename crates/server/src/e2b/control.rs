@@ -267,8 +267,7 @@ async fn create(
             paused: false,
             contexts: BTreeMap::new(),
             executions: 0,
-            running: None,
-            next_pid: 1,
+            processes: Default::default(),
         }),
     });
     state.e2b.start_reaper(&state);
@@ -369,8 +368,7 @@ async fn record(
             paused: !resumed,
             contexts: BTreeMap::new(),
             executions: 0,
-            running: None,
-            next_pid: 1,
+            processes: Default::default(),
         }),
     });
     state.e2b.start_reaper(state);
@@ -484,8 +482,7 @@ async fn fork(
                         paused: false,
                         contexts: BTreeMap::new(),
                         executions: 0,
-                        running: None,
-                        next_pid: 1,
+                        processes: Default::default(),
                     }),
                 });
                 out.push(json!({ "sandbox": sandbox_json(&rec, state.config.sandbox_domain.as_deref()) }));

@@ -160,7 +160,8 @@ impl From<ApiError> for ConnectError {
         crate::metrics::error(e.code.as_str());
         let code = match e.code {
             E::SessionNotFound => return ConnectError::new(Code::Unavailable, format!("The sandbox {}", e.message)),
-            E::FileNotFound | E::NotFound => Code::NotFound,
+            E::FileNotFound | E::NotFound | E::ProcessNotFound => Code::NotFound,
+            E::StdinClosed | E::StdinFull => Code::FailedPrecondition,
             E::FileExists => Code::AlreadyExists,
             E::Unauthorized => Code::Unauthenticated,
             E::Timeout => Code::DeadlineExceeded,

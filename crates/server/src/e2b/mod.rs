@@ -56,9 +56,10 @@ use crate::{AppState, Inner};
 pub use error::{ConnectError, E2bError};
 
 /// The envd version reported for every sandbox: the SDKs gate features on it
-/// (`e2b/envd/versions.py`). 0.4.0: `stdin=False` and the default user; not
-/// the octet-stream/gzip uploads (0.5.7) or file metadata (0.6.2), which this does not serve.
-pub const ENVD_VERSION: &str = "0.4.0";
+/// (`e2b/envd/versions.py`). 0.5.2: `stdin=False`, the default user and
+/// `close_stdin`; not the octet-stream/gzip uploads (0.5.7) or file metadata
+/// (0.6.2), which this does not serve.
+pub const ENVD_VERSION: &str = "0.5.2";
 /// envd's port in the routing header.
 pub const ENVD_PORT: u16 = 49983;
 /// The code interpreter's port.
@@ -96,9 +97,9 @@ pub struct RecState {
     pub contexts: BTreeMap<String, (String, String)>,
     /// `/execute` calls so far (the interpreter's execution count).
     pub executions: u64,
-    /// The command running now (pid, its config), for `process.Process/List` and signals.
-    pub running: Option<(u32, serde_json::Value)>,
-    pub next_pid: u32,
+    /// The config (and tag) of each process `process.Process/Start` started,
+    /// by its pid in the session (for `List`; pruned to the session's processes).
+    pub processes: BTreeMap<u32, serde_json::Value>,
 }
 
 impl SandboxRec {

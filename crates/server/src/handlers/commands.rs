@@ -106,17 +106,26 @@ pub(crate) async fn session_command(
 ) -> Result<axum::response::Response, ApiError> {
     let t0 = Instant::now();
     let cmd = command_of(req.cmd, req.cwd, req.env)?;
+    if req.stdin && !req.background {
+        return Err(ApiError::invalid("stdin: true is for background commands (a command's stdin is /dev/null)"));
+    }
     if req.background {
-        let code = cmd.background_code();
+        let code = cmd.background_code(req.stdin);
         state.runtime.check_code(&code)?;
         let timeout = super::sessions::exec_timeout(&state, &caller, &id, req.timeout_seconds).await?;
         let permit = crate::fair::acquire_for(&state, &caller, 1).await?;
-        let r =
-            state.runtime.session_background_command(&caller.tenant, &id, code, timeout, caller.quota(), permit).await;
+        let r = state
+            .runtime
+            .session_background_command(&caller.tenant, &id, code, timeout, caller.quota(), true, permit)
+            .await;
         metrics::sessions(state.runtime.resident_sessions());
-        let (o, started) = r.map_err(command_error)?;
-        metrics::checkpoint_bytes(o.checkpoint.bytes);
-        return Ok(match started {
+        let start = r.map_err(command_error)?;
+        let Some(checkpoint) = start.checkpoint else {
+            return Err(ApiError::new(forkbox_api::ErrorCode::Internal, "the start made no checkpoint"));
+        };
+        metrics::checkpoint_bytes(checkpoint.bytes);
+        let o = forkbox_runtime::ExecOutcome { result: start.result, checkpoint };
+        return Ok(match start.started {
             Ok(job) => {
                 let body = BackgroundStarted {
                     pid: job.pid,

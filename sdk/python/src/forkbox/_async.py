@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import time
 from asyncio import sleep
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -11,7 +12,21 @@ import httpx
 
 from . import _base, _tree
 from ._errors import ForkboxError
-from ._types import Checkpoint, CommandResult, Event, Result, ExecResult, FileEntry, Packages, SessionInfo, Upload
+from ._types import (
+    Checkpoint,
+    CommandResult,
+    Event,
+    ExecResult,
+    FileEntry,
+    Packages,
+    ProcessInfo,
+    ProcessOutput,
+    Result,
+    SessionInfo,
+    Stderr,
+    Stdout,
+    Upload,
+)
 
 
 class AsyncForkbox:
@@ -266,6 +281,110 @@ class AsyncSession:
     ) -> AsyncIterator[Event]:
         """`run_command`, yielding `Stdout`/`Stderr` chunks as produced, then one `Result` (a `CommandResult`)."""
         return self._c._stream(self._path("/commands/stream"), _base.command_body(cmd, cwd, env, timeout), CommandResult)
+
+    async def start_command(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bool = False,
+        timeout: float | None = None,
+    ) -> ProcessInfo:
+        """Start `cmd` as a background process of the session and return at once: it runs on between
+        calls (`processes`, `process_output`, `follow`, `write_stdin`, `signal`, `wait_process`). With
+        `stdin=True` its stdin is what `write_stdin` sends (else /dev/null). A command that cannot start
+        (not found, bad cwd) raises `ForkboxError` with code `command_not_started` and its exit status."""
+        body = _base.command_body(cmd, cwd, env, timeout)
+        body["background"] = True
+        if stdin:
+            body["stdin"] = True
+        v = await self._c._json("POST", self._path("/commands"), json=body)
+        if "process" not in v:
+            r = CommandResult.from_json(v)
+            raise ForkboxError(200, "command_not_started", f"exit status {r.exit_code}: {r.stderr.strip()}", body=v)
+        return ProcessInfo.from_json(v["process"])
+
+    async def processes(self) -> list[ProcessInfo]:
+        """The session's background processes, oldest first (ended ones too, until 64 are kept)."""
+        v = await self._c._json("GET", self._path("/processes"))
+        return [ProcessInfo.from_json(p) for p in v.get("processes") or []]
+
+    async def process(self, pid: int) -> ProcessInfo:
+        return ProcessInfo.from_json(await self._c._json("GET", self._path(f"/processes/{int(pid)}")))
+
+    async def process_output(
+        self, pid: int, stream: str = "stdout", offset: int = 0, max: int | None = None
+    ) -> ProcessOutput:
+        """What a background process wrote to `stream` from byte `offset` (the last 256 KiB are kept;
+        `dropped` says how much before them is gone); read on from `next_offset`."""
+        params: dict[str, Any] = {"stream": stream, "offset": offset}
+        if max is not None:
+            params["max"] = max
+        v = await self._c._json("GET", self._path(f"/processes/{int(pid)}/output"), params=params)
+        return ProcessOutput.from_json(v)
+
+    async def follow(
+        self, pid: int, offset: int = 0, stderr_offset: int = 0, stream: str | None = None
+    ) -> AsyncIterator[Stdout | Stderr | ProcessInfo]:
+        """A background process' output as it is written (`Stdout`/`Stderr` with their stream offsets),
+        then its `ProcessInfo` when it ends. `stream`: only "stdout" or "stderr" (from `offset`)."""
+        params: dict[str, Any] = {"follow": "true", "offset": offset}
+        if stream is not None:
+            params["stream"] = stream
+        else:
+            params["stderr_offset"] = stderr_offset
+        try:
+            async with self._c._http.stream("GET", self._path(f"/processes/{int(pid)}/output"), params=params,
+                                            headers={"Accept": "text/event-stream"}) as resp:
+                if not resp.is_success:
+                    await resp.aread()
+                    _base.check(resp)
+                parser = _base.SseParser()
+                async for line in resp.aiter_lines():
+                    ev = parser.feed(line)
+                    if ev is None:
+                        continue
+                    name, data = ev
+                    if name == "exit":
+                        yield ProcessInfo.from_json(_base.json_event(name, data))
+                        return
+                    if name in ("stdout", "stderr"):
+                        v = _base.json_event(name, data)
+                        kind = Stdout if name == "stdout" else Stderr
+                        yield kind(str(v.get("data", "")), int(v.get("offset") or 0))
+                    elif name == "error":
+                        raise _base.error_from(0, _base.json_event(name, data))
+        except httpx.HTTPError as e:
+            raise _base.connection_failed(e, self._c.url, self._c._default_url) from e
+        raise ForkboxError(0, "protocol_error", "the stream ended before the process did")
+
+    async def write_stdin(self, pid: int, data: bytes | str, eof: bool = False) -> ProcessInfo:
+        """Write to a background process' stdin (started with `stdin=True`); `eof` closes it after.
+        A process that does not read holds 256 KiB; past that the write waits up to 5 s, then `StdinError`."""
+        content = data.encode() if isinstance(data, str) else bytes(data)
+        body: dict[str, Any] = {"data_b64": base64.b64encode(content).decode(), "eof": eof}
+        return ProcessInfo.from_json(await self._c._json("POST", self._path(f"/processes/{int(pid)}/stdin"), json=body))
+
+    async def close_stdin(self, pid: int) -> ProcessInfo:
+        """End of file for a background process' stdin."""
+        return await self.write_stdin(pid, b"", eof=True)
+
+    async def signal(self, pid: int, signal: int = 15) -> ProcessInfo:
+        """Send `signal` (default SIGTERM) to a background process and the processes it started."""
+        v = await self._c._json("POST", self._path(f"/processes/{int(pid)}/signal"), json={"signal": signal})
+        return ProcessInfo.from_json(v)
+
+    async def kill(self, pid: int) -> ProcessInfo:
+        """SIGKILL to a background process and the processes it started."""
+        return await self.signal(pid, 9)
+
+    async def wait_process(self, pid: int, timeout: float = 10) -> ProcessInfo:
+        """Wait at most `timeout` seconds (the server's maximum: 60) for a background process to end;
+        it as it is then (`state` says whether it ended)."""
+        v = await self._c._json("POST", self._path(f"/processes/{int(pid)}/wait"), json={"timeout_seconds": timeout},
+                                timeout=timeout + 30)
+        return ProcessInfo.from_json(v)
 
     async def interrupt(self) -> bool:
         """Interrupt the running exec (the code gets KeyboardInterrupt); False if none was running."""

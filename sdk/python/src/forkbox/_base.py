@@ -218,6 +218,17 @@ class SseParser:
         return None
 
 
+def json_event(name: str, data: str) -> dict[str, Any]:
+    """The JSON data of an SSE event."""
+    try:
+        v = json.loads(data) if data else {}
+    except ValueError as e:
+        raise ForkboxError(0, "protocol_error", f"stream event {name!r} is not JSON: {e}") from e
+    if not isinstance(v, dict):
+        raise ForkboxError(0, "protocol_error", f"stream event {name!r} is not a JSON object")
+    return v
+
+
 def stream_event(name: str, data: str, result: type = ExecResult) -> Event | None:
     """The SDK event for one SSE event; an `error` event is raised."""
     try:

@@ -135,6 +135,11 @@ class SandboxCrashed(ServerError):
     """502: the sandbox worker process running the exec died or hung; only that exec failed: retry."""
 
 
+class StdinError(SessionBusy):
+    """A background process' stdin cannot take the write: not started with `stdin=True`, closed,
+    ended (`stdin_closed`), or 256 KiB unread for 5 s (`stdin_full`: nothing was written)."""
+
+
 class PackageError(ForkboxError):
     """A package could not be installed into a session (`package_*` codes)."""
 
@@ -173,6 +178,8 @@ _BY_CODE: dict[str, type[ForkboxError]] = {
     "file_not_found": FileNotFound,
     "file_exists": FileExists,
     "process_not_found": NotFound,
+    "stdin_closed": StdinError,
+    "stdin_full": StdinError,
     "template_not_found": TemplateNotFound,
     "template_not_ready": TemplateNotReady,
     "template_exists": TemplateExists,
@@ -235,7 +242,7 @@ STATUS_OF_CODE: dict[str, int] = {
     "malformed_json": 400, "invalid_request": 400, "invalid_path": 400, "is_a_directory": 400,
     "unauthorized": 401, "forbidden": 403, "quota_exceeded": 403, "not_found": 404, "session_not_found": 404,
     "checkpoint_not_found": 404, "instruction_not_found": 404, "file_not_found": 404, "process_not_found": 404,
-    "file_exists": 409,
+    "file_exists": 409, "stdin_closed": 409, "stdin_full": 409,
     "template_not_found": 404, "template_not_ready": 409, "template_exists": 409,
     "template_unavailable": 500, "too_many_builds": 429,
     "package_not_allowed": 403, "package_not_found": 404, "package_conflict": 409, "package_needs_build": 422,

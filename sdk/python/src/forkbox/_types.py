@@ -244,10 +244,77 @@ class Packages:
 
 
 @dataclass(frozen=True)
+class ProcessInfo:
+    """A background process of a session (`Session.start_command`), with the processes it started."""
+
+    pid: int
+    #: Its argv after its last execve.
+    argv: list[str]
+    started_unix_ms: int
+    cpu_seconds: float
+    #: "running" or "exited".
+    state: str
+    #: How it ended: its exit status, or the signal that killed it.
+    exit_code: int | None = None
+    signal: int | None = None
+    #: Bytes written so far (the session keeps the last 256 KiB of each stream).
+    stdout_bytes: int = 0
+    stderr_bytes: int = 0
+
+    @property
+    def running(self) -> bool:
+        return self.state == "running"
+
+    @classmethod
+    def from_json(cls, v: dict[str, Any]) -> ProcessInfo:
+        return cls(
+            pid=int(v["pid"]),
+            argv=[str(a) for a in v.get("argv") or []],
+            started_unix_ms=int(v.get("started_unix_ms") or 0),
+            cpu_seconds=float(v.get("cpu_seconds") or 0.0),
+            state=str(v.get("state") or ""),
+            exit_code=v.get("exit_code"),
+            signal=v.get("signal"),
+            stdout_bytes=int(v.get("stdout_bytes") or 0),
+            stderr_bytes=int(v.get("stderr_bytes") or 0),
+        )
+
+
+@dataclass(frozen=True)
+class ProcessOutput:
+    """A slice of a background process' stdout or stderr (`Session.process_output`)."""
+
+    #: The stream offset of `data` (past the one asked for when those bytes were dropped).
+    offset: int
+    #: Where to read next.
+    next_offset: int
+    #: The stream's length so far.
+    end: int
+    #: Bytes dropped between the offset asked for and `offset`.
+    dropped: int
+    data: str
+    #: It still runs: more may come.
+    running: bool
+
+    @classmethod
+    def from_json(cls, v: dict[str, Any]) -> ProcessOutput:
+        return cls(
+            offset=int(v["offset"]),
+            next_offset=int(v["next_offset"]),
+            end=int(v["end"]),
+            dropped=int(v.get("dropped") or 0),
+            data=str(v.get("data") or ""),
+            running=bool(v.get("running")),
+        )
+
+
+@dataclass(frozen=True)
 class Stdout:
     """A chunk the code wrote to standard output, as it was written."""
 
     data: str
+    #: Following a background process: the stream offset of `data` (None for an exec's stream).
+    offset: int | None = None
 
 
 @dataclass(frozen=True)
@@ -255,6 +322,8 @@ class Stderr:
     """A chunk the code wrote to standard error, as it was written."""
 
     data: str
+    #: Following a background process: the stream offset of `data` (None for an exec's stream).
+    offset: int | None = None
 
 
 @dataclass(frozen=True)
