@@ -304,8 +304,9 @@ def test_e2b_get_host_reaches_a_server_in_the_sandbox(domain_server):
     try:
         sbx = e2b.Sandbox.create()
         try:
-            # Left running by the command (E2B's `background=True` holds the session's command stream here).
-            sbx.commands.run("python3 -m http.server 8000 --bind 127.0.0.1 --directory /tmp >/dev/null 2>&1 &")
+            # A background command, as E2B's docs start a server; it keeps running between calls.
+            handle = sbx.commands.run("python3 -m http.server 8000 --bind 127.0.0.1 --directory /tmp", background=True)
+            assert sbx.commands.run("echo other calls go on").stdout == "other calls go on\n"
             host = sbx.get_host(8000)
             assert host == f"8000-{sbx.sandbox_id}.sandbox.test"
             token = sbx.traffic_access_token
@@ -324,6 +325,7 @@ def test_e2b_get_host_reaches_a_server_in_the_sandbox(domain_server):
             # A sandbox id is not a secret: no token, no port.
             r = httpx.get(f"{s.url}/", headers={"Host": host}, timeout=TIMEOUT)
             assert r.status_code == 401, r.text
+            handle.kill()
         finally:
             sbx.kill()
     finally:
