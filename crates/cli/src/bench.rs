@@ -1015,7 +1015,10 @@ fn worker_boundary(
     })
 }
 
-pub(crate) fn on_guest_thread<T: Send>(mode: forkbox_engine::jail::Mode, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
+pub(crate) fn on_guest_thread<T: Send>(
+    mode: forkbox_engine::jail::Mode,
+    f: impl FnOnce() -> Result<T> + Send,
+) -> Result<T> {
     std::thread::scope(|s| {
         s.spawn(move || -> Result<T> {
             forkbox_engine::jail::enter_guest_thread(mode)?;

@@ -1153,7 +1153,8 @@ impl SessionManager {
         };
         let fence = guard.lease.clone();
         let Some(sb) = guard.sandbox.as_mut() else { return Err(SessionError::NotFound(id.into())) };
-        let written = self.write_checkpoint_files(&rec, sb.as_mut(), code, base, Some(seq), Some(&result), fence.as_ref());
+        let written =
+            self.write_checkpoint_files(&rec, sb.as_mut(), code, base, Some(seq), Some(&result), fence.as_ref());
         let (written, settle) = match written {
             // The session's first checkpoint: settled by the caller after it answered.
             Ok(w) if base.is_none() && rec.head.is_none() => {

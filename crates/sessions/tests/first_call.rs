@@ -33,7 +33,8 @@ fn a_session_on_a_recycled_vm_checkpoints_exactly_its_own_state() {
         assert!(r.error.is_none(), "{:?}", r.error);
     }
     let s = new_session(&m);
-    let c1 = ok(&m, &s.id, "x = 41\nblob = bytes(range(256)) * 4096\nopen('/tmp/mine.txt', 'w').write('first')").checkpoint;
+    let c1 =
+        ok(&m, &s.id, "x = 41\nblob = bytes(range(256)) * 4096\nopen('/tmp/mine.txt', 'w').write('first')").checkpoint;
     assert_eq!((c1.seq, c1.parent), (1, None));
     assert!(c1.id > 0, "the first checkpoint is committed when exec returns");
     assert!(c1.pages > 0 && c1.pages < 20_000, "pages of the first layer: {}", c1.pages);
@@ -46,7 +47,10 @@ fn a_session_on_a_recycled_vm_checkpoints_exactly_its_own_state() {
     assert_eq!(value(&m, &s.id, probe), "(42, 10, 'first', False, False)");
     // Checkpoint 1 alone (its layer over the template) holds the first call's state.
     let f = m.fork(TENANT, &s.id, Some(1), BTreeMap::new()).unwrap();
-    assert_eq!(value(&m, &f.id, probe.replace("len(blob)", "len(blob) // 4096").as_str()), "(41, 256, 'first', False, False)");
+    assert_eq!(
+        value(&m, &f.id, probe.replace("len(blob)", "len(blob) // 4096").as_str()),
+        "(41, 256, 'first', False, False)"
+    );
 }
 
 /// The first checkpoint, answered for before it is durable: reading the
