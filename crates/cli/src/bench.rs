@@ -39,6 +39,18 @@ pub enum BenchCommand {
         #[command(flatten)]
         image: ImageArgs,
     },
+    /// forkd's benchmark: N sandboxes each running `import numpy`, all live at the end:
+    /// wall time and host memory (PSS) per sandbox, beside N host `python3 -c "import numpy"`
+    /// processes and N os.fork() children of a host python with numpy imported.
+    Numpy {
+        /// Sandboxes per round.
+        #[arg(long, default_value_t = 100)]
+        count: usize,
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        #[command(flatten)]
+        image: ImageArgs,
+    },
     /// Threads in a forked sandbox: thread start + join, ThreadPoolExecutor(8).map
     /// of 64 trivial tasks, asyncio.run(asyncio.sleep(0)), a 1 MB pipe round trip;
     /// beside a host Python doing the same in an os.fork() child.
@@ -190,7 +202,7 @@ pub(crate) fn summary(mut v: Vec<f64>) -> String {
 }
 
 /// The host Python the baselines run: `$FORKBOX_HOST_PYTHON`, else /usr/bin/python3.
-fn host_python() -> std::path::PathBuf {
+pub(crate) fn host_python() -> std::path::PathBuf {
     std::env::var_os("FORKBOX_HOST_PYTHON")
         .filter(|p| !p.is_empty())
         .map_or_else(|| "/usr/bin/python3".into(), Into::into)
@@ -199,7 +211,7 @@ fn host_python() -> std::path::PathBuf {
 /// What the host baseline of `cmd` imports beside the standard library (None: no host baseline).
 fn host_needs(cmd: &BenchCommand) -> Option<&'static [&'static str]> {
     match cmd {
-        BenchCommand::Cold { .. } | BenchCommand::Fork { .. } => Some(&["numpy"]),
+        BenchCommand::Cold { .. } | BenchCommand::Fork { .. } | BenchCommand::Numpy { .. } => Some(&["numpy"]),
         BenchCommand::Threads { .. } | BenchCommand::Procs { .. } | BenchCommand::Net { .. } => Some(&[]),
         _ => None,
     }
@@ -240,6 +252,9 @@ pub fn bench(home: &Path, cmd: BenchCommand) -> Result<ExitCode> {
     match cmd {
         BenchCommand::Cold { runs, image } => cold(home, runs.max(1), &image),
         BenchCommand::Fork { forks, execs, live, batch, image } => fork(home, forks, execs, live, batch, &image),
+        BenchCommand::Numpy { count, rounds, image } => {
+            crate::bench_numpy::numpy(home, count.max(1), rounds.max(1), &image)
+        }
         BenchCommand::Threads { samples, image } => threads(home, samples, &image),
         BenchCommand::Procs { samples, image } => procs(home, samples.max(1), &image),
         BenchCommand::Sessions { samples, resident, on_disk, image } => {
@@ -465,7 +480,7 @@ fn p50(v: &[f64]) -> f64 {
 }
 
 /// Proportional set size of this process, in KiB.
-fn pss_kib() -> u64 {
+pub(crate) fn pss_kib() -> u64 {
     field_kib("/proc/self/smaps_rollup", "Pss:")
 }
 
@@ -1000,7 +1015,10 @@ fn worker_boundary(
     })
 }
 
-fn on_guest_thread<T: Send>(mode: forkbox_engine::jail::Mode, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
+pub(crate) fn on_guest_thread<T: Send>(
+    mode: forkbox_engine::jail::Mode,
+    f: impl FnOnce() -> Result<T> + Send,
+) -> Result<T> {
     std::thread::scope(|s| {
         s.spawn(move || -> Result<T> {
             forkbox_engine::jail::enter_guest_thread(mode)?;

@@ -72,6 +72,65 @@ async fn exec(http: &reqwest::Client, s: &Served) -> Result<()> {
     Ok(())
 }
 
+/// Time to interactive: `POST /v1/sessions` (on `template`, None: the default)
+/// then the new session's first `POST .../exec` of `1 + 1`, on one keep-alive
+/// connection; ms. The session is deleted after (not timed).
+async fn first_call(http: &reqwest::Client, s: &Served, template: Option<&str>) -> Result<f64> {
+    let body = match template {
+        Some(t) => serde_json::json!({ "template": t }),
+        None => serde_json::json!({}),
+    };
+    let t = Instant::now();
+    let r = http.post(format!("{}/v1/sessions", s.url)).bearer_auth(&s.key).json(&body).send().await?;
+    anyhow::ensure!(r.status().is_success(), "create: HTTP {} {}", r.status(), r.text().await.unwrap_or_default());
+    let v: serde_json::Value = r.json().await?;
+    let id = v["id"].as_str().context("no session id")?.to_string();
+    let r = http
+        .post(format!("{}/v1/sessions/{id}/exec", s.url))
+        .bearer_auth(&s.key)
+        .json(&serde_json::json!({ "code": "1 + 1" }))
+        .send()
+        .await?;
+    anyhow::ensure!(r.status().is_success(), "first exec: HTTP {}", r.status());
+    let v: serde_json::Value = r.json().await?;
+    let took = t.elapsed().as_secs_f64() * 1000.0;
+    anyhow::ensure!(v["value"] == "2", "unexpected {v}");
+    let r = http.delete(format!("{}/v1/sessions/{id}", s.url)).bearer_auth(&s.key).send().await?;
+    anyhow::ensure!(r.status().is_success(), "delete: HTTP {}", r.status());
+    Ok(took)
+}
+
+/// Wait until `template` is built on `s` (a first use builds it; 409 until then).
+async fn template_ready(http: &reqwest::Client, s: &Served, template: &str) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(900);
+    loop {
+        let r = http
+            .post(format!("{}/v1/sessions", s.url))
+            .bearer_auth(&s.key)
+            .json(&serde_json::json!({ "template": template }))
+            .send()
+            .await?;
+        let status = r.status();
+        if status.is_success() {
+            return Ok(());
+        }
+        let text = r.text().await.unwrap_or_default();
+        anyhow::ensure!(
+            status.as_u16() == 409 && text.contains("template_not_ready") && Instant::now() < deadline,
+            "template {template}: HTTP {status} {text}"
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
+/// The host's `python3 -c 1+1` (process start to exit), ms.
+fn host_python_start() -> Result<f64> {
+    let t = Instant::now();
+    let st = Command::new(crate::bench::host_python()).args(["-c", "1+1"]).status()?;
+    anyhow::ensure!(st.success(), "host python3 -c 1+1 failed");
+    Ok(t.elapsed().as_secs_f64() * 1000.0)
+}
+
 /// Execs per second of `clients` concurrent clients over `secs`.
 async fn throughput(http: &reqwest::Client, s: &Served, clients: usize, secs: f64) -> Result<(f64, usize)> {
     let target = (format!("{}/v1/exec", s.url), s.key.clone(), serde_json::json!({ "code": "print(1+1)" }));
@@ -148,9 +207,46 @@ pub fn http(
         }
         Ok::<(), anyhow::Error>(())
     })?;
+    // Time to interactive, alternating servers and templates sample by sample.
+    let templates: [(&str, Option<&str>); 2] = [("default", None), ("data", Some("data"))];
+    let mut tti: Vec<Vec<f64>> = vec![Vec::new(); servers.len() * templates.len()];
+    let mut host = Vec::new();
+    rt.block_on(async {
+        for s in &servers {
+            for (_, t) in templates {
+                if let Some(t) = t {
+                    template_ready(&http, s, t).await?;
+                }
+                for _ in 0..3 {
+                    first_call(&http, s, t).await?;
+                }
+            }
+        }
+        for _ in 0..samples.min(100) {
+            for (i, s) in servers.iter().enumerate() {
+                for (j, (_, t)) in templates.iter().enumerate() {
+                    tti[i * templates.len() + j].push(first_call(&http, s, *t).await?);
+                    // (The first checkpoint settles after the reply: not into the next sample.)
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+            host.push(host_python_start()?);
+        }
+        Ok::<(), anyhow::Error>(())
+    })?;
     for (i, s) in servers.iter().enumerate() {
         println!("one-shot exec over HTTP, isolation {:7}  {}", s.isolation, summary(lat[i].clone()));
     }
+    for (i, s) in servers.iter().enumerate() {
+        for (j, (name, _)) in templates.iter().enumerate() {
+            println!(
+                "time to interactive (create session + first exec `1 + 1`), {name:7} template, isolation {:7}  {}",
+                s.isolation,
+                summary(tti[i * templates.len() + j].clone())
+            );
+        }
+    }
+    println!("host `python3 -c 1+1` (process start to exit)       {}", summary(host));
     let med = |v: &[f64]| {
         let mut v = v.to_vec();
         v.sort_by(|a, b| a.total_cmp(b));

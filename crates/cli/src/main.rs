@@ -11,6 +11,7 @@ mod bench;
 mod bench_cluster;
 mod bench_e2b;
 mod bench_http;
+mod bench_numpy;
 mod bench_tree;
 mod mcp;
 mod node;

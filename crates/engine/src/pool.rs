@@ -143,6 +143,28 @@ impl VmPool {
         Ok((create(&self.cpu, &self.file, self.size)?, false))
     }
 
+    /// [`Self::take`] for a session's sandbox, which keeps its VM for its
+    /// life on whatever thread serves it: a recycled VM of another thread
+    /// too, before a pre-created one (warm pages matter more than the
+    /// vCPU's move to this thread).
+    pub fn take_warm(&self) -> Result<(Vm, bool), VmmError> {
+        let me = std::thread::current().id();
+        if let Ok(mut r) = self.recycled.lock() {
+            let i = r.iter().rposition(|(t, _, _)| *t == me).or_else(|| r.len().checked_sub(1));
+            if let Some((_, vm, bytes)) = i.and_then(|i| r.remove(i)) {
+                self.stats.recycled_hits.fetch_add(1, Ordering::Relaxed);
+                self.stats.recycled_private_bytes.fetch_sub(bytes, Ordering::Relaxed);
+                return Ok((vm, true));
+            }
+        }
+        self.take()
+    }
+
+    /// Recycled VMs waiting, of every thread.
+    pub fn recycled_count(&self) -> usize {
+        self.recycled.lock().map_or(0, |r| r.len())
+    }
+
     pub fn vcpu(&self) -> &VcpuState {
         &self.vcpu
     }

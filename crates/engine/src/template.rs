@@ -49,6 +49,8 @@ pub struct Template {
 
 /// Pre-created VMs kept ready per template.
 const POOL_DEPTH: usize = 4;
+/// Recycled VMs `keep_warm` keeps for new sessions.
+const WARM_SPARES: usize = 2;
 
 pub fn templates_dir(home: &Path) -> PathBuf {
     home.join("templates")
@@ -244,6 +246,20 @@ impl Template {
         )
     }
 
+    /// Off the request path (after a session's first call was answered): if
+    /// the pool has fewer than two recycled VMs, make one by a fork that runs
+    /// `pass` and ends here, so the next session starts warm (a pre-created
+    /// VM faults in every page its first call touches: ~10 ms here).
+    pub fn keep_warm(&self, engine: &Engine) {
+        if self.pool.recycled_count() >= WARM_SPARES {
+            return;
+        }
+        let warmed = self.fork(engine, Limits::default()).and_then(|mut sb| sb.exec("pass").map(|_| ()));
+        if let Err(e) = warmed {
+            tracing::debug!("warming a VM for the next session: {e}");
+        }
+    }
+
     /// A VM on the template's memory that records what changes (for checkpoints).
     fn tracked_vm(&self, engine: &Engine) -> Result<Vm, EngineError> {
         let mut mem = GuestMemory::private_file(&self.memory.file, RAM_SIZE)?;
@@ -251,10 +267,19 @@ impl Template {
         Ok(Vm::new_with_dirty_log(&engine.cpu, mem)?)
     }
 
-    /// A fork whose changes can be checkpointed (a session's first sandbox).
+    /// A fork whose changes can be checkpointed (a session's first sandbox):
+    /// a VM of the pool, warm like a one-shot fork's (a new one would fault
+    /// in every page the first call touches), without KVM's dirty log. Its
+    /// first checkpoint takes the pages that differ from the template (all
+    /// a fork can have changed are private to its mapping) and turns the log
+    /// on for the next ones (see [`Self::checkpoint_into`]). It never goes
+    /// back to the pool.
     pub fn fork_tracked(&self, engine: &Engine, limits: Limits) -> Result<Sandbox, EngineError> {
-        let vm = self.tracked_vm(engine)?;
-        vm.restore_vcpu(self.pool.vcpu())?;
+        let (mut vm, reset) = self.pool.take_warm()?;
+        if !reset {
+            vm.restore_vcpu(self.pool.vcpu())?;
+        }
+        vm.mem_mut().track_writes();
         Sandbox::resumed(
             engine,
             vm,
@@ -356,11 +381,18 @@ impl Template {
     ) -> Result<CheckpointStats, E> {
         let stored = std::mem::take(&mut sb.stored);
         let (vm, mut process) = sb.parked_parts_mut()?;
-        let mut bits = vm.dirty_log().map_err(EngineError::from)?;
-        for (b, v) in bits.iter_mut().zip(vm.mem_mut().take_vmm_dirty()) {
-            *b |= v;
-        }
-        let pages = pages_of(&bits);
+        let pages = if vm.logs_dirty_pages() {
+            let mut bits = vm.dirty_log().map_err(EngineError::from)?;
+            for (b, v) in bits.iter_mut().zip(vm.mem_mut().take_vmm_dirty()) {
+                *b |= v;
+            }
+            pages_of(&bits)
+        } else {
+            // A pooled VM's first checkpoint (see `fork_tracked`); the log is on from here.
+            let pages = changed_since_fork(vm.mem_mut(), self.pool.original())?;
+            vm.start_dirty_log().map_err(EngineError::from)?;
+            pages
+        };
         let plan = LayerPlan::new(vm.mem(), self.pool.original(), &pages).map_err(EngineError::from)?;
         let files = crate::fsstore::FilesPlan::new(&mut process, &stored, pack_name);
         let snapshot = Snapshot {
@@ -540,6 +572,36 @@ impl Template {
     pub fn memory(&self) -> &MemoryFile {
         &self.memory
     }
+}
+
+/// The pages of a fork's memory that differ from the template's `original`
+/// (ascending): among those private to its mapping (whatever the guest or
+/// the VMM wrote, pages a recycled VM keeps warm with the template's bytes
+/// too), the VMM's writes and discards, and shared ranges (never private).
+fn changed_since_fork(mem: &mut GuestMemory, original: &[u8]) -> Result<Vec<u64>, EngineError> {
+    let mut bits = mem.private_pages()?;
+    for (b, v) in bits.iter_mut().zip(mem.take_vmm_dirty()) {
+        *b |= v;
+    }
+    let page = forkbox_vmm::layout::PAGE_SIZE;
+    for (at, r) in mem.shared_ranges() {
+        let (first, end) = (at / page, at.saturating_add(r.len).div_ceil(page));
+        for p in first..end {
+            if let Some(w) = bits.get_mut((p / 64) as usize) {
+                *w |= 1 << (p % 64);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for p in pages_of(&bits) {
+        let at = p.saturating_mul(page);
+        let now = mem.slice(at, page).map_err(EngineError::from)?;
+        let was = usize::try_from(at).ok().and_then(|a| original.get(a..a.saturating_add(page as usize)));
+        if was != Some(now) {
+            out.push(p);
+        }
+    }
+    Ok(out)
 }
 
 /// The info of the template in `dir` (its state file verified).

@@ -386,21 +386,34 @@ impl Runtime {
             None
         };
         let (rt, tenant, id) = (self.clone(), tenant.to_string(), id.to_string());
-        self.workers
-            .run(move || {
-                let _hold = hold;
-                if let Err(e) = rt.check_disk(&tenant, &quota) {
-                    if let Some(out) = output.as_mut() {
-                        out.end();
-                    }
-                    return Err(e);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.workers.spawn(move || {
+            let _hold = hold;
+            if let Err(e) = rt.check_disk(&tenant, &quota) {
+                if let Some(out) = output.as_mut() {
+                    out.end();
                 }
-                with_output(&mut output, |opts| {
-                    rt.sessions.exec_planned(&tenant, &id, &code, ExecOptions { timeout, ..opts }, plan.as_ref())
-                })
-                .map_err(RuntimeError::from)
-            })
-            .await?
+                let _ = tx.send(Err(e));
+                return;
+            }
+            let r = with_output(&mut output, |opts| {
+                rt.sessions.exec_deferred(&tenant, &id, &code, ExecOptions { timeout, ..opts }, plan.as_ref())
+            });
+            match r {
+                // The answer first; a first checkpoint is made durable after it
+                // (the session's next use waits for that).
+                Ok((o, settle)) => {
+                    let _ = tx.send(Ok(o));
+                    if let Some(s) = settle {
+                        let _ = s.finish();
+                    }
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e.into()));
+                }
+            }
+        });
+        rx.await.map_err(|_| RuntimeError::WorkerGone)?
     }
 
     /// Write a file into the session (checkpointed like an exec), within the

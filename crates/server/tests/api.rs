@@ -1006,6 +1006,11 @@ async fn per_key_session_and_disk_quotas_get_403() {
         .call(M::POST, &format!("/v1/sessions/{a}/exec"), Some(&key), Some(json!({ "code": "'blob' in globals()" })))
         .await;
     assert_eq!((st, v["value"].clone()), (StatusCode::OK, json!("False")), "{v}");
+    // (That was the session's first checkpoint: it is settled after the reply, before any
+    // later use of the session, such as this listing.)
+    let (st, v) = s.call(M::GET, &format!("/v1/sessions/{a}/checkpoints"), Some(&key), None).await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert_eq!(v["checkpoints"].as_array().map(|c| c.len()), Some(1), "{v}");
     assert!(std::fs::read_dir(s.home.path().join("sessions/layers"))
         .unwrap()
         .flatten()

@@ -317,6 +317,8 @@ struct Slot {
     lease: Option<Lease>,
     /// The checkpoint the resident sandbox is at (its next checkpoint's parent).
     base: Option<i64>,
+    /// Its first checkpoint, being settled after the reply (then `base` is it).
+    pending: Option<Arc<Settling>>,
     last_used: Instant,
 }
 
@@ -344,6 +346,248 @@ pub struct SessionManager {
     host: Arc<dyn SandboxHost>,
     /// This node, in a cluster (`config.cluster`).
     node: Option<Node>,
+    /// First checkpoints answered for and not yet durable, by session id
+    /// (see [`Self::exec_deferred`]): every use of such a session waits for its entry.
+    settling: Mutex<HashMap<String, Arc<Settling>>>,
+}
+
+/// A checkpoint written into temp files by its sandbox and checked, not yet
+/// durable nor committed (see [`SessionManager::write_checkpoint_files`]).
+struct Written<'a> {
+    m: &'a SessionManager,
+    session_id: String,
+    parent: Option<i64>,
+    code: String,
+    layer: String,
+    state: String,
+    pack: String,
+    pack_bytes: u64,
+    pages: u64,
+    bytes: u64,
+    checksum: String,
+    output: Option<String>,
+    summary: Option<String>,
+    seq: Option<i64>,
+    fence: Option<Lease>,
+    /// (temp path, final name, our own handle) of each file made.
+    made: Vec<(PathBuf, String, File)>,
+    reservation: Option<Reserved<'a>>,
+}
+
+impl Written<'_> {
+    /// The record the checkpoint will have once committed (`id` 0 until then).
+    fn provisional(&self, seq: i64) -> CheckpointRecord {
+        CheckpointRecord {
+            id: 0,
+            session_id: self.session_id.clone(),
+            seq,
+            parent: self.parent,
+            code: self.code.clone(),
+            created_ms: now_ms(),
+            layer: self.layer.clone(),
+            state: self.state.clone(),
+            pages: self.pages,
+            bytes: self.bytes,
+            checksum: self.checksum.clone(),
+            flat: None,
+            summary: self.summary.clone(),
+            output_bytes: self.output.as_ref().map_or(0, |o| o.len() as u64),
+        }
+    }
+
+    /// Make the files durable (fsync, rename, fsync of the directory), upload
+    /// them to the object store if there is one, then commit the record. On
+    /// failure nothing of the checkpoint is left.
+    fn settle(self) -> Result<CheckpointRecord, SessionError> {
+        let Written {
+            m,
+            session_id,
+            parent,
+            code,
+            layer,
+            state,
+            pack,
+            pack_bytes,
+            pages,
+            bytes,
+            checksum,
+            output,
+            summary,
+            seq,
+            fence,
+            made,
+            reservation,
+        } = self;
+        let remove_files = || {
+            for f in checkpoint_files(&layer, &state, None) {
+                let _ = std::fs::remove_file(m.layers_dir.join(f));
+            }
+        };
+        let durable = (|| -> Result<(), SessionError> {
+            for (tmp, final_name, f) in &made {
+                if *final_name == pack && pack_bytes == 0 {
+                    continue;
+                }
+                f.sync_all().map_err(|e| StateError::io("fsync", tmp, e))?;
+            }
+            for (tmp, final_name, _) in &made {
+                if *final_name == pack && pack_bytes == 0 {
+                    let _ = std::fs::remove_file(tmp);
+                    continue;
+                }
+                let to = m.layers_dir.join(final_name);
+                std::fs::rename(tmp, &to).map_err(|e| StateError::io("rename", &to, e))?;
+            }
+            if let Ok(d) = std::fs::File::open(&m.layers_dir) {
+                let _ = d.sync_all();
+            }
+            Ok(())
+        })();
+        if let Err(e) = durable {
+            for (tmp, _, _) in &made {
+                let _ = std::fs::remove_file(tmp);
+            }
+            remove_files();
+            return Err(match e {
+                SessionError::Snapshot(s) if s.is_no_space() => SessionError::NoSpace(s.to_string()),
+                e => e,
+            });
+        }
+        drop(made);
+        let c = NewCheckpoint {
+            session_id: &session_id,
+            parent,
+            code: &code,
+            layer: &layer,
+            state: &state,
+            pages,
+            bytes,
+            checksum: &checksum,
+            output: output.as_deref(),
+        };
+        // With an object store: every file uploaded before the metadata commits.
+        let uploaded = match &m.objects {
+            None => None,
+            Some(o) => {
+                let files = checkpoint_files(&layer, &state, None);
+                let names: Vec<&str> = files.iter().map(String::as_str).collect();
+                match o.upload(&m.store, &names) {
+                    Ok(u) => Some(u),
+                    Err(source) => {
+                        remove_files();
+                        let at = match parent {
+                            Some(p) => m.store.checkpoint(p).ok().flatten().map(|c| c.seq),
+                            None => None,
+                        };
+                        return Err(SessionError::NotStored { source: Box::new(source), checkpoint: at });
+                    }
+                }
+            }
+        };
+        let objects = uploaded.as_ref().map_or(&[][..], |u| u.stored.as_slice());
+        let committed =
+            m.store.commit_checkpoint_fenced(&c, seq, summary.as_deref(), now_ms(), objects, fence.as_ref());
+        drop(reservation);
+        match committed {
+            Ok(c) => {
+                if let (Some(o), Some(u)) = (&m.objects, uploaded) {
+                    o.committed(u);
+                }
+                Ok(c)
+            }
+            Err(e) => {
+                // Not committed: its files go at once (a full disk keeps nothing).
+                remove_files();
+                if let (Some(o), Some(u)) = (&m.objects, uploaded) {
+                    o.abandon(&m.store, u);
+                }
+                Err(match e {
+                    StoreError::LeaseLost(_) => SessionError::LeaseLost {
+                        checkpoint: parent.and_then(|p| m.store.checkpoint(p).ok().flatten()).map(|c| c.seq),
+                    },
+                    e => e.into(),
+                })
+            }
+        }
+    }
+}
+
+/// A session's first checkpoint being made durable after the reply went out
+/// (see [`SessionManager::exec_deferred`]): every later use of the session
+/// waits for it.
+#[derive(Default)]
+struct Settling {
+    /// The committed record, or why it was not committed.
+    done: Mutex<Option<Result<CheckpointRecord, String>>>,
+    cv: std::sync::Condvar,
+}
+
+impl Settling {
+    fn wait(&self) -> Result<CheckpointRecord, String> {
+        let mut g = self.done.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(r) = g.as_ref() {
+                return r.clone();
+            }
+            g = self.cv.wait(g).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    fn set(&self, r: Result<CheckpointRecord, String>) {
+        *self.done.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+        self.cv.notify_all();
+    }
+}
+
+/// The second half of a deferred exec (see [`SessionManager::exec_deferred`]):
+/// its checkpoint made durable and committed. Dropped unfinished, it
+/// finishes then.
+pub struct Settle<'a> {
+    written: Option<Written<'a>>,
+    cell: Arc<Settling>,
+    /// The session's template, when its sandboxes run in this process: a VM
+    /// is warmed for the next session once this one is settled.
+    warm: Option<Arc<Loaded>>,
+}
+
+impl Settle<'_> {
+    /// Make the checkpoint durable and commit it; the record committed.
+    pub fn finish(mut self) -> Result<CheckpointRecord, SessionError> {
+        self.run()
+    }
+
+    fn run(&mut self) -> Result<CheckpointRecord, SessionError> {
+        let Some(w) = self.written.take() else {
+            return Err(SessionError::Invalid("this checkpoint was settled already".into()));
+        };
+        let (m, id, seq) = (w.m, w.session_id.clone(), w.seq);
+        let r = w.settle();
+        if let Err(e) = &r {
+            tracing::warn!(session = %id, "the first checkpoint was not stored; the session is back at its start: {e}");
+            if let Some(q) = seq {
+                let _ = m.store.release_seq(&id, q);
+            }
+        }
+        self.cell.set(r.as_ref().map(|c| c.clone()).map_err(|e| e.to_string()));
+        {
+            let mut map = m.settling.lock().unwrap_or_else(|e| e.into_inner());
+            if map.get(&id).is_some_and(|c| Arc::ptr_eq(c, &self.cell)) {
+                map.remove(&id);
+            }
+        }
+        if let Some(t) = self.warm.take() {
+            t.template.keep_warm(&t.engine);
+        }
+        r
+    }
+}
+
+impl Drop for Settle<'_> {
+    fn drop(&mut self) {
+        if self.written.is_some() {
+            let _ = self.run();
+        }
+    }
 }
 
 /// Where a request for a session belongs (see [`SessionManager::route`]).
@@ -576,6 +820,7 @@ impl SessionManager {
             objects,
             node,
             host: Arc::new(InProcess),
+            settling: Mutex::new(HashMap::new()),
         };
         m.recover()?;
         Ok(m)
@@ -641,13 +886,46 @@ impl SessionManager {
         slots
             .entry(id.to_string())
             .or_insert_with(|| {
-                Arc::new(Mutex::new(Slot { sandbox: None, lease: None, base: None, last_used: Instant::now() }))
+                Arc::new(Mutex::new(Slot {
+                    sandbox: None,
+                    lease: None,
+                    base: None,
+                    pending: None,
+                    last_used: Instant::now(),
+                }))
             })
             .clone()
     }
 
     fn record(&self, tenant: &str, id: &str) -> Result<SessionRecord, SessionError> {
+        self.wait_settled(Some(id));
         self.store.session(tenant, id)?.ok_or_else(|| SessionError::NotFound(id.to_string()))
+    }
+
+    /// Wait until the first checkpoint of session `id` (of every session with
+    /// None) answered for before it was durable is committed or given up.
+    fn wait_settled(&self, id: Option<&str>) {
+        let waiting: Vec<Arc<Settling>> = {
+            let map = self.settling.lock().unwrap_or_else(|e| e.into_inner());
+            match id {
+                Some(id) => map.get(id).cloned().into_iter().collect(),
+                None => map.values().cloned().collect(),
+            }
+        };
+        for s in waiting {
+            let _ = s.wait();
+        }
+    }
+
+    /// Take the outcome of the slot's settled first checkpoint: it becomes the
+    /// sandbox's base, or (not stored) the sandbox goes, its memory being ahead of disk.
+    fn take_settled(&self, id: &str, slot: &mut Slot) {
+        if let Some(p) = slot.pending.take() {
+            match p.wait() {
+                Ok(c) => slot.base = Some(c.id),
+                Err(_) => self.drop_resident(id, slot),
+            }
+        }
     }
 
     /// A new session on the default template.
@@ -705,6 +983,7 @@ impl SessionManager {
     }
 
     pub fn list(&self, tenant: &str, tags: &[(String, String)]) -> Result<Vec<SessionRecord>, SessionError> {
+        self.wait_settled(None);
         Ok(self.store.list_sessions(tenant, tags)?)
     }
 
@@ -770,8 +1049,33 @@ impl SessionManager {
         opts: ExecOptions<'_>,
         plan: Option<&PipPlan>,
     ) -> Result<ExecOutcome, SessionError> {
+        let (mut out, settle) = self.exec_deferred(tenant, id, code, opts, plan)?;
+        if let Some(s) = settle {
+            out.checkpoint = s.finish()?;
+        }
+        Ok(out)
+    }
+
+    /// [`Self::exec_planned`] that may leave the last step of a session's
+    /// first checkpoint to the caller, to be done after it answered: the
+    /// checkpoint's files are written (page cache) and checked, the outcome
+    /// names it (`checkpoint.id` 0 until committed), and the [`Settle`]
+    /// makes them durable and commits them (fsync is most of a checkpoint's
+    /// time on a first call). Until it has, every use of the session waits
+    /// for it (the next exec, its record, its checkpoints, a fork, a
+    /// delete), so no call sees it missing; if it fails, the session is back
+    /// at its start (a crash in between does the same). Later checkpoints
+    /// are always committed before this returns (None).
+    pub fn exec_deferred(
+        &self,
+        tenant: &str,
+        id: &str,
+        code: &str,
+        opts: ExecOptions<'_>,
+        plan: Option<&PipPlan>,
+    ) -> Result<(ExecOutcome, Option<Settle<'_>>), SessionError> {
         match self.exec_inner(tenant, id, code, opts, plan, true)? {
-            (result, Some(checkpoint)) => Ok(ExecOutcome { result, checkpoint }),
+            (result, Some((checkpoint, settle))) => Ok((ExecOutcome { result, checkpoint }, settle)),
             (_, None) => Err(SessionError::Invalid("an exec made no checkpoint".into())),
         }
     }
@@ -789,6 +1093,9 @@ impl SessionManager {
         Ok(self.exec_inner(tenant, id, code, opts, None, false)?.0)
     }
 
+    /// An exec, then (with `checkpoint`) its checkpoint: committed, or for a
+    /// session's first one written and left to the returned [`Settle`].
+    #[allow(clippy::type_complexity)]
     fn exec_inner(
         &self,
         tenant: &str,
@@ -797,7 +1104,7 @@ impl SessionManager {
         opts: ExecOptions<'_>,
         plan: Option<&PipPlan>,
         checkpoint: bool,
-    ) -> Result<(ExecResult, Option<CheckpointRecord>), SessionError> {
+    ) -> Result<(ExecResult, Option<(CheckpointRecord, Option<Settle<'_>>)>), SessionError> {
         let lines = forkbox_engine::packages::pip_lines(code).map_err(SessionError::Invalid)?;
         let plan = match (lines, plan) {
             (None, _) => None,
@@ -811,6 +1118,7 @@ impl SessionManager {
         let rec = self.record(tenant, id)?;
         let slot = self.slot(id);
         let mut guard = lock_slot(&slot, id)?;
+        self.take_settled(id, &mut guard);
         // Interruptible from here on, also while the session is resumed from disk.
         let interrupter = opts.interrupt.clone().unwrap_or_default();
         interrupter.arm();
@@ -891,7 +1199,21 @@ impl SessionManager {
         }
         let fence = guard.lease.clone();
         let Some(sb) = guard.sandbox.as_mut() else { return Err(SessionError::NotFound(id.into())) };
-        let written = self.write_checkpoint_as(&rec, sb.as_mut(), code, base, Some(seq), Some(&result), fence.as_ref());
+        let written =
+            self.write_checkpoint_files(&rec, sb.as_mut(), code, base, Some(seq), Some(&result), fence.as_ref());
+        let (written, settle) = match written {
+            // The session's first checkpoint: settled by the caller after it answered.
+            Ok(w) if base.is_none() && rec.head.is_none() => {
+                let checkpoint = w.provisional(seq);
+                let cell = Arc::new(Settling::default());
+                self.settling.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_string(), cell.clone());
+                guard.pending = Some(cell.clone());
+                let warm = if self.host.kind() == InProcess.kind() { self.loaded(&rec).ok() } else { None };
+                (Ok(checkpoint), Some(Settle { written: Some(w), cell, warm }))
+            }
+            Ok(w) => (w.settle(), None),
+            Err(e) => (Err(e), None),
+        };
         let checkpoint = match written {
             Ok(c) => c,
             Err(e) => {
@@ -908,11 +1230,13 @@ impl SessionManager {
                 });
             }
         };
-        guard.base = Some(checkpoint.id);
+        if settle.is_none() {
+            guard.base = Some(checkpoint.id);
+        }
         guard.last_used = Instant::now();
         drop(guard);
         // (The commit set `last_used_ms` already: no second write.)
-        Ok((result, Some(checkpoint)))
+        Ok((result, Some((checkpoint, settle))))
     }
 
     /// Change the session's tags (replaced as a whole) and/or limits (memory,
@@ -976,6 +1300,7 @@ impl SessionManager {
         let rec = self.record(tenant, id)?;
         let slot = self.slot(id);
         let mut guard = lock_slot(&slot, id)?;
+        self.take_settled(id, &mut guard);
         if !live(&guard.sandbox) {
             guard.sandbox = None;
         }
@@ -1439,6 +1764,24 @@ impl SessionManager {
         result: Option<&ExecResult>,
         fence: Option<&Lease>,
     ) -> Result<CheckpointRecord, SessionError> {
+        self.write_checkpoint_files(rec, sb, code, parent, seq, result, fence)?.settle()
+    }
+
+    /// The first half of [`Self::write_checkpoint_as`]: the sandbox writes
+    /// the checkpoint into temp files (page cache, nothing synced). The
+    /// second, [`Written::settle`], makes them durable and commits them; the
+    /// session must not be used in between (see [`Self::exec_deferred`]).
+    #[allow(clippy::too_many_arguments)]
+    fn write_checkpoint_files(
+        &self,
+        rec: &SessionRecord,
+        sb: &mut dyn Resident,
+        code: &str,
+        parent: Option<i64>,
+        seq: Option<i64>,
+        result: Option<&ExecResult>,
+        fence: Option<&Lease>,
+    ) -> Result<Written<'_>, SessionError> {
         let summary = result.and_then(summarize);
         let output = result.and_then(|r| match CallOutput::of(r).to_json() {
             Ok(j) => Some(j),
@@ -1515,98 +1858,34 @@ impl SessionManager {
                 ))
                 .into());
             }
-            for (tmp, final_name, f) in &made {
-                if *final_name == pack && stats.pack_bytes == 0 {
-                    continue;
-                }
-                f.sync_all().map_err(|e| StateError::io("fsync", tmp, e))?;
-            }
-            for (tmp, final_name, _) in &made {
-                if *final_name == pack && stats.pack_bytes == 0 {
-                    let _ = std::fs::remove_file(tmp);
-                    continue;
-                }
-                let to = self.layers_dir.join(final_name);
-                std::fs::rename(tmp, &to).map_err(|e| StateError::io("rename", &to, e))?;
-            }
-            if let Ok(d) = std::fs::File::open(&self.layers_dir) {
-                let _ = d.sync_all();
-            }
             Ok(total)
         })();
         let bytes = match settled {
             Ok(b) => b,
             Err(e) => {
                 remove_temps(&made);
-                for f in checkpoint_files(&layer, &state, None) {
-                    let _ = std::fs::remove_file(self.layers_dir.join(f));
-                }
-                return Err(match e {
-                    SessionError::Snapshot(s) if s.is_no_space() => SessionError::NoSpace(s.to_string()),
-                    e => e,
-                });
+                return Err(e);
             }
         };
-        drop(made);
-        let c = NewCheckpoint {
-            session_id: &rec.id,
+        Ok(Written {
+            m: self,
+            session_id: rec.id.clone(),
             parent,
-            code,
-            layer: &layer,
-            state: &state,
+            code: code.to_string(),
+            layer,
+            state,
+            pack,
+            pack_bytes: stats.pack_bytes,
             pages: stats.layer.pages,
             bytes,
-            checksum: &format!("{:08x}", stats.layer.crc),
-            output: output.as_deref(),
-        };
-        let remove_files = || {
-            for f in checkpoint_files(&layer, &state, None) {
-                let _ = std::fs::remove_file(self.layers_dir.join(f));
-            }
-        };
-        // With an object store: every file uploaded before the metadata commits.
-        let uploaded = match &self.objects {
-            None => None,
-            Some(o) => {
-                let files = checkpoint_files(&layer, &state, None);
-                let names: Vec<&str> = files.iter().map(String::as_str).collect();
-                match o.upload(&self.store, &names) {
-                    Ok(u) => Some(u),
-                    Err(source) => {
-                        remove_files();
-                        let at = match parent {
-                            Some(p) => self.store.checkpoint(p).ok().flatten().map(|c| c.seq),
-                            None => None,
-                        };
-                        return Err(SessionError::NotStored { source: Box::new(source), checkpoint: at });
-                    }
-                }
-            }
-        };
-        let objects = uploaded.as_ref().map_or(&[][..], |u| u.stored.as_slice());
-        let committed = self.store.commit_checkpoint_fenced(&c, seq, summary.as_deref(), now_ms(), objects, fence);
-        drop(reservation);
-        match committed {
-            Ok(c) => {
-                if let (Some(o), Some(u)) = (&self.objects, uploaded) {
-                    o.committed(u);
-                }
-                Ok(c)
-            }
-            Err(e) => {
-                // Not committed: its files go at once (a full disk keeps nothing).
-                remove_files();
-                if let (Some(o), Some(u)) = (&self.objects, uploaded) {
-                    o.abandon(&self.store, u);
-                }
-                Err(match e {
-                    StoreError::LeaseLost(_) => SessionError::LeaseLost {
-                        checkpoint: parent.and_then(|p| self.store.checkpoint(p).ok().flatten()).map(|c| c.seq),
-                    },
-                    e => e.into(),
-                })
-            }
-        }
+            checksum: format!("{:08x}", stats.layer.crc),
+            output,
+            summary,
+            seq,
+            fence: fence.cloned(),
+            made,
+            reservation,
+        })
     }
 
     /// The sandbox of a session that is not resident: from its head checkpoint, or a fresh fork.

@@ -328,6 +328,32 @@ impl Vm {
         })
     }
 
+    /// Is KVM's dirty-page log on (`new_with_dirty_log` or `start_dirty_log`)?
+    pub fn logs_dirty_pages(&self) -> bool {
+        self.dirty_log
+    }
+
+    /// Turn KVM's dirty-page log on for a VM made without it (a pooled, warm
+    /// VM that became a session's): from now on `dirty_log` reports the pages
+    /// the guest writes. Without an in-kernel irqchip this is a flags-only
+    /// change of the memslot (~0.1 ms; KVM write-protects its mappings).
+    pub fn start_dirty_log(&mut self) -> Result<()> {
+        if self.dirty_log {
+            return Ok(());
+        }
+        let region = kvm_userspace_memory_region {
+            slot: 0,
+            flags: kvm_bindings::KVM_MEM_LOG_DIRTY_PAGES,
+            guest_phys_addr: 0,
+            memory_size: self.mem.size(),
+            userspace_addr: self.mem.host_addr(),
+        };
+        // SAFETY: the same live mapping as the slot already has (only its flags change).
+        unsafe { self._vm.set_user_memory_region(region) }.map_err(VmmError::kvm("KVM_SET_USER_MEMORY_REGION"))?;
+        self.dirty_log = true;
+        Ok(())
+    }
+
     /// Pages the guest wrote since the last call (needs `new_with_dirty_log`).
     pub fn dirty_log(&self) -> Result<Vec<u64>> {
         if !self.dirty_log {

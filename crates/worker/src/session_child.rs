@@ -371,7 +371,11 @@ fn serve_one(shared: &Shared, ctl: &ChannelCtl, ch: &mut Channel, sock: &UnixStr
             });
             ch.files.clear();
             match r {
-                Ok(stats) => reply(&FromChannel::Checkpointed(Ok(stats)))?,
+                Ok(stats) => {
+                    reply(&FromChannel::Checkpointed(Ok(stats)))?;
+                    // (While the API process makes it durable: the next session starts warm.)
+                    template.keep_warm(engine);
+                }
                 Err(Admit::Engine(e)) => reply(&FromChannel::Checkpointed(Err(wire(e, None))))?,
                 // Refused: the API process drops this sandbox; nothing to say.
                 Err(Admit::Refused) => {}

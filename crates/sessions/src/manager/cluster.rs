@@ -65,6 +65,12 @@ impl SessionManager {
 
     /// Drop the slot's sandbox (if any) and give its lease back (if any).
     pub(super) fn drop_resident(&self, id: &str, slot: &mut Slot) {
+        // A first checkpoint being settled is committed under the lease first.
+        if let Some(p) = slot.pending.take() {
+            if let Ok(c) = p.wait() {
+                slot.base = Some(c.id);
+            }
+        }
         slot.sandbox = None;
         if let Some(l) = slot.lease.take() {
             // Not released (the database is away): it runs out with this node's heartbeat.
