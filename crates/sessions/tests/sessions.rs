@@ -446,7 +446,8 @@ fn concurrent_exec_on_one_session_is_busy() {
             other => panic!("expected Busy, got {other:?}"),
         }
         let busy_after = t0.elapsed();
-        assert!(busy_after < Duration::from_millis(100), "Busy took {busy_after:?} (it must not wait)");
+        // It waits out only the grace for short holds (200 ms), never the exec (1 s).
+        assert!(busy_after < Duration::from_millis(700), "Busy took {busy_after:?} (it must not wait for the exec)");
         // Revert and delete of a busy session are refused too; other sessions run.
         assert!(matches!(m.revert(TENANT, &s.id, 1), Err(SessionError::Busy(_))));
         assert!(matches!(m.delete(TENANT, &s.id), Err(SessionError::Busy(_))));
