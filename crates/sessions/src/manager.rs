@@ -1203,9 +1203,15 @@ impl SessionManager {
             self.write_checkpoint_files(&rec, sb.as_mut(), code, base, Some(seq), Some(&result), fence.as_ref());
         let (written, settle) = match written {
             // The session's first checkpoint: settled by the caller after it answered.
-            // Not with an object store: its upload can fail, and the client must hear
-            // of it (storage_unavailable) rather than be told of a checkpoint that then goes.
-            Ok(w) if base.is_none() && rec.head.is_none() && self.objects.is_none() => {
+            // Only on the local disk and SQLite: an object store's upload or a
+            // PostgreSQL commit can fail, and the client must hear of it
+            // (storage_unavailable) rather than be told of a checkpoint that then goes.
+            Ok(w)
+                if base.is_none()
+                    && rec.head.is_none()
+                    && self.objects.is_none()
+                    && self.store.backend() == crate::db::Backend::Sqlite =>
+            {
                 let checkpoint = w.provisional(seq);
                 let cell = Arc::new(Settling::default());
                 self.settling.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_string(), cell.clone());
