@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -162,3 +163,26 @@ def embedded_env(tmp_path: Path) -> dict:
 def home(tmp_path) -> Path:
     """A fresh data directory for a process this test starts itself (e.g. `forkbox mcp`)."""
     return fresh_home(tmp_path / "home")
+
+
+@pytest.fixture
+def api(server):
+    """An HTTP client of the shared server, with its key."""
+    with httpx.Client(base_url=server.url, headers=server.headers(), timeout=60) as c:
+        yield c
+
+
+def session(api) -> str:
+    """A new session of `api`'s key: its id."""
+    r = api.post("/v1/sessions", json={})
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
+def run(api, sid: str, code: str) -> dict:
+    """A session exec that must succeed: its answer."""
+    r = api.post(f"/v1/sessions/{sid}/exec", json={"code": code})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body.get("error") is None, body
+    return body

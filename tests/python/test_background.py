@@ -6,29 +6,10 @@ end theirs; checkpoints record the agent process with its threads."""
 import time
 
 import httpx
-import pytest
+
+from conftest import run, session
 
 TIMEOUT = 60
-
-
-@pytest.fixture
-def api(server):
-    with httpx.Client(base_url=server.url, headers=server.headers(), timeout=TIMEOUT) as c:
-        yield c
-
-
-def session(api) -> str:
-    r = api.post("/v1/sessions", json={})
-    assert r.status_code == 201, r.text
-    return r.json()["id"]
-
-
-def run(api, sid: str, code: str) -> dict:
-    r = api.post(f"/v1/sessions/{sid}/exec", json={"code": code})
-    assert r.status_code == 200, r.text
-    body = r.json()
-    assert body.get("error") is None, body
-    return body
 
 
 COUNTER_THREAD = """
@@ -332,7 +313,7 @@ def test_follow_streams_lines_before_the_process_ends(api):
 
 
 def test_background_commands_are_refused_clearly_with_thread_isolation(tmp_path):
-    from conftest import start_server, stop_server
+    from conftest import run, session, start_server, stop_server
 
     s = start_server(tmp_path / "home", "--isolation", "thread")
     try:

@@ -13,7 +13,7 @@ import httpx
 import pytest
 import websocket  # websocket-client
 
-from conftest import start_server, stop_server
+from conftest import run, session, start_server, stop_server
 
 TIMEOUT = 60
 
@@ -90,25 +90,6 @@ def ws_serve():
         threading.Thread(target=ws_conn, args=(c,), daemon=True).start()
 threading.Thread(target=ws_serve, daemon=True).start()
 """
-
-
-@pytest.fixture
-def api(server):
-    with httpx.Client(base_url=server.url, headers=server.headers(), timeout=TIMEOUT) as c:
-        yield c
-
-
-def session(api) -> str:
-    r = api.post("/v1/sessions", json={})
-    assert r.status_code == 201, r.text
-    return r.json()["id"]
-
-
-def run(api, sid: str, code: str) -> dict:
-    r = api.post(f"/v1/sessions/{sid}/exec", json={"code": code})
-    assert r.status_code == 200, r.text
-    assert r.json().get("error") is None, r.json()
-    return r.json()
 
 
 def start_http(api, sid: str, port: int = 8000):
