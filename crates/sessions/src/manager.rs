@@ -539,6 +539,9 @@ impl Settling {
     }
 }
 
+/// An exec's checkpoint, and the [`Settle`] of a first one not yet committed.
+type Checkpointed<'a> = (CheckpointRecord, Option<Settle<'a>>);
+
 /// The second half of a deferred exec (see [`SessionManager::exec_deferred`]):
 /// its checkpoint made durable and committed. Dropped unfinished, it
 /// finishes then.
@@ -1095,7 +1098,6 @@ impl SessionManager {
 
     /// An exec, then (with `checkpoint`) its checkpoint: committed, or for a
     /// session's first one written and left to the returned [`Settle`].
-    #[allow(clippy::type_complexity)]
     fn exec_inner(
         &self,
         tenant: &str,
@@ -1104,7 +1106,7 @@ impl SessionManager {
         opts: ExecOptions<'_>,
         plan: Option<&PipPlan>,
         checkpoint: bool,
-    ) -> Result<(ExecResult, Option<(CheckpointRecord, Option<Settle<'_>>)>), SessionError> {
+    ) -> Result<(ExecResult, Option<Checkpointed<'_>>), SessionError> {
         let lines = forkbox_engine::packages::pip_lines(code).map_err(SessionError::Invalid)?;
         let plan = match (lines, plan) {
             (None, _) => None,
