@@ -910,9 +910,17 @@ impl Sandbox {
             run_deadline = run_deadline.min(self.slice_start + SLICE);
         }
         let ran = Instant::now();
+        if let Some(left) = self.proc.threads.next_cpu_event() {
+            // A CPU-time interval timer fires after at most this much run time.
+            run_deadline = run_deadline.min(ran + Duration::from_nanos(left));
+        }
         let exit = self.vm().run(Some(run_deadline), latch);
+        let spent = ran.elapsed();
         if let Some(job) = self.io.jobs.get(&self.proc.pid).and_then(|l| self.jobs.get_mut(l)) {
-            job.cpu = job.cpu.saturating_add(ran.elapsed());
+            job.cpu = job.cpu.saturating_add(spent);
+        }
+        if !self.proc.threads.timers.is_empty() {
+            self.proc.threads.charge_cpu(spent.as_nanos().min(u64::MAX as u128) as u64);
         }
         let exit = exit?;
         self.in_stub = matches!(exit, VmExit::Syscall(_));

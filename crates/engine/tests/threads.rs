@@ -326,6 +326,37 @@ json.dumps({"n": n, "after": after, "interval": cur[1], "info": info.si_signo, "
 }
 
 #[test]
+fn cpu_time_itimers_fire_while_computing_and_not_while_sleeping() {
+    let mut sb = fork();
+    let v = json(
+        &mut sb,
+        r#"
+import signal, time, json
+hits = {"vt": 0, "prof": 0}
+signal.signal(signal.SIGVTALRM, lambda s, f: hits.__setitem__("vt", hits["vt"] + 1))
+signal.signal(signal.SIGPROF, lambda s, f: hits.__setitem__("prof", hits["prof"] + 1))
+# Sleeping uses no CPU time: neither fires.
+signal.setitimer(signal.ITIMER_VIRTUAL, 0.05)
+time.sleep(0.3)
+slept = dict(hits)
+left = signal.getitimer(signal.ITIMER_VIRTUAL)[0]
+# Computing does: both fire, the periodic one again and again.
+signal.setitimer(signal.ITIMER_PROF, 0.02, 0.02)
+t0 = time.monotonic()
+while (hits["vt"] < 1 or hits["prof"] < 3) and time.monotonic() - t0 < 10:
+    pow(12345, 6789, 10000019)
+signal.setitimer(signal.ITIMER_PROF, 0)
+json.dumps({"slept": slept, "left": left, "hits": hits, "after": signal.getitimer(signal.ITIMER_PROF)})
+"#,
+    );
+    assert_eq!(v["slept"], serde_json::json!({"vt": 0, "prof": 0}), "{v}");
+    assert!(v["left"].as_f64().unwrap() > 0.04, "a sleep used CPU time: {v}");
+    assert_eq!(v["hits"]["vt"], 1, "{v}");
+    assert!(v["hits"]["prof"].as_u64().unwrap() >= 3, "{v}");
+    assert_eq!(v["after"], serde_json::json!([0.0, 0.0]), "{v}");
+}
+
+#[test]
 fn signals_sent_to_itself_run_python_handlers() {
     let mut sb = fork();
     let v = json(

@@ -40,6 +40,15 @@ pub const MAX_QUEUED: usize = 64;
 pub const SIGKILL: i32 = 9;
 pub const SIGSTOP: i32 = 19;
 pub const SIGALRM: i32 = 14;
+pub const SIGVTALRM: i32 = 26;
+pub const SIGPROF: i32 = 27;
+/// `Timer::id` of the interval timers that count the process's CPU time
+/// (`setitimer(ITIMER_VIRTUAL / ITIMER_PROF)`). They live in `Threads::timers`
+/// with the clock `CLOCK_PROCESS_CPUTIME_ID`, and their `expiry` is the CPU
+/// time left until they fire: it counts down as the engine charges run time,
+/// so a checkpoint carries them without a clock of their own.
+pub const ITIMER_VIRTUAL_ID: i32 = -2;
+pub const ITIMER_PROF_ID: i32 = -3;
 pub const SIGINT: i32 = 2;
 pub const SIGRTMIN: i32 = 32;
 pub const NSIG: i32 = 64;
@@ -216,10 +225,18 @@ pub struct Timer {
     /// SIGEV_NONE: never signals.
     pub silent: bool,
     pub value: u64,
-    /// Run-clock expiry; None = disarmed.
+    /// Run-clock expiry (for a CPU-time interval timer: the CPU nanoseconds
+    /// left); None = disarmed.
     pub expiry: Option<u64>,
     pub interval_ns: u64,
     pub overrun: i32,
+}
+
+impl Timer {
+    /// A CPU-time interval timer (`expiry` is CPU time left, not a run-clock time).
+    pub fn on_cpu_clock(&self) -> bool {
+        self.clock == libc::CLOCK_PROCESS_CPUTIME_ID
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -305,6 +322,11 @@ impl Threads {
     /// Only the main thread, nothing pending, no timers: the common case costs nothing.
     pub fn is_simple(&self) -> bool {
         self.list.len() == 1 && self.pending.is_empty() && self.timers.is_empty() && self.itimer_real.is_none()
+    }
+
+    /// The POSIX timers (`timer_create`), without the CPU-time interval timers.
+    pub fn posix_timers(&self) -> usize {
+        self.timers.iter().filter(|t| t.id >= 0).count()
     }
 
     pub fn runnable(&self, i: usize) -> bool {
@@ -453,14 +475,39 @@ impl Threads {
     /// deadline or a timer's expiry).
     pub fn next_event(&self) -> Option<u64> {
         let waits = self.list.iter().filter_map(|t| t.wait.as_ref().and_then(|w| w.deadline));
-        let timers = self.timers.iter().chain(self.itimer_real.iter()).filter_map(|t| t.expiry);
-        waits.chain(timers).min()
+        let timers = self.timers.iter().chain(self.itimer_real.iter()).filter(|t| !t.on_cpu_clock());
+        waits.chain(timers.filter_map(|t| t.expiry)).min()
+    }
+
+    /// The CPU time (ns) the process may still use before a CPU-time interval timer fires.
+    pub fn next_cpu_event(&self) -> Option<u64> {
+        self.timers.iter().filter(|t| t.on_cpu_clock()).filter_map(|t| t.expiry).min()
+    }
+
+    /// The process ran `ns` of CPU time: its CPU-time interval timers count
+    /// down, and those that reach zero send their signal (and re-arm with
+    /// their interval, as Linux: the periods missed inside one run are
+    /// skipped).
+    pub fn charge_cpu(&mut self, ns: u64) {
+        let mut fired = Vec::new();
+        for t in self.timers.iter_mut().filter(|t| t.on_cpu_clock()) {
+            let Some(left) = t.expiry else { continue };
+            if left > ns {
+                t.expiry = Some(left - ns);
+                continue;
+            }
+            t.expiry = (t.interval_ns > 0).then(|| t.interval_ns - (ns - left) % t.interval_ns);
+            fired.push(SigInfo { signo: t.signo, code: SI_KERNEL, ..Default::default() });
+        }
+        for info in fired {
+            self.send_process(info);
+        }
     }
 
     /// Fire the timers due at `now` (run clock): their signals become pending.
     pub fn fire_timers(&mut self, now: u64) {
         let mut fired = Vec::new();
-        for t in self.timers.iter_mut().chain(self.itimer_real.iter_mut()) {
+        for t in self.timers.iter_mut().chain(self.itimer_real.iter_mut()).filter(|t| !t.on_cpu_clock()) {
             let Some(exp) = t.expiry else { continue };
             if exp > now {
                 continue;
@@ -508,7 +555,7 @@ impl Threads {
         if tids.len() != self.list.len() || tids.iter().any(|&t| t >= self.next_tid || t < MAIN_TID) {
             return Err("bad thread ids".into());
         }
-        if self.timers.len() > MAX_TIMERS {
+        if self.posix_timers() > MAX_TIMERS || self.timers.len() > MAX_TIMERS + 2 {
             return Err("too many timers".into());
         }
         let sig_ok = |s: &SigInfo| (1..=NSIG).contains(&s.signo);

@@ -1,4 +1,6 @@
-//! Timers that send signals: alarm, setitimer/getitimer (ITIMER_REAL), and
+//! Timers that send signals: alarm, setitimer/getitimer (ITIMER_REAL on the
+//! run clock; ITIMER_VIRTUAL and ITIMER_PROF on the CPU time the engine
+//! charges to the process, see `Threads::charge_cpu`), and
 //! POSIX timers (timer_create/settime/gettime/getoverrun/delete). They run on
 //! the session's run clock (`crate::thread::RunClock`): a paused session's
 //! timers are paused with it. The engine fires them (`Threads::fire_timers`).
@@ -7,9 +9,11 @@ use std::time::Duration;
 
 use super::{Args, Ctx};
 use crate::errno::{Errno, SysResult};
-use crate::thread::{Timer, MAX_TIMERS, NSIG, SIGALRM};
+use crate::thread::{Timer, ITIMER_PROF_ID, ITIMER_VIRTUAL_ID, MAX_TIMERS, NSIG, SIGALRM, SIGPROF, SIGVTALRM};
 
 const ITIMER_REAL: u64 = 0;
+const ITIMER_VIRTUAL: u64 = 1;
+const ITIMER_PROF: u64 = 2;
 const SIGEV_SIGNAL: i32 = 0;
 const SIGEV_NONE: i32 = 1;
 const SIGEV_THREAD: i32 = 2;
@@ -80,30 +84,60 @@ pub fn alarm(ctx: &mut Ctx, a: &Args) -> SysResult {
     Ok(if left == 0 { 0 } else { ((left + 500_000_000) / 1_000_000_000).max(1) })
 }
 
-pub fn getitimer(ctx: &mut Ctx, a: &Args) -> SysResult {
-    if a[0] != ITIMER_REAL {
-        return Err(Errno::EINVAL);
+/// The timer id and signal of a CPU-time interval timer.
+fn cpu_itimer(which: u64) -> Result<(i32, i32), Errno> {
+    match which {
+        ITIMER_VIRTUAL => Ok((ITIMER_VIRTUAL_ID, SIGVTALRM)),
+        ITIMER_PROF => Ok((ITIMER_PROF_ID, SIGPROF)),
+        _ => Err(Errno::EINVAL),
     }
-    let cur = remaining(ctx, ctx.proc.threads.itimer_real.as_ref());
+}
+
+/// What is left of a CPU-time interval timer, and its interval (nanoseconds).
+fn cpu_remaining(ctx: &Ctx, id: i32) -> (u64, u64) {
+    ctx.proc.threads.timers.iter().find(|t| t.id == id).map_or((0, 0), |t| (t.expiry.unwrap_or(0), t.interval_ns))
+}
+
+pub fn getitimer(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let cur = if a[0] == ITIMER_REAL {
+        remaining(ctx, ctx.proc.threads.itimer_real.as_ref())
+    } else {
+        cpu_remaining(ctx, cpu_itimer(a[0])?.0)
+    };
     write_pair(ctx, a[1], cur, 1000)?;
     Ok(0)
 }
 
 pub fn setitimer(ctx: &mut Ctx, a: &Args) -> SysResult {
-    if a[0] != ITIMER_REAL {
-        // ITIMER_VIRTUAL / ITIMER_PROF count CPU time: not kept.
-        return Err(Errno::EINVAL);
-    }
+    let cpu = if a[0] == ITIMER_REAL { None } else { Some(cpu_itimer(a[0])?) };
     let new = if a[1] != 0 { Some(read_pair(ctx, a[1], 1000)?) } else { None };
-    let old = remaining(ctx, ctx.proc.threads.itimer_real.as_ref());
+    let old = match cpu {
+        None => remaining(ctx, ctx.proc.threads.itimer_real.as_ref()),
+        Some((id, _)) => cpu_remaining(ctx, id),
+    };
     if a[2] != 0 {
         write_pair(ctx, a[2], old, 1000)?;
     }
-    if let Some((interval, value)) = new {
-        let mut t = itimer(SIGALRM);
-        t.expiry = arm(ctx, value);
-        t.interval_ns = interval;
-        ctx.proc.threads.itimer_real = t.expiry.is_some().then_some(t);
+    let Some((interval, value)) = new else { return Ok(0) };
+    match cpu {
+        None => {
+            let mut t = itimer(SIGALRM);
+            t.expiry = arm(ctx, value);
+            t.interval_ns = interval;
+            ctx.proc.threads.itimer_real = t.expiry.is_some().then_some(t);
+        }
+        Some((id, signo)) => {
+            let timers = &mut ctx.proc.threads.timers;
+            timers.retain(|t| t.id != id);
+            if value > 0 {
+                let mut t = itimer(signo);
+                t.id = id;
+                t.clock = libc::CLOCK_PROCESS_CPUTIME_ID;
+                t.expiry = Some(value);
+                t.interval_ns = interval;
+                timers.push(t);
+            }
+        }
     }
     Ok(0)
 }
@@ -124,7 +158,7 @@ pub fn timer_create(ctx: &mut Ctx, a: &Args) -> SysResult {
         libc::CLOCK_PROCESS_CPUTIME_ID | libc::CLOCK_THREAD_CPUTIME_ID => return Err(Errno::EINVAL),
         _ => return Err(Errno::EINVAL),
     }
-    if ctx.proc.threads.timers.len() >= MAX_TIMERS {
+    if ctx.proc.threads.posix_timers() >= MAX_TIMERS {
         return Err(Errno::EAGAIN);
     }
     let id =

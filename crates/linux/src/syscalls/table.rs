@@ -153,9 +153,9 @@ table! {
     33 dup2 => file::dup2, Full;
     34 pause => signal::pause, Full, Never;
     35 nanosleep => time::nanosleep, Full, Never;
-    36 getitimer => timer::getitimer, Partial("ITIMER_REAL only (on the run clock); ITIMER_VIRTUAL/ITIMER_PROF EINVAL");
+    36 getitimer => timer::getitimer, Partial("ITIMER_REAL on the run clock; ITIMER_VIRTUAL and ITIMER_PROF both on the process's vCPU run time (user and system time are not told apart)");
     37 alarm => timer::alarm, Full;
-    38 setitimer => timer::setitimer, Partial("ITIMER_REAL only (on the run clock); ITIMER_VIRTUAL/ITIMER_PROF EINVAL");
+    38 setitimer => timer::setitimer, Partial("ITIMER_REAL on the run clock; ITIMER_VIRTUAL and ITIMER_PROF both on the process's vCPU run time (user and system time are not told apart)");
     39 getpid => fork::getpid, Full;
     40 sendfile => file::sendfile, Full;
     41 socket => net::socket, Partial("AF_UNIX inside the sandbox; AF_INET/AF_INET6 TCP and UDP on host sockets under the egress policy, UDP-Lite inside the sandbox; raw EPERM, other families EAFNOSUPPORT");

@@ -103,6 +103,44 @@ fn clock_settime_is_eperm_for_settable_clocks_and_einval_for_the_rest() {
     assert_eq!(set(&mut g, libc::CLOCK_REALTIME, 8), Err(Errno::EFAULT));
 }
 
+#[test]
+fn cpu_time_interval_timers_count_down_charged_run_time_and_signal() {
+    let mut g = guest();
+    // itimerval {interval 0.2 s, value 0.3 s}
+    let spec = g.put(0, &[timespec(0, 200_000), timespec(0, 300_000)].concat());
+    let out = g.buf + 64;
+    for (which, signo) in [(libc::ITIMER_VIRTUAL, libc::SIGVTALRM), (libc::ITIMER_PROF, libc::SIGPROF)] {
+        assert_eq!(g.call(libc::SYS_setitimer, &[which as u64, spec, 0]), Ok(0));
+        assert_eq!(g.call(libc::SYS_getitimer, &[which as u64, out]), Ok(0));
+        assert_eq!((g.get_i64(64), g.get_i64(72), g.get_i64(80), g.get_i64(88)), (0, 200_000, 0, 300_000));
+        // Not yet due: the time left shrinks, nothing is sent.
+        g.proc.threads.charge_cpu(100_000_000);
+        assert!(!g.proc.threads.any_pending());
+        assert_eq!(g.call(libc::SYS_getitimer, &[which as u64, out]), Ok(0));
+        assert_eq!((g.get_i64(80), g.get_i64(88)), (0, 200_000));
+        // Due: the signal is pending for the process and the timer re-arms with its interval.
+        g.proc.threads.charge_cpu(250_000_000);
+        assert!(g.proc.threads.pending.iter().any(|s| s.signo == signo));
+        assert_eq!(g.call(libc::SYS_getitimer, &[which as u64, out]), Ok(0));
+        assert_eq!((g.get_i64(80), g.get_i64(88)), (0, 150_000));
+        // Disarm: getitimer reads zero; the run clock never fires it.
+        let zero = g.put(128, &[0u8; 32]);
+        assert_eq!(g.call(libc::SYS_setitimer, &[which as u64, zero, out]), Ok(0));
+        assert_eq!((g.get_i64(80), g.get_i64(88)), (0, 150_000), "the old value");
+        assert_eq!(g.call(libc::SYS_getitimer, &[which as u64, out]), Ok(0));
+        assert_eq!((g.get_i64(64), g.get_i64(72), g.get_i64(80), g.get_i64(88)), (0, 0, 0, 0));
+        g.proc.threads.pending.clear();
+    }
+    assert!(g.proc.threads.timers.is_empty());
+    assert_eq!(g.call(libc::SYS_setitimer, &[3, spec, 0]), Err(Errno::EINVAL));
+    // A CPU timer is not on the run clock: it never fires by itself.
+    assert_eq!(g.call(libc::SYS_setitimer, &[libc::ITIMER_PROF as u64, spec, 0]), Ok(0));
+    assert_eq!(g.proc.threads.next_event(), None);
+    g.proc.threads.fire_timers(u64::MAX);
+    assert!(!g.proc.threads.any_pending());
+    assert_eq!(g.proc.threads.next_cpu_event(), Some(300_000_000));
+}
+
 /// glibc's MAKE_THREAD_CPUCLOCK / MAKE_PROCESS_CPUCLOCK (kind 2: SCHED).
 fn cpu_clock(id: u32, thread: bool) -> u64 {
     ((!(id as i32) << 3) | if thread { 4 } else { 0 } | 2) as i64 as u64
