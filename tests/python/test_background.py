@@ -326,3 +326,34 @@ def test_background_commands_are_refused_clearly_with_thread_isolation(tmp_path)
             assert r.status_code == 200 and r.json()["stdout"] == "fg\n", r.text
     finally:
         stop_server(s)
+
+
+def test_background_work_stops_when_the_keys_cpu_budget_is_spent(server):
+    # A key of its own tenant with a 2-second bucket (refilled at 2 s an hour).
+    key = server.create_key("cpuhog", "--cpu-seconds-per-hour", "2")
+    with httpx.Client(base_url=server.url, headers=server.headers(key), timeout=TIMEOUT) as hog:
+        sid = session(hog)
+        pid = start(hog, sid, "python3 -c 'while True: pass'")["pid"]
+
+        def cpu() -> float:
+            r = hog.get(f"/v1/sessions/{sid}/processes/{pid}")
+            assert r.status_code == 200, r.text
+            return r.json()["cpu_seconds"]
+
+        deadline = time.monotonic() + 30
+        while cpu() < 2.0:
+            assert time.monotonic() < deadline, "the loop never used its budget"
+            time.sleep(0.25)
+        # Charged within a second, then held: the loop gets (almost) no more CPU.
+        time.sleep(2.5)
+        a = cpu()
+        time.sleep(2.0)
+        b = cpu()
+        assert b - a < 0.3, (a, b)
+        assert a < 5.0, a
+        assert cpu() == b
+        # The key's calls are refused meanwhile; the process is still there, held.
+        r = hog.post(f"/v1/sessions/{sid}/exec", json={"code": "1"})
+        assert r.status_code == 429 and r.json()["error"]["code"] == "cpu_budget_exceeded", r.text
+        assert hog.get(f"/v1/sessions/{sid}/processes/{pid}").json()["state"] == "running"
+        hog.post(f"/v1/sessions/{sid}/processes/{pid}/signal", json={"signal": 9})

@@ -326,6 +326,22 @@ impl Runtime {
         out
     }
 
+    /// The CPU seconds each tenant's session worker used between requests
+    /// since it was last charged (its sandboxes' background work), taken: the
+    /// front end charges them to the tenant's budget. Empty with `Isolation::Thread`
+    /// (nothing runs between requests there).
+    pub fn take_background_cpu(&self) -> Vec<(String, f64)> {
+        self.session_workers.as_ref().map(|w| w.take_idle_cpu()).unwrap_or_default()
+    }
+
+    /// Hold (`on`) or let run again the background work of `tenant`'s sandboxes
+    /// (its session worker's) between requests; requests are served either way.
+    pub fn throttle_background(&self, tenant: &str, on: bool) {
+        if let Some(w) = &self.session_workers {
+            w.throttle(tenant, on);
+        }
+    }
+
     /// The host pid of `tenant`'s session worker, if it has one now (tests, operators).
     pub fn session_worker_pid(&self, tenant: &str) -> Option<u32> {
         self.session_workers.as_ref().and_then(|w| w.pid_of(tenant))

@@ -144,6 +144,7 @@ fn next_job(queue: &Mutex<Queue>, mine: &Arc<Handoff>) -> Job {
 
 fn work(queue: &Mutex<Queue>) {
     let mine = Arc::new(Handoff::default());
+    forkbox_worker::sessions::charge_jobs_here();
     loop {
         let job = next_job(queue, &mine);
         JOB_START.with(|s| s.set(Some(thread_cpu_seconds())));

@@ -119,6 +119,7 @@ pub async fn acquire_for(state: &Inner, caller: &Caller, n: usize) -> Result<Exe
     if let Some(k) = &key {
         if let Some(budget) = &k.cpu {
             budget.check().map_err(cpu_exceeded)?;
+            state.background_cpu.note(caller);
         }
         let limit = key_limit(state, k);
         width = width.min(limit);

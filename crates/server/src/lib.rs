@@ -61,6 +61,7 @@
 
 mod admission;
 mod auth;
+mod background_cpu;
 mod e2b;
 pub mod error;
 mod extractors;
@@ -182,6 +183,8 @@ pub struct Inner {
     pub(crate) peers: reqwest::Client,
     /// Signs the port URLs this process hands out.
     pub(crate) port_signer: ports::PortSigner,
+    /// Charges the sandboxes' background work to CPU budgets.
+    pub(crate) background_cpu: background_cpu::BackgroundCpu,
 }
 
 pub type AppState = Arc<Inner>;
@@ -210,6 +213,7 @@ impl Inner {
             e2b: e2b::Sandboxes::default(),
             peers: forward::peers(),
             port_signer: ports::PortSigner::new()?,
+            background_cpu: background_cpu::BackgroundCpu::default(),
             config,
         }))
     }
@@ -317,6 +321,7 @@ impl Server {
                 }
             });
         }
+        background_cpu::spawn(self.state.clone());
         let app = router(self.state);
         // A cluster node that is told to stop first drains: sessions asked for
         // meanwhile go to the other nodes, idle ones are given back at once.

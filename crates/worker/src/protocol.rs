@@ -273,6 +273,10 @@ pub enum ToSessions {
     Channel { id: u64 },
     /// Ctrl-C for exec number `exec` of channel `id`.
     Interrupt { id: u64, exec: u64 },
+    /// Stop (`true`) or let run again (`false`) the background work of every
+    /// sandbox of the worker between requests: its tenant's CPU budget is spent.
+    /// Requests are still served.
+    Throttle { on: bool },
 }
 
 /// A package to mount: its layer is the wheel's sha256, a layer of the

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -48,6 +48,9 @@ struct Shared {
     /// Idle channel threads, most recently idle last.
     idle: Mutex<Vec<Sender<(u64, UnixStream)>>>,
     threads: AtomicU64,
+    /// Background work is held (the tenant's CPU budget is spent): sandboxes
+    /// run only for requests until the API process lifts it.
+    throttled: AtomicBool,
 }
 
 #[derive(Default)]
@@ -72,6 +75,7 @@ pub(crate) fn serve(
         net_reported: Mutex::new(NET_GLOBAL.read()),
         idle: Mutex::new(Vec::new()),
         threads: AtomicU64::new(0),
+        throttled: AtomicBool::new(false),
     });
     loop {
         let (msg, mut fds) = match protocol::read_fds::<ToSessions>(&control, 1) {
@@ -96,6 +100,7 @@ pub(crate) fn serve(
                     ctl.interrupter.interrupt();
                 }
             }
+            ToSessions::Throttle { on } => shared.throttled.store(on, Ordering::SeqCst),
         }
     }
 }
@@ -171,7 +176,12 @@ fn serve_channel(shared: &Shared, id: u64, sock: UnixStream) {
         // Between requests the sandbox's background threads and processes run
         // here, a slice at a time; a request is taken at the next slice's end.
         if let Some(sb) = ch.sb.as_mut().filter(|sb| sb.has_background()) {
-            if !readable(&sock, Duration::ZERO) {
+            if shared.throttled.load(Ordering::SeqCst) {
+                // Parked as between two slices; a request is served as usual.
+                if !readable(&sock, BACKGROUND_IDLE_POLL) {
+                    continue;
+                }
+            } else if !readable(&sock, Duration::ZERO) {
                 // A request on the channel (a port connection ...) ends the slice at once.
                 let idle = match sb.run_background_woken(Instant::now() + BACKGROUND_SLICE, Some(sock.as_fd())) {
                     Ok(BackgroundRun::Busy) => false,

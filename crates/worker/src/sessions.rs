@@ -135,6 +135,17 @@ pub const IDLE_STOP: Duration = Duration::from_secs(120);
 thread_local! {
     /// CPU time of session workers charged to the current job (see [`take_cpu_seconds`]).
     static CHARGED: std::cell::Cell<f64> = const { std::cell::Cell::new(0.0) };
+    /// This thread runs jobs that are charged (see [`charge_jobs_here`]).
+    static CHARGING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Requests made from the calling thread charge the worker's CPU time to the
+/// thread's current job ([`take_cpu_seconds`]). Elsewhere (a read of a
+/// process' output on another thread ...) the time is left for
+/// [`SessionWorkers::take_idle_cpu`], so that no CPU time is taken where no job
+/// would pay for it.
+pub fn charge_jobs_here() {
+    CHARGING.with(|c| c.set(true));
 }
 
 /// The CPU seconds session workers used for this thread's requests since the
@@ -184,12 +195,18 @@ impl TenantWorker {
         !self.dead.load(Ordering::SeqCst) && alive(&self.control.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
-    /// Charge the worker's CPU time since the last charge to this thread's job.
-    fn charge(&self) {
+    /// The worker's CPU time since the last charge, taken (charged by the caller).
+    fn take_cpu(&self) -> f64 {
         let now = clock_seconds(cpu_clock(self.pid));
         let mut seen = self.cpu_seen.lock().unwrap_or_else(|e| e.into_inner());
         let d = (now - *seen).max(0.0);
         *seen = now.max(*seen);
+        d
+    }
+
+    /// Charge the worker's CPU time since the last charge to this thread's job.
+    fn charge(&self) {
+        let d = self.take_cpu();
         CHARGED.with(|c| c.set(c.get() + d));
     }
 
@@ -346,6 +363,29 @@ impl SessionWorkers {
         drop(_one);
         inner.ensure_spare();
         n
+    }
+
+    /// The CPU seconds each tenant's worker used since it was last charged,
+    /// taken: the work its sandboxes did between requests (background threads
+    /// and processes). A worker with a request in flight is left to that
+    /// request, which charges it when it ends.
+    pub fn take_idle_cpu(&self) -> Vec<(String, f64)> {
+        let workers: Vec<Arc<TenantWorker>> = self.inner.lock().by_tenant.values().cloned().collect();
+        workers
+            .into_iter()
+            .filter(|w| !w.dead.load(Ordering::SeqCst) && w.busy.load(Ordering::SeqCst) == 0)
+            .map(|w| (w.tenant.clone(), w.take_cpu()))
+            .filter(|(_, s)| *s > 0.0)
+            .collect()
+    }
+
+    /// Hold (`on`) or let run again the background work of `tenant`'s worker
+    /// between requests; requests are served either way. A worker started later
+    /// starts unheld: the caller says it again while it holds.
+    pub fn throttle(&self, tenant: &str, on: bool) {
+        let Some(w) = self.inner.lock().by_tenant.get(tenant).cloned() else { return };
+        let sock = w.control.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = protocol::write(&mut &*sock, &ToSessions::Throttle { on });
     }
 
     /// The host pid of `tenant`'s worker, if it has one now.
@@ -611,7 +651,9 @@ impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         self.0.busy.fetch_sub(1, Ordering::SeqCst);
         *self.0.last_used.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
-        self.0.charge();
+        if CHARGING.with(|c| c.get()) {
+            self.0.charge();
+        }
     }
 }
 
