@@ -11,7 +11,9 @@
 //! Host sockets live here, in the per-sandbox `Io`, never in `Process`: the
 //! fd table only holds a socket id. A snapshot, a resumed session or a fork
 //! therefore never carries a live connection; an id with no host socket
-//! behind it reads as reset (ECONNRESET, then EOF; writes EPIPE).
+//! behind it reads as reset (ECONNRESET, then EOF; writes EPIPE). Listeners
+//! are the exception: a checkpoint records them (`ListenerState`) and a
+//! restore makes them again under their ids (`restore_listeners`).
 //!
 //! Listening sockets are the sandbox's own (see `listen`): a TCP socket bound
 //! to 127.0.0.0/8, ::1, 0.0.0.0 or :: takes a port of the sandbox's port
@@ -561,7 +563,8 @@ const FLOWS_CAP: usize = 16;
 /// sockets (each holds its lookup's eventfd until the guest reads the answer).
 const QUESTIONS_WAITING: usize = 64;
 
-/// The host-side network state of one running sandbox (part of `Io`, never snapshotted).
+/// The host-side network state of one running sandbox (part of `Io`, never
+/// snapshotted but for its listeners' `ListenerState`).
 #[derive(Debug)]
 pub struct NetIo {
     pub config: Arc<NetConfig>,
@@ -636,7 +639,8 @@ impl NetIo {
         let mut n = NetIo::with_egress(config, egress);
         n.nonce = old.nonce;
         n.next = old.next;
-        let ids: Vec<u64> = old.socks.iter().filter(|(_, s)| matches!(s.backend, Backend::Listener(_))).map(|(id, _)| *id).collect();
+        let ids: Vec<u64> =
+            old.socks.iter().filter(|(_, s)| matches!(s.backend, Backend::Listener(_))).map(|(id, _)| *id).collect();
         for id in ids {
             if let Some(mut s) = old.socks.remove(&id) {
                 if let Backend::Listener(l) = &mut s.backend {
