@@ -243,6 +243,69 @@ def test_other_tenants_missing_listeners_and_bad_ports_get_clear_errors(api, ser
     assert r.status_code == 413 and error_code(r) == "payload_too_large"
 
 
+TAGGED_SERVER = r"""
+import http.server, socket, threading
+TAG = "base"
+class T(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        b = TAG.encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(b)))
+        self.end_headers()
+        self.wfile.write(b)
+    def log_message(self, *a):
+        pass
+tsrv = http.server.ThreadingHTTPServer(("127.0.0.1", 8002), T)
+threading.Thread(target=tsrv.serve_forever, daemon=True).start()
+# A connection open when the checkpoint is taken (read as reset after a restore).
+held = socket.create_connection(("127.0.0.1", 8002))
+"""
+
+
+def tag(api, sid: str) -> str:
+    r = api.get(f"/v1/sessions/{sid}/ports/8002/")
+    assert r.status_code == 200, r.text
+    return r.text
+
+
+def test_listeners_keep_listening_after_revert_fork_and_explore(api):
+    """Checkpoints record listening sockets: a revert, a fork (its own listener) and an
+    explore bring the server back answering; connections read as reset."""
+    sid = session(api)
+    run(api, sid, TAGGED_SERVER)
+    assert tag(api, sid) == "base"
+    seq = api.get(f"/v1/sessions/{sid}").json()["checkpoint"]
+    run(api, sid, "TAG = 'later'")
+    assert tag(api, sid) == "later"
+    r = api.post(f"/v1/sessions/{sid}/revert", json={"checkpoint": seq})
+    assert r.status_code == 200, r.text
+    assert tag(api, sid) == "base"
+    # The connection that was open reads as reset; the listener takes new ones inside too.
+    got = run(api, sid, "try:\n    r = repr(held.recv(10))\nexcept OSError as e:\n    r = type(e).__name__\n"
+                        "import urllib.request\n"
+                        "(r, urllib.request.urlopen('http://127.0.0.1:8002/', timeout=10).read().decode())")
+    assert got["value"] == "('ConnectionResetError', 'base')", got
+    # Two forks of one checkpoint: each its own listener (its own server state behind it).
+    forks = []
+    for name in ["one", "two"]:
+        r = api.post(f"/v1/sessions/{sid}/fork", json={})
+        assert r.status_code == 201, r.text
+        forks.append(r.json()["id"])
+        run(api, forks[-1], f"TAG = {name!r}")
+    assert [tag(api, f) for f in forks] == ["one", "two"]
+    assert tag(api, sid) == "base"
+    # The port is still the listener's: binding it again fails as on Linux.
+    got = run(api, forks[0], "import socket\ns = socket.socket()\ntry:\n    s.bind(('127.0.0.1', 8002))\n"
+                             "    r = 'bound'\nexcept OSError as e:\n    r = e.errno\ns.close()\nr")
+    assert got["value"] == "98", got  # EADDRINUSE
+    # An explore branch talks to the server from inside.
+    r = api.post(f"/v1/sessions/{sid}/explore", json={"codes": [
+        "import urllib.request\nurllib.request.urlopen('http://127.0.0.1:8002/', timeout=10).read().decode()"]})
+    assert r.status_code == 200, r.text
+    b = r.json()["branches"][0]
+    assert b.get("failed") is None and b["result"]["value"] == "'base'", b
+
+
 @pytest.fixture(scope="module")
 def domain_server():
     with tempfile.TemporaryDirectory(prefix="forkbox-pytest-ports-") as d:
@@ -340,8 +403,8 @@ def test_the_cli_prints_a_signed_url(api, server):
 
 
 def test_a_request_resumes_a_paused_sandbox(domain_server):
-    """A paused (evicted) session is brought back by a port request. Listening sockets are not
-    in checkpoints yet: the resumed sandbox answers 502 until its code listens again."""
+    """A paused (evicted) session is brought back by a port request, its listener with it
+    (checkpoints record listening sockets): the request is answered."""
     import e2b
 
     s = domain_server
@@ -360,9 +423,11 @@ def test_a_request_resumes_a_paused_sandbox(domain_server):
                 sbx.pause()
                 assert api.get(f"/v1/sessions/{sbx.sandbox_id}").json()["resident"] is False
                 r = api.get(url)
-                assert r.status_code == 502 and error_code(r) == "port_not_listening", r.text
+                assert r.status_code == 200 and r.text.startswith("hello /before"), r.text
                 assert api.get(f"/v1/sessions/{sbx.sandbox_id}").json()["resident"] is True
-                start_http(api, sbx.sandbox_id, 8000)
+                # Paused again, and back through the API: the server still answers.
+                sbx.pause()
+                assert run(api, sbx.sandbox_id, "1 + 1")["value"] == "2"
                 assert api.get(url).status_code == 200
         finally:
             sbx.kill()

@@ -414,13 +414,16 @@ impl Sandbox {
         info: serde_json::Value,
         pool: Option<std::sync::Arc<crate::pool::VmPool>>,
         reseed: bool,
+        listeners: &[forkbox_linux::net::ListenerState],
     ) -> Result<Sandbox, EngineError> {
         proc.mm.set_limit(limits.memory_bytes);
         proc.vfs.set_quota(limits.disk_bytes);
         let regs = vm.regs()?;
         let mut io = Io::new(limits.output_bytes);
-        // Fresh host-side network state: sockets in `proc` from the snapshot read as reset.
+        // Fresh host-side network state: sockets in `proc` from the snapshot read as
+        // reset, except its listeners, which are made again (empty queues).
         io.net = forkbox_linux::net::NetIo::new(std::sync::Arc::new(limits.network.clone()));
+        restore_listeners(&mut io.net, &proc, listeners)?;
         Ok(Sandbox {
             vm: Some(vm),
             proc,
@@ -486,7 +489,10 @@ impl Sandbox {
             .iter()
             .flat_map(|t| t.proc.fds.fds().filter_map(|fd| t.proc.fds.ofd(fd).ok()).collect::<Vec<_>>())
             .collect();
-        self.proc.save_state_without(&held)
+        let mut st = self.proc.save_state_without(&held);
+        // Listeners the record's fd table still names keep listening after a restore.
+        st.listeners = self.io.net.listener_states(st.fds.sockets().filter(|s| s.stream).map(|s| s.id));
+        st
     }
 
     /// Keep the children and threads an exec leaves running (a session's
@@ -554,7 +560,8 @@ impl Sandbox {
     /// afresh.
     pub fn set_egress(&mut self, egress: std::sync::Arc<dyn forkbox_linux::net::Egress>) {
         let config = std::sync::Arc::new(self.limits.network.clone());
-        self.io.net = forkbox_linux::net::NetIo::with_egress(config, egress);
+        // Listeners restored from its checkpoint stay.
+        self.io.net = forkbox_linux::net::NetIo::keeping_listeners(&mut self.io.net, config, egress);
     }
 
     /// Network counters of this sandbox (connects allowed/denied, DNS, bytes).
@@ -2275,4 +2282,22 @@ fn job_argv(argv: &[Vec<u8>]) -> Vec<String> {
         .take(JOB_ARGV_MAX)
         .map(|a| String::from_utf8_lossy(&a[..a.len().min(JOB_ARG_MAX)]).into_owned())
         .collect()
+}
+
+/// Make the listeners of a checkpoint again in `net`: only those `proc`'s fd
+/// table names as a stream socket of the same family (one it does not name
+/// could never be closed).
+fn restore_listeners(
+    net: &mut forkbox_linux::net::NetIo,
+    proc: &Process,
+    listeners: &[forkbox_linux::net::ListenerState],
+) -> Result<(), EngineError> {
+    if listeners.is_empty() {
+        return Ok(());
+    }
+    let named: std::collections::HashSet<(u64, i32)> =
+        proc.fds.sockets().filter(|s| s.stream).map(|s| (s.id, s.domain)).collect();
+    let keep: Vec<_> = listeners.iter().filter(|l| named.contains(&(l.id, l.domain))).cloned().collect();
+    net.restore_listeners(&keep)
+        .map_err(|e| forkbox_snapshot::StateError::Corrupt(format!("listening sockets: {e}")).into())
 }

@@ -43,6 +43,8 @@ pub struct Template {
     /// The CPU it was made on (= this host's: `load` checks).
     cpu: CpuFingerprint,
     process: Process,
+    /// Listening sockets of `process` (a template made from a session's sandbox).
+    listeners: Vec<forkbox_linux::net::ListenerState>,
     memory: MemoryFile,
     pool: Arc<VmPool>,
 }
@@ -221,11 +223,12 @@ impl Template {
         let info: TemplateInfo =
             serde_json::from_str(&snapshot.info).map_err(|e| StateError::Corrupt(format!("template info: {e}")))?;
         let memory = MemoryFile::open(&dir.join("memory"), &snapshot.memory)?;
-        let Snapshot { process, vcpu, .. } = snapshot;
+        let Snapshot { mut process, vcpu, .. } = snapshot;
         let vcpu = VcpuState::from_record(&vcpu).map_err(|e| StateError::Corrupt(format!("vCPU state: {e}")))?;
+        let listeners = std::mem::take(&mut process.listeners);
         let process = engine.restore_process(process)?;
         let pool = VmPool::new(engine.cpu.clone(), &memory.file, memory.view()?, vcpu, POOL_DEPTH)?;
-        Ok(Template { info, dir: dir.to_path_buf(), cpu, process, memory, pool })
+        Ok(Template { info, dir: dir.to_path_buf(), cpu, process, listeners, memory, pool })
     }
 
     /// A new sandbox: a copy-on-write fork of this template.
@@ -243,6 +246,7 @@ impl Template {
             self.info.agent.clone(),
             Some(self.pool.clone()),
             true,
+            &self.listeners,
         )
     }
 
@@ -289,6 +293,7 @@ impl Template {
             self.info.agent.clone(),
             None,
             true,
+            &self.listeners,
         )
     }
 
@@ -533,6 +538,7 @@ impl Template {
         vm.restore_vcpu(&vcpu)?;
         let mut reader = PackReader::with_files(pack_files);
         let stored = crate::fsstore::load(&mut snapshot.process, &snapshot.files, &mut reader)?;
+        let listeners = std::mem::take(&mut snapshot.process.listeners);
         let process = engine.restore_process(snapshot.process)?;
         // The page tables are a function of the memory map: make sure they
         // say exactly what it says (only differences are written).
@@ -547,6 +553,7 @@ impl Template {
             self.info.agent.clone(),
             pool,
             reseed,
+            &listeners,
         )?;
         sb.stored = stored;
         Ok(sb)

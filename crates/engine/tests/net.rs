@@ -818,16 +818,22 @@ again = socket.create_connection(L.getsockname(), timeout=5)
     assert_eq!(value(&mut sb, code), "(10, True)");
 }
 
-/// Across a checkpoint, a listener is like any socket: in a resumed copy it
-/// no longer listens (accept EINVAL) and its port is free again.
+/// Across a checkpoint, a listener keeps listening: in a resumed copy (the
+/// session after eviction, or a fork) it holds its port with its options and
+/// takes connections from inside and from the port proxy; what it had queued,
+/// and connections, read as reset.
 #[test]
-fn a_checkpoint_never_carries_a_listener() {
+fn a_checkpoint_keeps_its_listeners() {
     let home = forkbox_testkit::home();
     let template =
         forkbox_engine::Template::ensure(engine(), &home).unwrap_or_else(|e| panic!("Template::ensure: {e}"));
     let limits = Limits { network: NetConfig::default(), timeout: Duration::from_secs(20), ..Limits::default() };
     let mut sb = template.fork_tracked(engine(), limits.clone()).unwrap_or_else(|e| panic!("fork: {e}"));
-    let port = value(&mut sb, "import socket, errno\nL = socket.socket()\nL.bind(('127.0.0.1', 0))\nL.listen()\nc = socket.create_connection(L.getsockname())\nL.getsockname()[1]");
+    let port = value(
+        &mut sb,
+        "import socket, errno\nL = socket.socket()\nL.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+         L.bind(('127.0.0.1', 0))\nL.listen(2)\nc = socket.create_connection(L.getsockname())\nL.getsockname()[1]",
+    );
     let dir = tempfile::tempdir().unwrap();
     let (layer, state) = (dir.path().join("layer"), dir.path().join("state"));
     template
@@ -835,26 +841,47 @@ fn a_checkpoint_never_carries_a_listener() {
         .unwrap_or_else(|e| panic!("checkpoint: {e}"));
     assert_eq!(value(&mut sb, "s, _ = L.accept()\nc.send(b'ok')\ns.recv(2)"), "b'ok'");
     let layers = vec![forkbox_snapshot::Layer::read(&layer).unwrap()];
-    let mut r = template.resume(engine(), &layers, &state, limits, false).unwrap_or_else(|e| panic!("resume: {e}"));
-    let got = value(
-        &mut r,
-        &format!(
-            "out = []\n\
-             try:\n\
-             \x20   L.accept()\n\
-             except OSError as e:\n\
-             \x20   out.append(e.errno == errno.EINVAL)\n\
-             try:\n\
-             \x20   c.recv(1)\n\
-             except OSError as e:\n\
-             \x20   out.append(e.errno == errno.ECONNRESET)\n\
-             L2 = socket.socket(); L2.bind(('127.0.0.1', {port})); L2.listen()\n\
-             c2 = socket.create_connection(('127.0.0.1', {port}))\n\
-             out.append(L2.accept()[1] == c2.getsockname())\n\
-             out"
-        ),
-    );
-    assert_eq!(got, "[True, True, True]");
+    for reseed in [false, true] {
+        let mut r = template
+            .resume(engine(), &layers, &state, limits.clone(), reseed)
+            .unwrap_or_else(|e| panic!("resume: {e}"));
+        let got = value(
+            &mut r,
+            &format!(
+                "out = [L.getsockname()[1] == {port}, L.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR)]\n\
+                 L.setblocking(False)\n\
+                 try:\n\
+                 \x20   L.accept()\n\
+                 except OSError as e:\n\
+                 \x20   out.append(e.errno == errno.EAGAIN)\n\
+                 try:\n\
+                 \x20   c.recv(1)\n\
+                 except OSError as e:\n\
+                 \x20   out.append(e.errno == errno.ECONNRESET)\n\
+                 L2 = socket.socket()\n\
+                 try:\n\
+                 \x20   L2.bind(('127.0.0.1', {port}))\n\
+                 except OSError as e:\n\
+                 \x20   out.append(e.errno == errno.EADDRINUSE)\n\
+                 L.settimeout(5)\n\
+                 c2 = socket.create_connection(('127.0.0.1', {port}))\n\
+                 s2, peer = L.accept()\n\
+                 c2.send(b'hi')\n\
+                 out += [peer == c2.getsockname(), s2.recv(2)]\n\
+                 out"
+            ),
+        );
+        assert_eq!(got, "[True, 1, True, True, True, True, b'hi']", "reseed={reseed}");
+        // From outside (what the port proxy does).
+        let (mut outside, end) = std::os::unix::net::UnixStream::pair().unwrap();
+        r.connect_port(u16::try_from(port.parse::<u32>().unwrap()).unwrap(), end.into())
+            .unwrap_or_else(|e| panic!("connect_port: {e}"));
+        outside.write_all(b"ping").unwrap();
+        assert_eq!(value(&mut r, "s3, _ = L.accept()\ns3.sendall(s3.recv(4)[::-1])\ns3.close()\n0"), "0");
+        let mut back = Vec::new();
+        outside.read_to_end(&mut back).unwrap();
+        assert_eq!(back, b"gnip", "reseed={reseed}");
+    }
 }
 
 /// A loopback server of this test: each connection gets `n` bytes, then EOF

@@ -289,6 +289,14 @@ impl FdTable {
         })
     }
 
+    /// AF_INET/AF_INET6 sockets referenced by open descriptions.
+    pub fn sockets(&self) -> impl Iterator<Item = SockInfo> + '_ {
+        self.files.values().filter_map(|f| match f.kind {
+            FileKind::Socket(s) => Some(s),
+            _ => None,
+        })
+    }
+
     pub fn len(&self) -> usize {
         self.fds.len()
     }

@@ -81,6 +81,10 @@ pub struct ProcessState {
     pub creds: Creds,
     /// Owners of the files that are not 0:0, by inode, sorted (state format 8).
     pub owners: Vec<(Ino, u32, u32)>,
+    /// The listening sockets among `fds` (their state lives in the sandbox's
+    /// `NetIo`, which the caller asks: `save_state` leaves this empty), by id
+    /// (state format 9).
+    pub listeners: Vec<crate::net::ListenerState>,
 }
 
 /// The program a process runs, as execve got it.
@@ -157,6 +161,7 @@ impl Process {
             threads: self.threads.clone(),
             creds: self.creds.clone(),
             owners,
+            listeners: Vec::new(),
         }
     }
 

@@ -40,9 +40,12 @@ pub const MAGIC: &[u8; 8] = b"FBXSNAP\0";
 ///    default capacity). Versions 5 and 6 are read as the frozen `v6` shape.
 /// 8: owners of files (`ProcessState::owners`: inode, user, group for each
 ///    file not owned by 0:0). Version 7 is read as the frozen `v7` shape.
-pub const FORMAT_VERSION: u32 = 8;
+/// 9: listening sockets (`ProcessState::listeners`: id, family, bound address,
+///    backlog, options), made again on restore. Version 8 is read as the
+///    frozen `v8` shape (no listeners: its sockets read as reset).
+pub const FORMAT_VERSION: u32 = 9;
 /// Every version `decode` reads (oldest first); the last is `FORMAT_VERSION`.
-pub const READABLE_VERSIONS: &[u32] = &[4, 5, 6, 7, 8];
+pub const READABLE_VERSIONS: &[u32] = &[4, 5, 6, 7, 8, 9];
 const HEADER_LEN: usize = 8 + 4 + 8 + 32;
 /// A state file larger than this is rejected before it is read into memory.
 const MAX_PAYLOAD: u64 = 4 << 30;
@@ -159,14 +162,89 @@ fn decode_payload(version: u32, payload: &[u8]) -> Result<Snapshot, StateError> 
         // Version 5 is version 6 without package-layer files (no shape changed).
         5 | 6 => v6::read(payload, version),
         7 => v7::read(payload),
-        8 => read_v8(payload),
+        8 => v8::read(payload),
+        9 => read_v9(payload),
         v => Err(StateError::BadVersion(v)),
     }
 }
 
-/// Version 8 is the current shape (`Snapshot` as defined above).
-fn read_v8(payload: &[u8]) -> Result<Snapshot, StateError> {
-    postcard::from_bytes(payload).map_err(|e| StateError::Corrupt(format!("undecodable version 8 payload: {e}")))
+/// Version 9 is the current shape (`Snapshot` as defined above).
+fn read_v9(payload: &[u8]) -> Result<Snapshot, StateError> {
+    postcard::from_bytes(payload).map_err(|e| StateError::Corrupt(format!("undecodable version 9 payload: {e}")))
+}
+
+/// Version 8: the process state without listening sockets (they were not
+/// recorded: they read as reset after a restore). Frozen: never edit these types.
+mod v8 {
+    use forkbox_linux::creds::Creds;
+    use forkbox_linux::fd::FdTable;
+    use forkbox_linux::mm::MemoryMap;
+    use forkbox_linux::process::{ExecInfo, ProcessState, Signals};
+    use forkbox_linux::thread::Threads;
+    use forkbox_linux::vfs::{Ino, VfsState};
+    use forkbox_vmm::regs::VcpuRecord;
+    use serde::Deserialize;
+
+    use super::StateError;
+    use crate::cpu::CpuFingerprint;
+    use crate::memory::MemoryStats;
+
+    #[derive(Deserialize)]
+    struct Snapshot {
+        image_id: String,
+        cpu: CpuFingerprint,
+        vcpu: VcpuRecord,
+        process: Process,
+        memory: MemoryStats,
+        info: String,
+        files: crate::files::FileTable,
+    }
+
+    #[derive(Deserialize)]
+    struct Process {
+        mm: MemoryMap,
+        fds: FdTable,
+        vfs: VfsState,
+        cwd: Ino,
+        signals: Signals,
+        fs_base: u64,
+        tid_address: u64,
+        umask: u32,
+        threads: Threads,
+        exec_info: ExecInfo,
+        creds: Creds,
+        owners: Vec<(Ino, u32, u32)>,
+    }
+
+    pub(super) fn read(payload: &[u8]) -> Result<super::Snapshot, StateError> {
+        let s: Snapshot = postcard::from_bytes(payload)
+            .map_err(|e| StateError::Corrupt(format!("undecodable version 8 payload: {e}")))?;
+        let p = s.process;
+        let process = ProcessState {
+            mm: p.mm,
+            fds: p.fds,
+            vfs: p.vfs,
+            cwd: p.cwd,
+            signals: p.signals,
+            fs_base: p.fs_base,
+            tid_address: p.tid_address,
+            umask: p.umask,
+            threads: p.threads,
+            exec_info: p.exec_info,
+            creds: p.creds,
+            owners: p.owners,
+            listeners: Vec::new(),
+        };
+        Ok(super::Snapshot {
+            image_id: s.image_id,
+            cpu: s.cpu,
+            vcpu: s.vcpu,
+            process,
+            memory: s.memory,
+            info: s.info,
+            files: s.files,
+        })
+    }
 }
 
 /// Version 7: the process state without file owners (every file was 0:0).
@@ -228,6 +306,7 @@ mod v7 {
             exec_info: p.exec_info,
             creds: p.creds,
             owners: Vec::new(),
+            listeners: Vec::new(),
         };
         Ok(super::Snapshot {
             image_id: s.image_id,
@@ -300,6 +379,7 @@ mod v6 {
             exec_info: p.exec_info,
             creds: Creds::default(),
             owners: Vec::new(),
+            listeners: Vec::new(),
         };
         Ok(super::Snapshot {
             image_id: s.image_id,
@@ -370,6 +450,7 @@ mod v4 {
             exec_info: p.exec_info,
             creds: Default::default(),
             owners: Vec::new(),
+            listeners: Vec::new(),
         };
         Ok(super::Snapshot {
             image_id: s.image_id,

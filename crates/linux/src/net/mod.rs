@@ -11,7 +11,9 @@
 //! Host sockets live here, in the per-sandbox `Io`, never in `Process`: the
 //! fd table only holds a socket id. A snapshot, a resumed session or a fork
 //! therefore never carries a live connection; an id with no host socket
-//! behind it reads as reset (ECONNRESET, then EOF; writes EPIPE).
+//! behind it reads as reset (ECONNRESET, then EOF; writes EPIPE). Listeners
+//! are the exception: a checkpoint records them (`ListenerState`) and a
+//! restore makes them again under their ids (`restore_listeners`).
 //!
 //! Listening sockets are the sandbox's own (see `listen`): a TCP socket bound
 //! to 127.0.0.0/8, ::1, 0.0.0.0 or :: takes a port of the sandbox's port
@@ -431,6 +433,39 @@ impl NetIo {
     }
 }
 
+/// A listening socket as a checkpoint records it: what re-creates it in the
+/// port table of a restored sandbox under the same socket id (the fd table
+/// names it by that id). Its queued connections are not recorded: they were
+/// host sockets, which read as reset after a restore.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListenerState {
+    pub id: u64,
+    /// AF_INET or AF_INET6.
+    pub domain: i32,
+    /// The bound address in the sandbox (loopback or wildcard).
+    pub local: SocketAddr,
+    /// The queue bound (listen's backlog + 1, at most `SOMAXCONN + 1`).
+    pub backlog: u32,
+    /// SO_REUSEADDR / SO_REUSEPORT.
+    pub reuse: bool,
+    pub rcvtimeo: Option<Duration>,
+    pub sndtimeo: Option<Duration>,
+    /// Option values kept for the socket (TCP_NODELAY ...), as set.
+    pub opts: Vec<((i32, i32), Vec<u8>)>,
+}
+
+/// Why listeners of a checkpoint could not be re-created.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ListenerRestoreError {
+    #[error("listener {0}: {1}")]
+    Invalid(u64, &'static str),
+    #[error("listeners: {0}")]
+    Host(String),
+}
+
+/// Largest option value a recorded listener may carry (any real option is a few bytes).
+const OPT_VALUE_CAP: usize = 256;
+
 /// Why a connection from outside could not be handed to a listener of the sandbox.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum InjectError {
@@ -528,7 +563,8 @@ const FLOWS_CAP: usize = 16;
 /// sockets (each holds its lookup's eventfd until the guest reads the answer).
 const QUESTIONS_WAITING: usize = 64;
 
-/// The host-side network state of one running sandbox (part of `Io`, never snapshotted).
+/// The host-side network state of one running sandbox (part of `Io`, never
+/// snapshotted but for its listeners' `ListenerState`).
 #[derive(Debug)]
 pub struct NetIo {
     pub config: Arc<NetConfig>,
@@ -592,6 +628,31 @@ impl NetIo {
             byte_limit_noted: false,
             throttle,
         }
+    }
+
+    /// [`Self::with_egress`] for a sandbox whose host-side state starts
+    /// afresh (a new way out) but whose listeners stay: `old`'s listening
+    /// sockets move here under their ids (their queued connections, host
+    /// sockets of `old`, are dropped: their clients read EOF), and socket ids
+    /// go on from `old`'s, so none is handed out twice.
+    pub fn keeping_listeners(old: &mut NetIo, config: Arc<NetConfig>, egress: Arc<dyn Egress>) -> NetIo {
+        let mut n = NetIo::with_egress(config, egress);
+        n.nonce = old.nonce;
+        n.next = old.next;
+        let ids: Vec<u64> =
+            old.socks.iter().filter(|(_, s)| matches!(s.backend, Backend::Listener(_))).map(|(id, _)| *id).collect();
+        for id in ids {
+            if let Some(mut s) = old.socks.remove(&id) {
+                if let Backend::Listener(l) = &mut s.backend {
+                    for _ in l.queue.drain(..) {
+                        let mut b = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+                        let _ = l.ready.0.recv(&mut b);
+                    }
+                }
+                n.socks.insert(id, s);
+            }
+        }
+        n
     }
 
     /// Bytes a host socket may move now under the bandwidth limit (EAGAIN:
@@ -794,6 +855,111 @@ impl NetIo {
         let s = self.sock(id)?;
         s.local = Some(local);
         s.backend = Backend::Listener(Box::new(Listener { ready, queue: VecDeque::new(), backlog }));
+        Ok(())
+    }
+
+    /// The listening sockets among `ids` as a checkpoint records them (the
+    /// ids of the recorded process' sockets; others are skipped), by id.
+    pub fn listener_states(&self, ids: impl IntoIterator<Item = u64>) -> Vec<ListenerState> {
+        let mut out: Vec<ListenerState> = ids
+            .into_iter()
+            .filter_map(|id| {
+                let s = self.socks.get(&id)?;
+                let (Backend::Listener(l), Some(local)) = (&s.backend, s.local) else { return None };
+                Some(ListenerState {
+                    id,
+                    domain: s.domain,
+                    local,
+                    backlog: u32::try_from(l.backlog).unwrap_or(u32::MAX),
+                    reuse: s.reuse,
+                    rcvtimeo: s.rcvtimeo,
+                    sndtimeo: s.sndtimeo,
+                    opts: s.opts.iter().map(|(k, v)| (*k, v.clone())).collect(),
+                })
+            })
+            .collect();
+        out.sort_by_key(|l| l.id);
+        out.dedup_by_key(|l| l.id);
+        out
+    }
+
+    /// Re-create the listeners of a checkpoint (each under its recorded id,
+    /// with an empty queue) in this sandbox's port table. All or none: a
+    /// record that is not one `listen` could have made is refused.
+    pub fn restore_listeners(&mut self, ls: &[ListenerState]) -> Result<(), ListenerRestoreError> {
+        use ListenerRestoreError::Invalid;
+        if ls.is_empty() {
+            return Ok(());
+        }
+        if self.socks.len().saturating_add(ls.len()) > self.config.max_sockets as usize {
+            return Err(ListenerRestoreError::Host(format!(
+                "{} listening sockets exceed the sandbox's limit of {} open sockets",
+                ls.len(),
+                self.config.max_sockets
+            )));
+        }
+        for (i, l) in ls.iter().enumerate() {
+            let bad = |why| Err(Invalid(l.id, why));
+            if l.domain != libc::AF_INET && l.domain != libc::AF_INET6 {
+                return bad("not an AF_INET or AF_INET6 socket");
+            }
+            if l.domain == libc::AF_INET && l.local.is_ipv6() {
+                return bad("an IPv6 address on an AF_INET socket");
+            }
+            if !sandbox_local(l.local.ip()) || l.local.port() == 0 {
+                return bad("not a loopback or wildcard address with a port");
+            }
+            if l.backlog == 0 || l.backlog as usize > SOMAXCONN + 1 {
+                return bad("backlog out of range");
+            }
+            if l.opts.len() > OPTS_CAP || l.opts.iter().any(|(_, v)| v.len() > OPT_VALUE_CAP) {
+                return bad("too many or too large options");
+            }
+            if l.id & !0xFFFF_FFFF_0000_0000 == 0 || self.socks.contains_key(&l.id) {
+                return bad("socket id not a socket's or taken");
+            }
+            // Listeners hold their ports (the record holds no two that overlap).
+            if ls[..i].iter().any(|o| o.id == l.id || binds_overlap(o.local, l.local)) {
+                return bad("its port is taken by another listener");
+            }
+            if self.port_taken(l.id, l.local, l.reuse) {
+                return bad("its port is taken");
+            }
+        }
+        // New sockets of this instance never take a recorded id (the nonce is random: a
+        // collision of its 32 bits with a recorded one is rare, but then draw another).
+        let mut draws = 0;
+        while ls.iter().any(|l| l.id & 0xFFFF_FFFF_0000_0000 == self.nonce) {
+            draws += 1;
+            if draws > 16 {
+                return Err(ListenerRestoreError::Host("no socket ids apart from the recorded ones".into()));
+            }
+            self.nonce = nonce();
+        }
+        let mut made = Vec::with_capacity(ls.len());
+        for l in ls {
+            let ready = match unix_pair() {
+                Ok(r) => r,
+                Err(e) => {
+                    for id in made {
+                        self.socks.remove(&id);
+                    }
+                    return Err(ListenerRestoreError::Host(format!("a listener's readiness socket: {e}")));
+                }
+            };
+            let mut s = Sock::new(
+                l.domain,
+                true,
+                Backend::Listener(Box::new(Listener { ready, queue: VecDeque::new(), backlog: l.backlog as usize })),
+            );
+            s.local = Some(l.local);
+            s.reuse = l.reuse;
+            s.rcvtimeo = l.rcvtimeo;
+            s.sndtimeo = l.sndtimeo;
+            s.opts = l.opts.iter().cloned().collect();
+            self.socks.insert(l.id, s);
+            made.push(l.id);
+        }
         Ok(())
     }
 

@@ -525,3 +525,135 @@ fn injected_connections_reach_only_the_sandboxs_own_listener() {
     assert_eq!(n.stats.injected_connects, 1);
     assert_eq!(n.stats.bytes_sent + n.stats.bytes_received, 0, "in-sandbox bytes are not egress");
 }
+
+/// A listener with its options and a queued (un-accepted) connection, recorded.
+fn recorded_listener() -> (NetIo, u64, Vec<ListenerState>) {
+    let mut n = net(Policy::none());
+    let l = n.socket(libc::AF_INET6, true).unwrap();
+    n.setsockopt(l, libc::SOL_SOCKET, libc::SO_REUSEADDR, &1i32.to_le_bytes()).unwrap();
+    n.setsockopt(l, libc::IPPROTO_TCP, libc::TCP_NODELAY, &1i32.to_le_bytes()).unwrap();
+    n.set_timeout(l, true, Some(Duration::from_millis(1500))).unwrap();
+    n.bind(l, sa("[::]:8000")).unwrap();
+    n.listen(l, 3).unwrap();
+    let c = n.socket(libc::AF_INET, true).unwrap();
+    assert_eq!(n.connect(c, Some(sa("127.0.0.1:8000"))), Ok(true));
+    // Only listening sockets are recorded (the client end is not one).
+    let rec = n.listener_states([c, l, l, 12345]);
+    assert_eq!(rec.len(), 1, "{rec:?}");
+    (n, l, rec)
+}
+
+/// A checkpoint's listener, through the state file's encoding, listens again
+/// in a new NetIo under its id with its address and options, its queue empty.
+#[test]
+fn a_recorded_listener_listens_again_after_a_restore() {
+    let (_old, l, rec) = recorded_listener();
+    let r = &rec[0];
+    assert_eq!((r.id, r.domain, r.local, r.backlog, r.reuse), (l, libc::AF_INET6, sa("[::]:8000"), 4, true));
+    let bytes = postcard::to_stdvec(&rec).unwrap();
+    let back: Vec<ListenerState> = postcard::from_bytes(&bytes).unwrap();
+    assert_eq!(back, rec);
+
+    let mut n = net(Policy::none());
+    assert!(!n.is_listening(l), "a fresh NetIo has no socket of the record");
+    n.restore_listeners(&back).unwrap();
+    assert!(n.is_listening(l));
+    assert_eq!(n.local_addr(l).unwrap(), sa("[::]:8000"));
+    assert_eq!(n.getsockopt(l, libc::SOL_SOCKET, libc::SO_REUSEADDR, 4).unwrap(), 1i32.to_le_bytes());
+    assert_eq!(n.getsockopt(l, libc::IPPROTO_TCP, libc::TCP_NODELAY, 4).unwrap(), 1i32.to_le_bytes());
+    assert_eq!(n.timeouts(l), (Some(Duration::from_millis(1500)), None));
+    // The connection queued before the checkpoint is not there (it was a host socket).
+    assert_eq!(n.accept(l), Err(Errno::EAGAIN));
+    assert_eq!(n.poll(l, libc::POLLIN), 0);
+    // It holds its port, takes connections (IPv4 too: a dual-stack wildcard) and the proxy's.
+    let other = n.socket(libc::AF_INET, true).unwrap();
+    assert_ne!(other, l, "new sockets never take a recorded id");
+    assert_eq!(n.bind(other, sa("127.0.0.1:8000")), Err(Errno::EADDRINUSE));
+    let c = n.socket(libc::AF_INET, true).unwrap();
+    assert_eq!(n.connect(c, Some(sa("127.0.0.1:8000"))), Ok(true));
+    assert_eq!(n.poll(l, libc::POLLIN), libc::POLLIN);
+    let (s, _) = n.accept(l).unwrap();
+    assert_eq!(n.send(c, b"hi", None, 0), Ok(2));
+    let mut b = [0u8; 4];
+    wait(&mut n, s, libc::POLLIN);
+    assert_eq!(n.recv(s, &mut b, 0).map(|r| r.0), Ok(2));
+    let (_outside, end) = Socket::pair(Domain::UNIX, Type::STREAM.cloexec(), None).unwrap();
+    n.inject(8000, std::os::fd::OwnedFd::from(end)).unwrap();
+    assert!(n.accept(l).is_ok());
+    // Its backlog is the recorded one (listen(3): 4 queued at most).
+    for _ in 0..4 {
+        let c = n.socket(libc::AF_INET, true).unwrap();
+        assert_eq!(n.connect(c, Some(sa("127.0.0.1:8000"))), Ok(true));
+    }
+    let c = n.socket(libc::AF_INET, true).unwrap();
+    assert_eq!(n.connect(c, Some(sa("127.0.0.1:8000"))), Err(Errno::ECONNREFUSED));
+    // Closing it frees the port.
+    n.close(l);
+    assert!(!n.is_listening(l));
+}
+
+/// Two sandboxes restored from one record (two forks of a checkpoint) each
+/// have their own listener: a connection to one never queues on the other.
+#[test]
+fn two_restores_of_one_record_do_not_share_a_queue() {
+    let (_old, l, rec) = recorded_listener();
+    let (mut a, mut b) = (net(Policy::none()), net(Policy::none()));
+    a.restore_listeners(&rec).unwrap();
+    b.restore_listeners(&rec).unwrap();
+    let c = a.socket(libc::AF_INET6, true).unwrap();
+    assert_eq!(a.connect(c, Some(sa("[::1]:8000"))), Ok(true));
+    assert_eq!(a.poll(l, libc::POLLIN), libc::POLLIN);
+    assert_eq!(b.poll(l, libc::POLLIN), 0);
+    assert_eq!(b.accept(l), Err(Errno::EAGAIN));
+    assert!(a.accept(l).is_ok());
+}
+
+/// A record `listen` could not have made is refused whole (nothing is made).
+#[test]
+fn invalid_listener_records_are_refused() {
+    let (_old, _l, rec) = recorded_listener();
+    let good = rec[0].clone();
+    let cases: Vec<(&str, ListenerState)> = vec![
+        ("family", ListenerState { domain: libc::AF_UNIX, ..good.clone() }),
+        ("v6 on AF_INET", ListenerState { domain: libc::AF_INET, ..good.clone() }),
+        ("host address", ListenerState { local: sa("10.0.0.1:80"), ..good.clone() }),
+        ("port 0", ListenerState { local: sa("127.0.0.1:0"), ..good.clone() }),
+        ("backlog 0", ListenerState { backlog: 0, ..good.clone() }),
+        ("backlog", ListenerState { backlog: 1 << 20, ..good.clone() }),
+        ("id", ListenerState { id: 0xFFFF_FFFF_0000_0000, ..good.clone() }),
+        ("options", ListenerState { opts: vec![((6, 1), vec![0; 4096])], ..good.clone() }),
+    ];
+    for (what, bad) in cases {
+        let mut n = net(Policy::none());
+        let r = n.restore_listeners(&[good.clone(), bad]);
+        assert!(matches!(r, Err(ListenerRestoreError::Invalid(..))), "{what}: {r:?}");
+        assert_eq!(n.open_sockets(), 0, "{what}: nothing made");
+    }
+    // Two listeners on one port, or one id twice.
+    let mut n = net(Policy::none());
+    let twin = ListenerState { id: good.id + 1, local: sa("127.0.0.1:8000"), ..good.clone() };
+    assert!(n.restore_listeners(&[good.clone(), twin]).is_err());
+    assert!(n.restore_listeners(&[good.clone(), good.clone()]).is_err());
+    // More than the sandbox's socket limit.
+    let mut cfg = NetConfig::with_policy(Policy::none());
+    cfg.max_sockets = 0;
+    let mut n = NetIo::new(Arc::new(cfg));
+    assert!(matches!(n.restore_listeners(&[good]), Err(ListenerRestoreError::Host(_))));
+}
+
+/// A new way out (a worker's broker) keeps the restored listeners and the ids.
+#[test]
+fn a_new_egress_keeps_the_listeners() {
+    let (mut old, l, _) = recorded_listener();
+    let cfg = Arc::new(NetConfig::with_policy(Policy::none()));
+    let egress = Arc::new(Direct::new(Arc::clone(&cfg)));
+    let mut n = NetIo::keeping_listeners(&mut old, cfg, egress);
+    assert!(n.is_listening(l) && !old.is_listening(l));
+    // The connection queued on it (a socket of the old state) is gone: none waits.
+    assert_eq!(n.poll(l, libc::POLLIN), 0);
+    assert_eq!(n.accept(l), Err(Errno::EAGAIN));
+    let c = n.socket(libc::AF_INET, true).unwrap();
+    assert_ne!(c, l);
+    assert_eq!(n.connect(c, Some(sa("127.0.0.1:8000"))), Ok(true));
+    assert!(n.accept(l).is_ok());
+}
