@@ -25,7 +25,7 @@ pub enum FileKind {
     /// A pipe, socket, eventfd, epoll or timerfd (`FdTable::objects`).
     Object(u64),
     /// An AF_INET/AF_INET6 socket. The host socket behind it lives in the
-    /// sandbox's `Io` (never in a snapshot); an id with none behind it is reset.
+    /// sandbox's `Kernel` (never in a snapshot); an id with none behind it is reset.
     Socket(SockInfo),
 }
 

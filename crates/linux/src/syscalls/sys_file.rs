@@ -4,11 +4,12 @@
 use std::time::Duration;
 
 use super::sys_socket;
-use super::{Args, Ctx, Effect, MAX_RW};
 use crate::errno::{Errno, SysResult};
 use crate::fd::{FileKind, OpenFile};
+use crate::kernel::block::{self, Block, WaitOn};
+use crate::kernel::{Args, Ctx, Effect, MAX_RW};
 use crate::vfs::FileType;
-use crate::wait::{self, Block, WaitOn};
+use crate::wait;
 
 const IOV_MAX: u64 = 1024;
 
@@ -52,17 +53,17 @@ fn read_into(ctx: &mut Ctx, fd: i32, buf: u64, len: u64, pos: Option<u64>) -> Sy
             if pos.is_some() {
                 return Err(Errno::ESPIPE);
             }
-            let pending = ctx.io.agent_pending() as u64;
+            let pending = ctx.kernel.agent_pending() as u64;
             if pending == 0 {
                 // The agent waits for work: the vCPU parks here (the snapshot point).
                 ctx.effect = Some(Effect::Park);
                 return Ok(0);
             }
             let n = pending.min(len);
-            let start = ctx.io.agent_in_pos;
-            let chunk = ctx.io.agent_in[start..start + n as usize].to_vec();
+            let start = ctx.kernel.agent_in_pos;
+            let chunk = ctx.kernel.agent_in[start..start + n as usize].to_vec();
             ctx.write_bytes(buf, &chunk)?;
-            ctx.io.agent_in_pos += n as usize;
+            ctx.kernel.agent_in_pos += n as usize;
             Ok(n)
         }
     }
@@ -72,7 +73,7 @@ fn read_into(ctx: &mut Ctx, fd: i32, buf: u64, len: u64, pos: Option<u64>) -> Sy
 /// stdin the host feeds (then it reads like a pipe's read end).
 fn read_stdin(ctx: &mut Ctx, f: &OpenFile, fd: i32, buf: u64, len: u64) -> SysResult {
     let pid = ctx.proc.pid;
-    let Some(stdin) = ctx.io.stdin_of(pid) else { return Ok(0) };
+    let Some(stdin) = ctx.kernel.stdin_of(pid) else { return Ok(0) };
     if stdin.buf.is_empty() {
         if stdin.closed || len == 0 {
             return Ok(0);
@@ -81,13 +82,13 @@ fn read_stdin(ctx: &mut Ctx, f: &OpenFile, fd: i32, buf: u64, len: u64) -> SysRe
             return Err(Errno::EAGAIN);
         }
         let ofd = ctx.proc.fds.ofd(fd)?;
-        return wait::block(ctx, Block::new(WaitOn::Fd { ofd, events: wait::READABLE }));
+        return ctx.block(Block::new(WaitOn::Fd { ofd, events: block::READABLE }));
     }
     let n = stdin.buf.len().min(usize::try_from(len).unwrap_or(usize::MAX));
     let chunk: Vec<u8> = stdin.buf.iter().take(n).copied().collect();
     ctx.write_bytes(buf, &chunk)?;
     // Consumed only once the guest has the bytes (a fault leaves them for the next read).
-    if let Some(stdin) = ctx.io.stdin_of(pid) {
+    if let Some(stdin) = ctx.kernel.stdin_of(pid) {
         stdin.buf.drain(..n);
     }
     Ok(n as u64)
@@ -117,13 +118,13 @@ fn write_from(ctx: &mut Ctx, fd: i32, buf: u64, len: u64, pos: Option<u64>) -> S
         return super::sys_pipe::write_object(ctx, &f, ofd, id, &data);
     }
     let data = ctx.mem.slice(buf, len).map_err(|_| Errno::EFAULT)?;
-    write_plain(ctx.proc, ctx.io, fd, &f, data, pos)
+    write_plain(ctx.proc, ctx.kernel, fd, &f, data, pos)
 }
 
 /// A write of host bytes to a description that is not an fd object.
 fn write_plain(
     proc: &mut crate::process::Process,
-    io: &mut crate::io::Io,
+    io: &mut crate::kernel::Kernel,
     fd: i32,
     f: &OpenFile,
     data: &[u8],
@@ -144,11 +145,11 @@ fn write_plain(
             Ok(n as u64)
         }
         FileKind::Stdout => {
-            io.output_from(proc.pid, crate::io::Stream::Stdout, data);
+            io.output_from(proc.pid, crate::kernel::state::Stream::Stdout, data);
             Ok(len)
         }
         FileKind::Stderr => {
-            io.output_from(proc.pid, crate::io::Stream::Stderr, data);
+            io.output_from(proc.pid, crate::kernel::state::Stream::Stderr, data);
             Ok(len)
         }
         FileKind::Agent if proc.pid != crate::procs::GUEST_PID => Err(Errno::EBADF),
@@ -177,7 +178,7 @@ fn write_host(ctx: &mut Ctx, fd: i32, data: &[u8], pos: Option<u64>) -> SysResul
             super::sys_pipe::write_object(ctx, &f, ofd, id, data)
         }
         FileKind::Socket(_) => sys_socket::write_host_bytes(ctx, fd, data),
-        _ => write_plain(ctx.proc, ctx.io, fd, &f, data, pos),
+        _ => write_plain(ctx.proc, ctx.kernel, fd, &f, data, pos),
     }
 }
 
@@ -225,7 +226,7 @@ pub fn sendfile(ctx: &mut Ctx, a: &Args) -> SysResult {
         return Ok(0);
     }
     let w = write_host(ctx, out_fd, &buf[..n], None)?;
-    if wait::is_blocking(ctx) || ctx.effect.is_some() {
+    if ctx.is_blocking() || ctx.effect.is_some() {
         return Ok(0);
     }
     match explicit {
@@ -353,7 +354,7 @@ fn vectored(ctx: &mut Ctx, fd: i32, iov: u64, count: u64, pos: Option<u64>, is_r
             Err(e) => return Err(e),
         };
         if ctx.effect.is_some() {
-            if total > 0 && wait::is_blocking(ctx) {
+            if total > 0 && ctx.is_blocking() {
                 ctx.effect = None;
             }
             return Ok(total);
@@ -456,7 +457,7 @@ pub(super) fn released(ctx: &mut Ctx, kind: Option<FileKind>) {
 fn release_kind(ctx: &mut Ctx, kind: Option<FileKind>) {
     match kind {
         Some(FileKind::Node(ino)) => ctx.proc.vfs.release(ino),
-        Some(FileKind::Socket(s)) => ctx.io.net.close(s.id),
+        Some(FileKind::Socket(s)) => ctx.kernel.net.close(s.id),
         _ => {}
     }
 }
@@ -550,7 +551,7 @@ pub fn ioctl(ctx: &mut Ctx, a: &Args) -> SysResult {
         0x541B /* FIONREAD */ => {
             let n = match f.kind {
                 FileKind::Socket(s) => sys_socket::pending(ctx, s)?.max(0) as u64,
-                FileKind::Agent => ctx.io.agent_pending() as u64,
+                FileKind::Agent => ctx.kernel.agent_pending() as u64,
                 FileKind::Node(ino) => ctx.proc.vfs.stat(ino)?.size.saturating_sub(f.offset),
                 FileKind::Object(id) => ctx.proc.fds.objects.readable_bytes(id),
                 _ => 0,
@@ -589,7 +590,7 @@ fn poll_fds(ctx: &mut Ctx, fds: u64, nfds: u64, timeout: Option<Duration>) -> Sy
             match ctx.proc.fds.get(fd) {
                 Ok(_) => {
                     let ofd = ctx.proc.fds.ofd(fd)?;
-                    rev = wait::ready(ctx.proc, ctx.io, ofd) & (events | ALWAYS);
+                    rev = wait::ready(ctx.proc, ctx.kernel, ofd) & (events | ALWAYS);
                     waits.push((ofd, events | ALWAYS));
                 }
                 Err(_) => rev = libc::POLLNVAL as u32,
@@ -599,7 +600,7 @@ fn poll_fds(ctx: &mut Ctx, fds: u64, nfds: u64, timeout: Option<Duration>) -> Sy
         count += u64::from(rev != 0);
     }
     if count == 0 && !ctx.timed_out && timeout != Some(Duration::ZERO) {
-        return wait::block(ctx, Block::new(WaitOn::Fds(waits)).timeout(timeout, Ok(0)));
+        return ctx.block(Block::new(WaitOn::Fds(waits)).timeout(timeout, Ok(0)));
     }
     ctx.write_bytes(fds, &out)?;
     Ok(count)
@@ -640,7 +641,7 @@ fn select_sets(ctx: &mut Ctx, nfds: u64, sets: [u64; 3], timeout: Option<Duratio
                 continue;
             }
             let ofd = ctx.proc.fds.ofd(fd as i32)?;
-            if wait::ready(ctx.proc, ctx.io, ofd) & want[which] != 0 {
+            if wait::ready(ctx.proc, ctx.kernel, ofd) & want[which] != 0 {
                 count += 1;
             } else {
                 set[fd / 8] &= !(1 << (fd % 8));
@@ -650,7 +651,7 @@ fn select_sets(ctx: &mut Ctx, nfds: u64, sets: [u64; 3], timeout: Option<Duratio
         out[which] = Some(set);
     }
     if count == 0 && !ctx.timed_out && timeout != Some(Duration::ZERO) {
-        return wait::block(ctx, Block::new(WaitOn::Fds(waits)).timeout(timeout, Ok(0)));
+        return ctx.block(Block::new(WaitOn::Fds(waits)).timeout(timeout, Ok(0)));
     }
     for (ptr, set) in sets.iter().zip(out) {
         if let Some(set) = set {

@@ -2,11 +2,11 @@
 //! chdir, mkdir, rmdir, unlink, rename, symlink, truncate, chmod, utimensat, statfs.
 //! Every path is resolved inside the guest's VFS; none ever reaches the host.
 
-use super::{Args, Ctx};
 use crate::errno::{Errno, SysResult};
 use crate::fd::FileKind;
+use crate::kernel::block::{Block, WaitOn};
+use crate::kernel::{Args, Ctx};
 use crate::vfs::{FileType, Ino, Stat};
-use crate::wait::{Block, WaitOn};
 
 const AT_FDCWD: u64 = libc::AT_FDCWD as u32 as u64;
 
@@ -118,10 +118,8 @@ fn open_fifo(ctx: &mut Ctx, ino: Ino, flags: i32) -> SysResult {
     let nonblock = flags & libc::O_NONBLOCK != 0;
     match acc {
         libc::O_WRONLY if readers == 0 && nonblock => return Err(Errno::ENXIO),
-        libc::O_WRONLY if readers == 0 => return crate::wait::block(ctx, Block::new(WaitOn::Fds(Vec::new()))),
-        libc::O_RDONLY if writers == 0 && !nonblock => {
-            return crate::wait::block(ctx, Block::new(WaitOn::Fds(Vec::new())))
-        }
+        libc::O_WRONLY if readers == 0 => return ctx.block(Block::new(WaitOn::Fds(Vec::new()))),
+        libc::O_RDONLY if writers == 0 && !nonblock => return ctx.block(Block::new(WaitOn::Fds(Vec::new()))),
         _ => {}
     }
     let id = match existing {

@@ -3,18 +3,17 @@
 
 use std::time::Duration;
 
-use super::{Args, Ctx, Effect};
 use crate::errno::{Errno, SysResult};
 use crate::fd::{FileKind, OpenFile};
+use crate::kernel::block::{Block, WaitOn, READABLE, WRITABLE};
+use crate::kernel::{Args, Ctx, Effect};
 use crate::objects::{clock_ns, EventFd, ObjKind, TimerFd, Watch, ALWAYS, PIPE_MAX_SIZE};
-use crate::wait::{self, Block, WaitOn, READABLE, WRITABLE};
+use crate::wait;
 
 /// Turn an EAGAIN of a blocking description into a wait for `events` on it.
 pub(super) fn or_block(ctx: &mut Ctx, f: &OpenFile, ofd: u64, events: u32, r: SysResult) -> SysResult {
     match r {
-        Err(Errno::EAGAIN) if f.flags & libc::O_NONBLOCK == 0 => {
-            wait::block(ctx, Block::new(WaitOn::Fd { ofd, events }))
-        }
+        Err(Errno::EAGAIN) if f.flags & libc::O_NONBLOCK == 0 => ctx.block(Block::new(WaitOn::Fd { ofd, events })),
         r => r,
     }
 }
@@ -333,7 +332,7 @@ fn epoll_wait_common(ctx: &mut Ctx, epfd: i32, events_ptr: u64, max: i32, timeou
         if asked == 0 {
             continue;
         }
-        let rev = wait::ready(ctx.proc, ctx.io, w.ofd) & (asked | ALWAYS);
+        let rev = wait::ready(ctx.proc, ctx.kernel, w.ofd) & (asked | ALWAYS);
         if rev != 0 {
             out.extend_from_slice(&rev.to_le_bytes());
             out.extend_from_slice(&w.data.to_le_bytes());
@@ -343,7 +342,7 @@ fn epoll_wait_common(ctx: &mut Ctx, epfd: i32, events_ptr: u64, max: i32, timeou
         }
     }
     if out.is_empty() && !ctx.timed_out && timeout != Some(Duration::ZERO) {
-        return wait::block(ctx, Block::new(WaitOn::Fd { ofd: ep_ofd, events: READABLE }).timeout(timeout, Ok(0)));
+        return ctx.block(Block::new(WaitOn::Fd { ofd: ep_ofd, events: READABLE }).timeout(timeout, Ok(0)));
     }
     ctx.write_bytes(events_ptr, &out)?;
     let e = ctx.proc.fds.objects.epoll_mut(ep)?;

@@ -6,11 +6,11 @@
 
 use std::time::Duration;
 
-use super::{Args, Ctx, Effect};
 use crate::errno::{Errno, SysResult};
+use crate::kernel::block::{Block, WaitOn};
+use crate::kernel::{Args, Ctx, Effect};
 use crate::process::NSIG;
 use crate::thread::{sigbit, SIGKILL, SIGSTOP, UNBLOCKABLE};
-use crate::wait::{block, Block, WaitOn};
 
 pub fn rt_sigaction(ctx: &mut Ctx, a: &Args) -> SysResult {
     let (sig, act, old, size) = (a[0], a[1], a[2], a[3]);
@@ -115,7 +115,7 @@ pub fn rt_sigtimedwait(ctx: &mut Ctx, a: &Args) -> SysResult {
             }
             return Err(Errno::EAGAIN);
         }
-        return block(ctx, Block::new(WaitOn::Signal { mask: set }));
+        return ctx.block(Block::new(WaitOn::Signal { mask: set }));
     }
     let timeout = if a[2] != 0 { Some(super::sys_time::read_timespec(ctx, a[2])?) } else { None };
     if timeout == Some(Duration::ZERO) {
@@ -124,7 +124,7 @@ pub fn rt_sigtimedwait(ctx: &mut Ctx, a: &Args) -> SysResult {
     let old = ctx.proc.signals.mask;
     ctx.proc.threads.current_mut().restore_mask = Some(old);
     ctx.proc.signals.mask = old & !set;
-    block(ctx, Block::new(WaitOn::Signal { mask: set }).timeout(timeout, Err(Errno::EAGAIN)))
+    ctx.block(Block::new(WaitOn::Signal { mask: set }).timeout(timeout, Err(Errno::EAGAIN)))
 }
 
 /// rt_sigsuspend(mask, size): wait with `mask` until a handler runs (EINTR);
@@ -140,11 +140,11 @@ pub fn rt_sigsuspend(ctx: &mut Ctx, a: &Args) -> SysResult {
         ctx.proc.signals.mask = new;
     }
     let mask = !ctx.proc.signals.mask;
-    block(ctx, Block::new(WaitOn::Signal { mask }))
+    ctx.block(Block::new(WaitOn::Signal { mask }))
 }
 
 /// pause(): wait until a handler runs (EINTR).
 pub fn pause(ctx: &mut Ctx, _: &Args) -> SysResult {
     let mask = !ctx.proc.signals.mask;
-    block(ctx, Block::new(WaitOn::Signal { mask }))
+    ctx.block(Block::new(WaitOn::Signal { mask }))
 }

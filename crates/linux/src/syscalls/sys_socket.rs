@@ -9,11 +9,11 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::time::{Duration, Instant};
 
 use super::sys_unix as unix;
-use super::{Args, Ctx};
 use crate::errno::{Errno, SysResult};
 use crate::fd::{FileKind, SockInfo};
+use crate::kernel::block::{Block, WaitOn};
+use crate::kernel::{Args, Ctx};
 use crate::net::{Ancillary, Packet};
-use crate::wait::{self, Block, WaitOn};
 
 /// Largest sockaddr a guest may pass.
 const SOCKADDR_MAX: u64 = 128;
@@ -48,7 +48,7 @@ fn block_on(ctx: &mut Ctx, fd: u64, events: i16, deadline: Option<Instant>, on_t
         return on_timeout;
     }
     let ofd = ctx.proc.fds.ofd(fd as i32)?;
-    wait::block(ctx, Block::new(WaitOn::Fd { ofd, events: events as u16 as u32 }).until(deadline, on_timeout))
+    ctx.block(Block::new(WaitOn::Fd { ofd, events: events as u16 as u32 }).until(deadline, on_timeout))
 }
 
 fn timeout_deadline(t: Option<Duration>) -> Option<Instant> {
@@ -172,11 +172,11 @@ pub fn socket(ctx: &mut Ctx, a: &Args) -> SysResult {
         return Err(Errno::EMFILE);
     }
     let id = if proto == libc::IPPROTO_UDPLITE {
-        ctx.io.net.socket_udplite(domain)
+        ctx.kernel.net.socket_udplite(domain)
     } else {
-        ctx.io.net.socket(domain, stream)
+        ctx.kernel.net.socket(domain, stream)
     };
-    ctx.io.flush_net_notes();
+    ctx.kernel.flush_net_notes();
     let id = id?;
     let mut oflags = libc::O_RDWR;
     if flags & libc::SOCK_NONBLOCK != 0 {
@@ -188,7 +188,7 @@ pub fn socket(ctx: &mut Ctx, a: &Args) -> SysResult {
     match ctx.proc.fds.open(FileKind::Socket(SockInfo { id, domain, stream }), oflags) {
         Ok(fd) => Ok(fd as u64),
         Err(e) => {
-            ctx.io.net.close(id);
+            ctx.kernel.net.close(id);
             Err(e)
         }
     }
@@ -203,14 +203,14 @@ pub fn connect(ctx: &mut Ctx, a: &Args) -> SysResult {
     if let Some(addr) = &addr {
         check_family(&info, addr)?;
     }
-    let was_connected = ctx.io.net.is_loop_connected(info.id);
-    let r = ctx.io.net.connect(info.id, addr.map(|x| host_addr(&info, x)));
-    ctx.io.flush_net_notes();
+    let was_connected = ctx.kernel.net.is_loop_connected(info.id);
+    let r = ctx.kernel.net.connect(info.id, addr.map(|x| host_addr(&info, x)));
+    ctx.kernel.flush_net_notes();
     if r? {
         // Connected inside the sandbox at once; a non-blocking caller is told
         // EINPROGRESS as on Linux (the socket is writable already).
-        if nonblock && !was_connected && ctx.io.net.is_loop_connected(info.id) {
-            ctx.io.net.defer_connect_report(info.id);
+        if nonblock && !was_connected && ctx.kernel.net.is_loop_connected(info.id) {
+            ctx.kernel.net.defer_connect_report(info.id);
             return Err(Errno::EINPROGRESS);
         }
         return Ok(0);
@@ -220,7 +220,7 @@ pub fn connect(ctx: &mut Ctx, a: &Args) -> SysResult {
     }
     // A blocking connect: wait for the handshake (bounded by SO_SNDTIMEO, as
     // Linux); the re-run finds the connection done (or failed) on the host.
-    let (_, snd) = ctx.io.net.timeouts(info.id);
+    let (_, snd) = ctx.kernel.net.timeouts(info.id);
     block_on(ctx, a[0], libc::POLLOUT, timeout_deadline(snd), Err(Errno::EINPROGRESS))
 }
 
@@ -239,12 +239,12 @@ fn send_common(ctx: &mut Ctx, fd: u64, data: Vec<u8>, to: Option<SocketAddr>, fl
     if !info.stream && data.len() > DGRAM_MAX {
         return Err(Errno::EMSGSIZE);
     }
-    let r = ctx.io.net.send_with(info.id, &data, to, flags, pkt);
-    ctx.io.flush_net_notes();
+    let r = ctx.kernel.net.send_with(info.id, &data, to, flags, pkt);
+    ctx.kernel.flush_net_notes();
     match r {
         Ok(n) => Ok(n as u64),
         Err(Errno::EAGAIN) if !dontwait => {
-            let (_, snd) = ctx.io.net.timeouts(info.id);
+            let (_, snd) = ctx.kernel.net.timeouts(info.id);
             block_on(ctx, fd, libc::POLLOUT, timeout_deadline(snd), Err(Errno::EAGAIN))
         }
         Err(e) => Err(e),
@@ -262,12 +262,12 @@ fn recv_common(ctx: &mut Ctx, fd: u64, len: usize, flags: i32) -> Result<Option<
     let dontwait = nonblock || flags & libc::MSG_DONTWAIT != 0;
     let mut buf = vec![0u8; len];
     let mut anc = None;
-    let r = ctx.io.net.recv_ancillary(info.id, &mut buf, flags, &mut anc);
-    ctx.io.flush_net_notes();
+    let r = ctx.kernel.net.recv_ancillary(info.id, &mut buf, flags, &mut anc);
+    ctx.kernel.flush_net_notes();
     match r {
         Ok((n, from, trunc)) => Ok(Some((buf, n, from, trunc, anc))),
         Err(Errno::EAGAIN) if !dontwait => {
-            let (rcv, _) = ctx.io.net.timeouts(info.id);
+            let (rcv, _) = ctx.kernel.net.timeouts(info.id);
             block_on(ctx, fd, libc::POLLIN, timeout_deadline(rcv), Err(Errno::EAGAIN))?;
             Ok(None)
         }
@@ -490,7 +490,7 @@ fn recvmsg_one(ctx: &mut Ctx, fd: u64, msg: u64, flags: i32) -> SysResult {
     let mut mflags = if trunc { libc::MSG_TRUNC } else { 0 };
     let mut cmsg = Vec::new();
     if let Some(a) = anc.filter(|_| info.domain == libc::AF_INET6) {
-        let net = &ctx.io.net;
+        let net = &ctx.kernel.net;
         if net.flag_set(info.id, libc::IPPROTO_IPV6, libc::IPV6_RECVHOPLIMIT) {
             let v = i32::from(a.hop_limit).to_le_bytes();
             put_cmsg(&mut cmsg, room, libc::IPPROTO_IPV6, libc::IPV6_HOPLIMIT, &v, &mut mflags);
@@ -542,7 +542,7 @@ pub fn sendmmsg(ctx: &mut Ctx, a: &Args) -> SysResult {
     for i in 0..vlen {
         let m = vec.checked_add(i * 64).ok_or(Errno::EFAULT)?;
         let r = sendmsg_one(ctx, a[0], m, flags);
-        if wait::is_blocking(ctx) {
+        if ctx.is_blocking() {
             if done == 0 {
                 return Ok(0);
             }
@@ -571,7 +571,7 @@ pub fn recvmmsg(ctx: &mut Ctx, a: &Args) -> SysResult {
         // Only the first waits; the rest take what is already there.
         let f = if done == 0 { flags } else { flags | libc::MSG_DONTWAIT };
         let r = recvmsg_one(ctx, a[0], m, f);
-        if wait::is_blocking(ctx) {
+        if ctx.is_blocking() {
             return Ok(0);
         }
         match r {
@@ -594,7 +594,7 @@ pub fn shutdown(ctx: &mut Ctx, a: &Args) -> SysResult {
         return unix::shutdown(ctx, a);
     }
     let (info, _) = sock(ctx, a[0])?;
-    ctx.io.net.shutdown(info.id, a[1] as i32).map(|()| 0)
+    ctx.kernel.net.shutdown(info.id, a[1] as i32).map(|()| 0)
 }
 
 pub fn bind(ctx: &mut Ctx, a: &Args) -> SysResult {
@@ -604,8 +604,8 @@ pub fn bind(ctx: &mut Ctx, a: &Args) -> SysResult {
     let (info, _) = sock(ctx, a[0])?;
     let addr = read_sockaddr(ctx, a[1], a[2])?.ok_or(Errno::EAFNOSUPPORT)?;
     check_family(&info, &addr)?;
-    let r = ctx.io.net.bind(info.id, host_addr(&info, addr));
-    ctx.io.flush_net_notes();
+    let r = ctx.kernel.net.bind(info.id, host_addr(&info, addr));
+    ctx.kernel.flush_net_notes();
     r.map(|()| 0)
 }
 
@@ -616,7 +616,7 @@ pub fn listen(ctx: &mut Ctx, a: &Args) -> SysResult {
         return unix::listen(ctx, a);
     }
     let (info, _) = sock(ctx, a[0])?;
-    ctx.io.net.listen(info.id, a[1] as i32).map(|()| 0)
+    ctx.kernel.net.listen(info.id, a[1] as i32).map(|()| 0)
 }
 
 fn accept_common(ctx: &mut Ctx, fd: u64, addr: u64, len_ptr: u64, flags: i32) -> SysResult {
@@ -631,7 +631,7 @@ fn accept_common(ctx: &mut Ctx, fd: u64, addr: u64, len_ptr: u64, flags: i32) ->
     if ctx.proc.fds.len() >= crate::fd::MAX_FDS as usize {
         return Err(Errno::EMFILE);
     }
-    match ctx.io.net.accept(info.id) {
+    match ctx.kernel.net.accept(info.id) {
         Ok((id, peer)) => {
             let mut oflags = libc::O_RDWR;
             if flags & libc::SOCK_NONBLOCK != 0 {
@@ -644,7 +644,7 @@ fn accept_common(ctx: &mut Ctx, fd: u64, addr: u64, len_ptr: u64, flags: i32) ->
                 match ctx.proc.fds.open(FileKind::Socket(SockInfo { id, domain: info.domain, stream: true }), oflags) {
                     Ok(nfd) => nfd,
                     Err(e) => {
-                        ctx.io.net.close(id);
+                        ctx.kernel.net.close(id);
                         return Err(e);
                     }
                 };
@@ -652,7 +652,7 @@ fn accept_common(ctx: &mut Ctx, fd: u64, addr: u64, len_ptr: u64, flags: i32) ->
             Ok(nfd as u64)
         }
         Err(Errno::EAGAIN) if !nonblock => {
-            let (rcv, _) = ctx.io.net.timeouts(info.id);
+            let (rcv, _) = ctx.kernel.net.timeouts(info.id);
             block_on(ctx, fd, libc::POLLIN, timeout_deadline(rcv), Err(Errno::EAGAIN))
         }
         Err(e) => Err(e),
@@ -678,7 +678,7 @@ pub fn getsockname(ctx: &mut Ctx, a: &Args) -> SysResult {
         return unix::getsockname(ctx, a);
     }
     let (info, _) = sock(ctx, a[0])?;
-    let addr = ctx.io.net.local_addr(info.id)?;
+    let addr = ctx.kernel.net.local_addr(info.id)?;
     write_sockaddr(ctx, a[1], a[2], addr, info.domain)?;
     Ok(0)
 }
@@ -688,7 +688,8 @@ pub fn getpeername(ctx: &mut Ctx, a: &Args) -> SysResult {
         return unix::getpeername(ctx, a);
     }
     let (info, _) = sock(ctx, a[0])?;
-    let addr = ctx.io.net.peer_addr(info.id).map_err(|e| if e == Errno::ECONNRESET { Errno::ENOTCONN } else { e })?;
+    let addr =
+        ctx.kernel.net.peer_addr(info.id).map_err(|e| if e == Errno::ECONNRESET { Errno::ENOTCONN } else { e })?;
     write_sockaddr(ctx, a[1], a[2], addr, info.domain)?;
     Ok(0)
 }
@@ -768,12 +769,12 @@ pub fn setsockopt(ctx: &mut Ctx, a: &Args) -> SysResult {
             return Err(Errno(libc::EDOM));
         }
         let t = if s < 0 { None } else { Some(Duration::new(s as u64, us as u32 * 1000)) };
-        ctx.io.net.set_timeout(info.id, name == libc::SO_RCVTIMEO, t.filter(|d| !d.is_zero()))?;
+        ctx.kernel.net.set_timeout(info.id, name == libc::SO_RCVTIMEO, t.filter(|d| !d.is_zero()))?;
         return Ok(0);
     }
     if level == libc::IPPROTO_UDPLITE {
         let cov = udplite_coverage(ctx, info, name, &v)?;
-        return ctx.io.net.setsockopt(info.id, level, name, &cov.to_le_bytes()).map(|()| 0);
+        return ctx.kernel.net.setsockopt(info.id, level, name, &cov.to_le_bytes()).map(|()| 0);
     }
     if !passthrough(level, name) || (level == libc::SOL_SOCKET && name == libc::SO_ERROR) {
         return Err(Errno::ENOPROTOOPT);
@@ -783,7 +784,7 @@ pub fn setsockopt(ctx: &mut Ctx, a: &Args) -> SysResult {
         let want = i32::from_le_bytes([v[0], v[1], v[2], v[3]]).clamp(0, 4 << 20);
         v[..4].copy_from_slice(&want.to_le_bytes());
     }
-    ctx.io.net.setsockopt(info.id, level, name, &v).map(|()| 0)
+    ctx.kernel.net.setsockopt(info.id, level, name, &v).map(|()| 0)
 }
 
 const UDPLITE_SEND_CSCOV: i32 = 10;
@@ -794,7 +795,7 @@ const UDPLITE_RECV_CSCOV: i32 = 11;
 /// other value below 8 but 0 raised to 8 (the header), at most 0xffff. The coverage is kept and
 /// reported; datagrams never leave the sandbox, so it guards no checksum.
 fn udplite_coverage(ctx: &Ctx, info: SockInfo, name: i32, v: &[u8]) -> Result<i32, Errno> {
-    if info.stream || !ctx.io.net.is_udplite(info.id) || !matches!(name, UDPLITE_SEND_CSCOV | UDPLITE_RECV_CSCOV) {
+    if info.stream || !ctx.kernel.net.is_udplite(info.id) || !matches!(name, UDPLITE_SEND_CSCOV | UDPLITE_RECV_CSCOV) {
         return Err(Errno::ENOPROTOOPT);
     }
     let b: [u8; 4] = v.get(..4).and_then(|b| b.try_into().ok()).ok_or(Errno::EINVAL)?;
@@ -813,28 +814,30 @@ pub fn getsockopt(ctx: &mut Ctx, a: &Args) -> SysResult {
         return Err(Errno::EINVAL);
     }
     let int = |v: i32| v.to_le_bytes().to_vec();
-    let live = ctx.io.net.is_live(info.id);
+    let live = ctx.kernel.net.is_live(info.id);
     let value: Vec<u8> = match (level, name) {
         (libc::SOL_SOCKET, libc::SO_TYPE) => int(if info.stream { libc::SOCK_STREAM } else { libc::SOCK_DGRAM }),
         (libc::SOL_SOCKET, libc::SO_DOMAIN) => int(info.domain),
         (libc::SOL_SOCKET, libc::SO_PROTOCOL) => int(if info.stream {
             libc::IPPROTO_TCP
-        } else if ctx.io.net.is_udplite(info.id) {
+        } else if ctx.kernel.net.is_udplite(info.id) {
             libc::IPPROTO_UDPLITE
         } else {
             libc::IPPROTO_UDP
         }),
         (libc::IPPROTO_UDPLITE, n) => {
             udplite_coverage(ctx, info, n, &[0; 4])?;
-            let v = ctx.io.net.getsockopt(info.id, libc::IPPROTO_UDPLITE, n, 4)?;
+            let v = ctx.kernel.net.getsockopt(info.id, libc::IPPROTO_UDPLITE, n, 4)?;
             int(v.get(..4).and_then(|b| b.try_into().ok()).map_or(0, i32::from_le_bytes))
         }
-        (libc::SOL_SOCKET, libc::SO_ACCEPTCONN) => int(ctx.io.net.is_listening(info.id) as i32),
-        (libc::SOL_SOCKET, libc::SO_RCVTIMEO) => timeval(ctx.io.net.timeouts(info.id).0).to_vec(),
-        (libc::SOL_SOCKET, libc::SO_SNDTIMEO) => timeval(ctx.io.net.timeouts(info.id).1).to_vec(),
+        (libc::SOL_SOCKET, libc::SO_ACCEPTCONN) => int(ctx.kernel.net.is_listening(info.id) as i32),
+        (libc::SOL_SOCKET, libc::SO_RCVTIMEO) => timeval(ctx.kernel.net.timeouts(info.id).0).to_vec(),
+        (libc::SOL_SOCKET, libc::SO_SNDTIMEO) => timeval(ctx.kernel.net.timeouts(info.id).1).to_vec(),
         // A socket restored from a snapshot: its connection was reset.
         (libc::SOL_SOCKET, libc::SO_ERROR) if !live => int(libc::ECONNRESET),
-        (l, n) if passthrough(l, n) => ctx.io.net.getsockopt(info.id, l, n, (cap as u64).min(OPT_MAX * 4) as usize)?,
+        (l, n) if passthrough(l, n) => {
+            ctx.kernel.net.getsockopt(info.id, l, n, (cap as u64).min(OPT_MAX * 4) as usize)?
+        }
         _ => return Err(Errno::ENOPROTOOPT),
     };
     let n = value.len().min(cap as usize);
@@ -845,5 +848,5 @@ pub fn getsockopt(ctx: &mut Ctx, a: &Args) -> SysResult {
 
 /// ioctl FIONREAD on a socket.
 pub(crate) fn pending(ctx: &mut Ctx, info: SockInfo) -> Result<i32, Errno> {
-    ctx.io.net.pending(info.id)
+    ctx.kernel.net.pending(info.id)
 }

@@ -6,10 +6,10 @@
 
 use std::time::Duration;
 
-use super::{Args, Ctx, Effect};
 use crate::errno::{Errno, SysResult};
+use crate::kernel::block::{Block, WaitOn};
+use crate::kernel::{Args, Ctx, Effect};
 use crate::thread::{SigInfo, WaitKind, NSIG, SIGKILL, SI_TKILL};
-use crate::wait::{block, Block, WaitOn};
 
 const CLONE_VM: u64 = 0x100;
 const CLONE_FS: u64 = 0x200;
@@ -180,7 +180,7 @@ fn wake(ctx: &mut Ctx, addr: u64, bitset: u32, n: u64) -> u64 {
     let woken = ctx.proc.threads.futex_wake(addr, bitset, n);
     if woken < n {
         if let Some((obj, offset)) = ctx.proc.mm.shared_at(addr) {
-            ctx.io.shm.wakes.push(crate::shm::SharedWake { obj, offset, bitset, n: n - woken });
+            ctx.kernel.shm.wakes.push(crate::shm::SharedWake { obj, offset, bitset, n: n - woken });
         }
     }
     woken
@@ -209,7 +209,7 @@ pub fn futex(ctx: &mut Ctx, a: &Args) -> SysResult {
                     if ctx.timed_out {
                         return Err(Errno::ETIMEDOUT);
                     }
-                    return block(ctx, Block::new(WaitOn::Futex { addr: at, bitset }));
+                    return ctx.block(Block::new(WaitOn::Futex { addr: at, bitset }));
                 }
             }
             if futex_word(ctx, addr)? != a[2] as u32 {
@@ -230,7 +230,7 @@ pub fn futex(ctx: &mut Ctx, a: &Args) -> SysResult {
             if timeout == Some(Duration::ZERO) {
                 return Err(Errno::ETIMEDOUT);
             }
-            block(ctx, Block::new(WaitOn::Futex { addr, bitset }).timeout(timeout, Err(Errno::ETIMEDOUT)))
+            ctx.block(Block::new(WaitOn::Futex { addr, bitset }).timeout(timeout, Err(Errno::ETIMEDOUT)))
         }
         FUTEX_WAKE | FUTEX_WAKE_BITSET => {
             let bitset = if cmd == FUTEX_WAKE { u32::MAX } else { a[5] as u32 };

@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use super::{Args, Ctx};
 use crate::errno::{Errno, SysResult};
+use crate::kernel::{Args, Ctx};
 use crate::thread::{Timer, MAX_TIMERS, NSIG, SIGALRM};
 
 const ITIMER_REAL: u64 = 0;

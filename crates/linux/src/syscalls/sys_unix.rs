@@ -3,12 +3,12 @@
 //! Never a host socket: every other address family is EAFNOSUPPORT here.
 
 use super::sys_pipe::{epipe, or_block};
-use super::{Args, Ctx, MAX_RW};
 use crate::errno::{Errno, SysResult};
 use crate::fd::{FileKind, OpenFile};
+use crate::kernel::block::{READABLE, WRITABLE};
+use crate::kernel::{Args, Ctx, MAX_RW};
 use crate::objects::{SockType, UnixName, SCM_MAX_FD, SOCKET_CAPACITY, UNIX_PATH_MAX};
 use crate::vfs::FileType;
-use crate::wait::{READABLE, WRITABLE};
 
 const SOCK_FLAGS: i32 = libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC;
 

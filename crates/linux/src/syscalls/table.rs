@@ -10,8 +10,8 @@ use super::{
 };
 use super::{sys_fork as fork, sys_lock as lock, sys_pipe as pipe, sys_unix as unix};
 use super::{sys_socket as net, sys_thread as thread, sys_timer as timer};
-use super::{Args, Ctx, Handler};
 use crate::errno::{Errno, SysResult};
+use crate::kernel::{Args, Ctx, Handler};
 
 /// Whether syscall `nr`, interrupted by a signal whose handler has
 /// SA_RESTART, is restarted (else it fails with EINTR): the table's restart

@@ -7,9 +7,10 @@ use std::sync::Arc;
 use forkbox_image::{pack_dir, Image};
 use forkbox_vmm::GuestMemory;
 
-use super::{dispatch, Ctx};
+use super::dispatch;
 use crate::errno::Errno;
-use crate::io::Io;
+use crate::kernel::Ctx;
+use crate::kernel::Kernel;
 use crate::layout::RAM_SIZE;
 use crate::mm::VmaKind;
 use crate::process::Process;
@@ -21,7 +22,7 @@ struct Guest {
     _dir: tempfile::TempDir,
     mem: GuestMemory,
     proc: Process,
-    io: Io,
+    kernel: Kernel,
     /// A readable and writable guest buffer of `BUF_LEN` bytes.
     buf: u64,
 }
@@ -38,7 +39,7 @@ fn guest() -> Guest {
     let mut proc = Process::new(Vfs::new(image), 1 << 30);
     let buf = proc.mm.map(None, BUF_LEN, (libc::PROT_READ | libc::PROT_WRITE) as u32, VmaKind::Anon).unwrap();
     let mem = GuestMemory::anonymous(RAM_SIZE).unwrap();
-    Guest { _dir: dir, mem, proc, io: Io::new(1 << 16), buf }
+    Guest { _dir: dir, mem, proc, kernel: Kernel::new(1 << 16), buf }
 }
 
 impl Guest {
@@ -46,7 +47,7 @@ impl Guest {
         let mut a = [0u64; 6];
         a[..args.len()].copy_from_slice(args);
         let mut ctx =
-            Ctx { mem: &mut self.mem, proc: &mut self.proc, io: &mut self.io, effect: None, timed_out: false };
+            Ctx { mem: &mut self.mem, proc: &mut self.proc, kernel: &mut self.kernel, effect: None, timed_out: false };
         dispatch(&mut ctx, nr as u64, &a)
     }
 
@@ -562,8 +563,8 @@ fn refused_calls_fail_with_the_errno_of_their_table_entry() {
     assert_eq!(g.call(libc::SYS_setxattr, &[0, 0, 0, 0, 0]), Err(Errno::EOPNOTSUPP));
     // Past the table: ENOSYS, counted as unknown.
     assert_eq!(g.call(999, &[]), Err(Errno::ENOSYS));
-    assert_eq!(g.io.stats.unimplemented.get(&999), Some(&1));
-    assert!(!g.io.stats.unimplemented.contains_key(&(libc::SYS_mount as u64)), "mount is in the table");
+    assert_eq!(g.kernel.stats.unimplemented.get(&999), Some(&1));
+    assert!(!g.kernel.stats.unimplemented.contains_key(&(libc::SYS_mount as u64)), "mount is in the table");
 }
 
 #[test]
