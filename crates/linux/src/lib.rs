@@ -9,6 +9,7 @@
 pub mod creds;
 pub mod errno;
 pub mod fd;
+pub mod file;
 pub mod flock;
 pub mod kernel;
 pub mod layout;

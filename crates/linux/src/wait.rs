@@ -6,6 +6,7 @@
 use std::time::{Duration, Instant};
 
 use crate::fd::{FdTable, FileKind};
+use crate::file::ops::PollCtx;
 use crate::kernel::block::WaitOn;
 use crate::kernel::Kernel;
 use crate::process::Process;
@@ -13,26 +14,13 @@ use crate::process::Process;
 /// `POLL*` readiness of the open file description `ofd` (POLLNVAL if it is
 /// gone). POLLHUP / POLLERR come whatever was asked for, as on Linux.
 pub fn ready(proc: &Process, kernel: &Kernel, ofd: u64) -> u32 {
-    ready_at(&proc.fds, kernel, ofd, 0, proc.pid)
+    let p = PollCtx { fds: &proc.fds, kernel, pid: proc.pid, ready: ready_at };
+    ready_at(&p, ofd, 0)
 }
 
-fn ready_at(fds: &FdTable, kernel: &Kernel, ofd: u64, depth: u32, pid: u32) -> u32 {
-    let Some(f) = fds.description(ofd) else { return libc::POLLNVAL as u32 };
-    let (r, w) = ((libc::POLLIN | libc::POLLRDNORM) as u32, (libc::POLLOUT | libc::POLLWRNORM) as u32);
-    match f.kind {
-        FileKind::Agent if kernel.agent_pending() > 0 => r | w,
-        FileKind::Agent => w,
-        // A job's stdin fed by the host (end of file, as anyone else's, is readable).
-        FileKind::Stdin if !kernel.stdin_ready(pid) => 0,
-        FileKind::Stdin => r,
-        FileKind::Stdout | FileKind::Stderr => w,
-        FileKind::Node(_) => r | w,
-        FileKind::Object(id) => fds.objects.readiness(id, f.flags, depth, &|o, d| ready_at(fds, kernel, o, d, pid)),
-        // A host socket: asked of the host (POLLHUP/POLLERR included).
-        FileKind::Socket(s) => {
-            kernel.net.poll(s.id, crate::net::POLL_MASK | libc::POLLRDNORM | libc::POLLWRNORM) as u16 as u32
-        }
-    }
+fn ready_at(p: &PollCtx, ofd: u64, depth: u32) -> u32 {
+    let Some(f) = p.fds.description(ofd) else { return libc::POLLNVAL as u32 };
+    crate::file::ops(&p.fds.objects, f.kind).poll(p, f, depth)
 }
 
 /// The host fds (host sockets, the resolver's lookups) behind what `on` waits for, directly or

@@ -14,6 +14,7 @@ mod sys_mm;
 pub use sys_mm::{privatize_own_files, privatize_shared, release_shared};
 mod sys_pipe;
 mod sys_process;
+mod sys_rlimit;
 mod sys_signal;
 mod sys_socket;
 mod sys_thread;
@@ -44,6 +45,9 @@ pub fn dispatch(ctx: &mut Ctx, nr: u64, args: &Args) -> SysResult {
             Err(Errno::ENOSYS)
         }
     };
+    // Descriptions closed for good as a side effect of the call (descriptors
+    // in flight on an AF_UNIX socket a receive dropped) give back what they held.
+    crate::file::released(ctx, None);
     if let Some(closed) = ctx.proc.fds.take_closed() {
         if !ctx.kernel.flocks.is_empty() {
             for ofd in closed {
@@ -86,10 +90,12 @@ pub fn unsupported_calls(by_nr: &std::collections::BTreeMap<u64, u64>) -> Vec<Un
 
 /// Re-run a blocked call's handler (not counted again in the statistics).
 pub fn redispatch(ctx: &mut Ctx, nr: u64, args: &Args) -> SysResult {
-    match entry(nr) {
+    let result = match entry(nr) {
         Some(e) => e.run(ctx, args),
         None => Err(Errno::ENOSYS),
-    }
+    };
+    crate::file::released(ctx, None);
+    result
 }
 
 /// Syscall name by number (for reports).

@@ -4,7 +4,8 @@
 //! whenever a path under /proc is looked up (`refresh`), so stat, open, read,
 //! getdents and readlink all see current values and nothing else changes.
 
-use super::sys_process::{cpu_time, rlimit};
+use super::sys_rlimit::rlimit;
+use super::sys_time::cpu_time;
 use crate::fd::FileKind;
 use crate::kernel::Ctx;
 use crate::objects::ObjKind;

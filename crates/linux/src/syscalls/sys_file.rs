@@ -3,11 +3,11 @@
 
 use std::time::Duration;
 
-use super::sys_socket;
 use crate::errno::{Errno, SysResult};
 use crate::fd::{FileKind, OpenFile};
-use crate::kernel::block::{self, Block, WaitOn};
-use crate::kernel::{Args, Ctx, Effect, MAX_RW};
+use crate::file;
+use crate::kernel::block::{Block, WaitOn};
+use crate::kernel::{Args, Ctx, MAX_RW};
 use crate::vfs::FileType;
 use crate::wait;
 
@@ -20,166 +20,32 @@ fn fd_arg(v: u64) -> i32 {
 /// Read into guest memory at `buf` from the description behind `fd`, at
 /// `pos` (positional) or the file offset.
 fn read_into(ctx: &mut Ctx, fd: i32, buf: u64, len: u64, pos: Option<u64>) -> SysResult {
-    let f = *ctx.proc.fds.get(fd)?;
-    if !f.readable() {
+    let (f, ops) = file::open(ctx, fd)?;
+    if !f.file.readable() {
         return Err(Errno::EBADF);
     }
     let len = len.min(MAX_RW);
     ctx.user_range_mut(buf, len)?;
-    match f.kind {
-        FileKind::Node(ino) => {
-            let off = pos.unwrap_or(f.offset);
-            let n = {
-                let dst = ctx.mem.slice_mut(buf, len).map_err(|_| Errno::EFAULT)?;
-                ctx.proc.vfs.read(ino, off, dst)?
-            };
-            if pos.is_none() {
-                ctx.proc.fds.get_mut(fd)?.offset = off + n as u64;
-            }
-            Ok(n as u64)
-        }
-        FileKind::Stdin => read_stdin(ctx, &f, fd, buf, len),
-        FileKind::Stdout | FileKind::Stderr => Err(Errno::EBADF),
-        FileKind::Socket(_) if pos.is_some() => Err(Errno::ESPIPE),
-        FileKind::Socket(_) => sys_socket::read_fd(ctx, fd, buf, len),
-        FileKind::Object(_) if pos.is_some() => Err(Errno::ESPIPE),
-        FileKind::Object(id) => {
-            let ofd = ctx.proc.fds.ofd(fd)?;
-            super::sys_pipe::read_object(ctx, &f, ofd, id, buf, len)
-        }
-        // Only the agent's own process ever talks on the agent channel.
-        FileKind::Agent if ctx.proc.pid != crate::procs::GUEST_PID => Err(Errno::EBADF),
-        FileKind::Agent => {
-            if pos.is_some() {
-                return Err(Errno::ESPIPE);
-            }
-            let pending = ctx.kernel.agent_pending() as u64;
-            if pending == 0 {
-                // The agent waits for work: the vCPU parks here (the snapshot point).
-                ctx.effect = Some(Effect::Park);
-                return Ok(0);
-            }
-            let n = pending.min(len);
-            let start = ctx.kernel.agent_in_pos;
-            let chunk = ctx.kernel.agent_in[start..start + n as usize].to_vec();
-            ctx.write_bytes(buf, &chunk)?;
-            ctx.kernel.agent_in_pos += n as usize;
-            Ok(n)
-        }
-    }
-}
-
-/// fd 0 as the agent has it: end of file, except in a background job with a
-/// stdin the host feeds (then it reads like a pipe's read end).
-fn read_stdin(ctx: &mut Ctx, f: &OpenFile, fd: i32, buf: u64, len: u64) -> SysResult {
-    let pid = ctx.proc.pid;
-    let Some(stdin) = ctx.kernel.stdin_of(pid) else { return Ok(0) };
-    if stdin.buf.is_empty() {
-        if stdin.closed || len == 0 {
-            return Ok(0);
-        }
-        if f.flags & libc::O_NONBLOCK != 0 {
-            return Err(Errno::EAGAIN);
-        }
-        let ofd = ctx.proc.fds.ofd(fd)?;
-        return ctx.block(Block::new(WaitOn::Fd { ofd, events: block::READABLE }));
-    }
-    let n = stdin.buf.len().min(usize::try_from(len).unwrap_or(usize::MAX));
-    let chunk: Vec<u8> = stdin.buf.iter().take(n).copied().collect();
-    ctx.write_bytes(buf, &chunk)?;
-    // Consumed only once the guest has the bytes (a fault leaves them for the next read).
-    if let Some(stdin) = ctx.kernel.stdin_of(pid) {
-        stdin.buf.drain(..n);
-    }
-    Ok(n as u64)
+    ops.read(ctx, &f, buf, len, pos)
 }
 
 fn write_from(ctx: &mut Ctx, fd: i32, buf: u64, len: u64, pos: Option<u64>) -> SysResult {
-    let f = *ctx.proc.fds.get(fd)?;
-    if !f.writable() {
+    let (f, ops) = file::open(ctx, fd)?;
+    if !f.file.writable() {
         return Err(Errno::EBADF);
     }
     let len = len.min(MAX_RW);
     ctx.user_range(buf, len)?;
-    if let FileKind::Socket(_) = f.kind {
-        if pos.is_some() {
-            return Err(Errno::ESPIPE);
-        }
-        return sys_socket::write_fd(ctx, fd, buf, len);
-    }
-    if let FileKind::Object(id) = f.kind {
-        if pos.is_some() {
-            return Err(Errno::ESPIPE);
-        }
-        // Nothing takes more than a socket buffer at once: copy at most that.
-        let len = len.min(crate::objects::SOCKET_CAPACITY as u64);
-        let data = ctx.mem.slice(buf, len).map_err(|_| Errno::EFAULT)?.to_vec();
-        let ofd = ctx.proc.fds.ofd(fd)?;
-        return super::sys_pipe::write_object(ctx, &f, ofd, id, &data);
-    }
-    let data = ctx.mem.slice(buf, len).map_err(|_| Errno::EFAULT)?;
-    write_plain(ctx.proc, ctx.kernel, fd, &f, data, pos)
+    ops.write(ctx, &f, buf, len, pos)
 }
 
-/// A write of host bytes to a description that is not an fd object.
-fn write_plain(
-    proc: &mut crate::process::Process,
-    io: &mut crate::kernel::Kernel,
-    fd: i32,
-    f: &OpenFile,
-    data: &[u8],
-    pos: Option<u64>,
-) -> SysResult {
-    let len = data.len() as u64;
-    match f.kind {
-        FileKind::Node(ino) => {
-            let off = match pos {
-                Some(p) => p,
-                None if f.flags & libc::O_APPEND != 0 => proc.vfs.stat(ino)?.size,
-                None => f.offset,
-            };
-            let n = proc.vfs.write(ino, off, data)?;
-            if pos.is_none() {
-                proc.fds.get_mut(fd)?.offset = off + n as u64;
-            }
-            Ok(n as u64)
-        }
-        FileKind::Stdout => {
-            io.output_from(proc.pid, crate::kernel::state::Stream::Stdout, data);
-            Ok(len)
-        }
-        FileKind::Stderr => {
-            io.output_from(proc.pid, crate::kernel::state::Stream::Stderr, data);
-            Ok(len)
-        }
-        FileKind::Agent if proc.pid != crate::procs::GUEST_PID => Err(Errno::EBADF),
-        FileKind::Agent => {
-            // Capped before copying: the run loop ends the exec on overflow.
-            if !io.agent_write(data) {
-                return Err(Errno::EFBIG);
-            }
-            Ok(len)
-        }
-        FileKind::Stdin => Err(Errno::EBADF),
-        FileKind::Object(_) | FileKind::Socket(_) => Err(Errno::EBADF),
-    }
-}
-
-/// Write host bytes to `fd` (sendfile, copy_file_range), objects included.
+/// Write host bytes to `fd` (sendfile).
 fn write_host(ctx: &mut Ctx, fd: i32, data: &[u8], pos: Option<u64>) -> SysResult {
-    let f = *ctx.proc.fds.get(fd)?;
-    if !f.writable() {
+    let (f, ops) = file::open(ctx, fd)?;
+    if !f.file.writable() {
         return Err(Errno::EBADF);
     }
-    match f.kind {
-        FileKind::Object(_) | FileKind::Socket(_) if pos.is_some() => Err(Errno::ESPIPE),
-        FileKind::Object(id) => {
-            let ofd = ctx.proc.fds.ofd(fd)?;
-            super::sys_pipe::write_object(ctx, &f, ofd, id, data)
-        }
-        FileKind::Socket(_) => sys_socket::write_host_bytes(ctx, fd, data),
-        _ => write_plain(ctx.proc, ctx.kernel, fd, &f, data, pos),
-    }
+    ops.write_bytes(ctx, &f, data, pos)
 }
 
 /// Largest chunk sendfile / copy_file_range move per call (a short count is
@@ -289,7 +155,7 @@ pub fn close_range(ctx: &mut Ctx, a: &Args) -> SysResult {
             ctx.proc.fds.set_cloexec(fd, true)?;
         } else {
             let gone = ctx.proc.fds.close(fd)?;
-            released(ctx, gone);
+            file::released(ctx, gone);
         }
     }
     Ok(0)
@@ -440,31 +306,14 @@ pub fn lseek(ctx: &mut Ctx, a: &Args) -> SysResult {
 pub fn close_fds(ctx: &mut Ctx, fds: &[i32]) {
     for &fd in fds {
         if let Ok(gone) = ctx.proc.fds.close(fd) {
-            released(ctx, gone);
+            file::released(ctx, gone);
         }
-    }
-}
-
-/// Give back what a description closed for good held, and what closed with it
-/// (descriptors that were in flight on a socket it destroyed).
-pub(super) fn released(ctx: &mut Ctx, kind: Option<FileKind>) {
-    release_kind(ctx, kind);
-    for k in ctx.proc.fds.take_gone() {
-        release_kind(ctx, Some(k));
-    }
-}
-
-fn release_kind(ctx: &mut Ctx, kind: Option<FileKind>) {
-    match kind {
-        Some(FileKind::Node(ino)) => ctx.proc.vfs.release(ino),
-        Some(FileKind::Socket(s)) => ctx.kernel.net.close(s.id),
-        _ => {}
     }
 }
 
 pub fn close(ctx: &mut Ctx, a: &Args) -> SysResult {
     let gone = ctx.proc.fds.close(fd_arg(a[0]))?;
-    released(ctx, gone);
+    file::released(ctx, gone);
     Ok(0)
 }
 
@@ -474,7 +323,7 @@ pub fn dup(ctx: &mut Ctx, a: &Args) -> SysResult {
 
 pub fn dup2(ctx: &mut Ctx, a: &Args) -> SysResult {
     let gone = ctx.proc.fds.dup_to(fd_arg(a[0]), fd_arg(a[1]), false)?;
-    released(ctx, gone);
+    file::released(ctx, gone);
     Ok(a[1] as i32 as u64)
 }
 
@@ -484,7 +333,7 @@ pub fn dup3(ctx: &mut Ctx, a: &Args) -> SysResult {
         return Err(Errno::EINVAL);
     }
     let gone = ctx.proc.fds.dup_to(fd_arg(a[0]), fd_arg(a[1]), flags & libc::O_CLOEXEC != 0)?;
-    released(ctx, gone);
+    file::released(ctx, gone);
     Ok(a[1] as i32 as u64)
 }
 
@@ -544,18 +393,13 @@ pub fn fcntl(ctx: &mut Ctx, a: &Args) -> SysResult {
 
 pub fn ioctl(ctx: &mut Ctx, a: &Args) -> SysResult {
     let (fd, req, arg) = (fd_arg(a[0]), a[1], a[2]);
-    let f = *ctx.proc.fds.get(fd)?;
+    ctx.proc.fds.get(fd)?;
     match req {
         0x5451 /* FIOCLEX */ => ctx.proc.fds.set_cloexec(fd, true).map(|_| 0),
         0x5450 /* FIONCLEX */ => ctx.proc.fds.set_cloexec(fd, false).map(|_| 0),
         0x541B /* FIONREAD */ => {
-            let n = match f.kind {
-                FileKind::Socket(s) => sys_socket::pending(ctx, s)?.max(0) as u64,
-                FileKind::Agent => ctx.kernel.agent_pending() as u64,
-                FileKind::Node(ino) => ctx.proc.vfs.stat(ino)?.size.saturating_sub(f.offset),
-                FileKind::Object(id) => ctx.proc.fds.objects.readable_bytes(id),
-                _ => 0,
-            };
+            let (open, ops) = file::open(ctx, fd)?;
+            let n = ops.pending(ctx, &open)?;
             ctx.write_i32(arg, n.min(i32::MAX as u64) as i32)?;
             Ok(0)
         }

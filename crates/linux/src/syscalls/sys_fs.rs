@@ -147,23 +147,8 @@ pub fn creat(ctx: &mut Ctx, a: &Args) -> SysResult {
 
 /// Metadata of what an fd refers to (stdio and the agent channel look like pipes).
 fn fd_stat(ctx: &Ctx, fd: i32) -> Result<Stat, Errno> {
-    let f = ctx.proc.fds.get(fd)?;
-    match f.kind {
-        FileKind::Node(ino) => ctx.proc.vfs.stat(ino),
-        FileKind::Object(id) => {
-            use crate::objects::ObjKind;
-            let mut st = Stat::pipe(2_000_000_000 + id);
-            match ctx.proc.fds.objects.get(id)?.kind {
-                ObjKind::Pipe(_) => {}
-                ObjKind::Socket(_) => st.kind = FileType::Socket,
-                // eventfd, epoll, timerfd: anonymous inodes (no type bits on Linux; a
-                // "file" is the closest we can say).
-                _ => st.kind = FileType::File,
-            }
-            Ok(st)
-        }
-        _ => Ok(Stat::pipe(1_000_000 + fd as u64)),
-    }
+    let (f, ops) = crate::file::open(ctx, fd)?;
+    ops.stat(ctx, &f)
 }
 
 /// Linux x86-64 `struct stat` (144 bytes).

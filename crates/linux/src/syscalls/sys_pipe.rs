@@ -4,81 +4,11 @@
 use std::time::Duration;
 
 use crate::errno::{Errno, SysResult};
-use crate::fd::{FileKind, OpenFile};
-use crate::kernel::block::{Block, WaitOn, READABLE, WRITABLE};
-use crate::kernel::{Args, Ctx, Effect};
-use crate::objects::{clock_ns, EventFd, ObjKind, TimerFd, Watch, ALWAYS, PIPE_MAX_SIZE};
+use crate::fd::FileKind;
+use crate::kernel::block::{Block, WaitOn, READABLE};
+use crate::kernel::{Args, Ctx};
+use crate::objects::{clock_ns, EventFd, ObjKind, TimerFd, Watch, ALWAYS};
 use crate::wait;
-
-/// Turn an EAGAIN of a blocking description into a wait for `events` on it.
-pub(super) fn or_block(ctx: &mut Ctx, f: &OpenFile, ofd: u64, events: u32, r: SysResult) -> SysResult {
-    match r {
-        Err(Errno::EAGAIN) if f.flags & libc::O_NONBLOCK == 0 => ctx.block(Block::new(WaitOn::Fd { ofd, events })),
-        r => r,
-    }
-}
-
-/// EPIPE, and SIGPIPE's default action (the guest dies) unless it is ignored,
-/// caught or blocked: then the call just fails with EPIPE.
-pub(super) fn epipe(ctx: &mut Ctx) -> Errno {
-    let sig = libc::SIGPIPE as usize;
-    let handler = u64::from_le_bytes(ctx.proc.signals.actions[sig][..8].try_into().unwrap_or_default());
-    let blocked = ctx.proc.signals.mask & (1 << (sig - 1)) != 0;
-    if handler == libc::SIG_DFL as u64 && !blocked {
-        ctx.effect = Some(Effect::Signaled(libc::SIGPIPE));
-    } else if handler != libc::SIG_IGN as u64 {
-        // Caught (or blocked): the calling thread gets it on its way back.
-        let cur = ctx.proc.threads.cur;
-        ctx.proc.threads.send_thread(cur, crate::thread::SigInfo::user(libc::SIGPIPE, crate::thread::SI_KERNEL));
-    }
-    Errno::EPIPE
-}
-
-/// read(2) of an object description.
-pub(super) fn read_object(ctx: &mut Ctx, f: &OpenFile, ofd: u64, id: u64, buf: u64, len: u64) -> SysResult {
-    let kind = match &ctx.proc.fds.objects.get(id)?.kind {
-        ObjKind::Pipe(_) => 0,
-        ObjKind::Socket(_) => 1,
-        ObjKind::EventFd(_) => 2,
-        ObjKind::TimerFd(_) => 3,
-        ObjKind::Epoll(_) => return Err(Errno::EINVAL),
-    };
-    let r = match kind {
-        0 => ctx.proc.fds.objects.pipe_read(id, len.min(PIPE_MAX_SIZE as u64) as usize).and_then(|data| {
-            ctx.write_bytes(buf, &data)?;
-            Ok(data.len() as u64)
-        }),
-        1 => return super::sys_unix::recv_into(ctx, f, ofd, id, buf, len, 0, None),
-        _ => {
-            if len < 8 {
-                return Err(Errno::EINVAL);
-            }
-            ctx.user_range(buf, 8)?;
-            let v =
-                if kind == 2 { ctx.proc.fds.objects.eventfd_read(id) } else { ctx.proc.fds.objects.timerfd_read(id) };
-            v.and_then(|v| ctx.write_u64(buf, v).map(|_| 8))
-        }
-    };
-    or_block(ctx, f, ofd, READABLE, r)
-}
-
-/// write(2) to an object description.
-pub(super) fn write_object(ctx: &mut Ctx, f: &OpenFile, ofd: u64, id: u64, data: &[u8]) -> SysResult {
-    let r = match &ctx.proc.fds.objects.get(id)?.kind {
-        ObjKind::Pipe(_) => ctx.proc.fds.objects.pipe_write(id, data).map(|n| n as u64),
-        ObjKind::Socket(_) => ctx.proc.fds.objects.send(id, data, None).map(|n| n as u64),
-        ObjKind::EventFd(_) => {
-            let v = data.get(..8).ok_or(Errno::EINVAL)?;
-            let v = u64::from_le_bytes(v.try_into().map_err(|_| Errno::EINVAL)?);
-            ctx.proc.fds.objects.eventfd_write(id, v).map(|_| 8)
-        }
-        ObjKind::TimerFd(_) | ObjKind::Epoll(_) => return Err(Errno::EINVAL),
-    };
-    match r {
-        Err(Errno::EPIPE) => Err(epipe(ctx)),
-        r => or_block(ctx, f, ofd, WRITABLE, r),
-    }
-}
 
 // ----- pipe ------------------------------------------------------------------------
 

@@ -1,14 +1,13 @@
 //! The process and its identity: ids, limits, affinity, thread setup,
 //! arch_prctl, exit_group, prctl, rusage (threads and signals: `sys_thread`).
 
+use super::sys_time::cpu_time;
 use crate::creds::{Ids, NGROUPS_MAX};
 use crate::errno::{Errno, SysResult};
 use crate::kernel::{Args, Ctx, Effect};
-use crate::layout::STACK_SIZE;
 use crate::random::fill_random;
 
 /// The agent's process is pid 2 of its own world; a fixed pid keeps snapshots consistent.
-pub const GUEST_PID: u64 = crate::procs::GUEST_PID as u64;
 
 const PRIO_PROCESS: i32 = 0;
 const PRIO_PGRP: i32 = 1;
@@ -395,44 +394,6 @@ pub fn personality(_: &mut Ctx, a: &Args) -> SysResult {
     }
 }
 
-pub(super) fn rlimit(resource: u32, ctx: &Ctx) -> Option<(u64, u64)> {
-    const INF: u64 = u64::MAX;
-    Some(match resource {
-        libc::RLIMIT_STACK => (STACK_SIZE, STACK_SIZE),
-        libc::RLIMIT_NOFILE => (crate::fd::MAX_FDS as u64, crate::fd::MAX_FDS as u64),
-        libc::RLIMIT_AS | libc::RLIMIT_DATA => (ctx.proc.mm.limit(), ctx.proc.mm.limit()),
-        libc::RLIMIT_NPROC => (crate::procs::MAX_PROCS as u64, crate::procs::MAX_PROCS as u64),
-        libc::RLIMIT_CORE => (0, 0),
-        r if r < 16 => (INF, INF), // RLIM_NLIMITS
-        _ => return None,
-    })
-}
-
-pub fn getrlimit(ctx: &mut Ctx, a: &Args) -> SysResult {
-    let (cur, max) = rlimit(a[0] as u32, ctx).ok_or(Errno::EINVAL)?;
-    ctx.write_u64(a[1], cur)?;
-    ctx.write_u64(a[1] + 8, max)?;
-    Ok(0)
-}
-
-/// Limits are the VMM's to set; a guest may "lower" them but nothing changes.
-pub fn setrlimit(ctx: &mut Ctx, a: &Args) -> SysResult {
-    rlimit(a[0] as u32, ctx).ok_or(Errno::EINVAL)?;
-    Ok(0)
-}
-
-pub fn prlimit64(ctx: &mut Ctx, a: &Args) -> SysResult {
-    if a[0] != 0 && a[0] != ctx.proc.pid as u64 {
-        return Err(Errno::ESRCH);
-    }
-    let (cur, max) = rlimit(a[1] as u32, ctx).ok_or(Errno::EINVAL)?;
-    if a[3] != 0 {
-        ctx.write_u64(a[3], cur)?;
-        ctx.write_u64(a[3] + 8, max)?;
-    }
-    Ok(0)
-}
-
 const ARCH_SET_GS: u64 = 0x1001;
 const ARCH_SET_FS: u64 = 0x1002;
 const ARCH_GET_FS: u64 = 0x1003;
@@ -478,13 +439,6 @@ pub fn prctl(ctx: &mut Ctx, a: &Args) -> SysResult {
         libc::PR_GET_DUMPABLE => Ok(0),
         _ => Err(Errno::EINVAL),
     }
-}
-
-pub(super) fn cpu_time() -> (i64, i64) {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    (ts.tv_sec, ts.tv_nsec)
 }
 
 pub fn getrusage(ctx: &mut Ctx, a: &Args) -> SysResult {

@@ -6,23 +6,22 @@
 //! the exec's deadline and interrupts (EINTR).
 
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::sys_unix as unix;
 use crate::errno::{Errno, SysResult};
 use crate::fd::{FileKind, SockInfo};
-use crate::kernel::block::{Block, WaitOn};
+use crate::file::inet::{
+    block_on, check_family, guest_data, host_addr, recv_common, send_common, sock, timeout_deadline, DGRAM_MAX,
+    MSG_COPY_MAX,
+};
 use crate::kernel::{Args, Ctx};
-use crate::net::{Ancillary, Packet};
+use crate::net::Packet;
 
 /// Largest sockaddr a guest may pass.
 const SOCKADDR_MAX: u64 = 128;
 /// Largest option value copied either way.
 const OPT_MAX: u64 = 64;
-/// Bytes copied through the host per sendmsg/recvmsg call (a stream returns a short count beyond).
-const MSG_COPY_MAX: usize = 1 << 20;
-/// Largest UDP payload.
-const DGRAM_MAX: usize = 65507;
 const IOV_MAX: u64 = 1024;
 const MMSG_MAX: u64 = 64;
 
@@ -30,29 +29,6 @@ const MMSG_MAX: u64 = 64;
 /// sys_unix, which answers for AF_UNIX sockets and ENOTSOCK/EBADF otherwise.
 fn is_inet(ctx: &Ctx, fd: u64) -> bool {
     matches!(ctx.proc.fds.get(fd as i32).map(|f| f.kind), Ok(FileKind::Socket(_)))
-}
-
-fn sock(ctx: &Ctx, fd: u64) -> Result<(SockInfo, bool), Errno> {
-    let f = ctx.proc.fds.get(fd as i32)?;
-    match f.kind {
-        FileKind::Socket(s) => Ok((s, f.flags & libc::O_NONBLOCK != 0)),
-        _ => Err(Errno::ENOTSOCK),
-    }
-}
-
-/// Block the call until socket `fd` is ready for `events` (the engine waits
-/// on the host socket and re-runs the handler), or until `deadline` (a socket
-/// timeout), when the call returns `on_timeout`.
-fn block_on(ctx: &mut Ctx, fd: u64, events: i16, deadline: Option<Instant>, on_timeout: SysResult) -> SysResult {
-    if ctx.timed_out {
-        return on_timeout;
-    }
-    let ofd = ctx.proc.fds.ofd(fd as i32)?;
-    ctx.block(Block::new(WaitOn::Fd { ofd, events: events as u16 as u32 }).until(deadline, on_timeout))
-}
-
-fn timeout_deadline(t: Option<Duration>) -> Option<Instant> {
-    t.filter(|d| !d.is_zero()).map(|d| Instant::now() + d)
 }
 
 /// A guest sockaddr: `None` for AF_UNSPEC.
@@ -134,23 +110,6 @@ fn write_sockaddr(ctx: &mut Ctx, addr: u64, len_ptr: u64, a: SocketAddr, domain:
     ctx.write_i32(len_ptr, b.len() as i32)
 }
 
-fn check_family(info: &SockInfo, a: &SocketAddr) -> Result<(), Errno> {
-    if info.domain == libc::AF_INET && a.is_ipv6() {
-        return Err(Errno::EAFNOSUPPORT);
-    }
-    Ok(())
-}
-
-/// An address as given by an AF_INET6 socket, the way the host socket takes it.
-fn host_addr(info: &SockInfo, a: SocketAddr) -> SocketAddr {
-    match (info.domain, a) {
-        (libc::AF_INET6, SocketAddr::V4(v4)) => {
-            SocketAddr::V6(SocketAddrV6::new(v4.ip().to_ipv6_mapped(), v4.port(), 0, 0))
-        }
-        _ => a,
-    }
-}
-
 pub fn socket(ctx: &mut Ctx, a: &Args) -> SysResult {
     let (domain, ty, proto) = (a[0] as i32, a[1] as i32, a[2] as i32);
     let flags = ty & (libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC);
@@ -222,87 +181,6 @@ pub fn connect(ctx: &mut Ctx, a: &Args) -> SysResult {
     // Linux); the re-run finds the connection done (or failed) on the host.
     let (_, snd) = ctx.kernel.net.timeouts(info.id);
     block_on(ctx, a[0], libc::POLLOUT, timeout_deadline(snd), Err(Errno::EINPROGRESS))
-}
-
-/// Send `data` on a socket, waiting while a blocking socket has no room.
-fn send_common(ctx: &mut Ctx, fd: u64, data: Vec<u8>, to: Option<SocketAddr>, flags: i32, pkt: Packet) -> SysResult {
-    let (info, nonblock) = sock(ctx, fd)?;
-    let dontwait = nonblock || flags & libc::MSG_DONTWAIT != 0;
-    let to = match to {
-        Some(a) if !info.stream => {
-            check_family(&info, &a)?;
-            Some(host_addr(&info, a))
-        }
-        // A destination on a stream socket is ignored (as Linux does for a connected one).
-        _ => None,
-    };
-    if !info.stream && data.len() > DGRAM_MAX {
-        return Err(Errno::EMSGSIZE);
-    }
-    let r = ctx.kernel.net.send_with(info.id, &data, to, flags, pkt);
-    ctx.kernel.flush_net_notes();
-    match r {
-        Ok(n) => Ok(n as u64),
-        Err(Errno::EAGAIN) if !dontwait => {
-            let (_, snd) = ctx.kernel.net.timeouts(info.id);
-            block_on(ctx, fd, libc::POLLOUT, timeout_deadline(snd), Err(Errno::EAGAIN))
-        }
-        Err(e) => Err(e),
-    }
-}
-
-/// What a receive got: the bytes (up to the buffer), the length to report,
-/// the source of a datagram, whether it was truncated.
-type Received = (Vec<u8>, usize, Option<SocketAddr>, bool, Option<Ancillary>);
-
-/// Receive into a host buffer of up to `len` bytes. `Ok(None)`: a blocking
-/// socket has nothing yet and the call blocks (the caller returns at once).
-fn recv_common(ctx: &mut Ctx, fd: u64, len: usize, flags: i32) -> Result<Option<Received>, Errno> {
-    let (info, nonblock) = sock(ctx, fd)?;
-    let dontwait = nonblock || flags & libc::MSG_DONTWAIT != 0;
-    let mut buf = vec![0u8; len];
-    let mut anc = None;
-    let r = ctx.kernel.net.recv_ancillary(info.id, &mut buf, flags, &mut anc);
-    ctx.kernel.flush_net_notes();
-    match r {
-        Ok((n, from, trunc)) => Ok(Some((buf, n, from, trunc, anc))),
-        Err(Errno::EAGAIN) if !dontwait => {
-            let (rcv, _) = ctx.kernel.net.timeouts(info.id);
-            block_on(ctx, fd, libc::POLLIN, timeout_deadline(rcv), Err(Errno::EAGAIN))?;
-            Ok(None)
-        }
-        Err(e) => Err(e),
-    }
-}
-
-/// Guest buffer of a plain send: copied (bounded) so guest memory is never aliased by a host call.
-fn guest_data(ctx: &Ctx, buf: u64, len: u64, stream: bool) -> Result<Vec<u8>, Errno> {
-    let len = if stream { len.min(MSG_COPY_MAX as u64) } else { len.min(DGRAM_MAX as u64 + 1) };
-    Ok(ctx.bytes(buf, len)?.to_vec())
-}
-
-/// Host bytes (sendfile's) sent on inet socket `fd`, as a write of them
-/// would (at most what one send copies).
-pub(crate) fn write_host_bytes(ctx: &mut Ctx, fd: i32, data: &[u8]) -> SysResult {
-    let (info, _) = sock(ctx, fd as u64)?;
-    let cap = if info.stream { MSG_COPY_MAX } else { DGRAM_MAX + 1 };
-    send_common(ctx, fd as u64, data[..data.len().min(cap)].to_vec(), None, 0, Packet::default())
-}
-
-/// read()/write() on a socket fd (from sys_file).
-pub(crate) fn read_fd(ctx: &mut Ctx, fd: i32, buf: u64, len: u64) -> SysResult {
-    let len = len.min(MSG_COPY_MAX as u64);
-    ctx.user_range(buf, len)?;
-    let Some((data, n, _, _, _)) = recv_common(ctx, fd as u64, len as usize, 0)? else { return Ok(0) };
-    let k = n.min(data.len());
-    ctx.write_bytes(buf, &data[..k])?;
-    Ok(k as u64)
-}
-
-pub(crate) fn write_fd(ctx: &mut Ctx, fd: i32, buf: u64, len: u64) -> SysResult {
-    let (info, _) = sock(ctx, fd as u64)?;
-    let data = guest_data(ctx, buf, len, info.stream)?;
-    send_common(ctx, fd as u64, data, None, 0, Packet::default())
 }
 
 pub fn sendto(ctx: &mut Ctx, a: &Args) -> SysResult {
@@ -844,9 +722,4 @@ pub fn getsockopt(ctx: &mut Ctx, a: &Args) -> SysResult {
     ctx.write_bytes(val, &value[..n])?;
     ctx.write_i32(len_ptr, n as i32)?;
     Ok(0)
-}
-
-/// ioctl FIONREAD on a socket.
-pub(crate) fn pending(ctx: &mut Ctx, info: SockInfo) -> Result<i32, Errno> {
-    ctx.kernel.net.pending(info.id)
 }

@@ -9,7 +9,7 @@ use super::{
     sys_file as file, sys_fs as fs, sys_mm as mm, sys_process as process, sys_signal as signal, sys_time as time,
 };
 use super::{sys_fork as fork, sys_lock as lock, sys_pipe as pipe, sys_unix as unix};
-use super::{sys_socket as net, sys_thread as thread, sys_timer as timer};
+use super::{sys_rlimit as rlimit, sys_socket as net, sys_thread as thread, sys_timer as timer};
 use crate::errno::{Errno, SysResult};
 use crate::kernel::{Args, Ctx, Handler};
 
@@ -214,7 +214,7 @@ table! {
     94 lchown => fs::lchown, Partial("Linux's rules (euid 0 sets any ids; others only the group of their own file); owners kept, reported, checkpointed; new files are 0:0; no access checks");
     95 umask => fs::umask, Full;
     96 gettimeofday => time::gettimeofday, Full;
-    97 getrlimit => process::getrlimit, Full;
+    97 getrlimit => rlimit::getrlimit, Full;
     98 getrusage => process::getrusage, Partial("user time = host thread CPU time, maxrss = memory mapped; other fields 0");
     99 sysinfo => process::sysinfo, Partial("total/free RAM from the memory limit and mapped memory, the sandbox's running processes, the uptime of /proc/uptime; load averages are 0");
     100 times => process::times, Partial("user time = host thread CPU time; system and children times 0");
@@ -277,7 +277,7 @@ table! {
     157 prctl => process::prctl, Partial("PR_SET_NAME, PR_SET/GET_DUMPABLE, PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS succeed (names not kept), PR_GET_NAME says python3; others EINVAL");
     158 arch_prctl => process::arch_prctl, Full;
     159 adjtimex, Refused(Errno::ENOSYS, "ENOSYS: not implemented: the clock is the host's");
-    160 setrlimit => process::setrlimit, Partial("validates the resource and succeeds; limits do not change");
+    160 setrlimit => rlimit::setrlimit, Partial("validates the resource and succeeds; limits do not change");
     161 chroot, Refused(Errno::EPERM, "EPERM: the sandbox's root is fixed (no CAP_SYS_CHROOT)");
     162 sync => fs::sync, Full;
     163 acct, Refused(Errno::EPERM, "EPERM: no process accounting (no CAP_SYS_PACCT)");
@@ -419,7 +419,7 @@ table! {
     299 recvmmsg => net::recvmmsg, Partial("up to 64 messages per call on inet sockets (MSG_WAITFORONE); no ancillary data");
     300 fanotify_init, Refused(Errno::EPERM, "EPERM: no file system notification (no CAP_SYS_ADMIN)");
     301 fanotify_mark, Refused(Errno::EPERM, "EPERM: no file system notification (no CAP_SYS_ADMIN)");
-    302 prlimit64 => process::prlimit64, Partial("reads its own limits (stack, fds, memory, 64 processes, no core); new limits are ignored");
+    302 prlimit64 => rlimit::prlimit64, Partial("reads its own limits (stack, fds, memory, 64 processes, no core); new limits are ignored");
     303 name_to_handle_at, Refused(Errno::EOPNOTSUPP, "EOPNOTSUPP: the file system has no file handles");
     304 open_by_handle_at, Refused(Errno::EPERM, "EPERM: the file system has no file handles (no CAP_DAC_READ_SEARCH)");
     305 clock_adjtime, Refused(Errno::ENOSYS, "ENOSYS: not implemented: the clock is the host's");
