@@ -1,6 +1,8 @@
 //! The Linux system-call ABI for a kernel-less guest: the process state the
 //! VMM keeps (memory map, fd table, virtual file system, signals), the
-//! syscall table and its handlers, and ELF loading (execve).
+//! syscall table and its handlers, and ELF loading (execve). `kernel` is the
+//! core every handler builds on, `file` the operations of each kind of open
+//! file, `syscalls` the table and the handlers by family.
 //!
 //! Place in the flow request -> runtime -> sessions -> engine -> vmm/**linux** -> guest:
 //! the guest's kernel, in the host process; it uses forkbox-vmm (guest memory)

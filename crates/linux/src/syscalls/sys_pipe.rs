@@ -1,5 +1,5 @@
-//! Pipes, eventfds, timerfds and epoll: the fd objects of `crate::objects`,
-//! their read/write paths (shared with sockets) and blocking (see `crate::wait`).
+//! Pipes, eventfds, timerfds and epoll: making and controlling the fd objects
+//! of `crate::objects` (their reads and writes are their `crate::file` kinds).
 
 use std::time::Duration;
 
