@@ -8,6 +8,7 @@
 //! the guest's kernel, in the host process; it uses forkbox-vmm (guest memory)
 //! and forkbox-image (the read-only file tree), and nothing above.
 
+pub mod abi;
 pub mod creds;
 pub mod errno;
 pub mod fd;

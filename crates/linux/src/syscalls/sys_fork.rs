@@ -1,5 +1,5 @@
 //! Processes: fork/vfork/clone of a new process, execve/execveat, wait4/waitid,
-//! process groups and sessions, and signals between the sandbox's processes.
+//! process groups and sessions (kill is in `sys_signal`).
 //! The engine makes the child's VM (`Effect::Fork`) and loads a program
 //! (`Effect::Exec`); the process table is `crate::procs` (in `Kernel`).
 
@@ -7,7 +7,6 @@ use crate::errno::{Errno, SysResult};
 use crate::kernel::block::{Block, WaitOn};
 use crate::kernel::{Args, Ctx, Effect, ExecSpec, ForkSpec};
 use crate::procs::Which;
-use crate::thread::{SigInfo, SIGKILL, SI_USER};
 use crate::vfs::FileType;
 
 const CLONE_VM: u64 = 0x100;
@@ -114,39 +113,6 @@ pub fn setpgid(ctx: &mut Ctx, a: &Args) -> SysResult {
 
 pub fn setsid(ctx: &mut Ctx, _: &Args) -> SysResult {
     Ok(ctx.kernel.procs.setsid(ctx.proc.pid)? as u64)
-}
-
-// ----- signals between processes ---------------------------------------------
-
-/// kill(pid, sig): to this process itself, or queued for the engine to deliver
-/// to the others (SIGKILL to itself ends it at once).
-pub fn kill(ctx: &mut Ctx, a: &Args) -> SysResult {
-    let sig = a[1];
-    if sig > crate::thread::NSIG as u64 {
-        return Err(Errno::EINVAL);
-    }
-    let targets = ctx.kernel.procs.kill_targets(ctx.proc.pid, a[0] as i32)?;
-    if sig == 0 {
-        return Ok(0);
-    }
-    let me = ctx.proc.pid;
-    let info = SigInfo { signo: sig as i32, code: SI_USER, pid: me as i32, ..Default::default() };
-    for t in targets {
-        if t == me {
-            continue;
-        }
-        if ctx.kernel.procs.get(t).is_some_and(|e| e.exit.is_none()) {
-            ctx.kernel.procs.outbox.push((t, info));
-        }
-    }
-    if ctx.kernel.procs.kill_targets(ctx.proc.pid, a[0] as i32)?.contains(&me) {
-        if sig as i32 == SIGKILL {
-            ctx.effect = Some(Effect::Signaled(SIGKILL));
-        } else {
-            ctx.proc.threads.send_process(info);
-        }
-    }
-    Ok(0)
 }
 
 // ----- wait4 / waitid --------------------------------------------------------

@@ -476,15 +476,16 @@ pub fn uname(ctx: &mut Ctx, a: &Args) -> SysResult {
 pub fn sysinfo(ctx: &mut Ctx, a: &Args) -> SysResult {
     let total = ctx.proc.mm.limit();
     let free = total.saturating_sub(ctx.proc.mm.committed());
-    let mut b = [0u8; 112];
-    // The same uptime as /proc/uptime (CLOCK_BOOTTIME).
-    let up = (crate::objects::clock_ns(libc::CLOCK_BOOTTIME) / 1_000_000_000) as i64;
-    b[..8].copy_from_slice(&up.to_le_bytes());
-    b[32..40].copy_from_slice(&total.to_le_bytes());
-    b[40..48].copy_from_slice(&free.to_le_bytes());
-    b[80..82].copy_from_slice(&(ctx.kernel.procs.running() as u16).to_le_bytes()); // procs
-    b[104..108].copy_from_slice(&1u32.to_le_bytes()); // mem_unit
-    ctx.write_bytes(a[0], &b)?;
+    let info = crate::abi::Sysinfo {
+        // The same uptime as /proc/uptime (CLOCK_BOOTTIME).
+        uptime: (crate::objects::clock_ns(libc::CLOCK_BOOTTIME) / 1_000_000_000) as i64,
+        totalram: total,
+        freeram: free,
+        procs: ctx.kernel.procs.running() as u16,
+        mem_unit: 1,
+        ..Default::default()
+    };
+    ctx.write_bytes(a[0], zerocopy::IntoBytes::as_bytes(&info))?;
     Ok(0)
 }
 

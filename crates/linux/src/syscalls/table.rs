@@ -179,7 +179,7 @@ table! {
     59 execve => fork::execve, Partial("ELF programs of the file system with ld.so, `#!` scripts (4 levels), close-on-exec; pid, fds, cwd, umask, signal mask kept");
     60 exit => thread::exit, Full;
     61 wait4 => fork::wait4, Partial("exit statuses, WNOHANG, ECHILD, pid/-1/0/-pgid; no stopped/continued children (nothing stops here); rusage zeroed");
-    62 kill => fork::kill, Partial("the sandbox's processes (pid, 0, -1, -pgid); a signal for another process is delivered when it next runs");
+    62 kill => signal::kill, Partial("the sandbox's processes (pid, 0, -1, -pgid); a signal for another process is delivered when it next runs");
     63 uname => process::uname, Full;
     64 semget, Refused(Errno::ENOSYS, "ENOSYS: System V semaphores are not implemented (futex-based POSIX semaphores work)");
     65 semop, Refused(Errno::ENOSYS, "ENOSYS: System V semaphores are not implemented (futex-based POSIX semaphores work)"), Never;
@@ -317,7 +317,7 @@ table! {
     197 removexattr, Refused(Errno::EOPNOTSUPP, "EOPNOTSUPP: the file system stores no extended attributes");
     198 lremovexattr, Refused(Errno::EOPNOTSUPP, "EOPNOTSUPP: the file system stores no extended attributes");
     199 fremovexattr, Refused(Errno::EOPNOTSUPP, "EOPNOTSUPP: the file system stores no extended attributes");
-    200 tkill => thread::tkill, Full;
+    200 tkill => signal::tkill, Full;
     201 time => time::time, Full;
     202 futex => thread::futex, Partial("WAIT, WAKE, BITSET forms, REQUEUE, CMP_REQUEUE, WAKE_OP; wakes on MAP_SHARED memory reach other processes (requeues do not); PI and robust-list ops ENOSYS"), UnlessTimed;
     203 sched_setaffinity => process::sched_setaffinity, Partial("a mask must hold the sandbox's one CPU (EINVAL), which is then all it holds; unknown pids ESRCH");
@@ -351,7 +351,7 @@ table! {
     231 exit_group => process::exit_group, Full;
     232 epoll_wait => pipe::epoll_wait, Partial("level-triggered; EPOLLET is treated as level-triggered, EPOLLONESHOT works"), Never;
     233 epoll_ctl => pipe::epoll_ctl, Partial("ADD/MOD/DEL on every fd the VMM owns; EPOLLET is treated as level-triggered");
-    234 tgkill => thread::tgkill, Full;
+    234 tgkill => signal::tgkill, Full;
     235 utimes => fs::utimes, Full;
     236 vserver, Refused(Errno::ENOSYS, "ENOSYS: never implemented by Linux");
     237 mbind, Refused(Errno::ENOSYS, "ENOSYS: no NUMA: the sandbox has one node");
