@@ -7,8 +7,6 @@ use crate::errno::{Errno, SysResult};
 use crate::kernel::{Args, Ctx, Effect};
 use crate::random::fill_random;
 
-/// The agent's process is pid 2 of its own world; a fixed pid keeps snapshots consistent.
-
 const PRIO_PROCESS: i32 = 0;
 const PRIO_PGRP: i32 = 1;
 const PRIO_USER: i32 = 2;
