@@ -185,7 +185,7 @@ impl FdTable {
         self.files.get(&e.ofd).ok_or(Errno::EBADF)
     }
 
-    /// The id of the open file description behind `fd` (what `wait::WaitOn` names).
+    /// The id of the open file description behind `fd` (what `kernel::block::WaitOn` names).
     pub fn ofd(&self, fd: i32) -> Result<u64, Errno> {
         Ok(self.fds.get(&fd).ok_or(Errno::EBADF)?.ofd)
     }
