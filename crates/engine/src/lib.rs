@@ -41,7 +41,7 @@ pub use forkbox_linux::net::{
     GlobalNetStats, Mode as NetMode, NetConfig, NetStats, Policy as NetPolicy, Rule as NetRule, GLOBAL as NET_GLOBAL,
 };
 /// Host entropy (getrandom(2)), for ids made above the engine.
-pub use forkbox_linux::syscalls::fill_random;
+pub use forkbox_linux::random::fill_random;
 pub use forkbox_vmm::thread_cpu_seconds;
 pub use interrupt::Interrupter;
 pub use limits::Limits;

@@ -9,7 +9,7 @@
 //! the others wait in `others`), so a sandbox uses at most one core and the
 //! deadline, the interrupt and the CPU budget cover the whole tree. What all
 //! processes share — the file system, open file descriptions (pipes, files,
-//! sockets), host network state, the process table — lives once: in `io`, or
+//! sockets), host network state, the process table — lives once: in `kernel`, or
 //! in the fields of `Process` that go with the running process
 //! (`Process::swap_shared`). A fork's child memory is the parent's backing file
 //! mapped copy-on-write plus a copy of only the parent's private pages
@@ -38,12 +38,14 @@
 
 use std::time::{Duration, Instant};
 
-use forkbox_linux::io::Io;
-pub use forkbox_linux::io::Stream;
+use forkbox_linux::kernel::block;
+pub use forkbox_linux::kernel::state::Stream;
+use forkbox_linux::kernel::Kernel;
+use forkbox_linux::kernel::{Ctx, Effect, ExecSpec, ForkSpec};
 use forkbox_linux::layout::RAM_SIZE;
 use forkbox_linux::loader;
 use forkbox_linux::process::ProcessState;
-use forkbox_linux::syscalls::{self, Ctx, Effect};
+use forkbox_linux::syscalls;
 use forkbox_linux::thread::{SavedCpu, SigInfo, Wait, WaitKind, MAIN_TID, SI_KERNEL};
 use forkbox_linux::wait;
 use forkbox_linux::Errno;
@@ -59,7 +61,6 @@ use crate::protocol::{self, ExecReply, ExecRequest, MimeBundle, PyError};
 use crate::signal::{self, SignalState, SIGINT};
 use crate::Engine;
 use forkbox_linux::procs::{Exit, GUEST_PID};
-use forkbox_linux::syscalls::{ExecSpec, ForkSpec};
 use forkbox_vmm::Cpu;
 use std::sync::Arc;
 
@@ -71,7 +72,7 @@ struct Task {
     pending_user: Option<kvm_regs>,
     in_stub: bool,
     woken: Option<forkbox_linux::thread::Tid>,
-    wait_on: std::collections::HashMap<forkbox_linux::thread::Tid, wait::WaitOn>,
+    wait_on: std::collections::HashMap<forkbox_linux::thread::Tid, block::WaitOn>,
     rr_due: bool,
 }
 
@@ -234,7 +235,7 @@ enum Stop {
 pub struct Sandbox {
     vm: Option<Vm>,
     proc: Process,
-    io: Io,
+    kernel: Kernel,
     state: State,
     limits: Limits,
     /// What the agent reported when it became ready (python/numpy versions).
@@ -274,7 +275,7 @@ pub struct Sandbox {
     rr_due: bool,
     /// What blocked fd waits wait on, by thread (for `wait::next_change`, a
     /// timerfd expiring; host-side: after a resume a re-run fills it again).
-    wait_on: std::collections::HashMap<forkbox_linux::thread::Tid, wait::WaitOn>,
+    wait_on: std::collections::HashMap<forkbox_linux::thread::Tid, block::WaitOn>,
     /// The file bytes the latest checkpoint stored (for the next one's diff).
     pub(crate) stored: crate::fsstore::StoredFiles,
     /// The time limit of the exec running now (the Timeout error names it).
@@ -344,13 +345,13 @@ impl Sandbox {
         // Only what the guest mapped is present for it, with its protections.
         proc.mm.sync_all_page_tables(vm.mem_mut())?;
         crate::vdso::refresh(&mut vm, engine.vdso.is_some())?;
-        let mut io = Io::new(limits.output_bytes);
-        io.net = forkbox_linux::net::NetIo::new(std::sync::Arc::new(limits.network.clone()));
-        io.trace = trace;
+        let mut kernel = Kernel::new(limits.output_bytes);
+        kernel.net = forkbox_linux::net::NetIo::new(std::sync::Arc::new(limits.network.clone()));
+        kernel.trace = trace;
         let mut sb = Sandbox {
             vm: Some(vm),
             proc,
-            io,
+            kernel,
             state: State::Poisoned("not started".into()),
             exec_timeout: limits.timeout,
             failed_output: None,
@@ -385,17 +386,17 @@ impl Sandbox {
         let deadline = Instant::now() + sb.limits.timeout.max(Duration::from_secs(120));
         let Stop::Parked(regs) = sb.run(None, deadline, &mut None).map_err(|e| match e {
             EngineError::Timeout(_) => EngineError::Boot("timed out before the agent was ready".into()),
-            e => EngineError::Boot(format!("{e}; stderr: {}", String::from_utf8_lossy(&sb.io.stderr.data))),
+            e => EngineError::Boot(format!("{e}; stderr: {}", String::from_utf8_lossy(&sb.kernel.stderr.data))),
         })?;
         // As at the end of an exec: one process, no shared objects in what a template stores
         // (a preload may have made a multiprocessing Lock: its mapping becomes private memory).
         sb.end_children();
-        let (info, _) = protocol::unframe(&std::mem::take(&mut sb.io.agent_out))?;
+        let (info, _) = protocol::unframe(&std::mem::take(&mut sb.kernel.agent_out))?;
         if info.get("ready") != Some(&serde_json::Value::Bool(true)) {
             return Err(EngineError::Boot(format!("agent not ready: {info}")));
         }
-        sb.io.stdout.take();
-        sb.io.stderr.take();
+        sb.kernel.stdout.take();
+        sb.kernel.stderr.take();
         sb.ready_info = info;
         sb.state = State::Parked(regs);
         sb.boot_time = t0.elapsed();
@@ -419,15 +420,15 @@ impl Sandbox {
         proc.mm.set_limit(limits.memory_bytes);
         proc.vfs.set_quota(limits.disk_bytes);
         let regs = vm.regs()?;
-        let mut io = Io::new(limits.output_bytes);
+        let mut kernel = Kernel::new(limits.output_bytes);
         // Fresh host-side network state: sockets in `proc` from the snapshot read as
         // reset, except its listeners, which are made again (empty queues).
-        io.net = forkbox_linux::net::NetIo::new(std::sync::Arc::new(limits.network.clone()));
-        restore_listeners(&mut io.net, &proc, listeners)?;
+        kernel.net = forkbox_linux::net::NetIo::new(std::sync::Arc::new(limits.network.clone()));
+        restore_listeners(&mut kernel.net, &proc, listeners)?;
         Ok(Sandbox {
             vm: Some(vm),
             proc,
-            io,
+            kernel,
             state: State::Parked(regs),
             exec_timeout: limits.timeout,
             failed_output: None,
@@ -491,7 +492,7 @@ impl Sandbox {
             .collect();
         let mut st = self.proc.save_state_without(&held);
         // Listeners the record's fd table still names keep listening after a restore.
-        st.listeners = self.io.net.listener_states(st.fds.sockets().filter(|s| s.stream).map(|s| s.id));
+        st.listeners = self.kernel.net.listener_states(st.fds.sockets().filter(|s| s.stream).map(|s| s.id));
         st
     }
 
@@ -537,7 +538,7 @@ impl Sandbox {
     }
 
     pub fn stats(&self) -> RunStats {
-        let s = &self.io.stats;
+        let s = &self.kernel.stats;
         RunStats {
             syscalls: s.total,
             unimplemented: s.unimplemented.iter().map(|(nr, n)| (syscalls::name(*nr).to_string(), *nr, *n)).collect(),
@@ -547,7 +548,7 @@ impl Sandbox {
 
     /// Log every syscall from now on (`--trace-syscalls`).
     pub fn set_trace(&mut self, on: bool) {
-        self.io.trace = on;
+        self.kernel.trace = on;
     }
 
     pub fn limits(&self) -> &Limits {
@@ -561,12 +562,12 @@ impl Sandbox {
     pub fn set_egress(&mut self, egress: std::sync::Arc<dyn forkbox_linux::net::Egress>) {
         let config = std::sync::Arc::new(self.limits.network.clone());
         // Listeners restored from its checkpoint stay.
-        self.io.net = forkbox_linux::net::NetIo::keeping_listeners(&mut self.io.net, config, egress);
+        self.kernel.net = forkbox_linux::net::NetIo::keeping_listeners(&mut self.kernel.net, config, egress);
     }
 
     /// Network counters of this sandbox (connects allowed/denied, DNS, bytes).
     pub fn net_stats(&self) -> forkbox_linux::net::NetStats {
-        self.io.net.stats.clone()
+        self.kernel.net.stats.clone()
     }
 
     /// What the last exec wrote to stdout/stderr before it failed (None if it
@@ -605,7 +606,7 @@ impl Sandbox {
             None => None,
         };
         let t0 = Instant::now();
-        let syscalls_before = self.io.stats.total;
+        let syscalls_before = self.kernel.stats.total;
         self.outputs.refresh(&self.proc.vfs);
         let stream = on_output.is_some();
         let exec_id = self.exec_id.take();
@@ -618,15 +619,15 @@ impl Sandbox {
             exec_id,
         };
         self.reseed_pending = false;
-        self.io.send_to_agent(protocol::frame(&req));
-        self.io.agent_out.clear();
-        self.io.agent_overflow = false;
-        self.io.stream_marked = [false; 2];
+        self.kernel.send_to_agent(protocol::frame(&req));
+        self.kernel.agent_out.clear();
+        self.kernel.agent_overflow = false;
+        self.kernel.stream_marked = [false; 2];
         let vdso = self.vdso;
         crate::vdso::refresh(self.vm(), vdso)?;
         let deadline = Instant::now() + self.exec_timeout;
-        self.io.streaming = stream;
-        self.io.interrupt = interrupt.as_ref().map(|i| i.latch().clone());
+        self.kernel.streaming = stream;
+        self.kernel.interrupt = interrupt.as_ref().map(|i| i.latch().clone());
         let outcome = self.run(Some(regs), deadline, &mut on_output);
         // The reply, and the end-of-exec flush of stdout/stderr that came with
         // it: the guest's last output of the exec (before any note of ours).
@@ -642,12 +643,12 @@ impl Sandbox {
                 if killed == 1 { "" } else { "es" },
                 if killed == 1 { "was" } else { "were" }
             );
-            self.io.output(Stream::Stderr, note.as_bytes());
+            self.kernel.output(Stream::Stderr, note.as_bytes());
         }
-        self.io.streaming = false;
-        self.io.streamed.clear();
-        self.io.interrupt = None;
-        let (stdout, stderr) = (take_text(&mut self.io.stdout), take_text(&mut self.io.stderr));
+        self.kernel.streaming = false;
+        self.kernel.streamed.clear();
+        self.kernel.interrupt = None;
+        let (stdout, stderr) = (take_text(&mut self.kernel.stdout), take_text(&mut self.kernel.stderr));
         let stop = match outcome {
             Ok(stop) => stop,
             Err(e) => {
@@ -690,7 +691,7 @@ impl Sandbox {
             error: reply.error,
             runtime_ms: reply.runtime_ms,
             wall_ms: t0.elapsed().as_secs_f64() * 1000.0,
-            syscalls: self.io.stats.total - syscalls_before,
+            syscalls: self.kernel.stats.total - syscalls_before,
             outputs,
         })
     }
@@ -698,7 +699,7 @@ impl Sandbox {
     /// Parse the agent's reply frame; the output held with it goes to the
     /// captures (and the sink).
     fn take_reply(&mut self, sink: &mut Option<OutputSink<'_>>) -> Result<ExecReply, EngineError> {
-        let out = std::mem::take(&mut self.io.agent_out);
+        let out = std::mem::take(&mut self.kernel.agent_out);
         let (reply, used) = protocol::unframe(&out)?;
         if let Some(p) = reply.get("protocol_error") {
             return Err(EngineError::Protocol(p.to_string()));
@@ -706,18 +707,18 @@ impl Sandbox {
         let reply: ExecReply =
             serde_json::from_value(reply).map_err(|e| EngineError::Protocol(format!("bad exec reply: {e}")))?;
         let (held_out, held_err) = protocol::held_output(&out[used..], reply.held)?;
-        self.io.output(Stream::Stdout, held_out);
-        self.io.output(Stream::Stderr, held_err);
+        self.kernel.output(Stream::Stdout, held_out);
+        self.kernel.output(Stream::Stderr, held_err);
         self.flush_stream(sink);
         Ok(reply)
     }
 
     /// Hand streamed output written since the last call to the sink.
     fn flush_stream(&mut self, sink: &mut Option<OutputSink<'_>>) {
-        if self.io.streamed.is_empty() {
+        if self.kernel.streamed.is_empty() {
             return;
         }
-        let chunks = std::mem::take(&mut self.io.streamed);
+        let chunks = std::mem::take(&mut self.kernel.streamed);
         if let Some(f) = sink.as_mut() {
             for (stream, data) in &chunks {
                 f(*stream, data);
@@ -830,7 +831,7 @@ impl Sandbox {
         if let State::Poisoned(why) = &self.state {
             return Err(EngineError::Poisoned(why.clone()));
         }
-        match self.io.net.inject(port, conn) {
+        match self.kernel.net.inject(port, conn) {
             Ok(()) => Ok(()),
             Err(forkbox_linux::net::InjectError::NotListening) => Err(EngineError::PortNotListening(port)),
             Err(forkbox_linux::net::InjectError::Full(why)) => Err(EngineError::PortBusy(port, why)),
@@ -844,7 +845,7 @@ impl Sandbox {
         deadline: Instant,
         sink: &mut Option<OutputSink<'_>>,
     ) -> Result<Stop, EngineError> {
-        self.io.deadline = Some(deadline);
+        self.kernel.deadline = Some(deadline);
         self.sig.reset();
         self.resched = false;
         self.slice_start = Instant::now();
@@ -860,7 +861,7 @@ impl Sandbox {
         deadline: Instant,
         sink: &mut Option<OutputSink<'_>>,
     ) -> Result<Stop, EngineError> {
-        let latch = self.io.interrupt.clone();
+        let latch = self.kernel.interrupt.clone();
         if let Some(regs) = resume {
             let stop = self.syscall(regs)?;
             self.flush_stream(sink);
@@ -923,7 +924,7 @@ impl Sandbox {
         }
         let exit = self.vm().run(Some(run_deadline), latch);
         let spent = ran.elapsed();
-        if let Some(job) = self.io.jobs.get(&self.proc.pid).and_then(|l| self.jobs.get_mut(l)) {
+        if let Some(job) = self.kernel.jobs.get(&self.proc.pid).and_then(|l| self.jobs.get_mut(l)) {
             job.cpu = job.cpu.saturating_add(spent);
         }
         if !self.proc.threads.timers.is_empty() {
@@ -1030,7 +1031,8 @@ impl Sandbox {
 
     fn with_ctx<R>(&mut self, f: impl FnOnce(&mut Ctx) -> R) -> R {
         let vm = self.vm.as_mut().expect("sandbox VM present until drop");
-        let mut ctx = Ctx { mem: vm.mem_mut(), proc: &mut self.proc, io: &mut self.io, effect: None, timed_out: false };
+        let mut ctx =
+            Ctx { mem: vm.mem_mut(), proc: &mut self.proc, kernel: &mut self.kernel, effect: None, timed_out: false };
         f(&mut ctx)
     }
 
@@ -1047,8 +1049,8 @@ impl Sandbox {
         self.with_ctx(syscalls::release_shared);
         self.close_all_fds();
         self.job_ended(pid, how);
-        self.io.jobs.remove(&pid);
-        self.io.procs.exit(pid, how);
+        self.kernel.jobs.remove(&pid);
+        self.kernel.procs.exit(pid, how);
         self.swap_task(0);
         let dead = self.others.remove(0);
         if let Some(vm) = dead.vm {
@@ -1061,10 +1063,10 @@ impl Sandbox {
 
     /// Signals the last syscall sent to other processes.
     fn deliver_outbox(&mut self) {
-        if self.io.procs.outbox.is_empty() {
+        if self.kernel.procs.outbox.is_empty() {
             return;
         }
-        for (pid, info) in std::mem::take(&mut self.io.procs.outbox) {
+        for (pid, info) in std::mem::take(&mut self.kernel.procs.outbox) {
             if pid == self.proc.pid {
                 self.proc.threads.send_process(info);
             } else if let Some(t) = self.others.iter_mut().find(|t| t.proc.pid == pid) {
@@ -1085,7 +1087,7 @@ impl Sandbox {
             Ok(true) => {
                 // What they write from now on is not a later call's output (a job's goes to its rings).
                 for t in &self.others {
-                    self.io.jobs.entry(t.proc.pid).or_insert(DROPPED_OUTPUT);
+                    self.kernel.jobs.entry(t.proc.pid).or_insert(DROPPED_OUTPUT);
                 }
                 true
             }
@@ -1131,9 +1133,9 @@ impl Sandbox {
             return Ok(BackgroundRun::Idle);
         }
         let r = self.run_background_inner(regs, until);
-        self.io.stdout.take();
-        self.io.stderr.take();
-        self.io.agent_overflow = false;
+        self.kernel.stdout.take();
+        self.kernel.stderr.take();
+        self.kernel.agent_overflow = false;
         match r {
             Ok(run) => Ok(run),
             Err(e) => {
@@ -1159,7 +1161,7 @@ impl Sandbox {
         });
         let vdso = self.vdso;
         crate::vdso::refresh(self.vm(), vdso)?;
-        self.io.deadline = Some(until);
+        self.kernel.deadline = Some(until);
         self.sig.reset();
         self.resched = true;
         self.slice_start = Instant::now();
@@ -1246,8 +1248,8 @@ impl Sandbox {
     /// A process forked `child`: it joins its parent's job, or starts one
     /// when the agent forks it in an exec that starts jobs.
     fn join_job(&mut self, parent: u32, child: u32) {
-        if let Some(&leader) = self.io.jobs.get(&parent) {
-            self.io.jobs.insert(child, leader);
+        if let Some(&leader) = self.kernel.jobs.get(&parent) {
+            self.kernel.jobs.insert(child, leader);
             return;
         }
         if !(self.job_exec && parent == GUEST_PID) {
@@ -1256,17 +1258,17 @@ impl Sandbox {
         let finished: Vec<u32> = self.jobs.iter().filter(|(_, j)| j.exit.is_some()).map(|(p, _)| *p).collect();
         for p in finished.into_iter().take((self.jobs.len() + 1).saturating_sub(JOBS_MAX)) {
             self.jobs.remove(&p);
-            self.io.job_out.remove(&p);
-            self.io.job_in.remove(&p);
+            self.kernel.job_out.remove(&p);
+            self.kernel.job_in.remove(&p);
         }
         let started_unix_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
         let argv = self.jobs.get(&parent).map(|j| j.argv.clone()).unwrap_or_default();
         self.jobs.insert(child, Job { argv, started_unix_ms, cpu: Duration::ZERO, exit: None });
-        self.io.jobs.insert(child, child);
-        self.io.job_out.insert(child, Default::default());
-        self.io.job_in.insert(child, Default::default());
+        self.kernel.jobs.insert(child, child);
+        self.kernel.job_out.insert(child, Default::default());
+        self.kernel.job_in.insert(child, Default::default());
     }
 
     /// Process `pid` ended: if it leads a job, the job has ended that way.
@@ -1277,7 +1279,7 @@ impl Sandbox {
     }
 
     fn job_info(&self, pid: u32, job: &Job) -> JobInfo {
-        let (stdout_bytes, stderr_bytes) = self.io.job_out.get(&pid).map_or((0, 0), |r| (r[0].end(), r[1].end()));
+        let (stdout_bytes, stderr_bytes) = self.kernel.job_out.get(&pid).map_or((0, 0), |r| (r[0].end(), r[1].end()));
         JobInfo {
             pid,
             argv: job.argv.clone(),
@@ -1310,7 +1312,7 @@ impl Sandbox {
     /// At most `max` bytes of a job's stream from `offset`.
     pub fn job_output(&self, pid: u32, stream: Stream, offset: u64, max: usize) -> Result<JobChunk, EngineError> {
         let job = self.jobs.get(&pid).ok_or(EngineError::NoSuchJob(pid))?;
-        let ring = self.io.job_out.get(&pid).map(|r| &r[stream as usize]);
+        let ring = self.kernel.job_out.get(&pid).map(|r| &r[stream as usize]);
         let (offset, data) = ring.map_or((0, Vec::new()), |r| r.read(offset, max));
         let end = ring.map_or(0, |r| r.end());
         Ok(JobChunk { offset, end, data, running: job.exit.is_none() })
@@ -1324,10 +1326,10 @@ impl Sandbox {
             return Err(EngineError::BadSignal(sig));
         }
         if job.exit.is_none() {
-            let members: Vec<u32> = self.io.jobs.iter().filter(|(_, l)| **l == pid).map(|(p, _)| *p).collect();
+            let members: Vec<u32> = self.kernel.jobs.iter().filter(|(_, l)| **l == pid).map(|(p, _)| *p).collect();
             for p in members {
                 let info = SigInfo::user(sig, forkbox_linux::thread::SI_USER);
-                self.io.procs.outbox.push((p, info));
+                self.kernel.procs.outbox.push((p, info));
             }
             self.deliver_outbox();
         }
@@ -1380,15 +1382,15 @@ impl Sandbox {
             .iter()
             .find(|t| t.proc.pid == pid)
             .is_some_and(|t| t.proc.fds.get(0).is_ok_and(|f| f.kind == forkbox_linux::fd::FileKind::Stdin));
-        let open = self.io.job_in.get(&pid).is_some_and(|s| !s.closed);
+        let open = self.kernel.job_in.get(&pid).is_some_and(|s| !s.closed);
         if !fed || !open {
             return Err(closed(if fed { "has its stdin closed" } else { "was not started with stdin from the API" }));
         }
-        if data.len() > forkbox_linux::io::JOB_STDIN_BYTES {
+        if data.len() > forkbox_linux::kernel::state::JOB_STDIN_BYTES {
             return Err(EngineError::StdinFull(pid, data.len()));
         }
         loop {
-            let room = self.io.job_in.get(&pid).map_or(0, |s| s.room());
+            let room = self.kernel.job_in.get(&pid).map_or(0, |s| s.room());
             if room >= data.len() {
                 break;
             }
@@ -1398,14 +1400,14 @@ impl Sandbox {
                 return Err(closed("has ended"));
             }
             if now >= until {
-                let unread = forkbox_linux::io::JOB_STDIN_BYTES - room;
+                let unread = forkbox_linux::kernel::state::JOB_STDIN_BYTES - room;
                 return Err(EngineError::StdinFull(pid, unread));
             }
             if self.run_background(until.min(now + JOB_WAIT_SLICE))? == BackgroundRun::Idle {
                 std::thread::sleep(JOB_WATCH_IDLE.min(until.saturating_duration_since(Instant::now())));
             }
         }
-        if let Some(s) = self.io.job_in.get_mut(&pid) {
+        if let Some(s) = self.kernel.job_in.get_mut(&pid) {
             s.buf.extend(data);
             s.closed |= eof;
         }
@@ -1430,9 +1432,9 @@ impl Sandbox {
             }
             killed += 1;
         }
-        self.io.procs.keep_only_main();
-        self.io.jobs.clear();
-        self.io.job_in.clear();
+        self.kernel.procs.keep_only_main();
+        self.kernel.jobs.clear();
+        self.kernel.job_in.clear();
         self.apply_memory_limit();
         // The one process left keeps its shared mappings as private memory (what a checkpoint stores).
         if let Err(e) = self.with_ctx(syscalls::privatize_shared) {
@@ -1445,11 +1447,11 @@ impl Sandbox {
     /// waiters of the other processes that map the same object at the same
     /// offset; returns how many it woke.
     fn deliver_shared_wakes(&mut self) -> u64 {
-        if self.io.shm.wakes.is_empty() {
+        if self.kernel.shm.wakes.is_empty() {
             return 0;
         }
         let mut total = 0;
-        for w in std::mem::take(&mut self.io.shm.wakes) {
+        for w in std::mem::take(&mut self.kernel.shm.wakes) {
             let mut left = w.n;
             for t in self.others.iter_mut() {
                 if left == 0 {
@@ -1529,7 +1531,7 @@ impl Sandbox {
             Err(e) => {
                 // Past the point of no return, as on Linux: the process dies.
                 let note = format!("[forkbox: execve of {} failed after the old program was gone: {e}]\n", spec.path);
-                self.io.output(Stream::Stderr, note.as_bytes());
+                self.kernel.output(Stream::Stderr, note.as_bytes());
                 crate::pool::reap(vm);
                 return Err(EngineError::GuestSignaled(forkbox_linux::thread::SIGKILL));
             }
@@ -1554,13 +1556,13 @@ impl Sandbox {
     /// The guest wrote past the agent channel's cap: end the exec (nothing past
     /// the cap was buffered).
     fn check_agent_overflow(&mut self) -> Result<(), EngineError> {
-        if !self.io.agent_overflow {
+        if !self.kernel.agent_overflow {
             return Ok(());
         }
-        self.io.agent_out = Vec::new();
+        self.kernel.agent_out = Vec::new();
         Err(EngineError::Protocol(format!(
             "the guest wrote more than {} bytes to the agent channel in one reply",
-            self.io.agent_out_limit
+            self.kernel.agent_out_limit
         )))
     }
 
@@ -1577,7 +1579,7 @@ impl Sandbox {
     /// faulthandler traceback), at most 1 KiB of it.
     fn with_stderr(&self, e: EngineError) -> EngineError {
         let EngineError::GuestCrashed(why) = e else { return e };
-        let data = &self.io.stderr.data;
+        let data = &self.kernel.stderr.data;
         if data.is_empty() {
             return EngineError::GuestCrashed(why);
         }
@@ -1605,20 +1607,20 @@ impl Sandbox {
     /// grace period (host-side sleeps end there too). It is queued only once
     /// the agent has read its whole request.
     fn note_interrupt(&mut self) -> Result<(), EngineError> {
-        if let Some(latch) = &self.io.interrupt {
+        if let Some(latch) = &self.kernel.interrupt {
             if latch.take() {
                 self.sig.want = true;
                 // The guest's resolver waits out its own timeout through
                 // signals: its host lookups answer SERVFAIL now instead.
-                self.io.net.cancel_lookups();
+                self.kernel.net.cancel_lookups();
                 if self.sig.grace.is_none() {
                     let g = Instant::now() + signal::GRACE;
                     self.sig.grace = Some(g);
-                    self.io.deadline = Some(self.io.deadline.map_or(g, |d| d.min(g)));
+                    self.kernel.deadline = Some(self.kernel.deadline.map_or(g, |d| d.min(g)));
                 }
             }
         }
-        if self.sig.want && self.io.agent_pending() == 0 && self.proc.pid == GUEST_PID {
+        if self.sig.want && self.kernel.agent_pending() == 0 && self.proc.pid == GUEST_PID {
             SignalState::check_interrupt(&self.proc)?;
             self.sig.want = false;
             self.proc.threads.send_process(SigInfo::user(SIGINT as i32, SI_KERNEL));
@@ -1712,14 +1714,14 @@ impl Sandbox {
             }
             if host.is_empty() {
                 let d = until.saturating_duration_since(Instant::now());
-                match &self.io.interrupt {
+                match &self.kernel.interrupt {
                     Some(latch) => {
                         latch.sleep(d);
                     }
                     None => std::thread::sleep(d),
                 }
             } else {
-                let latch = self.io.interrupt.clone();
+                let latch = self.kernel.interrupt.clone();
                 wait::poll_host(&mut host, until, || latch.as_ref().is_some_and(|l| l.is_pending()));
             }
             if host.get(guest_fds).is_some_and(|p| p.revents != 0) {
@@ -1736,11 +1738,11 @@ impl Sandbox {
     fn next_wake(&mut self) -> Option<Instant> {
         let t = &self.proc.threads;
         let own = t.next_event().map(|at| t.clock.to_instant(at));
-        let io = &mut self.io;
+        let kernel = &mut self.kernel;
         let fds = self.wait_on.iter().filter_map(|(tid, on)| {
             let waiting = t.index_of(*tid).is_some_and(|i| t.list[i].wait.is_some());
             if waiting {
-                wait::next_change(&self.proc, io, on)
+                wait::next_change(&self.proc, kernel, on)
             } else {
                 None
             }
@@ -1754,7 +1756,7 @@ impl Sandbox {
         let mut out = Vec::new();
         for (tid, on) in &self.wait_on {
             if t.index_of(*tid).is_some_and(|i| t.list[i].wait.is_some()) {
-                out.extend(wait::host_fds(&self.proc, &self.io, on));
+                out.extend(wait::host_fds(&self.proc, &self.kernel, on));
             }
         }
         out
@@ -1996,11 +1998,12 @@ impl Sandbox {
     fn dispatch(
         &mut self,
         nr: u64,
-        args: &syscalls::Args,
+        args: &forkbox_linux::kernel::Args,
         timed_out: bool,
     ) -> (forkbox_linux::SysResult, Option<Effect>) {
         let vm = self.vm.as_mut().expect("sandbox VM present until drop");
-        let mut ctx = Ctx { mem: vm.mem_mut(), proc: &mut self.proc, io: &mut self.io, effect: None, timed_out };
+        let mut ctx =
+            Ctx { mem: vm.mem_mut(), proc: &mut self.proc, kernel: &mut self.kernel, effect: None, timed_out };
         let result = syscalls::dispatch(&mut ctx, nr, args);
         (result, ctx.effect)
     }
@@ -2009,11 +2012,12 @@ impl Sandbox {
     fn dispatch_again(
         &mut self,
         nr: u64,
-        args: &syscalls::Args,
+        args: &forkbox_linux::kernel::Args,
         timed_out: bool,
     ) -> (forkbox_linux::SysResult, Option<Effect>) {
         let vm = self.vm.as_mut().expect("sandbox VM present until drop");
-        let mut ctx = Ctx { mem: vm.mem_mut(), proc: &mut self.proc, io: &mut self.io, effect: None, timed_out };
+        let mut ctx =
+            Ctx { mem: vm.mem_mut(), proc: &mut self.proc, kernel: &mut self.kernel, effect: None, timed_out };
         let result = syscalls::redispatch(&mut ctx, nr, args);
         (result, ctx.effect)
     }
@@ -2096,11 +2100,11 @@ impl Sandbox {
                 let others: u64 = self.others.iter().map(|t| t.proc.mm.committed()).sum();
                 let total = others.saturating_add(self.proc.mm.committed().saturating_mul(2));
                 if total > self.limits.memory_bytes {
-                    self.io.procs.unspawn(spec.pid);
+                    self.kernel.procs.unspawn(spec.pid);
                     ret = Errno::ENOMEM.to_rax();
                 } else if let Err(e) = self.fork_process(&regs, &spec) {
                     tracing::warn!("fork: {e}");
-                    self.io.procs.unspawn(spec.pid);
+                    self.kernel.procs.unspawn(spec.pid);
                     ret = Errno::ENOMEM.to_rax();
                 }
             }
@@ -2136,8 +2140,8 @@ const PROCESS_POLL: Duration = Duration::from_millis(2);
 
 /// May a call a signal interrupted restart (SA_RESTART), as Linux? Never the
 /// waits with timeouts and the calls that always return EINTR.
-fn wait_kind(on: &forkbox_linux::wait::WaitOn, old: &WaitKind) -> WaitKind {
-    use forkbox_linux::wait::WaitOn;
+fn wait_kind(on: &forkbox_linux::kernel::block::WaitOn, old: &WaitKind) -> WaitKind {
+    use forkbox_linux::kernel::block::WaitOn;
     match on {
         // A requeue moved the waiter: keep where it is now.
         WaitOn::Futex { addr, bitset } => match old {
@@ -2180,11 +2184,12 @@ pub(crate) fn words_to_xsave(w: &Xsave) -> Result<Box<kvm_xsave>, EngineError> {
 /// 256 fresh bits from the host, in hex, for a fork's first exec to reseed with.
 fn fresh_seed() -> Result<String, EngineError> {
     let mut b = [0u8; 32];
-    syscalls::fill_random(&mut b).map_err(|e| EngineError::Protocol(format!("no randomness for a reseed: {e:?}")))?;
+    forkbox_linux::random::fill_random(&mut b)
+        .map_err(|e| EngineError::Protocol(format!("no randomness for a reseed: {e:?}")))?;
     Ok(hex::encode(b))
 }
 
-fn take_text(c: &mut forkbox_linux::io::Capture) -> String {
+fn take_text(c: &mut forkbox_linux::kernel::state::Capture) -> String {
     let (data, dropped) = c.take();
     let mut s = String::from_utf8_lossy(&data).into_owned();
     if dropped > 0 {

@@ -49,7 +49,7 @@ fn a_64_mib_raw_write_to_a_stream_is_capped_at_the_output_limit() {
         .exec_with(code, ExecOptions { on_output: Some(&mut sink), interrupt: None, timeout: None, job: false })
         .unwrap();
     assert!(r.error.is_none(), "{:?}", r.error);
-    let marker = forkbox_linux::io::STREAM_TRUNCATED.len();
+    let marker = forkbox_linux::kernel::state::STREAM_TRUNCATED.len();
     assert!(streamed <= limit + marker, "streamed {streamed} bytes past a {limit}-byte limit");
     assert!(r.stdout.len() <= limit + 200, "result stdout of {} bytes", r.stdout.len());
     assert!(r.stdout.contains("more bytes dropped"), "no truncation marker in the result");
@@ -64,7 +64,7 @@ fn a_64_mib_raw_write_to_a_stream_is_capped_at_the_output_limit() {
 fn agent_channel_writes_past_the_frame_cap_are_a_protocol_error_without_buffering() {
     let _serial = serial();
     let mut sb = fork();
-    let cap = forkbox_linux::io::agent_frame_limit(Limits::default().output_bytes) as u64;
+    let cap = forkbox_linux::kernel::state::agent_frame_limit(Limits::default().output_bytes) as u64;
     let before = rss();
     // Four 128 MiB writes to the agent's fd (3) from user code.
     let code = "import os\nb = bytes(128 << 20)\nfor _ in range(4):\n    os.write(3, b)";

@@ -187,7 +187,7 @@ fn streamed_output_stops_at_the_output_limit_with_a_marker() {
             ExecOptions { on_output: Some(&mut sink), interrupt: None, timeout: None, job: false },
         )
         .unwrap();
-    let marker = forkbox_linux::io::STREAM_TRUNCATED;
+    let marker = forkbox_linux::kernel::state::STREAM_TRUNCATED;
     assert_eq!(streamed.len(), 100 + marker.len(), "{}", String::from_utf8_lossy(&streamed));
     assert_eq!(&streamed[..100], "xxxxxxxxx\n".repeat(10).as_bytes());
     assert!(streamed.ends_with(marker));

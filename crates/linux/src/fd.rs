@@ -25,7 +25,7 @@ pub enum FileKind {
     /// A pipe, socket, eventfd, epoll or timerfd (`FdTable::objects`).
     Object(u64),
     /// An AF_INET/AF_INET6 socket. The host socket behind it lives in the
-    /// sandbox's `Io` (never in a snapshot); an id with none behind it is reset.
+    /// sandbox's `Kernel` (never in a snapshot); an id with none behind it is reset.
     Socket(SockInfo),
 }
 
@@ -185,7 +185,7 @@ impl FdTable {
         self.files.get(&e.ofd).ok_or(Errno::EBADF)
     }
 
-    /// The id of the open file description behind `fd` (what `wait::WaitOn` names).
+    /// The id of the open file description behind `fd` (what `kernel::block::WaitOn` names).
     pub fn ofd(&self, fd: i32) -> Result<u64, Errno> {
         Ok(self.fds.get(&fd).ok_or(Errno::EBADF)?.ofd)
     }

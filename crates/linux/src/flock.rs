@@ -1,6 +1,6 @@
 //! flock(2) locks: whole-file advisory locks, shared or exclusive, held by an
 //! open file description and seen by every process of the sandbox (the table
-//! lives in the per-sandbox `Io`).
+//! lives in the per-sandbox `Kernel`).
 //!
 //! A holder is (pid, description id): description ids are per process, so a
 //! forked child's inherited descriptions do not hold the parent's locks (on

@@ -222,7 +222,7 @@ fn build_stack(
     sp = align_down(sp - 16, 16);
     let random = sp;
     let mut rnd = [0u8; 16];
-    crate::syscalls::fill_random(&mut rnd).map_err(|_| LoadError::StackTooBig(0))?;
+    crate::random::fill_random(&mut rnd).map_err(|_| LoadError::StackTooBig(0))?;
     mem.write(random, &rnd).map_err(too_big)?;
 
     let mut aux = vec![

@@ -1,5 +1,5 @@
 //! The process table of one sandbox: pids, parents, process groups, sessions
-//! and zombies, shared by all its processes (it lives in the sandbox's `Io`).
+//! and zombies, shared by all its processes (it lives in the sandbox's `Kernel`).
 //!
 //! Each guest process runs in its own KVM VM (own memory, page tables and vCPU:
 //! processes are isolated from each other by the hardware, like sandboxes);

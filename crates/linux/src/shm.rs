@@ -23,7 +23,7 @@
 //! weak reference): the host memfd goes when the last process lets go.
 //!
 //! Futexes on shared mappings are keyed by (object, offset) across processes
-//! (`Io::shm` collects the wakes a syscall makes; the engine delivers them to
+//! (`Kernel::shm` collects the wakes a syscall makes; the engine delivers them to
 //! the waiters of the other processes).
 //!
 //! The table is host-side and never persisted: at the end of an exec the

@@ -8,7 +8,7 @@
 //! host (`resolver`: a bounded pool that never blocks the sandbox's thread)
 //! and hands out only addresses the policy allows.
 //!
-//! Host sockets live here, in the per-sandbox `Io`, never in `Process`: the
+//! Host sockets live here, in the per-sandbox `Kernel`, never in `Process`: the
 //! fd table only holds a socket id. A snapshot, a resumed session or a fork
 //! therefore never carries a live connection; an id with no host socket
 //! behind it reads as reset (ECONNRESET, then EOF; writes EPIPE). Listeners
@@ -563,7 +563,7 @@ const FLOWS_CAP: usize = 16;
 /// sockets (each holds its lookup's eventfd until the guest reads the answer).
 const QUESTIONS_WAITING: usize = 64;
 
-/// The host-side network state of one running sandbox (part of `Io`, never
+/// The host-side network state of one running sandbox (part of `Kernel`, never
 /// snapshotted but for its listeners' `ListenerState`).
 #[derive(Debug)]
 pub struct NetIo {
@@ -591,7 +591,7 @@ impl Default for NetIo {
 
 fn nonce() -> u64 {
     let mut b = [0u8; 8];
-    let _ = crate::syscalls::fill_random(&mut b);
+    let _ = crate::random::fill_random(&mut b);
     u64::from_le_bytes(b) & 0xFFFF_FFFF_0000_0000
 }
 

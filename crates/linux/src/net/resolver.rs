@@ -267,7 +267,7 @@ enum Said {
 
 fn query_message(name: &Name, ty: RecordType) -> (u16, Vec<u8>) {
     let mut b = [0u8; 2];
-    let _ = crate::syscalls::fill_random(&mut b);
+    let _ = crate::random::fill_random(&mut b);
     let id = u16::from_le_bytes(b);
     let mut m = Message::new(id, MessageType::Query, OpCode::Query);
     m.metadata.recursion_desired = true;

@@ -8,14 +8,13 @@ mod sys_file;
 pub mod test_hooks;
 pub use sys_file::close_fds;
 mod sys_fork;
-pub use sys_fork::{ExecSpec, ForkSpec};
 mod sys_fs;
 mod sys_lock;
 mod sys_mm;
 pub use sys_mm::{privatize_own_files, privatize_shared, release_shared};
 mod sys_pipe;
 mod sys_process;
-pub use sys_process::fill_random;
+mod sys_rlimit;
 mod sys_signal;
 mod sys_socket;
 mod sys_thread;
@@ -26,167 +25,15 @@ mod table;
 #[cfg(test)]
 mod tests;
 
-use forkbox_vmm::GuestMemory;
-
 use crate::errno::{Errno, SysResult};
-use crate::io::Io;
-use crate::layout::{GUEST_BASE, RAM_SIZE};
-use crate::process::Process;
-use crate::vfs::Ino;
+use crate::kernel::{Args, Ctx};
 
 pub use table::{entry, markdown, restarts_under_sa_restart, Entry, Restart, Support, README_BEGIN, README_END, TABLE};
 
-pub type Args = [u64; 6];
-pub type Handler = fn(&mut Ctx, &Args) -> SysResult;
-
-/// Something the VMM must do besides returning a value.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Effect {
-    /// The agent waits for a request: stop here without completing the call;
-    /// the call is re-issued when the vCPU resumes.
-    Park,
-    /// exit_group / exit.
-    Exit(i32),
-    /// Killed by a signal it sent itself (abort()).
-    Signaled(i32),
-    /// arch_prctl(ARCH_SET_FS).
-    SetFsBase(u64),
-    /// rt_sigreturn: return from a signal handler the VMM entered.
-    SigReturn,
-    /// The call must wait: re-run it when state may have changed (see `crate::wait`).
-    Block(crate::wait::Block),
-    /// clone made thread `tid` (its record is in `proc.threads`): the engine
-    /// gives it the caller's registers with RAX = 0 and RSP = `stack` (if not
-    /// 0), and the caller's XSAVE state.
-    Spawn { tid: crate::thread::Tid, stack: u64 },
-    /// exit of one thread (others remain): the engine drops it and runs another.
-    ThreadExit,
-    /// sched_yield with other threads: let another runnable thread run.
-    Yield,
-    /// fork/vfork/clone of a new process: the engine makes the child (pid
-    /// already in the process table) from the caller's state; RAX = 0 in it.
-    Fork(ForkSpec),
-    /// execve/execveat passed every check: the engine drops the address space
-    /// and loads the program (a failure from here on kills the process).
-    Exec(Box<ExecSpec>),
-}
-
-/// Everything a handler may touch.
-pub struct Ctx<'a> {
-    pub mem: &'a mut GuestMemory,
-    pub proc: &'a mut Process,
-    pub io: &'a mut Io,
-    pub effect: Option<Effect>,
-    /// The engine re-runs a blocked call (`Effect::Block`) with this set once
-    /// its deadline has passed: the handler must then complete as at a
-    /// timeout (never block again). See `crate::wait`.
-    pub timed_out: bool,
-}
-
-/// Longest path a guest may pass (PATH_MAX).
-pub const PATH_MAX: usize = 4096;
-/// Largest single read/write, as Linux (MAX_RW_COUNT).
-pub const MAX_RW: u64 = 0x7FFF_F000;
-
-impl Ctx<'_> {
-    /// Check a guest buffer the VMM reads: every page of it mapped readable
-    /// in the guest's memory map (EFAULT for unmapped or PROT_NONE pages, as
-    /// Linux). What the guest did not map is never touched, so never backed.
-    pub fn user_range(&self, addr: u64, len: u64) -> Result<(), Errno> {
-        self.check_user(addr, len, false)
-    }
-
-    /// Check a guest buffer the VMM writes: every page mapped writable
-    /// (EFAULT for read-only ones too).
-    pub fn user_range_mut(&self, addr: u64, len: u64) -> Result<(), Errno> {
-        self.check_user(addr, len, true)
-    }
-
-    fn check_user(&self, addr: u64, len: u64, write: bool) -> Result<(), Errno> {
-        if len == 0 {
-            return Ok(());
-        }
-        let end = addr.checked_add(len).ok_or(Errno::EFAULT)?;
-        if addr < GUEST_BASE || end > RAM_SIZE.min(self.mem.size()) || self.proc.mm.accessible(addr, len, write) != len
-        {
-            return Err(Errno::EFAULT);
-        }
-        Ok(())
-    }
-
-    pub fn bytes(&self, addr: u64, len: u64) -> Result<&[u8], Errno> {
-        self.user_range(addr, len)?;
-        if len == 0 {
-            return Ok(&[]);
-        }
-        self.mem.slice(addr, len).map_err(|_| Errno::EFAULT)
-    }
-
-    pub fn bytes_mut(&mut self, addr: u64, len: u64) -> Result<&mut [u8], Errno> {
-        self.user_range_mut(addr, len)?;
-        if len == 0 {
-            return Ok(&mut []);
-        }
-        self.mem.slice_mut(addr, len).map_err(|_| Errno::EFAULT)
-    }
-
-    pub fn write_bytes(&mut self, addr: u64, data: &[u8]) -> Result<(), Errno> {
-        self.bytes_mut(addr, data.len() as u64)?.copy_from_slice(data);
-        Ok(())
-    }
-
-    pub fn write_u64(&mut self, addr: u64, v: u64) -> Result<(), Errno> {
-        self.write_bytes(addr, &v.to_le_bytes())
-    }
-
-    pub fn write_i32(&mut self, addr: u64, v: i32) -> Result<(), Errno> {
-        self.write_bytes(addr, &v.to_le_bytes())
-    }
-
-    pub fn read_u64(&self, addr: u64) -> Result<u64, Errno> {
-        let b = self.bytes(addr, 8)?;
-        Ok(u64::from_le_bytes(b.try_into().map_err(|_| Errno::EFAULT)?))
-    }
-
-    pub fn read_i64(&self, addr: u64) -> Result<i64, Errno> {
-        self.read_u64(addr).map(|v| v as i64)
-    }
-
-    /// A NUL-terminated path from the guest (read only as far as it is mapped).
-    pub fn path(&self, addr: u64) -> Result<Vec<u8>, Errno> {
-        self.c_string(addr, PATH_MAX)
-    }
-
-    /// A NUL-terminated string of at most `max` bytes with its NUL
-    /// (ENAMETOOLONG past that, EFAULT if its memory ends first).
-    pub fn c_string(&self, addr: u64, max: usize) -> Result<Vec<u8>, Errno> {
-        self.user_range(addr, 1)?;
-        let avail = self.proc.mm.accessible(addr, max as u64, false);
-        let s = self.mem.slice(addr, avail).map_err(|_| Errno::EFAULT)?;
-        match s.iter().position(|&b| b == 0) {
-            Some(n) => Ok(s[..n].to_vec()),
-            // No NUL: too long if the memory is there, else a bad pointer.
-            None if avail == max as u64 => Err(Errno::ENAMETOOLONG),
-            None => Err(Errno::EFAULT),
-        }
-    }
-
-    /// The directory a *at() call starts from: the cwd for AT_FDCWD, else the dirfd's node.
-    pub fn dir_start(&self, dirfd: u64, path: &[u8]) -> Result<Ino, Errno> {
-        if path.first() == Some(&b'/') || dirfd as i32 == libc::AT_FDCWD {
-            return Ok(self.proc.cwd);
-        }
-        match self.proc.fds.get(dirfd as i32)?.kind {
-            crate::fd::FileKind::Node(ino) => Ok(ino),
-            _ => Err(Errno::ENOTDIR),
-        }
-    }
-}
-
 /// Run syscall `nr`. `Err(e)` becomes `-e` in RAX.
 pub fn dispatch(ctx: &mut Ctx, nr: u64, args: &Args) -> SysResult {
-    ctx.io.stats.total += 1;
-    *ctx.io.stats.by_nr.entry(nr).or_default() += 1;
+    ctx.kernel.stats.total += 1;
+    *ctx.kernel.stats.by_nr.entry(nr).or_default() += 1;
     #[cfg(feature = "test-hooks")]
     if let Some(r) = test_hooks::dispatch(nr) {
         return r;
@@ -194,18 +41,21 @@ pub fn dispatch(ctx: &mut Ctx, nr: u64, args: &Args) -> SysResult {
     let result = match entry(nr) {
         Some(e) => e.run(ctx, args),
         None => {
-            *ctx.io.stats.unimplemented.entry(nr).or_default() += 1;
+            *ctx.kernel.stats.unimplemented.entry(nr).or_default() += 1;
             Err(Errno::ENOSYS)
         }
     };
+    // Descriptions closed for good as a side effect of the call (descriptors
+    // in flight on an AF_UNIX socket a receive dropped) give back what they held.
+    crate::file::released(ctx, None);
     if let Some(closed) = ctx.proc.fds.take_closed() {
-        if !ctx.io.flocks.is_empty() {
+        if !ctx.kernel.flocks.is_empty() {
             for ofd in closed {
-                ctx.io.flocks.release(ctx.proc.pid, ofd);
+                ctx.kernel.flocks.release(ctx.proc.pid, ofd);
             }
         }
     }
-    if ctx.io.trace {
+    if ctx.kernel.trace {
         let name = entry(nr).map(|e| e.name).unwrap_or("?");
         tracing::info!(target: "forkbox::syscall", "{name}({nr}) {:x?} -> {:?}", &args[..], result.map(|v| v as i64));
     }
@@ -240,10 +90,12 @@ pub fn unsupported_calls(by_nr: &std::collections::BTreeMap<u64, u64>) -> Vec<Un
 
 /// Re-run a blocked call's handler (not counted again in the statistics).
 pub fn redispatch(ctx: &mut Ctx, nr: u64, args: &Args) -> SysResult {
-    match entry(nr) {
+    let result = match entry(nr) {
         Some(e) => e.run(ctx, args),
         None => Err(Errno::ENOSYS),
-    }
+    };
+    crate::file::released(ctx, None);
+    result
 }
 
 /// Syscall name by number (for reports).

@@ -4,9 +4,10 @@
 //! whenever a path under /proc is looked up (`refresh`), so stat, open, read,
 //! getdents and readlink all see current values and nothing else changes.
 
-use super::sys_process::{cpu_time, rlimit};
-use super::Ctx;
+use super::sys_rlimit::rlimit;
+use super::sys_time::cpu_time;
 use crate::fd::FileKind;
+use crate::kernel::Ctx;
 use crate::objects::ObjKind;
 use crate::process::NSIG;
 use crate::vfs::Gen;
@@ -54,7 +55,7 @@ fn build(ctx: &Ctx) -> Vec<(Vec<u8>, Gen)> {
         (b"thread-self".to_vec(), Gen::Symlink(format!("{pid}/task/{pid}").into_bytes())),
         (b"cpuinfo".to_vec(), file(cpuinfo())),
         (b"meminfo".to_vec(), file(meminfo(ctx))),
-        (b"loadavg".to_vec(), file(format!("0.00 0.00 0.00 1/{} {}\n", ctx.io.procs.running(), ctx.proc.pid))),
+        (b"loadavg".to_vec(), file(format!("0.00 0.00 0.00 1/{} {}\n", ctx.kernel.procs.running(), ctx.proc.pid))),
         (b"uptime".to_vec(), file(uptime())),
         (b"stat".to_vec(), file(stat(ctx))),
         (b"version".to_vec(), file("Linux version 6.1.0-forkbox (forkbox) #1 SMP forkbox\n".into())),
@@ -177,7 +178,7 @@ fn status(ctx: &Ctx) -> String {
          NoNewPrivs:\t1\nSeccomp:\t0\nCpus_allowed:\t{cpus:x}\nCpus_allowed_list:\t0\nMems_allowed:\t1\n\
          Mems_allowed_list:\t0\nvoluntary_ctxt_switches:\t0\nnonvoluntary_ctxt_switches:\t0\n",
         name = comm(ctx),
-        ppid = ctx.io.procs.get(pid).map_or(1, |e| e.ppid),
+        ppid = ctx.kernel.procs.get(pid).map_or(1, |e| e.ppid),
         umask = ctx.proc.umask,
         uid = ids(ctx.proc.creds.uid),
         gid = ids(ctx.proc.creds.gid),
@@ -206,7 +207,7 @@ fn pid_stat(ctx: &Ctx) -> String {
     let mm = &ctx.proc.mm;
     let (cpu, _) = ticks();
     let pid = ctx.proc.pid;
-    let e = ctx.io.procs.get(pid).cloned();
+    let e = ctx.kernel.procs.get(pid).cloned();
     let vsize = mm.committed();
     let rss = vsize / 4096;
     format!(

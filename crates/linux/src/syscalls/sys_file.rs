@@ -3,12 +3,13 @@
 
 use std::time::Duration;
 
-use super::sys_socket;
-use super::{Args, Ctx, Effect, MAX_RW};
 use crate::errno::{Errno, SysResult};
 use crate::fd::{FileKind, OpenFile};
+use crate::file;
+use crate::kernel::block::{Block, WaitOn};
+use crate::kernel::{Args, Ctx, MAX_RW};
 use crate::vfs::FileType;
-use crate::wait::{self, Block, WaitOn};
+use crate::wait;
 
 const IOV_MAX: u64 = 1024;
 
@@ -19,166 +20,32 @@ fn fd_arg(v: u64) -> i32 {
 /// Read into guest memory at `buf` from the description behind `fd`, at
 /// `pos` (positional) or the file offset.
 fn read_into(ctx: &mut Ctx, fd: i32, buf: u64, len: u64, pos: Option<u64>) -> SysResult {
-    let f = *ctx.proc.fds.get(fd)?;
-    if !f.readable() {
+    let (f, ops) = file::open(ctx, fd)?;
+    if !f.file.readable() {
         return Err(Errno::EBADF);
     }
     let len = len.min(MAX_RW);
     ctx.user_range_mut(buf, len)?;
-    match f.kind {
-        FileKind::Node(ino) => {
-            let off = pos.unwrap_or(f.offset);
-            let n = {
-                let dst = ctx.mem.slice_mut(buf, len).map_err(|_| Errno::EFAULT)?;
-                ctx.proc.vfs.read(ino, off, dst)?
-            };
-            if pos.is_none() {
-                ctx.proc.fds.get_mut(fd)?.offset = off + n as u64;
-            }
-            Ok(n as u64)
-        }
-        FileKind::Stdin => read_stdin(ctx, &f, fd, buf, len),
-        FileKind::Stdout | FileKind::Stderr => Err(Errno::EBADF),
-        FileKind::Socket(_) if pos.is_some() => Err(Errno::ESPIPE),
-        FileKind::Socket(_) => sys_socket::read_fd(ctx, fd, buf, len),
-        FileKind::Object(_) if pos.is_some() => Err(Errno::ESPIPE),
-        FileKind::Object(id) => {
-            let ofd = ctx.proc.fds.ofd(fd)?;
-            super::sys_pipe::read_object(ctx, &f, ofd, id, buf, len)
-        }
-        // Only the agent's own process ever talks on the agent channel.
-        FileKind::Agent if ctx.proc.pid != crate::procs::GUEST_PID => Err(Errno::EBADF),
-        FileKind::Agent => {
-            if pos.is_some() {
-                return Err(Errno::ESPIPE);
-            }
-            let pending = ctx.io.agent_pending() as u64;
-            if pending == 0 {
-                // The agent waits for work: the vCPU parks here (the snapshot point).
-                ctx.effect = Some(Effect::Park);
-                return Ok(0);
-            }
-            let n = pending.min(len);
-            let start = ctx.io.agent_in_pos;
-            let chunk = ctx.io.agent_in[start..start + n as usize].to_vec();
-            ctx.write_bytes(buf, &chunk)?;
-            ctx.io.agent_in_pos += n as usize;
-            Ok(n)
-        }
-    }
-}
-
-/// fd 0 as the agent has it: end of file, except in a background job with a
-/// stdin the host feeds (then it reads like a pipe's read end).
-fn read_stdin(ctx: &mut Ctx, f: &OpenFile, fd: i32, buf: u64, len: u64) -> SysResult {
-    let pid = ctx.proc.pid;
-    let Some(stdin) = ctx.io.stdin_of(pid) else { return Ok(0) };
-    if stdin.buf.is_empty() {
-        if stdin.closed || len == 0 {
-            return Ok(0);
-        }
-        if f.flags & libc::O_NONBLOCK != 0 {
-            return Err(Errno::EAGAIN);
-        }
-        let ofd = ctx.proc.fds.ofd(fd)?;
-        return wait::block(ctx, Block::new(WaitOn::Fd { ofd, events: wait::READABLE }));
-    }
-    let n = stdin.buf.len().min(usize::try_from(len).unwrap_or(usize::MAX));
-    let chunk: Vec<u8> = stdin.buf.iter().take(n).copied().collect();
-    ctx.write_bytes(buf, &chunk)?;
-    // Consumed only once the guest has the bytes (a fault leaves them for the next read).
-    if let Some(stdin) = ctx.io.stdin_of(pid) {
-        stdin.buf.drain(..n);
-    }
-    Ok(n as u64)
+    ops.read(ctx, &f, buf, len, pos)
 }
 
 fn write_from(ctx: &mut Ctx, fd: i32, buf: u64, len: u64, pos: Option<u64>) -> SysResult {
-    let f = *ctx.proc.fds.get(fd)?;
-    if !f.writable() {
+    let (f, ops) = file::open(ctx, fd)?;
+    if !f.file.writable() {
         return Err(Errno::EBADF);
     }
     let len = len.min(MAX_RW);
     ctx.user_range(buf, len)?;
-    if let FileKind::Socket(_) = f.kind {
-        if pos.is_some() {
-            return Err(Errno::ESPIPE);
-        }
-        return sys_socket::write_fd(ctx, fd, buf, len);
-    }
-    if let FileKind::Object(id) = f.kind {
-        if pos.is_some() {
-            return Err(Errno::ESPIPE);
-        }
-        // Nothing takes more than a socket buffer at once: copy at most that.
-        let len = len.min(crate::objects::SOCKET_CAPACITY as u64);
-        let data = ctx.mem.slice(buf, len).map_err(|_| Errno::EFAULT)?.to_vec();
-        let ofd = ctx.proc.fds.ofd(fd)?;
-        return super::sys_pipe::write_object(ctx, &f, ofd, id, &data);
-    }
-    let data = ctx.mem.slice(buf, len).map_err(|_| Errno::EFAULT)?;
-    write_plain(ctx.proc, ctx.io, fd, &f, data, pos)
+    ops.write(ctx, &f, buf, len, pos)
 }
 
-/// A write of host bytes to a description that is not an fd object.
-fn write_plain(
-    proc: &mut crate::process::Process,
-    io: &mut crate::io::Io,
-    fd: i32,
-    f: &OpenFile,
-    data: &[u8],
-    pos: Option<u64>,
-) -> SysResult {
-    let len = data.len() as u64;
-    match f.kind {
-        FileKind::Node(ino) => {
-            let off = match pos {
-                Some(p) => p,
-                None if f.flags & libc::O_APPEND != 0 => proc.vfs.stat(ino)?.size,
-                None => f.offset,
-            };
-            let n = proc.vfs.write(ino, off, data)?;
-            if pos.is_none() {
-                proc.fds.get_mut(fd)?.offset = off + n as u64;
-            }
-            Ok(n as u64)
-        }
-        FileKind::Stdout => {
-            io.output_from(proc.pid, crate::io::Stream::Stdout, data);
-            Ok(len)
-        }
-        FileKind::Stderr => {
-            io.output_from(proc.pid, crate::io::Stream::Stderr, data);
-            Ok(len)
-        }
-        FileKind::Agent if proc.pid != crate::procs::GUEST_PID => Err(Errno::EBADF),
-        FileKind::Agent => {
-            // Capped before copying: the run loop ends the exec on overflow.
-            if !io.agent_write(data) {
-                return Err(Errno::EFBIG);
-            }
-            Ok(len)
-        }
-        FileKind::Stdin => Err(Errno::EBADF),
-        FileKind::Object(_) | FileKind::Socket(_) => Err(Errno::EBADF),
-    }
-}
-
-/// Write host bytes to `fd` (sendfile, copy_file_range), objects included.
+/// Write host bytes to `fd` (sendfile).
 fn write_host(ctx: &mut Ctx, fd: i32, data: &[u8], pos: Option<u64>) -> SysResult {
-    let f = *ctx.proc.fds.get(fd)?;
-    if !f.writable() {
+    let (f, ops) = file::open(ctx, fd)?;
+    if !f.file.writable() {
         return Err(Errno::EBADF);
     }
-    match f.kind {
-        FileKind::Object(_) | FileKind::Socket(_) if pos.is_some() => Err(Errno::ESPIPE),
-        FileKind::Object(id) => {
-            let ofd = ctx.proc.fds.ofd(fd)?;
-            super::sys_pipe::write_object(ctx, &f, ofd, id, data)
-        }
-        FileKind::Socket(_) => sys_socket::write_host_bytes(ctx, fd, data),
-        _ => write_plain(ctx.proc, ctx.io, fd, &f, data, pos),
-    }
+    ops.write_bytes(ctx, &f, data, pos)
 }
 
 /// Largest chunk sendfile / copy_file_range move per call (a short count is
@@ -225,7 +92,7 @@ pub fn sendfile(ctx: &mut Ctx, a: &Args) -> SysResult {
         return Ok(0);
     }
     let w = write_host(ctx, out_fd, &buf[..n], None)?;
-    if wait::is_blocking(ctx) || ctx.effect.is_some() {
+    if ctx.is_blocking() || ctx.effect.is_some() {
         return Ok(0);
     }
     match explicit {
@@ -288,7 +155,7 @@ pub fn close_range(ctx: &mut Ctx, a: &Args) -> SysResult {
             ctx.proc.fds.set_cloexec(fd, true)?;
         } else {
             let gone = ctx.proc.fds.close(fd)?;
-            released(ctx, gone);
+            file::released(ctx, gone);
         }
     }
     Ok(0)
@@ -353,7 +220,7 @@ fn vectored(ctx: &mut Ctx, fd: i32, iov: u64, count: u64, pos: Option<u64>, is_r
             Err(e) => return Err(e),
         };
         if ctx.effect.is_some() {
-            if total > 0 && wait::is_blocking(ctx) {
+            if total > 0 && ctx.is_blocking() {
                 ctx.effect = None;
             }
             return Ok(total);
@@ -439,31 +306,14 @@ pub fn lseek(ctx: &mut Ctx, a: &Args) -> SysResult {
 pub fn close_fds(ctx: &mut Ctx, fds: &[i32]) {
     for &fd in fds {
         if let Ok(gone) = ctx.proc.fds.close(fd) {
-            released(ctx, gone);
+            file::released(ctx, gone);
         }
-    }
-}
-
-/// Give back what a description closed for good held, and what closed with it
-/// (descriptors that were in flight on a socket it destroyed).
-pub(super) fn released(ctx: &mut Ctx, kind: Option<FileKind>) {
-    release_kind(ctx, kind);
-    for k in ctx.proc.fds.take_gone() {
-        release_kind(ctx, Some(k));
-    }
-}
-
-fn release_kind(ctx: &mut Ctx, kind: Option<FileKind>) {
-    match kind {
-        Some(FileKind::Node(ino)) => ctx.proc.vfs.release(ino),
-        Some(FileKind::Socket(s)) => ctx.io.net.close(s.id),
-        _ => {}
     }
 }
 
 pub fn close(ctx: &mut Ctx, a: &Args) -> SysResult {
     let gone = ctx.proc.fds.close(fd_arg(a[0]))?;
-    released(ctx, gone);
+    file::released(ctx, gone);
     Ok(0)
 }
 
@@ -473,7 +323,7 @@ pub fn dup(ctx: &mut Ctx, a: &Args) -> SysResult {
 
 pub fn dup2(ctx: &mut Ctx, a: &Args) -> SysResult {
     let gone = ctx.proc.fds.dup_to(fd_arg(a[0]), fd_arg(a[1]), false)?;
-    released(ctx, gone);
+    file::released(ctx, gone);
     Ok(a[1] as i32 as u64)
 }
 
@@ -483,7 +333,7 @@ pub fn dup3(ctx: &mut Ctx, a: &Args) -> SysResult {
         return Err(Errno::EINVAL);
     }
     let gone = ctx.proc.fds.dup_to(fd_arg(a[0]), fd_arg(a[1]), flags & libc::O_CLOEXEC != 0)?;
-    released(ctx, gone);
+    file::released(ctx, gone);
     Ok(a[1] as i32 as u64)
 }
 
@@ -543,18 +393,13 @@ pub fn fcntl(ctx: &mut Ctx, a: &Args) -> SysResult {
 
 pub fn ioctl(ctx: &mut Ctx, a: &Args) -> SysResult {
     let (fd, req, arg) = (fd_arg(a[0]), a[1], a[2]);
-    let f = *ctx.proc.fds.get(fd)?;
+    ctx.proc.fds.get(fd)?;
     match req {
         0x5451 /* FIOCLEX */ => ctx.proc.fds.set_cloexec(fd, true).map(|_| 0),
         0x5450 /* FIONCLEX */ => ctx.proc.fds.set_cloexec(fd, false).map(|_| 0),
         0x541B /* FIONREAD */ => {
-            let n = match f.kind {
-                FileKind::Socket(s) => sys_socket::pending(ctx, s)?.max(0) as u64,
-                FileKind::Agent => ctx.io.agent_pending() as u64,
-                FileKind::Node(ino) => ctx.proc.vfs.stat(ino)?.size.saturating_sub(f.offset),
-                FileKind::Object(id) => ctx.proc.fds.objects.readable_bytes(id),
-                _ => 0,
-            };
+            let (open, ops) = file::open(ctx, fd)?;
+            let n = ops.pending(ctx, &open)?;
             ctx.write_i32(arg, n.min(i32::MAX as u64) as i32)?;
             Ok(0)
         }
@@ -589,7 +434,7 @@ fn poll_fds(ctx: &mut Ctx, fds: u64, nfds: u64, timeout: Option<Duration>) -> Sy
             match ctx.proc.fds.get(fd) {
                 Ok(_) => {
                     let ofd = ctx.proc.fds.ofd(fd)?;
-                    rev = wait::ready(ctx.proc, ctx.io, ofd) & (events | ALWAYS);
+                    rev = wait::ready(ctx.proc, ctx.kernel, ofd) & (events | ALWAYS);
                     waits.push((ofd, events | ALWAYS));
                 }
                 Err(_) => rev = libc::POLLNVAL as u32,
@@ -599,7 +444,7 @@ fn poll_fds(ctx: &mut Ctx, fds: u64, nfds: u64, timeout: Option<Duration>) -> Sy
         count += u64::from(rev != 0);
     }
     if count == 0 && !ctx.timed_out && timeout != Some(Duration::ZERO) {
-        return wait::block(ctx, Block::new(WaitOn::Fds(waits)).timeout(timeout, Ok(0)));
+        return ctx.block(Block::new(WaitOn::Fds(waits)).timeout(timeout, Ok(0)));
     }
     ctx.write_bytes(fds, &out)?;
     Ok(count)
@@ -640,7 +485,7 @@ fn select_sets(ctx: &mut Ctx, nfds: u64, sets: [u64; 3], timeout: Option<Duratio
                 continue;
             }
             let ofd = ctx.proc.fds.ofd(fd as i32)?;
-            if wait::ready(ctx.proc, ctx.io, ofd) & want[which] != 0 {
+            if wait::ready(ctx.proc, ctx.kernel, ofd) & want[which] != 0 {
                 count += 1;
             } else {
                 set[fd / 8] &= !(1 << (fd % 8));
@@ -650,7 +495,7 @@ fn select_sets(ctx: &mut Ctx, nfds: u64, sets: [u64; 3], timeout: Option<Duratio
         out[which] = Some(set);
     }
     if count == 0 && !ctx.timed_out && timeout != Some(Duration::ZERO) {
-        return wait::block(ctx, Block::new(WaitOn::Fds(waits)).timeout(timeout, Ok(0)));
+        return ctx.block(Block::new(WaitOn::Fds(waits)).timeout(timeout, Ok(0)));
     }
     for (ptr, set) in sets.iter().zip(out) {
         if let Some(set) = set {

@@ -1,38 +1,13 @@
 //! Processes: fork/vfork/clone of a new process, execve/execveat, wait4/waitid,
-//! process groups and sessions, and signals between the sandbox's processes.
+//! process groups and sessions (kill is in `sys_signal`).
 //! The engine makes the child's VM (`Effect::Fork`) and loads a program
-//! (`Effect::Exec`); the process table is `crate::procs` (in `Io`).
+//! (`Effect::Exec`); the process table is `crate::procs` (in `Kernel`).
 
-use super::{Args, Ctx, Effect};
 use crate::errno::{Errno, SysResult};
+use crate::kernel::block::{Block, WaitOn};
+use crate::kernel::{Args, Ctx, Effect, ExecSpec, ForkSpec};
 use crate::procs::Which;
-use crate::thread::{SigInfo, SIGKILL, SI_USER};
 use crate::vfs::FileType;
-use crate::wait::{block, Block, WaitOn};
-
-/// What the engine needs to make a forked child.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ForkSpec {
-    pub pid: u32,
-    /// The child's stack pointer (0: the caller's).
-    pub stack: u64,
-    /// CLONE_CHILD_SETTID: write the pid here in the child's memory.
-    pub set_tid: Option<u64>,
-    /// CLONE_CHILD_CLEARTID: the child's clear-child-tid address.
-    pub clear_tid: Option<u64>,
-    /// CLONE_SETTLS: the child's FS base.
-    pub tls: Option<u64>,
-}
-
-/// A program to load, checked (exists, executable, an ELF) by the handler.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ExecSpec {
-    /// Absolute path of the ELF to load (after `#!` resolution).
-    pub path: String,
-    /// argv and envp as the guest gave them: bytes, not necessarily UTF-8.
-    pub argv: Vec<Vec<u8>>,
-    pub envp: Vec<Vec<u8>>,
-}
 
 const CLONE_VM: u64 = 0x100;
 const CLONE_VFORK: u64 = 0x4000;
@@ -70,7 +45,7 @@ pub fn clone_process(ctx: &mut Ctx, flags: u64, stack: u64, parent_tid: u64, chi
     }
     // File mappings kept from an earlier exec become shared again, so the child shares them.
     super::sys_mm::reshare_files(ctx)?;
-    let pid = ctx.io.procs.spawn(ctx.proc.pid)?;
+    let pid = ctx.kernel.procs.spawn(ctx.proc.pid)?;
     if flags & CLONE_PARENT_SETTID != 0 {
         ctx.write_bytes(parent_tid, &pid.to_le_bytes())?;
     }
@@ -100,7 +75,7 @@ pub fn getpid(ctx: &mut Ctx, _: &Args) -> SysResult {
 }
 
 pub fn getppid(ctx: &mut Ctx, _: &Args) -> SysResult {
-    Ok(ctx.io.procs.get(ctx.proc.pid).map_or(1, |e| e.ppid) as u64)
+    Ok(ctx.kernel.procs.get(ctx.proc.pid).map_or(1, |e| e.ppid) as u64)
 }
 
 fn target(ctx: &Ctx, pid: u64) -> Result<u32, Errno> {
@@ -113,7 +88,7 @@ fn target(ctx: &Ctx, pid: u64) -> Result<u32, Errno> {
 
 pub fn getpgid(ctx: &mut Ctx, a: &Args) -> SysResult {
     let pid = target(ctx, a[0]).map_err(|_| Errno::ESRCH)?;
-    Ok(ctx.io.procs.get(pid).ok_or(Errno::ESRCH)?.pgid as u64)
+    Ok(ctx.kernel.procs.get(pid).ok_or(Errno::ESRCH)?.pgid as u64)
 }
 
 pub fn getpgrp(ctx: &mut Ctx, _: &Args) -> SysResult {
@@ -122,7 +97,7 @@ pub fn getpgrp(ctx: &mut Ctx, _: &Args) -> SysResult {
 
 pub fn getsid(ctx: &mut Ctx, a: &Args) -> SysResult {
     let pid = target(ctx, a[0]).map_err(|_| Errno::ESRCH)?;
-    Ok(ctx.io.procs.get(pid).ok_or(Errno::ESRCH)?.sid as u64)
+    Ok(ctx.kernel.procs.get(pid).ok_or(Errno::ESRCH)?.sid as u64)
 }
 
 pub fn setpgid(ctx: &mut Ctx, a: &Args) -> SysResult {
@@ -132,45 +107,12 @@ pub fn setpgid(ctx: &mut Ctx, a: &Args) -> SysResult {
         g if g > 0 => g as u32,
         _ => return Err(Errno::EINVAL),
     };
-    ctx.io.procs.setpgid(ctx.proc.pid, pid, pgid)?;
+    ctx.kernel.procs.setpgid(ctx.proc.pid, pid, pgid)?;
     Ok(0)
 }
 
 pub fn setsid(ctx: &mut Ctx, _: &Args) -> SysResult {
-    Ok(ctx.io.procs.setsid(ctx.proc.pid)? as u64)
-}
-
-// ----- signals between processes ---------------------------------------------
-
-/// kill(pid, sig): to this process itself, or queued for the engine to deliver
-/// to the others (SIGKILL to itself ends it at once).
-pub fn kill(ctx: &mut Ctx, a: &Args) -> SysResult {
-    let sig = a[1];
-    if sig > crate::thread::NSIG as u64 {
-        return Err(Errno::EINVAL);
-    }
-    let targets = ctx.io.procs.kill_targets(ctx.proc.pid, a[0] as i32)?;
-    if sig == 0 {
-        return Ok(0);
-    }
-    let me = ctx.proc.pid;
-    let info = SigInfo { signo: sig as i32, code: SI_USER, pid: me as i32, ..Default::default() };
-    for t in targets {
-        if t == me {
-            continue;
-        }
-        if ctx.io.procs.get(t).is_some_and(|e| e.exit.is_none()) {
-            ctx.io.procs.outbox.push((t, info));
-        }
-    }
-    if ctx.io.procs.kill_targets(ctx.proc.pid, a[0] as i32)?.contains(&me) {
-        if sig as i32 == SIGKILL {
-            ctx.effect = Some(Effect::Signaled(SIGKILL));
-        } else {
-            ctx.proc.threads.send_process(info);
-        }
-    }
-    Ok(0)
+    Ok(ctx.kernel.procs.setsid(ctx.proc.pid)? as u64)
 }
 
 // ----- wait4 / waitid --------------------------------------------------------
@@ -192,11 +134,11 @@ pub fn wait4(ctx: &mut Ctx, a: &Args) -> SysResult {
     let me = ctx.proc.pid;
     let which = match pid {
         -1 => Which::Any,
-        0 => Which::Group(ctx.io.procs.get(me).map_or(me, |e| e.pgid)),
+        0 => Which::Group(ctx.kernel.procs.get(me).map_or(me, |e| e.pgid)),
         p if p > 0 => Which::Pid(p as u32),
         p => Which::Group(p.checked_neg().ok_or(Errno::ECHILD)? as u32),
     };
-    match ctx.io.procs.find_zombie(me, which)? {
+    match ctx.kernel.procs.find_zombie(me, which)? {
         Some((child, how)) => {
             if status != 0 {
                 ctx.write_i32(status, how.status())?;
@@ -204,11 +146,11 @@ pub fn wait4(ctx: &mut Ctx, a: &Args) -> SysResult {
             if rusage != 0 {
                 ctx.write_bytes(rusage, &[0u8; 144])?;
             }
-            ctx.io.procs.reap(child);
+            ctx.kernel.procs.reap(child);
             Ok(child as u64)
         }
         None if options & WNOHANG != 0 => Ok(0),
-        None => block(ctx, Block::new(WaitOn::Child)),
+        None => ctx.block(Block::new(WaitOn::Child)),
     }
 }
 
@@ -223,21 +165,21 @@ pub fn waitid(ctx: &mut Ctx, a: &Args) -> SysResult {
     let which = match idtype {
         0 => Which::Any,
         1 if id > 0 => Which::Pid(id),
-        2 => Which::Group(if id == 0 { ctx.io.procs.get(me).map_or(me, |e| e.pgid) } else { id }),
+        2 => Which::Group(if id == 0 { ctx.kernel.procs.get(me).map_or(me, |e| e.pgid) } else { id }),
         _ => return Err(Errno::EINVAL),
     };
     if options & WEXITED == 0 {
         // Only stop/continue events asked for: there are none here.
-        ctx.io.procs.find_zombie(me, which)?;
+        ctx.kernel.procs.find_zombie(me, which)?;
         if options & WNOHANG != 0 {
             if infop != 0 {
                 ctx.write_bytes(infop, &[0u8; 128])?;
             }
             return Ok(0);
         }
-        return block(ctx, Block::new(WaitOn::Child));
+        return ctx.block(Block::new(WaitOn::Child));
     }
-    match ctx.io.procs.find_zombie(me, which)? {
+    match ctx.kernel.procs.find_zombie(me, which)? {
         Some((child, how)) => {
             if infop != 0 {
                 let (code, st) = how.siginfo();
@@ -249,7 +191,7 @@ pub fn waitid(ctx: &mut Ctx, a: &Args) -> SysResult {
                 ctx.write_bytes(infop, &b)?;
             }
             if options & WNOWAIT == 0 {
-                ctx.io.procs.reap(child);
+                ctx.kernel.procs.reap(child);
             }
             Ok(0)
         }
@@ -259,7 +201,7 @@ pub fn waitid(ctx: &mut Ctx, a: &Args) -> SysResult {
             }
             Ok(0)
         }
-        None => block(ctx, Block::new(WaitOn::Child)),
+        None => ctx.block(Block::new(WaitOn::Child)),
     }
 }
 

@@ -2,11 +2,14 @@
 //! chdir, mkdir, rmdir, unlink, rename, symlink, truncate, chmod, utimensat, statfs.
 //! Every path is resolved inside the guest's VFS; none ever reaches the host.
 
-use super::{Args, Ctx};
+use zerocopy::IntoBytes;
+
+use crate::abi;
 use crate::errno::{Errno, SysResult};
 use crate::fd::FileKind;
+use crate::kernel::block::{Block, WaitOn};
+use crate::kernel::{Args, Ctx};
 use crate::vfs::{FileType, Ino, Stat};
-use crate::wait::{Block, WaitOn};
 
 const AT_FDCWD: u64 = libc::AT_FDCWD as u32 as u64;
 
@@ -118,10 +121,8 @@ fn open_fifo(ctx: &mut Ctx, ino: Ino, flags: i32) -> SysResult {
     let nonblock = flags & libc::O_NONBLOCK != 0;
     match acc {
         libc::O_WRONLY if readers == 0 && nonblock => return Err(Errno::ENXIO),
-        libc::O_WRONLY if readers == 0 => return crate::wait::block(ctx, Block::new(WaitOn::Fds(Vec::new()))),
-        libc::O_RDONLY if writers == 0 && !nonblock => {
-            return crate::wait::block(ctx, Block::new(WaitOn::Fds(Vec::new())))
-        }
+        libc::O_WRONLY if readers == 0 => return ctx.block(Block::new(WaitOn::Fds(Vec::new()))),
+        libc::O_RDONLY if writers == 0 && !nonblock => return ctx.block(Block::new(WaitOn::Fds(Vec::new()))),
         _ => {}
     }
     let id = match existing {
@@ -149,48 +150,33 @@ pub fn creat(ctx: &mut Ctx, a: &Args) -> SysResult {
 
 /// Metadata of what an fd refers to (stdio and the agent channel look like pipes).
 fn fd_stat(ctx: &Ctx, fd: i32) -> Result<Stat, Errno> {
-    let f = ctx.proc.fds.get(fd)?;
-    match f.kind {
-        FileKind::Node(ino) => ctx.proc.vfs.stat(ino),
-        FileKind::Object(id) => {
-            use crate::objects::ObjKind;
-            let mut st = Stat::pipe(2_000_000_000 + id);
-            match ctx.proc.fds.objects.get(id)?.kind {
-                ObjKind::Pipe(_) => {}
-                ObjKind::Socket(_) => st.kind = FileType::Socket,
-                // eventfd, epoll, timerfd: anonymous inodes (no type bits on Linux; a
-                // "file" is the closest we can say).
-                _ => st.kind = FileType::File,
-            }
-            Ok(st)
-        }
-        _ => Ok(Stat::pipe(1_000_000 + fd as u64)),
-    }
+    let (f, ops) = crate::file::open(ctx, fd)?;
+    ops.stat(ctx, &f)
 }
 
-/// Linux x86-64 `struct stat` (144 bytes).
-fn encode_stat(st: &Stat) -> [u8; 144] {
-    let mut b = [0u8; 144];
+/// Linux x86-64 `struct stat` for `st` (ctime is the mtime).
+fn encode_stat(st: &Stat) -> abi::Stat {
     let (sec, nsec) = st.mtime();
     let (asec, ansec) = st.atime();
-    let mut put = |off: usize, v: &[u8]| b[off..off + v.len()].copy_from_slice(v);
-    put(0, &1u64.to_le_bytes()); // st_dev
-    put(8, &st.ino.to_le_bytes());
-    put(16, &(st.nlink as u64).to_le_bytes());
-    put(24, &st.mode().to_le_bytes());
-    put(28, &st.uid.to_le_bytes());
-    put(32, &st.gid.to_le_bytes());
-    put(40, &st.rdev.to_le_bytes());
-    put(48, &(st.size as i64).to_le_bytes());
-    put(56, &4096i64.to_le_bytes()); // st_blksize
-    put(64, &(st.size.div_ceil(512) as i64).to_le_bytes());
-    put(72, &asec.to_le_bytes());
-    put(80, &ansec.to_le_bytes());
-    for off in [88, 104] {
-        put(off, &sec.to_le_bytes());
-        put(off + 8, &nsec.to_le_bytes());
+    abi::Stat {
+        dev: 1,
+        ino: st.ino,
+        nlink: st.nlink as u64,
+        mode: st.mode(),
+        uid: st.uid,
+        gid: st.gid,
+        rdev: st.rdev,
+        size: st.size as i64,
+        blksize: 4096,
+        blocks: st.size.div_ceil(512) as i64,
+        atime: asec,
+        atime_nsec: ansec,
+        mtime: sec,
+        mtime_nsec: nsec,
+        ctime: sec,
+        ctime_nsec: nsec,
+        ..Default::default()
     }
-    b
 }
 
 fn stat_path(ctx: &mut Ctx, dirfd: u64, path_ptr: u64, flags: i32) -> Result<Stat, Errno> {
@@ -209,25 +195,25 @@ fn stat_path(ctx: &mut Ctx, dirfd: u64, path_ptr: u64, flags: i32) -> Result<Sta
 
 pub fn stat(ctx: &mut Ctx, a: &Args) -> SysResult {
     let st = stat_path(ctx, AT_FDCWD, a[0], 0)?;
-    ctx.write_bytes(a[1], &encode_stat(&st))?;
+    ctx.write_bytes(a[1], encode_stat(&st).as_bytes())?;
     Ok(0)
 }
 
 pub fn lstat(ctx: &mut Ctx, a: &Args) -> SysResult {
     let st = stat_path(ctx, AT_FDCWD, a[0], libc::AT_SYMLINK_NOFOLLOW)?;
-    ctx.write_bytes(a[1], &encode_stat(&st))?;
+    ctx.write_bytes(a[1], encode_stat(&st).as_bytes())?;
     Ok(0)
 }
 
 pub fn fstat(ctx: &mut Ctx, a: &Args) -> SysResult {
     let st = fd_stat(ctx, a[0] as i32)?;
-    ctx.write_bytes(a[1], &encode_stat(&st))?;
+    ctx.write_bytes(a[1], encode_stat(&st).as_bytes())?;
     Ok(0)
 }
 
 pub fn newfstatat(ctx: &mut Ctx, a: &Args) -> SysResult {
     let st = stat_path(ctx, a[0], a[1], a[3] as i32)?;
-    ctx.write_bytes(a[2], &encode_stat(&st))?;
+    ctx.write_bytes(a[2], encode_stat(&st).as_bytes())?;
     Ok(0)
 }
 
@@ -703,32 +689,36 @@ pub fn umask(ctx: &mut Ctx, a: &Args) -> SysResult {
 }
 
 /// `struct statfs` of a tmpfs-like file system whose size is the overlay quota.
-fn encode_statfs(ctx: &Ctx) -> [u8; 120] {
-    let mut b = [0u8; 120];
+fn encode_statfs(ctx: &Ctx) -> abi::Statfs {
     let total_blocks = ctx.proc.vfs.quota() / 4096;
     let used = ctx.proc.vfs.overlay_bytes() / 4096;
     let free = total_blocks.saturating_sub(used);
-    let fields: [u64; 7] = [0x0102_1994 /* TMPFS_MAGIC */, 4096, total_blocks, free, free, 1 << 20, 1 << 20];
-    for (i, v) in fields.iter().enumerate() {
-        b[i * 8..i * 8 + 8].copy_from_slice(&v.to_le_bytes());
+    abi::Statfs {
+        fs_type: 0x0102_1994, // TMPFS_MAGIC
+        bsize: 4096,
+        blocks: total_blocks,
+        bfree: free,
+        bavail: free,
+        files: 1 << 20,
+        ffree: 1 << 20,
+        namelen: 255,
+        frsize: 4096,
+        ..Default::default()
     }
-    b[64..72].copy_from_slice(&255u64.to_le_bytes()); // f_namelen
-    b[72..80].copy_from_slice(&4096u64.to_le_bytes()); // f_frsize
-    b
 }
 
 pub fn statfs(ctx: &mut Ctx, a: &Args) -> SysResult {
     let (start, path) = at(ctx, AT_FDCWD, a[0])?;
     ctx.proc.vfs.resolve(start, &path, true)?;
     let b = encode_statfs(ctx);
-    ctx.write_bytes(a[1], &b)?;
+    ctx.write_bytes(a[1], b.as_bytes())?;
     Ok(0)
 }
 
 pub fn fstatfs(ctx: &mut Ctx, a: &Args) -> SysResult {
     ctx.proc.fds.get(a[0] as i32)?;
     let b = encode_statfs(ctx);
-    ctx.write_bytes(a[1], &b)?;
+    ctx.write_bytes(a[1], b.as_bytes())?;
     Ok(0)
 }
 

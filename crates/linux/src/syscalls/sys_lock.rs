@@ -1,10 +1,10 @@
 //! File locks: flock(2) (the lock table is `crate::flock`).
 
-use super::{Args, Ctx};
 use crate::errno::{Errno, SysResult};
 use crate::fd::FileKind;
 use crate::flock::{Granted, Holder};
-use crate::wait::{block, Block, WaitOn};
+use crate::kernel::block::{Block, WaitOn};
+use crate::kernel::{Args, Ctx};
 
 pub fn flock(ctx: &mut Ctx, a: &Args) -> SysResult {
     let (fd, op) = (a[0] as i32, a[1] as i32);
@@ -19,7 +19,7 @@ pub fn flock(ctx: &mut Ctx, a: &Args) -> SysResult {
         libc::LOCK_UN => {
             if let FileKind::Node(ino) = f.kind {
                 let me = Holder { pid: ctx.proc.pid, ofd: ctx.proc.fds.ofd(fd)? };
-                ctx.io.flocks.unlock(ino, me);
+                ctx.kernel.flocks.unlock(ino, me);
             }
             return Ok(0);
         }
@@ -28,12 +28,12 @@ pub fn flock(ctx: &mut Ctx, a: &Args) -> SysResult {
     // Pipes, sockets and the like are never shared by path: nobody else can contend.
     let FileKind::Node(ino) = f.kind else { return Ok(0) };
     let me = Holder { pid: ctx.proc.pid, ofd: ctx.proc.fds.ofd(fd)? };
-    let procs = &ctx.io.procs;
+    let procs = &ctx.kernel.procs;
     let alive = |pid: u32| procs.get(pid).is_some_and(|p| p.exit.is_none());
-    match ctx.io.flocks.lock(ino, me, exclusive, alive) {
+    match ctx.kernel.flocks.lock(ino, me, exclusive, alive) {
         Granted::Yes => Ok(0),
         Granted::TableFull => Err(Errno(libc::ENOLCK)),
         Granted::Conflict if non_blocking => Err(Errno::EAGAIN),
-        Granted::Conflict => block(ctx, Block::new(WaitOn::Lock)),
+        Granted::Conflict => ctx.block(Block::new(WaitOn::Lock)),
     }
 }

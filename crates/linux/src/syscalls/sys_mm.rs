@@ -2,9 +2,9 @@
 //! memory map is followed by `sync` over the range it touched, so the page
 //! tables (what the MMU lets the guest touch) always say what the map says.
 
-use super::{Args, Ctx};
 use crate::errno::{Errno, SysResult};
 use crate::fd::FileKind;
+use crate::kernel::{Args, Ctx};
 use crate::layout::{align_up, MMAP_TOP, PAGE_SIZE};
 use crate::mm::{MemoryMap, VmaKind};
 
@@ -152,11 +152,11 @@ fn map_shared(
     let (obj, host, ino) = match file {
         Some(ino) => {
             let bytes = ctx.proc.vfs.file_bytes(ino)?;
-            let (obj, host) = ctx.io.shm.for_file(ino, off, len, bytes)?;
+            let (obj, host) = ctx.kernel.shm.for_file(ino, off, len, bytes)?;
             (obj, host, Some(ino))
         }
         None => {
-            let (obj, host) = ctx.io.shm.anonymous(len)?;
+            let (obj, host) = ctx.kernel.shm.anonymous(len)?;
             (obj, host, None)
         }
     };
@@ -204,7 +204,7 @@ pub fn privatize_shared(ctx: &mut Ctx) -> Result<(), Errno> {
     for (a, l, _) in changed {
         sync(ctx, a, a + l)?;
     }
-    ctx.io.shm.clear();
+    ctx.kernel.shm.clear();
     Ok(())
 }
 
@@ -247,7 +247,7 @@ pub fn reshare_files(ctx: &mut Ctx) -> Result<(), Errno> {
         write_back(ctx, at, len, kind);
         // The mapping's own bytes (the file may be gone, or shorter than the mapping).
         let mine = ctx.mem.slice(at, len).map_err(|_| Errno::EFAULT)?.to_vec();
-        let (obj, host) = ctx.io.shm.for_file(ino, offset, len, &[])?;
+        let (obj, host) = ctx.kernel.shm.for_file(ino, offset, len, &[])?;
         std::os::unix::fs::FileExt::write_all_at(&*host, &mine, offset).map_err(|_| Errno::ENOMEM)?;
         ctx.mem.map_shared(at, len, &host, offset).map_err(|_| Errno::ENOMEM)?;
         ctx.proc.mm.set_kind(at, VmaKind::Shm { obj, offset, ino: Some(ino) });

@@ -1,85 +1,14 @@
-//! Pipes, eventfds, timerfds and epoll: the fd objects of `crate::objects`,
-//! their read/write paths (shared with sockets) and blocking (see `crate::wait`).
+//! Pipes, eventfds, timerfds and epoll: making and controlling the fd objects
+//! of `crate::objects` (their reads and writes are their `crate::file` kinds).
 
 use std::time::Duration;
 
-use super::{Args, Ctx, Effect};
 use crate::errno::{Errno, SysResult};
-use crate::fd::{FileKind, OpenFile};
-use crate::objects::{clock_ns, EventFd, ObjKind, TimerFd, Watch, ALWAYS, PIPE_MAX_SIZE};
-use crate::wait::{self, Block, WaitOn, READABLE, WRITABLE};
-
-/// Turn an EAGAIN of a blocking description into a wait for `events` on it.
-pub(super) fn or_block(ctx: &mut Ctx, f: &OpenFile, ofd: u64, events: u32, r: SysResult) -> SysResult {
-    match r {
-        Err(Errno::EAGAIN) if f.flags & libc::O_NONBLOCK == 0 => {
-            wait::block(ctx, Block::new(WaitOn::Fd { ofd, events }))
-        }
-        r => r,
-    }
-}
-
-/// EPIPE, and SIGPIPE's default action (the guest dies) unless it is ignored,
-/// caught or blocked: then the call just fails with EPIPE.
-pub(super) fn epipe(ctx: &mut Ctx) -> Errno {
-    let sig = libc::SIGPIPE as usize;
-    let handler = u64::from_le_bytes(ctx.proc.signals.actions[sig][..8].try_into().unwrap_or_default());
-    let blocked = ctx.proc.signals.mask & (1 << (sig - 1)) != 0;
-    if handler == libc::SIG_DFL as u64 && !blocked {
-        ctx.effect = Some(Effect::Signaled(libc::SIGPIPE));
-    } else if handler != libc::SIG_IGN as u64 {
-        // Caught (or blocked): the calling thread gets it on its way back.
-        let cur = ctx.proc.threads.cur;
-        ctx.proc.threads.send_thread(cur, crate::thread::SigInfo::user(libc::SIGPIPE, crate::thread::SI_KERNEL));
-    }
-    Errno::EPIPE
-}
-
-/// read(2) of an object description.
-pub(super) fn read_object(ctx: &mut Ctx, f: &OpenFile, ofd: u64, id: u64, buf: u64, len: u64) -> SysResult {
-    let kind = match &ctx.proc.fds.objects.get(id)?.kind {
-        ObjKind::Pipe(_) => 0,
-        ObjKind::Socket(_) => 1,
-        ObjKind::EventFd(_) => 2,
-        ObjKind::TimerFd(_) => 3,
-        ObjKind::Epoll(_) => return Err(Errno::EINVAL),
-    };
-    let r = match kind {
-        0 => ctx.proc.fds.objects.pipe_read(id, len.min(PIPE_MAX_SIZE as u64) as usize).and_then(|data| {
-            ctx.write_bytes(buf, &data)?;
-            Ok(data.len() as u64)
-        }),
-        1 => return super::sys_unix::recv_into(ctx, f, ofd, id, buf, len, 0, None),
-        _ => {
-            if len < 8 {
-                return Err(Errno::EINVAL);
-            }
-            ctx.user_range(buf, 8)?;
-            let v =
-                if kind == 2 { ctx.proc.fds.objects.eventfd_read(id) } else { ctx.proc.fds.objects.timerfd_read(id) };
-            v.and_then(|v| ctx.write_u64(buf, v).map(|_| 8))
-        }
-    };
-    or_block(ctx, f, ofd, READABLE, r)
-}
-
-/// write(2) to an object description.
-pub(super) fn write_object(ctx: &mut Ctx, f: &OpenFile, ofd: u64, id: u64, data: &[u8]) -> SysResult {
-    let r = match &ctx.proc.fds.objects.get(id)?.kind {
-        ObjKind::Pipe(_) => ctx.proc.fds.objects.pipe_write(id, data).map(|n| n as u64),
-        ObjKind::Socket(_) => ctx.proc.fds.objects.send(id, data, None).map(|n| n as u64),
-        ObjKind::EventFd(_) => {
-            let v = data.get(..8).ok_or(Errno::EINVAL)?;
-            let v = u64::from_le_bytes(v.try_into().map_err(|_| Errno::EINVAL)?);
-            ctx.proc.fds.objects.eventfd_write(id, v).map(|_| 8)
-        }
-        ObjKind::TimerFd(_) | ObjKind::Epoll(_) => return Err(Errno::EINVAL),
-    };
-    match r {
-        Err(Errno::EPIPE) => Err(epipe(ctx)),
-        r => or_block(ctx, f, ofd, WRITABLE, r),
-    }
-}
+use crate::fd::FileKind;
+use crate::kernel::block::{Block, WaitOn, READABLE};
+use crate::kernel::{Args, Ctx};
+use crate::objects::{clock_ns, EventFd, ObjKind, TimerFd, Watch, ALWAYS};
+use crate::wait;
 
 // ----- pipe ------------------------------------------------------------------------
 
@@ -333,7 +262,7 @@ fn epoll_wait_common(ctx: &mut Ctx, epfd: i32, events_ptr: u64, max: i32, timeou
         if asked == 0 {
             continue;
         }
-        let rev = wait::ready(ctx.proc, ctx.io, w.ofd) & (asked | ALWAYS);
+        let rev = wait::ready(ctx.proc, ctx.kernel, w.ofd) & (asked | ALWAYS);
         if rev != 0 {
             out.extend_from_slice(&rev.to_le_bytes());
             out.extend_from_slice(&w.data.to_le_bytes());
@@ -343,7 +272,7 @@ fn epoll_wait_common(ctx: &mut Ctx, epfd: i32, events_ptr: u64, max: i32, timeou
         }
     }
     if out.is_empty() && !ctx.timed_out && timeout != Some(Duration::ZERO) {
-        return wait::block(ctx, Block::new(WaitOn::Fd { ofd: ep_ofd, events: READABLE }).timeout(timeout, Ok(0)));
+        return ctx.block(Block::new(WaitOn::Fd { ofd: ep_ofd, events: READABLE }).timeout(timeout, Ok(0)));
     }
     ctx.write_bytes(events_ptr, &out)?;
     let e = ctx.proc.fds.objects.epoll_mut(ep)?;

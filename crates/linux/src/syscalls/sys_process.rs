@@ -1,13 +1,11 @@
 //! The process and its identity: ids, limits, affinity, thread setup,
 //! arch_prctl, exit_group, prctl, rusage (threads and signals: `sys_thread`).
 
-use super::{Args, Ctx, Effect};
+use super::sys_time::cpu_time;
 use crate::creds::{Ids, NGROUPS_MAX};
 use crate::errno::{Errno, SysResult};
-use crate::layout::STACK_SIZE;
-
-/// The agent's process is pid 2 of its own world; a fixed pid keeps snapshots consistent.
-pub const GUEST_PID: u64 = crate::procs::GUEST_PID as u64;
+use crate::kernel::{Args, Ctx, Effect};
+use crate::random::fill_random;
 
 const PRIO_PROCESS: i32 = 0;
 const PRIO_PGRP: i32 = 1;
@@ -21,14 +19,14 @@ const PRIO_USER: i32 = 2;
 fn prio_targets(ctx: &Ctx, which: i32, who: u64) -> Result<Vec<u32>, Errno> {
     let me = ctx.proc.pid;
     let who = u32::try_from(who as i64).map_err(|_| Errno::ESRCH)?;
-    let live = ctx.io.procs.map.iter().filter(|(_, e)| e.exit.is_none());
+    let live = ctx.kernel.procs.map.iter().filter(|(_, e)| e.exit.is_none());
     let found: Vec<u32> = match which {
         PRIO_PROCESS => {
             let pid = if who == 0 { me } else { who };
             live.filter(|(&p, _)| p == pid).map(|(&p, _)| p).collect()
         }
         PRIO_PGRP => {
-            let pgid = if who == 0 { ctx.io.procs.get(me).map_or(me, |e| e.pgid) } else { who };
+            let pgid = if who == 0 { ctx.kernel.procs.get(me).map_or(me, |e| e.pgid) } else { who };
             live.filter(|(_, e)| e.pgid == pgid).map(|(&p, _)| p).collect()
         }
         PRIO_USER => {
@@ -49,7 +47,7 @@ fn prio_targets(ctx: &Ctx, which: i32, who: u64) -> Result<Vec<u32>, Errno> {
 /// (lowest nice) process named.
 pub fn getpriority(ctx: &mut Ctx, a: &Args) -> SysResult {
     let targets = prio_targets(ctx, a[0] as i32, a[1])?;
-    let nice = targets.iter().filter_map(|p| ctx.io.procs.get(*p)).map(|e| e.nice).min().unwrap_or(0);
+    let nice = targets.iter().filter_map(|p| ctx.kernel.procs.get(*p)).map(|e| e.nice).min().unwrap_or(0);
     Ok((20 - i64::from(nice)) as u64)
 }
 
@@ -62,14 +60,14 @@ pub fn setpriority(ctx: &mut Ctx, a: &Args) -> SysResult {
     let nice = (a[2] as i32).clamp(-20, 19) as i8;
     let privileged = ctx.proc.creds.privileged();
     for p in &targets {
-        if let Some(e) = ctx.io.procs.get(*p) {
+        if let Some(e) = ctx.kernel.procs.get(*p) {
             if nice < e.nice && !privileged {
                 return Err(Errno::EACCES);
             }
         }
     }
     for p in targets {
-        if let Some(e) = ctx.io.procs.map.get_mut(&p) {
+        if let Some(e) = ctx.kernel.procs.map.get_mut(&p) {
             e.nice = nice;
         }
     }
@@ -245,7 +243,7 @@ fn sched_target(ctx: &Ctx, pid: u64) -> Result<(), Errno> {
     }
     let pid = u32::try_from(pid).map_err(|_| Errno::ESRCH)?;
     let thread = ctx.proc.threads.index_of(pid as crate::thread::Tid).is_some();
-    if thread || ctx.io.procs.get(pid).is_some_and(|e| e.exit.is_none()) {
+    if thread || ctx.kernel.procs.get(pid).is_some_and(|e| e.exit.is_none()) {
         Ok(())
     } else {
         Err(Errno::ESRCH)
@@ -394,44 +392,6 @@ pub fn personality(_: &mut Ctx, a: &Args) -> SysResult {
     }
 }
 
-pub(super) fn rlimit(resource: u32, ctx: &Ctx) -> Option<(u64, u64)> {
-    const INF: u64 = u64::MAX;
-    Some(match resource {
-        libc::RLIMIT_STACK => (STACK_SIZE, STACK_SIZE),
-        libc::RLIMIT_NOFILE => (crate::fd::MAX_FDS as u64, crate::fd::MAX_FDS as u64),
-        libc::RLIMIT_AS | libc::RLIMIT_DATA => (ctx.proc.mm.limit(), ctx.proc.mm.limit()),
-        libc::RLIMIT_NPROC => (crate::procs::MAX_PROCS as u64, crate::procs::MAX_PROCS as u64),
-        libc::RLIMIT_CORE => (0, 0),
-        r if r < 16 => (INF, INF), // RLIM_NLIMITS
-        _ => return None,
-    })
-}
-
-pub fn getrlimit(ctx: &mut Ctx, a: &Args) -> SysResult {
-    let (cur, max) = rlimit(a[0] as u32, ctx).ok_or(Errno::EINVAL)?;
-    ctx.write_u64(a[1], cur)?;
-    ctx.write_u64(a[1] + 8, max)?;
-    Ok(0)
-}
-
-/// Limits are the VMM's to set; a guest may "lower" them but nothing changes.
-pub fn setrlimit(ctx: &mut Ctx, a: &Args) -> SysResult {
-    rlimit(a[0] as u32, ctx).ok_or(Errno::EINVAL)?;
-    Ok(0)
-}
-
-pub fn prlimit64(ctx: &mut Ctx, a: &Args) -> SysResult {
-    if a[0] != 0 && a[0] != ctx.proc.pid as u64 {
-        return Err(Errno::ESRCH);
-    }
-    let (cur, max) = rlimit(a[1] as u32, ctx).ok_or(Errno::EINVAL)?;
-    if a[3] != 0 {
-        ctx.write_u64(a[3], cur)?;
-        ctx.write_u64(a[3] + 8, max)?;
-    }
-    Ok(0)
-}
-
 const ARCH_SET_GS: u64 = 0x1001;
 const ARCH_SET_FS: u64 = 0x1002;
 const ARCH_GET_FS: u64 = 0x1003;
@@ -479,13 +439,6 @@ pub fn prctl(ctx: &mut Ctx, a: &Args) -> SysResult {
     }
 }
 
-pub(super) fn cpu_time() -> (i64, i64) {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    (ts.tv_sec, ts.tv_nsec)
-}
-
 pub fn getrusage(ctx: &mut Ctx, a: &Args) -> SysResult {
     let mut b = [0u8; 144];
     let (s, ns) = cpu_time();
@@ -521,15 +474,16 @@ pub fn uname(ctx: &mut Ctx, a: &Args) -> SysResult {
 pub fn sysinfo(ctx: &mut Ctx, a: &Args) -> SysResult {
     let total = ctx.proc.mm.limit();
     let free = total.saturating_sub(ctx.proc.mm.committed());
-    let mut b = [0u8; 112];
-    // The same uptime as /proc/uptime (CLOCK_BOOTTIME).
-    let up = (crate::objects::clock_ns(libc::CLOCK_BOOTTIME) / 1_000_000_000) as i64;
-    b[..8].copy_from_slice(&up.to_le_bytes());
-    b[32..40].copy_from_slice(&total.to_le_bytes());
-    b[40..48].copy_from_slice(&free.to_le_bytes());
-    b[80..82].copy_from_slice(&(ctx.io.procs.running() as u16).to_le_bytes()); // procs
-    b[104..108].copy_from_slice(&1u32.to_le_bytes()); // mem_unit
-    ctx.write_bytes(a[0], &b)?;
+    let info = crate::abi::Sysinfo {
+        // The same uptime as /proc/uptime (CLOCK_BOOTTIME).
+        uptime: (crate::objects::clock_ns(libc::CLOCK_BOOTTIME) / 1_000_000_000) as i64,
+        totalram: total,
+        freeram: free,
+        procs: ctx.kernel.procs.running() as u16,
+        mem_unit: 1,
+        ..Default::default()
+    };
+    ctx.write_bytes(a[0], zerocopy::IntoBytes::as_bytes(&info))?;
     Ok(0)
 }
 
@@ -542,22 +496,4 @@ pub fn getrandom(ctx: &mut Ctx, a: &Args) -> SysResult {
     let buf = ctx.bytes_mut(a[0], len)?;
     fill_random(buf)?;
     Ok(len)
-}
-
-/// Fill `buf` from the host's entropy pool (getrandom(2), restarted on EINTR).
-pub fn fill_random(buf: &mut [u8]) -> Result<(), Errno> {
-    let mut done = 0;
-    while done < buf.len() {
-        let rest = &mut buf[done..];
-        // SAFETY: `rest` is a valid, writable buffer of `rest.len()` bytes.
-        let r = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
-        if r < 0 {
-            if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
-                continue;
-            }
-            return Err(Errno::EIO);
-        }
-        done += r as usize;
-    }
-    Ok(())
 }

@@ -2,15 +2,16 @@
 //! alternate stack, waiting for signals. Signals are queued in
 //! `crate::thread::Threads`; the engine delivers them with the frames of
 //! `crate::signal` and answers rt_sigreturn (`Effect::SigReturn`) from the
-//! state kept per thread.
+//! state kept per thread. Sending: kill (between the sandbox's processes),
+//! tkill and tgkill (to a thread of the caller).
 
 use std::time::Duration;
 
-use super::{Args, Ctx, Effect};
 use crate::errno::{Errno, SysResult};
+use crate::kernel::block::{Block, WaitOn};
+use crate::kernel::{Args, Ctx, Effect};
 use crate::process::NSIG;
-use crate::thread::{sigbit, SIGKILL, SIGSTOP, UNBLOCKABLE};
-use crate::wait::{block, Block, WaitOn};
+use crate::thread::{sigbit, SigInfo, SIGKILL, SIGSTOP, SI_TKILL, SI_USER, UNBLOCKABLE};
 
 pub fn rt_sigaction(ctx: &mut Ctx, a: &Args) -> SysResult {
     let (sig, act, old, size) = (a[0], a[1], a[2], a[3]);
@@ -115,7 +116,7 @@ pub fn rt_sigtimedwait(ctx: &mut Ctx, a: &Args) -> SysResult {
             }
             return Err(Errno::EAGAIN);
         }
-        return block(ctx, Block::new(WaitOn::Signal { mask: set }));
+        return ctx.block(Block::new(WaitOn::Signal { mask: set }));
     }
     let timeout = if a[2] != 0 { Some(super::sys_time::read_timespec(ctx, a[2])?) } else { None };
     if timeout == Some(Duration::ZERO) {
@@ -124,7 +125,7 @@ pub fn rt_sigtimedwait(ctx: &mut Ctx, a: &Args) -> SysResult {
     let old = ctx.proc.signals.mask;
     ctx.proc.threads.current_mut().restore_mask = Some(old);
     ctx.proc.signals.mask = old & !set;
-    block(ctx, Block::new(WaitOn::Signal { mask: set }).timeout(timeout, Err(Errno::EAGAIN)))
+    ctx.block(Block::new(WaitOn::Signal { mask: set }).timeout(timeout, Err(Errno::EAGAIN)))
 }
 
 /// rt_sigsuspend(mask, size): wait with `mask` until a handler runs (EINTR);
@@ -140,11 +141,88 @@ pub fn rt_sigsuspend(ctx: &mut Ctx, a: &Args) -> SysResult {
         ctx.proc.signals.mask = new;
     }
     let mask = !ctx.proc.signals.mask;
-    block(ctx, Block::new(WaitOn::Signal { mask }))
+    ctx.block(Block::new(WaitOn::Signal { mask }))
 }
 
 /// pause(): wait until a handler runs (EINTR).
 pub fn pause(ctx: &mut Ctx, _: &Args) -> SysResult {
     let mask = !ctx.proc.signals.mask;
-    block(ctx, Block::new(WaitOn::Signal { mask }))
+    ctx.block(Block::new(WaitOn::Signal { mask }))
+}
+
+// ----- signals between processes ---------------------------------------------
+
+/// kill(pid, sig): to this process itself, or queued for the engine to deliver
+/// to the others (SIGKILL to itself ends it at once).
+pub fn kill(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let sig = a[1];
+    if sig > crate::thread::NSIG as u64 {
+        return Err(Errno::EINVAL);
+    }
+    let targets = ctx.kernel.procs.kill_targets(ctx.proc.pid, a[0] as i32)?;
+    if sig == 0 {
+        return Ok(0);
+    }
+    let me = ctx.proc.pid;
+    let info = SigInfo { signo: sig as i32, code: SI_USER, pid: me as i32, ..Default::default() };
+    for t in targets {
+        if t == me {
+            continue;
+        }
+        if ctx.kernel.procs.get(t).is_some_and(|e| e.exit.is_none()) {
+            ctx.kernel.procs.outbox.push((t, info));
+        }
+    }
+    if ctx.kernel.procs.kill_targets(ctx.proc.pid, a[0] as i32)?.contains(&me) {
+        if sig as i32 == SIGKILL {
+            ctx.effect = Some(Effect::Signaled(SIGKILL));
+        } else {
+            ctx.proc.threads.send_process(info);
+        }
+    }
+    Ok(0)
+}
+
+// ----- signals to itself -------------------------------------------------------
+
+/// Queue `sig` for thread `target` (None: the process). SIGKILL ends the guest
+/// at once; the rest is delivered by the engine on the target's way back to
+/// user mode (a default action that terminates ends the guest then).
+fn send(ctx: &mut Ctx, target: Option<usize>, sig: u64, code: i32) -> SysResult {
+    if sig == 0 {
+        return Ok(0);
+    }
+    if sig > NSIG as u64 {
+        return Err(Errno::EINVAL);
+    }
+    let sig = sig as i32;
+    if sig == SIGKILL {
+        ctx.effect = Some(Effect::Signaled(SIGKILL));
+        return Ok(0);
+    }
+    let info = SigInfo::user(sig, code);
+    match target {
+        Some(i) => ctx.proc.threads.send_thread(i, info),
+        None => ctx.proc.threads.send_process(info),
+    }
+    Ok(0)
+}
+
+pub fn tgkill(ctx: &mut Ctx, a: &Args) -> SysResult {
+    if a[0] as i32 <= 0 || a[1] as i32 <= 0 {
+        return Err(Errno::EINVAL);
+    }
+    if a[0] != ctx.proc.pid as u64 {
+        return Err(Errno::ESRCH);
+    }
+    let i = ctx.proc.threads.index_of(a[1] as u32).ok_or(Errno::ESRCH)?;
+    send(ctx, Some(i), a[2], SI_TKILL)
+}
+
+pub fn tkill(ctx: &mut Ctx, a: &Args) -> SysResult {
+    if a[0] as i32 <= 0 {
+        return Err(Errno::EINVAL);
+    }
+    let i = ctx.proc.threads.index_of(a[0] as u32).ok_or(Errno::ESRCH)?;
+    send(ctx, Some(i), a[1], SI_TKILL)
 }

@@ -6,23 +6,22 @@
 //! the exec's deadline and interrupts (EINTR).
 
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::sys_unix as unix;
-use super::{Args, Ctx};
 use crate::errno::{Errno, SysResult};
 use crate::fd::{FileKind, SockInfo};
-use crate::net::{Ancillary, Packet};
-use crate::wait::{self, Block, WaitOn};
+use crate::file::inet::{
+    block_on, check_family, guest_data, host_addr, recv_common, send_common, sock, timeout_deadline, DGRAM_MAX,
+    MSG_COPY_MAX,
+};
+use crate::kernel::{Args, Ctx};
+use crate::net::Packet;
 
 /// Largest sockaddr a guest may pass.
 const SOCKADDR_MAX: u64 = 128;
 /// Largest option value copied either way.
 const OPT_MAX: u64 = 64;
-/// Bytes copied through the host per sendmsg/recvmsg call (a stream returns a short count beyond).
-const MSG_COPY_MAX: usize = 1 << 20;
-/// Largest UDP payload.
-const DGRAM_MAX: usize = 65507;
 const IOV_MAX: u64 = 1024;
 const MMSG_MAX: u64 = 64;
 
@@ -30,29 +29,6 @@ const MMSG_MAX: u64 = 64;
 /// sys_unix, which answers for AF_UNIX sockets and ENOTSOCK/EBADF otherwise.
 fn is_inet(ctx: &Ctx, fd: u64) -> bool {
     matches!(ctx.proc.fds.get(fd as i32).map(|f| f.kind), Ok(FileKind::Socket(_)))
-}
-
-fn sock(ctx: &Ctx, fd: u64) -> Result<(SockInfo, bool), Errno> {
-    let f = ctx.proc.fds.get(fd as i32)?;
-    match f.kind {
-        FileKind::Socket(s) => Ok((s, f.flags & libc::O_NONBLOCK != 0)),
-        _ => Err(Errno::ENOTSOCK),
-    }
-}
-
-/// Block the call until socket `fd` is ready for `events` (the engine waits
-/// on the host socket and re-runs the handler), or until `deadline` (a socket
-/// timeout), when the call returns `on_timeout`.
-fn block_on(ctx: &mut Ctx, fd: u64, events: i16, deadline: Option<Instant>, on_timeout: SysResult) -> SysResult {
-    if ctx.timed_out {
-        return on_timeout;
-    }
-    let ofd = ctx.proc.fds.ofd(fd as i32)?;
-    wait::block(ctx, Block::new(WaitOn::Fd { ofd, events: events as u16 as u32 }).until(deadline, on_timeout))
-}
-
-fn timeout_deadline(t: Option<Duration>) -> Option<Instant> {
-    t.filter(|d| !d.is_zero()).map(|d| Instant::now() + d)
 }
 
 /// A guest sockaddr: `None` for AF_UNSPEC.
@@ -134,23 +110,6 @@ fn write_sockaddr(ctx: &mut Ctx, addr: u64, len_ptr: u64, a: SocketAddr, domain:
     ctx.write_i32(len_ptr, b.len() as i32)
 }
 
-fn check_family(info: &SockInfo, a: &SocketAddr) -> Result<(), Errno> {
-    if info.domain == libc::AF_INET && a.is_ipv6() {
-        return Err(Errno::EAFNOSUPPORT);
-    }
-    Ok(())
-}
-
-/// An address as given by an AF_INET6 socket, the way the host socket takes it.
-fn host_addr(info: &SockInfo, a: SocketAddr) -> SocketAddr {
-    match (info.domain, a) {
-        (libc::AF_INET6, SocketAddr::V4(v4)) => {
-            SocketAddr::V6(SocketAddrV6::new(v4.ip().to_ipv6_mapped(), v4.port(), 0, 0))
-        }
-        _ => a,
-    }
-}
-
 pub fn socket(ctx: &mut Ctx, a: &Args) -> SysResult {
     let (domain, ty, proto) = (a[0] as i32, a[1] as i32, a[2] as i32);
     let flags = ty & (libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC);
@@ -172,11 +131,11 @@ pub fn socket(ctx: &mut Ctx, a: &Args) -> SysResult {
         return Err(Errno::EMFILE);
     }
     let id = if proto == libc::IPPROTO_UDPLITE {
-        ctx.io.net.socket_udplite(domain)
+        ctx.kernel.net.socket_udplite(domain)
     } else {
-        ctx.io.net.socket(domain, stream)
+        ctx.kernel.net.socket(domain, stream)
     };
-    ctx.io.flush_net_notes();
+    ctx.kernel.flush_net_notes();
     let id = id?;
     let mut oflags = libc::O_RDWR;
     if flags & libc::SOCK_NONBLOCK != 0 {
@@ -188,7 +147,7 @@ pub fn socket(ctx: &mut Ctx, a: &Args) -> SysResult {
     match ctx.proc.fds.open(FileKind::Socket(SockInfo { id, domain, stream }), oflags) {
         Ok(fd) => Ok(fd as u64),
         Err(e) => {
-            ctx.io.net.close(id);
+            ctx.kernel.net.close(id);
             Err(e)
         }
     }
@@ -203,14 +162,14 @@ pub fn connect(ctx: &mut Ctx, a: &Args) -> SysResult {
     if let Some(addr) = &addr {
         check_family(&info, addr)?;
     }
-    let was_connected = ctx.io.net.is_loop_connected(info.id);
-    let r = ctx.io.net.connect(info.id, addr.map(|x| host_addr(&info, x)));
-    ctx.io.flush_net_notes();
+    let was_connected = ctx.kernel.net.is_loop_connected(info.id);
+    let r = ctx.kernel.net.connect(info.id, addr.map(|x| host_addr(&info, x)));
+    ctx.kernel.flush_net_notes();
     if r? {
         // Connected inside the sandbox at once; a non-blocking caller is told
         // EINPROGRESS as on Linux (the socket is writable already).
-        if nonblock && !was_connected && ctx.io.net.is_loop_connected(info.id) {
-            ctx.io.net.defer_connect_report(info.id);
+        if nonblock && !was_connected && ctx.kernel.net.is_loop_connected(info.id) {
+            ctx.kernel.net.defer_connect_report(info.id);
             return Err(Errno::EINPROGRESS);
         }
         return Ok(0);
@@ -220,89 +179,8 @@ pub fn connect(ctx: &mut Ctx, a: &Args) -> SysResult {
     }
     // A blocking connect: wait for the handshake (bounded by SO_SNDTIMEO, as
     // Linux); the re-run finds the connection done (or failed) on the host.
-    let (_, snd) = ctx.io.net.timeouts(info.id);
+    let (_, snd) = ctx.kernel.net.timeouts(info.id);
     block_on(ctx, a[0], libc::POLLOUT, timeout_deadline(snd), Err(Errno::EINPROGRESS))
-}
-
-/// Send `data` on a socket, waiting while a blocking socket has no room.
-fn send_common(ctx: &mut Ctx, fd: u64, data: Vec<u8>, to: Option<SocketAddr>, flags: i32, pkt: Packet) -> SysResult {
-    let (info, nonblock) = sock(ctx, fd)?;
-    let dontwait = nonblock || flags & libc::MSG_DONTWAIT != 0;
-    let to = match to {
-        Some(a) if !info.stream => {
-            check_family(&info, &a)?;
-            Some(host_addr(&info, a))
-        }
-        // A destination on a stream socket is ignored (as Linux does for a connected one).
-        _ => None,
-    };
-    if !info.stream && data.len() > DGRAM_MAX {
-        return Err(Errno::EMSGSIZE);
-    }
-    let r = ctx.io.net.send_with(info.id, &data, to, flags, pkt);
-    ctx.io.flush_net_notes();
-    match r {
-        Ok(n) => Ok(n as u64),
-        Err(Errno::EAGAIN) if !dontwait => {
-            let (_, snd) = ctx.io.net.timeouts(info.id);
-            block_on(ctx, fd, libc::POLLOUT, timeout_deadline(snd), Err(Errno::EAGAIN))
-        }
-        Err(e) => Err(e),
-    }
-}
-
-/// What a receive got: the bytes (up to the buffer), the length to report,
-/// the source of a datagram, whether it was truncated.
-type Received = (Vec<u8>, usize, Option<SocketAddr>, bool, Option<Ancillary>);
-
-/// Receive into a host buffer of up to `len` bytes. `Ok(None)`: a blocking
-/// socket has nothing yet and the call blocks (the caller returns at once).
-fn recv_common(ctx: &mut Ctx, fd: u64, len: usize, flags: i32) -> Result<Option<Received>, Errno> {
-    let (info, nonblock) = sock(ctx, fd)?;
-    let dontwait = nonblock || flags & libc::MSG_DONTWAIT != 0;
-    let mut buf = vec![0u8; len];
-    let mut anc = None;
-    let r = ctx.io.net.recv_ancillary(info.id, &mut buf, flags, &mut anc);
-    ctx.io.flush_net_notes();
-    match r {
-        Ok((n, from, trunc)) => Ok(Some((buf, n, from, trunc, anc))),
-        Err(Errno::EAGAIN) if !dontwait => {
-            let (rcv, _) = ctx.io.net.timeouts(info.id);
-            block_on(ctx, fd, libc::POLLIN, timeout_deadline(rcv), Err(Errno::EAGAIN))?;
-            Ok(None)
-        }
-        Err(e) => Err(e),
-    }
-}
-
-/// Guest buffer of a plain send: copied (bounded) so guest memory is never aliased by a host call.
-fn guest_data(ctx: &Ctx, buf: u64, len: u64, stream: bool) -> Result<Vec<u8>, Errno> {
-    let len = if stream { len.min(MSG_COPY_MAX as u64) } else { len.min(DGRAM_MAX as u64 + 1) };
-    Ok(ctx.bytes(buf, len)?.to_vec())
-}
-
-/// Host bytes (sendfile's) sent on inet socket `fd`, as a write of them
-/// would (at most what one send copies).
-pub(crate) fn write_host_bytes(ctx: &mut Ctx, fd: i32, data: &[u8]) -> SysResult {
-    let (info, _) = sock(ctx, fd as u64)?;
-    let cap = if info.stream { MSG_COPY_MAX } else { DGRAM_MAX + 1 };
-    send_common(ctx, fd as u64, data[..data.len().min(cap)].to_vec(), None, 0, Packet::default())
-}
-
-/// read()/write() on a socket fd (from sys_file).
-pub(crate) fn read_fd(ctx: &mut Ctx, fd: i32, buf: u64, len: u64) -> SysResult {
-    let len = len.min(MSG_COPY_MAX as u64);
-    ctx.user_range(buf, len)?;
-    let Some((data, n, _, _, _)) = recv_common(ctx, fd as u64, len as usize, 0)? else { return Ok(0) };
-    let k = n.min(data.len());
-    ctx.write_bytes(buf, &data[..k])?;
-    Ok(k as u64)
-}
-
-pub(crate) fn write_fd(ctx: &mut Ctx, fd: i32, buf: u64, len: u64) -> SysResult {
-    let (info, _) = sock(ctx, fd as u64)?;
-    let data = guest_data(ctx, buf, len, info.stream)?;
-    send_common(ctx, fd as u64, data, None, 0, Packet::default())
 }
 
 pub fn sendto(ctx: &mut Ctx, a: &Args) -> SysResult {
@@ -490,7 +368,7 @@ fn recvmsg_one(ctx: &mut Ctx, fd: u64, msg: u64, flags: i32) -> SysResult {
     let mut mflags = if trunc { libc::MSG_TRUNC } else { 0 };
     let mut cmsg = Vec::new();
     if let Some(a) = anc.filter(|_| info.domain == libc::AF_INET6) {
-        let net = &ctx.io.net;
+        let net = &ctx.kernel.net;
         if net.flag_set(info.id, libc::IPPROTO_IPV6, libc::IPV6_RECVHOPLIMIT) {
             let v = i32::from(a.hop_limit).to_le_bytes();
             put_cmsg(&mut cmsg, room, libc::IPPROTO_IPV6, libc::IPV6_HOPLIMIT, &v, &mut mflags);
@@ -542,7 +420,7 @@ pub fn sendmmsg(ctx: &mut Ctx, a: &Args) -> SysResult {
     for i in 0..vlen {
         let m = vec.checked_add(i * 64).ok_or(Errno::EFAULT)?;
         let r = sendmsg_one(ctx, a[0], m, flags);
-        if wait::is_blocking(ctx) {
+        if ctx.is_blocking() {
             if done == 0 {
                 return Ok(0);
             }
@@ -571,7 +449,7 @@ pub fn recvmmsg(ctx: &mut Ctx, a: &Args) -> SysResult {
         // Only the first waits; the rest take what is already there.
         let f = if done == 0 { flags } else { flags | libc::MSG_DONTWAIT };
         let r = recvmsg_one(ctx, a[0], m, f);
-        if wait::is_blocking(ctx) {
+        if ctx.is_blocking() {
             return Ok(0);
         }
         match r {
@@ -594,7 +472,7 @@ pub fn shutdown(ctx: &mut Ctx, a: &Args) -> SysResult {
         return unix::shutdown(ctx, a);
     }
     let (info, _) = sock(ctx, a[0])?;
-    ctx.io.net.shutdown(info.id, a[1] as i32).map(|()| 0)
+    ctx.kernel.net.shutdown(info.id, a[1] as i32).map(|()| 0)
 }
 
 pub fn bind(ctx: &mut Ctx, a: &Args) -> SysResult {
@@ -604,8 +482,8 @@ pub fn bind(ctx: &mut Ctx, a: &Args) -> SysResult {
     let (info, _) = sock(ctx, a[0])?;
     let addr = read_sockaddr(ctx, a[1], a[2])?.ok_or(Errno::EAFNOSUPPORT)?;
     check_family(&info, &addr)?;
-    let r = ctx.io.net.bind(info.id, host_addr(&info, addr));
-    ctx.io.flush_net_notes();
+    let r = ctx.kernel.net.bind(info.id, host_addr(&info, addr));
+    ctx.kernel.flush_net_notes();
     r.map(|()| 0)
 }
 
@@ -616,7 +494,7 @@ pub fn listen(ctx: &mut Ctx, a: &Args) -> SysResult {
         return unix::listen(ctx, a);
     }
     let (info, _) = sock(ctx, a[0])?;
-    ctx.io.net.listen(info.id, a[1] as i32).map(|()| 0)
+    ctx.kernel.net.listen(info.id, a[1] as i32).map(|()| 0)
 }
 
 fn accept_common(ctx: &mut Ctx, fd: u64, addr: u64, len_ptr: u64, flags: i32) -> SysResult {
@@ -631,7 +509,7 @@ fn accept_common(ctx: &mut Ctx, fd: u64, addr: u64, len_ptr: u64, flags: i32) ->
     if ctx.proc.fds.len() >= crate::fd::MAX_FDS as usize {
         return Err(Errno::EMFILE);
     }
-    match ctx.io.net.accept(info.id) {
+    match ctx.kernel.net.accept(info.id) {
         Ok((id, peer)) => {
             let mut oflags = libc::O_RDWR;
             if flags & libc::SOCK_NONBLOCK != 0 {
@@ -644,7 +522,7 @@ fn accept_common(ctx: &mut Ctx, fd: u64, addr: u64, len_ptr: u64, flags: i32) ->
                 match ctx.proc.fds.open(FileKind::Socket(SockInfo { id, domain: info.domain, stream: true }), oflags) {
                     Ok(nfd) => nfd,
                     Err(e) => {
-                        ctx.io.net.close(id);
+                        ctx.kernel.net.close(id);
                         return Err(e);
                     }
                 };
@@ -652,7 +530,7 @@ fn accept_common(ctx: &mut Ctx, fd: u64, addr: u64, len_ptr: u64, flags: i32) ->
             Ok(nfd as u64)
         }
         Err(Errno::EAGAIN) if !nonblock => {
-            let (rcv, _) = ctx.io.net.timeouts(info.id);
+            let (rcv, _) = ctx.kernel.net.timeouts(info.id);
             block_on(ctx, fd, libc::POLLIN, timeout_deadline(rcv), Err(Errno::EAGAIN))
         }
         Err(e) => Err(e),
@@ -678,7 +556,7 @@ pub fn getsockname(ctx: &mut Ctx, a: &Args) -> SysResult {
         return unix::getsockname(ctx, a);
     }
     let (info, _) = sock(ctx, a[0])?;
-    let addr = ctx.io.net.local_addr(info.id)?;
+    let addr = ctx.kernel.net.local_addr(info.id)?;
     write_sockaddr(ctx, a[1], a[2], addr, info.domain)?;
     Ok(0)
 }
@@ -688,7 +566,8 @@ pub fn getpeername(ctx: &mut Ctx, a: &Args) -> SysResult {
         return unix::getpeername(ctx, a);
     }
     let (info, _) = sock(ctx, a[0])?;
-    let addr = ctx.io.net.peer_addr(info.id).map_err(|e| if e == Errno::ECONNRESET { Errno::ENOTCONN } else { e })?;
+    let addr =
+        ctx.kernel.net.peer_addr(info.id).map_err(|e| if e == Errno::ECONNRESET { Errno::ENOTCONN } else { e })?;
     write_sockaddr(ctx, a[1], a[2], addr, info.domain)?;
     Ok(0)
 }
@@ -768,12 +647,12 @@ pub fn setsockopt(ctx: &mut Ctx, a: &Args) -> SysResult {
             return Err(Errno(libc::EDOM));
         }
         let t = if s < 0 { None } else { Some(Duration::new(s as u64, us as u32 * 1000)) };
-        ctx.io.net.set_timeout(info.id, name == libc::SO_RCVTIMEO, t.filter(|d| !d.is_zero()))?;
+        ctx.kernel.net.set_timeout(info.id, name == libc::SO_RCVTIMEO, t.filter(|d| !d.is_zero()))?;
         return Ok(0);
     }
     if level == libc::IPPROTO_UDPLITE {
         let cov = udplite_coverage(ctx, info, name, &v)?;
-        return ctx.io.net.setsockopt(info.id, level, name, &cov.to_le_bytes()).map(|()| 0);
+        return ctx.kernel.net.setsockopt(info.id, level, name, &cov.to_le_bytes()).map(|()| 0);
     }
     if !passthrough(level, name) || (level == libc::SOL_SOCKET && name == libc::SO_ERROR) {
         return Err(Errno::ENOPROTOOPT);
@@ -783,7 +662,7 @@ pub fn setsockopt(ctx: &mut Ctx, a: &Args) -> SysResult {
         let want = i32::from_le_bytes([v[0], v[1], v[2], v[3]]).clamp(0, 4 << 20);
         v[..4].copy_from_slice(&want.to_le_bytes());
     }
-    ctx.io.net.setsockopt(info.id, level, name, &v).map(|()| 0)
+    ctx.kernel.net.setsockopt(info.id, level, name, &v).map(|()| 0)
 }
 
 const UDPLITE_SEND_CSCOV: i32 = 10;
@@ -794,7 +673,7 @@ const UDPLITE_RECV_CSCOV: i32 = 11;
 /// other value below 8 but 0 raised to 8 (the header), at most 0xffff. The coverage is kept and
 /// reported; datagrams never leave the sandbox, so it guards no checksum.
 fn udplite_coverage(ctx: &Ctx, info: SockInfo, name: i32, v: &[u8]) -> Result<i32, Errno> {
-    if info.stream || !ctx.io.net.is_udplite(info.id) || !matches!(name, UDPLITE_SEND_CSCOV | UDPLITE_RECV_CSCOV) {
+    if info.stream || !ctx.kernel.net.is_udplite(info.id) || !matches!(name, UDPLITE_SEND_CSCOV | UDPLITE_RECV_CSCOV) {
         return Err(Errno::ENOPROTOOPT);
     }
     let b: [u8; 4] = v.get(..4).and_then(|b| b.try_into().ok()).ok_or(Errno::EINVAL)?;
@@ -813,37 +692,34 @@ pub fn getsockopt(ctx: &mut Ctx, a: &Args) -> SysResult {
         return Err(Errno::EINVAL);
     }
     let int = |v: i32| v.to_le_bytes().to_vec();
-    let live = ctx.io.net.is_live(info.id);
+    let live = ctx.kernel.net.is_live(info.id);
     let value: Vec<u8> = match (level, name) {
         (libc::SOL_SOCKET, libc::SO_TYPE) => int(if info.stream { libc::SOCK_STREAM } else { libc::SOCK_DGRAM }),
         (libc::SOL_SOCKET, libc::SO_DOMAIN) => int(info.domain),
         (libc::SOL_SOCKET, libc::SO_PROTOCOL) => int(if info.stream {
             libc::IPPROTO_TCP
-        } else if ctx.io.net.is_udplite(info.id) {
+        } else if ctx.kernel.net.is_udplite(info.id) {
             libc::IPPROTO_UDPLITE
         } else {
             libc::IPPROTO_UDP
         }),
         (libc::IPPROTO_UDPLITE, n) => {
             udplite_coverage(ctx, info, n, &[0; 4])?;
-            let v = ctx.io.net.getsockopt(info.id, libc::IPPROTO_UDPLITE, n, 4)?;
+            let v = ctx.kernel.net.getsockopt(info.id, libc::IPPROTO_UDPLITE, n, 4)?;
             int(v.get(..4).and_then(|b| b.try_into().ok()).map_or(0, i32::from_le_bytes))
         }
-        (libc::SOL_SOCKET, libc::SO_ACCEPTCONN) => int(ctx.io.net.is_listening(info.id) as i32),
-        (libc::SOL_SOCKET, libc::SO_RCVTIMEO) => timeval(ctx.io.net.timeouts(info.id).0).to_vec(),
-        (libc::SOL_SOCKET, libc::SO_SNDTIMEO) => timeval(ctx.io.net.timeouts(info.id).1).to_vec(),
+        (libc::SOL_SOCKET, libc::SO_ACCEPTCONN) => int(ctx.kernel.net.is_listening(info.id) as i32),
+        (libc::SOL_SOCKET, libc::SO_RCVTIMEO) => timeval(ctx.kernel.net.timeouts(info.id).0).to_vec(),
+        (libc::SOL_SOCKET, libc::SO_SNDTIMEO) => timeval(ctx.kernel.net.timeouts(info.id).1).to_vec(),
         // A socket restored from a snapshot: its connection was reset.
         (libc::SOL_SOCKET, libc::SO_ERROR) if !live => int(libc::ECONNRESET),
-        (l, n) if passthrough(l, n) => ctx.io.net.getsockopt(info.id, l, n, (cap as u64).min(OPT_MAX * 4) as usize)?,
+        (l, n) if passthrough(l, n) => {
+            ctx.kernel.net.getsockopt(info.id, l, n, (cap as u64).min(OPT_MAX * 4) as usize)?
+        }
         _ => return Err(Errno::ENOPROTOOPT),
     };
     let n = value.len().min(cap as usize);
     ctx.write_bytes(val, &value[..n])?;
     ctx.write_i32(len_ptr, n as i32)?;
     Ok(0)
-}
-
-/// ioctl FIONREAD on a socket.
-pub(crate) fn pending(ctx: &mut Ctx, info: SockInfo) -> Result<i32, Errno> {
-    ctx.io.net.pending(info.id)
 }

@@ -1,15 +1,14 @@
 //! Threads: clone/clone3 (a clone without CLONE_THREAD is a new process:
 //! `sys_fork`), exit of one thread, gettid,
-//! set_tid_address, futex, sched_yield, and signals sent to the process or
-//! one of its threads (kill, tgkill, tkill). The engine schedules the threads
-//! (see `crate::thread`).
+//! set_tid_address, futex, sched_yield (tgkill and tkill are in `sys_signal`).
+//! The engine schedules the threads (see `crate::thread`).
 
 use std::time::Duration;
 
-use super::{Args, Ctx, Effect};
 use crate::errno::{Errno, SysResult};
-use crate::thread::{SigInfo, WaitKind, NSIG, SIGKILL, SI_TKILL};
-use crate::wait::{block, Block, WaitOn};
+use crate::kernel::block::{Block, WaitOn};
+use crate::kernel::{Args, Ctx, Effect};
+use crate::thread::WaitKind;
 
 const CLONE_VM: u64 = 0x100;
 const CLONE_FS: u64 = 0x200;
@@ -180,7 +179,7 @@ fn wake(ctx: &mut Ctx, addr: u64, bitset: u32, n: u64) -> u64 {
     let woken = ctx.proc.threads.futex_wake(addr, bitset, n);
     if woken < n {
         if let Some((obj, offset)) = ctx.proc.mm.shared_at(addr) {
-            ctx.io.shm.wakes.push(crate::shm::SharedWake { obj, offset, bitset, n: n - woken });
+            ctx.kernel.shm.wakes.push(crate::shm::SharedWake { obj, offset, bitset, n: n - woken });
         }
     }
     woken
@@ -209,7 +208,7 @@ pub fn futex(ctx: &mut Ctx, a: &Args) -> SysResult {
                     if ctx.timed_out {
                         return Err(Errno::ETIMEDOUT);
                     }
-                    return block(ctx, Block::new(WaitOn::Futex { addr: at, bitset }));
+                    return ctx.block(Block::new(WaitOn::Futex { addr: at, bitset }));
                 }
             }
             if futex_word(ctx, addr)? != a[2] as u32 {
@@ -230,7 +229,7 @@ pub fn futex(ctx: &mut Ctx, a: &Args) -> SysResult {
             if timeout == Some(Duration::ZERO) {
                 return Err(Errno::ETIMEDOUT);
             }
-            block(ctx, Block::new(WaitOn::Futex { addr, bitset }).timeout(timeout, Err(Errno::ETIMEDOUT)))
+            ctx.block(Block::new(WaitOn::Futex { addr, bitset }).timeout(timeout, Err(Errno::ETIMEDOUT)))
         }
         FUTEX_WAKE | FUTEX_WAKE_BITSET => {
             let bitset = if cmd == FUTEX_WAKE { u32::MAX } else { a[5] as u32 };
@@ -287,48 +286,4 @@ pub fn futex(ctx: &mut Ctx, a: &Args) -> SysResult {
         // PI futexes and the rest: not used by glibc's default mutexes.
         _ => Err(Errno::ENOSYS),
     }
-}
-
-// ----- signals to itself -------------------------------------------------------
-
-/// Queue `sig` for thread `target` (None: the process). SIGKILL ends the guest
-/// at once; the rest is delivered by the engine on the target's way back to
-/// user mode (a default action that terminates ends the guest then).
-fn send(ctx: &mut Ctx, target: Option<usize>, sig: u64, code: i32) -> SysResult {
-    if sig == 0 {
-        return Ok(0);
-    }
-    if sig > NSIG as u64 {
-        return Err(Errno::EINVAL);
-    }
-    let sig = sig as i32;
-    if sig == SIGKILL {
-        ctx.effect = Some(Effect::Signaled(SIGKILL));
-        return Ok(0);
-    }
-    let info = SigInfo::user(sig, code);
-    match target {
-        Some(i) => ctx.proc.threads.send_thread(i, info),
-        None => ctx.proc.threads.send_process(info),
-    }
-    Ok(0)
-}
-
-pub fn tgkill(ctx: &mut Ctx, a: &Args) -> SysResult {
-    if a[0] as i32 <= 0 || a[1] as i32 <= 0 {
-        return Err(Errno::EINVAL);
-    }
-    if a[0] != ctx.proc.pid as u64 {
-        return Err(Errno::ESRCH);
-    }
-    let i = ctx.proc.threads.index_of(a[1] as u32).ok_or(Errno::ESRCH)?;
-    send(ctx, Some(i), a[2], SI_TKILL)
-}
-
-pub fn tkill(ctx: &mut Ctx, a: &Args) -> SysResult {
-    if a[0] as i32 <= 0 {
-        return Err(Errno::EINVAL);
-    }
-    let i = ctx.proc.threads.index_of(a[0] as u32).ok_or(Errno::ESRCH)?;
-    send(ctx, Some(i), a[1], SI_TKILL)
 }

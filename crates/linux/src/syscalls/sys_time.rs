@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use super::{Args, Ctx};
 use crate::errno::{Errno, SysResult};
-use crate::wait::{block, Block, WaitOn};
+use crate::kernel::block::{Block, WaitOn};
+use crate::kernel::{Args, Ctx};
 
 fn host_clock(id: libc::clockid_t) -> Result<(i64, i64), Errno> {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
@@ -148,12 +148,12 @@ fn sleep(ctx: &mut Ctx, d: Duration) -> SysResult {
         return Ok(0);
     }
     if ctx.proc.threads.current().wait.is_some() {
-        return block(ctx, Block::new(WaitOn::Time));
+        return ctx.block(Block::new(WaitOn::Time));
     }
     if d.is_zero() {
         return Ok(0);
     }
-    block(ctx, Block::new(WaitOn::Time).timeout(Some(d), Ok(0)))
+    ctx.block(Block::new(WaitOn::Time).timeout(Some(d), Ok(0)))
 }
 
 pub fn nanosleep(ctx: &mut Ctx, a: &Args) -> SysResult {
@@ -174,4 +174,12 @@ pub fn clock_nanosleep(ctx: &mut Ctx, a: &Args) -> SysResult {
         req
     };
     sleep(ctx, d)
+}
+
+/// CPU time of the calling host thread (the sandbox's whole guest runs on it).
+pub(super) fn cpu_time() -> (i64, i64) {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    (ts.tv_sec, ts.tv_nsec)
 }

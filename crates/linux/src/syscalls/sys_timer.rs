@@ -7,8 +7,8 @@
 
 use std::time::Duration;
 
-use super::{Args, Ctx};
 use crate::errno::{Errno, SysResult};
+use crate::kernel::{Args, Ctx};
 use crate::thread::{Timer, ITIMER_PROF_ID, ITIMER_VIRTUAL_ID, MAX_TIMERS, NSIG, SIGALRM, SIGPROF, SIGVTALRM};
 
 const ITIMER_REAL: u64 = 0;

@@ -2,13 +2,14 @@
 //! abstract names or to socket files in the overlay, connected to each other.
 //! Never a host socket: every other address family is EAFNOSUPPORT here.
 
-use super::sys_pipe::{epipe, or_block};
-use super::{Args, Ctx, MAX_RW};
 use crate::errno::{Errno, SysResult};
 use crate::fd::{FileKind, OpenFile};
+use crate::file::common::{epipe, or_block};
+use crate::file::unix::{nonblocking, put_addr, recv_into};
+use crate::kernel::block::{READABLE, WRITABLE};
+use crate::kernel::{Args, Ctx};
 use crate::objects::{SockType, UnixName, SCM_MAX_FD, SOCKET_CAPACITY, UNIX_PATH_MAX};
 use crate::vfs::FileType;
-use crate::wait::{READABLE, WRITABLE};
 
 const SOCK_FLAGS: i32 = libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC;
 
@@ -87,23 +88,6 @@ fn read_addr(ctx: &Ctx, ptr: u64, len: u64) -> Result<Addr, Errno> {
             Addr::Path(path[..end].to_vec())
         }
     })
-}
-
-/// Write a sockaddr_un for `sun_path` to (`addr`, `*len_ptr`), as accept/getsockname do.
-fn put_addr(ctx: &mut Ctx, addr: u64, len_ptr: u64, sun_path: &[u8]) -> Result<(), Errno> {
-    if addr == 0 || len_ptr == 0 {
-        return Ok(());
-    }
-    let room = ctx.bytes(len_ptr, 4)?;
-    let room = i32::from_le_bytes([room[0], room[1], room[2], room[3]]);
-    if room < 0 {
-        return Err(Errno::EINVAL);
-    }
-    let mut full = (libc::AF_UNIX as u16).to_le_bytes().to_vec();
-    full.extend_from_slice(sun_path);
-    let n = full.len().min(room as usize);
-    ctx.write_bytes(addr, &full[..n])?;
-    ctx.write_i32(len_ptr, full.len() as i32)
 }
 
 /// The sun_path of a path name as reported (with its NUL).
@@ -231,14 +215,6 @@ pub fn getpeername(ctx: &mut Ctx, a: &Args) -> SysResult {
     Ok(0)
 }
 
-fn nonblocking(f: &OpenFile, flags: i32) -> OpenFile {
-    let mut f = *f;
-    if flags & libc::MSG_DONTWAIT != 0 {
-        f.flags |= libc::O_NONBLOCK;
-    }
-    f
-}
-
 fn send_common(ctx: &mut Ctx, fd: u64, data: Vec<u8>, flags: i32, dest: Option<(u64, u64)>) -> SysResult {
     let (f, ofd, id) = sock_of(ctx, fd)?;
     let f = nonblocking(&f, flags);
@@ -257,36 +233,6 @@ pub fn sendto(ctx: &mut Ctx, a: &Args) -> SysResult {
     let len = a[2].min(SOCKET_CAPACITY as u64 + 1);
     let data = ctx.bytes(a[1], len)?.to_vec();
     send_common(ctx, a[0], data, a[3] as i32, Some((a[4], a[5])))
-}
-
-/// Receive into guest memory: shared by read(2) on a socket and recvfrom.
-/// `src`: (addr, addrlen pointer) to report the sender in.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn recv_into(
-    ctx: &mut Ctx,
-    f: &OpenFile,
-    ofd: u64,
-    id: u64,
-    buf: u64,
-    len: u64,
-    flags: i32,
-    src: Option<(u64, u64)>,
-) -> SysResult {
-    let f = nonblocking(f, flags);
-    let len = len.min(MAX_RW).min(SOCKET_CAPACITY as u64);
-    ctx.user_range(buf, len)?;
-    let r = ctx.proc.fds.objects.recv(id, len as usize, flags & libc::MSG_PEEK != 0);
-    // Descriptors that came with the data are dropped (no control buffer).
-    super::sys_file::released(ctx, None);
-    let (data, full, from) = match r {
-        Ok(v) => v,
-        Err(e) => return or_block(ctx, &f, ofd, READABLE, Err(e)),
-    };
-    ctx.write_bytes(buf, &data)?;
-    if let Some((addr, alen)) = src {
-        put_addr(ctx, addr, alen, &from)?;
-    }
-    Ok(if flags & libc::MSG_TRUNC != 0 { full as u64 } else { data.len() as u64 })
 }
 
 pub fn recvfrom(ctx: &mut Ctx, a: &Args) -> SysResult {
@@ -451,7 +397,7 @@ pub fn recvmsg(ctx: &mut Ctx, a: &Args) -> SysResult {
         }
         if !peek {
             ctx.proc.fds.drop_held(&got.rights);
-            super::sys_file::released(ctx, None);
+            crate::file::released(ctx, None);
         }
         if !fds.is_empty() {
             let len = CMSG_HDR + 4 * fds.len();
@@ -532,7 +478,7 @@ pub fn getsockopt(ctx: &mut Ctx, a: &Args) -> SysResult {
         libc::SO_REUSEADDR | libc::SO_KEEPALIVE | libc::SO_PASSCRED => 0i32.to_le_bytes().to_vec(),
         libc::SO_PEERCRED => {
             // struct ucred of the only process: pid, uid 0, gid 0.
-            let mut c = (super::sys_process::GUEST_PID as i32).to_le_bytes().to_vec();
+            let mut c = (crate::procs::GUEST_PID as i32).to_le_bytes().to_vec();
             c.extend_from_slice(&[0u8; 8]);
             c
         }

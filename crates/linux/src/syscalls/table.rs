@@ -9,9 +9,9 @@ use super::{
     sys_file as file, sys_fs as fs, sys_mm as mm, sys_process as process, sys_signal as signal, sys_time as time,
 };
 use super::{sys_fork as fork, sys_lock as lock, sys_pipe as pipe, sys_unix as unix};
-use super::{sys_socket as net, sys_thread as thread, sys_timer as timer};
-use super::{Args, Ctx, Handler};
+use super::{sys_rlimit as rlimit, sys_socket as net, sys_thread as thread, sys_timer as timer};
 use crate::errno::{Errno, SysResult};
+use crate::kernel::{Args, Ctx, Handler};
 
 /// Whether syscall `nr`, interrupted by a signal whose handler has
 /// SA_RESTART, is restarted (else it fails with EINTR): the table's restart
@@ -179,7 +179,7 @@ table! {
     59 execve => fork::execve, Partial("ELF programs of the file system with ld.so, `#!` scripts (4 levels), close-on-exec; pid, fds, cwd, umask, signal mask kept");
     60 exit => thread::exit, Full;
     61 wait4 => fork::wait4, Partial("exit statuses, WNOHANG, ECHILD, pid/-1/0/-pgid; no stopped/continued children (nothing stops here); rusage zeroed");
-    62 kill => fork::kill, Partial("the sandbox's processes (pid, 0, -1, -pgid); a signal for another process is delivered when it next runs");
+    62 kill => signal::kill, Partial("the sandbox's processes (pid, 0, -1, -pgid); a signal for another process is delivered when it next runs");
     63 uname => process::uname, Full;
     64 semget, Refused(Errno::ENOSYS, "ENOSYS: System V semaphores are not implemented (futex-based POSIX semaphores work)");
     65 semop, Refused(Errno::ENOSYS, "ENOSYS: System V semaphores are not implemented (futex-based POSIX semaphores work)"), Never;
@@ -214,7 +214,7 @@ table! {
     94 lchown => fs::lchown, Partial("Linux's rules (euid 0 sets any ids; others only the group of their own file); owners kept, reported, checkpointed; new files are 0:0; no access checks");
     95 umask => fs::umask, Full;
     96 gettimeofday => time::gettimeofday, Full;
-    97 getrlimit => process::getrlimit, Full;
+    97 getrlimit => rlimit::getrlimit, Full;
     98 getrusage => process::getrusage, Partial("user time = host thread CPU time, maxrss = memory mapped; other fields 0");
     99 sysinfo => process::sysinfo, Partial("total/free RAM from the memory limit and mapped memory, the sandbox's running processes, the uptime of /proc/uptime; load averages are 0");
     100 times => process::times, Partial("user time = host thread CPU time; system and children times 0");
@@ -277,7 +277,7 @@ table! {
     157 prctl => process::prctl, Partial("PR_SET_NAME, PR_SET/GET_DUMPABLE, PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS succeed (names not kept), PR_GET_NAME says python3; others EINVAL");
     158 arch_prctl => process::arch_prctl, Full;
     159 adjtimex, Refused(Errno::ENOSYS, "ENOSYS: not implemented: the clock is the host's");
-    160 setrlimit => process::setrlimit, Partial("validates the resource and succeeds; limits do not change");
+    160 setrlimit => rlimit::setrlimit, Partial("validates the resource and succeeds; limits do not change");
     161 chroot, Refused(Errno::EPERM, "EPERM: the sandbox's root is fixed (no CAP_SYS_CHROOT)");
     162 sync => fs::sync, Full;
     163 acct, Refused(Errno::EPERM, "EPERM: no process accounting (no CAP_SYS_PACCT)");
@@ -317,7 +317,7 @@ table! {
     197 removexattr, Refused(Errno::EOPNOTSUPP, "EOPNOTSUPP: the file system stores no extended attributes");
     198 lremovexattr, Refused(Errno::EOPNOTSUPP, "EOPNOTSUPP: the file system stores no extended attributes");
     199 fremovexattr, Refused(Errno::EOPNOTSUPP, "EOPNOTSUPP: the file system stores no extended attributes");
-    200 tkill => thread::tkill, Full;
+    200 tkill => signal::tkill, Full;
     201 time => time::time, Full;
     202 futex => thread::futex, Partial("WAIT, WAKE, BITSET forms, REQUEUE, CMP_REQUEUE, WAKE_OP; wakes on MAP_SHARED memory reach other processes (requeues do not); PI and robust-list ops ENOSYS"), UnlessTimed;
     203 sched_setaffinity => process::sched_setaffinity, Partial("a mask must hold the sandbox's one CPU (EINVAL), which is then all it holds; unknown pids ESRCH");
@@ -351,7 +351,7 @@ table! {
     231 exit_group => process::exit_group, Full;
     232 epoll_wait => pipe::epoll_wait, Partial("level-triggered; EPOLLET is treated as level-triggered, EPOLLONESHOT works"), Never;
     233 epoll_ctl => pipe::epoll_ctl, Partial("ADD/MOD/DEL on every fd the VMM owns; EPOLLET is treated as level-triggered");
-    234 tgkill => thread::tgkill, Full;
+    234 tgkill => signal::tgkill, Full;
     235 utimes => fs::utimes, Full;
     236 vserver, Refused(Errno::ENOSYS, "ENOSYS: never implemented by Linux");
     237 mbind, Refused(Errno::ENOSYS, "ENOSYS: no NUMA: the sandbox has one node");
@@ -419,7 +419,7 @@ table! {
     299 recvmmsg => net::recvmmsg, Partial("up to 64 messages per call on inet sockets (MSG_WAITFORONE); no ancillary data");
     300 fanotify_init, Refused(Errno::EPERM, "EPERM: no file system notification (no CAP_SYS_ADMIN)");
     301 fanotify_mark, Refused(Errno::EPERM, "EPERM: no file system notification (no CAP_SYS_ADMIN)");
-    302 prlimit64 => process::prlimit64, Partial("reads its own limits (stack, fds, memory, 64 processes, no core); new limits are ignored");
+    302 prlimit64 => rlimit::prlimit64, Partial("reads its own limits (stack, fds, memory, 64 processes, no core); new limits are ignored");
     303 name_to_handle_at, Refused(Errno::EOPNOTSUPP, "EOPNOTSUPP: the file system has no file handles");
     304 open_by_handle_at, Refused(Errno::EPERM, "EPERM: the file system has no file handles (no CAP_DAC_READ_SEARCH)");
     305 clock_adjtime, Refused(Errno::ENOSYS, "ENOSYS: not implemented: the clock is the host's");

@@ -7,9 +7,10 @@ use std::sync::Arc;
 use forkbox_image::{pack_dir, Image};
 use forkbox_vmm::GuestMemory;
 
-use super::{dispatch, Ctx};
+use super::dispatch;
 use crate::errno::Errno;
-use crate::io::Io;
+use crate::kernel::Ctx;
+use crate::kernel::Kernel;
 use crate::layout::RAM_SIZE;
 use crate::mm::VmaKind;
 use crate::process::Process;
@@ -21,7 +22,7 @@ struct Guest {
     _dir: tempfile::TempDir,
     mem: GuestMemory,
     proc: Process,
-    io: Io,
+    kernel: Kernel,
     /// A readable and writable guest buffer of `BUF_LEN` bytes.
     buf: u64,
 }
@@ -38,7 +39,7 @@ fn guest() -> Guest {
     let mut proc = Process::new(Vfs::new(image), 1 << 30);
     let buf = proc.mm.map(None, BUF_LEN, (libc::PROT_READ | libc::PROT_WRITE) as u32, VmaKind::Anon).unwrap();
     let mem = GuestMemory::anonymous(RAM_SIZE).unwrap();
-    Guest { _dir: dir, mem, proc, io: Io::new(1 << 16), buf }
+    Guest { _dir: dir, mem, proc, kernel: Kernel::new(1 << 16), buf }
 }
 
 impl Guest {
@@ -46,7 +47,7 @@ impl Guest {
         let mut a = [0u64; 6];
         a[..args.len()].copy_from_slice(args);
         let mut ctx =
-            Ctx { mem: &mut self.mem, proc: &mut self.proc, io: &mut self.io, effect: None, timed_out: false };
+            Ctx { mem: &mut self.mem, proc: &mut self.proc, kernel: &mut self.kernel, effect: None, timed_out: false };
         dispatch(&mut ctx, nr as u64, &a)
     }
 
@@ -600,8 +601,8 @@ fn refused_calls_fail_with_the_errno_of_their_table_entry() {
     assert_eq!(g.call(libc::SYS_setxattr, &[0, 0, 0, 0, 0]), Err(Errno::EOPNOTSUPP));
     // Past the table: ENOSYS, counted as unknown.
     assert_eq!(g.call(999, &[]), Err(Errno::ENOSYS));
-    assert_eq!(g.io.stats.unimplemented.get(&999), Some(&1));
-    assert!(!g.io.stats.unimplemented.contains_key(&(libc::SYS_mount as u64)), "mount is in the table");
+    assert_eq!(g.kernel.stats.unimplemented.get(&999), Some(&1));
+    assert!(!g.kernel.stats.unimplemented.contains_key(&(libc::SYS_mount as u64)), "mount is in the table");
 }
 
 #[test]
@@ -627,4 +628,127 @@ fn flock_excludes_between_open_descriptions_and_goes_with_the_last_close() {
     assert_eq!(g.call(libc::SYS_flock, &[b, 0]), Err(Errno::EINVAL));
     assert_eq!(g.call(libc::SYS_flock, &[b, sh | ex]), Err(Errno::EINVAL));
     assert_eq!(g.call(libc::SYS_flock, &[999, sh]), Err(Errno::EBADF));
+}
+
+impl Guest {
+    /// Run `f` with a syscall context over this guest, as a handler would.
+    fn with_ctx<R>(&mut self, f: impl FnOnce(&mut Ctx) -> R) -> R {
+        let mut ctx =
+            Ctx { mem: &mut self.mem, proc: &mut self.proc, kernel: &mut self.kernel, effect: None, timed_out: false };
+        f(&mut ctx)
+    }
+
+    /// Two fds written by pipe2/socketpair at the buffer's offset `off`.
+    fn fd_pair(&self, off: u64) -> (i32, i32) {
+        let b = self.get(off, 8);
+        (i32::from_le_bytes(b[..4].try_into().unwrap()), i32::from_le_bytes(b[4..].try_into().unwrap()))
+    }
+}
+
+#[test]
+fn a_pipe_reads_and_writes_through_its_file_ops() {
+    use crate::kernel::block::{WaitOn, READABLE};
+    use crate::kernel::Effect;
+    let mut g = guest();
+    g.call(libc::SYS_pipe2, &[g.buf, 0]).unwrap();
+    let (r, w) = g.fd_pair(0);
+    let data = g.put(0x100, b"hello");
+    let out = g.buf + 0x200;
+    g.with_ctx(|ctx| {
+        let (wf, ops) = crate::file::open(ctx, w).unwrap();
+        assert_eq!(ops.write(ctx, &wf, data, 5, None), Ok(5));
+        assert_eq!(ops.write(ctx, &wf, data, 5, Some(0)), Err(Errno::ESPIPE), "a pipe has no offset");
+        let (rf, ops) = crate::file::open(ctx, r).unwrap();
+        assert_eq!(ops.pending(ctx, &rf), Ok(5));
+        assert_ne!(crate::wait::ready(ctx.proc, ctx.kernel, rf.ofd) & READABLE, 0);
+        assert_eq!(ops.stat(ctx, &rf).unwrap().kind, crate::vfs::FileType::Fifo);
+        assert_eq!(ops.read(ctx, &rf, out, 64, None), Ok(5));
+        // Empty and blocking: the call blocks on the read end instead of returning.
+        assert_eq!(ctx.effect, None);
+        assert_eq!(ops.read(ctx, &rf, out, 64, None), Ok(0));
+        match &ctx.effect {
+            Some(Effect::Block(b)) => assert_eq!(b.on, WaitOn::Fd { ofd: rf.ofd, events: READABLE }),
+            e => panic!("expected a block, got {e:?}"),
+        }
+        assert_eq!(crate::wait::ready(ctx.proc, ctx.kernel, rf.ofd) & READABLE, 0);
+    });
+    assert_eq!(g.get(0x200, 5), b"hello");
+}
+
+#[test]
+fn an_eventfd_counts_through_its_file_ops() {
+    let mut g = guest();
+    let fd = g.call(libc::SYS_eventfd2, &[3, libc::EFD_NONBLOCK as u64]).unwrap() as i32;
+    let add = g.put(0x100, &4u64.to_le_bytes());
+    let out = g.buf + 0x200;
+    g.with_ctx(|ctx| {
+        let (f, ops) = crate::file::open(ctx, fd).unwrap();
+        assert_eq!(ops.read(ctx, &f, out, 4, None), Err(Errno::EINVAL), "shorter than the counter");
+        assert_eq!(ops.write(ctx, &f, add, 8, None), Ok(8));
+        assert_eq!(ops.read(ctx, &f, out, 8, None), Ok(8));
+        assert_eq!(ctx.read_u64(out), Ok(7));
+        assert_eq!(ops.read(ctx, &f, out, 8, None), Err(Errno::EAGAIN), "empty and non-blocking");
+        assert_eq!(ops.stat(ctx, &f).unwrap().kind, crate::vfs::FileType::File);
+    });
+}
+
+#[test]
+fn a_unix_socket_and_a_file_answer_their_own_file_ops() {
+    let mut g = guest();
+    g.call(libc::SYS_socketpair, &[libc::AF_UNIX as u64, libc::SOCK_STREAM as u64, 0, g.buf]).unwrap();
+    let (a, b) = g.fd_pair(0);
+    let file = g.open("/tmp/f", libc::O_CREAT | libc::O_RDWR);
+    let data = g.put(0x100, b"abc");
+    let out = g.buf + 0x200;
+    g.with_ctx(|ctx| {
+        let (fa, ops) = crate::file::open(ctx, a).unwrap();
+        assert_eq!(ops.stat(ctx, &fa).unwrap().kind, crate::vfs::FileType::Socket);
+        assert_eq!(ops.write(ctx, &fa, data, 3, None), Ok(3));
+        let (fb, ops) = crate::file::open(ctx, b).unwrap();
+        assert_eq!(ops.read(ctx, &fb, out, 2, None), Ok(2));
+        assert_eq!(ops.pending(ctx, &fb), Ok(1));
+        // A regular file: positional writes, and the offset moves only for plain ones.
+        let (ff, ops) = crate::file::open(ctx, file).unwrap();
+        assert_eq!(ops.write(ctx, &ff, data, 3, Some(10)), Ok(3));
+        assert_eq!(ctx.proc.fds.get(file).unwrap().offset, 0);
+        assert_eq!(ops.stat(ctx, &ff).unwrap().size, 13);
+        assert_eq!(ops.pending(ctx, &ff), Ok(13));
+        assert_eq!(ops.read(ctx, &ff, out, 64, Some(10)), Ok(3));
+    });
+    assert_eq!(g.get(0x200, 3), b"abc");
+}
+
+/// A receive that drops descriptors passed with the data closes them for
+/// good after the call: a flock held through such a description goes with it.
+#[test]
+fn descriptors_dropped_by_a_plain_read_are_released_after_the_call() {
+    let mut g = guest();
+    g.call(libc::SYS_socketpair, &[libc::AF_UNIX as u64, libc::SOCK_STREAM as u64, 0, g.buf]).unwrap();
+    let (a, b) = g.fd_pair(0);
+    let locked = g.open("/tmp/lock", libc::O_CREAT | libc::O_RDWR);
+    g.call(libc::SYS_flock, &[locked as u64, libc::LOCK_EX as u64]).unwrap();
+    // sendmsg(a, {iov: "x", SCM_RIGHTS: [locked]}).
+    let byte = g.put(0x100, b"x");
+    let iov = g.put(0x110, &[byte.to_le_bytes(), 1u64.to_le_bytes()].concat());
+    let mut cmsg = 20u64.to_le_bytes().to_vec();
+    cmsg.extend_from_slice(&libc::SOL_SOCKET.to_le_bytes());
+    cmsg.extend_from_slice(&libc::SCM_RIGHTS.to_le_bytes());
+    cmsg.extend_from_slice(&locked.to_le_bytes());
+    cmsg.extend_from_slice(&[0; 4]);
+    let control = g.put(0x140, &cmsg);
+    let mut msg = vec![0u8; 56];
+    msg[16..24].copy_from_slice(&iov.to_le_bytes());
+    msg[24..32].copy_from_slice(&1u64.to_le_bytes());
+    msg[32..40].copy_from_slice(&control.to_le_bytes());
+    msg[40..48].copy_from_slice(&24u64.to_le_bytes());
+    let msg = g.put(0x180, &msg);
+    assert_eq!(g.call(libc::SYS_sendmsg, &[a as u64, msg, 0]), Ok(1));
+    g.call(libc::SYS_close, &[locked as u64]).unwrap();
+    // Still in flight: the lock is held.
+    let other = g.open("/tmp/lock", libc::O_RDWR);
+    let try_lock = (libc::LOCK_EX | libc::LOCK_NB) as u64;
+    assert_eq!(g.call(libc::SYS_flock, &[other as u64, try_lock]), Err(Errno::EAGAIN));
+    // read(2) has no control buffer: the passed description is dropped, and its lock with it.
+    assert_eq!(g.call(libc::SYS_read, &[b as u64, g.buf + 0x300, 8]), Ok(1));
+    assert_eq!(g.call(libc::SYS_flock, &[other as u64, try_lock]), Ok(0));
 }

@@ -44,7 +44,7 @@ impl Vfs {
                     Ok(buf.len())
                 }
                 DevKind::Urandom => {
-                    crate::syscalls::fill_random(buf)?;
+                    crate::random::fill_random(buf)?;
                     Ok(buf.len())
                 }
                 DevKind::Tty | DevKind::Ptmx => Err(Errno::ENXIO),

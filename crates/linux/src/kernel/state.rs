@@ -92,7 +92,7 @@ pub struct SyscallStats {
 }
 
 #[derive(Debug, Default)]
-pub struct Io {
+pub struct Kernel {
     /// Bytes of the current request not yet read by the agent.
     pub agent_in: Vec<u8>,
     pub agent_in_pos: usize,
@@ -169,9 +169,9 @@ pub fn agent_frame_limit(output_limit: usize) -> usize {
     output_limit.max(1 << 16).saturating_mul(3 * 6).saturating_add(1 << 16)
 }
 
-impl Io {
-    pub fn new(output_limit: usize) -> Io {
-        Io {
+impl Kernel {
+    pub fn new(output_limit: usize) -> Kernel {
+        Kernel {
             stdout: Capture::new(output_limit),
             stderr: Capture::new(output_limit),
             agent_out_limit: agent_frame_limit(output_limit),

@@ -1,0 +1,57 @@
+//! Pipes and FIFOs (`ObjKind::Pipe`).
+
+use crate::errno::{Errno, SysResult};
+use crate::fd::OpenFile;
+use crate::file::common::{epipe, object_data, object_id, object_poll, or_block};
+use crate::file::ops::{FileOps, Open, PollCtx};
+use crate::kernel::block::{READABLE, WRITABLE};
+use crate::kernel::Ctx;
+use crate::objects::PIPE_MAX_SIZE;
+use crate::vfs::Stat;
+
+pub struct PipeFile;
+
+impl FileOps for PipeFile {
+    fn read(&self, ctx: &mut Ctx, f: &Open, buf: u64, len: u64, pos: Option<u64>) -> SysResult {
+        if pos.is_some() {
+            return Err(Errno::ESPIPE);
+        }
+        let id = object_id(&f.file)?;
+        let r = ctx.proc.fds.objects.pipe_read(id, len.min(PIPE_MAX_SIZE as u64) as usize).and_then(|data| {
+            ctx.write_bytes(buf, &data)?;
+            Ok(data.len() as u64)
+        });
+        or_block(ctx, &f.file, f.ofd, READABLE, r)
+    }
+
+    fn write(&self, ctx: &mut Ctx, f: &Open, buf: u64, len: u64, pos: Option<u64>) -> SysResult {
+        if pos.is_some() {
+            return Err(Errno::ESPIPE);
+        }
+        let data = object_data(ctx, buf, len)?;
+        self.write_bytes(ctx, f, &data, None)
+    }
+
+    fn write_bytes(&self, ctx: &mut Ctx, f: &Open, data: &[u8], pos: Option<u64>) -> SysResult {
+        if pos.is_some() {
+            return Err(Errno::ESPIPE);
+        }
+        let r = ctx.proc.fds.objects.pipe_write(object_id(&f.file)?, data).map(|n| n as u64);
+        match r {
+            Err(Errno::EPIPE) => Err(epipe(ctx)),
+            r => or_block(ctx, &f.file, f.ofd, WRITABLE, r),
+        }
+    }
+
+    fn pending(&self, ctx: &mut Ctx, f: &Open) -> Result<u64, Errno> {
+        Ok(ctx.proc.fds.objects.readable_bytes(object_id(&f.file)?))
+    }
+
+    fn poll(&self, p: &PollCtx, f: &OpenFile, depth: u32) -> u32 {
+        object_poll(p, f, depth)
+    }
+
+    fn stat(&self, _: &Ctx, f: &Open) -> Result<Stat, Errno> {
+        Ok(Stat::pipe(2_000_000_000 + object_id(&f.file)?))
+    }
+}
