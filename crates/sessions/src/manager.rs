@@ -1905,7 +1905,27 @@ impl SessionManager {
         let t = self.loaded(rec)?;
         match rec.head {
             None => {
-                self.host.start(Start { tenant: &rec.tenant, template: &t, limits, how: ResumeAs::Same, from: None })
+                // The secrets' placeholders go into the guest's environment
+                // before its first exec (and so into its checkpoints: only
+                // the placeholders, the values never enter the sandbox).
+                let prelude = forkbox_engine::net_secrets::env_prelude(&limits.network.secrets);
+                let mut sb = self.host.start(Start {
+                    tenant: &rec.tenant,
+                    template: &t,
+                    limits,
+                    how: ResumeAs::Same,
+                    from: None,
+                })?;
+                if let Some(code) = prelude {
+                    let r = sb.exec(&code, ExecOptions::default()).map_err(SessionError::Engine)?;
+                    if let Some(e) = r.error {
+                        return Err(SessionError::Invalid(format!(
+                            "setting the secrets' variables failed: {}",
+                            e.message
+                        )));
+                    }
+                }
+                Ok(sb)
             }
             Some(head) => {
                 let forked = self.store.checkpoint(head)?.is_some_and(|c| c.session_id != rec.id);

@@ -229,7 +229,8 @@ pub fn seal_new(name: &str, value: &str, hosts: &[String], ports: &[u16]) -> Res
         return invalid(format!("hosts must name 1 to {HOSTS_MAX} host names"));
     }
     for h in hosts {
-        pattern(h).map_err(|e| SecretError::Invalid(format!("{name}: {}", e.to_string().trim_start_matches("secrets: "))))?;
+        pattern(h)
+            .map_err(|e| SecretError::Invalid(format!("{name}: {}", e.to_string().trim_start_matches("secrets: "))))?;
     }
     if ports.len() > 64 || ports.contains(&0) {
         return invalid("ports: at most 64, each 1 to 65535".into());
@@ -253,10 +254,7 @@ pub fn env_prelude(secrets: &[SealedSecret]) -> Option<String> {
     }
     // Names are identifiers and placeholders [a-z0-9_]: plain literals.
     let pairs: Vec<String> = secrets.iter().map(|s| format!("{:?}: {:?}", s.name, s.placeholder)).collect();
-    Some(format!(
-        "import os as _fbx_os\n_fbx_os.environ.update({{{}}})\ndel _fbx_os\n",
-        pairs.join(", ")
-    ))
+    Some(format!("import os as _fbx_os\n_fbx_os.environ.update({{{}}})\ndel _fbx_os\n", pairs.join(", ")))
 }
 
 /// Replaces placeholders in the header values of a stream of HTTP/1.x
