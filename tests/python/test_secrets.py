@@ -177,6 +177,11 @@ def test_a_session_without_a_matching_port_sends_the_placeholder(secret_server):
     p1 = bound.server_address[1]
     r = _create(s, {"secrets": {"TOKEN": {"value": VALUE, "hosts": ["api.secret.test"], "ports": [p1 + 1 if p1 < 65535 else 1]}}})
     assert r.status_code == 201, r.text
+    # A branch explored from the template (no exec yet) has the placeholder too.
+    e = httpx.post(f"{s.url}/v1/sessions/{r.json()['id']}/explore", headers=s.headers(), timeout=120,
+                   json={"codes": ["import os\nos.environ.get('TOKEN', '')"]})
+    assert e.status_code == 200, e.text
+    assert e.json()["from"] is None and e.json()["branches"][0]["result"]["value"].startswith("'fbx_secret_"), e.text
     code = (
         "import http.client, os\n"
         f"c = http.client.HTTPConnection('api.secret.test', {p1}, timeout=10)\n"
