@@ -66,6 +66,11 @@ enum Command {
         exec_slots: Option<u64>,
         #[command(flatten)]
         egress: EgressArgs,
+        /// A name every sandbox's resolver answers with this address (repeatable:
+        /// `--egress-host api.test=127.0.0.1`) instead of asking the host; the address still
+        /// goes through the egress policy. For local services and tests of name-bound rules and secrets.
+        #[arg(long, value_name = "NAME=ADDR")]
+        egress_host: Vec<String>,
         /// Build these shipped templates at start, in the background (repeatable: `--prebuild data`); a
         /// session or exec on one of them while it builds waits up to --template-wait-seconds.
         #[arg(long, value_name = "NAME")]
@@ -477,6 +482,7 @@ fn main() -> ExitCode {
             metrics_listen,
             exec_slots,
             egress,
+            egress_host,
             prebuild,
             template_wait_seconds,
             pip_index_url,
@@ -525,8 +531,8 @@ fn main() -> ExitCode {
                     cluster_config(listen, node_id, advertise_url, lease_seconds)
                 })
                 .transpose();
-            let policy = egress.policy();
-            policy.and_then(|policy| cluster.map(|c| (policy, c))).and_then(|(policy, cluster)| {
+            let policy = egress.policy().and_then(|p| Ok((p, egress_hosts(&egress_host)?)));
+            policy.and_then(|policy| cluster.map(|c| (policy, c))).and_then(|((policy, hosts), cluster)| {
                 serve(
                     &home,
                     listen,
@@ -535,6 +541,7 @@ fn main() -> ExitCode {
                     metrics_listen,
                     exec_slots,
                     policy,
+                    hosts,
                     pip,
                     packages,
                     isolation,
@@ -763,6 +770,23 @@ struct E2bOptions {
     sandbox_domain: Option<String>,
 }
 
+/// `--egress-host NAME=ADDR` options as the resolver's static map (names lower-case, no trailing dot).
+fn egress_hosts(opts: &[String]) -> anyhow::Result<std::collections::BTreeMap<String, Vec<std::net::IpAddr>>> {
+    let mut map = std::collections::BTreeMap::<String, Vec<std::net::IpAddr>>::new();
+    for o in opts {
+        let (name, addr) = o.split_once('=').ok_or_else(|| anyhow::anyhow!("--egress-host {o:?}: not NAME=ADDR"))?;
+        let addr: std::net::IpAddr =
+            addr.trim().parse().map_err(|_| anyhow::anyhow!("--egress-host {o:?}: {addr:?} is not an IP address"))?;
+        let name = name.trim().trim_end_matches('.').to_ascii_lowercase();
+        let ok = !name.is_empty()
+            && name.len() <= 253
+            && name.split('.').all(|l| !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'));
+        anyhow::ensure!(ok, "--egress-host {o:?}: {name:?} is not a host name");
+        map.entry(name).or_default().push(addr);
+    }
+    Ok(map)
+}
+
 #[allow(clippy::too_many_arguments)]
 fn serve(
     home: &std::path::Path,
@@ -772,6 +796,7 @@ fn serve(
     metrics_listen: Option<std::net::SocketAddr>,
     exec_slots: Option<u64>,
     egress: forkbox_engine::NetPolicy,
+    hosts: std::collections::BTreeMap<String, Vec<std::net::IpAddr>>,
     pip: forkbox_image::PipSource,
     packages: forkbox_image::packages::Policy,
     isolation: forkbox_runtime::Isolation,
@@ -802,6 +827,7 @@ fn serve(
     cfg.metrics_listen = metrics_listen;
     cfg.runtime.concurrency = exec_slots.map_or(0, |n| n as usize);
     cfg.runtime.limits.network = forkbox_engine::NetConfig::with_policy(egress);
+    cfg.runtime.limits.network.hosts = hosts;
     cfg.runtime.sessions.objects = objects;
     cfg.runtime.sessions.database = database;
     cfg.runtime.sessions.cluster = cluster;

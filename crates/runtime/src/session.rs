@@ -49,6 +49,8 @@ pub struct NewSession<'a> {
     pub template: Option<&'a str>,
     /// Egress layers narrowing the server's policy (the key's, then the request's).
     pub network: &'a [NetPolicy],
+    /// Secrets substituted at the egress boundary (sealed by the caller).
+    pub secrets: Vec<forkbox_engine::net_secrets::SealedSecret>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -195,6 +197,7 @@ impl Runtime {
         let template = self.template(tenant, new.template)?;
         // The session records every layer (the template's too): kept across eviction and forks.
         crate::exec::narrow_network(&mut limits, &template, new.network);
+        limits.network.secrets = new.secrets;
         self.within_session_quota(tenant, quota, || {
             Ok(self.sessions.create_on(tenant, new.tags, &limits, &template)?)
         })

@@ -273,6 +273,7 @@ impl Server {
         let cfg = config.clone();
         let (state, created_key) = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
             let runtime = Runtime::open(&cfg.home, cfg.runtime.clone())?;
+            install_secrets_key(&cfg.home)?;
             for name in &cfg.prebuild {
                 runtime.prebuild(name).with_context(|| format!("--prebuild {name}"))?;
             }
@@ -388,6 +389,21 @@ pub async fn shutdown_signal() {
 /// existed), serve until SIGINT/SIGTERM, then shut down gracefully. While it
 /// serves, `<home>/server.json` ([`forkbox_api::handoff`]) tells CLI commands on
 /// the same data directory to use this server.
+/// Where the key that seals secrets at rest comes from: `FORKBOX_SECRETS_KEY`
+/// (64 hex digits), else `secrets.key` in the data directory (made, mode
+/// 0600, on first use).
+pub const SECRETS_KEY_ENV: &str = "FORKBOX_SECRETS_KEY";
+
+fn install_secrets_key(home: &std::path::Path) -> anyhow::Result<()> {
+    use forkbox_runtime::net_secrets::{install_key, SealKey};
+    let key = match std::env::var(SECRETS_KEY_ENV) {
+        Ok(t) => SealKey::from_hex(&t).with_context(|| format!("{SECRETS_KEY_ENV}: not 64 hex digits"))?,
+        Err(_) => SealKey::load_or_create(&home.join("secrets.key")).context("the secrets key (secrets.key)")?,
+    };
+    install_key(key);
+    Ok(())
+}
+
 pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
     use forkbox_api::handoff::{ServerFile, CLI_TENANT};
     let home = config.home.clone();

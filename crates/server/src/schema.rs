@@ -137,6 +137,56 @@ pub struct CreateSession {
     pub template: Option<String>,
     /// Outbound network of the session (narrows the server's policy; kept across eviction and forks).
     pub network: Option<NetworkSetting>,
+    /// Secrets by environment variable name (at most 16): the sandbox's
+    /// variable holds an opaque placeholder, replaced by the value in the
+    /// header values of HTTP requests to the secret's hosts (see docs/network.md).
+    /// Never returned, logged or written in the clear (kept across eviction and forks).
+    #[serde(default)]
+    pub secrets: BTreeMap<String, SecretSpec>,
+}
+
+/// A secret of a new session.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SecretSpec {
+    /// The real value (1 to 8192 bytes, no CR, LF or NUL).
+    pub value: String,
+    /// Host names it is sent to (`api.example.com`, `*.example.org`): a
+    /// connection to an address the sandbox's resolver handed out for one of them.
+    pub hosts: Vec<String>,
+    /// Ports it is sent to (default: any).
+    #[serde(default)]
+    pub ports: Vec<u16>,
+}
+
+/// A secret as it is shown: its name and destinations, never its value.
+#[derive(Serialize, ToSchema)]
+pub struct SecretInfo {
+    pub name: String,
+    pub hosts: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<u16>,
+}
+
+/// A request's secrets, validated and sealed with the server's key (a bad
+/// one is 400 `invalid_request`).
+pub fn seal_secrets(
+    secrets: &BTreeMap<String, SecretSpec>,
+) -> Result<Vec<forkbox_runtime::net_secrets::SealedSecret>, crate::error::ApiError> {
+    use crate::error::ApiError;
+    use forkbox_runtime::net_secrets::{self, SecretError};
+    if secrets.len() > net_secrets::SECRETS_MAX {
+        return Err(ApiError::invalid(format!("secrets: at most {} per session", net_secrets::SECRETS_MAX)));
+    }
+    secrets
+        .iter()
+        .map(|(name, s)| {
+            net_secrets::seal_new(name, &s.value, &s.hosts, &s.ports).map_err(|e| match e {
+                SecretError::Invalid(_) => ApiError::invalid(e.to_string()),
+                _ => ApiError::internal(e.to_string()),
+            })
+        })
+        .collect()
 }
 
 #[derive(Deserialize, ToSchema)]
@@ -538,10 +588,14 @@ pub struct Session {
     pub template_id: String,
     /// The last non-blank line of its head checkpoint's code (at most 120 characters; null: no checkpoint).
     pub last_code: Option<String>,
+    /// Its secrets: names and destinations only (absent: none).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<SecretInfo>,
 }
 
 impl Session {
     pub fn of(v: &SessionView) -> Session {
+        let network = v.network();
         Session {
             id: v.record.id.clone(),
             tags: v.record.tags.clone(),
@@ -556,11 +610,16 @@ impl Session {
             limits: SessionLimits {
                 memory_mb: v.memory_mb(),
                 timeout_seconds: v.timeout_seconds(),
-                network: network_view(&v.network()),
+                network: network_view(&network),
             },
             template: v.template.clone(),
             template_id: v.record.template_id.clone(),
             last_code: v.last_code.clone(),
+            secrets: network
+                .secrets
+                .iter()
+                .map(|s| SecretInfo { name: s.name.clone(), hosts: s.hosts.clone(), ports: s.ports.clone() })
+                .collect(),
         }
     }
 }

@@ -1904,15 +1904,34 @@ impl SessionManager {
     fn bring_back(&self, rec: &SessionRecord, limits: Limits) -> Result<Box<dyn Resident>, SessionError> {
         let t = self.loaded(rec)?;
         match rec.head {
-            None => {
-                self.host.start(Start { tenant: &rec.tenant, template: &t, limits, how: ResumeAs::Same, from: None })
-            }
+            None => self.start_fresh(&rec.tenant, &t, limits, ResumeAs::Same),
             Some(head) => {
                 let forked = self.store.checkpoint(head)?.is_some_and(|c| c.session_id != rec.id);
                 let how = if forked { ResumeAs::Fork } else { ResumeAs::Same };
                 self.resume_as(&rec.tenant, &t, head, limits, how)
             }
         }
+    }
+
+    /// A sandbox of a fresh fork of the template. The secrets' placeholders
+    /// go into the guest's environment before anything runs (and so into its
+    /// checkpoints: only the placeholders, the values never enter the sandbox).
+    pub(crate) fn start_fresh(
+        &self,
+        tenant: &str,
+        template: &Loaded,
+        limits: Limits,
+        how: ResumeAs,
+    ) -> Result<Box<dyn Resident>, SessionError> {
+        let prelude = forkbox_engine::net_secrets::env_prelude(&limits.network.secrets);
+        let mut sb = self.host.start(Start { tenant, template, limits, how, from: None })?;
+        if let Some(code) = prelude {
+            let r = sb.exec(&code, ExecOptions::default()).map_err(SessionError::Engine)?;
+            if let Some(e) = r.error {
+                return Err(SessionError::Invalid(format!("setting the secrets' variables failed: {}", e.message)));
+            }
+        }
+        Ok(sb)
     }
 
     /// Make a session resident (resume it from disk) without running anything.

@@ -27,7 +27,9 @@ use std::time::Duration;
 
 use forkbox_linux::errno::Errno;
 use forkbox_linux::net::resolver::Lookup;
-use forkbox_linux::net::{dns, egress, Egress, Gate, NetConfig, Opened, Refused, Resolution, Resolved, Verdict};
+use forkbox_linux::net::{
+    dns, egress, secrets, Egress, Gate, NetConfig, Opened, Refused, Resolution, Resolved, Verdict,
+};
 use serde::{Deserialize, Serialize};
 use socket2::Socket;
 
@@ -203,13 +205,17 @@ pub fn serve(sock: UnixStream, policies: Arc<Policies>) -> Result<(), BrokerErro
         match request {
             ToBroker::Connect { req, sandbox, domain, dest } | ToBroker::Udp { req, sandbox, domain, dest } => {
                 let tcp = matches!(request, ToBroker::Connect { .. });
-                let verdict = policies.gate(sandbox).map_or_else(unknown, |g| lock(&g).decide(dest));
+                let gate = policies.gate(sandbox);
+                let verdict = gate.as_ref().map_or_else(unknown, |g| lock(g).decide(dest));
                 if !verdict.allowed {
                     protocol::write(&mut &sock, &FromBroker::Refused { req, verdict })?;
                     continue;
                 }
                 let opened = if tcp {
-                    egress::open_tcp(domain, dest)
+                    // A connection a secret is bound to comes back relayed by this process.
+                    let config = gate.as_ref().map(|g| Arc::clone(lock(g).config()));
+                    let secrets = config.as_ref().map_or(&[][..], |c| &c.secrets[..]);
+                    secrets::open_tcp(secrets, &verdict, domain, dest)
                 } else {
                     egress::open_udp(domain, dest).map(|socket| Opened { socket, connected: true })
                 };

@@ -734,6 +734,8 @@ impl RemoteSandbox {
         };
         // The broker gets the policy from here, never from the worker.
         self.worker.egress.register(self.id, limits.network.clone());
+        // The sealed secrets stay here: the broker substitutes them, the worker never sees them.
+        let limits = forkbox_engine::Limits { network: limits.network.for_worker(), ..limits };
         self.send(&ToChannel::Start { template, limits, how, from })?;
         let mut refused: Option<SessionError> = None;
         loop {

@@ -414,7 +414,8 @@ impl Workers {
         let req = ToWorker::Exec {
             template: template.clone(),
             code: code.to_string(),
-            limits: limits.clone(),
+            // The sealed secrets stay here: the broker substitutes them, the worker never sees them.
+            limits: Limits { network: limits.network.for_worker(), ..limits.clone() },
             stream: on_output.is_some(),
             sandbox,
         };

@@ -353,11 +353,14 @@ impl Direct {
 
 impl Egress for Direct {
     fn connect(&self, domain: i32, dest: SocketAddr) -> Result<Opened, Refused> {
-        let v = self.gate().decide(dest);
+        let (v, config) = {
+            let mut g = self.gate();
+            (g.decide(dest), Arc::clone(g.config()))
+        };
         if !v.allowed {
             return Err(Refused::Policy(v));
         }
-        open_tcp(domain, dest).map_err(Refused::Host)
+        super::secrets::open_tcp(&config.secrets, &v, domain, dest).map_err(Refused::Host)
     }
 
     fn udp(&self, domain: i32, dest: SocketAddr) -> Result<Socket, Refused> {

@@ -30,6 +30,7 @@ pub mod dns;
 pub mod egress;
 pub mod policy;
 pub mod resolver;
+pub mod secrets;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -69,6 +70,10 @@ pub struct NetConfig {
     pub max_sockets: u32,
     /// Bytes sent plus received over the sandbox's life.
     pub max_bytes: u64,
+    /// Secrets substituted on the way out (sealed: the values are never
+    /// here in the clear; see [`secrets`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<secrets::SealedSecret>,
 }
 
 impl Default for NetConfig {
@@ -87,7 +92,14 @@ impl NetConfig {
             hosts: BTreeMap::new(),
             max_sockets: Self::DEFAULT_MAX_SOCKETS,
             max_bytes: Self::DEFAULT_MAX_BYTES,
+            secrets: Vec::new(),
         }
+    }
+
+    /// The configuration as a worker gets it: without the sealed secrets
+    /// (only the API process substitutes them).
+    pub fn for_worker(&self) -> NetConfig {
+        NetConfig { secrets: Vec::new(), ..self.clone() }
     }
 
     /// `none` if any layer is, else the narrowest mode (allowlist over public).

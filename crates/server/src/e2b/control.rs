@@ -243,6 +243,7 @@ async fn create(
             timeout_seconds: Some(limit),
             template: template_of(&template),
             network: &layers,
+            secrets: Vec::new(),
         };
         Ok(rt.create_session(&c.tenant, new, &c.quota())?)
     })

@@ -22,6 +22,7 @@ pub(crate) async fn create_session(
     ApiJson(req): ApiJson<CreateSession>,
 ) -> Result<(StatusCode, Json<Session>), ApiError> {
     let network = network_layers(&caller, &req.network)?;
+    let secrets = seal_secrets(&req.secrets)?;
     super::wait_for_template(&state, &caller.tenant, req.template.as_deref()).await?;
     let v = blocking(&state, move |rt| {
         let timeout = crate::fair::key_timeout_of(rt, &caller, req.timeout_seconds)?;
@@ -31,6 +32,7 @@ pub(crate) async fn create_session(
             timeout_seconds: timeout,
             template: req.template.as_deref(),
             network: &network,
+            secrets,
         };
         let v = rt.create_session(&caller.tenant, new, &caller.quota())?;
         Ok(Session::of(&v))

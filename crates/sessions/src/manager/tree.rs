@@ -11,7 +11,7 @@ use forkbox_engine::{ExecOptions, ExecResult, ResumeAs};
 use serde::{Deserialize, Serialize};
 
 use super::{from_store_limits, SessionError, SessionManager};
-use crate::host::{Resident, Start};
+use crate::host::Resident;
 use crate::store::{CheckpointRecord, LineageTree, SessionRecord};
 
 /// Most variables an inspection reports (the rest are counted).
@@ -331,7 +331,7 @@ impl SessionManager {
         // Never checkpointed: pooled VMs, no dirty tracking.
         let how = ResumeAs::Throwaway;
         let mut sb = match cp {
-            None => self.host.start(Start { tenant: &rec.tenant, template: &t, limits, how, from: None })?,
+            None => self.start_fresh(&rec.tenant, &t, limits, how)?,
             Some(c) => self.resume_as(&rec.tenant, &t, c, limits, how)?,
         };
         f(sb.as_mut())

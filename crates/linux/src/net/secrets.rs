@@ -1,0 +1,659 @@
+//! Secrets substituted at the egress boundary. A sandbox only ever holds a
+//! placeholder (an opaque `fbx_secret_<hex>` token in an environment
+//! variable); a TCP connection to a destination one of its secrets is bound
+//! to (a host name the sandbox's resolver handed the address out for, and a
+//! port) is relayed by this process, which replaces the placeholder by the
+//! real value in HTTP/1.x request header values on the way out. Anywhere
+//! else the placeholder goes out as it is.
+//!
+//! The values are sealed (AES-256-GCM, the name and placeholder as
+//! associated data) with the server's key ([`install_key`]) as soon as they
+//! are accepted; a [`SealedSecret`] is what the configuration, the session
+//! record and the database hold. A value is opened only for a connection
+//! that needs it, in the relay's thread.
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use base64::Engine as _;
+use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM, NONCE_LEN};
+use ring::rand::{SecureRandom, SystemRandom};
+use serde::{Deserialize, Serialize};
+use socket2::Socket;
+
+use super::egress::{Opened, Verdict};
+use super::host_errno;
+use super::policy::NamePattern;
+use crate::errno::Errno;
+
+/// What every placeholder starts with.
+pub const PLACEHOLDER_PREFIX: &str = "fbx_secret_";
+/// Secrets one sandbox may carry.
+pub const SECRETS_MAX: usize = 16;
+/// Longest secret value (bytes).
+pub const VALUE_MAX: usize = 8192;
+/// Longest secret name.
+pub const NAME_MAX: usize = 64;
+/// Host patterns one secret may name.
+pub const HOSTS_MAX: usize = 32;
+/// Longest request head the relay parses; a longer one passes unchanged.
+pub const HEAD_MAX: usize = 64 * 1024;
+/// Headers of one request the relay parses; more: the rest passes unchanged.
+const HEADERS_MAX: usize = 128;
+/// A relayed connection with no byte either way for this long is closed.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+/// How long the relay waits for the real destination to accept.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Relayed connections of this process at once.
+const RELAYS_MAX: usize = 1024;
+/// Read size of a relay direction.
+const CHUNK: usize = 16 * 1024;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SecretError {
+    #[error("secrets: {0}")]
+    Invalid(String),
+    #[error("secrets need the server's sealing key, and none is installed")]
+    NoKey,
+    #[error("a sealed secret could not be opened (another server key?)")]
+    Unseal,
+}
+
+/// A secret as it is stored and configured: its value sealed.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SealedSecret {
+    /// The environment variable the sandbox finds the placeholder in.
+    pub name: String,
+    pub placeholder: String,
+    /// Host name patterns (`api.example.com`, `*.example.org`).
+    pub hosts: Vec<String>,
+    /// Ports (empty: any).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<u16>,
+    /// Base64 of nonce and ciphertext.
+    pub sealed: String,
+}
+
+impl std::fmt::Debug for SealedSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SealedSecret")
+            .field("name", &self.name)
+            .field("hosts", &self.hosts)
+            .field("ports", &self.ports)
+            .finish_non_exhaustive()
+    }
+}
+
+fn pattern(p: &str) -> Result<NamePattern, SecretError> {
+    let bad = || SecretError::Invalid(format!("host {p:?} is not a host name or *.name pattern"));
+    match p.parse::<super::policy::Rule>() {
+        Ok(super::policy::Rule { target: super::policy::Target::Name(n), ports: None }) => Ok(n),
+        _ => Err(bad()),
+    }
+}
+
+impl SealedSecret {
+    /// Bound to a connection to `port` of an address handed out for `names`.
+    pub fn applies(&self, names: &[String], port: u16) -> bool {
+        (self.ports.is_empty() || self.ports.contains(&port))
+            && self.hosts.iter().filter_map(|h| pattern(h).ok()).any(|p| names.iter().any(|n| p.matches(n)))
+    }
+}
+
+/// An environment variable name: `[A-Za-z_][A-Za-z0-9_]*`, at most [`NAME_MAX`].
+fn check_name(name: &str) -> Result<(), SecretError> {
+    let ok = !name.is_empty()
+        && name.len() <= NAME_MAX
+        && !name.as_bytes()[0].is_ascii_digit()
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(SecretError::Invalid(format!(
+            "name {name:?} is not an environment variable name (letters, digits, '_', not starting with a digit, at most {NAME_MAX})"
+        )))
+    }
+}
+
+/// The server's sealing key.
+pub struct SealKey(LessSafeKey);
+
+impl std::fmt::Debug for SealKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SealKey")
+    }
+}
+
+impl SealKey {
+    pub fn from_bytes(bytes: &[u8; 32]) -> SealKey {
+        // AES_256_GCM takes exactly 32 bytes: cannot fail.
+        let k = UnboundKey::new(&AES_256_GCM, bytes).unwrap_or_else(|_| unreachable!());
+        SealKey(LessSafeKey::new(k))
+    }
+
+    /// 64 hex digits.
+    pub fn from_hex(text: &str) -> Option<SealKey> {
+        let mut b = [0u8; 32];
+        hex::decode_to_slice(text.trim(), &mut b).ok()?;
+        Some(SealKey::from_bytes(&b))
+    }
+
+    /// The key in `path` (64 hex digits), made (random, mode 0600) if it is not there.
+    pub fn load_or_create(path: &std::path::Path) -> std::io::Result<SealKey> {
+        use std::os::unix::fs::OpenOptionsExt;
+        match std::fs::read_to_string(path) {
+            Ok(t) => SealKey::from_hex(&t)
+                .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidData, "not 64 hex digits")),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let mut b = [0u8; 32];
+                SystemRandom::new().fill(&mut b).map_err(|_| std::io::Error::other("no randomness"))?;
+                let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path)?;
+                f.write_all(hex::encode(b).as_bytes())?;
+                f.sync_all()?;
+                Ok(SealKey::from_bytes(&b))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn aad(name: &str, placeholder: &str) -> Vec<u8> {
+        [name.as_bytes(), b"\0", placeholder.as_bytes()].concat()
+    }
+
+    /// Seal `value` for the secret `name` with `placeholder`.
+    pub fn seal(&self, name: &str, placeholder: &str, value: &[u8]) -> Result<String, SecretError> {
+        let mut nonce = [0u8; NONCE_LEN];
+        SystemRandom::new().fill(&mut nonce).map_err(|_| SecretError::Unseal)?;
+        let mut data = value.to_vec();
+        self.0
+            .seal_in_place_append_tag(
+                Nonce::assume_unique_for_key(nonce),
+                Aad::from(Self::aad(name, placeholder)),
+                &mut data,
+            )
+            .map_err(|_| SecretError::Unseal)?;
+        let out = [&nonce[..], &data].concat();
+        data.fill(0);
+        Ok(base64::engine::general_purpose::STANDARD.encode(out))
+    }
+
+    /// The value of a sealed secret.
+    pub fn open(&self, s: &SealedSecret) -> Result<Vec<u8>, SecretError> {
+        let raw = base64::engine::general_purpose::STANDARD.decode(&s.sealed).map_err(|_| SecretError::Unseal)?;
+        if raw.len() < NONCE_LEN {
+            return Err(SecretError::Unseal);
+        }
+        let (n, ct) = raw.split_at(NONCE_LEN);
+        let nonce = Nonce::try_assume_unique_for_key(n).map_err(|_| SecretError::Unseal)?;
+        let mut data = ct.to_vec();
+        let plain = self
+            .0
+            .open_in_place(nonce, Aad::from(Self::aad(&s.name, &s.placeholder)), &mut data)
+            .map_err(|_| SecretError::Unseal)?;
+        Ok(plain.to_vec())
+    }
+}
+
+static KEY: OnceLock<SealKey> = OnceLock::new();
+
+/// Install this process' sealing key (the first one installed stays).
+pub fn install_key(k: SealKey) {
+    let _ = KEY.set(k);
+}
+
+pub fn key() -> Option<&'static SealKey> {
+    KEY.get()
+}
+
+/// A new placeholder: the prefix and 128 random bits in hex.
+pub fn placeholder() -> Result<String, SecretError> {
+    let mut b = [0u8; 16];
+    SystemRandom::new().fill(&mut b).map_err(|_| SecretError::NoKey)?;
+    Ok(format!("{PLACEHOLDER_PREFIX}{}", hex::encode(b)))
+}
+
+/// Validate and seal one secret of a request with the installed key.
+pub fn seal_new(name: &str, value: &str, hosts: &[String], ports: &[u16]) -> Result<SealedSecret, SecretError> {
+    check_name(name)?;
+    let invalid = |m: String| Err(SecretError::Invalid(format!("{name}: {m}")));
+    if value.is_empty() || value.len() > VALUE_MAX {
+        return invalid(format!("the value must be 1 to {VALUE_MAX} bytes"));
+    }
+    if value.bytes().any(|b| b == b'\r' || b == b'\n' || b == 0) {
+        return invalid("the value goes into HTTP headers: no CR, LF or NUL".into());
+    }
+    if hosts.is_empty() || hosts.len() > HOSTS_MAX {
+        return invalid(format!("hosts must name 1 to {HOSTS_MAX} host names"));
+    }
+    for h in hosts {
+        pattern(h)
+            .map_err(|e| SecretError::Invalid(format!("{name}: {}", e.to_string().trim_start_matches("secrets: "))))?;
+    }
+    if ports.len() > 64 || ports.contains(&0) {
+        return invalid("ports: at most 64, each 1 to 65535".into());
+    }
+    let key = key().ok_or(SecretError::NoKey)?;
+    let placeholder = placeholder()?;
+    let sealed = key.seal(name, &placeholder, value.as_bytes())?;
+    Ok(SealedSecret {
+        name: name.to_string(),
+        placeholder,
+        hosts: hosts.iter().map(|h| super::policy::normalize_name(h)).collect(),
+        ports: ports.to_vec(),
+        sealed,
+    })
+}
+
+/// Python that sets each secret's variable to its placeholder in the guest.
+pub fn env_prelude(secrets: &[SealedSecret]) -> Option<String> {
+    if secrets.is_empty() {
+        return None;
+    }
+    // Names are identifiers and placeholders [a-z0-9_]: plain literals.
+    let pairs: Vec<String> = secrets.iter().map(|s| format!("{:?}: {:?}", s.name, s.placeholder)).collect();
+    Some(format!("import os as _fbx_os\n_fbx_os.environ.update({{{}}})\ndel _fbx_os\n", pairs.join(", ")))
+}
+
+/// Replaces placeholders in the header values of a stream of HTTP/1.x
+/// requests. Request lines and bodies pass unchanged (a body is skipped by
+/// its Content-Length); a head that does not parse, is longer than
+/// [`HEAD_MAX`], or a chunked or upgraded request ends the parsing: the rest
+/// of the connection passes unchanged.
+pub struct Rewriter {
+    subs: Vec<(Vec<u8>, Vec<u8>)>,
+    head: Vec<u8>,
+    state: State,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Head,
+    Body(u64),
+    Raw,
+}
+
+impl Drop for Rewriter {
+    fn drop(&mut self) {
+        for (_, v) in &mut self.subs {
+            v.fill(0);
+        }
+    }
+}
+
+fn replace_all(value: &[u8], subs: &[(Vec<u8>, Vec<u8>)]) -> Vec<u8> {
+    let mut out = value.to_vec();
+    for (from, to) in subs {
+        if from.is_empty() || out.len() < from.len() {
+            continue;
+        }
+        let mut next = Vec::with_capacity(out.len());
+        let mut i = 0;
+        while i < out.len() {
+            if out[i..].starts_with(from) {
+                next.extend_from_slice(to);
+                i += from.len();
+            } else {
+                next.push(out[i]);
+                i += 1;
+            }
+        }
+        out = next;
+    }
+    out
+}
+
+impl Rewriter {
+    /// Replace each (placeholder, value) of `subs`.
+    pub fn new(subs: Vec<(Vec<u8>, Vec<u8>)>) -> Rewriter {
+        Rewriter { subs, head: Vec::new(), state: State::Head }
+    }
+
+    /// Parsing ended: everything passes unchanged.
+    pub fn is_raw(&self) -> bool {
+        self.state == State::Raw
+    }
+
+    /// Feed bytes from the guest; what to send appended to `out`.
+    pub fn feed(&mut self, input: &[u8], out: &mut Vec<u8>) {
+        let mut buf = std::borrow::Cow::Borrowed(input);
+        let mut pos = 0;
+        while pos < buf.len() {
+            match self.state {
+                State::Raw => {
+                    out.extend_from_slice(&buf[pos..]);
+                    return;
+                }
+                State::Body(n) => {
+                    let k = usize::try_from(n).unwrap_or(usize::MAX).min(buf.len() - pos);
+                    out.extend_from_slice(&buf[pos..pos + k]);
+                    pos += k;
+                    let left = n - k as u64;
+                    self.state = if left == 0 { State::Head } else { State::Body(left) };
+                }
+                State::Head => {
+                    // Take at most what the head may still grow by: the rest is looked at after it.
+                    let room = (HEAD_MAX + 1).saturating_sub(self.head.len());
+                    let k = room.min(buf.len() - pos);
+                    self.head.extend_from_slice(&buf[pos..pos + k]);
+                    pos += k;
+                    if let Some(rest) = self.parse_head(out) {
+                        // The bytes after the head go round again, ahead of the rest of the input.
+                        if !rest.is_empty() {
+                            buf = std::borrow::Cow::Owned([&rest[..], &buf[pos..]].concat());
+                            pos = 0;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Parse the buffered head: on a complete one, write it (rewritten) to
+    /// `out`, set the body state and return the bytes after it. None: need
+    /// more, or gave up (`State::Raw`, the buffer written unchanged).
+    fn parse_head(&mut self, out: &mut Vec<u8>) -> Option<Vec<u8>> {
+        let mut headers = [httparse::EMPTY_HEADER; HEADERS_MAX];
+        let mut req = httparse::Request::new(&mut headers);
+        let give_up = |me: &mut Rewriter, out: &mut Vec<u8>| {
+            out.append(&mut me.head);
+            me.state = State::Raw;
+            None
+        };
+        let n = match req.parse(&self.head) {
+            Ok(httparse::Status::Complete(n)) => n,
+            Ok(httparse::Status::Partial) if self.head.len() <= HEAD_MAX => return None,
+            _ => return give_up(self, out),
+        };
+        let mut body: u64 = 0;
+        let mut raw_after = false;
+        for h in req.headers.iter() {
+            if h.name.eq_ignore_ascii_case("content-length") {
+                match std::str::from_utf8(h.value).ok().and_then(|v| v.trim().parse::<u64>().ok()) {
+                    Some(v) => body = v,
+                    None => raw_after = true,
+                }
+            } else if h.name.eq_ignore_ascii_case("transfer-encoding") || h.name.eq_ignore_ascii_case("upgrade") {
+                raw_after = true;
+            }
+        }
+        if req.method.is_some_and(|m| m.eq_ignore_ascii_case("CONNECT")) {
+            raw_after = true;
+        }
+        // The request line as it came, then each header with its value rewritten.
+        let line_end = self.head.iter().position(|&b| b == b'\n').map_or(0, |p| p + 1);
+        let mut head = self.head[..line_end].to_vec();
+        for h in req.headers.iter() {
+            head.extend_from_slice(h.name.as_bytes());
+            head.extend_from_slice(b": ");
+            head.extend_from_slice(&replace_all(h.value, &self.subs));
+            head.extend_from_slice(b"\r\n");
+        }
+        head.extend_from_slice(b"\r\n");
+        out.append(&mut head);
+        let rest = self.head.split_off(n);
+        self.head.clear();
+        self.state = if raw_after {
+            State::Raw
+        } else if body > 0 {
+            State::Body(body)
+        } else {
+            State::Head
+        };
+        Some(rest)
+    }
+}
+
+static RELAYS: AtomicUsize = AtomicUsize::new(0);
+
+struct RelaySlot;
+
+impl Drop for RelaySlot {
+    fn drop(&mut self) {
+        RELAYS.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The (placeholder, value) pairs of the secrets of `config_secrets` bound to
+/// a connection to `dest` whose address was handed out for `verdict.names`.
+/// Empty: no secret applies (the connection goes out directly). A secret
+/// whose value cannot be opened is left out (its placeholder goes out as it is).
+fn substitutions(secrets: &[SealedSecret], verdict: &Verdict, dest: SocketAddr) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let applying: Vec<&SealedSecret> = secrets.iter().filter(|s| s.applies(&verdict.names, dest.port())).collect();
+    if applying.is_empty() {
+        return Vec::new();
+    }
+    let Some(key) = key() else {
+        tracing::warn!("secrets apply to a connection but no sealing key is installed: sent without substitution");
+        return Vec::new();
+    };
+    applying
+        .into_iter()
+        .filter_map(|s| match key.open(s) {
+            Ok(v) => Some((s.placeholder.clone().into_bytes(), v)),
+            Err(_) => {
+                tracing::warn!(secret = %s.name, "a secret could not be opened: sent without substitution");
+                None
+            }
+        })
+        .collect()
+}
+
+/// A TCP connection to `dest` for a sandbox: straight to the host when no
+/// secret of `secrets` applies (the fast path, unchanged), else one end of
+/// a loopback TCP pair whose other end a relay of this process serves,
+/// substituting the secrets on the way to `dest`.
+pub fn open_tcp(secrets: &[SealedSecret], verdict: &Verdict, domain: i32, dest: SocketAddr) -> Result<Opened, Errno> {
+    let subs = if secrets.is_empty() { Vec::new() } else { substitutions(secrets, verdict, dest) };
+    if subs.is_empty() {
+        return super::egress::open_tcp(domain, dest);
+    }
+    if RELAYS.fetch_add(1, Ordering::Relaxed) >= RELAYS_MAX {
+        RELAYS.fetch_sub(1, Ordering::Relaxed);
+        return Err(Errno::EAGAIN);
+    }
+    let slot = RelaySlot;
+    let io = |e: std::io::Error| host_errno(&e);
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(io)?;
+    let inner = TcpStream::connect(listener.local_addr().map_err(io)?).map_err(io)?;
+    let (outer, _) = listener.accept().map_err(io)?;
+    drop(listener);
+    let _ = inner.set_nodelay(true);
+    inner.set_nonblocking(true).map_err(io)?;
+    std::thread::Builder::new()
+        .name("forkbox-secret-relay".into())
+        .spawn(move || {
+            let _slot = slot;
+            relay(outer, dest, Rewriter::new(subs));
+        })
+        .map_err(|_| Errno::EAGAIN)?;
+    Ok(Opened { socket: Socket::from(inner), connected: true })
+}
+
+/// Serve one relayed connection: connect to `dest`, then copy both ways
+/// (the guest's side through `rw`) until either side ends or is idle.
+fn relay(guest: TcpStream, dest: SocketAddr, mut rw: Rewriter) {
+    let Ok(host) = TcpStream::connect_timeout(&dest, CONNECT_TIMEOUT) else {
+        // The guest sees its connection reset.
+        let _ = guest.shutdown(std::net::Shutdown::Both);
+        return;
+    };
+    let _ = host.set_nodelay(true);
+    for s in [&guest, &host] {
+        let _ = s.set_read_timeout(Some(IDLE_TIMEOUT));
+        let _ = s.set_write_timeout(Some(IDLE_TIMEOUT));
+    }
+    let (Ok(guest2), Ok(host2)) = (guest.try_clone(), host.try_clone()) else { return };
+    let back = std::thread::Builder::new().name("forkbox-secret-relay".into()).spawn(move || {
+        copy(&host2, &guest2, |b, out| out.extend_from_slice(b));
+    });
+    copy(&guest, &host, |b, out| rw.feed(b, out));
+    drop(rw);
+    if let Ok(b) = back {
+        let _ = b.join();
+    }
+}
+
+/// Copy `from` to `to` through `f` until EOF, an error or the idle timeout;
+/// then end `to`'s writing and `from`'s reading.
+fn copy(mut from: &TcpStream, mut to: &TcpStream, mut f: impl FnMut(&[u8], &mut Vec<u8>)) {
+    let mut buf = vec![0u8; CHUNK];
+    let mut out = Vec::with_capacity(CHUNK);
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        out.clear();
+        f(&buf[..n], &mut out);
+        if to.write_all(&out).is_err() {
+            break;
+        }
+    }
+    out.fill(0);
+    let _ = to.shutdown(std::net::Shutdown::Write);
+    let _ = from.shutdown(std::net::Shutdown::Read);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const P: &str = "fbx_secret_00112233445566778899aabbccddeeff";
+
+    fn rw() -> Rewriter {
+        Rewriter::new(vec![(P.as_bytes().to_vec(), b"sk-REAL".to_vec())])
+    }
+
+    fn run(r: &mut Rewriter, parts: &[&[u8]]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for p in parts {
+            r.feed(p, &mut out);
+        }
+        out
+    }
+
+    #[test]
+    fn header_values_are_substituted_and_bodies_are_not() {
+        let body = format!("token={P}");
+        let req = format!(
+            "POST /x?{P} HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer {P}\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let out = run(&mut rw(), &[req.as_bytes()]);
+        let want = format!(
+            "POST /x?{P} HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer sk-REAL\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        assert_eq!(String::from_utf8(out).unwrap(), want);
+    }
+
+    #[test]
+    fn a_head_split_across_reads_byte_by_byte() {
+        let req = format!("GET / HTTP/1.1\r\nX-Api-Key: {P}\r\n\r\n");
+        let parts: Vec<&[u8]> = req.as_bytes().chunks(1).collect();
+        let out = run(&mut rw(), &parts);
+        assert_eq!(String::from_utf8(out).unwrap(), "GET / HTTP/1.1\r\nX-Api-Key: sk-REAL\r\n\r\n");
+    }
+
+    #[test]
+    fn several_requests_on_one_connection() {
+        let one = format!("GET /1 HTTP/1.1\r\nX-Api-Key: {P}\r\nContent-Length: 3\r\n\r\nabc");
+        let two = format!("GET /2 HTTP/1.1\r\nAuthorization: Bearer {P}{P}\r\n\r\n");
+        let all = format!("{one}{two}");
+        // In one read, and split in the middle of the first body and the second head.
+        for split in [all.len(), one.len() - 2, one.len() + 20] {
+            let (a, b) = all.as_bytes().split_at(split);
+            let out = String::from_utf8(run(&mut rw(), &[a, b])).unwrap();
+            assert_eq!(
+                out,
+                "GET /1 HTTP/1.1\r\nX-Api-Key: sk-REAL\r\nContent-Length: 3\r\n\r\nabc\
+                 GET /2 HTTP/1.1\r\nAuthorization: Bearer sk-REALsk-REAL\r\n\r\n",
+                "split at {split}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_body_holding_a_head_is_not_parsed() {
+        let inner = format!("GET / HTTP/1.1\r\nX: {P}\r\n\r\n");
+        let req = format!("PUT / HTTP/1.1\r\nContent-Length: {}\r\n\r\n{inner}", inner.len());
+        let out = run(&mut rw(), &[req.as_bytes()]);
+        assert_eq!(out, req.as_bytes());
+    }
+
+    #[test]
+    fn oversized_and_malformed_heads_pass_unchanged() {
+        let big = format!("GET / HTTP/1.1\r\nX: {}\r\nY: {P}\r\n\r\n", "a".repeat(HEAD_MAX));
+        let mut r = rw();
+        let parts: Vec<&[u8]> = big.as_bytes().chunks(1000).collect();
+        let out = run(&mut r, &parts);
+        assert_eq!(out, big.as_bytes());
+        assert!(r.is_raw());
+        let bad = format!("\x01\x02 nonsense {P}\r\n\r\nGET / HTTP/1.1\r\nX: {P}\r\n\r\n");
+        let mut r = rw();
+        assert_eq!(run(&mut r, &[bad.as_bytes()]), bad.as_bytes());
+        assert!(r.is_raw());
+        // Chunked: parsing ends after the head (its header still substituted).
+        let ch = format!("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nX: {P}\r\n\r\n3\r\n{P}\r\n");
+        let out = String::from_utf8(run(&mut rw(), &[ch.as_bytes()])).unwrap();
+        assert_eq!(out, format!("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nX: sk-REAL\r\n\r\n3\r\n{P}\r\n"));
+    }
+
+    #[test]
+    fn seal_round_trip_and_tamper() {
+        let k = SealKey::from_bytes(&[7u8; 32]);
+        let s = SealedSecret {
+            name: "API_KEY".into(),
+            placeholder: P.into(),
+            hosts: vec!["api.example.com".into()],
+            ports: vec![],
+            sealed: k.seal("API_KEY", P, b"sk-REAL").unwrap(),
+        };
+        assert!(!s.sealed.contains("sk-REAL"));
+        assert_eq!(k.open(&s).unwrap(), b"sk-REAL");
+        // Two seals of one value differ (random nonce).
+        assert_ne!(k.seal("API_KEY", P, b"sk-REAL").unwrap(), s.sealed);
+        // Another key, another name (associated data) or a flipped byte: refused.
+        assert_eq!(SealKey::from_bytes(&[8u8; 32]).open(&s), Err(SecretError::Unseal));
+        assert_eq!(k.open(&SealedSecret { name: "OTHER".into(), ..s.clone() }), Err(SecretError::Unseal));
+        let mut raw = base64::engine::general_purpose::STANDARD.decode(&s.sealed).unwrap();
+        raw[NONCE_LEN] ^= 1;
+        let flipped = base64::engine::general_purpose::STANDARD.encode(raw);
+        assert_eq!(k.open(&SealedSecret { sealed: flipped, ..s.clone() }), Err(SecretError::Unseal));
+        assert!(!format!("{s:?}").contains(&s.sealed));
+    }
+
+    #[test]
+    fn key_file_is_made_0600_and_read_back() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("secrets.key");
+        let a = SealKey::load_or_create(&p).unwrap();
+        assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o600);
+        let b = SealKey::load_or_create(&p).unwrap();
+        let sealed = a.seal("N", P, b"v").unwrap();
+        let s = SealedSecret { name: "N".into(), placeholder: P.into(), hosts: vec![], ports: vec![], sealed };
+        assert_eq!(b.open(&s).unwrap(), b"v");
+    }
+
+    #[test]
+    fn binding_by_name_pattern_and_port() {
+        let s = SealedSecret {
+            name: "K".into(),
+            placeholder: P.into(),
+            hosts: vec!["api.example.com".into(), "*.example.org".into()],
+            ports: vec![443],
+            sealed: String::new(),
+        };
+        let n = |v: &str| vec![v.to_string()];
+        assert!(s.applies(&n("api.example.com"), 443));
+        assert!(s.applies(&n("x.example.org"), 443));
+        assert!(!s.applies(&n("example.org"), 443));
+        assert!(!s.applies(&n("api.example.com"), 80));
+        assert!(!s.applies(&[], 443));
+        assert!(s.applies(&n("API.example.com."), 443));
+    }
+}
