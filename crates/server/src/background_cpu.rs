@@ -70,14 +70,16 @@ impl BackgroundCpu {
     }
 }
 
-/// Run [`BackgroundCpu::tick`] every [`TICK`] while the server runs.
-pub fn spawn(state: AppState) {
+/// Run [`BackgroundCpu::tick`] every [`TICK`] while the server's state lives
+/// (held weakly: a server that has stopped releases its data directory).
+pub fn spawn(state: &AppState) {
+    let weak = Arc::downgrade(state);
     tokio::spawn(async move {
         let mut every = tokio::time::interval(TICK);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             every.tick().await;
-            let s = state.clone();
+            let Some(s) = weak.upgrade() else { return };
             if tokio::task::spawn_blocking(move || s.background_cpu.tick(&s.runtime)).await.is_err() {
                 return;
             }

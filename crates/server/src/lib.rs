@@ -322,7 +322,7 @@ impl Server {
                 }
             });
         }
-        background_cpu::spawn(self.state.clone());
+        background_cpu::spawn(&self.state);
         let app = router(self.state);
         // A cluster node that is told to stop first drains: sessions asked for
         // meanwhile go to the other nodes, idle ones are given back at once.
