@@ -204,6 +204,8 @@ def test_a_session_without_a_matching_port_sends_the_placeholder(secret_server):
     ({"K": {"value": "v", "hosts": ["a.example"], "ports": [0]}}, "ports"),
     ({"K": {"value": "v", "hosts": ["a.example"], "tls": True}}, "unknown field"),
     ({f"K{i}": {"value": "v", "hosts": ["a.example"]} for i in range(17)}, "at most 16"),
+    ({"K": {"value": 918273645, "hosts": ["a.example"]}}, "must be a string"),
+    ({"K": {"value": ["s3cr3t-in-a-list"], "hosts": ["a.example"]}}, "must be a string"),
 ])
 def test_bad_secrets_are_400(secret_server, secrets, says):
     s, _, _ = secret_server
@@ -212,6 +214,8 @@ def test_bad_secrets_are_400(secret_server, secrets, says):
     body = r.json()
     assert body["error"]["code"] == "invalid_request" and says in body["error"]["message"], body
     assert "\r\n" not in r.text
+    # A value is never quoted back, whatever its type.
+    assert "918273645" not in r.text and "s3cr3t-in-a-list" not in r.text
 
 
 def test_secrets_survive_a_restart(tmp_path):

@@ -149,8 +149,10 @@ pub struct CreateSession {
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SecretSpec {
-    /// The real value (1 to 8192 bytes, no CR, LF or NUL).
-    pub value: String,
+    /// The real value (1 to 8192 bytes, no CR, LF or NUL). Read as any JSON
+    /// value and checked in [`seal_secrets`], so that an error never quotes it.
+    #[schema(value_type = String)]
+    pub value: serde_json::Value,
     /// Host names it is sent to (`api.example.com`, `*.example.org`): a
     /// connection to an address the sandbox's resolver handed out for one of them.
     pub hosts: Vec<String>,
@@ -181,7 +183,10 @@ pub fn seal_secrets(
     secrets
         .iter()
         .map(|(name, s)| {
-            net_secrets::seal_new(name, &s.value, &s.hosts, &s.ports).map_err(|e| match e {
+            let Some(value) = s.value.as_str() else {
+                return Err(ApiError::invalid(format!("secrets: {name}: the value must be a string")));
+            };
+            net_secrets::seal_new(name, value, &s.hosts, &s.ports).map_err(|e| match e {
                 SecretError::Invalid(_) => ApiError::invalid(e.to_string()),
                 _ => ApiError::internal(e.to_string()),
             })
