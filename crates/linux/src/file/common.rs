@@ -3,7 +3,7 @@
 
 use crate::errno::{Errno, SysResult};
 use crate::fd::{FileKind, OpenFile};
-use crate::file::ops::PollCtx;
+use crate::file::ops::{FileOps, Open, PollCtx};
 use crate::kernel::block::{Block, WaitOn};
 use crate::kernel::{Ctx, Effect};
 
@@ -50,4 +50,31 @@ pub(crate) fn object_id(f: &OpenFile) -> Result<u64, Errno> {
 pub(crate) fn object_data(ctx: &Ctx, buf: u64, len: u64) -> Result<Vec<u8>, Errno> {
     let len = len.min(crate::objects::SOCKET_CAPACITY as u64);
     Ok(ctx.mem.slice(buf, len).map_err(|_| Errno::EFAULT)?.to_vec())
+}
+
+/// write(2) to an fd object without an offset: its guest bytes (capped by
+/// [`object_data`]) go to the kind's `write_bytes`.
+pub(crate) fn object_write(
+    ops: &dyn FileOps,
+    ctx: &mut Ctx,
+    f: &Open,
+    buf: u64,
+    len: u64,
+    pos: Option<u64>,
+) -> SysResult {
+    if pos.is_some() {
+        return Err(Errno::ESPIPE);
+    }
+    let data = object_data(ctx, buf, len)?;
+    ops.write_bytes(ctx, f, &data, None)
+}
+
+/// write(2) to an fd object that takes no writes (timerfd, epoll): EINVAL once
+/// the buffer is known to be readable, as Linux checks it first.
+pub(crate) fn refused_write(ctx: &Ctx, buf: u64, len: u64, pos: Option<u64>) -> SysResult {
+    if pos.is_some() {
+        return Err(Errno::ESPIPE);
+    }
+    object_data(ctx, buf, len)?;
+    Err(Errno::EINVAL)
 }

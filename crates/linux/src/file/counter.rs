@@ -3,7 +3,7 @@
 
 use crate::errno::{Errno, SysResult};
 use crate::fd::OpenFile;
-use crate::file::common::{object_data, object_id, object_poll, or_block};
+use crate::file::common::{object_id, object_poll, object_write, or_block, refused_write};
 use crate::file::ops::{FileOps, Open, PollCtx};
 use crate::kernel::block::{READABLE, WRITABLE};
 use crate::kernel::Ctx;
@@ -47,11 +47,7 @@ impl FileOps for EventFdFile {
     }
 
     fn write(&self, ctx: &mut Ctx, f: &Open, buf: u64, len: u64, pos: Option<u64>) -> SysResult {
-        if pos.is_some() {
-            return Err(Errno::ESPIPE);
-        }
-        let data = object_data(ctx, buf, len)?;
-        self.write_bytes(ctx, f, &data, None)
+        object_write(self, ctx, f, buf, len, pos)
     }
 
     fn write_bytes(&self, ctx: &mut Ctx, f: &Open, data: &[u8], pos: Option<u64>) -> SysResult {
@@ -80,11 +76,7 @@ impl FileOps for TimerFdFile {
     }
 
     fn write(&self, ctx: &mut Ctx, _: &Open, buf: u64, len: u64, pos: Option<u64>) -> SysResult {
-        if pos.is_some() {
-            return Err(Errno::ESPIPE);
-        }
-        object_data(ctx, buf, len)?;
-        Err(Errno::EINVAL)
+        refused_write(ctx, buf, len, pos)
     }
 
     fn write_bytes(&self, _: &mut Ctx, _: &Open, _: &[u8], pos: Option<u64>) -> SysResult {

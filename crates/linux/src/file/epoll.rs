@@ -3,7 +3,7 @@
 
 use crate::errno::{Errno, SysResult};
 use crate::fd::OpenFile;
-use crate::file::common::{object_data, object_poll};
+use crate::file::common::{object_poll, refused_write};
 use crate::file::counter::anon_stat;
 use crate::file::ops::{FileOps, Open, PollCtx};
 use crate::kernel::Ctx;
@@ -17,11 +17,7 @@ impl FileOps for EpollFile {
     }
 
     fn write(&self, ctx: &mut Ctx, _: &Open, buf: u64, len: u64, pos: Option<u64>) -> SysResult {
-        if pos.is_some() {
-            return Err(Errno::ESPIPE);
-        }
-        object_data(ctx, buf, len)?;
-        Err(Errno::EINVAL)
+        refused_write(ctx, buf, len, pos)
     }
 
     fn write_bytes(&self, _: &mut Ctx, _: &Open, _: &[u8], pos: Option<u64>) -> SysResult {

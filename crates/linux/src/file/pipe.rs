@@ -2,7 +2,7 @@
 
 use crate::errno::{Errno, SysResult};
 use crate::fd::OpenFile;
-use crate::file::common::{epipe, object_data, object_id, object_poll, or_block};
+use crate::file::common::{epipe, object_id, object_poll, object_write, or_block};
 use crate::file::ops::{FileOps, Open, PollCtx};
 use crate::kernel::block::{READABLE, WRITABLE};
 use crate::kernel::Ctx;
@@ -25,11 +25,7 @@ impl FileOps for PipeFile {
     }
 
     fn write(&self, ctx: &mut Ctx, f: &Open, buf: u64, len: u64, pos: Option<u64>) -> SysResult {
-        if pos.is_some() {
-            return Err(Errno::ESPIPE);
-        }
-        let data = object_data(ctx, buf, len)?;
-        self.write_bytes(ctx, f, &data, None)
+        object_write(self, ctx, f, buf, len, pos)
     }
 
     fn write_bytes(&self, ctx: &mut Ctx, f: &Open, data: &[u8], pos: Option<u64>) -> SysResult {

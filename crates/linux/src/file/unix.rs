@@ -4,7 +4,7 @@
 
 use crate::errno::{Errno, SysResult};
 use crate::fd::OpenFile;
-use crate::file::common::{epipe, object_data, object_id, object_poll, or_block};
+use crate::file::common::{epipe, object_id, object_poll, object_write, or_block};
 use crate::file::ops::{FileOps, Open, PollCtx};
 use crate::kernel::block::{READABLE, WRITABLE};
 use crate::kernel::{Ctx, MAX_RW};
@@ -78,11 +78,7 @@ impl FileOps for UnixSocketFile {
     }
 
     fn write(&self, ctx: &mut Ctx, f: &Open, buf: u64, len: u64, pos: Option<u64>) -> SysResult {
-        if pos.is_some() {
-            return Err(Errno::ESPIPE);
-        }
-        let data = object_data(ctx, buf, len)?;
-        self.write_bytes(ctx, f, &data, None)
+        object_write(self, ctx, f, buf, len, pos)
     }
 
     fn write_bytes(&self, ctx: &mut Ctx, f: &Open, data: &[u8], pos: Option<u64>) -> SysResult {
