@@ -445,3 +445,76 @@ def test_console_shows_a_sessions_history(server, browser):
 
     errors = [e["message"] for e in d.get_log("browser") if e["level"] == "SEVERE"]
     assert errors == [], errors
+
+
+SITE_SERVER = """
+import http.server, threading
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = ('served from the sandbox: ' + self.path).encode()
+        self.send_response(200)
+        self.send_header('Content-Type', 'text/plain')
+        self.send_header('Content-Length', str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+srv = http.server.ThreadingHTTPServer(('127.0.0.1', 8000), H)
+threading.Thread(target=srv.serve_forever, daemon=True).start()
+"""
+
+
+def test_console_shows_running_processes_and_opens_ports(server, browser):
+    """A session with a background command and a server (made through the API): the console's
+    "Processes and ports" panel lists the process (its output, a Stop button that ends it) and the
+    listening port, whose Open link (a signed URL, no key in the page's request) reaches the server."""
+    from selenium.webdriver.common.by import By
+
+    d, s = browser, Steps(browser)
+    css = lambda q: d.find_elements(By.CSS_SELECTOR, q)  # noqa: E731
+    one = lambda q: d.find_element(By.CSS_SELECTOR, q)  # noqa: E731
+    h = server.headers()
+    r = httpx.post(f"{server.url}/v1/sessions", headers=h, json={}, timeout=60)
+    assert r.status_code == 201, r.text
+    sid = r.json()["id"]
+    r = httpx.post(f"{server.url}/v1/sessions/{sid}/exec", headers=h, json={"code": SITE_SERVER}, timeout=120)
+    assert r.status_code == 200 and r.json().get("error") is None, r.text
+    r = httpx.post(f"{server.url}/v1/sessions/{sid}/commands", headers=h, timeout=120,
+                   json={"cmd": "while true; do echo tick; sleep 0.2; done", "background": True})
+    assert r.status_code == 201, r.text
+    pid = r.json()["pid"]
+
+    d.get(server.url + "/")
+    s.wait("the sign-in form", lambda: one("#apikey").is_displayed())
+    one("#apikey").send_keys(server.key)
+    one("#signin-button").click()
+    s.wait("the session in the list", lambda: css(f'#session-list button[data-session="{sid}"]'))[0].click()
+    one("#running-box summary").click()
+    row = s.wait("the process", lambda: css(f'#process-list li[data-pid="{pid}"]'))[0]
+    assert "running" in row.text and "sleep" in row.text, row.text
+    port = s.wait("the port", lambda: css('#port-list li[data-port="8000"]'))[0]
+    assert "127.0.0.1" in port.text
+    s.shot("processes-and-ports")
+
+    # Its output.
+    row.find_element(By.XPATH, ".//button[text()='Output']").click()
+    s.wait("the process' output", lambda: one("#process-output").is_displayed() and "tick" in one("#process-output").text)
+
+    # The port's link: a signed URL of this origin that reaches the server in the sandbox.
+    port.find_element(By.XPATH, ".//button[text()='Open']").click()
+    link = s.wait("the port's link", lambda: css('#port-list li[data-port="8000"] a'))[0]
+    href = link.get_attribute("href")
+    assert href.startswith(f"{server.url}/v1/sessions/{sid}/ports/8000/?fbx_token="), href
+    assert link.get_attribute("rel") == "noopener noreferrer" and link.get_attribute("target") == "_blank"
+    assert server.key not in href
+    r = httpx.get(href, timeout=60)
+    assert r.status_code == 200 and r.text.startswith("served from the sandbox: /"), r.text
+
+    # Stop ends the process; the panel shows how it ended.
+    one(f'#process-list li[data-pid="{pid}"]').find_element(By.XPATH, ".//button[text()='Stop']").click()
+    s.wait("the stopped process", lambda: "signal 15" in one(f'#process-list li[data-pid="{pid}"]').text, timeout=30)
+    assert not one(f'#process-list li[data-pid="{pid}"]').find_elements(By.XPATH, ".//button[text()='Stop']")
+    s.shot("process-stopped")
+
+    errors = [e["message"] for e in d.get_log("browser") if e["level"] == "SEVERE"]
+    assert errors == [], errors

@@ -380,6 +380,54 @@ def test_e2b_get_host_reaches_a_server_in_the_sandbox(domain_server):
                 os.environ[k] = v
 
 
+def test_listening_ports_are_listed_by_the_api_the_cli_and_the_sdk(api, server):
+    import subprocess
+
+    import forkbox
+    from conftest import forkbox_bin
+
+    sid = session(api)
+    run(api, sid, "1")
+    assert api.get(f"/v1/sessions/{sid}/ports").json() == {"ports": [], "resident": True}
+    start_http(api, sid)  # 127.0.0.1:8000
+    # One the proxy reaches (::1), one it cannot (127.0.0.2 takes no connection to 127.0.0.1), and a UDP socket.
+    run(api, sid, "import socket\n"
+                  "a = socket.socket(socket.AF_INET6); a.bind(('::1', 8003)); a.listen(1)\n"
+                  "b = socket.socket(); b.bind(('127.0.0.2', 8004)); b.listen(1)\n"
+                  "u = socket.socket(type=socket.SOCK_DGRAM); u.bind(('127.0.0.1', 8005))")
+    want = [{"port": 8000, "address": "127.0.0.1", "proxied": True},
+            {"port": 8003, "address": "::1", "proxied": True},
+            {"port": 8004, "address": "127.0.0.2", "proxied": False}]
+    r = api.get(f"/v1/sessions/{sid}/ports")
+    assert r.status_code == 200 and r.json() == {"ports": want, "resident": True}, r.text
+    # A closed listener is gone from the list.
+    run(api, sid, "a.close()")
+    assert [p["port"] for p in api.get(f"/v1/sessions/{sid}/ports").json()["ports"]] == [8000, 8004]
+    # Another tenant's key: no such session.
+    other_key = server.create_key("ports-list-other-tenant", "--unlimited")
+    r = httpx.get(f"{server.url}/v1/sessions/{sid}/ports", headers=server.headers(other_key), timeout=TIMEOUT)
+    assert r.status_code == 404 and error_code(r) == "session_not_found", r.text
+    assert error_code(api.get("/v1/sessions/s_0000000000000000/ports")) == "session_not_found"
+    # The CLI.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FORKBOX_")}
+    env["FORKBOX_API_KEY"] = server.key
+    out = subprocess.run([forkbox_bin(), "--url", server.url, "session", "ports", sid],
+                         capture_output=True, text=True, timeout=TIMEOUT, env=env)
+    assert out.returncode == 0, out.stderr
+    rows = [line.split() for line in out.stdout.splitlines()[1:]]
+    assert rows == [["8000", "127.0.0.1", "yes"], ["8004", "127.0.0.2", "no"]], out.stdout
+    # The SDK: the list, and a signed URL that reaches the server without a key.
+    with forkbox.Forkbox(server.url, server.key) as fb:
+        s = fb.sessions.get(sid)
+        assert [(p.port, p.address, p.proxied) for p in s.ports()] == [(8000, "127.0.0.1", True), (8004, "127.0.0.2", False)]
+        u = s.port_url(8000, expires_in=60)
+        assert u.url.startswith(f"{server.url}/v1/sessions/{sid}/ports/8000/?fbx_token=") and u.expires_at
+        r = httpx.get(u.url, timeout=TIMEOUT)
+        assert r.status_code == 200 and r.text.startswith("hello / "), r.text
+        with pytest.raises(forkbox.InvalidRequest):
+            s.port_url(8000, expires_in=0)
+
+
 def test_the_cli_prints_a_signed_url(api, server):
     import subprocess
 
@@ -422,6 +470,8 @@ def test_a_request_resumes_a_paused_sandbox(domain_server):
                 assert api.get(url).status_code == 200
                 sbx.pause()
                 assert api.get(f"/v1/sessions/{sbx.sandbox_id}").json()["resident"] is False
+                # Listing does not resume it: nothing listens while it is paused.
+                assert api.get(f"/v1/sessions/{sbx.sandbox_id}/ports").json() == {"ports": [], "resident": False}
                 r = api.get(url)
                 assert r.status_code == 200 and r.text.startswith("hello /before"), r.text
                 assert api.get(f"/v1/sessions/{sbx.sandbox_id}").json()["resident"] is True

@@ -159,6 +159,14 @@ pub enum SessionCommand {
         #[command(flatten)]
         image: ImageArgs,
     },
+    /// List what listens inside the session (port, bound address, whether `session port` reaches it).
+    Ports {
+        id: String,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        image: ImageArgs,
+    },
     /// Delete a session and the checkpoints only it needed.
     Rm {
         id: String,
@@ -213,6 +221,7 @@ fn image_of(cmd: &SessionCommand) -> &ImageArgs {
         | SessionCommand::Fork { image, .. }
         | SessionCommand::Template { image, .. }
         | SessionCommand::Port { image, .. }
+        | SessionCommand::Ports { image, .. }
         | SessionCommand::Rm { image, .. } => image,
         SessionCommand::Tree(t) => t.image(),
     }
@@ -404,6 +413,23 @@ fn run(api: &Api, cmd: SessionCommand) -> Result<ExitCode> {
             let expires = v.get("expires_at").and_then(|u| u.as_str()).unwrap_or_default();
             println!("{url}");
             eprintln!("valid until {expires}");
+        }
+        SessionCommand::Ports { id, json, .. } => {
+            let v = api.block_on(c.listening_ports(&id))?;
+            if json {
+                println!("{v}");
+            } else {
+                if v.get("resident").and_then(|r| r.as_bool()) == Some(false) {
+                    eprintln!("{id} is paused: nothing listens until a request resumes it");
+                }
+                println!("{:>5}  {:<40} PROXIED", "PORT", "ADDRESS");
+                for p in v.get("ports").and_then(|p| p.as_array()).map_or(&[][..], |a| a.as_slice()) {
+                    let port = p.get("port").and_then(|x| x.as_u64()).unwrap_or_default();
+                    let address = p.get("address").and_then(|x| x.as_str()).unwrap_or_default();
+                    let proxied = p.get("proxied").and_then(|x| x.as_bool()) == Some(true);
+                    println!("{port:>5}  {:<40} {}", escape(address), if proxied { "yes" } else { "no" });
+                }
+            }
         }
         SessionCommand::Rm { id, .. } => {
             api.block_on(c.delete_session(&id))?;

@@ -265,6 +265,11 @@ impl Client {
         self.post(&format!("/v1/sessions/{}/ports/{port}/url", seg(id)), &body).await
     }
 
+    /// What listens inside session `id`'s sandbox: `{ports: [{port, address, proxied}], resident}`.
+    pub async fn listening_ports(&self, id: &str) -> Result<Value, ClientError> {
+        self.get(&format!("/v1/sessions/{}/ports", seg(id))).await
+    }
+
     pub async fn checkpoints(&self, id: &str) -> Result<Vec<Checkpoint>, ClientError> {
         let v: Value = self.get(&format!("/v1/sessions/{}/checkpoints", seg(id))).await?;
         field(v, "checkpoints")

@@ -49,7 +49,7 @@ pub use interrupt::Interrupter;
 pub use limits::Limits;
 pub use protocol::{MimeBundle, PyError};
 pub use sandbox::{
-    BackgroundRun, CapturedOutput, ExecOptions, ExecResult, JobChunk, JobInfo, RunStats, Sandbox, Stream,
+    BackgroundRun, CapturedOutput, ExecOptions, ExecResult, JobChunk, JobInfo, ListeningPort, RunStats, Sandbox, Stream,
 };
 pub use template::{CheckpointFiles, CheckpointSize, CheckpointStats, ResumeAs, Template, TemplateInfo};
 

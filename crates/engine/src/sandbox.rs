@@ -166,6 +166,16 @@ pub struct JobInfo {
     pub stderr_bytes: u64,
 }
 
+/// A listening TCP socket of the sandbox (what the port proxy can reach).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct ListeningPort {
+    /// The address it is bound to inside the sandbox (loopback or wildcard).
+    pub address: std::net::SocketAddr,
+    /// A connection to 127.0.0.1 or [::1] on its port lands on it: the port
+    /// proxy reaches it.
+    pub proxied: bool,
+}
+
 /// A slice of a job's stream.
 #[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
 pub struct JobChunk {
@@ -1302,6 +1312,11 @@ impl Sandbox {
     /// The background jobs, oldest first.
     pub fn jobs(&self) -> Vec<JobInfo> {
         self.jobs.iter().map(|(p, j)| self.job_info(*p, j)).collect()
+    }
+
+    /// The sandbox's listening TCP sockets, by port (any of its processes').
+    pub fn listening_ports(&self) -> Vec<ListeningPort> {
+        self.kernel.net.listening().into_iter().map(|(address, proxied)| ListeningPort { address, proxied }).collect()
     }
 
     /// One job (`NoSuchJob` if there is none with that leader pid).

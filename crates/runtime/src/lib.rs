@@ -62,7 +62,8 @@ pub use forkbox_engine::catalog::{Blas, CustomTemplate, PipSource};
 pub use forkbox_engine::net_secrets;
 pub use forkbox_engine::{
     CapturedOutput, EntryInfo, EntryKind, ExecResult, FileEntry, FileOp, FileOpOutcome, GlobalNetStats, JobChunk,
-    JobInfo, Limits, MimeBundle, NetConfig, NetMode, NetPolicy, NetRule, OutputFile, PyError, Stream, TemplateInfo,
+    JobInfo, Limits, ListeningPort, MimeBundle, NetConfig, NetMode, NetPolicy, NetRule, OutputFile, PyError, Stream,
+    TemplateInfo,
 };
 pub use forkbox_image::packages::Policy as PackagePolicy;
 pub use forkbox_sessions::manager::{Config as SessionsConfig, ExecOutcome, PackagesOutcome};

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use forkbox_engine::{
-    ExecOptions, FileEntry, FileOp, FileOpOutcome, JobChunk, JobInfo, Limits, NetConfig, NetPolicy, Stream,
+    ExecOptions, FileEntry, FileOp, FileOpOutcome, JobChunk, JobInfo, Limits, ListeningPort, NetConfig, NetPolicy,
+    Stream,
 };
 use forkbox_sessions::manager::ExecOutcome;
 use forkbox_sessions::store::CheckpointRecord;
@@ -527,6 +528,12 @@ impl Runtime {
     /// The session's background jobs.
     pub fn session_jobs(&self, tenant: &str, id: &str) -> Result<Vec<JobInfo>, RuntimeError> {
         Ok(self.sessions.jobs(tenant, id)?)
+    }
+
+    /// The listening TCP sockets of the session's sandbox (`None`: it is not
+    /// resident, so nothing listens until a request brings it back).
+    pub fn session_listening_ports(&self, tenant: &str, id: &str) -> Result<Option<Vec<ListeningPort>>, RuntimeError> {
+        Ok(self.sessions.listening_ports(tenant, id)?)
     }
 
     /// A slice of a background job's stdout or stderr.

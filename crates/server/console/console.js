@@ -297,6 +297,7 @@
   function closeSession() {
     st.current = null; st.tree = null; st.selected = null;
     clear($("transcript")); clear($("tree")); clear($("file-list"));
+    clear($("process-list")); clear($("port-list")); $("process-output").hidden = true;
     $("current-session").textContent = "";
     $("node-details").hidden = true;
     setEnabled();
@@ -318,13 +319,13 @@
     $("node-details").hidden = true;
     setEnabled();
     renderSessions();
-    await Promise.all([loadTree(), loadHistory(id, true)]);
+    await Promise.all([loadTree(), loadHistory(id, true), loadRunning()]);
     $("code").focus();
   }
 
   function setEnabled() {
     const on = !!st.current && !!st.key;
-    for (const id of ["code", "run", "upload-input", "upload", "list-files"]) $(id).disabled = !on || (st.running && id === "run");
+    for (const id of ["code", "run", "upload-input", "upload", "list-files", "reload-running"]) $(id).disabled = !on || (st.running && id === "run");
     $("interrupt").disabled = !on || !st.running;
   }
 
@@ -382,7 +383,7 @@
       setEnabled();
       scrollDown();
     }
-    if (st.current === id) { await loadTree(); loadSessions(); }
+    if (st.current === id) { await loadTree(); loadSessions(); loadRunning(); }
   }
 
   // Server-Sent Events over fetch (the stream route is a POST): `event:` and `data:` lines, blank line ends one.
@@ -630,6 +631,93 @@
     } catch (e) {
       ul.appendChild(el("li", { class: "error" }, e instanceof ApiError ? e.text : String(e)));
     }
+  }
+
+  // --- background processes and listening ports ---------------------------------------------
+  async function loadRunning() {
+    const id = st.current;
+    if (!id) return;
+    const pl = $("process-list"), ports = $("port-list");
+    try {
+      const [p, l] = await Promise.all([
+        api("GET", `/v1/sessions/${sid(id)}/processes`),
+        api("GET", `/v1/sessions/${sid(id)}/ports`),
+      ]);
+      if (st.current !== id) return;
+      renderProcesses(clear(pl), id, Array.isArray(p.processes) ? p.processes : []);
+      renderPorts(clear(ports), id, Array.isArray(l.ports) ? l.ports : [], l.resident !== false);
+    } catch (e) {
+      if (st.current !== id) return;
+      clear(pl).appendChild(el("li", { class: "error" }, e instanceof ApiError ? e.text : String(e)));
+      clear(ports);
+    }
+  }
+
+  function renderProcesses(ul, id, procs) {
+    if (procs.length === 0) ul.appendChild(el("li", { class: "muted" }, "(none)"));
+    for (const p of procs) {
+      const pid = Number(p.pid);
+      const how = p.state === "running" ? "running" : p.signal != null ? `signal ${p.signal}` : `exit ${p.exit_code ?? "?"}`;
+      const argv = (Array.isArray(p.argv) ? p.argv : []).map(String).join(" ");
+      const li = el("li", { "data-pid": pid },
+        el("span", { class: "mono", title: argv }, `${pid}  ${how}  ${Number(p.cpu_seconds || 0).toFixed(2)} s  ${cut(argv, 60)}`));
+      li.appendChild(el("button", { type: "button", "aria-label": `Output of ${pid}`, onclick: () => showProcessOutput(id, pid) }, "Output"));
+      if (p.state === "running") {
+        li.appendChild(el("button", { type: "button", "aria-label": `Stop ${pid}`, onclick: () => stopProcess(id, pid) }, "Stop"));
+      }
+      ul.appendChild(li);
+    }
+  }
+
+  async function showProcessOutput(id, pid) {
+    const box = $("process-output");
+    try {
+      const [o, e] = await Promise.all(["stdout", "stderr"].map((s) =>
+        api("GET", `/v1/sessions/${sid(id)}/processes/${pid}/output?stream=${s}&offset=0&max=65536`)));
+      if (st.current !== id) return;
+      const text = String(o.data ?? "") + (e.data ? "\n[stderr]\n" + String(e.data) : "");
+      box.textContent = text === "" ? `(${pid} wrote nothing yet)` : text;
+      box.hidden = false;
+    } catch (err) { fail(err); }
+  }
+
+  async function stopProcess(id, pid) {
+    try {
+      await api("POST", `/v1/sessions/${sid(id)}/processes/${pid}/signal`, { json: { signal: 15 } });
+      status(`sent SIGTERM to ${pid}`);
+      // Shown as it ends (a process may take a moment to handle the signal).
+      await api("POST", `/v1/sessions/${sid(id)}/processes/${pid}/wait`, { json: { timeout_seconds: 5 } });
+      await loadRunning();
+    } catch (e) { fail(e); }
+  }
+
+  function renderPorts(ul, id, ports, resident) {
+    if (!resident) { ul.appendChild(el("li", { class: "muted" }, "(the session is paused: its servers come back when a request resumes it)")); return; }
+    if (ports.length === 0) ul.appendChild(el("li", { class: "muted" }, "(nothing listens)"));
+    for (const p of ports) {
+      const port = Number(p.port);
+      const li = el("li", { "data-port": port }, el("span", { class: "mono" }, `${port}  ${cut(p.address, 40)}`));
+      if (p.proxied) {
+        li.appendChild(el("button", { type: "button", "aria-label": `Open port ${port}`, onclick: () => openPort(id, port, li) }, "Open"));
+      } else {
+        li.appendChild(el("span", { class: "muted small" }, " (not on loopback: not reachable through the server)"));
+      }
+      ul.appendChild(li);
+    }
+  }
+
+  // A signed URL (no key in it; it reaches this port only, until it expires), shown as a link.
+  async function openPort(id, port, li) {
+    try {
+      const r = await api("POST", `/v1/sessions/${sid(id)}/ports/${port}/url`, { json: {} });
+      // This page's origin with the URL's path and token: the server names itself by the Host it
+      // was asked with, which behind a TLS proxy is not the scheme the browser uses.
+      const u = new URL(String(r.url), location.href);
+      const href = location.origin + u.pathname + u.search;
+      const old = li.querySelector("a");
+      if (old) old.remove();
+      li.appendChild(el("a", { href, target: "_blank", rel: "noopener noreferrer" }, `port ${port} (link valid until ${String(r.expires_at ?? "")})`));
+    } catch (e) { fail(e); }
   }
 
   // --- the tree ------------------------------------------------------------------------
@@ -956,6 +1044,7 @@
     $("interrupt").addEventListener("click", interrupt);
     $("upload").addEventListener("click", upload);
     $("list-files").addEventListener("click", listFiles);
+    $("reload-running").addEventListener("click", loadRunning);
     $("files-dir").addEventListener("keydown", (e) => { if (e.key === "Enter") { e.preventDefault(); listFiles(); } });
     $("revert-here").addEventListener("click", revertHere);
     $("show-modules").addEventListener("change", renderVars);

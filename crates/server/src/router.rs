@@ -65,6 +65,7 @@ fn v1_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(commands::session_command_stream))
         .routes(routes!(sessions::interrupt))
         .routes(routes!(processes::list_processes))
+        .routes(routes!(processes::list_ports))
         .routes(routes!(processes::get_process))
         .routes(routes!(processes::process_output))
         .routes(routes!(processes::signal_process))

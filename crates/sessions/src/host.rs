@@ -18,7 +18,7 @@ use std::hash::{Hash, Hasher};
 use forkbox_engine::packages::{InstalledPackage, Package};
 use forkbox_engine::{
     CapturedOutput, EngineError, ExecOptions, ExecResult, FileEntry, FileOp, FileOpOutcome, JobChunk, JobInfo, Limits,
-    Loaded, Sandbox, Stream, Template,
+    ListeningPort, Loaded, Sandbox, Stream, Template,
 };
 pub use forkbox_engine::{CheckpointFiles, CheckpointSize, CheckpointStats, ResumeAs};
 use forkbox_snapshot::{Layer, StateError};
@@ -165,6 +165,8 @@ pub trait Resident: Send {
     fn job_signal(&mut self, pid: u32, signal: i32) -> Result<JobInfo, EngineError>;
     /// Run the sandbox until the job ends or `timeout` passes (see `Sandbox::job_wait`).
     fn job_wait(&mut self, pid: u32, timeout: Duration) -> Result<JobInfo, EngineError>;
+    /// Its listening TCP sockets (see `Sandbox::listening_ports`).
+    fn listening_ports(&mut self) -> Result<Vec<ListeningPort>, EngineError>;
     /// Hand `conn` (one end of a host stream socket pair) to the sandbox's
     /// listener on `port` (see `Sandbox::connect_port`).
     fn connect_port(&mut self, port: u16, conn: std::os::fd::OwnedFd) -> Result<(), EngineError>;
@@ -340,6 +342,10 @@ impl Resident for Local {
 
     fn job_wait(&mut self, pid: u32, timeout: Duration) -> Result<JobInfo, EngineError> {
         self.sb.job_wait(pid, std::time::Instant::now() + timeout)
+    }
+
+    fn listening_ports(&mut self) -> Result<Vec<ListeningPort>, EngineError> {
+        Ok(self.sb.listening_ports())
     }
 
     fn connect_port(&mut self, _port: u16, _conn: std::os::fd::OwnedFd) -> Result<(), EngineError> {

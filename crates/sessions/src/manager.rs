@@ -18,7 +18,7 @@ use forkbox_api::ErrorCode;
 use forkbox_engine::packages::Package;
 use forkbox_engine::{
     CapturedOutput, Catalog, CatalogError, Engine, EngineError, ExecOptions, ExecResult, FileEntry, FileOp,
-    FileOpOutcome, Interrupter, JobChunk, JobInfo, Limits, Loaded, ResumeAs, Stream, Template,
+    FileOpOutcome, Interrupter, JobChunk, JobInfo, Limits, ListeningPort, Loaded, ResumeAs, Stream, Template,
 };
 use forkbox_snapshot::{Layer, StateError};
 
@@ -1587,6 +1587,12 @@ impl SessionManager {
     /// The session's background jobs (a session brought back from disk has none).
     pub fn jobs(&self, tenant: &str, id: &str) -> Result<Vec<JobInfo>, SessionError> {
         Ok(self.with_resident(tenant, id, |sb| Ok(sb.jobs()?))?.unwrap_or_default())
+    }
+
+    /// The listening TCP sockets of the session's sandbox; `None` when it is
+    /// not resident (its listeners come back with it when a request resumes it).
+    pub fn listening_ports(&self, tenant: &str, id: &str) -> Result<Option<Vec<ListeningPort>>, SessionError> {
+        self.with_resident(tenant, id, |sb| Ok(sb.listening_ports()?))
     }
 
     /// One background job of the session.

@@ -13,7 +13,8 @@ use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
 use forkbox_engine::packages::InstalledPackage;
 use forkbox_engine::{
-    CapturedOutput, CheckpointSize, CheckpointStats, ExecResult, FileEntry, JobInfo, Limits, ResumeAs, Stream,
+    CapturedOutput, CheckpointSize, CheckpointStats, ExecResult, FileEntry, JobInfo, Limits, ListeningPort, ResumeAs,
+    Stream,
 };
 use forkbox_sessions::host::Walk;
 
@@ -333,6 +334,8 @@ pub enum ToChannel {
     },
     /// The background jobs (answered `Jobs`).
     Jobs,
+    /// The sandbox's listening TCP sockets (answered `ListeningPorts`).
+    ListeningPorts,
     /// A slice of a job's stream (answered `JobOutput`).
     JobOutput {
         pid: u32,
@@ -438,6 +441,7 @@ pub enum FromChannel {
     Job(Result<JobInfo, WireError>),
     JobOutput(Result<WireChunk, WireError>),
     PortConnected(Result<(), WireError>),
+    ListeningPorts(Result<Vec<ListeningPort>, WireError>),
 }
 
 /// A slice of a job's stream (`JobChunk`, its bytes in base64).
@@ -471,6 +475,7 @@ impl FromChannel {
             FromChannel::Job(_) => "Job",
             FromChannel::JobOutput(_) => "JobOutput",
             FromChannel::PortConnected(_) => "PortConnected",
+            FromChannel::ListeningPorts(_) => "ListeningPorts",
         }
     }
 }

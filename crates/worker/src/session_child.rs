@@ -408,6 +408,10 @@ fn serve_one(shared: &Shared, ctl: &ChannelCtl, ch: &mut Channel, sock: &UnixStr
             let r = ch.sb.as_ref().map(|sb| sb.jobs()).ok_or_else(no_sandbox);
             reply(&FromChannel::Jobs(r))?;
         }
+        ToChannel::ListeningPorts => {
+            let r = ch.sb.as_ref().map(|sb| sb.listening_ports()).ok_or_else(no_sandbox);
+            reply(&FromChannel::ListeningPorts(r))?;
+        }
         ToChannel::JobOutput { pid, stream, offset, max } => {
             let max = usize::try_from(max).unwrap_or(usize::MAX).min(JOB_READ_MAX);
             let r = match ch.sb.as_ref() {

@@ -37,7 +37,7 @@ use forkbox_api::ErrorCode;
 use forkbox_engine::packages::{InstalledPackage, Package};
 use forkbox_engine::{
     CapturedOutput, CheckpointFiles, CheckpointStats, EngineError, ExecOptions, ExecResult, FileEntry, FileOp,
-    FileOpOutcome, JobChunk, JobInfo, Stream, NET_GLOBAL,
+    FileOpOutcome, JobChunk, JobInfo, ListeningPort, Stream, NET_GLOBAL,
 };
 use forkbox_sessions::host::{NamedFile, Resident, SandboxHost, Start, Walk, WALK_MAX_ENTRIES};
 use forkbox_sessions::manager::SessionError;
@@ -973,6 +973,13 @@ impl Resident for RemoteSandbox {
     fn jobs(&mut self) -> Result<Vec<JobInfo>, EngineError> {
         match self.call(&ToChannel::Jobs, OP_WAIT)? {
             FromChannel::Jobs(r) => r.map_err(|e| reported(e, JOB_CODES)),
+            other => Err(self.broke(&other)),
+        }
+    }
+
+    fn listening_ports(&mut self) -> Result<Vec<ListeningPort>, EngineError> {
+        match self.call(&ToChannel::ListeningPorts, OP_WAIT)? {
+            FromChannel::ListeningPorts(r) => r.map_err(|e| reported(e, JOB_CODES)),
             other => Err(self.broke(&other)),
         }
     }

@@ -870,6 +870,27 @@ impl NetIo {
         Ok(())
     }
 
+    /// Every listening TCP socket of the sandbox: its bound address, and
+    /// whether the port proxy reaches it (a connect to 127.0.0.1 or [::1] on
+    /// its port lands on it). By port, then address.
+    pub fn listening(&self) -> Vec<(SocketAddr, bool)> {
+        let mut out: Vec<(SocketAddr, bool)> = self
+            .socks
+            .values()
+            .filter_map(|s| match (&s.backend, s.local) {
+                (Backend::Listener(_), Some(l)) => {
+                    let proxied = [IpAddr::from(Ipv4Addr::LOCALHOST), IpAddr::from(std::net::Ipv6Addr::LOCALHOST)]
+                        .into_iter()
+                        .any(|ip| listener_takes(l, s.domain, SocketAddr::new(ip, l.port())));
+                    Some((l, proxied))
+                }
+                _ => None,
+            })
+            .collect();
+        out.sort_by_key(|(a, _)| (a.port(), a.to_string()));
+        out
+    }
+
     /// The listening sockets among `ids` as a checkpoint records them (the
     /// ids of the recorded process' sockets; others are skipped), by id.
     pub fn listener_states(&self, ids: impl IntoIterator<Item = u64>) -> Vec<ListenerState> {

@@ -657,3 +657,29 @@ fn a_new_egress_keeps_the_listeners() {
     assert_eq!(n.connect(c, Some(sa("127.0.0.1:8000"))), Ok(true));
     assert!(n.accept(l).is_ok());
 }
+
+#[test]
+fn listening_lists_listeners_and_what_the_port_proxy_reaches() {
+    let mut n = net(Policy::none());
+    assert!(n.listening().is_empty());
+    let wild = n.socket(libc::AF_INET6, true).unwrap();
+    n.bind(wild, sa("[::]:8080")).unwrap();
+    n.listen(wild, 4).unwrap();
+    let lo2 = n.socket(libc::AF_INET, true).unwrap();
+    n.bind(lo2, sa("127.0.0.2:7000")).unwrap();
+    n.listen(lo2, 4).unwrap();
+    let lo = n.socket(libc::AF_INET, true).unwrap();
+    n.bind(lo, sa("127.0.0.1:7000")).unwrap();
+    n.listen(lo, 4).unwrap();
+    // Bound but not listening, and a UDP socket: not listed.
+    let bound = n.socket(libc::AF_INET, true).unwrap();
+    n.bind(bound, sa("127.0.0.1:9000")).unwrap();
+    let udp = n.socket(libc::AF_INET, false).unwrap();
+    n.bind(udp, sa("127.0.0.1:9001")).unwrap();
+    assert_eq!(
+        n.listening(),
+        vec![(sa("127.0.0.1:7000"), true), (sa("127.0.0.2:7000"), false), (sa("[::]:8080"), true)]
+    );
+    n.close(lo);
+    assert_eq!(n.listening(), vec![(sa("127.0.0.2:7000"), false), (sa("[::]:8080"), true)]);
+}

@@ -7,6 +7,7 @@
 //! - `POST /v1/sessions/{id}/processes/{pid}/wait` `{timeout_seconds}` -> `ProcessInfo`
 //! - `POST /v1/sessions/{id}/processes/{pid}/stdin` `{data|data_b64, eof}` or raw bytes -> `ProcessInfo`
 //! - `GET .../output?follow=true`: Server-Sent Events of its output as it is written, until it ends
+//! - `GET /v1/sessions/{id}/ports` -> `{ports: [ListeningPortInfo], resident}`: what listens in it
 //!
 //! None of them makes a checkpoint; a session brought back from disk (revert,
 //! fork, eviction) has no background processes (`process_not_found`).
@@ -75,6 +76,25 @@ pub struct ProcessList {
     pub processes: Vec<ProcessInfo>,
 }
 
+/// A listening TCP socket inside the sandbox.
+#[derive(Serialize, ToSchema)]
+pub struct ListeningPortInfo {
+    pub port: u16,
+    /// The address it is bound to inside the sandbox, e.g. `0.0.0.0`, `127.0.0.1` or `::`.
+    pub address: String,
+    /// `/v1/sessions/{id}/ports/{port}/` reaches it (it takes connections to 127.0.0.1 or ::1).
+    pub proxied: bool,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct ListeningPorts {
+    /// By port.
+    pub ports: Vec<ListeningPortInfo>,
+    /// False: the session is paused or on disk, so nothing listens now; its
+    /// listeners come back with it when a request (e.g. one to a port) resumes it.
+    pub resident: bool,
+}
+
 /// A slice of a background process' stdout or stderr.
 #[derive(Serialize, ToSchema)]
 pub struct ProcessOutput {
@@ -121,6 +141,33 @@ pub(crate) async fn list_processes(
     blocking(&state, move |rt| {
         let processes = rt.session_jobs(&caller.tenant, &id)?.into_iter().map(ProcessInfo::of).collect();
         Ok(Json(ProcessList { processes }))
+    })
+    .await
+}
+
+#[utoipa::path(get, path = "/sessions/{id}/ports", tag = "processes",
+    params(("id" = String, Path, description = "Session id")),
+    responses((status = 200, body = ListeningPorts),
+              (status = 404, description = "No such session", body = ErrorBody),
+              (status = 409, description = "An exec is running in the session", body = ErrorBody)))]
+pub(crate) async fn list_ports(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Json<ListeningPorts>, ApiError> {
+    blocking(&state, move |rt| {
+        let found = rt.session_listening_ports(&caller.tenant, &id)?;
+        let resident = found.is_some();
+        let ports = found
+            .unwrap_or_default()
+            .into_iter()
+            .map(|p| ListeningPortInfo {
+                port: p.address.port(),
+                address: p.address.ip().to_string(),
+                proxied: p.proxied,
+            })
+            .collect();
+        Ok(Json(ListeningPorts { ports, resident }))
     })
     .await
 }

@@ -18,7 +18,9 @@ from ._types import (
     Event,
     ExecResult,
     FileEntry,
+    ListeningPort,
     Packages,
+    PortUrl,
     ProcessInfo,
     ProcessOutput,
     Result,
@@ -309,6 +311,18 @@ class AsyncSession:
         """The session's background processes, oldest first (ended ones too, until 64 are kept)."""
         v = await self._c._json("GET", self._path("/processes"))
         return [ProcessInfo.from_json(p) for p in v.get("processes") or []]
+
+    async def ports(self) -> list[ListeningPort]:
+        """What listens inside the sandbox now, by port (empty while the session is paused or on disk:
+        its listeners come back when a request resumes it)."""
+        v = await self._c._json("GET", self._path("/ports"))
+        return [ListeningPort.from_json(p) for p in v.get("ports") or []]
+
+    async def port_url(self, port: int, expires_in: int | None = None) -> PortUrl:
+        """A signed URL of `port` inside the sandbox (HTTP, SSE and WebSocket through the server), valid for
+        `expires_in` seconds (the server's default when None); anyone holding it reaches that port only."""
+        body = {} if expires_in is None else {"expires_in": int(expires_in)}
+        return PortUrl.from_json(await self._c._json("POST", self._path(f"/ports/{int(port)}/url"), json=body))
 
     async def process(self, pid: int) -> ProcessInfo:
         return ProcessInfo.from_json(await self._c._json("GET", self._path(f"/processes/{int(pid)}")))

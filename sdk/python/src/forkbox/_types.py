@@ -281,6 +281,38 @@ class ProcessInfo:
 
 
 @dataclass(frozen=True)
+class ListeningPort:
+    """A listening TCP socket inside a session's sandbox (`Session.ports`)."""
+
+    port: int
+    #: The address it is bound to inside the sandbox, e.g. "0.0.0.0", "127.0.0.1" or "::".
+    address: str
+    #: `Session.port_url(port)` reaches it (it takes connections to 127.0.0.1 or ::1).
+    proxied: bool
+
+    @classmethod
+    def from_json(cls, v: dict[str, Any]) -> ListeningPort:
+        return cls(port=int(v["port"]), address=str(v.get("address") or ""), proxied=bool(v.get("proxied")))
+
+
+@dataclass(frozen=True)
+class PortUrl:
+    """A signed, expiring URL of a port of a session (`Session.port_url`): no API key needed to use it."""
+
+    url: str
+    #: The `<port>-<session>.<domain>` form when the server has a sandbox domain, else None.
+    host_url: str | None
+    token: str
+    #: RFC 3339.
+    expires_at: str
+
+    @classmethod
+    def from_json(cls, v: dict[str, Any]) -> PortUrl:
+        return cls(url=str(v["url"]), host_url=v.get("host_url"), token=str(v.get("token") or ""),
+                   expires_at=str(v.get("expires_at") or ""))
+
+
+@dataclass(frozen=True)
 class ProcessOutput:
     """A slice of a background process' stdout or stderr (`Session.process_output`)."""
 
