@@ -488,7 +488,13 @@ def test_console_shows_running_processes_and_opens_ports(server, browser):
     s.wait("the sign-in form", lambda: one("#apikey").is_displayed())
     one("#apikey").send_keys(server.key)
     one("#signin-button").click()
-    s.wait("the session in the list", lambda: css(f'#session-list button[data-session="{sid}"]'))[0].click()
+    item = s.wait("the session in the list", lambda: css(f'#session-list button[data-session="{sid}"]'))[0]
+    # A command's call shows as its label line, not the helper program that ran it.
+    label = "# command (background): while true; do echo tick; sleep 0.2; done"
+    assert item.find_element(By.CSS_SELECTOR, ".meta.last-code").text == label[:59] + "…"  # the list cuts at 60
+    item.click()
+    entry = s.wait("the history", lambda: css("#transcript .entry.past"))[-1]
+    assert entry.find_element(By.CSS_SELECTOR, "pre.in").text == label
     one("#running-box summary").click()
     row = s.wait("the process", lambda: css(f'#process-list li[data-pid="{pid}"]'))[0]
     assert "running" in row.text and "sleep" in row.text, row.text

@@ -210,6 +210,16 @@ impl Command {
     }
 }
 
+/// The label line of a session call that ran a command (`# command: ls -l`),
+/// or None for any other code: what a listing shows of such a call instead of
+/// the helper program it runs.
+pub fn label_of(code: &str) -> Option<&str> {
+    let mut lines = code.lines();
+    let first = lines.next()?;
+    let wrapper = lines.next()?.starts_with("(lambda g: (exec(");
+    (first.starts_with("# command") && wrapper).then_some(first)
+}
+
 /// `a` quoted for a POSIX shell when it needs it (for labels only).
 fn quote(a: &str) -> String {
     if !a.is_empty() && a.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%".contains(&b)) {
@@ -293,6 +303,9 @@ mod tests {
         let code = c.code();
         let first = code.lines().next().unwrap();
         assert_eq!(first, "# command: echo 'it'\\''s' 'a b'");
+        assert_eq!(label_of(&code), Some(first));
+        assert_eq!(label_of("# command: not one\nprint(1)"), None);
+        assert_eq!(label_of("print(1)"), None);
         assert_eq!(code.lines().count(), 2, "{code}");
         // The embedded request is the JSON of the command, as a string literal.
         let lit = code.rsplit_once("g[\"run\"](").unwrap().1.strip_suffix("))[1])({})\n").unwrap();

@@ -79,7 +79,10 @@ pub struct SessionView {
 pub const LAST_CODE_MAX: usize = 120;
 
 fn last_code_line(code: &str) -> Option<String> {
-    let line = code.lines().rev().find(|l| !l.trim().is_empty())?.trim_end();
+    let line = match crate::command::label_of(code) {
+        Some(label) => label,
+        None => code.lines().rev().find(|l| !l.trim().is_empty())?.trim_end(),
+    };
     let mut out: String = line.chars().take(LAST_CODE_MAX).collect();
     if out.len() < line.len() {
         out.push('…');

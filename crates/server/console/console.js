@@ -464,10 +464,16 @@
     if (o.truncated) box.appendChild(el("pre", { class: "note" }, "(the kept output was cut to its bound)"));
   }
 
+  // A command's call is its label line (`# command: ls`), not the helper program that ran it.
+  function shownCode(code) {
+    const lines = code.split("\n");
+    return lines.length > 1 && lines[0].startsWith("# command") && lines[1].startsWith("(lambda g: (exec(") ? lines[0] : code;
+  }
+
   function callEntry(c) {
     const failed = !!(c.output && c.output.error);
     const entry = el("div", { class: "entry past", "data-state": failed ? "exception" : "done", "data-checkpoint": Number(c.checkpoint) },
-      el("pre", { class: "in", "data-prompt": `[${Number(c.checkpoint)}]` }, String(c.code ?? "")));
+      el("pre", { class: "in", "data-prompt": `[${Number(c.checkpoint)}]` }, shownCode(String(c.code ?? ""))));
     if (c.output) renderOutput(entry, c.output);
     else entry.appendChild(el("pre", { class: "note" }, c.summary != null ? "→ " + c.summary : "(no output kept for this call)"));
     return entry;
