@@ -52,7 +52,8 @@ pub enum BenchCommand {
         image: ImageArgs,
     },
     /// Threads in a forked sandbox: thread start + join, ThreadPoolExecutor(8).map
-    /// of 64 trivial tasks, asyncio.run(asyncio.sleep(0)), a 1 MB pipe round trip;
+    /// of 64 trivial tasks, asyncio.run(asyncio.sleep(0)), a 1 MB pipe round trip,
+    /// three threads contending for the GIL under a 1 us switch interval;
     /// beside a host Python doing the same in an os.fork() child.
     Threads {
         /// Samples of each measurement.
@@ -1058,8 +1059,24 @@ def _pipe_round_trip(data):
     for fd in (r1, w1, r2, w2):
         os.close(fd)
     assert got == data
+def _gil_contention():
+    # Three threads counting under a 1 us switch interval (as CPython's own
+    # test_lru_cache_threaded runs): the GIL is asked for at every wait.
+    import sys
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        def work():
+            x = 0
+            for i in range(20000):
+                x += i
+        ts = [threading.Thread(target=work) for _ in range(3)]
+        for t in ts: t.start()
+        for t in ts: t.join()
+    finally:
+        sys.setswitchinterval(old)
 def _thread_bench(n):
-    out = {"start_join": [], "pool": [], "asyncio": [], "pipe": []}
+    out = {"start_join": [], "pool": [], "asyncio": [], "pipe": [], "gil": []}
     data = os.urandom(1 << 20)
     for _ in range(n):
         t0 = time.perf_counter()
@@ -1069,6 +1086,10 @@ def _thread_bench(n):
         t0 = time.perf_counter()
         _pipe_round_trip(data)
         out["pipe"].append((time.perf_counter() - t0) * 1000)
+    for _ in range(max(1, n // 10)):
+        t0 = time.perf_counter()
+        _gil_contention()
+        out["gil"].append((time.perf_counter() - t0) * 1000)
     for _ in range(n):
         t0 = time.perf_counter()
         t = threading.Thread(target=lambda: None)
@@ -1120,6 +1141,7 @@ fn threads(home: &Path, samples: usize, image: &ImageArgs) -> Result<ExitCode> {
         ("pool", "ThreadPoolExecutor(8).map, 64 tasks"),
         ("asyncio", "asyncio.run(asyncio.sleep(0))"),
         ("pipe", "1 MB pipe round trip (echo thread)"),
+        ("gil", "3 threads, switch interval 1 us"),
     ] {
         let (g, h) = (col(&guest, k), col(&host, k));
         println!("{what:<38} guest {}", summary(g.clone()));

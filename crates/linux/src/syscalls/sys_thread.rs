@@ -227,6 +227,14 @@ pub fn futex(ctx: &mut Ctx, a: &Args) -> SysResult {
                 None
             };
             if timeout == Some(Duration::ZERO) {
+                // Its deadline passed before the call (a timed wait shorter
+                // than a VM exit, as CPython's GIL wait under a short switch
+                // interval): the thread is polling for what another thread
+                // must do, so the others run first (else the poller keeps the
+                // vCPU for its whole slice, one exit per round).
+                if ctx.proc.threads.len() > 1 {
+                    ctx.effect = Some(Effect::Yield);
+                }
                 return Err(Errno::ETIMEDOUT);
             }
             ctx.block(Block::new(WaitOn::Futex { addr, bitset }).timeout(timeout, Err(Errno::ETIMEDOUT)))

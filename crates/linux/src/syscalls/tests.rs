@@ -51,6 +51,16 @@ impl Guest {
         dispatch(&mut ctx, nr as u64, &a)
     }
 
+    /// `call`, with the effect the handler asked of the engine.
+    fn call_effect(&mut self, nr: i64, args: &[u64]) -> (Result<u64, Errno>, Option<crate::kernel::Effect>) {
+        let mut a = [0u64; 6];
+        a[..args.len()].copy_from_slice(args);
+        let mut ctx =
+            Ctx { mem: &mut self.mem, proc: &mut self.proc, kernel: &mut self.kernel, effect: None, timed_out: false };
+        let r = dispatch(&mut ctx, nr as u64, &a);
+        (r, ctx.effect)
+    }
+
     fn put(&mut self, off: u64, data: &[u8]) -> u64 {
         let addr = self.buf + off;
         self.mem.write_untracked(addr, data).unwrap();
@@ -751,4 +761,28 @@ fn descriptors_dropped_by_a_plain_read_are_released_after_the_call() {
     // read(2) has no control buffer: the passed description is dropped, and its lock with it.
     assert_eq!(g.call(libc::SYS_read, &[b as u64, g.buf + 0x300, 8]), Ok(1));
     assert_eq!(g.call(libc::SYS_flock, &[other as u64, try_lock]), Ok(0));
+}
+
+#[test]
+fn a_futex_wait_already_past_its_deadline_times_out_and_lets_other_threads_run() {
+    use crate::kernel::Effect;
+    let mut g = guest();
+    let word = g.put(0x100, &0u32.to_le_bytes());
+    // An absolute CLOCK_MONOTONIC deadline of 0: passed before the call.
+    let past = g.put(0x200, &timespec(0, 0));
+    let op = (libc::FUTEX_WAIT_BITSET | libc::FUTEX_PRIVATE_FLAG) as u64;
+    let wait = |g: &mut Guest| g.call_effect(libc::SYS_futex, &[word, op, 0, past, 0, u32::MAX as u64]);
+    // Alone in its process: nothing else could run.
+    let (r, effect) = wait(&mut g);
+    assert_eq!(r, Err(Errno::ETIMEDOUT));
+    assert!(effect.is_none());
+    // With another thread, it polls for what that thread must do: the other runs first.
+    g.proc.threads.spawn(0, 0, 0).unwrap();
+    let (r, effect) = wait(&mut g);
+    assert_eq!(r, Err(Errno::ETIMEDOUT));
+    assert!(matches!(effect, Some(Effect::Yield)));
+    // A deadline in the future blocks as before.
+    let later = g.put(0x300, &timespec(i64::MAX / 4, 0));
+    let (r, effect) = g.call_effect(libc::SYS_futex, &[word, op, 0, later, 0, u32::MAX as u64]);
+    assert!(r.is_ok() && matches!(effect, Some(Effect::Block(_))), "{r:?}");
 }
