@@ -208,6 +208,39 @@ fn network_none_refuses_everything_and_dns() {
     assert_eq!(sb.net_stats().connects_denied, 1);
 }
 
+/// What glibc finds without any network: services by name and port
+/// (`/etc/services` from netbase), the host name (`/etc/hosts`) and the
+/// sandbox's one interface, `lo` (netlink RTM_GETLINK, SIOCGIFINDEX /
+/// SIOCGIFNAME), which IPv6 scope ids name; nothing of the host's interfaces.
+#[test]
+fn services_the_host_name_and_the_interface_list_need_no_network() {
+    let mut sb = boot(NetConfig::default());
+    assert_eq!(
+        value(&mut sb, "import socket\n(socket.getservbyname('http', 'tcp'), socket.getservbyport(443, 'tcp'), socket.getservbyname('domain', 'udp'))"),
+        "(80, 'https', 53)"
+    );
+    assert_eq!(
+        value(&mut sb, "sorted({a[4] for a in socket.getaddrinfo('localhost', 'http', socket.AF_INET, socket.SOCK_STREAM)})"),
+        "[('127.0.0.1', 80)]"
+    );
+    assert_eq!(value(&mut sb, "socket.gethostbyname(socket.gethostname())"), "'127.0.1.1'");
+    assert_eq!(value(&mut sb, "socket.if_nameindex()"), "[(1, 'lo')]");
+    assert_eq!(value(&mut sb, "(socket.if_nametoindex('lo'), socket.if_indextoname(1))"), "(1, 'lo')");
+    assert_eq!(
+        value(&mut sb, "out = []\nfor f, a in [(socket.if_nametoindex, 'eth0'), (socket.if_indextoname, 2)]:\n    try:\n        f(a)\n    except OSError as e:\n        out.append(e.errno)\nout"),
+        "[None, 6]",
+        "no such name (if_nametoindex returns 0); glibc's ENXIO for an index"
+    );
+    assert_eq!(
+        value(&mut sb, "socket.getaddrinfo('ff02::1de:c0:face:8D%lo', 1234, socket.AF_INET6, socket.SOCK_DGRAM, socket.IPPROTO_UDP)[0][4]"),
+        "('ff02::1de:c0:face:8d', 1234, 0, 1)"
+    );
+    assert_eq!(
+        value(&mut sb, "socket.getnameinfo(('ff02::1de:c0:face:8D', 1234, 0, 1), socket.NI_NUMERICHOST | socket.NI_NUMERICSERV)"),
+        "('ff02::1de:c0:face:8d%lo', '1234')"
+    );
+}
+
 #[test]
 fn udp_echo_through_the_vmm() {
     let echo = UdpSocket::bind("127.0.0.1:0").unwrap();

@@ -101,6 +101,9 @@ pub enum SockType {
     Stream,
     Dgram,
     SeqPacket,
+    /// AF_NETLINK (NETLINK_ROUTE): a send is a request the VMM answers into
+    /// the socket's own queue (`crate::net::netlink`).
+    Netlink,
 }
 
 impl SockType {
@@ -117,7 +120,12 @@ impl SockType {
             SockType::Stream => libc::SOCK_STREAM,
             SockType::Dgram => libc::SOCK_DGRAM,
             SockType::SeqPacket => libc::SOCK_SEQPACKET,
+            SockType::Netlink => libc::SOCK_RAW,
         }
+    }
+    /// Without a connection: sends name their destination (or the kernel).
+    pub fn connectionless(self) -> bool {
+        matches!(self, SockType::Dgram | SockType::Netlink)
     }
     /// Message boundaries kept?
     pub fn datagrams(self) -> bool {
@@ -657,7 +665,7 @@ impl Objects {
 
     pub fn listen(&mut self, id: u64, backlog: i32) -> Result<(), Errno> {
         let s = self.socket_mut(id)?;
-        if s.ty == SockType::Dgram {
+        if s.ty.connectionless() {
             return Err(Errno::EOPNOTSUPP);
         }
         let backlog = backlog.clamp(1, MAX_BACKLOG as i32) as u32;
@@ -724,6 +732,25 @@ impl Objects {
             SockState::Listening { queue, .. } => queue.pop_front().ok_or(Errno::EAGAIN),
             _ => Err(Errno::EINVAL),
         }
+    }
+
+    /// Queue `msgs` for a netlink socket to receive (the kernel side's
+    /// answers). ENOBUFS when they do not fit, as a netlink socket whose
+    /// receive buffer overflows.
+    pub fn netlink_deliver(&mut self, id: u64, msgs: Vec<Vec<u8>>) -> Result<(), Errno> {
+        let s = self.socket_mut(id)?;
+        if s.ty != SockType::Netlink {
+            return Err(Errno::ENOTSOCK);
+        }
+        let bytes: usize = msgs.iter().map(Vec::len).sum();
+        if s.msgs.len() + msgs.len() > MAX_DGRAMS || s.msg_bytes.saturating_add(bytes) > SOCKET_CAPACITY {
+            return Err(Errno::ENOBUFS);
+        }
+        for m in msgs {
+            s.msg_bytes += m.len();
+            s.msgs.push_back(Dgram { data: Arc::from(m), from: Arc::from(&[][..]) });
+        }
+        Ok(())
     }
 
     /// Send on socket `id` (to `dest`, or its peer). Bytes sent.
@@ -1026,7 +1053,7 @@ impl Objects {
                         }
                         return r;
                     }
-                    SockState::Unconnected if s.ty != SockType::Dgram => {
+                    SockState::Unconnected if !s.ty.connectionless() => {
                         return libc::POLLOUT as u32 | libc::POLLHUP as u32
                     }
                     _ => {}

@@ -133,7 +133,7 @@ table! {
     13 rt_sigaction => signal::rt_sigaction, Partial("handlers run for signals from the sandbox's own processes and threads, its timers, its CPU faults and the host interrupt; SA_RESTART as the restart column says");
     14 rt_sigprocmask => signal::rt_sigprocmask, Full;
     15 rt_sigreturn => signal::rt_sigreturn, Full;
-    16 ioctl => file::ioctl, Partial("FIOCLEX, FIONCLEX, FIONREAD; anything else ENOTTY (no terminals)");
+    16 ioctl => file::ioctl, Partial("FIOCLEX, FIONCLEX, FIONREAD, FIONBIO; SIOCGIFINDEX/SIOCGIFNAME on a socket know lo (index 1) only; anything else ENOTTY (no terminals)");
     17 pread64 => file::pread64, Full;
     18 pwrite64 => file::pwrite64, Full;
     19 readv => file::readv, Full;
@@ -158,7 +158,7 @@ table! {
     38 setitimer => timer::setitimer, Partial("ITIMER_REAL on the run clock; ITIMER_VIRTUAL and ITIMER_PROF both on the process's vCPU run time (user and system time are not told apart)");
     39 getpid => fork::getpid, Full;
     40 sendfile => file::sendfile, Full;
-    41 socket => net::socket, Partial("AF_UNIX inside the sandbox; AF_INET/AF_INET6 TCP and UDP on host sockets under the egress policy, UDP-Lite inside the sandbox; raw EPERM, other families EAFNOSUPPORT");
+    41 socket => net::socket, Partial("AF_UNIX in the sandbox; AF_INET/6 TCP, UDP under the egress policy, UDP-Lite in the sandbox; raw EPERM; NETLINK_ROUTE lists lo only (RTM_GETLINK); other families EAFNOSUPPORT");
     42 connect => net::connect, Full;
     43 accept => net::accept, Full;
     44 sendto => net::sendto, Full;

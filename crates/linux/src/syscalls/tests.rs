@@ -752,3 +752,92 @@ fn descriptors_dropped_by_a_plain_read_are_released_after_the_call() {
     assert_eq!(g.call(libc::SYS_read, &[b as u64, g.buf + 0x300, 8]), Ok(1));
     assert_eq!(g.call(libc::SYS_flock, &[other as u64, try_lock]), Ok(0));
 }
+
+/// glibc's if_nameindex: an AF_NETLINK socket, bound to port 0, asks for a
+/// link dump and reads it with recvmsg (peeking at the size first); the
+/// answers name the kernel as their source, carry the socket's port id and the
+/// request's sequence number, and list `lo` (index 1) only. Other requests fail at send.
+#[test]
+fn netlink_route_lists_lo_only() {
+    let mut g = guest();
+    let raw = (libc::SOCK_RAW | libc::SOCK_CLOEXEC) as u64;
+    let nl = libc::AF_NETLINK as u64;
+    assert_eq!(g.call(libc::SYS_socket, &[nl, raw, 4]), Err(Errno::EPROTONOSUPPORT), "NETLINK_USERSOCK");
+    let fd = g.call(libc::SYS_socket, &[nl, raw, libc::NETLINK_ROUTE as u64]).unwrap();
+    let mut sa = vec![0u8; 12];
+    sa[..2].copy_from_slice(&(libc::AF_NETLINK as u16).to_le_bytes());
+    let addr = g.put(0x100, &sa);
+    assert_eq!(g.call(libc::SYS_bind, &[fd, addr, 12]), Ok(0));
+    let len_at = g.put(0x200, &12u32.to_le_bytes());
+    let name_at = g.put(0x300, &[0xFFu8; 12]);
+    assert_eq!(g.call(libc::SYS_getsockname, &[fd, name_at, len_at]), Ok(0));
+    let got = g.get(0x300, 12);
+    assert_eq!(u16::from_le_bytes([got[0], got[1]]) as i32, libc::AF_NETLINK);
+    let pid = u32::from_le_bytes(got[4..8].try_into().unwrap());
+    assert_eq!(pid, g.proc.pid);
+    // nlmsghdr (RTM_GETLINK, NLM_F_REQUEST | NLM_F_DUMP, seq 1234) + rtgenmsg.
+    let mut req = 20u32.to_le_bytes().to_vec();
+    req.extend_from_slice(&18u16.to_le_bytes());
+    req.extend_from_slice(&0x301u16.to_le_bytes());
+    req.extend_from_slice(&1234u32.to_le_bytes());
+    req.extend_from_slice(&0u32.to_le_bytes());
+    req.extend_from_slice(&[libc::AF_PACKET as u8, 0, 0, 0]);
+    let req_at = g.put(0x400, &req);
+    assert_eq!(g.call(libc::SYS_sendto, &[fd, req_at, 20, 0, addr, 12]), Ok(20));
+    let data = g.buf + 0x1000;
+    let src = g.buf + 0x600;
+    let h = g.msghdr(0x800, Some(src), (data, 4096), (0, 0));
+    let peeked = g.call(libc::SYS_recvmsg, &[fd, h, (libc::MSG_PEEK | libc::MSG_TRUNC) as u64]).unwrap();
+    let n = g.call(libc::SYS_recvmsg, &[fd, h, 0]).unwrap();
+    assert_eq!(peeked, n);
+    let msg = g.get(0x1000, n);
+    let src_addr = g.get(0x600, 12);
+    assert_eq!(u16::from_le_bytes([src_addr[0], src_addr[1]]) as i32, libc::AF_NETLINK);
+    assert_eq!(&src_addr[4..8], &[0, 0, 0, 0], "from the kernel");
+    assert_eq!(u16::from_le_bytes([msg[4], msg[5]]), 16, "RTM_NEWLINK");
+    assert_eq!(u32::from_le_bytes(msg[8..12].try_into().unwrap()), 1234);
+    assert_eq!(u32::from_le_bytes(msg[12..16].try_into().unwrap()), pid);
+    assert_eq!(i32::from_le_bytes(msg[20..24].try_into().unwrap()), 1, "ifi_index");
+    assert!(msg.windows(3).any(|w| w == b"lo\0"));
+    let n = g.call(libc::SYS_recvmsg, &[fd, h, 0]).unwrap();
+    assert_eq!(u16::from_le_bytes([g.get(0x1000, n)[4], g.get(0x1000, n)[5]]), 3, "NLMSG_DONE");
+    assert_eq!(g.call(libc::SYS_recvmsg, &[fd, h, libc::MSG_DONTWAIT as u64]), Err(Errno::EAGAIN));
+    // RTM_GETADDR: refused at send (glibc's AI_ADDRCONFIG probe stays pessimistic).
+    req[4..6].copy_from_slice(&22u16.to_le_bytes());
+    let req_at = g.put(0x400, &req);
+    assert_eq!(g.call(libc::SYS_sendto, &[fd, req_at, 20, 0, 0, 0]), Err(Errno::EOPNOTSUPP));
+    let opt = g.put(0x700, &[0u8; 4]);
+    let optlen = g.put(0x710, &4u32.to_le_bytes());
+    assert_eq!(g.call(libc::SYS_getsockopt, &[fd, libc::SOL_SOCKET as u64, libc::SO_DOMAIN as u64, opt, optlen]), Ok(0));
+    assert_eq!(g.get(0x700, 4), libc::AF_NETLINK.to_le_bytes());
+}
+
+/// glibc's if_nametoindex / if_indextoname: SIOCGIFINDEX / SIOCGIFNAME on a socket.
+#[test]
+fn interface_ioctls_know_lo_only() {
+    let mut g = guest();
+    let unix = g.call(libc::SYS_socket, &[libc::AF_UNIX as u64, libc::SOCK_DGRAM as u64, 0]).unwrap();
+    let inet = g.call(libc::SYS_socket, &[libc::AF_INET as u64, libc::SOCK_DGRAM as u64, 0]).unwrap();
+    for fd in [unix, inet] {
+        let mut ifr = vec![0u8; 40];
+        ifr[..2].copy_from_slice(b"lo");
+        let at = g.put(0x100, &ifr);
+        assert_eq!(g.call(libc::SYS_ioctl, &[fd, 0x8933, at]), Ok(0));
+        assert_eq!(g.get(0x110, 4), 1i32.to_le_bytes());
+        let mut ifr = vec![0u8; 40];
+        ifr[16..20].copy_from_slice(&1i32.to_le_bytes());
+        let at = g.put(0x100, &ifr);
+        assert_eq!(g.call(libc::SYS_ioctl, &[fd, 0x8910, at]), Ok(0));
+        assert_eq!(&g.get(0x100, 3), b"lo\0");
+        let mut ifr = vec![0u8; 40];
+        ifr[..4].copy_from_slice(b"eth0");
+        let at = g.put(0x100, &ifr);
+        assert_eq!(g.call(libc::SYS_ioctl, &[fd, 0x8933, at]), Err(Errno::ENODEV));
+        ifr[16..20].copy_from_slice(&2i32.to_le_bytes());
+        let at = g.put(0x100, &ifr);
+        assert_eq!(g.call(libc::SYS_ioctl, &[fd, 0x8910, at]), Err(Errno::ENODEV));
+    }
+    let file = g.open("/tmp/f", libc::O_CREAT | libc::O_RDWR) as u64;
+    let at = g.put(0x100, &[0u8; 40]);
+    assert_eq!(g.call(libc::SYS_ioctl, &[file, 0x8933, at]), Err(Errno::ENOTTY));
+}
