@@ -13,7 +13,7 @@
 //! `Effect::Block` (see `crate::wait`). Every buffer has a fixed capacity, so
 //! nothing the guest does makes the VMM allocate without bound.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use imbl::OrdMap;
@@ -399,6 +399,13 @@ pub struct Objects {
     /// socket: the `FdTable` releases them (it owns the reference counts).
     #[serde(skip)]
     pub orphans: Vec<u64>,
+    /// EPOLLET: the readiness each edge-triggered watch last reported, by
+    /// (watched description, epoll object, fd). A watch reports again only once
+    /// its readiness differs, or after the guest found the description drained
+    /// (EAGAIN), which forgets it. Not in a state file: a restored watch
+    /// reports its readiness once more.
+    #[serde(skip)]
+    pub et_reported: BTreeMap<(u64, u64, i32), u32>,
 }
 
 /// A received message without its descriptors: (data, its full length, the sender's name).
@@ -1017,6 +1024,54 @@ impl Objects {
 
     // ----- readiness -----------------------------------------------------------------
 
+    /// What watch `fd` of epoll `ep` reports given its description's readiness
+    /// `ready` (0: nothing). A disarmed one-shot watch reports nothing; an
+    /// edge-triggered one only what it has not reported yet.
+    pub fn watch_fires(&self, ep: u64, fd: i32, w: &Watch, ready: u32) -> u32 {
+        let asked = w.events & !(EPOLLONESHOT | EPOLLET);
+        if asked == 0 {
+            return 0;
+        }
+        let r = ready & (asked | ALWAYS);
+        if r != 0 && w.events & EPOLLET != 0 && self.et_reported.get(&(w.ofd, ep, fd)) == Some(&r) {
+            return 0;
+        }
+        r
+    }
+
+    /// Record what an edge-triggered watch reported (`r`; 0 forgets it).
+    pub fn et_note(&mut self, ep: u64, fd: i32, ofd: u64, r: u32) {
+        if r == 0 {
+            self.et_reported.remove(&(ofd, ep, fd));
+        } else {
+            self.et_reported.insert((ofd, ep, fd), r);
+        }
+    }
+
+    /// The guest found description `ofd` drained (a read's EAGAIN: `events`
+    /// POLLIN) or full (a write's: POLLOUT): that readiness, when it comes
+    /// back, is a new edge for every edge-triggered watch on it.
+    pub fn et_drained(&mut self, ofd: u64, events: u32) {
+        if self.et_reported.is_empty() {
+            return;
+        }
+        let mut bits = 0;
+        if events & libc::POLLIN as u32 != 0 {
+            bits |= (libc::POLLIN | libc::POLLRDNORM) as u32;
+        }
+        if events & libc::POLLOUT as u32 != 0 {
+            bits |= (libc::POLLOUT | libc::POLLWRNORM) as u32;
+        }
+        for (_, r) in self.et_reported.range_mut((ofd, 0, i32::MIN)..=(ofd, u64::MAX, i32::MAX)) {
+            *r &= !bits;
+        }
+    }
+
+    /// A watch was added, changed or removed: it reports its readiness afresh (as Linux re-checks).
+    pub fn et_forget_watch(&mut self, ep: u64, fd: i32) {
+        self.et_reported.retain(|&(_, e, f), _| !(e == ep && f == fd));
+    }
+
     /// `POLL*` readiness of object `id` through a description with `flags`.
     /// `ofd_ready` answers for other descriptions (an epoll's watches).
     pub fn readiness(&self, id: u64, flags: i32, depth: u32, ofd_ready: &dyn Fn(u64, u32) -> u32) -> u32 {
@@ -1100,7 +1155,10 @@ impl Objects {
                 if depth >= EPOLL_MAX_NESTS {
                     return 0;
                 }
-                let any = e.watches.values().any(|w| ofd_ready(w.ofd, depth + 1) & (w.events | ALWAYS) != 0);
+                let any = e.watches.iter().any(|(&fd, w)| {
+                    let r = self.watch_fires(id, fd, w, ofd_ready(w.ofd, depth + 1));
+                    r != 0
+                });
                 if any {
                     pin
                 } else {
@@ -1189,6 +1247,8 @@ impl Objects {
 
 /// Reported by poll whatever was asked for.
 pub const ALWAYS: u32 = (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) as u32;
+pub const EPOLLONESHOT: u32 = 1 << 30;
+pub const EPOLLET: u32 = 1 << 31;
 
 #[cfg(test)]
 mod tests {

@@ -349,8 +349,8 @@ table! {
     229 clock_getres => time::clock_getres, Full;
     230 clock_nanosleep => time::clock_nanosleep, Full, Never;
     231 exit_group => process::exit_group, Full;
-    232 epoll_wait => pipe::epoll_wait, Partial("level-triggered; EPOLLET is treated as level-triggered, EPOLLONESHOT works"), Never;
-    233 epoll_ctl => pipe::epoll_ctl, Partial("ADD/MOD/DEL on every fd the VMM owns; EPOLLET is treated as level-triggered");
+    232 epoll_wait => pipe::epoll_wait, Partial("EPOLLET reports a readiness once, again when it changes or after EAGAIN (not per arrival); EPOLLONESHOT works"), Never;
+    233 epoll_ctl => pipe::epoll_ctl, Partial("ADD/MOD/DEL on every fd the VMM owns (ADD and MOD re-arm an EPOLLET watch)");
     234 tgkill => signal::tgkill, Full;
     235 utimes => fs::utimes, Full;
     236 vserver, Refused(Errno::ENOSYS, "ENOSYS: never implemented by Linux");

@@ -841,3 +841,68 @@ fn interface_ioctls_know_lo_only() {
     let at = g.put(0x100, &[0u8; 40]);
     assert_eq!(g.call(libc::SYS_ioctl, &[file, 0x8933, at]), Err(Errno::ENOTTY));
 }
+
+impl Guest {
+    /// epoll_wait with a zero timeout: the (events, data) reported.
+    fn epoll_events(&mut self, ep: u64) -> Vec<(u32, u64)> {
+        let at = self.buf + 0x3000;
+        let n = self.call(libc::SYS_epoll_wait, &[ep, at, 8, 0]).unwrap();
+        (0..n)
+            .map(|i| {
+                let b = self.get(0x3000 + i * 12, 12);
+                (u32::from_le_bytes(b[..4].try_into().unwrap()), u64::from_le_bytes(b[4..].try_into().unwrap()))
+            })
+            .collect()
+    }
+
+    fn epoll_add(&mut self, ep: u64, op: i32, fd: u64, events: u32) {
+        let mut ev = events.to_le_bytes().to_vec();
+        ev.extend_from_slice(&fd.to_le_bytes());
+        let at = self.put(0x3800, &ev);
+        assert_eq!(self.call(libc::SYS_epoll_ctl, &[ep, op as u64, fd, at]), Ok(0));
+    }
+}
+
+/// EPOLLET reports a readiness once: again only when it changes (new data
+/// on a drained socket, the socket re-armed by EPOLL_CTL_MOD), never while
+/// it stays as reported. Level-triggered watches keep reporting.
+#[test]
+fn edge_triggered_epoll_reports_each_edge_once() {
+    let mut g = guest();
+    let (inn, out, et) = (libc::EPOLLIN as u32, libc::EPOLLOUT as u32, libc::EPOLLET as u32);
+    let sv = g.put(0x100, &[0u8; 8]);
+    let ty = (libc::SOCK_STREAM | libc::SOCK_NONBLOCK) as u64;
+    g.call(libc::SYS_socketpair, &[libc::AF_UNIX as u64, ty, 0, sv]).unwrap();
+    let fds = g.get(0x100, 8);
+    let a = u32::from_le_bytes(fds[..4].try_into().unwrap()) as u64;
+    let b = u32::from_le_bytes(fds[4..].try_into().unwrap()) as u64;
+    let ep = g.call(libc::SYS_epoll_create1, &[0]).unwrap();
+    g.epoll_add(ep, libc::EPOLL_CTL_ADD, a, inn | out | et);
+    g.epoll_add(ep, libc::EPOLL_CTL_ADD, b, inn | out);
+    let mut ev = g.epoll_events(ep);
+    ev.sort_by_key(|e| e.1);
+    assert_eq!(ev, [(out, a), (out, b)]);
+    assert_eq!(g.epoll_events(ep), [(out, b)], "the edge of a is reported; b is level-triggered");
+    let msg = g.put(0x200, b"hello");
+    assert_eq!(g.call(libc::SYS_write, &[b, msg, 5]), Ok(5));
+    assert_eq!(g.epoll_events(ep).iter().find(|e| e.1 == a), Some(&(inn | out, a)));
+    assert_eq!(g.epoll_events(ep).iter().find(|e| e.1 == a), None, "nothing new");
+    // Drained: the next data is a new edge; the drain itself is not one.
+    let rd = g.buf + 0x400;
+    assert_eq!(g.call(libc::SYS_read, &[a, rd, 64]), Ok(5));
+    assert_eq!(g.call(libc::SYS_read, &[a, rd, 64]), Err(Errno::EAGAIN));
+    assert_eq!(g.epoll_events(ep).iter().find(|e| e.1 == a), None);
+    assert_eq!(g.call(libc::SYS_write, &[b, msg, 5]), Ok(5));
+    assert_eq!(g.epoll_events(ep).iter().find(|e| e.1 == a), Some(&(inn | out, a)));
+    assert_eq!(g.epoll_events(ep).iter().find(|e| e.1 == a), None);
+    // EPOLL_CTL_MOD re-arms: what is ready is reported again.
+    g.epoll_add(ep, libc::EPOLL_CTL_MOD, a, out | et);
+    assert_eq!(g.epoll_events(ep).iter().find(|e| e.1 == a), Some(&(out, a)));
+    assert_eq!(g.epoll_events(ep).iter().find(|e| e.1 == a), None);
+    // One-shot and edge-triggered: once, then disarmed until re-armed.
+    g.epoll_add(ep, libc::EPOLL_CTL_MOD, a, inn | et | libc::EPOLLONESHOT as u32);
+    assert_eq!(g.epoll_events(ep).iter().find(|e| e.1 == a), Some(&(inn, a)));
+    assert_eq!(g.call(libc::SYS_read, &[a, rd, 64]), Ok(5));
+    assert_eq!(g.call(libc::SYS_write, &[b, msg, 5]), Ok(5));
+    assert_eq!(g.epoll_events(ep).iter().find(|e| e.1 == a), None, "disarmed");
+}
