@@ -220,7 +220,10 @@ fn services_the_host_name_and_the_interface_list_need_no_network() {
         "(80, 'https', 53)"
     );
     assert_eq!(
-        value(&mut sb, "sorted({a[4] for a in socket.getaddrinfo('localhost', 'http', socket.AF_INET, socket.SOCK_STREAM)})"),
+        value(
+            &mut sb,
+            "sorted({a[4] for a in socket.getaddrinfo('localhost', 'http', socket.AF_INET, socket.SOCK_STREAM)})"
+        ),
         "[('127.0.0.1', 80)]"
     );
     assert_eq!(value(&mut sb, "socket.gethostbyname(socket.gethostname())"), "'127.0.1.1'");
@@ -236,7 +239,10 @@ fn services_the_host_name_and_the_interface_list_need_no_network() {
         "('ff02::1de:c0:face:8d', 1234, 0, 1)"
     );
     assert_eq!(
-        value(&mut sb, "socket.getnameinfo(('ff02::1de:c0:face:8D', 1234, 0, 1), socket.NI_NUMERICHOST | socket.NI_NUMERICSERV)"),
+        value(
+            &mut sb,
+            "socket.getnameinfo(('ff02::1de:c0:face:8D', 1234, 0, 1), socket.NI_NUMERICHOST | socket.NI_NUMERICSERV)"
+        ),
         "('ff02::1de:c0:face:8d%lo', '1234')"
     );
 }

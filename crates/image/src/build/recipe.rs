@@ -461,7 +461,9 @@ mod tests {
     fn requested_and_omitted() {
         let s = ImageSpec::python_numpy();
         let r = s.requested();
-        for p in ["python3", "python3-numpy", "tzdata", "ca-certificates", "libc-bin", "netbase", "libblas3", "liblapack3"] {
+        for p in
+            ["python3", "python3-numpy", "tzdata", "ca-certificates", "libc-bin", "netbase", "libblas3", "liblapack3"]
+        {
             assert!(r.iter().any(|q| q == p), "{p} in {r:?}");
         }
         let o = s.omitted();

@@ -55,8 +55,7 @@ pub const DNS_PORT: u16 = 53;
 /// The guest's /etc/resolv.conf, /etc/hosts and /etc/nsswitch.conf.
 pub const RESOLV_CONF: &[u8] = b"# Answered by the forkbox VMM (names resolved on the host, under the sandbox's egress policy).\nnameserver 127.0.0.11\noptions ndots:0 timeout:5 attempts:1\n";
 /// The host name (`uname`'s nodename) resolves to loopback, as Debian's installer writes it.
-pub const ETC_HOSTS: &[u8] =
-    b"127.0.0.1\tlocalhost\n127.0.1.1\tforkbox\n::1\tlocalhost ip6-localhost ip6-loopback\n";
+pub const ETC_HOSTS: &[u8] = b"127.0.0.1\tlocalhost\n127.0.1.1\tforkbox\n::1\tlocalhost ip6-localhost ip6-loopback\n";
 pub const NSSWITCH_CONF: &[u8] = b"hosts: files dns\nnetworks: files\nprotocols: files\nservices: files\n";
 
 /// A sandbox's network configuration: the policy layers (server, key,

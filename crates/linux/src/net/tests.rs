@@ -662,7 +662,9 @@ fn a_new_egress_keeps_the_listeners() {
 #[test]
 fn reuseaddr_and_reuseport_read_back_apart() {
     let mut n = net(Policy::none());
-    let get = |n: &mut NetIo, id, name| i32::from_le_bytes(n.getsockopt(id, libc::SOL_SOCKET, name, 4).unwrap().try_into().unwrap());
+    let get = |n: &mut NetIo, id, name| {
+        i32::from_le_bytes(n.getsockopt(id, libc::SOL_SOCKET, name, 4).unwrap().try_into().unwrap())
+    };
     let a = n.socket(libc::AF_INET, true).unwrap();
     n.setsockopt(a, libc::SOL_SOCKET, libc::SO_REUSEADDR, &1i32.to_le_bytes()).unwrap();
     assert_eq!((get(&mut n, a, libc::SO_REUSEADDR), get(&mut n, a, libc::SO_REUSEPORT)), (1, 0));

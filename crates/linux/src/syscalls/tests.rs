@@ -808,7 +808,10 @@ fn netlink_route_lists_lo_only() {
     assert_eq!(g.call(libc::SYS_sendto, &[fd, req_at, 20, 0, 0, 0]), Err(Errno::EOPNOTSUPP));
     let opt = g.put(0x700, &[0u8; 4]);
     let optlen = g.put(0x710, &4u32.to_le_bytes());
-    assert_eq!(g.call(libc::SYS_getsockopt, &[fd, libc::SOL_SOCKET as u64, libc::SO_DOMAIN as u64, opt, optlen]), Ok(0));
+    assert_eq!(
+        g.call(libc::SYS_getsockopt, &[fd, libc::SOL_SOCKET as u64, libc::SO_DOMAIN as u64, opt, optlen]),
+        Ok(0)
+    );
     assert_eq!(g.get(0x700, 4), libc::AF_NETLINK.to_le_bytes());
 }
 
