@@ -183,8 +183,11 @@ mod tests {
         m
     }
 
-    /// The (type, flags, seq, pid) of each message in `d`, and lo's name and index if a link.
-    fn parse(d: &[u8]) -> Vec<(u16, u16, u32, u32, Option<(i32, Vec<u8>)>)> {
+    /// A message's (type, flags, seq, pid), and the index and name of a link.
+    type Parsed = (u16, u16, u32, u32, Option<(i32, Vec<u8>)>);
+
+    /// Each message in `d`.
+    fn parse(d: &[u8]) -> Vec<Parsed> {
         let mut out = Vec::new();
         let mut off = 0;
         while off + NLMSG_HDRLEN <= d.len() {
