@@ -175,15 +175,28 @@ fn default_policy_refuses_loopback_metadata_and_private_addresses() {
         assert!(r.stderr.contains("resolves only to addresses the egress policy denies"), "{:?}", r.stderr);
     }
     assert!(sb.net_stats().dns_refused >= 2);
-    // A UDP datagram to the loopback is refused too.
+    // A UDP datagram to the host's loopback is refused too: an unconnected
+    // sendto says it was sent (Linux drops a datagram for a closed port and
+    // never tells an unconnected socket), a connected socket gets ECONNREFUSED.
+    let host_udp = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let uport = host_udp.local_addr().unwrap().port();
     let r = run(
         &mut sb,
-        &format!("u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\nu.sendto(b'x', ('127.0.0.1', {port}))"),
+        &format!("u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\nu.sendto(b'x', ('127.0.0.1', {uport}))"),
+    );
+    assert_eq!(r.value.as_deref(), Some("1"), "{r:?}");
+    let r = run(
+        &mut sb,
+        &format!(
+            "c = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\nc.connect(('127.0.0.1', {uport}))\nc.send(b'x')"
+        ),
     );
     assert_eq!(r.error.as_ref().map(|e| e.kind.as_str()), Some("ConnectionRefusedError"), "{r:?}");
-    // Nothing reached the host's loopback listener, and the sandbox is still usable.
+    // Nothing reached the host's loopback listener or UDP socket, and the sandbox is still usable.
     l.set_nonblocking(true).unwrap();
     assert!(l.accept().is_err(), "a connection reached the host's loopback");
+    host_udp.set_nonblocking(true).unwrap();
+    assert!(host_udp.recv(&mut [0u8; 8]).is_err(), "a datagram reached the host's loopback");
     assert_eq!(value(&mut sb, "6 * 7"), "42");
 }
 
