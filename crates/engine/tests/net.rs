@@ -175,15 +175,28 @@ fn default_policy_refuses_loopback_metadata_and_private_addresses() {
         assert!(r.stderr.contains("resolves only to addresses the egress policy denies"), "{:?}", r.stderr);
     }
     assert!(sb.net_stats().dns_refused >= 2);
-    // A UDP datagram to the loopback is refused too.
+    // A UDP datagram to the host's loopback is refused too: an unconnected
+    // sendto says it was sent (Linux drops a datagram for a closed port and
+    // never tells an unconnected socket), a connected socket gets ECONNREFUSED.
+    let host_udp = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let uport = host_udp.local_addr().unwrap().port();
     let r = run(
         &mut sb,
-        &format!("u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\nu.sendto(b'x', ('127.0.0.1', {port}))"),
+        &format!("u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\nu.sendto(b'x', ('127.0.0.1', {uport}))"),
+    );
+    assert_eq!(r.value.as_deref(), Some("1"), "{r:?}");
+    let r = run(
+        &mut sb,
+        &format!(
+            "c = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\nc.connect(('127.0.0.1', {uport}))\nc.send(b'x')"
+        ),
     );
     assert_eq!(r.error.as_ref().map(|e| e.kind.as_str()), Some("ConnectionRefusedError"), "{r:?}");
-    // Nothing reached the host's loopback listener, and the sandbox is still usable.
+    // Nothing reached the host's loopback listener or UDP socket, and the sandbox is still usable.
     l.set_nonblocking(true).unwrap();
     assert!(l.accept().is_err(), "a connection reached the host's loopback");
+    host_udp.set_nonblocking(true).unwrap();
+    assert!(host_udp.recv(&mut [0u8; 8]).is_err(), "a datagram reached the host's loopback");
     assert_eq!(value(&mut sb, "6 * 7"), "42");
 }
 
@@ -206,6 +219,45 @@ fn network_none_refuses_everything_and_dns() {
     let r = run(&mut sb, "import socket\nsocket.getaddrinfo('web.test', 80)");
     assert_eq!(r.error.as_ref().map(|e| e.kind.as_str()), Some("gaierror"));
     assert_eq!(sb.net_stats().connects_denied, 1);
+}
+
+/// What glibc finds without any network: services by name and port
+/// (`/etc/services` from netbase), the host name (`/etc/hosts`) and the
+/// sandbox's one interface, `lo` (netlink RTM_GETLINK, SIOCGIFINDEX /
+/// SIOCGIFNAME), which IPv6 scope ids name; nothing of the host's interfaces.
+#[test]
+fn services_the_host_name_and_the_interface_list_need_no_network() {
+    let mut sb = boot(NetConfig::default());
+    assert_eq!(
+        value(&mut sb, "import socket\n(socket.getservbyname('http', 'tcp'), socket.getservbyport(443, 'tcp'), socket.getservbyname('domain', 'udp'))"),
+        "(80, 'https', 53)"
+    );
+    assert_eq!(
+        value(
+            &mut sb,
+            "sorted({a[4] for a in socket.getaddrinfo('localhost', 'http', socket.AF_INET, socket.SOCK_STREAM)})"
+        ),
+        "[('127.0.0.1', 80)]"
+    );
+    assert_eq!(value(&mut sb, "socket.gethostbyname(socket.gethostname())"), "'127.0.1.1'");
+    assert_eq!(value(&mut sb, "socket.if_nameindex()"), "[(1, 'lo')]");
+    assert_eq!(value(&mut sb, "(socket.if_nametoindex('lo'), socket.if_indextoname(1))"), "(1, 'lo')");
+    assert_eq!(
+        value(&mut sb, "out = []\nfor f, a in [(socket.if_nametoindex, 'eth0'), (socket.if_indextoname, 2)]:\n    try:\n        f(a)\n    except OSError as e:\n        out.append(e.errno)\nout"),
+        "[None, 6]",
+        "no such name (if_nametoindex returns 0); glibc's ENXIO for an index"
+    );
+    assert_eq!(
+        value(&mut sb, "socket.getaddrinfo('ff02::1de:c0:face:8D%lo', 1234, socket.AF_INET6, socket.SOCK_DGRAM, socket.IPPROTO_UDP)[0][4]"),
+        "('ff02::1de:c0:face:8d', 1234, 0, 1)"
+    );
+    assert_eq!(
+        value(
+            &mut sb,
+            "socket.getnameinfo(('ff02::1de:c0:face:8D', 1234, 0, 1), socket.NI_NUMERICHOST | socket.NI_NUMERICSERV)"
+        ),
+        "('ff02::1de:c0:face:8d%lo', '1234')"
+    );
 }
 
 #[test]

@@ -13,7 +13,7 @@
 //! `Effect::Block` (see `crate::wait`). Every buffer has a fixed capacity, so
 //! nothing the guest does makes the VMM allocate without bound.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 use imbl::OrdMap;
@@ -101,6 +101,9 @@ pub enum SockType {
     Stream,
     Dgram,
     SeqPacket,
+    /// AF_NETLINK (NETLINK_ROUTE): a send is a request the VMM answers into
+    /// the socket's own queue (`crate::net::netlink`).
+    Netlink,
 }
 
 impl SockType {
@@ -117,7 +120,12 @@ impl SockType {
             SockType::Stream => libc::SOCK_STREAM,
             SockType::Dgram => libc::SOCK_DGRAM,
             SockType::SeqPacket => libc::SOCK_SEQPACKET,
+            SockType::Netlink => libc::SOCK_RAW,
         }
+    }
+    /// Without a connection: sends name their destination (or the kernel).
+    pub fn connectionless(self) -> bool {
+        matches!(self, SockType::Dgram | SockType::Netlink)
     }
     /// Message boundaries kept?
     pub fn datagrams(self) -> bool {
@@ -391,6 +399,13 @@ pub struct Objects {
     /// socket: the `FdTable` releases them (it owns the reference counts).
     #[serde(skip)]
     pub orphans: Vec<u64>,
+    /// EPOLLET: the readiness each edge-triggered watch last reported, by
+    /// (watched description, epoll object, fd). A watch reports again only once
+    /// its readiness differs, or after the guest found the description drained
+    /// (EAGAIN), which forgets it. Not in a state file: a restored watch
+    /// reports its readiness once more.
+    #[serde(skip)]
+    pub et_reported: BTreeMap<(u64, u64, i32), u32>,
 }
 
 /// A received message without its descriptors: (data, its full length, the sender's name).
@@ -657,7 +672,7 @@ impl Objects {
 
     pub fn listen(&mut self, id: u64, backlog: i32) -> Result<(), Errno> {
         let s = self.socket_mut(id)?;
-        if s.ty == SockType::Dgram {
+        if s.ty.connectionless() {
             return Err(Errno::EOPNOTSUPP);
         }
         let backlog = backlog.clamp(1, MAX_BACKLOG as i32) as u32;
@@ -724,6 +739,25 @@ impl Objects {
             SockState::Listening { queue, .. } => queue.pop_front().ok_or(Errno::EAGAIN),
             _ => Err(Errno::EINVAL),
         }
+    }
+
+    /// Queue `msgs` for a netlink socket to receive (the kernel side's
+    /// answers). ENOBUFS when they do not fit, as a netlink socket whose
+    /// receive buffer overflows.
+    pub fn netlink_deliver(&mut self, id: u64, msgs: Vec<Vec<u8>>) -> Result<(), Errno> {
+        let s = self.socket_mut(id)?;
+        if s.ty != SockType::Netlink {
+            return Err(Errno::ENOTSOCK);
+        }
+        let bytes: usize = msgs.iter().map(Vec::len).sum();
+        if s.msgs.len() + msgs.len() > MAX_DGRAMS || s.msg_bytes.saturating_add(bytes) > SOCKET_CAPACITY {
+            return Err(Errno::ENOBUFS);
+        }
+        for m in msgs {
+            s.msg_bytes += m.len();
+            s.msgs.push_back(Dgram { data: Arc::from(m), from: Arc::from(&[][..]) });
+        }
+        Ok(())
     }
 
     /// Send on socket `id` (to `dest`, or its peer). Bytes sent.
@@ -990,6 +1024,54 @@ impl Objects {
 
     // ----- readiness -----------------------------------------------------------------
 
+    /// What watch `fd` of epoll `ep` reports given its description's readiness
+    /// `ready` (0: nothing). A disarmed one-shot watch reports nothing; an
+    /// edge-triggered one only what it has not reported yet.
+    pub fn watch_fires(&self, ep: u64, fd: i32, w: &Watch, ready: u32) -> u32 {
+        let asked = w.events & !(EPOLLONESHOT | EPOLLET);
+        if asked == 0 {
+            return 0;
+        }
+        let r = ready & (asked | ALWAYS);
+        if r != 0 && w.events & EPOLLET != 0 && self.et_reported.get(&(w.ofd, ep, fd)) == Some(&r) {
+            return 0;
+        }
+        r
+    }
+
+    /// Record what an edge-triggered watch reported (`r`; 0 forgets it).
+    pub fn et_note(&mut self, ep: u64, fd: i32, ofd: u64, r: u32) {
+        if r == 0 {
+            self.et_reported.remove(&(ofd, ep, fd));
+        } else {
+            self.et_reported.insert((ofd, ep, fd), r);
+        }
+    }
+
+    /// The guest found description `ofd` drained (a read's EAGAIN: `events`
+    /// POLLIN) or full (a write's: POLLOUT): that readiness, when it comes
+    /// back, is a new edge for every edge-triggered watch on it.
+    pub fn et_drained(&mut self, ofd: u64, events: u32) {
+        if self.et_reported.is_empty() {
+            return;
+        }
+        let mut bits = 0;
+        if events & libc::POLLIN as u32 != 0 {
+            bits |= (libc::POLLIN | libc::POLLRDNORM) as u32;
+        }
+        if events & libc::POLLOUT as u32 != 0 {
+            bits |= (libc::POLLOUT | libc::POLLWRNORM) as u32;
+        }
+        for (_, r) in self.et_reported.range_mut((ofd, 0, i32::MIN)..=(ofd, u64::MAX, i32::MAX)) {
+            *r &= !bits;
+        }
+    }
+
+    /// A watch was added, changed or removed: it reports its readiness afresh (as Linux re-checks).
+    pub fn et_forget_watch(&mut self, ep: u64, fd: i32) {
+        self.et_reported.retain(|&(_, e, f), _| !(e == ep && f == fd));
+    }
+
     /// `POLL*` readiness of object `id` through a description with `flags`.
     /// `ofd_ready` answers for other descriptions (an epoll's watches).
     pub fn readiness(&self, id: u64, flags: i32, depth: u32, ofd_ready: &dyn Fn(u64, u32) -> u32) -> u32 {
@@ -1026,7 +1108,7 @@ impl Objects {
                         }
                         return r;
                     }
-                    SockState::Unconnected if s.ty != SockType::Dgram => {
+                    SockState::Unconnected if !s.ty.connectionless() => {
                         return libc::POLLOUT as u32 | libc::POLLHUP as u32
                     }
                     _ => {}
@@ -1073,7 +1155,10 @@ impl Objects {
                 if depth >= EPOLL_MAX_NESTS {
                     return 0;
                 }
-                let any = e.watches.values().any(|w| ofd_ready(w.ofd, depth + 1) & (w.events | ALWAYS) != 0);
+                let any = e.watches.iter().any(|(&fd, w)| {
+                    let r = self.watch_fires(id, fd, w, ofd_ready(w.ofd, depth + 1));
+                    r != 0
+                });
                 if any {
                     pin
                 } else {
@@ -1162,6 +1247,8 @@ impl Objects {
 
 /// Reported by poll whatever was asked for.
 pub const ALWAYS: u32 = (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) as u32;
+pub const EPOLLONESHOT: u32 = 1 << 30;
+pub const EPOLLET: u32 = 1 << 31;
 
 #[cfg(test)]
 mod tests {

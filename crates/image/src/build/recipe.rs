@@ -16,9 +16,10 @@ use super::BuildError;
 pub const RECIPE_VERSION: u32 = 2;
 
 /// Packages every image gets: time zones (`/etc/localtime` is UTC), the CA bundle
-/// (`/etc/ssl/certs/ca-certificates.crt`, built as `update-ca-certificates` would), and
-/// libc-bin, which ships the `C.UTF-8` locale the guest's `LANG` names.
-pub const BASE_PACKAGES: &[&str] = &["tzdata", "ca-certificates", "libc-bin"];
+/// (`/etc/ssl/certs/ca-certificates.crt`, built as `update-ca-certificates` would),
+/// libc-bin, which ships the `C.UTF-8` locale the guest's `LANG` names, and netbase
+/// (`/etc/services` and `/etc/protocols`: getservbyname, getaddrinfo with a service name).
+pub const BASE_PACKAGES: &[&str] = &["tzdata", "ca-certificates", "libc-bin", "netbase"];
 
 /// The userland every image gets, for `subprocess`, `os.system` and agents that shell
 /// out: dash as `/bin/sh`, bash (E2B's SDKs run every command as `/bin/bash -l -c`)
@@ -460,7 +461,9 @@ mod tests {
     fn requested_and_omitted() {
         let s = ImageSpec::python_numpy();
         let r = s.requested();
-        for p in ["python3", "python3-numpy", "tzdata", "ca-certificates", "libc-bin", "libblas3", "liblapack3"] {
+        for p in
+            ["python3", "python3-numpy", "tzdata", "ca-certificates", "libc-bin", "netbase", "libblas3", "liblapack3"]
+        {
             assert!(r.iter().any(|q| q == p), "{p} in {r:?}");
         }
         let o = s.omitted();

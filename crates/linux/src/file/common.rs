@@ -11,6 +11,10 @@ use crate::kernel::{Ctx, Effect};
 pub(crate) fn or_block(ctx: &mut Ctx, f: &OpenFile, ofd: u64, events: u32, r: SysResult) -> SysResult {
     match r {
         Err(Errno::EAGAIN) if f.flags & libc::O_NONBLOCK == 0 => ctx.block(Block::new(WaitOn::Fd { ofd, events })),
+        Err(Errno::EAGAIN) => {
+            ctx.proc.fds.objects.et_drained(ofd, events);
+            Err(Errno::EAGAIN)
+        }
         r => r,
     }
 }

@@ -42,6 +42,15 @@ pub(crate) fn block_on(
     ctx.block(Block::new(WaitOn::Fd { ofd, events: events as u16 as u32 }).until(deadline, on_timeout))
 }
 
+/// A non-blocking call found the socket drained (or full): EAGAIN, and its
+/// next readiness is a new edge for EPOLLET watches.
+fn drained(ctx: &mut Ctx, fd: u64, events: i16) -> Errno {
+    if let Ok(ofd) = ctx.proc.fds.ofd(fd as i32) {
+        ctx.proc.fds.objects.et_drained(ofd, events as u16 as u32);
+    }
+    Errno::EAGAIN
+}
+
 pub(crate) fn timeout_deadline(t: Option<Duration>) -> Option<Instant> {
     t.filter(|d| !d.is_zero()).map(|d| Instant::now() + d)
 }
@@ -93,6 +102,7 @@ pub(crate) fn send_common(
             let (_, snd) = ctx.kernel.net.timeouts(info.id);
             block_on(ctx, fd, libc::POLLOUT, timeout_deadline(snd), Err(Errno::EAGAIN))
         }
+        Err(Errno::EAGAIN) => Err(drained(ctx, fd, libc::POLLOUT)),
         Err(e) => Err(e),
     }
 }
@@ -117,6 +127,7 @@ pub(crate) fn recv_common(ctx: &mut Ctx, fd: u64, len: usize, flags: i32) -> Res
             block_on(ctx, fd, libc::POLLIN, timeout_deadline(rcv), Err(Errno::EAGAIN))?;
             Ok(None)
         }
+        Err(Errno::EAGAIN) => Err(drained(ctx, fd, libc::POLLIN)),
         Err(e) => Err(e),
     }
 }

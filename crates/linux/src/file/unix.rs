@@ -8,7 +8,7 @@ use crate::file::common::{epipe, object_id, object_poll, object_write, or_block}
 use crate::file::ops::{FileOps, Open, PollCtx};
 use crate::kernel::block::{READABLE, WRITABLE};
 use crate::kernel::{Ctx, MAX_RW};
-use crate::objects::SOCKET_CAPACITY;
+use crate::objects::{SockType, SOCKET_CAPACITY};
 use crate::vfs::{FileType, Stat};
 
 pub struct UnixSocketFile;
@@ -39,6 +39,42 @@ pub(crate) fn put_addr(ctx: &mut Ctx, addr: u64, len_ptr: u64, sun_path: &[u8]) 
     ctx.write_i32(len_ptr, full.len() as i32)
 }
 
+/// A sockaddr_nl (`pid` 0: the kernel).
+pub(crate) fn netlink_addr(pid: u32) -> Vec<u8> {
+    let mut b = (libc::AF_NETLINK as u16).to_le_bytes().to_vec();
+    b.extend_from_slice(&[0, 0]);
+    b.extend_from_slice(&pid.to_le_bytes());
+    b.extend_from_slice(&0u32.to_le_bytes());
+    b
+}
+
+/// Write a sockaddr to (`addr`, `*len_ptr`): value-result, truncated to the buffer.
+pub(crate) fn put_raw_addr(ctx: &mut Ctx, addr: u64, len_ptr: u64, full: &[u8]) -> Result<(), Errno> {
+    if addr == 0 || len_ptr == 0 {
+        return Ok(());
+    }
+    let room = ctx.bytes(len_ptr, 4)?;
+    let room = i32::from_le_bytes([room[0], room[1], room[2], room[3]]);
+    if room < 0 {
+        return Err(Errno::EINVAL);
+    }
+    let n = full.len().min(room as usize);
+    ctx.write_bytes(addr, &full[..n])?;
+    ctx.write_i32(len_ptr, full.len() as i32)
+}
+
+pub(crate) fn is_netlink(ctx: &Ctx, id: u64) -> bool {
+    ctx.proc.fds.objects.socket(id).is_ok_and(|s| s.ty == SockType::Netlink)
+}
+
+/// The source address a receive reports: the kernel for a netlink socket.
+pub(crate) fn put_source(ctx: &mut Ctx, id: u64, addr: u64, len_ptr: u64, sun_path: &[u8]) -> Result<(), Errno> {
+    if is_netlink(ctx, id) {
+        return put_raw_addr(ctx, addr, len_ptr, &netlink_addr(0));
+    }
+    put_addr(ctx, addr, len_ptr, sun_path)
+}
+
 /// Receive into guest memory: shared by read(2) on a socket and recvfrom.
 /// `src`: (addr, addrlen pointer) to report the sender in. Descriptors that
 /// came with the data are dropped (no control buffer): the dispatcher gives
@@ -64,7 +100,7 @@ pub(crate) fn recv_into(
     };
     ctx.write_bytes(buf, &data)?;
     if let Some((addr, alen)) = src {
-        put_addr(ctx, addr, alen, &from)?;
+        put_source(ctx, id, addr, alen, &from)?;
     }
     Ok(if flags & libc::MSG_TRUNC != 0 { full as u64 } else { data.len() as u64 })
 }

@@ -28,6 +28,7 @@
 
 pub mod dns;
 pub mod egress;
+pub mod netlink;
 pub mod policy;
 pub mod resolver;
 pub mod secrets;
@@ -53,7 +54,8 @@ pub const DNS_PORT: u16 = 53;
 
 /// The guest's /etc/resolv.conf, /etc/hosts and /etc/nsswitch.conf.
 pub const RESOLV_CONF: &[u8] = b"# Answered by the forkbox VMM (names resolved on the host, under the sandbox's egress policy).\nnameserver 127.0.0.11\noptions ndots:0 timeout:5 attempts:1\n";
-pub const ETC_HOSTS: &[u8] = b"127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n";
+/// The host name (`uname`'s nodename) resolves to loopback, as Debian's installer writes it.
+pub const ETC_HOSTS: &[u8] = b"127.0.0.1\tlocalhost\n127.0.1.1\tforkbox\n::1\tlocalhost ip6-localhost ip6-loopback\n";
 pub const NSSWITCH_CONF: &[u8] = b"hosts: files dns\nnetworks: files\nprotocols: files\nservices: files\n";
 
 /// A sandbox's network configuration: the policy layers (server, key,
@@ -361,9 +363,35 @@ struct Sock {
     /// Option values of a socket inside the sandbox that its host socket
     /// (AF_UNIX) does not take (TCP_NODELAY ...): kept, not applied (bounded).
     opts: BTreeMap<(i32, i32), Vec<u8>>,
+    /// shutdown(SHUT_WR) (or SHUT_RDWR) was called on it.
+    shut_wr: bool,
+    /// TCP in the sandbox: a send found the peer closed. Linux takes that first
+    /// send (the peer answers it with a reset) and fails the next with EPIPE.
+    peer_reset: bool,
 }
 
 impl Sock {
+    /// SO_REUSEADDR or SO_REUSEPORT as set. A socket restored from a checkpoint
+    /// that recorded only the shared flag reads it as SO_REUSEADDR.
+    fn reuse_opt(&self, name: i32) -> bool {
+        let get = |n: i32| self.opts.get(&(libc::SOL_SOCKET, n));
+        match get(name) {
+            Some(v) => v.iter().any(|b| *b != 0),
+            None if get(libc::SO_REUSEADDR).is_none() && get(libc::SO_REUSEPORT).is_none() => {
+                name == libc::SO_REUSEADDR && self.reuse
+            }
+            None => false,
+        }
+    }
+
+    /// The SO_REUSEADDR / SO_REUSEPORT values as set (what an accepted socket inherits).
+    fn reuse_opts(&self) -> Vec<((i32, i32), Vec<u8>)> {
+        [libc::SO_REUSEADDR, libc::SO_REUSEPORT]
+            .into_iter()
+            .filter_map(|n| self.opts.get(&(libc::SOL_SOCKET, n)).map(|v| ((libc::SOL_SOCKET, n), v.clone())))
+            .collect()
+    }
+
     fn new(domain: i32, stream: bool, backend: Backend) -> Sock {
         Sock {
             domain,
@@ -383,6 +411,8 @@ impl Sock {
             connect_unreported: false,
             lite: false,
             opts: BTreeMap::new(),
+            shut_wr: false,
+            peer_reset: false,
         }
     }
 
@@ -1027,6 +1057,7 @@ impl NetIo {
             return Err(Errno::ECONNREFUSED);
         };
         let (ldomain, lreuse) = (*ldomain, *lreuse);
+        let lopts = self.socks.get(&lid).map(Sock::reuse_opts).unwrap_or_default();
         if l.queue.len() >= l.backlog {
             self.note(format!("connect to {dest} refused: the listen backlog of the sandbox's server is full"));
             return Err(Errno::ECONNREFUSED);
@@ -1048,8 +1079,9 @@ impl NetIo {
         let mut server = Sock::new(ldomain, true, Backend::Host(b));
         server.local = Some(dest);
         server.loop_peer = Some(client);
-        // An accepted socket inherits the listener's SO_REUSEADDR.
+        // An accepted socket inherits the listener's SO_REUSEADDR and SO_REUSEPORT.
         server.reuse = lreuse;
+        server.opts.extend(lopts);
         let sid = self.insert(server);
         let s = self.sock(id)?;
         s.backend = Backend::Host(a);
@@ -1086,6 +1118,7 @@ impl NetIo {
             return Err(InjectError::NotListening);
         };
         let (ldomain, lreuse) = (*ldomain, *lreuse);
+        let lopts = self.socks.get(&lid).map(Sock::reuse_opts).unwrap_or_default();
         if l.queue.len() >= l.backlog {
             return Err(InjectError::Full("the listen backlog of the sandbox's server is full".into()));
         }
@@ -1099,6 +1132,7 @@ impl NetIo {
         server.local = Some(dest);
         server.loop_peer = Some(client);
         server.reuse = lreuse;
+        server.opts.extend(lopts);
         let sid = self.insert(server);
         self.stats.injected_connects += 1;
         if let Some(Sock { backend: Backend::Listener(l), .. }) = self.socks.get_mut(&lid) {
@@ -1361,7 +1395,15 @@ impl NetIo {
             // Inside the sandbox: no egress, no byte budget (the socketpair's buffer bounds it).
             let Backend::Host(h) = &s.backend else { return Err(Errno::ENOTCONN) };
             let flags = (flags & libc::MSG_MORE) | libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
-            return h.send_with_flags(data, flags).map_err(|e| host_errno(&e));
+            return match h.send_with_flags(data, flags).map_err(|e| host_errno(&e)) {
+                // The peer closed (not our own shutdown): the first send goes
+                // out as on Linux and is lost; the next one fails.
+                Err(Errno::EPIPE) if !s.shut_wr && !s.peer_reset => {
+                    s.peer_reset = true;
+                    Ok(data.len())
+                }
+                r => r,
+            };
         }
         if matches!(s.backend, Backend::Listener(_)) {
             return Err(Errno::ENOTCONN);
@@ -1421,7 +1463,16 @@ impl NetIo {
             if let Some(rid) = self.find_udp_receiver(id, dest) {
                 return self.deliver_local(id, rid, data, pkt);
             }
-            self.flow(id, dest)?;
+            match self.flow(id, dest) {
+                Ok(_) => {}
+                // A loopback port no socket of the sandbox holds and the policy
+                // keeps closed: dropped, as Linux drops a datagram for a closed
+                // port (an unconnected socket never learns of the ICMP error).
+                Err(Errno::ECONNREFUSED) if to.is_some() && sandbox_local(loop_dest(dest).ip()) => {
+                    return Ok(data.len())
+                }
+                Err(e) => return Err(e),
+            }
         }
         let rate = self.rate_budget()?;
         let cap = |b: u64| usize::try_from(b).unwrap_or(usize::MAX);
@@ -1532,7 +1583,11 @@ impl NetIo {
             libc::SHUT_RDWR => std::net::Shutdown::Both,
             _ => return Err(Errno::EINVAL),
         };
-        self.host(id)?.shutdown(how).map_err(|e| host_errno(&e))
+        self.host(id)?.shutdown(how).map_err(|e| host_errno(&e))?;
+        if how != std::net::Shutdown::Read {
+            self.sock(id)?.shut_wr = true;
+        }
+        Ok(())
     }
 
     /// Readiness for poll: the `POLL*` bits of `events` that hold, plus
@@ -1848,7 +1903,7 @@ impl NetIo {
             return Ok(vec![0; len.min(4)]);
         }
         if level == libc::SOL_SOCKET && (name == libc::SO_REUSEADDR || name == libc::SO_REUSEPORT) {
-            return Ok((s.reuse as i32).to_le_bytes().to_vec());
+            return Ok((s.reuse_opt(name) as i32).to_le_bytes().to_vec());
         }
         if matches!(s.backend, Backend::Unopened) {
             // No host socket yet: what was set, else as a new socket.
@@ -1892,11 +1947,15 @@ impl NetIo {
             if val.len() < 4 {
                 return Err(Errno::EINVAL);
             }
-            s.reuse = i32::from_le_bytes([val[0], val[1], val[2], val[3]]) != 0;
-            if s.stream {
-                // The sandbox's port table applies it; the host socket never binds.
-                return Ok(());
+            if s.opts.len() >= OPTS_CAP && !s.opts.contains_key(&(level, name)) {
+                return Err(Errno::ENOBUFS);
             }
+            // Each option reads back as set; either one lets the port be shared.
+            let on = i32::from_le_bytes([val[0], val[1], val[2], val[3]]) != 0;
+            s.opts.insert((level, name), (on as i32).to_le_bytes().to_vec());
+            s.reuse = s.reuse_opt(libc::SO_REUSEADDR) || s.reuse_opt(libc::SO_REUSEPORT);
+            // The sandbox's port tables apply it; a host socket never binds.
+            return Ok(());
         } else if matches!(s.backend, Backend::Unopened) {
             // Applied to the host socket the egress opens at connect.
             if s.opts.len() >= OPTS_CAP && !s.opts.contains_key(&(level, name)) {

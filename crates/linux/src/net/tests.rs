@@ -125,11 +125,10 @@ fn udp_echo_and_per_destination_checks() {
     let mut n = net(loopback_allowed(port));
     let id = n.socket(libc::AF_INET, false).unwrap();
     let to: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    assert_eq!(
-        n.send(id, b"ping", Some("127.0.0.1:9".parse().unwrap()), 0),
-        Err(Errno::ECONNREFUSED),
-        "another loopback port"
-    );
+    // Another loopback port, closed to the sandbox: dropped, as Linux drops a
+    // datagram for a closed port (an unconnected sendto never sees ECONNREFUSED).
+    assert_eq!(n.send(id, b"ping", Some("127.0.0.1:9".parse().unwrap()), 0), Ok(4), "another loopback port");
+    assert_eq!(n.send(id, b"ping", Some("127.0.0.1:9".parse().unwrap()), 0), Ok(4), "the cached verdict too");
     assert_eq!(n.send(id, b"ping", Some(to), 0).unwrap(), 4);
     wait(&mut n, id, libc::POLLIN);
     let mut b = [0u8; 2];
@@ -682,4 +681,67 @@ fn listening_lists_listeners_and_what_the_port_proxy_reaches() {
     );
     n.close(lo);
     assert_eq!(n.listening(), vec![(sa("127.0.0.2:7000"), false), (sa("[::]:8080"), true)]);
+
+/// As Linux: SO_REUSEADDR and SO_REUSEPORT read back each as set (either one
+/// shares a port), and an accepted socket inherits both.
+#[test]
+fn reuseaddr_and_reuseport_read_back_apart() {
+    let mut n = net(Policy::none());
+    let get = |n: &mut NetIo, id, name| {
+        i32::from_le_bytes(n.getsockopt(id, libc::SOL_SOCKET, name, 4).unwrap().try_into().unwrap())
+    };
+    let a = n.socket(libc::AF_INET, true).unwrap();
+    n.setsockopt(a, libc::SOL_SOCKET, libc::SO_REUSEADDR, &1i32.to_le_bytes()).unwrap();
+    assert_eq!((get(&mut n, a, libc::SO_REUSEADDR), get(&mut n, a, libc::SO_REUSEPORT)), (1, 0));
+    let b = n.socket(libc::AF_INET, true).unwrap();
+    n.setsockopt(b, libc::SOL_SOCKET, libc::SO_REUSEPORT, &7i32.to_le_bytes()).unwrap();
+    assert_eq!((get(&mut n, b, libc::SO_REUSEADDR), get(&mut n, b, libc::SO_REUSEPORT)), (0, 1));
+    n.setsockopt(b, libc::SOL_SOCKET, libc::SO_REUSEADDR, &1i32.to_le_bytes()).unwrap();
+    n.setsockopt(b, libc::SOL_SOCKET, libc::SO_REUSEPORT, &0i32.to_le_bytes()).unwrap();
+    assert_eq!((get(&mut n, b, libc::SO_REUSEADDR), get(&mut n, b, libc::SO_REUSEPORT)), (1, 0));
+    // Two UDP sockets with SO_REUSEPORT share a port.
+    let (u1, u2) = (n.socket(libc::AF_INET, false).unwrap(), n.socket(libc::AF_INET, false).unwrap());
+    for u in [u1, u2] {
+        n.setsockopt(u, libc::SOL_SOCKET, libc::SO_REUSEPORT, &1i32.to_le_bytes()).unwrap();
+        n.bind(u, sa("127.0.0.1:7000")).unwrap();
+    }
+    let l = n.socket(libc::AF_INET, true).unwrap();
+    n.setsockopt(l, libc::SOL_SOCKET, libc::SO_REUSEPORT, &1i32.to_le_bytes()).unwrap();
+    n.bind(l, sa("127.0.0.1:7001")).unwrap();
+    n.listen(l, 1).unwrap();
+    let c = n.socket(libc::AF_INET, true).unwrap();
+    assert_eq!(n.connect(c, Some(sa("127.0.0.1:7001"))), Ok(true));
+    let (s, _) = n.accept(l).unwrap();
+    assert_eq!((get(&mut n, s, libc::SO_REUSEADDR), get(&mut n, s, libc::SO_REUSEPORT)), (0, 1));
+    assert_eq!((get(&mut n, c, libc::SO_REUSEADDR), get(&mut n, c, libc::SO_REUSEPORT)), (0, 0));
+}
+
+/// As Linux TCP: once the peer closed, the first send is taken (the peer
+/// answers it with a reset) and the next fails with EPIPE; after our own
+/// shutdown(SHUT_WR) every send fails.
+#[test]
+fn a_send_after_the_peer_closed_is_taken_once() {
+    let mut n = net(Policy::none());
+    let l = n.socket(libc::AF_INET, true).unwrap();
+    n.bind(l, sa("127.0.0.1:7002")).unwrap();
+    n.listen(l, 2).unwrap();
+    let c = n.socket(libc::AF_INET, true).unwrap();
+    assert_eq!(n.connect(c, Some(sa("127.0.0.1:7002"))), Ok(true));
+    let (s, _) = n.accept(l).unwrap();
+    n.close(c);
+    let mut b = [0u8; 8];
+    assert_eq!(n.recv(s, &mut b, 0).map(|r| r.0), Ok(0));
+    assert_eq!(n.send(s, b"", None, 0), Ok(0), "an empty send too");
+    assert_eq!(n.send(s, b"late", None, 0), Err(Errno::EPIPE));
+    assert_eq!(n.send(s, b"late", None, 0), Err(Errno::EPIPE));
+    let c2 = n.socket(libc::AF_INET, true).unwrap();
+    assert_eq!(n.connect(c2, Some(sa("127.0.0.1:7002"))), Ok(true));
+    let (s2, _) = n.accept(l).unwrap();
+    n.close(s2);
+    assert_eq!(n.send(c2, b"done!", None, 0), Ok(5));
+    assert_eq!(n.send(c2, b"done!", None, 0), Err(Errno::EPIPE));
+    let c3 = n.socket(libc::AF_INET, true).unwrap();
+    assert_eq!(n.connect(c3, Some(sa("127.0.0.1:7002"))), Ok(true));
+    n.shutdown(c3, libc::SHUT_WR).unwrap();
+    assert_eq!(n.send(c3, b"x", None, 0), Err(Errno::EPIPE));
 }

@@ -410,9 +410,40 @@ pub fn ioctl(ctx: &mut Ctx, a: &Args) -> SysResult {
             Ok(0)
         }
         0x5452 /* FIOASYNC */ => Err(Errno::EINVAL),
+        0x8933 /* SIOCGIFINDEX */ | 0x8910 /* SIOCGIFNAME */ => interface_ioctl(ctx, fd, req, arg),
         // TCGETS, TIOCGWINSZ, ...: nothing here is a terminal.
         _ => Err(Errno::ENOTTY),
     }
+}
+
+/// SIOCGIFINDEX / SIOCGIFNAME on any socket (glibc's if_nametoindex and
+/// if_indextoname): the sandbox has one interface, `lo` (index 1); any other
+/// name or index is ENODEV. `struct ifreq`: the name (IFNAMSIZ bytes), then the index.
+fn interface_ioctl(ctx: &mut Ctx, fd: i32, req: u64, arg: u64) -> SysResult {
+    use crate::net::netlink;
+    const IFNAMSIZ: usize = 16;
+    let socket = match ctx.proc.fds.get(fd)?.kind {
+        crate::fd::FileKind::Socket(_) => true,
+        crate::fd::FileKind::Object(id) => ctx.proc.fds.objects.socket(id).is_ok(),
+        _ => false,
+    };
+    if !socket {
+        return Err(Errno::ENOTTY);
+    }
+    let ifr = ctx.bytes(arg, IFNAMSIZ as u64 + 4)?.to_vec();
+    if req == 0x8933 {
+        let name = &ifr[..IFNAMSIZ];
+        let name = &name[..name.iter().position(|&c| c == 0).unwrap_or(IFNAMSIZ)];
+        let index = netlink::index_of(name).ok_or(Errno::ENODEV)?;
+        ctx.write_i32(arg + IFNAMSIZ as u64, index)?;
+    } else {
+        let index = i32::from_le_bytes([ifr[16], ifr[17], ifr[18], ifr[19]]);
+        let name = netlink::name_of(index).ok_or(Errno::ENODEV)?;
+        let mut out = [0u8; IFNAMSIZ];
+        out[..name.len()].copy_from_slice(name);
+        ctx.write_bytes(arg, &out)?;
+    }
+    Ok(0)
 }
 
 use crate::objects::ALWAYS;

@@ -143,8 +143,7 @@ pub fn timerfd_gettime(ctx: &mut Ctx, a: &Args) -> SysResult {
 const EP_MAX_EVENTS: i32 = i32::MAX / 12;
 const EPOLLEXCLUSIVE: u32 = 1 << 28;
 const EPOLLWAKEUP: u32 = 1 << 29;
-const EPOLLONESHOT: u32 = 1 << 30;
-const EPOLLET: u32 = 1 << 31;
+use crate::objects::{EPOLLET, EPOLLONESHOT};
 
 pub fn epoll_create1(ctx: &mut Ctx, a: &Args) -> SysResult {
     let flags = a[0] as i32;
@@ -210,6 +209,7 @@ pub fn epoll_ctl(ctx: &mut Ctx, a: &Args) -> SysResult {
             return Err(Errno::ELOOP);
         }
     }
+    ctx.proc.fds.objects.et_forget_watch(ep, fd);
     let e = ctx.proc.fds.objects.epoll_mut(ep)?;
     // A watch whose description was closed meanwhile is gone (as Linux).
     let existing = e.watches.get(&fd).is_some_and(|w| w.ofd == ofd);
@@ -245,10 +245,12 @@ fn epoll_wait_common(ctx: &mut Ctx, epfd: i32, events_ptr: u64, max: i32, timeou
     let ep_ofd = ctx.proc.fds.ofd(epfd)?;
     let max = (max as usize).min(crate::fd::MAX_FDS as usize);
     ctx.user_range(events_ptr, max as u64 * 12)?;
-    let ObjKind::Epoll(e) = &ctx.proc.fds.objects.get(ep)?.kind else { return Err(Errno::EINVAL) };
+    let objects = &ctx.proc.fds.objects;
+    let ObjKind::Epoll(e) = &objects.get(ep)?.kind else { return Err(Errno::EINVAL) };
     let mut out = Vec::new();
     let mut fired_oneshot = Vec::new();
     let mut stale = Vec::new();
+    let mut edges = Vec::new();
     for (&fd, w) in e.watches.iter() {
         if out.len() >= max * 12 {
             break;
@@ -262,7 +264,15 @@ fn epoll_wait_common(ctx: &mut Ctx, epfd: i32, events_ptr: u64, max: i32, timeou
         if asked == 0 {
             continue;
         }
-        let rev = wait::ready(ctx.proc, ctx.kernel, w.ofd) & (asked | ALWAYS);
+        let ready = wait::ready(ctx.proc, ctx.kernel, w.ofd);
+        let rev = objects.watch_fires(ep, fd, w, ready);
+        if w.events & EPOLLET != 0 {
+            // Reported now, or not ready (so readiness to come is an edge).
+            let now = ready & (asked | ALWAYS);
+            if rev != 0 || now == 0 {
+                edges.push((fd, w.ofd, now));
+            }
+        }
         if rev != 0 {
             out.extend_from_slice(&rev.to_le_bytes());
             out.extend_from_slice(&w.data.to_le_bytes());
@@ -275,6 +285,9 @@ fn epoll_wait_common(ctx: &mut Ctx, epfd: i32, events_ptr: u64, max: i32, timeou
         return ctx.block(Block::new(WaitOn::Fd { ofd: ep_ofd, events: READABLE }).timeout(timeout, Ok(0)));
     }
     ctx.write_bytes(events_ptr, &out)?;
+    for (fd, ofd, r) in edges {
+        ctx.proc.fds.objects.et_note(ep, fd, ofd, r);
+    }
     let e = ctx.proc.fds.objects.epoll_mut(ep)?;
     for fd in stale {
         e.watches.remove(&fd);

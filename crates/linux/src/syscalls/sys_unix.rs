@@ -1,11 +1,13 @@
 //! AF_UNIX sockets inside the sandbox: socketpair, and sockets bound to
 //! abstract names or to socket files in the overlay, connected to each other.
-//! Never a host socket: every other address family is EAFNOSUPPORT here.
+//! Never a host socket: every other address family is EAFNOSUPPORT here,
+//! except AF_NETLINK (NETLINK_ROUTE), whose requests the VMM answers
+//! (`crate::net::netlink`: the interface list, `lo` only).
 
 use crate::errno::{Errno, SysResult};
 use crate::fd::{FileKind, OpenFile};
 use crate::file::common::{epipe, or_block};
-use crate::file::unix::{nonblocking, put_addr, recv_into};
+use crate::file::unix::{is_netlink, netlink_addr, nonblocking, put_addr, put_raw_addr, put_source, recv_into};
 use crate::kernel::block::{READABLE, WRITABLE};
 use crate::kernel::{Args, Ctx};
 use crate::objects::{SockType, UnixName, SCM_MAX_FD, SOCKET_CAPACITY, UNIX_PATH_MAX};
@@ -29,7 +31,57 @@ fn check_domain(domain: u64, proto: u64) -> Result<(), Errno> {
     Ok(())
 }
 
+/// AF_NETLINK: NETLINK_ROUTE only, raw or datagram (the same on Linux).
+fn netlink_socket(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let ty = a[1] as i32;
+    let flags = ty & SOCK_FLAGS;
+    if !matches!(ty & !SOCK_FLAGS, libc::SOCK_RAW | libc::SOCK_DGRAM) {
+        return Err(Errno::ESOCKTNOSUPPORT);
+    }
+    if a[2] as i32 != libc::NETLINK_ROUTE {
+        return Err(Errno::EPROTONOSUPPORT);
+    }
+    let id = ctx.proc.fds.objects.new_socket(SockType::Netlink);
+    Ok(ctx.proc.fds.open_object(id, libc::O_RDWR | flags)? as u64)
+}
+
+/// A netlink socket's port id: the process's pid, as Linux gives the first
+/// socket of a process (the answers are addressed to it).
+fn netlink_pid(ctx: &Ctx) -> u32 {
+    ctx.proc.pid
+}
+
+/// Check a sockaddr_nl a guest gives (bind, connect, sendto): only the
+/// kernel (port 0) is reachable; multicast groups are accepted and never
+/// carry anything (no interface ever changes).
+fn read_netlink_addr(ctx: &Ctx, ptr: u64, len: u64) -> Result<u32, Errno> {
+    if len < 12 {
+        return Err(Errno::EINVAL);
+    }
+    let b = ctx.bytes(ptr, 12)?;
+    if u16::from_le_bytes([b[0], b[1]]) as i32 != libc::AF_NETLINK {
+        return Err(Errno::EINVAL);
+    }
+    Ok(u32::from_le_bytes([b[4], b[5], b[6], b[7]]))
+}
+
+/// A send on a netlink socket: the request's answers are queued on the socket.
+fn netlink_send(ctx: &mut Ctx, id: u64, data: &[u8], dest: Option<(u64, u64)>) -> SysResult {
+    if let Some((ptr, len)) = dest.filter(|(p, _)| *p != 0) {
+        if read_netlink_addr(ctx, ptr, len)? != 0 {
+            // Another socket's port: nothing of the sandbox listens there.
+            return Err(Errno::ECONNREFUSED);
+        }
+    }
+    let answers = crate::net::netlink::answer(data, netlink_pid(ctx))?;
+    ctx.proc.fds.objects.netlink_deliver(id, answers)?;
+    Ok(data.len() as u64)
+}
+
 pub fn socket(ctx: &mut Ctx, a: &Args) -> SysResult {
+    if a[0] as i32 == libc::AF_NETLINK {
+        return netlink_socket(ctx, a);
+    }
     check_domain(a[0], a[2])?;
     let (ty, flags) = sock_type(a[1])?;
     let id = ctx.proc.fds.objects.new_socket(ty);
@@ -114,6 +166,10 @@ fn resolve(ctx: &Ctx, addr: Addr) -> Result<UnixName, Errno> {
 
 pub fn bind(ctx: &mut Ctx, a: &Args) -> SysResult {
     let (_, _, id) = sock_of(ctx, a[0])?;
+    if is_netlink(ctx, id) {
+        let pid = read_netlink_addr(ctx, a[1], a[2])?;
+        return if pid == 0 || pid == netlink_pid(ctx) { Ok(0) } else { Err(Errno::EADDRINUSE) };
+    }
     if ctx.proc.fds.objects.socket(id)?.name.is_some() {
         return Err(Errno::EINVAL);
     }
@@ -154,6 +210,9 @@ pub fn listen(ctx: &mut Ctx, a: &Args) -> SysResult {
 
 pub fn connect(ctx: &mut Ctx, a: &Args) -> SysResult {
     let (f, ofd, id) = sock_of(ctx, a[0])?;
+    if is_netlink(ctx, id) {
+        return if read_netlink_addr(ctx, a[1], a[2])? == 0 { Ok(0) } else { Err(Errno::ECONNREFUSED) };
+    }
     let name = resolve(ctx, read_addr(ctx, a[1], a[2])?)?;
     let r = ctx.proc.fds.objects.connect(id, &name).map(|_| 0);
     or_block(ctx, &f, ofd, WRITABLE, r)
@@ -196,6 +255,11 @@ pub fn accept4(ctx: &mut Ctx, a: &Args) -> SysResult {
 
 pub fn getsockname(ctx: &mut Ctx, a: &Args) -> SysResult {
     let (_, _, id) = sock_of(ctx, a[0])?;
+    if is_netlink(ctx, id) {
+        ctx.bytes(a[2], 4)?;
+        let me = netlink_addr(netlink_pid(ctx));
+        return put_raw_addr(ctx, a[1], a[2], &me).map(|_| 0);
+    }
     let name = ctx.proc.fds.objects.socket(id)?.name.as_ref().map(|n| n.sun_path()).unwrap_or_default();
     ctx.bytes(a[2], 4)?;
     put_addr(ctx, a[1], a[2], &name)?;
@@ -204,6 +268,10 @@ pub fn getsockname(ctx: &mut Ctx, a: &Args) -> SysResult {
 
 pub fn getpeername(ctx: &mut Ctx, a: &Args) -> SysResult {
     let (_, _, id) = sock_of(ctx, a[0])?;
+    if is_netlink(ctx, id) {
+        ctx.bytes(a[2], 4)?;
+        return put_raw_addr(ctx, a[1], a[2], &netlink_addr(0)).map(|_| 0);
+    }
     let s = ctx.proc.fds.objects.socket(id)?;
     let peer = s.peer().ok_or(Errno::ENOTCONN)?;
     let name = match ctx.proc.fds.objects.socket(peer) {
@@ -217,6 +285,9 @@ pub fn getpeername(ctx: &mut Ctx, a: &Args) -> SysResult {
 
 fn send_common(ctx: &mut Ctx, fd: u64, data: Vec<u8>, flags: i32, dest: Option<(u64, u64)>) -> SysResult {
     let (f, ofd, id) = sock_of(ctx, fd)?;
+    if is_netlink(ctx, id) {
+        return netlink_send(ctx, id, &data, dest);
+    }
     let f = nonblocking(&f, flags);
     let dest = match dest {
         Some((ptr, len)) if ptr != 0 => Some(resolve(ctx, read_addr(ctx, ptr, len)?)?),
@@ -325,7 +396,8 @@ pub fn sendmsg(ctx: &mut Ctx, a: &Args) -> SysResult {
         let take = len.min((SOCKET_CAPACITY + 1 - data.len().min(SOCKET_CAPACITY + 1)) as u64);
         data.extend_from_slice(ctx.bytes(base, take)?);
     }
-    if fds.is_empty() {
+    if fds.is_empty() || sock_of(ctx, a[0]).is_ok_and(|(_, _, id)| is_netlink(ctx, id)) {
+        // Descriptors sent to the kernel side go nowhere.
         return send_common(ctx, a[0], data, a[2] as i32, Some((name, namelen)));
     }
     let ofds = ctx.proc.fds.rights_of(&fds)?;
@@ -425,7 +497,7 @@ pub fn recvmsg(ctx: &mut Ctx, a: &Args) -> SysResult {
     }
     // msg_namelen (offset 8) <- the sender's address length; msg_controllen; msg_flags.
     if name != 0 {
-        put_addr(ctx, name, a[1] + 8, &from)?;
+        put_source(ctx, id, name, a[1] + 8, &from)?;
     }
     ctx.write_bytes(a[1] + 40, &used_control.to_le_bytes())?;
     ctx.write_i32(a[1] + 48, mflags)?;
@@ -441,7 +513,12 @@ pub fn shutdown(ctx: &mut Ctx, a: &Args) -> SysResult {
 /// setsockopt: buffer sizes, reuse and credential flags are accepted and
 /// change nothing (the buffers have a fixed size).
 pub fn setsockopt(ctx: &mut Ctx, a: &Args) -> SysResult {
-    sock_of(ctx, a[0])?;
+    let (_, _, id) = sock_of(ctx, a[0])?;
+    if a[1] as i32 == libc::SOL_NETLINK && is_netlink(ctx, id) {
+        // NETLINK_EXT_ACK, NETLINK_GET_STRICT_CHK, group membership ...: the
+        // answers are the same with or without them.
+        return Ok(0);
+    }
     if a[1] as i32 != libc::SOL_SOCKET {
         return Err(Errno::ENOPROTOOPT);
     }
@@ -469,6 +546,7 @@ pub fn getsockopt(ctx: &mut Ctx, a: &Args) -> SysResult {
     let v: Vec<u8> = match a[2] as i32 {
         libc::SO_ERROR => 0i32.to_le_bytes().to_vec(),
         libc::SO_TYPE => s.ty.to_linux().to_le_bytes().to_vec(),
+        libc::SO_DOMAIN if s.ty == SockType::Netlink => libc::AF_NETLINK.to_le_bytes().to_vec(),
         libc::SO_DOMAIN => libc::AF_UNIX.to_le_bytes().to_vec(),
         libc::SO_PROTOCOL => 0i32.to_le_bytes().to_vec(),
         libc::SO_ACCEPTCONN => {

@@ -133,7 +133,7 @@ table! {
     13 rt_sigaction => signal::rt_sigaction, Partial("handlers run for signals from the sandbox's own processes and threads, its timers, its CPU faults and the host interrupt; SA_RESTART as the restart column says");
     14 rt_sigprocmask => signal::rt_sigprocmask, Full;
     15 rt_sigreturn => signal::rt_sigreturn, Full;
-    16 ioctl => file::ioctl, Partial("FIOCLEX, FIONCLEX, FIONREAD; anything else ENOTTY (no terminals)");
+    16 ioctl => file::ioctl, Partial("FIOCLEX, FIONCLEX, FIONREAD, FIONBIO; SIOCGIFINDEX/SIOCGIFNAME on a socket know lo (index 1) only; anything else ENOTTY (no terminals)");
     17 pread64 => file::pread64, Full;
     18 pwrite64 => file::pwrite64, Full;
     19 readv => file::readv, Full;
@@ -158,7 +158,7 @@ table! {
     38 setitimer => timer::setitimer, Partial("ITIMER_REAL on the run clock; ITIMER_VIRTUAL and ITIMER_PROF both on the process's vCPU run time (user and system time are not told apart)");
     39 getpid => fork::getpid, Full;
     40 sendfile => file::sendfile, Full;
-    41 socket => net::socket, Partial("AF_UNIX inside the sandbox; AF_INET/AF_INET6 TCP and UDP on host sockets under the egress policy, UDP-Lite inside the sandbox; raw EPERM, other families EAFNOSUPPORT");
+    41 socket => net::socket, Partial("AF_UNIX in the sandbox; AF_INET/6 TCP, UDP under the egress policy, UDP-Lite in the sandbox; raw EPERM; NETLINK_ROUTE lists lo only (RTM_GETLINK); other families EAFNOSUPPORT");
     42 connect => net::connect, Full;
     43 accept => net::accept, Full;
     44 sendto => net::sendto, Full;
@@ -349,8 +349,8 @@ table! {
     229 clock_getres => time::clock_getres, Full;
     230 clock_nanosleep => time::clock_nanosleep, Full, Never;
     231 exit_group => process::exit_group, Full;
-    232 epoll_wait => pipe::epoll_wait, Partial("level-triggered; EPOLLET is treated as level-triggered, EPOLLONESHOT works"), Never;
-    233 epoll_ctl => pipe::epoll_ctl, Partial("ADD/MOD/DEL on every fd the VMM owns; EPOLLET is treated as level-triggered");
+    232 epoll_wait => pipe::epoll_wait, Partial("EPOLLET reports a readiness once, again when it changes or after EAGAIN (not per arrival); EPOLLONESHOT works"), Never;
+    233 epoll_ctl => pipe::epoll_ctl, Partial("ADD/MOD/DEL on every fd the VMM owns (ADD and MOD re-arm an EPOLLET watch)");
     234 tgkill => signal::tgkill, Full;
     235 utimes => fs::utimes, Full;
     236 vserver, Refused(Errno::ENOSYS, "ENOSYS: never implemented by Linux");

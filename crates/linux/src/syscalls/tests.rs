@@ -785,4 +785,160 @@ fn a_futex_wait_already_past_its_deadline_times_out_and_lets_other_threads_run()
     let later = g.put(0x300, &timespec(i64::MAX / 4, 0));
     let (r, effect) = g.call_effect(libc::SYS_futex, &[word, op, 0, later, 0, u32::MAX as u64]);
     assert!(r.is_ok() && matches!(effect, Some(Effect::Block(_))), "{r:?}");
+
+/// glibc's if_nameindex: an AF_NETLINK socket, bound to port 0, asks for a
+/// link dump and reads it with recvmsg (peeking at the size first); the
+/// answers name the kernel as their source, carry the socket's port id and the
+/// request's sequence number, and list `lo` (index 1) only. Other requests fail at send.
+#[test]
+fn netlink_route_lists_lo_only() {
+    let mut g = guest();
+    let raw = (libc::SOCK_RAW | libc::SOCK_CLOEXEC) as u64;
+    let nl = libc::AF_NETLINK as u64;
+    assert_eq!(g.call(libc::SYS_socket, &[nl, raw, 4]), Err(Errno::EPROTONOSUPPORT), "NETLINK_USERSOCK");
+    let fd = g.call(libc::SYS_socket, &[nl, raw, libc::NETLINK_ROUTE as u64]).unwrap();
+    let mut sa = vec![0u8; 12];
+    sa[..2].copy_from_slice(&(libc::AF_NETLINK as u16).to_le_bytes());
+    let addr = g.put(0x100, &sa);
+    assert_eq!(g.call(libc::SYS_bind, &[fd, addr, 12]), Ok(0));
+    let len_at = g.put(0x200, &12u32.to_le_bytes());
+    let name_at = g.put(0x300, &[0xFFu8; 12]);
+    assert_eq!(g.call(libc::SYS_getsockname, &[fd, name_at, len_at]), Ok(0));
+    let got = g.get(0x300, 12);
+    assert_eq!(u16::from_le_bytes([got[0], got[1]]) as i32, libc::AF_NETLINK);
+    let pid = u32::from_le_bytes(got[4..8].try_into().unwrap());
+    assert_eq!(pid, g.proc.pid);
+    // nlmsghdr (RTM_GETLINK, NLM_F_REQUEST | NLM_F_DUMP, seq 1234) + rtgenmsg.
+    let mut req = 20u32.to_le_bytes().to_vec();
+    req.extend_from_slice(&18u16.to_le_bytes());
+    req.extend_from_slice(&0x301u16.to_le_bytes());
+    req.extend_from_slice(&1234u32.to_le_bytes());
+    req.extend_from_slice(&0u32.to_le_bytes());
+    req.extend_from_slice(&[libc::AF_PACKET as u8, 0, 0, 0]);
+    let req_at = g.put(0x400, &req);
+    assert_eq!(g.call(libc::SYS_sendto, &[fd, req_at, 20, 0, addr, 12]), Ok(20));
+    let data = g.buf + 0x1000;
+    let src = g.buf + 0x600;
+    let h = g.msghdr(0x800, Some(src), (data, 4096), (0, 0));
+    let peeked = g.call(libc::SYS_recvmsg, &[fd, h, (libc::MSG_PEEK | libc::MSG_TRUNC) as u64]).unwrap();
+    let n = g.call(libc::SYS_recvmsg, &[fd, h, 0]).unwrap();
+    assert_eq!(peeked, n);
+    let msg = g.get(0x1000, n);
+    let src_addr = g.get(0x600, 12);
+    assert_eq!(u16::from_le_bytes([src_addr[0], src_addr[1]]) as i32, libc::AF_NETLINK);
+    assert_eq!(&src_addr[4..8], &[0, 0, 0, 0], "from the kernel");
+    assert_eq!(u16::from_le_bytes([msg[4], msg[5]]), 16, "RTM_NEWLINK");
+    assert_eq!(u32::from_le_bytes(msg[8..12].try_into().unwrap()), 1234);
+    assert_eq!(u32::from_le_bytes(msg[12..16].try_into().unwrap()), pid);
+    assert_eq!(i32::from_le_bytes(msg[20..24].try_into().unwrap()), 1, "ifi_index");
+    assert!(msg.windows(3).any(|w| w == b"lo\0"));
+    let n = g.call(libc::SYS_recvmsg, &[fd, h, 0]).unwrap();
+    assert_eq!(u16::from_le_bytes([g.get(0x1000, n)[4], g.get(0x1000, n)[5]]), 3, "NLMSG_DONE");
+    assert_eq!(g.call(libc::SYS_recvmsg, &[fd, h, libc::MSG_DONTWAIT as u64]), Err(Errno::EAGAIN));
+    // RTM_GETADDR: refused at send (glibc's AI_ADDRCONFIG probe stays pessimistic).
+    req[4..6].copy_from_slice(&22u16.to_le_bytes());
+    let req_at = g.put(0x400, &req);
+    assert_eq!(g.call(libc::SYS_sendto, &[fd, req_at, 20, 0, 0, 0]), Err(Errno::EOPNOTSUPP));
+    let opt = g.put(0x700, &[0u8; 4]);
+    let optlen = g.put(0x710, &4u32.to_le_bytes());
+    assert_eq!(
+        g.call(libc::SYS_getsockopt, &[fd, libc::SOL_SOCKET as u64, libc::SO_DOMAIN as u64, opt, optlen]),
+        Ok(0)
+    );
+    assert_eq!(g.get(0x700, 4), libc::AF_NETLINK.to_le_bytes());
+}
+
+/// glibc's if_nametoindex / if_indextoname: SIOCGIFINDEX / SIOCGIFNAME on a socket.
+#[test]
+fn interface_ioctls_know_lo_only() {
+    let mut g = guest();
+    let unix = g.call(libc::SYS_socket, &[libc::AF_UNIX as u64, libc::SOCK_DGRAM as u64, 0]).unwrap();
+    let inet = g.call(libc::SYS_socket, &[libc::AF_INET as u64, libc::SOCK_DGRAM as u64, 0]).unwrap();
+    for fd in [unix, inet] {
+        let mut ifr = vec![0u8; 40];
+        ifr[..2].copy_from_slice(b"lo");
+        let at = g.put(0x100, &ifr);
+        assert_eq!(g.call(libc::SYS_ioctl, &[fd, 0x8933, at]), Ok(0));
+        assert_eq!(g.get(0x110, 4), 1i32.to_le_bytes());
+        let mut ifr = vec![0u8; 40];
+        ifr[16..20].copy_from_slice(&1i32.to_le_bytes());
+        let at = g.put(0x100, &ifr);
+        assert_eq!(g.call(libc::SYS_ioctl, &[fd, 0x8910, at]), Ok(0));
+        assert_eq!(&g.get(0x100, 3), b"lo\0");
+        let mut ifr = vec![0u8; 40];
+        ifr[..4].copy_from_slice(b"eth0");
+        let at = g.put(0x100, &ifr);
+        assert_eq!(g.call(libc::SYS_ioctl, &[fd, 0x8933, at]), Err(Errno::ENODEV));
+        ifr[16..20].copy_from_slice(&2i32.to_le_bytes());
+        let at = g.put(0x100, &ifr);
+        assert_eq!(g.call(libc::SYS_ioctl, &[fd, 0x8910, at]), Err(Errno::ENODEV));
+    }
+    let file = g.open("/tmp/f", libc::O_CREAT | libc::O_RDWR) as u64;
+    let at = g.put(0x100, &[0u8; 40]);
+    assert_eq!(g.call(libc::SYS_ioctl, &[file, 0x8933, at]), Err(Errno::ENOTTY));
+}
+
+impl Guest {
+    /// epoll_wait with a zero timeout: the (events, data) reported.
+    fn epoll_events(&mut self, ep: u64) -> Vec<(u32, u64)> {
+        let at = self.buf + 0x3000;
+        let n = self.call(libc::SYS_epoll_wait, &[ep, at, 8, 0]).unwrap();
+        (0..n)
+            .map(|i| {
+                let b = self.get(0x3000 + i * 12, 12);
+                (u32::from_le_bytes(b[..4].try_into().unwrap()), u64::from_le_bytes(b[4..].try_into().unwrap()))
+            })
+            .collect()
+    }
+
+    fn epoll_add(&mut self, ep: u64, op: i32, fd: u64, events: u32) {
+        let mut ev = events.to_le_bytes().to_vec();
+        ev.extend_from_slice(&fd.to_le_bytes());
+        let at = self.put(0x3800, &ev);
+        assert_eq!(self.call(libc::SYS_epoll_ctl, &[ep, op as u64, fd, at]), Ok(0));
+    }
+}
+
+/// EPOLLET reports a readiness once: again only when it changes (new data
+/// on a drained socket, the socket re-armed by EPOLL_CTL_MOD), never while
+/// it stays as reported. Level-triggered watches keep reporting.
+#[test]
+fn edge_triggered_epoll_reports_each_edge_once() {
+    let mut g = guest();
+    let (inn, out, et) = (libc::EPOLLIN as u32, libc::EPOLLOUT as u32, libc::EPOLLET as u32);
+    let sv = g.put(0x100, &[0u8; 8]);
+    let ty = (libc::SOCK_STREAM | libc::SOCK_NONBLOCK) as u64;
+    g.call(libc::SYS_socketpair, &[libc::AF_UNIX as u64, ty, 0, sv]).unwrap();
+    let fds = g.get(0x100, 8);
+    let a = u32::from_le_bytes(fds[..4].try_into().unwrap()) as u64;
+    let b = u32::from_le_bytes(fds[4..].try_into().unwrap()) as u64;
+    let ep = g.call(libc::SYS_epoll_create1, &[0]).unwrap();
+    g.epoll_add(ep, libc::EPOLL_CTL_ADD, a, inn | out | et);
+    g.epoll_add(ep, libc::EPOLL_CTL_ADD, b, inn | out);
+    let mut ev = g.epoll_events(ep);
+    ev.sort_by_key(|e| e.1);
+    assert_eq!(ev, [(out, a), (out, b)]);
+    assert_eq!(g.epoll_events(ep), [(out, b)], "the edge of a is reported; b is level-triggered");
+    let msg = g.put(0x200, b"hello");
+    assert_eq!(g.call(libc::SYS_write, &[b, msg, 5]), Ok(5));
+    assert_eq!(g.epoll_events(ep).iter().find(|e| e.1 == a), Some(&(inn | out, a)));
+    assert_eq!(g.epoll_events(ep).iter().find(|e| e.1 == a), None, "nothing new");
+    // Drained: the next data is a new edge; the drain itself is not one.
+    let rd = g.buf + 0x400;
+    assert_eq!(g.call(libc::SYS_read, &[a, rd, 64]), Ok(5));
+    assert_eq!(g.call(libc::SYS_read, &[a, rd, 64]), Err(Errno::EAGAIN));
+    assert_eq!(g.epoll_events(ep).iter().find(|e| e.1 == a), None);
+    assert_eq!(g.call(libc::SYS_write, &[b, msg, 5]), Ok(5));
+    assert_eq!(g.epoll_events(ep).iter().find(|e| e.1 == a), Some(&(inn | out, a)));
+    assert_eq!(g.epoll_events(ep).iter().find(|e| e.1 == a), None);
+    // EPOLL_CTL_MOD re-arms: what is ready is reported again.
+    g.epoll_add(ep, libc::EPOLL_CTL_MOD, a, out | et);
+    assert_eq!(g.epoll_events(ep).iter().find(|e| e.1 == a), Some(&(out, a)));
+    assert_eq!(g.epoll_events(ep).iter().find(|e| e.1 == a), None);
+    // One-shot and edge-triggered: once, then disarmed until re-armed.
+    g.epoll_add(ep, libc::EPOLL_CTL_MOD, a, inn | et | libc::EPOLLONESHOT as u32);
+    assert_eq!(g.epoll_events(ep).iter().find(|e| e.1 == a), Some(&(inn, a)));
+    assert_eq!(g.call(libc::SYS_read, &[a, rd, 64]), Ok(5));
+    assert_eq!(g.call(libc::SYS_write, &[b, msg, 5]), Ok(5));
+    assert_eq!(g.epoll_events(ep).iter().find(|e| e.1 == a), None, "disarmed");
 }
