@@ -537,7 +537,8 @@ fn main() -> ExitCode {
                 })
                 .transpose();
             let roots = egress_ca_file.map_or(Ok(()), |p| {
-                let pem = anyhow::Context::with_context(std::fs::read(&p), || format!("--egress-ca-file {}", p.display()))?;
+                let pem =
+                    anyhow::Context::with_context(std::fs::read(&p), || format!("--egress-ca-file {}", p.display()))?;
                 anyhow::Context::with_context(forkbox_runtime::net_tls::install_upstream_roots(&pem), || {
                     format!("--egress-ca-file {}", p.display())
                 })

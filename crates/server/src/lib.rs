@@ -416,7 +416,8 @@ fn install_egress_ca(home: &std::path::Path) -> anyhow::Result<()> {
     let ca = match (std::env::var_os(EGRESS_CA_CERT_ENV), std::env::var_os(EGRESS_CA_KEY_ENV)) {
         (Some(c), Some(k)) => {
             let read = |p: &std::ffi::OsStr, what: &str| {
-                std::fs::read_to_string(p).with_context(|| format!("{what}: reading {}", std::path::Path::new(p).display()))
+                std::fs::read_to_string(p)
+                    .with_context(|| format!("{what}: reading {}", std::path::Path::new(p).display()))
             };
             EgressCa::from_pem(&read(&c, EGRESS_CA_CERT_ENV)?, &read(&k, EGRESS_CA_KEY_ENV)?)
                 .with_context(|| format!("{EGRESS_CA_CERT_ENV}, {EGRESS_CA_KEY_ENV}"))?

@@ -768,7 +768,8 @@ mod tests {
         assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o600);
         let b = SealKey::load_or_create(&p).unwrap();
         let sealed = a.seal("N", P, b"v").unwrap();
-        let s = SealedSecret { name: "N".into(), placeholder: P.into(), hosts: vec![], ports: vec![], sealed, tls: false };
+        let s =
+            SealedSecret { name: "N".into(), placeholder: P.into(), hosts: vec![], ports: vec![], sealed, tls: false };
         assert_eq!(b.open(&s).unwrap(), b"v");
     }
 

@@ -104,7 +104,8 @@ impl EgressCa {
         dn.push(DnType::CommonName, format!("forkbox egress CA {}", hex::encode(id)));
         params.distinguished_name = dn;
         params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+        params.key_usages =
+            vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
         let now = time::OffsetDateTime::now_utc();
         params.not_before = now - time::Duration::days(1);
         params.not_after = now + time::Duration::days(3650);
@@ -540,9 +541,10 @@ impl Pump {
                     break;
                 }
             }
-            if readable(&fds[1]) && !down.eof && !pull(&mut self.client, &self.host, &mut down, |b, out| {
-                out.extend_from_slice(b)
-            }) {
+            if readable(&fds[1])
+                && !down.eof
+                && !pull(&mut self.client, &self.host, &mut down, |b, out| out.extend_from_slice(b))
+            {
                 break;
             }
         }
