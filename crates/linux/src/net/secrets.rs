@@ -522,7 +522,10 @@ pub fn open_tcp(secrets: &[SealedSecret], verdict: &Verdict, domain: i32, dest: 
     let inner = TcpStream::connect(listener.local_addr().map_err(io)?).map_err(io)?;
     let (outer, _) = listener.accept().map_err(io)?;
     drop(listener);
+    // Both ends: a relay writes what it has as it has it (TLS records, a head
+    // then a body); Nagle against the guest's delayed ACKs would add 40 ms.
     let _ = inner.set_nodelay(true);
+    let _ = outer.set_nodelay(true);
     inner.set_nonblocking(true).map_err(io)?;
     std::thread::Builder::new()
         .name("forkbox-secret-relay".into())
