@@ -12,12 +12,13 @@ import http.server
 import json
 import os
 import ssl
+import subprocess
 import threading
 
 import httpx
 import pytest
 
-from conftest import start_server, stop_server
+from conftest import forkbox_bin, fresh_home, shared_image, start_server, stop_server
 
 VALUE = "sk-live-7f3e9c0d1b2a4f6e8d7c5b3a1928374655647382"
 
@@ -452,3 +453,68 @@ def test_a_secret_without_tls_leaves_https_alone(tls_server):
     ph, cert_file, i = eval(out["value"])
     assert cert_file is None
     assert bound.seen[int(i)]["headers"]["X-Api-Key"] == ph
+
+
+def test_an_existing_egress_ca_from_the_environment(tmp_path):
+    """FORKBOX_EGRESS_CA_CERT and FORKBOX_EGRESS_CA_KEY: the server signs with
+    that CA (none is made in the data directory) and the guest trusts it; only one of them is refused."""
+    paths = _test_ca(str(tmp_path))
+    # The test CA's key is not written by _test_ca: make a CA pair of our own with cryptography.
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "operator egress CA")])
+    ca = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1)).not_valid_after(now + datetime.timedelta(days=30))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
+                                     key_encipherment=False, data_encipherment=False, key_agreement=False,
+                                     encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    cert_pem = ca.public_bytes(serialization.Encoding.PEM).decode()
+    (tmp_path / "op-ca.pem").write_text(cert_pem)
+    (tmp_path / "op-ca.key").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                           serialization.NoEncryption()))
+    bound = _https_responder("127.0.0.1", paths)
+    port = bound.server_address[1]
+    env = {"FORKBOX_EGRESS_CA_CERT": str(tmp_path / "op-ca.pem"), "FORKBOX_EGRESS_CA_KEY": str(tmp_path / "op-ca.key")}
+    s = start_server(tmp_path / "home", "--egress-host", "api.secret.test=127.0.0.1",
+                     "--egress-allow", f"127.0.0.1:{port}", "--egress-ca-file", paths["ca.pem"], env=env)
+    try:
+        r = _create(s, {"secrets": {"K": {"value": VALUE, "hosts": ["api.secret.test"], "tls": True}}})
+        assert r.status_code == 201, r.text
+        code = (
+            "import os, ssl, urllib.request\n"
+            f"req = urllib.request.Request('https://api.secret.test:{port}/', headers={{'X-Api-Key': os.environ['K']}})\n"
+            "i = urllib.request.urlopen(req, timeout=10).read().decode()\n"
+            # The leaf the guest got verifies against the operator's CA alone.
+            f"only = ssl.create_default_context(cadata={cert_pem!r})\n"
+            "j = urllib.request.urlopen(req, timeout=10, context=only).read().decode()\n"
+            "(i, j, open(os.environ['SSL_CERT_FILE']).read())"
+        )
+        out = _exec(s, r.json()["id"], code)
+        assert out["error"] is None, out
+        i, j, bundle = eval(out["value"])
+        assert bound.seen[int(i)]["headers"]["X-Api-Key"] == VALUE
+        assert bound.seen[int(j)]["headers"]["X-Api-Key"] == VALUE
+        assert cert_pem.strip() in bundle
+        assert not (s.home / "egress-ca.key").exists() and not (s.home / "egress-ca.pem").exists()
+    finally:
+        stop_server(s)
+        bound.shutdown()
+    # One of the two alone: the server does not start.
+    home2 = fresh_home(tmp_path / "home2")
+    proc = subprocess.run(
+        [forkbox_bin(), "--home", str(home2), "serve", "--listen", "127.0.0.1:0", "--image", shared_image()],
+        env={**os.environ, "FORKBOX_EGRESS_CA_CERT": env["FORKBOX_EGRESS_CA_CERT"]},
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode != 0 and "go together" in proc.stdout + proc.stderr, proc.stderr[-2000:]

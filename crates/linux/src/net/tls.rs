@@ -506,17 +506,16 @@ impl Pump {
             let ev = |read: bool, write: bool| {
                 (if read { libc::POLLIN } else { 0 }) | (if write { libc::POLLOUT } else { 0 })
             };
+            // A side nothing is wanted from is left out (fd -1): a hung-up socket would
+            // otherwise report POLLHUP at once, round after round.
+            let pfd = |sock: &TcpStream, events: libc::c_short| libc::pollfd {
+                fd: if events == 0 { -1 } else { sock.as_raw_fd() },
+                events,
+                revents: 0,
+            };
             let mut fds = [
-                libc::pollfd {
-                    fd: self.guest.as_raw_fd(),
-                    events: ev(!up.eof && up.pending.is_empty(), self.server.wants_write()),
-                    revents: 0,
-                },
-                libc::pollfd {
-                    fd: self.host.as_raw_fd(),
-                    events: ev(!down.eof && down.pending.is_empty(), self.client.wants_write()),
-                    revents: 0,
-                },
+                pfd(&self.guest, ev(!up.eof && up.pending.is_empty(), self.server.wants_write())),
+                pfd(&self.host, ev(!down.eof && down.pending.is_empty(), self.client.wants_write())),
             ];
             let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX).max(1);
             // SAFETY: `fds` is a valid array of its length.
