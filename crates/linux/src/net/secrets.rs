@@ -537,12 +537,15 @@ pub fn open_tcp(secrets: &[SealedSecret], verdict: &Verdict, domain: i32, dest: 
     Ok(Opened { socket: Socket::from(inner), connected: true })
 }
 
+/// A placeholder and its value.
+type Sub = (Vec<u8>, Vec<u8>);
+
 /// What a relay substitutes: in plain HTTP every applying secret; in TLS
 /// it terminates, the TLS secrets whose hosts name the SNI.
 struct Plan {
     plain: Vec<(Vec<u8>, Vec<u8>)>,
-    /// (host patterns, placeholder, value) of the TLS secrets.
-    tls: Vec<(SealedSecret, (Vec<u8>, Vec<u8>))>,
+    /// The TLS secrets (their hosts) and their (placeholder, value).
+    tls: Vec<(SealedSecret, Sub)>,
 }
 
 impl Drop for Plan {

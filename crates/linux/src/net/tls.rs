@@ -285,7 +285,7 @@ fn client_config() -> Option<Arc<ClientConfig>> {
 /// What the guest opened its connection with.
 pub enum Hello {
     /// A ClientHello, read whole (`raw`: its bytes as they came).
-    Tls { accepted: Accepted, raw: Vec<u8> },
+    Tls { accepted: Box<Accepted>, raw: Vec<u8> },
     /// Anything else, or a ClientHello that did not parse in time or size:
     /// the bytes read so far.
     Other(Vec<u8>),
@@ -325,7 +325,7 @@ pub fn read_hello(guest: &TcpStream) -> Hello {
             Ok(_) => {}
         }
         match acceptor.accept() {
-            Ok(Some(accepted)) => return Hello::Tls { accepted, raw },
+            Ok(Some(accepted)) => return Hello::Tls { accepted: Box::new(accepted), raw },
             Ok(None) => {}
             Err(_) => return Hello::Other(raw),
         }
@@ -349,7 +349,7 @@ impl Read for Tee<'_> {
 /// Terminate the guest's TLS (its ClientHello `accepted`, for `sni`) with
 /// the CA's leaf, open TLS to `sni` over `host`, and relay the plaintext,
 /// the guest's through `rw`, until both sides end, fail or are idle.
-pub fn terminate(guest: TcpStream, host: TcpStream, accepted: Accepted, sni: &str, rw: Rewriter) {
+pub fn terminate(guest: TcpStream, host: TcpStream, accepted: Box<Accepted>, sni: &str, rw: Rewriter) {
     let (Some(ca), Some(client_cfg)) = (ca(), client_config()) else { return };
     let server_cfg = match ca.leaf(sni) {
         Ok(c) => c,
@@ -359,7 +359,7 @@ pub fn terminate(guest: TcpStream, host: TcpStream, accepted: Accepted, sni: &st
         }
     };
     let Ok(name) = ServerName::try_from(sni.to_string()) else { return };
-    let server = match accepted.into_connection(server_cfg) {
+    let server = match (*accepted).into_connection(server_cfg) {
         Ok(s) => s,
         Err((_, mut alert)) => {
             let _ = alert.write_all(&mut &guest);
@@ -569,10 +569,10 @@ mod tests {
     #[test]
     fn leaf_cache_reuses_per_name_and_stays_bounded() {
         let mut cache = LeafCache::new(3, Duration::from_secs(3600));
-        let mut made = 0;
-        let mut get = |c: &mut LeafCache, n: &str| {
+        let made = std::cell::Cell::new(0);
+        let get = |c: &mut LeafCache, n: &str| {
             c.get_or_make(n, || {
-                made += 1;
+                made.set(made.get() + 1);
                 dummy()
             })
             .unwrap()
@@ -588,8 +588,7 @@ mod tests {
         let a3 = get(&mut cache, "a.test");
         assert!(!Arc::ptr_eq(&a, &a3));
         assert_eq!(cache.len(), 3);
-        drop(get);
-        assert_eq!(made, 5);
+        assert_eq!(made.get(), 5);
     }
 
     #[test]
