@@ -7,15 +7,18 @@ in the server's data directory (database, checkpoints) or its log. Loopback
 responders only: `api.secret.test` (`serve --egress-host`) is the bound name, 127.0.0.2 another allowed
 host with no name."""
 
+import datetime
 import http.server
 import json
 import os
+import ssl
+import subprocess
 import threading
 
 import httpx
 import pytest
 
-from conftest import start_server, stop_server
+from conftest import forkbox_bin, fresh_home, shared_image, start_server, stop_server
 
 VALUE = "sk-live-7f3e9c0d1b2a4f6e8d7c5b3a1928374655647382"
 
@@ -27,6 +30,8 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
     guest, see docs/security.md)."""
 
     protocol_version = "HTTP/1.1"
+    # Head and body are two writes: without this, Nagle and delayed ACKs add 40 ms to each.
+    disable_nagle_algorithm = True
 
     def _answer(self):
         n = int(self.headers.get("Content-Length") or 0)
@@ -202,7 +207,7 @@ def test_a_session_without_a_matching_port_sends_the_placeholder(secret_server):
     ({"K": {"value": "v", "hosts": ["10.0.0.1"]}}, "not a host name"),
     ({"K": {"value": "v", "hosts": ["a.example:443"]}}, "not a host name"),
     ({"K": {"value": "v", "hosts": ["a.example"], "ports": [0]}}, "ports"),
-    ({"K": {"value": "v", "hosts": ["a.example"], "tls": True}}, "unknown field"),
+    ({"K": {"value": "v", "hosts": ["a.example"], "insecure": True}}, "unknown field"),
     ({f"K{i}": {"value": "v", "hosts": ["a.example"]} for i in range(17)}, "at most 16"),
     ({"K": {"value": 918273645, "hosts": ["a.example"]}}, "must be a string"),
     ({"K": {"value": ["s3cr3t-in-a-list"], "hosts": ["a.example"]}}, "must be a string"),
@@ -251,3 +256,265 @@ def test_secrets_survive_a_restart(tmp_path):
     finally:
         stop_server(s)
         bound.shutdown()
+
+
+
+# --- HTTPS: TLS termination at the relay for secrets with "tls": true ---
+
+
+def _test_ca(d):
+    """A test CA and a server certificate for api.secret.test and
+    other.secret.test it signed (files in `d`): the loopback HTTPS
+    responders' identity, trusted by the server through --egress-ca-file."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "forkbox test upstream CA")])
+    ca = (
+        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
+        .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1)).not_valid_after(now + datetime.timedelta(days=30))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
+                                     key_encipherment=False, data_encipherment=False, key_agreement=False,
+                                     encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "api.secret.test")]))
+        .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1)).not_valid_after(now + datetime.timedelta(days=30))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("api.secret.test"), x509.DNSName("other.secret.test")]),
+                       critical=False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    paths = {n: os.path.join(d, n) for n in ("ca.pem", "cert.pem", "key.pem")}
+    with open(paths["ca.pem"], "wb") as f:
+        f.write(ca.public_bytes(serialization.Encoding.PEM))
+    with open(paths["cert.pem"], "wb") as f:
+        f.write(cert.public_bytes(serialization.Encoding.PEM))
+    with open(paths["key.pem"], "wb") as f:
+        f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                  serialization.NoEncryption()))
+    return paths
+
+
+def _https_responder(host, paths):
+    srv = _responder(host)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(paths["cert.pem"], paths["key.pem"])
+    # The handshake happens in the handler's thread, not the accept loop.
+    srv.socket = ctx.wrap_socket(srv.socket, server_side=True, do_handshake_on_connect=False)
+    return srv
+
+
+@pytest.fixture(scope="module", params=["process", "thread"])
+def tls_server(request, tmp_path_factory):
+    d = tmp_path_factory.mktemp("tls")
+    paths = _test_ca(str(d))
+    bound, other = _https_responder("127.0.0.1", paths), _https_responder("127.0.0.2", paths)
+    p1, p2 = bound.server_address[1], other.server_address[1]
+    s = start_server(
+        d / "home",
+        "--isolation", request.param,
+        "--egress-host", "api.secret.test=127.0.0.1",
+        "--egress-host", "other.secret.test=127.0.0.2",
+        "--egress-allow", f"127.0.0.1:{p1}",
+        "--egress-allow", f"127.0.0.2:{p2}",
+        "--egress-ca-file", paths["ca.pem"],
+    )
+    with open(paths["ca.pem"]) as f:
+        test_ca = f.read()
+    yield s, bound, other, test_ca
+    stop_server(s)
+    bound.shutdown()
+    other.shutdown()
+
+
+# HTTPS from the guest with urllib (the default context: SSL_CERT_FILE), and
+# with an explicit context trusting only the test CA, which succeeds only if
+# the bytes reached the real server untouched.
+_TLS_CLIENT = """
+import json, os, ssl, urllib.request
+ph = os.environ["API_TOKEN"]
+def get(url, ctx=None):
+    req = urllib.request.Request(url, headers={{"Authorization": "Bearer " + ph}})
+    with urllib.request.urlopen(req, timeout=10, context=ctx) as r:
+        return int(r.read())
+only_test_ca = ssl.create_default_context(cadata={test_ca!r})
+def refused(url, ctx=None):
+    try:
+        get(url, ctx)
+    except Exception as e:
+        return "CERTIFICATE_VERIFY_FAILED" in str(e)
+    return False
+res = {{
+    "ph": ph,
+    "env": {{k: os.environ.get(k) for k in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")}},
+    "bundle": open(os.environ["SSL_CERT_FILE"]).read(),
+    "terminated": get("https://api.secret.test:{p1}/t"),
+    # The relay's leaf is not the test CA's: a guest trusting only that CA refuses it.
+    "terminated_refused_by_test_ca": refused("https://api.secret.test:{p1}/t", only_test_ca),
+    # Not a TLS secret's host: passed through, the real server's certificate verifies.
+    "other": get("https://other.secret.test:{p2}/o", only_test_ca),
+    "other_refused_by_default": refused("https://other.secret.test:{p2}/o"),
+}}
+json.dumps(res)
+"""
+
+
+def test_https_to_a_tls_secret_host_carries_the_value(tls_server):
+    s, bound, other, test_ca = tls_server
+    p1, p2 = bound.server_address[1], other.server_address[1]
+    r = _create(s, {"secrets": {"API_TOKEN": {"value": VALUE, "hosts": ["api.secret.test"], "tls": True}}})
+    assert r.status_code == 201, r.text
+    sess = r.json()
+    assert sess["secrets"] == [{"name": "API_TOKEN", "hosts": ["api.secret.test"], "tls": True}]
+    out = _exec(s, sess["id"], _TLS_CLIENT.format(p1=p1, p2=p2, test_ca=test_ca))
+    assert out["error"] is None, out
+    res = json.loads(eval(out["value"]))
+    ph = res["ph"]
+    assert ph.startswith("fbx_secret_") and VALUE not in out["value"]
+    assert res["env"] == {"SSL_CERT_FILE": "/etc/ssl/forkbox-ca-bundle.pem",
+                          "REQUESTS_CA_BUNDLE": "/etc/ssl/forkbox-ca-bundle.pem"}
+    # The bundle: the image's roots and this server's egress CA (its certificate, never its key).
+    with open(os.path.join(s.home, "egress-ca.pem")) as f:
+        ca_pem = f.read()
+    assert ca_pem.strip() in res["bundle"] and res["bundle"].count("BEGIN CERTIFICATE") > 10
+    assert "PRIVATE KEY" not in res["bundle"]
+    assert os.stat(os.path.join(s.home, "egress-ca.key")).st_mode & 0o777 == 0o600
+
+    assert bound.seen[res["terminated"]]["headers"]["Authorization"] == f"Bearer {VALUE}"
+    assert res["terminated_refused_by_test_ca"] is True
+    assert other.seen[res["other"]]["headers"]["Authorization"] == f"Bearer {ph}"
+    assert res["other_refused_by_default"] is True
+
+    # Nothing holds the value: API responses, the data directory, the log.
+    for path in (f"/v1/sessions/{sess['id']}", "/v1/sessions"):
+        r = httpx.get(f"{s.url}{path}", headers=s.headers(), timeout=60)
+        assert r.status_code == 200 and VALUE not in r.text
+    needle = VALUE.encode()
+    for root, _, files in os.walk(s.home):
+        for f in files:
+            p = os.path.join(root, f)
+            if os.path.islink(p) or not os.path.isfile(p):
+                continue
+            with open(p, "rb") as fh:
+                assert needle not in fh.read(), f"{p} holds the secret's value"
+    assert VALUE not in "".join(s.output)
+
+
+def test_sni_not_named_by_the_secret_passes_through(tls_server):
+    """A connection to the address of a TLS secret's host whose ClientHello
+    names another host is not terminated: the real server answers, and the
+    placeholder arrives as it is."""
+    s, bound, _, test_ca = tls_server
+    p1 = bound.server_address[1]
+    r = _create(s, {"secrets": {"API_TOKEN": {"value": VALUE, "hosts": ["api.secret.test"], "tls": True}}})
+    assert r.status_code == 201, r.text
+    code = (
+        "import http.client, os, ssl, socket\n"
+        f"ctx = ssl.create_default_context(cadata={test_ca!r})\n"
+        f"raw = socket.create_connection(('api.secret.test', {p1}), timeout=10)\n"
+        f"c = http.client.HTTPConnection('other.secret.test', {p1}, timeout=10)\n"
+        # The SNI and the verified name: other.secret.test, over api.secret.test's address.
+        "c.sock = ctx.wrap_socket(raw, server_hostname='other.secret.test')\n"
+        "c.request('GET', '/sni', headers={'Host': 'other.secret.test', 'X-Api-Key': os.environ['API_TOKEN']})\n"
+        "(os.environ['API_TOKEN'], c.getresponse().read().decode())"
+    )
+    out = _exec(s, r.json()["id"], code)
+    assert out["error"] is None, out
+    ph, i = eval(out["value"])
+    assert bound.seen[int(i)]["headers"]["X-Api-Key"] == ph
+
+
+def test_a_secret_without_tls_leaves_https_alone(tls_server):
+    s, bound, _, test_ca = tls_server
+    p1 = bound.server_address[1]
+    r = _create(s, {"secrets": {"API_TOKEN": {"value": VALUE, "hosts": ["api.secret.test"]}}})
+    assert r.status_code == 201, r.text
+    code = (
+        "import os, ssl, urllib.request\n"
+        f"ctx = ssl.create_default_context(cadata={test_ca!r})\n"
+        f"req = urllib.request.Request('https://api.secret.test:{p1}/', headers={{'X-Api-Key': os.environ['API_TOKEN']}})\n"
+        "(os.environ['API_TOKEN'], os.environ.get('SSL_CERT_FILE'), urllib.request.urlopen(req, timeout=10, context=ctx).read().decode())"
+    )
+    out = _exec(s, r.json()["id"], code)
+    assert out["error"] is None, out
+    ph, cert_file, i = eval(out["value"])
+    assert cert_file is None
+    assert bound.seen[int(i)]["headers"]["X-Api-Key"] == ph
+
+
+def test_an_existing_egress_ca_from_the_environment(tmp_path):
+    """FORKBOX_EGRESS_CA_CERT and FORKBOX_EGRESS_CA_KEY: the server signs with
+    that CA (none is made in the data directory) and the guest trusts it; only one of them is refused."""
+    paths = _test_ca(str(tmp_path))
+    # The test CA's key is not written by _test_ca: make a CA pair of our own with cryptography.
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "operator egress CA")])
+    ca = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1)).not_valid_after(now + datetime.timedelta(days=30))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
+                                     key_encipherment=False, data_encipherment=False, key_agreement=False,
+                                     encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    cert_pem = ca.public_bytes(serialization.Encoding.PEM).decode()
+    (tmp_path / "op-ca.pem").write_text(cert_pem)
+    (tmp_path / "op-ca.key").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                           serialization.NoEncryption()))
+    bound = _https_responder("127.0.0.1", paths)
+    port = bound.server_address[1]
+    env = {"FORKBOX_EGRESS_CA_CERT": str(tmp_path / "op-ca.pem"), "FORKBOX_EGRESS_CA_KEY": str(tmp_path / "op-ca.key")}
+    s = start_server(tmp_path / "home", "--egress-host", "api.secret.test=127.0.0.1",
+                     "--egress-allow", f"127.0.0.1:{port}", "--egress-ca-file", paths["ca.pem"], env=env)
+    try:
+        r = _create(s, {"secrets": {"K": {"value": VALUE, "hosts": ["api.secret.test"], "tls": True}}})
+        assert r.status_code == 201, r.text
+        code = (
+            "import os, ssl, urllib.request\n"
+            f"req = urllib.request.Request('https://api.secret.test:{port}/', headers={{'X-Api-Key': os.environ['K']}})\n"
+            "i = urllib.request.urlopen(req, timeout=10).read().decode()\n"
+            # The leaf the guest got verifies against the operator's CA alone.
+            f"only = ssl.create_default_context(cadata={cert_pem!r})\n"
+            "j = urllib.request.urlopen(req, timeout=10, context=only).read().decode()\n"
+            "(i, j, open(os.environ['SSL_CERT_FILE']).read())"
+        )
+        out = _exec(s, r.json()["id"], code)
+        assert out["error"] is None, out
+        i, j, bundle = eval(out["value"])
+        assert bound.seen[int(i)]["headers"]["X-Api-Key"] == VALUE
+        assert bound.seen[int(j)]["headers"]["X-Api-Key"] == VALUE
+        assert cert_pem.strip() in bundle
+        assert not (s.home / "egress-ca.key").exists() and not (s.home / "egress-ca.pem").exists()
+    finally:
+        stop_server(s)
+        bound.shutdown()
+    # One of the two alone: the server does not start.
+    home2 = fresh_home(tmp_path / "home2")
+    proc = subprocess.run(
+        [forkbox_bin(), "--home", str(home2), "serve", "--listen", "127.0.0.1:0", "--image", shared_image()],
+        env={**os.environ, "FORKBOX_EGRESS_CA_CERT": env["FORKBOX_EGRESS_CA_CERT"]},
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode != 0 and "go together" in proc.stdout + proc.stderr, proc.stderr[-2000:]

@@ -71,6 +71,10 @@ enum Command {
         /// goes through the egress policy. For local services and tests of name-bound rules and secrets.
         #[arg(long, value_name = "NAME=ADDR")]
         egress_host: Vec<String>,
+        /// PEM certificates the relay of TLS secrets trusts too, beside the host's roots, when it
+        /// connects to the real server (a private CA; tests with a loopback HTTPS server).
+        #[arg(long, value_name = "PEM")]
+        egress_ca_file: Option<PathBuf>,
         /// Build these shipped templates at start, in the background (repeatable: `--prebuild data`); a
         /// session or exec on one of them while it builds waits up to --template-wait-seconds.
         #[arg(long, value_name = "NAME")]
@@ -483,6 +487,7 @@ fn main() -> ExitCode {
             exec_slots,
             egress,
             egress_host,
+            egress_ca_file,
             prebuild,
             template_wait_seconds,
             pip_index_url,
@@ -531,7 +536,15 @@ fn main() -> ExitCode {
                     cluster_config(listen, node_id, advertise_url, lease_seconds)
                 })
                 .transpose();
-            let policy = egress.policy().and_then(|p| Ok((p, egress_hosts(&egress_host)?)));
+            let roots = egress_ca_file.map_or(Ok(()), |p| {
+                let pem =
+                    anyhow::Context::with_context(std::fs::read(&p), || format!("--egress-ca-file {}", p.display()))?;
+                anyhow::Context::with_context(forkbox_runtime::net_tls::install_upstream_roots(&pem), || {
+                    format!("--egress-ca-file {}", p.display())
+                })
+                .map(|_| ())
+            });
+            let policy = roots.and_then(|()| egress.policy()).and_then(|p| Ok((p, egress_hosts(&egress_host)?)));
             policy.and_then(|policy| cluster.map(|c| (policy, c))).and_then(|((policy, hosts), cluster)| {
                 serve(
                     &home,

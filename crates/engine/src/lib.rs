@@ -39,6 +39,7 @@ pub use file_ops::{EntryInfo, EntryKind, FileOp, FileOpOutcome};
 pub use files::{FileEntry, OutputFile};
 /// Secrets substituted at the egress boundary (sealing, placeholders).
 pub use forkbox_linux::net::secrets as net_secrets;
+pub use forkbox_linux::net::tls as net_tls;
 pub use forkbox_linux::net::{
     GlobalNetStats, Mode as NetMode, NetConfig, NetStats, Policy as NetPolicy, Rule as NetRule, GLOBAL as NET_GLOBAL,
 };

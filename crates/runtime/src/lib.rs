@@ -60,6 +60,7 @@ pub use forkbox_api::ErrorCode;
 pub use forkbox_engine::catalog::Listing as TemplateListing;
 pub use forkbox_engine::catalog::{Blas, CustomTemplate, PipSource};
 pub use forkbox_engine::net_secrets;
+pub use forkbox_engine::net_tls;
 pub use forkbox_engine::{
     CapturedOutput, EntryInfo, EntryKind, ExecResult, FileEntry, FileOp, FileOpOutcome, GlobalNetStats, JobChunk,
     JobInfo, Limits, ListeningPort, MimeBundle, NetConfig, NetMode, NetPolicy, NetRule, OutputFile, PyError, Stream,

@@ -274,6 +274,7 @@ impl Server {
         let (state, created_key) = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
             let runtime = Runtime::open(&cfg.home, cfg.runtime.clone())?;
             install_secrets_key(&cfg.home)?;
+            install_egress_ca(&cfg.home)?;
             for name in &cfg.prebuild {
                 runtime.prebuild(name).with_context(|| format!("--prebuild {name}"))?;
             }
@@ -401,6 +402,31 @@ fn install_secrets_key(home: &std::path::Path) -> anyhow::Result<()> {
         Err(_) => SealKey::load_or_create(&home.join("secrets.key")).context("the secrets key (secrets.key)")?,
     };
     install_key(key);
+    Ok(())
+}
+
+/// Where the egress CA (TLS secrets) comes from: `FORKBOX_EGRESS_CA_CERT` and
+/// `FORKBOX_EGRESS_CA_KEY` (PEM files of an existing CA), else `egress-ca.pem`
+/// and `egress-ca.key` (mode 0600) in the data directory, made on first use.
+pub const EGRESS_CA_CERT_ENV: &str = "FORKBOX_EGRESS_CA_CERT";
+pub const EGRESS_CA_KEY_ENV: &str = "FORKBOX_EGRESS_CA_KEY";
+
+fn install_egress_ca(home: &std::path::Path) -> anyhow::Result<()> {
+    use forkbox_runtime::net_tls::{install_ca, EgressCa};
+    let ca = match (std::env::var_os(EGRESS_CA_CERT_ENV), std::env::var_os(EGRESS_CA_KEY_ENV)) {
+        (Some(c), Some(k)) => {
+            let read = |p: &std::ffi::OsStr, what: &str| {
+                std::fs::read_to_string(p)
+                    .with_context(|| format!("{what}: reading {}", std::path::Path::new(p).display()))
+            };
+            EgressCa::from_pem(&read(&c, EGRESS_CA_CERT_ENV)?, &read(&k, EGRESS_CA_KEY_ENV)?)
+                .with_context(|| format!("{EGRESS_CA_CERT_ENV}, {EGRESS_CA_KEY_ENV}"))?
+        }
+        (None, None) => EgressCa::load_or_create(&home.join("egress-ca.pem"), &home.join("egress-ca.key"))
+            .context("the egress CA (egress-ca.pem, egress-ca.key)")?,
+        _ => anyhow::bail!("{EGRESS_CA_CERT_ENV} and {EGRESS_CA_KEY_ENV} go together"),
+    };
+    install_ca(ca);
     Ok(())
 }
 

@@ -159,6 +159,11 @@ pub struct SecretSpec {
     /// Ports it is sent to (default: any).
     #[serde(default)]
     pub ports: Vec<u16>,
+    /// Also in HTTPS to these hosts (default false): the server terminates
+    /// the sandbox's TLS to them with a leaf of its egress CA, which the
+    /// session's sandboxes trust (see docs/network.md).
+    #[serde(default)]
+    pub tls: bool,
 }
 
 /// A secret as it is shown: its name and destinations, never its value.
@@ -168,6 +173,8 @@ pub struct SecretInfo {
     pub hosts: Vec<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub ports: Vec<u16>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub tls: bool,
 }
 
 /// A request's secrets, validated and sealed with the server's key (a bad
@@ -186,7 +193,7 @@ pub fn seal_secrets(
             let Some(value) = s.value.as_str() else {
                 return Err(ApiError::invalid(format!("secrets: {name}: the value must be a string")));
             };
-            net_secrets::seal_new(name, value, &s.hosts, &s.ports).map_err(|e| match e {
+            net_secrets::seal_new(name, value, &s.hosts, &s.ports, s.tls).map_err(|e| match e {
                 SecretError::Invalid(_) => ApiError::invalid(e.to_string()),
                 _ => ApiError::internal(e.to_string()),
             })
@@ -623,7 +630,12 @@ impl Session {
             secrets: network
                 .secrets
                 .iter()
-                .map(|s| SecretInfo { name: s.name.clone(), hosts: s.hosts.clone(), ports: s.ports.clone() })
+                .map(|s| SecretInfo {
+                    name: s.name.clone(),
+                    hosts: s.hosts.clone(),
+                    ports: s.ports.clone(),
+                    tls: s.tls,
+                })
                 .collect(),
         }
     }

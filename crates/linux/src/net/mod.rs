@@ -32,6 +32,7 @@ pub mod netlink;
 pub mod policy;
 pub mod resolver;
 pub mod secrets;
+pub mod tls;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};

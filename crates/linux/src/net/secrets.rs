@@ -75,6 +75,10 @@ pub struct SealedSecret {
     pub ports: Vec<u16>,
     /// Base64 of nonce and ciphertext.
     pub sealed: String,
+    /// Also substituted in HTTPS to these hosts: the relay terminates the
+    /// guest's TLS when its SNI is one of `hosts` (see [`super::tls`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tls: bool,
 }
 
 impl std::fmt::Debug for SealedSecret {
@@ -83,6 +87,7 @@ impl std::fmt::Debug for SealedSecret {
             .field("name", &self.name)
             .field("hosts", &self.hosts)
             .field("ports", &self.ports)
+            .field("tls", &self.tls)
             .finish_non_exhaustive()
     }
 }
@@ -100,6 +105,11 @@ impl SealedSecret {
     pub fn applies(&self, names: &[String], port: u16) -> bool {
         (self.ports.is_empty() || self.ports.contains(&port))
             && self.hosts.iter().filter_map(|h| pattern(h).ok()).any(|p| names.iter().any(|n| p.matches(n)))
+    }
+
+    /// One of its host patterns matches `sni` (a TLS ClientHello's server name).
+    pub fn names_host(&self, sni: &str) -> bool {
+        self.hosts.iter().filter_map(|h| pattern(h).ok()).any(|p| p.matches(sni))
     }
 }
 
@@ -216,7 +226,13 @@ pub fn placeholder() -> Result<String, SecretError> {
 }
 
 /// Validate and seal one secret of a request with the installed key.
-pub fn seal_new(name: &str, value: &str, hosts: &[String], ports: &[u16]) -> Result<SealedSecret, SecretError> {
+pub fn seal_new(
+    name: &str,
+    value: &str,
+    hosts: &[String],
+    ports: &[u16],
+    tls: bool,
+) -> Result<SealedSecret, SecretError> {
     check_name(name)?;
     let invalid = |m: String| Err(SecretError::Invalid(format!("{name}: {m}")));
     if value.is_empty() || value.len() > VALUE_MAX {
@@ -235,6 +251,9 @@ pub fn seal_new(name: &str, value: &str, hosts: &[String], ports: &[u16]) -> Res
     if ports.len() > 64 || ports.contains(&0) {
         return invalid("ports: at most 64, each 1 to 65535".into());
     }
+    if tls && super::tls::ca().is_none() {
+        return invalid("tls: this server has no egress CA".into());
+    }
     let key = key().ok_or(SecretError::NoKey)?;
     let placeholder = placeholder()?;
     let sealed = key.seal(name, &placeholder, value.as_bytes())?;
@@ -244,17 +263,41 @@ pub fn seal_new(name: &str, value: &str, hosts: &[String], ports: &[u16]) -> Res
         hosts: hosts.iter().map(|h| super::policy::normalize_name(h)).collect(),
         ports: ports.to_vec(),
         sealed,
+        tls,
     })
 }
 
-/// Python that sets each secret's variable to its placeholder in the guest.
+/// The guest's trust for sessions with a TLS secret: its system roots and
+/// the server's egress CA, written here by [`env_prelude`].
+pub const CA_BUNDLE_PATH: &str = "/etc/ssl/forkbox-ca-bundle.pem";
+/// The system roots of the guest image.
+const SYSTEM_ROOTS: &str = "/etc/ssl/certs/ca-certificates.crt";
+
+/// Python that sets each secret's variable to its placeholder in the guest;
+/// with a TLS secret it also writes [`CA_BUNDLE_PATH`] and points
+/// `SSL_CERT_FILE` (OpenSSL, so Python's `ssl` and `urllib`),
+/// `REQUESTS_CA_BUNDLE` (requests) and `CURL_CA_BUNDLE` at it.
 pub fn env_prelude(secrets: &[SealedSecret]) -> Option<String> {
     if secrets.is_empty() {
         return None;
     }
     // Names are identifiers and placeholders [a-z0-9_]: plain literals.
     let pairs: Vec<String> = secrets.iter().map(|s| format!("{:?}: {:?}", s.name, s.placeholder)).collect();
-    Some(format!("import os as _fbx_os\n_fbx_os.environ.update({{{}}})\ndel _fbx_os\n", pairs.join(", ")))
+    let mut code = format!("import os as _fbx_os\n_fbx_os.environ.update({{{}}})\n", pairs.join(", "));
+    if let Some(ca) = secrets.iter().any(|s| s.tls).then(super::tls::ca).flatten() {
+        // The CA's PEM is base64 lines and dashes: a plain literal too.
+        code.push_str(&format!(
+            "try:\n    with open({SYSTEM_ROOTS:?}) as _fbx_f:\n        _fbx_roots = _fbx_f.read()\n\
+             except OSError:\n    _fbx_roots = ''\n\
+             with open({CA_BUNDLE_PATH:?}, 'w') as _fbx_f:\n    _fbx_f.write(_fbx_roots.rstrip('\\n') + '\\n' + {:?})\n\
+             _fbx_os.environ.update({{'SSL_CERT_FILE': {p:?}, 'REQUESTS_CA_BUNDLE': {p:?}, 'CURL_CA_BUNDLE': {p:?}}})\n\
+             del _fbx_f, _fbx_roots\n",
+            ca.cert_pem(),
+            p = CA_BUNDLE_PATH,
+        ));
+    }
+    code.push_str("del _fbx_os\n");
+    Some(code)
 }
 
 /// Replaces placeholders in the header values of a stream of HTTP/1.x
@@ -416,11 +459,29 @@ impl Drop for RelaySlot {
     }
 }
 
-/// The (placeholder, value) pairs of the secrets of `config_secrets` bound to
-/// a connection to `dest` whose address was handed out for `verdict.names`.
+/// A secret bound to a relayed connection, its value opened.
+struct Applied<'a> {
+    secret: &'a SealedSecret,
+    value: Vec<u8>,
+}
+
+impl Drop for Applied<'_> {
+    fn drop(&mut self) {
+        self.value.fill(0);
+    }
+}
+
+impl Applied<'_> {
+    fn pair(&self) -> (Vec<u8>, Vec<u8>) {
+        (self.secret.placeholder.clone().into_bytes(), self.value.clone())
+    }
+}
+
+/// The secrets of `config_secrets` bound to a connection to `dest` whose
+/// address was handed out for `verdict.names`, their values opened.
 /// Empty: no secret applies (the connection goes out directly). A secret
 /// whose value cannot be opened is left out (its placeholder goes out as it is).
-fn substitutions(secrets: &[SealedSecret], verdict: &Verdict, dest: SocketAddr) -> Vec<(Vec<u8>, Vec<u8>)> {
+fn substitutions<'a>(secrets: &'a [SealedSecret], verdict: &Verdict, dest: SocketAddr) -> Vec<Applied<'a>> {
     let applying: Vec<&SealedSecret> = secrets.iter().filter(|s| s.applies(&verdict.names, dest.port())).collect();
     if applying.is_empty() {
         return Vec::new();
@@ -432,7 +493,7 @@ fn substitutions(secrets: &[SealedSecret], verdict: &Verdict, dest: SocketAddr) 
     applying
         .into_iter()
         .filter_map(|s| match key.open(s) {
-            Ok(v) => Some((s.placeholder.clone().into_bytes(), v)),
+            Ok(value) => Some(Applied { secret: s, value }),
             Err(_) => {
                 tracing::warn!(secret = %s.name, "a secret could not be opened: sent without substitution");
                 None
@@ -446,10 +507,11 @@ fn substitutions(secrets: &[SealedSecret], verdict: &Verdict, dest: SocketAddr) 
 /// a loopback TCP pair whose other end a relay of this process serves,
 /// substituting the secrets on the way to `dest`.
 pub fn open_tcp(secrets: &[SealedSecret], verdict: &Verdict, domain: i32, dest: SocketAddr) -> Result<Opened, Errno> {
-    let subs = if secrets.is_empty() { Vec::new() } else { substitutions(secrets, verdict, dest) };
-    if subs.is_empty() {
+    let applied = if secrets.is_empty() { Vec::new() } else { substitutions(secrets, verdict, dest) };
+    if applied.is_empty() {
         return super::egress::open_tcp(domain, dest);
     }
+    let plan = Plan::new(&applied);
     if RELAYS.fetch_add(1, Ordering::Relaxed) >= RELAYS_MAX {
         RELAYS.fetch_sub(1, Ordering::Relaxed);
         return Err(Errno::EAGAIN);
@@ -460,27 +522,103 @@ pub fn open_tcp(secrets: &[SealedSecret], verdict: &Verdict, domain: i32, dest: 
     let inner = TcpStream::connect(listener.local_addr().map_err(io)?).map_err(io)?;
     let (outer, _) = listener.accept().map_err(io)?;
     drop(listener);
+    // Both ends: a relay writes what it has as it has it (TLS records, a head
+    // then a body); Nagle against the guest's delayed ACKs would add 40 ms.
     let _ = inner.set_nodelay(true);
+    let _ = outer.set_nodelay(true);
     inner.set_nonblocking(true).map_err(io)?;
     std::thread::Builder::new()
         .name("forkbox-secret-relay".into())
         .spawn(move || {
             let _slot = slot;
-            relay(outer, dest, Rewriter::new(subs));
+            relay(outer, dest, plan);
         })
         .map_err(|_| Errno::EAGAIN)?;
     Ok(Opened { socket: Socket::from(inner), connected: true })
 }
 
-/// Serve one relayed connection: connect to `dest`, then copy both ways
-/// (the guest's side through `rw`) until either side ends or is idle.
-fn relay(guest: TcpStream, dest: SocketAddr, mut rw: Rewriter) {
+/// A placeholder and its value.
+type Sub = (Vec<u8>, Vec<u8>);
+
+/// What a relay substitutes: in plain HTTP every applying secret; in TLS
+/// it terminates, the TLS secrets whose hosts name the SNI.
+struct Plan {
+    plain: Vec<(Vec<u8>, Vec<u8>)>,
+    /// The TLS secrets (their hosts) and their (placeholder, value).
+    tls: Vec<(SealedSecret, Sub)>,
+}
+
+impl Drop for Plan {
+    fn drop(&mut self) {
+        for (_, v) in self.plain.iter_mut().chain(self.tls.iter_mut().map(|(_, p)| p)) {
+            v.fill(0);
+        }
+    }
+}
+
+impl Plan {
+    fn new(applied: &[Applied<'_>]) -> Plan {
+        let tls = if super::tls::ca().is_some() {
+            applied
+                .iter()
+                .filter(|a| a.secret.tls)
+                .map(|a| (SealedSecret { sealed: String::new(), ..a.secret.clone() }, a.pair()))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Plan { plain: applied.iter().map(Applied::pair).collect(), tls }
+    }
+
+    /// The substitutions for a TLS connection to `sni`: empty, do not terminate.
+    fn for_sni(&self, sni: Option<&str>) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let Some(sni) = sni else { return Vec::new() };
+        self.tls.iter().filter(|(s, _)| s.names_host(sni)).map(|(_, p)| p.clone()).collect()
+    }
+}
+
+/// Serve one relayed connection: connect to `dest`; when a TLS secret
+/// applies and the guest opens with a ClientHello for one of its hosts,
+/// terminate ([`super::tls::terminate`]); else copy both ways (the guest's
+/// side through the rewriter, or untouched after a ClientHello) until either
+/// side ends or is idle.
+fn relay(guest: TcpStream, dest: SocketAddr, mut plan: Plan) {
     let Ok(host) = TcpStream::connect_timeout(&dest, CONNECT_TIMEOUT) else {
         // The guest sees its connection reset.
         let _ = guest.shutdown(std::net::Shutdown::Both);
         return;
     };
     let _ = host.set_nodelay(true);
+    let mut rw = Rewriter::new(std::mem::take(&mut plan.plain));
+    if !plan.tls.is_empty() {
+        match super::tls::read_hello(&guest) {
+            hello @ super::tls::Hello::Tls { .. } => {
+                let subs = plan.for_sni(hello.sni().as_deref());
+                let super::tls::Hello::Tls { accepted, raw } = hello else { return };
+                if !subs.is_empty() {
+                    let sni = accepted.client_hello().server_name().unwrap_or_default().to_string();
+                    drop(plan);
+                    drop(rw);
+                    super::tls::terminate(guest, host, accepted, &sni, Rewriter::new(subs));
+                    return;
+                }
+                // TLS to a host no TLS secret names: its bytes pass untouched.
+                if (&host).write_all(&raw).is_err() {
+                    return;
+                }
+                rw = Rewriter::new(Vec::new());
+            }
+            super::tls::Hello::Other(raw) => {
+                // Not TLS (or not a ClientHello that parsed): what was read goes through the rewriter.
+                let mut out = Vec::new();
+                rw.feed(&raw, &mut out);
+                if (&host).write_all(&out).is_err() {
+                    return;
+                }
+            }
+        }
+    }
+    drop(plan);
     for s in [&guest, &host] {
         let _ = s.set_read_timeout(Some(IDLE_TIMEOUT));
         let _ = s.set_write_timeout(Some(IDLE_TIMEOUT));
@@ -611,6 +749,7 @@ mod tests {
             hosts: vec!["api.example.com".into()],
             ports: vec![],
             sealed: k.seal("API_KEY", P, b"sk-REAL").unwrap(),
+            tls: false,
         };
         assert!(!s.sealed.contains("sk-REAL"));
         assert_eq!(k.open(&s).unwrap(), b"sk-REAL");
@@ -635,7 +774,8 @@ mod tests {
         assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o600);
         let b = SealKey::load_or_create(&p).unwrap();
         let sealed = a.seal("N", P, b"v").unwrap();
-        let s = SealedSecret { name: "N".into(), placeholder: P.into(), hosts: vec![], ports: vec![], sealed };
+        let s =
+            SealedSecret { name: "N".into(), placeholder: P.into(), hosts: vec![], ports: vec![], sealed, tls: false };
         assert_eq!(b.open(&s).unwrap(), b"v");
     }
 
@@ -647,6 +787,7 @@ mod tests {
             hosts: vec!["api.example.com".into(), "*.example.org".into()],
             ports: vec![443],
             sealed: String::new(),
+            tls: true,
         };
         let n = |v: &str| vec![v.to_string()];
         assert!(s.applies(&n("api.example.com"), 443));
@@ -655,5 +796,39 @@ mod tests {
         assert!(!s.applies(&n("api.example.com"), 80));
         assert!(!s.applies(&[], 443));
         assert!(s.applies(&n("API.example.com."), 443));
+        // SNI matching: the same patterns.
+        assert!(s.names_host("api.example.com"));
+        assert!(s.names_host("deep.x.example.org"));
+        assert!(!s.names_host("example.org"));
+        assert!(!s.names_host("api.example.com.evil.test"));
+        assert!(!s.names_host("evil.test"));
+    }
+
+    #[test]
+    fn plan_terminates_only_for_sni_named_by_a_tls_secret() {
+        let mk = |name: &str, hosts: &[&str], tls: bool| SealedSecret {
+            name: name.into(),
+            placeholder: format!("{PLACEHOLDER_PREFIX}{name}"),
+            hosts: hosts.iter().map(|h| h.to_string()).collect(),
+            ports: vec![],
+            sealed: String::new(),
+            tls,
+        };
+        let a = mk("A", &["api.example.com"], true);
+        let b = mk("B", &["*.example.org"], true);
+        let c = mk("C", &["plain.example.net"], false);
+        let plan = Plan {
+            plain: vec![],
+            tls: [&a, &b].iter().map(|s| ((*s).clone(), (s.placeholder.clone().into_bytes(), b"v".to_vec()))).collect(),
+        };
+        let names = |subs: Vec<(Vec<u8>, Vec<u8>)>| -> Vec<String> {
+            subs.into_iter().map(|(p, _)| String::from_utf8(p).unwrap()).collect()
+        };
+        assert_eq!(names(plan.for_sni(Some("api.example.com"))), vec![a.placeholder.clone()]);
+        assert_eq!(names(plan.for_sni(Some("x.example.org"))), vec![b.placeholder.clone()]);
+        assert!(plan.for_sni(Some("plain.example.net")).is_empty());
+        assert!(plan.for_sni(Some("evil.test")).is_empty());
+        assert!(plan.for_sni(None).is_empty());
+        let _ = c;
     }
 }
