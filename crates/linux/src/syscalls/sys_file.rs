@@ -410,8 +410,11 @@ pub fn ioctl(ctx: &mut Ctx, a: &Args) -> SysResult {
             Ok(0)
         }
         0x5452 /* FIOASYNC */ => Err(Errno::EINVAL),
-        // TCGETS, TIOCGWINSZ, ...: nothing here is a terminal.
-        _ => Err(Errno::ENOTTY),
+        // TCGETS, TIOCGWINSZ, ...: the kind's (a pseudo-terminal's), else ENOTTY.
+        _ => {
+            let (open, ops) = file::open(ctx, fd)?;
+            ops.ioctl(ctx, &open, req, arg)
+        }
     }
 }
 
