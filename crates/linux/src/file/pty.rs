@@ -383,7 +383,7 @@ impl FileOps for PtySlaveFile {
 
     fn stat(&self, ctx: &Ctx, f: &Open) -> Result<Stat, Errno> {
         let index = ctx.proc.fds.objects.pty(object_id(&f.file)?).map(|p| p.index).unwrap_or(0);
-        Ok(tty_stat(3_100_000_000 + u64::from(index), makedev(PTS_MAJOR, u64::from(index)), 0o620))
+        Ok(slave_stat(index))
     }
 
     fn ioctl(&self, ctx: &mut Ctx, f: &Open, req: u64, arg: u64) -> SysResult {
@@ -392,6 +392,11 @@ impl FileOps for PtySlaveFile {
             _ => tty_ioctl(ctx, f, req, arg),
         }
     }
+}
+
+/// What stat says of /dev/pts/N.
+pub fn slave_stat(index: u32) -> Stat {
+    tty_stat(3_100_000_000 + u64::from(index), makedev(PTS_MAJOR, u64::from(index)), 0o620)
 }
 
 fn tty_stat(ino: u64, rdev: u64, perm: u32) -> Stat {

@@ -223,6 +223,11 @@ fn stat_path(ctx: &mut Ctx, dirfd: u64, path_ptr: u64, flags: i32) -> Result<Sta
         }
         return Err(Errno::ENOENT);
     }
+    if let Some(index) = pts_index(&path) {
+        // As an open slave's fstat says (ttyname compares the two).
+        ctx.proc.fds.objects.ptys().find(|(_, p)| p.index == index).ok_or(Errno::ENOENT)?;
+        return Ok(crate::file::pty::slave_stat(index));
+    }
     let start = ctx.dir_start(dirfd, &path)?;
     let ino = ctx.proc.vfs.resolve(start, &path, flags & libc::AT_SYMLINK_NOFOLLOW == 0)?;
     ctx.proc.vfs.stat(ino)
