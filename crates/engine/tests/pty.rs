@@ -109,6 +109,36 @@ json.dumps({"first": first, "second": second, "third": third, "code": os.waitsta
 }
 
 #[test]
+fn ctrl_c_typed_by_the_agent_ends_a_shells_foreground_job_not_the_exec() {
+    let mut sb = fork();
+    let v = value(
+        &mut sb,
+        r##"
+import os, subprocess, fcntl, termios, struct, time
+m, s = os.openpty()
+p = subprocess.Popen(["bash", "-i"], stdin=s, stdout=s, stderr=s, start_new_session=True,
+                     preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+os.close(s)
+def until(word):
+    out = b""
+    while word not in out:
+        out += os.read(m, 1000)
+    return out
+until(b"# ")
+os.write(m, b"sleep 30\n")
+until(b"sleep 30\r\n")
+time.sleep(0.2)
+fg = struct.unpack("i", fcntl.ioctl(m, termios.TIOCGPGRP, b"\0" * 4))[0]
+os.write(m, b"\x03")
+os.write(m, b"echo after-$((1+1)); exit 4\n")
+until(b"after-2")
+(fg != os.getpgid(p.pid), p.wait())
+"##,
+    );
+    assert_eq!(v, "(True, 4)", "the shell's job had the terminal and ^C ended it alone");
+}
+
+#[test]
 fn a_shell_on_a_pty_runs_what_is_typed() {
     let mut sb = fork();
     let v = value(

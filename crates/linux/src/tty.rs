@@ -200,6 +200,11 @@ pub struct Pty {
     pub line: Vec<u8>,
     /// Towards the master: slave output and echoes.
     pub output: VecDeque<u8>,
+    /// The background job (leader pid) whose stdout this terminal's output
+    /// goes to instead of the master (a command the API started on a pty):
+    /// host-side, never in a state file (jobs are not).
+    #[serde(skip)]
+    pub job: Option<u32>,
 }
 
 /// A signal input processing raised for the foreground process group.
@@ -220,6 +225,7 @@ impl Pty {
             input_len: 0,
             line: Vec::new(),
             output: VecDeque::new(),
+            job: None,
         }
     }
 

@@ -11,7 +11,7 @@ use crate::file::ops::{FileOps, Open, PollCtx};
 use crate::kernel::block::{READABLE, WRITABLE};
 use crate::kernel::Ctx;
 use crate::objects::ObjKind;
-use crate::thread::{SigInfo, SI_KERNEL};
+use crate::thread::{SigInfo, SI_USER};
 use crate::tty::{Pty, Termios, WinSize, TERMIOS2_SIZE, TERMIOS_SIZE};
 use crate::vfs::makedev;
 use crate::vfs::{FileType, Stat};
@@ -42,6 +42,24 @@ const TIOCGPTN: u64 = 0x8004_5430;
 const TIOCSPTLCK: u64 = 0x4004_5431;
 const TIOCGPTLCK: u64 = 0x8004_5439;
 const TIOCGPTPEER: u64 = 0x5441;
+/// forkbox's own: send this pty's output to background job `arg` (its leader
+/// pid) instead of the master (the command helper's, for `pty` commands).
+pub const FORKBOX_TIOCSJOB: u64 = 0x54F0;
+
+/// Move what a terminal attached to a job (`Pty::job`) has for the master
+/// into that job's stdout (the host reads it there, as any job's output).
+pub fn flush_to_job(p: &mut Pty, kernel: &mut crate::kernel::Kernel) {
+    let Some(leader) = p.job else { return };
+    let Some(rings) = kernel.job_out.get_mut(&leader) else { return };
+    if p.output.is_empty() {
+        return;
+    }
+    let (a, b) = p.output.as_slices();
+    let ring = &mut rings[crate::kernel::state::Stream::Stdout as usize];
+    ring.push(a, crate::kernel::state::JOB_OUTPUT_BYTES);
+    ring.push(b, crate::kernel::state::JOB_OUTPUT_BYTES);
+    p.output.clear();
+}
 
 /// The path of slave `index`.
 pub fn pts_path(index: u32) -> String {
@@ -49,10 +67,12 @@ pub fn pts_path(index: u32) -> String {
 }
 
 /// Send `sig` to every live process of group `pgid` (the caller's own copy
-/// is queued on it directly, as kill(2) does).
+/// is queued on it directly, as kill(2) does). Linux marks a terminal's
+/// signals SI_KERNEL; here that code is the host's interrupt of an exec, so
+/// they go as SI_USER from pid 0.
 pub fn signal_group(ctx: &mut Ctx, pgid: u32, sig: i32) {
     let Ok(targets) = ctx.kernel.procs.kill_targets(ctx.proc.pid, -(pgid as i32)) else { return };
-    let info = SigInfo::user(sig, SI_KERNEL);
+    let info = SigInfo::user(sig, SI_USER);
     for t in targets {
         if t == ctx.proc.pid {
             ctx.proc.threads.send_process(info);
@@ -279,7 +299,10 @@ impl FileOps for PtyMasterFile {
         let r = pty_of(ctx, f)?.master_write(data);
         let r = match r {
             Ok((n, sigs)) => {
-                let group = pty_of(ctx, f)?.pgrp;
+                let id = object_id(&f.file)?;
+                let p = ctx.proc.fds.objects.pty_mut(id)?;
+                flush_to_job(p, ctx.kernel);
+                let group = p.pgrp;
                 if let Some(g) = group {
                     for s in sigs {
                         signal_group(ctx, g, s);
@@ -314,6 +337,17 @@ impl FileOps for PtyMasterFile {
             TIOCSPTLCK => {
                 let lock = ctx.bytes(arg, 4)? != [0, 0, 0, 0];
                 pty_of(ctx, f)?.locked = lock;
+                Ok(0)
+            }
+            FORKBOX_TIOCSJOB => {
+                let pid = u32::try_from(arg).map_err(|_| Errno::EINVAL)?;
+                if ctx.kernel.jobs.get(&pid) != Some(&pid) || !ctx.kernel.job_out.contains_key(&pid) {
+                    return Err(Errno::EINVAL);
+                }
+                let id = object_id(&f.file)?;
+                let p = ctx.proc.fds.objects.pty_mut(id)?;
+                p.job = Some(pid);
+                flush_to_job(p, ctx.kernel);
                 Ok(0)
             }
             TIOCGPTLCK => {
@@ -369,7 +403,10 @@ impl FileOps for PtySlaveFile {
         if pos.is_some() {
             return Err(Errno::ESPIPE);
         }
-        let r = pty_of(ctx, f)?.slave_write(data).map(|n| n as u64);
+        let id = object_id(&f.file)?;
+        let p = ctx.proc.fds.objects.pty_mut(id)?;
+        let r = p.slave_write(data).map(|n| n as u64);
+        flush_to_job(p, ctx.kernel);
         or_block(ctx, &f.file, f.ofd, WRITABLE, r)
     }
 
