@@ -1431,9 +1431,9 @@ impl Sandbox {
             rest.push(4);
         }
         while !rest.is_empty() {
-            let master = self.job_pty(pid).ok_or_else(|| {
-                EngineError::StdinClosed(format!("background process {pid} has its terminal closed"))
-            })?;
+            let master = self
+                .job_pty(pid)
+                .ok_or_else(|| EngineError::StdinClosed(format!("background process {pid} has its terminal closed")))?;
             let p = self.proc.fds.objects.pty_mut(master).map_err(|e| EngineError::Poisoned(format!("pty: {e:?}")))?;
             match p.master_write(&rest) {
                 Ok((n, sigs)) => {

@@ -1228,7 +1228,9 @@ impl Objects {
                     return Err(format!("pipe {id} over capacity"))
                 }
                 ObjKind::PtyMaster(p) => {
-                    let slave_ok = p.slave.is_none_or(|s| matches!(self.map.get(&s), Some(Object { kind: ObjKind::PtySlave(m), .. }) if *m == *id));
+                    let slave_ok = p.slave.is_none_or(
+                        |s| matches!(self.map.get(&s), Some(Object { kind: ObjKind::PtySlave(m), .. }) if *m == *id),
+                    );
                     if !p.valid() || p.index >= crate::tty::MAX_PTYS || !slave_ok {
                         return Err(format!("pty {id} state"));
                     }

@@ -129,10 +129,7 @@ fn pty_of<'a>(ctx: &'a mut Ctx, f: &Open) -> Result<&'a mut Pty, Errno> {
 }
 
 fn is_master(ctx: &Ctx, f: &Open) -> bool {
-    matches!(
-        object_id(&f.file).and_then(|id| ctx.proc.fds.objects.get(id)).map(|o| &o.kind),
-        Ok(ObjKind::PtyMaster(_))
-    )
+    matches!(object_id(&f.file).and_then(|id| ctx.proc.fds.objects.get(id)).map(|o| &o.kind), Ok(ObjKind::PtyMaster(_)))
 }
 
 /// The terminal ioctls both sides answer.
@@ -182,9 +179,11 @@ fn tty_ioctl(ctx: &mut Ctx, f: &Open, req: u64, arg: u64) -> SysResult {
             if g < 0 {
                 return Err(Errno::EINVAL);
             }
-            let in_session = ctx.kernel.procs.kill_targets(ctx.proc.pid, -g).is_ok_and(|t| {
-                t.iter().any(|pid| ctx.kernel.procs.get(*pid).is_some_and(|e| Some(e.sid) == sid))
-            });
+            let in_session = ctx
+                .kernel
+                .procs
+                .kill_targets(ctx.proc.pid, -g)
+                .is_ok_and(|t| t.iter().any(|pid| ctx.kernel.procs.get(*pid).is_some_and(|e| Some(e.sid) == sid)));
             if !in_session {
                 return Err(Errno::EPERM);
             }
