@@ -357,3 +357,47 @@ def test_background_work_stops_when_the_keys_cpu_budget_is_spent(server):
         assert r.status_code == 429 and r.json()["error"]["code"] == "cpu_budget_exceeded", r.text
         assert hog.get(f"/v1/sessions/{sid}/processes/{pid}").json()["state"] == "running"
         hog.post(f"/v1/sessions/{sid}/processes/{pid}/signal", json={"signal": 9})
+
+
+def wait_output(api, sid: str, pid: int, needle: str, timeout: float = 20) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        data = output(api, sid, pid)["data"]
+        if needle in data:
+            return data
+        assert time.monotonic() < deadline, (needle, data)
+        time.sleep(0.05)
+
+
+def test_a_command_on_a_pty_is_a_terminal_with_echo_resize_and_ctrl_c(api):
+    sid = session(api)
+    prog = ("import os, sys, signal\n"
+            "print('tty', os.isatty(0), os.isatty(1), os.get_terminal_size(), flush=True)\n"
+            "signal.signal(signal.SIGWINCH, lambda *a: print('size', os.get_terminal_size(), flush=True))\n"
+            "signal.signal(signal.SIGINT, lambda *a: (print('interrupted', flush=True), os._exit(5)))\n"
+            "for line in sys.stdin:\n"
+            "    print('got', line.strip().upper(), flush=True)\n")
+    started = start(api, sid, ["python3", "-c", prog], pty={"rows": 24, "cols": 80})
+    pid = started["pid"]
+    wait_output(api, sid, pid, "tty True True os.terminal_size(columns=80, lines=24)\r\n")
+    # What is typed is echoed by the terminal and read as a line by the program.
+    r = api.post(f"/v1/sessions/{sid}/processes/{pid}/stdin", json={"data": "hello\n"})
+    assert r.status_code == 200, r.text
+    wait_output(api, sid, pid, "hello\r\ngot HELLO\r\n")
+    r = api.post(f"/v1/sessions/{sid}/processes/{pid}/resize", json={"rows": 40, "cols": 120})
+    assert r.status_code == 200, r.text
+    wait_output(api, sid, pid, "size os.terminal_size(columns=120, lines=40)")
+    # ^C is SIGINT for the terminal's foreground group.
+    r = api.post(f"/v1/sessions/{sid}/processes/{pid}/stdin", json={"data": "\x03"})
+    assert r.status_code == 200, r.text
+    r = api.post(f"/v1/sessions/{sid}/processes/{pid}/wait", json={"timeout_seconds": 20})
+    assert (r.json()["state"], r.json().get("exit_code")) == ("exited", 5), r.json()
+    assert "^C" in wait_output(api, sid, pid, "interrupted")
+    # Bad sizes and processes without a pty are refused clearly.
+    r = api.post(f"/v1/sessions/{sid}/processes/{pid}/resize", json={"rows": 0, "cols": 80})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_request", r.text
+    other = start(api, sid, ["sleep", "30"])["pid"]
+    r = api.post(f"/v1/sessions/{sid}/processes/{other}/resize", json={"rows": 10, "cols": 10})
+    assert r.status_code == 400 and "pty" in r.json()["error"]["message"], r.text
+    r = api.post(f"/v1/sessions/{sid}/commands", json={"cmd": "true", "pty": {"rows": 2, "cols": 2}})
+    assert r.status_code == 400 and "background" in r.json()["error"]["message"], r.text

@@ -575,3 +575,46 @@ def test_stream_input_writes_in_order(e2b_server):
         sbx.commands.stream_input(h.pid, ["a", "b", b"c\n"])
         sbx.commands.close_stdin(h.pid)
         assert h.wait().stdout == "abc\n"
+
+
+def test_pty_runs_bash_types_resizes_interrupts_and_kills(e2b_server):
+    import threading
+    from e2b.sandbox.commands.command_handle import PtySize
+
+    with e2b.Sandbox.create() as sbx:
+        out = bytearray()
+        ended = []
+        h = sbx.pty.create(PtySize(rows=24, cols=80))
+
+        def follow():
+            try:
+                ended.append(h.wait(on_pty=out.extend))
+            except Exception as e:  # noqa: BLE001 - a killed pty ends the wait with an error
+                ended.append(e)
+
+        t = threading.Thread(target=follow, daemon=True)
+        t.start()
+
+        def until(needle: bytes, timeout: float = 30) -> None:
+            deadline = time.monotonic() + timeout
+            while needle not in out:
+                assert time.monotonic() < deadline, (needle, bytes(out))
+                time.sleep(0.05)
+
+        sbx.pty.send_stdin(h.pid, b"echo hi-$((6*7))\n")
+        until(b"hi-42\r\n")
+        sbx.pty.send_stdin(h.pid, b"python3 -c 'import os; print(\"size\", *os.get_terminal_size())'\n")
+        until(b"size 80 24")
+        sbx.pty.resize(h.pid, PtySize(rows=40, cols=100))
+        sbx.pty.send_stdin(h.pid, b"python3 -c 'import os; print(\"size\", *os.get_terminal_size())'\n")
+        until(b"size 100 40")
+        # ^C interrupts what runs in the foreground; the shell goes on.
+        sbx.pty.send_stdin(h.pid, b"sleep 30\n")
+        time.sleep(0.5)
+        sbx.pty.send_stdin(h.pid, b"\x03")
+        sbx.pty.send_stdin(h.pid, b"echo after-$((1+1))\n")
+        until(b"after-2\r\n", timeout=10)
+        assert h.pid in [p.pid for p in sbx.commands.list()]
+        assert sbx.pty.kill(h.pid)
+        t.join(20)
+        assert ended, "the pty's stream did not end after kill"

@@ -68,6 +68,9 @@ pub enum EngineError {
     /// The job's stdin buffer had no room for the write in time.
     #[error("the stdin of background process {0} is full ({1} bytes unread): retry later")]
     StdinFull(u32, usize),
+    /// The job was started without a terminal (a resize needs one).
+    #[error("background process {0} was not started with a pty")]
+    NotATerminal(u32),
     /// A cluster's shared artifact (a package layer a state mounts) could not be fetched.
     #[error(transparent)]
     Shared(#[from] crate::shared::SharedError),
@@ -88,7 +91,7 @@ impl EngineError {
             EngineError::CodeTooLarge(..) => ErrorCode::CodeTooLarge,
             EngineError::Interrupted(_) => ErrorCode::Interrupted,
             EngineError::NoSuchJob(_) => ErrorCode::ProcessNotFound,
-            EngineError::BadSignal(_) => ErrorCode::InvalidRequest,
+            EngineError::BadSignal(_) | EngineError::NotATerminal(_) => ErrorCode::InvalidRequest,
             EngineError::PortNotListening(_) => ErrorCode::PortNotListening,
             EngineError::PortBusy(..) => ErrorCode::Overloaded,
             EngineError::Unsupported(_) => ErrorCode::InvalidRequest,

@@ -1392,6 +1392,9 @@ impl Sandbox {
         if !self.job(pid)?.running {
             return Err(closed("has ended"));
         }
+        if self.job_pty(pid).is_some() {
+            return self.job_pty_input(pid, data, eof, until);
+        }
         let fed = self
             .others
             .iter()
@@ -1425,6 +1428,83 @@ impl Sandbox {
         if let Some(s) = self.kernel.job_in.get_mut(&pid) {
             s.buf.extend(data);
             s.closed |= eof;
+        }
+        self.job(pid)
+    }
+
+    /// The pty (its master's object) a job runs on, if it was started on one.
+    fn job_pty(&self, pid: u32) -> Option<u64> {
+        self.proc.fds.objects.ptys().find(|(_, p)| p.job == Some(pid)).map(|(id, _)| id)
+    }
+
+    /// Type `data` on the terminal of job `pid` (as a master write: the line
+    /// discipline edits, echoes and turns ^C into SIGINT for the foreground
+    /// group), then end of file (^D) if `eof`. Waits for room as `job_stdin`.
+    fn job_pty_input(&mut self, pid: u32, data: &[u8], eof: bool, until: Instant) -> Result<JobInfo, EngineError> {
+        let mut rest = data.to_vec();
+        if eof {
+            rest.push(4);
+        }
+        while !rest.is_empty() {
+            let master = self
+                .job_pty(pid)
+                .ok_or_else(|| EngineError::StdinClosed(format!("background process {pid} has its terminal closed")))?;
+            let p = self.proc.fds.objects.pty_mut(master).map_err(|e| EngineError::Poisoned(format!("pty: {e:?}")))?;
+            match p.master_write(&rest) {
+                Ok((n, sigs)) => {
+                    rest.drain(..n);
+                    forkbox_linux::file::pty::flush_to_job(p, &mut self.kernel);
+                    if let Some(g) = p.pgrp {
+                        self.signal_group(g, &sigs);
+                    }
+                    continue;
+                }
+                Err(_) => {
+                    let info = self.job(pid)?;
+                    let now = Instant::now();
+                    if !info.running {
+                        return Err(EngineError::StdinClosed(format!("background process {pid} has ended")));
+                    }
+                    if now >= until {
+                        return Err(EngineError::StdinFull(pid, forkbox_linux::tty::INPUT_CAPACITY));
+                    }
+                    if self.run_background(until.min(now + JOB_WAIT_SLICE))? == BackgroundRun::Idle {
+                        std::thread::sleep(JOB_WATCH_IDLE.min(until.saturating_duration_since(Instant::now())));
+                    }
+                }
+            }
+        }
+        self.job(pid)
+    }
+
+    /// Send each of `sigs` to the live processes of group `pgid`.
+    fn signal_group(&mut self, pgid: u32, sigs: &[i32]) {
+        if sigs.is_empty() {
+            return;
+        }
+        let Ok(targets) = self.kernel.procs.kill_targets(GUEST_PID, -(pgid as i32)) else { return };
+        for &sig in sigs {
+            for &t in &targets {
+                // Not SI_KERNEL: that is the host's interrupt of an exec.
+                let info = SigInfo::user(sig, forkbox_linux::thread::SI_USER);
+                self.kernel.procs.outbox.push((t, info));
+            }
+        }
+        self.deliver_outbox();
+    }
+
+    /// Resize the terminal of job `pid` (SIGWINCH to its foreground group
+    /// when the size changes); `NotATerminal` for a job started without one.
+    pub fn job_resize(&mut self, pid: u32, rows: u16, cols: u16) -> Result<JobInfo, EngineError> {
+        self.job(pid)?;
+        let master = self.job_pty(pid).ok_or(EngineError::NotATerminal(pid))?;
+        let p = self.proc.fds.objects.pty_mut(master).map_err(|e| EngineError::Poisoned(format!("pty: {e:?}")))?;
+        let size = forkbox_linux::tty::WinSize { rows, cols, xpixel: 0, ypixel: 0 };
+        if p.winsize != size {
+            p.winsize = size;
+            if let Some(g) = p.pgrp {
+                self.signal_group(g, &[libc::SIGWINCH]);
+            }
         }
         self.job(pid)
     }

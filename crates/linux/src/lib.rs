@@ -28,6 +28,7 @@ pub mod shm;
 pub mod signal;
 pub mod syscalls;
 pub mod thread;
+pub mod tty;
 pub mod vfs;
 pub mod wait;
 

@@ -320,6 +320,10 @@ pub enum ObjKind {
     EventFd(EventFd),
     Epoll(Epoll),
     TimerFd(TimerFd),
+    /// A pseudo-terminal's master side: it holds the terminal (`crate::tty`).
+    PtyMaster(Box<crate::tty::Pty>),
+    /// A pseudo-terminal's slave side: the master's object id (gone: hung up).
+    PtySlave(u64),
 }
 
 impl Serialize for ObjKind {
@@ -331,6 +335,8 @@ impl Serialize for ObjKind {
             ObjKind::EventFd(x) => s.serialize_newtype_variant(NAME, 2, "EventFd", x),
             ObjKind::Epoll(x) => s.serialize_newtype_variant(NAME, 3, "Epoll", x),
             ObjKind::TimerFd(x) => s.serialize_newtype_variant(NAME, 4, "TimerFd", x),
+            ObjKind::PtyMaster(x) => s.serialize_newtype_variant(NAME, 6, "PtyMaster", x),
+            ObjKind::PtySlave(x) => s.serialize_newtype_variant(NAME, 7, "PtySlave", x),
         }
     }
 }
@@ -345,6 +351,8 @@ enum ObjKindRepr {
     Epoll(Epoll),
     TimerFd(TimerFd),
     SizedPipe(Pipe),
+    PtyMaster(Box<crate::tty::Pty>),
+    PtySlave(u64),
 }
 
 impl<'de> Deserialize<'de> for ObjKind {
@@ -362,6 +370,8 @@ impl<'de> Deserialize<'de> for ObjKind {
             ObjKindRepr::Epoll(x) => ObjKind::Epoll(x),
             ObjKindRepr::TimerFd(x) => ObjKind::TimerFd(x),
             ObjKindRepr::SizedPipe(p) => ObjKind::Pipe(p),
+            ObjKindRepr::PtyMaster(p) => ObjKind::PtyMaster(p),
+            ObjKindRepr::PtySlave(m) => ObjKind::PtySlave(m),
         })
     }
 }
@@ -511,6 +521,15 @@ impl Objects {
                         }
                     }
                     SockState::Unconnected => {}
+                }
+            }
+            // The last slave description closed: the master reads EIO once drained.
+            ObjKind::PtySlave(master) => {
+                if let Ok(p) = self.pty_mut(master) {
+                    if p.slave == Some(id) {
+                        p.slave = None;
+                        p.slave_closed = true;
+                    }
                 }
             }
             _ => {}
@@ -1022,6 +1041,60 @@ impl Objects {
         }
     }
 
+    // ----- pseudo-terminals -----------------------------------------------------------
+
+    /// The terminal behind a master or slave object (EIO: the master is gone).
+    pub fn pty_mut(&mut self, id: u64) -> Result<&mut crate::tty::Pty, Errno> {
+        let master = match self.get(id)?.kind {
+            ObjKind::PtySlave(m) => m,
+            _ => id,
+        };
+        match self.map.get_mut(&master).map(|o| &mut o.kind) {
+            Some(ObjKind::PtyMaster(p)) => Ok(p),
+            Some(_) => Err(Errno::ENOTTY),
+            None => Err(Errno::EIO),
+        }
+    }
+
+    pub fn pty(&self, id: u64) -> Result<&crate::tty::Pty, Errno> {
+        let master = match self.get(id)?.kind {
+            ObjKind::PtySlave(m) => m,
+            _ => id,
+        };
+        match self.map.get(&master).map(|o| &o.kind) {
+            Some(ObjKind::PtyMaster(p)) => Ok(p),
+            Some(_) => Err(Errno::ENOTTY),
+            None => Err(Errno::EIO),
+        }
+    }
+
+    /// A new pseudo-terminal (the lowest free index): its master's object.
+    pub fn new_pty(&mut self) -> Result<u64, Errno> {
+        let used: std::collections::BTreeSet<u32> = self.ptys().map(|(_, p)| p.index).collect();
+        let index = (0..crate::tty::MAX_PTYS).find(|i| !used.contains(i)).ok_or(Errno::ENOSPC)?;
+        Ok(self.add(ObjKind::PtyMaster(Box::new(crate::tty::Pty::new(index)))))
+    }
+
+    /// Every open pseudo-terminal: (master object, terminal).
+    pub fn ptys(&self) -> impl Iterator<Item = (u64, &crate::tty::Pty)> + '_ {
+        self.map.iter().filter_map(|(id, o)| match &o.kind {
+            ObjKind::PtyMaster(p) => Some((*id, &**p)),
+            _ => None,
+        })
+    }
+
+    /// The slave object of pty `master` (made on its first open).
+    pub fn pty_slave(&mut self, master: u64) -> Result<u64, Errno> {
+        if let Some(s) = self.pty(master)?.slave {
+            return Ok(s);
+        }
+        let s = self.add(ObjKind::PtySlave(master));
+        let p = self.pty_mut(master)?;
+        p.slave = Some(s);
+        p.slave_closed = false;
+        Ok(s)
+    }
+
     // ----- readiness -----------------------------------------------------------------
 
     /// What watch `fd` of epoll `ep` reports given its description's readiness
@@ -1151,6 +1224,33 @@ impl Objects {
                     0
                 }
             }
+            ObjKind::PtyMaster(p) => {
+                let mut r = 0;
+                if !p.output.is_empty() {
+                    r |= pin;
+                }
+                if p.slave_closed {
+                    r |= pin | libc::POLLHUP as u32;
+                }
+                if p.master_writable() {
+                    r |= pout;
+                }
+                r
+            }
+            ObjKind::PtySlave(m) => match self.get(*m).map(|o| &o.kind) {
+                Ok(ObjKind::PtyMaster(p)) => {
+                    let mut r = 0;
+                    if p.slave_readable() {
+                        r |= pin;
+                    }
+                    if p.slave_writable() {
+                        r |= pout;
+                    }
+                    r
+                }
+                // Hung up: reads end at once, writes fail.
+                _ => pin | pout | libc::POLLHUP as u32,
+            },
             ObjKind::Epoll(e) => {
                 if depth >= EPOLL_MAX_NESTS {
                     return 0;
@@ -1174,6 +1274,8 @@ impl Objects {
             Ok(ObjKind::Pipe(p)) => p.buf.len() as u64,
             Ok(ObjKind::Socket(s)) if s.ty.datagrams() => s.msgs.front().map_or(0, |m| m.data.len() as u64),
             Ok(ObjKind::Socket(s)) => s.rx.len() as u64,
+            Ok(ObjKind::PtyMaster(p)) => p.output.len() as u64,
+            Ok(ObjKind::PtySlave(_)) => self.pty(id).map_or(0, |p| p.slave_pending() as u64),
             _ => 0,
         }
     }
@@ -1209,6 +1311,14 @@ impl Objects {
             match &o.kind {
                 ObjKind::Pipe(p) if !valid_pipe_size(p.capacity as usize) || p.buf.len() > p.capacity as usize => {
                     return Err(format!("pipe {id} over capacity"))
+                }
+                ObjKind::PtyMaster(p) => {
+                    let slave_ok = p.slave.is_none_or(
+                        |s| matches!(self.map.get(&s), Some(Object { kind: ObjKind::PtySlave(m), .. }) if *m == *id),
+                    );
+                    if !p.valid() || p.index >= crate::tty::MAX_PTYS || !slave_ok {
+                        return Err(format!("pty {id} state"));
+                    }
                 }
                 ObjKind::Socket(s) => {
                     if s.rx.len() > SOCKET_CAPACITY

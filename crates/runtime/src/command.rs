@@ -58,10 +58,14 @@ def run(text):
             s.flush()
         except Exception:
             pass
+    pty = req.get("pty")
     try:
-        # A background command with stdin reads the agent's fd 0: the job's stdin, fed by the API.
-        stdin = None if req.get("background") and req.get("stdin") else subprocess.DEVNULL
-        p = subprocess.Popen(argv, cwd=cwd, env=env, stdin=stdin)
+        if pty:
+            p = start_on_pty(argv, cwd, env, pty)
+        else:
+            # A background command with stdin reads the agent's fd 0: the job's stdin, fed by the API.
+            stdin = None if req.get("background") and req.get("stdin") else subprocess.DEVNULL
+            p = subprocess.Popen(argv, cwd=cwd, env=env, stdin=stdin)
     except OSError as e:
         rc = None
         reason = e.strerror or str(e)
@@ -82,6 +86,34 @@ def run(text):
         p.wait()
         raise
     return 128 - rc if rc < 0 else rc
+def start_on_pty(argv, cwd, env, size):
+    # The command's stdin, stdout and stderr are a new pty's slave and it leads
+    # a session with it as controlling terminal; the VMM sends the terminal's
+    # output to the job's stdout and the API's stdin to the terminal.
+    import builtins, fcntl, struct, termios
+    held = builtins.__dict__.setdefault("_forkbox_ptys", [])
+    for old in list(held):
+        try:
+            os.read(old, 0)
+        except OSError:
+            # Hung up (its command ended): the master goes.
+            os.close(old)
+            held.remove(old)
+    env = dict(env if env is not None else os.environ)
+    env.setdefault("TERM", "xterm-256color")
+    m, s = os.openpty()
+    try:
+        fcntl.ioctl(m, termios.TIOCSWINSZ, struct.pack("HHHH", size[0], size[1], 0, 0))
+        p = subprocess.Popen(argv, cwd=cwd, env=env, stdin=s, stdout=s, stderr=s, start_new_session=True,
+                             preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+    except BaseException:
+        os.close(m)
+        raise
+    finally:
+        os.close(s)
+    fcntl.ioctl(m, 0x54F0, p.pid)
+    held.append(m)
+    return p
 "#;
 
 fn no_nul(what: &str, s: &str) -> Result<(), RuntimeError> {
@@ -162,7 +194,7 @@ impl Command {
     /// The Python the exec runs: one expression whose value is the exit status
     /// (it binds no name in the session but `_`, as any expression's value does).
     pub fn code(&self) -> String {
-        self.snippet(false, false)
+        self.snippet(false, false, None)
     }
 
     /// The Python of a background command: it starts the command and returns
@@ -172,10 +204,19 @@ impl Command {
     /// With `stdin`, its stdin is the job's, written through the API
     /// (`Sandbox::job_stdin`); without, `/dev/null`.
     pub fn background_code(&self, stdin: bool) -> String {
-        self.snippet(true, stdin)
+        self.snippet(true, stdin, None)
     }
 
-    fn snippet(&self, background: bool, stdin: bool) -> String {
+    /// The Python of a background command on a new pseudo-terminal of
+    /// `rows` x `cols`: its stdin, stdout and stderr are the terminal (the
+    /// job's stdout is what the terminal shows, its stdin what is typed on it);
+    /// it leads a session with the terminal as its controlling one; `TERM`
+    /// is `xterm-256color` unless `env` says otherwise.
+    pub fn pty_code(&self, rows: u16, cols: u16) -> String {
+        self.snippet(true, true, Some((rows, cols)))
+    }
+
+    fn snippet(&self, background: bool, stdin: bool, pty: Option<(u16, u16)>) -> String {
         let cmd = match &self.cmd {
             CommandLine::Shell(s) => serde_json::Value::String(s.clone()),
             CommandLine::Argv(v) => serde_json::Value::from(v.clone()),
@@ -195,6 +236,9 @@ impl Command {
         }
         if stdin {
             req.insert("stdin".into(), true.into());
+        }
+        if let Some((rows, cols)) = pty {
+            req.insert("pty".into(), serde_json::json!([rows, cols]));
         }
         // A JSON string literal is a Python string literal (serde_json escapes only
         // `"`, `\` and control characters, all with escapes Python reads alike).

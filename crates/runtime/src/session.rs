@@ -607,6 +607,21 @@ impl Runtime {
             .map_err(|_| RuntimeError::WorkerGone)?
     }
 
+    /// Resize the terminal of a background job started on a pty.
+    pub async fn job_resize(
+        self: &Arc<Self>,
+        tenant: &str,
+        id: &str,
+        pid: u32,
+        rows: u16,
+        cols: u16,
+    ) -> Result<JobInfo, RuntimeError> {
+        let (rt, tenant, id) = (self.clone(), tenant.to_string(), id.to_string());
+        tokio::task::spawn_blocking(move || Ok(rt.sessions.job_resize(&tenant, &id, pid, rows, cols)?))
+            .await
+            .map_err(|_| RuntimeError::WorkerGone)?
+    }
+
     /// Write to a background job's stdin (then close it if `eof`), on a
     /// blocking thread: a full stdin waits a few seconds for the job to read.
     pub async fn job_stdin(

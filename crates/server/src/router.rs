@@ -71,6 +71,7 @@ fn v1_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(processes::signal_process))
         .routes(routes!(processes::wait_process))
         .routes(routes!(processes::process_stdin))
+        .routes(routes!(processes::resize_process))
         .routes(file_routes)
         .routes(routes!(files::list_files))
         .routes(routes!(sessions::checkpoints))

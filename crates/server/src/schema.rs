@@ -271,6 +271,32 @@ pub struct SessionCommand {
     /// `POST /v1/sessions/{id}/processes/{pid}/stdin` (default: `/dev/null`).
     #[serde(default)]
     pub stdin: bool,
+    /// Run a background command on a new pseudo-terminal of this size: its
+    /// stdin, stdout and stderr are the terminal (output: what the terminal
+    /// shows, `\r\n` line ends and echo included; stdin: what is typed, `\x03`
+    /// interrupts); resize with `POST .../processes/{pid}/resize`.
+    pub pty: Option<PtySize>,
+}
+
+/// A terminal's size in character cells (1 to 10000 each).
+#[derive(Clone, Copy, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PtySize {
+    pub rows: u16,
+    pub cols: u16,
+}
+
+impl PtySize {
+    /// The size if both are in 1..=10000.
+    pub fn checked(self) -> Result<(u16, u16), crate::error::ApiError> {
+        if !(1..=10_000).contains(&self.rows) || !(1..=10_000).contains(&self.cols) {
+            return Err(crate::error::ApiError::invalid(format!(
+                "pty size {}x{} is out of range (rows and cols 1 to 10000)",
+                self.rows, self.cols
+            )));
+        }
+        Ok((self.rows, self.cols))
+    }
 }
 
 /// A background command started (`"background": true`).

@@ -174,6 +174,8 @@ pub trait Resident: Send {
     fn job_watch(&mut self, pid: u32, offsets: [u64; 2], timeout: Duration) -> Result<JobInfo, EngineError>;
     /// Write to a job's stdin, then close it if `eof` (see `Sandbox::job_stdin`).
     fn job_stdin(&mut self, pid: u32, data: &[u8], eof: bool) -> Result<JobInfo, EngineError>;
+    /// Resize the terminal of a job started on a pty (see `Sandbox::job_resize`).
+    fn job_resize(&mut self, pid: u32, rows: u16, cols: u16) -> Result<JobInfo, EngineError>;
 }
 
 /// How long a write to a job's full stdin waits for its processes to read.
@@ -361,5 +363,9 @@ impl Resident for Local {
 
     fn job_stdin(&mut self, pid: u32, data: &[u8], eof: bool) -> Result<JobInfo, EngineError> {
         self.sb.job_stdin(pid, data, eof, std::time::Instant::now() + JOB_STDIN_WAIT)
+    }
+
+    fn job_resize(&mut self, pid: u32, rows: u16, cols: u16) -> Result<JobInfo, EngineError> {
+        self.sb.job_resize(pid, rows, cols)
     }
 }

@@ -1647,6 +1647,12 @@ impl SessionManager {
         Ok(r.ok_or(EngineError::NoSuchJob(pid))?)
     }
 
+    /// Resize the terminal of a background job started on a pty.
+    pub fn job_resize(&self, tenant: &str, id: &str, pid: u32, rows: u16, cols: u16) -> Result<JobInfo, SessionError> {
+        let r = self.with_resident(tenant, id, |sb| Ok(sb.job_resize(pid, rows, cols)?))?;
+        Ok(r.ok_or(EngineError::NoSuchJob(pid))?)
+    }
+
     /// Checkpoint the session as it is now (named `label`), with no guest
     /// code run: what background work changed since the last checkpoint.
     pub fn checkpoint_now(&self, tenant: &str, id: &str, label: &str) -> Result<CheckpointRecord, SessionError> {

@@ -367,6 +367,12 @@ pub enum ToChannel {
         data: Vec<u8>,
         eof: bool,
     },
+    /// Resize the terminal of a job started on a pty (answered `Job`).
+    JobResize {
+        pid: u32,
+        rows: u16,
+        cols: u16,
+    },
     /// Write the file `path` with the `len` bytes of the file handed over as
     /// "upload" in the `Files` frame before (answered `Done`).
     WriteFile {

@@ -463,6 +463,13 @@ fn serve_one(shared: &Shared, ctl: &ChannelCtl, ch: &mut Channel, sock: &UnixStr
             };
             reply(&FromChannel::Job(r))?;
         }
+        ToChannel::JobResize { pid, rows, cols } => {
+            let r = match ch.sb.as_mut() {
+                Some(sb) => sb.job_resize(pid, rows, cols).map_err(|e| wire(e, None)),
+                None => Err(no_sandbox()),
+            };
+            reply(&FromChannel::Job(r))?;
+        }
         // Out of place (they belong inside a request): the API process broke the protocol.
         ToChannel::Packs | ToChannel::Abort { .. } | ToChannel::CheckpointGo => return Err(Stop::Gone),
     }

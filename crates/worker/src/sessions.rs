@@ -1037,4 +1037,11 @@ impl Resident for RemoteSandbox {
             other => Err(self.broke(&other)),
         }
     }
+
+    fn job_resize(&mut self, pid: u32, rows: u16, cols: u16) -> Result<JobInfo, EngineError> {
+        match self.call(&ToChannel::JobResize { pid, rows, cols }, OP_WAIT)? {
+            FromChannel::Job(r) => r.map_err(|e| reported(e, JOB_CODES)),
+            other => Err(self.broke(&other)),
+        }
+    }
 }

@@ -1,6 +1,6 @@
 //! Open files by kind: one `FileOps` implementation per kind of description
 //! (VFS node, stdio, the agent channel, inet socket, pipe, AF_UNIX socket,
-//! eventfd, timerfd, epoll), each in its own module. The fd handlers in
+//! eventfd, timerfd, epoll, pseudo-terminal), each in its own module. The fd handlers in
 //! `crate::syscalls` find the implementation with [`ops`] and call it.
 
 pub mod agent;
@@ -11,6 +11,7 @@ pub mod inet;
 pub mod node;
 pub mod ops;
 pub mod pipe;
+pub mod pty;
 pub mod stdio;
 pub mod unix;
 
@@ -63,6 +64,8 @@ pub fn ops(objects: &Objects, kind: FileKind) -> &'static dyn FileOps {
             Ok(ObjKind::EventFd(_)) => &counter::EventFdFile,
             Ok(ObjKind::TimerFd(_)) => &counter::TimerFdFile,
             Ok(ObjKind::Epoll(_)) => &epoll::EpollFile,
+            Ok(ObjKind::PtyMaster(_)) => &pty::PtyMasterFile,
+            Ok(ObjKind::PtySlave(_)) => &pty::PtySlaveFile,
             Err(_) => &GoneFile,
         },
     }

@@ -53,6 +53,12 @@ pub trait FileOps: Sync {
     /// fstat(2).
     fn stat(&self, ctx: &Ctx, f: &Open) -> Result<Stat, Errno>;
 
+    /// ioctl(2) requests of the kind (the generic FIOCLEX, FIONBIO, FIONREAD
+    /// are answered before): ENOTTY unless it is a terminal.
+    fn ioctl(&self, _ctx: &mut Ctx, _f: &Open, _req: u64, _arg: u64) -> SysResult {
+        Err(Errno::ENOTTY)
+    }
+
     /// Give back what the description held once closed for good.
     fn release(&self, _ctx: &mut Ctx, _kind: FileKind) {}
 }

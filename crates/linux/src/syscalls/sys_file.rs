@@ -411,8 +411,11 @@ pub fn ioctl(ctx: &mut Ctx, a: &Args) -> SysResult {
         }
         0x5452 /* FIOASYNC */ => Err(Errno::EINVAL),
         0x8933 /* SIOCGIFINDEX */ | 0x8910 /* SIOCGIFNAME */ => interface_ioctl(ctx, fd, req, arg),
-        // TCGETS, TIOCGWINSZ, ...: nothing here is a terminal.
-        _ => Err(Errno::ENOTTY),
+        // TCGETS, TIOCGWINSZ, ...: the kind's (a pseudo-terminal's), else ENOTTY.
+        _ => {
+            let (open, ops) = file::open(ctx, fd)?;
+            ops.ioctl(ctx, &open, req, arg)
+        }
     }
 }
 

@@ -28,8 +28,29 @@ fn open_common(ctx: &mut Ctx, dirfd: u64, path_ptr: u64, flags: i32, mode: u32) 
             return reopen(ctx, fd, flags);
         }
     }
+    if let Some(index) = pts_index(&path) {
+        if flags & libc::O_PATH == 0 {
+            let master = crate::file::pty::master_of_index(ctx, index)?;
+            return crate::file::pty::open_slave(ctx, master, open_flags(flags));
+        }
+    }
     let mode = mode & !ctx.proc.umask & 0o7777;
     let ino = ctx.proc.vfs.open(start, &path, flags, mode)?;
+    if flags & libc::O_PATH == 0 {
+        use crate::vfs::DevKind;
+        match ctx.proc.vfs.device(ino) {
+            Ok(Some(DevKind::Ptmx)) => {
+                ctx.proc.vfs.release(ino);
+                return crate::file::pty::open_master(ctx, open_flags(flags));
+            }
+            Ok(Some(DevKind::Tty)) => {
+                ctx.proc.vfs.release(ino);
+                let master = crate::file::pty::controlling_master(ctx)?;
+                return crate::file::pty::open_slave(ctx, master, open_flags(flags) | libc::O_NOCTTY);
+            }
+            _ => {}
+        }
+    }
     let keep = flags
         & (libc::O_ACCMODE | libc::O_APPEND | libc::O_NONBLOCK | libc::O_PATH | libc::O_CLOEXEC | libc::O_DIRECTORY);
     if flags & libc::O_PATH == 0 && ctx.proc.vfs.stat(ino).map(|s| s.kind) == Ok(FileType::Fifo) {
@@ -43,6 +64,20 @@ fn open_common(ctx: &mut Ctx, dirfd: u64, path_ptr: u64, flags: i32, mode: u32) 
             Err(e)
         }
     }
+}
+
+/// The flags a terminal's description keeps (O_NOCTTY only matters to the open).
+fn open_flags(flags: i32) -> i32 {
+    flags & (libc::O_ACCMODE | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY)
+}
+
+/// N of `/dev/pts/N`: pty slaves are found by number, not in the VFS.
+fn pts_index(path: &[u8]) -> Option<u32> {
+    let n = path.strip_prefix(b"/dev/pts/")?;
+    if n.is_empty() || n.len() > 4 || !n.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(n).ok()?.parse().ok()
 }
 
 /// The fd that `path` names as `/dev/fd/N`, `/proc/self/fd/N` or `/proc/<own pid>/fd/N`: on
@@ -187,6 +222,11 @@ fn stat_path(ctx: &mut Ctx, dirfd: u64, path_ptr: u64, flags: i32) -> Result<Sta
             return if dirfd == AT_FDCWD { ctx.proc.vfs.stat(ctx.proc.cwd) } else { fd_stat(ctx, dirfd as i32) };
         }
         return Err(Errno::ENOENT);
+    }
+    if let Some(index) = pts_index(&path) {
+        // As an open slave's fstat says (ttyname compares the two).
+        ctx.proc.fds.objects.ptys().find(|(_, p)| p.index == index).ok_or(Errno::ENOENT)?;
+        return Ok(crate::file::pty::slave_stat(index));
     }
     let start = ctx.dir_start(dirfd, &path)?;
     let ino = ctx.proc.vfs.resolve(start, &path, flags & libc::AT_SYMLINK_NOFOLLOW == 0)?;

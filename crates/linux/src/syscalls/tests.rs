@@ -942,3 +942,63 @@ fn edge_triggered_epoll_reports_each_edge_once() {
     assert_eq!(g.call(libc::SYS_write, &[b, msg, 5]), Ok(5));
     assert_eq!(g.epoll_events(ep).iter().find(|e| e.1 == a), None, "disarmed");
 }
+
+#[test]
+fn a_pty_pair_opens_edits_lines_echoes_and_hangs_up() {
+    let mut g = guest();
+    let flags = libc::O_RDWR | libc::O_NOCTTY;
+    let master = g.open("/dev/ptmx", flags | libc::O_NONBLOCK);
+    let arg = g.buf + 0x100;
+    assert_eq!(g.call(libc::SYS_ioctl, &[master as u64, 0x8004_5430 /* TIOCGPTN */, arg]), Ok(0));
+    assert_eq!(g.get(0x100, 4), 0u32.to_le_bytes());
+    let path = g.path(0x8000, "/dev/pts/0");
+    assert_eq!(g.call(libc::SYS_open, &[path, flags as u64, 0]), Err(Errno::EIO), "locked until unlockpt");
+    g.put(0x100, &0u32.to_le_bytes());
+    assert_eq!(g.call(libc::SYS_ioctl, &[master as u64, 0x4004_5431 /* TIOCSPTLCK */, arg]), Ok(0));
+    let slave = g.open("/dev/pts/0", flags);
+    let other = g.path(0x8000, "/dev/pts/1");
+    assert_eq!(g.call(libc::SYS_open, &[other, flags as u64, 0]), Err(Errno::ENOENT));
+    // Both sides are terminals (isatty is TCGETS); a pipe is not.
+    let tio = g.buf + 0x300;
+    assert_eq!(g.call(libc::SYS_ioctl, &[slave as u64, 0x5401, tio]), Ok(0));
+    assert_eq!(g.call(libc::SYS_ioctl, &[master as u64, 0x5401, tio]), Ok(0));
+    g.call(libc::SYS_pipe2, &[g.buf + 0x400, 0]).unwrap();
+    let (pr, _pw) = g.fd_pair(0x400);
+    assert_eq!(g.call(libc::SYS_ioctl, &[pr as u64, 0x5401, tio]), Err(Errno::ENOTTY));
+    // fstat: a character device /dev/pts/0 (major 136).
+    let st = g.buf + 0x1000;
+    g.call(libc::SYS_fstat, &[slave as u64, st]).unwrap();
+    let mode = u32::from_le_bytes(g.get(0x1000 + 24, 4).try_into().unwrap());
+    assert_eq!(mode & libc::S_IFMT, libc::S_IFCHR);
+    assert_eq!(g.get_i64(0x1000 + 40) as u64, crate::vfs::makedev(136, 0));
+    // The terminal types a line with a typo: the slave reads the edited line,
+    // the master reads the echo with \r\n.
+    let typed = g.put(0x200, b"lz\x7fs\r");
+    assert_eq!(g.call(libc::SYS_write, &[master as u64, typed, 5]), Ok(5));
+    let out = g.buf + 0x2000;
+    assert_eq!(g.call(libc::SYS_read, &[slave as u64, out, 100]), Ok(3));
+    assert_eq!(g.get(0x2000, 3), b"ls\n");
+    let n = g.call(libc::SYS_read, &[master as u64, out, 100]).unwrap();
+    assert_eq!(g.get(0x2000, n), b"lz\x08 \x08s\r\n");
+    let said = g.put(0x200, b"ok\n");
+    assert_eq!(g.call(libc::SYS_write, &[slave as u64, said, 3]), Ok(3));
+    assert_eq!(g.call(libc::SYS_read, &[master as u64, out, 100]), Ok(4));
+    assert_eq!(g.get(0x2000, 4), b"ok\r\n");
+    assert_eq!(g.call(libc::SYS_read, &[master as u64, out, 100]), Err(Errno::EAGAIN));
+    // Window size set on the master is read on the slave.
+    let ws = g.put(0x500, &[24u16.to_le_bytes(), 80u16.to_le_bytes(), [0; 2], [0; 2]].concat());
+    assert_eq!(g.call(libc::SYS_ioctl, &[master as u64, 0x5414, ws]), Ok(0));
+    assert_eq!(g.call(libc::SYS_ioctl, &[slave as u64, 0x5413, g.buf + 0x600]), Ok(0));
+    assert_eq!(g.get(0x600, 4), [24, 0, 80, 0]);
+    // The slave closed: the master reads EIO, as Linux.
+    g.call(libc::SYS_close, &[slave as u64]).unwrap();
+    assert_eq!(g.call(libc::SYS_read, &[master as u64, out, 100]), Err(Errno::EIO));
+    g.proc.fds.validate().unwrap();
+    // The master closed: the pty and its number are free again.
+    g.call(libc::SYS_close, &[master as u64]).unwrap();
+    assert_eq!(g.proc.fds.objects.ptys().count(), 0);
+    g.proc.fds.validate().unwrap();
+    // No controlling terminal: /dev/tty is ENXIO.
+    let tty = g.path(0x8000, "/dev/tty");
+    assert_eq!(g.call(libc::SYS_open, &[tty, libc::O_RDWR as u64, 0]), Err(Errno::ENXIO));
+}

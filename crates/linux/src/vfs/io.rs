@@ -27,7 +27,9 @@ impl Vfs {
         }
     }
 
-    pub(super) fn device(&self, ino: Ino) -> Result<Option<DevKind>, Errno> {
+    /// The device `ino` is, if a character device (/dev/ptmx and /dev/tty
+    /// open a terminal instead of the node: see the open call).
+    pub fn device(&self, ino: Ino) -> Result<Option<DevKind>, Errno> {
         Ok(match self.view(ino)? {
             View::Overlay(Node { body: Body::CharDev(d), .. }) => Some(*d),
             _ => None,

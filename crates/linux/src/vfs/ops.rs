@@ -3,7 +3,7 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use super::node::{Body, DevKind, FileData};
+use super::node::{Body, FileData};
 use super::path::Last;
 use super::{FileType, Ino, Vfs, View, MAX_SYMLINKS, PATH_MAX, RENAME_EXCHANGE, RENAME_NOREPLACE, ROOT_INO};
 use crate::Errno;
@@ -69,11 +69,6 @@ impl Vfs {
             }
             // A socket file is only a name to connect to.
             FileType::Socket => return Err(if flags & libc::O_DIRECTORY != 0 { Errno::ENOTDIR } else { Errno::ENXIO }),
-        }
-        match self.device(ino)? {
-            Some(DevKind::Tty) => return Err(Errno::ENXIO),
-            Some(DevKind::Ptmx) => return Err(Errno::ENODEV),
-            _ => {}
         }
         if flags & libc::O_TRUNC != 0 && kind == FileType::File && !created {
             self.truncate(ino, 0)?;

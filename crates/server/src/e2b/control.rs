@@ -269,6 +269,7 @@ async fn create(
             contexts: BTreeMap::new(),
             executions: 0,
             processes: Default::default(),
+            ptys: Default::default(),
         }),
     });
     state.e2b.start_reaper(&state);
@@ -370,6 +371,7 @@ async fn record(
             contexts: BTreeMap::new(),
             executions: 0,
             processes: Default::default(),
+            ptys: Default::default(),
         }),
     });
     state.e2b.start_reaper(state);
@@ -484,6 +486,7 @@ async fn fork(
                         contexts: BTreeMap::new(),
                         executions: 0,
                         processes: Default::default(),
+                        ptys: Default::default(),
                     }),
                 });
                 out.push(json!({ "sandbox": sandbox_json(&rec, state.config.sandbox_domain.as_deref()) }));

@@ -100,6 +100,8 @@ pub struct RecState {
     /// The config (and tag) of each process `process.Process/Start` started,
     /// by its pid in the session (for `List`; pruned to the session's processes).
     pub processes: BTreeMap<u32, serde_json::Value>,
+    /// The processes started on a pty (their output is `pty` data, their input `pty` input).
+    pub ptys: std::collections::BTreeSet<u32>,
 }
 
 impl SandboxRec {

@@ -69,11 +69,38 @@ struct ProcessConfig {
     cwd: Option<String>,
 }
 
+/// envd's `PTY` message: `{size: {rows, cols}}`.
+#[derive(Deserialize)]
+struct PtyRequest {
+    #[serde(default)]
+    size: Option<PtyRequestSize>,
+}
+
+#[derive(Deserialize)]
+struct PtyRequestSize {
+    #[serde(default)]
+    rows: u32,
+    #[serde(default)]
+    cols: u32,
+}
+
+impl PtyRequest {
+    /// The size asked for (rows, cols), each 1 to 10000.
+    fn size(&self) -> Result<(u16, u16), ConnectError> {
+        let s = self.size.as_ref().ok_or_else(|| ConnectError::invalid("pty without a size"))?;
+        let ok = |v: u32| u16::try_from(v).ok().filter(|v| (1..=10_000).contains(v));
+        match (ok(s.rows), ok(s.cols)) {
+            (Some(r), Some(c)) => Ok((r, c)),
+            _ => Err(ConnectError::invalid(format!("pty size {}x{} is out of range (1 to 10000)", s.rows, s.cols))),
+        }
+    }
+}
+
 #[derive(Deserialize)]
 struct StartRequest {
     process: ProcessConfig,
     #[serde(default)]
-    pty: Option<serde_json::Value>,
+    pty: Option<PtyRequest>,
     #[serde(default)]
     tag: Option<String>,
     #[serde(default)]
@@ -141,14 +168,15 @@ async fn start_inner(
 ) -> Result<Response, ConnectError> {
     let req: StartRequest = connect::request(&headers, &body)?;
     running(&rec)?;
-    if req.pty.is_some() {
-        return Err(ConnectError::new(Code::Unimplemented, "PTYs are not supported by this server"));
-    }
+    let size = req.pty.as_ref().map(PtyRequest::size).transpose()?;
     let line = command_line(&req.process);
     let cwd = super::guest_path(req.process.cwd.as_deref().unwrap_or(HOME))?;
     let cmd = forkbox_runtime::Command::new(line, Some(cwd), req.process.envs.clone())?;
     let label = format!("# command: {}", cmd.label());
-    let code = cmd.background_code(req.stdin.unwrap_or(false));
+    let code = match size {
+        Some((rows, cols)) => cmd.pty_code(rows, cols),
+        None => cmd.background_code(req.stdin.unwrap_or(false)),
+    };
     let Admitted { caller, permit } = admit(&state, &rec, &code).await?;
     // The command's lifetime: the call's own timeout (the SDK's, 60 s by default; 0: none).
     let deadline = header_timeout(&headers).map(|t| tokio::time::Instant::now() + t);
@@ -187,6 +215,12 @@ async fn start_inner(
         while st.processes.len() > CONFIGS_MAX {
             st.processes.pop_first();
         }
+        if size.is_some() {
+            st.ptys.insert(pid);
+        }
+        while st.ptys.len() > CONFIGS_MAX {
+            st.ptys.pop_first();
+        }
     }
     let _ = tx.send(message(&json!({ "event": { "start": { "pid": pid } } }))).await;
     tokio::spawn(stream_process(state, rec, pid, [0, 0], deadline, Some(label), tx));
@@ -206,6 +240,8 @@ async fn stream_process(
     checkpoint: Option<String>,
     tx: mpsc::Sender<Bytes>,
 ) {
+    // A pty's output (its stdout: the terminal's screen) is `pty` data.
+    let on_pty = rec.lock().ptys.contains(&pid);
     let (ftx, mut frx) = mpsc::channel::<Followed>(CHANNEL);
     let follower =
         follow(state.clone(), rec.tenant.clone(), rec.id.clone(), pid, [Some(offsets[0]), Some(offsets[1])], ftx);
@@ -223,7 +259,11 @@ async fn stream_process(
         tokio::select! {
             ev = frx.recv() => match ev {
                 Some(Followed::Output { stream, data, .. }) => {
-                    let key = if stream == Stream::Stdout { "stdout" } else { "stderr" };
+                    let key = match stream {
+                        Stream::Stdout if on_pty => "pty",
+                        Stream::Stdout => "stdout",
+                        Stream::Stderr => "stderr",
+                    };
                     let b64 = base64::engine::general_purpose::STANDARD.encode(&data);
                     // A client that went away stops the following, not the process.
                     if tx.send(message(&json!({ "event": { "data": { key: b64 } } }))).await.is_err() {
@@ -446,16 +486,19 @@ struct ProcessInput {
     pty: Option<String>,
 }
 
-/// The bytes of an input message (base64, as proto3 JSON has bytes).
+/// The bytes of an input message (base64, as proto3 JSON has bytes): `stdin`
+/// or `pty` (what is typed on the terminal of a process started on one; the
+/// job's input goes to the terminal either way).
 fn input_bytes(input: Option<&ProcessInput>) -> Result<Vec<u8>, ConnectError> {
     let Some(input) = input else { return Ok(Vec::new()) };
-    if input.pty.is_some() {
-        return Err(ConnectError::new(Code::Unimplemented, "PTYs are not supported by this server"));
-    }
-    let b64 = input.stdin.as_deref().unwrap_or("");
+    let (what, b64) = match (&input.stdin, &input.pty) {
+        (Some(_), Some(_)) => return Err(ConnectError::invalid("input has both stdin and pty")),
+        (_, Some(p)) => ("pty", p.as_str()),
+        (s, None) => ("stdin", s.as_deref().unwrap_or("")),
+    };
     base64::engine::general_purpose::STANDARD
         .decode(b64)
-        .map_err(|e| ConnectError::invalid(format!("stdin is not base64: {e}")))
+        .map_err(|e| ConnectError::invalid(format!("{what} is not base64: {e}")))
 }
 
 /// Write to the stdin of the process `sel` names, then close it if `eof`.
@@ -557,7 +600,32 @@ async fn stream_input(
     connect::stream(rx)
 }
 
-/// `Update` (a PTY's size): no PTYs here.
-async fn update() -> ConnectError {
-    ConnectError::new(Code::Unimplemented, "PTYs are not supported by this server")
+#[derive(Deserialize)]
+struct UpdateRequest {
+    process: PidSelector,
+    #[serde(default)]
+    pty: Option<PtyRequest>,
+}
+
+/// `Update`: a new size for the pty of a process started on one (SIGWINCH
+/// to its foreground group); `invalid_argument` for one started without.
+async fn update(
+    State(state): State<AppState>,
+    Extension(rec): Extension<Arc<SandboxRec>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let r: Result<Response, ConnectError> = async {
+        let req: UpdateRequest = connect::request(&headers, &body)?;
+        let job = select(&state, &rec, &req.process).await?;
+        let Some(pty) = &req.pty else { return Ok(connect::unary(json!({}))) };
+        let (rows, cols) = pty.size()?;
+        if !job.running {
+            return Err(no_such(&req.process));
+        }
+        state.runtime.job_resize(&rec.tenant, &rec.id, job.pid, rows, cols).await?;
+        Ok(connect::unary(json!({})))
+    }
+    .await;
+    r.unwrap_or_else(IntoResponse::into_response)
 }

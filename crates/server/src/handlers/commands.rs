@@ -109,8 +109,17 @@ pub(crate) async fn session_command(
     if req.stdin && !req.background {
         return Err(ApiError::invalid("stdin: true is for background commands (a command's stdin is /dev/null)"));
     }
+    if req.pty.is_some() && !req.background {
+        return Err(ApiError::invalid("pty is for background commands (\"background\": true)"));
+    }
     if req.background {
-        let code = cmd.background_code(req.stdin);
+        let code = match req.pty {
+            Some(size) => {
+                let (rows, cols) = size.checked()?;
+                cmd.pty_code(rows, cols)
+            }
+            None => cmd.background_code(req.stdin),
+        };
         state.runtime.check_code(&code)?;
         let timeout = super::sessions::exec_timeout(&state, &caller, &id, req.timeout_seconds).await?;
         let permit = crate::fair::acquire_for(&state, &caller, 1).await?;

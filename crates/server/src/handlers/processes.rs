@@ -6,6 +6,7 @@
 //! - `POST /v1/sessions/{id}/processes/{pid}/signal` `{signal}` -> `ProcessInfo`
 //! - `POST /v1/sessions/{id}/processes/{pid}/wait` `{timeout_seconds}` -> `ProcessInfo`
 //! - `POST /v1/sessions/{id}/processes/{pid}/stdin` `{data|data_b64, eof}` or raw bytes -> `ProcessInfo`
+//! - `POST /v1/sessions/{id}/processes/{pid}/resize` `{rows, cols}` (a `pty` command) -> `ProcessInfo`
 //! - `GET .../output?follow=true`: Server-Sent Events of its output as it is written, until it ends
 //! - `GET /v1/sessions/{id}/ports` -> `{ports: [ListeningPortInfo], resident}`: what listens in it
 //!
@@ -375,6 +376,22 @@ pub(crate) async fn process_stdin(
         ));
     }
     let j = state.runtime.job_stdin(&caller.tenant, &id, pid, data, eof).await?;
+    Ok(Json(ProcessInfo::of(j)))
+}
+
+#[utoipa::path(post, path = "/sessions/{id}/processes/{pid}/resize", tag = "processes", request_body = crate::schema::PtySize,
+    params(("id" = String, Path, description = "Session id"), ("pid" = u32, Path, description = "Its pid")),
+    responses((status = 200, description = "Resized (SIGWINCH to its foreground process group when the size changed)", body = ProcessInfo),
+              (status = 400, description = "A size out of range, or a process started without a pty", body = ErrorBody),
+              (status = 404, description = "No such session or process", body = ErrorBody)))]
+pub(crate) async fn resize_process(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    ApiPath((id, pid)): ApiPath<(String, u32)>,
+    ApiJson(req): ApiJson<crate::schema::PtySize>,
+) -> Result<Json<ProcessInfo>, ApiError> {
+    let (rows, cols) = req.checked()?;
+    let j = state.runtime.job_resize(&caller.tenant, &id, pid, rows, cols).await?;
     Ok(Json(ProcessInfo::of(j)))
 }
 
