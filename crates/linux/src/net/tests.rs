@@ -681,6 +681,7 @@ fn listening_lists_listeners_and_what_the_port_proxy_reaches() {
     );
     n.close(lo);
     assert_eq!(n.listening(), vec![(sa("127.0.0.2:7000"), false), (sa("[::]:8080"), true)]);
+}
 
 /// As Linux: SO_REUSEADDR and SO_REUSEPORT read back each as set (either one
 /// shares a port), and an accepted socket inherits both.

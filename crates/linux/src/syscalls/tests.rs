@@ -785,6 +785,7 @@ fn a_futex_wait_already_past_its_deadline_times_out_and_lets_other_threads_run()
     let later = g.put(0x300, &timespec(i64::MAX / 4, 0));
     let (r, effect) = g.call_effect(libc::SYS_futex, &[word, op, 0, later, 0, u32::MAX as u64]);
     assert!(r.is_ok() && matches!(effect, Some(Effect::Block(_))), "{r:?}");
+}
 
 /// glibc's if_nameindex: an AF_NETLINK socket, bound to port 0, asks for a
 /// link dump and reads it with recvmsg (peeking at the size first); the
