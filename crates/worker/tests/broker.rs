@@ -142,8 +142,17 @@ fn datagrams_and_names_are_decided_by_the_broker() {
     echo.send_to(b"pong", from).unwrap();
     assert_ne!(wait(&mut n, u, libc::POLLIN) & libc::POLLIN, 0);
     assert_eq!(n.recv(u, &mut b, 0).unwrap().0, 4);
-    let denied: SocketAddr = "127.0.0.1:9".parse().unwrap();
-    assert_eq!(n.send(u, b"x", Some(denied), 0), Err(Errno::ECONNREFUSED));
+    // A loopback port the policy keeps closed: an unconnected datagram is
+    // dropped as Linux drops one for a closed port (sendto says it was sent),
+    // a connected socket is refused; nothing leaves either way.
+    let closed = UdpSocket::bind("127.0.0.1:0").unwrap();
+    closed.set_nonblocking(true).unwrap();
+    let denied = closed.local_addr().unwrap();
+    assert_eq!(n.send(u, b"x", Some(denied), 0), Ok(1));
+    let c = n.socket(libc::AF_INET, false).unwrap();
+    let _ = n.connect(c, Some(denied));
+    assert_eq!(n.send(c, b"x", None, 0), Err(Errno::ECONNREFUSED));
+    assert!(closed.recv(&mut b).is_err(), "a datagram reached a port the policy denies");
 
     // DNS: asked of the broker; the answer comes later, through the eventfd.
     let r = n.socket(libc::AF_INET, false).unwrap();
