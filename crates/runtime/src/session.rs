@@ -3,7 +3,7 @@
 //! workers; everything else blocks (SQLite, files): call it off async threads.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use forkbox_engine::{
@@ -410,10 +410,12 @@ impl Runtime {
                 // The answer first; a first checkpoint is made durable after it
                 // (the session's next use waits for that).
                 Ok((o, settle)) => {
+                    let pending = settle.as_ref().map(|_| Settling::begin());
                     let _ = tx.send(Ok(o));
                     if let Some(s) = settle {
                         let _ = s.finish();
                     }
+                    drop(pending);
                 }
                 Err(e) => {
                     let _ = tx.send(Err(e.into()));
@@ -676,4 +678,36 @@ impl Runtime {
         let (out, c) = self.sessions.file_op(tenant, id, op)?;
         Ok((out, c.map(|c| c.seq)))
     }
+}
+
+/// First checkpoints of this process being made durable after their reply.
+static SETTLING: (Mutex<usize>, Condvar) = (Mutex::new(0), Condvar::new());
+
+/// One first checkpoint being settled (counted until dropped).
+struct Settling;
+
+impl Settling {
+    fn begin() -> Settling {
+        *SETTLING.0.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        Settling
+    }
+}
+
+impl Drop for Settling {
+    fn drop(&mut self) {
+        let mut n = SETTLING.0.lock().unwrap_or_else(|e| e.into_inner());
+        *n = n.saturating_sub(1);
+        SETTLING.1.notify_all();
+    }
+}
+
+/// Wait at most `timeout` until every first checkpoint answered before its
+/// commit is durable; false if some still are not. A process that exits right
+/// after a reply (an embedded CLI or MCP server whose client went away) calls
+/// this first: its exec threads end with the process, and a commit cut short
+/// leaves the session as it was before that exec.
+pub fn wait_settled(timeout: Duration) -> bool {
+    let n = SETTLING.0.lock().unwrap_or_else(|e| e.into_inner());
+    let (n, _) = SETTLING.1.wait_timeout_while(n, timeout, |n| *n > 0).unwrap_or_else(|e| e.into_inner());
+    *n == 0
 }
