@@ -451,14 +451,6 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
         home.display()
     );
     let server = Server::open(listeners, config.clone()).await?;
-    println!("forkbox listening on http://{addr} (data in {})", home.display());
-    if let Some(m) = server.metrics_addr() {
-        println!("metrics on http://{m}/metrics");
-    }
-    match &server.created_key {
-        Some(k) => println!("API key (tenant {:?}; shown once, only its hash is stored): {k}", config.default_tenant),
-        None => println!("API keys: use an existing one, or create one with `forkbox key create`"),
-    }
     // The CLI's key for this run; a stale one of a server that died goes first.
     let h = home.clone();
     let state = server.state().clone();
@@ -482,6 +474,15 @@ pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {
         Ok(file)
     })
     .await??;
+    // Announced once `server.json` is written: a CLI started on that line finds this server.
+    println!("forkbox listening on http://{addr} (data in {})", home.display());
+    if let Some(m) = server.metrics_addr() {
+        println!("metrics on http://{m}/metrics");
+    }
+    match &server.created_key {
+        Some(k) => println!("API key (tenant {:?}; shown once, only its hash is stored): {k}", config.default_tenant),
+        None => println!("API keys: use an existing one, or create one with `forkbox key create`"),
+    }
     let state = server.state().clone();
     let r = server.run(shutdown_signal()).await;
     file.remove_if_mine(&home);
