@@ -19,6 +19,16 @@ pub(crate) fn or_block(ctx: &mut Ctx, f: &OpenFile, ofd: u64, events: u32, r: Sy
     }
 }
 
+/// read(2) from an fd object: the bytes it gave go to the guest's `buf`; an
+/// EAGAIN of a blocking description waits for it to become readable.
+pub(crate) fn object_read(ctx: &mut Ctx, f: &Open, buf: u64, r: Result<Vec<u8>, Errno>) -> SysResult {
+    let r = r.and_then(|data| {
+        ctx.write_bytes(buf, &data)?;
+        Ok(data.len() as u64)
+    });
+    or_block(ctx, &f.file, f.ofd, crate::kernel::block::READABLE, r)
+}
+
 /// EPIPE, and SIGPIPE's default action (the guest dies) unless it is ignored,
 /// caught or blocked: then the call just fails with EPIPE.
 pub(crate) fn epipe(ctx: &mut Ctx) -> Errno {

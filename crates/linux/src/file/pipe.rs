@@ -2,9 +2,9 @@
 
 use crate::errno::{Errno, SysResult};
 use crate::fd::OpenFile;
-use crate::file::common::{epipe, object_id, object_poll, object_write, or_block};
+use crate::file::common::{epipe, object_id, object_poll, object_read, object_write, or_block};
 use crate::file::ops::{FileOps, Open, PollCtx};
-use crate::kernel::block::{READABLE, WRITABLE};
+use crate::kernel::block::WRITABLE;
 use crate::kernel::Ctx;
 use crate::objects::PIPE_MAX_SIZE;
 use crate::vfs::Stat;
@@ -17,11 +17,8 @@ impl FileOps for PipeFile {
             return Err(Errno::ESPIPE);
         }
         let id = object_id(&f.file)?;
-        let r = ctx.proc.fds.objects.pipe_read(id, len.min(PIPE_MAX_SIZE as u64) as usize).and_then(|data| {
-            ctx.write_bytes(buf, &data)?;
-            Ok(data.len() as u64)
-        });
-        or_block(ctx, &f.file, f.ofd, READABLE, r)
+        let r = ctx.proc.fds.objects.pipe_read(id, len.min(PIPE_MAX_SIZE as u64) as usize);
+        object_read(ctx, f, buf, r)
     }
 
     fn write(&self, ctx: &mut Ctx, f: &Open, buf: u64, len: u64, pos: Option<u64>) -> SysResult {

@@ -6,9 +6,9 @@
 
 use crate::errno::{Errno, SysResult};
 use crate::fd::OpenFile;
-use crate::file::common::{object_id, object_poll, object_write, or_block};
+use crate::file::common::{object_id, object_poll, object_read, object_write, or_block};
 use crate::file::ops::{FileOps, Open, PollCtx};
-use crate::kernel::block::{READABLE, WRITABLE};
+use crate::kernel::block::WRITABLE;
 use crate::kernel::Ctx;
 use crate::objects::ObjKind;
 use crate::thread::{SigInfo, SI_USER};
@@ -280,11 +280,8 @@ impl FileOps for PtyMasterFile {
         }
         ctx.user_range_mut(buf, len)?;
         let len = usize::try_from(len).unwrap_or(usize::MAX).min(crate::tty::OUTPUT_CAPACITY);
-        let r = pty_of(ctx, f)?.master_read(len).and_then(|data| {
-            ctx.write_bytes(buf, &data)?;
-            Ok(data.len() as u64)
-        });
-        or_block(ctx, &f.file, f.ofd, READABLE, r)
+        let r = pty_of(ctx, f)?.master_read(len);
+        object_read(ctx, f, buf, r)
     }
 
     fn write(&self, ctx: &mut Ctx, f: &Open, buf: u64, len: u64, pos: Option<u64>) -> SysResult {
@@ -386,11 +383,7 @@ impl FileOps for PtySlaveFile {
             Err(e) => Err(e),
             Ok(p) => p.slave_read(len),
         };
-        let r = r.and_then(|data| {
-            ctx.write_bytes(buf, &data)?;
-            Ok(data.len() as u64)
-        });
-        or_block(ctx, &f.file, f.ofd, READABLE, r)
+        object_read(ctx, f, buf, r)
     }
 
     fn write(&self, ctx: &mut Ctx, f: &Open, buf: u64, len: u64, pos: Option<u64>) -> SysResult {
