@@ -14,6 +14,7 @@ import os
 import ssl
 import subprocess
 import threading
+import time
 
 import httpx
 import pytest
@@ -518,3 +519,281 @@ def test_an_existing_egress_ca_from_the_environment(tmp_path):
         capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode != 0 and "go together" in proc.stdout + proc.stderr, proc.stderr[-2000:]
+
+
+# --- Secrets of API keys and templates ---
+
+KEY_VALUE = "sk-key-0d9c8b7a6f5e4d3c2b1a09f8e7d6c5b4a3928170"
+TEMPLATE_VALUE = "sk-tpl-5a4b3c2d1e0f9a8b7c6d5e4f3a2b1c0d9e8f7a61"
+SESSION_VALUE = "sk-ses-9f8e7d6c5b4a39281706f5e4d3c2b1a0f9e8d7c6"
+ALL_VALUES = (VALUE, KEY_VALUE, TEMPLATE_VALUE, SESSION_VALUE)
+
+
+def _admin_key(s, secrets, tenant="default"):
+    r = httpx.post(f"{s.url}/v1/admin/keys", json={"tenant": tenant, "secrets": secrets}, headers=s.headers(), timeout=60)
+    assert r.status_code == 201, r.text
+    assert not any(v in r.text for v in ALL_VALUES), r.text
+    return r.json()
+
+
+# Sends each named variable's placeholder in a header of its own to the
+# bound host and to the other host; what the two responders' indexes are.
+_SEND = """
+import http.client, json, os
+names = {names!r}
+def send(host, port):
+    c = http.client.HTTPConnection(host, port, timeout=10)
+    c.request("GET", "/s", headers={{"X-" + n: os.environ.get(n, "unset") for n in names}})
+    i = int(c.getresponse().read())
+    c.close()
+    return i
+json.dumps({{"ph": {{n: os.environ.get(n) for n in names}}, "bound": send("api.secret.test", {p1}), "other": send("127.0.0.2", {p2})}})
+"""
+
+
+def _send_code(names, bound, other):
+    return _SEND.format(names=list(names), p1=bound.server_address[1], p2=other.server_address[1])
+
+
+def _arrived(res, bound, other, name):
+    """What the bound and the other host got for `name`, and its placeholder."""
+    b, o = bound.seen[res["bound"]]["headers"], other.seen[res["other"]]["headers"]
+    return b.get(f"X-{name}"), o.get(f"X-{name}"), res["ph"][name]
+
+
+def _no_value_anywhere(s, values):
+    for root, _, files in os.walk(s.home):
+        for f in files:
+            p = os.path.join(root, f)
+            if os.path.islink(p) or not os.path.isfile(p):
+                continue
+            with open(p, "rb") as fh:
+                data = fh.read()
+            for v in values:
+                assert v.encode() not in data, f"{p} holds a secret's value"
+    log = "".join(s.output)
+    assert not any(v in log for v in values)
+
+
+def test_a_keys_secret_reaches_its_host_from_every_kind_of_sandbox(secret_server, monkeypatch):
+    s, bound, other = secret_server
+    made = _admin_key(s, {"KEY_TOKEN": {"value": KEY_VALUE, "hosts": ["api.secret.test"]}}, tenant="keysecrets")
+    key, kid = made["key"], made["id"]
+    assert made["secrets"] == [{"name": "KEY_TOKEN", "hosts": ["api.secret.test"]}] and made["tenant"] == "keysecrets"
+    code = _send_code(["KEY_TOKEN"], bound, other)
+
+    def check(res):
+        at_bound, at_other, ph = _arrived(res, bound, other, "KEY_TOKEN")
+        assert ph.startswith("fbx_secret_") and at_bound == KEY_VALUE and at_other == ph
+
+    # A one-shot exec, a batch and a one-shot command.
+    r = httpx.post(f"{s.url}/v1/exec", json={"code": code}, headers=s.headers(key), timeout=120)
+    assert r.status_code == 200 and r.json()["error"] is None, r.text
+    check(json.loads(eval(r.json()["value"])))
+    r = httpx.post(f"{s.url}/v1/exec/batch", json={"codes": [code]}, headers=s.headers(key), timeout=120)
+    assert r.status_code == 200, r.text
+    check(json.loads(eval(r.json()["results"][0]["value"])))
+    r = httpx.post(f"{s.url}/v1/commands", json={"cmd": "echo $KEY_TOKEN"}, headers=s.headers(key), timeout=120)
+    assert r.status_code == 200 and r.json()["stdout"].startswith("fbx_secret_"), r.text
+    # Another key of the server: none of it.
+    r = httpx.post(f"{s.url}/v1/exec", json={"code": "import os\nos.environ.get('KEY_TOKEN')"}, headers=s.headers(), timeout=120)
+    assert r.status_code == 200 and r.json()["value"] == "None", r.text
+
+    # A session: it lists the key's secret, and its execs send the value.
+    r = httpx.post(f"{s.url}/v1/sessions", json={}, headers=s.headers(key), timeout=60)
+    assert r.status_code == 201, r.text
+    sess = r.json()
+    assert sess["secrets"] == [{"name": "KEY_TOKEN", "hosts": ["api.secret.test"]}]
+    r = httpx.post(f"{s.url}/v1/sessions/{sess['id']}/exec", json={"code": code}, headers=s.headers(key), timeout=120)
+    assert r.status_code == 200 and r.json()["error"] is None, r.text
+    check(json.loads(eval(r.json()["value"])))
+
+    # An E2B sandbox, through E2B's own SDK.
+    import e2b
+
+    monkeypatch.setenv("E2B_API_URL", s.url)
+    monkeypatch.setenv("E2B_SANDBOX_URL", s.url)
+    monkeypatch.setenv("E2B_API_KEY", key)
+    monkeypatch.delenv("E2B_DOMAIN", raising=False)
+    sbx = e2b.Sandbox.create()
+    try:
+        sbx.files.write("/tmp/send.py", code.replace("json.dumps(", "print(json.dumps(") + ")\n")
+        out = sbx.commands.run("python3 /tmp/send.py")
+        check(json.loads(out.stdout))
+    finally:
+        sbx.kill()
+
+    # The admin routes show names and destinations only; the value is nowhere.
+    r = httpx.get(f"{s.url}/v1/admin/keys/{kid}", headers=s.headers(), timeout=60)
+    assert r.status_code == 200 and r.json()["secrets"] == made["secrets"] and KEY_VALUE not in r.text
+    for path in (f"/v1/sessions/{sess['id']}", "/v1/sessions", "/v1/capabilities"):
+        r = httpx.get(f"{s.url}{path}", headers=s.headers(key), timeout=60)
+        assert r.status_code == 200 and KEY_VALUE not in r.text, path
+    _no_value_anywhere(s, [KEY_VALUE])
+
+
+def test_changing_a_keys_secrets_applies_to_new_sandboxes(secret_server):
+    s, bound, other = secret_server
+    made = _admin_key(s, {"ROTATED": {"value": KEY_VALUE, "hosts": ["api.secret.test"]}}, tenant="rotate")
+    key, kid = made["key"], made["id"]
+    code = _send_code(["ROTATED"], bound, other)
+    r = httpx.post(f"{s.url}/v1/sessions", json={}, headers=s.headers(key), timeout=60)
+    assert r.status_code == 201, r.text
+    before = r.json()["id"]
+    # Admin keys only; an unknown id is 404; a bad secret 400 (the value never quoted).
+    r = httpx.patch(f"{s.url}/v1/admin/keys/{kid}", json={"secrets": {}}, headers=s.headers(key), timeout=60)
+    assert r.status_code == 403, r.text
+    r = httpx.patch(f"{s.url}/v1/admin/keys/{'0' * 64}", json={"secrets": {}}, headers=s.headers(), timeout=60)
+    assert r.status_code == 404, r.text
+    r = httpx.patch(f"{s.url}/v1/admin/keys/{kid}", headers=s.headers(), timeout=60,
+                    json={"secrets": {"ROTATED": {"value": "bad\nvalue-77123", "hosts": ["api.secret.test"]}}})
+    assert r.status_code == 400 and "no CR, LF or NUL" in r.text and "77123" not in r.text, r.text
+
+    r = httpx.patch(f"{s.url}/v1/admin/keys/{kid}", headers=s.headers(), timeout=60,
+                    json={"secrets": {"ROTATED": {"value": TEMPLATE_VALUE, "hosts": ["api.secret.test"], "ports": [bound.server_address[1]]}}})
+    assert r.status_code == 200, r.text
+    assert r.json()["secrets"] == [{"name": "ROTATED", "hosts": ["api.secret.test"], "ports": [bound.server_address[1]]}]
+    assert TEMPLATE_VALUE not in r.text
+    # A new sandbox of the key gets the new value at once ...
+    r = httpx.post(f"{s.url}/v1/exec", json={"code": code}, headers=s.headers(key), timeout=120)
+    assert r.status_code == 200 and r.json()["error"] is None, r.text
+    assert _arrived(json.loads(eval(r.json()["value"])), bound, other, "ROTATED")[0] == TEMPLATE_VALUE
+    # ... a session made before keeps the secret it was made with.
+    r = httpx.post(f"{s.url}/v1/sessions/{before}/exec", json={"code": code}, headers=s.headers(key), timeout=120)
+    assert r.status_code == 200 and r.json()["error"] is None, r.text
+    assert _arrived(json.loads(eval(r.json()["value"])), bound, other, "ROTATED")[0] == KEY_VALUE
+    # Removed: new sandboxes have no such variable.
+    r = httpx.patch(f"{s.url}/v1/admin/keys/{kid}", json={"secrets": {}}, headers=s.headers(), timeout=60)
+    assert r.status_code == 200 and r.json()["secrets"] == [], r.text
+    r = httpx.post(f"{s.url}/v1/exec", json={"code": "import os\nos.environ.get('ROTATED')"}, headers=s.headers(key), timeout=120)
+    assert r.status_code == 200 and r.json()["value"] == "None", r.text
+
+
+def _template(s, key, body):
+    r = httpx.post(f"{s.url}/v1/templates", json=body, headers=s.headers(key), timeout=60)
+    assert r.status_code == 202, r.text
+    assert not any(v in r.text for v in ALL_VALUES)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        r = httpx.get(f"{s.url}/v1/templates/{body['name']}", headers=s.headers(key), timeout=60)
+        assert r.status_code == 200, r.text
+        if r.json()["status"] == "ready":
+            return r.json()
+        assert r.json()["status"] != "failed", r.text
+        time.sleep(0.5)
+    pytest.fail(f"template {body['name']} not ready: {r.text}")
+
+
+def test_precedence_session_over_template_over_key(secret_server):
+    s, bound, other = secret_server
+    host = ["api.secret.test"]
+    made = _admin_key(s, {"A": {"value": KEY_VALUE, "hosts": host}, "B": {"value": KEY_VALUE, "hosts": host}},
+                      tenant="layers")
+    key = made["key"]
+    t = _template(s, key, {"name": "with-secrets", "secrets": {
+        "A": {"value": TEMPLATE_VALUE, "hosts": host}, "C": {"value": TEMPLATE_VALUE, "hosts": host}}})
+    assert t["secrets"] == [{"name": "A", "hosts": host}, {"name": "C", "hosts": host}]
+    code = _send_code(["A", "B", "C"], bound, other)
+
+    def arrived(res):
+        return {n: _arrived(res, bound, other, n)[0] for n in "ABC"}
+
+    # A one-shot exec on the template: the key's B, the template's A and C.
+    r = httpx.post(f"{s.url}/v1/exec", json={"code": code, "template": "with-secrets"}, headers=s.headers(key), timeout=120)
+    assert r.status_code == 200 and r.json()["error"] is None, r.text
+    assert arrived(json.loads(eval(r.json()["value"]))) == {"A": TEMPLATE_VALUE, "B": KEY_VALUE, "C": TEMPLATE_VALUE}
+    # A session on it with a C of its own.
+    r = httpx.post(f"{s.url}/v1/sessions", headers=s.headers(key), timeout=60,
+                   json={"template": "with-secrets", "secrets": {"C": {"value": SESSION_VALUE, "hosts": host}}})
+    assert r.status_code == 201, r.text
+    sess = r.json()
+    assert [x["name"] for x in sess["secrets"]] == ["A", "B", "C"]
+    r = httpx.post(f"{s.url}/v1/sessions/{sess['id']}/exec", json={"code": code}, headers=s.headers(key), timeout=120)
+    assert r.status_code == 200 and r.json()["error"] is None, r.text
+    assert arrived(json.loads(eval(r.json()["value"]))) == {"A": TEMPLATE_VALUE, "B": KEY_VALUE, "C": SESSION_VALUE}
+
+    # A template made of that session's checkpoint carries its secrets (its
+    # memory holds their placeholders): an exec on it sends the same values.
+    r = httpx.post(f"{s.url}/v1/sessions/{sess['id']}/checkpoints/1/template", json={"name": "from-session"},
+                   headers=s.headers(key), timeout=120)
+    assert r.status_code == 201, r.text
+    assert [x["name"] for x in r.json()["secrets"]] == ["A", "B", "C"]
+    r = httpx.post(f"{s.url}/v1/exec", json={"code": code, "template": "from-session"}, headers=s.headers(key), timeout=120)
+    assert r.status_code == 200 and r.json()["error"] is None, r.text
+    assert arrived(json.loads(eval(r.json()["value"]))) == {"A": TEMPLATE_VALUE, "B": KEY_VALUE, "C": SESSION_VALUE}
+
+    r = httpx.get(f"{s.url}/v1/templates", headers=s.headers(key), timeout=60)
+    assert r.status_code == 200 and not any(v in r.text for v in ALL_VALUES)
+    _no_value_anywhere(s, [KEY_VALUE, TEMPLATE_VALUE, SESSION_VALUE])
+
+
+@pytest.mark.parametrize("path, body, says", [
+    ("/v1/admin/keys", {"secrets": {"K": {"value": "v-55123", "hosts": ["10.0.0.1"]}}}, "not a host name"),
+    ("/v1/admin/keys", {"tenant": "no/slash", "secrets": {}}, "tenant"),
+    ("/v1/admin/keys", {"secrets": {f"K{i}": {"value": "v", "hosts": ["a.example"]} for i in range(17)}}, "at most 16"),
+    ("/v1/templates", {"name": "bad-secrets", "secrets": {"K": {"value": "a\r\nX: 55123", "hosts": ["a.example"]}}},
+     "no CR, LF or NUL"),
+    ("/v1/templates", {"name": "bad-secrets", "secrets": {"K": {"value": 55123, "hosts": ["a.example"]}}},
+     "must be a string"),
+])
+def test_bad_key_and_template_secrets_are_400(secret_server, path, body, says):
+    s, _, _ = secret_server
+    r = httpx.post(f"{s.url}{path}", json=body, headers=s.headers(), timeout=60)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == "invalid_request" and says in r.json()["error"]["message"], r.text
+    assert "55123" not in r.text
+
+
+def test_key_and_template_secrets_survive_a_restart(tmp_path):
+    """A key made by `forkbox key create --secrets-file` and a template's
+    secrets are stored sealed (keys.db, the template's record): a new server
+    process on the data directory still substitutes them."""
+    bound = _responder("127.0.0.1")
+    port = bound.server_address[1]
+    home = tmp_path / "home"
+    args = ("--egress-host", "api.secret.test=127.0.0.1", "--egress-allow", f"127.0.0.1:{port}")
+    s = start_server(home, *args)
+    try:
+        spec = tmp_path / "secrets.json"
+        spec.write_text(json.dumps({"K": {"value": KEY_VALUE, "hosts": ["api.secret.test"], "ports": [port]}}))
+        key = s.create_key("restart", "--secrets-file", str(spec))
+        _template(s, key, {"name": "kept", "secrets": {"T": {"value": TEMPLATE_VALUE, "hosts": ["api.secret.test"]}}})
+        # A bad file: the CLI says why without quoting the value.
+        spec.write_text(json.dumps({"K": {"value": "x-66123\n", "hosts": ["api.secret.test"]}}))
+        bad = subprocess.run([forkbox_bin(), "--home", str(home), "key", "create", "--secrets-file", str(spec)],
+                             capture_output=True, text=True, timeout=60)
+        assert bad.returncode != 0 and "no CR, LF or NUL" in bad.stderr and "66123" not in bad.stderr + bad.stdout
+    finally:
+        stop_server(s)
+    # (A server that has keys prints none: wait for its address only.)
+    proc = subprocess.Popen(
+        [forkbox_bin(), "--home", str(home), "serve", "--listen", "127.0.0.1:0", "--image", shared_image(), *args],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    import re
+    lines, url = [], None
+    deadline = time.monotonic() + 180
+    while url is None and time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if m := re.search(r"listening on (http://\S+)", line):
+            url = m.group(1)
+    s2 = type(s)(url=url, key=key, home=home, proc=proc, output=lines)
+    threading.Thread(target=lambda: [s2.output.append(x) for x in proc.stdout], daemon=True).start()
+    try:
+        assert url, "".join(lines)
+        code = (
+            "import http.client, os\n"
+            f"c = http.client.HTTPConnection('api.secret.test', {port}, timeout=10)\n"
+            "c.request('GET', '/', headers={'X-K': os.environ['K'], 'X-T': os.environ['T']})\n"
+            "c.getresponse().read().decode()"
+        )
+        r = httpx.post(f"{url}/v1/exec", json={"code": code, "template": "kept"}, headers=s2.headers(), timeout=120)
+        assert r.status_code == 200 and r.json()["error"] is None, r.text
+        got = bound.seen[int(eval(r.json()["value"]))]["headers"]
+        assert (got["X-K"], got["X-T"]) == (KEY_VALUE, TEMPLATE_VALUE)
+        _no_value_anywhere(s2, [KEY_VALUE, TEMPLATE_VALUE])
+    finally:
+        stop_server(s2)
+        bound.shutdown()

@@ -254,6 +254,12 @@ enum KeyCommand {
         /// The key's bandwidth per sandbox, bytes per second (needs --egress), as for `serve`.
         #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..))]
         egress_rate: Option<u64>,
+        /// Secrets every sandbox of the key gets (one-shot execs, sessions, E2B sandboxes, ForeverVM
+        /// machines): a JSON file (`-`: stdin) as a session's `secrets`, `{"NAME": {"value": "...",
+        /// "hosts": ["api.example.com"], "ports": [443], "tls": true}}`. Sealed with the data
+        /// directory's secrets.key (or $FORKBOX_SECRETS_KEY: the server's) before it is stored.
+        #[arg(long, value_name = "FILE")]
+        secrets_file: Option<std::path::PathBuf>,
         /// Store the key in this PostgreSQL database (a server's --database; every node of a cluster
         /// sees it) instead of the data directory. Also $FORKBOX_DATABASE_URL.
         #[arg(long, value_name = "URL", env = "FORKBOX_DATABASE_URL", hide_env_values = true)]
@@ -580,6 +586,7 @@ fn main() -> ExitCode {
             egress_allow,
             egress_deny,
             egress_rate,
+            secrets_file,
             database,
         }) => {
             let egress = match egress {
@@ -606,9 +613,19 @@ fn main() -> ExitCode {
                     cpu_seconds_per_hour: cpu_seconds_per_hour.or(base.cpu_seconds_per_hour),
                     max_timeout_seconds: max_timeout_seconds.or(base.max_timeout_seconds),
                 };
-                forkbox_runtime::keys::KeyDb::open(&home, database.as_deref())
-                    .map_err(|e| anyhow::anyhow!("opening the key store: {e}"))
-                    .and_then(|db| forkbox_server::create_key_full(&db, &tenant, &limits, admin))
+                let secrets = match &secrets_file {
+                    None => Ok(Vec::new()),
+                    Some(path) => read_secrets_file(path).and_then(|j| forkbox_server::seal_secrets_json(&home, &j)),
+                };
+                secrets
+                    .and_then(|secrets| {
+                        forkbox_runtime::keys::KeyDb::open(&home, database.as_deref())
+                            .map_err(|e| anyhow::anyhow!("opening the key store: {e}"))
+                            .map(|db| (db, secrets))
+                    })
+                    .and_then(|(db, secrets)| {
+                        forkbox_server::create_key_with_secrets(&db, &tenant, &limits, admin, &secrets)
+                    })
                     .map(|k| {
                         println!("{k}");
                         ExitCode::SUCCESS
@@ -788,6 +805,18 @@ struct E2bOptions {
     sandbox_domain: Option<String>,
 }
 
+/// The text of `--secrets-file` (`-`: stdin).
+fn read_secrets_file(path: &std::path::Path) -> anyhow::Result<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    if path.as_os_str() == "-" {
+        anyhow::Context::context(std::io::stdin().read_to_string(&mut text), "reading the secrets from stdin")?;
+    } else {
+        text = anyhow::Context::with_context(std::fs::read_to_string(path), || format!("reading {}", path.display()))?;
+    }
+    Ok(text)
+}
+
 /// `--egress-host NAME=ADDR` options as the resolver's static map (names lower-case, no trailing dot).
 fn egress_hosts(opts: &[String]) -> anyhow::Result<std::collections::BTreeMap<String, Vec<std::net::IpAddr>>> {
     let mut map = std::collections::BTreeMap::<String, Vec<std::net::IpAddr>>::new();
@@ -931,6 +960,7 @@ fn template_build_custom(
         preload,
         blas: image.blas,
         network,
+        secrets: Vec::new(),
     };
     let l = catalog.build_shared(&t, source)?;
     let size = std::fs::metadata(&l.engine.image_path).map_or(0, |m| m.len());

@@ -24,6 +24,7 @@ use crate::shared::{ArtifactKind, Shared, SharedArtifacts, SharedError, SharedSt
 use crate::template::{templates_dir, Template, TemplateInfo};
 use crate::Engine;
 use crate::NetPolicy;
+use forkbox_linux::net::secrets::{SealedSecret, SecretInfo};
 
 /// The template a server and the CLI use unless told otherwise.
 pub const DEFAULT_TEMPLATE: &str = "python";
@@ -71,6 +72,9 @@ pub struct Recipe {
     /// Its egress policy layer: every sandbox forked from it (one-shot execs,
     /// new sessions) gets it inside the server's and the key's, so it only narrows.
     pub network: Option<NetPolicy>,
+    /// Its secrets (sealed): every sandbox forked from it gets them, over the
+    /// key's and under the session's of the same name.
+    pub secrets: Vec<SealedSecret>,
 }
 
 /// Where a recipe comes from.
@@ -109,6 +113,8 @@ pub struct CustomTemplate {
     pub blas: Blas,
     /// The template's egress policy layer (see [`Recipe::network`]).
     pub network: Option<NetPolicy>,
+    /// The template's secrets (see [`Recipe::secrets`]).
+    pub secrets: Vec<SealedSecret>,
 }
 
 /// Most custom templates one tenant may have, and builds pending at once.
@@ -136,7 +142,7 @@ pub fn validate_name(name: &str) -> Result<(), CatalogError> {
 }
 
 /// The on-disk record of a custom template (`<home>/custom-templates/<hex key>.json`).
-/// Format 2 added `network`; a format-1 record reads as one without it.
+/// Format 2 added `network`, format 3 `secrets`; an older record reads as one without them.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 struct CustomRecord {
     /// Format of this record ([`RECORD_FORMAT`]; [`READABLE_RECORD_FORMATS`] are read).
@@ -158,10 +164,13 @@ struct CustomRecord {
     /// Format 2: the template's egress policy layer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     network: Option<NetPolicy>,
+    /// Format 3: the template's secrets, sealed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    secrets: Vec<SealedSecret>,
 }
 
-const RECORD_FORMAT: u32 = 2;
-const READABLE_RECORD_FORMATS: [u32; 2] = [1, 2];
+const RECORD_FORMAT: u32 = 3;
+const READABLE_RECORD_FORMATS: [u32; 3] = [1, 2, 3];
 
 /// The catalog key of a template: its name, or `<owner>/<name>` for a tenant's own.
 fn key_of(owner: Option<&str>, name: &str) -> String {
@@ -202,6 +211,7 @@ impl Recipe {
             template_id: self.template_id.clone(),
             description: self.description.clone(),
             network: self.network.clone(),
+            secrets: self.secrets.clone(),
         }
     }
 
@@ -229,6 +239,7 @@ impl Recipe {
             apt: r.apt,
             template_id: r.template_id,
             network: r.network,
+            secrets: r.secrets,
         })
     }
 }
@@ -246,6 +257,7 @@ pub fn builtin_recipes() -> Vec<Recipe> {
             apt: Vec::new(),
             template_id: None,
             network: None,
+            secrets: Vec::new(),
         },
         Recipe {
             name: "data".into(),
@@ -260,6 +272,7 @@ pub fn builtin_recipes() -> Vec<Recipe> {
             apt: Vec::new(),
             template_id: None,
             network: None,
+            secrets: Vec::new(),
         },
         Recipe {
             name: "cpython-tests".into(),
@@ -273,6 +286,7 @@ pub fn builtin_recipes() -> Vec<Recipe> {
             apt: Vec::new(),
             template_id: None,
             network: None,
+            secrets: Vec::new(),
         },
     ]
 }
@@ -336,6 +350,8 @@ pub struct Loaded {
     /// That recipe's egress policy layer (None: none of its own; always None
     /// when opened by id, as a session resuming records its layers itself).
     pub network: Option<NetPolicy>,
+    /// That recipe's secrets (empty when opened by id, as for `network`).
+    pub secrets: Vec<SealedSecret>,
 }
 
 impl std::fmt::Debug for Loaded {
@@ -382,6 +398,8 @@ pub struct Listing {
     pub from_checkpoint: Option<i64>,
     /// Its egress policy layer (None: none of its own).
     pub network: Option<NetPolicy>,
+    /// Its secrets: names and destinations, never values.
+    pub secrets: Vec<SecretInfo>,
 }
 
 /// By template key: the image build's step and the fraction of it done.
@@ -528,7 +546,7 @@ impl Catalog {
             };
             if changed {
                 let rebuilt = recipes.get(&key).is_some_and(|old| {
-                    old.spec != r.spec || old.preload != r.preload || old.network != r.network || old.kind != r.kind
+                    old.spec != r.spec || old.preload != r.preload || old.network != r.network || old.secrets != r.secrets || old.kind != r.kind
                 });
                 if rebuilt {
                     if let Ok(mut m) = self.by_name.lock() {
@@ -680,7 +698,7 @@ impl Catalog {
         if let Some(sh) = self.shared() {
             let _ = engine.shared.set(sh);
         }
-        let loaded = Arc::new(Loaded { engine, template, name: Some(name.to_string()), network: None });
+        let loaded = Arc::new(Loaded { engine, template, name: Some(name.to_string()), network: None, secrets: Vec::new() });
         if let Ok(mut m) = self.by_id.lock() {
             m.insert(loaded.id().to_string(), loaded.clone());
         }
@@ -914,6 +932,7 @@ impl Catalog {
             apt: t.apt.clone(),
             template_id: None,
             network: t.network.clone(),
+            secrets: t.secrets.clone(),
         })
     }
 
@@ -943,7 +962,12 @@ impl Catalog {
             let recipe = self.custom_recipe(None, t, pip_source)?;
             let old = self.recipe(&key);
             let changed =
-                |o: &Recipe| o.spec != recipe.spec || o.preload != recipe.preload || o.network != recipe.network;
+                |o: &Recipe| {
+                o.spec != recipe.spec
+                    || o.preload != recipe.preload
+                    || o.network != recipe.network
+                    || o.secrets != recipe.secrets
+            };
             if old.as_ref().is_some_and(changed) || old.is_none() {
                 self.save(&key, recipe, true)?;
                 if let Ok(mut m) = self.by_name.lock() {
@@ -971,7 +995,7 @@ impl Catalog {
         session: &str,
         checkpoint: i64,
     ) -> Result<Listing, CatalogError> {
-        self.add_from_snapshot(owner, name, base, session, checkpoint, |id, preload, memory, state| {
+        self.add_from_snapshot(owner, name, base, session, checkpoint, Vec::new(), |id, preload, memory, state| {
             base.template.snapshot_into(&base.engine, sb, memory, state, id, preload)
         })
     }
@@ -989,6 +1013,7 @@ impl Catalog {
         base: &Loaded,
         session: &str,
         checkpoint: i64,
+        secrets: Vec<SealedSecret>,
         write: impl FnOnce(&str, &str, &mut std::fs::File, &mut std::fs::File) -> Result<(), EngineError>,
     ) -> Result<Listing, CatalogError> {
         let _one = self.admit_lock.lock().unwrap_or_else(|p| p.into_inner());
@@ -1064,6 +1089,8 @@ impl Catalog {
             template_id: Some(id.clone()),
             // A checkpoint template has no layer of its own (its session's layers are the session's).
             network: None,
+            // Its memory holds its session's placeholders: their values go with it.
+            secrets: secrets.clone(),
         };
         // Admitted over an existing key only if its build failed here: then replaced.
         let failed = self.has_recipe(&key);
@@ -1076,6 +1103,7 @@ impl Catalog {
             template: Arc::new(template),
             name: Some(key.clone()),
             network: None,
+            secrets,
         });
         if let Ok(mut m) = self.by_id.lock() {
             m.insert(id, loaded.clone());
@@ -1130,6 +1158,7 @@ impl Catalog {
                 template: l.template.clone(),
                 name: Some(name.clone()),
                 network: recipe.network.clone(),
+                secrets: recipe.secrets.clone(),
             });
             if let Ok(mut m) = self.by_name.lock() {
                 m.insert(name, loaded.clone());
@@ -1186,7 +1215,13 @@ impl Catalog {
                 }
             }
         };
-        let loaded = Arc::new(Loaded { engine, template, name: Some(name.clone()), network: recipe.network.clone() });
+        let loaded = Arc::new(Loaded {
+            engine,
+            template,
+            name: Some(name.clone()),
+            network: recipe.network.clone(),
+            secrets: recipe.secrets.clone(),
+        });
         if let Ok(mut m) = self.by_id.lock() {
             // By id it is no recipe's: without the recipe's policy.
             m.entry(loaded.id().to_string()).or_insert_with(|| {
@@ -1195,6 +1230,7 @@ impl Catalog {
                     template: loaded.template.clone(),
                     name: loaded.name.clone(),
                     network: None,
+                    secrets: Vec::new(),
                 })
             });
         }
@@ -1357,7 +1393,13 @@ impl Catalog {
             };
             let (engine, template) = self.open_published(&sh, &a, id)?;
             let loaded =
-                Arc::new(Loaded { engine: Arc::new(engine), template: Arc::new(template), name: None, network: None });
+                Arc::new(Loaded {
+                engine: Arc::new(engine),
+                template: Arc::new(template),
+                name: None,
+                network: None,
+                secrets: Vec::new(),
+            });
             let mut m = self.by_id.lock().unwrap_or_else(|p| p.into_inner());
             return Ok(m.entry(id.to_string()).or_insert(loaded).clone());
         }
@@ -1373,7 +1415,13 @@ impl Catalog {
         let template =
             Template::load(&engine, &dir).map_err(|source| CatalogError::Engine { name: id.into(), source })?;
         let loaded =
-            Arc::new(Loaded { engine: Arc::new(engine), template: Arc::new(template), name: None, network: None });
+            Arc::new(Loaded {
+                engine: Arc::new(engine),
+                template: Arc::new(template),
+                name: None,
+                network: None,
+                secrets: Vec::new(),
+            });
         let mut m = self.by_id.lock().unwrap_or_else(|p| p.into_inner());
         Ok(m.entry(id.to_string()).or_insert(loaded).clone())
     }
@@ -1478,6 +1526,7 @@ impl Catalog {
                     from_session,
                     from_checkpoint,
                     network: recipe.as_ref().and_then(|r| r.network.clone()),
+                    secrets: recipe.as_ref().map(|r| r.secrets.iter().map(SealedSecret::info).collect()).unwrap_or_default(),
                     name,
                 }
             })

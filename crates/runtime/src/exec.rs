@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use forkbox_engine::net_secrets::{self, SealedSecret};
 use forkbox_engine::{ExecOptions, ExecResult, Limits, Loaded, NetPolicy, Stream};
 use forkbox_sessions::manager::ExecOutcome;
 
@@ -102,6 +103,13 @@ pub(crate) fn narrow_network(limits: &mut Limits, template: &Loaded, network: &[
     }
 }
 
+/// Set the sandbox's secrets: `key`'s (the caller's API key), then the
+/// template's, then `request`'s (a session's), a later one replacing an
+/// earlier one of the same name ([`net_secrets::merge`]).
+pub(crate) fn set_secrets(limits: &mut Limits, template: &Loaded, key: &[SealedSecret], request: &[SealedSecret]) {
+    limits.network.secrets = net_secrets::merge(&[key, &template.secrets, request]);
+}
+
 pub fn batch_output_limit(per_exec: usize, n: usize) -> usize {
     (per_exec.saturating_mul(BATCH_OUTPUT_FACTOR) / n.max(1)).clamp(4096.min(per_exec), per_exec)
 }
@@ -112,6 +120,24 @@ pub struct OneShotRequest {
     pub(crate) code: String,
     pub(crate) limits: Limits,
     pub(crate) template: Arc<Loaded>,
+    /// Run in the fork before `code`: the secrets' placeholders into its environment.
+    pub(crate) prelude: Option<String>,
+}
+
+impl OneShotRequest {
+    fn new(code: String, mut limits: Limits, template: Arc<Loaded>, key_secrets: &[SealedSecret]) -> OneShotRequest {
+        set_secrets(&mut limits, &template, key_secrets, &[]);
+        let prelude = net_secrets::env_prelude(&limits.network.secrets);
+        OneShotRequest { code, limits, template, prelude }
+    }
+}
+
+/// Run a one-shot's prelude (if any) in its fresh fork: a Python error in it
+/// is the exec's result (the code does not run).
+fn run_prelude(sb: &mut forkbox_engine::Sandbox, prelude: Option<&str>) -> Result<Option<ExecResult>, RuntimeError> {
+    let Some(code) = prelude else { return Ok(None) };
+    let r = sb.exec(code).map_err(|e| RuntimeError::exec(e, sb.take_failed_output()))?;
+    Ok(r.error.is_some().then_some(r))
 }
 
 /// The result of a one-shot exec, with its timing.
@@ -148,6 +174,8 @@ impl Runtime {
     /// Check a one-shot exec's code and timeout (cheap: do it before waiting for a slot).
     /// `template`: its name (None: the default). `network`: policy layers
     /// narrowing the runtime's, outermost first (empty: the runtime's as it is).
+    /// `key_secrets`: the caller's key's secrets (the template's win by name).
+    #[allow(clippy::too_many_arguments)]
     pub fn oneshot(
         &self,
         tenant: &str,
@@ -155,6 +183,7 @@ impl Runtime {
         timeout_seconds: Option<f64>,
         template: Option<&str>,
         network: &[NetPolicy],
+        key_secrets: &[SealedSecret],
     ) -> Result<OneShotRequest, RuntimeError> {
         self.check_code(&code)?;
         let mut limits = self.config.limits.clone();
@@ -162,7 +191,7 @@ impl Runtime {
         limits.code_bytes = self.config.code_limit;
         let template = self.template(tenant, template)?;
         narrow_network(&mut limits, &template, network);
-        Ok(OneShotRequest { code, limits, template })
+        Ok(OneShotRequest::new(code, limits, template, key_secrets))
     }
 
     /// Run a one-shot exec on an exec thread: `reply` gets the result, then the
@@ -193,9 +222,23 @@ impl Runtime {
             };
             let fork_ms = t.elapsed().as_secs_f64() * 1000.0;
             let t = Instant::now();
-            let r = with_output(&mut output, |opts| sb.exec_with(&req.code, opts));
+            let r = match run_prelude(&mut sb, req.prelude.as_deref()) {
+                Ok(None) => with_output(&mut output, |opts| sb.exec_with(&req.code, opts))
+                    .map_err(|e| RuntimeError::exec(e, sb.take_failed_output())),
+                Ok(Some(failed)) => {
+                    if let Some(out) = output.as_mut() {
+                        out.end();
+                    }
+                    Ok(failed)
+                }
+                Err(e) => {
+                    if let Some(out) = output.as_mut() {
+                        out.end();
+                    }
+                    Err(e)
+                }
+            };
             let exec_ms = t.elapsed().as_secs_f64() * 1000.0;
-            let r = r.map_err(|e| RuntimeError::exec(e, sb.take_failed_output()));
             reply(r.map(|result| OneShot { result, id: random_id("x_"), fork_ms, exec_ms }));
             drop(sb);
         });
@@ -215,7 +258,9 @@ impl Runtime {
         rx.await.map_err(|_| RuntimeError::WorkerGone)?
     }
 
-    /// Check a batch (count and each code) and its timeout. `network`: as for [`Runtime::oneshot`].
+    /// Check a batch (count and each code) and its timeout. `network`,
+    /// `key_secrets`: as for [`Runtime::oneshot`].
+    #[allow(clippy::too_many_arguments)]
     pub fn batch(
         &self,
         tenant: &str,
@@ -223,6 +268,7 @@ impl Runtime {
         timeout_seconds: Option<f64>,
         template: Option<&str>,
         network: &[NetPolicy],
+        key_secrets: &[SealedSecret],
     ) -> Result<Vec<OneShotRequest>, RuntimeError> {
         let n = codes.len();
         if n == 0 || n > self.config.max_batch {
@@ -246,7 +292,7 @@ impl Runtime {
                 limits.code_bytes = self.config.code_limit;
                 limits.output_bytes = output_bytes;
                 narrow_network(&mut limits, &template, network);
-                OneShotRequest { code, limits, template: template.clone() }
+                OneShotRequest::new(code, limits, template.clone(), key_secrets)
             })
             .collect())
     }
@@ -296,8 +342,9 @@ impl Runtime {
                         .template
                         .fork(&req.template.engine, req.limits.clone())
                         .map_err(RuntimeError::from)
-                        .and_then(|mut sb| {
-                            sb.exec(&req.code).map_err(|e| RuntimeError::exec(e, sb.take_failed_output()))
+                        .and_then(|mut sb| match run_prelude(&mut sb, req.prelude.as_deref())? {
+                            Some(failed) => Ok(failed),
+                            None => sb.exec(&req.code).map_err(|e| RuntimeError::exec(e, sb.take_failed_output())),
                         });
                     if let Some(slot) = results.get(i) {
                         *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);

@@ -79,9 +79,9 @@ pub(crate) fn exec(
         match output.as_mut() {
             Some(out) => {
                 let mut sink = |s, b: &[u8]| out.chunk(s, b);
-                w.exec(exec_index(), &t, &req.code, &req.limits, Some(&mut sink))
+                w.exec_after(exec_index(), &t, req.prelude.as_deref(), &req.code, &req.limits, Some(&mut sink))
             }
-            None => w.exec(exec_index(), &t, &req.code, &req.limits, None),
+            None => w.exec_after(exec_index(), &t, req.prelude.as_deref(), &req.code, &req.limits, None),
         }
     })();
     if let Some(out) = output.as_mut() {

@@ -50,8 +50,10 @@ pub struct NewSession<'a> {
     pub template: Option<&'a str>,
     /// Egress layers narrowing the server's policy (the key's, then the request's).
     pub network: &'a [NetPolicy],
-    /// Secrets substituted at the egress boundary (sealed by the caller).
+    /// Secrets substituted at the egress boundary (sealed by the caller): the request's own.
     pub secrets: Vec<forkbox_engine::net_secrets::SealedSecret>,
+    /// The caller's API key's secrets: under the template's and the request's of the same name.
+    pub key_secrets: &'a [forkbox_engine::net_secrets::SealedSecret],
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -201,7 +203,8 @@ impl Runtime {
         let template = self.template(tenant, new.template)?;
         // The session records every layer (the template's too): kept across eviction and forks.
         crate::exec::narrow_network(&mut limits, &template, new.network);
-        limits.network.secrets = new.secrets;
+        // Its secrets: the key's, the template's, the request's (a later one wins by name).
+        crate::exec::set_secrets(&mut limits, &template, new.key_secrets, &new.secrets);
         self.within_session_quota(tenant, quota, || {
             Ok(self.sessions.create_on(tenant, new.tags, &limits, &template)?)
         })

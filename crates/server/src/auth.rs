@@ -28,6 +28,11 @@ impl Caller {
         self.key.as_ref().map(|k| &k.limits)
     }
 
+    /// The secrets of the caller's key (none for an embedded router's caller).
+    pub fn key_secrets(&self) -> std::sync::Arc<Vec<forkbox_runtime::net_secrets::SealedSecret>> {
+        self.key.as_ref().map(|k| k.secrets()).unwrap_or_default()
+    }
+
     /// The session and disk quota the runtime enforces for this caller.
     pub fn quota(&self) -> Quota {
         self.limits().map(KeyLimits::quota).unwrap_or_default()

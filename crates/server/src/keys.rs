@@ -3,11 +3,13 @@
 //! sessions, disk, concurrent execs, CPU seconds per hour, longest timeout;
 //! NULL = unlimited, see [`KeyLimits`]), whether it is an admin key (may read
 //! `/metrics` and the admin routes) and its egress policy layer (JSON; NULL =
-//! the server's policy alone). The records live where the session metadata
+//! the server's policy alone) and its secrets (JSON, each value sealed with
+//! the server's secrets key; NULL = none). The records live where the session metadata
 //! does ([`KeyDb`]): `<home>/server/keys.db`, or the PostgreSQL database of
 //! `--database` (shared by the nodes of a cluster).
 
 use forkbox_runtime::keys::{KeyDb, KeyRecord};
+use forkbox_runtime::net_secrets::SealedSecret;
 use forkbox_runtime::NetPolicy;
 
 use std::collections::HashMap;
@@ -34,7 +36,7 @@ pub(crate) fn random_hex(n: usize) -> anyhow::Result<String> {
     Ok(hex::encode(b))
 }
 
-fn valid_tenant(tenant: &str) -> bool {
+pub(crate) fn valid_tenant(tenant: &str) -> bool {
     !tenant.is_empty() && tenant.len() <= 64 && tenant.bytes().all(|c| c.is_ascii_alphanumeric() || b"-_.".contains(&c))
 }
 
@@ -76,6 +78,39 @@ pub fn create_key_with(at: impl KeysAt, tenant: &str, limits: &KeyLimits) -> any
 
 /// [`create_key_with`], as an admin key or not (admin keys may read `/metrics`).
 pub fn create_key_full(at: impl KeysAt, tenant: &str, limits: &KeyLimits, admin: bool) -> anyhow::Result<String> {
+    create_key_with_secrets(at, tenant, limits, admin, &[])
+}
+
+/// The JSON a key's sealed secrets are stored as (None: none).
+fn secrets_json(secrets: &[SealedSecret]) -> anyhow::Result<Option<String>> {
+    anyhow::ensure!(
+        secrets.len() <= forkbox_runtime::net_secrets::SECRETS_MAX,
+        "at most {} secrets per key",
+        forkbox_runtime::net_secrets::SECRETS_MAX
+    );
+    Ok(if secrets.is_empty() { None } else { Some(serde_json::to_string(secrets)?) })
+}
+
+/// A key's stored secrets; a column that does not parse (a hand-edited row) reads as none.
+fn secrets_of(tenant: &str, json: Option<String>) -> Vec<SealedSecret> {
+    json.map(|j| {
+        serde_json::from_str(&j).unwrap_or_else(|e| {
+            tracing::warn!("the secrets of a key of tenant {tenant} do not parse ({e}): none");
+            Vec::new()
+        })
+    })
+    .unwrap_or_default()
+}
+
+/// [`create_key_full`] with secrets (sealed with the server's key: see
+/// [`crate::schema::seal_secrets`]) that every sandbox of the key gets.
+pub fn create_key_with_secrets(
+    at: impl KeysAt,
+    tenant: &str,
+    limits: &KeyLimits,
+    admin: bool,
+    secrets: &[SealedSecret],
+) -> anyhow::Result<String> {
     anyhow::ensure!(
         valid_tenant(tenant),
         "invalid tenant name {tenant:?} (letters, digits, '-', '_', '.'; at most 64)"
@@ -95,6 +130,7 @@ pub fn create_key_full(at: impl KeysAt, tenant: &str, limits: &KeyLimits, admin:
         anyhow::ensure!(p.allow.len() <= 256 && p.deny.len() <= 256, "at most 256 egress rules each");
     }
     let egress = limits.egress.as_ref().map(serde_json::to_string).transpose()?;
+    let secrets = secrets_json(secrets)?;
     let key = format!("fbk_{}", random_hex(32)?);
     // (Checked above: every limit fits in an i64.)
     let as_i64 = |v: Option<u64>| v.map(|v| v as i64);
@@ -110,6 +146,7 @@ pub fn create_key_full(at: impl KeysAt, tenant: &str, limits: &KeyLimits, admin:
         max_timeout_seconds: as_i64(limits.max_timeout_seconds),
         admin,
         egress,
+        secrets,
     };
     at.with_db(|db| Ok(db.insert(&rec)?))?;
     Ok(key)
@@ -144,6 +181,18 @@ pub struct KeyInfo {
     pub installs: std::sync::atomic::AtomicUsize,
     /// May read `/metrics`.
     pub admin: bool,
+    /// SHA-256 of the key (hex): how the admin routes name it.
+    pub id: String,
+    /// Its secrets, sealed: every new sandbox of the key gets them. Replaced
+    /// in place when they are changed through this server.
+    pub secrets: std::sync::RwLock<Arc<Vec<SealedSecret>>>,
+}
+
+impl KeyInfo {
+    /// The key's secrets now.
+    pub fn secrets(&self) -> Arc<Vec<SealedSecret>> {
+        self.secrets.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
 }
 
 /// The server's view of the keys: looks up hashes (keys created while it runs work at once).
@@ -178,6 +227,7 @@ impl KeyStore {
             tenant,
             egress,
             admin,
+            secrets,
             rate_limit: rate,
             max_sessions: sessions,
             max_disk_mb: disk,
@@ -203,6 +253,7 @@ impl KeyStore {
             max_timeout_seconds: positive(timeout),
             egress,
         };
+        let secrets = std::sync::RwLock::new(Arc::new(secrets_of(&tenant, secrets)));
         let info = Arc::new(KeyInfo {
             tenant,
             limiter: limits.rate_limit.and_then(RateLimiter::per_second),
@@ -212,10 +263,27 @@ impl KeyStore {
             uploads: Default::default(),
             installs: Default::default(),
             admin,
+            secrets,
+            id: h.clone(),
             limits,
         });
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         Ok(Some(cache.entry(h).or_insert(info).clone()))
+    }
+
+    /// Replace the secrets of the key whose hash is `id` (the record and, if
+    /// this server has it cached, its cache entry: new sandboxes of the key
+    /// get them at once). Its record, or None if there is no such key.
+    pub fn set_secrets(&self, id: &str, secrets: Vec<SealedSecret>) -> anyhow::Result<Option<KeyRecord>> {
+        let json = secrets_json(&secrets)?;
+        if !self.db.set_secrets(id, json.as_deref())? {
+            return Ok(None);
+        }
+        let rec = self.db.get(id)?;
+        if let Some(info) = self.cache.lock().unwrap_or_else(|e| e.into_inner()).get(id) {
+            *info.secrets.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(secrets);
+        }
+        Ok(rec)
     }
 
     /// The tenant of a key, if the key is known (may query the database).

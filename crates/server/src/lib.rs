@@ -89,7 +89,7 @@ use forkbox_runtime::{Runtime, RuntimeConfig};
 pub use auth::Caller;
 pub use handlers::capabilities::compute as capabilities;
 pub use keys::create_key;
-pub use keys::{create_key_full, create_key_with};
+pub use keys::{create_key_full, create_key_with, create_key_with_secrets};
 pub use quota::KeyLimits;
 pub use router::{embedded_router, router};
 
@@ -428,6 +428,29 @@ fn install_egress_ca(home: &std::path::Path) -> anyhow::Result<()> {
     };
     install_ca(ca);
     Ok(())
+}
+
+/// Secrets given as JSON (an object `{"NAME": {"value", "hosts", "ports"?,
+/// "tls"?}}`, as a session's `secrets`), validated and sealed with the
+/// secrets key of `home` (or `FORKBOX_SECRETS_KEY`): what `forkbox key create
+/// --secrets-file` stores. An error never quotes a value.
+pub fn seal_secrets_json(
+    home: &std::path::Path,
+    json: &str,
+) -> anyhow::Result<Vec<forkbox_runtime::net_secrets::SealedSecret>> {
+    let map: std::collections::BTreeMap<String, schema::SecretSpec> = serde_json::from_str(json).map_err(|e| {
+        anyhow::anyhow!(
+            "not a JSON object of secrets ({{\"NAME\": {{\"value\", \"hosts\", \"ports\", \"tls\"}}}}): {:?} error at line {} column {}",
+            e.classify(),
+            e.line(),
+            e.column()
+        )
+    })?;
+    install_secrets_key(home)?;
+    if map.values().any(|s| s.tls) {
+        install_egress_ca(home)?;
+    }
+    schema::seal_secrets(&map).map_err(|e| anyhow::anyhow!("{}", e.message))
 }
 
 pub async fn serve(config: ServerConfig) -> anyhow::Result<()> {

@@ -14,7 +14,7 @@ use crate::auth::{auth, Caller};
 use crate::error::{ApiError, ErrorBody, ErrorDetail};
 use crate::extractors::BodyLimits;
 use crate::handlers::{
-    capabilities, commands, console, exec, files, forevervm, health, processes, sessions, stream, templates, tree,
+    capabilities, commands, console, exec, files, forevervm, health, keys, processes, sessions, stream, templates, tree,
 };
 use crate::{openapi, AppState};
 
@@ -50,6 +50,8 @@ fn v1_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(health::nodes))
         .routes(routes!(health::node_drain))
         .routes(routes!(health::node_activate))
+        .routes(routes!(keys::create_key))
+        .routes(routes!(keys::get_key, keys::patch_key))
         .routes(routes!(stream::exec_stream))
         .routes(routes!(exec::exec_batch))
         .routes(routes!(commands::command))

@@ -177,6 +177,19 @@ pub struct SecretInfo {
     pub tls: bool,
 }
 
+impl From<forkbox_runtime::net_secrets::SecretInfo> for SecretInfo {
+    fn from(s: forkbox_runtime::net_secrets::SecretInfo) -> SecretInfo {
+        SecretInfo { name: s.name, hosts: s.hosts, ports: s.ports, tls: s.tls }
+    }
+}
+
+impl SecretInfo {
+    /// What is shown of each of `secrets`.
+    pub fn list(secrets: &[forkbox_runtime::net_secrets::SealedSecret]) -> Vec<SecretInfo> {
+        secrets.iter().map(|s| SecretInfo::from(s.info())).collect()
+    }
+}
+
 /// A request's secrets, validated and sealed with the server's key (a bad
 /// one is 400 `invalid_request`).
 pub fn seal_secrets(
@@ -185,7 +198,10 @@ pub fn seal_secrets(
     use crate::error::ApiError;
     use forkbox_runtime::net_secrets::{self, SecretError};
     if secrets.len() > net_secrets::SECRETS_MAX {
-        return Err(ApiError::invalid(format!("secrets: at most {} per session", net_secrets::SECRETS_MAX)));
+        return Err(ApiError::invalid(format!(
+            "secrets: at most {} (per session, template or key)",
+            net_secrets::SECRETS_MAX
+        )));
     }
     secrets
         .iter()
@@ -877,6 +893,10 @@ pub struct TemplateBody {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub network: Option<serde_json::Value>,
+    /// Its secrets (names and destinations only), which every sandbox forked
+    /// from it gets (over the key's, under a session's of the same name); absent: none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<SecretInfo>,
 }
 
 /// `POST /v1/templates`: a template of the caller's own.
@@ -899,6 +919,10 @@ pub struct CreateTemplateRequest {
     /// The template's egress policy (as `network` of a session): one-shot execs and
     /// sessions on it get it inside the server's and the key's, so it only narrows.
     pub network: Option<NetworkSetting>,
+    /// Secrets (as `secrets` of a session, at most 16) every one-shot exec and
+    /// session on it gets: over the key's, under a session's of the same name.
+    #[serde(default)]
+    pub secrets: BTreeMap<String, SecretSpec>,
 }
 
 /// `POST /v1/sessions/{id}/checkpoints/{n}/template`.
@@ -935,6 +959,7 @@ impl TemplateBody {
             from_session: t.from_session,
             from_checkpoint: t.from_checkpoint,
             network: t.network.as_ref().and_then(|p| serde_json::to_value(p).ok()),
+            secrets: t.secrets.into_iter().map(SecretInfo::from).collect(),
         }
     }
 }

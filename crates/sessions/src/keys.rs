@@ -27,6 +27,7 @@ const SQLITE_LIMIT_COLUMNS: &[(&str, &str)] = &[
     ("max_timeout_seconds", "INTEGER"),
     ("admin", "INTEGER NOT NULL DEFAULT 0"),
     ("egress", "TEXT"),
+    ("secrets", "TEXT"),
 ];
 
 /// One key as stored. Limits: `None` = unlimited.
@@ -46,10 +47,12 @@ pub struct KeyRecord {
     pub admin: bool,
     /// The key's egress policy layer as JSON.
     pub egress: Option<String>,
+    /// The key's secrets as JSON, their values sealed (never in the clear).
+    pub secrets: Option<String>,
 }
 
 const COLS: &str = "hash, tenant, created_ms, rate_limit, max_sessions, max_disk_mb, max_concurrency, \
-                    cpu_seconds_per_hour, max_timeout_seconds, admin, egress";
+                    cpu_seconds_per_hour, max_timeout_seconds, admin, egress, secrets";
 
 fn key_row(r: &Row) -> Result<KeyRecord, crate::db::DbError> {
     Ok(KeyRecord {
@@ -64,6 +67,7 @@ fn key_row(r: &Row) -> Result<KeyRecord, crate::db::DbError> {
         max_timeout_seconds: r.opt_i64(8)?,
         admin: r.i64(9)? != 0,
         egress: r.opt_text(10)?,
+        secrets: r.opt_text(11)?,
     })
 }
 
@@ -160,7 +164,7 @@ impl KeyDb {
     pub fn insert(&self, k: &KeyRecord) -> Result<(), StoreError> {
         self.conn()
             .execute(
-                &format!("INSERT INTO api_keys ({COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"),
+                &format!("INSERT INTO api_keys ({COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"),
                 vals![
                     &k.hash,
                     &k.tenant,
@@ -172,7 +176,8 @@ impl KeyDb {
                     k.cpu_seconds_per_hour,
                     k.max_timeout_seconds,
                     i64::from(k.admin),
-                    &k.egress
+                    &k.egress,
+                    &k.secrets
                 ],
             )
             .op("insert key")?;
@@ -184,6 +189,16 @@ impl KeyDb {
         let row =
             self.conn().query_opt(&format!("SELECT {COLS} FROM api_keys WHERE hash = ?1"), vals![hash]).op("key")?;
         row.as_ref().map(key_row).transpose().op("key")
+    }
+
+    /// Replace the secrets of the key with this hash (JSON, sealed; None:
+    /// none). False if there was no such key.
+    pub fn set_secrets(&self, hash: &str, secrets: Option<&str>) -> Result<bool, StoreError> {
+        let n = self
+            .conn()
+            .execute("UPDATE api_keys SET secrets = ?2 WHERE hash = ?1", vals![hash, secrets])
+            .op("set key secrets")?;
+        Ok(n > 0)
     }
 
     /// False if there was no such key.
@@ -210,6 +225,7 @@ mod tests {
             max_concurrency: Some(0),
             admin,
             egress: Some("{\"allow\":[]}".into()),
+            secrets: admin.then(|| "[]".into()),
             ..KeyRecord::default()
         }
     }
@@ -223,6 +239,11 @@ mod tests {
         assert_eq!(db.get("aa").unwrap(), Some(record("aa", true)));
         assert_eq!(db.get("bb").unwrap().map(|k| k.admin), Some(false));
         assert_eq!(db.get("cc").unwrap(), None);
+        assert!(db.set_secrets("bb", Some("[{\"name\":\"K\"}]")).unwrap());
+        assert_eq!(db.get("bb").unwrap().and_then(|k| k.secrets).as_deref(), Some("[{\"name\":\"K\"}]"));
+        assert!(db.set_secrets("bb", None).unwrap());
+        assert_eq!(db.get("bb").unwrap(), Some(record("bb", false)));
+        assert!(!db.set_secrets("cc", None).unwrap());
         assert!(db.delete("aa").unwrap());
         assert!(!db.delete("aa").unwrap());
         assert_eq!(db.count().unwrap(), 1);
@@ -254,6 +275,7 @@ mod tests {
         let db = KeyDb::open(home.path(), None).unwrap();
         let old = db.get("old").unwrap().unwrap();
         assert_eq!((old.tenant.as_str(), old.rate_limit, old.admin, old.egress), ("o", None, false, None));
+        assert_eq!(old.secrets, None);
     }
 
     #[test]

@@ -2120,8 +2120,11 @@ impl SessionManager {
         let rec = self.record(tenant, id)?;
         let target = self.find_checkpoint(&rec, seq)?;
         let t = self.loaded(&rec)?;
-        let mut sb = self.resume_as(tenant, &t, target.id, from_store_limits(&rec.limits), ResumeAs::Fork)?;
-        Ok(self.catalog.add_from_snapshot(Some(tenant), name, &t, id, seq, |tid, preload, memory, state| {
+        let limits = from_store_limits(&rec.limits);
+        // The template carries the session's secrets: their placeholders are in its memory.
+        let secrets = limits.network.secrets.clone();
+        let mut sb = self.resume_as(tenant, &t, target.id, limits, ResumeAs::Fork)?;
+        Ok(self.catalog.add_from_snapshot(Some(tenant), name, &t, id, seq, secrets, |tid, preload, memory, state| {
             sb.snapshot_template(tid, preload, memory, state)
         })?)
     }

@@ -368,6 +368,10 @@ pub const PG_MIGRATIONS: &[&str] = &[
     ALTER TABLE checkpoints ADD COLUMN output_bytes BIGINT NOT NULL DEFAULT 0 CHECK (output_bytes >= 0);
     ALTER TABLE checkpoints ADD COLUMN output TEXT;
     "#,
+    // 7: an API key's secrets (sealed, JSON), as keys.db's `secrets` column.
+    r#"
+    ALTER TABLE api_keys ADD COLUMN secrets TEXT;
+    "#,
 ];
 
 /// A checkpoint file that is in the object store (migration 4's `objects`).

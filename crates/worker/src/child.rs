@@ -188,17 +188,19 @@ impl Worker {
                     let r = self.templates.get(&template).map(|_| ()).map_err(|e| wire(e, None));
                     protocol::write(sock, &FromWorker::Prepared(r))?;
                 }
-                ToWorker::Exec { template, code, limits, stream, sandbox } => {
-                    self.exec(sock, &template, &code, limits, stream, sandbox)?
+                ToWorker::Exec { template, prelude, code, limits, stream, sandbox } => {
+                    self.exec(sock, &template, prelude.as_deref(), &code, limits, stream, sandbox)?
                 }
             }
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn exec(
         &mut self,
         sock: &mut UnixStream,
         r: &TemplateRef,
+        prelude: Option<&str>,
         code: &str,
         limits: forkbox_engine::Limits,
         stream: bool,
@@ -244,7 +246,15 @@ impl Worker {
         let fork_ms = t.elapsed().as_secs_f64() * 1000.0;
         let t = Instant::now();
         let mut write_err = None;
-        let result = if stream {
+        // A prelude that raised answers for the exec (the code does not run).
+        let failed = match prelude.map(|p| sb.exec(p)) {
+            Some(Ok(r)) if r.error.is_some() => Some(Ok(r)),
+            Some(Err(e)) => Some(Err(e)),
+            _ => None,
+        };
+        let result = if let Some(r) = failed {
+            r
+        } else if stream {
             let out = &mut *sock;
             let mut sink = |stream: Stream, bytes: &[u8]| {
                 if write_err.is_none() {

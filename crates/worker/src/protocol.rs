@@ -220,7 +220,8 @@ pub enum ToWorker {
     Prepare { template: TemplateRef },
     /// Fork the template, run `code`, reply; the fork is dropped after the reply.
     /// `sandbox`: the fork's id at the worker's egress broker.
-    Exec { template: TemplateRef, code: String, limits: Limits, stream: bool, sandbox: u64 },
+    /// `prelude`: run in the fork before `code` (a secret's placeholder into its environment).
+    Exec { template: TemplateRef, prelude: Option<String>, code: String, limits: Limits, stream: bool, sandbox: u64 },
 }
 
 /// An exec's failure as the worker reports it.

@@ -386,6 +386,20 @@ impl Workers {
         template: &TemplateRef,
         code: &str,
         limits: &Limits,
+        on_output: Option<OutputSink<'_>>,
+    ) -> Result<Remote, WorkerError> {
+        self.exec_after(index, template, None, code, limits, on_output)
+    }
+
+    /// [`Self::exec`] with `prelude` run in the fork first (its output not
+    /// streamed; a Python error in it is the exec's result, the code does not run).
+    pub fn exec_after(
+        &self,
+        index: usize,
+        template: &TemplateRef,
+        prelude: Option<&str>,
+        code: &str,
+        limits: &Limits,
         mut on_output: Option<OutputSink<'_>>,
     ) -> Result<Remote, WorkerError> {
         let index = index % self.slots.len();
@@ -413,6 +427,7 @@ impl Workers {
         egress.register(sandbox, limits.network.clone());
         let req = ToWorker::Exec {
             template: template.clone(),
+            prelude: prelude.map(str::to_string),
             code: code.to_string(),
             // The sealed secrets stay here: the broker substitutes them, the worker never sees them.
             limits: Limits { network: limits.network.for_worker(), ..limits.clone() },

@@ -92,6 +92,25 @@ impl std::fmt::Debug for SealedSecret {
     }
 }
 
+/// A secret as it may be shown: its name and destinations, never its value
+/// or its sealed form.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SecretInfo {
+    pub name: String,
+    pub hosts: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<u16>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub tls: bool,
+}
+
+impl SealedSecret {
+    /// What may be shown of it.
+    pub fn info(&self) -> SecretInfo {
+        SecretInfo { name: self.name.clone(), hosts: self.hosts.clone(), ports: self.ports.clone(), tls: self.tls }
+    }
+}
+
 fn pattern(p: &str) -> Result<NamePattern, SecretError> {
     let bad = || SecretError::Invalid(format!("host {p:?} is not a host name or *.name pattern"));
     match p.parse::<super::policy::Rule>() {
@@ -265,6 +284,18 @@ pub fn seal_new(
         sealed,
         tls,
     })
+}
+
+/// The secrets a sandbox gets from its layers, outermost first (an API
+/// key's, then its template's, then its session's): a secret of a later
+/// layer replaces one of the same name of an earlier layer, so the session
+/// wins over the template and the template over the key. Sorted by name.
+pub fn merge(layers: &[&[SealedSecret]]) -> Vec<SealedSecret> {
+    let mut by_name = std::collections::BTreeMap::new();
+    for s in layers.iter().flat_map(|l| l.iter()) {
+        by_name.insert(s.name.as_str(), s);
+    }
+    by_name.into_values().cloned().collect()
 }
 
 /// The guest's trust for sessions with a TLS secret: its system roots and
@@ -671,6 +702,37 @@ mod tests {
             r.feed(p, &mut out);
         }
         out
+    }
+
+    fn sealed(name: &str, tag: &str) -> SealedSecret {
+        SealedSecret {
+            name: name.into(),
+            placeholder: format!("{PLACEHOLDER_PREFIX}{tag}"),
+            hosts: vec![format!("{tag}.example")],
+            ports: Vec::new(),
+            sealed: String::new(),
+            tls: false,
+        }
+    }
+
+    #[test]
+    fn later_layers_win_by_name() {
+        let key = [sealed("A", "key"), sealed("B", "key"), sealed("K", "key")];
+        let template = [sealed("B", "template"), sealed("C", "template")];
+        let session = [sealed("C", "session"), sealed("A", "session")];
+        let got = merge(&[&key, &template, &session]);
+        let names: Vec<_> = got.iter().map(|s| (s.name.as_str(), s.placeholder.as_str())).collect();
+        assert_eq!(
+            names,
+            [
+                ("A", "fbx_secret_session"),
+                ("B", "fbx_secret_template"),
+                ("C", "fbx_secret_session"),
+                ("K", "fbx_secret_key")
+            ]
+        );
+        assert_eq!(merge(&[&key, &[], &[]]), merge(&[&key]));
+        assert!(merge(&[&[], &[]]).is_empty());
     }
 
     #[test]

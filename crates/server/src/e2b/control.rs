@@ -237,6 +237,7 @@ async fn create(
     let c = caller.clone();
     let tags = req.metadata.unwrap_or_default();
     let v = blocking(&state, move |rt| {
+        let key_secrets = c.key_secrets();
         let new = NewSession {
             tags,
             memory_mb: None,
@@ -244,6 +245,7 @@ async fn create(
             template: template_of(&template),
             network: &layers,
             secrets: Vec::new(),
+            key_secrets: &key_secrets,
         };
         Ok(rt.create_session(&c.tenant, new, &c.quota())?)
     })

@@ -49,6 +49,7 @@ pub(crate) async fn command(
         timeout,
         req.template.as_deref(),
         &network_layers(&caller, &req.network)?,
+        &caller.key_secrets(),
     )?;
     let permit = crate::fair::acquire_for(&state, &caller, 1).await?;
     let r = state.runtime.exec(run, None, permit).await;
@@ -75,6 +76,7 @@ pub(crate) async fn command_stream(
         timeout,
         req.template.as_deref(),
         &network_layers(&caller, &req.network)?,
+        &caller.key_secrets(),
     )?;
     let permit = crate::fair::acquire_for(&state, &caller, 1).await?;
     let (tx, rx) = mpsc::channel(CHANNEL);

@@ -33,6 +33,7 @@ pub(crate) async fn exec(
         timeout,
         req.template.as_deref(),
         &network_layers(&caller, &req.network)?,
+        &caller.key_secrets(),
     )?;
     let permit = acquire_for(&state, &caller, 1).await?;
     let r = state.runtime.exec(req, None, permit).await;
@@ -59,6 +60,7 @@ pub(crate) async fn exec_batch(
         timeout,
         req.template.as_deref(),
         &network_layers(&caller, &None)?,
+        &caller.key_secrets(),
     )?;
     // Each exec of the batch counts against the key's rate (the request itself already did).
     if let Some(limiter) = caller.key.as_ref().and_then(|k| k.limiter.as_ref()) {

@@ -270,11 +270,13 @@ async fn machine_new(
 ) -> Result<Json<MachineCreated>, ApiError> {
     let v = blocking(&state, move |rt| {
         let network = crate::schema::network_layers(&caller, &None)?;
+        let key_secrets = caller.key_secrets();
         let new = NewSession {
             tags: req.tags,
             memory_mb: req.memory_mb,
             template: req.template.as_deref(),
             network: &network,
+            key_secrets: &key_secrets,
             ..NewSession::default()
         };
         Ok(rt.create_session(&caller.tenant, new, &caller.quota())?)
@@ -489,7 +491,8 @@ async fn repl(
         let c = caller.clone();
         blocking(&state, move |rt| {
             let network = crate::schema::network_layers(&c, &None)?;
-            let new = NewSession { network: &network, ..NewSession::default() };
+            let key_secrets = c.key_secrets();
+            let new = NewSession { network: &network, key_secrets: &key_secrets, ..NewSession::default() };
             Ok(rt.create_session(&c.tenant, new, &c.quota())?.record.id)
         })
         .await?

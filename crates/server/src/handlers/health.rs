@@ -66,7 +66,7 @@ pub(crate) async fn readyz(State(state): State<AppState>) -> Response {
     }
 }
 
-fn admin_only(caller: &Caller, route: &str) -> Result<(), ApiError> {
+pub(crate) fn admin_only(caller: &Caller, route: &str) -> Result<(), ApiError> {
     if caller.key.as_ref().is_some_and(|k| !k.admin) {
         return Err(ApiError::new(ErrorCode::Forbidden, format!("{route} is for admin keys only")));
     }

@@ -8,6 +8,7 @@ pub(crate) mod exec;
 pub(crate) mod files;
 pub(crate) mod forevervm;
 pub(crate) mod health;
+pub(crate) mod keys;
 pub(crate) mod processes;
 pub(crate) mod sessions;
 pub(crate) mod stream;

@@ -26,6 +26,7 @@ pub(crate) async fn create_session(
     super::wait_for_template(&state, &caller.tenant, req.template.as_deref()).await?;
     let v = blocking(&state, move |rt| {
         let timeout = crate::fair::key_timeout_of(rt, &caller, req.timeout_seconds)?;
+        let key_secrets = caller.key_secrets();
         let new = NewSession {
             tags: req.tags,
             memory_mb: req.memory_mb,
@@ -33,6 +34,7 @@ pub(crate) async fn create_session(
             template: req.template.as_deref(),
             network: &network,
             secrets,
+            key_secrets: &key_secrets,
         };
         let v = rt.create_session(&caller.tenant, new, &caller.quota())?;
         Ok(Session::of(&v))

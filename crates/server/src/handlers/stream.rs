@@ -199,6 +199,7 @@ pub(crate) async fn exec_stream(
         timeout,
         req.template.as_deref(),
         &crate::schema::network_layers(&caller, &req.network)?,
+        &caller.key_secrets(),
     )?;
     let permit = crate::fair::acquire_for(&state, &caller, 1).await?;
     let (tx, rx) = mpsc::channel(CHANNEL);

@@ -51,6 +51,7 @@ pub(crate) async fn create_template(
         })?,
     };
     let network = crate::schema::network_policy(&req.network)?;
+    let secrets = crate::schema::seal_secrets(&req.secrets)?;
     let t = forkbox_runtime::CustomTemplate {
         name: req.name,
         apt: req.apt,
@@ -58,6 +59,7 @@ pub(crate) async fn create_template(
         preload: req.preload,
         blas,
         network,
+        secrets,
     };
     let v = blocking(&state, move |rt| Ok(TemplateBody::of(rt.create_template(&caller.tenant, &t)?))).await?;
     Ok((StatusCode::ACCEPTED, Json(v)))
