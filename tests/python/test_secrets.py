@@ -575,7 +575,7 @@ def _no_value_anywhere(s, values):
     assert not any(v in log for v in values)
 
 
-def test_a_keys_secret_reaches_its_host_from_every_kind_of_sandbox(secret_server, monkeypatch):
+def test_a_keys_secret_reaches_its_host_from_every_kind_of_sandbox(secret_server, monkeypatch, request):
     s, bound, other = secret_server
     made = _admin_key(s, {"KEY_TOKEN": {"value": KEY_VALUE, "hosts": ["api.secret.test"]}}, tenant="keysecrets")
     key, kid = made["key"], made["id"]
@@ -597,7 +597,7 @@ def test_a_keys_secret_reaches_its_host_from_every_kind_of_sandbox(secret_server
     assert r.status_code == 200 and r.json()["stdout"].startswith("fbx_secret_"), r.text
     # Another key of the server: none of it.
     r = httpx.post(f"{s.url}/v1/exec", json={"code": "import os\nos.environ.get('KEY_TOKEN')"}, headers=s.headers(), timeout=120)
-    assert r.status_code == 200 and r.json()["value"] == "None", r.text
+    assert r.status_code == 200 and r.json()["value"] is None, r.text
 
     # A session: it lists the key's secret, and its execs send the value.
     r = httpx.post(f"{s.url}/v1/sessions", json={}, headers=s.headers(key), timeout=60)
@@ -617,9 +617,15 @@ def test_a_keys_secret_reaches_its_host_from_every_kind_of_sandbox(secret_server
     monkeypatch.delenv("E2B_DOMAIN", raising=False)
     sbx = e2b.Sandbox.create()
     try:
-        sbx.files.write("/tmp/send.py", code.replace("json.dumps(", "print(json.dumps(") + ")\n")
-        out = sbx.commands.run("python3 /tmp/send.py")
-        check(json.loads(out.stdout))
+        # The sandbox is a session of the key: its own execs, and (with session
+        # workers: process isolation) a command through E2B's envd.
+        r = httpx.post(f"{s.url}/v1/sessions/{sbx.sandbox_id}/exec", json={"code": code}, headers=s.headers(key), timeout=120)
+        assert r.status_code == 200 and r.json()["error"] is None, r.text
+        check(json.loads(eval(r.json()["value"])))
+        if request.node.callspec.params["secret_server"] == "process":
+            sbx.files.write("/tmp/send.py", code.replace("json.dumps(", "print(json.dumps(") + ")\n")
+            out = sbx.commands.run("python3 /tmp/send.py")
+            check(json.loads(out.stdout))
     finally:
         sbx.kill()
 
@@ -666,7 +672,7 @@ def test_changing_a_keys_secrets_applies_to_new_sandboxes(secret_server):
     r = httpx.patch(f"{s.url}/v1/admin/keys/{kid}", json={"secrets": {}}, headers=s.headers(), timeout=60)
     assert r.status_code == 200 and r.json()["secrets"] == [], r.text
     r = httpx.post(f"{s.url}/v1/exec", json={"code": "import os\nos.environ.get('ROTATED')"}, headers=s.headers(key), timeout=120)
-    assert r.status_code == 200 and r.json()["value"] == "None", r.text
+    assert r.status_code == 200 and r.json()["value"] is None, r.text
 
 
 def _template(s, key, body):
