@@ -546,7 +546,11 @@ impl Catalog {
             };
             if changed {
                 let rebuilt = recipes.get(&key).is_some_and(|old| {
-                    old.spec != r.spec || old.preload != r.preload || old.network != r.network || old.secrets != r.secrets || old.kind != r.kind
+                    old.spec != r.spec
+                        || old.preload != r.preload
+                        || old.network != r.network
+                        || old.secrets != r.secrets
+                        || old.kind != r.kind
                 });
                 if rebuilt {
                     if let Ok(mut m) = self.by_name.lock() {
@@ -698,7 +702,8 @@ impl Catalog {
         if let Some(sh) = self.shared() {
             let _ = engine.shared.set(sh);
         }
-        let loaded = Arc::new(Loaded { engine, template, name: Some(name.to_string()), network: None, secrets: Vec::new() });
+        let loaded =
+            Arc::new(Loaded { engine, template, name: Some(name.to_string()), network: None, secrets: Vec::new() });
         if let Ok(mut m) = self.by_id.lock() {
             m.insert(loaded.id().to_string(), loaded.clone());
         }
@@ -961,8 +966,7 @@ impl Catalog {
             let key = self.admit(None, &t.name, true)?;
             let recipe = self.custom_recipe(None, t, pip_source)?;
             let old = self.recipe(&key);
-            let changed =
-                |o: &Recipe| {
+            let changed = |o: &Recipe| {
                 o.spec != recipe.spec
                     || o.preload != recipe.preload
                     || o.network != recipe.network
@@ -1392,8 +1396,7 @@ impl Catalog {
                 None => self.publish_local(&sh, id)?,
             };
             let (engine, template) = self.open_published(&sh, &a, id)?;
-            let loaded =
-                Arc::new(Loaded {
+            let loaded = Arc::new(Loaded {
                 engine: Arc::new(engine),
                 template: Arc::new(template),
                 name: None,
@@ -1414,14 +1417,13 @@ impl Catalog {
             .map_err(|source| CatalogError::Engine { name: id.into(), source })?;
         let template =
             Template::load(&engine, &dir).map_err(|source| CatalogError::Engine { name: id.into(), source })?;
-        let loaded =
-            Arc::new(Loaded {
-                engine: Arc::new(engine),
-                template: Arc::new(template),
-                name: None,
-                network: None,
-                secrets: Vec::new(),
-            });
+        let loaded = Arc::new(Loaded {
+            engine: Arc::new(engine),
+            template: Arc::new(template),
+            name: None,
+            network: None,
+            secrets: Vec::new(),
+        });
         let mut m = self.by_id.lock().unwrap_or_else(|p| p.into_inner());
         Ok(m.entry(id.to_string()).or_insert(loaded).clone())
     }
@@ -1526,7 +1528,10 @@ impl Catalog {
                     from_session,
                     from_checkpoint,
                     network: recipe.as_ref().and_then(|r| r.network.clone()),
-                    secrets: recipe.as_ref().map(|r| r.secrets.iter().map(SealedSecret::info).collect()).unwrap_or_default(),
+                    secrets: recipe
+                        .as_ref()
+                        .map(|r| r.secrets.iter().map(SealedSecret::info).collect())
+                        .unwrap_or_default(),
                     name,
                 }
             })

@@ -2124,9 +2124,15 @@ impl SessionManager {
         // The template carries the session's secrets: their placeholders are in its memory.
         let secrets = limits.network.secrets.clone();
         let mut sb = self.resume_as(tenant, &t, target.id, limits, ResumeAs::Fork)?;
-        Ok(self.catalog.add_from_snapshot(Some(tenant), name, &t, id, seq, secrets, |tid, preload, memory, state| {
-            sb.snapshot_template(tid, preload, memory, state)
-        })?)
+        Ok(self.catalog.add_from_snapshot(
+            Some(tenant),
+            name,
+            &t,
+            id,
+            seq,
+            secrets,
+            |tid, preload, memory, state| sb.snapshot_template(tid, preload, memory, state),
+        )?)
     }
 
     /// Point the session at one of its checkpoints (by seq); later execs continue from there.
