@@ -1583,7 +1583,7 @@ mod tests {
     }
 
     #[test]
-    fn format_2_records_keep_the_policy_and_unknown_formats_are_refused() {
+    fn records_keep_the_policy_and_unknown_formats_are_refused() {
         let mut rec: CustomRecord = serde_json::from_str(FORMAT_1).expect("parses");
         let policy = NetPolicy {
             mode: crate::NetMode::Allowlist,
@@ -1594,7 +1594,7 @@ mod tests {
         let mut r = Recipe::from_record(rec.clone()).expect("readable");
         r.network = Some(policy.clone());
         let written = serde_json::to_value(r.record()).expect("json");
-        assert_eq!(written["format"], 2);
+        assert_eq!(written["format"], 3);
         assert_eq!(
             written["network"],
             serde_json::json!({
@@ -1606,10 +1606,33 @@ mod tests {
         );
         let back: CustomRecord = serde_json::from_value(written).expect("parses");
         assert_eq!(Recipe::from_record(back).expect("readable").network, Some(policy));
-        // Without a policy, format 2 writes no `network` (and reads as None).
+        // Without a policy, no `network` is written (and it reads as None).
         r.network = None;
         assert!(serde_json::to_value(r.record()).expect("json").get("network").is_none());
-        rec.format = 3;
+        // A format-2 record (no secrets) still reads.
+        rec.format = 2;
+        assert!(Recipe::from_record(rec.clone()).is_some_and(|r| r.secrets.is_empty()));
+        rec.format = 4;
         assert!(Recipe::from_record(rec).is_none(), "a newer format must not be misread");
+    }
+
+    #[test]
+    fn records_keep_the_sealed_secrets_and_only_them() {
+        let rec: CustomRecord = serde_json::from_str(FORMAT_1).expect("parses");
+        let mut r = Recipe::from_record(rec).expect("readable");
+        assert!(serde_json::to_value(r.record()).expect("json").get("secrets").is_none());
+        let secret = SealedSecret {
+            name: "TOKEN".into(),
+            placeholder: "fbx_secret_00112233445566778899aabbccddeeff".into(),
+            hosts: vec!["api.example.com".into()],
+            ports: vec![443],
+            sealed: "bm9uY2UtYW5kLWNpcGhlcnRleHQ=".into(),
+            tls: true,
+        };
+        r.secrets = vec![secret.clone()];
+        let written = serde_json::to_value(r.record()).expect("json");
+        assert_eq!(written["secrets"][0]["sealed"], "bm9uY2UtYW5kLWNpcGhlcnRleHQ=");
+        let back: CustomRecord = serde_json::from_value(written).expect("parses");
+        assert_eq!(Recipe::from_record(back).expect("readable").secrets, vec![secret]);
     }
 }
