@@ -83,8 +83,9 @@ class Server:
         return {"Authorization": f"Bearer {key or self.key}"}
 
 
-def start_server(home: Path, *extra_args: str, env: dict | None = None) -> Server:
-    """Start `forkbox serve` on an ephemeral loopback port; wait until it prints its address and key."""
+def start_server(home: Path, *extra_args: str, env: dict | None = None, key: str | None = None) -> Server:
+    """Start `forkbox serve` on an ephemeral loopback port; wait until it prints its address and key.
+    With `key` (a data directory that has keys: the server prints none), its address only, and use that key."""
     image = shared_image()
     fresh_home(home)
     proc = subprocess.Popen(
@@ -92,7 +93,8 @@ def start_server(home: Path, *extra_args: str, env: dict | None = None) -> Serve
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})},
     )
     lines: list[str] = []
-    url = key = None
+    given = key
+    url = None
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and (url is None or key is None):
         line = proc.stdout.readline()
@@ -109,7 +111,8 @@ def start_server(home: Path, *extra_args: str, env: dict | None = None) -> Serve
     server = Server(url=url, key=key, home=home, proc=proc, output=lines)
     # The key serve made has the default limits (20 requests/s ...); the tests of
     # limits make their own keys, the rest use an unlimited admin key of the same tenant.
-    server.key = server.create_key("default", "--unlimited", "--admin")
+    if given is None:
+        server.key = server.create_key("default", "--unlimited", "--admin")
 
     def drain():
         for line in proc.stdout:

@@ -59,6 +59,20 @@ def _responder(host):
     return srv
 
 
+def _no_value_anywhere(s, values):
+    for root, _, files in os.walk(s.home):
+        for f in files:
+            p = os.path.join(root, f)
+            if os.path.islink(p) or not os.path.isfile(p):
+                continue
+            with open(p, "rb") as fh:
+                data = fh.read()
+            for v in values:
+                assert v.encode() not in data, f"{p} holds a secret's value"
+    log = "".join(s.output)
+    assert not any(v in log for v in values)
+
+
 @pytest.fixture(scope="module", params=["process", "thread"])
 def secret_server(request, tmp_path_factory):
     bound, other = _responder("127.0.0.1"), _responder("127.0.0.2")
@@ -165,15 +179,7 @@ def test_placeholder_becomes_the_value_only_for_its_hosts(secret_server):
         assert r.status_code == 200 and VALUE not in r.text, (path, r.text[:500])
 
     # Nor the data directory (database, checkpoints, layers) or the server's log.
-    needle = VALUE.encode()
-    for root, _, files in os.walk(s.home):
-        for f in files:
-            p = os.path.join(root, f)
-            if os.path.islink(p) or not os.path.isfile(p):
-                continue
-            with open(p, "rb") as fh:
-                assert needle not in fh.read(), f"{p} holds the secret's value"
-    assert VALUE not in "".join(s.output)
+    _no_value_anywhere(s, [VALUE])
     key = os.path.join(s.home, "secrets.key")
     assert os.stat(key).st_mode & 0o777 == 0o600
 
@@ -403,15 +409,7 @@ def test_https_to_a_tls_secret_host_carries_the_value(tls_server):
     for path in (f"/v1/sessions/{sess['id']}", "/v1/sessions"):
         r = httpx.get(f"{s.url}{path}", headers=s.headers(), timeout=60)
         assert r.status_code == 200 and VALUE not in r.text
-    needle = VALUE.encode()
-    for root, _, files in os.walk(s.home):
-        for f in files:
-            p = os.path.join(root, f)
-            if os.path.islink(p) or not os.path.isfile(p):
-                continue
-            with open(p, "rb") as fh:
-                assert needle not in fh.read(), f"{p} holds the secret's value"
-    assert VALUE not in "".join(s.output)
+    _no_value_anywhere(s, [VALUE])
 
 
 def test_sni_not_named_by_the_secret_passes_through(tls_server):
@@ -559,20 +557,6 @@ def _arrived(res, bound, other, name):
     """What the bound and the other host got for `name`, and its placeholder."""
     b, o = bound.seen[res["bound"]]["headers"], other.seen[res["other"]]["headers"]
     return b.get(f"X-{name}"), o.get(f"X-{name}"), res["ph"][name]
-
-
-def _no_value_anywhere(s, values):
-    for root, _, files in os.walk(s.home):
-        for f in files:
-            p = os.path.join(root, f)
-            if os.path.islink(p) or not os.path.isfile(p):
-                continue
-            with open(p, "rb") as fh:
-                data = fh.read()
-            for v in values:
-                assert v.encode() not in data, f"{p} holds a secret's value"
-    log = "".join(s.output)
-    assert not any(v in log for v in values)
 
 
 def test_a_keys_secret_reaches_its_host_from_every_kind_of_sandbox(secret_server, monkeypatch, request):
@@ -771,35 +755,21 @@ def test_key_and_template_secrets_survive_a_restart(tmp_path):
         assert bad.returncode != 0 and "no CR, LF or NUL" in bad.stderr and "66123" not in bad.stderr + bad.stdout
     finally:
         stop_server(s)
-    # (A server that has keys prints none: wait for its address only.)
-    proc = subprocess.Popen(
-        [forkbox_bin(), "--home", str(home), "serve", "--listen", "127.0.0.1:0", "--image", shared_image(), *args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    import re
-    lines, url = [], None
-    deadline = time.monotonic() + 180
-    while url is None and time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        if m := re.search(r"listening on (http://\S+)", line):
-            url = m.group(1)
-    s2 = type(s)(url=url, key=key, home=home, proc=proc, output=lines)
-    threading.Thread(target=lambda: [s2.output.append(x) for x in proc.stdout], daemon=True).start()
+    # (A server that has keys prints none: it is given the key to use.)
+    s2 = start_server(home, *args, key=key)
     try:
-        assert url, "".join(lines)
         code = (
             "import http.client, os\n"
             f"c = http.client.HTTPConnection('api.secret.test', {port}, timeout=10)\n"
             "c.request('GET', '/', headers={'X-K': os.environ['K'], 'X-T': os.environ['T']})\n"
             "c.getresponse().read().decode()"
         )
-        r = httpx.post(f"{url}/v1/exec", json={"code": code, "template": "kept"}, headers=s2.headers(), timeout=120)
+        r = httpx.post(f"{s2.url}/v1/exec", json={"code": code, "template": "kept"}, headers=s2.headers(), timeout=120)
         assert r.status_code == 200 and r.json()["error"] is None, r.text
         got = bound.seen[int(eval(r.json()["value"]))]["headers"]
         assert (got["X-K"], got["X-T"]) == (KEY_VALUE, TEMPLATE_VALUE)
         _no_value_anywhere(s2, [KEY_VALUE, TEMPLATE_VALUE])
+        _no_value_anywhere(s, [KEY_VALUE, TEMPLATE_VALUE])
     finally:
         stop_server(s2)
         bound.shutdown()

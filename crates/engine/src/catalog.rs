@@ -364,6 +364,17 @@ impl Loaded {
     pub fn id(&self) -> &str {
         &self.template.info.id
     }
+
+    /// A template opened by id only: no recipe, so no policy layer or secrets of its own.
+    fn by_id(engine: Engine, template: Template) -> Arc<Loaded> {
+        Arc::new(Loaded {
+            engine: Arc::new(engine),
+            template: Arc::new(template),
+            name: None,
+            network: None,
+            secrets: Vec::new(),
+        })
+    }
 }
 
 /// What `GET /v1/templates` lists.
@@ -1396,13 +1407,7 @@ impl Catalog {
                 None => self.publish_local(&sh, id)?,
             };
             let (engine, template) = self.open_published(&sh, &a, id)?;
-            let loaded = Arc::new(Loaded {
-                engine: Arc::new(engine),
-                template: Arc::new(template),
-                name: None,
-                network: None,
-                secrets: Vec::new(),
-            });
+            let loaded = Loaded::by_id(engine, template);
             let mut m = self.by_id.lock().unwrap_or_else(|p| p.into_inner());
             return Ok(m.entry(id.to_string()).or_insert(loaded).clone());
         }
@@ -1417,13 +1422,7 @@ impl Catalog {
             .map_err(|source| CatalogError::Engine { name: id.into(), source })?;
         let template =
             Template::load(&engine, &dir).map_err(|source| CatalogError::Engine { name: id.into(), source })?;
-        let loaded = Arc::new(Loaded {
-            engine: Arc::new(engine),
-            template: Arc::new(template),
-            name: None,
-            network: None,
-            secrets: Vec::new(),
-        });
+        let loaded = Loaded::by_id(engine, template);
         let mut m = self.by_id.lock().unwrap_or_else(|p| p.into_inner());
         Ok(m.entry(id.to_string()).or_insert(loaded).clone())
     }
