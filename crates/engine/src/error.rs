@@ -114,6 +114,14 @@ impl EngineError {
     }
 }
 
+/// A thread's saved vCPU state that does not go back into the vCPU (its XSAVE
+/// area has the wrong size): the guest cannot go on, a crash, not a panic.
+impl From<forkbox_vmm::RegsError> for EngineError {
+    fn from(e: forkbox_vmm::RegsError) -> EngineError {
+        EngineError::GuestCrashed(format!("saved thread state: {e}"))
+    }
+}
+
 impl From<forkbox_image::packages::PackageError> for EngineError {
     fn from(e: forkbox_image::packages::PackageError) -> EngineError {
         use forkbox_image::packages::PackageError as P;

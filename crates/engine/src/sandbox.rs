@@ -50,7 +50,7 @@ use forkbox_linux::thread::{SavedCpu, SigInfo, Wait, WaitKind, MAIN_TID, SI_KERN
 use forkbox_linux::wait;
 use forkbox_linux::Errno;
 use forkbox_linux::Process;
-use forkbox_vmm::{kvm_regs, kvm_xsave, GuestMemory, Regs, Vm, VmExit, Xsave};
+use forkbox_vmm::{after_syscall, kvm_regs, GuestMemory, Regs, Vm, VmExit, Xsave};
 use serde::Serialize;
 
 use crate::error::EngineError;
@@ -1163,7 +1163,7 @@ impl Sandbox {
         let saved = self.vm().save_vcpu()?;
         let cur = self.proc.threads.cur;
         self.proc.threads.list[cur].wait = Some(Wait {
-            regs: regs_to_words(&regs),
+            regs: Regs::from(&regs),
             deadline: None,
             on_timeout: Ok(0),
             kind: WaitKind::Agent,
@@ -1221,11 +1221,11 @@ impl Sandbox {
                     let blocked = self.proc.threads.list[cur].wait.as_ref().map(|w| w.regs);
                     match (blocked, self.pending_user.take()) {
                         (Some(w), _) => break w,
-                        (None, Some(u)) => break regs_to_words(&u),
+                        (None, Some(u)) => break Regs::from(&u),
                         (None, None) => {}
                     }
                     if let Some(u) = self.user_state()? {
-                        break regs_to_words(&u);
+                        break Regs::from(&u);
                     }
                     tries += 1;
                     if tries > 64 {
@@ -1239,7 +1239,7 @@ impl Sandbox {
                     }
                 };
                 let vm = self.vm.as_mut().expect("sandbox VM present until drop");
-                let xsave = xsave_to_words(&vm.xsave()?);
+                let xsave = Arc::new(Xsave::from(&vm.xsave()?));
                 self.proc.threads.list[cur].cpu = Some(SavedCpu { regs, xsave });
             }
             self.proc.make_current(main);
@@ -1581,7 +1581,7 @@ impl Sandbox {
         let st = parent.save_vcpu()?;
         vm.restore_vcpu(&st)?;
         let mut child = self.proc.fork_child(spec.pid);
-        let mut u = to_user(regs, 0);
+        let mut u = after_syscall(&regs, 0);
         if spec.stack != 0 {
             u.rsp = spec.stack;
         }
@@ -1899,7 +1899,7 @@ impl Sandbox {
                 continue;
             }
             let w = w.clone();
-            let regs = words_to_regs(&w.regs);
+            let regs = kvm_regs::from(&w.regs);
             let args = [regs.rdi, regs.rsi, regs.rdx, regs.r10, regs.r8, regs.r9];
             self.proc.make_current(i);
             let (result, effect) = self.dispatch_again(regs.rax, &args, timed_out);
@@ -1955,10 +1955,10 @@ impl Sandbox {
             }
         }
         let t = &mut self.proc.threads.list[i];
-        let u = to_user(regs, ret);
+        let u = after_syscall(&regs, ret);
         match &mut t.cpu {
             // Off the vCPU: it resumes from these registers when loaded.
-            Some(c) => c.regs = regs_to_words(&u),
+            Some(c) => c.regs = Regs::from(&u),
             // On the vCPU (stopped at its syscall exit): resume it in place.
             None => self.pending_user = Some(u),
         }
@@ -1972,14 +1972,14 @@ impl Sandbox {
             let blocked = self.proc.threads.list[cur].wait.as_ref().map(|w| w.regs);
             let regs = match (blocked, self.pending_user.take()) {
                 (Some(w), _) => w,
-                (None, Some(u)) => regs_to_words(&u),
+                (None, Some(u)) => Regs::from(&u),
                 (None, None) => match self.user_state()? {
-                    Some(u) => regs_to_words(&u),
+                    Some(u) => Regs::from(&u),
                     None => return Ok(false),
                 },
             };
             let vm = self.vm.as_mut().expect("sandbox VM present until drop");
-            let xsave = xsave_to_words(&vm.xsave()?);
+            let xsave = Arc::new(Xsave::from(&vm.xsave()?));
             self.proc.threads.list[cur].cpu = Some(SavedCpu { regs, xsave });
         }
         self.load(next)?;
@@ -1991,9 +1991,9 @@ impl Sandbox {
         self.proc.make_current(i);
         let Some(c) = self.proc.threads.list[i].cpu.take() else { return Ok(()) };
         let vm = self.vm.as_mut().expect("sandbox VM present until drop");
-        vm.set_xsave(&*words_to_xsave(&c.xsave)?)?;
+        vm.set_xsave(&*c.xsave.to_kvm()?)?;
         vm.set_fs_base(self.proc.fs_base)?;
-        self.pending_user = Some(words_to_regs(&c.regs));
+        self.pending_user = Some(kvm_regs::from(&c.regs));
         self.slice_start = Instant::now();
         self.switches += 1;
         Ok(())
@@ -2161,18 +2161,18 @@ impl Sandbox {
                 }
                 let on_timeout = b.on_timeout.map_err(|e| e.0);
                 self.proc.threads.current_mut().wait =
-                    Some(Wait { regs: regs_to_words(&regs), deadline, on_timeout, kind, woken: false });
+                    Some(Wait { regs: Regs::from(&regs), deadline, on_timeout, kind, woken: false });
                 self.resched = true;
                 return Ok(None);
             }
             Some(Effect::Spawn { tid, stack }) => {
-                let mut u = to_user(&regs, 0);
+                let mut u = after_syscall(&regs, 0);
                 if stack != 0 {
                     u.rsp = stack;
                 }
-                let xsave = xsave_to_words(&vm.xsave()?);
+                let xsave = Arc::new(Xsave::from(&vm.xsave()?));
                 if let Some(i) = self.proc.threads.index_of(tid) {
-                    self.proc.threads.list[i].cpu = Some(SavedCpu { regs: regs_to_words(&u), xsave });
+                    self.proc.threads.list[i].cpu = Some(SavedCpu { regs: Regs::from(&u), xsave });
                 }
             }
             Some(Effect::ThreadExit) => {
@@ -2219,7 +2219,7 @@ impl Sandbox {
             return Ok(None);
         }
         // Signals go on the way back to user mode; a switch may come first.
-        self.pending_user = Some(to_user(&regs, ret));
+        self.pending_user = Some(after_syscall(&regs, ret));
         Ok(None)
     }
 }
@@ -2247,33 +2247,6 @@ fn wait_kind(on: &forkbox_linux::kernel::block::WaitOn, old: &WaitKind) -> WaitK
         WaitOn::Time => WaitKind::Time,
         _ => WaitKind::Other,
     }
-}
-
-/// The user state after syscall `regs` returns `ret`.
-fn to_user(regs: &kvm_regs, ret: u64) -> kvm_regs {
-    let mut u = *regs;
-    u.rax = ret;
-    u.rip = regs.rcx;
-    u.rflags = regs.r11;
-    u
-}
-
-pub(crate) fn regs_to_words(r: &kvm_regs) -> Regs {
-    Regs::from(r)
-}
-
-pub(crate) fn words_to_regs(w: &Regs) -> kvm_regs {
-    kvm_regs::from(w)
-}
-
-pub(crate) fn xsave_to_words(x: &kvm_xsave) -> std::sync::Arc<Xsave> {
-    std::sync::Arc::new(Xsave::from(x))
-}
-
-/// A saved XSAVE image back into the ioctl's form (its size was checked when
-/// the process state was restored; a wrong one is a crash, not a panic).
-pub(crate) fn words_to_xsave(w: &Xsave) -> Result<Box<kvm_xsave>, EngineError> {
-    w.to_kvm().map_err(|e| EngineError::GuestCrashed(format!("saved thread state: {e}")))
 }
 
 /// 256 fresh bits from the host, in hex, for a fork's first exec to reseed with.
