@@ -311,7 +311,7 @@ impl CatalogError {
         match self {
             CatalogError::UnknownTemplate(_) | CatalogError::NotOnDisk(_) => ErrorCode::TemplateNotFound,
             CatalogError::Building { .. } => ErrorCode::TemplateNotReady,
-            CatalogError::Engine { source: EngineError::Shared(e), .. } => e.error_code(),
+            CatalogError::Engine { source: e @ EngineError::Storage { .. }, .. } => e.error_code(),
             CatalogError::Build { .. } | CatalogError::Engine { .. } => ErrorCode::TemplateUnavailable,
             CatalogError::Invalid(_) => ErrorCode::InvalidRequest,
             CatalogError::Exists(_) => ErrorCode::TemplateExists,
@@ -555,13 +555,19 @@ impl Catalog {
         m.entry(id.to_string()).or_default().clone()
     }
 
+    /// Where this catalog's engines fetch package layers they lack (the
+    /// cluster's shared artifacts; None: not in a cluster).
+    fn layer_source(&self) -> Option<Arc<dyn crate::LayerSource>> {
+        self.shared().map(|sh| Arc::new(crate::shared::SharedLayers(sh)) as Arc<dyn crate::LayerSource>)
+    }
+
     /// An engine over the image at `path` with this catalog's CPU, package
     /// layers and shared artifacts.
     fn engine_for(&self, path: &Path, preload: &str) -> Result<Engine, EngineError> {
         Ok(Engine::open_with_cpu(self.cpu.clone(), path)?
             .with_preload(preload.to_string())
             .with_packages(self.packages.clone())
-            .with_shared(self.shared()))
+            .with_layer_source(self.layer_source()))
     }
 
     /// Resolve and download `specs` (and their dependencies) for a run-time
@@ -677,8 +683,8 @@ impl Catalog {
     pub fn insert(&self, name: &str, engine: Arc<Engine>, template: Arc<Template>) -> Arc<Loaded> {
         // Its sessions' package layers are this data directory's (unless it has a store already).
         let _ = engine.packages.set(self.packages.clone());
-        if let Some(sh) = self.shared() {
-            let _ = engine.shared.set(sh);
+        if let Some(source) = self.layer_source() {
+            engine.set_layer_source(source);
         }
         let loaded = Arc::new(Loaded { engine, template, name: Some(name.to_string()), network: None });
         if let Ok(mut m) = self.by_id.lock() {

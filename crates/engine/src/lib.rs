@@ -100,7 +100,16 @@ pub struct Engine {
     pub packages: std::sync::OnceLock<Arc<forkbox_image::packages::PackageStore>>,
     /// In a cluster: where a package layer a state mounts and this node lacks
     /// is fetched from (`Catalog::set_shared`).
-    shared: std::sync::OnceLock<Arc<shared::Shared>>,
+    layers: std::sync::OnceLock<Arc<dyn LayerSource>>,
+}
+
+/// Where a package layer a restored state mounts comes from when this node
+/// lacks it (a cluster's shared artifacts; implemented above the engine).
+pub trait LayerSource: Send + Sync {
+    /// Put layer `id` at `path` (its place in the package store): false if
+    /// no one has published it. A failure of the source is an
+    /// [`EngineError::Storage`].
+    fn fetch_layer(&self, id: &str, path: &Path) -> Result<bool, EngineError>;
 }
 
 impl Engine {
@@ -122,7 +131,7 @@ impl Engine {
             vdso: Some(forkbox_vmm::vdso::IMAGE),
             preload: "import numpy".into(),
             packages: std::sync::OnceLock::new(),
-            shared: std::sync::OnceLock::new(),
+            layers: std::sync::OnceLock::new(),
         })
     }
 
@@ -147,12 +156,18 @@ impl Engine {
         self
     }
 
-    /// Fetch missing package layers from the cluster's shared artifacts (None: not in a cluster).
-    pub(crate) fn with_shared(self, shared: Option<Arc<shared::Shared>>) -> Engine {
-        if let Some(s) = shared {
-            let _ = self.shared.set(s);
+    /// Fetch missing package layers from `source` (a cluster's shared artifacts;
+    /// None: not in a cluster).
+    pub fn with_layer_source(self, source: Option<Arc<dyn LayerSource>>) -> Engine {
+        if let Some(s) = source {
+            self.set_layer_source(s);
         }
         self
+    }
+
+    /// [`Self::with_layer_source`] on an engine in use (the first source set stays).
+    pub fn set_layer_source(&self, source: Arc<dyn LayerSource>) {
+        let _ = self.layers.set(source);
     }
 
     /// A process from a saved state, with the package layers its files refer
@@ -170,12 +185,11 @@ impl Engine {
                 .ok_or_else(|| StateError::Corrupt(format!("package layer {id} is needed and this server has none")))?;
             let l = match store.open_layer(&id) {
                 Ok(l) => l,
-                Err(forkbox_image::packages::PackageError::MissingLayer(_)) if self.shared.get().is_some() => {
-                    let (Some(sh), Some(path)) = (self.shared.get(), store.layer_path(&id)) else {
+                Err(forkbox_image::packages::PackageError::MissingLayer(_)) if self.layers.get().is_some() => {
+                    let (Some(source), Some(path)) = (self.layers.get(), store.layer_path(&id)) else {
                         return Err(StateError::Corrupt(format!("package layer {id} is not a layer id")).into());
                     };
-                    let lid = id.clone();
-                    if !sh.off(move |sh| sh.install_layer(&lid, &path))? {
+                    if !source.fetch_layer(&id, &path)? {
                         return Err(StateError::Corrupt(format!(
                             "package layer {id} is needed, not on this node and not published by another"
                         ))

@@ -38,6 +38,7 @@ use forkbox_api::ErrorCode;
 use sha2::{Digest, Sha256};
 
 use crate::template::templates_dir;
+use crate::{EngineError, LayerSource};
 
 /// What an artifact is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -110,6 +111,24 @@ impl SharedError {
 
     fn corrupt(kind: ArtifactKind, id: &str, why: impl Into<String>) -> SharedError {
         SharedError::Corrupt { kind: kind.as_str(), id: id.to_string(), why: why.into() }
+    }
+}
+
+/// The engine's form of a shared-artifact failure (same message and code).
+impl From<SharedError> for EngineError {
+    fn from(e: SharedError) -> EngineError {
+        EngineError::Storage { code: e.error_code(), message: e.to_string() }
+    }
+}
+
+/// The cluster's package layers as an engine fetches them (a layer a restored
+/// state mounts and this node lacks).
+pub(crate) struct SharedLayers(pub(crate) Arc<Shared>);
+
+impl LayerSource for SharedLayers {
+    fn fetch_layer(&self, id: &str, path: &Path) -> Result<bool, EngineError> {
+        let (id, path) = (id.to_string(), path.to_path_buf());
+        Ok(self.0.off(move |sh| sh.install_layer(&id, &path))?)
     }
 }
 
