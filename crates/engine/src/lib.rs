@@ -21,6 +21,7 @@ pub mod packages;
 pub mod pool;
 pub mod protocol;
 pub mod sandbox;
+mod sched;
 pub mod shared;
 mod signal;
 pub mod template;
