@@ -16,6 +16,7 @@ mod fsstore;
 pub mod hint;
 pub mod interrupt;
 pub mod jail;
+mod jobs;
 pub mod limits;
 pub mod packages;
 pub mod pool;
@@ -50,8 +51,9 @@ pub use forkbox_vmm::thread_cpu_seconds;
 pub use interrupt::Interrupter;
 pub use limits::Limits;
 pub use protocol::{MimeBundle, PyError};
+pub use jobs::{JobChunk, JobInfo};
 pub use sandbox::{
-    BackgroundRun, CapturedOutput, ExecOptions, ExecResult, JobChunk, JobInfo, ListeningPort, RunStats, Sandbox, Stream,
+    BackgroundRun, CapturedOutput, ExecOptions, ExecResult, ListeningPort, RunStats, Sandbox, Stream,
 };
 pub use template::{CheckpointFiles, CheckpointSize, CheckpointStats, ResumeAs, Template, TemplateInfo};
 

@@ -56,6 +56,7 @@ use crate::files::{self, FileEntry, OutputFile, OutputIndex};
 use crate::interrupt::Interrupter;
 use crate::limits::Limits;
 use crate::protocol::{self, ExecReply, ExecRequest, MimeBundle, PyError};
+use crate::jobs::{JobChunk, JobInfo, Jobs};
 use crate::sched::{wait_kind, HostWait, Scheduler, Task};
 use crate::signal::{self, SignalState, SIGINT};
 use crate::Engine;
@@ -133,26 +134,6 @@ pub struct ExecOptions<'a> {
     pub job: bool,
 }
 
-/// A background job: a process an exec started to keep running, with the
-/// processes it starts in turn (their output is the job's).
-#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
-pub struct JobInfo {
-    /// The leader's pid (the process the exec started).
-    pub pid: u32,
-    /// Its argv after its last execve (at most `JOB_ARGV_MAX` arguments, each cut to `JOB_ARG_MAX`).
-    pub argv: Vec<String>,
-    pub started_unix_ms: i64,
-    /// vCPU time of the job's processes.
-    pub cpu_seconds: f64,
-    pub running: bool,
-    /// How the leader ended: its exit status, or the signal that killed it.
-    pub exit_code: Option<i32>,
-    pub signal: Option<i32>,
-    /// Bytes written so far to each stream (the ring keeps the last `JOB_OUTPUT_BYTES`).
-    pub stdout_bytes: u64,
-    pub stderr_bytes: u64,
-}
-
 /// A listening TCP socket of the sandbox (what the port proxy can reach).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct ListeningPort {
@@ -163,18 +144,6 @@ pub struct ListeningPort {
     pub proxied: bool,
 }
 
-/// A slice of a job's stream.
-#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
-pub struct JobChunk {
-    /// The stream offset of `data`'s first byte (past the asked one when those bytes were dropped).
-    pub offset: u64,
-    /// The offset just past the last byte written so far.
-    pub end: u64,
-    pub data: Vec<u8>,
-    /// The job still runs (more may come).
-    pub running: bool,
-}
-
 /// The job of the processes an earlier call left running that are no job's:
 /// what they write is dropped (no job has pid 0).
 const DROPPED_OUTPUT: u32 = 0;
@@ -182,18 +151,6 @@ const DROPPED_OUTPUT: u32 = 0;
 const JOB_WAIT_SLICE: Duration = Duration::from_millis(10);
 /// How long a follower's wait sleeps when no background work can run.
 const JOB_WATCH_IDLE: Duration = Duration::from_millis(2);
-/// Jobs kept (the oldest finished go first past it).
-const JOBS_MAX: usize = 64;
-const JOB_ARGV_MAX: usize = 64;
-const JOB_ARG_MAX: usize = 256;
-
-struct Job {
-    argv: Vec<String>,
-    started_unix_ms: i64,
-    cpu: Duration,
-    exit: Option<Exit>,
-}
-
 /// What an exec wrote to stdout/stderr before it failed (timeout, crash, exit,
 /// kill): the same capture, with the same limits, as a result's output.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
@@ -263,10 +220,8 @@ pub struct Sandbox {
     exec_opts: loader::ExecOptions,
     /// Children and threads left running by an exec keep running between calls.
     keep_running: bool,
-    /// Background jobs by leader pid (host-side: a checkpoint does not record them).
-    jobs: std::collections::BTreeMap<u32, Job>,
-    /// The exec running now starts jobs (`ExecOptions::job`).
-    job_exec: bool,
+    /// Background jobs (host-side: a checkpoint does not record them).
+    jobs: Jobs,
     /// During [`Sandbox::run_background_woken`]: a host fd whose readability
     /// ends the run at once (the channel a request comes on), polled with the
     /// guest's own host fds whenever every thread waits.
@@ -342,8 +297,7 @@ impl Sandbox {
             exec_opts: opts,
             keep_running: false,
             bg_wake: None,
-            jobs: Default::default(),
-            job_exec: false,
+            jobs: Jobs::default(),
         };
         // Booting python + numpy takes far longer than one exec here: allow a generous deadline.
         let deadline = Instant::now() + sb.limits.timeout.max(Duration::from_secs(120));
@@ -408,8 +362,7 @@ impl Sandbox {
             exec_opts: loader::ExecOptions { hwcap: engine.hwcap, vdso: engine.vdso },
             keep_running: false,
             bg_wake: None,
-            jobs: Default::default(),
-            job_exec: false,
+            jobs: Jobs::default(),
         })
     }
 
@@ -542,7 +495,7 @@ impl Sandbox {
             return Err(EngineError::CodeTooLarge(code.len(), self.limits.code_bytes));
         }
         let ExecOptions { mut on_output, interrupt, timeout, job } = opts;
-        self.job_exec = job;
+        self.jobs.starting = job;
         self.failed_output = None;
         self.exec_timeout = timeout.unwrap_or(self.limits.timeout);
         // The vCPU thread is the one to kick while this exec runs.
@@ -580,7 +533,7 @@ impl Sandbox {
             Ok(_) => Some(self.take_reply(&mut on_output)),
             Err(_) => None,
         };
-        self.job_exec = false;
+        self.jobs.starting = false;
         let killed = if outcome.is_ok() && self.keep_children() { 0 } else { self.end_children() };
         if killed > 0 && outcome.is_ok() {
             let note = format!(
@@ -859,9 +812,7 @@ impl Sandbox {
         }
         let exit = self.vm().run(Some(run_deadline), latch);
         let spent = ran.elapsed();
-        if let Some(job) = self.kernel.jobs.get(&self.sched.cur.proc.pid).and_then(|l| self.jobs.get_mut(l)) {
-            job.cpu = job.cpu.saturating_add(spent);
-        }
+        self.jobs.charge(&self.kernel, self.sched.cur.proc.pid, spent);
         if !self.sched.cur.proc.threads.timers.is_empty() {
             self.sched.cur.proc.threads.charge_cpu(spent.as_nanos().min(u64::MAX as u128) as u64);
         }
@@ -924,7 +875,7 @@ impl Sandbox {
         let pid = self.sched.cur.proc.pid;
         self.with_ctx(syscalls::release_shared);
         self.close_all_fds();
-        self.job_ended(pid, how);
+        self.jobs.ended(pid, how);
         self.kernel.jobs.remove(&pid);
         self.kernel.procs.exit(pid, how);
         let dead = self.sched.remove_current();
@@ -1108,63 +1059,9 @@ impl Sandbox {
         Ok(())
     }
 
-    /// A process forked `child`: it joins its parent's job, or starts one
-    /// when the agent forks it in an exec that starts jobs.
-    fn join_job(&mut self, parent: u32, child: u32) {
-        if let Some(&leader) = self.kernel.jobs.get(&parent) {
-            self.kernel.jobs.insert(child, leader);
-            return;
-        }
-        if !(self.job_exec && parent == GUEST_PID) {
-            return;
-        }
-        let finished: Vec<u32> = self.jobs.iter().filter(|(_, j)| j.exit.is_some()).map(|(p, _)| *p).collect();
-        for p in finished.into_iter().take((self.jobs.len() + 1).saturating_sub(JOBS_MAX)) {
-            self.jobs.remove(&p);
-            self.kernel.job_out.remove(&p);
-            self.kernel.job_in.remove(&p);
-        }
-        let started_unix_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-        let argv = self.jobs.get(&parent).map(|j| j.argv.clone()).unwrap_or_default();
-        self.jobs.insert(child, Job { argv, started_unix_ms, cpu: Duration::ZERO, exit: None });
-        self.kernel.jobs.insert(child, child);
-        self.kernel.job_out.insert(child, Default::default());
-        self.kernel.job_in.insert(child, Default::default());
-    }
-
-    /// Process `pid` ended: if it leads a job, the job has ended that way.
-    fn job_ended(&mut self, pid: u32, how: Exit) {
-        if let Some(job) = self.jobs.get_mut(&pid) {
-            job.exit.get_or_insert(how);
-        }
-    }
-
-    fn job_info(&self, pid: u32, job: &Job) -> JobInfo {
-        let (stdout_bytes, stderr_bytes) = self.kernel.job_out.get(&pid).map_or((0, 0), |r| (r[0].end(), r[1].end()));
-        JobInfo {
-            pid,
-            argv: job.argv.clone(),
-            started_unix_ms: job.started_unix_ms,
-            cpu_seconds: job.cpu.as_secs_f64(),
-            running: job.exit.is_none(),
-            exit_code: match job.exit {
-                Some(Exit::Code(c)) => Some(c),
-                _ => None,
-            },
-            signal: match job.exit {
-                Some(Exit::Signal(s)) => Some(s),
-                _ => None,
-            },
-            stdout_bytes,
-            stderr_bytes,
-        }
-    }
-
     /// The background jobs, oldest first.
     pub fn jobs(&self) -> Vec<JobInfo> {
-        self.jobs.iter().map(|(p, j)| self.job_info(*p, j)).collect()
+        self.jobs.list(&self.kernel)
     }
 
     /// The sandbox's listening TCP sockets, by port (any of its processes').
@@ -1174,12 +1071,12 @@ impl Sandbox {
 
     /// One job (`NoSuchJob` if there is none with that leader pid).
     pub fn job(&self, pid: u32) -> Result<JobInfo, EngineError> {
-        self.jobs.get(&pid).map(|j| self.job_info(pid, j)).ok_or(EngineError::NoSuchJob(pid))
+        self.jobs.info(&self.kernel, pid)
     }
 
     /// At most `max` bytes of a job's stream from `offset`.
     pub fn job_output(&self, pid: u32, stream: Stream, offset: u64, max: usize) -> Result<JobChunk, EngineError> {
-        let job = self.jobs.get(&pid).ok_or(EngineError::NoSuchJob(pid))?;
+        let job = self.jobs.get(pid)?;
         let ring = self.kernel.job_out.get(&pid).map(|r| &r[stream as usize]);
         let (offset, data) = ring.map_or((0, Vec::new()), |r| r.read(offset, max));
         let end = ring.map_or(0, |r| r.end());
@@ -1189,7 +1086,7 @@ impl Sandbox {
     /// Send signal `sig` (1..=64) to every process of a running job; it is
     /// acted on when they next run (between calls, or in the next call).
     pub fn job_signal(&mut self, pid: u32, sig: i32) -> Result<JobInfo, EngineError> {
-        let job = self.jobs.get(&pid).ok_or(EngineError::NoSuchJob(pid))?;
+        let job = self.jobs.get(pid)?;
         if !(1..=64).contains(&sig) {
             return Err(EngineError::BadSignal(sig));
         }
@@ -1370,7 +1267,7 @@ impl Sandbox {
         let mut killed = 0;
         while !self.sched.others.is_empty() {
             let pid = self.sched.others[0].proc.pid;
-            self.job_ended(pid, Exit::Signal(forkbox_linux::thread::SIGKILL));
+            self.jobs.ended(pid, Exit::Signal(forkbox_linux::thread::SIGKILL));
             self.sched.swap_task(0);
             self.with_ctx(syscalls::release_shared);
             self.close_all_fds();
@@ -1419,7 +1316,7 @@ impl Sandbox {
             child.tid_address = addr;
         }
         crate::vdso::refresh(&mut vm, self.vdso)?;
-        self.join_job(self.sched.cur.proc.pid, spec.pid);
+        self.jobs.join(&mut self.kernel, self.sched.cur.proc.pid, spec.pid);
         self.sched.add(Task::new(vm, child));
         Ok(())
     }
@@ -1446,9 +1343,7 @@ impl Sandbox {
         vm.boot(&self.cpu, start.entry, start.rsp)?;
         self.sched.cur.proc.mm.sync_all_page_tables(vm.mem_mut())?;
         crate::vdso::refresh(&mut vm, self.vdso)?;
-        if let Some(job) = self.jobs.get_mut(&self.sched.cur.proc.pid) {
-            job.argv = job_argv(&spec.argv);
-        }
+        self.jobs.exec(self.sched.cur.proc.pid, &spec.argv);
         if let Some(old) = self.sched.cur.vm.replace(vm) {
             crate::pool::reap(old);
         }
@@ -1858,14 +1753,6 @@ impl Sandbox {
         }
         out
     }
-}
-
-/// A job's argv as shown: bounded, lossy UTF-8.
-fn job_argv(argv: &[Vec<u8>]) -> Vec<String> {
-    argv.iter()
-        .take(JOB_ARGV_MAX)
-        .map(|a| String::from_utf8_lossy(&a[..a.len().min(JOB_ARG_MAX)]).into_owned())
-        .collect()
 }
 
 /// Make the listeners of a checkpoint again in `net`: only those `proc`'s fd
