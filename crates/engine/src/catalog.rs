@@ -77,9 +77,9 @@ pub struct Recipe {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RecipeKind {
     Shipped,
-    /// `forkbox template build NAME --apt/--pip`, `POST /v1/templates`.
+    /// `forkbox template build NAME --apt/--pip`, or an owner's request for one of its own.
     Custom,
-    /// `POST /v1/sessions/{id}/checkpoints/{n}/template`: a session's state.
+    /// A session's state at one of its checkpoints.
     Checkpoint {
         session: String,
         checkpoint: i64,
@@ -96,7 +96,7 @@ impl RecipeKind {
     }
 }
 
-/// What a custom template is built from (`forkbox template build NAME ...`, `POST /v1/templates`).
+/// What a custom template is built from (`forkbox template build NAME ...`, or an owner's request).
 #[derive(Clone, Debug, Default)]
 pub struct CustomTemplate {
     pub name: String,
@@ -111,9 +111,7 @@ pub struct CustomTemplate {
     pub network: Option<NetPolicy>,
 }
 
-/// Most custom templates one tenant may have, and builds pending at once.
-pub const MAX_TEMPLATES_PER_TENANT: usize = 32;
-pub const MAX_PENDING_BUILDS_PER_TENANT: usize = 1;
+/// Most template builds pending at once on this server.
 pub const MAX_PENDING_BUILDS: usize = 4;
 /// Longest preload of a custom template.
 pub const MAX_PRELOAD_BYTES: usize = 64 << 10;
@@ -163,7 +161,7 @@ struct CustomRecord {
 const RECORD_FORMAT: u32 = 2;
 const READABLE_RECORD_FORMATS: [u32; 2] = [1, 2];
 
-/// The catalog key of a template: its name, or `<owner>/<name>` for a tenant's own.
+/// The catalog key of a template: its name, or `<owner>/<name>` for an owner's own.
 fn key_of(owner: Option<&str>, name: &str) -> String {
     match owner {
         Some(o) => format!("{o}/{name}"),
@@ -283,7 +281,7 @@ pub enum CatalogError {
     UnknownTemplate(String),
     #[error("template {0} is not in this data directory")]
     NotOnDisk(String),
-    #[error("template {name} is being built (started {secs} s ago); retry when GET /v1/templates says ready")]
+    #[error("template {name} is being built (started {secs} s ago); retry when it is listed as ready")]
     Building { name: String, secs: u64 },
     #[error("building the image of template {name}: {source}")]
     Build { name: String, source: BuildError },
@@ -350,7 +348,7 @@ impl Loaded {
     }
 }
 
-/// What `GET /v1/templates` lists.
+/// One template and its state, as the template list shows it.
 #[derive(Clone, Debug, Serialize)]
 pub struct Listing {
     pub name: String,
@@ -393,11 +391,26 @@ enum BuildState {
     Failed(String),
 }
 
+/// What an owner has in the catalog when it asks for one more template of
+/// its own: what the caller's admission rules ([`Catalog::set_owner_rules`]) decide on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OwnerUsage {
+    /// Its own templates now.
+    pub templates: usize,
+    /// The name asked for is one of them already (a failed build being replaced).
+    pub replaces: bool,
+    /// Its template builds pending now.
+    pub pending_builds: usize,
+}
+
+/// Admission of an owner's new template: `Err` (`Quota`, `TooManyBuilds`) refuses it.
+pub type OwnerRules = dyn Fn(OwnerUsage) -> Result<(), CatalogError> + Send + Sync;
+
 /// Named recipes plus every template opened so far, by id. Cheap to share (`Arc`).
 pub struct Catalog {
     home: PathBuf,
     cpu: Arc<Cpu>,
-    /// By key (the name; `<tenant>/<name>` for a tenant's own).
+    /// By key (the name; `<owner>/<name>` for an owner's own).
     recipes: RwLock<BTreeMap<String, Recipe>>,
     /// Where pip looks for the wheels of templates built by request.
     pip_source: RwLock<PipSource>,
@@ -414,6 +427,8 @@ pub struct Catalog {
     build_lock: Mutex<()>,
     /// Held while a new template is checked against the limits and recorded.
     admit_lock: Mutex<()>,
+    /// What an owner may add (`set_owner_rules`; none: no limit per owner).
+    owner_rules: RwLock<Option<Arc<OwnerRules>>>,
     /// In a cluster: where templates, images and package layers are shared
     /// (`set_shared`); None: this data directory is the only copy.
     shared: RwLock<Option<Arc<Shared>>>,
@@ -457,6 +472,7 @@ impl Catalog {
             build_detail: BuildDetail::default(),
             build_lock: Mutex::new(()),
             admit_lock: Mutex::new(()),
+            owner_rules: RwLock::new(None),
             shared: RwLock::new(None),
             opening: Mutex::new(HashMap::new()),
         })
@@ -579,7 +595,7 @@ impl Catalog {
     }
 
     /// [`Self::resolve_packages`], a layer built now unpacking to at most
-    /// `budget` bytes (what is left of the tenant's disk quota).
+    /// `budget` bytes (what is left of its owner's disk quota).
     pub fn resolve_packages_within(
         &self,
         specs: &[String],
@@ -621,6 +637,12 @@ impl Catalog {
     }
 
     /// Where pip looks for the wheels of templates built by request (`serve --pip-index-url/--pip-find-links`).
+    /// The rules an owner's new template (`create`, `add_from_snapshot` with
+    /// an owner) must pass, checked with the catalog's admission lock held.
+    pub fn set_owner_rules(&self, rules: Arc<OwnerRules>) {
+        *self.owner_rules.write().unwrap_or_else(|p| p.into_inner()) = Some(rules);
+    }
+
     pub fn set_pip_source(&self, source: PipSource) -> Result<(), CatalogError> {
         source.validate().map_err(CatalogError::Invalid)?;
         self.packages.set_source(source.clone()).map_err(|e| CatalogError::Invalid(e.to_string()))?;
@@ -628,7 +650,7 @@ impl Catalog {
         Ok(())
     }
 
-    /// The package layers of run-time installs (`%pip install`, `POST /v1/sessions/{id}/packages`).
+    /// The package layers of run-time installs (`%pip install`, or a request to install into a session).
     pub fn packages(&self) -> &Arc<forkbox_image::packages::PackageStore> {
         &self.packages
     }
@@ -637,15 +659,15 @@ impl Catalog {
         self.recipes.read().is_ok_and(|m| m.contains_key(key))
     }
 
-    /// The key a tenant's request for `name` means: its own template of that name,
-    /// else a shipped or shared one. None (`tenant`): the shared namespace only.
-    pub fn key_for(&self, tenant: Option<&str>, name: &str) -> Result<String, CatalogError> {
-        // A '/' would name another tenant's template.
+    /// The key an owner's request for `name` means: its own template of that name,
+    /// else a shipped or shared one. None (`owner`): the shared namespace only.
+    pub fn key_for(&self, owner: Option<&str>, name: &str) -> Result<String, CatalogError> {
+        // A '/' would name another owner's template.
         if name.contains('/') {
             return Err(CatalogError::UnknownTemplate(name.into()));
         }
-        if let Some(t) = tenant {
-            let own = key_of(Some(t), name);
+        if let Some(o) = owner {
+            let own = key_of(Some(o), name);
             if self.has_recipe(&own) {
                 return Ok(own);
             }
@@ -859,21 +881,15 @@ impl Catalog {
                 return Err(CatalogError::Exists(name.into()));
             }
         }
-        if let Some(o) = owner {
+        let rules = self.owner_rules.read().unwrap_or_else(|p| p.into_inner()).clone();
+        if let (Some(o), Some(rules)) = (owner, rules) {
             let prefix = format!("{o}/");
-            let mine = recipes.keys().filter(|k| k.starts_with(&prefix)).count();
-            if !recipes.contains_key(&key) && mine >= MAX_TEMPLATES_PER_TENANT {
-                return Err(CatalogError::Quota(format!("at most {MAX_TEMPLATES_PER_TENANT} templates per tenant")));
-            }
-            let pending_mine = builds
+            let templates = recipes.keys().filter(|k| k.starts_with(&prefix)).count();
+            let pending_builds = builds
                 .iter()
                 .filter(|(k, st)| k.starts_with(&prefix) && matches!(st, BuildState::Building(..)))
                 .count();
-            if pending_mine >= MAX_PENDING_BUILDS_PER_TENANT {
-                return Err(CatalogError::TooManyBuilds(format!(
-                    "this tenant has {pending_mine} template build(s) pending (at most {MAX_PENDING_BUILDS_PER_TENANT}); retry when it is done"
-                )));
-            }
+            rules(OwnerUsage { templates, replaces: recipes.contains_key(&key), pending_builds })?;
         }
         let pending = builds.values().filter(|st| matches!(st, BuildState::Building(..))).count();
         if pending >= MAX_PENDING_BUILDS {
@@ -940,7 +956,7 @@ impl Catalog {
         self.listing(Some(owner), &t.name).ok_or_else(|| CatalogError::UnknownTemplate(t.name.clone()))
     }
 
-    /// Add (or rebuild) a custom template shared by every tenant and build it now
+    /// Add (or rebuild) a custom template shared by every owner and build it now
     /// (blocking: `forkbox template build NAME --apt/--pip`).
     pub fn build_shared(&self, t: &CustomTemplate, pip_source: PipSource) -> Result<Arc<Loaded>, CatalogError> {
         let key = {
@@ -1384,34 +1400,34 @@ impl Catalog {
         Ok(m.entry(id.to_string()).or_insert(loaded).clone())
     }
 
-    /// Every named template with its state (the operator's view: all tenants', by key).
+    /// Every named template with its state (the operator's view: all owners', by key).
     pub fn list(&self) -> Vec<Listing> {
         self.list_for(None, true)
     }
 
-    /// The templates `tenant` may see and use: shipped, shared and its own (by name).
-    pub fn list_visible(&self, tenant: &str) -> Vec<Listing> {
-        self.list_for(Some(tenant), false)
+    /// The templates `owner` may see and use: shipped, shared and its own (by name).
+    pub fn list_visible(&self, owner: &str) -> Vec<Listing> {
+        self.list_for(Some(owner), false)
     }
 
-    /// One template as `tenant` sees it (None: the shared namespace).
-    pub fn listing(&self, tenant: Option<&str>, name: &str) -> Option<Listing> {
-        let key = self.key_for(tenant, name).ok()?;
+    /// One template as `owner` sees it (None: the shared namespace).
+    pub fn listing(&self, owner: Option<&str>, name: &str) -> Option<Listing> {
+        let key = self.key_for(owner, name).ok()?;
         if !self.has_recipe(&key) && self.ready(&key).is_none() {
             // Perhaps made on another node of the cluster.
             self.sync_records();
         }
-        self.list_keys(&[key], tenant.is_none()).into_iter().next()
+        self.list_keys(&[key], owner.is_none()).into_iter().next()
     }
 
-    fn list_for(&self, tenant: Option<&str>, all: bool) -> Vec<Listing> {
+    fn list_for(&self, owner: Option<&str>, all: bool) -> Vec<Listing> {
         self.sync_records();
         let mut keys: Vec<String> = self.recipes.read().map(|m| m.keys().cloned().collect()).unwrap_or_default();
         if let Ok(m) = self.by_name.lock() {
             keys.extend(m.keys().filter(|n| !self.has_recipe(n)).cloned());
         }
         keys.retain(|k| {
-            all || !k.contains('/') || tenant.is_some_and(|t| k.strip_prefix(t).is_some_and(|r| r.starts_with('/')))
+            all || !k.contains('/') || owner.is_some_and(|o| k.strip_prefix(o).is_some_and(|r| r.starts_with('/')))
         });
         keys.sort();
         keys.dedup();

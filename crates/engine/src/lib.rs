@@ -4,7 +4,7 @@
 //! Place in the flow request -> runtime -> sessions -> **engine** -> vmm/linux -> guest:
 //! templates, forks and sandboxes over forkbox-vmm, forkbox-linux, forkbox-image
 //! and forkbox-snapshot; its errors name their API code (`forkbox-api`). It
-//! knows nothing of sessions, tenants or HTTP.
+//! knows nothing of sessions, of who calls it, or of HTTP.
 
 #![forbid(unsafe_code)]
 

@@ -275,6 +275,7 @@ impl Runtime {
         config: RuntimeConfig,
     ) -> Result<Arc<Runtime>, RuntimeError> {
         catalog.set_pip_source(config.pip.clone())?;
+        catalog.set_owner_rules(Arc::new(tenant_template_rules));
         catalog.packages().set_policy(config.packages.clone());
         share_templates(&catalog, home, &config)?;
         let default = catalog.get(None)?;
@@ -502,6 +503,26 @@ impl Runtime {
             }
         }
     }
+}
+
+/// Most templates of its own one tenant may have, and its builds pending at once.
+pub const MAX_TEMPLATES_PER_TENANT: usize = 32;
+pub const MAX_PENDING_BUILDS_PER_TENANT: usize = 1;
+
+/// A tenant's templates are the catalog's templates of that owner: one more
+/// (a build, a session's checkpoint made a template) is admitted within these limits.
+fn tenant_template_rules(mine: forkbox_engine::catalog::OwnerUsage) -> Result<(), forkbox_engine::CatalogError> {
+    use forkbox_engine::CatalogError;
+    if !mine.replaces && mine.templates >= MAX_TEMPLATES_PER_TENANT {
+        return Err(CatalogError::Quota(format!("at most {MAX_TEMPLATES_PER_TENANT} templates per tenant")));
+    }
+    if mine.pending_builds >= MAX_PENDING_BUILDS_PER_TENANT {
+        return Err(CatalogError::TooManyBuilds(format!(
+            "this tenant has {} template build(s) pending (at most {MAX_PENDING_BUILDS_PER_TENANT}); retry when it is done",
+            mine.pending_builds
+        )));
+    }
+    Ok(())
 }
 
 /// In a cluster (`sessions.cluster`: the session metadata in PostgreSQL and
