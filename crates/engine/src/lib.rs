@@ -1,14 +1,13 @@
 //! The forkbox engine: boots the guest (CPython + the agent) from an image in a
 //! kernel-less KVM VM and runs code in it.
 //!
-//! Place in the flow request -> runtime -> sessions -> **engine** -> vmm/linux -> guest:
+//! Place in the flow request -> runtime -> sessions -> catalog -> **engine** -> vmm/linux -> guest:
 //! templates, forks and sandboxes over forkbox-vmm, forkbox-linux, forkbox-image
 //! and forkbox-snapshot; its errors name their API code (`forkbox-api`). It
 //! knows nothing of sessions, of who calls it, or of HTTP.
 
 #![forbid(unsafe_code)]
 
-pub mod catalog;
 pub mod error;
 pub mod file_ops;
 pub mod files;
@@ -23,7 +22,6 @@ pub mod pool;
 pub mod protocol;
 pub mod sandbox;
 mod sched;
-pub mod shared;
 mod signal;
 pub mod template;
 mod vdso;
@@ -35,7 +33,6 @@ use forkbox_image::{ExtraFile, Image, ImageSpec};
 use forkbox_linux::vfs::Vfs;
 use forkbox_vmm::Cpu;
 
-pub use catalog::{Catalog, CatalogError, Loaded, DEFAULT_TEMPLATE};
 pub use error::EngineError;
 pub use file_ops::{EntryInfo, EntryKind, FileOp, FileOpOutcome};
 pub use files::{FileEntry, OutputFile};
@@ -102,7 +99,7 @@ pub struct Engine {
     /// engine is inserted into (one per process outside tests).
     pub packages: std::sync::OnceLock<Arc<forkbox_image::packages::PackageStore>>,
     /// In a cluster: where a package layer a state mounts and this node lacks
-    /// is fetched from (`Catalog::set_shared`).
+    /// is fetched from (the template catalog hands its shared artifacts in).
     layers: std::sync::OnceLock<Arc<dyn LayerSource>>,
 }
 

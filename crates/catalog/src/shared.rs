@@ -37,8 +37,8 @@ use std::sync::{Arc, Mutex};
 use forkbox_api::ErrorCode;
 use sha2::{Digest, Sha256};
 
-use crate::template::templates_dir;
-use crate::{EngineError, LayerSource};
+use forkbox_engine::template::templates_dir;
+use forkbox_engine::{EngineError, LayerSource};
 
 /// What an artifact is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -241,11 +241,11 @@ impl Shared {
 pub(crate) fn unfiltered<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, SharedError> + Send + 'static,
 ) -> Result<T, SharedError> {
-    if !crate::jail::is_filtered() {
+    if !forkbox_engine::jail::is_filtered() {
         return f();
     }
     let (tx, rx) = std::sync::mpsc::sync_channel(1);
-    crate::jail::spawn_unjailed("forkbox-shared".into(), move || {
+    forkbox_engine::jail::spawn_unjailed("forkbox-shared".into(), move || {
         let _ = tx.send(f());
     })
     .map_err(|e| SharedError::Failed(format!("starting a thread: {e}")))?;
@@ -467,7 +467,7 @@ impl Shared {
 
     /// Remove the local templates made on image `image_id` (it was replaced).
     fn drop_templates_of(&self, image_id: &str) {
-        for (dir, info) in crate::template::list(&self.home) {
+        for (dir, info) in forkbox_engine::template::list(&self.home) {
             if info.is_ok_and(|i| i.image_id == image_id) {
                 tracing::warn!(template = %dir.display(), "removing a template made on a replaced image");
                 let _ = std::fs::remove_dir_all(&dir);
@@ -552,7 +552,7 @@ impl Shared {
         let snap = forkbox_snapshot::read_state(&state).map_err(|e| bad(e.to_string()))?;
         forkbox_snapshot::MemoryFile::open(&dir.join(forkbox_snapshot::bundle::MEMORY_FILE), &snap.memory)
             .map_err(|e| bad(e.to_string()))?;
-        let tinfo: crate::TemplateInfo =
+        let tinfo: forkbox_engine::TemplateInfo =
             serde_json::from_str(&snap.info).map_err(|e| bad(format!("template info: {e}")))?;
         if tinfo.id != a.id || a.needs.as_ref().is_some_and(|n| *n != tinfo.image_id) {
             return Err(bad(format!("the bundle is template {} of image {}", tinfo.id, tinfo.image_id)));

@@ -19,11 +19,10 @@ use forkbox_image::{BuildError, BuildOptions, ImageSpec};
 use forkbox_vmm::Cpu;
 use serde::{Deserialize, Serialize};
 
-use crate::error::EngineError;
+use forkbox_engine::EngineError;
 use crate::shared::{ArtifactKind, Shared, SharedArtifacts, SharedError, SharedStats};
-use crate::template::{templates_dir, Template, TemplateInfo};
-use crate::Engine;
-use crate::NetPolicy;
+use forkbox_engine::template::{templates_dir, Template, TemplateInfo};
+use forkbox_engine::{Engine, NetPolicy};
 
 /// The template a server and the CLI use unless told otherwise.
 pub const DEFAULT_TEMPLATE: &str = "python";
@@ -212,7 +211,7 @@ impl Recipe {
             ("checkpoint", Some(session), Some(checkpoint)) => RecipeKind::Checkpoint { session, checkpoint },
             _ => return None,
         };
-        let mut spec = crate::default_image_spec();
+        let mut spec = forkbox_engine::default_image_spec();
         spec.packages.extend(r.apt.iter().cloned());
         spec.blas = Blas::parse(&r.blas)?;
         spec.pip = r.pip;
@@ -237,7 +236,7 @@ pub fn builtin_recipes() -> Vec<Recipe> {
         Recipe {
             name: "python".into(),
             description: "Python 3.11 + numpy (reference BLAS)".into(),
-            spec: crate::default_image_spec(),
+            spec: forkbox_engine::default_image_spec(),
             preload: "import numpy".into(),
             owner: None,
             kind: RecipeKind::Shipped,
@@ -251,7 +250,7 @@ pub fn builtin_recipes() -> Vec<Recipe> {
                           sympy, networkx, requests, beautifulsoup4, lxml, openpyxl, PyYAML, tqdm, tabulate (OpenBLAS, one thread); \
                           pandas, matplotlib.pyplot and scipy preloaded"
                 .into(),
-            spec: crate::with_agent(ImageSpec::data()),
+            spec: forkbox_engine::with_agent(ImageSpec::data()),
             preload: DATA_PRELOAD.into(),
             owner: None,
             kind: RecipeKind::Shipped,
@@ -264,7 +263,7 @@ pub fn builtin_recipes() -> Vec<Recipe> {
             description: "Python 3.11 + CPython's regression tests (Debian's libpython3.11-testsuite, the `test` package), \
                           for scripts/cpython-tests; unittest and test.support preloaded"
                 .into(),
-            spec: crate::with_agent(ImageSpec::cpython_tests()),
+            spec: forkbox_engine::with_agent(ImageSpec::cpython_tests()),
             preload: "import unittest, test.support, test.support.os_helper".into(),
             owner: None,
             kind: RecipeKind::Shipped,
@@ -573,8 +572,8 @@ impl Catalog {
 
     /// Where this catalog's engines fetch package layers they lack (the
     /// cluster's shared artifacts; None: not in a cluster).
-    fn layer_source(&self) -> Option<Arc<dyn crate::LayerSource>> {
-        self.shared().map(|sh| Arc::new(crate::shared::SharedLayers(sh)) as Arc<dyn crate::LayerSource>)
+    fn layer_source(&self) -> Option<Arc<dyn forkbox_engine::LayerSource>> {
+        self.shared().map(|sh| Arc::new(crate::shared::SharedLayers(sh)) as Arc<dyn forkbox_engine::LayerSource>)
     }
 
     /// An engine over the image at `path` with this catalog's CPU, package
@@ -590,7 +589,7 @@ impl Catalog {
     /// install (see `PackageStore::resolve`); in a cluster each layer is also
     /// published before any sandbox mounts it, so that a checkpoint referring
     /// to it is resumable on every node. Blocking (pip).
-    pub fn resolve_packages(&self, specs: &[String]) -> Result<Vec<crate::packages::Package>, EngineError> {
+    pub fn resolve_packages(&self, specs: &[String]) -> Result<Vec<forkbox_engine::packages::Package>, EngineError> {
         self.resolve_packages_within(specs, forkbox_image::packages::MAX_LAYER_BYTES)
     }
 
@@ -600,7 +599,7 @@ impl Catalog {
         &self,
         specs: &[String],
         budget: u64,
-    ) -> Result<Vec<crate::packages::Package>, EngineError> {
+    ) -> Result<Vec<forkbox_engine::packages::Package>, EngineError> {
         let pkgs = self.packages.resolve_within(specs, budget)?;
         if let Some(sh) = self.shared() {
             for p in &pkgs {
@@ -803,7 +802,7 @@ impl Catalog {
         let me = self.clone();
         let n = name.clone();
         // Never under an exec thread's seccomp filter: a build runs apt-get, dpkg, ldconfig.
-        let spawned = crate::jail::spawn_unjailed(format!("build-{name}"), move || match me.get(Some(&n)) {
+        let spawned = forkbox_engine::jail::spawn_unjailed(format!("build-{name}"), move || match me.get(Some(&n)) {
             Ok(l) => tracing::info!(template = %n, id = %l.id(), "template built"),
             Err(e) => tracing::warn!(template = %n, "template build failed: {e}"),
         });
@@ -913,7 +912,7 @@ impl Catalog {
         if preload.len() > MAX_PRELOAD_BYTES || preload.contains('\0') {
             return Err(CatalogError::Invalid(format!("preload must be at most {MAX_PRELOAD_BYTES} bytes of text")));
         }
-        let mut spec = crate::default_image_spec();
+        let mut spec = forkbox_engine::default_image_spec();
         spec.packages.extend(t.apt.iter().cloned());
         spec.blas = t.blas;
         spec.pip = t.pip.clone();
@@ -989,7 +988,7 @@ impl Catalog {
         owner: Option<&str>,
         name: &str,
         base: &Loaded,
-        sb: &crate::Sandbox,
+        sb: &forkbox_engine::Sandbox,
         session: &str,
         checkpoint: i64,
     ) -> Result<Listing, CatalogError> {
@@ -1071,7 +1070,7 @@ impl Catalog {
                 return Err(CatalogError::Shared { name: name.into(), source });
             }
         }
-        let spec = crate::default_image_spec();
+        let spec = forkbox_engine::default_image_spec();
         let recipe = Recipe {
             name: name.into(),
             description: format!(
@@ -1115,7 +1114,7 @@ impl Catalog {
             return r.template_id.is_some_and(|id| templates_dir(&self.home).join(id).join("state").exists());
         }
         let Ok(Some(image_id)) = forkbox_image::built_id(&r.spec, &self.home) else { return false };
-        let tid = crate::template::template_id(
+        let tid = forkbox_engine::template::template_id(
             &image_id,
             &r.preload,
             &forkbox_snapshot::CpuFingerprint::of(&self.cpu).digest(),
@@ -1177,7 +1176,7 @@ impl Catalog {
             None => {
                 let built = build_image()?;
                 let engine = self.engine_for(&built.path, &recipe.preload).map_err(engine_err)?;
-                let tid = crate::template::template_id(engine.image.id(), &engine.preload, &cpu_digest);
+                let tid = forkbox_engine::template::template_id(engine.image.id(), &engine.preload, &cpu_digest);
                 match existing(&tid) {
                     Some(l) => (l.engine.clone(), l.template.clone(), built.reused),
                     None => {
@@ -1195,7 +1194,7 @@ impl Catalog {
             Some(sh) => {
                 let image_id = forkbox_image::resolve_id(&recipe.spec, &self.home)
                     .map_err(|source| CatalogError::Build { name: shown.clone(), source })?;
-                let tid = crate::template::template_id(&image_id, &recipe.preload, &cpu_digest);
+                let tid = forkbox_engine::template::template_id(&image_id, &recipe.preload, &cpu_digest);
                 match existing(&tid) {
                     Some(l) => (l.engine.clone(), l.template.clone(), true),
                     None => {
@@ -1320,7 +1319,7 @@ impl Catalog {
         let published = a.clone();
         sh.off(move |sh| sh.install_template(&published)).map_err(err)?;
         let dir = templates_dir(&self.home).join(&a.id);
-        let info = crate::template::read_info(&dir).map_err(corrupt)?;
+        let info = forkbox_engine::template::read_info(&dir).map_err(corrupt)?;
         let engine_err = |source| CatalogError::Engine { name: shown.to_string(), source };
         let engine = self.engine_for(&sh.image_path(&image_id), &info.preload).map_err(engine_err)?;
         let template = Template::load(&engine, &dir).map_err(engine_err)?;
@@ -1334,7 +1333,7 @@ impl Catalog {
     fn publish_local(&self, sh: &Arc<Shared>, id: &str) -> Result<crate::shared::Artifact, CatalogError> {
         let err = |source| CatalogError::Shared { name: id.to_string(), source };
         let dir = templates_dir(&self.home).join(id);
-        let info = crate::template::read_info(&dir).map_err(|_| CatalogError::NotOnDisk(id.into()))?;
+        let info = forkbox_engine::template::read_info(&dir).map_err(|_| CatalogError::NotOnDisk(id.into()))?;
         let tid = id.to_string();
         let _cluster = sh.off(move |sh| sh.sh.lock(ArtifactKind::Template, &tid)).map_err(err)?;
         let iid = info.image_id.clone();
@@ -1384,7 +1383,7 @@ impl Catalog {
             return Ok(m.entry(id.to_string()).or_insert(loaded).clone());
         }
         let dir = templates_dir(&self.home).join(id);
-        let info: TemplateInfo = crate::template::read_info(&dir).map_err(|_| CatalogError::NotOnDisk(id.into()))?;
+        let info: TemplateInfo = forkbox_engine::template::read_info(&dir).map_err(|_| CatalogError::NotOnDisk(id.into()))?;
         let image = forkbox_image::image_path(&self.home, &info.image_id);
         if !image.exists() {
             return Err(CatalogError::NotOnDisk(id.into()));
@@ -1486,7 +1485,7 @@ impl Catalog {
                         .or_else(|| {
                             // Built earlier (a custom template's record names it): its image's size.
                             let id = recipe.as_ref()?.template_id.clone()?;
-                            let info = crate::template::read_info(&templates_dir(&self.home).join(id)).ok()?;
+                            let info = forkbox_engine::template::read_info(&templates_dir(&self.home).join(id)).ok()?;
                             Some(forkbox_image::image_path(&self.home, &info.image_id))
                         })
                         .and_then(|p| std::fs::metadata(p).ok())
@@ -1554,7 +1553,7 @@ mod tests {
     fn format_2_records_keep_the_policy_and_unknown_formats_are_refused() {
         let mut rec: CustomRecord = serde_json::from_str(FORMAT_1).expect("parses");
         let policy = NetPolicy {
-            mode: crate::NetMode::Allowlist,
+            mode: forkbox_engine::NetMode::Allowlist,
             allow: vec!["example.com:443".parse().expect("rule")],
             deny: vec!["*:25".parse().expect("rule")],
             max_bytes_per_second: Some(1 << 20),
