@@ -19,10 +19,10 @@ use forkbox_image::{BuildError, BuildOptions, ImageSpec};
 use forkbox_vmm::Cpu;
 use serde::{Deserialize, Serialize};
 
-use forkbox_engine::EngineError;
-use crate::shared::{ArtifactKind, Shared, SharedArtifacts, SharedError, SharedStats};
 use forkbox_engine::template::{templates_dir, Template, TemplateInfo};
-use forkbox_engine::{Engine, NetPolicy};
+use forkbox_engine::{Engine, EngineError, NetPolicy};
+
+use crate::shared::{ArtifactKind, Shared, SharedArtifacts, SharedError, SharedStats};
 
 /// The template a server and the CLI use unless told otherwise.
 pub const DEFAULT_TEMPLATE: &str = "python";
@@ -1383,7 +1383,8 @@ impl Catalog {
             return Ok(m.entry(id.to_string()).or_insert(loaded).clone());
         }
         let dir = templates_dir(&self.home).join(id);
-        let info: TemplateInfo = forkbox_engine::template::read_info(&dir).map_err(|_| CatalogError::NotOnDisk(id.into()))?;
+        let info: TemplateInfo =
+            forkbox_engine::template::read_info(&dir).map_err(|_| CatalogError::NotOnDisk(id.into()))?;
         let image = forkbox_image::image_path(&self.home, &info.image_id);
         if !image.exists() {
             return Err(CatalogError::NotOnDisk(id.into()));

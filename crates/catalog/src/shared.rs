@@ -24,7 +24,7 @@
 //!   (`tmp/shared`), verified, then renamed into place; nothing partial is
 //!   ever in `templates/`, `images/` or `packages/`.
 //!
-//! The engine knows nothing of buckets or databases: the [`SharedArtifacts`]
+//! This crate knows nothing of buckets or databases: the [`SharedArtifacts`]
 //! trait is implemented above it (`forkbox_sessions::artifacts`) and handed
 //! to the catalog (`Catalog::set_shared`) when the node is in a cluster.
 

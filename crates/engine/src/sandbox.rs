@@ -54,9 +54,9 @@ use serde::Serialize;
 use crate::error::EngineError;
 use crate::files::{self, FileEntry, OutputFile, OutputIndex};
 use crate::interrupt::Interrupter;
+use crate::jobs::{JobChunk, JobInfo, Jobs};
 use crate::limits::Limits;
 use crate::protocol::{self, ExecReply, ExecRequest, MimeBundle, PyError};
-use crate::jobs::{JobChunk, JobInfo, Jobs};
 use crate::sched::{wait_kind, HostWait, Scheduler, Task};
 use crate::signal::{self, SignalState, SIGINT};
 use crate::Engine;
@@ -858,8 +858,13 @@ impl Sandbox {
 
     fn with_ctx<R>(&mut self, f: impl FnOnce(&mut Ctx) -> R) -> R {
         let vm = self.sched.cur.vm.as_mut().expect("sandbox VM present until drop");
-        let mut ctx =
-            Ctx { mem: vm.mem_mut(), proc: &mut self.sched.cur.proc, kernel: &mut self.kernel, effect: None, timed_out: false };
+        let mut ctx = Ctx {
+            mem: vm.mem_mut(),
+            proc: &mut self.sched.cur.proc,
+            kernel: &mut self.kernel,
+            effect: None,
+            timed_out: false,
+        };
         f(&mut ctx)
     }
 
@@ -1200,7 +1205,14 @@ impl Sandbox {
             let master = self
                 .job_pty(pid)
                 .ok_or_else(|| EngineError::StdinClosed(format!("background process {pid} has its terminal closed")))?;
-            let p = self.sched.cur.proc.fds.objects.pty_mut(master).map_err(|e| EngineError::Poisoned(format!("pty: {e:?}")))?;
+            let p = self
+                .sched
+                .cur
+                .proc
+                .fds
+                .objects
+                .pty_mut(master)
+                .map_err(|e| EngineError::Poisoned(format!("pty: {e:?}")))?;
             match p.master_write(&rest) {
                 Ok((n, sigs)) => {
                     rest.drain(..n);
@@ -1249,7 +1261,14 @@ impl Sandbox {
     pub fn job_resize(&mut self, pid: u32, rows: u16, cols: u16) -> Result<JobInfo, EngineError> {
         self.job(pid)?;
         let master = self.job_pty(pid).ok_or(EngineError::NotATerminal(pid))?;
-        let p = self.sched.cur.proc.fds.objects.pty_mut(master).map_err(|e| EngineError::Poisoned(format!("pty: {e:?}")))?;
+        let p = self
+            .sched
+            .cur
+            .proc
+            .fds
+            .objects
+            .pty_mut(master)
+            .map_err(|e| EngineError::Poisoned(format!("pty: {e:?}")))?;
         let size = forkbox_linux::tty::WinSize { rows, cols, xpixel: 0, ypixel: 0 };
         if p.winsize != size {
             p.winsize = size;
@@ -1330,7 +1349,8 @@ impl Sandbox {
         self.sched.cur.proc.exec_reset();
         let mut vm = Vm::new(&self.cpu, GuestMemory::anonymous(RAM_SIZE)?)?;
         let (argv, envp) = (&spec.argv, &spec.envp);
-        let start = match loader::exec(vm.mem_mut(), &mut self.sched.cur.proc, &spec.path, argv, envp, &self.exec_opts) {
+        let start = match loader::exec(vm.mem_mut(), &mut self.sched.cur.proc, &spec.path, argv, envp, &self.exec_opts)
+        {
             Ok(s) => s,
             Err(e) => {
                 // Past the point of no return, as on Linux: the process dies.
@@ -1541,8 +1561,13 @@ impl Sandbox {
         timed_out: bool,
     ) -> (forkbox_linux::SysResult, Option<Effect>) {
         let vm = self.sched.cur.vm.as_mut().expect("sandbox VM present until drop");
-        let mut ctx =
-            Ctx { mem: vm.mem_mut(), proc: &mut self.sched.cur.proc, kernel: &mut self.kernel, effect: None, timed_out };
+        let mut ctx = Ctx {
+            mem: vm.mem_mut(),
+            proc: &mut self.sched.cur.proc,
+            kernel: &mut self.kernel,
+            effect: None,
+            timed_out,
+        };
         let result = syscalls::dispatch(&mut ctx, nr, args);
         (result, ctx.effect)
     }
@@ -1653,7 +1678,6 @@ impl Sandbox {
         Ok(None)
     }
 }
-
 
 /// 256 fresh bits from the host, in hex, for a fork's first exec to reseed with.
 fn fresh_seed() -> Result<String, EngineError> {

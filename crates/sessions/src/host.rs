@@ -15,8 +15,8 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::hash::{Hash, Hasher};
 
-use forkbox_engine::packages::{InstalledPackage, Package};
 use forkbox_catalog::Loaded;
+use forkbox_engine::packages::{InstalledPackage, Package};
 use forkbox_engine::{
     CapturedOutput, EngineError, ExecOptions, ExecResult, FileEntry, FileOp, FileOpOutcome, JobChunk, JobInfo, Limits,
     ListeningPort, Sandbox, Stream, Template,

@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex, TryLockError};
 use std::time::{Duration, Instant};
 
 use forkbox_api::ErrorCode;
-use forkbox_engine::packages::Package;
 use forkbox_catalog::{Catalog, CatalogError, Loaded};
+use forkbox_engine::packages::Package;
 use forkbox_engine::{
     CapturedOutput, Engine, EngineError, ExecOptions, ExecResult, FileEntry, FileOp, FileOpOutcome, Interrupter,
     JobChunk, JobInfo, Limits, ListeningPort, ResumeAs, Stream, Template,
