@@ -1318,7 +1318,7 @@ impl Sandbox {
         let st = parent.save_vcpu()?;
         vm.restore_vcpu(&st)?;
         let mut child = self.sched.cur.proc.fork_child(spec.pid);
-        let mut u = after_syscall(&regs, 0);
+        let mut u = after_syscall(regs, 0);
         if spec.stack != 0 {
             u.rsp = spec.stack;
         }
