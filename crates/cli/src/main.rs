@@ -926,7 +926,7 @@ fn cluster_config(
 
 fn template_build_named(home: &std::path::Path, name: &str) -> anyhow::Result<ExitCode> {
     let t0 = std::time::Instant::now();
-    let catalog = forkbox_engine::Catalog::new(home)?.with_progress(true);
+    let catalog = forkbox_catalog::Catalog::new(home)?.with_progress(true);
     let l = catalog.get(Some(name))?;
     let size = std::fs::metadata(&l.engine.image_path).map_or(0, |m| m.len());
     println!(
@@ -952,8 +952,8 @@ fn template_build_custom(
         anyhow::bail!("a custom template is built from --apt/--pip/--preload, not --image or --template");
     }
     let t0 = std::time::Instant::now();
-    let catalog = forkbox_engine::Catalog::new(home)?.with_progress(true);
-    let t = forkbox_engine::catalog::CustomTemplate {
+    let catalog = forkbox_catalog::Catalog::new(home)?.with_progress(true);
+    let t = forkbox_catalog::catalog::CustomTemplate {
         name: name.into(),
         apt: image.apt.clone(),
         pip,
@@ -1089,7 +1089,7 @@ fn print_template(t: &forkbox_client::TemplateInfo) {
 }
 
 fn template_show(home: &std::path::Path, name: &str) -> anyhow::Result<ExitCode> {
-    let catalog = forkbox_engine::Catalog::new(home)?;
+    let catalog = forkbox_catalog::Catalog::new(home)?;
     let l = catalog.listing(None, name).ok_or_else(|| anyhow::anyhow!("no template named {name:?}"))?;
     let v = serde_json::to_value(&l)?;
     let t: forkbox_client::TemplateInfo = serde_json::from_value(v)?;
@@ -1117,7 +1117,7 @@ fn print_listing(
 }
 
 fn template_ls(home: &std::path::Path) -> anyhow::Result<ExitCode> {
-    if let Ok(catalog) = forkbox_engine::Catalog::new(home) {
+    if let Ok(catalog) = forkbox_catalog::Catalog::new(home) {
         for t in catalog.list() {
             print_listing(&t.name, &t.status, &t.source, t.image_bytes, &t.packages, &t.pip, &t.description, t.default);
         }

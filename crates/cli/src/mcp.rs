@@ -131,7 +131,7 @@ fn embedded(
 ) -> anyhow::Result<forkbox_mcp::ForkboxMcp> {
     let mut config = egress.runtime_config()?;
     config.image = image;
-    let fallback = match forkbox_engine::Catalog::new(home) {
+    let fallback = match forkbox_catalog::Catalog::new(home) {
         Ok(c) => Some(forkbox_server::capabilities(
             &config,
             c.list_visible(crate::session::LOCAL_TENANT),

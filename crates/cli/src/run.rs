@@ -119,7 +119,7 @@ pub fn run(home: &Path, args: RunArgs) -> Result<ExitCode> {
     // Progress of a first build on stderr: bars on a terminal, plain lines otherwise.
     let progress = true;
     let mut sb = if let Some(name) = &args.image.template {
-        let catalog = forkbox_engine::Catalog::new(home)?.with_progress(progress);
+        let catalog = forkbox_catalog::Catalog::new(home)?.with_progress(progress);
         let l = catalog.get(Some(name))?;
         guest_thread()?;
         if args.cold || args.no_vdso {

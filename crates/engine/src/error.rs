@@ -71,9 +71,11 @@ pub enum EngineError {
     /// The job was started without a terminal (a resize needs one).
     #[error("background process {0} was not started with a pty")]
     NotATerminal(u32),
-    /// A cluster's shared artifact (a package layer a state mounts) could not be fetched.
-    #[error(transparent)]
-    Shared(#[from] crate::shared::SharedError),
+    /// A store the engine was handed failed (a cluster's shared artifacts: a
+    /// package layer a state mounts could not be fetched); `code` is
+    /// `StorageUnavailable` or `StorageError`.
+    #[error("{message}")]
+    Storage { code: ErrorCode, message: String },
 }
 
 impl EngineError {
@@ -97,11 +99,11 @@ impl EngineError {
             EngineError::Unsupported(_) => ErrorCode::InvalidRequest,
             EngineError::StdinClosed(_) => ErrorCode::StdinClosed,
             EngineError::StdinFull(..) => ErrorCode::StdinFull,
-            EngineError::File { code, .. } | EngineError::Package { code, .. } | EngineError::Remote { code, .. } => {
-                *code
-            }
+            EngineError::File { code, .. }
+            | EngineError::Package { code, .. }
+            | EngineError::Remote { code, .. }
+            | EngineError::Storage { code, .. } => *code,
             EngineError::Snapshot(e @ forkbox_snapshot::StateError::CpuMismatch(_)) => e.error_code(),
-            EngineError::Shared(e) => e.error_code(),
             EngineError::Vmm(_) | EngineError::Load(_) | EngineError::Image(_) | EngineError::Snapshot(_) => {
                 ErrorCode::Internal
             }
@@ -111,6 +113,14 @@ impl EngineError {
     /// The wire name of [`Self::error_code`] (the CLI's JSON, tests).
     pub fn code(&self) -> &'static str {
         self.error_code().as_str()
+    }
+}
+
+/// A thread's saved vCPU state that does not go back into the vCPU (its XSAVE
+/// area has the wrong size): the guest cannot go on, a crash, not a panic.
+impl From<forkbox_vmm::RegsError> for EngineError {
+    fn from(e: forkbox_vmm::RegsError) -> EngineError {
+        EngineError::GuestCrashed(format!("saved thread state: {e}"))
     }
 }
 

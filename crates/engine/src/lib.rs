@@ -1,14 +1,13 @@
 //! The forkbox engine: boots the guest (CPython + the agent) from an image in a
 //! kernel-less KVM VM and runs code in it.
 //!
-//! Place in the flow request -> runtime -> sessions -> **engine** -> vmm/linux -> guest:
+//! Place in the flow request -> runtime -> sessions -> catalog -> **engine** -> vmm/linux -> guest:
 //! templates, forks and sandboxes over forkbox-vmm, forkbox-linux, forkbox-image
 //! and forkbox-snapshot; its errors name their API code (`forkbox-api`). It
-//! knows nothing of sessions, tenants or HTTP.
+//! knows nothing of sessions, of who calls it, or of HTTP.
 
 #![forbid(unsafe_code)]
 
-pub mod catalog;
 pub mod error;
 pub mod file_ops;
 pub mod files;
@@ -16,12 +15,13 @@ mod fsstore;
 pub mod hint;
 pub mod interrupt;
 pub mod jail;
+mod jobs;
 pub mod limits;
 pub mod packages;
 pub mod pool;
 pub mod protocol;
 pub mod sandbox;
-pub mod shared;
+mod sched;
 mod signal;
 pub mod template;
 mod vdso;
@@ -33,7 +33,6 @@ use forkbox_image::{ExtraFile, Image, ImageSpec};
 use forkbox_linux::vfs::Vfs;
 use forkbox_vmm::Cpu;
 
-pub use catalog::{Catalog, CatalogError, Loaded, DEFAULT_TEMPLATE};
 pub use error::EngineError;
 pub use file_ops::{EntryInfo, EntryKind, FileOp, FileOpOutcome};
 pub use files::{FileEntry, OutputFile};
@@ -47,11 +46,10 @@ pub use forkbox_linux::net::{
 pub use forkbox_linux::random::fill_random;
 pub use forkbox_vmm::thread_cpu_seconds;
 pub use interrupt::Interrupter;
+pub use jobs::{JobChunk, JobInfo};
 pub use limits::Limits;
 pub use protocol::{MimeBundle, PyError};
-pub use sandbox::{
-    BackgroundRun, CapturedOutput, ExecOptions, ExecResult, JobChunk, JobInfo, ListeningPort, RunStats, Sandbox, Stream,
-};
+pub use sandbox::{BackgroundRun, CapturedOutput, ExecOptions, ExecResult, ListeningPort, RunStats, Sandbox, Stream};
 pub use template::{CheckpointFiles, CheckpointSize, CheckpointStats, ResumeAs, Template, TemplateInfo};
 
 /// The agent program, baked into every image.
@@ -99,8 +97,17 @@ pub struct Engine {
     /// engine is inserted into (one per process outside tests).
     pub packages: std::sync::OnceLock<Arc<forkbox_image::packages::PackageStore>>,
     /// In a cluster: where a package layer a state mounts and this node lacks
-    /// is fetched from (`Catalog::set_shared`).
-    shared: std::sync::OnceLock<Arc<shared::Shared>>,
+    /// is fetched from (the template catalog hands its shared artifacts in).
+    layers: std::sync::OnceLock<Arc<dyn LayerSource>>,
+}
+
+/// Where a package layer a restored state mounts comes from when this node
+/// lacks it (a cluster's shared artifacts; implemented above the engine).
+pub trait LayerSource: Send + Sync {
+    /// Put layer `id` at `path` (its place in the package store): false if
+    /// no one has published it. A failure of the source is an
+    /// [`EngineError::Storage`].
+    fn fetch_layer(&self, id: &str, path: &Path) -> Result<bool, EngineError>;
 }
 
 impl Engine {
@@ -122,7 +129,7 @@ impl Engine {
             vdso: Some(forkbox_vmm::vdso::IMAGE),
             preload: "import numpy".into(),
             packages: std::sync::OnceLock::new(),
-            shared: std::sync::OnceLock::new(),
+            layers: std::sync::OnceLock::new(),
         })
     }
 
@@ -147,12 +154,18 @@ impl Engine {
         self
     }
 
-    /// Fetch missing package layers from the cluster's shared artifacts (None: not in a cluster).
-    pub(crate) fn with_shared(self, shared: Option<Arc<shared::Shared>>) -> Engine {
-        if let Some(s) = shared {
-            let _ = self.shared.set(s);
+    /// Fetch missing package layers from `source` (a cluster's shared artifacts;
+    /// None: not in a cluster).
+    pub fn with_layer_source(self, source: Option<Arc<dyn LayerSource>>) -> Engine {
+        if let Some(s) = source {
+            self.set_layer_source(s);
         }
         self
+    }
+
+    /// [`Self::with_layer_source`] on an engine in use (the first source set stays).
+    pub fn set_layer_source(&self, source: Arc<dyn LayerSource>) {
+        let _ = self.layers.set(source);
     }
 
     /// A process from a saved state, with the package layers its files refer
@@ -170,12 +183,11 @@ impl Engine {
                 .ok_or_else(|| StateError::Corrupt(format!("package layer {id} is needed and this server has none")))?;
             let l = match store.open_layer(&id) {
                 Ok(l) => l,
-                Err(forkbox_image::packages::PackageError::MissingLayer(_)) if self.shared.get().is_some() => {
-                    let (Some(sh), Some(path)) = (self.shared.get(), store.layer_path(&id)) else {
+                Err(forkbox_image::packages::PackageError::MissingLayer(_)) if self.layers.get().is_some() => {
+                    let (Some(source), Some(path)) = (self.layers.get(), store.layer_path(&id)) else {
                         return Err(StateError::Corrupt(format!("package layer {id} is not a layer id")).into());
                     };
-                    let lid = id.clone();
-                    if !sh.off(move |sh| sh.install_layer(&lid, &path))? {
+                    if !source.fetch_layer(&id, &path)? {
                         return Err(StateError::Corrupt(format!(
                             "package layer {id} is needed, not on this node and not published by another"
                         ))

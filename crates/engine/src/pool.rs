@@ -69,6 +69,9 @@ pub struct VmPool {
     file: File,
     size: u64,
     ready: Mutex<Option<Receiver<Vm>>>,
+    /// Pre-created VMs with KVM's dirty-page log on, for resumed sessions
+    /// (turning the log on later changes the memory slot: ms here).
+    tracked: Mutex<Option<Receiver<Vm>>>,
     /// Oldest first, with the private bytes each holds.
     recycled: Mutex<VecDeque<(ThreadId, Vm, u64)>>,
     /// The template's pristine memory and vCPU, for resets.
@@ -81,7 +84,8 @@ pub struct VmPool {
 }
 
 impl VmPool {
-    /// A pool that keeps up to `depth` fresh VMs ready (0: create on demand only).
+    /// A pool that keeps up to `depth` fresh VMs ready, and as many with the
+    /// dirty-page log on (0: create on demand only).
     pub fn new(
         cpu: Arc<Cpu>,
         file: &File,
@@ -98,6 +102,7 @@ impl VmPool {
             file: dup(file)?,
             size,
             ready: Mutex::new(None),
+            tracked: Mutex::new(None),
             recycled: Mutex::new(VecDeque::new()),
             original,
             keep,
@@ -105,13 +110,17 @@ impl VmPool {
             vcpu,
             stats: PoolStats::default(),
         });
-        if depth > 0 {
+        for (queue, depth, dirty_log) in [(&pool.ready, depth, false), (&pool.tracked, depth, true)] {
+            if depth == 0 {
+                continue;
+            }
             let (tx, rx) = sync_channel(depth);
-            let file = dup(file)?;
-            let spawned =
-                std::thread::Builder::new().name("forkbox-vm-pool".into()).spawn(move || fill(cpu, file, size, tx));
+            let (cpu, file) = (cpu.clone(), dup(file)?);
+            let spawned = std::thread::Builder::new()
+                .name("forkbox-vm-pool".into())
+                .spawn(move || fill(cpu, file, size, dirty_log, tx));
             if spawned.is_ok() {
-                if let Ok(mut r) = pool.ready.lock() {
+                if let Ok(mut r) = queue.lock() {
                     *r = Some(rx);
                 }
             }
@@ -133,14 +142,23 @@ impl VmPool {
                 }
             }
         }
-        if let Ok(r) = self.ready.lock() {
+        Ok((self.take_fresh(false)?, false))
+    }
+
+    /// A pre-created VM (else one made now), never a recycled one; with
+    /// KVM's dirty-page log on if `dirty_log` (a session resumed from a
+    /// checkpoint: its pages mostly differ from the template's anyway, so
+    /// the warm VMs stay for forks).
+    pub fn take_fresh(&self, dirty_log: bool) -> Result<Vm, VmmError> {
+        let queue = if dirty_log { &self.tracked } else { &self.ready };
+        if let Ok(r) = queue.lock() {
             if let Some(vm) = r.as_ref().and_then(|rx| rx.try_recv().ok()) {
                 self.stats.pooled_hits.fetch_add(1, Ordering::Relaxed);
-                return Ok((vm, false));
+                return Ok(vm);
             }
         }
         self.stats.created_inline.fetch_add(1, Ordering::Relaxed);
-        Ok((create(&self.cpu, &self.file, self.size)?, false))
+        create(&self.cpu, &self.file, self.size, dirty_log)
     }
 
     /// [`Self::take`] for a session's sandbox, which keeps its VM for its
@@ -220,13 +238,18 @@ impl VmPool {
     }
 }
 
-fn create(cpu: &Cpu, file: &File, size: u64) -> Result<Vm, VmmError> {
-    Vm::new(cpu, GuestMemory::private_file(file, size)?)
+fn create(cpu: &Cpu, file: &File, size: u64, dirty_log: bool) -> Result<Vm, VmmError> {
+    let mem = GuestMemory::private_file(file, size)?;
+    if dirty_log {
+        Vm::new_with_dirty_log(cpu, mem)
+    } else {
+        Vm::new(cpu, mem)
+    }
 }
 
-fn fill(cpu: Arc<Cpu>, file: File, size: u64, tx: SyncSender<Vm>) {
+fn fill(cpu: Arc<Cpu>, file: File, size: u64, dirty_log: bool, tx: SyncSender<Vm>) {
     loop {
-        match create(&cpu, &file, size) {
+        match create(&cpu, &file, size, dirty_log) {
             // Blocks while the pool is full; ends when the pool is dropped.
             Ok(vm) => {
                 if tx.send(vm).is_err() {

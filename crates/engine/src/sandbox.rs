@@ -5,8 +5,8 @@
 //! tables and vCPU), so processes are isolated from each other by the hardware
 //! as sandboxes are. All processes of a sandbox are driven by the sandbox's one
 //! host thread: the scheduler that switches green threads on a vCPU switches
-//! processes too (the current process' VM and state are the `vm`/`proc` fields,
-//! the others wait in `others`), so a sandbox uses at most one core and the
+//! processes too (`crate::sched`: the current process' VM and state are its
+//! `cur` task, the others wait in `others`), so a sandbox uses at most one core and the
 //! deadline, the interrupt and the CPU budget cover the whole tree. What all
 //! processes share — the file system, open file descriptions (pipes, files,
 //! sockets), host network state, the process table — lives once: in `kernel`, or
@@ -28,7 +28,7 @@
 //! per shared object mapped over the same guest range in every process VM
 //! that maps it (`GuestMemory::map_shared`; `fork_copy` maps the parent's
 //! again). A futex wake on shared memory queues the wake for the other
-//! processes; `deliver_shared_wakes` marks their waiters on the same
+//! processes; `Scheduler::deliver_shared_wakes` marks their waiters on the same
 //! (object, offset) woken right after the syscall (their recheck at the next
 //! rotation returns 0). A time slice ends by time (5 ms) whether or not the
 //! vCPU ran into its deadline: a thread that makes syscalls all the time
@@ -38,7 +38,6 @@
 
 use std::time::{Duration, Instant};
 
-use forkbox_linux::kernel::block;
 pub use forkbox_linux::kernel::state::Stream;
 use forkbox_linux::kernel::Kernel;
 use forkbox_linux::kernel::{Ctx, Effect, ExecSpec, ForkSpec};
@@ -47,34 +46,23 @@ use forkbox_linux::loader;
 use forkbox_linux::process::ProcessState;
 use forkbox_linux::syscalls;
 use forkbox_linux::thread::{SavedCpu, SigInfo, Wait, WaitKind, MAIN_TID, SI_KERNEL};
-use forkbox_linux::wait;
 use forkbox_linux::Errno;
 use forkbox_linux::Process;
-use forkbox_vmm::{kvm_regs, kvm_xsave, GuestMemory, Regs, Vm, VmExit, Xsave};
+use forkbox_vmm::{after_syscall, kvm_regs, GuestMemory, Regs, Vm, VmExit, Xsave};
 use serde::Serialize;
 
 use crate::error::EngineError;
 use crate::files::{self, FileEntry, OutputFile, OutputIndex};
 use crate::interrupt::Interrupter;
+use crate::jobs::{JobChunk, JobInfo, Jobs};
 use crate::limits::Limits;
 use crate::protocol::{self, ExecReply, ExecRequest, MimeBundle, PyError};
+use crate::sched::{wait_kind, HostWait, Scheduler, Task};
 use crate::signal::{self, SignalState, SIGINT};
 use crate::Engine;
 use forkbox_linux::procs::{Exit, GUEST_PID};
 use forkbox_vmm::Cpu;
 use std::sync::Arc;
-
-/// A process of the sandbox that is not the one on the host thread now (the
-/// current one's are the `Sandbox` fields of the same names).
-struct Task {
-    vm: Option<Vm>,
-    proc: Process,
-    pending_user: Option<kvm_regs>,
-    in_stub: bool,
-    woken: Option<forkbox_linux::thread::Tid>,
-    wait_on: std::collections::HashMap<forkbox_linux::thread::Tid, block::WaitOn>,
-    rr_due: bool,
-}
 
 /// The guest program: CPython running the agent.
 pub const AGENT_PATH: &str = "/opt/forkbox/agent.py";
@@ -146,26 +134,6 @@ pub struct ExecOptions<'a> {
     pub job: bool,
 }
 
-/// A background job: a process an exec started to keep running, with the
-/// processes it starts in turn (their output is the job's).
-#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
-pub struct JobInfo {
-    /// The leader's pid (the process the exec started).
-    pub pid: u32,
-    /// Its argv after its last execve (at most `JOB_ARGV_MAX` arguments, each cut to `JOB_ARG_MAX`).
-    pub argv: Vec<String>,
-    pub started_unix_ms: i64,
-    /// vCPU time of the job's processes.
-    pub cpu_seconds: f64,
-    pub running: bool,
-    /// How the leader ended: its exit status, or the signal that killed it.
-    pub exit_code: Option<i32>,
-    pub signal: Option<i32>,
-    /// Bytes written so far to each stream (the ring keeps the last `JOB_OUTPUT_BYTES`).
-    pub stdout_bytes: u64,
-    pub stderr_bytes: u64,
-}
-
 /// A listening TCP socket of the sandbox (what the port proxy can reach).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct ListeningPort {
@@ -176,18 +144,6 @@ pub struct ListeningPort {
     pub proxied: bool,
 }
 
-/// A slice of a job's stream.
-#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
-pub struct JobChunk {
-    /// The stream offset of `data`'s first byte (past the asked one when those bytes were dropped).
-    pub offset: u64,
-    /// The offset just past the last byte written so far.
-    pub end: u64,
-    pub data: Vec<u8>,
-    /// The job still runs (more may come).
-    pub running: bool,
-}
-
 /// The job of the processes an earlier call left running that are no job's:
 /// what they write is dropped (no job has pid 0).
 const DROPPED_OUTPUT: u32 = 0;
@@ -195,18 +151,6 @@ const DROPPED_OUTPUT: u32 = 0;
 const JOB_WAIT_SLICE: Duration = Duration::from_millis(10);
 /// How long a follower's wait sleeps when no background work can run.
 const JOB_WATCH_IDLE: Duration = Duration::from_millis(2);
-/// Jobs kept (the oldest finished go first past it).
-const JOBS_MAX: usize = 64;
-const JOB_ARGV_MAX: usize = 64;
-const JOB_ARG_MAX: usize = 256;
-
-struct Job {
-    argv: Vec<String>,
-    started_unix_ms: i64,
-    cpu: Duration,
-    exit: Option<Exit>,
-}
-
 /// What an exec wrote to stdout/stderr before it failed (timeout, crash, exit,
 /// kill): the same capture, with the same limits, as a result's output.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
@@ -243,8 +187,8 @@ enum Stop {
 }
 
 pub struct Sandbox {
-    vm: Option<Vm>,
-    proc: Process,
+    /// Its processes and threads, and who is on the vCPU.
+    sched: Scheduler,
     kernel: Kernel,
     state: State,
     limits: Limits,
@@ -265,44 +209,19 @@ pub struct Sandbox {
     outputs: OutputIndex,
     /// SIGINT delivery in the current run (host-side, never snapshotted).
     sig: SignalState,
-    /// The user state the current thread resumes with before the vCPU runs
-    /// again (a syscall's return on the way to signal delivery, a loaded thread).
-    pending_user: Option<kvm_regs>,
-    /// A time slice ended (or the current thread blocked): pick who runs.
-    resched: bool,
-    yielded: bool,
-    /// When the current thread got the vCPU.
-    slice_start: Instant,
-    /// Thread switches so far (for statistics).
-    switches: u64,
-    /// The vCPU stopped at a syscall exit (so it is in the syscall stub).
-    in_stub: bool,
-    /// A thread whose wait just ended (it runs next).
-    woken: Option<forkbox_linux::thread::Tid>,
-    /// This process lost the vCPU at the end of a time slice: when it gets it
-    /// back, its next runnable thread runs (round robin inside it too, so a
-    /// CPU-bound thread does not keep every slice of its process).
-    rr_due: bool,
-    /// What blocked fd waits wait on, by thread (for `wait::next_change`, a
-    /// timerfd expiring; host-side: after a resume a re-run fills it again).
-    wait_on: std::collections::HashMap<forkbox_linux::thread::Tid, block::WaitOn>,
     /// The file bytes the latest checkpoint stored (for the next one's diff).
     pub(crate) stored: crate::fsstore::StoredFiles,
     /// The time limit of the exec running now (the Timeout error names it).
     exec_timeout: Duration,
     /// What the last exec wrote before it failed (see [`Sandbox::take_failed_output`]).
     failed_output: Option<CapturedOutput>,
-    /// The sandbox's other processes (forked children), round robin.
-    others: Vec<Task>,
     /// To make VMs for children and execve.
     cpu: Arc<Cpu>,
     exec_opts: loader::ExecOptions,
     /// Children and threads left running by an exec keep running between calls.
     keep_running: bool,
-    /// Background jobs by leader pid (host-side: a checkpoint does not record them).
-    jobs: std::collections::BTreeMap<u32, Job>,
-    /// The exec running now starts jobs (`ExecOptions::job`).
-    job_exec: bool,
+    /// Background jobs (host-side: a checkpoint does not record them).
+    jobs: Jobs,
     /// During [`Sandbox::run_background_woken`]: a host fd whose readability
     /// ends the run at once (the channel a request comes on), polled with the
     /// guest's own host fds whenever every thread waits.
@@ -320,13 +239,13 @@ pub enum BackgroundRun {
 
 impl Drop for Sandbox {
     fn drop(&mut self) {
-        self.make_main_current();
-        for t in self.others.drain(..) {
+        self.sched.make_main_current();
+        for t in self.sched.others.drain(..) {
             if let Some(vm) = t.vm {
                 crate::pool::reap(vm);
             }
         }
-        let Some(vm) = self.vm.take() else { return };
+        let Some(vm) = self.sched.cur.vm.take() else { return };
         match (&self.state, &self.pool) {
             // Only a guest parked on the agent's read is in a known state worth resetting.
             (State::Parked(_), Some(pool)) => pool.recycle(vm),
@@ -359,8 +278,7 @@ impl Sandbox {
         kernel.net = forkbox_linux::net::NetIo::new(std::sync::Arc::new(limits.network.clone()));
         kernel.trace = trace;
         let mut sb = Sandbox {
-            vm: Some(vm),
-            proc,
+            sched: Scheduler::new(vm, proc, limits.memory_bytes),
             kernel,
             state: State::Poisoned("not started".into()),
             exec_timeout: limits.timeout,
@@ -374,23 +292,12 @@ impl Sandbox {
             pool: None,
             outputs: OutputIndex::default(),
             sig: SignalState::default(),
-            pending_user: None,
-            resched: false,
-            yielded: false,
-            slice_start: Instant::now(),
-            switches: 0,
-            in_stub: true,
-            woken: None,
-            rr_due: false,
-            wait_on: Default::default(),
             stored: Default::default(),
-            others: Vec::new(),
             cpu: engine.cpu.clone(),
             exec_opts: opts,
             keep_running: false,
             bg_wake: None,
-            jobs: Default::default(),
-            job_exec: false,
+            jobs: Jobs::default(),
         };
         // Booting python + numpy takes far longer than one exec here: allow a generous deadline.
         let deadline = Instant::now() + sb.limits.timeout.max(Duration::from_secs(120));
@@ -436,8 +343,7 @@ impl Sandbox {
         kernel.net = forkbox_linux::net::NetIo::new(std::sync::Arc::new(limits.network.clone()));
         restore_listeners(&mut kernel.net, &proc, listeners)?;
         Ok(Sandbox {
-            vm: Some(vm),
-            proc,
+            sched: Scheduler::new(vm, proc, limits.memory_bytes),
             kernel,
             state: State::Parked(regs),
             exec_timeout: limits.timeout,
@@ -451,30 +357,19 @@ impl Sandbox {
             pool,
             outputs: OutputIndex::default(),
             sig: SignalState::default(),
-            pending_user: None,
-            resched: false,
-            yielded: false,
-            slice_start: Instant::now(),
-            switches: 0,
-            in_stub: true,
-            woken: None,
-            rr_due: false,
-            wait_on: Default::default(),
             stored: Default::default(),
-            others: Vec::new(),
             cpu: engine.cpu.clone(),
             exec_opts: loader::ExecOptions { hwcap: engine.hwcap, vdso: engine.vdso },
             keep_running: false,
             bg_wake: None,
-            jobs: Default::default(),
-            job_exec: false,
+            jobs: Jobs::default(),
         })
     }
 
     /// The parts of a parked sandbox a snapshot needs: its VM and the state
     /// of the agent process ([`Sandbox::agent_state`]).
     pub(crate) fn parked_parts(&self) -> Result<(&Vm, ProcessState), EngineError> {
-        match (&self.state, &self.vm) {
+        match (&self.state, &self.sched.cur.vm) {
             (State::Parked(_), Some(vm)) => Ok((vm, self.agent_state())),
             (State::Poisoned(why), _) => Err(EngineError::Poisoned(why.clone())),
             _ => Err(EngineError::Poisoned("no VM".into())),
@@ -484,7 +379,7 @@ impl Sandbox {
     /// Mutable parts of a parked sandbox (for a checkpoint).
     pub(crate) fn parked_parts_mut(&mut self) -> Result<(&mut Vm, ProcessState), EngineError> {
         let state = self.agent_state();
-        match (&self.state, &mut self.vm) {
+        match (&self.state, &mut self.sched.cur.vm) {
             (State::Parked(_), Some(vm)) => Ok((vm, state)),
             (State::Poisoned(why), _) => Err(EngineError::Poisoned(why.clone())),
             _ => Err(EngineError::Poisoned("no VM".into())),
@@ -496,11 +391,12 @@ impl Sandbox {
     /// the descriptions they hold are closed in the record.
     fn agent_state(&self) -> ProcessState {
         let held: Vec<u64> = self
+            .sched
             .others
             .iter()
             .flat_map(|t| t.proc.fds.fds().filter_map(|fd| t.proc.fds.ofd(fd).ok()).collect::<Vec<_>>())
             .collect();
-        let mut st = self.proc.save_state_without(&held);
+        let mut st = self.sched.cur.proc.save_state_without(&held);
         // Listeners the record's fd table still names keep listening after a restore.
         st.listeners = self.kernel.net.listener_states(st.fds.sockets().filter(|s| s.stream).map(|s| s.id));
         st
@@ -515,36 +411,28 @@ impl Sandbox {
     /// Are there processes or threads besides the parked agent that may run
     /// between calls?
     pub fn has_background(&self) -> bool {
-        self.is_usable() && (!self.others.is_empty() || self.agent_threads() > 1)
+        self.is_usable() && (!self.sched.others.is_empty() || self.sched.agent_threads() > 1)
     }
 
     /// How many processes the sandbox has besides the agent's.
     pub fn background_processes(&self) -> usize {
-        self.others.len()
-    }
-
-    fn agent_threads(&self) -> usize {
-        if self.proc.pid == GUEST_PID {
-            self.proc.threads.len()
-        } else {
-            self.others.iter().find(|t| t.proc.pid == GUEST_PID).map_or(1, |t| t.proc.threads.len())
-        }
+        self.sched.others.len()
     }
 
     /// The VFS invariant check (what a restore of its state checks: link
     /// counts, parents, reachability, byte accounting), on the live overlay.
     pub fn check_invariants(&self) -> Result<(), forkbox_linux::vfs::VfsStateError> {
-        self.proc.vfs.check_invariants()
+        self.sched.cur.proc.vfs.check_invariants()
     }
 
     /// Is the guest parked and usable?
     pub fn is_usable(&self) -> bool {
-        matches!(self.state, State::Parked(_)) && self.vm.is_some()
+        matches!(self.state, State::Parked(_)) && self.sched.cur.vm.is_some()
     }
 
     fn vm(&mut self) -> &mut Vm {
         // Only `drop` takes the VM out.
-        self.vm.as_mut().expect("sandbox VM present until drop")
+        self.sched.cur.vm.as_mut().expect("sandbox VM present until drop")
     }
 
     pub fn stats(&self) -> RunStats {
@@ -607,7 +495,7 @@ impl Sandbox {
             return Err(EngineError::CodeTooLarge(code.len(), self.limits.code_bytes));
         }
         let ExecOptions { mut on_output, interrupt, timeout, job } = opts;
-        self.job_exec = job;
+        self.jobs.starting = job;
         self.failed_output = None;
         self.exec_timeout = timeout.unwrap_or(self.limits.timeout);
         // The vCPU thread is the one to kick while this exec runs.
@@ -617,7 +505,7 @@ impl Sandbox {
         };
         let t0 = Instant::now();
         let syscalls_before = self.kernel.stats.total;
-        self.outputs.refresh(&self.proc.vfs);
+        self.outputs.refresh(&self.sched.cur.proc.vfs);
         let stream = on_output.is_some();
         let exec_id = self.exec_id.take();
         let req = ExecRequest {
@@ -645,7 +533,7 @@ impl Sandbox {
             Ok(_) => Some(self.take_reply(&mut on_output)),
             Err(_) => None,
         };
-        self.job_exec = false;
+        self.jobs.starting = false;
         let killed = if outcome.is_ok() && self.keep_children() { 0 } else { self.end_children() };
         if killed > 0 && outcome.is_ok() {
             let note = format!(
@@ -681,7 +569,7 @@ impl Sandbox {
             protocol::truncate_text(&mut e.traceback, cap, "traceback");
             crate::hint::add_to_traceback(&e.kind, &e.message, &mut e.traceback);
         }
-        let outputs = self.outputs.collect(&self.proc.vfs);
+        let outputs = self.outputs.collect(&self.sched.cur.proc.vfs);
         let mut shown = 0usize;
         let value_data = reply.value_data.map(|b| protocol::check_bundle(b, &mut shown)).filter(|b| !b.is_empty());
         let display: Vec<MimeBundle> = reply
@@ -739,7 +627,7 @@ impl Sandbox {
     // ----- files, host side (never the host file system: the guest's VFS) ----------
 
     fn guest_path(&self, path: &str) -> Result<String, EngineError> {
-        let cwd = self.proc.vfs.dir_path(self.proc.cwd).unwrap_or_else(|_| b"/".to_vec());
+        let cwd = self.sched.cur.proc.vfs.dir_path(self.sched.cur.proc.cwd).unwrap_or_else(|_| b"/".to_vec());
         files::normalize(path, &cwd)
     }
 
@@ -759,7 +647,7 @@ impl Sandbox {
                 message: format!("{path}: a file name cannot end with '/'"),
             });
         }
-        files::write_file_from(&mut self.proc.vfs, &p, src, len)
+        files::write_file_from(&mut self.sched.cur.proc.vfs, &p, src, len)
     }
 
     /// Mount the layers of `packages` (resolved by the host) into the guest's
@@ -771,20 +659,20 @@ impl Sandbox {
         packages: &[forkbox_image::packages::Package],
     ) -> Result<Vec<crate::packages::InstalledPackage>, EngineError> {
         use forkbox_linux::vfs::LayerError;
-        let saved = self.proc.vfs.clone();
+        let saved = self.sched.cur.proc.vfs.clone();
         let mut done = Vec::with_capacity(packages.len());
         for p in packages {
             let present = crate::packages::dist_info(p).is_some_and(|d| {
                 let path = format!("{}/{d}", crate::packages::SITE);
-                self.proc.vfs.resolve(forkbox_linux::vfs::ROOT_INO, path.as_bytes(), true).is_ok()
+                self.sched.cur.proc.vfs.resolve(forkbox_linux::vfs::ROOT_INO, path.as_bytes(), true).is_ok()
             });
             let files = if present {
                 0
             } else {
-                match self.proc.vfs.install_layer(&p.layer) {
+                match self.sched.cur.proc.vfs.install_layer(&p.layer) {
                     Ok(n) => n,
                     Err(e) => {
-                        self.proc.vfs = saved;
+                        self.sched.cur.proc.vfs = saved;
                         let (code, message) = match e {
                             LayerError::Exists { path } | LayerError::NotADirectory { path } => (
                                 forkbox_api::ErrorCode::PackageConflict,
@@ -815,20 +703,20 @@ impl Sandbox {
     /// The bytes of the guest file `path`, at most `max` (else `file_too_large`).
     pub fn read_file(&self, path: &str, max: usize) -> Result<Vec<u8>, EngineError> {
         let p = self.guest_path(path)?;
-        files::read_file(&self.proc.vfs, &p, max)
+        files::read_file(&self.sched.cur.proc.vfs, &p, max)
     }
 
     /// The entries of the guest directory `path`.
     pub fn list_dir(&self, path: &str) -> Result<Vec<FileEntry>, EngineError> {
         let p = self.guest_path(path)?;
-        files::list_dir(&self.proc.vfs, &p)
+        files::list_dir(&self.sched.cur.proc.vfs, &p)
     }
 
     /// A file-system operation from outside (stat, walk, mkdir, move, remove) on the guest's
     /// files, relative paths against the guest's cwd; no guest code runs.
     pub fn file_op(&mut self, op: &crate::FileOp) -> Result<crate::FileOpOutcome, EngineError> {
-        let cwd = self.proc.vfs.dir_path(self.proc.cwd).unwrap_or_else(|_| b"/".to_vec());
-        crate::file_ops::apply(&mut self.proc.vfs, &op.normalized(&cwd)?)
+        let cwd = self.sched.cur.proc.vfs.dir_path(self.sched.cur.proc.cwd).unwrap_or_else(|_| b"/".to_vec());
+        crate::file_ops::apply(&mut self.sched.cur.proc.vfs, &op.normalized(&cwd)?)
     }
 
     /// Hand a connection from outside to the sandbox's listener on `port` (the
@@ -857,11 +745,11 @@ impl Sandbox {
     ) -> Result<Stop, EngineError> {
         self.kernel.deadline = Some(deadline);
         self.sig.reset();
-        self.resched = false;
-        self.slice_start = Instant::now();
-        self.proc.threads.clock.start();
+        self.sched.resched = false;
+        self.sched.slice_start = Instant::now();
+        self.sched.cur.proc.threads.clock.start();
         let r = self.run_threads(resume, deadline, sink);
-        self.proc.threads.clock.stop();
+        self.sched.cur.proc.threads.clock.stop();
         r
     }
 
@@ -895,7 +783,7 @@ impl Sandbox {
 
     /// How the current process ended, if `e` is the end of a child process.
     fn death_of(&self, e: &EngineError) -> Option<Exit> {
-        if self.proc.pid == GUEST_PID || self.others.is_empty() {
+        if self.sched.cur.proc.pid == GUEST_PID || self.sched.others.is_empty() {
             return None;
         }
         match e {
@@ -915,33 +803,21 @@ impl Sandbox {
         self.note_interrupt()?;
         self.schedule(deadline)?;
         self.deliver_at_vcpu()?;
-        let mut run_deadline = self.sig.grace.map_or(deadline, |g| g.min(deadline));
-        if !self.proc.threads.is_simple() {
-            if let Some(at) = self.next_wake() {
-                run_deadline = run_deadline.min(at);
-            }
-            if self.proc.threads.runnable_count() > 1 {
-                run_deadline = run_deadline.min(self.slice_start + SLICE);
-            }
-        }
-        if !self.others.is_empty() {
-            run_deadline = run_deadline.min(self.slice_start + SLICE);
-        }
+        let base = self.sig.grace.map_or(deadline, |g| g.min(deadline));
+        let mut run_deadline = self.sched.run_deadline(&mut self.kernel, base);
         let ran = Instant::now();
-        if let Some(left) = self.proc.threads.next_cpu_event() {
+        if let Some(left) = self.sched.cur.proc.threads.next_cpu_event() {
             // A CPU-time interval timer fires after at most this much run time.
             run_deadline = run_deadline.min(ran + Duration::from_nanos(left));
         }
         let exit = self.vm().run(Some(run_deadline), latch);
         let spent = ran.elapsed();
-        if let Some(job) = self.kernel.jobs.get(&self.proc.pid).and_then(|l| self.jobs.get_mut(l)) {
-            job.cpu = job.cpu.saturating_add(spent);
-        }
-        if !self.proc.threads.timers.is_empty() {
-            self.proc.threads.charge_cpu(spent.as_nanos().min(u64::MAX as u128) as u64);
+        self.jobs.charge(&self.kernel, self.sched.cur.proc.pid, spent);
+        if !self.sched.cur.proc.threads.timers.is_empty() {
+            self.sched.cur.proc.threads.charge_cpu(spent.as_nanos().min(u64::MAX as u128) as u64);
         }
         let exit = exit?;
-        self.in_stub = matches!(exit, VmExit::Syscall(_));
+        self.sched.cur.in_stub = matches!(exit, VmExit::Syscall(_));
         match exit {
             VmExit::Syscall(regs) => {
                 let stop = self.syscall(regs)?;
@@ -957,8 +833,8 @@ impl Sandbox {
                 // A fault in user code is a signal to the guest (SIGSEGV
                 // for a page it did not map...); without a handler, a crash.
                 let delivered = {
-                    let vm = self.vm.as_mut().expect("sandbox VM present until drop");
-                    signal::deliver_fault(vm, &mut self.proc, &mut self.sig, &fault)
+                    let vm = self.sched.cur.vm.as_mut().expect("sandbox VM present until drop");
+                    signal::deliver_fault(vm, &mut self.sched.cur.proc, &mut self.sig, &fault)
                 };
                 match delivered {
                     Ok(h) => self.vm().enter_user(&h)?,
@@ -971,7 +847,7 @@ impl Sandbox {
             VmExit::DeadlineExceeded => {
                 self.check_deadline(deadline)?;
                 // A time slice ended, a timer or a wait's deadline is due.
-                self.resched = true;
+                self.sched.resched = true;
             }
             VmExit::Unexpected(why) => return Err(EngineError::GuestCrashed(why)),
         }
@@ -980,109 +856,40 @@ impl Sandbox {
 
     // ----- processes -------------------------------------------------------------
 
-    /// Exchange the current process with `others[i]` (the shared state goes
-    /// with the one that runs now).
-    fn swap_task(&mut self, i: usize) {
-        let t = &mut self.others[i];
-        std::mem::swap(&mut self.vm, &mut t.vm);
-        std::mem::swap(&mut self.proc, &mut t.proc);
-        self.proc.swap_shared(&mut t.proc);
-        std::mem::swap(&mut self.pending_user, &mut t.pending_user);
-        std::mem::swap(&mut self.in_stub, &mut t.in_stub);
-        std::mem::swap(&mut self.woken, &mut t.woken);
-        std::mem::swap(&mut self.wait_on, &mut t.wait_on);
-        std::mem::swap(&mut self.rr_due, &mut t.rr_due);
-        self.slice_start = Instant::now();
-        self.switches += 1;
-        self.apply_memory_limit();
-    }
-
-    /// The memory limit covers the whole tree: the current process may commit
-    /// what the others leave of it.
-    fn apply_memory_limit(&mut self) {
-        let others: u64 = self.others.iter().map(|t| t.proc.mm.committed()).sum();
-        self.proc.mm.set_limit(self.limits.memory_bytes.saturating_sub(others));
-    }
-
-    /// The next process in round-robin order becomes the current one.
-    fn rotate(&mut self) {
-        if self.others.is_empty() {
-            return;
-        }
-        self.swap_task(0);
-        let t = self.others.remove(0);
-        self.others.push(t);
-    }
-
-    /// Make the agent's process the current one.
-    fn make_main_current(&mut self) {
-        if self.proc.pid == GUEST_PID {
-            return;
-        }
-        if let Some(i) = self.others.iter().position(|t| t.proc.pid == GUEST_PID) {
-            self.swap_task(i);
-        }
-    }
-
-    /// Switch to the next process (round robin) that can run after its timers
-    /// fired and its waits were re-checked; false if none can.
-    fn rotate_to_runnable(&mut self) -> Result<bool, EngineError> {
-        for _ in 0..self.others.len() {
-            self.rotate();
-            let now = self.proc.threads.clock.now();
-            self.proc.threads.fire_timers(now);
-            self.recheck_waits(now)?;
-            if self.proc.threads.runnable_count() > 0 {
-                return Ok(true);
-            }
-        }
-        Ok(false)
-    }
-
     fn with_ctx<R>(&mut self, f: impl FnOnce(&mut Ctx) -> R) -> R {
-        let vm = self.vm.as_mut().expect("sandbox VM present until drop");
-        let mut ctx =
-            Ctx { mem: vm.mem_mut(), proc: &mut self.proc, kernel: &mut self.kernel, effect: None, timed_out: false };
+        let vm = self.sched.cur.vm.as_mut().expect("sandbox VM present until drop");
+        let mut ctx = Ctx {
+            mem: vm.mem_mut(),
+            proc: &mut self.sched.cur.proc,
+            kernel: &mut self.kernel,
+            effect: None,
+            timed_out: false,
+        };
         f(&mut ctx)
     }
 
     /// Close every fd of the current process (its end).
     fn close_all_fds(&mut self) {
-        let fds: Vec<i32> = self.proc.fds.fds().collect();
+        let fds: Vec<i32> = self.sched.cur.proc.fds.fds().collect();
         self.with_ctx(|ctx| syscalls::close_fds(ctx, &fds));
     }
 
     /// The current process (a child) ended: its descriptors close, it becomes
     /// a zombie of its parent (which gets SIGCHLD), its VM goes, another runs.
     fn end_process(&mut self, how: Exit) -> Result<(), EngineError> {
-        let pid = self.proc.pid;
+        let pid = self.sched.cur.proc.pid;
         self.with_ctx(syscalls::release_shared);
         self.close_all_fds();
-        self.job_ended(pid, how);
+        self.jobs.ended(pid, how);
         self.kernel.jobs.remove(&pid);
         self.kernel.procs.exit(pid, how);
-        self.swap_task(0);
-        let dead = self.others.remove(0);
+        let dead = self.sched.remove_current();
         if let Some(vm) = dead.vm {
             crate::pool::reap(vm);
         }
-        self.deliver_outbox();
-        self.resched = true;
+        self.sched.deliver_outbox(&mut self.kernel);
+        self.sched.resched = true;
         Ok(())
-    }
-
-    /// Signals the last syscall sent to other processes.
-    fn deliver_outbox(&mut self) {
-        if self.kernel.procs.outbox.is_empty() {
-            return;
-        }
-        for (pid, info) in std::mem::take(&mut self.kernel.procs.outbox) {
-            if pid == self.proc.pid {
-                self.proc.threads.send_process(info);
-            } else if let Some(t) = self.others.iter_mut().find(|t| t.proc.pid == pid) {
-                t.proc.threads.send_process(info);
-            }
-        }
     }
 
     /// May the children an exec leaves keep running? Only in a sandbox that
@@ -1090,13 +897,13 @@ impl Sandbox {
     /// them: a checkpoint records the agent's memory as private, so its shared
     /// file mappings become its own write-back mappings again here.
     fn keep_children(&mut self) -> bool {
-        if !self.keep_running || self.others.is_empty() || self.proc.pid != GUEST_PID {
+        if !self.keep_running || self.sched.others.is_empty() || self.sched.cur.proc.pid != GUEST_PID {
             return false;
         }
         match self.with_ctx(syscalls::privatize_own_files) {
             Ok(true) => {
                 // What they write from now on is not a later call's output (a job's goes to its rings).
-                for t in &self.others {
+                for t in &self.sched.others {
                     self.kernel.jobs.entry(t.proc.pid).or_insert(DROPPED_OUTPUT);
                 }
                 true
@@ -1156,14 +963,14 @@ impl Sandbox {
     }
 
     fn run_background_inner(&mut self, regs: kvm_regs, until: Instant) -> Result<BackgroundRun, EngineError> {
-        let main = self.proc.threads.index_of(MAIN_TID).filter(|&i| i == self.proc.threads.cur);
-        if self.proc.pid != GUEST_PID || main.is_none() {
+        let main = self.sched.cur.proc.threads.index_of(MAIN_TID).filter(|&i| i == self.sched.cur.proc.threads.cur);
+        if self.sched.cur.proc.pid != GUEST_PID || main.is_none() {
             return Err(EngineError::Poisoned("the agent is not parked on the vCPU".into()));
         }
         let saved = self.vm().save_vcpu()?;
-        let cur = self.proc.threads.cur;
-        self.proc.threads.list[cur].wait = Some(Wait {
-            regs: regs_to_words(&regs),
+        let cur = self.sched.cur.proc.threads.cur;
+        self.sched.cur.proc.threads.list[cur].wait = Some(Wait {
+            regs: Regs::from(&regs),
             deadline: None,
             on_timeout: Ok(0),
             kind: WaitKind::Agent,
@@ -1173,9 +980,9 @@ impl Sandbox {
         crate::vdso::refresh(self.vm(), vdso)?;
         self.kernel.deadline = Some(until);
         self.sig.reset();
-        self.resched = true;
-        self.slice_start = Instant::now();
-        self.proc.threads.clock.start();
+        self.sched.resched = true;
+        self.sched.slice_start = Instant::now();
+        self.sched.cur.proc.threads.clock.start();
         let mut run = BackgroundRun::Busy;
         let outcome = loop {
             match self.run_once(until, &mut None, None) {
@@ -1196,9 +1003,9 @@ impl Sandbox {
             }
         };
         let back = outcome.and_then(|()| self.back_to_agent(&saved));
-        self.proc.threads.clock.stop();
+        self.sched.cur.proc.threads.clock.stop();
         back?;
-        if self.others.is_empty() && self.agent_threads() <= 1 {
+        if self.sched.others.is_empty() && self.sched.agent_threads() <= 1 {
             run = BackgroundRun::Idle;
         }
         Ok(run)
@@ -1206,26 +1013,28 @@ impl Sandbox {
 
     /// Put the agent's main thread back on the vCPU as it parked (`saved`).
     fn back_to_agent(&mut self, saved: &forkbox_vmm::VcpuState) -> Result<(), EngineError> {
-        self.make_main_current();
+        self.sched.make_main_current();
         let main = self
+            .sched
+            .cur
             .proc
             .threads
             .index_of(MAIN_TID)
             .ok_or_else(|| EngineError::Poisoned("the agent's main thread is gone".into()))?;
-        let cur = self.proc.threads.cur;
+        let cur = self.sched.cur.proc.threads.cur;
         if cur != main {
-            if self.proc.threads.list[cur].cpu.is_none() {
+            if self.sched.cur.proc.threads.list[cur].cpu.is_none() {
                 // Set the thread on the vCPU aside; inside an entry stub it runs on to the stub's end first.
                 let mut tries = 0;
                 let regs = loop {
-                    let blocked = self.proc.threads.list[cur].wait.as_ref().map(|w| w.regs);
-                    match (blocked, self.pending_user.take()) {
+                    let blocked = self.sched.cur.proc.threads.list[cur].wait.as_ref().map(|w| w.regs);
+                    match (blocked, self.sched.cur.pending_user.take()) {
                         (Some(w), _) => break w,
-                        (None, Some(u)) => break regs_to_words(&u),
+                        (None, Some(u)) => break Regs::from(&u),
                         (None, None) => {}
                     }
-                    if let Some(u) = self.user_state()? {
-                        break regs_to_words(&u);
+                    if let Some(u) = self.sched.cur.user_state()? {
+                        break Regs::from(&u);
                     }
                     tries += 1;
                     if tries > 64 {
@@ -1234,84 +1043,30 @@ impl Sandbox {
                     let exit = self.vm().run(Some(Instant::now() + Duration::from_micros(200)), None)?;
                     if let VmExit::Syscall(r) = exit {
                         // Handled with the thread's state as a syscall's return (it resumes from there).
-                        self.in_stub = true;
+                        self.sched.cur.in_stub = true;
                         self.syscall(r)?;
                     }
                 };
-                let vm = self.vm.as_mut().expect("sandbox VM present until drop");
-                let xsave = xsave_to_words(&vm.xsave()?);
-                self.proc.threads.list[cur].cpu = Some(SavedCpu { regs, xsave });
+                let vm = self.sched.cur.vm.as_mut().expect("sandbox VM present until drop");
+                let xsave = Arc::new(Xsave::from(&vm.xsave()?));
+                self.sched.cur.proc.threads.list[cur].cpu = Some(SavedCpu { regs, xsave });
             }
-            self.proc.make_current(main);
+            self.sched.cur.proc.make_current(main);
         }
-        self.proc.threads.list[main].cpu = None;
-        self.proc.threads.list[main].wait = None;
+        self.sched.cur.proc.threads.list[main].cpu = None;
+        self.sched.cur.proc.threads.list[main].wait = None;
         self.vm().restore_vcpu(saved)?;
-        self.pending_user = None;
-        self.in_stub = true;
-        self.woken = None;
-        self.resched = false;
-        self.apply_memory_limit();
+        self.sched.cur.pending_user = None;
+        self.sched.cur.in_stub = true;
+        self.sched.cur.woken = None;
+        self.sched.resched = false;
+        self.sched.apply_memory_limit();
         Ok(())
-    }
-
-    /// A process forked `child`: it joins its parent's job, or starts one
-    /// when the agent forks it in an exec that starts jobs.
-    fn join_job(&mut self, parent: u32, child: u32) {
-        if let Some(&leader) = self.kernel.jobs.get(&parent) {
-            self.kernel.jobs.insert(child, leader);
-            return;
-        }
-        if !(self.job_exec && parent == GUEST_PID) {
-            return;
-        }
-        let finished: Vec<u32> = self.jobs.iter().filter(|(_, j)| j.exit.is_some()).map(|(p, _)| *p).collect();
-        for p in finished.into_iter().take((self.jobs.len() + 1).saturating_sub(JOBS_MAX)) {
-            self.jobs.remove(&p);
-            self.kernel.job_out.remove(&p);
-            self.kernel.job_in.remove(&p);
-        }
-        let started_unix_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-        let argv = self.jobs.get(&parent).map(|j| j.argv.clone()).unwrap_or_default();
-        self.jobs.insert(child, Job { argv, started_unix_ms, cpu: Duration::ZERO, exit: None });
-        self.kernel.jobs.insert(child, child);
-        self.kernel.job_out.insert(child, Default::default());
-        self.kernel.job_in.insert(child, Default::default());
-    }
-
-    /// Process `pid` ended: if it leads a job, the job has ended that way.
-    fn job_ended(&mut self, pid: u32, how: Exit) {
-        if let Some(job) = self.jobs.get_mut(&pid) {
-            job.exit.get_or_insert(how);
-        }
-    }
-
-    fn job_info(&self, pid: u32, job: &Job) -> JobInfo {
-        let (stdout_bytes, stderr_bytes) = self.kernel.job_out.get(&pid).map_or((0, 0), |r| (r[0].end(), r[1].end()));
-        JobInfo {
-            pid,
-            argv: job.argv.clone(),
-            started_unix_ms: job.started_unix_ms,
-            cpu_seconds: job.cpu.as_secs_f64(),
-            running: job.exit.is_none(),
-            exit_code: match job.exit {
-                Some(Exit::Code(c)) => Some(c),
-                _ => None,
-            },
-            signal: match job.exit {
-                Some(Exit::Signal(s)) => Some(s),
-                _ => None,
-            },
-            stdout_bytes,
-            stderr_bytes,
-        }
     }
 
     /// The background jobs, oldest first.
     pub fn jobs(&self) -> Vec<JobInfo> {
-        self.jobs.iter().map(|(p, j)| self.job_info(*p, j)).collect()
+        self.jobs.list(&self.kernel)
     }
 
     /// The sandbox's listening TCP sockets, by port (any of its processes').
@@ -1321,12 +1076,12 @@ impl Sandbox {
 
     /// One job (`NoSuchJob` if there is none with that leader pid).
     pub fn job(&self, pid: u32) -> Result<JobInfo, EngineError> {
-        self.jobs.get(&pid).map(|j| self.job_info(pid, j)).ok_or(EngineError::NoSuchJob(pid))
+        self.jobs.info(&self.kernel, pid)
     }
 
     /// At most `max` bytes of a job's stream from `offset`.
     pub fn job_output(&self, pid: u32, stream: Stream, offset: u64, max: usize) -> Result<JobChunk, EngineError> {
-        let job = self.jobs.get(&pid).ok_or(EngineError::NoSuchJob(pid))?;
+        let job = self.jobs.get(pid)?;
         let ring = self.kernel.job_out.get(&pid).map(|r| &r[stream as usize]);
         let (offset, data) = ring.map_or((0, Vec::new()), |r| r.read(offset, max));
         let end = ring.map_or(0, |r| r.end());
@@ -1336,7 +1091,7 @@ impl Sandbox {
     /// Send signal `sig` (1..=64) to every process of a running job; it is
     /// acted on when they next run (between calls, or in the next call).
     pub fn job_signal(&mut self, pid: u32, sig: i32) -> Result<JobInfo, EngineError> {
-        let job = self.jobs.get(&pid).ok_or(EngineError::NoSuchJob(pid))?;
+        let job = self.jobs.get(pid)?;
         if !(1..=64).contains(&sig) {
             return Err(EngineError::BadSignal(sig));
         }
@@ -1346,7 +1101,7 @@ impl Sandbox {
                 let info = SigInfo::user(sig, forkbox_linux::thread::SI_USER);
                 self.kernel.procs.outbox.push((p, info));
             }
-            self.deliver_outbox();
+            self.sched.deliver_outbox(&mut self.kernel);
         }
         self.job(pid)
     }
@@ -1396,6 +1151,7 @@ impl Sandbox {
             return self.job_pty_input(pid, data, eof, until);
         }
         let fed = self
+            .sched
             .others
             .iter()
             .find(|t| t.proc.pid == pid)
@@ -1434,7 +1190,7 @@ impl Sandbox {
 
     /// The pty (its master's object) a job runs on, if it was started on one.
     fn job_pty(&self, pid: u32) -> Option<u64> {
-        self.proc.fds.objects.ptys().find(|(_, p)| p.job == Some(pid)).map(|(id, _)| id)
+        self.sched.cur.proc.fds.objects.ptys().find(|(_, p)| p.job == Some(pid)).map(|(id, _)| id)
     }
 
     /// Type `data` on the terminal of job `pid` (as a master write: the line
@@ -1449,7 +1205,14 @@ impl Sandbox {
             let master = self
                 .job_pty(pid)
                 .ok_or_else(|| EngineError::StdinClosed(format!("background process {pid} has its terminal closed")))?;
-            let p = self.proc.fds.objects.pty_mut(master).map_err(|e| EngineError::Poisoned(format!("pty: {e:?}")))?;
+            let p = self
+                .sched
+                .cur
+                .proc
+                .fds
+                .objects
+                .pty_mut(master)
+                .map_err(|e| EngineError::Poisoned(format!("pty: {e:?}")))?;
             match p.master_write(&rest) {
                 Ok((n, sigs)) => {
                     rest.drain(..n);
@@ -1490,7 +1253,7 @@ impl Sandbox {
                 self.kernel.procs.outbox.push((t, info));
             }
         }
-        self.deliver_outbox();
+        self.sched.deliver_outbox(&mut self.kernel);
     }
 
     /// Resize the terminal of job `pid` (SIGWINCH to its foreground group
@@ -1498,7 +1261,14 @@ impl Sandbox {
     pub fn job_resize(&mut self, pid: u32, rows: u16, cols: u16) -> Result<JobInfo, EngineError> {
         self.job(pid)?;
         let master = self.job_pty(pid).ok_or(EngineError::NotATerminal(pid))?;
-        let p = self.proc.fds.objects.pty_mut(master).map_err(|e| EngineError::Poisoned(format!("pty: {e:?}")))?;
+        let p = self
+            .sched
+            .cur
+            .proc
+            .fds
+            .objects
+            .pty_mut(master)
+            .map_err(|e| EngineError::Poisoned(format!("pty: {e:?}")))?;
         let size = forkbox_linux::tty::WinSize { rows, cols, xpixel: 0, ypixel: 0 };
         if p.winsize != size {
             p.winsize = size;
@@ -1512,16 +1282,16 @@ impl Sandbox {
     /// The end of an exec: children still running are killed (their
     /// descriptors close), unreaped zombies are forgotten. Returns how many were killed.
     fn end_children(&mut self) -> usize {
-        self.make_main_current();
+        self.sched.make_main_current();
         let mut killed = 0;
-        while !self.others.is_empty() {
-            let pid = self.others[0].proc.pid;
-            self.job_ended(pid, Exit::Signal(forkbox_linux::thread::SIGKILL));
-            self.swap_task(0);
+        while !self.sched.others.is_empty() {
+            let pid = self.sched.others[0].proc.pid;
+            self.jobs.ended(pid, Exit::Signal(forkbox_linux::thread::SIGKILL));
+            self.sched.swap_task(0);
             self.with_ctx(syscalls::release_shared);
             self.close_all_fds();
-            self.swap_task(0);
-            let t = self.others.remove(0);
+            self.sched.swap_task(0);
+            let t = self.sched.others.remove(0);
             if let Some(vm) = t.vm {
                 crate::pool::reap(vm);
             }
@@ -1530,7 +1300,7 @@ impl Sandbox {
         self.kernel.procs.keep_only_main();
         self.kernel.jobs.clear();
         self.kernel.job_in.clear();
-        self.apply_memory_limit();
+        self.sched.apply_memory_limit();
         // The one process left keeps its shared mappings as private memory (what a checkpoint stores).
         if let Err(e) = self.with_ctx(syscalls::privatize_shared) {
             tracing::warn!("shared memory at the end of an exec: {e:?}");
@@ -1538,50 +1308,17 @@ impl Sandbox {
         killed
     }
 
-    /// Deliver the futex wakes the last syscall made on shared memory to the
-    /// waiters of the other processes that map the same object at the same
-    /// offset; returns how many it woke.
-    fn deliver_shared_wakes(&mut self) -> u64 {
-        if self.kernel.shm.wakes.is_empty() {
-            return 0;
-        }
-        let mut total = 0;
-        for w in std::mem::take(&mut self.kernel.shm.wakes) {
-            let mut left = w.n;
-            for t in self.others.iter_mut() {
-                if left == 0 {
-                    break;
-                }
-                let mm = &t.proc.mm;
-                for th in t.proc.threads.list.iter_mut() {
-                    if left == 0 {
-                        break;
-                    }
-                    let Some(wait) = th.wait.as_mut() else { continue };
-                    let WaitKind::Futex { addr, bitset } = wait.kind else { continue };
-                    if wait.woken || bitset & w.bitset == 0 || mm.shared_at(addr) != Some((w.obj, w.offset)) {
-                        continue;
-                    }
-                    wait.woken = true;
-                    left -= 1;
-                    total += 1;
-                }
-            }
-        }
-        total
-    }
-
     /// fork: the child is a new VM over a copy of the caller's memory (the
     /// same backing file copy-on-write + its private pages), with its vCPU
     /// state and RAX = 0, and a copy of its process state.
     fn fork_process(&mut self, regs: &kvm_regs, spec: &ForkSpec) -> Result<(), EngineError> {
-        let parent = self.vm.as_ref().expect("sandbox VM present until drop");
+        let parent = self.sched.cur.vm.as_ref().expect("sandbox VM present until drop");
         let (mem, _pages) = parent.mem().fork_copy()?;
         let mut vm = Vm::new(&self.cpu, mem)?;
         let st = parent.save_vcpu()?;
         vm.restore_vcpu(&st)?;
-        let mut child = self.proc.fork_child(spec.pid);
-        let mut u = to_user(regs, 0);
+        let mut child = self.sched.cur.proc.fork_child(spec.pid);
+        let mut u = after_syscall(regs, 0);
         if spec.stack != 0 {
             u.rsp = spec.stack;
         }
@@ -1598,17 +1335,8 @@ impl Sandbox {
             child.tid_address = addr;
         }
         crate::vdso::refresh(&mut vm, self.vdso)?;
-        self.join_job(self.proc.pid, spec.pid);
-        self.others.push(Task {
-            vm: Some(vm),
-            proc: child,
-            pending_user: None,
-            in_stub: true,
-            woken: None,
-            wait_on: Default::default(),
-            rr_due: false,
-        });
-        self.apply_memory_limit();
+        self.jobs.join(&mut self.kernel, self.sched.cur.proc.pid, spec.pid);
+        self.sched.add(Task::new(vm, child));
         Ok(())
     }
 
@@ -1616,12 +1344,13 @@ impl Sandbox {
     /// in the background), the program is loaded into a fresh VM.
     fn exec_program(&mut self, spec: ExecSpec) -> Result<(), EngineError> {
         self.with_ctx(syscalls::release_shared);
-        let closes = self.proc.fds.exec_closes();
+        let closes = self.sched.cur.proc.fds.exec_closes();
         self.with_ctx(|ctx| syscalls::close_fds(ctx, &closes));
-        self.proc.exec_reset();
+        self.sched.cur.proc.exec_reset();
         let mut vm = Vm::new(&self.cpu, GuestMemory::anonymous(RAM_SIZE)?)?;
         let (argv, envp) = (&spec.argv, &spec.envp);
-        let start = match loader::exec(vm.mem_mut(), &mut self.proc, &spec.path, argv, envp, &self.exec_opts) {
+        let start = match loader::exec(vm.mem_mut(), &mut self.sched.cur.proc, &spec.path, argv, envp, &self.exec_opts)
+        {
             Ok(s) => s,
             Err(e) => {
                 // Past the point of no return, as on Linux: the process dies.
@@ -1632,18 +1361,16 @@ impl Sandbox {
             }
         };
         vm.boot(&self.cpu, start.entry, start.rsp)?;
-        self.proc.mm.sync_all_page_tables(vm.mem_mut())?;
+        self.sched.cur.proc.mm.sync_all_page_tables(vm.mem_mut())?;
         crate::vdso::refresh(&mut vm, self.vdso)?;
-        if let Some(job) = self.jobs.get_mut(&self.proc.pid) {
-            job.argv = job_argv(&spec.argv);
-        }
-        if let Some(old) = self.vm.replace(vm) {
+        self.jobs.exec(self.sched.cur.proc.pid, &spec.argv);
+        if let Some(old) = self.sched.cur.vm.replace(vm) {
             crate::pool::reap(old);
         }
-        self.pending_user = None;
-        self.in_stub = false;
-        self.wait_on.clear();
-        self.woken = None;
+        self.sched.cur.pending_user = None;
+        self.sched.cur.in_stub = false;
+        self.sched.cur.wait_on.clear();
+        self.sched.cur.woken = None;
         self.sig.fault = None;
         Ok(())
     }
@@ -1715,111 +1442,30 @@ impl Sandbox {
                 }
             }
         }
-        if self.sig.want && self.kernel.agent_pending() == 0 && self.proc.pid == GUEST_PID {
-            SignalState::check_interrupt(&self.proc)?;
+        if self.sig.want && self.kernel.agent_pending() == 0 && self.sched.cur.proc.pid == GUEST_PID {
+            SignalState::check_interrupt(&self.sched.cur.proc)?;
             self.sig.want = false;
-            self.proc.threads.send_process(SigInfo::user(SIGINT as i32, SI_KERNEL));
+            self.sched.cur.proc.threads.send_process(SigInfo::user(SIGINT as i32, SI_KERNEL));
         }
         Ok(())
     }
 
     // ----- threads -------------------------------------------------------------
 
-    /// Between two runs of the vCPU: fire due timers, re-check blocked threads,
-    /// and make sure the current thread is loaded and runnable (switching to
-    /// another one, or waiting on the host until one can run). All threads
-    /// waiting with nothing that can end their waits is a deadlock.
+    /// Between two runs of the vCPU: the scheduler picks who runs (see
+    /// [`Scheduler::pick`]); while nobody can, the host waits for the next
+    /// event, within the exec's deadline, and a host interrupt becomes a signal.
     fn schedule(&mut self, deadline: Instant) -> Result<(), EngineError> {
-        // Processes share the vCPU thread by time slices; an interrupt goes to the agent's.
-        // A slice ends by time whether or not the vCPU ran into its deadline: a
-        // thread making syscalls all the time (a poll loop) never does.
-        if !self.others.is_empty()
-            && (self.sig.want && self.proc.pid != GUEST_PID || self.slice_start.elapsed() >= SLICE)
-        {
-            if self.sig.want {
-                self.make_main_current();
-            } else {
-                // Its slice is over: another of its threads goes first next time.
-                self.rr_due = true;
-                self.rotate();
-            }
-        }
+        self.sched.end_process_slice(self.sig.want);
         loop {
-            let t = &self.proc.threads;
-            let cur = t.cur;
-            let loaded = t.list[cur].cpu.is_none();
-            if t.is_simple() && loaded && t.list[cur].wait.is_none() && !self.resched {
-                return Ok(());
+            match self.sched.pick(&mut self.kernel) {
+                Ok(true) => return Ok(()),
+                Ok(false) => {}
+                Err(EngineError::GuestSignaled(sig)) => return Err(self.signaled(sig)),
+                Err(e) => return Err(e),
             }
-            let now = t.clock.now();
-            self.proc.threads.fire_timers(now);
-            self.recheck_waits(now)?;
-            let t = &self.proc.threads;
-            let cur_runnable = loaded && t.runnable(cur);
-            // A thread whose wait just ended goes first (so a lock or the GIL
-            // handed to it is taken at once), else round robin.
-            let woken = self.woken.take().and_then(|tid| t.index_of(tid)).filter(|&i| i != cur && t.runnable(i));
-            let other = woken.or_else(|| t.next_runnable(cur).filter(|&i| i != cur));
-            let switch = match other {
-                Some(_) if !cur_runnable => true,
-                Some(_) => woken.is_some() || self.yielded || self.rr_due || self.slice_start.elapsed() >= SLICE,
-                None => false,
-            };
-            self.yielded = false;
-            self.rr_due = false;
-            if switch {
-                if let Some(next) = other {
-                    if self.switch_to(next)? {
-                        self.resched = false;
-                        return Ok(());
-                    }
-                }
-            }
-            if cur_runnable {
-                self.resched = false;
-                return Ok(());
-            }
-            if !loaded {
-                if let Some(i) = self.proc.threads.next_runnable(cur) {
-                    self.load(i)?;
-                    self.resched = false;
-                    return Ok(());
-                }
-            }
-            // Nobody here can run: another process may.
-            if !self.others.is_empty() && self.rotate_to_runnable()? {
-                continue;
-            }
-            // Nobody can run: wait on the host for the next event. Host
-            // sockets a blocked call waits on (directly or through an epoll)
-            // end the wait too; the re-check at the top of the loop then sees them ready.
-            let mut host = self.host_wait_fds();
-            let wake = match (self.next_wake(), host.is_empty()) {
-                (Some(w), _) => w,
-                (None, false) => Instant::now() + Duration::from_secs(24 * 3600),
-                (None, true) if self.others.is_empty() => return Err(EngineError::Deadlock(self.describe_deadlock())),
-                (None, true) => Instant::now() + PROCESS_POLL,
-            };
-            // Other processes' timers and waits are looked at again soon.
-            let wake = if self.others.is_empty() { wake } else { wake.min(Instant::now() + PROCESS_POLL) };
-            let until = self.sig.grace.map_or(deadline, |g| g.min(deadline)).min(wake);
-            let guest_fds = host.len();
-            if let Some(fd) = self.bg_wake {
-                host.push(libc::pollfd { fd, events: libc::POLLIN, revents: 0 });
-            }
-            if host.is_empty() {
-                let d = until.saturating_duration_since(Instant::now());
-                match &self.kernel.interrupt {
-                    Some(latch) => {
-                        latch.sleep(d);
-                    }
-                    None => std::thread::sleep(d),
-                }
-            } else {
-                let latch = self.kernel.interrupt.clone();
-                wait::poll_host(&mut host, until, || latch.as_ref().is_some_and(|l| l.is_pending()));
-            }
-            if host.get(guest_fds).is_some_and(|p| p.revents != 0) {
+            let until = self.sig.grace.map_or(deadline, |g| g.min(deadline));
+            if let HostWait::Woken = self.sched.wait_host(&mut self.kernel, until, self.bg_wake)? {
                 // A request for the sandbox came: the background run ends here.
                 return Err(EngineError::Timeout(self.exec_timeout.as_secs_f64()));
             }
@@ -1828,197 +1474,15 @@ impl Sandbox {
         }
     }
 
-    /// When something happens by itself: a wait's deadline, a timer, a
-    /// timerfd that a blocked fd wait watches.
-    fn next_wake(&mut self) -> Option<Instant> {
-        let t = &self.proc.threads;
-        let own = t.next_event().map(|at| t.clock.to_instant(at));
-        let kernel = &mut self.kernel;
-        let fds = self.wait_on.iter().filter_map(|(tid, on)| {
-            let waiting = t.index_of(*tid).is_some_and(|i| t.list[i].wait.is_some());
-            if waiting {
-                wait::next_change(&self.proc, kernel, on)
-            } else {
-                None
-            }
-        });
-        own.into_iter().chain(fds).min()
-    }
-
-    /// The host sockets behind the fd waits of the blocked threads.
-    fn host_wait_fds(&self) -> Vec<libc::pollfd> {
-        let t = &self.proc.threads;
-        let mut out = Vec::new();
-        for (tid, on) in &self.wait_on {
-            if t.index_of(*tid).is_some_and(|i| t.list[i].wait.is_some()) {
-                out.extend(wait::host_fds(&self.proc, &self.kernel, on));
-            }
-        }
-        out
-    }
-
-    fn describe_deadlock(&self) -> String {
-        let waits: Vec<String> = self
-            .proc
-            .threads
-            .list
-            .iter()
-            .filter_map(|t| {
-                let w = t.wait.as_ref()?;
-                let what = match &w.kind {
-                    WaitKind::Futex { addr, .. } => format!("the futex at {addr:#x}"),
-                    WaitKind::Signal => "a signal".into(),
-                    WaitKind::Time => "time".into(),
-                    WaitKind::Other => "a file descriptor".into(),
-                    WaitKind::Agent => "a request".into(),
-                };
-                Some(format!("thread {} in {}() waits for {what}", t.tid, syscalls::name(w.regs.rax)))
-            })
-            .collect();
-        format!("every thread waits with no timeout and nothing can wake them ({})", waits.join("; "))
-    }
-
-    /// Re-run the handlers of blocked threads (state may have changed), end
-    /// the waits whose deadline passed, interrupt those a signal is for.
-    fn recheck_waits(&mut self, now: u64) -> Result<(), EngineError> {
-        let cur = self.proc.threads.cur;
-        for i in 0..self.proc.threads.len() {
-            let Some(w) = self.proc.threads.list[i].wait.as_ref() else { continue };
-            if w.kind == WaitKind::Agent {
-                continue;
-            }
-            let timed_out = w.deadline.is_some_and(|d| d <= now);
-            // Futex waits and sleeps change only by a wake or their deadline;
-            // a signal for them is looked at without re-running them.
-            let quiet = match w.kind {
-                WaitKind::Futex { .. } => !w.woken,
-                WaitKind::Time => true,
-                _ => false,
-            };
-            if quiet && !timed_out && !self.proc.threads.any_pending() {
-                continue;
-            }
-            let w = w.clone();
-            let regs = words_to_regs(&w.regs);
-            let args = [regs.rdi, regs.rsi, regs.rdx, regs.r10, regs.r8, regs.r9];
-            self.proc.make_current(i);
-            let (result, effect) = self.dispatch_again(regs.rax, &args, timed_out);
-            let outcome = match effect {
-                Some(Effect::Block(b)) if !timed_out => {
-                    if let Some(w) = self.proc.threads.list[i].wait.as_mut() {
-                        w.kind = wait_kind(&b.on, &w.kind);
-                    }
-                    if w.kind == WaitKind::Other {
-                        self.wait_on.insert(self.proc.threads.list[i].tid, b.on);
-                    }
-                    // Still waiting: a signal for it ends the wait.
-                    if self.proc.deliverable(i) != 0 {
-                        Some(Err(ERESTARTSYS))
-                    } else {
-                        None
-                    }
-                }
-                Some(Effect::Block(_)) => Some(w.on_timeout.map_err(Errno)),
-                Some(Effect::Exit(code)) => return Err(EngineError::GuestExited(code)),
-                Some(Effect::Signaled(sig)) => return Err(self.signaled(sig)),
-                _ => Some(result),
-            };
-            if let Some(r) = outcome {
-                self.end_wait(i, &regs, r);
-                if i != cur {
-                    self.woken = Some(self.proc.threads.list[i].tid);
-                }
-            }
-            self.proc.make_current(cur);
-        }
-        Ok(())
-    }
-
-    /// Thread `i`'s blocked call returns `r` (ERESTARTSYS: a signal ended it).
-    fn end_wait(&mut self, i: usize, regs: &kvm_regs, r: forkbox_linux::SysResult) {
-        let t = &mut self.proc.threads.list[i];
-        t.wait = None;
-        let ret = match r {
-            Ok(v) => v,
-            Err(e) if e == ERESTARTSYS => {
-                let nr = regs.rax;
-                t.restart = Some((nr, forkbox_linux::syscalls::restarts_under_sa_restart(nr, regs.r10)));
-                Errno::EINTR.to_rax()
-            }
-            Err(e) => e.to_rax(),
-        };
-        // A wait that narrowed the mask (sigtimedwait) and ends by itself gives
-        // it back (thread `i` is current here: its mask is the process').
-        if t.restart.is_none() {
-            if let Some(m) = t.restore_mask.take() {
-                self.proc.signals.mask = m;
-            }
-        }
-        let t = &mut self.proc.threads.list[i];
-        let u = to_user(regs, ret);
-        match &mut t.cpu {
-            // Off the vCPU: it resumes from these registers when loaded.
-            Some(c) => c.regs = regs_to_words(&u),
-            // On the vCPU (stopped at its syscall exit): resume it in place.
-            None => self.pending_user = Some(u),
-        }
-    }
-
-    /// Put the current thread's user state aside and load thread `next`.
-    /// False if the vCPU cannot be switched right now (in an entry stub).
-    fn switch_to(&mut self, next: usize) -> Result<bool, EngineError> {
-        let cur = self.proc.threads.cur;
-        if self.proc.threads.list[cur].cpu.is_none() {
-            let blocked = self.proc.threads.list[cur].wait.as_ref().map(|w| w.regs);
-            let regs = match (blocked, self.pending_user.take()) {
-                (Some(w), _) => w,
-                (None, Some(u)) => regs_to_words(&u),
-                (None, None) => match self.user_state()? {
-                    Some(u) => regs_to_words(&u),
-                    None => return Ok(false),
-                },
-            };
-            let vm = self.vm.as_mut().expect("sandbox VM present until drop");
-            let xsave = xsave_to_words(&vm.xsave()?);
-            self.proc.threads.list[cur].cpu = Some(SavedCpu { regs, xsave });
-        }
-        self.load(next)?;
-        Ok(true)
-    }
-
-    /// Load saved thread `i` onto the vCPU (the current one is saved or gone).
-    fn load(&mut self, i: usize) -> Result<(), EngineError> {
-        self.proc.make_current(i);
-        let Some(c) = self.proc.threads.list[i].cpu.take() else { return Ok(()) };
-        let vm = self.vm.as_mut().expect("sandbox VM present until drop");
-        vm.set_xsave(&*words_to_xsave(&c.xsave)?)?;
-        vm.set_fs_base(self.proc.fs_base)?;
-        self.pending_user = Some(words_to_regs(&c.regs));
-        self.slice_start = Instant::now();
-        self.switches += 1;
-        Ok(())
-    }
-
-    /// The user-mode registers of the vCPU, if it is in user mode or at the
-    /// syscall stub's iretq (None: inside an entry stub).
-    fn user_state(&self) -> Result<Option<kvm_regs>, EngineError> {
-        let vm = self.vm.as_ref().expect("sandbox VM present until drop");
-        let regs = vm.regs()?;
-        if let Some(u) = vm.user_regs_at_iretq(&regs)? {
-            return Ok(Some(u));
-        }
-        Ok(vm.in_user_mode()?.then_some(regs))
-    }
-
     /// Before the vCPU runs: give the current thread the user state it must
     /// resume with (after a wait or a switch), delivering its pending signals
     /// first; or deliver them where the vCPU stopped (user code, or the syscall
     /// stub's iretq; inside a stub before its exit they wait for the next exit).
     fn deliver_at_vcpu(&mut self) -> Result<(), EngineError> {
-        if let Some(u) = self.pending_user.take() {
+        if let Some(u) = self.sched.cur.pending_user.take() {
             let u = self.deliver_signals(u)?;
-            let in_stub = self.in_stub;
-            let vm = self.vm.as_mut().expect("sandbox VM present until drop");
+            let in_stub = self.sched.cur.in_stub;
+            let vm = self.sched.cur.vm.as_mut().expect("sandbox VM present until drop");
             if !in_stub && vm.in_user_mode()? {
                 let mut s = u;
                 s.rflags = (u.rflags & 0x0000_0000_0020_0CD5) | forkbox_vmm::arch::USER_RFLAGS;
@@ -2028,11 +1492,11 @@ impl Sandbox {
             }
             return Ok(());
         }
-        let cur = self.proc.threads.cur;
-        if self.proc.deliverable(cur) == 0 {
+        let cur = self.sched.cur.proc.threads.cur;
+        if self.sched.cur.proc.deliverable(cur) == 0 {
             return Ok(());
         }
-        let vm = self.vm.as_ref().expect("sandbox VM present until drop");
+        let vm = self.sched.cur.vm.as_ref().expect("sandbox VM present until drop");
         let regs = vm.regs()?;
         if let Some(u) = vm.user_regs_at_iretq(&regs)? {
             let h = self.deliver_signals(u)?;
@@ -2049,15 +1513,15 @@ impl Sandbox {
     /// had a handler). A call a signal ended is restarted or returns EINTR
     /// here, as Linux decides it (SA_RESTART).
     fn deliver_signals(&mut self, mut u: kvm_regs) -> Result<kvm_regs, EngineError> {
-        let cur = self.proc.threads.cur;
-        let restart = self.proc.threads.list[cur].restart.take();
+        let cur = self.sched.cur.proc.threads.cur;
+        let restart = self.sched.cur.proc.threads.list[cur].restart.take();
         loop {
-            let set = self.proc.deliverable(cur);
+            let set = self.sched.cur.proc.deliverable(cur);
             if set == 0 {
                 break;
             }
-            let Some(info) = self.proc.threads.take(cur, set) else { break };
-            let act = signal::action(&self.proc, info.signo as usize);
+            let Some(info) = self.sched.cur.proc.threads.take(cur, set) else { break };
+            let act = signal::action(&self.sched.cur.proc, info.signo as usize);
             match act.handler {
                 signal::SIG_IGN => continue,
                 signal::SIG_DFL => match signal::default_action(info.signo) {
@@ -2077,9 +1541,9 @@ impl Sandbox {
                     u.rax = Errno::EINTR.to_rax();
                 }
             }
-            let restore = self.proc.threads.list[cur].restore_mask.take();
-            let vm = self.vm.as_mut().expect("sandbox VM present until drop");
-            return signal::deliver(vm, &mut self.proc, &u, &info, restore);
+            let restore = self.sched.cur.proc.threads.list[cur].restore_mask.take();
+            let vm = self.sched.cur.vm.as_mut().expect("sandbox VM present until drop");
+            return signal::deliver(vm, &mut self.sched.cur.proc, &u, &info, restore);
         }
         if let Some((nr, _)) = restart {
             // Nothing ran a handler: the call goes on as if never interrupted.
@@ -2096,24 +1560,15 @@ impl Sandbox {
         args: &forkbox_linux::kernel::Args,
         timed_out: bool,
     ) -> (forkbox_linux::SysResult, Option<Effect>) {
-        let vm = self.vm.as_mut().expect("sandbox VM present until drop");
-        let mut ctx =
-            Ctx { mem: vm.mem_mut(), proc: &mut self.proc, kernel: &mut self.kernel, effect: None, timed_out };
+        let vm = self.sched.cur.vm.as_mut().expect("sandbox VM present until drop");
+        let mut ctx = Ctx {
+            mem: vm.mem_mut(),
+            proc: &mut self.sched.cur.proc,
+            kernel: &mut self.kernel,
+            effect: None,
+            timed_out,
+        };
         let result = syscalls::dispatch(&mut ctx, nr, args);
-        (result, ctx.effect)
-    }
-
-    /// Re-run a blocked call's handler.
-    fn dispatch_again(
-        &mut self,
-        nr: u64,
-        args: &forkbox_linux::kernel::Args,
-        timed_out: bool,
-    ) -> (forkbox_linux::SysResult, Option<Effect>) {
-        let vm = self.vm.as_mut().expect("sandbox VM present until drop");
-        let mut ctx =
-            Ctx { mem: vm.mem_mut(), proc: &mut self.proc, kernel: &mut self.kernel, effect: None, timed_out };
-        let result = syscalls::redispatch(&mut ctx, nr, args);
         (result, ctx.effect)
     }
 
@@ -2125,14 +1580,14 @@ impl Sandbox {
             Ok(v) => v,
             Err(e) => e.to_rax(),
         };
-        let vm = self.vm.as_mut().expect("sandbox VM present until drop");
+        let vm = self.sched.cur.vm.as_mut().expect("sandbox VM present until drop");
         match effect {
             None => {}
             Some(Effect::Park) => {
-                if self.proc.pid != GUEST_PID || self.proc.tid() != MAIN_TID {
+                if self.sched.cur.proc.pid != GUEST_PID || self.sched.cur.proc.tid() != MAIN_TID {
                     // Only the agent (the main thread) reads requests.
                     ret = Errno::EAGAIN.to_rax();
-                } else if !self.proc.threads.current().frames.is_empty() {
+                } else if !self.sched.cur.proc.threads.current().frames.is_empty() {
                     // Never snapshot a guest in the middle of a signal delivery.
                     return Err(EngineError::GuestCrashed(
                         "the agent waited for a request inside a signal handler".into(),
@@ -2145,55 +1600,55 @@ impl Sandbox {
             Some(Effect::Signaled(sig)) => return Err(self.signaled(sig)),
             Some(Effect::SetFsBase(base)) => vm.set_fs_base(base)?,
             Some(Effect::SigReturn) => {
-                let u = signal::sigreturn(vm, &mut self.proc, regs.rsp)?;
+                let u = signal::sigreturn(vm, &mut self.sched.cur.proc, regs.rsp)?;
                 // A handler that ended rt_sigsuspend returned: so does the call (EINTR, already in `u`).
-                self.pending_user = Some(u);
+                self.sched.cur.pending_user = Some(u);
                 return Ok(None);
             }
             Some(Effect::Block(b)) => {
-                let clock = &self.proc.threads.clock;
+                let clock = &self.sched.cur.proc.threads.clock;
                 let deadline = b.deadline.map(|d| clock.from_instant(d));
                 let kind = wait_kind(&b.on, &WaitKind::Other);
                 if kind == WaitKind::Other {
-                    self.wait_on.insert(self.proc.tid(), b.on);
-                } else if !self.wait_on.is_empty() {
-                    self.wait_on.remove(&self.proc.tid());
+                    self.sched.cur.wait_on.insert(self.sched.cur.proc.tid(), b.on);
+                } else if !self.sched.cur.wait_on.is_empty() {
+                    self.sched.cur.wait_on.remove(&self.sched.cur.proc.tid());
                 }
                 let on_timeout = b.on_timeout.map_err(|e| e.0);
-                self.proc.threads.current_mut().wait =
-                    Some(Wait { regs: regs_to_words(&regs), deadline, on_timeout, kind, woken: false });
-                self.resched = true;
+                self.sched.cur.proc.threads.current_mut().wait =
+                    Some(Wait { regs: Regs::from(&regs), deadline, on_timeout, kind, woken: false });
+                self.sched.resched = true;
                 return Ok(None);
             }
             Some(Effect::Spawn { tid, stack }) => {
-                let mut u = to_user(&regs, 0);
+                let mut u = after_syscall(&regs, 0);
                 if stack != 0 {
                     u.rsp = stack;
                 }
-                let xsave = xsave_to_words(&vm.xsave()?);
-                if let Some(i) = self.proc.threads.index_of(tid) {
-                    self.proc.threads.list[i].cpu = Some(SavedCpu { regs: regs_to_words(&u), xsave });
+                let xsave = Arc::new(Xsave::from(&vm.xsave()?));
+                if let Some(i) = self.sched.cur.proc.threads.index_of(tid) {
+                    self.sched.cur.proc.threads.list[i].cpu = Some(SavedCpu { regs: Regs::from(&u), xsave });
                 }
             }
             Some(Effect::ThreadExit) => {
-                let cur = self.proc.threads.cur;
-                self.proc.threads.remove(cur);
+                let cur = self.sched.cur.proc.threads.cur;
+                self.sched.cur.proc.threads.remove(cur);
                 // The vCPU holds a thread that is gone: load another one
                 // (the process' per-thread fields are the gone thread's, so no save).
-                let i = self.proc.threads.cur;
-                self.proc.load_current(i);
-                self.pending_user = None;
-                self.resched = true;
+                let i = self.sched.cur.proc.threads.cur;
+                self.sched.cur.proc.load_current(i);
+                self.sched.cur.pending_user = None;
+                self.sched.resched = true;
                 return Ok(None);
             }
             Some(Effect::Yield) => {
-                self.yielded = true;
-                self.resched = true;
+                self.sched.yielded = true;
+                self.sched.resched = true;
             }
             Some(Effect::Fork(spec)) => {
                 // The memory limit counts every process: the child starts with the parent's mappings.
-                let others: u64 = self.others.iter().map(|t| t.proc.mm.committed()).sum();
-                let total = others.saturating_add(self.proc.mm.committed().saturating_mul(2));
+                let others = self.sched.committed_by_others();
+                let total = others.saturating_add(self.sched.cur.proc.mm.committed().saturating_mul(2));
                 if total > self.limits.memory_bytes {
                     self.kernel.procs.unspawn(spec.pid);
                     ret = Errno::ENOMEM.to_rax();
@@ -2208,72 +1663,20 @@ impl Sandbox {
                 return Ok(None);
             }
         }
-        self.deliver_outbox();
-        let woken = self.deliver_shared_wakes();
+        self.sched.deliver_outbox(&mut self.kernel);
+        let woken = self.sched.deliver_shared_wakes(&mut self.kernel);
         if woken > 0 && (ret as i64) >= 0 {
             ret = ret.saturating_add(woken);
         }
-        let vm = self.vm.as_mut().expect("sandbox VM present until drop");
-        if self.proc.threads.is_simple() {
+        let vm = self.sched.cur.vm.as_mut().expect("sandbox VM present until drop");
+        if self.sched.cur.proc.threads.is_simple() {
             vm.complete_syscall(&regs, ret)?;
             return Ok(None);
         }
         // Signals go on the way back to user mode; a switch may come first.
-        self.pending_user = Some(to_user(&regs, ret));
+        self.sched.cur.pending_user = Some(after_syscall(&regs, ret));
         Ok(None)
     }
-}
-
-/// An internal errno (Linux's ERESTARTSYS): a signal ended a wait; the
-/// delivery restarts the call or makes it EINTR.
-const ERESTARTSYS: Errno = Errno(512);
-/// A thread that may run alone on the vCPU before another runnable one gets it.
-const SLICE: Duration = Duration::from_millis(5);
-/// With other processes, how long the host waits at most when none can run
-/// before their waits and timers are looked at again.
-const PROCESS_POLL: Duration = Duration::from_millis(2);
-
-/// May a call a signal interrupted restart (SA_RESTART), as Linux? Never the
-/// waits with timeouts and the calls that always return EINTR.
-fn wait_kind(on: &forkbox_linux::kernel::block::WaitOn, old: &WaitKind) -> WaitKind {
-    use forkbox_linux::kernel::block::WaitOn;
-    match on {
-        // A requeue moved the waiter: keep where it is now.
-        WaitOn::Futex { addr, bitset } => match old {
-            WaitKind::Futex { addr: a, bitset: b } => WaitKind::Futex { addr: *a, bitset: *b },
-            _ => WaitKind::Futex { addr: *addr, bitset: *bitset },
-        },
-        WaitOn::Signal { .. } => WaitKind::Signal,
-        WaitOn::Time => WaitKind::Time,
-        _ => WaitKind::Other,
-    }
-}
-
-/// The user state after syscall `regs` returns `ret`.
-fn to_user(regs: &kvm_regs, ret: u64) -> kvm_regs {
-    let mut u = *regs;
-    u.rax = ret;
-    u.rip = regs.rcx;
-    u.rflags = regs.r11;
-    u
-}
-
-pub(crate) fn regs_to_words(r: &kvm_regs) -> Regs {
-    Regs::from(r)
-}
-
-pub(crate) fn words_to_regs(w: &Regs) -> kvm_regs {
-    kvm_regs::from(w)
-}
-
-pub(crate) fn xsave_to_words(x: &kvm_xsave) -> std::sync::Arc<Xsave> {
-    std::sync::Arc::new(Xsave::from(x))
-}
-
-/// A saved XSAVE image back into the ioctl's form (its size was checked when
-/// the process state was restored; a wrong one is a crash, not a panic).
-pub(crate) fn words_to_xsave(w: &Xsave) -> Result<Box<kvm_xsave>, EngineError> {
-    w.to_kvm().map_err(|e| EngineError::GuestCrashed(format!("saved thread state: {e}")))
 }
 
 /// 256 fresh bits from the host, in hex, for a fork's first exec to reseed with.
@@ -2305,7 +1708,7 @@ pub struct MemoryFootprint {
 impl Sandbox {
     /// Read /proc/self/pagemap over the guest's RAM mapping.
     pub fn memory_footprint(&self) -> MemoryFootprint {
-        let Some(vm) = &self.vm else { return MemoryFootprint::default() };
+        let Some(vm) = &self.sched.cur.vm else { return MemoryFootprint::default() };
         let mem = vm.mem();
         let mut fp = MemoryFootprint::default();
         let Ok(f) = std::fs::File::open("/proc/self/pagemap") else { return fp };
@@ -2340,7 +1743,7 @@ impl Sandbox {
     /// no page reads as zero.
     pub fn private_page_list(&self) -> Vec<(u64, bool)> {
         use std::os::unix::fs::FileExt;
-        let Some(vm) = &self.vm else { return Vec::new() };
+        let Some(vm) = &self.sched.cur.vm else { return Vec::new() };
         let mem = vm.mem();
         let Ok(f) = std::fs::File::open("/proc/self/pagemap") else { return Vec::new() };
         // The zero page's frame: read a fresh anonymous page.
@@ -2374,14 +1777,6 @@ impl Sandbox {
         }
         out
     }
-}
-
-/// A job's argv as shown: bounded, lossy UTF-8.
-fn job_argv(argv: &[Vec<u8>]) -> Vec<String> {
-    argv.iter()
-        .take(JOB_ARGV_MAX)
-        .map(|a| String::from_utf8_lossy(&a[..a.len().min(JOB_ARG_MAX)]).into_owned())
-        .collect()
 }
 
 /// Make the listeners of a checkpoint again in `net`: only those `proc`'s fd

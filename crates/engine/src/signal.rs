@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 use forkbox_linux::signal::{fault_signal, sigbit, FaultInfo, Frame, MAX_NESTED, SA_RESTORER};
 use forkbox_linux::thread::{SavedCpu, SigInfo};
 use forkbox_linux::Process;
-use forkbox_vmm::{kvm_regs, GuestFault, Vm};
+use std::sync::Arc;
+
+use forkbox_vmm::{kvm_regs, GuestFault, Regs, Vm, Xsave};
 
 use crate::error::EngineError;
 
@@ -132,7 +134,7 @@ fn push_frame(
     let xsave = vm.xsave().map_err(|e| e.to_string())?;
     vm.mem_mut().write(frame.addr, &frame.bytes).map_err(|e| e.to_string())?;
     let h = frame.handler;
-    let cpu = SavedCpu { regs: crate::sandbox::regs_to_words(u), xsave: crate::sandbox::xsave_to_words(&xsave) };
+    let cpu = SavedCpu { regs: Regs::from(u), xsave: Arc::new(Xsave::from(&xsave)) };
     frame.commit(proc, cpu);
     Ok(h)
 }
@@ -142,6 +144,6 @@ fn push_frame(
 /// not match a frame we built kills the guest, as a bad frame does on Linux.
 pub fn sigreturn(vm: &mut Vm, proc: &mut Process, rsp: u64) -> Result<kvm_regs, EngineError> {
     let s = forkbox_linux::signal::pop_frame(proc, rsp).ok_or(EngineError::GuestSignaled(libc::SIGSEGV))?;
-    vm.set_xsave(&*crate::sandbox::words_to_xsave(&s.cpu.xsave)?)?;
-    Ok(crate::sandbox::words_to_regs(&s.cpu.regs))
+    vm.set_xsave(&*s.cpu.xsave.to_kvm()?)?;
+    Ok(kvm_regs::from(&s.cpu.regs))
 }

@@ -49,7 +49,7 @@ pub struct Template {
     pool: Arc<VmPool>,
 }
 
-/// Pre-created VMs kept ready per template.
+/// Pre-created VMs kept ready per template (for forks; as many again for resumes).
 const POOL_DEPTH: usize = 4;
 /// Recycled VMs `keep_warm` keeps for new sessions.
 const WARM_SPARES: usize = 2;
@@ -262,13 +262,6 @@ impl Template {
         if let Err(e) = warmed {
             tracing::debug!("warming a VM for the next session: {e}");
         }
-    }
-
-    /// A VM on the template's memory that records what changes (for checkpoints).
-    fn tracked_vm(&self, engine: &Engine) -> Result<Vm, EngineError> {
-        let mut mem = GuestMemory::private_file(&self.memory.file, RAM_SIZE)?;
-        mem.track_writes();
-        Ok(Vm::new_with_dirty_log(&engine.cpu, mem)?)
     }
 
     /// A fork whose changes can be checkpointed (a session's first sandbox):
@@ -530,8 +523,17 @@ impl Template {
         snapshot.files.validate()?;
         let pack_files =
             if snapshot.files.packs.is_empty() { Default::default() } else { packs(&snapshot.files.packs)? };
-        let (mut vm, pool) =
-            if pooled { (self.pool.take()?.0, Some(self.pool.clone())) } else { (self.tracked_vm(engine)?, None) };
+        // A VM of the pool either way, made off the request path (making one
+        // here was most of a resume's time). A tracked one is a pre-created VM
+        // with the dirty-page log on (the recycled, warm ones stay for forks),
+        // and records what the VMM changes from here on.
+        let (mut vm, pool) = if pooled {
+            (self.pool.take()?.0, Some(self.pool.clone()))
+        } else {
+            let mut vm = self.pool.take_fresh(true)?;
+            vm.mem_mut().track_writes();
+            (vm, None)
+        };
         let t_vm = t0.elapsed();
         let pages = apply_layers(vm.mem_mut(), self.pool.original(), layers)?;
         let t_pages = t0.elapsed();
@@ -539,11 +541,13 @@ impl Template {
         let mut reader = PackReader::with_files(pack_files);
         let stored = crate::fsstore::load(&mut snapshot.process, &snapshot.files, &mut reader)?;
         let listeners = std::mem::take(&mut snapshot.process.listeners);
+        let t_files = t0.elapsed();
         let process = engine.restore_process(snapshot.process)?;
+        let t_process = t0.elapsed();
         // The page tables are a function of the memory map: make sure they
         // say exactly what it says (only differences are written).
         process.mm.sync_all_page_tables(vm.mem_mut())?;
-        tracing::debug!(?t_state, ?t_vm, ?t_pages, total = ?t0.elapsed(), pages, "resumed a checkpoint");
+        let t_tables = t0.elapsed();
         let mut sb = Sandbox::resumed(
             engine,
             vm,
@@ -556,6 +560,7 @@ impl Template {
             &listeners,
         )?;
         sb.stored = stored;
+        tracing::debug!(?t_state, ?t_vm, ?t_pages, ?t_files, ?t_process, ?t_tables, total = ?t0.elapsed(), pages, "resumed a checkpoint");
         Ok(sb)
     }
 

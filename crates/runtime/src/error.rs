@@ -23,7 +23,7 @@ pub enum RuntimeError {
     #[error("{source}")]
     ExecFailed { source: EngineError, output: Box<CapturedOutput> },
     #[error(transparent)]
-    Template(#[from] forkbox_engine::CatalogError),
+    Template(#[from] forkbox_catalog::CatalogError),
     /// Building or opening the image, template or data directory.
     #[error("{what}: {message}")]
     Open { what: &'static str, message: String },

@@ -9,8 +9,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use forkbox_catalog::Loaded;
 use forkbox_engine::net_secrets::{self, SealedSecret};
-use forkbox_engine::{ExecOptions, ExecResult, Limits, Loaded, NetPolicy, Stream};
+use forkbox_engine::{ExecOptions, ExecResult, Limits, NetPolicy, Stream};
 use forkbox_sessions::manager::ExecOutcome;
 
 use crate::{Runtime, RuntimeError};
@@ -95,7 +96,7 @@ pub const BATCH_OUTPUT_FACTOR: usize = 4;
 
 /// Output limit of each of `n` items of a batch (at least 4 KiB, at most `per_exec`).
 /// Add policy layers inside the runtime's: the template's own (`template`,
-/// see [`forkbox_engine::catalog::Recipe::network`]), then `network` (the
+/// see [`forkbox_catalog::catalog::Recipe::network`]), then `network` (the
 /// caller's key's, then the request's). Each can only narrow.
 pub(crate) fn narrow_network(limits: &mut Limits, template: &Loaded, network: &[NetPolicy]) {
     for p in template.network.iter().chain(network) {

@@ -49,7 +49,8 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use forkbox_engine::{Catalog, Engine, Loaded, Template};
+use forkbox_catalog::{Catalog, Loaded};
+use forkbox_engine::{Engine, Template};
 use forkbox_sessions::manager::SessionManager;
 
 pub use cluster::{ClusterConfig, NodeRecord, NodeState, SessionRoute};
@@ -57,8 +58,8 @@ pub use command::{Command, CommandLine, CommandResult};
 pub use error::RuntimeError;
 pub use exec::{OneShot, OneShotRequest, Outcome, Output, Ran};
 pub use forkbox_api::ErrorCode;
-pub use forkbox_engine::catalog::Listing as TemplateListing;
-pub use forkbox_engine::catalog::{Blas, CustomTemplate, PipSource};
+pub use forkbox_catalog::catalog::Listing as TemplateListing;
+pub use forkbox_catalog::catalog::{Blas, CustomTemplate, PipSource};
 pub use forkbox_engine::net_secrets;
 pub use forkbox_engine::net_tls;
 pub use forkbox_engine::{
@@ -199,7 +200,7 @@ impl Runtime {
         };
         // Building is minutes on a first run: say so on stderr (bars on a terminal, else lines).
         let catalog = Arc::new(Catalog::new(home).map_err(open_err("opening /dev/kvm"))?.with_progress(true));
-        let name = config.template.clone().unwrap_or_else(|| forkbox_engine::DEFAULT_TEMPLATE.to_string());
+        let name = config.template.clone().unwrap_or_else(|| forkbox_catalog::DEFAULT_TEMPLATE.to_string());
         if share_templates(&catalog, home, &config)? && config.image.is_some() {
             return Err(RuntimeError::Open {
                 what: "opening the image",
@@ -275,6 +276,7 @@ impl Runtime {
         config: RuntimeConfig,
     ) -> Result<Arc<Runtime>, RuntimeError> {
         catalog.set_pip_source(config.pip.clone())?;
+        catalog.set_owner_rules(Arc::new(tenant_template_rules));
         catalog.packages().set_policy(config.packages.clone());
         share_templates(&catalog, home, &config)?;
         let default = catalog.get(None)?;
@@ -396,7 +398,7 @@ impl Runtime {
     /// built (`serve --prebuild`); one on disk is opened now (about a second).
     pub fn prebuild(&self, name: &str) -> Result<(), RuntimeError> {
         match self.catalog.get_or_start(Some(name)) {
-            Ok(_) | Err(forkbox_engine::CatalogError::Building { .. }) => Ok(()),
+            Ok(_) | Err(forkbox_catalog::CatalogError::Building { .. }) => Ok(()),
             Err(e) => Err(e.into()),
         }
     }
@@ -416,14 +418,14 @@ impl Runtime {
         self.catalog.key_for(Some(tenant), name)?;
         self.catalog
             .listing(Some(tenant), name)
-            .ok_or_else(|| forkbox_engine::CatalogError::UnknownTemplate(name.into()).into())
+            .ok_or_else(|| forkbox_catalog::CatalogError::UnknownTemplate(name.into()).into())
     }
 
     /// A template of `tenant`'s own, built in the background (`POST /v1/templates`).
     pub fn create_template(
         &self,
         tenant: &str,
-        t: &forkbox_engine::catalog::CustomTemplate,
+        t: &forkbox_catalog::catalog::CustomTemplate,
     ) -> Result<TemplateListing, RuntimeError> {
         Ok(self.catalog.create(tenant, t)?)
     }
@@ -504,10 +506,30 @@ impl Runtime {
     }
 }
 
+/// Most templates of its own one tenant may have, and its builds pending at once.
+pub const MAX_TEMPLATES_PER_TENANT: usize = 32;
+pub const MAX_PENDING_BUILDS_PER_TENANT: usize = 1;
+
+/// A tenant's templates are the catalog's templates of that owner: one more
+/// (a build, a session's checkpoint made a template) is admitted within these limits.
+fn tenant_template_rules(mine: forkbox_catalog::catalog::OwnerUsage) -> Result<(), forkbox_catalog::CatalogError> {
+    use forkbox_catalog::CatalogError;
+    if !mine.replaces && mine.templates >= MAX_TEMPLATES_PER_TENANT {
+        return Err(CatalogError::Quota(format!("at most {MAX_TEMPLATES_PER_TENANT} templates per tenant")));
+    }
+    if mine.pending_builds >= MAX_PENDING_BUILDS_PER_TENANT {
+        return Err(CatalogError::TooManyBuilds(format!(
+            "this tenant has {} template build(s) pending (at most {MAX_PENDING_BUILDS_PER_TENANT}); retry when it is done",
+            mine.pending_builds
+        )));
+    }
+    Ok(())
+}
+
 /// In a cluster (`sessions.cluster`: the session metadata in PostgreSQL and
 /// the checkpoint files in a bucket, shared by the nodes), templates, their
 /// images and package layers are shared by the nodes through the same
-/// database and bucket (`forkbox_engine::shared`): set up on `catalog` once.
+/// database and bucket (`forkbox_catalog::shared`): set up on `catalog` once.
 /// True if it is. A single node shares nothing.
 fn share_templates(catalog: &Catalog, home: &Path, config: &RuntimeConfig) -> Result<bool, RuntimeError> {
     if config.sessions.cluster.is_none() {

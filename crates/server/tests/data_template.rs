@@ -21,7 +21,7 @@ fn shared_home() -> &'static PathBuf {
         forkbox_testkit::raise_fd_limit();
         let home = forkbox_testkit::home();
         let t0 = std::time::Instant::now();
-        let catalog = forkbox_engine::Catalog::new(&home).expect("catalog");
+        let catalog = forkbox_catalog::Catalog::new(&home).expect("catalog");
         for name in ["data", "python"] {
             let l = catalog.get(Some(name)).unwrap_or_else(|e| panic!("building template {name}: {e}"));
             eprintln!("template {name} = {} ready after {:.1} s", l.id(), t0.elapsed().as_secs_f64());

@@ -1,5 +1,5 @@
 //! The cluster's shared templates, images and package layers
-//! (`forkbox_engine::shared`) over the cluster's bucket and database: a node
+//! (`forkbox_catalog::shared`) over the cluster's bucket and database: a node
 //! with `--database postgres://...` and `--objects s3://bucket/prefix` hands
 //! a [`BucketArtifacts`] to its catalog.
 //!
@@ -20,7 +20,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use forkbox_engine::shared::{Artifact, ArtifactKind, BuildLock, SharedArtifacts, SharedError};
+use forkbox_catalog::shared::{Artifact, ArtifactKind, BuildLock, SharedArtifacts, SharedError};
 
 use crate::objects::{ObjectError, Objects, ObjectsConfig};
 use crate::store::{Store, StoreError};

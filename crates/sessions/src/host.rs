@@ -15,10 +15,11 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::hash::{Hash, Hasher};
 
+use forkbox_catalog::Loaded;
 use forkbox_engine::packages::{InstalledPackage, Package};
 use forkbox_engine::{
     CapturedOutput, EngineError, ExecOptions, ExecResult, FileEntry, FileOp, FileOpOutcome, JobChunk, JobInfo, Limits,
-    ListeningPort, Loaded, Sandbox, Stream, Template,
+    ListeningPort, Sandbox, Stream, Template,
 };
 pub use forkbox_engine::{CheckpointFiles, CheckpointSize, CheckpointStats, ResumeAs};
 use forkbox_snapshot::{Layer, StateError};

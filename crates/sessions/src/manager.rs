@@ -15,10 +15,11 @@ use std::sync::{Arc, Mutex, TryLockError};
 use std::time::{Duration, Instant};
 
 use forkbox_api::ErrorCode;
+use forkbox_catalog::{Catalog, CatalogError, Loaded};
 use forkbox_engine::packages::Package;
 use forkbox_engine::{
-    CapturedOutput, Catalog, CatalogError, Engine, EngineError, ExecOptions, ExecResult, FileEntry, FileOp,
-    FileOpOutcome, Interrupter, JobChunk, JobInfo, Limits, ListeningPort, Loaded, ResumeAs, Stream, Template,
+    CapturedOutput, Engine, EngineError, ExecOptions, ExecResult, FileEntry, FileOp, FileOpOutcome, Interrupter,
+    JobChunk, JobInfo, Limits, ListeningPort, ResumeAs, Stream, Template,
 };
 use forkbox_snapshot::{Layer, StateError};
 
@@ -2115,8 +2116,8 @@ impl SessionManager {
         id: &str,
         seq: i64,
         name: &str,
-    ) -> Result<forkbox_engine::catalog::Listing, SessionError> {
-        forkbox_engine::catalog::validate_name(name)?;
+    ) -> Result<forkbox_catalog::catalog::Listing, SessionError> {
+        forkbox_catalog::catalog::validate_name(name)?;
         let rec = self.record(tenant, id)?;
         let target = self.find_checkpoint(&rec, seq)?;
         let t = self.loaded(&rec)?;

@@ -44,7 +44,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-use forkbox_engine::shared::{Artifact, ArtifactKind};
+use forkbox_catalog::shared::{Artifact, ArtifactKind};
 
 use crate::db::{vals, Backend, Conn, DbError, Row, Value};
 

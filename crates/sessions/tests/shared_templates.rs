@@ -23,9 +23,10 @@ use std::sync::{Arc, Barrier, Mutex};
 use std::time::Instant;
 
 use common::*;
-use forkbox_engine::catalog::PipSource;
-use forkbox_engine::shared::SharedStats;
-use forkbox_engine::{Catalog, Limits};
+use forkbox_catalog::catalog::PipSource;
+use forkbox_catalog::shared::SharedStats;
+use forkbox_catalog::Catalog;
+use forkbox_engine::Limits;
 use forkbox_sessions::artifacts::BucketArtifacts;
 use forkbox_sessions::manager::{Config, SessionManager};
 use forkbox_sessions::store::Store;

@@ -20,7 +20,7 @@ pub use error::{Result, VmmError};
 pub use interrupt::InterruptLatch;
 pub use kvm_bindings::{kvm_regs, kvm_xsave};
 pub use memory::{GuestMemory, ResetStats};
-pub use regs::{Regs, RegsError, Sregs, VcpuRecord, Xcrs, Xsave};
+pub use regs::{after_syscall, Regs, RegsError, Sregs, VcpuRecord, Xcrs, Xsave};
 pub use vm::{GuestFault, VcpuState, Vm, VmExit};
 
 /// CPU time of the calling thread, in seconds. KVM counts a vCPU's guest

@@ -48,6 +48,17 @@ pub struct Regs {
     pub rflags: u64,
 }
 
+/// The user state after the syscall the vCPU stopped at (`regs`, at the
+/// syscall instruction's exit) returns `ret`: the result in RAX, RIP and
+/// RFLAGS back from RCX and R11 where SYSCALL saved them (as SYSRET does).
+pub fn after_syscall(regs: &kvm_regs, ret: u64) -> kvm_regs {
+    let mut u = *regs;
+    u.rax = ret;
+    u.rip = regs.rcx;
+    u.rflags = regs.r11;
+    u
+}
+
 impl From<&kvm_regs> for Regs {
     fn from(r: &kvm_regs) -> Regs {
         Regs {

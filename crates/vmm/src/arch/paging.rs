@@ -174,9 +174,15 @@ pub fn region_prots(mem: &GuestMemory, region: u64) -> Result<[u8; REGION_PAGES]
 /// per 4 KiB page (0: not present). Pages losing a permission are queued for
 /// invalidation on `mem`. Writes only what changes.
 pub fn set_region(mem: &mut GuestMemory, region: u64, prots: &[u8; REGION_PAGES]) -> Result<()> {
-    let old = region_prots(mem, region)?;
     let base = region * HUGE_PAGE_SIZE;
     let new = prots.map(normalize);
+    // Most regions are one protection throughout (most of all: unmapped) and
+    // already say so: nothing to decode, compare or invalidate. (A restore
+    // checks every region of the address space.)
+    if new.iter().all(|&p| p == new[0]) && mem.read_u64(pde_addr(region))? == leaf(base, new[0], true) {
+        return Ok(());
+    }
+    let old = region_prots(mem, region)?;
     let mut i = 0;
     while i < REGION_PAGES {
         if old[i] & !new[i] == 0 {

@@ -19,12 +19,11 @@ use forkbox_image::{BuildError, BuildOptions, ImageSpec};
 use forkbox_vmm::Cpu;
 use serde::{Deserialize, Serialize};
 
-use crate::error::EngineError;
+use forkbox_engine::template::{templates_dir, Template, TemplateInfo};
+use forkbox_engine::net_secrets::{SealedSecret, SecretInfo};
+use forkbox_engine::{Engine, EngineError, NetPolicy};
+
 use crate::shared::{ArtifactKind, Shared, SharedArtifacts, SharedError, SharedStats};
-use crate::template::{templates_dir, Template, TemplateInfo};
-use crate::Engine;
-use crate::NetPolicy;
-use forkbox_linux::net::secrets::{SealedSecret, SecretInfo};
 
 /// The template a server and the CLI use unless told otherwise.
 pub const DEFAULT_TEMPLATE: &str = "python";
@@ -81,9 +80,9 @@ pub struct Recipe {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RecipeKind {
     Shipped,
-    /// `forkbox template build NAME --apt/--pip`, `POST /v1/templates`.
+    /// `forkbox template build NAME --apt/--pip`, or an owner's request for one of its own.
     Custom,
-    /// `POST /v1/sessions/{id}/checkpoints/{n}/template`: a session's state.
+    /// A session's state at one of its checkpoints.
     Checkpoint {
         session: String,
         checkpoint: i64,
@@ -100,7 +99,7 @@ impl RecipeKind {
     }
 }
 
-/// What a custom template is built from (`forkbox template build NAME ...`, `POST /v1/templates`).
+/// What a custom template is built from (`forkbox template build NAME ...`, or an owner's request).
 #[derive(Clone, Debug, Default)]
 pub struct CustomTemplate {
     pub name: String,
@@ -117,9 +116,7 @@ pub struct CustomTemplate {
     pub secrets: Vec<SealedSecret>,
 }
 
-/// Most custom templates one tenant may have, and builds pending at once.
-pub const MAX_TEMPLATES_PER_TENANT: usize = 32;
-pub const MAX_PENDING_BUILDS_PER_TENANT: usize = 1;
+/// Most template builds pending at once on this server.
 pub const MAX_PENDING_BUILDS: usize = 4;
 /// Longest preload of a custom template.
 pub const MAX_PRELOAD_BYTES: usize = 64 << 10;
@@ -172,7 +169,7 @@ struct CustomRecord {
 const RECORD_FORMAT: u32 = 3;
 const READABLE_RECORD_FORMATS: [u32; 3] = [1, 2, 3];
 
-/// The catalog key of a template: its name, or `<owner>/<name>` for a tenant's own.
+/// The catalog key of a template: its name, or `<owner>/<name>` for an owner's own.
 fn key_of(owner: Option<&str>, name: &str) -> String {
     match owner {
         Some(o) => format!("{o}/{name}"),
@@ -224,7 +221,7 @@ impl Recipe {
             ("checkpoint", Some(session), Some(checkpoint)) => RecipeKind::Checkpoint { session, checkpoint },
             _ => return None,
         };
-        let mut spec = crate::default_image_spec();
+        let mut spec = forkbox_engine::default_image_spec();
         spec.packages.extend(r.apt.iter().cloned());
         spec.blas = Blas::parse(&r.blas)?;
         spec.pip = r.pip;
@@ -250,7 +247,7 @@ pub fn builtin_recipes() -> Vec<Recipe> {
         Recipe {
             name: "python".into(),
             description: "Python 3.11 + numpy (reference BLAS)".into(),
-            spec: crate::default_image_spec(),
+            spec: forkbox_engine::default_image_spec(),
             preload: "import numpy".into(),
             owner: None,
             kind: RecipeKind::Shipped,
@@ -265,7 +262,7 @@ pub fn builtin_recipes() -> Vec<Recipe> {
                           sympy, networkx, requests, beautifulsoup4, lxml, openpyxl, PyYAML, tqdm, tabulate (OpenBLAS, one thread); \
                           pandas, matplotlib.pyplot and scipy preloaded"
                 .into(),
-            spec: crate::with_agent(ImageSpec::data()),
+            spec: forkbox_engine::with_agent(ImageSpec::data()),
             preload: DATA_PRELOAD.into(),
             owner: None,
             kind: RecipeKind::Shipped,
@@ -279,7 +276,7 @@ pub fn builtin_recipes() -> Vec<Recipe> {
             description: "Python 3.11 + CPython's regression tests (Debian's libpython3.11-testsuite, the `test` package), \
                           for scripts/cpython-tests; unittest and test.support preloaded"
                 .into(),
-            spec: crate::with_agent(ImageSpec::cpython_tests()),
+            spec: forkbox_engine::with_agent(ImageSpec::cpython_tests()),
             preload: "import unittest, test.support, test.support.os_helper".into(),
             owner: None,
             kind: RecipeKind::Shipped,
@@ -297,7 +294,7 @@ pub enum CatalogError {
     UnknownTemplate(String),
     #[error("template {0} is not in this data directory")]
     NotOnDisk(String),
-    #[error("template {name} is being built (started {secs} s ago); retry when GET /v1/templates says ready")]
+    #[error("template {name} is being built (started {secs} s ago); retry when it is listed as ready")]
     Building { name: String, secs: u64 },
     #[error("building the image of template {name}: {source}")]
     Build { name: String, source: BuildError },
@@ -325,7 +322,7 @@ impl CatalogError {
         match self {
             CatalogError::UnknownTemplate(_) | CatalogError::NotOnDisk(_) => ErrorCode::TemplateNotFound,
             CatalogError::Building { .. } => ErrorCode::TemplateNotReady,
-            CatalogError::Engine { source: EngineError::Shared(e), .. } => e.error_code(),
+            CatalogError::Engine { source: e @ EngineError::Storage { .. }, .. } => e.error_code(),
             CatalogError::Build { .. } | CatalogError::Engine { .. } => ErrorCode::TemplateUnavailable,
             CatalogError::Invalid(_) => ErrorCode::InvalidRequest,
             CatalogError::Exists(_) => ErrorCode::TemplateExists,
@@ -377,7 +374,7 @@ impl Loaded {
     }
 }
 
-/// What `GET /v1/templates` lists.
+/// One template and its state, as the template list shows it.
 #[derive(Clone, Debug, Serialize)]
 pub struct Listing {
     pub name: String,
@@ -422,11 +419,26 @@ enum BuildState {
     Failed(String),
 }
 
+/// What an owner has in the catalog when it asks for one more template of
+/// its own: what the caller's admission rules ([`Catalog::set_owner_rules`]) decide on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OwnerUsage {
+    /// Its own templates now.
+    pub templates: usize,
+    /// The name asked for is one of them already (a failed build being replaced).
+    pub replaces: bool,
+    /// Its template builds pending now.
+    pub pending_builds: usize,
+}
+
+/// Admission of an owner's new template: `Err` (`Quota`, `TooManyBuilds`) refuses it.
+pub type OwnerRules = dyn Fn(OwnerUsage) -> Result<(), CatalogError> + Send + Sync;
+
 /// Named recipes plus every template opened so far, by id. Cheap to share (`Arc`).
 pub struct Catalog {
     home: PathBuf,
     cpu: Arc<Cpu>,
-    /// By key (the name; `<tenant>/<name>` for a tenant's own).
+    /// By key (the name; `<owner>/<name>` for an owner's own).
     recipes: RwLock<BTreeMap<String, Recipe>>,
     /// Where pip looks for the wheels of templates built by request.
     pip_source: RwLock<PipSource>,
@@ -443,6 +455,8 @@ pub struct Catalog {
     build_lock: Mutex<()>,
     /// Held while a new template is checked against the limits and recorded.
     admit_lock: Mutex<()>,
+    /// What an owner may add (`set_owner_rules`; none: no limit per owner).
+    owner_rules: RwLock<Option<Arc<OwnerRules>>>,
     /// In a cluster: where templates, images and package layers are shared
     /// (`set_shared`); None: this data directory is the only copy.
     shared: RwLock<Option<Arc<Shared>>>,
@@ -486,6 +500,7 @@ impl Catalog {
             build_detail: BuildDetail::default(),
             build_lock: Mutex::new(()),
             admit_lock: Mutex::new(()),
+            owner_rules: RwLock::new(None),
             shared: RwLock::new(None),
             opening: Mutex::new(HashMap::new()),
         })
@@ -588,30 +603,36 @@ impl Catalog {
         m.entry(id.to_string()).or_default().clone()
     }
 
+    /// Where this catalog's engines fetch package layers they lack (the
+    /// cluster's shared artifacts; None: not in a cluster).
+    fn layer_source(&self) -> Option<Arc<dyn forkbox_engine::LayerSource>> {
+        self.shared().map(|sh| Arc::new(crate::shared::SharedLayers(sh)) as Arc<dyn forkbox_engine::LayerSource>)
+    }
+
     /// An engine over the image at `path` with this catalog's CPU, package
     /// layers and shared artifacts.
     fn engine_for(&self, path: &Path, preload: &str) -> Result<Engine, EngineError> {
         Ok(Engine::open_with_cpu(self.cpu.clone(), path)?
             .with_preload(preload.to_string())
             .with_packages(self.packages.clone())
-            .with_shared(self.shared()))
+            .with_layer_source(self.layer_source()))
     }
 
     /// Resolve and download `specs` (and their dependencies) for a run-time
     /// install (see `PackageStore::resolve`); in a cluster each layer is also
     /// published before any sandbox mounts it, so that a checkpoint referring
     /// to it is resumable on every node. Blocking (pip).
-    pub fn resolve_packages(&self, specs: &[String]) -> Result<Vec<crate::packages::Package>, EngineError> {
+    pub fn resolve_packages(&self, specs: &[String]) -> Result<Vec<forkbox_engine::packages::Package>, EngineError> {
         self.resolve_packages_within(specs, forkbox_image::packages::MAX_LAYER_BYTES)
     }
 
     /// [`Self::resolve_packages`], a layer built now unpacking to at most
-    /// `budget` bytes (what is left of the tenant's disk quota).
+    /// `budget` bytes (what is left of its owner's disk quota).
     pub fn resolve_packages_within(
         &self,
         specs: &[String],
         budget: u64,
-    ) -> Result<Vec<crate::packages::Package>, EngineError> {
+    ) -> Result<Vec<forkbox_engine::packages::Package>, EngineError> {
         let pkgs = self.packages.resolve_within(specs, budget)?;
         if let Some(sh) = self.shared() {
             for p in &pkgs {
@@ -648,6 +669,12 @@ impl Catalog {
     }
 
     /// Where pip looks for the wheels of templates built by request (`serve --pip-index-url/--pip-find-links`).
+    /// The rules an owner's new template (`create`, `add_from_snapshot` with
+    /// an owner) must pass, checked with the catalog's admission lock held.
+    pub fn set_owner_rules(&self, rules: Arc<OwnerRules>) {
+        *self.owner_rules.write().unwrap_or_else(|p| p.into_inner()) = Some(rules);
+    }
+
     pub fn set_pip_source(&self, source: PipSource) -> Result<(), CatalogError> {
         source.validate().map_err(CatalogError::Invalid)?;
         self.packages.set_source(source.clone()).map_err(|e| CatalogError::Invalid(e.to_string()))?;
@@ -655,7 +682,7 @@ impl Catalog {
         Ok(())
     }
 
-    /// The package layers of run-time installs (`%pip install`, `POST /v1/sessions/{id}/packages`).
+    /// The package layers of run-time installs (`%pip install`, or a request to install into a session).
     pub fn packages(&self) -> &Arc<forkbox_image::packages::PackageStore> {
         &self.packages
     }
@@ -664,15 +691,15 @@ impl Catalog {
         self.recipes.read().is_ok_and(|m| m.contains_key(key))
     }
 
-    /// The key a tenant's request for `name` means: its own template of that name,
-    /// else a shipped or shared one. None (`tenant`): the shared namespace only.
-    pub fn key_for(&self, tenant: Option<&str>, name: &str) -> Result<String, CatalogError> {
-        // A '/' would name another tenant's template.
+    /// The key an owner's request for `name` means: its own template of that name,
+    /// else a shipped or shared one. None (`owner`): the shared namespace only.
+    pub fn key_for(&self, owner: Option<&str>, name: &str) -> Result<String, CatalogError> {
+        // A '/' would name another owner's template.
         if name.contains('/') {
             return Err(CatalogError::UnknownTemplate(name.into()));
         }
-        if let Some(t) = tenant {
-            let own = key_of(Some(t), name);
+        if let Some(o) = owner {
+            let own = key_of(Some(o), name);
             if self.has_recipe(&own) {
                 return Ok(own);
             }
@@ -710,8 +737,8 @@ impl Catalog {
     pub fn insert(&self, name: &str, engine: Arc<Engine>, template: Arc<Template>) -> Arc<Loaded> {
         // Its sessions' package layers are this data directory's (unless it has a store already).
         let _ = engine.packages.set(self.packages.clone());
-        if let Some(sh) = self.shared() {
-            let _ = engine.shared.set(sh);
+        if let Some(source) = self.layer_source() {
+            engine.set_layer_source(source);
         }
         let loaded =
             Arc::new(Loaded { engine, template, name: Some(name.to_string()), network: None, secrets: Vec::new() });
@@ -809,7 +836,7 @@ impl Catalog {
         let me = self.clone();
         let n = name.clone();
         // Never under an exec thread's seccomp filter: a build runs apt-get, dpkg, ldconfig.
-        let spawned = crate::jail::spawn_unjailed(format!("build-{name}"), move || match me.get(Some(&n)) {
+        let spawned = forkbox_engine::jail::spawn_unjailed(format!("build-{name}"), move || match me.get(Some(&n)) {
             Ok(l) => tracing::info!(template = %n, id = %l.id(), "template built"),
             Err(e) => tracing::warn!(template = %n, "template build failed: {e}"),
         });
@@ -887,21 +914,15 @@ impl Catalog {
                 return Err(CatalogError::Exists(name.into()));
             }
         }
-        if let Some(o) = owner {
+        let rules = self.owner_rules.read().unwrap_or_else(|p| p.into_inner()).clone();
+        if let (Some(o), Some(rules)) = (owner, rules) {
             let prefix = format!("{o}/");
-            let mine = recipes.keys().filter(|k| k.starts_with(&prefix)).count();
-            if !recipes.contains_key(&key) && mine >= MAX_TEMPLATES_PER_TENANT {
-                return Err(CatalogError::Quota(format!("at most {MAX_TEMPLATES_PER_TENANT} templates per tenant")));
-            }
-            let pending_mine = builds
+            let templates = recipes.keys().filter(|k| k.starts_with(&prefix)).count();
+            let pending_builds = builds
                 .iter()
                 .filter(|(k, st)| k.starts_with(&prefix) && matches!(st, BuildState::Building(..)))
                 .count();
-            if pending_mine >= MAX_PENDING_BUILDS_PER_TENANT {
-                return Err(CatalogError::TooManyBuilds(format!(
-                    "this tenant has {pending_mine} template build(s) pending (at most {MAX_PENDING_BUILDS_PER_TENANT}); retry when it is done"
-                )));
-            }
+            rules(OwnerUsage { templates, replaces: recipes.contains_key(&key), pending_builds })?;
         }
         let pending = builds.values().filter(|st| matches!(st, BuildState::Building(..))).count();
         if pending >= MAX_PENDING_BUILDS {
@@ -925,7 +946,7 @@ impl Catalog {
         if preload.len() > MAX_PRELOAD_BYTES || preload.contains('\0') {
             return Err(CatalogError::Invalid(format!("preload must be at most {MAX_PRELOAD_BYTES} bytes of text")));
         }
-        let mut spec = crate::default_image_spec();
+        let mut spec = forkbox_engine::default_image_spec();
         spec.packages.extend(t.apt.iter().cloned());
         spec.blas = t.blas;
         spec.pip = t.pip.clone();
@@ -969,7 +990,7 @@ impl Catalog {
         self.listing(Some(owner), &t.name).ok_or_else(|| CatalogError::UnknownTemplate(t.name.clone()))
     }
 
-    /// Add (or rebuild) a custom template shared by every tenant and build it now
+    /// Add (or rebuild) a custom template shared by every owner and build it now
     /// (blocking: `forkbox template build NAME --apt/--pip`).
     pub fn build_shared(&self, t: &CustomTemplate, pip_source: PipSource) -> Result<Arc<Loaded>, CatalogError> {
         let key = {
@@ -1006,7 +1027,7 @@ impl Catalog {
         owner: Option<&str>,
         name: &str,
         base: &Loaded,
-        sb: &crate::Sandbox,
+        sb: &forkbox_engine::Sandbox,
         session: &str,
         checkpoint: i64,
     ) -> Result<Listing, CatalogError> {
@@ -1089,7 +1110,7 @@ impl Catalog {
                 return Err(CatalogError::Shared { name: name.into(), source });
             }
         }
-        let spec = crate::default_image_spec();
+        let spec = forkbox_engine::default_image_spec();
         let recipe = Recipe {
             name: name.into(),
             description: format!(
@@ -1136,7 +1157,7 @@ impl Catalog {
             return r.template_id.is_some_and(|id| templates_dir(&self.home).join(id).join("state").exists());
         }
         let Ok(Some(image_id)) = forkbox_image::built_id(&r.spec, &self.home) else { return false };
-        let tid = crate::template::template_id(
+        let tid = forkbox_engine::template::template_id(
             &image_id,
             &r.preload,
             &forkbox_snapshot::CpuFingerprint::of(&self.cpu).digest(),
@@ -1199,7 +1220,7 @@ impl Catalog {
             None => {
                 let built = build_image()?;
                 let engine = self.engine_for(&built.path, &recipe.preload).map_err(engine_err)?;
-                let tid = crate::template::template_id(engine.image.id(), &engine.preload, &cpu_digest);
+                let tid = forkbox_engine::template::template_id(engine.image.id(), &engine.preload, &cpu_digest);
                 match existing(&tid) {
                     Some(l) => (l.engine.clone(), l.template.clone(), built.reused),
                     None => {
@@ -1217,7 +1238,7 @@ impl Catalog {
             Some(sh) => {
                 let image_id = forkbox_image::resolve_id(&recipe.spec, &self.home)
                     .map_err(|source| CatalogError::Build { name: shown.clone(), source })?;
-                let tid = crate::template::template_id(&image_id, &recipe.preload, &cpu_digest);
+                let tid = forkbox_engine::template::template_id(&image_id, &recipe.preload, &cpu_digest);
                 match existing(&tid) {
                     Some(l) => (l.engine.clone(), l.template.clone(), true),
                     None => {
@@ -1349,7 +1370,7 @@ impl Catalog {
         let published = a.clone();
         sh.off(move |sh| sh.install_template(&published)).map_err(err)?;
         let dir = templates_dir(&self.home).join(&a.id);
-        let info = crate::template::read_info(&dir).map_err(corrupt)?;
+        let info = forkbox_engine::template::read_info(&dir).map_err(corrupt)?;
         let engine_err = |source| CatalogError::Engine { name: shown.to_string(), source };
         let engine = self.engine_for(&sh.image_path(&image_id), &info.preload).map_err(engine_err)?;
         let template = Template::load(&engine, &dir).map_err(engine_err)?;
@@ -1363,7 +1384,7 @@ impl Catalog {
     fn publish_local(&self, sh: &Arc<Shared>, id: &str) -> Result<crate::shared::Artifact, CatalogError> {
         let err = |source| CatalogError::Shared { name: id.to_string(), source };
         let dir = templates_dir(&self.home).join(id);
-        let info = crate::template::read_info(&dir).map_err(|_| CatalogError::NotOnDisk(id.into()))?;
+        let info = forkbox_engine::template::read_info(&dir).map_err(|_| CatalogError::NotOnDisk(id.into()))?;
         let tid = id.to_string();
         let _cluster = sh.off(move |sh| sh.sh.lock(ArtifactKind::Template, &tid)).map_err(err)?;
         let iid = info.image_id.clone();
@@ -1412,7 +1433,8 @@ impl Catalog {
             return Ok(m.entry(id.to_string()).or_insert(loaded).clone());
         }
         let dir = templates_dir(&self.home).join(id);
-        let info: TemplateInfo = crate::template::read_info(&dir).map_err(|_| CatalogError::NotOnDisk(id.into()))?;
+        let info: TemplateInfo =
+            forkbox_engine::template::read_info(&dir).map_err(|_| CatalogError::NotOnDisk(id.into()))?;
         let image = forkbox_image::image_path(&self.home, &info.image_id);
         if !image.exists() {
             return Err(CatalogError::NotOnDisk(id.into()));
@@ -1427,34 +1449,34 @@ impl Catalog {
         Ok(m.entry(id.to_string()).or_insert(loaded).clone())
     }
 
-    /// Every named template with its state (the operator's view: all tenants', by key).
+    /// Every named template with its state (the operator's view: all owners', by key).
     pub fn list(&self) -> Vec<Listing> {
         self.list_for(None, true)
     }
 
-    /// The templates `tenant` may see and use: shipped, shared and its own (by name).
-    pub fn list_visible(&self, tenant: &str) -> Vec<Listing> {
-        self.list_for(Some(tenant), false)
+    /// The templates `owner` may see and use: shipped, shared and its own (by name).
+    pub fn list_visible(&self, owner: &str) -> Vec<Listing> {
+        self.list_for(Some(owner), false)
     }
 
-    /// One template as `tenant` sees it (None: the shared namespace).
-    pub fn listing(&self, tenant: Option<&str>, name: &str) -> Option<Listing> {
-        let key = self.key_for(tenant, name).ok()?;
+    /// One template as `owner` sees it (None: the shared namespace).
+    pub fn listing(&self, owner: Option<&str>, name: &str) -> Option<Listing> {
+        let key = self.key_for(owner, name).ok()?;
         if !self.has_recipe(&key) && self.ready(&key).is_none() {
             // Perhaps made on another node of the cluster.
             self.sync_records();
         }
-        self.list_keys(&[key], tenant.is_none()).into_iter().next()
+        self.list_keys(&[key], owner.is_none()).into_iter().next()
     }
 
-    fn list_for(&self, tenant: Option<&str>, all: bool) -> Vec<Listing> {
+    fn list_for(&self, owner: Option<&str>, all: bool) -> Vec<Listing> {
         self.sync_records();
         let mut keys: Vec<String> = self.recipes.read().map(|m| m.keys().cloned().collect()).unwrap_or_default();
         if let Ok(m) = self.by_name.lock() {
             keys.extend(m.keys().filter(|n| !self.has_recipe(n)).cloned());
         }
         keys.retain(|k| {
-            all || !k.contains('/') || tenant.is_some_and(|t| k.strip_prefix(t).is_some_and(|r| r.starts_with('/')))
+            all || !k.contains('/') || owner.is_some_and(|o| k.strip_prefix(o).is_some_and(|r| r.starts_with('/')))
         });
         keys.sort();
         keys.dedup();
@@ -1513,7 +1535,7 @@ impl Catalog {
                         .or_else(|| {
                             // Built earlier (a custom template's record names it): its image's size.
                             let id = recipe.as_ref()?.template_id.clone()?;
-                            let info = crate::template::read_info(&templates_dir(&self.home).join(id)).ok()?;
+                            let info = forkbox_engine::template::read_info(&templates_dir(&self.home).join(id)).ok()?;
                             Some(forkbox_image::image_path(&self.home, &info.image_id))
                         })
                         .and_then(|p| std::fs::metadata(p).ok())
@@ -1585,7 +1607,7 @@ mod tests {
     fn records_keep_the_policy_and_unknown_formats_are_refused() {
         let mut rec: CustomRecord = serde_json::from_str(FORMAT_1).expect("parses");
         let policy = NetPolicy {
-            mode: crate::NetMode::Allowlist,
+            mode: forkbox_engine::NetMode::Allowlist,
             allow: vec!["example.com:443".parse().expect("rule")],
             deny: vec!["*:25".parse().expect("rule")],
             max_bytes_per_second: Some(1 << 20),

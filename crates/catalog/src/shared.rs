@@ -24,7 +24,7 @@
 //!   (`tmp/shared`), verified, then renamed into place; nothing partial is
 //!   ever in `templates/`, `images/` or `packages/`.
 //!
-//! The engine knows nothing of buckets or databases: the [`SharedArtifacts`]
+//! This crate knows nothing of buckets or databases: the [`SharedArtifacts`]
 //! trait is implemented above it (`forkbox_sessions::artifacts`) and handed
 //! to the catalog (`Catalog::set_shared`) when the node is in a cluster.
 
@@ -37,7 +37,8 @@ use std::sync::{Arc, Mutex};
 use forkbox_api::ErrorCode;
 use sha2::{Digest, Sha256};
 
-use crate::template::templates_dir;
+use forkbox_engine::template::templates_dir;
+use forkbox_engine::{EngineError, LayerSource};
 
 /// What an artifact is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -110,6 +111,24 @@ impl SharedError {
 
     fn corrupt(kind: ArtifactKind, id: &str, why: impl Into<String>) -> SharedError {
         SharedError::Corrupt { kind: kind.as_str(), id: id.to_string(), why: why.into() }
+    }
+}
+
+/// The engine's form of a shared-artifact failure (same message and code).
+impl From<SharedError> for EngineError {
+    fn from(e: SharedError) -> EngineError {
+        EngineError::Storage { code: e.error_code(), message: e.to_string() }
+    }
+}
+
+/// The cluster's package layers as an engine fetches them (a layer a restored
+/// state mounts and this node lacks).
+pub(crate) struct SharedLayers(pub(crate) Arc<Shared>);
+
+impl LayerSource for SharedLayers {
+    fn fetch_layer(&self, id: &str, path: &Path) -> Result<bool, EngineError> {
+        let (id, path) = (id.to_string(), path.to_path_buf());
+        Ok(self.0.off(move |sh| sh.install_layer(&id, &path))?)
     }
 }
 
@@ -222,11 +241,11 @@ impl Shared {
 pub(crate) fn unfiltered<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, SharedError> + Send + 'static,
 ) -> Result<T, SharedError> {
-    if !crate::jail::is_filtered() {
+    if !forkbox_engine::jail::is_filtered() {
         return f();
     }
     let (tx, rx) = std::sync::mpsc::sync_channel(1);
-    crate::jail::spawn_unjailed("forkbox-shared".into(), move || {
+    forkbox_engine::jail::spawn_unjailed("forkbox-shared".into(), move || {
         let _ = tx.send(f());
     })
     .map_err(|e| SharedError::Failed(format!("starting a thread: {e}")))?;
@@ -448,7 +467,7 @@ impl Shared {
 
     /// Remove the local templates made on image `image_id` (it was replaced).
     fn drop_templates_of(&self, image_id: &str) {
-        for (dir, info) in crate::template::list(&self.home) {
+        for (dir, info) in forkbox_engine::template::list(&self.home) {
             if info.is_ok_and(|i| i.image_id == image_id) {
                 tracing::warn!(template = %dir.display(), "removing a template made on a replaced image");
                 let _ = std::fs::remove_dir_all(&dir);
@@ -533,7 +552,7 @@ impl Shared {
         let snap = forkbox_snapshot::read_state(&state).map_err(|e| bad(e.to_string()))?;
         forkbox_snapshot::MemoryFile::open(&dir.join(forkbox_snapshot::bundle::MEMORY_FILE), &snap.memory)
             .map_err(|e| bad(e.to_string()))?;
-        let tinfo: crate::TemplateInfo =
+        let tinfo: forkbox_engine::TemplateInfo =
             serde_json::from_str(&snap.info).map_err(|e| bad(format!("template info: {e}")))?;
         if tinfo.id != a.id || a.needs.as_ref().is_some_and(|n| *n != tinfo.image_id) {
             return Err(bad(format!("the bundle is template {} of image {}", tinfo.id, tinfo.image_id)));
