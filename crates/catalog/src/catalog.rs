@@ -19,8 +19,8 @@ use forkbox_image::{BuildError, BuildOptions, ImageSpec};
 use forkbox_vmm::Cpu;
 use serde::{Deserialize, Serialize};
 
-use forkbox_engine::template::{templates_dir, Template, TemplateInfo};
 use forkbox_engine::net_secrets::{SealedSecret, SecretInfo};
+use forkbox_engine::template::{templates_dir, Template, TemplateInfo};
 use forkbox_engine::{Engine, EngineError, NetPolicy};
 
 use crate::shared::{ArtifactKind, Shared, SharedArtifacts, SharedError, SharedStats};
