@@ -270,6 +270,8 @@ async fn create(
             executions: 0,
             processes: Default::default(),
             ptys: Default::default(),
+            watchers: Default::default(),
+            cpu_sample: None,
         }),
     });
     state.e2b.start_reaper(&state);
@@ -372,6 +374,8 @@ async fn record(
             executions: 0,
             processes: Default::default(),
             ptys: Default::default(),
+            watchers: Default::default(),
+            cpu_sample: None,
         }),
     });
     state.e2b.start_reaper(state);
@@ -487,6 +491,8 @@ async fn fork(
                         executions: 0,
                         processes: Default::default(),
                         ptys: Default::default(),
+                        watchers: Default::default(),
+                        cpu_sample: None,
                     }),
                 });
                 out.push(json!({ "sandbox": sandbox_json(&rec, state.config.sandbox_domain.as_deref()) }));
@@ -662,8 +668,13 @@ async fn list(state: AppState, caller: Caller, q: Option<String>, v2: bool) -> R
     page(items, limit, next)
 }
 
-/// `GET /sandboxes/{id}/metrics`: one sample of what forkbox knows (the memory limit,
-/// the checkpoint bytes on disk); CPU use is not measured per sandbox here (0).
+/// `GET /sandboxes/{id}/metrics`: one sample of the sandbox now. `cpuUsedPct`:
+/// the CPU time its vCPUs ran (every process) over the wall time since the
+/// previous sample (the first: since it started), of its one CPU; `memUsed`:
+/// its resident guest memory (the pages of its processes' guest memory the
+/// host has mapped); `diskUsed`: the bytes of its file system's overlay;
+/// `memTotal` / `diskTotal`: its memory limit and disk quota. A paused
+/// sandbox (not resident) uses no CPU or memory; its disk is its checkpoints'.
 async fn metrics(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -671,20 +682,38 @@ async fn metrics(
 ) -> Result<Json<Value>, E2bError> {
     let v = session_of(&state, &caller, &id).await?;
     let (c, i) = (caller.clone(), id.clone());
-    let disk: u64 =
-        blocking(&state, move |rt| Ok(rt.checkpoints(&c.tenant, &i)?.iter().map(|c| c.bytes).sum())).await?;
+    let usage = blocking(&state, move |rt| Ok(rt.session_usage(&c.tenant, &i)?)).await?;
     let now = now_ms();
-    let mem_total = v.memory_mb() << 20;
+    let (cpu_pct, mem_used, disk_used) = match usage {
+        Some(u) => {
+            let rec = state.e2b.owned(&caller.tenant, &id);
+            let since = rec.as_ref().and_then(|r| r.lock().cpu_sample);
+            let started = rec.as_ref().map_or(now, |r| r.started_ms);
+            // A sandbox brought back from disk counts its CPU time from zero again.
+            let (t0, cpu0) = since.filter(|&(_, c)| c <= u.cpu_seconds).unwrap_or((started, 0.0));
+            let wall = (now - t0).max(1) as f64 / 1000.0;
+            if let Some(r) = &rec {
+                r.lock().cpu_sample = Some((now, u.cpu_seconds));
+            }
+            (((u.cpu_seconds - cpu0) / wall * 100.0).clamp(0.0, 100.0), u.memory_bytes, u.disk_bytes)
+        }
+        None => {
+            let (c, i) = (caller.clone(), id.clone());
+            let disk: u64 =
+                blocking(&state, move |rt| Ok(rt.checkpoints(&c.tenant, &i)?.iter().map(|c| c.bytes).sum())).await?;
+            (0.0, 0, disk)
+        }
+    };
     Ok(Json(json!([{
         "timestamp": rfc3339(now),
         "timestampUnix": now / 1000,
         "cpuCount": 1,
-        "cpuUsedPct": 0.0,
-        "memUsed": 0,
-        "memTotal": mem_total,
+        "cpuUsedPct": (cpu_pct * 100.0).round() / 100.0,
+        "memUsed": mem_used,
+        "memTotal": v.memory_mb() << 20,
         "memCache": 0,
-        "diskUsed": disk,
-        "diskTotal": 0,
+        "diskUsed": disk_used,
+        "diskTotal": v.record.limits.disk_bytes,
     }])))
 }
 
