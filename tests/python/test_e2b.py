@@ -753,3 +753,32 @@ def test_metrics_follow_cpu_memory_and_disk(e2b_server):
         assert disk.disk_used >= after.disk_used + (4 << 20), (after.disk_used, disk.disk_used)
     finally:
         sbx.kill()
+
+
+def test_a_watcher_that_falls_behind_fails_as_envds_overflow(e2b_server):
+    from e2b.exceptions import SandboxException
+
+    sbx = e2b.Sandbox.create()
+    try:
+        sbx.files.make_dir("/home/user/flood")
+        slow = sbx.files.watch_dir("/home/user/flood")
+        # More changes than a watcher keeps between two reads (4,096), never read meanwhile.
+        sbx.commands.run("cd /home/user/flood && for i in $(seq 5000); do : > f$i; done", timeout=300)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                evs = slow.get_new_events()
+            except SandboxException as e:
+                assert "overflow" in str(e), e
+                break
+            assert len(evs) <= 4096
+            assert time.monotonic() < deadline, "the flooded watcher never failed"
+            time.sleep(0.2)
+        # The sandbox and a new watcher are fine.
+        fresh = sbx.files.watch_dir("/home/user/flood")
+        sbx.files.write("/home/user/flood/after.txt", "x")
+        assert ("create", "after.txt") in _events(fresh, lambda s: ("create", "after.txt") in s)
+        fresh.stop()
+        slow.stop()
+    finally:
+        sbx.kill()

@@ -178,10 +178,8 @@ impl Vfs {
         j.push(kind, &path);
         match (kind, ino) {
             (ChangeKind::Create, Some(i)) => j.name(i, path),
-            (ChangeKind::Remove | ChangeKind::Rename, Some(i)) => {
-                if j.names.get(&i).is_some_and(|p| *p == path) {
-                    j.names.remove(&i);
-                }
+            (ChangeKind::Remove | ChangeKind::Rename, Some(i)) if j.names.get(&i).is_some_and(|p| *p == path) => {
+                j.names.remove(&i);
             }
             _ => {}
         }
