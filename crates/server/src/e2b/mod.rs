@@ -107,6 +107,9 @@ pub struct RecState {
     pub watchers: BTreeMap<String, Arc<watch::Watcher>>,
     /// The last `get_metrics` sample: (unix ms, CPU seconds), for `cpuUsedPct` over the time since.
     pub cpu_sample: Option<(i64, f64)>,
+    /// The figures of the last `get_metrics` (CPU %, memory, disk bytes): the answer
+    /// while a call holds the sandbox (an exec, a file call).
+    pub last_usage: Option<(f64, u64, u64)>,
 }
 
 impl SandboxRec {
