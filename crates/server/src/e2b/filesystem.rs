@@ -109,7 +109,7 @@ struct MoveRequest {
     destination: String,
 }
 
-fn answer(r: Result<Value, ConnectError>) -> Response {
+pub(super) fn answer(r: Result<Value, ConnectError>) -> Response {
     match r {
         Ok(v) => connect::unary(v),
         Err(e) => e.into_response(),

@@ -30,7 +30,7 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::Extension;
 use forkbox_runtime::{ChangeKind, Changes, EntryKind, FileOp, FileOpOutcome};
 use serde::Deserialize;
@@ -291,10 +291,7 @@ pub async fn create_watcher(
         Ok(json!({ "watcherId": w.id }))
     }
     .await;
-    match r {
-        Ok(v) => connect::unary(v),
-        Err(e) => e.into_response(),
-    }
+    super::filesystem::answer(r)
 }
 
 fn watcher_of(rec: &SandboxRec, id: &str) -> Result<Arc<Watcher>, ConnectError> {
@@ -321,10 +318,7 @@ pub async fn get_watcher_events(
         let events: Vec<Value> = q.events.drain(..).collect();
         Ok(json!({ "events": events }))
     })();
-    match r {
-        Ok(v) => connect::unary(v),
-        Err(e) => e.into_response(),
-    }
+    super::filesystem::answer(r)
 }
 
 /// `RemoveWatcher {watcherId}` -> `{}`.
@@ -341,10 +335,7 @@ pub async fn remove_watcher(
         Ok(json!({}))
     }
     .await;
-    match r {
-        Ok(v) => connect::unary(v),
-        Err(e) => e.into_response(),
-    }
+    super::filesystem::answer(r)
 }
 
 /// `WatchDir {path, recursive}`: a stream of `start`, then `filesystem` events (the
