@@ -618,3 +618,175 @@ def test_pty_runs_bash_types_resizes_interrupts_and_kills(e2b_server):
         assert sbx.pty.kill(h.pid)
         t.join(20)
         assert ended, "the pty's stream did not end after kill"
+
+
+def _events(handle, until, timeout=20.0):
+    """Poll a sync `WatchHandle` until `until(events)` holds; every event as (type, name)."""
+    seen = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        seen += [(e.type.value, e.name) for e in handle.get_new_events()]
+        if until(seen):
+            return seen
+        time.sleep(0.1)
+    pytest.fail(f"watch events never matched; saw {seen}")
+
+
+def test_watch_dir_polling_sees_commands_files_api_and_background_processes(e2b_server):
+    from e2b.exceptions import FileNotFoundException, InvalidArgumentException, SandboxException
+
+    sbx = e2b.Sandbox.create()
+    try:
+        sbx.files.make_dir("/home/user/w/sub")
+        flat = sbx.files.watch_dir("/home/user/w")
+        deep = sbx.files.watch_dir("w", recursive=True)  # relative: under /home/user
+
+        # The file API.
+        sbx.files.write("/home/user/w/api.txt", "from the api")
+        sbx.files.rename("/home/user/w/api.txt", "/home/user/w/api2.txt")
+        sbx.files.make_dir("/home/user/w/made")
+        # A command: create + write, chmod, rename, a nested file, remove.
+        sbx.commands.run(
+            "cd /home/user/w && echo hi > cmd.txt && chmod 600 cmd.txt && mv cmd.txt moved.txt"
+            " && echo deep > sub/deep.txt && rm api2.txt"
+        )
+        sbx.files.remove("/home/user/w/made")
+        want = [
+            ("create", "api.txt"), ("write", "api.txt"), ("rename", "api.txt"), ("create", "api2.txt"),
+            ("create", "made"), ("create", "cmd.txt"), ("write", "cmd.txt"), ("chmod", "cmd.txt"),
+            ("rename", "cmd.txt"), ("create", "moved.txt"), ("remove", "api2.txt"), ("remove", "made"),
+        ]
+        got = _events(flat, lambda s: ("remove", "made") in s)
+        assert [e for e in got if e in want] == want, got
+        # Not recursive: nothing from sub/, but sub/ itself is in the directory.
+        assert not [n for _, n in got if n.startswith("sub/")], got
+        got_deep = _events(deep, lambda s: ("remove", "made") in s)
+        assert ("create", "sub/deep.txt") in got_deep and ("write", "sub/deep.txt") in got_deep
+        assert ("create", "moved.txt") in got_deep
+
+        # A background process writing between calls: its writes come while nothing else is called.
+        sbx.commands.run(
+            "for i in 1 2 3 4; do echo $i >> /home/user/w/bg.log; sleep 0.3; done; touch /home/user/w/bg.done",
+            background=True,
+        )
+        got = _events(flat, lambda s: ("create", "bg.done") in s)
+        assert got[0] == ("create", "bg.log") and ("write", "bg.log") in got, got
+
+        # Another program of the guest (CPython's open() and write()).
+        sbx.commands.run("python3 -c \"open('/home/user/w/py.txt', 'w').write('x')\"")
+        assert ("create", "py.txt") in _events(flat, lambda s: ("write", "py.txt") in s)
+
+        # stop(): the watcher is gone (the SDK refuses a read; envd answers not_found).
+        flat.stop()
+        with pytest.raises(SandboxException):
+            flat.get_new_events()
+        deep.stop()
+
+        # Errors as envd gives them.
+        with pytest.raises(FileNotFoundException):
+            sbx.files.watch_dir("/home/user/nope")
+        sbx.files.write("/home/user/file.txt", "x")
+        with pytest.raises(InvalidArgumentException):
+            sbx.files.watch_dir("/home/user/file.txt")
+    finally:
+        sbx.kill()
+
+
+def test_watch_dir_stream_with_async_sdk_and_run_code(e2b_server):
+    async def go():
+        sbx = await ci.AsyncSandbox.create()
+        try:
+            await sbx.files.make_dir("/home/user/s/inner")
+            seen, recursive = [], []
+            flat = await sbx.files.watch_dir("/home/user/s", lambda e: seen.append((e.type.value, e.name)))
+            deep = await sbx.files.watch_dir(
+                "/home/user/s", lambda e: recursive.append((e.type.value, e.name)), recursive=True
+            )
+            await sbx.run_code("open('/home/user/s/code.txt', 'w').write('from run_code')")
+            await sbx.run_code("open('/home/user/s/inner/x.txt', 'w').write('deep')")
+            await sbx.files.write("/home/user/s/api.txt", "api")
+            for _ in range(200):
+                if ("write", "api.txt") in seen and ("create", "inner/x.txt") in recursive:
+                    break
+                await asyncio.sleep(0.1)
+            assert ("create", "code.txt") in seen and ("write", "code.txt") in seen, seen
+            assert ("create", "api.txt") in seen, seen
+            assert not [n for _, n in seen if n.startswith("inner/")], seen
+            assert ("create", "inner/x.txt") in recursive and ("write", "inner/x.txt") in recursive, recursive
+            await flat.stop()
+            n = len(seen)
+            await sbx.files.write("/home/user/s/after.txt", "x")
+            for _ in range(30):
+                if ("create", "after.txt") in recursive:
+                    break
+                await asyncio.sleep(0.1)
+            assert ("create", "after.txt") in recursive
+            assert len(seen) == n, "a stopped watcher got events"
+            await deep.stop()
+        finally:
+            await sbx.kill()
+
+    asyncio.run(go())
+
+
+def test_metrics_follow_cpu_memory_and_disk(e2b_server):
+    sbx = ci.Sandbox.create()
+    try:
+        sbx.run_code("x = 1")
+        time.sleep(1.0)
+        idle = sbx.get_metrics()[-1]
+        assert idle.cpu_count == 1 and idle.mem_total > 0 and idle.disk_total > 0
+        assert 0 < idle.mem_used < idle.mem_total
+
+        sbx.run_code("import time\nt = time.time()\nwhile time.time() - t < 1.5: pass")
+        busy = sbx.get_metrics()[-1]
+        assert busy.cpu_used_pct > 40, busy
+        time.sleep(1.5)
+        assert sbx.get_metrics()[-1].cpu_used_pct < 20
+        # A background process burning CPU between calls counts too.
+        burn = sbx.commands.run(
+            "python3 -c 'import time\nt = time.time()\nwhile time.time() - t < 3.5: pass'", background=True
+        )
+        time.sleep(2.0)
+        # (Its start-up is mostly system calls, answered by the VMM outside the vCPU's run time.)
+        assert sbx.get_metrics()[-1].cpu_used_pct > 25
+        burn.wait()
+
+        sbx.run_code("big = bytearray(96 << 20)\nbig[::4096] = b'x' * len(range(0, len(big), 4096))")
+        after = sbx.get_metrics()[-1]
+        assert after.mem_used >= idle.mem_used + (80 << 20), (idle.mem_used, after.mem_used)
+
+        sbx.files.write("/home/user/blob.bin", b"\x01" * (4 << 20))
+        disk = sbx.get_metrics()[-1]
+        assert disk.disk_used >= after.disk_used + (4 << 20), (after.disk_used, disk.disk_used)
+    finally:
+        sbx.kill()
+
+
+def test_a_watcher_that_falls_behind_fails_as_envds_overflow(e2b_server):
+    from e2b.exceptions import SandboxException
+
+    sbx = e2b.Sandbox.create()
+    try:
+        sbx.files.make_dir("/home/user/flood")
+        slow = sbx.files.watch_dir("/home/user/flood")
+        # More changes than a watcher keeps between two reads (4,096), never read meanwhile.
+        sbx.commands.run("cd /home/user/flood && for i in $(seq 5000); do : > f$i; done", timeout=300)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                evs = slow.get_new_events()
+            except SandboxException as e:
+                assert "overflow" in str(e), e
+                break
+            assert len(evs) <= 4096
+            assert time.monotonic() < deadline, "the flooded watcher never failed"
+            time.sleep(0.2)
+        # The sandbox and a new watcher are fine.
+        fresh = sbx.files.watch_dir("/home/user/flood")
+        sbx.files.write("/home/user/flood/after.txt", "x")
+        assert ("create", "after.txt") in _events(fresh, lambda s: ("create", "after.txt") in s)
+        fresh.stop()
+        slow.stop()
+    finally:
+        sbx.kill()

@@ -44,12 +44,15 @@ pub use forkbox_linux::net::{
 };
 /// Host entropy (getrandom(2)), for ids made above the engine.
 pub use forkbox_linux::random::fill_random;
+pub use forkbox_linux::vfs::{Change, ChangeKind, Changes};
 pub use forkbox_vmm::thread_cpu_seconds;
 pub use interrupt::Interrupter;
 pub use jobs::{JobChunk, JobInfo};
 pub use limits::Limits;
 pub use protocol::{MimeBundle, PyError};
-pub use sandbox::{BackgroundRun, CapturedOutput, ExecOptions, ExecResult, ListeningPort, RunStats, Sandbox, Stream};
+pub use sandbox::{
+    BackgroundRun, CapturedOutput, ExecOptions, ExecResult, ListeningPort, RunStats, Sandbox, Stream, Usage,
+};
 pub use template::{CheckpointFiles, CheckpointSize, CheckpointStats, ResumeAs, Template, TemplateInfo};
 
 /// The agent program, baked into every image.

@@ -46,6 +46,7 @@ use forkbox_linux::loader;
 use forkbox_linux::process::ProcessState;
 use forkbox_linux::syscalls;
 use forkbox_linux::thread::{SavedCpu, SigInfo, Wait, WaitKind, MAIN_TID, SI_KERNEL};
+use forkbox_linux::vfs::Changes;
 use forkbox_linux::Errno;
 use forkbox_linux::Process;
 use forkbox_vmm::{after_syscall, kvm_regs, GuestMemory, Regs, Vm, VmExit, Xsave};
@@ -226,6 +227,8 @@ pub struct Sandbox {
     /// ends the run at once (the channel a request comes on), polled with the
     /// guest's own host fds whenever every thread waits.
     bg_wake: Option<std::os::fd::RawFd>,
+    /// Time its vCPUs ran (every process, in calls and between them): its CPU time.
+    cpu_total: Duration,
 }
 
 /// What [`Sandbox::run_background`] did.
@@ -297,6 +300,7 @@ impl Sandbox {
             exec_opts: opts,
             keep_running: false,
             bg_wake: None,
+            cpu_total: Duration::ZERO,
             jobs: Jobs::default(),
         };
         // Booting python + numpy takes far longer than one exec here: allow a generous deadline.
@@ -362,6 +366,7 @@ impl Sandbox {
             exec_opts: loader::ExecOptions { hwcap: engine.hwcap, vdso: engine.vdso },
             keep_running: false,
             bg_wake: None,
+            cpu_total: Duration::ZERO,
             jobs: Jobs::default(),
         })
     }
@@ -812,6 +817,7 @@ impl Sandbox {
         }
         let exit = self.vm().run(Some(run_deadline), latch);
         let spent = ran.elapsed();
+        self.cpu_total = self.cpu_total.saturating_add(spent);
         self.jobs.charge(&self.kernel, self.sched.cur.proc.pid, spent);
         if !self.sched.cur.proc.threads.timers.is_empty() {
             self.sched.cur.proc.threads.charge_cpu(spent.as_nanos().min(u64::MAX as u128) as u64);
@@ -1135,6 +1141,41 @@ impl Sandbox {
             if self.run_background(until.min(now + JOB_WAIT_SLICE))? == BackgroundRun::Idle {
                 std::thread::sleep(JOB_WATCH_IDLE.min(until.saturating_duration_since(Instant::now())));
             }
+        }
+    }
+
+    /// Turn the file system's change journal on (`since`: None turns it off,
+    /// and answers None) and run the sandbox's background work until the
+    /// journal has something from `since` on (changes, or news of changes it
+    /// lost) or `until` passes; what it has then (see `forkbox_linux::vfs::Changes`).
+    pub fn fs_watch(&mut self, since: Option<u64>, until: Instant) -> Result<Option<Changes>, EngineError> {
+        let Some(since) = since else {
+            self.sched.cur.proc.vfs.stop_watching();
+            return Ok(None);
+        };
+        self.sched.cur.proc.vfs.watch_changes();
+        loop {
+            let c = self.sched.cur.proc.vfs.changes(since).unwrap_or_default();
+            let now = Instant::now();
+            if !c.events.is_empty() || c.lost > 0 || now >= until || !self.has_background() {
+                return Ok(Some(c));
+            }
+            if self.run_background(until.min(now + JOB_WAIT_SLICE))? == BackgroundRun::Idle {
+                std::thread::sleep(JOB_WATCH_IDLE.min(until.saturating_duration_since(Instant::now())));
+            }
+        }
+    }
+
+    /// What the sandbox uses now: its CPU time so far, its resident guest memory
+    /// (the pages of every process' guest memory the host has mapped) and the
+    /// bytes of its file system's overlay.
+    pub fn usage(&self) -> Usage {
+        let vms = self.sched.cur.vm.iter().chain(self.sched.others.iter().filter_map(|t| t.vm.as_ref()));
+        let pages: u64 = vms.map(|vm| footprint(vm.mem()).touched_pages).sum();
+        Usage {
+            cpu_seconds: self.cpu_total.as_secs_f64(),
+            memory_bytes: pages.saturating_mul(4096),
+            disk_bytes: self.sched.cur.proc.vfs.overlay_bytes(),
         }
     }
 
@@ -1705,35 +1746,46 @@ pub struct MemoryFootprint {
     pub private_pages: u64,
 }
 
+/// What a sandbox uses (see [`Sandbox::usage`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
+pub struct Usage {
+    pub cpu_seconds: f64,
+    pub memory_bytes: u64,
+    pub disk_bytes: u64,
+}
+
+/// Read /proc/self/pagemap over one guest memory mapping.
+fn footprint(mem: &GuestMemory) -> MemoryFootprint {
+    let mut fp = MemoryFootprint::default();
+    let Ok(f) = std::fs::File::open("/proc/self/pagemap") else { return fp };
+    let pages = mem.size() / 4096;
+    let first = mem.host_addr() / 4096;
+    let mut buf = vec![0u8; 8 * 65536];
+    let mut done = 0;
+    while done < pages {
+        let n = (pages - done).min(65536);
+        let bytes = &mut buf[..(n * 8) as usize];
+        if std::os::unix::fs::FileExt::read_exact_at(&f, bytes, (first + done) * 8).is_err() {
+            break;
+        }
+        for e in bytes.chunks_exact(8) {
+            let v = u64::from_le_bytes([e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7]]);
+            if v & (1 << 63) != 0 {
+                fp.touched_pages += 1;
+                if v & (1 << 61) == 0 {
+                    fp.private_pages += 1;
+                }
+            }
+        }
+        done += n;
+    }
+    fp
+}
+
 impl Sandbox {
     /// Read /proc/self/pagemap over the guest's RAM mapping.
     pub fn memory_footprint(&self) -> MemoryFootprint {
-        let Some(vm) = &self.sched.cur.vm else { return MemoryFootprint::default() };
-        let mem = vm.mem();
-        let mut fp = MemoryFootprint::default();
-        let Ok(f) = std::fs::File::open("/proc/self/pagemap") else { return fp };
-        let pages = mem.size() / 4096;
-        let first = mem.host_addr() / 4096;
-        let mut buf = vec![0u8; 8 * 65536];
-        let mut done = 0;
-        while done < pages {
-            let n = (pages - done).min(65536);
-            let bytes = &mut buf[..(n * 8) as usize];
-            if std::os::unix::fs::FileExt::read_exact_at(&f, bytes, (first + done) * 8).is_err() {
-                break;
-            }
-            for e in bytes.chunks_exact(8) {
-                let v = u64::from_le_bytes([e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7]]);
-                if v & (1 << 63) != 0 {
-                    fp.touched_pages += 1;
-                    if v & (1 << 61) == 0 {
-                        fp.private_pages += 1;
-                    }
-                }
-            }
-            done += n;
-        }
-        fp
+        self.sched.cur.vm.as_ref().map_or_else(MemoryFootprint::default, |vm| footprint(vm.mem()))
     }
 
     /// Every private page of the guest memory (see `memory_footprint`), by

@@ -67,6 +67,7 @@ pub use forkbox_engine::{
     JobInfo, Limits, ListeningPort, MimeBundle, NetConfig, NetMode, NetPolicy, NetRule, OutputFile, PyError, Stream,
     TemplateInfo,
 };
+pub use forkbox_engine::{Change, ChangeKind, Changes, Usage};
 pub use forkbox_image::packages::Policy as PackagePolicy;
 pub use forkbox_sessions::manager::{Config as SessionsConfig, ExecOutcome, PackagesOutcome};
 pub use forkbox_sessions::manager::{Diff, FileChange, PathCall, Variable, VariableChange, Variables};

@@ -612,6 +612,27 @@ impl Runtime {
             .map_err(|_| RuntimeError::WorkerGone)?
     }
 
+    /// Watch the session's file-system changes from `since` (None: stop
+    /// watching), waiting at most `timeout` for one (on a blocking thread).
+    /// None when the session is not resident: its journal did not come back with it.
+    pub async fn fs_watch(
+        self: &Arc<Self>,
+        tenant: &str,
+        id: &str,
+        since: Option<u64>,
+        timeout: Duration,
+    ) -> Result<Option<forkbox_engine::Changes>, RuntimeError> {
+        let (rt, tenant, id) = (self.clone(), tenant.to_string(), id.to_string());
+        tokio::task::spawn_blocking(move || Ok(rt.sessions.fs_watch(&tenant, &id, since, timeout)?))
+            .await
+            .map_err(|_| RuntimeError::WorkerGone)?
+    }
+
+    /// What the session's sandbox uses now (None when it is not resident).
+    pub fn session_usage(&self, tenant: &str, id: &str) -> Result<Option<forkbox_engine::Usage>, RuntimeError> {
+        Ok(self.sessions.usage(tenant, id)?)
+    }
+
     /// Resize the terminal of a background job started on a pty.
     pub async fn job_resize(
         self: &Arc<Self>,

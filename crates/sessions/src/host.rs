@@ -18,8 +18,8 @@ use std::hash::{Hash, Hasher};
 use forkbox_catalog::Loaded;
 use forkbox_engine::packages::{InstalledPackage, Package};
 use forkbox_engine::{
-    CapturedOutput, EngineError, ExecOptions, ExecResult, FileEntry, FileOp, FileOpOutcome, JobChunk, JobInfo, Limits,
-    ListeningPort, Sandbox, Stream, Template,
+    CapturedOutput, Changes, EngineError, ExecOptions, ExecResult, FileEntry, FileOp, FileOpOutcome, JobChunk, JobInfo,
+    Limits, ListeningPort, Sandbox, Stream, Template, Usage,
 };
 pub use forkbox_engine::{CheckpointFiles, CheckpointSize, CheckpointStats, ResumeAs};
 use forkbox_snapshot::{Layer, StateError};
@@ -177,6 +177,11 @@ pub trait Resident: Send {
     fn job_stdin(&mut self, pid: u32, data: &[u8], eof: bool) -> Result<JobInfo, EngineError>;
     /// Resize the terminal of a job started on a pty (see `Sandbox::job_resize`).
     fn job_resize(&mut self, pid: u32, rows: u16, cols: u16) -> Result<JobInfo, EngineError>;
+    /// Watch its file system's changes from `since` (None: stop), waiting at most
+    /// `timeout` for one (see `Sandbox::fs_watch`).
+    fn fs_watch(&mut self, since: Option<u64>, timeout: Duration) -> Result<Option<Changes>, EngineError>;
+    /// What it uses now (see `Sandbox::usage`).
+    fn usage(&mut self) -> Result<Usage, EngineError>;
 }
 
 /// How long a write to a job's full stdin waits for its processes to read.
@@ -368,5 +373,13 @@ impl Resident for Local {
 
     fn job_resize(&mut self, pid: u32, rows: u16, cols: u16) -> Result<JobInfo, EngineError> {
         self.sb.job_resize(pid, rows, cols)
+    }
+
+    fn fs_watch(&mut self, since: Option<u64>, timeout: Duration) -> Result<Option<Changes>, EngineError> {
+        self.sb.fs_watch(since, std::time::Instant::now() + timeout)
+    }
+
+    fn usage(&mut self) -> Result<Usage, EngineError> {
+        Ok(self.sb.usage())
     }
 }

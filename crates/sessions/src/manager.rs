@@ -18,8 +18,8 @@ use forkbox_api::ErrorCode;
 use forkbox_catalog::{Catalog, CatalogError, Loaded};
 use forkbox_engine::packages::Package;
 use forkbox_engine::{
-    CapturedOutput, Engine, EngineError, ExecOptions, ExecResult, FileEntry, FileOp, FileOpOutcome, Interrupter,
-    JobChunk, JobInfo, Limits, ListeningPort, ResumeAs, Stream, Template,
+    CapturedOutput, Changes, Engine, EngineError, ExecOptions, ExecResult, FileEntry, FileOp, FileOpOutcome,
+    Interrupter, JobChunk, JobInfo, Limits, ListeningPort, ResumeAs, Stream, Template, Usage,
 };
 use forkbox_snapshot::{Layer, StateError};
 
@@ -1640,6 +1640,25 @@ impl SessionManager {
     ) -> Result<JobInfo, SessionError> {
         let r = self.with_resident(tenant, id, |sb| Ok(sb.job_watch(pid, offsets, timeout)?))?;
         Ok(r.ok_or(EngineError::NoSuchJob(pid))?)
+    }
+
+    /// Watch the file system's changes of the session's sandbox from `since`
+    /// (None: stop watching), waiting at most `timeout` for one. None when it
+    /// is not resident (a watch never resumes an evicted or paused session;
+    /// its journal did not come back with it).
+    pub fn fs_watch(
+        &self,
+        tenant: &str,
+        id: &str,
+        since: Option<u64>,
+        timeout: Duration,
+    ) -> Result<Option<Changes>, SessionError> {
+        Ok(self.with_resident(tenant, id, |sb| Ok(sb.fs_watch(since, timeout)?))?.flatten())
+    }
+
+    /// What the session's sandbox uses now; None when it is not resident.
+    pub fn usage(&self, tenant: &str, id: &str) -> Result<Option<Usage>, SessionError> {
+        self.with_resident(tenant, id, |sb| Ok(sb.usage()?))
     }
 
     /// Write to a background job's stdin, then close it if `eof`.

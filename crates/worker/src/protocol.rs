@@ -374,6 +374,14 @@ pub enum ToChannel {
         rows: u16,
         cols: u16,
     },
+    /// Watch the file system's changes from `since` (None: stop), running the
+    /// sandbox at most `timeout_ms` for one (answered `FsChanges`).
+    FsWatch {
+        since: Option<u64>,
+        timeout_ms: u64,
+    },
+    /// What the sandbox uses now (answered `Usage`).
+    Usage,
     /// Write the file `path` with the `len` bytes of the file handed over as
     /// "upload" in the `Files` frame before (answered `Done`).
     WriteFile {
@@ -449,6 +457,8 @@ pub enum FromChannel {
     JobOutput(Result<WireChunk, WireError>),
     PortConnected(Result<(), WireError>),
     ListeningPorts(Result<Vec<ListeningPort>, WireError>),
+    FsChanges(Result<Option<forkbox_engine::Changes>, WireError>),
+    Usage(Result<forkbox_engine::Usage, WireError>),
 }
 
 /// A slice of a job's stream (`JobChunk`, its bytes in base64).
@@ -483,6 +493,8 @@ impl FromChannel {
             FromChannel::JobOutput(_) => "JobOutput",
             FromChannel::PortConnected(_) => "PortConnected",
             FromChannel::ListeningPorts(_) => "ListeningPorts",
+            FromChannel::FsChanges(_) => "FsChanges",
+            FromChannel::Usage(_) => "Usage",
         }
     }
 }

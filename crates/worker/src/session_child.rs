@@ -463,6 +463,21 @@ fn serve_one(shared: &Shared, ctl: &ChannelCtl, ch: &mut Channel, sock: &UnixStr
             };
             reply(&FromChannel::Job(r))?;
         }
+        ToChannel::FsWatch { since, timeout_ms } => {
+            let until = Instant::now() + Duration::from_millis(timeout_ms.min(JOB_WAIT_MAX_MS));
+            let r = match ch.sb.as_mut() {
+                Some(sb) => sb.fs_watch(since, until).map_err(|e| wire(e, None)),
+                None => Err(no_sandbox()),
+            };
+            reply(&FromChannel::FsChanges(r))?;
+        }
+        ToChannel::Usage => {
+            let r = match ch.sb.as_ref() {
+                Some(sb) => Ok(sb.usage()),
+                None => Err(no_sandbox()),
+            };
+            reply(&FromChannel::Usage(r))?;
+        }
         ToChannel::JobResize { pid, rows, cols } => {
             let r = match ch.sb.as_mut() {
                 Some(sb) => sb.job_resize(pid, rows, cols).map_err(|e| wire(e, None)),

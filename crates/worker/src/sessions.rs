@@ -36,8 +36,8 @@ use std::time::{Duration, Instant, SystemTime};
 use forkbox_api::ErrorCode;
 use forkbox_engine::packages::{InstalledPackage, Package};
 use forkbox_engine::{
-    CapturedOutput, CheckpointFiles, CheckpointStats, EngineError, ExecOptions, ExecResult, FileEntry, FileOp,
-    FileOpOutcome, JobChunk, JobInfo, ListeningPort, Stream, NET_GLOBAL,
+    CapturedOutput, Changes, CheckpointFiles, CheckpointStats, EngineError, ExecOptions, ExecResult, FileEntry, FileOp,
+    FileOpOutcome, JobChunk, JobInfo, ListeningPort, Stream, Usage, NET_GLOBAL,
 };
 use forkbox_sessions::host::{NamedFile, Resident, SandboxHost, Start, Walk, WALK_MAX_ENTRIES};
 use forkbox_sessions::manager::SessionError;
@@ -1041,6 +1041,21 @@ impl Resident for RemoteSandbox {
     fn job_resize(&mut self, pid: u32, rows: u16, cols: u16) -> Result<JobInfo, EngineError> {
         match self.call(&ToChannel::JobResize { pid, rows, cols }, OP_WAIT)? {
             FromChannel::Job(r) => r.map_err(|e| reported(e, JOB_CODES)),
+            other => Err(self.broke(&other)),
+        }
+    }
+
+    fn fs_watch(&mut self, since: Option<u64>, timeout: Duration) -> Result<Option<Changes>, EngineError> {
+        let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        match self.call(&ToChannel::FsWatch { since, timeout_ms }, timeout.saturating_add(OP_WAIT))? {
+            FromChannel::FsChanges(r) => r.map_err(|e| reported(e, JOB_CODES)),
+            other => Err(self.broke(&other)),
+        }
+    }
+
+    fn usage(&mut self) -> Result<Usage, EngineError> {
+        match self.call(&ToChannel::Usage, OP_WAIT)? {
+            FromChannel::Usage(r) => r.map_err(|e| reported(e, JOB_CODES)),
             other => Err(self.broke(&other)),
         }
     }

@@ -455,6 +455,7 @@ pub fn truncate(ctx: &mut Ctx, a: &Args) -> SysResult {
     }
     let (start, path) = at(ctx, AT_FDCWD, a[0])?;
     let ino = ctx.proc.vfs.resolve(start, &path, true)?;
+    ctx.proc.vfs.note_name(start, &path, ino);
     ctx.proc.vfs.truncate(ino, a[1])?;
     Ok(0)
 }
@@ -462,6 +463,7 @@ pub fn truncate(ctx: &mut Ctx, a: &Args) -> SysResult {
 pub fn chmod(ctx: &mut Ctx, a: &Args) -> SysResult {
     let (start, path) = at(ctx, AT_FDCWD, a[0])?;
     let ino = ctx.proc.vfs.resolve(start, &path, true)?;
+    ctx.proc.vfs.note_name(start, &path, ino);
     ctx.proc.vfs.chmod(ino, a[1] as u32 & 0o7777)?;
     Ok(0)
 }
@@ -476,6 +478,7 @@ pub fn fchmod(ctx: &mut Ctx, a: &Args) -> SysResult {
 pub fn fchmodat(ctx: &mut Ctx, a: &Args) -> SysResult {
     let (start, path) = at(ctx, a[0], a[1])?;
     let ino = ctx.proc.vfs.resolve(start, &path, true)?;
+    ctx.proc.vfs.note_name(start, &path, ino);
     ctx.proc.vfs.chmod(ino, a[2] as u32 & 0o7777)?;
     Ok(0)
 }
@@ -505,12 +508,14 @@ fn chown_ino(ctx: &mut Ctx, ino: Ino, uid: u64, gid: u64) -> SysResult {
 pub fn chown(ctx: &mut Ctx, a: &Args) -> SysResult {
     let (start, path) = at(ctx, AT_FDCWD, a[0])?;
     let ino = ctx.proc.vfs.resolve(start, &path, true)?;
+    ctx.proc.vfs.note_name(start, &path, ino);
     chown_ino(ctx, ino, a[1], a[2])
 }
 
 pub fn lchown(ctx: &mut Ctx, a: &Args) -> SysResult {
     let (start, path) = at(ctx, AT_FDCWD, a[0])?;
     let ino = ctx.proc.vfs.resolve(start, &path, false)?;
+    ctx.proc.vfs.note_name(start, &path, ino);
     chown_ino(ctx, ino, a[1], a[2])
 }
 
@@ -529,6 +534,7 @@ pub fn fchownat(ctx: &mut Ctx, a: &Args) -> SysResult {
     }
     let (start, path) = at(ctx, a[0], a[1])?;
     let ino = ctx.proc.vfs.resolve(start, &path, flags & libc::AT_SYMLINK_NOFOLLOW == 0)?;
+    ctx.proc.vfs.note_name(start, &path, ino);
     chown_ino(ctx, ino, a[2], a[3])
 }
 
@@ -624,7 +630,9 @@ pub fn utimensat(ctx: &mut Ctx, a: &Args) -> SysResult {
         }
     } else {
         let (start, path) = at(ctx, a[0], a[1])?;
-        ctx.proc.vfs.resolve(start, &path, flags & libc::AT_SYMLINK_NOFOLLOW == 0)?
+        let ino = ctx.proc.vfs.resolve(start, &path, flags & libc::AT_SYMLINK_NOFOLLOW == 0)?;
+        ctx.proc.vfs.note_name(start, &path, ino);
+        ino
     };
     let now = now_ns();
     // times[0] is the access time, times[1] the modification time.
@@ -659,6 +667,7 @@ fn now_ns() -> i128 {
 fn set_timevals(ctx: &mut Ctx, dirfd: u64, path: u64, times: u64) -> SysResult {
     let (start, path) = at(ctx, dirfd, path)?;
     let ino = ctx.proc.vfs.resolve(start, &path, true)?;
+    ctx.proc.vfs.note_name(start, &path, ino);
     let now = now_ns();
     let mut t = [now, now];
     if times != 0 {
@@ -687,6 +696,7 @@ pub fn futimesat(ctx: &mut Ctx, a: &Args) -> SysResult {
 pub fn utime(ctx: &mut Ctx, a: &Args) -> SysResult {
     let (start, path) = at(ctx, libc::AT_FDCWD as u64, a[0])?;
     let ino = ctx.proc.vfs.resolve(start, &path, true)?;
+    ctx.proc.vfs.note_name(start, &path, ino);
     let (atime, mtime) = if a[1] == 0 {
         (now_ns(), now_ns())
     } else {

@@ -89,6 +89,7 @@ impl Vfs {
         let grown = (v.len() as u64).saturating_sub(cur_len);
         self.used = self.used.saturating_add(grown);
         self.node_mut(ino)?.mtime_ns = now_ns();
+        self.note_ino(super::ChangeKind::Write, ino);
         Ok(data.len())
     }
 
@@ -114,6 +115,7 @@ impl Vfs {
         }
         self.used = self.used.saturating_add(len).saturating_sub(before);
         self.node_mut(ino)?.mtime_ns = now_ns();
+        self.note_ino(super::ChangeKind::Write, ino);
         Ok(())
     }
 

@@ -29,6 +29,7 @@ mod check;
 mod difftest;
 mod generated;
 mod io;
+mod journal;
 mod layer;
 mod node;
 mod ops;
@@ -47,6 +48,7 @@ use imbl::OrdMap;
 
 use crate::Errno;
 pub use generated::Gen;
+pub use journal::{Change, ChangeKind, Changes, JOURNAL_BYTES, JOURNAL_EVENTS};
 pub use layer::{LayerError, Layers};
 pub use node::{entry_cost, makedev, DevKind, ENTRY_COST, NODE_COST};
 use node::{Body, FileData, Node};
@@ -204,6 +206,8 @@ pub struct Vfs {
     /// Bumped on every change to the overlay (not part of the saved state): a
     /// cheap "did anything change" for callers that watch the file system.
     generation: u64,
+    /// The change journal, while someone outside watches (see `journal.rs`).
+    journal: Option<journal::Shared>,
 }
 
 /// Read-only view of one inode.
@@ -226,6 +230,7 @@ impl Vfs {
             quota: DEFAULT_QUOTA,
             owners: imbl::HashMap::new(),
             generation: 0,
+            journal: None,
         };
         // Only fails on a corrupt image (e.g. a root that is not a directory); the
         // VFS is still usable, just without these.
@@ -480,6 +485,7 @@ impl Vfs {
         self.used = self.used.saturating_add(node::entry_cost(name));
         self.put_node(ino, node);
         self.touch(dir)?;
+        self.note(journal::ChangeKind::Create, dir, name, Some(ino));
         Ok(ino)
     }
 
@@ -487,6 +493,7 @@ impl Vfs {
         let old = self.dir_entries_mut(dir)?.remove(name);
         if old.is_some() {
             self.used = self.used.saturating_sub(node::entry_cost(name));
+            self.note(journal::ChangeKind::Remove, dir, name, old);
         }
         self.touch(dir)?;
         Ok(old)
@@ -600,6 +607,7 @@ impl Vfs {
     /// chmod: permission bits (07777) of `ino`.
     pub fn chmod(&mut self, ino: Ino, perm: u32) -> Result<(), Errno> {
         self.node_mut(ino)?.perm = perm & 0o7777;
+        self.note_ino(journal::ChangeKind::Chmod, ino);
         Ok(())
     }
 
@@ -632,6 +640,7 @@ impl Vfs {
         } else {
             self.owners.insert(ino, owner);
         }
+        self.note_ino(journal::ChangeKind::Chmod, ino);
         Ok(())
     }
 
@@ -668,6 +677,7 @@ impl Vfs {
     /// UTIME_NOW and skip the call for UTIME_OMIT).
     pub fn set_times(&mut self, ino: Ino, mtime_ns: i128) -> Result<(), Errno> {
         self.node_mut(ino)?.mtime_ns = mtime_ns;
+        self.note_ino(journal::ChangeKind::Chmod, ino);
         Ok(())
     }
 
@@ -680,6 +690,7 @@ impl Vfs {
         if let Some(m) = mtime_ns {
             n.mtime_ns = m;
         }
+        self.note_ino(journal::ChangeKind::Chmod, ino);
         Ok(())
     }
 

@@ -70,6 +70,9 @@ impl Vfs {
             // A socket file is only a name to connect to.
             FileType::Socket => return Err(if flags & libc::O_DIRECTORY != 0 { Errno::ENOTDIR } else { Errno::ENXIO }),
         }
+        if self.is_watched() && !created {
+            self.note_name(start, path, ino);
+        }
         if flags & libc::O_TRUNC != 0 && kind == FileType::File && !created {
             self.truncate(ino, 0)?;
         }
@@ -271,8 +274,8 @@ impl Vfs {
         let moved = op.dir != np.dir;
         match (exchange, target) {
             (true, Some(t)) => {
-                self.dir_entries_mut(op.dir)?.insert(oname, t);
-                self.dir_entries_mut(np.dir)?.insert(nname, src);
+                self.dir_entries_mut(op.dir)?.insert(oname.clone(), t);
+                self.dir_entries_mut(np.dir)?.insert(nname.clone(), src);
                 if moved && target_dir {
                     self.set_parent(t, op.dir)?;
                 }
@@ -280,7 +283,7 @@ impl Vfs {
             _ => {
                 self.dir_entries_mut(op.dir)?.remove(&oname);
                 self.used = self.used.saturating_sub(old_cost);
-                let replaced = self.dir_entries_mut(np.dir)?.insert(nname, src);
+                let replaced = self.dir_entries_mut(np.dir)?.insert(nname.clone(), src);
                 if replaced.is_none() {
                     self.used = self.used.saturating_add(new_cost);
                 }
@@ -294,6 +297,15 @@ impl Vfs {
         }
         self.touch(op.dir)?;
         self.touch(np.dir)?;
+        if self.is_watched() {
+            use super::journal::ChangeKind::{Create, Rename};
+            self.note(Rename, op.dir, &oname, Some(src));
+            self.note(Create, np.dir, &nname, Some(src));
+            if let (true, Some(t)) = (exchange, target) {
+                self.note(Rename, np.dir, &nname, Some(t));
+                self.note(Create, op.dir, &oname, Some(t));
+            }
+        }
         Ok(())
     }
 
@@ -363,8 +375,9 @@ impl Vfs {
         let n = self.link_count(ino)?.saturating_add(1);
         // Every name costs quota: a guest cannot pin host memory with links.
         self.charge(super::entry_cost(&name))?;
-        self.dir_entries_mut(p.dir)?.insert(name, ino);
+        self.dir_entries_mut(p.dir)?.insert(name.clone(), ino);
         self.node_mut(ino)?.nlink = n;
+        self.note(super::journal::ChangeKind::Create, p.dir, &name, Some(ino));
         self.touch(p.dir)
     }
 

@@ -256,7 +256,17 @@ impl Vfs {
             bad!("overlay bytes recorded as {overlay_bytes} but the nodes hold {used}");
         }
         let refs = saved_refs.into_iter().collect();
-        Ok(Vfs { image, nodes, refs, next_ino, used, quota, owners: imbl::HashMap::new(), generation: 0 })
+        Ok(Vfs {
+            image,
+            nodes,
+            refs,
+            next_ino,
+            used,
+            quota,
+            owners: imbl::HashMap::new(),
+            generation: 0,
+            journal: None,
+        })
     }
 }
 

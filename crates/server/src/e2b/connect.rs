@@ -45,11 +45,6 @@ pub fn end(err: Option<&ConnectError>) -> Bytes {
     envelope(END_STREAM, body.to_string().as_bytes())
 }
 
-/// Whether a request is a streaming one (its content type says so).
-pub fn is_stream(headers: &HeaderMap) -> bool {
-    content_type(headers).starts_with("application/connect+")
-}
-
 fn content_type(headers: &HeaderMap) -> String {
     headers
         .get(header::CONTENT_TYPE)

@@ -272,6 +272,9 @@ async fn create(
             executions: 0,
             processes: Default::default(),
             ptys: Default::default(),
+            watchers: Default::default(),
+            cpu_sample: None,
+            last_usage: None,
         }),
     });
     state.e2b.start_reaper(&state);
@@ -374,6 +377,9 @@ async fn record(
             executions: 0,
             processes: Default::default(),
             ptys: Default::default(),
+            watchers: Default::default(),
+            cpu_sample: None,
+            last_usage: None,
         }),
     });
     state.e2b.start_reaper(state);
@@ -489,6 +495,9 @@ async fn fork(
                         executions: 0,
                         processes: Default::default(),
                         ptys: Default::default(),
+                        watchers: Default::default(),
+                        cpu_sample: None,
+                        last_usage: None,
                     }),
                 });
                 out.push(json!({ "sandbox": sandbox_json(&rec, state.config.sandbox_domain.as_deref()) }));
@@ -664,8 +673,14 @@ async fn list(state: AppState, caller: Caller, q: Option<String>, v2: bool) -> R
     page(items, limit, next)
 }
 
-/// `GET /sandboxes/{id}/metrics`: one sample of what forkbox knows (the memory limit,
-/// the checkpoint bytes on disk); CPU use is not measured per sandbox here (0).
+/// `GET /sandboxes/{id}/metrics`: one sample of the sandbox now. `cpuUsedPct`:
+/// the CPU time its vCPUs ran (every process) over the wall time since the
+/// previous sample (the first: since it started), of its one CPU; `memUsed`:
+/// its resident guest memory (the pages of its processes' guest memory the
+/// host has mapped); `diskUsed`: the bytes of its file system's overlay;
+/// `memTotal` / `diskTotal`: its memory limit and disk quota. A paused
+/// sandbox (not resident) uses no CPU or memory; its disk is its checkpoints'.
+/// While a call holds the sandbox (a long `run_code`), the last sample's figures.
 async fn metrics(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -673,20 +688,47 @@ async fn metrics(
 ) -> Result<Json<Value>, E2bError> {
     let v = session_of(&state, &caller, &id).await?;
     let (c, i) = (caller.clone(), id.clone());
-    let disk: u64 =
-        blocking(&state, move |rt| Ok(rt.checkpoints(&c.tenant, &i)?.iter().map(|c| c.bytes).sum())).await?;
+    let usage = match blocking(&state, move |rt| Ok(rt.session_usage(&c.tenant, &i)?)).await {
+        Ok(u) => Ok(u),
+        Err(e) if e.code == forkbox_api::ErrorCode::SessionBusy => Err(()),
+        Err(e) => return Err(e.into()),
+    };
     let now = now_ms();
-    let mem_total = v.memory_mb() << 20;
+    let rec = state.e2b.owned(&caller.tenant, &id);
+    let (cpu_pct, mem_used, disk_used) = match usage {
+        // A call holds it (an exec): the last figures.
+        Err(()) => rec.as_ref().and_then(|r| r.lock().last_usage).unwrap_or_default(),
+        Ok(Some(u)) => {
+            let since = rec.as_ref().and_then(|r| r.lock().cpu_sample);
+            let started = rec.as_ref().map_or(now, |r| r.started_ms);
+            // A sandbox brought back from disk counts its CPU time from zero again.
+            let (t0, cpu0) = since.filter(|&(_, c)| c <= u.cpu_seconds).unwrap_or((started, 0.0));
+            let wall = (now - t0).max(1) as f64 / 1000.0;
+            let figures = (((u.cpu_seconds - cpu0) / wall * 100.0).clamp(0.0, 100.0), u.memory_bytes, u.disk_bytes);
+            if let Some(r) = &rec {
+                let mut st = r.lock();
+                st.cpu_sample = Some((now, u.cpu_seconds));
+                st.last_usage = Some(figures);
+            }
+            figures
+        }
+        Ok(None) => {
+            let (c, i) = (caller.clone(), id.clone());
+            let disk: u64 =
+                blocking(&state, move |rt| Ok(rt.checkpoints(&c.tenant, &i)?.iter().map(|c| c.bytes).sum())).await?;
+            (0.0, 0, disk)
+        }
+    };
     Ok(Json(json!([{
         "timestamp": rfc3339(now),
         "timestampUnix": now / 1000,
         "cpuCount": 1,
-        "cpuUsedPct": 0.0,
-        "memUsed": 0,
-        "memTotal": mem_total,
+        "cpuUsedPct": (cpu_pct * 100.0).round() / 100.0,
+        "memUsed": mem_used,
+        "memTotal": v.memory_mb() << 20,
         "memCache": 0,
-        "diskUsed": disk,
-        "diskTotal": 0,
+        "diskUsed": disk_used,
+        "diskTotal": v.record.limits.disk_bytes,
     }])))
 }
 

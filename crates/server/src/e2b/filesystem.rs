@@ -1,7 +1,7 @@
 //! envd's `filesystem.Filesystem` service: `Stat`, `ListDir` (with depth, at most
 //! 10,000 entries), `MakeDir`, `Move`, `Remove`: the runtime's file operations on
 //! the session's file system (no guest code runs; reading makes no checkpoint, a
-//! change makes one). Watchers are not served (`unimplemented`).
+//! change makes one). The watcher calls are [`super::watch`]'s.
 
 use std::sync::Arc;
 
@@ -16,7 +16,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::connect;
-use super::error::{Code, ConnectError};
+use super::error::ConnectError;
 use super::SandboxRec;
 use crate::handlers::blocking;
 use crate::AppState;
@@ -28,10 +28,10 @@ pub fn routes() -> Router<AppState> {
         .route("/filesystem.Filesystem/MakeDir", post(make_dir))
         .route("/filesystem.Filesystem/Move", post(move_entry))
         .route("/filesystem.Filesystem/Remove", post(remove))
-        .route("/filesystem.Filesystem/WatchDir", post(watch))
-        .route("/filesystem.Filesystem/CreateWatcher", post(watch))
-        .route("/filesystem.Filesystem/GetWatcherEvents", post(watch))
-        .route("/filesystem.Filesystem/RemoveWatcher", post(watch))
+        .route("/filesystem.Filesystem/WatchDir", post(super::watch::watch_dir))
+        .route("/filesystem.Filesystem/CreateWatcher", post(super::watch::create_watcher))
+        .route("/filesystem.Filesystem/GetWatcherEvents", post(super::watch::get_watcher_events))
+        .route("/filesystem.Filesystem/RemoveWatcher", post(super::watch::remove_watcher))
 }
 
 /// An entry as envd's `EntryInfo` (JSON names of its proto): a symlink is typed by what it
@@ -109,7 +109,7 @@ struct MoveRequest {
     destination: String,
 }
 
-fn answer(r: Result<Value, ConnectError>) -> Response {
+pub(super) fn answer(r: Result<Value, ConnectError>) -> Response {
     match r {
         Ok(v) => connect::unary(v),
         Err(e) => e.into_response(),
@@ -189,14 +189,4 @@ async fn move_entry(
     }
     .await;
     answer(r)
-}
-
-/// Watchers: not served.
-async fn watch(headers: HeaderMap) -> Response {
-    let e = ConnectError::new(Code::Unimplemented, "directory watchers are not supported by this server");
-    if connect::is_stream(&headers) {
-        connect::stream_error(e)
-    } else {
-        e.into_response()
-    }
 }

@@ -35,6 +35,7 @@ mod files;
 mod filesystem;
 mod interpreter;
 mod process;
+mod watch;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -102,6 +103,13 @@ pub struct RecState {
     pub processes: BTreeMap<u32, serde_json::Value>,
     /// The processes started on a pty (their output is `pty` data, their input `pty` input).
     pub ptys: std::collections::BTreeSet<u32>,
+    /// Its directory watchers, by id (see [`watch`]).
+    pub watchers: BTreeMap<String, Arc<watch::Watcher>>,
+    /// The last `get_metrics` sample: (unix ms, CPU seconds), for `cpuUsedPct` over the time since.
+    pub cpu_sample: Option<(i64, f64)>,
+    /// The figures of the last `get_metrics` (CPU %, memory, disk bytes): the answer
+    /// while a call holds the sandbox (an exec, a file call).
+    pub last_usage: Option<(f64, u64, u64)>,
 }
 
 impl SandboxRec {

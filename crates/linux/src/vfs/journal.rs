@@ -1,0 +1,374 @@
+//! A bounded journal of the changes made to the file system, for watchers
+//! outside the guest (E2B's `watch_dir`): what was created, written, removed,
+//! renamed (the old name; the new one is a create) or had its attributes
+//! changed, by absolute path, numbered.
+//!
+//! Off until [`Vfs::watch_changes`] turns it on: then every change costs the
+//! path of its directory (a walk up the tree) and a push. It holds at most
+//! [`JOURNAL_EVENTS`] events and [`JOURNAL_BYTES`] of paths: a guest that
+//! changes files without end pushes the oldest events out, and a reader that
+//! had not read them is told how many it lost ([`Changes::lost`]), as a
+//! watcher whose queue overflowed. Repeats of the newest event (a file written
+//! a chunk at a time) are one event, as inotify merges identical unread events.
+//!
+//! Writes and attribute changes name an inode, not a path: the journal learns
+//! an inode's path when it is created, linked, renamed or opened while the
+//! journal is on ([`NAMES_MAX`] of them at most), and a directory's path is
+//! always known. A change to a file it has no name for (opened before the
+//! journal was turned on, and not renamed since) is not recorded.
+//!
+//! The journal is not part of the saved state and is shared by the clones of
+//! a `Vfs` (they are the same file system at different moments: the stale
+//! copies the sandbox's other processes hold, a rollback copy): a restored
+//! file system starts without one. Its numbers start at the host clock in
+//! nanoseconds, so a journal turned on again after a restore numbers past
+//! everything an earlier one gave out.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+
+use super::path::Last;
+use super::{Ino, Vfs};
+
+/// Most events kept.
+pub const JOURNAL_EVENTS: usize = 4096;
+/// Most bytes of paths kept.
+pub const JOURNAL_BYTES: usize = 1 << 20;
+/// Most inode names kept (past it the table starts over).
+pub const NAMES_MAX: usize = 4096;
+/// Most events one read returns.
+pub const READ_MAX: usize = 1024;
+
+/// What happened to a path (envd's `EventType`, fsnotify's operations).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ChangeKind {
+    Create,
+    Write,
+    Remove,
+    /// The path's old name (the new one is a `Create`).
+    Rename,
+    /// Permissions, owner or times.
+    Chmod,
+}
+
+/// One change.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Change {
+    pub seq: u64,
+    pub kind: ChangeKind,
+    /// Absolute, as the guest names it (lossy UTF-8).
+    pub path: String,
+}
+
+/// What a read of the journal found.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Changes {
+    /// In order, at most [`READ_MAX`].
+    pub events: Vec<Change>,
+    /// Where the next read starts.
+    pub next: u64,
+    /// Events after the reader's position that were pushed out before it read them.
+    pub lost: u64,
+}
+
+pub(super) struct Journal {
+    /// The number of the first event this journal recorded.
+    start: u64,
+    next: u64,
+    /// Every event numbered from here on is still held.
+    floor: u64,
+    events: VecDeque<Change>,
+    bytes: usize,
+    names: HashMap<Ino, Vec<u8>>,
+}
+
+/// The shared handle a `Vfs` holds.
+pub(super) type Shared = Arc<Mutex<Journal>>;
+
+impl Journal {
+    fn new(start: u64) -> Journal {
+        Journal { start, next: start, floor: start, events: VecDeque::new(), bytes: 0, names: HashMap::new() }
+    }
+
+    fn push(&mut self, kind: ChangeKind, path: &[u8]) {
+        let path = String::from_utf8_lossy(path).into_owned();
+        if matches!(kind, ChangeKind::Write | ChangeKind::Chmod)
+            && self.events.back().is_some_and(|e| e.kind == kind && e.path == path)
+        {
+            return;
+        }
+        self.bytes = self.bytes.saturating_add(path.len());
+        self.events.push_back(Change { seq: self.next, kind, path });
+        self.next = self.next.saturating_add(1);
+        while self.events.len() > JOURNAL_EVENTS || self.bytes > JOURNAL_BYTES {
+            let Some(old) = self.events.pop_front() else { break };
+            self.bytes = self.bytes.saturating_sub(old.path.len());
+            self.floor = old.seq.saturating_add(1);
+        }
+    }
+
+    fn name(&mut self, ino: Ino, path: Vec<u8>) {
+        if self.names.len() >= NAMES_MAX && !self.names.contains_key(&ino) {
+            self.names.clear();
+        }
+        self.names.insert(ino, path);
+    }
+
+    /// The events from `since` on. A position before this journal's start (one a
+    /// journal before a restore gave out) reads from its start.
+    fn read(&self, since: u64) -> Changes {
+        let from = since.clamp(self.start, self.next);
+        let lost = self.floor.saturating_sub(from);
+        let events: Vec<Change> = self.events.iter().skip_while(|e| e.seq < from).take(READ_MAX).cloned().collect();
+        let next = events.last().map_or(from.max(self.floor), |e| e.seq.saturating_add(1));
+        Changes { events, next, lost }
+    }
+}
+
+fn lock(j: &Shared) -> std::sync::MutexGuard<'_, Journal> {
+    j.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut p = Vec::with_capacity(dir.len() + 1 + name.len());
+    p.extend_from_slice(dir);
+    if dir != b"/" {
+        p.push(b'/');
+    }
+    p.extend_from_slice(name);
+    p
+}
+
+impl Vfs {
+    /// Turn the change journal on (it stays on, with what it holds, if it is).
+    pub fn watch_changes(&mut self) {
+        if self.journal.is_none() {
+            let start = u64::try_from(super::now_ns()).unwrap_or(1).max(1);
+            self.journal = Some(Arc::new(Mutex::new(Journal::new(start))));
+        }
+    }
+
+    /// Turn it off and forget what it holds.
+    pub fn stop_watching(&mut self) {
+        self.journal = None;
+    }
+
+    pub fn is_watched(&self) -> bool {
+        self.journal.is_some()
+    }
+
+    /// The journal's events from `since` on (see [`Journal`]); None while it is off.
+    pub fn changes(&self, since: u64) -> Option<Changes> {
+        self.journal.as_ref().map(|j| lock(j).read(since))
+    }
+
+    /// The number the next change will get (None while off).
+    pub fn changes_next(&self) -> Option<u64> {
+        self.journal.as_ref().map(|j| lock(j).next)
+    }
+
+    /// Record `kind` of the entry `name` in directory `dir` (`ino`: what it names now).
+    pub(super) fn note(&self, kind: ChangeKind, dir: Ino, name: &[u8], ino: Option<Ino>) {
+        let Some(j) = &self.journal else { return };
+        let Ok(d) = self.dir_path(dir) else { return };
+        let path = join(&d, name);
+        let mut j = lock(j);
+        j.push(kind, &path);
+        match (kind, ino) {
+            (ChangeKind::Create, Some(i)) => j.name(i, path),
+            (ChangeKind::Remove | ChangeKind::Rename, Some(i)) if j.names.get(&i).is_some_and(|p| *p == path) => {
+                j.names.remove(&i);
+            }
+            _ => {}
+        }
+    }
+
+    /// Record `kind` of inode `ino`, if its path is known.
+    pub(super) fn note_ino(&self, kind: ChangeKind, ino: Ino) {
+        let Some(j) = &self.journal else { return };
+        let dir = if self.is_dir(ino).unwrap_or(false) { self.dir_path(ino).ok() } else { None };
+        let mut j = lock(j);
+        let path = match dir {
+            Some(p) => p,
+            None => match j.names.get(&ino) {
+                Some(p) => p.clone(),
+                None => return,
+            },
+        };
+        j.push(kind, &path);
+    }
+
+    /// Learn the path `path` (from `start`) names `ino`, for the changes made to it
+    /// through a descriptor or by inode later (while the journal is on).
+    pub fn note_name(&self, start: Ino, path: &[u8], ino: Ino) {
+        let Some(j) = &self.journal else { return };
+        let Ok(p) = self.walk_parent(start, path, &mut 0) else { return };
+        let full = match p.last {
+            Last::Name(n) => match self.dir_path(p.dir) {
+                Ok(d) => join(&d, &n),
+                Err(_) => return,
+            },
+            Last::Root => b"/".to_vec(),
+            _ => return,
+        };
+        lock(j).name(ino, full);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{create, fixture, r};
+    use super::super::ROOT_INO;
+    use super::*;
+    use ChangeKind::*;
+
+    fn kinds(c: &Changes) -> Vec<(ChangeKind, &str)> {
+        c.events.iter().map(|e| (e.kind, e.path.as_str())).collect()
+    }
+
+    #[test]
+    fn off_until_turned_on() {
+        let f = fixture();
+        let mut v = Vfs::new(f.image.clone());
+        create(&mut v, "/tmp/before", b"x");
+        assert_eq!(v.changes(0), None);
+        v.watch_changes();
+        let start = v.changes(u64::MAX).unwrap().next;
+        assert!(v.changes(start).unwrap().events.is_empty());
+        v.stop_watching();
+        create(&mut v, "/tmp/after", b"x");
+        assert_eq!(v.changes(start), None);
+    }
+
+    #[test]
+    fn records_every_kind_by_path() {
+        let f = fixture();
+        let mut v = Vfs::new(f.image.clone());
+        v.watch_changes();
+        let at = v.changes(u64::MAX).unwrap().next;
+        v.mkdir(ROOT_INO, b"/tmp/d", 0o755).unwrap();
+        let ino = create(&mut v, "/tmp/d/a.txt", b"hello");
+        v.chmod(ino, 0o600).unwrap();
+        v.rename(ROOT_INO, b"/tmp/d/a.txt", ROOT_INO, b"/tmp/d/b.txt", 0).unwrap();
+        // Written through its new name, by inode.
+        v.write(ino, 5, b" world").unwrap();
+        v.unlink(ROOT_INO, b"/tmp/d/b.txt").unwrap();
+        v.rmdir(ROOT_INO, b"/tmp/d").unwrap();
+        let c = v.changes(at).unwrap();
+        assert_eq!(
+            kinds(&c),
+            vec![
+                (Create, "/tmp/d"),
+                (Create, "/tmp/d/a.txt"),
+                (Write, "/tmp/d/a.txt"),
+                (Chmod, "/tmp/d/a.txt"),
+                (Rename, "/tmp/d/a.txt"),
+                (Create, "/tmp/d/b.txt"),
+                (Write, "/tmp/d/b.txt"),
+                (Remove, "/tmp/d/b.txt"),
+                (Remove, "/tmp/d"),
+            ]
+        );
+        assert_eq!(c.lost, 0);
+        // Read to the end: nothing more; the numbers go on.
+        let next = v.changes(c.next).unwrap();
+        assert!(next.events.is_empty());
+        assert_eq!(next.next, c.next);
+        assert_eq!(c.events.windows(2).filter(|w| w[1].seq != w[0].seq + 1).count(), 0);
+    }
+
+    #[test]
+    fn a_file_opened_before_is_named_when_opened_again() {
+        let f = fixture();
+        let mut v = Vfs::new(f.image.clone());
+        let ino = create(&mut v, "/tmp/log", b"a");
+        v.watch_changes();
+        let at = v.changes(u64::MAX).unwrap().next;
+        // Unknown inode: not recorded.
+        v.write(ino, 1, b"b").unwrap();
+        assert!(v.changes(at).unwrap().events.is_empty());
+        let again = v.open(ROOT_INO, b"/tmp/log", libc::O_WRONLY, 0).unwrap();
+        v.write(again, 2, b"c").unwrap();
+        v.release(again);
+        assert_eq!(kinds(&v.changes(at).unwrap()), vec![(Write, "/tmp/log")]);
+        // A path-based attribute change learns the name too.
+        let etc = r(&v, "/etc/hostname").unwrap();
+        v.note_name(ROOT_INO, b"/etc/hostname", etc);
+        v.chmod(etc, 0o600).unwrap();
+        assert_eq!(v.changes(at).unwrap().events.last().map(|e| e.path.as_str()), Some("/etc/hostname"));
+    }
+
+    #[test]
+    fn repeated_writes_are_one_event() {
+        let f = fixture();
+        let mut v = Vfs::new(f.image.clone());
+        v.watch_changes();
+        let at = v.changes(u64::MAX).unwrap().next;
+        let ino = create(&mut v, "/tmp/big", b"");
+        for i in 0..100u64 {
+            v.write(ino, i, b"x").unwrap();
+        }
+        assert_eq!(kinds(&v.changes(at).unwrap()), vec![(Create, "/tmp/big"), (Write, "/tmp/big")]);
+    }
+
+    #[test]
+    fn bounded_and_a_slow_reader_is_told_what_it_lost() {
+        let f = fixture();
+        let mut v = Vfs::new(f.image.clone());
+        v.watch_changes();
+        let at = v.changes(u64::MAX).unwrap().next;
+        let n = JOURNAL_EVENTS + 100;
+        for i in 0..n {
+            v.mkdir(ROOT_INO, format!("/tmp/d{i}").as_bytes(), 0o755).unwrap();
+        }
+        {
+            let j = lock(v.journal.as_ref().unwrap());
+            assert_eq!(j.events.len(), JOURNAL_EVENTS);
+            assert!(j.bytes <= JOURNAL_BYTES);
+        }
+        let c = v.changes(at).unwrap();
+        assert_eq!(c.lost, 100);
+        assert_eq!(c.events.len(), READ_MAX);
+        assert_eq!(c.events[0].path, "/tmp/d100");
+        // Read on to the end, a page at a time: no loss past the first page.
+        let mut next = c.next;
+        let mut seen = c.events.len();
+        loop {
+            let c = v.changes(next).unwrap();
+            assert_eq!(c.lost, 0);
+            if c.events.is_empty() {
+                break;
+            }
+            seen += c.events.len();
+            next = c.next;
+        }
+        assert_eq!(seen, JOURNAL_EVENTS);
+        // Long paths: the byte bound holds too.
+        let long = "x".repeat(250);
+        for i in 0..20 {
+            v.mkdir(ROOT_INO, format!("/tmp/{long}{i}").as_bytes(), 0o755).unwrap();
+        }
+        assert!(lock(v.journal.as_ref().unwrap()).bytes <= JOURNAL_BYTES);
+    }
+
+    #[test]
+    fn clones_share_it_and_a_restore_has_none() {
+        let f = fixture();
+        let mut v = Vfs::new(f.image.clone());
+        v.watch_changes();
+        let at = v.changes(u64::MAX).unwrap().next;
+        let mut copy = v.clone();
+        create(&mut copy, "/tmp/c", b"1");
+        assert_eq!(v.changes(at).unwrap().events.len(), 2);
+        let restored = Vfs::restore_state(f.image.clone(), v.save_state()).unwrap();
+        assert!(!restored.is_watched());
+        // A journal turned on later numbers past what the old one gave out.
+        let mut again = restored;
+        again.watch_changes();
+        assert!(again.changes(u64::MAX).unwrap().next > at);
+        let old = again.changes(at).unwrap();
+        assert_eq!(old.lost, 0);
+    }
+}
