@@ -28,9 +28,11 @@
 
 pub mod dns;
 pub mod egress;
+pub mod host_socket;
 pub mod netlink;
 pub mod policy;
 pub mod resolver;
+pub mod rewrite;
 pub mod secrets;
 pub mod tls;
 

@@ -25,7 +25,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, Serve
 use rustls::server::{Accepted, Acceptor};
 use rustls::{ClientConfig, ClientConnection, RootCertStore, ServerConfig, ServerConnection};
 
-use super::secrets::Rewriter;
+use super::rewrite::Rewriter;
 
 /// Longest ClientHello the relay reads before giving up on terminating (the
 /// bytes then pass through as they came).
