@@ -634,7 +634,7 @@ def test_changing_a_keys_secrets_applies_to_new_sandboxes(secret_server):
     r = httpx.patch(f"{s.url}/v1/admin/keys/{kid}", json={"secrets": {}}, headers=s.headers(key), timeout=60)
     assert r.status_code == 403, r.text
     r = httpx.patch(f"{s.url}/v1/admin/keys/{'0' * 64}", json={"secrets": {}}, headers=s.headers(), timeout=60)
-    assert r.status_code == 404, r.text
+    assert r.status_code == 404 and r.json()["error"]["code"] == "key_not_found", r.text
     r = httpx.patch(f"{s.url}/v1/admin/keys/{kid}", headers=s.headers(), timeout=60,
                     json={"secrets": {"ROTATED": {"value": "bad\nvalue-77123", "hosts": ["api.secret.test"]}}})
     assert r.status_code == 400 and "no CR, LF or NUL" in r.text and "77123" not in r.text, r.text

@@ -78,6 +78,7 @@ codes! {
     ProcessNotFound = ("process_not_found", 404, "The session has no background process with that pid (a checkpoint does not record background processes: after a revert, fork or eviction the session has none)."),
     TemplateNotFound = ("template_not_found", 404, "No template of that name (see GET /v1/templates), or the session's template is no longer in the data directory."),
     PackageNotFound = ("package_not_found", 404, "No such package (or version) in the server's package index or wheelhouse."),
+    KeyNotFound = ("key_not_found", 404, "No API key with that id (admin key routes)."),
     MethodNotAllowed = ("method_not_allowed", 405, "The endpoint does not take this method."),
     Timeout = ("timeout", 408, "The code ran past its time limit (the sandbox is dropped; a session is rolled back)."),
     SessionBusy = ("session_busy", 409, "Another exec is running in that session (or its instruction queue is full)."),

@@ -70,7 +70,7 @@ pub struct CreatedKey {
 }
 
 fn not_found() -> ApiError {
-    ApiError::new(ErrorCode::NotFound, "no such key")
+    ApiError::new(ErrorCode::KeyNotFound, "no such key")
 }
 
 /// Create an API key (the default per-key limits, as `forkbox key create`) with its secrets.
