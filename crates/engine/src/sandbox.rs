@@ -975,13 +975,7 @@ impl Sandbox {
         }
         let saved = self.vm().save_vcpu()?;
         let cur = self.sched.cur.proc.threads.cur;
-        self.sched.cur.proc.threads.list[cur].wait = Some(Wait {
-            regs: Regs::from(&regs),
-            deadline: None,
-            on_timeout: Ok(0),
-            kind: WaitKind::Agent,
-            woken: false,
-        });
+        self.sched.cur.proc.threads.list[cur].wait = Some(Wait::new(Regs::from(&regs), None, Ok(0), WaitKind::Agent));
         let vdso = self.vdso;
         crate::vdso::refresh(self.vm(), vdso)?;
         self.kernel.deadline = Some(until);
@@ -1657,7 +1651,7 @@ impl Sandbox {
                 }
                 let on_timeout = b.on_timeout.map_err(|e| e.0);
                 self.sched.cur.proc.threads.current_mut().wait =
-                    Some(Wait { regs: Regs::from(&regs), deadline, on_timeout, kind, woken: false });
+                    Some(Wait::new(Regs::from(&regs), deadline, on_timeout, kind));
                 self.sched.resched = true;
                 return Ok(None);
             }
@@ -1684,6 +1678,10 @@ impl Sandbox {
             }
             Some(Effect::Yield) => {
                 self.sched.yielded = true;
+                self.sched.resched = true;
+            }
+            Some(Effect::Woke) => {
+                self.sched.woke = true;
                 self.sched.resched = true;
             }
             Some(Effect::Fork(spec)) => {

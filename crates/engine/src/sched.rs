@@ -107,6 +107,11 @@ pub(crate) struct Scheduler {
     pub(crate) resched: bool,
     /// The current thread yielded (sched_yield): another runnable one goes first.
     pub(crate) yielded: bool,
+    /// The current thread's last call woke others by a futex: they go first
+    /// from its next exit on, not this one (it may still hold their lock;
+    /// switching at once made a woken GIL waiter block on the GIL's mutex and
+    /// cost two more exits and switches per hand-off).
+    pub(crate) woke: bool,
     /// When the current thread got the vCPU.
     pub(crate) slice_start: Instant,
     /// Thread switches so far (for statistics).
@@ -123,6 +128,7 @@ impl Scheduler {
             others: Vec::new(),
             resched: false,
             yielded: false,
+            woke: false,
             slice_start: Instant::now(),
             switches: 0,
             memory_limit,
@@ -249,7 +255,14 @@ impl Scheduler {
             let cur_runnable = loaded && t.runnable(cur);
             // A thread whose wait just ended goes first (so a lock or the GIL
             // handed to it is taken at once), else round robin.
-            let woken = self.cur.woken.take().and_then(|tid| t.index_of(tid)).filter(|&i| i != cur && t.runnable(i));
+            let woken_tid = self.cur.woken.take();
+            let mut woken = woken_tid.and_then(|tid| t.index_of(tid)).filter(|&i| i != cur && t.runnable(i));
+            if std::mem::take(&mut self.woke) && cur_runnable && woken.is_some() {
+                // The waker goes on to its next exit; the woken thread still goes first then.
+                self.cur.woken = woken_tid;
+                self.resched = true;
+                woken = None;
+            }
             let other = woken.or_else(|| t.next_runnable(cur).filter(|&i| i != cur));
             let switch = match other {
                 Some(_) if !cur_runnable => true,

@@ -18,6 +18,7 @@
 //! thread wakes after the same running time whether the session stayed in
 //! memory, was evicted and resumed, or was forked.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -173,7 +174,7 @@ pub enum WaitKind {
 
 /// A blocked syscall: re-run with the same registers until it completes,
 /// `on_timeout` at `deadline`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Wait {
     /// The syscall's registers.
     pub regs: Regs,
@@ -184,6 +185,35 @@ pub struct Wait {
     pub kind: WaitKind,
     /// A futex wake (or requeue target's wake) came: the call returns 0.
     pub woken: bool,
+    /// When the wait began, in [`WAIT_ORDER`]'s order: futex wakes go to the
+    /// longest waiter first. Not state (a checkpoint does not keep it): a
+    /// restored wait ranks before every wait begun since.
+    #[serde(skip)]
+    pub since: u64,
+}
+
+/// The order in which waits begin, across every sandbox of this process (only
+/// the order inside one process matters). Linux's futex queues are first in,
+/// first out; waking by thread index instead starved the newest threads of a
+/// contended lock (CPython's GIL with 40 threads doing I/O: a new thread could
+/// not take it to report that it started, for seconds).
+static WAIT_ORDER: AtomicU64 = AtomicU64::new(1);
+
+impl Wait {
+    pub fn new(regs: Regs, deadline: Option<u64>, on_timeout: Result<u64, i32>, kind: WaitKind) -> Wait {
+        Wait { regs, deadline, on_timeout, kind, woken: false, since: WAIT_ORDER.fetch_add(1, Ordering::Relaxed) }
+    }
+}
+
+/// Equal as state: the arrival order is not part of it (see [`Wait::since`]).
+impl PartialEq for Wait {
+    fn eq(&self, o: &Wait) -> bool {
+        self.regs == o.regs
+            && self.deadline == o.deadline
+            && self.on_timeout == o.on_timeout
+            && self.kind == o.kind
+            && self.woken == o.woken
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -370,39 +400,56 @@ impl Threads {
 
     // ----- futexes -------------------------------------------------------------
 
-    /// Wake up to `n` threads waiting on `addr` whose bitset meets `bitset`.
+    /// The threads waiting on `addr` (whose bitset meets `bitset`) and not yet
+    /// woken, longest waiter first.
+    fn futex_waiters(&self, addr: u64, bitset: u32) -> Vec<usize> {
+        let mut v: Vec<(u64, usize)> = self
+            .list
+            .iter()
+            .enumerate()
+            .filter_map(|(i, t)| {
+                let w = t.wait.as_ref()?;
+                match w.kind {
+                    WaitKind::Futex { addr: a, bitset: b } if a == addr && b & bitset != 0 && !w.woken => {
+                        Some((w.since, i))
+                    }
+                    _ => None,
+                }
+            })
+            .collect();
+        v.sort_unstable();
+        v.into_iter().map(|(_, i)| i).collect()
+    }
+
+    /// Wake up to `n` threads waiting on `addr` whose bitset meets `bitset`,
+    /// longest waiter first.
     pub fn futex_wake(&mut self, addr: u64, bitset: u32, n: u64) -> u64 {
         let mut woken = 0;
-        for t in &mut self.list {
+        for i in self.futex_waiters(addr, bitset) {
             if woken >= n {
                 break;
             }
-            if let Some(w) = &mut t.wait {
-                if let WaitKind::Futex { addr: a, bitset: b } = w.kind {
-                    if a == addr && b & bitset != 0 && !w.woken {
-                        w.woken = true;
-                        woken += 1;
-                    }
-                }
+            if let Some(w) = &mut self.list[i].wait {
+                w.woken = true;
+                woken += 1;
             }
         }
         woken
     }
 
-    /// Wake up to `n` waiters of `addr`, move up to `m` more to `to`. Returns both counts.
+    /// Wake up to `n` waiters of `addr`, move up to `m` more to `to` (longest
+    /// waiters first, keeping their place in line). Returns both counts.
     pub fn futex_requeue(&mut self, addr: u64, n: u64, to: u64, m: u64) -> (u64, u64) {
         let woken = self.futex_wake(addr, u32::MAX, n);
         let mut moved = 0;
-        for t in &mut self.list {
+        for i in self.futex_waiters(addr, u32::MAX) {
             if moved >= m {
                 break;
             }
-            if let Some(w) = &mut t.wait {
+            if let Some(w) = &mut self.list[i].wait {
                 if let WaitKind::Futex { addr: a, .. } = &mut w.kind {
-                    if *a == addr && !w.woken {
-                        *a = to;
-                        moved += 1;
-                    }
+                    *a = to;
+                    moved += 1;
                 }
             }
         }
@@ -588,13 +635,29 @@ mod tests {
     use super::*;
 
     fn waiting(t: &mut Threads, i: usize, addr: u64, bitset: u32) {
-        t.list[i].wait = Some(Wait {
-            regs: Regs::default(),
-            deadline: None,
-            on_timeout: Err(libc::ETIMEDOUT),
-            kind: WaitKind::Futex { addr, bitset },
-            woken: false,
-        });
+        t.list[i].wait = Some(Wait::new(Regs::default(), None, Err(libc::ETIMEDOUT), WaitKind::Futex { addr, bitset }));
+    }
+
+    #[test]
+    fn futex_wakes_go_to_the_longest_waiter_first() {
+        let mut t = Threads::default();
+        for _ in 0..4 {
+            t.spawn(0, 0, 0).unwrap();
+        }
+        // Waits begin in the order 4, 2, 3, 1 (not the threads' order).
+        for i in [4, 2, 3, 1] {
+            waiting(&mut t, i, 0x1000, u32::MAX);
+        }
+        let woken = |t: &Threads| (1..=4).filter(|&i| t.list[i].wait.as_ref().unwrap().woken).collect::<Vec<_>>();
+        assert_eq!(t.futex_wake(0x1000, u32::MAX, 1), 1);
+        assert_eq!(woken(&t), [4]);
+        assert_eq!(t.futex_wake(0x1000, u32::MAX, 2), 2);
+        assert_eq!(woken(&t), [2, 3, 4]);
+        // A requeue moves the longest waiters left, and they keep their place.
+        waiting(&mut t, 2, 0x1000, u32::MAX);
+        assert_eq!(t.futex_requeue(0x1000, 0, 0x2000, 1), (0, 1));
+        assert!(matches!(t.list[1].wait.as_ref().unwrap().kind, WaitKind::Futex { addr: 0x2000, .. }));
+        assert!(matches!(t.list[2].wait.as_ref().unwrap().kind, WaitKind::Futex { addr: 0x1000, .. }));
     }
 
     #[test]

@@ -150,13 +150,12 @@ fn process(image: &Arc<Image>, session: bool) -> ProcessState {
         let regs = vcpu(true).regs;
         let mut xsave = Xsave::default();
         xsave.region[24..28].copy_from_slice(&0x1f80_u32.to_le_bytes());
-        let wait = Wait {
-            regs: Regs { rax: 202, rdi: 0x4800_0040, rsi: 0x80, ..regs },
-            deadline: Some(2_000_000_000),
-            on_timeout: Err(libc::ETIMEDOUT),
-            kind: WaitKind::Futex { addr: 0x4800_0040, bitset: u32::MAX },
-            woken: false,
-        };
+        let wait = Wait::new(
+            Regs { rax: 202, rdi: 0x4800_0040, rsi: 0x80, ..regs },
+            Some(2_000_000_000),
+            Err(libc::ETIMEDOUT),
+            WaitKind::Futex { addr: 0x4800_0040, bitset: u32::MAX },
+        );
         p.threads.list.push(Thread {
             tid: main.tid + 1,
             cpu: Some(SavedCpu { regs: Regs { rsp: 0x4800_8000, ..regs }, xsave: Arc::new(xsave) }),

@@ -43,6 +43,10 @@ pub enum Effect {
     ThreadExit,
     /// sched_yield with other threads: let another runnable thread run.
     Yield,
+    /// A futex wake ended waits of this process' threads: the caller keeps
+    /// the vCPU until its next exit, since it may still hold the lock they
+    /// wait for (a condition signalled under its mutex, CPython's GIL).
+    Woke,
     /// fork/vfork/clone of a new process: the engine makes the child (pid
     /// already in the process table) from the caller's state; RAX = 0 in it.
     Fork(ForkSpec),

@@ -188,8 +188,21 @@ fn wake(ctx: &mut Ctx, addr: u64, bitset: u32, n: u64) -> u64 {
 /// Within a process private and shared futexes are the same: keyed by
 /// address. Across processes, wakes on shared mappings reach the waiters of
 /// the other processes that map the same object (`wake`); requeues stay in
-/// the process.
+/// the process. A call that woke threads of this process says so
+/// ([`Effect::Woke`]): the woken run from the caller's next exit on.
 pub fn futex(ctx: &mut Ctx, a: &Args) -> SysResult {
+    let r = futex_op(ctx, a);
+    let cmd = a[1] & !(FUTEX_PRIVATE_FLAG | FUTEX_CLOCK_REALTIME);
+    if matches!(cmd, FUTEX_WAKE | FUTEX_WAKE_BITSET | FUTEX_REQUEUE | FUTEX_CMP_REQUEUE | FUTEX_WAKE_OP)
+        && ctx.effect.is_none()
+        && ctx.proc.threads.list.iter().any(|t| t.wait.as_ref().is_some_and(|w| w.woken))
+    {
+        ctx.effect = Some(Effect::Woke);
+    }
+    r
+}
+
+fn futex_op(ctx: &mut Ctx, a: &Args) -> SysResult {
     let op = a[1];
     let cmd = op & !(FUTEX_PRIVATE_FLAG | FUTEX_CLOCK_REALTIME);
     let addr = a[0];
