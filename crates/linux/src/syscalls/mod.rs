@@ -57,7 +57,9 @@ pub fn dispatch(ctx: &mut Ctx, nr: u64, args: &Args) -> SysResult {
     }
     if ctx.kernel.trace {
         let name = entry(nr).map(|e| e.name).unwrap_or("?");
-        tracing::info!(target: "forkbox::syscall", "{name}({nr}) {:x?} -> {:?}", &args[..], result.map(|v| v as i64));
+        // Prefixed by pid/tid as `strace -f` does: threads and processes interleave.
+        let (pid, tid) = (ctx.proc.pid, ctx.proc.tid());
+        tracing::info!(target: "forkbox::syscall", "[{pid}/{tid}] {name}({nr}) {:x?} -> {:?}", &args[..], result.map(|v| v as i64));
     }
     result
 }
