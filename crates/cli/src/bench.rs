@@ -53,7 +53,8 @@ pub enum BenchCommand {
     },
     /// Threads in a forked sandbox: thread start + join, ThreadPoolExecutor(8).map
     /// of 64 trivial tasks, asyncio.run(asyncio.sleep(0)), a 1 MB pipe round trip,
-    /// three threads contending for the GIL under a 1 us switch interval;
+    /// three threads contending for the GIL under a 1 us switch interval, 40
+    /// threads doing file I/O and short sleeps (CPython's daemon-threads test);
     /// beside a host Python doing the same in an os.fork() child.
     Threads {
         /// Samples of each measurement.
@@ -1030,8 +1031,8 @@ pub(crate) fn on_guest_thread<T: Send>(
     })
 }
 
-/// Thread start + join, a thread pool map, an empty asyncio.run and a 1 MB
-/// pipe round trip, timed inside Python (ms per operation); the same code runs
+/// Thread start + join, a thread pool map, an empty asyncio.run, a 1 MB pipe
+/// round trip, GIL contention and 40 threads doing I/O, timed inside Python (ms per operation); the same code runs
 /// in the guest and in a host fork child.
 const THREAD_BENCH: &str = r#"
 import asyncio, json, os, threading, time
@@ -1075,8 +1076,33 @@ def _gil_contention():
         for t in ts: t.join()
     finally:
         sys.setswitchinterval(old)
+def _daemon_io(k):
+    # CPython's ThreadJoinOnShutdown.test_4_daemon_threads: k threads looping
+    # over open/read/write and random sleeps under 0.5 ms; the time until every
+    # one has done a round (they are then stopped and joined, not timed).
+    import random
+    stop = threading.Event()
+    ran = set()
+    src = os.__file__
+    def loop():
+        while not stop.is_set():
+            with open(src, "rb") as f:
+                stuff = f.read(200)
+                with open(os.devnull, "wb") as null:
+                    null.write(stuff)
+                    time.sleep(random.random() / 1995)
+            ran.add(threading.get_ident())
+    t0 = time.perf_counter()
+    ts = [threading.Thread(target=loop, daemon=True) for _ in range(k)]
+    for t in ts: t.start()
+    while len(ran) < k:
+        time.sleep(0.001)
+    took = (time.perf_counter() - t0) * 1000
+    stop.set()
+    for t in ts: t.join()
+    return took
 def _thread_bench(n):
-    out = {"start_join": [], "pool": [], "asyncio": [], "pipe": [], "gil": []}
+    out = {"start_join": [], "pool": [], "asyncio": [], "pipe": [], "gil": [], "daemon": []}
     data = os.urandom(1 << 20)
     for _ in range(n):
         t0 = time.perf_counter()
@@ -1090,6 +1116,8 @@ def _thread_bench(n):
         t0 = time.perf_counter()
         _gil_contention()
         out["gil"].append((time.perf_counter() - t0) * 1000)
+    for _ in range(max(1, n // 40)):
+        out["daemon"].append(_daemon_io(40))
     for _ in range(n):
         t0 = time.perf_counter()
         t = threading.Thread(target=lambda: None)
@@ -1142,6 +1170,7 @@ fn threads(home: &Path, samples: usize, image: &ImageArgs) -> Result<ExitCode> {
         ("asyncio", "asyncio.run(asyncio.sleep(0))"),
         ("pipe", "1 MB pipe round trip (echo thread)"),
         ("gil", "3 threads, switch interval 1 us"),
+        ("daemon", "40 threads doing I/O, until each ran"),
     ] {
         let (g, h) = (col(&guest, k), col(&host, k));
         println!("{what:<38} guest {}", summary(g.clone()));
