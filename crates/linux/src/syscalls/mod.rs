@@ -9,6 +9,7 @@ pub mod test_hooks;
 pub use sys_file::close_fds;
 mod sys_fork;
 mod sys_fs;
+mod sys_inotify;
 mod sys_lock;
 mod sys_mm;
 pub use sys_mm::{privatize_own_files, privatize_shared, release_shared};

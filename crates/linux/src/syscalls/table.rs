@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 use super::{
     sys_file as file, sys_fs as fs, sys_mm as mm, sys_process as process, sys_signal as signal, sys_time as time,
 };
-use super::{sys_fork as fork, sys_lock as lock, sys_pipe as pipe, sys_unix as unix};
+use super::{sys_fork as fork, sys_inotify as inotify, sys_lock as lock, sys_pipe as pipe, sys_unix as unix};
 use super::{sys_rlimit as rlimit, sys_socket as net, sys_thread as thread, sys_timer as timer};
 use crate::errno::{Errno, SysResult};
 use crate::kernel::{Args, Ctx, Handler};
@@ -370,9 +370,9 @@ table! {
     250 keyctl, Refused(Errno::ENOSYS, "ENOSYS: no kernel keyrings");
     251 ioprio_set, Refused(Errno::ENOSYS, "ENOSYS: not implemented (setpriority is)");
     252 ioprio_get, Refused(Errno::ENOSYS, "ENOSYS: not implemented (getpriority is)");
-    253 inotify_init, Refused(Errno::ENOSYS, "ENOSYS: file watches are not implemented (watchers poll)");
-    254 inotify_add_watch, Refused(Errno::ENOSYS, "ENOSYS: file watches are not implemented (watchers poll)");
-    255 inotify_rm_watch, Refused(Errno::ENOSYS, "ENOSYS: file watches are not implemented (watchers poll)");
+    253 inotify_init => inotify::inotify_init, Partial("watches by inode (through symlinks unless IN_DONT_FOLLOW): IN_CREATE, IN_DELETE, IN_MODIFY, IN_ATTRIB, IN_MOVED_FROM/TO with a cookie, IN_MOVE_SELF, IN_DELETE_SELF, IN_IGNORED, IN_Q_OVERFLOW; IN_ACCESS, IN_OPEN, IN_CLOSE_* never come; a restored checkpoint's instances have no watches");
+    254 inotify_add_watch => inotify::inotify_add_watch, Partial("a path or symlink to watch by inode; IN_ONLYDIR, IN_DONT_FOLLOW, IN_MASK_ADD, IN_MASK_CREATE, IN_ONESHOT; 8192 watches per sandbox (ENOSPC)");
+    255 inotify_rm_watch => inotify::inotify_rm_watch, Full;
     256 migrate_pages, Refused(Errno::ENOSYS, "ENOSYS: no NUMA: the sandbox has one node");
     257 openat => fs::openat, Full;
     258 mkdirat => fs::mkdirat, Full;
@@ -411,7 +411,7 @@ table! {
     291 epoll_create1 => pipe::epoll_create1, Full;
     292 dup3 => file::dup3, Full;
     293 pipe2 => pipe::pipe2, Full;
-    294 inotify_init1, Refused(Errno::ENOSYS, "ENOSYS: file watches are not implemented (watchers poll)");
+    294 inotify_init1 => inotify::inotify_init1, Partial("watches by inode (through symlinks unless IN_DONT_FOLLOW): IN_CREATE, IN_DELETE, IN_MODIFY, IN_ATTRIB, IN_MOVED_FROM/TO with a cookie, IN_MOVE_SELF, IN_DELETE_SELF, IN_IGNORED, IN_Q_OVERFLOW; IN_ACCESS, IN_OPEN, IN_CLOSE_* never come; a restored checkpoint's instances have no watches");
     295 preadv => file::preadv, Full;
     296 pwritev => file::pwritev, Full;
     297 rt_tgsigqueueinfo, Refused(Errno::ENOSYS, "ENOSYS: not implemented (kill and tgkill are)");
