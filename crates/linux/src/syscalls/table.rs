@@ -124,7 +124,7 @@ table! {
     4 stat => fs::stat, Full;
     5 fstat => fs::fstat, Full;
     6 lstat => fs::lstat, Full;
-    7 poll => file::poll, Partial("readiness of every fd the VMM owns (files, pipes, sockets, eventfd, timerfd, epoll); a wait blocks until an fd is ready, the timeout or an interrupt; POLLPRI never set"), Never;
+    7 poll => file::poll, Partial("readiness of every fd the VMM owns (files, pipes, sockets, eventfd, timerfd, epoll, inotify); a wait blocks until an fd is ready, the timeout or an interrupt; POLLPRI never set"), Never;
     8 lseek => file::lseek, Full;
     9 mmap => mm::mmap, Partial("private file maps: bytes copied in (no page cache); MAP_SHARED (file, memfd, anonymous) shared between processes, written back on msync/munmap/exit; no MAP_GROWSDOWN/huge pages");
     10 mprotect => mm::mprotect, Partial("enforced by the guest page tables (read-only, no-execute, PROT_NONE not present); no protection keys, no PROT_GROWSDOWN");
@@ -140,7 +140,7 @@ table! {
     20 writev => file::writev, Full;
     21 access => fs::access, Full;
     22 pipe => pipe::pipe, Full;
-    23 select => file::select, Partial("readiness of every fd the VMM owns (files, pipes, sockets, eventfd, timerfd, epoll); exceptfds never set"), Never;
+    23 select => file::select, Partial("readiness of every fd the VMM owns (files, pipes, sockets, eventfd, timerfd, epoll, inotify); exceptfds never set"), Never;
     24 sched_yield => thread::sched_yield, Full;
     25 mremap => mm::mremap, Full;
     26 msync => mm::msync, Full;
@@ -370,7 +370,7 @@ table! {
     250 keyctl, Refused(Errno::ENOSYS, "ENOSYS: no kernel keyrings");
     251 ioprio_set, Refused(Errno::ENOSYS, "ENOSYS: not implemented (setpriority is)");
     252 ioprio_get, Refused(Errno::ENOSYS, "ENOSYS: not implemented (getpriority is)");
-    253 inotify_init => inotify::inotify_init, Partial("watches by inode (through symlinks unless IN_DONT_FOLLOW): IN_CREATE, IN_DELETE, IN_MODIFY, IN_ATTRIB, IN_MOVED_FROM/TO with a cookie, IN_MOVE_SELF, IN_DELETE_SELF, IN_IGNORED, IN_Q_OVERFLOW; IN_ACCESS, IN_OPEN, IN_CLOSE_* never come; a restored checkpoint's instances have no watches");
+    253 inotify_init => inotify::inotify_init, Partial("watches by inode (through symlinks unless IN_DONT_FOLLOW): IN_CREATE, IN_DELETE, IN_MODIFY, IN_ATTRIB, IN_MOVED_FROM/TO with a cookie, IN_MOVE_SELF, IN_DELETE_SELF, IN_IGNORED, IN_Q_OVERFLOW; IN_ACCESS, IN_OPEN, IN_CLOSE_* never come; 128 instances per sandbox (EMFILE); a restored checkpoint's instances have no watches");
     254 inotify_add_watch => inotify::inotify_add_watch, Partial("a path or symlink to watch by inode; IN_ONLYDIR, IN_DONT_FOLLOW, IN_MASK_ADD, IN_MASK_CREATE, IN_ONESHOT; 8192 watches per sandbox (ENOSPC)");
     255 inotify_rm_watch => inotify::inotify_rm_watch, Full;
     256 migrate_pages, Refused(Errno::ENOSYS, "ENOSYS: no NUMA: the sandbox has one node");
@@ -411,7 +411,7 @@ table! {
     291 epoll_create1 => pipe::epoll_create1, Full;
     292 dup3 => file::dup3, Full;
     293 pipe2 => pipe::pipe2, Full;
-    294 inotify_init1 => inotify::inotify_init1, Partial("watches by inode (through symlinks unless IN_DONT_FOLLOW): IN_CREATE, IN_DELETE, IN_MODIFY, IN_ATTRIB, IN_MOVED_FROM/TO with a cookie, IN_MOVE_SELF, IN_DELETE_SELF, IN_IGNORED, IN_Q_OVERFLOW; IN_ACCESS, IN_OPEN, IN_CLOSE_* never come; a restored checkpoint's instances have no watches");
+    294 inotify_init1 => inotify::inotify_init1, Partial("watches by inode (through symlinks unless IN_DONT_FOLLOW): IN_CREATE, IN_DELETE, IN_MODIFY, IN_ATTRIB, IN_MOVED_FROM/TO with a cookie, IN_MOVE_SELF, IN_DELETE_SELF, IN_IGNORED, IN_Q_OVERFLOW; IN_ACCESS, IN_OPEN, IN_CLOSE_* never come; 128 instances per sandbox (EMFILE); a restored checkpoint's instances have no watches");
     295 preadv => file::preadv, Full;
     296 pwritev => file::pwritev, Full;
     297 rt_tgsigqueueinfo, Refused(Errno::ENOSYS, "ENOSYS: not implemented (kill and tgkill are)");
