@@ -80,7 +80,7 @@ events = [(w, k, name) for (w, k, c, name) in events]
     );
     assert_eq!(
         value(&mut sb, &code),
-        "(1, 1, 'EAGAIN', True, 288, 'EINVAL', True, [(1, 'create', 'a.txt'), (1, 'modify', 'a.txt'), \
+        "(1, 1, 'EAGAIN', True, 256, 'EINVAL', True, [(1, 'create', 'a.txt'), (1, 'modify', 'a.txt'), \
          (1, 'attrib', 'a.txt'), (1, 'moved_from', 'a.txt'), (1, 'moved_to', 'b.txt'), (1, 'create/dir', 'sub'), \
          (1, 'delete', 'b.txt'), (1, 'delete/dir', 'sub')])"
     );
