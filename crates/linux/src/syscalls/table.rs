@@ -370,8 +370,8 @@ table! {
     250 keyctl, Refused(Errno::ENOSYS, "ENOSYS: no kernel keyrings");
     251 ioprio_set, Refused(Errno::ENOSYS, "ENOSYS: not implemented (setpriority is)");
     252 ioprio_get, Refused(Errno::ENOSYS, "ENOSYS: not implemented (getpriority is)");
-    253 inotify_init => inotify::inotify_init, Partial("watches by inode (through symlinks unless IN_DONT_FOLLOW): IN_CREATE, IN_DELETE, IN_MODIFY, IN_ATTRIB, IN_MOVED_FROM/TO with a cookie, IN_MOVE_SELF, IN_DELETE_SELF, IN_IGNORED, IN_Q_OVERFLOW; IN_ACCESS, IN_OPEN, IN_CLOSE_* never come; 128 instances per sandbox (EMFILE); a restored checkpoint's instances have no watches");
-    254 inotify_add_watch => inotify::inotify_add_watch, Partial("a path or symlink to watch by inode; IN_ONLYDIR, IN_DONT_FOLLOW, IN_MASK_ADD, IN_MASK_CREATE, IN_ONESHOT; 8192 watches per sandbox (ENOSPC)");
+    253 inotify_init => inotify::inotify_init, Partial("events: create, delete, modify, attrib, moves (cookie), move_self, delete_self (at the last unlink), close_write/nowrite; no access/open; 128 per sandbox; no watches after a restore");
+    254 inotify_add_watch => inotify::inotify_add_watch, Partial("by inode, through symlinks unless IN_DONT_FOLLOW; IN_ONLYDIR, IN_MASK_ADD, IN_MASK_CREATE, IN_ONESHOT; 8192 watches per sandbox (ENOSPC)");
     255 inotify_rm_watch => inotify::inotify_rm_watch, Full;
     256 migrate_pages, Refused(Errno::ENOSYS, "ENOSYS: no NUMA: the sandbox has one node");
     257 openat => fs::openat, Full;
@@ -411,7 +411,7 @@ table! {
     291 epoll_create1 => pipe::epoll_create1, Full;
     292 dup3 => file::dup3, Full;
     293 pipe2 => pipe::pipe2, Full;
-    294 inotify_init1 => inotify::inotify_init1, Partial("watches by inode (through symlinks unless IN_DONT_FOLLOW): IN_CREATE, IN_DELETE, IN_MODIFY, IN_ATTRIB, IN_MOVED_FROM/TO with a cookie, IN_MOVE_SELF, IN_DELETE_SELF, IN_IGNORED, IN_Q_OVERFLOW; IN_ACCESS, IN_OPEN, IN_CLOSE_* never come; 128 instances per sandbox (EMFILE); a restored checkpoint's instances have no watches");
+    294 inotify_init1 => inotify::inotify_init1, Partial("events: create, delete, modify, attrib, moves (cookie), move_self, delete_self (at the last unlink), close_write/nowrite; no access/open; 128 per sandbox; no watches after a restore");
     295 preadv => file::preadv, Full;
     296 pwritev => file::pwritev, Full;
     297 rt_tgsigqueueinfo, Refused(Errno::ENOSYS, "ENOSYS: not implemented (kill and tgkill are)");

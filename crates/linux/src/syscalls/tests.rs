@@ -1195,3 +1195,27 @@ fn an_inotify_instance_comes_back_from_a_checkpoint_without_watches() {
     g.sys_path(libc::SYS_rmdir, "/tmp/after", &[]).unwrap();
     assert_eq!(g.inotify_read(fd, 4096).unwrap(), vec![(1, IN_DELETE | IN_ISDIR, 0, "after".to_string())]);
 }
+
+#[test]
+fn inotify_reports_closes_by_access_mode() {
+    use crate::vfs::inotify::*;
+    let mut g = guest();
+    g.sys_path(libc::SYS_mkdir, "/tmp/c", &[0o755]).unwrap();
+    let fd = g.call(libc::SYS_inotify_init1, &[libc::IN_NONBLOCK as u64]).unwrap() as i32;
+    assert_eq!(g.inotify_watch(fd, "/tmp/c", IN_CLOSE_WRITE | IN_CLOSE_NOWRITE), Ok(1));
+    for flags in [libc::O_CREAT | libc::O_WRONLY, libc::O_RDONLY, libc::O_PATH] {
+        let f = g.open("/tmp/c/f", flags);
+        g.call(libc::SYS_close, &[f as u64]).unwrap();
+    }
+    let d = g.open("/tmp/c", libc::O_RDONLY | libc::O_DIRECTORY);
+    g.call(libc::SYS_close, &[d as u64]).unwrap();
+    assert_eq!(
+        g.inotify_read(fd, 4096).unwrap(),
+        vec![
+            (1, IN_CLOSE_WRITE, 0, "f".to_string()),
+            (1, IN_CLOSE_NOWRITE, 0, "f".to_string()),
+            (1, IN_CLOSE_NOWRITE | IN_ISDIR, 0, String::new()),
+        ],
+        "an O_PATH descriptor closes without an event"
+    );
+}

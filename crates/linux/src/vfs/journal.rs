@@ -286,18 +286,7 @@ impl Vfs {
         let Some(j) = &self.journal else { return };
         let is_dir = self.is_dir(ino).unwrap_or(false);
         let mut j = lock(j);
-        // Where it is: a directory knows its parent, a file is known by name.
-        // (A directory's entry is looked up only for a watch of its parent.)
-        let entry = if is_dir {
-            if ino == ROOT_INO || j.notify.is_empty() {
-                None
-            } else {
-                let parent = self.parent_of(ino).ok().filter(|p| j.notify.watches_ino(*p));
-                parent.and_then(|p| Some((p, self.name_in(p, ino).ok()??)))
-            }
-        } else {
-            j.names.get(&ino).cloned()
-        };
+        let entry = self.entry_of(&j, ino, is_dir);
         if j.paths {
             let path = match (&entry, is_dir) {
                 (_, true) => self.dir_path(ino).ok(),
@@ -314,11 +303,49 @@ impl Vfs {
         let mask = match kind {
             ChangeKind::Write => notify::IN_MODIFY,
             _ => notify::IN_ATTRIB,
-        } | if is_dir { notify::IN_ISDIR } else { 0 };
+        };
+        Self::deliver_to(&mut j, ino, entry, mask, is_dir);
+    }
+
+    /// Where `ino` is, for its directory's journal paths and inotify
+    /// watches: a file by the name it was learnt by; a directory by its
+    /// parent (looked up only for an inotify watch of that parent).
+    fn entry_of(&self, j: &Journal, ino: Ino, is_dir: bool) -> Option<(Ino, Vec<u8>)> {
+        if !is_dir {
+            return j.names.get(&ino).cloned();
+        }
+        if ino == ROOT_INO || j.notify.is_empty() {
+            return None;
+        }
+        let parent = self.parent_of(ino).ok().filter(|p| j.notify.watches_ino(*p))?;
+        Some((parent, self.name_in(parent, ino).ok()??))
+    }
+
+    /// An inotify event `mask` of `ino`: to its directory's watches (by
+    /// `entry`) and its own.
+    fn deliver_to(j: &mut Journal, ino: Ino, entry: Option<(Ino, Vec<u8>)>, mask: u32, is_dir: bool) {
+        let mask = mask | if is_dir { notify::IN_ISDIR } else { 0 };
         if let Some((d, n)) = entry {
             j.notify.deliver(d, mask, 0, &n);
         }
         j.notify.deliver(ino, mask, 0, b"");
+    }
+
+    /// Files closed for good, each with whether it was open for writing:
+    /// IN_CLOSE_WRITE or IN_CLOSE_NOWRITE for their inotify watches and
+    /// their directories' (nothing in the path journal).
+    pub fn note_closed(&self, closed: &[(Ino, bool)]) {
+        let Some(j) = &self.journal else { return };
+        let mut j = lock(j);
+        if j.notify.is_empty() {
+            return;
+        }
+        for &(ino, wrote) in closed {
+            let is_dir = self.is_dir(ino).unwrap_or(false);
+            let entry = self.entry_of(&j, ino, is_dir);
+            let mask = if wrote { notify::IN_CLOSE_WRITE } else { notify::IN_CLOSE_NOWRITE };
+            Self::deliver_to(&mut j, ino, entry, mask, is_dir);
+        }
     }
 
     /// The last name of `ino` went away: its inotify watches end.
