@@ -65,7 +65,9 @@ os.rename('/tmp/w/a.txt', '/tmp/w/b.txt')
 os.mkdir('/tmp/w/sub')
 os.remove('/tmp/w/b.txt')
 os.rmdir('/tmp/w/sub')
-ready = select.select([fd], [], [], 0)[0] == [fd]
+ep = select.epoll()
+ep.register(fd, select.EPOLLIN)
+ready = select.select([fd], [], [], 0)[0] == [fd] and ep.poll(0) == [(fd, select.EPOLLIN)]
 n = fcntl.ioctl(fd, termios.FIONREAD, struct.pack('i', 0))
 pending = struct.unpack('i', n)[0]
 try:

@@ -175,9 +175,13 @@ impl FdTable {
         }
     }
 
-    /// Files closed for good since the last call (see `closed_nodes`).
-    pub fn take_closed_nodes(&mut self) -> Option<Vec<(crate::vfs::Ino, bool)>> {
-        (!self.closed_nodes.is_empty()).then(|| std::mem::take(&mut self.closed_nodes))
+    /// Hand the files closed for good since the last call (see
+    /// `closed_nodes`) to `f`, and forget them (the list keeps its room).
+    pub fn drain_closed_nodes(&mut self, f: impl FnOnce(&[(crate::vfs::Ino, bool)])) {
+        if !self.closed_nodes.is_empty() {
+            f(&self.closed_nodes);
+            self.closed_nodes.clear();
+        }
     }
 
     /// Descriptions closed for good since the last call (see `closed`).

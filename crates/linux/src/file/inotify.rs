@@ -39,14 +39,10 @@ impl FileOps for InotifyFile {
         object_id(&f.file)?;
         let (id, epoch) = instance(&ctx.proc.fds.objects, &f.file)?;
         let len = usize::try_from(len).unwrap_or(usize::MAX);
-        let r = ctx
-            .proc
-            .vfs
-            .inotify_read(id, epoch, len, |n| ctx.user_range_mut(buf, n as u64))
-            .and_then(|data| {
-                ctx.write_bytes(buf, &data)?;
-                Ok(data.len() as u64)
-            });
+        let r = ctx.proc.vfs.inotify_read(id, epoch, len, |n| ctx.user_range_mut(buf, n as u64)).and_then(|data| {
+            ctx.write_bytes(buf, &data)?;
+            Ok(data.len() as u64)
+        });
         or_block(ctx, &f.file, f.ofd, READABLE, r)
     }
 

@@ -49,9 +49,8 @@ pub fn dispatch(ctx: &mut Ctx, nr: u64, args: &Args) -> SysResult {
     // Descriptions closed for good as a side effect of the call (descriptors
     // in flight on an AF_UNIX socket a receive dropped) give back what they held.
     crate::file::released(ctx, None);
-    if let Some(closed) = ctx.proc.fds.take_closed_nodes() {
-        ctx.proc.vfs.note_closed(&closed);
-    }
+    let vfs = &ctx.proc.vfs;
+    ctx.proc.fds.drain_closed_nodes(|closed| vfs.note_closed(closed));
     if let Some(closed) = ctx.proc.fds.take_closed() {
         if !ctx.kernel.flocks.is_empty() {
             for ofd in closed {

@@ -485,7 +485,12 @@ mod tests {
         n.deliver(10, IN_ATTRIB | IN_ISDIR, 0, b"");
         assert_eq!(
             read_all(&mut n, 1),
-            vec![(1, IN_DELETE_SELF, 0, vec![]), (1, IN_IGNORED, 0, vec![]), (2, IN_ATTRIB, 0, vec![]), (2, IN_IGNORED, 0, vec![])]
+            vec![
+                (1, IN_DELETE_SELF, 0, vec![]),
+                (1, IN_IGNORED, 0, vec![]),
+                (2, IN_ATTRIB, 0, vec![]),
+                (2, IN_IGNORED, 0, vec![])
+            ]
         );
         assert_eq!(n.watches, 0);
         assert!(n.by_ino.is_empty());
