@@ -692,6 +692,21 @@ def test_watch_dir_polling_sees_commands_files_api_and_background_processes(e2b_
         sbx.kill()
 
 
+def test_watch_dir_sees_writes_through_a_file_opened_before_it(e2b_server):
+    """A log the guest opened (and keeps open) before the watcher started: its
+    later writes are reported under its name."""
+    sbx = ci.Sandbox.create()
+    try:
+        sbx.files.make_dir("/home/user/logs")
+        sbx.run_code("log = open('/home/user/logs/app.log', 'a'); log.write('start\\n'); log.flush()")
+        handle = sbx.files.watch_dir("/home/user/logs")
+        sbx.run_code("log.write('more\\n'); log.flush()")
+        assert ("write", "app.log") in _events(handle, lambda s: ("write", "app.log") in s)
+        handle.stop()
+    finally:
+        sbx.kill()
+
+
 def test_watch_dir_stream_with_async_sdk_and_run_code(e2b_server):
     async def go():
         sbx = await ci.AsyncSandbox.create()

@@ -80,6 +80,11 @@ pub struct FdTable {
     /// (`take_closed`: the dispatcher drains it after every call).
     #[serde(skip)]
     closed: Vec<u64>,
+    /// Files and directories closed for good, with whether the description
+    /// could write (inotify's IN_CLOSE_WRITE / IN_CLOSE_NOWRITE): drained
+    /// after every call like `closed`.
+    #[serde(skip)]
+    closed_nodes: Vec<(crate::vfs::Ino, bool)>,
 }
 
 impl FdTable {
@@ -155,8 +160,11 @@ impl FdTable {
         f.refs = f.refs.saturating_sub(1);
         if f.refs == 0 {
             let f = self.files.remove(&ofd)?;
-            if matches!(f.kind, FileKind::Node(_)) {
+            if let FileKind::Node(ino) = f.kind {
                 self.closed.push(ofd);
+                if f.flags & libc::O_PATH == 0 {
+                    self.closed_nodes.push((ino, f.flags & libc::O_ACCMODE != libc::O_RDONLY));
+                }
             }
             if let FileKind::Object(obj) = f.kind {
                 self.objects.detach(obj, f.flags);
@@ -164,6 +172,15 @@ impl FdTable {
             Some(f.kind)
         } else {
             None
+        }
+    }
+
+    /// Hand the files closed for good since the last call (see
+    /// `closed_nodes`) to `f`, and forget them (the list keeps its room).
+    pub fn drain_closed_nodes(&mut self, f: impl FnOnce(&[(crate::vfs::Ino, bool)])) {
+        if !self.closed_nodes.is_empty() {
+            f(&self.closed_nodes);
+            self.closed_nodes.clear();
         }
     }
 

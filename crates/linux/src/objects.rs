@@ -324,7 +324,21 @@ pub enum ObjKind {
     PtyMaster(Box<crate::tty::Pty>),
     /// A pseudo-terminal's slave side: the master's object id (gone: hung up).
     PtySlave(u64),
+    /// An inotify instance: its watches and events are the file system's
+    /// (`crate::vfs::Vfs::inotify_add_watch`), by this object's id.
+    Inotify(Inotify),
 }
+
+/// An inotify instance's object: which change journal holds its watches
+/// (the journal's number; 0: none yet). A state file keeps only this, so an
+/// instance restored from a checkpoint has no watches.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Inotify {
+    pub epoch: u64,
+}
+
+/// Open inotify instances in a sandbox (Linux's max_user_instances default): EMFILE past it.
+pub const MAX_INOTIFY_INSTANCES: usize = 128;
 
 impl Serialize for ObjKind {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
@@ -337,6 +351,7 @@ impl Serialize for ObjKind {
             ObjKind::TimerFd(x) => s.serialize_newtype_variant(NAME, 4, "TimerFd", x),
             ObjKind::PtyMaster(x) => s.serialize_newtype_variant(NAME, 6, "PtyMaster", x),
             ObjKind::PtySlave(x) => s.serialize_newtype_variant(NAME, 7, "PtySlave", x),
+            ObjKind::Inotify(x) => s.serialize_newtype_variant(NAME, 8, "Inotify", x),
         }
     }
 }
@@ -353,6 +368,7 @@ enum ObjKindRepr {
     SizedPipe(Pipe),
     PtyMaster(Box<crate::tty::Pty>),
     PtySlave(u64),
+    Inotify(Inotify),
 }
 
 impl<'de> Deserialize<'de> for ObjKind {
@@ -372,6 +388,7 @@ impl<'de> Deserialize<'de> for ObjKind {
             ObjKindRepr::SizedPipe(p) => ObjKind::Pipe(p),
             ObjKindRepr::PtyMaster(p) => ObjKind::PtyMaster(p),
             ObjKindRepr::PtySlave(m) => ObjKind::PtySlave(m),
+            ObjKindRepr::Inotify(i) => ObjKind::Inotify(i),
         })
     }
 }
@@ -1217,6 +1234,8 @@ impl Objects {
                 }
                 r
             }
+            // Its readiness is the file system's (`crate::file::inotify`).
+            ObjKind::Inotify(_) => 0,
             ObjKind::TimerFd(t) => {
                 if t.pending(clock_ns(t.clock)) > 0 {
                     pin

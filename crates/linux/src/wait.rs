@@ -14,7 +14,7 @@ use crate::process::Process;
 /// `POLL*` readiness of the open file description `ofd` (POLLNVAL if it is
 /// gone). POLLHUP / POLLERR come whatever was asked for, as on Linux.
 pub fn ready(proc: &Process, kernel: &Kernel, ofd: u64) -> u32 {
-    let p = PollCtx { fds: &proc.fds, kernel, pid: proc.pid, ready: ready_at };
+    let p = PollCtx { fds: &proc.fds, kernel, vfs: &proc.vfs, pid: proc.pid, ready: ready_at };
     ready_at(&p, ofd, 0)
 }
 

@@ -1,6 +1,6 @@
 //! Open files by kind: one `FileOps` implementation per kind of description
 //! (VFS node, stdio, the agent channel, inet socket, pipe, AF_UNIX socket,
-//! eventfd, timerfd, epoll, pseudo-terminal), each in its own module. The fd handlers in
+//! eventfd, timerfd, epoll, pseudo-terminal, inotify), each in its own module. The fd handlers in
 //! `crate::syscalls` find the implementation with [`ops`] and call it.
 
 pub mod agent;
@@ -8,6 +8,7 @@ pub mod common;
 pub mod counter;
 pub mod epoll;
 pub mod inet;
+pub mod inotify;
 pub mod node;
 pub mod ops;
 pub mod pipe;
@@ -66,6 +67,7 @@ pub fn ops(objects: &Objects, kind: FileKind) -> &'static dyn FileOps {
             Ok(ObjKind::Epoll(_)) => &epoll::EpollFile,
             Ok(ObjKind::PtyMaster(_)) => &pty::PtyMasterFile,
             Ok(ObjKind::PtySlave(_)) => &pty::PtySlaveFile,
+            Ok(ObjKind::Inotify(_)) => &inotify::InotifyFile,
             Err(_) => &GoneFile,
         },
     }
@@ -81,11 +83,18 @@ pub fn open(ctx: &Ctx, fd: i32) -> Result<(Open, &'static dyn FileOps), Errno> {
 /// Give back what a description closed for good held, and what closed with it
 /// (descriptors that were in flight on a socket it destroyed).
 pub fn released(ctx: &mut Ctx, kind: Option<FileKind>) {
+    let mut objects = matches!(kind, Some(FileKind::Object(_)));
     if let Some(k) = kind {
         release(ctx, k);
     }
     for k in ctx.proc.fds.take_gone() {
+        objects |= matches!(k, FileKind::Object(_));
         release(ctx, k);
+    }
+    // An fd object is released before its kind is known here: an inotify
+    // instance that went with it leaves its watches behind until told.
+    if objects {
+        inotify::forget_closed(ctx);
     }
 }
 

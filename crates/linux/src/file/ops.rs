@@ -6,7 +6,7 @@
 use crate::errno::{Errno, SysResult};
 use crate::fd::{FdTable, FileKind, OpenFile};
 use crate::kernel::{Ctx, Kernel};
-use crate::vfs::Stat;
+use crate::vfs::{Stat, Vfs};
 
 /// An open description as a call sees it: the fd it came through, the
 /// description's id (what a `Block` waits on) and a copy of its state.
@@ -22,6 +22,8 @@ pub struct Open {
 pub struct PollCtx<'a> {
     pub fds: &'a FdTable,
     pub kernel: &'a Kernel,
+    /// The file system (an inotify instance's events are its).
+    pub vfs: &'a Vfs,
     /// The asking process (a job's stdin is per process).
     pub pid: u32,
     pub ready: fn(&PollCtx, u64, u32) -> u32,

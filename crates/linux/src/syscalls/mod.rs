@@ -9,6 +9,7 @@ pub mod test_hooks;
 pub use sys_file::close_fds;
 mod sys_fork;
 mod sys_fs;
+mod sys_inotify;
 mod sys_lock;
 mod sys_mm;
 pub use sys_mm::{privatize_own_files, privatize_shared, release_shared};
@@ -48,6 +49,8 @@ pub fn dispatch(ctx: &mut Ctx, nr: u64, args: &Args) -> SysResult {
     // Descriptions closed for good as a side effect of the call (descriptors
     // in flight on an AF_UNIX socket a receive dropped) give back what they held.
     crate::file::released(ctx, None);
+    let vfs = &ctx.proc.vfs;
+    ctx.proc.fds.drain_closed_nodes(|closed| vfs.note_closed(closed));
     if let Some(closed) = ctx.proc.fds.take_closed() {
         if !ctx.kernel.flocks.is_empty() {
             for ofd in closed {

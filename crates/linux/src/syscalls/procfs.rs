@@ -127,6 +127,7 @@ fn fd_links(ctx: &Ctx) -> Vec<(Vec<u8>, Gen)> {
                     Ok(ObjKind::EventFd(_)) => "anon_inode:[eventfd]".into(),
                     Ok(ObjKind::Epoll(_)) => "anon_inode:[eventpoll]".into(),
                     Ok(ObjKind::TimerFd(_)) => "anon_inode:[timerfd]".into(),
+                    Ok(ObjKind::Inotify(_)) => "anon_inode:inotify".into(),
                     Ok(ObjKind::PtyMaster(_)) => "/dev/ptmx".into(),
                     Ok(ObjKind::PtySlave(_)) => match fds.objects.pty(id) {
                         Ok(p) => crate::file::pty::pts_path(p.index),

@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 use super::{
     sys_file as file, sys_fs as fs, sys_mm as mm, sys_process as process, sys_signal as signal, sys_time as time,
 };
-use super::{sys_fork as fork, sys_lock as lock, sys_pipe as pipe, sys_unix as unix};
+use super::{sys_fork as fork, sys_inotify as inotify, sys_lock as lock, sys_pipe as pipe, sys_unix as unix};
 use super::{sys_rlimit as rlimit, sys_socket as net, sys_thread as thread, sys_timer as timer};
 use crate::errno::{Errno, SysResult};
 use crate::kernel::{Args, Ctx, Handler};
@@ -124,7 +124,7 @@ table! {
     4 stat => fs::stat, Full;
     5 fstat => fs::fstat, Full;
     6 lstat => fs::lstat, Full;
-    7 poll => file::poll, Partial("readiness of every fd the VMM owns (files, pipes, sockets, eventfd, timerfd, epoll); a wait blocks until an fd is ready, the timeout or an interrupt; POLLPRI never set"), Never;
+    7 poll => file::poll, Partial("readiness of every fd the VMM owns (files, pipes, sockets, eventfd, timerfd, epoll, inotify); a wait blocks until an fd is ready, the timeout or an interrupt; POLLPRI never set"), Never;
     8 lseek => file::lseek, Full;
     9 mmap => mm::mmap, Partial("private file maps: bytes copied in (no page cache); MAP_SHARED (file, memfd, anonymous) shared between processes, written back on msync/munmap/exit; no MAP_GROWSDOWN/huge pages");
     10 mprotect => mm::mprotect, Partial("enforced by the guest page tables (read-only, no-execute, PROT_NONE not present); no protection keys, no PROT_GROWSDOWN");
@@ -140,7 +140,7 @@ table! {
     20 writev => file::writev, Full;
     21 access => fs::access, Full;
     22 pipe => pipe::pipe, Full;
-    23 select => file::select, Partial("readiness of every fd the VMM owns (files, pipes, sockets, eventfd, timerfd, epoll); exceptfds never set"), Never;
+    23 select => file::select, Partial("readiness of every fd the VMM owns (files, pipes, sockets, eventfd, timerfd, epoll, inotify); exceptfds never set"), Never;
     24 sched_yield => thread::sched_yield, Full;
     25 mremap => mm::mremap, Full;
     26 msync => mm::msync, Full;
@@ -370,9 +370,9 @@ table! {
     250 keyctl, Refused(Errno::ENOSYS, "ENOSYS: no kernel keyrings");
     251 ioprio_set, Refused(Errno::ENOSYS, "ENOSYS: not implemented (setpriority is)");
     252 ioprio_get, Refused(Errno::ENOSYS, "ENOSYS: not implemented (getpriority is)");
-    253 inotify_init, Refused(Errno::ENOSYS, "ENOSYS: file watches are not implemented (watchers poll)");
-    254 inotify_add_watch, Refused(Errno::ENOSYS, "ENOSYS: file watches are not implemented (watchers poll)");
-    255 inotify_rm_watch, Refused(Errno::ENOSYS, "ENOSYS: file watches are not implemented (watchers poll)");
+    253 inotify_init => inotify::inotify_init, Partial("events: create, delete, modify, attrib, moves (cookie), move_self, delete_self (at the last unlink), close_write/nowrite; no access/open; 128 per sandbox; no watches after a restore");
+    254 inotify_add_watch => inotify::inotify_add_watch, Partial("by inode, through symlinks unless IN_DONT_FOLLOW; IN_ONLYDIR, IN_MASK_ADD, IN_MASK_CREATE, IN_ONESHOT; 8192 watches per sandbox (ENOSPC)");
+    255 inotify_rm_watch => inotify::inotify_rm_watch, Full;
     256 migrate_pages, Refused(Errno::ENOSYS, "ENOSYS: no NUMA: the sandbox has one node");
     257 openat => fs::openat, Full;
     258 mkdirat => fs::mkdirat, Full;
@@ -411,7 +411,7 @@ table! {
     291 epoll_create1 => pipe::epoll_create1, Full;
     292 dup3 => file::dup3, Full;
     293 pipe2 => pipe::pipe2, Full;
-    294 inotify_init1, Refused(Errno::ENOSYS, "ENOSYS: file watches are not implemented (watchers poll)");
+    294 inotify_init1 => inotify::inotify_init1, Partial("events: create, delete, modify, attrib, moves (cookie), move_self, delete_self (at the last unlink), close_write/nowrite; no access/open; 128 per sandbox; no watches after a restore");
     295 preadv => file::preadv, Full;
     296 pwritev => file::pwritev, Full;
     297 rt_tgsigqueueinfo, Refused(Errno::ENOSYS, "ENOSYS: not implemented (kill and tgkill are)");

@@ -1003,3 +1003,219 @@ fn a_pty_pair_opens_edits_lines_echoes_and_hangs_up() {
     let tty = g.path(0x8000, "/dev/tty");
     assert_eq!(g.call(libc::SYS_open, &[tty, libc::O_RDWR as u64, 0]), Err(Errno::ENXIO));
 }
+
+// ----- inotify -----------------------------------------------------------------------
+
+/// Decode `struct inotify_event` records: (wd, mask, cookie, name).
+fn inotify_events(mut b: &[u8]) -> Vec<(i32, u32, u32, String)> {
+    let mut out = Vec::new();
+    while b.len() >= 16 {
+        let word = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
+        let len = word(12) as usize;
+        assert_eq!(len % 16, 0, "names are padded to the record size");
+        let name: Vec<u8> = b[16..16 + len].iter().take_while(|&&c| c != 0).copied().collect();
+        out.push((word(0) as i32, word(4), word(8), String::from_utf8(name).unwrap()));
+        b = &b[16 + len..];
+    }
+    assert!(b.is_empty(), "whole records only");
+    out
+}
+
+impl Guest {
+    fn inotify_watch(&mut self, fd: i32, p: &str, mask: u32) -> Result<u64, Errno> {
+        let path = self.path(0x9000, p);
+        self.call(libc::SYS_inotify_add_watch, &[fd as u64, path, mask as u64])
+    }
+
+    /// Read the instance's events with a buffer of `len` bytes.
+    fn inotify_read(&mut self, fd: i32, len: u64) -> Result<Vec<(i32, u32, u32, String)>, Errno> {
+        let n = self.call(libc::SYS_read, &[fd as u64, self.buf + 0x10000, len])?;
+        Ok(inotify_events(&self.get(0x10000, n)))
+    }
+
+    fn sys_path(&mut self, nr: i64, a: &str, extra: &[u64]) -> Result<u64, Errno> {
+        let p = self.path(0x8000, a);
+        let mut args = vec![p];
+        args.extend_from_slice(extra);
+        self.call(nr, &args)
+    }
+}
+
+#[test]
+fn inotify_reports_what_the_guest_does_in_a_watched_directory() {
+    use crate::vfs::inotify::*;
+    let mut g = guest();
+    g.sys_path(libc::SYS_mkdir, "/tmp/w", &[0o755]).unwrap();
+    let fd = g.call(libc::SYS_inotify_init1, &[libc::IN_NONBLOCK as u64]).unwrap() as i32;
+    assert_eq!(g.inotify_watch(fd, "/tmp/w", IN_ALL_EVENTS), Ok(1));
+    assert_eq!(g.inotify_watch(fd, "/tmp/w/", IN_CREATE | IN_MASK_ADD), Ok(1), "one inode, one wd");
+    let ofd = g.proc.fds.ofd(fd).unwrap();
+    assert_eq!(crate::wait::ready(&g.proc, &g.kernel, ofd), 0);
+    assert_eq!(g.inotify_read(fd, 4096), Err(Errno::EAGAIN));
+
+    let f = g.open("/tmp/w/a", libc::O_CREAT | libc::O_WRONLY);
+    let data = g.put(0x100, b"x");
+    g.call(libc::SYS_write, &[f as u64, data, 1]).unwrap();
+    g.call(libc::SYS_write, &[f as u64, data, 1]).unwrap();
+    g.call(libc::SYS_fchmod, &[f as u64, 0o600]).unwrap();
+    let (old, new) = (g.path(0x8000, "/tmp/w/a"), g.path(0x8100, "/tmp/w/b"));
+    g.call(libc::SYS_rename, &[old, new]).unwrap();
+    // Written through the descriptor opened by the old name: the new one is reported.
+    g.call(libc::SYS_write, &[f as u64, data, 1]).unwrap();
+    g.sys_path(libc::SYS_mkdir, "/tmp/w/d", &[0o755]).unwrap();
+    g.sys_path(libc::SYS_unlink, "/tmp/w/b", &[]).unwrap();
+    g.sys_path(libc::SYS_rmdir, "/tmp/w/d", &[]).unwrap();
+    // Outside the watched directory: nothing.
+    g.sys_path(libc::SYS_mkdir, "/tmp/other", &[0o755]).unwrap();
+
+    assert_eq!(crate::wait::ready(&g.proc, &g.kernel, ofd), (libc::POLLIN | libc::POLLRDNORM) as u32);
+    let nread = g.buf + 0x200;
+    g.call(libc::SYS_ioctl, &[fd as u64, libc::FIONREAD, nread]).unwrap();
+    let pending = i32::from_le_bytes(g.get(0x200, 4).try_into().unwrap());
+    assert_eq!(pending, 9 * 32, "nine events with a name (padded to 16 bytes)");
+    assert_eq!(g.inotify_read(fd, 20), Err(Errno::EINVAL), "too small for the next record");
+    let ev = g.inotify_read(fd, 4096).unwrap();
+    let cookie = ev[3].2;
+    assert_ne!(cookie, 0);
+    let s = |x: &str| x.to_string();
+    assert_eq!(
+        ev,
+        vec![
+            (1, IN_CREATE, 0, s("a")),
+            (1, IN_MODIFY, 0, s("a")),
+            (1, IN_ATTRIB, 0, s("a")),
+            (1, IN_MOVED_FROM, cookie, s("a")),
+            (1, IN_MOVED_TO, cookie, s("b")),
+            (1, IN_MODIFY, 0, s("b")),
+            (1, IN_CREATE | IN_ISDIR, 0, s("d")),
+            (1, IN_DELETE, 0, s("b")),
+            (1, IN_DELETE | IN_ISDIR, 0, s("d")),
+        ]
+    );
+    assert_eq!(g.inotify_read(fd, 4096), Err(Errno::EAGAIN));
+    assert_eq!(crate::wait::ready(&g.proc, &g.kernel, ofd), 0);
+    // rm_watch: IN_IGNORED, then the descriptor is unknown.
+    assert_eq!(g.call(libc::SYS_inotify_rm_watch, &[fd as u64, 1]), Ok(0));
+    assert_eq!(g.call(libc::SYS_inotify_rm_watch, &[fd as u64, 1]), Err(Errno::EINVAL));
+    assert_eq!(g.inotify_read(fd, 4096).unwrap(), vec![(1, IN_IGNORED, 0, s(""))]);
+}
+
+#[test]
+fn inotify_watches_a_file_through_a_symlink_and_sees_it_go() {
+    use crate::vfs::inotify::*;
+    let mut g = guest();
+    let f = g.open("/tmp/log", libc::O_CREAT | libc::O_WRONLY);
+    g.call(libc::SYS_close, &[f as u64]).unwrap();
+    let (target, link) = (g.path(0x8000, "/tmp/log"), g.path(0x8100, "/tmp/link"));
+    g.call(libc::SYS_symlink, &[target, link]).unwrap();
+    let fd = g.call(libc::SYS_inotify_init, &[]).unwrap() as i32;
+    assert_eq!(g.inotify_watch(fd, "/tmp/link", IN_MODIFY | IN_DONT_FOLLOW | IN_ONLYDIR), Err(Errno::ENOTDIR));
+    assert_eq!(g.inotify_watch(fd, "/tmp/link", IN_MODIFY | IN_ATTRIB | IN_DELETE_SELF | IN_MOVE_SELF), Ok(1));
+    assert_eq!(g.inotify_watch(fd, "/tmp/log", IN_MODIFY | IN_MASK_CREATE), Err(Errno::EEXIST));
+    assert_eq!(g.inotify_watch(fd, "/tmp/nope", IN_MODIFY), Err(Errno::ENOENT));
+    assert_eq!(g.inotify_watch(fd, "/tmp/log", 0), Err(Errno::EINVAL), "no event asked for");
+    let w = g.open("/tmp/log", libc::O_WRONLY | libc::O_APPEND);
+    let data = g.put(0x100, b"line\n");
+    for _ in 0..3 {
+        g.call(libc::SYS_write, &[w as u64, data, 5]).unwrap();
+    }
+    let (old, new) = (g.path(0x8000, "/tmp/log"), g.path(0x8100, "/tmp/log.1"));
+    g.call(libc::SYS_rename, &[old, new]).unwrap();
+    g.sys_path(libc::SYS_unlink, "/tmp/log.1", &[]).unwrap();
+    let ev = g.inotify_read(fd, 4096).unwrap();
+    assert_eq!(
+        ev,
+        vec![
+            (1, IN_MODIFY, 0, String::new()),
+            (1, IN_MOVE_SELF, 0, String::new()),
+            (1, IN_DELETE_SELF, 0, String::new()),
+            (1, IN_IGNORED, 0, String::new()),
+        ],
+        "identical modifications merge; deletion ends the watch"
+    );
+    // A blocking instance with nothing queued waits for it to become readable.
+    let (r, effect) = g.call_effect(libc::SYS_read, &[fd as u64, g.buf + 0x10000, 4096]);
+    assert_eq!(r, Ok(0));
+    let ofd = g.proc.fds.ofd(fd).unwrap();
+    assert_eq!(
+        effect,
+        Some(crate::kernel::Effect::Block(crate::kernel::block::Block::new(crate::kernel::block::WaitOn::Fd {
+            ofd,
+            events: crate::kernel::block::READABLE
+        })))
+    );
+    // Open for reading only (as Linux's), without an offset to read at.
+    assert_eq!(g.call(libc::SYS_write, &[fd as u64, data, 5]), Err(Errno::EBADF));
+    assert_eq!(g.call(libc::SYS_pread64, &[fd as u64, g.buf, 64, 0]), Err(Errno::ESPIPE));
+    // Not an inotify descriptor.
+    assert_eq!(g.inotify_watch(w, "/tmp", IN_CREATE), Err(Errno::EINVAL));
+    assert_eq!(g.inotify_watch(99, "/tmp", IN_CREATE), Err(Errno::EBADF));
+}
+
+#[test]
+fn inotify_instances_are_capped_and_closing_one_frees_its_watches() {
+    use crate::vfs::inotify::*;
+    let mut g = guest();
+    assert_eq!(g.call(libc::SYS_inotify_init1, &[libc::O_RDWR as u64]), Err(Errno::EINVAL));
+    let mut fds = Vec::new();
+    for _ in 0..crate::objects::MAX_INOTIFY_INSTANCES {
+        fds.push(g.call(libc::SYS_inotify_init1, &[libc::IN_CLOEXEC as u64]).unwrap() as i32);
+    }
+    assert_eq!(g.call(libc::SYS_inotify_init1, &[0]), Err(Errno::EMFILE));
+    let first = fds[0];
+    assert_eq!(g.proc.fds.cloexec(first), Ok(true));
+    assert_eq!(g.inotify_watch(first, "/tmp", IN_CREATE), Ok(1));
+    assert!(!g.proc.vfs.is_watched(), "inotify alone records no paths");
+    g.call(libc::SYS_close, &[first as u64]).unwrap();
+    let again = g.call(libc::SYS_inotify_init1, &[0]).unwrap() as i32;
+    // The closed instance's watch is gone: a change reaches nobody, and the
+    // new instance (maybe the same object id) starts without watches.
+    g.sys_path(libc::SYS_mkdir, "/tmp/x", &[0o755]).unwrap();
+    let (_, effect) = g.call_effect(libc::SYS_read, &[again as u64, g.buf, 4096]);
+    assert!(matches!(effect, Some(crate::kernel::Effect::Block(_))), "nothing queued: it waits");
+    assert_eq!(g.proc.vfs.changes(0), None);
+}
+
+/// A checkpoint keeps the instance, not its watches (nor the events queued):
+/// restored, it is an instance without watches that may add new ones.
+#[test]
+fn an_inotify_instance_comes_back_from_a_checkpoint_without_watches() {
+    use crate::vfs::inotify::*;
+    let mut g = guest();
+    let fd = g.call(libc::SYS_inotify_init1, &[libc::IN_NONBLOCK as u64]).unwrap() as i32;
+    assert_eq!(g.inotify_watch(fd, "/tmp", IN_CREATE), Ok(1));
+    g.sys_path(libc::SYS_mkdir, "/tmp/before", &[0o755]).unwrap();
+    let image = g.proc.vfs.image().clone();
+    let state = g.proc.save_state();
+    g.proc = Process::restore_state(image, state).unwrap();
+    g.sys_path(libc::SYS_mkdir, "/tmp/after", &[0o755]).unwrap();
+    assert_eq!(g.inotify_read(fd, 4096), Err(Errno::EAGAIN));
+    assert_eq!(g.call(libc::SYS_inotify_rm_watch, &[fd as u64, 1]), Err(Errno::EINVAL));
+    assert_eq!(g.inotify_watch(fd, "/tmp", IN_DELETE), Ok(1));
+    g.sys_path(libc::SYS_rmdir, "/tmp/after", &[]).unwrap();
+    assert_eq!(g.inotify_read(fd, 4096).unwrap(), vec![(1, IN_DELETE | IN_ISDIR, 0, "after".to_string())]);
+}
+
+#[test]
+fn inotify_reports_closes_by_access_mode() {
+    use crate::vfs::inotify::*;
+    let mut g = guest();
+    g.sys_path(libc::SYS_mkdir, "/tmp/c", &[0o755]).unwrap();
+    let fd = g.call(libc::SYS_inotify_init1, &[libc::IN_NONBLOCK as u64]).unwrap() as i32;
+    assert_eq!(g.inotify_watch(fd, "/tmp/c", IN_CLOSE_WRITE | IN_CLOSE_NOWRITE), Ok(1));
+    for flags in [libc::O_CREAT | libc::O_WRONLY, libc::O_RDONLY, libc::O_PATH] {
+        let f = g.open("/tmp/c/f", flags);
+        g.call(libc::SYS_close, &[f as u64]).unwrap();
+    }
+    let d = g.open("/tmp/c", libc::O_RDONLY | libc::O_DIRECTORY);
+    g.call(libc::SYS_close, &[d as u64]).unwrap();
+    assert_eq!(
+        g.inotify_read(fd, 4096).unwrap(),
+        vec![
+            (1, IN_CLOSE_WRITE, 0, "f".to_string()),
+            (1, IN_CLOSE_NOWRITE, 0, "f".to_string()),
+            (1, IN_CLOSE_NOWRITE | IN_ISDIR, 0, String::new()),
+        ],
+        "an O_PATH descriptor closes without an event"
+    );
+}

@@ -4,7 +4,10 @@
 //! changed, by absolute path, numbered.
 //!
 //! Off until [`Vfs::watch_changes`] turns it on: then every change costs the
-//! path of its directory (a walk up the tree) and a push. It holds at most
+//! path of its directory (a walk up the tree) and a push. The guest's inotify
+//! instances subscribe to the same calls (`notify.rs`): the journal is there
+//! while either a watcher outside or an inotify watch inside needs it, and
+//! records paths only for the former. It holds at most
 //! [`JOURNAL_EVENTS`] events and [`JOURNAL_BYTES`] of paths: a guest that
 //! changes files without end pushes the oldest events out, and a reader that
 //! had not read them is told how many it lost ([`Changes::lost`]), as a
@@ -12,10 +15,13 @@
 //! a chunk at a time) are one event, as inotify merges identical unread events.
 //!
 //! Writes and attribute changes name an inode, not a path: the journal learns
-//! an inode's path when it is created, linked, renamed or opened while the
-//! journal is on ([`NAMES_MAX`] of them at most), and a directory's path is
-//! always known. A change to a file it has no name for (opened before the
-//! journal was turned on, and not renamed since) is not recorded.
+//! an inode's name (its directory and entry) when it is created, linked,
+//! renamed or opened while the journal is on ([`NAMES_MAX`] of them at most),
+//! and a directory's path is always known. When the journal is turned on it
+//! looks up the names of the files open then (in the overlay's directories:
+//! every file the guest created or changed). A change to a file it has no
+//! name for (an image file opened before, never changed, renamed or opened
+//! again since) is not recorded.
 //!
 //! The journal is not part of the saved state and is shared by the clones of
 //! a `Vfs` (they are the same file system at different moments: the stale
@@ -24,13 +30,15 @@
 //! nanoseconds, so a journal turned on again after a restore numbers past
 //! everything an earlier one gave out.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
+use super::node::{Body, Node};
+use super::notify::{self, Notify};
 use super::path::Last;
-use super::{Ino, Vfs};
+use super::{Ino, Vfs, ROOT_INO};
 
 /// Most events kept.
 pub const JOURNAL_EVENTS: usize = 4096;
@@ -74,22 +82,37 @@ pub struct Changes {
 }
 
 pub(super) struct Journal {
-    /// The number of the first event this journal recorded.
-    start: u64,
+    /// The number of the first event this journal recorded (also what the
+    /// guest's inotify objects know it by).
+    pub(super) start: u64,
     next: u64,
     /// Every event numbered from here on is still held.
     floor: u64,
     events: VecDeque<Change>,
     bytes: usize,
-    names: HashMap<Ino, Vec<u8>>,
+    /// Inode -> (directory, entry) it was last known by.
+    names: HashMap<Ino, (Ino, Vec<u8>)>,
+    /// Paths are recorded (a watcher outside reads them).
+    pub(super) paths: bool,
+    /// The guest's inotify watches and queues.
+    pub(super) notify: Notify,
 }
 
 /// The shared handle a `Vfs` holds.
 pub(super) type Shared = Arc<Mutex<Journal>>;
 
 impl Journal {
-    fn new(start: u64) -> Journal {
-        Journal { start, next: start, floor: start, events: VecDeque::new(), bytes: 0, names: HashMap::new() }
+    fn new(start: u64, paths: bool) -> Journal {
+        Journal {
+            start,
+            next: start,
+            floor: start,
+            events: VecDeque::new(),
+            bytes: 0,
+            names: HashMap::new(),
+            paths,
+            notify: Notify::default(),
+        }
     }
 
     fn push(&mut self, kind: ChangeKind, path: &[u8]) {
@@ -109,11 +132,11 @@ impl Journal {
         }
     }
 
-    fn name(&mut self, ino: Ino, path: Vec<u8>) {
+    fn name(&mut self, ino: Ino, dir: Ino, name: &[u8]) {
         if self.names.len() >= NAMES_MAX && !self.names.contains_key(&ino) {
             self.names.clear();
         }
-        self.names.insert(ino, path);
+        self.names.insert(ino, (dir, name.to_vec()));
     }
 
     /// The events from `since` on. A position before this journal's start (one a
@@ -127,7 +150,7 @@ impl Journal {
     }
 }
 
-fn lock(j: &Shared) -> std::sync::MutexGuard<'_, Journal> {
+pub(super) fn lock(j: &Shared) -> std::sync::MutexGuard<'_, Journal> {
     j.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -142,62 +165,194 @@ fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
 }
 
 impl Vfs {
-    /// Turn the change journal on (it stays on, with what it holds, if it is).
+    /// Turn the change journal's paths on (it stays on, with what it holds, if it is).
     pub fn watch_changes(&mut self) {
-        if self.journal.is_none() {
-            let start = u64::try_from(super::now_ns()).unwrap_or(1).max(1);
-            self.journal = Some(Arc::new(Mutex::new(Journal::new(start))));
+        match &self.journal {
+            Some(j) => {
+                let mut j = lock(j);
+                if !j.paths {
+                    j.paths = true;
+                    self.learn_open_names(&mut j);
+                }
+            }
+            None => self.start_journal(true),
         }
     }
 
-    /// Turn it off and forget what it holds.
-    pub fn stop_watching(&mut self) {
-        self.journal = None;
+    /// A journal (none yet): recording paths or not.
+    pub(super) fn start_journal(&mut self, paths: bool) {
+        let start = u64::try_from(super::now_ns()).unwrap_or(1).max(1);
+        let j = Arc::new(Mutex::new(Journal::new(start, paths)));
+        self.learn_open_names(&mut lock(&j));
+        self.journal = Some(j);
     }
 
+    /// The names of the files open now (held inodes), found in the
+    /// overlay's directories: a write through a descriptor opened before the
+    /// journal started is then reported too.
+    fn learn_open_names(&self, j: &mut Journal) {
+        let wanted: HashSet<Ino> = self.refs.keys().copied().filter(|i| !j.names.contains_key(i)).collect();
+        if wanted.is_empty() {
+            return;
+        }
+        for (dir, node) in self.nodes.iter() {
+            if let Node { body: Body::Dir { entries, .. }, .. } = node {
+                for (name, ino) in entries.iter() {
+                    if wanted.contains(ino) {
+                        j.name(*ino, *dir, name);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Turn the paths off and forget them (the journal goes while no inotify
+    /// watch needs it).
+    pub fn stop_watching(&mut self) {
+        let Some(j) = &self.journal else { return };
+        let mut g = lock(j);
+        g.paths = false;
+        g.events.clear();
+        g.bytes = 0;
+        g.floor = g.next;
+        if g.notify.is_empty() {
+            drop(g);
+            self.journal = None;
+        }
+    }
+
+    /// Are paths recorded (a watcher outside)?
     pub fn is_watched(&self) -> bool {
-        self.journal.is_some()
+        self.journal.as_ref().is_some_and(|j| lock(j).paths)
     }
 
     /// The journal's events from `since` on (see [`Journal`]); None while it is off.
     pub fn changes(&self, since: u64) -> Option<Changes> {
-        self.journal.as_ref().map(|j| lock(j).read(since))
+        self.journal.as_ref().map(lock).filter(|j| j.paths).map(|j| j.read(since))
     }
 
     /// The number the next change will get (None while off).
     pub fn changes_next(&self) -> Option<u64> {
-        self.journal.as_ref().map(|j| lock(j).next)
+        self.journal.as_ref().map(lock).filter(|j| j.paths).map(|j| j.next)
     }
 
     /// Record `kind` of the entry `name` in directory `dir` (`ino`: what it names now).
     pub(super) fn note(&self, kind: ChangeKind, dir: Ino, name: &[u8], ino: Option<Ino>) {
+        let mask = match kind {
+            ChangeKind::Create => notify::IN_CREATE,
+            ChangeKind::Remove => notify::IN_DELETE,
+            _ => 0,
+        };
+        self.note_with(kind, dir, name, ino, mask, 0);
+    }
+
+    /// `note`, with the inotify event it is for the directory's watches.
+    fn note_with(&self, kind: ChangeKind, dir: Ino, name: &[u8], ino: Option<Ino>, mask: u32, cookie: u32) {
         let Some(j) = &self.journal else { return };
-        let Ok(d) = self.dir_path(dir) else { return };
-        let path = join(&d, name);
         let mut j = lock(j);
-        j.push(kind, &path);
+        if j.paths {
+            if let Ok(d) = self.dir_path(dir) {
+                j.push(kind, &join(&d, name));
+            }
+        }
         match (kind, ino) {
-            (ChangeKind::Create, Some(i)) => j.name(i, path),
-            (ChangeKind::Remove | ChangeKind::Rename, Some(i)) if j.names.get(&i).is_some_and(|p| *p == path) => {
+            (ChangeKind::Create, Some(i)) => j.name(i, dir, name),
+            (ChangeKind::Remove | ChangeKind::Rename, Some(i))
+                if j.names.get(&i).is_some_and(|(d, n)| *d == dir && n == name) =>
+            {
                 j.names.remove(&i);
             }
             _ => {}
         }
+        if mask != 0 && j.notify.watches_ino(dir) {
+            let isdir = if ino.is_some_and(|i| self.is_dir(i).unwrap_or(false)) { notify::IN_ISDIR } else { 0 };
+            j.notify.deliver(dir, mask | isdir, cookie, name);
+        }
+    }
+
+    /// `ino` moved from `oname` in `odir` to `nname` in `ndir`: the old name's
+    /// `Rename` and the new one's `Create` in the journal, `IN_MOVED_FROM` and
+    /// `IN_MOVED_TO` (one cookie) and `IN_MOVE_SELF` for inotify.
+    pub(super) fn note_move(&self, odir: Ino, oname: &[u8], ndir: Ino, nname: &[u8], ino: Ino) {
+        let Some(j) = &self.journal else { return };
+        let cookie = lock(j).notify.cookie();
+        self.note_with(ChangeKind::Rename, odir, oname, Some(ino), notify::IN_MOVED_FROM, cookie);
+        self.note_with(ChangeKind::Create, ndir, nname, Some(ino), notify::IN_MOVED_TO, cookie);
+        lock(j).notify.deliver(ino, notify::IN_MOVE_SELF, 0, b"");
     }
 
     /// Record `kind` of inode `ino`, if its path is known.
     pub(super) fn note_ino(&self, kind: ChangeKind, ino: Ino) {
         let Some(j) = &self.journal else { return };
-        let dir = if self.is_dir(ino).unwrap_or(false) { self.dir_path(ino).ok() } else { None };
+        let is_dir = self.is_dir(ino).unwrap_or(false);
         let mut j = lock(j);
-        let path = match dir {
-            Some(p) => p,
-            None => match j.names.get(&ino) {
-                Some(p) => p.clone(),
-                None => return,
-            },
+        let entry = self.entry_of(&j, ino, is_dir);
+        if j.paths {
+            let path = match (&entry, is_dir) {
+                (_, true) => self.dir_path(ino).ok(),
+                (Some((d, n)), false) => self.dir_path(*d).ok().map(|d| join(&d, n)),
+                (None, false) => None,
+            };
+            if let Some(p) = path {
+                j.push(kind, &p);
+            }
+        }
+        if j.notify.is_empty() {
+            return;
+        }
+        let mask = match kind {
+            ChangeKind::Write => notify::IN_MODIFY,
+            _ => notify::IN_ATTRIB,
         };
-        j.push(kind, &path);
+        Self::deliver_to(&mut j, ino, entry, mask, is_dir);
+    }
+
+    /// Where `ino` is, for its directory's journal paths and inotify
+    /// watches: a file by the name it was learnt by; a directory by its
+    /// parent (looked up only for an inotify watch of that parent).
+    fn entry_of(&self, j: &Journal, ino: Ino, is_dir: bool) -> Option<(Ino, Vec<u8>)> {
+        if !is_dir {
+            return j.names.get(&ino).cloned();
+        }
+        if ino == ROOT_INO || j.notify.is_empty() {
+            return None;
+        }
+        let parent = self.parent_of(ino).ok().filter(|p| j.notify.watches_ino(*p))?;
+        Some((parent, self.name_in(parent, ino).ok()??))
+    }
+
+    /// An inotify event `mask` of `ino`: to its directory's watches (by
+    /// `entry`) and its own.
+    fn deliver_to(j: &mut Journal, ino: Ino, entry: Option<(Ino, Vec<u8>)>, mask: u32, is_dir: bool) {
+        let mask = mask | if is_dir { notify::IN_ISDIR } else { 0 };
+        if let Some((d, n)) = entry {
+            j.notify.deliver(d, mask, 0, &n);
+        }
+        j.notify.deliver(ino, mask, 0, b"");
+    }
+
+    /// Files closed for good, each with whether it was open for writing:
+    /// IN_CLOSE_WRITE or IN_CLOSE_NOWRITE for their inotify watches and
+    /// their directories' (nothing in the path journal).
+    pub fn note_closed(&self, closed: &[(Ino, bool)]) {
+        let Some(j) = &self.journal else { return };
+        let mut j = lock(j);
+        if j.notify.is_empty() {
+            return;
+        }
+        for &(ino, wrote) in closed {
+            let is_dir = self.is_dir(ino).unwrap_or(false);
+            let entry = self.entry_of(&j, ino, is_dir);
+            let mask = if wrote { notify::IN_CLOSE_WRITE } else { notify::IN_CLOSE_NOWRITE };
+            Self::deliver_to(&mut j, ino, entry, mask, is_dir);
+        }
+    }
+
+    /// The last name of `ino` went away: its inotify watches end.
+    pub(super) fn note_gone(&self, ino: Ino) {
+        if let Some(j) = &self.journal {
+            lock(j).notify.gone(ino);
+        }
     }
 
     /// Learn the path `path` (from `start`) names `ino`, for the changes made to it
@@ -205,15 +360,9 @@ impl Vfs {
     pub fn note_name(&self, start: Ino, path: &[u8], ino: Ino) {
         let Some(j) = &self.journal else { return };
         let Ok(p) = self.walk_parent(start, path, &mut 0) else { return };
-        let full = match p.last {
-            Last::Name(n) => match self.dir_path(p.dir) {
-                Ok(d) => join(&d, &n),
-                Err(_) => return,
-            },
-            Last::Root => b"/".to_vec(),
-            _ => return,
-        };
-        lock(j).name(ino, full);
+        if let Last::Name(n) = p.last {
+            lock(j).name(ino, p.dir, &n);
+        }
     }
 }
 
@@ -298,6 +447,42 @@ mod tests {
         v.note_name(ROOT_INO, b"/etc/hostname", etc);
         v.chmod(etc, 0o600).unwrap();
         assert_eq!(v.changes(at).unwrap().events.last().map(|e| e.path.as_str()), Some("/etc/hostname"));
+    }
+
+    #[test]
+    fn a_file_held_open_before_the_journal_started_is_named() {
+        let f = fixture();
+        let mut v = Vfs::new(f.image.clone());
+        v.mkdir(ROOT_INO, b"/tmp/d", 0o755).unwrap();
+        let ino = v.open(ROOT_INO, b"/tmp/d/out.log", libc::O_CREAT | libc::O_WRONLY, 0o644).unwrap();
+        v.watch_changes();
+        let at = v.changes(u64::MAX).unwrap().next;
+        v.write(ino, 0, b"late").unwrap();
+        // Its directory renamed since: the path is the current one.
+        v.rename(ROOT_INO, b"/tmp/d", ROOT_INO, b"/tmp/e", 0).unwrap();
+        v.write(ino, 4, b"r").unwrap();
+        let c = v.changes(at).unwrap();
+        assert_eq!(
+            kinds(&c),
+            vec![(Write, "/tmp/d/out.log"), (Rename, "/tmp/d"), (Create, "/tmp/e"), (Write, "/tmp/e/out.log")]
+        );
+        v.release(ino);
+    }
+
+    #[test]
+    fn paths_off_keeps_the_journal_for_inotify() {
+        let f = fixture();
+        let mut v = Vfs::new(f.image.clone());
+        let (wd, epoch) = v.inotify_add_watch(7, r(&v, "/tmp").unwrap(), super::notify::IN_CREATE).unwrap();
+        assert_eq!(wd, 1);
+        assert!(!v.is_watched());
+        v.watch_changes();
+        v.stop_watching();
+        assert!(v.journal.is_some(), "an inotify watch still needs it");
+        create(&mut v, "/tmp/n", b"");
+        assert_eq!(v.inotify_pending(7, epoch), 32);
+        v.inotify_forget(|_| false);
+        assert!(v.journal.is_none(), "gone with the last instance");
     }
 
     #[test]

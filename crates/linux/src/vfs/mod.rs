@@ -32,6 +32,7 @@ mod io;
 mod journal;
 mod layer;
 mod node;
+mod notify;
 mod ops;
 mod path;
 mod state;
@@ -49,6 +50,15 @@ use imbl::OrdMap;
 use crate::Errno;
 pub use generated::Gen;
 pub use journal::{Change, ChangeKind, Changes, JOURNAL_BYTES, JOURNAL_EVENTS};
+pub use notify::{MAX_QUEUED, MAX_QUEUED_BYTES, MAX_WATCHES};
+pub mod inotify {
+    //! inotify's event and flag bits.
+    pub use super::notify::{
+        IN_ACCESS, IN_ALL_EVENTS, IN_ATTRIB, IN_CLOSE_NOWRITE, IN_CLOSE_WRITE, IN_CREATE, IN_DELETE, IN_DELETE_SELF,
+        IN_DONT_FOLLOW, IN_EXCL_UNLINK, IN_IGNORED, IN_ISDIR, IN_MASK_ADD, IN_MASK_CREATE, IN_MODIFY, IN_MOVED_FROM,
+        IN_MOVED_TO, IN_MOVE_SELF, IN_ONESHOT, IN_ONLYDIR, IN_OPEN, IN_Q_OVERFLOW, IN_UNMOUNT, IN_VALID,
+    };
+}
 pub use layer::{LayerError, Layers};
 pub use node::{entry_cost, makedev, DevKind, ENTRY_COST, NODE_COST};
 use node::{Body, FileData, Node};
@@ -502,6 +512,9 @@ impl Vfs {
     /// One name of `ino` went away.
     fn dec_link(&mut self, ino: Ino) -> Result<(), Errno> {
         let n = self.link_count(ino)?.saturating_sub(1);
+        if n == 0 {
+            self.note_gone(ino);
+        }
         if n == 0 && !self.refs.contains_key(&ino) {
             self.drop_node(ino);
         } else {

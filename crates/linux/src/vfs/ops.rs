@@ -70,7 +70,7 @@ impl Vfs {
             // A socket file is only a name to connect to.
             FileType::Socket => return Err(if flags & libc::O_DIRECTORY != 0 { Errno::ENOTDIR } else { Errno::ENXIO }),
         }
-        if self.is_watched() && !created {
+        if self.journal.is_some() && !created {
             self.note_name(start, path, ino);
         }
         if flags & libc::O_TRUNC != 0 && kind == FileType::File && !created {
@@ -297,14 +297,9 @@ impl Vfs {
         }
         self.touch(op.dir)?;
         self.touch(np.dir)?;
-        if self.is_watched() {
-            use super::journal::ChangeKind::{Create, Rename};
-            self.note(Rename, op.dir, &oname, Some(src));
-            self.note(Create, np.dir, &nname, Some(src));
-            if let (true, Some(t)) = (exchange, target) {
-                self.note(Rename, np.dir, &nname, Some(t));
-                self.note(Create, op.dir, &oname, Some(t));
-            }
+        self.note_move(op.dir, &oname, np.dir, &nname, src);
+        if let (true, Some(t)) = (exchange, target) {
+            self.note_move(np.dir, &nname, op.dir, &oname, t);
         }
         Ok(())
     }
