@@ -213,6 +213,7 @@ mod tests {
                 source: "PyPI".into(),
             },
             network: NetworkCapability { mode: "public".into(), layers: vec!["server: public".into()] },
+            secrets: vec![],
             limits: LimitsCapability {
                 timeout_seconds: 30.0,
                 max_timeout_seconds: 600.0,
