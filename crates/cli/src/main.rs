@@ -720,17 +720,13 @@ fn main() -> ExitCode {
                 || secrets_file.is_some();
             match (name, &cli.url) {
                 (Some(name), Some(url)) => api::Api::remote(url, cli.api_key.clone()).and_then(|a| {
+                    if !find_links.is_empty() || index_url.is_some() {
+                        anyhow::bail!(
+                            "--index-url/--find-links are the server's (forkbox serve --pip-index-url/--pip-find-links)"
+                        );
+                    }
                     let secrets = secrets_file.as_deref().map(read_secrets_file).transpose()?;
-                    template_build_remote(
-                        &a,
-                        &name,
-                        &image,
-                        &pip,
-                        preload,
-                        !find_links.is_empty() || index_url.is_some(),
-                        &network,
-                        secrets.as_deref(),
-                    )
+                    template_build_remote(&a, &name, &image, &pip, preload, &network, secrets.as_deref())
                 }),
                 (Some(name), None) if custom => {
                     let source = forkbox_image::PipSource { index_url, find_links, no_index };
@@ -742,7 +738,7 @@ fn main() -> ExitCode {
                     };
                     secrets.and_then(|secrets| {
                         network.layer().and_then(|policy| {
-                            template_build_custom(&home, &name, &image, pip, preload, source, policy, secrets)
+                            template_build_custom(&home, &name, &image, pip, preload, source, (policy, secrets))
                         })
                     })
                 }
@@ -1067,8 +1063,8 @@ fn template_build_custom(
     pip: Vec<String>,
     preload: Option<String>,
     source: forkbox_image::PipSource,
-    network: Option<forkbox_engine::NetPolicy>,
-    secrets: Vec<forkbox_runtime::net_secrets::SealedSecret>,
+    // What every sandbox forked from it gets: its egress policy layer and its sealed secrets.
+    (network, secrets): (Option<forkbox_engine::NetPolicy>, Vec<forkbox_runtime::net_secrets::SealedSecret>),
 ) -> anyhow::Result<ExitCode> {
     if image.image.is_some() || image.template.is_some() {
         anyhow::bail!("a custom template is built from --apt/--pip/--preload, not --image or --template");
@@ -1103,15 +1099,11 @@ fn template_build_remote(
     image: &ImageArgs,
     pip: &[String],
     preload: Option<String>,
-    pip_source: bool,
     network: &NetworkArgs,
     secrets: Option<&str>,
 ) -> anyhow::Result<ExitCode> {
     if image.image.is_some() || image.template.is_some() {
         anyhow::bail!("a custom template is built from --apt/--pip/--preload, not --image or --template");
-    }
-    if pip_source {
-        anyhow::bail!("--index-url/--find-links are the server's (forkbox serve --pip-index-url/--pip-find-links)");
     }
     let t0 = std::time::Instant::now();
     let req = forkbox_client::CreateTemplate {
