@@ -22,6 +22,7 @@ NAMES = {
     "AsyncForkbox": "Forkbox",
     "AsyncCommands": "Commands",
     "AsyncSessions": "Sessions",
+    "AsyncKeys": "Keys",
     "AsyncSession": "Session",
     "AsyncClient": "Client",
     "aclose": "close",

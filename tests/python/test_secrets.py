@@ -773,3 +773,171 @@ def test_key_and_template_secrets_survive_a_restart(tmp_path):
     finally:
         stop_server(s2)
         bound.shutdown()
+
+
+# --- The Python SDK's admin key routes and secrets; the CLI's key list / revoke and template secrets ---
+
+
+def test_sdk_admin_keys_template_and_session_secrets(secret_server):
+    """`client.keys` (create with limits, get, page, list, patch, delete), template and
+    session secrets through the SDK, capabilities naming the key's secrets; the SDK's
+    errors for the admin routes (Forbidden, KeyNotFound, InvalidRequest, Unauthorized)."""
+    import asyncio
+
+    import forkbox
+
+    s, bound, other = secret_server
+    host = ["api.secret.test"]
+    with forkbox.Forkbox(s.url, s.key) as fb:
+        made = fb.keys.create("sdkkeys", secrets={"SDK_TOKEN": {"value": KEY_VALUE, "hosts": host}},
+                              limits={"max_sessions": 5, "rate_limit": 1000})
+        assert made["key"].startswith("fbk_") and made["tenant"] == "sdkkeys" and made["admin"] is False
+        assert made["limits"]["max_sessions"] == 5 and made["limits"]["max_disk_mb"] == 1024
+        assert made["secrets"] == [{"name": "SDK_TOKEN", "hosts": host}]
+        kid = made["id"]
+        got = fb.keys.get(kid)
+        assert got["id"] == kid and "key" not in got and got["secrets"] == made["secrets"]
+        assert kid in [k["id"] for k in fb.keys.list(tenant="sdkkeys")]
+        every = fb.keys.list()
+        assert kid in [k["id"] for k in every] and len(every) >= 2
+        first = fb.keys.page(limit=1)
+        assert len(first["keys"]) == 1 and first["next"] == first["keys"][0]["id"]
+        assert not any(v in json.dumps(every) for v in ALL_VALUES) and "fbk_" not in json.dumps(every)
+        with pytest.raises(forkbox.InvalidRequest) as e:
+            fb.keys.create("sdkkeys", limits={"rate_limit": 0})
+        assert e.value.code == "invalid_request" and "rate_limit" in e.value.message
+        with pytest.raises(ValueError):
+            fb.keys.create("sdkkeys", limits={"rate": 1})
+        with pytest.raises(forkbox.KeyNotFound) as e:
+            fb.keys.get("0" * 64)
+        assert e.value.status == 404 and e.value.code == "key_not_found"
+        assert isinstance(e.value, forkbox.NotFound)
+
+        with forkbox.Forkbox(s.url, made["key"]) as kc:
+            with pytest.raises(forkbox.Forbidden):
+                kc.keys.list()
+            # The key's capabilities name its secret, never the value.
+            caps = httpx.get(f"{s.url}/v1/capabilities", headers=s.headers(made["key"]), timeout=60)
+            assert caps.status_code == 200 and caps.json()["secrets"] == made["secrets"], caps.text
+            assert KEY_VALUE not in caps.text
+            # A template of the key's tenant with a secret of its own, through the SDK.
+            t = kc.create_template("sdk-secrets", secrets={"SDK_TPL": {"value": TEMPLATE_VALUE, "hosts": host}},
+                                   timeout=300, poll=0.5)
+            assert t["status"] == "ready" and t["secrets"] == [{"name": "SDK_TPL", "hosts": host}]
+            caps = httpx.get(f"{s.url}/v1/capabilities", headers=s.headers(made["key"]), timeout=60).json()
+            assert [x["secrets"] for x in caps["templates"] if x["name"] == "sdk-secrets"] == [["SDK_TPL"]], caps
+            r = kc.exec(_send_code(["SDK_TOKEN", "SDK_TPL"], bound, other), template="sdk-secrets")
+            assert r.error is None, r
+            res = json.loads(eval(r.value))
+            assert _arrived(res, bound, other, "SDK_TOKEN")[0] == KEY_VALUE
+            assert _arrived(res, bound, other, "SDK_TPL")[0] == TEMPLATE_VALUE
+            # A session's own secret, through the SDK; its info lists names only.
+            sess = kc.sessions.create(secrets={"SDK_SES": {"value": SESSION_VALUE, "hosts": host, "ports": [bound.server_address[1]]}})
+            assert [x["name"] for x in sess.info.secrets] == ["SDK_SES", "SDK_TOKEN"]
+            r = sess.exec(_send_code(["SDK_SES"], bound, other))
+            assert r.error is None, r
+            assert _arrived(json.loads(eval(r.value)), bound, other, "SDK_SES")[0] == SESSION_VALUE
+            # Secrets replaced, then the key revoked: refused at once.
+            assert fb.keys.patch(kid, secrets={})["secrets"] == []
+            fb.keys.delete(kid)
+            with pytest.raises(forkbox.Unauthorized):
+                kc.sessions.list()
+        with pytest.raises(forkbox.KeyNotFound):
+            fb.keys.delete(kid)
+
+    async def async_round():
+        async with forkbox.AsyncForkbox(s.url, s.key) as afb:
+            k = await afb.keys.create("sdkasync", admin=True, limits={"unlimited": True},
+                                      egress={"allow": ["api.secret.test"]})
+            assert k["admin"] is True and k["limits"]["rate_limit"] is None and k["egress"]["mode"] == "allowlist"
+            assert [x["id"] for x in await afb.keys.list(tenant="sdkasync")] == [k["id"]]
+            await afb.keys.delete(k["id"])
+            assert await afb.keys.list(tenant="sdkasync") == []
+
+    asyncio.run(async_round())
+    _no_value_anywhere(s, ALL_VALUES)
+
+
+def _cli(home, *args, env=None, stdin=None):
+    return subprocess.run([forkbox_bin(), "--home", str(home), *args], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, **(env or {})}, input=stdin)
+
+
+def test_cli_key_list_revoke_and_template_secrets_file(tmp_path):
+    """`forkbox key list` shows ids, tenants, limits and secret names (never a key or a
+    value); `forkbox key revoke` by key or id makes the running server refuse the key
+    within a second; `forkbox template build NAME --secrets-file` against a server; the
+    CLI's errors are one line and never quote a value."""
+    import hashlib
+
+    bound = _responder("127.0.0.1")
+    port = bound.server_address[1]
+    home = tmp_path / "home"
+    s = start_server(home, "--egress-host", "api.secret.test=127.0.0.1", "--egress-allow", f"127.0.0.1:{port}")
+    try:
+        spec = tmp_path / "secrets.json"
+        spec.write_text(json.dumps({"CLI_K": {"value": KEY_VALUE, "hosts": ["api.secret.test"]}}))
+        key = s.create_key("clitenant", "--secrets-file", str(spec), "--max-sessions", "7")
+        kid = hashlib.sha256(key.encode()).hexdigest()
+        out = _cli(home, "key", "list")
+        assert out.returncode == 0, out.stderr
+        line = [ln for ln in out.stdout.splitlines() if ln.startswith(kid)]
+        assert len(line) == 1 and "tenant=clitenant" in line[0] and "sessions=7" in line[0], out.stdout
+        assert "secrets=CLI_K" in line[0] and "admin=false" in line[0], line
+        assert "fbk_" not in out.stdout and KEY_VALUE not in out.stdout
+        assert all(len(ln.split()[0]) == 64 for ln in out.stdout.splitlines()), out.stdout
+        only = _cli(home, "key", "list", "--tenant", "clitenant")
+        assert only.returncode == 0 and only.stdout.splitlines() == line, only.stdout
+
+        # The template of the key's tenant from a secrets file (stdin), built by the server.
+        spec.write_text(json.dumps({"CLI_T": {"value": TEMPLATE_VALUE, "hosts": ["api.secret.test"], "ports": [port]}}))
+        env = {"FORKBOX_URL": s.url, "FORKBOX_API_KEY": key}
+        out = _cli(home, "template", "build", "cli-secrets", "--secrets-file", "-", env=env, stdin=spec.read_text())
+        assert out.returncode == 0, out.stderr
+        assert TEMPLATE_VALUE not in out.stdout + out.stderr
+        t = httpx.get(f"{s.url}/v1/templates/cli-secrets", headers=s.headers(key), timeout=60).json()
+        assert t["secrets"] == [{"name": "CLI_T", "hosts": ["api.secret.test"], "ports": [port]}], t
+        code = (
+            "import http.client, os\n"
+            f"c = http.client.HTTPConnection('api.secret.test', {port}, timeout=10)\n"
+            "c.request('GET', '/', headers={'X-K': os.environ['CLI_K'], 'X-T': os.environ['CLI_T']})\n"
+            "c.getresponse().read().decode()"
+        )
+        r = httpx.post(f"{s.url}/v1/exec", json={"code": code, "template": "cli-secrets"}, headers=s.headers(key), timeout=120)
+        assert r.status_code == 200 and r.json()["error"] is None, r.text
+        got = bound.seen[int(eval(r.json()["value"]))]["headers"]
+        assert (got["X-K"], got["X-T"]) == (KEY_VALUE, TEMPLATE_VALUE)
+        # Bad files: one line, where not what.
+        for text, says in [('{"CLI_T": {"value": "x-44123", "hosts": ["10.0.0.1"]}}', "not a host name"),
+                           ('{"CLI_T": {"value": "x-44123", ', "not a JSON object of secrets")]:
+            spec.write_text(text)
+            bad = _cli(home, "template", "build", "cli-bad", "--secrets-file", str(spec), env=env)
+            assert bad.returncode != 0 and says in bad.stderr, bad.stderr
+            assert len(bad.stderr.strip().splitlines()) == 1 and "44123" not in bad.stderr + bad.stdout, bad.stderr
+            bad = _cli(home, "template", "build", "cli-bad", "--secrets-file", str(spec))
+            assert bad.returncode != 0 and says in bad.stderr, bad.stderr
+            assert len(bad.stderr.strip().splitlines()) == 1 and "44123" not in bad.stderr + bad.stdout, bad.stderr
+        bad = _cli(home, "template", "build", "--secrets-file", str(spec))
+        assert bad.returncode != 0 and "needs a template name" in bad.stderr
+
+        # Revoked by the key itself: the server refuses it within a second.
+        assert httpx.get(f"{s.url}/v1/sessions", headers=s.headers(key), timeout=60).status_code == 200
+        out = _cli(home, "key", "revoke", key)
+        assert out.returncode == 0 and out.stdout.strip() == f"revoked {kid}", out.stdout + out.stderr
+        t0 = time.monotonic()
+        while httpx.get(f"{s.url}/v1/sessions", headers=s.headers(key), timeout=60).status_code != 401:
+            assert time.monotonic() - t0 < 5, "a revoked key still works"
+            time.sleep(0.05)
+        assert time.monotonic() - t0 < 3
+        assert httpx.get(f"{s.url}/v1/sessions", headers=s.headers(), timeout=60).status_code == 200
+        for arg, says in [(kid, "no API key with id"), ("nonsense", "not a key id")]:
+            bad = _cli(home, "key", "revoke", arg)
+            assert bad.returncode == 2 and says in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+        # The template stays for the tenant's other keys.
+        other = s.create_key("clitenant")
+        r = httpx.get(f"{s.url}/v1/templates/cli-secrets", headers=s.headers(other), timeout=60)
+        assert r.status_code == 200, r.text
+        _no_value_anywhere(s, [KEY_VALUE, TEMPLATE_VALUE])
+    finally:
+        stop_server(s)
+        bound.shutdown()

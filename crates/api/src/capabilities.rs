@@ -1,6 +1,7 @@
 //! What a caller may do on a server (`GET /v1/capabilities`): the templates it
-//! may use with their packages, whether and what it may install at run time, its
-//! egress policy and its limits. The MCP server writes its instructions from it.
+//! may use with their packages (and the names of their secrets), whether and
+//! what it may install at run time, its egress policy, its key's secrets (names
+//! and destinations, never values) and its limits. The MCP server writes its instructions from it.
 
 use serde::{Deserialize, Serialize};
 
@@ -13,7 +14,26 @@ pub struct Capabilities {
     pub default_template: String,
     pub packages: PackagesCapability,
     pub network: NetworkCapability,
+    /// The secrets of the caller's key, which every sandbox it makes gets (as
+    /// placeholders in environment variables of these names): names and destinations only.
+    #[serde(default)]
+    pub secrets: Vec<SecretCapability>,
     pub limits: LimitsCapability,
+}
+
+/// A secret a sandbox gets: its environment variable holds a placeholder that
+/// the server replaces with the value in HTTP headers sent to `hosts` (and
+/// `ports`; with `tls`, in HTTPS too). Never the value.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SecretCapability {
+    pub name: String,
+    pub hosts: Vec<String>,
+    /// Empty: any port.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<u16>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tls: bool,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -29,6 +49,10 @@ pub struct TemplateCapability {
     pub packages: Vec<String>,
     /// Its pip requirement specs (custom templates).
     pub pip: Vec<String>,
+    /// The names of its secrets (every sandbox forked from it gets them; a
+    /// session's or the key's of the same name: the template's wins over the key's).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<String>,
 }
 
 /// Installing packages into a session at run time (`install_packages`, `%pip install`).

@@ -9,12 +9,14 @@
 //! the CLI read it back, and the Python SDK's table is checked against that
 //! document in `tests/python/test_sdk_errors.py`.
 //!
-//! Also [`handoff::ServerFile`]: how a CLI finds the server running on its data directory.
+//! Also [`handoff::ServerFile`]: how a CLI finds the server running on its data directory;
+//! [`capabilities`] (what a caller may do) and [`keys`] (the admin key routes' limits).
 
 #![forbid(unsafe_code)]
 
 pub mod capabilities;
 pub mod handoff;
+pub mod keys;
 
 use std::fmt;
 use std::str::FromStr;

@@ -265,6 +265,25 @@ enum KeyCommand {
         #[arg(long, value_name = "URL", env = "FORKBOX_DATABASE_URL", hide_env_values = true)]
         database: Option<String>,
     },
+    /// List the API keys: id (SHA-256 of the key), tenant, admin, limits, the names of their secrets
+    /// (never a key or a secret's value).
+    List {
+        /// Only the keys of this tenant.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// The keys of this PostgreSQL database (a server's --database). Also $FORKBOX_DATABASE_URL.
+        #[arg(long, value_name = "URL", env = "FORKBOX_DATABASE_URL", hide_env_values = true)]
+        database: Option<String>,
+    },
+    /// Revoke an API key, named by its id (`key list`) or the key itself: a server on this data
+    /// directory or database stops accepting it within a second. Its tenant's sessions stay.
+    Revoke {
+        /// The key's id (64 hex digits) or the key (`fbk_...`).
+        key: String,
+        /// The keys of this PostgreSQL database (a server's --database). Also $FORKBOX_DATABASE_URL.
+        #[arg(long, value_name = "URL", env = "FORKBOX_DATABASE_URL", hide_env_values = true)]
+        database: Option<String>,
+    },
 }
 
 // Parsed once per process: the size of the largest variant costs nothing.
@@ -301,6 +320,11 @@ enum TemplateCommand {
         /// inside the server's and the key's, so it only narrows.
         #[command(flatten)]
         network: NetworkArgs,
+        /// Secrets every sandbox forked from the template gets (a custom template): a JSON file (`-`:
+        /// stdin) as for `key create --secrets-file`. Embedded: sealed with the data directory's
+        /// secrets.key; with --url: sent to the server, which seals them.
+        #[arg(long, value_name = "FILE")]
+        secrets_file: Option<std::path::PathBuf>,
         #[command(flatten)]
         image: ImageArgs,
     },
@@ -632,6 +656,8 @@ fn main() -> ExitCode {
                     })
             })
         }
+        Command::Key(KeyCommand::List { tenant, database }) => key_list(&home, database.as_deref(), tenant.as_deref()),
+        Command::Key(KeyCommand::Revoke { key, database }) => key_revoke(&home, database.as_deref(), &key),
         Command::Run(args) => match &cli.url {
             Some(_) if args.egress.is_set() => Err(remote_egress()),
             Some(url) => api::Api::remote(url, cli.api_key.clone()).and_then(|a| run::run_remote(&a, args)),
@@ -684,26 +710,37 @@ fn main() -> ExitCode {
             find_links,
             no_index,
             network,
+            secrets_file,
             image,
         }) => {
-            let custom = !pip.is_empty() || !image.apt.is_empty() || preload.is_some() || network.is_set();
+            let custom = !pip.is_empty()
+                || !image.apt.is_empty()
+                || preload.is_some()
+                || network.is_set()
+                || secrets_file.is_some();
             match (name, &cli.url) {
                 (Some(name), Some(url)) => api::Api::remote(url, cli.api_key.clone()).and_then(|a| {
-                    template_build_remote(
-                        &a,
-                        &name,
-                        &image,
-                        &pip,
-                        preload,
-                        !find_links.is_empty() || index_url.is_some(),
-                        &network,
-                    )
+                    if !find_links.is_empty() || index_url.is_some() {
+                        anyhow::bail!(
+                            "--index-url/--find-links are the server's (forkbox serve --pip-index-url/--pip-find-links)"
+                        );
+                    }
+                    let secrets = secrets_file.as_deref().map(read_secrets_file).transpose()?;
+                    template_build_remote(&a, &name, &image, &pip, preload, &network, secrets.as_deref())
                 }),
                 (Some(name), None) if custom => {
                     let source = forkbox_image::PipSource { index_url, find_links, no_index };
-                    network
-                        .layer()
-                        .and_then(|policy| template_build_custom(&home, &name, &image, pip, preload, source, policy))
+                    let secrets = match &secrets_file {
+                        None => Ok(Vec::new()),
+                        Some(path) => {
+                            read_secrets_file(path).and_then(|j| forkbox_server::seal_secrets_json(&home, &j))
+                        }
+                    };
+                    secrets.and_then(|secrets| {
+                        network.layer().and_then(|policy| {
+                            template_build_custom(&home, &name, &image, pip, preload, source, (policy, secrets))
+                        })
+                    })
                 }
                 (Some(name), None) => template_build_named(&home, &name),
                 (None, _) if !pip.is_empty() => {
@@ -712,6 +749,9 @@ fn main() -> ExitCode {
                 (None, _) if network.is_set() => {
                     Err(anyhow::anyhow!("--network needs a template name (forkbox template build NAME --network ...)"))
                 }
+                (None, _) if secrets_file.is_some() => Err(anyhow::anyhow!(
+                    "--secrets-file needs a template name (forkbox template build NAME --secrets-file FILE)"
+                )),
                 (None, _) => template_build(&home, preload.as_deref().unwrap_or("import numpy"), &image),
             }
         }
@@ -803,6 +843,83 @@ struct Prebuild {
 struct E2bOptions {
     auto_pause: bool,
     sandbox_domain: Option<String>,
+}
+
+/// `--secrets-file`'s JSON object, to send to a server (which checks and seals each secret); a
+/// parse error says where, never what (it could be a value).
+fn secrets_object(json: &str) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
+    serde_json::from_str(json).map_err(|e| {
+        anyhow::anyhow!(
+            "--secrets-file: not a JSON object of secrets ({{\"NAME\": {{\"value\", \"hosts\", \"ports\", \"tls\"}}}}): \
+             {:?} error at line {} column {}",
+            e.classify(),
+            e.line(),
+            e.column()
+        )
+    })
+}
+
+/// `forkbox key list`: one line per key (never a key or a secret's value).
+fn key_list(home: &std::path::Path, database: Option<&str>, tenant: Option<&str>) -> anyhow::Result<ExitCode> {
+    let db = forkbox_runtime::keys::KeyDb::open(home, database)
+        .map_err(|e| anyhow::anyhow!("opening the key store: {e}"))?;
+    let limit = |v: Option<i64>, unit: &str| v.filter(|v| *v > 0).map_or("-".to_string(), |v| format!("{v}{unit}"));
+    let mut after = String::new();
+    let mut n = 0usize;
+    loop {
+        let page = db.page(&after, 500, tenant)?;
+        for k in &page {
+            let secrets: Vec<forkbox_runtime::net_secrets::SealedSecret> =
+                k.secrets.as_deref().and_then(|j| serde_json::from_str(j).ok()).unwrap_or_default();
+            let names: Vec<String> = secrets.iter().map(|s| s.info().name).collect();
+            let conc = match k.max_concurrency {
+                None => "share".to_string(),
+                Some(0) => "all".to_string(),
+                Some(v) => v.to_string(),
+            };
+            println!(
+                "{} tenant={} admin={} rate={} sessions={} disk={} concurrency={conc} cpu={} timeout={} egress={} secrets={}",
+                k.hash,
+                term::escape(&k.tenant),
+                k.admin,
+                limit(k.rate_limit, "/s"),
+                limit(k.max_sessions, ""),
+                limit(k.max_disk_mb, "MiB"),
+                limit(k.cpu_seconds_per_hour, "s/h"),
+                limit(k.max_timeout_seconds, "s"),
+                if k.egress.is_some() { "own" } else { "server" },
+                if names.is_empty() { "-".to_string() } else { names.join(",") },
+            );
+            n += 1;
+        }
+        match page.last() {
+            Some(last) if page.len() == 500 => after = last.hash.clone(),
+            _ => break,
+        }
+    }
+    if n == 0 {
+        eprintln!("forkbox: no API keys{}", tenant.map(|t| format!(" of tenant {t}")).unwrap_or_default());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `forkbox key revoke ID|KEY`.
+fn key_revoke(home: &std::path::Path, database: Option<&str>, key: &str) -> anyhow::Result<ExitCode> {
+    let key = key.trim();
+    let id = if key.len() == 64 && key.bytes().all(|b| b.is_ascii_hexdigit()) {
+        key.to_ascii_lowercase()
+    } else if key.starts_with("fbk_") {
+        forkbox_server::keys::hash_key(key)
+    } else {
+        anyhow::bail!("not a key id (64 hex digits, see `forkbox key list`) nor a key (fbk_...)");
+    };
+    let db = forkbox_runtime::keys::KeyDb::open(home, database)
+        .map_err(|e| anyhow::anyhow!("opening the key store: {e}"))?;
+    if !db.delete(&id)? {
+        anyhow::bail!("no API key with id {id}");
+    }
+    println!("revoked {id}");
+    Ok(ExitCode::SUCCESS)
 }
 
 /// The text of `--secrets-file` (`-`: stdin).
@@ -946,7 +1063,8 @@ fn template_build_custom(
     pip: Vec<String>,
     preload: Option<String>,
     source: forkbox_image::PipSource,
-    network: Option<forkbox_engine::NetPolicy>,
+    // What every sandbox forked from it gets: its egress policy layer and its sealed secrets.
+    (network, secrets): (Option<forkbox_engine::NetPolicy>, Vec<forkbox_runtime::net_secrets::SealedSecret>),
 ) -> anyhow::Result<ExitCode> {
     if image.image.is_some() || image.template.is_some() {
         anyhow::bail!("a custom template is built from --apt/--pip/--preload, not --image or --template");
@@ -960,7 +1078,7 @@ fn template_build_custom(
         preload,
         blas: image.blas,
         network,
-        secrets: Vec::new(),
+        secrets,
     };
     let l = catalog.build_shared(&t, source)?;
     let size = std::fs::metadata(&l.engine.image_path).map_or(0, |m| m.len());
@@ -981,14 +1099,11 @@ fn template_build_remote(
     image: &ImageArgs,
     pip: &[String],
     preload: Option<String>,
-    pip_source: bool,
     network: &NetworkArgs,
+    secrets: Option<&str>,
 ) -> anyhow::Result<ExitCode> {
     if image.image.is_some() || image.template.is_some() {
         anyhow::bail!("a custom template is built from --apt/--pip/--preload, not --image or --template");
-    }
-    if pip_source {
-        anyhow::bail!("--index-url/--find-links are the server's (forkbox serve --pip-index-url/--pip-find-links)");
     }
     let t0 = std::time::Instant::now();
     let req = forkbox_client::CreateTemplate {
@@ -998,6 +1113,7 @@ fn template_build_remote(
         preload,
         blas: Some(image.blas.name().into()),
         network: network.setting()?,
+        secrets: secrets.map(secrets_object).transpose()?.unwrap_or_default(),
     };
     let mut t = api.block_on(api.client.create_template(&req))?;
     let mut last = String::new();

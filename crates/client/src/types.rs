@@ -142,6 +142,9 @@ pub struct CreateTemplate {
     /// The template's egress policy: a layer of every sandbox forked from it (only narrows).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<Network>,
+    /// Secrets every sandbox forked from it gets, by variable name: `{"value", "hosts", "ports"?, "tls"?}`.
+    #[serde(default, skip_serializing_if = "Map::is_empty")]
+    pub secrets: Map<String, Value>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]

@@ -1,7 +1,7 @@
 //! The MCP server's instructions and the state-dependent part of its tool
 //! descriptions, written from what the server really allows the caller
 //! ([`Capabilities`], `GET /v1/capabilities`): its templates and their packages,
-//! run-time installs, its egress policy, its limits.
+//! run-time installs, its egress policy, its key's secrets (names only), its limits.
 
 use forkbox_client::Capabilities;
 
@@ -32,6 +32,10 @@ pub fn instructions(caps: Option<&Capabilities>) -> String {
             s.push('\n');
             s.push_str(&network(c));
             s.push('\n');
+            if let Some(secrets) = secrets(c) {
+                s.push_str(&secrets);
+                s.push('\n');
+            }
             s.push_str(&limits(c));
             s.push('\n');
         }
@@ -74,7 +78,9 @@ pub fn templates(c: &Capabilities) -> String {
             t.description.clone()
         };
         let default = if t.name == c.default_template { " (default)" } else { "" };
-        s.push_str(&format!("- {}{default}: {what}{state}\n", t.name));
+        let secrets =
+            if t.secrets.is_empty() { String::new() } else { format!("; secrets in ${}", t.secrets.join(", $")) };
+        s.push_str(&format!("- {}{default}: {what}{secrets}{state}\n", t.name));
     }
     s.trim_end().to_string()
 }
@@ -117,6 +123,32 @@ pub fn network(c: &Capabilities) -> String {
     }
     s.push('.');
     s
+}
+
+/// The key's secrets, by name and destination (never a value); None: it has none.
+pub fn secrets(c: &Capabilities) -> Option<String> {
+    if c.secrets.is_empty() {
+        return None;
+    }
+    let each: Vec<String> = c
+        .secrets
+        .iter()
+        .map(|x| {
+            let ports = if x.ports.is_empty() {
+                String::new()
+            } else {
+                format!(" port {}", x.ports.iter().map(u16::to_string).collect::<Vec<_>>().join("/"))
+            };
+            let tls = if x.tls { ", HTTPS too" } else { "" };
+            format!("${} (for {}{ports}{tls})", x.name, x.hosts.join(", "))
+        })
+        .collect();
+    Some(format!(
+        "Secrets: every sandbox has these environment variables, whose values are placeholders the server replaces \
+         with the real credential in the headers of HTTP requests to the hosts named: {}. Send them as they are \
+         (e.g. an Authorization header); printing one shows only its placeholder.",
+        each.join("; ")
+    ))
 }
 
 /// The limits.
@@ -181,6 +213,7 @@ mod tests {
                 source: "PyPI".into(),
             },
             network: NetworkCapability { mode: "public".into(), layers: vec!["server: public".into()] },
+            secrets: vec![],
             limits: LimitsCapability {
                 timeout_seconds: 30.0,
                 max_timeout_seconds: 600.0,
@@ -203,5 +236,33 @@ mod tests {
         c.network.mode = "none".into();
         let s = instructions(Some(&c));
         assert!(s.contains("not allowed") && s.contains("no outbound network"), "{s}");
+        assert!(!s.contains("Secrets"), "{s}");
+    }
+
+    #[test]
+    fn names_the_keys_and_the_templates_secrets() {
+        let mut c = caps();
+        c.secrets = vec![
+            SecretCapability {
+                name: "OPENAI_API_KEY".into(),
+                hosts: vec!["api.openai.com".into()],
+                ports: vec![443],
+                tls: true,
+            },
+            SecretCapability {
+                name: "GH".into(),
+                hosts: vec!["api.github.com".into(), "*.github.com".into()],
+                ..Default::default()
+            },
+        ];
+        c.templates[1].secrets = vec!["DB_URL".into()];
+        let s = instructions(Some(&c));
+        assert!(
+            s.contains(
+                "$OPENAI_API_KEY (for api.openai.com port 443, HTTPS too); $GH (for api.github.com, *.github.com)"
+            ),
+            "{s}"
+        );
+        assert!(s.contains("- data: Python 3.11 + numpy, pandas; secrets in $DB_URL [built on first use"), "{s}");
     }
 }

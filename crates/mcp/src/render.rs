@@ -161,8 +161,15 @@ pub fn session(s: &Session, what: &str) -> CallToolResult {
     out
 }
 
+/// The names of a session's secrets (the server lists names and destinations, never values).
+fn secret_names(s: &Session) -> Vec<String> {
+    let list = s.extra.get("secrets").and_then(Value::as_array);
+    list.into_iter().flatten().filter_map(|x| x.get("name").and_then(Value::as_str).map(str::to_string)).collect()
+}
+
 fn session_json(s: &Session) -> Value {
     json!({
+        "secrets": secret_names(s),
         "session_id": s.id,
         "checkpoint": s.checkpoint,
         "forked_from": s.forked_from,
@@ -179,8 +186,10 @@ fn session_line(s: &Session) -> String {
         (None, Some(f)) => format!("forked from {} checkpoint {}", f.session, f.checkpoint),
         (None, None) => "no execs yet".to_string(),
     };
+    let names = secret_names(s);
+    let secrets = if names.is_empty() { String::new() } else { format!(", secrets ${}", names.join(", $")) };
     format!(
-        "session {} ({at}; memory {} MiB, timeout {} s per exec, network {})",
+        "session {} ({at}; memory {} MiB, timeout {} s per exec, network {}{secrets})",
         s.id,
         s.limits.memory_mb,
         s.limits.timeout_seconds,
@@ -448,6 +457,24 @@ mod tests {
         assert_eq!(s["checkpoint"], 2);
         assert_eq!(s["outputs"].as_array().map(Vec::len), Some(4));
         assert_eq!(r.is_error, Some(false));
+    }
+
+    #[test]
+    fn a_session_names_its_secrets_never_a_value() {
+        let s: Session = serde_json::from_value(json!({
+            "id": "s_1", "limits": { "memory_mb": 512, "timeout_seconds": 30.0 },
+            "secrets": [{ "name": "OPENAI_API_KEY", "hosts": ["api.openai.com"] }, { "name": "GH", "hosts": ["github.com"] }],
+        }))
+        .unwrap_or_else(|e| panic!("{e}"));
+        let r = session(&s, "created");
+        let text = r.content[0].as_text().map(|t| t.text.clone()).unwrap_or_default();
+        assert!(text.ends_with(", secrets $OPENAI_API_KEY, $GH)"), "{text}");
+        assert_eq!(r.structured_content.unwrap_or_default()["secrets"], json!(["OPENAI_API_KEY", "GH"]));
+        let bare: Session =
+            serde_json::from_value(json!({ "id": "s_2", "limits": { "memory_mb": 512, "timeout_seconds": 30.0 } }))
+                .unwrap_or_else(|e| panic!("{e}"));
+        let text = sessions(&[bare]).content[0].as_text().map(|t| t.text.clone()).unwrap_or_default();
+        assert!(!text.contains("secrets"), "{text}");
     }
 
     #[test]

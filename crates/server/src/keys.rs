@@ -81,6 +81,34 @@ pub fn create_key_full(at: impl KeysAt, tenant: &str, limits: &KeyLimits, admin:
     create_key_with_secrets(at, tenant, limits, admin, &[])
 }
 
+/// Whether `limits` may be stored (what `forkbox key create` and `POST
+/// /v1/admin/keys` refuse, and why).
+pub fn check_limits(limits: &KeyLimits) -> Result<(), String> {
+    for (name, v) in [
+        ("rate_limit", limits.rate_limit),
+        ("max_sessions", limits.max_sessions),
+        ("max_disk_mb", limits.max_disk_mb),
+        ("cpu_seconds_per_hour", limits.cpu_seconds_per_hour),
+        ("max_timeout_seconds", limits.max_timeout_seconds),
+    ] {
+        if v.is_some_and(|v| v == 0 || v > i64::MAX as u64) {
+            return Err(format!("{name} must be a positive number"));
+        }
+    }
+    if limits.max_concurrency.is_some_and(|v| v > 1 << 20) {
+        return Err("max_concurrency is too large (at most 1048576; 0: every exec slot)".into());
+    }
+    if limits.rate_limit.is_some_and(|r| r > u64::from(u32::MAX)) {
+        return Err("rate_limit is too large (at most 4294967295)".into());
+    }
+    if let Some(p) = &limits.egress {
+        if p.allow.len() > 256 || p.deny.len() > 256 {
+            return Err("at most 256 egress rules each".into());
+        }
+    }
+    Ok(())
+}
+
 /// The JSON a key's sealed secrets are stored as (None: none).
 fn secrets_json(secrets: &[SealedSecret]) -> anyhow::Result<Option<String>> {
     anyhow::ensure!(
@@ -115,20 +143,7 @@ pub fn create_key_with_secrets(
         valid_tenant(tenant),
         "invalid tenant name {tenant:?} (letters, digits, '-', '_', '.'; at most 64)"
     );
-    for (name, v) in [
-        ("rate limit", limits.rate_limit),
-        ("max sessions", limits.max_sessions),
-        ("max disk MiB", limits.max_disk_mb),
-        ("CPU seconds per hour", limits.cpu_seconds_per_hour),
-        ("max timeout seconds", limits.max_timeout_seconds),
-    ] {
-        anyhow::ensure!(v.is_none_or(|v| v > 0 && v <= i64::MAX as u64), "{name} must be a positive number");
-    }
-    anyhow::ensure!(limits.max_concurrency.is_none_or(|v| v <= 1 << 20), "max concurrency is too large");
-    anyhow::ensure!(limits.rate_limit.is_none_or(|r| r <= u32::MAX as u64), "rate limit is too large");
-    if let Some(p) = &limits.egress {
-        anyhow::ensure!(p.allow.len() <= 256 && p.deny.len() <= 256, "at most 256 egress rules each");
-    }
+    check_limits(limits).map_err(anyhow::Error::msg)?;
     let egress = limits.egress.as_ref().map(serde_json::to_string).transpose()?;
     let secrets = secrets_json(secrets)?;
     let key = format!("fbk_{}", random_hex(32)?);
@@ -152,10 +167,16 @@ pub fn create_key_with_secrets(
     Ok(key)
 }
 
-/// Delete `key` (if it exists). Safe while a server runs: a server that cached it keeps it until restart.
+/// Delete `key` (if it exists). Safe while a server runs: a server that
+/// cached it drops it within [`RECHECK_EVERY`] (see [`KeyStore::recheck`]).
 pub fn delete_key(at: impl KeysAt, key: &str) -> anyhow::Result<bool> {
     at.with_db(|db| Ok(db.delete(&hash_key(key))?))
 }
+
+/// How often a server checks the keys it has cached against the store: a
+/// key deleted by `forkbox key revoke` or by another node of a cluster stops
+/// working within this, and secrets changed there reach new sandboxes.
+pub const RECHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// How many keys exist.
 pub fn count_keys(at: impl KeysAt) -> anyhow::Result<u64> {
@@ -284,6 +305,45 @@ impl KeyStore {
             *info.secrets.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(secrets);
         }
         Ok(rec)
+    }
+
+    /// Delete the key whose hash is `id` (its record and this server's cache
+    /// entry: it stops working here at once; see [`KeyStore::recheck`] for
+    /// the other servers on the store). False if there was no such key.
+    pub fn revoke(&self, id: &str) -> anyhow::Result<bool> {
+        let gone = self.db.delete(id)?;
+        self.cache.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
+        Ok(gone)
+    }
+
+    /// Check the cached keys against the store (every [`RECHECK_EVERY`]): a
+    /// key that is no longer there is dropped (its next request is 401), the
+    /// secrets of the others are refreshed. Blocking: a query per 500 keys.
+    pub fn recheck(&self) -> anyhow::Result<()> {
+        let cached: Vec<String> = self.cache.lock().unwrap_or_else(|e| e.into_inner()).keys().cloned().collect();
+        for chunk in cached.chunks(500) {
+            let present: HashMap<String, Option<String>> = self.db.present(chunk)?.into_iter().collect();
+            let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+            for id in chunk {
+                match present.get(id) {
+                    None => {
+                        if cache.remove(id).is_some() {
+                            tracing::info!("API key {} was revoked: dropped", &id[..id.len().min(12)]);
+                        }
+                    }
+                    Some(json) => {
+                        if let Some(info) = cache.get(id) {
+                            let secrets = secrets_of(&info.tenant, json.clone());
+                            let mut now = info.secrets.write().unwrap_or_else(|e| e.into_inner());
+                            if **now != secrets {
+                                *now = Arc::new(secrets);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The tenant of a key, if the key is known (may query the database).

@@ -324,6 +324,7 @@ impl Server {
             });
         }
         background_cpu::spawn(&self.state);
+        spawn_key_recheck(&self.state);
         let app = router(self.state);
         // A cluster node that is told to stop first drains: sessions asked for
         // meanwhile go to the other nodes, idle ones are given back at once.
@@ -353,6 +354,31 @@ impl Server {
         .await?;
         r.context("serving")
     }
+}
+
+/// Checks the cached API keys against the store every [`keys::RECHECK_EVERY`]
+/// (a key revoked by the CLI or another node stops working here too).
+fn spawn_key_recheck(state: &AppState) {
+    let state = state.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(keys::RECHECK_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut failing = false;
+        loop {
+            tick.tick().await;
+            let st = state.clone();
+            let r = tokio::task::spawn_blocking(move || st.keys.recheck()).await;
+            match r {
+                Ok(Ok(())) => failing = false,
+                Ok(Err(e)) if !failing => {
+                    failing = true;
+                    tracing::warn!("checking the cached API keys against the key store: {e} (retrying)");
+                }
+                Ok(Err(_)) => {}
+                Err(e) => tracing::warn!("checking the cached API keys: {e}"),
+            }
+        }
+    });
 }
 
 /// A cluster node without an advertised URL is reached at the address it is bound to.

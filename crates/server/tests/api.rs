@@ -2509,3 +2509,191 @@ async fn command_bad_bodies_unknown_sessions_busy_and_timeouts() {
     );
     assert_eq!(ev.last().map(|e| e.data["error"]["code"].as_str()), Some(Some("timeout")), "{ev:?}");
 }
+
+/// The admin key routes: a new key's limits and egress policy (validated, 400 in the
+/// shared error table), the list a page at a time (names of secrets, never a key or a
+/// value), revocation (204, then 401 at once; 404 `key_not_found` after), 403 for other keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_keys_limits_list_pages_and_revoke() {
+    let s = TestServer::start().await;
+    // The sealing key `serve` installs (the harness opens its state without it).
+    forkbox_server::seal_secrets_json(s.home.path(), "{}").unwrap();
+    let value = "sk-admin-list-9c1e5b7a3d";
+    let (st, made) = s
+        .post(
+            "/v1/admin/keys",
+            json!({
+                "tenant": "bob",
+                "limits": { "rate_limit": 7, "max_sessions": 2 },
+                "egress": { "allow": ["example.com:443"] },
+                "secrets": { "TOKEN": { "value": value, "hosts": ["api.example.com"] } },
+            }),
+        )
+        .await;
+    assert_eq!(st, StatusCode::CREATED, "{made}");
+    let (bob, bob_id) = (made["key"].as_str().unwrap().to_string(), made["id"].as_str().unwrap().to_string());
+    // Given limits, the defaults for the rest; the key's own egress layer.
+    let l = &made["limits"];
+    assert_eq!((l["rate_limit"].as_u64(), l["max_sessions"].as_u64()), (Some(7), Some(2)), "{made}");
+    assert_eq!((l["max_disk_mb"].as_u64(), l["max_timeout_seconds"].as_u64()), (Some(1024), Some(60)), "{made}");
+    assert_eq!(l["max_concurrency"], Value::Null, "{made}");
+    assert_eq!(made["egress"]["mode"], "allowlist", "{made}");
+    assert!(!made.to_string().contains(value));
+    // They hold: the key's sessions stop at 2.
+    for _ in 0..2 {
+        let (st, v) = s.call(reqwest::Method::POST, "/v1/sessions", Some(&bob), Some(json!({}))).await;
+        assert_eq!(st, StatusCode::CREATED, "{v}");
+    }
+    let got = s.call(reqwest::Method::POST, "/v1/sessions", Some(&bob), Some(json!({}))).await;
+    assert_error(&got, StatusCode::FORBIDDEN, "quota_exceeded");
+    // Its capabilities name its secret (never the value) and say its limits.
+    let (st, caps) = s.call(reqwest::Method::GET, "/v1/capabilities", Some(&bob), None).await;
+    assert_eq!(st, StatusCode::OK, "{caps}");
+    assert_eq!(caps["secrets"], json!([{ "name": "TOKEN", "hosts": ["api.example.com"] }]), "{caps}");
+    assert_eq!(caps["limits"]["rate_limit"], 7, "{caps}");
+    assert!(!caps.to_string().contains(value));
+
+    // Unlimited but for what is given.
+    let (st, v) =
+        s.post("/v1/admin/keys", json!({ "tenant": "bob", "limits": { "unlimited": true, "max_sessions": 3 } })).await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+    assert_eq!(
+        v["limits"],
+        json!({ "rate_limit": null, "max_sessions": 3, "max_disk_mb": null, "max_concurrency": 0,
+                "cpu_seconds_per_hour": null, "max_timeout_seconds": null }),
+        "{v}"
+    );
+    assert!(v.get("egress").is_none(), "{v}");
+
+    // Bad limits and policies: 400 invalid_request, saying which.
+    for (body, says) in [
+        (json!({ "limits": { "rate_limit": 0 } }), "rate_limit"),
+        (json!({ "limits": { "rate_limit": 5_000_000_000u64 } }), "rate_limit"),
+        (json!({ "limits": { "max_sessions": 0 } }), "max_sessions"),
+        (json!({ "limits": { "max_concurrency": 2_000_000 } }), "max_concurrency"),
+        (json!({ "limits": { "max_timeout_seconds": -1 } }), "max_timeout_seconds"),
+        (json!({ "limits": { "sessions": 1 } }), "unknown field"),
+        (json!({ "egress": { "allow": ["not a rule!"] } }), "egress"),
+        (json!({ "egress": "sometimes" }), ""),
+    ] {
+        let got = s.post("/v1/admin/keys", body.clone()).await;
+        assert_error(&got, StatusCode::BAD_REQUEST, "invalid_request");
+        assert!(got.1["error"]["message"].as_str().unwrap().contains(says), "{body}: {}", got.1);
+    }
+
+    // Non-admin keys: 403 on every admin key route.
+    let path = format!("/v1/admin/keys/{bob_id}");
+    for (m, p) in [("GET", "/v1/admin/keys"), ("DELETE", path.as_str()), ("GET", path.as_str())] {
+        let got = s.call(reqwest::Method::from_bytes(m.as_bytes()).unwrap(), p, Some(&bob), None).await;
+        assert_error(&got, StatusCode::FORBIDDEN, "forbidden");
+    }
+
+    // The list: every key once, in the order of their ids, a page at a time.
+    let (st, all) = s.get("/v1/admin/keys").await;
+    assert_eq!(st, StatusCode::OK, "{all}");
+    assert_eq!(all["next"], Value::Null);
+    let ids: Vec<String> =
+        all["keys"].as_array().unwrap().iter().map(|k| k["id"].as_str().unwrap().to_string()).collect();
+    assert_eq!(ids.len(), 3, "{all}");
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "{ids:?}");
+    assert!(ids.contains(&bob_id));
+    let text = all.to_string();
+    assert!(!text.contains("fbk_") && !text.contains(value), "{text}");
+    let listed = all["keys"].as_array().unwrap().iter().find(|k| k["id"] == bob_id.as_str()).unwrap();
+    assert_eq!(listed["secrets"], json!([{ "name": "TOKEN", "hosts": ["api.example.com"] }]));
+    let (mut paged, mut after) = (Vec::new(), String::new());
+    loop {
+        let (st, p) = s.get(&format!("/v1/admin/keys?limit=2&after={after}")).await;
+        assert_eq!(st, StatusCode::OK, "{p}");
+        assert!(p["keys"].as_array().unwrap().len() <= 2);
+        paged.extend(p["keys"].as_array().unwrap().iter().map(|k| k["id"].as_str().unwrap().to_string()));
+        match p["next"].as_str() {
+            Some(n) => after = n.to_string(),
+            None => break,
+        }
+    }
+    assert_eq!(paged, ids);
+    let (st, p) = s.get("/v1/admin/keys?tenant=bob").await;
+    assert_eq!(st, StatusCode::OK, "{p}");
+    assert!(
+        p["keys"].as_array().unwrap().iter().all(|k| k["tenant"] == "bob") && p["keys"].as_array().unwrap().len() == 2
+    );
+    for q in ["limit=0", "limit=1001", "limit=x", "after=zz", "tenant=a/b", "page=2"] {
+        let got = s.get(&format!("/v1/admin/keys?{q}")).await;
+        assert_error(&got, StatusCode::BAD_REQUEST, "invalid_request");
+    }
+
+    // Revoked: 204, and the key (cached by its requests above) is refused at once.
+    let (st, _) = s.delete(&path).await;
+    assert_eq!(st, StatusCode::NO_CONTENT);
+    let got = s.call(reqwest::Method::GET, "/v1/sessions", Some(&bob), None).await;
+    assert_error(&got, StatusCode::UNAUTHORIZED, "unauthorized");
+    assert_error(&s.delete(&path).await, StatusCode::NOT_FOUND, "key_not_found");
+    assert_error(&s.get(&path).await, StatusCode::NOT_FOUND, "key_not_found");
+    // The tenant's sessions stay: another key of it sees them.
+    let other = s.new_key("bob");
+    let (st, v) = s.call(reqwest::Method::GET, "/v1/sessions", Some(&other), None).await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert_eq!(v["sessions"].as_array().unwrap().len(), 2, "{v}");
+}
+
+/// A key deleted from the store by another process (`forkbox key revoke`, or another node
+/// of a cluster) stops working on a running server within its recheck period; a key's
+/// secrets changed there reach it too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_revoked_in_the_store_stops_working_on_a_running_server() {
+    let home = fresh_home();
+    let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap(), home.path().to_path_buf());
+    cfg.runtime.isolation = forkbox_runtime::Isolation::Thread;
+    cfg.runtime.image = Some(shared().image_path.clone());
+    let server = Server::bind(cfg).await.expect("bind");
+    let admin = server.created_key.clone().expect("a key");
+    let url = format!("http://{}", server.local_addr().unwrap());
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(server.run(async move {
+        let _ = rx.await;
+    }));
+    let http = reqwest::Client::new();
+    let status = |key: String| {
+        let (http, url) = (http.clone(), url.clone());
+        async move { http.get(format!("{url}/v1/sessions")).bearer_auth(key).send().await.unwrap().status() }
+    };
+    let h = home.path().to_path_buf();
+    let key = forkbox_server::create_key_with(&h, "carol", &forkbox_server::KeyLimits::unlimited()).unwrap();
+    assert_eq!(status(key.clone()).await, StatusCode::OK);
+    // Secrets set in the store by another process reach the cached key.
+    let sealed = tokio::task::spawn_blocking({
+        let h = h.clone();
+        move || forkbox_server::seal_secrets_json(&h, r#"{"ROTATED": {"value": "v-31337", "hosts": ["a.example"]}}"#)
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    let db = forkbox_runtime::keys::KeyDb::open(&h, None).unwrap();
+    let id = forkbox_server::keys::hash_key(&key);
+    assert!(db.set_secrets(&id, Some(&serde_json::to_string(&sealed).unwrap())).unwrap());
+    let caps = || {
+        let (http, url, key) = (http.clone(), url.clone(), key.clone());
+        async move {
+            let v: Value =
+                http.get(format!("{url}/v1/capabilities")).bearer_auth(key).send().await.unwrap().json().await.unwrap();
+            v["secrets"].clone()
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while caps().await != json!([{ "name": "ROTATED", "hosts": ["a.example"] }]) {
+        assert!(Instant::now() < deadline, "the store's secrets did not reach the server: {}", caps().await);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Deleted there: refused within the recheck period (one second), the admin key still works.
+    assert!(forkbox_server::keys::delete_key(&h, &key).unwrap());
+    let t0 = Instant::now();
+    while status(key.clone()).await != StatusCode::UNAUTHORIZED {
+        assert!(t0.elapsed() < Duration::from_secs(5), "a revoked key still works");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(t0.elapsed() < forkbox_server::keys::RECHECK_EVERY * 3, "{:?}", t0.elapsed());
+    assert_eq!(status(admin).await, StatusCode::OK);
+    tx.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), run).await.expect("shutdown in time").unwrap().expect("run");
+}

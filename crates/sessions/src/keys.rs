@@ -201,6 +201,38 @@ impl KeyDb {
         Ok(n > 0)
     }
 
+    /// At most `limit` records in the order of their hashes, those after
+    /// `after` (`""`: from the first), of `tenant` only if given.
+    pub fn page(&self, after: &str, limit: usize, tenant: Option<&str>) -> Result<Vec<KeyRecord>, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = match tenant {
+            Some(t) => self.conn().query(
+                &format!("SELECT {COLS} FROM api_keys WHERE hash > ?1 AND tenant = ?3 ORDER BY hash LIMIT ?2"),
+                vals![after, limit, t],
+            ),
+            None => self.conn().query(
+                &format!("SELECT {COLS} FROM api_keys WHERE hash > ?1 ORDER BY hash LIMIT ?2"),
+                vals![after, limit],
+            ),
+        }
+        .op("list keys")?;
+        rows.iter().map(key_row).collect::<Result<_, _>>().op("list keys")
+    }
+
+    /// Which of `hashes` are keys still, each with its secrets (JSON): what a
+    /// server that cached them checks them against (a key deleted by another
+    /// process, or another node of a cluster, stops working).
+    pub fn present(&self, hashes: &[String]) -> Result<Vec<(String, Option<String>)>, StoreError> {
+        let rows = self
+            .conn()
+            .query("SELECT hash, secrets FROM api_keys WHERE hash IN_LIST(?1)", vals![hashes])
+            .op("check keys")?;
+        rows.iter()
+            .map(|r| Ok((r.text(0)?, r.opt_text(1)?)))
+            .collect::<Result<_, crate::db::DbError>>()
+            .op("check keys")
+    }
+
     /// False if there was no such key.
     pub fn delete(&self, hash: &str) -> Result<bool, StoreError> {
         Ok(self.conn().execute("DELETE FROM api_keys WHERE hash = ?1", vals![hash]).op("delete key")? > 0)
@@ -244,6 +276,19 @@ mod tests {
         assert!(db.set_secrets("bb", None).unwrap());
         assert_eq!(db.get("bb").unwrap(), Some(record("bb", false)));
         assert!(!db.set_secrets("cc", None).unwrap());
+        // Pages in the order of the hashes; by tenant.
+        let hashes = |v: Vec<KeyRecord>| v.into_iter().map(|k| k.hash).collect::<Vec<_>>();
+        assert_eq!(hashes(db.page("", 10, None).unwrap()), ["aa", "bb"]);
+        assert_eq!(hashes(db.page("", 1, None).unwrap()), ["aa"]);
+        assert_eq!(hashes(db.page("aa", 1, None).unwrap()), ["bb"]);
+        assert!(db.page("bb", 10, None).unwrap().is_empty());
+        assert_eq!(hashes(db.page("", 10, Some("t")).unwrap()), ["aa", "bb"]);
+        assert!(db.page("", 10, Some("other")).unwrap().is_empty());
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let mut present = db.present(&names(&["aa", "bb", "zz"])).unwrap();
+        present.sort();
+        assert_eq!(present, [("aa".to_string(), Some("[]".to_string())), ("bb".to_string(), None)]);
+        assert!(db.present(&[]).unwrap().is_empty());
         assert!(db.delete("aa").unwrap());
         assert!(!db.delete("aa").unwrap());
         assert_eq!(db.count().unwrap(), 1);

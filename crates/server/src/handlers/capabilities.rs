@@ -1,19 +1,21 @@
 //! `GET /v1/capabilities`: what the caller may do here (the templates it may use,
-//! run-time installs, its egress policy, its limits), from the server's real state.
+//! run-time installs, its egress policy, its key's secrets, its limits), from the server's real state.
 
 use axum::extract::State;
 use axum::{Extension, Json};
 use forkbox_api::capabilities::{
-    Capabilities, LimitsCapability, NetworkCapability, PackagesCapability, TemplateCapability,
+    Capabilities, LimitsCapability, NetworkCapability, PackagesCapability, SecretCapability, TemplateCapability,
 };
+use forkbox_runtime::net_secrets::SealedSecret;
 use forkbox_runtime::{NetMode, NetPolicy, RuntimeConfig, TemplateListing};
 
 use crate::auth::Caller;
 use crate::quota::KeyLimits;
 use crate::AppState;
 
-/// The templates the caller may use, whether it may install packages (and which, from where),
-/// its egress policy (the server's layer and its key's) and its limits.
+/// The templates the caller may use (with the names of their secrets), whether it may install
+/// packages (and which, from where), its egress policy (the server's layer and its key's), its
+/// key's secrets (names and destinations, never values) and its limits.
 #[utoipa::path(get, path = "/capabilities", tag = "server",
     responses((status = 200, description = "What the caller may do here", body = Capabilities)))]
 pub(crate) async fn capabilities(
@@ -23,7 +25,20 @@ pub(crate) async fn capabilities(
     let rt = state.runtime.clone();
     let tenant = caller.tenant.clone();
     let templates = tokio::task::spawn_blocking(move || rt.templates(&tenant)).await.unwrap_or_default();
-    Json(compute(state.runtime.config(), templates, state.runtime.default_template(), caller.limits()))
+    let mut caps = compute(state.runtime.config(), templates, state.runtime.default_template(), caller.limits());
+    caps.secrets = secret_capabilities(&caller.key_secrets());
+    Json(caps)
+}
+
+/// What a caller is told of secrets: names and destinations.
+pub fn secret_capabilities(secrets: &[SealedSecret]) -> Vec<SecretCapability> {
+    secrets
+        .iter()
+        .map(|s| {
+            let i = s.info();
+            SecretCapability { name: i.name, hosts: i.hosts, ports: i.ports, tls: i.tls }
+        })
+        .collect()
 }
 
 /// [`Capabilities`] from a runtime's configuration, the templates a caller sees and its key's
@@ -45,6 +60,7 @@ pub fn compute(
             source: t.source,
             packages: t.packages,
             pip: t.pip,
+            secrets: t.secrets.into_iter().map(|s| s.name).collect(),
         })
         .collect();
     let pip = &config.pip;
@@ -87,7 +103,7 @@ pub fn compute(
         rate_limit: key.and_then(|k| k.rate_limit),
         cpu_seconds_per_hour: key.and_then(|k| k.cpu_seconds_per_hour),
     };
-    Capabilities { templates, default_template, packages, network, limits }
+    Capabilities { templates, default_template, packages, network, secrets: Vec::new(), limits }
 }
 
 /// `server: public, allow 127.0.0.1:8000, deny *:25`.

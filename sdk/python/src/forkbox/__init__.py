@@ -7,7 +7,7 @@
         print(s.exec("x + 1").value)  # '42'
 """
 
-from ._async import AsyncCommands, AsyncForkbox, AsyncSession, AsyncSessions
+from ._async import AsyncCommands, AsyncForkbox, AsyncKeys, AsyncSession, AsyncSessions
 from ._errors import (
     CheckpointNotFound,
     ConnectionFailed,
@@ -20,6 +20,7 @@ from ._errors import (
     SandboxCrashed,
     InvalidPath,
     InvalidRequest,
+    KeyNotFound,
     NotFound,
     Overloaded,
     PackageConflict,
@@ -44,7 +45,7 @@ from ._errors import (
     Timeout,
     Unauthorized,
 )
-from ._sync import Commands, Forkbox, Session, Sessions
+from ._sync import Commands, Forkbox, Keys, Session, Sessions
 from ._tree import Branch, Explored, Variable
 from ._types import (
     Checkpoint,
@@ -71,10 +72,12 @@ from ._types import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "AsyncCommands", "AsyncForkbox", "AsyncSession", "AsyncSessions", "Commands", "Forkbox", "Session", "Sessions",
+    "AsyncCommands", "AsyncForkbox", "AsyncKeys", "AsyncSession", "AsyncSessions", "Commands", "Forkbox", "Keys",
+    "Session", "Sessions",
     "Checkpoint", "CommandResult", "Event", "ExecResult", "FileEntry", "MimeBundle", "OutputFile", "PythonError", "Result", "SessionInfo",
     "Stderr", "Stdout", "Upload", "Branch", "Explored", "Variable",
     "ForkboxError", "ConnectionFailed", "InvalidRequest", "InvalidPath", "Unauthorized", "QuotaExceeded", "NotFound", "TemplateNotFound", "TemplateNotReady", "TemplateExists",
+    "KeyNotFound",
     "SessionNotFound", "CheckpointNotFound", "FileNotFound", "FileExists", "Timeout", "SessionBusy", "CpuMismatch", "PayloadTooLarge",
     "GuestError", "RateLimited", "ServerError", "Overloaded", "Forbidden", "InsufficientStorage", "SandboxCrashed",
     "StorageUnavailable",

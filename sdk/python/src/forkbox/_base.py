@@ -99,14 +99,32 @@ def network_value(network: Network | None) -> Any:
     return {k: v if isinstance(v, (str, int)) else list(v) for k, v in network.items()}
 
 
+# Secrets by environment variable name, as the API takes them:
+# {"NAME": {"value": "...", "hosts": ["api.example.com"], "ports": [443], "tls": True}}.
+# The sandbox's variable holds a placeholder; the server puts the value in the
+# headers of HTTP requests to `hosts` (see the server's docs/network.md). The
+# server never returns a value: it lists names and destinations.
+Secrets = Mapping[str, Mapping[str, Any]]
+
+
+def secrets_value(secrets: Secrets) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, spec in secrets.items():
+        out[name] = {k: (list(v) if isinstance(v, (list, tuple)) else v) for k, v in spec.items()}
+    return out
+
+
 def session_body(
     tags: Mapping[str, str] | None,
     memory_mb: int | None,
     timeout: float | None,
     network: Network | None = None,
     template: str | None = None,
+    secrets: Secrets | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {}
+    if secrets:
+        body["secrets"] = secrets_value(secrets)
     if network is not None:
         body["network"] = network_value(network)
     if template is not None:
@@ -253,6 +271,7 @@ def template_body(
     preload: str | None,
     blas: str | None,
     network: Network | None = None,
+    secrets: Secrets | None = None,
 ) -> dict[str, Any]:
     """The body of `POST /v1/templates`."""
     body: dict[str, Any] = {"name": name}
@@ -266,7 +285,48 @@ def template_body(
         body["blas"] = blas
     if network is not None:
         body["network"] = network_value(network)
+    if secrets:
+        body["secrets"] = secrets_value(secrets)
     return body
+
+
+#: The limits `POST /v1/admin/keys` takes (those not given: the server's defaults; `unlimited`: none but these).
+KEY_LIMITS = ("rate_limit", "max_sessions", "max_disk_mb", "max_concurrency", "cpu_seconds_per_hour",
+              "max_timeout_seconds", "unlimited")
+
+
+def key_body(
+    tenant: str,
+    admin: bool,
+    secrets: Secrets | None,
+    limits: Mapping[str, Any] | None,
+    egress: Network | None,
+) -> dict[str, Any]:
+    """The body of `POST /v1/admin/keys`."""
+    body: dict[str, Any] = {"tenant": tenant}
+    if admin:
+        body["admin"] = True
+    if secrets:
+        body["secrets"] = secrets_value(secrets)
+    if limits:
+        unknown = sorted(set(limits) - set(KEY_LIMITS))
+        if unknown:
+            raise ValueError(f"unknown key limits {unknown} (known: {', '.join(KEY_LIMITS)})")
+        body["limits"] = dict(limits)
+    if egress is not None:
+        body["egress"] = network_value(egress)
+    return body
+
+
+def key_page_params(after: str | None, limit: int | None, tenant: str | None) -> dict[str, Any]:
+    params: dict[str, Any] = {}
+    if after:
+        params["after"] = after
+    if limit is not None:
+        params["limit"] = int(limit)
+    if tenant is not None:
+        params["tenant"] = tenant
+    return params
 
 
 def template_done(name: str, t: dict[str, Any]) -> dict[str, Any] | None:

@@ -70,6 +70,10 @@ class TemplateNotFound(NotFound):
     """404: no template of that name (see the server's /v1/templates)."""
 
 
+class KeyNotFound(NotFound):
+    """404 `key_not_found`: no API key with that id (the admin key routes, `client.keys`)."""
+
+
 class Timeout(ForkboxError, TimeoutError):
     """408: the code ran past its time limit (a session is rolled back to its last checkpoint).
     Also a `TimeoutError`, so `except TimeoutError` catches it."""
@@ -187,7 +191,7 @@ _BY_CODE: dict[str, type[ForkboxError]] = {
     "template_unavailable": ServerError,
     "package_not_allowed": PackageNotAllowed,
     "package_not_found": PackageNotFound,
-    "key_not_found": NotFound,
+    "key_not_found": KeyNotFound,
     "package_conflict": PackageConflict,
     "package_needs_build": PackageNeedsBuild,
     "package_failed": PackageFailed,

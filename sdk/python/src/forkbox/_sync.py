@@ -55,6 +55,7 @@ class Forkbox:
         )
         self.sessions = Sessions(self)
         self.commands = Commands(self)
+        self.keys = Keys(self)
 
     def __enter__(self) -> Forkbox:
         return self
@@ -104,14 +105,17 @@ class Forkbox:
         preload: str | None = None,
         blas: str | None = None,
         network: _base.Network | None = None,
+        secrets: _base.Secrets | None = None,
         wait: bool = True,
         poll: float = 1.0,
         timeout: float = 1800.0,
     ) -> dict[str, Any]:
         """Build a template of your own (Debian packages, pip binary wheels, a preload, a `network` policy that
-        every sandbox forked from it gets, narrowing the server's and the key's); with `wait`,
-        poll until it is ready (raises `ForkboxError` if the build failed or took longer than `timeout`)."""
-        t = dict(self._json("POST", "/v1/templates", json=_base.template_body(name, apt, pip, preload, blas, network)))
+        every sandbox forked from it gets, narrowing the server's and the key's; `secrets` every sandbox forked
+        from it gets, `{"NAME": {"value", "hosts", "ports"?, "tls"?}}`, shown back as names and destinations only);
+        with `wait`, poll until it is ready (raises `ForkboxError` if the build failed or took longer than `timeout`)."""
+        body = _base.template_body(name, apt, pip, preload, blas, network, secrets)
+        t = dict(self._json("POST", "/v1/templates", json=body))
         deadline = time.monotonic() + timeout
         while wait:
             done = _base.template_done(name, t)
@@ -198,6 +202,63 @@ class Commands:
         return self._c._stream("/v1/commands/stream", _base.command_body(cmd, cwd, env, timeout, template, network), CommandResult)
 
 
+class Keys:
+    """`client.keys`: the server's API keys (for an admin key; another gets `Forbidden`). A key is named by its
+    id, the SHA-256 of the key (not a credential); the key itself is returned once, by `create`. Each key is a
+    dict: `id`, `tenant`, `admin`, `created_ms`, `limits` (null: none), `egress` (if it has its own policy),
+    `secrets` (names and destinations, never values)."""
+
+    def __init__(self, client: Forkbox):
+        self._c = client
+
+    def create(
+        self,
+        tenant: str = "default",
+        *,
+        admin: bool = False,
+        secrets: _base.Secrets | None = None,
+        limits: Mapping[str, Any] | None = None,
+        egress: _base.Network | None = None,
+    ) -> dict[str, Any]:
+        """A new key for `tenant`: the returned dict's `key` is the key itself (shown this once). `limits`:
+        `rate_limit`, `max_sessions`, `max_disk_mb`, `max_concurrency`, `cpu_seconds_per_hour`,
+        `max_timeout_seconds` (those not given: the server's defaults) and `unlimited`; `egress`: its egress
+        policy, as a session's `network`; `secrets`: what every sandbox of the key gets."""
+        body = _base.key_body(tenant, admin, secrets, limits, egress)
+        return dict(self._c._json("POST", "/v1/admin/keys", json=body))
+
+    def get(self, id: str) -> dict[str, Any]:
+        """The key with this id (`KeyNotFound` if none)."""
+        return dict(self._c._json("GET", f"/v1/admin/keys/{_base.seg(id)}"))
+
+    def patch(self, id: str, *, secrets: _base.Secrets) -> dict[str, Any]:
+        """Replace the key's secrets (all of them: `{}` removes every one). New sandboxes of the key get them;
+        sessions made before keep theirs."""
+        body = {"secrets": _base.secrets_value(secrets)}
+        return dict(self._c._json("PATCH", f"/v1/admin/keys/{_base.seg(id)}", json=body))
+
+    def page(self, after: str | None = None, limit: int | None = None, tenant: str | None = None) -> dict[str, Any]:
+        """One page of the keys in the order of their ids: `{"keys": [...], "next": id or None}`; pass `next`
+        as `after` for the following page. `limit`: 1 to 1000 (default 1000)."""
+        return dict(self._c._json("GET", "/v1/admin/keys", params=_base.key_page_params(after, limit, tenant)))
+
+    def list(self, tenant: str | None = None) -> list[dict[str, Any]]:
+        """Every key (of `tenant`, if given), page after page."""
+        out: list[dict[str, Any]] = []
+        after: str | None = None
+        while True:
+            p = self.page(after, None, tenant)
+            out.extend(p.get("keys") or [])
+            after = p.get("next")
+            if not after:
+                return out
+
+    def delete(self, id: str) -> None:
+        """Revoke the key: it stops working at once (within a second on the other nodes of a cluster). Its
+        tenant's sessions stay. `KeyNotFound` if there is no such key."""
+        self._c._send("DELETE", f"/v1/admin/keys/{_base.seg(id)}")
+
+
 class Sessions:
     """`client.sessions`: create, list and look up sessions."""
 
@@ -211,9 +272,13 @@ class Sessions:
         timeout: float | None = None,
         network: _base.Network | None = None,
         template: str | None = None,
+        secrets: _base.Secrets | None = None,
     ) -> Session:
-        """A new session; `timeout` is its per-exec time limit in seconds; `network` narrows its egress policy."""
-        v = self._c._json("POST", "/v1/sessions", json=_base.session_body(tags, memory_mb, timeout, network, template))
+        """A new session; `timeout` is its per-exec time limit in seconds; `network` narrows its egress policy;
+        `secrets` (`{"NAME": {"value", "hosts", "ports"?, "tls"?}}`) are placeholders in its environment that the
+        server replaces with the values in HTTP headers sent to their hosts."""
+        body = _base.session_body(tags, memory_mb, timeout, network, template, secrets)
+        v = self._c._json("POST", "/v1/sessions", json=body)
         return Session(self._c, SessionInfo.from_json(v))
 
     def list(self, tags: Mapping[str, str] | None = None) -> list[Session]:

@@ -385,6 +385,8 @@ class SessionInfo:
     timeout_seconds: float
     #: The effective egress policy: `{"mode", "layers"}` (server, API key, request).
     network: dict[str, Any] | None = None
+    #: Its secrets (the key's, the template's and its own): `{"name", "hosts", "ports"?, "tls"?}`, never a value.
+    secrets: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def from_json(cls, v: dict[str, Any]) -> SessionInfo:
@@ -400,4 +402,5 @@ class SessionInfo:
             memory_mb=int(limits.get("memory_mb", 0)),
             timeout_seconds=float(limits.get("timeout_seconds", 0.0)),
             network=limits.get("network"),
+            secrets=list(v.get("secrets") or []),
         )
