@@ -15,6 +15,7 @@
 
 pub mod capabilities;
 pub mod handoff;
+pub mod wire;
 
 use std::fmt;
 use std::str::FromStr;

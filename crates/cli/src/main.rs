@@ -998,6 +998,7 @@ fn template_build_remote(
         preload,
         blas: Some(image.blas.name().into()),
         network: network.setting()?,
+        ..Default::default()
     };
     let mut t = api.block_on(api.client.create_template(&req))?;
     let mut last = String::new();
@@ -1091,9 +1092,7 @@ fn print_template(t: &forkbox_client::TemplateInfo) {
 fn template_show(home: &std::path::Path, name: &str) -> anyhow::Result<ExitCode> {
     let catalog = forkbox_catalog::Catalog::new(home)?;
     let l = catalog.listing(None, name).ok_or_else(|| anyhow::anyhow!("no template named {name:?}"))?;
-    let v = serde_json::to_value(&l)?;
-    let t: forkbox_client::TemplateInfo = serde_json::from_value(v)?;
-    print_template(&t);
+    print_template(&forkbox_client::TemplateInfo::from(l));
     Ok(ExitCode::SUCCESS)
 }
 

@@ -231,8 +231,10 @@ pub fn deleted(id: &str) -> CallToolResult {
 }
 
 pub fn uploaded(w: &FileWritten) -> CallToolResult {
-    let cp = w.checkpoint.map_or(String::new(), |c| format!(" (checkpoint {c})"));
-    let mut out = CallToolResult::success(vec![ContentBlock::text(format!("wrote {} ({} bytes){cp}", w.path, w.size))]);
+    let mut out = CallToolResult::success(vec![ContentBlock::text(format!(
+        "wrote {} ({} bytes) (checkpoint {})",
+        w.path, w.size, w.checkpoint
+    ))]);
     out.structured_content = Some(json!({ "path": w.path, "size": w.size, "checkpoint": w.checkpoint }));
     out
 }

@@ -18,7 +18,7 @@ use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
 use crate::extractors::{ApiJson, ApiPath};
 use crate::quota::KeyLimits;
-use crate::schema::{seal_secrets, SecretInfo, SecretSpec};
+use crate::schema::{seal_secrets, secret_infos, SecretInfo, SecretSpec};
 use crate::AppState;
 
 /// `POST /v1/admin/keys`.
@@ -90,7 +90,7 @@ pub(crate) async fn create_key(
     let secrets = seal_secrets(&req.secrets)?;
     let st = state.clone();
     let (tenant, admin) = (req.tenant, req.admin);
-    let shown = SecretInfo::list(&secrets);
+    let shown = secret_infos(&secrets);
     let key = tokio::task::spawn_blocking(move || {
         crate::keys::create_key_with_secrets(st.keys.db(), &tenant, &KeyLimits::defaults(), admin, &secrets)
             .map(|k| (k, tenant))
@@ -121,7 +121,7 @@ pub(crate) async fn get_key(
         .ok_or_else(not_found)?;
     let secrets: Vec<forkbox_runtime::net_secrets::SealedSecret> =
         rec.secrets.as_deref().and_then(|j| serde_json::from_str(j).ok()).unwrap_or_default();
-    Ok(Json(KeyBody { id: rec.hash, tenant: rec.tenant, admin: rec.admin, secrets: SecretInfo::list(&secrets) }))
+    Ok(Json(KeyBody { id: rec.hash, tenant: rec.tenant, admin: rec.admin, secrets: secret_infos(&secrets) }))
 }
 
 /// Replace a key's secrets. Every sandbox the key makes from now on gets the
@@ -141,7 +141,7 @@ pub(crate) async fn patch_key(
 ) -> Result<Json<KeyBody>, ApiError> {
     admin_only(&caller, "/v1/admin/keys/{id}")?;
     let secrets = seal_secrets(&req.secrets)?;
-    let shown = SecretInfo::list(&secrets);
+    let shown = secret_infos(&secrets);
     let st = state.clone();
     let rec = tokio::task::spawn_blocking(move || st.keys.set_secrets(&id, secrets))
         .await?
