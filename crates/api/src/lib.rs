@@ -17,6 +17,7 @@
 pub mod capabilities;
 pub mod handoff;
 pub mod keys;
+pub mod wire;
 
 use std::fmt;
 use std::str::FromStr;

@@ -374,8 +374,9 @@ impl Loaded {
     }
 }
 
-/// One template and its state, as the template list shows it.
-#[derive(Clone, Debug, Serialize)]
+/// One template and its state, as the template list shows it (on the wire:
+/// [`forkbox_api::wire::templates::TemplateBody`], which it converts into).
+#[derive(Clone, Debug)]
 pub struct Listing {
     pub name: String,
     pub description: String,
@@ -408,6 +409,31 @@ pub struct Listing {
     pub network: Option<NetPolicy>,
     /// Its secrets: names and destinations, never values.
     pub secrets: Vec<SecretInfo>,
+}
+
+impl From<Listing> for forkbox_api::wire::templates::TemplateBody {
+    fn from(t: Listing) -> Self {
+        forkbox_api::wire::templates::TemplateBody {
+            name: t.name,
+            description: t.description,
+            status: t.status,
+            id: t.id,
+            default: t.default,
+            packages: t.packages,
+            preload: t.preload,
+            image_bytes: t.image_bytes,
+            error: t.error,
+            source: t.source,
+            pip: t.pip,
+            progress: t.progress,
+            fraction: t.fraction,
+            elapsed_seconds: t.elapsed_seconds,
+            from_session: t.from_session,
+            from_checkpoint: t.from_checkpoint,
+            network: t.network.as_ref().and_then(|p| serde_json::to_value(p).ok()),
+            secrets: t.secrets,
+        }
+    }
 }
 
 /// By template key: the image build's step and the fraction of it done.

@@ -847,7 +847,7 @@ struct E2bOptions {
 
 /// `--secrets-file`'s JSON object, to send to a server (which checks and seals each secret); a
 /// parse error says where, never what (it could be a value).
-fn secrets_object(json: &str) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
+fn secrets_object(json: &str) -> anyhow::Result<std::collections::BTreeMap<String, forkbox_client::SecretSpec>> {
     serde_json::from_str(json).map_err(|e| {
         anyhow::anyhow!(
             "--secrets-file: not a JSON object of secrets ({{\"NAME\": {{\"value\", \"hosts\", \"ports\", \"tls\"}}}}): \
@@ -1207,9 +1207,7 @@ fn print_template(t: &forkbox_client::TemplateInfo) {
 fn template_show(home: &std::path::Path, name: &str) -> anyhow::Result<ExitCode> {
     let catalog = forkbox_catalog::Catalog::new(home)?;
     let l = catalog.listing(None, name).ok_or_else(|| anyhow::anyhow!("no template named {name:?}"))?;
-    let v = serde_json::to_value(&l)?;
-    let t: forkbox_client::TemplateInfo = serde_json::from_value(v)?;
-    print_template(&t);
+    print_template(&forkbox_client::TemplateInfo::from(l));
     Ok(ExitCode::SUCCESS)
 }
 

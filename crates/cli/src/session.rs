@@ -286,6 +286,7 @@ fn run(api: &Api, cmd: SessionCommand) -> Result<ExitCode> {
                 timeout_seconds: Some(timeout),
                 template: image.template,
                 network: network.setting()?,
+                ..Default::default()
             };
             println!("{}", api.block_on(c.create_session(&opts))?.id);
         }

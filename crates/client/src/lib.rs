@@ -104,7 +104,7 @@ impl Client {
 
     /// [`exec`](Self::exec) with every option (time limit, template, network).
     pub async fn exec_with(&self, code: &str, opts: &ExecOptions) -> Result<ExecResult, ClientError> {
-        self.post("/v1/exec", &exec_body(code, opts)?).await
+        self.post("/v1/exec", &opts.request(code)).await
     }
 
     /// The nodes of the cluster the server belongs to (admin keys only).
@@ -146,13 +146,17 @@ impl Client {
         checkpoint: i64,
         name: &str,
     ) -> Result<TemplateInfo, ClientError> {
-        self.post(&format!("/v1/sessions/{}/checkpoints/{checkpoint}/template", seg(id)), &json!({ "name": name }))
-            .await
+        self.post(
+            &format!("/v1/sessions/{}/checkpoints/{checkpoint}/template", seg(id)),
+            &CheckpointTemplateRequest { name: name.to_string() },
+        )
+        .await
     }
 
     /// Run each code in its own fresh sandbox, in parallel; results in order.
     pub async fn exec_batch(&self, codes: &[String], timeout_seconds: Option<f64>) -> Result<BatchResult, ClientError> {
-        self.post("/v1/exec/batch", &json!({ "codes": codes, "timeout_seconds": timeout_seconds })).await
+        let body = BatchRequest { codes: codes.to_vec(), timeout_seconds, template: None };
+        self.post("/v1/exec/batch", &body).await
     }
 
     /// [`exec`](Self::exec), streaming the output as it is written.
@@ -181,7 +185,7 @@ impl Client {
         code: &str,
         opts: &ExecOptions,
     ) -> Result<impl Stream<Item = Result<StreamEvent, ClientError>> + Send, ClientError> {
-        self.stream("/v1/exec/stream", &exec_body(code, opts)?).await
+        self.stream("/v1/exec/stream", &to_value(&opts.request(code))?).await
     }
 
     // -- sessions ----------------------------------------------------------
@@ -227,7 +231,8 @@ impl Client {
         code: &str,
         timeout_seconds: Option<f64>,
     ) -> Result<ExecResult, ClientError> {
-        self.post(&format!("/v1/sessions/{}/exec", seg(id)), &session_exec_body(code, timeout_seconds)).await
+        self.post(&format!("/v1/sessions/{}/exec", seg(id)), &SessionExec { code: code.to_string(), timeout_seconds })
+            .await
     }
 
     /// [`session_exec`](Self::session_exec), streaming the output as it is written.
@@ -246,7 +251,11 @@ impl Client {
         code: &str,
         timeout_seconds: Option<f64>,
     ) -> Result<impl Stream<Item = Result<StreamEvent, ClientError>> + Send, ClientError> {
-        self.stream(&format!("/v1/sessions/{}/exec/stream", seg(id)), &session_exec_body(code, timeout_seconds)).await
+        self.stream(
+            &format!("/v1/sessions/{}/exec/stream", seg(id)),
+            &to_value(&SessionExec { code: code.to_string(), timeout_seconds })?,
+        )
+        .await
     }
 
     /// Interrupt the session's running exec (KeyboardInterrupt in the code); false if none was running.
@@ -277,13 +286,13 @@ impl Client {
 
     /// Move the session back to `checkpoint` (its state is exactly as right after that exec).
     pub async fn revert(&self, id: &str, checkpoint: i64) -> Result<Session, ClientError> {
-        self.post(&format!("/v1/sessions/{}/revert", seg(id)), &json!({ "checkpoint": checkpoint })).await
+        self.post(&format!("/v1/sessions/{}/revert", seg(id)), &RevertRequest { checkpoint }).await
     }
 
     /// Install packages into session `id` (`pip install`, served by the server:
     /// binary wheels from its index or wheelhouse, under its allow/deny list).
     pub async fn install_packages(&self, id: &str, packages: &[String]) -> Result<Packages, ClientError> {
-        self.post(&format!("/v1/sessions/{}/packages", seg(id)), &json!({ "packages": packages })).await
+        self.post(&format!("/v1/sessions/{}/packages", seg(id)), &InstallPackages { packages: packages.to_vec() }).await
     }
 
     /// A new session starting at `checkpoint` of `id` (its head if None); `id` is not touched.
@@ -298,14 +307,14 @@ impl Client {
         checkpoint: Option<i64>,
         tags: &BTreeMap<String, String>,
     ) -> Result<Session, ClientError> {
-        self.post(&format!("/v1/sessions/{}/fork", seg(id)), &json!({ "checkpoint": checkpoint, "tags": tags })).await
+        self.post(&format!("/v1/sessions/{}/fork", seg(id)), &ForkRequest { checkpoint, tags: tags.clone() }).await
     }
 
     // -- commands ----------------------------------------------------------
 
     /// Run a command in a fresh sandbox (nothing persists); `req.template` picks the template.
     pub async fn command(&self, req: &CommandRequest) -> Result<CommandResult, ClientError> {
-        self.post("/v1/commands", req).await
+        self.post("/v1/commands", &req.one_shot()).await
     }
 
     /// [`command`](Self::command), streaming the output as it is written (the `result` event is a [`CommandResult`]).
@@ -313,12 +322,12 @@ impl Client {
         &self,
         req: &CommandRequest,
     ) -> Result<impl Stream<Item = Result<StreamEvent, ClientError>> + Send, ClientError> {
-        self.stream("/v1/commands/stream", &to_value(req)?).await
+        self.stream("/v1/commands/stream", &to_value(&req.one_shot())?).await
     }
 
     /// Run a command in the session's file system; the result names the new checkpoint.
     pub async fn session_command(&self, id: &str, req: &CommandRequest) -> Result<CommandResult, ClientError> {
-        self.post(&format!("/v1/sessions/{}/commands", seg(id)), &session_command_body(req)?).await
+        self.post(&format!("/v1/sessions/{}/commands", seg(id)), &session_command_body(req, false, false)?).await
     }
 
     /// [`session_command`](Self::session_command), streaming the output as it is written.
@@ -327,7 +336,11 @@ impl Client {
         id: &str,
         req: &CommandRequest,
     ) -> Result<impl Stream<Item = Result<StreamEvent, ClientError>> + Send, ClientError> {
-        self.stream(&format!("/v1/sessions/{}/commands/stream", seg(id)), &session_command_body(req)?).await
+        self.stream(
+            &format!("/v1/sessions/{}/commands/stream", seg(id)),
+            &to_value(&session_command_body(req, false, false)?)?,
+        )
+        .await
     }
 
     /// Start a command as a background process of the session (it runs on between calls; with
@@ -339,13 +352,7 @@ impl Client {
         req: &CommandRequest,
         stdin: bool,
     ) -> Result<Result<ProcessInfo, CommandResult>, ClientError> {
-        let mut body = session_command_body(req)?;
-        if let Value::Object(m) = &mut body {
-            m.insert("background".into(), Value::Bool(true));
-            if stdin {
-                m.insert("stdin".into(), Value::Bool(true));
-            }
-        }
+        let body = session_command_body(req, true, stdin)?;
         let v: Value = self.post(&format!("/v1/sessions/{}/commands", seg(id)), &body).await?;
         if v.get("process").is_some() {
             Ok(Ok(field(v, "process")?))
@@ -402,20 +409,23 @@ impl Client {
 
     /// Send signal `signal` (1-64) to a background process and the processes it started.
     pub async fn signal_process(&self, id: &str, pid: u32, signal: i32) -> Result<ProcessInfo, ClientError> {
-        self.post(&format!("/v1/sessions/{}/processes/{pid}/signal", seg(id)), &json!({ "signal": signal })).await
+        self.post(&format!("/v1/sessions/{}/processes/{pid}/signal", seg(id)), &SignalRequest { signal }).await
     }
 
     /// Write `data` to a background process' stdin (started with stdin), then close it if `eof`.
     pub async fn write_stdin(&self, id: &str, pid: u32, data: &[u8], eof: bool) -> Result<ProcessInfo, ClientError> {
         use base64::Engine as _;
         let b64 = base64::engine::general_purpose::STANDARD.encode(data);
-        self.post(&format!("/v1/sessions/{}/processes/{pid}/stdin", seg(id)), &json!({ "data_b64": b64, "eof": eof }))
-            .await
+        self.post(
+            &format!("/v1/sessions/{}/processes/{pid}/stdin", seg(id)),
+            &StdinRequest { data: None, data_b64: Some(b64), eof },
+        )
+        .await
     }
 
     /// Wait at most `timeout_seconds` (at most 60) for a background process to end.
     pub async fn wait_process(&self, id: &str, pid: u32, timeout_seconds: f64) -> Result<ProcessInfo, ClientError> {
-        let body = json!({ "timeout_seconds": timeout_seconds });
+        let body = WaitRequest { timeout_seconds: Some(timeout_seconds) };
         self.post(&format!("/v1/sessions/{}/processes/{pid}/wait", seg(id)), &body).await
     }
 
@@ -481,20 +491,13 @@ async fn event_stream(
     Ok(sse::events(r.body))
 }
 
-/// A session exec's body (`timeout_seconds` only when given: the API rejects fields it does not know, not nulls).
-fn session_exec_body(code: &str, timeout_seconds: Option<f64>) -> Value {
-    match timeout_seconds {
-        Some(t) => json!({ "code": code, "timeout_seconds": t }),
-        None => json!({ "code": code }),
-    }
-}
-
 fn to_value(v: &impl Serialize) -> Result<Value, ClientError> {
     serde_json::to_value(v).map_err(|e| ClientError::InvalidArgument(format!("encoding the request: {e}")))
 }
 
-/// A session command's body: a session has its template, so `template` is refused here rather than by the server.
-fn session_command_body(req: &CommandRequest) -> Result<Value, ClientError> {
+/// A session command's body: a session has its template and network policy, so `template` and
+/// `network` are refused here rather than by the server.
+fn session_command_body(req: &CommandRequest, background: bool, stdin: bool) -> Result<SessionCommand, ClientError> {
     if req.template.is_some() {
         return Err(ClientError::InvalidArgument(
             "a session command runs on the session's template: no template".into(),
@@ -505,16 +508,7 @@ fn session_command_body(req: &CommandRequest) -> Result<Value, ClientError> {
             "a session command runs under the session's network policy: no network".into(),
         ));
     }
-    to_value(req)
-}
-
-/// The body of `POST /v1/exec` (and `/exec/stream`).
-fn exec_body(code: &str, opts: &ExecOptions) -> Result<Value, ClientError> {
-    let mut v = to_value(opts)?;
-    if let Value::Object(m) = &mut v {
-        m.insert("code".into(), Value::String(code.to_string()));
-    }
-    Ok(v)
+    Ok(req.in_session(background, stdin))
 }
 
 /// A path segment, percent-encoded.

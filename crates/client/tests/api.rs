@@ -9,8 +9,8 @@
 use std::time::Duration;
 
 use forkbox_client::{
-    BatchItem, Client, ClientError, CommandLine, CommandRequest, CreateSession, ExecOptions, Network, StreamEvent,
-    Transport,
+    BatchItem, BatchItemError, Client, ClientError, CommandLine, CommandRequest, CreateSession, ExecOptions, Network,
+    StreamEvent, Transport,
 };
 use forkbox_server::{embedded_router, router, AppState, Inner, ServerConfig};
 use futures_util::StreamExt;
@@ -104,14 +104,14 @@ async fn one_shot_batch_and_streams() {
     for c in [&http, &local] {
         let r = c.exec("import numpy as np\nint(np.arange(5).sum())", None).await.expect("exec");
         assert_eq!(r.value.as_deref(), Some("10"));
-        assert!(r.extra.contains_key("fork_time_ms"), "{:?}", r.extra);
+        assert!(r.fork_time_ms.is_some(), "{r:?}");
         assert_eq!(api_code(c.exec("1", Some(-1.0)).await), (400, "invalid_request".into()));
         assert_eq!(api_code(c.exec("while True: pass", Some(0.5)).await), (408, "timeout".into()));
 
         let b = c.exec_batch(&["1+1".into(), "import os; os._exit(3)".into()], None).await.expect("batch");
         assert!(matches!(&b.results[0], BatchItem::Ok(r) if r.value.as_deref() == Some("2")), "{:?}", b.results[0]);
         assert!(
-            matches!(&b.results[1], BatchItem::Failed { status: 422, error } if error.code == "guest_exited"),
+            matches!(&b.results[1], BatchItem::Failed(BatchItemError { status: 422, error }) if error.code.as_str() == "guest_exited"),
             "{:?}",
             b.results[1]
         );

@@ -42,8 +42,8 @@ pub use forkbox_linux::net::tls as net_tls;
 pub use forkbox_linux::net::{
     GlobalNetStats, Mode as NetMode, NetConfig, NetStats, Policy as NetPolicy, Rule as NetRule, GLOBAL as NET_GLOBAL,
 };
-/// Host entropy (getrandom(2)), for ids made above the engine.
-pub use forkbox_linux::random::fill_random;
+/// Host entropy (getrandom(2)), for ids and secrets made above the engine.
+pub use forkbox_linux::random::{fill_random, random_hex};
 pub use forkbox_linux::vfs::{Change, ChangeKind, Changes};
 pub use forkbox_vmm::thread_cpu_seconds;
 pub use interrupt::Interrupter;

@@ -1720,10 +1720,8 @@ impl Sandbox {
 
 /// 256 fresh bits from the host, in hex, for a fork's first exec to reseed with.
 fn fresh_seed() -> Result<String, EngineError> {
-    let mut b = [0u8; 32];
-    forkbox_linux::random::fill_random(&mut b)
-        .map_err(|e| EngineError::Protocol(format!("no randomness for a reseed: {e:?}")))?;
-    Ok(hex::encode(b))
+    forkbox_linux::random::random_hex(32)
+        .map_err(|e| EngineError::Protocol(format!("no randomness for a reseed: {e:?}")))
 }
 
 fn take_text(c: &mut forkbox_linux::kernel::state::Capture) -> String {

@@ -1,4 +1,6 @@
-//! Host entropy for the guest (getrandom, AT_RANDOM, the resolver's query ids).
+//! Host entropy: for the guest (getrandom, AT_RANDOM, the resolver's query ids)
+//! and, re-exported by the engine, for the ids and secrets made above it (session,
+//! checkpoint and exec ids, API keys): the one place that reads the host's pool.
 
 use crate::errno::Errno;
 
@@ -18,4 +20,11 @@ pub fn fill_random(buf: &mut [u8]) -> Result<(), Errno> {
         done += r as usize;
     }
     Ok(())
+}
+
+/// `n` bytes from the host's entropy pool as lowercase hex (`2 * n` digits).
+pub fn random_hex(n: usize) -> Result<String, Errno> {
+    let mut b = vec![0u8; n];
+    fill_random(&mut b)?;
+    Ok(hex::encode(b))
 }

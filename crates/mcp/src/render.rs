@@ -163,8 +163,7 @@ pub fn session(s: &Session, what: &str) -> CallToolResult {
 
 /// The names of a session's secrets (the server lists names and destinations, never values).
 fn secret_names(s: &Session) -> Vec<String> {
-    let list = s.extra.get("secrets").and_then(Value::as_array);
-    list.into_iter().flatten().filter_map(|x| x.get("name").and_then(Value::as_str).map(str::to_string)).collect()
+    s.secrets.iter().map(|x| x.name.clone()).collect()
 }
 
 fn session_json(s: &Session) -> Value {
@@ -240,8 +239,10 @@ pub fn deleted(id: &str) -> CallToolResult {
 }
 
 pub fn uploaded(w: &FileWritten) -> CallToolResult {
-    let cp = w.checkpoint.map_or(String::new(), |c| format!(" (checkpoint {c})"));
-    let mut out = CallToolResult::success(vec![ContentBlock::text(format!("wrote {} ({} bytes){cp}", w.path, w.size))]);
+    let mut out = CallToolResult::success(vec![ContentBlock::text(format!(
+        "wrote {} ({} bytes) (checkpoint {})",
+        w.path, w.size, w.checkpoint
+    ))]);
     out.structured_content = Some(json!({ "path": w.path, "size": w.size, "checkpoint": w.checkpoint }));
     out
 }

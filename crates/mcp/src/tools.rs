@@ -419,6 +419,7 @@ impl ForkboxMcp {
                     timeout_seconds: a.timeout_seconds,
                     template: a.template,
                     network: a.network.map(Into::into),
+                    ..CreateSession::default()
                 };
                 c.create_session(&opts)
                     .await

@@ -62,6 +62,8 @@ pub use forkbox_catalog::catalog::Listing as TemplateListing;
 pub use forkbox_catalog::catalog::{Blas, CustomTemplate, PipSource};
 pub use forkbox_engine::net_secrets;
 pub use forkbox_engine::net_tls;
+/// Host entropy as hex (getrandom(2)): the one helper for ids and secrets made above the engine.
+pub use forkbox_engine::random_hex;
 pub use forkbox_engine::{
     CapturedOutput, EntryInfo, EntryKind, ExecResult, FileEntry, FileOp, FileOpOutcome, GlobalNetStats, JobChunk,
     JobInfo, Limits, ListeningPort, MimeBundle, NetConfig, NetMode, NetPolicy, NetRule, OutputFile, PyError, Stream,

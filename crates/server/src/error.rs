@@ -22,8 +22,6 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use forkbox_api::ErrorCode;
 use forkbox_runtime::RuntimeError;
-use serde::Serialize;
-use utoipa::ToSchema;
 
 #[derive(Debug, Clone)]
 pub struct ApiError {
@@ -63,32 +61,7 @@ pub fn scrub(message: &str) -> String {
     m
 }
 
-/// The body of every error response.
-#[derive(Serialize, ToSchema)]
-pub struct ErrorBody {
-    pub error: ErrorDetail,
-}
-
-#[derive(Serialize, ToSchema)]
-pub struct ErrorDetail {
-    /// Machine-readable code; its status and meaning are in the `ErrorCode` schema's `x-codes`.
-    pub code: ErrorCode,
-    pub message: String,
-    /// For a failed session exec: the checkpoint the session was rolled back to (null: its initial state).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub checkpoint: Option<Option<i64>>,
-    /// For `quota_exceeded` of a session exec: the exec's result (same shape as a successful exec's).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
-    pub result: Option<serde_json::Value>,
-    /// For an exec that failed after it ran (timeout, crash, exit, kill, interrupt): what it
-    /// wrote to stdout before, truncated like a result's output (omitted for other errors).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub stdout: Option<String>,
-    /// ... and to stderr.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub stderr: Option<String>,
-}
+pub use forkbox_api::wire::errors::{ErrorBody, ErrorDetail};
 
 impl ApiError {
     pub fn new(code: ErrorCode, message: impl Into<String>) -> ApiError {
@@ -133,7 +106,9 @@ impl ApiError {
 
 impl From<RuntimeError> for ApiError {
     fn from(e: RuntimeError) -> ApiError {
-        let result = e.exec_result().and_then(|r| serde_json::to_value(crate::schema::ExecResponse::of(r)).ok());
+        let result = e.exec_result().and_then(|r| {
+            serde_json::to_value(<crate::schema::ExecResponse as crate::schema::ExecResponseOf>::of(r)).ok()
+        });
         if e.code().is_server_error() {
             tracing::warn!("{}: {e}", e.code());
         }

@@ -26,14 +26,9 @@ pub fn hash_key(key: &str) -> String {
     hex::encode(Sha256::digest(key.as_bytes()))
 }
 
+/// `n` bytes of the kernel's CSPRNG (getrandom(2)) as hex: API keys, signing secrets, E2B ids.
 pub(crate) fn random_hex(n: usize) -> anyhow::Result<String> {
-    use std::io::Read;
-    let mut b = vec![0u8; n];
-    // The kernel's CSPRNG (what getrandom(2) reads), without unsafe code in this crate.
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut b))
-        .map_err(|e| anyhow::anyhow!("reading /dev/urandom: {e}"))?;
-    Ok(hex::encode(b))
+    forkbox_runtime::random_hex(n).map_err(|e| anyhow::anyhow!("no host entropy: {e:?}"))
 }
 
 pub(crate) fn valid_tenant(tenant: &str) -> bool {

@@ -715,12 +715,10 @@ pub fn now_ms() -> i64 {
 /// A fresh id: `prefix` and 16 hex digits from the host's entropy pool (the
 /// ids of sessions, checkpoints, flattened files and one-shot execs; not secrets).
 pub fn random_id(prefix: &str) -> String {
-    let mut b = [0u8; 8];
     // getrandom(2) cannot fail for 8 bytes once the pool is initialised; fall back to the clock.
-    if forkbox_engine::fill_random(&mut b).is_err() {
-        b = (now_ms() as u64 ^ std::process::id() as u64).to_le_bytes();
-    }
-    format!("{prefix}{}", hex::encode(b))
+    let hex = forkbox_engine::random_hex(8)
+        .unwrap_or_else(|_| hex::encode((now_ms() as u64 ^ std::process::id() as u64).to_le_bytes()));
+    format!("{prefix}{hex}")
 }
 
 /// Limits as stored with a session.

@@ -90,16 +90,8 @@ impl std::fmt::Debug for SealedSecret {
 }
 
 /// A secret as it may be shown: its name and destinations, never its value
-/// or its sealed form.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct SecretInfo {
-    pub name: String,
-    pub hosts: Vec<String>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub ports: Vec<u16>,
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub tls: bool,
-}
+/// or its sealed form (the API's wire type, shown as it is).
+pub use forkbox_api::wire::sessions::SecretInfo;
 
 impl SealedSecret {
     /// What may be shown of it.

@@ -117,7 +117,7 @@ pub(crate) async fn session_command(
     if req.background {
         let code = match req.pty {
             Some(size) => {
-                let (rows, cols) = size.checked()?;
+                let (rows, cols) = pty_size(size)?;
                 cmd.pty_code(rows, cols)
             }
             None => cmd.background_code(req.stdin),
@@ -140,7 +140,7 @@ pub(crate) async fn session_command(
             Ok(job) => {
                 let body = BackgroundStarted {
                     pid: job.pid,
-                    process: super::processes::ProcessInfo::of(job),
+                    process: super::processes::process_info(job),
                     checkpoint: o.checkpoint.seq,
                     stdout: o.result.stdout.clone(),
                     stderr: o.result.stderr.clone(),

@@ -12,8 +12,6 @@ use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::{Extension, Json};
 use forkbox_api::ErrorCode;
-use serde::Serialize;
-use utoipa::ToSchema;
 
 use super::blocking;
 use crate::auth::Caller;
@@ -21,30 +19,7 @@ use crate::error::ApiError;
 use crate::extractors::{query_pairs, ApiPath};
 use crate::uploads;
 use crate::AppState;
-
-#[derive(Serialize, ToSchema)]
-pub struct FileWritten {
-    /// The guest path written.
-    pub path: String,
-    pub size: u64,
-    /// Seq of the checkpoint that recorded the upload.
-    pub checkpoint: i64,
-}
-
-#[derive(Serialize, ToSchema)]
-pub struct FileEntryBody {
-    pub name: String,
-    /// Absolute guest path.
-    pub path: String,
-    pub size: u64,
-    pub is_dir: bool,
-    pub mtime_ms: i64,
-}
-
-#[derive(Serialize, ToSchema)]
-pub struct FileList {
-    pub files: Vec<FileEntryBody>,
-}
+pub use forkbox_api::wire::files::*;
 
 fn guest_path(url_path: &str) -> String {
     format!("/{}", url_path.trim_start_matches('/'))

@@ -20,7 +20,7 @@ use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
 use crate::extractors::{query_pairs, ApiJson, ApiPath};
 use crate::quota::KeyLimits;
-use crate::schema::{seal_secrets, NetworkSetting, SecretInfo, SecretSpec};
+use crate::schema::{policy_of, seal_secrets, secret_infos, NetworkSetting, SecretInfo, SecretSpec};
 use crate::AppState;
 
 /// `POST /v1/admin/keys`.
@@ -85,7 +85,7 @@ impl KeyBody {
             id: rec.hash,
             tenant: rec.tenant,
             admin: rec.admin,
-            secrets: SecretInfo::list(&secrets),
+            secrets: secret_infos(&secrets),
             created_ms: rec.created_ms,
             limits: KeyLimitsView {
                 rate_limit: limit(rec.rate_limit).filter(|v| *v > 0),
@@ -155,7 +155,7 @@ pub(crate) async fn create_key(
 /// The limits of a new key from a request (400 if one is out of range).
 fn key_limits(req: &NewKeyLimits, egress: Option<&NetworkSetting>) -> Result<KeyLimits, ApiError> {
     let base = if req.unlimited { KeyLimits::unlimited() } else { KeyLimits::defaults() };
-    let egress = egress.map(|e| e.policy().map_err(|m| ApiError::invalid(format!("egress: {m}")))).transpose()?;
+    let egress = egress.map(|e| policy_of(e).map_err(|m| ApiError::invalid(format!("egress: {m}")))).transpose()?;
     let limits = KeyLimits {
         rate_limit: req.rate_limit.or(base.rate_limit),
         max_sessions: req.max_sessions.or(base.max_sessions),

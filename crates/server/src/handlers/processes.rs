@@ -18,9 +18,8 @@ use std::time::Duration;
 use axum::extract::{RawQuery, State};
 use axum::response::IntoResponse;
 use axum::{Extension, Json};
+pub use forkbox_api::wire::processes::*;
 use forkbox_runtime::{JobInfo, Stream};
-use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
 
 use super::blocking;
 use crate::auth::Caller;
@@ -33,100 +32,19 @@ pub const OUTPUT_READ_MAX: usize = 1 << 20;
 /// The longest one wait runs.
 pub const WAIT_MAX_SECONDS: f64 = 60.0;
 
-/// A background process of a session (with the processes it started).
-#[derive(Serialize, ToSchema)]
-pub struct ProcessInfo {
-    pub pid: u32,
-    /// Its argv after its last execve.
-    pub argv: Vec<String>,
-    /// When it started (ms since the Unix epoch).
-    pub started_unix_ms: i64,
-    /// vCPU seconds its processes used.
-    pub cpu_seconds: f64,
-    /// `running` or `exited`.
-    pub state: String,
-    /// How it ended: its exit status ...
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub exit_code: Option<i32>,
-    /// ... or the signal that killed it.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub signal: Option<i32>,
-    /// Bytes it wrote so far to stdout and stderr (the session keeps the last 256 KiB of each).
-    pub stdout_bytes: u64,
-    pub stderr_bytes: u64,
-}
-
-impl ProcessInfo {
-    pub fn of(j: JobInfo) -> ProcessInfo {
-        ProcessInfo {
-            pid: j.pid,
-            argv: j.argv,
-            started_unix_ms: j.started_unix_ms,
-            cpu_seconds: j.cpu_seconds,
-            state: if j.running { "running" } else { "exited" }.into(),
-            exit_code: j.exit_code,
-            signal: j.signal,
-            stdout_bytes: j.stdout_bytes,
-            stderr_bytes: j.stderr_bytes,
-        }
+/// A background process as the API shows it.
+pub fn process_info(j: JobInfo) -> ProcessInfo {
+    ProcessInfo {
+        pid: j.pid,
+        argv: j.argv,
+        started_unix_ms: j.started_unix_ms,
+        cpu_seconds: j.cpu_seconds,
+        state: if j.running { "running" } else { "exited" }.into(),
+        exit_code: j.exit_code,
+        signal: j.signal,
+        stdout_bytes: j.stdout_bytes,
+        stderr_bytes: j.stderr_bytes,
     }
-}
-
-#[derive(Serialize, ToSchema)]
-pub struct ProcessList {
-    pub processes: Vec<ProcessInfo>,
-}
-
-/// A listening TCP socket inside the sandbox.
-#[derive(Serialize, ToSchema)]
-pub struct ListeningPortInfo {
-    pub port: u16,
-    /// The address it is bound to inside the sandbox, e.g. `0.0.0.0`, `127.0.0.1` or `::`.
-    pub address: String,
-    /// `/v1/sessions/{id}/ports/{port}/` reaches it (it takes connections to 127.0.0.1 or ::1).
-    pub proxied: bool,
-}
-
-#[derive(Serialize, ToSchema)]
-pub struct ListeningPorts {
-    /// By port.
-    pub ports: Vec<ListeningPortInfo>,
-    /// False: the session is paused or on disk, so nothing listens now; its
-    /// listeners come back with it when a request (e.g. one to a port) resumes it.
-    pub resident: bool,
-}
-
-/// A slice of a background process' stdout or stderr.
-#[derive(Serialize, ToSchema)]
-pub struct ProcessOutput {
-    /// The byte offset in the stream of `data`'s start: past the one asked for
-    /// when those bytes were dropped (only the last 256 KiB are kept).
-    pub offset: u64,
-    /// Where to read next (`offset` + the bytes of `data`).
-    pub next_offset: u64,
-    /// The stream's length so far.
-    pub end: u64,
-    /// Bytes between the offset asked for and `offset` that were dropped.
-    pub dropped: u64,
-    /// The bytes, as UTF-8 (invalid sequences replaced).
-    pub data: String,
-    /// It still runs: more may come.
-    pub running: bool,
-}
-
-#[derive(Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct SignalRequest {
-    /// Signal number (1-64), e.g. 15 (SIGTERM) or 9 (SIGKILL); sent to each of its processes.
-    pub signal: i32,
-}
-
-#[derive(Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct WaitRequest {
-    /// How long to wait at most (default 10, at most 60): the process as it is then.
-    #[schema(exclusive_minimum = 0.0)]
-    pub timeout_seconds: Option<f64>,
 }
 
 #[utoipa::path(get, path = "/sessions/{id}/processes", tag = "processes",
@@ -140,7 +58,7 @@ pub(crate) async fn list_processes(
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<ProcessList>, ApiError> {
     blocking(&state, move |rt| {
-        let processes = rt.session_jobs(&caller.tenant, &id)?.into_iter().map(ProcessInfo::of).collect();
+        let processes = rt.session_jobs(&caller.tenant, &id)?.into_iter().map(process_info).collect();
         Ok(Json(ProcessList { processes }))
     })
     .await
@@ -185,7 +103,7 @@ pub(crate) async fn get_process(
     blocking(&state, move |rt| {
         let jobs = rt.session_jobs(&caller.tenant, &id)?;
         let j = jobs.into_iter().find(|j| j.pid == pid).ok_or_else(|| not_found(pid))?;
-        Ok(Json(ProcessInfo::of(j)))
+        Ok(Json(process_info(j)))
     })
     .await
 }
@@ -300,9 +218,7 @@ fn follow_sse(
                     (Event::default().event(name).data(body.to_string()), false)
                 }
                 Followed::End(info) => (
-                    Event::default()
-                        .event("exit")
-                        .data(serde_json::to_string(&ProcessInfo::of(info)).unwrap_or_default()),
+                    Event::default().event("exit").data(serde_json::to_string(&process_info(info)).unwrap_or_default()),
                     true,
                 ),
                 Followed::Failed(e) => {
@@ -315,19 +231,6 @@ fn follow_sse(
         },
     );
     Sse::new(events).keep_alive(KeepAlive::default())
-}
-
-/// Input for a background process' stdin.
-#[derive(Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct StdinRequest {
-    /// Text to write (UTF-8).
-    pub data: Option<String>,
-    /// Bytes to write, base64 (instead of `data`).
-    pub data_b64: Option<String>,
-    /// Close its stdin after the write (end of file for its reader).
-    #[serde(default)]
-    pub eof: bool,
 }
 
 /// The most one stdin write takes (the process holds at most this much unread).
@@ -376,7 +279,7 @@ pub(crate) async fn process_stdin(
         ));
     }
     let j = state.runtime.job_stdin(&caller.tenant, &id, pid, data, eof).await?;
-    Ok(Json(ProcessInfo::of(j)))
+    Ok(Json(process_info(j)))
 }
 
 #[utoipa::path(post, path = "/sessions/{id}/processes/{pid}/resize", tag = "processes", request_body = crate::schema::PtySize,
@@ -390,9 +293,9 @@ pub(crate) async fn resize_process(
     ApiPath((id, pid)): ApiPath<(String, u32)>,
     ApiJson(req): ApiJson<crate::schema::PtySize>,
 ) -> Result<Json<ProcessInfo>, ApiError> {
-    let (rows, cols) = req.checked()?;
+    let (rows, cols) = crate::schema::pty_size(req)?;
     let j = state.runtime.job_resize(&caller.tenant, &id, pid, rows, cols).await?;
-    Ok(Json(ProcessInfo::of(j)))
+    Ok(Json(process_info(j)))
 }
 
 #[utoipa::path(post, path = "/sessions/{id}/processes/{pid}/signal", tag = "processes", request_body = SignalRequest,
@@ -406,7 +309,7 @@ pub(crate) async fn signal_process(
     ApiPath((id, pid)): ApiPath<(String, u32)>,
     ApiJson(req): ApiJson<SignalRequest>,
 ) -> Result<Json<ProcessInfo>, ApiError> {
-    blocking(&state, move |rt| Ok(Json(ProcessInfo::of(rt.job_signal(&caller.tenant, &id, pid, req.signal)?)))).await
+    blocking(&state, move |rt| Ok(Json(process_info(rt.job_signal(&caller.tenant, &id, pid, req.signal)?)))).await
 }
 
 #[utoipa::path(post, path = "/sessions/{id}/processes/{pid}/wait", tag = "processes", request_body = WaitRequest,
@@ -425,7 +328,7 @@ pub(crate) async fn wait_process(
     }
     let timeout = Duration::from_secs_f64(secs.min(WAIT_MAX_SECONDS));
     let j = state.runtime.job_wait(&caller.tenant, &id, pid, timeout).await?;
-    Ok(Json(ProcessInfo::of(j)))
+    Ok(Json(process_info(j)))
 }
 
 /// What a follower of a background process sees, in order.

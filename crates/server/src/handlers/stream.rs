@@ -22,7 +22,7 @@ use super::blocking;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
 use crate::extractors::{ApiJson, ApiPath};
-use crate::schema::{ExecRequest, ExecResponse, SessionExec};
+use crate::schema::{ExecRequest, ExecResponse, ExecResponseOf, SessionExec};
 use crate::{metrics, AppState};
 
 /// One event of a streamed exec, as documented (in OpenAPI 3.1 the schema of an

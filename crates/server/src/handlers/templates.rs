@@ -24,7 +24,7 @@ pub(crate) async fn templates(
     let list = tokio::task::spawn_blocking(move || rt.templates(&caller.tenant)).await.unwrap_or_default();
     Json(TemplateList {
         default: state.runtime.default_template(),
-        templates: list.into_iter().map(TemplateBody::of).collect(),
+        templates: list.into_iter().map(TemplateBody::from).collect(),
     })
 }
 
@@ -61,7 +61,7 @@ pub(crate) async fn create_template(
         network,
         secrets,
     };
-    let v = blocking(&state, move |rt| Ok(TemplateBody::of(rt.create_template(&caller.tenant, &t)?))).await?;
+    let v = blocking(&state, move |rt| Ok(TemplateBody::from(rt.create_template(&caller.tenant, &t)?))).await?;
     Ok((StatusCode::ACCEPTED, Json(v)))
 }
 
@@ -74,7 +74,7 @@ pub(crate) async fn get_template(
     Extension(caller): Extension<Caller>,
     ApiPath(name): ApiPath<String>,
 ) -> Result<Json<TemplateBody>, ApiError> {
-    blocking(&state, move |rt| Ok(Json(TemplateBody::of(rt.template_listing(&caller.tenant, &name)?)))).await
+    blocking(&state, move |rt| Ok(Json(TemplateBody::from(rt.template_listing(&caller.tenant, &name)?)))).await
 }
 
 /// A template of the caller's own made of a checkpoint of one of its sessions:
@@ -91,8 +91,9 @@ pub(crate) async fn checkpoint_template(
     ApiPath((id, n)): ApiPath<(String, i64)>,
     ApiJson(req): ApiJson<CheckpointTemplateRequest>,
 ) -> Result<(StatusCode, Json<TemplateBody>), ApiError> {
-    let v =
-        blocking(&state, move |rt| Ok(TemplateBody::of(rt.checkpoint_template(&caller.tenant, &id, n, &req.name)?)))
-            .await?;
+    let v = blocking(&state, move |rt| {
+        Ok(TemplateBody::from(rt.checkpoint_template(&caller.tenant, &id, n, &req.name)?))
+    })
+    .await?;
     Ok((StatusCode::CREATED, Json(v)))
 }

@@ -16,7 +16,7 @@ use crate::error::{ApiError, ErrorBody};
 use crate::extractors::{query_pairs, ApiJson, ApiPath};
 use crate::fair::{acquire_for, batch_width};
 use crate::quota;
-use crate::schema::{BatchItemError, ExecResponse, PyErrorBody};
+use crate::schema::{BatchItemError, ExecResponse, ExecResponseOf, PyErrorBody};
 use crate::{metrics, AppState};
 
 /// One checkpoint of the tree.
