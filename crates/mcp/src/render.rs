@@ -427,7 +427,8 @@ mod tests {
 
     fn result(outputs: Vec<OutputFile>) -> ExecResult {
         serde_json::from_value::<ExecResult>(
-            json!({ "value": "3", "stdout": "hi\n", "stderr": "", "error": null, "checkpoint": 2 }),
+            json!({ "value": "3", "stdout": "hi\n", "stderr": "", "error": null, "checkpoint": 2,
+                    "exit_code": 0, "runtime_ms": 1.0, "wall_ms": 1.5, "syscalls": 3 }),
         )
         .map(|mut r| {
             r.outputs = outputs;
@@ -460,20 +461,30 @@ mod tests {
         assert_eq!(r.is_error, Some(false));
     }
 
+    /// A session as the server sends it (every field it always sends), with `extra` fields.
+    fn session_body(id: &str, extra: serde_json::Value) -> Session {
+        let mut v = json!({
+            "id": id, "tags": {}, "created_ms": 1, "last_used_ms": 2, "resident": true,
+            "checkpoint": null, "forked_from": null, "template": "python", "template_id": "t1", "last_code": null,
+            "limits": { "memory_mb": 512, "timeout_seconds": 30.0, "network": { "mode": "public" } },
+        });
+        if let (Some(o), Some(e)) = (v.as_object_mut(), extra.as_object()) {
+            o.extend(e.clone());
+        }
+        serde_json::from_value(v).unwrap_or_else(|e| panic!("{e}"))
+    }
+
     #[test]
     fn a_session_names_its_secrets_never_a_value() {
-        let s: Session = serde_json::from_value(json!({
-            "id": "s_1", "limits": { "memory_mb": 512, "timeout_seconds": 30.0 },
-            "secrets": [{ "name": "OPENAI_API_KEY", "hosts": ["api.openai.com"] }, { "name": "GH", "hosts": ["github.com"] }],
-        }))
-        .unwrap_or_else(|e| panic!("{e}"));
+        let s = session_body(
+            "s_1",
+            json!({ "secrets": [{ "name": "OPENAI_API_KEY", "hosts": ["api.openai.com"] }, { "name": "GH", "hosts": ["github.com"] }] }),
+        );
         let r = session(&s, "created");
         let text = r.content[0].as_text().map(|t| t.text.clone()).unwrap_or_default();
         assert!(text.ends_with(", secrets $OPENAI_API_KEY, $GH)"), "{text}");
         assert_eq!(r.structured_content.unwrap_or_default()["secrets"], json!(["OPENAI_API_KEY", "GH"]));
-        let bare: Session =
-            serde_json::from_value(json!({ "id": "s_2", "limits": { "memory_mb": 512, "timeout_seconds": 30.0 } }))
-                .unwrap_or_else(|e| panic!("{e}"));
+        let bare = session_body("s_2", json!({}));
         let text = sessions(&[bare]).content[0].as_text().map(|t| t.text.clone()).unwrap_or_default();
         assert!(!text.contains("secrets"), "{text}");
     }

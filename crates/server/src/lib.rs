@@ -357,16 +357,18 @@ impl Server {
 }
 
 /// Checks the cached API keys against the store every [`keys::RECHECK_EVERY`]
-/// (a key revoked by the CLI or another node stops working here too).
+/// (a key revoked by the CLI or another node stops working here too). It
+/// holds the state weakly: a server that shut down frees its data directory
+/// (the sessions' lock) instead of this loop keeping it alive.
 fn spawn_key_recheck(state: &AppState) {
-    let state = state.clone();
+    let weak = Arc::downgrade(state);
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(keys::RECHECK_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut failing = false;
         loop {
             tick.tick().await;
-            let st = state.clone();
+            let Some(st) = weak.upgrade() else { return };
             let r = tokio::task::spawn_blocking(move || st.keys.recheck()).await;
             match r {
                 Ok(Ok(())) => failing = false,
