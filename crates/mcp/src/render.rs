@@ -465,7 +465,7 @@ mod tests {
     fn session_body(id: &str, extra: serde_json::Value) -> Session {
         let mut v = json!({
             "id": id, "tags": {}, "created_ms": 1, "last_used_ms": 2, "resident": true,
-            "checkpoint": null, "forked_from": null, "template": "python", "template_id": "t1", "last_code": null,
+            "checkpoint": null, "forked_from": null, "template": null, "template_id": "t1", "last_code": null,
             "limits": { "memory_mb": 512, "timeout_seconds": 30.0, "network": { "mode": "public" } },
         });
         if let (Some(o), Some(e)) = (v.as_object_mut(), extra.as_object()) {
