@@ -4,8 +4,8 @@
 //! Each guest process is a [`Task`] (its own VM, process state and where its
 //! current thread stands on the vCPU); the [`Scheduler`] holds the one running
 //! now and the others in round-robin order. It decides who runs next (a thread
-//! whose wait just ended first, else round robin inside the process, and the
-//! processes by 5 ms slices), re-checks blocked threads (their handlers run
+//! whose wait just ended first, from its waker's next exit on when a futex wake
+//! ended it; else round robin inside the process, and the processes by 5 ms slices), re-checks blocked threads (their handlers run
 //! again; deadlines, wakes and signals end their waits), switches threads on
 //! the vCPU (saving and loading their user state) and, when nobody can run,
 //! waits on the host for the next event. What a syscall does, how signals are
