@@ -177,6 +177,7 @@ pub fn until_abs(clock: libc::clockid_t, at: Duration) -> Duration {
 /// whom it woke to this call's result).
 fn wake(ctx: &mut Ctx, addr: u64, bitset: u32, n: u64) -> u64 {
     let woken = ctx.proc.threads.futex_wake(addr, bitset, n);
+    woke(ctx, woken);
     if woken < n {
         if let Some((obj, offset)) = ctx.proc.mm.shared_at(addr) {
             ctx.kernel.shm.wakes.push(crate::shm::SharedWake { obj, offset, bitset, n: n - woken });
@@ -185,24 +186,20 @@ fn wake(ctx: &mut Ctx, addr: u64, bitset: u32, n: u64) -> u64 {
     woken
 }
 
+/// `woken` threads of this process had their waits ended: the woken run from
+/// the caller's next exit on ([`Effect::Woke`]).
+fn woke(ctx: &mut Ctx, woken: u64) {
+    if woken > 0 {
+        ctx.effect = Some(Effect::Woke);
+    }
+}
+
 /// Within a process private and shared futexes are the same: keyed by
 /// address. Across processes, wakes on shared mappings reach the waiters of
 /// the other processes that map the same object (`wake`); requeues stay in
 /// the process. A call that woke threads of this process says so
 /// ([`Effect::Woke`]): the woken run from the caller's next exit on.
 pub fn futex(ctx: &mut Ctx, a: &Args) -> SysResult {
-    let r = futex_op(ctx, a);
-    let cmd = a[1] & !(FUTEX_PRIVATE_FLAG | FUTEX_CLOCK_REALTIME);
-    if matches!(cmd, FUTEX_WAKE | FUTEX_WAKE_BITSET | FUTEX_REQUEUE | FUTEX_CMP_REQUEUE | FUTEX_WAKE_OP)
-        && ctx.effect.is_none()
-        && ctx.proc.threads.list.iter().any(|t| t.wait.as_ref().is_some_and(|w| w.woken))
-    {
-        ctx.effect = Some(Effect::Woke);
-    }
-    r
-}
-
-fn futex_op(ctx: &mut Ctx, a: &Args) -> SysResult {
     let op = a[1];
     let cmd = op & !(FUTEX_PRIVATE_FLAG | FUTEX_CLOCK_REALTIME);
     let addr = a[0];
@@ -271,6 +268,7 @@ fn futex_op(ctx: &mut Ctx, a: &Args) -> SysResult {
                 return Err(Errno::EAGAIN);
             }
             let (woken, moved) = ctx.proc.threads.futex_requeue(addr, n, to, m);
+            woke(ctx, woken);
             Ok(if cmd == FUTEX_CMP_REQUEUE { woken + moved } else { woken })
         }
         FUTEX_WAKE_OP => {
