@@ -19,8 +19,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use crate::errno::Errno;
 
-use super::journal::lock;
-use super::{Ino, Vfs};
+use super::Ino;
 
 pub const IN_ACCESS: u32 = 0x1;
 pub const IN_MODIFY: u32 = 0x2;
@@ -305,77 +304,6 @@ impl Notify {
     /// Every instance with watches or events.
     pub(super) fn instances(&self) -> Vec<u64> {
         self.instances.keys().copied().collect()
-    }
-}
-
-/// The guest's inotify calls on the file system. An instance is known by
-/// its fd object's id and the journal it was made in (`epoch`: 0 for none):
-/// an instance of an earlier journal (one restored from a checkpoint) has no
-/// watches here.
-impl Vfs {
-    /// Watch `ino` for instance `inst` (see [`Notify::add_watch`]): its watch
-    /// descriptor, and the journal the instance belongs to now (an instance
-    /// of an earlier journal starts over in this one).
-    pub fn inotify_add_watch(&mut self, inst: u64, ino: Ino, mask: u32) -> Result<(i32, u64), Errno> {
-        if self.journal.is_none() {
-            self.start_journal(false);
-        }
-        let j = self.journal.as_ref().ok_or(Errno::ENOMEM)?;
-        let mut j = lock(j);
-        let wd = j.notify.add_watch(inst, ino, mask)?;
-        Ok((wd, j.start))
-    }
-
-    /// Run `f` on the watches and queues if `epoch` is the journal's.
-    fn with_notify<T>(&self, epoch: u64, f: impl FnOnce(&mut Notify) -> T) -> Option<T> {
-        let j = self.journal.as_ref()?;
-        let mut j = lock(j);
-        (j.start == epoch).then(|| f(&mut j.notify))
-    }
-
-    /// inotify_rm_watch: EINVAL for a watch descriptor the instance does not have.
-    pub fn inotify_rm_watch(&self, inst: u64, epoch: u64, wd: i32) -> Result<(), Errno> {
-        self.with_notify(epoch, |n| n.rm_watch(inst, wd)).unwrap_or(Err(Errno::EINVAL))
-    }
-
-    /// Take the queued events of `inst` that fit in `len` bytes (see [`Notify::read`]).
-    pub fn inotify_read(
-        &self,
-        inst: u64,
-        epoch: u64,
-        len: usize,
-        check: impl FnOnce(usize) -> Result<(), Errno>,
-    ) -> Result<Vec<u8>, Errno> {
-        self.with_notify(epoch, |n| n.read(inst, len, check)).unwrap_or(Err(Errno::EAGAIN))
-    }
-
-    /// Bytes of the events queued for `inst` (FIONREAD).
-    pub fn inotify_pending(&self, inst: u64, epoch: u64) -> usize {
-        self.with_notify(epoch, |n| n.pending(inst)).unwrap_or(0)
-    }
-
-    /// Has `inst` events to read?
-    pub fn inotify_ready(&self, inst: u64, epoch: u64) -> bool {
-        self.with_notify(epoch, |n| n.has_events(inst)).unwrap_or(false)
-    }
-
-    /// Drop the instances whose fd objects are gone (`alive` says which are
-    /// not), and the journal with the last one if no watcher outside reads it.
-    pub fn inotify_forget(&mut self, alive: impl Fn(u64) -> bool) {
-        let Some(j) = &self.journal else { return };
-        let mut g = lock(j);
-        if g.notify.is_empty() {
-            return;
-        }
-        for inst in g.notify.instances() {
-            if !alive(inst) {
-                g.notify.forget(inst);
-            }
-        }
-        if g.notify.is_empty() && !g.paths {
-            drop(g);
-            self.journal = None;
-        }
     }
 }
 
