@@ -77,18 +77,19 @@ fn import_main_is_the_users_module_not_the_agent() {
 // Exits per exec
 // ---------------------------------------------------------------------------
 
-/// A fork's first exec is three syscalls: the read of the request it resumes
-/// in, the reply (which carries the exec's last stdout/stderr bytes) and the
-/// read it parks in. The reseed takes its seed from the request, not from
+/// A fork's first exec is two syscalls, one of them a VM exit: the exchange
+/// call it resumes in (which returns the request) and the exchange call that
+/// hands over the reply (which carries the exec's last stdout/stderr bytes)
+/// and parks. The reseed takes its seed from the request, not from
 /// getrandom. Output keeps its order and bytes as separate writes gave them.
 #[test]
-fn an_exec_is_three_syscalls_and_its_output_comes_with_the_reply() {
+fn an_exec_is_two_syscalls_and_its_output_comes_with_the_reply() {
     let mut sb = fork();
     let r = ok(&mut sb, "print(1+1)");
     assert_eq!(r.stdout, "2\n");
-    assert!(r.syscalls <= 3, "a fork's first print(1+1) made {} syscalls", r.syscalls);
+    assert!(r.syscalls <= 2, "a fork's first print(1+1) made {} syscalls", r.syscalls);
     let r = ok(&mut sb, "40 + 2");
-    assert_eq!((r.value.as_deref(), r.syscalls), (Some("42"), 3));
+    assert_eq!((r.value.as_deref(), r.syscalls), (Some("42"), 2));
     // print() is buffered, os.write is not, the bytes written below the text
     // layer go before its pending text (as in CPython anywhere), stderr is kept.
     let r = ok(
