@@ -1219,3 +1219,71 @@ fn inotify_reports_closes_by_access_mode() {
         "an O_PATH descriptor closes without an event"
     );
 }
+
+/// A file of `data` at `p` with mode `mode`.
+fn file(g: &mut Guest, p: &str, data: &[u8], mode: u32) {
+    let fd = g.open(p, libc::O_CREAT | libc::O_WRONLY);
+    let d = g.put(0x9000, data);
+    assert_eq!(g.call(libc::SYS_write, &[fd as u64, d, data.len() as u64]), Ok(data.len() as u64));
+    assert_eq!(g.call(libc::SYS_fchmod, &[fd as u64, mode as u64]), Ok(0));
+    assert_eq!(g.call(libc::SYS_close, &[fd as u64]), Ok(0));
+}
+
+#[test]
+fn execveat_runs_a_file_from_a_directory_fd_or_the_fd_itself() {
+    use crate::kernel::Effect;
+    const AT_EMPTY_PATH: u64 = 0x1000;
+    const AT_SYMLINK_NOFOLLOW: u64 = 0x100;
+    let mut g = guest();
+    file(&mut g, "/tmp/prog", b"\x7fELF\x02\x01\x01", 0o755);
+    file(&mut g, "/tmp/script", b"#!/tmp/prog\n", 0o755);
+    file(&mut g, "/tmp/data", b"\x7fELF\x02\x01\x01", 0o644);
+    let link = g.path(0x100, "/tmp/prog");
+    let name = g.path(0x200, "/tmp/link");
+    assert_eq!(g.call(libc::SYS_symlink, &[link, name]), Ok(0));
+    // argv = ["x"], envp = [].
+    let x = g.path(0x300, "x");
+    let argv = g.put(0x400, &[x.to_le_bytes(), 0u64.to_le_bytes()].concat());
+    let envp = g.put(0x500, &0u64.to_le_bytes());
+    let empty = g.path(0x600, "");
+    let rel = g.path(0x700, "prog");
+    let exec = |g: &mut Guest, dirfd: i32, path: u64, flags: u64| match g
+        .call_effect(libc::SYS_execveat, &[dirfd as u64, path, argv, envp, flags])
+    {
+        (Ok(0), Some(Effect::Exec(spec))) => Ok((spec.path, spec.ino, spec.argv)),
+        (Ok(r), e) => panic!("execveat returned {r} with {e:?}"),
+        (Err(e), _) => Err(e),
+    };
+    let prog_ino = g.proc.vfs.resolve(crate::vfs::ROOT_INO, b"/tmp/prog", true).unwrap();
+    // fexecve: the fd's own file, even one that closes on exec (the engine holds the node).
+    let fd = g.open("/tmp/prog", libc::O_RDONLY | libc::O_CLOEXEC);
+    assert_eq!(exec(&mut g, fd, empty, AT_EMPTY_PATH), Ok((format!("/dev/fd/{fd}"), prog_ino, vec![b"x".to_vec()])));
+    let opath = g.open("/tmp/prog", libc::O_PATH);
+    assert_eq!(exec(&mut g, opath, empty, AT_EMPTY_PATH).map(|r| r.1), Ok(prog_ino));
+    // An empty path without AT_EMPTY_PATH, or on something that is not a file.
+    assert_eq!(exec(&mut g, fd, empty, 0), Err(Errno::ENOENT));
+    let dir = g.open("/tmp", libc::O_RDONLY | libc::O_DIRECTORY);
+    assert_eq!(exec(&mut g, dir, empty, AT_EMPTY_PATH), Err(Errno::EACCES));
+    g.call(libc::SYS_pipe, &[g.buf + 0x800]).unwrap();
+    let pipe = i32::from_le_bytes(g.get(0x800, 4).try_into().unwrap());
+    assert_eq!(exec(&mut g, pipe, empty, AT_EMPTY_PATH), Err(Errno::EACCES));
+    assert_eq!(exec(&mut g, 999, empty, AT_EMPTY_PATH), Err(Errno::EBADF));
+    let data = g.open("/tmp/data", libc::O_RDONLY);
+    assert_eq!(exec(&mut g, data, empty, AT_EMPTY_PATH), Err(Errno::EACCES), "not executable");
+    // A script by fd: its interpreter would open /dev/fd/N, gone with a close-on-exec fd.
+    let script = g.open("/tmp/script", libc::O_RDONLY | libc::O_CLOEXEC);
+    assert_eq!(exec(&mut g, script, empty, AT_EMPTY_PATH), Err(Errno::ENOENT));
+    let script = g.open("/tmp/script", libc::O_RDONLY);
+    let name = format!("/dev/fd/{script}");
+    assert_eq!(
+        exec(&mut g, script, empty, AT_EMPTY_PATH),
+        Ok(("/tmp/prog".into(), prog_ino, vec![b"/tmp/prog".to_vec(), name.into_bytes()]))
+    );
+    // Relative to a directory fd; AT_SYMLINK_NOFOLLOW refuses a symlink as the last part.
+    assert_eq!(exec(&mut g, dir, rel, 0).map(|r| r.0), Ok("/tmp/prog".into()));
+    let link = g.path(0x200, "/tmp/link");
+    assert_eq!(exec(&mut g, dir, link, 0).map(|r| r.1), Ok(prog_ino));
+    assert_eq!(exec(&mut g, dir, link, AT_SYMLINK_NOFOLLOW), Err(Errno::ELOOP));
+    assert_eq!(exec(&mut g, fd, rel, 0), Err(Errno::ENOTDIR));
+    assert_eq!(exec(&mut g, dir, rel, 0x8000), Err(Errno::EINVAL));
+}
