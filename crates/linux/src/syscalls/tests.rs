@@ -1287,3 +1287,73 @@ fn execveat_runs_a_file_from_a_directory_fd_or_the_fd_itself() {
     assert_eq!(exec(&mut g, fd, rel, 0), Err(Errno::ENOTDIR));
     assert_eq!(exec(&mut g, dir, rel, 0x8000), Err(Errno::EINVAL));
 }
+
+#[test]
+fn a_blocking_pipe_write_larger_than_its_room_waits_for_the_rest() {
+    use crate::kernel::block::{WaitOn, WRITABLE};
+    use crate::kernel::Effect;
+    use crate::objects::PIPE_CAPACITY;
+    let cap = PIPE_CAPACITY as u64;
+    let mut g = guest();
+    g.call(libc::SYS_pipe2, &[g.buf, 0]).unwrap();
+    let (r, w) = g.fd_pair(0);
+    let len = 2 * cap + 100;
+    let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+    let src = g.put(0x1000, &data);
+    let out = g.buf + 0x8_0000;
+    let write = |g: &mut Guest| g.call_effect(libc::SYS_write, &[w as u64, src, len]);
+    let read_all = |g: &mut Guest| g.call(libc::SYS_read, &[r as u64, out, len]).unwrap();
+    // What fits goes in, then the call waits (the count so far is the thread's).
+    let (res, eff) = write(&mut g);
+    assert_eq!(res, Ok(0));
+    let Some(Effect::Block(b)) = eff else { panic!("expected a block, got {eff:?}") };
+    assert!(matches!(b.on, WaitOn::Fd { events: WRITABLE, .. }));
+    assert_eq!(g.proc.threads.current().written, cap);
+    // Re-runs go on from there: nothing is written twice.
+    assert!(matches!(write(&mut g), (Ok(0), Some(Effect::Block(_)))), "still full");
+    assert_eq!(read_all(&mut g), cap);
+    assert!(matches!(write(&mut g), (Ok(0), Some(Effect::Block(_)))));
+    assert_eq!(g.proc.threads.current().written, 2 * cap);
+    assert_eq!(read_all(&mut g), cap);
+    assert_eq!(write(&mut g), (Ok(len), None), "every byte is in");
+    assert_eq!(g.proc.threads.current().written, 0);
+    assert_eq!(read_all(&mut g), 100);
+    assert_eq!(g.get(0x8_0000, 100), &data[2 * cap as usize..]);
+    // A checkpoint ends such a wait with the count written so far.
+    let (res, _) = write(&mut g);
+    assert_eq!(res, Ok(0));
+    let regs = forkbox_vmm::Regs { rax: libc::SYS_write as u64, rcx: 0x4000, r11: 0x202, ..Default::default() };
+    {
+        let t = g.proc.threads.current_mut();
+        t.wait = Some(crate::thread::Wait::new(regs, None, Ok(0), crate::thread::WaitKind::Other));
+        t.cpu = Some(crate::thread::SavedCpu { regs, xsave: Default::default() });
+    }
+    let saved = g.proc.threads.for_checkpoint();
+    let t = saved.current();
+    assert_eq!((t.wait.is_none(), t.written), (true, 0));
+    let cpu = t.cpu.as_ref().unwrap();
+    assert_eq!((cpu.regs.rax, cpu.regs.rip), (cap, 0x4000), "returns the count after the syscall");
+    // The reader goes away part-way: the bytes written count, no EPIPE.
+    g.proc.threads.current_mut().wait = None;
+    assert_eq!(g.call(libc::SYS_close, &[r as u64]), Ok(0));
+    assert_eq!(write(&mut g), (Ok(cap), None));
+    assert_eq!(g.proc.threads.current().written, 0);
+    // Non-blocking: what fits, at once.
+    g.call(libc::SYS_pipe2, &[g.buf, libc::O_NONBLOCK as u64]).unwrap();
+    let (_, w2) = g.fd_pair(0);
+    assert_eq!(g.call_effect(libc::SYS_write, &[w2 as u64, src, len]), (Ok(cap), None));
+}
+
+#[test]
+fn a_writev_that_waits_after_earlier_buffers_returns_every_byte_it_moved() {
+    use crate::objects::PIPE_CAPACITY;
+    let cap = PIPE_CAPACITY as u64;
+    let mut g = guest();
+    g.call(libc::SYS_pipe2, &[g.buf, 0]).unwrap();
+    let (_, w) = g.fd_pair(0);
+    let src = g.put(0x1000, &vec![1u8; 2 * cap as usize]);
+    let iov = g.put(0x100, &[src, 100, src, 2 * cap].map(u64::to_le_bytes).concat());
+    let (res, eff) = g.call_effect(libc::SYS_writev, &[w as u64, iov, 2]);
+    assert_eq!((res, eff), (Ok(cap), None), "100 bytes, then the pipe's room of the second buffer");
+    assert_eq!(g.proc.threads.current().written, 0);
+}
