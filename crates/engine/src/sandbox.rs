@@ -1379,13 +1379,18 @@ impl Sandbox {
     /// in the background), the program is loaded into a fresh VM.
     fn exec_program(&mut self, spec: ExecSpec) -> Result<(), EngineError> {
         self.with_ctx(syscalls::release_shared);
+        // The program's node stays while the close-on-exec fds close (an
+        // fexecve of one of them, an unlinked file).
+        self.sched.cur.proc.vfs.hold(spec.ino);
         let closes = self.sched.cur.proc.fds.exec_closes();
         self.with_ctx(|ctx| syscalls::close_fds(ctx, &closes));
         self.sched.cur.proc.exec_reset();
         let mut vm = Vm::new(&self.cpu, GuestMemory::anonymous(RAM_SIZE)?)?;
         let (argv, envp) = (&spec.argv, &spec.envp);
-        let start = match loader::exec(vm.mem_mut(), &mut self.sched.cur.proc, &spec.path, argv, envp, &self.exec_opts)
-        {
+        let proc = &mut self.sched.cur.proc;
+        let loaded = loader::exec_node(vm.mem_mut(), proc, &spec.path, Some(spec.ino), argv, envp, &self.exec_opts);
+        proc.vfs.release(spec.ino);
+        let start = match loaded {
             Ok(s) => s,
             Err(e) => {
                 // Past the point of no return, as on Linux: the process dies.

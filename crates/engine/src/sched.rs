@@ -530,8 +530,11 @@ impl Scheduler {
     fn end_wait(&mut self, i: usize, regs: &kvm_regs, r: forkbox_linux::SysResult) {
         let t = &mut self.cur.proc.threads.list[i];
         t.wait = None;
+        let written = std::mem::take(&mut t.written);
         let ret = match r {
             Ok(v) => v,
+            // A write that moved bytes before the signal returns their count (no restart).
+            Err(e) if e == ERESTARTSYS && written > 0 => written,
             Err(e) if e == ERESTARTSYS => {
                 let nr = regs.rax;
                 t.restart = Some((nr, forkbox_linux::syscalls::restarts_under_sa_restart(nr, regs.r10)));

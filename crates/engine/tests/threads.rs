@@ -291,6 +291,54 @@ json.dumps({"first": first, "left": left, "how": how, "took": took, "after": sig
 }
 
 #[test]
+fn a_blocking_pipe_write_waits_for_every_byte_and_a_signal_ends_it_with_the_count() {
+    let mut sb = fork();
+    let v = json(
+        &mut sb,
+        r#"
+import os, signal, threading, json
+# A reader thread drains the pipe: a write 16 times its room returns once all is in.
+r, w = os.pipe()
+size = 16 * 65536
+got = []
+def drain():
+    n = 0
+    while n < size:
+        n += len(os.read(r, 65536))
+    got.append(n)
+t = threading.Thread(target=drain)
+t.start()
+whole = os.write(w, b"x" * size)
+t.join()
+# Nobody reads: what fits goes in, then SIGALRM ends the wait with that count
+# (not EINTR) and its handler runs.
+class Alarm(Exception): pass
+def on_alarm(s, f): raise Alarm()
+signal.signal(signal.SIGALRM, on_alarm)
+signal.alarm(1)
+try:
+    os.write(w, b"y" * size)
+    how = "returned"
+except Alarm:
+    how = "alarm"
+signal.alarm(0)
+room = 0
+os.set_blocking(r, False)
+try:
+    while True:
+        room += len(os.read(r, 65536))
+except BlockingIOError:
+    pass
+json.dumps({"whole": whole, "got": got, "how": how, "room": room})
+"#,
+    );
+    assert_eq!(v["whole"], 16 * 65536, "{v}");
+    assert_eq!(v["got"][0], 16 * 65536, "{v}");
+    assert_eq!(v["how"], "alarm", "the handler ran when the signal ended the write: {v}");
+    assert_eq!(v["room"], 65536, "the interrupted write put in what fitted, once: {v}");
+}
+
+#[test]
 fn setitimer_and_posix_timers_deliver_signals() {
     let mut sb = fork();
     let v = json(

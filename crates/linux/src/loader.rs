@@ -13,7 +13,7 @@ use crate::errno::Errno;
 use crate::layout::*;
 use crate::mm::VmaKind;
 use crate::process::Process;
-use crate::vfs::ROOT_INO;
+use crate::vfs::{Ino, ROOT_INO};
 
 #[derive(Debug, Error)]
 pub enum LoadError {
@@ -68,10 +68,20 @@ fn prot_of(flags: u32) -> u32 {
     p
 }
 
-fn load_elf(mem: &mut GuestMemory, proc: &mut Process, path: &str, dyn_base: u64) -> Result<Loaded, LoadError> {
+/// Load the ELF at `path`, or at node `ino` (named `path`) where the caller resolved it.
+fn load_elf(
+    mem: &mut GuestMemory,
+    proc: &mut Process,
+    path: &str,
+    ino: Option<Ino>,
+    dyn_base: u64,
+) -> Result<Loaded, LoadError> {
     let open_err = |errno| LoadError::Open { path: path.to_string(), errno };
     let bad = |why: String| LoadError::BadElf { path: path.to_string(), why };
-    let ino = proc.vfs.resolve(ROOT_INO, path.as_bytes(), true).map_err(open_err)?;
+    let ino = match ino {
+        Some(ino) => ino,
+        None => proc.vfs.resolve(ROOT_INO, path.as_bytes(), true).map_err(open_err)?,
+    };
     // The image is immutable and shared: copy the bytes out so the VFS borrow ends.
     let bytes = proc.vfs.file_bytes(ino).map_err(open_err)?.to_vec();
     let elf = Elf::parse_header(&bytes).map_err(|e| bad(e.to_string()))?;
@@ -139,12 +149,26 @@ pub fn exec<A: AsRef<[u8]>, E: AsRef<[u8]>>(
     envp: &[E],
     opts: &ExecOptions,
 ) -> Result<Start, LoadError> {
+    exec_node(mem, proc, path, None, argv, envp, opts)
+}
+
+/// `exec` of the program at node `ino` (as execve resolved it: an fexecve's
+/// file need not have a path), named `path`; `None` resolves `path`.
+pub fn exec_node<A: AsRef<[u8]>, E: AsRef<[u8]>>(
+    mem: &mut GuestMemory,
+    proc: &mut Process,
+    path: &str,
+    ino: Option<Ino>,
+    argv: &[A],
+    envp: &[E],
+    opts: &ExecOptions,
+) -> Result<Start, LoadError> {
     let argv: Vec<&[u8]> = argv.iter().map(AsRef::as_ref).collect();
     let envp: Vec<&[u8]> = envp.iter().map(AsRef::as_ref).collect();
-    let main = load_elf(mem, proc, path, PIE_BASE)?;
+    let main = load_elf(mem, proc, path, ino, PIE_BASE)?;
     proc.mm.set_brk_start(main.end);
     let interp = match &main.interp {
-        Some(p) => Some(load_elf(mem, proc, p, INTERP_BASE)?),
+        Some(p) => Some(load_elf(mem, proc, p, None, INTERP_BASE)?),
         None => None,
     };
     if let Some(vdso) = opts.vdso {

@@ -158,7 +158,7 @@ impl Process {
             tid_address: self.tid_address,
             umask: self.umask,
             exec_info: self.exec_info.clone(),
-            threads: self.threads.clone(),
+            threads: self.threads.for_checkpoint(),
             creds: self.creds.clone(),
             owners,
             listeners: Vec::new(),

@@ -236,6 +236,12 @@ pub struct Thread {
     /// A signal ended this thread's blocked call `nr`: its delivery restarts
     /// it (SA_RESTART and the call allows it: the bool) or makes it EINTR.
     pub restart: Option<(u64, bool)>,
+    /// Bytes the blocked call already wrote (a blocking write to a pipe
+    /// larger than its room writes what fits, then waits for the rest): a
+    /// signal ends the call with this count instead of EINTR. Not state: a
+    /// checkpoint ends such a wait with the count (`Threads::for_checkpoint`).
+    #[serde(skip)]
+    pub written: u64,
 }
 
 impl Thread {
@@ -299,6 +305,7 @@ impl Default for Threads {
             wait: None,
             restore_mask: None,
             restart: None,
+            written: 0,
         };
         Threads {
             list: vec![main],
@@ -329,6 +336,23 @@ fn take_signal(q: &mut Vec<SigInfo>, allowed: u64) -> Option<SigInfo> {
 }
 
 impl Threads {
+    /// The threads as a checkpoint keeps them: a blocked write that already
+    /// wrote part of its bytes returns that count (as when a signal ends it),
+    /// since a restored wait would start its bytes over (`Thread::written` is
+    /// not state).
+    pub fn for_checkpoint(&self) -> Threads {
+        let mut t = self.clone();
+        for th in t.list.iter_mut().filter(|th| th.written > 0) {
+            if let (Some(w), Some(c)) = (th.wait.as_ref(), th.cpu.as_mut()) {
+                let u = forkbox_vmm::after_syscall(&forkbox_vmm::kvm_regs::from(&w.regs), th.written);
+                c.regs = Regs::from(&u);
+                th.wait = None;
+                th.written = 0;
+            }
+        }
+        t
+    }
+
     pub fn current(&self) -> &Thread {
         &self.list[self.cur]
     }
@@ -394,6 +418,7 @@ impl Threads {
             wait: None,
             restore_mask: None,
             restart: None,
+            written: 0,
         });
         Ok(tid)
     }

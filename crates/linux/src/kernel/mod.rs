@@ -196,8 +196,12 @@ pub struct ForkSpec {
 /// A program to load, checked (exists, executable, an ELF) by the handler.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ExecSpec {
-    /// Absolute path of the ELF to load (after `#!` resolution).
+    /// Absolute path of the ELF to load (after `#!` resolution), or
+    /// /dev/fd/N for an fexecve: its name for AT_EXECFN and /proc/self/exe.
     pub path: String,
+    /// The ELF's node, resolved by the handler (the engine holds it while
+    /// the close-on-exec fds close, so an fexecve of one of them still loads).
+    pub ino: crate::vfs::Ino,
     /// argv and envp as the guest gave them: bytes, not necessarily UTF-8.
     pub argv: Vec<Vec<u8>>,
     pub envp: Vec<Vec<u8>>,

@@ -221,7 +221,9 @@ fn vectored(ctx: &mut Ctx, fd: i32, iov: u64, count: u64, pos: Option<u64>, is_r
         };
         if ctx.effect.is_some() {
             if total > 0 && ctx.is_blocking() {
+                // Earlier buffers moved: return now, with what this one moved before it waited.
                 ctx.effect = None;
+                total += std::mem::take(&mut ctx.proc.threads.current_mut().written);
             }
             return Ok(total);
         }

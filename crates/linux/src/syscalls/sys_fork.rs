@@ -4,6 +4,7 @@
 //! (`Effect::Exec`); the process table is `crate::procs` (in `Kernel`).
 
 use crate::errno::{Errno, SysResult};
+use crate::fd::FileKind;
 use crate::kernel::block::{Block, WaitOn};
 use crate::kernel::{Args, Ctx, Effect, ExecSpec, ForkSpec};
 use crate::procs::Which;
@@ -248,14 +249,23 @@ fn do_exec(ctx: &mut Ctx, dirfd: u64, path_ptr: u64, argv: u64, envp: u64, flags
     let mut budget = ARG_BYTES;
     let mut argv = strings(ctx, argv, &mut budget)?;
     let envp = strings(ctx, envp, &mut budget)?;
-    if path.is_empty() {
-        // fexecve / AT_EMPTY_PATH: the loader needs a path; not offered.
-        return Err(if flags & AT_EMPTY_PATH == 0 { Errno::ENOENT } else { Errno::ENOSYS });
-    }
-    let start = ctx.dir_start(dirfd, &path)?;
-    let ino = ctx.proc.vfs.resolve(start, &path, flags & AT_SYMLINK_NOFOLLOW == 0)?;
-    let mut file = absolute(ctx, start, &path)?;
-    let mut ino = ino;
+    let (mut ino, mut file) = if path.is_empty() {
+        if flags & AT_EMPTY_PATH == 0 {
+            return Err(Errno::ENOENT);
+        }
+        // fexecve: the file open on `dirfd` itself. Its name is /dev/fd/N, as
+        // Linux gives it (a `#!` script sees that name as its argument, and
+        // cannot be run so if the fd closes on exec: ENOENT, as Linux).
+        let fd = i32::try_from(dirfd).map_err(|_| Errno::EBADF)?;
+        let ino = match ctx.proc.fds.get(fd)?.kind {
+            FileKind::Node(ino) => ino,
+            _ => return Err(Errno::EACCES),
+        };
+        (ino, format!("/dev/fd/{fd}"))
+    } else {
+        let start = ctx.dir_start(dirfd, &path)?;
+        (ctx.proc.vfs.resolve(start, &path, flags & AT_SYMLINK_NOFOLLOW == 0)?, absolute(ctx, start, &path)?)
+    };
     for depth in 0..=MAX_INTERP {
         let st = ctx.proc.vfs.stat(ino)?;
         match st.kind {
@@ -273,7 +283,7 @@ fn do_exec(ctx: &mut Ctx, dirfd: u64, path_ptr: u64, argv: u64, envp: u64, flags
                 // As Linux 6.x: an empty argv gets "" as argv[0].
                 argv.push(Vec::new());
             }
-            ctx.effect = Some(Effect::Exec(Box::new(ExecSpec { path: file, argv, envp })));
+            ctx.effect = Some(Effect::Exec(Box::new(ExecSpec { path: file, ino, argv, envp })));
             return Ok(0);
         }
         if !bytes.starts_with(b"#!") || depth == MAX_INTERP {
@@ -285,6 +295,10 @@ fn do_exec(ctx: &mut Ctx, dirfd: u64, path_ptr: u64, argv: u64, envp: u64, flags
         let (interp, arg) = shebang(line);
         if interp.is_empty() {
             return Err(Errno::ENOEXEC);
+        }
+        if depth == 0 && path.is_empty() && ctx.proc.fds.cloexec(dirfd as i32)? {
+            // The interpreter would open /dev/fd/N after the fd is gone.
+            return Err(Errno::ENOENT);
         }
         let mut new_argv = vec![interp.to_vec()];
         if let Some(a) = arg {

@@ -439,7 +439,7 @@ table! {
     319 memfd_create => fs::memfd_create, Partial("an unlinked file in the overlay; no sealing (F_ADD_SEALS EINVAL)");
     320 kexec_file_load, Refused(Errno::EPERM, "EPERM: no kernel to replace (no CAP_SYS_BOOT)");
     321 bpf, Refused(Errno::EPERM, "EPERM: no BPF in the sandbox");
-    322 execveat => fork::execveat, Partial("as execve, from a directory fd; AT_EMPTY_PATH (fexecve) is ENOSYS");
+    322 execveat => fork::execveat, Partial("as execve, from a directory fd; AT_EMPTY_PATH runs the fd's own file (fexecve, named /dev/fd/N); AT_SYMLINK_NOFOLLOW");
     323 userfaultfd, Refused(Errno::EPERM, "EPERM: page faults are the VMM's");
     324 membarrier, Refused(Errno::ENOSYS, "ENOSYS: not implemented (CPython and glibc do not need it)");
     325 mlock2 => mm::mlock2, Partial("flags checked (EINVAL), nothing recorded: guest memory is never swapped");

@@ -1261,4 +1261,141 @@ fn the_agent_exchange_hands_over_the_reply_once_and_parks_until_a_request() {
     assert_eq!(g.call(libc::SYS_ioctl, &[3, 0x4642_0002, g.buf]), Err(Errno::ENOTTY));
     assert_eq!(g.call(libc::SYS_ioctl, &[1, AGENT_XCHG, g.buf]), Err(Errno::ENOTTY));
     assert_eq!(g.kernel.agent_out, b"hello", "nothing sent by the refused calls");
+
+/// A file of `data` at `p` with mode `mode`.
+fn file(g: &mut Guest, p: &str, data: &[u8], mode: u32) {
+    let fd = g.open(p, libc::O_CREAT | libc::O_WRONLY);
+    let d = g.put(0x9000, data);
+    assert_eq!(g.call(libc::SYS_write, &[fd as u64, d, data.len() as u64]), Ok(data.len() as u64));
+    assert_eq!(g.call(libc::SYS_fchmod, &[fd as u64, mode as u64]), Ok(0));
+    assert_eq!(g.call(libc::SYS_close, &[fd as u64]), Ok(0));
+}
+
+#[test]
+fn execveat_runs_a_file_from_a_directory_fd_or_the_fd_itself() {
+    use crate::kernel::Effect;
+    const AT_EMPTY_PATH: u64 = 0x1000;
+    const AT_SYMLINK_NOFOLLOW: u64 = 0x100;
+    let mut g = guest();
+    file(&mut g, "/tmp/prog", b"\x7fELF\x02\x01\x01", 0o755);
+    file(&mut g, "/tmp/script", b"#!/tmp/prog\n", 0o755);
+    file(&mut g, "/tmp/data", b"\x7fELF\x02\x01\x01", 0o644);
+    let link = g.path(0x100, "/tmp/prog");
+    let name = g.path(0x200, "/tmp/link");
+    assert_eq!(g.call(libc::SYS_symlink, &[link, name]), Ok(0));
+    // argv = ["x"], envp = [].
+    let x = g.path(0x300, "x");
+    let argv = g.put(0x400, &[x.to_le_bytes(), 0u64.to_le_bytes()].concat());
+    let envp = g.put(0x500, &0u64.to_le_bytes());
+    let empty = g.path(0x600, "");
+    let rel = g.path(0x700, "prog");
+    let exec = |g: &mut Guest, dirfd: i32, path: u64, flags: u64| match g
+        .call_effect(libc::SYS_execveat, &[dirfd as u64, path, argv, envp, flags])
+    {
+        (Ok(0), Some(Effect::Exec(spec))) => Ok((spec.path, spec.ino, spec.argv)),
+        (Ok(r), e) => panic!("execveat returned {r} with {e:?}"),
+        (Err(e), _) => Err(e),
+    };
+    let prog_ino = g.proc.vfs.resolve(crate::vfs::ROOT_INO, b"/tmp/prog", true).unwrap();
+    // fexecve: the fd's own file, even one that closes on exec (the engine holds the node).
+    let fd = g.open("/tmp/prog", libc::O_RDONLY | libc::O_CLOEXEC);
+    assert_eq!(exec(&mut g, fd, empty, AT_EMPTY_PATH), Ok((format!("/dev/fd/{fd}"), prog_ino, vec![b"x".to_vec()])));
+    let opath = g.open("/tmp/prog", libc::O_PATH);
+    assert_eq!(exec(&mut g, opath, empty, AT_EMPTY_PATH).map(|r| r.1), Ok(prog_ino));
+    // An empty path without AT_EMPTY_PATH, or on something that is not a file.
+    assert_eq!(exec(&mut g, fd, empty, 0), Err(Errno::ENOENT));
+    let dir = g.open("/tmp", libc::O_RDONLY | libc::O_DIRECTORY);
+    assert_eq!(exec(&mut g, dir, empty, AT_EMPTY_PATH), Err(Errno::EACCES));
+    g.call(libc::SYS_pipe, &[g.buf + 0x800]).unwrap();
+    let pipe = i32::from_le_bytes(g.get(0x800, 4).try_into().unwrap());
+    assert_eq!(exec(&mut g, pipe, empty, AT_EMPTY_PATH), Err(Errno::EACCES));
+    assert_eq!(exec(&mut g, 999, empty, AT_EMPTY_PATH), Err(Errno::EBADF));
+    let data = g.open("/tmp/data", libc::O_RDONLY);
+    assert_eq!(exec(&mut g, data, empty, AT_EMPTY_PATH), Err(Errno::EACCES), "not executable");
+    // A script by fd: its interpreter would open /dev/fd/N, gone with a close-on-exec fd.
+    let script = g.open("/tmp/script", libc::O_RDONLY | libc::O_CLOEXEC);
+    assert_eq!(exec(&mut g, script, empty, AT_EMPTY_PATH), Err(Errno::ENOENT));
+    let script = g.open("/tmp/script", libc::O_RDONLY);
+    let name = format!("/dev/fd/{script}");
+    assert_eq!(
+        exec(&mut g, script, empty, AT_EMPTY_PATH),
+        Ok(("/tmp/prog".into(), prog_ino, vec![b"/tmp/prog".to_vec(), name.into_bytes()]))
+    );
+    // Relative to a directory fd; AT_SYMLINK_NOFOLLOW refuses a symlink as the last part.
+    assert_eq!(exec(&mut g, dir, rel, 0).map(|r| r.0), Ok("/tmp/prog".into()));
+    let link = g.path(0x200, "/tmp/link");
+    assert_eq!(exec(&mut g, dir, link, 0).map(|r| r.1), Ok(prog_ino));
+    assert_eq!(exec(&mut g, dir, link, AT_SYMLINK_NOFOLLOW), Err(Errno::ELOOP));
+    assert_eq!(exec(&mut g, fd, rel, 0), Err(Errno::ENOTDIR));
+    assert_eq!(exec(&mut g, dir, rel, 0x8000), Err(Errno::EINVAL));
+}
+
+#[test]
+fn a_blocking_pipe_write_larger_than_its_room_waits_for_the_rest() {
+    use crate::kernel::block::{WaitOn, WRITABLE};
+    use crate::kernel::Effect;
+    use crate::objects::PIPE_CAPACITY;
+    let cap = PIPE_CAPACITY as u64;
+    let mut g = guest();
+    g.call(libc::SYS_pipe2, &[g.buf, 0]).unwrap();
+    let (r, w) = g.fd_pair(0);
+    let len = 2 * cap + 100;
+    let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+    let src = g.put(0x1000, &data);
+    let out = g.buf + 0x8_0000;
+    let write = |g: &mut Guest| g.call_effect(libc::SYS_write, &[w as u64, src, len]);
+    let read_all = |g: &mut Guest| g.call(libc::SYS_read, &[r as u64, out, len]).unwrap();
+    // What fits goes in, then the call waits (the count so far is the thread's).
+    let (res, eff) = write(&mut g);
+    assert_eq!(res, Ok(0));
+    let Some(Effect::Block(b)) = eff else { panic!("expected a block, got {eff:?}") };
+    assert!(matches!(b.on, WaitOn::Fd { events: WRITABLE, .. }));
+    assert_eq!(g.proc.threads.current().written, cap);
+    // Re-runs go on from there: nothing is written twice.
+    assert!(matches!(write(&mut g), (Ok(0), Some(Effect::Block(_)))), "still full");
+    assert_eq!(read_all(&mut g), cap);
+    assert!(matches!(write(&mut g), (Ok(0), Some(Effect::Block(_)))));
+    assert_eq!(g.proc.threads.current().written, 2 * cap);
+    assert_eq!(read_all(&mut g), cap);
+    assert_eq!(write(&mut g), (Ok(len), None), "every byte is in");
+    assert_eq!(g.proc.threads.current().written, 0);
+    assert_eq!(read_all(&mut g), 100);
+    assert_eq!(g.get(0x8_0000, 100), &data[2 * cap as usize..]);
+    // A checkpoint ends such a wait with the count written so far.
+    let (res, _) = write(&mut g);
+    assert_eq!(res, Ok(0));
+    let regs = forkbox_vmm::Regs { rax: libc::SYS_write as u64, rcx: 0x4000, r11: 0x202, ..Default::default() };
+    {
+        let t = g.proc.threads.current_mut();
+        t.wait = Some(crate::thread::Wait::new(regs, None, Ok(0), crate::thread::WaitKind::Other));
+        t.cpu = Some(crate::thread::SavedCpu { regs, xsave: Default::default() });
+    }
+    let saved = g.proc.threads.for_checkpoint();
+    let t = saved.current();
+    assert_eq!((t.wait.is_none(), t.written), (true, 0));
+    let cpu = t.cpu.as_ref().unwrap();
+    assert_eq!((cpu.regs.rax, cpu.regs.rip), (cap, 0x4000), "returns the count after the syscall");
+    // The reader goes away part-way: the bytes written count, no EPIPE.
+    g.proc.threads.current_mut().wait = None;
+    assert_eq!(g.call(libc::SYS_close, &[r as u64]), Ok(0));
+    assert_eq!(write(&mut g), (Ok(cap), None));
+    assert_eq!(g.proc.threads.current().written, 0);
+    // Non-blocking: what fits, at once.
+    g.call(libc::SYS_pipe2, &[g.buf, libc::O_NONBLOCK as u64]).unwrap();
+    let (_, w2) = g.fd_pair(0);
+    assert_eq!(g.call_effect(libc::SYS_write, &[w2 as u64, src, len]), (Ok(cap), None));
+}
+
+#[test]
+fn a_writev_that_waits_after_earlier_buffers_returns_every_byte_it_moved() {
+    use crate::objects::PIPE_CAPACITY;
+    let cap = PIPE_CAPACITY as u64;
+    let mut g = guest();
+    g.call(libc::SYS_pipe2, &[g.buf, 0]).unwrap();
+    let (_, w) = g.fd_pair(0);
+    let src = g.put(0x1000, &vec![1u8; 2 * cap as usize]);
+    let iov = g.put(0x100, &[src, 100, src, 2 * cap].map(u64::to_le_bytes).concat());
+    let (res, eff) = g.call_effect(libc::SYS_writev, &[w as u64, iov, 2]);
+    assert_eq!((res, eff), (Ok(cap), None), "100 bytes, then the pipe's room of the second buffer");
+    assert_eq!(g.proc.threads.current().written, 0);
 }
