@@ -4,15 +4,11 @@
 //! a front end beside the server and MCP. Commands reach the API through
 //! `forkbox-client` (a server at `--url`, or `forkbox_server::embedded` over
 //! `forkbox_runtime::Runtime::embedded` in process); `serve` runs the server;
-//! `run`, `bench` and `template` drive the engine directly (no sessions, no tenants).
+//! `run` and `template` drive the engine directly (no sessions, no tenants); `bench`
+//! runs `forkbox-bench`'s benchmarks.
 
 mod api;
 mod bench;
-mod bench_cluster;
-mod bench_e2b;
-mod bench_http;
-mod bench_numpy;
-mod bench_tree;
 mod mcp;
 mod node;
 mod repl;
@@ -194,7 +190,7 @@ enum Command {
     Template(TemplateCommand),
     /// Benchmarks.
     #[command(subcommand)]
-    Bench(bench::BenchCommand),
+    Bench(forkbox_bench::BenchCommand<ImageArgs>),
     /// The nodes of a cluster (`serve --cluster`), through the server at --url (an admin key).
     #[command(subcommand)]
     Node(node::NodeCommand),

@@ -9,7 +9,8 @@
 
 use std::time::{Duration, Instant};
 
-use forkbox_server::{router, Inner, Server, ServerConfig};
+use forkbox_server::{router, Server};
+use forkbox_server_testkit::{assert_error, TestServer};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
@@ -17,120 +18,6 @@ use forkbox_testkit::shared;
 
 fn fresh_home() -> tempfile::TempDir {
     forkbox_testkit::fresh_home("forkbox-server-test-")
-}
-
-struct TestServer {
-    url: String,
-    key: String,
-    home: tempfile::TempDir,
-    http: reqwest::Client,
-}
-
-impl TestServer {
-    async fn start() -> TestServer {
-        TestServer::start_with(|_| {}).await
-    }
-
-    async fn start_with(tweak: impl FnOnce(&mut ServerConfig)) -> TestServer {
-        let home = fresh_home();
-        let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap(), home.path().to_path_buf());
-        // Execs on this test process' threads (the jailed workers have tests of their own).
-        cfg.runtime.isolation = forkbox_runtime::Isolation::Thread;
-        tweak(&mut cfg);
-        let h = home.path().to_path_buf();
-        let (state, key) = tokio::task::spawn_blocking(move || {
-            let state = Inner::with_runtime(forkbox_testkit::runtime(&cfg.home, cfg.runtime.clone()), cfg)
-                .expect("server state");
-            // The harness' own key is an unlimited admin key (the tests of limits make their own).
-            let key = forkbox_server::create_key_full(&h, "alice", &forkbox_server::KeyLimits::unlimited(), true)
-                .expect("create key");
-            (state, key)
-        })
-        .await
-        .unwrap();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            axum::serve(listener, router(state)).await.unwrap();
-        });
-        TestServer { url: format!("http://{addr}"), key, home, http: reqwest::Client::new() }
-    }
-
-    fn new_key(&self, tenant: &str) -> String {
-        forkbox_server::create_key_with(self.home.path(), tenant, &forkbox_server::KeyLimits::unlimited()).unwrap()
-    }
-
-    /// A key with the documented defaults for new keys.
-    fn default_key(&self, tenant: &str) -> String {
-        forkbox_server::create_key(self.home.path(), tenant).unwrap()
-    }
-
-    async fn call(
-        &self,
-        method: reqwest::Method,
-        path: &str,
-        key: Option<&str>,
-        body: Option<Value>,
-    ) -> (StatusCode, Value) {
-        let mut req = self.http.request(method, format!("{}{path}", self.url));
-        if let Some(k) = key {
-            req = req.bearer_auth(k);
-        }
-        if let Some(b) = body {
-            req = req.json(&b);
-        }
-        let resp = req.send().await.expect("request");
-        let status = resp.status();
-        let text = resp.text().await.unwrap();
-        let v = if text.is_empty() { Value::Null } else { serde_json::from_str(&text).unwrap_or(Value::String(text)) };
-        (status, v)
-    }
-
-    async fn post(&self, path: &str, body: Value) -> (StatusCode, Value) {
-        self.call(reqwest::Method::POST, path, Some(&self.key.clone()), Some(body)).await
-    }
-
-    async fn get(&self, path: &str) -> (StatusCode, Value) {
-        self.call(reqwest::Method::GET, path, Some(&self.key.clone()), None).await
-    }
-
-    async fn delete(&self, path: &str) -> (StatusCode, Value) {
-        self.call(reqwest::Method::DELETE, path, Some(&self.key.clone()), None).await
-    }
-
-    /// Raw body (for malformed JSON and oversized payloads).
-    async fn post_raw(&self, path: &str, body: Vec<u8>) -> (StatusCode, Value) {
-        let resp = self
-            .http
-            .post(format!("{}{path}", self.url))
-            .bearer_auth(&self.key)
-            .header("content-type", "application/json")
-            .body(body)
-            .send()
-            .await
-            .expect("request");
-        let status = resp.status();
-        (status, resp.json().await.unwrap_or(Value::Null))
-    }
-
-    async fn create_session(&self, body: Value) -> String {
-        let (st, v) = self.post("/v1/sessions", body).await;
-        assert_eq!(st, StatusCode::CREATED, "{v}");
-        v["id"].as_str().unwrap().to_string()
-    }
-
-    async fn sexec(&self, id: &str, code: &str) -> Value {
-        let (st, v) = self.post(&format!("/v1/sessions/{id}/exec"), json!({ "code": code })).await;
-        assert_eq!(st, StatusCode::OK, "exec {code:?}: {v}");
-        v
-    }
-}
-
-/// Assert an error response: status and `{"error": {"code", "message"}}`.
-fn assert_error(got: &(StatusCode, Value), status: StatusCode, code: &str) {
-    assert_eq!(got.0, status, "expected {status} {code}, got {} {}", got.0, got.1);
-    assert_eq!(got.1["error"]["code"], code, "{}", got.1);
-    assert!(got.1["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{}", got.1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -532,7 +419,7 @@ async fn auth_and_tenant_isolation() {
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
     assert_eq!(s.call(reqwest::Method::GET, "/healthz", None, None).await.0, StatusCode::OK);
     // Only hashes are stored.
-    let db = std::fs::read(forkbox_server::keys::keys_path(s.home.path())).unwrap();
+    let db = std::fs::read(forkbox_server::keys::keys_path(s.home())).unwrap();
     assert!(!db.windows(s.key.len()).any(|w| w == s.key.as_bytes()), "the key itself is in keys.db");
 
     let bob = s.new_key("bob");
@@ -580,7 +467,7 @@ async fn auth_and_tenant_isolation() {
     // A second key of the same tenant sees the same sessions.
     let alice2 = s.new_key("alice");
     assert_eq!(s.call(M::GET, &path, Some(&alice2), None).await.0, StatusCode::OK);
-    assert!(forkbox_server::create_key(s.home.path(), "bad tenant!").is_err());
+    assert!(forkbox_server::create_key(s.home(), "bad tenant!").is_err());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -644,9 +531,7 @@ async fn metrics_and_health() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_bind_run_and_graceful_shutdown() {
     let home = fresh_home();
-    let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap(), home.path().to_path_buf());
-    // Execs on this test process' threads (the jailed workers have tests of their own).
-    cfg.runtime.isolation = forkbox_runtime::Isolation::Thread;
+    let mut cfg = forkbox_server_testkit::config(home.path());
     cfg.runtime.image = Some(shared().image_path.clone());
     cfg.runtime.maintenance_every = Duration::from_millis(200);
     cfg.runtime.sessions.idle_timeout = Duration::from_millis(300);
@@ -857,18 +742,6 @@ async fn http_overhead_figures() {
 // Embedded router, per-key limits, OpenAPI, ForeverVM
 // ---------------------------------------------------------------------------
 
-async fn state_for(home: &std::path::Path, tweak: impl FnOnce(&mut ServerConfig)) -> forkbox_server::AppState {
-    let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap(), home.to_path_buf());
-    // Execs on this test process' threads (the jailed workers have tests of their own).
-    cfg.runtime.isolation = forkbox_runtime::Isolation::Thread;
-    tweak(&mut cfg);
-    tokio::task::spawn_blocking(move || {
-        Inner::with_runtime(forkbox_testkit::runtime(&cfg.home, cfg.runtime.clone()), cfg).expect("server state")
-    })
-    .await
-    .unwrap()
-}
-
 /// One request through the router in process (tower `oneshot`, no socket).
 async fn oneshot(app: &axum::Router, method: &str, path: &str, body: Option<Value>) -> (StatusCode, Value) {
     use tower::ServiceExt;
@@ -894,7 +767,7 @@ async fn oneshot(app: &axum::Router, method: &str, path: &str, body: Option<Valu
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedded_router_is_the_same_api_for_a_fixed_tenant() {
     let home = fresh_home();
-    let state = state_for(home.path(), |_| {}).await;
+    let state = forkbox_server_testkit::state(forkbox_server_testkit::config(home.path())).await;
     let app = forkbox_server::embedded_router(state.clone(), "local");
     // No key needed; the tenant is fixed.
     let (st, v) = oneshot(&app, "POST", "/v1/exec", Some(json!({ "code": "print('hi')\n6 * 7" }))).await;
@@ -926,7 +799,7 @@ async fn embedded_router_is_the_same_api_for_a_fixed_tenant() {
 }
 
 fn limited_key(s: &TestServer, tenant: &str, limits: forkbox_server::KeyLimits) -> String {
-    forkbox_server::create_key_with(s.home.path(), tenant, &limits).unwrap()
+    s.key_with(tenant, &limits)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1011,7 +884,7 @@ async fn per_key_session_and_disk_quotas_get_403() {
     let (st, v) = s.call(M::GET, &format!("/v1/sessions/{a}/checkpoints"), Some(&key), None).await;
     assert_eq!(st, StatusCode::OK, "{v}");
     assert_eq!(v["checkpoints"].as_array().map(|c| c.len()), Some(1), "{v}");
-    assert!(std::fs::read_dir(s.home.path().join("sessions/layers"))
+    assert!(std::fs::read_dir(s.home().join("sessions/layers"))
         .unwrap()
         .flatten()
         .all(|e| !e.file_name().to_string_lossy().ends_with(".tmp")));
@@ -1719,7 +1592,7 @@ async fn a_full_disk_is_507_for_the_writer_and_deletes_still_work() {
     let id = s.create_session(json!({})).await;
     let got = s.post(&format!("/v1/sessions/{id}/exec"), json!({ "code": "x = 1" })).await;
     assert_error(&got, StatusCode::INSUFFICIENT_STORAGE, "insufficient_storage");
-    let layers = s.home.path().join("sessions/layers");
+    let layers = s.home().join("sessions/layers");
     assert_eq!(std::fs::read_dir(&layers).unwrap().count(), 0, "files left by a refused checkpoint");
     // Reads and deletes work; another request that writes nothing works.
     assert_eq!(s.get(&format!("/v1/sessions/{id}")).await.0, StatusCode::OK);
@@ -1735,7 +1608,7 @@ async fn no_error_body_carries_a_host_path() {
     s.sexec(&id, "x = 1").await;
     s.sexec(&id, "y = 2").await;
     // Damage the checkpoint files on disk, then make the session come back from them.
-    let layers = s.home.path().join("sessions/layers");
+    let layers = s.home().join("sessions/layers");
     for e in std::fs::read_dir(&layers).unwrap().flatten() {
         std::fs::write(e.path(), b"garbage").unwrap();
     }
@@ -1744,7 +1617,7 @@ async fn no_error_body_carries_a_host_path() {
     let (st, v) = s.post(&format!("/v1/sessions/{id}/exec"), json!({ "code": "x" })).await;
     assert!(st.is_server_error(), "{st} {v}");
     let text = v.to_string();
-    let home = s.home.path().display().to_string();
+    let home = s.home().display().to_string();
     assert!(!text.contains(&home), "host path in {text}");
     assert!(!text.contains("/tmp/") && !text.contains(&shared().home.display().to_string()), "host path in {text}");
     // Guest paths in file errors are not host paths and stay.
@@ -2165,9 +2038,7 @@ async fn session_exec_timeout_is_bounded_by_the_session_and_patch_changes_limits
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn patched_tags_and_limits_survive_a_restart() {
     let home = fresh_home();
-    let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap(), home.path().to_path_buf());
-    // Execs on this test process' threads (the jailed workers have tests of their own).
-    cfg.runtime.isolation = forkbox_runtime::Isolation::Thread;
+    let mut cfg = forkbox_server_testkit::config(home.path());
     cfg.runtime.image = Some(shared().image_path.clone());
     let server = Server::bind(cfg.clone()).await.expect("bind");
     let key = server.created_key.clone().expect("a key");
@@ -2516,8 +2387,6 @@ async fn command_bad_bodies_unknown_sessions_busy_and_timeouts() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_keys_limits_list_pages_and_revoke() {
     let s = TestServer::start().await;
-    // The sealing key `serve` installs (the harness opens its state without it).
-    forkbox_server::seal_secrets_json(s.home.path(), "{}").unwrap();
     let value = "sk-admin-list-9c1e5b7a3d";
     let (st, made) = s
         .post(
@@ -2643,8 +2512,7 @@ async fn admin_keys_limits_list_pages_and_revoke() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_revoked_in_the_store_stops_working_on_a_running_server() {
     let home = fresh_home();
-    let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap(), home.path().to_path_buf());
-    cfg.runtime.isolation = forkbox_runtime::Isolation::Thread;
+    let mut cfg = forkbox_server_testkit::config(home.path());
     cfg.runtime.image = Some(shared().image_path.clone());
     let server = Server::bind(cfg).await.expect("bind");
     let admin = server.created_key.clone().expect("a key");

@@ -22,13 +22,10 @@ use forkbox_testkit::s3::S3;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-mod common;
-use common::Node;
+use forkbox_server_testkit::Node;
 
 fn config(home: &std::path::Path, pg: &Postgres, s3: &S3, node: &str) -> ServerConfig {
-    let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap(), home.to_path_buf());
-    // Execs on this test process' threads (the jailed workers have tests of their own).
-    cfg.runtime.isolation = forkbox_runtime::Isolation::Thread;
+    let mut cfg = forkbox_server_testkit::config(home);
     cfg.runtime.sessions.database = Some(pg.url());
     cfg.runtime.sessions.objects = Some(s3.config());
     // (The URL: the address it binds.)
@@ -40,7 +37,13 @@ fn config(home: &std::path::Path, pg: &Postgres, s3: &S3, node: &str) -> ServerC
     cfg
 }
 
-impl Node {
+/// The calls of these tests, with the node's key; they must succeed.
+trait Calls {
+    async fn post(&self, path: &str, body: Value) -> Value;
+    async fn value(&self, id: &str, code: &str) -> Value;
+}
+
+impl Calls for Node {
     async fn post(&self, path: &str, body: Value) -> Value {
         let (st, v) = self.call(reqwest::Method::POST, path, Some(body.clone())).await;
         assert!(st.is_success(), "POST {path} {body}: {st} {v}");

@@ -8,10 +8,10 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use base64::Engine as _;
-use forkbox_runtime::{Runtime, RuntimeConfig};
-use forkbox_server::{router, Inner, ServerConfig};
+use forkbox_runtime::Runtime;
+use forkbox_server_testkit::{Key, TestServer};
 use reqwest::StatusCode;
-use serde_json::{json, Value};
+use serde_json::json;
 
 /// The shared home with the data template built (once per binary).
 fn shared_home() -> &'static PathBuf {
@@ -40,59 +40,17 @@ fn fresh_home() -> tempfile::TempDir {
     dir
 }
 
-struct TestServer {
-    url: String,
-    key: String,
-    http: reqwest::Client,
-    task: tokio::task::JoinHandle<()>,
-}
-
+/// A server on `home` whose default template is `default_template`; its
+/// key has the defaults of a new key.
 async fn start(home: &Path, default_template: &str) -> TestServer {
-    let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap(), home.to_path_buf());
-    // Execs on this test process' threads (the jailed workers have tests of their own).
-    cfg.runtime.isolation = forkbox_runtime::Isolation::Thread;
-    cfg.runtime.template = Some(default_template.to_string());
-    let h = home.to_path_buf();
-    let (state, key) = tokio::task::spawn_blocking(move || {
-        let rt_cfg: RuntimeConfig = cfg.runtime.clone();
-        let rt = Runtime::open(&cfg.home, rt_cfg).unwrap_or_else(|e| panic!("runtime: {e}"));
-        let state = Inner::with_runtime(rt, cfg).expect("server state");
-        let key = forkbox_server::create_key(&h, "alice").expect("create key");
-        (state, key)
-    })
-    .await
-    .unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let task = tokio::spawn(async move {
-        axum::serve(listener, router(state)).await.unwrap();
-    });
-    TestServer { url: format!("http://{addr}"), key, http: reqwest::Client::new(), task }
-}
-
-impl TestServer {
-    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
-        let mut req = self.http.request(method, format!("{}{path}", self.url)).bearer_auth(&self.key);
-        if let Some(b) = body {
-            req = req.json(&b);
-        }
-        let resp = req.send().await.expect("request");
-        let status = resp.status();
-        let text = resp.text().await.unwrap();
-        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
-    }
-
-    async fn post(&self, path: &str, body: Value) -> (StatusCode, Value) {
-        self.call(reqwest::Method::POST, path, Some(body)).await
-    }
-
-    /// A session exec that must succeed without a Python error.
-    async fn exec_ok(&self, sid: &str, code: &str) -> Value {
-        let (st, r) = self.post(&format!("/v1/sessions/{sid}/exec"), json!({"code": code})).await;
-        assert_eq!(st, StatusCode::OK, "{r}");
-        assert!(r["error"].is_null(), "{code}\n-> {}", r["error"]["traceback"]);
-        r
-    }
+    let default_template = default_template.to_string();
+    TestServer::options()
+        .at(home)
+        .key("alice", Key::Defaults)
+        .config(move |cfg| cfg.runtime.template = Some(default_template))
+        .runtime(|cfg| Runtime::open(&cfg.home, cfg.runtime.clone()).unwrap_or_else(|e| panic!("runtime: {e}")))
+        .start()
+        .await
 }
 
 /// Width, height of a PNG (IHDR, after checking the signature and the chunk's CRC-free layout).
@@ -109,7 +67,7 @@ async fn data_template_end_to_end() {
     let s = start(home.path(), "data").await;
 
     // The template list names both; data is the default and ready.
-    let (st, t) = s.call(reqwest::Method::GET, "/v1/templates", None).await;
+    let (st, t) = s.get("/v1/templates").await;
     assert_eq!(st, StatusCode::OK, "{t}");
     assert_eq!(t["default"], "data");
     let names: Vec<&str> = t["templates"].as_array().unwrap().iter().map(|x| x["name"].as_str().unwrap()).collect();
@@ -224,10 +182,9 @@ async fn data_template_end_to_end() {
     assert_eq!(r["value"], "(3.0, -1.0, 2.0, 3.0, 5.0, 305.0)", "{r}");
 
     // Restart on another default: the data session keeps working, state intact.
-    s.task.abort();
-    drop(s); // its client's idle connections hold the old server's state
+    s.stop(); // (and its client's idle connections, which hold the old server's state)
     let s2 = start(home.path(), "python").await;
-    let (st, v) = s2.call(reqwest::Method::GET, &format!("/v1/sessions/{sid}"), None).await;
+    let (st, v) = s2.get(&format!("/v1/sessions/{sid}")).await;
     assert_eq!(st, StatusCode::OK, "{v}");
     // The session stays pinned to its template id. (Its name is reported only
     // while that template is loaded by name; after a restart it is opened by id.)

@@ -8,20 +8,25 @@
 
 use std::time::Duration;
 
-use forkbox_server::ServerConfig;
 use forkbox_sessions::output::{OUTPUT_MAX, TEXT_MAX};
 use forkbox_sessions::store::Store;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
-mod common;
-use common::Node;
+use forkbox_server_testkit::Node;
 
 /// A 2x2 red PNG, base64.
 const PNG: &str =
     "iVBORw0KGgoAAAANSUhEUgAAAAIAAAACCAIAAAD91JpzAAAAFklEQVR4nGP4z8DAwPCfgeE/AwPDfwAAPdIF+0tdXKsAAAAASUVORK5CYII=";
 
-impl Node {
+/// The calls of these tests, with the node's key.
+trait Calls {
+    async fn exec(&self, id: &str, code: &str) -> Value;
+    async fn get(&self, path: &str) -> (StatusCode, Value);
+    async fn history(&self, id: &str) -> Value;
+}
+
+impl Calls for Node {
     async fn exec(&self, id: &str, code: &str) -> Value {
         let (st, v) = self.call(Method::POST, &format!("/v1/sessions/{id}/exec"), Some(json!({ "code": code }))).await;
         assert_eq!(st, StatusCode::OK, "exec {code:?}: {v}");
@@ -65,9 +70,7 @@ fn check_first_calls(h: &Value) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn history_survives_eviction_revert_and_a_restart_is_bounded_and_private() {
     let home = forkbox_testkit::fresh_home("forkbox-history-test-");
-    let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap(), home.path().to_path_buf());
-    // Execs on this test process' threads (the jailed workers have tests of their own).
-    cfg.runtime.isolation = forkbox_runtime::Isolation::Thread;
+    let mut cfg = forkbox_server_testkit::config(home.path());
     cfg.runtime.image = Some(forkbox_testkit::shared().image_path.clone());
     // An unlimited key: the test's requests come faster than a default key's rate.
     let key =

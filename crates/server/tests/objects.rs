@@ -9,78 +9,33 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use forkbox_runtime::ObjectsConfig;
-use forkbox_server::{router, Inner, ServerConfig};
+use forkbox_server_testkit::TestServer;
 use forkbox_testkit::s3::S3;
 use reqwest::StatusCode;
-use serde_json::{json, Value};
+use serde_json::json;
 use sha2::{Digest, Sha256};
 
-struct TestServer {
-    url: String,
-    key: String,
-    home: tempfile::TempDir,
-    http: reqwest::Client,
+/// A server of this binary whose checkpoints go to `objects`.
+async fn start(objects: ObjectsConfig) -> TestServer {
+    TestServer::options()
+        .prefix("forkbox-objects-test-")
+        .config(move |cfg| cfg.runtime.sessions.objects = Some(objects))
+        .start()
+        .await
 }
 
-impl TestServer {
-    async fn start(objects: ObjectsConfig) -> TestServer {
-        let home = forkbox_testkit::fresh_home("forkbox-objects-test-");
-        let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap(), home.path().to_path_buf());
-        // Execs on this test process' threads (the jailed workers have tests of their own).
-        cfg.runtime.isolation = forkbox_runtime::Isolation::Thread;
-        cfg.runtime.sessions.objects = Some(objects);
-        let h = home.path().to_path_buf();
-        let (state, key) = tokio::task::spawn_blocking(move || {
-            let state = Inner::with_runtime(forkbox_testkit::runtime(&cfg.home, cfg.runtime.clone()), cfg)
-                .expect("server state");
-            let key = forkbox_server::create_key_full(&h, "alice", &forkbox_server::KeyLimits::unlimited(), true)
-                .expect("key");
-            (state, key)
-        })
-        .await
-        .unwrap();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            axum::serve(listener, router(state)).await.unwrap();
-        });
-        TestServer { url: format!("http://{addr}"), key, home, http: reqwest::Client::new() }
-    }
+/// What these tests look at beside the API: the local checkpoint directory.
+trait Layers {
+    async fn evict(&self, id: &str);
+    fn layers(&self) -> PathBuf;
+    fn local_files(&self) -> Vec<(String, String, u64)>;
+    fn wipe_cache(&self) -> usize;
+}
 
-    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
-        let mut req = self.http.request(method, format!("{}{path}", self.url)).bearer_auth(&self.key);
-        if let Some(b) = body {
-            req = req.json(&b);
-        }
-        let resp = req.send().await.expect("request");
-        let status = resp.status();
-        let text = resp.text().await.unwrap();
-        (status, if text.is_empty() { Value::Null } else { serde_json::from_str(&text).unwrap_or(Value::String(text)) })
-    }
-
-    async fn post(&self, path: &str, body: Value) -> (StatusCode, Value) {
-        self.call(reqwest::Method::POST, path, Some(body)).await
-    }
-
-    async fn create_session(&self) -> String {
-        let (st, v) = self.post("/v1/sessions", json!({})).await;
-        assert_eq!(st, StatusCode::CREATED, "{v}");
-        v["id"].as_str().unwrap().to_string()
-    }
-
-    async fn exec(&self, id: &str, code: &str) -> (StatusCode, Value) {
-        self.post(&format!("/v1/sessions/{id}/exec"), json!({ "code": code })).await
-    }
-
-    async fn sexec(&self, id: &str, code: &str) -> Value {
-        let (st, v) = self.exec(id, code).await;
-        assert_eq!(st, StatusCode::OK, "exec {code:?}: {v}");
-        v
-    }
-
+impl Layers for TestServer {
     /// Drop the session's sandbox (a revert to its own head): its next exec resumes from its files.
     async fn evict(&self, id: &str) {
-        let (st, v) = self.call(reqwest::Method::GET, &format!("/v1/sessions/{id}"), None).await;
+        let (st, v) = self.get(&format!("/v1/sessions/{id}")).await;
         assert_eq!(st, StatusCode::OK, "{v}");
         let head = v["checkpoint"].as_i64().expect("the session's checkpoint");
         let (st, v) = self.post(&format!("/v1/sessions/{id}/revert"), json!({ "checkpoint": head })).await;
@@ -88,7 +43,7 @@ impl TestServer {
     }
 
     fn layers(&self) -> PathBuf {
-        self.home.path().join("sessions/layers")
+        self.home().join("sessions/layers")
     }
 
     /// Name -> SHA-256 of every checkpoint file in the local directory.
@@ -120,8 +75,8 @@ impl TestServer {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checkpoints_land_in_the_bucket_and_a_wiped_cache_resumes_from_it() {
     let s3 = S3::start();
-    let s = TestServer::start(s3.config()).await;
-    let id = s.create_session().await;
+    let s = start(s3.config()).await;
+    let id = s.create_session(json!({})).await;
     assert_eq!(s.sexec(&id, "x = 41").await["checkpoint"], 1);
     // A file written in the session: its bytes go in a pack (`.files`) of checkpoint 2.
     let code = "open('/tmp/note.txt', 'w').write('kept in a pack')\ny = [1, 2, 3]";
@@ -154,7 +109,7 @@ async fn checkpoints_land_in_the_bucket_and_a_wiped_cache_resumes_from_it() {
     assert_eq!(v["value"], "(41, False)", "{v}");
     // Deleting the sessions deletes their objects (gc), down to an empty prefix.
     for sid in [&fid, &id] {
-        let (st, v) = s.call(reqwest::Method::DELETE, &format!("/v1/sessions/{sid}"), None).await;
+        let (st, v) = s.delete(&format!("/v1/sessions/{sid}")).await;
         assert_eq!(st, StatusCode::NO_CONTENT, "{v}");
     }
     assert_eq!(s3.objects(), BTreeSet::new(), "objects left after the sessions were deleted");
@@ -164,8 +119,8 @@ async fn checkpoints_land_in_the_bucket_and_a_wiped_cache_resumes_from_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn object_store_down_is_503_storage_unavailable_and_the_session_stays_at_its_checkpoint() {
     let mut s3 = S3::start();
-    let s = TestServer::start(s3.config()).await;
-    let id = s.create_session().await;
+    let s = start(s3.config()).await;
+    let id = s.create_session(json!({})).await;
     assert_eq!(s.sexec(&id, "x = 1").await["checkpoint"], 1);
     let files_before = s.local_files();
     let objects_before = s3.objects();
@@ -176,10 +131,10 @@ async fn object_store_down_is_503_storage_unavailable_and_the_session_stays_at_i
     assert_eq!(v["error"]["checkpoint"], 1, "the session stays at checkpoint 1: {v}");
     let msg = v["error"]["message"].as_str().unwrap();
     assert!(msg.contains("not committed"), "{msg}");
-    assert!(!msg.contains(&s.home.path().display().to_string()), "host path in {msg}");
+    assert!(!msg.contains(&s.home().display().to_string()), "host path in {msg}");
     // Nothing of the refused checkpoint is left locally or recorded.
     assert_eq!(s.local_files(), files_before);
-    let (_, cps) = s.call(reqwest::Method::GET, &format!("/v1/sessions/{id}/checkpoints"), None).await;
+    let (_, cps) = s.get(&format!("/v1/sessions/{id}/checkpoints")).await;
     assert_eq!(cps.as_array().map(Vec::len).or_else(|| cps["checkpoints"].as_array().map(Vec::len)), Some(1), "{cps}");
     // Still down: refused again, same state.
     let (st, v) = s.exec(&id, "x = 3").await;
@@ -199,8 +154,8 @@ async fn object_store_down_is_503_storage_unavailable_and_the_session_stays_at_i
 async fn the_local_cache_stays_within_its_bound() {
     let s3 = S3::start();
     let bound = 2u64 << 20;
-    let s = TestServer::start(ObjectsConfig { cache_bytes: Some(bound), ..s3.config() }).await;
-    let id = s.create_session().await;
+    let s = start(ObjectsConfig { cache_bytes: Some(bound), ..s3.config() }).await;
+    let id = s.create_session(json!({})).await;
     s.sexec(&id, "import random\nbufs = []").await;
     // Each exec dirties ~1 MiB of fresh, incompressible pages: a checkpoint of over 1 MiB.
     for i in 0..6 {

@@ -9,7 +9,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use forkbox_server::{router, Inner, ServerConfig};
+use forkbox_server_testkit::{Key, TestServer};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
@@ -50,100 +50,60 @@ open(os.path.join(out, 'onlysdist-1.0.tar.gz'), 'wb').write(b'an sdist is never 
     assert!(st.success(), "writing the wheelhouse");
 }
 
-struct TestServer {
-    url: String,
-    key: String,
-    home: tempfile::TempDir,
+/// A server of these tests and the wheelhouse its pip reads.
+struct Server {
+    s: TestServer,
     house: tempfile::TempDir,
-    http: reqwest::Client,
-    state: forkbox_server::AppState,
 }
 
-async fn start() -> TestServer {
+impl std::ops::Deref for Server {
+    type Target = TestServer;
+    fn deref(&self) -> &TestServer {
+        &self.s
+    }
+}
+
+async fn start() -> Server {
     start_with(forkbox_server::KeyLimits::unlimited()).await
 }
 
 /// A server whose key has `limits`.
-async fn start_with(limits: forkbox_server::KeyLimits) -> TestServer {
+async fn start_with(limits: forkbox_server::KeyLimits) -> Server {
     let home = tempfile::Builder::new().prefix("forkbox-packages-test-").tempdir().unwrap();
     let house = tempfile::Builder::new().prefix("forkbox-wheelhouse-").tempdir().unwrap();
     // The confined pip (uid 65534 when the server is root) reads it.
     std::fs::set_permissions(house.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     wheelhouse(house.path());
-    let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap(), home.path().to_path_buf());
-    // Execs on this test process' threads (the jailed workers have tests of their own).
-    cfg.runtime.isolation = forkbox_runtime::Isolation::Thread;
-    cfg.runtime.pip = forkbox_runtime::PipSource {
-        index_url: None,
-        find_links: vec![house.path().display().to_string()],
-        no_index: true,
-    };
-    cfg.runtime.packages = forkbox_runtime::PackagePolicy { allow: vec![], deny: vec!["FBXEvil".into()] };
-    // Room for the concurrent first installs of one key (the per-key cap is a server setting).
-    cfg.key_installs = 8;
-    cfg.runtime.sessions.idle_timeout = Duration::from_secs(1);
-    cfg.runtime.maintenance_every = Duration::from_millis(200);
-    let h = home.path().to_path_buf();
-    let (state, key) = tokio::task::spawn_blocking(move || {
+    let links = house.path().display().to_string();
+    let s = TestServer::options()
+        .home(home)
+        .key("alice", Key::Limits(limits))
+        .config(move |cfg| {
+            cfg.runtime.pip = forkbox_runtime::PipSource { index_url: None, find_links: vec![links], no_index: true };
+            cfg.runtime.packages = forkbox_runtime::PackagePolicy { allow: vec![], deny: vec!["FBXEvil".into()] };
+            // Room for the concurrent first installs of one key (the per-key cap is a server setting).
+            cfg.key_installs = 8;
+            cfg.runtime.sessions.idle_timeout = Duration::from_secs(1);
+            cfg.runtime.maintenance_every = Duration::from_millis(200);
+        })
         // An engine of its own: an engine keeps the package layers of the first
         // data directory that uses it, and each test here has its own.
-        let shared = forkbox_testkit::shared();
-        let engine = std::sync::Arc::new(forkbox_engine::Engine::open(&shared.image_path).expect("engine"));
-        let rt = forkbox_runtime::Runtime::with_engine(engine, shared.template.clone(), &cfg.home, cfg.runtime.clone())
-            .expect("runtime");
-        let state = Inner::with_runtime(rt, cfg).expect("server state");
-        state.runtime.start_maintenance(|_| {});
-        let key = forkbox_server::create_key_with(&h, "alice", &limits).unwrap();
-        (state, key)
-    })
-    .await
-    .unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let st = state.clone();
-    tokio::spawn(async move {
-        axum::serve(listener, router(st)).await.unwrap();
-    });
-    TestServer { url: format!("http://{addr}"), key, home, house, http: reqwest::Client::new(), state }
+        .runtime(|cfg| {
+            let shared = forkbox_testkit::shared();
+            let engine = std::sync::Arc::new(forkbox_engine::Engine::open(&shared.image_path).expect("engine"));
+            forkbox_runtime::Runtime::with_engine(engine, shared.template.clone(), &cfg.home, cfg.runtime.clone())
+                .expect("runtime")
+        })
+        .maintenance()
+        .start()
+        .await;
+    Server { s, house }
 }
 
-impl TestServer {
-    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
-        let mut req = self.http.request(method, format!("{}{path}", self.url)).bearer_auth(&self.key);
-        if let Some(b) = body {
-            req = req.json(&b);
-        }
-        let resp = req.send().await.expect("request");
-        let status = resp.status();
-        let text = resp.text().await.unwrap();
-        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
-    }
-
-    async fn post(&self, path: &str, body: Value) -> (StatusCode, Value) {
-        self.call(reqwest::Method::POST, path, Some(body)).await
-    }
-
-    async fn get(&self, path: &str) -> (StatusCode, Value) {
-        self.call(reqwest::Method::GET, path, None).await
-    }
-
-    async fn session(&self) -> String {
-        let (st, v) = self.post("/v1/sessions", json!({})).await;
-        assert_eq!(st, StatusCode::CREATED, "{v}");
-        v["id"].as_str().unwrap().to_string()
-    }
-
-    /// An exec that must succeed without a Python error.
-    async fn exec(&self, id: &str, code: &str) -> Value {
-        let (st, v) = self.post(&format!("/v1/sessions/{id}/exec"), json!({ "code": code })).await;
-        assert_eq!(st, StatusCode::OK, "{code}: {v}");
-        assert!(v["error"].is_null(), "{code}: {v}");
-        v
-    }
-
+impl Server {
     /// The package layers on disk (wheel hashes).
     fn layers(&self) -> Vec<String> {
-        let mut v: Vec<String> = std::fs::read_dir(self.home.path().join("packages"))
+        let mut v: Vec<String> = std::fs::read_dir(self.home().join("packages"))
             .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
             .unwrap_or_default();
         v.sort();
@@ -162,11 +122,11 @@ fn assert_error(got: &(StatusCode, Value), status: StatusCode, code: &str, names
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn pip_install_at_run_time() {
     let s = start().await;
-    let a = s.session().await;
+    let a = s.create_session(json!({})).await;
 
     // A `%pip install` line: served by the host, pip-like output where the line was.
     let r = s
-        .exec(
+        .exec_ok(
             &a,
             "print('before')\n%pip install fbxpkg==1.0 -q\nimport fbxpkg\nprint(fbxpkg.double(21), fbxpkg.dep_value())",
         )
@@ -177,12 +137,12 @@ async fn pip_install_at_run_time() {
     assert!(out.contains("Successfully installed fbxdep-1.0 fbxpkg-1.0\n42 7\n"), "{out}");
     let seq = r["checkpoint"].as_i64().unwrap();
     // The next exec uses it (a fresh import of the dependency too).
-    let r = s.exec(&a, "import fbxdep\n(fbxpkg.GREETING, fbxdep.VALUE)").await;
+    let r = s.exec_ok(&a, "import fbxdep\n(fbxpkg.GREETING, fbxdep.VALUE)").await;
     assert_eq!(r["value"], "('hello from a wheel', 7)");
     let layers = s.layers();
     assert_eq!(layers.len(), 2, "one layer per wheel: {layers:?}");
     for l in &layers {
-        let img = s.home.path().join("packages").join(l).join("layer.img");
+        let img = s.home().join("packages").join(l).join("layer.img");
         assert!(std::fs::metadata(&img).unwrap().permissions().readonly(), "{l} is read-only");
     }
     // The checkpoint holds a reference to the layer, not its 300 KB file.
@@ -196,10 +156,10 @@ async fn pip_install_at_run_time() {
     assert_eq!(st, StatusCode::CREATED, "{f}");
     let b = f["id"].as_str().unwrap().to_string();
     let read_data = "import fbxpkg, os\nd = open(os.path.join(os.path.dirname(fbxpkg.__file__), 'data.bin'), 'rb').read()\n(len(d), d[:3].hex())";
-    let r = s.exec(&b, read_data).await;
+    let r = s.exec_ok(&b, read_data).await;
     assert_eq!(r["value"], format!("({DATA_BYTES}, '008a19')"));
     // Writing to a package file in the fork copies it there only.
-    s.exec(&b, "open(fbxpkg.__file__, 'a').write('\\nFORKED = 1\\n')").await;
+    s.exec_ok(&b, "open(fbxpkg.__file__, 'a').write('\\nFORKED = 1\\n')").await;
 
     // Eviction + resume: the session comes back from disk with the layer mounted again.
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -211,15 +171,15 @@ async fn pip_install_at_run_time() {
         assert!(Instant::now() < deadline, "session never evicted: {g}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let r = s.exec(&a, read_data).await;
+    let r = s.exec_ok(&a, read_data).await;
     assert_eq!(r["value"], format!("({DATA_BYTES}, '008a19')"));
-    let r = s.exec(&a, "import importlib, fbxdep\nimportlib.reload(fbxdep).VALUE + fbxpkg.double(5)").await;
+    let r = s.exec_ok(&a, "import importlib, fbxdep\nimportlib.reload(fbxdep).VALUE + fbxpkg.double(5)").await;
     assert_eq!(r["value"], "17");
-    let r = s.exec(&a, "'FORKED' in open(fbxpkg.__file__).read()").await;
+    let r = s.exec_ok(&a, "'FORKED' in open(fbxpkg.__file__).read()").await;
     assert_eq!(r["value"], "False", "the fork's write stays in the fork");
 
     // The API route, in a new session: same layers (no new one), then imports work.
-    let c = s.session().await;
+    let c = s.create_session(json!({})).await;
     let (st, v) = s.post(&format!("/v1/sessions/{c}/packages"), json!({ "packages": ["fbxpkg"] })).await;
     assert_eq!(st, StatusCode::OK, "{v}");
     let names: Vec<&str> = v["packages"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
@@ -232,7 +192,7 @@ async fn pip_install_at_run_time() {
     assert!(v["output"].as_str().unwrap().contains("Successfully installed fbxdep-1.0 fbxpkg-1.0"), "{v}");
     assert!(v["checkpoint"].is_i64(), "{v}");
     assert_eq!(s.layers(), layers, "the same wheels share their layers");
-    let r = s.exec(&c, "import fbxpkg\nfbxpkg.double(4)").await;
+    let r = s.exec_ok(&c, "import fbxpkg\nfbxpkg.double(4)").await;
     assert_eq!(r["value"], "8");
     // Again: already satisfied, nothing new, no checkpoint.
     let (st, v) = s.post(&format!("/v1/sessions/{c}/packages"), json!({ "packages": ["fbxpkg==1.0"] })).await;
@@ -276,7 +236,7 @@ async fn pip_install_at_run_time() {
     assert_error(&got, StatusCode::UNPROCESSABLE_ENTITY, "package_needs_build", "onlysdist");
     let got = s.post(&format!("/v1/sessions/{c}/exec"), json!({ "code": "%pip install -r requirements.txt" })).await;
     assert_error(&got, StatusCode::BAD_REQUEST, "invalid_request", "-r");
-    let r = s.exec(&c, "'x' in globals(), fbxpkg.double(1)").await;
+    let r = s.exec_ok(&c, "'x' in globals(), fbxpkg.double(1)").await;
     assert_eq!(r["value"], "(False, 2)");
     assert!(s.layers().len() == 2, "refused installs leave no layer: {:?}", s.layers());
 }
@@ -388,7 +348,7 @@ async fn a_spec_naming_a_local_file_is_refused_and_nothing_runs() {
     let bad =
         [sdist.clone(), wheel.clone(), abs_wheel.clone(), format!("./{wheel}"), "./x".into(), "/tmp/x.whl".into()];
 
-    let a = s.session().await;
+    let a = s.create_session(json!({})).await;
     let url = format!("/v1/sessions/{a}/packages");
     for spec in &bad {
         let got = s.post(&url, json!({ "packages": [spec] })).await;
@@ -401,7 +361,7 @@ async fn a_spec_naming_a_local_file_is_refused_and_nothing_runs() {
     let got = s.post(&url, json!({ "packages": [sdist] })).await;
     assert!(got.1["error"]["message"].as_str().unwrap().contains("names a file"), "{}", got.1);
     // Nothing was installed, nothing was built.
-    let r = s.exec(&a, &format!("import importlib.util\nimportlib.util.find_spec('{wheel_name}') is None")).await;
+    let r = s.exec_ok(&a, &format!("import importlib.util\nimportlib.util.find_spec('{wheel_name}') is None")).await;
     assert_eq!(r["value"], "True");
     assert!(s.layers().is_empty(), "{:?}", s.layers());
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -417,7 +377,7 @@ async fn an_sdist_only_package_is_refused_without_building() {
     std::fs::set_permissions(marks.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
     let marker = marks.path().join("ran");
     write_sdist(s.house.path(), "fbxsdist", &marker);
-    let a = s.session().await;
+    let a = s.create_session(json!({})).await;
     for spec in ["fbxsdist", "fbxsdist==1.0"] {
         let got = s.post(&format!("/v1/sessions/{a}/packages"), json!({ "packages": [spec] })).await;
         assert_error(&got, StatusCode::UNPROCESSABLE_ENTITY, "package_needs_build", "fbxsdist");
@@ -453,7 +413,7 @@ async fn a_wheel_bomb_is_refused_with_bounded_memory() {
     .unwrap();
     let size = std::fs::metadata(s.house.path().join("fbxbomb-1.0-py3-none-any.whl")).unwrap().len();
     assert!(size < 8 << 20, "the bomb is small: {size}");
-    let a = s.session().await;
+    let a = s.create_session(json!({})).await;
 
     let before = rss_kb();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -476,7 +436,7 @@ async fn a_wheel_bomb_is_refused_with_bounded_memory() {
     assert_error(&got, StatusCode::FORBIDDEN, "quota_exceeded", "fbxbomb");
     assert!(peak < before + (128 << 10), "the API grew from {before} to {peak} KiB");
     assert!(s.layers().is_empty(), "no layer of the bomb: {:?}", s.layers());
-    let leftovers: Vec<_> = std::fs::read_dir(s.home.path().join("tmp"))
+    let leftovers: Vec<_> = std::fs::read_dir(s.home().join("tmp"))
         .map(|rd| rd.flatten().map(|e| e.file_name()).collect())
         .unwrap_or_default();
     assert!(leftovers.is_empty(), "nothing unpacked is left: {leftovers:?}");
@@ -494,7 +454,7 @@ async fn concurrent_first_installs_of_one_wheel_all_succeed() {
     );
     let mut ids = Vec::new();
     for _ in 0..3 {
-        ids.push(s.session().await);
+        ids.push(s.create_session(json!({})).await);
     }
     let urls: Vec<String> = ids.iter().map(|id| format!("/v1/sessions/{id}/packages")).collect();
     let body = json!({ "packages": ["fbxrace"] });
@@ -503,9 +463,9 @@ async fn concurrent_first_installs_of_one_wheel_all_succeed() {
         assert_eq!(g.0, StatusCode::OK, "{}", g.1);
     }
     for id in &ids {
-        assert_eq!(s.exec(id, "import fbxrace\nfbxrace.V").await["value"], "3");
+        assert_eq!(s.exec_ok(id, "import fbxrace\nfbxrace.V").await["value"], "3");
     }
-    let wheels = s.home.path().join("cache/wheels");
+    let wheels = s.home().join("cache/wheels");
     let names: Vec<String> =
         std::fs::read_dir(&wheels).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
     assert!(names.iter().all(|n| n.len() == 64), "no temporary file left: {names:?}");
@@ -522,7 +482,7 @@ async fn a_layer_beyond_the_disk_quota_is_refused() {
         "fbxbig",
         &[("fbxbig/__init__.py", "text", ""), ("fbxbig/blob.bin", "random", "12000000")],
     );
-    let a = s.session().await;
+    let a = s.create_session(json!({})).await;
     let got = s.post(&format!("/v1/sessions/{a}/packages"), json!({ "packages": ["fbxbig"] })).await;
     assert_error(&got, StatusCode::FORBIDDEN, "quota_exceeded", "fbxbig");
     let got = s.post(&format!("/v1/sessions/{a}/exec"), json!({ "code": "%pip install fbxbig" })).await;
@@ -531,7 +491,7 @@ async fn a_layer_beyond_the_disk_quota_is_refused() {
     // A small one fits; counted once however many sessions use it.
     let (st, v) = s.post(&format!("/v1/sessions/{a}/packages"), json!({ "packages": ["fbxdep"] })).await;
     assert_eq!(st, StatusCode::OK, "{v}");
-    let b = s.session().await;
+    let b = s.create_session(json!({})).await;
     let (st, v) = s.post(&format!("/v1/sessions/{b}/packages"), json!({ "packages": ["fbxdep"] })).await;
     assert_eq!(st, StatusCode::OK, "{v}");
     assert_eq!(s.layers().len(), 1);
@@ -542,8 +502,8 @@ async fn a_layer_beyond_the_disk_quota_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn gc_removes_unreferenced_layers_and_keeps_referenced_ones() {
     let s = start().await;
-    let a = s.session().await;
-    let b = s.session().await;
+    let a = s.create_session(json!({})).await;
+    let b = s.create_session(json!({})).await;
     let (st, v) = s.post(&format!("/v1/sessions/{a}/packages"), json!({ "packages": ["fbxdep"] })).await;
     assert_eq!(st, StatusCode::OK, "{v}");
     let kept = v["packages"][0]["sha256"].as_str().unwrap().to_string();
@@ -561,10 +521,10 @@ async fn gc_removes_unreferenced_layers_and_keeps_referenced_ones() {
     // Both referenced: nothing goes.
     assert!(gc(s.state.clone()).await.is_empty());
     assert_eq!(s.layers(), both);
-    let (st, v) = s.call(reqwest::Method::DELETE, &format!("/v1/sessions/{b}"), None).await;
+    let (st, v) = s.delete(&format!("/v1/sessions/{b}")).await;
     assert!(st.is_success(), "{v}");
     assert_eq!(gc(s.state.clone()).await, vec![gone.clone()]);
     assert_eq!(s.layers(), vec![kept.clone()]);
     // The kept one still works, also after the session is evicted and resumed.
-    assert_eq!(s.exec(&a, "import fbxdep\nfbxdep.VALUE").await["value"], "7");
+    assert_eq!(s.exec_ok(&a, "import fbxdep\nfbxdep.VALUE").await["value"], "7");
 }

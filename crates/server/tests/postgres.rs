@@ -13,19 +13,21 @@ use forkbox_testkit::postgres::Postgres;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-mod common;
-use common::Node;
+use forkbox_server_testkit::Node;
 
 fn config(home: &std::path::Path, database: &str) -> ServerConfig {
-    let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap(), home.to_path_buf());
-    // Execs on this test process' threads (the jailed workers have tests of their own).
-    cfg.runtime.isolation = forkbox_runtime::Isolation::Thread;
+    let mut cfg = forkbox_server_testkit::config(home);
     cfg.runtime.image = Some(forkbox_testkit::shared().image_path.clone());
     cfg.runtime.sessions.database = Some(database.to_string());
     cfg
 }
 
-impl Node {
+/// A session exec with the node's key.
+trait Exec {
+    async fn exec(&self, id: &str, code: &str) -> (StatusCode, Value);
+}
+
+impl Exec for Node {
     async fn exec(&self, id: &str, code: &str) -> (StatusCode, Value) {
         self.call(reqwest::Method::POST, &format!("/v1/sessions/{id}/exec"), Some(json!({ "code": code }))).await
     }

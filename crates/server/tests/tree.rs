@@ -5,77 +5,13 @@
 
 use std::time::{Duration, Instant};
 
-use forkbox_server::{router, Inner, ServerConfig};
+use forkbox_server_testkit::{assert_error, TestServer};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
-struct TestServer {
-    url: String,
-    key: String,
-    home: tempfile::TempDir,
-    http: reqwest::Client,
-}
-
-impl TestServer {
-    async fn start() -> TestServer {
-        let home = forkbox_testkit::fresh_home("forkbox-tree-test-");
-        let mut cfg = ServerConfig::new("127.0.0.1:0".parse().unwrap(), home.path().to_path_buf());
-        // Execs on this test process' threads (the jailed workers have tests of their own).
-        cfg.runtime.isolation = forkbox_runtime::Isolation::Thread;
-        let h = home.path().to_path_buf();
-        let (state, key) = tokio::task::spawn_blocking(move || {
-            let state = Inner::with_runtime(forkbox_testkit::runtime(&cfg.home, cfg.runtime.clone()), cfg)
-                .expect("server state");
-            let key = forkbox_server::create_key_full(&h, "alice", &forkbox_server::KeyLimits::unlimited(), true)
-                .expect("key");
-            (state, key)
-        })
-        .await
-        .unwrap();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            axum::serve(listener, router(state)).await.unwrap();
-        });
-        TestServer { url: format!("http://{addr}"), key, home, http: reqwest::Client::new() }
-    }
-
-    async fn call(&self, method: reqwest::Method, path: &str, key: &str, body: Option<Value>) -> (StatusCode, Value) {
-        let mut req = self.http.request(method, format!("{}{path}", self.url)).bearer_auth(key);
-        if let Some(b) = body {
-            req = req.json(&b);
-        }
-        let resp = req.send().await.expect("request");
-        let status = resp.status();
-        let text = resp.text().await.unwrap();
-        (status, if text.is_empty() { Value::Null } else { serde_json::from_str(&text).unwrap_or(Value::String(text)) })
-    }
-
-    async fn post(&self, path: &str, body: Value) -> (StatusCode, Value) {
-        self.call(reqwest::Method::POST, path, &self.key, Some(body)).await
-    }
-
-    async fn get(&self, path: &str) -> (StatusCode, Value) {
-        self.call(reqwest::Method::GET, path, &self.key, None).await
-    }
-
-    async fn create_session(&self) -> String {
-        let (st, v) = self.post("/v1/sessions", json!({})).await;
-        assert_eq!(st, StatusCode::CREATED, "{v}");
-        v["id"].as_str().unwrap().to_string()
-    }
-
-    async fn sexec(&self, id: &str, code: &str) -> Value {
-        let (st, v) = self.post(&format!("/v1/sessions/{id}/exec"), json!({ "code": code })).await;
-        assert_eq!(st, StatusCode::OK, "exec {code:?}: {v}");
-        v
-    }
-}
-
-fn assert_error(got: &(StatusCode, Value), status: StatusCode, code: &str) {
-    assert_eq!(got.0, status, "expected {status} {code}, got {} {}", got.0, got.1);
-    assert_eq!(got.1["error"]["code"], code, "{}", got.1);
-    assert!(got.1["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{}", got.1);
+/// A server of this binary (its data directories named for it).
+async fn start() -> TestServer {
+    TestServer::options().prefix("forkbox-tree-test-").start().await
 }
 
 fn seqs(v: &Value, key: &str) -> Vec<i64> {
@@ -84,8 +20,8 @@ fn seqs(v: &Value, key: &str) -> Vec<i64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_numbering_per_tree_after_revert_and_fork() {
-    let s = TestServer::start().await;
-    let id = s.create_session().await;
+    let s = start().await;
+    let id = s.create_session(json!({})).await;
     assert_eq!(s.sexec(&id, "x = 1").await["checkpoint"], 1);
     assert_eq!(s.sexec(&id, "x += 1\nx").await["checkpoint"], 2);
     assert_eq!(s.sexec(&id, "x += 1\nx").await["checkpoint"], 3);
@@ -154,7 +90,7 @@ async fn one_numbering_per_tree_after_revert_and_fork() {
         .collect();
     assert_eq!(list, [(5, json!(3)), (7, json!(2))]);
     // A new session is a tree of its own; other tenants see nothing.
-    let other = s.create_session().await;
+    let other = s.create_session(json!({})).await;
     assert_eq!(s.sexec(&other, "1").await["checkpoint"], 1);
     let (_, t2) = s.get(&format!("/v1/sessions/{other}/tree")).await;
     assert_eq!(seqs(&t2, "nodes"), [1]);
@@ -163,9 +99,9 @@ async fn one_numbering_per_tree_after_revert_and_fork() {
     let (_, t2) = s.get(&format!("/v1/sessions/{other}/tree")).await;
     let code = t2["nodes"][1]["code"].as_str().unwrap();
     assert!(code.len() < 4200 && code.ends_with("# [forkbox: code cut, 10003 bytes in all]"), "{}", code.len());
-    let bob = forkbox_server::create_key_with(s.home.path(), "bob", &forkbox_server::KeyLimits::unlimited()).unwrap();
+    let bob = forkbox_server::create_key_with(s.home(), "bob", &forkbox_server::KeyLimits::unlimited()).unwrap();
     assert_error(
-        &s.call(reqwest::Method::GET, &format!("/v1/sessions/{id}/tree"), &bob, None).await,
+        &s.call(reqwest::Method::GET, &format!("/v1/sessions/{id}/tree"), Some(&bob), None).await,
         StatusCode::NOT_FOUND,
         "session_not_found",
     );
@@ -180,12 +116,12 @@ async fn one_numbering_per_tree_after_revert_and_fork() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn explore_runs_alternatives_in_order_independently_and_leaves_the_source_alone() {
-    let s = TestServer::start().await;
-    let id = s.create_session().await;
+    let s = start().await;
+    let id = s.create_session(json!({})).await;
     s.sexec(&id, "import random\nacc = [1, 2, 3]\nn = 5").await;
     let head = s.sexec(&id, "n += 1\nn").await;
     assert_eq!(head["checkpoint"], 2);
-    let layers = s.home.path().join("sessions/layers");
+    let layers = s.home().join("sessions/layers");
     let files_before: Vec<_> = std::fs::read_dir(&layers).unwrap().map(|e| e.unwrap().file_name()).collect();
     // Eight alternatives from the head, none kept: results in order, each from the same state.
     let codes: Vec<String> =
@@ -263,8 +199,8 @@ async fn explore_runs_alternatives_in_order_independently_and_leaves_the_source_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_source_execs_while_an_explore_runs() {
-    let s = TestServer::start().await;
-    let id = s.create_session().await;
+    let s = start().await;
+    let id = s.create_session(json!({})).await;
     s.sexec(&id, "import time\nk = 0").await;
     let explore = {
         let (url, key, http, id) = (s.url.clone(), s.key.clone(), s.http.clone(), id.clone());
@@ -298,8 +234,8 @@ async fn the_source_execs_while_an_explore_runs() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn explore_limits_and_errors() {
-    let s = TestServer::start().await;
-    let id = s.create_session().await;
+    let s = start().await;
+    let id = s.create_session(json!({})).await;
     s.sexec(&id, "x = 1").await;
     let p = format!("/v1/sessions/{id}/explore");
     assert_error(&s.post(&p, json!({ "codes": [] })).await, StatusCode::BAD_REQUEST, "invalid_request");
@@ -341,44 +277,50 @@ async fn explore_limits_and_errors() {
     assert_eq!(v["branches"][63]["result"]["value"], "64");
     // Kept branches count against the key's session quota: all or none are created.
     let key = forkbox_server::create_key_with(
-        s.home.path(),
+        s.home(),
         "small",
         &forkbox_server::KeyLimits { max_sessions: Some(3), ..Default::default() },
     )
     .unwrap();
-    let (st, v) = s.call(reqwest::Method::POST, "/v1/sessions", &key, Some(json!({}))).await;
+    let (st, v) = s.call(reqwest::Method::POST, "/v1/sessions", Some(&key), Some(json!({}))).await;
     assert_eq!(st, StatusCode::CREATED, "{v}");
     let sid = v["id"].as_str().unwrap().to_string();
     let p = format!("/v1/sessions/{sid}/explore");
-    let r = s.call(reqwest::Method::POST, &p, &key, Some(json!({ "codes": ["1", "2", "3"], "keep": "all" }))).await;
+    let r =
+        s.call(reqwest::Method::POST, &p, Some(&key), Some(json!({ "codes": ["1", "2", "3"], "keep": "all" }))).await;
     assert_error(&r, StatusCode::FORBIDDEN, "quota_exceeded");
-    let (_, list) = s.call(reqwest::Method::GET, "/v1/sessions", &key, None).await;
+    let (_, list) = s.call(reqwest::Method::GET, "/v1/sessions", Some(&key), None).await;
     assert_eq!(list["sessions"].as_array().unwrap().len(), 1);
     let (st, v) =
-        s.call(reqwest::Method::POST, &p, &key, Some(json!({ "codes": ["1", "2", "3"], "keep": [1, 2] }))).await;
+        s.call(reqwest::Method::POST, &p, Some(&key), Some(json!({ "codes": ["1", "2", "3"], "keep": [1, 2] }))).await;
     assert_eq!(st, StatusCode::OK, "{v}");
-    let (_, list) = s.call(reqwest::Method::GET, "/v1/sessions", &key, None).await;
+    let (_, list) = s.call(reqwest::Method::GET, "/v1/sessions", Some(&key), None).await;
     assert_eq!(list["sessions"].as_array().unwrap().len(), 3);
     // Branches are execs: a key with a rate limit of 3/s cannot explore 10 at once.
     let slow = forkbox_server::create_key_with(
-        s.home.path(),
+        s.home(),
         "slow",
         &forkbox_server::KeyLimits { rate_limit: Some(3), ..Default::default() },
     )
     .unwrap();
-    let (_, v) = s.call(reqwest::Method::POST, "/v1/sessions", &slow, Some(json!({}))).await;
+    let (_, v) = s.call(reqwest::Method::POST, "/v1/sessions", Some(&slow), Some(json!({}))).await;
     let sid = v["id"].as_str().unwrap().to_string();
     let codes: Vec<String> = (0..10).map(|i| i.to_string()).collect();
     let r = s
-        .call(reqwest::Method::POST, &format!("/v1/sessions/{sid}/explore"), &slow, Some(json!({ "codes": codes })))
+        .call(
+            reqwest::Method::POST,
+            &format!("/v1/sessions/{sid}/explore"),
+            Some(&slow),
+            Some(json!({ "codes": codes })),
+        )
         .await;
     assert_error(&r, StatusCode::TOO_MANY_REQUESTS, "rate_limited");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inspect_and_diff_checkpoints_without_touching_the_session() {
-    let s = TestServer::start().await;
-    let id = s.create_session().await;
+    let s = start().await;
+    let id = s.create_session(json!({})).await;
     s.sexec(&id, "import numpy as np\na = np.zeros(1000)\nname = 'x' * 5\nlen = 3").await;
     s.sexec(&id, "a[7] = 1.0\nd = {'k': [1, 2]}\ndel name\nopen('/tmp/data.txt', 'w').write('hello')").await;
     s.sexec(&id, "import os\nos.makedirs('/output', exist_ok=True)\nopen('/tmp/data.txt', 'w').write('hello world')\nopen('/output/r.csv', 'w').write('a,b')").await;
@@ -498,8 +440,8 @@ async fn inspect_and_diff_checkpoints_without_touching_the_session() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn variables_with_files_list_a_checkpoints_files_against_the_template() {
-    let s = TestServer::start().await;
-    let id = s.create_session().await;
+    let s = start().await;
+    let id = s.create_session(json!({})).await;
     let one = s.sexec(&id, "k = 1\nopen('/tmp/a.txt', 'w').write('abc')").await["checkpoint"].as_i64().unwrap();
     let two = s.sexec(&id, "import os\nos.makedirs('/data', exist_ok=True)\nopen('/data/b.bin', 'wb').write(b'x' * 10)\nopen('/tmp/a.txt', 'a').write('de')").await["checkpoint"]
         .as_i64()

@@ -12,7 +12,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
 
-use crate::bench::summary;
+use crate::summary;
 
 struct Bench {
     http: reqwest::Client,
@@ -46,7 +46,7 @@ impl Bench {
             .iter()
             .map(|(node, id)| (format!("{node}/v1/sessions/{id}/exec"), self.key.clone(), json!({ "code": "n = 1" })))
             .collect();
-        crate::bench_http::concurrent(&self.http, targets, secs).await
+        crate::http::concurrent(&self.http, targets, secs).await
     }
 }
 
@@ -80,7 +80,7 @@ pub fn cluster(
         let p50 = |v: &[f64]| {
             let mut s = v.to_vec();
             s.sort_by(|a, b| a.total_cmp(b));
-            crate::bench::percentile(&s, 0.5)
+            crate::percentile(&s, 0.5)
         };
         println!("session exec + checkpoint `n += 1`, {} nodes, same run, interleaved:", b.nodes.len());
         println!("  sent to the node that has it   {}", summary(local.clone()));

@@ -11,8 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
-use crate::bench::{percentile, summary};
-use crate::ImageArgs;
+use crate::{percentile, summary, Target};
 
 pub(crate) struct Served {
     isolation: &'static str,
@@ -126,7 +125,7 @@ async fn template_ready(http: &reqwest::Client, s: &Served, template: &str) -> R
 /// The host's `python3 -c 1+1` (process start to exit), ms.
 fn host_python_start() -> Result<f64> {
     let t = Instant::now();
-    let st = Command::new(crate::bench::host_python()).args(["-c", "1+1"]).status()?;
+    let st = Command::new(crate::host_python()).args(["-c", "1+1"]).status()?;
     anyhow::ensure!(st.success(), "host python3 -c 1+1 failed");
     Ok(t.elapsed().as_secs_f64() * 1000.0)
 }
@@ -174,9 +173,9 @@ pub fn http(
     home: &Path,
     (samples, clients, secs, rounds): (usize, usize, f64, usize),
     exec_slots: Option<usize>,
-    image: &ImageArgs,
+    target: &dyn Target,
 ) -> Result<ExitCode> {
-    let (path, id) = crate::run::ensure_image(home, image, true)?;
+    let (path, id) = target.image()?;
     let engine = forkbox_engine::Engine::open(&path)?;
     forkbox_engine::Template::ensure(&engine, home)?;
     let exe: PathBuf = std::env::current_exe()?;

@@ -12,8 +12,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use forkbox_engine::{Engine, Limits};
 
-use crate::bench::{host_python, on_guest_thread, pss_kib, summary};
-use crate::ImageArgs;
+use crate::{host_python, on_guest_thread, pss_kib, summary, Target};
 
 /// The host's forks: `n` children of a python with numpy imported, each
 /// running `import numpy` and then waiting; their PSS summed while all live.
@@ -60,15 +59,15 @@ fn kib(v: &[f64]) -> String {
     v.sort_by(|a, b| a.total_cmp(b));
     format!(
         "p50 {:7.0} KiB  min {:7.0} KiB  max {:7.0} KiB  (n={})",
-        crate::bench::percentile(&v, 0.5),
+        crate::percentile(&v, 0.5),
         v.first().copied().unwrap_or(f64::NAN),
         v.last().copied().unwrap_or(f64::NAN),
         v.len()
     )
 }
 
-pub fn numpy(home: &Path, count: usize, rounds: usize, image: &ImageArgs) -> Result<ExitCode> {
-    let (path, id) = crate::run::ensure_image(home, image, true)?;
+pub fn numpy(home: &Path, count: usize, rounds: usize, target: &dyn Target) -> Result<ExitCode> {
+    let (path, id) = target.image()?;
     let engine = Engine::open(&path)?;
     let template = forkbox_engine::Template::ensure(&engine, home)?;
     println!(
@@ -133,7 +132,7 @@ pub fn numpy(home: &Path, count: usize, rounds: usize, image: &ImageArgs) -> Res
     let med = |v: &[f64]| {
         let mut v = v.to_vec();
         v.sort_by(|a, b| a.total_cmp(b));
-        crate::bench::percentile(&v, 0.5)
+        crate::percentile(&v, 0.5)
     };
     println!(
         "wall p50: forkbox / python3 -c = {:.3}x, forkbox / host forks = {:.2}x; memory per sandbox {:.2} MiB (host fork child {:.2} MiB)",

@@ -2,15 +2,13 @@
 //! process): explore of N alternatives vs N sequential session execs, the source
 //! session's exec latency while an explore runs, inspect and diff latency.
 
-use std::path::Path;
 use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::Result;
 use forkbox_client::tree::Keep;
 
-use crate::api::Api;
-use crate::ImageArgs;
+use crate::{block_on, Target};
 
 fn ms(t0: Instant) -> f64 {
     t0.elapsed().as_secs_f64() * 1000.0
@@ -29,29 +27,29 @@ fn line(what: &str, v: Vec<f64>) -> (f64, f64) {
     (p50, p99)
 }
 
-pub fn explore(home: &Path, samples: usize, width: usize, image: &ImageArgs) -> Result<ExitCode> {
-    let api = Api::embedded(home, image, &crate::EgressArgs::default())?;
-    let c = &api.client;
-    let s = api.block_on(c.create_session(&forkbox_client::CreateSession::default()))?;
-    api.block_on(c.session_exec(&s.id, "xs = list(range(2000))\nimport math"))?;
+pub fn explore(samples: usize, width: usize, target: &dyn Target) -> Result<ExitCode> {
+    let api = target.api()?;
+    let c = api.client();
+    let s = block_on(&*api, c.create_session(&forkbox_client::CreateSession::default()))?;
+    block_on(&*api, c.session_exec(&s.id, "xs = list(range(2000))\nimport math"))?;
     let codes: Vec<String> = (0..width).map(|i| format!("sum(math.sqrt(x + {i}) for x in xs)")).collect();
     // Warm up the exec threads' VMs.
-    api.block_on(c.explore(&s.id, &codes, None, &Keep::None, None))?;
+    block_on(&*api, c.explore(&s.id, &codes, None, &Keep::None, None))?;
     let mut created = Vec::new();
 
     println!("explore of {width} alternatives (each `sum(math.sqrt(x + i) for x in xs)` over 2,000 numbers) from a session checkpoint:");
     let (mut ex, mut seq) = (Vec::new(), Vec::new());
     for _ in 0..samples {
         let t0 = Instant::now();
-        let r = api.block_on(c.explore(&s.id, &codes, None, &Keep::None, None))?;
+        let r = block_on(&*api, c.explore(&s.id, &codes, None, &Keep::None, None))?;
         ex.push(ms(t0));
         anyhow::ensure!(r.branches.iter().all(|b| b.result.is_some()), "a branch failed");
         // The same work as session execs one after another (each checkpointed), in a fork of the same checkpoint.
-        let f = api.block_on(c.fork(&s.id, None))?;
+        let f = block_on(&*api, c.fork(&s.id, None))?;
         created.push(f.id.clone());
         let t0 = Instant::now();
         for code in &codes {
-            api.block_on(c.session_exec(&f.id, code))?;
+            block_on(&*api, c.session_exec(&f.id, code))?;
         }
         seq.push(ms(t0));
     }
@@ -61,7 +59,7 @@ pub fn explore(home: &Path, samples: usize, width: usize, image: &ImageArgs) -> 
     let mut kept = Vec::new();
     for _ in 0..samples.min(10) {
         let t0 = Instant::now();
-        let r = api.block_on(c.explore(&s.id, &codes, None, &Keep::All, None))?;
+        let r = block_on(&*api, c.explore(&s.id, &codes, None, &Keep::All, None))?;
         kept.push(ms(t0));
         created.extend(r.branches.iter().filter_map(|b| b.session.clone()));
     }
@@ -71,11 +69,11 @@ pub fn explore(home: &Path, samples: usize, width: usize, image: &ImageArgs) -> 
     let mut idle = Vec::new();
     for _ in 0..samples {
         let t0 = Instant::now();
-        api.block_on(c.session_exec(&s.id, "k = 1"))?;
+        block_on(&*api, c.session_exec(&s.id, "k = 1"))?;
         idle.push(ms(t0));
     }
     line("source session exec, idle", idle);
-    let busy = api.block_on(async {
+    let busy = block_on(&*api, async {
         let bg = {
             let (c, id, codes) = (c.clone(), s.id.clone(), codes.clone());
             tokio::spawn(async move {
@@ -98,26 +96,27 @@ pub fn explore(home: &Path, samples: usize, width: usize, image: &ImageArgs) -> 
     line("source session exec while explores of it run", busy);
 
     // Inspect and diff.
-    api.block_on(
+    block_on(
+        &*api,
         c.session_exec(&s.id, "import numpy as np\na = np.arange(10000)\nd = {i: str(i) for i in range(100)}"),
     )?;
-    let head = api.block_on(c.get_session(&s.id))?.checkpoint.unwrap_or(1);
+    let head = block_on(&*api, c.get_session(&s.id))?.checkpoint.unwrap_or(1);
     let mut ins = Vec::new();
     for _ in 0..samples {
         let t0 = Instant::now();
-        api.block_on(c.variables(&s.id, head))?;
+        block_on(&*api, c.variables(&s.id, head))?;
         ins.push(ms(t0));
     }
     line("inspect (variables of a checkpoint, throwaway fork)", ins);
     let mut df = Vec::new();
     for _ in 0..samples {
         let t0 = Instant::now();
-        api.block_on(c.diff(&s.id, 1, Some(head)))?;
+        block_on(&*api, c.diff(&s.id, 1, Some(head)))?;
         df.push(ms(t0));
     }
     line("diff (two throwaway forks: variables + file walk)", df);
     for id in created.iter().chain(std::iter::once(&s.id)) {
-        let _ = api.block_on(c.delete_session(id));
+        let _ = block_on(&*api, c.delete_session(id));
     }
     Ok(ExitCode::SUCCESS)
 }

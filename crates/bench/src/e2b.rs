@@ -2,17 +2,16 @@
 //! Python SDK doing the same, on one `forkbox serve` on loopback, in one run: create +
 //! first `run_code("1+1")` (time to interactive), `run_code` in a warm sandbox,
 //! `commands.run("true")`, `files.write` + `read` of 1 KB, `fork(count=N)`. The clients
-//! are a Python program (bench_e2b.py) run by a Python that has both SDKs.
+//! are a Python program (e2b.py) run by a Python that has both SDKs.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 use anyhow::{Context, Result};
 
-use crate::bench::summary;
-use crate::ImageArgs;
+use crate::{summary, Target};
 
-const CLIENT: &str = include_str!("bench_e2b.py");
+const CLIENT: &str = include_str!("e2b.py");
 
 /// The Python that runs the clients: `--python`, else `$FORKBOX_BENCH_PYTHON`, else python3.
 fn python(arg: Option<&Path>) -> PathBuf {
@@ -21,7 +20,7 @@ fn python(arg: Option<&Path>) -> PathBuf {
         .unwrap_or_else(|| "python3".into())
 }
 
-pub fn e2b(home: &Path, samples: usize, forks: usize, py: Option<&Path>, image: &ImageArgs) -> Result<ExitCode> {
+pub fn e2b(home: &Path, samples: usize, forks: usize, py: Option<&Path>, target: &dyn Target) -> Result<ExitCode> {
     let py = python(py);
     let ok = Command::new(&py)
         .args(["-c", "import e2b_code_interpreter, forkbox"])
@@ -33,12 +32,12 @@ pub fn e2b(home: &Path, samples: usize, forks: usize, py: Option<&Path>, image: 
          with both (pip install e2b-code-interpreter==2.11.5 ./sdk/python; the test venv target/pyvenv has them)",
         py.display()
     );
-    let (path, id) = crate::run::ensure_image(home, image, true)?;
+    let (path, id) = target.image()?;
     let engine = forkbox_engine::Engine::open(&path)?;
     forkbox_engine::Template::ensure(&engine, home)?;
     let exe: PathBuf = std::env::current_exe()?;
     let slots = std::thread::available_parallelism().map_or(2, |n| n.get()) * 2;
-    let server = crate::bench_http::start(&exe, home, &path, "process", slots)?;
+    let server = crate::http::start(&exe, home, &path, "process", slots)?;
     println!("image {}, one server (isolation process); {samples} samples, forks of {forks}", &id[..12]);
     let out = Command::new(&py)
         .args(["-c", CLIENT, &samples.to_string(), &forks.to_string(), "python"])
@@ -59,7 +58,7 @@ pub fn e2b(home: &Path, samples: usize, forks: usize, py: Option<&Path>, image: 
     };
     let median = |mut v: Vec<f64>| {
         v.sort_by(|a, b| a.total_cmp(b));
-        crate::bench::percentile(&v, 0.5)
+        crate::percentile(&v, 0.5)
     };
     for (name, op) in &v {
         let (e, f) = (samples_of(op, "e2b"), samples_of(op, "forkbox"));
