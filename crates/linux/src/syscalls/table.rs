@@ -133,7 +133,7 @@ table! {
     13 rt_sigaction => signal::rt_sigaction, Partial("handlers run for signals from the sandbox's own processes and threads, its timers, its CPU faults and the host interrupt; SA_RESTART as the restart column says");
     14 rt_sigprocmask => signal::rt_sigprocmask, Full;
     15 rt_sigreturn => signal::rt_sigreturn, Full;
-    16 ioctl => file::ioctl, Partial("FIOCLEX, FIONCLEX, FIONBIO, FIONREAD; SIOCGIFINDEX/SIOCGIFNAME know lo only; ptys: termios, window size, controlling tty, foreground group, pty number, lock, peer, TCFLSH; the agent channel's exchange call (forkbox's own agent); else ENOTTY");
+    16 ioctl => file::ioctl, Partial("FIOCLEX, FIONCLEX, FIONBIO, FIONREAD; SIOCGIFINDEX/SIOCGIFNAME know lo only; ptys: termios, window size, controlling tty, foreground group, pty number, lock, peer, TCFLSH; else ENOTTY");
     17 pread64 => file::pread64, Full;
     18 pwrite64 => file::pwrite64, Full;
     19 readv => file::readv, Full;

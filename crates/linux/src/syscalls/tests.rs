@@ -1261,6 +1261,7 @@ fn the_agent_exchange_hands_over_the_reply_once_and_parks_until_a_request() {
     assert_eq!(g.call(libc::SYS_ioctl, &[3, 0x4642_0002, g.buf]), Err(Errno::ENOTTY));
     assert_eq!(g.call(libc::SYS_ioctl, &[1, AGENT_XCHG, g.buf]), Err(Errno::ENOTTY));
     assert_eq!(g.kernel.agent_out, b"hello", "nothing sent by the refused calls");
+}
 
 /// A file of `data` at `p` with mode `mode`.
 fn file(g: &mut Guest, p: &str, data: &[u8], mode: u32) {
