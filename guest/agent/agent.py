@@ -9,7 +9,6 @@ snapshotted and where every fork resumes.
 import array
 import ast
 import builtins
-import fcntl
 import gc
 import io
 import json
@@ -51,30 +50,30 @@ def on_sigint(signum, frame):
 inbuf = bytearray()
 READ_CHUNK = 1 << 16
 
-# The channel's exchange call (an ioctl of forkbox's agent channel): it hands
-# over the reply staged in XBUF and waits for the next request in one
-# syscall, so a warm exec costs one VM exit instead of two (a write, then a
-# read). XBUF is `u32 reply_len, u32 cap, data[cap]` (send() stages a reply
-# there); the call returns the count of request bytes it put in `data` and
-# sets reply_len to 0. Made with the template, so a fork writes only the
-# pages of XBUF a request or reply uses.
+# The channel's exchange call (a positional read of the agent channel at
+# offset AGENT_XCHG, which releases the GIL while it waits): it hands over the
+# reply staged in XBUF and waits for the next request in one syscall, so a warm
+# exec costs one VM exit instead of two (a write, then a read). XBUF is
+# `u32 reply_len, data[]` (send() stages a reply there); the call returns the
+# count of request bytes it put in `data` and sets reply_len to 0. Made with the
+# template, so a fork writes only the pages of XBUF a request or reply uses.
 AGENT_XCHG = 0x46420001
-XBUF = bytearray(8 + READ_CHUNK)
-XBUF[4:8] = READ_CHUNK.to_bytes(4, "little")
+XBUF = bytearray(4 + READ_CHUNK)
+XBUFS = (XBUF,)
 staged = 0
 # Bound once: the module's attribute lookup would touch the module object
 # too, one more page written in every fork.
-ioctl = fcntl.ioctl
+preadv = os.preadv
 
 
 def read_exact(n):
     global staged
     while len(inbuf) < n:
-        got = ioctl(CHANNEL, AGENT_XCHG, XBUF, True)
+        got = preadv(CHANNEL, XBUFS, AGENT_XCHG)
         staged = 0
         if not got:
             raise EOFError("agent channel closed")
-        inbuf.extend(XBUF[8:8 + got])
+        inbuf.extend(XBUF[4:4 + got])
     if len(inbuf) == n:
         out = bytes(inbuf)
         inbuf.clear()
@@ -120,14 +119,14 @@ def send(obj, tail=b""):
     size = 4 + len(body) + len(tail)
     if staged:
         # A frame staged before this one goes first.
-        write_all(memoryview(XBUF)[8:8 + staged])
+        write_all(memoryview(XBUF)[4:4 + staged])
         XBUF[0:4] = bytes(4)
         staged = 0
     if size <= READ_CHUNK:
         XBUF[0:4] = size.to_bytes(4, "little")
-        XBUF[8:12] = len(body).to_bytes(4, "little")
-        XBUF[12:12 + len(body)] = body
-        XBUF[12 + len(body):8 + size] = tail
+        XBUF[4:8] = len(body).to_bytes(4, "little")
+        XBUF[8:8 + len(body)] = body
+        XBUF[8 + len(body):4 + size] = tail
         staged = size
         return
     write_all(memoryview(len(body).to_bytes(4, "little") + body + tail))

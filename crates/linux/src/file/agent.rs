@@ -2,14 +2,16 @@
 //! own process talks on it; a read with no request parks the vCPU (the
 //! snapshot point).
 //!
-//! The exchange call ([`AGENT_XCHG`], an ioctl on the channel) hands over the
-//! agent's reply and waits for the next request in one syscall, so a warm
-//! exec costs one VM exit instead of two (a write, then a read). Its argument
-//! is `struct { u32 reply_len; u32 cap; u8 data[cap]; }`: the reply is
+//! The exchange call (a positional read at offset [`AGENT_XCHG`]: the agent's
+//! `os.preadv`, which releases the GIL while it waits, unlike an ioctl on a
+//! buffer) hands over the agent's reply and waits for the next request in one
+//! syscall, so a warm exec costs one VM exit instead of two (a write, then a
+//! read). Its buffer is `struct { u32 reply_len; u8 data[]; }`: the reply is
 //! `data[..reply_len]`; the request's next bytes come back in `data`, their
 //! count the call's result. The call sets `reply_len` to 0 once the reply is
 //! taken: a parked call is dispatched again when the next request comes (the
-//! snapshot point is the call itself), and must not send the reply twice.
+//! snapshot point is the call itself), and must not send the reply twice. Any
+//! other offset is ESPIPE, as for a pipe.
 
 use crate::errno::{Errno, SysResult};
 use crate::fd::OpenFile;
@@ -21,12 +23,30 @@ use crate::vfs::Stat;
 
 pub struct AgentFile;
 
-/// The exchange call's ioctl request number (`'F' 'B'` and 1: no Linux
-/// ioctl has it; other files answer ENOTTY).
+/// The file offset that makes a positional read of the channel the exchange
+/// call (`'F' 'B'` and 1).
 pub const AGENT_XCHG: u64 = 0x4642_0001;
 
-/// The largest `cap` the exchange call takes (its request buffer).
-const XCHG_MAX_CAP: u64 = 16 << 20;
+/// The exchange call: hand over the reply at `buf` (see the module doc), then read.
+fn exchange(ctx: &mut Ctx, f: &Open, buf: u64, len: u64) -> SysResult {
+    let head = ctx.bytes(buf, 4)?;
+    let reply_len = u64::from(u32::from_le_bytes([head[0], head[1], head[2], head[3]]));
+    let (data, cap) = (buf + 4, len.checked_sub(4).ok_or(Errno::EINVAL)?);
+    if reply_len > cap {
+        return Err(Errno::EINVAL);
+    }
+    if reply_len > 0 {
+        // Taken once: a dispatch again of this call (after a park) sends nothing.
+        ctx.write_bytes(buf, &0u32.to_le_bytes())?;
+        ctx.user_range(data, reply_len)?;
+        let reply = ctx.mem.slice(data, reply_len).map_err(|_| Errno::EFAULT)?;
+        // Capped before copying: the run loop ends the exec on overflow.
+        if !ctx.kernel.agent_write(reply) {
+            return Err(Errno::EFBIG);
+        }
+    }
+    AgentFile.read(ctx, f, data, cap, None)
+}
 
 fn write_reply(ctx: &mut Ctx, data: &[u8]) -> SysResult {
     if ctx.proc.pid != GUEST_PID {
@@ -40,12 +60,14 @@ fn write_reply(ctx: &mut Ctx, data: &[u8]) -> SysResult {
 }
 
 impl FileOps for AgentFile {
-    fn read(&self, ctx: &mut Ctx, _: &Open, buf: u64, len: u64, pos: Option<u64>) -> SysResult {
+    fn read(&self, ctx: &mut Ctx, f: &Open, buf: u64, len: u64, pos: Option<u64>) -> SysResult {
         if ctx.proc.pid != GUEST_PID {
             return Err(Errno::EBADF);
         }
-        if pos.is_some() {
-            return Err(Errno::ESPIPE);
+        match pos {
+            None => {}
+            Some(AGENT_XCHG) => return exchange(ctx, f, buf, len),
+            Some(_) => return Err(Errno::ESPIPE),
         }
         let pending = ctx.kernel.agent_pending() as u64;
         if pending == 0 {
@@ -75,33 +97,6 @@ impl FileOps for AgentFile {
 
     fn write_bytes(&self, ctx: &mut Ctx, _: &Open, data: &[u8], _pos: Option<u64>) -> SysResult {
         write_reply(ctx, data)
-    }
-
-    fn ioctl(&self, ctx: &mut Ctx, f: &Open, req: u64, arg: u64) -> SysResult {
-        if req != AGENT_XCHG {
-            return Err(Errno::ENOTTY);
-        }
-        if ctx.proc.pid != GUEST_PID {
-            return Err(Errno::EBADF);
-        }
-        let head = ctx.bytes(arg, 8)?;
-        let reply_len = u64::from(u32::from_le_bytes([head[0], head[1], head[2], head[3]]));
-        let cap = u64::from(u32::from_le_bytes([head[4], head[5], head[6], head[7]]));
-        if cap > XCHG_MAX_CAP || reply_len > cap {
-            return Err(Errno::EINVAL);
-        }
-        let data = arg.checked_add(8).ok_or(Errno::EFAULT)?;
-        if reply_len > 0 {
-            // Taken once: a dispatch again of this call (after a park) sends nothing.
-            ctx.write_bytes(arg, &0u32.to_le_bytes())?;
-            ctx.user_range(data, reply_len)?;
-            let reply = ctx.mem.slice(data, reply_len).map_err(|_| Errno::EFAULT)?;
-            // Capped before copying: the run loop ends the exec on overflow.
-            if !ctx.kernel.agent_write(reply) {
-                return Err(Errno::EFBIG);
-            }
-        }
-        self.read(ctx, f, data, cap, None)
     }
 
     fn pending(&self, ctx: &mut Ctx, _: &Open) -> Result<u64, Errno> {

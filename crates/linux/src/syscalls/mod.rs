@@ -34,11 +34,7 @@ pub use table::{entry, markdown, restarts_under_sa_restart, Entry, Restart, Supp
 /// Run syscall `nr`. `Err(e)` becomes `-e` in RAX.
 pub fn dispatch(ctx: &mut Ctx, nr: u64, args: &Args) -> SysResult {
     ctx.kernel.stats.total += 1;
-    // The agent's exchange calls are forkbox's own protocol, not calls of the
-    // guest's code: they stay out of the per-syscall report (ioctl is partial).
-    if !(nr == libc::SYS_ioctl as u64 && args[1] == crate::file::agent::AGENT_XCHG) {
-        *ctx.kernel.stats.by_nr.entry(nr).or_default() += 1;
-    }
+    *ctx.kernel.stats.by_nr.entry(nr).or_default() += 1;
     #[cfg(feature = "test-hooks")]
     if let Some(r) = test_hooks::dispatch(nr) {
         return r;

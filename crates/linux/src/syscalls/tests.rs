@@ -1226,40 +1226,42 @@ fn the_agent_exchange_hands_over_the_reply_once_and_parks_until_a_request() {
     use crate::kernel::Effect;
     let mut g = guest();
     g.proc.fds = crate::fd::FdTable::with_stdio(3);
-    let xchg = |reply_len: u32, cap: u32, data: &[u8], g: &mut Guest| {
-        let mut head = reply_len.to_le_bytes().to_vec();
-        head.extend_from_slice(&cap.to_le_bytes());
-        g.put(0, &head);
-        g.put(8, data);
+    let pread = libc::SYS_pread64;
+    let stage = |reply_len: u32, data: &[u8], g: &mut Guest| {
+        g.put(0, &reply_len.to_le_bytes());
+        g.put(4, data);
     };
     // A reply and no request: the reply goes out, reply_len is cleared, the call parks.
-    xchg(5, 64, b"hello", &mut g);
-    let (r, e) = g.call_effect(libc::SYS_ioctl, &[3, AGENT_XCHG, g.buf]);
+    stage(5, b"hello", &mut g);
+    let (r, e) = g.call_effect(pread, &[3, g.buf, 4 + 64, AGENT_XCHG]);
     assert_eq!((r, matches!(e, Some(Effect::Park))), (Ok(0), true));
     assert_eq!(g.kernel.agent_out, b"hello");
     assert_eq!(g.get(0, 4), [0; 4], "taken once: reply_len is 0 after the call");
     // Dispatched again once a request is there (as the engine does after a park): the
     // request comes back, the reply is not sent twice.
     g.kernel.send_to_agent(b"request bytes".to_vec());
-    let (r, e) = g.call_effect(libc::SYS_ioctl, &[3, AGENT_XCHG, g.buf]);
+    let (r, e) = g.call_effect(pread, &[3, g.buf, 4 + 64, AGENT_XCHG]);
     assert_eq!((r, e.is_none()), (Ok(13), true));
-    assert_eq!(g.get(8, 13), b"request bytes");
+    assert_eq!(g.get(4, 13), b"request bytes");
     assert_eq!(g.kernel.agent_out, b"hello");
-    // A request longer than the buffer comes in pieces of `cap`.
+    // A request longer than the buffer comes in pieces; preadv is the same call.
     g.kernel.send_to_agent(b"0123456789".to_vec());
-    xchg(0, 4, b"", &mut g);
-    assert_eq!(g.call(libc::SYS_ioctl, &[3, AGENT_XCHG, g.buf]), Ok(4));
-    assert_eq!(g.get(8, 4), b"0123");
+    stage(0, b"", &mut g);
+    assert_eq!(g.call(pread, &[3, g.buf, 4 + 4, AGENT_XCHG]), Ok(4));
+    assert_eq!(g.get(4, 4), b"0123");
+    let iov = g.put(0x100, &[g.buf, 4 + 64].map(u64::to_le_bytes).concat());
+    assert_eq!(g.call(libc::SYS_preadv, &[3, iov, 1, AGENT_XCHG]), Ok(6));
+    assert_eq!(g.get(4, 6), b"456789");
     // Bad input: a reply longer than the buffer, a buffer past the guest's mappings,
-    // another request number, another file.
-    xchg(65, 64, b"", &mut g);
-    assert_eq!(g.call(libc::SYS_ioctl, &[3, AGENT_XCHG, g.buf]), Err(Errno::EINVAL));
-    xchg(8, 16, b"", &mut g);
-    let near_end = g.buf + BUF_LEN - 12;
-    g.mem.write_untracked(near_end, &[8, 0, 0, 0, 16, 0, 0, 0]).unwrap();
-    assert_eq!(g.call(libc::SYS_ioctl, &[3, AGENT_XCHG, near_end]), Err(Errno::EFAULT));
-    assert_eq!(g.call(libc::SYS_ioctl, &[3, 0x4642_0002, g.buf]), Err(Errno::ENOTTY));
-    assert_eq!(g.call(libc::SYS_ioctl, &[1, AGENT_XCHG, g.buf]), Err(Errno::ENOTTY));
+    // a buffer without room for its header, another offset, another file.
+    stage(65, b"", &mut g);
+    assert_eq!(g.call(pread, &[3, g.buf, 4 + 64, AGENT_XCHG]), Err(Errno::EINVAL));
+    let near_end = g.buf + BUF_LEN - 8;
+    g.mem.write_untracked(near_end, &[8, 0, 0, 0]).unwrap();
+    assert_eq!(g.call(pread, &[3, near_end, 8, AGENT_XCHG]), Err(Errno::EINVAL));
+    assert_eq!(g.call(pread, &[3, near_end, 4 + 8 + 4, AGENT_XCHG]), Err(Errno::EFAULT));
+    assert_eq!(g.call(pread, &[3, g.buf, 2, AGENT_XCHG]), Err(Errno::EINVAL));
+    assert_eq!(g.call(pread, &[3, g.buf, 64, 0]), Err(Errno::ESPIPE));
     assert_eq!(g.kernel.agent_out, b"hello", "nothing sent by the refused calls");
 }
 
