@@ -38,14 +38,20 @@ fn exchange(ctx: &mut Ctx, f: &Open, buf: u64, len: u64) -> SysResult {
     if reply_len > 0 {
         // Taken once: a dispatch again of this call (after a park) sends nothing.
         ctx.write_bytes(buf, &0u32.to_le_bytes())?;
-        ctx.user_range(data, reply_len)?;
-        let reply = ctx.mem.slice(data, reply_len).map_err(|_| Errno::EFAULT)?;
-        // Capped before copying: the run loop ends the exec on overflow.
-        if !ctx.kernel.agent_write(reply) {
-            return Err(Errno::EFBIG);
-        }
+        reply_from_guest(ctx, data, reply_len)?;
     }
     AgentFile.read(ctx, f, data, cap, None)
+}
+
+/// Reply bytes at `buf` in the agent's memory, checked against its user range.
+fn reply_from_guest(ctx: &mut Ctx, buf: u64, len: u64) -> SysResult {
+    ctx.user_range(buf, len)?;
+    let data = ctx.mem.slice(buf, len).map_err(|_| Errno::EFAULT)?;
+    // Capped before copying: the run loop ends the exec on overflow.
+    if !ctx.kernel.agent_write(data) {
+        return Err(Errno::EFBIG);
+    }
+    Ok(len)
 }
 
 fn write_reply(ctx: &mut Ctx, data: &[u8]) -> SysResult {
@@ -87,12 +93,7 @@ impl FileOps for AgentFile {
         if ctx.proc.pid != GUEST_PID {
             return Err(Errno::EBADF);
         }
-        ctx.user_range(buf, len)?;
-        let data = ctx.mem.slice(buf, len).map_err(|_| Errno::EFAULT)?;
-        if !ctx.kernel.agent_write(data) {
-            return Err(Errno::EFBIG);
-        }
-        Ok(len)
+        reply_from_guest(ctx, buf, len)
     }
 
     fn write_bytes(&self, ctx: &mut Ctx, _: &Open, data: &[u8], _pos: Option<u64>) -> SysResult {
