@@ -1,10 +1,13 @@
 //! NetIo against real host sockets on loopback (no guest needed).
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, UdpSocket};
+use std::net::{IpAddr, TcpListener, UdpSocket};
 use std::time::{Duration, Instant};
 
+use socket2::{Domain, Type};
+
 use super::egress::{LOOKUPS_IN_FLIGHT, LOOKUP_BURST};
+use super::ports::{binds_overlap, listener_takes, loop_dest, sandbox_local, EPHEMERAL};
 use super::*;
 
 fn net(p: Policy) -> NetIo {
