@@ -1,62 +1,17 @@
 //! The tree of states: a session's tree, parallel alternatives (explore), the
-//! variables at a checkpoint and the difference between two.
+//! variables at a checkpoint and the difference between two. The bodies are
+//! the API's (`forkbox_api::wire::tree`), under the names this client has
+//! always used.
 
-use serde::{Deserialize, Serialize};
-use serde_json::{json, Map, Value};
+pub use forkbox_api::wire::exec::BatchItemError as BranchFailure;
+pub use forkbox_api::wire::tree::{
+    CheckpointFiles, DiffResponse as Diff, ExploreBranch as Branch, ExploreResponse as Explored,
+    FileChangeBody as FileChange, PathCallBody as PathCall, Tree, TreeEdge, TreeNode, TreeSession,
+    VariableBody as Variable, VariableChangeBody as VariableChange, VariablesResponse as Variables,
+};
+use serde_json::{json, Value};
 
-use crate::{seg, ApiErrorBody, Client, ClientError, ExecResult};
-
-/// One checkpoint of a tree.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct TreeNode {
-    pub checkpoint: i64,
-    #[serde(default)]
-    pub parent: Option<i64>,
-    #[serde(default)]
-    pub session: String,
-    #[serde(default)]
-    pub code: String,
-    #[serde(default)]
-    pub created_ms: i64,
-    #[serde(default)]
-    pub summary: Option<String>,
-    #[serde(default)]
-    pub bytes: u64,
-    /// The session asked about is here.
-    #[serde(default)]
-    pub head: bool,
-    /// Live sessions whose head is here.
-    #[serde(default)]
-    pub heads: Vec<String>,
-    #[serde(flatten)]
-    pub extra: Map<String, Value>,
-}
-
-/// A live session of a tree.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct TreeSession {
-    pub id: String,
-    #[serde(default)]
-    pub head: Option<i64>,
-    #[serde(default)]
-    pub forked_at: Option<i64>,
-    #[serde(flatten)]
-    pub extra: Map<String, Value>,
-}
-
-/// `GET /v1/sessions/{id}/tree`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct Tree {
-    pub session: String,
-    #[serde(default)]
-    pub head: Option<i64>,
-    #[serde(default)]
-    pub nodes: Vec<TreeNode>,
-    #[serde(default)]
-    pub sessions: Vec<TreeSession>,
-    #[serde(flatten)]
-    pub extra: Map<String, Value>,
-}
+use crate::{seg, Client, ClientError};
 
 /// Which branches of an explore become sessions.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
@@ -75,110 +30,6 @@ impl Keep {
             Keep::Indices(v) => json!(v),
         }
     }
-}
-
-/// A branch's failure (its exec timed out, crashed the guest...).
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct BranchFailure {
-    pub status: u16,
-    pub error: ApiErrorBody,
-}
-
-/// One branch of an explore, in the order of the codes.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct Branch {
-    pub index: usize,
-    /// The kept branch's session.
-    #[serde(default)]
-    pub session: Option<String>,
-    #[serde(default)]
-    pub result: Option<ExecResult>,
-    #[serde(default)]
-    pub failed: Option<BranchFailure>,
-}
-
-/// `POST /v1/sessions/{id}/explore`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct Explored {
-    #[serde(default)]
-    pub from: Option<i64>,
-    pub branches: Vec<Branch>,
-    #[serde(default)]
-    pub total_time_ms: f64,
-}
-
-/// A variable of the user namespace.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct Variable {
-    pub name: String,
-    #[serde(rename = "type")]
-    pub kind: String,
-    pub repr: String,
-    #[serde(default)]
-    pub size: u64,
-    #[serde(default)]
-    pub len: Option<u64>,
-}
-
-/// `GET /v1/sessions/{id}/checkpoints/{n}/variables`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct Variables {
-    #[serde(default)]
-    pub checkpoint: Option<i64>,
-    pub variables: Vec<Variable>,
-    #[serde(default)]
-    pub omitted: u64,
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct VariableChange {
-    pub name: String,
-    pub before: Variable,
-    pub after: Variable,
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct FileChange {
-    pub path: String,
-    #[serde(default)]
-    pub size_before: Option<u64>,
-    #[serde(default)]
-    pub size_after: Option<u64>,
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct PathCall {
-    pub checkpoint: i64,
-    pub code: String,
-}
-
-/// `GET /v1/sessions/{id}/diff?from=a&to=b`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct Diff {
-    #[serde(default)]
-    pub from: Option<i64>,
-    #[serde(default)]
-    pub to: Option<i64>,
-    #[serde(default)]
-    pub common: Option<i64>,
-    #[serde(default)]
-    pub undone: Vec<PathCall>,
-    #[serde(default)]
-    pub calls: Vec<PathCall>,
-    #[serde(default)]
-    pub variables_added: Vec<Variable>,
-    #[serde(default)]
-    pub variables_removed: Vec<Variable>,
-    #[serde(default)]
-    pub variables_changed: Vec<VariableChange>,
-    #[serde(default)]
-    pub files_added: Vec<FileChange>,
-    #[serde(default)]
-    pub files_removed: Vec<FileChange>,
-    #[serde(default)]
-    pub files_changed: Vec<FileChange>,
-    #[serde(default)]
-    pub files_truncated: bool,
 }
 
 impl Client {

@@ -80,8 +80,8 @@ pub use forkbox_worker::WorkerInfo;
 pub use remote::{Isolation, ProcessIsolation, DEFAULT_SESSION_WORKERS};
 pub use session::{wait_settled, CheckpointView, ForkedFrom, JobStart, NewSession, Quota, SessionView};
 pub use tree::{
-    Branch, CheckpointContents, ExploreRequest, Explored, History, HistoryCall, Keep, TreeNode, TreeSession, TreeView,
-    EXPLORE_MAX, HISTORY_DEFAULT_CALLS, HISTORY_MAX_BYTES, HISTORY_MAX_CALLS,
+    Branch, CheckpointContents, ExploreRequest, Explored, History, HistoryCall, Keep, EXPLORE_MAX,
+    HISTORY_DEFAULT_CALLS, HISTORY_MAX_BYTES, HISTORY_MAX_CALLS,
 };
 pub use workers::{job_cpu_seconds, thread_cpu_seconds};
 

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use forkbox_api::wire::tree::{Tree, TreeEdge, TreeNode, TreeSession};
 use forkbox_engine::ExecOptions;
 use forkbox_sessions::manager::{Diff, FileChange, SessionError, Variables};
 use forkbox_sessions::output::CallOutput;
@@ -28,46 +29,6 @@ pub struct CheckpointContents {
     pub files_removed: Vec<FileChange>,
     /// A walk stopped at its bound: the lists may be incomplete.
     pub files_truncated: bool,
-}
-
-/// One checkpoint of a tree.
-#[derive(Clone, Debug)]
-pub struct TreeNode {
-    /// Its number (unique in the lineage).
-    pub checkpoint: i64,
-    /// Its parent's number (None: it ran on the template).
-    pub parent: Option<i64>,
-    /// The session that made it (it may since have been deleted).
-    pub session: String,
-    pub code: String,
-    pub created_ms: i64,
-    pub summary: Option<String>,
-    pub bytes: u64,
-    pub pages: u64,
-    /// Live sessions whose head is here.
-    pub heads: Vec<String>,
-}
-
-/// A live session of a tree.
-#[derive(Clone, Debug)]
-pub struct TreeSession {
-    pub id: String,
-    /// Its head's number (None: the template).
-    pub head: Option<i64>,
-    /// The checkpoint it was forked at (None: made from the template).
-    pub forked_at: Option<i64>,
-    pub created_ms: i64,
-}
-
-/// A session's lineage: every checkpoint of it and of the sessions forked from it (and from those).
-#[derive(Clone, Debug)]
-pub struct TreeView {
-    pub session: String,
-    /// The session's head (None: the template).
-    pub head: Option<i64>,
-    /// Parents first.
-    pub nodes: Vec<TreeNode>,
-    pub sessions: Vec<TreeSession>,
 }
 
 /// Which branches of an explore become sessions.
@@ -140,8 +101,9 @@ impl ExploreRequest {
 }
 
 impl Runtime {
-    /// The tree of the session's lineage, its head marked.
-    pub fn tree(&self, tenant: &str, id: &str) -> Result<TreeView, RuntimeError> {
+    /// The tree of the session's lineage, its head marked: the API's body
+    /// (`forkbox_api::wire::tree::Tree`), parents before children.
+    pub fn tree(&self, tenant: &str, id: &str) -> Result<Tree, RuntimeError> {
         let (rec, tree) = self.sessions.tree(tenant, id)?;
         let seq_of: HashMap<i64, i64> = tree.checkpoints.iter().map(|c| (c.id, c.seq)).collect();
         let mut heads: HashMap<i64, Vec<String>> = HashMap::new();
@@ -150,21 +112,27 @@ impl Runtime {
                 heads.entry(h).or_default().push(s.id.clone());
             }
         }
-        let nodes = tree
+        let nodes: Vec<TreeNode> = tree
             .checkpoints
             .iter()
-            .map(|c| TreeNode {
-                checkpoint: c.seq,
-                parent: c.parent.and_then(|p| seq_of.get(&p).copied()),
-                session: c.session_id.clone(),
-                code: cut_code(&c.code),
-                created_ms: c.created_ms,
-                summary: c.summary.clone(),
-                bytes: c.bytes,
-                pages: c.pages,
-                heads: heads.remove(&c.id).unwrap_or_default(),
+            .map(|c| {
+                let heads = heads.remove(&c.id).unwrap_or_default();
+                TreeNode {
+                    checkpoint: c.seq,
+                    parent: c.parent.and_then(|p| seq_of.get(&p).copied()),
+                    session: c.session_id.clone(),
+                    code: cut_code(&c.code),
+                    created_ms: c.created_ms,
+                    summary: c.summary.clone(),
+                    bytes: c.bytes,
+                    pages: c.pages,
+                    head: heads.contains(&rec.id),
+                    heads,
+                }
             })
             .collect();
+        let edges =
+            nodes.iter().filter_map(|n| n.parent.map(|p| TreeEdge { parent: p, child: n.checkpoint })).collect();
         let sessions = tree
             .sessions
             .iter()
@@ -175,7 +143,7 @@ impl Runtime {
                 created_ms: s.created_ms,
             })
             .collect();
-        Ok(TreeView { session: rec.id, head: rec.head.and_then(|h| seq_of.get(&h).copied()), nodes, sessions })
+        Ok(Tree { session: rec.id, head: rec.head.and_then(|h| seq_of.get(&h).copied()), nodes, edges, sessions })
     }
 
     /// Check an explore: 1 to [`EXPLORE_MAX`] codes (each within the code limit), `keep`

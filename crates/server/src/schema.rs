@@ -15,6 +15,7 @@ pub use forkbox_api::wire::processes::*;
 pub use forkbox_api::wire::server::*;
 pub use forkbox_api::wire::sessions::*;
 pub use forkbox_api::wire::templates::*;
+pub use forkbox_api::wire::tree::*;
 use forkbox_runtime::{CheckpointView, ExecOutcome, ExecResult, OneShot, SessionView};
 
 /// The policy layer a request's `network` adds (rule errors name the rule).

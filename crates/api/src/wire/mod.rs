@@ -14,3 +14,4 @@ pub mod processes;
 pub mod server;
 pub mod sessions;
 pub mod templates;
+pub mod tree;

@@ -1,13 +1,14 @@
 //! The tree of states: `GET /v1/sessions/{id}/tree`, `POST .../explore` (parallel
 //! alternatives from a checkpoint), `GET .../checkpoints/{n}/variables` and
-//! `GET .../diff?from=a&to=b`. Bodies are defined here, beside their handlers.
+//! `GET .../diff?from=a&to=b` (bodies in `forkbox_api::wire::tree`), and the
+//! history of calls (bodies defined here, beside their handlers).
 
 use std::time::Instant;
 
 use axum::extract::{RawQuery, State};
 use axum::{Extension, Json};
 use forkbox_runtime::{Keep, Outcome};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::blocking;
@@ -16,233 +17,42 @@ use crate::error::{ApiError, ErrorBody};
 use crate::extractors::{query_pairs, ApiJson, ApiPath};
 use crate::fair::{acquire_for, batch_width};
 use crate::quota;
-use crate::schema::{BatchItemError, ExecResponse, ExecResponseOf, PyErrorBody};
+use crate::schema::{
+    BatchItemError, CheckpointFiles, DiffResponse, ExecResponse, ExecResponseOf, ExploreBranch, ExploreRequest,
+    ExploreResponse, FileChangeBody, KeepMode, KeepSetting, PathCallBody, PyErrorBody, Tree, VariableBody,
+    VariableChangeBody, VariablesResponse,
+};
 use crate::{metrics, AppState};
 
-/// One checkpoint of the tree.
-#[derive(Serialize, ToSchema)]
-pub struct TreeNode {
-    /// Its number, unique in the tree (what revert, fork, explore, inspect and diff take).
-    pub checkpoint: i64,
-    /// The parent's number (null: it ran on the template).
-    pub parent: Option<i64>,
-    /// The session that made it (it may since have been deleted).
-    pub session: String,
-    pub code: String,
-    pub created_ms: i64,
-    /// One line about the result: the exception, the value, or the last line printed.
-    pub summary: Option<String>,
-    /// Bytes on disk of its layer and state.
-    pub bytes: u64,
-    pub pages: u64,
-    /// This session's head is here.
-    pub head: bool,
-    /// Live sessions whose head is here.
-    pub heads: Vec<String>,
+fn variable(v: &forkbox_runtime::Variable) -> VariableBody {
+    VariableBody { name: v.name.clone(), kind: v.kind.clone(), repr: v.repr.clone(), size: v.size, len: v.len }
 }
 
-/// An edge of the tree: the call that made `child` ran on `parent`.
-#[derive(Serialize, ToSchema)]
-pub struct TreeEdge {
-    pub parent: i64,
-    pub child: i64,
-}
-
-/// A live session of the tree.
-#[derive(Serialize, ToSchema)]
-pub struct TreeSession {
-    pub id: String,
-    /// Its head's number (null: the template).
-    pub head: Option<i64>,
-    /// The checkpoint it was forked at (null: made from the template).
-    pub forked_at: Option<i64>,
-    pub created_ms: i64,
-}
-
-/// A session's lineage: the session, every session forked from it (and from
-/// those), the session it was forked from, and all their checkpoints.
-#[derive(Serialize, ToSchema)]
-pub struct Tree {
-    pub session: String,
-    /// This session's head (null: the template).
-    pub head: Option<i64>,
-    /// Parents before children.
-    pub nodes: Vec<TreeNode>,
-    pub edges: Vec<TreeEdge>,
-    pub sessions: Vec<TreeSession>,
-}
-
-#[derive(Deserialize, Serialize, ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum KeepMode {
-    None,
-    All,
-}
-
-/// Which branches become sessions: `"none"` (default), `"all"`, or a list of indices into `codes`.
-#[derive(Deserialize, Serialize, ToSchema)]
-#[serde(untagged)]
-pub enum KeepSetting {
-    Mode(KeepMode),
-    Indices(Vec<usize>),
-}
-
-#[derive(Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ExploreRequest {
-    /// 1 to 64 alternatives, each run in its own fork of the checkpoint.
-    #[schema(min_items = 1, max_items = 64)]
-    pub codes: Vec<String>,
-    /// The checkpoint to branch from (default: the session's head).
-    pub checkpoint: Option<i64>,
-    pub keep: Option<KeepSetting>,
-    /// Time limit of each branch's exec (default and maximum: the session's).
-    #[schema(exclusive_minimum = 0.0)]
-    pub timeout_seconds: Option<f64>,
-}
-
-/// One branch: the exec's result (with `checkpoint`: the kept branch's new checkpoint) or its error.
-#[derive(Serialize, ToSchema)]
-pub struct ExploreBranch {
-    pub index: usize,
-    /// The kept branch's session (null: dropped).
-    pub session: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub result: Option<Box<ExecResponse>>,
-    /// Why the branch's exec failed (timeout, crash...); `result` is absent then.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub failed: Option<BatchItemError>,
-}
-
-#[derive(Serialize, ToSchema)]
-pub struct ExploreResponse {
-    /// The checkpoint every branch started from (null: the template).
-    pub from: Option<i64>,
-    /// One per code, in order.
-    pub branches: Vec<ExploreBranch>,
-    pub total_time_ms: f64,
-}
-
-#[derive(Serialize, ToSchema)]
-pub struct VariableBody {
-    pub name: String,
-    /// `int`, `numpy.ndarray`, `module`, ...
-    #[serde(rename = "type")]
-    pub kind: String,
-    /// A short repr (at most 200 characters).
-    pub repr: String,
-    /// Bytes (`nbytes` of an array, else `sys.getsizeof`).
-    pub size: u64,
-    /// `len()` where it has one.
-    pub len: Option<u64>,
-}
-
-impl VariableBody {
-    fn of(v: &forkbox_runtime::Variable) -> VariableBody {
-        VariableBody { name: v.name.clone(), kind: v.kind.clone(), repr: v.repr.clone(), size: v.size, len: v.len }
-    }
-}
-
-/// The user namespace at a checkpoint, read in a throwaway fork (nothing changes).
-#[derive(Serialize, ToSchema)]
-pub struct VariablesResponse {
-    pub checkpoint: Option<i64>,
-    /// By name (names starting with `__` and `_` itself are left out).
-    pub variables: Vec<VariableBody>,
-    /// Variables past the first 500, not listed.
-    pub omitted: u64,
-    /// With `files=true`: the checkpoint's files that are not the template's (added, changed or
-    /// removed by the calls on the path to it; the walk of diff), by path.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub files: Option<CheckpointFiles>,
-}
-
-/// A checkpoint's files against the template's (sizes: `size_before` the template's, `size_after` the checkpoint's).
-#[derive(Serialize, ToSchema)]
-pub struct CheckpointFiles {
-    pub added: Vec<FileChangeBody>,
-    pub changed: Vec<FileChangeBody>,
-    pub removed: Vec<FileChangeBody>,
-    /// A walk stopped at 5,000 entries: the lists may be incomplete.
-    pub truncated: bool,
-}
-
-#[derive(Serialize, ToSchema)]
-pub struct VariableChangeBody {
-    pub name: String,
-    pub before: VariableBody,
-    pub after: VariableBody,
-}
-
-#[derive(Serialize, ToSchema)]
-pub struct FileChangeBody {
-    pub path: String,
-    /// Size at `from` (null: added).
-    pub size_before: Option<u64>,
-    /// Size at `to` (null: removed).
-    pub size_after: Option<u64>,
-}
-
-#[derive(Serialize, ToSchema)]
-pub struct PathCallBody {
-    pub checkpoint: i64,
-    pub code: String,
-}
-
-/// What changed from `from` to `to`.
-#[derive(Serialize, ToSchema)]
-pub struct DiffResponse {
-    pub from: Option<i64>,
-    pub to: Option<i64>,
-    /// The nearest checkpoint both descend from (null: the template).
-    pub common: Option<i64>,
-    /// Calls from `from` back to `common`, newest first (what going to `to` leaves behind).
-    pub undone: Vec<PathCallBody>,
-    /// Calls from `common` to `to`, oldest first.
-    pub calls: Vec<PathCallBody>,
-    pub variables_added: Vec<VariableBody>,
-    pub variables_removed: Vec<VariableBody>,
-    pub variables_changed: Vec<VariableChangeBody>,
-    /// Files outside the image's system folders (/usr, /lib*, /bin, /sbin, /proc, /sys, /dev).
-    pub files_added: Vec<FileChangeBody>,
-    pub files_removed: Vec<FileChangeBody>,
-    pub files_changed: Vec<FileChangeBody>,
-    /// The walk of one side stopped at 5,000 entries: the file lists may be incomplete.
-    pub files_truncated: bool,
-}
-
-impl DiffResponse {
-    fn of(d: &forkbox_runtime::Diff) -> DiffResponse {
-        let calls = |v: &[forkbox_runtime::PathCall]| {
-            v.iter().map(|c| PathCallBody { checkpoint: c.checkpoint, code: c.code.clone() }).collect()
-        };
-        let files = |v: &[forkbox_runtime::FileChange]| {
-            v.iter()
-                .map(|f| FileChangeBody { path: f.path.clone(), size_before: f.size_before, size_after: f.size_after })
-                .collect()
-        };
-        DiffResponse {
-            from: d.from,
-            to: d.to,
-            common: d.common,
-            undone: calls(&d.undone),
-            calls: calls(&d.calls),
-            variables_added: d.variables_added.iter().map(VariableBody::of).collect(),
-            variables_removed: d.variables_removed.iter().map(VariableBody::of).collect(),
-            variables_changed: d
-                .variables_changed
-                .iter()
-                .map(|c| VariableChangeBody {
-                    name: c.name.clone(),
-                    before: VariableBody::of(&c.before),
-                    after: VariableBody::of(&c.after),
-                })
-                .collect(),
-            files_added: files(&d.files_added),
-            files_removed: files(&d.files_removed),
-            files_changed: files(&d.files_changed),
-            files_truncated: d.files_truncated,
-        }
+fn diff_body(d: &forkbox_runtime::Diff) -> DiffResponse {
+    let calls = |v: &[forkbox_runtime::PathCall]| {
+        v.iter().map(|c| PathCallBody { checkpoint: c.checkpoint, code: c.code.clone() }).collect()
+    };
+    DiffResponse {
+        from: d.from,
+        to: d.to,
+        common: d.common,
+        undone: calls(&d.undone),
+        calls: calls(&d.calls),
+        variables_added: d.variables_added.iter().map(variable).collect(),
+        variables_removed: d.variables_removed.iter().map(variable).collect(),
+        variables_changed: d
+            .variables_changed
+            .iter()
+            .map(|c| VariableChangeBody {
+                name: c.name.clone(),
+                before: variable(&c.before),
+                after: variable(&c.after),
+            })
+            .collect(),
+        files_added: file_changes(&d.files_added),
+        files_removed: file_changes(&d.files_removed),
+        files_changed: file_changes(&d.files_changed),
+        files_truncated: d.files_truncated,
     }
 }
 
@@ -254,34 +64,7 @@ pub(crate) async fn tree(
     Extension(caller): Extension<Caller>,
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<Tree>, ApiError> {
-    blocking(&state, move |rt| {
-        let t = rt.tree(&caller.tenant, &id)?;
-        let edges =
-            t.nodes.iter().filter_map(|n| n.parent.map(|p| TreeEdge { parent: p, child: n.checkpoint })).collect();
-        let nodes = t
-            .nodes
-            .into_iter()
-            .map(|n| TreeNode {
-                head: n.heads.contains(&t.session),
-                checkpoint: n.checkpoint,
-                parent: n.parent,
-                session: n.session,
-                code: n.code,
-                created_ms: n.created_ms,
-                summary: n.summary,
-                bytes: n.bytes,
-                pages: n.pages,
-                heads: n.heads,
-            })
-            .collect();
-        let sessions = t
-            .sessions
-            .into_iter()
-            .map(|s| TreeSession { id: s.id, head: s.head, forked_at: s.forked_at, created_ms: s.created_ms })
-            .collect();
-        Ok(Json(Tree { session: t.session, head: t.head, nodes, edges, sessions }))
-    })
-    .await
+    blocking(&state, move |rt| Ok(Json(rt.tree(&caller.tenant, &id)?))).await
 }
 
 /// Run alternatives in parallel: one fork of the checkpoint (default: the head) per code, results in order.
@@ -368,7 +151,7 @@ pub(crate) async fn variables(
             _ => return Err(ApiError::invalid(format!("unknown query parameter {k:?} (use files=true)"))),
         }
     }
-    let vars = |v: &forkbox_runtime::Variables| v.variables.iter().map(VariableBody::of).collect();
+    let vars = |v: &forkbox_runtime::Variables| v.variables.iter().map(variable).collect();
     if !files {
         let permit = acquire_for(&state, &caller, 1).await?;
         let (checkpoint, v) = state.runtime.inspect(&caller.tenant, &id, Some(n), permit).await?;
@@ -423,7 +206,7 @@ pub(crate) async fn diff(
     let width = batch_width(&state, &caller, 2);
     let permit = acquire_for(&state, &caller, width).await?;
     let d = state.runtime.diff(&caller.tenant, &id, from, to, permit).await?;
-    Ok(Json(DiffResponse::of(&d)))
+    Ok(Json(diff_body(&d)))
 }
 
 /// A file under `/output` a call created or changed (name and size; the bytes are in the session's files).
