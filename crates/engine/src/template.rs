@@ -113,6 +113,7 @@ fn template_state(
         memory,
         info: serde_json::to_string(&info).unwrap_or_default(),
         files: Default::default(),
+        children: Default::default(),
     })
 }
 
@@ -377,6 +378,8 @@ impl Template {
         pack_name: &str,
         admit: impl FnOnce(CheckpointSize) -> Result<CheckpointFiles, E>,
     ) -> Result<CheckpointStats, E> {
+        // The other processes first (the agent's record counts their references).
+        let children = sb.children_state(self.pool.original())?;
         let stored = std::mem::take(&mut sb.stored);
         let (vm, mut process) = sb.parked_parts_mut()?;
         let pages = if vm.logs_dirty_pages() {
@@ -401,6 +404,7 @@ impl Template {
             memory: self.memory.stats.clone(),
             info: self.info.id.clone(),
             files: files.table.clone(),
+            children,
         };
         let encoded = encode(&snapshot);
         drop(snapshot);
@@ -542,7 +546,9 @@ impl Template {
         let stored = crate::fsstore::load(&mut snapshot.process, &snapshot.files, &mut reader)?;
         let listeners = std::mem::take(&mut snapshot.process.listeners);
         let t_files = t0.elapsed();
-        let process = engine.restore_process(snapshot.process)?;
+        let children = std::mem::take(&mut snapshot.children);
+        let others: Vec<&forkbox_linux::fd::FdTable> = children.processes.iter().map(|c| &c.process.fds).collect();
+        let process = engine.restore_process_sharing(snapshot.process, &others)?;
         let t_process = t0.elapsed();
         // The page tables are a function of the memory map: make sure they
         // say exactly what it says (only differences are written).
@@ -560,6 +566,7 @@ impl Template {
             &listeners,
         )?;
         sb.stored = stored;
+        sb.restore_children(children, &self.memory.file, self.pool.original())?;
         tracing::debug!(?t_state, ?t_vm, ?t_pages, ?t_files, ?t_process, ?t_tables, total = ?t0.elapsed(), pages, "resumed a checkpoint");
         Ok(sb)
     }

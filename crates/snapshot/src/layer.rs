@@ -163,7 +163,7 @@ impl<'a> LayerPlan<'a> {
 
     /// Write the layer into `f`, a new empty file (the caller syncs and names it:
     /// a sandbox worker writes into a file descriptor it was given).
-    pub fn write_into(&self, f: &mut File) -> std::io::Result<()> {
+    pub fn write_into<W: Write>(&self, f: W) -> std::io::Result<()> {
         let count = self.pages.len() as u64;
         let mut head = Vec::with_capacity(HEADER);
         head.extend_from_slice(LAYER_MAGIC);
@@ -240,6 +240,12 @@ impl Layer {
     pub fn read_from(f: &mut File, shown: &str) -> Result<Layer, StateError> {
         let mut raw = Vec::new();
         f.read_to_end(&mut raw).map_err(|source| StateError::Io { what: "read", path: shown.into(), source })?;
+        Layer::from_bytes(raw, shown)
+    }
+
+    /// A layer from its bytes (a layer file's content, or one a state file
+    /// embeds: a child process' memory), checked as a file is; `shown` names it in errors.
+    pub fn from_bytes(raw: Vec<u8>, shown: &str) -> Result<Layer, StateError> {
         let corrupt = |why: &str| StateError::Corrupt(format!("layer {shown}: {why}"));
         let head = raw.get(..HEADER).ok_or_else(|| corrupt("truncated header"))?;
         if &head[..8] != LAYER_MAGIC {
