@@ -241,6 +241,26 @@ pub struct Sandbox {
     cpu_total: Duration,
 }
 
+/// The base a child's memory layer is over: the template's memory
+/// (`original`) or zeros (a read-only view of fresh anonymous memory, made
+/// once into `zeros`).
+fn child_base<'a>(
+    on_template: bool,
+    original: &'a [u8],
+    zeros: &'a mut Option<GuestMemory>,
+) -> Result<&'a [u8], EngineError> {
+    if on_template {
+        return Ok(original);
+    }
+    if zeros.is_none() {
+        *zeros = Some(GuestMemory::anonymous(RAM_SIZE)?);
+    }
+    match zeros {
+        Some(z) => Ok(z.slice(0, RAM_SIZE)?),
+        None => Ok(&[]),
+    }
+}
+
 /// The pages of a child's memory that differ from `base` (its template's
 /// memory, or zeros): among those private to its mapping (PAGEMAP_SCAN:
 /// whatever the guest or the VMM wrote), those of its shared file mappings
@@ -483,14 +503,7 @@ impl Sandbox {
             };
             let mem = vm.mem();
             let on_template = mem.has_backing();
-            let base = if on_template {
-                original
-            } else {
-                if zeros.is_none() {
-                    zeros = Some(GuestMemory::anonymous(RAM_SIZE)?);
-                }
-                zeros.as_ref().map_or(Ok(&[][..]), |z| z.slice(0, RAM_SIZE))?
-            };
+            let base = child_base(on_template, original, &mut zeros)?;
             let pages = changed_pages(mem, base)?;
             let plan = forkbox_snapshot::LayerPlan::new(mem, base, &pages)?;
             let mut memory = Vec::with_capacity(usize::try_from(plan.bytes()).unwrap_or(0));
@@ -584,14 +597,7 @@ impl Sandbox {
             } else {
                 GuestMemory::anonymous(RAM_SIZE)?
             };
-            let base = if c.on_template {
-                original
-            } else {
-                if zeros.is_none() {
-                    zeros = Some(GuestMemory::anonymous(RAM_SIZE)?);
-                }
-                zeros.as_ref().map_or(Ok(&[][..]), |z| z.slice(0, RAM_SIZE))?
-            };
+            let base = child_base(c.on_template, original, &mut zeros)?;
             forkbox_snapshot::layer::apply_layers(&mut mem, base, std::slice::from_ref(&layer))?;
             drop(layer);
             let vcpu = forkbox_vmm::VcpuState::from_record(&c.vcpu).map_err(|e| corrupt("vCPU state", &e))?;

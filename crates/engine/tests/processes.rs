@@ -1280,3 +1280,50 @@ fn checkpoints_bring_running_children_back_from_where_they_were() {
     }
     assert_eq!(a.background_processes(), 0);
 }
+
+/// Measurement, not a check (run with `--ignored --nocapture`): the p50 of a
+/// checkpoint and of a fork of it (a resume as a new session), for a session
+/// with one running Python child and for one without, alternating in one run.
+#[test]
+#[ignore]
+fn measure_checkpoints_and_forks_with_a_running_child() {
+    const N: u32 = 20;
+    let kit = shared();
+    let p50 = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let mut sessions = Vec::new();
+    for child in [false, true] {
+        let mut sb = kit.template.fork_tracked(&kit.engine, limits(60)).unwrap();
+        sb.set_keep_running(true);
+        if child {
+            ok(&mut sb, "import subprocess, sys\ncounter = subprocess.Popen([sys.executable, '-c', 'import time\\nwhile True: time.sleep(0.02)'])");
+        }
+        ok(&mut sb, "import time; time.sleep(0.3)");
+        sessions.push((sb, tempfile::tempdir().unwrap(), Vec::new(), Vec::new(), 0u32));
+    }
+    for i in 1..=N {
+        for (sb, dir, ckpt, fork, _) in sessions.iter_mut() {
+            ok(sb, &format!("x = {i}"));
+            let t0 = Instant::now();
+            checkpoint(sb, dir.path(), i);
+            ckpt.push(t0.elapsed().as_secs_f64() * 1000.0);
+            let t0 = Instant::now();
+            let f = resume(dir.path(), i, true);
+            fork.push(t0.elapsed().as_secs_f64() * 1000.0);
+            drop(f);
+        }
+    }
+    for (child, (sb, dir, ckpt, fork, _)) in [false, true].into_iter().zip(sessions) {
+        let state = std::fs::metadata(dir.path().join(format!("state{N}"))).unwrap().len();
+        eprintln!(
+            "{}: checkpoint p50 {:.2} ms, fork of the checkpoint p50 {:.2} ms, state file {} KiB, background processes {}",
+            if child { "one running child" } else { "no child" },
+            p50(ckpt),
+            p50(fork),
+            state / 1024,
+            sb.background_processes()
+        );
+    }
+}
