@@ -520,3 +520,39 @@ def test_a_pipe_between_the_agent_and_its_child_still_delivers_after_a_revert(ap
     assert got[0] > a and got[0] < got[1] < got[2], (a, got)
     assert run(api, sid, "talker.poll()")["value"] is None
     run(api, sid, "talker.kill(); talker.wait()")
+
+
+def procs_files(server) -> dict:
+    """The process memory files (`<checkpoint>.procs`) of the server's sessions: name -> (mtime, size)."""
+    d = server.home / "sessions" / "layers"
+    return {p.name: (p.stat().st_mtime_ns, p.stat().st_size) for p in d.glob("*.procs")}
+
+
+def test_a_childs_memory_is_written_whole_once_then_only_what_it_changed(api, server):
+    before = set(procs_files(server))
+    sid = session(api)
+    run(api, sid, PY_COUNTER)
+    wait_pcount(api, sid, 5)
+    for i in range(4):
+        run(api, sid, f"x = {i}")
+    ours = sorted((t, s, n) for n, (t, s) in procs_files(server).items() if n not in before)
+    # One file per checkpoint since the child started (an exec of pure Python as well).
+    assert len(ours) >= 5, ours
+    whole = max(s for _, s, _ in ours)
+    assert whole > 256 << 10, f"the child's memory, recorded whole once: {ours}"
+    # The last checkpoints (the child idle between its writes) hold only the pages it changed.
+    for _, s, n in ours[-3:]:
+        assert s * 4 < whole, f"{n}: {s} bytes, the whole child {whole}: {ours}"
+    # An evicted session comes back from that chain of layers.
+    r = httpx.post(f"{server.url}/sandboxes/{sid}/pause", headers={"X-API-KEY": server.key}, timeout=TIMEOUT)
+    assert r.status_code == 204, r.text
+    deadline = time.monotonic() + 20
+    while api.get(f"/v1/sessions/{sid}").json()["resident"]:
+        assert time.monotonic() < deadline, "not evicted"
+        time.sleep(0.2)
+    back = pcount(api, sid)
+    assert wait_pcount(api, sid, back + 10) > back + 10
+    # The files go with their checkpoints.
+    assert api.delete(f"/v1/sessions/{sid}").status_code == 204
+    left = set(procs_files(server)) & {n for _, _, n in ours}
+    assert not left, left

@@ -26,10 +26,14 @@
 //! descriptions, the run clock); each other process in its `children`
 //! (`Sandbox::children_state`): its own kernel state (`ChildState`: its
 //! descriptors naming the shared descriptions, threads, signals, ...), its
-//! vCPU, where its current thread stands, and its memory as a layer over its
-//! base (the template's memory for a child that still maps it, zeros after an
-//! execve); and the process table, zombies included. A restore makes a VM per
-//! child over that memory (`Sandbox::restore_children`). A child that maps
+//! vCPU, where its current thread stands, and where its memory is: a chain
+//! of layers over its base (the template's memory for a child that still
+//! maps it, zeros after an execve) in the checkpoints' process memory files
+//! (`<name>.procs` beside each state: the pages each child wrote since the
+//! previous checkpoint, from its VM's dirty log; the whole of a child's
+//! memory only the first time it is recorded); and the process table,
+//! zombies included. A restore makes a VM per child over that memory
+//! (`Sandbox::restore_children`). A child that maps
 //! memory shared with another process is not recorded: the record has it
 //! killed by SIGKILL (a zombie of its parent) and the descriptions only it
 //! held closed.
@@ -288,6 +292,25 @@ fn changed_pages(mem: &GuestMemory, base: &[u8]) -> Result<Vec<u64>, EngineError
     Ok(out)
 }
 
+/// The pages of a child's memory written since its previous checkpoint: its
+/// VM's dirty log (the guest's writes), the VMM's writes, and its shared file
+/// mappings (another process may have written their file since).
+fn written_pages(vm: &mut Vm) -> Result<Vec<u64>, EngineError> {
+    let page = forkbox_vmm::layout::PAGE_SIZE;
+    let mut bits = vm.dirty_log()?;
+    for (b, v) in bits.iter_mut().zip(vm.mem_mut().take_vmm_dirty()) {
+        *b |= v;
+    }
+    for (at, r) in vm.mem().shared_ranges() {
+        for p in at / page..at.saturating_add(r.len).div_ceil(page) {
+            if let Some(w) = bits.get_mut((p / 64) as usize) {
+                *w |= 1 << (p % 64);
+            }
+        }
+    }
+    Ok(forkbox_snapshot::layer::pages_of(&bits))
+}
+
 /// What [`Sandbox::run_background`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BackgroundRun {
@@ -472,46 +495,92 @@ impl Sandbox {
 
     /// The sandbox's other processes as a checkpoint records them, at this
     /// park point (the agent is the current process): each running child's
-    /// own state, vCPU, where its thread stands and its memory as a layer
-    /// over its base (`original`, the template's memory, for a child that
-    /// still maps it; zeros after an execve), and the process table. A
-    /// child that maps memory shared with another process is not recorded
-    /// (its state is split across processes): it reads as killed by SIGKILL
-    /// after a restore (a zombie its parent can wait for), and the
-    /// descriptions only it held are closed in the record.
-    pub(crate) fn children_state(&self, original: &[u8]) -> Result<forkbox_snapshot::Children, EngineError> {
+    /// own state, vCPU, where its thread stands and where its memory is, and
+    /// the process table. A child's memory is a chain of layers over its
+    /// base (`original`, the template's memory, for a child that still maps
+    /// it; zeros after an execve) in the checkpoints' process memory files:
+    /// this checkpoint's (`procs_file`, whose bytes are returned) holds the
+    /// pages each child wrote since the previous checkpoint (KVM's dirty log
+    /// of its VM and the VMM's writes; nothing for a child that wrote
+    /// nothing), over that checkpoint's layers; a child not recorded before
+    /// (or whose chain reached `MAX_MEMORY_CHAIN`) is recorded whole, the
+    /// pages that differ from its base, and its log starts. A child that
+    /// maps memory shared with another process is not recorded (its state is
+    /// split across processes): it reads as killed by SIGKILL after a
+    /// restore (a zombie its parent can wait for), and the descriptions only
+    /// it held are closed in the record.
+    ///
+    /// The children's chains and logs move on here: a checkpoint that is
+    /// then not written or not committed leaves the sandbox unusable for the
+    /// next one (its caller drops it, as it does for the agent's own log).
+    pub(crate) fn children_state(
+        &mut self,
+        original: &[u8],
+        procs_file: &str,
+    ) -> Result<(forkbox_snapshot::Children, Vec<u8>), EngineError> {
+        use forkbox_snapshot::{MemoryRef, StateError, MAX_MEMORY_CHAIN};
         if self.kernel.procs.map.len() <= 1 && self.sched.others.is_empty() {
             return Ok(Default::default());
         }
         if self.sched.cur.proc.pid != GUEST_PID {
             return Err(EngineError::Poisoned("the agent is not parked on the vCPU".into()));
         }
-        let mut zeros: Option<GuestMemory> = None;
-        let mut processes = Vec::with_capacity(self.sched.others.len());
-        let mut recorded = Vec::with_capacity(self.sched.others.len());
-        for t in &self.sched.others {
-            let pid = t.proc.pid;
-            let (Some(vm), mm) = (t.vm.as_ref(), self.child_memory_map(t)) else { continue };
-            let mm = match mm {
-                Ok(mm) => mm,
+        let maps: Vec<Option<forkbox_linux::mm::MemoryMap>> = self
+            .sched
+            .others
+            .iter()
+            .map(|t| match self.child_memory_map(t) {
+                Ok(mm) => Some(mm),
                 Err(why) => {
+                    let pid = t.proc.pid;
                     tracing::warn!(
                         "process {pid} is not in the checkpoint (it reads as killed after a restore): {why}"
                     );
-                    continue;
+                    None
                 }
-            };
-            let mem = vm.mem();
-            let on_template = mem.has_backing();
+            })
+            .collect();
+        let mut zeros: Option<GuestMemory> = None;
+        let mut bytes = Vec::new();
+        let mut processes = Vec::with_capacity(self.sched.others.len());
+        let mut recorded = Vec::with_capacity(self.sched.others.len());
+        for (t, mm) in self.sched.others.iter_mut().zip(maps) {
+            let (Some(mm), Some(vm)) = (mm, t.vm.as_mut()) else { continue };
+            let pid = t.proc.pid;
+            let on_template = vm.mem().has_backing();
             let base = child_base(on_template, original, &mut zeros)?;
-            let pages = changed_pages(mem, base)?;
-            let plan = forkbox_snapshot::LayerPlan::new(mem, base, &pages)?;
-            let mut memory = Vec::with_capacity(usize::try_from(plan.bytes()).unwrap_or(0));
-            plan.write_into(&mut memory).map_err(|source| forkbox_snapshot::StateError::Io {
-                what: "encode",
-                path: format!("memory of process {pid}"),
-                source,
-            })?;
+            let incremental = vm.logs_dirty_pages() && !t.mem_chain.is_empty() && t.mem_chain.len() < MAX_MEMORY_CHAIN;
+            let pages = if incremental {
+                written_pages(vm)?
+            } else {
+                let pages = changed_pages(vm.mem(), base)?;
+                // From here on its VM logs what it writes (what was logged so far is in `pages`).
+                if vm.logs_dirty_pages() {
+                    vm.dirty_log()?;
+                } else {
+                    vm.start_dirty_log()?;
+                }
+                vm.mem_mut().track_writes();
+                t.mem_chain.clear();
+                pages
+            };
+            if !(incremental && pages.is_empty()) {
+                let plan = forkbox_snapshot::LayerPlan::new(vm.mem(), base, &pages)?;
+                let offset = bytes.len();
+                plan.write_into(&mut bytes).map_err(|source| StateError::Io {
+                    what: "encode",
+                    path: format!("memory of process {pid}"),
+                    source,
+                })?;
+                let part = bytes.get(offset..).unwrap_or_default();
+                let at = MemoryRef {
+                    file: procs_file.to_string(),
+                    offset: offset as u64,
+                    len: part.len() as u64,
+                    crc: crc32fast::hash(part),
+                };
+                t.mem_chain.insert(0, at);
+            }
             let mut process = t.proc.save_child_state();
             process.mm = mm;
             processes.push(forkbox_snapshot::ChildRecord {
@@ -519,12 +588,13 @@ impl Sandbox {
                 vcpu: vm.save_vcpu()?.to_record(),
                 pending_user: t.pending_user.as_ref().map(Regs::from),
                 in_stub: t.in_stub,
-                memory,
+                memory: t.mem_chain.clone(),
                 on_template,
             });
             recorded.push(pid);
         }
-        Ok(forkbox_snapshot::Children { table: Some(self.kernel.procs.save_state(&recorded)), processes })
+        let table = Some(self.kernel.procs.save_state(&recorded));
+        Ok((forkbox_snapshot::Children { table, processes }, bytes))
     }
 
     /// The memory map a checkpoint records for process `t` (not the current
@@ -563,13 +633,16 @@ impl Sandbox {
     /// Bring back the other processes of a checkpoint (see
     /// [`Sandbox::children_state`]) beside the agent's, just restored:
     /// `template` is the template's memory file and `original` its bytes
-    /// (the base of a child that maps it). Everything is checked; the
-    /// children run again from where they were at the next scheduler slice.
+    /// (the base of a child that maps it); `files` the process memory files
+    /// the records name, open. Everything is checked; the children run again
+    /// from where they were at the next scheduler slice, their VMs logging
+    /// what they write for the next checkpoint.
     pub(crate) fn restore_children(
         &mut self,
         children: forkbox_snapshot::Children,
         template: &std::fs::File,
         original: &[u8],
+        files: &std::collections::HashMap<String, std::fs::File>,
     ) -> Result<(), EngineError> {
         use forkbox_snapshot::StateError;
         let forkbox_snapshot::Children { table, processes } = children;
@@ -591,24 +664,35 @@ impl Sandbox {
             let pid = c.process.pid;
             let corrupt =
                 |what: &str, e: &dyn std::fmt::Display| StateError::Corrupt(format!("process {pid}: {what}: {e}"));
-            let layer = forkbox_snapshot::Layer::from_bytes(c.memory, "child memory")?;
+            if c.memory.len() > forkbox_snapshot::MAX_MEMORY_CHAIN {
+                return Err(corrupt("memory", &format!("{} layers", c.memory.len())).into());
+            }
+            let mut layers = Vec::with_capacity(c.memory.len());
+            for r in &c.memory {
+                let f = files.get(&r.file).ok_or_else(|| corrupt("memory", &format!("no file {}", r.file)))?;
+                layers.push(forkbox_snapshot::Layer::read_part(f, r, &r.file)?);
+            }
             let mut mem = if c.on_template {
                 GuestMemory::private_file(template, RAM_SIZE)?
             } else {
                 GuestMemory::anonymous(RAM_SIZE)?
             };
             let base = child_base(c.on_template, original, &mut zeros)?;
-            forkbox_snapshot::layer::apply_layers(&mut mem, base, std::slice::from_ref(&layer))?;
-            drop(layer);
+            forkbox_snapshot::layer::apply_layers(&mut mem, base, &layers)?;
+            drop(layers);
             let vcpu = forkbox_vmm::VcpuState::from_record(&c.vcpu).map_err(|e| corrupt("vCPU state", &e))?;
             let proc = Process::restore_child(&self.sched.cur.proc, c.process).map_err(|e| corrupt("state", &e))?;
             let mut vm = Vm::new(&self.cpu, mem)?;
             vm.restore_vcpu(&vcpu)?;
+            // What it (and the VMM, from the page tables on) writes from here is its next layer.
+            vm.start_dirty_log()?;
+            vm.mem_mut().track_writes();
             proc.mm.sync_all_page_tables(vm.mem_mut())?;
             crate::vdso::refresh(&mut vm, self.vdso)?;
             let mut task = Task::new(vm, proc);
             task.pending_user = c.pending_user.as_ref().map(kvm_regs::from);
             task.in_stub = c.in_stub;
+            task.mem_chain = c.memory;
             // What it writes is no later call's output (its job, if it was one, is not restored).
             self.kernel.jobs.insert(pid, DROPPED_OUTPUT);
             self.sched.add(task);
@@ -1620,6 +1704,8 @@ impl Sandbox {
         self.sched.cur.in_stub = false;
         self.sched.cur.wait_on.clear();
         self.sched.cur.woken = None;
+        // A new address space: the next checkpoint records it whole.
+        self.sched.cur.mem_chain.clear();
         self.sig.fault = None;
         Ok(())
     }

@@ -1208,10 +1208,19 @@ fn count(sb: &mut forkbox_engine::Sandbox, file: &str) -> u64 {
 
 /// A checkpoint of `sb` as number `n` in `dir`: its state file.
 fn checkpoint(sb: &mut forkbox_engine::Sandbox, dir: &std::path::Path, n: u32) -> std::path::PathBuf {
+    checkpoint_stats(sb, dir, n).0
+}
+
+/// [`checkpoint`], and what it wrote.
+fn checkpoint_stats(
+    sb: &mut forkbox_engine::Sandbox,
+    dir: &std::path::Path,
+    n: u32,
+) -> (std::path::PathBuf, forkbox_engine::CheckpointStats) {
     let kit = shared();
     let (layer, state) = (dir.join(format!("layer{n}")), dir.join(format!("state{n}")));
-    kit.template.checkpoint(&kit.engine, sb, &layer, &state, |_| Ok::<(), EngineError>(())).unwrap();
-    state
+    let stats = kit.template.checkpoint(&kit.engine, sb, &layer, &state, |_| Ok::<(), EngineError>(())).unwrap();
+    (state, stats)
 }
 
 /// Checkpoint `n` back (its layers: its own and its ancestors', newest first).
@@ -1237,16 +1246,35 @@ fn checkpoints_bring_running_children_back_from_where_they_were() {
     let (k, fk) = (count(&mut sb, "/tmp/pcount"), count(&mut sb, "/tmp/fcount"));
     let said = value(&mut sb, "int(talker.stdout.readline())").parse::<u64>().unwrap();
     assert!(k > 2 && fk > 2 && said > 1, "{k} {fk} {said}");
-    let s1 = checkpoint(&mut sb, dir.path(), 1);
+    let (s1, first) = checkpoint_stats(&mut sb, dir.path(), 1);
     run_background_for(&mut sb, Duration::from_millis(600));
     let later = count(&mut sb, "/tmp/pcount");
     assert!(later > k + 5, "{k} -> {later}");
     ok(&mut sb, "x = 1");
-    checkpoint(&mut sb, dir.path(), 2);
+    let (s2, second) = checkpoint_stats(&mut sb, dir.path(), 2);
     drop(sb);
     let recorded = forkbox_snapshot::read_state(&s1).unwrap().children;
     assert_eq!(recorded.processes.len(), 3, "the checkpoint records the running children");
     assert_eq!(recorded.table.map(|t| t.entries.len()), Some(5), "the agent, 3 children and a zombie");
+    // The children's memory is in the process memory file beside the state,
+    // not in it: whole at the first checkpoint, then only what they wrote since.
+    let procs1 = std::fs::metadata(dir.path().join("state1.procs")).unwrap().len();
+    assert_eq!(procs1, first.procs_bytes);
+    assert!(recorded.processes.iter().all(|c| c.memory.len() == 1 && c.memory[0].file == "state1.procs"));
+    assert!(first.state_bytes < 256 << 10, "state of {} bytes", first.state_bytes);
+    let again = forkbox_snapshot::read_state(&s2).unwrap().children;
+    for c in &again.processes {
+        // Its layer of checkpoint 1, and one of checkpoint 2 if it wrote anything since.
+        let was = recorded.processes.iter().find(|r| r.process.pid == c.process.pid).unwrap();
+        assert_eq!(c.memory.last(), was.memory.first(), "process {}: {:?}", c.process.pid, c.memory);
+        assert!(c.memory.len() == 1 || (c.memory.len() == 2 && c.memory[0].file == "state2.procs"), "{:?}", c.memory);
+    }
+    assert!(
+        second.procs_bytes * 4 < first.procs_bytes,
+        "the second checkpoint wrote {} bytes of the children's memory, the first {}",
+        second.procs_bytes,
+        first.procs_bytes
+    );
 
     // Back at checkpoint 1: every child is there, running on from where it was.
     let mut a = resume(dir.path(), 1, false);
@@ -1294,6 +1322,7 @@ fn measure_checkpoints_and_forks_with_a_running_child() {
         v[v.len() / 2]
     };
     let mut sessions = Vec::new();
+    let mut written: [Vec<f64>; 2] = Default::default();
     for child in [false, true] {
         let mut sb = kit.template.fork_tracked(&kit.engine, limits(60)).unwrap();
         sb.set_keep_running(true);
@@ -1304,23 +1333,26 @@ fn measure_checkpoints_and_forks_with_a_running_child() {
         sessions.push((sb, tempfile::tempdir().unwrap(), Vec::new(), Vec::new(), 0u32));
     }
     for i in 1..=N {
-        for (sb, dir, ckpt, fork, _) in sessions.iter_mut() {
+        for (k, (sb, dir, ckpt, fork, _)) in sessions.iter_mut().enumerate() {
             ok(sb, &format!("x = {i}"));
             let t0 = Instant::now();
-            checkpoint(sb, dir.path(), i);
+            let (_, stats) = checkpoint_stats(sb, dir.path(), i);
             ckpt.push(t0.elapsed().as_secs_f64() * 1000.0);
+            written[k].push(stats.bytes() as f64 / 1024.0);
             let t0 = Instant::now();
             let f = resume(dir.path(), i, true);
             fork.push(t0.elapsed().as_secs_f64() * 1000.0);
             drop(f);
         }
     }
-    for (child, (sb, dir, ckpt, fork, _)) in [false, true].into_iter().zip(sessions) {
+    for ((child, (sb, dir, ckpt, fork, _)), written) in [false, true].into_iter().zip(sessions).zip(written) {
         let state = std::fs::metadata(dir.path().join(format!("state{N}"))).unwrap().len();
         eprintln!(
-            "{}: checkpoint p50 {:.2} ms, fork of the checkpoint p50 {:.2} ms, state file {} KiB, background processes {}",
+            "{}: checkpoint p50 {:.2} ms ({:.1} KiB written p50, the first {:.1} KiB), fork of the checkpoint p50 {:.2} ms, state file {} KiB, background processes {}",
             if child { "one running child" } else { "no child" },
             p50(ckpt),
+            p50(written.clone()),
+            written[0],
             p50(fork),
             state / 1024,
             sb.background_processes()

@@ -157,11 +157,53 @@ pub struct ChildRecord {
     pub pending_user: Option<forkbox_vmm::regs::Regs>,
     /// The vCPU stopped at a syscall exit (in the syscall stub).
     pub in_stub: bool,
-    /// Its guest memory as a layer (the bytes of a layer file) over its base.
-    pub memory: Vec<u8>,
+    /// Its guest memory: layers over its base, newest first (the pages it
+    /// changed since the previous checkpoint, then that checkpoint's
+    /// layers back to a whole one), each a part of a checkpoint's process
+    /// memory file (`<name>.procs`, beside its state), not the bytes.
+    pub memory: Vec<MemoryRef>,
     /// The base `memory` is a layer over: the template's memory (a child of
     /// the agent that has not called execve) or zeros (after an execve).
     pub on_template: bool,
+}
+
+/// Where one layer of a child process' memory is: `len` bytes at `offset` of
+/// `file` (a checkpoint's process memory file, named like its pack: a plain
+/// file name of the sessions directory), whose CRC-32 is `crc`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryRef {
+    pub file: String,
+    pub offset: u64,
+    pub len: u64,
+    pub crc: u32,
+}
+
+/// Most layers one child's memory is recorded in (a longer chain starts
+/// again from a whole layer over its base).
+pub const MAX_MEMORY_CHAIN: usize = 32;
+
+impl Children {
+    /// The process memory files the records name (sorted, each once),
+    /// checked: plain file names, at most [`MAX_MEMORY_CHAIN`] layers a process.
+    pub fn memory_files(&self) -> Result<Vec<String>, StateError> {
+        let mut out = std::collections::BTreeSet::new();
+        for c in &self.processes {
+            if c.memory.len() > MAX_MEMORY_CHAIN {
+                return Err(StateError::Corrupt(format!(
+                    "process {}: {} memory layers",
+                    c.process.pid,
+                    c.memory.len()
+                )));
+            }
+            for r in &c.memory {
+                if !crate::files::valid_pack_name(&r.file) {
+                    return Err(StateError::Corrupt(format!("process {}: memory file name", c.process.pid)));
+                }
+                out.insert(r.file.clone());
+            }
+        }
+        Ok(out.into_iter().collect())
+    }
 }
 
 pub fn encode(s: &Snapshot) -> Vec<u8> {

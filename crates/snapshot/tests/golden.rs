@@ -46,7 +46,7 @@ use forkbox_snapshot::files::{FileTable, StoredChunk, StoredFile};
 use forkbox_snapshot::layer::{apply_layers, write_layer, Layer, LAYER_VERSION, READABLE_LAYER_VERSIONS};
 use forkbox_snapshot::regs::{DTable, Regs, Segment, Sregs, VcpuRecord, Xcr, Xcrs, Xsave, XSAVE_SIZE};
 use forkbox_snapshot::{
-    state, ChildRecord, Children, LayerPlan, MemoryStats, Snapshot, FORMAT_VERSION, READABLE_VERSIONS,
+    state, ChildRecord, Children, LayerPlan, MemoryRef, MemoryStats, Snapshot, FORMAT_VERSION, READABLE_VERSIONS,
 };
 use forkbox_vmm::GuestMemory;
 
@@ -219,15 +219,30 @@ fn process_and_child(image: &Arc<Image>, session: bool) -> (ProcessState, Option
     (s, child)
 }
 
-/// The other processes of the session checkpoint (format 10): one running
-/// child (pid 3) whose memory is a small layer over zeros, one zombie (pid 4)
-/// not yet waited for.
-fn children(image: &Arc<Image>) -> Children {
-    let (_, child) = process_and_child(image, true);
+/// A child's memory layer over zeros (page 1 of the layer inputs), as a
+/// process memory file holds it.
+fn child_layer() -> Vec<u8> {
     let (_, mem, _) = layer_inputs();
     let zeros = vec![0u8; 16 * 4096];
     let mut memory = Vec::new();
     LayerPlan::new(&mem, &zeros, &[1]).unwrap().write_into(&mut memory).unwrap();
+    memory
+}
+
+/// The other processes of the session checkpoint (format 10): one running
+/// child (pid 3) whose memory is two layers over zeros in the process memory
+/// files of this checkpoint and of its parent, one zombie (pid 4) not yet
+/// waited for.
+fn children(image: &Arc<Image>) -> Children {
+    let (_, child) = process_and_child(image, true);
+    let layer = child_layer();
+    let part = |file: &str, offset: u64| MemoryRef {
+        file: file.into(),
+        offset,
+        len: layer.len() as u64,
+        crc: crc32fast::hash(&layer),
+    };
+    let memory = vec![part("c_0002.procs", 0), part("c_0001.procs", 4096)];
     let entry = |ppid, exit| Entry { ppid, pgid: 2, sid: 2, nice: 0, exit };
     Children {
         table: Some(ProcTableState {
@@ -476,8 +491,9 @@ fn golden_states_of_every_readable_version_decode() {
                 let child = Process::restore_child(&proc, c.process.clone())
                     .unwrap_or_else(|e| panic!("{kind} v{v}: a child does not restore: {e}"));
                 assert!(child.save_child_state() == c.process, "{kind} v{v}: restore + save changed a child");
-                Layer::from_bytes(c.memory.clone(), "child memory").unwrap();
             }
+            let files = snap.children.memory_files().unwrap();
+            assert_eq!(files.len(), 2 * usize::from(kind == "session-state" && v >= 10), "{kind} v{v}");
             if let Some(t) = snap.children.table.clone() {
                 let live: Vec<u32> = snap.children.processes.iter().map(|c| c.process.pid).collect();
                 ProcTable::restore_state(t, &live).unwrap_or_else(|e| panic!("{kind} v{v}: process table: {e}"));
@@ -526,6 +542,37 @@ fn golden_layers_of_every_readable_version_apply() {
             mem.slice(0, 16 * 4096).unwrap(),
             "layer v{v} applies to other bytes"
         );
+    }
+}
+
+/// A child's memory layer is read from its part of a process memory file,
+/// checked against the record's offset, length and checksum.
+#[test]
+fn child_memory_layers_read_from_their_part_of_a_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let layer = child_layer();
+    let path = tmp.path().join("c_0001.procs");
+    let mut bytes = vec![0x5a; 4096];
+    bytes.extend_from_slice(&layer);
+    std::fs::write(&path, &bytes).unwrap();
+    let f = std::fs::File::open(&path).unwrap();
+    let at =
+        MemoryRef { file: "c_0001.procs".into(), offset: 4096, len: layer.len() as u64, crc: crc32fast::hash(&layer) };
+    let read = Layer::read_part(&f, &at, "c_0001.procs").unwrap();
+    assert_eq!(read.pages, [1]);
+    let (_, mem, _) = layer_inputs();
+    let zeros = vec![0u8; 16 * 4096];
+    let mut fresh = GuestMemory::anonymous(1 << 20).unwrap();
+    assert_eq!(apply_layers(&mut fresh, &zeros, &[read]).unwrap(), 1);
+    assert_eq!(fresh.slice(4096, 4096).unwrap(), mem.slice(4096, 4096).unwrap());
+    // Another checksum, a part beyond the end, an offset that overflows, a part that is not a layer.
+    for bad in [
+        MemoryRef { crc: at.crc ^ 1, ..at.clone() },
+        MemoryRef { offset: 4097, ..at.clone() },
+        MemoryRef { offset: u64::MAX, ..at.clone() },
+        MemoryRef { offset: 0, len: 64, crc: crc32fast::hash(&bytes[..64]), ..at.clone() },
+    ] {
+        assert!(Layer::read_part(&f, &bad, "c_0001.procs").is_err(), "{bad:?} was read");
     }
 }
 
