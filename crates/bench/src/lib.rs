@@ -1022,13 +1022,14 @@ fn running_child(w: &forkbox_sessions::manager::SessionManager, samples: usize) 
     let limits = Limits::default();
     let (plain, busy) = (w.create(t, Default::default(), &limits)?, w.create(t, Default::default(), &limits)?);
     w.exec(t, &plain.id, "x = 1")?;
-    w.exec(
+    let started = w.exec(
         t,
         &busy.id,
-        "import subprocess, sys, time
-         child = subprocess.Popen([sys.executable, '-c', 'import time\nwhile True: time.sleep(0.02)'])
+        "import subprocess, sys, time\n\
+         child = subprocess.Popen([sys.executable, '-c', 'import time\\nwhile True: time.sleep(0.02)'])\n\
          time.sleep(1)",
     )?;
+    anyhow::ensure!(started.result.error.is_none(), "starting the child: {:?}", started.result.error);
     type Ms = [Vec<f64>; 2];
     let (mut ck, mut kib, mut fork) = (Ms::default(), Ms::default(), Ms::default());
     for i in 0..samples {
@@ -1045,7 +1046,12 @@ fn running_child(w: &forkbox_sessions::manager::SessionManager, samples: usize) 
         }
     }
     let alive = w.exec(t, &busy.id, "child.poll() is None")?;
-    anyhow::ensure!(alive.result.value.as_deref() == Some("True"), "the child is gone: {:?}", alive.result.value);
+    anyhow::ensure!(
+        alive.result.value.as_deref() == Some("True"),
+        "the child is gone: {:?} {:?}",
+        alive.result.value,
+        alive.result.error
+    );
     println!(
         "sessions in session workers with one running Python child vs none, interleaved ({samples} samples each):"
     );

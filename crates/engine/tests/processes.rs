@@ -1206,12 +1206,7 @@ fn count(sb: &mut forkbox_engine::Sandbox, file: &str) -> u64 {
     value(sb, &format!("int(open('{file}').read())")).parse().unwrap()
 }
 
-/// A checkpoint of `sb` as number `n` in `dir`: its state file.
-fn checkpoint(sb: &mut forkbox_engine::Sandbox, dir: &std::path::Path, n: u32) -> std::path::PathBuf {
-    checkpoint_stats(sb, dir, n).0
-}
-
-/// [`checkpoint`], and what it wrote.
+/// A checkpoint of `sb` as number `n` in `dir`: its state file, and what it wrote.
 fn checkpoint_stats(
     sb: &mut forkbox_engine::Sandbox,
     dir: &std::path::Path,
