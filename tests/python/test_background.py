@@ -473,16 +473,21 @@ def test_checkpoints_bring_a_child_process_back_running_from_where_it_was(api):
     run(api, fid, "counter.kill(); counter.wait()")
 
 
-def test_an_evicted_session_comes_back_with_its_child_running(api, server):
-    sid = session(api)
-    run(api, sid, PY_COUNTER)
-    k = wait_pcount(api, sid, 5)
+def evict(api, server, sid: str) -> None:
+    """Pause the session (E2B's pause: it is evicted to disk) and wait until it is not resident."""
     r = httpx.post(f"{server.url}/sandboxes/{sid}/pause", headers={"X-API-KEY": server.key}, timeout=TIMEOUT)
     assert r.status_code == 204, r.text
     deadline = time.monotonic() + 20
     while api.get(f"/v1/sessions/{sid}").json()["resident"]:
         assert time.monotonic() < deadline, "not evicted"
         time.sleep(0.2)
+
+
+def test_an_evicted_session_comes_back_with_its_child_running(api, server):
+    sid = session(api)
+    run(api, sid, PY_COUNTER)
+    k = wait_pcount(api, sid, 5)
+    evict(api, server, sid)
     back = pcount(api, sid)
     assert back >= k, (k, back)
     on = wait_pcount(api, sid, back + 10)
@@ -544,12 +549,7 @@ def test_a_childs_memory_is_written_whole_once_then_only_what_it_changed(api, se
     for _, s, n in ours[-3:]:
         assert s * 4 < whole, f"{n}: {s} bytes, the whole child {whole}: {ours}"
     # An evicted session comes back from that chain of layers.
-    r = httpx.post(f"{server.url}/sandboxes/{sid}/pause", headers={"X-API-KEY": server.key}, timeout=TIMEOUT)
-    assert r.status_code == 204, r.text
-    deadline = time.monotonic() + 20
-    while api.get(f"/v1/sessions/{sid}").json()["resident"]:
-        assert time.monotonic() < deadline, "not evicted"
-        time.sleep(0.2)
+    evict(api, server, sid)
     back = pcount(api, sid)
     assert wait_pcount(api, sid, back + 10) > back + 10
     # The files go with their checkpoints.
