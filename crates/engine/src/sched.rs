@@ -52,6 +52,11 @@ pub(crate) struct Task {
     /// back, its next runnable thread runs (round robin inside it too, so a
     /// CPU-bound thread does not keep every slice of its process).
     pub(crate) rr_due: bool,
+    /// Where the last checkpoint recorded this process' memory (its layers,
+    /// newest first), while its VM has logged the pages written since
+    /// (empty: not recorded, or its memory was replaced: the next checkpoint
+    /// records it whole over its base).
+    pub(crate) mem_chain: Vec<forkbox_snapshot::MemoryRef>,
 }
 
 impl Task {
@@ -65,6 +70,7 @@ impl Task {
             woken: None,
             wait_on: HashMap::new(),
             rr_due: false,
+            mem_chain: Vec::new(),
         }
     }
 

@@ -712,10 +712,12 @@ fn layer_names(chain: &[CheckpointRecord], head: i64) -> Result<(Vec<String>, Ch
 }
 
 /// The files of a checkpoint: its layer, its state, the pack of its changed
-/// file chunks (`<name>.files`, may not exist) and its flat layer if any.
+/// file chunks (`<name>.files`, may not exist), the memory layers of its
+/// child processes (`<name>.procs`, may not exist) and its flat layer if any.
 fn checkpoint_files(layer: &str, state: &str, flat: Option<&str>) -> Vec<String> {
     let pack = Path::new(state).with_extension("files").to_string_lossy().into_owned();
-    let mut v = vec![layer.to_string(), state.to_string(), pack];
+    let procs = forkbox_snapshot::files::procs_name(&pack);
+    let mut v = vec![layer.to_string(), state.to_string(), pack, procs];
     v.extend(flat.map(str::to_string));
     v
 }
@@ -1851,6 +1853,7 @@ impl SessionManager {
         let output_bytes = output.as_ref().map_or(0, |o| o.len() as u64);
         let name = random_id("c_");
         let (layer, state, pack) = (format!("{name}.layer"), format!("{name}.state"), format!("{name}.files"));
+        let procs = forkbox_snapshot::files::procs_name(&pack);
         let mut reservation = None;
         // (temp path, final name, our own handle) of each file made.
         let mut made: Vec<(PathBuf, String, std::fs::File)> = Vec::new();
@@ -1868,6 +1871,7 @@ impl SessionManager {
             Ok(CheckpointFiles {
                 layer: create(&layer)?,
                 pack: if size.pack { Some(create(&pack)?) } else { None },
+                procs: if size.procs { Some(create(&procs)?) } else { None },
                 state: create(&state)?,
             })
         });
@@ -1899,6 +1903,8 @@ impl SessionManager {
                     stats.layer.bytes
                 } else if *final_name == pack {
                     stats.pack_bytes
+                } else if *final_name == procs {
+                    stats.procs_bytes
                 } else {
                     stats.state_bytes
                 };
@@ -2051,9 +2057,15 @@ impl SessionManager {
         // Open: the cache may drop them now.
         drop(pinned);
         tracing::debug!(elapsed = ?t0.elapsed(), layers = layers.len(), "opened the layer chain");
-        // The state names the packs it reads; only its lineage's are handed over.
-        let lineage: std::collections::HashSet<String> =
-            chain.iter().map(|c| Path::new(&c.state).with_extension("files").to_string_lossy().into_owned()).collect();
+        // The state names the packs and process memory files it reads; only
+        // its lineage's are handed over.
+        let lineage: std::collections::HashSet<String> = chain
+            .iter()
+            .flat_map(|c| {
+                let pack = Path::new(&c.state).with_extension("files").to_string_lossy().into_owned();
+                [forkbox_snapshot::files::procs_name(&pack), pack]
+            })
+            .collect();
         let mut packs = |wanted: &[String]| -> Result<Vec<NamedFile>, SessionError> {
             if wanted.len() > lineage.len() {
                 return Err(StateError::Corrupt("the state names more packs than its lineage has".into()).into());
