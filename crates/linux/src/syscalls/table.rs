@@ -166,7 +166,7 @@ table! {
     46 sendmsg => net::sendmsg, Partial("AF_UNIX: data and fd passing (SCM_RIGHTS, at most 253 a message and 1024 in flight per sandbox: ETOOMANYREFS); SCM_CREDENTIALS EOPNOTSUPP; AF_INET*: data, IPV6_HOPLIMIT/TCLASS to the sandbox's sockets");
     47 recvmsg => net::recvmsg, Partial("AF_UNIX: data and SCM_RIGHTS (MSG_CTRUNC, MSG_CMSG_CLOEXEC); no credentials; AF_INET*: data, IPV6_HOPLIMIT/TCLASS (RFC 3542) from the sandbox's sockets");
     48 shutdown => net::shutdown, Full;
-    49 bind => net::bind, Partial("AF_UNIX paths; TCP: loopback or the wildcard, in the sandbox's port table (EADDRINUSE, port 0 ephemeral); UDP: loopback or the wildcard, in the sandbox's UDP port table (never a host port); IPv4 and IPv6 addresses apart, an AF_INET6 `::` holding both families (and taking IPv4 connections) unless IPV6_V6ONLY is set, as Linux with bindv6only 0");
+    49 bind => net::bind, Partial("AF_UNIX paths; TCP, UDP: loopback or the wildcard, in the sandbox's port tables (EADDRINUSE, port 0 ephemeral, never a host port); AF_INET6 `::` holds IPv4 too unless IPV6_V6ONLY");
     50 listen => net::listen, Partial("AF_UNIX, and TCP on loopback/the wildcard inside the sandbox (never a host port; connects from the sandbox only; a full backlog refuses, where Linux drops the SYN)");
     51 getsockname => net::getsockname, Full;
     52 getpeername => net::getpeername, Full;
