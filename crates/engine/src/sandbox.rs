@@ -1641,7 +1641,7 @@ impl Sandbox {
     /// state and RAX = 0, and a copy of its process state.
     fn fork_process(&mut self, regs: &kvm_regs, spec: &ForkSpec) -> Result<(), EngineError> {
         let parent = self.sched.cur.vm.as_ref().expect("sandbox VM present until drop");
-        let (mem, _pages) = parent.mem().fork_copy()?;
+        let (mem, pages) = parent.mem().fork_copy()?;
         let mut vm = Vm::new(&self.cpu, mem)?;
         let st = parent.save_vcpu()?;
         vm.restore_vcpu(&st)?;
@@ -1664,7 +1664,13 @@ impl Sandbox {
         }
         crate::vdso::refresh(&mut vm, self.vdso)?;
         self.jobs.join(&mut self.kernel, self.sched.cur.proc.pid, spec.pid);
-        self.sched.add(Task::new(vm, child));
+        // What the child holds before it runs: its copy of the parent's private pages
+        // (and the page its tid went to), and the shared mappings.
+        let shared: u64 = vm.mem().shared_ranges().map(|(_, r)| r.len).fold(0, u64::saturating_add);
+        let mut task = Task::new(vm, child);
+        let copied = pages.saturating_add(1).saturating_mul(forkbox_vmm::layout::PAGE_SIZE);
+        task.held = Some(copied.saturating_add(shared));
+        self.sched.add(task);
         Ok(())
     }
 
@@ -1985,10 +1991,7 @@ impl Sandbox {
                 self.sched.resched = true;
             }
             Some(Effect::Fork(spec)) => {
-                // The memory limit counts every process: the child starts with the parent's mappings.
-                let others = self.sched.committed_by_others();
-                let total = others.saturating_add(self.sched.cur.proc.mm.committed().saturating_mul(2));
-                if total > self.limits.memory_bytes {
+                if !self.sched.fork_fits() {
                     self.kernel.procs.unspawn(spec.pid);
                     ret = Errno::ENOMEM.to_rax();
                 } else if let Err(e) = self.fork_process(&regs, &spec) {

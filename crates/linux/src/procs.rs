@@ -19,7 +19,9 @@ use crate::thread::SigInfo;
 /// The first process (the agent's): its pid, group and session.
 pub const GUEST_PID: u32 = 2;
 /// Processes alive at once in one sandbox, zombies included: a fork beyond fails with EAGAIN.
-pub const MAX_PROCS: usize = 64;
+/// Room for a program that starts 100 workers at once (CPython's multiprocessing tests do);
+/// the memory limit bounds what they hold.
+pub const MAX_PROCS: usize = 128;
 /// Pids go up to here, then wrap (skipping those in use).
 const PID_MAX: u32 = 1 << 22;
 

@@ -395,6 +395,11 @@ impl Sock {
             .collect()
     }
 
+    /// IPV6_V6ONLY is set (an AF_INET6 socket's `::` binding is IPv6 only).
+    fn v6only(&self) -> bool {
+        v6only_in(self.domain, self.opts.get(&(libc::IPPROTO_IPV6, libc::IPV6_V6ONLY)).map(Vec::as_slice))
+    }
+
     fn new(domain: i32, stream: bool, backend: Backend) -> Sock {
         Sock {
             domain,
@@ -555,18 +560,37 @@ fn loop_dest(addr: SocketAddr) -> SocketAddr {
     SocketAddr::new(ip, addr.port())
 }
 
-/// Does a socket bound to `bound` on a socket of `domain` take connections to `dest` (from `loop_dest`)?
-fn listener_takes(bound: SocketAddr, domain: i32, dest: SocketAddr) -> bool {
+/// Does a socket bound to `bound` (`v6only`: IPV6_V6ONLY set on it) take
+/// connections to `dest` (from `loop_dest`)?
+fn listener_takes(bound: SocketAddr, v6only: bool, dest: SocketAddr) -> bool {
     if bound.port() != dest.port() {
         return false;
     }
-    let b = loop_dest_ip(bound.ip());
-    match (b, dest.ip()) {
-        // 0.0.0.0 takes IPv4; :: (an AF_INET6 socket, dual stack) takes both.
-        (None, IpAddr::V4(_)) => true,
-        (None, IpAddr::V6(_)) => domain == libc::AF_INET6,
-        (Some(b), d) => b == d,
+    let (v4, v6) = bind_scope(bound.ip(), v6only);
+    match dest.ip() {
+        IpAddr::V4(d) => v4.is_some_and(|b| b.is_none_or(|b| b == d)),
+        IpAddr::V6(d) => v6.is_some_and(|b| b.is_none_or(|b| b == d)),
     }
+}
+
+/// The addresses a binding to `ip` holds, of IPv4 and of IPv6: None (none of
+/// that family), Some(None) (that family's wildcard) or Some(Some(ip)). As
+/// Linux: 0.0.0.0 and IPv4-mapped addresses are IPv4; `::` is both families
+/// (an AF_INET6 socket is dual stack, /proc/sys/net/ipv6/bindv6only is 0)
+/// unless IPV6_V6ONLY is set; any other IPv6 address is IPv6 only.
+#[allow(clippy::type_complexity)]
+fn bind_scope(ip: IpAddr, v6only: bool) -> (Option<Option<Ipv4Addr>>, Option<Option<std::net::Ipv6Addr>>) {
+    match (as_v4(ip), ip) {
+        (Some(v4), _) => (Some(Some(v4).filter(|v| !v.is_unspecified())), None),
+        (None, IpAddr::V6(v6)) if v6.is_unspecified() => ((!v6only).then_some(None), Some(None)),
+        (None, IpAddr::V6(v6)) => (None, Some(Some(v6))),
+        (None, IpAddr::V4(_)) => (None, None),
+    }
+}
+
+/// Is IPV6_V6ONLY set among a socket's option values (an AF_INET6 socket's only)?
+fn v6only_in(domain: i32, val: Option<&[u8]>) -> bool {
+    domain == libc::AF_INET6 && val.is_some_and(|v| v.iter().any(|b| *b != 0))
 }
 
 /// A bound address's IP as compared with destinations (None: the wildcard).
@@ -579,13 +603,19 @@ fn loop_dest_ip(ip: IpAddr) -> Option<IpAddr> {
     }
 }
 
-/// Do two bound addresses overlap (same port, and the same IP or a wildcard)?
-fn binds_overlap(a: SocketAddr, b: SocketAddr) -> bool {
-    a.port() == b.port()
-        && match (loop_dest_ip(a.ip()), loop_dest_ip(b.ip())) {
-            (None, _) | (_, None) => true,
-            (Some(x), Some(y)) => x == y,
+/// Do two bound addresses overlap (same port, and in one family the same IP
+/// or a wildcard)? `a_v6only`, `b_v6only`: IPV6_V6ONLY is set on the socket (an IPv6-only
+/// `::` leaves the IPv4 addresses of its port to others).
+fn binds_overlap(a: SocketAddr, a_v6only: bool, b: SocketAddr, b_v6only: bool) -> bool {
+    fn meet<T: PartialEq>(x: Option<Option<T>>, y: Option<Option<T>>) -> bool {
+        match (x, y) {
+            (Some(None), Some(_)) | (Some(_), Some(None)) => true,
+            (Some(Some(x)), Some(Some(y))) => x == y,
+            _ => false,
         }
+    }
+    let ((a4, a6), (b4, b6)) = (bind_scope(a.ip(), a_v6only), bind_scope(b.ip(), b_v6only));
+    a.port() == b.port() && (meet(a4, b4) || meet(a6, b6))
 }
 
 fn unix_pair() -> Result<(Socket, Socket), Errno> {
@@ -829,11 +859,12 @@ impl NetIo {
     /// Is `addr` taken by a TCP socket other than `me`? As Linux: a
     /// listener always holds its port; any other socket holding it (bound, or
     /// an end of a connection) lets another have it only if both set SO_REUSEADDR.
-    fn port_taken(&self, me: u64, addr: SocketAddr, reuse: bool) -> bool {
+    /// `v6only`: IPV6_V6ONLY is set on `me`.
+    fn port_taken(&self, me: u64, addr: SocketAddr, reuse: bool, v6only: bool) -> bool {
         self.socks.iter().any(|(id, s)| {
             *id != me
                 && s.stream
-                && s.local.is_some_and(|l| binds_overlap(l, addr))
+                && s.local.is_some_and(|l| binds_overlap(l, s.v6only(), addr, v6only))
                 && (matches!(s.backend, Backend::Listener(_)) || !(reuse && s.reuse))
         })
     }
@@ -842,9 +873,10 @@ impl NetIo {
     fn ephemeral(&mut self, me: u64, ip: IpAddr) -> Result<u16, Errno> {
         let span = (EPHEMERAL.1 - EPHEMERAL.0) as u64 + 1;
         let start = (self.nonce >> 32).wrapping_add(self.next.wrapping_mul(7919)) % span;
+        let v6only = self.socks.get(&me).is_some_and(Sock::v6only);
         for k in 0..span {
             let port = EPHEMERAL.0 + ((start + k) % span) as u16;
-            if !self.port_taken(me, SocketAddr::new(ip, port), false) {
+            if !self.port_taken(me, SocketAddr::new(ip, port), false, v6only) {
                 return Ok(port);
             }
         }
@@ -858,7 +890,7 @@ impl NetIo {
             return None;
         }
         self.socks.iter().find_map(|(id, s)| match (&s.backend, s.local) {
-            (Backend::Listener(_), Some(l)) if listener_takes(l, s.domain, dest) => Some(*id),
+            (Backend::Listener(_), Some(l)) if listener_takes(l, s.v6only(), dest) => Some(*id),
             _ => None,
         })
     }
@@ -882,10 +914,10 @@ impl NetIo {
         if s.loop_peer.is_some() || s.peer.is_some() || s.connecting.is_some() {
             return Err(Errno::EINVAL);
         }
-        let (local, reuse, domain) = (s.local, s.reuse, s.domain);
+        let (local, reuse, domain, v6only) = (s.local, s.reuse, s.domain, s.v6only());
         let local = match local {
             Some(l) => {
-                if self.port_taken(id, l, reuse) {
+                if self.port_taken(id, l, reuse, v6only) {
                     return Err(Errno::EADDRINUSE);
                 }
                 l
@@ -914,7 +946,7 @@ impl NetIo {
                 (Backend::Listener(_), Some(l)) => {
                     let proxied = [IpAddr::from(Ipv4Addr::LOCALHOST), IpAddr::from(std::net::Ipv6Addr::LOCALHOST)]
                         .into_iter()
-                        .any(|ip| listener_takes(l, s.domain, SocketAddr::new(ip, l.port())));
+                        .any(|ip| listener_takes(l, s.v6only(), SocketAddr::new(ip, l.port())));
                     Some((l, proxied))
                 }
                 _ => None,
@@ -985,10 +1017,14 @@ impl NetIo {
                 return bad("socket id not a socket's or taken");
             }
             // Listeners hold their ports (the record holds no two that overlap).
-            if ls[..i].iter().any(|o| o.id == l.id || binds_overlap(o.local, l.local)) {
+            let v6only = |l: &ListenerState| {
+                let opt = l.opts.iter().find(|(k, _)| *k == (libc::IPPROTO_IPV6, libc::IPV6_V6ONLY));
+                v6only_in(l.domain, opt.map(|(_, v)| v.as_slice()))
+            };
+            if ls[..i].iter().any(|o| o.id == l.id || binds_overlap(o.local, v6only(o), l.local, v6only(l))) {
                 return bad("its port is taken by another listener");
             }
-            if self.port_taken(l.id, l.local, l.reuse) {
+            if self.port_taken(l.id, l.local, l.reuse, v6only(l)) {
                 return bad("its port is taken");
             }
         }
@@ -1773,9 +1809,9 @@ impl NetIo {
             if !sandbox_local(addr.ip()) {
                 return Err(Errno::EADDRNOTAVAIL);
             }
-            let reuse = s.reuse;
+            let (reuse, v6only) = (s.reuse, s.v6only());
             let addr = if addr.port() == 0 { SocketAddr::new(addr.ip(), self.ephemeral(id, addr.ip())?) } else { addr };
-            if self.port_taken(id, addr, reuse) {
+            if self.port_taken(id, addr, reuse, v6only) {
                 return Err(Errno::EADDRINUSE);
             }
             self.sock(id)?.local = Some(addr);
@@ -1805,11 +1841,12 @@ impl NetIo {
     /// UDP and UDP-Lite have a port table each.
     fn udp_port_taken(&self, me: u64, addr: SocketAddr, reuse: bool) -> bool {
         let lite = self.is_udplite(me);
+        let v6only = self.socks.get(&me).is_some_and(Sock::v6only);
         self.socks.iter().any(|(id, s)| {
             *id != me
                 && !s.stream
                 && s.lite == lite
-                && s.local.is_some_and(|l| binds_overlap(l, addr))
+                && s.local.is_some_and(|l| binds_overlap(l, s.v6only(), addr, v6only))
                 && !(reuse && s.reuse)
         })
     }
@@ -1838,7 +1875,9 @@ impl NetIo {
             .socks
             .iter()
             .filter(|(id, s)| **id != me || s.local.is_some())
-            .filter(|(_, s)| !s.stream && s.lite == lite && s.local.is_some_and(|l| listener_takes(l, s.domain, dest)))
+            .filter(|(_, s)| {
+                !s.stream && s.lite == lite && s.local.is_some_and(|l| listener_takes(l, s.v6only(), dest))
+            })
             .map(|(id, _)| *id)
             .collect();
         // Several bound with SO_REUSEADDR: the first bound (lowest id) gets it.
