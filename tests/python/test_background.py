@@ -401,3 +401,158 @@ def test_a_command_on_a_pty_is_a_terminal_with_echo_resize_and_ctrl_c(api):
     assert r.status_code == 400 and "pty" in r.json()["error"]["message"], r.text
     r = api.post(f"/v1/sessions/{sid}/commands", json={"cmd": "true", "pty": {"rows": 2, "cols": 2}})
     assert r.status_code == 400 and "background" in r.json()["error"]["message"], r.text
+
+
+# A Python child that writes an incrementing number (kept in its own memory,
+# never read back from the file) to /tmp/pcount every ~20 ms.
+PY_COUNTER = """
+import subprocess, sys
+counter = subprocess.Popen([sys.executable, '-c', '''
+import os, time
+n = 0
+while True:
+    n += 1
+    with open("/tmp/pcount.tmp", "w") as f:
+        f.write(str(n))
+    os.replace("/tmp/pcount.tmp", "/tmp/pcount")
+    time.sleep(0.02)
+'''])
+"""
+
+
+def pcount(api, sid: str) -> int:
+    """The count (0 before the child's Python wrote it first)."""
+    code = "import os\nint(open('/tmp/pcount').read()) if os.path.exists('/tmp/pcount') else 0"
+    return int(run(api, sid, code)["value"])
+
+
+def wait_pcount(api, sid: str, above: int) -> int:
+    """The count, once it is past `above` (it keeps counting), within a few seconds."""
+    deadline = time.monotonic() + 10
+    while True:
+        n = pcount(api, sid)
+        if n > above or time.monotonic() > deadline:
+            return n
+        time.sleep(0.1)
+
+
+def checkpoint_of(api, sid: str) -> int:
+    return api.get(f"/v1/sessions/{sid}").json()["checkpoint"]
+
+
+def test_checkpoints_bring_a_child_process_back_running_from_where_it_was(api):
+    sid = session(api)
+    run(api, sid, PY_COUNTER)
+    k = wait_pcount(api, sid, 5)
+    seq = checkpoint_of(api, sid)
+    later = wait_pcount(api, sid, k + 25)
+    assert later > k + 25, (k, later)
+    # Revert: the child comes back with its memory as it was at that checkpoint,
+    # counting on from there (not from 0, not from the later value).
+    r = api.post(f"/v1/sessions/{sid}/revert", json={"checkpoint": seq})
+    assert r.status_code == 200, r.text
+    back = pcount(api, sid)
+    assert k <= back < later, (k, back, later)
+    on = wait_pcount(api, sid, back + 10)
+    assert on > back + 10, (back, on)
+    # The agent still has it as its running child.
+    assert run(api, sid, "counter.poll()")["value"] is None
+    # A fork has its own counter, on its own file system, from the same point.
+    r = api.post(f"/v1/sessions/{sid}/fork", json={})
+    assert r.status_code == 201, r.text
+    fid = r.json()["id"]
+    assert run(api, sid, "counter.kill(); counter.wait()")["value"] == "-9"
+    stopped = pcount(api, sid)
+    f0 = pcount(api, fid)
+    assert f0 >= on - 1, (on, f0)
+    f1 = wait_pcount(api, fid, f0 + 10)
+    assert f1 > f0 + 10, (f0, f1)
+    assert run(api, fid, "counter.poll()")["value"] is None
+    time.sleep(0.3)
+    assert pcount(api, sid) == stopped
+    run(api, fid, "counter.kill(); counter.wait()")
+
+
+def evict(api, server, sid: str) -> None:
+    """Pause the session (E2B's pause: it is evicted to disk) and wait until it is not resident."""
+    r = httpx.post(f"{server.url}/sandboxes/{sid}/pause", headers={"X-API-KEY": server.key}, timeout=TIMEOUT)
+    assert r.status_code == 204, r.text
+    deadline = time.monotonic() + 20
+    while api.get(f"/v1/sessions/{sid}").json()["resident"]:
+        assert time.monotonic() < deadline, "not evicted"
+        time.sleep(0.2)
+
+
+def test_an_evicted_session_comes_back_with_its_child_running(api, server):
+    sid = session(api)
+    run(api, sid, PY_COUNTER)
+    k = wait_pcount(api, sid, 5)
+    evict(api, server, sid)
+    back = pcount(api, sid)
+    assert back >= k, (k, back)
+    on = wait_pcount(api, sid, back + 10)
+    assert on > back + 10, (back, on)
+    assert run(api, sid, "counter.poll()")["value"] is None
+    assert run(api, sid, "counter.kill(); counter.wait()")["value"] == "-9"
+
+
+PIPE_CHILD = """
+import subprocess, sys
+talker = subprocess.Popen([sys.executable, '-u', '-c', '''
+import sys, time
+i = 0
+while True:
+    i += 1
+    print(i, flush=True)
+    time.sleep(0.02)
+'''], stdout=subprocess.PIPE, text=True)
+first = int(talker.stdout.readline())
+"""
+
+
+def test_a_pipe_between_the_agent_and_its_child_still_delivers_after_a_revert(api):
+    sid = session(api)
+    run(api, sid, PIPE_CHILD)
+    assert run(api, sid, "first")["value"] == "1"
+    a = int(run(api, sid, "int(talker.stdout.readline())")["value"])
+    seq = checkpoint_of(api, sid)
+    time.sleep(0.3)
+    run(api, sid, "x = 1")
+    r = api.post(f"/v1/sessions/{sid}/revert", json={"checkpoint": seq})
+    assert r.status_code == 200, r.text
+    # The agent's read end and the child's write end are one pipe again: lines keep coming, in order.
+    got = [int(run(api, sid, "int(talker.stdout.readline())")["value"]) for _ in range(3)]
+    assert got[0] > a and got[0] < got[1] < got[2], (a, got)
+    assert run(api, sid, "talker.poll()")["value"] is None
+    run(api, sid, "talker.kill(); talker.wait()")
+
+
+def procs_files(server) -> dict:
+    """The process memory files (`<checkpoint>.procs`) of the server's sessions: name -> (mtime, size)."""
+    d = server.home / "sessions" / "layers"
+    return {p.name: (p.stat().st_mtime_ns, p.stat().st_size) for p in d.glob("*.procs")}
+
+
+def test_a_childs_memory_is_written_whole_once_then_only_what_it_changed(api, server):
+    before = set(procs_files(server))
+    sid = session(api)
+    run(api, sid, PY_COUNTER)
+    wait_pcount(api, sid, 5)
+    for i in range(4):
+        run(api, sid, f"x = {i}")
+    ours = sorted((t, s, n) for n, (t, s) in procs_files(server).items() if n not in before)
+    # One file per checkpoint since the child started (an exec of pure Python as well).
+    assert len(ours) >= 5, ours
+    whole = max(s for _, s, _ in ours)
+    assert whole > 256 << 10, f"the child's memory, recorded whole once: {ours}"
+    # The last checkpoints (the child idle between its writes) hold only the pages it changed.
+    for _, s, n in ours[-3:]:
+        assert s * 4 < whole, f"{n}: {s} bytes, the whole child {whole}: {ours}"
+    # An evicted session comes back from that chain of layers.
+    evict(api, server, sid)
+    back = pcount(api, sid)
+    assert wait_pcount(api, sid, back + 10) > back + 10
+    # The files go with their checkpoints.
+    assert api.delete(f"/v1/sessions/{sid}").status_code == 204
+    left = set(procs_files(server)) & {n for _, _, n in ours}
+    assert not left, left

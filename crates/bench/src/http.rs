@@ -99,6 +99,50 @@ async fn first_call(http: &reqwest::Client, s: &Served, template: Option<&str>) 
     Ok(took)
 }
 
+/// One `POST /v1/sessions/{id}/exec` of `code` in a live session; ms.
+async fn session_call(http: &reqwest::Client, s: &Served, id: &str, code: &str) -> Result<f64> {
+    let t = Instant::now();
+    let r = http
+        .post(format!("{}/v1/sessions/{id}/exec", s.url))
+        .bearer_auth(&s.key)
+        .json(&serde_json::json!({ "code": code }))
+        .send()
+        .await?;
+    anyhow::ensure!(
+        r.status().is_success(),
+        "session exec: HTTP {} {}",
+        r.status(),
+        r.text().await.unwrap_or_default()
+    );
+    let v: serde_json::Value = r.json().await?;
+    let took = t.elapsed().as_secs_f64() * 1000.0;
+    anyhow::ensure!(v["error"].is_null(), "unexpected {v}");
+    Ok(took)
+}
+
+/// Calls in a live session (its sandbox resident), each its own checkpoint:
+/// (a call 20 ms after the last, as an agent's calls come; a call right after
+/// the last, which waits for the last one's checkpoint to be durable), ms.
+async fn session_calls(http: &reqwest::Client, s: &Served, samples: usize) -> Result<(Vec<f64>, Vec<f64>)> {
+    let r = http.post(format!("{}/v1/sessions", s.url)).bearer_auth(&s.key).json(&serde_json::json!({})).send().await?;
+    anyhow::ensure!(r.status().is_success(), "create: HTTP {}", r.status());
+    let v: serde_json::Value = r.json().await?;
+    let id = v["id"].as_str().context("no session id")?.to_string();
+    let (mut spaced, mut back) = (Vec::new(), Vec::new());
+    for i in 0..samples + 3 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let a = session_call(http, s, &id, &format!("y = {i}")).await?;
+        let b = session_call(http, s, &id, "y += 1").await?;
+        if i >= 3 {
+            spaced.push(a);
+            back.push(b);
+        }
+    }
+    let r = http.delete(format!("{}/v1/sessions/{id}", s.url)).bearer_auth(&s.key).send().await?;
+    anyhow::ensure!(r.status().is_success(), "delete: HTTP {}", r.status());
+    Ok((spaced, back))
+}
+
 /// Wait until `template` is built on `s` (a first use builds it; 409 until then).
 async fn template_ready(http: &reqwest::Client, s: &Served, template: &str) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(900);
@@ -233,8 +277,16 @@ pub fn http(
         }
         Ok::<(), anyhow::Error>(())
     })?;
+    let mut calls = Vec::new();
+    for s in &servers {
+        calls.push(rt.block_on(session_calls(&http, s, samples.min(100)))?);
+    }
     for (i, s) in servers.iter().enumerate() {
         println!("one-shot exec over HTTP, isolation {:7}  {}", s.isolation, summary(lat[i].clone()));
+    }
+    for (s, (spaced, back)) in servers.iter().zip(calls) {
+        println!("session exec `y = i`, 20 ms after the last call, isolation {:7}  {}", s.isolation, summary(spaced));
+        println!("session exec `y += 1`, right after the last call, isolation {:7}  {}", s.isolation, summary(back));
     }
     for (i, s) in servers.iter().enumerate() {
         for (j, (name, _)) in templates.iter().enumerate() {

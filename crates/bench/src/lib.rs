@@ -1008,7 +1008,61 @@ fn session_boundary(
         p50(&ck[0])
     );
     m.delete(t, &a.id)?;
+    running_child(&w, samples)?;
     drop(w);
+    Ok(())
+}
+
+/// Sessions in session workers (children keep running between calls there)
+/// with and without one running Python child, interleaved sample by sample:
+/// exec + checkpoint (the checkpoint: its total minus the exec's wall time),
+/// what the checkpoint wrote, and a fork of the session resumed (ready).
+fn running_child(w: &forkbox_sessions::manager::SessionManager, samples: usize) -> Result<()> {
+    let t = "bench";
+    let limits = Limits::default();
+    let (plain, busy) = (w.create(t, Default::default(), &limits)?, w.create(t, Default::default(), &limits)?);
+    w.exec(t, &plain.id, "x = 1")?;
+    let started = w.exec(
+        t,
+        &busy.id,
+        "import subprocess, sys, time\n\
+         child = subprocess.Popen([sys.executable, '-c', 'import time\\nwhile True: time.sleep(0.02)'])\n\
+         time.sleep(1)",
+    )?;
+    anyhow::ensure!(started.result.error.is_none(), "starting the child: {:?}", started.result.error);
+    type Ms = [Vec<f64>; 2];
+    let (mut ck, mut kib, mut fork) = (Ms::default(), Ms::default(), Ms::default());
+    for i in 0..samples {
+        for (k, id) in [&plain.id, &busy.id].into_iter().enumerate() {
+            let t0 = Instant::now();
+            let out = w.exec(t, id, &format!("y = {i}"))?;
+            ck[k].push(ms(t0) - out.result.wall_ms);
+            kib[k].push(out.checkpoint.bytes as f64 / 1024.0);
+            let t0 = Instant::now();
+            let f = w.fork(t, id, None, Default::default())?;
+            w.resume(t, &f.id)?;
+            fork[k].push(ms(t0));
+            w.delete(t, &f.id)?;
+        }
+    }
+    let alive = w.exec(t, &busy.id, "child.poll() is None")?;
+    anyhow::ensure!(
+        alive.result.value.as_deref() == Some("True"),
+        "the child is gone: {:?} {:?}",
+        alive.result.value,
+        alive.result.error
+    );
+    println!(
+        "sessions in session workers with one running Python child vs none, interleaved ({samples} samples each):"
+    );
+    for (what, v) in [("exec's checkpoint (total - exec wall)", &ck), ("fork of the session, resumed (ready)", &fork)] {
+        println!("  {what}  no child   {}", summary(v[0].clone()));
+        println!("  {what}  one child  {}", summary(v[1].clone()));
+    }
+    println!("  checkpoint on disk p50: {:.1} KiB without a child, {:.1} KiB with one", p50(&kib[0]), p50(&kib[1]));
+    w.exec(t, &busy.id, "child.kill(); child.wait()")?;
+    w.delete(t, &plain.id)?;
+    w.delete(t, &busy.id)?;
     Ok(())
 }
 

@@ -764,10 +764,10 @@ fn main() -> ExitCode {
             Ok(ExitCode::SUCCESS)
         }
     };
-    // A session's first checkpoint is committed after its reply: an embedded
+    // A session exec's checkpoint is committed after its reply: an embedded
     // run (CLI, MCP on stdio) must not exit with one half done.
     if !forkbox_runtime::wait_settled(std::time::Duration::from_secs(60)) {
-        eprintln!("forkbox: warning: a session's first checkpoint was not durable after 60 s; exiting anyway");
+        eprintln!("forkbox: warning: a session's checkpoint was not durable after 60 s; exiting anyway");
     }
     match result {
         Ok(code) => code,

@@ -177,6 +177,17 @@ impl Engine {
         &self,
         s: forkbox_linux::process::ProcessState,
     ) -> Result<forkbox_linux::Process, EngineError> {
+        self.restore_process_sharing(s, &[])
+    }
+
+    /// [`Self::restore_process`] for the agent's process of a checkpoint whose
+    /// other processes hold the descriptors `others` (see
+    /// `Process::restore_state_sharing`).
+    pub(crate) fn restore_process_sharing(
+        &self,
+        s: forkbox_linux::process::ProcessState,
+        others: &[&forkbox_linux::fd::FdTable],
+    ) -> Result<forkbox_linux::Process, EngineError> {
         use forkbox_snapshot::StateError;
         let mut layers = forkbox_linux::vfs::Layers::new();
         for id in s.vfs.layer_ids() {
@@ -202,7 +213,7 @@ impl Engine {
             };
             layers.insert(id, l);
         }
-        forkbox_linux::Process::restore_state_with(self.image.clone(), s, &layers)
+        forkbox_linux::Process::restore_state_sharing(self.image.clone(), s, &layers, others)
             .map_err(|e| StateError::Corrupt(e.to_string()).into())
     }
 

@@ -20,9 +20,23 @@
 //! (`set_keep_running`, a session's): then they, and the agent's own other
 //! threads, go on running between calls when its host calls
 //! `run_background`, the agent's main thread parked on its channel all along.
-//! A checkpoint records the agent process (all its threads, at the park
-//! point); the other processes are not recorded (the descriptions only they
-//! hold are closed in the record, as if they had ended).
+//! A checkpoint records every process at the park point (the sandbox between
+//! two slices, the agent current): the agent process (all its threads) in
+//! the state's `process`, which holds what all share (file system, open file
+//! descriptions, the run clock); each other process in its `children`
+//! (`Sandbox::children_state`): its own kernel state (`ChildState`: its
+//! descriptors naming the shared descriptions, threads, signals, ...), its
+//! vCPU, where its current thread stands, and where its memory is: a chain
+//! of layers over its base (the template's memory for a child that still
+//! maps it, zeros after an execve) in the checkpoints' process memory files
+//! (`<name>.procs` beside each state: the pages each child wrote since the
+//! previous checkpoint, from its VM's dirty log; the whole of a child's
+//! memory only the first time it is recorded); and the process table,
+//! zombies included. A restore makes a VM per child over that memory
+//! (`Sandbox::restore_children`). A child that maps
+//! memory shared with another process is not recorded: the record has it
+//! killed by SIGKILL (a zombie of its parent) and the descriptions only it
+//! held closed.
 //!
 //! Memory shared between processes (`forkbox_linux::shm`) is one host memfd
 //! per shared object mapped over the same guest range in every process VM
@@ -231,6 +245,72 @@ pub struct Sandbox {
     cpu_total: Duration,
 }
 
+/// The base a child's memory layer is over: the template's memory
+/// (`original`) or zeros (a read-only view of fresh anonymous memory, made
+/// once into `zeros`).
+fn child_base<'a>(
+    on_template: bool,
+    original: &'a [u8],
+    zeros: &'a mut Option<GuestMemory>,
+) -> Result<&'a [u8], EngineError> {
+    if on_template {
+        return Ok(original);
+    }
+    if zeros.is_none() {
+        *zeros = Some(GuestMemory::anonymous(RAM_SIZE)?);
+    }
+    match zeros {
+        Some(z) => Ok(z.slice(0, RAM_SIZE)?),
+        None => Ok(&[]),
+    }
+}
+
+/// The pages of a child's memory that differ from `base` (its template's
+/// memory, or zeros): among those private to its mapping (PAGEMAP_SCAN:
+/// whatever the guest or the VMM wrote), those of its shared file mappings
+/// (recorded as its own copy) and, over a file, those discarded.
+fn changed_pages(mem: &GuestMemory, base: &[u8]) -> Result<Vec<u64>, EngineError> {
+    let page = forkbox_vmm::layout::PAGE_SIZE;
+    let mut bits = mem.private_pages()?;
+    let shared = mem.shared_ranges().map(|(at, r)| (at, r.len));
+    for (at, len) in mem.discarded_ranges().iter().copied().chain(shared) {
+        for p in at / page..at.saturating_add(len).div_ceil(page) {
+            if let Some(w) = bits.get_mut((p / 64) as usize) {
+                *w |= 1 << (p % 64);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for p in forkbox_snapshot::layer::pages_of(&bits) {
+        let at = p.saturating_mul(page);
+        let now = mem.slice(at, page)?;
+        let was = usize::try_from(at).ok().and_then(|a| base.get(a..a.saturating_add(page as usize)));
+        if was != Some(now) {
+            out.push(p);
+        }
+    }
+    Ok(out)
+}
+
+/// The pages of a child's memory written since its previous checkpoint: its
+/// VM's dirty log (the guest's writes), the VMM's writes, and its shared file
+/// mappings (another process may have written their file since).
+fn written_pages(vm: &mut Vm) -> Result<Vec<u64>, EngineError> {
+    let page = forkbox_vmm::layout::PAGE_SIZE;
+    let mut bits = vm.dirty_log()?;
+    for (b, v) in bits.iter_mut().zip(vm.mem_mut().take_vmm_dirty()) {
+        *b |= v;
+    }
+    for (at, r) in vm.mem().shared_ranges() {
+        for p in at / page..at.saturating_add(r.len).div_ceil(page) {
+            if let Some(w) = bits.get_mut((p / 64) as usize) {
+                *w |= 1 << (p % 64);
+            }
+        }
+    }
+    Ok(forkbox_snapshot::layer::pages_of(&bits))
+}
+
 /// What [`Sandbox::run_background`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BackgroundRun {
@@ -371,19 +451,22 @@ impl Sandbox {
         })
     }
 
-    /// The parts of a parked sandbox a snapshot needs: its VM and the state
-    /// of the agent process ([`Sandbox::agent_state`]).
+    /// The parts of a parked sandbox a template needs: its VM and the state
+    /// of the agent process alone ([`Sandbox::agent_state`]: processes
+    /// running beside it are not in a template).
     pub(crate) fn parked_parts(&self) -> Result<(&Vm, ProcessState), EngineError> {
         match (&self.state, &self.sched.cur.vm) {
-            (State::Parked(_), Some(vm)) => Ok((vm, self.agent_state())),
+            (State::Parked(_), Some(vm)) => Ok((vm, self.agent_state(false))),
             (State::Poisoned(why), _) => Err(EngineError::Poisoned(why.clone())),
             _ => Err(EngineError::Poisoned("no VM".into())),
         }
     }
 
-    /// Mutable parts of a parked sandbox (for a checkpoint).
+    /// Mutable parts of a parked sandbox (for a checkpoint): the agent's VM
+    /// and process state, with the other processes the checkpoint records
+    /// (see [`Sandbox::children_state`]) still holding their descriptions.
     pub(crate) fn parked_parts_mut(&mut self) -> Result<(&mut Vm, ProcessState), EngineError> {
-        let state = self.agent_state();
+        let state = self.agent_state(true);
         match (&self.state, &mut self.sched.cur.vm) {
             (State::Parked(_), Some(vm)) => Ok((vm, state)),
             (State::Poisoned(why), _) => Err(EngineError::Poisoned(why.clone())),
@@ -392,19 +475,229 @@ impl Sandbox {
     }
 
     /// The agent process as a state file records it (parked: it is the
-    /// current process). Processes still running beside it are not recorded:
-    /// the descriptions they hold are closed in the record.
-    fn agent_state(&self) -> ProcessState {
+    /// current process). With `children`, the other processes a checkpoint
+    /// records ([`recordable`]) keep their references to the open file
+    /// descriptions; the descriptions only the others hold (all of them
+    /// without `children`) are closed in the record, as if they had ended.
+    fn agent_state(&self, children: bool) -> ProcessState {
         let held: Vec<u64> = self
             .sched
             .others
             .iter()
+            .filter(|t| !(children && self.child_memory_map(t).is_ok()))
             .flat_map(|t| t.proc.fds.fds().filter_map(|fd| t.proc.fds.ofd(fd).ok()).collect::<Vec<_>>())
             .collect();
         let mut st = self.sched.cur.proc.save_state_without(&held);
         // Listeners the record's fd table still names keep listening after a restore.
         st.listeners = self.kernel.net.listener_states(st.fds.sockets().filter(|s| s.stream).map(|s| s.id));
         st
+    }
+
+    /// The sandbox's other processes as a checkpoint records them, at this
+    /// park point (the agent is the current process): each running child's
+    /// own state, vCPU, where its thread stands and where its memory is, and
+    /// the process table. A child's memory is a chain of layers over its
+    /// base (`original`, the template's memory, for a child that still maps
+    /// it; zeros after an execve) in the checkpoints' process memory files:
+    /// this checkpoint's (`procs_file`, whose bytes are returned) holds the
+    /// pages each child wrote since the previous checkpoint (KVM's dirty log
+    /// of its VM and the VMM's writes; nothing for a child that wrote
+    /// nothing), over that checkpoint's layers; a child not recorded before
+    /// (or whose chain reached `MAX_MEMORY_CHAIN`) is recorded whole, the
+    /// pages that differ from its base, and its log starts. A child that
+    /// maps memory shared with another process is not recorded (its state is
+    /// split across processes): it reads as killed by SIGKILL after a
+    /// restore (a zombie its parent can wait for), and the descriptions only
+    /// it held are closed in the record.
+    ///
+    /// The children's chains and logs move on here: a checkpoint that is
+    /// then not written or not committed leaves the sandbox unusable for the
+    /// next one (its caller drops it, as it does for the agent's own log).
+    pub(crate) fn children_state(
+        &mut self,
+        original: &[u8],
+        procs_file: &str,
+    ) -> Result<(forkbox_snapshot::Children, Vec<u8>), EngineError> {
+        use forkbox_snapshot::{MemoryRef, StateError, MAX_MEMORY_CHAIN};
+        if self.kernel.procs.map.len() <= 1 && self.sched.others.is_empty() {
+            return Ok(Default::default());
+        }
+        if self.sched.cur.proc.pid != GUEST_PID {
+            return Err(EngineError::Poisoned("the agent is not parked on the vCPU".into()));
+        }
+        let maps: Vec<Option<forkbox_linux::mm::MemoryMap>> = self
+            .sched
+            .others
+            .iter()
+            .map(|t| match self.child_memory_map(t) {
+                Ok(mm) => Some(mm),
+                Err(why) => {
+                    let pid = t.proc.pid;
+                    tracing::warn!(
+                        "process {pid} is not in the checkpoint (it reads as killed after a restore): {why}"
+                    );
+                    None
+                }
+            })
+            .collect();
+        let mut zeros: Option<GuestMemory> = None;
+        let mut bytes = Vec::new();
+        let mut processes = Vec::with_capacity(self.sched.others.len());
+        let mut recorded = Vec::with_capacity(self.sched.others.len());
+        for (t, mm) in self.sched.others.iter_mut().zip(maps) {
+            let (Some(mm), Some(vm)) = (mm, t.vm.as_mut()) else { continue };
+            let pid = t.proc.pid;
+            let on_template = vm.mem().has_backing();
+            let base = child_base(on_template, original, &mut zeros)?;
+            let incremental = vm.logs_dirty_pages() && !t.mem_chain.is_empty() && t.mem_chain.len() < MAX_MEMORY_CHAIN;
+            let pages = if incremental {
+                written_pages(vm)?
+            } else {
+                let pages = changed_pages(vm.mem(), base)?;
+                // From here on its VM logs what it writes (what was logged so far is in `pages`).
+                if vm.logs_dirty_pages() {
+                    vm.dirty_log()?;
+                } else {
+                    vm.start_dirty_log()?;
+                }
+                vm.mem_mut().track_writes();
+                t.mem_chain.clear();
+                pages
+            };
+            if !(incremental && pages.is_empty()) {
+                let plan = forkbox_snapshot::LayerPlan::new(vm.mem(), base, &pages)?;
+                let offset = bytes.len();
+                plan.write_into(&mut bytes).map_err(|source| StateError::Io {
+                    what: "encode",
+                    path: format!("memory of process {pid}"),
+                    source,
+                })?;
+                let part = bytes.get(offset..).unwrap_or_default();
+                let at = MemoryRef {
+                    file: procs_file.to_string(),
+                    offset: offset as u64,
+                    len: part.len() as u64,
+                    crc: crc32fast::hash(part),
+                };
+                t.mem_chain.insert(0, at);
+            }
+            let mut process = t.proc.save_child_state();
+            process.mm = mm;
+            processes.push(forkbox_snapshot::ChildRecord {
+                process,
+                vcpu: vm.save_vcpu()?.to_record(),
+                pending_user: t.pending_user.as_ref().map(Regs::from),
+                in_stub: t.in_stub,
+                memory: t.mem_chain.clone(),
+                on_template,
+            });
+            recorded.push(pid);
+        }
+        let table = Some(self.kernel.procs.save_state(&recorded));
+        Ok((forkbox_snapshot::Children { table, processes }, bytes))
+    }
+
+    /// The memory map a checkpoint records for process `t` (not the current
+    /// one), or why it cannot record it. Its file mappings shared through
+    /// the sandbox's shared objects become its own write-back mappings in the
+    /// record (`SharedFile`, as the agent's at the end of each call; their
+    /// bytes are in its memory layer), so a restored process has its own
+    /// copy of them. Refused: anonymous memory shared between processes
+    /// (MAP_SHARED|MAP_ANONYMOUS: a `multiprocessing` lock or queue), and a
+    /// writable file mapping another process maps too (their writes would no
+    /// longer meet after a restore).
+    fn child_memory_map(&self, t: &Task) -> Result<forkbox_linux::mm::MemoryMap, String> {
+        use forkbox_linux::mm::VmaKind;
+        if t.vm.is_none() {
+            return Err("it has no VM".into());
+        }
+        let maps = |o: &Task, obj: u32| {
+            o.proc.mm.vmas().any(|(_, v)| matches!(v.kind, VmaKind::Shm { obj: b, .. } if b == obj))
+        };
+        for (at, v) in t.proc.mm.vmas() {
+            let VmaKind::Shm { obj, ino, .. } = v.kind else { continue };
+            if ino.is_none() {
+                return Err(format!("it maps anonymous memory shared with other processes at {at:#x}"));
+            }
+            let others = self.sched.others.iter().chain([&self.sched.cur]).filter(|o| o.proc.pid != t.proc.pid);
+            if v.prot & libc::PROT_WRITE as u32 != 0 && others.into_iter().any(|o| maps(o, obj)) {
+                return Err(format!("it maps a file writable and shared with another process at {at:#x}"));
+            }
+        }
+        let mut mm = t.proc.mm.clone();
+        mm.unshare_all();
+        mm.validate()?;
+        Ok(mm)
+    }
+
+    /// Bring back the other processes of a checkpoint (see
+    /// [`Sandbox::children_state`]) beside the agent's, just restored:
+    /// `template` is the template's memory file and `original` its bytes
+    /// (the base of a child that maps it); `files` the process memory files
+    /// the records name, open. Everything is checked; the children run again
+    /// from where they were at the next scheduler slice, their VMs logging
+    /// what they write for the next checkpoint.
+    pub(crate) fn restore_children(
+        &mut self,
+        children: forkbox_snapshot::Children,
+        template: &std::fs::File,
+        original: &[u8],
+        files: &std::collections::HashMap<String, std::fs::File>,
+    ) -> Result<(), EngineError> {
+        use forkbox_snapshot::StateError;
+        let forkbox_snapshot::Children { table, processes } = children;
+        let Some(table) = table else {
+            return match processes.is_empty() {
+                true => Ok(()),
+                false => Err(StateError::Corrupt("processes without a process table".into()).into()),
+            };
+        };
+        let mut live: Vec<u32> = processes.iter().map(|c| c.process.pid).collect();
+        live.sort_unstable();
+        if live.windows(2).any(|w| w[0] == w[1]) {
+            return Err(StateError::Corrupt("a process recorded twice".into()).into());
+        }
+        self.kernel.procs = forkbox_linux::procs::ProcTable::restore_state(table, &live)
+            .map_err(|e| StateError::Corrupt(format!("process table: {e}")))?;
+        let mut zeros: Option<GuestMemory> = None;
+        for c in processes {
+            let pid = c.process.pid;
+            let corrupt =
+                |what: &str, e: &dyn std::fmt::Display| StateError::Corrupt(format!("process {pid}: {what}: {e}"));
+            if c.memory.len() > forkbox_snapshot::MAX_MEMORY_CHAIN {
+                return Err(corrupt("memory", &format!("{} layers", c.memory.len())).into());
+            }
+            let mut layers = Vec::with_capacity(c.memory.len());
+            for r in &c.memory {
+                let f = files.get(&r.file).ok_or_else(|| corrupt("memory", &format!("no file {}", r.file)))?;
+                layers.push(forkbox_snapshot::Layer::read_part(f, r, &r.file)?);
+            }
+            let mut mem = if c.on_template {
+                GuestMemory::private_file(template, RAM_SIZE)?
+            } else {
+                GuestMemory::anonymous(RAM_SIZE)?
+            };
+            let base = child_base(c.on_template, original, &mut zeros)?;
+            forkbox_snapshot::layer::apply_layers(&mut mem, base, &layers)?;
+            drop(layers);
+            let vcpu = forkbox_vmm::VcpuState::from_record(&c.vcpu).map_err(|e| corrupt("vCPU state", &e))?;
+            let proc = Process::restore_child(&self.sched.cur.proc, c.process).map_err(|e| corrupt("state", &e))?;
+            let mut vm = Vm::new(&self.cpu, mem)?;
+            vm.restore_vcpu(&vcpu)?;
+            // What it (and the VMM, from the page tables on) writes from here is its next layer.
+            vm.start_dirty_log()?;
+            vm.mem_mut().track_writes();
+            proc.mm.sync_all_page_tables(vm.mem_mut())?;
+            crate::vdso::refresh(&mut vm, self.vdso)?;
+            let mut task = Task::new(vm, proc);
+            task.pending_user = c.pending_user.as_ref().map(kvm_regs::from);
+            task.in_stub = c.in_stub;
+            task.mem_chain = c.memory;
+            // What it writes is no later call's output (its job, if it was one, is not restored).
+            self.kernel.jobs.insert(pid, DROPPED_OUTPUT);
+            self.sched.add(task);
+        }
+        Ok(())
     }
 
     /// Keep the children and threads an exec leaves running (a session's
@@ -1348,7 +1641,7 @@ impl Sandbox {
     /// state and RAX = 0, and a copy of its process state.
     fn fork_process(&mut self, regs: &kvm_regs, spec: &ForkSpec) -> Result<(), EngineError> {
         let parent = self.sched.cur.vm.as_ref().expect("sandbox VM present until drop");
-        let (mem, _pages) = parent.mem().fork_copy()?;
+        let (mem, pages) = parent.mem().fork_copy()?;
         let mut vm = Vm::new(&self.cpu, mem)?;
         let st = parent.save_vcpu()?;
         vm.restore_vcpu(&st)?;
@@ -1371,7 +1664,13 @@ impl Sandbox {
         }
         crate::vdso::refresh(&mut vm, self.vdso)?;
         self.jobs.join(&mut self.kernel, self.sched.cur.proc.pid, spec.pid);
-        self.sched.add(Task::new(vm, child));
+        // What the child holds before it runs: its copy of the parent's private pages
+        // (and the page its tid went to), and the shared mappings.
+        let shared: u64 = vm.mem().shared_ranges().map(|(_, r)| r.len).fold(0, u64::saturating_add);
+        let mut task = Task::new(vm, child);
+        let copied = pages.saturating_add(1).saturating_mul(forkbox_vmm::layout::PAGE_SIZE);
+        task.held = Some(copied.saturating_add(shared));
+        self.sched.add(task);
         Ok(())
     }
 
@@ -1411,6 +1710,8 @@ impl Sandbox {
         self.sched.cur.in_stub = false;
         self.sched.cur.wait_on.clear();
         self.sched.cur.woken = None;
+        // A new address space: the next checkpoint records it whole.
+        self.sched.cur.mem_chain.clear();
         self.sig.fault = None;
         Ok(())
     }
@@ -1690,10 +1991,7 @@ impl Sandbox {
                 self.sched.resched = true;
             }
             Some(Effect::Fork(spec)) => {
-                // The memory limit counts every process: the child starts with the parent's mappings.
-                let others = self.sched.committed_by_others();
-                let total = others.saturating_add(self.sched.cur.proc.mm.committed().saturating_mul(2));
-                if total > self.limits.memory_bytes {
+                if !self.sched.fork_fits() {
                     self.kernel.procs.unspawn(spec.pid);
                     ret = Errno::ENOMEM.to_rax();
                 } else if let Err(e) = self.fork_process(&regs, &spec) {

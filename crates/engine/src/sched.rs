@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use forkbox_linux::kernel::block::WaitOn;
 use forkbox_linux::kernel::{Ctx, Effect, Kernel};
 use forkbox_linux::procs::GUEST_PID;
-use forkbox_linux::thread::{SavedCpu, Tid, WaitKind};
+use forkbox_linux::thread::{SavedCpu, SigInfo, Tid, WaitKind, SIGKILL, SI_KERNEL};
 use forkbox_linux::{syscalls, wait, Errno, Process};
 use forkbox_vmm::{after_syscall, kvm_regs, Regs, Vm, Xsave};
 
@@ -52,6 +52,18 @@ pub(crate) struct Task {
     /// back, its next runnable thread runs (round robin inside it too, so a
     /// CPU-bound thread does not keep every slice of its process).
     pub(crate) rr_due: bool,
+    /// Where the last checkpoint recorded this process' memory (its layers,
+    /// newest first), while its VM has logged the pages written since
+    /// (empty: not recorded, or its memory was replaced: the next checkpoint
+    /// records it whole over its base).
+    pub(crate) mem_chain: Vec<forkbox_snapshot::MemoryRef>,
+    /// Bytes of memory this process holds on the host, measured since it last
+    /// ran (None: not measured, or it ran since: it may have written any of its
+    /// mappings). A process that does not run writes no page, so the value
+    /// holds until it runs again.
+    pub(crate) held: Option<u64>,
+    /// The memory limit's OOM kill sent it SIGKILL (it is not picked again).
+    oom_killed: bool,
 }
 
 impl Task {
@@ -65,7 +77,40 @@ impl Task {
             woken: None,
             wait_on: HashMap::new(),
             rr_due: false,
+            mem_chain: Vec::new(),
+            held: None,
+            oom_killed: false,
         }
+    }
+
+    /// What the memory limit counts for this process: what it was measured to
+    /// hold since it last ran, else all it has committed (it may write any of it).
+    pub(crate) fn charge(&self) -> u64 {
+        let committed = self.proc.mm.committed();
+        self.held.map_or(committed, |h| h.min(committed))
+    }
+
+    /// Measure what the process holds (unless measured since it last ran): the
+    /// pages it wrote privately (copy-on-write copies, fresh memory) and its
+    /// shared mappings (counted in every process that maps them, an upper
+    /// bound); file pages of the template it only read are shared by all and not counted.
+    pub(crate) fn measure(&mut self) {
+        if self.held.is_some() {
+            return;
+        }
+        let mem = self.vm().mem();
+        let shared: u64 = mem.shared_ranges().map(|(_, r)| r.len).fold(0, u64::saturating_add);
+        // A host that cannot say (no pagemap) leaves the upper bound.
+        self.held = match mem.private_pages() {
+            Ok(bits) => {
+                let pages: u64 = bits.iter().map(|w| u64::from(w.count_ones())).sum();
+                Some(pages.saturating_mul(forkbox_vmm::layout::PAGE_SIZE).saturating_add(shared))
+            }
+            Err(e) => {
+                tracing::warn!("memory limit: the private pages of a process: {e}");
+                None
+            }
+        };
     }
 
     fn vm(&self) -> &Vm {
@@ -155,6 +200,8 @@ impl Scheduler {
     pub(crate) fn swap_task(&mut self, i: usize) {
         let t = &mut self.others[i];
         std::mem::swap(&mut self.cur, t);
+        // The one that runs now may write: it counts all it committed until measured again.
+        self.cur.held = None;
         self.cur.proc.swap_shared(&mut t.proc);
         self.slice_start = Instant::now();
         self.switches += 1;
@@ -169,15 +216,64 @@ impl Scheduler {
     }
 
     /// The memory limit covers the whole tree: the current process may commit
-    /// what the others leave of it.
+    /// what the others leave of it. The others count what they hold (`Task::charge`):
+    /// all they committed while that leaves room, else (past a quarter of the
+    /// limit) what they were measured to hold; if what they really hold is over
+    /// the limit (a process wrote more of its inherited mappings than the limit
+    /// leaves), the largest child is killed (SIGKILL), as Linux's OOM killer would.
     pub(crate) fn apply_memory_limit(&mut self) {
-        let others = self.committed_by_others();
+        let others = self.held_by_others(self.memory_limit / 4);
+        if others > self.memory_limit {
+            // What is already killed goes when it next runs.
+            let dying = self.others.iter().filter(|t| t.oom_killed).map(Task::charge).fold(0u64, u64::saturating_add);
+            self.oom_kill(others.saturating_sub(dying));
+        }
         self.cur.proc.mm.set_limit(self.memory_limit.saturating_sub(others));
     }
 
-    /// Memory the processes other than the current one have committed.
-    pub(crate) fn committed_by_others(&self) -> u64 {
-        self.others.iter().map(|t| t.proc.mm.committed()).sum()
+    /// Memory the processes other than the current one hold (`Task::charge`); past
+    /// `measure_past` (an upper bound each while not measured) they are measured.
+    pub(crate) fn held_by_others(&mut self, measure_past: u64) -> u64 {
+        let sum = |ts: &[Task]| ts.iter().map(Task::charge).fold(0u64, u64::saturating_add);
+        let bound = sum(&self.others);
+        if bound <= measure_past {
+            return bound;
+        }
+        self.others.iter_mut().for_each(Task::measure);
+        sum(&self.others)
+    }
+
+    /// May the current process fork? The child starts holding a copy of the
+    /// parent's private pages (at most all it committed) and may come to write
+    /// all of its mappings; the parent may write all of its own. While all that
+    /// fits beside the others' upper bounds nothing is measured; else the others
+    /// and the parent are measured (the child counts what the parent holds).
+    pub(crate) fn fork_fits(&mut self) -> bool {
+        let mine = self.cur.proc.mm.committed();
+        let room = self.memory_limit.saturating_sub(mine);
+        let others = self.held_by_others(room.saturating_sub(mine));
+        if others.saturating_add(mine) <= room {
+            return true;
+        }
+        // The others are measured now; the child counts what the parent holds.
+        self.cur.measure();
+        let child = self.cur.charge();
+        self.cur.held = None;
+        others.saturating_add(child) <= room
+    }
+
+    /// SIGKILL the largest children (not the agent's process) until the others
+    /// hold no more than the limit; `held` is what they hold now.
+    fn oom_kill(&mut self, mut held: u64) {
+        while held > self.memory_limit {
+            let victim =
+                self.others.iter_mut().filter(|t| t.proc.pid != GUEST_PID && !t.oom_killed).max_by_key(|t| t.charge());
+            let Some(t) = victim else { return };
+            tracing::info!("memory limit: process {} holds {} bytes; killed (SIGKILL)", t.proc.pid, t.charge());
+            t.oom_killed = true;
+            t.proc.threads.send_process(SigInfo::user(SIGKILL, SI_KERNEL));
+            held = held.saturating_sub(t.charge());
+        }
     }
 
     /// The next process in round-robin order becomes the current one.

@@ -113,6 +113,7 @@ fn template_state(
         memory,
         info: serde_json::to_string(&info).unwrap_or_default(),
         files: Default::default(),
+        children: Default::default(),
     })
 }
 
@@ -309,12 +310,14 @@ impl Template {
         admit: impl FnOnce(u64) -> Result<(), E>,
     ) -> Result<CheckpointStats, E> {
         let pack = state.with_extension("files");
+        let procs = state.with_extension("procs");
         let tmp = |p: &Path| {
             let mut os = p.as_os_str().to_owned();
             os.push(".tmp");
             PathBuf::from(os)
         };
-        let names = [(tmp(layer), layer), (tmp(&pack), pack.as_path()), (tmp(state), state)];
+        let names =
+            [(tmp(layer), layer), (tmp(&pack), pack.as_path()), (tmp(&procs), procs.as_path()), (tmp(state), state)];
         let create = |p: &Path| std::fs::File::create(p).map_err(|e| E::from(io_err("create", p, e)));
         let mut made = false;
         let pack_name = pack.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
@@ -324,12 +327,14 @@ impl Template {
             Ok::<_, E>(CheckpointFiles {
                 layer: create(&names[0].0)?,
                 pack: if size.pack { Some(create(&names[1].0)?) } else { None },
-                state: create(&names[2].0)?,
+                procs: if size.procs { Some(create(&names[2].0)?) } else { None },
+                state: create(&names[3].0)?,
             })
         });
         let finish = |stats: CheckpointStats| -> Result<CheckpointStats, EngineError> {
             for (t, p) in &names {
-                if p == &pack.as_path() && stats.pack_bytes == 0 {
+                if (p == &pack.as_path() && stats.pack_bytes == 0) || (p == &procs.as_path() && stats.procs_bytes == 0)
+                {
                     continue;
                 }
                 let f = std::fs::File::open(t).map_err(|e| io_err("open", t, e))?;
@@ -366,8 +371,11 @@ impl Template {
     /// Everything is sized before anything is written: `admit` gets what the
     /// checkpoint will take on disk, may refuse (a disk quota, a full disk:
     /// nothing is written then), and otherwise hands over the files (`pack`
-    /// only when [`CheckpointSize::pack`]). Nothing is buffered whole: the
-    /// layer and the pack stream from guest memory and the file bytes. A
+    /// only when [`CheckpointSize::pack`], `procs` only when
+    /// [`CheckpointSize::procs`]). The layer and the pack stream from guest
+    /// memory and the file bytes; the child processes' memory layers (the
+    /// pages they changed since the previous checkpoint, see
+    /// `Sandbox::children_state`) are encoded into one buffer first. A
     /// failure after `admit` leaves the files partly written (the caller
     /// removes them).
     pub fn checkpoint_into<E: From<EngineError>>(
@@ -377,6 +385,9 @@ impl Template {
         pack_name: &str,
         admit: impl FnOnce(CheckpointSize) -> Result<CheckpointFiles, E>,
     ) -> Result<CheckpointStats, E> {
+        // The other processes first (the agent's record counts their references).
+        let procs_name = forkbox_snapshot::files::procs_name(pack_name);
+        let (children, procs) = sb.children_state(self.pool.original(), &procs_name)?;
         let stored = std::mem::take(&mut sb.stored);
         let (vm, mut process) = sb.parked_parts_mut()?;
         let pages = if vm.logs_dirty_pages() {
@@ -401,13 +412,18 @@ impl Template {
             memory: self.memory.stats.clone(),
             info: self.info.id.clone(),
             files: files.table.clone(),
+            children,
         };
         let encoded = encode(&snapshot);
         drop(snapshot);
-        let total = plan.bytes().saturating_add(files.pack_bytes()).saturating_add(encoded.len() as u64);
+        let total = plan
+            .bytes()
+            .saturating_add(files.pack_bytes())
+            .saturating_add(procs.len() as u64)
+            .saturating_add(encoded.len() as u64);
         // (Refused: the caller drops the sandbox; `stored` is simply forgotten.)
-        let CheckpointFiles { mut layer, pack, mut state } =
-            admit(CheckpointSize { bytes: total, pack: files.pack_bytes() > 0 })?;
+        let CheckpointFiles { mut layer, pack, procs: procs_file, mut state } =
+            admit(CheckpointSize { bytes: total, pack: files.pack_bytes() > 0, procs: !procs.is_empty() })?;
         let werr = |what: &'static str| {
             move |source: std::io::Error| {
                 E::from(EngineError::Snapshot(StateError::Io { what, path: "layer".into(), source }))
@@ -421,10 +437,24 @@ impl Template {
             }
             None => 0,
         };
+        match procs_file {
+            Some(mut f) => std::io::Write::write_all(&mut f, &procs).map_err(werr("write"))?,
+            None if !procs.is_empty() => {
+                return Err(E::from(EngineError::Snapshot(StateError::Corrupt(
+                    "no file for the processes' memory".into(),
+                ))))
+            }
+            None => {}
+        }
         write_encoded_into(&mut state, &encoded).map_err(|e| E::from(e.into()))?;
         let layer_stats = plan.stats();
         sb.stored = files.into_stored();
-        Ok(CheckpointStats { layer: layer_stats, pack_bytes, state_bytes: encoded.len() as u64 })
+        Ok(CheckpointStats {
+            layer: layer_stats,
+            pack_bytes,
+            procs_bytes: procs.len() as u64,
+            state_bytes: encoded.len() as u64,
+        })
     }
 
     /// Bring a checkpoint back: the template's memory with `layers` (newest
@@ -521,8 +551,14 @@ impl Template {
             return Err(StateError::Corrupt(format!("checkpoint {shown} is not from template {}", self.info.id)).into());
         }
         snapshot.files.validate()?;
-        let pack_files =
-            if snapshot.files.packs.is_empty() { Default::default() } else { packs(&snapshot.files.packs)? };
+        // The packs and the child processes' memory files, asked for at once.
+        let children = std::mem::take(&mut snapshot.children);
+        let memory_names = children.memory_files()?;
+        let mut names = snapshot.files.packs.clone();
+        names.extend(memory_names.iter().filter(|n| !snapshot.files.packs.contains(*n)).cloned());
+        let mut pack_files = if names.is_empty() { Default::default() } else { packs(&names)? };
+        let memory_files: std::collections::HashMap<String, std::fs::File> =
+            memory_names.iter().filter_map(|n| pack_files.remove(n).map(|f| (n.clone(), f))).collect();
         // A VM of the pool either way, made off the request path (making one
         // here was most of a resume's time). A tracked one is a pre-created VM
         // with the dirty-page log on (the recycled, warm ones stay for forks),
@@ -542,7 +578,8 @@ impl Template {
         let stored = crate::fsstore::load(&mut snapshot.process, &snapshot.files, &mut reader)?;
         let listeners = std::mem::take(&mut snapshot.process.listeners);
         let t_files = t0.elapsed();
-        let process = engine.restore_process(snapshot.process)?;
+        let others: Vec<&forkbox_linux::fd::FdTable> = children.processes.iter().map(|c| &c.process.fds).collect();
+        let process = engine.restore_process_sharing(snapshot.process, &others)?;
         let t_process = t0.elapsed();
         // The page tables are a function of the memory map: make sure they
         // say exactly what it says (only differences are written).
@@ -560,6 +597,7 @@ impl Template {
             &listeners,
         )?;
         sb.stored = stored;
+        sb.restore_children(children, &self.memory.file, self.pool.original(), &memory_files)?;
         tracing::debug!(?t_state, ?t_vm, ?t_pages, ?t_files, ?t_process, ?t_tables, total = ?t0.elapsed(), pages, "resumed a checkpoint");
         Ok(sb)
     }
@@ -660,10 +698,13 @@ pub enum ResumeAs {
 /// What a checkpoint will take on disk, known before anything is written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CheckpointSize {
-    /// Layer + pack + state.
+    /// Layer + pack + process memory + state.
     pub bytes: u64,
     /// Some file chunks changed: there is a pack to write.
     pub pack: bool,
+    /// Child processes wrote memory: there is a process memory file to
+    /// write (`<name>.procs`, named like the pack).
+    pub procs: bool,
 }
 
 /// The files a checkpoint is written into (see [`Template::checkpoint_into`]):
@@ -672,6 +713,8 @@ pub struct CheckpointFiles {
     pub layer: std::fs::File,
     /// Only when [`CheckpointSize::pack`].
     pub pack: Option<std::fs::File>,
+    /// Only when [`CheckpointSize::procs`].
+    pub procs: Option<std::fs::File>,
     pub state: std::fs::File,
 }
 
@@ -681,13 +724,15 @@ pub struct CheckpointStats {
     pub layer: LayerStats,
     /// The pack of changed file chunks (0: none was written).
     pub pack_bytes: u64,
+    /// The child processes' memory layers (0: none was written).
+    pub procs_bytes: u64,
     pub state_bytes: u64,
 }
 
 impl CheckpointStats {
     /// Bytes on disk of the whole checkpoint.
     pub fn bytes(&self) -> u64 {
-        self.layer.bytes + self.pack_bytes + self.state_bytes
+        self.layer.bytes + self.pack_bytes + self.procs_bytes + self.state_bytes
     }
 }
 

@@ -257,10 +257,42 @@ impl FdTable {
         Ok(())
     }
 
+    /// Only this process' descriptors (fd -> description), without the
+    /// sandbox-wide descriptions and objects (what a checkpoint records of a
+    /// process other than the current one: see `process::ChildState`).
+    pub fn own_descriptors(&self) -> FdTable {
+        FdTable { fds: self.fds.clone(), ..FdTable::default() }
+    }
+
+    /// Check another process' own descriptors (`own_descriptors`, read from
+    /// disk) against this table's descriptions: each names one, never the
+    /// agent channel, and it has no descriptions of its own.
+    pub fn check_descriptors_of(&self, other: &FdTable) -> Result<(), String> {
+        if !other.files.is_empty() || !other.objects.map.is_empty() {
+            return Err("descriptions in a process' own descriptor table".into());
+        }
+        for (fd, e) in other.fds.iter() {
+            let ok = (0..MAX_FDS).contains(fd) && self.files.get(&e.ofd).is_some_and(|f| f.kind != FileKind::Agent);
+            if !ok {
+                return Err(format!("bad fd {fd}"));
+            }
+        }
+        Ok(())
+    }
+
     /// Check a table read from disk: every fd names a live description, and
     /// reference counts match.
     pub fn validate(&self) -> Result<(), String> {
+        self.validate_with(&[])
+    }
+
+    /// `validate` for the table of a sandbox whose other processes' own
+    /// descriptors (`own_descriptors`) are `others`: their references count too.
+    pub fn validate_with(&self, others: &[&FdTable]) -> Result<(), String> {
         let mut counts = std::collections::BTreeMap::<u64, u32>::new();
+        for e in others.iter().flat_map(|o| o.fds.values()) {
+            *counts.entry(e.ofd).or_default() += 1;
+        }
         for (fd, e) in self.fds.iter() {
             if !(0..MAX_FDS).contains(fd) || !self.files.contains_key(&e.ofd) {
                 return Err(format!("bad fd {fd}"));

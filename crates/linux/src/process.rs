@@ -51,8 +51,8 @@ pub struct Process {
     /// Threads, pending signals, timers (see `thread.rs`). The current thread's
     /// signal mask, altstack, FS base and clear-child-tid are the fields above.
     pub threads: Threads,
-    /// This process' id (`procs::GUEST_PID` for the agent's; never persisted:
-    /// only that one is ever parked).
+    /// This process' id (`procs::GUEST_PID` for the agent's, which a state
+    /// file's `ProcessState` is; a child's is in its `ChildState`).
     pub pid: u32,
     /// User and group ids, supplementary groups (inherited by fork, kept by execve).
     pub creds: Creds,
@@ -85,6 +85,27 @@ pub struct ProcessState {
     /// `NetIo`, which the caller asks: `save_state` leaves this empty), by id
     /// (state format 9).
     pub listeners: Vec<crate::net::ListenerState>,
+}
+
+/// A process of the sandbox other than the agent's, as a checkpoint records
+/// it beside the agent's `ProcessState` (state format 10): what is its own.
+/// What all processes share (the file system, the open file descriptions and
+/// the objects behind them, the run clock) is in the agent's record; `fds`
+/// holds only this process' descriptors (fd -> description id), with no
+/// descriptions of its own.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChildState {
+    pub pid: u32,
+    pub mm: MemoryMap,
+    pub fds: FdTable,
+    pub cwd: Ino,
+    pub signals: Signals,
+    pub fs_base: u64,
+    pub tid_address: u64,
+    pub umask: u32,
+    pub threads: Threads,
+    pub exec_info: ExecInfo,
+    pub creds: Creds,
 }
 
 /// The program a process runs, as execve got it.
@@ -177,9 +198,21 @@ impl Process {
         s: ProcessState,
         layers: &crate::vfs::Layers,
     ) -> Result<Process, ProcessStateError> {
+        Process::restore_state_sharing(image, s, layers, &[])
+    }
+
+    /// `restore_state_with` for the agent's process of a sandbox whose other
+    /// processes (restored next, `restore_child`) hold the descriptors
+    /// `others` (`ChildState::fds`): their references to its descriptions count.
+    pub fn restore_state_sharing(
+        image: Arc<Image>,
+        s: ProcessState,
+        layers: &crate::vfs::Layers,
+        others: &[&FdTable],
+    ) -> Result<Process, ProcessStateError> {
         let bad = ProcessStateError::Inconsistent;
         s.mm.validate().map_err(bad)?;
-        s.fds.validate().map_err(bad)?;
+        s.fds.validate_with(others).map_err(bad)?;
         if s.signals.actions.len() != NSIG + 1 {
             return Err(bad("signal table size".into()));
         }
@@ -204,6 +237,61 @@ impl Process {
             exec_info: s.exec_info,
             threads: s.threads,
             pid: crate::procs::GUEST_PID,
+            creds: s.creds,
+        })
+    }
+
+    /// This process (not the current one of its sandbox) as a checkpoint
+    /// records it (see [`ChildState`]).
+    pub fn save_child_state(&self) -> ChildState {
+        ChildState {
+            pid: self.pid,
+            mm: self.mm.clone(),
+            fds: self.fds.own_descriptors(),
+            cwd: self.cwd,
+            signals: self.signals.clone(),
+            fs_base: self.fs_base,
+            tid_address: self.tid_address,
+            umask: self.umask,
+            threads: self.threads.clone(),
+            exec_info: self.exec_info.clone(),
+            creds: self.creds.clone(),
+        }
+    }
+
+    /// A process of the sandbox whose agent process is `agent` (restored
+    /// already, the current one) back from its record, validated. Its fds
+    /// must name descriptions of `agent`'s table (never the agent channel),
+    /// its cwd a node of `agent`'s file system. The shared parts it holds
+    /// until it first runs are placeholders (a copy of `agent`'s file system;
+    /// no descriptions): `Process::swap_shared` gives it the real ones.
+    pub fn restore_child(agent: &Process, s: ChildState) -> Result<Process, ProcessStateError> {
+        let bad = ProcessStateError::Inconsistent;
+        if s.pid <= crate::procs::GUEST_PID {
+            return Err(bad(format!("child pid {}", s.pid)));
+        }
+        s.mm.validate().map_err(bad)?;
+        agent.fds.check_descriptors_of(&s.fds).map_err(|e| bad(format!("process {}: {e}", s.pid)))?;
+        if s.signals.actions.len() != NSIG + 1 {
+            return Err(bad("signal table size".into()));
+        }
+        s.threads.validate().map_err(|e| bad(format!("threads: {e}")))?;
+        s.creds.validate().map_err(|e| bad(format!("credentials: {e}")))?;
+        agent.vfs.stat(s.cwd).map_err(|e| bad(format!("cwd of process {}: {e}", s.pid)))?;
+        let mut mm = s.mm;
+        mm.recount();
+        Ok(Process {
+            mm,
+            fds: s.fds,
+            vfs: agent.vfs.clone(),
+            cwd: s.cwd,
+            signals: s.signals,
+            fs_base: s.fs_base,
+            tid_address: s.tid_address,
+            umask: s.umask & 0o777,
+            exec_info: s.exec_info,
+            threads: s.threads,
+            pid: s.pid,
             creds: s.creds,
         })
     }

@@ -4,10 +4,10 @@
 //! Each guest process runs in its own KVM VM (own memory, page tables and vCPU:
 //! processes are isolated from each other by the hardware, like sandboxes);
 //! the sandbox's one host thread drives them all, switching (process, thread)
-//! pairs on the vCPU the way it switches green threads. This table is host-side
-//! and never snapshotted: an exec never ends with a child alive (the engine
-//! kills the children still running at its end, and drops unreaped zombies),
-//! so parked and persisted state stays that of the one process `GUEST_PID`.
+//! pairs on the vCPU the way it switches green threads. An exec ends with no
+//! child alive (the engine kills the children still running at its end, and
+//! drops unreaped zombies) unless the sandbox keeps them running (a session's):
+//! then a checkpoint records this table ([`ProcTableState`]) with the children.
 //! Memory the processes share lives in `shm.rs` (also host-side, also
 //! emptied at the end of an exec).
 
@@ -19,7 +19,9 @@ use crate::thread::SigInfo;
 /// The first process (the agent's): its pid, group and session.
 pub const GUEST_PID: u32 = 2;
 /// Processes alive at once in one sandbox, zombies included: a fork beyond fails with EAGAIN.
-pub const MAX_PROCS: usize = 64;
+/// Room for a program that starts 100 workers at once (CPython's multiprocessing tests do);
+/// the memory limit bounds what they hold.
+pub const MAX_PROCS: usize = 128;
 /// Pids go up to here, then wrap (skipping those in use).
 const PID_MAX: u32 = 1 << 22;
 
@@ -28,7 +30,7 @@ pub const CLD_EXITED: i32 = 1;
 pub const CLD_KILLED: i32 = 2;
 
 /// How a process ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Exit {
     Code(i32),
     Signal(i32),
@@ -51,7 +53,7 @@ impl Exit {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Entry {
     pub ppid: u32,
     pub pgid: u32,
@@ -79,6 +81,14 @@ impl Default for ProcTable {
         map.insert(GUEST_PID, Entry { ppid: 1, pgid: GUEST_PID, sid: GUEST_PID, nice: 0, exit: None });
         ProcTable { map, next_pid: GUEST_PID + 1, outbox: Vec::new(), refused: 0 }
     }
+}
+
+/// The process table as a checkpoint records it (state format 10): every
+/// entry (zombies not yet waited for included) and the next pid to give out.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ProcTableState {
+    pub entries: Vec<(u32, Entry)>,
+    pub next_pid: u32,
 }
 
 /// Which children a wait4/waitid looks at.
@@ -238,6 +248,62 @@ impl ProcTable {
         } else {
             Ok(v)
         }
+    }
+
+    /// The table as a checkpoint records it when only the live processes
+    /// `recorded` (besides `GUEST_PID`) are: every other live process reads
+    /// as killed by SIGKILL (a zombie its parent can wait for; its own
+    /// children go to "init"), as if it had been killed at this point.
+    pub fn save_state(&self, recorded: &[u32]) -> ProcTableState {
+        let mut t = self.clone();
+        let lost: Vec<u32> = t
+            .map
+            .iter()
+            .filter(|(p, e)| **p != GUEST_PID && e.exit.is_none() && !recorded.contains(p))
+            .map(|(p, _)| *p)
+            .collect();
+        for pid in lost {
+            t.exit(pid, Exit::Signal(crate::thread::SIGKILL));
+        }
+        ProcTableState { entries: t.map.into_iter().collect(), next_pid: t.next_pid }
+    }
+
+    /// A table from a checkpoint, checked: `GUEST_PID` is there and alive,
+    /// at most `MAX_PROCS` entries, pids in range, parents known (or 1),
+    /// groups and sessions those of a process of the table or of an ended one,
+    /// and exactly the processes `live` (besides `GUEST_PID`) alive.
+    pub fn restore_state(s: ProcTableState, live: &[u32]) -> Result<ProcTable, String> {
+        if s.entries.len() > MAX_PROCS {
+            return Err(format!("{} processes (at most {MAX_PROCS})", s.entries.len()));
+        }
+        if !(GUEST_PID < s.next_pid && s.next_pid < PID_MAX) {
+            return Err(format!("next pid {}", s.next_pid));
+        }
+        let mut map = BTreeMap::new();
+        for (pid, e) in s.entries {
+            if !(GUEST_PID..PID_MAX).contains(&pid) || map.insert(pid, e).is_some() {
+                return Err(format!("pid {pid}"));
+            }
+        }
+        if map.get(&GUEST_PID).is_none_or(|e| e.exit.is_some()) {
+            return Err("the agent's process is not in the table".into());
+        }
+        for (pid, e) in &map {
+            if e.ppid != 1 && (e.ppid == *pid || !map.contains_key(&e.ppid)) {
+                return Err(format!("process {pid}: parent {}", e.ppid));
+            }
+            if !(-20..=19).contains(&e.nice) || e.pgid == 0 || e.sid == 0 {
+                return Err(format!("process {pid}: group, session or nice value"));
+            }
+            let alive = e.exit.is_none();
+            if *pid != GUEST_PID && alive != live.contains(pid) {
+                return Err(format!("process {pid}: {} in the table", if alive { "alive" } else { "not alive" }));
+            }
+        }
+        if live.iter().any(|p| !map.contains_key(p)) {
+            return Err("a recorded process is not in the table".into());
+        }
+        Ok(ProcTable { map, next_pid: s.next_pid, outbox: Vec::new(), refused: 0 })
     }
 
     /// Forget every process but `GUEST_PID` (the end of an exec).

@@ -410,7 +410,7 @@ impl Runtime {
                 rt.sessions.exec_deferred(&tenant, &id, &code, ExecOptions { timeout, ..opts }, plan.as_ref())
             });
             match r {
-                // The answer first; a first checkpoint is made durable after it
+                // The answer first; its checkpoint is made durable after it
                 // (the session's next use waits for that).
                 Ok((o, settle)) => {
                     let pending = settle.as_ref().map(|_| Settling::begin());
@@ -704,10 +704,10 @@ impl Runtime {
     }
 }
 
-/// First checkpoints of this process being made durable after their reply.
+/// Checkpoints of this process being made durable after their reply.
 static SETTLING: (Mutex<usize>, Condvar) = (Mutex::new(0), Condvar::new());
 
-/// One first checkpoint being settled (counted until dropped).
+/// One checkpoint being settled (counted until dropped).
 struct Settling;
 
 impl Settling {
@@ -725,7 +725,7 @@ impl Drop for Settling {
     }
 }
 
-/// Wait at most `timeout` until every first checkpoint answered before its
+/// Wait at most `timeout` until every checkpoint answered before its
 /// commit is durable; false if some still are not. A process that exits right
 /// after a reply (an embedded CLI or MCP server whose client went away) calls
 /// this first: its exec threads end with the process, and a commit cut short

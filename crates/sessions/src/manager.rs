@@ -97,6 +97,11 @@ pub enum SessionError {
         source: Box<ObjectError>,
         checkpoint: Option<i64>,
     },
+    /// The previous call was answered before its checkpoint was durable, and
+    /// making it durable then failed: the session went back to the checkpoint
+    /// before it (as a crash at that moment would), and this call did not run.
+    #[error("the previous call's checkpoint {lost} was not stored ({reason}); the session went back to {}, and this call did not run", rolled_back(*.checkpoint))]
+    Unsettled { lost: i64, reason: String, checkpoint: Option<i64> },
     #[error("checkpoint files: {0}")]
     Snapshot(#[from] StateError),
     #[error(transparent)]
@@ -168,7 +173,7 @@ impl SessionError {
             SessionError::File { code, .. } => *code,
             SessionError::Snapshot(e) => e.error_code(),
             SessionError::Store(e) if e.is_unavailable() => ErrorCode::StorageUnavailable,
-            SessionError::Store(_) => ErrorCode::StorageError,
+            SessionError::Store(_) | SessionError::Unsettled { .. } => ErrorCode::StorageError,
             SessionError::Objects(e) | SessionError::NotStored { source: e, .. } => e.error_code(),
             SessionError::Engine(e) => e.error_code(),
             SessionError::Template(e) => e.error_code(),
@@ -186,6 +191,7 @@ impl SessionError {
             SessionError::ExecFailed { checkpoint, .. }
             | SessionError::QuotaExceeded { checkpoint, .. }
             | SessionError::NotStored { checkpoint, .. }
+            | SessionError::Unsettled { checkpoint, .. }
             | SessionError::LeaseLost { checkpoint } => Some(*checkpoint),
             _ => None,
         }
@@ -318,7 +324,7 @@ struct Slot {
     lease: Option<Lease>,
     /// The checkpoint the resident sandbox is at (its next checkpoint's parent).
     base: Option<i64>,
-    /// Its first checkpoint, being settled after the reply (then `base` is it).
+    /// Its last checkpoint, being settled after the reply (then `base` is it).
     pending: Option<Arc<Settling>>,
     last_used: Instant,
 }
@@ -347,8 +353,8 @@ pub struct SessionManager {
     host: Arc<dyn SandboxHost>,
     /// This node, in a cluster (`config.cluster`).
     node: Option<Node>,
-    /// First checkpoints answered for and not yet durable, by session id
-    /// (see [`Self::exec_deferred`]): every use of such a session waits for its entry.
+    /// Checkpoints answered for and not yet durable, by session id (see
+    /// [`Self::exec_deferred`]): every use of such a session waits for its entry.
     settling: Mutex<HashMap<String, Arc<Settling>>>,
 }
 
@@ -513,17 +519,22 @@ impl Written<'_> {
     }
 }
 
-/// A session's first checkpoint being made durable after the reply went out
-/// (see [`SessionManager::exec_deferred`]): every later use of the session
-/// waits for it.
-#[derive(Default)]
+/// A session's checkpoint being made durable after the reply went out (see
+/// [`SessionManager::exec_deferred`]): every later use of the session waits
+/// for it.
 struct Settling {
+    /// The checkpoint's number in its session.
+    seq: i64,
     /// The committed record, or why it was not committed.
     done: Mutex<Option<Result<CheckpointRecord, String>>>,
     cv: std::sync::Condvar,
 }
 
 impl Settling {
+    fn new(seq: i64) -> Settling {
+        Settling { seq, done: Mutex::new(None), cv: std::sync::Condvar::new() }
+    }
+
     fn wait(&self) -> Result<CheckpointRecord, String> {
         let mut g = self.done.lock().unwrap_or_else(|e| e.into_inner());
         loop {
@@ -540,7 +551,7 @@ impl Settling {
     }
 }
 
-/// An exec's checkpoint, and the [`Settle`] of a first one not yet committed.
+/// An exec's checkpoint, and its [`Settle`] if it is not committed yet.
 type Checkpointed<'a> = (CheckpointRecord, Option<Settle<'a>>);
 
 /// The second half of a deferred exec (see [`SessionManager::exec_deferred`]):
@@ -549,8 +560,9 @@ type Checkpointed<'a> = (CheckpointRecord, Option<Settle<'a>>);
 pub struct Settle<'a> {
     written: Option<Written<'a>>,
     cell: Arc<Settling>,
-    /// The session's template, when its sandboxes run in this process: a VM
-    /// is warmed for the next session once this one is settled.
+    /// The session's template, when this is its first checkpoint and its
+    /// sandboxes run in this process: a VM is warmed for the next session
+    /// once this one is settled.
     warm: Option<Arc<Loaded>>,
 }
 
@@ -567,7 +579,7 @@ impl Settle<'_> {
         let (m, id, seq) = (w.m, w.session_id.clone(), w.seq);
         let r = w.settle();
         if let Err(e) = &r {
-            tracing::warn!(session = %id, "the first checkpoint was not stored; the session is back at its start: {e}");
+            tracing::warn!(session = %id, "a checkpoint answered for was not stored; the session is back at the one before it: {e}");
             if let Some(q) = seq {
                 let _ = m.store.release_seq(&id, q);
             }
@@ -700,10 +712,12 @@ fn layer_names(chain: &[CheckpointRecord], head: i64) -> Result<(Vec<String>, Ch
 }
 
 /// The files of a checkpoint: its layer, its state, the pack of its changed
-/// file chunks (`<name>.files`, may not exist) and its flat layer if any.
+/// file chunks (`<name>.files`, may not exist), the memory layers of its
+/// child processes (`<name>.procs`, may not exist) and its flat layer if any.
 fn checkpoint_files(layer: &str, state: &str, flat: Option<&str>) -> Vec<String> {
     let pack = Path::new(state).with_extension("files").to_string_lossy().into_owned();
-    let mut v = vec![layer.to_string(), state.to_string(), pack];
+    let procs = forkbox_snapshot::files::procs_name(&pack);
+    let mut v = vec![layer.to_string(), state.to_string(), pack, procs];
     v.extend(flat.map(str::to_string));
     v
 }
@@ -904,8 +918,8 @@ impl SessionManager {
         self.store.session(tenant, id)?.ok_or_else(|| SessionError::NotFound(id.to_string()))
     }
 
-    /// Wait until the first checkpoint of session `id` (of every session with
-    /// None) answered for before it was durable is committed or given up.
+    /// Wait until the checkpoint of session `id` (of every session with None)
+    /// answered for before it was durable is committed or given up.
     fn wait_settled(&self, id: Option<&str>) {
         let waiting: Vec<Arc<Settling>> = {
             let map = self.settling.lock().unwrap_or_else(|e| e.into_inner());
@@ -919,15 +933,22 @@ impl SessionManager {
         }
     }
 
-    /// Take the outcome of the slot's settled first checkpoint: it becomes the
-    /// sandbox's base, or (not stored) the sandbox goes, its memory being ahead of disk.
-    fn take_settled(&self, id: &str, slot: &mut Slot) {
+    /// Take the outcome of the slot's settled checkpoint: it becomes the
+    /// sandbox's base; or, not stored, the sandbox goes (its memory is ahead
+    /// of disk) and the caller hears of it ([`SessionError::Unsettled`]): the
+    /// session is at `head` (its record's, read after the settle ended).
+    fn take_settled(&self, id: &str, slot: &mut Slot, head: Option<i64>) -> Result<(), SessionError> {
         if let Some(p) = slot.pending.take() {
             match p.wait() {
                 Ok(c) => slot.base = Some(c.id),
-                Err(_) => self.drop_resident(id, slot),
+                Err(reason) => {
+                    self.drop_resident(id, slot);
+                    let checkpoint = head.and_then(|c| self.store.checkpoint(c).ok().flatten()).map(|c| c.seq);
+                    return Err(SessionError::Unsettled { lost: p.seq, reason, checkpoint });
+                }
             }
         }
+        Ok(())
     }
 
     /// A new session on the default template.
@@ -1058,16 +1079,19 @@ impl SessionManager {
         Ok(out)
     }
 
-    /// [`Self::exec_planned`] that may leave the last step of a session's
-    /// first checkpoint to the caller, to be done after it answered: the
+    /// [`Self::exec_planned`] that may leave the last step of the exec's
+    /// checkpoint to the caller, to be done after it answered: the
     /// checkpoint's files are written (page cache) and checked, the outcome
     /// names it (`checkpoint.id` 0 until committed), and the [`Settle`]
-    /// makes them durable and commits them (fsync is most of a checkpoint's
-    /// time on a first call). Until it has, every use of the session waits
-    /// for it (the next exec, its record, its checkpoints, a fork, a
-    /// delete), so no call sees it missing; if it fails, the session is back
-    /// at its start (a crash in between does the same). Later checkpoints
-    /// are always committed before this returns (None).
+    /// makes them durable and commits them (the fsyncs are most of a
+    /// checkpoint's time). Until it has, every use of the session waits for
+    /// it (the next exec, its record, its checkpoints, a fork, a delete), so
+    /// no call sees it missing; if it fails, the session is back at the
+    /// checkpoint before (a crash in between does the same) and its next exec
+    /// or file operation fails with [`SessionError::Unsettled`] saying so.
+    /// With an object store or PostgreSQL the checkpoint is committed before
+    /// this returns (None): an upload or a remote commit can fail, and the
+    /// client must hear of it with the answer.
     pub fn exec_deferred(
         &self,
         tenant: &str,
@@ -1119,7 +1143,7 @@ impl SessionManager {
         let rec = self.record(tenant, id)?;
         let slot = self.slot(id);
         let mut guard = lock_slot(&slot, id)?;
-        self.take_settled(id, &mut guard);
+        self.take_settled(id, &mut guard, rec.head)?;
         // Interruptible from here on, also while the session is resumed from disk.
         let interrupter = opts.interrupt.clone().unwrap_or_default();
         interrupter.arm();
@@ -1203,21 +1227,17 @@ impl SessionManager {
         let written =
             self.write_checkpoint_files(&rec, sb.as_mut(), code, base, Some(seq), Some(&result), fence.as_ref());
         let (written, settle) = match written {
-            // The session's first checkpoint: settled by the caller after it answered.
-            // Only on the local disk and SQLite: an object store's upload or a
-            // PostgreSQL commit can fail, and the client must hear of it
-            // (storage_unavailable) rather than be told of a checkpoint that then goes.
-            Ok(w)
-                if base.is_none()
-                    && rec.head.is_none()
-                    && self.objects.is_none()
-                    && self.store.backend() == crate::db::Backend::Sqlite =>
-            {
+            // Settled by the caller after it answered. Only on the local disk
+            // and SQLite: an object store's upload or a PostgreSQL commit can
+            // fail, and the client must hear of it (storage_unavailable) rather
+            // than be told of a checkpoint that then goes.
+            Ok(w) if self.objects.is_none() && self.store.backend() == crate::db::Backend::Sqlite => {
                 let checkpoint = w.provisional(seq);
-                let cell = Arc::new(Settling::default());
+                let cell = Arc::new(Settling::new(seq));
                 self.settling.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_string(), cell.clone());
                 guard.pending = Some(cell.clone());
-                let warm = if self.host.kind() == InProcess.kind() { self.loaded(&rec).ok() } else { None };
+                let first = base.is_none() && rec.head.is_none();
+                let warm = if first && self.host.kind() == InProcess.kind() { self.loaded(&rec).ok() } else { None };
                 (Ok(checkpoint), Some(Settle { written: Some(w), cell, warm }))
             }
             Ok(w) => (w.settle(), None),
@@ -1309,7 +1329,7 @@ impl SessionManager {
         let rec = self.record(tenant, id)?;
         let slot = self.slot(id);
         let mut guard = lock_slot(&slot, id)?;
-        self.take_settled(id, &mut guard);
+        self.take_settled(id, &mut guard, rec.head)?;
         if !live(&guard.sandbox) {
             guard.sandbox = None;
         }
@@ -1833,6 +1853,7 @@ impl SessionManager {
         let output_bytes = output.as_ref().map_or(0, |o| o.len() as u64);
         let name = random_id("c_");
         let (layer, state, pack) = (format!("{name}.layer"), format!("{name}.state"), format!("{name}.files"));
+        let procs = forkbox_snapshot::files::procs_name(&pack);
         let mut reservation = None;
         // (temp path, final name, our own handle) of each file made.
         let mut made: Vec<(PathBuf, String, std::fs::File)> = Vec::new();
@@ -1850,6 +1871,7 @@ impl SessionManager {
             Ok(CheckpointFiles {
                 layer: create(&layer)?,
                 pack: if size.pack { Some(create(&pack)?) } else { None },
+                procs: if size.procs { Some(create(&procs)?) } else { None },
                 state: create(&state)?,
             })
         });
@@ -1881,6 +1903,8 @@ impl SessionManager {
                     stats.layer.bytes
                 } else if *final_name == pack {
                     stats.pack_bytes
+                } else if *final_name == procs {
+                    stats.procs_bytes
                 } else {
                     stats.state_bytes
                 };
@@ -2033,9 +2057,15 @@ impl SessionManager {
         // Open: the cache may drop them now.
         drop(pinned);
         tracing::debug!(elapsed = ?t0.elapsed(), layers = layers.len(), "opened the layer chain");
-        // The state names the packs it reads; only its lineage's are handed over.
-        let lineage: std::collections::HashSet<String> =
-            chain.iter().map(|c| Path::new(&c.state).with_extension("files").to_string_lossy().into_owned()).collect();
+        // The state names the packs and process memory files it reads; only
+        // its lineage's are handed over.
+        let lineage: std::collections::HashSet<String> = chain
+            .iter()
+            .flat_map(|c| {
+                let pack = Path::new(&c.state).with_extension("files").to_string_lossy().into_owned();
+                [forkbox_snapshot::files::procs_name(&pack), pack]
+            })
+            .collect();
         let mut packs = |wanted: &[String]| -> Result<Vec<NamedFile>, SessionError> {
             if wanted.len() > lineage.len() {
                 return Err(StateError::Corrupt("the state names more packs than its lineage has".into()).into());

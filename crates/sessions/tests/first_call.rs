@@ -120,7 +120,43 @@ fn a_dropped_settle_still_commits_the_first_checkpoint() {
     assert_eq!(list.iter().map(|c| c.seq).collect::<Vec<_>>(), vec![1]);
     assert!(m.evict(&s.id));
     assert_eq!(value(&m, &s.id, "y"), "5");
-    // Only the first checkpoint is left to the caller.
-    let (_, later) = m.exec_deferred(TENANT, &s.id, "y += 1", ExecOptions::default(), None).unwrap();
-    assert!(later.is_none());
+    // A later checkpoint is left to the caller too, and committed when dropped.
+    let (out, later) = m.exec_deferred(TENANT, &s.id, "y += 1", ExecOptions::default(), None).unwrap();
+    assert_eq!(out.checkpoint.seq, 3, "(`value` ran an exec: checkpoint 2)");
+    assert!(later.is_some());
+    drop(later);
+    assert_eq!(m.checkpoints(TENANT, &s.id).unwrap().iter().map(|c| c.seq).collect::<Vec<_>>(), vec![1, 2, 3]);
+    assert!(m.evict(&s.id));
+    assert_eq!(value(&m, &s.id, "y"), "6");
+}
+
+/// A checkpoint answered for that then cannot be stored (its files gone
+/// before the settle renames them): the session goes back to the checkpoint
+/// before, its next exec fails once saying which was lost and where the
+/// session is, and the exec after that runs on the state before.
+#[test]
+fn a_checkpoint_that_is_not_stored_after_its_reply_is_reported_by_the_next_call() {
+    let home = fresh_home();
+    let m = open_default(home.path());
+    let s = new_session(&m);
+    let c1 = ok(&m, &s.id, "z = 1").checkpoint;
+    let (out, settle) = m.exec_deferred(TENANT, &s.id, "z = 2", ExecOptions::default(), None).unwrap();
+    assert_eq!(out.checkpoint.seq, 2);
+    let settle = settle.expect("the checkpoint is left to the caller");
+    let temps: Vec<String> = file_names(&home.layers()).into_iter().filter(|n| n.ends_with(".tmp")).collect();
+    assert!(!temps.is_empty(), "the checkpoint's files are written before the settle");
+    for t in &temps {
+        std::fs::remove_file(home.layers().join(t)).unwrap();
+    }
+    assert!(settle.finish().is_err(), "a settle whose files are gone fails");
+    let e = m.exec(TENANT, &s.id, "z").unwrap_err();
+    assert_eq!(e.code(), "storage_error", "{e}");
+    assert_eq!(e.rolled_back_to(), Some(Some(1)), "{e}");
+    assert!(e.to_string().contains("checkpoint 2 was not stored"), "{e}");
+    // Reported once: the session runs on from checkpoint 1.
+    let o = m.exec(TENANT, &s.id, "z").unwrap();
+    assert_eq!(o.result.value.as_deref(), Some("1"));
+    assert_eq!((o.checkpoint.seq, o.checkpoint.parent), (2, Some(c1.id)));
+    let names = file_names(&home.layers());
+    assert!(names.iter().all(|n| !n.ends_with(".tmp")), "{names:?}");
 }

@@ -56,6 +56,13 @@ pub struct FileTable {
     pub files: Vec<StoredFile>,
 }
 
+/// The name of a checkpoint's process memory file (its child processes'
+/// memory layers) beside its pack `pack_name` (`<name>.files` -> `<name>.procs`).
+pub fn procs_name(pack_name: &str) -> String {
+    let stem = pack_name.strip_suffix(".files").unwrap_or(pack_name);
+    format!("{stem}.procs")
+}
+
 /// A pack name as written by this code: one plain file name.
 pub fn valid_pack_name(name: &str) -> bool {
     !name.is_empty()

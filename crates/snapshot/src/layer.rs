@@ -163,7 +163,7 @@ impl<'a> LayerPlan<'a> {
 
     /// Write the layer into `f`, a new empty file (the caller syncs and names it:
     /// a sandbox worker writes into a file descriptor it was given).
-    pub fn write_into(&self, f: &mut File) -> std::io::Result<()> {
+    pub fn write_into<W: Write>(&self, f: W) -> std::io::Result<()> {
         let count = self.pages.len() as u64;
         let mut head = Vec::with_capacity(HEADER);
         head.extend_from_slice(LAYER_MAGIC);
@@ -240,6 +240,33 @@ impl Layer {
     pub fn read_from(f: &mut File, shown: &str) -> Result<Layer, StateError> {
         let mut raw = Vec::new();
         f.read_to_end(&mut raw).map_err(|source| StateError::Io { what: "read", path: shown.into(), source })?;
+        Layer::from_bytes(raw, shown)
+    }
+
+    /// A layer that is a part of an open file (one layer of a child
+    /// process' memory in a checkpoint's process memory file): `r.len` bytes
+    /// at `r.offset`, whose CRC-32 must be `r.crc`, then checked as a layer
+    /// file is; `shown` names the file in errors.
+    pub fn read_part(f: &File, r: &crate::state::MemoryRef, shown: &str) -> Result<Layer, StateError> {
+        use std::os::unix::fs::FileExt;
+        let corrupt = |why: &str| StateError::Corrupt(format!("layer in {shown} at {}: {why}", r.offset));
+        let io = |what: &'static str| move |source| StateError::Io { what, path: shown.into(), source };
+        let size = f.metadata().map_err(io("stat"))?.len();
+        // Checked against the file first: the numbers come from a state file.
+        if r.offset.checked_add(r.len).is_none_or(|end| end > size) {
+            return Err(corrupt("beyond the end of the file (truncated?)"));
+        }
+        let mut raw = vec![0u8; usize::try_from(r.len).map_err(|_| corrupt("too large"))?];
+        f.read_exact_at(&mut raw, r.offset).map_err(io("read"))?;
+        if crc32fast::hash(&raw) != r.crc {
+            return Err(corrupt("checksum mismatch"));
+        }
+        Layer::from_bytes(raw, shown)
+    }
+
+    /// A layer from its bytes (a layer file's content, or a part of a
+    /// file: see `read_part`), checked as a file is; `shown` names it in errors.
+    pub fn from_bytes(raw: Vec<u8>, shown: &str) -> Result<Layer, StateError> {
         let corrupt = |why: &str| StateError::Corrupt(format!("layer {shown}: {why}"));
         let head = raw.get(..HEADER).ok_or_else(|| corrupt("truncated header"))?;
         if &head[..8] != LAYER_MAGIC {

@@ -29,6 +29,6 @@ pub use forkbox_vmm::regs;
 pub use layer::{Layer, LayerPlan, LayerStats};
 pub use memory::{write_memory, write_memory_over, write_memory_over_into, MemoryFile, MemoryStats, MemoryView};
 pub use state::{
-    encode, read_state, read_state_from, write_encoded, write_encoded_into, write_state, Snapshot, StateError,
-    FORMAT_VERSION, MAGIC, READABLE_VERSIONS,
+    encode, read_state, read_state_from, write_encoded, write_encoded_into, write_state, ChildRecord, Children,
+    MemoryRef, Snapshot, StateError, FORMAT_VERSION, MAGIC, MAX_MEMORY_CHAIN, READABLE_VERSIONS,
 };

@@ -43,9 +43,12 @@ pub const MAGIC: &[u8; 8] = b"FBXSNAP\0";
 /// 9: listening sockets (`ProcessState::listeners`: id, family, bound address,
 ///    backlog, options), made again on restore. Version 8 is read as the
 ///    frozen `v8` shape (no listeners: its sockets read as reset).
-pub const FORMAT_VERSION: u32 = 9;
+/// 10: the sandbox's other processes (`Snapshot::children`: the process
+///    table, and each running child's own state, vCPU and memory as an
+///    embedded layer). Version 9 is read as the frozen `v9` shape (no children).
+pub const FORMAT_VERSION: u32 = 10;
 /// Every version `decode` reads (oldest first); the last is `FORMAT_VERSION`.
-pub const READABLE_VERSIONS: &[u32] = &[4, 5, 6, 7, 8, 9];
+pub const READABLE_VERSIONS: &[u32] = &[4, 5, 6, 7, 8, 9, 10];
 const HEADER_LEN: usize = 8 + 4 + 8 + 32;
 /// A state file larger than this is rejected before it is read into memory.
 const MAX_PAYLOAD: u64 = 4 << 30;
@@ -120,6 +123,87 @@ pub struct Snapshot {
     /// Overlay files whose bytes are stored in pack files rather than in
     /// `process` (where they appear with no bytes); empty for templates.
     pub files: crate::files::FileTable,
+    /// The sandbox's processes besides the agent's (state format 10; none
+    /// in a template or an older checkpoint).
+    pub children: Children,
+}
+
+/// The processes of a checkpointed sandbox besides the agent's, all parked
+/// at the same point between two scheduler slices.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Children {
+    /// The process table (None: there were no other processes; the table is
+    /// the agent's process alone).
+    pub table: Option<forkbox_linux::procs::ProcTableState>,
+    /// The running children, in the scheduler's round-robin order.
+    pub processes: Vec<ChildRecord>,
+}
+
+impl Children {
+    pub fn is_empty(&self) -> bool {
+        self.table.is_none() && self.processes.is_empty()
+    }
+}
+
+/// One running child process: its own kernel state, its vCPU, where its
+/// current thread stands, and its memory.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChildRecord {
+    pub process: forkbox_linux::process::ChildState,
+    pub vcpu: VcpuRecord,
+    /// The user state its current thread resumes with before the vCPU runs
+    /// again (a syscall's return on its way to signal delivery, a thread
+    /// loaded onto the vCPU but not run yet).
+    pub pending_user: Option<forkbox_vmm::regs::Regs>,
+    /// The vCPU stopped at a syscall exit (in the syscall stub).
+    pub in_stub: bool,
+    /// Its guest memory: layers over its base, newest first (the pages it
+    /// changed since the previous checkpoint, then that checkpoint's
+    /// layers back to a whole one), each a part of a checkpoint's process
+    /// memory file (`<name>.procs`, beside its state), not the bytes.
+    pub memory: Vec<MemoryRef>,
+    /// The base `memory` is a layer over: the template's memory (a child of
+    /// the agent that has not called execve) or zeros (after an execve).
+    pub on_template: bool,
+}
+
+/// Where one layer of a child process' memory is: `len` bytes at `offset` of
+/// `file` (a checkpoint's process memory file, named like its pack: a plain
+/// file name of the sessions directory), whose CRC-32 is `crc`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryRef {
+    pub file: String,
+    pub offset: u64,
+    pub len: u64,
+    pub crc: u32,
+}
+
+/// Most layers one child's memory is recorded in (a longer chain starts
+/// again from a whole layer over its base).
+pub const MAX_MEMORY_CHAIN: usize = 32;
+
+impl Children {
+    /// The process memory files the records name (sorted, each once),
+    /// checked: plain file names, at most [`MAX_MEMORY_CHAIN`] layers a process.
+    pub fn memory_files(&self) -> Result<Vec<String>, StateError> {
+        let mut out = std::collections::BTreeSet::new();
+        for c in &self.processes {
+            if c.memory.len() > MAX_MEMORY_CHAIN {
+                return Err(StateError::Corrupt(format!(
+                    "process {}: {} memory layers",
+                    c.process.pid,
+                    c.memory.len()
+                )));
+            }
+            for r in &c.memory {
+                if !crate::files::valid_pack_name(&r.file) {
+                    return Err(StateError::Corrupt(format!("process {}: memory file name", c.process.pid)));
+                }
+                out.insert(r.file.clone());
+            }
+        }
+        Ok(out.into_iter().collect())
+    }
 }
 
 pub fn encode(s: &Snapshot) -> Vec<u8> {
@@ -163,14 +247,53 @@ fn decode_payload(version: u32, payload: &[u8]) -> Result<Snapshot, StateError> 
         5 | 6 => v6::read(payload, version),
         7 => v7::read(payload),
         8 => v8::read(payload),
-        9 => read_v9(payload),
+        9 => v9::read(payload),
+        10 => read_v10(payload),
         v => Err(StateError::BadVersion(v)),
     }
 }
 
-/// Version 9 is the current shape (`Snapshot` as defined above).
-fn read_v9(payload: &[u8]) -> Result<Snapshot, StateError> {
-    postcard::from_bytes(payload).map_err(|e| StateError::Corrupt(format!("undecodable version 9 payload: {e}")))
+/// Version 10 is the current shape (`Snapshot` as defined above).
+fn read_v10(payload: &[u8]) -> Result<Snapshot, StateError> {
+    postcard::from_bytes(payload).map_err(|e| StateError::Corrupt(format!("undecodable version 10 payload: {e}")))
+}
+
+/// Version 9: no other processes (they were not recorded: the descriptions
+/// only they held were closed in the record). Frozen: never edit these types.
+mod v9 {
+    use forkbox_linux::process::ProcessState;
+    use forkbox_vmm::regs::VcpuRecord;
+    use serde::Deserialize;
+
+    use super::StateError;
+    use crate::cpu::CpuFingerprint;
+    use crate::memory::MemoryStats;
+
+    #[derive(Deserialize)]
+    struct Snapshot {
+        image_id: String,
+        cpu: CpuFingerprint,
+        vcpu: VcpuRecord,
+        process: ProcessState,
+        memory: MemoryStats,
+        info: String,
+        files: crate::files::FileTable,
+    }
+
+    pub(super) fn read(payload: &[u8]) -> Result<super::Snapshot, StateError> {
+        let s: Snapshot = postcard::from_bytes(payload)
+            .map_err(|e| StateError::Corrupt(format!("undecodable version 9 payload: {e}")))?;
+        Ok(super::Snapshot {
+            image_id: s.image_id,
+            cpu: s.cpu,
+            vcpu: s.vcpu,
+            process: s.process,
+            memory: s.memory,
+            info: s.info,
+            files: s.files,
+            children: Default::default(),
+        })
+    }
 }
 
 /// Version 8: the process state without listening sockets (they were not
@@ -243,6 +366,7 @@ mod v8 {
             memory: s.memory,
             info: s.info,
             files: s.files,
+            children: Default::default(),
         })
     }
 }
@@ -316,6 +440,7 @@ mod v7 {
             memory: s.memory,
             info: s.info,
             files: s.files,
+            children: Default::default(),
         })
     }
 }
@@ -389,6 +514,7 @@ mod v6 {
             memory: s.memory,
             info: s.info,
             files: s.files,
+            children: Default::default(),
         })
     }
 }
@@ -460,6 +586,7 @@ mod v4 {
             memory: s.memory,
             info: s.info,
             files: Default::default(),
+            children: Default::default(),
         })
     }
 }

@@ -35,7 +35,8 @@ use forkbox_image::{Image, PackOptions};
 use forkbox_linux::fd::{FileKind, SockInfo};
 use forkbox_linux::mm::VmaKind;
 use forkbox_linux::net::ListenerState;
-use forkbox_linux::process::ProcessState;
+use forkbox_linux::process::{ChildState, ProcessState};
+use forkbox_linux::procs::{Entry, Exit, ProcTable, ProcTableState};
 use forkbox_linux::thread::{SavedCpu, SigInfo, Thread, Timer, Wait, WaitKind};
 use forkbox_linux::vfs::{BodyState, Vfs, ROOT_INO};
 use forkbox_linux::Process;
@@ -44,7 +45,9 @@ use forkbox_snapshot::cpu::{CpuFingerprint, CpuidLeaf};
 use forkbox_snapshot::files::{FileTable, StoredChunk, StoredFile};
 use forkbox_snapshot::layer::{apply_layers, write_layer, Layer, LAYER_VERSION, READABLE_LAYER_VERSIONS};
 use forkbox_snapshot::regs::{DTable, Regs, Segment, Sregs, VcpuRecord, Xcr, Xcrs, Xsave, XSAVE_SIZE};
-use forkbox_snapshot::{state, MemoryStats, Snapshot, FORMAT_VERSION, READABLE_VERSIONS};
+use forkbox_snapshot::{
+    state, ChildRecord, Children, LayerPlan, MemoryRef, MemoryStats, Snapshot, FORMAT_VERSION, READABLE_VERSIONS,
+};
 use forkbox_vmm::GuestMemory;
 
 const IMAGE_ID: &str = "601de0601de0601de0601de0601de0601de0601de0601de0601de0601de06000";
@@ -103,6 +106,13 @@ fn layers(tmp: &Path) -> forkbox_linux::vfs::Layers {
 /// A process as a template has it (mappings, a heap, stdio) or, for a
 /// session checkpoint, after some work (a file written, an fd open, TLS, a mask).
 fn process(image: &Arc<Image>, session: bool) -> ProcessState {
+    process_and_child(image, session).0
+}
+
+/// [`process`], and for a session a child it forked (format 10): it shares
+/// the agent's descriptions (a file, a socket, both ends of a pipe), has a
+/// mask of its own and a thread on the vCPU.
+fn process_and_child(image: &Arc<Image>, session: bool) -> (ProcessState, Option<ChildState>) {
     let mut p = Process::new(Vfs::new(image.clone()), 256 << 20);
     let (r, rw, rx) = (
         libc::PROT_READ as u32,
@@ -181,6 +191,12 @@ fn process(image: &Arc<Image>, session: bool) -> ProcessState {
         p.threads.timers.push(timer.clone());
         p.threads.itimer_real = Some(Timer { id: -1, expiry: Some(3_000_000_000), interval_ns: 0, ..timer });
     }
+    let child = session.then(|| {
+        let mut c = p.fork_child(3);
+        c.signals.mask = 1 << (libc::SIGTERM - 1);
+        c.umask = 0o027;
+        c.save_child_state()
+    });
     let mut s = p.save_state();
     if session {
         // A listening socket on fd 5 (format 9): re-created on restore.
@@ -200,7 +216,48 @@ fn process(image: &Arc<Image>, session: bool) -> ProcessState {
         n.mtime_ns = FIXED_MTIME_NS;
         n.atime_ns = FIXED_MTIME_NS;
     }
-    s
+    (s, child)
+}
+
+/// A child's memory layer over zeros (page 1 of the layer inputs), as a
+/// process memory file holds it.
+fn child_layer() -> Vec<u8> {
+    let (_, mem, _) = layer_inputs();
+    let zeros = vec![0u8; 16 * 4096];
+    let mut memory = Vec::new();
+    LayerPlan::new(&mem, &zeros, &[1]).unwrap().write_into(&mut memory).unwrap();
+    memory
+}
+
+/// The other processes of the session checkpoint (format 10): one running
+/// child (pid 3) whose memory is two layers over zeros in the process memory
+/// files of this checkpoint and of its parent, one zombie (pid 4) not yet
+/// waited for.
+fn children(image: &Arc<Image>) -> Children {
+    let (_, child) = process_and_child(image, true);
+    let layer = child_layer();
+    let part = |file: &str, offset: u64| MemoryRef {
+        file: file.into(),
+        offset,
+        len: layer.len() as u64,
+        crc: crc32fast::hash(&layer),
+    };
+    let memory = vec![part("c_0002.procs", 0), part("c_0001.procs", 4096)];
+    let entry = |ppid, exit| Entry { ppid, pgid: 2, sid: 2, nice: 0, exit };
+    Children {
+        table: Some(ProcTableState {
+            entries: vec![(2, entry(1, None)), (3, entry(2, None)), (4, entry(2, Some(Exit::Code(3))))],
+            next_pid: 5,
+        }),
+        processes: vec![ChildRecord {
+            process: child.unwrap(),
+            vcpu: vcpu(true),
+            pending_user: Some(Regs { rax: 0, rip: 0x7f00_1236, ..vcpu(true).regs }),
+            in_stub: true,
+            memory,
+            on_template: false,
+        }],
+    }
 }
 
 fn cpu() -> CpuFingerprint {
@@ -299,6 +356,7 @@ fn template_state(image: &Arc<Image>) -> Snapshot {
         memory: memory_stats(),
         info,
         files: FileTable::default(),
+        children: Children::default(),
     }
 }
 
@@ -319,6 +377,7 @@ fn session_state(image: &Arc<Image>) -> Snapshot {
         process: process(image, true),
         memory: memory_stats(),
         info: TEMPLATE_ID.into(),
+        children: children(image),
         // One overlay file whose bytes are in two chunks of two packs.
         files: FileTable {
             packs: vec!["c_0001.files".into(), "c_0002.files".into()],
@@ -399,7 +458,8 @@ fn current_formats_match_the_golden_files() {
             bytes.len(),
             golden.len()
         );
-        assert!(bytes.len() < 16 << 10, "{name} is {} bytes: golden files stay small", bytes.len());
+        // (A session's state holds two vCPU records since format 10: the agent's and a child's.)
+        assert!(bytes.len() < 24 << 10, "{name} is {} bytes: golden files stay small", bytes.len());
     }
 }
 
@@ -420,9 +480,27 @@ fn golden_states_of_every_readable_version_decode() {
             assert_eq!(snap.info, expect.info, "{kind} v{v}");
             assert_eq!(snap.vcpu.regs, expect.vcpu.regs, "{kind} v{v}");
             assert_eq!(snap.vcpu.xcrs.xcr0(), Some(0xe7), "{kind} v{v}");
-            // The process state is a real one: it restores against its image.
-            let proc = Process::restore_state_with(image.clone(), snap.process.clone(), &layers(tmp.path()))
-                .unwrap_or_else(|e| panic!("{kind} v{v}: the process state does not restore: {e}"));
+            // The process state is a real one: it restores against its image,
+            // with its children (their references to its descriptions count).
+            let others: Vec<&forkbox_linux::fd::FdTable> =
+                snap.children.processes.iter().map(|c| &c.process.fds).collect();
+            let proc =
+                Process::restore_state_sharing(image.clone(), snap.process.clone(), &layers(tmp.path()), &others)
+                    .unwrap_or_else(|e| panic!("{kind} v{v}: the process state does not restore: {e}"));
+            for c in &snap.children.processes {
+                let child = Process::restore_child(&proc, c.process.clone())
+                    .unwrap_or_else(|e| panic!("{kind} v{v}: a child does not restore: {e}"));
+                assert!(child.save_child_state() == c.process, "{kind} v{v}: restore + save changed a child");
+            }
+            let files = snap.children.memory_files().unwrap();
+            assert_eq!(files.len(), 2 * usize::from(kind == "session-state" && v >= 10), "{kind} v{v}");
+            if let Some(t) = snap.children.table.clone() {
+                let live: Vec<u32> = snap.children.processes.iter().map(|c| c.process.pid).collect();
+                ProcTable::restore_state(t, &live).unwrap_or_else(|e| panic!("{kind} v{v}: process table: {e}"));
+            }
+            // Children are recorded from version 10 on; before, none.
+            let children = usize::from(kind == "session-state" && v >= 10);
+            assert_eq!(snap.children.processes.len(), children, "{kind} v{v}");
             if v == FORMAT_VERSION {
                 assert!(snap == expect, "{kind} v{v} decodes to something else than it was written from");
                 // Listeners are the sandbox's network state, not the process': it adds them.
@@ -437,7 +515,11 @@ fn golden_states_of_every_readable_version_decode() {
     }
     // The session's file is there, with its bytes, after restore.
     let snap = state::decode(&std::fs::read(golden("session-state", FORMAT_VERSION)).unwrap()).unwrap();
-    let proc = Process::restore_state_with(image.clone(), snap.process, &layers(tmp.path())).unwrap();
+    let others: Vec<&forkbox_linux::fd::FdTable> = snap.children.processes.iter().map(|c| &c.process.fds).collect();
+    let proc =
+        Process::restore_state_sharing(image.clone(), snap.process.clone(), &layers(tmp.path()), &others).unwrap();
+    // Without its children, the agent's table does not add up (they hold references).
+    assert!(Process::restore_state_with(image.clone(), snap.process.clone(), &layers(tmp.path())).is_err());
     let ino = proc.vfs.resolve(ROOT_INO, b"/tmp/out.txt", true).unwrap();
     assert_eq!(proc.vfs.file_bytes(ino).unwrap(), b"checkpointed bytes");
     let pkg = proc.vfs.resolve(ROOT_INO, b"/usr/local/lib/python3.11/dist-packages/goldpkg/__init__.py", true).unwrap();
@@ -460,6 +542,37 @@ fn golden_layers_of_every_readable_version_apply() {
             mem.slice(0, 16 * 4096).unwrap(),
             "layer v{v} applies to other bytes"
         );
+    }
+}
+
+/// A child's memory layer is read from its part of a process memory file,
+/// checked against the record's offset, length and checksum.
+#[test]
+fn child_memory_layers_read_from_their_part_of_a_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let layer = child_layer();
+    let path = tmp.path().join("c_0001.procs");
+    let mut bytes = vec![0x5a; 4096];
+    bytes.extend_from_slice(&layer);
+    std::fs::write(&path, &bytes).unwrap();
+    let f = std::fs::File::open(&path).unwrap();
+    let at =
+        MemoryRef { file: "c_0001.procs".into(), offset: 4096, len: layer.len() as u64, crc: crc32fast::hash(&layer) };
+    let read = Layer::read_part(&f, &at, "c_0001.procs").unwrap();
+    assert_eq!(read.pages, [1]);
+    let (_, mem, _) = layer_inputs();
+    let zeros = vec![0u8; 16 * 4096];
+    let mut fresh = GuestMemory::anonymous(1 << 20).unwrap();
+    assert_eq!(apply_layers(&mut fresh, &zeros, &[read]).unwrap(), 1);
+    assert_eq!(fresh.slice(4096, 4096).unwrap(), mem.slice(4096, 4096).unwrap());
+    // Another checksum, a part beyond the end, an offset that overflows, a part that is not a layer.
+    for bad in [
+        MemoryRef { crc: at.crc ^ 1, ..at.clone() },
+        MemoryRef { offset: 4097, ..at.clone() },
+        MemoryRef { offset: u64::MAX, ..at.clone() },
+        MemoryRef { offset: 0, len: 64, crc: crc32fast::hash(&bytes[..64]), ..at.clone() },
+    ] {
+        assert!(Layer::read_part(&f, &bad, "c_0001.procs").is_err(), "{bad:?} was read");
     }
 }
 

@@ -124,6 +124,18 @@ impl GuestMemory {
         })
     }
 
+    /// Is it a copy-on-write mapping of a snapshot file (`private_file`), not
+    /// anonymous memory?
+    pub fn has_backing(&self) -> bool {
+        self.backing.is_some()
+    }
+
+    /// The whole-page ranges `discard` gave back in a file-backed mapping
+    /// (they read as zeros, not as the file's bytes), as (address, length).
+    pub fn discarded_ranges(&self) -> &[(u64, u64)] {
+        &self.discarded
+    }
+
     /// Record from now on which pages the VMM changes (see `take_vmm_dirty`).
     pub fn track_writes(&mut self) {
         self.vmm_dirty = Some(vec![0; (self.size / PAGE_SIZE).div_ceil(64) as usize]);

@@ -366,7 +366,7 @@ fn serve_one(shared: &Shared, ctl: &ChannelCtl, ch: &mut Channel, sock: &UnixStr
                 loop {
                     let (msg, fds) = protocol::read_fds::<ToChannel>(sock, FDS_PER_FRAME)?;
                     match msg {
-                        ToChannel::Files { names } if names.len() == fds.len() && names.len() <= 3 => {
+                        ToChannel::Files { names } if names.len() == fds.len() && names.len() <= 4 => {
                             for (n, fd) in names.into_iter().zip(fds) {
                                 files.insert(n, File::from(fd));
                             }
@@ -377,7 +377,8 @@ fn serve_one(shared: &Shared, ctl: &ChannelCtl, ch: &mut Channel, sock: &UnixStr
                     }
                 }
                 let pack = if size.pack { Some(take(files, "pack")?) } else { None };
-                Ok(CheckpointFiles { layer: take(files, "layer")?, pack, state: take(files, "state")? })
+                let procs = if size.procs { Some(take(files, "procs")?) } else { None };
+                Ok(CheckpointFiles { layer: take(files, "layer")?, pack, procs, state: take(files, "state")? })
             });
             ch.files.clear();
             match r {

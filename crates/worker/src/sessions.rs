@@ -923,10 +923,13 @@ impl Resident for RemoteSandbox {
                 return Err(e);
             }
         };
-        let CheckpointFiles { layer, pack, state } = files;
+        let CheckpointFiles { layer, pack, procs, state } = files;
         let mut named = vec![NamedFile { name: "layer".into(), file: layer }];
         if let Some(p) = pack {
             named.push(NamedFile { name: "pack".into(), file: p });
+        }
+        if let Some(p) = procs {
+            named.push(NamedFile { name: "procs".into(), file: p });
         }
         named.push(NamedFile { name: "state".into(), file: state });
         let worker = self.worker.clone();

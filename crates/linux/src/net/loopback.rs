@@ -11,7 +11,9 @@ use crate::errno::Errno;
 use serde::{Deserialize, Serialize};
 use socket2::{Domain, Socket, Type};
 
-use super::ports::{binds_overlap, listener_takes, loop_dest, loop_dest_ip, sandbox_local, unspecified, EPHEMERAL};
+use super::ports::{
+    binds_overlap, listener_takes, loop_dest, loop_dest_ip, sandbox_local, unspecified, v6only_in, EPHEMERAL,
+};
 use super::sockopt::OPTS_CAP;
 use super::{host_errno, nonce, policy, Backend, Listener, NetIo, Sock};
 
@@ -97,7 +99,7 @@ impl NetIo {
             return None;
         }
         self.socks.iter().find_map(|(id, s)| match (&s.backend, s.local) {
-            (Backend::Listener(_), Some(l)) if listener_takes(l, s.domain, dest) => Some(*id),
+            (Backend::Listener(_), Some(l)) if listener_takes(l, s.v6only(), dest) => Some(*id),
             _ => None,
         })
     }
@@ -121,10 +123,10 @@ impl NetIo {
         if s.loop_peer.is_some() || s.peer.is_some() || s.connecting.is_some() {
             return Err(Errno::EINVAL);
         }
-        let (local, reuse, domain) = (s.local, s.reuse, s.domain);
+        let (local, reuse, domain, v6only) = (s.local, s.reuse, s.domain, s.v6only());
         let local = match local {
             Some(l) => {
-                if self.port_taken(id, l, reuse) {
+                if self.port_taken(id, l, reuse, v6only) {
                     return Err(Errno::EADDRINUSE);
                 }
                 l
@@ -153,7 +155,7 @@ impl NetIo {
                 (Backend::Listener(_), Some(l)) => {
                     let proxied = [IpAddr::from(Ipv4Addr::LOCALHOST), IpAddr::from(std::net::Ipv6Addr::LOCALHOST)]
                         .into_iter()
-                        .any(|ip| listener_takes(l, s.domain, SocketAddr::new(ip, l.port())));
+                        .any(|ip| listener_takes(l, s.v6only(), SocketAddr::new(ip, l.port())));
                     Some((l, proxied))
                 }
                 _ => None,
@@ -224,10 +226,14 @@ impl NetIo {
                 return bad("socket id not a socket's or taken");
             }
             // Listeners hold their ports (the record holds no two that overlap).
-            if ls[..i].iter().any(|o| o.id == l.id || binds_overlap(o.local, l.local)) {
+            let v6only = |l: &ListenerState| {
+                let opt = l.opts.iter().find(|(k, _)| *k == (libc::IPPROTO_IPV6, libc::IPV6_V6ONLY));
+                v6only_in(l.domain, opt.map(|(_, v)| v.as_slice()))
+            };
+            if ls[..i].iter().any(|o| o.id == l.id || binds_overlap(o.local, v6only(o), l.local, v6only(l))) {
                 return bad("its port is taken by another listener");
             }
-            if self.port_taken(l.id, l.local, l.reuse) {
+            if self.port_taken(l.id, l.local, l.reuse, v6only(l)) {
                 return bad("its port is taken");
             }
         }
@@ -396,7 +402,9 @@ impl NetIo {
             .socks
             .iter()
             .filter(|(id, s)| **id != me || s.local.is_some())
-            .filter(|(_, s)| !s.stream && s.lite == lite && s.local.is_some_and(|l| listener_takes(l, s.domain, dest)))
+            .filter(|(_, s)| {
+                !s.stream && s.lite == lite && s.local.is_some_and(|l| listener_takes(l, s.v6only(), dest))
+            })
             .map(|(id, _)| *id)
             .collect();
         // Several bound with SO_REUSEADDR: the first bound (lowest id) gets it.

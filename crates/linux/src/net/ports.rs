@@ -7,7 +7,14 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use crate::errno::Errno;
 
-use super::{host_errno, resolver_addr, Backend, NetIo};
+use super::{host_errno, resolver_addr, Backend, NetIo, Sock};
+
+impl Sock {
+    /// IPV6_V6ONLY is set (an AF_INET6 socket's `::` binding is IPv6 only).
+    pub(super) fn v6only(&self) -> bool {
+        v6only_in(self.domain, self.opts.get(&(libc::IPPROTO_IPV6, libc::IPV6_V6ONLY)).map(Vec::as_slice))
+    }
+}
 
 /// The ephemeral port range (Linux's default ip_local_port_range).
 pub(super) const EPHEMERAL: (u16, u16) = (32768, 60999);
@@ -40,18 +47,37 @@ pub(super) fn loop_dest(addr: SocketAddr) -> SocketAddr {
     SocketAddr::new(ip, addr.port())
 }
 
-/// Does a socket bound to `bound` on a socket of `domain` take connections to `dest` (from `loop_dest`)?
-pub(super) fn listener_takes(bound: SocketAddr, domain: i32, dest: SocketAddr) -> bool {
+/// Does a socket bound to `bound` (`v6only`: IPV6_V6ONLY set on it) take
+/// connections to `dest` (from `loop_dest`)?
+pub(super) fn listener_takes(bound: SocketAddr, v6only: bool, dest: SocketAddr) -> bool {
     if bound.port() != dest.port() {
         return false;
     }
-    let b = loop_dest_ip(bound.ip());
-    match (b, dest.ip()) {
-        // 0.0.0.0 takes IPv4; :: (an AF_INET6 socket, dual stack) takes both.
-        (None, IpAddr::V4(_)) => true,
-        (None, IpAddr::V6(_)) => domain == libc::AF_INET6,
-        (Some(b), d) => b == d,
+    let (v4, v6) = bind_scope(bound.ip(), v6only);
+    match dest.ip() {
+        IpAddr::V4(d) => v4.is_some_and(|b| b.is_none_or(|b| b == d)),
+        IpAddr::V6(d) => v6.is_some_and(|b| b.is_none_or(|b| b == d)),
     }
+}
+
+/// The addresses a binding to `ip` holds, of IPv4 and of IPv6: None (none of
+/// that family), Some(None) (that family's wildcard) or Some(Some(ip)). As
+/// Linux: 0.0.0.0 and IPv4-mapped addresses are IPv4; `::` is both families
+/// (an AF_INET6 socket is dual stack, /proc/sys/net/ipv6/bindv6only is 0)
+/// unless IPV6_V6ONLY is set; any other IPv6 address is IPv6 only.
+#[allow(clippy::type_complexity)]
+fn bind_scope(ip: IpAddr, v6only: bool) -> (Option<Option<Ipv4Addr>>, Option<Option<std::net::Ipv6Addr>>) {
+    match (as_v4(ip), ip) {
+        (Some(v4), _) => (Some(Some(v4).filter(|v| !v.is_unspecified())), None),
+        (None, IpAddr::V6(v6)) if v6.is_unspecified() => ((!v6only).then_some(None), Some(None)),
+        (None, IpAddr::V6(v6)) => (None, Some(Some(v6))),
+        (None, IpAddr::V4(_)) => (None, None),
+    }
+}
+
+/// Is IPV6_V6ONLY set among a socket's option values (an AF_INET6 socket's only)?
+pub(super) fn v6only_in(domain: i32, val: Option<&[u8]>) -> bool {
+    domain == libc::AF_INET6 && val.is_some_and(|v| v.iter().any(|b| *b != 0))
 }
 
 /// A bound address's IP as compared with destinations (None: the wildcard).
@@ -64,24 +90,31 @@ pub(super) fn loop_dest_ip(ip: IpAddr) -> Option<IpAddr> {
     }
 }
 
-/// Do two bound addresses overlap (same port, and the same IP or a wildcard)?
-pub(super) fn binds_overlap(a: SocketAddr, b: SocketAddr) -> bool {
-    a.port() == b.port()
-        && match (loop_dest_ip(a.ip()), loop_dest_ip(b.ip())) {
-            (None, _) | (_, None) => true,
-            (Some(x), Some(y)) => x == y,
+/// Do two bound addresses overlap (same port, and in one family the same IP
+/// or a wildcard)? `a_v6only`, `b_v6only`: IPV6_V6ONLY is set on the socket (an IPv6-only
+/// `::` leaves the IPv4 addresses of its port to others).
+pub(super) fn binds_overlap(a: SocketAddr, a_v6only: bool, b: SocketAddr, b_v6only: bool) -> bool {
+    fn meet<T: PartialEq>(x: Option<Option<T>>, y: Option<Option<T>>) -> bool {
+        match (x, y) {
+            (Some(None), Some(_)) | (Some(_), Some(None)) => true,
+            (Some(Some(x)), Some(Some(y))) => x == y,
+            _ => false,
         }
+    }
+    let ((a4, a6), (b4, b6)) = (bind_scope(a.ip(), a_v6only), bind_scope(b.ip(), b_v6only));
+    a.port() == b.port() && (meet(a4, b4) || meet(a6, b6))
 }
 
 impl NetIo {
     /// Is `addr` taken by a TCP socket other than `me`? As Linux: a
     /// listener always holds its port; any other socket holding it (bound, or
     /// an end of a connection) lets another have it only if both set SO_REUSEADDR.
-    pub(super) fn port_taken(&self, me: u64, addr: SocketAddr, reuse: bool) -> bool {
+    /// `v6only`: IPV6_V6ONLY is set on `me`.
+    pub(super) fn port_taken(&self, me: u64, addr: SocketAddr, reuse: bool, v6only: bool) -> bool {
         self.socks.iter().any(|(id, s)| {
             *id != me
                 && s.stream
-                && s.local.is_some_and(|l| binds_overlap(l, addr))
+                && s.local.is_some_and(|l| binds_overlap(l, s.v6only(), addr, v6only))
                 && (matches!(s.backend, Backend::Listener(_)) || !(reuse && s.reuse))
         })
     }
@@ -90,9 +123,10 @@ impl NetIo {
     pub(super) fn ephemeral(&mut self, me: u64, ip: IpAddr) -> Result<u16, Errno> {
         let span = (EPHEMERAL.1 - EPHEMERAL.0) as u64 + 1;
         let start = (self.nonce >> 32).wrapping_add(self.next.wrapping_mul(7919)) % span;
+        let v6only = self.socks.get(&me).is_some_and(Sock::v6only);
         for k in 0..span {
             let port = EPHEMERAL.0 + ((start + k) % span) as u16;
-            if !self.port_taken(me, SocketAddr::new(ip, port), false) {
+            if !self.port_taken(me, SocketAddr::new(ip, port), false, v6only) {
                 return Ok(port);
             }
         }
@@ -167,9 +201,9 @@ impl NetIo {
             if !sandbox_local(addr.ip()) {
                 return Err(Errno::EADDRNOTAVAIL);
             }
-            let reuse = s.reuse;
+            let (reuse, v6only) = (s.reuse, s.v6only());
             let addr = if addr.port() == 0 { SocketAddr::new(addr.ip(), self.ephemeral(id, addr.ip())?) } else { addr };
-            if self.port_taken(id, addr, reuse) {
+            if self.port_taken(id, addr, reuse, v6only) {
                 return Err(Errno::EADDRINUSE);
             }
             self.sock(id)?.local = Some(addr);
@@ -199,11 +233,12 @@ impl NetIo {
     /// UDP and UDP-Lite have a port table each.
     fn udp_port_taken(&self, me: u64, addr: SocketAddr, reuse: bool) -> bool {
         let lite = self.is_udplite(me);
+        let v6only = self.socks.get(&me).is_some_and(Sock::v6only);
         self.socks.iter().any(|(id, s)| {
             *id != me
                 && !s.stream
                 && s.lite == lite
-                && s.local.is_some_and(|l| binds_overlap(l, addr))
+                && s.local.is_some_and(|l| binds_overlap(l, s.v6only(), addr, v6only))
                 && !(reuse && s.reuse)
         })
     }

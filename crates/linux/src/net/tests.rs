@@ -235,16 +235,42 @@ fn sa(s: &str) -> SocketAddr {
 
 #[test]
 fn listeners_take_only_their_addresses() {
-    assert!(listener_takes(sa("0.0.0.0:80"), libc::AF_INET, sa("127.0.0.2:80")));
-    assert!(!listener_takes(sa("0.0.0.0:80"), libc::AF_INET, sa("[::1]:80")));
-    assert!(listener_takes(sa("[::]:80"), libc::AF_INET6, sa("[::1]:80")));
-    assert!(listener_takes(sa("[::]:80"), libc::AF_INET6, sa("127.0.0.1:80")));
-    assert!(listener_takes(sa("127.0.0.1:80"), libc::AF_INET, loop_dest(sa("0.0.0.0:80"))));
-    assert!(listener_takes(sa("[::ffff:127.0.0.1]:80"), libc::AF_INET6, loop_dest(sa("[::ffff:127.0.0.1]:80"))));
-    assert!(!listener_takes(sa("127.0.0.1:80"), libc::AF_INET, sa("127.0.0.1:81")));
-    assert!(!listener_takes(sa("127.0.0.1:80"), libc::AF_INET, sa("127.0.0.2:80")));
+    assert!(listener_takes(sa("0.0.0.0:80"), false, sa("127.0.0.2:80")));
+    assert!(!listener_takes(sa("0.0.0.0:80"), false, sa("[::1]:80")));
+    assert!(listener_takes(sa("[::]:80"), false, sa("[::1]:80")));
+    assert!(listener_takes(sa("[::]:80"), false, sa("127.0.0.1:80")));
+    // IPV6_V6ONLY: `::` takes IPv6 only.
+    assert!(listener_takes(sa("[::]:80"), true, sa("[::1]:80")));
+    assert!(!listener_takes(sa("[::]:80"), true, sa("127.0.0.1:80")));
+    assert!(listener_takes(sa("127.0.0.1:80"), false, loop_dest(sa("0.0.0.0:80"))));
+    assert!(listener_takes(sa("[::ffff:127.0.0.1]:80"), false, loop_dest(sa("[::ffff:127.0.0.1]:80"))));
+    assert!(!listener_takes(sa("127.0.0.1:80"), false, sa("127.0.0.1:81")));
+    assert!(!listener_takes(sa("127.0.0.1:80"), false, sa("127.0.0.2:80")));
+    assert!(!listener_takes(sa("[::1]:80"), false, sa("127.0.0.1:80")));
     assert!(!sandbox_local("10.0.0.1".parse().unwrap()) && sandbox_local("::".parse().unwrap()));
-    assert!(binds_overlap(sa("0.0.0.0:5"), sa("127.0.0.1:5")) && !binds_overlap(sa("127.0.0.1:5"), sa("127.0.0.2:5")));
+}
+
+/// Which bindings of one port exclude each other, as Linux's bind conflict
+/// check: IPv4 and IPv6 addresses apart, `::` both unless IPV6_V6ONLY is set.
+#[test]
+fn bindings_overlap_by_family_and_v6only() {
+    let o = |a: &str, a6: bool, b: &str, b6: bool| {
+        let (x, y) = (binds_overlap(sa(a), a6, sa(b), b6), binds_overlap(sa(b), b6, sa(a), a6));
+        assert_eq!(x, y, "{a} {b}: symmetric");
+        x
+    };
+    assert!(o("0.0.0.0:5", false, "127.0.0.1:5", false) && !o("127.0.0.1:5", false, "127.0.0.2:5", false));
+    assert!(!o("0.0.0.0:5", false, "0.0.0.0:6", false));
+    // Dual stack `::` holds the IPv4 wildcard too; an IPv6-only one does not.
+    assert!(o("0.0.0.0:5", false, "[::]:5", false) && o("127.0.0.1:5", false, "[::]:5", false));
+    assert!(!o("0.0.0.0:5", false, "[::]:5", true) && !o("127.0.0.1:5", false, "[::]:5", true));
+    // Two `::` always conflict; `::` and [::1] do, whatever the option.
+    assert!(o("[::]:5", true, "[::]:5", false) && o("[::]:5", true, "[::1]:5", false));
+    // IPv4-mapped is IPv4.
+    assert!(
+        o("[::ffff:127.0.0.1]:5", false, "0.0.0.0:5", false) && !o("[::ffff:127.0.0.1]:5", false, "[::1]:5", false)
+    );
+    assert!(!o("[::1]:5", false, "0.0.0.0:5", false));
 }
 
 /// The whole life of an in-sandbox connection on NetIo: no host port, ports
@@ -285,6 +311,37 @@ fn listen_connect_accept_inside_the_sandbox() {
     n.close(s);
     n.bind(other, sa(&format!("0.0.0.0:{port}"))).unwrap();
     assert!(n.is_live(other) && !n.is_live(s));
+}
+
+/// A dual-stack server as asyncio makes one: 0.0.0.0:P and an IPv6-only
+/// [::]:P side by side, each taking its family's connections; without
+/// IPV6_V6ONLY the second bind finds the port taken.
+#[test]
+fn ipv6_only_listener_shares_its_port_with_ipv4() {
+    let mut n = net(Policy::none());
+    let v4 = n.socket(libc::AF_INET, true).unwrap();
+    n.bind(v4, sa("0.0.0.0:0")).unwrap();
+    let port = n.local_addr(v4).unwrap().port();
+    n.listen(v4, 8).unwrap();
+    let dual = n.socket(libc::AF_INET6, true).unwrap();
+    assert_eq!(n.bind(dual, sa(&format!("[::]:{port}"))), Err(Errno::EADDRINUSE));
+    let v6 = n.socket(libc::AF_INET6, true).unwrap();
+    n.setsockopt(v6, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, &1i32.to_le_bytes()).unwrap();
+    n.bind(v6, sa(&format!("[::]:{port}"))).unwrap();
+    n.listen(v6, 8).unwrap();
+    for (dest, domain, listener) in [("127.0.0.1", libc::AF_INET, v4), ("[::1]", libc::AF_INET6, v6)] {
+        let c = n.socket(domain, true).unwrap();
+        assert_eq!(n.connect(c, Some(sa(&format!("{dest}:{port}")))), Ok(true));
+        let other = if listener == v4 { v6 } else { v4 };
+        assert_eq!(n.accept(other), Err(Errno::EAGAIN), "{dest}");
+        n.accept(listener).unwrap();
+    }
+    let reached: Vec<SocketAddr> = n.listening().into_iter().filter(|(_, p)| *p).map(|(a, _)| a).collect();
+    assert_eq!(reached, [sa(&format!("0.0.0.0:{port}")), sa(&format!("[::]:{port}"))]);
+    // The IPv6-only listener never takes IPv4: with the IPv4 one gone, 127.0.0.1 is refused.
+    n.close(v4);
+    let c = n.socket(libc::AF_INET, true).unwrap();
+    assert_eq!(n.connect(c, Some(sa(&format!("127.0.0.1:{port}")))), Err(Errno::ECONNREFUSED));
 }
 
 /// A nameserver on loopback that takes questions and never answers them.

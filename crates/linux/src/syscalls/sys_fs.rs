@@ -24,7 +24,7 @@ fn at(ctx: &mut Ctx, dirfd: u64, path_ptr: u64) -> Result<(Ino, Vec<u8>), Errno>
 fn open_common(ctx: &mut Ctx, dirfd: u64, path_ptr: u64, flags: i32, mode: u32) -> SysResult {
     let (start, path) = at(ctx, dirfd, path_ptr)?;
     if flags & libc::O_PATH == 0 {
-        if let Some(fd) = fd_link(ctx.proc.pid, &path) {
+        if let Some(fd) = fd_named(ctx, start, &path, flags) {
             return reopen(ctx, fd, flags);
         }
     }
@@ -100,6 +100,39 @@ fn fd_link(pid: u32, path: &[u8]) -> Option<i32> {
         return None;
     }
     std::str::from_utf8(n).ok()?.parse().ok()
+}
+
+/// The fd `path` opens through a magic link: named as one (`fd_link`), or, under /dev/,
+/// through symlinks to one (/dev/stdin -> /proc/self/fd/0, as udev makes them; absolute
+/// targets only, at most MAX_SYMLINKS). A VFS made before /dev had these links (a template's)
+/// lacks them: there /dev/stdin, /dev/stdout and /dev/stderr name fds 0, 1 and 2 still.
+fn fd_named(ctx: &Ctx, start: Ino, path: &[u8], flags: i32) -> Option<i32> {
+    if let Some(fd) = fd_link(ctx.proc.pid, path) {
+        return Some(fd);
+    }
+    if !path.starts_with(b"/dev/") || flags & libc::O_NOFOLLOW != 0 {
+        return None;
+    }
+    let mut at = path.to_vec();
+    for _ in 0..crate::vfs::MAX_SYMLINKS {
+        let ino = match ctx.proc.vfs.resolve(start, &at, false) {
+            Ok(ino) => ino,
+            Err(Errno::ENOENT) => {
+                let std = [&b"/dev/stdin"[..], b"/dev/stdout", b"/dev/stderr"];
+                return std.iter().position(|s| *s == at).map(|i| i as i32);
+            }
+            Err(_) => return None,
+        };
+        let target = ctx.proc.vfs.readlink_ino(ino).ok()?;
+        if let Some(fd) = fd_link(ctx.proc.pid, &target) {
+            return Some(fd);
+        }
+        if target.first() != Some(&b'/') {
+            return None;
+        }
+        at = target;
+    }
+    None
 }
 
 /// Open what `fd` refers to, as opening its `/proc/self/fd` link does on Linux: a new

@@ -166,7 +166,7 @@ table! {
     46 sendmsg => net::sendmsg, Partial("AF_UNIX: data and fd passing (SCM_RIGHTS, at most 253 a message and 1024 in flight per sandbox: ETOOMANYREFS); SCM_CREDENTIALS EOPNOTSUPP; AF_INET*: data, IPV6_HOPLIMIT/TCLASS to the sandbox's sockets");
     47 recvmsg => net::recvmsg, Partial("AF_UNIX: data and SCM_RIGHTS (MSG_CTRUNC, MSG_CMSG_CLOEXEC); no credentials; AF_INET*: data, IPV6_HOPLIMIT/TCLASS (RFC 3542) from the sandbox's sockets");
     48 shutdown => net::shutdown, Full;
-    49 bind => net::bind, Partial("AF_UNIX paths; TCP: loopback or the wildcard, in the sandbox's port table (EADDRINUSE, port 0 ephemeral); UDP: loopback or the wildcard, in the sandbox's UDP port table (never a host port)");
+    49 bind => net::bind, Partial("AF_UNIX paths; TCP, UDP: loopback or the wildcard, in the sandbox's port tables (EADDRINUSE, port 0 ephemeral, never a host port); AF_INET6 `::` holds IPv4 too unless IPV6_V6ONLY");
     50 listen => net::listen, Partial("AF_UNIX, and TCP on loopback/the wildcard inside the sandbox (never a host port; connects from the sandbox only; a full backlog refuses, where Linux drops the SYN)");
     51 getsockname => net::getsockname, Full;
     52 getpeername => net::getpeername, Full;
@@ -174,7 +174,7 @@ table! {
     54 setsockopt => net::setsockopt, Partial("the options CPython sets; on inet sockets SO_RCVTIMEO/SO_SNDTIMEO bound the waits and the others go to the host socket (buffer sizes capped at 4 MiB); on AF_UNIX buffer sizes are recorded, not applied");
     55 getsockopt => net::getsockopt, Partial("SO_TYPE, SO_DOMAIN, SO_ERROR, SO_RCVBUF/SNDBUF and the recorded options");
     56 clone => thread::clone, Partial("threads as green threads on the one vCPU; without CLONE_THREAD a new process in its own VM (CLONE_VM with CLONE_VFORK: the child gets a copy of memory)");
-    57 fork => fork::fork, Partial("the child is its own VM (copy of memory, the calling thread, shared open files); at most 64 processes (EAGAIN); children alive when the exec ends are killed");
+    57 fork => fork::fork, Partial("the child is its own VM (copy of memory, the calling thread, shared open files); at most 128 processes (EAGAIN); ENOMEM past the memory limit; children alive when the exec ends are killed");
     58 vfork => fork::vfork, Partial("a fork: the child gets a copy of memory and the parent is not suspended");
     59 execve => fork::execve, Partial("ELF programs of the file system with ld.so, `#!` scripts (4 levels), close-on-exec; pid, fds, cwd, umask, signal mask kept");
     60 exit => thread::exit, Full;
@@ -419,7 +419,7 @@ table! {
     299 recvmmsg => net::recvmmsg, Partial("up to 64 messages per call on inet sockets (MSG_WAITFORONE); no ancillary data");
     300 fanotify_init, Refused(Errno::EPERM, "EPERM: no file system notification (no CAP_SYS_ADMIN)");
     301 fanotify_mark, Refused(Errno::EPERM, "EPERM: no file system notification (no CAP_SYS_ADMIN)");
-    302 prlimit64 => rlimit::prlimit64, Partial("reads its own limits (stack, fds, memory, 64 processes, no core); new limits are ignored");
+    302 prlimit64 => rlimit::prlimit64, Partial("reads its own limits (stack, fds, memory, 128 processes, no core); new limits are ignored");
     303 name_to_handle_at, Refused(Errno::EOPNOTSUPP, "EOPNOTSUPP: the file system has no file handles");
     304 open_by_handle_at, Refused(Errno::EPERM, "EPERM: the file system has no file handles (no CAP_DAC_READ_SEARCH)");
     305 clock_adjtime, Refused(Errno::ENOSYS, "ENOSYS: not implemented: the clock is the host's");

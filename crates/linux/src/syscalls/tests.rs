@@ -1402,3 +1402,35 @@ fn a_writev_that_waits_after_earlier_buffers_returns_every_byte_it_moved() {
     assert_eq!((res, eff), (Ok(cap), None), "100 bytes, then the pipe's room of the second buffer");
     assert_eq!(g.proc.threads.current().written, 0);
 }
+
+#[test]
+fn dev_stdin_and_stdout_reopen_the_pipes_of_fds_0_and_1() {
+    let mut g = guest();
+    g.call(libc::SYS_pipe2, &[g.buf, 0]).unwrap();
+    let (r, w) = g.fd_pair(0);
+    g.call(libc::SYS_dup2, &[r as u64, 0]).unwrap();
+    g.call(libc::SYS_dup2, &[w as u64, 1]).unwrap();
+    let link = g.path(0x100, "/dev/stdin");
+    let n = g.call(libc::SYS_readlink, &[link, g.buf + 0x200, 64]).unwrap();
+    assert_eq!(g.get(0x200, n), b"/proc/self/fd/0");
+    let out = g.open("/dev/stdout", libc::O_WRONLY);
+    let data = g.put(0x300, b"abc");
+    assert_eq!(g.call(libc::SYS_write, &[out as u64, data, 3]), Ok(3));
+    let inp = g.open("/dev/stdin", libc::O_RDONLY);
+    assert!(inp > 2 && out > 2);
+    assert_eq!(g.call(libc::SYS_read, &[inp as u64, g.buf + 0x400, 16]), Ok(3));
+    assert_eq!(g.get(0x400, 3), b"abc");
+    // As on Linux, O_NOFOLLOW stops at the link.
+    let p = g.path(0x100, "/dev/stdin");
+    assert_eq!(g.call(libc::SYS_open, &[p, (libc::O_RDONLY | libc::O_NOFOLLOW) as u64, 0]), Err(Errno::ELOOP));
+    // A VFS made before /dev had the links (a template's) still opens fd 0's pipe.
+    let p = g.path(0x100, "/dev/stdin");
+    g.call(libc::SYS_unlink, &[p]).unwrap();
+    g.call(libc::SYS_write, &[1, data, 2]).unwrap();
+    let again = g.open("/dev/stdin", libc::O_RDONLY);
+    assert_eq!(g.call(libc::SYS_read, &[again as u64, g.buf + 0x400, 16]), Ok(2));
+    // /dev/fd is the directory of fd links.
+    let p = g.path(0x100, "/dev/fd");
+    let n = g.call(libc::SYS_readlink, &[p, g.buf + 0x200, 64]).unwrap();
+    assert_eq!(g.get(0x200, n), b"/proc/self/fd");
+}

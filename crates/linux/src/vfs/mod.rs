@@ -270,6 +270,18 @@ impl Vfs {
             }
             self.create(dev, name, Body::CharDev(kind), 0o666, false)?;
         }
+        // As udev makes them: the standard streams and /dev/fd are links to the
+        // calling process' /proc/self/fd (open follows them to its fds).
+        for (name, target) in [
+            (&b"stdin"[..], &b"/proc/self/fd/0"[..]),
+            (b"stdout", b"/proc/self/fd/1"),
+            (b"stderr", b"/proc/self/fd/2"),
+            (b"fd", b"/proc/self/fd"),
+        ] {
+            if self.lookup(dev, name)?.is_none() {
+                self.create(dev, name, Body::Symlink(Arc::from(target)), 0o777, false)?;
+            }
+        }
         // POSIX shared memory (shm_open) is files in a tmpfs: here, the overlay.
         self.ensure_dir(dev, b"shm", 0o1777)?;
         self.ensure_dir(ROOT_INO, b"tmp", 0o1777)?;

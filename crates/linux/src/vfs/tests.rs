@@ -566,7 +566,14 @@ fn readdir_lists_exactly() {
         assert!(rn.iter().any(|n| n == d), "{d} missing from {rn:?}");
     }
     assert_eq!(v.readdir(r(&v, "/etc/hostname").unwrap()), Err(Errno::ENOTDIR));
-    assert_eq!(names(&v, "/dev"), [".", "..", "full", "null", "ptmx", "random", "shm", "tty", "urandom", "zero"]);
+    assert_eq!(
+        names(&v, "/dev"),
+        [
+            ".", "..", "fd", "full", "null", "ptmx", "random", "shm", "stderr", "stdin", "stdout", "tty", "urandom",
+            "zero"
+        ]
+    );
+    assert_eq!(v.readlink(ROOT_INO, b"/dev/stdin").unwrap(), b"/proc/self/fd/0");
     assert_eq!(names(&v, "/proc"), [".", ".."]);
 }
 
