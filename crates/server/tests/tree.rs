@@ -122,6 +122,9 @@ async fn explore_runs_alternatives_in_order_independently_and_leaves_the_source_
     let head = s.sexec(&id, "n += 1\nn").await;
     assert_eq!(head["checkpoint"], 2);
     let layers = s.home().join("sessions/layers");
+    // (An exec's checkpoint is made durable after its reply: a read of the session waits for that.)
+    let (st, _) = s.get(&format!("/v1/sessions/{id}")).await;
+    assert_eq!(st, StatusCode::OK);
     let files_before: Vec<_> = std::fs::read_dir(&layers).unwrap().map(|e| e.unwrap().file_name()).collect();
     // Eight alternatives from the head, none kept: results in order, each from the same state.
     let codes: Vec<String> =

@@ -2202,6 +2202,11 @@ impl SessionManager {
         if let Some(c) = self.store.checkpoint_by_seq(&rec.id, seq)? {
             return Ok(c);
         }
+        // Another session of the lineage may have it answered for and not committed yet.
+        self.wait_settled(None);
+        if let Some(c) = self.store.checkpoint_by_seq(&rec.id, seq)? {
+            return Ok(c);
+        }
         Err(SessionError::CheckpointNotFound(rec.id.clone(), seq))
     }
 

@@ -273,6 +273,8 @@ pub fn diff(
 impl SessionManager {
     /// The session's record and the tree of its lineage.
     pub fn tree(&self, tenant: &str, id: &str) -> Result<(SessionRecord, LineageTree), SessionError> {
+        // The lineage's other sessions may have checkpoints answered for and not committed yet.
+        self.wait_settled(None);
         let rec = self.record(tenant, id)?;
         let tree = self.store.lineage_tree(tenant, id)?.ok_or_else(|| SessionError::NotFound(id.to_string()))?;
         Ok((rec, tree))
