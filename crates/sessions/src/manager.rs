@@ -482,11 +482,7 @@ impl Written<'_> {
                     Ok(u) => Some(u),
                     Err(source) => {
                         remove_files();
-                        let at = match parent {
-                            Some(p) => m.store.checkpoint(p).ok().flatten().map(|c| c.seq),
-                            None => None,
-                        };
-                        return Err(SessionError::NotStored { source: Box::new(source), checkpoint: at });
+                        return Err(SessionError::NotStored { source: Box::new(source), checkpoint: m.seq_of(parent) });
                     }
                 }
             }
@@ -509,9 +505,7 @@ impl Written<'_> {
                     o.abandon(&m.store, u);
                 }
                 Err(match e {
-                    StoreError::LeaseLost(_) => SessionError::LeaseLost {
-                        checkpoint: parent.and_then(|p| m.store.checkpoint(p).ok().flatten()).map(|c| c.seq),
-                    },
+                    StoreError::LeaseLost(_) => SessionError::LeaseLost { checkpoint: m.seq_of(parent) },
                     e => e.into(),
                 })
             }
@@ -933,6 +927,12 @@ impl SessionManager {
         }
     }
 
+    /// The number of checkpoint `id` in its session (None: no checkpoint, the
+    /// template's state, or it cannot be read), for an error's `checkpoint`.
+    fn seq_of(&self, id: Option<i64>) -> Option<i64> {
+        id.and_then(|c| self.store.checkpoint(c).ok().flatten()).map(|c| c.seq)
+    }
+
     /// Take the outcome of the slot's settled checkpoint: it becomes the
     /// sandbox's base; or, not stored, the sandbox goes (its memory is ahead
     /// of disk) and the caller hears of it ([`SessionError::Unsettled`]): the
@@ -943,8 +943,7 @@ impl SessionManager {
                 Ok(c) => slot.base = Some(c.id),
                 Err(reason) => {
                     self.drop_resident(id, slot);
-                    let checkpoint = head.and_then(|c| self.store.checkpoint(c).ok().flatten()).map(|c| c.seq);
-                    return Err(SessionError::Unsettled { lost: p.seq, reason, checkpoint });
+                    return Err(SessionError::Unsettled { lost: p.seq, reason, checkpoint: self.seq_of(head) });
                 }
             }
         }
@@ -1192,8 +1191,6 @@ impl SessionManager {
                 }
             }
         };
-        let head_seq =
-            |h: Option<i64>| -> Option<i64> { h.and_then(|c| self.store.checkpoint(c).ok().flatten()).map(|c| c.seq) };
         // The checkpoint number this exec will have, so its tracebacks say `<exec-N>` with the same N.
         let seq = self.store.reserve_seq(id)?;
         let Some(sb) = guard.sandbox.as_mut() else { return Err(SessionError::NotFound(id.into())) };
@@ -1214,7 +1211,7 @@ impl SessionManager {
                 if source.error_code() == ErrorCode::CodeTooLarge {
                     return Err(SessionError::Engine(source));
                 }
-                return Err(SessionError::ExecFailed { source, checkpoint: head_seq(rec.head), output });
+                return Err(SessionError::ExecFailed { source, checkpoint: self.seq_of(rec.head), output });
             }
         };
         if !checkpoint {
@@ -1253,7 +1250,7 @@ impl SessionManager {
                     SessionError::QuotaExceeded { message, .. } => SessionError::QuotaExceeded {
                         message,
                         result: Some(Box::new(result)),
-                        checkpoint: head_seq(rec.head),
+                        checkpoint: self.seq_of(rec.head),
                     },
                     e => e,
                 });
