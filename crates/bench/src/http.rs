@@ -71,37 +71,22 @@ async fn exec(http: &reqwest::Client, s: &Served) -> Result<()> {
     Ok(())
 }
 
-/// Time to interactive: `POST /v1/sessions` (on `template`, None: the default)
-/// then the new session's first `POST .../exec` of `1 + 1`, on one keep-alive
-/// connection; ms. The session is deleted after (not timed).
-async fn first_call(http: &reqwest::Client, s: &Served, template: Option<&str>) -> Result<f64> {
-    let body = match template {
-        Some(t) => serde_json::json!({ "template": t }),
-        None => serde_json::json!({}),
-    };
-    let t = Instant::now();
-    let r = http.post(format!("{}/v1/sessions", s.url)).bearer_auth(&s.key).json(&body).send().await?;
+/// `POST /v1/sessions` with `body`: the new session's id.
+async fn create_session(http: &reqwest::Client, s: &Served, body: &serde_json::Value) -> Result<String> {
+    let r = http.post(format!("{}/v1/sessions", s.url)).bearer_auth(&s.key).json(body).send().await?;
     anyhow::ensure!(r.status().is_success(), "create: HTTP {} {}", r.status(), r.text().await.unwrap_or_default());
     let v: serde_json::Value = r.json().await?;
-    let id = v["id"].as_str().context("no session id")?.to_string();
-    let r = http
-        .post(format!("{}/v1/sessions/{id}/exec", s.url))
-        .bearer_auth(&s.key)
-        .json(&serde_json::json!({ "code": "1 + 1" }))
-        .send()
-        .await?;
-    anyhow::ensure!(r.status().is_success(), "first exec: HTTP {}", r.status());
-    let v: serde_json::Value = r.json().await?;
-    let took = t.elapsed().as_secs_f64() * 1000.0;
-    anyhow::ensure!(v["value"] == "2", "unexpected {v}");
-    let r = http.delete(format!("{}/v1/sessions/{id}", s.url)).bearer_auth(&s.key).send().await?;
-    anyhow::ensure!(r.status().is_success(), "delete: HTTP {}", r.status());
-    Ok(took)
+    Ok(v["id"].as_str().context("no session id")?.to_string())
 }
 
-/// One `POST /v1/sessions/{id}/exec` of `code` in a live session; ms.
-async fn session_call(http: &reqwest::Client, s: &Served, id: &str, code: &str) -> Result<f64> {
-    let t = Instant::now();
+async fn delete_session(http: &reqwest::Client, s: &Served, id: &str) -> Result<()> {
+    let r = http.delete(format!("{}/v1/sessions/{id}", s.url)).bearer_auth(&s.key).send().await?;
+    anyhow::ensure!(r.status().is_success(), "delete: HTTP {}", r.status());
+    Ok(())
+}
+
+/// `POST /v1/sessions/{id}/exec` of `code`: the answer.
+async fn session_exec(http: &reqwest::Client, s: &Served, id: &str, code: &str) -> Result<serde_json::Value> {
     let r = http
         .post(format!("{}/v1/sessions/{id}/exec", s.url))
         .bearer_auth(&s.key)
@@ -114,7 +99,30 @@ async fn session_call(http: &reqwest::Client, s: &Served, id: &str, code: &str) 
         r.status(),
         r.text().await.unwrap_or_default()
     );
-    let v: serde_json::Value = r.json().await?;
+    Ok(r.json().await?)
+}
+
+/// Time to interactive: `POST /v1/sessions` (on `template`, None: the default)
+/// then the new session's first `POST .../exec` of `1 + 1`, on one keep-alive
+/// connection; ms. The session is deleted after (not timed).
+async fn first_call(http: &reqwest::Client, s: &Served, template: Option<&str>) -> Result<f64> {
+    let body = match template {
+        Some(t) => serde_json::json!({ "template": t }),
+        None => serde_json::json!({}),
+    };
+    let t = Instant::now();
+    let id = create_session(http, s, &body).await?;
+    let v = session_exec(http, s, &id, "1 + 1").await?;
+    let took = t.elapsed().as_secs_f64() * 1000.0;
+    anyhow::ensure!(v["value"] == "2", "unexpected {v}");
+    delete_session(http, s, &id).await?;
+    Ok(took)
+}
+
+/// One `POST /v1/sessions/{id}/exec` of `code` in a live session; ms.
+async fn session_call(http: &reqwest::Client, s: &Served, id: &str, code: &str) -> Result<f64> {
+    let t = Instant::now();
+    let v = session_exec(http, s, id, code).await?;
     let took = t.elapsed().as_secs_f64() * 1000.0;
     anyhow::ensure!(v["error"].is_null(), "unexpected {v}");
     Ok(took)
@@ -124,10 +132,7 @@ async fn session_call(http: &reqwest::Client, s: &Served, id: &str, code: &str) 
 /// (a call 20 ms after the last, as an agent's calls come; a call right after
 /// the last, which waits for the last one's checkpoint to be durable), ms.
 async fn session_calls(http: &reqwest::Client, s: &Served, samples: usize) -> Result<(Vec<f64>, Vec<f64>)> {
-    let r = http.post(format!("{}/v1/sessions", s.url)).bearer_auth(&s.key).json(&serde_json::json!({})).send().await?;
-    anyhow::ensure!(r.status().is_success(), "create: HTTP {}", r.status());
-    let v: serde_json::Value = r.json().await?;
-    let id = v["id"].as_str().context("no session id")?.to_string();
+    let id = create_session(http, s, &serde_json::json!({})).await?;
     let (mut spaced, mut back) = (Vec::new(), Vec::new());
     for i in 0..samples + 3 {
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -138,8 +143,7 @@ async fn session_calls(http: &reqwest::Client, s: &Served, samples: usize) -> Re
             back.push(b);
         }
     }
-    let r = http.delete(format!("{}/v1/sessions/{id}", s.url)).bearer_auth(&s.key).send().await?;
-    anyhow::ensure!(r.status().is_success(), "delete: HTTP {}", r.status());
+    delete_session(http, s, &id).await?;
     Ok((spaced, back))
 }
 
