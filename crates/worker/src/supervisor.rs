@@ -287,6 +287,20 @@ impl Workers {
         rx.recv_timeout(Duration::from_secs(10)).ok().flatten()
     }
 
+    /// Close every worker's socket and wait until each has exited (killed if
+    /// it has not within the stop's grace): its memory, and its share of the
+    /// binary's and the template's pages, are the host's again when this
+    /// returns. Dropping `Workers` lets them exit on their own, later.
+    pub fn shutdown(self) {
+        for (index, slot) in self.slots.iter().enumerate() {
+            let mut io = slot.io.lock().unwrap_or_else(|e| e.into_inner());
+            io.conn = None;
+            io.pending = None;
+            drop(io);
+            self.stop(index);
+        }
+    }
+
     /// The template as the workers see it.
     pub fn template_ref(&self, image: &Path, dir: &Path) -> Result<TemplateRef, WorkerError> {
         let image = jail_path(&self.binds, image).ok_or(WorkerError::Unreachable)?;
