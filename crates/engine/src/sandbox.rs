@@ -632,16 +632,20 @@ impl Sandbox {
 
     /// Bring back the other processes of a checkpoint (see
     /// [`Sandbox::children_state`]) beside the agent's, just restored:
-    /// `template` is the template's memory file and `original` its bytes
-    /// (the base of a child that maps it); `files` the process memory files
-    /// the records name, open. Everything is checked; the children run again
-    /// from where they were at the next scheduler slice, their VMs logging
-    /// what they write for the next checkpoint.
+    /// `pool` is the template's (a child that maps the template's memory
+    /// gets one of its pre-created VMs with the dirty-page log on, a child
+    /// that called execve one of its blank ones); `files` the process memory
+    /// files the records name, open. Each child's chain of layers is read and
+    /// applied straight into its VM's memory (each page once, from its newest
+    /// layer; a page the chain does not name keeps its base's bytes, which the
+    /// VM's fresh memory already holds). Everything is
+    /// checked; the children run again from where they were at the next
+    /// scheduler slice, their VMs logging what they write for the next
+    /// checkpoint.
     pub(crate) fn restore_children(
         &mut self,
         children: forkbox_snapshot::Children,
-        template: &std::fs::File,
-        original: &[u8],
+        pool: &crate::pool::VmPool,
         files: &std::collections::HashMap<String, std::fs::File>,
     ) -> Result<(), EngineError> {
         use forkbox_snapshot::StateError;
@@ -659,8 +663,8 @@ impl Sandbox {
         }
         self.kernel.procs = forkbox_linux::procs::ProcTable::restore_state(table, &live)
             .map_err(|e| StateError::Corrupt(format!("process table: {e}")))?;
-        let mut zeros: Option<GuestMemory> = None;
         for c in processes {
+            let t0 = Instant::now();
             let pid = c.process.pid;
             let corrupt =
                 |what: &str, e: &dyn std::fmt::Display| StateError::Corrupt(format!("process {pid}: {what}: {e}"));
@@ -672,23 +676,29 @@ impl Sandbox {
                 let f = files.get(&r.file).ok_or_else(|| corrupt("memory", &format!("no file {}", r.file)))?;
                 layers.push(forkbox_snapshot::Layer::read_part(f, r, &r.file)?);
             }
-            let mut mem = if c.on_template {
-                GuestMemory::private_file(template, RAM_SIZE)?
-            } else {
-                GuestMemory::anonymous(RAM_SIZE)?
-            };
-            let base = child_base(c.on_template, original, &mut zeros)?;
-            forkbox_snapshot::layer::apply_layers(&mut mem, base, &layers)?;
-            drop(layers);
+            let t_read = t0.elapsed();
             let vcpu = forkbox_vmm::VcpuState::from_record(&c.vcpu).map_err(|e| corrupt("vCPU state", &e))?;
             let proc = Process::restore_child(&self.sched.cur.proc, c.process).map_err(|e| corrupt("state", &e))?;
-            let mut vm = Vm::new(&self.cpu, mem)?;
+            // Made off the request path, with the log on (turning it on over
+            // memory just written takes ms), its memory holding the base's bytes.
+            let mut vm = if c.on_template { pool.take_fresh(true)? } else { pool.take_blank()? };
+            if vm.mem().size() != RAM_SIZE || vm.mem().has_backing() != c.on_template {
+                return Err(EngineError::Poisoned("a pooled VM of the wrong kind for a child".into()));
+            }
+            let t_vm = t0.elapsed();
+            let pages = if c.on_template {
+                forkbox_snapshot::layer::apply_layers(vm.mem_mut(), pool.original(), &layers)?
+            } else {
+                forkbox_snapshot::layer::apply_layers_over_zeros(vm.mem_mut(), &layers)?
+            };
+            drop(layers);
+            let t_pages = t0.elapsed();
             vm.restore_vcpu(&vcpu)?;
             // What it (and the VMM, from the page tables on) writes from here is its next layer.
-            vm.start_dirty_log()?;
             vm.mem_mut().track_writes();
             proc.mm.sync_all_page_tables(vm.mem_mut())?;
             crate::vdso::refresh(&mut vm, self.vdso)?;
+            tracing::debug!(pid, layers = c.memory.len(), pages, ?t_read, ?t_vm, ?t_pages, total = ?t0.elapsed(), "restored a child process");
             let mut task = Task::new(vm, proc);
             task.pending_user = c.pending_user.as_ref().map(kvm_regs::from);
             task.in_stub = c.in_stub;

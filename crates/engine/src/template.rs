@@ -597,7 +597,7 @@ impl Template {
             &listeners,
         )?;
         sb.stored = stored;
-        sb.restore_children(children, &self.memory.file, self.pool.original(), &memory_files)?;
+        sb.restore_children(children, &self.pool, &memory_files)?;
         tracing::debug!(?t_state, ?t_vm, ?t_pages, ?t_files, ?t_process, ?t_tables, total = ?t0.elapsed(), pages, "resumed a checkpoint");
         Ok(sb)
     }
