@@ -156,6 +156,26 @@ impl<'a> LayerPlan<'a> {
         Ok(self.stats())
     }
 
+    /// The CRC-32 of all the bytes [`Self::write_into`] writes (header,
+    /// index and data: what a `MemoryRef` to the layer records), known
+    /// before they are written.
+    pub fn bytes_crc(&self) -> u32 {
+        let mut h = crc32fast::Hasher::new();
+        h.update(&self.header());
+        h.combine(&crc32fast::Hasher::new_with_initial_len(self.crc, self.bytes() - HEADER as u64));
+        h.finalize()
+    }
+
+    fn header(&self) -> Vec<u8> {
+        let mut head = Vec::with_capacity(HEADER);
+        head.extend_from_slice(LAYER_MAGIC);
+        head.extend_from_slice(&LAYER_VERSION.to_le_bytes());
+        head.extend_from_slice(&(self.pages.len() as u64).to_le_bytes());
+        head.extend_from_slice(&self.crc.to_le_bytes());
+        head.extend_from_slice(&self.data_len.to_le_bytes());
+        head
+    }
+
     /// What [`Self::write`] and [`Self::write_into`] produce.
     pub fn stats(&self) -> LayerStats {
         LayerStats { pages: self.pages.len() as u64, bytes: self.bytes(), crc: self.crc }
@@ -164,13 +184,7 @@ impl<'a> LayerPlan<'a> {
     /// Write the layer into `f`, a new empty file (the caller syncs and names it:
     /// a sandbox worker writes into a file descriptor it was given).
     pub fn write_into<W: Write>(&self, f: W) -> std::io::Result<()> {
-        let count = self.pages.len() as u64;
-        let mut head = Vec::with_capacity(HEADER);
-        head.extend_from_slice(LAYER_MAGIC);
-        head.extend_from_slice(&LAYER_VERSION.to_le_bytes());
-        head.extend_from_slice(&count.to_le_bytes());
-        head.extend_from_slice(&self.crc.to_le_bytes());
-        head.extend_from_slice(&self.data_len.to_le_bytes());
+        let head = self.header();
         let (mem, base, pages, expect) = (self.mem, self.base, self.pages, self.data_len);
         let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
         w.write_all(&head)?;
@@ -492,6 +506,12 @@ mod tests {
         assert_eq!(f.pages, vec![3, 5]);
         assert_eq!(&f.page(0, &base).unwrap()[..3], b"new");
         assert_eq!(&f.page(0, &base).unwrap()[3..], &base[3 * 4096 + 3..4 * 4096]);
+        // The CRC of a layer's bytes is known before they are written.
+        let plan = LayerPlan::new(&mem, &base, &[3, 5]).unwrap();
+        let mut bytes = Vec::new();
+        plan.write_into(&mut bytes).unwrap();
+        assert_eq!(plan.bytes_crc(), crc32fast::hash(&bytes));
+        assert_eq!(plan.bytes(), bytes.len() as u64);
     }
 
     #[test]
