@@ -589,7 +589,6 @@ impl Sandbox {
                     crc: plan.bytes_crc(),
                 };
                 memory.bytes = memory.bytes.saturating_add(plan.bytes());
-                drop(plan);
                 memory.parts.push((task, on_template, pages, at.clone()));
                 t.mem_chain.insert(0, at);
             }

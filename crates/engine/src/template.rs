@@ -430,7 +430,6 @@ impl Template {
         };
         plan.write_into(&mut layer).map_err(werr("write"))?;
         let layer_stats = plan.stats();
-        drop(plan);
         let pack_bytes = match pack {
             Some(f) => files.write_pack_into(f).map_err(|e| E::from(e.into()))?,
             None if files.pack_bytes() > 0 => {
