@@ -46,6 +46,8 @@ pub fn reap(vm: Vm) {
 /// that ended do not stay around.
 const RECYCLED_PER_THREAD: usize = 4;
 const RECYCLED_TOTAL: usize = 8;
+/// Blank VMs kept ready once a restore asked for one (see `VmPool::blank`).
+const BLANK_DEPTH: usize = 2;
 
 #[derive(Debug, Default)]
 pub struct PoolStats {
@@ -72,6 +74,11 @@ pub struct VmPool {
     /// Pre-created VMs with KVM's dirty-page log on, for resumed sessions
     /// (turning the log on later changes the memory slot: ms here).
     tracked: Mutex<Option<Receiver<Vm>>>,
+    /// Pre-created VMs over blank (anonymous, all-zero) memory with the
+    /// dirty-page log on, for the restored children of checkpoints that
+    /// called execve (their memory is not the template's). Filled from the
+    /// first one taken on (sandboxes without such children make none).
+    blank: Mutex<Option<Receiver<Vm>>>,
     /// Oldest first, with the private bytes each holds.
     recycled: Mutex<VecDeque<(ThreadId, Vm, u64)>>,
     /// The template's pristine memory and vCPU, for resets.
@@ -103,6 +110,7 @@ impl VmPool {
             size,
             ready: Mutex::new(None),
             tracked: Mutex::new(None),
+            blank: Mutex::new(None),
             recycled: Mutex::new(VecDeque::new()),
             original,
             keep,
@@ -159,6 +167,34 @@ impl VmPool {
         }
         self.stats.created_inline.fetch_add(1, Ordering::Relaxed);
         create(&self.cpu, &self.file, self.size, dirty_log)
+    }
+
+    /// A VM over blank memory (all zeros, `size` bytes) with KVM's
+    /// dirty-page log on: a pre-created one, else one made now (the first
+    /// call starts keeping `BLANK_DEPTH` ready).
+    pub fn take_blank(&self) -> Result<Vm, VmmError> {
+        if let Ok(mut r) = self.blank.lock() {
+            match r.as_ref() {
+                Some(rx) => {
+                    if let Ok(vm) = rx.try_recv() {
+                        self.stats.pooled_hits.fetch_add(1, Ordering::Relaxed);
+                        return Ok(vm);
+                    }
+                }
+                None => {
+                    let (tx, rx) = sync_channel(BLANK_DEPTH);
+                    let (cpu, size) = (self.cpu.clone(), self.size);
+                    let spawned = std::thread::Builder::new()
+                        .name("forkbox-vm-pool".into())
+                        .spawn(move || fill_with(|| create_blank(&cpu, size), tx));
+                    if spawned.is_ok() {
+                        *r = Some(rx);
+                    }
+                }
+            }
+        }
+        self.stats.created_inline.fetch_add(1, Ordering::Relaxed);
+        create_blank(&self.cpu, self.size)
     }
 
     /// [`Self::take`] for a session's sandbox, which keeps its VM for its
@@ -247,9 +283,18 @@ fn create(cpu: &Cpu, file: &File, size: u64, dirty_log: bool) -> Result<Vm, VmmE
     }
 }
 
+fn create_blank(cpu: &Cpu, size: u64) -> Result<Vm, VmmError> {
+    Vm::new_with_dirty_log(cpu, GuestMemory::anonymous(size)?)
+}
+
 fn fill(cpu: Arc<Cpu>, file: File, size: u64, dirty_log: bool, tx: SyncSender<Vm>) {
+    fill_with(|| create(&cpu, &file, size, dirty_log), tx)
+}
+
+/// Keep `tx` full of VMs `create` makes, until the pool is dropped.
+fn fill_with(create: impl Fn() -> Result<Vm, VmmError>, tx: SyncSender<Vm>) {
     loop {
-        match create(&cpu, &file, size, dirty_log) {
+        match create() {
             // Blocks while the pool is full; ends when the pool is dropped.
             Ok(vm) => {
                 if tx.send(vm).is_err() {

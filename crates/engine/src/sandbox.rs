@@ -245,6 +245,17 @@ pub struct Sandbox {
     cpu_total: Duration,
 }
 
+/// The memory layers of the children a checkpoint records, planned by
+/// [`Sandbox::children_state`] and written by [`Sandbox::write_children_memory`]:
+/// for each, its index among the other processes, whether its base is the
+/// template's memory, its pages (ascending) and where its record says it is;
+/// `bytes` in all.
+#[derive(Default)]
+pub(crate) struct ChildrenMemory {
+    parts: Vec<(usize, bool, Vec<u64>, forkbox_snapshot::MemoryRef)>,
+    pub(crate) bytes: u64,
+}
+
 /// The base a child's memory layer is over: the template's memory
 /// (`original`) or zeros (a read-only view of fresh anonymous memory, made
 /// once into `zeros`).
@@ -510,6 +521,11 @@ impl Sandbox {
     /// restore (a zombie its parent can wait for), and the descriptions only
     /// it held are closed in the record.
     ///
+    /// The layers are planned here (sized and checksummed, so the records
+    /// say where each is) and written by [`Sandbox::write_children_memory`]
+    /// once the checkpoint's files are there, streamed from the children's
+    /// memory (no host buffer of a child's pages).
+    ///
     /// The children's chains and logs move on here: a checkpoint that is
     /// then not written or not committed leaves the sandbox unusable for the
     /// next one (its caller drops it, as it does for the agent's own log).
@@ -517,8 +533,8 @@ impl Sandbox {
         &mut self,
         original: &[u8],
         procs_file: &str,
-    ) -> Result<(forkbox_snapshot::Children, Vec<u8>), EngineError> {
-        use forkbox_snapshot::{MemoryRef, StateError, MAX_MEMORY_CHAIN};
+    ) -> Result<(forkbox_snapshot::Children, ChildrenMemory), EngineError> {
+        use forkbox_snapshot::{MemoryRef, MAX_MEMORY_CHAIN};
         if self.kernel.procs.map.len() <= 1 && self.sched.others.is_empty() {
             return Ok(Default::default());
         }
@@ -541,10 +557,10 @@ impl Sandbox {
             })
             .collect();
         let mut zeros: Option<GuestMemory> = None;
-        let mut bytes = Vec::new();
+        let mut memory = ChildrenMemory::default();
         let mut processes = Vec::with_capacity(self.sched.others.len());
         let mut recorded = Vec::with_capacity(self.sched.others.len());
-        for (t, mm) in self.sched.others.iter_mut().zip(maps) {
+        for (task, (t, mm)) in self.sched.others.iter_mut().zip(maps).enumerate() {
             let (Some(mm), Some(vm)) = (mm, t.vm.as_mut()) else { continue };
             let pid = t.proc.pid;
             let on_template = vm.mem().has_backing();
@@ -566,19 +582,14 @@ impl Sandbox {
             };
             if !(incremental && pages.is_empty()) {
                 let plan = forkbox_snapshot::LayerPlan::new(vm.mem(), base, &pages)?;
-                let offset = bytes.len();
-                plan.write_into(&mut bytes).map_err(|source| StateError::Io {
-                    what: "encode",
-                    path: format!("memory of process {pid}"),
-                    source,
-                })?;
-                let part = bytes.get(offset..).unwrap_or_default();
                 let at = MemoryRef {
                     file: procs_file.to_string(),
-                    offset: offset as u64,
-                    len: part.len() as u64,
-                    crc: crc32fast::hash(part),
+                    offset: memory.bytes,
+                    len: plan.bytes(),
+                    crc: plan.bytes_crc(),
                 };
+                memory.bytes = memory.bytes.saturating_add(plan.bytes());
+                memory.parts.push((task, on_template, pages, at.clone()));
                 t.mem_chain.insert(0, at);
             }
             let mut process = t.proc.save_child_state();
@@ -594,7 +605,36 @@ impl Sandbox {
             recorded.push(pid);
         }
         let table = Some(self.kernel.procs.save_state(&recorded));
-        Ok((forkbox_snapshot::Children { table, processes }, bytes))
+        Ok((forkbox_snapshot::Children { table, processes }, memory))
+    }
+
+    /// Write the children's memory layers [`Sandbox::children_state`]
+    /// planned (`memory`) into `out`, the checkpoint's process memory file,
+    /// each encoded straight from the child's memory (the sandbox has not
+    /// run since: a layer that would differ from its record is an error).
+    pub(crate) fn write_children_memory(
+        &self,
+        original: &[u8],
+        memory: &ChildrenMemory,
+        out: &mut impl std::io::Write,
+    ) -> Result<(), EngineError> {
+        use forkbox_snapshot::StateError;
+        let mut zeros: Option<GuestMemory> = None;
+        for (task, on_template, pages, at) in &memory.parts {
+            let gone = || EngineError::Poisoned("a child planned for a checkpoint is gone".into());
+            let vm = self.sched.others.get(*task).and_then(|t| t.vm.as_ref()).ok_or_else(gone)?;
+            let base = child_base(*on_template, original, &mut zeros)?;
+            let plan = forkbox_snapshot::LayerPlan::new(vm.mem(), base, pages)?;
+            if plan.bytes() != at.len || plan.bytes_crc() != at.crc {
+                return Err(EngineError::Poisoned("a child's memory changed while it was checkpointed".into()));
+            }
+            plan.write_into(&mut *out).map_err(|source| StateError::Io {
+                what: "write",
+                path: "the processes' memory".into(),
+                source,
+            })?;
+        }
+        Ok(())
     }
 
     /// The memory map a checkpoint records for process `t` (not the current
@@ -632,16 +672,20 @@ impl Sandbox {
 
     /// Bring back the other processes of a checkpoint (see
     /// [`Sandbox::children_state`]) beside the agent's, just restored:
-    /// `template` is the template's memory file and `original` its bytes
-    /// (the base of a child that maps it); `files` the process memory files
-    /// the records name, open. Everything is checked; the children run again
-    /// from where they were at the next scheduler slice, their VMs logging
-    /// what they write for the next checkpoint.
+    /// `pool` is the template's (a child that maps the template's memory
+    /// gets one of its pre-created VMs with the dirty-page log on, a child
+    /// that called execve one of its blank ones); `files` the process memory
+    /// files the records name, open. Each child's chain of layers is read and
+    /// applied straight into its VM's memory (each page once, from its newest
+    /// layer; a page the chain does not name keeps its base's bytes, which the
+    /// VM's fresh memory already holds). Everything is
+    /// checked; the children run again from where they were at the next
+    /// scheduler slice, their VMs logging what they write for the next
+    /// checkpoint.
     pub(crate) fn restore_children(
         &mut self,
         children: forkbox_snapshot::Children,
-        template: &std::fs::File,
-        original: &[u8],
+        pool: &crate::pool::VmPool,
         files: &std::collections::HashMap<String, std::fs::File>,
     ) -> Result<(), EngineError> {
         use forkbox_snapshot::StateError;
@@ -659,8 +703,8 @@ impl Sandbox {
         }
         self.kernel.procs = forkbox_linux::procs::ProcTable::restore_state(table, &live)
             .map_err(|e| StateError::Corrupt(format!("process table: {e}")))?;
-        let mut zeros: Option<GuestMemory> = None;
         for c in processes {
+            let t0 = Instant::now();
             let pid = c.process.pid;
             let corrupt =
                 |what: &str, e: &dyn std::fmt::Display| StateError::Corrupt(format!("process {pid}: {what}: {e}"));
@@ -672,23 +716,29 @@ impl Sandbox {
                 let f = files.get(&r.file).ok_or_else(|| corrupt("memory", &format!("no file {}", r.file)))?;
                 layers.push(forkbox_snapshot::Layer::read_part(f, r, &r.file)?);
             }
-            let mut mem = if c.on_template {
-                GuestMemory::private_file(template, RAM_SIZE)?
-            } else {
-                GuestMemory::anonymous(RAM_SIZE)?
-            };
-            let base = child_base(c.on_template, original, &mut zeros)?;
-            forkbox_snapshot::layer::apply_layers(&mut mem, base, &layers)?;
-            drop(layers);
+            let t_read = t0.elapsed();
             let vcpu = forkbox_vmm::VcpuState::from_record(&c.vcpu).map_err(|e| corrupt("vCPU state", &e))?;
             let proc = Process::restore_child(&self.sched.cur.proc, c.process).map_err(|e| corrupt("state", &e))?;
-            let mut vm = Vm::new(&self.cpu, mem)?;
+            // Made off the request path, with the log on (turning it on over
+            // memory just written takes ms), its memory holding the base's bytes.
+            let mut vm = if c.on_template { pool.take_fresh(true)? } else { pool.take_blank()? };
+            if vm.mem().size() != RAM_SIZE || vm.mem().has_backing() != c.on_template {
+                return Err(EngineError::Poisoned("a pooled VM of the wrong kind for a child".into()));
+            }
+            let t_vm = t0.elapsed();
+            let pages = if c.on_template {
+                forkbox_snapshot::layer::apply_layers(vm.mem_mut(), pool.original(), &layers)?
+            } else {
+                forkbox_snapshot::layer::apply_layers_over_zeros(vm.mem_mut(), &layers)?
+            };
+            drop(layers);
+            let t_pages = t0.elapsed();
             vm.restore_vcpu(&vcpu)?;
             // What it (and the VMM, from the page tables on) writes from here is its next layer.
-            vm.start_dirty_log()?;
             vm.mem_mut().track_writes();
             proc.mm.sync_all_page_tables(vm.mem_mut())?;
             crate::vdso::refresh(&mut vm, self.vdso)?;
+            tracing::debug!(pid, layers = c.memory.len(), pages, ?t_read, ?t_vm, ?t_pages, total = ?t0.elapsed(), "restored a child process");
             let mut task = Task::new(vm, proc);
             task.pending_user = c.pending_user.as_ref().map(kvm_regs::from);
             task.in_stub = c.in_stub;

@@ -372,12 +372,11 @@ impl Template {
     /// checkpoint will take on disk, may refuse (a disk quota, a full disk:
     /// nothing is written then), and otherwise hands over the files (`pack`
     /// only when [`CheckpointSize::pack`], `procs` only when
-    /// [`CheckpointSize::procs`]). The layer and the pack stream from guest
-    /// memory and the file bytes; the child processes' memory layers (the
-    /// pages they changed since the previous checkpoint, see
-    /// `Sandbox::children_state`) are encoded into one buffer first. A
-    /// failure after `admit` leaves the files partly written (the caller
-    /// removes them).
+    /// [`CheckpointSize::procs`]). The layer, the pack and the child
+    /// processes' memory layers (the pages they changed since the previous
+    /// checkpoint, see `Sandbox::children_state`) stream from guest memory
+    /// and the file bytes. A failure after `admit` leaves the files partly
+    /// written (the caller removes them).
     pub fn checkpoint_into<E: From<EngineError>>(
         &self,
         engine: &Engine,
@@ -419,17 +418,18 @@ impl Template {
         let total = plan
             .bytes()
             .saturating_add(files.pack_bytes())
-            .saturating_add(procs.len() as u64)
+            .saturating_add(procs.bytes)
             .saturating_add(encoded.len() as u64);
         // (Refused: the caller drops the sandbox; `stored` is simply forgotten.)
         let CheckpointFiles { mut layer, pack, procs: procs_file, mut state } =
-            admit(CheckpointSize { bytes: total, pack: files.pack_bytes() > 0, procs: !procs.is_empty() })?;
+            admit(CheckpointSize { bytes: total, pack: files.pack_bytes() > 0, procs: procs.bytes > 0 })?;
         let werr = |what: &'static str| {
             move |source: std::io::Error| {
                 E::from(EngineError::Snapshot(StateError::Io { what, path: "layer".into(), source }))
             }
         };
         plan.write_into(&mut layer).map_err(werr("write"))?;
+        let layer_stats = plan.stats();
         let pack_bytes = match pack {
             Some(f) => files.write_pack_into(f).map_err(|e| E::from(e.into()))?,
             None if files.pack_bytes() > 0 => {
@@ -438,8 +438,8 @@ impl Template {
             None => 0,
         };
         match procs_file {
-            Some(mut f) => std::io::Write::write_all(&mut f, &procs).map_err(werr("write"))?,
-            None if !procs.is_empty() => {
+            Some(mut f) => sb.write_children_memory(self.pool.original(), &procs, &mut f)?,
+            None if procs.bytes > 0 => {
                 return Err(E::from(EngineError::Snapshot(StateError::Corrupt(
                     "no file for the processes' memory".into(),
                 ))))
@@ -447,12 +447,11 @@ impl Template {
             None => {}
         }
         write_encoded_into(&mut state, &encoded).map_err(|e| E::from(e.into()))?;
-        let layer_stats = plan.stats();
         sb.stored = files.into_stored();
         Ok(CheckpointStats {
             layer: layer_stats,
             pack_bytes,
-            procs_bytes: procs.len() as u64,
+            procs_bytes: procs.bytes,
             state_bytes: encoded.len() as u64,
         })
     }
@@ -597,7 +596,7 @@ impl Template {
             &listeners,
         )?;
         sb.stored = stored;
-        sb.restore_children(children, &self.memory.file, self.pool.original(), &memory_files)?;
+        sb.restore_children(children, &self.pool, &memory_files)?;
         tracing::debug!(?t_state, ?t_vm, ?t_pages, ?t_files, ?t_process, ?t_tables, total = ?t0.elapsed(), pages, "resumed a checkpoint");
         Ok(sb)
     }

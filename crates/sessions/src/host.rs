@@ -260,13 +260,7 @@ pub struct InProcess;
 
 impl SandboxHost for InProcess {
     fn start(&self, s: Start<'_>) -> Result<Box<dyn Resident>, SessionError> {
-        let t = s.template;
-        let sb = match s.from {
-            None if s.how == ResumeAs::Throwaway => t.template.fork(&t.engine, s.limits).map_err(engine_error)?,
-            None => t.template.fork_tracked(&t.engine, s.limits).map_err(engine_error)?,
-            Some(from) => resume_in_process(t, s.limits, s.how, from)?,
-        };
-        Ok(Box::new(Local { sb, template: t.template.clone(), engine: t.engine.clone() }))
+        start_local(s, false)
     }
 
     fn kind(&self) -> &'static str {
@@ -274,16 +268,53 @@ impl SandboxHost for InProcess {
     }
 }
 
+/// [`InProcess`] whose session sandboxes keep the processes and threads an
+/// exec leaves running, as a session worker's do, except that nothing runs
+/// them between calls: they run during the session's later calls (whenever
+/// the agent waits or its slice ends). So checkpoints, reverts, forks and
+/// evictions of sessions with running children can be tested without
+/// worker processes.
+pub struct InProcessKeepingChildren;
+
+impl SandboxHost for InProcessKeepingChildren {
+    fn start(&self, s: Start<'_>) -> Result<Box<dyn Resident>, SessionError> {
+        start_local(s, true)
+    }
+
+    fn kind(&self) -> &'static str {
+        "thread"
+    }
+}
+
+fn start_local(s: Start<'_>, keep_running: bool) -> Result<Box<dyn Resident>, SessionError> {
+    let t = s.template;
+    let how = s.how;
+    let mut sb = match s.from {
+        None if how == ResumeAs::Throwaway => t.template.fork(&t.engine, s.limits).map_err(engine_error)?,
+        None => t.template.fork_tracked(&t.engine, s.limits).map_err(engine_error)?,
+        Some(from) => resume_in_process(t, s.limits, how, from)?,
+    };
+    let keep_running = keep_running && how != ResumeAs::Throwaway;
+    sb.set_keep_running(keep_running);
+    Ok(Box::new(Local { sb, template: t.template.clone(), engine: t.engine.clone(), keep_running }))
+}
+
 /// A sandbox of this process.
 struct Local {
     sb: Sandbox,
     template: std::sync::Arc<Template>,
     engine: std::sync::Arc<forkbox_engine::Engine>,
+    /// Does it keep what its calls leave running ([`InProcessKeepingChildren`])?
+    keep_running: bool,
 }
 
 impl Resident for Local {
     fn exec(&mut self, code: &str, opts: ExecOptions<'_>) -> Result<ExecResult, EngineError> {
         self.sb.exec_with(code, opts)
+    }
+
+    fn has_background(&self) -> bool {
+        self.keep_running && self.sb.has_background()
     }
 
     fn set_exec_id(&mut self, n: i64) {

@@ -156,6 +156,26 @@ impl<'a> LayerPlan<'a> {
         Ok(self.stats())
     }
 
+    /// The CRC-32 of all the bytes [`Self::write_into`] writes (header,
+    /// index and data: what a `MemoryRef` to the layer records), known
+    /// before they are written.
+    pub fn bytes_crc(&self) -> u32 {
+        let mut h = crc32fast::Hasher::new();
+        h.update(&self.header());
+        h.combine(&crc32fast::Hasher::new_with_initial_len(self.crc, self.bytes() - HEADER as u64));
+        h.finalize()
+    }
+
+    fn header(&self) -> Vec<u8> {
+        let mut head = Vec::with_capacity(HEADER);
+        head.extend_from_slice(LAYER_MAGIC);
+        head.extend_from_slice(&LAYER_VERSION.to_le_bytes());
+        head.extend_from_slice(&(self.pages.len() as u64).to_le_bytes());
+        head.extend_from_slice(&self.crc.to_le_bytes());
+        head.extend_from_slice(&self.data_len.to_le_bytes());
+        head
+    }
+
     /// What [`Self::write`] and [`Self::write_into`] produce.
     pub fn stats(&self) -> LayerStats {
         LayerStats { pages: self.pages.len() as u64, bytes: self.bytes(), crc: self.crc }
@@ -164,13 +184,7 @@ impl<'a> LayerPlan<'a> {
     /// Write the layer into `f`, a new empty file (the caller syncs and names it:
     /// a sandbox worker writes into a file descriptor it was given).
     pub fn write_into<W: Write>(&self, f: W) -> std::io::Result<()> {
-        let count = self.pages.len() as u64;
-        let mut head = Vec::with_capacity(HEADER);
-        head.extend_from_slice(LAYER_MAGIC);
-        head.extend_from_slice(&LAYER_VERSION.to_le_bytes());
-        head.extend_from_slice(&count.to_le_bytes());
-        head.extend_from_slice(&self.crc.to_le_bytes());
-        head.extend_from_slice(&self.data_len.to_le_bytes());
+        let head = self.header();
         let (mem, base, pages, expect) = (self.mem, self.base, self.pages, self.data_len);
         let mut w = std::io::BufWriter::with_capacity(1 << 20, f);
         w.write_all(&head)?;
@@ -226,6 +240,8 @@ pub struct Layer {
     pub pages: Vec<u64>,
     /// The encoded runs of page `i` are `data[spans[i].0..spans[i].1]`.
     spans: Vec<(usize, usize)>,
+    /// The layer's bytes as read (header and index too: the runs are not
+    /// copied out of them).
     data: Vec<u8>,
 }
 
@@ -261,12 +277,18 @@ impl Layer {
         if crc32fast::hash(&raw) != r.crc {
             return Err(corrupt("checksum mismatch"));
         }
-        Layer::from_bytes(raw, shown)
+        // Its own checksum covers a part of what was just checked.
+        Layer::parse(raw, shown, false)
     }
 
     /// A layer from its bytes (a layer file's content, or a part of a
     /// file: see `read_part`), checked as a file is; `shown` names it in errors.
     pub fn from_bytes(raw: Vec<u8>, shown: &str) -> Result<Layer, StateError> {
+        Layer::parse(raw, shown, true)
+    }
+
+    /// [`Self::from_bytes`], checking the layer's own checksum only if `check_crc`.
+    fn parse(raw: Vec<u8>, shown: &str, check_crc: bool) -> Result<Layer, StateError> {
         let corrupt = |why: &str| StateError::Corrupt(format!("layer {shown}: {why}"));
         let head = raw.get(..HEADER).ok_or_else(|| corrupt("truncated header"))?;
         if &head[..8] != LAYER_MAGIC {
@@ -274,7 +296,7 @@ impl Layer {
         }
         let version = u32::from_le_bytes([head[8], head[9], head[10], head[11]]);
         match version {
-            3 => Self::read_v3(raw, shown),
+            3 => Self::read_v3(raw, shown, check_crc),
             v => Err(corrupt(&format!(
                 "layer format version {v}, this forkbox reads versions {READABLE_LAYER_VERSIONS:?}"
             ))),
@@ -282,7 +304,7 @@ impl Layer {
     }
 
     /// Version 3 (the current one; see the module docs for the layout).
-    fn read_v3(raw: Vec<u8>, shown: &str) -> Result<Layer, StateError> {
+    fn read_v3(raw: Vec<u8>, shown: &str, check_crc: bool) -> Result<Layer, StateError> {
         let corrupt = |why: &str| StateError::Corrupt(format!("layer {shown}: {why}"));
         let head = raw.get(..HEADER).ok_or_else(|| corrupt("truncated header"))?;
         let mut n = [0u8; 8];
@@ -299,7 +321,7 @@ impl Layer {
         if count.checked_mul(8).and_then(|n| n.checked_add(data_len)) != Some(body.len() as u64) {
             return Err(corrupt("size does not match its header (truncated?)"));
         }
-        if crc32fast::hash(body) != crc {
+        if check_crc && crc32fast::hash(body) != crc {
             return Err(corrupt("checksum mismatch"));
         }
         let pages: Vec<u64> = body[..(count * 8) as usize]
@@ -312,10 +334,10 @@ impl Layer {
         if pages.last().is_some_and(|&p| p >= MAX_PAGES) {
             return Err(corrupt("page number beyond 64 GiB"));
         }
-        let data = body[(count * 8) as usize..].to_vec();
         // Walk every run once: bounds are checked here, so applying cannot fail.
+        let data = raw;
         let mut spans = Vec::with_capacity(pages.len());
-        let mut at = 0usize;
+        let mut at = HEADER + (count * 8) as usize;
         let u16_at =
             |at: usize| -> Option<usize> { data.get(at..at + 2).map(|b| u16::from_le_bytes([b[0], b[1]]) as usize) };
         for _ in &pages {
@@ -364,19 +386,45 @@ impl Layer {
 /// that has it. Writes are not tracked as changes (they are the checkpoint).
 /// Returns the number of distinct pages applied.
 pub fn apply_layers(mem: &mut GuestMemory, base: &[u8], layers: &[Layer]) -> Result<u64, StateError> {
-    let mut done = std::collections::HashSet::new();
+    apply_with(mem, |p| base_page(base, p), layers)
+}
+
+/// [`apply_layers`] over a base of zeros (a child process' memory after
+/// an execve), without a base in memory: each page is its runs over a
+/// zeroed page, written whole (a write of a page of fresh memory is one
+/// fault; reading it first would be two).
+pub fn apply_layers_over_zeros(mem: &mut GuestMemory, layers: &[Layer]) -> Result<u64, StateError> {
+    static ZEROS: [u8; PAGE_SIZE as usize] = [0; PAGE_SIZE as usize];
+    apply_with(mem, |_| Ok(&ZEROS[..]), layers)
+}
+
+fn apply_with<'b>(
+    mem: &mut GuestMemory,
+    base_page: impl Fn(u64) -> Result<&'b [u8], StateError>,
+    layers: &[Layer],
+) -> Result<u64, StateError> {
+    let outside = |p: u64| StateError::Corrupt(format!("layer page {p} outside guest memory"));
+    let pages = mem.size() / PAGE_SIZE;
+    let mut done = vec![0u64; pages.div_ceil(64) as usize];
+    let mut applied = 0u64;
     let mut page = vec![0u8; PAGE_SIZE as usize];
     for layer in layers {
         for (i, &p) in layer.pages.iter().enumerate() {
-            if done.insert(p) {
-                page.copy_from_slice(base_page(base, p)?);
-                layer.apply_runs(i, &mut page);
-                mem.write_untracked(p * PAGE_SIZE, &page)
-                    .map_err(|_| StateError::Corrupt(format!("layer page {p} outside guest memory")))?;
+            if p >= pages {
+                return Err(outside(p));
             }
+            let (word, bit) = ((p / 64) as usize, 1u64 << (p % 64));
+            if done[word] & bit != 0 {
+                continue;
+            }
+            done[word] |= bit;
+            applied += 1;
+            page.copy_from_slice(base_page(p)?);
+            layer.apply_runs(i, &mut page);
+            mem.write_untracked(p * PAGE_SIZE, &page).map_err(|_| outside(p))?;
         }
     }
-    Ok(done.len() as u64)
+    Ok(applied)
 }
 
 /// Merge `layers` (newest first, all over the same base) into one flat layer
@@ -458,6 +506,47 @@ mod tests {
         assert_eq!(f.pages, vec![3, 5]);
         assert_eq!(&f.page(0, &base).unwrap()[..3], b"new");
         assert_eq!(&f.page(0, &base).unwrap()[3..], &base[3 * 4096 + 3..4 * 4096]);
+        // The CRC of a layer's bytes is known before they are written.
+        let plan = LayerPlan::new(&mem, &base, &[3, 5]).unwrap();
+        let mut bytes = Vec::new();
+        plan.write_into(&mut bytes).unwrap();
+        assert_eq!(plan.bytes_crc(), crc32fast::hash(&bytes));
+        assert_eq!(plan.bytes(), bytes.len() as u64);
+    }
+
+    #[test]
+    fn layers_applied_over_zeros_match_their_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let (base, mut mem) = base_and_mem();
+        let mut noise = vec![0u8; 4096];
+        fill(&mut noise);
+        mem.write(2 * 4096, &noise).unwrap();
+        mem.write(6 * 4096 + 100, b"older").unwrap();
+        write_layer(&dir.path().join("a"), &mem, &base, &[2, 6]).unwrap();
+        mem.write(6 * 4096 + 100, b"newer").unwrap();
+        mem.write(255 * 4096, b"last page").unwrap();
+        write_layer(&dir.path().join("b"), &mem, &base, &[6, 255]).unwrap();
+        let layers = vec![Layer::read(&dir.path().join("b")).unwrap(), Layer::read(&dir.path().join("a")).unwrap()];
+        let mut fresh = GuestMemory::anonymous(1 << 20).unwrap();
+        fresh.write(0, &base).unwrap();
+        assert_eq!(apply_layers(&mut fresh, &base, &layers).unwrap(), 3);
+        assert_eq!(fresh.slice(0, 1 << 20).unwrap(), mem.slice(0, 1 << 20).unwrap());
+        // Over zeros (a child's memory after an execve).
+        let zeros = vec![0u8; 1 << 20];
+        write_layer(&dir.path().join("z"), &mem, &zeros, &[2, 6]).unwrap();
+        mem.write(6 * 4096 + 100, b"newest").unwrap();
+        write_layer(&dir.path().join("y"), &mem, &zeros, &[6, 255]).unwrap();
+        let over_zeros = [Layer::read(&dir.path().join("y")).unwrap(), Layer::read(&dir.path().join("z")).unwrap()];
+        let mut blank = GuestMemory::anonymous(1 << 20).unwrap();
+        assert_eq!(apply_layers_over_zeros(&mut blank, &over_zeros).unwrap(), 3);
+        for p in [2u64, 6, 255] {
+            assert_eq!(blank.slice(p * 4096, 4096).unwrap(), mem.slice(p * 4096, 4096).unwrap());
+        }
+        assert!(blank.slice(3 * 4096, 4096).unwrap().iter().all(|&b| b == 0));
+        // A page beyond the memory is an error, not a panic.
+        let mut small = GuestMemory::anonymous(64 << 10).unwrap();
+        assert!(apply_layers(&mut small, &base, &layers).is_err());
+        assert!(apply_layers_over_zeros(&mut small, &over_zeros).is_err());
     }
 
     #[test]
