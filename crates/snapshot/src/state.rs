@@ -261,28 +261,28 @@ pub fn decode(bytes: &[u8]) -> Result<Snapshot, StateError> {
 /// version to the current one, then to the live types.
 fn decode_payload(version: u32, payload: &[u8]) -> Result<Snapshot, StateError> {
     let v10 = match version {
-        4 => upgrade_v6(v6::Snapshot::from(v4::read(payload)?)),
+        4 => upgrade_v6(v4::read(payload)?.into()),
         // Version 5 is version 6 without package-layer files (no shape changed).
         5 | 6 => upgrade_v6(v6::read(payload, version)?),
         7 => upgrade_v7(v7::read(payload)?),
         8 => upgrade_v8(v8::read(payload)?),
-        9 => v10::Snapshot::from(v9::read(payload)?),
+        9 => v9::read(payload)?.into(),
         10 => v10::read(payload)?,
         v => return Err(StateError::BadVersion(v)),
     };
     Ok(v10.into())
 }
 
-fn upgrade_v6(s: v6::Snapshot) -> v10::Snapshot {
-    upgrade_v7(s.into())
+fn upgrade_v6(s: v6::Snapshot<v6::Process>) -> v10::Snapshot {
+    upgrade_v7(s.upgrade())
 }
 
-fn upgrade_v7(s: v7::Snapshot) -> v10::Snapshot {
-    upgrade_v8(s.into())
+fn upgrade_v7(s: v6::Snapshot<v7::Process>) -> v10::Snapshot {
+    upgrade_v8(s.upgrade())
 }
 
-fn upgrade_v8(s: v8::Snapshot) -> v10::Snapshot {
-    v9::Snapshot::from(s).into()
+fn upgrade_v8(s: v6::Snapshot<v8::Process>) -> v10::Snapshot {
+    s.upgrade::<v9::Process>().into()
 }
 
 /// Write atomically: temp file, fsync, rename, fsync the directory.

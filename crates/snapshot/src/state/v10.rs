@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::v6::{BodyState, DevKind, FileBytes, FileState, NodeState, VfsState};
 use super::v9::{Process, ProcessRef};
-use super::{v9, Children, StateError};
+use super::{v6, Children, StateError};
 use crate::cpu::CpuFingerprint;
 use crate::files::FileTable;
 use crate::memory::MemoryStats;
@@ -51,8 +51,8 @@ pub(super) fn read(payload: &[u8]) -> Result<Snapshot, StateError> {
 }
 
 /// There were no other processes.
-impl From<v9::Snapshot> for Snapshot {
-    fn from(s: v9::Snapshot) -> Snapshot {
+impl From<v6::Snapshot<Process>> for Snapshot {
+    fn from(s: v6::Snapshot<Process>) -> Snapshot {
         Snapshot {
             image_id: s.image_id,
             cpu: s.cpu,

@@ -17,15 +17,32 @@ use super::{v4, StateError};
 use crate::cpu::CpuFingerprint;
 use crate::memory::MemoryStats;
 
+/// The state around its process record `P`, as versions 5 to 10 write it
+/// (10 adds the children: `v10::Snapshot`).
 #[derive(Deserialize)]
-pub(super) struct Snapshot {
+pub(super) struct Snapshot<P> {
     pub image_id: String,
     pub cpu: CpuFingerprint,
     pub vcpu: VcpuRecord,
-    pub process: Process,
+    pub process: P,
     pub memory: MemoryStats,
     pub info: String,
     pub files: crate::files::FileTable,
+}
+
+impl<P> Snapshot<P> {
+    /// The same state with its process record in the next version's shape.
+    pub fn upgrade<Q: From<P>>(self) -> Snapshot<Q> {
+        Snapshot {
+            image_id: self.image_id,
+            cpu: self.cpu,
+            vcpu: self.vcpu,
+            process: self.process.into(),
+            memory: self.memory,
+            info: self.info,
+            files: self.files,
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -89,7 +106,7 @@ pub enum FileState {
     },
 }
 
-pub(super) fn read(payload: &[u8], version: u32) -> Result<Snapshot, StateError> {
+pub(super) fn read(payload: &[u8], version: u32) -> Result<Snapshot<Process>, StateError> {
     postcard::from_bytes(payload)
         .map_err(|e| StateError::Corrupt(format!("undecodable version {version} payload: {e}")))
 }
@@ -144,8 +161,8 @@ impl From<v4::NodeState> for NodeState {
 
 /// The one thread is the main thread, its per-thread fields those of the
 /// process; the file bytes were inline (no pack files).
-impl From<v4::Snapshot> for Snapshot {
-    fn from(s: v4::Snapshot) -> Snapshot {
+impl From<v4::Snapshot> for Snapshot<Process> {
+    fn from(s: v4::Snapshot) -> Snapshot<Process> {
         let p = s.process;
         let process = Process {
             mm: p.mm,

@@ -7,24 +7,11 @@ use forkbox_linux::fd::FdTable;
 use forkbox_linux::mm::MemoryMap;
 use forkbox_linux::process::{ExecInfo, Signals};
 use forkbox_linux::thread::Threads;
-use forkbox_vmm::regs::VcpuRecord;
 use serde::Deserialize;
 
+use super::v6::Snapshot;
 use super::v6::{Ino, VfsState};
 use super::{v6, StateError};
-use crate::cpu::CpuFingerprint;
-use crate::memory::MemoryStats;
-
-#[derive(Deserialize)]
-pub(super) struct Snapshot {
-    pub image_id: String,
-    pub cpu: CpuFingerprint,
-    pub vcpu: VcpuRecord,
-    pub process: Process,
-    pub memory: MemoryStats,
-    pub info: String,
-    pub files: crate::files::FileTable,
-}
 
 #[derive(Deserialize)]
 pub(super) struct Process {
@@ -41,15 +28,14 @@ pub(super) struct Process {
     pub creds: Creds,
 }
 
-pub(super) fn read(payload: &[u8]) -> Result<Snapshot, StateError> {
+pub(super) fn read(payload: &[u8]) -> Result<Snapshot<Process>, StateError> {
     postcard::from_bytes(payload).map_err(|e| StateError::Corrupt(format!("undecodable version 7 payload: {e}")))
 }
 
 /// Every process was root: the default credentials.
-impl From<v6::Snapshot> for Snapshot {
-    fn from(s: v6::Snapshot) -> Snapshot {
-        let p = s.process;
-        let process = Process {
+impl From<v6::Process> for Process {
+    fn from(p: v6::Process) -> Process {
+        Process {
             mm: p.mm,
             fds: p.fds,
             vfs: p.vfs,
@@ -61,15 +47,6 @@ impl From<v6::Snapshot> for Snapshot {
             threads: p.threads,
             exec_info: p.exec_info,
             creds: Creds::default(),
-        };
-        Snapshot {
-            image_id: s.image_id,
-            cpu: s.cpu,
-            vcpu: s.vcpu,
-            process,
-            memory: s.memory,
-            info: s.info,
-            files: s.files,
         }
     }
 }

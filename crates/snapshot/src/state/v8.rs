@@ -7,24 +7,11 @@ use forkbox_linux::fd::FdTable;
 use forkbox_linux::mm::MemoryMap;
 use forkbox_linux::process::{ExecInfo, Signals};
 use forkbox_linux::thread::Threads;
-use forkbox_vmm::regs::VcpuRecord;
 use serde::Deserialize;
 
+use super::v6::Snapshot;
 use super::v6::{Ino, VfsState};
 use super::{v7, StateError};
-use crate::cpu::CpuFingerprint;
-use crate::memory::MemoryStats;
-
-#[derive(Deserialize)]
-pub(super) struct Snapshot {
-    pub image_id: String,
-    pub cpu: CpuFingerprint,
-    pub vcpu: VcpuRecord,
-    pub process: Process,
-    pub memory: MemoryStats,
-    pub info: String,
-    pub files: crate::files::FileTable,
-}
 
 #[derive(Deserialize)]
 pub(super) struct Process {
@@ -42,15 +29,14 @@ pub(super) struct Process {
     pub owners: Vec<(Ino, u32, u32)>,
 }
 
-pub(super) fn read(payload: &[u8]) -> Result<Snapshot, StateError> {
+pub(super) fn read(payload: &[u8]) -> Result<Snapshot<Process>, StateError> {
     postcard::from_bytes(payload).map_err(|e| StateError::Corrupt(format!("undecodable version 8 payload: {e}")))
 }
 
 /// Every file was 0:0: no owners recorded.
-impl From<v7::Snapshot> for Snapshot {
-    fn from(s: v7::Snapshot) -> Snapshot {
-        let p = s.process;
-        let process = Process {
+impl From<v7::Process> for Process {
+    fn from(p: v7::Process) -> Process {
+        Process {
             mm: p.mm,
             fds: p.fds,
             vfs: p.vfs,
@@ -63,15 +49,6 @@ impl From<v7::Snapshot> for Snapshot {
             exec_info: p.exec_info,
             creds: p.creds,
             owners: Vec::new(),
-        };
-        Snapshot {
-            image_id: s.image_id,
-            cpu: s.cpu,
-            vcpu: s.vcpu,
-            process,
-            memory: s.memory,
-            info: s.info,
-            files: s.files,
         }
     }
 }

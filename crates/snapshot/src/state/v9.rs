@@ -9,26 +9,13 @@ use forkbox_linux::mm::MemoryMap;
 use forkbox_linux::net::ListenerState;
 use forkbox_linux::process::{ExecInfo, Signals};
 use forkbox_linux::thread::Threads;
-use forkbox_vmm::regs::VcpuRecord;
 use serde::{Deserialize, Serialize};
 
+use super::v6::Snapshot;
 use super::v6::{Ino, VfsState};
 use super::{v8, StateError};
-use crate::cpu::CpuFingerprint;
-use crate::memory::MemoryStats;
 
-#[derive(Deserialize)]
-pub(super) struct Snapshot {
-    pub image_id: String,
-    pub cpu: CpuFingerprint,
-    pub vcpu: VcpuRecord,
-    pub process: Process,
-    pub memory: MemoryStats,
-    pub info: String,
-    pub files: crate::files::FileTable,
-}
-
-/// The process state (also version 10's).
+/// The process record (also version 10's).
 #[derive(Deserialize)]
 pub(super) struct Process {
     pub mm: MemoryMap,
@@ -65,15 +52,14 @@ pub(super) struct ProcessRef<'a> {
     pub listeners: &'a [ListenerState],
 }
 
-pub(super) fn read(payload: &[u8]) -> Result<Snapshot, StateError> {
+pub(super) fn read(payload: &[u8]) -> Result<Snapshot<Process>, StateError> {
     postcard::from_bytes(payload).map_err(|e| StateError::Corrupt(format!("undecodable version 9 payload: {e}")))
 }
 
 /// No listeners recorded: the sockets read as reset.
-impl From<v8::Snapshot> for Snapshot {
-    fn from(s: v8::Snapshot) -> Snapshot {
-        let p = s.process;
-        let process = Process {
+impl From<v8::Process> for Process {
+    fn from(p: v8::Process) -> Process {
+        Process {
             mm: p.mm,
             fds: p.fds,
             vfs: p.vfs,
@@ -87,15 +73,6 @@ impl From<v8::Snapshot> for Snapshot {
             creds: p.creds,
             owners: p.owners,
             listeners: Vec::new(),
-        };
-        Snapshot {
-            image_id: s.image_id,
-            cpu: s.cpu,
-            vcpu: s.vcpu,
-            process,
-            memory: s.memory,
-            info: s.info,
-            files: s.files,
         }
     }
 }
