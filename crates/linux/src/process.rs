@@ -59,9 +59,10 @@ pub struct Process {
 }
 
 /// A `Process` as written into a snapshot's state file. Its shape (and that
-/// of everything in it) is part of the state file format: a change to it
-/// bumps `forkbox_snapshot::FORMAT_VERSION` and keeps a reader for the
-/// previous version (crates/snapshot/tests/golden.rs fails until then).
+/// of everything in it but `vfs`, whose persisted shape is forkbox-snapshot's
+/// own) is part of the state file format: a change to it bumps
+/// `forkbox_snapshot::FORMAT_VERSION` and keeps a reader for the previous
+/// version (crates/snapshot/tests/golden.rs fails until then).
 /// Register sets it holds use the persisted records of `forkbox_vmm::regs`,
 /// never kvm-bindings types.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -8,6 +8,10 @@
 //!   a magic, a format version, the payload length and a SHA-256 of the payload.
 //!   The state also records the memory file's size and checksum, so a corrupt or
 //!   truncated memory file is rejected before it is ever mapped.
+//!   Its payload's shape is this crate's: one module per format version
+//!   (`state/v4.rs` ... `state/v10.rs`) reads its own shape and upgrades it
+//!   to the next; the current one converts to and from the live types of
+//!   forkbox-linux (see `state`).
 //!
 //! - a template bundle (`bundle`): a template directory as one file, holes
 //!   left out, to share it through an object store.

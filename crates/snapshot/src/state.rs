@@ -1,12 +1,22 @@
 //! The state file: magic, version, length, checksum, then a postcard payload.
 //!
-//! Versioning: the payload of version N is decoded by the reader for N
-//! (`decode_payload`). When the payload's shape changes (any field of
-//! `Snapshot`, `VcpuRecord`, `CpuFingerprint`, `MemoryStats` or the process
-//! state it embeds), bump `FORMAT_VERSION`, keep the old shape as a frozen copy
-//! (`mod vN`) with its reader and a conversion to the new `Snapshot`, add the
-//! version to `READABLE_VERSIONS`, and add a golden file for the new version
-//! (`tests/golden.rs` says how): the golden test fails until all of that is done.
+//! Versioning: each readable version N has a module `vN` (in `state/`) that
+//! holds its persisted shape, reads a payload of that version and upgrades
+//! it to the next version's shape; the current version's module (`v10`) also
+//! converts its shape to and from the live types ([`Snapshot`]: the memory
+//! map, fd table, VFS state... of forkbox-linux). A shape that did not change
+//! is defined once, in the version that introduced it, and named by the
+//! later ones. The file system overlay's shape (`v4::VfsState`, then
+//! `v6::VfsState`) is the snapshot crate's own; the other parts of the
+//! process state are still the serde form of their live types.
+//!
+//! When the payload's shape changes (any field of `Snapshot`, `VcpuRecord`,
+//! `CpuFingerprint`, `MemoryStats` or the process state it embeds), bump
+//! `FORMAT_VERSION`, add a module for the new version with the new shape and
+//! the upgrade from the previous one (which stays as it is, frozen), move
+//! the live conversions to it, add the version to `READABLE_VERSIONS`, and add
+//! a golden file for the new version (`tests/golden.rs` says how): the golden
+//! test fails until all of that is done.
 
 use std::path::Path;
 
@@ -49,6 +59,13 @@ pub const MAGIC: &[u8; 8] = b"FBXSNAP\0";
 pub const FORMAT_VERSION: u32 = 10;
 /// Every version `decode` reads (oldest first); the last is `FORMAT_VERSION`.
 pub const READABLE_VERSIONS: &[u32] = &[4, 5, 6, 7, 8, 9, 10];
+mod v10;
+mod v4;
+mod v6;
+mod v7;
+mod v8;
+mod v9;
+
 const HEADER_LEN: usize = 8 + 4 + 8 + 32;
 /// A state file larger than this is rejected before it is read into memory.
 const MAX_PAYLOAD: u64 = 4 << 30;
@@ -108,8 +125,9 @@ impl StateError {
     }
 }
 
-/// Everything a snapshot's state file holds.
-#[derive(Debug, PartialEq, Serialize, Deserialize)]
+/// Everything a snapshot's state file holds, as the live types the engine
+/// saves from and restores into (the persisted shape is `v10::Snapshot`).
+#[derive(Debug, PartialEq)]
 pub struct Snapshot {
     /// The image the process' file system is layered on.
     pub image_id: String,
@@ -207,7 +225,7 @@ impl Children {
 }
 
 pub fn encode(s: &Snapshot) -> Vec<u8> {
-    let payload = postcard::to_stdvec(s).unwrap_or_default();
+    let payload = postcard::to_stdvec(&v10::SnapshotRef::from(s)).unwrap_or_default();
     let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
@@ -239,356 +257,32 @@ pub fn decode(bytes: &[u8]) -> Result<Snapshot, StateError> {
     decode_payload(version, payload)
 }
 
-/// The reader of each readable version.
+/// The reader of each readable version: its own shape, upgraded version by
+/// version to the current one, then to the live types.
 fn decode_payload(version: u32, payload: &[u8]) -> Result<Snapshot, StateError> {
-    match version {
-        4 => v4::read(payload),
+    let v10 = match version {
+        4 => upgrade_v6(v4::read(payload)?.into()),
         // Version 5 is version 6 without package-layer files (no shape changed).
-        5 | 6 => v6::read(payload, version),
-        7 => v7::read(payload),
-        8 => v8::read(payload),
-        9 => v9::read(payload),
-        10 => read_v10(payload),
-        v => Err(StateError::BadVersion(v)),
-    }
+        5 | 6 => upgrade_v6(v6::read(payload, version)?),
+        7 => upgrade_v7(v7::read(payload)?),
+        8 => upgrade_v8(v8::read(payload)?),
+        9 => v9::read(payload)?.into(),
+        10 => v10::read(payload)?,
+        v => return Err(StateError::BadVersion(v)),
+    };
+    Ok(v10.into())
 }
 
-/// Version 10 is the current shape (`Snapshot` as defined above).
-fn read_v10(payload: &[u8]) -> Result<Snapshot, StateError> {
-    postcard::from_bytes(payload).map_err(|e| StateError::Corrupt(format!("undecodable version 10 payload: {e}")))
+fn upgrade_v6(s: v6::Snapshot<v6::Process>) -> v10::Snapshot {
+    upgrade_v7(s.upgrade())
 }
 
-/// Version 9: no other processes (they were not recorded: the descriptions
-/// only they held were closed in the record). Frozen: never edit these types.
-mod v9 {
-    use forkbox_linux::process::ProcessState;
-    use forkbox_vmm::regs::VcpuRecord;
-    use serde::Deserialize;
-
-    use super::StateError;
-    use crate::cpu::CpuFingerprint;
-    use crate::memory::MemoryStats;
-
-    #[derive(Deserialize)]
-    struct Snapshot {
-        image_id: String,
-        cpu: CpuFingerprint,
-        vcpu: VcpuRecord,
-        process: ProcessState,
-        memory: MemoryStats,
-        info: String,
-        files: crate::files::FileTable,
-    }
-
-    pub(super) fn read(payload: &[u8]) -> Result<super::Snapshot, StateError> {
-        let s: Snapshot = postcard::from_bytes(payload)
-            .map_err(|e| StateError::Corrupt(format!("undecodable version 9 payload: {e}")))?;
-        Ok(super::Snapshot {
-            image_id: s.image_id,
-            cpu: s.cpu,
-            vcpu: s.vcpu,
-            process: s.process,
-            memory: s.memory,
-            info: s.info,
-            files: s.files,
-            children: Default::default(),
-        })
-    }
+fn upgrade_v7(s: v6::Snapshot<v7::Process>) -> v10::Snapshot {
+    upgrade_v8(s.upgrade())
 }
 
-/// Version 8: the process state without listening sockets (they were not
-/// recorded: they read as reset after a restore). Frozen: never edit these types.
-mod v8 {
-    use forkbox_linux::creds::Creds;
-    use forkbox_linux::fd::FdTable;
-    use forkbox_linux::mm::MemoryMap;
-    use forkbox_linux::process::{ExecInfo, ProcessState, Signals};
-    use forkbox_linux::thread::Threads;
-    use forkbox_linux::vfs::{Ino, VfsState};
-    use forkbox_vmm::regs::VcpuRecord;
-    use serde::Deserialize;
-
-    use super::StateError;
-    use crate::cpu::CpuFingerprint;
-    use crate::memory::MemoryStats;
-
-    #[derive(Deserialize)]
-    struct Snapshot {
-        image_id: String,
-        cpu: CpuFingerprint,
-        vcpu: VcpuRecord,
-        process: Process,
-        memory: MemoryStats,
-        info: String,
-        files: crate::files::FileTable,
-    }
-
-    #[derive(Deserialize)]
-    struct Process {
-        mm: MemoryMap,
-        fds: FdTable,
-        vfs: VfsState,
-        cwd: Ino,
-        signals: Signals,
-        fs_base: u64,
-        tid_address: u64,
-        umask: u32,
-        threads: Threads,
-        exec_info: ExecInfo,
-        creds: Creds,
-        owners: Vec<(Ino, u32, u32)>,
-    }
-
-    pub(super) fn read(payload: &[u8]) -> Result<super::Snapshot, StateError> {
-        let s: Snapshot = postcard::from_bytes(payload)
-            .map_err(|e| StateError::Corrupt(format!("undecodable version 8 payload: {e}")))?;
-        let p = s.process;
-        let process = ProcessState {
-            mm: p.mm,
-            fds: p.fds,
-            vfs: p.vfs,
-            cwd: p.cwd,
-            signals: p.signals,
-            fs_base: p.fs_base,
-            tid_address: p.tid_address,
-            umask: p.umask,
-            threads: p.threads,
-            exec_info: p.exec_info,
-            creds: p.creds,
-            owners: p.owners,
-            listeners: Vec::new(),
-        };
-        Ok(super::Snapshot {
-            image_id: s.image_id,
-            cpu: s.cpu,
-            vcpu: s.vcpu,
-            process,
-            memory: s.memory,
-            info: s.info,
-            files: s.files,
-            children: Default::default(),
-        })
-    }
-}
-
-/// Version 7: the process state without file owners (every file was 0:0).
-/// Frozen: never edit these types.
-mod v7 {
-    use forkbox_linux::creds::Creds;
-    use forkbox_linux::fd::FdTable;
-    use forkbox_linux::mm::MemoryMap;
-    use forkbox_linux::process::{ExecInfo, ProcessState, Signals};
-    use forkbox_linux::thread::Threads;
-    use forkbox_linux::vfs::{Ino, VfsState};
-    use forkbox_vmm::regs::VcpuRecord;
-    use serde::Deserialize;
-
-    use super::StateError;
-    use crate::cpu::CpuFingerprint;
-    use crate::memory::MemoryStats;
-
-    #[derive(Deserialize)]
-    struct Snapshot {
-        image_id: String,
-        cpu: CpuFingerprint,
-        vcpu: VcpuRecord,
-        process: Process,
-        memory: MemoryStats,
-        info: String,
-        files: crate::files::FileTable,
-    }
-
-    #[derive(Deserialize)]
-    struct Process {
-        mm: MemoryMap,
-        fds: FdTable,
-        vfs: VfsState,
-        cwd: Ino,
-        signals: Signals,
-        fs_base: u64,
-        tid_address: u64,
-        umask: u32,
-        threads: Threads,
-        exec_info: ExecInfo,
-        creds: Creds,
-    }
-
-    pub(super) fn read(payload: &[u8]) -> Result<super::Snapshot, StateError> {
-        let s: Snapshot = postcard::from_bytes(payload)
-            .map_err(|e| StateError::Corrupt(format!("undecodable version 7 payload: {e}")))?;
-        let p = s.process;
-        let process = ProcessState {
-            mm: p.mm,
-            fds: p.fds,
-            vfs: p.vfs,
-            cwd: p.cwd,
-            signals: p.signals,
-            fs_base: p.fs_base,
-            tid_address: p.tid_address,
-            umask: p.umask,
-            threads: p.threads,
-            exec_info: p.exec_info,
-            creds: p.creds,
-            owners: Vec::new(),
-            listeners: Vec::new(),
-        };
-        Ok(super::Snapshot {
-            image_id: s.image_id,
-            cpu: s.cpu,
-            vcpu: s.vcpu,
-            process,
-            memory: s.memory,
-            info: s.info,
-            files: s.files,
-            children: Default::default(),
-        })
-    }
-}
-
-/// Versions 5 and 6: the process state without credentials (every process
-/// was root: the default ones). Pipes in it are the old `ObjKind::Pipe`
-/// variant, which `ObjKind` still reads. Frozen: never edit these types.
-mod v6 {
-    use forkbox_linux::creds::Creds;
-    use forkbox_linux::fd::FdTable;
-    use forkbox_linux::mm::MemoryMap;
-    use forkbox_linux::process::{ExecInfo, ProcessState, Signals};
-    use forkbox_linux::thread::Threads;
-    use forkbox_linux::vfs::{Ino, VfsState};
-    use forkbox_vmm::regs::VcpuRecord;
-    use serde::Deserialize;
-
-    use super::StateError;
-    use crate::cpu::CpuFingerprint;
-    use crate::memory::MemoryStats;
-
-    #[derive(Deserialize)]
-    struct Snapshot {
-        image_id: String,
-        cpu: CpuFingerprint,
-        vcpu: VcpuRecord,
-        process: Process,
-        memory: MemoryStats,
-        info: String,
-        files: crate::files::FileTable,
-    }
-
-    #[derive(Deserialize)]
-    struct Process {
-        mm: MemoryMap,
-        fds: FdTable,
-        vfs: VfsState,
-        cwd: Ino,
-        signals: Signals,
-        fs_base: u64,
-        tid_address: u64,
-        umask: u32,
-        threads: Threads,
-        exec_info: ExecInfo,
-    }
-
-    pub(super) fn read(payload: &[u8], version: u32) -> Result<super::Snapshot, StateError> {
-        let s: Snapshot = postcard::from_bytes(payload)
-            .map_err(|e| StateError::Corrupt(format!("undecodable version {version} payload: {e}")))?;
-        let p = s.process;
-        let process = ProcessState {
-            mm: p.mm,
-            fds: p.fds,
-            vfs: p.vfs,
-            cwd: p.cwd,
-            signals: p.signals,
-            fs_base: p.fs_base,
-            tid_address: p.tid_address,
-            umask: p.umask,
-            threads: p.threads,
-            exec_info: p.exec_info,
-            creds: Creds::default(),
-            owners: Vec::new(),
-            listeners: Vec::new(),
-        };
-        Ok(super::Snapshot {
-            image_id: s.image_id,
-            cpu: s.cpu,
-            vcpu: s.vcpu,
-            process,
-            memory: s.memory,
-            info: s.info,
-            files: s.files,
-            children: Default::default(),
-        })
-    }
-}
-
-/// Version 4 (the first released shape with fd objects): a single-threaded
-/// process with no thread table, file bytes inline (no pack files) and
-/// directory entries not charged (VfsState 2). Frozen: never edit these types.
-mod v4 {
-    use forkbox_linux::fd::FdTable;
-    use forkbox_linux::mm::MemoryMap;
-    use forkbox_linux::process::{ExecInfo, ProcessState, Signals};
-    use forkbox_linux::thread::Threads;
-    use forkbox_linux::vfs::{Ino, VfsState};
-    use forkbox_vmm::regs::VcpuRecord;
-    use serde::Deserialize;
-
-    use super::StateError;
-    use crate::cpu::CpuFingerprint;
-    use crate::memory::MemoryStats;
-
-    #[derive(Deserialize)]
-    struct Snapshot {
-        image_id: String,
-        cpu: CpuFingerprint,
-        vcpu: VcpuRecord,
-        process: Process,
-        memory: MemoryStats,
-        info: String,
-    }
-
-    #[derive(Deserialize)]
-    struct Process {
-        mm: MemoryMap,
-        fds: FdTable,
-        vfs: VfsState,
-        cwd: Ino,
-        signals: Signals,
-        fs_base: u64,
-        tid_address: u64,
-        umask: u32,
-        exec_info: ExecInfo,
-    }
-
-    pub(super) fn read(payload: &[u8]) -> Result<super::Snapshot, StateError> {
-        let s: Snapshot = postcard::from_bytes(payload)
-            .map_err(|e| StateError::Corrupt(format!("undecodable version 4 payload: {e}")))?;
-        let p = s.process;
-        // The one thread is the main thread, its per-thread fields those of the process.
-        let process = ProcessState {
-            mm: p.mm,
-            fds: p.fds,
-            vfs: p.vfs.upgraded(),
-            cwd: p.cwd,
-            signals: p.signals,
-            fs_base: p.fs_base,
-            tid_address: p.tid_address,
-            umask: p.umask,
-            threads: Threads::default(),
-            exec_info: p.exec_info,
-            creds: Default::default(),
-            owners: Vec::new(),
-            listeners: Vec::new(),
-        };
-        Ok(super::Snapshot {
-            image_id: s.image_id,
-            cpu: s.cpu,
-            vcpu: s.vcpu,
-            process,
-            memory: s.memory,
-            info: s.info,
-            files: Default::default(),
-            children: Default::default(),
-        })
-    }
+fn upgrade_v8(s: v6::Snapshot<v8::Process>) -> v10::Snapshot {
+    s.upgrade::<v9::Process>().into()
 }
 
 /// Write atomically: temp file, fsync, rename, fsync the directory.

@@ -8,14 +8,16 @@
 //! - the current version's golden files are exactly what this code writes for
 //!   the synthetic state (so any change to the format — a field added, removed,
 //!   reordered or retyped in `Snapshot`, `VcpuRecord`, `CpuFingerprint`,
-//!   `MemoryStats`, `ProcessState` and everything in it, or the layer
-//!   encoding — fails here);
+//!   `MemoryStats`, `ProcessState` and everything in it (the persisted
+//!   shapes of src/state/, and the live types still written as their serde
+//!   form), or the layer encoding — fails here);
 //! - every golden file of every version this code says it reads
 //!   (`READABLE_VERSIONS`, `READABLE_LAYER_VERSIONS`) still decodes.
 //!
 //! So when a format changes: bump its version (`FORMAT_VERSION` in
 //! src/state.rs, `LAYER_VERSION` in src/layer.rs, `BUNDLE_VERSION` in src/bundle.rs), give the previous version a
-//! reader (frozen copies of its types and a conversion; see the module docs),
+//! reader (its module in src/state/ stays frozen; the new version's module
+//! holds the new shape and the upgrade from it; see src/state.rs),
 //! then write the new version's golden files with
 //!
 //! ```text
@@ -487,6 +489,11 @@ fn golden_states_of_every_readable_version_decode() {
             let proc =
                 Process::restore_state_sharing(image.clone(), snap.process.clone(), &layers(tmp.path()), &others)
                     .unwrap_or_else(|e| panic!("{kind} v{v}: the process state does not restore: {e}"));
+            // The file system of every version reads in the current layout
+            // (version 4's directory entries charged to the byte count), and is
+            // exactly what the restored VFS saves again.
+            assert_eq!(snap.process.vfs.version, forkbox_linux::vfs::VfsState::VERSION, "{kind} v{v}");
+            assert!(proc.vfs.save_state() == snap.process.vfs, "{kind} v{v}: restore + save changed the VFS state");
             for c in &snap.children.processes {
                 let child = Process::restore_child(&proc, c.process.clone())
                     .unwrap_or_else(|e| panic!("{kind} v{v}: a child does not restore: {e}"));

@@ -12,6 +12,9 @@
 //!   linked directory from the root, references, byte accounting) and rejects anything
 //!   a `Vfs` could not have produced, so a corrupt or foreign state gives an error
 //!   instead of a `Vfs` that misbehaves later.
+//! - The state file's bytes are not this type's serde form: forkbox-snapshot has
+//!   its own persisted shape of it (one per format version that changed it) and
+//!   converts; an older layout is upgraded there before it gets here.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -60,27 +63,6 @@ impl VfsState {
     /// 2: FIFO and socket nodes, /dev/tty, atime.
     /// 3: directory entries are charged to `overlay_bytes` (`entry_cost`).
     pub const VERSION: u32 = 3;
-
-    /// A state saved by an older layout, in this one: version 2 did not
-    /// charge directory entries to the byte count (the nodes are the same).
-    /// Any other version is returned as it is (`restore_state` refuses it).
-    pub fn upgraded(mut self) -> VfsState {
-        if self.version == 2 {
-            let entries: u64 = self
-                .nodes
-                .iter()
-                .map(|n| match &n.body {
-                    BodyState::Dir { entries, .. } => {
-                        entries.iter().fold(0u64, |a, (k, _)| a.saturating_add(super::node::entry_cost(k)))
-                    }
-                    _ => 0,
-                })
-                .fold(0u64, u64::saturating_add);
-            self.overlay_bytes = self.overlay_bytes.saturating_add(entries);
-            self.version = 3;
-        }
-        self
-    }
 }
 
 /// One overlay node: a copy-up of image inode `ino` (< `Image::inode_count`) or a new

@@ -1,0 +1,226 @@
+//! Version 10, the current shape: the sandbox's other processes (the process
+//! table, and each running child's own state, vCPU and memory as an
+//! embedded layer). The process record is version 9's.
+//!
+//! This module is where the persisted shape meets the live types: it reads
+//! a payload into the owned shape and turns it into a [`crate::Snapshot`],
+//! and writes a [`crate::Snapshot`] through the same shape. Of the process
+//! state, the file system overlay (`VfsState`, [`super::v6`]) has its own
+//! persisted types and conversions below; the other parts (memory map, fd
+//! table and its objects, signals, threads, credentials, listeners, the
+//! children) are still written as the serde form of their live types.
+
+use forkbox_linux::vfs as live;
+use forkbox_vmm::regs::VcpuRecord;
+use serde::{Deserialize, Serialize};
+
+use super::v6::{BodyState, DevKind, FileBytes, FileState, NodeState, VfsState};
+use super::v9::{Process, ProcessRef};
+use super::{v6, Children, StateError};
+use crate::cpu::CpuFingerprint;
+use crate::files::FileTable;
+use crate::memory::MemoryStats;
+
+#[derive(Deserialize)]
+pub(super) struct Snapshot {
+    pub image_id: String,
+    pub cpu: CpuFingerprint,
+    pub vcpu: VcpuRecord,
+    pub process: Process,
+    pub memory: MemoryStats,
+    pub info: String,
+    pub files: FileTable,
+    pub children: Children,
+}
+
+/// [`Snapshot`] for writing, borrowing from a [`crate::Snapshot`].
+#[derive(Serialize)]
+pub(super) struct SnapshotRef<'a> {
+    pub image_id: &'a str,
+    pub cpu: &'a CpuFingerprint,
+    pub vcpu: &'a VcpuRecord,
+    pub process: ProcessRef<'a>,
+    pub memory: &'a MemoryStats,
+    pub info: &'a str,
+    pub files: &'a FileTable,
+    pub children: &'a Children,
+}
+
+pub(super) fn read(payload: &[u8]) -> Result<Snapshot, StateError> {
+    postcard::from_bytes(payload).map_err(|e| StateError::Corrupt(format!("undecodable version 10 payload: {e}")))
+}
+
+/// There were no other processes.
+impl From<v6::Snapshot<Process>> for Snapshot {
+    fn from(s: v6::Snapshot<Process>) -> Snapshot {
+        Snapshot {
+            image_id: s.image_id,
+            cpu: s.cpu,
+            vcpu: s.vcpu,
+            process: s.process,
+            memory: s.memory,
+            info: s.info,
+            files: s.files,
+            children: Children::default(),
+        }
+    }
+}
+
+impl From<Snapshot> for crate::Snapshot {
+    fn from(s: Snapshot) -> crate::Snapshot {
+        let p = s.process;
+        let process = forkbox_linux::process::ProcessState {
+            mm: p.mm,
+            fds: p.fds,
+            vfs: p.vfs.into(),
+            cwd: p.cwd,
+            signals: p.signals,
+            fs_base: p.fs_base,
+            tid_address: p.tid_address,
+            umask: p.umask,
+            threads: p.threads,
+            exec_info: p.exec_info,
+            creds: p.creds,
+            owners: p.owners,
+            listeners: p.listeners,
+        };
+        crate::Snapshot {
+            image_id: s.image_id,
+            cpu: s.cpu,
+            vcpu: s.vcpu,
+            process,
+            memory: s.memory,
+            info: s.info,
+            files: s.files,
+            children: s.children,
+        }
+    }
+}
+
+impl<'a> From<&'a crate::Snapshot> for SnapshotRef<'a> {
+    fn from(s: &'a crate::Snapshot) -> SnapshotRef<'a> {
+        let p = &s.process;
+        let process = ProcessRef {
+            mm: &p.mm,
+            fds: &p.fds,
+            vfs: VfsState::from(&p.vfs),
+            cwd: p.cwd,
+            signals: &p.signals,
+            fs_base: p.fs_base,
+            tid_address: p.tid_address,
+            umask: p.umask,
+            threads: &p.threads,
+            exec_info: &p.exec_info,
+            creds: &p.creds,
+            owners: &p.owners,
+            listeners: &p.listeners,
+        };
+        SnapshotRef {
+            image_id: &s.image_id,
+            cpu: &s.cpu,
+            vcpu: &s.vcpu,
+            process,
+            memory: &s.memory,
+            info: &s.info,
+            files: &s.files,
+            children: &s.children,
+        }
+    }
+}
+
+/// The VFS's saved state as persisted. File bytes are shared, not copied.
+impl From<&live::VfsState> for VfsState {
+    fn from(s: &live::VfsState) -> VfsState {
+        VfsState {
+            image_id: s.image_id.clone(),
+            version: s.version,
+            next_ino: s.next_ino,
+            quota: s.quota,
+            overlay_bytes: s.overlay_bytes,
+            nodes: s.nodes.iter().map(NodeState::from).collect(),
+            refs: s.refs.clone(),
+        }
+    }
+}
+
+impl From<&live::NodeState> for NodeState {
+    fn from(n: &live::NodeState) -> NodeState {
+        let body = match &n.body {
+            live::BodyState::Dir { parent, entries } => BodyState::Dir { parent: *parent, entries: entries.clone() },
+            live::BodyState::File(live::FileState::Image) => BodyState::File(FileState::Image),
+            live::BodyState::File(live::FileState::Owned(b)) => {
+                BodyState::File(FileState::Owned(FileBytes(b.0.clone())))
+            }
+            live::BodyState::File(live::FileState::Layer { layer, ino }) => {
+                BodyState::File(FileState::Layer { layer: layer.clone(), ino: *ino })
+            }
+            live::BodyState::Symlink(t) => BodyState::Symlink(t.clone()),
+            live::BodyState::CharDev(d) => BodyState::CharDev(DevKind::from(*d)),
+            live::BodyState::Fifo => BodyState::Fifo,
+            live::BodyState::Socket => BodyState::Socket,
+            live::BodyState::Gone => BodyState::Gone,
+        };
+        NodeState { ino: n.ino, perm: n.perm, mtime_ns: n.mtime_ns, atime_ns: n.atime_ns, nlink: n.nlink, body }
+    }
+}
+
+impl From<live::DevKind> for DevKind {
+    fn from(d: live::DevKind) -> DevKind {
+        match d {
+            live::DevKind::Null => DevKind::Null,
+            live::DevKind::Zero => DevKind::Zero,
+            live::DevKind::Full => DevKind::Full,
+            live::DevKind::Urandom => DevKind::Urandom,
+            live::DevKind::Tty => DevKind::Tty,
+            live::DevKind::Ptmx => DevKind::Ptmx,
+        }
+    }
+}
+
+/// The persisted state as the VFS restores it (`Vfs::restore_state`
+/// checks it against the image and against itself).
+impl From<VfsState> for live::VfsState {
+    fn from(s: VfsState) -> live::VfsState {
+        live::VfsState {
+            image_id: s.image_id,
+            version: s.version,
+            next_ino: s.next_ino,
+            quota: s.quota,
+            overlay_bytes: s.overlay_bytes,
+            nodes: s.nodes.into_iter().map(live::NodeState::from).collect(),
+            refs: s.refs,
+        }
+    }
+}
+
+impl From<NodeState> for live::NodeState {
+    fn from(n: NodeState) -> live::NodeState {
+        let body = match n.body {
+            BodyState::Dir { parent, entries } => live::BodyState::Dir { parent, entries },
+            BodyState::File(FileState::Image) => live::BodyState::File(live::FileState::Image),
+            BodyState::File(FileState::Owned(b)) => live::BodyState::File(live::FileState::Owned(live::FileBytes(b.0))),
+            BodyState::File(FileState::Layer { layer, ino }) => {
+                live::BodyState::File(live::FileState::Layer { layer, ino })
+            }
+            BodyState::Symlink(t) => live::BodyState::Symlink(t),
+            BodyState::CharDev(d) => live::BodyState::CharDev(d.into()),
+            BodyState::Fifo => live::BodyState::Fifo,
+            BodyState::Socket => live::BodyState::Socket,
+            BodyState::Gone => live::BodyState::Gone,
+        };
+        live::NodeState { ino: n.ino, perm: n.perm, mtime_ns: n.mtime_ns, atime_ns: n.atime_ns, nlink: n.nlink, body }
+    }
+}
+
+impl From<DevKind> for live::DevKind {
+    fn from(d: DevKind) -> live::DevKind {
+        match d {
+            DevKind::Null => live::DevKind::Null,
+            DevKind::Zero => live::DevKind::Zero,
+            DevKind::Full => live::DevKind::Full,
+            DevKind::Urandom => live::DevKind::Urandom,
+            DevKind::Tty => live::DevKind::Tty,
+            DevKind::Ptmx => live::DevKind::Ptmx,
+        }
+    }
+}
