@@ -756,6 +756,11 @@ impl Sandbox {
         self.keep_running = on;
     }
 
+    /// Does it keep what its calls leave running ([`Sandbox::set_keep_running`])?
+    pub fn keeps_running(&self) -> bool {
+        self.keep_running
+    }
+
     /// Are there processes or threads besides the parked agent that may run
     /// between calls?
     pub fn has_background(&self) -> bool {

@@ -296,7 +296,7 @@ fn start_local(s: Start<'_>, keep_running: bool) -> Result<Box<dyn Resident>, Se
     };
     let keep_running = keep_running && how != ResumeAs::Throwaway;
     sb.set_keep_running(keep_running);
-    Ok(Box::new(Local { sb, template: t.template.clone(), engine: t.engine.clone(), keep_running }))
+    Ok(Box::new(Local { sb, template: t.template.clone(), engine: t.engine.clone() }))
 }
 
 /// A sandbox of this process.
@@ -304,8 +304,6 @@ struct Local {
     sb: Sandbox,
     template: std::sync::Arc<Template>,
     engine: std::sync::Arc<forkbox_engine::Engine>,
-    /// Does it keep what its calls leave running ([`InProcessKeepingChildren`])?
-    keep_running: bool,
 }
 
 impl Resident for Local {
@@ -314,7 +312,7 @@ impl Resident for Local {
     }
 
     fn has_background(&self) -> bool {
-        self.keep_running && self.sb.has_background()
+        self.sb.keeps_running() && self.sb.has_background()
     }
 
     fn set_exec_id(&mut self, n: i64) {
