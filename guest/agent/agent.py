@@ -540,6 +540,11 @@ def handle(req):
         buffering = line_buffer() if req.get("stream") else []
         value_data = None
         try:
+            prelude = req.get("prelude")
+            if prelude:
+                # The caller's setup of the session, compiled on its own so the
+                # code's line numbers stay its own.
+                exec(compile(prelude, "<forkbox-prelude>", "exec"), namespace)
             value = run(req["code"], req.get("value_limit", 1 << 20), req.get("exec_id"))
             if isinstance(value, tuple):
                 value, value_data = value

@@ -321,6 +321,41 @@ def test_auto_pause_at_the_end_of_the_lifetime(e2b_server):
         sbx.kill()
 
 
+def test_a_new_sandboxs_setup_rides_with_its_first_call(e2b_server):
+    """E2B's setup (home, working directory, envVars) is no call of its own: the first
+    `run_code` carries it (one checkpoint, the code's own line numbers), and a first call
+    of another kind, or a fork made before any call, still sees the sandbox set up."""
+    import forkbox
+
+    probe = "import os\nx = (os.getcwd(), os.environ['HOME'], os.environ['FIRST'])\n1/0"
+    a = ci.Sandbox.create(envs={"FIRST": "one"})
+    b = ci.Sandbox.create(envs={"FIRST": "two"})
+    c = ci.Sandbox.create(envs={"FIRST": "three"})
+    forks = []
+    try:
+        ex = a.run_code(probe)
+        assert ex.error is not None and ex.error.name == "ZeroDivisionError", ex.error
+        assert "line 3" in ex.error.traceback and "forkbox-prelude" not in ex.error.traceback, ex.error.traceback
+        assert a.run_code("x").text == "('/home/user', '/home/user', 'one')"
+        with forkbox.Forkbox(e2b_server.url, e2b_server.key) as fb:
+            cps = fb.sessions.get(a.sandbox_id).checkpoints()
+        assert [cp.code for cp in cps] == [probe, "x"], [cp.code for cp in cps]
+
+        # A command first: the same setup, in the command's own exec.
+        assert b.commands.run("pwd; echo $HOME $FIRST").stdout == "/home/user\n/home/user two\n"
+
+        # Forks of a sandbox that has not run anything: each is set up on its first call,
+        # like the source.
+        forks = c.fork(count=2)
+        assert forks[0].run_code("import os; os.getcwd(), os.environ['FIRST']").text == "('/home/user', 'three')"
+        assert forks[1].files.write("rel.txt", "x").path == "/home/user/rel.txt"
+        assert forks[1].commands.run("echo $FIRST").stdout == "three\n"
+        assert c.run_code("import os; os.environ['FIRST']").text == "'three'"
+    finally:
+        for s in [a, b, c, *forks]:
+            s.kill()
+
+
 def test_fork_count_and_snapshot_as_template(e2b_server):
     src = ci.Sandbox.create()
     forks = []

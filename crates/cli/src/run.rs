@@ -157,7 +157,10 @@ pub fn run(home: &Path, args: RunArgs) -> Result<ExitCode> {
                 Stream::Stderr => std::io::stderr().lock().write_all(bytes),
             };
         };
-        sb.exec_with(&code, ExecOptions { on_output: Some(&mut sink), interrupt: None, timeout: None, job: false })
+        sb.exec_with(
+            &code,
+            ExecOptions { on_output: Some(&mut sink), interrupt: None, timeout: None, job: false, prelude: None },
+        )
     };
     if args.trace_syscalls {
         let stats = sb.stats();

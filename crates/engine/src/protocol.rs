@@ -51,6 +51,9 @@ pub struct ExecRequest<'a> {
     /// Names the code `<exec-N>` in tracebacks (absent: the agent's own count).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub exec_id: Option<i64>,
+    /// Run before `code`, compiled on its own (see `ExecOptions::prelude`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prelude: Option<&'a str>,
 }
 
 /// A Python exception raised by the user's code.

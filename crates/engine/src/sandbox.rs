@@ -147,6 +147,11 @@ pub struct ExecOptions<'a> {
     /// Each process the agent forks in this exec starts a background job
     /// (its output goes to the job's rings, see [`Sandbox::jobs`]).
     pub job: bool,
+    /// Code the agent runs just before `code`, in the same namespace but
+    /// compiled on its own (`<forkbox-prelude>`), so a caller's setup of the
+    /// session rides with the call without moving `code`'s line numbers in a
+    /// traceback. An exception in it is the exec's error, and `code` does not run.
+    pub prelude: Option<&'a str>,
 }
 
 /// A listening TCP socket of the sandbox (what the port proxy can reach).
@@ -844,10 +849,11 @@ impl Sandbox {
             State::Parked(r) => *r,
             State::Poisoned(why) => return Err(EngineError::Poisoned(why.clone())),
         };
-        if code.len() > self.limits.code_bytes {
-            return Err(EngineError::CodeTooLarge(code.len(), self.limits.code_bytes));
+        let ExecOptions { mut on_output, interrupt, timeout, job, prelude } = opts;
+        let len = code.len().saturating_add(prelude.map_or(0, str::len));
+        if len > self.limits.code_bytes {
+            return Err(EngineError::CodeTooLarge(len, self.limits.code_bytes));
         }
-        let ExecOptions { mut on_output, interrupt, timeout, job } = opts;
         self.jobs.starting = job;
         self.failed_output = None;
         self.exec_timeout = timeout.unwrap_or(self.limits.timeout);
@@ -868,6 +874,7 @@ impl Sandbox {
             reseed: self.reseed_pending.then(fresh_seed).transpose()?,
             stream,
             exec_id,
+            prelude,
         };
         self.reseed_pending = false;
         self.kernel.send_to_agent(protocol::frame(&req));

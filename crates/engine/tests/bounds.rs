@@ -46,7 +46,10 @@ fn a_64_mib_raw_write_to_a_stream_is_capped_at_the_output_limit() {
     let code = "import ctypes\nlibc = ctypes.CDLL(None)\nbuf = ctypes.create_string_buffer(64 << 20)\n\
                 libc.syscall(1, 1, ctypes.addressof(buf), 64 << 20)";
     let r = sb
-        .exec_with(code, ExecOptions { on_output: Some(&mut sink), interrupt: None, timeout: None, job: false })
+        .exec_with(
+            code,
+            ExecOptions { on_output: Some(&mut sink), interrupt: None, timeout: None, job: false, prelude: None },
+        )
         .unwrap();
     assert!(r.error.is_none(), "{:?}", r.error);
     let marker = forkbox_linux::kernel::state::STREAM_TRUNCATED.len();

@@ -122,6 +122,27 @@ fn an_exec_is_two_syscalls_and_its_output_comes_with_the_reply() {
     assert_eq!(r.stdout, "back\n");
 }
 
+/// A prelude runs in the same exec and namespace just before the code, but
+/// compiled apart: the code's traceback keeps its own line numbers; an error
+/// in the prelude is the exec's, and the code does not run.
+#[test]
+fn a_prelude_runs_before_the_code_without_moving_its_lines() {
+    let mut sb = fork();
+    let with = |prelude| ExecOptions { prelude: Some(prelude), ..Default::default() };
+    let r = sb.exec_with("x = base + 1\n1/0", with("import os\nos.chdir('/tmp')\nbase = 41\n")).unwrap();
+    let e = r.error.expect("the code's ZeroDivisionError");
+    assert_eq!(e.kind, "ZeroDivisionError");
+    assert!(e.traceback.contains("line 2") && !e.traceback.contains("prelude"), "{}", e.traceback);
+    assert_eq!(ok(&mut sb, "(x, os.getcwd())").value.as_deref(), Some("(42, '/tmp')"));
+    // The prelude fails: that is the error, and the code did not run.
+    let r = sb.exec_with("ran = True", with("raise ValueError('setup')")).unwrap();
+    assert_eq!(r.error.map(|e| (e.kind, e.message)), Some(("ValueError".into(), "setup".into())));
+    assert_eq!(ok(&mut sb, "'ran' in globals()").value.as_deref(), Some("False"));
+    // Prelude and code together within the code limit.
+    let big = "#".repeat(Limits::default().code_bytes);
+    assert!(matches!(sb.exec_with("1", with(&big)), Err(EngineError::CodeTooLarge(..))));
+}
+
 // ---------------------------------------------------------------------------
 // Streaming
 // ---------------------------------------------------------------------------
@@ -137,7 +158,10 @@ fn streamed_output_arrives_in_order_as_it_is_written_and_equals_the_capture() {
     let mut chunks: Vec<(Duration, Stream, Vec<u8>)> = Vec::new();
     let mut sink = |s: Stream, d: &[u8]| chunks.push((t0.elapsed(), s, d.to_vec()));
     let r = sb
-        .exec_with(code, ExecOptions { on_output: Some(&mut sink), interrupt: None, timeout: None, job: false })
+        .exec_with(
+            code,
+            ExecOptions { on_output: Some(&mut sink), interrupt: None, timeout: None, job: false, prelude: None },
+        )
         .expect("streamed exec");
     let done = t0.elapsed();
     assert!(r.error.is_none(), "{:?}", r.error);
@@ -165,7 +189,7 @@ fn a_streamed_exec_restores_block_buffering_for_the_next_one() {
     let r = sb
         .exec_with(
             "import sys; sys.stdout.line_buffering",
-            ExecOptions { on_output: Some(&mut sink), interrupt: None, timeout: None, job: false },
+            ExecOptions { on_output: Some(&mut sink), interrupt: None, timeout: None, job: false, prelude: None },
         )
         .unwrap();
     assert_eq!(r.value.as_deref(), Some("True"));
@@ -185,7 +209,7 @@ fn streamed_output_stops_at_the_output_limit_with_a_marker() {
     let r = sb
         .exec_with(
             "for i in range(100): print('x' * 9)",
-            ExecOptions { on_output: Some(&mut sink), interrupt: None, timeout: None, job: false },
+            ExecOptions { on_output: Some(&mut sink), interrupt: None, timeout: None, job: false, prelude: None },
         )
         .unwrap();
     let marker = forkbox_linux::kernel::state::STREAM_TRUNCATED;
@@ -382,7 +406,10 @@ fn exec_interrupted(
             let hit = i2.interrupt();
             *fired.lock().unwrap() = Some((hit, t));
         });
-        sb.exec_with(code, ExecOptions { on_output: None, interrupt: Some(intr.clone()), timeout: None, job: false })
+        sb.exec_with(
+            code,
+            ExecOptions { on_output: None, interrupt: Some(intr.clone()), timeout: None, job: false, prelude: None },
+        )
     });
     let end = Instant::now();
     let (hit, at) = fired.into_inner().unwrap().expect("interrupt thread ran");
@@ -396,7 +423,10 @@ fn interrupt_when_nothing_runs_returns_false() {
     assert!(!i.interrupt());
     ok(&mut sb, "y = 2");
     let r = sb
-        .exec_with("y + 1", ExecOptions { on_output: None, interrupt: Some(i.clone()), timeout: None, job: false })
+        .exec_with(
+            "y + 1",
+            ExecOptions { on_output: None, interrupt: Some(i.clone()), timeout: None, job: false, prelude: None },
+        )
         .unwrap();
     assert_eq!(r.value.as_deref(), Some("3"));
     assert!(!i.interrupt(), "the exec is over");
@@ -534,7 +564,13 @@ fn many_interrupts_into_a_computation_leave_its_result_exact() {
         };
         let r = sb.exec_with(
             code,
-            ExecOptions { on_output: Some(&mut sink), interrupt: Some(intr.clone()), timeout: None, job: false },
+            ExecOptions {
+                on_output: Some(&mut sink),
+                interrupt: Some(intr.clone()),
+                timeout: None,
+                job: false,
+                prelude: None,
+            },
         );
         ready.store(true, std::sync::atomic::Ordering::SeqCst);
         r
@@ -565,7 +601,7 @@ fn an_armed_interrupter_keeps_an_interrupt_for_the_exec_about_to_start() {
     let r = sb
         .exec_with(
             "while True: n += 1",
-            ExecOptions { on_output: None, interrupt: Some(i.clone()), timeout: None, job: false },
+            ExecOptions { on_output: None, interrupt: Some(i.clone()), timeout: None, job: false, prelude: None },
         )
         .unwrap();
     assert_eq!(r.error.map(|e| e.kind).as_deref(), Some("KeyboardInterrupt"));
@@ -625,7 +661,13 @@ seen
         };
         let r = sb.exec_with(
             code,
-            ExecOptions { on_output: Some(&mut sink), interrupt: Some(i.clone()), timeout: None, job: false },
+            ExecOptions {
+                on_output: Some(&mut sink),
+                interrupt: Some(i.clone()),
+                timeout: None,
+                job: false,
+                prelude: None,
+            },
         );
         ready.store(true, std::sync::atomic::Ordering::SeqCst);
         r

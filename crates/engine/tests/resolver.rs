@@ -83,7 +83,13 @@ fn a_nameserver_that_never_answers_ends_at_the_exec_deadline() {
     let t = Instant::now();
     let r = sb.exec_with(
         "import socket\nsocket.getaddrinfo('x.hang.test', 80)",
-        ExecOptions { on_output: None, interrupt: None, timeout: Some(Duration::from_secs(2)), job: false },
+        ExecOptions {
+            on_output: None,
+            interrupt: None,
+            timeout: Some(Duration::from_secs(2)),
+            job: false,
+            prelude: None,
+        },
     );
     let took = t.elapsed();
     assert!(matches!(r, Err(EngineError::Timeout(_))), "{r:?}");
@@ -108,7 +114,7 @@ fn an_interrupt_ends_a_lookup_promptly() {
         });
         sb.exec_with(
             "import socket\nsocket.getaddrinfo('y.hang.test', 80)",
-            ExecOptions { on_output: None, interrupt: Some(intr.clone()), timeout: None, job: false },
+            ExecOptions { on_output: None, interrupt: Some(intr.clone()), timeout: None, job: false, prelude: None },
         )
     });
     let (hit, at) = fired.into_inner().unwrap().expect("the interrupt thread ran");

@@ -115,7 +115,10 @@ fn last_call(seed: u64, calls: u64) -> String {
     };
     let code = forkbox_testkit::syscall_fuzz::program(seed, calls, true);
     let _ = std::panic::catch_unwind(AssertUnwindSafe(|| {
-        sb.exec_with(&code, ExecOptions { on_output: Some(&mut sink), interrupt: None, timeout: None, job: false })
+        sb.exec_with(
+            &code,
+            ExecOptions { on_output: Some(&mut sink), interrupt: None, timeout: None, job: false, prelude: None },
+        )
     }));
     last
 }

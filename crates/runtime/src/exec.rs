@@ -76,14 +76,19 @@ pub trait Output: Send {
     fn end(&mut self) {}
 }
 
-/// Run `opts`-style output through an optional [`Output`].
-pub(crate) fn with_output<R>(output: &mut Option<Box<dyn Output>>, run: impl FnOnce(ExecOptions<'_>) -> R) -> R {
+/// Run `opts`-style output through an optional [`Output`], with `prelude` (see
+/// `ExecOptions::prelude`) before the code.
+pub(crate) fn with_output<R>(
+    output: &mut Option<Box<dyn Output>>,
+    prelude: Option<&str>,
+    run: impl FnOnce(ExecOptions<'_>) -> R,
+) -> R {
     let r = match output.as_mut() {
         Some(out) => {
             let mut sink = |stream: Stream, bytes: &[u8]| out.chunk(stream, bytes);
-            run(ExecOptions { on_output: Some(&mut sink), interrupt: None, timeout: None, job: false })
+            run(ExecOptions { on_output: Some(&mut sink), prelude, ..ExecOptions::default() })
         }
-        None => run(ExecOptions::default()),
+        None => run(ExecOptions { prelude, ..ExecOptions::default() }),
     };
     if let Some(out) = output.as_mut() {
         out.end();
@@ -224,7 +229,7 @@ impl Runtime {
             let fork_ms = t.elapsed().as_secs_f64() * 1000.0;
             let t = Instant::now();
             let r = match run_prelude(&mut sb, req.prelude.as_deref()) {
-                Ok(None) => with_output(&mut output, |opts| sb.exec_with(&req.code, opts))
+                Ok(None) => with_output(&mut output, None, |opts| sb.exec_with(&req.code, opts))
                     .map_err(|e| RuntimeError::exec(e, sb.take_failed_output())),
                 Ok(Some(failed)) => {
                     if let Some(out) = output.as_mut() {

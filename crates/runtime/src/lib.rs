@@ -78,6 +78,7 @@ pub use forkbox_sessions::output::{CallOutput, OutputFileMeta, OUTPUT_MAX};
 pub use forkbox_worker::child::main as worker_main;
 pub use forkbox_worker::WorkerInfo;
 pub use remote::{Isolation, ProcessIsolation, DEFAULT_SESSION_WORKERS};
+pub use session::SessionCode;
 pub use session::{wait_settled, CheckpointView, ForkedFrom, JobStart, NewSession, Quota, SessionView};
 pub use tree::{
     Branch, CheckpointContents, ExploreRequest, Explored, History, HistoryCall, Keep, EXPLORE_MAX,

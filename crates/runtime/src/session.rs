@@ -375,13 +375,17 @@ impl Runtime {
         self: &Arc<Self>,
         tenant: &str,
         id: &str,
-        code: String,
+        code: impl Into<SessionCode>,
         timeout: Option<Duration>,
         quota: Quota,
         mut output: Option<Box<dyn Output>>,
         hold: impl Send + 'static,
     ) -> Result<ExecOutcome, RuntimeError> {
+        let SessionCode { code, prelude } = code.into();
         self.check_code(&code)?;
+        if let Some(p) = &prelude {
+            self.check_code(p)?;
+        }
         // `%pip install` lines: the host's pip runs here, never on an exec thread.
         let plan = if forkbox_engine::packages::pip_lines(&code).map_err(RuntimeError::Invalid)?.is_some() {
             let (rt, code, t) = (self.clone(), code.clone(), tenant.to_string());
@@ -406,7 +410,7 @@ impl Runtime {
                 let _ = tx.send(Err(e));
                 return;
             }
-            let r = with_output(&mut output, |opts| {
+            let r = with_output(&mut output, prelude.as_deref(), |opts| {
                 rt.sessions.exec_deferred(&tenant, &id, &code, ExecOptions { timeout, ..opts }, plan.as_ref())
             });
             match r {
@@ -701,6 +705,22 @@ impl Runtime {
         }
         let (out, c) = self.sessions.file_op(tenant, id, op)?;
         Ok((out, c.map(|c| c.seq)))
+    }
+}
+
+/// What a session exec runs: `code`, and a `prelude` the guest runs just before
+/// it in the same call (a caller's setup of the session that must not make a
+/// call and a checkpoint of its own; compiled apart, so `code`'s line numbers
+/// stay its own).
+#[derive(Clone, Debug, Default)]
+pub struct SessionCode {
+    pub code: String,
+    pub prelude: Option<String>,
+}
+
+impl From<String> for SessionCode {
+    fn from(code: String) -> SessionCode {
+        SessionCode { code, prelude: None }
     }
 }
 

@@ -1197,10 +1197,7 @@ impl SessionManager {
         let max = Duration::from_millis(rec.limits.timeout_ms);
         let timeout = Some(opts.timeout.map_or(max, |t| t.min(max)));
         sb.set_exec_id(seq);
-        let result = sb.exec(
-            &run_code,
-            ExecOptions { on_output: opts.on_output, interrupt: Some(interrupter), timeout, job: opts.job },
-        );
+        let result = sb.exec(&run_code, ExecOptions { interrupt: Some(interrupter), timeout, ..opts });
         drop(running);
         let result = match result {
             Ok(r) => r,

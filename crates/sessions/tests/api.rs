@@ -110,7 +110,7 @@ fn streamed_session_exec_and_disk_bytes() {
             TENANT,
             &s.id,
             "for i in range(3): print(i)",
-            ExecOptions { on_output: Some(&mut sink), interrupt: None, timeout: None, job: false },
+            ExecOptions { on_output: Some(&mut sink), interrupt: None, timeout: None, job: false, prelude: None },
         )
         .unwrap();
     assert_eq!(

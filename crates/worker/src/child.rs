@@ -263,7 +263,10 @@ impl Worker {
                     }
                 }
             };
-            sb.exec_with(code, ExecOptions { on_output: Some(&mut sink), interrupt: None, timeout: None, job: false })
+            sb.exec_with(
+                code,
+                ExecOptions { on_output: Some(&mut sink), interrupt: None, timeout: None, job: false, prelude: None },
+            )
         } else {
             sb.exec(code)
         };

@@ -332,6 +332,9 @@ pub enum ToChannel {
         /// Processes the agent forks start background jobs (`ExecOptions::job`).
         #[serde(default)]
         job: bool,
+        /// Run before `code` (`ExecOptions::prelude`).
+        #[serde(default)]
+        prelude: Option<String>,
     },
     /// The background jobs (answered `Jobs`).
     Jobs,

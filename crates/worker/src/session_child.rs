@@ -268,7 +268,7 @@ fn serve_one(shared: &Shared, ctl: &ChannelCtl, ch: &mut Channel, sock: &UnixStr
             }
             reply(&FromChannel::Started(r.map_err(|e| wire(e, None))))?;
         }
-        ToChannel::Exec { code, exec, exec_id, timeout_ms, stream, interrupted, job } => {
+        ToChannel::Exec { code, exec, exec_id, timeout_ms, stream, interrupted, job, prelude } => {
             let Some(sb) = ch.sb.as_mut() else {
                 let done = SessionDone { result: Err(no_sandbox()), net: NetDelta::default(), background: false };
                 return Ok(reply(&FromChannel::Executed(Box::new(done)))?);
@@ -296,11 +296,18 @@ fn serve_one(shared: &Shared, ctl: &ChannelCtl, ch: &mut Channel, sock: &UnixStr
                         }
                     }
                 };
-                let opts =
-                    ExecOptions { on_output: Some(&mut sink), interrupt: Some(interrupter.clone()), timeout, job };
+                let opts = ExecOptions {
+                    on_output: Some(&mut sink),
+                    interrupt: Some(interrupter.clone()),
+                    timeout,
+                    job,
+                    prelude: prelude.as_deref(),
+                };
                 sb.exec_with(&code, opts)
             } else {
-                sb.exec_with(&code, ExecOptions { on_output: None, interrupt: Some(interrupter.clone()), timeout, job })
+                let prelude = prelude.as_deref();
+                let opts = ExecOptions { on_output: None, interrupt: Some(interrupter.clone()), timeout, job, prelude };
+                sb.exec_with(&code, opts)
             };
             interrupter.disarm();
             if write_err.is_some() {

@@ -775,7 +775,7 @@ impl Resident for RemoteSandbox {
         self.failed_output = None;
         self.execs += 1;
         let exec = self.execs;
-        let ExecOptions { mut on_output, interrupt, timeout, job } = opts;
+        let ExecOptions { mut on_output, interrupt, timeout, job, prelude } = opts;
         let worker = self.worker.clone();
         let _busy = InFlight::new(&worker);
         if let Some(i) = &interrupt {
@@ -790,6 +790,7 @@ impl Resident for RemoteSandbox {
             stream: on_output.is_some(),
             interrupted: interrupt.as_ref().is_some_and(|i| i.is_pending()),
             job,
+            prelude: prelude.map(str::to_string),
         };
         let wait = timeout.unwrap_or(self.timeout).saturating_add(ANSWER_GRACE);
         // The engine streams at most what it captures (the output limit per

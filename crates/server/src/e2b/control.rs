@@ -3,6 +3,7 @@
 //! behind `X-API-KEY` (a forkbox API key). Sandbox = forkbox session.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use axum::extract::{Path, RawQuery, Request, State};
 use axum::http::{HeaderValue, StatusCode};
@@ -226,6 +227,9 @@ async fn create(
 ) -> Result<(StatusCode, Json<Value>), E2bError> {
     let life = lifetime(req.timeout)?;
     let env = req.env_vars.unwrap_or_default();
+    // Checked now: the setup runs with the sandbox's first call.
+    let setup = init_code(&env);
+    state.runtime.check_code(&setup).map_err(|e| E2bError::bad_request(format!("envVars: {e}")))?;
     let template = req.template_id.clone();
     let limit = exec_limit(&state, &caller);
     let network = if req.allow_internet_access == Some(false) {
@@ -251,11 +255,6 @@ async fn create(
     })
     .await?;
     let id = v.record.id.clone();
-    if let Err(e) = run_setup(&state, &caller, &id, init_code(&env)).await {
-        let (c, i) = (caller.clone(), id.clone());
-        let _ = blocking(&state, move |rt| Ok(rt.delete_session(&c.tenant, &i)?)).await;
-        return Err(e.into());
-    }
     let now = now_ms();
     let rec = state.e2b.insert(SandboxRec {
         id,
@@ -276,6 +275,8 @@ async fn create(
             cpu_sample: None,
             last_usage: None,
         }),
+        // Run by the sandbox's first call that needs the guest (the first `/execute` as its prelude).
+        setup: Arc::new(tokio::sync::Mutex::new(Some(setup))),
     });
     state.e2b.start_reaper(&state);
     Ok((StatusCode::CREATED, Json(sandbox_json(&rec, state.config.sandbox_domain.as_deref()))))
@@ -381,6 +382,8 @@ async fn record(
             cpu_sample: None,
             last_usage: None,
         }),
+        // Set up before (or made through /v1, which has no E2B setup).
+        setup: Default::default(),
     });
     state.e2b.start_reaper(state);
     Ok(rec)
@@ -473,6 +476,11 @@ async fn fork(
     let src_rec = state.e2b.owned(&caller.tenant, &id);
     let template = src_rec.as_ref().map_or_else(|| src.template.clone().unwrap_or_default(), |r| r.template.clone());
     let auto_pause = src_rec.as_ref().is_some_and(|r| r.auto_pause);
+    // Held while the forks are made: the source's setup does not run meanwhile.
+    let setup = match &src_rec {
+        Some(r) => r.pending_setup().await,
+        None => None,
+    };
     let mut out = Vec::new();
     for _ in 0..count {
         let (c, i, tags) = (caller.clone(), id.clone(), src.record.tags.clone());
@@ -499,6 +507,8 @@ async fn fork(
                         cpu_sample: None,
                         last_usage: None,
                     }),
+                    // A fork of a sandbox not set up yet is not either: each runs the setup it has.
+                    setup: Arc::new(tokio::sync::Mutex::new(setup.as_ref().map(|p| p.code().to_string()))),
                 });
                 out.push(json!({ "sandbox": sandbox_json(&rec, state.config.sandbox_domain.as_deref()) }));
             }
@@ -525,6 +535,9 @@ async fn snapshot(
     Path(id): Path<String>,
     Body(req): Body<SnapshotBody>,
 ) -> Result<(StatusCode, Json<Value>), E2bError> {
+    if let Some(rec) = state.e2b.owned(&caller.tenant, &id) {
+        rec.ensure_setup(&state).await?;
+    }
     let v = session_of(&state, &caller, &id).await?;
     let name = match req.name {
         Some(n) => n,

@@ -22,7 +22,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Extension, Json, Router};
-use forkbox_runtime::{MimeBundle, Stream};
+use forkbox_runtime::{MimeBundle, SessionCode, Stream};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
@@ -53,7 +53,7 @@ fn http(status: StatusCode, message: impl Into<String>) -> Response {
     (status, Json(json!({ "code": status.as_u16(), "message": message.into() }))).into_response()
 }
 
-fn from_connect(e: ConnectError) -> Response {
+pub(super) fn from_connect(e: ConnectError) -> Response {
     http(e.status(), crate::error::scrub(&e.message))
 }
 
@@ -235,10 +235,12 @@ async fn execute(State(state): State<AppState>, Extension(rec): Extension<Arc<Sa
         return from_connect(e.into());
     }
     let env = req.env_vars.unwrap_or_default();
+    // The sandbox's setup if it has not run yet, then this execution's environment: run
+    // by the guest before the code in the same exec.
+    let setup = rec.pending_setup().await;
+    let mut prelude = setup.as_ref().map(|p| p.code().to_string());
     if !env.is_empty() {
-        if let Err(e) = setup_exec(&state, &rec, env_code(&env)).await {
-            return from_connect(e);
-        }
+        prelude.get_or_insert_with(String::new).push_str(&env_code(&env));
     }
     let permit = match crate::fair::acquire_for(&state, &caller, 1).await {
         Ok(p) => p,
@@ -255,7 +257,13 @@ async fn execute(State(state): State<AppState>, Extension(rec): Extension<Arc<Sa
     let fwd = Box::new(Forward::new(otx));
     let (st2, rec2) = (state.clone(), rec.clone());
     let exec = tokio::spawn(async move {
-        st2.runtime.session_exec(&caller.tenant, &rec2.id, code, None, caller.quota(), Some(fwd), permit).await
+        let code = SessionCode { code, prelude };
+        let r = st2.runtime.session_exec(&caller.tenant, &rec2.id, code, None, caller.quota(), Some(fwd), permit).await;
+        // The guest ran the exec (its prelude too, or the prelude's error is the exec's).
+        if let (Ok(_), Some(s)) = (&r, setup) {
+            s.done();
+        }
+        r
     });
     tokio::spawn(async move {
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + KEEPALIVE, KEEPALIVE);

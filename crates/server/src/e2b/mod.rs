@@ -88,6 +88,28 @@ pub struct SandboxRec {
     /// Pause instead of kill at the end of its lifetime.
     pub auto_pause: bool,
     pub state: Mutex<RecState>,
+    /// The guest side of E2B's sandbox setup (home, working directory, `envVars`)
+    /// until it has run. It rides with the first `/execute` as that exec's
+    /// prelude, so a new sandbox's first call is one exec and one checkpoint;
+    /// any other call that needs the guest runs it on its own first.
+    setup: Arc<tokio::sync::Mutex<Option<String>>>,
+}
+
+/// A sandbox's setup that has not run yet, held (no other call of the
+/// sandbox runs it meanwhile) until [`PendingSetup::done`] or dropped (still pending).
+pub struct PendingSetup {
+    guard: tokio::sync::OwnedMutexGuard<Option<String>>,
+}
+
+impl PendingSetup {
+    pub fn code(&self) -> &str {
+        self.guard.as_deref().unwrap_or_default()
+    }
+
+    /// The setup ran in the guest.
+    pub fn done(mut self) {
+        *self.guard = None;
+    }
 }
 
 pub struct RecState {
@@ -120,6 +142,21 @@ impl SandboxRec {
 
     pub fn lock(&self) -> std::sync::MutexGuard<'_, RecState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The setup, if it has not run yet (waits while another call runs it).
+    pub async fn pending_setup(&self) -> Option<PendingSetup> {
+        let guard = self.setup.clone().lock_owned().await;
+        guard.is_some().then_some(PendingSetup { guard })
+    }
+
+    /// Run the setup on its own if it has not run yet.
+    pub async fn ensure_setup(&self, state: &AppState) -> Result<(), crate::error::ApiError> {
+        if let Some(p) = self.pending_setup().await {
+            control::run_setup(state, &self.caller(), &self.id, p.code().to_string()).await?;
+            p.done();
+        }
+        Ok(())
     }
 
     /// Whether `token` is this sandbox's (compared without an early exit).
@@ -301,6 +338,19 @@ pub async fn dispatch(State(dp): State<DataPlane>, mut req: Request, next: Next)
     };
     if let Err(e) = rec.key.as_ref().map_or(Ok(()), |_| rec.caller().check_rate()) {
         return ConnectError::from(e).into_response();
+    }
+    // Every call that reads or changes the guest sees it set up. `/execute` and a
+    // process start run the setup in their own exec; `/health` does not touch the guest.
+    let path = req.uri().path();
+    let setup_first = match t.port {
+        INTERPRETER_PORT => path != "/execute",
+        _ => path != "/process.Process/Start" && path != "/health",
+    };
+    if setup_first {
+        if let Err(e) = rec.ensure_setup(&dp.state).await {
+            let e = ConnectError::from(e);
+            return if t.port == INTERPRETER_PORT { interpreter::from_connect(e) } else { e.into_response() };
+        }
     }
     req.extensions_mut().insert(rec);
     let router = if t.port == INTERPRETER_PORT { dp.interpreter } else { dp.envd };

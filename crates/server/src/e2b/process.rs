@@ -177,6 +177,12 @@ async fn start_inner(
         Some((rows, cols)) => cmd.pty_code(rows, cols),
         None => cmd.background_code(req.stdin.unwrap_or(false)),
     };
+    // The sandbox's setup if it has not run yet goes first, in the same exec.
+    let setup = rec.pending_setup().await;
+    let code = match &setup {
+        Some(p) => format!("{}{code}", p.code()),
+        None => code,
+    };
     let Admitted { caller, permit } = admit(&state, &rec, &code).await?;
     // The command's lifetime: the call's own timeout (the SDK's, 60 s by default; 0: none).
     let deadline = header_timeout(&headers).map(|t| tokio::time::Instant::now() + t);
@@ -184,6 +190,9 @@ async fn start_inner(
         .runtime
         .session_background_command(&caller.tenant, &rec.id, code, None, caller.quota(), false, permit)
         .await?;
+    if let Some(p) = setup {
+        p.done();
+    }
     let (tx, rx) = mpsc::channel::<Bytes>(CHANNEL);
     let job = match started.started {
         Ok(job) => job,
