@@ -96,6 +96,20 @@ impl MemoryMap {
         MemoryMap { vmas: OrdMap::new(), brk_start: 0, brk: 0, committed: 0, limit }
     }
 
+    /// A map as a saved state records it: its mappings by start address
+    /// (one per start; a later one replaces an earlier one), heap, committed
+    /// bytes and limit, unchecked (`validate` checks it, `recount` applies
+    /// today's counting rule).
+    pub fn from_saved(
+        vmas: impl IntoIterator<Item = (u64, Vma)>,
+        brk_start: u64,
+        brk: u64,
+        committed: u64,
+        limit: u64,
+    ) -> MemoryMap {
+        MemoryMap { vmas: vmas.into_iter().collect(), brk_start, brk, committed, limit }
+    }
+
     pub fn committed(&self) -> u64 {
         self.committed
     }

@@ -58,11 +58,12 @@ pub struct Process {
     pub creds: Creds,
 }
 
-/// A `Process` as written into a snapshot's state file. Its shape (and that
-/// of everything in it but `vfs`, whose persisted shape is forkbox-snapshot's
-/// own) is part of the state file format: a change to it bumps
-/// `forkbox_snapshot::FORMAT_VERSION` and keeps a reader for the previous
-/// version (crates/snapshot/tests/golden.rs fails until then).
+/// A `Process` as a snapshot's state file records it. forkbox-snapshot
+/// converts it to and from its own persisted shapes; the parts it still
+/// writes as their serde form (`fds`, `threads`) are part of the state file
+/// format: a change to one bumps `forkbox_snapshot::FORMAT_VERSION` and keeps
+/// a reader for the previous version (crates/snapshot/tests/golden.rs fails
+/// until then).
 /// Register sets it holds use the persisted records of `forkbox_vmm::regs`,
 /// never kvm-bindings types.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

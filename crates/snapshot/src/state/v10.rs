@@ -5,17 +5,22 @@
 //! This module is where the persisted shape meets the live types: it reads
 //! a payload into the owned shape and turns it into a [`crate::Snapshot`],
 //! and writes a [`crate::Snapshot`] through the same shape. Of the process
-//! state, the file system overlay (`VfsState`, [`super::v6`]) has its own
-//! persisted types and conversions below; the other parts (memory map, fd
-//! table and its objects, signals, threads, credentials, listeners, the
-//! children) are still written as the serde form of their live types.
+//! state, the file system overlay (`VfsState`, [`super::v6`]), the memory
+//! map, signals and exec info ([`super::v4`]), the credentials
+//! ([`super::v7`]) and the listeners ([`super::v9`]) have their own
+//! persisted types and conversions below; the other parts (fd table and its
+//! objects, threads, the children) are still written as the serde form of
+//! their live types.
 
 use forkbox_linux::vfs as live;
+use forkbox_linux::{creds, mm, net, process};
 use forkbox_vmm::regs::VcpuRecord;
 use serde::{Deserialize, Serialize};
 
+use super::v4::{ExecInfo, MemoryMap, Signals, Vma, VmaKind};
 use super::v6::{BodyState, DevKind, FileBytes, FileState, NodeState, VfsState};
-use super::v9::{Process, ProcessRef};
+use super::v7::{Creds, Ids};
+use super::v9::{ListenerState, Process, ProcessRef};
 use super::{v6, Children, StateError};
 use crate::cpu::CpuFingerprint;
 use crate::files::FileTable;
@@ -69,20 +74,20 @@ impl From<v6::Snapshot<Process>> for Snapshot {
 impl From<Snapshot> for crate::Snapshot {
     fn from(s: Snapshot) -> crate::Snapshot {
         let p = s.process;
-        let process = forkbox_linux::process::ProcessState {
-            mm: p.mm,
+        let process = process::ProcessState {
+            mm: p.mm.into(),
             fds: p.fds,
             vfs: p.vfs.into(),
             cwd: p.cwd,
-            signals: p.signals,
+            signals: p.signals.into(),
             fs_base: p.fs_base,
             tid_address: p.tid_address,
             umask: p.umask,
             threads: p.threads,
-            exec_info: p.exec_info,
-            creds: p.creds,
+            exec_info: p.exec_info.into(),
+            creds: p.creds.into(),
             owners: p.owners,
-            listeners: p.listeners,
+            listeners: p.listeners.into_iter().map(net::ListenerState::from).collect(),
         };
         crate::Snapshot {
             image_id: s.image_id,
@@ -101,19 +106,19 @@ impl<'a> From<&'a crate::Snapshot> for SnapshotRef<'a> {
     fn from(s: &'a crate::Snapshot) -> SnapshotRef<'a> {
         let p = &s.process;
         let process = ProcessRef {
-            mm: &p.mm,
+            mm: MemoryMap::from(&p.mm),
             fds: &p.fds,
             vfs: VfsState::from(&p.vfs),
             cwd: p.cwd,
-            signals: &p.signals,
+            signals: Signals::from(&p.signals),
             fs_base: p.fs_base,
             tid_address: p.tid_address,
             umask: p.umask,
             threads: &p.threads,
-            exec_info: &p.exec_info,
-            creds: &p.creds,
+            exec_info: ExecInfo::from(&p.exec_info),
+            creds: Creds::from(&p.creds),
             owners: &p.owners,
-            listeners: &p.listeners,
+            listeners: p.listeners.iter().map(ListenerState::from).collect(),
         };
         SnapshotRef {
             image_id: &s.image_id,
@@ -221,6 +226,136 @@ impl From<DevKind> for live::DevKind {
             DevKind::Urandom => live::DevKind::Urandom,
             DevKind::Tty => live::DevKind::Tty,
             DevKind::Ptmx => live::DevKind::Ptmx,
+        }
+    }
+}
+
+/// The memory map as persisted (its mappings in address order).
+impl From<&mm::MemoryMap> for MemoryMap {
+    fn from(m: &mm::MemoryMap) -> MemoryMap {
+        MemoryMap {
+            vmas: m.vmas().map(|(start, v)| (start, Vma::from(v))).collect(),
+            brk_start: m.brk_start,
+            brk: m.brk,
+            committed: m.committed(),
+            limit: m.limit(),
+        }
+    }
+}
+
+impl From<mm::Vma> for Vma {
+    fn from(v: mm::Vma) -> Vma {
+        let kind = match v.kind {
+            mm::VmaKind::Anon => VmaKind::Anon,
+            mm::VmaKind::File => VmaKind::File,
+            mm::VmaKind::SharedFile { ino, offset } => VmaKind::SharedFile { ino, offset },
+            mm::VmaKind::Stack => VmaKind::Stack,
+            mm::VmaKind::Shm { obj, offset, ino } => VmaKind::Shm { obj, offset, ino },
+        };
+        Vma { end: v.end, prot: v.prot, kind }
+    }
+}
+
+/// The map as restored, unchecked (`MemoryMap::validate` checks it).
+impl From<MemoryMap> for mm::MemoryMap {
+    fn from(m: MemoryMap) -> mm::MemoryMap {
+        let vmas = m.vmas.into_iter().map(|(start, v)| (start, mm::Vma::from(v)));
+        mm::MemoryMap::from_saved(vmas, m.brk_start, m.brk, m.committed, m.limit)
+    }
+}
+
+impl From<Vma> for mm::Vma {
+    fn from(v: Vma) -> mm::Vma {
+        let kind = match v.kind {
+            VmaKind::Anon => mm::VmaKind::Anon,
+            VmaKind::File => mm::VmaKind::File,
+            VmaKind::SharedFile { ino, offset } => mm::VmaKind::SharedFile { ino, offset },
+            VmaKind::Stack => mm::VmaKind::Stack,
+            VmaKind::Shm { obj, offset, ino } => mm::VmaKind::Shm { obj, offset, ino },
+        };
+        mm::Vma { end: v.end, prot: v.prot, kind }
+    }
+}
+
+/// The actions are shared, not copied.
+impl From<&process::Signals> for Signals {
+    fn from(s: &process::Signals) -> Signals {
+        Signals { actions: s.actions.clone(), mask: s.mask, altstack: s.altstack }
+    }
+}
+
+impl From<Signals> for process::Signals {
+    fn from(s: Signals) -> process::Signals {
+        process::Signals { actions: s.actions, mask: s.mask, altstack: s.altstack }
+    }
+}
+
+/// The strings are shared, not copied.
+impl From<&process::ExecInfo> for ExecInfo {
+    fn from(e: &process::ExecInfo) -> ExecInfo {
+        ExecInfo { exe: e.exe.clone(), cmdline: e.cmdline.clone(), environ: e.environ.clone() }
+    }
+}
+
+impl From<ExecInfo> for process::ExecInfo {
+    fn from(e: ExecInfo) -> process::ExecInfo {
+        process::ExecInfo { exe: e.exe, cmdline: e.cmdline, environ: e.environ }
+    }
+}
+
+/// The groups are shared, not copied.
+impl From<&creds::Creds> for Creds {
+    fn from(c: &creds::Creds) -> Creds {
+        Creds { uid: c.uid.into(), gid: c.gid.into(), groups: c.groups.clone() }
+    }
+}
+
+impl From<creds::Ids> for Ids {
+    fn from(i: creds::Ids) -> Ids {
+        Ids { real: i.real, effective: i.effective, saved: i.saved, fs: i.fs }
+    }
+}
+
+/// The credentials as restored, unchecked (`Creds::validate` checks them).
+impl From<Creds> for creds::Creds {
+    fn from(c: Creds) -> creds::Creds {
+        creds::Creds { uid: c.uid.into(), gid: c.gid.into(), groups: c.groups }
+    }
+}
+
+impl From<Ids> for creds::Ids {
+    fn from(i: Ids) -> creds::Ids {
+        creds::Ids { real: i.real, effective: i.effective, saved: i.saved, fs: i.fs }
+    }
+}
+
+impl From<&net::ListenerState> for ListenerState {
+    fn from(l: &net::ListenerState) -> ListenerState {
+        ListenerState {
+            id: l.id,
+            domain: l.domain,
+            local: l.local,
+            backlog: l.backlog,
+            reuse: l.reuse,
+            rcvtimeo: l.rcvtimeo,
+            sndtimeo: l.sndtimeo,
+            opts: l.opts.clone(),
+        }
+    }
+}
+
+/// The listener as restored, unchecked (`NetIo::restore_listeners` checks it).
+impl From<ListenerState> for net::ListenerState {
+    fn from(l: ListenerState) -> net::ListenerState {
+        net::ListenerState {
+            id: l.id,
+            domain: l.domain,
+            local: l.local,
+            backlog: l.backlog,
+            reuse: l.reuse,
+            rcvtimeo: l.rcvtimeo,
+            sndtimeo: l.sndtimeo,
+            opts: l.opts,
         }
     }
 }

@@ -6,13 +6,12 @@
 //! process was root). Frozen: never edit these types.
 
 use forkbox_linux::fd::FdTable;
-use forkbox_linux::mm::MemoryMap;
-use forkbox_linux::process::{ExecInfo, Signals};
 use forkbox_linux::thread::Threads;
 use forkbox_vmm::regs::VcpuRecord;
 use serde::{Deserialize, Serialize};
 
 pub(super) use super::v4::{DevKind, FileBytes, Ino};
+use super::v4::{ExecInfo, MemoryMap, Signals};
 use super::{v4, StateError};
 use crate::cpu::CpuFingerprint;
 use crate::memory::MemoryStats;
