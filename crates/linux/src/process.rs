@@ -60,7 +60,7 @@ pub struct Process {
 
 /// A `Process` as a snapshot's state file records it. forkbox-snapshot
 /// converts it to and from its own persisted shapes; the parts it still
-/// writes as their serde form (`fds`, `threads`) are part of the state file
+/// writes as their serde form (`fds`) are part of the state file
 /// format: a change to one bumps `forkbox_snapshot::FORMAT_VERSION` and keeps
 /// a reader for the previous version (crates/snapshot/tests/golden.rs fails
 /// until then).

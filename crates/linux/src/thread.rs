@@ -76,6 +76,17 @@ pub struct RunClock {
 }
 
 impl RunClock {
+    /// A stopped clock at `ns` of running time (as a checkpoint records it).
+    pub fn stopped_at(ns: u64) -> RunClock {
+        RunClock { base_ns: ns, started: None }
+    }
+
+    /// The running time up to the last stop: what a checkpoint records (a
+    /// parked sandbox's clock is stopped).
+    pub fn stopped_ns(&self) -> u64 {
+        self.base_ns
+    }
+
     pub fn now(&self) -> u64 {
         let run = self.started.map_or(0, |s| s.elapsed().as_nanos().min(u64::MAX as u128) as u64);
         self.base_ns.saturating_add(run)

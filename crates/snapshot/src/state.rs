@@ -8,9 +8,9 @@
 //! is defined once, in the version that introduced it, and named by the
 //! later ones. The shapes of the file system overlay (`v4::VfsState`, then
 //! `v6::VfsState`), the memory map, signals and exec info (`v4`), the
-//! credentials (`v7`) and the listeners (`v9`) are the snapshot crate's own;
-//! the fd table and its objects, the threads and the children are still
-//! the serde form of their live types.
+//! threads (`v6`), the credentials (`v7`) and the listeners (`v9`) are the
+//! snapshot crate's own; the fd table and its objects and the children are
+//! still the serde form of their live types.
 //!
 //! When the payload's shape changes (any field of `Snapshot`, `VcpuRecord`,
 //! `CpuFingerprint`, `MemoryStats` or the process state it embeds), bump

@@ -6,19 +6,22 @@
 //! a payload into the owned shape and turns it into a [`crate::Snapshot`],
 //! and writes a [`crate::Snapshot`] through the same shape. Of the process
 //! state, the file system overlay (`VfsState`, [`super::v6`]), the memory
-//! map, signals and exec info ([`super::v4`]), the credentials
-//! ([`super::v7`]) and the listeners ([`super::v9`]) have their own
-//! persisted types and conversions below; the other parts (fd table and its
-//! objects, threads, the children) are still written as the serde form of
-//! their live types.
+//! map, signals and exec info ([`super::v4`]), the threads ([`super::v6`]),
+//! the credentials ([`super::v7`]) and the listeners ([`super::v9`]) have
+//! their own persisted types and conversions below; the other parts (fd
+//! table and its objects, the children) are still written as the serde form
+//! of their live types.
 
 use forkbox_linux::vfs as live;
-use forkbox_linux::{creds, mm, net, process};
+use forkbox_linux::{creds, mm, net, process, thread};
 use forkbox_vmm::regs::VcpuRecord;
 use serde::{Deserialize, Serialize};
 
 use super::v4::{ExecInfo, MemoryMap, Signals, Vma, VmaKind};
-use super::v6::{BodyState, DevKind, FileBytes, FileState, NodeState, VfsState};
+use super::v6::{
+    BodyState, DevKind, FileBytes, FileState, NodeState, RunClock, SavedCpu, SigFrame, SigInfo, Thread, Threads, Timer,
+    VfsState, Wait, WaitKind,
+};
 use super::v7::{Creds, Ids};
 use super::v9::{ListenerState, Process, ProcessRef};
 use super::{v6, Children, StateError};
@@ -83,7 +86,7 @@ impl From<Snapshot> for crate::Snapshot {
             fs_base: p.fs_base,
             tid_address: p.tid_address,
             umask: p.umask,
-            threads: p.threads,
+            threads: p.threads.into(),
             exec_info: p.exec_info.into(),
             creds: p.creds.into(),
             owners: p.owners,
@@ -114,7 +117,7 @@ impl<'a> From<&'a crate::Snapshot> for SnapshotRef<'a> {
             fs_base: p.fs_base,
             tid_address: p.tid_address,
             umask: p.umask,
-            threads: &p.threads,
+            threads: Threads::from(&p.threads),
             exec_info: ExecInfo::from(&p.exec_info),
             creds: Creds::from(&p.creds),
             owners: &p.owners,
@@ -356,6 +359,180 @@ impl From<ListenerState> for net::ListenerState {
             rcvtimeo: l.rcvtimeo,
             sndtimeo: l.sndtimeo,
             opts: l.opts,
+        }
+    }
+}
+
+/// The threads as persisted (XSAVE images shared, not copied).
+impl From<&thread::Threads> for Threads {
+    fn from(t: &thread::Threads) -> Threads {
+        Threads {
+            list: t.list.iter().map(Thread::from).collect(),
+            cur: t.cur,
+            next_tid: t.next_tid,
+            pending: t.pending.iter().map(|&s| s.into()).collect(),
+            timers: t.timers.iter().map(Timer::from).collect(),
+            itimer_real: t.itimer_real.as_ref().map(Timer::from),
+            clock: RunClock { ns: t.clock.stopped_ns() },
+        }
+    }
+}
+
+/// What a thread's blocked write had written is not recorded
+/// (`Threads::for_checkpoint` ends such a wait first).
+impl From<&thread::Thread> for Thread {
+    fn from(t: &thread::Thread) -> Thread {
+        Thread {
+            tid: t.tid,
+            cpu: t.cpu.as_ref().map(SavedCpu::from),
+            fs_base: t.fs_base,
+            sigmask: t.sigmask,
+            altstack: t.altstack,
+            clear_tid: t.clear_tid,
+            pending: t.pending.iter().map(|&s| s.into()).collect(),
+            frames: t.frames.iter().map(SigFrame::from).collect(),
+            wait: t.wait.as_ref().map(Wait::from),
+            restore_mask: t.restore_mask,
+            restart: t.restart,
+        }
+    }
+}
+
+impl From<&thread::SavedCpu> for SavedCpu {
+    fn from(c: &thread::SavedCpu) -> SavedCpu {
+        SavedCpu { regs: c.regs, xsave: c.xsave.clone() }
+    }
+}
+
+impl From<&thread::SigFrame> for SigFrame {
+    fn from(f: &thread::SigFrame) -> SigFrame {
+        SigFrame { cpu: SavedCpu::from(&f.cpu), mask: f.mask, frame: f.frame }
+    }
+}
+
+impl From<thread::SigInfo> for SigInfo {
+    fn from(s: thread::SigInfo) -> SigInfo {
+        SigInfo { signo: s.signo, code: s.code, pid: s.pid, timer_id: s.timer_id, overrun: s.overrun, value: s.value }
+    }
+}
+
+/// When the wait began is not recorded (it only orders the waits of one run).
+impl From<&thread::Wait> for Wait {
+    fn from(w: &thread::Wait) -> Wait {
+        let kind = match w.kind {
+            thread::WaitKind::Futex { addr, bitset } => WaitKind::Futex { addr, bitset },
+            thread::WaitKind::Signal => WaitKind::Signal,
+            thread::WaitKind::Time => WaitKind::Time,
+            thread::WaitKind::Other => WaitKind::Other,
+            thread::WaitKind::Agent => WaitKind::Agent,
+        };
+        Wait { regs: w.regs, deadline: w.deadline, on_timeout: w.on_timeout, kind, woken: w.woken }
+    }
+}
+
+impl From<&thread::Timer> for Timer {
+    fn from(t: &thread::Timer) -> Timer {
+        Timer {
+            id: t.id,
+            clock: t.clock,
+            signo: t.signo,
+            tid: t.tid,
+            silent: t.silent,
+            value: t.value,
+            expiry: t.expiry,
+            interval_ns: t.interval_ns,
+            overrun: t.overrun,
+        }
+    }
+}
+
+/// The threads as restored, unchecked (`Threads::validate` checks them),
+/// the run clock stopped.
+impl From<Threads> for thread::Threads {
+    fn from(t: Threads) -> thread::Threads {
+        thread::Threads {
+            list: t.list.into_iter().map(thread::Thread::from).collect(),
+            cur: t.cur,
+            next_tid: t.next_tid,
+            pending: t.pending.into_iter().map(thread::SigInfo::from).collect(),
+            timers: t.timers.into_iter().map(thread::Timer::from).collect(),
+            itimer_real: t.itimer_real.map(thread::Timer::from),
+            clock: thread::RunClock::stopped_at(t.clock.ns),
+        }
+    }
+}
+
+/// No blocked write has written part of its bytes.
+impl From<Thread> for thread::Thread {
+    fn from(t: Thread) -> thread::Thread {
+        thread::Thread {
+            tid: t.tid,
+            cpu: t.cpu.map(thread::SavedCpu::from),
+            fs_base: t.fs_base,
+            sigmask: t.sigmask,
+            altstack: t.altstack,
+            clear_tid: t.clear_tid,
+            pending: t.pending.into_iter().map(thread::SigInfo::from).collect(),
+            frames: t.frames.into_iter().map(thread::SigFrame::from).collect(),
+            wait: t.wait.map(thread::Wait::from),
+            restore_mask: t.restore_mask,
+            restart: t.restart,
+            written: 0,
+        }
+    }
+}
+
+impl From<SavedCpu> for thread::SavedCpu {
+    fn from(c: SavedCpu) -> thread::SavedCpu {
+        thread::SavedCpu { regs: c.regs, xsave: c.xsave }
+    }
+}
+
+impl From<SigFrame> for thread::SigFrame {
+    fn from(f: SigFrame) -> thread::SigFrame {
+        thread::SigFrame { cpu: f.cpu.into(), mask: f.mask, frame: f.frame }
+    }
+}
+
+impl From<SigInfo> for thread::SigInfo {
+    fn from(s: SigInfo) -> thread::SigInfo {
+        thread::SigInfo {
+            signo: s.signo,
+            code: s.code,
+            pid: s.pid,
+            timer_id: s.timer_id,
+            overrun: s.overrun,
+            value: s.value,
+        }
+    }
+}
+
+/// A restored wait ranks before every wait begun since (it began before them).
+impl From<Wait> for thread::Wait {
+    fn from(w: Wait) -> thread::Wait {
+        let kind = match w.kind {
+            WaitKind::Futex { addr, bitset } => thread::WaitKind::Futex { addr, bitset },
+            WaitKind::Signal => thread::WaitKind::Signal,
+            WaitKind::Time => thread::WaitKind::Time,
+            WaitKind::Other => thread::WaitKind::Other,
+            WaitKind::Agent => thread::WaitKind::Agent,
+        };
+        thread::Wait { regs: w.regs, deadline: w.deadline, on_timeout: w.on_timeout, kind, woken: w.woken, since: 0 }
+    }
+}
+
+impl From<Timer> for thread::Timer {
+    fn from(t: Timer) -> thread::Timer {
+        thread::Timer {
+            id: t.id,
+            clock: t.clock,
+            signo: t.signo,
+            tid: t.tid,
+            silent: t.silent,
+            value: t.value,
+            expiry: t.expiry,
+            interval_ns: t.interval_ns,
+            overrun: t.overrun,
         }
     }
 }

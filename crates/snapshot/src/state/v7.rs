@@ -5,12 +5,11 @@
 use std::sync::Arc;
 
 use forkbox_linux::fd::FdTable;
-use forkbox_linux::thread::Threads;
 use serde::{Deserialize, Serialize};
 
 use super::v4::{ExecInfo, MemoryMap, Signals};
 use super::v6::Snapshot;
-use super::v6::{Ino, VfsState};
+use super::v6::{Ino, Threads, VfsState};
 use super::{v6, StateError};
 
 #[derive(Deserialize)]

@@ -3,12 +3,11 @@
 //! after a restore). Frozen: never edit these types.
 
 use forkbox_linux::fd::FdTable;
-use forkbox_linux::thread::Threads;
 use serde::Deserialize;
 
 use super::v4::{ExecInfo, MemoryMap, Signals};
 use super::v6::Snapshot;
-use super::v6::{Ino, VfsState};
+use super::v6::{Ino, Threads, VfsState};
 use super::v7::Creds;
 use super::{v7, StateError};
 

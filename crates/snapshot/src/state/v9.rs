@@ -7,12 +7,11 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use forkbox_linux::fd::FdTable;
-use forkbox_linux::thread::Threads;
 use serde::{Deserialize, Serialize};
 
 use super::v4::{ExecInfo, MemoryMap, Signals};
 use super::v6::Snapshot;
-use super::v6::{Ino, VfsState};
+use super::v6::{Ino, Threads, VfsState};
 use super::v7::Creds;
 use super::{v8, StateError};
 
@@ -67,7 +66,7 @@ pub(super) struct ProcessRef<'a> {
     pub fs_base: u64,
     pub tid_address: u64,
     pub umask: u32,
-    pub threads: &'a Threads,
+    pub threads: Threads,
     pub exec_info: ExecInfo,
     pub creds: Creds,
     pub owners: &'a [(Ino, u32, u32)],
