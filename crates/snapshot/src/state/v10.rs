@@ -7,24 +7,25 @@
 //! and writes a [`crate::Snapshot`] through the same shape. Of the process
 //! state, the file system overlay (`VfsState`, [`super::v6`]), the memory
 //! map, signals and exec info ([`super::v4`]), the threads ([`super::v6`]),
-//! the credentials ([`super::v7`]) and the listeners ([`super::v9`]) have
-//! their own persisted types and conversions below; the other parts (fd
-//! table and its objects, the children) are still written as the serde form
+//! the credentials ([`super::v7`]), the listeners ([`super::v9`]) and the
+//! other processes (here) have their own persisted types and conversions
+//! below; the fd table and its objects are still written as the serde form
 //! of their live types.
 
+use forkbox_linux::fd::FdTable;
 use forkbox_linux::vfs as live;
-use forkbox_linux::{creds, mm, net, process, thread};
-use forkbox_vmm::regs::VcpuRecord;
+use forkbox_linux::{creds, mm, net, process, procs, thread};
+use forkbox_vmm::regs::{Regs, VcpuRecord};
 use serde::{Deserialize, Serialize};
 
 use super::v4::{ExecInfo, MemoryMap, Signals, Vma, VmaKind};
 use super::v6::{
-    BodyState, DevKind, FileBytes, FileState, NodeState, RunClock, SavedCpu, SigFrame, SigInfo, Thread, Threads, Timer,
-    VfsState, Wait, WaitKind,
+    BodyState, DevKind, FileBytes, FileState, Ino, NodeState, RunClock, SavedCpu, SigFrame, SigInfo, Thread, Threads,
+    Timer, VfsState, Wait, WaitKind,
 };
 use super::v7::{Creds, Ids};
 use super::v9::{ListenerState, Process, ProcessRef};
-use super::{v6, Children, StateError};
+use super::{v6, MemoryRef, StateError};
 use crate::cpu::CpuFingerprint;
 use crate::files::FileTable;
 use crate::memory::MemoryStats;
@@ -51,7 +52,106 @@ pub(super) struct SnapshotRef<'a> {
     pub memory: &'a MemoryStats,
     pub info: &'a str,
     pub files: &'a FileTable,
-    pub children: &'a Children,
+    pub children: ChildrenRef<'a>,
+}
+
+/// The sandbox's processes besides the agent's.
+#[derive(Default, Deserialize)]
+pub(super) struct Children {
+    /// The process table (None: the agent's process alone).
+    pub table: Option<ProcTableState>,
+    /// The running children, in the scheduler's round-robin order.
+    pub processes: Vec<ChildRecord>,
+}
+
+/// [`Children`] for writing.
+#[derive(Serialize)]
+pub(super) struct ChildrenRef<'a> {
+    pub table: Option<ProcTableState>,
+    pub processes: Vec<ChildRecordRef<'a>>,
+}
+
+/// One running child: its own kernel state, its vCPU, where its current
+/// thread stands, and where its memory layers are.
+#[derive(Deserialize)]
+pub(super) struct ChildRecord {
+    pub process: ChildState,
+    pub vcpu: VcpuRecord,
+    pub pending_user: Option<Regs>,
+    pub in_stub: bool,
+    pub memory: Vec<MemoryRef>,
+    pub on_template: bool,
+}
+
+/// [`ChildRecord`] for writing, the vCPU and memory references borrowed.
+#[derive(Serialize)]
+pub(super) struct ChildRecordRef<'a> {
+    pub process: ChildStateRef<'a>,
+    pub vcpu: &'a VcpuRecord,
+    pub pending_user: Option<Regs>,
+    pub in_stub: bool,
+    pub memory: &'a [MemoryRef],
+    pub on_template: bool,
+}
+
+/// What a child process has of its own (the file system, descriptions and
+/// run clock are the agent's record's); `fds` names descriptions of the
+/// agent's table.
+#[derive(Deserialize)]
+pub(super) struct ChildState {
+    pub pid: u32,
+    pub mm: MemoryMap,
+    pub fds: FdTable,
+    pub cwd: Ino,
+    pub signals: Signals,
+    pub fs_base: u64,
+    pub tid_address: u64,
+    pub umask: u32,
+    pub threads: Threads,
+    pub exec_info: ExecInfo,
+    pub creds: Creds,
+}
+
+/// [`ChildState`] for writing, the fd table borrowed.
+#[derive(Serialize)]
+pub(super) struct ChildStateRef<'a> {
+    pub pid: u32,
+    pub mm: MemoryMap,
+    pub fds: &'a FdTable,
+    pub cwd: Ino,
+    pub signals: Signals,
+    pub fs_base: u64,
+    pub tid_address: u64,
+    pub umask: u32,
+    pub threads: Threads,
+    pub exec_info: ExecInfo,
+    pub creds: Creds,
+}
+
+/// The process table: every entry (zombies not yet waited for included)
+/// by pid, and the next pid to give out.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcTableState {
+    pub entries: Vec<(u32, Entry)>,
+    pub next_pid: u32,
+}
+
+/// One process of the table.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    pub ppid: u32,
+    pub pgid: u32,
+    pub sid: u32,
+    pub nice: i8,
+    /// Set once it ended (a zombie until its parent reaps it).
+    pub exit: Option<Exit>,
+}
+
+/// How a process ended (variant order is the format).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Exit {
+    Code(i32),
+    Signal(i32),
 }
 
 pub(super) fn read(payload: &[u8]) -> Result<Snapshot, StateError> {
@@ -100,7 +200,7 @@ impl From<Snapshot> for crate::Snapshot {
             memory: s.memory,
             info: s.info,
             files: s.files,
-            children: s.children,
+            children: s.children.into(),
         }
     }
 }
@@ -131,7 +231,7 @@ impl<'a> From<&'a crate::Snapshot> for SnapshotRef<'a> {
             memory: &s.memory,
             info: &s.info,
             files: &s.files,
-            children: &s.children,
+            children: ChildrenRef::from(&s.children),
         }
     }
 }
@@ -534,5 +634,125 @@ impl From<Timer> for thread::Timer {
             interval_ns: t.interval_ns,
             overrun: t.overrun,
         }
+    }
+}
+
+impl<'a> From<&'a super::Children> for ChildrenRef<'a> {
+    fn from(c: &'a super::Children) -> ChildrenRef<'a> {
+        ChildrenRef {
+            table: c.table.as_ref().map(ProcTableState::from),
+            processes: c.processes.iter().map(ChildRecordRef::from).collect(),
+        }
+    }
+}
+
+impl<'a> From<&'a super::ChildRecord> for ChildRecordRef<'a> {
+    fn from(c: &'a super::ChildRecord) -> ChildRecordRef<'a> {
+        ChildRecordRef {
+            process: ChildStateRef::from(&c.process),
+            vcpu: &c.vcpu,
+            pending_user: c.pending_user,
+            in_stub: c.in_stub,
+            memory: &c.memory,
+            on_template: c.on_template,
+        }
+    }
+}
+
+impl<'a> From<&'a process::ChildState> for ChildStateRef<'a> {
+    fn from(p: &'a process::ChildState) -> ChildStateRef<'a> {
+        ChildStateRef {
+            pid: p.pid,
+            mm: MemoryMap::from(&p.mm),
+            fds: &p.fds,
+            cwd: p.cwd,
+            signals: Signals::from(&p.signals),
+            fs_base: p.fs_base,
+            tid_address: p.tid_address,
+            umask: p.umask,
+            threads: Threads::from(&p.threads),
+            exec_info: ExecInfo::from(&p.exec_info),
+            creds: Creds::from(&p.creds),
+        }
+    }
+}
+
+impl From<&procs::ProcTableState> for ProcTableState {
+    fn from(t: &procs::ProcTableState) -> ProcTableState {
+        ProcTableState {
+            entries: t.entries.iter().map(|(pid, e)| (*pid, Entry::from(e))).collect(),
+            next_pid: t.next_pid,
+        }
+    }
+}
+
+impl From<&procs::Entry> for Entry {
+    fn from(e: &procs::Entry) -> Entry {
+        let exit = e.exit.map(|x| match x {
+            procs::Exit::Code(c) => Exit::Code(c),
+            procs::Exit::Signal(s) => Exit::Signal(s),
+        });
+        Entry { ppid: e.ppid, pgid: e.pgid, sid: e.sid, nice: e.nice, exit }
+    }
+}
+
+impl From<Children> for super::Children {
+    fn from(c: Children) -> super::Children {
+        super::Children {
+            table: c.table.map(procs::ProcTableState::from),
+            processes: c.processes.into_iter().map(super::ChildRecord::from).collect(),
+        }
+    }
+}
+
+impl From<ChildRecord> for super::ChildRecord {
+    fn from(c: ChildRecord) -> super::ChildRecord {
+        super::ChildRecord {
+            process: c.process.into(),
+            vcpu: c.vcpu,
+            pending_user: c.pending_user,
+            in_stub: c.in_stub,
+            memory: c.memory,
+            on_template: c.on_template,
+        }
+    }
+}
+
+/// The child as restored, unchecked (`Process::restore_child` checks it).
+impl From<ChildState> for process::ChildState {
+    fn from(p: ChildState) -> process::ChildState {
+        process::ChildState {
+            pid: p.pid,
+            mm: p.mm.into(),
+            fds: p.fds,
+            cwd: p.cwd,
+            signals: p.signals.into(),
+            fs_base: p.fs_base,
+            tid_address: p.tid_address,
+            umask: p.umask,
+            threads: p.threads.into(),
+            exec_info: p.exec_info.into(),
+            creds: p.creds.into(),
+        }
+    }
+}
+
+/// The table as restored, unchecked (`ProcTable::restore_state` checks it).
+impl From<ProcTableState> for procs::ProcTableState {
+    fn from(t: ProcTableState) -> procs::ProcTableState {
+        procs::ProcTableState {
+            entries: t.entries.into_iter().map(|(pid, e)| (pid, procs::Entry::from(e))).collect(),
+            next_pid: t.next_pid,
+        }
+    }
+}
+
+impl From<Entry> for procs::Entry {
+    fn from(e: Entry) -> procs::Entry {
+        let exit = e.exit.map(|x| match x {
+            Exit::Code(c) => procs::Exit::Code(c),
+            Exit::Signal(s) => procs::Exit::Signal(s),
+        });
+        procs::Entry { ppid: e.ppid, pgid: e.pgid, sid: e.sid, nice: e.nice, exit }
     }
 }
