@@ -22,7 +22,7 @@ use imbl::OrdMap;
 use crate::errno::Errno;
 use crate::layout::*;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum VmaKind {
     Anon,
     /// A private copy of file content (the bytes were copied in at mmap time).
@@ -57,16 +57,15 @@ impl Vma {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Vma {
     pub end: u64,
     pub prot: u32,
     pub kind: VmaKind,
 }
 
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct MemoryMap {
-    #[serde(with = "crate::serde_map")]
     vmas: OrdMap<u64, Vma>,
     pub brk_start: u64,
     pub brk: u64,
