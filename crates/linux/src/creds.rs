@@ -14,8 +14,6 @@
 
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
-
 use crate::errno::Errno;
 
 /// Most supplementary groups a process may have (Linux's NGROUPS_MAX).
@@ -24,7 +22,7 @@ pub const NGROUPS_MAX: usize = 65536;
 pub const KEEP: u32 = u32::MAX;
 
 /// One kind of id (user or group): real, effective, saved set-id, file system.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Ids {
     pub real: u32,
     pub effective: u32,
@@ -108,7 +106,7 @@ impl Ids {
     }
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Creds {
     pub uid: Ids,
     pub gid: Ids,

@@ -22,7 +22,7 @@ use imbl::OrdMap;
 use crate::errno::Errno;
 use crate::layout::*;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum VmaKind {
     Anon,
     /// A private copy of file content (the bytes were copied in at mmap time).
@@ -57,16 +57,15 @@ impl Vma {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Vma {
     pub end: u64,
     pub prot: u32,
     pub kind: VmaKind,
 }
 
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct MemoryMap {
-    #[serde(with = "crate::serde_map")]
     vmas: OrdMap<u64, Vma>,
     pub brk_start: u64,
     pub brk: u64,
@@ -94,6 +93,20 @@ fn charged(prot: u32, len: u64) -> u64 {
 impl MemoryMap {
     pub fn new(limit: u64) -> MemoryMap {
         MemoryMap { vmas: OrdMap::new(), brk_start: 0, brk: 0, committed: 0, limit }
+    }
+
+    /// A map as a saved state records it: its mappings by start address
+    /// (one per start; a later one replaces an earlier one), heap, committed
+    /// bytes and limit, unchecked (`validate` checks it, `recount` applies
+    /// today's counting rule).
+    pub fn from_saved(
+        vmas: impl IntoIterator<Item = (u64, Vma)>,
+        brk_start: u64,
+        brk: u64,
+        committed: u64,
+        limit: u64,
+    ) -> MemoryMap {
+        MemoryMap { vmas: vmas.into_iter().collect(), brk_start, brk, committed, limit }
     }
 
     pub fn committed(&self) -> u64 {

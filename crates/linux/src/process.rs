@@ -4,7 +4,6 @@
 use std::sync::Arc;
 
 use forkbox_image::Image;
-use serde::{Deserialize, Serialize};
 
 use crate::creds::Creds;
 use crate::fd::FdTable;
@@ -20,7 +19,7 @@ pub const NSIG: usize = crate::thread::NSIG as usize;
 /// `struct sigaction` as the kernel ABI has it (handler, flags, restorer, mask).
 pub type SigAction = [u8; 32];
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Signals {
     /// Index = signal number (0 unused).
     pub actions: Arc<Vec<SigAction>>,
@@ -58,14 +57,15 @@ pub struct Process {
     pub creds: Creds,
 }
 
-/// A `Process` as written into a snapshot's state file. Its shape (and that
-/// of everything in it but `vfs`, whose persisted shape is forkbox-snapshot's
-/// own) is part of the state file format: a change to it bumps
-/// `forkbox_snapshot::FORMAT_VERSION` and keeps a reader for the previous
-/// version (crates/snapshot/tests/golden.rs fails until then).
+/// A `Process` as a snapshot's state file records it. forkbox-snapshot
+/// converts it to and from its own persisted shapes; the parts it still
+/// writes as their serde form (`fds`) are part of the state file
+/// format: a change to one bumps `forkbox_snapshot::FORMAT_VERSION` and keeps
+/// a reader for the previous version (crates/snapshot/tests/golden.rs fails
+/// until then).
 /// Register sets it holds use the persisted records of `forkbox_vmm::regs`,
 /// never kvm-bindings types.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ProcessState {
     pub mm: MemoryMap,
     pub fds: FdTable,
@@ -94,7 +94,7 @@ pub struct ProcessState {
 /// the objects behind them, the run clock) is in the agent's record; `fds`
 /// holds only this process' descriptors (fd -> description id), with no
 /// descriptions of its own.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ChildState {
     pub pid: u32,
     pub mm: MemoryMap,
@@ -110,7 +110,7 @@ pub struct ChildState {
 }
 
 /// The program a process runs, as execve got it.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ExecInfo {
     pub exe: Arc<[u8]>,
     /// argv, NUL-terminated strings back to back.

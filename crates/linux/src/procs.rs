@@ -30,7 +30,7 @@ pub const CLD_EXITED: i32 = 1;
 pub const CLD_KILLED: i32 = 2;
 
 /// How a process ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Exit {
     Code(i32),
     Signal(i32),
@@ -53,7 +53,7 @@ impl Exit {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Entry {
     pub ppid: u32,
     pub pgid: u32,
@@ -85,7 +85,7 @@ impl Default for ProcTable {
 
 /// The process table as a checkpoint records it (state format 10): every
 /// entry (zombies not yet waited for included) and the next pid to give out.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ProcTableState {
     pub entries: Vec<(u32, Entry)>,
     pub next_pid: u32,

@@ -23,7 +23,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use forkbox_vmm::regs::{Regs, Xsave};
-use serde::{Deserialize, Serialize};
 
 use crate::errno::Errno;
 
@@ -68,14 +67,24 @@ pub const fn sigbit(sig: i32) -> u64 {
 pub const UNBLOCKABLE: u64 = sigbit(SIGKILL) | sigbit(SIGSTOP);
 
 /// The run clock: guest running time in nanoseconds (see the module docs).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct RunClock {
     base_ns: u64,
-    #[serde(skip)]
     started: Option<Instant>,
 }
 
 impl RunClock {
+    /// A stopped clock at `ns` of running time (as a checkpoint records it).
+    pub fn stopped_at(ns: u64) -> RunClock {
+        RunClock { base_ns: ns, started: None }
+    }
+
+    /// The running time up to the last stop: what a checkpoint records (a
+    /// parked sandbox's clock is stopped).
+    pub fn stopped_ns(&self) -> u64 {
+        self.base_ns
+    }
+
     pub fn now(&self) -> u64 {
         let run = self.started.map_or(0, |s| s.elapsed().as_nanos().min(u64::MAX as u128) as u64);
         self.base_ns.saturating_add(run)
@@ -106,7 +115,7 @@ impl RunClock {
 }
 
 /// A thread's user-mode CPU state while it is off the vCPU.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct SavedCpu {
     pub regs: Regs,
     /// The KVM_GET_XSAVE image (shared: a fork's clone copies no XSAVE bytes).
@@ -114,7 +123,7 @@ pub struct SavedCpu {
 }
 
 /// A signal handler frame in flight (the state `rt_sigreturn` restores).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct SigFrame {
     pub cpu: SavedCpu,
     pub mask: u64,
@@ -123,7 +132,7 @@ pub struct SigFrame {
 }
 
 /// What `rt_sigtimedwait` / the frame's siginfo report about a signal.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SigInfo {
     pub signo: i32,
     pub code: i32,
@@ -156,7 +165,7 @@ impl SigInfo {
 }
 
 /// What a blocked thread waits for.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum WaitKind {
     /// A futex wake on `addr` matching `bitset`.
     Futex { addr: u64, bitset: u32 },
@@ -174,7 +183,7 @@ pub enum WaitKind {
 
 /// A blocked syscall: re-run with the same registers until it completes,
 /// `on_timeout` at `deadline`.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug)]
 pub struct Wait {
     /// The syscall's registers.
     pub regs: Regs,
@@ -188,7 +197,6 @@ pub struct Wait {
     /// When the wait began, in [`WAIT_ORDER`]'s order: futex wakes go to the
     /// longest waiter first. Not state (a checkpoint does not keep it): a
     /// restored wait ranks before every wait begun since.
-    #[serde(skip)]
     pub since: u64,
 }
 
@@ -216,7 +224,7 @@ impl PartialEq for Wait {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Thread {
     pub tid: Tid,
     /// None while on the vCPU (or while its state is the vCPU's, e.g. parked).
@@ -240,7 +248,6 @@ pub struct Thread {
     /// larger than its room writes what fits, then waits for the rest): a
     /// signal ends the call with this count instead of EINTR. Not state: a
     /// checkpoint ends such a wait with the count (`Threads::for_checkpoint`).
-    #[serde(skip)]
     pub written: u64,
 }
 
@@ -251,7 +258,7 @@ impl Thread {
 }
 
 /// A POSIX timer (timer_create) or ITIMER_REAL (id -1).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Timer {
     pub id: i32,
     pub clock: i32,
@@ -275,7 +282,7 @@ impl Timer {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Threads {
     pub list: Vec<Thread>,
     /// Index of the thread whose syscall is being handled (and, between

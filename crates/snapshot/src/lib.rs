@@ -11,7 +11,8 @@
 //!   Its payload's shape is this crate's: one module per format version
 //!   (`state/v4.rs` ... `state/v10.rs`) reads its own shape and upgrades it
 //!   to the next; the current one converts to and from the live types of
-//!   forkbox-linux (see `state`).
+//!   forkbox-linux (see `state`). The fd table and its objects are the one
+//!   part still written as the serde form of forkbox-linux's types.
 //!
 //! - a template bundle (`bundle`): a template directory as one file, holes
 //!   left out, to share it through an object store.

@@ -6,9 +6,11 @@
 //! converts its shape to and from the live types ([`Snapshot`]: the memory
 //! map, fd table, VFS state... of forkbox-linux). A shape that did not change
 //! is defined once, in the version that introduced it, and named by the
-//! later ones. The file system overlay's shape (`v4::VfsState`, then
-//! `v6::VfsState`) is the snapshot crate's own; the other parts of the
-//! process state are still the serde form of their live types.
+//! later ones. The shapes of the file system overlay (`v4::VfsState`, then
+//! `v6::VfsState`), the memory map, signals and exec info (`v4`), the
+//! threads (`v6`), the credentials (`v7`), the listeners (`v9`) and the
+//! other processes (`v10`) are the snapshot crate's own; the fd table and
+//! its objects are still the serde form of their live types.
 //!
 //! When the payload's shape changes (any field of `Snapshot`, `VcpuRecord`,
 //! `CpuFingerprint`, `MemoryStats` or the process state it embeds), bump
@@ -148,7 +150,7 @@ pub struct Snapshot {
 
 /// The processes of a checkpointed sandbox besides the agent's, all parked
 /// at the same point between two scheduler slices.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Children {
     /// The process table (None: there were no other processes; the table is
     /// the agent's process alone).
@@ -165,7 +167,7 @@ impl Children {
 
 /// One running child process: its own kernel state, its vCPU, where its
 /// current thread stands, and its memory.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ChildRecord {
     pub process: forkbox_linux::process::ChildState,
     pub vcpu: VcpuRecord,

@@ -8,7 +8,6 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use crate::errno::Errno;
-use serde::{Deserialize, Serialize};
 use socket2::{Domain, Socket, Type};
 
 use super::ports::{
@@ -39,7 +38,7 @@ pub struct Packet {
 /// port table of a restored sandbox under the same socket id (the fd table
 /// names it by that id). Its queued connections are not recorded: they were
 /// host sockets, which read as reset after a restore.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ListenerState {
     pub id: u64,
     /// AF_INET or AF_INET6.

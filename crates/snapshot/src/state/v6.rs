@@ -5,14 +5,14 @@
 //! so a version 5 payload reads as this shape). No credentials (every
 //! process was root). Frozen: never edit these types.
 
+use std::sync::Arc;
+
 use forkbox_linux::fd::FdTable;
-use forkbox_linux::mm::MemoryMap;
-use forkbox_linux::process::{ExecInfo, Signals};
-use forkbox_linux::thread::Threads;
-use forkbox_vmm::regs::VcpuRecord;
+use forkbox_vmm::regs::{Regs, VcpuRecord, Xsave};
 use serde::{Deserialize, Serialize};
 
 pub(super) use super::v4::{DevKind, FileBytes, Ino};
+use super::v4::{ExecInfo, MemoryMap, Signals};
 use super::{v4, StateError};
 use crate::cpu::CpuFingerprint;
 use crate::memory::MemoryStats;
@@ -57,6 +57,153 @@ pub(super) struct Process {
     pub umask: u32,
     pub threads: Threads,
     pub exec_info: ExecInfo,
+}
+
+/// The process' threads, its pending signals, timers and run clock.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Threads {
+    pub list: Vec<Thread>,
+    /// Index (in `list`) of the thread on the vCPU.
+    pub cur: usize,
+    pub next_tid: u32,
+    /// Process-directed signals not yet taken by a thread.
+    pub pending: Vec<SigInfo>,
+    /// POSIX timers and the CPU-time interval timers.
+    pub timers: Vec<Timer>,
+    pub itimer_real: Option<Timer>,
+    pub clock: RunClock,
+}
+
+/// One thread. The one on the vCPU has no saved CPU state, and its mask,
+/// altstack, FS base and clear-child-tid here are stale (the process' are
+/// its own).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Thread {
+    pub tid: u32,
+    pub cpu: Option<SavedCpu>,
+    pub fs_base: u64,
+    pub sigmask: u64,
+    /// `stack_t` as the kernel ABI has it.
+    pub altstack: [u8; 24],
+    pub clear_tid: u64,
+    /// Signals sent to this thread.
+    pub pending: Vec<SigInfo>,
+    /// Signal handler frames in flight, oldest first.
+    pub frames: Vec<SigFrame>,
+    /// The blocked call it is in.
+    pub wait: Option<Wait>,
+    /// The mask to go back to after a wait that changed it.
+    pub restore_mask: Option<u64>,
+    /// A signal ended its blocked call `nr`: restarted (true) or EINTR.
+    pub restart: Option<(u64, bool)>,
+}
+
+/// A thread's user-mode CPU state while it is off the vCPU.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SavedCpu {
+    pub regs: Regs,
+    /// Shared with the live thread it was saved from or is restored into.
+    pub xsave: Arc<Xsave>,
+}
+
+/// A signal handler frame in flight (the state `rt_sigreturn` restores).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SigFrame {
+    pub cpu: SavedCpu,
+    pub mask: u64,
+    /// The guest address of the frame.
+    pub frame: u64,
+}
+
+/// A queued signal, as `siginfo_t` reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SigInfo {
+    pub signo: i32,
+    pub code: i32,
+    pub pid: i32,
+    pub timer_id: i32,
+    pub overrun: i32,
+    pub value: u64,
+}
+
+/// A blocked syscall: its registers, the run-clock deadline and its result
+/// then (Ok(value) or Err(errno)), what it waits for, whether a futex wake
+/// came.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Wait {
+    pub regs: Regs,
+    pub deadline: Option<u64>,
+    pub on_timeout: Result<u64, i32>,
+    pub kind: WaitKind,
+    pub woken: bool,
+}
+
+/// What a blocked thread waits for (variant order is the format).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WaitKind {
+    Futex {
+        addr: u64,
+        bitset: u32,
+    },
+    Signal,
+    Time,
+    Other,
+    /// The agent's main thread parked between two calls. Never written (the
+    /// main thread is back on the vCPU before a checkpoint); it decodes as
+    /// it always has.
+    Agent,
+}
+
+/// A POSIX timer, ITIMER_REAL (id -1) or a CPU-time interval timer (ids -2, -3).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Timer {
+    pub id: i32,
+    pub clock: i32,
+    pub signo: i32,
+    /// SIGEV_THREAD_ID target, else process-directed.
+    pub tid: Option<u32>,
+    /// SIGEV_NONE: never signals.
+    pub silent: bool,
+    pub value: u64,
+    /// Run-clock expiry (a CPU-time timer: the CPU nanoseconds left); None: disarmed.
+    pub expiry: Option<u64>,
+    pub interval_ns: u64,
+    pub overrun: i32,
+}
+
+/// The run clock: nanoseconds the guest has run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunClock {
+    pub ns: u64,
+}
+
+/// A version 4 process' threads: its main thread alone (tid 2, on the vCPU,
+/// no signal stack), no pending signals or timers, the clock at 0.
+fn one_thread() -> Threads {
+    let mut altstack = [0; 24];
+    altstack[8] = 2; // SS_DISABLE
+    let main = Thread {
+        tid: 2,
+        cpu: None,
+        fs_base: 0,
+        sigmask: 0,
+        altstack,
+        clear_tid: 0,
+        pending: Vec::new(),
+        frames: Vec::new(),
+        wait: None,
+        restore_mask: None,
+        restart: None,
+    };
+    Threads {
+        list: vec![main],
+        cur: 0,
+        next_tid: 3,
+        pending: Vec::new(),
+        timers: Vec::new(),
+        itimer_real: None,
+        clock: RunClock { ns: 0 },
+    }
 }
 
 /// The file system overlay: everything but the image (referenced by id).
@@ -173,7 +320,7 @@ impl From<v4::Snapshot> for Snapshot<Process> {
             fs_base: p.fs_base,
             tid_address: p.tid_address,
             umask: p.umask,
-            threads: Threads::default(),
+            threads: one_thread(),
             exec_info: p.exec_info,
         };
         Snapshot {

@@ -2,15 +2,14 @@
 //! groups); a pipe's capacity (the fd table's objects read both pipe shapes).
 //! No file owners (every file was 0:0). Frozen: never edit these types.
 
-use forkbox_linux::creds::Creds;
-use forkbox_linux::fd::FdTable;
-use forkbox_linux::mm::MemoryMap;
-use forkbox_linux::process::{ExecInfo, Signals};
-use forkbox_linux::thread::Threads;
-use serde::Deserialize;
+use std::sync::Arc;
 
+use forkbox_linux::fd::FdTable;
+use serde::{Deserialize, Serialize};
+
+use super::v4::{ExecInfo, MemoryMap, Signals};
 use super::v6::Snapshot;
-use super::v6::{Ino, VfsState};
+use super::v6::{Ino, Threads, VfsState};
 use super::{v6, StateError};
 
 #[derive(Deserialize)]
@@ -26,6 +25,33 @@ pub(super) struct Process {
     pub threads: Threads,
     pub exec_info: ExecInfo,
     pub creds: Creds,
+}
+
+/// A process' credentials.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Creds {
+    pub uid: Ids,
+    pub gid: Ids,
+    /// Supplementary groups, sorted.
+    pub groups: Arc<[u32]>,
+}
+
+/// One kind of id (user or group): real, effective, saved set-id, file system.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ids {
+    pub real: u32,
+    pub effective: u32,
+    pub saved: u32,
+    pub fs: u32,
+}
+
+/// Root's, which every process of an older version was: all ids 0, no
+/// supplementary groups.
+impl Default for Creds {
+    fn default() -> Creds {
+        let root = Ids { real: 0, effective: 0, saved: 0, fs: 0 };
+        Creds { uid: root, gid: root, groups: Arc::from(Vec::new()) }
+    }
 }
 
 pub(super) fn read(payload: &[u8]) -> Result<Snapshot<Process>, StateError> {

@@ -2,15 +2,13 @@
 //! 0:0). No listening sockets (they were not recorded: they read as reset
 //! after a restore). Frozen: never edit these types.
 
-use forkbox_linux::creds::Creds;
 use forkbox_linux::fd::FdTable;
-use forkbox_linux::mm::MemoryMap;
-use forkbox_linux::process::{ExecInfo, Signals};
-use forkbox_linux::thread::Threads;
 use serde::Deserialize;
 
+use super::v4::{ExecInfo, MemoryMap, Signals};
 use super::v6::Snapshot;
-use super::v6::{Ino, VfsState};
+use super::v6::{Ino, Threads, VfsState};
+use super::v7::Creds;
 use super::{v7, StateError};
 
 #[derive(Deserialize)]
