@@ -343,6 +343,16 @@ def test_a_new_sandboxs_setup_rides_with_its_first_call(e2b_server):
 
         # A command first: the same setup, in the command's own exec.
         assert b.commands.run("pwd; echo $HOME $FIRST").stdout == "/home/user\n/home/user two\n"
+        # An execution's env_vars are undone before the next call, whatever it is.
+        assert b.run_code("import os; os.environ['FIRST'], os.environ['ONE']", envs={"FIRST": "x", "ONE": "1"}).text == "('x', '1')"
+        assert b.commands.run("echo $FIRST ${ONE:-unset}").stdout == "two unset\n"
+        b.run_code("1", envs={"ONE": "2"})
+        assert b.files.write("f.txt", "x").path == "/home/user/f.txt"
+        assert b.run_code("os.environ.get('ONE')").text is None
+        # One checkpoint a call; the upload, which runs no guest code, ran the owed undo first.
+        with forkbox.Forkbox(e2b_server.url, e2b_server.key) as fb:
+            firsts = [cp.code.split("\n")[0] for cp in fb.sessions.get(b.sandbox_id).checkpoints()]
+        assert len(firsts) == 7 and firsts[4] == "# e2b: restore the environment", firsts
 
         # Forks of a sandbox that has not run anything: each is set up on its first call,
         # like the source.

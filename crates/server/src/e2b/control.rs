@@ -507,8 +507,8 @@ async fn fork(
                         cpu_sample: None,
                         last_usage: None,
                     }),
-                    // A fork of a sandbox not set up yet is not either: each runs the setup it has.
-                    setup: Arc::new(tokio::sync::Mutex::new(setup.as_ref().map(|p| p.code().to_string()))),
+                    // A fork owes the guest code its source owes: each runs it on its first call.
+                    setup: Arc::new(tokio::sync::Mutex::new(setup.as_ref().and_then(|p| p.code()).map(str::to_string))),
                 });
                 out.push(json!({ "sandbox": sandbox_json(&rec, state.config.sandbox_domain.as_deref()) }));
             }

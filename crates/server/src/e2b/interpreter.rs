@@ -29,7 +29,7 @@ use tokio::sync::mpsc;
 
 use super::control::py_str;
 use super::error::ConnectError;
-use super::{SandboxRec, HOME};
+use super::{PendingSetup, SandboxRec, HOME};
 use crate::handlers::stream::{Forward, Streamed, CHANNEL};
 use crate::AppState;
 
@@ -183,11 +183,6 @@ fn line(v: &Value) -> Bytes {
     Bytes::from(s)
 }
 
-/// Run a setup exec (the per-execution environment); its Python error is a failure.
-async fn setup_exec(state: &AppState, rec: &SandboxRec, code: String) -> Result<(), ConnectError> {
-    super::control::run_setup(state, &rec.caller(), &rec.id, code).await.map_err(ConnectError::from)
-}
-
 fn env_code(env: &BTreeMap<String, String>) -> String {
     let env = serde_json::to_string(env).unwrap_or_else(|_| "{}".into());
     format!(
@@ -235,11 +230,13 @@ async fn execute(State(state): State<AppState>, Extension(rec): Extension<Arc<Sa
         return from_connect(e.into());
     }
     let env = req.env_vars.unwrap_or_default();
-    // The sandbox's setup if it has not run yet, then this execution's environment: run
-    // by the guest before the code in the same exec.
-    let setup = rec.pending_setup().await;
-    let mut prelude = setup.as_ref().map(|p| p.code().to_string());
-    if !env.is_empty() {
+    // What the sandbox owes the guest (its setup, the undoing of the previous
+    // execution's env_vars), then this execution's env_vars: run by the guest before
+    // the code in the same exec. Their undoing is owed to the next call.
+    let restore = !env.is_empty();
+    let setup = if restore { Some(rec.hold_setup().await) } else { rec.pending_setup().await };
+    let mut prelude = setup.as_ref().and_then(PendingSetup::code).map(str::to_string);
+    if restore {
         prelude.get_or_insert_with(String::new).push_str(&env_code(&env));
     }
     let permit = match crate::fair::acquire_for(&state, &caller, 1).await {
@@ -261,7 +258,7 @@ async fn execute(State(state): State<AppState>, Extension(rec): Extension<Arc<Sa
         let r = st2.runtime.session_exec(&caller.tenant, &rec2.id, code, None, caller.quota(), Some(fwd), permit).await;
         // The guest ran the exec (its prelude too, or the prelude's error is the exec's).
         if let (Ok(_), Some(s)) = (&r, setup) {
-            s.done();
+            s.done(restore.then(|| RESTORE_ENV.to_string()));
         }
         r
     });
@@ -322,11 +319,6 @@ async fn execute(State(state): State<AppState>, Extension(rec): Extension<Arc<Sa
             }
             Err(e) => {
                 events.push(json!({ "type": "error", "name": "internal", "value": e.to_string(), "traceback": "" }))
-            }
-        }
-        if !env.is_empty() {
-            if let Err(e) = setup_exec(&state, &rec, RESTORE_ENV.to_string()).await {
-                tracing::warn!(sandbox = %rec.id, "restoring the environment after an execution: {e}");
             }
         }
         events.push(json!({ "type": "end_of_execution" }));
@@ -436,7 +428,7 @@ globals().pop(_e2b_k, None)\n"
             py_str(id)
         )
     };
-    setup_exec(state, rec, code).await
+    super::control::run_setup(state, &rec.caller(), &rec.id, code).await.map_err(ConnectError::from)
 }
 
 #[cfg(test)]

@@ -88,27 +88,30 @@ pub struct SandboxRec {
     /// Pause instead of kill at the end of its lifetime.
     pub auto_pause: bool,
     pub state: Mutex<RecState>,
-    /// The guest side of E2B's sandbox setup (home, working directory, `envVars`)
-    /// until it has run. It rides with the first `/execute` as that exec's
-    /// prelude, so a new sandbox's first call is one exec and one checkpoint;
-    /// any other call that needs the guest runs it on its own first.
+    /// Guest code owed before the sandbox's next call that needs the guest: E2B's
+    /// sandbox setup (home, working directory, `envVars`) until it has run, and
+    /// the undoing of an execution's `env_vars`. It rides with the next `/execute`
+    /// or command as the start of its exec (so a new sandbox's first call is one
+    /// exec and one checkpoint); any other call that needs the guest runs it on
+    /// its own first.
     setup: Arc<tokio::sync::Mutex<Option<String>>>,
 }
 
-/// A sandbox's setup that has not run yet, held (no other call of the
-/// sandbox runs it meanwhile) until [`PendingSetup::done`] or dropped (still pending).
+/// A sandbox's owed guest code, held (no other call of the sandbox runs it
+/// meanwhile) until [`PendingSetup::done`], or dropped (still owed).
 pub struct PendingSetup {
     guard: tokio::sync::OwnedMutexGuard<Option<String>>,
 }
 
 impl PendingSetup {
-    pub fn code(&self) -> &str {
-        self.guard.as_deref().unwrap_or_default()
+    /// The code owed, if any.
+    pub fn code(&self) -> Option<&str> {
+        self.guard.as_deref()
     }
 
-    /// The setup ran in the guest.
-    pub fn done(mut self) {
-        *self.guard = None;
+    /// The owed code ran in the guest; `then` is owed from now on.
+    pub fn done(mut self, then: Option<String>) {
+        *self.guard = then;
     }
 }
 
@@ -144,17 +147,23 @@ impl SandboxRec {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The setup, if it has not run yet (waits while another call runs it).
+    /// The owed guest code, held, if there is any (waits while another call runs it).
     pub async fn pending_setup(&self) -> Option<PendingSetup> {
         let guard = self.setup.clone().lock_owned().await;
         guard.is_some().then_some(PendingSetup { guard })
     }
 
-    /// Run the setup on its own if it has not run yet.
+    /// The owed guest code, held, whether there is any or not.
+    pub async fn hold_setup(&self) -> PendingSetup {
+        PendingSetup { guard: self.setup.clone().lock_owned().await }
+    }
+
+    /// Run the owed guest code on its own, if there is any.
     pub async fn ensure_setup(&self, state: &AppState) -> Result<(), crate::error::ApiError> {
         if let Some(p) = self.pending_setup().await {
-            control::run_setup(state, &self.caller(), &self.id, p.code().to_string()).await?;
-            p.done();
+            let code = p.code().unwrap_or_default().to_string();
+            control::run_setup(state, &self.caller(), &self.id, code).await?;
+            p.done(None);
         }
         Ok(())
     }

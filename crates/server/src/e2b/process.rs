@@ -34,7 +34,7 @@ use tokio::sync::mpsc;
 
 use super::connect::{self, end, message};
 use super::error::{Code, ConnectError};
-use super::{SandboxRec, HOME};
+use super::{PendingSetup, SandboxRec, HOME};
 use crate::handlers::processes::{follow, Followed};
 use crate::handlers::stream::CHANNEL;
 use crate::AppState;
@@ -179,8 +179,8 @@ async fn start_inner(
     };
     // The sandbox's setup if it has not run yet goes first, in the same exec.
     let setup = rec.pending_setup().await;
-    let code = match &setup {
-        Some(p) => format!("{}{code}", p.code()),
+    let code = match setup.as_ref().and_then(PendingSetup::code) {
+        Some(owed) => format!("{owed}{code}"),
         None => code,
     };
     let Admitted { caller, permit } = admit(&state, &rec, &code).await?;
@@ -191,7 +191,7 @@ async fn start_inner(
         .session_background_command(&caller.tenant, &rec.id, code, None, caller.quota(), false, permit)
         .await?;
     if let Some(p) = setup {
-        p.done();
+        p.done(None);
     }
     let (tx, rx) = mpsc::channel::<Bytes>(CHANNEL);
     let job = match started.started {
