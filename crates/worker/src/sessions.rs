@@ -246,6 +246,8 @@ struct Inner {
     /// Held while a worker is given to a tenant (one at a time: no two for one tenant).
     assigning: Mutex<()>,
     next_channel: AtomicU64,
+    /// Shut down: no worker is started any more.
+    closed: AtomicBool,
 }
 
 /// Session workers: the sessions' [`SandboxHost`] under `--isolation process`.
@@ -290,6 +292,7 @@ impl SessionWorkers {
             state: Mutex::new(state),
             assigning: Mutex::new(()),
             next_channel: AtomicU64::new(1),
+            closed: AtomicBool::new(false),
         });
         inner.ensure_spare();
         Ok(SessionWorkers { inner })
@@ -388,6 +391,38 @@ impl SessionWorkers {
         let _ = protocol::write(&mut &*sock, &ToSessions::Throttle { on });
     }
 
+    /// Stop every worker (the tenants' and the spare, started or starting)
+    /// and wait until each has exited (killed if it has not within the stop's
+    /// grace) and been reaped: their memory, and their share of the binary's
+    /// and the template's pages, are the host's again when this returns.
+    /// No worker is started after it (a sandbox asked for fails). Dropping
+    /// `SessionWorkers` instead lets them exit on their own, later.
+    pub fn shutdown(&self) {
+        let inner = &self.inner;
+        let _one = inner.assigning.lock().unwrap_or_else(|e| e.into_inner());
+        inner.closed.store(true, Ordering::SeqCst);
+        let workers: Vec<Arc<TenantWorker>> = inner.lock().by_tenant.values().cloned().collect();
+        for w in workers {
+            inner.retire(&w, false);
+        }
+        let spare = inner.lock().spare.take();
+        let local = match spare {
+            Some(Spare::Ready(i, conn)) => {
+                // A closed control socket ends a worker quietly.
+                drop(conn);
+                i
+            }
+            Some(Spare::Pending(i, rx)) => {
+                // Its start ends first (the launcher does one job at a time); then it is closed as above.
+                drop(rx.recv());
+                i
+            }
+            None => return,
+        };
+        inner.stop(local);
+        inner.lock().free.push(local);
+    }
+
     /// The host pid of `tenant`'s worker, if it has one now.
     pub fn pid_of(&self, tenant: &str) -> Option<u32> {
         self.inner.lock().by_tenant.get(tenant).filter(|w| w.is_alive()).map(|w| w.pid)
@@ -427,10 +462,18 @@ impl Inner {
         }
     }
 
+    /// Stop session worker `local`'s process and wait for it: how it ended.
+    fn stop(&self, local: usize) -> Option<String> {
+        let (tx, rx) = channel();
+        let job = Job::Stop { index: self.index_base + local, reply: tx };
+        self.launcher.lock().unwrap_or_else(|e| e.into_inner()).send(job).ok()?;
+        rx.recv_timeout(Duration::from_secs(10)).ok().flatten()
+    }
+
     /// Start a spare if there is none and an index is free.
     fn ensure_spare(&self) {
         let mut st = self.lock();
-        if st.spare.is_some() {
+        if st.spare.is_some() || self.closed.load(Ordering::SeqCst) {
             return;
         }
         if let Some(i) = st.free.pop() {
@@ -444,6 +487,9 @@ impl Inner {
     fn worker_for(&self, tenant: &str) -> Result<Arc<TenantWorker>, EngineError> {
         let crashed = |m: String| remote(ErrorCode::SandboxCrashed, m);
         let _one = self.assigning.lock().unwrap_or_else(|e| e.into_inner());
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(remote(ErrorCode::Overloaded, "the session workers are shut down"));
+        }
         let existing = self.lock().by_tenant.get(tenant).cloned();
         if let Some(w) = existing {
             if w.is_alive() {
@@ -540,10 +586,7 @@ impl Inner {
         }
         // A closed control socket ends a worker quietly.
         let _ = w.control.lock().unwrap_or_else(|e| e.into_inner()).shutdown(std::net::Shutdown::Both);
-        let (tx, rx) = channel();
-        let sent =
-            self.launcher.lock().unwrap_or_else(|e| e.into_inner()).send(Job::Stop { index: w.index, reply: tx });
-        let how = sent.ok().and_then(|_| rx.recv_timeout(Duration::from_secs(10)).ok().flatten());
+        let how = self.stop(w.index - self.index_base);
         let mut st = self.lock();
         if crashed {
             if st.exits.len() >= EXITS_KEPT && !st.exits.contains_key(&w.tenant) {
@@ -1061,5 +1104,70 @@ impl Resident for RemoteSandbox {
             FromChannel::Usage(r) => r.map_err(|e| reported(e, JOB_CODES)),
             other => Err(self.broke(&other)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// A session worker that says it started, then reads control frames until the socket closes.
+    const FAKE: &str = r#"#!/usr/bin/env python3
+import os, struct
+sock = os.fdopen(3, "r+b", buffering=0)
+def read():
+    head = sock.read(4)
+    if len(head) < 4:
+        raise SystemExit(0)
+    return sock.read(struct.unpack("<I", head)[0])
+def write(b):
+    sock.write(struct.pack("<I", len(b)) + b)
+read()
+write(b'{"Started": {"pid": %d}}' % os.getpid())
+write(b'"Ready"')
+while True:
+    read()
+"#;
+
+    fn running(pid: u32) -> bool {
+        // A zombie keeps its /proc entry until it is reaped.
+        Path::new(&format!("/proc/{pid}")).exists()
+    }
+
+    #[test]
+    fn shutdown_returns_once_every_worker_has_exited_and_been_reaped() {
+        let dir = tempfile::tempdir().unwrap();
+        let exe = dir.path().join("fake-session-worker");
+        std::fs::write(&exe, FAKE).unwrap();
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut config = Config::new(dir.path());
+        config.exe = exe;
+        config.jail = false;
+        let workers = SessionWorkers::start(config, 0, 4, None).unwrap();
+        // A tenant's worker (the spare, given away), and the spare started in its place.
+        let tenant = workers.inner.worker_for("t").unwrap();
+        let t0 = Instant::now();
+        let pids = loop {
+            let pids: Vec<u32> = workers.list().iter().filter_map(|w| w.pid).collect();
+            if pids.len() == 2 || t0.elapsed() > Duration::from_secs(20) {
+                break pids;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert_eq!(pids.len(), 2, "{:?}", workers.list());
+        assert!(pids.contains(&tenant.pid));
+        for pid in &pids {
+            assert!(running(*pid), "worker {pid} is not running");
+        }
+        workers.shutdown();
+        for pid in &pids {
+            assert!(!running(*pid), "worker {pid} is still there");
+        }
+        assert!(workers.list().is_empty(), "{:?}", workers.list());
+        // None is started after it.
+        assert!(workers.inner.worker_for("u").is_err());
+        assert!(workers.list().is_empty(), "{:?}", workers.list());
     }
 }
