@@ -9,7 +9,10 @@
 //! and within it every sandbox has a thread and a socket of its own, so a
 //! long exec never holds up another session (no head-of-line blocking behind
 //! a single-threaded worker), and a resident session keeps its vCPU on one
-//! thread for its life. A worker is started for a tenant's first sandbox (a
+//! thread for its life. Each worker keeps one channel ahead, already on a
+//! thread of its own there (opened after a sandbox starts), so a resume's
+//! request goes straight to the thread that serves it, not through the
+//! worker's control thread first. A worker is started for a tenant's first sandbox (a
 //! spare, jailed and with the default template open, is kept ready: starting
 //! one takes ~0.2 s here) and stops once it has held nothing for a while.
 //!
@@ -188,6 +191,10 @@ struct TenantWorker {
     /// The worker's process CPU time already charged.
     cpu_seen: Mutex<f64>,
     last_used: Mutex<Instant>,
+    /// A channel already handed to the worker, whose thread there waits on
+    /// it: the next sandbox's requests go straight to that thread, without
+    /// the hop through the worker's control thread (see [`Inner::channel`]).
+    spare_channel: Mutex<Option<(u64, UnixStream)>>,
 }
 
 impl TenantWorker {
@@ -563,6 +570,7 @@ impl Inner {
             busy: AtomicUsize::new(0),
             cpu_seen: Mutex::new(cpu),
             last_used: Mutex::new(Instant::now()),
+            spare_channel: Mutex::new(None),
         });
         self.lock().by_tenant.insert(tenant.to_string(), w.clone());
         tracing::debug!(tenant, pid = w.pid, index = w.index, "a session worker for a tenant");
@@ -602,6 +610,48 @@ impl Inner {
         how
     }
 
+    /// `w` is dead, hung or speaking nonsense (`e`): it goes, with every
+    /// sandbox it held (their sessions are at their last checkpoints).
+    fn lose(&self, w: &TenantWorker, e: ProtocolError) -> EngineError {
+        let how = match self.retire(w, true) {
+            _ if e.is_timeout() => "stopped answering (killed)".to_string(),
+            Some(x) if e.is_closed() => x,
+            _ => format!("broke the protocol ({e}) and was killed"),
+        };
+        tracing::warn!(pid = w.pid, tenant = %w.tenant, "session worker lost: {how}");
+        remote(ErrorCode::SandboxCrashed, format!("the sandbox worker {how}"))
+    }
+
+    /// A new channel to `w`: its socket handed over on the control socket
+    /// (the worker gives it a thread of its own), and its id.
+    fn open_channel(&self, w: &TenantWorker) -> Result<(u64, UnixStream), ProtocolError> {
+        let (ours, theirs) = UnixStream::pair()?;
+        let id = self.next_channel.fetch_add(1, Ordering::Relaxed);
+        let control = w.control.lock().unwrap_or_else(|e| e.into_inner());
+        protocol::write_fds(&control, &ToSessions::Channel { id }, &[theirs.as_fd()])?;
+        Ok((id, ours))
+    }
+
+    /// A channel to `w` for a new sandbox: its spare one (already served by
+    /// a thread there), else one opened now.
+    fn channel(&self, w: &TenantWorker) -> Result<(u64, UnixStream), ProtocolError> {
+        let spare = w.spare_channel.lock().unwrap_or_else(|e| e.into_inner()).take();
+        match spare {
+            Some(c) => Ok(c),
+            None => self.open_channel(w),
+        }
+    }
+
+    /// Give `w` a spare channel for its next sandbox, if it has none (after a
+    /// start, off that start's path: the worker hands it to a thread while
+    /// the caller goes on). A failure is left to the next start to find.
+    fn refill_channel(&self, w: &TenantWorker) {
+        let mut spare = w.spare_channel.lock().unwrap_or_else(|e| e.into_inner());
+        if spare.is_none() && !w.dead.load(Ordering::SeqCst) {
+            *spare = self.open_channel(w).ok();
+        }
+    }
+
     /// A template as the workers see it.
     fn template_ref(&self, image: &Path, dir: &Path) -> Result<TemplateRef, EngineError> {
         let unreachable = || remote(ErrorCode::TemplateUnavailable, "the template is outside what the workers can see");
@@ -615,18 +665,18 @@ impl SandboxHost for SessionWorkers {
     fn start(&self, s: Start<'_>) -> Result<Box<dyn Resident>, SessionError> {
         let inner = &self.inner;
         let tref = inner.template_ref(&s.template.engine.image_path, &s.template.template.dir)?;
-        let (ours, theirs) = UnixStream::pair().map_err(|e| remote(ErrorCode::Internal, format!("socketpair: {e}")))?;
         // (Counts this sandbox: dropping `rs` below gives it back.)
         let worker = inner.worker_for(s.tenant)?;
-        let id = inner.next_channel.fetch_add(1, Ordering::Relaxed);
-        let sent = {
-            let control = worker.control.lock().unwrap_or_else(|e| e.into_inner());
-            protocol::write_fds(&control, &ToSessions::Channel { id }, &[theirs.as_fd()])
+        let (id, ours) = match inner.channel(&worker) {
+            Ok(c) => c,
+            Err(e) => {
+                worker.channels.fetch_sub(1, Ordering::SeqCst);
+                return Err(inner.lose(&worker, e).into());
+            }
         };
-        drop(theirs);
         *worker.last_used.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
         let (timeout, output_bytes) = (s.limits.timeout, s.limits.output_bytes);
-        let mut rs = RemoteSandbox {
+        let rs = RemoteSandbox {
             inner: inner.clone(),
             worker,
             sock: ours,
@@ -639,9 +689,6 @@ impl SandboxHost for SessionWorkers {
             output_bytes,
             background: false,
         };
-        if let Err(e) = sent {
-            return Err(rs.lost(e).into());
-        }
         rs.start(tref, s)
     }
 
@@ -709,14 +756,7 @@ impl RemoteSandbox {
     /// sandbox it held: their sessions are at their last checkpoints).
     fn lost(&mut self, e: ProtocolError) -> EngineError {
         self.broken = true;
-        let how = self.inner.retire(&self.worker, true);
-        let how = match how {
-            _ if e.is_timeout() => "stopped answering (killed)".to_string(),
-            Some(x) if e.is_closed() => x,
-            _ => format!("broke the protocol ({e}) and was killed"),
-        };
-        tracing::warn!(pid = self.worker.pid, tenant = %self.worker.tenant, "session worker lost: {how}");
-        remote(ErrorCode::SandboxCrashed, format!("the sandbox worker {how}"))
+        self.inner.lose(&self.worker, e)
     }
 
     fn check(&self) -> Result<(), EngineError> {
@@ -802,7 +842,10 @@ impl RemoteSandbox {
                         }
                     }
                 }
-                FromChannel::Started(Ok(())) => return Ok(Box::new(self)),
+                FromChannel::Started(Ok(())) => {
+                    self.inner.refill_channel(&self.worker);
+                    return Ok(Box::new(self));
+                }
                 FromChannel::Started(Err(e)) => {
                     return Err(refused.unwrap_or_else(|| SessionError::Engine(reported(e, START_CODES))));
                 }
