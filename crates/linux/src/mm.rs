@@ -513,7 +513,7 @@ mod tests {
     /// and clears what the tables had where nothing is mapped any more.
     #[test]
     fn sync_all_makes_every_region_agree_with_the_map() {
-        let mut mem = GuestMemory::anonymous(1 << 30).unwrap();
+        let mut mem = GuestMemory::anonymous(RAM_SIZE).unwrap();
         paging::build(&mut mem).unwrap();
         let mut mm = MemoryMap::new(1 << 30);
         let a = mm.map(None, 5 * MIB, 3, VmaKind::Anon).unwrap();
