@@ -566,14 +566,14 @@ mod tests {
         fresh.write(0, &base).unwrap();
         assert_eq!(apply_layers(&mut fresh, &base, &layers).unwrap(), 3);
         assert_eq!(fresh.slice(0, 1 << 20).unwrap(), mem.slice(0, 1 << 20).unwrap());
-        // Over zeros (a child's memory after an execve).
+        // Over zeros (a child's memory after an execve), in place.
         let zeros = vec![0u8; 1 << 20];
         write_layer(&dir.path().join("z"), &mem, &zeros, &[2, 6]).unwrap();
         mem.write(6 * 4096 + 100, b"newest").unwrap();
         write_layer(&dir.path().join("y"), &mem, &zeros, &[6, 255]).unwrap();
         let over_zeros = [Layer::read(&dir.path().join("y")).unwrap(), Layer::read(&dir.path().join("z")).unwrap()];
         let mut blank = GuestMemory::anonymous(1 << 20).unwrap();
-        assert_eq!(apply_layers_over_zeros(&mut blank, &over_zeros).unwrap(), 3);
+        assert_eq!(apply_layers_in_place(&mut blank, &over_zeros).unwrap(), 3);
         for p in [2u64, 6, 255] {
             assert_eq!(blank.slice(p * 4096, 4096).unwrap(), mem.slice(p * 4096, 4096).unwrap());
         }
@@ -581,7 +581,7 @@ mod tests {
         // A page beyond the memory is an error, not a panic.
         let mut small = GuestMemory::anonymous(64 << 10).unwrap();
         assert!(apply_layers(&mut small, &base, &layers).is_err());
-        assert!(apply_layers_over_zeros(&mut small, &over_zeros).is_err());
+        assert!(apply_layers_in_place(&mut small, &over_zeros).is_err());
     }
 
     #[test]
