@@ -1010,6 +1010,8 @@ fn session_boundary(
     m.delete(t, &a.id)?;
     running_child(&w, samples)?;
     drop(w);
+    // Reaped before the steps after this one measure this process' memory.
+    workers.shutdown();
     Ok(())
 }
 

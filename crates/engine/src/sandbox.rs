@@ -731,11 +731,8 @@ impl Sandbox {
                 return Err(EngineError::Poisoned("a pooled VM of the wrong kind for a child".into()));
             }
             let t_vm = t0.elapsed();
-            let pages = if c.on_template {
-                forkbox_snapshot::layer::apply_layers(vm.mem_mut(), pool.original(), &layers)?
-            } else {
-                forkbox_snapshot::layer::apply_layers_over_zeros(vm.mem_mut(), &layers)?
-            };
+            // Either memory holds its base's bytes (the template's, or zeros): only the differing runs are written.
+            let pages = forkbox_snapshot::layer::apply_layers_in_place(vm.mem_mut(), &layers)?;
             drop(layers);
             let t_pages = t0.elapsed();
             vm.restore_vcpu(&vcpu)?;

@@ -9,7 +9,7 @@ use std::time::Instant;
 use forkbox_linux::layout::RAM_SIZE;
 use forkbox_linux::Process;
 use forkbox_snapshot::files::PackReader;
-use forkbox_snapshot::layer::{apply_layers, pages_of, Layer, LayerPlan, LayerStats};
+use forkbox_snapshot::layer::{apply_layers, apply_layers_in_place, pages_of, Layer, LayerPlan, LayerStats};
 use forkbox_snapshot::{
     encode, read_state, write_encoded_into, write_memory, write_state, CpuFingerprint, MemoryFile, Snapshot,
     StateError, FORMAT_VERSION,
@@ -562,15 +562,21 @@ impl Template {
         // here was most of a resume's time). A tracked one is a pre-created VM
         // with the dirty-page log on (the recycled, warm ones stay for forks),
         // and records what the VMM changes from here on.
-        let (mut vm, pool) = if pooled {
-            (self.pool.take()?.0, Some(self.pool.clone()))
+        let (mut vm, pool, recycled) = if pooled {
+            let (vm, recycled) = self.pool.take()?;
+            (vm, Some(self.pool.clone()), recycled)
         } else {
             let mut vm = self.pool.take_fresh(true)?;
             vm.mem_mut().track_writes();
-            (vm, None)
+            (vm, None, false)
         };
         let t_vm = t0.elapsed();
-        let pages = apply_layers(vm.mem_mut(), self.pool.original(), layers)?;
+        // A pre-created VM's memory is the template's, untouched: only the
+        // runs that differ are written into it. A recycled one's is not.
+        let pages = match recycled {
+            false => apply_layers_in_place(vm.mem_mut(), layers)?,
+            true => apply_layers(vm.mem_mut(), self.pool.original(), layers)?,
+        };
         let t_pages = t0.elapsed();
         vm.restore_vcpu(&vcpu)?;
         let mut reader = PackReader::with_files(pack_files);

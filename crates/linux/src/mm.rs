@@ -274,8 +274,36 @@ impl MemoryMap {
         }
         let first = (start / HUGE_PAGE_SIZE).max(1);
         let last = ((end - 1) / HUGE_PAGE_SIZE).min(REGIONS - 1);
+        if first > last {
+            return Ok(());
+        }
+        // The regions a mapping or the heap touches get their protections
+        // computed; every other one is unmapped, and its directory entry
+        // alone says whether it already is (most of the 4 GiB a restore
+        // checks: computing each one's protections was most of that check).
+        let mut touched = vec![0u64; (last - first + 1).div_ceil(64) as usize];
+        let mut mark = |s: u64, e: u64| {
+            if s >= e {
+                return;
+            }
+            let (a, b) = ((s / HUGE_PAGE_SIZE).max(first), ((e - 1) / HUGE_PAGE_SIZE).min(last));
+            for r in a..=b {
+                let i = (r - first) as usize;
+                touched[i / 64] |= 1 << (i % 64);
+            }
+        };
+        let (lo, hi) = (first * HUGE_PAGE_SIZE, (last + 1).saturating_mul(HUGE_PAGE_SIZE));
+        mark(self.brk_start.max(lo), align_up(self.brk, PAGE_SIZE).min(hi));
+        for (s, v) in self.vmas.range(..hi).rev().take_while(|(_, v)| v.end > lo) {
+            mark((*s).max(lo), v.end.min(hi));
+        }
         for region in first..=last {
-            paging::set_region(mem, region, &self.region_prots(region))?;
+            let i = (region - first) as usize;
+            if touched[i / 64] & (1 << (i % 64)) != 0 {
+                paging::set_region(mem, region, &self.region_prots(region))?;
+            } else {
+                paging::unmap_region(mem, region)?;
+            }
         }
         Ok(())
     }
@@ -492,6 +520,38 @@ mod tests {
     use super::*;
 
     const MIB: u64 = 1 << 20;
+
+    /// A sync of the whole address space leaves every region's tables saying
+    /// what the map says, whether a mapping, the heap or nothing touches it,
+    /// and clears what the tables had where nothing is mapped any more.
+    #[test]
+    fn sync_all_makes_every_region_agree_with_the_map() {
+        let mut mem = GuestMemory::anonymous(RAM_SIZE).unwrap();
+        paging::build(&mut mem).unwrap();
+        let mut mm = MemoryMap::new(1 << 30);
+        let a = mm.map(None, 5 * MIB, 3, VmaKind::Anon).unwrap();
+        let b = mm.map(Some(a + 8 * MIB + 3 * PAGE_SIZE), 2 * PAGE_SIZE, 5, VmaKind::File).unwrap();
+        mm.map(Some(STACK_TOP - 3 * MIB), 3 * MIB, 1, VmaKind::Anon).unwrap();
+        mm.set_brk_start(GUEST_BASE + 40 * MIB + 7 * PAGE_SIZE);
+        mm.set_brk(GUEST_BASE + 43 * MIB);
+        let agree = |mm: &MemoryMap, mem: &GuestMemory| {
+            for region in 1..REGIONS {
+                assert_eq!(paging::region_prots(mem, region).unwrap(), mm.region_prots(region), "region {region}");
+            }
+        };
+        mm.sync_all_page_tables(&mut mem).unwrap();
+        agree(&mm, &mem);
+        // Tables that say more than the map (a mapping gone, stale entries in
+        // an untouched region, as a restored memory may hold) are cleared.
+        mm.unmap(b, 2 * PAGE_SIZE).unwrap();
+        paging::set_region(&mut mem, 700, &[3; REGION_PAGES]).unwrap();
+        let mut some = [0u8; REGION_PAGES];
+        some[17] = 1;
+        paging::set_region(&mut mem, 1500, &some).unwrap();
+        mm.sync_all_page_tables(&mut mem).unwrap();
+        agree(&mm, &mem);
+        assert_eq!(paging::region_prots(&mem, b / HUGE_PAGE_SIZE).unwrap(), [0; REGION_PAGES]);
+    }
 
     #[test]
     fn map_unmap_splits_and_accounts() {

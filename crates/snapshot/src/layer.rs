@@ -389,13 +389,48 @@ pub fn apply_layers(mem: &mut GuestMemory, base: &[u8], layers: &[Layer]) -> Res
     apply_with(mem, |p| base_page(base, p), layers)
 }
 
-/// [`apply_layers`] over a base of zeros (a child process' memory after
-/// an execve), without a base in memory: each page is its runs over a
-/// zeroed page, written whole (a write of a page of fresh memory is one
-/// fault; reading it first would be two).
-pub fn apply_layers_over_zeros(mem: &mut GuestMemory, layers: &[Layer]) -> Result<u64, StateError> {
-    static ZEROS: [u8; PAGE_SIZE as usize] = [0; PAGE_SIZE as usize];
-    apply_with(mem, |_| Ok(&ZEROS[..]), layers)
+/// [`apply_layers`] into memory that already holds the base's bytes at every
+/// page the layers name: a VM's fresh copy-on-write mapping of the base's
+/// file, or fresh anonymous memory for a base of zeros (a child process'
+/// memory after an execve). Only the runs where a page differs from its base
+/// are written, XORed in place; each run of consecutive pages is first made
+/// private with one call (`GuestMemory::populate_write`: the kernel's
+/// copy-on-write copy, without a fault per page). No base page is read and no
+/// page is copied here, where [`apply_layers`] reads the base page, applies
+/// the runs in a buffer and writes the whole page. Returns the number of
+/// distinct pages applied.
+pub fn apply_layers_in_place(mem: &mut GuestMemory, layers: &[Layer]) -> Result<u64, StateError> {
+    let pages = mem.size() / PAGE_SIZE;
+    // Each page from the newest layer that has it: sorted by page, then by layer (newest first).
+    let mut todo: Vec<(u64, usize, usize)> = Vec::with_capacity(layers.iter().map(|l| l.pages.len()).sum());
+    for (li, layer) in layers.iter().enumerate() {
+        for (i, &p) in layer.pages.iter().enumerate() {
+            if p >= pages {
+                return Err(StateError::Corrupt(format!("layer page {p} outside guest memory")));
+            }
+            todo.push((p, li, i));
+        }
+    }
+    todo.sort_unstable();
+    todo.dedup_by_key(|t| t.0);
+    let mut k = 0;
+    while let Some(&(first, _, _)) = todo.get(k) {
+        let mut end = first + 1;
+        k += 1;
+        while todo.get(k).is_some_and(|t| t.0 == end) {
+            end += 1;
+            k += 1;
+        }
+        // Best effort: where it fails, the writes below fault the pages in one at a time.
+        let _ = mem.populate_write(first * PAGE_SIZE, (end - first) * PAGE_SIZE);
+    }
+    for &(p, li, i) in &todo {
+        let page = mem
+            .slice_mut_untracked(p * PAGE_SIZE, PAGE_SIZE)
+            .map_err(|_| StateError::Corrupt(format!("layer page {p} outside guest memory")))?;
+        layers[li].apply_runs(i, page);
+    }
+    Ok(todo.len() as u64)
 }
 
 fn apply_with<'b>(
@@ -531,14 +566,14 @@ mod tests {
         fresh.write(0, &base).unwrap();
         assert_eq!(apply_layers(&mut fresh, &base, &layers).unwrap(), 3);
         assert_eq!(fresh.slice(0, 1 << 20).unwrap(), mem.slice(0, 1 << 20).unwrap());
-        // Over zeros (a child's memory after an execve).
+        // Over zeros (a child's memory after an execve), in place.
         let zeros = vec![0u8; 1 << 20];
         write_layer(&dir.path().join("z"), &mem, &zeros, &[2, 6]).unwrap();
         mem.write(6 * 4096 + 100, b"newest").unwrap();
         write_layer(&dir.path().join("y"), &mem, &zeros, &[6, 255]).unwrap();
         let over_zeros = [Layer::read(&dir.path().join("y")).unwrap(), Layer::read(&dir.path().join("z")).unwrap()];
         let mut blank = GuestMemory::anonymous(1 << 20).unwrap();
-        assert_eq!(apply_layers_over_zeros(&mut blank, &over_zeros).unwrap(), 3);
+        assert_eq!(apply_layers_in_place(&mut blank, &over_zeros).unwrap(), 3);
         for p in [2u64, 6, 255] {
             assert_eq!(blank.slice(p * 4096, 4096).unwrap(), mem.slice(p * 4096, 4096).unwrap());
         }
@@ -546,7 +581,7 @@ mod tests {
         // A page beyond the memory is an error, not a panic.
         let mut small = GuestMemory::anonymous(64 << 10).unwrap();
         assert!(apply_layers(&mut small, &base, &layers).is_err());
-        assert!(apply_layers_over_zeros(&mut small, &over_zeros).is_err());
+        assert!(apply_layers_in_place(&mut small, &over_zeros).is_err());
     }
 
     #[test]

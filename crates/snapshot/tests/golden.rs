@@ -645,3 +645,48 @@ fn write_golden_files() {
         }
     }
 }
+
+/// Layers applied in place (over a fresh copy-on-write mapping of the base's
+/// file, or over fresh zeroed memory) give what applying them by copy gives:
+/// each page from the newest layer that has it, the other pages the base's.
+#[test]
+fn layers_applied_in_place_match_layers_applied_by_copy() {
+    use forkbox_snapshot::layer::apply_layers_in_place;
+    let tmp = tempfile::tempdir().unwrap();
+    let (base, older, _) = layer_inputs();
+    let mut newer = GuestMemory::anonymous(1 << 20).unwrap();
+    newer.write(0, older.slice(0, 16 * 4096).unwrap()).unwrap();
+    newer.write(3 * 4096 + 8, b"newer bytes").unwrap();
+    newer.write(6 * 4096, &[0xff; 4096]).unwrap();
+    let read = |name: &str, mem: &GuestMemory, base: &[u8], pages: &[u64]| {
+        let path = tmp.path().join(name);
+        write_layer(&path, mem, base, pages).unwrap();
+        Layer::read(&path).unwrap()
+    };
+    let mut padded = base.clone();
+    padded.resize(1 << 20, 0);
+    let file = tmp.path().join("base.mem");
+    std::fs::write(&file, &padded).unwrap();
+    let file = std::fs::File::open(&file).unwrap();
+    let zeros = vec![0u8; 1 << 20];
+    for (base, fresh) in [
+        (&padded[..], GuestMemory::private_file(&file, 1 << 20).unwrap()),
+        (&zeros[..], GuestMemory::anonymous(1 << 20).unwrap()),
+    ] {
+        // Newest first: page 3 is in both, the newer one's wins.
+        let layers = [read("b", &newer, base, &[3, 6]), read("a", &older, base, &[1, 3, 5])];
+        let mut by_copy = GuestMemory::anonymous(1 << 20).unwrap();
+        by_copy.write(0, base).unwrap();
+        assert_eq!(apply_layers(&mut by_copy, base, &layers).unwrap(), 4);
+        let mut in_place = fresh;
+        in_place.track_writes();
+        assert_eq!(apply_layers_in_place(&mut in_place, &layers).unwrap(), 4);
+        assert_eq!(in_place.slice(0, 1 << 20).unwrap(), by_copy.slice(0, 1 << 20).unwrap());
+        for p in [1u64, 3, 5, 6] {
+            assert_eq!(in_place.slice(p * 4096, 4096).unwrap(), newer.slice(p * 4096, 4096).unwrap(), "page {p}");
+        }
+        assert_eq!(in_place.slice(2 * 4096, 4096).unwrap(), &base[2 * 4096..3 * 4096]);
+        // Nothing it wrote counts as a change of the VMM's.
+        assert!(in_place.take_vmm_dirty().iter().all(|w| *w == 0));
+    }
+}

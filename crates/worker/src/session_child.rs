@@ -530,6 +530,7 @@ fn start(
     broken: &mut bool,
 ) -> Result<(), EngineError> {
     ch.sb = None;
+    let t0 = Instant::now();
     let (engine, t) = lock(&shared.templates).get(template)?;
     let sb = match from {
         None if how == ResumeAs::Throwaway => t.fork(&engine, limits)?,
@@ -541,6 +542,7 @@ fn start(
                 parsed.push(Layer::read_from(&mut f, n)?);
             }
             let state_file = take(&mut ch.files, &state)?;
+            tracing::debug!(layers = parsed.len(), elapsed = ?t0.elapsed(), "read the layer chain");
             let files = &mut ch.files;
             let mut packs = |names: &[String]| -> Result<HashMap<String, File>, EngineError> {
                 let lost = |e: ProtocolError| EngineError::Protocol(format!("asking for the packs: {e}"));

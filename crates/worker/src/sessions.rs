@@ -9,7 +9,10 @@
 //! and within it every sandbox has a thread and a socket of its own, so a
 //! long exec never holds up another session (no head-of-line blocking behind
 //! a single-threaded worker), and a resident session keeps its vCPU on one
-//! thread for its life. A worker is started for a tenant's first sandbox (a
+//! thread for its life. Each worker keeps one channel ahead, already on a
+//! thread of its own there (opened after a sandbox starts), so a resume's
+//! request goes straight to the thread that serves it, not through the
+//! worker's control thread first. A worker is started for a tenant's first sandbox (a
 //! spare, jailed and with the default template open, is kept ready: starting
 //! one takes ~0.2 s here) and stops once it has held nothing for a while.
 //!
@@ -188,6 +191,10 @@ struct TenantWorker {
     /// The worker's process CPU time already charged.
     cpu_seen: Mutex<f64>,
     last_used: Mutex<Instant>,
+    /// A channel already handed to the worker, whose thread there waits on
+    /// it: the next sandbox's requests go straight to that thread, without
+    /// the hop through the worker's control thread (see [`Inner::channel`]).
+    spare_channel: Mutex<Option<(u64, UnixStream)>>,
 }
 
 impl TenantWorker {
@@ -246,6 +253,8 @@ struct Inner {
     /// Held while a worker is given to a tenant (one at a time: no two for one tenant).
     assigning: Mutex<()>,
     next_channel: AtomicU64,
+    /// Shut down: no worker is started any more.
+    closed: AtomicBool,
 }
 
 /// Session workers: the sessions' [`SandboxHost`] under `--isolation process`.
@@ -290,6 +299,7 @@ impl SessionWorkers {
             state: Mutex::new(state),
             assigning: Mutex::new(()),
             next_channel: AtomicU64::new(1),
+            closed: AtomicBool::new(false),
         });
         inner.ensure_spare();
         Ok(SessionWorkers { inner })
@@ -388,6 +398,38 @@ impl SessionWorkers {
         let _ = protocol::write(&mut &*sock, &ToSessions::Throttle { on });
     }
 
+    /// Stop every worker (the tenants' and the spare, started or starting)
+    /// and wait until each has exited (killed if it has not within the stop's
+    /// grace) and been reaped: their memory, and their share of the binary's
+    /// and the template's pages, are the host's again when this returns.
+    /// No worker is started after it (a sandbox asked for fails). Dropping
+    /// `SessionWorkers` instead lets them exit on their own, later.
+    pub fn shutdown(&self) {
+        let inner = &self.inner;
+        let _one = inner.assigning.lock().unwrap_or_else(|e| e.into_inner());
+        inner.closed.store(true, Ordering::SeqCst);
+        let workers: Vec<Arc<TenantWorker>> = inner.lock().by_tenant.values().cloned().collect();
+        for w in workers {
+            inner.retire(&w, false);
+        }
+        let spare = inner.lock().spare.take();
+        let local = match spare {
+            Some(Spare::Ready(i, conn)) => {
+                // A closed control socket ends a worker quietly.
+                drop(conn);
+                i
+            }
+            Some(Spare::Pending(i, rx)) => {
+                // Its start ends first (the launcher does one job at a time); then it is closed as above.
+                drop(rx.recv());
+                i
+            }
+            None => return,
+        };
+        inner.stop(local);
+        inner.lock().free.push(local);
+    }
+
     /// The host pid of `tenant`'s worker, if it has one now.
     pub fn pid_of(&self, tenant: &str) -> Option<u32> {
         self.inner.lock().by_tenant.get(tenant).filter(|w| w.is_alive()).map(|w| w.pid)
@@ -427,10 +469,18 @@ impl Inner {
         }
     }
 
+    /// Stop session worker `local`'s process and wait for it: how it ended.
+    fn stop(&self, local: usize) -> Option<String> {
+        let (tx, rx) = channel();
+        let job = Job::Stop { index: self.index_base + local, reply: tx };
+        self.launcher.lock().unwrap_or_else(|e| e.into_inner()).send(job).ok()?;
+        rx.recv_timeout(Duration::from_secs(10)).ok().flatten()
+    }
+
     /// Start a spare if there is none and an index is free.
     fn ensure_spare(&self) {
         let mut st = self.lock();
-        if st.spare.is_some() {
+        if st.spare.is_some() || self.closed.load(Ordering::SeqCst) {
             return;
         }
         if let Some(i) = st.free.pop() {
@@ -444,6 +494,9 @@ impl Inner {
     fn worker_for(&self, tenant: &str) -> Result<Arc<TenantWorker>, EngineError> {
         let crashed = |m: String| remote(ErrorCode::SandboxCrashed, m);
         let _one = self.assigning.lock().unwrap_or_else(|e| e.into_inner());
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(remote(ErrorCode::Overloaded, "the session workers are shut down"));
+        }
         let existing = self.lock().by_tenant.get(tenant).cloned();
         if let Some(w) = existing {
             if w.is_alive() {
@@ -517,6 +570,7 @@ impl Inner {
             busy: AtomicUsize::new(0),
             cpu_seen: Mutex::new(cpu),
             last_used: Mutex::new(Instant::now()),
+            spare_channel: Mutex::new(None),
         });
         self.lock().by_tenant.insert(tenant.to_string(), w.clone());
         tracing::debug!(tenant, pid = w.pid, index = w.index, "a session worker for a tenant");
@@ -540,10 +594,7 @@ impl Inner {
         }
         // A closed control socket ends a worker quietly.
         let _ = w.control.lock().unwrap_or_else(|e| e.into_inner()).shutdown(std::net::Shutdown::Both);
-        let (tx, rx) = channel();
-        let sent =
-            self.launcher.lock().unwrap_or_else(|e| e.into_inner()).send(Job::Stop { index: w.index, reply: tx });
-        let how = sent.ok().and_then(|_| rx.recv_timeout(Duration::from_secs(10)).ok().flatten());
+        let how = self.stop(w.index - self.index_base);
         let mut st = self.lock();
         if crashed {
             if st.exits.len() >= EXITS_KEPT && !st.exits.contains_key(&w.tenant) {
@@ -559,6 +610,48 @@ impl Inner {
         how
     }
 
+    /// `w` is dead, hung or speaking nonsense (`e`): it goes, with every
+    /// sandbox it held (their sessions are at their last checkpoints).
+    fn lose(&self, w: &TenantWorker, e: ProtocolError) -> EngineError {
+        let how = match self.retire(w, true) {
+            _ if e.is_timeout() => "stopped answering (killed)".to_string(),
+            Some(x) if e.is_closed() => x,
+            _ => format!("broke the protocol ({e}) and was killed"),
+        };
+        tracing::warn!(pid = w.pid, tenant = %w.tenant, "session worker lost: {how}");
+        remote(ErrorCode::SandboxCrashed, format!("the sandbox worker {how}"))
+    }
+
+    /// A new channel to `w`: its socket handed over on the control socket
+    /// (the worker gives it a thread of its own), and its id.
+    fn open_channel(&self, w: &TenantWorker) -> Result<(u64, UnixStream), ProtocolError> {
+        let (ours, theirs) = UnixStream::pair()?;
+        let id = self.next_channel.fetch_add(1, Ordering::Relaxed);
+        let control = w.control.lock().unwrap_or_else(|e| e.into_inner());
+        protocol::write_fds(&control, &ToSessions::Channel { id }, &[theirs.as_fd()])?;
+        Ok((id, ours))
+    }
+
+    /// A channel to `w` for a new sandbox: its spare one (already served by
+    /// a thread there), else one opened now.
+    fn channel(&self, w: &TenantWorker) -> Result<(u64, UnixStream), ProtocolError> {
+        let spare = w.spare_channel.lock().unwrap_or_else(|e| e.into_inner()).take();
+        match spare {
+            Some(c) => Ok(c),
+            None => self.open_channel(w),
+        }
+    }
+
+    /// Give `w` a spare channel for its next sandbox, if it has none (after a
+    /// start, off that start's path: the worker hands it to a thread while
+    /// the caller goes on). A failure is left to the next start to find.
+    fn refill_channel(&self, w: &TenantWorker) {
+        let mut spare = w.spare_channel.lock().unwrap_or_else(|e| e.into_inner());
+        if spare.is_none() && !w.dead.load(Ordering::SeqCst) {
+            *spare = self.open_channel(w).ok();
+        }
+    }
+
     /// A template as the workers see it.
     fn template_ref(&self, image: &Path, dir: &Path) -> Result<TemplateRef, EngineError> {
         let unreachable = || remote(ErrorCode::TemplateUnavailable, "the template is outside what the workers can see");
@@ -572,18 +665,18 @@ impl SandboxHost for SessionWorkers {
     fn start(&self, s: Start<'_>) -> Result<Box<dyn Resident>, SessionError> {
         let inner = &self.inner;
         let tref = inner.template_ref(&s.template.engine.image_path, &s.template.template.dir)?;
-        let (ours, theirs) = UnixStream::pair().map_err(|e| remote(ErrorCode::Internal, format!("socketpair: {e}")))?;
         // (Counts this sandbox: dropping `rs` below gives it back.)
         let worker = inner.worker_for(s.tenant)?;
-        let id = inner.next_channel.fetch_add(1, Ordering::Relaxed);
-        let sent = {
-            let control = worker.control.lock().unwrap_or_else(|e| e.into_inner());
-            protocol::write_fds(&control, &ToSessions::Channel { id }, &[theirs.as_fd()])
+        let (id, ours) = match inner.channel(&worker) {
+            Ok(c) => c,
+            Err(e) => {
+                worker.channels.fetch_sub(1, Ordering::SeqCst);
+                return Err(inner.lose(&worker, e).into());
+            }
         };
-        drop(theirs);
         *worker.last_used.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
         let (timeout, output_bytes) = (s.limits.timeout, s.limits.output_bytes);
-        let mut rs = RemoteSandbox {
+        let rs = RemoteSandbox {
             inner: inner.clone(),
             worker,
             sock: ours,
@@ -596,9 +689,6 @@ impl SandboxHost for SessionWorkers {
             output_bytes,
             background: false,
         };
-        if let Err(e) = sent {
-            return Err(rs.lost(e).into());
-        }
         rs.start(tref, s)
     }
 
@@ -666,14 +756,7 @@ impl RemoteSandbox {
     /// sandbox it held: their sessions are at their last checkpoints).
     fn lost(&mut self, e: ProtocolError) -> EngineError {
         self.broken = true;
-        let how = self.inner.retire(&self.worker, true);
-        let how = match how {
-            _ if e.is_timeout() => "stopped answering (killed)".to_string(),
-            Some(x) if e.is_closed() => x,
-            _ => format!("broke the protocol ({e}) and was killed"),
-        };
-        tracing::warn!(pid = self.worker.pid, tenant = %self.worker.tenant, "session worker lost: {how}");
-        remote(ErrorCode::SandboxCrashed, format!("the sandbox worker {how}"))
+        self.inner.lose(&self.worker, e)
     }
 
     fn check(&self) -> Result<(), EngineError> {
@@ -759,7 +842,10 @@ impl RemoteSandbox {
                         }
                     }
                 }
-                FromChannel::Started(Ok(())) => return Ok(Box::new(self)),
+                FromChannel::Started(Ok(())) => {
+                    self.inner.refill_channel(&self.worker);
+                    return Ok(Box::new(self));
+                }
                 FromChannel::Started(Err(e)) => {
                     return Err(refused.unwrap_or_else(|| SessionError::Engine(reported(e, START_CODES))));
                 }
@@ -1062,5 +1148,70 @@ impl Resident for RemoteSandbox {
             FromChannel::Usage(r) => r.map_err(|e| reported(e, JOB_CODES)),
             other => Err(self.broke(&other)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // a test may unwrap: a panic is its failure
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// A session worker that says it started, then reads control frames until the socket closes.
+    const FAKE: &str = r#"#!/usr/bin/env python3
+import os, struct
+sock = os.fdopen(3, "r+b", buffering=0)
+def read():
+    head = sock.read(4)
+    if len(head) < 4:
+        raise SystemExit(0)
+    return sock.read(struct.unpack("<I", head)[0])
+def write(b):
+    sock.write(struct.pack("<I", len(b)) + b)
+read()
+write(b'{"Started": {"pid": %d}}' % os.getpid())
+write(b'"Ready"')
+while True:
+    read()
+"#;
+
+    fn running(pid: u32) -> bool {
+        // A zombie keeps its /proc entry until it is reaped.
+        Path::new(&format!("/proc/{pid}")).exists()
+    }
+
+    #[test]
+    fn shutdown_returns_once_every_worker_has_exited_and_been_reaped() {
+        let dir = tempfile::tempdir().unwrap();
+        let exe = dir.path().join("fake-session-worker");
+        std::fs::write(&exe, FAKE).unwrap();
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut config = Config::new(dir.path());
+        config.exe = exe;
+        config.jail = false;
+        let workers = SessionWorkers::start(config, 0, 4, None).unwrap();
+        // A tenant's worker (the spare, given away), and the spare started in its place.
+        let tenant = workers.inner.worker_for("t").unwrap();
+        let t0 = Instant::now();
+        let pids = loop {
+            let pids: Vec<u32> = workers.list().iter().filter_map(|w| w.pid).collect();
+            if pids.len() == 2 || t0.elapsed() > Duration::from_secs(20) {
+                break pids;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert_eq!(pids.len(), 2, "{:?}", workers.list());
+        assert!(pids.contains(&tenant.pid));
+        for pid in &pids {
+            assert!(running(*pid), "worker {pid} is not running");
+        }
+        workers.shutdown();
+        for pid in &pids {
+            assert!(!running(*pid), "worker {pid} is still there");
+        }
+        assert!(workers.list().is_empty(), "{:?}", workers.list());
+        // None is started after it.
+        assert!(workers.inner.worker_for("u").is_err());
+        assert!(workers.list().is_empty(), "{:?}", workers.list());
     }
 }

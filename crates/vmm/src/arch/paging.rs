@@ -215,6 +215,17 @@ pub fn set_region(mem: &mut GuestMemory, region: u64, prots: &[u8; REGION_PAGES]
     Ok(())
 }
 
+/// [`set_region`] with every page not present, reading only the region's
+/// directory entry when it already says so (most regions of the address
+/// space, at a restore's check of all of them).
+pub fn unmap_region(mem: &mut GuestMemory, region: u64) -> Result<()> {
+    check_region(region)?;
+    if mem.read_u64(pde_addr(region))? == leaf(region * HUGE_PAGE_SIZE, 0, true) {
+        return Ok(());
+    }
+    set_region(mem, region, &[0; REGION_PAGES])
+}
+
 fn view_slice(view: &[u8], addr: u64, len: u64) -> Option<&[u8]> {
     let end = addr.checked_add(len)?;
     view.get(usize::try_from(addr).ok()?..usize::try_from(end).ok()?)
