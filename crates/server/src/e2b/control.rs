@@ -16,7 +16,9 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::error::E2bError;
-use super::{new_token, now_ms, RecState, SandboxRec, DEFAULT_TIMEOUT_S, ENVD_VERSION, HOME, MAX_TIMEOUT_S};
+use super::{
+    new_token, now_ms, PendingSetup, RecState, SandboxRec, DEFAULT_TIMEOUT_S, ENVD_VERSION, HOME, MAX_TIMEOUT_S,
+};
 use crate::auth::Caller;
 use crate::handlers::blocking;
 use crate::AppState;
@@ -476,11 +478,12 @@ async fn fork(
     let src_rec = state.e2b.owned(&caller.tenant, &id);
     let template = src_rec.as_ref().map_or_else(|| src.template.clone().unwrap_or_default(), |r| r.template.clone());
     let auto_pause = src_rec.as_ref().is_some_and(|r| r.auto_pause);
-    // Held while the forks are made: the source's setup does not run meanwhile.
+    // Held while the forks are made: the source's owed guest code does not run meanwhile.
     let setup = match &src_rec {
         Some(r) => r.pending_setup().await,
         None => None,
     };
+    let owed = setup.as_ref().and_then(PendingSetup::code).map(str::to_string);
     let mut out = Vec::new();
     for _ in 0..count {
         let (c, i, tags) = (caller.clone(), id.clone(), src.record.tags.clone());
@@ -508,7 +511,7 @@ async fn fork(
                         last_usage: None,
                     }),
                     // A fork owes the guest code its source owes: each runs it on its first call.
-                    setup: Arc::new(tokio::sync::Mutex::new(setup.as_ref().and_then(|p| p.code()).map(str::to_string))),
+                    setup: Arc::new(tokio::sync::Mutex::new(owed.clone())),
                 });
                 out.push(json!({ "sandbox": sandbox_json(&rec, state.config.sandbox_domain.as_deref()) }));
             }

@@ -177,7 +177,7 @@ async fn start_inner(
         Some((rows, cols)) => cmd.pty_code(rows, cols),
         None => cmd.background_code(req.stdin.unwrap_or(false)),
     };
-    // The sandbox's setup if it has not run yet goes first, in the same exec.
+    // What the sandbox owes the guest (its setup, an execution's env_vars to undo) goes first, in the same exec.
     let setup = rec.pending_setup().await;
     let code = match setup.as_ref().and_then(PendingSetup::code) {
         Some(owed) => format!("{owed}{code}"),
